@@ -1,0 +1,152 @@
+"""The one record codec shared by ``folder2lmdb.py`` (writer) and ``loaders.lmdb_records`` (reader).
+
+Layout of a database written by ``folder2lmdb.py`` (an LMDB directory holding ``data.mdb``):
+
+* record ``i`` (``0 <= i < count``) under key :func:`record_key` ``(i)``:
+  ``msgpack.packb([jpeg_bytes, label])`` with ``jpeg_bytes`` the source file's bytes unchanged
+  and ``label`` an ``int`` equal to torchvision ``ImageFolder``'s ``class_to_idx`` for its folder;
+* one metadata record under :data:`META_KEY`, written in the last transaction so that a
+  database whose conversion did not finish has none: ``{"format", "version", "count",
+  "classes"}`` with ``classes`` the class folder names (wnids) in ImageFolder order.
+
+Keys are derived from the index, so neither side stores or holds a list of all keys.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import msgpack
+
+FORMAT_NAME = "imagenet-lmdb"
+FORMAT_VERSION = 1
+META_KEY = b"__meta__"
+_KEY_DIGITS = 10  # up to 10^10 records; fixed width keeps LMDB's byte order equal to index order
+
+
+class LMDBFormatError(ValueError):
+    """A path is not a complete database in this format (missing, incomplete or foreign)."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``."""
+
+    count: int
+    classes: tuple[str, ...]
+    version: int = FORMAT_VERSION
+
+
+def record_key(index: int) -> bytes:
+    """Key of record ``index`` (0-based): 10 ASCII digits, e.g. ``b"0000000042"``."""
+    return b"%0*d" % (_KEY_DIGITS, index)
+
+
+def encode_record(jpeg_bytes: bytes, label: int) -> bytes:
+    """Pack one sample as msgpack ``[jpeg_bytes, label]`` (bytes stay binary, label an int)."""
+    return msgpack.packb([jpeg_bytes, int(label)], use_bin_type=True)
+
+
+def decode_record(value: bytes) -> tuple[bytes, int]:
+    """Inverse of :func:`encode_record`. Raises :class:`LMDBFormatError` on a malformed value."""
+    try:
+        jpeg_bytes, label = msgpack.unpackb(value, raw=False)
+    except (ValueError, TypeError, msgpack.exceptions.ExtraData) as exc:
+        raise LMDBFormatError(f"malformed record ({exc})") from None
+    return jpeg_bytes, label
+
+
+def encode_meta(meta: Metadata) -> bytes:
+    """Pack the metadata record."""
+    return msgpack.packb(
+        {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
+         "classes": list(meta.classes)},
+        use_bin_type=True,
+    )
+
+
+def decode_meta(value: bytes | None, path: str) -> Metadata:
+    """Parse the metadata record of the database at ``path``.
+
+    Raises :class:`LMDBFormatError` if it is missing (conversion unfinished or not our format)
+    or from a newer format version.
+    """
+    if value is None:
+        raise LMDBFormatError(
+            f"{path}: no metadata record; the conversion did not finish or this LMDB was not "
+            "written by folder2lmdb.py (run folder2lmdb.py again)")
+    meta = msgpack.unpackb(value, raw=False)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise LMDBFormatError(f"{path}: not an LMDB written by folder2lmdb.py")
+    if meta["version"] > FORMAT_VERSION:
+        raise LMDBFormatError(
+            f"{path}: format version {meta['version']} is newer than this reader's "
+            f"{FORMAT_VERSION}; update the code")
+    return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"])
+
+
+def is_lmdb(path: str) -> bool:
+    """True if ``path`` is an LMDB environment (a directory with ``data.mdb`` or a data file)."""
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "data.mdb"))
+    return os.path.isfile(path) and not path.endswith("-lock")
+
+
+# py-lmdb refuses to open one environment twice in a process, and an environment must not be
+# used across fork(): keep one read-only handle per (process, path).
+_READONLY: dict[tuple[int, str], object] = {}
+
+
+def open_readonly(path: str):
+    """The read-only LMDB environment at ``path`` for this process (opened once, then shared).
+
+    ``lock=False`` because the database is immutable while training; ``readahead=False``
+    because samples are read in random order (the OS readahead would waste page cache);
+    ``max_readers`` covers many DataLoader workers. A forked child gets its own handle.
+    Raises :class:`LMDBFormatError` if ``path`` is not an LMDB.
+    """
+    import lmdb
+
+    key = (os.getpid(), os.path.realpath(path))
+    if key in _READONLY:
+        return _READONLY[key]
+    _close_inherited()
+    if not is_lmdb(path):
+        hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
+        raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
+    try:
+        env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False,
+                        readahead=False, meminit=False, max_readers=512)
+    except lmdb.Error as exc:
+        raise LMDBFormatError(f"{path}: cannot open as LMDB ({exc})") from None
+    _READONLY[key] = env
+    return env
+
+
+def _close_inherited() -> None:
+    # A handle inherited through fork() must not be used in the child, and py-lmdb refuses to
+    # open its files again while it exists; closing the child's copy leaves the parent's intact.
+    for key in [k for k in _READONLY if k[0] != os.getpid()]:
+        _READONLY.pop(key).close()
+
+
+def close_readonly(path: str) -> None:
+    """Close this process's read-only handle on ``path``, if any (before rewriting it)."""
+    env = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
+    if env is not None:
+        env.close()
+
+
+def read_meta(path: str) -> Metadata:
+    """The metadata record of the database at ``path``. Raises :class:`LMDBFormatError`.
+
+    Leaves no handle open that was not open before, so a process that only reads the metadata
+    (the main process of a DataLoader with workers) forks workers without an open environment.
+    """
+    was_open = (os.getpid(), os.path.realpath(path)) in _READONLY
+    try:
+        with open_readonly(path).begin() as txn:
+            return decode_meta(txn.get(META_KEY), path)
+    finally:
+        if not was_open:
+            close_readonly(path)

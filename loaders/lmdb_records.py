@@ -1,0 +1,78 @@
+"""LMDB backend: reads databases written by ``folder2lmdb.py`` (format in ``_lmdb_codec``).
+
+Named ``lmdb_records`` rather than ``lmdb`` so it can never shadow the ``lmdb`` package.
+"""
+from __future__ import annotations
+
+import os
+
+from torch.utils.data import Dataset
+
+from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
+from ._lmdb_codec import LMDBFormatError, decode_record, open_readonly, read_meta, record_key
+from ._transforms import build_transform, decode_rgb
+
+
+class LMDBDataset(Dataset):
+    """Map-style dataset over one LMDB: item ``i`` is ``(transform(image), label)``.
+
+    The environment is opened lazily in whichever process reads first and reopened after a
+    fork (py-lmdb: an environment must not cross ``fork()``), and it is dropped when pickled,
+    so the dataset works under both the fork and the spawn start methods. The length and class
+    names come from the metadata record; no per-sample list is held.
+
+    Raises :class:`~loaders._common.DataError` at construction if ``path`` is not a complete
+    database, and ``KeyError`` for a missing record.
+    """
+
+    def __init__(self, path: str, transform=None):
+        self.path = path
+        self.transform = transform
+        try:
+            meta = read_meta(path)
+        except LMDBFormatError as exc:
+            raise DataError(str(exc)) from None
+        self.classes = list(meta.classes)
+        self._len = meta.count
+        self._env = None
+        self._pid = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _open(self):
+        if self._env is None or self._pid != os.getpid():
+            self._env = open_readonly(self.path)
+            self._pid = os.getpid()
+        return self._env
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        """The stored ``(jpeg_bytes, label)`` of record ``index``."""
+        if not 0 <= index < self._len:
+            raise IndexError(f"record {index} out of range 0..{self._len - 1}")
+        with self._open().begin() as txn:
+            value = txn.get(record_key(index))
+        if value is None:
+            raise KeyError(f"{self.path}: record {index} missing")
+        return decode_record(value)
+
+    def __getitem__(self, index: int):
+        jpeg_bytes, label = self.read(index)
+        image = decode_rgb(jpeg_bytes)
+        return (self.transform(image) if self.transform else image), label
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_env"] = None
+        state["_pid"] = None
+        return state
+
+
+def build_loaders(args, dist: DistInfo):
+    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs."""
+    train_path, val_path = split_paths(args)
+    train_set = LMDBDataset(train_path, build_transform(args, train=True))
+    val_set = LMDBDataset(val_path, build_transform(args, train=False))
+    check_same_classes(train_set.classes, val_set.classes)
+    return (make_loader(train_set, args, dist, train=True, classes=train_set.classes),
+            make_loader(val_set, args, dist, train=False, classes=val_set.classes))

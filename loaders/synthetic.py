@@ -1,0 +1,61 @@
+"""Synthetic backend behind ``--dummy``: random batches generated once on the device.
+
+Sizes follow pytorch/examples' ``--dummy`` (``FakeData`` with 1,281,167 training and 50,000
+validation images of 1000 classes), but no image is decoded or copied per step, so training
+speed on it is the model's ceiling with a free data pipeline.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import IMAGENET_MEAN, IMAGENET_STD, DistInfo, batches_per_epoch
+
+TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
+VAL_IMAGES = 50_000
+NUM_CLASSES = 1000
+
+
+class SyntheticLoader:
+    """Yields the same ``(images, labels)`` batch ``len()`` times.
+
+    ``images``: float32 ``(batch_size, 3, size, size)`` on ``device``, uniform uint8 noise
+    normalised as real data is; ``labels``: int64 ``(batch_size,)`` in ``[0, num_classes)``.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, size: int, dist: DistInfo,
+                 train: bool, channels_last: bool = False, max_batches: int | None = None,
+                 seed: int = 0, num_classes: int = NUM_CLASSES):
+        self.batch_size = batch_size
+        self.classes = [f"class{i:04d}" for i in range(num_classes)]
+        self._len = batches_per_epoch(num_samples, batch_size, dist.world_size, train)
+        if max_batches is not None:
+            self._len = min(self._len, max_batches)
+        gen = torch.Generator().manual_seed(seed + dist.rank)
+        pixels = torch.randint(0, 256, (batch_size, 3, size, size), generator=gen)
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+        images = (pixels.float() - mean) / std
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        self.images = images.to(dist.device)
+        self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing to reshuffle."""
+
+    def __iter__(self):
+        for _ in range(self._len):
+            yield self.images, self.labels
+
+
+def build_loaders(args, dist: DistInfo):
+    """``(train, val)`` synthetic loaders with the sizes of ImageNet-1k."""
+    common = dict(batch_size=args.batch_size, dist=dist, channels_last=args.channels_last,
+                  seed=args.seed)
+    return (SyntheticLoader(TRAIN_IMAGES, size=args.train_crop_size, train=True,
+                            max_batches=args.train_batches, **common),
+            SyntheticLoader(VAL_IMAGES, size=args.val_crop_size, train=False,
+                            max_batches=args.val_batches, **common))

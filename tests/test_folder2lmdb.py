@@ -1,0 +1,116 @@
+import os
+import subprocess
+import sys
+
+import lmdb
+import pytest
+from torchvision.datasets import ImageFolder
+
+import folder2lmdb
+from loaders import _lmdb_codec as codec
+from tests import datagen
+from tests.conftest import REPO
+
+
+def check_db_matches_folder(db: str, folder: str) -> None:
+    """Every record equals the source file's bytes and ImageFolder's label, in order."""
+    reference = ImageFolder(folder)
+    meta = codec.read_meta(db)
+    assert meta.count == len(reference.samples)
+    assert list(meta.classes) == reference.classes
+    env = codec.open_readonly(db)
+    with env.begin() as txn:
+        for index, (path, label) in enumerate(reference.samples):
+            data, stored_label = codec.decode_record(txn.get(codec.record_key(index)))
+            with open(path, "rb") as f:
+                assert data == f.read(), path
+            assert stored_label == label, path
+        assert txn.get(codec.record_key(meta.count)) is None
+
+
+def test_generated_folder_converts_byte_for_byte(tiny):
+    for split in ("train", "val"):
+        check_db_matches_folder(os.path.join(tiny.lmdb, split), os.path.join(tiny.root, split))
+
+
+def test_map_grows_instead_of_map_full_error(tiny, tmp_path):
+    out = str(tmp_path / "db")
+    summary = folder2lmdb.convert(os.path.join(tiny.root, "train"), out, map_size=64 * 1024,
+                                  batch_size=5, progress=False)
+    assert summary.images == 32
+    env = codec.open_readonly(out)
+    assert env.info()["map_size"] > 64 * 1024
+    check_db_matches_folder(out, os.path.join(tiny.root, "train"))
+
+
+def test_summary_counts_images_and_bytes(tiny, tmp_path):
+    train = os.path.join(tiny.root, "train")
+    summary = folder2lmdb.convert(train, str(tmp_path / "db"), progress=False)
+    files = [os.path.join(d, f) for d, _, fs in os.walk(train) for f in fs]
+    assert summary.images == len(files)
+    assert summary.bytes == sum(os.path.getsize(f) for f in files)
+    assert "images/s" in summary.line() and f"wrote {len(files)} images" in summary.line()
+
+
+def test_complete_database_is_not_overwritten_silently(tiny, tmp_path):
+    out = str(tmp_path / "db")
+    train = os.path.join(tiny.root, "train")
+    folder2lmdb.convert(train, out, progress=False)
+    with pytest.raises(folder2lmdb.ConversionError, match="--overwrite"):
+        folder2lmdb.convert(train, out, progress=False)
+    assert folder2lmdb.convert(train, out, overwrite=True, progress=False).images == 32
+
+
+def test_unfinished_database_is_refused_by_reader_and_replaced_by_writer(tiny, tmp_path):
+    out = str(tmp_path / "db")
+    train = os.path.join(tiny.root, "train")
+    folder2lmdb.convert(train, out, progress=False)
+    codec.close_readonly(out)
+    env = lmdb.open(out, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.delete(codec.META_KEY)  # as if killed before the last transaction
+    env.close()
+    with pytest.raises(codec.LMDBFormatError, match="did not finish"):
+        codec.read_meta(out)
+    folder2lmdb.convert(train, out, progress=False)  # same command again: starts over
+    check_db_matches_folder(out, train)
+
+
+def test_labels_follow_imagefolder_order_with_unsorted_names(tmp_path):
+    # Class folder names whose creation order differs from sorted order.
+    for name in ("zebra", "Apple", "mango"):
+        datagen.make_split(str(tmp_path / "src"), 1, 2, seed=1)
+        os.rename(tmp_path / "src" / "n00000000", tmp_path / "src" / name)
+    folder2lmdb.convert(str(tmp_path / "src"), str(tmp_path / "db"), progress=False)
+    check_db_matches_folder(str(tmp_path / "db"), str(tmp_path / "src"))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "folder2lmdb.py", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_prints_one_summary_line(tiny, tmp_path):
+    result = run_cli("--dataset", os.path.join(tiny.root, "val"), "-o", str(tmp_path / "db"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("wrote 16 images")
+    assert len(result.stdout.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (lambda p: str(p / "missing"), "no such directory"),
+    (lambda p: (p / "empty").mkdir() or str(p / "empty"), "Couldn't find any class folder"),
+])
+def test_cli_bad_source_is_one_line_error(tmp_path, make_bad, message):
+    result = run_cli("-d", make_bad(tmp_path), "-o", str(tmp_path / "db"))
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_output_that_is_not_an_lmdb(tiny, tmp_path):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    result = run_cli("-d", os.path.join(tiny.root, "val"), "-o", str(tmp_path / "precious"))
+    assert result.returncode == 1 and "not an LMDB" in result.stderr
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"

@@ -1,0 +1,44 @@
+import msgpack
+import pytest
+
+from loaders import _lmdb_codec as codec
+
+
+def test_record_keys_sort_in_index_order():
+    keys = [codec.record_key(i) for i in (0, 1, 9, 10, 99, 1_281_166)]
+    assert keys == sorted(keys)
+    assert codec.record_key(42) == b"0000000042"
+
+
+def test_record_round_trip_keeps_bytes_and_label():
+    data = bytes(range(256)) * 3
+    value = codec.encode_record(data, 7)
+    assert msgpack.unpackb(value, raw=False) == [data, 7]  # the documented on-disk layout
+    assert codec.decode_record(value) == (data, 7)
+
+
+def test_malformed_record_raises_format_error():
+    with pytest.raises(codec.LMDBFormatError):
+        codec.decode_record(b"\xc1not msgpack")
+
+
+def test_meta_round_trip():
+    meta = codec.Metadata(count=3, classes=("n01", "n02"))
+    assert codec.decode_meta(codec.encode_meta(meta), "db") == meta
+
+
+@pytest.mark.parametrize("value, message", [
+    (None, "did not finish"),
+    (msgpack.packb({"format": "caffe"}), "not an LMDB written by folder2lmdb"),
+    (msgpack.packb({"format": codec.FORMAT_NAME, "version": 99, "count": 1, "classes": []}),
+     "newer"),
+])
+def test_bad_meta_is_rejected(value, message):
+    with pytest.raises(codec.LMDBFormatError, match=message):
+        codec.decode_meta(value, "db")
+
+
+def test_open_readonly_rejects_image_folder(tmp_path):
+    (tmp_path / "n01").mkdir()
+    with pytest.raises(codec.LMDBFormatError, match="drop --lmdb"):
+        codec.open_readonly(str(tmp_path))

@@ -1,0 +1,141 @@
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import loaders
+from loaders import DataError, DistInfo
+from loaders._common import IMAGENET_MEAN, IMAGENET_STD, ShardSampler
+from loaders.lmdb_records import LMDBDataset
+from tests.conftest import loader_args
+from tests.datagen import label_from_pixels
+
+FILE_BACKENDS = ["folder", "lmdb"]
+
+
+def build(backend, tiny, **overrides):
+    overrides.setdefault("data", tiny.lmdb if backend == "lmdb" else tiny.root)
+    return loaders.build_loaders(backend, loader_args(**overrides), DistInfo())
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+    return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("backend", FILE_BACKENDS)
+def test_contract_shapes_dtypes_labels_and_length(backend, tiny):
+    train, val = build(backend, tiny)
+    assert train.classes == val.classes == [f"n{c:08d}" for c in range(tiny.num_classes)]
+    for loader, images_total in ((train, 32), (val, 16)):
+        batches = list(loader)
+        assert len(batches) == len(loader) == images_total // 4  # exact len()
+        for images, labels in batches:
+            assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)
+            assert labels.dtype == torch.int64 and labels.shape == (4,)
+            assert images.device.type == labels.device.type == "cpu"
+            # Normalised with the ImageNet mean/std, and the pixels still encode the label.
+            pixels = to_uint8(images)
+            assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
+    val_labels = torch.cat([labels for _, labels in val])
+    assert sorted(val_labels.tolist()) == sorted(list(range(4)) * 4)  # every val image once
+
+
+@pytest.mark.parametrize("backend", FILE_BACKENDS)
+def test_set_epoch_makes_order_and_augmentation_reproducible(backend, tiny):
+    def epoch_batches(epoch):
+        train, _ = build(backend, tiny, workers=2)
+        train.set_epoch(epoch)
+        return list(train)
+
+    first, again, other = epoch_batches(3), epoch_batches(3), epoch_batches(4)
+    for (a_img, a_lab), (b_img, b_lab) in zip(first, again):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other))
+
+
+def test_folder_and_lmdb_deliver_identical_validation_batches(tiny):
+    _, folder_val = build("folder", tiny)
+    _, lmdb_val = build("lmdb", tiny)
+    for (fi, fl), (li, ll) in zip(folder_val, lmdb_val, strict=True):
+        assert torch.equal(fl, ll) and torch.equal(fi, li)
+
+
+def test_channels_last_and_batch_caps(tiny):
+    train, val = build("lmdb", tiny, channels_last=True, train_batches=3, val_batches=1)
+    assert len(train) == 3 and len(list(train)) == 3 and len(list(val)) == 1
+    images, _ = next(iter(train))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_lmdb_dataset_opens_lazily_and_pickles_without_environment(tiny):
+    dataset = LMDBDataset(os.path.join(tiny.lmdb, "val"))
+    assert dataset._env is None and len(dataset) == 16
+    image, label = dataset[5]
+    assert dataset._env is not None and label == 1 and image.mode == "RGB"
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone._env is None and clone.read(5) == dataset.read(5)
+    with pytest.raises(IndexError):
+        dataset.read(16)
+
+
+def test_lmdb_dataset_works_in_spawned_workers(tiny):
+    train, _ = build("lmdb", tiny)
+    spawned = DataLoader(train.loader.dataset, batch_size=8, num_workers=2,
+                         multiprocessing_context="spawn")
+    labels = torch.cat([labels for _, labels in spawned])
+    assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, world_size):
+    train_seen, val_seen = [], []
+    for rank in range(world_size):
+        train, val = loaders.build_loaders(
+            "lmdb", loader_args(data=tiny.lmdb, batch_size=2), DistInfo(rank=rank, world_size=world_size))
+        train_seen.append(list(train.loader.sampler))
+        val_seen.extend(val.loader.sampler)
+        assert len(train) == (32 // world_size) // 2  # same batch count on every rank
+    flat = [i for shard in train_seen for i in shard]
+    assert len(flat) == len(set(flat)) == (32 // world_size) * world_size
+    assert sorted(val_seen) == list(range(16))
+
+
+def test_shard_sampler_never_pads():
+    shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+
+
+def test_synthetic_loader_has_imagenet_sizes():
+    args = loader_args(batch_size=8, train_batches=None, val_batches=None)
+    train, val = loaders.build_loaders("synthetic", args, DistInfo())
+    assert len(train) == 1_281_167 // 8 and len(val) == 6250 and len(train.classes) == 1000
+    images, labels = next(iter(train))
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.dtype == torch.int64 and int(labels.max()) < 1000
+
+
+def test_backend_mismatch_errors_are_clear(tiny):
+    with pytest.raises(DataError, match="drop --lmdb"):
+        build("lmdb", tiny, data=tiny.root)
+    with pytest.raises(DataError, match="add --lmdb"):
+        build("folder", tiny, data=tiny.lmdb)
+    with pytest.raises(DataError, match="no such file"):
+        build("folder", tiny, data=os.path.join(tiny.root, "nope"))
+
+
+def test_different_class_lists_are_refused(tiny, tmp_path):
+    (tmp_path / "val" / "n09999999").mkdir(parents=True)
+    src = os.path.join(tiny.root, "val", "n00000000", "n00000000_0.JPEG")
+    (tmp_path / "val" / "n09999999" / "x.JPEG").write_bytes(open(src, "rb").read())
+    with pytest.raises(DataError, match="different classes"):
+        build("folder", tiny, val=str(tmp_path / "val"))
+
+
+def test_too_few_images_for_one_batch(tiny):
+    with pytest.raises(DataError, match="fewer than one batch"):
+        build("folder", tiny, batch_size=64)

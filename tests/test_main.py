@@ -1,0 +1,144 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import main
+from tests.conftest import REPO
+
+SMALL = ["-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "32",
+         "--val-resize-size", "32", "--val-crop-size", "32", "-p", "2", "--seed", "0"]
+RECORD_KEYS = {"epoch", "train_loss", "train_acc1", "val_loss", "val_acc1", "val_acc5", "lr",
+               "train_images_per_sec", "data_time_fraction", "epoch_seconds"}
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def read_metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_help_groups_flags_and_needs_no_optional_backend():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for group in ("data and loaders", "model", "optimisation", "distributed", "output"):
+        assert f"{group}:" in result.stdout
+    assert "(default: 256)" in result.stdout
+
+
+def test_preset_precedence_defaults_yaml_cli(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("batch-size: 64\nlr: 0.5\nlmdb: true\n")
+    args = main.parse_args(["-c", str(preset), "--lr", "0.2", "DIR"])
+    assert (args.batch_size, args.lr, args.lmdb, args.momentum) == (64, 0.2, True, 0.9)
+    assert args.data == "DIR"
+
+
+def test_unknown_preset_key_is_an_error(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("batch_size: 64\nlearning_rat: 0.1\n")
+    with pytest.raises(main.ConfigError, match="unknown key.*learning_rat"):
+        main.parse_args(["-c", str(preset)])
+
+
+def test_every_shipped_preset_parses():
+    presets = sorted(os.listdir(os.path.join(REPO, "configs")))
+    assert {"smoke.yaml", "resnet18.yaml", "resnet50.yaml"} <= set(presets)
+    for name in presets:
+        args = main.parse_args(["-c", os.path.join(REPO, "configs", name)])
+        assert args.arch.startswith("resnet")
+
+
+@pytest.mark.parametrize("backend", ["folder", "lmdb"])
+def test_train_writes_metrics_checkpoints_and_resumes(tiny, tmp_path, backend, capsys):
+    out = str(tmp_path / "out")
+    data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
+    last = main.main([*data, *SMALL, "--epochs", "2", "--output-dir", out])
+    records = read_metrics(out)
+    assert [r["epoch"] for r in records] == [0, 1] and last == records[-1]
+    for record in records:
+        assert RECORD_KEYS <= set(record)
+        assert 0 <= record["data_time_fraction"] <= 1 and record["train_images_per_sec"] > 0
+    assert os.path.isdir(os.path.join(out, "tensorboard"))
+
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
+    assert {"epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler", "scaler",
+            "config", "rng"} <= set(ckpt)
+    assert ckpt["epoch"] == 2 and ckpt["arch"] == "resnet18"
+    assert not any(k.startswith("module.") for k in ckpt["state_dict"])
+    assert ckpt["config"]["batch_size"] == 8 and isinstance(ckpt["config"], dict)
+    assert os.path.isfile(os.path.join(out, "model_best.pth.tar"))
+    assert not [f for f in os.listdir(out) if ".tmp." in f]  # atomic writes leave no temp
+
+    capsys.readouterr()
+    main.main([*data, *SMALL, "--epochs", "3", "--output-dir", out,
+               "--resume", os.path.join(out, "checkpoint.pth.tar")])
+    assert "resumed from" in capsys.readouterr().out
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2]
+
+    stats = main.main([*data, *SMALL, "-e", "--resume", os.path.join(out, "checkpoint.pth.tar")])
+    printed = capsys.readouterr().out
+    assert f"val top-1 {stats['acc1']:.3f} top-5 {stats['acc5']:.3f}" in printed
+    assert stats["images"] == 16
+
+
+def test_resume_restores_model_optimizer_and_rng(tiny, tmp_path):
+    """Two epochs straight equal one epoch, a restart from its checkpoint, and one more."""
+    data = ["--lmdb", tiny.lmdb, *SMALL, "--lr", "0.01"]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    main.main([*data, "--epochs", "2", "--output-dir", straight])
+    main.main([*data, "--epochs", "1", "--output-dir", split])
+    main.main([*data, "--epochs", "2", "--output-dir", split,
+               "--resume", os.path.join(split, "checkpoint.pth.tar")])
+    a, b = read_metrics(straight)[1], read_metrics(split)[1]
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert a["val_acc1"] == b["val_acc1"]
+
+
+def test_dummy_data_runs_without_a_dataset(tmp_path):
+    last = main.main(["--dummy", "-b", "4", "--epochs", "1", "--train-batches", "2",
+                      "--val-batches", "1", "--train-crop-size", "32", "--val-crop-size", "32",
+                      "--output-dir", str(tmp_path), "-p", "0"])
+    assert last["epoch"] == 0 and len(read_metrics(str(tmp_path))) == 1
+
+
+@pytest.mark.slow
+def test_accuracy_rises_on_learnable_data(tmp_path):
+    from tests import datagen
+
+    datagen.make_dataset(str(tmp_path / "d"), 4, train_per_class=24, val_per_class=8,
+                         noise=60, shapes=3)
+    main.main([str(tmp_path / "d"), *SMALL, "--lr", "0.01", "--epochs", "4", "-p", "0",
+               "--output-dir", str(tmp_path / "o")])
+    records = read_metrics(str(tmp_path / "o"))
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["val_acc1"] > 50.0  # chance is 25%
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda t, p: [str(p / "missing")], "no such file or directory"),
+    (lambda t, p: ["--lmdb", t.root], "drop --lmdb"),
+    (lambda t, p: [t.lmdb], "add --lmdb"),
+    (lambda t, p: [t.root, "--pretrained"], "weights are not on disk"),
+    (lambda t, p: [t.root, "--resume", str(p / "nope.pth.tar")], "no such checkpoint"),
+    (lambda t, p: [t.root, "-a", "resnet9000"], "unknown architecture"),
+    (lambda t, p: [t.root, "--gpu", "0", "--no-accel"], "no CUDA device"),
+    (lambda t, p: [t.root, "-c", str(p / "missing.yaml")], "--config"),
+    (lambda t, p: [t.root, "--output-dir", str(p / "file")], "cannot write"),
+])
+def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
+    (tmp_path / "file").write_text("not a directory")
+    env = dict(os.environ, TORCH_HOME=str(tmp_path / "torch-home"))
+    result = run_cli(*SMALL, "--epochs", "1", "--output-dir", str(tmp_path / "out"),
+                     *make_args(tiny, tmp_path), env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
