@@ -21,7 +21,8 @@ from torch import nn
 
 import loaders
 from loaders import DataError, DistInfo
-from models import ModelError, build_model
+from loaders._common import split_paths
+from models import ModelError, build_model, check_arch
 
 
 class ConfigError(Exception):
@@ -67,12 +68,20 @@ def get_args_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, help="seed for shuffling, augmentation and init "
                    "(default: drawn at random and logged)")
     g = p.add_argument_group("distributed")
-    g.add_argument("--world-size", type=int, default=-1, help="number of nodes")
-    g.add_argument("--rank", type=int, default=-1, help="node rank")
-    g.add_argument("--dist-url", default="tcp://224.66.41.62:23456", help="rendezvous URL")
-    g.add_argument("--dist-backend", default="nccl", help="torch.distributed backend")
+    g.add_argument("--world-size", type=int, default=-1,
+                   help="nodes with --multiprocessing-distributed, else processes")
+    g.add_argument("--rank", type=int, default=-1,
+                   help="node rank with --multiprocessing-distributed, else global rank")
+    g.add_argument("--dist-url", help="rendezvous URL, e.g. tcp://10.1.1.20:23456 (default: "
+                   "env:// under torchrun, a free localhost port on one node)")
+    g.add_argument("--dist-backend", choices=["nccl", "gloo"],
+                   help="torch.distributed backend (default: nccl with CUDA, gloo without)")
+    g.add_argument("--dist-timeout", type=float, default=600.0,
+                   help="seconds a collective may wait for a missing peer before failing")
     g.add_argument("--multiprocessing-distributed", action="store_true",
-                   help="one process per GPU with DistributedDataParallel")
+                   help="spawn --nproc-per-node processes on this node, DistributedDataParallel")
+    g.add_argument("--nproc-per-node", type=int,
+                   help="processes per node (default: the GPU count, 1 without GPUs)")
     g.add_argument("--gpu", type=int, help="GPU index to use")
     g.add_argument("--no-accel", action="store_true", help="do not use an accelerator (CPU)")
     w = p.add_argument_group("output")
@@ -93,9 +102,12 @@ def workers_type(value) -> int | str:
     raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {value!r}")
 
 
-def resolve_workers(workers: int | str) -> int:
-    """``auto`` -> ``min(8, CPU cores)``: beyond 8 workers one process rarely gains."""
-    return min(8, os.cpu_count() or 1) if workers == "auto" else workers
+def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
+    """``auto`` -> ``min(8, CPU cores / processes on this node)``, at least 1: the node's
+    cores are shared by its training processes, and beyond 8 one process rarely gains."""
+    if workers != "auto":
+        return workers
+    return max(1, min(8, (os.cpu_count() or 1) // max(1, processes_per_node)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -144,13 +156,148 @@ def backend_name(args) -> str:
 
 def resolve_device(args) -> torch.device:
     """CUDA (``--gpu`` index, else the current device) unless ``--no-accel`` or none exists."""
-    if args.no_accel or not torch.cuda.is_available():
+    if not use_cuda(args):
         if args.gpu is not None:
             raise ConfigError(f"--gpu {args.gpu}: no CUDA device available")
         return torch.device("cpu")
     if args.gpu is not None and args.gpu >= torch.cuda.device_count():
         raise ConfigError(f"--gpu {args.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", args.gpu if args.gpu is not None else torch.cuda.current_device())
+
+
+class WorkerFailed(Exception):
+    """A spawned training process failed; it has printed its own message."""
+
+
+def launch_workers(args) -> None:
+    """``--multiprocessing-distributed``: spawn ``--nproc-per-node`` workers on this node.
+
+    As pytorch/examples: ``--world-size`` counts nodes and ``--rank`` is this node's rank, so
+    the job has ``nodes * nproc`` processes; ``-b`` and ``-j`` are divided among this node's
+    processes. If one worker fails, ``torch.multiprocessing`` ends the others and this raises
+    :class:`WorkerFailed`.
+    """
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    if backend_name(args) != "synthetic":
+        split_paths(args)  # reported once here rather than by every process
+    check_arch(args.arch)
+    nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args) else 1)
+    nodes = max(args.world_size, 1)
+    if nodes > 1 and not args.dist_url:
+        raise ConfigError("--dist-url tcp://HOST:PORT is needed for more than one node")
+    if args.dist_url is None:
+        args.dist_url = f"tcp://127.0.0.1:{free_port()}"
+    if args.batch_size < nproc:
+        raise ConfigError(f"-b {args.batch_size} is less than one image per process ({nproc})")
+    args.batch_size //= nproc
+    if args.workers != "auto":
+        args.workers = (args.workers + nproc - 1) // nproc
+    try:
+        mp.spawn(spawned_worker, args=(args, nproc), nprocs=nproc, join=True)
+    except ProcessException as exc:
+        raise WorkerFailed(f"process {exc.error_index} failed; the job was stopped") from None
+
+
+def spawned_worker(local_rank: int, args, nproc: int) -> None:
+    """Entry point of a spawned process: bad input exits with one line, not a traceback."""
+    try:
+        worker(args, local_rank, nproc)
+    except (ConfigError, DataError, ModelError) as exc:
+        print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def use_cuda(args) -> bool:
+    return torch.cuda.is_available() and not args.no_accel
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for a single node's rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> DistInfo:
+    """Join the process group if this is a distributed run; return this process's place.
+
+    A spawned worker (``local_rank`` given) has global rank ``node_rank * nproc + local_rank``;
+    under torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set, ``--dist-url env://``) the
+    environment says; a hand-launched process gives ``--world-size`` and ``--rank``. The
+    backend is NCCL with CUDA and gloo without. Also resolves ``-j auto`` for this process.
+    """
+    env = os.environ
+    if local_rank is not None:
+        rank, world = max(args.rank, 0) * nproc + local_rank, max(args.world_size, 1) * nproc
+    elif "RANK" in env and "WORLD_SIZE" in env and args.dist_url in (None, "env://"):
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank, args.dist_url = int(env.get("LOCAL_RANK", 0)), "env://"
+        nproc = int(env.get("LOCAL_WORLD_SIZE", 1))
+    else:
+        rank, world, local_rank = max(args.rank, 0), max(args.world_size, 1), 0
+    args.workers = resolve_workers(args.workers, nproc)
+    if world == 1:
+        return DistInfo(device=resolve_device(args))
+    if args.gpu is None and use_cuda(args):
+        args.gpu = local_rank
+    device = resolve_device(args)
+    backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("--dist-backend nccl needs CUDA; use gloo on CPU")
+    if not args.dist_url:
+        raise ConfigError(f"--world-size {world} needs --dist-url (or launch with torchrun)")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    import datetime
+
+    torch.distributed.init_process_group(
+        backend, init_method=args.dist_url, world_size=world, rank=rank,
+        timeout=datetime.timedelta(seconds=args.dist_timeout))
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def wrap_parallel(model: nn.Module, args, dist: DistInfo, log) -> nn.Module:
+    """DistributedDataParallel in a distributed run; pytorch/examples' DataParallel fallback
+    when one process sees several GPUs and no ``--gpu`` was given; else the model itself."""
+    if dist.world_size > 1:
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if dist.device.type == "cuda" and args.gpu is None and torch.cuda.device_count() > 1:
+        log(f"DataParallel over {torch.cuda.device_count()} GPUs "
+            "(--multiprocessing-distributed is faster)")
+        return nn.DataParallel(model)
+    return model
+
+
+def reduce_sum(values: list[float], dist: DistInfo) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks (float64; identity in one process)."""
+    if dist.world_size == 1:
+        return values
+    device = dist.device if dist.device.type == "cuda" else torch.device("cpu")
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def broadcast_int(value: int, dist: DistInfo) -> int:
+    """Global rank 0's ``value`` on every rank."""
+    if dist.world_size == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sync_buffers(model: nn.Module, dist: DistInfo) -> None:
+    """Give every rank global rank 0's buffers (BatchNorm running statistics) before
+    validation, so each shard is scored by exactly the model that rank 0 checkpoints."""
+    if dist.world_size > 1:
+        for buffer in unwrap(model).buffers():
+            torch.distributed.broadcast(buffer, src=0)
 
 
 def image_library_line() -> str:
@@ -162,20 +309,38 @@ def image_library_line() -> str:
 def main(argv=None) -> dict:
     """Run training (or ``-e`` evaluation) as the command line ``argv`` says.
 
-    Returns the last epoch's metrics (or the evaluation's). Raises :class:`ConfigError`,
-    :class:`~loaders.DataError` or :class:`~models.ModelError` for bad input.
+    With ``--multiprocessing-distributed`` this process spawns one worker per GPU (or
+    ``--nproc-per-node`` CPU workers) and returns ``{}``; otherwise it trains itself (one
+    process, or one rank under torchrun) and returns the last epoch's metrics (or the
+    evaluation's). Raises :class:`ConfigError`, :class:`~loaders.DataError` or
+    :class:`~models.ModelError` for bad input, ``WorkerFailed`` if a spawned worker fails.
     """
     args = parse_args(argv)
-    if args.multiprocessing_distributed or args.world_size > 1:
-        raise ConfigError("distributed training is not available in this version yet")
-    dist = DistInfo(device=resolve_device(args))
+    if args.multiprocessing_distributed:
+        launch_workers(args)
+        return {}
+    return worker(args)
+
+
+def worker(args, local_rank: int | None = None, nproc: int = 1) -> dict:
+    """One training process: distributed setup, loaders, model, train/evaluate, cleanup."""
+    dist = setup_distributed(args, local_rank, nproc)
+    try:
+        return train_or_evaluate(args, dist)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def train_or_evaluate(args, dist: DistInfo) -> dict:
     log = print if dist.is_main else (lambda *a, **k: None)
     checkpoint = load_checkpoint(args.resume) if args.resume else None
     if args.seed is None:
         args.seed = checkpoint["config"]["seed"] if checkpoint else random.randrange(2**31)
+        args.seed = broadcast_int(args.seed, dist)  # every rank must shuffle alike
     seed_everything(args.seed + dist.rank)
-    args.workers = resolve_workers(args.workers)
-    log(f"device: {dist.device}; {image_library_line()}; seed {args.seed}")
+    log(f"device: {dist.device}; world size {dist.world_size}; {image_library_line()}; "
+        f"seed {args.seed}")
 
     train_loader, val_loader = loaders.build_loaders(backend_name(args), args, dist)
     num_classes = len(train_loader.classes)
@@ -193,8 +358,10 @@ def main(argv=None) -> dict:
     if checkpoint:
         best_acc1 = restore(checkpoint, model, optimizer, scheduler, scaler, args)
         log(f"resumed from {args.resume} at epoch {args.start_epoch}")
+    model = wrap_parallel(model, args, dist, log)
     log(f"{args.arch}: {num_classes} classes; {backend_name(args)} loader: "
-        f"{len(train_loader)} train / {len(val_loader)} val batches of {args.batch_size}")
+        f"{len(train_loader)} train / {len(val_loader)} val batches of {args.batch_size} "
+        "per process")
 
     if args.evaluate:
         stats = evaluate(model, val_loader, criterion, args, dist)
@@ -222,7 +389,8 @@ def main(argv=None) -> dict:
 
 def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scaler, args,
               dist, log, writer) -> dict:
-    """Train one epoch, validate, log and record; returns the ``metrics.jsonl`` record."""
+    """Train one epoch, validate, log and record; returns the ``metrics.jsonl`` record, whose
+    numbers are global: losses and accuracies over all ranks, images/s summed over ranks."""
     start = time.perf_counter()
     train_loader.set_epoch(epoch)
     lr = optimizer.param_groups[0]["lr"]
@@ -232,7 +400,8 @@ def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scal
     record = {
         "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
         "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
-        "train_images_per_sec": train["images_per_sec"],
+        "train_images_per_sec": train["images_per_sec"], "train_images": train["images"],
+        "val_images": val["images"],
         "data_time_fraction": train["data_time_fraction"],
         "epoch_seconds": time.perf_counter() - start,
     }
@@ -285,14 +454,20 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
     if images_seen == 0:
         raise DataError("the training loader yielded no batch")
     seconds = time.perf_counter() - start
-    return {"loss": loss_sum.item() / images_seen, "acc1": 100.0 * correct.item() / images_seen,
-            "images": images_seen, "images_per_sec": images_seen / seconds,
-            "data_time_fraction": data_time / seconds}
+    loss_total, correct_total, images, speed, data_share = reduce_sum(
+        [loss_sum.item(), correct.item(), images_seen, images_seen / seconds, data_time / seconds],
+        dist)
+    return {"loss": loss_total / images, "acc1": 100.0 * correct_total / images,
+            "images": int(images), "images_per_sec": speed,
+            "data_time_fraction": data_share / dist.world_size}
 
 
 @torch.no_grad()
 def evaluate(model, loader, criterion, args, dist) -> dict:
-    """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images."""
+    """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images,
+    summed over all ranks' shards (each image counted once)."""
+    sync_buffers(model, dist)
+    model = unwrap(model)  # no DDP collectives: ranks may hold different batch counts
     model.eval()
     loss_sum = torch.zeros((), device=dist.device)
     correct = torch.zeros(2, device=dist.device, dtype=torch.int64)
@@ -307,9 +482,11 @@ def evaluate(model, loader, criterion, args, dist) -> dict:
         hits = topk == labels[:, None]
         correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()])
         images_seen += labels.size(0)
-    n = max(images_seen, 1)
-    return {"loss": loss_sum.item() / n, "acc1": 100.0 * correct[0].item() / n,
-            "acc5": 100.0 * correct[1].item() / n, "images": images_seen}
+    loss_total, top1, top5, images = reduce_sum(
+        [loss_sum.item(), correct[0].item(), correct[1].item(), images_seen], dist)
+    n = max(images, 1)
+    return {"loss": loss_total / n, "acc1": 100.0 * top1 / n, "acc5": 100.0 * top5 / n,
+            "images": int(images)}
 
 
 class MetricsWriter:
@@ -409,6 +586,9 @@ def cli(argv=None) -> int:
     try:
         main(argv)
     except (ConfigError, DataError, ModelError) as exc:
+        print(f"main.py: error: {exc}", file=sys.stderr)
+        return 1
+    except WorkerFailed as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

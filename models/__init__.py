@@ -32,6 +32,12 @@ def model_names() -> list[str]:
     return sorted(set(torchvision.models.list_models(module=torchvision.models)) | set(_REGISTRY))
 
 
+def check_arch(arch: str) -> None:
+    """Raise :class:`ModelError` unless ``arch`` is a known architecture name."""
+    if arch not in model_names():
+        raise ModelError(f"unknown architecture {arch!r}; choose one of torchvision.models.list_models()")
+
+
 def cached_weights_path(arch: str) -> str:
     """Where torch.hub keeps ``arch``'s default torchvision weights (``$TORCH_HOME/hub/checkpoints``)."""
     weights = torchvision.models.get_model_weights(arch).DEFAULT
@@ -52,8 +58,7 @@ def build_model(arch: str, num_classes: int, pretrained: bool = False) -> nn.Mod
         if pretrained:
             raise ModelError(f"--pretrained: no pretrained weights for {arch}")
         return _REGISTRY[arch](num_classes=num_classes)
-    if arch not in model_names():
-        raise ModelError(f"unknown architecture {arch!r}; choose one of torchvision.models.list_models()")
+    check_arch(arch)
     if not pretrained:
         return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     path = cached_weights_path(arch)

@@ -1,0 +1,136 @@
+"""Distributed runs on CPU with gloo: mp.spawn, torchrun, two 'nodes' on localhost, failures."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+# -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
+SMALL = ["-a", "resnet18", "-j", "1", "--epochs", "1", "--train-crop-size", "32",
+         "--val-resize-size", "32", "--val-crop-size", "32", "-p", "1", "--seed", "5"]
+
+
+def run(cmd, timeout=240):
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def main_cmd(*args):
+    return [sys.executable, "main.py", *args]
+
+
+def only_record(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        (record,) = [json.loads(line) for line in f]
+    return record
+
+
+def single_process_top1(data, out):
+    result = run(main_cmd(*data, *SMALL, "-b", "4", "-e",
+                          "--resume", os.path.join(out, "checkpoint.pth.tar")))
+    line = [l for l in result.stdout.splitlines() if l.startswith("val top-1")][0]
+    return float(line.split()[2]), int(line.split("(")[1].split()[0])
+
+
+def check_distributed_run(data, out):
+    record = only_record(out)
+    assert record["val_images"] == 16  # each validation image exactly once, none padded
+    assert record["train_images"] == 32  # 2 ranks x 4 batches x 4: disjoint shards covering all
+    top1, images = single_process_top1(data, out)
+    assert images == 16 and top1 == pytest.approx(record["val_acc1"], abs=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "folder"])
+def test_multiprocessing_distributed_two_cpu_processes(tiny, tmp_path, backend):
+    data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
+    out = str(tmp_path / "out")
+    result = run(main_cmd(*data, *SMALL, "-b", "8", "--multiprocessing-distributed",
+                          "--nproc-per-node", "2", "--output-dir", out))
+    assert "world size 2" in result.stdout
+    assert result.stdout.count("epoch 0:") == 1  # only global rank 0 prints
+    check_distributed_run(data, out)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "folder"])
+def test_torchrun_two_cpu_processes(tiny, tmp_path, backend):
+    data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
+    out = str(tmp_path / "out")
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(_free_port()), "main.py", *data, *SMALL, "-b", "4",
+         "--dist-url", "env://", "--output-dir", out])
+    check_distributed_run(data, out)
+
+
+def test_two_nodes_on_localhost_agree(tiny, tmp_path):
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    outs = [str(tmp_path / f"node{r}") for r in (0, 1)]
+    procs = [subprocess.Popen(
+        main_cmd("--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
+                 "--nproc-per-node", "1", "--world-size", "2", "--rank", str(r),
+                 "--dist-url", url, "--output-dir", outs[r]),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    record = only_record(outs[0])
+    assert record["train_images"] == 32 and record["val_images"] == 16
+    assert not os.path.exists(os.path.join(outs[1], "metrics.jsonl"))  # node 1 writes nothing
+
+
+def test_killed_rank_ends_the_job_quickly(tmp_path):
+    proc = subprocess.Popen(
+        main_cmd("--dummy", *SMALL, "-b", "4", "--epochs", "1000", "--train-batches", "1000",
+                 "--multiprocessing-distributed", "--nproc-per-node", "2", "-j", "0",
+                 "--output-dir", str(tmp_path)),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # wait until training runs
+            if line.startswith("Epoch:"):
+                break
+        workers = sorted(p for p in _descendants(proc.pid) if b"spawn_main" in _cmdline(p))
+        assert len(workers) == 2
+        killed_at = time.monotonic()
+        os.kill(workers[1], signal.SIGKILL)  # spawned second: local rank 1
+        proc.wait(timeout=60)
+        assert time.monotonic() - killed_at < 30
+        assert proc.returncode != 0
+        assert "process 1" in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
+    result = subprocess.run(main_cmd(str(tmp_path / "missing"), *SMALL, "-b", "8",
+                                     "--multiprocessing-distributed", "--nproc-per-node", "2"),
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"main.py: error: {tmp_path / 'missing' / 'train'}: no such file or directory"]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _descendants(pid):
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                found += [child, *_descendants(child)]
+    return found
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
