@@ -422,13 +422,65 @@ def autocast(args, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
+_FORMATS = {"loss": "loss {:.4f}", "acc1": "Acc@1 {:.2f}", "acc5": "Acc@5 {:.2f}",
+            "lr": "lr {:.4g}", "images_per_sec": "{:.1f} images/s", "data_time_fraction": "data {:.0%}"}
+
+
+class Progress:
+    """Per-step progress of one pass over a loader, shown by global rank 0 only.
+
+    On a terminal: a tqdm bar with images/s. Otherwise (logs, CI): pytorch/examples
+    ``ProgressMeter``-style lines every ``print_freq`` steps and at the last step. Every
+    ``print_freq`` steps the same figures go to TensorBoard under ``step/<prefix>_*``.
+    """
+
+    def __init__(self, total: int, prefix: str, tag: str, print_freq: int, enabled: bool,
+                 writer=None, first_step: int = 0):
+        self.total, self.prefix, self.tag, self.print_freq = total, prefix, tag, print_freq
+        self.enabled, self.writer, self.first_step = enabled, writer, first_step
+        self.bar = None
+        if enabled and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=prefix, unit="batch", leave=False, dynamic_ncols=True)
+        self.start = time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        """Whether :meth:`show` wants figures at ``step`` (they cost a device sync)."""
+        if self.bar is not None:
+            self.bar.update(1)
+        return self.enabled and self.print_freq > 0 and (
+            step % self.print_freq == 0 or step + 1 == self.total)
+
+    def show(self, step: int, images: int, data_time: float, **figures: float) -> None:
+        elapsed = time.perf_counter() - self.start
+        figures = {**figures, "images_per_sec": images / elapsed,
+                   "data_time_fraction": data_time / elapsed}
+        text = "  ".join(_FORMATS[key].format(value) for key, value in figures.items())
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+        else:
+            print(f"{self.prefix}[{step + 1:>{len(str(self.total))}}/{self.total}]  {text}",
+                  flush=True)
+        if self.writer:
+            for key, value in figures.items():
+                self.writer.scalar(f"step/{self.tag}_{key}", value, self.first_step + step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, dist, log,
                     writer) -> dict:
-    """One pass over ``loader``. Returns mean ``loss``, ``acc1`` (%), ``images``,
-    ``images_per_sec`` and ``data_time_fraction`` (share of wall time spent waiting for data)."""
+    """One pass over ``loader``. Returns mean ``loss``, ``acc1`` (%), ``images`` (all ranks),
+    ``images_per_sec`` (summed over ranks) and ``data_time_fraction`` (share of wall time spent
+    waiting for the next batch, mean over ranks)."""
     model.train()
     loss_sum = torch.zeros((), device=dist.device)
     correct = torch.zeros((), device=dist.device, dtype=torch.int64)
+    progress = Progress(len(loader), f"Epoch: [{epoch}]", "train", args.print_freq,
+                        dist.is_main, writer, epoch * len(loader))
     images_seen, data_time, start = 0, 0.0, time.perf_counter()
     end = start
     for step, (images, labels) in enumerate(loader):
@@ -443,14 +495,12 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
         loss_sum += loss.detach() * labels.size(0)
         correct += (output.argmax(1) == labels).sum()
         images_seen += labels.size(0)
-        if args.print_freq and (step % args.print_freq == 0 or step + 1 == len(loader)):
-            elapsed = time.perf_counter() - start
-            log(f"Epoch: [{epoch}][{step + 1:>{len(str(len(loader)))}}/{len(loader)}] "
-                f"loss {loss.item():.4f} ({loss_sum.item() / images_seen:.4f}) "
-                f"{images_seen / elapsed:.1f} images/s data {100 * data_time / elapsed:.0f}%")
-            if writer:
-                writer.scalar("step/train_loss", loss.item(), epoch * len(loader) + step)
+        if progress.due(step):
+            progress.show(step, images_seen, data_time, loss=loss_sum.item() / images_seen,
+                          acc1=100.0 * correct.item() / images_seen,
+                          lr=optimizer.param_groups[0]["lr"])
         end = time.perf_counter()
+    progress.close()
     if images_seen == 0:
         raise DataError("the training loader yielded no batch")
     seconds = time.perf_counter() - start
@@ -471,17 +521,24 @@ def evaluate(model, loader, criterion, args, dist) -> dict:
     model.eval()
     loss_sum = torch.zeros((), device=dist.device)
     correct = torch.zeros(2, device=dist.device, dtype=torch.int64)
-    images_seen = 0
+    progress = Progress(len(loader), "Test: ", "val", args.print_freq, dist.is_main)
+    images_seen, data_time, end = 0, 0.0, time.perf_counter()
     k = min(5, len(loader.classes))
-    for images, labels in loader:
+    for step, (images, labels) in enumerate(loader):
+        data_time += time.perf_counter() - end
         with autocast(args, dist.device):
             output = model(images)
             loss = criterion(output, labels)
         loss_sum += loss.float() * labels.size(0)
-        topk = output.topk(k, dim=1).indices
-        hits = topk == labels[:, None]
+        hits = output.topk(k, dim=1).indices == labels[:, None]
         correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()])
         images_seen += labels.size(0)
+        if progress.due(step):
+            progress.show(step, images_seen, data_time, loss=loss_sum.item() / images_seen,
+                          acc1=100.0 * correct[0].item() / images_seen,
+                          acc5=100.0 * correct[1].item() / images_seen)
+        end = time.perf_counter()
+    progress.close()
     loss_total, top1, top5, images = reduce_sum(
         [loss_sum.item(), correct[0].item(), correct[1].item(), images_seen], dist)
     n = max(images, 1)
