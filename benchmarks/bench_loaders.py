@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""Side-by-side training-loader throughput on the same JPEGs, in one process.
+
+    python benchmarks/bench_loaders.py --data ../shared/data/imagenet-sample --out bench-output
+
+Runs, with the same batch size, workers and images:
+
+* ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
+  RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
+* ``decode-only``: full JPEG decode of each file to RGB and nothing else, in the same
+  DataLoader setup (the decoding ceiling of these files on this CPU);
+* each of our training loaders (``folder``, ``lmdb``, and ``dali`` when installed), including
+  the copy to the device and normalisation there.
+
+Writes ``OUT/report.json`` and ``OUT/chart.png`` (images/s per core) and prints a table.
+Every pipeline iterates ``--warmup`` batches untimed, then ``--batches`` timed ones, cycling
+epochs when the data is smaller. Files are read once beforehand so all pipelines see a warm
+page cache.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import datasets, transforms
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import folder2lmdb  # noqa: E402
+import loaders  # noqa: E402
+import main  # noqa: E402
+from loaders import DistInfo  # noqa: E402
+from loaders._throughput import measure  # noqa: E402
+from loaders._transforms import image_library  # noqa: E402
+
+
+class _DeviceCopy:
+    """Moves a stock float batch to the device as pytorch/examples' training loop does."""
+
+    def __init__(self, loader: DataLoader, device: torch.device):
+        self.loader, self.device = loader, device
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+def stock_loader(root: str, batch_size: int, workers: int, device: torch.device):
+    """The pytorch/examples imagenet/main.py training pipeline, unchanged."""
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    dataset = datasets.ImageFolder(root, transforms.Compose([
+        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), normalize]))
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                        pin_memory=device.type == "cuda", drop_last=True)
+    return _DeviceCopy(loader, device)
+
+
+class _DecodeOnly(Dataset):
+    """Decodes each file fully to RGB and returns only its label."""
+
+    def __init__(self, root: str):
+        self.samples = datasets.ImageFolder(root).samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        path, label = self.samples[index]
+        with Image.open(path) as img:
+            img.convert("RGB").load()
+        return 0, label
+
+
+def decode_only_loader(root: str, batch_size: int, workers: int):
+    return DataLoader(_DecodeOnly(root), batch_size=batch_size, shuffle=True,
+                      num_workers=workers, drop_last=True)
+
+
+def our_loader(backend: str, data: str, batch_size: int, workers: int, device, extra=()):
+    args = main.parse_args([data, "-b", str(batch_size), "-j", str(workers), "--seed", "0",
+                            *extra])
+    args.workers = workers
+    train, _ = loaders.build_loaders(backend, args, DistInfo(device=device))
+    return train
+
+
+def warm_page_cache(root: str) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                while f.read(1 << 20):
+                    pass
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cores = len(os.sched_getaffinity(0))
+    train_root = os.path.join(args.data, "train")
+    warm_page_cache(train_root)
+    tmp = tempfile.mkdtemp(prefix="bench-lmdb-")
+    lmdb_root = os.path.join(tmp, "lmdb")
+    for split in ("train", "val"):
+        folder2lmdb.convert(os.path.join(args.data, split), os.path.join(lmdb_root, split),
+                            progress=False)
+    b, j = args.batch_size, args.workers
+    pipelines = {
+        "stock": lambda: stock_loader(train_root, b, j, device),
+        "decode-only": lambda: decode_only_loader(train_root, b, j),
+        "folder": lambda: our_loader("folder", args.data, b, j, device),
+        "lmdb": lambda: our_loader("lmdb", lmdb_root, b, j, device),
+    }
+    if "dali" in loaders.BACKENDS and _has_dali():
+        pipelines["dali-cpu"] = lambda: our_loader("dali", args.data, b, j, device, ["--dali-cpu"])
+        if device.type == "cuda":
+            pipelines["dali-mixed"] = lambda: our_loader("dali", args.data, b, j, device)
+    results = []
+    for name, build in pipelines.items():
+        if args.only and name not in args.only:
+            continue
+        stats = measure(build(), args.batches, args.warmup)
+        stats.update(loader=name, images_per_sec_per_core=stats["images_per_sec"] / cores)
+        results.append(stats)
+        print(f"{name:>12}: {stats['images_per_sec']:8.1f} images/s "
+              f"({stats['images_per_sec_per_core']:.1f} per core)", flush=True)
+    by_name = {r["loader"]: r["images_per_sec"] for r in results}
+    for r in results:
+        if "stock" in by_name:
+            r["ratio_vs_stock"] = r["images_per_sec"] / by_name["stock"]
+        if "decode-only" in by_name:
+            r["share_of_decode_only"] = r["images_per_sec"] / by_name["decode-only"]
+    return {
+        "machine": {"cpu_count": cores, "cpu": _cpu_model(), "device": str(device),
+                    "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "image_library": image_library()},
+        "config": {"data": os.path.abspath(args.data), "batch_size": b, "workers": j,
+                   "batches": args.batches, "warmup": args.warmup},
+        "results": results,
+    }
+
+
+def _has_dali() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def write_chart(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    names = [r["loader"] for r in results]
+    values = [r["images_per_sec_per_core"] for r in results]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bars = ax.bar(names, values, color=["#999999" if n in ("stock", "decode-only") else "#2a7ab9"
+                                        for n in names])
+    ax.bar_label(bars, fmt="%.0f")
+    machine = report["machine"]
+    ax.set_ylabel("images/s per core")
+    ax.set_title(f"Training loaders, batch {report['config']['batch_size']}, "
+                 f"{report['config']['workers']} workers, {machine['cpu_count']} cores",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(report: dict) -> None:
+    print(f"\n| loader | images/s | per core | vs stock | of decode-only |\n|---|---|---|---|---|")
+    for r in report["results"]:
+        print(f"| {r['loader']} | {r['images_per_sec']:.1f} | {r['images_per_sec_per_core']:.1f} "
+              f"| {r.get('ratio_vs_stock', float('nan')):.2f}x "
+              f"| {100 * r.get('share_of_decode_only', float('nan')):.0f}% |")
+
+
+def main_cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"),
+                        help="ImageNet-layout root with train/ and val/")
+    parser.add_argument("--out", default="bench-output", help="report.json and chart.png go here")
+    parser.add_argument("-b", "--batch-size", type=int, default=32)
+    parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per pipeline")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
+    parser.add_argument("--only", nargs="*", help="run only these pipelines")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.data, "train")):
+        print(f"bench_loaders.py: error: {args.data}/train: no such directory", file=sys.stderr)
+        return 1
+    report = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    write_chart(report, os.path.join(args.out, "chart.png"))
+    print_table(report)
+    print(f"\nwrote {args.out}/report.json and {args.out}/chart.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())
