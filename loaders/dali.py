@@ -188,7 +188,7 @@ class DALILoader:
     ``--channels-last``; ``labels``: int64 ``(N,)``. ``len()`` is exact; the last validation
     batch may be smaller than ``batch_size`` and holds no padding. ``classes`` lists the class
     names (index = label). ``set_epoch(epoch)`` selects the order and the augmentation seed.
-    Raises ``RuntimeError`` (from DALI) on an undecodable image.
+    Iterating raises :class:`DataError` when DALI fails, e.g. on a file it cannot decode.
     """
 
     def __init__(self, plan: Plan, make_source, opts: GraphOptions, classes: Sequence[str],
@@ -226,13 +226,26 @@ class DALILoader:
         pipe = self._build(order)
         try:
             remaining = len(order)
-            for _ in range(len(self)):
-                images, labels = self._to_torch(pipe.run())
+            for step in range(len(self)):
+                images, labels = self._to_torch(self._run(pipe, step))
                 take = min(remaining, len(labels))
                 remaining -= take
                 yield images[:take], labels[:take]
         finally:
             del pipe
+
+    def _run(self, pipe, step: int):
+        try:
+            return pipe.run()
+        except RuntimeError as exc:
+            # DALI has no option to skip an undecodable file: end with one line, not a
+            # multi-page traceback (DALI's message names the codec error, not the file).
+            lines = [line for line in str(exc).splitlines()
+                     if line.strip() and not line.startswith("Current pipeline")]
+            split = "training" if self.plan.train else "validation"
+            raise DataError(f"DALI failed on the {split} split at or shortly after batch {step} "
+                            f"of this pass (an unreadable or non-image file?): "
+                            f"{lines[-1] if lines else exc}") from None
 
     def _build(self, order: list[int]):
         from nvidia.dali import pipeline_def
