@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -158,11 +159,12 @@ class LMDBBatches:
                 [np.array(label, dtype=np.int32) for _, label in records])
 
 
-def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int]):
+def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], parallel: bool):
     """``fn.readers.file`` over exactly ``order`` (indices into ImageFolder's ``samples``).
 
     ``pad_last_batch`` repeats the last file to fill the final batch; :class:`DALILoader` trims
-    that padding, so no sample is counted twice.
+    that padding, so no sample is counted twice. ``parallel`` is unused: the reader's own C++
+    threads read the files.
     """
     from nvidia.dali import fn
 
@@ -171,7 +173,8 @@ def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int]):
                            random_shuffle=False, pad_last_batch=True, name="Reader")
 
 
-def _lmdb_source(dataset, order: Sequence[int], batch_size: int, parallel: bool):
+def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool):
+    """``fn.external_source`` of :class:`LMDBBatches`; ``parallel``: in DALI worker processes."""
     from nvidia.dali import fn, types
 
     extra = {"prefetch_queue_depth": 2} if parallel else {}
@@ -304,21 +307,20 @@ def _graph_options(args, dist: DistInfo, train: bool) -> GraphOptions:
         fp16=bool(args.amp) and cuda, channels_last=bool(args.channels_last))
 
 
-def _open_split(path: str, use_lmdb: bool):
-    """``(num_samples, classes, make_source)`` for one split; raises :class:`DataError`."""
+def _open_split(path: str, use_lmdb: bool, batch_size: int):
+    """``(num_samples, classes, make_source)`` for one split; raises :class:`DataError`.
+
+    ``make_source(order, parallel)`` adds the source of ``(encoded, label)`` to a DALI graph.
+    """
     if use_lmdb:
         from .lmdb_records import LMDBDataset
 
         dataset = LMDBDataset(path)
-        return len(dataset), dataset.classes, lambda batch_size: (
-            lambda order, parallel: _lmdb_source(dataset, order, batch_size, parallel))
+        return len(dataset), dataset.classes, partial(_lmdb_source, dataset, batch_size)
     from .folder import open_image_folder
 
-    folder = open_image_folder(path)
-    if not folder.samples:
-        raise DataError(f"{path}: no images")
-    return len(folder.samples), folder.classes, lambda batch_size: (
-        lambda order, parallel: _folder_source(folder.samples, order))
+    folder = open_image_folder(path)  # ImageFolder: its classes and labels by construction
+    return len(folder.samples), folder.classes, partial(_folder_source, folder.samples)
 
 
 def build_loaders(args, dist: DistInfo):
@@ -330,11 +332,11 @@ def build_loaders(args, dist: DistInfo):
     lists, or a training shard smaller than one batch.
     """
     _require_dali()
-    loaders = []
+    built = []
     classes_by_split = []
     for split, path in zip(("train", "val"), split_paths(args)):
         train = split == "train"
-        num_samples, classes, make_source = _open_split(path, bool(args.lmdb))
+        num_samples, classes, make_source = _open_split(path, bool(args.lmdb), args.batch_size)
         plan = Plan(num_samples, args.batch_size, train, seed=args.seed, rank=dist.rank,
                     world_size=dist.world_size,
                     max_batches=args.train_batches if train else args.val_batches)
@@ -343,10 +345,10 @@ def build_loaders(args, dist: DistInfo):
                 f"training set has {num_samples // dist.world_size} images per process, fewer "
                 f"than one batch of {args.batch_size}: lower -b/--batch-size")
         py_workers = args.workers if args.lmdb else 0
-        loaders.append(DALILoader(plan, make_source(args.batch_size),
+        built.append(DALILoader(plan, make_source,
                                   _graph_options(args, dist, train), classes, dist.device,
                                   num_threads=args.workers, py_workers=py_workers,
                                   seed=args.seed))
         classes_by_split.append(classes)
     check_same_classes(*classes_by_split)
-    return loaders[0], loaders[1]
+    return built[0], built[1]
