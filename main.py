@@ -41,6 +41,11 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="data backend")
     d.add_argument("--lmdb", action="store_true", help="splits are LMDBs from folder2lmdb.py")
     d.add_argument("--dummy", action="store_true", help="synthetic data (no dataset needed)")
+    d.add_argument("--dali", action="store_true",
+                   help="NVIDIA DALI loader (GPU JPEG decode; CPU-only without CUDA)")
+    d.add_argument("--dali-cpu", action="store_true", help="with --dali: decode on the CPU")
+    d.add_argument("--dali-hw-decoder-load", type=float, default=0.65,
+                   help="with --dali: share of JPEGs for the A100/H100 hardware decoder")
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
                    "(min(8, CPU cores))")
@@ -144,9 +149,12 @@ def load_preset(path: str, parser: argparse.ArgumentParser) -> dict:
 
 
 def backend_name(args) -> str:
-    """The data backend: ``synthetic`` with --dummy, ``lmdb`` with --lmdb, else --loader."""
+    """The data backend: ``synthetic`` with --dummy, ``dali`` with --dali or --loader dali (reads --lmdb
+    itself), ``lmdb`` with --lmdb, else --loader."""
     if args.dummy:
         return "synthetic"
+    if args.dali or args.loader == "dali":
+        return "dali"
     if args.lmdb:
         if args.loader not in ("folder", "lmdb"):
             raise ConfigError(f"--lmdb conflicts with --loader {args.loader}")

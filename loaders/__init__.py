@@ -14,6 +14,7 @@ from ._common import DataError, DistInfo
 
 # backend name (the --loader choice) -> module implementing build_loaders
 BACKENDS = {
+    "dali": "loaders.dali",
     "folder": "loaders.folder",
     "lmdb": "loaders.lmdb_records",
     "synthetic": "loaders.synthetic",

@@ -1,0 +1,354 @@
+"""NVIDIA DALI backend (``--dali``): JPEG decode, crop and normalisation inside a DALI pipeline.
+
+Two sources feed the same decode/augment graph:
+
+* a JPEG folder (ImageNet layout) through ``fn.readers.file``, with the file list and labels
+  of torchvision's ``ImageFolder`` (so labels equal the folder loader's by construction);
+* an LMDB written by ``folder2lmdb.py`` (``--dali --lmdb``) through ``fn.external_source``,
+  reading records with :class:`loaders.lmdb_records.LMDBDataset` (format in ``_lmdb_codec``).
+
+With CUDA, decoding is nvJPEG (``device="mixed"``, A100/H100 hardware decoder share
+``--dali-hw-decoder-load``) and the rest runs on the GPU; ``--dali-cpu`` decodes and resizes on
+the CPU. Without CUDA the pipeline runs CPU-only (``device_id=None``) and yields CPU tensors.
+
+Order: this module decides which samples each rank reads, in which order, for every epoch
+(the same permutation as ``DistributedSampler`` for the training split, :class:`ShardSampler`
+for validation) and hands DALI that exact list; DALI's own shuffling and sharding are not
+used. A new pipeline is built for every pass, seeded from (seed, epoch, rank), so the order and
+the augmentation of an epoch are a function of (seed, epoch, rank) alone, whatever ran before.
+
+DALI is imported only inside functions: this module imports without it, and ``build_loaders``
+raises :class:`DataError` naming the pip package when it is missing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
+                      _mix_seed, check_same_classes, split_paths)
+
+PIP_PACKAGE = "nvidia-dali-cuda120"
+# DALI's documented default share of JPEGs sent to the A100/H100 hardware JPEG decoder
+# (fn.decoders.image ``hw_decoder_load``); NVIDIA's DeepLearningExamples RN50 tunes it per GPU.
+DEFAULT_HW_DECODER_LOAD = 0.65
+# RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision and DeepLearningExamples RN50).
+RANDOM_AREA = (0.08, 1.0)
+RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
+
+
+def _require_dali():
+    """Import DALI or raise :class:`DataError` with the one line that says how to install it."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except (ImportError, OSError):
+        raise DataError(f"--dali needs NVIDIA DALI, which is not installed: "
+                        f"pip install {PIP_PACKAGE}") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which dataset indices one rank reads per epoch, and how many batches that makes.
+
+    Training: the permutation of ``DistributedSampler(shuffle=True, seed, drop_last=True)`` for
+    the epoch (every rank the same count), cut to whole batches. Validation: indices
+    ``rank, rank + world_size, ...`` (:class:`ShardSampler`), every sample exactly once across
+    ranks, the last batch possibly partial. ``max_batches`` caps both (``--train-batches``).
+    """
+
+    num_samples: int
+    batch_size: int
+    train: bool
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    max_batches: int | None = None
+
+    def order(self, epoch: int) -> list[int]:
+        """Dataset indices this rank reads in ``epoch``, in reading order (no padding)."""
+        if self.train:
+            sampler = DistributedSampler(range(self.num_samples), num_replicas=self.world_size,
+                                         rank=self.rank, shuffle=True, seed=self.seed,
+                                         drop_last=True)
+            sampler.set_epoch(epoch)
+        else:
+            sampler = ShardSampler(self.num_samples, self.rank, self.world_size)
+        return list(sampler)[:self.num_batches * self.batch_size]
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch on this rank: the loader's exact ``len()``."""
+        if self.train:
+            n = (self.num_samples // self.world_size) // self.batch_size
+        else:
+            n = math.ceil(len(range(self.rank, self.num_samples, self.world_size)) / self.batch_size)
+        return n if self.max_batches is None else min(n, self.max_batches)
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """How the decode/augment graph is placed and shaped (sizes in pixels)."""
+
+    train: bool
+    crop_size: int
+    resize_size: int  # validation shorter side; unused for training
+    cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
+    decode_on_cpu: bool  # --dali-cpu, or no CUDA
+    hw_decoder_load: float
+    fp16: bool
+    channels_last: bool
+
+
+def _augment(encoded, opts: GraphOptions):
+    """DALI graph: encoded images -> normalised ``(3, crop, crop)`` (or HWC) float images.
+
+    Grayscale and CMYK JPEGs come out as 3-channel RGB (``output_type=RGB``), as PIL's
+    ``convert("RGB")`` in the other backends.
+    """
+    from nvidia.dali import fn, types
+
+    decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB}
+    if not opts.decode_on_cpu:
+        decode["hw_decoder_load"] = opts.hw_decoder_load
+    if opts.train:
+        images = fn.decoders.image_random_crop(encoded, random_area=list(RANDOM_AREA),
+                                               random_aspect_ratio=list(RANDOM_ASPECT_RATIO),
+                                               num_attempts=100, **decode)
+        images = fn.resize(images, resize_x=opts.crop_size, resize_y=opts.crop_size)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        images = fn.decoders.image(encoded, **decode)
+        images = fn.resize(images, resize_shorter=opts.resize_size)
+        mirror = 0
+    if opts.cuda and opts.decode_on_cpu:
+        images = images.gpu()  # decode and resize on the CPU, normalise on the GPU
+    return fn.crop_mirror_normalize(
+        images, crop=(opts.crop_size, opts.crop_size), mirror=mirror,
+        dtype=types.FLOAT16 if opts.fp16 else types.FLOAT,
+        output_layout="HWC" if opts.channels_last else "CHW",
+        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])
+
+
+class LMDBBatches:
+    """Batched (and parallel-safe) ``fn.external_source`` callable over an LMDB's records.
+
+    Called with DALI's ``BatchInfo``, returns ``([encoded uint8 (bytes,)], [label int32 ()])``
+    for batch ``info.iteration`` of ``order`` and raises ``StopIteration`` after the last (which
+    may be partial: external_source batches may be smaller than ``max_batch_size``, so nothing
+    is padded). Pickles without an open LMDB environment; each worker process opens its own.
+    """
+
+    def __init__(self, dataset, order: Sequence[int], batch_size: int):
+        self.dataset = dataset
+        self.order = list(order)
+        self.batch_size = batch_size
+
+    def __call__(self, info):
+        start = info.iteration * self.batch_size
+        indices = self.order[start:start + self.batch_size]
+        if not indices:
+            raise StopIteration
+        records = [self.dataset.read(i) for i in indices]
+        return ([np.frombuffer(data, dtype=np.uint8) for data, _ in records],
+                [np.array(label, dtype=np.int32) for _, label in records])
+
+
+def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], parallel: bool):
+    """``fn.readers.file`` over exactly ``order`` (indices into ImageFolder's ``samples``).
+
+    ``pad_last_batch`` repeats the last file to fill the final batch; :class:`DALILoader` trims
+    that padding, so no sample is counted twice. ``parallel`` is unused: the reader's own C++
+    threads read the files.
+    """
+    from nvidia.dali import fn
+
+    return fn.readers.file(files=[samples[i][0] for i in order],
+                           labels=[samples[i][1] for i in order],
+                           random_shuffle=False, pad_last_batch=True, name="Reader")
+
+
+def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool):
+    """``fn.external_source`` of :class:`LMDBBatches`; ``parallel``: in DALI worker processes."""
+    from nvidia.dali import fn, types
+
+    extra = {"prefetch_queue_depth": 2} if parallel else {}
+    return fn.external_source(source=LMDBBatches(dataset, order, batch_size), num_outputs=2,
+                              batch=True, batch_info=True, parallel=parallel,
+                              dtype=[types.UINT8, types.INT32], **extra)
+
+
+class DALILoader:
+    """One split's DALI pipeline, rebuilt for every pass, as a loader of the usual contract.
+
+    Yields ``images``: float32 ``(N, 3, H, W)`` (float16 under ``--amp`` on CUDA) on
+    ``device``, normalised with the ImageNet mean/std, channels-last memory format with
+    ``--channels-last``; ``labels``: int64 ``(N,)``. ``len()`` is exact; the last validation
+    batch may be smaller than ``batch_size`` and holds no padding. ``classes`` lists the class
+    names (index = label). ``set_epoch(epoch)`` selects the order and the augmentation seed.
+    Iterating raises :class:`DataError` when DALI fails, e.g. on a file it cannot decode.
+    """
+
+    def __init__(self, plan: Plan, make_source, opts: GraphOptions, classes: Sequence[str],
+                 device: torch.device, num_threads: int, py_workers: int, seed: int):
+        self.plan = plan
+        self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
+        self.opts = opts
+        self.classes = list(classes)
+        self.device = device
+        self.num_threads = max(1, num_threads)
+        self.py_workers = py_workers
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.plan.num_batches
+
+    @property
+    def batch_size(self) -> int:
+        """Images per batch on this rank."""
+        return self.plan.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass's order and augmentation a function of (seed, epoch, rank)."""
+        self.epoch = epoch
+
+    def order(self) -> list[int]:
+        """Dataset indices the next pass yields, in order (for tests and debugging)."""
+        return self.plan.order(self.epoch if self.plan.train else 0)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = self.order()
+        if not order:
+            return
+        pipe = self._build(order)
+        try:
+            remaining = len(order)
+            for step in range(len(self)):
+                images, labels = self._to_torch(self._run(pipe, step))
+                take = min(remaining, len(labels))
+                remaining -= take
+                yield images[:take], labels[:take]
+        finally:
+            del pipe
+
+    def _run(self, pipe, step: int):
+        try:
+            return pipe.run()
+        except RuntimeError as exc:
+            # DALI has no option to skip an undecodable file: end with one line, not a
+            # multi-page traceback (DALI's message names the codec error, not the file).
+            lines = [line for line in str(exc).splitlines()
+                     if line.strip() and not line.startswith("Current pipeline")]
+            split = "training" if self.plan.train else "validation"
+            raise DataError(f"DALI failed on the {split} split at or shortly after batch {step} "
+                            f"of this pass (an unreadable or non-image file?): "
+                            f"{lines[-1] if lines else exc}") from None
+
+    def _build(self, order: list[int]):
+        from nvidia.dali import pipeline_def
+
+        parallel = self.py_workers > 0
+        parallel_kw = {}
+        if parallel:
+            # fork is fast and safe before CUDA is initialised in this process; after that
+            # only spawn is safe (workers then pay for importing torch at every pass).
+            method = "spawn" if torch.cuda.is_initialized() else "fork"
+            parallel_kw = {"py_num_workers": self.py_workers, "py_start_method": method}
+
+        @pipeline_def
+        def graph():
+            encoded, labels = self.make_source(order, parallel)
+            return _augment(encoded, self.opts), labels
+
+        epoch = self.epoch if self.plan.train else 0
+        device_id = (self.device.index if self.device.index is not None
+                     else torch.cuda.current_device()) if self.opts.cuda else None
+        pipe = graph(batch_size=self.plan.batch_size, num_threads=self.num_threads,
+                     device_id=device_id, seed=_mix_seed(self.seed, epoch, self.plan.rank) % 2**31,
+                     **parallel_kw)
+        pipe.build()
+        return pipe
+
+    def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = (_tensor_list_to_torch(out, self.device) for out in outputs)
+        if self.opts.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
+        return images, labels.reshape(-1).to(torch.int64)
+
+
+def _tensor_list_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
+    """Copy a dense DALI TensorList (CPU or GPU) into a new torch tensor on ``device``."""
+    from nvidia.dali.backend import TensorListGPU
+
+    tensor = tensor_list.as_tensor()
+    if not isinstance(tensor_list, TensorListGPU):
+        return torch.from_numpy(np.array(tensor)).to(device)  # np.array copies out of DALI's buffer
+    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+    out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
+    feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(device))
+    return out
+
+
+def _graph_options(args, dist: DistInfo, train: bool) -> GraphOptions:
+    cuda = dist.device.type == "cuda"
+    return GraphOptions(
+        train=train, crop_size=args.train_crop_size if train else args.val_crop_size,
+        resize_size=args.val_resize_size, cuda=cuda,
+        decode_on_cpu=not cuda or bool(getattr(args, "dali_cpu", False)),
+        hw_decoder_load=getattr(args, "dali_hw_decoder_load", DEFAULT_HW_DECODER_LOAD),
+        # fp16 only where autocast is fp16 (CUDA); CPU autocast is bf16 and keeps float32 inputs.
+        fp16=bool(args.amp) and cuda, channels_last=bool(args.channels_last))
+
+
+def _open_split(path: str, use_lmdb: bool, batch_size: int):
+    """``(num_samples, classes, make_source)`` for one split; raises :class:`DataError`.
+
+    ``make_source(order, parallel)`` adds the source of ``(encoded, label)`` to a DALI graph.
+    """
+    if use_lmdb:
+        from .lmdb_records import LMDBDataset
+
+        dataset = LMDBDataset(path)
+        return len(dataset), dataset.classes, partial(_lmdb_source, dataset, batch_size)
+    from .folder import open_image_folder
+
+    folder = open_image_folder(path)  # ImageFolder: its classes and labels by construction
+    return len(folder.samples), folder.classes, partial(_folder_source, folder.samples)
+
+
+def build_loaders(args, dist: DistInfo):
+    """``(train, val)`` :class:`DALILoader` s over JPEG folders, or LMDBs with ``--lmdb``.
+
+    Threads: ``args.workers`` DALI CPU threads (at least 1); with ``--lmdb`` also as many
+    parallel external-source worker processes (0: records are read in the main process).
+    Raises :class:`DataError` if DALI is not installed, for bad input paths, mismatched class
+    lists, or a training shard smaller than one batch.
+    """
+    _require_dali()
+    built = []
+    classes_by_split = []
+    for split, path in zip(("train", "val"), split_paths(args)):
+        train = split == "train"
+        num_samples, classes, make_source = _open_split(path, bool(args.lmdb), args.batch_size)
+        plan = Plan(num_samples, args.batch_size, train, seed=args.seed, rank=dist.rank,
+                    world_size=dist.world_size,
+                    max_batches=args.train_batches if train else args.val_batches)
+        if train and num_samples // dist.world_size < args.batch_size:
+            raise DataError(
+                f"training set has {num_samples // dist.world_size} images per process, fewer "
+                f"than one batch of {args.batch_size}: lower -b/--batch-size")
+        py_workers = args.workers if args.lmdb else 0
+        built.append(DALILoader(plan, make_source,
+                                  _graph_options(args, dist, train), classes, dist.device,
+                                  num_threads=args.workers, py_workers=py_workers,
+                                  seed=args.seed))
+        classes_by_split.append(classes)
+    check_same_classes(*classes_by_split)
+    return built[0], built[1]

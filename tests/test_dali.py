@@ -1,0 +1,146 @@
+"""The DALI backend (``--dali``): the loader contract on both sources, CPU-only here."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from torchvision.datasets import ImageFolder
+
+pytest.importorskip("nvidia.dali")
+
+import loaders  # noqa: E402
+import main  # noqa: E402
+from loaders import DataError, DistInfo  # noqa: E402
+from tests.conftest import loader_args  # noqa: E402
+from tests.datagen import label_from_pixels  # noqa: E402
+from tests.test_loaders import to_uint8  # noqa: E402
+from tests.test_main import SMALL  # noqa: E402
+
+SOURCES = ["folder", "lmdb"]
+
+
+def build(tiny, source, dist=None, **overrides):
+    overrides.setdefault("data", tiny.lmdb if source == "lmdb" else tiny.root)
+    overrides.setdefault("lmdb", source == "lmdb")
+    return loaders.build_loaders("dali", loader_args(**overrides), dist or DistInfo())
+
+
+def imagefolder_labels(root):
+    return [label for _, label in ImageFolder(root).samples]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_contract_shapes_dtypes_labels_and_length(tiny, source):
+    train, val = build(tiny, source, workers=2)
+    assert train.classes == val.classes == [f"n{c:08d}" for c in range(tiny.num_classes)]
+    for loader, images_total in ((train, 32), (val, 16)):
+        batches = list(loader)
+        assert len(batches) == len(loader) == images_total // 4
+        for images, labels in batches:
+            assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)
+            assert labels.dtype == torch.int64 and labels.shape == (4,)
+            assert images.device.type == labels.device.type == "cpu"
+            pixels = to_uint8(images)  # normalised with the ImageNet mean/std
+            assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
+    val_labels = torch.cat([labels for _, labels in val]).tolist()
+    assert sorted(val_labels) == sorted(imagefolder_labels(os.path.join(tiny.root, "val")))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, source):
+    def epoch_batches(epoch):
+        train, _ = build(tiny, source, workers=2)
+        train.set_epoch(epoch)
+        return list(train)
+
+    first, again, other = epoch_batches(3), epoch_batches(3), epoch_batches(4)
+    assert len(first) == len(again) == len(other) == 8
+    for (a_img, a_lab), (b_img, b_lab) in zip(first, again):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other))
+
+
+def test_training_order_is_the_folder_loaders(tiny):
+    """Same (seed, epoch, rank) -> the same permutation as DistributedSampler in make_loader."""
+    dali_train, _ = build(tiny, "folder")
+    folder_train, _ = loaders.build_loaders("folder", loader_args(data=tiny.root), DistInfo())
+    for epoch in (0, 5):
+        dali_train.set_epoch(epoch)
+        folder_train.set_epoch(epoch)
+        assert dali_train.order() == list(folder_train.loader.sampler)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, source, world_size):
+    labels_of = imagefolder_labels(os.path.join(tiny.root, "val"))
+    train_seen, val_seen = [], []
+    for rank in range(world_size):
+        train, val = build(tiny, source, DistInfo(rank=rank, world_size=world_size),
+                           batch_size=3, workers=1)
+        assert len(train) == (32 // world_size) // 3  # same batch count on every rank
+        train_seen.extend(train.order())
+        batches = list(val)
+        assert len(batches) == len(val)
+        yielded = torch.cat([labels for _, labels in batches]).tolist()
+        assert yielded == [labels_of[i] for i in val.order()]  # trimmed: no padded sample
+        val_seen.extend(val.order())
+    assert len(train_seen) == len(set(train_seen)) == world_size * len(train) * 3
+    assert sorted(val_seen) == list(range(16))
+
+
+def test_channels_last_and_batch_caps(tiny):
+    train, val = build(tiny, "lmdb", channels_last=True, train_batches=3, val_batches=1)
+    assert len(train) == 3 and len(list(train)) == 3 and len(list(val)) == 1
+    images, _ = next(iter(train))
+    assert images.shape == (4, 3, 32, 32)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_errors_are_data_errors(tiny, tmp_path):
+    with pytest.raises(DataError, match="fewer than one batch"):
+        build(tiny, "folder", batch_size=64)
+    with pytest.raises(DataError, match="add --lmdb"):
+        build(tiny, "folder", data=tiny.lmdb, lmdb=False)
+    with pytest.raises(DataError, match="drop --lmdb"):
+        build(tiny, "lmdb", data=tiny.root)
+    # DALI cannot skip a file it cannot decode: the pass ends with one DataError line.
+    val_root = tmp_path / "val"
+    shutil.copytree(os.path.join(tiny.root, "val"), val_root)
+    (val_root / "n00000000" / "bad.JPEG").write_bytes(b"not an image")
+    _, val = build(tiny, "folder", val=str(val_root))
+    with pytest.raises(DataError, match="DALI failed"):
+        list(val)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_real_sample_labels_match_imagefolder(sample, sample_lmdb, source):
+    """Includes the sample's 4 grayscale JPEGs, which must come out as 3-channel images."""
+    data = sample_lmdb if source == "lmdb" else sample
+    _, val = loaders.build_loaders("dali", loader_args(
+        data=data, lmdb=source == "lmdb", batch_size=32, workers=2, val_resize_size=73,
+        val_crop_size=64), DistInfo())
+    labels, batches = [], 0
+    for images, batch_labels in val:
+        assert images.shape[1:] == (3, 64, 64) and images.dtype == torch.float32
+        labels.extend(batch_labels.tolist())
+        batches += 1
+    assert batches == len(val) == 8 and len(labels) == 250
+    assert labels == imagefolder_labels(os.path.join(sample, "val"))  # same order, world 1
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_main_two_epochs_end_to_end(tiny, source, tmp_path):
+    data = ["--lmdb", tiny.lmdb] if source == "lmdb" else [tiny.root]
+    out = str(tmp_path)
+    main.main(["--dali", *data, *SMALL, "-j", "2", "--epochs", "2", "--output-dir", out])
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    assert [r["epoch"] for r in records] == [0, 1]
+
+
+def test_loader_dali_selects_the_backend():
+    args = main.parse_args(["--loader", "dali", "--lmdb", "x"])
+    assert main.backend_name(args) == "dali"
+    assert main.backend_name(main.parse_args(["--dali", "--lmdb", "x"])) == "dali"
