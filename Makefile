@@ -10,9 +10,19 @@ JOBS ?= 8
 CONFIG ?= configs/resnet18.yaml
 DATA ?=
 ARGS ?=
+OUTPUT ?= runs
+TB_HOST ?= localhost
+TB_PORT ?= 6006
+IMAGE ?= imagenet-fast
+NGC_TAG ?=
+CMD ?=
+# docker-run: -it only from a terminal; the command is CMD, else `python3 main.py ARGS`, else the
+# image's default (python3 main.py --help)
+DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
+DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test convert-imagenet train clean
+.PHONY: help install demo test convert-imagenet train tensorboard docker-build docker-run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -47,6 +57,18 @@ convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/lmdb: conve
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset
 	@test -n "$(DATA)" || { echo "usage: make train CONFIG=configs/resnet18.yaml DATA=/path/to/data [ARGS='--lmdb']"; exit 2; }
 	$(PY) main.py -c $(CONFIG) $(DATA) $(ARGS)
+
+tensorboard: install ## OUTPUT=runs: serve TensorBoard for every run under OUTPUT (TB_HOST=0.0.0.0 to share)
+	$(PY) -m tensorboard.main --logdir $(OUTPUT) --host $(TB_HOST) --port $(TB_PORT)
+
+docker-build: ## IMAGE=imagenet-fast [NGC_TAG=26.06-py3]: build docker/Dockerfile on NGC PyTorch
+	docker build -f docker/Dockerfile -t $(IMAGE) $(if $(NGC_TAG),--build-arg NGC_TAG=$(NGC_TAG)) .
+
+docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, /data read-only, OUTPUT at /output
+	@test -n "$(DATA)" || { echo "usage: make docker-run DATA=/path/to/imagenet [OUTPUT=runs] [ARGS='-c configs/resnet50.yaml /data --output-dir /output/r50' | CMD='bash']"; exit 2; }
+	mkdir -p $(OUTPUT)
+	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
+	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache

@@ -24,7 +24,7 @@ OLD=$("$PY" -c 'import importlib.metadata as m; print("pillow==" + m.version("Pi
 ok=0
 if ! has_hdrs && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    libjpeg62-turbo-dev zlib1g-dev >/dev/null
+    libjpeg-dev zlib1g-dev >/dev/null
 fi
 if has_hdrs; then
   grep -q avx2 /proc/cpuinfo 2>/dev/null && CC="${CC:-cc} -mavx2" && export CC
