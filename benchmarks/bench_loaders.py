@@ -13,8 +13,9 @@ Runs, with the same batch size, workers and images:
   the copy to the device and normalisation there.
 
 Writes ``OUT/report.json`` and ``OUT/chart.png`` (images/s per core) and prints a table.
-Every pipeline iterates ``--warmup`` batches untimed, then ``--batches`` timed ones, cycling
-epochs when the data is smaller. Files are read once beforehand so all pipelines see a warm
+The sample is replicated ``--repeat`` times (symlinks) so timing sees steady state, not
+worker start-up. Every pipeline iterates ``--warmup`` batches untimed, then ``--batches`` timed ones, cycling
+epochs when the data is smaller; ``--rounds`` interleaved repetitions, median reported. Files are read once beforehand so all pipelines see a warm
 page cache.
 """
 from __future__ import annotations
@@ -95,6 +96,23 @@ def our_loader(backend: str, data: str, batch_size: int, workers: int, device, e
     return train
 
 
+def replicate(src: str, dst: str, copies: int) -> str:
+    """``dst/{train,val}/<class>/`` with ``copies`` symlinks per source image, so one epoch is
+    long enough to measure steady state (worker start-up excluded) on a small sample."""
+    for split in ("train", "val"):
+        for wnid in sorted(os.listdir(os.path.join(src, split))):
+            folder = os.path.join(src, split, wnid)
+            if not os.path.isdir(folder):
+                continue
+            os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)
+            for name in os.listdir(folder):
+                stem, ext = os.path.splitext(name)
+                for k in range(copies):
+                    os.symlink(os.path.abspath(os.path.join(folder, name)),
+                               os.path.join(dst, split, wnid, f"{stem}_{k}{ext}"))
+    return dst
+
+
 def warm_page_cache(root: str) -> None:
     for folder, _, files in os.walk(root):
         for name in files:
@@ -104,35 +122,47 @@ def warm_page_cache(root: str) -> None:
 
 
 def run(args) -> dict:
+    # The main process only receives batches (and normalises ours on a CPU-only machine); its
+    # intra-op threads would spin against the loader workers for the same cores.
+    torch.set_num_threads(args.main_threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cores = len(os.sched_getaffinity(0))
-    train_root = os.path.join(args.data, "train")
+    tmp = tempfile.mkdtemp(prefix="bench-loaders-")
+    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
+    train_root = os.path.join(data, "train")
     warm_page_cache(train_root)
-    tmp = tempfile.mkdtemp(prefix="bench-lmdb-")
     lmdb_root = os.path.join(tmp, "lmdb")
     for split in ("train", "val"):
-        folder2lmdb.convert(os.path.join(args.data, split), os.path.join(lmdb_root, split),
+        folder2lmdb.convert(os.path.join(data, split), os.path.join(lmdb_root, split),
                             progress=False)
     b, j = args.batch_size, args.workers
     pipelines = {
         "stock": lambda: stock_loader(train_root, b, j, device),
         "decode-only": lambda: decode_only_loader(train_root, b, j),
-        "folder": lambda: our_loader("folder", args.data, b, j, device),
+        "folder": lambda: our_loader("folder", data, b, j, device),
         "lmdb": lambda: our_loader("lmdb", lmdb_root, b, j, device),
     }
     if "dali" in loaders.BACKENDS and _has_dali():
-        pipelines["dali-cpu"] = lambda: our_loader("dali", args.data, b, j, device, ["--dali-cpu"])
+        pipelines["dali-cpu"] = lambda: our_loader("dali", data, b, j, device, ["--dali-cpu"])
         if device.type == "cuda":
-            pipelines["dali-mixed"] = lambda: our_loader("dali", args.data, b, j, device)
+            pipelines["dali-mixed"] = lambda: our_loader("dali", data, b, j, device)
+    names = [n for n in pipelines if not args.only or n in args.only]
+    runs = {name: [] for name in names}
+    for round_ in range(args.rounds):  # interleaved, so drift in machine load hits all alike
+        for name in names:
+            stats = measure(pipelines[name](), args.batches, args.warmup)
+            runs[name].append(stats)
+            print(f"round {round_ + 1}: {name:>12} {stats['images_per_sec']:8.1f} images/s",
+                  flush=True)
     results = []
-    for name, build in pipelines.items():
-        if args.only and name not in args.only:
-            continue
-        stats = measure(build(), args.batches, args.warmup)
-        stats.update(loader=name, images_per_sec_per_core=stats["images_per_sec"] / cores)
-        results.append(stats)
-        print(f"{name:>12}: {stats['images_per_sec']:8.1f} images/s "
-              f"({stats['images_per_sec_per_core']:.1f} per core)", flush=True)
+    for name in names:
+        speeds = sorted(r["images_per_sec"] for r in runs[name])
+        median = speeds[len(speeds) // 2]
+        results.append({"loader": name, "images_per_sec": median,
+                        "images_per_sec_per_core": median / cores,
+                        "images_per_sec_runs": speeds,
+                        "images": sum(r["images"] for r in runs[name]),
+                        "seconds": sum(r["seconds"] for r in runs[name])})
     by_name = {r["loader"]: r["images_per_sec"] for r in results}
     for r in results:
         if "stock" in by_name:
@@ -144,8 +174,10 @@ def run(args) -> dict:
                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
                     "python": platform.python_version(), "torch": torch.__version__,
                     "image_library": image_library()},
-        "config": {"data": os.path.abspath(args.data), "batch_size": b, "workers": j,
-                   "batches": args.batches, "warmup": args.warmup},
+        "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
+                   "main_threads": args.main_threads,
+                   "batch_size": b, "workers": j,
+                   "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds},
         "results": results,
     }
 
@@ -204,8 +236,15 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--out", default="bench-output", help="report.json and chart.png go here")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--batches", type=int, default=40, help="timed batches per pipeline")
+    parser.add_argument("--batches", type=int, default=100, help="timed batches per pipeline")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
+    parser.add_argument("--repeat", type=int, default=16,
+                        help="each image appears this many times (symlinks), so an epoch "
+                        "outlasts the timed batches")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved repetitions; the median is reported")
+    parser.add_argument("--main-threads", type=int, default=1,
+                        help="torch intra-op threads of this (the main) process")
     parser.add_argument("--only", nargs="*", help="run only these pipelines")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):

@@ -8,11 +8,12 @@ from torchvision import datasets
 
 from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
 from ._lmdb_codec import is_lmdb
-from ._transforms import build_transform
+from ._transforms import build_transform, read_file
 
 
 def open_image_folder(root: str, transform=None) -> datasets.ImageFolder:
-    """``ImageFolder(root)`` yielding ``(uint8 tensor (3, H, W), int label)`` via ``transform``.
+    """``ImageFolder(root)`` yielding ``(transform(file bytes), int label)``; with the transforms
+    of ``loaders._transforms`` that is ``(uint8 tensor (3, H, W), label)``.
 
     Raises :class:`DataError` if ``root`` is an LMDB, not a directory, or holds no images.
     """
@@ -21,7 +22,7 @@ def open_image_folder(root: str, transform=None) -> datasets.ImageFolder:
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory of class folders")
     try:
-        return datasets.ImageFolder(root, transform=transform)
+        return datasets.ImageFolder(root, transform=transform, loader=read_file)
     except (FileNotFoundError, OSError) as exc:
         raise DataError(f"{root}: {exc}") from None
 

@@ -10,11 +10,12 @@ from torch.utils.data import Dataset
 
 from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
 from ._lmdb_codec import LMDBFormatError, decode_record, open_readonly, read_meta, record_key
-from ._transforms import build_transform, decode_rgb
+from ._transforms import build_transform
 
 
 class LMDBDataset(Dataset):
-    """Map-style dataset over one LMDB: item ``i`` is ``(transform(image), label)``.
+    """Map-style dataset over one LMDB: item ``i`` is ``(transform(jpeg_bytes), label)``
+    (the raw bytes without a transform).
 
     The environment is opened lazily in whichever process reads first and reopened after a
     fork (py-lmdb: an environment must not cross ``fork()``), and it is dropped when pickled,
@@ -58,8 +59,7 @@ class LMDBDataset(Dataset):
 
     def __getitem__(self, index: int):
         jpeg_bytes, label = self.read(index)
-        image = decode_rgb(jpeg_bytes)
-        return (self.transform(image) if self.transform else image), label
+        return (self.transform(jpeg_bytes) if self.transform else jpeg_bytes), label
 
     def __getstate__(self):
         state = self.__dict__.copy()
