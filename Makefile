@@ -22,7 +22,7 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test convert-imagenet train tensorboard docker-build docker-run clean
+.PHONY: help install demo test bench convert-imagenet train tensorboard docker-build docker-run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 o
 
 test: install ## run the test suite (generated data and ../shared/data/imagenet-sample)
 	$(PY) -m pytest -q -rs
+
+bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=... (default: the real sample)
+	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),../shared/data/imagenet-sample) --out bench-output
 
 convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/lmdb: convert train/ and val/ to LMDB
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/lmdb"; exit 2; }

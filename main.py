@@ -95,6 +95,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     w.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
     w.add_argument("--resume", default="", metavar="PATH", help="checkpoint to resume from")
     w.add_argument("-e", "--evaluate", action="store_true", help="evaluate on val and exit")
+    w.add_argument("--benchmark-data", action="store_true",
+                   help="time the training loader alone (no model) for --train-batches batches "
+                   "after --benchmark-warmup; print a JSON line")
+    w.add_argument("--benchmark-warmup", type=int, default=5, metavar="N",
+                   help="untimed batches before --benchmark-data starts the clock")
     return p
 
 
@@ -311,7 +316,7 @@ def sync_buffers(model: nn.Module, dist: DistInfo) -> None:
 def image_library_line() -> str:
     from loaders._transforms import image_library
 
-    return f"image library: {image_library()}"
+    return f"JPEG decode: libjpeg-turbo (torchvision), other formats: {image_library()}"
 
 
 def main(argv=None) -> dict:
@@ -349,6 +354,8 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
     seed_everything(args.seed + dist.rank)
     log(f"device: {dist.device}; world size {dist.world_size}; {image_library_line()}; "
         f"seed {args.seed}")
+    if args.benchmark_data:
+        return benchmark_data(args, dist, log)
 
     train_loader, val_loader = loaders.build_loaders(backend_name(args), args, dist)
     num_classes = len(train_loader.classes)
@@ -395,6 +402,37 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
     return record
 
 
+def benchmark_data(args, dist: DistInfo, log) -> dict:
+    """``--benchmark-data``: iterate the training loader alone (decode, augmentation, collation,
+    copy to the device and normalisation; no model) and return/print its throughput as one JSON
+    line: ``loader``, ``images``, ``seconds``, ``images_per_sec`` (summed over ranks),
+    ``workers`` and ``batch_size`` (per process), ``cpu_count``, ``world_size``, ``device``."""
+    from loaders._throughput import measure
+
+    timed = args.train_batches
+    args.train_batches = None  # the timed batches run on past a capped epoch's end
+    train_loader, _ = loaders.build_loaders(backend_name(args), args, dist)
+    stats = measure(train_loader, timed or len(train_loader), args.benchmark_warmup)
+    images, seconds, speed = reduce_sum(
+        [stats["images"], stats["seconds"], stats["images_per_sec"]], dist)
+    result = {"loader": backend_name(args), "images": int(images),
+              "seconds": seconds / dist.world_size, "images_per_sec": speed,
+              "workers": args.workers, "batch_size": args.batch_size,
+              "cpu_count": len(os.sched_getaffinity(0)), "world_size": dist.world_size,
+              "device": str(dist.device)}
+    log(json.dumps(result))
+    return result
+
+
+def warn_if_data_bound(record: dict, args, log, threshold: float = 0.25) -> None:
+    """Say so when the step waited on data for more than ``threshold`` of its time."""
+    share = record["data_time_fraction"]
+    if share > threshold:
+        log(f"warning: {share:.0%} of training time went to waiting for data: the loader is the "
+            f"bottleneck. Try more workers (-j, now {args.workers} per process), --lmdb or "
+            "--dali, a local copy of the dataset, or measure with --benchmark-data")
+
+
 def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scaler, args,
               dist, log, writer) -> dict:
     """Train one epoch, validate, log and record; returns the ``metrics.jsonl`` record, whose
@@ -419,6 +457,7 @@ def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scal
         f"data {100 * record['data_time_fraction']:.0f}% | {record['epoch_seconds']:.1f} s")
     if writer:
         writer.write(record)
+    warn_if_data_bound(record, args, log)
     return record
 
 

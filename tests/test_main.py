@@ -142,3 +142,21 @@ def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
+
+
+def test_benchmark_data_prints_one_json_line(tiny, capsys):
+    result = main.main(["--lmdb", tiny.lmdb, *SMALL, "--benchmark-data", "--train-batches", "6",
+                        "--benchmark-warmup", "1"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == result
+    assert {"loader", "images", "seconds", "images_per_sec", "workers", "batch_size",
+            "cpu_count"} <= set(result)
+    assert result["loader"] == "lmdb" and result["images"] == 6 * 8 and result["images_per_sec"] > 0
+
+
+def test_data_bound_epoch_is_warned_about(capsys):
+    args = main.parse_args(["-j", "3"])
+    main.warn_if_data_bound({"data_time_fraction": 0.6}, args, print)
+    assert "60% of training time went to waiting for data" in capsys.readouterr().out
+    main.warn_if_data_bound({"data_time_fraction": 0.05}, args, print)
+    assert capsys.readouterr().out == ""

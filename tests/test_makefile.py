@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-REQUIRED = ["install", "demo", "test", "convert-imagenet", "train", "tensorboard",
+REQUIRED = ["install", "demo", "test", "bench", "convert-imagenet", "train", "tensorboard",
             "docker-build", "docker-run", "clean"]
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
