@@ -54,6 +54,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--val-crop-size", type=int, default=224, help="val CenterCrop size (px)")
     d.add_argument("--train-batches", type=int, metavar="N", help="cap on training batches per epoch")
     d.add_argument("--val-batches", type=int, metavar="N", help="cap on validation batches")
+    d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
+                   help="undecodable samples are replaced and reported; stop when more than "
+                   "this share of an epoch's images fail")
     m = p.add_argument_group("model")
     m.add_argument("-a", "--arch", default="resnet18", help="torchvision classification model")
     m.add_argument("--pretrained", action="store_true",
@@ -94,6 +97,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     w.add_argument("--output-dir", default=".", help="checkpoints, metrics.jsonl, TensorBoard logs")
     w.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
     w.add_argument("--resume", default="", metavar="PATH", help="checkpoint to resume from")
+    w.add_argument("--save-every", type=int, default=0, metavar="N",
+                   help="also checkpoint every N training steps, with the loader position "
+                   "(--resume continues with the next batch); 0: at epoch ends only")
     w.add_argument("-e", "--evaluate", action="store_true", help="evaluate on val and exit")
     w.add_argument("--benchmark-data", action="store_true",
                    help="time the training loader alone (no model) for --train-batches batches "
@@ -372,7 +378,8 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
     best_acc1 = 0.0
     if checkpoint:
         best_acc1 = restore(checkpoint, model, optimizer, scheduler, scaler, args)
-        log(f"resumed from {args.resume} at epoch {args.start_epoch}")
+        log(f"resumed from {args.resume} at epoch {args.start_epoch}"
+            + (f", batch {checkpoint['batch']}" if checkpoint.get("batch") else ""))
     model = wrap_parallel(model, args, dist, log)
     log(f"{args.arch}: {num_classes} classes; {backend_name(args)} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {args.batch_size} "
@@ -386,10 +393,18 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
 
     writer = MetricsWriter(args.output_dir) if dist.is_main else None
     record = {}
+    def save_partial(epoch: int, batch: int, partial: dict) -> None:
+        if dist.is_main:
+            save_checkpoint(checkpoint_state(epoch, model, optimizer, scheduler, scaler,
+                                             best_acc1, args, batch, partial),
+                            False, args.output_dir)
+
     try:
         for epoch in range(args.start_epoch, args.epochs):
+            resumed = epoch == args.start_epoch and checkpoint and checkpoint.get("batch", 0)
             record = run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer,
-                               scaler, args, dist, log, writer)
+                               scaler, args, dist, log, writer, save_partial,
+                               checkpoint if resumed else None)
             scheduler.step()
             best_acc1 = max(best_acc1, record["val_acc1"])
             if dist.is_main:
@@ -434,14 +449,17 @@ def warn_if_data_bound(record: dict, args, log, threshold: float = 0.25) -> None
 
 
 def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scaler, args,
-              dist, log, writer) -> dict:
-    """Train one epoch, validate, log and record; returns the ``metrics.jsonl`` record, whose
-    numbers are global: losses and accuracies over all ranks, images/s summed over ranks."""
-    start = time.perf_counter()
-    train_loader.set_epoch(epoch)
+              dist, log, writer, save_partial, resumed_from: dict | None = None) -> dict:
+    """Train one epoch (from a mid-epoch checkpoint's position if ``resumed_from``), validate,
+    log and record; returns the ``metrics.jsonl`` record, whose numbers are global: losses and
+    accuracies over all ranks, images/s summed over ranks."""
+    start_batch = resumed_from["batch"] if resumed_from else 0
+    partial = resumed_from["partial"] if resumed_from else None
+    start = time.perf_counter() - (partial["seconds"] if partial else 0.0)
+    train_loader.set_epoch(epoch, start_batch)
     lr = optimizer.param_groups[0]["lr"]
     train = train_one_epoch(model, train_loader, criterion, optimizer, scaler, epoch, args,
-                            dist, log, writer)
+                            dist, log, writer, save_partial, start_batch, partial)
     val = evaluate(model, val_loader, criterion, args, dist)
     record = {
         "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
@@ -519,18 +537,25 @@ class Progress:
 
 
 def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, dist, log,
-                    writer) -> dict:
-    """One pass over ``loader``. Returns mean ``loss``, ``acc1`` (%), ``images`` (all ranks),
-    ``images_per_sec`` (summed over ranks) and ``data_time_fraction`` (share of wall time spent
-    waiting for the next batch, mean over ranks)."""
+                    writer, save_partial=None, start_batch: int = 0,
+                    partial: dict | None = None) -> dict:
+    """One pass over ``loader``, which starts at batch ``start_batch`` of the epoch; ``partial``
+    holds this rank's sums over the batches before it. Every ``--save-every`` steps
+    ``save_partial(epoch, next_batch, sums)`` checkpoints the position. Returns mean ``loss``,
+    ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks) and
+    ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over ranks)."""
     model.train()
-    loss_sum = torch.zeros((), device=dist.device)
-    correct = torch.zeros((), device=dist.device, dtype=torch.int64)
-    progress = Progress(len(loader), f"Epoch: [{epoch}]", "train", args.print_freq,
-                        dist.is_main, writer, epoch * len(loader))
-    images_seen, data_time, start = 0, 0.0, time.perf_counter()
-    end = start
-    for step, (images, labels) in enumerate(loader):
+    partial = partial or {"loss_sum": 0.0, "correct": 0, "images": 0, "data_time": 0.0,
+                          "seconds": 0.0}
+    loss_sum = torch.full((), partial["loss_sum"], device=dist.device)
+    correct = torch.full((), partial["correct"], device=dist.device, dtype=torch.int64)
+    total = start_batch + len(loader)
+    progress = Progress(total, f"Epoch: [{epoch}]", "train", args.print_freq, dist.is_main,
+                        writer, epoch * total)
+    images_seen, data_time = partial["images"], partial["data_time"]
+    start = time.perf_counter() - partial["seconds"]
+    end = time.perf_counter()
+    for step, (images, labels) in enumerate(loader, start=start_batch):
         data_time += time.perf_counter() - end
         with autocast(args, dist.device):
             output = model(images)
@@ -546,6 +571,12 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
             progress.show(step, images_seen, data_time, loss=loss_sum.item() / images_seen,
                           acc1=100.0 * correct.item() / images_seen,
                           lr=optimizer.param_groups[0]["lr"])
+        if save_partial and args.save_every and (step + 1) % args.save_every == 0 \
+                and step + 1 < total:
+            save_partial(epoch, step + 1, {
+                "loss_sum": loss_sum.item(), "correct": int(correct.item()),
+                "images": images_seen, "data_time": data_time,
+                "seconds": time.perf_counter() - start})
         end = time.perf_counter()
     progress.close()
     if images_seen == 0:
@@ -634,10 +665,15 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args) -> dict:
-    """The pytorch/examples checkpoint keys plus the AMP scaler, config and RNG states."""
+def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args,
+                     batch: int = 0, partial: dict | None = None) -> dict:
+    """The pytorch/examples checkpoint keys plus the AMP scaler, config and RNG states.
+
+    ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
+    ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: this rank's sums so far)."""
     return {
-        "epoch": epoch, "arch": args.arch, "state_dict": unwrap(model).state_dict(),
+        "epoch": epoch, "batch": batch, "partial": partial,
+        "arch": args.arch, "state_dict": unwrap(model).state_dict(),
         "best_acc1": best_acc1, "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
         "config": dict(vars(args)),

@@ -15,13 +15,12 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from ._errors import DataError
+from ._robust import SkipSampler, TolerantDataset
+
 # ImageNet channel statistics on the [0, 1] scale, as in pytorch/examples imagenet/main.py.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class DataError(Exception):
-    """Bad data input (missing directory, wrong format, inconsistent splits): one-line message."""
 
 
 @dataclass
@@ -95,14 +94,20 @@ class DeviceLoader:
     Yields ``images``: float32 ``(N, 3, H, W)`` on ``device``, normalised with
     :data:`IMAGENET_MEAN`/:data:`IMAGENET_STD` (channels-last memory format if
     ``channels_last``), and ``labels``: int64 ``(N,)`` on ``device``. ``len()`` is exact:
-    the DataLoader's batch count, capped at ``max_batches``. ``classes`` lists the class names
-    (index = label).
+    the DataLoader's batch count, capped at ``max_batches``, less the batches skipped by
+    ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names (index = label).
+
+    Batches from a :class:`~loaders._robust.TolerantDataset` carry a count of replaced
+    (undecodable) samples; when an epoch's total exceeds ``max_bad_share`` of its images,
+    iterating raises :class:`DataError`.
     """
 
     def __init__(self, loader: DataLoader, device: torch.device, classes: Sequence[str],
                  channels_last: bool = False, max_batches: int | None = None,
-                 seed: int = 0, rank: int = 0):
+                 seed: int = 0, rank: int = 0, max_bad_share: float = 0.01):
         self.loader = loader
+        self.max_bad_share = max_bad_share
+        self.start_batch = 0
         self.device = device
         self.classes = list(classes)
         self.channels_last = channels_last
@@ -114,27 +119,44 @@ class DeviceLoader:
         self.set_epoch(0)
 
     def __len__(self) -> int:
-        n = len(self.loader)
-        return n if self.max_batches is None else min(n, self.max_batches)
+        n = len(self.loader)  # what is left after start_batch
+        return n if self.max_batches is None else max(0, min(n, self.max_batches - self.start_batch))
 
     @property
     def batch_size(self) -> int:
         """Images per batch on this rank."""
         return self.loader.batch_size
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank)."""
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank), and
+        start it at batch ``start_batch`` (for a resumed epoch; the batches before it are the
+        ones already trained on)."""
         sampler = self.loader.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
+        if start_batch and not isinstance(sampler, SkipSampler):
+            raise ValueError("this loader cannot start an epoch part-way")
+        if isinstance(sampler, SkipSampler):
+            sampler.start = start_batch * self.loader.batch_size
+        self.start_batch = start_batch
         if self.loader.generator is not None:
             # The DataLoader draws its workers' base seed from this generator at each __iter__.
             self.loader.generator.manual_seed(_mix_seed(self.seed, epoch, self.rank))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for step, (images, labels) in enumerate(self.loader):
-            if step == len(self):
+        total = len(self)
+        allowed = self.max_bad_share * (self.start_batch + total) * self.loader.batch_size
+        bad = 0
+        for step, (images, labels, *replaced) in enumerate(self.loader):
+            if step == total:
                 break
+            if replaced:
+                bad += int(replaced[0].sum())
+                if bad > allowed:
+                    raise DataError(
+                        f"{bad} samples failed to decode in this epoch, more than the "
+                        f"{self.max_bad_share:.1%} --max-bad-share allows; the warnings above "
+                        "name them")
             yield self.to_device(images, labels)
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor):
@@ -157,12 +179,15 @@ def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
 
     Training: ``DistributedSampler`` shard of this global rank, shuffled from (seed, epoch),
     ``drop_last`` on the sampler (same count on every rank) and on the batches (no tiny last
-    batch for BatchNorm). Validation: :class:`ShardSampler`, every sample exactly once.
+    batch for BatchNorm), startable part-way (:class:`~loaders._robust.SkipSampler`).
+    Validation: :class:`ShardSampler`, every sample exactly once. Undecodable samples are
+    replaced (:class:`~loaders._robust.TolerantDataset`).
     Raises :class:`DataError` if the training shard holds less than one batch.
     """
     if train:
-        sampler = DistributedSampler(dataset, num_replicas=dist.world_size, rank=dist.rank,
-                                     shuffle=True, seed=args.seed, drop_last=True)
+        sampler = SkipSampler(DistributedSampler(dataset, num_replicas=dist.world_size,
+                                                 rank=dist.rank, shuffle=True, seed=args.seed,
+                                                 drop_last=True))
     else:
         sampler = ShardSampler(len(dataset), dist.rank, dist.world_size)
     if train and len(sampler) < args.batch_size:
@@ -171,13 +196,14 @@ def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
             f"{args.batch_size}: lower -b/--batch-size")
     workers = args.workers
     loader = DataLoader(
-        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=workers,
+        TolerantDataset(dataset), batch_size=args.batch_size, sampler=sampler, num_workers=workers,
         pin_memory=dist.device.type == "cuda", drop_last=train,
         generator=torch.Generator(), prefetch_factor=4 if workers > 0 else None,
     )
     max_batches = args.train_batches if train else args.val_batches
     return DeviceLoader(loader, dist.device, classes, channels_last=args.channels_last,
-                        max_batches=max_batches, seed=args.seed, rank=dist.rank)
+                        max_batches=max_batches, seed=args.seed, rank=dist.rank,
+                        max_bad_share=getattr(args, "max_bad_share", 0.01))
 
 
 def batches_per_epoch(num_samples: int, batch_size: int, world_size: int, train: bool) -> int:

@@ -205,22 +205,25 @@ class DALILoader:
         self.py_workers = py_workers
         self.seed = seed
         self.epoch = 0
+        self.start_batch = 0
 
     def __len__(self) -> int:
-        return self.plan.num_batches
+        return self.plan.num_batches - self.start_batch
 
     @property
     def batch_size(self) -> int:
         """Images per batch on this rank."""
         return self.plan.batch_size
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass's order and augmentation a function of (seed, epoch, rank)."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
+        start it at batch ``start_batch`` (a resumed epoch)."""
+        self.epoch, self.start_batch = epoch, start_batch
 
     def order(self) -> list[int]:
         """Dataset indices the next pass yields, in order (for tests and debugging)."""
-        return self.plan.order(self.epoch if self.plan.train else 0)
+        order = self.plan.order(self.epoch if self.plan.train else 0)
+        return order[self.start_batch * self.plan.batch_size:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self.order()

@@ -11,7 +11,27 @@ from ._lmdb_codec import is_lmdb
 from ._transforms import build_transform, read_file
 
 
-def open_image_folder(root: str, transform=None) -> datasets.ImageFolder:
+class ImageFolderBytes(datasets.ImageFolder):
+    """``ImageFolder`` that hands the transform each file's bytes, ignores hidden class folders
+    (``.ipynb_checkpoints``: not a class, as ``folder2lmdb.py`` sees it too) and keeps empty
+    class folders as classes, so labels match the converter's."""
+
+    def __init__(self, root: str, transform=None):
+        super().__init__(root, transform=transform, loader=read_file, allow_empty=True)
+
+    def find_classes(self, directory: str):
+        classes = sorted(e.name for e in os.scandir(directory)
+                         if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    def name_of(self, index: int) -> str:
+        """The file behind sample ``index``."""
+        return self.samples[index][0]
+
+
+def open_image_folder(root: str, transform=None) -> ImageFolderBytes:
     """``ImageFolder(root)`` yielding ``(transform(file bytes), int label)``; with the transforms
     of ``loaders._transforms`` that is ``(uint8 tensor (3, H, W), label)``.
 
@@ -22,9 +42,12 @@ def open_image_folder(root: str, transform=None) -> datasets.ImageFolder:
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory of class folders")
     try:
-        return datasets.ImageFolder(root, transform=transform, loader=read_file)
+        dataset = ImageFolderBytes(root, transform=transform)
     except (FileNotFoundError, OSError) as exc:
         raise DataError(f"{root}: {exc}") from None
+    if not dataset.samples:
+        raise DataError(f"{root}: no images in its class folders")
+    return dataset
 
 
 def build_loaders(args, dist: DistInfo):

@@ -57,6 +57,10 @@ class LMDBDataset(Dataset):
             raise KeyError(f"{self.path}: record {index} missing")
         return decode_record(value)
 
+    def name_of(self, index: int) -> str:
+        """Where record ``index`` lives, for messages."""
+        return f"{self.path} record {index}"
+
     def __getitem__(self, index: int):
         jpeg_bytes, label = self.read(index)
         return (self.transform(jpeg_bytes) if self.transform else jpeg_bytes), label

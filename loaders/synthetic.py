@@ -27,6 +27,7 @@ class SyntheticLoader:
                  seed: int = 0, num_classes: int = NUM_CLASSES):
         self.batch_size = batch_size
         self.classes = [f"class{i:04d}" for i in range(num_classes)]
+        self.start_batch = 0
         self._len = batches_per_epoch(num_samples, batch_size, dist.world_size, train)
         if max_batches is not None:
             self._len = min(self._len, max_batches)
@@ -41,13 +42,14 @@ class SyntheticLoader:
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
 
     def __len__(self) -> int:
-        return self._len
+        return self._len - self.start_batch
 
-    def set_epoch(self, epoch: int) -> None:
-        """Nothing to reshuffle."""
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Nothing to reshuffle; a resumed epoch yields only its remaining batches."""
+        self.start_batch = start_batch
 
     def __iter__(self):
-        for _ in range(self._len):
+        for _ in range(len(self)):
             yield self.images, self.labels
 
 

@@ -87,7 +87,7 @@ def test_lmdb_dataset_works_in_spawned_workers(tiny):
     train, _ = build("lmdb", tiny)
     spawned = DataLoader(train.loader.dataset, batch_size=8, num_workers=2,
                          multiprocessing_context="spawn")
-    labels = torch.cat([labels for _, labels in spawned])
+    labels = torch.cat([labels for _, labels, _ in spawned])
     assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)
 
 

@@ -1,0 +1,98 @@
+"""Training through damaged samples, and resuming mid-epoch after SIGKILL (--save-every)."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from loaders._robust import SkipSampler
+from tests.conftest import REPO
+
+SMALL = ["-a", "resnet18", "-b", "4", "-j", "0", "--train-crop-size", "32",
+         "--val-resize-size", "32", "--val-crop-size", "32", "--seed", "0", "--lr", "0.01"]
+
+
+def cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def records(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture
+def damaged(tiny, tmp_path):
+    """The tiny folder dataset with a truncated JPEG and a text file among the training images."""
+    root = tmp_path / "data"
+    shutil.copytree(tiny.root, root, ignore=shutil.ignore_patterns("lmdb"))
+    good = root / "train" / "n00000001" / "n00000001_0.JPEG"
+    (root / "train" / "n00000001" / "truncated.JPEG").write_bytes(good.read_bytes()[:200])
+    (root / "train" / "n00000002" / "notes.JPEG").write_text("not an image")
+    return root
+
+
+def test_undecodable_samples_are_replaced_and_named(damaged, tmp_path):
+    result = cli(str(damaged), *SMALL, "--epochs", "1", "--max-bad-share", "0.1",
+                 "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "skipping unreadable sample" in result.stderr
+    assert "truncated.JPEG" in result.stderr and "notes.JPEG" in result.stderr
+    (record,) = records(tmp_path / "out")
+    assert record["train_images"] == 32  # 34 files, 2 replaced: every batch still full
+
+
+def test_too_many_bad_samples_stop_the_run_with_one_line(damaged, tmp_path):
+    result = cli(str(damaged), *SMALL, "--epochs", "1", "--max-bad-share", "0",
+                 "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    error = [l for l in result.stderr.splitlines() if l.startswith("main.py: error:")]
+    assert len(error) == 1 and "failed to decode" in error[0]
+
+
+def test_skip_sampler_resumes_the_same_order():
+    inner = DistributedSampler(range(50), num_replicas=2, rank=1, shuffle=True, seed=3,
+                               drop_last=True)
+    sampler = SkipSampler(inner)
+    sampler.set_epoch(4)
+    full = list(sampler)
+    sampler.start = 8
+    assert list(sampler) == full[8:] and len(sampler) == len(full) - 8
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny, tmp_path):
+    args = ["--lmdb", tiny.lmdb, *SMALL, "--epochs", "2", "-p", "1", "--save-every", "1"]
+    straight = str(tmp_path / "straight")
+    assert cli(*args, "--output-dir", straight).returncode == 0
+    rng = random.Random(7)
+    for trial in range(2):
+        out = str(tmp_path / f"killed{trial}")
+        proc = subprocess.Popen([sys.executable, "main.py", *args, "--output-dir", out],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        steps, stop_after = 0, rng.randint(2, 12)  # 8 steps per epoch, 16 in all
+        for line in proc.stdout:
+            steps += line.startswith("Epoch:")
+            if steps == stop_after:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+        checkpoint = os.path.join(out, "checkpoint.pth.tar")
+        torch.load(checkpoint, weights_only=True)  # the last checkpoint is whole
+        result = cli(*args, "--output-dir", out, "--resume", checkpoint)
+        assert result.returncode == 0, result.stderr[-2000:]
+        final = records(out)[-1]
+        expected = records(straight)[-1]
+        assert final["epoch"] == expected["epoch"] == 1
+        assert final["train_images"] == expected["train_images"]  # nothing repeated or skipped
+        assert final["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
+        assert final["val_acc1"] == expected["val_acc1"]
