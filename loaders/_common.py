@@ -152,18 +152,20 @@ def _mix_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
-                classes: Sequence[str]) -> DeviceLoader:
+                classes: Sequence[str], sampler: Sampler | None = None) -> DeviceLoader:
     """Build the DataLoader over ``dataset`` for one split and wrap it in a :class:`DeviceLoader`.
 
     Training: ``DistributedSampler`` shard of this global rank, shuffled from (seed, epoch),
     ``drop_last`` on the sampler (same count on every rank) and on the batches (no tiny last
     batch for BatchNorm). Validation: :class:`ShardSampler`, every sample exactly once.
+    ``sampler`` replaces the training default; it must shard by ``dist`` itself, give every
+    rank the same ``len()`` and have ``set_epoch`` (e.g. :class:`loaders._order.BlockShuffleSampler`).
     Raises :class:`DataError` if the training shard holds less than one batch.
     """
-    if train:
+    if train and sampler is None:
         sampler = DistributedSampler(dataset, num_replicas=dist.world_size, rank=dist.rank,
                                      shuffle=True, seed=args.seed, drop_last=True)
-    else:
+    elif not train:
         sampler = ShardSampler(len(dataset), dist.rank, dist.world_size)
     if train and len(sampler) < args.batch_size:
         raise DataError(
