@@ -3,9 +3,10 @@
 Builds an LMDB in the ``folder2lmdb.py`` format (JPEG bytes of the ImageNet sample, cycled,
 written with ``loaders._lmdb_codec``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
 Then, for each order/readahead case, it drops the page cache (``sync; echo 3 >
-/proc/sys/vm/drop_caches``) and runs a child process inside a cgroup-v1 memory limit
-(``--limit-mib``; page cache is charged to the cgroup, so the child can cache at most that
-much of the database). The child reads ``--epochs`` epochs of raw records through
+/proc/sys/vm/drop_caches``) and runs a child process in a cgroup-v1 memory group; once the
+child has imported torch (~0.5-0.7 GiB here) it limits the group to that usage plus
+``--limit-mib`` (page cache is charged to the cgroup, so it can cache at most that much of the
+database). The child reads ``--epochs`` epochs of raw records through
 ``LMDBDataset.read`` (no JPEG decode unless ``--decode``), at most ``--epoch-records`` records
 of each epoch's order, and reports per epoch: records/s, record MB/s, MB the kernel read from
 disk for it (``/proc/self/io`` ``read_bytes``) and major page faults.
