@@ -57,6 +57,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are replaced and reported; stop when more than "
                    "this share of an epoch's images fail")
+    d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
+                   help="with --lmdb: training read order; 'block' shuffles blocks of "
+                   "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")
+    d.add_argument("--lmdb-block-size", type=int, default=256, metavar="N",
+                   help="with --lmdb-order block: records per block (256 ~ 28 MB of ImageNet)")
+    d.add_argument("--lmdb-buffer-blocks", type=int, default=8, metavar="K",
+                   help="with --lmdb-order block: blocks read at once, shuffled together")
+    d.add_argument("--lmdb-readahead", action="store_true",
+                   help="with --lmdb: open the LMDBs with OS readahead on (for block order)")
     m = p.add_argument_group("model")
     m.add_argument("-a", "--arch", default="resnet18", help="torchvision classification model")
     m.add_argument("--pretrained", action="store_true",

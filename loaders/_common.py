@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ._errors import DataError
+from ._lean_sampler import LeanDistributedSampler
 from ._robust import SkipSampler, TolerantDataset
 
 # ImageNet channel statistics on the [0, 1] scale, as in pytorch/examples imagenet/main.py.
@@ -174,20 +175,23 @@ def _mix_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
-                classes: Sequence[str]) -> DeviceLoader:
+                classes: Sequence[str], sampler: Sampler | None = None) -> DeviceLoader:
     """Build the DataLoader over ``dataset`` for one split and wrap it in a :class:`DeviceLoader`.
 
-    Training: ``DistributedSampler`` shard of this global rank, shuffled from (seed, epoch),
+    Training: ``DistributedSampler``-order shard of this global rank (memory-lean:
+    :class:`~loaders._lean_sampler.LeanDistributedSampler`), shuffled from (seed, epoch),
     ``drop_last`` on the sampler (same count on every rank) and on the batches (no tiny last
     batch for BatchNorm), startable part-way (:class:`~loaders._robust.SkipSampler`).
     Validation: :class:`ShardSampler`, every sample exactly once. Undecodable samples are
-    replaced (:class:`~loaders._robust.TolerantDataset`).
+    replaced (:class:`~loaders._robust.TolerantDataset`). ``sampler`` replaces the training
+    default; it must shard by ``dist`` itself, give every rank the same ``len()`` and have
+    ``set_epoch`` (e.g. :class:`loaders._order.BlockShuffleSampler`).
     Raises :class:`DataError` if the training shard holds less than one batch.
     """
     if train:
-        sampler = SkipSampler(DistributedSampler(dataset, num_replicas=dist.world_size,
-                                                 rank=dist.rank, shuffle=True, seed=args.seed,
-                                                 drop_last=True))
+        sampler = SkipSampler(sampler or LeanDistributedSampler(
+            dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
+            seed=args.seed, drop_last=True))
     else:
         sampler = ShardSampler(len(dataset), dist.rank, dist.world_size)
     if train and len(sampler) < args.batch_size:

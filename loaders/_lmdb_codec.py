@@ -93,48 +93,71 @@ def is_lmdb(path: str) -> bool:
 
 
 # py-lmdb refuses to open one environment twice in a process, and an environment must not be
-# used across fork(): keep one read-only handle per (process, path).
-_READONLY: dict[tuple[int, str], object] = {}
+# used across fork(): keep one read-only handle per (process, path), with its readahead setting.
+_READONLY: dict[tuple[int, str], tuple[object, bool]] = {}
+# id() of every handle in _READONLY: a holder that keeps its handle alive can test it cheaply
+# (the id cannot be reused while the holder's reference exists).
+_OPEN_IDS: set[int] = set()
 
 
-def open_readonly(path: str):
+def open_readonly(path: str, readahead: bool | None = None):
     """The read-only LMDB environment at ``path`` for this process (opened once, then shared).
 
-    ``lock=False`` because the database is immutable while training; ``readahead=False``
-    because samples are read in random order (the OS readahead would waste page cache);
-    ``max_readers`` covers many DataLoader workers. A forked child gets its own handle.
+    ``readahead``: ``False`` opens with OS readahead off (LMDB's ``MDB_NORDAHEAD``, i.e.
+    ``madvise(MADV_RANDOM)``), right for random order, where readahead would fill the page
+    cache with neighbours that are evicted before use; ``True`` leaves it on, right for
+    sequential or block order; ``None`` takes the handle already open, whatever its setting,
+    else opens with readahead off. A process has one handle per database (py-lmdb cannot open
+    it twice), so asking for the other setting closes the existing handle and reopens it:
+    holders that keep a handle should check :func:`is_open` before using it.
+    ``lock=False`` because the database is immutable while training; ``max_readers`` covers
+    many DataLoader workers. A forked child gets its own handle.
     Raises :class:`LMDBFormatError` if ``path`` is not an LMDB.
     """
     import lmdb
 
     key = (os.getpid(), os.path.realpath(path))
     if key in _READONLY:
-        return _READONLY[key]
+        env, current = _READONLY[key]
+        if readahead is None or readahead == current:
+            return env
+        close_readonly(path)
     _close_inherited()
     if not is_lmdb(path):
         hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
         raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
     try:
         env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False,
-                        readahead=False, meminit=False, max_readers=512)
+                        readahead=bool(readahead), meminit=False, max_readers=512)
     except lmdb.Error as exc:
         raise LMDBFormatError(f"{path}: cannot open as LMDB ({exc})") from None
-    _READONLY[key] = env
+    _READONLY[key] = (env, bool(readahead))
+    _OPEN_IDS.add(id(env))
     return env
+
+
+def is_open(env) -> bool:
+    """True while ``env`` (a handle from :func:`open_readonly`) has not been closed here."""
+    return id(env) in _OPEN_IDS
+
+
+def _close(env) -> None:
+    _OPEN_IDS.discard(id(env))
+    env.close()
 
 
 def _close_inherited() -> None:
     # A handle inherited through fork() must not be used in the child, and py-lmdb refuses to
     # open its files again while it exists; closing the child's copy leaves the parent's intact.
     for key in [k for k in _READONLY if k[0] != os.getpid()]:
-        _READONLY.pop(key).close()
+        _close(_READONLY.pop(key)[0])
 
 
 def close_readonly(path: str) -> None:
     """Close this process's read-only handle on ``path``, if any (before rewriting it)."""
-    env = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
-    if env is not None:
-        env.close()
+    entry = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
+    if entry is not None:
+        _close(entry[0])
 
 
 def read_meta(path: str) -> Metadata:

@@ -9,7 +9,9 @@ import os
 from torch.utils.data import Dataset
 
 from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
-from ._lmdb_codec import LMDBFormatError, decode_record, open_readonly, read_meta, record_key
+from ._lmdb_codec import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
+                          record_key)
+from ._order import BlockShuffleSampler
 from ._transforms import build_transform
 
 
@@ -22,13 +24,17 @@ class LMDBDataset(Dataset):
     so the dataset works under both the fork and the spawn start methods. The length and class
     names come from the metadata record; no per-sample list is held.
 
+    ``readahead`` opens the environment with OS readahead on (see
+    :func:`~loaders._lmdb_codec.open_readonly`); leave it off for random order.
+
     Raises :class:`~loaders._common.DataError` at construction if ``path`` is not a complete
     database, and ``KeyError`` for a missing record.
     """
 
-    def __init__(self, path: str, transform=None):
+    def __init__(self, path: str, transform=None, readahead: bool = False):
         self.path = path
         self.transform = transform
+        self.readahead = readahead
         try:
             meta = read_meta(path)
         except LMDBFormatError as exc:
@@ -42,8 +48,10 @@ class LMDBDataset(Dataset):
         return self._len
 
     def _open(self):
-        if self._env is None or self._pid != os.getpid():
-            self._env = open_readonly(self.path)
+        # is_open: another dataset on the same file may have reopened it with the other
+        # readahead setting, which closes this one's handle.
+        if self._env is None or self._pid != os.getpid() or not is_open(self._env):
+            self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
         return self._env
 
@@ -73,10 +81,28 @@ class LMDBDataset(Dataset):
 
 
 def build_loaders(args, dist: DistInfo):
-    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs."""
+    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs.
+
+    ``args.lmdb_order == "block"`` reads training records in block-shuffled order
+    (:class:`~loaders._order.BlockShuffleSampler`, ``args.lmdb_block_size`` records per block,
+    ``args.lmdb_buffer_blocks`` open blocks); validation is always read in index order.
+    ``args.lmdb_readahead`` opens both LMDBs with OS readahead on. Namespaces without these
+    attributes get random order, 256, 8 and no readahead.
+    """
     train_path, val_path = split_paths(args)
-    train_set = LMDBDataset(train_path, build_transform(args, train=True))
-    val_set = LMDBDataset(val_path, build_transform(args, train=False))
+    readahead = getattr(args, "lmdb_readahead", False)
+    train_set = LMDBDataset(train_path, build_transform(args, train=True), readahead=readahead)
+    val_set = LMDBDataset(val_path, build_transform(args, train=False), readahead=readahead)
     check_same_classes(train_set.classes, val_set.classes)
-    return (make_loader(train_set, args, dist, train=True, classes=train_set.classes),
+    sampler = None
+    if getattr(args, "lmdb_order", "random") == "block":
+        try:
+            sampler = BlockShuffleSampler(
+                len(train_set), block_size=getattr(args, "lmdb_block_size", 256),
+                buffer_blocks=getattr(args, "lmdb_buffer_blocks", 8), rank=dist.rank,
+                world_size=dist.world_size, seed=args.seed)
+        except ValueError as exc:
+            raise DataError(f"--lmdb-order block: {exc}") from None
+    return (make_loader(train_set, args, dist, train=True, classes=train_set.classes,
+                        sampler=sampler),
             make_loader(val_set, args, dist, train=False, classes=val_set.classes))

@@ -1,0 +1,109 @@
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+import loaders
+import main
+from loaders import DistInfo
+from loaders import _lmdb_codec as codec
+from loaders._order import BlockShuffleSampler
+from loaders.lmdb_records import LMDBDataset
+from tests.conftest import loader_args
+from tests.test_main import SMALL, read_metrics
+
+
+def order(n=1000, block=16, buffer=4, rank=0, world=1, seed=0, epoch=0):
+    sampler = BlockShuffleSampler(n, block_size=block, buffer_blocks=buffer, rank=rank,
+                                  world_size=world, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def mean_run(indices):
+    """Mean length of runs of consecutive integers in the sorted indices."""
+    s = np.sort(np.asarray(indices))
+    breaks = np.count_nonzero(np.diff(s) != 1)
+    return len(s) / (breaks + 1)
+
+
+def test_deterministic_per_seed_and_epoch():
+    assert order(seed=3, epoch=2) == order(seed=3, epoch=2)
+    assert order(seed=3, epoch=2) != order(seed=3, epoch=3)
+    assert order(seed=3, epoch=2) != order(seed=4, epoch=2)
+    assert sorted(order()) == list(range(1000))  # one rank: a permutation
+
+
+@pytest.mark.parametrize("n", [1000, 1001, 37, 5])
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_disjoint_equal_length_each_index_once(n, world):
+    for epoch in range(3):
+        shards = [order(n, rank=r, world=world, epoch=epoch) for r in range(world)]
+        for r, shard in enumerate(shards):
+            sampler = BlockShuffleSampler(n, 16, 4, rank=r, world_size=world)
+            assert len(shard) == len(sampler) == n // world
+        flat = [i for shard in shards for i in shard]
+        assert len(flat) == len(set(flat)) and all(0 <= i < n for i in flat)
+
+
+def test_length_and_drop_like_distributed_sampler():
+    for n, world in [(30, 3), (32, 3), (10, 4), (2, 3)]:
+        reference = DistributedSampler(range(n), num_replicas=world, rank=0, drop_last=True)
+        assert len(BlockShuffleSampler(n, 4, 2, 0, world)) == len(reference)
+
+
+def test_ranks_read_contiguous_blocks_and_buffer_bounds_working_set():
+    n, block, buffer, world = 20_000, 64, 4, 2
+    shard = order(n, block, buffer, rank=0, world=world, epoch=1)
+    random_shard = list(DistributedSampler(range(n), num_replicas=world, rank=0, seed=0))
+    # A rank holds whole blocks (partial ones only at its segment ends)...
+    assert mean_run(shard) >= block - 1
+    assert mean_run(random_shard) < 3
+    # ...and reads from a few blocks at a time: any window of `block` consecutive reads
+    # touches few blocks, where random order touches nearly `block` of them.
+    windows = [len({i // block for i in shard[s:s + block]}) for s in range(0, len(shard), block)]
+    random_windows = [len({i // block for i in random_shard[s:s + block]})
+                      for s in range(0, len(random_shard), block)]
+    assert np.mean(windows) <= 2 * buffer and np.mean(random_windows) > 0.5 * block
+    # Within the buffer the order is shuffled, not sequential.
+    assert np.mean(np.diff(shard[:block]) == 1) < 0.5
+
+
+def test_invalid_parameters():
+    with pytest.raises(ValueError):
+        BlockShuffleSampler(10, block_size=0)
+    with pytest.raises(ValueError):
+        BlockShuffleSampler(10, rank=2, world_size=2)
+
+
+def test_lmdb_loader_block_order_end_to_end(tiny):
+    args = loader_args(data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
+                       lmdb_buffer_blocks=2, lmdb_readahead=True)
+    train, val = loaders.build_loaders("lmdb", args, DistInfo())
+    assert isinstance(train.loader.sampler, BlockShuffleSampler)
+    assert train.loader.dataset.readahead and len(train) == 32 // 4
+    train.set_epoch(1)
+    labels = torch.cat([labels for _, labels in train])
+    assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)  # every image once
+    assert len(list(val)) == 4
+
+
+def test_readahead_setting_switch_reopens_and_datasets_recover(tiny):
+    path = f"{tiny.lmdb}/val"
+    plain, ahead = LMDBDataset(path), LMDBDataset(path, readahead=True)
+    assert plain.read(3) == ahead.read(3)  # ahead's open closed plain's handle...
+    assert ahead._env.flags()["readahead"] and not codec.is_open(plain._env)
+    assert plain.read(3)[1] == 0  # ...and plain reopens rather than using a closed one
+    env = codec.open_readonly(path)  # None: whatever is open
+    assert env is plain._env and codec.is_open(env)
+    codec.close_readonly(path)
+    assert not codec.is_open(env)
+
+
+def test_main_trains_one_epoch_in_block_order(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    last = main.main(["--lmdb", tiny.lmdb, *SMALL, "--epochs", "1", "--output-dir", out,
+                      "--lmdb-order", "block", "--lmdb-block-size", "4", "--lmdb-readahead"])
+    assert last["epoch"] == 0 and [r["epoch"] for r in read_metrics(out)] == [0]
+    args = main.parse_args(["--lmdb"])
+    assert (args.lmdb_order, args.lmdb_block_size, args.lmdb_readahead) == ("random", 256, False)
