@@ -19,17 +19,20 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import lmdb
 import msgpack
 
-from loaders._image_check import REENCODE_QUALITY, RULES_VERSION, NotAnImage, check_image
+from loaders._image_check import (REENCODE_QUALITY, RULES_VERSION, DatasetError, Listing,
+                                  check_file, list_sources)
 from loaders._lmdb_codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX,
                                  LMDBFormatError, Metadata, close_readonly, encode_checksums,
                                  encode_meta, encode_record, is_lmdb, last_record_index,
                                  read_meta, record_checksum, record_key)
+from loaders._lmdb_verify import verify
 
 _MiB = 1 << 20
 REPORT_NAME = "skipped.tsv"  # inside the LMDB directory, beside data.mdb
@@ -37,59 +40,6 @@ REPORT_NAME = "skipped.tsv"  # inside the LMDB directory, beside data.mdb
 
 class ConversionError(Exception):
     """The conversion cannot start or continue (bad source, output, disk, --strict): one line."""
-
-
-@dataclass
-class Source:
-    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``."""
-
-    path: str
-    rel: str
-    label: int
-
-
-@dataclass
-class Listing:
-    """A dataset folder as the converter sees it (see :func:`list_sources`)."""
-
-    classes: list[str]
-    files: list[Source]
-    empty_classes: list[str]
-
-
-def list_sources(root: str) -> Listing:
-    """Classes and candidate files of the image folder ``root``.
-
-    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
-    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
-    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
-    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
-    their extension: content decides (``_image_check``). Hidden files and directories and files
-    directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses it).
-    Raises :class:`ConversionError` if ``root`` is missing, has no class folder or no file.
-    """
-    if not os.path.isdir(root):
-        raise ConversionError(f"{root}: no such directory")
-    try:
-        classes = sorted(e.name for e in os.scandir(root)
-                         if e.is_dir() and not e.name.startswith("."))
-    except OSError as exc:
-        raise ConversionError(f"{root}: cannot list ({exc.strerror})") from None
-    if not classes:
-        raise ConversionError(f"Couldn't find any class folder in {root}.")
-    files, empty = [], []
-    for label, name in enumerate(classes):
-        walked = []
-        for dirpath, dirnames, fnames in os.walk(os.path.join(root, name), followlinks=True):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            walked.append((dirpath, sorted(f for f in fnames if not f.startswith("."))))
-        found = [os.path.join(d, f) for d, fnames in sorted(walked) for f in fnames]
-        files += [Source(path, os.path.relpath(path, root), label) for path in found]
-        if not found:
-            empty.append(name)
-    if not files:
-        raise ConversionError(f"{root}: no files in its {len(classes)} class folders")
-    return Listing(classes, files, empty)
 
 
 def fingerprint(listing: Listing) -> bytes:
@@ -284,7 +234,10 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     from tqdm import tqdm
 
     start = time.perf_counter()
-    listing = list_sources(dataset)
+    try:
+        listing = list_sources(dataset)
+    except DatasetError as exc:
+        raise ConversionError(str(exc)) from None
     for name in listing.empty_classes:
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
@@ -307,7 +260,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         def submit(first):
-            return [pool.submit(_check_file, src.path) for src in files[first:first + batch_size]]
+            return [pool.submit(check_file, src.path) for src in files[first:first + batch_size]]
 
         pending = submit(state.done)
         while state.done < len(files):
@@ -348,19 +301,6 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
                    state.reencoded, state.skipped, report, state.resumed_at)
 
 
-def _check_file(path: str):
-    """``Checked`` for an image file, else the reason (str) it is skipped."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        return f"cannot read: {exc.strerror or exc}"
-    try:
-        return check_image(data)
-    except NotAnImage as exc:
-        return str(exc)
-
-
 def _tsv_field(text: str) -> str:
     # Tabs and newlines in a file name would break the line format: escape them (and "\").
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
@@ -378,139 +318,6 @@ def _write_report(report: str, entries: list[bytes]) -> None:
         os.replace(report + ".tmp", report)
     except OSError as exc:
         raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
-
-
-@dataclass
-class Verification:
-    """What :func:`verify` found: ``problems`` (at most ``max_problems`` lines) of ``total``."""
-
-    path: str
-    count: int = 0
-    classes: int = 0
-    checksums: bool = False
-    dataset: str | None = None
-    problems: list[str] = field(default_factory=list)
-    total: int = 0
-    max_problems: int = 20
-
-    def problem(self, text: str) -> None:
-        self.total += 1
-        if len(self.problems) < self.max_problems:
-            self.problems.append(text)
-
-    def line(self) -> str:
-        what = (f"{self.count} records, {self.classes} classes, "
-                + ("checksums" if self.checksums else "no checksum record (corruption that "
-                   "still decodes goes unnoticed)")
-                + (f", source {self.dataset}" if self.dataset else ""))
-        if not self.total:
-            return f"verified {self.path}: OK ({what})"
-        shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
-        return f"verified {self.path}: {self.total} problems ({what}{shown})"
-
-
-def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
-           chunk: int = 256) -> Verification:
-    """Check the database ``db`` written by :func:`convert`; see ``Verification.problems``.
-
-    Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
-    each record's CRC-32 against the checksum record, its label against the class count, and
-    that it decodes with ``loaders._transforms.decode`` (the loaders' decoder). With
-    ``dataset``, also that the classes and every record equal what :func:`convert` would store
-    for that folder now (same bytes: verbatim or the deterministic re-encoding; same label).
-    Raises :class:`ConversionError` for a bad ``dataset``; everything about ``db`` is a problem.
-    """
-    from loaders._lmdb_codec import decode_checksums, open_readonly
-
-    result = Verification(db, dataset=dataset, max_problems=max_problems)
-    try:
-        meta = read_meta(db)
-    except (LMDBFormatError, lmdb.Error) as exc:
-        result.problem(str(exc))
-        return result
-    result.count, result.classes = meta.count, len(meta.classes)
-    listing = list_sources(dataset) if dataset else None
-    paths: list[str] = []
-    with open_readonly(db).begin() as txn, \
-            ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        if listing is not None:
-            if listing.classes != list(meta.classes):
-                result.problem(f"classes differ from the class folders of {dataset}")
-            for first in range(0, len(listing.files), chunk):
-                files = listing.files[first:first + chunk]
-                for src, checked in zip(files, pool.map(_check_file, [s.path for s in files])):
-                    if not isinstance(checked, str):
-                        _compare_source(txn, len(paths), src, checked, result)
-                        paths.append(src.rel)
-            if len(paths) != meta.count:
-                result.problem(f"{dataset} has {len(paths)} images, the database {meta.count}")
-        sums = txn.get(CHECKSUMS_KEY)
-        crcs = decode_checksums(sums) if sums is not None else None
-        result.checksums = crcs is not None
-        if crcs is not None and len(crcs) != meta.count:
-            result.problem(f"checksum record holds {len(crcs)} values for {meta.count} records")
-            crcs = None
-        cursor = txn.cursor()
-        if cursor.set_range(b"_"):
-            for key in cursor.iternext(values=False):
-                if key not in (META_KEY, CHECKSUMS_KEY):
-                    result.problem(f"unexpected key {key!r} (a leftover of an unfinished run?)")
-        if last_record_index(txn) >= meta.count:
-            result.problem(f"records beyond the count {meta.count} (up to "
-                           f"{last_record_index(txn)})")
-        for first in range(0, meta.count, chunk):
-            jobs = [(i, paths[i] if i < len(paths) else None, txn.get(record_key(i)),
-                     crcs[i] if crcs else None, len(meta.classes))
-                    for i in range(first, min(first + chunk, meta.count))]
-            for found in pool.map(_check_record, jobs):
-                for text in found:
-                    result.problem(text)
-    return result
-
-
-def _name(index: int, rel: str | None) -> str:
-    return f"record {index} ({rel})" if rel else f"record {index}"
-
-
-def _compare_source(txn, index: int, src: Source, checked, result: Verification) -> None:
-    from loaders._lmdb_codec import decode_record
-
-    value = txn.get(record_key(index))
-    if value is None:
-        return  # reported as missing by the record pass (or as a count mismatch)
-    try:
-        data, label = decode_record(value)
-    except LMDBFormatError:
-        return  # reported by the record pass
-    if data != checked.data:
-        how = f"the re-encoded source ({checked.reencoded})" if checked.reencoded else "the source"
-        result.problem(f"{_name(index, src.rel)}: image bytes differ from {how}")
-    if label != src.label:
-        result.problem(f"{_name(index, src.rel)}: label {label}, the source's is {src.label}")
-
-
-def _check_record(job) -> list[str]:
-    from loaders._lmdb_codec import decode_record
-    from loaders._transforms import decode
-
-    index, rel, value, crc, num_classes = job
-    name = _name(index, rel)
-    if value is None:
-        return [f"{name}: missing"]
-    found = []
-    if crc is not None and record_checksum(value) != crc:
-        found.append(f"{name}: checksum mismatch (stored bytes changed after conversion)")
-    try:
-        data, label = decode_record(value)
-    except LMDBFormatError as exc:
-        return found + [f"{name}: {exc}"]
-    if not isinstance(label, int) or not 0 <= label < num_classes:
-        found.append(f"{name}: label {label!r} outside 0..{num_classes - 1}")
-    try:
-        decode(data)
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
-        found.append(f"{name}: does not decode ({str(exc).splitlines()[0] if str(exc) else exc!r})")
-    return found
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -539,6 +346,9 @@ def main(argv=None) -> int:
     with ``--verify``, 1 if a problem was found (one line each, on stderr)."""
     parser = get_args_parser()
     args = parser.parse_args(argv)
+    # PIL warns once per file it cannot identify; such files are either decoded by torchvision
+    # or listed in the report, so the warning is noise on the console.
+    warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
         parser.error("--verify checks an existing database: give no -o/--output")
     if not args.verify and not (args.dataset and args.output):
@@ -553,7 +363,7 @@ def main(argv=None) -> int:
         summary = convert(args.dataset, args.output, workers=args.workers,
                           overwrite=args.overwrite, map_size=args.map_size,
                           batch_size=max(1, args.batch_size), strict=args.strict)
-    except (ConversionError, OSError, lmdb.Error) as exc:
+    except (ConversionError, DatasetError, OSError, lmdb.Error) as exc:
         print(f"folder2lmdb.py: error: {exc}", file=sys.stderr)
         return 1
     print(summary.line())

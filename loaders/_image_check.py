@@ -1,4 +1,5 @@
-"""Which files ``folder2lmdb.py`` stores as they are, which it re-encodes, and which it skips.
+"""Which files ``folder2lmdb.py`` reads (:func:`list_sources`) and, by their content
+(:func:`check_file`), which it stores as they are, which it re-encodes, and which it skips.
 
 Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
 torchvision's libjpeg-turbo ``decode_jpeg`` and DALI's ``decoders.image`` (nvJPEG on a GPU,
@@ -11,12 +12,14 @@ whose hardware decoder takes only baseline JPEGs). A file's *content* decides, n
   than ``'R','G','B'``), and that both PIL and torchvision decode completely. Rules from ITU-T
   T.81 (JPEG) table B.1 and libjpeg's colour-space heuristic (``jdapimin.c``).
 * **re-encoded** to a baseline RGB JPEG (PIL, quality :data:`REENCODE_QUALITY`): every other
-  image PIL decodes completely: progressive (SOF2), lossless or hierarchical, arithmetic-coded
+  image that PIL decodes completely (or torchvision, for formats this PIL build lacks, such as
+  WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or hierarchical, arithmetic-coded
   (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and every other format (PNG, GIF,
   WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are taken as PIL decodes them:
   the first frame of an animation, alpha dropped (as ``decode_image(mode=RGB)`` does), 16-bit
   samples scaled to 8 bits, EXIF orientation not applied (no decoder here applies it).
-* **not an image** (skipped): empty files, files PIL cannot identify (text, HTML, random bytes)
+* **not an image** (skipped): empty files, files neither PIL nor torchvision can identify
+  (text, HTML, random bytes)
   and images that do not decode completely (a truncated JPEG that PIL would only load with
   ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo calls incomplete).
 
@@ -27,6 +30,7 @@ different rules.
 from __future__ import annotations
 
 import io
+import os
 import struct
 from dataclasses import dataclass
 
@@ -42,6 +46,10 @@ _SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical", 0xC6:
               0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded", 0xCE: "arithmetic-coded",
               0xCF: "arithmetic-coded"}
 _STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length field
+
+
+class DatasetError(Exception):
+    """The dataset folder cannot be used (missing, no class folder, no file): one line."""
 
 
 class NotAnImage(Exception):
@@ -133,7 +141,7 @@ def check_image(data: bytes) -> Checked:
     if not data:
         raise NotAnImage("empty file")
     reason = reencode_reason(data)
-    image = _pil_decode(data)  # raises NotAnImage
+    image = _decode(data)  # raises NotAnImage
     if reason is None:
         _torchvision_decode(data)  # libjpeg-turbo must read it too (it is what loaders use)
         return Checked(data)
@@ -143,10 +151,12 @@ def check_image(data: bytes) -> Checked:
 def reencode(data: bytes) -> bytes:
     """The baseline RGB JPEG (quality :data:`REENCODE_QUALITY`) that ``check_image`` stores
     for a file it re-encodes: same library, same bytes. Raises :class:`NotAnImage`."""
-    return _encode_rgb(_pil_decode(data))
+    return _encode_rgb(_decode(data))
 
 
-def _pil_decode(data: bytes):
+def _decode(data: bytes):
+    """``data`` decoded completely to a PIL image: by PIL, or by torchvision for the formats
+    this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises NotAnImage."""
     from PIL import Image, ImageFile
 
     # A truncated file must fail rather than load grey-padded: LOAD_TRUNCATED_IMAGES is a
@@ -157,14 +167,23 @@ def _pil_decode(data: bytes):
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
+        return image
+    except Image.UnidentifiedImageError:
+        pass  # maybe a format only torchvision reads; below
     except Image.DecompressionBombError as exc:
         raise NotAnImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error...
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(exc, Image.UnidentifiedImageError):
-            message = "not an image format PIL knows"
         raise NotAnImage(f"not a decodable image: {message}") from None
-    return image
+    import torch
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        pixels = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                              mode=ImageReadMode.RGB)
+    except RuntimeError:
+        raise NotAnImage("not an image format PIL or torchvision knows") from None
+    return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
 
 
 def _torchvision_decode(data: bytes) -> None:
@@ -193,3 +212,70 @@ def _encode_rgb(image) -> bytes:
     image.convert("RGB").save(out, format="JPEG", quality=REENCODE_QUALITY, optimize=False,
                               progressive=False)
     return out.getvalue()
+
+
+@dataclass
+class Source:
+    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``."""
+
+    path: str
+    rel: str
+    label: int
+
+
+@dataclass
+class Listing:
+    """A dataset folder as the converter sees it (see :func:`list_sources`)."""
+
+    classes: list[str]
+    files: list[Source]
+    empty_classes: list[str]
+
+
+def list_sources(root: str) -> Listing:
+    """Classes and candidate files of the image folder ``root``.
+
+    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
+    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
+    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
+    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
+    their extension: content decides (``_image_check``). Hidden files and directories and files
+    directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses it).
+    Raises :class:`DatasetError` if ``root`` is missing, has no class folder or no file.
+    """
+    if not os.path.isdir(root):
+        raise DatasetError(f"{root}: no such directory")
+    try:
+        classes = sorted(e.name for e in os.scandir(root)
+                         if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise DatasetError(f"{root}: cannot list ({exc.strerror})") from None
+    if not classes:
+        raise DatasetError(f"Couldn't find any class folder in {root}.")
+    files, empty = [], []
+    for label, name in enumerate(classes):
+        walked = []
+        for dirpath, dirnames, fnames in os.walk(os.path.join(root, name), followlinks=True):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            walked.append((dirpath, sorted(f for f in fnames if not f.startswith("."))))
+        found = [os.path.join(d, f) for d, fnames in sorted(walked) for f in fnames]
+        files += [Source(path, os.path.relpath(path, root), label) for path in found]
+        if not found:
+            empty.append(name)
+    if not files:
+        raise DatasetError(f"{root}: no files in its {len(classes)} class folders")
+    return Listing(classes, files, empty)
+
+
+def check_file(path: str) -> Checked | str:
+    """:func:`check_image` of the file at ``path``; instead of raising, the reason (str) why
+    the file is skipped (unreadable or not an image)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    try:
+        return check_image(data)
+    except NotAnImage as exc:
+        return str(exc)
