@@ -45,10 +45,13 @@ class ConversionError(Exception):
 def fingerprint(listing: Listing) -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
     label, size and mtime (ns), and the image rules and library (``_image_check``)."""
+    import torchvision
+
     from loaders._transforms import image_library
 
     digest = hashlib.sha256(msgpack.packb(
-        [RULES_VERSION, REENCODE_QUALITY, image_library(), listing.classes], use_bin_type=True))
+        [RULES_VERSION, REENCODE_QUALITY, image_library(), torchvision.__version__,
+         listing.classes], use_bin_type=True))
     for src in listing.files:
         try:
             st = os.stat(src.path)
@@ -231,8 +234,6 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     anything else unfinished replaced. Raises :class:`ConversionError` for a bad source, an
     existing complete output (unless ``overwrite``), an unwritable output or a full disk.
     """
-    from tqdm import tqdm
-
     start = time.perf_counter()
     try:
         listing = list_sources(dataset)
@@ -250,11 +251,26 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             from None
     except lmdb.Error as exc:
         raise ConversionError(f"{output}: cannot create the database ({exc})") from None
-    if state is None:
-        state = Progress(fp)
-        writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
-    else:
-        state.resumed_at = state.done
+    try:
+        if state is None:
+            state = Progress(fp)
+            writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
+        else:
+            state.resumed_at = state.done
+        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict)
+    finally:
+        writer.close()
+    return Summary(state.records, state.bytes, time.perf_counter() - start, output,
+                   state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
+                   state.resumed_at)
+
+
+def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output: str,
+                   workers: int, batch_size: int, progress: bool, strict: bool) -> None:
+    """Write the records of ``listing.files[state.done:]``, then the report and the last
+    transaction; ``state`` is updated in place."""
+    from tqdm import tqdm
+
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
@@ -266,7 +282,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         while state.done < len(files):
             batch, pending = pending, submit(state.done + len(pending))
             puts, crcs, first_record = [], [], state.records
-            for src, future in zip(files[state.done:], batch):
+            for src, future in zip(files[state.done:state.done + len(batch)], batch):
                 result = future.result()
                 if isinstance(result, str):  # not an image: the reason
                     if strict:
@@ -284,21 +300,20 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             state.done += len(batch)
             if crcs:
                 puts.append((_crc_key(first_record), encode_checksums(crcs)))
+            # Records, skips, checksums and the resume state commit together: a kill leaves
+            # either all of a batch or none of it.
             writer.commit(puts + [(PROGRESS_KEY, state.encode())])
             bar.update(len(batch))
     bar.close()
     if state.records == 0:
-        raise ConversionError(f"{dataset}: none of its {len(files)} files is an image")
-    report = os.path.join(output, REPORT_NAME)
-    _write_report(report, writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
+        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
+    _write_report(os.path.join(output, REPORT_NAME),
+                  writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # The last transaction: metadata (a database without it is an unfinished conversion and is
     # never opened), checksums, and no resume state left behind.
     writer.commit([(META_KEY, encode_meta(Metadata(state.records, tuple(listing.classes)))),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
-    writer.close()
-    return Summary(state.records, state.bytes, time.perf_counter() - start, output,
-                   state.reencoded, state.skipped, report, state.resumed_at)
 
 
 def _tsv_field(text: str) -> str:

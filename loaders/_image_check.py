@@ -227,6 +227,7 @@ class Source:
 class Listing:
     """A dataset folder as the converter sees it (see :func:`list_sources`)."""
 
+    root: str
     classes: list[str]
     files: list[Source]
     empty_classes: list[str]
@@ -264,7 +265,7 @@ def list_sources(root: str) -> Listing:
             empty.append(name)
     if not files:
         raise DatasetError(f"{root}: no files in its {len(classes)} class folders")
-    return Listing(classes, files, empty)
+    return Listing(root, classes, files, empty)
 
 
 def check_file(path: str) -> Checked | str:
