@@ -139,8 +139,9 @@ def _prepare_output(output: str, overwrite: bool, fp: bytes) -> Progress | None:
             progress = _read_progress(output)
             if progress is not None and progress.fingerprint == fp:
                 return progress
-            print(f"folder2lmdb.py: {output}: unfinished conversion of other files or settings; "
-                  "starting over", file=sys.stderr)
+            if progress is not None:
+                print(f"folder2lmdb.py: {output}: the files or settings changed since this "
+                      "conversion was interrupted; starting over", file=sys.stderr)
         shutil.rmtree(output)
     os.makedirs(output, exist_ok=True)
     return None
