@@ -4,6 +4,7 @@ Layout of a database written by ``folder2lmdb.py`` (an LMDB directory holding ``
 
 * record ``i`` (``0 <= i < count``) under key :func:`record_key` ``(i)``:
   ``msgpack.packb([jpeg_bytes, label])`` with ``jpeg_bytes`` the source file's bytes unchanged
+  (or its re-encoding to a baseline JPEG, see ``loaders/_image_check.py``)
   and ``label`` an ``int`` equal to torchvision ``ImageFolder``'s ``class_to_idx`` for its folder;
 * one metadata record under :data:`META_KEY`, written in the last transaction so that a
   database whose conversion did not finish has none: ``{"format", "version", "count",
