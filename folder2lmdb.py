@@ -1,116 +1,220 @@
 #!/usr/bin/env python
-"""Convert an ImageNet-layout JPEG folder (``root/<wnid>/<image>.JPEG``) to one LMDB.
+"""Convert an ImageNet-layout image folder (``root/<wnid>/<image>.JPEG``) to one LMDB.
 
-    python folder2lmdb.py --dataset /imagenet/train -o /lmdb/train
+    python folder2lmdb.py --dataset /imagenet/train -o /lmdb/train [--strict]
+    python folder2lmdb.py --verify /lmdb/train [--dataset /imagenet/train]
 
-(the interface of PyTorch-LMDB's converter). Each image's bytes are stored unchanged with its
-ImageFolder label; the record format lives in ``loaders/_lmdb_codec.py``, shared with the reader.
-The LMDB map grows as needed (no fixed 2 TiB ``map_size``), files are read by several threads,
-and the metadata record is written last, so an interrupted conversion is never read as complete.
+(the interface of PyTorch-LMDB's converter). Each image is stored with its ImageFolder label:
+baseline JPEGs byte for byte, other images re-encoded to JPEG, non-images skipped and listed in
+``OUTPUT/skipped.tsv`` (rules in ``loaders/_image_check.py``; record format in
+``loaders/_lmdb_codec.py``, shared with the reader). The LMDB map grows as needed, files are
+checked by several threads, and the metadata record is written last, so an interrupted
+conversion is never read as complete; running the same command again resumes it.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
 import time
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Sequence
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+import lmdb
+import msgpack
 
-from loaders._lmdb_codec import (META_KEY, LMDBFormatError, Metadata, close_readonly,
-                                 encode_meta, encode_record, is_lmdb, read_meta, record_key)
+from loaders._image_check import (REENCODE_QUALITY, RULES_VERSION, DatasetError, Listing,
+                                  check_file, list_sources)
+from loaders._lmdb_codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX,
+                                 LMDBFormatError, Metadata, close_readonly, encode_checksums,
+                                 encode_meta, encode_record, is_lmdb, last_record_index,
+                                 read_meta, record_checksum, record_key)
+from loaders._lmdb_verify import verify
 
 _MiB = 1 << 20
+REPORT_NAME = "skipped.tsv"  # inside the LMDB directory, beside data.mdb
 
 
 class ConversionError(Exception):
-    """The conversion cannot start or continue (bad source, existing output, disk): one line."""
+    """The conversion cannot start or continue (bad source, output, disk, --strict): one line."""
+
+
+def fingerprint(listing: Listing) -> bytes:
+    """SHA-256 of what decides a conversion's records: classes, each file's relative path,
+    label, size and mtime (ns), and the image rules and library (``_image_check``)."""
+    import torchvision
+
+    from loaders._transforms import image_library
+
+    digest = hashlib.sha256(msgpack.packb(
+        [RULES_VERSION, REENCODE_QUALITY, image_library(), torchvision.__version__,
+         listing.classes], use_bin_type=True))
+    for src in listing.files:
+        try:
+            st = os.stat(src.path)
+            size, mtime = st.st_size, st.st_mtime_ns
+        except OSError:
+            size, mtime = -1, -1
+        digest.update(msgpack.packb([os.fsencode(src.rel), src.label, size, mtime]))
+    return digest.digest()
+
+
+@dataclass
+class Progress:
+    """Resume state, stored under ``PROGRESS_KEY`` in every batch's transaction: ``done``
+    source files handled, ``records`` written (``bytes`` of images, ``reencoded`` of them),
+    ``skipped`` files."""
+
+    fingerprint: bytes
+    done: int = 0
+    records: int = 0
+    bytes: int = 0
+    reencoded: int = 0
+    skipped: int = 0
+    resumed_at: int = field(default=0, compare=False)
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.fingerprint, self.done, self.records, self.bytes,
+                              self.reencoded, self.skipped], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, value: bytes) -> "Progress":
+        return cls(*msgpack.unpackb(value, raw=False))
+
+
+def _skip_key(n: int) -> bytes:
+    return PROGRESS_PREFIX + b"/skip/" + record_key(n)
+
+
+def _crc_key(first_record: int) -> bytes:
+    return PROGRESS_PREFIX + b"/crc/" + record_key(first_record)
 
 
 @dataclass
 class Summary:
-    """What a conversion wrote: ``images`` records of ``bytes`` image bytes in ``seconds``."""
+    """What a conversion wrote: ``images`` records of ``bytes`` image bytes in ``seconds``,
+    ``reencoded`` of them re-encoded, ``skipped`` files not images (listed in ``report``)."""
 
     images: int
     bytes: int
     seconds: float
     output: str
+    reencoded: int = 0
+    skipped: int = 0
+    report: str = ""
+    resumed_at: int = 0
 
     @property
     def images_per_sec(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else float("inf")
 
     def line(self) -> str:
+        resumed = f", resumed after {self.resumed_at} files" if self.resumed_at else ""
         return (f"wrote {self.images} images ({self.bytes / _MiB:.1f} MiB) to {self.output} "
-                f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s)")
+                f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s{resumed}); "
+                f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})")
 
 
-def list_samples(root: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """Class names and ``(path, label)`` pairs exactly as torchvision's ``ImageFolder(root)``.
-
-    Raises :class:`ConversionError` if ``root`` is missing or holds no images.
-    """
-    if not os.path.isdir(root):
-        raise ConversionError(f"{root}: no such directory")
-    try:
-        classes, class_to_idx = find_classes(root)
-        samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS)
-    except (FileNotFoundError, OSError) as exc:
-        raise ConversionError(f"{root}: {exc}") from None
-    return classes, samples
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _prepare_output(output: str, overwrite: bool) -> None:
-    """Create ``output``; replace an unfinished conversion there, or a complete one if asked."""
-    if not os.path.exists(output):
-        os.makedirs(output)
-        return
-    if not os.path.isdir(output) or (os.listdir(output) and not is_lmdb(output)):
+def _prepare_output(output: str, overwrite: bool, fp: bytes) -> Progress | None:
+    """Make ``output`` ready; return the resume state of an unfinished conversion of the same
+    source there, or None to start afresh (an unfinished conversion of anything else is
+    replaced, a complete one only with ``overwrite``)."""
+    if os.path.exists(output) and (not os.path.isdir(output)
+                                   or (os.listdir(output) and not is_lmdb(output))):
         raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
-    if not is_lmdb(output):
-        return  # an empty directory
+    if is_lmdb(output):
+        try:
+            meta = read_meta(output)
+        except LMDBFormatError:
+            meta = None  # an unfinished conversion: resume it or start again
+        if meta is not None and not overwrite:
+            raise ConversionError(
+                f"{output}: already holds a complete database of {meta.count} images "
+                "(pass --overwrite to replace it)")
+        close_readonly(output)
+        if meta is None:
+            progress = _read_progress(output)
+            if progress is not None and progress.fingerprint == fp:
+                return progress
+            if progress is not None:
+                print(f"folder2lmdb.py: {output}: the files or settings changed since this "
+                      "conversion was interrupted; starting over", file=sys.stderr)
+        shutil.rmtree(output)
+    os.makedirs(output, exist_ok=True)
+    return None
+
+
+def _read_progress(output: str) -> Progress | None:
     try:
-        meta = read_meta(output)
-    except LMDBFormatError:
-        meta = None  # an unfinished conversion: start again
-    if meta is not None and not overwrite:
-        raise ConversionError(
-            f"{output}: already holds a complete database of {meta.count} images "
-            "(pass --overwrite to replace it)")
-    close_readonly(output)
-    shutil.rmtree(output)
-    os.makedirs(output)
+        env = lmdb.open(output, subdir=True, readonly=True, lock=False)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin() as txn:
+            value = txn.get(PROGRESS_KEY)
+            progress = Progress.decode(value) if value else None
+            # Records and progress are committed together; a mismatch means another writer.
+            if progress is not None and last_record_index(txn) + 1 != progress.records:
+                return None
+            return progress
+    except Exception:  # noqa: BLE001 - unreadable state of any kind: start over
+        return None
+    finally:
+        env.close()
 
 
 class _Writer:
     """Writes batches of records in one transaction each, doubling ``map_size`` when full."""
 
     def __init__(self, output: str, map_size: int):
-        import lmdb
-
-        self.lmdb = lmdb
+        self.output = output
         self.env = lmdb.open(output, map_size=map_size, subdir=True, meminit=False,
                              map_async=True)
 
-    def put_all(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+    def commit(self, puts, delete_prefix: bytes | None = None) -> None:
+        """Put ``(key, value)`` pairs (and delete keys starting with ``delete_prefix``) in one
+        transaction. Raises :class:`ConversionError` if the disk or the map cannot take it."""
         while True:
             try:
                 with self.env.begin(write=True) as txn:
-                    for key, value in items:
+                    if delete_prefix is not None:
+                        cursor = txn.cursor()
+                        cursor.set_range(delete_prefix)
+                        while cursor.key().startswith(delete_prefix) and cursor.delete():
+                            pass
+                    for key, value in puts:
                         txn.put(key, value)
                 return
-            except self.lmdb.MapFullError:
-                # The aborted transaction left no trace: grow the map and write the batch again.
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.MapFullError:
+                # The aborted transaction left no trace: grow the map and write it again.
+                self._grow()
+            except (lmdb.Error, OSError) as exc:
+                raise ConversionError(f"{self.output}: cannot write the database ({exc}); "
+                                      "is the disk full?") from None
+
+    def _grow(self) -> None:
+        size = self.env.info()["map_size"] * 2
+        try:
+            self.env.set_mapsize(size)
+        except (lmdb.Error, OSError, OverflowError) as exc:
+            raise ConversionError(f"{self.output}: cannot grow the LMDB map to "
+                                  f"{size / _MiB:.0f} MiB ({exc})") from None
+
+    def read_prefix(self, prefix: bytes) -> list[bytes]:
+        """Values of the keys starting with ``prefix``, in key order."""
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(prefix):
+                return []
+            values = []
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                values.append(value)
+            return values
 
     def close(self) -> None:
         self.env.sync(True)
@@ -118,54 +222,134 @@ class _Writer:
 
 
 def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False,
-            map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True) -> Summary:
-    """Convert the ImageNet-layout folder ``dataset`` into a new LMDB directory ``output``.
+            map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
+            strict: bool = False) -> Summary:
+    """Convert the image folder ``dataset`` into the LMDB directory ``output``.
 
-    ``workers`` threads read the files; every ``batch_size`` records are committed in one
-    transaction; ``map_size`` (bytes) is only the initial size of the map, which doubles
-    whenever it is full. Raises :class:`ConversionError` for a bad source or an existing
-    complete output (unless ``overwrite``); an incomplete output (no metadata) is replaced.
+    ``workers`` threads read and check the files (``_image_check.check_image``); every
+    ``batch_size`` source files are committed in one transaction together with the resume
+    state; ``map_size`` (bytes) is only the initial map size, doubled whenever it is full.
+    Files that are not images are skipped and listed in ``output/skipped.tsv`` (tab-separated
+    relative path and reason); with ``strict`` the first one is an error instead. An unfinished
+    conversion of the same files and settings at ``output`` is resumed where it stopped,
+    anything else unfinished replaced. Raises :class:`ConversionError` for a bad source, an
+    existing complete output (unless ``overwrite``), an unwritable output or a full disk.
     """
+    start = time.perf_counter()
+    try:
+        listing = list_sources(dataset)
+    except DatasetError as exc:
+        raise ConversionError(str(exc)) from None
+    for name in listing.empty_classes:
+        print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
+              file=sys.stderr)
+    fp = fingerprint(listing)
+    try:
+        state = _prepare_output(output, overwrite, fp)
+        writer = _Writer(output, map_size)
+    except OSError as exc:
+        raise ConversionError(f"{output}: cannot create the database ({exc.strerror or exc})") \
+            from None
+    except lmdb.Error as exc:
+        raise ConversionError(f"{output}: cannot create the database ({exc})") from None
+    try:
+        if state is None:
+            state = Progress(fp)
+            writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
+        else:
+            state.resumed_at = state.done
+        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict)
+    finally:
+        writer.close()
+    return Summary(state.records, state.bytes, time.perf_counter() - start, output,
+                   state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
+                   state.resumed_at)
+
+
+def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output: str,
+                   workers: int, batch_size: int, progress: bool, strict: bool) -> None:
+    """Write the records of ``listing.files[state.done:]``, then the report and the last
+    transaction; ``state`` is updated in place."""
     from tqdm import tqdm
 
-    start = time.perf_counter()
-    classes, samples = list_samples(dataset)
-    _prepare_output(output, overwrite)
-    writer = _Writer(output, map_size)
-    total_bytes = 0
-    bar = tqdm(total=len(samples), unit="img", desc=os.path.basename(output.rstrip("/")),
-               disable=not progress or None, dynamic_ncols=True)
+    files = listing.files
+    bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+               desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        pending = _submit(pool, samples, 0, batch_size)
-        for first in range(0, len(samples), batch_size):
-            batch, pending = pending, _submit(pool, samples, first + batch_size, batch_size)
-            records = []
-            for offset, future in enumerate(batch):
-                data = future.result()
-                total_bytes += len(data)
-                label = samples[first + offset][1]
-                records.append((record_key(first + offset), encode_record(data, label)))
-            writer.put_all(records)
-            bar.update(len(records))
-    # Written last: a database without it is an unfinished conversion and is never opened.
-    writer.put_all([(META_KEY, encode_meta(Metadata(count=len(samples), classes=tuple(classes))))])
-    writer.close()
+        def submit(first):
+            return [pool.submit(check_file, src.path) for src in files[first:first + batch_size]]
+
+        pending = submit(state.done)
+        while state.done < len(files):
+            batch, pending = pending, submit(state.done + len(pending))
+            puts, crcs, first_record = [], [], state.records
+            for src, future in zip(files[state.done:state.done + len(batch)], batch):
+                result = future.result()
+                if isinstance(result, str):  # not an image: the reason
+                    if strict:
+                        raise ConversionError(f"{src.path}: {result} (--strict)")
+                    puts.append((_skip_key(state.skipped), msgpack.packb(
+                        [os.fsencode(src.rel), result], use_bin_type=True)))
+                    state.skipped += 1
+                    continue
+                value = encode_record(result.data, src.label)
+                puts.append((record_key(state.records), value))
+                crcs.append(record_checksum(value))
+                state.records += 1
+                state.bytes += len(result.data)
+                state.reencoded += result.reencoded is not None
+            state.done += len(batch)
+            if crcs:
+                puts.append((_crc_key(first_record), encode_checksums(crcs)))
+            # Records, skips, checksums and the resume state commit together: a kill leaves
+            # either all of a batch or none of it.
+            writer.commit(puts + [(PROGRESS_KEY, state.encode())])
+            bar.update(len(batch))
     bar.close()
-    return Summary(len(samples), total_bytes, time.perf_counter() - start, output)
+    if state.records == 0:
+        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
+    _write_report(os.path.join(output, REPORT_NAME),
+                  writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
+    checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
+    # The last transaction: metadata (a database without it is an unfinished conversion and is
+    # never opened), checksums, and no resume state left behind.
+    writer.commit([(META_KEY, encode_meta(Metadata(state.records, tuple(listing.classes)))),
+                   (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 
 
-def _submit(pool: Executor, samples, first: int, batch_size: int) -> list[Future]:
-    return [pool.submit(_read, path) for path, _ in samples[first:first + batch_size]]
+def _tsv_field(text: str) -> str:
+    # Tabs and newlines in a file name would break the line format: escape them (and "\").
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
+
+def _write_report(report: str, entries: list[bytes]) -> None:
+    """``path<TAB>reason`` per skipped file (dataset-relative path), written atomically."""
+    lines = ["path\treason\n"]
+    for entry in entries:
+        rel, reason = msgpack.unpackb(entry, raw=False)
+        lines.append(f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n")
+    try:
+        with open(report + ".tmp", "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.writelines(lines)
+        os.replace(report + ".tmp", report)
+    except OSError as exc:
+        raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Convert an ImageNet-layout JPEG folder to an LMDB for main.py --lmdb.")
-    parser.add_argument("-d", "--dataset", required=True,
-                        help="folder of class subfolders, e.g. /imagenet/train")
-    parser.add_argument("-o", "--output", required=True, help="LMDB directory to create")
+        description="Convert an image folder to an LMDB for main.py --lmdb, or check one.")
+    parser.add_argument("-d", "--dataset",
+                        help="folder of class subfolders, e.g. /imagenet/train (with --verify: "
+                             "also compare every record with it)")
+    parser.add_argument("-o", "--output", help="LMDB directory to create (or resume)")
+    parser.add_argument("--verify", metavar="DB", help="check the database DB instead")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on the first file that is not an image instead of skipping it")
     parser.add_argument("-j", "--workers", type=int, default=8,
-                        help="threads reading image files (default: 8)")
+                        help="threads reading and checking image files (default: 8)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="source files per LMDB transaction (default: 256)")
     parser.add_argument("--map-size", type=int, default=1 << 30,
                         help="initial LMDB map_size in bytes; doubles when full (default: 1 GiB)")
     parser.add_argument("--overwrite", action="store_true",
@@ -174,12 +358,28 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """CLI entry point; returns the exit status (0 success, 1 error with a one-line message)."""
-    args = get_args_parser().parse_args(argv)
+    """CLI entry point; returns the exit status: 0 success, 1 error (one ``error:`` line) or,
+    with ``--verify``, 1 if a problem was found (one line each, on stderr)."""
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    # PIL warns once per file it cannot identify; such files are either decoded by torchvision
+    # or listed in the report, so the warning is noise on the console.
+    warnings.filterwarnings("ignore", message="image file could not be identified")
+    if args.verify and args.output:
+        parser.error("--verify checks an existing database: give no -o/--output")
+    if not args.verify and not (args.dataset and args.output):
+        parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
+        if args.verify:
+            result = verify(args.verify, args.dataset, workers=args.workers)
+            print(result.line())
+            for text in result.problems:
+                print(f"folder2lmdb.py: {text}", file=sys.stderr)
+            return 1 if result.total else 0
         summary = convert(args.dataset, args.output, workers=args.workers,
-                          overwrite=args.overwrite, map_size=args.map_size)
-    except (ConversionError, OSError) as exc:
+                          overwrite=args.overwrite, map_size=args.map_size,
+                          batch_size=max(1, args.batch_size), strict=args.strict)
+    except (ConversionError, DatasetError, OSError, lmdb.Error) as exc:
         print(f"folder2lmdb.py: error: {exc}", file=sys.stderr)
         return 1
     print(summary.line())

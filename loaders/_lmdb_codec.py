@@ -4,16 +4,25 @@ Layout of a database written by ``folder2lmdb.py`` (an LMDB directory holding ``
 
 * record ``i`` (``0 <= i < count``) under key :func:`record_key` ``(i)``:
   ``msgpack.packb([jpeg_bytes, label])`` with ``jpeg_bytes`` the source file's bytes unchanged
+  (or its re-encoding to a baseline JPEG, see ``loaders/_image_check.py``)
   and ``label`` an ``int`` equal to torchvision ``ImageFolder``'s ``class_to_idx`` for its folder;
 * one metadata record under :data:`META_KEY`, written in the last transaction so that a
   database whose conversion did not finish has none: ``{"format", "version", "count",
-  "classes"}`` with ``classes`` the class folder names (wnids) in ImageFolder order.
+  "classes"}`` with ``classes`` the class folder names (wnids) in ImageFolder order;
+* one checksum record under :data:`CHECKSUMS_KEY`, written in the same last transaction: the
+  CRC-32 of every record's value (:func:`encode_checksums`), read only by
+  ``folder2lmdb.py --verify``; readers ignore it;
+* while a conversion runs (never in a complete database): its resume state under
+  :data:`PROGRESS_KEY` and per-batch entries under keys starting with :data:`PROGRESS_PREFIX`,
+  all deleted by the last transaction.
 
 Keys are derived from the index, so neither side stores or holds a list of all keys.
 """
 from __future__ import annotations
 
 import os
+import sys
+import zlib
 from dataclasses import dataclass
 
 import msgpack
@@ -21,6 +30,9 @@ import msgpack
 FORMAT_NAME = "imagenet-lmdb"
 FORMAT_VERSION = 1
 META_KEY = b"__meta__"
+CHECKSUMS_KEY = b"__checksums__"
+PROGRESS_PREFIX = b"__progress__"
+PROGRESS_KEY = PROGRESS_PREFIX  # the resume state itself; per-batch entries extend the prefix
 _KEY_DIGITS = 10  # up to 10^10 records; fixed width keeps LMDB's byte order equal to index order
 
 
@@ -40,6 +52,45 @@ class Metadata:
 def record_key(index: int) -> bytes:
     """Key of record ``index`` (0-based): 10 ASCII digits, e.g. ``b"0000000042"``."""
     return b"%0*d" % (_KEY_DIGITS, index)
+
+
+def last_record_index(txn) -> int:
+    """Index of the highest record key in the transaction's database, -1 if there is none.
+
+    Record keys are digits and sort before every ``__name__`` key (``"9" < "_"``), so the last
+    record is the key just before the first key ``>= b"_"``.
+    """
+    cursor = txn.cursor()
+    found = cursor.prev() if cursor.set_range(b"_") else cursor.last()
+    if not found or not cursor.key().isdigit():
+        return -1
+    return int(cursor.key())
+
+
+def encode_checksums(crcs) -> bytes:
+    """Pack CRC-32 values (ints, one per record in index order) as little-endian uint32s."""
+    import array
+
+    packed = array.array("I", crcs)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def decode_checksums(value: bytes) -> list[int]:
+    """Inverse of :func:`encode_checksums`."""
+    import array
+
+    packed = array.array("I")
+    packed.frombytes(value)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tolist()
+
+
+def record_checksum(value: bytes) -> int:
+    """CRC-32 (zlib) of a record's stored value, as kept in the checksum record."""
+    return zlib.crc32(value)
 
 
 def encode_record(jpeg_bytes: bytes, label: int) -> bytes:

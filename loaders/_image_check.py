@@ -1,0 +1,282 @@
+"""Which files ``folder2lmdb.py`` reads (:func:`list_sources`) and, by their content
+(:func:`check_file`), which it stores as they are, which it re-encodes, and which it skips.
+
+Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
+torchvision's libjpeg-turbo ``decode_jpeg`` and DALI's ``decoders.image`` (nvJPEG on a GPU,
+whose hardware decoder takes only baseline JPEGs). A file's *content* decides, never its name:
+
+* **verbatim** (bytes unchanged): a *baseline RGB-decodable JPEG*, i.e. bytes that start with
+  SOI (``FF D8``) whose first frame header is SOF0 (baseline DCT) or SOF1 (extended sequential
+  DCT, Huffman-coded) with 8-bit samples and either 1 component (grayscale) or 3 components
+  coded as YCbCr (not RGB: no Adobe APP14 marker with ``transform=0`` and component ids other
+  than ``'R','G','B'``), and that both PIL and torchvision decode completely. Rules from ITU-T
+  T.81 (JPEG) table B.1 and libjpeg's colour-space heuristic (``jdapimin.c``).
+* **re-encoded** to a baseline RGB JPEG (PIL, quality :data:`REENCODE_QUALITY`): every other
+  image that PIL decodes completely (or torchvision, for formats this PIL build lacks, such as
+  WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or hierarchical, arithmetic-coded
+  (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and every other format (PNG, GIF,
+  WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are taken as PIL decodes them:
+  the first frame of an animation, alpha dropped (as ``decode_image(mode=RGB)`` does), 16-bit
+  samples scaled to 8 bits, EXIF orientation not applied (no decoder here applies it).
+* **not an image** (skipped): empty files, files neither PIL nor torchvision can identify
+  (text, HTML, random bytes)
+  and images that do not decode completely (a truncated JPEG that PIL would only load with
+  ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo calls incomplete).
+
+:data:`RULES_VERSION` is part of the converter's resume fingerprint: bump it when these rules
+or the re-encoding settings change, so that an interrupted conversion is not resumed under
+different rules.
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+from dataclasses import dataclass
+
+REENCODE_QUALITY = 95
+RULES_VERSION = 1
+
+_SOI = b"\xff\xd8"
+# Frame markers SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC), which share the range.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_VERBATIM_SOF = {0xC0: "baseline", 0xC1: "extended sequential"}
+_SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical",
+              0xC7: "hierarchical", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded",
+              0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded", 0xCE: "arithmetic-coded",
+              0xCF: "arithmetic-coded"}
+_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length field
+
+
+class DatasetError(Exception):
+    """The dataset folder cannot be used (missing, no class folder, no file): one line."""
+
+
+class NotAnImage(Exception):
+    """The bytes are not a completely decodable image; ``str(exc)`` is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What the JPEG markers before the first scan say (ITU-T T.81 B.2.2)."""
+
+    sof: int                       # frame marker, 0xC0 = SOF0 ...
+    precision: int                 # bits per sample
+    component_ids: tuple[int, ...]
+    adobe_transform: int | None    # APP14 "Adobe" colour transform flag, None if absent
+
+
+def parse_jpeg_header(data: bytes) -> JpegHeader | None:
+    """The frame header of JPEG ``data``, or None if ``data`` is not a JPEG or has no frame
+    header before its first scan (truncated or malformed). Reads only the marker segments."""
+    if not data.startswith(_SOI):
+        return None
+    pos, adobe = 2, None
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+            continue
+        if marker in _STANDALONE:
+            pos += 2
+            continue
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        segment = data[pos + 4:pos + 2 + length]
+        if length < 2 or len(segment) != length - 2:
+            return None
+        if marker == 0xEE and segment.startswith(b"Adobe") and len(segment) >= 12:
+            adobe = segment[11]
+        elif marker in _SOF_MARKERS:
+            if len(segment) < 6:
+                return None
+            precision, count = segment[0], segment[5]
+            ids = tuple(segment[6 + 3 * i] for i in range(count) if 6 + 3 * i < len(segment))
+            return JpegHeader(marker, precision, ids, adobe)
+        elif marker in (0xDA, 0xD9):  # a scan or the end before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def reencode_reason(data: bytes) -> str | None:
+    """None if ``data`` is a baseline RGB-decodable JPEG by its headers (see the module
+    docstring; whether it decodes completely is checked separately), else why it must be
+    re-encoded, e.g. ``"progressive JPEG"``, ``"CMYK JPEG"`` or ``"not a JPEG"``."""
+    header = parse_jpeg_header(data)
+    if header is None:
+        return "not a JPEG"
+    if header.sof not in _VERBATIM_SOF:
+        return f"{_SOF_NAMES.get(header.sof, 'unusual')} JPEG"
+    if header.precision != 8:
+        return f"{header.precision}-bit JPEG"
+    if len(header.component_ids) == 1:
+        return None
+    if len(header.component_ids) == 3:
+        if header.adobe_transform == 0 or header.component_ids == (82, 71, 66):
+            return "RGB-coded JPEG"
+        return None
+    if len(header.component_ids) == 4:
+        return "CMYK JPEG" if header.adobe_transform in (None, 0) else "YCCK JPEG"
+    return f"{len(header.component_ids)}-component JPEG"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A file accepted for the database: the bytes to store and, if re-encoded, why."""
+
+    data: bytes
+    reencoded: str | None = None
+
+
+def check_image(data: bytes) -> Checked:
+    """Decide what to store for a file's bytes (rules in the module docstring).
+
+    Returns the bytes unchanged for a baseline RGB-decodable JPEG, else a deterministic RGB
+    JPEG re-encoding (:func:`reencode`). Raises :class:`NotAnImage` with the reason if the
+    bytes are not a completely decodable image. Decoding is CPU work that releases the GIL
+    (PIL and libjpeg-turbo), so callers run this in threads.
+    """
+    if not data:
+        raise NotAnImage("empty file")
+    reason = reencode_reason(data)
+    image = _decode(data)  # raises NotAnImage
+    if reason is None:
+        _torchvision_decode(data)  # libjpeg-turbo must read it too (it is what loaders use)
+        return Checked(data)
+    return Checked(_encode_rgb(image), reencoded=reason)
+
+
+def reencode(data: bytes) -> bytes:
+    """The baseline RGB JPEG (quality :data:`REENCODE_QUALITY`) that ``check_image`` stores
+    for a file it re-encodes: same library, same bytes. Raises :class:`NotAnImage`."""
+    return _encode_rgb(_decode(data))
+
+
+def _decode(data: bytes):
+    """``data`` decoded completely to a PIL image: by PIL, or by torchvision for the formats
+    this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises NotAnImage."""
+    from PIL import Image, ImageFile
+
+    # A truncated file must fail rather than load grey-padded: LOAD_TRUNCATED_IMAGES is a
+    # process-wide switch that some code sets; refuse to decide under it.
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; truncated images "
+                           "would pass as valid")
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image
+    except Image.UnidentifiedImageError:
+        pass  # maybe a format only torchvision reads; below
+    except Image.DecompressionBombError as exc:
+        raise NotAnImage(f"too large to decode safely ({exc})") from None
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error...
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotAnImage(f"not a decodable image: {message}") from None
+    import torch
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        pixels = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                              mode=ImageReadMode.RGB)
+    except RuntimeError:
+        raise NotAnImage("not an image format PIL or torchvision knows") from None
+    return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
+
+
+def _torchvision_decode(data: bytes) -> None:
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                    mode=ImageReadMode.RGB)
+    except RuntimeError as exc:
+        message = str(exc).rsplit(", ", 1)[-1]  # drop torchvision's "file.cpp:line" prefix
+        raise NotAnImage(f"not a decodable image: libjpeg-turbo: {message}") from None
+
+
+def _encode_rgb(image) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        # 16-bit samples (PNG): convert("RGB") would clip them; scale to 8 bits.
+        pixels = np.asarray(image.convert("I"), dtype=np.int64) >> 8
+        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L")
+    elif image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # the palette-transparency path PIL asks for
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="JPEG", quality=REENCODE_QUALITY, optimize=False,
+                              progressive=False)
+    return out.getvalue()
+
+
+@dataclass
+class Source:
+    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``."""
+
+    path: str
+    rel: str
+    label: int
+
+
+@dataclass
+class Listing:
+    """A dataset folder as the converter sees it (see :func:`list_sources`)."""
+
+    root: str
+    classes: list[str]
+    files: list[Source]
+    empty_classes: list[str]
+
+
+def list_sources(root: str) -> Listing:
+    """Classes and candidate files of the image folder ``root``.
+
+    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
+    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
+    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
+    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
+    their extension: content decides (``_image_check``). Hidden files and directories and files
+    directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses it).
+    Raises :class:`DatasetError` if ``root`` is missing, has no class folder or no file.
+    """
+    if not os.path.isdir(root):
+        raise DatasetError(f"{root}: no such directory")
+    try:
+        classes = sorted(e.name for e in os.scandir(root)
+                         if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise DatasetError(f"{root}: cannot list ({exc.strerror})") from None
+    if not classes:
+        raise DatasetError(f"Couldn't find any class folder in {root}.")
+    files, empty = [], []
+    for label, name in enumerate(classes):
+        walked = []
+        for dirpath, dirnames, fnames in os.walk(os.path.join(root, name), followlinks=True):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            walked.append((dirpath, sorted(f for f in fnames if not f.startswith("."))))
+        found = [os.path.join(d, f) for d, fnames in sorted(walked) for f in fnames]
+        files += [Source(path, os.path.relpath(path, root), label) for path in found]
+        if not found:
+            empty.append(name)
+    if not files:
+        raise DatasetError(f"{root}: no files in its {len(classes)} class folders")
+    return Listing(root, classes, files, empty)
+
+
+def check_file(path: str) -> Checked | str:
+    """:func:`check_image` of the file at ``path``; instead of raising, the reason (str) why
+    the file is skipped (unreadable or not an image)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    try:
+        return check_image(data)
+    except NotAnImage as exc:
+        return str(exc)

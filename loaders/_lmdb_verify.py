@@ -1,0 +1,142 @@
+"""``folder2lmdb.py --verify``: check a database against its checksums, its decoders and,
+optionally, the folder it was converted from."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import lmdb
+
+from ._image_check import Source, check_file, list_sources
+from ._lmdb_codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums,
+                          decode_record, last_record_index, open_readonly, read_meta,
+                          record_checksum, record_key)
+
+
+@dataclass
+class Verification:
+    """What :func:`verify` found: ``problems`` (at most ``max_problems`` lines) of ``total``."""
+
+    path: str
+    count: int = 0
+    classes: int = 0
+    checksums: bool = False
+    dataset: str | None = None
+    problems: list[str] = field(default_factory=list)
+    total: int = 0
+    max_problems: int = 20
+
+    def problem(self, text: str) -> None:
+        self.total += 1
+        if len(self.problems) < self.max_problems:
+            self.problems.append(text)
+
+    def line(self) -> str:
+        what = (f"{self.count} records, {self.classes} classes, "
+                + ("checksums" if self.checksums else "no checksum record (corruption that "
+                   "still decodes goes unnoticed)")
+                + (f", source {self.dataset}" if self.dataset else ""))
+        if not self.total:
+            return f"verified {self.path}: OK ({what})"
+        shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
+        return f"verified {self.path}: {self.total} problems ({what}{shown})"
+
+
+def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
+           chunk: int = 256) -> Verification:
+    """Check the database ``db`` written by ``folder2lmdb.py``; see ``Verification.problems``.
+
+    Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
+    each record's CRC-32 against the checksum record, its label against the class count, and
+    that it decodes with ``loaders._transforms.decode`` (the loaders' decoder). With
+    ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
+    store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label).
+    Raises :class:`~loaders._image_check.DatasetError` for a bad ``dataset``; anything wrong
+    with ``db`` is a problem, not an exception.
+    """
+    result = Verification(db, dataset=dataset, max_problems=max_problems)
+    try:
+        meta = read_meta(db)
+    except (LMDBFormatError, lmdb.Error) as exc:
+        result.problem(str(exc))
+        return result
+    result.count, result.classes = meta.count, len(meta.classes)
+    listing = list_sources(dataset) if dataset else None
+    paths: list[str] = []
+    with open_readonly(db).begin() as txn, \
+            ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        if listing is not None:
+            if listing.classes != list(meta.classes):
+                result.problem(f"classes differ from the class folders of {dataset}")
+            for first in range(0, len(listing.files), chunk):
+                files = listing.files[first:first + chunk]
+                for src, checked in zip(files, pool.map(check_file, [s.path for s in files])):
+                    if not isinstance(checked, str):
+                        _compare_source(txn, len(paths), src, checked, result)
+                        paths.append(src.rel)
+            if len(paths) != meta.count:
+                result.problem(f"{dataset} has {len(paths)} images, the database {meta.count}")
+        sums = txn.get(CHECKSUMS_KEY)
+        crcs = decode_checksums(sums) if sums is not None else None
+        result.checksums = crcs is not None
+        if crcs is not None and len(crcs) != meta.count:
+            result.problem(f"checksum record holds {len(crcs)} values for {meta.count} records")
+            crcs = None
+        cursor = txn.cursor()
+        if cursor.set_range(b"_"):
+            for key in cursor.iternext(values=False):
+                if key not in (META_KEY, CHECKSUMS_KEY):
+                    result.problem(f"unexpected key {key!r} (a leftover of an unfinished run?)")
+        if last_record_index(txn) >= meta.count:
+            result.problem(f"records beyond the count {meta.count} (up to "
+                           f"{last_record_index(txn)})")
+        for first in range(0, meta.count, chunk):
+            jobs = [(i, paths[i] if i < len(paths) else None, txn.get(record_key(i)),
+                     crcs[i] if crcs else None, len(meta.classes))
+                    for i in range(first, min(first + chunk, meta.count))]
+            for found in pool.map(_check_record, jobs):
+                for text in found:
+                    result.problem(text)
+    return result
+
+
+def _name(index: int, rel: str | None) -> str:
+    return f"record {index} ({rel})" if rel else f"record {index}"
+
+
+def _compare_source(txn, index: int, src: Source, checked, result: Verification) -> None:
+    value = txn.get(record_key(index))
+    if value is None:
+        return  # reported as missing by the record pass (or as a count mismatch)
+    try:
+        data, label = decode_record(value)
+    except LMDBFormatError:
+        return  # reported by the record pass
+    if data != checked.data:
+        how = f"the re-encoded source ({checked.reencoded})" if checked.reencoded else "the source"
+        result.problem(f"{_name(index, src.rel)}: image bytes differ from {how}")
+    if label != src.label:
+        result.problem(f"{_name(index, src.rel)}: label {label}, the source's is {src.label}")
+
+
+def _check_record(job) -> list[str]:
+    from ._transforms import decode  # torch: imported only when checking
+
+    index, rel, value, crc, num_classes = job
+    name = _name(index, rel)
+    if value is None:
+        return [f"{name}: missing"]
+    found = []
+    if crc is not None and record_checksum(value) != crc:
+        found.append(f"{name}: checksum mismatch (stored bytes changed after conversion)")
+    try:
+        data, label = decode_record(value)
+    except LMDBFormatError as exc:
+        return found + [f"{name}: {exc}"]
+    if not isinstance(label, int) or not 0 <= label < num_classes:
+        found.append(f"{name}: label {label!r} outside 0..{num_classes - 1}")
+    try:
+        decode(data)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
+        found.append(f"{name}: does not decode ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+    return found

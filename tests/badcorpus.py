@@ -1,0 +1,123 @@
+"""A small image folder with every kind of awkward input ``folder2lmdb.py`` must handle.
+
+:func:`make_bad_corpus` writes it and returns what a conversion must produce: the kept files
+(relative path -> label) in record order, which of them are re-encoded, and the skipped files
+with a fragment of their reason.
+"""
+from __future__ import annotations
+
+import io
+import os
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+
+# A 1x1 lossless WebP: Pillow-SIMD is often built without a WebP encoder.
+WEBP_1X1 = bytes.fromhex("524946461a000000574542505650384c0d0000002f00000010071011118888fe0700")
+
+
+@dataclass
+class Corpus:
+    root: str
+    classes: list[str]
+    kept: dict[str, int] = field(default_factory=dict)       # rel path -> label, in order
+    reencoded: set[str] = field(default_factory=set)
+    skipped: dict[str, str] = field(default_factory=dict)    # rel path -> reason fragment
+
+
+def _pixels(rng: random.Random, width: int, height: int, channels: int = 3) -> np.ndarray:
+    nprng = np.random.default_rng(rng.getrandbits(32))
+    shape = (height, width, channels) if channels > 1 else (height, width)
+    return nprng.integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def _jpeg(image: Image.Image, **kwargs) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=90, **kwargs)
+    return out.getvalue()
+
+
+def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **kwargs)
+    return out.getvalue()
+
+
+def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: int = 0) -> Corpus:
+    """Write the corpus under ``root``; ``extra_per_class`` plain JPEGs (``size`` pixels)
+    per non-empty class make it slower to convert (for interruption tests)."""
+    rng = random.Random(seed)
+    rgb = Image.fromarray(_pixels(rng, size, size), "RGB")
+    classes = ["n01", "n02 empty", "n03"]
+    corpus = Corpus(root, classes)
+    files: dict[str, tuple[int, bytes, str | None, str | None]] = {}  # rel -> label, data, re, skip
+
+    def add(rel, label, data, reencoded=False, skip=None):
+        files[rel] = (label, data, reencoded, skip)
+
+    a = "n01"
+    add(f"{a}/baseline.JPEG", 0, _jpeg(rgb))
+    add(f"{a}/gray.JPEG", 0, _jpeg(Image.fromarray(_pixels(rng, size, size, 1), "L")))
+    add(f"{a}/progressive.JPEG", 0, _jpeg(rgb, progressive=True), True)
+    add(f"{a}/cmyk.JPEG", 0, _jpeg(rgb.convert("CMYK")), True)
+    add(f"{a}/png_inside.JPEG", 0, _encode(rgb, "PNG"), True)
+    add(f"{a}/gif_inside.JPEG", 0, _encode(rgb.convert("P"), "GIF"), True)
+    add(f"{a}/webp_inside.JPEG", 0, WEBP_1X1, True)
+    rgba = Image.fromarray(_pixels(rng, size, size, 4), "RGBA")
+    add(f"{a}/rgba.png", 0, _encode(rgba, "PNG"), True)
+    palette = rgb.convert("P")
+    add(f"{a}/palette_transparent.gif", 0, _encode(palette, "GIF", transparency=0), True)
+    add(f"{a}/png16.png", 0, _encode(Image.fromarray(
+        (_pixels(rng, size, size, 1).astype(np.uint16) * 257), "I;16"), "PNG"), True)
+    add(f"{a}/one_pixel.JPEG", 0, _jpeg(Image.new("RGB", (1, 1), (200, 10, 10))))
+    add(f"{a}/tall_1x2000.JPEG", 0, _jpeg(Image.fromarray(_pixels(rng, 1, 2000), "RGB")))
+    add(f"{a}/wide_2000x1.png", 0, _encode(Image.fromarray(_pixels(rng, 2000, 1), "RGB"), "PNG"),
+        True)
+    add(f"{a}/name with spaces.JPEG", 0, _jpeg(rgb))
+    add(f"{a}/quotes 'single' \"double\".JPEG", 0, _jpeg(rgb))
+    add(f"{a}/ünïcødé-名前.JPEG", 0, _jpeg(rgb))
+    add(f"{a}/sub/nested.JPEG", 0, _jpeg(rgb))
+    full = _jpeg(rgb)
+    add(f"{a}/zero_bytes.JPEG", 0, b"", skip="empty file")
+    add(f"{a}/truncated.JPEG", 0, full[:len(full) * 2 // 3], skip="truncated")
+    add(f"{a}/truncated_progressive.JPEG", 0,
+        _jpeg(rgb, progressive=True)[:len(full) // 2], skip="truncated")
+    add(f"{a}/text.JPEG", 0, b"just some text\n" * 20, skip="not an image format")
+    add(f"{a}/error_page.JPEG", 0, b"<!DOCTYPE html><html><body>404 Not Found</body></html>\n",
+        skip="not an image format")
+    add(f"{a}/random.JPEG", 0, bytes(rng.getrandbits(8) for _ in range(3000)),
+        skip="not an image format")
+    add("n03/a.JPEG", 2, _jpeg(rgb))
+    add("n03/b_rgb_coded.JPEG", 2, _jpeg(rgb, keep_rgb=True), True)
+    for i in range(extra_per_class):
+        for cls, label in (("n01", 0), ("n03", 2)):
+            img = Image.fromarray(_pixels(rng, size, size), "RGB")
+            add(f"{cls}/extra_{i:04d}.JPEG", label, _jpeg(img))
+    for rel, (label, data, reencoded, skip) in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    os.makedirs(os.path.join(root, "n02 empty"), exist_ok=True)
+    # Ignored: hidden files and folders, files outside class folders.
+    for rel in ("n01/.DS_Store", "n03/._a.JPEG", ".hidden_class/x.JPEG", "n01/.cache/y.JPEG",
+                "stray.JPEG", "n03/.hidden.JPEG"):
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(full)
+    # Record order: ImageFolder's (class, then directories sorted, then names sorted).
+    def order(rel):
+        head, name = os.path.split(rel)
+        return head, name
+    for rel in sorted(files, key=order):
+        label, _, reencoded, skip = files[rel]
+        if skip:
+            corpus.skipped[rel] = skip
+        else:
+            corpus.kept[rel] = label
+            if reencoded:
+                corpus.reencoded.add(rel)
+    return corpus
