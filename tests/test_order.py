@@ -81,7 +81,7 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
                        lmdb_buffer_blocks=2, lmdb_readahead=True)
     train, val = loaders.build_loaders("lmdb", args, DistInfo())
     assert isinstance(train.loader.sampler.sampler, BlockShuffleSampler)
-    assert train.loader.dataset.readahead and len(train) == 32 // 4
+    assert train.loader.dataset.dataset.readahead and len(train) == 32 // 4
     train.set_epoch(1)
     labels = torch.cat([labels for _, labels in train])
     assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)  # every image once
