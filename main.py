@@ -694,13 +694,20 @@ def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args
 def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
     """Write ``checkpoint.pth.tar`` (and ``model_best.pth.tar`` if ``is_best``) atomically: a
     temporary file in the same directory, then ``os.replace``, so a kill never leaves a torn file."""
-    os.makedirs(output_dir, exist_ok=True)
     names = ["checkpoint.pth.tar"] + (["model_best.pth.tar"] if is_best else [])
     for name in names:
         path = os.path.join(output_dir, name)
         tmp = f"{path}.tmp.{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"cannot write checkpoint {path}: {reason}; the previous one "
+                              "is intact") from None
 
 
 def load_checkpoint(path: str) -> dict:

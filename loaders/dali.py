@@ -23,6 +23,7 @@ raises :class:`DataError` naming the pip package when it is missing.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from ._transforms import decode, read_file
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
                       _mix_seed, check_same_classes, split_paths)
 
@@ -191,13 +193,19 @@ class DALILoader:
     ``--channels-last``; ``labels``: int64 ``(N,)``. ``len()`` is exact; the last validation
     batch may be smaller than ``batch_size`` and holds no padding. ``classes`` lists the class
     names (index = label). ``set_epoch(epoch)`` selects the order and the augmentation seed.
-    Iterating raises :class:`DataError` when DALI fails, e.g. on a file it cannot decode.
+    A sample DALI cannot decode is found with our CPU decoder, reported on stderr with its
+    path, and replaced by the next readable one; iterating raises :class:`DataError` when more
+    than ``max_bad_share`` of a pass fails, or when DALI fails for another reason.
     """
 
     def __init__(self, plan: Plan, make_source, opts: GraphOptions, classes: Sequence[str],
-                 device: torch.device, num_threads: int, py_workers: int, seed: int):
+                 device: torch.device, num_threads: int, py_workers: int, seed: int,
+                 read_encoded=None, describe=str, max_bad_share: float = 0.01):
         self.plan = plan
         self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
+        self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
+        self.describe = describe  # index -> path or record, for messages
+        self.max_bad_share = max_bad_share
         self.opts = opts
         self.classes = list(classes)
         self.device = device
@@ -226,32 +234,64 @@ class DALILoader:
         return order[self.start_batch * self.plan.batch_size:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = self.order()
-        if not order:
-            return
-        pipe = self._build(order)
-        try:
-            remaining = len(order)
-            for step in range(len(self)):
-                images, labels = self._to_torch(self._run(pipe, step))
-                take = min(remaining, len(labels))
-                remaining -= take
-                yield images[:take], labels[:take]
-        finally:
-            del pipe
+        order, step, bad = self.order(), 0, 0
+        batch = self.plan.batch_size
+        allowed = self.max_bad_share * len(order)
+        while step < len(self):
+            # DALI cannot skip a file it fails to decode: find it, swap it for a readable
+            # sample, and rebuild the pipeline from the failed batch on.
+            pipe = self._build(order[step * batch:])
+            try:
+                for _ in range(step, len(self)):
+                    images, labels = self._to_torch(pipe.run())
+                    take = min(len(order) - step * batch, len(labels))
+                    step += 1
+                    yield images[:take], labels[:take]
+            except RuntimeError as exc:
+                bad += self._replace_unreadable(order, step, exc)
+                if bad > allowed:
+                    raise DataError(
+                        f"{bad} samples failed to decode in this pass, more than the "
+                        f"{self.max_bad_share:.1%} --max-bad-share allows; the warnings above "
+                        "name them") from None
+            finally:
+                del pipe
 
-    def _run(self, pipe, step: int):
-        try:
-            return pipe.run()
-        except RuntimeError as exc:
-            # DALI has no option to skip an undecodable file: end with one line, not a
-            # multi-page traceback (DALI's message names the codec error, not the file).
+    def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
+                            lookahead: int = 4) -> int:
+        """Probe the samples of batches ``step .. step + lookahead`` (DALI runs a few batches
+        ahead) with our CPU decoder; report each unreadable one on stderr and replace it in
+        ``order`` by the next readable dataset index. Returns how many were replaced; raises
+        :class:`DataError` with DALI's message if none of them is unreadable."""
+        batch = self.plan.batch_size
+        window = range(step * batch, min(len(order), (step + lookahead) * batch))
+        replaced = 0
+        for position in window:
+            index = order[position]
+            while not self._readable(index):
+                index = (index + 1) % self.plan.num_samples
+                replaced += 1
+                if replaced > len(window):
+                    raise DataError(f"DALI: {replaced} unreadable samples near batch {step}: "
+                                    "is this dataset damaged?")
+            order[position] = index
+        if replaced == 0:
             lines = [line for line in str(exc).splitlines()
                      if line.strip() and not line.startswith("Current pipeline")]
             split = "training" if self.plan.train else "validation"
             raise DataError(f"DALI failed on the {split} split at or shortly after batch {step} "
-                            f"of this pass (an unreadable or non-image file?): "
-                            f"{lines[-1] if lines else exc}") from None
+                            f"of this pass: {lines[-1] if lines else exc}") from None
+        return replaced
+
+    def _readable(self, index: int) -> bool:
+        try:
+            decode(self.read_encoded(index))
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            print(f"warning: skipping unreadable sample {self.describe(index)}: "
+                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  file=sys.stderr, flush=True)
+            return False
+        return True
 
     def _build(self, order: list[int]):
         from nvidia.dali import pipeline_def
@@ -311,19 +351,23 @@ def _graph_options(args, dist: DistInfo, train: bool) -> GraphOptions:
 
 
 def _open_split(path: str, use_lmdb: bool, batch_size: int):
-    """``(num_samples, classes, make_source)`` for one split; raises :class:`DataError`.
+    """``(num_samples, classes, make_source, read_encoded, describe)`` for one split; raises
+    :class:`DataError`.
 
-    ``make_source(order, parallel)`` adds the source of ``(encoded, label)`` to a DALI graph.
+    ``make_source(order, parallel)`` adds the source of ``(encoded, label)`` to a DALI graph;
+    ``read_encoded(index)`` returns a sample's encoded bytes, ``describe(index)`` its name.
     """
     if use_lmdb:
         from .lmdb_records import LMDBDataset
 
         dataset = LMDBDataset(path)
-        return len(dataset), dataset.classes, partial(_lmdb_source, dataset, batch_size)
+        return (len(dataset), dataset.classes, partial(_lmdb_source, dataset, batch_size),
+                lambda i: dataset.read(i)[0], dataset.name_of)
     from .folder import open_image_folder
 
     folder = open_image_folder(path)  # ImageFolder: its classes and labels by construction
-    return len(folder.samples), folder.classes, partial(_folder_source, folder.samples)
+    return (len(folder.samples), folder.classes, partial(_folder_source, folder.samples),
+            lambda i: read_file(folder.samples[i][0]), folder.name_of)
 
 
 def build_loaders(args, dist: DistInfo):
@@ -339,7 +383,8 @@ def build_loaders(args, dist: DistInfo):
     classes_by_split = []
     for split, path in zip(("train", "val"), split_paths(args)):
         train = split == "train"
-        num_samples, classes, make_source = _open_split(path, bool(args.lmdb), args.batch_size)
+        num_samples, classes, make_source, read_encoded, describe = _open_split(
+            path, bool(args.lmdb), args.batch_size)
         plan = Plan(num_samples, args.batch_size, train, seed=args.seed, rank=dist.rank,
                     world_size=dist.world_size,
                     max_batches=args.train_batches if train else args.val_batches)
@@ -351,7 +396,8 @@ def build_loaders(args, dist: DistInfo):
         built.append(DALILoader(plan, make_source,
                                   _graph_options(args, dist, train), classes, dist.device,
                                   num_threads=args.workers, py_workers=py_workers,
-                                  seed=args.seed))
+                                  seed=args.seed, read_encoded=read_encoded, describe=describe,
+                                  max_bad_share=getattr(args, "max_bad_share", 0.01)))
         classes_by_split.append(classes)
     check_same_classes(*classes_by_split)
     return built[0], built[1]

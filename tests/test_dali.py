@@ -144,3 +144,27 @@ def test_loader_dali_selects_the_backend():
     args = main.parse_args(["--loader", "dali", "--lmdb", "x"])
     assert main.backend_name(args) == "dali"
     assert main.backend_name(main.parse_args(["--dali", "--lmdb", "x"])) == "dali"
+
+
+def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd):
+    root = tmp_path / "data"
+    shutil.copytree(tiny.root, root, ignore=shutil.ignore_patterns("lmdb"))
+    (root / "train" / "n00000002" / "notes.JPEG").write_text("<html>not an image</html>")
+    (root / "train" / "n00000003" / "empty.JPEG").write_bytes(b"")
+    args = loader_args(data=str(root), dali=True, max_bad_share=0.5)
+    train, _ = loaders.build_loaders("dali", args, DistInfo())
+    seen = 0
+    for epoch in (0, 1):
+        train.set_epoch(epoch)
+        batches = list(train)
+        assert len(batches) == len(train) == 34 // 4
+        seen += sum(len(labels) for _, labels in batches)
+    assert seen == 2 * 8 * 4
+    err = capfd.readouterr().err
+    assert "notes.JPEG" in err and "empty.JPEG" in err and "skipping unreadable sample" in err
+    strict = loaders.build_loaders("dali", loader_args(data=str(root), dali=True,
+                                                       max_bad_share=0.0), DistInfo())[0]
+    with pytest.raises(DataError, match="failed to decode"):
+        for epoch in (0, 1, 2):
+            strict.set_epoch(epoch)
+            list(strict)
