@@ -214,10 +214,11 @@ def write_chart(report: dict, path: str) -> None:
     results = report["results"]
     names = [r["loader"] for r in results]
     values = [r["images_per_sec_per_core"] for r in results]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 4))
     bars = ax.bar(names, values, color=["#999999" if n.startswith(("stock", "decode-only")) else "#2a7ab9"
                                         for n in names])
     ax.bar_label(bars, fmt="%.0f")
+    ax.tick_params(axis="x", labelrotation=20)
     machine = report["machine"]
     ax.set_ylabel("images/s per core")
     ax.set_title(f"Training loaders, batch {report['config']['batch_size']}, "
