@@ -1,0 +1,73 @@
+#!/usr/bin/env python
+"""Per-image cost of each CPU step, one thread, no DataLoader: where a training sample's time goes.
+
+    python benchmarks/profile_transforms.py [--data ../shared/data/imagenet-sample]
+
+Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (torchvision), PIL
+RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
+Normalize, and the whole stock and ours training transforms.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import os
+import sys
+import time
+
+import torch
+from PIL import Image
+from torchvision import transforms
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from loaders._transforms import TrainTransform, decode, resize  # noqa: E402
+
+
+def per_image_ms(fn, items, repeats: int = 2) -> float:
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for item in items:
+            fn(item)
+    return 1e3 * (time.perf_counter() - start) / (repeats * len(items))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
+    if not files:
+        sys.exit(f"profile_transforms.py: error: no images under {args.data}/train")
+    blobs = [open(f, "rb").read() for f in files]
+    pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
+    tensors = [decode(b) for b in blobs]
+    boxes = [transforms.RandomResizedCrop.get_params(im, (0.08, 1.0), (3 / 4, 4 / 3)) for im in pil]
+    normalize = transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    stock = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                transforms.ToTensor(), normalize])
+    crops = [transforms.functional.resized_crop(im, *box, [224, 224]) for im, box in zip(pil, boxes)]
+    k = list(range(len(files)))
+    rows = [
+        ("decode, PIL", per_image_ms(lambda i: Image.open(io.BytesIO(blobs[i])).convert("RGB"), k)),
+        ("decode, libjpeg-turbo (torchvision)", per_image_ms(lambda i: decode(blobs[i]), k)),
+        ("crop + resize 224, PIL", per_image_ms(
+            lambda i: transforms.functional.resized_crop(pil[i], *boxes[i], [224, 224]), k)),
+        ("crop + resize 224, uint8 tensor (ours)", per_image_ms(
+            lambda i: resize(tensors[i][:, boxes[i][0]:boxes[i][0] + boxes[i][2],
+                                        boxes[i][1]:boxes[i][1] + boxes[i][3]], (224, 224)), k)),
+        ("ToTensor + Normalize (stock only)", per_image_ms(
+            lambda i: normalize(transforms.functional.to_tensor(crops[i])), k)),
+        ("whole training transform, stock", per_image_ms(
+            lambda i: stock(Image.open(io.BytesIO(blobs[i])).convert("RGB")), k)),
+        ("whole training transform, ours", per_image_ms(lambda i: TrainTransform()(blobs[i]), k)),
+    ]
+    print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
+    for name, ms in rows:
+        print(f"  {name:<40} {ms:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
