@@ -1,0 +1,38 @@
+"""The benchmark scripts run end to end on small data and report what they promise."""
+import json
+import os
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import bench_loaders  # noqa: E402
+import profile_transforms  # noqa: E402
+
+
+def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert bench_loaders.main_cli(["--data", tiny.root, "--out", str(out), "-b", "4", "-j", "1",
+                                   "--repeat", "2", "--batches", "3", "--warmup", "1",
+                                   "--rounds", "1", "--only", "stock", "decode-only", "folder",
+                                   "lmdb"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    names = [r["loader"] for r in report["results"]]
+    assert names == ["stock", "decode-only", "folder", "lmdb"]
+    for result in report["results"]:
+        assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
+        assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
+    assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| folder |" in capsys.readouterr().out
+
+
+def test_bench_loaders_bad_data_is_one_line(tmp_path, capsys):
+    assert bench_loaders.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_profile_transforms_prints_each_step(tiny, capsys):
+    profile_transforms.main(["--data", tiny.root])
+    out = capsys.readouterr().out
+    assert "whole training transform, ours" in out and "decode, PIL" in out
