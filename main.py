@@ -211,6 +211,8 @@ def launch_workers(args) -> None:
     if backend_name(args) != "synthetic":
         split_paths(args)  # reported once here rather than by every process
     check_arch(args.arch)
+    if args.dist_backend == "nccl" and not use_cuda(args):
+        raise ConfigError("--dist-backend nccl needs CUDA; use gloo on CPU")
     nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args) else 1)
     nodes = max(args.world_size, 1)
     if nodes > 1 and not args.dist_url:

@@ -122,6 +122,32 @@ def test_accuracy_rises_on_learnable_data(tmp_path):
     assert records[-1]["val_acc1"] > 50.0  # chance is 25%
 
 
+def _unfinished_copy(tiny, tmp_path) -> str:
+    """A copy of the tiny LMDBs whose training split lost its metadata (conversion killed)."""
+    import lmdb
+    import shutil
+
+    from loaders._lmdb_codec import META_KEY
+
+    root = tmp_path / "unfinished"
+    shutil.copytree(tiny.lmdb, root)
+    env = lmdb.open(str(root / "train"))
+    with env.begin(write=True) as txn:
+        txn.delete(META_KEY)
+    env.close()
+    return str(root)
+
+
+def _other_classes(tiny, tmp_path) -> str:
+    """A validation folder with one class more than the training folder."""
+    import shutil
+
+    val = tmp_path / "val-other"
+    shutil.copytree(os.path.join(tiny.root, "val"), val)
+    shutil.copytree(val / "n00000000", val / "n00000099")
+    return str(val)
+
+
 @pytest.mark.parametrize("make_args, message", [
     (lambda t, p: [str(p / "missing")], "no such file or directory"),
     (lambda t, p: ["--lmdb", t.root], "drop --lmdb"),
@@ -132,9 +158,16 @@ def test_accuracy_rises_on_learnable_data(tmp_path):
     (lambda t, p: [t.root, "--gpu", "0", "--no-accel"], "no CUDA device"),
     (lambda t, p: [t.root, "-c", str(p / "missing.yaml")], "--config"),
     (lambda t, p: [t.root, "--output-dir", str(p / "file")], "cannot write"),
+    (lambda t, p: ["--lmdb", _unfinished_copy(t, p)], "did not finish"),
+    (lambda t, p: [t.root, "--val", _other_classes(t, p)], "different classes"),
+    (lambda t, p: [t.root, "--multiprocessing-distributed", "--dist-backend", "nccl"],
+     "nccl needs CUDA"),
+    (lambda t, p: [str(p / "empty")], "Couldn't find any class folder"),
 ])
 def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
     (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "empty" / "val").mkdir()
     env = dict(os.environ, TORCH_HOME=str(tmp_path / "torch-home"))
     result = run_cli(*SMALL, "--epochs", "1", "--output-dir", str(tmp_path / "out"),
                      *make_args(tiny, tmp_path), env=env)
