@@ -70,8 +70,8 @@ def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: i
     add(f"{a}/rgba.png", 0, _encode(rgba, "PNG"), True)
     palette = rgb.convert("P")
     add(f"{a}/palette_transparent.gif", 0, _encode(palette, "GIF", transparency=0), True)
-    add(f"{a}/png16.png", 0, _encode(Image.fromarray(
-        (_pixels(rng, size, size, 1).astype(np.uint16) * 257), "I;16"), "PNG"), True)
+    add(f"{a}/png16.png", 0, _encode(Image.fromarray(  # a 2-D uint16 array is mode I;16
+        _pixels(rng, size, size, 1).astype(np.uint16) * 257), "PNG"), True)
     add(f"{a}/one_pixel.JPEG", 0, _jpeg(Image.new("RGB", (1, 1), (200, 10, 10))))
     add(f"{a}/tall_1x2000.JPEG", 0, _jpeg(Image.fromarray(_pixels(rng, 1, 2000), "RGB")))
     add(f"{a}/wide_2000x1.png", 0, _encode(Image.fromarray(_pixels(rng, 2000, 1), "RGB"), "PNG"),
