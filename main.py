@@ -551,13 +551,15 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
                     writer, save_partial=None, start_batch: int = 0,
                     partial: dict | None = None) -> dict:
     """One pass over ``loader``, which starts at batch ``start_batch`` of the epoch; ``partial``
-    holds this rank's sums over the batches before it. Every ``--save-every`` steps
+    holds the sums over all ranks for the batches before it. Every ``--save-every`` steps
     ``save_partial(epoch, next_batch, sums)`` checkpoints the position. Returns mean ``loss``,
     ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over ranks)."""
     model.train()
-    partial = partial or {"loss_sum": 0.0, "correct": 0, "images": 0, "data_time": 0.0,
-                          "seconds": 0.0}
+    zero = {"loss_sum": 0.0, "correct": 0, "images": 0, "data_time": 0.0}
+    # A checkpoint's sums are global (all ranks): global rank 0 carries them, the others restart.
+    partial = {**zero, "seconds": 0.0, **((partial or {}) if dist.is_main else
+                                          {"seconds": (partial or {}).get("seconds", 0.0)})}
     loss_sum = torch.full((), partial["loss_sum"], device=dist.device)
     correct = torch.full((), partial["correct"], device=dist.device, dtype=torch.int64)
     total = start_batch + len(loader)
@@ -583,11 +585,11 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
                           acc1=100.0 * correct.item() / images_seen,
                           lr=optimizer.param_groups[0]["lr"])
         if save_partial and args.save_every and (step + 1) % args.save_every == 0 \
-                and step + 1 < total:
+                and step + 1 < total:  # the same steps on every rank: the reduction is safe
+            sums = reduce_sum([loss_sum.item(), correct.item(), images_seen, data_time], dist)
             save_partial(epoch, step + 1, {
-                "loss_sum": loss_sum.item(), "correct": int(correct.item()),
-                "images": images_seen, "data_time": data_time,
-                "seconds": time.perf_counter() - start})
+                "loss_sum": sums[0], "correct": int(sums[1]), "images": int(sums[2]),
+                "data_time": sums[3], "seconds": time.perf_counter() - start})
         end = time.perf_counter()
     progress.close()
     if images_seen == 0:
@@ -681,7 +683,8 @@ def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args
     """The pytorch/examples checkpoint keys plus the AMP scaler, config and RNG states.
 
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
-    ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: this rank's sums so far)."""
+    ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
+    all ranks)."""
     return {
         "epoch": epoch, "batch": batch, "partial": partial,
         "arch": args.arch, "state_dict": unwrap(model).state_dict(),

@@ -134,3 +134,24 @@ def _descendants(pid):
 def _cmdline(pid):
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
+
+
+def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
+    """Kill a 2-process job mid-epoch; resuming from its --save-every checkpoint trains the
+    remaining batches only, and the epoch's global sums carry over (checkpointed by rank 0)."""
+    args = ["--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
+            "--nproc-per-node", "2", "--save-every", "1", "--epochs", "1"]
+    out = str(tmp_path / "out")
+    proc = subprocess.Popen(main_cmd(*args, "--output-dir", out), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    for line in proc.stdout:  # 8 steps per epoch (2 ranks x 8 batches of 2)
+        if line.startswith("Epoch: [0][5/"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    checkpoint = os.path.join(out, "checkpoint.pth.tar")
+    result = run(main_cmd(*args, "--output-dir", out, "--resume", checkpoint))
+    assert "resumed from" in result.stdout and ", batch " in result.stdout
+    record = only_record(out)
+    assert record["train_images"] == 32 and record["val_images"] == 16
