@@ -27,7 +27,13 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## create .venv with torch, torchvision, lmdb, ... and Pillow-SIMD (falls back to Pillow)
+install: $(STAMP) loaders/_jpegcrop.so ## create .venv with torch, torchvision, lmdb, ... and Pillow-SIMD (falls back to Pillow)
+
+# Crop-window JPEG decoding for the loaders (loaders/_jpeg_window.py); without it they decode
+# whole images, so a failed build is reported and not fatal.
+loaders/_jpegcrop.so: loaders/_jpegcrop.c
+	$(CC) -O2 -shared -fPIC $< -ljpeg -o $@ \
+	  || echo "loaders/_jpegcrop.so did not build (needs a C compiler and libjpeg-turbo headers); loaders will decode whole JPEGs"
 
 $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -64,8 +64,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="with --lmdb-order block: records per block (256 ~ 28 MB of ImageNet)")
     d.add_argument("--lmdb-buffer-blocks", type=int, default=8, metavar="K",
                    help="with --lmdb-order block: blocks read at once, shuffled together")
-    d.add_argument("--lmdb-readahead", action="store_true",
-                   help="with --lmdb: open the LMDBs with OS readahead on (for block order)")
+    d.add_argument("--lmdb-readahead", default="auto", choices=["auto", "on", "off"],
+                   help="with --lmdb: OS readahead; auto = on when the LMDB fits in half the "
+                   "available memory (faster random reads), off otherwise (block order wants on)")
     m = p.add_argument_group("model")
     m.add_argument("-a", "--arch", default="resnet18", help="torchvision classification model")
     m.add_argument("--pretrained", action="store_true",

@@ -147,7 +147,8 @@ def run(args) -> dict:
         "decode-only-pil": lambda: decode_only_loader(train_root, b, j, use_pil=True),
         "folder": lambda: our_loader("folder", data, b, j, device),
         "lmdb": lambda: our_loader("lmdb", lmdb_root, b, j, device),
-        "lmdb-readahead": lambda: our_loader("lmdb", lmdb_root, b, j, device, ["--lmdb-readahead"]),
+        "lmdb-readahead-off": lambda: our_loader("lmdb", lmdb_root, b, j, device,
+                                                 ["--lmdb-readahead", "off"]),
     }
     if "dali" in loaders.BACKENDS and _has_dali():
         pipelines["dali-cpu"] = lambda: our_loader("dali", data, b, j, device, ["--dali-cpu"])

@@ -3,9 +3,10 @@
 
     python benchmarks/profile_transforms.py [--data ../shared/data/imagenet-sample]
 
-Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (torchvision), PIL
+Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (torchvision), decoding
+only the RandomResizedCrop window (``loaders/_jpegcrop.c``, when built), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
-Normalize, and the whole stock and ours training transforms.
+Normalize, and the whole stock and ours training transforms (ours also with full decoding).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torchvision import transforms
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from loaders import _jpeg_window as jpeg_window  # noqa: E402
 from loaders._transforms import TrainTransform, decode, resize  # noqa: E402
 
 
@@ -64,6 +66,13 @@ def main(argv=None) -> None:
             lambda i: stock(Image.open(io.BytesIO(blobs[i])).convert("RGB")), k)),
         ("whole training transform, ours", per_image_ms(lambda i: TrainTransform()(blobs[i]), k)),
     ]
+    if jpeg_window.available():
+        rows.insert(2, ("decode the crop window only (ours)", per_image_ms(
+            lambda i: jpeg_window.decode_window(blobs[i], *boxes[i]), k)))
+        jpeg_window.set_enabled(False)
+        rows.append(("whole training transform, ours, full decode",
+                     per_image_ms(lambda i: TrainTransform()(blobs[i]), k)))
+        jpeg_window.set_enabled(True)
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
     for name, ms in rows:
         print(f"  {name:<40} {ms:6.2f}")

@@ -21,6 +21,8 @@ import torch.nn.functional as nnf
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+from . import _jpeg_window as jpeg_window
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
@@ -64,17 +66,25 @@ def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5).
 
-    Random draws come from torch's global RNG, which DataLoader seeds per worker.
+    The crop window is drawn from the JPEG header's size and only that window is decoded
+    (``loaders._jpeg_window``), else the whole image. Random draws come from torch's global
+    RNG, which DataLoader seeds per worker: the same draws either way.
     """
 
     def __init__(self, crop_size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        image = decode(data)
+        size = jpeg_window.jpeg_size(data)
+        image = decode(data) if size is None else torch.empty(1).expand(3, *size)
         top, left, height, width = transforms.RandomResizedCrop.get_params(
             image, self.scale, self.ratio)
-        out = resize(image[:, top:top + height, left:left + width], self.size)
+        crop = None if size is None else jpeg_window.decode_window(data, top, left, height, width)
+        if crop is None:
+            if size is not None:  # the header parsed but the window did not decode
+                image = decode(data)
+            crop = image[:, top:top + height, left:left + width]
+        out = resize(crop, self.size)
         if torch.rand(1).item() < 0.5:
             out = out.flip(-1)
         return out

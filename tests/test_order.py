@@ -103,7 +103,17 @@ def test_readahead_setting_switch_reopens_and_datasets_recover(tiny):
 def test_main_trains_one_epoch_in_block_order(tiny, tmp_path):
     out = str(tmp_path / "out")
     last = main.main(["--lmdb", tiny.lmdb, *SMALL, "--epochs", "1", "--output-dir", out,
-                      "--lmdb-order", "block", "--lmdb-block-size", "4", "--lmdb-readahead"])
+                      "--lmdb-order", "block", "--lmdb-block-size", "4", "--lmdb-readahead", "on"])
     assert last["epoch"] == 0 and [r["epoch"] for r in read_metrics(out)] == [0]
     args = main.parse_args(["--lmdb"])
-    assert (args.lmdb_order, args.lmdb_block_size, args.lmdb_readahead) == ("random", 256, False)
+    assert (args.lmdb_order, args.lmdb_block_size, args.lmdb_readahead) == ("random", 256, "auto")
+
+
+def test_readahead_auto_follows_database_size(tiny, monkeypatch):
+    from loaders import lmdb_records
+
+    path = f"{tiny.lmdb}/train"
+    assert lmdb_records.readahead_for(path, "auto")  # a few KiB: fits in memory
+    assert lmdb_records.readahead_for(path, "on") and not lmdb_records.readahead_for(path, "off")
+    monkeypatch.setattr(lmdb_records.os.path, "getsize", lambda _: 1 << 60)  # 1 EiB
+    assert not lmdb_records.readahead_for(path, "auto")
