@@ -212,8 +212,7 @@ def launch_workers(args) -> None:
     if backend_name(args) != "synthetic":
         split_paths(args)  # reported once here rather than by every process
     check_arch(args.arch)
-    if args.dist_backend == "nccl" and not use_cuda(args):
-        raise ConfigError("--dist-backend nccl needs CUDA; use gloo on CPU")
+    dist_backend(args, use_cuda(args))  # refused once here rather than by every process
     nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args) else 1)
     nodes = max(args.world_size, 1)
     if nodes > 1 and not args.dist_url:
@@ -276,9 +275,7 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> Di
     if args.gpu is None and use_cuda(args):
         args.gpu = local_rank
     device = resolve_device(args)
-    backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
-    if backend == "nccl" and device.type != "cuda":
-        raise ConfigError("--dist-backend nccl needs CUDA; use gloo on CPU")
+    backend = dist_backend(args, device.type == "cuda")
     if not args.dist_url:
         raise ConfigError(f"--world-size {world} needs --dist-url (or launch with torchrun)")
     if device.type == "cuda":
@@ -289,6 +286,15 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> Di
         backend, init_method=args.dist_url, world_size=world, rank=rank,
         timeout=datetime.timedelta(seconds=args.dist_timeout))
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def dist_backend(args, cuda: bool) -> str:
+    """``--dist-backend``, else NCCL with CUDA and gloo without; NCCL without CUDA is a
+    :class:`ConfigError`."""
+    backend = args.dist_backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise ConfigError("--dist-backend nccl needs CUDA; use gloo on CPU")
+    return backend
 
 
 def wrap_parallel(model: nn.Module, args, dist: DistInfo, log) -> nn.Module:

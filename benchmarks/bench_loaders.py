@@ -231,7 +231,7 @@ def write_chart(report: dict, path: str) -> None:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n| loader | images/s | per core | vs stock | of decode-only |\n|---|---|---|---|---|")
+    print("\n| loader | images/s | per core | vs stock | of decode-only |\n|---|---|---|---|---|")
     for r in report["results"]:
         print(f"| {r['loader']} | {r['images_per_sec']:.1f} | {r['images_per_sec_per_core']:.1f} "
               f"| {r.get('ratio_vs_stock', float('nan')):.2f}x "

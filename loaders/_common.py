@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ._errors import DataError
 from ._lean_sampler import LeanDistributedSampler
-from ._robust import SkipSampler, TolerantDataset
+from ._robust import SkipSampler, TolerantDataset, too_many_unreadable
 
 # ImageNet channel statistics on the [0, 1] scale, as in pytorch/examples imagenet/main.py.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -154,10 +154,7 @@ class DeviceLoader:
             if replaced:
                 bad += int(replaced[0].sum())
                 if bad > allowed:
-                    raise DataError(
-                        f"{bad} samples failed to decode in this epoch, more than the "
-                        f"{self.max_bad_share:.1%} --max-bad-share allows; the warnings above "
-                        "name them")
+                    raise too_many_unreadable(bad, self.max_bad_share, "epoch")
             yield self.to_device(images, labels)
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor):

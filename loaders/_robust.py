@@ -22,6 +22,19 @@ from ._errors import DataError
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
 
+def report_unreadable(name: str, exc: BaseException) -> None:
+    """One stderr line naming a sample that failed to decode, and why."""
+    reason = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"warning: skipping unreadable sample {name}: {type(exc).__name__}: {reason}",
+          file=sys.stderr, flush=True)
+
+
+def too_many_unreadable(bad: int, max_bad_share: float, scope: str) -> DataError:
+    """The error that stops a run when ``bad`` samples of this ``scope`` (epoch, pass) failed."""
+    return DataError(f"{bad} samples failed to decode in this {scope}, more than the "
+                     f"{max_bad_share:.1%} --max-bad-share allows; the warnings above name them")
+
+
 class TolerantDataset(Dataset):
     """Wraps a dataset of ``(image, label)``; item ``i`` is ``(image, label, replaced)``.
 
@@ -43,9 +56,7 @@ class TolerantDataset(Dataset):
             try:
                 image, label = self.dataset[j]
             except DECODE_ERRORS as exc:
-                name = getattr(self.dataset, "name_of", str)(j)
-                print(f"warning: skipping unreadable sample {name}: {type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr, flush=True)
+                report_unreadable(getattr(self.dataset, "name_of", str)(j), exc)
                 continue
             return image, label, attempt
         raise DataError(f"{self.max_tries} consecutive samples from index {index} failed to "

@@ -23,7 +23,6 @@ raises :class:`DataError` naming the pip package when it is missing.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from ._robust import DECODE_ERRORS, report_unreadable, too_many_unreadable
 from ._transforms import decode, read_file
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
                       _mix_seed, check_same_classes, split_paths)
@@ -250,10 +250,7 @@ class DALILoader:
             except RuntimeError as exc:
                 bad += self._replace_unreadable(order, step, exc)
                 if bad > allowed:
-                    raise DataError(
-                        f"{bad} samples failed to decode in this pass, more than the "
-                        f"{self.max_bad_share:.1%} --max-bad-share allows; the warnings above "
-                        "name them") from None
+                    raise too_many_unreadable(bad, self.max_bad_share, "pass") from None
             finally:
                 del pipe
 
@@ -286,10 +283,8 @@ class DALILoader:
     def _readable(self, index: int) -> bool:
         try:
             decode(self.read_encoded(index))
-        except (OSError, RuntimeError, ValueError, KeyError) as exc:
-            print(f"warning: skipping unreadable sample {self.describe(index)}: "
-                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                  file=sys.stderr, flush=True)
+        except DECODE_ERRORS as exc:
+            report_unreadable(self.describe(index), exc)
             return False
         return True
 
