@@ -361,6 +361,7 @@ def main(argv=None) -> dict:
 
 def worker(args, local_rank: int | None = None, nproc: int = 1) -> dict:
     """One training process: distributed setup, loaders, model, train/evaluate, cleanup."""
+    loaders.retain_freed_memory()  # before workers fork: they inherit it (loaders/_malloc.py)
     dist = setup_distributed(args, local_rank, nproc)
     try:
         return train_or_evaluate(args, dist)

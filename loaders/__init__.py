@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from ._common import DataError, DistInfo
+from ._malloc import retain_freed_memory
 
 # backend name (the --loader choice) -> module implementing build_loaders
 BACKENDS = {
@@ -20,7 +21,7 @@ BACKENDS = {
     "synthetic": "loaders.synthetic",
 }
 
-__all__ = ["BACKENDS", "DataError", "DistInfo", "build_loaders"]
+__all__ = ["BACKENDS", "DataError", "DistInfo", "build_loaders", "retain_freed_memory"]
 
 
 def build_loaders(backend: str, args, dist: DistInfo):

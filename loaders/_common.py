@@ -1,9 +1,10 @@
 """Pieces every backend shares: the rank/device context, samplers, and the device-side loader.
 
-Backends decode and crop to uint8 on the CPU, collate uint8 batches, and :class:`DeviceLoader`
-copies each batch to the training device and normalises it there (as timm's PrefetchLoader and
-NVIDIA's DeepLearningExamples ConvNets do): a uint8 batch is 4x smaller to collate, pin and copy
-than a float one.
+Backends decode and crop to uint8 on the CPU; DataLoader workers write each sample straight
+into a reused shared-memory batch slot (``loaders/_shared_batches.py``), and
+:class:`DeviceLoader` copies each batch to the training device and normalises it there (as
+timm's PrefetchLoader and NVIDIA's DeepLearningExamples ConvNets do): a uint8 batch is 4x
+smaller to pass between processes, pin and copy than a float one.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ._errors import DataError
 from ._lean_sampler import LeanDistributedSampler
 from ._robust import SkipSampler, TolerantDataset, too_many_unreadable
+from ._shared_batches import (NumberedBatchSampler, SharedBatches, SlotWriter, keep_as_is,
+                              slots_for)
 
 # ImageNet channel statistics on the [0, 1] scale, as in pytorch/examples imagenet/main.py.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -90,7 +93,8 @@ class ShardSampler(Sampler[int]):
 
 
 class DeviceLoader:
-    """Wraps a DataLoader of uint8 batches and yields ``(images, labels)`` ready for the model.
+    """Wraps a DataLoader over a :class:`~loaders._shared_batches.SlotWriter` and yields
+    ``(images, labels)`` ready for the model.
 
     Yields ``images``: float32 ``(N, 3, H, W)`` on ``device``, normalised with
     :data:`IMAGENET_MEAN`/:data:`IMAGENET_STD` (channels-last memory format if
@@ -98,15 +102,19 @@ class DeviceLoader:
     the DataLoader's batch count, capped at ``max_batches``, less the batches skipped by
     ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names (index = label).
 
-    Batches from a :class:`~loaders._robust.TolerantDataset` carry a count of replaced
-    (undecodable) samples; when an epoch's total exceeds ``max_bad_share`` of its images,
+    Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
+    reused from epoch to epoch; each batch is copied out of its slot (normalised on the CPU, or
+    into page-locked memory for an asynchronous copy to the GPU) before it is yielded.
+    When an epoch's replaced (undecodable) samples exceed ``max_bad_share`` of its images,
     iterating raises :class:`DataError`.
     """
 
     def __init__(self, loader: DataLoader, device: torch.device, classes: Sequence[str],
-                 channels_last: bool = False, max_batches: int | None = None,
-                 seed: int = 0, rank: int = 0, max_bad_share: float = 0.01):
+                 image_shape: Sequence[int], channels_last: bool = False,
+                 max_batches: int | None = None, seed: int = 0, rank: int = 0,
+                 max_bad_share: float = 0.01):
         self.loader = loader
+        self.image_shape = tuple(image_shape)
         self.max_bad_share = max_bad_share
         self.start_batch = 0
         self.device = device
@@ -117,6 +125,7 @@ class DeviceLoader:
         self.rank = rank
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        self._idle_pool: SharedBatches | None = None
         self.set_epoch(0)
 
     def __len__(self) -> int:
@@ -126,45 +135,89 @@ class DeviceLoader:
     @property
     def batch_size(self) -> int:
         """Images per batch on this rank."""
-        return self.loader.batch_size
+        return self.loader.batch_sampler.batch_size
+
+    @property
+    def sampler(self) -> Sampler[int]:
+        """The index order of one epoch (a :class:`~loaders._robust.SkipSampler` for training)."""
+        return self.loader.batch_sampler.sampler
+
+    @property
+    def dataset(self) -> Dataset:
+        """The backend's dataset of ``(uint8 image, label)`` samples."""
+        return self.loader.dataset.dataset.dataset
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (for a resumed epoch; the batches before it are the
         ones already trained on)."""
-        sampler = self.loader.sampler
+        sampler = self.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         if start_batch and not isinstance(sampler, SkipSampler):
             raise ValueError("this loader cannot start an epoch part-way")
         if isinstance(sampler, SkipSampler):
-            sampler.start = start_batch * self.loader.batch_size
+            sampler.start = start_batch * self.batch_size
         self.start_batch = start_batch
         if self.loader.generator is not None:
             # The DataLoader draws its workers' base seed from this generator at each __iter__.
             self.loader.generator.manual_seed(_mix_seed(self.seed, epoch, self.rank))
 
+    def _take_pool(self) -> SharedBatches:
+        """The slots of a finished pass, else new ones (a pass left suspended keeps its own)."""
+        pool, self._idle_pool = self._idle_pool, None
+        if pool is None:
+            workers = self.loader.num_workers
+            pool = SharedBatches(
+                slots_for(workers, self.loader.prefetch_factor or 0), self.batch_size,
+                self.image_shape, channels_last=self.channels_last or self.device.type == "cuda",
+                shared=workers > 0)
+        pool.reset()
+        return pool
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         total = len(self)
-        allowed = self.max_bad_share * (self.start_batch + total) * self.loader.batch_size
+        allowed = self.max_bad_share * (self.start_batch + total) * self.batch_size
         bad = 0
-        for step, (images, labels, *replaced) in enumerate(self.loader):
-            if step == total:
-                break
-            if replaced:
-                bad += int(replaced[0].sum())
+        pool = self._take_pool()
+        self.loader.dataset.pool = pool  # workers start (fork, or pickle it) with these slots
+        batches = iter(self.loader)
+        try:
+            for step, (number, slot, count, replaced) in enumerate(batches):
+                if step == total:
+                    break
+                bad += replaced
                 if bad > allowed:
                     raise too_many_unreadable(bad, self.max_bad_share, "epoch")
-            yield self.to_device(images, labels)
+                images, labels = self.to_device(*pool.batch(slot, count))
+                pool.release(slot, number)
+                yield images, labels
+        finally:
+            # Dropping the last reference shuts the workers down (joined), so no worker of
+            # this pass can write into the slots any more.
+            del batches
+            self._idle_pool = pool
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor):
-        """uint8 NCHW CPU batch -> normalised float32 NCHW device batch, int64 labels."""
-        non_blocking = self.device.type == "cuda"
-        images = images.to(self.device, non_blocking=non_blocking)
-        labels = labels.to(self.device, dtype=torch.int64, non_blocking=non_blocking)
-        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=memory_format)
-        return images, labels
+        """uint8 ``(N, 3, H, W)`` CPU batch -> normalised float32 ``(N, 3, H, W)`` device batch
+        and int64 labels, both new memory (the inputs may be reused afterwards)."""
+        if self.device.type == "cuda":
+            # Page-locked copies (torch's caching host allocator) make the uploads asynchronous.
+            images = images.pin_memory().to(self.device, non_blocking=True)
+            labels = labels.pin_memory().to(self.device, non_blocking=True)
+        return (normalize(images, self.mean, self.std, self.channels_last),
+                labels.to(self.device, dtype=torch.int64, copy=True))
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+              channels_last: bool = False) -> torch.Tensor:
+    """uint8 ``(N, 3, H, W)`` -> new float32 ``(N, 3, H, W)`` ``(images - mean) / std`` on the
+    images' device, NCHW or channels-last memory format. ``mean``/``std``: float32
+    ``(1, 3, 1, 1)`` on the 0-255 scale."""
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(images.shape, dtype=torch.float32, device=images.device,
+                      memory_format=memory_format)
+    return out.copy_(images).sub_(mean).div_(std)
 
 
 def _mix_seed(seed: int, epoch: int, rank: int) -> int:
@@ -197,12 +250,15 @@ def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
             f"{args.batch_size}: lower -b/--batch-size")
     workers = args.workers
     loader = DataLoader(
-        TolerantDataset(dataset), batch_size=args.batch_size, sampler=sampler, num_workers=workers,
-        pin_memory=dist.device.type == "cuda", drop_last=train,
-        generator=torch.Generator(), prefetch_factor=4 if workers > 0 else None,
+        SlotWriter(TolerantDataset(dataset)),
+        batch_sampler=NumberedBatchSampler(sampler, args.batch_size, drop_last=train),
+        collate_fn=keep_as_is, num_workers=workers, generator=torch.Generator(),
+        prefetch_factor=4 if workers > 0 else None,
     )
     max_batches = args.train_batches if train else args.val_batches
-    return DeviceLoader(loader, dist.device, classes, channels_last=args.channels_last,
+    crop = args.train_crop_size if train else args.val_crop_size
+    return DeviceLoader(loader, dist.device, classes, (3, crop, crop),
+                        channels_last=args.channels_last,
                         max_batches=max_batches, seed=args.seed, rank=dist.rank,
                         max_bad_share=getattr(args, "max_bad_share", 0.01))
 

@@ -17,6 +17,7 @@ import torch
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _MCU = 32  # widest iMCU (4:1:0 sampling is 32 px) by which jpeg_crop_scanline widens a window
+_ABI_VERSION = 2  # jc_version() of the _jpegcrop.c this module calls
 _lib = None
 _loaded = False
 
@@ -30,8 +31,9 @@ def _load():
             try:
                 lib = ctypes.CDLL(_LIBRARY)
                 lib.jc_header.restype = lib.jc_decode_window.restype = ctypes.c_int
-                _lib = lib
-            except OSError:
+                # A build from an older _jpegcrop.c (no `make install` since) is not called.
+                _lib = lib if lib.jc_version() == _ABI_VERSION else None
+            except (OSError, AttributeError):
                 _lib = None
     return _lib
 
@@ -72,12 +74,8 @@ def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> 
         return None
     capacity = height * (width + 2 * _MCU) * 3
     out = torch.empty(capacity, dtype=torch.uint8)
-    out_left, out_width = ctypes.c_int(), ctypes.c_int()
     status = lib.jc_decode_window(data, len(data), left, top, width, height,
-                                  ctypes.c_void_p(out.data_ptr()), ctypes.c_ulong(capacity),
-                                  ctypes.byref(out_left), ctypes.byref(out_width))
+                                  ctypes.c_void_p(out.data_ptr()), ctypes.c_ulong(capacity))
     if status != 0:
         return None
-    rows = out[:height * out_width.value * 3].view(height, out_width.value, 3)
-    offset = left - out_left.value
-    return rows[:, offset:offset + width].permute(2, 0, 1)
+    return out[:height * width * 3].view(height, width, 3).permute(2, 0, 1)

@@ -36,12 +36,15 @@ int jc_header(const uint8_t *data, unsigned long size, int *width, int *height, 
     return 0;
 }
 
-/* Decode rows [y, y+h) and at least columns [x, x+w) to RGB into out (capacity bytes).
-   On return *out_x is the first decoded column (<= x) and *out_w the decoded width; out holds
-   h rows of *out_w * 3 bytes. Returns 0 on success, -1 on a libjpeg error, -2 if out is too
-   small, -3 if libjpeg warned of corrupt data. */
+/* ABI version, checked by loaders/_jpeg_window.py so that a stale build is not called. */
+int jc_version(void) { return 2; }
+
+/* Decode rows [y, y+h) and columns [x, x+w) to RGB into out: h rows of exactly w * 3 bytes.
+   out needs capacity >= h * (w + 64) * 3 bytes: libjpeg decodes whole iMCU columns (up to 32 px
+   more on each side), and the rows are compacted in place afterwards. Returns 0 on success, -1
+   on a libjpeg error, -2 if out is too small, -3 if libjpeg warned of corrupt data. */
 int jc_decode_window(const uint8_t *data, unsigned long size, int x, int y, int w, int h,
-                     uint8_t *out, unsigned long capacity, int *out_x, int *out_w) {
+                     uint8_t *out, unsigned long capacity) {
     struct jpeg_decompress_struct cinfo; struct err_mgr err;
     cinfo.err = jpeg_std_error(&err.pub); err.pub.error_exit = on_error; err.pub.output_message = on_message;
     err.pub.emit_message = on_emit; err.warned = 0;
@@ -61,6 +64,9 @@ int jc_decode_window(const uint8_t *data, unsigned long size, int x, int y, int 
     }
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
-    *out_x = (int)cx; *out_w = (int)cw;
+    /* Keep columns [x, x+w) of each row, rows back to back (destination never after source). */
+    unsigned long offset = (unsigned long)(x - (int)cx) * 3, row_bytes = (unsigned long)w * 3;
+    for (int row = 0; row < h; row++)
+        memmove(out + row * row_bytes, out + row * (unsigned long)cw * 3 + offset, row_bytes);
     return err.warned ? -3 : 0;
 }

@@ -68,7 +68,7 @@ def test_training_order_is_the_folder_loaders(tiny):
     for epoch in (0, 5):
         dali_train.set_epoch(epoch)
         folder_train.set_epoch(epoch)
-        assert dali_train.order() == list(folder_train.loader.sampler)
+        assert dali_train.order() == list(folder_train.sampler)
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -84,3 +84,15 @@ def test_train_transform_draws_the_same_crop_either_way(sample):
     for a, b in zip(windowed, whole):
         assert a.shape == b.shape == (3, 64, 64)
         assert (a.int() - b.int()).abs().float().mean().item() < 1.0
+
+
+def test_a_stale_build_is_not_called(monkeypatch):
+    """A _jpegcrop.so built from an older _jpegcrop.c (other ABI) means whole-image decoding."""
+    monkeypatch.setattr(jpeg_window, "_ABI_VERSION", jpeg_window._ABI_VERSION + 1)
+    jpeg_window.set_enabled(True)
+    try:
+        assert not jpeg_window.available()
+    finally:
+        monkeypatch.undo()
+        jpeg_window.set_enabled(True)
+    assert jpeg_window.available()

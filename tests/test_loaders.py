@@ -83,12 +83,18 @@ def test_lmdb_dataset_opens_lazily_and_pickles_without_environment(tiny):
         dataset.read(16)
 
 
-def test_lmdb_dataset_works_in_spawned_workers(tiny):
-    train, _ = build("lmdb", tiny)
-    spawned = DataLoader(train.loader.dataset, batch_size=8, num_workers=2,
-                         multiprocessing_context="spawn")
-    labels = torch.cat([labels for _, labels, _ in spawned])
-    assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)
+@pytest.mark.parametrize("backend", ["lmdb", "folder"])
+def test_loader_works_in_spawned_workers(tiny, backend):
+    """Spawned workers get the dataset and the shared batch slots by pickling, not fork."""
+    train, _ = build(backend, tiny, workers=2, batch_size=8)
+    train.loader.multiprocessing_context = "spawn"
+    for epoch in range(2):  # the second pass reuses the first one's slots
+        train.set_epoch(epoch)
+        batches = [(to_uint8(images), labels) for images, labels in train]
+        labels = torch.cat([labels for _, labels in batches])
+        assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)
+        for images, labels in batches:
+            assert [label_from_pixels(image, 4) for image in images] == labels.tolist()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -97,8 +103,8 @@ def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, world_s
     for rank in range(world_size):
         train, val = loaders.build_loaders(
             "lmdb", loader_args(data=tiny.lmdb, batch_size=2), DistInfo(rank=rank, world_size=world_size))
-        train_seen.append(list(train.loader.sampler))
-        val_seen.extend(val.loader.sampler)
+        train_seen.append(list(train.sampler))
+        val_seen.extend(val.sampler)
         assert len(train) == (32 // world_size) // 2  # same batch count on every rank
     flat = [i for shard in train_seen for i in shard]
     assert len(flat) == len(set(flat)) == (32 // world_size) * world_size

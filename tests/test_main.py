@@ -116,8 +116,10 @@ def test_accuracy_rises_on_learnable_data(tmp_path):
     datagen.make_dataset(str(tmp_path / "d"), 4, train_per_class=24, val_per_class=8,
                          noise=60, shapes=3)
     # CPU kernels are not bit-deterministic across runs, and on 32 validation images one epoch's
-    # top-1 can dip (BatchNorm statistics of 6 batches): judge the run by its best epochs.
-    main.main([str(tmp_path / "d"), *SMALL, "-b", "16", "--lr", "0.005", "--epochs", "4",
+    # top-1 can dip or stall (BatchNorm statistics of 6 batches): judge the run by its best epoch
+    # of six (seeds 1-8 reached 88-100% within four epochs; seed 0 stalled at 72% for three
+    # epochs, then reached 100% at its fifth).
+    main.main([str(tmp_path / "d"), *SMALL, "-b", "16", "--lr", "0.005", "--epochs", "6",
                "-p", "0", "--output-dir", str(tmp_path / "o")])
     records = read_metrics(str(tmp_path / "o"))
     assert min(r["train_loss"] for r in records[1:]) < 0.5 * records[0]["train_loss"]

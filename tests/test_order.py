@@ -80,8 +80,8 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
     args = loader_args(data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
                        lmdb_buffer_blocks=2, lmdb_readahead=True)
     train, val = loaders.build_loaders("lmdb", args, DistInfo())
-    assert isinstance(train.loader.sampler.sampler, BlockShuffleSampler)
-    assert train.loader.dataset.dataset.readahead and len(train) == 32 // 4
+    assert isinstance(train.sampler.sampler, BlockShuffleSampler)
+    assert train.dataset.readahead and len(train) == 32 // 4
     train.set_epoch(1)
     labels = torch.cat([labels for _, labels in train])
     assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)  # every image once

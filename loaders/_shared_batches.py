@@ -1,0 +1,190 @@
+"""Batches that DataLoader workers write straight into reused shared-memory slots.
+
+Why: PyTorch's default collate stacks every batch into a *new* shared-memory block. The worker
+page-faults it in as it writes, and the main process faults it in again as it reads. On the
+measured 2-core VM a page fault costs microseconds, and this transfer alone cost about 17% of
+the folder loader's images/s (``benchmarks/bench_loaders.py``; README, *Measured*). Here the
+main process allocates ``slots`` batches of shared memory once. Workers copy each sample into
+its place (no collate copy) and send back only ``(number, slot, count, replaced)``, and the
+main process reads the slot in place.
+
+Slot protocol: :class:`NumberedBatchSampler` numbers the batches of each pass from 0, and batch
+``k`` uses slot ``k % slots``. A worker writes batch ``k`` only after the main process has
+released batch ``k - slots`` from that slot (:meth:`SharedBatches.release`). DataLoader
+dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
+workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
+waits, but the wait is there, so no batch is ever overwritten while it is read.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator, Sequence
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from ._errors import DataError
+
+# A worker that waits this long for its slot means the main process stopped releasing them.
+_WAIT_LIMIT_S = 600.0
+_POLL_S = 0.0005
+
+
+def slots_for(workers: int, prefetch_factor: int) -> int:
+    """Slots one loader needs: every batch DataLoader may have in flight, the one being read
+    and one spare."""
+    return (prefetch_factor * workers if workers > 0 else 0) + 2
+
+
+class NumberedBatch(list):
+    """A batch of dataset indices that knows its position ``number`` in the pass (from 0)."""
+
+    def __init__(self, indices: Sequence[int], number: int):
+        super().__init__(indices)
+        self.number = number
+
+
+class NumberedBatchSampler(Sampler[NumberedBatch]):
+    """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
+    one shorter unless ``drop_last``), numbered 0, 1, ... in each pass, as
+    ``torch.utils.data.BatchSampler`` groups them."""
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __iter__(self) -> Iterator[NumberedBatch]:
+        batch, number = [], 0
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield NumberedBatch(batch, number)
+                batch, number = [], number + 1
+        if batch and not self.drop_last:
+            yield NumberedBatch(batch, number)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class SharedBatches:
+    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)``, with
+    int64 labels, in memory that forked or spawned DataLoader workers share.
+
+    ``images[s]`` is ``(batch_size, 3, H, W)``, laid out channels-last (NHWC in memory) if
+    ``channels_last``, else NCHW. Memory: ``slots x batch_size x 3 x H x W`` bytes of shared
+    memory (``/dev/shm``) when ``shared``, else ordinary memory (``-j 0``).
+
+    Raises :class:`DataError` if ``/dev/shm`` has less free space than that (Docker's default
+    is 64 MiB).
+    """
+
+    def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
+                 channels_last: bool = False, shared: bool = True):
+        channels, height, width = image_shape
+        self.slots, self.batch_size = slots, batch_size
+        if shared:
+            _check_shm_space(slots * batch_size * channels * height * width)
+        if channels_last:
+            images = torch.empty(slots, batch_size, height, width, channels, dtype=torch.uint8)
+            images = images.permute(0, 1, 4, 2, 3)
+        else:
+            images = torch.empty(slots, batch_size, channels, height, width, dtype=torch.uint8)
+        self.images = images
+        self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
+        # released[s]: number of the last batch the main process released from slot s.
+        self.released = torch.full((slots,), -1, dtype=torch.int64)
+        if shared:
+            for tensor in (self.images, self.labels, self.released):
+                tensor.share_memory_()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of image memory (the labels add 8 bytes per image)."""
+        return self.images.numel()
+
+    def reset(self) -> None:
+        """Start a new pass (batch numbers from 0 again); only once its workers are gone."""
+        self.released.fill_(-1)
+
+    def acquire(self, number: int) -> int:
+        """Worker side: the slot for batch ``number``, once its previous batch was released.
+
+        Raises :class:`DataError` after waiting 600 s (the main process stopped reading).
+        """
+        slot = number % self.slots
+        previous = number - self.slots
+        if previous >= 0 and int(self.released[slot]) < previous:
+            deadline = time.monotonic() + _WAIT_LIMIT_S
+            while int(self.released[slot]) < previous:
+                if time.monotonic() > deadline:
+                    raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
+                                    f"{slot}: the main process stopped reading batches")
+                time.sleep(_POLL_S)
+        return slot
+
+    def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of a written slot: uint8 images ``(count, 3, H, W)`` and int64 labels
+        ``(count,)``. Valid until :meth:`release`; copy what you keep."""
+        return self.images[slot, :count], self.labels[slot, :count]
+
+    def release(self, slot: int, number: int) -> None:
+        """Main-process side: batch ``number`` has been copied out of ``slot``."""
+        self.released[slot] = number
+
+
+def _check_shm_space(nbytes: int, path: str = "/dev/shm") -> None:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return  # no /dev/shm (not Linux): torch picks its own sharing strategy
+    free = stat.f_bavail * stat.f_frsize
+    if nbytes > free:
+        raise DataError(
+            f"{path} has {free / 2**20:.0f} MiB free but the loader's batch slots need "
+            f"{nbytes / 2**20:.0f} MiB: lower -b/--batch-size or -j/--workers, or give the "
+            "container more shared memory (docker run --ipc=host or --shm-size)")
+
+
+class SlotWriter(Dataset):
+    """Dataset wrapper for ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: fetching a
+    :class:`NumberedBatch` writes its samples into ``pool`` (set before workers start) and
+    returns ``(number, slot, count, replaced)`` (ints; ``replaced`` sums the third item of
+    ``dataset``'s ``(image, label, replaced)`` samples, see
+    :class:`~loaders._robust.TolerantDataset`).
+
+    Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+        self.pool: SharedBatches | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+        pool = self.pool
+        if pool is None:
+            raise RuntimeError("SlotWriter.pool must be set before iterating")
+        slot = pool.acquire(batch.number)
+        images, labels = pool.images[slot], pool.labels[slot]
+        replaced = 0
+        for i, index in enumerate(batch):
+            image, label, bad = self.dataset[index]
+            if image.shape != images.shape[1:] or image.dtype != torch.uint8:
+                raise DataError(f"sample {index}: transform gave {image.dtype} "
+                                f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
+            images[i].copy_(image)
+            labels[i] = label
+            replaced += bad
+        return batch.number, slot, len(batch), replaced
+
+
+def keep_as_is(batch):
+    """``collate_fn`` for :class:`SlotWriter`: the batch is already in its slot."""
+    return batch
