@@ -28,9 +28,9 @@ decides how much of the map a worker's reads make resident (see :func:`set_page_
 The criterion (issue 5): a worker's memory on 1.28 M records minus on 10 k records stays under
 ``--limit-mb`` (50 MB) for the worst worker; PASS/FAIL is printed for ``rss_excl_mdb`` and
 ``anon`` (memory that the process owns), and the ``rss`` difference is shown with it.
-``--samplers stock lean`` also measures with ``loaders._lean_sampler.LeanDistributedSampler``
-in place of torch's ``DistributedSampler`` (patched in for the measurement only), whose
-permutation is a tensor instead of a list of Python ints in the main process.
+``--samplers stock lean`` measures with torch's ``DistributedSampler`` (patched in for the
+measurement only) and with ``loaders._lean_sampler.LeanDistributedSampler`` (what the loaders
+use), whose permutation is a tensor instead of a list of Python ints in the main process.
 """
 from __future__ import annotations
 
@@ -144,17 +144,18 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     Returns ``{"records", "batches", "main": {"before", "samples"}, "workers": {pid: [sample,
     ...]}}`` where each sample is :func:`proc_memory`'s dict plus ``"step"``. Epochs are
     cycled if one is shorter than ``batches`` (each epoch starts new workers).
-    ``sampler="lean"`` swaps in :class:`loaders._lean_sampler.LeanDistributedSampler`.
+    ``sampler="stock"`` swaps torch's ``DistributedSampler`` in for
+    :class:`loaders._lean_sampler.LeanDistributedSampler`.
     """
     import loaders
     import loaders._common
     import main
 
-    if sampler == "lean":
-        from loaders._lean_sampler import LeanDistributedSampler
+    if sampler == "stock":
+        from torch.utils.data import DistributedSampler
 
         # Measurement only: make_loader looks the name up at call time.
-        loaders._common.DistributedSampler = LeanDistributedSampler
+        loaders._common.LeanDistributedSampler = DistributedSampler
     args = main.parse_args(["--lmdb", "--train", db, "--val", db, "-b", str(batch_size),
                             "-j", str(workers), "--train-crop-size", "32",
                             "--val-resize-size", "32", "--val-crop-size", "32", "--seed", "0"])
@@ -305,8 +306,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers (2)")
     parser.add_argument("--samplers", nargs="+", choices=("stock", "lean"),
                         default=["stock", "lean"],
-                        help="training sampler: torch's DistributedSampler (what main.py uses) "
-                             "and/or LeanDistributedSampler")
+                        help="training sampler: torch's DistributedSampler and/or "
+                             "LeanDistributedSampler (what main.py uses)")
     parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
                         help="data.mdb in the page cache before each run (warm: read it all, the "
                              "worst case for worker RSS) or evicted (cold)")

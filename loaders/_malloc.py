@@ -5,8 +5,9 @@ decode buffer: up to 11 MB for a 2400 x 1600 image) with a fresh ``mmap()`` and 
 it is freed, so the next one is page-faulted in again, 4 KiB at a time. On this project's 2-core
 VM a page fault costs about a microsecond: the main process's copy of one ``-b 32`` batch out of
 its slot took 2.5 ms or 6-7 ms depending on where glibc's adaptive threshold happened to be, and
-``make bench`` gained 7-11% on every loader (stock pipeline included) with the thresholds raised
-(README, *Measured*). Preloading jemalloc or tcmalloc, as PyTorch's CPU performance tuning guide
+in ``make bench`` our loaders gained 6-9% and decode-only 5% with the thresholds raised (the
+stock pipeline, whose main process only receives batches, stayed within noise; README,
+*Measured*). Preloading jemalloc or tcmalloc, as PyTorch's CPU performance tuning guide
 suggests, has the same effect; this needs no extra library.
 """
 from __future__ import annotations

@@ -6,17 +6,26 @@ import loaders
 import main
 from loaders import DistInfo
 from tests.conftest import loader_args
+from tests.datagen import label_from_pixels
+from tests.test_loaders import to_uint8
 
 pytestmark = pytest.mark.gpu
 
 
-def test_loader_delivers_normalised_batches_on_the_gpu(tiny):
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_loader_delivers_normalised_batches_on_the_gpu(tiny, channels_last):
+    """Channels-last shared slots, pinned staging, upload and normalisation on the GPU: the
+    pixels still encode each sample's label."""
     dist = DistInfo(device=torch.device("cuda", 0))
-    train, _ = loaders.build_loaders("lmdb", loader_args(data=tiny.lmdb, channels_last=True), dist)
-    assert train.loader.pin_memory
-    images, labels = next(iter(train))
-    assert images.is_cuda and labels.is_cuda and labels.dtype == torch.int64
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    train, _ = loaders.build_loaders(
+        "lmdb", loader_args(data=tiny.lmdb, channels_last=channels_last, workers=2), dist)
+    for images, labels in train:
+        assert images.is_cuda and labels.is_cuda and labels.dtype == torch.int64
+        assert images.dtype == torch.float32
+        assert images.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        assert [label_from_pixels(image, tiny.num_classes)
+                for image in to_uint8(images.cpu())] == labels.tolist()
 
 
 def test_amp_channels_last_training_on_gpu(tiny, tmp_path):
