@@ -233,7 +233,9 @@ def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
     ``drop_last`` on the sampler (same count on every rank) and on the batches (no tiny last
     batch for BatchNorm), startable part-way (:class:`~loaders._robust.SkipSampler`).
     Validation: :class:`ShardSampler`, every sample exactly once. Undecodable samples are
-    replaced (:class:`~loaders._robust.TolerantDataset`). ``sampler`` replaces the training
+    replaced (:class:`~loaders._robust.TolerantDataset`). Workers write each batch into a
+    shared slot (:class:`~loaders._shared_batches.SlotWriter`, numbered batches of
+    :class:`~loaders._shared_batches.NumberedBatchSampler`). ``sampler`` replaces the training
     default; it must shard by ``dist`` itself, give every rank the same ``len()`` and have
     ``set_epoch`` (e.g. :class:`loaders._order.BlockShuffleSampler`).
     Raises :class:`DataError` if the training shard holds less than one batch.
