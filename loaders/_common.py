@@ -27,6 +27,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def imagenet_mean_std(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """:data:`IMAGENET_MEAN` and :data:`IMAGENET_STD` on the 0-255 scale of uint8 pixels, as
+    float32 ``(1, 3, 1, 1)`` tensors on ``device`` (the ``mean``/``std`` of :func:`normalize`)."""
+    return tuple(torch.tensor(v, device=device).view(1, 3, 1, 1) * 255
+                 for v in (IMAGENET_MEAN, IMAGENET_STD))
+
+
 @dataclass
 class DistInfo:
     """Where this process sits in the job.
@@ -123,8 +130,7 @@ class DeviceLoader:
         self.max_batches = max_batches
         self.seed = seed
         self.rank = rank
-        self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+        self.mean, self.std = imagenet_mean_std(device)
         self._idle_pool: SharedBatches | None = None
         self.set_epoch(0)
 
@@ -205,8 +211,9 @@ class DeviceLoader:
             # Page-locked copies (torch's caching host allocator) make the uploads asynchronous.
             images = images.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
-        return (normalize(images, self.mean, self.std, self.channels_last),
-                labels.to(self.device, dtype=torch.int64, copy=True))
+        else:
+            labels = labels.clone()  # the slot's labels are overwritten by a later batch
+        return normalize(images, self.mean, self.std, self.channels_last), labels
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,

@@ -99,11 +99,6 @@ class SharedBatches:
             for tensor in (self.images, self.labels, self.released):
                 tensor.share_memory_()
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of image memory (the labels add 8 bytes per image)."""
-        return self.images.numel()
-
     def reset(self) -> None:
         """Start a new pass (batch numbers from 0 again); only once its workers are gone."""
         self.released.fill_(-1)

@@ -37,7 +37,8 @@ from torch.utils.data import DistributedSampler
 from ._robust import DECODE_ERRORS, report_unreadable, too_many_unreadable
 from ._transforms import decode, read_file, resize, resize_center_crop
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
-                      _mix_seed, check_same_classes, normalize, split_paths)
+                      _mix_seed, check_same_classes, imagenet_mean_std, normalize,
+                      split_paths)
 
 PIP_PACKAGE = "nvidia-dali-cuda120"
 # DALI's documented default share of JPEGs sent to the A100/H100 hardware JPEG decoder
@@ -46,8 +47,7 @@ DEFAULT_HW_DECODER_LOAD = 0.65
 # RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision and DeepLearningExamples RN50).
 RANDOM_AREA = (0.08, 1.0)
 RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
-_MEAN_255 = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
-_STD_255 = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+_MEAN_255, _STD_255 = imagenet_mean_std()
 
 
 def _require_dali():

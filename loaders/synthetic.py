@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import IMAGENET_MEAN, IMAGENET_STD, DistInfo, batches_per_epoch
+from ._common import DistInfo, batches_per_epoch, imagenet_mean_std, normalize
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
@@ -33,12 +33,7 @@ class SyntheticLoader:
             self._len = min(self._len, max_batches)
         gen = torch.Generator().manual_seed(seed + dist.rank)
         pixels = torch.randint(0, 256, (batch_size, 3, size, size), generator=gen)
-        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
-        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
-        images = (pixels.float() - mean) / std
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        self.images = images.to(dist.device)
+        self.images = normalize(pixels, *imagenet_mean_std(), channels_last).to(dist.device)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
 
     def __len__(self) -> int:

@@ -68,3 +68,27 @@ def loader_args(**overrides):
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
+
+
+def to_uint8(images: torch.Tensor):
+    """Normalised float ``(N, 3, H, W)`` batch -> the uint8 pixels it came from (numpy)."""
+    from loaders._common import imagenet_mean_std
+
+    mean, std = imagenet_mean_std()
+    return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def check_set_epoch_reproducible(build_train) -> list:
+    """Loaders from ``build_train()`` give the same batches (order and augmentation) for the
+    same ``set_epoch`` and others for another epoch. Returns the first epoch's batches."""
+    def epoch_batches(epoch):
+        train = build_train()
+        train.set_epoch(epoch)
+        return list(train)
+
+    first, again, other = epoch_batches(3), epoch_batches(3), epoch_batches(4)
+    assert len(first) == len(again) == len(other)
+    for (a_img, a_lab), (b_img, b_lab) in zip(first, again):
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+    assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other))
+    return first

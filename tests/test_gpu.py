@@ -5,9 +5,8 @@ import torch
 import loaders
 import main
 from loaders import DistInfo
-from tests.conftest import loader_args
+from tests.conftest import loader_args, to_uint8
 from tests.datagen import label_from_pixels
-from tests.test_loaders import to_uint8
 
 pytestmark = pytest.mark.gpu
 

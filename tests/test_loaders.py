@@ -1,16 +1,14 @@
 import os
 import pickle
 
-import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders._common import IMAGENET_MEAN, IMAGENET_STD, ShardSampler
+from loaders._common import ShardSampler
 from loaders.lmdb_records import LMDBDataset
-from tests.conftest import loader_args
+from tests.conftest import check_set_epoch_reproducible, loader_args, to_uint8
 from tests.datagen import label_from_pixels
 
 FILE_BACKENDS = ["folder", "lmdb"]
@@ -19,12 +17,6 @@ FILE_BACKENDS = ["folder", "lmdb"]
 def build(backend, tiny, **overrides):
     overrides.setdefault("data", tiny.lmdb if backend == "lmdb" else tiny.root)
     return loaders.build_loaders(backend, loader_args(**overrides), DistInfo())
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
-    return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
 @pytest.mark.parametrize("backend", FILE_BACKENDS)
@@ -47,15 +39,7 @@ def test_contract_shapes_dtypes_labels_and_length(backend, tiny):
 
 @pytest.mark.parametrize("backend", FILE_BACKENDS)
 def test_set_epoch_makes_order_and_augmentation_reproducible(backend, tiny):
-    def epoch_batches(epoch):
-        train, _ = build(backend, tiny, workers=2)
-        train.set_epoch(epoch)
-        return list(train)
-
-    first, again, other = epoch_batches(3), epoch_batches(3), epoch_batches(4)
-    for (a_img, a_lab), (b_img, b_lab) in zip(first, again):
-        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
-    assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other))
+    check_set_epoch_reproducible(lambda: build(backend, tiny, workers=2)[0])
 
 
 def test_folder_and_lmdb_deliver_identical_validation_batches(tiny):
