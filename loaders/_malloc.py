@@ -2,13 +2,10 @@
 
 Why: by default glibc serves a large allocation (a float batch: 19 MB at ``-b 32``; a JPEG
 decode buffer: up to 11 MB for a 2400 x 1600 image) with a fresh ``mmap()`` and unmaps it when
-it is freed, so the next one is page-faulted in again, 4 KiB at a time. On this project's 2-core
-VM a page fault costs about a microsecond: the main process's copy of one ``-b 32`` batch out of
-its slot took 2.5 ms or 6-7 ms depending on where glibc's adaptive threshold happened to be, and
-in ``make bench`` our loaders gained 6-9% and decode-only 5% with the thresholds raised (the
-stock pipeline, whose main process only receives batches, stayed within noise; README,
-*Measured*). Preloading jemalloc or tcmalloc, as PyTorch's CPU performance tuning guide
-suggests, has the same effect; this needs no extra library.
+it is freed, so the next one is page-faulted in again, 4 KiB at a time, and how often that
+happens depends on where glibc's adaptive threshold happens to be (README, *Measured*; ``make
+bench`` runs every pipeline with this setting). Preloading jemalloc or tcmalloc, as PyTorch's
+CPU performance tuning guide suggests, has the same effect; this needs no extra library.
 """
 from __future__ import annotations
 

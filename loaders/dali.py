@@ -118,9 +118,9 @@ def _augment(encoded, opts: GraphOptions):
     With a GPU: ``[images]``, normalised float ``(3, crop, crop)`` (HWC with channels-last).
     CPU-only: ``[crops, mirror]`` for training (uint8 HWC RandomResizedCrop windows of varied
     size, int32 flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
-    :func:`_finish_on_cpu` resizes, flips and normalises. DALI's CPU resize measured 2-3x
-    slower than torch's uint8 kernel on this project's 2-core VM (README, *DALI*), while its
-    region-of-interest JPEG decoding is fast.
+    :func:`_finish_on_cpu` resizes, flips and normalises: DALI's CPU ``fn.resize`` is the slow
+    stage there, while its region-of-interest JPEG decoding is fast
+    (``benchmarks/profile_dali_cpu.py``; README, *DALI loader*).
 
     Grayscale and CMYK JPEGs come out as 3-channel RGB (``output_type=RGB``), as PIL's
     ``convert("RGB")`` in the other backends.

@@ -36,3 +36,24 @@ def test_profile_transforms_prints_each_step(tiny, capsys):
     profile_transforms.main(["--data", tiny.root])
     out = capsys.readouterr().out
     assert "whole training transform, ours" in out and "decode, PIL" in out
+
+
+def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
+    import pytest
+
+    pytest.importorskip("nvidia.dali")
+    import profile_dali_cpu
+
+    assert profile_dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "1",
+                                      "--batches", "2"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("read", "decode whole image", "decode crop window", "antialiased",
+                  "our --dali loader"):
+        assert stage in out
+
+
+def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
+    import profile_dali_cpu
+
+    assert profile_dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert "no such directory" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Where DALI's CPU-only training pipeline spends its time: images/s of each stage alone.
+
+    python benchmarks/profile_dali_cpu.py [--data ../shared/data/imagenet-sample] [-b 32] [-j 2]
+
+Each row is a DALI pipeline on the CPU (``device_id=None``, ``-j`` threads, batch ``-b``) over
+the sample's training JPEGs replicated 16 times, run for ``--batches`` batches after 10 warm-up
+ones: reading only, decoding whole images, decoding the RandomResizedCrop window
+(``decoders.image_random_crop``), and that window resized to 224 by DALI's ``fn.resize`` with and
+without antialiasing. The last row is our ``--dali`` loader without CUDA (DALI decodes the
+window, torch resizes, flips and normalises: ``loaders/dali.py``) with the share of the cores
+the process kept busy. ``ms/image/thread`` is ``threads / (images/s)``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import loaders  # noqa: E402
+from benchmarks.bench_loaders import our_loader, replicate  # noqa: E402
+from loaders.dali import RANDOM_AREA, RANDOM_ASPECT_RATIO  # noqa: E402
+from loaders.folder import open_image_folder  # noqa: E402
+
+
+def stage_pipeline(stage: str, files: list[str], batch_size: int, threads: int):
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def
+    def graph():
+        encoded, labels = fn.readers.file(files=files, labels=list(range(len(files))),
+                                          random_shuffle=True, seed=0)
+        if stage == "read":
+            return encoded, labels
+        if stage == "decode whole image":
+            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB), labels
+        images = fn.decoders.image_random_crop(
+            encoded, device="cpu", output_type=types.RGB, random_area=list(RANDOM_AREA),
+            random_aspect_ratio=list(RANDOM_ASPECT_RATIO), num_attempts=100)
+        if stage.startswith("+ fn.resize"):
+            images = fn.resize(images, resize_x=224, resize_y=224,
+                               antialias=stage.endswith("antialiased"))
+        return images, labels
+
+    pipe = graph(batch_size=batch_size, num_threads=threads, device_id=None, seed=0)
+    pipe.build()
+    return pipe
+
+
+def images_per_sec(next_batch, batch_size: int, batches: int) -> tuple[float, float]:
+    """(images/s, busy cores) over ``batches`` calls after 10 warm-up ones."""
+    for _ in range(10):
+        next_batch()
+    cpu, start = os.times(), time.perf_counter()
+    for _ in range(batches):
+        next_batch()
+    wall, end = time.perf_counter() - start, os.times()
+    busy = (end.user - cpu.user + end.system - cpu.system) / wall
+    return batches * batch_size / wall, busy
+
+
+def main_cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("-b", "--batch-size", type=int, default=32)
+    parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--batches", type=int, default=80)
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.data, "train")):
+        print(f"profile_dali_cpu.py: error: {args.data}/train: no such directory", file=sys.stderr)
+        return 1
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        print("profile_dali_cpu.py: error: needs nvidia-dali-cuda120 (make install)",
+              file=sys.stderr)
+        return 1
+    torch.set_num_threads(1)
+    loaders.retain_freed_memory()
+    tmp = tempfile.mkdtemp(prefix="profile-dali-")
+    try:
+        data = replicate(args.data, os.path.join(tmp, "jpeg"), 16)
+        files = [path for path, _ in open_image_folder(os.path.join(data, "train")).samples]
+        b, j = args.batch_size, args.workers
+        print(f"{len(files)} JPEGs, batch {b}, {j} DALI threads, CPU only")
+        print(f"  {'stage':42} {'images/s':>9} {'ms/image/thread':>16} {'busy cores':>11}")
+        for stage in ("read", "decode whole image", "decode crop window",
+                      "+ fn.resize 224, antialiased", "+ fn.resize 224, not antialiased"):
+            pipe = stage_pipeline(stage, files, b, j)
+            speed, busy = images_per_sec(pipe.run, b, args.batches)
+            print(f"  {stage:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
+            del pipe
+        train = our_loader("dali", data, b, j, torch.device("cpu"), ["--dali-cpu"])
+        batches = iter(train)
+        speed, busy = images_per_sec(lambda: next(batches), b, min(args.batches, len(train) - 10))
+        print(f"  {'our --dali loader (torch resize + normalise)':42} {speed:9.0f} "
+              f"{1e3 * j / speed:16.2f} {busy:11.2f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())
