@@ -7,9 +7,11 @@ Each row is a DALI pipeline on the CPU (``device_id=None``, ``-j`` threads, batc
 the sample's training JPEGs replicated 16 times, run for ``--batches`` batches after 10 warm-up
 ones: reading only, decoding whole images, decoding the RandomResizedCrop window
 (``decoders.image_random_crop``), and that window resized to 224 by DALI's ``fn.resize`` with and
-without antialiasing. The last row is our ``--dali`` loader without CUDA (DALI decodes the
-window, torch resizes, flips and normalises: ``loaders/dali.py``) with the share of the cores
-the process kept busy. ``ms/image/thread`` is ``threads / (images/s)``.
+without antialiasing. The last rows are our ``--dali`` loader without CUDA (DALI decodes the
+window, torch resizes, flips and normalises: ``loaders/dali.py``), as it runs (``-j``
+single-threaded pipelines taking turns) and with one pipeline of ``-j`` threads, in
+``--rounds`` interleaved rounds (median). Every row gives the share of the cores the process
+kept busy; ``ms/image/thread`` is ``threads / (images/s)``.
 """
 from __future__ import annotations
 
@@ -72,6 +74,8 @@ def main_cli(argv=None) -> int:
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batches", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of the two loader rows; the median is printed")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
         print(f"profile_dali_cpu.py: error: {args.data}/train: no such directory", file=sys.stderr)
@@ -97,11 +101,22 @@ def main_cli(argv=None) -> int:
             speed, busy = images_per_sec(pipe.run, b, args.batches)
             print(f"  {stage:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
             del pipe
-        train = our_loader("dali", data, b, j, torch.device("cpu"), ["--dali-cpu"])
-        batches = iter(train)
-        speed, busy = images_per_sec(lambda: next(batches), b, min(args.batches, len(train) - 10))
-        print(f"  {'our --dali loader (torch resize + normalise)':42} {speed:9.0f} "
-              f"{1e3 * j / speed:16.2f} {busy:11.2f}")
+        # Our loader two ways, interleaved rounds (median): the default, single-threaded
+        # pipelines taking turns, and one pipeline with all the threads.
+        loader_rows = {f"our --dali loader, {j} 1-thread pipelines": None,
+                       f"our --dali loader, 1 pipeline of {j} threads": 1}
+        results = {name: [] for name in loader_rows}
+        for _ in range(args.rounds):
+            for name, pipelines in loader_rows.items():
+                train = our_loader("dali", data, b, j, torch.device("cpu"), ["--dali-cpu"])
+                train.cpu_pipelines = pipelines
+                batches = iter(train)
+                results[name].append(images_per_sec(lambda: next(batches), b,
+                                                    min(args.batches, len(train) - 10)))
+                del batches
+        for name, runs in results.items():
+            speed, busy = sorted(runs)[len(runs) // 2]
+            print(f"  {name:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

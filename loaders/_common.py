@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -221,10 +221,35 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
     """uint8 ``(N, 3, H, W)`` -> new float32 ``(N, 3, H, W)`` ``(images - mean) / std`` on the
     images' device, NCHW or channels-last memory format. ``mean``/``std``: float32
     ``(1, 3, 1, 1)`` on the 0-255 scale."""
+    out = float_batch(images.shape, images.device, channels_last)
+    if images.device.type != "cpu":
+        return out.copy_(images).sub_(mean).div_(std)
+    return normalize_each(images, out, mean, std)
+
+
+def float_batch(shape, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """An uninitialised float32 ``(N, 3, H, W)`` batch, NCHW or channels-last."""
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty(images.shape, dtype=torch.float32, device=images.device,
-                      memory_format=memory_format)
-    return out.copy_(images).sub_(mean).div_(std)
+    return torch.empty(shape, dtype=torch.float32, device=device, memory_format=memory_format)
+
+
+def normalize_each(images: Iterable[torch.Tensor], out: torch.Tensor, mean: torch.Tensor,
+                   std: torch.Tensor) -> torch.Tensor:
+    """CPU: write ``(image - mean) / std`` of each uint8 ``(3, H, W)`` image (any iterable, a
+    generator included) into ``out[i]``, float32 ``(N, 3, H, W)``; returns ``out``.
+
+    Computed as ``image * (1/std) - mean/std`` (within 2.4e-7 of the quotient) in one fused
+    pass per image, whose input and output stay in cache: three passes over a whole float
+    batch stream it through memory three times, which cost the main process more than the
+    resizes (``benchmarks/profile_dali_cpu.py``). Raises ``ValueError`` if the counts differ.
+    """
+    scale, shift = 1 / std[0], -mean[0] / std[0]
+    count = 0
+    for count, (image, target) in enumerate(zip(images, out), 1):
+        torch.addcmul(shift, image, scale, out=target)
+    if count != len(out):
+        raise ValueError(f"normalize_each: {count} images for a batch of {len(out)}")
+    return out
 
 
 def _mix_seed(seed: int, epoch: int, rank: int) -> int:

@@ -10,15 +10,17 @@ Two sources feed the same decode/augment graph:
 With CUDA, decoding is nvJPEG (``device="mixed"``, A100/H100 hardware decoder share
 ``--dali-hw-decoder-load``) and the rest runs on the GPU; ``--dali-cpu`` decodes on the CPU
 and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50 does. Without
-CUDA the pipeline runs CPU-only (``device_id=None``): DALI reads and decodes (only the
+CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only the
 RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with the
-other backends' code, because DALI's CPU resize is the slow step there (:func:`_augment`).
+other backends' code, because DALI's CPU resize is the slow step there (:func:`_augment`);
+``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
 
 Order: this module decides which samples each rank reads, in which order, for every epoch
 (the same permutation as ``DistributedSampler`` for the training split, :class:`ShardSampler`
 for validation) and hands DALI that exact list; DALI's own shuffling and sharding are not
-used. A new pipeline is built for every pass, seeded from (seed, epoch, rank), so the order and
-the augmentation of an epoch are a function of (seed, epoch, rank) alone, whatever ran before.
+used. New pipelines are built for every pass, seeded from (seed, epoch, rank) and the
+pipeline's index, so the order of an epoch is a function of (seed, epoch, rank) alone and its
+augmentation one of (seed, epoch, rank, number of CPU-only pipelines), whatever ran before.
 
 DALI is imported only inside functions: this module imports without it, and ``build_loaders``
 raises :class:`DataError` naming the pip package when it is missing.
@@ -37,8 +39,8 @@ from torch.utils.data import DistributedSampler
 from ._robust import DECODE_ERRORS, report_unreadable, too_many_unreadable
 from ._transforms import decode, read_file, resize, resize_center_crop
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
-                      _mix_seed, check_same_classes, imagenet_mean_std, normalize,
-                      split_paths)
+                      _mix_seed, check_same_classes, float_batch, imagenet_mean_std,
+                      normalize_each, split_paths)
 
 PIP_PACKAGE = "nvidia-dali-cuda120"
 # DALI's documented default share of JPEGs sent to the A100/H100 hardware JPEG decoder
@@ -156,23 +158,24 @@ def _augment(encoded, opts: GraphOptions):
 def _finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`_augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders._transforms``) and normalisation (``loaders._common.normalize``)."""
+    (``loaders._transforms``) and normalisation (``loaders._common.normalize_each``)."""
     images, *rest, labels = outputs
     size = opts.crop_size
     flips = np.array(rest[0].as_tensor()).reshape(-1) if rest else np.zeros(len(images))
-    # The uint8 batch already has the output's memory format: normalising then reads and
-    # writes in order (a transposing uint8->float copy cost more than the resizes).
-    memory_format = torch.channels_last if opts.channels_last else torch.contiguous_format
-    batch = torch.empty(len(images), 3, size, size, dtype=torch.uint8, memory_format=memory_format)
-    for i in range(len(images)):
-        # A view of DALI's buffer, valid until the next run(); resizing copies it out.
-        image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
-        if opts.train:
-            out = resize(image, (size, size))
-            batch[i].copy_(out.flip(-1) if flips[i] else out)
-        else:
-            batch[i].copy_(resize_center_crop(image, opts.resize_size, size))
-    return (normalize(batch, _MEAN_255, _STD_255, opts.channels_last),
+
+    def crops():
+        for i in range(len(images)):
+            # A view of DALI's buffer, valid until the next run(); resizing copies it out.
+            image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
+            if opts.train:
+                out = resize(image, (size, size))
+                yield out.flip(-1) if flips[i] else out
+            else:
+                yield resize_center_crop(image, opts.resize_size, size)
+
+    # Each crop is normalised straight after its resize, while it is in cache.
+    out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
+    return (normalize_each(crops(), out, _MEAN_255, _STD_255),
             torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
 
 
@@ -225,7 +228,7 @@ def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool)
 
 
 class DALILoader:
-    """One split's DALI pipeline, rebuilt for every pass, as a loader of the usual contract.
+    """One split's DALI pipelines, rebuilt for every pass, as a loader of the usual contract.
 
     Yields ``images``: float32 ``(N, 3, H, W)`` (float16 under ``--amp`` on CUDA) on
     ``device``, normalised with the ImageNet mean/std, channels-last memory format with
@@ -235,11 +238,16 @@ class DALILoader:
     A sample DALI cannot decode is found with our CPU decoder, reported on stderr with its
     path, and replaced by the next readable one; iterating raises :class:`DataError` when more
     than ``max_bad_share`` of a pass fails, or when DALI fails for another reason.
+
+    With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
+    pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
+    producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
     """
 
     def __init__(self, plan: Plan, make_source, opts: GraphOptions, classes: Sequence[str],
                  device: torch.device, num_threads: int, py_workers: int, seed: int,
-                 read_encoded=None, describe=str, max_bad_share: float = 0.01):
+                 read_encoded=None, describe=str, max_bad_share: float = 0.01,
+                 cpu_pipelines: int | None = None):
         self.plan = plan
         self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
         self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
@@ -250,6 +258,7 @@ class DALILoader:
         self.device = device
         self.num_threads = max(1, num_threads)
         self.py_workers = py_workers
+        self.cpu_pipelines = cpu_pipelines
         self.seed = seed
         self.epoch = 0
         self.start_batch = 0
@@ -278,23 +287,27 @@ class DALILoader:
         allowed = self.max_bad_share * len(order)
         while step < len(self):
             # DALI cannot skip a file it fails to decode: find it, swap it for a readable
-            # sample, and rebuild the pipeline from the failed batch on.
-            pipe = self._build(order[step * batch:])
+            # sample, and rebuild the pipelines from the failed batch on.
+            pipes, first = self._build_pipelines(order[step * batch:], len(self) - step), step
             try:
-                for _ in range(step, len(self)):
-                    images, labels = self._to_torch(pipe.run())
+                while step < len(self):
+                    # Pipeline p holds batches first + p, first + p + len(pipes), ...
+                    outputs = pipes[(step - first) % len(pipes)].run()
+                    images, labels = self._to_torch(outputs)
                     take = min(len(order) - step * batch, len(labels))
                     step += 1
                     yield images[:take], labels[:take]
             except RuntimeError as exc:
-                bad += self._replace_unreadable(order, step, exc)
+                # Each pipeline runs up to its queue depth ahead: probe all batches in flight.
+                lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
+                bad += self._replace_unreadable(order, step, exc, lookahead)
                 if bad > allowed:
                     raise too_many_unreadable(bad, self.max_bad_share, "pass") from None
             finally:
-                del pipe
+                del pipes
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
-                            lookahead: int = 4) -> int:
+                            lookahead: int) -> int:
         """Probe the samples of batches ``step .. step + lookahead`` (DALI runs a few batches
         ahead) with our CPU decoder; report each unreadable one on stderr and replace it in
         ``order`` by the next readable dataset index. Returns how many were replaced; raises
@@ -327,7 +340,40 @@ class DALILoader:
             return False
         return True
 
-    def _build(self, order: list[int]):
+    def _num_pipelines(self, batches: int) -> int:
+        """How many pipelines take turns over ``batches`` batches: 1 with CUDA; CPU-only,
+        ``cpu_pipelines`` or one per thread. A multi-threaded DALI operator finishes a whole
+        batch before it starts the next, so its threads idle while the last images of a batch
+        are decoded, and more so while the main thread resizes on the same cores; single-
+        threaded pipelines taking turns have no such barrier (``profile_dali_cpu.py``, README
+        *DALI loader*)."""
+        if self.opts.cuda:
+            return 1
+        return max(1, min(self.cpu_pipelines or self.num_threads, batches))
+
+    def _queue_depth(self, pipelines: int) -> int:
+        # CPU-only, the main thread resizes while DALI decodes ahead: deeper queues keep both
+        # busy (two pipelines on 2 cores: +5-8% images/s at depth 4 over DALI's default 2);
+        # at most 8 queued batches in all (1 each from 8 pipelines on) bound their memory.
+        return 2 if self.opts.cuda else max(1, min(4, 8 // pipelines))
+
+    def _build_pipelines(self, order: list[int], batches: int) -> list:
+        """Built pipelines that together yield the first ``batches`` batches of ``order``:
+        pipeline ``p`` reads batches ``p, p + n, p + 2n, ...`` (``n`` pipelines)."""
+        batch = self.plan.batch_size
+        n = self._num_pipelines(batches)
+        chunks = [order[i * batch:(i + 1) * batch] for i in range(batches)]
+        pipes = [self._pipeline([i for chunk in chunks[p::n] for i in chunk], p, n)
+                 for p in range(n)]
+        for pipe in pipes:  # fork the external-source workers before any pipeline has threads
+            if self.py_workers > 0:
+                pipe.start_py_workers()
+        for pipe in pipes:
+            pipe.build()
+        return pipes
+
+    def _pipeline(self, order: list[int], index: int, pipelines: int):
+        """Pipeline ``index`` of ``pipelines`` over exactly ``order``, not yet built."""
         from nvidia.dali import pipeline_def
 
         parallel = self.py_workers > 0
@@ -336,7 +382,8 @@ class DALILoader:
             # fork is fast and safe before CUDA is initialised in this process; after that
             # only spawn is safe (workers then pay for importing torch at every pass).
             method = "spawn" if torch.cuda.is_initialized() else "fork"
-            parallel_kw = {"py_num_workers": self.py_workers, "py_start_method": method}
+            parallel_kw = {"py_num_workers": math.ceil(self.py_workers / pipelines),
+                           "py_start_method": method}
 
         @pipeline_def
         def graph():
@@ -346,14 +393,11 @@ class DALILoader:
         epoch = self.epoch if self.plan.train else 0
         device_id = (self.device.index if self.device.index is not None
                      else torch.cuda.current_device()) if self.opts.cuda else None
-        # CPU-only, the main thread resizes while DALI decodes ahead: a deeper queue keeps
-        # both busy (measured +5-10% images/s over the default 2).
-        depth = 2 if self.opts.cuda else 4
-        pipe = graph(batch_size=self.plan.batch_size, num_threads=self.num_threads,
-                     device_id=device_id, seed=_mix_seed(self.seed, epoch, self.plan.rank) % 2**31,
-                     prefetch_queue_depth=depth, **parallel_kw)
-        pipe.build()
-        return pipe
+        seed = (_mix_seed(self.seed, epoch, self.plan.rank) + index) % 2**31
+        return graph(batch_size=self.plan.batch_size,
+                     num_threads=max(1, self.num_threads // pipelines),
+                     device_id=device_id, seed=seed,
+                     prefetch_queue_depth=self._queue_depth(pipelines), **parallel_kw)
 
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.opts.cuda:
@@ -412,8 +456,9 @@ def _open_split(path: str, use_lmdb: bool, batch_size: int):
 def build_loaders(args, dist: DistInfo):
     """``(train, val)`` :class:`DALILoader` s over JPEG folders, or LMDBs with ``--lmdb``.
 
-    Threads: ``args.workers`` DALI CPU threads (at least 1); with ``--lmdb`` also as many
-    parallel external-source worker processes (0: records are read in the main process).
+    Threads: ``args.workers`` DALI CPU threads (at least 1; CPU-only, as many single-threaded
+    pipelines); with ``--lmdb`` also as many parallel external-source worker processes in all
+    (0: records are read in the main process).
     Raises :class:`DataError` if DALI is not installed, for bad input paths, mismatched class
     lists, or a training shard smaller than one batch.
     """

@@ -44,12 +44,15 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
     pytest.importorskip("nvidia.dali")
     import profile_dali_cpu
 
-    assert profile_dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "1",
-                                      "--batches", "2"]) == 0
+    assert profile_dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "2",
+                                      "--batches", "2", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     for stage in ("read", "decode whole image", "decode crop window", "antialiased",
-                  "our --dali loader"):
+                  "our --dali loader, 2 1-thread pipelines",
+                  "our --dali loader, 1 pipeline of 2 threads"):
         assert stage in out
+    speeds = [float(line.split()[-3]) for line in out.splitlines() if "our --dali" in line]
+    assert len(speeds) == 2 and all(speed > 0 for speed in speeds)
 
 
 def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):

@@ -63,13 +63,16 @@ def test_training_order_is_the_folder_loaders(tiny):
 
 
 @pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, source, world_size):
+@pytest.mark.parametrize("world_size,workers", [(2, 1), (3, 1), (3, 3)])
+def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, source, world_size,
+                                                                   workers):
+    """workers=3: CPU-only, three single-threaded pipelines take turns (the last validation
+    batch, partial, comes from the second of two)."""
     labels_of = imagefolder_labels(os.path.join(tiny.root, "val"))
     train_seen, val_seen = [], []
     for rank in range(world_size):
         train, val = build(tiny, source, DistInfo(rank=rank, world_size=world_size),
-                           batch_size=3, workers=1)
+                           batch_size=3, workers=workers)
         assert len(train) == (32 // world_size) // 3  # same batch count on every rank
         train_seen.extend(train.order())
         batches = list(val)
@@ -137,12 +140,13 @@ def test_loader_dali_selects_the_backend():
     assert main.backend_name(main.parse_args(["--dali", "--lmdb", "x"])) == "dali"
 
 
-def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd, workers):
     root = tmp_path / "data"
     shutil.copytree(tiny.root, root, ignore=shutil.ignore_patterns("lmdb"))
     (root / "train" / "n00000002" / "notes.JPEG").write_text("<html>not an image</html>")
     (root / "train" / "n00000003" / "empty.JPEG").write_bytes(b"")
-    args = loader_args(data=str(root), dali=True, max_bad_share=0.5)
+    args = loader_args(data=str(root), dali=True, max_bad_share=0.5, workers=workers)
     train, _ = loaders.build_loaders("dali", args, DistInfo())
     seen = 0
     for epoch in (0, 1):
@@ -153,7 +157,7 @@ def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd):
     assert seen == 2 * 8 * 4
     err = capfd.readouterr().err
     assert "notes.JPEG" in err and "empty.JPEG" in err and "skipping unreadable sample" in err
-    strict = loaders.build_loaders("dali", loader_args(data=str(root), dali=True,
+    strict = loaders.build_loaders("dali", loader_args(data=str(root), dali=True, workers=workers,
                                                        max_bad_share=0.0), DistInfo())[0]
     with pytest.raises(DataError, match="failed to decode"):
         for epoch in (0, 1, 2):
