@@ -267,7 +267,7 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=16,
                         help="each image appears this many times (symlinks), so an epoch "
                         "outlasts the timed batches")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved repetitions; the median is reported")
     parser.add_argument("--main-threads", type=int, default=1,
                         help="torch intra-op threads of this (the main) process")

@@ -244,11 +244,14 @@ def normalize_each(images: Iterable[torch.Tensor], out: torch.Tensor, mean: torc
     resizes (``benchmarks/profile_dali_cpu.py``). Raises ``ValueError`` if the counts differ.
     """
     scale, shift = 1 / std[0], -mean[0] / std[0]
-    count = 0
-    for count, (image, target) in enumerate(zip(images, out), 1):
+    images = iter(images)
+    for count, target in enumerate(out):
+        image = next(images, None)
+        if image is None:
+            raise ValueError(f"normalize_each: {count} images for a batch of {len(out)}")
         torch.addcmul(shift, image, scale, out=target)
-    if count != len(out):
-        raise ValueError(f"normalize_each: {count} images for a batch of {len(out)}")
+    if next(images, None) is not None:
+        raise ValueError(f"normalize_each: more images than the batch of {len(out)}")
     return out
 
 

@@ -38,3 +38,5 @@ def test_normalize_each_refuses_a_count_mismatch():
     out = float_batch((3, 3, 2, 2), torch.device("cpu"))
     with pytest.raises(ValueError, match="2 images for a batch of 3"):
         normalize_each(iter(torch.zeros(2, 3, 2, 2, dtype=torch.uint8)), out, *imagenet_mean_std())
+    with pytest.raises(ValueError, match="more images than the batch of 3"):
+        normalize_each(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), out, *imagenet_mean_std())
