@@ -208,13 +208,16 @@ def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], par
 
     ``pad_last_batch`` repeats the last file to fill the final batch; :class:`DALILoader` trims
     that padding, so no sample is counted twice. ``parallel`` is unused: the reader's own C++
-    threads read the files.
+    threads read the files. Files are read, not mapped (``dont_use_mmap``): plain reads gave the
+    CPU-only loader +2.5% images/s, ahead in 4 of 4 interleaved rounds on the 2-core machine
+    (likely the TLB shootdowns of unmapping every ~110 KB file; not verified).
     """
     from nvidia.dali import fn
 
     return fn.readers.file(files=[samples[i][0] for i in order],
                            labels=[samples[i][1] for i in order],
-                           random_shuffle=False, pad_last_batch=True, name="Reader")
+                           random_shuffle=False, pad_last_batch=True, dont_use_mmap=True,
+                           name="Reader")
 
 
 def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool):
