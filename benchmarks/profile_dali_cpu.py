@@ -38,7 +38,7 @@ def stage_pipeline(stage: str, files: list[str], batch_size: int, threads: int):
     @pipeline_def
     def graph():
         encoded, labels = fn.readers.file(files=files, labels=list(range(len(files))),
-                                          random_shuffle=True, seed=0)
+                                          random_shuffle=True, seed=0, dont_use_mmap=True)
         if stage == "read":
             return encoded, labels
         if stage == "decode whole image":
