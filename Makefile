@@ -60,7 +60,7 @@ bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=
 
 convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/lmdb: convert train/ and val/ to LMDB
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/lmdb"; exit 2; }
-	$(PY) folder2lmdb.py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS)
+	$(PY) folder2lmdb.py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0
 	$(PY) folder2lmdb.py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS)
 
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Convert an ImageNet-layout image folder (``root/<wnid>/<image>.JPEG``) to one LMDB.
 
-    python folder2lmdb.py --dataset /imagenet/train -o /lmdb/train [--strict]
+    python folder2lmdb.py --dataset /imagenet/train -o /lmdb/train [--strict] [--shuffle-seed 0]
     python folder2lmdb.py --verify /lmdb/train [--dataset /imagenet/train]
 
 (the interface of PyTorch-LMDB's converter). Each image is stored with its ImageFolder label:
@@ -9,7 +9,9 @@ baseline JPEGs byte for byte, other images re-encoded to JPEG, non-images skippe
 ``OUTPUT/skipped.tsv`` (rules in ``loaders/_image_check.py``; record format in
 ``loaders/_lmdb_codec.py``, shared with the reader). The LMDB map grows as needed, files are
 checked by several threads, and the metadata record is written last, so an interrupted
-conversion is never read as complete; running the same command again resumes it.
+conversion is never read as complete; running the same command again resumes it. Records
+follow ImageFolder's order (sorted by class) unless ``--shuffle-seed`` fixes a pseudo-random
+one, which block order (``main.py --lmdb-order block``) needs to mix classes within a batch.
 """
 from __future__ import annotations
 
@@ -223,7 +225,7 @@ class _Writer:
 
 def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False,
             map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
-            strict: bool = False) -> Summary:
+            strict: bool = False, shuffle_seed: int | None = None) -> Summary:
     """Convert the image folder ``dataset`` into the LMDB directory ``output``.
 
     ``workers`` threads read and check the files (``_image_check.check_image``); every
@@ -232,7 +234,9 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     Files that are not images are skipped and listed in ``output/skipped.tsv`` (tab-separated
     relative path and reason); with ``strict`` the first one is an error instead. An unfinished
     conversion of the same files and settings at ``output`` is resumed where it stopped,
-    anything else unfinished replaced. Raises :class:`ConversionError` for a bad source, an
+    anything else unfinished replaced. Records are written in ImageFolder's order, or with
+    ``shuffle_seed`` in the order of :meth:`~loaders._image_check.Listing.shuffled` (stored in
+    the metadata, so ``--verify`` recomputes it). Raises :class:`ConversionError` for a bad source, an
     existing complete output (unless ``overwrite``), an unwritable output or a full disk.
     """
     start = time.perf_counter()
@@ -240,6 +244,8 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         listing = list_sources(dataset)
     except DatasetError as exc:
         raise ConversionError(str(exc)) from None
+    if shuffle_seed is not None:
+        listing = listing.shuffled(shuffle_seed)  # the fingerprint below covers the order
     for name in listing.empty_classes:
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
@@ -258,7 +264,8 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
-        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict)
+        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
+                       shuffle_seed)
     finally:
         writer.close()
     return Summary(state.records, state.bytes, time.perf_counter() - start, output,
@@ -267,7 +274,8 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
 
 
 def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output: str,
-                   workers: int, batch_size: int, progress: bool, strict: bool) -> None:
+                   workers: int, batch_size: int, progress: bool, strict: bool,
+                   shuffle_seed: int | None) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place."""
     from tqdm import tqdm
@@ -313,7 +321,8 @@ def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output:
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # The last transaction: metadata (a database without it is an unfinished conversion and is
     # never opened), checksums, and no resume state left behind.
-    writer.commit([(META_KEY, encode_meta(Metadata(state.records, tuple(listing.classes)))),
+    meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=shuffle_seed)
+    writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 
 
@@ -354,6 +363,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="initial LMDB map_size in bytes; doubles when full (default: 1 GiB)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing complete database at --output")
+    parser.add_argument("--shuffle-seed", type=int, metavar="N",
+                        help="write the records in a pseudo-random order fixed by N instead of "
+                             "sorted by class (for training with --lmdb-order block)")
     return parser
 
 
@@ -378,7 +390,8 @@ def main(argv=None) -> int:
             return 1 if result.total else 0
         summary = convert(args.dataset, args.output, workers=args.workers,
                           overwrite=args.overwrite, map_size=args.map_size,
-                          batch_size=max(1, args.batch_size), strict=args.strict)
+                          batch_size=max(1, args.batch_size), strict=args.strict,
+                          shuffle_seed=args.shuffle_seed)
     except (ConversionError, DatasetError, OSError, lmdb.Error) as exc:
         print(f"folder2lmdb.py: error: {exc}", file=sys.stderr)
         return 1

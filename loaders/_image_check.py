@@ -29,10 +29,11 @@ different rules.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 REENCODE_QUALITY = 95
 RULES_VERSION = 1
@@ -231,6 +232,16 @@ class Listing:
     classes: list[str]
     files: list[Source]
     empty_classes: list[str]
+
+    def shuffled(self, seed: int) -> "Listing":
+        """The same listing with ``files`` in a pseudo-random order fixed by ``seed``: sorted
+        by the SHA-256 of ``seed`` and each file's relative path, so the order depends on
+        nothing else (not the Python or NumPy version, not the listing order) and resuming a
+        conversion, or verifying one, recomputes it exactly."""
+        def key(src: Source) -> bytes:
+            return hashlib.sha256(b"%d\0" % seed + os.fsencode(src.rel)).digest()
+
+        return replace(self, files=sorted(self.files, key=key))
 
 
 def list_sources(root: str) -> Listing:

@@ -42,11 +42,14 @@ class LMDBFormatError(ValueError):
 
 @dataclass(frozen=True)
 class Metadata:
-    """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``."""
+    """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``;
+    ``shuffle_seed``: the seed of the records' order (``folder2lmdb.py --shuffle-seed``), or
+    None for ImageFolder's class-sorted order (also what databases from before it read as)."""
 
     count: int
     classes: tuple[str, ...]
     version: int = FORMAT_VERSION
+    shuffle_seed: int | None = None
 
 
 def record_key(index: int) -> bytes:
@@ -111,7 +114,7 @@ def encode_meta(meta: Metadata) -> bytes:
     """Pack the metadata record."""
     return msgpack.packb(
         {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
-         "classes": list(meta.classes)},
+         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed},
         use_bin_type=True,
     )
 
@@ -133,7 +136,8 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
         raise LMDBFormatError(
             f"{path}: format version {meta['version']} is newer than this reader's "
             f"{FORMAT_VERSION}; update the code")
-    return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"])
+    return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
+                    shuffle_seed=meta.get("shuffle_seed"))
 
 
 def is_lmdb(path: str) -> bool:

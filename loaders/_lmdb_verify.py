@@ -50,7 +50,8 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     each record's CRC-32 against the checksum record, its label against the class count, and
     that it decodes with ``loaders._transforms.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
-    store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label).
+    store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
+    same order, shuffled as the metadata's ``shuffle_seed`` says).
     Raises :class:`~loaders._image_check.DatasetError` for a bad ``dataset``; anything wrong
     with ``db`` is a problem, not an exception.
     """
@@ -62,6 +63,8 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         return result
     result.count, result.classes = meta.count, len(meta.classes)
     listing = list_sources(dataset) if dataset else None
+    if listing is not None and meta.shuffle_seed is not None:
+        listing = listing.shuffled(meta.shuffle_seed)  # the order folder2lmdb.py wrote
     paths: list[str] = []
     with open_readonly(db).begin() as txn, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

@@ -40,9 +40,9 @@ class BlockShuffleSampler(Sampler[int]):
     set is about ``buffer_blocks * block_size`` records.
 
     Trade-off: a batch only mixes records from the open blocks, so this is less random than a
-    full permutation; if the records are stored sorted by class (as ``folder2lmdb.py`` writes
-    ImageFolder order), a batch sees few classes unless ``buffer_blocks * block_size`` spans
-    many classes.
+    full permutation; if the records are stored sorted by class (``folder2lmdb.py`` without
+    ``--shuffle-seed`` writes ImageFolder order), a batch sees few classes unless
+    ``buffer_blocks * block_size`` spans many classes (``lmdb_records.warn_if_class_sorted``).
 
     Raises ``ValueError`` for ``block_size`` or ``buffer_blocks`` < 1, ``world_size`` < 1 or a
     ``rank`` outside ``0..world_size-1``.

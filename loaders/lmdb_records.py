@@ -5,6 +5,7 @@ Named ``lmdb_records`` rather than ``lmdb`` so it can never shadow the ``lmdb`` 
 from __future__ import annotations
 
 import os
+import sys
 
 from torch.utils.data import Dataset
 
@@ -40,6 +41,7 @@ class LMDBDataset(Dataset):
         except LMDBFormatError as exc:
             raise DataError(str(exc)) from None
         self.classes = list(meta.classes)
+        self.shuffle_seed = meta.shuffle_seed  # None: records sorted by class
         self._len = meta.count
         self._env = None
         self._pid = None
@@ -103,6 +105,21 @@ def readahead_for(path: str, choice) -> bool:
         return False
 
 
+def warn_if_class_sorted(dataset: LMDBDataset, path: str, sampler: BlockShuffleSampler) -> None:
+    """One stderr line when block order reads a database whose records are sorted by class:
+    its open blocks then hold only a few classes, and so does every batch."""
+    if dataset.shuffle_seed is not None:
+        return
+    # Each open block spans 1 + block_size / (records per class) classes, on average.
+    per_block = 1 + sampler.block_size * len(dataset.classes) / max(1, len(dataset))
+    classes = sampler.buffer_blocks * per_block
+    if classes >= len(dataset.classes):
+        return
+    print(f"warning: --lmdb-order block: {path} stores its records sorted by class, so a batch "
+          f"draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
+          "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
+
+
 def build_loaders(args, dist: DistInfo):
     """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs.
 
@@ -128,6 +145,8 @@ def build_loaders(args, dist: DistInfo):
                 world_size=dist.world_size, seed=args.seed)
         except ValueError as exc:
             raise DataError(f"--lmdb-order block: {exc}") from None
+        if dist.rank == 0:
+            warn_if_class_sorted(train_set, train_path, sampler)
     return (make_loader(train_set, args, dist, train=True, classes=train_set.classes,
                         sampler=sampler),
             make_loader(val_set, args, dist, train=False, classes=val_set.classes))

@@ -114,3 +114,63 @@ def test_cli_refuses_output_that_is_not_an_lmdb(tiny, tmp_path):
     result = run_cli("-d", os.path.join(tiny.root, "val"), "-o", str(tmp_path / "precious"))
     assert result.returncode == 1 and "not an LMDB" in result.stderr
     assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+
+
+def read_records(db: str) -> list[tuple[bytes, int]]:
+    meta = codec.read_meta(db)
+    with codec.open_readonly(db).begin() as txn:
+        return [codec.decode_record(txn.get(codec.record_key(i))) for i in range(meta.count)]
+
+
+def test_shuffle_seed_writes_a_fixed_permutation_with_each_files_label(tiny, tmp_path):
+    train = os.path.join(tiny.root, "train")
+    sorted_records = read_records(os.path.join(tiny.lmdb, "train"))
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        folder2lmdb.convert(train, str(tmp_path / name), progress=False, batch_size=5,
+                            shuffle_seed=seed)
+        runs[name] = read_records(str(tmp_path / name))
+        assert codec.read_meta(str(tmp_path / name)).shuffle_seed == seed
+    assert runs["a"] == runs["b"]  # the seed fixes the order
+    assert runs["a"] != runs["c"] and runs["a"] != sorted_records
+    for records in runs.values():  # the same records, each with its own file's label
+        assert sorted(records) == sorted(sorted_records)
+    labels = [label for _, label in runs["a"]]
+    assert len(set(labels[:8])) > 1  # no longer one class after another
+    assert codec.read_meta(os.path.join(tiny.lmdb, "train")).shuffle_seed is None
+
+
+def test_shuffled_database_verifies_and_resumes_in_its_order(tiny, tmp_path, monkeypatch):
+    train = os.path.join(tiny.root, "train")
+    reference = str(tmp_path / "reference")
+    folder2lmdb.convert(train, reference, progress=False, batch_size=4, shuffle_seed=5)
+    assert folder2lmdb.verify(reference, train).total == 0
+    commit = folder2lmdb._Writer.commit
+    for seed, resumed_at in ((5, 12), (6, 0)):
+        db = str(tmp_path / f"db{seed}")
+        calls = []
+
+        def killed_after_three_batches(self, puts, delete_prefix=None):
+            calls.append(1)
+            if len(calls) == 5:  # the first transaction, then 3 batches of 4 files
+                raise KeyboardInterrupt
+            commit(self, puts, delete_prefix)
+
+        monkeypatch.setattr(folder2lmdb._Writer, "commit", killed_after_three_batches)
+        with pytest.raises(KeyboardInterrupt):
+            folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=5)
+        monkeypatch.setattr(folder2lmdb._Writer, "commit", commit)
+        # The same seed resumes after 12 files; another seed is another order: start over.
+        summary = folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=seed)
+        assert summary.resumed_at == resumed_at and summary.images == 32
+        assert (read_records(db) == read_records(reference)) == (seed == 5)
+        assert folder2lmdb.verify(db, train).total == 0
+
+
+def test_cli_shuffle_seed_and_verify(tiny, tmp_path):
+    val = os.path.join(tiny.root, "val")
+    db = str(tmp_path / "db")
+    result = run_cli("-d", val, "-o", db, "--shuffle-seed", "3")
+    assert result.returncode == 0 and result.stdout.startswith("wrote 16 images"), result.stderr
+    result = run_cli("--verify", db, "--dataset", val)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr

@@ -25,6 +25,15 @@ def test_malformed_record_raises_format_error():
 def test_meta_round_trip():
     meta = codec.Metadata(count=3, classes=("n01", "n02"))
     assert codec.decode_meta(codec.encode_meta(meta), "db") == meta
+    shuffled = codec.Metadata(count=3, classes=("n01", "n02"), shuffle_seed=7)
+    assert codec.decode_meta(codec.encode_meta(shuffled), "db").shuffle_seed == 7
+
+
+def test_meta_without_shuffle_seed_reads_as_class_sorted():
+    """Databases written before --shuffle-seed existed have no such key."""
+    old = msgpack.packb({"format": codec.FORMAT_NAME, "version": codec.FORMAT_VERSION,
+                         "count": 2, "classes": ["a"]}, use_bin_type=True)
+    assert codec.decode_meta(old, "db") == codec.Metadata(count=2, classes=("a",))
 
 
 @pytest.mark.parametrize("value, message", [

@@ -88,6 +88,26 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
     assert len(list(val)) == 4
 
 
+def test_block_order_warns_about_a_class_sorted_database_once(tiny, tmp_path, capsys):
+    import folder2lmdb
+
+    args = loader_args(data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
+                       lmdb_buffer_blocks=2)
+    loaders.build_loaders("lmdb", args, DistInfo())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sorted by class" in err[0] and "about 3 of 4 classes" in err[0]
+    assert "--shuffle-seed" in err[0]
+    loaders.build_loaders("lmdb", args, DistInfo(rank=1, world_size=2))  # rank 0 says it
+    loaders.build_loaders("lmdb", loader_args(data=tiny.lmdb), DistInfo())  # random order
+    assert capsys.readouterr().err == ""
+    shuffled = str(tmp_path / "train")
+    folder2lmdb.convert(f"{tiny.root}/train", shuffled, progress=False, shuffle_seed=0)
+    args = loader_args(train=shuffled, val=f"{tiny.lmdb}/val", lmdb_order="block",
+                       lmdb_block_size=4, lmdb_buffer_blocks=2)
+    loaders.build_loaders("lmdb", args, DistInfo())
+    assert capsys.readouterr().err == ""
+
+
 def test_readahead_setting_switch_reopens_and_datasets_recover(tiny):
     path = f"{tiny.lmdb}/val"
     plain, ahead = LMDBDataset(path), LMDBDataset(path, readahead=True)
