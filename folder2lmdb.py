@@ -236,8 +236,9 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     conversion of the same files and settings at ``output`` is resumed where it stopped,
     anything else unfinished replaced. Records are written in ImageFolder's order, or with
     ``shuffle_seed`` in the order of :meth:`~loaders._image_check.Listing.shuffled` (stored in
-    the metadata, so ``--verify`` recomputes it). Raises :class:`ConversionError` for a bad source, an
-    existing complete output (unless ``overwrite``), an unwritable output or a full disk.
+    the metadata, so ``--verify`` recomputes it). Raises :class:`ConversionError` for a bad
+    source, an existing complete output (unless ``overwrite``), an unwritable output or a full
+    disk.
     """
     start = time.perf_counter()
     try:
@@ -264,8 +265,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
-        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
-                       shuffle_seed)
+        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict)
     finally:
         writer.close()
     return Summary(state.records, state.bytes, time.perf_counter() - start, output,
@@ -274,8 +274,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
 
 
 def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output: str,
-                   workers: int, batch_size: int, progress: bool, strict: bool,
-                   shuffle_seed: int | None) -> None:
+                   workers: int, batch_size: int, progress: bool, strict: bool) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place."""
     from tqdm import tqdm
@@ -321,7 +320,7 @@ def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output:
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # The last transaction: metadata (a database without it is an unfinished conversion and is
     # never opened), checksums, and no resume state left behind.
-    meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=shuffle_seed)
+    meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 

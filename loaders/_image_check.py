@@ -232,6 +232,7 @@ class Listing:
     classes: list[str]
     files: list[Source]
     empty_classes: list[str]
+    shuffle_seed: int | None = None  # None: ImageFolder's order (sorted by class)
 
     def shuffled(self, seed: int) -> "Listing":
         """The same listing with ``files`` in a pseudo-random order fixed by ``seed``: sorted
@@ -241,7 +242,7 @@ class Listing:
         def key(src: Source) -> bytes:
             return hashlib.sha256(b"%d\0" % seed + os.fsencode(src.rel)).digest()
 
-        return replace(self, files=sorted(self.files, key=key))
+        return replace(self, files=sorted(self.files, key=key), shuffle_seed=seed)
 
 
 def list_sources(root: str) -> Listing:

@@ -161,7 +161,7 @@ def _finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Ten
     (``loaders._transforms``) and normalisation (``loaders._common.normalize_each``)."""
     images, *rest, labels = outputs
     size = opts.crop_size
-    flips = np.array(rest[0].as_tensor()).reshape(-1) if rest else np.zeros(len(images))
+    flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
 
     def crops():
         for i in range(len(images)):

@@ -117,6 +117,9 @@ def test_cli_refuses_output_that_is_not_an_lmdb(tiny, tmp_path):
 
 
 def read_records(db: str) -> list[tuple[bytes, int]]:
+    """Every ``(data, label)`` in index order, through this process's cached environment
+    (``test_folder2lmdb_robust.read_all`` opens its own, which py-lmdb refuses for the
+    session's ``tiny`` databases that other tests already opened here)."""
     meta = codec.read_meta(db)
     with codec.open_readonly(db).begin() as txn:
         return [codec.decode_record(txn.get(codec.record_key(i))) for i in range(meta.count)]
