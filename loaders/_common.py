@@ -241,8 +241,8 @@ def normalize_each(images: Iterable[torch.Tensor], out: torch.Tensor, mean: torc
     Computed as ``image * (1/std) - mean/std`` (within 2.4e-7 of the quotient) in one fused
     pass per image, whose input and output stay in cache, where three passes over a whole
     float batch stream it through memory three times: about +4% images/s for the CPU-only DALI
-    loader, a tie for the folder loader (README *Loader throughput*; measured with a trial
-    script not kept). Raises ``ValueError`` if the counts differ.
+    loader, a tie for the folder loader (measured during development with a trial script not
+    kept). Raises ``ValueError`` if the counts differ.
     """
     scale, shift = 1 / std[0], -mean[0] / std[0]
     images = iter(images)
