@@ -22,7 +22,8 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test bench convert-imagenet train tensorboard docker-build docker-run clean
+.PHONY: help install demo test bench convert-imagenet train tensorboard docker-build docker-run clean \
+  gpu-bundle gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -37,6 +38,10 @@ loaders/_jpegcrop.so: loaders/_jpegcrop.c
 
 $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# DALI's CUDA 12 and CUDA 13 wheels write the same nvidia/dali folder: where an older
+	@# requirements.txt left the CUDA 12 one, remove both so the CUDA 13 one installs whole.
+	! $(PY) -m pip show -q nvidia-dali-cuda120 2>/dev/null \
+	  || $(PY) -m pip uninstall -y -q nvidia-dali-cuda120 nvidia-dali-cuda130
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	sh docker/install-pillow-simd.sh $(PY)
 	$(PY) -c "from loaders._transforms import image_library; print('image library:', image_library())"
@@ -79,6 +84,20 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
 	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
 
+# gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs
+GPU_PYTHON ?= python3
+GPU_WHEELS := pytest iniconfig packaging pluggy pygments
+
+gpu-bundle: ## .gpu-bundle/ for gpu-check: lmdb + pytest wheels (CPython 3.12), 100 real images
+	../shared/tools/gpu-bundle.sh
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  -d .gpu-bundle/wheels $$($(PY) -c "import importlib.metadata as m; \
+	  print(*(f'{p}=={m.version(p)}' for p in '$(GPU_WHEELS)'.split()))" 2>/dev/null || echo $(GPU_WHEELS))
+	du -sh .gpu-bundle
+
+gpu-check: loaders/_jpegcrop.so ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output)
+	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
+
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
-	rm -rf $(DEMO) .pytest_cache
+	rm -rf $(DEMO) .pytest_cache gpu-check-output
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -14,13 +14,14 @@ import os
 import random
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 import loaders
-from loaders import DataError, DistInfo
+from loaders import AcceleratorError, DataError, DistInfo
 from loaders._common import split_paths
 from models import ModelError, build_model, check_arch
 
@@ -44,8 +45,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--dali", action="store_true",
                    help="NVIDIA DALI loader (GPU JPEG decode; CPU-only without CUDA)")
     d.add_argument("--dali-cpu", action="store_true", help="with --dali: decode on the CPU")
-    d.add_argument("--dali-hw-decoder-load", type=float, default=0.65,
-                   help="with --dali: share of JPEGs for the A100/H100 hardware decoder")
+    d.add_argument("--dali-hw-decoder-load", type=float, metavar="F",
+                   help="with --dali: share of JPEGs for the A100/H100 hardware decoder "
+                   "(default: DALI's recommendation for the GPU found)")
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
                    "(min(8, CPU cores))")
@@ -72,6 +74,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     m.add_argument("--pretrained", action="store_true",
                    help="start from torchvision's ImageNet weights (must already be on disk)")
     m.add_argument("--amp", action="store_true", help="automatic mixed precision")
+    m.add_argument("--amp-dtype", default="float16", choices=["float16", "bfloat16"],
+                   help="with --amp on CUDA: autocast dtype (bfloat16 needs no GradScaler; "
+                   "CPU autocast is always bfloat16)")
+    m.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (slow first steps, faster after)")
     m.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=90, help="total epochs to run")
@@ -115,7 +122,8 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="time the training loader alone (no model) for --train-batches batches "
                    "after --benchmark-warmup; print a JSON line")
     w.add_argument("--benchmark-warmup", type=int, default=5, metavar="N",
-                   help="untimed batches before --benchmark-data starts the clock")
+                   help="untimed batches before --benchmark-data starts the clock, and steps "
+                   "of each epoch left out of its steady_images_per_sec")
     return p
 
 
@@ -130,10 +138,12 @@ def workers_type(value) -> int | str:
 
 def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
     """``auto`` -> ``min(8, CPU cores / processes on this node)``, at least 1: the node's
-    cores are shared by its training processes, and beyond 8 one process rarely gains."""
+    cores (those this process may run on) are shared by its training processes, and beyond 8
+    one process rarely gains."""
     if workers != "auto":
         return workers
-    return max(1, min(8, (os.cpu_count() or 1) // max(1, processes_per_node)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, (cores or 1) // max(1, processes_per_node)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -191,7 +201,29 @@ def resolve_device(args) -> torch.device:
         return torch.device("cpu")
     if args.gpu is not None and args.gpu >= torch.cuda.device_count():
         raise ConfigError(f"--gpu {args.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device("cuda", args.gpu if args.gpu is not None else torch.cuda.current_device())
+    device = torch.device("cuda", args.gpu if args.gpu is not None else torch.cuda.current_device())
+    # Make it the current device: otherwise torch.cuda.synchronize(), new streams and events
+    # (the throughput timer, the side-stream copy) would act on GPU 0.
+    torch.cuda.set_device(device)
+    return device
+
+
+def check_cuda(args) -> None:
+    """Stop with one line when this machine's NVIDIA driver cannot run torch's CUDA build (too
+    old, or broken): torch would otherwise train on the CPU with only a warning. Must run
+    before anything else asks torch about CUDA (torch warns once per process). ``--no-accel``
+    trains on the CPU on purpose. Raises :class:`ConfigError`."""
+    if args.no_accel or torch.version.cuda is None:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    problems = [str(w.message) for w in caught if "CUDA initialization" in str(w.message)]
+    if not available and problems:
+        raise ConfigError(
+            f"{problems[0].splitlines()[0]} (torch {torch.__version__} is built for CUDA "
+            f"{torch.version.cuda}): update the NVIDIA driver or install a torch build for an "
+            "older CUDA; --no-accel trains on the CPU")
 
 
 class WorkerFailed(Exception):
@@ -214,6 +246,7 @@ def launch_workers(args) -> None:
     check_arch(args.arch)
     dist_backend(args, use_cuda(args))  # refused once here rather than by every process
     nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args) else 1)
+    check_gpu_flag(args.gpu, nproc)
     nodes = max(args.world_size, 1)
     if nodes > 1 and not args.dist_url:
         raise ConfigError("--dist-url tcp://HOST:PORT is needed for more than one node")
@@ -234,7 +267,7 @@ def spawned_worker(local_rank: int, args, nproc: int) -> None:
     """Entry point of a spawned process: bad input exits with one line, not a traceback."""
     try:
         worker(args, local_rank, nproc)
-    except (ConfigError, DataError, ModelError) as exc:
+    except (ConfigError, DataError, ModelError, AcceleratorError) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
 
@@ -258,9 +291,12 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> Di
     A spawned worker (``local_rank`` given) has global rank ``node_rank * nproc + local_rank``;
     under torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set, ``--dist-url env://``) the
     environment says; a hand-launched process gives ``--world-size`` and ``--rank``. The
-    backend is NCCL with CUDA and gloo without. Also resolves ``-j auto`` for this process.
+    backend is NCCL with CUDA and gloo without. As in pytorch/examples, a process started by
+    ``--multiprocessing-distributed`` or torchrun joins a process group and trains with DDP even
+    at world size 1 (one GPU exercises NCCL). Also resolves ``-j auto`` for this process.
     """
     env = os.environ
+    joins_group = True
     if local_rank is not None:
         rank, world = max(args.rank, 0) * nproc + local_rank, max(args.world_size, 1) * nproc
     elif "RANK" in env and "WORLD_SIZE" in env and args.dist_url in (None, "env://"):
@@ -269,8 +305,10 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> Di
         nproc = int(env.get("LOCAL_WORLD_SIZE", 1))
     else:
         rank, world, local_rank = max(args.rank, 0), max(args.world_size, 1), 0
+        joins_group = world > 1
     args.workers = resolve_workers(args.workers, nproc)
-    if world == 1:
+    check_gpu_flag(args.gpu, nproc)
+    if not joins_group:
         return DistInfo(device=resolve_device(args))
     if args.gpu is None and use_cuda(args):
         args.gpu = local_rank
@@ -278,14 +316,23 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1) -> Di
     backend = dist_backend(args, device.type == "cuda")
     if not args.dist_url:
         raise ConfigError(f"--world-size {world} needs --dist-url (or launch with torchrun)")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     import datetime
 
     torch.distributed.init_process_group(
         backend, init_method=args.dist_url, world_size=world, rank=rank,
         timeout=datetime.timedelta(seconds=args.dist_timeout))
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device,
+                    distributed=True)
+
+
+def check_gpu_flag(gpu: int | None, nproc: int) -> None:
+    """``--gpu N`` names one GPU; with several training processes per node each must use the GPU
+    of its local rank (pytorch/examples would put them all on GPU N: NCCL "Duplicate GPU
+    detected"). Raises :class:`ConfigError` for that combination."""
+    if gpu is not None and nproc > 1:
+        raise ConfigError(f"--gpu {gpu} with {nproc} processes per node would put every rank "
+                          "on one GPU: each process uses the GPU of its local rank; drop --gpu "
+                          "(CUDA_VISIBLE_DEVICES selects the node's GPUs)")
 
 
 def dist_backend(args, cuda: bool) -> str:
@@ -300,7 +347,7 @@ def dist_backend(args, cuda: bool) -> str:
 def wrap_parallel(model: nn.Module, args, dist: DistInfo, log) -> nn.Module:
     """DistributedDataParallel in a distributed run; pytorch/examples' DataParallel fallback
     when one process sees several GPUs and no ``--gpu`` was given; else the model itself."""
-    if dist.world_size > 1:
+    if dist.distributed:
         ids = [dist.device.index] if dist.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
     if dist.device.type == "cuda" and args.gpu is None and torch.cuda.device_count() > 1:
@@ -353,6 +400,7 @@ def main(argv=None) -> dict:
     :class:`~models.ModelError` for bad input, ``WorkerFailed`` if a spawned worker fails.
     """
     args = parse_args(argv)
+    check_cuda(args)
     if args.multiprocessing_distributed:
         launch_workers(args)
         return {}
@@ -377,7 +425,8 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
         args.seed = checkpoint["config"]["seed"] if checkpoint else random.randrange(2**31)
         args.seed = broadcast_int(args.seed, dist)  # every rank must shuffle alike
     seed_everything(args.seed + dist.rank)
-    log(f"device: {dist.device}; world size {dist.world_size}; {image_library_line()}; "
+    group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
+    log(f"device: {dist.device}; world size {dist.world_size}{group}; {image_library_line()}; "
         f"seed {args.seed}")
     if args.benchmark_data:
         return benchmark_data(args, dist, log)
@@ -388,18 +437,19 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if dist.device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+        enable_fast_cuda_math()
     criterion = nn.CrossEntropyLoss().to(dist.device)
-    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
+    optimizer = make_optimizer(model, args, dist.device)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
-    scaler = torch.amp.GradScaler("cuda", enabled=args.amp and dist.device.type == "cuda")
+    scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(args, dist.device))
     best_acc1 = 0.0
     if checkpoint:
-        best_acc1 = restore(checkpoint, model, optimizer, scheduler, scaler, args)
+        best_acc1 = restore(checkpoint, model, optimizer, scheduler, scaler, args, dist)
         log(f"resumed from {args.resume} at epoch {args.start_epoch}"
             + (f", batch {checkpoint['batch']}" if checkpoint.get("batch") else ""))
     model = wrap_parallel(model, args, dist, log)
+    if args.compile:
+        model = torch.compile(model)
     log(f"{args.arch}: {num_classes} classes; {backend_name(args)} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {args.batch_size} "
         "per process")
@@ -413,9 +463,10 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
     writer = MetricsWriter(args.output_dir) if dist.is_main else None
     record = {}
     def save_partial(epoch: int, batch: int, partial: dict) -> None:
+        rng_states = gather_rng_states(dist)  # on every rank: a collective
         if dist.is_main:
             save_checkpoint(checkpoint_state(epoch, model, optimizer, scheduler, scaler,
-                                             best_acc1, args, batch, partial),
+                                             best_acc1, args, rng_states, batch, partial),
                             False, args.output_dir)
 
     try:
@@ -426,14 +477,36 @@ def train_or_evaluate(args, dist: DistInfo) -> dict:
                                checkpoint if resumed else None)
             scheduler.step()
             best_acc1 = max(best_acc1, record["val_acc1"])
+            rng_states = gather_rng_states(dist)
             if dist.is_main:
                 save_checkpoint(checkpoint_state(epoch + 1, model, optimizer, scheduler, scaler,
-                                                 best_acc1, args),
+                                                 best_acc1, args, rng_states),
                                 record["val_acc1"] >= best_acc1, args.output_dir)
     finally:
         if writer:
             writer.close()
     return record
+
+
+def enable_fast_cuda_math() -> None:
+    """cuDNN autotuning for the fixed input size, and TF32 tensor cores for float32 matrix
+    multiplies as for convolutions (torch leaves matmuls in full FP32 by default; the
+    classifier's Linear and everything outside autocast profit)."""
+    torch.backends.cudnn.benchmark = True
+    torch.set_float32_matmul_precision("high")
+
+
+def make_optimizer(model: nn.Module, args, device: torch.device) -> torch.optim.Optimizer:
+    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``). On CUDA its fused
+    implementation: one kernel for all parameters, and it takes GradScaler's inverse scale and
+    inf flag on the GPU, so an ``--amp`` step never waits for the GPU (``found_inf.item()``)."""
+    return torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum,
+                           weight_decay=args.weight_decay, fused=device.type == "cuda" or None)
+
+
+def needs_grad_scaler(args, device: torch.device) -> bool:
+    """Loss scaling is for float16 autocast on CUDA; bfloat16 has float32's exponent range."""
+    return args.amp and args.amp_dtype == "float16" and device.type == "cuda"
 
 
 def benchmark_data(args, dist: DistInfo, log) -> dict:
@@ -484,6 +557,7 @@ def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scal
         "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
         "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
         "train_images_per_sec": train["images_per_sec"], "train_images": train["images"],
+        "steady_images_per_sec": train["steady_images_per_sec"],
         "val_images": val["images"],
         "data_time_fraction": train["data_time_fraction"],
         "epoch_seconds": time.perf_counter() - start,
@@ -499,10 +573,10 @@ def run_epoch(epoch, model, train_loader, val_loader, criterion, optimizer, scal
 
 
 def autocast(args, device: torch.device):
-    """fp16 autocast on CUDA, bf16 on CPU, when ``--amp``."""
+    """With ``--amp``: autocast to ``--amp-dtype`` on CUDA, to bfloat16 on the CPU."""
     if not args.amp:
         return nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    dtype = getattr(torch, args.amp_dtype) if device.type == "cuda" else torch.bfloat16
     return torch.autocast(device.type, dtype=dtype)
 
 
@@ -561,7 +635,9 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
     """One pass over ``loader``, which starts at batch ``start_batch`` of the epoch; ``partial``
     holds the sums over all ranks for the batches before it. Every ``--save-every`` steps
     ``save_partial(epoch, next_batch, sums)`` checkpoints the position. Returns mean ``loss``,
-    ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks) and
+    ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
+    ``steady_images_per_sec`` (the same after this pass's first ``--benchmark-warmup`` steps,
+    which hold cuDNN autotuning and ``torch.compile``; None if the pass had no more steps) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over ranks)."""
     model.train()
     zero = {"loss_sum": 0.0, "correct": 0, "images": 0, "data_time": 0.0}
@@ -576,6 +652,7 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
     images_seen, data_time = partial["images"], partial["data_time"]
     start = time.perf_counter() - partial["seconds"]
     end = time.perf_counter()
+    steady_from = None  # (seconds, images) once --benchmark-warmup steps of this pass are done
     for step, (images, labels) in enumerate(loader, start=start_batch):
         data_time += time.perf_counter() - end
         with autocast(args, dist.device):
@@ -598,17 +675,30 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, epoch, args, di
             save_partial(epoch, step + 1, {
                 "loss_sum": sums[0], "correct": int(sums[1]), "images": int(sums[2]),
                 "data_time": sums[3], "seconds": time.perf_counter() - start})
+        if step + 1 - start_batch == args.benchmark_warmup:
+            steady_from = (device_clock(dist.device), images_seen)
         end = time.perf_counter()
     progress.close()
     if images_seen == 0:
         raise DataError("the training loader yielded no batch")
-    seconds = time.perf_counter() - start
-    loss_total, correct_total, images, speed, data_share = reduce_sum(
-        [loss_sum.item(), correct.item(), images_seen, images_seen / seconds, data_time / seconds],
-        dist)
+    now = device_clock(dist.device)
+    seconds = now - start
+    steady = (images_seen - steady_from[1]) / (now - steady_from[0]) \
+        if steady_from and images_seen > steady_from[1] else 0.0
+    loss_total, correct_total, images, speed, data_share, steady_speed = reduce_sum(
+        [loss_sum.item(), correct.item(), images_seen, images_seen / seconds, data_time / seconds,
+         steady], dist)
     return {"loss": loss_total / images, "acc1": 100.0 * correct_total / images,
             "images": int(images), "images_per_sec": speed,
+            "steady_images_per_sec": steady_speed or None,
             "data_time_fraction": data_share / dist.world_size}
+
+
+def device_clock(device: torch.device) -> float:
+    """``time.perf_counter()`` (seconds) once the work queued on ``device`` has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.no_grad()
@@ -664,7 +754,7 @@ class MetricsWriter:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         for key, value in record.items():
-            if key != "epoch":
+            if key != "epoch" and value is not None:
                 self.tb.add_scalar(f"epoch/{key}", value, record["epoch"])
         self.tb.flush()
 
@@ -682,13 +772,56 @@ def seed_everything(seed: int) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The bare model inside DataParallel / DistributedDataParallel (no ``module.`` prefix)."""
+    """The bare model inside ``torch.compile``'s wrapper and DataParallel /
+    DistributedDataParallel (state_dict keys without ``_orig_mod.`` or ``module.``)."""
+    model = getattr(model, "_orig_mod", model)
     return getattr(model, "module", model)
 
 
+def rng_state(device: torch.device) -> dict:
+    """This process's RNG states: Python's, torch's CPU generator, and its own CUDA device's
+    (None on the CPU)."""
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def gather_rng_states(dist: DistInfo) -> list[dict]:
+    """Every rank's :func:`rng_state`, indexed by global rank. A collective: all ranks call it."""
+    state = rng_state(dist.device)
+    if dist.world_size == 1:
+        return [state]
+    states = [None] * dist.world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def restore_rng(saved, dist: DistInfo) -> None:
+    """Restore this rank's RNG states from a checkpoint's ``rng``: a list by global rank, or (older
+    checkpoints) rank 0's states alone, whose ``cuda`` lists every visible device's.
+
+    A rank the checkpoint has no state for (more ranks now) keeps its fresh ``seed + rank``
+    streams; a CUDA state is restored only onto this rank's own device, and only if saved
+    for it (a checkpoint from 8 GPUs evaluates on 1)."""
+    states = saved if isinstance(saved, list) else [saved]
+    if dist.rank >= len(states):
+        return
+    state = states[dist.rank]
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if dist.device.type != "cuda" or cuda is None:
+        return
+    if isinstance(cuda, list):  # older checkpoints: every visible device's state, by index
+        if dist.device.index >= len(cuda):
+            return
+        cuda = cuda[dist.device.index]
+    torch.cuda.set_rng_state(cuda, dist.device)
+
+
 def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args,
-                     batch: int = 0, partial: dict | None = None) -> dict:
-    """The pytorch/examples checkpoint keys plus the AMP scaler, config and RNG states.
+                     rng_states: list[dict], batch: int = 0, partial: dict | None = None) -> dict:
+    """The pytorch/examples checkpoint keys plus the AMP scaler, config and RNG states
+    (``rng_states`` from :func:`gather_rng_states`).
 
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
@@ -698,9 +831,7 @@ def checkpoint_state(epoch, model, optimizer, scheduler, scaler, best_acc1, args
         "arch": args.arch, "state_dict": unwrap(model).state_dict(),
         "best_acc1": best_acc1, "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-        "config": dict(vars(args)),
-        "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "config": dict(vars(args)), "rng": rng_states,
     }
 
 
@@ -733,20 +864,21 @@ def load_checkpoint(path: str) -> dict:
         raise ConfigError(f"--resume {path}: not a readable checkpoint ({type(exc).__name__})") from None
 
 
-def restore(checkpoint: dict, model, optimizer, scheduler, scaler, args) -> float:
-    """Load every state from ``checkpoint``; set ``args.start_epoch``; return ``best_acc1``."""
+def restore(checkpoint: dict, model, optimizer, scheduler, scaler, args,
+            dist: DistInfo) -> float:
+    """Load every state from ``checkpoint``; set ``args.start_epoch``; return ``best_acc1``.
+
+    The loss scale is restored only where both runs scale (a checkpoint saved without
+    float16 ``--amp`` holds an empty scaler state; this run then starts a fresh scale)."""
     if checkpoint["arch"] != args.arch:
         raise ConfigError(f"--resume: checkpoint is a {checkpoint['arch']}, not -a {args.arch}")
     unwrap(model).load_state_dict(checkpoint["state_dict"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
-    scaler.load_state_dict(checkpoint["scaler"])
+    if scaler.is_enabled() and checkpoint.get("scaler"):
+        scaler.load_state_dict(checkpoint["scaler"])
     args.start_epoch = checkpoint["epoch"]
-    rng = checkpoint["rng"]
-    random.setstate(rng["python"])
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    restore_rng(checkpoint["rng"], dist)
     return float(checkpoint["best_acc1"])
 
 
@@ -754,7 +886,7 @@ def cli(argv=None) -> int:
     """Console entry: bad input ends with one ``main.py: error: ...`` line and exit status 1."""
     try:
         main(argv)
-    except (ConfigError, DataError, ModelError) as exc:
+    except (ConfigError, DataError, ModelError, AcceleratorError) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
         return 1
     except WorkerFailed as exc:

@@ -83,7 +83,7 @@ def main_cli(argv=None) -> int:
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        print("profile_dali_cpu.py: error: needs nvidia-dali-cuda120 (make install)",
+        print("profile_dali_cpu.py: error: needs NVIDIA DALI (make install)",
               file=sys.stderr)
         return 1
     torch.set_num_threads(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from ._common import DataError, DistInfo
+from ._errors import AcceleratorError
 from ._malloc import retain_freed_memory
 
 # backend name (the --loader choice) -> module implementing build_loaders
@@ -21,7 +22,7 @@ BACKENDS = {
     "synthetic": "loaders.synthetic",
 }
 
-__all__ = ["BACKENDS", "DataError", "DistInfo", "build_loaders", "retain_freed_memory"]
+__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "build_loaders", "retain_freed_memory"]
 
 
 def build_loaders(backend: str, args, dist: DistInfo):

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ._cuda_feed import CudaFeeder, normalize_into, page_lock
 from ._errors import DataError
 from ._lean_sampler import LeanDistributedSampler
 from ._robust import SkipSampler, TolerantDataset, too_many_unreadable
@@ -34,18 +35,31 @@ def imagenet_mean_std(device: torch.device | str = "cpu") -> tuple[torch.Tensor,
                  for v in (IMAGENET_MEAN, IMAGENET_STD))
 
 
+def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
+    """dtype of the normalised images a loader delivers: the autocast dtype (``float16`` or
+    ``bfloat16``, ``--amp-dtype``) under ``--amp`` on CUDA, where the model's first convolution
+    would cast them to it anyway (half the bytes to write and read), else float32 (CPU
+    autocast keeps float32 inputs)."""
+    if amp and device.type == "cuda":
+        return {"float16": torch.float16, "bfloat16": torch.bfloat16}[amp_dtype]
+    return torch.float32
+
+
 @dataclass
 class DistInfo:
     """Where this process sits in the job.
 
     ``rank`` is the global rank (0..world_size-1), used for sharding: never the local rank, so
     that several nodes never read the same shard. ``device`` is where batches are delivered.
+    ``distributed``: this process joined a process group (the model is wrapped in DDP), which
+    a launched process does even at world size 1.
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    distributed: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -103,15 +117,17 @@ class DeviceLoader:
     """Wraps a DataLoader over a :class:`~loaders._shared_batches.SlotWriter` and yields
     ``(images, labels)`` ready for the model.
 
-    Yields ``images``: float32 ``(N, 3, H, W)`` on ``device``, normalised with
+    Yields ``images``: float32 ``(N, 3, H, W)`` on ``device`` (on CUDA: ``dtype``, e.g. the
+    autocast dtype, see :func:`input_dtype`), normalised with
     :data:`IMAGENET_MEAN`/:data:`IMAGENET_STD` (channels-last memory format if
     ``channels_last``), and ``labels``: int64 ``(N,)`` on ``device``. ``len()`` is exact:
     the DataLoader's batch count, capped at ``max_batches``, less the batches skipped by
     ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names (index = label).
 
     Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
-    reused from epoch to epoch; each batch is copied out of its slot (normalised on the CPU, or
-    into page-locked memory for an asynchronous copy to the GPU) before it is yielded.
+    reused from epoch to epoch. On the CPU each batch is normalised out of its slot before it is
+    yielded; on CUDA the slots are page-locked and each batch is copied to the GPU and
+    normalised there on a side stream one batch ahead (:class:`~loaders._cuda_feed.CudaFeeder`).
     When an epoch's replaced (undecodable) samples exceed ``max_bad_share`` of its images,
     iterating raises :class:`DataError`.
     """
@@ -119,8 +135,9 @@ class DeviceLoader:
     def __init__(self, loader: DataLoader, device: torch.device, classes: Sequence[str],
                  image_shape: Sequence[int], channels_last: bool = False,
                  max_batches: int | None = None, seed: int = 0, rank: int = 0,
-                 max_bad_share: float = 0.01):
+                 max_bad_share: float = 0.01, dtype: torch.dtype = torch.float32):
         self.loader = loader
+        self.dtype = dtype
         self.image_shape = tuple(image_shape)
         self.max_bad_share = max_bad_share
         self.start_batch = 0
@@ -132,6 +149,8 @@ class DeviceLoader:
         self.rank = rank
         self.mean, self.std = imagenet_mean_std(device)
         self._idle_pool: SharedBatches | None = None
+        self._feeder = None  # CudaFeeder, made at the first pass on CUDA
+        self._locked = False  # whether the current slots are page-locked
         self.set_epoch(0)
 
     def __len__(self) -> int:
@@ -178,42 +197,51 @@ class DeviceLoader:
                 slots_for(workers, self.loader.prefetch_factor or 0), self.batch_size,
                 self.image_shape, channels_last=self.channels_last or self.device.type == "cuda",
                 shared=workers > 0)
+            if self.device.type == "cuda":
+                self._locked = page_lock((pool.images, pool.labels), owner=pool)
         pool.reset()
         return pool
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        total = len(self)
-        allowed = self.max_bad_share * (self.start_batch + total) * self.batch_size
-        bad = 0
         pool = self._take_pool()
         self.loader.dataset.pool = pool  # workers start (fork, or pickle it) with these slots
         batches = iter(self.loader)
+        filled = self._filled(batches)
         try:
-            for step, (number, slot, count, replaced) in enumerate(batches):
-                if step == total:
-                    break
-                bad += replaced
-                if bad > allowed:
-                    raise too_many_unreadable(bad, self.max_bad_share, "epoch")
-                images, labels = self.to_device(*pool.batch(slot, count))
-                pool.release(slot, number)
-                yield images, labels
+            if self.device.type == "cuda":
+                if self._feeder is None:
+                    self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
+                                              self.mean, self.std)
+                yield from self._feeder.batches(pool, filled, self._locked)
+            else:
+                for number, slot, count in filled:
+                    images, labels = pool.batch(slot, count)
+                    # New memory: the slot is refilled by a later batch once released.
+                    images = normalize(images, self.mean, self.std, self.channels_last)
+                    labels = labels.clone()
+                    pool.release(slot, number)
+                    yield images, labels
         finally:
             # Dropping the last reference shuts the workers down (joined), so no worker of
             # this pass can write into the slots any more.
-            del batches
+            filled.close()
+            del filled, batches
             self._idle_pool = pool
 
-    def to_device(self, images: torch.Tensor, labels: torch.Tensor):
-        """uint8 ``(N, 3, H, W)`` CPU batch -> normalised float32 ``(N, 3, H, W)`` device batch
-        and int64 labels, both new memory (the inputs may be reused afterwards)."""
-        if self.device.type == "cuda":
-            # Page-locked copies (torch's caching host allocator) make the uploads asynchronous.
-            images = images.pin_memory().to(self.device, non_blocking=True)
-            labels = labels.pin_memory().to(self.device, non_blocking=True)
-        else:
-            labels = labels.clone()  # the slot's labels are overwritten by a later batch
-        return normalize(images, self.mean, self.std, self.channels_last), labels
+    def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
+        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;
+        raises :class:`DataError` once replaced (undecodable) samples exceed
+        ``max_bad_share`` of the epoch's images."""
+        total = len(self)
+        allowed = self.max_bad_share * (self.start_batch + total) * self.batch_size
+        bad = 0
+        for step, (number, slot, count, replaced) in enumerate(batches):
+            if step == total:
+                return
+            bad += replaced
+            if bad > allowed:
+                raise too_many_unreadable(bad, self.max_bad_share, "epoch")
+            yield number, slot, count
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
@@ -221,10 +249,10 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
     """uint8 ``(N, 3, H, W)`` -> new float32 ``(N, 3, H, W)`` ``(images - mean) / std`` on the
     images' device, NCHW or channels-last memory format. ``mean``/``std``: float32
     ``(1, 3, 1, 1)`` on the 0-255 scale."""
-    out = float_batch(images.shape, images.device, channels_last)
     if images.device.type != "cpu":
-        return out.copy_(images).sub_(mean).div_(std)
-    return normalize_each(images, out, mean, std)
+        return normalize_into(images, 1 / std, -mean / std, torch.float32, channels_last)
+    return normalize_each(images, float_batch(images.shape, images.device, channels_last),
+                          mean, std)
 
 
 def float_batch(shape, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -298,7 +326,8 @@ def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
     return DeviceLoader(loader, dist.device, classes, (3, crop, crop),
                         channels_last=args.channels_last,
                         max_batches=max_batches, seed=args.seed, rank=dist.rank,
-                        max_bad_share=getattr(args, "max_bad_share", 0.01))
+                        max_bad_share=args.max_bad_share,
+                        dtype=input_dtype(args.amp, args.amp_dtype, dist.device))
 
 
 def batches_per_epoch(num_samples: int, batch_size: int, world_size: int, train: bool) -> int:

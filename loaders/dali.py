@@ -7,27 +7,31 @@ Two sources feed the same decode/augment graph:
 * an LMDB written by ``folder2lmdb.py`` (``--dali --lmdb``) through ``fn.external_source``,
   reading records with :class:`loaders.lmdb_records.LMDBDataset` (format in ``_lmdb_codec``).
 
-With CUDA, decoding is nvJPEG (``device="mixed"``, A100/H100 hardware decoder share
-``--dali-hw-decoder-load``) and the rest runs on the GPU; ``--dali-cpu`` decodes on the CPU
-and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50 does. Without
-CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only the
-RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with the
-other backends' code, because DALI's CPU resize is the slow step there (:func:`_augment`);
+With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
+``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; ``--dali-cpu``
+decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50
+does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only
+the RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with
+the other backends' code, because DALI's CPU resize is the slow step there (:func:`_augment`);
 ``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
+EXIF orientation is not applied (``adjust_orientation=False``): as in every loader here and in
+the ``ImageFolder`` + PIL pipeline of pytorch/examples, a JPEG's pixels are used as stored.
 
-Order: this module decides which samples each rank reads, in which order, for every epoch
-(the same permutation as ``DistributedSampler`` for the training split, :class:`ShardSampler`
-for validation) and hands DALI that exact list; DALI's own shuffling and sharding are not
-used. New pipelines are built for every pass, seeded from (seed, epoch, rank) and the
-pipeline's index, so the order of an epoch is a function of (seed, epoch, rank) alone and its
-augmentation one of (seed, epoch, rank, number of CPU-only pipelines), whatever ran before.
+Order: this module decides which samples each rank reads, in which order, every epoch (the
+``DistributedSampler`` permutation for training, :class:`ShardSampler` for validation) and hands
+DALI that exact list, not using DALI's shuffling and sharding. New pipelines are built for every
+pass, seeded from (seed, epoch, rank) and the pipeline's index, so an epoch's order is a function
+of (seed, epoch, rank) and its augmentation of (seed, epoch, rank, CPU-only pipelines) alone.
 
 DALI is imported only inside functions: this module imports without it, and ``build_loaders``
-raises :class:`DataError` naming the pip package when it is missing.
+raises :class:`DataError` naming the pip package to install when it is missing or, on CUDA,
+built for another CUDA major than torch.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import re
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
@@ -36,29 +40,69 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from ._errors import AcceleratorError
 from ._robust import DECODE_ERRORS, report_unreadable, too_many_unreadable
 from ._transforms import decode, read_file, resize, resize_center_crop
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
                       _mix_seed, check_same_classes, float_batch, imagenet_mean_std,
-                      normalize_each, split_paths)
+                      input_dtype, normalize_each, split_paths)
 
-PIP_PACKAGE = "nvidia-dali-cuda120"
-# DALI's documented default share of JPEGs sent to the A100/H100 hardware JPEG decoder
-# (fn.decoders.image ``hw_decoder_load``); NVIDIA's DeepLearningExamples RN50 tunes it per GPU.
+# Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
+# 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
+# the one per-GPU figure NVIDIA published, 0.75 on A100 (quoted in NVIDIA/DALI#5362):
+# https://developer.nvidia.com/blog/loading-data-fast-with-dali-and-new-jpeg-decoder-in-a100/
+# DeepLearningExamples RN50 and DALI's RN50 example keep the default. GPUs without a hardware
+# decoder ignore the value.
 DEFAULT_HW_DECODER_LOAD = 0.65
+A100_HW_DECODER_LOAD = 0.75
+# DALI's and CUDA's words for a failed GPU or driver ("CUDA runtime API error cudaErrorMemory
+# Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
+_CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
+                           r"out of memory", re.IGNORECASE)
 # RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision and DeepLearningExamples RN50).
 RANDOM_AREA = (0.08, 1.0)
 RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
 _MEAN_255, _STD_255 = imagenet_mean_std()
 
 
-def _require_dali():
-    """Import DALI or raise :class:`DataError` with the one line that says how to install it."""
+def dali_pip_package(cuda_version: str | None) -> str:
+    """The DALI wheel for torch's CUDA ``cuda_version`` ("12.8" -> ``nvidia-dali-cuda120``,
+    "13.0" -> ``nvidia-dali-cuda130``; None, a torch without CUDA -> the CUDA 13 wheel)."""
+    return f"nvidia-dali-cuda{(cuda_version or '13').split('.')[0]}0"
+
+
+def check_dali_wheel(cuda_version: str | None, installed: Sequence[str]) -> None:
+    """Raise :class:`DataError` if one of the distributions ``installed`` is a DALI wheel
+    (``nvidia-dali[-nightly]-cudaXY0``) for another CUDA major than ``cuda_version``. Both
+    wheels write ``nvidia/dali``, so the fix uninstalls both before installing the right one."""
+    wanted = dali_pip_package(cuda_version)
+    for name in (n.lower().replace("_", "-") for n in installed):
+        if (cuda_version and re.fullmatch(r"nvidia-dali(-[a-z]+)?-cuda\d+", name)
+                and not name.endswith(wanted[len("nvidia-dali-"):])):
+            raise DataError(f"--dali: {name} is built for another CUDA major than torch's "
+                            f"{cuda_version}: pip uninstall -y {name} {wanted} && "
+                            f"pip install {wanted}")
+
+
+def _require_dali(device: torch.device):
+    """Import DALI or raise :class:`DataError` with the one line that says which wheel to
+    install: DALI is missing, or (on CUDA) built for another CUDA major than torch."""
     try:
         import nvidia.dali  # noqa: F401
     except (ImportError, OSError):
         raise DataError(f"--dali needs NVIDIA DALI, which is not installed: "
-                        f"pip install {PIP_PACKAGE}") from None
+                        f"pip install {dali_pip_package(torch.version.cuda)}") from None
+    if device.type == "cuda":
+        check_dali_wheel(torch.version.cuda, [d.metadata["Name"] or ""
+                                              for d in importlib.metadata.distributions()])
+
+
+def default_hw_decoder_load(device: torch.device) -> float:
+    """``hw_decoder_load`` for the GPU ``device``: :data:`A100_HW_DECODER_LOAD` on an A100, else
+    DALI's default (the GPU's name is read only for a CUDA ``device``)."""
+    if device.type == "cuda" and "A100" in torch.cuda.get_device_name(device).upper():
+        return A100_HW_DECODER_LOAD
+    return DEFAULT_HW_DECODER_LOAD
 
 
 @dataclass(frozen=True)
@@ -110,26 +154,25 @@ class GraphOptions:
     cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
     decode_on_cpu: bool  # --dali-cpu, or no CUDA
     hw_decoder_load: float
-    fp16: bool
+    dtype: torch.dtype  # of the delivered images (loaders._common.input_dtype)
     channels_last: bool
 
 
 def _augment(encoded, opts: GraphOptions):
     """DALI graph: encoded images -> list of outputs before the labels.
 
-    With a GPU: ``[images]``, normalised float ``(3, crop, crop)`` (HWC with channels-last).
-    CPU-only: ``[crops, mirror]`` for training (uint8 HWC RandomResizedCrop windows of varied
-    size, int32 flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
+    With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
+    if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
+    ``[crops, mirror]`` for training (uint8 HWC RandomResizedCrop windows of varied size, int32
+    flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
     :func:`_finish_on_cpu` resizes, flips and normalises: DALI's CPU ``fn.resize`` is the slow
-    stage there, while its region-of-interest JPEG decoding is fast
-    (``benchmarks/profile_dali_cpu.py``; README, *DALI loader*).
-
-    Grayscale and CMYK JPEGs come out as 3-channel RGB (``output_type=RGB``), as PIL's
-    ``convert("RGB")`` in the other backends.
+    stage there, its region-of-interest JPEG decoding fast (``benchmarks/profile_dali_cpu.py``).
+    Grayscale and CMYK JPEGs come out as RGB (``output_type=RGB``), as PIL's ``convert("RGB")``.
     """
     from nvidia.dali import fn, types
 
-    decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB}
+    decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
+              "adjust_orientation": False}  # pixels as stored, as the other loaders
     if not opts.decode_on_cpu:
         decode["hw_decoder_load"] = opts.hw_decoder_load
     if opts.train:
@@ -150,7 +193,7 @@ def _augment(encoded, opts: GraphOptions):
         images = fn.resize(images, resize_shorter=opts.resize_size)
     return [fn.crop_mirror_normalize(
         images, crop=(opts.crop_size, opts.crop_size), mirror=mirror,
-        dtype=types.FLOAT16 if opts.fp16 else types.FLOAT,
+        dtype=types.FLOAT16 if opts.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if opts.channels_last else "CHW",
         mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])]
 
@@ -183,15 +226,12 @@ class LMDBBatches:
     """Batched (and parallel-safe) ``fn.external_source`` callable over an LMDB's records.
 
     Called with DALI's ``BatchInfo``, returns ``([encoded uint8 (bytes,)], [label int32 ()])``
-    for batch ``info.iteration`` of ``order`` and raises ``StopIteration`` after the last (which
-    may be partial: external_source batches may be smaller than ``max_batch_size``, so nothing
-    is padded). Pickles without an open LMDB environment; each worker process opens its own.
+    for batch ``info.iteration`` of ``order``, ``StopIteration`` after the last (possibly
+    partial: nothing is padded). Pickles without an open LMDB; each worker opens its own.
     """
 
     def __init__(self, dataset, order: Sequence[int], batch_size: int):
-        self.dataset = dataset
-        self.order = list(order)
-        self.batch_size = batch_size
+        self.dataset, self.order, self.batch_size = dataset, list(order), batch_size
 
     def __call__(self, info):
         start = info.iteration * self.batch_size
@@ -206,11 +246,10 @@ class LMDBBatches:
 def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], parallel: bool):
     """``fn.readers.file`` over exactly ``order`` (indices into ImageFolder's ``samples``).
 
-    ``pad_last_batch`` repeats the last file to fill the final batch; :class:`DALILoader` trims
-    that padding, so no sample is counted twice. ``parallel`` is unused: the reader's own C++
-    threads read the files. Files are read, not mapped (``dont_use_mmap``): plain reads gave the
-    CPU-only loader +2.5% images/s, ahead in 4 of 4 interleaved rounds on the 2-core machine
-    (likely the TLB shootdowns of unmapping every ~110 KB file; not verified).
+    ``pad_last_batch`` repeats the last file to fill the final batch (:class:`DALILoader` trims
+    it). ``parallel`` is unused: the reader's C++ threads read the files. Files are read, not
+    mapped (``dont_use_mmap``): +2.5% images/s CPU-only, ahead in 4 of 4 interleaved rounds on
+    the 2-core machine (likely the TLB shootdowns of unmapping each ~110 KB file; not verified).
     """
     from nvidia.dali import fn
 
@@ -233,14 +272,16 @@ def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool)
 class DALILoader:
     """One split's DALI pipelines, rebuilt for every pass, as a loader of the usual contract.
 
-    Yields ``images``: float32 ``(N, 3, H, W)`` (float16 under ``--amp`` on CUDA) on
-    ``device``, normalised with the ImageNet mean/std, channels-last memory format with
-    ``--channels-last``; ``labels``: int64 ``(N,)``. ``len()`` is exact; the last validation
-    batch may be smaller than ``batch_size`` and holds no padding. ``classes`` lists the class
-    names (index = label). ``set_epoch(epoch)`` selects the order and the augmentation seed.
-    A sample DALI cannot decode is found with our CPU decoder, reported on stderr with its
-    path, and replaced by the next readable one; iterating raises :class:`DataError` when more
-    than ``max_bad_share`` of a pass fails, or when DALI fails for another reason.
+    Yields ``images``: ``(N, 3, H, W)`` ``opts.dtype`` (float32, or the ``--amp-dtype`` under
+    ``--amp`` on CUDA) on ``device``, normalised with the ImageNet mean/std, channels-last
+    memory format with ``--channels-last``; ``labels``: int64 ``(N,)`` on ``device`` (with CUDA
+    both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
+    ``len()`` is exact; the last validation batch may be smaller than ``batch_size`` and holds
+    no padding. ``classes`` lists the class names (index = label). ``set_epoch(epoch)`` selects
+    the order and the augmentation seed. A sample DALI cannot decode is found with our CPU
+    decoder, reported on stderr and replaced by the next readable one; iterating raises
+    :class:`DataError` when more than ``max_bad_share`` of a pass fails or DALI fails for
+    another reason, and :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
 
     With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
@@ -251,20 +292,14 @@ class DALILoader:
                  device: torch.device, num_threads: int, py_workers: int, seed: int,
                  read_encoded=None, describe=str, max_bad_share: float = 0.01,
                  cpu_pipelines: int | None = None):
-        self.plan = plan
+        self.plan, self.opts, self.classes, self.device = plan, opts, list(classes), device
         self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
         self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
         self.describe = describe  # index -> path or record, for messages
-        self.max_bad_share = max_bad_share
-        self.opts = opts
-        self.classes = list(classes)
-        self.device = device
-        self.num_threads = max(1, num_threads)
-        self.py_workers = py_workers
+        self.max_bad_share, self.seed = max_bad_share, seed
+        self.num_threads, self.py_workers = max(1, num_threads), py_workers
         self.cpu_pipelines = cpu_pipelines
-        self.seed = seed
-        self.epoch = 0
-        self.start_batch = 0
+        self.epoch = self.start_batch = 0
 
     def __len__(self) -> int:
         return self.plan.num_batches - self.start_batch
@@ -292,22 +327,30 @@ class DALILoader:
             # DALI cannot skip a file it fails to decode: find it, swap it for a readable
             # sample, and rebuild the pipelines from the failed batch on.
             pipes, first = self._build_pipelines(order[step * batch:], len(self) - step), step
-            try:
-                while step < len(self):
+            while step < len(self):
+                try:  # only run(): a torch error while copying out is not DALI's
                     # Pipeline p holds batches first + p, first + p + len(pipes), ...
                     outputs = pipes[(step - first) % len(pipes)].run()
-                    images, labels = self._to_torch(outputs)
-                    take = min(len(order) - step * batch, len(labels))
-                    step += 1
-                    yield images[:take], labels[:take]
-            except RuntimeError as exc:
-                # Each pipeline runs up to its queue depth ahead: probe all batches in flight.
-                lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
-                bad += self._replace_unreadable(order, step, exc, lookahead)
-                if bad > allowed:
-                    raise too_many_unreadable(bad, self.max_bad_share, "pass") from None
-            finally:
-                del pipes
+                except RuntimeError as exc:
+                    failure = _cuda_failure(exc)
+                    if failure:
+                        raise AcceleratorError(f"DALI: CUDA error on the {self._split} split: "
+                                               f"{failure}") from exc
+                    # Each pipeline runs up to its queue depth ahead: probe all in flight.
+                    lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
+                    bad += self._replace_unreadable(order, step, exc, lookahead)
+                    if bad > allowed:
+                        raise too_many_unreadable(bad, self.max_bad_share, "pass") from None
+                    break
+                images, labels = self._to_torch(outputs)
+                take = min(len(order) - step * batch, len(labels))
+                step += 1
+                yield images[:take], labels[:take]
+            pipes = outputs = None  # free the pipelines (and their GPU memory) before rebuilding
+
+    @property
+    def _split(self) -> str:
+        return "training" if self.plan.train else "validation"
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> int:
@@ -328,11 +371,9 @@ class DALILoader:
                                     "is this dataset damaged?")
             order[position] = index
         if replaced == 0:
-            lines = [line for line in str(exc).splitlines()
-                     if line.strip() and not line.startswith("Current pipeline")]
-            split = "training" if self.plan.train else "validation"
-            raise DataError(f"DALI failed on the {split} split at or shortly after batch {step} "
-                            f"of this pass: {lines[-1] if lines else exc}") from None
+            lines = _message_lines(exc)
+            raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
+                            f"{step} of this pass: {lines[-1] if lines else exc}") from None
         return replaced
 
     def _readable(self, index: int) -> bool:
@@ -345,11 +386,10 @@ class DALILoader:
 
     def _num_pipelines(self, batches: int) -> int:
         """How many pipelines take turns over ``batches`` batches: 1 with CUDA; CPU-only,
-        ``cpu_pipelines`` or one per thread. A multi-threaded DALI operator finishes a whole
-        batch before it starts the next, so its threads idle while the last images of a batch
-        are decoded, and more so while the main thread resizes on the same cores; single-
-        threaded pipelines taking turns have no such barrier (``profile_dali_cpu.py``, README
-        *DALI loader*)."""
+        ``cpu_pipelines`` or one per thread. A multi-threaded DALI operator finishes a batch
+        before it starts the next, so its threads idle while a batch's last images decode, and
+        more so while the main thread resizes on the same cores; single-threaded pipelines
+        taking turns have no such barrier (``profile_dali_cpu.py``, README *DALI loader*)."""
         if self.opts.cuda:
             return 1
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))
@@ -379,18 +419,18 @@ class DALILoader:
         """Pipeline ``index`` of ``pipelines`` over exactly ``order``, not yet built."""
         from nvidia.dali import pipeline_def
 
-        parallel = self.py_workers > 0
-        parallel_kw = {}
+        parallel, parallel_kw = self.py_workers > 0, {}
         if parallel:
             # fork is fast and safe before CUDA is initialised in this process; after that
             # only spawn is safe (workers then pay for importing torch at every pass).
-            method = "spawn" if torch.cuda.is_initialized() else "fork"
             parallel_kw = {"py_num_workers": math.ceil(self.py_workers / pipelines),
-                           "py_start_method": method}
+                           "py_start_method": "spawn" if torch.cuda.is_initialized() else "fork"}
 
         @pipeline_def
         def graph():
             encoded, labels = self.make_source(order, parallel)
+            if self.opts.cuda:  # copied with the images, not a blocking pageable copy
+                labels = labels.gpu()
             return (*_augment(encoded, self.opts), labels)
 
         epoch = self.epoch if self.plan.train else 0
@@ -405,35 +445,54 @@ class DALILoader:
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.opts.cuda:
             return _finish_on_cpu(outputs, self.opts)
-        images, labels = (_tensor_list_to_torch(out, self.device) for out in outputs)
+        images, labels = (_gpu_to_torch(out, self.device) for out in outputs)
+        if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16 output: convert on the GPU
+            images = images.to(torch.bfloat16)
         if self.opts.channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
         return images, labels.reshape(-1).to(torch.int64)
 
 
-def _tensor_list_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
-    """Copy a dense DALI TensorList (CPU or GPU) into a new torch tensor on ``device``."""
-    from nvidia.dali.backend import TensorListGPU
-
-    tensor = tensor_list.as_tensor()
-    if not isinstance(tensor_list, TensorListGPU):
-        return torch.from_numpy(np.array(tensor)).to(device)  # np.array copies out of DALI's buffer
+def _gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
+    """Copy a dense DALI ``TensorListGPU`` into a new torch tensor on ``device``, queued on
+    torch's current stream (so the host does not wait, and torch's next kernels do)."""
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+    tensor = tensor_list.as_tensor()
     out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
     feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(device))
     return out
 
 
+def _message_lines(exc: Exception) -> list[str]:
+    """The lines of a DALI error that say something (no blanks, no "Current pipeline ...")."""
+    return [line.strip() for line in str(exc).splitlines()
+            if line.strip() and not line.startswith("Current pipeline")]
+
+
+def _cuda_failure(exc: Exception) -> str | None:
+    """One line for a DALI error that names a CUDA / driver failure: the message from the last
+    line naming one on ("Error in thread 0: CUDA runtime API error cudaErrorInvalidValue (1):
+    invalid argument"); None if no line names one (a damaged file, say)."""
+    lines = _message_lines(exc)
+    hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
+    return " ".join(lines[hits[-1]:]) if hits else None
+
+
 def _graph_options(args, dist: DistInfo, train: bool) -> GraphOptions:
+    """The split's graph options from the parsed flags; ``--dali-hw-decoder-load`` unset ->
+    :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
     cuda = dist.device.type == "cuda"
+    load = args.dali_hw_decoder_load
+    if load is None:
+        load = default_hw_decoder_load(dist.device)
+    elif not 0 <= load <= 1:
+        raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
     return GraphOptions(
         train=train, crop_size=args.train_crop_size if train else args.val_crop_size,
-        resize_size=args.val_resize_size, cuda=cuda,
-        decode_on_cpu=not cuda or bool(getattr(args, "dali_cpu", False)),
-        hw_decoder_load=getattr(args, "dali_hw_decoder_load", DEFAULT_HW_DECODER_LOAD),
-        # fp16 only where autocast is fp16 (CUDA); CPU autocast is bf16 and keeps float32 inputs.
-        fp16=bool(args.amp) and cuda, channels_last=bool(args.channels_last))
+        resize_size=args.val_resize_size, cuda=cuda, decode_on_cpu=not cuda or args.dali_cpu,
+        hw_decoder_load=load, dtype=input_dtype(args.amp, args.amp_dtype, dist.device),
+        channels_last=bool(args.channels_last))
 
 
 def _open_split(path: str, use_lmdb: bool, batch_size: int):
@@ -462,14 +521,13 @@ def build_loaders(args, dist: DistInfo):
     Threads: ``args.workers`` DALI CPU threads (at least 1; CPU-only, as many single-threaded
     pipelines); with ``--lmdb`` also as many parallel external-source worker processes in all
     (0: records are read in the main process).
-    Raises :class:`DataError` if DALI is not installed, for bad input paths, mismatched class
-    lists, or a training shard smaller than one batch.
+    Raises :class:`DataError` if DALI is not installed (or, on CUDA, built for another CUDA
+    major than torch), for bad input paths, mismatched class lists, or a training shard smaller
+    than one batch.
     """
-    _require_dali()
-    built = []
-    classes_by_split = []
-    for split, path in zip(("train", "val"), split_paths(args)):
-        train = split == "train"
+    _require_dali(dist.device)
+    built, classes_by_split = [], []
+    for train, path in zip((True, False), split_paths(args)):
         num_samples, classes, make_source, read_encoded, describe = _open_split(
             path, bool(args.lmdb), args.batch_size)
         plan = Plan(num_samples, args.batch_size, train, seed=args.seed, rank=dist.rank,
@@ -479,12 +537,11 @@ def build_loaders(args, dist: DistInfo):
             raise DataError(
                 f"training set has {num_samples // dist.world_size} images per process, fewer "
                 f"than one batch of {args.batch_size}: lower -b/--batch-size")
-        py_workers = args.workers if args.lmdb else 0
-        built.append(DALILoader(plan, make_source,
-                                  _graph_options(args, dist, train), classes, dist.device,
-                                  num_threads=args.workers, py_workers=py_workers,
-                                  seed=args.seed, read_encoded=read_encoded, describe=describe,
-                                  max_bad_share=getattr(args, "max_bad_share", 0.01)))
+        built.append(DALILoader(plan, make_source, _graph_options(args, dist, train), classes,
+                                dist.device, num_threads=args.workers,
+                                py_workers=args.workers if args.lmdb else 0, seed=args.seed,
+                                read_encoded=read_encoded, describe=describe,
+                                max_bad_share=args.max_bad_share))
         classes_by_split.append(classes)
     check_same_classes(*classes_by_split)
     return built[0], built[1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import DistInfo, batches_per_epoch, imagenet_mean_std, normalize
+from ._common import DistInfo, batches_per_epoch, imagenet_mean_std, input_dtype, normalize
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
@@ -18,13 +18,15 @@ NUM_CLASSES = 1000
 class SyntheticLoader:
     """Yields the same ``(images, labels)`` batch ``len()`` times.
 
-    ``images``: float32 ``(batch_size, 3, size, size)`` on ``device``, uniform uint8 noise
-    normalised as real data is; ``labels``: int64 ``(batch_size,)`` in ``[0, num_classes)``.
+    ``images``: ``dtype`` (float32 by default) ``(batch_size, 3, size, size)`` on ``device``,
+    uniform uint8 noise normalised as real data is; ``labels``: int64 ``(batch_size,)`` in
+    ``[0, num_classes)``.
     """
 
     def __init__(self, num_samples: int, batch_size: int, size: int, dist: DistInfo,
                  train: bool, channels_last: bool = False, max_batches: int | None = None,
-                 seed: int = 0, num_classes: int = NUM_CLASSES):
+                 seed: int = 0, num_classes: int = NUM_CLASSES,
+                 dtype: torch.dtype = torch.float32):
         self.batch_size = batch_size
         self.classes = [f"class{i:04d}" for i in range(num_classes)]
         self.start_batch = 0
@@ -33,7 +35,8 @@ class SyntheticLoader:
             self._len = min(self._len, max_batches)
         gen = torch.Generator().manual_seed(seed + dist.rank)
         pixels = torch.randint(0, 256, (batch_size, 3, size, size), generator=gen)
-        self.images = normalize(pixels, *imagenet_mean_std(), channels_last).to(dist.device)
+        self.images = normalize(pixels, *imagenet_mean_std(), channels_last).to(dist.device,
+                                                                              dtype)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
 
     def __len__(self) -> int:
@@ -51,7 +54,7 @@ class SyntheticLoader:
 def build_loaders(args, dist: DistInfo):
     """``(train, val)`` synthetic loaders with the sizes of ImageNet-1k."""
     common = dict(batch_size=args.batch_size, dist=dist, channels_last=args.channels_last,
-                  seed=args.seed)
+                  seed=args.seed, dtype=input_dtype(args.amp, args.amp_dtype, dist.device))
     return (SyntheticLoader(TRAIN_IMAGES, size=args.train_crop_size, train=True,
                             max_batches=args.train_batches, **common),
             SyntheticLoader(VAL_IMAGES, size=args.val_crop_size, train=False,

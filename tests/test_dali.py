@@ -3,15 +3,18 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image, ImageOps
 from torchvision.datasets import ImageFolder
 
 pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
+import loaders.dali as dali  # noqa: E402
 import main  # noqa: E402
-from loaders import DataError, DistInfo  # noqa: E402
+from loaders import AcceleratorError, DataError, DistInfo  # noqa: E402
 from tests.conftest import check_set_epoch_reproducible, loader_args, to_uint8  # noqa: E402
 from tests.datagen import label_from_pixels  # noqa: E402
 from tests.test_main import SMALL  # noqa: E402
@@ -163,3 +166,123 @@ def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd, worke
         for epoch in (0, 1, 2):
             strict.set_epoch(epoch)
             list(strict)
+
+
+def test_dali_wheel_for_another_cuda_major_stops_a_cuda_run(tiny, monkeypatch):
+    """Checked before anything touches the GPU, so no GPU is needed to see it."""
+    monkeypatch.setattr(torch.version, "cuda", "11.8")  # the installed DALI 2.4 is no cuda110
+    with pytest.raises(DataError, match="built for another CUDA major.*nvidia-dali-cuda110$"):
+        build(tiny, "folder", dist=DistInfo(device=torch.device("cuda", 0)))
+
+
+class FailingPipe:
+    """Stands in for a built DALI pipeline whose run() raises ``message``."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def run(self):
+        raise RuntimeError(self.message)
+
+
+@pytest.mark.parametrize("message,reported", [
+    ("CUDA error: out of memory", "CUDA error: out of memory"),
+    ("Critical error in pipeline: CUDA allocation failed\n"
+     "Current pipeline object is no longer valid.",
+     "Critical error in pipeline: CUDA allocation failed"),
+    ("Critical error in pipeline:\nError in MIXED operator 'nvidia.dali.fn.decoders.image',\n"
+     "encountered:\n\nError in thread 0: CUDA runtime API error cudaErrorInvalidValue (1):\n"
+     "invalid argument\nCurrent pipeline object is no longer valid.",
+     "Error in thread 0: CUDA runtime API error cudaErrorInvalidValue (1): invalid argument"),
+])
+def test_cuda_failure_in_dali_is_an_accelerator_error_not_a_bad_sample(tiny, monkeypatch,
+                                                                       message, reported):
+    train, _ = build(tiny, "folder")
+    probed = []
+    monkeypatch.setattr(dali.DALILoader, "_build_pipelines", lambda *_: [FailingPipe(message)])
+    monkeypatch.setattr(dali.DALILoader, "_replace_unreadable", lambda *a: probed.append(a) or 1)
+    with pytest.raises(AcceleratorError) as info:
+        list(train)
+    assert str(info.value) == f"DALI: CUDA error on the training split: {reported}"
+    assert probed == []
+    # Any other DALI failure is still probed as a damaged sample (here: 1 "found", > 1% of 32).
+    monkeypatch.setattr(dali.DALILoader, "_build_pipelines",
+                        lambda *_: [FailingPipe("Error in thread 0: nvImageCodec failure")])
+    with pytest.raises(DataError, match="failed to decode"):
+        list(train)
+    assert len(probed) == 1
+
+
+def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch):
+    """Only pipe.run() is inside the retry block: a failure converting its outputs propagates."""
+    class Pipe:
+        def run(self):
+            return "outputs"
+
+    def to_torch(self, outputs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    train, _ = build(tiny, "folder")
+    monkeypatch.setattr(dali.DALILoader, "_build_pipelines", lambda *_: [Pipe()])
+    monkeypatch.setattr(dali.DALILoader, "_to_torch", to_torch)
+    monkeypatch.setattr(dali.DALILoader, "_replace_unreadable", lambda *a: pytest.fail("probed"))
+    with pytest.raises(RuntimeError, match="Tried to allocate"):
+        list(train)
+
+
+@pytest.mark.parametrize("gpu,load", [
+    ("NVIDIA A100-SXM4-80GB", 0.75), ("NVIDIA A100 80GB PCIe", 0.75),
+    ("NVIDIA H100 80GB HBM3", 0.65), ("NVIDIA H200", 0.65), ("NVIDIA A30", 0.65),
+    ("Tesla V100-SXM2-16GB", 0.65), ("NVIDIA GeForce RTX 4090", 0.65)])
+def test_hw_decoder_load_defaults_to_the_figure_for_the_gpu(monkeypatch, gpu, load):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    cuda = DistInfo(device=torch.device("cuda", 0))
+    assert dali.default_hw_decoder_load(cuda.device) == load
+    assert dali._graph_options(loader_args(), cuda, train=True).hw_decoder_load == load
+    given = loader_args(dali_hw_decoder_load=0.3)
+    assert dali._graph_options(given, cuda, train=True).hw_decoder_load == 0.3
+
+
+def test_hw_decoder_load_off_cuda_and_out_of_range(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: pytest.fail("read"))
+    assert dali.default_hw_decoder_load(torch.device("cpu")) == dali.DEFAULT_HW_DECODER_LOAD
+    with pytest.raises(DataError, match="--dali-hw-decoder-load 1.5: must be between 0 and 1"):
+        dali._graph_options(loader_args(dali_hw_decoder_load=1.5), DistInfo(), train=False)
+
+
+@pytest.mark.parametrize("amp,amp_dtype,device,dtype", [
+    (True, "float16", "cuda", torch.float16), (True, "bfloat16", "cuda", torch.bfloat16),
+    (False, "bfloat16", "cuda", torch.float32), (True, "float16", "cpu", torch.float32)])
+def test_image_dtype_follows_amp_dtype(monkeypatch, amp, amp_dtype, device, dtype):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
+    args = loader_args(amp=amp, amp_dtype=amp_dtype)
+    opts = dali._graph_options(args, DistInfo(device=torch.device(device)), train=True)
+    assert opts.dtype == dtype
+
+
+def write_exif_rotated_jpeg(path):
+    """64x32 JPEG, left half red and right half blue as stored, EXIF orientation 6 (a viewer
+    applying it shows it turned 90 degrees clockwise: 32x64, red on top)."""
+    pixels = np.zeros((32, 64, 3), np.uint8)
+    pixels[:, :32], pixels[:, 32:] = (220, 30, 30), (30, 30, 220)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    Image.fromarray(pixels).save(path, "JPEG", quality=95, exif=exif.tobytes())
+
+
+def test_exif_orientation_is_not_applied_as_in_the_folder_loader(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / split / "n0").mkdir(parents=True)
+        write_exif_rotated_jpeg(tmp_path / split / "n0" / "a.JPEG")
+    with Image.open(tmp_path / "val" / "n0" / "a.JPEG") as img:
+        assert ImageOps.exif_transpose(img).size == (32, 64)  # the tag is there and read
+    flags = dict(data=str(tmp_path), batch_size=1, val_resize_size=32, val_crop_size=32)
+    seen = {}
+    for backend in ("dali", "folder"):
+        _, val = loaders.build_loaders(backend, loader_args(**flags), DistInfo())
+        images, _ = next(iter(val))
+        seen[backend] = to_uint8(images)[0].astype(np.int64)  # (3, 32, 32), centre of 64x32
+    assert np.abs(seen["dali"] - seen["folder"]).mean() < 3  # JPEG decoders differ a little
+    for pixels in seen.values():  # as stored: red left, blue right (turned: red top, blue bottom)
+        left, right = pixels[:, :, :12].mean(axis=(1, 2)), pixels[:, :, 20:].mean(axis=(1, 2))
+        assert left[0] > 180 > left[2] and right[2] > 180 > right[0]

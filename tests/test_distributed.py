@@ -57,6 +57,16 @@ def test_multiprocessing_distributed_two_cpu_processes(tiny, tmp_path, backend):
     check_distributed_run(data, out)
 
 
+def test_one_launched_process_still_joins_a_process_group(tiny, tmp_path):
+    """As pytorch/examples: --multiprocessing-distributed on one GPU (here one CPU process)
+    trains with DDP over a process group of one, so `make gpu-check` exercises NCCL there."""
+    out = str(tmp_path / "out")
+    result = run(main_cmd(tiny.root, *SMALL, "-b", "8", "--multiprocessing-distributed",
+                          "--nproc-per-node", "1", "--output-dir", out))
+    assert "world size 1 (gloo process group)" in result.stdout
+    assert only_record(out)["val_images"] == 16
+
+
 @pytest.mark.parametrize("backend", ["lmdb", "folder"])
 def test_torchrun_two_cpu_processes(tiny, tmp_path, backend):
     data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]

@@ -1,0 +1,313 @@
+"""Reading main.py's outputs and writing ``report.json`` / ``report.md`` for ``gpu_check.py``.
+
+Speeds are images/s, times seconds, memory bytes (GiB in report.md); ratios are plain
+fractions in JSON and percentages in report.md. Nothing here runs a command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
+SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "nccl")
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
+
+
+def read_metrics(rundir: str) -> list[dict]:
+    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing (unparsable lines skipped)."""
+    try:
+        with open(os.path.join(rundir, "metrics.jsonl")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in records if isinstance(r, dict)]
+
+
+def read_speed(rundir: str) -> dict:
+    """Training images/s of the run's last epoch record: ``images_per_sec`` is main.py's
+    ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks) or, when
+    that is missing or null, ``train_images_per_sec`` with ``includes_warmup`` True;
+    ``speed_key`` names the key used. Also ``data_time_fraction`` and ``epoch_seconds``.
+    Raises ValueError when metrics.jsonl has no usable record."""
+    records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
+    if not records:
+        raise ValueError("no epoch record with images/s in metrics.jsonl")
+    last = records[-1]
+    key = STEADY if last.get(STEADY) is not None else FALLBACK
+    return {"images_per_sec": last[key], "speed_key": key, "includes_warmup": key == FALLBACK,
+            "data_time_fraction": last.get("data_time_fraction"),
+            "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1")}
+
+
+def last_json(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object, or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def parse_pytest(text: str) -> dict:
+    """``counts`` (passed, failed, skipped, deselected, error, ...) from pytest's final summary
+    line, ``failed_tests`` (node ids of FAILED/ERROR lines) and ``summary_line``."""
+    summary = next((line.strip(" =") for line in reversed(text.splitlines())
+                    if _PYTEST_COUNT.search(line) and re.search(r"\bin [\d.]+s", line)), "")
+    counts = dict.fromkeys(("passed", "failed", "skipped", "error"), 0) if summary else {}
+    counts.update({("error" if word.startswith("error") else word): int(n)
+                   for n, word in _PYTEST_COUNT.findall(summary)})
+    failed = [m.group(2) for m in re.finditer(r"^(FAILED|ERROR) (\S+)", text, re.M)]
+    return {"counts": counts, "failed_tests": failed, "summary_line": summary}
+
+
+def ratio(row: dict | None, base: dict | None) -> float | None:
+    """``row``'s images/s over ``base``'s (both passed), to 3 decimals; else None."""
+    if not row or not base or row.get("status") != "passed" or base.get("status") != "passed":
+        return None
+    if not row.get("images_per_sec") or not base.get("images_per_sec"):
+        return None
+    return round(row["images_per_sec"] / base["images_per_sec"], 3)
+
+
+def find(rows: list[dict], model: str, loader: str, compiled: bool = False) -> dict | None:
+    return next((r for r in rows if r.get("model") == model and r.get("loader") == loader
+                 and r.get("compile", False) == compiled), None)
+
+
+def best_loader(rows: list[dict], model: str) -> dict | None:
+    """The fastest passed real (not synthetic) loader row of ``model`` without --compile."""
+    real = [r for r in rows if r.get("model") == model and r.get("loader") != "synthetic"
+            and not r.get("compile") and r.get("status") == "passed" and r.get("images_per_sec")]
+    return max(real, key=lambda r: r["images_per_sec"], default=None)
+
+
+def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool) -> dict:
+    """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
+    not measured or in a dry run, whose CPU figures say nothing about a GPU)."""
+    best = best_loader(rows, model)
+    share = best.get("ratio_to_synthetic") if best else None
+    result = {"model": model, "min_ratio": min_ratio, "best_loader": best and best["loader"],
+              "best_ratio": share, "met": None if share is None or dry_run else share >= min_ratio}
+    if dry_run:
+        result["note"] = "not judged in a dry run (CPU)"
+    return result
+
+
+def settings_of(s) -> dict:
+    return {"batch_size": s.batch, "warmup_steps": s.warmup, "timed_steps": s.steps,
+            "workers": s.workers, "models": s.models, "sections": sorted(s.only),
+            "extra_flags": s.sizes + s.accel}
+
+
+def rows_of(report: dict):
+    for name in SECTION_ORDER:
+        yield from report["sections"].get(name, [])
+
+
+def finish(report: dict, seconds: float) -> dict:
+    """Add ``seconds`` (the whole check) and ``summary`` (passed/failed/skipped counts)."""
+    statuses = [row["status"] for row in rows_of(report)]
+    report["seconds"] = round(seconds, 1)
+    report["summary"] = {k: statuses.count(k) for k in ("passed", "failed", "skipped")}
+    return report
+
+
+def summary_text(report: dict, out: str) -> str:
+    c, t = report["summary"], report.get("target") or {}
+    line = (f"gpu-check: {c['passed']} checks passed, {c['failed']} failed, {c['skipped']} not run"
+            f" in {report['seconds']:.0f} s; report: {os.path.join(out, 'report.md')}")
+    return line + ("\n" + target_text(t) if t else "")
+
+
+def target_text(t: dict) -> str:
+    verdict = {True: "met", False: "NOT met", None: t.get("note", "not measured")}[t.get("met")]
+    best = f" (best: {t['best_loader']} at {pct(t['best_ratio'])})" if t.get("best_loader") else ""
+    return (f"target: {t['model']} best loader >= {pct(t['min_ratio'])} of synthetic: "
+            f"{verdict}{best}")
+
+
+def progress_line(elapsed: float, row: dict) -> str:
+    what = row["name"]
+    detail = row.get("reason", "")
+    if row.get("images_per_sec"):
+        detail = f"{row['images_per_sec']:.1f} images/s" + (
+            f", {pct(row['ratio_to_synthetic'])} of synthetic"
+            if row.get("ratio_to_synthetic") is not None else "")
+    return f"[{elapsed:5.0f} s] {what}: {row['status']}" + (f" ({detail})" if detail else "")
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def write(out: str, report: dict) -> None:
+    """Write ``OUT/report.json`` and ``OUT/report.md``."""
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
+             loaders_md(report), nccl_md(report), setup_md(report), failures_md(report),
+             commands_md(report)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def machine_line(m: dict) -> str:
+    if not m:
+        return "unknown (the environment probe failed)"
+    gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} GiB)" for g in m["gpus"])
+    gpus = f"{len(m['gpus'])}x {gpus}, driver {m.get('driver') or '-'}, CUDA {m['cuda']}" \
+        if m["gpus"] else "no GPU"
+    return (f"{gpus}; torch {m['torch']}, torchvision {m['torchvision']}, DALI "
+            f"{m.get('dali') or 'not installed'}; {m['cpu_cores']} CPU cores; "
+            f"Python {m['python']}")
+
+
+def header_md(r: dict) -> str:
+    s, c = r["settings"], r["summary"]
+    lines = [f"# GPU check{' (dry run on CPU)' if r['dry_run'] else ''}", "",
+             f"- Machine: {machine_line(r.get('machine') or {})}",
+             f"- Run: {r['started']}, {r['seconds']:.0f} s (budget {r['budget_seconds']:.0f} s)",
+             f"- Settings: -b {s['batch_size']}, {s['warmup_steps']} warm-up + "
+             f"{s['timed_steps']} timed steps, -j {s['workers']}"
+             + (f", {' '.join(s['extra_flags'])}" if s["extra_flags"] else ""),
+             f"- Result: {c['passed']} checks passed, {c['failed']} failed, "
+             f"{c['skipped']} not run"]
+    if r.get("target"):
+        lines.append(f"- {target_text(r['target'])}")
+    return "\n".join(lines)
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def status_of(row: dict) -> str:
+    return row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+
+
+def environment_md(r: dict) -> str:
+    m = r.get("machine") or {}
+    keys = [("GPUs", "; ".join(f"{g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB"
+                               for g in m.get("gpus", [])) or "none"),
+            ("driver", m.get("driver") or "- (no nvidia-smi)"),
+            ("CUDA driver API", m.get("cuda_driver_api")), ("CUDA (torch)", m.get("cuda")),
+            ("cuDNN", m.get("cudnn")), ("torch", m.get("torch")),
+            ("torchvision", m.get("torchvision")), ("DALI", m.get("dali") or "not installed"),
+            ("lmdb", m.get("lmdb") or "not installed"),
+            ("pytest", m.get("pytest") or "not installed"), ("CPU cores", m.get("cpu_cores")),
+            ("Python", m.get("python")), ("platform", m.get("platform"))]
+    rows = r["sections"].get("environment", [])
+    return "## 1. Environment\n\n" + table(["", ""], [[k, "-" if v is None else v]
+                                                     for k, v in keys]) + \
+        "".join(f"\n\nProbe: {status_of(row)}" for row in rows if row["status"] != "passed")
+
+
+def pytest_md(r: dict) -> str:
+    rows = r["sections"].get("pytest")
+    if not rows:
+        return ""
+    p = rows[0]
+    text = f"## 2. GPU tests (`pytest -m gpu`)\n\n{status_of(p)}"
+    if p.get("summary_line"):
+        text += f"; pytest said: `{p['summary_line']}`"
+    if p.get("failed_tests"):
+        text += "\n\nFailing:\n" + "\n".join(f"- `{t}`" for t in p["failed_tests"])
+    return text
+
+
+def training_md(r: dict) -> str:
+    rows = r["sections"].get("training", []) + [
+        x for x in r["sections"].get("compile", []) if x.get("model")]
+    if not rows and not r["sections"].get("compile"):
+        return ""
+    body = [[x["model"], x["loader"], "yes" if x.get("compile") else "",
+             num(x.get("images_per_sec")) + ("*" if x.get("includes_warmup") else ""),
+             pct(x.get("ratio_to_synthetic")), pct(x.get("speedup")),
+             pct(x.get("data_time_fraction")), status_of(x)] for x in rows]
+    text = ("## 3. Training images/s through main.py\n\n"
+            + table(["model", "loader", "--compile", "images/s", "vs synthetic",
+                     "vs without --compile", "data wait", "status"], body))
+    if any(x.get("includes_warmup") for x in rows):
+        text += (f"\n\n\\* includes warm-up: main.py wrote no `{STEADY}`, so this is "
+                 f"`{FALLBACK}` over the whole epoch")
+    for x in r["sections"].get("compile", []):
+        if not x.get("model"):
+            text += f"\n\n--compile: {status_of(x)}"
+    return text
+
+
+def loaders_md(r: dict) -> str:
+    rows = r["sections"].get("loaders")
+    if not rows:
+        return ""
+    synthetic = find(r["sections"].get("training", []), r["settings"]["models"][0], "synthetic")
+    body = [[x["loader"], num(x.get("images_per_sec")), x.get("workers", "-"),
+             pct(ratio(x, synthetic)), status_of(x)] for x in rows]
+    return ("## 4. Loader-only images/s (`main.py --benchmark-data`)\n\n"
+            + table(["loader", "images/s", "workers", f"vs {r['settings']['models'][0]} "
+                     "synthetic training", "status"], body))
+
+
+def nccl_md(r: dict) -> str:
+    rows = r["sections"].get("nccl")
+    if not rows:
+        return ""
+    x = rows[0]
+    text = "## 5. Distributed (`--multiprocessing-distributed`)\n\n" + table(
+        ["world size", "backend", "process group", "val top-1", "seconds", "status"],
+        [[x.get("world_size", "-"), x.get("backend", "-"),
+          "joined" if x.get("process_group") else "-", num(x.get("val_acc1")),
+          num(x.get("seconds")), status_of(x)]])
+    return text + (f"\n\n{x['note']}" if x.get("note") else "")
+
+
+def setup_md(r: dict) -> str:
+    rows = r["sections"].get("setup")
+    if not rows:
+        return ""
+    detail = {"replicate": lambda x: f"{x['sample_images']} images linked {x['copies']}x "
+                                     f"= {x['images']:,} training images"}
+    return "## Setup\n\n" + table(["step", "status", "detail"], [
+        [x["name"], status_of(x), detail.get(x["name"], lambda x: num(x.get("seconds")) + " s"
+                                             if x.get("seconds") else "")(x)] for x in rows])
+
+
+def failures_md(r: dict) -> str:
+    failed = [x for x in rows_of(r) if x["status"] == "failed"]
+    if not failed:
+        return ""
+    parts = ["## Failures (full output in logs/)"]
+    for x in failed:
+        tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
+        parts.append(f"### {x['name']}: {x.get('reason', '')}"
+                     + (f"\n\n```\n{tail}\n```" if tail.strip() else ""))
+    return "\n\n".join(parts)
+
+
+def commands_md(r: dict) -> str:
+    rows = [x for x in rows_of(r) if x.get("command")]
+    return "## Commands (run from the repository root)\n\n" + "\n".join(
+        f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
+        for x in rows)

@@ -1,0 +1,160 @@
+"""The accelerator-facing logic of main.py that can be checked without a GPU: CUDA problems
+stop with one line, --gpu with several processes per node is refused, fused SGD and loss
+scaling are chosen as documented, AMP-free checkpoints resume under --amp, per-rank RNG
+states, torch.compile's wrapper is unwrapped, and steady-state images/s is recorded."""
+import random
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import main
+from loaders import DistInfo
+from tests.test_main import SMALL, read_metrics
+
+
+def test_driver_too_old_stops_with_one_line(monkeypatch, capsys):
+    def unusable():
+        warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old "
+                      "(found version 12020).\nPlease update your GPU driver.")
+        return False
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", unusable)
+    assert main.cli(["--dummy", "--epochs", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "driver on your system is too old" in err[0]
+    assert "--no-accel" in err[0] and "CUDA 13.0" in err[0]
+    main.check_cuda(main.parse_args(["--no-accel"]))  # training on the CPU on purpose
+
+
+def test_no_gpu_at_all_is_not_an_error(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main.check_cuda(main.parse_args([]))  # a CPU-only machine: no warning, no error
+
+
+def test_gpu_flag_with_several_processes_per_node_is_refused(tiny, capsys):
+    code = main.cli([tiny.root, "--gpu", "1", "--multiprocessing-distributed",
+                     "--nproc-per-node", "2", "--epochs", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert "--gpu 1 with 2 processes per node" in err[0]
+    main.check_gpu_flag(1, 1)  # one process per node may pick its GPU
+    main.check_gpu_flag(None, 8)
+
+
+def test_fused_sgd_on_cuda_and_loss_scaling_only_for_float16():
+    model = nn.Linear(4, 2)
+    args = main.parse_args(["--amp"])
+    assert main.make_optimizer(model, args, torch.device("cpu")).defaults["fused"] is None
+    cuda = torch.device("cuda", 0)
+    fused = main.make_optimizer(model, args, cuda)  # fused SGD also builds over CPU tensors
+    assert fused.defaults["fused"] is True and fused._step_supports_amp_scaling
+    assert main.needs_grad_scaler(args, cuda)
+    assert not main.needs_grad_scaler(main.parse_args(["--amp", "--amp-dtype", "bfloat16"]),
+                                      cuda)
+    assert not main.needs_grad_scaler(args, torch.device("cpu"))
+    assert not main.needs_grad_scaler(main.parse_args([]), cuda)
+
+
+def test_autocast_dtype_follows_amp_dtype():
+    args = main.parse_args(["--amp", "--amp-dtype", "bfloat16"])
+    with main.autocast(args, torch.device("cpu")):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert main.parse_args([]).amp_dtype == "float16"
+
+
+def _checkpoint_without_amp(tiny, tmp_path):
+    out = str(tmp_path / "plain")
+    main.main(["--lmdb", tiny.lmdb, *SMALL, "--epochs", "1", "--output-dir", out,
+               "--no-accel"])
+    return torch.load(f"{out}/checkpoint.pth.tar", weights_only=True)
+
+
+def test_amp_resume_of_a_checkpoint_made_without_amp(tiny, tmp_path):
+    """A run without float16 AMP saves an empty scaler state; resuming it with a scaler that
+    is enabled starts a fresh loss scale instead of failing in GradScaler.load_state_dict."""
+    checkpoint = _checkpoint_without_amp(tiny, tmp_path)
+    assert checkpoint["scaler"] == {}
+    model = main.build_model("resnet18", 4, False)
+    args = main.parse_args(["-a", "resnet18", "--amp"])
+    optimizer = main.make_optimizer(model, args, torch.device("cpu"))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30)
+    scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for CUDA's
+    best = main.restore(checkpoint, model, optimizer, scheduler, scaler, args, DistInfo())
+    assert args.start_epoch == 1 and best == checkpoint["best_acc1"]
+    assert scaler.get_scale() == torch.amp.GradScaler("cpu").get_scale()
+
+
+def _states(seed):
+    random.seed(seed)
+    torch.manual_seed(seed)
+    return main.rng_state(torch.device("cpu"))
+
+
+def test_each_rank_restores_its_own_rng_state():
+    saved = [_states(10), _states(11)]
+    for rank, world in ((0, 2), (1, 2)):
+        random.seed(99)
+        main.restore_rng(saved, DistInfo(rank=rank, world_size=world))
+        assert torch.equal(torch.get_rng_state(), saved[rank]["torch"])
+        assert random.getstate() == saved[rank]["python"]
+    torch.manual_seed(5)
+    fresh = torch.get_rng_state()
+    main.restore_rng(saved, DistInfo(rank=2, world_size=3))  # no state saved for rank 2
+    assert torch.equal(torch.get_rng_state(), fresh)
+
+
+def test_older_checkpoint_rng_format_restores_on_fewer_gpus():
+    """Before per-rank states, "rng" was rank 0's dict with every visible GPU's CUDA state:
+    evaluating such a checkpoint (say from 8 GPUs) elsewhere restores what exists."""
+    old = {**_states(3), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}
+    main.restore_rng(old, DistInfo())
+    assert torch.equal(torch.get_rng_state(), old["torch"])
+    main.restore_rng({**old, "cuda": []}, DistInfo())
+
+
+def test_gathered_rng_states_are_saved_by_rank(tiny, tmp_path):
+    checkpoint = _checkpoint_without_amp(tiny, tmp_path)
+    assert isinstance(checkpoint["rng"], list) and len(checkpoint["rng"]) == 1
+    assert checkpoint["rng"][0]["cuda"] is None and checkpoint["rng"][0]["torch"].numel() > 0
+
+
+def test_unwrap_sees_through_compile_and_data_parallel():
+    model = nn.Linear(2, 2)
+    assert main.unwrap(torch.compile(model)) is model
+    assert main.unwrap(torch.compile(nn.DataParallel(model))) is model
+    assert main.unwrap(nn.DataParallel(model)) is model and main.unwrap(model) is model
+
+
+def test_steady_state_images_per_sec_leaves_out_the_warmup_steps(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    small = [a if a != "8" else "4" for a in SMALL]  # -b 4: 8 training steps per epoch
+    main.main([tiny.root, *small, "--epochs", "1", "--benchmark-warmup", "2",
+               "--output-dir", out])
+    main.main([tiny.root, *small, "--epochs", "1", "--benchmark-warmup", "8",
+               "--output-dir", str(tmp_path / "short")])
+    record = read_metrics(out)[0]
+    assert record["steady_images_per_sec"] > 0 and record["train_images"] == 32
+    assert read_metrics(str(tmp_path / "short"))[0]["steady_images_per_sec"] is None
+
+
+def test_auto_workers_share_the_node_cores_among_its_gpus(monkeypatch):
+    monkeypatch.setattr(main.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert main.resolve_workers("auto", 8) == 2  # 8 GPUs on 16 cores
+    assert main.resolve_workers("auto", 1) == 8  # at most 8 per process
+    assert main.resolve_workers("auto", 32) == 1 and main.resolve_workers(3, 8) == 3
+
+
+def test_compile_trains_and_saves_bare_state_dict_keys(tmp_path):
+    """--compile through main.py on the CPU (about 30 s of compilation on 2 cores)."""
+    out = str(tmp_path / "compiled")
+    last = main.main(["--dummy", "-a", "resnet18", "-b", "4", "--train-crop-size", "32",
+                      "--val-resize-size", "32", "--val-crop-size", "32", "--train-batches", "2",
+                      "--val-batches", "1", "--epochs", "1", "-p", "0", "-j", "0", "--compile",
+                      "--output-dir", out, "--seed", "0"])
+    assert last["train_images"] == 8
+    state = torch.load(f"{out}/checkpoint.pth.tar", weights_only=True)["state_dict"]
+    assert "fc.weight" in state and not any(k.startswith(("_orig_mod.", "module.")) for k in state)

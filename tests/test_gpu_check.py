@@ -1,0 +1,311 @@
+"""``benchmarks/gpu_check.py`` (``make gpu-check``): its CPU dry run end to end on 8 real
+ImageNet classes, its one-line input errors, and what a GPU run relies on that the dry run
+cannot reach here: installing the bundle's wheels, the speed key fallback, pytest's summary,
+the time budget and the Makefile targets."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import _gpu_report  # noqa: E402
+import _gpu_runner  # noqa: E402
+import gpu_check  # noqa: E402
+
+
+def make_bundle(sample: str, root, classes: int = 8):
+    """A ``make gpu-bundle``-like folder: ``sample/train/<wnid>/`` copied from the real sample,
+    ``sample/val`` a relative link to it, an empty ``wheels/``."""
+    train = root / "sample" / "train"
+    for wnid in sorted(os.listdir(os.path.join(sample, "train")))[:classes]:
+        shutil.copytree(os.path.join(sample, "train", wnid), train / wnid)
+    os.symlink("train", root / "sample" / "val")
+    (root / "wheels").mkdir()
+    return root
+
+
+def run_cli(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = gpu_check.main_cli(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def dry_run(sample, tmp_path_factory):
+    """One CPU dry run (tiny sizes: 32 px, -b 4, 1 + 2 steps) over a bundle of 8 classes."""
+    root = tmp_path_factory.mktemp("gpu-check")
+    bundle = make_bundle(sample, root / "bundle")
+    code, out, err = run_cli(["--dry-run", "--bundle", str(bundle), "--out", str(root / "out")])
+    report = json.loads((root / "out" / "report.json").read_text())
+    return SimpleNamespace(code=code, stdout=out, stderr=err, out=root / "out", report=report,
+                           sections=report["sections"])
+
+
+def test_dry_run_passes_and_ends_with_a_summary(dry_run):
+    failed = [r for r in _gpu_report.rows_of(dry_run.report) if r["status"] == "failed"]
+    assert dry_run.code == 0, (failed, dry_run.stderr)
+    summary = dry_run.report["summary"]
+    assert summary["failed"] == 0 and summary["passed"] >= 10
+    assert (f"gpu-check: {summary['passed']} checks passed, 0 failed, {summary['skipped']} not run"
+            in dry_run.stdout)
+    assert not (dry_run.out / "data").exists()  # the replicated data is removed unless --keep-data
+    assert (dry_run.out / "logs" / "pytest.out").exists()
+
+
+def test_environment_is_reported(dry_run):
+    machine = dry_run.report["machine"]
+    for key in ("python", "cpu_cores", "torch", "torchvision", "cuda", "gpus", "gpu_count",
+                "driver", "dali", "lmdb", "pytest"):
+        assert key in machine, key
+    assert machine["cpu_cores"] == len(os.sched_getaffinity(0))
+    assert [r["status"] for r in dry_run.sections["environment"]] == ["passed"]
+
+
+def test_pytest_section_parses_the_skipped_gpu_tests(dry_run):
+    (row,) = dry_run.sections["pytest"]
+    assert row["status"] == "passed" and "-m gpu" in row["command"]
+    assert row["counts"]["failed"] == 0 and row["counts"]["skipped"] >= 1  # no CUDA here
+    assert row["counts"]["deselected"] > 0 and row["failed_tests"] == []
+
+
+def test_training_rows_through_main_py(dry_run):
+    rows = {r["loader"]: r for r in dry_run.sections["training"]}
+    assert list(rows) == ["synthetic", "folder", "lmdb", "dali"]
+    ran = [r for r in rows.values() if r.get("reason") != "not installed"]
+    assert {"synthetic", "folder", "lmdb"} <= {r["loader"] for r in ran}
+    for row in ran:
+        assert row["status"] == "passed" and row["model"] == "resnet18", row
+        assert row["images_per_sec"] > 0 and row["ratio_to_synthetic"] > 0
+        # main.py's steady figure, or the whole-epoch fallback marked as including warm-up
+        assert row["speed_key"] in ("steady_images_per_sec", "train_images_per_sec")
+        assert row["includes_warmup"] == (row["speed_key"] == "train_images_per_sec")
+        assert "main.py" in row["command"] and "--amp --channels-last -b 4" in row["command"]
+        assert "--train-batches 3 " in row["command"] and "--benchmark-warmup 1 " in row["command"]
+    assert rows["synthetic"]["ratio_to_synthetic"] == 1.0
+    assert dry_run.sections["compile"] == [
+        {"name": "compile", "status": "skipped", "reason": "dry run"}]
+    target = dry_run.report["target"]
+    assert target["min_ratio"] == 0.95 and target["met"] is None and target["best_loader"]
+
+
+def test_loader_only_rows(dry_run):
+    rows = {r["loader"]: r for r in dry_run.sections["loaders"]}
+    assert list(rows) == ["folder", "lmdb", "dali"]
+    for loader in ("folder", "lmdb"):
+        row = rows[loader]
+        assert row["status"] == "passed" and row["images_per_sec"] > 0
+        assert row["batch_size"] == 4 and row["device"] == "cpu" and "--benchmark-data" in \
+            row["command"]
+    assert rows["dali"]["status"] == "passed" or rows["dali"]["reason"] == "not installed"
+
+
+def test_distributed_row(dry_run):
+    (row,) = dry_run.sections["nccl"]
+    assert row["status"] == "passed", row
+    assert row["world_size"] == 2 and row["backend"] == "gloo" and row["val_acc1"] is not None
+    assert row["process_group"] is True
+    assert "--multiprocessing-distributed" in row["command"]
+
+
+def test_report_md_has_the_tables_and_commands(dry_run):
+    text = (dry_run.out / "report.md").read_text()
+    assert text.startswith("# GPU check (dry run on CPU)")
+    assert "| model | loader | --compile | images/s | vs synthetic |" in text
+    assert "| resnet18 | lmdb |" in text and "| folder |" in text
+    for heading in ("## 1. Environment", "## 2. GPU tests", "## 3. Training", "## 4. Loader-only",
+                    "## 5. Distributed", "## Commands"):
+        assert heading in text
+    assert "main.py --multiprocessing-distributed" in text
+
+
+@pytest.mark.parametrize("flag", ["--bundle", "--data"])
+def test_bad_path_is_one_line(tmp_path, flag):
+    code, out, err = run_cli([flag, str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"gpu_check.py: error: {flag} ")
+
+
+def test_bundle_without_sample_is_one_line(tmp_path):
+    (tmp_path / "b" / "wheels").mkdir(parents=True)
+    code, _, err = run_cli(["--bundle", str(tmp_path / "b"), "--out", str(tmp_path / "o")])
+    assert code == 2 and err.count("\n") == 1 and "make gpu-bundle" in err
+
+
+def test_spent_budget_skips_every_command(sample, tmp_path):
+    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+    code, out, _ = run_cli(["--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"),
+                            "--budget", "0", "--only", "train", "nccl"])
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert code == 0 and report["summary"]["failed"] == 0
+    rows = report["sections"]["training"] + report["sections"]["nccl"]
+    assert all(r["status"] == "skipped" for r in rows)
+    assert report["sections"]["nccl"][0]["reason"] == "time budget"
+
+
+SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0}
+
+
+def fake_gpu_run(self, name, cmd, timeout):
+    """Runner.run as on one GPU with DALI: each command 'succeeds' with plausible output."""
+    record = {"name": name, "command": " ".join(cmd), "seconds": 1.0, "returncode": 0,
+              "status": "passed"}
+    self.calls.append(cmd)
+    out = ""
+    if name == "environment":
+        out = json.dumps({"python": "3.12.3", "platform": "Linux", "cpu_cores": 16,
+                          "torch": "2.11.0", "torchvision": "0.26.0", "cuda": "12.8",
+                          "cudnn": 91000, "gpu_count": 1, "cuda_driver_api": "12.8",
+                          "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85e9}],
+                          "dali": "1.50.0", "lmdb": "3.0.0", "pytest": "9.2.0"})
+    elif name == "pytest":
+        out = "...\n3 passed, 259 deselected in 5.01s\n"
+    elif name.startswith("loader-"):
+        out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
+                          "images_per_sec": 5120.0, "workers": 8, "batch_size": 256,
+                          "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
+    elif "--output-dir" in cmd:
+        loader = name.split("-")[2] if name.startswith("train-") else "folder"
+        speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0)
+        rundir = cmd[cmd.index("--output-dir") + 1]
+        os.makedirs(rundir, exist_ok=True)
+        with open(os.path.join(rundir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"epoch": 0, "train_images_per_sec": speed / 2,
+                                "steady_images_per_sec": speed, "val_acc1": 1.0,
+                                "data_time_fraction": 0.01}) + "\n")
+        group = " (nccl process group)" if name == "distributed" else ""
+        out = f"device: cuda:0; world size 1{group}; seed 0\n"
+    with open(self.log(name, "out"), "w") as f:
+        f.write(out)
+    return record
+
+
+def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
+    """The GPU mode's commands and decisions, with every command faked as on one H100: the
+    flags the brief fixes, --compile on the best loader after a 20% gain, the target judged."""
+    monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
+    monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
+    monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
+    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+    # fewer steps than the default 10 + 40: each symlink costs ~0.5 ms on this disk
+    code, out, _ = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
+                            "--steps", "2", "--warmup", "1"])
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert code == 0 and report["summary"] == {"passed": 20, "failed": 0, "skipped": 0}
+    train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
+    assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 4 + [
+        "resnet18"] * 4 + ["resnet50", "resnet50", "resnet18", "resnet18"]
+    for cmd in train[1:]:
+        line = " ".join(cmd)
+        assert "--amp --channels-last -b 256 --epochs 1 --train-batches 3 " in line
+        assert "--benchmark-warmup 1 -j auto" in line and "--no-accel" not in line
+    assert "--dist-backend nccl" in " ".join(train[0]) and "-b 256" in " ".join(train[0])
+    compiled = [(r["model"], r["loader"]) for r in report["sections"]["compile"]]
+    assert compiled == [("resnet50", "synthetic"), ("resnet50", "dali"),
+                        ("resnet18", "synthetic"), ("resnet18", "dali")]
+    assert report["sections"]["compile"][0]["speedup"] == 1.2
+    assert report["target"]["met"] is True and report["target"]["best_loader"] == "dali"
+    folder = _gpu_report.find(report["sections"]["training"], "resnet50", "folder")
+    assert folder["ratio_to_synthetic"] == 0.7 and folder["device"] == "cuda:0"
+    assert "target: resnet50 best loader >= 95% of synthetic: met (best: dali at 98%)" in out
+    text = (tmp_path / "o" / "report.md").read_text()
+    assert "1x NVIDIA H100 80GB HBM3" in text and "| resnet50 | dali | yes |" in text
+    assert report["sections"]["nccl"][0]["process_group"] is True
+
+
+def fake_wheel(folder, name: str) -> str:
+    path = os.path.join(folder, f"{name}-1.0-py3-none-any.whl")
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "VALUE = 42\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                    "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.mark.parametrize("with_pip", [True, False])
+def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, with_pip):
+    """Only wheels of modules this interpreter lacks are installed, with pip or, without it,
+    unpacked; every later command sees them through PYTHONPATH."""
+    wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "json")]
+    has = _gpu_runner.has_module
+    monkeypatch.setattr(_gpu_runner, "has_module", lambda n: has(n) and (with_pip or n != "pip"))
+    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    (record,) = _gpu_runner.install(runner, wheels, str(tmp_path / "site"))
+    assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
+    assert ("-m pip install" in record["command"]) == with_pip
+    result = subprocess.run([sys.executable, "-c", "import gpucheck_fake as m; print(m.VALUE)"],
+                            env=runner.env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "42", result.stderr
+
+
+def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
+    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    wheels = [fake_wheel(str(tmp_path), "json")]
+    assert _gpu_runner.install(runner, wheels, str(tmp_path / "s")) == []
+    assert "PYTHONPATH" not in runner.env or str(tmp_path) not in runner.env["PYTHONPATH"]
+
+
+def test_speed_falls_back_to_the_whole_epoch(tmp_path):
+    def speed(**record):
+        record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
+        (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return _gpu_report.read_speed(str(tmp_path))
+
+    assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
+    for missing in ({}, {"steady_images_per_sec": None}):
+        fallback = speed(**missing)
+        assert fallback["images_per_sec"] == 10.0 and fallback["includes_warmup"]
+        assert fallback["speed_key"] == "train_images_per_sec"
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError):
+        _gpu_report.read_speed(str(tmp_path))
+
+
+def test_pytest_summary_and_failing_tests_are_parsed():
+    text = ("..F.s\n=== short test summary info ===\n"
+            "SKIPPED [1] tests/test_gpu.py:14: needs a CUDA GPU\n"
+            "FAILED tests/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
+            "ERROR tests/test_dali.py::test_contract[dali] - OSError\n"
+            "1 failed, 3 passed, 1 skipped, 250 deselected, 1 error in 12.34s\n")
+    parsed = _gpu_report.parse_pytest(text)
+    assert parsed["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1,
+                                "deselected": 250}
+    assert parsed["failed_tests"] == ["tests/test_gpu.py::test_amp_channels_last_training_on_gpu",
+                                      "tests/test_dali.py::test_contract[dali]"]
+    assert _gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
+
+
+def make_n(*args):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "OUT", "ARGS", "GPU_PYTHON")}
+    return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
+def test_make_targets_need_no_venv_on_the_gpu_machine():
+    check = make_n("gpu-check")
+    assert check.returncode == 0, check.stderr
+    assert "python3 benchmarks/gpu_check.py --out gpu-check-output" in check.stdout
+    assert ".venv" not in check.stdout and "pip install" not in check.stdout
+    custom = make_n("gpu-check", "OUT=/x", "GPU_PYTHON=py", "ARGS=--budget 900")
+    assert "py benchmarks/gpu_check.py --out /x --budget 900" in custom.stdout
+    bundle = make_n("gpu-bundle").stdout
+    assert "gpu-bundle.sh" in bundle and "--python-version 3.12" in bundle
+    assert all(name in bundle for name in ("pytest", "iniconfig", "packaging", "pluggy",
+                                           "pygments"))
