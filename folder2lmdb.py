@@ -65,10 +65,12 @@ def fingerprint(listing: Listing) -> bytes:
 
 
 @dataclass
-class Progress:
-    """Resume state, stored under ``PROGRESS_KEY`` in every batch's transaction: ``done``
-    source files handled, ``records`` written (``bytes`` of images, ``reencoded`` of them),
-    ``skipped`` files."""
+class ResumeState:
+    """What an interrupted conversion had committed, stored under ``PROGRESS_KEY`` in every
+    batch's transaction (so it always matches the records): ``fingerprint`` of the source
+    listing and settings (a resume needs the same), ``done`` source files handled, ``records``
+    written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files; ``resumed_at``:
+    ``done`` when this run started (not stored)."""
 
     fingerprint: bytes
     done: int = 0
@@ -83,7 +85,7 @@ class Progress:
                               self.reencoded, self.skipped], use_bin_type=True)
 
     @classmethod
-    def decode(cls, value: bytes) -> "Progress":
+    def decode(cls, value: bytes) -> "ResumeState":
         return cls(*msgpack.unpackb(value, raw=False))
 
 
@@ -120,7 +122,7 @@ class Summary:
                 f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})")
 
 
-def _prepare_output(output: str, overwrite: bool, fp: bytes) -> Progress | None:
+def _prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | None:
     """Make ``output`` ready; return the resume state of an unfinished conversion of the same
     source there, or None to start afresh (an unfinished conversion of anything else is
     replaced, a complete one only with ``overwrite``)."""
@@ -138,10 +140,10 @@ def _prepare_output(output: str, overwrite: bool, fp: bytes) -> Progress | None:
                 "(pass --overwrite to replace it)")
         close_readonly(output)
         if meta is None:
-            progress = _read_progress(output)
-            if progress is not None and progress.fingerprint == fp:
-                return progress
-            if progress is not None:
+            state = _read_resume_state(output)
+            if state is not None and state.fingerprint == fp:
+                return state
+            if state is not None:
                 print(f"folder2lmdb.py: {output}: the files or settings changed since this "
                       "conversion was interrupted; starting over", file=sys.stderr)
         shutil.rmtree(output)
@@ -149,7 +151,9 @@ def _prepare_output(output: str, overwrite: bool, fp: bytes) -> Progress | None:
     return None
 
 
-def _read_progress(output: str) -> Progress | None:
+def _read_resume_state(output: str) -> ResumeState | None:
+    """The :class:`ResumeState` of the unfinished database ``output``, or None if it has none
+    or it does not match the records (another writer): then the conversion starts over."""
     try:
         env = lmdb.open(output, subdir=True, readonly=True, lock=False)
     except lmdb.Error:
@@ -157,11 +161,11 @@ def _read_progress(output: str) -> Progress | None:
     try:
         with env.begin() as txn:
             value = txn.get(PROGRESS_KEY)
-            progress = Progress.decode(value) if value else None
-            # Records and progress are committed together; a mismatch means another writer.
-            if progress is not None and last_record_index(txn) + 1 != progress.records:
+            state = ResumeState.decode(value) if value else None
+            # Records and state are committed together; a mismatch means another writer.
+            if state is not None and last_record_index(txn) + 1 != state.records:
                 return None
-            return progress
+            return state
     except Exception:  # noqa: BLE001 - unreadable state of any kind: start over
         return None
     finally:
@@ -261,7 +265,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         raise ConversionError(f"{output}: cannot create the database ({exc})") from None
     try:
         if state is None:
-            state = Progress(fp)
+            state = ResumeState(fp)
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
@@ -273,7 +277,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
                    state.resumed_at)
 
 
-def _convert_files(listing: Listing, state: Progress, writer: "_Writer", output: str,
+def _convert_files(listing: Listing, state: ResumeState, writer: "_Writer", output: str,
                    workers: int, batch_size: int, progress: bool, strict: bool) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place."""

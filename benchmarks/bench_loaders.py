@@ -38,8 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import folder2lmdb  # noqa: E402
 import loaders  # noqa: E402
-import main  # noqa: E402
-from loaders import DistInfo  # noqa: E402
+from loaders import DistInfo, LoaderSettings  # noqa: E402
 from loaders._throughput import measure  # noqa: E402
 from loaders._transforms import decode, image_library, read_file  # noqa: E402
 
@@ -94,11 +93,26 @@ def decode_only_loader(root: str, batch_size: int, workers: int, use_pil: bool =
                       num_workers=workers, drop_last=True)
 
 
-def our_loader(backend: str, data: str, batch_size: int, workers: int, device, extra=()):
-    args = main.parse_args([data, "-b", str(batch_size), "-j", str(workers), "--seed", "0",
-                            *extra])
-    args.workers = workers
-    train, _ = loaders.build_loaders(backend, args, DistInfo(device=device))
+def bench_settings(backend: str, data: str, batch_size: int, workers: int,
+                   **overrides) -> LoaderSettings:
+    """The settings ``main.py`` resolves for ``data`` (``data/train``, ``data/val``) at its
+    defaults on one process: 224-px crops (val resize 256), seed 0, float32 NCHW, random LMDB
+    order, readahead auto; ``overrides`` replace fields (e.g. ``dali_cpu=True``)."""
+    fields = dict(
+        backend=backend, train_path=os.path.join(data, "train"),
+        val_path=os.path.join(data, "val"), batch_size=batch_size, workers=workers, seed=0,
+        lmdb=backend == "lmdb", train_crop_size=224, val_resize_size=256, val_crop_size=224,
+        train_batches=None, val_batches=None, max_bad_share=0.01, channels_last=False,
+        dtype=torch.float32, lmdb_order="random", lmdb_block_size=256, lmdb_buffer_blocks=8,
+        lmdb_readahead="auto", dali_cpu=False, dali_hw_decoder_load=None)
+    fields.update(overrides)
+    return LoaderSettings(**fields)
+
+
+def our_loader(backend: str, data: str, batch_size: int, workers: int, device, **overrides):
+    """The training loader of ``backend`` over ``data`` (see :func:`bench_settings`)."""
+    settings = bench_settings(backend, data, batch_size, workers, **overrides)
+    train, _ = loaders.build_loaders(settings, DistInfo(device=device))
     return train
 
 
@@ -162,10 +176,10 @@ def _run(args, tmp: str) -> dict:
         "folder": lambda: our_loader("folder", data, b, j, device),
         "lmdb": lambda: our_loader("lmdb", lmdb_root, b, j, device),
         "lmdb-readahead-off": lambda: our_loader("lmdb", lmdb_root, b, j, device,
-                                                 ["--lmdb-readahead", "off"]),
+                                                 lmdb_readahead="off"),
     }
     if "dali" in loaders.BACKENDS and _has_dali():
-        pipelines["dali-cpu"] = lambda: our_loader("dali", data, b, j, device, ["--dali-cpu"])
+        pipelines["dali-cpu"] = lambda: our_loader("dali", data, b, j, device, dali_cpu=True)
         if device.type == "cuda":
             pipelines["dali-mixed"] = lambda: our_loader("dali", data, b, j, device)
     names = [n for n in pipelines if not args.only or n in args.only]

@@ -8,7 +8,7 @@ under 300 bytes, labels in ImageFolder order over 1000 classes), of 10,000 and 1
 records (ImageNet's training set size), in a temporary directory that is removed at the end
 unless ``--keep``. For each database, in a fresh Python process (so nothing carries over from
 the other measurement), it builds the training loader as ``main.py --lmdb`` does
-(``main.parse_args`` + ``loaders.build_loaders("lmdb", ...)``), iterates ``--batches`` batches
+(``loaders.build_loaders`` with the lmdb backend's ``LoaderSettings``), iterates ``--batches`` batches
 and samples, every ``--sample-every`` batches after ``--warmup``, the memory of the main
 process and of each DataLoader worker from ``/proc/PID/smaps``:
 
@@ -145,23 +145,27 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     ...]}}`` where each sample is :func:`proc_memory`'s dict plus ``"step"``. Epochs are
     cycled if one is shorter than ``batches`` (each epoch starts new workers).
     ``sampler="stock"`` swaps torch's ``DistributedSampler`` in for
-    :class:`loaders._lean_sampler.LeanDistributedSampler`.
+    :class:`loaders._lean_sampler.LeanDistributedSampler` (inside ``RandomOrder``).
     """
+    import torch
+
     import loaders
-    import loaders._common
-    import main
+    import loaders._order
 
     if sampler == "stock":
         from torch.utils.data import DistributedSampler
 
-        # Measurement only: make_loader looks the name up at call time.
-        loaders._common.LeanDistributedSampler = DistributedSampler
-    args = main.parse_args(["--lmdb", "--train", db, "--val", db, "-b", str(batch_size),
-                            "-j", str(workers), "--train-crop-size", "32",
-                            "--val-resize-size", "32", "--val-crop-size", "32", "--seed", "0"])
+        # Measurement only: RandomOrder.order looks the name up at call time.
+        loaders._order.LeanDistributedSampler = DistributedSampler
+    settings = loaders.LoaderSettings(
+        backend="lmdb", train_path=db, val_path=db, batch_size=batch_size, workers=workers,
+        seed=0, lmdb=True, train_crop_size=32, val_resize_size=32, val_crop_size=32,
+        train_batches=None, val_batches=None, max_bad_share=0.01, channels_last=False,
+        dtype=torch.float32, lmdb_order="random", lmdb_block_size=256, lmdb_buffer_blocks=8,
+        lmdb_readahead="auto", dali_cpu=False, dali_hw_decoder_load=None)  # main.py's defaults
     others = child_pids()  # children that are not DataLoader workers (none expected)
-    train, _ = loaders.build_loaders("lmdb", args, loaders.DistInfo())
-    result = {"records": len(train.loader.dataset), "batches": batches, "sampler": sampler,
+    train, _ = loaders.build_loaders(settings, loaders.DistInfo())
+    result = {"records": len(train.dataset), "batches": batches, "sampler": sampler,
               "main": {"before": proc_memory(os.getpid()), "samples": []}, "workers": {}}
 
     def sample(step: int) -> None:

@@ -138,9 +138,8 @@ def _write(cgroup: str, name: str, value: int) -> None:
 def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
     import torch
-    from torch.utils.data import DistributedSampler
 
-    from loaders._order import BlockShuffleSampler
+    from loaders._order import BlockOrder, RandomOrder
     from loaders.lmdb_records import LMDBDataset
 
     dataset = LMDBDataset(args.db, readahead=args.readahead)
@@ -155,17 +154,16 @@ def child(args) -> None:
         _write(args.cgroup, "memory.limit_in_bytes", base + (args.limit_mib << 20))
         base_mib = round(base / (1 << 20))
     if args.order == "block":
-        sampler = BlockShuffleSampler(n, args.block_size, args.buffer_blocks, seed=0)
+        order = BlockOrder(n, args.block_size, args.buffer_blocks, seed=0)
     else:
-        sampler = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=0)
+        order = RandomOrder(n, seed=0)  # DistributedSampler's permutation, as the loaders
     decode = None
     if args.decode:
         from torchvision.io import decode_jpeg
         decode = lambda data: decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))  # noqa: E731
     epochs = []
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        indices = list(sampler)[:args.epoch_records]
+        indices = list(order.order(epoch))[:args.epoch_records]
         io0, faults0 = _read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         start, nbytes = time.perf_counter(), 0
         for i in indices:

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import loaders  # noqa: E402
 from benchmarks.bench_loaders import our_loader, replicate  # noqa: E402
-from loaders.dali import RANDOM_AREA, RANDOM_ASPECT_RATIO  # noqa: E402
+from loaders._dali_graph import RANDOM_AREA, RANDOM_ASPECT_RATIO  # noqa: E402
 from loaders.folder import open_image_folder  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def main_cli(argv=None) -> int:
         results = {name: [] for name in loader_rows}
         for _ in range(args.rounds):
             for name, pipelines in loader_rows.items():
-                train = our_loader("dali", data, b, j, torch.device("cpu"), ["--dali-cpu"])
+                train = our_loader("dali", data, b, j, torch.device("cpu"), dali_cpu=True)
                 train.cpu_pipelines = pipelines
                 batches = iter(train)
                 results[name].append(images_per_sec(lambda: next(batches), b,

@@ -1,7 +1,8 @@
 """Data loaders, one module per backend.
 
-Each backend module exposes ``build_loaders(args, dist) -> (train, val)``; each loader yields
-``(images, labels)`` on ``dist.device`` (images float32 NCHW normalised with the ImageNet
+``build_loaders(settings, dist) -> (train, val)`` builds the loaders of ``settings.backend``
+(:class:`LoaderSettings`, resolved once per training process). Each loader yields ``(images,
+labels)`` on ``dist.device`` (images ``settings.dtype`` NCHW normalised with the ImageNet
 mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)`` and ``classes``.
 Adding a backend is one new module plus one line in :data:`BACKENDS`. Modules are imported
 only when chosen, so a heavy dependency of one backend never slows or breaks the others.
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import importlib
 
-from ._common import DataError, DistInfo
+from ._common import DataError, DistInfo, input_dtype, split_paths
 from ._errors import AcceleratorError
 from ._malloc import retain_freed_memory
+from ._settings import LoaderSettings
+from ._throughput import measure as measure_throughput
+from ._transforms import image_library
 
 # backend name (the --loader choice) -> module implementing build_loaders
 BACKENDS = {
@@ -22,13 +26,16 @@ BACKENDS = {
     "synthetic": "loaders.synthetic",
 }
 
-__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "build_loaders", "retain_freed_memory"]
+__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
+           "build_loaders", "image_library", "input_dtype", "measure_throughput",
+           "retain_freed_memory", "split_paths"]
 
 
-def build_loaders(backend: str, args, dist: DistInfo):
-    """``(train, val)`` loaders of ``backend`` (a key of :data:`BACKENDS`).
+def build_loaders(settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` loaders of ``settings.backend`` (a key of :data:`BACKENDS`).
 
     Raises ``KeyError`` for an unknown backend and :class:`DataError` for bad data input.
     """
-    module = importlib.import_module(BACKENDS[backend])
-    return module.build_loaders(args, dist)
+    module = importlib.import_module(BACKENDS[settings.backend])
+    return module.build_loaders(settings, dist)
+

@@ -1,4 +1,5 @@
-"""Pieces every backend shares: the rank/device context, samplers, and the device-side loader.
+"""Pieces every backend shares: the rank/device context, paths, normalisation, and the
+device-side loader (epoch orders are in ``loaders/_order.py``).
 
 Backends decode and crop to uint8 on the CPU; DataLoader workers write each sample straight
 into a reused shared-memory batch slot (``loaders/_shared_batches.py``), and
@@ -8,18 +9,18 @@ smaller to pass between processes, pin and copy than a float one.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from ._cuda_feed import CudaFeeder, normalize_into, page_lock
 from ._errors import DataError
-from ._lean_sampler import LeanDistributedSampler
-from ._robust import SkipSampler, TolerantDataset, too_many_unreadable
+from ._bad_samples import TolerantDataset, too_many_unreadable
+from ._order import Order, ResumableSampler, batches_per_epoch, check_one_batch
+from ._settings import LoaderSettings
 from ._shared_batches import (NumberedBatchSampler, SharedBatches, SlotWriter, keep_as_is,
                               slots_for)
 
@@ -67,14 +68,16 @@ class DistInfo:
         return self.rank == 0
 
 
-def split_paths(args) -> tuple[str, str]:
-    """The train and val roots: ``--train``/``--val`` if given, else ``DIR/train`` and ``DIR/val``.
+def split_paths(data: str | None, train: str | None = None,
+                val: str | None = None) -> tuple[str, str]:
+    """The train and val roots: ``train``/``val`` (``--train``/``--val``) if given, else
+    ``data/train`` and ``data/val`` (``DIR``).
 
     Raises :class:`DataError` if a root is unknown or does not exist.
     """
     paths = []
-    for split in ("train", "val"):
-        path = getattr(args, split) or (os.path.join(args.data, split) if args.data else None)
+    for split, given in (("train", train), ("val", val)):
+        path = given or (os.path.join(data, split) if data else None)
         if path is None:
             raise DataError(f"no {split} data: give DIR (holding train/ and val/) or --{split} PATH")
         if not os.path.exists(path):
@@ -93,52 +96,43 @@ def check_same_classes(train_classes: Sequence[str], val_classes: Sequence[str])
             f"only in train: {only_train}, only in val: {only_val})")
 
 
-class ShardSampler(Sampler[int]):
-    """Validation sampler: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...`` in order.
-
-    Every sample is read exactly once across ranks and none is padded or repeated (unlike
-    ``DistributedSampler``), so a metric summed over ranks equals the single-process one.
-    """
-
-    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
-        self.indices = range(rank, num_samples, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Validation order does not depend on the epoch."""
-
-
 class DeviceLoader:
-    """Wraps a DataLoader over a :class:`~loaders._shared_batches.SlotWriter` and yields
-    ``(images, labels)`` ready for the model.
+    """Loads ``dataset`` (items: uint8 ``(3, crop_size, crop_size)`` image, int label) in the
+    indices of ``order`` (an :class:`~loaders._order.Order`: training
+    :class:`~loaders._order.RandomOrder` or :class:`~loaders._order.BlockOrder`, validation
+    :class:`~loaders._order.ShardOrder`) with a DataLoader of ``workers`` processes, and yields
+    ``(images, labels)`` ready for the model, ``batch_size`` per batch (training: whole
+    batches only; validation: the last one may be partial).
 
     Yields ``images``: float32 ``(N, 3, H, W)`` on ``device`` (on CUDA: ``dtype``, e.g. the
     autocast dtype, see :func:`input_dtype`), normalised with
     :data:`IMAGENET_MEAN`/:data:`IMAGENET_STD` (channels-last memory format if
     ``channels_last``), and ``labels``: int64 ``(N,)`` on ``device``. ``len()`` is exact:
-    the DataLoader's batch count, capped at ``max_batches``, less the batches skipped by
-    ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names (index = label).
+    :func:`~loaders._order.batches_per_epoch` of the order, capped at ``max_batches``, less the
+    batches skipped by ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names
+    (index = label). ``sampler`` is the :class:`~loaders._order.ResumableSampler` over ``order``.
 
     Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
     reused from epoch to epoch. On the CPU each batch is normalised out of its slot before it is
     yielded; on CUDA the slots are page-locked and each batch is copied to the GPU and
     normalised there on a side stream one batch ahead (:class:`~loaders._cuda_feed.CudaFeeder`).
     When an epoch's replaced (undecodable) samples exceed ``max_bad_share`` of its images,
-    iterating raises :class:`DataError`.
+    iterating raises :class:`DataError`; a sample that fails to decode is otherwise replaced
+    by the next readable one (:class:`~loaders._bad_samples.TolerantDataset`). Raises
+    :class:`DataError` at construction if a training ``order`` holds less than one batch.
     """
 
-    def __init__(self, loader: DataLoader, device: torch.device, classes: Sequence[str],
-                 image_shape: Sequence[int], channels_last: bool = False,
-                 max_batches: int | None = None, seed: int = 0, rank: int = 0,
-                 max_bad_share: float = 0.01, dtype: torch.dtype = torch.float32):
-        self.loader = loader
+    def __init__(self, dataset: Dataset, order: Order, *, train: bool, classes: Sequence[str],
+                 batch_size: int, workers: int, device: torch.device, crop_size: int,
+                 channels_last: bool, max_batches: int | None, seed: int, rank: int,
+                 max_bad_share: float, dtype: torch.dtype):
+        if train:
+            check_one_batch(order, batch_size)
+        self.dataset = dataset  # the backend's, items (uint8 (3, crop, crop) image, int label)
+        self.sampler = ResumableSampler(order)
+        self.train, self.batch_size = train, batch_size
         self.dtype = dtype
-        self.image_shape = tuple(image_shape)
+        self.image_shape = (3, crop_size, crop_size)
         self.max_bad_share = max_bad_share
         self.start_batch = 0
         self.device = device
@@ -148,41 +142,30 @@ class DeviceLoader:
         self.seed = seed
         self.rank = rank
         self.mean, self.std = imagenet_mean_std(device)
+        # Held here: each pass hands it the slots before the workers start.
+        self._writer = SlotWriter(TolerantDataset(dataset))
+        self.loader = DataLoader(
+            self._writer,
+            # drop_last for training: no tiny last batch for BatchNorm.
+            batch_sampler=NumberedBatchSampler(self.sampler, batch_size, drop_last=train),
+            collate_fn=keep_as_is, num_workers=workers, generator=torch.Generator(),
+            prefetch_factor=4 if workers > 0 else None)
         self._idle_pool: SharedBatches | None = None
         self._feeder = None  # CudaFeeder, made at the first pass on CUDA
         self._locked = False  # whether the current slots are page-locked
         self.set_epoch(0)
 
     def __len__(self) -> int:
-        n = len(self.loader)  # what is left after start_batch
-        return n if self.max_batches is None else max(0, min(n, self.max_batches - self.start_batch))
-
-    @property
-    def batch_size(self) -> int:
-        """Images per batch on this rank."""
-        return self.loader.batch_sampler.batch_size
-
-    @property
-    def sampler(self) -> Sampler[int]:
-        """The index order of one epoch (a :class:`~loaders._robust.SkipSampler` for training)."""
-        return self.loader.batch_sampler.sampler
-
-    @property
-    def dataset(self) -> Dataset:
-        """The backend's dataset of ``(uint8 image, label)`` samples."""
-        return self.loader.dataset.dataset.dataset
+        total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (for a resumed epoch; the batches before it are the
         ones already trained on)."""
-        sampler = self.sampler
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        if start_batch and not isinstance(sampler, SkipSampler):
-            raise ValueError("this loader cannot start an epoch part-way")
-        if isinstance(sampler, SkipSampler):
-            sampler.start = start_batch * self.batch_size
+        self.sampler.set_epoch(epoch)
+        self.sampler.start = start_batch * self.batch_size
         self.start_batch = start_batch
         if self.loader.generator is not None:
             # The DataLoader draws its workers' base seed from this generator at each __iter__.
@@ -204,7 +187,7 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         pool = self._take_pool()
-        self.loader.dataset.pool = pool  # workers start (fork, or pickle it) with these slots
+        self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
         batches = iter(self.loader)
         filled = self._filled(batches)
         try:
@@ -288,50 +271,13 @@ def _mix_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
 
 
-def make_loader(dataset: Dataset, args, dist: DistInfo, train: bool,
-                classes: Sequence[str], sampler: Sampler | None = None) -> DeviceLoader:
-    """Build the DataLoader over ``dataset`` for one split and wrap it in a :class:`DeviceLoader`.
-
-    Training: ``DistributedSampler``-order shard of this global rank (memory-lean:
-    :class:`~loaders._lean_sampler.LeanDistributedSampler`), shuffled from (seed, epoch),
-    ``drop_last`` on the sampler (same count on every rank) and on the batches (no tiny last
-    batch for BatchNorm), startable part-way (:class:`~loaders._robust.SkipSampler`).
-    Validation: :class:`ShardSampler`, every sample exactly once. Undecodable samples are
-    replaced (:class:`~loaders._robust.TolerantDataset`). Workers write each batch into a
-    shared slot (:class:`~loaders._shared_batches.SlotWriter`, numbered batches of
-    :class:`~loaders._shared_batches.NumberedBatchSampler`). ``sampler`` replaces the training
-    default; it must shard by ``dist`` itself, give every rank the same ``len()`` and have
-    ``set_epoch`` (e.g. :class:`loaders._order.BlockShuffleSampler`).
-    Raises :class:`DataError` if the training shard holds less than one batch.
-    """
-    if train:
-        sampler = SkipSampler(sampler or LeanDistributedSampler(
-            dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
-            seed=args.seed, drop_last=True))
-    else:
-        sampler = ShardSampler(len(dataset), dist.rank, dist.world_size)
-    if train and len(sampler) < args.batch_size:
-        raise DataError(
-            f"training set has {len(sampler)} images per process, fewer than one batch of "
-            f"{args.batch_size}: lower -b/--batch-size")
-    workers = args.workers
-    loader = DataLoader(
-        SlotWriter(TolerantDataset(dataset)),
-        batch_sampler=NumberedBatchSampler(sampler, args.batch_size, drop_last=train),
-        collate_fn=keep_as_is, num_workers=workers, generator=torch.Generator(),
-        prefetch_factor=4 if workers > 0 else None,
-    )
-    max_batches = args.train_batches if train else args.val_batches
-    crop = args.train_crop_size if train else args.val_crop_size
-    return DeviceLoader(loader, dist.device, classes, (3, crop, crop),
-                        channels_last=args.channels_last,
-                        max_batches=max_batches, seed=args.seed, rank=dist.rank,
-                        max_bad_share=args.max_bad_share,
-                        dtype=input_dtype(args.amp, args.amp_dtype, dist.device))
-
-
-def batches_per_epoch(num_samples: int, batch_size: int, world_size: int, train: bool) -> int:
-    """Batches one rank sees per epoch: the count :func:`make_loader` produces."""
-    if train:
-        return (num_samples // world_size) // batch_size
-    return math.ceil(math.ceil(num_samples / world_size) / batch_size)
+def loader_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> dict:
+    """:class:`DeviceLoader`'s keyword arguments but ``classes`` for one split (train: crop
+    ``train_crop_size``, ``train_batches``; validation: ``val_crop_size``, ``val_batches``)."""
+    return dict(train=train, batch_size=settings.batch_size, workers=settings.workers,
+                device=dist.device,
+                crop_size=settings.train_crop_size if train else settings.val_crop_size,
+                channels_last=settings.channels_last,
+                max_batches=settings.train_batches if train else settings.val_batches,
+                seed=settings.seed, rank=dist.rank, max_bad_share=settings.max_bad_share,
+                dtype=settings.dtype)

@@ -1,6 +1,19 @@
-"""Block-shuffled ("quasi-random") training order for record stores larger than the page cache.
+"""Epoch orders: which dataset indices one rank reads in an epoch, and in which order.
 
-The algorithm follows FFCV's ``QuasiRandom`` traversal order
+One interface, shared by the DataLoader backends (through :class:`ResumableSampler`) and DALI
+(``loaders.dali``), as FFCV's ``TraversalOrder``: an order has ``num_samples`` (the dataset's
+size), ``len()`` (indices per epoch on this rank) and ``order(epoch)`` (those indices, an
+iterable of Python ints, a pure function of the constructor's arguments and ``epoch``):
+
+* :class:`RandomOrder`: training; the ``DistributedSampler(shuffle=True, drop_last=True)``
+  permutation of ``(seed, epoch)``, this rank's shard, kept as a tensor (memory-lean).
+* :class:`BlockOrder`: training over record stores larger than the page cache
+  (``--lmdb-order block``), below.
+* :class:`ShardOrder`: validation; ``rank, rank + world_size, ...``, every sample once.
+
+:func:`batches_per_epoch` is the one place the batch count of an epoch is computed.
+
+:class:`BlockOrder`'s algorithm follows FFCV's ``QuasiRandom`` traversal order
 (https://github.com/libffcv/ffcv, ``ffcv/traversal_order/quasi_random.py``): shuffle *blocks* of
 consecutive records, shuffle the records inside each block, and emit samples by drawing from a
 small buffer of open blocks. The code here is written independently and differs in two ways:
@@ -11,14 +24,117 @@ whole blocks instead of every ``world_size``-th sample of everyone's blocks.
 """
 from __future__ import annotations
 
-from typing import Iterator
+import itertools
+from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from ._errors import DataError
+from ._lean_sampler import LeanDistributedSampler
 
-class BlockShuffleSampler(Sampler[int]):
-    """Training sampler that reads contiguous blocks of records in a shuffled order.
+
+class Order(Protocol):
+    """What every epoch order provides (see the module docstring)."""
+
+    num_samples: int  # the dataset's size; indices are in 0..num_samples-1
+
+    def __len__(self) -> int:
+        """Indices this rank reads per epoch (the same for every epoch)."""
+
+    def order(self, epoch: int) -> Iterable[int]:
+        """This rank's indices of ``epoch``, in reading order."""
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+
+
+class RandomOrder:
+    """Training order: for each epoch, exactly the indices (and their order) of
+    ``DistributedSampler(range(num_samples), world_size, rank, shuffle=True, seed,
+    drop_last=True)`` after ``set_epoch(epoch)``: a permutation drawn from ``seed + epoch``,
+    trimmed to a multiple of ``world_size``, rank ``r`` taking every ``world_size``-th index
+    from ``r``. ``len()`` is ``num_samples // world_size`` on every rank.
+
+    Memory: the permutation is an int32 tensor while an epoch is read (4 bytes per index,
+    :class:`~loaders._lean_sampler.LeanDistributedSampler`), never a list of Python ints (~50
+    MB per process on ImageNet). Raises ``ValueError`` for a ``rank`` outside
+    ``0..world_size-1``.
+    """
+
+    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
+        _check_rank(rank, world_size)
+        self.num_samples, self.rank, self.world_size, self.seed = (num_samples, rank,
+                                                                   world_size, seed)
+
+    def __len__(self) -> int:
+        return self.num_samples // self.world_size
+
+    def order(self, epoch: int) -> Iterator[int]:
+        # Looked up at call time: benchmarks/bench_memory.py swaps in the stock sampler.
+        sampler = LeanDistributedSampler(range(self.num_samples), num_replicas=self.world_size,
+                                         rank=self.rank, shuffle=True, seed=self.seed,
+                                         drop_last=True)
+        sampler.set_epoch(epoch)
+        return iter(sampler)
+
+
+class ShardOrder:
+    """Validation order: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...`` in order, in
+    every epoch. Every sample is read exactly once across ranks and none is padded or repeated
+    (unlike ``DistributedSampler``), so a metric summed over ranks equals the single-process
+    one; ``len()`` may differ by one between ranks."""
+
+    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
+        _check_rank(rank, world_size)
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.num_samples, self.world_size))
+
+    def order(self, epoch: int) -> range:
+        return range(self.rank, self.num_samples, self.world_size)
+
+
+def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
+                      max_batches: int | None = None) -> int:
+    """Batches of ``batch_size`` in an epoch of ``samples`` indices (``len()`` of an order):
+    whole batches only with ``drop_last`` (training: no tiny last batch for BatchNorm), else
+    the last one partial (validation); capped at ``max_batches`` (``--train-batches``)."""
+    count = samples // batch_size if drop_last else -(-samples // batch_size)
+    return count if max_batches is None else min(count, max_batches)
+
+
+def check_one_batch(order: Order, batch_size: int) -> None:
+    """Raise :class:`DataError` if a training ``order`` holds less than one batch per rank."""
+    if len(order) < batch_size:
+        raise DataError(f"training set has {len(order)} images per process, fewer than one "
+                        f"batch of {batch_size}: lower -b/--batch-size")
+
+
+class ResumableSampler(Sampler[int]):
+    """The DataLoader face of an :class:`Order`: yields ``order.order(epoch)`` from position
+    ``start`` on (``start`` = batches already trained on x batch size, for a run resumed from a
+    mid-epoch checkpoint, ``--save-every``: none repeated, none skipped). ``set_epoch`` selects
+    the epoch; ``len()`` counts only what is left."""
+
+    def __init__(self, order: Order):
+        self.order, self.epoch, self.start = order, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.order.order(self.epoch)), self.start, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.order) - self.start)
+
+
+class BlockOrder:
+    """Training order that reads contiguous blocks of records in a shuffled order.
 
     Per epoch, with one generator seeded from ``(seed, epoch)`` and identical on every rank:
 
@@ -53,37 +169,30 @@ class BlockShuffleSampler(Sampler[int]):
         if block_size < 1 or buffer_blocks < 1:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        _check_rank(rank, world_size)
         self.num_samples = num_samples
         self.block_size = block_size
         self.buffer_blocks = buffer_blocks
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
-        self.epoch = 0
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next ``__iter__`` yields."""
-        self.epoch = epoch
+    def runs(self, epoch: int) -> list[tuple[int, int]]:
+        """This rank's ``(start, stop)`` record ranges of ``epoch``, in reading order (before
+        the within-block and buffer shuffles)."""
+        return self._runs(self._rng(epoch))
 
-    def runs(self) -> list[tuple[int, int]]:
-        """This rank's ``(start, stop)`` record ranges for the current epoch, in reading order
-        (before the within-block and buffer shuffles)."""
-        rng = self._rng()
-        return self._runs(rng)
-
-    def __iter__(self) -> Iterator[int]:
-        rng = self._rng()
+    def order(self, epoch: int) -> list[int]:
+        rng = self._rng(epoch)
         runs = self._runs(rng)
-        return iter(self._interleave(runs, rng))
+        return self._interleave(runs, rng)
 
-    def _rng(self) -> np.random.Generator:
+    def _rng(self, epoch: int) -> np.random.Generator:
         # SeedSequence mixes the pair properly; seed*K+epoch schemes collide across seeds.
-        return np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, self.epoch])
+        return np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
 
     def _runs(self, rng: np.random.Generator) -> list[tuple[int, int]]:
         n, size = self.num_samples, self.block_size

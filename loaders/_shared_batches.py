@@ -144,10 +144,11 @@ def _check_shm_space(nbytes: int, path: str = "/dev/shm") -> None:
 
 class SlotWriter(Dataset):
     """Dataset wrapper for ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: fetching a
-    :class:`NumberedBatch` writes its samples into ``pool`` (set before workers start) and
+    :class:`NumberedBatch` writes its samples into the slots given to :meth:`use` (before the
+    workers start: they fork with them, or unpickle them) and
     returns ``(number, slot, count, replaced)`` (ints; ``replaced`` sums the third item of
     ``dataset``'s ``(image, label, replaced)`` samples, see
-    :class:`~loaders._robust.TolerantDataset`).
+    :class:`~loaders._bad_samples.TolerantDataset`).
 
     Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
     """
@@ -155,6 +156,10 @@ class SlotWriter(Dataset):
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
         self.pool: SharedBatches | None = None
+
+    def use(self, pool: SharedBatches) -> None:
+        """Write the next pass's batches into ``pool``'s slots."""
+        self.pool = pool
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -165,7 +170,7 @@ class SlotWriter(Dataset):
     def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         pool = self.pool
         if pool is None:
-            raise RuntimeError("SlotWriter.pool must be set before iterating")
+            raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
         slot = pool.acquire(batch.number)
         images, labels = pool.images[slot], pool.labels[slot]
         replaced = 0

@@ -150,12 +150,13 @@ def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) ->
     return out[:, top:top + crop_size, left:left + crop_size]
 
 
-def build_transform(args, train: bool):
-    """The transform for one split from ``--train-crop-size``, ``--val-resize-size``,
-    ``--val-crop-size`` (torchvision references' flags; defaults 224/256/224)."""
+def split_transform(train: bool, train_crop_size: int, val_resize_size: int,
+                    val_crop_size: int):
+    """The transform for one split, sizes in pixels (``--train-crop-size``,
+    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags)."""
     if train:
-        return TrainTransform(args.train_crop_size)
-    return ValTransform(args.val_resize_size, args.val_crop_size)
+        return TrainTransform(train_crop_size)
+    return ValTransform(val_resize_size, val_crop_size)
 
 
 def read_file(path: str) -> bytes:

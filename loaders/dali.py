@@ -12,14 +12,16 @@ With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
 decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50
 does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only
 the RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with
-the other backends' code, because DALI's CPU resize is the slow step there (:func:`_augment`);
+the other backends' code, because DALI's CPU resize is the slow step there (``_dali_graph.augment``);
 ``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
 EXIF orientation is not applied (``adjust_orientation=False``): as in every loader here and in
 the ``ImageFolder`` + PIL pipeline of pytorch/examples, a JPEG's pixels are used as stored.
 
-Order: this module decides which samples each rank reads, in which order, every epoch (the
-``DistributedSampler`` permutation for training, :class:`ShardSampler` for validation) and hands
-DALI that exact list, not using DALI's shuffling and sharding. New pipelines are built for every
+Order: the loader reads each epoch in the indices of an epoch order (``loaders/_order.py``),
+the same objects as the other backends use (training :class:`~loaders._order.RandomOrder`, or
+:class:`~loaders._order.BlockOrder` with ``--lmdb --lmdb-order block``; validation
+:class:`~loaders._order.ShardOrder`), and hands DALI that exact list, not using DALI's
+shuffling and sharding. The graph and the sources are in ``loaders/_dali_graph.py``. New pipelines are built for every
 pass, seeded from (seed, epoch, rank) and the pipeline's index, so an epoch's order is a function
 of (seed, epoch, rank) and its augmentation of (seed, epoch, rank, CPU-only pipelines) alone.
 
@@ -32,20 +34,19 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import re
-from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, Sequence
 
-import numpy as np
 import torch
-from torch.utils.data import DistributedSampler
 
+from ._bad_samples import DECODE_ERRORS, report_unreadable, too_many_unreadable
+from ._common import DataError, DistInfo, _mix_seed, check_same_classes
+from ._dali_graph import (GraphOptions, augment, finish_on_cpu, folder_source, gpu_to_torch,
+                          lmdb_source)
 from ._errors import AcceleratorError
-from ._robust import DECODE_ERRORS, report_unreadable, too_many_unreadable
-from ._transforms import decode, read_file, resize, resize_center_crop
-from ._common import (IMAGENET_MEAN, IMAGENET_STD, DataError, DistInfo, ShardSampler,
-                      _mix_seed, check_same_classes, float_batch, imagenet_mean_std,
-                      input_dtype, normalize_each, split_paths)
+from ._order import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
+from ._settings import LoaderSettings
+from ._transforms import decode, read_file
 
 # Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
 # 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
@@ -59,12 +60,6 @@ A100_HW_DECODER_LOAD = 0.75
 # Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
 _CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
                            r"out of memory", re.IGNORECASE)
-# RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision and DeepLearningExamples RN50).
-RANDOM_AREA = (0.08, 1.0)
-RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
-_MEAN_255, _STD_255 = imagenet_mean_std()
-
-
 def dali_pip_package(cuda_version: str | None) -> str:
     """The DALI wheel for torch's CUDA ``cuda_version`` ("12.8" -> ``nvidia-dali-cuda120``,
     "13.0" -> ``nvidia-dali-cuda130``; None, a torch without CUDA -> the CUDA 13 wheel)."""
@@ -105,170 +100,6 @@ def default_hw_decoder_load(device: torch.device) -> float:
     return DEFAULT_HW_DECODER_LOAD
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Which dataset indices one rank reads per epoch, and how many batches that makes.
-
-    Training: the permutation of ``DistributedSampler(shuffle=True, seed, drop_last=True)`` for
-    the epoch (every rank the same count), cut to whole batches. Validation: indices
-    ``rank, rank + world_size, ...`` (:class:`ShardSampler`), every sample exactly once across
-    ranks, the last batch possibly partial. ``max_batches`` caps both (``--train-batches``).
-    """
-
-    num_samples: int
-    batch_size: int
-    train: bool
-    seed: int = 0
-    rank: int = 0
-    world_size: int = 1
-    max_batches: int | None = None
-
-    def order(self, epoch: int) -> list[int]:
-        """Dataset indices this rank reads in ``epoch``, in reading order (no padding)."""
-        if self.train:
-            sampler = DistributedSampler(range(self.num_samples), num_replicas=self.world_size,
-                                         rank=self.rank, shuffle=True, seed=self.seed,
-                                         drop_last=True)
-            sampler.set_epoch(epoch)
-        else:
-            sampler = ShardSampler(self.num_samples, self.rank, self.world_size)
-        return list(sampler)[:self.num_batches * self.batch_size]
-
-    @property
-    def num_batches(self) -> int:
-        """Batches per epoch on this rank: the loader's exact ``len()``."""
-        if self.train:
-            n = (self.num_samples // self.world_size) // self.batch_size
-        else:
-            n = math.ceil(len(range(self.rank, self.num_samples, self.world_size)) / self.batch_size)
-        return n if self.max_batches is None else min(n, self.max_batches)
-
-
-@dataclass(frozen=True)
-class GraphOptions:
-    """How the decode/augment graph is placed and shaped (sizes in pixels)."""
-
-    train: bool
-    crop_size: int
-    resize_size: int  # validation shorter side; unused for training
-    cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
-    decode_on_cpu: bool  # --dali-cpu, or no CUDA
-    hw_decoder_load: float
-    dtype: torch.dtype  # of the delivered images (loaders._common.input_dtype)
-    channels_last: bool
-
-
-def _augment(encoded, opts: GraphOptions):
-    """DALI graph: encoded images -> list of outputs before the labels.
-
-    With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
-    if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
-    ``[crops, mirror]`` for training (uint8 HWC RandomResizedCrop windows of varied size, int32
-    flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
-    :func:`_finish_on_cpu` resizes, flips and normalises: DALI's CPU ``fn.resize`` is the slow
-    stage there, its region-of-interest JPEG decoding fast (``benchmarks/profile_dali_cpu.py``).
-    Grayscale and CMYK JPEGs come out as RGB (``output_type=RGB``), as PIL's ``convert("RGB")``.
-    """
-    from nvidia.dali import fn, types
-
-    decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
-              "adjust_orientation": False}  # pixels as stored, as the other loaders
-    if not opts.decode_on_cpu:
-        decode["hw_decoder_load"] = opts.hw_decoder_load
-    if opts.train:
-        images = fn.decoders.image_random_crop(encoded, random_area=list(RANDOM_AREA),
-                                               random_aspect_ratio=list(RANDOM_ASPECT_RATIO),
-                                               num_attempts=100, **decode)
-        mirror = fn.random.coin_flip(probability=0.5)
-    else:
-        images = fn.decoders.image(encoded, **decode)
-        mirror = 0
-    if not opts.cuda:
-        return [images, mirror] if opts.train else [images]
-    if opts.decode_on_cpu:
-        images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
-    if opts.train:
-        images = fn.resize(images, resize_x=opts.crop_size, resize_y=opts.crop_size)
-    else:
-        images = fn.resize(images, resize_shorter=opts.resize_size)
-    return [fn.crop_mirror_normalize(
-        images, crop=(opts.crop_size, opts.crop_size), mirror=mirror,
-        dtype=types.FLOAT16 if opts.dtype == torch.float16 else types.FLOAT,
-        output_layout="HWC" if opts.channels_last else "CHW",
-        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])]
-
-
-def _finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU-only pipeline outputs (see :func:`_augment`) -> normalised float32 ``(N, 3, crop,
-    crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders._transforms``) and normalisation (``loaders._common.normalize_each``)."""
-    images, *rest, labels = outputs
-    size = opts.crop_size
-    flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
-
-    def crops():
-        for i in range(len(images)):
-            # A view of DALI's buffer, valid until the next run(); resizing copies it out.
-            image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
-            if opts.train:
-                out = resize(image, (size, size))
-                yield out.flip(-1) if flips[i] else out
-            else:
-                yield resize_center_crop(image, opts.resize_size, size)
-
-    # Each crop is normalised straight after its resize, while it is in cache.
-    out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
-    return (normalize_each(crops(), out, _MEAN_255, _STD_255),
-            torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
-
-
-class LMDBBatches:
-    """Batched (and parallel-safe) ``fn.external_source`` callable over an LMDB's records.
-
-    Called with DALI's ``BatchInfo``, returns ``([encoded uint8 (bytes,)], [label int32 ()])``
-    for batch ``info.iteration`` of ``order``, ``StopIteration`` after the last (possibly
-    partial: nothing is padded). Pickles without an open LMDB; each worker opens its own.
-    """
-
-    def __init__(self, dataset, order: Sequence[int], batch_size: int):
-        self.dataset, self.order, self.batch_size = dataset, list(order), batch_size
-
-    def __call__(self, info):
-        start = info.iteration * self.batch_size
-        indices = self.order[start:start + self.batch_size]
-        if not indices:
-            raise StopIteration
-        records = [self.dataset.read(i) for i in indices]
-        return ([np.frombuffer(data, dtype=np.uint8) for data, _ in records],
-                [np.array(label, dtype=np.int32) for _, label in records])
-
-
-def _folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], parallel: bool):
-    """``fn.readers.file`` over exactly ``order`` (indices into ImageFolder's ``samples``).
-
-    ``pad_last_batch`` repeats the last file to fill the final batch (:class:`DALILoader` trims
-    it). ``parallel`` is unused: the reader's C++ threads read the files. Files are read, not
-    mapped (``dont_use_mmap``): +2.5% images/s CPU-only, ahead in 4 of 4 interleaved rounds on
-    the 2-core machine (likely the TLB shootdowns of unmapping each ~110 KB file; not verified).
-    """
-    from nvidia.dali import fn
-
-    return fn.readers.file(files=[samples[i][0] for i in order],
-                           labels=[samples[i][1] for i in order],
-                           random_shuffle=False, pad_last_batch=True, dont_use_mmap=True,
-                           name="Reader")
-
-
-def _lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool):
-    """``fn.external_source`` of :class:`LMDBBatches`; ``parallel``: in DALI worker processes."""
-    from nvidia.dali import fn, types
-
-    extra = {"prefetch_queue_depth": 2} if parallel else {}
-    return fn.external_source(source=LMDBBatches(dataset, order, batch_size), num_outputs=2,
-                              batch=True, batch_info=True, parallel=parallel,
-                              dtype=[types.UINT8, types.INT32], **extra)
-
-
 class DALILoader:
     """One split's DALI pipelines, rebuilt for every pass, as a loader of the usual contract.
 
@@ -288,26 +119,31 @@ class DALILoader:
     producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
     """
 
-    def __init__(self, plan: Plan, make_source, opts: GraphOptions, classes: Sequence[str],
-                 device: torch.device, num_threads: int, py_workers: int, seed: int,
-                 read_encoded=None, describe=str, max_bad_share: float = 0.01,
-                 cpu_pipelines: int | None = None):
-        self.plan, self.opts, self.classes, self.device = plan, opts, list(classes), device
+    def __init__(self, order: Order, make_source, opts: GraphOptions, classes: Sequence[str],
+                 device: torch.device, *, batch_size: int, max_batches: int | None,
+                 num_threads: int, py_workers: int, seed: int, rank: int, read_encoded,
+                 describe, max_bad_share: float, cpu_pipelines: int | None = None):
+        if opts.train:
+            check_one_batch(order, batch_size)
+        self.sample_order = order  # an Order; opts.train: whole batches only
+        self.batch_size, self.max_batches = batch_size, max_batches
+        self.opts, self.classes, self.device = opts, list(classes), device
         self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
         self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
         self.describe = describe  # index -> path or record, for messages
-        self.max_bad_share, self.seed = max_bad_share, seed
+        self.max_bad_share, self.seed, self.rank = max_bad_share, seed, rank
         self.num_threads, self.py_workers = max(1, num_threads), py_workers
         self.cpu_pipelines = cpu_pipelines
         self.epoch = self.start_batch = 0
 
-    def __len__(self) -> int:
-        return self.plan.num_batches - self.start_batch
-
     @property
-    def batch_size(self) -> int:
-        """Images per batch on this rank."""
-        return self.plan.batch_size
+    def num_batches(self) -> int:
+        """Batches in a whole epoch on this rank (before ``start_batch``)."""
+        return batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
+                                 self.max_batches)
+
+    def __len__(self) -> int:
+        return self.num_batches - self.start_batch
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
@@ -315,13 +151,14 @@ class DALILoader:
         self.epoch, self.start_batch = epoch, start_batch
 
     def order(self) -> list[int]:
-        """Dataset indices the next pass yields, in order (for tests and debugging)."""
-        order = self.plan.order(self.epoch if self.plan.train else 0)
-        return order[self.start_batch * self.plan.batch_size:]
+        """Dataset indices the next pass yields, in order (the epoch order's, cut to
+        :attr:`num_batches` batches, from ``start_batch`` on)."""
+        indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
+        return indices[self.start_batch * self.batch_size:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order, step, bad = self.order(), 0, 0
-        batch = self.plan.batch_size
+        batch = self.batch_size
         allowed = self.max_bad_share * len(order)
         while step < len(self):
             # DALI cannot skip a file it fails to decode: find it, swap it for a readable
@@ -350,7 +187,7 @@ class DALILoader:
 
     @property
     def _split(self) -> str:
-        return "training" if self.plan.train else "validation"
+        return "training" if self.opts.train else "validation"
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> int:
@@ -358,13 +195,13 @@ class DALILoader:
         ahead) with our CPU decoder; report each unreadable one on stderr and replace it in
         ``order`` by the next readable dataset index. Returns how many were replaced; raises
         :class:`DataError` with DALI's message if none of them is unreadable."""
-        batch = self.plan.batch_size
+        batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
         replaced = 0
         for position in window:
             index = order[position]
             while not self._readable(index):
-                index = (index + 1) % self.plan.num_samples
+                index = (index + 1) % self.sample_order.num_samples
                 replaced += 1
                 if replaced > len(window):
                     raise DataError(f"DALI: {replaced} unreadable samples near batch {step}: "
@@ -403,7 +240,7 @@ class DALILoader:
     def _build_pipelines(self, order: list[int], batches: int) -> list:
         """Built pipelines that together yield the first ``batches`` batches of ``order``:
         pipeline ``p`` reads batches ``p, p + n, p + 2n, ...`` (``n`` pipelines)."""
-        batch = self.plan.batch_size
+        batch = self.batch_size
         n = self._num_pipelines(batches)
         chunks = [order[i * batch:(i + 1) * batch] for i in range(batches)]
         pipes = [self._pipeline([i for chunk in chunks[p::n] for i in chunk], p, n)
@@ -431,37 +268,26 @@ class DALILoader:
             encoded, labels = self.make_source(order, parallel)
             if self.opts.cuda:  # copied with the images, not a blocking pageable copy
                 labels = labels.gpu()
-            return (*_augment(encoded, self.opts), labels)
+            return (*augment(encoded, self.opts), labels)
 
-        epoch = self.epoch if self.plan.train else 0
+        epoch = self.epoch if self.opts.train else 0
         device_id = (self.device.index if self.device.index is not None
                      else torch.cuda.current_device()) if self.opts.cuda else None
-        seed = (_mix_seed(self.seed, epoch, self.plan.rank) + index) % 2**31
-        return graph(batch_size=self.plan.batch_size,
+        seed = (_mix_seed(self.seed, epoch, self.rank) + index) % 2**31
+        return graph(batch_size=self.batch_size,
                      num_threads=max(1, self.num_threads // pipelines),
                      device_id=device_id, seed=seed,
                      prefetch_queue_depth=self._queue_depth(pipelines), **parallel_kw)
 
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.opts.cuda:
-            return _finish_on_cpu(outputs, self.opts)
-        images, labels = (_gpu_to_torch(out, self.device) for out in outputs)
+            return finish_on_cpu(outputs, self.opts)
+        images, labels = (gpu_to_torch(out, self.device) for out in outputs)
         if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16 output: convert on the GPU
             images = images.to(torch.bfloat16)
         if self.opts.channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
         return images, labels.reshape(-1).to(torch.int64)
-
-
-def _gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
-    """Copy a dense DALI ``TensorListGPU`` into a new torch tensor on ``device``, queued on
-    torch's current stream (so the host does not wait, and torch's next kernels do)."""
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-    tensor = tensor_list.as_tensor()
-    out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-    feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(device))
-    return out
 
 
 def _message_lines(exc: Exception) -> list[str]:
@@ -479,69 +305,72 @@ def _cuda_failure(exc: Exception) -> str | None:
     return " ".join(lines[hits[-1]:]) if hits else None
 
 
-def _graph_options(args, dist: DistInfo, train: bool) -> GraphOptions:
-    """The split's graph options from the parsed flags; ``--dali-hw-decoder-load`` unset ->
+def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
+    """The split's graph options from ``settings``; ``dali_hw_decoder_load`` None ->
     :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
     cuda = dist.device.type == "cuda"
-    load = args.dali_hw_decoder_load
+    load = settings.dali_hw_decoder_load
     if load is None:
         load = default_hw_decoder_load(dist.device)
     elif not 0 <= load <= 1:
         raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
     return GraphOptions(
-        train=train, crop_size=args.train_crop_size if train else args.val_crop_size,
-        resize_size=args.val_resize_size, cuda=cuda, decode_on_cpu=not cuda or args.dali_cpu,
-        hw_decoder_load=load, dtype=input_dtype(args.amp, args.amp_dtype, dist.device),
-        channels_last=bool(args.channels_last))
+        train=train, crop_size=settings.train_crop_size if train else settings.val_crop_size,
+        resize_size=settings.val_resize_size, cuda=cuda,
+        decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
+        dtype=settings.dtype, channels_last=settings.channels_last)
 
 
-def _open_split(path: str, use_lmdb: bool, batch_size: int):
-    """``(num_samples, classes, make_source, read_encoded, describe)`` for one split; raises
+def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo):
+    """``(order, classes, make_source, read_encoded, describe)`` for one split; raises
     :class:`DataError`.
 
-    ``make_source(order, parallel)`` adds the source of ``(encoded, label)`` to a DALI graph;
-    ``read_encoded(index)`` returns a sample's encoded bytes, ``describe(index)`` its name.
+    ``order``: the split's epoch order (LMDB training: ``settings.lmdb_order``, see
+    :func:`loaders.lmdb_records.training_order`). ``make_source(order, parallel)`` adds the
+    source of ``(encoded, label)`` to a DALI graph; ``read_encoded(index)`` returns a sample's
+    encoded bytes, ``describe(index)`` its name.
     """
-    if use_lmdb:
-        from .lmdb_records import LMDBDataset
+    if settings.lmdb:
+        from .lmdb_records import LMDBDataset, training_order
 
         dataset = LMDBDataset(path)
-        return (len(dataset), dataset.classes, partial(_lmdb_source, dataset, batch_size),
+        order = (training_order(dataset, settings, dist) if train
+                 else ShardOrder(len(dataset), dist.rank, dist.world_size))
+        return (order, dataset.classes, partial(lmdb_source, dataset, settings.batch_size),
                 lambda i: dataset.read(i)[0], dataset.name_of)
     from .folder import open_image_folder
 
     folder = open_image_folder(path)  # ImageFolder: its classes and labels by construction
-    return (len(folder.samples), folder.classes, partial(_folder_source, folder.samples),
+    size = len(folder.samples)
+    order = (RandomOrder(size, dist.rank, dist.world_size, settings.seed) if train
+             else ShardOrder(size, dist.rank, dist.world_size))
+    return (order, folder.classes, partial(folder_source, folder.samples),
             lambda i: read_file(folder.samples[i][0]), folder.name_of)
 
 
-def build_loaders(args, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s over JPEG folders, or LMDBs with ``--lmdb``.
+def build_loaders(settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`DALILoader` s over JPEG folders, or LMDBs with
+    ``settings.lmdb`` (training order: ``settings.lmdb_order``).
 
-    Threads: ``args.workers`` DALI CPU threads (at least 1; CPU-only, as many single-threaded
-    pipelines); with ``--lmdb`` also as many parallel external-source worker processes in all
-    (0: records are read in the main process).
+    Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
+    single-threaded pipelines); over LMDBs also as many parallel external-source worker
+    processes in all (0: records are read in the main process).
     Raises :class:`DataError` if DALI is not installed (or, on CUDA, built for another CUDA
-    major than torch), for bad input paths, mismatched class lists, or a training shard smaller
-    than one batch.
+    major than torch), for bad input paths, mismatched class lists, bad block sizes, or a
+    training shard smaller than one batch.
     """
     _require_dali(dist.device)
     built, classes_by_split = [], []
-    for train, path in zip((True, False), split_paths(args)):
-        num_samples, classes, make_source, read_encoded, describe = _open_split(
-            path, bool(args.lmdb), args.batch_size)
-        plan = Plan(num_samples, args.batch_size, train, seed=args.seed, rank=dist.rank,
-                    world_size=dist.world_size,
-                    max_batches=args.train_batches if train else args.val_batches)
-        if train and num_samples // dist.world_size < args.batch_size:
-            raise DataError(
-                f"training set has {num_samples // dist.world_size} images per process, fewer "
-                f"than one batch of {args.batch_size}: lower -b/--batch-size")
-        built.append(DALILoader(plan, make_source, _graph_options(args, dist, train), classes,
-                                dist.device, num_threads=args.workers,
-                                py_workers=args.workers if args.lmdb else 0, seed=args.seed,
-                                read_encoded=read_encoded, describe=describe,
-                                max_bad_share=args.max_bad_share))
+    for train, path in ((True, settings.train_path), (False, settings.val_path)):
+        order, classes, make_source, read_encoded, describe = _open_split(path, train,
+                                                                          settings, dist)
+        built.append(DALILoader(
+            order, make_source, _graph_options(settings, dist, train), classes, dist.device,
+            batch_size=settings.batch_size,
+            max_batches=settings.train_batches if train else settings.val_batches,
+            num_threads=settings.workers, py_workers=settings.workers if settings.lmdb else 0,
+            seed=settings.seed, rank=dist.rank, read_encoded=read_encoded, describe=describe,
+            max_bad_share=settings.max_bad_share))
         classes_by_split.append(classes)
     check_same_classes(*classes_by_split)
     return built[0], built[1]

@@ -6,9 +6,11 @@ import os
 
 from torchvision import datasets
 
-from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
+from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
 from ._lmdb_codec import is_lmdb
-from ._transforms import build_transform, read_file
+from ._order import RandomOrder, ShardOrder
+from ._settings import LoaderSettings
+from ._transforms import read_file, split_transform
 
 
 class ImageFolderBytes(datasets.ImageFolder):
@@ -50,11 +52,19 @@ def open_image_folder(root: str, transform=None) -> ImageFolderBytes:
     return dataset
 
 
-def build_loaders(args, dist: DistInfo):
-    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the JPEG folders."""
-    train_root, val_root = split_paths(args)
-    train_set = open_image_folder(train_root, build_transform(args, train=True))
-    val_set = open_image_folder(val_root, build_transform(args, train=False))
+def build_loaders(settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the JPEG folders
+    ``settings.train_path`` and ``settings.val_path``: training in
+    :class:`~loaders._order.RandomOrder`, validation in :class:`~loaders._order.ShardOrder`.
+    Raises :class:`DataError` for bad folders, mismatched classes or a training shard smaller
+    than one batch."""
+    sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
+    train_set = open_image_folder(settings.train_path, split_transform(True, *sizes))
+    val_set = open_image_folder(settings.val_path, split_transform(False, *sizes))
     check_same_classes(train_set.classes, val_set.classes)
-    return (make_loader(train_set, args, dist, train=True, classes=train_set.classes),
-            make_loader(val_set, args, dist, train=False, classes=val_set.classes))
+    train_order = RandomOrder(len(train_set), dist.rank, dist.world_size, settings.seed)
+    val_order = ShardOrder(len(val_set), dist.rank, dist.world_size)
+    return (DeviceLoader(train_set, train_order, classes=train_set.classes,
+                         **loader_options(settings, dist, train=True)),
+            DeviceLoader(val_set, val_order, classes=val_set.classes,
+                         **loader_options(settings, dist, train=False)))

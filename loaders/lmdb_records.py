@@ -9,11 +9,12 @@ import sys
 
 from torch.utils.data import Dataset
 
-from ._common import DataError, DistInfo, check_same_classes, make_loader, split_paths
+from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
 from ._lmdb_codec import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
                           record_key)
-from ._order import BlockShuffleSampler
-from ._transforms import build_transform
+from ._order import BlockOrder, Order, RandomOrder, ShardOrder
+from ._settings import LoaderSettings
+from ._transforms import split_transform
 
 
 class LMDBDataset(Dataset):
@@ -105,14 +106,14 @@ def readahead_for(path: str, choice) -> bool:
         return False
 
 
-def warn_if_class_sorted(dataset: LMDBDataset, path: str, sampler: BlockShuffleSampler) -> None:
+def warn_if_class_sorted(dataset: LMDBDataset, path: str, order: BlockOrder) -> None:
     """One stderr line when block order reads a database whose records are sorted by class:
     its open blocks then hold only a few classes, and so does every batch."""
     if dataset.shuffle_seed is not None:
         return
     # Each open block spans 1 + block_size / (records per class) classes, on average.
-    per_block = 1 + sampler.block_size * len(dataset.classes) / max(1, len(dataset))
-    classes = sampler.buffer_blocks * per_block
+    per_block = 1 + order.block_size * len(dataset.classes) / max(1, len(dataset))
+    classes = order.buffer_blocks * per_block
     if classes >= len(dataset.classes):
         return
     print(f"warning: --lmdb-order block: {path} stores its records sorted by class, so a batch "
@@ -120,33 +121,44 @@ def warn_if_class_sorted(dataset: LMDBDataset, path: str, sampler: BlockShuffleS
           "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
 
 
-def build_loaders(args, dist: DistInfo):
+def training_order(dataset: LMDBDataset, settings: LoaderSettings, dist: DistInfo) -> Order:
+    """The training order over ``dataset`` (an LMDB; also DALI's with ``--lmdb``):
+    ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders._order.BlockOrder`
+    (``lmdb_block_size`` records per block, ``lmdb_buffer_blocks`` open blocks; warns on rank 0
+    if the records are sorted by class), ``"random"`` -> :class:`~loaders._order.RandomOrder`.
+    Raises :class:`DataError` for an unknown order or block sizes below 1."""
+    if settings.lmdb_order == "random":
+        return RandomOrder(len(dataset), dist.rank, dist.world_size, settings.seed)
+    if settings.lmdb_order != "block":
+        raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
+    try:
+        order = BlockOrder(len(dataset), block_size=settings.lmdb_block_size,
+                           buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,
+                           world_size=dist.world_size, seed=settings.seed)
+    except ValueError as exc:
+        raise DataError(f"--lmdb-order block: {exc}") from None
+    if dist.rank == 0:
+        warn_if_class_sorted(dataset, dataset.path, order)
+    return order
+
+
+def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs.
 
-    ``args.lmdb_order == "block"`` reads training records in block-shuffled order
-    (:class:`~loaders._order.BlockShuffleSampler`, ``args.lmdb_block_size`` records per block,
-    ``args.lmdb_buffer_blocks`` open blocks); validation is always read in index order.
-    ``args.lmdb_readahead`` (``on``/``off``/``auto``, see :func:`readahead_for`) sets OS
-    readahead. Namespaces without these attributes get random order, 256, 8, readahead off.
+    Training reads in :func:`training_order`, validation in index order
+    (:class:`~loaders._order.ShardOrder`). ``settings.lmdb_readahead`` (``on``/``off``/
+    ``auto``, see :func:`readahead_for`) sets OS readahead. Raises :class:`DataError` for an
+    incomplete database, mismatched classes, bad block sizes or a training shard smaller than
+    one batch.
     """
-    train_path, val_path = split_paths(args)
-    choice = getattr(args, "lmdb_readahead", "off")
-    train_set = LMDBDataset(train_path, build_transform(args, train=True),
-                            readahead=readahead_for(train_path, choice))
-    val_set = LMDBDataset(val_path, build_transform(args, train=False),
-                          readahead=readahead_for(val_path, choice))
+    sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
+    datasets = [LMDBDataset(path, split_transform(train, *sizes),
+                            readahead=readahead_for(path, settings.lmdb_readahead))
+                for train, path in ((True, settings.train_path), (False, settings.val_path))]
+    train_set, val_set = datasets
     check_same_classes(train_set.classes, val_set.classes)
-    sampler = None
-    if getattr(args, "lmdb_order", "random") == "block":
-        try:
-            sampler = BlockShuffleSampler(
-                len(train_set), block_size=getattr(args, "lmdb_block_size", 256),
-                buffer_blocks=getattr(args, "lmdb_buffer_blocks", 8), rank=dist.rank,
-                world_size=dist.world_size, seed=args.seed)
-        except ValueError as exc:
-            raise DataError(f"--lmdb-order block: {exc}") from None
-        if dist.rank == 0:
-            warn_if_class_sorted(train_set, train_path, sampler)
-    return (make_loader(train_set, args, dist, train=True, classes=train_set.classes,
-                        sampler=sampler),
-            make_loader(val_set, args, dist, train=False, classes=val_set.classes))
+    val_order = ShardOrder(len(val_set), dist.rank, dist.world_size)
+    return (DeviceLoader(train_set, training_order(train_set, settings, dist),
+                         classes=train_set.classes, **loader_options(settings, dist, train=True)),
+            DeviceLoader(val_set, val_order, classes=val_set.classes,
+                         **loader_options(settings, dist, train=False)))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import DistInfo, batches_per_epoch, imagenet_mean_std, input_dtype, normalize
+from ._common import DistInfo, imagenet_mean_std, normalize
+from ._order import RandomOrder, ShardOrder, batches_per_epoch
+from ._settings import LoaderSettings
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
@@ -18,21 +20,21 @@ NUM_CLASSES = 1000
 class SyntheticLoader:
     """Yields the same ``(images, labels)`` batch ``len()`` times.
 
-    ``images``: ``dtype`` (float32 by default) ``(batch_size, 3, size, size)`` on ``device``,
+    ``images``: ``dtype`` ``(batch_size, 3, size, size)`` on ``device``,
     uniform uint8 noise normalised as real data is; ``labels``: int64 ``(batch_size,)`` in
     ``[0, num_classes)``.
     """
 
     def __init__(self, num_samples: int, batch_size: int, size: int, dist: DistInfo,
-                 train: bool, channels_last: bool = False, max_batches: int | None = None,
-                 seed: int = 0, num_classes: int = NUM_CLASSES,
-                 dtype: torch.dtype = torch.float32):
+                 train: bool, channels_last: bool, max_batches: int | None, seed: int,
+                 dtype: torch.dtype, num_classes: int = NUM_CLASSES):
         self.batch_size = batch_size
         self.classes = [f"class{i:04d}" for i in range(num_classes)]
         self.start_batch = 0
-        self._len = batches_per_epoch(num_samples, batch_size, dist.world_size, train)
-        if max_batches is not None:
-            self._len = min(self._len, max_batches)
+        # The batch count of a real loader over an epoch of this size (same order lengths).
+        order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
+                 else ShardOrder(num_samples, dist.rank, dist.world_size))
+        self._len = batches_per_epoch(len(order), batch_size, train, max_batches)
         gen = torch.Generator().manual_seed(seed + dist.rank)
         pixels = torch.randint(0, 256, (batch_size, 3, size, size), generator=gen)
         self.images = normalize(pixels, *imagenet_mean_std(), channels_last).to(dist.device,
@@ -51,11 +53,11 @@ class SyntheticLoader:
             yield self.images, self.labels
 
 
-def build_loaders(args, dist: DistInfo):
+def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` synthetic loaders with the sizes of ImageNet-1k."""
-    common = dict(batch_size=args.batch_size, dist=dist, channels_last=args.channels_last,
-                  seed=args.seed, dtype=input_dtype(args.amp, args.amp_dtype, dist.device))
-    return (SyntheticLoader(TRAIN_IMAGES, size=args.train_crop_size, train=True,
-                            max_batches=args.train_batches, **common),
-            SyntheticLoader(VAL_IMAGES, size=args.val_crop_size, train=False,
-                            max_batches=args.val_batches, **common))
+    common = dict(batch_size=settings.batch_size, dist=dist,
+                  channels_last=settings.channels_last, seed=settings.seed, dtype=settings.dtype)
+    return (SyntheticLoader(TRAIN_IMAGES, size=settings.train_crop_size, train=True,
+                            max_batches=settings.train_batches, **common),
+            SyntheticLoader(VAL_IMAGES, size=settings.val_crop_size, train=False,
+                            max_batches=settings.val_batches, **common))

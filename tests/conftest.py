@@ -58,16 +58,23 @@ def sample_lmdb(sample, tmp_path_factory):
     return root
 
 
-def loader_args(**overrides):
-    """A namespace with the attributes backends read, as main.parse_args would produce."""
-    import main
+def loader_settings(backend: str = "folder", data: str | None = None, **overrides):
+    """A :class:`loaders.LoaderSettings` with small explicit test values: ``backend``, the
+    splits ``data/train`` and ``data/val`` (or ``train_path``/``val_path``), batch 4, no
+    workers, seed 0, 32-px crops (val resize 32), every batch, float32 NCHW, random LMDB
+    order (blocks of 256, 8 open), readahead auto (the CLI defaults); ``lmdb`` is True for the lmdb backend.
+    ``overrides`` replace any field."""
+    from loaders import LoaderSettings
 
-    args = main.parse_args([])
-    args.workers, args.seed, args.batch_size = 0, 0, 4
-    args.train_crop_size, args.val_resize_size, args.val_crop_size = 32, 32, 32
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+    fields = dict(
+        backend=backend, train_path=os.path.join(data, "train") if data else None,
+        val_path=os.path.join(data, "val") if data else None, batch_size=4, workers=0,
+        seed=0, lmdb=backend == "lmdb", train_crop_size=32, val_resize_size=32,
+        val_crop_size=32, train_batches=None, val_batches=None, max_bad_share=0.01,
+        channels_last=False, dtype=torch.float32, lmdb_order="random", lmdb_block_size=256,
+        lmdb_buffer_blocks=8, lmdb_readahead="auto", dali_cpu=False, dali_hw_decoder_load=None)
+    fields.update(overrides)
+    return LoaderSettings(**fields)
 
 
 def to_uint8(images: torch.Tensor):

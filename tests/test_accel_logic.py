@@ -1,5 +1,5 @@
-"""The accelerator-facing logic of main.py that can be checked without a GPU: CUDA problems
-stop with one line, --gpu with several processes per node is refused, fused SGD and loss
+"""The accelerator-facing logic of main.py and engine/ that can be checked without a GPU: CUDA
+problems stop with one line, --gpu with several processes per node is refused, fused SGD and loss
 scaling are chosen as documented, AMP-free checkpoints resume under --amp, per-rank RNG
 states, torch.compile's wrapper is unwrapped, and steady-state images/s is recorded."""
 import random
@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 import main
+from engine import settings
+from engine.checkpoint import restore, restore_rng
+from engine.distributed import check_cuda, check_gpu_flag, rng_state, unwrap
+from engine.loop import autocast, make_optimizer, needs_grad_scaler
+from engine.settings import resolve_workers
 from loaders import DistInfo
+from models import build_model
 from tests.test_main import SMALL, read_metrics
 
 
@@ -26,13 +32,13 @@ def test_driver_too_old_stops_with_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "driver on your system is too old" in err[0]
     assert "--no-accel" in err[0] and "CUDA 13.0" in err[0]
-    main.check_cuda(main.parse_args(["--no-accel"]))  # training on the CPU on purpose
+    check_cuda(main.parse_args(["--no-accel"]).no_accel)  # training on the CPU on purpose
 
 
 def test_no_gpu_at_all_is_not_an_error(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    main.check_cuda(main.parse_args([]))  # a CPU-only machine: no warning, no error
+    check_cuda(main.parse_args([]).no_accel)  # a CPU-only machine: no warning, no error
 
 
 def test_gpu_flag_with_several_processes_per_node_is_refused(tiny, capsys):
@@ -41,27 +47,29 @@ def test_gpu_flag_with_several_processes_per_node_is_refused(tiny, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
     assert "--gpu 1 with 2 processes per node" in err[0]
-    main.check_gpu_flag(1, 1)  # one process per node may pick its GPU
-    main.check_gpu_flag(None, 8)
+    check_gpu_flag(1, 1)  # one process per node may pick its GPU
+    check_gpu_flag(None, 8)
 
 
 def test_fused_sgd_on_cuda_and_loss_scaling_only_for_float16():
     model = nn.Linear(4, 2)
     args = main.parse_args(["--amp"])
-    assert main.make_optimizer(model, args, torch.device("cpu")).defaults["fused"] is None
+    sgd = (args.lr, args.momentum, args.weight_decay)
+    assert make_optimizer(model, *sgd, torch.device("cpu")).defaults["fused"] is None
     cuda = torch.device("cuda", 0)
-    fused = main.make_optimizer(model, args, cuda)  # fused SGD also builds over CPU tensors
+    fused = make_optimizer(model, *sgd, cuda)  # fused SGD also builds over CPU tensors
     assert fused.defaults["fused"] is True and fused._step_supports_amp_scaling
-    assert main.needs_grad_scaler(args, cuda)
-    assert not main.needs_grad_scaler(main.parse_args(["--amp", "--amp-dtype", "bfloat16"]),
-                                      cuda)
-    assert not main.needs_grad_scaler(args, torch.device("cpu"))
-    assert not main.needs_grad_scaler(main.parse_args([]), cuda)
+    assert needs_grad_scaler(args.amp, args.amp_dtype, cuda)
+    bf16 = main.parse_args(["--amp", "--amp-dtype", "bfloat16"])
+    assert not needs_grad_scaler(bf16.amp, bf16.amp_dtype, cuda)
+    assert not needs_grad_scaler(args.amp, args.amp_dtype, torch.device("cpu"))
+    plain = main.parse_args([])
+    assert not needs_grad_scaler(plain.amp, plain.amp_dtype, cuda)
 
 
 def test_autocast_dtype_follows_amp_dtype():
     args = main.parse_args(["--amp", "--amp-dtype", "bfloat16"])
-    with main.autocast(args, torch.device("cpu")):
+    with autocast(args.amp, args.amp_dtype, torch.device("cpu")):
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert main.parse_args([]).amp_dtype == "float16"
 
@@ -78,32 +86,35 @@ def test_amp_resume_of_a_checkpoint_made_without_amp(tiny, tmp_path):
     is enabled starts a fresh loss scale instead of failing in GradScaler.load_state_dict."""
     checkpoint = _checkpoint_without_amp(tiny, tmp_path)
     assert checkpoint["scaler"] == {}
-    model = main.build_model("resnet18", 4, False)
+    model = build_model("resnet18", 4, False)
     args = main.parse_args(["-a", "resnet18", "--amp"])
-    optimizer = main.make_optimizer(model, args, torch.device("cpu"))
+    optimizer = make_optimizer(model, args.lr, args.momentum, args.weight_decay,
+                               torch.device("cpu"))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30)
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for CUDA's
-    best = main.restore(checkpoint, model, optimizer, scheduler, scaler, args, DistInfo())
-    assert args.start_epoch == 1 and best == checkpoint["best_acc1"]
+    start_epoch, best = restore(checkpoint, model, optimizer, scheduler, scaler, args.arch,
+                                DistInfo())
+    assert start_epoch == 1 and best == checkpoint["best_acc1"]
+    assert args.start_epoch == 0  # the command line's namespace is not written
     assert scaler.get_scale() == torch.amp.GradScaler("cpu").get_scale()
 
 
 def _states(seed):
     random.seed(seed)
     torch.manual_seed(seed)
-    return main.rng_state(torch.device("cpu"))
+    return rng_state(torch.device("cpu"))
 
 
 def test_each_rank_restores_its_own_rng_state():
     saved = [_states(10), _states(11)]
     for rank, world in ((0, 2), (1, 2)):
         random.seed(99)
-        main.restore_rng(saved, DistInfo(rank=rank, world_size=world))
+        restore_rng(saved, DistInfo(rank=rank, world_size=world))
         assert torch.equal(torch.get_rng_state(), saved[rank]["torch"])
         assert random.getstate() == saved[rank]["python"]
     torch.manual_seed(5)
     fresh = torch.get_rng_state()
-    main.restore_rng(saved, DistInfo(rank=2, world_size=3))  # no state saved for rank 2
+    restore_rng(saved, DistInfo(rank=2, world_size=3))  # no state saved for rank 2
     assert torch.equal(torch.get_rng_state(), fresh)
 
 
@@ -111,9 +122,9 @@ def test_older_checkpoint_rng_format_restores_on_fewer_gpus():
     """Before per-rank states, "rng" was rank 0's dict with every visible GPU's CUDA state:
     evaluating such a checkpoint (say from 8 GPUs) elsewhere restores what exists."""
     old = {**_states(3), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}
-    main.restore_rng(old, DistInfo())
+    restore_rng(old, DistInfo())
     assert torch.equal(torch.get_rng_state(), old["torch"])
-    main.restore_rng({**old, "cuda": []}, DistInfo())
+    restore_rng({**old, "cuda": []}, DistInfo())
 
 
 def test_gathered_rng_states_are_saved_by_rank(tiny, tmp_path):
@@ -124,9 +135,9 @@ def test_gathered_rng_states_are_saved_by_rank(tiny, tmp_path):
 
 def test_unwrap_sees_through_compile_and_data_parallel():
     model = nn.Linear(2, 2)
-    assert main.unwrap(torch.compile(model)) is model
-    assert main.unwrap(torch.compile(nn.DataParallel(model))) is model
-    assert main.unwrap(nn.DataParallel(model)) is model and main.unwrap(model) is model
+    assert unwrap(torch.compile(model)) is model
+    assert unwrap(torch.compile(nn.DataParallel(model))) is model
+    assert unwrap(nn.DataParallel(model)) is model and unwrap(model) is model
 
 
 def test_steady_state_images_per_sec_leaves_out_the_warmup_steps(tiny, tmp_path):
@@ -142,10 +153,10 @@ def test_steady_state_images_per_sec_leaves_out_the_warmup_steps(tiny, tmp_path)
 
 
 def test_auto_workers_share_the_node_cores_among_its_gpus(monkeypatch):
-    monkeypatch.setattr(main.os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert main.resolve_workers("auto", 8) == 2  # 8 GPUs on 16 cores
-    assert main.resolve_workers("auto", 1) == 8  # at most 8 per process
-    assert main.resolve_workers("auto", 32) == 1 and main.resolve_workers(3, 8) == 3
+    monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert resolve_workers("auto", 8) == 2  # 8 GPUs on 16 cores
+    assert resolve_workers("auto", 1) == 8  # at most 8 per process
+    assert resolve_workers("auto", 32) == 1 and resolve_workers(3, 8) == 3
 
 
 def test_compile_trains_and_saves_bare_state_dict_keys(tmp_path):

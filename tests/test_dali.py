@@ -14,8 +14,9 @@ pytest.importorskip("nvidia.dali")
 import loaders  # noqa: E402
 import loaders.dali as dali  # noqa: E402
 import main  # noqa: E402
-from loaders import AcceleratorError, DataError, DistInfo  # noqa: E402
-from tests.conftest import check_set_epoch_reproducible, loader_args, to_uint8  # noqa: E402
+from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
+from loaders._order import BlockOrder  # noqa: E402
+from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8  # noqa: E402
 from tests.datagen import label_from_pixels  # noqa: E402
 from tests.test_main import SMALL  # noqa: E402
 
@@ -25,7 +26,7 @@ SOURCES = ["folder", "lmdb"]
 def build(tiny, source, dist=None, **overrides):
     overrides.setdefault("data", tiny.lmdb if source == "lmdb" else tiny.root)
     overrides.setdefault("lmdb", source == "lmdb")
-    return loaders.build_loaders("dali", loader_args(**overrides), dist or DistInfo())
+    return loaders.build_loaders(loader_settings("dali", **overrides), dist or DistInfo())
 
 
 def imagefolder_labels(root):
@@ -56,13 +57,38 @@ def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, source):
 
 
 def test_training_order_is_the_folder_loaders(tiny):
-    """Same (seed, epoch, rank) -> the same permutation as DistributedSampler in make_loader."""
+    """Same (seed, epoch, rank) -> the same permutation (RandomOrder) as the folder loader's."""
     dali_train, _ = build(tiny, "folder")
-    folder_train, _ = loaders.build_loaders("folder", loader_args(data=tiny.root), DistInfo())
+    folder_train, _ = loaders.build_loaders(loader_settings("folder", data=tiny.root), DistInfo())
     for epoch in (0, 5):
         dali_train.set_epoch(epoch)
         folder_train.set_epoch(epoch)
         assert dali_train.order() == list(folder_train.sampler)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_lmdb_block_order_reads_the_block_orders_indices(tiny, world_size):
+    """--dali --lmdb --lmdb-order block: the same BlockOrder objects as the lmdb loader, and
+    the labels DALI yields are those of exactly that order's records."""
+    labels_of = imagefolder_labels(os.path.join(tiny.root, "train"))
+    for rank in range(world_size):
+        dist = DistInfo(rank=rank, world_size=world_size)
+        flags = dict(lmdb_order="block", lmdb_block_size=4, lmdb_buffer_blocks=2, workers=2)
+        train, _ = build(tiny, "lmdb", dist, **flags)
+        lmdb_train, _ = loaders.build_loaders(
+            loader_settings("lmdb", data=tiny.lmdb, **flags), dist)
+        assert isinstance(train.sample_order, BlockOrder)
+        reference = BlockOrder(32, block_size=4, buffer_blocks=2, rank=rank,
+                               world_size=world_size, seed=0)
+        for epoch in (0, 3):
+            train.set_epoch(epoch)
+            lmdb_train.set_epoch(epoch)
+            expected = list(reference.order(epoch))[:len(train) * 4]
+            assert train.order() == expected == list(lmdb_train.sampler)[:len(expected)]
+            yielded = torch.cat([labels for _, labels in train]).tolist()
+            assert yielded == [labels_of[i] for i in expected]
+        train.set_epoch(3, start_batch=1)  # resumed part-way: the rest of the same order
+        assert train.order() == expected[4:]
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -106,7 +132,7 @@ def test_errors_are_data_errors(tiny, tmp_path):
     val_root = tmp_path / "val"
     shutil.copytree(os.path.join(tiny.root, "val"), val_root)
     (val_root / "n00000000" / "bad.JPEG").write_bytes(b"not an image")
-    _, val = build(tiny, "folder", val=str(val_root))
+    _, val = build(tiny, "folder", val_path=str(val_root))
     with pytest.raises(DataError, match="1 samples failed to decode"):
         list(val)
 
@@ -115,8 +141,8 @@ def test_errors_are_data_errors(tiny, tmp_path):
 def test_real_sample_labels_match_imagefolder(sample, sample_lmdb, source):
     """Includes the sample's 4 grayscale JPEGs, which must come out as 3-channel images."""
     data = sample_lmdb if source == "lmdb" else sample
-    _, val = loaders.build_loaders("dali", loader_args(
-        data=data, lmdb=source == "lmdb", batch_size=32, workers=2, val_resize_size=73,
+    _, val = loaders.build_loaders(loader_settings(
+        "dali", data=data, lmdb=source == "lmdb", batch_size=32, workers=2, val_resize_size=73,
         val_crop_size=64), DistInfo())
     labels, batches = [], 0
     for images, batch_labels in val:
@@ -138,9 +164,11 @@ def test_main_two_epochs_end_to_end(tiny, source, tmp_path):
 
 
 def test_loader_dali_selects_the_backend():
+    from engine.settings import resolve_backend  # main.py's backend choice
+
     args = main.parse_args(["--loader", "dali", "--lmdb", "x"])
-    assert main.backend_name(args) == "dali"
-    assert main.backend_name(main.parse_args(["--dali", "--lmdb", "x"])) == "dali"
+    assert resolve_backend(args) == ("dali", True)
+    assert resolve_backend(main.parse_args(["--dali", "--lmdb", "x"])) == ("dali", True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -149,8 +177,8 @@ def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd, worke
     shutil.copytree(tiny.root, root, ignore=shutil.ignore_patterns("lmdb"))
     (root / "train" / "n00000002" / "notes.JPEG").write_text("<html>not an image</html>")
     (root / "train" / "n00000003" / "empty.JPEG").write_bytes(b"")
-    args = loader_args(data=str(root), dali=True, max_bad_share=0.5, workers=workers)
-    train, _ = loaders.build_loaders("dali", args, DistInfo())
+    settings = loader_settings("dali", data=str(root), max_bad_share=0.5, workers=workers)
+    train, _ = loaders.build_loaders(settings, DistInfo())
     seen = 0
     for epoch in (0, 1):
         train.set_epoch(epoch)
@@ -160,8 +188,8 @@ def test_unreadable_files_are_reported_and_replaced(tiny, tmp_path, capfd, worke
     assert seen == 2 * 8 * 4
     err = capfd.readouterr().err
     assert "notes.JPEG" in err and "empty.JPEG" in err and "skipping unreadable sample" in err
-    strict = loaders.build_loaders("dali", loader_args(data=str(root), dali=True, workers=workers,
-                                                       max_bad_share=0.0), DistInfo())[0]
+    strict = loaders.build_loaders(loader_settings("dali", data=str(root), workers=workers,
+                                                   max_bad_share=0.0), DistInfo())[0]
     with pytest.raises(DataError, match="failed to decode"):
         for epoch in (0, 1, 2):
             strict.set_epoch(epoch)
@@ -238,8 +266,8 @@ def test_hw_decoder_load_defaults_to_the_figure_for_the_gpu(monkeypatch, gpu, lo
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
     cuda = DistInfo(device=torch.device("cuda", 0))
     assert dali.default_hw_decoder_load(cuda.device) == load
-    assert dali._graph_options(loader_args(), cuda, train=True).hw_decoder_load == load
-    given = loader_args(dali_hw_decoder_load=0.3)
+    assert dali._graph_options(loader_settings("dali"), cuda, train=True).hw_decoder_load == load
+    given = loader_settings("dali", dali_hw_decoder_load=0.3)
     assert dali._graph_options(given, cuda, train=True).hw_decoder_load == 0.3
 
 
@@ -247,7 +275,7 @@ def test_hw_decoder_load_off_cuda_and_out_of_range(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: pytest.fail("read"))
     assert dali.default_hw_decoder_load(torch.device("cpu")) == dali.DEFAULT_HW_DECODER_LOAD
     with pytest.raises(DataError, match="--dali-hw-decoder-load 1.5: must be between 0 and 1"):
-        dali._graph_options(loader_args(dali_hw_decoder_load=1.5), DistInfo(), train=False)
+        dali._graph_options(loader_settings("dali", dali_hw_decoder_load=1.5), DistInfo(), train=False)
 
 
 @pytest.mark.parametrize("amp,amp_dtype,device,dtype", [
@@ -255,8 +283,9 @@ def test_hw_decoder_load_off_cuda_and_out_of_range(monkeypatch):
     (False, "bfloat16", "cuda", torch.float32), (True, "float16", "cpu", torch.float32)])
 def test_image_dtype_follows_amp_dtype(monkeypatch, amp, amp_dtype, device, dtype):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
-    args = loader_args(amp=amp, amp_dtype=amp_dtype)
-    opts = dali._graph_options(args, DistInfo(device=torch.device(device)), train=True)
+    # main.py resolves the dtype with input_dtype; the graph takes it from the settings.
+    settings = loader_settings("dali", dtype=input_dtype(amp, amp_dtype, torch.device(device)))
+    opts = dali._graph_options(settings, DistInfo(device=torch.device(device)), train=True)
     assert opts.dtype == dtype
 
 
@@ -279,7 +308,7 @@ def test_exif_orientation_is_not_applied_as_in_the_folder_loader(tmp_path):
     flags = dict(data=str(tmp_path), batch_size=1, val_resize_size=32, val_crop_size=32)
     seen = {}
     for backend in ("dali", "folder"):
-        _, val = loaders.build_loaders(backend, loader_args(**flags), DistInfo())
+        _, val = loaders.build_loaders(loader_settings(backend, **flags), DistInfo())
         images, _ = next(iter(val))
         seen[backend] = to_uint8(images)[0].astype(np.int64)  # (3, 32, 32), centre of 64x32
     assert np.abs(seen["dali"] - seen["folder"]).mean() < 3  # JPEG decoders differ a little

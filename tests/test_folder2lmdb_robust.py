@@ -168,7 +168,7 @@ def progress_done(db):
     try:
         with env.begin() as txn:
             value = txn.get(codec.PROGRESS_KEY)
-            return folder2lmdb.Progress.decode(value).done if value else None
+            return folder2lmdb.ResumeState.decode(value).done if value else None
     finally:
         env.close()
 
@@ -217,7 +217,7 @@ def test_changed_source_restarts_instead_of_resuming(tmp_path):
     env = lmdb.open(db, subdir=True)
     with env.begin(write=True) as txn:  # as if killed before the last transaction
         txn.delete(codec.META_KEY)
-        txn.put(codec.PROGRESS_KEY, folder2lmdb.Progress(b"other source", 8, 5).encode())
+        txn.put(codec.PROGRESS_KEY, folder2lmdb.ResumeState(b"other source", 8, 5).encode())
     env.close()
     summary = folder2lmdb.convert(corpus.root, db, progress=False)
     assert summary.resumed_at == 0 and summary.images == len(corpus.kept)

@@ -9,8 +9,8 @@ import torch
 
 import loaders
 import main
-from loaders import DistInfo
-from tests.conftest import loader_args, to_uint8
+from loaders import DistInfo, input_dtype
+from tests.conftest import loader_settings, to_uint8
 from tests.datagen import label_from_pixels
 
 pytestmark = pytest.mark.gpu
@@ -30,9 +30,10 @@ def test_loader_delivers_normalised_batches_on_the_gpu(tiny, channels_last, amp_
     """Page-locked channels-last slots, the side-stream upload and normalisation on the GPU
     into the autocast dtype: over several epochs the pixels still encode each label."""
     dist = DistInfo(device=torch.device("cuda", 0))
-    args = loader_args(data=tiny.lmdb, channels_last=channels_last, workers=2,
-                       amp=amp_dtype is not None, amp_dtype=amp_dtype or "float16")
-    train, _ = loaders.build_loaders("lmdb", args, dist)
+    dtype = input_dtype(amp_dtype is not None, amp_dtype or "float16", dist.device)
+    settings = loader_settings("lmdb", data=tiny.lmdb, channels_last=channels_last, workers=2,
+                               dtype=dtype)
+    train, _ = loaders.build_loaders(settings, dist)
     expected = getattr(torch, amp_dtype) if amp_dtype else torch.float32
     for epoch in range(3):
         train.set_epoch(epoch)
@@ -49,7 +50,7 @@ def test_side_stream_copies_stay_correct_while_the_gpu_is_busy(tiny):
     """A long kernel queued on the current stream after each batch: batches copied ahead on
     the side stream must neither be overwritten nor read before they are complete."""
     dist = DistInfo(device=torch.device("cuda", 0))
-    train, _ = loaders.build_loaders("folder", loader_args(data=tiny.root, workers=2), dist)
+    train, _ = loaders.build_loaders(loader_settings("folder", data=tiny.root, workers=2), dist)
     busy = torch.randn(2048, 2048, device="cuda")
     for images, labels in train:
         for _ in range(20):

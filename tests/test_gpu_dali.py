@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
-from loaders import DistInfo  # noqa: E402
-from tests.conftest import loader_args, to_uint8  # noqa: E402
+from loaders import DistInfo, input_dtype  # noqa: E402
+from tests.conftest import loader_settings, to_uint8  # noqa: E402
 from tests.datagen import label_from_pixels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -31,10 +31,13 @@ CASES = [
 @pytest.mark.parametrize("source,flags,dtype", CASES)
 def test_gpu_batches_follow_the_contract(tiny, source, flags, dtype):
     flags = {"workers": 2, **flags}
-    args = loader_args(data=tiny.lmdb if source == "lmdb" else tiny.root,
-                       lmdb=source == "lmdb", **flags)
     device = torch.device("cuda", torch.cuda.current_device())
-    train, val = loaders.build_loaders("dali", args, DistInfo(device=device))
+    # --amp/--amp-dtype as main.py resolves them: the settings carry the image dtype.
+    amp, amp_dtype = flags.pop("amp", False), flags.pop("amp_dtype", "float16")
+    args = loader_settings("dali", data=tiny.lmdb if source == "lmdb" else tiny.root,
+                           lmdb=source == "lmdb", dtype=input_dtype(amp, amp_dtype, device),
+                           **flags)
+    train, val = loaders.build_loaders(args, DistInfo(device=device))
     for loader, images_total in ((train, 32), (val, 16)):
         batches = list(loader)
         assert len(batches) == len(loader) == images_total // 4

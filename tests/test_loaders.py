@@ -6,9 +6,10 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders._common import ShardSampler
+from loaders._common import split_paths
+from loaders._order import ShardOrder
 from loaders.lmdb_records import LMDBDataset
-from tests.conftest import check_set_epoch_reproducible, loader_args, to_uint8
+from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
 from tests.datagen import label_from_pixels
 
 FILE_BACKENDS = ["folder", "lmdb"]
@@ -16,7 +17,7 @@ FILE_BACKENDS = ["folder", "lmdb"]
 
 def build(backend, tiny, **overrides):
     overrides.setdefault("data", tiny.lmdb if backend == "lmdb" else tiny.root)
-    return loaders.build_loaders(backend, loader_args(**overrides), DistInfo())
+    return loaders.build_loaders(loader_settings(backend, **overrides), DistInfo())
 
 
 @pytest.mark.parametrize("backend", FILE_BACKENDS)
@@ -85,8 +86,8 @@ def test_loader_works_in_spawned_workers(tiny, backend):
 def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, world_size):
     train_seen, val_seen = [], []
     for rank in range(world_size):
-        train, val = loaders.build_loaders(
-            "lmdb", loader_args(data=tiny.lmdb, batch_size=2), DistInfo(rank=rank, world_size=world_size))
+        train, val = loaders.build_loaders(loader_settings("lmdb", data=tiny.lmdb, batch_size=2),
+                                           DistInfo(rank=rank, world_size=world_size))
         train_seen.append(list(train.sampler))
         val_seen.extend(val.sampler)
         assert len(train) == (32 // world_size) // 2  # same batch count on every rank
@@ -95,14 +96,14 @@ def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, world_s
     assert sorted(val_seen) == list(range(16))
 
 
-def test_shard_sampler_never_pads():
-    shards = [list(ShardSampler(10, rank, 3)) for rank in range(3)]
+def test_shard_order_never_pads():
+    shards = [list(ShardOrder(10, rank, 3).order(epoch=5)) for rank in range(3)]
     assert shards == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
 
 
 def test_synthetic_loader_has_imagenet_sizes():
-    args = loader_args(batch_size=8, train_batches=None, val_batches=None)
-    train, val = loaders.build_loaders("synthetic", args, DistInfo())
+    settings = loader_settings("synthetic", batch_size=8, train_batches=None, val_batches=None)
+    train, val = loaders.build_loaders(settings, DistInfo())
     assert len(train) == 1_281_167 // 8 and len(val) == 6250 and len(train.classes) == 1000
     images, labels = next(iter(train))
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32
@@ -114,8 +115,8 @@ def test_backend_mismatch_errors_are_clear(tiny):
         build("lmdb", tiny, data=tiny.root)
     with pytest.raises(DataError, match="add --lmdb"):
         build("folder", tiny, data=tiny.lmdb)
-    with pytest.raises(DataError, match="no such file"):
-        build("folder", tiny, data=os.path.join(tiny.root, "nope"))
+    with pytest.raises(DataError, match="no such file"):  # main.py resolves the paths with it
+        split_paths(os.path.join(tiny.root, "nope"))
 
 
 def test_different_class_lists_are_refused(tiny, tmp_path):
@@ -123,7 +124,7 @@ def test_different_class_lists_are_refused(tiny, tmp_path):
     src = os.path.join(tiny.root, "val", "n00000000", "n00000000_0.JPEG")
     (tmp_path / "val" / "n09999999" / "x.JPEG").write_bytes(open(src, "rb").read())
     with pytest.raises(DataError, match="different classes"):
-        build("folder", tiny, val=str(tmp_path / "val"))
+        build("folder", tiny, val_path=str(tmp_path / "val"))
 
 
 def test_too_few_images_for_one_batch(tiny):

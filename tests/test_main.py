@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import main
+from engine.reporting import warn_if_data_bound
 from tests.conftest import REPO
 
 SMALL = ["-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "32",
@@ -193,7 +194,7 @@ def test_benchmark_data_prints_one_json_line(tiny, capsys):
 
 def test_data_bound_epoch_is_warned_about(capsys):
     args = main.parse_args(["-j", "3"])
-    main.warn_if_data_bound({"data_time_fraction": 0.6}, args, print)
+    warn_if_data_bound({"data_time_fraction": 0.6}, args.workers, print)
     assert "60% of training time went to waiting for data" in capsys.readouterr().out
-    main.warn_if_data_bound({"data_time_fraction": 0.05}, args, print)
+    warn_if_data_bound({"data_time_fraction": 0.05}, args.workers, print)
     assert capsys.readouterr().out == ""

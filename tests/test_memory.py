@@ -55,15 +55,13 @@ def test_proc_memory_reads_this_process():
 
 
 def test_write_lmdb_is_readable_by_the_loader(tmp_path):
-    from loaders._transforms import build_transform
+    from loaders._transforms import TrainTransform
     from loaders.lmdb_records import LMDBDataset
-    from tests.conftest import loader_args
 
     bench = _bench()
     path = str(tmp_path / "db")
     bench.write_lmdb(path, 3000, num_classes=1000)
-    args = loader_args()
-    dataset = LMDBDataset(path, build_transform(args, train=True))
+    dataset = LMDBDataset(path, TrainTransform(32))
     assert len(dataset) == 3000 and dataset.classes[0] == "n00000000"
     assert len(dataset.classes) == 1000
     image, label = dataset[2999]

@@ -7,17 +7,17 @@ import loaders
 import main
 from loaders import DistInfo
 from loaders import _lmdb_codec as codec
-from loaders._order import BlockShuffleSampler
+from loaders._order import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
+                            batches_per_epoch)
 from loaders.lmdb_records import LMDBDataset
-from tests.conftest import loader_args
+from tests.conftest import loader_settings
 from tests.test_main import SMALL, read_metrics
 
 
 def order(n=1000, block=16, buffer=4, rank=0, world=1, seed=0, epoch=0):
-    sampler = BlockShuffleSampler(n, block_size=block, buffer_blocks=buffer, rank=rank,
-                                  world_size=world, seed=seed)
-    sampler.set_epoch(epoch)
-    return list(sampler)
+    blocks = BlockOrder(n, block_size=block, buffer_blocks=buffer, rank=rank, world_size=world,
+                        seed=seed)
+    return list(blocks.order(epoch))
 
 
 def mean_run(indices):
@@ -40,8 +40,8 @@ def test_shards_disjoint_equal_length_each_index_once(n, world):
     for epoch in range(3):
         shards = [order(n, rank=r, world=world, epoch=epoch) for r in range(world)]
         for r, shard in enumerate(shards):
-            sampler = BlockShuffleSampler(n, 16, 4, rank=r, world_size=world)
-            assert len(shard) == len(sampler) == n // world
+            blocks = BlockOrder(n, 16, 4, rank=r, world_size=world)
+            assert len(shard) == len(blocks) == n // world
         flat = [i for shard in shards for i in shard]
         assert len(flat) == len(set(flat)) and all(0 <= i < n for i in flat)
 
@@ -49,7 +49,8 @@ def test_shards_disjoint_equal_length_each_index_once(n, world):
 def test_length_and_drop_like_distributed_sampler():
     for n, world in [(30, 3), (32, 3), (10, 4), (2, 3)]:
         reference = DistributedSampler(range(n), num_replicas=world, rank=0, drop_last=True)
-        assert len(BlockShuffleSampler(n, 4, 2, 0, world)) == len(reference)
+        assert len(BlockOrder(n, 4, 2, 0, world)) == len(reference)
+        assert len(RandomOrder(n, 0, world)) == len(reference)
 
 
 def test_ranks_read_contiguous_blocks_and_buffer_bounds_working_set():
@@ -71,16 +72,54 @@ def test_ranks_read_contiguous_blocks_and_buffer_bounds_working_set():
 
 def test_invalid_parameters():
     with pytest.raises(ValueError):
-        BlockShuffleSampler(10, block_size=0)
+        BlockOrder(10, block_size=0)
     with pytest.raises(ValueError):
-        BlockShuffleSampler(10, rank=2, world_size=2)
+        BlockOrder(10, rank=2, world_size=2)
+    for make in (RandomOrder, ShardOrder):
+        with pytest.raises(ValueError):
+            make(10, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("n", [1, 7, 10, 4096, 10_001])
+@pytest.mark.parametrize("world", [1, 3, 8])
+def test_random_order_is_distributed_samplers_permutation(n, world):
+    if n < world:
+        pytest.skip("no sample per rank")
+    for rank in range(world):
+        stock = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True,
+                                   seed=5, drop_last=True)
+        random_order = RandomOrder(n, rank, world, seed=5)
+        for epoch in (0, 3):
+            stock.set_epoch(epoch)
+            got = list(random_order.order(epoch))
+            assert got == list(stock) and len(got) == len(random_order) == len(stock)
+            assert all(type(i) is int for i in got[:3])
+
+
+def test_resumable_sampler_resumes_the_same_order():
+    for inner in (RandomOrder(50, rank=1, world_size=2, seed=3), BlockOrder(50, 4, 2, 1, 2, 3),
+                  ShardOrder(50, 1, 2)):
+        sampler = ResumableSampler(inner)
+        sampler.set_epoch(4)
+        full = list(sampler)
+        assert full == list(inner.order(4)) and len(sampler) == len(inner)
+        sampler.start = 8
+        assert list(sampler) == full[8:] and len(sampler) == len(full) - 8
+
+
+def test_batches_per_epoch():
+    assert batches_per_epoch(10, 4, drop_last=True) == 2
+    assert batches_per_epoch(10, 4, drop_last=False) == 3
+    assert batches_per_epoch(10, 4, drop_last=False, max_batches=1) == 1
+    assert batches_per_epoch(3, 4, drop_last=True) == 0
 
 
 def test_lmdb_loader_block_order_end_to_end(tiny):
-    args = loader_args(data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
-                       lmdb_buffer_blocks=2, lmdb_readahead=True)
-    train, val = loaders.build_loaders("lmdb", args, DistInfo())
-    assert isinstance(train.sampler.sampler, BlockShuffleSampler)
+    settings = loader_settings("lmdb", data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
+                               lmdb_buffer_blocks=2, lmdb_readahead="on")
+    train, val = loaders.build_loaders(settings, DistInfo())
+    assert isinstance(train.sampler, ResumableSampler)
+    assert isinstance(train.sampler.order, BlockOrder)
     assert train.dataset.readahead and len(train) == 32 // 4
     train.set_epoch(1)
     labels = torch.cat([labels for _, labels in train])
@@ -91,20 +130,20 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
 def test_block_order_warns_about_a_class_sorted_database_once(tiny, tmp_path, capsys):
     import folder2lmdb
 
-    args = loader_args(data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
-                       lmdb_buffer_blocks=2)
-    loaders.build_loaders("lmdb", args, DistInfo())
+    settings = loader_settings("lmdb", data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
+                               lmdb_buffer_blocks=2)
+    loaders.build_loaders(settings, DistInfo())
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sorted by class" in err[0] and "about 3 of 4 classes" in err[0]
     assert "--shuffle-seed" in err[0]
-    loaders.build_loaders("lmdb", args, DistInfo(rank=1, world_size=2))  # rank 0 says it
-    loaders.build_loaders("lmdb", loader_args(data=tiny.lmdb), DistInfo())  # random order
+    loaders.build_loaders(settings, DistInfo(rank=1, world_size=2))  # rank 0 says it
+    loaders.build_loaders(loader_settings("lmdb", data=tiny.lmdb), DistInfo())  # random order
     assert capsys.readouterr().err == ""
     shuffled = str(tmp_path / "train")
     folder2lmdb.convert(f"{tiny.root}/train", shuffled, progress=False, shuffle_seed=0)
-    args = loader_args(train=shuffled, val=f"{tiny.lmdb}/val", lmdb_order="block",
-                       lmdb_block_size=4, lmdb_buffer_blocks=2)
-    loaders.build_loaders("lmdb", args, DistInfo())
+    settings = loader_settings("lmdb", train_path=shuffled, val_path=f"{tiny.lmdb}/val",
+                               lmdb_order="block", lmdb_block_size=4, lmdb_buffer_blocks=2)
+    loaders.build_loaders(settings, DistInfo())
     assert capsys.readouterr().err == ""
 
 

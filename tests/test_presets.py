@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import main
+from engine.settings import resolve_backend
 from tests.conftest import REPO
 
 CONFIGS = os.path.join(REPO, "configs")
@@ -35,9 +36,9 @@ def test_lmdb_preset_is_the_folder_preset_with_another_loader(arch):
             return yaml.safe_load(f)
 
     folder, lmdb = load(f"{arch}.yaml"), load(f"{arch}-lmdb.yaml")
-    assert folder.pop("loader") == "folder" and lmdb.pop("lmdb") is True
+    assert folder.pop("loader") == "folder" and lmdb.pop("loader") == "lmdb"
     assert folder == lmdb
     args = main.parse_args(["-c", os.path.join(CONFIGS, f"{arch}-lmdb.yaml"), "/data"])
-    assert (args.arch, main.backend_name(args)) == (arch, "lmdb")
+    assert (args.arch, resolve_backend(args)[0]) == (arch, "lmdb")
     args = main.parse_args(["-c", os.path.join(CONFIGS, f"{arch}.yaml"), "/data"])
-    assert (args.arch, main.backend_name(args)) == (arch, "folder")
+    assert (args.arch, resolve_backend(args)[0]) == (arch, "folder")

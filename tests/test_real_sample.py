@@ -9,7 +9,7 @@ from torchvision.datasets import ImageFolder
 import loaders
 import main
 from loaders import DistInfo
-from tests.conftest import loader_args
+from tests.conftest import loader_settings
 from tests.test_folder2lmdb import check_db_matches_folder
 
 
@@ -22,8 +22,10 @@ def test_every_record_matches_source_bytes_and_imagefolder_labels(sample, sample
 def test_folder_and_lmdb_decode_every_real_image_identically(sample, sample_lmdb):
     """Includes the sample's grayscale JPEGs, which must come out as 3-channel images."""
     args = dict(batch_size=25, val_resize_size=64, val_crop_size=56, workers=2)
-    _, folder_val = loaders.build_loaders("folder", loader_args(data=sample, **args), DistInfo())
-    _, lmdb_val = loaders.build_loaders("lmdb", loader_args(data=sample_lmdb, **args), DistInfo())
+    _, folder_val = loaders.build_loaders(loader_settings("folder", data=sample, **args),
+                                          DistInfo())
+    _, lmdb_val = loaders.build_loaders(loader_settings("lmdb", data=sample_lmdb, **args),
+                                        DistInfo())
     seen = 0
     for (fi, fl), (li, ll) in zip(folder_val, lmdb_val, strict=True):
         assert fi.shape == (25, 3, 56, 56) and torch.equal(fi, li) and torch.equal(fl, ll)

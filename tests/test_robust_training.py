@@ -1,4 +1,5 @@
-"""Training through damaged samples, and resuming mid-epoch after SIGKILL (--save-every)."""
+"""Training through damaged samples, and resuming mid-epoch after SIGKILL (--save-every).
+The resumable sampler itself is tested with the loaders (tests/test_order.py)."""
 import json
 import os
 import random
@@ -9,9 +10,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 
-from loaders._robust import SkipSampler
 from tests.conftest import REPO
 
 SMALL = ["-a", "resnet18", "-b", "4", "-j", "0", "--train-crop-size", "32",
@@ -56,16 +55,6 @@ def test_too_many_bad_samples_stop_the_run_with_one_line(damaged, tmp_path):
     assert "Traceback" not in result.stderr
     error = [l for l in result.stderr.splitlines() if l.startswith("main.py: error:")]
     assert len(error) == 1 and "failed to decode" in error[0]
-
-
-def test_skip_sampler_resumes_the_same_order():
-    inner = DistributedSampler(range(50), num_replicas=2, rank=1, shuffle=True, seed=3,
-                               drop_last=True)
-    sampler = SkipSampler(inner)
-    sampler.set_epoch(4)
-    full = list(sampler)
-    sampler.start = 8
-    assert list(sampler) == full[8:] and len(sampler) == len(full) - 8
 
 
 @pytest.mark.slow

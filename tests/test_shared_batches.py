@@ -9,7 +9,7 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders import _shared_batches as sb
-from tests.conftest import loader_args
+from tests.conftest import loader_settings
 
 
 def test_batches_are_numbered_per_pass():
@@ -56,13 +56,14 @@ def test_a_transform_of_the_wrong_size_is_named():
             return torch.zeros(3, 9, 8, dtype=torch.uint8), 0, 0
 
     writer = sb.SlotWriter(Wrong())
-    writer.pool = sb.SharedBatches(2, 4, (3, 8, 8), shared=False)
+    writer.use(sb.SharedBatches(2, 4, (3, 8, 8), shared=False))
     with pytest.raises(DataError, match=r"sample 0: .*\(3, 9, 8\), expected uint8 \(3, 8, 8\)"):
         writer.__getitems__(sb.NumberedBatch([0, 1], 0))
 
 
 def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny):
-    train, _ = loaders.build_loaders("folder", loader_args(data=tiny.root, workers=2), DistInfo())
+    train, _ = loaders.build_loaders(loader_settings("folder", data=tiny.root, workers=2),
+                                     DistInfo())
     held = []
     for images, labels in train:  # batches are copies: holding them all is safe
         held.append((images, labels))

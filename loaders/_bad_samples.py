@@ -1,19 +1,13 @@
-"""Keeping a run alive through damaged samples, and resuming an epoch part-way.
-
-* :class:`TolerantDataset`: a sample that fails to decode is replaced by the next readable one
-  and reported on stderr; each item says how many it replaced, so the main process can stop
-  the run when too many fail (``DeviceLoader``, ``--max-bad-share``).
-* :class:`SkipSampler`: starts an epoch's deterministic order at a given position, so a run
-  resumed from a mid-epoch checkpoint (``--save-every``) reads exactly the batches it had not
-  yet read: none repeated, none skipped.
+"""Keeping a run alive through damaged samples: :class:`TolerantDataset` replaces a sample that
+fails to decode by the next readable one and reports it on stderr; each item says how many it
+replaced, so the main process can stop the run when too many fail (``DeviceLoader``,
+``--max-bad-share``; DALI's loader uses :data:`DECODE_ERRORS` and the messages here too).
 """
 from __future__ import annotations
 
-import itertools
 import sys
-from typing import Iterator
 
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from ._errors import DataError
 
@@ -61,21 +55,3 @@ class TolerantDataset(Dataset):
             return image, label, attempt
         raise DataError(f"{self.max_tries} consecutive samples from index {index} failed to "
                         "decode: is this dataset damaged?")
-
-
-class SkipSampler(Sampler[int]):
-    """Yields ``sampler``'s order from position ``start`` on (``start`` = batches done x batch
-    size); ``set_epoch`` is passed through, ``len()`` counts only what is left."""
-
-    def __init__(self, sampler: Sampler[int]):
-        self.sampler, self.start = sampler, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.sampler), self.start, None)
-
-    def __len__(self) -> int:
-        return max(0, len(self.sampler) - self.start)

@@ -1,0 +1,216 @@
+"""The training and evaluation passes, and one epoch of both.
+
+Every number they return is global: sums over all ranks, each image counted once.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from engine.distributed import reduce_sum, sync_buffers, unwrap
+from engine.reporting import Progress, device_clock, epoch_line
+from loaders import DataError, DistInfo
+
+
+def autocast(amp: bool, amp_dtype: str, device: torch.device):
+    """With ``--amp``: autocast to ``amp_dtype`` (``float16``/``bfloat16``) on CUDA, to
+    bfloat16 on the CPU; without it a no-op context."""
+    if not amp:
+        return nullcontext()
+    dtype = getattr(torch, amp_dtype) if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
+                   device: torch.device) -> torch.optim.Optimizer:
+    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``). On CUDA its fused
+    implementation: one kernel for all parameters, and it takes GradScaler's inverse scale and
+    inf flag on the GPU, so an ``--amp`` step never waits for the GPU (``found_inf.item()``)."""
+    return torch.optim.SGD(model.parameters(), lr, momentum=momentum,
+                           weight_decay=weight_decay, fused=device.type == "cuda" or None)
+
+
+def needs_grad_scaler(amp: bool, amp_dtype: str, device: torch.device) -> bool:
+    """Loss scaling is for float16 autocast on CUDA; bfloat16 has float32's exponent range."""
+    return amp and amp_dtype == "float16" and device.type == "cuda"
+
+
+def enable_fast_cuda_math() -> None:
+    """cuDNN autotuning for the fixed input size, and TF32 tensor cores for float32 matrix
+    multiplies as for convolutions (torch leaves matmuls in full FP32 by default; the
+    classifier's Linear and everything outside autocast profit)."""
+    torch.backends.cudnn.benchmark = True
+    torch.set_float32_matmul_precision("high")
+
+
+@dataclass
+class TrainState:
+    """What a training step touches and a checkpoint saves. ``autocast``: a factory of the
+    step's autocast context (see :func:`autocast`)."""
+
+    model: nn.Module
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    autocast: Callable
+
+
+@dataclass
+class EpochSums:
+    """An epoch's running sums over all ranks, as a ``--save-every`` checkpoint's ``partial``
+    holds them: summed loss (per-image loss x images), top-1 hits, images, seconds waited for
+    data (summed over ranks) and wall seconds so far."""
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    images: int = 0
+    data_time: float = 0.0
+    seconds: float = 0.0
+
+    @classmethod
+    def from_dict(cls, partial: dict | None) -> "EpochSums":
+        return cls(**(partial or {}))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInfo,
+                    start_batch: int = 0, carried: EpochSums | None = None,
+                    warmup: int | None = None, save_every: int = 0, save_partial=None) -> dict:
+    """One pass over ``loader``, which starts at batch ``start_batch`` of the epoch; ``carried``
+    holds the sums over all ranks for the batches before it. Every ``save_every`` steps (not at
+    the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the position, ``sums`` an
+    :class:`EpochSums` over all ranks (every rank calls it: a collective). Returns mean
+    ``loss``, ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
+    ``steady_images_per_sec`` (the same after the pass's first ``warmup`` steps, which hold
+    cuDNN autotuning and ``torch.compile``; None if the pass had no more steps) and
+    ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
+    ranks). Raises :class:`DataError` if the loader yields nothing."""
+    state.model.train()
+    carried = carried or EpochSums()
+    # A checkpoint's sums are global (all ranks): global rank 0 carries them, the others restart.
+    if not dist.is_main:
+        carried = EpochSums(seconds=carried.seconds)
+    loss_sum = torch.full((), carried.loss_sum, device=dist.device)
+    correct = torch.full((), carried.correct, device=dist.device, dtype=torch.int64)
+    progress.carry(carried.images, carried.data_time, carried.seconds)
+    figures = lambda: {"loss": loss_sum.item() / progress.images,  # noqa: E731
+                       "acc1": 100.0 * correct.item() / progress.images,
+                       "lr": state.optimizer.param_groups[0]["lr"]}
+    for step, (images, labels) in progress.log_every(loader, figures, start_batch, warmup,
+                                                     dist.device):
+        with state.autocast():
+            output = state.model(images)
+            loss = state.criterion(output, labels)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.scaler.scale(loss).backward()
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        loss_sum += loss.detach() * labels.size(0)
+        correct += (output.argmax(1) == labels).sum()
+        # The same steps on every rank, so the reduction inside is safe.
+        if save_partial and save_every and (step + 1) % save_every == 0 \
+                and step + 1 < progress.total:
+            save_partial(step + 1, _global_sums(loss_sum, correct, progress, dist))
+    if progress.images == 0:
+        raise DataError("the training loader yielded no batch")
+    now = device_clock(dist.device)
+    seconds = now - progress.start
+    loss_total, correct_total, images, speed, data_share, steady_speed = reduce_sum(
+        [loss_sum.item(), correct.item(), progress.images, progress.images / seconds,
+         progress.data_time / seconds, progress.steady_images_per_sec(now)], dist)
+    return {"loss": loss_total / images, "acc1": 100.0 * correct_total / images,
+            "images": int(images), "images_per_sec": speed,
+            "steady_images_per_sec": steady_speed or None,
+            "data_time_fraction": data_share / dist.world_size}
+
+
+def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> EpochSums:
+    """The running sums over all ranks (a collective)."""
+    sums = reduce_sum([loss_sum.item(), correct.item(), progress.images, progress.data_time],
+                      dist)
+    return EpochSums(sums[0], int(sums[1]), int(sums[2]), sums[3], progress.elapsed())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable,
+             progress: Progress, dist: DistInfo) -> dict:
+    """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images,
+    summed over all ranks' shards (each image counted once). Rank 0's BatchNorm buffers are
+    used on every rank. ``autocast_``: a factory of the autocast context."""
+    sync_buffers(model, dist)
+    model = unwrap(model)  # no DDP collectives: ranks may hold different batch counts
+    model.eval()
+    loss_sum = torch.zeros((), device=dist.device)
+    correct = torch.zeros(2, device=dist.device, dtype=torch.int64)
+    k = min(5, len(loader.classes))
+    figures = lambda: {"loss": loss_sum.item() / progress.images,  # noqa: E731
+                       "acc1": 100.0 * correct[0].item() / progress.images,
+                       "acc5": 100.0 * correct[1].item() / progress.images}
+    for _, (images, labels) in progress.log_every(loader, figures):
+        with autocast_():
+            output = model(images)
+            loss = criterion(output, labels)
+        loss_sum += loss.float() * labels.size(0)
+        hits = output.topk(k, dim=1).indices == labels[:, None]
+        correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()])
+    loss_total, top1, top5, images = reduce_sum(
+        [loss_sum.item(), correct[0].item(), correct[1].item(), progress.images], dist)
+    n = max(images, 1)
+    return {"loss": loss_total / n, "acc1": 100.0 * top1 / n, "acc5": 100.0 * top5 / n,
+            "images": int(images)}
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How an epoch runs and reports: ``print_freq`` steps between progress lines, ``warmup``
+    steps left out of ``steady_images_per_sec``, ``save_every`` steps between mid-epoch
+    checkpoints (0: none), ``log`` (print on global rank 0, else a no-op) and
+    ``writer`` (a :class:`~engine.reporting.MetricsWriter` on global rank 0, else None)."""
+
+    print_freq: int
+    warmup: int
+    save_every: int
+    log: Callable
+    writer: object = None
+
+
+def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
+              plan: EpochPlan, save_partial=None, resumed_from: dict | None = None) -> dict:
+    """Train one epoch (from a mid-epoch checkpoint's position if ``resumed_from``), validate,
+    log and write; returns the epoch's metrics (the ``metrics.jsonl`` object), all global:
+    losses and accuracies over all ranks, images/s summed over ranks. ``save_partial(epoch,
+    batch, sums)``: see :func:`train_one_epoch`."""
+    start_batch = resumed_from["batch"] if resumed_from else 0
+    carried = EpochSums.from_dict(resumed_from["partial"]) if resumed_from else None
+    start = time.perf_counter() - (carried.seconds if carried else 0.0)
+    train_loader.set_epoch(epoch, start_batch)
+    lr = state.optimizer.param_groups[0]["lr"]
+    total = start_batch + len(train_loader)
+    progress = Progress(total, f"Epoch: [{epoch}]", "train", plan.print_freq, dist.is_main,
+                        plan.writer, epoch * total)
+    train = train_one_epoch(
+        state, train_loader, progress, dist, start_batch, carried, plan.warmup,
+        plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)))
+    val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
+    val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist)
+    epoch_metrics = {
+        "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
+        "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
+        "train_images_per_sec": train["images_per_sec"], "train_images": train["images"],
+        "steady_images_per_sec": train["steady_images_per_sec"],
+        "val_images": val["images"],
+        "data_time_fraction": train["data_time_fraction"],
+        "epoch_seconds": time.perf_counter() - start,
+    }
+    plan.log(epoch_line(epoch_metrics))
+    if plan.writer:
+        plan.writer.write(epoch_metrics)
+    return epoch_metrics

@@ -1,0 +1,153 @@
+"""What a run shows and records: per-step progress (:class:`Progress`, which also keeps the
+pass's timing), the epoch's metrics (:class:`MetricsWriter`: ``metrics.jsonl`` and TensorBoard)
+and the data-bound warning."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from engine import ConfigError
+
+_FORMATS = {"loss": "loss {:.4f}", "acc1": "Acc@1 {:.2f}", "acc5": "Acc@5 {:.2f}",
+            "lr": "lr {:.4g}", "images_per_sec": "{:.1f} images/s", "data_time_fraction": "data {:.0%}"}
+
+
+def device_clock(device: torch.device) -> float:
+    """``time.perf_counter()`` (seconds) once the work queued on ``device`` has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class Progress:
+    """One pass over a loader: its timing, and per-step progress shown by global rank 0 only.
+
+    :meth:`log_every` wraps the loader (as torchvision's ``MetricLogger.log_every``): it
+    counts the images delivered and the seconds spent waiting for them, and every
+    ``print_freq`` steps (and at the last) asks ``figures()`` for the running numbers (they cost
+    a device sync) and shows them: on a terminal a tqdm bar, otherwise (logs, CI)
+    pytorch/examples ``ProgressMeter``-style lines. The same figures go to TensorBoard under
+    ``step/<tag>_*`` at step ``first_step + step``.
+    """
+
+    def __init__(self, total: int, header: str, tag: str, print_freq: int, enabled: bool,
+                 writer=None, first_step: int = 0):
+        self.total, self.header, self.tag, self.print_freq = total, header, tag, print_freq
+        self.enabled, self.writer, self.first_step = enabled, writer, first_step
+        self.images, self.data_time = 0, 0.0  # images delivered; seconds waited for them
+        self.start = time.perf_counter()
+        self.steady_from = None  # (device clock, images) once the warm-up steps are done
+
+    def carry(self, images: int, data_time: float, seconds: float) -> None:
+        """Continue the counts of an interrupted pass (a mid-epoch checkpoint's sums)."""
+        self.images, self.data_time = images, data_time
+        self.start = time.perf_counter() - seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the pass started (including carried seconds)."""
+        return time.perf_counter() - self.start
+
+    def log_every(self, iterable: Iterable, figures: Callable[[], dict], start_step: int = 0,
+                  warmup: int | None = None, device: torch.device | None = None) -> Iterator:
+        """Yield ``(step, (images, labels))`` from ``iterable``, steps counted from
+        ``start_step``. After ``warmup`` steps of this pass the device clock is read for
+        :meth:`steady_images_per_sec` (None: no steady-state figure)."""
+        bar = None
+        if self.enabled and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total, desc=self.header, unit="batch", leave=False,
+                       dynamic_ncols=True)
+        try:
+            end = time.perf_counter()
+            for step, batch in enumerate(iterable, start=start_step):
+                self.data_time += time.perf_counter() - end
+                self.images += batch[1].size(0)
+                yield step, batch
+                if bar is not None:
+                    bar.update(1)
+                if self.enabled and self.print_freq > 0 and (
+                        step % self.print_freq == 0 or step + 1 == self.total):
+                    self._show(step, figures(), bar)
+                if warmup is not None and step + 1 - start_step == warmup:
+                    self.steady_from = (device_clock(device), self.images)
+                end = time.perf_counter()
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def steady_images_per_sec(self, now: float) -> float:
+        """Images/s after the warm-up steps up to ``now`` (a :func:`device_clock` reading); 0.0
+        if the pass had no steps after them."""
+        if self.steady_from is None or self.images <= self.steady_from[1]:
+            return 0.0
+        return (self.images - self.steady_from[1]) / (now - self.steady_from[0])
+
+    def _show(self, step: int, figures: dict, bar) -> None:
+        elapsed = self.elapsed()
+        figures = {**figures, "images_per_sec": self.images / elapsed,
+                   "data_time_fraction": self.data_time / elapsed}
+        text = "  ".join(_FORMATS[key].format(value) for key, value in figures.items())
+        if bar is not None:
+            bar.set_postfix_str(text, refresh=False)
+        else:
+            print(f"{self.header}[{step + 1:>{len(str(self.total))}}/{self.total}]  {text}",
+                  flush=True)
+        if self.writer:
+            for key, value in figures.items():
+                self.writer.scalar(f"step/{self.tag}_{key}", value, self.first_step + step)
+
+
+class MetricsWriter:
+    """Appends one JSON object per epoch to ``OUTPUT/metrics.jsonl`` and mirrors every number
+    to TensorBoard under ``OUTPUT/tensorboard``. Raises :class:`ConfigError` if ``OUTPUT``
+    cannot be written."""
+
+    def __init__(self, output_dir: str):
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            self.file = open(os.path.join(output_dir, "metrics.jsonl"), "a")
+        except OSError as exc:
+            raise ConfigError(f"--output-dir {output_dir}: cannot write ({exc.strerror})") from None
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+
+    def write(self, epoch_metrics: dict) -> None:
+        """Append ``epoch_metrics`` (keyed by name, ``epoch`` the TensorBoard step)."""
+        self.file.write(json.dumps(epoch_metrics) + "\n")
+        self.file.flush()
+        for key, value in epoch_metrics.items():
+            if key != "epoch" and value is not None:
+                self.tb.add_scalar(f"epoch/{key}", value, epoch_metrics["epoch"])
+        self.tb.flush()
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.tb.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+def epoch_line(m: dict) -> str:
+    """The one line printed per epoch from its ``metrics.jsonl`` object ``m``."""
+    return (f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} top-1 {m['train_acc1']:.2f} | "
+            f"val loss {m['val_loss']:.4f} top-1 {m['val_acc1']:.2f} "
+            f"top-5 {m['val_acc5']:.2f} | {m['train_images_per_sec']:.1f} images/s, "
+            f"data {100 * m['data_time_fraction']:.0f}% | {m['epoch_seconds']:.1f} s")
+
+
+def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float = 0.25) -> None:
+    """Say so (through ``log``) when the epoch's training waited on data for more than
+    ``threshold`` of its wall time; ``workers`` is this process's loader worker count."""
+    share = epoch_metrics["data_time_fraction"]
+    if share > threshold:
+        log(f"warning: {share:.0%} of training time went to waiting for data: the loader is the "
+            f"bottleneck. Try more workers (-j, now {workers} per process), --lmdb or "
+            "--dali, a local copy of the dataset, or measure with --benchmark-data")

@@ -1,0 +1,94 @@
+"""What one training process derives from the command line, once: :class:`RunSettings`.
+
+The argparse namespace is only read here (and in ``main.py``), never written: the per-process
+batch size and workers, the seed and the backend are resolved into frozen values instead.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import loaders
+from engine import ConfigError
+from engine.checkpoint import saved_seed
+from engine.distributed import Job, broadcast_int
+from loaders import LoaderSettings
+
+
+def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
+    """``auto`` -> ``min(8, CPU cores / processes on this node)``, at least 1: the node's
+    cores (those this process may run on) are shared by its training processes, and beyond 8
+    one process rarely gains."""
+    if workers != "auto":
+        return workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, (cores or 1) // max(1, processes_per_node)))
+
+
+def resolve_backend(args) -> tuple[str, bool]:
+    """``(backend, lmdb)``: the :data:`loaders.BACKENDS` key and whether the splits are LMDBs.
+
+    ``--dummy`` -> synthetic; ``--dali`` or ``--loader dali`` -> dali; ``--lmdb`` -> lmdb; else
+    ``--loader``. The splits are LMDBs with ``--lmdb`` or ``--loader lmdb``, so DALI reads
+    LMDBs given ``--dali --lmdb`` (or a preset's ``loader: lmdb`` with ``--dali``, or
+    ``loader: dali`` with ``lmdb: true``). Raises :class:`ConfigError` for ``--lmdb`` with a
+    backend that cannot read LMDBs."""
+    lmdb = args.lmdb or args.loader == "lmdb"
+    if args.dummy:
+        return "synthetic", False
+    if args.dali or args.loader == "dali":
+        return "dali", lmdb
+    if args.lmdb and args.loader not in ("folder", "lmdb"):
+        raise ConfigError(f"--lmdb conflicts with --loader {args.loader}")
+    return ("lmdb" if lmdb else args.loader), lmdb
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What one training process derives from the command line, once (:func:`resolve_settings`).
+
+    ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
+    resumed checkpoint, or drawn by global rank 0); ``loader``: backend, paths, per-process
+    batch size and workers, caps and image dtype."""
+
+    job: Job
+    seed: int
+    loader: LoaderSettings
+
+    @property
+    def dist(self) -> loaders.DistInfo:
+        return self.job.dist
+
+
+def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
+    """This process's :class:`RunSettings`. ``-b``/``-j`` of ``--multiprocessing-distributed``
+    are the node's totals, divided among its processes; ``-j auto`` shares the node's cores.
+    A collective when no ``--seed`` is given (every rank must shuffle alike). Raises
+    :class:`ConfigError` or :class:`~loaders.DataError` (missing split)."""
+    backend, lmdb = resolve_backend(args)
+    nproc = job.processes_per_node
+    batch_size, workers = args.batch_size, args.workers
+    if job.spawned:
+        batch_size //= nproc
+        workers = workers if workers == "auto" else (workers + nproc - 1) // nproc
+    seed = args.seed
+    if seed is None:
+        seed = saved_seed(checkpoint) if checkpoint else None
+        seed = broadcast_int(random.randrange(2**31) if seed is None else seed, job.dist)
+    paths = (None, None) if backend == "synthetic" else loaders.split_paths(
+        args.data, args.train, args.val)
+    loader = LoaderSettings(
+        backend=backend, train_path=paths[0], val_path=paths[1], batch_size=batch_size,
+        workers=resolve_workers(workers, nproc), seed=seed, lmdb=lmdb,
+        train_crop_size=args.train_crop_size, val_resize_size=args.val_resize_size,
+        val_crop_size=args.val_crop_size,
+        # --benchmark-data's timed batches run on past a capped epoch's end
+        train_batches=None if args.benchmark_data else args.train_batches,
+        val_batches=args.val_batches, max_bad_share=args.max_bad_share,
+        channels_last=args.channels_last,
+        dtype=loaders.input_dtype(args.amp, args.amp_dtype, job.dist.device),
+        lmdb_order=args.lmdb_order, lmdb_block_size=args.lmdb_block_size,
+        lmdb_buffer_blocks=args.lmdb_buffer_blocks, lmdb_readahead=args.lmdb_readahead,
+        dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load)
+    return RunSettings(job, seed, loader)
