@@ -35,6 +35,8 @@ from loaders._lmdb_codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS
                                  encode_meta, encode_record, is_lmdb, last_record_index,
                                  read_meta, record_checksum, record_key)
 from loaders._lmdb_verify import verify
+# PyTorch-LMDB's import path: `from folder2lmdb import ImageFolderLMDB` in users' scripts.
+from loaders.imagefolder_lmdb import ImageFolderLMDB  # noqa: F401
 
 _MiB = 1 << 20
 REPORT_NAME = "skipped.tsv"  # inside the LMDB directory, beside data.mdb
@@ -312,8 +314,7 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "_Writer", outp
             state.done += len(batch)
             if crcs:
                 puts.append((_crc_key(first_record), encode_checksums(crcs)))
-            # Records, skips, checksums and the resume state commit together: a kill leaves
-            # either all of a batch or none of it.
+            # Records, skips, checksums and resume state commit together: all of a batch or none.
             writer.commit(puts + [(PROGRESS_KEY, state.encode())])
             bar.update(len(batch))
     bar.close()
@@ -322,8 +323,7 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "_Writer", outp
     _write_report(os.path.join(output, REPORT_NAME),
                   writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
-    # The last transaction: metadata (a database without it is an unfinished conversion and is
-    # never opened), checksums, and no resume state left behind.
+    # Last transaction: metadata (none means unfinished: never opened), checksums, no resume state.
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)

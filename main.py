@@ -316,10 +316,9 @@ def build_state(args, s: RunSettings, num_classes: int, checkpoint: dict | None,
         functools.partial(autocast, args.amp, args.amp_dtype, device))
     start_epoch, best_acc1 = args.start_epoch, 0.0
     if checkpoint:
-        start_epoch, best_acc1 = restore(checkpoint, model, state.optimizer, state.scheduler,
-                                         state.scaler, args.arch, s.dist)
-        log(f"resumed from {args.resume} at epoch {start_epoch}"
-            + (f", batch {checkpoint['batch']}" if checkpoint.get("batch") else ""))
+        start_epoch, best_acc1 = restore(  # ours, pytorch/examples' or a bare state_dict
+            checkpoint, model, state.optimizer, state.scheduler, state.scaler, args.arch, s.dist,
+            evaluate=args.evaluate, start_epoch=args.start_epoch, path=args.resume, log=log)
     state.model = wrap_parallel(model, s.dist, args.gpu, log)
     if args.compile:
         state.model = torch.compile(state.model)

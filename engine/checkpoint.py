@@ -1,5 +1,9 @@
 """Checkpoints: the pytorch/examples keys plus AMP scaler, config, seed, per-rank RNG states and
 the position inside an epoch; written atomically, restored into a :class:`~engine.loop.TrainState`.
+
+Also restored: pytorch/examples' own checkpoints (``module.`` keys from DDP, a tensor
+``best_acc1``, none of the newer keys, perhaps no ``scheduler``) and bare state_dicts
+(``torch.save(model.state_dict())``, torchvision's weights): see :func:`restore`.
 """
 from __future__ import annotations
 
@@ -11,6 +15,14 @@ import torch
 from engine import ConfigError
 from engine.distributed import unwrap
 from loaders import DistInfo
+
+# Path components that wrappers put into state_dict keys: DataParallel / DDP (``module.``, also
+# pytorch/examples' ``features.module.`` for AlexNet/VGG) and torch.compile (``_orig_mod.``).
+WRAPPER_PARTS = {"module", "_orig_mod"}
+# What SGD's param groups hold (a state from another optimizer lacks some) and how this run
+# steps them (kept from this run: a fused state saved on a GPU resumes on the CPU, and the reverse).
+SGD_KEYS = {"lr", "momentum", "dampening", "weight_decay", "nesterov"}
+IMPLEMENTATION_KEYS = ("foreach", "fused", "differentiable")
 
 
 def restore_rng(saved, dist: DistInfo) -> None:
@@ -58,8 +70,9 @@ def saved_seed(checkpoint: dict) -> int | None:
     """The seed a checkpoint's run used: its ``seed`` key, or (older checkpoints, whose
     ``config`` held the resolved per-process settings) ``config["seed"]``."""
     if checkpoint.get("seed") is not None:
-        return checkpoint["seed"]
-    return checkpoint.get("config", {}).get("seed")
+        return int(checkpoint["seed"])
+    config = checkpoint.get("config")
+    return config.get("seed") if isinstance(config, dict) else None
 
 
 def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
@@ -83,29 +96,153 @@ def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint onto the CPU. Raises :class:`ConfigError` if it is missing or unreadable."""
+    """Read a checkpoint onto the CPU, as :func:`as_checkpoint` gives it. Raises
+    :class:`ConfigError` if it is missing, unreadable, or neither a checkpoint nor a state_dict."""
     if not os.path.isfile(path):
         raise ConfigError(f"--resume {path}: no such checkpoint file")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged or foreign file
         raise ConfigError(f"--resume {path}: not a readable checkpoint ({type(exc).__name__})") from None
+    return as_checkpoint(saved, path)
+
+
+def _is_state_dict(saved) -> bool:
+    return (isinstance(saved, dict) and bool(saved)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items()))
+
+
+def as_checkpoint(saved, path: str = "") -> dict:
+    """``saved`` as a checkpoint dict: a dict with a ``state_dict`` as it is (ours,
+    pytorch/examples'), torchvision references' ``{"model", "optimizer", "epoch", ...}`` as
+    ``{"state_dict", "optimizer", "epoch": epoch + 1}``, a bare state_dict (names to tensors) as
+    ``{"state_dict": saved}``: weights only. Raises :class:`ConfigError` naming what is missing
+    for anything else."""
+    where = f"--resume {path}".rstrip()
+    if isinstance(saved, dict) and "state_dict" not in saved and _is_state_dict(
+            saved.get("model")):
+        # torchvision's references/classification: "model", and "epoch" is the last one done;
+        # its lr_scheduler may be another kind than StepLR, so StepLR is placed at the epoch.
+        saved = {"state_dict": saved["model"],
+                 **({"epoch": int(saved["epoch"]) + 1} if "epoch" in saved else {}),
+                 **({"optimizer": saved["optimizer"]} if "optimizer" in saved else {})}
+    if isinstance(saved, dict) and "state_dict" in saved:
+        if not isinstance(saved["state_dict"], dict):
+            raise ConfigError(f"{where}: its state_dict is not a mapping of names to tensors")
+        return saved
+    if _is_state_dict(saved):
+        return {"state_dict": saved}
+    if isinstance(saved, dict):
+        keys = ", ".join(sorted(map(str, saved))[:8]) or "none"
+        raise ConfigError(f"{where}: neither a checkpoint nor a state_dict: no 'state_dict' key "
+                          f"and not all tensors (keys: {keys})")
+    raise ConfigError(f"{where}: neither a checkpoint nor a state_dict "
+                      f"(a {type(saved).__name__})")
+
+
+def _bare_key(key: str) -> str:
+    return ".".join(part for part in key.split(".") if part not in WRAPPER_PARTS)
+
+
+def _few(keys, n: int = 4) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def load_weights(model, state_dict: dict, arch: str, where: str = "--resume") -> None:
+    """Load ``state_dict`` into ``model`` (bare), whatever wrappers it was saved from
+    (``module.``/``_orig_mod.`` in any order or place). Raises :class:`ConfigError` naming a few
+    missing, unexpected or differently shaped keys: never a partly loaded model that runs."""
+    model = unwrap(model)
+    own = model.state_dict()
+    bare = {_bare_key(k): k for k in own}
+    if len(bare) == len(own):  # else the model's own names hold such parts: take keys as saved
+        state_dict = {bare.get(_bare_key(k), k): v for k, v in state_dict.items()}
+    shapes = [f"{k} {list(v.shape)} vs {list(own[k].shape)}" for k, v in state_dict.items()
+              if k in own and v.shape != own[k].shape]
+    if shapes:
+        raise ConfigError(f"{where}: state_dict does not fit -a {arch} (checkpoint vs model "
+                          f"shapes: {_few(shapes, 2)}); another architecture or class count?")
+    result = model.load_state_dict(state_dict, strict=False)
+    problems = [f"{len(keys)} {what} keys ({_few(keys)})" for what, keys in
+                (("missing", result.missing_keys), ("unexpected", result.unexpected_keys)) if keys]
+    if problems:
+        raise ConfigError(f"{where}: state_dict does not fit -a {arch}: " + "; ".join(problems))
+
+
+def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
+    """Load an SGD state (this run's foreach/fused choice kept). Raises :class:`ConfigError` for
+    another optimizer's state or one for other parameters."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    lacking = SGD_KEYS - set.intersection(*(set(g) for g in groups)) if groups else SGD_KEYS
+    if lacking:
+        raise ConfigError(f"{where}: its optimizer state is not SGD's (no "
+                          f"{', '.join(sorted(lacking))}); -e needs none, or train from its "
+                          "weights saved as a bare state_dict")
+    kept = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(saved)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ConfigError(f"{where}: its optimizer state does not fit this model's SGD "
+                          f"({str(exc).splitlines()[0]})") from None
+    for group, implementation in zip(optimizer.param_groups, kept):
+        group.update(implementation)
+
+
+def position_scheduler(scheduler, optimizer, epoch: int) -> None:
+    """Put a fresh StepLR (and the LR of ``optimizer``) at ``epoch`` as pytorch/examples'
+    schedule has it: ``base_lr * gamma ** (epoch // step_size)``; for checkpoints without a
+    ``scheduler`` (older pytorch/examples set the LR each epoch) and fresh optimizers."""
+    scheduler.last_epoch = epoch
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["initial_lr"] = base
+        group["lr"] = base * scheduler.gamma ** (epoch // scheduler.step_size)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
-            dist: DistInfo) -> tuple[int, float]:
-    """Load every state from ``checkpoint`` and this rank's RNG states; return
-    ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%) so far.
+            dist: DistInfo, *, evaluate: bool = False, start_epoch: int = 0, path: str = "",
+            log=None) -> tuple[int, float]:
+    """Load ``checkpoint`` (ours, pytorch/examples' or a bare state_dict) and this rank's RNG
+    states; return ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%)
+    so far; ``log`` (if given) gets one line saying what was resumed.
 
-    The loss scale is restored only where both runs scale (a checkpoint saved without
-    float16 ``--amp`` holds an empty scaler state; this run then starts a fresh scale).
-    Raises :class:`ConfigError` if the checkpoint holds another architecture than ``arch``."""
-    if checkpoint["arch"] != arch:
-        raise ConfigError(f"--resume: checkpoint is a {checkpoint['arch']}, not -a {arch}")
-    unwrap(model).load_state_dict(checkpoint["state_dict"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
-    if scaler.is_enabled() and checkpoint.get("scaler"):
-        scaler.load_state_dict(checkpoint["scaler"])
-    restore_rng(checkpoint["rng"], dist)
-    return int(checkpoint["epoch"]), float(checkpoint["best_acc1"])
+    Weights always (any ``module.``/``_orig_mod.`` wrapper prefixes dropped); ``evaluate``
+    (``-e``): nothing else. Otherwise the optimizer, scheduler (without one: StepLR rebuilt at
+    the epoch), loss scale (where both runs scale; else a fresh scale) and RNG states (without
+    them: the fresh seed streams) as far as saved. Without ``optimizer`` (a bare state_dict)
+    training starts from the weights with a fresh optimizer at ``epoch`` if saved, else at
+    ``start_epoch`` (``--start-epoch``). A tensor ``best_acc1`` (pytorch/examples) becomes a
+    float; no ``arch``: ``arch`` is trusted. Raises :class:`ConfigError` (one line) for another
+    architecture, weights that do not fit, or a non-SGD / mismatched optimizer state."""
+    checkpoint = as_checkpoint(checkpoint, path)
+    where = f"--resume {path}".rstrip()
+    if checkpoint.get("arch", arch) != arch:
+        raise ConfigError(f"{where}: checkpoint is a {checkpoint['arch']}, not -a {arch}")
+    load_weights(model, checkpoint["state_dict"], arch, where)
+    start_epoch = int(checkpoint.get("epoch", start_epoch))
+    best_acc1 = float(checkpoint.get("best_acc1", 0.0))
+    weights_only = "optimizer" not in checkpoint
+    if evaluate:
+        message = (f"evaluating the weights in {path}" if weights_only
+                   else f"resumed from {path} at epoch {start_epoch}")
+    elif weights_only:
+        position_scheduler(scheduler, optimizer, start_epoch)
+        missing = "/".join(k for k in ("optimizer", "epoch") if k not in checkpoint)
+        message = (f"{where}: weights only (no {missing}): training from them with a fresh "
+                   f"optimizer at epoch {start_epoch}")
+    else:
+        load_optimizer(optimizer, checkpoint["optimizer"], where)
+        if checkpoint.get("scheduler"):
+            scheduler.load_state_dict(checkpoint["scheduler"])
+        else:
+            position_scheduler(scheduler, optimizer, start_epoch)
+        if scaler.is_enabled() and checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
+        if checkpoint.get("rng") is not None:
+            restore_rng(checkpoint["rng"], dist)
+        message = f"resumed from {path} at epoch {start_epoch}" + (
+            f", batch {checkpoint['batch']}" if checkpoint.get("batch") else "")
+    if log:
+        log(message)
+    return start_epoch, best_acc1
