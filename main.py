@@ -63,8 +63,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--train-batches", type=int, metavar="N", help="cap on training batches per epoch")
     d.add_argument("--val-batches", type=int, metavar="N", help="cap on validation batches")
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
-                   help="undecodable samples are replaced and reported; stop when more than "
-                   "this share of an epoch's images fail")
+                   help="undecodable samples are reported once, never drawn again and "
+                   "replaced; stop when more than this share of a split's samples fail")
     d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
                    help="with --lmdb: training read order; 'block' shuffles blocks of "
                    "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")

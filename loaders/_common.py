@@ -116,9 +116,12 @@ class DeviceLoader:
     reused from epoch to epoch. On the CPU each batch is normalised out of its slot before it is
     yielded; on CUDA the slots are page-locked and each batch is copied to the GPU and
     normalised there on a side stream one batch ahead (:class:`~loaders._cuda_feed.CudaFeeder`).
-    When an epoch's replaced (undecodable) samples exceed ``max_bad_share`` of its images,
-    iterating raises :class:`DataError`; a sample that fails to decode is otherwise replaced
-    by the next readable one (:class:`~loaders._bad_samples.TolerantDataset`). Raises
+    A sample that fails to decode is replaced by the next readable one, named once on stderr
+    and remembered for the loader's lifetime (``unreadable``, an
+    :class:`~loaders._bad_samples.UnreadableSet` shared by the workers of every pass), so later
+    epochs and passes never draw it again (:class:`~loaders._bad_samples.TolerantDataset`);
+    when the distinct unreadable samples exceed ``max_bad_share`` of ``len(dataset)`` (the
+    split), iterating raises :class:`DataError`. Raises
     :class:`DataError` at construction if a training ``order`` holds less than one batch.
     """
 
@@ -143,7 +146,10 @@ class DeviceLoader:
         self.rank = rank
         self.mean, self.std = imagenet_mean_std(device)
         # Held here: each pass hands it the slots before the workers start.
-        self._writer = SlotWriter(TolerantDataset(dataset))
+        tolerant = TolerantDataset(dataset, shared=workers > 0)
+        # Flags made here, before any worker starts, and kept for the loader's lifetime.
+        self.unreadable = tolerant.unreadable
+        self._writer = SlotWriter(tolerant)
         self.loader = DataLoader(
             self._writer,
             # drop_last for training: no tiny last batch for BatchNorm.
@@ -213,17 +219,18 @@ class DeviceLoader:
 
     def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
         """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;
-        raises :class:`DataError` once replaced (undecodable) samples exceed
-        ``max_bad_share`` of the epoch's images."""
+        raises :class:`DataError` once the distinct unreadable samples of the split exceed
+        ``max_bad_share`` of its size (counted only after a batch that found a new one)."""
         total = len(self)
-        allowed = self.max_bad_share * (self.start_batch + total) * self.batch_size
-        bad = 0
-        for step, (number, slot, count, replaced) in enumerate(batches):
+        size = len(self.dataset)
+        allowed = self.max_bad_share * size
+        for step, (number, slot, count, found) in enumerate(batches):
             if step == total:
                 return
-            bad += replaced
-            if bad > allowed:
-                raise too_many_unreadable(bad, self.max_bad_share, "epoch")
+            if found:
+                bad = self.unreadable.count()
+                if bad > allowed:
+                    raise too_many_unreadable(bad, self.max_bad_share, size)
             yield number, slot, count
 
 

@@ -5,7 +5,7 @@ page-faults it in as it writes, and the main process faults it in again as it re
 a time. With this module and the other changes listed in README *Measured*, the loaders went
 from 76-79% to 93-100% of the decode-only ceiling of ``benchmarks/bench_loaders.py``. Here the
 main process allocates ``slots`` batches of shared memory once. Workers copy each sample into
-its place (no collate copy) and send back only ``(number, slot, count, replaced)``, and the
+its place (no collate copy) and send back only ``(number, slot, count, found)``, and the
 main process reads the slot in place.
 
 Slot protocol: :class:`NumberedBatchSampler` numbers the batches of each pass from 0, and batch
@@ -146,8 +146,8 @@ class SlotWriter(Dataset):
     """Dataset wrapper for ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: fetching a
     :class:`NumberedBatch` writes its samples into the slots given to :meth:`use` (before the
     workers start: they fork with them, or unpickle them) and
-    returns ``(number, slot, count, replaced)`` (ints; ``replaced`` sums the third item of
-    ``dataset``'s ``(image, label, replaced)`` samples, see
+    returns ``(number, slot, count, found)`` (ints; ``found`` sums the third item of
+    ``dataset``'s ``(image, label, found)`` samples, the samples newly found unreadable, see
     :class:`~loaders._bad_samples.TolerantDataset`).
 
     Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
@@ -173,16 +173,16 @@ class SlotWriter(Dataset):
             raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
         slot = pool.acquire(batch.number)
         images, labels = pool.images[slot], pool.labels[slot]
-        replaced = 0
+        found = 0
         for i, index in enumerate(batch):
-            image, label, bad = self.dataset[index]
+            image, label, new_bad = self.dataset[index]
             if image.shape != images.shape[1:] or image.dtype != torch.uint8:
                 raise DataError(f"sample {index}: transform gave {image.dtype} "
                                 f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
             images[i].copy_(image)
             labels[i] = label
-            replaced += bad
-        return batch.number, slot, len(batch), replaced
+            found += new_bad
+        return batch.number, slot, len(batch), found
 
 
 def keep_as_is(batch):

@@ -39,7 +39,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ._bad_samples import DECODE_ERRORS, report_unreadable, too_many_unreadable
+from ._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ._common import DataError, DistInfo, _mix_seed, check_same_classes
 from ._dali_graph import (GraphOptions, augment, finish_on_cpu, folder_source, gpu_to_torch,
                           lmdb_source)
@@ -110,9 +110,10 @@ class DALILoader:
     ``len()`` is exact; the last validation batch may be smaller than ``batch_size`` and holds
     no padding. ``classes`` lists the class names (index = label). ``set_epoch(epoch)`` selects
     the order and the augmentation seed. A sample DALI cannot decode is found with our CPU
-    decoder, reported on stderr and replaced by the next readable one; iterating raises
-    :class:`DataError` when more than ``max_bad_share`` of a pass fails or DALI fails for
-    another reason, and :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
+    decoder, reported once on stderr, replaced by the next readable one and remembered
+    (``unreadable``), so later passes leave it out of their orders; iterating raises
+    :class:`DataError` when the distinct unreadable samples exceed ``max_bad_share`` of the
+    split or DALI fails for another reason, and :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
 
     With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
@@ -135,6 +136,8 @@ class DALILoader:
         self.num_threads, self.py_workers = max(1, num_threads), py_workers
         self.cpu_pipelines = cpu_pipelines
         self.epoch = self.start_batch = 0
+        # Samples found unreadable this run (main process only: the probes run here).
+        self.unreadable = UnreadableSet(order.num_samples)
 
     @property
     def num_batches(self) -> int:
@@ -157,9 +160,13 @@ class DALILoader:
         return indices[self.start_batch * self.batch_size:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order, step, bad = self.order(), 0, 0
+        order, step = self.order(), 0
+        unreadable = self.unreadable
+        if unreadable.count():  # known-bad samples: their replacements, as when found
+            order = [unreadable.next_readable(i) if unreadable.known(i) else i for i in order]
         batch = self.batch_size
-        allowed = self.max_bad_share * len(order)
+        size = self.sample_order.num_samples
+        allowed = self.max_bad_share * size
         while step < len(self):
             # DALI cannot skip a file it fails to decode: find it, swap it for a readable
             # sample, and rebuild the pipelines from the failed batch on.
@@ -175,9 +182,10 @@ class DALILoader:
                                                f"{failure}") from exc
                     # Each pipeline runs up to its queue depth ahead: probe all in flight.
                     lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
-                    bad += self._replace_unreadable(order, step, exc, lookahead)
+                    self._replace_unreadable(order, step, exc, lookahead)
+                    bad = unreadable.count()
                     if bad > allowed:
-                        raise too_many_unreadable(bad, self.max_bad_share, "pass") from None
+                        raise too_many_unreadable(bad, self.max_bad_share, size) from None
                     break
                 images, labels = self._to_torch(outputs)
                 take = min(len(order) - step * batch, len(labels))
@@ -192,32 +200,35 @@ class DALILoader:
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> int:
         """Probe the samples of batches ``step .. step + lookahead`` (DALI runs a few batches
-        ahead) with our CPU decoder; report each unreadable one on stderr and replace it in
-        ``order`` by the next readable dataset index. Returns how many were replaced; raises
-        :class:`DataError` with DALI's message if none of them is unreadable."""
+        ahead) with our CPU decoder; remember and report each unreadable one (once) and replace
+        it in ``order`` by the next readable dataset index. Returns how many were newly found
+        unreadable; raises :class:`DataError` with DALI's message if none of them is."""
         batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
-        replaced = 0
+        found = 0
         for position in window:
             index = order[position]
             while not self._readable(index):
-                index = (index + 1) % self.sample_order.num_samples
-                replaced += 1
-                if replaced > len(window):
-                    raise DataError(f"DALI: {replaced} unreadable samples near batch {step}: "
+                index = self.unreadable.next_readable(index)
+                found += 1
+                if found > len(window):
+                    raise DataError(f"DALI: {found} unreadable samples near batch {step}: "
                                     "is this dataset damaged?")
             order[position] = index
-        if replaced == 0:
+        if found == 0:
             lines = _message_lines(exc)
             raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
-        return replaced
+        return found
 
     def _readable(self, index: int) -> bool:
+        """Decode sample ``index`` (never one known unreadable: the order skips those); if it
+        fails, remember it, report it and return False."""
         try:
             decode(self.read_encoded(index))
         except DECODE_ERRORS as exc:
-            report_unreadable(self.describe(index), exc)
+            if self.unreadable.mark(index):
+                report_unreadable(self.describe(index), exc)
             return False
         return True
 

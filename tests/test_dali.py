@@ -228,7 +228,9 @@ def test_cuda_failure_in_dali_is_an_accelerator_error_not_a_bad_sample(tiny, mon
     train, _ = build(tiny, "folder")
     probed = []
     monkeypatch.setattr(dali.DALILoader, "_build_pipelines", lambda *_: [FailingPipe(message)])
-    monkeypatch.setattr(dali.DALILoader, "_replace_unreadable", lambda *a: probed.append(a) or 1)
+    # A probe that "finds" sample 0 unreadable (the count is of distinct remembered samples).
+    monkeypatch.setattr(dali.DALILoader, "_replace_unreadable",
+                        lambda self, *a: probed.append(a) or self.unreadable.mark(0))
     with pytest.raises(AcceleratorError) as info:
         list(train)
     assert str(info.value) == f"DALI: CUDA error on the training split: {reported}"
