@@ -277,9 +277,12 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
     log = print if dist.is_main else _silent
     random.seed(s.seed + dist.rank)
     torch.manual_seed(s.seed + dist.rank)
+    if s.threads:
+        torch.set_num_threads(s.threads)
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
     log(f"device: {dist.device}; world size {dist.world_size}{group}; JPEG decode: "
-        f"libjpeg-turbo (torchvision), other formats: {loaders.image_library()}; seed {s.seed}")
+        f"libjpeg-turbo (torchvision), other formats: {loaders.image_library()}; seed {s.seed}; "
+        f"{torch.get_num_threads()} torch thread(s) in the main process")
     if args.benchmark_data:
         return benchmark_data(args, s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)

@@ -1,23 +1,28 @@
 #!/usr/bin/env python
-"""Side-by-side training-loader throughput on the same JPEGs, in one process.
+"""Side-by-side training-loader throughput on the same JPEGs, each pipeline in its own process.
 
     python benchmarks/bench_loaders.py --data ../shared/data/imagenet-sample --out bench-output
 
-Runs, with the same batch size, workers and images:
+Runs, with the same batch size, workers, images and timing:
 
 * ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
   RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
 * ``decode-only``: read and fully decode each file to RGB and nothing else, in the same
   DataLoader setup, with libjpeg-turbo through torchvision (the decoding ceiling of these files
   on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
-* each of our training loaders (``folder``, ``lmdb``, and ``dali`` when installed), including
-  the copy to the device and normalisation there.
+* each of our training loaders **as users run them**: ``python main.py --benchmark-data DIR
+  [--lmdb | --dali ...] -b B -j J --train-batches N --benchmark-warmup W --seed 0``, i.e.
+  main.py's own parsing, settings (its main-process threads included), loaders, copy to the
+  device and normalisation there, and its JSON line. The ratio in the table is therefore the
+  one ``main.py --benchmark-data`` gives.
 
-Writes ``OUT/report.json`` and ``OUT/chart.png`` (images/s per core) and prints a table.
-The sample is replicated ``--repeat`` times (symlinks) so timing sees steady state, not
-worker start-up. Every pipeline iterates ``--warmup`` batches untimed, then ``--batches`` timed ones, cycling
-epochs when the data is smaller; ``--rounds`` interleaved repetitions, median reported. Files are read once beforehand so all pipelines see a warm
-page cache.
+Every pipeline runs in a fresh process (the baselines through this script's ``--baseline``
+mode, with torch's default threads, as pytorch/examples runs), iterating ``--warmup`` batches
+untimed and then ``--batches`` timed ones (cycling epochs, ``loaders._throughput.measure``
+for all); ``--rounds`` interleaved repetitions, median reported. The sample is replicated
+``--repeat`` times (symlinks) so timing sees steady state, and read once beforehand so all
+pipelines see a warm page cache. Writes ``OUT/report.json`` (every round, and the command of
+each of ours) and ``OUT/chart.png`` (images/s per core) and prints a table.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -34,13 +40,15 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import folder2lmdb  # noqa: E402
 import loaders  # noqa: E402
-from loaders import DistInfo, LoaderSettings  # noqa: E402
 from loaders._throughput import measure  # noqa: E402
 from loaders._transforms import decode, image_library, read_file  # noqa: E402
+
+BASELINES = ("stock", "decode-only", "decode-only-pil")
 
 
 class _DeviceCopy:
@@ -58,7 +66,8 @@ class _DeviceCopy:
 
 
 def stock_loader(root: str, batch_size: int, workers: int, device: torch.device):
-    """The pytorch/examples imagenet/main.py training pipeline, unchanged."""
+    """The pytorch/examples imagenet/main.py training pipeline, unchanged: float32 batches of
+    shape (B, 3, 224, 224) on ``device``."""
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     dataset = datasets.ImageFolder(root, transforms.Compose([
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
@@ -93,27 +102,18 @@ def decode_only_loader(root: str, batch_size: int, workers: int, use_pil: bool =
                       num_workers=workers, drop_last=True)
 
 
-def bench_settings(backend: str, data: str, batch_size: int, workers: int,
-                   **overrides) -> LoaderSettings:
-    """The settings ``main.py`` resolves for ``data`` (``data/train``, ``data/val``) at its
-    defaults on one process: 224-px crops (val resize 256), seed 0, float32 NCHW, random LMDB
-    order, readahead auto; ``overrides`` replace fields (e.g. ``dali_cpu=True``)."""
-    fields = dict(
-        backend=backend, train_path=os.path.join(data, "train"),
-        val_path=os.path.join(data, "val"), batch_size=batch_size, workers=workers, seed=0,
-        lmdb=backend == "lmdb", train_crop_size=224, val_resize_size=256, val_crop_size=224,
-        train_batches=None, val_batches=None, max_bad_share=0.01, channels_last=False,
-        dtype=torch.float32, lmdb_order="random", lmdb_block_size=256, lmdb_buffer_blocks=8,
-        lmdb_readahead="auto", dali_cpu=False, dali_hw_decoder_load=None)
-    fields.update(overrides)
-    return LoaderSettings(**fields)
+def main_loader(argv: list[str]):
+    """The training loader ``main.py argv`` builds in a single process, through main.py's own
+    parser and :func:`engine.settings.resolve_settings` (profiling scripts use it in-process;
+    pass ``--seed`` so no seed is drawn)."""
+    import main
+    from engine.distributed import Job, resolve_device
+    from engine.settings import resolve_settings
 
-
-def our_loader(backend: str, data: str, batch_size: int, workers: int, device, **overrides):
-    """The training loader of ``backend`` over ``data`` (see :func:`bench_settings`)."""
-    settings = bench_settings(backend, data, batch_size, workers, **overrides)
-    train, _ = loaders.build_loaders(settings, DistInfo(device=device))
-    return train
+    args = main.parse_args(argv)
+    job = Job(loaders.DistInfo(device=resolve_device(args.gpu, args.no_accel)))
+    settings = resolve_settings(args, job, None)
+    return loaders.build_loaders(settings.loader, settings.dist)[0]
 
 
 def replicate(src: str, dst: str, copies: int) -> str:
@@ -142,12 +142,7 @@ def warm_page_cache(root: str) -> None:
 
 
 def run(args) -> dict:
-    """Build the copies and LMDBs in a temporary folder, measure, and remove the folder.
-
-    glibc keeps freed memory in this process and its workers, as ``main.py`` does
-    (``loaders/_malloc.py``): every pipeline, stock included, runs with that setting.
-    """
-    args.retain_freed_memory = loaders.retain_freed_memory()
+    """Build the copies and LMDBs in a temporary folder, measure, and remove the folder."""
     tmp = tempfile.mkdtemp(prefix="bench-loaders-")
     try:
         return _run(args, tmp)
@@ -155,68 +150,112 @@ def run(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def commands(args, data: str, lmdb_root: str, has_cuda: bool) -> dict[str, list[str]]:
+    """Each pipeline's command line: this script's ``--baseline`` mode for the baselines,
+    ``main.py --benchmark-data`` for ours, all with the same ``-b``, ``-j`` and timing."""
+    timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
+    base = [sys.executable, os.path.abspath(__file__), *timing, "--batches", str(args.batches),
+            "--warmup", str(args.warmup), "--data", os.path.join(data, "train"), "--baseline"]
+    tail = [*timing, "--train-batches", str(args.batches), "--benchmark-warmup",
+            str(args.warmup), "--seed", "0", "--benchmark-data"]
+
+    def ours(*flags):
+        return [sys.executable, os.path.join(REPO, "main.py"), *flags, *tail]
+
+    cmds = {name: [*base, name] for name in BASELINES}
+    cmds["folder"] = ours(data)
+    cmds["lmdb"] = ours("--lmdb", lmdb_root)
+    cmds["lmdb-readahead-off"] = ours("--lmdb", lmdb_root, "--lmdb-readahead", "off")
+    if _has_dali():
+        cmds["dali-cpu"] = ours("--dali", "--dali-cpu", data)
+        if has_cuda:
+            cmds["dali-mixed"] = ours("--dali", data)
+    return {name: cmd for name, cmd in cmds.items() if not args.only or name in args.only}
+
+
+def run_pipeline(name: str, cmd: list[str], timeout: float) -> dict:
+    """Run one pipeline's process and return its JSON line (``images``, ``seconds``,
+    ``images_per_sec``). Raises RuntimeError naming the pipeline and its last error line."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{name}: no result within {timeout:.0f} s") from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{name}: exit status {done.returncode}: {why}")
+    return json.loads(lines[-1])
+
+
 def _run(args, tmp: str) -> dict:
-    # The main process only receives batches (and normalises ours on a CPU-only machine); its
-    # intra-op threads would spin against the loader workers for the same cores.
-    torch.set_num_threads(args.main_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    has_cuda = torch.cuda.is_available()
     cores = len(os.sched_getaffinity(0))
     data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
-    train_root = os.path.join(data, "train")
-    warm_page_cache(train_root)
+    warm_page_cache(os.path.join(data, "train"))
     lmdb_root = os.path.join(tmp, "lmdb")
     for split in ("train", "val"):
         folder2lmdb.convert(os.path.join(data, split), os.path.join(lmdb_root, split),
                             progress=False)
-    b, j = args.batch_size, args.workers
-    pipelines = {
-        "stock": lambda: stock_loader(train_root, b, j, device),
-        "decode-only": lambda: decode_only_loader(train_root, b, j),
-        "decode-only-pil": lambda: decode_only_loader(train_root, b, j, use_pil=True),
-        "folder": lambda: our_loader("folder", data, b, j, device),
-        "lmdb": lambda: our_loader("lmdb", lmdb_root, b, j, device),
-        "lmdb-readahead-off": lambda: our_loader("lmdb", lmdb_root, b, j, device,
-                                                 lmdb_readahead="off"),
-    }
-    if "dali" in loaders.BACKENDS and _has_dali():
-        pipelines["dali-cpu"] = lambda: our_loader("dali", data, b, j, device, dali_cpu=True)
-        if device.type == "cuda":
-            pipelines["dali-mixed"] = lambda: our_loader("dali", data, b, j, device)
-    names = [n for n in pipelines if not args.only or n in args.only]
-    runs = {name: [] for name in names}
+    cmds = commands(args, data, lmdb_root, has_cuda)
+    runs = {name: [] for name in cmds}
     for round_ in range(args.rounds):  # interleaved, so drift in machine load hits all alike
-        for name in names:
-            stats = measure(pipelines[name](), args.batches, args.warmup)
+        for name, cmd in cmds.items():
+            stats = run_pipeline(name, cmd, args.timeout)
             runs[name].append(stats)
-            print(f"round {round_ + 1}: {name:>12} {stats['images_per_sec']:8.1f} images/s",
+            print(f"round {round_ + 1}: {name:>18} {stats['images_per_sec']:8.1f} images/s",
                   flush=True)
-    results = []
-    for name in names:
-        speeds = sorted(r["images_per_sec"] for r in runs[name])
-        median = speeds[len(speeds) // 2]
-        results.append({"loader": name, "images_per_sec": median,
-                        "images_per_sec_per_core": median / cores,
-                        "images_per_sec_runs": speeds,
-                        "images": sum(r["images"] for r in runs[name]),
-                        "seconds": sum(r["seconds"] for r in runs[name])})
+    results = [summarise(name, runs[name], cores) for name in cmds]
     by_name = {r["loader"]: r["images_per_sec"] for r in results}
     for r in results:
         if "stock" in by_name:
             r["ratio_vs_stock"] = r["images_per_sec"] / by_name["stock"]
         if "decode-only" in by_name:
             r["share_of_decode_only"] = r["images_per_sec"] / by_name["decode-only"]
+        if r["loader"] not in BASELINES:
+            r["command"] = " ".join(_shown(a, tmp) for a in cmds[r["loader"]][1:])
     return {
-        "machine": {"cpu_count": cores, "cpu": _cpu_model(), "device": str(device),
-                    "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+        "machine": {"cpu_count": cores, "cpu": _cpu_model(),
+                    "device": "cuda" if has_cuda else "cpu",
+                    "gpu": torch.cuda.get_device_name() if has_cuda else None,
                     "python": platform.python_version(), "torch": torch.__version__,
                     "image_library": image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
-                   "main_threads": args.main_threads,
-                   "retain_freed_memory": args.retain_freed_memory,
-                   "batch_size": b, "workers": j,
-                   "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds},
+                   "batch_size": args.batch_size, "workers": args.workers,
+                   "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
+                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
         "results": results,
     }
+
+
+def summarise(name: str, stats: list[dict], cores: int) -> dict:
+    """Median images/s of one pipeline's rounds, per core, with every round kept."""
+    speeds = sorted(r["images_per_sec"] for r in stats)
+    median = speeds[len(speeds) // 2]
+    return {"loader": name, "images_per_sec": median, "images_per_sec_per_core": median / cores,
+            "images_per_sec_runs": speeds, "images": sum(r["images"] for r in stats),
+            "seconds": sum(r["seconds"] for r in stats)}
+
+
+def _shown(arg: str, tmp: str) -> str:
+    """A command argument as the README shows it: the temporary folder as ``DATA``."""
+    return arg.replace(os.path.join(tmp, "jpeg"), "DATA").replace(
+        os.path.join(tmp, "lmdb"), "DATA-LMDB").replace(REPO + os.sep, "")
+
+
+def baseline(args) -> int:
+    """``--baseline NAME``: time one baseline pipeline in this process; print its JSON line.
+
+    glibc keeps freed memory here as in ``main.py`` (``loaders/_malloc.py``), so the stock
+    pipeline is not slowed by page faults that ours avoid."""
+    loaders.retain_freed_memory()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    b, j = args.batch_size, args.workers
+    if args.baseline == "stock":
+        loader = stock_loader(args.data, b, j, device)
+    else:
+        loader = decode_only_loader(args.data, b, j, use_pil=args.baseline == "decode-only-pil")
+    print(json.dumps(measure(loader, args.batches, args.warmup)), flush=True)
+    return 0
 
 
 def _has_dali() -> bool:
@@ -272,7 +311,7 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"),
                         help="ImageNet-layout root with train/ and val/")
     parser.add_argument("--out", default="bench-output", help="report.json and chart.png go here")
-    parser.add_argument("-b", "--batch-size", type=int, default=32)
+    parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batches", type=int, default=100, help="timed batches per pipeline")
     parser.add_argument("--warmup", type=int, default=20,
@@ -283,14 +322,22 @@ def main_cli(argv=None) -> int:
                         "outlasts the timed batches")
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved repetitions; the median is reported")
-    parser.add_argument("--main-threads", type=int, default=1,
-                        help="torch intra-op threads of this (the main) process")
     parser.add_argument("--only", nargs="*", help="run only these pipelines")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds one pipeline's process may take")
+    parser.add_argument("--baseline", choices=BASELINES,
+                        help="(internal) time this baseline over --data (a train folder)")
     args = parser.parse_args(argv)
+    if args.baseline:
+        return baseline(args)
     if not os.path.isdir(os.path.join(args.data, "train")):
         print(f"bench_loaders.py: error: {args.data}/train: no such directory", file=sys.stderr)
         return 1
-    report = run(args)
+    try:
+        report = run(args)
+    except RuntimeError as exc:
+        print(f"bench_loaders.py: error: {exc}", file=sys.stderr)
+        return 1
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "report.json"), "w") as f:
         json.dump(report, f, indent=2)

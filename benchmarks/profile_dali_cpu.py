@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import loaders  # noqa: E402
-from benchmarks.bench_loaders import our_loader, replicate  # noqa: E402
+from benchmarks.bench_loaders import main_loader, replicate  # noqa: E402
 from loaders._dali_graph import RANDOM_AREA, RANDOM_ASPECT_RATIO  # noqa: E402
 from loaders.folder import open_image_folder  # noqa: E402
 
@@ -108,7 +108,8 @@ def main_cli(argv=None) -> int:
         results = {name: [] for name in loader_rows}
         for _ in range(args.rounds):
             for name, pipelines in loader_rows.items():
-                train = our_loader("dali", data, b, j, torch.device("cpu"), dali_cpu=True)
+                train = main_loader(["--dali", "--dali-cpu", "--no-accel", data, "-b", str(b),
+                                     "-j", str(j), "--seed", "0"])
                 train.cpu_pipelines = pipelines
                 batches = iter(train)
                 results[name].append(images_per_sec(lambda: next(batches), b,

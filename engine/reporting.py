@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from typing import Callable, Iterable, Iterator
@@ -103,6 +104,45 @@ class Progress:
                 self.writer.scalar(f"step/{self.tag}_{key}", value, self.first_step + step)
 
 
+class EventFile:
+    """A TensorBoard event file of scalars, written in the calling thread.
+
+    torch's ``SummaryWriter`` writes from a background thread; DataLoader workers are forked
+    from this process every epoch, and a fork while another thread holds a lock can leave the
+    child waiting on it forever (a hang seen once in ``tests/test_distributed.py``). So the
+    records are framed by TensorBoard's own ``RecordWriter`` (length, masked CRC-32C) here,
+    buffered, and flushed at most every ``flush_secs`` seconds and on :meth:`flush`. Raises
+    ``OSError`` if ``logdir`` cannot be written."""
+
+    def __init__(self, logdir: str, flush_secs: float = 10.0):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        os.makedirs(logdir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self._records = RecordWriter(open(os.path.join(logdir, name), "ab"))
+        self._flush_secs, self._flushed = flush_secs, time.monotonic()
+        self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        """Record ``value`` under ``tag`` at global step ``step``."""
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._write(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write(self, event) -> None:
+        self._records.write(event.SerializeToString())
+        if time.monotonic() - self._flushed > self._flush_secs:
+            self.flush()
+
+    def flush(self) -> None:
+        self._records.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._records.close()
+
+
 class MetricsWriter:
     """Appends one JSON object per epoch to ``OUTPUT/metrics.jsonl`` and mirrors every number
     to TensorBoard under ``OUTPUT/tensorboard``. Raises :class:`ConfigError` if ``OUTPUT``
@@ -114,9 +154,7 @@ class MetricsWriter:
             self.file = open(os.path.join(output_dir, "metrics.jsonl"), "a")
         except OSError as exc:
             raise ConfigError(f"--output-dir {output_dir}: cannot write ({exc.strerror})") from None
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        self.tb = EventFile(os.path.join(output_dir, "tensorboard"))
 
     def write(self, epoch_metrics: dict) -> None:
         """Append ``epoch_metrics`` (keyed by name, ``epoch`` the TensorBoard step)."""

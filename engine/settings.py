@@ -26,6 +26,25 @@ def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
     return max(1, min(8, (cores or 1) // max(1, processes_per_node)))
 
 
+def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1,
+                 environ=os.environ) -> int | None:
+    """Torch intra-op threads for a training process's main thread, or None to keep torch's.
+
+    While the model runs on a GPU (or ``--benchmark-data`` runs none) this process only
+    receives batches, normalises them and copies them: 1 thread, as its OpenMP threads
+    otherwise spin on the cores the loader workers decode on (issue 14 measured 776 vs 952
+    images/s for ``main.py --lmdb --benchmark-data`` on 2 cores; README *Loader throughput*).
+    A model on the CPU gets the node's cores divided among its training processes (the
+    workers then share them: README *Main-process threads* measures both). A user's
+    ``OMP_NUM_THREADS`` wins (None); torchrun sets it to 1 for several processes per node."""
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    if device_type != "cpu" or not runs_model:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, processes_per_node))
+
+
 def resolve_backend(args) -> tuple[str, bool]:
     """``(backend, lmdb)``: the :data:`loaders.BACKENDS` key and whether the splits are LMDBs.
 
@@ -50,11 +69,13 @@ class RunSettings:
 
     ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
     resumed checkpoint, or drawn by global rank 0); ``loader``: backend, paths, per-process
-    batch size and workers, caps and image dtype."""
+    batch size and workers, caps and image dtype; ``threads``: torch intra-op threads of this
+    process (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``)."""
 
     job: Job
     seed: int
     loader: LoaderSettings
+    threads: int | None = None
 
     @property
     def dist(self) -> loaders.DistInfo:
@@ -91,4 +112,5 @@ def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
         lmdb_order=args.lmdb_order, lmdb_block_size=args.lmdb_block_size,
         lmdb_buffer_blocks=args.lmdb_buffer_blocks, lmdb_readahead=args.lmdb_readahead,
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load)
-    return RunSettings(job, seed, loader)
+    threads = main_threads(job.dist.device.type, not args.benchmark_data, nproc)
+    return RunSettings(job, seed, loader, threads)

@@ -3,6 +3,7 @@ written, presets are checked as the command line is, one preset key picks the ba
 checkpoint records what the user typed (older per-process configs still resume), and the
 progress wrapper keeps the pass's timing."""
 import copy
+import json
 import os
 
 import pytest
@@ -125,3 +126,52 @@ def test_small_flags_still_train(tiny, tmp_path):
     before = copy.deepcopy(vars(args))
     main.run_process(args)
     assert vars(args) == before and len(read_metrics(str(tmp_path))) == 1
+
+
+def test_metrics_writer_tensorboard_without_threads(tmp_path):
+    """Scalars reach a TensorBoard event file that TensorBoard reads back, and no writer thread
+    runs (DataLoader workers fork from this process: see engine.reporting.EventFile)."""
+    import threading
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from engine.reporting import MetricsWriter
+
+    before = threading.active_count()
+    writer = MetricsWriter(str(tmp_path))
+    writer.scalar("step/loss", 2.5, 7)
+    writer.write({"epoch": 0, "val_acc1": 12.5, "train_loss": 3.0, "skipped": None})
+    assert threading.active_count() == before
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["epoch/train_loss", "epoch/val_acc1", "step/loss"]
+    (loss,) = events.Scalars("step/loss")
+    assert (loss.step, loss.value) == (7, 2.5)
+    assert events.Scalars("epoch/val_acc1")[0].value == 12.5
+    assert [json.loads(line)["val_acc1"] for line in open(tmp_path / "metrics.jsonl")] == [12.5]
+
+
+def test_main_threads_policy():
+    """1 thread while the main process only feeds a GPU or --benchmark-data; the node's cores
+    shared by its processes when the model runs on the CPU; OMP_NUM_THREADS always wins."""
+    from engine.settings import main_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert main_threads("cuda", runs_model=True, environ={}) == 1
+    assert main_threads("cpu", runs_model=False, environ={}) == 1
+    assert main_threads("cpu", runs_model=True, environ={}) == cores
+    assert main_threads("cpu", runs_model=True, processes_per_node=cores * 2, environ={}) == 1
+    assert main_threads("cpu", runs_model=False, environ={"OMP_NUM_THREADS": "3"}) is None
+
+
+def test_benchmark_data_runs_one_main_thread(tiny, capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        main.main([tiny.root, "--benchmark-data", "-b", "4", "-j", "1", "--train-batches", "2",
+                   "--benchmark-warmup", "0", "--seed", "0"])
+        assert torch.get_num_threads() == 1
+        assert "1 torch thread(s) in the main process" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
