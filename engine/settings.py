@@ -58,7 +58,7 @@ def resolve_backend(args) -> tuple[str, bool]:
         return "synthetic", False
     if args.dali or args.loader == "dali":
         return "dali", lmdb
-    if args.lmdb and args.loader not in ("folder", "lmdb"):
+    if args.lmdb and args.loader not in ("folder", "lmdb"):  # --dali --loader shards: DALI
         raise ConfigError(f"--lmdb conflicts with --loader {args.loader}")
     return ("lmdb" if lmdb else args.loader), lmdb
 
@@ -111,6 +111,7 @@ def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
         dtype=loaders.input_dtype(args.amp, args.amp_dtype, job.dist.device),
         lmdb_order=args.lmdb_order, lmdb_block_size=args.lmdb_block_size,
         lmdb_buffer_blocks=args.lmdb_buffer_blocks, lmdb_readahead=args.lmdb_readahead,
-        dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load)
+        dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
+        shards=args.loader == "shards")
     threads = main_threads(job.dist.device.type, not args.benchmark_data, nproc)
     return RunSettings(job, seed, loader, threads)

@@ -23,6 +23,7 @@ BACKENDS = {
     "dali": "loaders.dali",
     "folder": "loaders.folder",
     "lmdb": "loaders.lmdb_records",
+    "shards": "loaders.shards",
     "synthetic": "loaders.synthetic",
 }
 

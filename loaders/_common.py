@@ -73,14 +73,16 @@ def split_paths(data: str | None, train: str | None = None,
     """The train and val roots: ``train``/``val`` (``--train``/``--val``) if given, else
     ``data/train`` and ``data/val`` (``DIR``).
 
-    Raises :class:`DataError` if a root is unknown or does not exist.
+    Raises :class:`DataError` if a root is unknown or does not exist (URLs, ``pipe:`` commands
+    and brace patterns of the shard backend are checked by it, not here).
     """
     paths = []
     for split, given in (("train", train), ("val", val)):
         path = given or (os.path.join(data, split) if data else None)
         if path is None:
             raise DataError(f"no {split} data: give DIR (holding train/ and val/) or --{split} PATH")
-        if not os.path.exists(path):
+        remote = "://" in path or path.startswith("pipe:") or "{" in path
+        if not remote and not os.path.exists(path):
             raise DataError(f"{path}: no such file or directory")
         paths.append(path)
     return paths[0], paths[1]

@@ -15,7 +15,8 @@ class LoaderSettings:
     the DataLoader worker processes (or DALI threads) of this process, both already divided
     among a node's training processes. ``train_path``/``val_path`` are the split roots (None
     for ``synthetic``); ``lmdb``: they are LMDBs from ``folder2lmdb.py`` (the ``lmdb`` backend,
-    or ``dali`` reading LMDBs). ``dtype``: the images' dtype on the device (float32, or the
+    or ``dali`` reading LMDBs); ``shards``: they are WebDataset shard splits from
+    ``folder2shards.py`` (the ``shards`` backend, or ``dali`` reading local shards). ``dtype``: the images' dtype on the device (float32, or the
     autocast dtype on CUDA, see :func:`loaders._common.input_dtype`).
     """
 
@@ -40,3 +41,4 @@ class LoaderSettings:
     lmdb_readahead: str
     dali_cpu: bool
     dali_hw_decoder_load: float | None
+    shards: bool = False

@@ -341,6 +341,8 @@ def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo
     source of ``(encoded, label)`` to a DALI graph; ``read_encoded(index)`` returns a sample's
     encoded bytes, ``describe(index)`` its name.
     """
+    if settings.shards:
+        return _open_shards(path, train, settings, dist)
     if settings.lmdb:
         from .lmdb_records import LMDBDataset, training_order
 
@@ -357,6 +359,30 @@ def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo
              else ShardOrder(size, dist.rank, dist.world_size))
     return (order, folder.classes, partial(folder_source, folder.samples),
             lambda i: read_file(folder.samples[i][0]), folder.name_of)
+
+
+def _open_shards(path: str, train: bool, settings: LoaderSettings, dist: DistInfo):
+    """:func:`_open_split` for local WebDataset shards (``--dali --loader shards``): records by
+    offset (``loaders.shards.ShardRecords``) through ``fn.external_source``, in the shard
+    backend's epoch orders, so DALI gets the same equal per-rank epochs, exact resume and
+    remembered unreadable records as every other split here. ``fn.readers.webdataset`` keeps
+    its own order, which can give none of the three. Raises :class:`DataError` for streamed
+    shards (read them with ``--loader shards`` without ``--dali``)."""
+    from ._stream_order import StreamTrainOrder, StreamValOrder
+    from .shards import SHUFFLE_BUFFER, ShardRecords, resolve_split
+
+    index, urls = resolve_split(path)
+    dataset = ShardRecords(index, urls)
+    if dataset.streaming:
+        raise DataError(f"{path}: --dali reads local shards only; stream them with "
+                        "--loader shards (without --dali)")
+    counts = [s["records"] for s in index.shards]
+    order = (StreamTrainOrder(counts, settings.batch_size, settings.workers, dist.rank,
+                              dist.world_size, settings.seed, SHUFFLE_BUFFER) if train
+             else StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
+                                 dist.world_size))
+    return (order, dataset.classes, partial(lmdb_source, dataset, settings.batch_size),
+            lambda i: dataset.read(i)[0], dataset.name_of)
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
@@ -379,7 +405,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
             order, make_source, _graph_options(settings, dist, train), classes, dist.device,
             batch_size=settings.batch_size,
             max_batches=settings.train_batches if train else settings.val_batches,
-            num_threads=settings.workers, py_workers=settings.workers if settings.lmdb else 0,
+            num_threads=settings.workers, py_workers=settings.workers if settings.lmdb or settings.shards else 0,
             seed=settings.seed, rank=dist.rank, read_encoded=read_encoded, describe=describe,
             max_bad_share=settings.max_bad_share))
         classes_by_split.append(classes)

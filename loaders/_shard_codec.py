@@ -1,0 +1,182 @@
+"""The WebDataset shard format shared by ``folder2shards.py`` (writer) and ``loaders/shards.py``
+(reader), and read by DALI's ``fn.readers.webdataset``.
+
+A split is a folder (or the URL of one) holding:
+
+* ``{prefix}-000000.tar``, ``{prefix}-000001.tar``, ...: POSIX (ustar) tar files in the
+  WebDataset layout. Each record is two members, ``KEY.jpg`` (the original JPEG bytes, or the
+  re-encoded image as in the LMDB) then ``KEY.cls`` (the ImageFolder label, ASCII decimal).
+  ``KEY`` is ``<wnid>/<file stem>`` with dots replaced by ``_`` (WebDataset splits a member name
+  at its first dot after the last ``/``), so a record names its source image.
+* ``{prefix}-000000.idx``, ...: DALI's index file of each tar (``wds2idx.py`` format ``v1.2``:
+  a header ``v1.2 N`` and per record ``jpg OFFSET SIZE NAME cls OFFSET SIZE NAME``, offsets of
+  the member data in bytes). The reader uses it for random access into local shards.
+* ``index.json``: ``{"format": "webdataset-imagenet", "version": 1, "classes": [wnid, ...],
+  "seed": int | null, "records": total, "bytes": total tar bytes, "shards": [{"name":
+  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``.
+  It is written last, so a split without it is an unfinished conversion.
+
+Raises :class:`ShardFormatError` for anything that does not follow this layout.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+
+INDEX_NAME = "index.json"
+FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 1
+IDX_VERSION = "v1.2"  # DALI's webdataset index format (nvidia/dali wds2idx.py)
+IMAGE_EXT, LABEL_EXT = "jpg", "cls"
+_BLOCK = 512  # tar header and data padding unit (POSIX ustar)
+
+
+class ShardFormatError(Exception):
+    """A shard, index or index.json that does not follow the layout above: one-line message."""
+
+
+def shard_name(prefix: str, number: int) -> str:
+    """``{prefix}-{number:06d}.tar``: the ``number``-th shard of a split."""
+    return f"{prefix}-{number:06d}.tar"
+
+
+def idx_name(tar_name: str) -> str:
+    """The DALI index file next to ``tar_name`` (``train-000000.tar`` -> ``train-000000.idx``)."""
+    return tar_name[: -len(".tar")] + ".idx" if tar_name.endswith(".tar") else tar_name + ".idx"
+
+
+def record_key(wnid: str, path: str) -> str:
+    """``<wnid>/<stem>`` of an image ``path``, dots in the stem replaced by ``_``."""
+    stem = os.path.splitext(os.path.basename(path))[0].replace(".", "_")
+    return f"{wnid}/{stem}"
+
+
+@dataclass(frozen=True)
+class RecordSpan:
+    """Where one record's members lie in its tar: byte offsets and sizes of the data of
+    ``KEY.jpg`` and ``KEY.cls``."""
+
+    key: str
+    image_offset: int
+    image_size: int
+    label_offset: int
+    label_size: int
+
+    def idx_line(self) -> str:
+        """This record's line of the DALI index (``v1.2``)."""
+        return (f"{IMAGE_EXT} {self.image_offset} {self.image_size} {self.key}.{IMAGE_EXT} "
+                f"{LABEL_EXT} {self.label_offset} {self.label_size} {self.key}.{LABEL_EXT}")
+
+
+class ShardWriter:
+    """Writes records to one tar file in the layout above and returns where each one lies.
+
+    Members carry fixed metadata (mtime 0, uid/gid 0, mode 0444), so the same records give the
+    same bytes. ``tell()`` is the file size so far in bytes (before the end-of-archive blocks).
+    Raises :class:`ShardFormatError` for a key too long for a ustar header (100 bytes)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+
+    def _add(self, name: str, data: bytes) -> int:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o444
+        info.uname = info.gname = ""
+        if len(name.encode()) > 100:
+            raise ShardFormatError(f"{name}: member name longer than 100 bytes")
+        header_at = self._tar.offset
+        self._tar.addfile(info, io.BytesIO(data))
+        return header_at + _BLOCK
+
+    def write(self, key: str, image: bytes, label: int) -> RecordSpan:
+        """Append ``KEY.jpg`` (``image`` bytes) and ``KEY.cls`` (``label``); their span."""
+        label_bytes = str(int(label)).encode()
+        image_at = self._add(f"{key}.{IMAGE_EXT}", image)
+        label_at = self._add(f"{key}.{LABEL_EXT}", label_bytes)
+        return RecordSpan(key, image_at, len(image), label_at, len(label_bytes))
+
+    def tell(self) -> int:
+        return self._tar.offset
+
+    def close(self) -> None:
+        """Write the end-of-archive blocks and close the file."""
+        self._tar.close()
+
+
+def write_idx(path: str, spans: list[RecordSpan]) -> None:
+    """Write DALI's index of one shard (``v1.2``) to ``path`` (through a temporary name)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{IDX_VERSION} {len(spans)}\n")
+        for span in spans:
+            f.write(span.idx_line() + "\n")
+    os.replace(tmp, path)
+
+
+def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
+    """``(image_offset, image_size, label_offset, label_size)`` per record of a DALI index
+    (``v1.2``) whose records are ``jpg`` + ``cls`` pairs. Raises :class:`ShardFormatError`."""
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isdigit():
+        raise ShardFormatError(f"{name}: not a DALI webdataset index ({IDX_VERSION} N)")
+    spans = []
+    for number, line in enumerate(lines[1:], 2):
+        fields = line.split()
+        parts = {fields[i]: fields[i + 1: i + 3] for i in range(0, len(fields) - 3, 4)}
+        if IMAGE_EXT not in parts or LABEL_EXT not in parts:
+            raise ShardFormatError(f"{name}: line {number}: a record without .jpg and .cls")
+        (io_, is_), (lo, ls) = parts[IMAGE_EXT], parts[LABEL_EXT]
+        spans.append((int(io_), int(is_), int(lo), int(ls)))
+    if len(spans) != int(head[1]):
+        raise ShardFormatError(f"{name}: {len(spans)} records, header says {head[1]}")
+    return spans
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A split's ``index.json``: class names (index = label), the shard files with their record
+    counts and bytes, the conversion's shuffle seed and image-check rules version."""
+
+    classes: list[str]
+    shards: list[dict]
+    seed: int | None = None
+    rules: int | None = None
+
+    @property
+    def records(self) -> int:
+        return sum(s["records"] for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "classes": self.classes,
+            "seed": self.seed, "rules": self.rules, "records": self.records,
+            "bytes": sum(s["bytes"] for s in self.shards), "shards": self.shards}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
+        """Parse ``index.json`` text. Raises :class:`ShardFormatError`."""
+        try:
+            data = json.loads(text)
+            if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
+                raise ShardFormatError(f"{name}: not a {FORMAT_NAME} v{FORMAT_VERSION} index")
+            shards = [{"name": str(s["name"]), "records": int(s["records"]),
+                       "bytes": int(s["bytes"])} for s in data["shards"]]
+            index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if isinstance(exc, ShardFormatError):
+                raise
+            raise ShardFormatError(f"{name}: unreadable index ({exc})") from None
+        if index.records != data.get("records", index.records):
+            raise ShardFormatError(f"{name}: shard record counts do not add up to 'records'")
+        return index
+
+    def write(self, folder: str) -> None:
+        """Write ``folder/index.json`` atomically (the conversion's last step)."""
+        path = os.path.join(folder, INDEX_NAME)
+        with open(path + ".tmp", "w") as f:
+            f.write(self.to_json())
+        os.replace(path + ".tmp", path)
