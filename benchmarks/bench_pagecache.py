@@ -1,4 +1,5 @@
-"""Random vs block-shuffled LMDB read order on a database larger than the page cache it may use.
+"""Random vs block-shuffled LMDB read order, and the same records as WebDataset shards
+(``shards``: ``loaders.shards`` in its stream order), on data larger than the page cache.
 
 Builds an LMDB in the ``folder2lmdb.py`` format (JPEG bytes of the ImageNet sample, cycled,
 written with ``loaders._lmdb_codec``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
@@ -16,6 +17,8 @@ Needs root for drop_caches and the cgroup; without the cgroup it says so and run
 
     python benchmarks/bench_pagecache.py                      # 2 GiB DB, 512 MiB limit
     python benchmarks/bench_pagecache.py --db /tmp/pc.lmdb --keep --json out.json
+
+The shards are written next to the database (``DB-shards``, 256 MiB each) from its records.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ CASES = {  # name -> (order, readahead)
     "random+ra": ("random", True),
     "block": ("block", False),
     "block+ra": ("block", True),
+    "shards": ("shards", False),  # the same records as WebDataset shards, StreamTrainOrder
 }
 
 
@@ -46,11 +50,12 @@ def build_db(path: str, gib: float, sample: str) -> int:
     (cycled; labels from their folders). Returns the record count."""
     import lmdb
 
-    import folder2lmdb
+    from loaders._image_check import list_sources
     from loaders._lmdb_codec import META_KEY, Metadata, encode_meta, encode_record, record_key
 
-    classes, samples = folder2lmdb.list_samples(os.path.join(sample, "train"))
-    files = [(open(p, "rb").read(), label) for p, label in samples]
+    listing = list_sources(os.path.join(sample, "train"))
+    classes = listing.classes
+    files = [(open(src.path, "rb").read(), src.label) for src in listing.files]
     mean = sum(len(data) for data, _ in files) / len(files)
     count = int(gib * (1 << 30) / mean)
     env = lmdb.open(path, map_size=int(gib * (1 << 30) * 1.5) + (64 << 20), readahead=False,
@@ -65,6 +70,36 @@ def build_db(path: str, gib: float, sample: str) -> int:
     env.sync(True)
     env.close()
     return count
+
+
+def build_shards(db: str, out: str, shard_mib: int = 256) -> int:
+    """Write the LMDB ``db``'s records, in record order, as WebDataset shards of about
+    ``shard_mib`` MiB in ``out`` (``loaders/_shard_codec.py``); returns the shard count."""
+    from loaders._shard_codec import ShardIndex, ShardWriter, idx_name, shard_name, write_idx
+    from loaders.lmdb_records import LMDBDataset
+
+    dataset, shards, writer, spans = LMDBDataset(db), [], None, []
+    os.makedirs(out, exist_ok=True)
+
+    def finish():
+        writer.close()
+        write_idx(os.path.join(out, idx_name(writer.name)), spans)
+        shards.append({"name": writer.name, "records": len(spans),
+                       "bytes": os.path.getsize(writer.path)})
+
+    for i in range(len(dataset)):
+        if writer is None or writer.tell() > shard_mib << 20:
+            if writer is not None:
+                finish()
+            name = shard_name("train", len(shards))
+            writer, spans = ShardWriter(os.path.join(out, name)), []
+            writer.name = name
+        data, label = dataset.read(i)
+        spans.append(writer.write(f"r/{i:09d}", data, label))
+    finish()
+    ShardIndex(list(dataset.classes), shards).write(out)
+    dataset._open().close()  # a mapped file's pages survive drop_caches: unmap it
+    return len(shards)
 
 
 def drop_caches() -> bool:
@@ -110,6 +145,7 @@ def run_case(args, name: str, cgroup: str | None) -> dict:
     cmd += ["--readahead"] if readahead else []
     cmd += ["--cgroup", cgroup, "--limit-mib", str(args.limit_mib)] if cgroup else []
     cmd += ["--decode"] if args.decode else []
+    cmd += ["--shards", args.db.rstrip("/") + "-shards"]
 
     def enter_cgroup():  # runs in the child before exec: everything it maps is charged there
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
@@ -140,9 +176,16 @@ def child(args) -> None:
     import torch
 
     from loaders._order import BlockOrder, RandomOrder
+    from loaders._stream_order import StreamTrainOrder
     from loaders.lmdb_records import LMDBDataset
+    from loaders.shards import SHUFFLE_BUFFER, ShardRecords, resolve_split
 
-    dataset = LMDBDataset(args.db, readahead=args.readahead)
+    if args.order == "shards":  # read by offset (pread), one worker's piece, sample buffer
+        dataset = ShardRecords(*resolve_split(args.shards))
+        order = StreamTrainOrder([s["records"] for s in dataset.index.shards], 1, 1, seed=0,
+                                 buffer=SHUFFLE_BUFFER)
+    else:
+        dataset = LMDBDataset(args.db, readahead=args.readahead)
     n = len(dataset)
     dataset.read(0)
     base_mib = None
@@ -155,7 +198,7 @@ def child(args) -> None:
         base_mib = round(base / (1 << 20))
     if args.order == "block":
         order = BlockOrder(n, args.block_size, args.buffer_blocks, seed=0)
-    else:
+    elif args.order != "shards":
         order = RandomOrder(n, seed=0)  # DistributedSampler's permutation, as the loaders
     decode = None
     if args.decode:
@@ -212,7 +255,7 @@ def main(argv=None) -> int:
                    help="ImageNet-layout folder whose train/ JPEGs fill the database")
     p.add_argument("--limit-mib", type=int, default=512,
                    help="cgroup memory limit of the reader on top of its usage after imports")
-    p.add_argument("--cases", default="random,random+ra,block,block+ra",
+    p.add_argument("--cases", default="random,random+ra,block,block+ra,shards",
                    help=f"comma-separated subset of {','.join(CASES)}")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--epoch-records", type=int, default=3000,
@@ -226,6 +269,7 @@ def main(argv=None) -> int:
     p.add_argument("--order", help=argparse.SUPPRESS)
     p.add_argument("--readahead", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cgroup", help=argparse.SUPPRESS)
+    p.add_argument("--shards", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(args)
@@ -240,6 +284,9 @@ def main(argv=None) -> int:
         os.makedirs(args.db, exist_ok=True)
         count = build_db(args.db, args.db_gib, args.sample)
         print(f"built {args.db}: {count} records in {time.perf_counter() - start:.0f} s")
+    if "shards" in args.cases and not os.path.isdir(args.db.rstrip("/") + "-shards"):
+        print(f"built {build_shards(args.db, args.db.rstrip('/') + '-shards')} shards "
+              "of the same records")
     db_mib = os.path.getsize(os.path.join(args.db, "data.mdb")) / (1 << 20)
     read_ahead_kb = _device_read_ahead_kb(args.db)
     cgroup = make_cgroup(args.limit_mib)

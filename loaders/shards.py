@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import io
 import os
+import re
 import urllib.request
 from collections import OrderedDict
 
@@ -66,10 +67,11 @@ def read_text(url: str) -> str:
     stream = open_stream(url)
     try:
         data = stream.read()
+        stream.close()  # a pipe: command's exit status is checked here
     except Exception as exc:  # noqa: BLE001 - any transport failure is one line
-        raise DataError(f"{url}: read failed ({exc})") from None
-    finally:
-        stream.close()
+        status = re.search(r"exit (\d+)", str(exc)) if url.startswith("pipe:") else None
+        why = f"the command exited with status {status[1]}" if status else str(exc).splitlines()[0]
+        raise DataError(f"{url}: read failed ({why})") from None
     if url.startswith("pipe:") and not data:
         raise DataError(f"{url}: the command printed nothing")
     return data.decode()
@@ -233,8 +235,9 @@ class ShardRecords(Dataset):
             return self._ahead.pop(index)
         piece, run, position = self._where(index)
         if self._stream is None or self._stream[0] != piece or position < self._stream[1]:
-            start = self._first[piece] if position >= self._first[piece] else position
-            self._first[piece] = 0  # a later restart of this piece reads from `position`
+            first = self._first[piece]
+            start = first if 0 <= first <= position else position
+            self._first[piece] = -1  # a restart reads from `position`: the rest is in _ahead
             self._stream = [piece, start, self._piece_records(self._from(piece, start))]
         for at, record in self._stream[2]:
             self._stream[1] += 1
@@ -273,22 +276,38 @@ class ShardRecords(Dataset):
                 start = end
 
     def _records(self, shard: int):
-        from webdataset.tariterators import group_by_keys, tar_file_iterator
-
+        """``(jpeg_bytes, label)`` of shard ``shard``'s records, streamed front to back: cut at
+        the offsets of its ``.idx`` when one is found beside it, else (shards indexed by other
+        tools, or none) through the ``webdataset`` library's tar iterator and key grouping.
+        Raises :class:`DataError` naming the shard."""
         url = self.urls[shard]
-        stream = open_stream(url)
+        spans = self._stream_spans(shard)
+        stream = open_stream(url)  # DataError if it cannot
         try:
-            members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
-            for sample in group_by_keys(members):
-                if "jpg" not in sample or "cls" not in sample:
-                    raise DataError(f"shard {url}: record {sample['__key__']} lacks a .jpg or .cls")
-                yield sample["jpg"], _label(sample["cls"], url)
+            if spans is not None:
+                yield from _cut_at_offsets(stream, spans, url)
+            else:
+                yield from _tar_records(stream, url)
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - tarfile/transport errors: one line
             raise DataError(f"shard {url}: unreadable tar ({str(exc).splitlines()[0]})") from None
         finally:
             stream.close()
+
+    def _stream_spans(self, shard: int) -> list | None:
+        """The shard's ``.idx`` rows if its location serves one that matches ``index.json``.
+        Parsing tar headers in Python costs about 57 us per record (28 us with a 1 MiB
+        buffer) against about 2 us for cutting at known offsets: a few % of the cores."""
+        url, name = self.urls[shard], self.index.shards[shard]["name"]
+        idx = _sibling(url, name, idx_name(name))
+        if idx.startswith("pipe:"):
+            idx += " 2>/dev/null"  # a probe: the command's complaint about no .idx is noise
+        try:
+            rows = read_idx(read_text(idx), name)
+        except Exception:  # noqa: BLE001 - none served, or not ours: parse the tar instead
+            return None
+        return rows if len(rows) == self.index.shards[shard]["records"] else None
 
     def __getitem__(self, index: int):
         jpeg_bytes, label = self.read(index)
@@ -298,6 +317,40 @@ class ShardRecords(Dataset):
         state = self.__dict__.copy()
         state.update(_files=OrderedDict(), _stream=None, _ahead={})
         return state
+
+
+def _cut_at_offsets(stream, spans, url: str):
+    """``(jpeg_bytes, label)`` per ``.idx`` row, reading ``stream`` (a tar) front to back."""
+    at = 0
+    for number, (image_at, image_size, label_at, label_size) in enumerate(spans):
+        image = _read_at(stream, at, image_at, image_size, url, number)
+        label = _read_at(stream, image_at + image_size, label_at, label_size, url, number)
+        at = label_at + label_size
+        yield image, _label(label, url)
+
+
+def _read_at(stream, at: int, offset: int, size: int, url: str, number: int) -> bytes:
+    """``size`` bytes at ``offset`` of a stream now at ``at`` (skipping what lies between)."""
+    skip = offset - at
+    while skip > 0:
+        skipped = len(stream.read(min(skip, 1 << 20)))
+        if not skipped:
+            break
+        skip -= skipped
+    data = stream.read(size) if skip == 0 else b""
+    if len(data) != size:
+        raise DataError(f"shard {url}: ended after {number} records (truncated?)")
+    return data
+
+
+def _tar_records(stream, url: str):
+    from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+    members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
+    for sample in group_by_keys(members):
+        if "jpg" not in sample or "cls" not in sample:
+            raise DataError(f"shard {url}: record {sample['__key__']} lacks a .jpg or .cls")
+        yield sample["jpg"], _label(sample["cls"], url)
 
 
 def _label(data: bytes, url: str) -> int:

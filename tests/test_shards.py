@@ -317,3 +317,37 @@ def test_dali_cpu_reads_local_shards(shards, tiny, world):
         loaders.build_loaders(loader_settings(
             "dali", shards, shards=True, train_path="pipe:cat " + os.path.join(
                 shards, "train", "train-{000000..000004}.tar")), DistInfo())
+
+
+def test_stream_without_idx_reads_through_the_tar_iterator(shards, tmp_path):
+    """Shards whose location serves no .idx (indexed by other tools) are streamed through the
+    webdataset library's tar iterator: the same batches as offset cutting."""
+    root = _copy_split(shards, tmp_path)
+    for name in os.listdir(root / "train"):
+        if name.endswith(".idx"):
+            os.remove(root / "train" / name)
+    pattern = "train-{000000..000004}.tar"
+    with_idx, _ = build(shards, workers=2, train_path="pipe:cat " + os.path.join(
+        shards, "train", pattern))
+    without, _ = build(shards, workers=2, train_path="pipe:cat " + str(root / "train" / pattern))
+    for (ai, al), (bi, bl) in zip(with_idx, without, strict=True):
+        assert torch.equal(al, bl) and torch.equal(ai, bi)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_damaged_record_is_replaced_and_named_once(tiny, tmp_path, capfd, stream):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny.root, src, ignore=shutil.ignore_patterns("lmdb"))
+    victim = sorted((src / "train" / "n00000002").iterdir())[0]
+    victim.write_bytes(b"<html>not a JPEG</html>")
+    write_split(str(src / "train"), str(tmp_path / "train"), UNEVEN, "train")
+    write_split(str(src / "val"), str(tmp_path / "val"), [16], "val")
+    path = ("pipe:cat " + str(tmp_path / "train" / "train-{000000..000004}.tar") if stream
+            else str(tmp_path / "train"))
+    train, _ = build(str(tmp_path), workers=2, train_path=path, max_bad_share=0.1)
+    for epoch in (0, 1):
+        train.set_epoch(epoch)
+        assert sum(len(labels) for _, labels in train) == 32
+    assert capfd.readouterr().err.count("skipping unreadable sample") == 1
