@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO ?= demo
 IMAGENET ?=
 OUT ?=
+FORMAT ?= lmdb
 JOBS ?= 8
 CONFIG ?= configs/resnet18.yaml
 DATA ?=
@@ -63,10 +64,13 @@ test: install ## run the test suite (generated data and ../shared/data/imagenet-
 bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=... (default: the real sample)
 	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),../shared/data/imagenet-sample) --out bench-output
 
-convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/lmdb: convert train/ and val/ to LMDB
-	@test -n "$(IMAGENET)" -a -n "$(OUT)" || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/lmdb"; exit 2; }
-	$(PY) folder2lmdb.py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0
-	$(PY) folder2lmdb.py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS)
+# FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
+# take the same arguments here, and both write the training records in a seeded global shuffle.
+convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=shards]: train/ and val/ to LMDB (default) or shards
+	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
+	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=lmdb|shards]"; exit 2; }
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS)
 
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset
 	@test -n "$(DATA)" || { echo "usage: make train CONFIG=configs/resnet18.yaml DATA=/path/to/data [ARGS='--lmdb']"; exit 2; }

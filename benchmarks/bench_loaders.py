@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import folder2lmdb  # noqa: E402
+import folder2shards  # noqa: E402
 import loaders  # noqa: E402
 from loaders._throughput import measure  # noqa: E402
 from loaders._transforms import decode, image_library, read_file  # noqa: E402
@@ -150,7 +152,8 @@ def run(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def commands(args, data: str, lmdb_root: str, has_cuda: bool) -> dict[str, list[str]]:
+def commands(args, data: str, lmdb_root: str, has_cuda: bool,
+             shard_roots: tuple[str, str] | None = None) -> dict[str, list[str]]:
     """Each pipeline's command line: this script's ``--baseline`` mode for the baselines,
     ``main.py --benchmark-data`` for ours, all with the same ``-b``, ``-j`` and timing."""
     timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
@@ -166,6 +169,9 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool) -> dict[str, list[
     cmds["folder"] = ours(data)
     cmds["lmdb"] = ours("--lmdb", lmdb_root)
     cmds["lmdb-readahead-off"] = ours("--lmdb", lmdb_root, "--lmdb-readahead", "off")
+    if shard_roots:  # the local shard folder, and the same served over loopback HTTP
+        cmds["shards"] = ours("--loader", "shards", shard_roots[0])
+        cmds["shards-http"] = ours("--loader", "shards", shard_roots[1])
     if _has_dali():
         cmds["dali-cpu"] = ours("--dali", "--dali-cpu", data)
         if has_cuda:
@@ -192,18 +198,26 @@ def _run(args, tmp: str) -> dict:
     cores = len(os.sched_getaffinity(0))
     data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
     warm_page_cache(os.path.join(data, "train"))
-    lmdb_root = os.path.join(tmp, "lmdb")
+    lmdb_root, shard_root = os.path.join(tmp, "lmdb"), os.path.join(tmp, "shards")
     for split in ("train", "val"):
         folder2lmdb.convert(os.path.join(data, split), os.path.join(lmdb_root, split),
                             progress=False)
-    cmds = commands(args, data, lmdb_root, has_cuda)
-    runs = {name: [] for name in cmds}
-    for round_ in range(args.rounds):  # interleaved, so drift in machine load hits all alike
-        for name, cmd in cmds.items():
-            stats = run_pipeline(name, cmd, args.timeout)
-            runs[name].append(stats)
-            print(f"round {round_ + 1}: {name:>18} {stats['images_per_sec']:8.1f} images/s",
-                  flush=True)
+        folder2shards.convert(os.path.join(data, split), os.path.join(shard_root, split),
+                              max_per_shard=args.shard_records, progress=False)
+    server = serve_http(tmp)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/shards"
+        cmds = commands(args, data, lmdb_root, has_cuda, (shard_root, url))
+        runs = {name: [] for name in cmds}
+        for round_ in range(args.rounds):  # interleaved: drift in machine load hits all alike
+            for name, cmd in cmds.items():
+                stats = run_pipeline(name, cmd, args.timeout)
+                runs[name].append(stats)
+                print(f"round {round_ + 1}: {name:>18} {stats['images_per_sec']:8.1f} "
+                      "images/s", flush=True)
+    finally:
+        server.shutdown()
+        server.server_close()
     results = [summarise(name, runs[name], cores) for name in cmds]
     by_name = {r["loader"]: r["images_per_sec"] for r in results}
     for r in results:
@@ -227,6 +241,23 @@ def _run(args, tmp: str) -> dict:
     }
 
 
+def serve_http(root: str):
+    """A thread serving ``root`` over HTTP on 127.0.0.1 (``python -m http.server``'s handler)
+    for the ``shards-http`` pipeline; call ``shutdown()`` when done."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def summarise(name: str, stats: list[dict], cores: int) -> dict:
     """Median images/s of one pipeline's rounds, per core, with every round kept."""
     speeds = sorted(r["images_per_sec"] for r in stats)
@@ -238,8 +269,10 @@ def summarise(name: str, stats: list[dict], cores: int) -> dict:
 
 def _shown(arg: str, tmp: str) -> str:
     """A command argument as the README shows it: the temporary folder as ``DATA``."""
+    arg = re.sub(r"http://127\.0\.0\.1:\d+/shards", "http://127.0.0.1:PORT", arg)
     return arg.replace(os.path.join(tmp, "jpeg"), "DATA").replace(
-        os.path.join(tmp, "lmdb"), "DATA-LMDB").replace(REPO + os.sep, "")
+        os.path.join(tmp, "lmdb"), "DATA-LMDB").replace(
+        os.path.join(tmp, "shards"), "DATA-SHARDS").replace(REPO + os.sep, "")
 
 
 def baseline(args) -> int:
@@ -323,6 +356,9 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved repetitions; the median is reported")
     parser.add_argument("--only", nargs="*", help="run only these pipelines")
+    parser.add_argument("--shard-records", type=int, default=500,
+                        help="records per shard of the shards pipelines (folder2shards.py "
+                        "--max-per-shard)")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds one pipeline's process may take")
     parser.add_argument("--baseline", choices=BASELINES,

@@ -7,7 +7,8 @@ A split is a folder (or the URL of one) holding:
   WebDataset layout. Each record is two members, ``KEY.jpg`` (the original JPEG bytes, or the
   re-encoded image as in the LMDB) then ``KEY.cls`` (the ImageFolder label, ASCII decimal).
   ``KEY`` is ``<wnid>/<file stem>`` with dots replaced by ``_`` (WebDataset splits a member name
-  at its first dot after the last ``/``), so a record names its source image.
+  at its first dot after the last ``/``), so a record names its source image; whitespace is
+  replaced too and repeats are numbered (:func:`source_keys`).
 * ``{prefix}-000000.idx``, ...: DALI's index file of each tar (``wds2idx.py`` format ``v1.2``:
   a header ``v1.2 N`` and per record ``jpg OFFSET SIZE NAME cls OFFSET SIZE NAME``, offsets of
   the member data in bytes). The reader uses it for random access into local shards.
@@ -51,6 +52,34 @@ def record_key(wnid: str, path: str) -> str:
     """``<wnid>/<stem>`` of an image ``path``, dots in the stem replaced by ``_``."""
     stem = os.path.splitext(os.path.basename(path))[0].replace(".", "_")
     return f"{wnid}/{stem}"
+
+
+_KEY_BYTES = 88  # a ustar name holds 100 bytes: KEY + ".jpg", and room for a "_2" on repeats
+
+
+def source_keys(classes: list[str], files) -> dict[str, str]:
+    """The record key of each of ``files`` (objects with ``rel``, the path under the split's
+    folder, and ``label``), by ``rel``: :func:`record_key` with whitespace and unprintable
+    characters replaced by ``_`` (the ``.idx`` format splits lines at spaces), shortened with a
+    hash to fit a ustar name, and ``_2``, ``_3``... added to repeats (``a.b.JPEG`` and
+    ``a_b.JPEG``) in path order: unique within the split, and independent of the record order."""
+    import hashlib
+
+    keys, used = {}, set()
+    for src in sorted(files, key=lambda s: s.rel):
+        key = "".join(c if c.isprintable() and not c.isspace() and not "\ud800" <= c <= "\udfff"
+                      else "_" for c in record_key(classes[src.label], src.rel))
+        if len(key.encode()) > _KEY_BYTES:
+            digest = hashlib.sha1(os.fsencode(src.rel)).hexdigest()[:12]
+            head = key.encode()[:_KEY_BYTES - 13].decode("utf-8", "ignore")
+            key = f"{head.replace('.', '_')}_{digest}"
+        unique, repeat = key, 1
+        while unique in used:
+            repeat += 1
+            unique = f"{key}_{repeat}"
+        used.add(unique)
+        keys[src.rel] = unique
+    return keys
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     assert bench_loaders.main_cli(["--data", tiny.root, "--out", str(out), "-b", "4", "-j", "1",
                                    "--repeat", "2", "--batches", "3", "--warmup", "1",
                                    "--rounds", "1", "--only", "stock", "decode-only", "folder",
-                                   "lmdb"]) == 0
+                                   "lmdb", "shards", "shards-http"]) == 0
     report = json.loads((out / "report.json").read_text())
     names = [r["loader"] for r in report["results"]]
-    assert names == ["stock", "decode-only", "folder", "lmdb"]
+    assert names == ["stock", "decode-only", "folder", "lmdb", "shards", "shards-http"]
     for result in report["results"]:
         assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
         assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
@@ -28,6 +28,7 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     assert commands["stock"] is None
     assert commands["lmdb"].startswith("main.py --lmdb DATA-LMDB ")
     assert commands["folder"].endswith("--benchmark-data")
+    assert commands["shards-http"].startswith("main.py --loader shards http://127.0.0.1:PORT ")
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert "| folder |" in capsys.readouterr().out
 

@@ -1,0 +1,217 @@
+"""``folder2shards.py --verify``: check a split's shards against ``index.json``, their DALI
+``.idx`` files, the converter's SHA-256 digests and, optionally, the folder they came from."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ._image_check import check_file, list_sources, reencode_reason
+from ._lmdb_verify import Verification
+from ._shard_codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan,
+                           ShardFormatError, ShardIndex, idx_name, read_idx, source_keys)
+
+REPORT_NAME = "skipped.tsv"  # folder2lmdb.REPORT_NAME: the converters' list of skipped files
+
+
+def sha256_file(path: str) -> str:
+    """Hex SHA-256 of the file at ``path``, read 1 MiB at a time. Raises :class:`OSError`."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class ShardVerification(Verification):
+    """What :func:`verify` found (``problems``, ``total``), with the number of ``shards``;
+    ``checksums``: whether SHA-256 digests of the shards were given and checked."""
+
+    shards: int = 0
+
+    def line(self) -> str:
+        what = (f"{self.count} records in {self.shards} shards, {self.classes} classes, "
+                + ("SHA-256 of each shard" if self.checksums else
+                   "no shard digests (progress.json): changed image bytes can go unnoticed")
+                + (f", source {self.dataset}" if self.dataset else ""))
+        if not self.total:
+            return f"verified {self.path}: OK ({what})"
+        shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
+        return f"verified {self.path}: {self.total} problems ({what}{shown})"
+
+
+def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
+           digests: dict[str, str] | None = None) -> ShardVerification:
+    """Check the shards in ``folder``: ``index.json`` parses; each listed shard exists with the
+    size it gives and (if ``digests`` maps its name) that SHA-256; its tar parses into
+    ``KEY.jpg`` + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
+    gives; labels in range; images baseline JPEGs by their headers; no unlisted ``.tar``. With
+    ``dataset``, also each record against the source file its key names (same bytes, or the
+    converter's re-encoding; same label; in the order of the index's seed) and every source file
+    either in the shards or in ``skipped.tsv``. Anything wrong is a problem, not an exception;
+    raises :class:`~loaders._image_check.DatasetError` only for a bad ``dataset``."""
+    result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
+    try:
+        with open(os.path.join(folder, INDEX_NAME)) as f:
+            index = ShardIndex.from_json(f.read(), os.path.join(folder, INDEX_NAME))
+    except OSError:
+        result.problem(f"{folder}: no {INDEX_NAME} (an unfinished conversion, or no shards)")
+        return result
+    except ShardFormatError as exc:
+        result.problem(str(exc))
+        return result
+    result.count, result.classes = index.records, len(index.classes)
+    result.shards, result.checksums = len(index.shards), bool(digests)
+    sources = _Sources(dataset, folder, index, result) if dataset else None
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for shard in index.shards:
+            digest = (digests or {}).get(shard["name"])
+            for chunk in _shard_records(folder, shard, digest, len(index.classes), result):
+                if sources:
+                    sources.note(chunk)
+                    for text in pool.map(sources.compare, chunk):
+                        if text:
+                            result.problem(text)
+    listed = {s["name"] for s in index.shards}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".tar") and name not in listed:
+            result.problem(f"{name}: a shard not listed in {INDEX_NAME}")
+    if sources:
+        sources.finish()
+    return result
+
+
+def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: int,
+                   result: ShardVerification, chunk: int = 256):
+    """Yield lists of ``(key, image bytes, label or None)`` of one shard while checking it
+    (see :func:`verify`); problems go to ``result``."""
+    name, path = shard["name"], os.path.join(folder, shard["name"])
+    if not os.path.isfile(path):
+        return result.problem(f"{name}: missing")
+    if os.path.getsize(path) != shard["bytes"]:
+        result.problem(f"{name}: {os.path.getsize(path)} bytes, {INDEX_NAME} says "
+                       f"{shard['bytes']}")
+    elif digest and sha256_file(path) != digest:
+        result.problem(f"{name}: SHA-256 differs from the conversion's (changed since)")
+    spans, pending, records = [], None, []
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for info in tar:
+                data = tar.extractfile(info).read() if info.isreg() else b""
+                base, _, ext = info.name.rpartition(".")
+                if ext == IMAGE_EXT and pending is None:
+                    pending = (base, info.offset_data, data)
+                elif ext == LABEL_EXT and pending and pending[0] == base:
+                    key, image_at, image = pending
+                    spans.append(RecordSpan(key, image_at, len(image), info.offset_data,
+                                            len(data)))
+                    records.append((key, image, _label(name, key, image, data, num_classes,
+                                                       result)))
+                    pending = None
+                else:
+                    result.problem(f"{name}: unexpected member {info.name!r}")
+                if len(records) >= chunk:
+                    yield records
+                    records = []
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        result.problem(f"{name}: truncated or not a tar ({exc})")
+    if records:
+        yield records
+    _check_idx(path, shard, spans, result)
+
+
+def _label(name: str, key: str, image: bytes, data: bytes, num_classes: int,
+           result: ShardVerification) -> int | None:
+    """The label in a ``.cls`` member's ``data``, or None (a problem) if it is not one; also
+    reports an image that is not a baseline JPEG by its headers."""
+    why = reencode_reason(image)
+    if why is not None:
+        result.problem(f"{name} {key}: image is no baseline JPEG ({why})")
+    if not data.isdigit() or int(data) >= num_classes:
+        result.problem(f"{name} {key}: label {data[:20]!r} outside 0..{num_classes - 1}")
+        return None
+    return int(data)
+
+
+def _check_idx(path: str, shard: dict, spans: list[RecordSpan], result) -> None:
+    """The record count of the tar, and its ``.idx`` equal to what ``write_idx`` gives for the
+    spans found in the tar."""
+    name, idx = shard["name"], idx_name(path)
+    if len(spans) != shard["records"]:
+        result.problem(f"{name}: {len(spans)} records, {INDEX_NAME} says {shard['records']}")
+    try:
+        with open(idx) as f:
+            text = f.read()
+        read_idx(text, idx)
+    except OSError:
+        return result.problem(f"{name}: no DALI index {os.path.basename(idx)}")
+    except ShardFormatError as exc:
+        return result.problem(str(exc))
+    expected = "".join(f"{line}\n" for line in
+                       [f"{IDX_VERSION} {len(spans)}"] + [s.idx_line() for s in spans])
+    if text != expected:
+        result.problem(f"{os.path.basename(idx)}: does not match the members of {name}")
+
+
+class _Sources:
+    """``--verify --dataset``: each record against the source file its key names."""
+
+    def __init__(self, dataset: str, folder: str, index: ShardIndex, result: ShardVerification):
+        listing = list_sources(dataset)
+        if index.seed is not None:
+            listing = listing.shuffled(index.seed)
+        if listing.classes != index.classes:
+            result.problem(f"classes differ from the class folders of {dataset}")
+        keys = source_keys(listing.classes, listing.files)
+        self.files, self.result, self.seen = listing.files, result, []
+        self.by_key = {keys[src.rel]: (at, src) for at, src in enumerate(listing.files)}
+        self.skipped = _read_report(os.path.join(folder, REPORT_NAME), result)
+
+    def note(self, records: list) -> None:
+        """Remember where the next ``records`` stand in the listing, for :meth:`finish`."""
+        self.seen += [self.by_key[r[0]][0] for r in records if r[0] in self.by_key]
+
+    def compare(self, record: tuple) -> str | None:
+        """The problem with one ``(key, image bytes, label)`` record, or None."""
+        key, image, label = record
+        if key not in self.by_key:
+            return f"record {key}: no such source file in {self.result.dataset}"
+        _, src = self.by_key[key]
+        if label is not None and label != src.label:
+            return f"record {key}: label {label}, the source {src.rel} has {src.label}"
+        try:
+            with open(src.path, "rb") as f:
+                if f.read() == image:
+                    return None
+        except OSError as exc:
+            return f"record {key}: cannot read its source {src.path} ({exc.strerror})"
+        checked = check_file(src.path)  # not stored verbatim: must be the re-encoding
+        if isinstance(checked, str) or checked.data != image:
+            return f"record {key}: image bytes differ from the source {src.rel}"
+        return None
+
+    def finish(self) -> None:
+        """Every source file in the shards (in the seed's order) or in ``skipped.tsv``."""
+        if self.seen != sorted(self.seen):
+            self.result.problem("records are not in the order of the index's seed")
+        seen = set(self.seen)
+        for at, src in enumerate(self.files):
+            if at not in seen and src.rel not in self.skipped:
+                self.result.problem(f"{src.rel}: neither in the shards nor in {REPORT_NAME}")
+
+
+def _read_report(path: str, result: ShardVerification) -> set[str]:
+    """The relative paths a ``skipped.tsv`` lists (its escapes undone)."""
+    unescape = {"t": "\t", "n": "\n", "\\": "\\"}
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().split("\n")[1:]
+    except OSError:
+        result.problem(f"no {REPORT_NAME} beside the shards")
+        return set()
+    return {re.sub(r"\\(.)", lambda m: unescape.get(m[1], m[1]), line.split("\t")[0])
+            for line in lines if line}
