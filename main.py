@@ -22,12 +22,16 @@ from torch import nn
 
 import loaders
 from engine import ConfigError
-from engine.checkpoint import checkpoint_state, load_checkpoint, restore, save_checkpoint
+from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, restore_ema,
+                               save_checkpoint, with_ema_weights)
 from engine.distributed import (ProcessFailed, check_cuda, check_gpu_flag, dist_backend,
                                 gather_rng_states, launch_processes, setup_distributed, use_cuda,
                                 wrap_parallel)
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
+from engine.presets import preset_tokens
+from engine.recipes import (SCHEDULERS, ModelEMA, check_recipe_flags, make_mix, make_scheduler,
+                            resolve_recipe, scheduler_name)
 from engine.reporting import MetricsWriter, Progress, warn_if_data_bound
 from engine.settings import RunSettings, resolve_backend, resolve_settings
 from loaders import AcceleratorError, DataError
@@ -37,7 +41,8 @@ ONE_LINE_ERRORS = (ConfigError, DataError, ModelError, AcceleratorError)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command line, grouped as data and loaders / model / optimisation / distributed / output."""
+    """The command line, grouped as data and loaders / model / optimisation / training recipe /
+    distributed / output."""
     p = argparse.ArgumentParser(description="PyTorch ImageNet training with fast data loading",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = p.add_argument_group("data and loaders")
@@ -86,18 +91,21 @@ def get_args_parser() -> argparse.ArgumentParser:
     m.add_argument("--compile", action="store_true",
                    help="torch.compile the model (slow first steps, faster after)")
     m.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    m.add_argument("--blurpool", action="store_true",
+                   help="FFCV's BlurPool: blur before strided convs of >= 16 channels")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=90, help="total epochs to run")
     o.add_argument("--start-epoch", type=int, default=0, help="first epoch (useful on restarts)")
     o.add_argument("-b", "--batch-size", type=int, default=256,
                    help="images per step on this process")
     o.add_argument("--lr", "--learning-rate", type=float, default=0.1, dest="lr",
-                   help="initial learning rate; x0.1 every 30 epochs")
+                   help="initial (peak) learning rate; x0.1 every 30 epochs by default")
     o.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     o.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay",
                    help="weight decay")
     o.add_argument("--seed", type=int, help="seed for shuffling, augmentation and init "
                    "(default: drawn at random and logged)")
+    add_recipe_args(p.add_argument_group("training recipe"))
     g = p.add_argument_group("distributed")
     g.add_argument("--world-size", type=int, default=-1,
                    help="nodes with --multiprocessing-distributed, else processes")
@@ -133,6 +141,46 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_recipe_args(r) -> None:
+    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix and
+    the model EMA (engine/recipes.py), as torchvision's train.py spells them."""
+    r.add_argument("--lr-scheduler", type=scheduler_name, default="step", choices=SCHEDULERS,
+                   help="LR schedule, set every step: step (x--lr-gamma every --lr-step-size "
+                   "epochs), cosine or linear (to --lr-min); also torchvision's names")
+    r.add_argument("--lr-step-size", type=int, default=30, metavar="N",
+                   help="step: epochs between decays")
+    r.add_argument("--lr-gamma", type=float, default=0.1, metavar="F", help="step: LR factor")
+    r.add_argument("--lr-min", type=float, default=0.0, metavar="LR", help="cosine/linear: last LR")
+    r.add_argument("--lr-warmup-epochs", type=float, default=0, metavar="N",
+                   help="epochs of warm-up before the schedule (may be fractional)")
+    r.add_argument("--lr-warmup-method", default="constant", choices=["constant", "linear"],
+                   help="warm-up at --lr-warmup-decay x lr, or rising linearly from it to lr")
+    r.add_argument("--lr-warmup-decay", type=float, default=0.01, metavar="F",
+                   help="warm-up: start LR factor")
+    r.add_argument("--lr-peak-epoch", type=float, metavar="E",
+                   help="FFCV's triangle: LR rises linearly from 1e-4 x lr to lr at epoch E "
+                   "(instead of --lr-warmup-*), then --lr-scheduler (FFCV: linear)")
+    r.add_argument("--lr-scale-batch", type=int, metavar="N",
+                   help="--lr is per N images: the LR used is lr x global batch / N")
+    r.add_argument("--label-smoothing", type=float, default=0.0, metavar="F",
+                   help="CrossEntropyLoss label smoothing")
+    r.add_argument("--norm-weight-decay", type=float, metavar="F",
+                   help="weight decay of norm layers' weights and biases; None: --wd")
+    r.add_argument("--bias-weight-decay", type=float, metavar="F",
+                   help="weight decay of all biases; None: --wd")
+    r.add_argument("--mixup-alpha", type=float, default=0.0, metavar="F",
+                   help="MixUp on the device batch with Beta(F, F) (0: off)")
+    r.add_argument("--cutmix-alpha", type=float, default=0.0, metavar="F",
+                   help="CutMix on the device batch (0: off); with both, one per batch")
+    r.add_argument("--model-ema", action="store_true",
+                   help="keep an exponential moving average of the weights, validate it each "
+                   "epoch (val_ema_*), save it as model_ema; -e evaluates it")
+    r.add_argument("--model-ema-steps", type=int, default=32, metavar="N",
+                   help="steps between EMA updates")
+    r.add_argument("--model-ema-decay", type=float, default=0.99998, metavar="F",
+                   help="EMA decay, adjusted for global batch, steps and epochs as torchvision")
+
+
 def workers_type(value) -> int | str:
     """``-j`` value: a non-negative int or ``auto``."""
     if value == "auto" or (isinstance(value, int) and value >= 0):
@@ -140,10 +188,6 @@ def workers_type(value) -> int | str:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {value!r}")
-
-
-# Preset keys that select a backend on the command line only: a preset names it with `loader:`.
-PRESET_BACKEND_KEYS = {"dali": "dali", "dummy": "synthetic"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -160,64 +204,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = get_args_parser()
     tokens = []
     if known.config:
-        tokens, positionals = preset_tokens(known.config, parser)
+        tokens, positionals = preset_tokens(known.config, get_args_parser)
         parser.set_defaults(**positionals)
     return parser.parse_args(tokens + argv)
-
-
-def read_preset(path: str) -> dict:
-    """The YAML mapping in ``path``, keys with ``-`` spelled ``_``. Raises :class:`ConfigError`."""
-    import yaml
-
-    try:
-        with open(path) as f:
-            preset = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {path}: {exc}".splitlines()[0]) from None
-    if not isinstance(preset, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
-    return {str(k).replace("-", "_"): v for k, v in preset.items()}
-
-
-class _PresetInvalid(Exception):
-    """argparse's message about a preset's value (see :func:`preset_tokens`)."""
-
-
-def _refuse(message: str):
-    raise _PresetInvalid(message)
-
-
-def preset_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str], dict]:
-    """A preset as ``(["--flag=value", ...], positionals)``: ``true`` booleans become their flag,
-    ``false`` and null values are left out; the positional ``data`` is returned apart.
-
-    Raises :class:`ConfigError` for an unknown key, ``dali:``/``dummy:`` (a preset selects the
-    backend with ``loader:``) or a value the flag would refuse on the command line."""
-    preset = read_preset(path)
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    unknown = sorted(set(preset) - set(actions))
-    if unknown:
-        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}")
-    tokens, positionals = [], {}
-    for key, value in preset.items():
-        action = actions[key]
-        if key in PRESET_BACKEND_KEYS:
-            raise ConfigError(f"--config {path}: {key}: write loader: {PRESET_BACKEND_KEYS[key]}")
-        if not action.option_strings:
-            positionals[key] = value
-        elif action.nargs == 0:  # store_true
-            if not isinstance(value, bool):
-                raise ConfigError(f"--config {path}: {key}: expected true or false, got {value!r}")
-            tokens += [max(action.option_strings, key=len)] if value else []
-        elif value is not None:
-            tokens.append(f"{max(action.option_strings, key=len)}={value}")
-    checker = get_args_parser()
-    checker.error = _refuse  # argparse would print usage and exit; name the preset instead
-    try:
-        checker.parse_args(tokens)
-    except _PresetInvalid as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
-    return tokens, positionals
 
 
 def main(argv=None) -> dict:
@@ -230,6 +219,7 @@ def main(argv=None) -> dict:
     spawned process fails.
     """
     args = parse_args(argv)
+    check_recipe_flags(args)
     check_cuda(args.no_accel)
     if not args.multiprocessing_distributed:
         return run_process(args)
@@ -286,8 +276,7 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
     if args.benchmark_data:
         return benchmark_data(args, s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
-    state, start_epoch, best_acc1 = build_state(args, s, len(train_loader.classes), checkpoint,
-                                                log)
+    state, start_epoch, best_acc1 = build_state(args, s, train_loader, checkpoint, log)
     log(f"{args.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {s.loader.batch_size} "
         "per process")
@@ -301,27 +290,40 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
                  checkpoint)
 
 
-def build_state(args, s: RunSettings, num_classes: int, checkpoint: dict | None,
+def build_state(args, s: RunSettings, train_loader, checkpoint: dict | None,
                 log) -> tuple[TrainState, int, float]:
-    """Model (restored from ``checkpoint``, wrapped for DDP, compiled), loss, SGD, StepLR and
-    scaler; with ``(start_epoch, best_acc1)``."""
-    device = s.dist.device
-    model = build_model(args.arch, num_classes, args.pretrained).to(device)
+    """Model (restored from ``checkpoint``, wrapped for DDP, compiled), loss, SGD, the per-step
+    LR schedule, scaler, MixUp/CutMix and EMA as the recipe flags say (engine/recipes.py); with
+    ``(start_epoch, best_acc1)``. Steps per epoch: ``len(train_loader)``."""
+    device, num_classes = s.dist.device, len(train_loader.classes)
+    recipe = resolve_recipe(args, s.loader.batch_size * s.dist.world_size, len(train_loader))
+    if args.lr_scale_batch:
+        log(f"lr {recipe.lr:.6g}: --lr {args.lr:g} x global batch / {args.lr_scale_batch}")
+    model = build_model(args.arch, num_classes, args.pretrained, args.blurpool).to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if device.type == "cuda":
         enable_fast_cuda_math()
-    optimizer = make_optimizer(model, args.lr, args.momentum, args.weight_decay, device)
+    optimizer = make_optimizer(model, recipe.lr, args.momentum, args.weight_decay, device,
+                               recipe.norm_weight_decay, recipe.bias_weight_decay)
     state = TrainState(
-        model, nn.CrossEntropyLoss().to(device), optimizer,
-        torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1),
+        model, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing).to(device), optimizer,
+        make_scheduler(optimizer, recipe.schedule),
         torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(args.amp, args.amp_dtype, device)),
-        functools.partial(autocast, args.amp, args.amp_dtype, device))
+        functools.partial(autocast, args.amp, args.amp_dtype, device),
+        make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes))
     start_epoch, best_acc1 = args.start_epoch, 0.0
+    if checkpoint and args.evaluate and args.model_ema:
+        checkpoint = with_ema_weights(checkpoint, args.resume, log)
     if checkpoint:
         start_epoch, best_acc1 = restore(  # ours, pytorch/examples' or a bare state_dict
             checkpoint, model, state.optimizer, state.scheduler, state.scaler, args.arch, s.dist,
-            evaluate=args.evaluate, start_epoch=args.start_epoch, path=args.resume, log=log)
+            evaluate=args.evaluate, start_epoch=args.start_epoch, path=args.resume, log=log,
+            steps_per_epoch=len(train_loader))
+    if recipe.ema_decay is not None and not args.evaluate:
+        state.ema = ModelEMA(model, recipe.ema_decay, recipe.ema_steps,
+                             recipe.schedule.warmup_epochs)
+        restore_ema(checkpoint, state.ema, args.arch, args.resume, log)
     state.model = wrap_parallel(model, s.dist, args.gpu, log)
     if args.compile:
         state.model = torch.compile(state.model)
@@ -351,7 +353,6 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
             epoch_metrics = run_epoch(epoch, state, *data, dist, plan, save,
                                       checkpoint if resumed else None)
             warn_if_data_bound(epoch_metrics, s.loader.workers, log)
-            state.scheduler.step()
             best_acc1 = max(best_acc1, epoch_metrics["val_acc1"])
             save(epoch + 1, is_best=epoch_metrics["val_acc1"] >= best_acc1)
     finally:

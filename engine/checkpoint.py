@@ -56,8 +56,10 @@ def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: in
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
     all ranks, :meth:`EpochSums.to_dict`). ``config``: the command line as the user gave it
     (``vars(args)``); ``seed``: the seed the run resolved (drawn when ``--seed`` was not given);
-    ``rng_states`` from :func:`~engine.distributed.gather_rng_states`."""
-    return {
+    ``rng_states`` from :func:`~engine.distributed.gather_rng_states`. With an EMA
+    (``state.ema``) also ``model_ema``: its state_dict, under torchvision's key and format."""
+    ema = getattr(state, "ema", None)
+    return {**({"model_ema": ema.state_dict()} if ema is not None else {}),
         "epoch": epoch, "batch": batch, "partial": partial,
         "arch": config["arch"], "state_dict": unwrap(state.model).state_dict(),
         "best_acc1": best_acc1, "optimizer": state.optimizer.state_dict(),
@@ -115,17 +117,17 @@ def _is_state_dict(saved) -> bool:
 def as_checkpoint(saved, path: str = "") -> dict:
     """``saved`` as a checkpoint dict: a dict with a ``state_dict`` as it is (ours,
     pytorch/examples'), torchvision references' ``{"model", "optimizer", "epoch", ...}`` as
-    ``{"state_dict", "optimizer", "epoch": epoch + 1}``, a bare state_dict (names to tensors) as
-    ``{"state_dict": saved}``: weights only. Raises :class:`ConfigError` naming what is missing
-    for anything else."""
+    ``{"state_dict", "optimizer", "model_ema", "epoch": epoch + 1}`` (those it has), a bare
+    state_dict (names to tensors) as ``{"state_dict": saved}``: weights only. Raises
+    :class:`ConfigError` naming what is missing for anything else."""
     where = f"--resume {path}".rstrip()
     if isinstance(saved, dict) and "state_dict" not in saved and _is_state_dict(
             saved.get("model")):
         # torchvision's references/classification: "model", and "epoch" is the last one done;
-        # its lr_scheduler may be another kind than StepLR, so StepLR is placed at the epoch.
+        # its lr_scheduler may be another kind than ours: ours is placed at the epoch.
         saved = {"state_dict": saved["model"],
                  **({"epoch": int(saved["epoch"]) + 1} if "epoch" in saved else {}),
-                 **({"optimizer": saved["optimizer"]} if "optimizer" in saved else {})}
+                 **{key: saved[key] for key in ("optimizer", "model_ema") if key in saved}}
     if isinstance(saved, dict) and "state_dict" in saved:
         if not isinstance(saved["state_dict"], dict):
             raise ConfigError(f"{where}: its state_dict is not a mapping of names to tensors")
@@ -189,28 +191,41 @@ def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
         group.update(implementation)
 
 
-def position_scheduler(scheduler, optimizer, epoch: int) -> None:
-    """Put a fresh StepLR (and the LR of ``optimizer``) at ``epoch`` as pytorch/examples'
-    schedule has it: ``base_lr * gamma ** (epoch // step_size)``; for checkpoints without a
-    ``scheduler`` (older pytorch/examples set the LR each epoch) and fresh optimizers."""
-    scheduler.last_epoch = epoch
-    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+def position_scheduler(scheduler, optimizer, step: int) -> None:
+    """Put ``scheduler`` (and the LRs of ``optimizer``) at ``step``: ``base_lr x lambda(step)``
+    for a ``LambdaLR`` (this run's per-step schedule, :func:`engine.recipes.make_scheduler`), or
+    pytorch/examples' ``base_lr x gamma ** (step // step_size)`` for a ``StepLR`` (``step`` in
+    epochs). The schedule is a closed form of the step, so this is the whole of its state."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    scheduler.last_epoch = step
+    for i, (group, base) in enumerate(zip(optimizer.param_groups, scheduler.base_lrs)):
         group["initial_lr"] = base
-        group["lr"] = base * scheduler.gamma ** (epoch // scheduler.step_size)
+        factor = (lambdas[i](step) if lambdas
+                  else scheduler.gamma ** (step // scheduler.step_size))
+        group["lr"] = base * factor
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def _saved_base_lrs(scheduler, saved) -> None:
+    """Keep the base LRs of a checkpoint's scheduler (any kind) when they fit this optimizer:
+    the resumed run goes on at the saved run's LR, as pytorch/examples' does."""
+    base = saved.get("base_lrs") if isinstance(saved, dict) else None
+    if base and len(base) == len(scheduler.base_lrs):
+        scheduler.base_lrs = [float(b) for b in base]
 
 
 def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
             dist: DistInfo, *, evaluate: bool = False, start_epoch: int = 0, path: str = "",
-            log=None) -> tuple[int, float]:
+            log=None, steps_per_epoch: int = 1) -> tuple[int, float]:
     """Load ``checkpoint`` (ours, pytorch/examples' or a bare state_dict) and this rank's RNG
     states; return ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%)
     so far; ``log`` (if given) gets one line saying what was resumed.
 
     Weights always (any ``module.``/``_orig_mod.`` wrapper prefixes dropped); ``evaluate``
-    (``-e``): nothing else. Otherwise the optimizer, scheduler (without one: StepLR rebuilt at
-    the epoch), loss scale (where both runs scale; else a fresh scale) and RNG states (without
-    them: the fresh seed streams) as far as saved. Without ``optimizer`` (a bare state_dict)
+    (``-e``): nothing else. Otherwise the optimizer, the scheduler at step ``epoch x
+    steps_per_epoch + batch`` with the saved base LRs (ours, pytorch/examples' epoch-wise
+    StepLR or none: :func:`position_scheduler`), loss scale (where both runs scale; else a
+    fresh scale) and RNG states (without them: the fresh seed streams) as far as saved. Without ``optimizer`` (a bare state_dict)
     training starts from the weights with a fresh optimizer at ``epoch`` if saved, else at
     ``start_epoch`` (``--start-epoch``). A tensor ``best_acc1`` (pytorch/examples) becomes a
     float; no ``arch``: ``arch`` is trusted. Raises :class:`ConfigError` (one line) for another
@@ -227,16 +242,15 @@ def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
         message = (f"evaluating the weights in {path}" if weights_only
                    else f"resumed from {path} at epoch {start_epoch}")
     elif weights_only:
-        position_scheduler(scheduler, optimizer, start_epoch)
+        position_scheduler(scheduler, optimizer, start_epoch * steps_per_epoch)
         missing = "/".join(k for k in ("optimizer", "epoch") if k not in checkpoint)
         message = (f"{where}: weights only (no {missing}): training from them with a fresh "
                    f"optimizer at epoch {start_epoch}")
     else:
         load_optimizer(optimizer, checkpoint["optimizer"], where)
-        if checkpoint.get("scheduler"):
-            scheduler.load_state_dict(checkpoint["scheduler"])
-        else:
-            position_scheduler(scheduler, optimizer, start_epoch)
+        _saved_base_lrs(scheduler, checkpoint.get("scheduler"))
+        position_scheduler(scheduler, optimizer,
+                           start_epoch * steps_per_epoch + int(checkpoint.get("batch") or 0))
         if scaler.is_enabled() and checkpoint.get("scaler"):
             scaler.load_state_dict(checkpoint["scaler"])
         if checkpoint.get("rng") is not None:
@@ -246,3 +260,32 @@ def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
     if log:
         log(message)
     return start_epoch, best_acc1
+
+
+def restore_ema(checkpoint: dict | None, ema, arch: str, path: str = "", log=None) -> None:
+    """Load a checkpoint's ``model_ema`` (ours or torchvision's references') into ``ema`` (a
+    :class:`~engine.recipes.ModelEMA` made from the restored model); without one the EMA starts
+    from the model, said through ``log``. Raises :class:`ConfigError` if it does not fit."""
+    saved = (checkpoint or {}).get("model_ema")
+    if not isinstance(saved, dict):
+        if checkpoint and log:
+            log(f"--resume {path}: no model_ema: the EMA starts from the resumed weights")
+        return
+    load_weights(ema.module, {k: v for k, v in saved.items() if k != "n_averaged"}, arch,
+                 f"--resume {path} model_ema")
+    if "n_averaged" in saved:
+        ema.n_averaged.fill_(int(saved["n_averaged"]))
+
+
+def with_ema_weights(checkpoint: dict, path: str = "", log=None) -> dict:
+    """``-e --model-ema``: ``checkpoint`` with its ``model_ema`` weights as the ``state_dict``
+    to evaluate, or (none saved) as it is, said through ``log``."""
+    checkpoint = as_checkpoint(checkpoint, path)
+    saved = checkpoint.get("model_ema")
+    if not isinstance(saved, dict):
+        if log:
+            log(f"--model-ema: {path} holds no model_ema: evaluating its model weights")
+        return checkpoint
+    if log:
+        log(f"--model-ema: evaluating the EMA weights (model_ema) of {path}")
+    return {**checkpoint, "state_dict": {k: v for k, v in saved.items() if k != "n_averaged"}}

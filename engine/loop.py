@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.distributed import reduce_sum, sync_buffers, unwrap
+from engine.recipes import param_groups
 from engine.reporting import Progress, device_clock, epoch_line
 from loaders import DataError, DistInfo
 
@@ -27,12 +28,16 @@ def autocast(amp: bool, amp_dtype: str, device: torch.device):
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
-                   device: torch.device) -> torch.optim.Optimizer:
-    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``). On CUDA its fused
-    implementation: one kernel for all parameters, and it takes GradScaler's inverse scale and
-    inf flag on the GPU, so an ``--amp`` step never waits for the GPU (``found_inf.item()``)."""
-    return torch.optim.SGD(model.parameters(), lr, momentum=momentum,
-                           weight_decay=weight_decay, fused=device.type == "cuda" or None)
+                   device: torch.device, norm_weight_decay: float | None = None,
+                   bias_weight_decay: float | None = None) -> torch.optim.Optimizer:
+    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``), one parameter group, or with
+    ``--norm-weight-decay``/``--bias-weight-decay`` torchvision's groups
+    (:func:`engine.recipes.param_groups`). On CUDA its fused implementation: one kernel for all
+    parameters, and it takes GradScaler's inverse scale and inf flag on the GPU, so an ``--amp``
+    step never waits for the GPU (``found_inf.item()``)."""
+    params = param_groups(model, weight_decay, norm_weight_decay, bias_weight_decay)
+    return torch.optim.SGD(params, lr, momentum=momentum, weight_decay=weight_decay,
+                           fused=device.type == "cuda" or None)
 
 
 def needs_grad_scaler(amp: bool, amp_dtype: str, device: torch.device) -> bool:
@@ -51,7 +56,10 @@ def enable_fast_cuda_math() -> None:
 @dataclass
 class TrainState:
     """What a training step touches and a checkpoint saves. ``autocast``: a factory of the
-    step's autocast context (see :func:`autocast`)."""
+    step's autocast context (see :func:`autocast`); ``scheduler`` is stepped after every
+    optimizer step; ``mix``: MixUp/CutMix of the device batch or None
+    (:func:`engine.recipes.make_mix`); ``ema``: the model's :class:`~engine.recipes.ModelEMA`
+    or None."""
 
     model: nn.Module
     criterion: nn.Module
@@ -59,6 +67,31 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     autocast: Callable
+    mix: Callable | None = None
+    ema: nn.Module | None = None
+
+
+def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,
+               step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step on a device batch (float ``(N, 3, H, W)``, int64 ``(N,)``): mix it
+    (``state.mix``), forward under autocast, backward, SGD through the scaler, then the LR
+    scheduler and the EMA (step ``step`` of epoch ``epoch``). Returns the logits ``(N, C)``,
+    the batch's mean loss (0-dim, detached) and the labels top-1 is scored against: ``labels``,
+    or the argmax of the mixed soft labels."""
+    targets = labels
+    if state.mix is not None:
+        images, targets = state.mix(images, labels)
+    with state.autocast():
+        output = state.model(images)
+        loss = state.criterion(output, targets)
+    state.optimizer.zero_grad(set_to_none=True)
+    state.scaler.scale(loss).backward()
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.scheduler.step()
+    if state.ema is not None:
+        state.ema.after_step(unwrap(state.model), epoch, step)
+    return output, loss.detach(), targets.argmax(1) if targets.ndim == 2 else targets
 
 
 @dataclass
@@ -83,16 +116,19 @@ class EpochSums:
 
 def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInfo,
                     start_batch: int = 0, carried: EpochSums | None = None,
-                    warmup: int | None = None, save_every: int = 0, save_partial=None) -> dict:
-    """One pass over ``loader``, which starts at batch ``start_batch`` of the epoch; ``carried``
-    holds the sums over all ranks for the batches before it. Every ``save_every`` steps (not at
-    the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the position, ``sums`` an
-    :class:`EpochSums` over all ranks (every rank calls it: a collective). Returns mean
-    ``loss``, ``acc1`` (%), ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
+                    warmup: int | None = None, save_every: int = 0, save_partial=None,
+                    epoch: int = 0) -> dict:
+    """One pass over ``loader`` (epoch ``epoch``), which starts at batch ``start_batch``;
+    ``carried`` holds the sums over all ranks for the batches before it. Every ``save_every``
+    steps (not at the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the
+    position, ``sums`` an :class:`EpochSums` over all ranks (every rank calls it: a
+    collective). Returns mean ``loss``, ``acc1`` (%; with mixed labels against their argmax),
+    ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
     ``steady_images_per_sec`` (the same after the pass's first ``warmup`` steps, which hold
     cuDNN autotuning and ``torch.compile``; None if the pass had no more steps) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
-    ranks). Raises :class:`DataError` if the loader yields nothing."""
+    ranks). The LR of every step goes to TensorBoard as ``step/lr`` (global rank 0). Raises
+    :class:`DataError` if the loader yields nothing."""
     state.model.train()
     carried = carried or EpochSums()
     # A checkpoint's sums are global (all ranks): global rank 0 carries them, the others restart.
@@ -101,20 +137,17 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     loss_sum = torch.full((), carried.loss_sum, device=dist.device)
     correct = torch.full((), carried.correct, device=dist.device, dtype=torch.int64)
     progress.carry(carried.images, carried.data_time, carried.seconds)
+    lr = state.optimizer.param_groups[0]["lr"]  # the LR of the step just taken, for figures
     figures = lambda: {"loss": loss_sum.item() / progress.images,  # noqa: E731
-                       "acc1": 100.0 * correct.item() / progress.images,
-                       "lr": state.optimizer.param_groups[0]["lr"]}
+                       "acc1": 100.0 * correct.item() / progress.images, "lr": lr}
     for step, (images, labels) in progress.log_every(loader, figures, start_batch, warmup,
                                                      dist.device):
-        with state.autocast():
-            output = state.model(images)
-            loss = state.criterion(output, labels)
-        state.optimizer.zero_grad(set_to_none=True)
-        state.scaler.scale(loss).backward()
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        loss_sum += loss.detach() * labels.size(0)
-        correct += (output.argmax(1) == labels).sum()
+        lr = state.optimizer.param_groups[0]["lr"]
+        if progress.writer:
+            progress.writer.scalar("step/lr", lr, progress.first_step + step)
+        output, loss, truth = train_step(state, images, labels, epoch, step)
+        loss_sum += loss * labels.size(0)
+        correct += (output.argmax(1) == truth).sum()
         # The same steps on every rank, so the reduction inside is safe.
         if save_partial and save_every and (step + 1) % save_every == 0 \
                 and step + 1 < progress.total:
@@ -184,7 +217,8 @@ class EpochPlan:
 
 def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
               plan: EpochPlan, save_partial=None, resumed_from: dict | None = None) -> dict:
-    """Train one epoch (from a mid-epoch checkpoint's position if ``resumed_from``), validate,
+    """Train one epoch (from a mid-epoch checkpoint's position if ``resumed_from``), validate
+    (the EMA too, as ``val_ema_loss``/``val_ema_acc1``/``val_ema_acc5``, with ``state.ema``),
     log and write; returns the epoch's metrics (the ``metrics.jsonl`` object), all global:
     losses and accuracies over all ranks, images/s summed over ranks. ``save_partial(epoch,
     batch, sums)``: see :func:`train_one_epoch`."""
@@ -198,9 +232,15 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
                         plan.writer, epoch * total)
     train = train_one_epoch(
         state, train_loader, progress, dist, start_batch, carried, plan.warmup,
-        plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)))
+        plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)),
+        epoch)
     val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
     val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist)
+    ema = {}
+    if state.ema is not None:
+        ema_progress = Progress(len(val_loader), "Test EMA: ", "val_ema", plan.print_freq,
+                                dist.is_main)
+        ema = evaluate(state.ema, val_loader, state.criterion, state.autocast, ema_progress, dist)
     epoch_metrics = {
         "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
         "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
@@ -209,6 +249,7 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
         "val_images": val["images"],
         "data_time_fraction": train["data_time_fraction"],
         "epoch_seconds": time.perf_counter() - start,
+        **{f"val_ema_{key}": ema[key] for key in ("loss", "acc1", "acc5") if ema},
     }
     plan.log(epoch_line(epoch_metrics))
     if plan.writer:

@@ -44,16 +44,27 @@ def cached_weights_path(arch: str) -> str:
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
-def build_model(arch: str, num_classes: int, pretrained: bool = False) -> nn.Module:
+def build_model(arch: str, num_classes: int, pretrained: bool = False,
+                blurpool: bool = False) -> nn.Module:
     """A classification model ``arch`` with a ``num_classes``-way output.
 
     Input float ``(N, 3, H, W)``, output float logits ``(N, num_classes)``. With ``pretrained``,
     torchvision's default ImageNet weights are loaded from the torch.hub cache only (never
     downloaded at run time); if ``num_classes`` differs from the weights' 1000 classes, the
-    final linear layer is replaced by a freshly initialised one.
+    final linear layer is replaced by a freshly initialised one. With ``blurpool`` (FFCV's
+    ``use_blurpool``), strided convolutions get a blur in front (:mod:`models.blurpool`).
 
     Raises :class:`ModelError` for an unknown ``arch`` or pretrained weights not on disk.
     """
+    model = _build(arch, num_classes, pretrained)
+    if blurpool:
+        from models.blurpool import apply_blurpool
+
+        apply_blurpool(model)
+    return model
+
+
+def _build(arch: str, num_classes: int, pretrained: bool) -> nn.Module:
     if arch in _REGISTRY:
         if pretrained:
             raise ModelError(f"--pretrained: no pretrained weights for {arch}")

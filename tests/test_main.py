@@ -29,7 +29,8 @@ def read_metrics(out):
 def test_help_groups_flags_and_needs_no_optional_backend():
     result = run_cli("--help")
     assert result.returncode == 0
-    for group in ("data and loaders", "model", "optimisation", "distributed", "output"):
+    for group in ("data and loaders", "model", "optimisation", "training recipe", "distributed",
+                  "output"):
         assert f"{group}:" in result.stdout
     assert "(default: 256)" in result.stdout
 

@@ -1,0 +1,73 @@
+"""``-c/--config`` YAML presets read as command-line tokens (see :func:`preset_tokens`).
+
+A preset maps flag names (``batch_size`` or ``batch-size``) to values and is read as if its
+flags came first on the command line, so argparse checks every value and the command line
+overrides it. ``main.parse_args`` places the tokens before ``argv``.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from engine import ConfigError
+
+# Preset keys that select a backend on the command line only: a preset names it with `loader:`.
+PRESET_BACKEND_KEYS = {"dali": "dali", "dummy": "synthetic"}
+
+
+def read_preset(path: str) -> dict:
+    """The YAML mapping in ``path``, keys with ``-`` spelled ``_``. Raises :class:`ConfigError`."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            preset = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--config {path}: {exc}".splitlines()[0]) from None
+    if not isinstance(preset, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
+    return {str(k).replace("-", "_"): v for k, v in preset.items()}
+
+
+class _PresetInvalid(Exception):
+    """argparse's message about a preset's value (see :func:`preset_tokens`)."""
+
+
+def _refuse(message: str):
+    raise _PresetInvalid(message)
+
+
+def preset_tokens(path: str, make_parser: Callable[[], argparse.ArgumentParser]
+                  ) -> tuple[list[str], dict]:
+    """A preset as ``(["--flag=value", ...], positionals)``: ``true`` booleans become their flag,
+    ``false`` and null values are left out; the positional ``data`` is returned apart.
+    ``make_parser()`` builds the command line's parser (called twice: to look the flags up and
+    to check the tokens).
+
+    Raises :class:`ConfigError` for an unknown key, ``dali:``/``dummy:`` (a preset selects the
+    backend with ``loader:``) or a value the flag would refuse on the command line."""
+    preset = read_preset(path)
+    actions = {a.dest: a for a in make_parser()._actions if a.dest not in ("help", "config")}
+    unknown = sorted(set(preset) - set(actions))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}")
+    tokens, positionals = [], {}
+    for key, value in preset.items():
+        action = actions[key]
+        if key in PRESET_BACKEND_KEYS:
+            raise ConfigError(f"--config {path}: {key}: write loader: {PRESET_BACKEND_KEYS[key]}")
+        if not action.option_strings:
+            positionals[key] = value
+        elif action.nargs == 0:  # store_true
+            if not isinstance(value, bool):
+                raise ConfigError(f"--config {path}: {key}: expected true or false, got {value!r}")
+            tokens += [max(action.option_strings, key=len)] if value else []
+        elif value is not None:
+            tokens.append(f"{max(action.option_strings, key=len)}={value}")
+    checker = make_parser()
+    checker.error = _refuse  # argparse would print usage and exit; name the preset instead
+    try:
+        checker.parse_args(tokens)
+    except _PresetInvalid as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    return tokens, positionals
