@@ -16,14 +16,21 @@ from engine.distributed import Job, broadcast_int
 from loaders import LoaderSettings
 
 
+def node_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
     """``auto`` -> ``min(8, CPU cores / processes on this node)``, at least 1: the node's
     cores (those this process may run on) are shared by its training processes, and beyond 8
     one process rarely gains."""
     if workers != "auto":
         return workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, (cores or 1) // max(1, processes_per_node)))
+    cores = node_cores()
+    return max(1, min(8, cores // max(1, processes_per_node)))
 
 
 def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1,
@@ -41,8 +48,8 @@ def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1
         return None
     if device_type != "cpu" or not runs_model:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, processes_per_node))
+    cores = node_cores()
+    return max(1, cores // max(1, processes_per_node))
 
 
 def resolve_backend(args) -> tuple[str, bool]:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._order import _check_rank
+from ._order import _check_rank, batches_per_epoch
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -149,7 +149,7 @@ class StreamValOrder:
         return self.hi - self.lo
 
     def _batches(self) -> int:
-        return -(-len(self) // self.batch_size)
+        return batches_per_epoch(len(self), self.batch_size, drop_last=False)
 
     def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
         """Each worker's record ranges (the same every epoch), in the order it reads them."""

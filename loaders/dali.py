@@ -368,19 +368,14 @@ def _open_shards(path: str, train: bool, settings: LoaderSettings, dist: DistInf
     remembered unreadable records as every other split here. ``fn.readers.webdataset`` keeps
     its own order, which can give none of the three. Raises :class:`DataError` for streamed
     shards (read them with ``--loader shards`` without ``--dali``)."""
-    from ._stream_order import StreamTrainOrder, StreamValOrder
-    from .shards import SHUFFLE_BUFFER, ShardRecords, resolve_split
+    from .shards import ShardRecords, resolve_split, split_order
 
     index, urls = resolve_split(path)
     dataset = ShardRecords(index, urls)
     if dataset.streaming:
         raise DataError(f"{path}: --dali reads local shards only; stream them with "
                         "--loader shards (without --dali)")
-    counts = [s["records"] for s in index.shards]
-    order = (StreamTrainOrder(counts, settings.batch_size, settings.workers, dist.rank,
-                              dist.world_size, settings.seed, SHUFFLE_BUFFER) if train
-             else StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
-                                 dist.world_size))
+    order = split_order(dataset, train, settings, dist)
     return (order, dataset.classes, partial(lmdb_source, dataset, settings.batch_size),
             lambda i: dataset.read(i)[0], dataset.name_of)
 

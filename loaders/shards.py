@@ -374,15 +374,23 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
         sets.append(ShardRecords(index, urls, split_transform(train, *sizes)))
     train_set, val_set = sets
     check_same_classes(train_set.classes, val_set.classes)
-    counts = [s["records"] for s in train_set.index.shards]
-    train_order = StreamTrainOrder(counts, settings.batch_size, settings.workers, dist.rank,
-                                   dist.world_size, settings.seed, SHUFFLE_BUFFER)
-    val_order = StreamValOrder(len(val_set), settings.batch_size, settings.workers, dist.rank,
-                               dist.world_size)
-    return (ShardLoader(train_set, train_order, classes=train_set.classes,
-                        **loader_options(settings, dist, train=True)),
-            ShardLoader(val_set, val_order, classes=val_set.classes,
-                        **loader_options(settings, dist, train=False)))
+    return (ShardLoader(train_set, split_order(train_set, True, settings, dist),
+                        classes=train_set.classes, **loader_options(settings, dist, train=True)),
+            ShardLoader(val_set, split_order(val_set, False, settings, dist),
+                        classes=val_set.classes, **loader_options(settings, dist, train=False)))
+
+
+def split_order(dataset: ShardRecords, train: bool, settings: LoaderSettings, dist: DistInfo):
+    """The epoch order of one shard split, for this backend and for DALI over shards:
+    :class:`~loaders._stream_order.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
+    training, :class:`~loaders._stream_order.StreamValOrder` for validation, one piece per
+    ``settings.workers``."""
+    if train:
+        counts = [s["records"] for s in dataset.index.shards]
+        return StreamTrainOrder(counts, settings.batch_size, settings.workers, dist.rank,
+                                dist.world_size, settings.seed, SHUFFLE_BUFFER)
+    return StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
+                          dist.world_size)
 
 
 class ShardLoader(DeviceLoader):
