@@ -30,8 +30,9 @@ from engine.distributed import (ProcessFailed, check_cuda, check_gpu_flag, dist_
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
 from engine.presets import preset_tokens
-from engine.recipes import (SCHEDULERS, ModelEMA, check_recipe_flags, make_mix, make_scheduler,
-                            resolve_recipe, scheduler_name)
+from engine.recipes import (ModelEMA, add_recipe_args, check_recipe_flags, make_mix,
+                            make_scheduler, resolve_recipe)
+from engine.resolution import add_resolution_args, resolution_schedule
 from engine.reporting import MetricsWriter, Progress, warn_if_data_bound
 from engine.settings import RunSettings, resolve_backend, resolve_settings
 from loaders import AcceleratorError, DataError
@@ -106,6 +107,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, help="seed for shuffling, augmentation and init "
                    "(default: drawn at random and logged)")
     add_recipe_args(p.add_argument_group("training recipe"))
+    add_resolution_args(p.add_argument_group("resolution (progressive resizing, test time)"))
     g = p.add_argument_group("distributed")
     g.add_argument("--world-size", type=int, default=-1,
                    help="nodes with --multiprocessing-distributed, else processes")
@@ -139,46 +141,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="untimed batches before --benchmark-data starts the clock, and steps "
                    "of each epoch left out of its steady_images_per_sec")
     return p
-
-
-def add_recipe_args(r) -> None:
-    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix and
-    the model EMA (engine/recipes.py), as torchvision's train.py spells them."""
-    r.add_argument("--lr-scheduler", type=scheduler_name, default="step", choices=SCHEDULERS,
-                   help="LR schedule, set every step: step (x--lr-gamma every --lr-step-size "
-                   "epochs), cosine or linear (to --lr-min); also torchvision's names")
-    r.add_argument("--lr-step-size", type=int, default=30, metavar="N",
-                   help="step: epochs between decays")
-    r.add_argument("--lr-gamma", type=float, default=0.1, metavar="F", help="step: LR factor")
-    r.add_argument("--lr-min", type=float, default=0.0, metavar="LR", help="cosine/linear: last LR")
-    r.add_argument("--lr-warmup-epochs", type=float, default=0, metavar="N",
-                   help="epochs of warm-up before the schedule (may be fractional)")
-    r.add_argument("--lr-warmup-method", default="constant", choices=["constant", "linear"],
-                   help="warm-up at --lr-warmup-decay x lr, or rising linearly from it to lr")
-    r.add_argument("--lr-warmup-decay", type=float, default=0.01, metavar="F",
-                   help="warm-up: start LR factor")
-    r.add_argument("--lr-peak-epoch", type=float, metavar="E",
-                   help="FFCV's triangle: LR rises linearly from 1e-4 x lr to lr at epoch E "
-                   "(instead of --lr-warmup-*), then --lr-scheduler (FFCV: linear)")
-    r.add_argument("--lr-scale-batch", type=int, metavar="N",
-                   help="--lr is per N images: the LR used is lr x global batch / N")
-    r.add_argument("--label-smoothing", type=float, default=0.0, metavar="F",
-                   help="CrossEntropyLoss label smoothing")
-    r.add_argument("--norm-weight-decay", type=float, metavar="F",
-                   help="weight decay of norm layers' weights and biases; None: --wd")
-    r.add_argument("--bias-weight-decay", type=float, metavar="F",
-                   help="weight decay of all biases; None: --wd")
-    r.add_argument("--mixup-alpha", type=float, default=0.0, metavar="F",
-                   help="MixUp on the device batch with Beta(F, F) (0: off)")
-    r.add_argument("--cutmix-alpha", type=float, default=0.0, metavar="F",
-                   help="CutMix on the device batch (0: off); with both, one per batch")
-    r.add_argument("--model-ema", action="store_true",
-                   help="keep an exponential moving average of the weights, validate it each "
-                   "epoch (val_ema_*), save it as model_ema; -e evaluates it")
-    r.add_argument("--model-ema-steps", type=int, default=32, metavar="N",
-                   help="steps between EMA updates")
-    r.add_argument("--model-ema-decay", type=float, default=0.99998, metavar="F",
-                   help="EMA decay, adjusted for global batch, steps and epochs as torchvision")
 
 
 def workers_type(value) -> int | str:
@@ -220,6 +182,7 @@ def main(argv=None) -> dict:
     """
     args = parse_args(argv)
     check_recipe_flags(args)
+    resolution_schedule(args)  # bad sizes or ramps end here, in one line
     check_cuda(args.no_accel)
     if not args.multiprocessing_distributed:
         return run_process(args)
@@ -282,7 +245,8 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
         "per process")
     if args.evaluate:
         progress = Progress(len(val_loader), "Test: ", "val", args.print_freq, dist.is_main)
-        stats = evaluate(state.model, val_loader, state.criterion, state.autocast, progress, dist)
+        stats = evaluate(state.model, val_loader, state.criterion, state.autocast, progress, dist,
+                         args.val_flip_tta)
         log(f"val top-1 {stats['acc1']:.3f} top-5 {stats['acc5']:.3f} "
             f"loss {stats['loss']:.4f} ({stats['images']} images)")
         return stats
@@ -337,7 +301,8 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
     dist, config = s.dist, dict(vars(args))  # the checkpoint records what the user typed
     (start_epoch, best_acc1), log = start, (print if dist.is_main else _silent)
     writer = MetricsWriter(args.output_dir) if dist.is_main else None
-    plan = EpochPlan(args.print_freq, args.benchmark_warmup, args.save_every, log, writer)
+    plan = EpochPlan(args.print_freq, args.benchmark_warmup, args.save_every, log, writer,
+                     s.resolution, args.val_flip_tta)
 
     def save(epoch: int, batch: int = 0, sums=None, is_best: bool = False) -> None:
         rng_states = gather_rng_states(dist)  # on every rank: a collective

@@ -10,7 +10,8 @@ import os
 import re
 
 STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
-SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "nccl")
+SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "nccl",
+                 "resolution")
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -167,7 +168,8 @@ def write(out: str, report: dict) -> None:
 
 def markdown(report: dict) -> str:
     parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
-             loaders_md(report), nccl_md(report), setup_md(report), failures_md(report),
+             loaders_md(report), nccl_md(report), resolution_md(report), setup_md(report),
+             failures_md(report),
              commands_md(report)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -256,6 +258,17 @@ def training_md(r: dict) -> str:
         if not x.get("model"):
             text += f"\n\n--compile: {status_of(x)}"
     return text
+
+
+def resolution_md(r: dict) -> str:
+    rows = r["sections"].get("resolution")
+    if not rows:
+        return ""
+    body = [[x["model"], x["loader"], x.get("res"), num(x.get("images_per_sec")),
+             pct(x.get("speedup")), pct(x.get("data_time_fraction")), status_of(x)] for x in rows]
+    return ("## 6. Progressive resizing: training at a low resolution vs 224 px\n\n"
+            + table(["model", "loader", "px", "images/s", "vs 224 px", "data wait", "status"],
+                    body))
 
 
 def loaders_md(r: dict) -> str:

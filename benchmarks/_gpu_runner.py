@@ -1,5 +1,6 @@
-"""Running ``gpu_check.py``'s commands: timeouts, a shared time budget, logs, and the
-environment probe and bundle install that come before everything else.
+"""Running ``gpu_check.py``'s commands: timeouts, a shared time budget, logs, the
+environment probe and bundle install that come before everything else, and the data (the
+replicated sample and its LMDBs).
 
 Times are seconds. A command's record is a dict with ``name``, ``command`` (shell-quoted),
 ``status`` (passed / failed / skipped), ``reason`` unless passed, ``seconds``, ``returncode``
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import platform
 import re
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from types import SimpleNamespace
 
 from _gpu_report import last_json
 
@@ -180,3 +183,54 @@ def environment(runner: Runner, s) -> tuple[dict, dict]:
         rec = fail(rec, "torch sees no CUDA GPU (use --dry-run for the CPU check)")
         runner.attach_tails(rec)  # torch's CUDA initialisation warning, if any
     return machine, rec
+
+
+def list_images(root: str) -> list[tuple[str, str]]:
+    """(class, file path) of every non-hidden file one level below ``root``'s class folders."""
+    found = []
+    for cls in sorted(os.listdir(root)):
+        folder = os.path.join(root, cls)
+        if cls.startswith(".") or not os.path.isdir(folder):
+            continue
+        found += [(cls, os.path.join(folder, f)) for f in sorted(os.listdir(folder))
+                  if not f.startswith(".") and os.path.isfile(os.path.join(folder, f))]
+    return found
+
+
+def prepare_data(runner: Runner, s, machine: dict,
+                 lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
+    """Link each sample image k times into ``OUT/data/train`` so one epoch holds warm-up +
+    steps + 4 batches (no epoch ends inside the timed steps; also enough for the distributed
+    run), then convert it and val to LMDB. Returns (paths, check records)."""
+    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    need = max(s.warmup + s.steps + 4, 2 * world + 2) * s.batch
+    copies = math.ceil(need / len(s.images))
+    root = os.path.join(s.out, "data")
+    shutil.rmtree(root, ignore_errors=True)
+    data = SimpleNamespace(train=os.path.join(root, "train"), val=s.val_src, lmdb=None,
+                           reason=None, lmdb_reason=None)
+    records = [{"name": "replicate", "status": "passed", "images": copies * len(s.images),
+                "copies": copies, "sample_images": len(s.images), "train": data.train}]
+    try:
+        for cls, path in s.images:
+            os.makedirs(os.path.join(data.train, cls), exist_ok=True)
+            stem, ext = os.path.splitext(os.path.basename(path))
+            for k in range(copies):
+                os.symlink(path, os.path.join(data.train, cls, f"{stem}_{k:04d}{ext}"))
+    except OSError as exc:
+        data.reason = data.lmdb_reason = "not available: the sample could not be linked"
+        return data, [fail(records[0], f"cannot link {path}: {exc.strerror or exc}")]
+    if not machine.get("lmdb"):
+        data.lmdb_reason = "not available: lmdb not installed"
+        return data, records + [skipped("lmdb-convert", data.lmdb_reason)]
+    lmdb = os.path.join(root, "lmdb")
+    code = ("import sys, folder2lmdb; [folder2lmdb.convert(a, b, workers=%d, progress=False) "
+            "for a, b in zip(sys.argv[1::2], sys.argv[2::2])]" % machine["cpu_cores"])
+    rec = runner.run("lmdb-convert", [sys.executable, "-c", code, data.train,
+                                      os.path.join(lmdb, "train"), data.val,
+                                      os.path.join(lmdb, "val")], lmdb_timeout)
+    if rec["status"] == "passed":
+        data.lmdb = lmdb
+    else:
+        data.lmdb_reason = f"not available: LMDB conversion {rec['status']}"
+    return data, records + [rec]

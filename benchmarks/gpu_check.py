@@ -17,7 +17,9 @@ repository root with its own timeout, so one failure never stops the others:
    share of synthetic (target: ResNet-50's best loader >= 95%); ``--compile`` on synthetic,
    and on the best loader when it gains more than 5%;
 4. loader-only images/s (``main.py --benchmark-data``);
-5. ``main.py --multiprocessing-distributed`` with NCCL on every GPU.
+5. ``main.py --multiprocessing-distributed`` with NCCL on every GPU;
+6. progressive resizing's gain (issue 17): ResNet-50 trained at 160 px (FFCV's ``min_res``)
+   against 224 px, on synthetic data and on the best loader (half the side in a dry run).
 
 The sample is replicated with symlinks so no epoch ends inside the timed steps. Checks that
 would start after ``--budget`` seconds are reported as skipped, and one that is still running
@@ -31,7 +33,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -42,13 +43,15 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _gpu_report as report_  # noqa: E402
-from _gpu_runner import REPO, Runner, environment, fail, install, probe, skipped  # noqa: E402
+from _gpu_runner import (REPO, Runner, environment, fail, install, list_images,  # noqa: E402
+                         prepare_data, probe, skipped)
 
-SECTIONS = ("pytest", "train", "loaders", "nccl", "compile")
+SECTIONS = ("pytest", "train", "loaders", "nccl", "resolution", "compile")
 LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
 TARGET_MODEL, TARGET_RATIO, COMPILE_GAIN = "resnet50", 0.95, 1.05
+LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 TIMEOUTS = {"lmdb": 600, "pytest": 240, "train": 240,
-            "compile": 420, "loaders": 180, "nccl": 240}
+            "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
 
 
 class InputError(Exception):
@@ -116,56 +119,6 @@ def pick(value, default):
     return default if value is None else value
 
 
-def list_images(root: str) -> list[tuple[str, str]]:
-    """(class, file path) of every non-hidden file one level below ``root``'s class folders."""
-    found = []
-    for cls in sorted(os.listdir(root)):
-        folder = os.path.join(root, cls)
-        if cls.startswith(".") or not os.path.isdir(folder):
-            continue
-        found += [(cls, os.path.join(folder, f)) for f in sorted(os.listdir(folder))
-                  if not f.startswith(".") and os.path.isfile(os.path.join(folder, f))]
-    return found
-
-
-def prepare_data(runner: Runner, s, machine: dict) -> tuple[SimpleNamespace, list[dict]]:
-    """Link each sample image k times into ``OUT/data/train`` so one epoch holds warm-up +
-    steps + 4 batches (no epoch ends inside the timed steps; also enough for the distributed
-    run), then convert it and val to LMDB. Returns (paths, check records)."""
-    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
-    need = max(s.warmup + s.steps + 4, 2 * world + 2) * s.batch
-    copies = math.ceil(need / len(s.images))
-    root = os.path.join(s.out, "data")
-    shutil.rmtree(root, ignore_errors=True)
-    data = SimpleNamespace(train=os.path.join(root, "train"), val=s.val_src, lmdb=None,
-                           reason=None, lmdb_reason=None)
-    records = [{"name": "replicate", "status": "passed", "images": copies * len(s.images),
-                "copies": copies, "sample_images": len(s.images), "train": data.train}]
-    try:
-        for cls, path in s.images:
-            os.makedirs(os.path.join(data.train, cls), exist_ok=True)
-            stem, ext = os.path.splitext(os.path.basename(path))
-            for k in range(copies):
-                os.symlink(path, os.path.join(data.train, cls, f"{stem}_{k:04d}{ext}"))
-    except OSError as exc:
-        data.reason = data.lmdb_reason = "not available: the sample could not be linked"
-        return data, [fail(records[0], f"cannot link {path}: {exc.strerror or exc}")]
-    if not machine.get("lmdb"):
-        data.lmdb_reason = "not available: lmdb not installed"
-        return data, records + [skipped("lmdb-convert", data.lmdb_reason)]
-    lmdb = os.path.join(root, "lmdb")
-    code = ("import sys, folder2lmdb; [folder2lmdb.convert(a, b, workers=%d, progress=False) "
-            "for a, b in zip(sys.argv[1::2], sys.argv[2::2])]" % machine["cpu_cores"])
-    rec = runner.run("lmdb-convert", [sys.executable, "-c", code, data.train,
-                                      os.path.join(lmdb, "train"), data.val,
-                                      os.path.join(lmdb, "val")], TIMEOUTS["lmdb"])
-    if rec["status"] == "passed":
-        data.lmdb = lmdb
-    else:
-        data.lmdb_reason = f"not available: LMDB conversion {rec['status']}"
-    return data, records + [rec]
-
-
 def pytest_section(runner: Runner, machine: dict) -> dict:
     """Section 2: the GPU-marked tests, parsed from pytest's summary line."""
     if not machine.get("pytest"):
@@ -198,11 +151,12 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
 
 
 def train_row(runner: Runner, s, data, machine, model: str, loader: str,
-              compiled: bool = False) -> dict:
-    """One ``main.py`` training run (1 epoch of warm-up + steps batches); images/s from its
-    ``metrics.jsonl`` (``steady_images_per_sec``, else ``train_images_per_sec``)."""
-    name = f"train-{model}-{loader}" + ("-compile" if compiled else "")
-    row = {"model": model, "loader": loader, "compile": compiled}
+              compiled: bool = False, res: int | None = None) -> dict:
+    """One ``main.py`` training run (1 epoch of warm-up + steps batches; ``res``: at
+    ``--train-crop-size res``); images/s from its ``metrics.jsonl``
+    (``steady_images_per_sec``, else ``train_images_per_sec``)."""
+    name = f"train-{model}-{loader}" + ("-compile" if compiled else "") + (f"-{res}px" if res else "")
+    row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
     if isinstance(flags, str):
         return skipped(name, flags, **row)
@@ -212,8 +166,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
            "-b", str(s.batch), "--epochs", "1", "--train-batches", str(s.warmup + s.steps),
            "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(s.warmup),
            "-j", s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
-    rec = runner.run(name, cmd + (["--compile"] if compiled else []),
-                     TIMEOUTS["compile" if compiled else "train"])
+    cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
+    rec = runner.run(name, cmd, TIMEOUTS["compile" if compiled else "resolution" if res
+                                         else "train"])
     row.update(rec)
     for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
         os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
@@ -261,6 +216,19 @@ def compile_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[dic
             loaded["speedup"] = report_.ratio(loaded, best)
             loaded["ratio_to_synthetic"] = report_.ratio(loaded, row)
             out.append(announce(runner, loaded))
+    return out
+
+
+def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[dict]:
+    """Section 6: the first model at :data:`LOW_RES` px against its 224 px rows (synthetic,
+    then the best loader), ``speedup`` = images/s at 160 px over images/s at 224 px."""
+    model, out = s.models[0], []
+    low = 16 if s.dry_run else LOW_RES  # the dry run trains at 32 px
+    best = report_.best_loader(rows, model)
+    for loader in ("synthetic", *([best["loader"]] if best else [])):
+        row = train_row(runner, s, data, machine, model, loader, res=low)
+        row["speedup"] = report_.ratio(row, report_.find(rows, model, loader))
+        out.append(announce(runner, row))
     return out
 
 
@@ -347,20 +315,21 @@ def run_all(s) -> dict:
         return report_.finish(report, runner.elapsed())  # no GPU: nothing else means anything
     data = None
     if s.only - {"pytest"}:
-        data, prepared = prepare_data(runner, s, machine)
+        data, prepared = prepare_data(runner, s, machine, TIMEOUTS["lmdb"])
         setup += [announce(runner, r) for r in prepared]
     if "pytest" in s.only:
         sections["pytest"] = [announce(runner, pytest_section(runner, machine))]
     if "nccl" in s.only:
         sections["nccl"] = [nccl(runner, s, data, machine)]
     rows = []
-    if "train" in s.only or "compile" in s.only:
-        rows = training(runner, s, data, machine, s.models[:1])
+    if s.only & {"train", "compile", "resolution"}:
+        rows = sections["training"] = training(runner, s, data, machine, s.models[:1])
     if "loaders" in s.only:
         sections["loaders"] = loader_only(runner, s, data, machine)
+    if "resolution" in s.only and rows:
+        sections["resolution"] = resolution_rows(runner, s, data, machine, rows)
     if "train" in s.only or "compile" in s.only:
-        rows += training(runner, s, data, machine, s.models[1:])
-        sections["training"] = rows
+        rows += training(runner, s, data, machine, s.models[1:])  # into sections["training"]
     if "compile" in s.only:
         sections["compile"] = compile_rows(runner, s, data, machine, rows)
     if rows:

@@ -174,10 +174,12 @@ def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> Epoch
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable,
-             progress: Progress, dist: DistInfo) -> dict:
+             progress: Progress, dist: DistInfo, flip_tta: bool = False) -> dict:
     """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images,
     summed over all ranks' shards (each image counted once). Rank 0's BatchNorm buffers are
-    used on every rank. ``autocast_``: a factory of the autocast context."""
+    used on every rank. ``autocast_``: a factory of the autocast context. ``flip_tta``
+    (``--val-flip-tta``): the logits are the mean of the image's and its horizontal mirror's,
+    as FFCV's ``lr_tta`` (which sums them: the same ranking)."""
     sync_buffers(model, dist)
     model = unwrap(model)  # no DDP collectives: ranks may hold different batch counts
     model.eval()
@@ -190,6 +192,8 @@ def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable
     for _, (images, labels) in progress.log_every(loader, figures):
         with autocast_():
             output = model(images)
+            if flip_tta:
+                output = (output + model(images.flip(3))) / 2
             loss = criterion(output, labels)
         loss_sum += loss.float() * labels.size(0)
         hits = output.topk(k, dim=1).indices == labels[:, None]
@@ -206,13 +210,18 @@ class EpochPlan:
     """How an epoch runs and reports: ``print_freq`` steps between progress lines, ``warmup``
     steps left out of ``steady_images_per_sec``, ``save_every`` steps between mid-epoch
     checkpoints (0: none), ``log`` (print on global rank 0, else a no-op) and
-    ``writer`` (a :class:`~engine.reporting.MetricsWriter` on global rank 0, else None)."""
+    ``writer`` (a :class:`~engine.reporting.MetricsWriter` on global rank 0, else None);
+    ``resolution``: the training crop side per epoch
+    (:class:`~engine.resolution.ResolutionSchedule`; None: the loader's fixed size);
+    ``flip_tta``: validate with flip averaging (see :func:`evaluate`)."""
 
     print_freq: int
     warmup: int
     save_every: int
     log: Callable
     writer: object = None
+    resolution: object = None
+    flip_tta: bool = False
 
 
 def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
@@ -225,6 +234,8 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
     start_batch = resumed_from["batch"] if resumed_from else 0
     carried = EpochSums.from_dict(resumed_from["partial"]) if resumed_from else None
     start = time.perf_counter() - (carried.seconds if carried else 0.0)
+    if plan.resolution is not None and plan.resolution.progressive:
+        train_loader.set_resolution(plan.resolution.at(epoch))  # a function of the epoch alone
     train_loader.set_epoch(epoch, start_batch)
     lr = state.optimizer.param_groups[0]["lr"]
     total = start_batch + len(train_loader)
@@ -235,14 +246,17 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
         plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)),
         epoch)
     val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
-    val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist)
+    val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist,
+                   plan.flip_tta)
     ema = {}
     if state.ema is not None:
         ema_progress = Progress(len(val_loader), "Test EMA: ", "val_ema", plan.print_freq,
                                 dist.is_main)
-        ema = evaluate(state.ema, val_loader, state.criterion, state.autocast, ema_progress, dist)
+        ema = evaluate(state.ema, val_loader, state.criterion, state.autocast, ema_progress, dist,
+                       plan.flip_tta)
     epoch_metrics = {
-        "epoch": epoch, "train_loss": train["loss"], "train_acc1": train["acc1"],
+        "epoch": epoch, "train_res": getattr(train_loader, "resolution", None),
+        "train_loss": train["loss"], "train_acc1": train["acc1"],
         "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
         "train_images_per_sec": train["images_per_sec"], "train_images": train["images"],
         "steady_images_per_sec": train["steady_images_per_sec"],

@@ -181,6 +181,46 @@ class ModelEMA(AveragedModel):
             self.n_averaged.fill_(0)
 
 
+def add_recipe_args(r) -> None:
+    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix and
+    the model EMA (engine/recipes.py), as torchvision's train.py spells them."""
+    r.add_argument("--lr-scheduler", type=scheduler_name, default="step", choices=SCHEDULERS,
+                   help="LR schedule, set every step: step (x--lr-gamma every --lr-step-size "
+                   "epochs), cosine or linear (to --lr-min); also torchvision's names")
+    r.add_argument("--lr-step-size", type=int, default=30, metavar="N",
+                   help="step: epochs between decays")
+    r.add_argument("--lr-gamma", type=float, default=0.1, metavar="F", help="step: LR factor")
+    r.add_argument("--lr-min", type=float, default=0.0, metavar="LR", help="cosine/linear: last LR")
+    r.add_argument("--lr-warmup-epochs", type=float, default=0, metavar="N",
+                   help="epochs of warm-up before the schedule (may be fractional)")
+    r.add_argument("--lr-warmup-method", default="constant", choices=["constant", "linear"],
+                   help="warm-up at --lr-warmup-decay x lr, or rising linearly from it to lr")
+    r.add_argument("--lr-warmup-decay", type=float, default=0.01, metavar="F",
+                   help="warm-up: start LR factor")
+    r.add_argument("--lr-peak-epoch", type=float, metavar="E",
+                   help="FFCV's triangle: LR rises linearly from 1e-4 x lr to lr at epoch E "
+                   "(instead of --lr-warmup-*), then --lr-scheduler (FFCV: linear)")
+    r.add_argument("--lr-scale-batch", type=int, metavar="N",
+                   help="--lr is per N images: the LR used is lr x global batch / N")
+    r.add_argument("--label-smoothing", type=float, default=0.0, metavar="F",
+                   help="CrossEntropyLoss label smoothing")
+    r.add_argument("--norm-weight-decay", type=float, metavar="F",
+                   help="weight decay of norm layers' weights and biases; None: --wd")
+    r.add_argument("--bias-weight-decay", type=float, metavar="F",
+                   help="weight decay of all biases; None: --wd")
+    r.add_argument("--mixup-alpha", type=float, default=0.0, metavar="F",
+                   help="MixUp on the device batch with Beta(F, F) (0: off)")
+    r.add_argument("--cutmix-alpha", type=float, default=0.0, metavar="F",
+                   help="CutMix on the device batch (0: off); with both, one per batch")
+    r.add_argument("--model-ema", action="store_true",
+                   help="keep an exponential moving average of the weights, validate it each "
+                   "epoch (val_ema_*), save it as model_ema; -e evaluates it")
+    r.add_argument("--model-ema-steps", type=int, default=32, metavar="N",
+                   help="steps between EMA updates")
+    r.add_argument("--model-ema-decay", type=float, default=0.99998, metavar="F",
+                   help="EMA decay, adjusted for global batch, steps and epochs as torchvision")
+
+
 def check_recipe_flags(args: argparse.Namespace) -> None:
     """Refuse recipe flag values that cannot work, in one line. Raises :class:`ConfigError`."""
     problems = [

@@ -174,10 +174,12 @@ class MetricsWriter:
 
 
 def epoch_line(m: dict) -> str:
-    """The one line printed per epoch from its ``metrics.jsonl`` object ``m`` (with the EMA's
-    top-1 when ``m`` has ``val_ema_acc1``)."""
+    """The one line printed per epoch from its ``metrics.jsonl`` object ``m`` (with the training
+    resolution when ``m`` has ``train_res``, the EMA's top-1 when it has ``val_ema_acc1``)."""
     ema = f" EMA top-1 {m['val_ema_acc1']:.2f}" if "val_ema_acc1" in m else ""
-    return (f"epoch {m['epoch']}: train loss {m['train_loss']:.4f} top-1 {m['train_acc1']:.2f} | "
+    res = f" at {m['train_res']} px" if m.get("train_res") else ""
+    return (f"epoch {m['epoch']}: train{res} loss {m['train_loss']:.4f} "
+            f"top-1 {m['train_acc1']:.2f} | "
             f"val loss {m['val_loss']:.4f} top-1 {m['val_acc1']:.2f} "
             f"top-5 {m['val_acc5']:.2f}{ema} | {m['train_images_per_sec']:.1f} images/s, "
             f"data {100 * m['data_time_fraction']:.0f}% | {m['epoch_seconds']:.1f} s")

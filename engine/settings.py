@@ -13,6 +13,7 @@ import loaders
 from engine import ConfigError
 from engine.checkpoint import saved_seed
 from engine.distributed import Job, broadcast_int
+from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import LoaderSettings
 
 
@@ -77,12 +78,15 @@ class RunSettings:
     ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
     resumed checkpoint, or drawn by global rank 0); ``loader``: backend, paths, per-process
     batch size and workers, caps and image dtype; ``threads``: torch intra-op threads of this
-    process (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``)."""
+    process (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``);
+    ``resolution``: the training crop side per epoch (``--min-res``... or the fixed
+    ``--train-crop-size``)."""
 
     job: Job
     seed: int
     loader: LoaderSettings
     threads: int | None = None
+    resolution: ResolutionSchedule | None = None
 
     @property
     def dist(self) -> loaders.DistInfo:
@@ -104,13 +108,15 @@ def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
     if seed is None:
         seed = saved_seed(checkpoint) if checkpoint else None
         seed = broadcast_int(random.randrange(2**31) if seed is None else seed, job.dist)
+    resolution = resolution_schedule(args)
     paths = (None, None) if backend == "synthetic" else loaders.split_paths(
         args.data, args.train, args.val)
     loader = LoaderSettings(
         backend=backend, train_path=paths[0], val_path=paths[1], batch_size=batch_size,
         workers=resolve_workers(workers, nproc), seed=seed, lmdb=lmdb,
-        train_crop_size=args.train_crop_size, val_resize_size=args.val_resize_size,
-        val_crop_size=args.val_crop_size,
+        # Batch slots are sized once for the largest side; each epoch sets its own.
+        train_crop_size=resolution.min_res, train_max_crop_size=resolution.max_res,
+        val_resize_size=args.val_resize_size, val_crop_size=args.val_crop_size,
         # --benchmark-data's timed batches run on past a capped epoch's end
         train_batches=None if args.benchmark_data else args.train_batches,
         val_batches=args.val_batches, max_bad_share=args.max_bad_share,
@@ -121,4 +127,4 @@ def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
         shards=args.loader == "shards")
     threads = main_threads(job.dist.device.type, not args.benchmark_data, nproc)
-    return RunSettings(job, seed, loader, threads)
+    return RunSettings(job, seed, loader, threads, resolution)

@@ -130,7 +130,7 @@ class DeviceLoader:
     def __init__(self, dataset: Dataset, order: Order, *, train: bool, classes: Sequence[str],
                  batch_size: int, workers: int, device: torch.device, crop_size: int,
                  channels_last: bool, max_batches: int | None, seed: int, rank: int,
-                 max_bad_share: float, dtype: torch.dtype):
+                 max_bad_share: float, dtype: torch.dtype, max_crop_size: int | None = None):
         if train:
             check_one_batch(order, batch_size)
         self.dataset = dataset  # the backend's, items (uint8 (3, crop, crop) image, int label)
@@ -138,6 +138,7 @@ class DeviceLoader:
         self.train, self.batch_size = train, batch_size
         self.dtype = dtype
         self.image_shape = (3, crop_size, crop_size)
+        self.max_crop_size = max(crop_size, max_crop_size or 0)
         self.max_bad_share = max_bad_share
         self.start_batch = 0
         self.device = device
@@ -179,6 +180,24 @@ class DeviceLoader:
             # The DataLoader draws its workers' base seed from this generator at each __iter__.
             self.loader.generator.manual_seed(_mix_seed(self.seed, epoch, self.rank))
 
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.image_shape[-1]
+
+    def set_resolution(self, size: int) -> None:
+        """Training loaders: RandomResizedCrop to ``size`` px from the next pass on
+        (progressive resizing, :class:`engine.resolution.ResolutionSchedule`). The batch slots
+        were sized for ``max_crop_size`` and are reused: nothing is allocated or restarted.
+        Raises ``ValueError`` for a validation loader or a size above ``max_crop_size``."""
+        if not self.train:
+            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        if not 0 < size <= self.max_crop_size:
+            raise ValueError(f"set_resolution({size}): the slots hold at most "
+                             f"{self.max_crop_size} px")
+        self.dataset.transform.size = (size, size)  # workers fork (or unpickle) with it
+        self.image_shape = (3, size, size)
+
     def _take_pool(self) -> SharedBatches:
         """The slots of a finished pass, else new ones (a pass left suspended keeps its own)."""
         pool, self._idle_pool = self._idle_pool, None
@@ -187,10 +206,11 @@ class DeviceLoader:
             pool = SharedBatches(
                 slots_for(workers, self.loader.prefetch_factor or 0), self.batch_size,
                 self.image_shape, channels_last=self.channels_last or self.device.type == "cuda",
-                shared=workers > 0)
+                shared=workers > 0, max_image_shape=(3, self.max_crop_size, self.max_crop_size))
             if self.device.type == "cuda":
-                self._locked = page_lock((pool.images, pool.labels), owner=pool)
+                self._locked = page_lock((pool.memory, pool.labels), owner=pool)
         pool.reset()
+        pool.set_shape(self.image_shape)
         return pool
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -285,11 +305,13 @@ def _mix_seed(seed: int, epoch: int, rank: int) -> int:
 
 def loader_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> dict:
     """:class:`DeviceLoader`'s keyword arguments but ``classes`` for one split (train: crop
-    ``train_crop_size``, ``train_batches``; validation: ``val_crop_size``, ``val_batches``)."""
+    ``train_crop_size``, slots for ``train_max_crop_size``, ``train_batches``; validation:
+    ``val_crop_size``, ``val_batches``)."""
     return dict(train=train, batch_size=settings.batch_size, workers=settings.workers,
                 device=dist.device,
                 crop_size=settings.train_crop_size if train else settings.val_crop_size,
                 channels_last=settings.channels_last,
                 max_batches=settings.train_batches if train else settings.val_batches,
                 seed=settings.seed, rank=dist.rank, max_bad_share=settings.max_bad_share,
-                dtype=settings.dtype)
+                dtype=settings.dtype,
+                max_crop_size=settings.train_max_crop_size if train else None)

@@ -42,3 +42,6 @@ class LoaderSettings:
     dali_cpu: bool
     dali_hw_decoder_load: float | None
     shards: bool = False
+    # Largest training crop side the run will ask for (progressive resizing, --max-res): batch
+    # slots are sized for it once. 0: train_crop_size.
+    train_max_crop_size: int = 0

@@ -73,31 +73,49 @@ class SharedBatches:
     int64 labels, in memory that forked or spawned DataLoader workers share.
 
     ``images[s]`` is ``(batch_size, 3, H, W)``, laid out channels-last (NHWC in memory) if
-    ``channels_last``, else NCHW. Memory: ``slots x batch_size x 3 x H x W`` bytes of shared
-    memory (``/dev/shm``) when ``shared``, else ordinary memory (``-j 0``).
+    ``channels_last``, else NCHW. The memory is sized once for ``max_image_shape`` (default
+    ``image_shape``): :meth:`set_shape` then serves any smaller image shape from the same
+    memory (progressive resizing changes the training resolution between epochs without
+    allocating, or page-locking, new slots). Memory: ``slots x batch_size x 3 x H x W`` bytes
+    of the largest shape, in shared memory (``/dev/shm``) when ``shared``, else ordinary memory
+    (``-j 0``).
 
     Raises :class:`DataError` if ``/dev/shm`` has less free space than that (Docker's default
-    is 64 MiB).
+    is 64 MiB), ``ValueError`` for a shape larger than ``max_image_shape``.
     """
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
-                 channels_last: bool = False, shared: bool = True):
-        channels, height, width = image_shape
-        self.slots, self.batch_size = slots, batch_size
+                 channels_last: bool = False, shared: bool = True,
+                 max_image_shape: Sequence[int] | None = None):
+        self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
+        self.capacity = batch_size * _pixels(max_image_shape or image_shape)
         if shared:
-            _check_shm_space(slots * batch_size * channels * height * width)
-        if channels_last:
-            images = torch.empty(slots, batch_size, height, width, channels, dtype=torch.uint8)
-            images = images.permute(0, 1, 4, 2, 3)
-        else:
-            images = torch.empty(slots, batch_size, channels, height, width, dtype=torch.uint8)
-        self.images = images
+            _check_shm_space(slots * self.capacity)
+        self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
         # released[s]: number of the last batch the main process released from slot s.
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         if shared:
-            for tensor in (self.images, self.labels, self.released):
+            for tensor in (self.memory, self.labels, self.released):
                 tensor.share_memory_()
+        self.set_shape(image_shape)
+
+    def set_shape(self, image_shape: Sequence[int]) -> None:
+        """Serve images of ``image_shape`` ``(3, H, W)`` from now on; only between passes (the
+        workers fork or unpickle the slots with it)."""
+        channels, height, width = image_shape
+        size = self.batch_size * _pixels(image_shape)
+        if size > self.capacity:
+            raise ValueError(f"batch slots hold {self.capacity} bytes per batch, "
+                             f"{tuple(image_shape)} images need {size}")
+        memory = self.memory[:, :size]  # each slot's first bytes: no copy, no allocation
+        if self.channels_last:
+            images = memory.view(self.slots, self.batch_size, height, width, channels)
+            images = images.permute(0, 1, 4, 2, 3)
+        else:
+            images = memory.view(self.slots, self.batch_size, channels, height, width)
+        self.images = images
+        self.image_shape = tuple(image_shape)
 
     def reset(self) -> None:
         """Start a new pass (batch numbers from 0 again); only once its workers are gone."""
@@ -127,6 +145,11 @@ class SharedBatches:
     def release(self, slot: int, number: int) -> None:
         """Main-process side: batch ``number`` has been copied out of ``slot``."""
         self.released[slot] = number
+
+
+def _pixels(shape: Sequence[int]) -> int:
+    channels, height, width = shape
+    return channels * height * width
 
 
 def _check_shm_space(nbytes: int, path: str = "/dev/shm") -> None:

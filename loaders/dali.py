@@ -31,6 +31,7 @@ built for another CUDA major than torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import math
 import re
@@ -152,6 +153,21 @@ class DALILoader:
         """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (a resumed epoch)."""
         self.epoch, self.start_batch = epoch, start_batch
+
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.opts.crop_size
+
+    def set_resolution(self, size: int) -> None:
+        """Training: RandomResizedCrop to ``size`` px from the next pass on (progressive
+        resizing); the pipelines are built anew for every pass anyway. Raises ``ValueError``
+        for a validation loader or a size below 1."""
+        if not self.opts.train:
+            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        if size < 1:
+            raise ValueError(f"set_resolution({size}): expected a positive size")
+        self.opts = dataclasses.replace(self.opts, crop_size=size)
 
     def order(self) -> list[int]:
         """Dataset indices the next pass yields, in order (the epoch order's, cut to

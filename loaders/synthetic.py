@@ -35,11 +35,30 @@ class SyntheticLoader:
         order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
                  else ShardOrder(num_samples, dist.rank, dist.world_size))
         self._len = batches_per_epoch(len(order), batch_size, train, max_batches)
-        gen = torch.Generator().manual_seed(seed + dist.rank)
-        pixels = torch.randint(0, 256, (batch_size, 3, size, size), generator=gen)
-        self.images = normalize(pixels, *imagenet_mean_std(), channels_last).to(dist.device,
-                                                                              dtype)
+        self.train, self.seed, self.device = train, seed + dist.rank, dist.device
+        self.channels_last, self.dtype = channels_last, dtype
+        gen = torch.Generator().manual_seed(self.seed)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
+        self._batches: dict[int, torch.Tensor] = {}  # side (px) -> images, made once per side
+        self.set_resolution(size, _train_only=False)
+
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.images.shape[-1]
+
+    def set_resolution(self, size: int, _train_only: bool = True) -> None:
+        """Training: images of ``size`` px from now on (progressive resizing); each size's
+        batch is generated once. Raises ``ValueError`` for a validation loader."""
+        if _train_only and not self.train:
+            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        if size not in self._batches:
+            gen = torch.Generator().manual_seed(self.seed * 7919 + size)
+            pixels = torch.randint(0, 256, (self.batch_size, 3, size, size), generator=gen,
+                                   dtype=torch.uint8)
+            self._batches[size] = normalize(pixels, *imagenet_mean_std(),
+                                            self.channels_last).to(self.device, self.dtype)
+        self.images = self._batches[size]
 
     def __len__(self) -> int:
         return self._len - self.start_batch

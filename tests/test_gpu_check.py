@@ -95,6 +95,9 @@ def test_training_rows_through_main_py(dry_run):
         assert "main.py" in row["command"] and "--amp --channels-last -b 4" in row["command"]
         assert "--train-batches 3 " in row["command"] and "--benchmark-warmup 1 " in row["command"]
     assert rows["synthetic"]["ratio_to_synthetic"] == 1.0
+    (low, *_) = dry_run.sections["resolution"]
+    assert low["status"] == "passed" and low["res"] == 16 and low["speedup"] > 0, low
+    assert low["command"].endswith("--train-crop-size 16")
     assert dry_run.sections["compile"] == [
         {"name": "compile", "status": "skipped", "reason": "dry run"}]
     target = dry_run.report["target"]
@@ -126,7 +129,7 @@ def test_report_md_has_the_tables_and_commands(dry_run):
     assert "| model | loader | --compile | images/s | vs synthetic |" in text
     assert "| resnet18 | lmdb |" in text and "| folder |" in text
     for heading in ("## 1. Environment", "## 2. GPU tests", "## 3. Training", "## 4. Loader-only",
-                    "## 5. Distributed", "## Commands"):
+                    "## 5. Distributed", "## 6. Progressive resizing", "## Commands"):
         assert heading in text
     assert "main.py --multiprocessing-distributed" in text
 
@@ -178,7 +181,8 @@ def fake_gpu_run(self, name, cmd, timeout):
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
     elif "--output-dir" in cmd:
         loader = name.split("-")[2] if name.startswith("train-") else "folder"
-        speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0)
+        speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
+            1.8 if "--train-crop-size" in cmd else 1.0)
         rundir = cmd[cmd.index("--output-dir") + 1]
         os.makedirs(rundir, exist_ok=True)
         with open(os.path.join(rundir, "metrics.jsonl"), "w") as f:
@@ -203,10 +207,14 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     code, out, _ = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert code == 0 and report["summary"] == {"passed": 20, "failed": 0, "skipped": 0}
+    assert code == 0 and report["summary"] == {"passed": 22, "failed": 0, "skipped": 0}
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
-    assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 4 + [
+    assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 6 + [
         "resnet18"] * 4 + ["resnet50", "resnet50", "resnet18", "resnet18"]
+    # progressive resizing's gain: ResNet-50 at 160 px on synthetic data and the best loader
+    resolution = [(r["loader"], r["res"], r["speedup"]) for r in report["sections"]["resolution"]]
+    assert resolution == [("synthetic", 160, 1.8), ("dali", 160, 1.8)]
+    assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[5:7])
     for cmd in train[1:]:
         line = " ".join(cmd)
         assert "--amp --channels-last -b 256 --epochs 1 --train-batches 3 " in line
@@ -222,6 +230,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     assert "target: resnet50 best loader >= 95% of synthetic: met (best: dali at 98%)" in out
     text = (tmp_path / "o" / "report.md").read_text()
     assert "1x NVIDIA H100 80GB HBM3" in text and "| resnet50 | dali | yes |" in text
+    assert "| resnet50 | dali | 160 |" in text
     assert report["sections"]["nccl"][0]["process_group"] is True
 
 

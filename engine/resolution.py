@@ -1,0 +1,97 @@
+"""Progressive resizing (training resolution as a function of the epoch) and test-time flip
+averaging, as FFCV trains ImageNet (issue 17).
+
+Both come from libffcv/ffcv-imagenet ``train_imagenet.py``: ``get_resolution`` (the crop side
+starts at ``min_res``, rises linearly between ``start_ramp`` and ``end_ramp`` in steps of 32 px,
+then stays at ``max_res``) and ``lr_tta`` (validation logits of each image and of its
+horizontal mirror). Low-resolution epochs cost fewer FLOPs and decode into smaller crops; the
+final epochs at a higher resolution, and testing above it, recover the accuracy (Touvron et al.
+2019, "Fixing the train-test resolution discrepancy").
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from engine import ConfigError
+
+# ffcv-imagenet get_resolution: interpolated sizes are rounded to a multiple of 32 px
+FFCV_RES_STEP = 32
+
+
+@dataclass(frozen=True)
+class ResolutionSchedule:
+    """The RandomResizedCrop side (pixels) of every training epoch (:meth:`at`).
+
+    FFCV's ``get_resolution``: ``min_res`` up to epoch ``start_ramp`` (0-based epochs, as here),
+    ``max_res`` from ``end_ramp`` on, in between the linear interpolation rounded to the nearest
+    multiple of ``step``, clamped to ``[min_res, max_res]`` (FFCV does not clamp; its configs'
+    160 and 192 are multiples of 32, where clamping changes nothing, and the loaders' batch slots
+    are sized for ``max_res``). ``min_res == max_res``: a fixed size (``--train-crop-size``)."""
+
+    min_res: int
+    max_res: int
+    start_ramp: float = 0.0
+    end_ramp: float = 0.0
+    step: int = FFCV_RES_STEP
+
+    @property
+    def progressive(self) -> bool:
+        return self.min_res != self.max_res
+
+    def at(self, epoch: int) -> int:
+        """The training crop side in pixels for epoch ``epoch`` (0-based)."""
+        if not self.progressive or epoch <= self.start_ramp:
+            return self.min_res
+        if epoch >= self.end_ramp:
+            return self.max_res
+        share = (epoch - self.start_ramp) / (self.end_ramp - self.start_ramp)
+        size = round((self.min_res + share * (self.max_res - self.min_res)) / self.step) * self.step
+        return min(self.max_res, max(self.min_res, size))
+
+
+def add_resolution_args(group) -> None:
+    """FFCV's resolution flags (``resolution.*`` in its configs) and test-time flip averaging."""
+    group.add_argument("--min-res", type=int, metavar="PX",
+                       help="progressive resizing: training crop side up to --start-ramp "
+                       "(default: --train-crop-size, which it replaces)")
+    group.add_argument("--max-res", type=int, metavar="PX",
+                       help="progressive resizing: training crop side from --end-ramp on "
+                       "(default: --min-res)")
+    group.add_argument("--start-ramp", type=float, default=0, metavar="E",
+                       help="last epoch (0-based) at --min-res")
+    group.add_argument("--end-ramp", type=float, metavar="E",
+                       help="first epoch at --max-res; in between the side rises linearly")
+    group.add_argument("--res-step", type=int, default=FFCV_RES_STEP, metavar="PX",
+                       help="sizes between --min-res and --max-res are multiples of this")
+    group.add_argument("--val-flip-tta", action="store_true",
+                       help="validation logits averaged with the mirrored image's "
+                       "(FFCV's lr_tta)")
+
+
+def resolution_schedule(args: argparse.Namespace) -> ResolutionSchedule:
+    """The run's :class:`ResolutionSchedule`; raises :class:`ConfigError` (one line) for sizes
+    below 1 px, a validation crop larger than its resize, ``--max-res`` below ``--min-res``, or a ramp that is missing or ends before it
+    starts (one ending after ``--epochs`` never reaches ``--max-res``, as the user chose)."""
+    low = args.min_res if args.min_res is not None else args.train_crop_size
+    high = args.max_res if args.max_res is not None else low
+    schedule = ResolutionSchedule(low, high, args.start_ramp,
+                                  args.end_ramp if args.end_ramp is not None else 0, args.res_step)
+    problems = [
+        (low < 1 or high < 1 or args.val_crop_size < 1 or args.val_resize_size < 1,
+         "--min-res/--max-res/--train-crop-size/--val-*-size must be >= 1 px"),
+        (args.val_crop_size > args.val_resize_size, f"--val-crop-size {args.val_crop_size} "
+         f"exceeds --val-resize-size {args.val_resize_size}"),
+        (high < low, f"--max-res {high} is below --min-res {low}"),
+        (args.res_step < 1, "--res-step must be >= 1"),
+        (schedule.progressive and args.end_ramp is None,
+         f"--min-res {low} --max-res {high} needs --end-ramp (the first epoch at --max-res)"),
+        (schedule.progressive and args.end_ramp is not None
+         and not 0 <= args.start_ramp < args.end_ramp,
+         f"--start-ramp {args.start_ramp:g} --end-ramp {args.end_ramp or 0:g}: expected "
+         "0 <= start < end"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
+    return schedule
