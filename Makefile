@@ -29,13 +29,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-install: $(STAMP) loaders/_jpegcrop.so ## create .venv with torch, torchvision, lmdb, ... and Pillow-SIMD (falls back to Pillow)
-
-# Crop-window JPEG decoding for the loaders (loaders/_jpeg_window.py); without it they decode
-# whole images, so a failed build is reported and not fatal.
-loaders/_jpegcrop.so: loaders/_jpegcrop.c
-	$(CC) -O2 -shared -fPIC $< -ljpeg -o $@ \
-	  || echo "loaders/_jpegcrop.so did not build (needs a C compiler and libjpeg-turbo headers); loaders will decode whole JPEGs"
+install: $(STAMP) ## create .venv with torch, torchvision, TorchCodec, nvImageCodec, lmdb, ... and Pillow-SIMD (falls back to Pillow)
 
 $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,16 +84,16 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 
 # gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs
 GPU_PYTHON ?= python3
-GPU_WHEELS := pytest iniconfig packaging pluggy pygments
+GPU_WHEELS := pytest iniconfig packaging pluggy pygments nvidia-nvimgcodec-cu13
 
-gpu-bundle: ## .gpu-bundle/ for gpu-check: lmdb + pytest wheels (CPython 3.12), 100 real images
+gpu-bundle: ## .gpu-bundle/ for gpu-check: lmdb, pytest, nvImageCodec wheels (CPython 3.12), 100 real images
 	../shared/tools/gpu-bundle.sh
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  -d .gpu-bundle/wheels $$($(PY) -c "import importlib.metadata as m; \
 	  print(*(f'{p}=={m.version(p)}' for p in '$(GPU_WHEELS)'.split()))" 2>/dev/null || echo $(GPU_WHEELS))
 	du -sh .gpu-bundle
 
-gpu-check: loaders/_jpegcrop.so ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output)
+gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output)
 	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)

@@ -233,9 +233,10 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
     if s.threads:
         torch.set_num_threads(s.threads)
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
-    log(f"device: {dist.device}; world size {dist.world_size}{group}; JPEG decode: "
-        f"libjpeg-turbo (torchvision), other formats: {loaders.image_library()}; seed {s.seed}; "
-        f"{torch.get_num_threads()} torch thread(s) in the main process")
+    log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
+        f"{loaders.decoder_name()}, {loaders.crop_decoder_status()}, PIL fallback "
+        f"{loaders.image_library()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
+        "in the main process")
     if args.benchmark_data:
         return benchmark_data(args, s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)

@@ -136,12 +136,18 @@ def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _module_of(wheel: str) -> str:
+    """The module a wheel's file name provides (``lmdb-3.0.0-...whl`` -> ``lmdb``)."""
+    name = wheel.split("-")[0].lower()
+    return {"nvidia_nvimgcodec_cu13": "nvidia.nvimgcodec"}.get(name, name)
+
+
 def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     """Install into ``site`` (and put it on the commands' ``PYTHONPATH``) each of ``wheels``
     whose module this interpreter cannot import (lmdb, pytest and its dependencies); without
     pip, unpack them there. Returns the install record, or [] when nothing is missing."""
-    # a wheel's file name starts with its normalised distribution name, here its module name
-    wanted = [w for w in wheels if not has_module(os.path.basename(w).split("-")[0].lower())]
+    # a wheel's file name starts with its normalised distribution name, mostly its module name
+    wanted = [w for w in wheels if not has_module(_module_of(os.path.basename(w)))]
     if not wanted:
         return []
     shutil.rmtree(site, ignore_errors=True)

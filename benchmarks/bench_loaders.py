@@ -8,8 +8,8 @@ Runs, with the same batch size, workers, images and timing:
 * ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
   RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
 * ``decode-only``: read and fully decode each file to RGB and nothing else, in the same
-  DataLoader setup, with libjpeg-turbo through torchvision (the decoding ceiling of these files
-  on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
+  DataLoader setup, with libjpeg-turbo through ``loaders._decoders`` (TorchCodec, else
+  torchvision: the decoding ceiling of these files on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
 * each of our training loaders **as users run them**: ``python main.py --benchmark-data DIR
   [--lmdb | --dali ...] -b B -j J --train-batches N --benchmark-warmup W --seed 0``, i.e.
   main.py's own parsing, settings (its main-process threads included), loaders, copy to the
@@ -81,7 +81,7 @@ def stock_loader(root: str, batch_size: int, workers: int, device: torch.device)
 
 class _DecodeOnly(Dataset):
     """Reads and fully decodes each file to RGB, returning only its label: with libjpeg-turbo
-    through torchvision (the decoder of our CPU loaders) or through PIL."""
+    through ``loaders._decoders`` (our CPU loaders' whole-image decoder) or through PIL."""
 
     def __init__(self, root: str, use_pil: bool):
         self.samples, self.use_pil = datasets.ImageFolder(root).samples, use_pil

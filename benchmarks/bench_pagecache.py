@@ -173,7 +173,6 @@ def _write(cgroup: str, name: str, value: int) -> None:
 
 def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
-    import torch
 
     from loaders._order import BlockOrder, RandomOrder
     from loaders._stream_order import StreamTrainOrder
@@ -202,8 +201,7 @@ def child(args) -> None:
         order = RandomOrder(n, seed=0)  # DistributedSampler's permutation, as the loaders
     decode = None
     if args.decode:
-        from torchvision.io import decode_jpeg
-        decode = lambda data: decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))  # noqa: E731
+        from loaders._decoders import decode_jpeg as decode  # the loaders' whole-image decoder
     epochs = []
     for epoch in range(args.epochs):
         indices = list(order.order(epoch))[:args.epoch_records]

@@ -3,8 +3,9 @@
 
     python benchmarks/profile_transforms.py [--data ../shared/data/imagenet-sample]
 
-Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (torchvision), decoding
-only the RandomResizedCrop window (``loaders/_jpegcrop.c``, when built), PIL
+Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders._decoders``:
+TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
+``loaders._jpeg_window``, when installed), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
 Normalize, and the whole stock and ours training transforms (ours also with full decoding).
 """
@@ -23,6 +24,7 @@ from torchvision import transforms
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from loaders import _decoders  # noqa: E402
 from loaders import _jpeg_window as jpeg_window  # noqa: E402
 from loaders._transforms import TrainTransform, decode, resize  # noqa: E402
 
@@ -54,7 +56,7 @@ def main(argv=None) -> None:
     k = list(range(len(files)))
     rows = [
         ("decode, PIL", per_image_ms(lambda i: Image.open(io.BytesIO(blobs[i])).convert("RGB"), k)),
-        ("decode, libjpeg-turbo (torchvision)", per_image_ms(lambda i: decode(blobs[i]), k)),
+        (f"decode, {_decoders.decoder_name()}", per_image_ms(lambda i: decode(blobs[i]), k)),
         ("crop + resize 224, PIL", per_image_ms(
             lambda i: transforms.functional.resized_crop(pil[i], *boxes[i], [224, 224]), k)),
         ("crop + resize 224, uint8 tensor (ours)", per_image_ms(
@@ -67,7 +69,7 @@ def main(argv=None) -> None:
         ("whole training transform, ours", per_image_ms(lambda i: TrainTransform()(blobs[i]), k)),
     ]
     if jpeg_window.available():
-        rows.insert(2, ("decode the crop window only (ours)", per_image_ms(
+        rows.insert(2, ("decode the crop window only (nvImageCodec)", per_image_ms(
             lambda i: jpeg_window.decode_window(blobs[i], *boxes[i]), k)))
         jpeg_window.set_enabled(False)
         rows.append(("whole training transform, ours, full decode",
@@ -75,7 +77,7 @@ def main(argv=None) -> None:
         jpeg_window.set_enabled(True)
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
     for name, ms in rows:
-        print(f"  {name:<40} {ms:6.2f}")
+        print(f"  {name:<44} {ms:6.2f}")
 
 
 if __name__ == "__main__":

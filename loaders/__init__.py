@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 from ._common import DataError, DistInfo, input_dtype, split_paths
+from ._decoders import crop_decoder_status, decoder_name
 from ._errors import AcceleratorError
 from ._malloc import retain_freed_memory
 from ._settings import LoaderSettings
@@ -28,8 +29,8 @@ BACKENDS = {
 }
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "build_loaders", "image_library", "input_dtype", "measure_throughput",
-           "retain_freed_memory", "split_paths"]
+           "build_loaders", "crop_decoder_status", "decoder_name", "image_library", "input_dtype",
+           "measure_throughput", "retain_freed_memory", "split_paths"]
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):

@@ -2,26 +2,28 @@
 (:func:`check_file`), which it stores as they are, which it re-encodes, and which it skips.
 
 Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
-torchvision's libjpeg-turbo ``decode_jpeg`` and DALI's ``decoders.image`` (nvJPEG on a GPU,
-whose hardware decoder takes only baseline JPEGs). A file's *content* decides, never its name:
+the libjpeg-turbo decoder of ``loaders._decoders`` (TorchCodec, or torchvision) and DALI's
+``decoders.image`` (nvJPEG on a GPU, whose hardware decoder takes only baseline JPEGs). A
+file's *content* decides, never its name:
 
 * **verbatim** (bytes unchanged): a *baseline RGB-decodable JPEG*, i.e. bytes that start with
   SOI (``FF D8``) whose first frame header is SOF0 (baseline DCT) or SOF1 (extended sequential
   DCT, Huffman-coded) with 8-bit samples and either 1 component (grayscale) or 3 components
   coded as YCbCr (not RGB: no Adobe APP14 marker with ``transform=0`` and component ids other
-  than ``'R','G','B'``), and that both PIL and torchvision decode completely. Rules from ITU-T
+  than ``'R','G','B'``), and that both PIL and that decoder decode completely. Rules from ITU-T
   T.81 (JPEG) table B.1 and libjpeg's colour-space heuristic (``jdapimin.c``).
 * **re-encoded** to a baseline RGB JPEG (PIL, quality :data:`REENCODE_QUALITY`): every other
-  image that PIL decodes completely (or torchvision, for formats this PIL build lacks, such as
-  WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or hierarchical, arithmetic-coded
-  (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and every other format (PNG, GIF,
-  WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are taken as PIL decodes them:
-  the first frame of an animation, alpha dropped (as ``decode_image(mode=RGB)`` does), 16-bit
-  samples scaled to 8 bits, EXIF orientation not applied (no decoder here applies it).
-* **not an image** (skipped): empty files, files neither PIL nor torchvision can identify
-  (text, HTML, random bytes)
-  and images that do not decode completely (a truncated JPEG that PIL would only load with
-  ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo calls incomplete).
+  image that PIL decodes completely (or ``loaders._decoders``, for formats this PIL build
+  lacks, such as WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or
+  hierarchical, arithmetic-coded (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and
+  every other format (PNG, GIF, WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are
+  taken as PIL decodes them: the first frame of an animation, alpha dropped (as
+  ``decode_image(mode=RGB)`` does), 16-bit samples scaled to 8 bits, EXIF orientation not
+  applied (no decoder here applies it).
+* **not an image** (skipped): empty files, files neither PIL nor ``loaders._decoders`` can
+  identify (text, HTML, random bytes) and images that do not decode completely (a truncated
+  JPEG that PIL would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo
+  calls incomplete).
 
 :data:`RULES_VERSION` is part of the converter's resume fingerprint: bump it when these rules
 or the re-encoding settings change, so that an interrupted conversion is not resumed under
@@ -144,7 +146,7 @@ def check_image(data: bytes) -> Checked:
     reason = reencode_reason(data)
     image = _decode(data)  # raises NotAnImage
     if reason is None:
-        _torchvision_decode(data)  # libjpeg-turbo must read it too (it is what loaders use)
+        _library_decode(data)  # libjpeg-turbo must read it too (it is what loaders use)
         return Checked(data)
     return Checked(_encode_rgb(image), reencoded=reason)
 
@@ -156,8 +158,9 @@ def reencode(data: bytes) -> bytes:
 
 
 def _decode(data: bytes):
-    """``data`` decoded completely to a PIL image: by PIL, or by torchvision for the formats
-    this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises NotAnImage."""
+    """``data`` decoded completely to a PIL image: by PIL, or by ``loaders._decoders`` for the
+    formats this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises
+    NotAnImage."""
     from PIL import Image, ImageFile
 
     # A truncated file must fail rather than load grey-padded: LOAD_TRUNCATED_IMAGES is a
@@ -170,33 +173,28 @@ def _decode(data: bytes):
         image.load()
         return image
     except Image.UnidentifiedImageError:
-        pass  # maybe a format only torchvision reads; below
+        pass  # maybe a format only loaders._decoders reads; below
     except Image.DecompressionBombError as exc:
         raise NotAnImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error...
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise NotAnImage(f"not a decodable image: {message}") from None
-    import torch
-    from torchvision.io import ImageReadMode, decode_image
+    from ._decoders import decode_image, decoder_key
 
     try:
-        pixels = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                              mode=ImageReadMode.RGB)
+        pixels = decode_image(data)
     except RuntimeError:
-        raise NotAnImage("not an image format PIL or torchvision knows") from None
+        raise NotAnImage(f"not an image format PIL or {decoder_key()} knows") from None
     return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
 
 
-def _torchvision_decode(data: bytes) -> None:
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
+def _library_decode(data: bytes) -> None:
+    from ._decoders import decode_jpeg
 
     try:
-        decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                    mode=ImageReadMode.RGB)
-    except RuntimeError as exc:
-        message = str(exc).rsplit(", ", 1)[-1]  # drop torchvision's "file.cpp:line" prefix
-        raise NotAnImage(f"not a decodable image: libjpeg-turbo: {message}") from None
+        decode_jpeg(data)
+    except RuntimeError as exc:  # one line already (loaders._decoders)
+        raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
 
 
 def _encode_rgb(image) -> bytes:

@@ -6,8 +6,8 @@ CenterCrop(224). Normalisation is left to the device (``loaders._common.DeviceLo
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, README *Measured*): decoding only
-the crop window (``_jpeg_window``), or else the whole image with torchvision's libjpeg-turbo
-``decode_jpeg``, and resizing the uint8 crop with torch's antialiased bilinear kernel
+the crop window (``_jpeg_window``), or else the whole image with libjpeg-turbo
+(``loaders._decoders``), and resizing the uint8 crop with torch's antialiased bilinear kernel
 (channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +
 resize + ToTensor + Normalize, with the same random crop parameters (torchvision's
 ``RandomResizedCrop.get_params``).
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from importlib import metadata
 
 import torch
 import torch.nn.functional as nnf
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+from . import _decoders
 from . import _jpeg_window as jpeg_window
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -31,18 +30,15 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 def decode(data: bytes) -> torch.Tensor:
     """Decode an encoded image to RGB: uint8 ``(3, H, W)`` (often a channels-last view).
 
-    JPEGs go through libjpeg-turbo (torchvision), grayscale and CMYK converted to RGB; other
-    formats (PNG, GIF, WebP inside a ``.JPEG``) through torchvision's ``decode_image``, and
-    anything those refuse through PIL. Raises ``PIL.UnidentifiedImageError`` / ``OSError`` if
-    the bytes are not an image.
+    JPEGs go through libjpeg-turbo (``loaders._decoders``: TorchCodec, else torchvision),
+    grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
+    through the same library's ``decode_image``, and anything those refuse through PIL. Raises
+    ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: decoders only read it
-        buffer = torch.frombuffer(data, dtype=torch.uint8)
     try:
         if data[:3] == _JPEG_MAGIC:
-            return decode_jpeg(buffer, mode=ImageReadMode.RGB)
-        return decode_image(buffer, mode=ImageReadMode.RGB)
+            return _decoders.decode_jpeg(data)
+        return _decoders.decode_image(data)
     except RuntimeError:
         return _decode_with_pil(data)
 

@@ -13,12 +13,11 @@ import time
 import lmdb
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
 import folder2lmdb
 from loaders import _image_check
+from loaders._decoders import decode_jpeg
 from loaders import _lmdb_codec as codec
 from loaders._transforms import decode
 from tests.badcorpus import make_bad_corpus
@@ -80,17 +79,16 @@ def test_kept_records_labels_and_bytes(converted):
     assert sorted(label for _, label in records) == [0] * 17 + [2] * 2
 
 
-def test_every_record_decodes_with_pil_and_torchvision(converted):
+def test_every_record_decodes_with_pil_and_the_loaders_library(converted):
     corpus, db, _ = converted
     _, records, _, _ = read_all(db)
     for rel, (data, _) in zip(corpus.kept, records):
         with Image.open(io.BytesIO(data)) as img:
             pil = np.asarray(img.convert("RGB"))
-        tv = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                         mode=ImageReadMode.RGB)  # libjpeg-turbo itself, no PIL fallback
+        tv = decode_jpeg(data)  # libjpeg-turbo itself (TorchCodec or torchvision), no PIL
         assert tv.shape == (3, *pil.shape[:2]) == decode(data).shape, rel
         if rel.endswith("webp_inside.JPEG"):
-            continue  # this PIL build may not read WebP: the converter used torchvision
+            continue  # this PIL build may not read WebP: the converter used loaders._decoders
         with Image.open(io.BytesIO(source_bytes(corpus, rel))) as src:
             assert pil.shape[:2] == (src.height, src.width), rel
 

@@ -1,0 +1,245 @@
+"""The one decoder module (loaders/_decoders.py): each library usable here decodes the real sample
+to the same pixels, keeps pixels as stored (no EXIF orientation), refuses bad bytes in one line,
+and falls back when TorchCodec is missing; and benchmarks/profile_decoders.py runs."""
+import glob
+import io
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+from loaders import _decoders
+from loaders import _jpeg_window as jpeg_window
+from loaders._transforms import TrainTransform
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import profile_decoders  # noqa: E402
+
+BACKENDS = _decoders.backends()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Elementwise comparisons on one torch thread: OpenMP threads spin against a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest absolute difference of two uint8 tensors of one shape (no widening copy)."""
+    return int((torch.maximum(a, b) - torch.minimum(a, b)).max())
+
+
+@pytest.fixture
+def backend(request):
+    """Switch this process to backend ``request.param`` for one test."""
+    previous = _decoders.use(request.param)
+    yield request.param
+    _decoders.use(previous)
+
+
+def encode(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def pil_pixels(data: bytes) -> torch.Tensor:
+    """The stored pixels as PIL decodes them (no EXIF orientation): uint8 (3, H, W)."""
+    with Image.open(io.BytesIO(data)) as img:
+        rgb = img.convert("RGB")
+    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
+        rgb.height, rgb.width, 3).permute(2, 0, 1)
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, levels: int = 1):
+    assert a.shape == b.shape and a.dtype == b.dtype == torch.uint8
+    assert max_abs_diff(a, b) <= levels
+
+
+def test_torchcodec_is_the_default_where_installed():
+    name = _decoders.decoder_name()
+    assert "\n" not in name
+    if "torchcodec" in BACKENDS and not os.environ.get(_decoders.ENV_VAR):
+        assert name.startswith("TorchCodec ")
+    assert "torchvision" in BACKENDS and "PIL" in BACKENDS  # requirements.txt brings both
+
+
+@pytest.fixture(scope="module")
+def sample_jpegs(sample):
+    """The real sample's 250 JPEGs and torchvision's decodes of them (the loaders' decoder
+    before TorchCodec), uint8 (3, H, W)."""
+    blobs = []
+    for path in sorted(glob.glob(f"{sample}/train/*/*.JPEG")):
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+    previous = _decoders.use("torchvision")
+    try:
+        return blobs, [_decoders.decode_jpeg(b) for b in blobs]
+    finally:
+        _decoders.use(previous)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_real_sample_decodes_like_torchvision_within_one_level(sample_jpegs, backend):
+    """Every library's pixels are within 1 intensity level of torchvision's libjpeg-turbo
+    (IDCT rounding may differ between libjpeg-turbo builds)."""
+    blobs, reference = sample_jpegs
+    assert len(blobs) == 250
+    for data, ref in zip(blobs, reference):
+        assert_close(_decoders.decode_jpeg(data), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_not_applied(backend, orientation):
+    """Pixels as stored, as PIL, DALI (adjust_orientation=False) and the window decoder give
+    them; TorchCodec would rotate these 64 x 48 images without the APP1 / eXIf cut."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    image = Image.effect_noise((64, 48), 64).convert("RGB")
+    for fmt in ("JPEG", "PNG"):
+        data = encode(image, fmt, exif=exif.tobytes())
+        decoded = (_decoders.decode_jpeg if fmt == "JPEG" else _decoders.decode_image)(data)
+        assert_close(decoded, pil_pixels(data), levels=0 if fmt == "PNG" else 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_other_formats_and_modes_come_out_rgb_uint8(backend):
+    noise = Image.effect_noise((40, 30), 64)
+    cases = {"gray": encode(noise.convert("L")), "progressive": encode(
+        noise.convert("RGB"), progressive=True), "cmyk": encode(Image.new("CMYK", (40, 30)))}
+    for name, data in cases.items():
+        assert _decoders.decode_jpeg(data).shape == (3, 30, 40), name
+    assert_close(_decoders.decode_jpeg(cases["gray"]), pil_pixels(cases["gray"]))
+    frames = [Image.new("P", (40, 30), i) for i in range(3)]
+    images = {"png rgba": encode(noise.convert("RGBA"), "PNG"),
+              "png 16-bit": encode(noise.convert("I;16"), "PNG"),
+              "animated gif": encode(frames[0], "GIF", save_all=True, append_images=frames[1:])}
+    for name, data in images.items():
+        out = _decoders.decode_image(data)
+        assert out.shape == (3, 30, 40) and out.dtype == torch.uint8, name
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_bad_bytes_are_one_line_runtime_errors(backend):
+    good = encode(Image.effect_noise((64, 64), 64).convert("RGB"))
+    for data in (good[:len(good) // 2], good[:200], b"<html>not an image</html>", b""):
+        for decode in (_decoders.decode_jpeg, _decoders.decode_image):
+            with pytest.raises(RuntimeError) as info:
+                decode(data)
+            message = str(info.value)
+            assert message and "\n" not in message and ".cpp:" not in message
+
+
+def test_torchvision_fallback_does_not_warn():
+    """torchvision 0.29 deprecates its decoders; the fallback silences that warning only."""
+    previous = _decoders.use("torchvision")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _decoders.decode_jpeg(encode(Image.new("RGB", (16, 16))))
+    finally:
+        _decoders.use(previous)
+
+
+def test_without_torchcodec_torchvision_is_chosen_and_the_log_says_why(monkeypatch):
+    def missing():
+        raise ImportError("No module named 'torchcodec'")
+
+    monkeypatch.setitem(_decoders._FACTORIES, "torchcodec", missing)
+    monkeypatch.setattr(_decoders, "_backend", None)
+    monkeypatch.setattr(_decoders, "_skipped", {})
+    assert _decoders.decoder_name() == (
+        f"torchvision {_decoders._version('torchvision')} "
+        "(torchcodec: No module named 'torchcodec')")
+    assert _decoders.decode_jpeg(encode(Image.new("RGB", (8, 8)))).shape == (3, 8, 8)
+
+
+def run_python(code: str, **env) -> str:
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_environment_variables_choose_the_decoders():
+    code = ("from loaders import _decoders as d; print(d.decoder_name()); "
+            "print(d.crop_decoder_status())")
+    name, status = run_python(code, IMAGENET_FAST_DECODER="torchvision",
+                              IMAGENET_FAST_FULL_DECODE="1").splitlines()
+    assert name.startswith("torchvision ")
+    assert status == "crop windows: whole JPEGs decoded (IMAGENET_FAST_FULL_DECODE=1)"
+    name = run_python(code, IMAGENET_FAST_DECODER="nonsense").splitlines()[0]
+    assert "nonsense: unknown IMAGENET_FAST_DECODER" in name
+    with pytest.raises(ValueError):
+        _decoders.use("nonsense")
+
+
+def test_crop_decoder_status_is_one_line():
+    status = _decoders.crop_decoder_status()
+    assert "\n" not in status and status.startswith("crop windows: ")
+    if jpeg_window.available():
+        assert "nvImageCodec" in status
+
+
+def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample):
+    """A wheel-only install without nvImageCodec: one status line, same training crops."""
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails
+    jpeg_window.set_enabled(True)
+    try:
+        assert not jpeg_window.available()
+        assert _decoders.crop_decoder_status().startswith(
+            "crop windows: whole JPEGs decoded (nvImageCodec not usable (")
+        data = open(sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[0], "rb").read()
+        assert jpeg_window.jpeg_size(data) is None
+        assert TrainTransform(64)(data).shape == (3, 64, 64)
+    finally:
+        monkeypatch.undo()
+        jpeg_window.set_enabled(True)
+
+
+def test_profile_decoders_prints_both_tables(tiny, capsys):
+    assert profile_decoders.main_cli(["--data", tiny.root, "--rounds", "1", "--repeats", "1",
+                                      "--jpegcrop-so", os.path.join(tiny.root, "missing.so")]) == 0
+    out = capsys.readouterr().out
+    assert "Whole images" in out and "Crop windows" in out
+    for row in ("torchvision", "whole decode + crop", "_jpegcrop.c (former)", "PyTurboJPEG"):
+        assert row in out
+    if jpeg_window.available():
+        line = next(line for line in out.splitlines() if "nvImageCodec CPU" in line)
+        assert float(line.split()[-7]) > 0  # its median CPU ms per image
+
+
+def test_profile_decoders_bad_data_is_one_line(tmp_path, capsys):
+    assert profile_decoders.main_cli(["--data", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
+    """The training and validation transforms the loaders run (whole-image path for training:
+    crop windows off) give the same pixels, within 1 level, with every library."""
+    from loaders._transforms import ValTransform
+
+    blobs, _ = sample_jpegs
+    jpeg_window.set_enabled(False)
+    try:
+        outputs = []
+        for use in ("torchvision", backend):
+            _decoders.use(use)
+            torch.manual_seed(0)
+            outputs.append([(TrainTransform(96)(b), ValTransform(128, 112)(b)) for b in blobs[:60]])
+    finally:
+        jpeg_window.set_enabled(True)
+    for (train_a, val_a), (train_b, val_b) in zip(*outputs):
+        assert_close(train_a, train_b)
+        assert_close(val_a, val_b)
