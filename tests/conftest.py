@@ -77,6 +77,20 @@ def loader_settings(backend: str = "folder", data: str | None = None, **override
     return LoaderSettings(**fields)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Elementwise comparisons on one torch thread: OpenMP threads spin against a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest absolute difference of two uint8 tensors of one shape (no widening copy)."""
+    return int((torch.maximum(a, b) - torch.minimum(a, b)).max())
+
+
 def to_uint8(images: torch.Tensor):
     """Normalised float ``(N, 3, H, W)`` batch -> the uint8 pixels it came from (numpy)."""
     from loaders._common import imagenet_mean_std

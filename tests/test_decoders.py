@@ -15,7 +15,7 @@ from PIL import Image
 from loaders import _decoders
 from loaders import _jpeg_window as jpeg_window
 from loaders._transforms import TrainTransform
-from tests.conftest import REPO
+from tests.conftest import REPO, max_abs_diff
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
@@ -24,18 +24,7 @@ import profile_decoders  # noqa: E402
 BACKENDS = _decoders.backends()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Elementwise comparisons on one torch thread: OpenMP threads spin against a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest absolute difference of two uint8 tensors of one shape (no widening copy)."""
-    return int((torch.maximum(a, b) - torch.minimum(a, b)).max())
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Crop-window JPEG decoding (nvImageCodec, loaders/_jpeg_window.py) against full decoding."""
 import glob
 import io
-import os
 import random
 
 import pytest
@@ -11,24 +10,12 @@ from PIL import Image
 from loaders import _decoders
 from loaders import _jpeg_window as jpeg_window
 from loaders._transforms import TrainTransform, decode
+from tests.conftest import max_abs_diff
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not jpeg_window.available(),
-    reason=f"{jpeg_window.status()}: pip install nvidia-nvimgcodec-cu13 (requirements.txt)")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Elementwise comparisons on one torch thread: OpenMP threads spin against a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest absolute difference of two uint8 tensors of one shape (no widening copy)."""
-    return int((torch.maximum(a, b) - torch.minimum(a, b)).max())
+    reason=f"{jpeg_window.status()}: pip install nvidia-nvimgcodec-cu13 (requirements.txt)"),
+    pytest.mark.usefixtures("one_torch_thread")]
 
 
 def windows(data, count, rng):
