@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import warnings
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,6 +45,9 @@ from loaders.imagefolder_lmdb import ImageFolderLMDB  # noqa: F401
 
 _MiB = 1 << 20
 REPORT_NAME = "skipped.tsv"  # inside the LMDB directory, beside data.mdb
+# Batches whose transactions may wait for the disk while the next ones are checked: rides out
+# an fdatasync that stalls for a while (a disk shared with other writers) at ~30 MB a batch.
+COMMITS_IN_FLIGHT = 3
 
 
 def fingerprint(listing: Listing, check: str = "full") -> bytes:
@@ -162,9 +166,10 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "_Writer", outp
     transaction; ``state`` is updated in place.
 
     Three stages overlap: ``workers`` threads check the next batch while this thread collects
-    the current one and one more thread commits the previous one. Each commit ends in an
-    ``fdatasync`` of the batch (about 0.25 s for 256 ImageNet JPEGs on this machine's disk);
-    made in this thread, it stalled the checking threads and took 2/3 of the wall time."""
+    the current one and one more thread commits the previous ones, in order, up to
+    :data:`COMMITS_IN_FLIGHT` behind. Each commit ends in an ``fdatasync`` of the batch (about
+    0.25 s for 256 ImageNet JPEGs on this machine's disk); made in this thread, it stalled the
+    checking threads and took 2/3 of the wall time."""
     from tqdm import tqdm
 
     files = listing.files
@@ -176,18 +181,20 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "_Writer", outp
             return [pool.submit(check_file, src.path, check)
                     for src in files[first:first + batch_size]]
 
-        pending, committing = submit(state.done), None
+        pending, committing = submit(state.done), deque()
         while state.done < len(files):
             batch, pending = pending, submit(state.done + len(pending))
             puts = _batch_puts(files[state.done:state.done + len(batch)], batch, state, strict)
             state.done += len(batch)
-            if committing is not None:
-                _committed(committing, bar)  # one transaction in flight at most, in order
+            while len(committing) >= COMMITS_IN_FLIGHT:
+                _committed(committing.popleft(), bar)
             # Records, skips, checksums and resume state commit together: all of a batch or none.
-            committing = committer.submit(writer.commit, puts + [(PROGRESS_KEY, state.encode())])
-            committing.files = len(batch)
-        if committing is not None:
-            _committed(committing, bar)
+            committing.append(committer.submit(
+                _commit_after, committing[-1] if committing else None, writer,
+                puts + [(PROGRESS_KEY, state.encode())]))
+            committing[-1].files = len(batch)
+        while committing:
+            _committed(committing.popleft(), bar)
     bar.close()
     if state.records == 0:
         raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
@@ -223,6 +230,15 @@ def _batch_puts(sources: list, futures: list, state: ResumeState, strict: bool) 
     if crcs:
         puts.append((_crc_key(first_record), encode_checksums(crcs)))
     return puts
+
+
+def _commit_after(previous: Future | None, writer: "_Writer", puts: list) -> None:
+    """``writer.commit(puts)`` unless the transaction before failed (then a later one would
+    record files as done whose records were never written). Runs in the committing thread,
+    after ``previous``."""
+    if previous is not None and previous.exception() is not None:
+        raise ConversionError("an earlier transaction failed")
+    writer.commit(puts)
 
 
 def _committed(commit: Future, bar) -> None:
