@@ -9,9 +9,10 @@
 The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: each record is
 what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
 skipped and listed in ``OUT/skipped.tsv``; ``loaders/_image_check.py``, whose ``--check`` modes
-it takes too), with its ImageFolder label. The format is ``loaders/_shard_codec.py`` (shared with the reader ``loaders/shards.py``,
-and read by DALI's ``fn.readers.webdataset``): ``OUT/{prefix}-000000.tar, ...`` holding
-``KEY.jpg`` + ``KEY.cls`` per record, DALI's index ``OUT/{prefix}-000000.idx`` of each, and
+it takes too), with its ImageFolder label. The format is ``loaders/_shard_codec.py`` (shared
+with the reader ``loaders/shards.py``, and read by DALI's ``fn.readers.webdataset``):
+``OUT/{prefix}-000000.tar, ...`` holding ``KEY.jpg`` + ``KEY.cls`` per record, DALI's index
+``OUT/{prefix}-000000.idx`` of each, and
 ``OUT/index.json`` (classes, record count and bytes of each shard), written last.
 
 Records follow one global pseudo-random order (``--shuffle-seed``, default 0;
@@ -227,9 +228,10 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
     ``prefix`` names the shards (default: ``dataset``'s base name); ``shard_size`` (bytes) and
     ``max_per_shard`` (records) bound each shard; ``shuffle_seed`` fixes the record order;
-    ``workers`` threads check the files under ``check`` (``_image_check.CHECKS``). Non-images are skipped and listed in
-    ``output/skipped.tsv`` (with ``strict`` the first is an error). An unfinished conversion of
-    the same files and settings is resumed after its finished shards. Raises
+    ``workers`` threads check the files under ``check`` (``_image_check.CHECKS``). Non-images
+    are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
+    An unfinished conversion of the same files and settings is resumed after its finished
+    shards. Raises
     :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
     other files or (without ``overwrite``) another conversion, or cannot be written.
     """
@@ -251,8 +253,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix, "seed": shuffle_seed,
-                "shard_size": shard_size, "max_per_shard": max_per_shard, "rules": RULES_VERSION}
+    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix,
+                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
+                "rules": RULES_VERSION}
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
