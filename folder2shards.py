@@ -3,14 +3,16 @@
 
     python folder2shards.py --dataset /imagenet/train -o /shards/train [--prefix train]
         [--shard-size 1G] [--max-per-shard N] [--shuffle-seed 0] [-j 8] [--strict] [--overwrite]
+        [--check {full,header}]
     python folder2shards.py --verify /shards/train [--dataset /imagenet/train]
 
 The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: each record is
 what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
-skipped and listed in ``OUT/skipped.tsv``; ``loaders/_image_check.py``), with its ImageFolder
-label. The format is ``loaders/_shard_codec.py`` (shared with the reader ``loaders/shards.py``,
-and read by DALI's ``fn.readers.webdataset``): ``OUT/{prefix}-000000.tar, ...`` holding
-``KEY.jpg`` + ``KEY.cls`` per record, DALI's index ``OUT/{prefix}-000000.idx`` of each, and
+skipped and listed in ``OUT/skipped.tsv``; ``loaders/_image_check.py``, whose ``--check`` modes
+it takes too), with its ImageFolder label. The format is ``loaders/_shard_codec.py`` (shared
+with the reader ``loaders/shards.py``, and read by DALI's ``fn.readers.webdataset``):
+``OUT/{prefix}-000000.tar, ...`` holding ``KEY.jpg`` + ``KEY.cls`` per record, DALI's index
+``OUT/{prefix}-000000.idx`` of each, and
 ``OUT/index.json`` (classes, record count and bytes of each shard), written last.
 
 Records follow one global pseudo-random order (``--shuffle-seed``, default 0;
@@ -47,7 +49,8 @@ from dataclasses import dataclass, field
 import msgpack
 
 from folder2lmdb import REPORT_NAME, ConversionError, Summary, _write_report, fingerprint
-from loaders._image_check import RULES_VERSION, DatasetError, Listing, check_file, list_sources
+from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, check_file,
+                                  list_sources)
 from loaders._shard_codec import (INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter, idx_name,
                                   shard_name, source_keys, write_idx)
 from loaders._shard_verify import sha256_file, verify
@@ -162,15 +165,15 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
     return progress
 
 
-def _checked(files: list, start: int, workers: int):
-    """``(index, check_file result)`` for ``files[start:]`` in order, checked by ``workers``
-    threads, at most ``16 * workers`` files ahead of the consumer."""
+def _checked(files: list, start: int, workers: int, check: str = "full"):
+    """``(index, check_file result)`` for ``files[start:]`` in order, checked (under ``check``)
+    by ``workers`` threads, at most ``16 * workers`` files ahead of the consumer."""
     pool, window, ahead = ThreadPoolExecutor(max(1, workers)), deque(), max(32, 16 * workers)
     try:
         following = start
         while following < len(files) or window:
             while following < len(files) and len(window) < ahead:
-                window.append((following, pool.submit(check_file, files[following].path)))
+                window.append((following, pool.submit(check_file, files[following].path, check)))
                 following += 1
             index, future = window.popleft()
             yield index, future.result()
@@ -219,20 +222,24 @@ def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> No
 
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
-            strict: bool = False, overwrite: bool = False, progress: bool = True) -> ShardSummary:
+            strict: bool = False, overwrite: bool = False, progress: bool = True,
+            check: str = "full") -> ShardSummary:
     """Convert the image folder ``dataset`` into shards in the folder ``output``.
 
     ``prefix`` names the shards (default: ``dataset``'s base name); ``shard_size`` (bytes) and
     ``max_per_shard`` (records) bound each shard; ``shuffle_seed`` fixes the record order;
-    ``workers`` threads check the files. Non-images are skipped and listed in
-    ``output/skipped.tsv`` (with ``strict`` the first is an error). An unfinished conversion of
-    the same files and settings is resumed after its finished shards. Raises
+    ``workers`` threads check the files under ``check`` (``_image_check.CHECKS``). Non-images
+    are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
+    An unfinished conversion of the same files and settings is resumed after its finished
+    shards. Raises
     :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
     other files or (without ``overwrite``) another conversion, or cannot be written.
     """
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
+    if check not in CHECKS:
+        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     prefix = prefix or os.path.basename(os.path.normpath(dataset))
     if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
         raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
@@ -246,8 +253,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing).hex(), "prefix": prefix, "seed": shuffle_seed,
-                "shard_size": shard_size, "max_per_shard": max_per_shard, "rules": RULES_VERSION}
+    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix,
+                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
+                "rules": RULES_VERSION}
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -255,7 +263,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             from None
     resumed_at = state.done
     try:
-        _write_shards(listing, state, output, workers, strict, progress)
+        _write_shards(listing, state, output, workers, strict, progress, check)
         _write_report(os.path.join(output, REPORT_NAME), [
             msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
             for s in state.shards for rel, why in s["skipped"]])
@@ -271,7 +279,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
 
 def _write_shards(listing: Listing, state: Progress, output: str, workers: int, strict: bool,
-                  progress: bool) -> None:
+                  progress: bool, check: str = "full") -> None:
     """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
     shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
     no image at all)."""
@@ -282,7 +290,7 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
-    for index, result in _checked(files, state.done, workers):
+    for index, result in _checked(files, state.done, workers, check):
         src = files[index]
         bar.update(1)
         if isinstance(result, str):  # not an image: the reason
@@ -326,6 +334,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="fail on the first file that is not an image instead of skipping it")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a complete or different conversion at --output")
+    parser.add_argument("--check", choices=CHECKS, default="full",
+                        help="full (default): decode every image completely; header: decode a "
+                             "baseline JPEG only if it does not end in EOI (as folder2lmdb.py)")
     return parser
 
 
@@ -351,7 +362,8 @@ def main(argv=None) -> int:
         summary = convert(args.dataset, args.output, prefix=args.prefix,
                           shard_size=parse_size(args.shard_size),
                           max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
-                          workers=args.workers, strict=args.strict, overwrite=args.overwrite)
+                          workers=args.workers, strict=args.strict, overwrite=args.overwrite,
+                          check=args.check)
     except (ConversionError, DatasetError, ShardFormatError, ValueError, OSError) as exc:
         print(f"folder2shards.py: error: {exc}", file=sys.stderr)
         return 1

@@ -66,3 +66,31 @@ def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
 
     assert profile_dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, capsys):
+    import bench_convert
+
+    out = tmp_path / "convert.json"
+    assert bench_convert.main_cli(["--data", os.path.join(tiny.root, "train"), "--copies", "2",
+                                   "--rounds", "1", "--memory-records", "40", "80",
+                                   "--tmp", str(tmp_path), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    names = [r["name"] for r in report["speed"]["results"]]
+    assert names == ["decode-only", "convert --check full", "convert --check header"]
+    assert report["speed"]["files"] == 2 * 4 * 8
+    for result in report["speed"]["results"]:
+        assert result["images_per_sec"] > 0 and result["per_core"] > 0
+    memory = report["memory"]
+    assert [r["records"] for r in memory["runs"]] == [40, 80] and memory["extrapolated"]
+    assert all(r["peak_rss"] > 10 * (1 << 20) for r in memory["runs"])
+    printed = capsys.readouterr().out
+    assert "convert --check full" in printed and "1281167 records" in printed
+
+
+def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
+    import bench_convert
+
+    assert bench_convert.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
+                                   "--tmp", str(tmp_path)]) == 1
+    assert "no such directory" in capsys.readouterr().err

@@ -177,3 +177,25 @@ def test_cli_shuffle_seed_and_verify(tiny, tmp_path):
     assert result.returncode == 0 and result.stdout.startswith("wrote 16 images"), result.stderr
     result = run_cli("--verify", db, "--dataset", val)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr
+
+
+def test_no_transaction_commits_after_one_fails(tiny, tmp_path, monkeypatch):
+    """Commits run in their own thread, several batches behind: once one fails (disk full),
+    none queued after it may record later files as done."""
+    train = os.path.join(tiny.root, "train")
+    commit, calls = folder2lmdb._Writer.commit, []
+
+    def full_disk_once(self, puts, delete_prefix=None):
+        calls.append(1)
+        if len(calls) == 3:  # the first transaction, batch 1, then batch 2 fails
+            raise folder2lmdb.ConversionError("disk full")
+        commit(self, puts, delete_prefix)
+
+    monkeypatch.setattr(folder2lmdb._Writer, "commit", full_disk_once)
+    db = str(tmp_path / "db")
+    with pytest.raises(folder2lmdb.ConversionError, match="disk full"):
+        folder2lmdb.convert(train, db, progress=False, batch_size=4)
+    monkeypatch.setattr(folder2lmdb._Writer, "commit", commit)
+    summary = folder2lmdb.convert(train, db, progress=False, batch_size=4)
+    assert summary.resumed_at == 4 and summary.images == 32
+    assert read_records(db) == read_records(os.path.join(tiny.lmdb, "train"))

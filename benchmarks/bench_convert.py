@@ -1,0 +1,255 @@
+#!/usr/bin/env python
+"""How fast does folder2lmdb.py convert, against decoding alone, and how much memory does it take?
+
+    python benchmarks/bench_convert.py [--data ../shared/data/imagenet-sample/train] [--copies 8]
+                                       [--rounds 5] [--checks full header] [--out report.json]
+                                       [--memory-records 10000 200000]
+
+**Speed.** The image folder ``--data`` is replicated ``--copies`` times with symlinks into a
+temporary folder (the 250 real ImageNet JPEGs of the sample become 2,000 files, the page cache
+holds them after the first round). Each round times, one after the other (A B C A B C ...):
+
+* ``decode-only``: read each file and decode it with the loaders' libjpeg-turbo
+  ``decode_jpeg`` (``loaders._decoders``: TorchCodec, else torchvision; RGB), in a pool of as many threads as the converter uses: the most a
+  converter that decodes every image completely could do;
+* ``convert --check MODE`` for each of ``--checks``: ``folder2lmdb.convert`` itself with its
+  defaults (threads, batch size, map size), output on disk under ``--tmp``, ``--overwrite``.
+  Its time is the converter's own (:class:`folder2lmdb.Summary`: listing, fingerprint,
+  checking, writing and the final ``fsync``), not the Python start-up.
+
+Medians over ``--rounds`` are printed in images/s, per core (divided by the cores this process
+may run on, ``os.sched_getaffinity``), and as a share of decode-only.
+
+**Memory.** For each count of ``--memory-records`` a folder of that many tiny images (one 8x8
+JPEG of under 300 bytes, ``bench_memory.tiny_jpeg``, in 1,000 class folders, ImageNet-like
+names) is written on a tmpfs (``/dev/shm`` where there is one), converted by
+``folder2lmdb.py``'s CLI with its defaults in a fresh Python process, and that process's peak
+resident set size is read from ``/proc/self/status`` (``VmHWM``). What grows with the count is the
+listing (a path and a relative path per file) and the checksum list; tiny records make that
+the largest share. With two counts the growth per record is printed and, if the larger count
+is below ImageNet's 1,281,167, the peak extrapolated to it (linear in the count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+IMAGENET_TRAIN = 1_281_167
+_MiB = 1 << 20
+# Run in a fresh process: converts argv[1] to argv[2] with folder2lmdb.py's CLI defaults (and
+# argv[3:]), then prints its own peak RSS in bytes: VmHWM, the high-water mark of this address
+# space. Not getrusage's ru_maxrss: Linux carries that across exec from the forked parent.
+_CHILD = """
+import sys
+sys.path.insert(0, {repo!r})
+import folder2lmdb
+status = folder2lmdb.main(["-d", sys.argv[1], "-o", sys.argv[2]] + sys.argv[3:])
+with open("/proc/self/status") as f:
+    kib = [int(line.split()[1]) for line in f if line.startswith("VmHWM:")][0]
+print("PEAK_RSS", kib * 1024)
+sys.exit(status)
+"""
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def replicate(source: str, target: str, copies: int) -> int:
+    """Fill ``target`` with ``copies`` symlinks to every file of the class folders of
+    ``source`` (``name_K.ext``, same class folder) and return the number of links."""
+    from loaders._image_check import list_sources
+
+    listing = list_sources(source)  # raises DatasetError for a bad folder
+    for name in listing.classes:
+        os.makedirs(os.path.join(target, name), exist_ok=True)
+    for src in listing.files:
+        stem, ext = os.path.splitext(src.rel)
+        for k in range(copies):
+            os.symlink(os.path.realpath(src.path), os.path.join(target, f"{stem}_{k}{ext}"))
+    return len(listing.files) * copies
+
+
+def decode_only(files: list[str], workers: int) -> float:
+    """Seconds to read and completely decode ``files`` (libjpeg-turbo through
+    ``loaders._decoders.decode_jpeg``, RGB) in ``workers`` threads."""
+    from loaders._decoders import decode_jpeg
+
+    def one(path: str) -> None:
+        with open(path, "rb") as f:
+            decode_jpeg(f.read())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(one, files):
+            pass
+    return time.perf_counter() - start
+
+
+def convert_once(data: str, output: str, check: str) -> tuple[int, float]:
+    """``folder2lmdb.convert`` with its defaults under ``check``: (records, seconds)."""
+    import folder2lmdb
+
+    summary = folder2lmdb.convert(data, output, overwrite=True, progress=False, check=check)
+    return summary.images, summary.seconds
+
+
+def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
+    """Interleaved rounds of decode-only and each converter check; medians in images/s."""
+    import inspect
+
+    import folder2lmdb
+    from loaders._image_check import list_sources
+
+    files = [src.path for src in list_sources(data).files]
+    workers = inspect.signature(folder2lmdb.convert).parameters["workers"].default
+    names = ["decode-only"] + [f"convert --check {c}" for c in opts.checks]
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(opts.rounds):
+        rates["decode-only"].append(len(files) / decode_only(files, workers))
+        for check in opts.checks:
+            images, seconds = convert_once(data, os.path.join(out_root, "lmdb"), check)
+            rates[f"convert --check {check}"].append(images / seconds)
+        print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
+            f"{name} {values[-1]:.0f}" for name, values in rates.items()) + " images/s",
+            flush=True)
+    decode = statistics.median(rates["decode-only"])
+    results = [{"name": name, "images_per_sec": statistics.median(values),
+                "per_core": statistics.median(values) / cores(),
+                "share_of_decode_only": statistics.median(values) / decode, "rounds": values}
+               for name, values in rates.items()]
+    return {"files": len(files), "workers": workers, "cores": cores(), "results": results}
+
+
+def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:
+    """``count`` copies of one tiny JPEG in ``classes`` folders ``n%08d`` named like ImageNet's
+    (``n01440764_10026.JPEG``), ``i * classes // count`` the class of file ``i``."""
+    from bench_memory import tiny_jpeg
+
+    jpeg = tiny_jpeg()
+    for c in range(classes):
+        os.makedirs(os.path.join(root, "n%08d" % c), exist_ok=True)
+    for i in range(count):
+        wnid = "n%08d" % (i * classes // count)
+        with open(os.path.join(root, wnid, f"{wnid}_{i}.JPEG"), "wb") as f:
+            f.write(jpeg)
+
+
+def peak_rss(data: str, output: str, extra: list[str]) -> int:
+    """Peak RSS in bytes of a fresh ``folder2lmdb.py -d data -o output`` process.
+    Raises RuntimeError with its last error line if it fails."""
+    done = subprocess.run([sys.executable, "-c", _CHILD.format(repo=REPO), data, output, *extra],
+                          capture_output=True, text=True, cwd=REPO)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PEAK_RSS")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"folder2lmdb.py failed on {data}: {tail}")
+    return int(lines[-1].split()[1])
+
+
+def memory(opts: argparse.Namespace) -> dict:
+    """Peak RSS of converting ``--memory-records`` tiny images; growth per record."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    runs = []
+    for count in opts.memory_records:
+        root = tempfile.mkdtemp(prefix="bench_convert_", dir=shm)
+        try:
+            start = time.perf_counter()
+            write_tiny_folder(os.path.join(root, "train"), count)
+            written = time.perf_counter() - start
+            start = time.perf_counter()
+            peak = peak_rss(os.path.join(root, "train"), os.path.join(root, "lmdb"), [])
+            runs.append({"records": count, "peak_rss": peak, "tmpfs": shm is not None,
+                         "write_seconds": written, "convert_seconds": time.perf_counter() - start})
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"memory: {count} tiny images: peak RSS {peak / _MiB:.0f} MiB "
+              f"(converted in {runs[-1]['convert_seconds']:.0f} s)", flush=True)
+    report = {"runs": runs}
+    if len(runs) >= 2 and runs[-1]["records"] > runs[0]["records"]:
+        slope = ((runs[-1]["peak_rss"] - runs[0]["peak_rss"])
+                 / (runs[-1]["records"] - runs[0]["records"]))
+        report["bytes_per_record"] = slope
+        report["peak_rss_imagenet"] = (runs[-1]["peak_rss"]
+                                       + slope * (IMAGENET_TRAIN - runs[-1]["records"]))
+        report["extrapolated"] = runs[-1]["records"] != IMAGENET_TRAIN
+    return report
+
+
+def print_report(report: dict) -> None:
+    """The speed table and the memory lines, as the README quotes them."""
+    s = report["speed"]
+    print(f"\n{s['files']} files, {s['workers']} threads, {s['cores']} cores; medians of "
+          f"{report['rounds']} interleaved rounds")
+    print(f"{'':24} {'images/s':>9} {'per core':>9} {'of decode-only':>15}")
+    for r in s["results"]:
+        print(f"{r['name']:24} {r['images_per_sec']:9.0f} {r['per_core']:9.0f} "
+              f"{100 * r['share_of_decode_only']:14.0f}%")
+    m = report.get("memory")
+    if m and "bytes_per_record" in m:
+        how = "extrapolated linearly" if m["extrapolated"] else "measured"
+        print(f"memory: {m['bytes_per_record']:.0f} bytes of peak RSS per record; "
+              f"{IMAGENET_TRAIN} records: {m['peak_rss_imagenet'] / _MiB:.0f} MiB peak RSS "
+              f"({how})")
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join(
+        "..", "shared", "data", "imagenet-sample", "train"), help="folder of class folders")
+    parser.add_argument("--copies", type=int, default=8,
+                        help="symlinks per file, so a round lasts seconds (default: 8)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds; medians are reported (default: 5)")
+    parser.add_argument("--checks", nargs="+", default=["full", "header"],
+                        choices=["full", "header"], help="converter --check modes to time")
+    parser.add_argument("--memory-records", type=int, nargs="*", default=[10_000, 200_000],
+                        help="tiny-image counts for the memory figure (none: skip it)")
+    parser.add_argument("--tmp", default=None, help="folder for the replicated data and the "
+                        "LMDB (default: the system's temporary folder)")
+    parser.add_argument("--out", help="also write the figures to this JSON file")
+    return parser
+
+
+def main_cli(argv=None) -> int:
+    """Run the benchmark; 0 on success, 1 with one ``error:`` line on bad input."""
+    opts = get_args_parser().parse_args(argv)
+    if opts.rounds < 1 or opts.copies < 1:
+        print("bench_convert.py: error: --rounds and --copies must be at least 1", file=sys.stderr)
+        return 1
+    from loaders._image_check import DatasetError
+
+    work = tempfile.mkdtemp(prefix="bench_convert_", dir=opts.tmp)
+    try:
+        data = os.path.join(work, "data")
+        replicate(opts.data, data, opts.copies)
+        report = {"rounds": opts.rounds, "speed": speed(opts, data, work)}
+        if opts.memory_records:
+            report["memory"] = memory(opts)
+    except (DatasetError, RuntimeError, OSError) as exc:
+        print(f"bench_convert.py: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_report(report)
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())

@@ -1,0 +1,153 @@
+"""The writing side of ``folder2lmdb.py``: the output directory, the resume state of an
+unfinished conversion and the transactions (record format in ``_lmdb_codec.py``)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+
+import lmdb
+import msgpack
+
+from ._lmdb_codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb,
+                          last_record_index, read_meta)
+
+_MiB = 1 << 20
+
+
+class ConversionError(Exception):
+    """The conversion cannot start or continue (bad source, output, disk, --strict): one line."""
+
+
+
+@dataclass
+class ResumeState:
+    """What an interrupted conversion had committed, stored under ``PROGRESS_KEY`` in every
+    batch's transaction (so it always matches the records): ``fingerprint`` of the source
+    listing and settings (a resume needs the same), ``done`` source files handled, ``records``
+    written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files; ``resumed_at``:
+    ``done`` when this run started (not stored)."""
+
+    fingerprint: bytes
+    done: int = 0
+    records: int = 0
+    bytes: int = 0
+    reencoded: int = 0
+    skipped: int = 0
+    resumed_at: int = field(default=0, compare=False)
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.fingerprint, self.done, self.records, self.bytes,
+                              self.reencoded, self.skipped], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, value: bytes) -> "ResumeState":
+        return cls(*msgpack.unpackb(value, raw=False))
+
+
+
+def _prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | None:
+    """Make ``output`` ready; return the resume state of an unfinished conversion of the same
+    source there, or None to start afresh (an unfinished conversion of anything else is
+    replaced, a complete one only with ``overwrite``)."""
+    if os.path.exists(output) and (not os.path.isdir(output)
+                                   or (os.listdir(output) and not is_lmdb(output))):
+        raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
+    if is_lmdb(output):
+        try:
+            meta = read_meta(output)
+        except LMDBFormatError:
+            meta = None  # an unfinished conversion: resume it or start again
+        if meta is not None and not overwrite:
+            raise ConversionError(
+                f"{output}: already holds a complete database of {meta.count} images "
+                "(pass --overwrite to replace it)")
+        close_readonly(output)
+        if meta is None:
+            state = _read_resume_state(output)
+            if state is not None and state.fingerprint == fp:
+                return state
+            if state is not None:
+                print(f"folder2lmdb.py: {output}: the files or settings changed since this "
+                      "conversion was interrupted; starting over", file=sys.stderr)
+        shutil.rmtree(output)
+    os.makedirs(output, exist_ok=True)
+    return None
+
+
+def _read_resume_state(output: str) -> ResumeState | None:
+    """The :class:`ResumeState` of the unfinished database ``output``, or None if it has none
+    or it does not match the records (another writer): then the conversion starts over."""
+    try:
+        env = lmdb.open(output, subdir=True, readonly=True, lock=False)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin() as txn:
+            value = txn.get(PROGRESS_KEY)
+            state = ResumeState.decode(value) if value else None
+            # Records and state are committed together; a mismatch means another writer.
+            if state is not None and last_record_index(txn) + 1 != state.records:
+                return None
+            return state
+    except Exception:  # noqa: BLE001 - unreadable state of any kind: start over
+        return None
+    finally:
+        env.close()
+
+
+class _Writer:
+    """Writes batches of records in one transaction each, doubling ``map_size`` when full."""
+
+    def __init__(self, output: str, map_size: int):
+        self.output = output
+        self.env = lmdb.open(output, map_size=map_size, subdir=True, meminit=False,
+                             map_async=True)
+
+    def commit(self, puts, delete_prefix: bytes | None = None) -> None:
+        """Put ``(key, value)`` pairs (and delete keys starting with ``delete_prefix``) in one
+        transaction. Raises :class:`ConversionError` if the disk or the map cannot take it."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    if delete_prefix is not None:
+                        cursor = txn.cursor()
+                        cursor.set_range(delete_prefix)
+                        while cursor.key().startswith(delete_prefix) and cursor.delete():
+                            pass
+                    for key, value in puts:
+                        txn.put(key, value)
+                return
+            except lmdb.MapFullError:
+                # The aborted transaction left no trace: grow the map and write it again.
+                self._grow()
+            except (lmdb.Error, OSError) as exc:
+                raise ConversionError(f"{self.output}: cannot write the database ({exc}); "
+                                      "is the disk full?") from None
+
+    def _grow(self) -> None:
+        size = self.env.info()["map_size"] * 2
+        try:
+            self.env.set_mapsize(size)
+        except (lmdb.Error, OSError, OverflowError) as exc:
+            raise ConversionError(f"{self.output}: cannot grow the LMDB map to "
+                                  f"{size / _MiB:.0f} MiB ({exc})") from None
+
+    def read_prefix(self, prefix: bytes) -> list[bytes]:
+        """Values of the keys starting with ``prefix``, in key order."""
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(prefix):
+                return []
+            values = []
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                values.append(value)
+            return values
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
