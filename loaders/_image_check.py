@@ -250,9 +250,10 @@ def _encode_rgb(image) -> bytes:
     return out.getvalue()
 
 
-@dataclass
+@dataclass(slots=True)
 class Source:
-    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``."""
+    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``.
+    Slotted: a listing holds 1.28 M of them for ImageNet."""
 
     path: str
     rel: str
