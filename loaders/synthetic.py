@@ -40,25 +40,29 @@ class SyntheticLoader:
         gen = torch.Generator().manual_seed(self.seed)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
         self._batches: dict[int, torch.Tensor] = {}  # side (px) -> images, made once per side
-        self.set_resolution(size, _train_only=False)
+        self.images = self._batch(size)
 
     @property
     def resolution(self) -> int:
         """The side in pixels of the images the next pass yields."""
         return self.images.shape[-1]
 
-    def set_resolution(self, size: int, _train_only: bool = True) -> None:
+    def set_resolution(self, size: int) -> None:
         """Training: images of ``size`` px from now on (progressive resizing); each size's
         batch is generated once. Raises ``ValueError`` for a validation loader."""
-        if _train_only and not self.train:
+        if not self.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        self.images = self._batch(size)
+
+    def _batch(self, size: int) -> torch.Tensor:
+        """The normalised ``(batch_size, 3, size, size)`` noise batch of side ``size``."""
         if size not in self._batches:
             gen = torch.Generator().manual_seed(self.seed * 7919 + size)
             pixels = torch.randint(0, 256, (self.batch_size, 3, size, size), generator=gen,
                                    dtype=torch.uint8)
             self._batches[size] = normalize(pixels, *imagenet_mean_std(),
                                             self.channels_last).to(self.device, self.dtype)
-        self.images = self._batches[size]
+        return self._batches[size]
 
     def __len__(self) -> int:
         return self._len - self.start_batch
