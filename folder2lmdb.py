@@ -293,34 +293,47 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    """CLI entry point; returns the exit status: 0 success, 1 error (one ``error:`` line) or,
-    with ``--verify``, 1 if a problem was found (one line each, on stderr)."""
-    parser = get_args_parser()
+def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str, verify_run,
+            convert_run, errors: tuple) -> int:
+    """The command line of a converter (this one and ``folder2shards.py``): parse ``argv``,
+    then ``verify_run(args)`` (a result with ``line()``, ``problems`` and ``total``) with
+    ``--verify``, else ``convert_run(args)`` (a summary with ``line()``). Returns the exit
+    status: 0 success, 1 for an error in ``errors`` (one ``PROG: error:`` line) or, with
+    ``--verify``, 1 if a problem was found (one line each, on stderr). ``verified`` names what
+    ``--verify`` checks, for the message refusing ``-o`` beside it."""
     args = parser.parse_args(argv)
     # PIL warns once per file it cannot identify; such files are either decoded by
     # loaders._decoders or listed in the report, so the warning is noise on the console.
     warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
-        parser.error("--verify checks an existing database: give no -o/--output")
+        parser.error(f"--verify checks {verified}: give no -o/--output")
     if not args.verify and not (args.dataset and args.output):
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
         if args.verify:
-            result = verify(args.verify, args.dataset, workers=args.workers)
+            result = verify_run(args)
             print(result.line())
             for text in result.problems:
-                print(f"folder2lmdb.py: {text}", file=sys.stderr)
+                print(f"{prog}: {text}", file=sys.stderr)
             return 1 if result.total else 0
-        summary = convert(args.dataset, args.output, workers=args.workers,
-                          overwrite=args.overwrite, map_size=args.map_size,
-                          batch_size=max(1, args.batch_size), strict=args.strict,
-                          shuffle_seed=args.shuffle_seed, check=args.check)
-    except (ConversionError, DatasetError, OSError, lmdb.Error) as exc:
-        print(f"folder2lmdb.py: error: {exc}", file=sys.stderr)
+        summary = convert_run(args)
+    except errors as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     print(summary.line())
     return 0
+
+
+def main(argv=None) -> int:
+    """CLI entry point; returns the exit status (see :func:`run_cli`)."""
+    return run_cli(
+        "folder2lmdb.py", get_args_parser(), argv, "an existing database",
+        lambda args: verify(args.verify, args.dataset, workers=args.workers),
+        lambda args: convert(args.dataset, args.output, workers=args.workers,
+                             overwrite=args.overwrite, map_size=args.map_size,
+                             batch_size=max(1, args.batch_size), strict=args.strict,
+                             shuffle_seed=args.shuffle_seed, check=args.check),
+        (ConversionError, DatasetError, OSError, lmdb.Error))
 
 
 if __name__ == "__main__":

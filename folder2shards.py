@@ -41,14 +41,14 @@ import re
 import sys
 import tarfile
 import time
-import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgpack
 
-from folder2lmdb import REPORT_NAME, ConversionError, Summary, _write_report, fingerprint
+from folder2lmdb import (REPORT_NAME, ConversionError, Summary, _write_report, fingerprint,
+                         run_cli)
 from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, check_file,
                                   list_sources)
 from loaders._shard_codec import (INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter, idx_name,
@@ -340,35 +340,23 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verify_run(args):
+    """``--verify``: against the shards' own SHA-256s where ``progress.json`` still has them."""
+    state = Progress.load(args.verify)
+    digests = {s["name"]: s["sha256"] for s in state.shards} if state else None
+    return verify(args.verify, args.dataset, workers=args.workers, digests=digests)
+
+
 def main(argv=None) -> int:
-    """CLI entry point; returns the exit status: 0 success, 1 error (one ``error:`` line) or,
-    with ``--verify``, 1 if a problem was found (one line each, on stderr)."""
-    parser = get_args_parser()
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="image file could not be identified")
-    if args.verify and args.output:
-        parser.error("--verify checks existing shards: give no -o/--output")
-    if not args.verify and not (args.dataset and args.output):
-        parser.error("the following arguments are required: -d/--dataset, -o/--output")
-    try:
-        if args.verify:
-            state = Progress.load(args.verify)
-            digests = {s["name"]: s["sha256"] for s in state.shards} if state else None
-            result = verify(args.verify, args.dataset, workers=args.workers, digests=digests)
-            print(result.line())
-            for text in result.problems:
-                print(f"folder2shards.py: {text}", file=sys.stderr)
-            return 1 if result.total else 0
-        summary = convert(args.dataset, args.output, prefix=args.prefix,
-                          shard_size=parse_size(args.shard_size),
-                          max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
-                          workers=args.workers, strict=args.strict, overwrite=args.overwrite,
-                          check=args.check)
-    except (ConversionError, DatasetError, ShardFormatError, ValueError, OSError) as exc:
-        print(f"folder2shards.py: error: {exc}", file=sys.stderr)
-        return 1
-    print(summary.line())
-    return 0
+    """CLI entry point; returns the exit status (see :func:`folder2lmdb.run_cli`)."""
+    return run_cli(
+        "folder2shards.py", get_args_parser(), argv, "existing shards", _verify_run,
+        lambda args: convert(args.dataset, args.output, prefix=args.prefix,
+                             shard_size=parse_size(args.shard_size),
+                             max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
+                             workers=args.workers, strict=args.strict, overwrite=args.overwrite,
+                             check=args.check),
+        (ConversionError, DatasetError, ShardFormatError, ValueError, OSError))
 
 
 if __name__ == "__main__":
