@@ -41,15 +41,14 @@ import re
 import sys
 import tarfile
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import msgpack
 
 from folder2lmdb import (REPORT_NAME, ConversionError, Summary, _write_report, fingerprint,
                          run_cli)
-from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, check_file,
+from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, check_files,
                                   list_sources)
 from loaders._shard_codec import (INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter, idx_name,
                                   shard_name, source_keys, write_idx)
@@ -165,22 +164,6 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
     return progress
 
 
-def _checked(files: list, start: int, workers: int, check: str = "full"):
-    """``(index, check_file result)`` for ``files[start:]`` in order, checked (under ``check``)
-    by ``workers`` threads, at most ``16 * workers`` files ahead of the consumer."""
-    pool, window, ahead = ThreadPoolExecutor(max(1, workers)), deque(), max(32, 16 * workers)
-    try:
-        following = start
-        while following < len(files) or window:
-            while following < len(files) and len(window) < ahead:
-                window.append((following, pool.submit(check_file, files[following].path, check)))
-                following += 1
-            index, future = window.popleft()
-            yield index, future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 class _OpenShard:
     """The shard being written: its tar writer, record spans and progress entry fields."""
 
@@ -290,22 +273,24 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
-    for index, result in _checked(files, state.done, workers, check):
-        src = files[index]
-        bar.update(1)
-        if isinstance(result, str):  # not an image: the reason
-            if strict:
-                raise ConversionError(f"{src.path}: {result} (--strict)")
-            (shard.skipped if shard else skipped).append([src.rel, result])
-            continue
-        if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],
-                                    settings["max_per_shard"]):
-            _commit(shard, index, state, output)
-            shard = None
-        if shard is None:
-            name = shard_name(settings["prefix"], len(state.shards))
-            shard, skipped = _OpenShard(output, name, skipped), []
-        shard.add(keys[src.rel], result, src.label)
+    paths = [src.path for src in files[state.done:]]
+    with closing(check_files(paths, workers, check, ahead=max(32, 16 * workers))) as results:
+        for index, result in enumerate(results, state.done):
+            src = files[index]
+            bar.update(1)
+            if isinstance(result, str):  # not an image: the reason
+                if strict:
+                    raise ConversionError(f"{src.path}: {result} (--strict)")
+                (shard.skipped if shard else skipped).append([src.rel, result])
+                continue
+            if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],
+                                        settings["max_per_shard"]):
+                _commit(shard, index, state, output)
+                shard = None
+            if shard is None:
+                name = shard_name(settings["prefix"], len(state.shards))
+                shard, skipped = _OpenShard(output, name, skipped), []
+            shard.add(keys[src.rel], result, src.label)
     if shard is not None:
         _commit(shard, len(files), state, output)
     bar.close()

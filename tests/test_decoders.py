@@ -232,3 +232,66 @@ def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
     for (train_a, val_a), (train_b, val_b) in zip(*outputs):
         assert_close(train_a, train_b)
         assert_close(val_a, val_b)
+
+
+def damaged_variants(blobs: list[bytes], seed: int = 0) -> list[bytes]:
+    """Damaged copies of each JPEG: two cuts, byte flips in the headers and in the entropy-coded
+    data, a zeroed run and a marker inserted into the entropy-coded data."""
+    import random
+
+    rng, out = random.Random(seed), []
+    for good in blobs:
+        sos = good.index(b"\xff\xda")
+
+        def flipped(count, low, high):
+            data = bytearray(good)
+            for _ in range(count):
+                data[rng.randrange(low, high)] = rng.randrange(256)
+            return bytes(data)
+
+        at = rng.randrange(sos + 20, len(good) - 400)
+        out += [good[:rng.randrange(sos + 20, len(good))], good[:len(good) - rng.randrange(1, 64)],
+                flipped(2, 2, sos + 20), flipped(1, sos + 20, len(good) - 2),
+                flipped(16, sos + 20, len(good) - 2), good[:at] + bytes(300) + good[at + 300:],
+                good[:at] + bytes([0xFF, rng.choice([0xC0, 0xC4, 0xDA, 0xE1, 0xD9])]) + good[at:]]
+    return out
+
+
+def outcome(decode, data: bytes) -> str:
+    """``"ok"``, or the one-line error of ``decode(data)``."""
+    try:
+        decode(data)
+        return "ok"
+    except RuntimeError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_luma_decode_refuses_exactly_what_the_rgb_decode_refuses(sample_jpegs, backend):
+    """The converter's check decodes luma only (decode_jpeg_luma); on damaged real JPEGs it
+    refuses the same files, with the same message, as the loaders' RGB decode_jpeg."""
+    blobs, _ = sample_jpegs
+    refused = 0
+    for data in blobs[:80] + damaged_variants(blobs[:80]):
+        rgb, luma = outcome(_decoders.decode_jpeg, data), outcome(_decoders.decode_jpeg_luma, data)
+        assert rgb == luma
+        refused += rgb != "ok"
+    assert refused >= 150  # of 560 variants: the error paths are exercised
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_luma_decode_is_the_y_plane(sample_jpegs, backend):
+    """uint8 (1, H, W), within 1 level of torchvision's, and the luma (ITU-R BT.601) of the
+    RGB decode up to rounding (its chroma upsampling and clamping never touch Y)."""
+    blobs, reference = sample_jpegs
+    previous = _decoders.use("torchvision")
+    try:
+        expected = [_decoders.decode_jpeg_luma(b) for b in blobs[:40]]
+    finally:
+        _decoders.use(previous)
+    weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
+    for data, ref, rgb in zip(blobs[:40], expected, reference[:40]):
+        luma = _decoders.decode_jpeg_luma(data)
+        assert_close(luma, ref)
+        y_of_rgb = (rgb.float() * weights).sum(0, keepdim=True)
+        assert (luma.float() - y_of_rgb).abs().mean() < 1.0

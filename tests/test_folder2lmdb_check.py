@@ -138,3 +138,44 @@ def test_verify_finds_what_header_check_let_through_and_shards_take_the_check(da
     assert folder2shards.main(["-d", root, "-o", out, "--check", "header", "-j", "2"]) == 0
     assert set(_skipped(os.path.join(out, "skipped.tsv"))) == {"n01/truncated.JPEG",
                                                                "n01/text.JPEG"}
+
+
+def test_full_check_decodes_luma_only(monkeypatch):
+    """--check full refuses through decode_jpeg_luma (the loaders' library, luma only: same
+    refusals as its RGB decode_jpeg, tests/test_decoders.py), never through the RGB decode."""
+    from loaders import _decoders
+
+    def refuse(data):
+        raise RuntimeError("refused by the luma decode")
+
+    good = _jpeg(5)
+    monkeypatch.setattr(_decoders, "decode_jpeg", refuse)
+    assert _image_check.check_image(good).data == good
+    monkeypatch.setattr(_decoders, "decode_jpeg_luma", refuse)
+    with pytest.raises(_image_check.NotAnImage, match="refused by the luma decode"):
+        _image_check.check_image(good)
+
+
+@pytest.mark.parametrize("count,ahead", [(0, 16), (1, 16), (37, 16), (37, 3), (64, 1000)])
+def test_check_files_yields_every_result_in_order(damaged, count, ahead):
+    """Whatever the count (not a multiple of the task size) and the look-ahead, the results are
+    check_file's, in the order of the paths."""
+    root, files = damaged
+    rels = sorted(files)
+    paths = [os.path.join(root, rels[i % len(rels)]) for i in range(count)]
+    assert list(_image_check.check_files(paths, workers=3, ahead=ahead)) == \
+        [_image_check.check_file(p) for p in paths]
+
+
+def test_check_files_stops_when_closed(damaged, monkeypatch):
+    """Closing the generator early (a --strict error) cancels what is queued: no hang, and
+    the pool does not run the rest."""
+    root, _ = damaged
+    calls, original = [], _image_check.check_file
+    monkeypatch.setattr(_image_check, "check_file",
+                        lambda path, check="full": calls.append(path) or original(path))
+    results = _image_check.check_files([os.path.join(root, "n01/good.JPEG")] * 400,
+                                       workers=2, ahead=16)
+    assert isinstance(next(results), _image_check.Checked)
+    results.close()
+    assert len(calls) <= 16 + _image_check.TASK_FILES

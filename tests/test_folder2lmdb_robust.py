@@ -171,22 +171,33 @@ def progress_done(db):
         env.close()
 
 
+# folder2lmdb.py's command line with each transaction slowed by 20 ms: the whole conversion of
+# the corpus takes ~0.1 s, so without it the kills below would race the last commits.
+_SLOW_CLI = """
+import sys, time
+import folder2lmdb
+from loaders import _lmdb_writer
+commit = _lmdb_writer._Writer.commit
+_lmdb_writer._Writer.commit = lambda self, *a, **k: (time.sleep(0.02), commit(self, *a, **k))
+sys.exit(folder2lmdb.main(sys.argv[1:]))
+"""
+
+
 def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     corpus = make_bad_corpus(str(tmp_path / "src"), size=160, extra_per_class=60)
     total = len(corpus.kept) + len(corpus.skipped)
     reference = str(tmp_path / "reference")
     folder2lmdb.convert(corpus.root, reference, batch_size=4, progress=False)
     db = str(tmp_path / "db")
-    command = [sys.executable, "folder2lmdb.py", "-d", corpus.root, "-o", db, "-j", "1",
-               "--batch-size", "4"]
+    args = ["-d", corpus.root, "-o", db, "-j", "1", "--batch-size", "4"]
     rng = random.Random(1234)
     seen = []
     # The first kill at a random moment (often before any commit: imports take a while), the
     # others once a random number of files is committed, further along each time.
     targets = [None] + sorted(rng.sample(range(8, total - 16), 3))
     for target in targets:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_CLI, *args], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + (rng.uniform(0.2, 1.5) if target is None else 60)
         while time.monotonic() < deadline and proc.poll() is None:
             done = progress_done(db)
@@ -199,7 +210,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
         with pytest.raises(codec.LMDBFormatError):  # never read as complete
             codec.read_meta(db)
     assert all(d is not None and 0 < d < total for d in seen[1:]), seen
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_cli(*args)  # the command line itself resumes
     assert result.returncode == 0, result.stderr
     assert f"resumed after {seen[-1]} files" in result.stdout
     assert read_all(db) == read_all(reference)
