@@ -29,8 +29,8 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 
 import lmdb
 import msgpack
@@ -41,8 +41,8 @@ from loaders._lmdb_codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS
                                  Metadata, encode_checksums, encode_meta, encode_record,
                                  record_checksum, record_key)
 from loaders._lmdb_verify import verify
-from loaders._malloc import retain_freed_memory
 from loaders._lmdb_writer import ConversionError, ResumeState, _prepare_output, _Writer
+from loaders._malloc import retain_freed_memory
 
 # PyTorch-LMDB's import path: `from folder2lmdb import ImageFolderLMDB` in users' scripts.
 from loaders.imagefolder_lmdb import ImageFolderLMDB  # noqa: F401

@@ -17,7 +17,8 @@ TorchCodec (decoding ignores both, so pixels do not change); WebP, AVIF and HEIC
 EXIF orientation still come out oriented under TorchCodec (ImageNet has none).
 
 Crop windows of JPEGs (RandomResizedCrop) are decoded by ``loaders._jpeg_window``;
-:func:`crop_decoder_status` is its one-line start-up report.
+:func:`crop_decoder_status` is its one-line start-up report. The converters' checks use
+:func:`decode_jpeg_luma`, the same library's luma-only decode, which refuses the same bytes.
 """
 from __future__ import annotations
 
