@@ -52,7 +52,7 @@ from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, 
                                   list_sources)
 from loaders._shard_codec import (INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter, idx_name,
                                   shard_name, source_keys, write_idx)
-from loaders._shard_verify import sha256_file, verify
+from loaders._shard_verify import verify
 
 PROGRESS_NAME = "progress.json"
 _OURS = re.compile(r"(.+-\d{6}\.(tar|idx)|index\.json|progress\.json|skipped\.tsv)(\.tmp)?")
@@ -194,7 +194,7 @@ class _OpenShard:
             os.fsync(f.fileno())
         write_idx(idx_name(self.path), self.spans)
         return {"name": self.name, "records": len(self.spans), "bytes": os.path.getsize(self.path),
-                "sha256": sha256_file(self.path), "done": done, "images": self.images,
+                "sha256": self.writer.sha256(), "done": done, "images": self.images,
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 

@@ -21,6 +21,7 @@ Raises :class:`ShardFormatError` for anything that does not follow this layout.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tarfile
@@ -63,8 +64,6 @@ def source_keys(classes: list[str], files) -> dict[str, str]:
     characters replaced by ``_`` (the ``.idx`` format splits lines at spaces), shortened with a
     hash to fit a ustar name, and ``_2``, ``_3``... added to repeats (``a.b.JPEG`` and
     ``a_b.JPEG``) in path order: unique within the split, and independent of the record order."""
-    import hashlib
-
     keys, used = {}, set()
     for src in sorted(files, key=lambda s: s.rel):
         key = "".join(c if c.isprintable() and not c.isspace() and not "\ud800" <= c <= "\udfff"
@@ -115,6 +114,7 @@ class ShardWriter:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._offset = 0
+        self._sha256 = hashlib.sha256()  # of the bytes written, so the shard is not read again
 
     def _add(self, name: str, data: bytes) -> int:
         info = tarfile.TarInfo(name)
@@ -129,6 +129,8 @@ class ShardWriter:
 
     def _write(self, pieces: list[bytes]) -> None:
         size = sum(map(len, pieces))
+        for piece in pieces:
+            self._sha256.update(piece)
         written = os.writev(self._fd, pieces)
         if written < size:  # a short write (a signal, a full disk): the rest, or its OSError
             rest = memoryview(b"".join(pieces))[written:]
@@ -151,6 +153,10 @@ class ShardWriter:
         end = self._offset + 2 * _BLOCK
         self._write([bytes(2 * _BLOCK + -end % _RECORD)])
         os.close(self._fd)
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of the bytes written so far (of the whole shard once closed)."""
+        return self._sha256.hexdigest()
 
 
 def write_idx(path: str, spans: list[RecordSpan]) -> None:

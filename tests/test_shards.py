@@ -1,6 +1,7 @@
 """The WebDataset shard backend (``--loader shards``): epoch orders, the loader contract, HTTP and
 ``pipe:`` streaming, DDP over uneven shards, and one-line errors for bad input."""
 import functools
+import hashlib
 import http.server
 import io
 import os
@@ -355,8 +356,8 @@ def test_damaged_record_is_replaced_and_named_once(tiny, tmp_path, capfd, stream
 
 def test_shard_writer_writes_the_bytes_tarfile_writes(tmp_path):
     """ShardWriter's one writev per member gives byte for byte what tarfile.addfile gives for
-    the same members (ustar headers, 512-byte padding, end blocks, 10,240-byte records), and
-    its spans point at each member's data."""
+    the same members (ustar headers, 512-byte padding, end blocks, 10,240-byte records), its
+    spans point at each member's data, and its running SHA-256 is the file's."""
     records = [("n01/a_0", b"\xff\xd8" + bytes(range(256)) * 3, 3), ("n02/b_1", b"x" * 512, 12),
                ("n03/c_2", b"", 0), ("n04/d_3", os.urandom(70_001), 999)]
     ours = tmp_path / "ours.tar"
@@ -373,6 +374,7 @@ def test_shard_writer_writes_the_bytes_tarfile_writes(tmp_path):
                 tar.addfile(info, io.BytesIO(data))
     blob = ours.read_bytes()
     assert blob == reference.read_bytes() and len(blob) % 10_240 == 0
+    assert writer.sha256() == hashlib.sha256(blob).hexdigest()  # what progress.json records
     for span, (_, image, label) in zip(spans, records):
         assert blob[span.image_offset:span.image_offset + span.image_size] == image
         assert blob[span.label_offset:span.label_offset + span.label_size] == str(label).encode()
