@@ -189,11 +189,9 @@ class _OpenShard:
     def finish(self, done: int) -> dict:
         """Close and sync the tar, then write its ``.idx``; return its progress entry
         (``done``: source files consumed through it). Raises :class:`OSError`."""
-        self.writer.close()
-        with open(self.path, "rb") as f:
-            os.fsync(f.fileno())
+        self.writer.close(sync=True)
         write_idx(idx_name(self.path), self.spans)
-        return {"name": self.name, "records": len(self.spans), "bytes": os.path.getsize(self.path),
+        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
                 "sha256": self.writer.sha256(), "done": done, "images": self.images,
                 "reencoded": self.reencoded, "skipped": self.skipped}
 

@@ -107,7 +107,7 @@ class ShardWriter:
     one ``os.writev`` call: ``tarfile.addfile`` copies in 16 KiB pieces, and each piece lets
     the converter's 8 checking threads take the GIL from the one thread that writes, which made
     it the bottleneck (README *Converter speed*). ``tell()`` is the file size so far in bytes
-    (before the end-of-archive blocks). Raises :class:`ShardFormatError` for a key too long for
+    (without the end-of-archive blocks until ``close()``). Raises :class:`ShardFormatError` for a key too long for
     a ustar header (100 bytes), ``OSError`` if the file cannot be written."""
 
     def __init__(self, path: str):
@@ -148,11 +148,16 @@ class ShardWriter:
     def tell(self) -> int:
         return self._offset
 
-    def close(self) -> None:
-        """Write the end-of-archive blocks and close the file."""
+    def close(self, sync: bool = False) -> None:
+        """Write the end-of-archive blocks and close the file; with ``sync``, ``fsync`` it
+        first. Raises ``OSError``."""
         end = self._offset + 2 * _BLOCK
         self._write([bytes(2 * _BLOCK + -end % _RECORD)])
-        os.close(self._fd)
+        try:
+            if sync:
+                os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
 
     def sha256(self) -> str:
         """Hex SHA-256 of the bytes written so far (of the whole shard once closed)."""

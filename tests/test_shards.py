@@ -364,7 +364,8 @@ def test_shard_writer_writes_the_bytes_tarfile_writes(tmp_path):
     writer = ShardWriter(str(ours))
     spans = [writer.write(key, image, label) for key, image, label in records]
     assert writer.tell() == ours.stat().st_size
-    writer.close()
+    writer.close(sync=True)
+    assert writer.tell() == ours.stat().st_size  # the closed shard's size, as progress.json has
     reference = tmp_path / "reference.tar"
     with tarfile.open(reference, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, image, label in records:
