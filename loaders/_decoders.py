@@ -220,7 +220,7 @@ def _as_bytes(data) -> bytes:
     return bytes(data)
 
 
-def _rgb_uint8(image: torch.Tensor) -> torch.Tensor:
+def _uint8_frame(image: torch.Tensor) -> torch.Tensor:
     """uint8 ``(C, H, W)`` (3 channels, or 1 for luma) from a decoder's output: the first
     frame of an animation, 16-bit samples scaled to 8 bits (``round(v / 257)``, as TorchCodec
     does)."""
@@ -241,7 +241,7 @@ def _decode(data, kind: str) -> torch.Tensor:
         out = getattr(backend, kind)(_tensor(backend.prepare(buffer)))
     except (RuntimeError, ValueError) as exc:
         raise RuntimeError(_one_line(exc)) from None
-    return _rgb_uint8(out)
+    return _uint8_frame(out)
 
 
 def decode_jpeg(data) -> torch.Tensor:
