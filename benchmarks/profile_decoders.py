@@ -5,7 +5,8 @@
         [--repeats 2] [--jpegcrop-so PATH]
 
 *Whole images*: ``loaders._decoders.decode_jpeg`` with each library usable here (TorchCodec,
-torchvision, PIL), encoded bytes -> RGB uint8 ``(3, H, W)``: ms per image and images/s per core.
+torchvision, PIL), encoded bytes -> RGB uint8 ``(3, H, W)``: ms per image and images/s per core;
+and a last row, ``decode_jpeg_luma`` (the converters' check) with the default library.
 *Crop windows*: the RandomResizedCrop(224) window of each image (our ``random_resized_crop_params``,
 torch seed 0; the same windows for every row) decoded by nvImageCodec's CPU backend
 (``loaders._jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
@@ -144,22 +145,28 @@ def whole_rows(blobs: list[bytes], args) -> None:
     _decoders.use(default)
     reference = [_decoders.decode_jpeg(b) for b in blobs]
 
-    def run(key):
-        _decoders.use(key)
-        return per_image_ms(_decoders.decode_jpeg, items, args.repeats)
+    luma = f"{default} luma"  # decode_jpeg_luma: the converters' check
 
-    times = time_rows(dict.fromkeys(keys), run, args.rounds)
+    def run(key):
+        _decoders.use(default if key == luma else key)
+        decode = _decoders.decode_jpeg_luma if key == luma else _decoders.decode_jpeg
+        return per_image_ms(decode, items, args.repeats)
+
+    times = time_rows(dict.fromkeys(keys + [luma]), run, args.rounds)
     print(f"\nWhole images: decode_jpeg -> RGB uint8, {len(blobs)} JPEGs, 1 thread, "
           f"{args.rounds} interleaved rounds (default here: {default})")
-    print(f"  {'library':<12} {'CPU ms/image, every round':<56} {'CPU':>6} {'wall':>6} "
+    print(f"  {'library':<16} {'CPU ms/image, every round':<56} {'CPU':>6} {'wall':>6} "
           f"{'img/s/core':>10} {'vs default max|mean':>20}")
     for key in keys:
         _decoders.use(key)
         worst, mean = differences([_decoders.decode_jpeg(b) for b in blobs], reference)
         rounds, cpu, wall = summary(times[key])
-        print(f"  {key:<12} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
+        print(f"  {key:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
               f"{worst:>11d} | {mean:.4f}")
     _decoders.use(default)
+    rounds, cpu, wall = summary(times[luma])
+    print(f"  {luma:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
+          f"{'(1 channel: Y)':>20}")
 
 
 def crop_functions(blobs, boxes, args) -> dict:

@@ -259,9 +259,9 @@ def decode_jpeg_luma(data) -> torch.Tensor:
     marker and entropy-decodes every block of every component (its only error paths), but skips
     the chroma components' inverse DCT, chroma upsampling and colour conversion (``jdcolor.c``:
     ``component_needed = FALSE``), which cannot fail. So it refuses the same bytes as the RGB
-    decode at about 18% less CPU per ImageNet JPEG (790 vs 964 us, one thread; README
-    *Converter speed*); ``tests/test_decoders.py`` compares both on damaged real JPEGs for
-    every library."""
+    decode at about 18% less CPU per ImageNet JPEG (0.761 vs 0.934 ms, one thread,
+    ``benchmarks/profile_decoders.py``; README *Converter speed*); ``tests/test_decoders.py``
+    compares both on damaged real JPEGs for every library."""
     return _decode(data, "luma")
 
 

@@ -104,11 +104,11 @@ class ShardWriter:
     Members carry fixed metadata (mtime 0, uid/gid 0, mode 0444), so the same records give the
     same bytes: those ``tarfile`` writes (headers from ``TarInfo.tobuf``, data padded to 512
     bytes, two zero blocks and padding to a 10,240-byte record at the end), but each member in
-    one ``os.writev`` call: ``tarfile.addfile`` copies in 16 KiB pieces, and each piece lets
-    the converter's 8 checking threads take the GIL from the one thread that writes, which made
-    it the bottleneck (README *Converter speed*). ``tell()`` is the file size so far in bytes
-    (without the end-of-archive blocks until ``close()``). Raises :class:`ShardFormatError` for a key too long for
-    a ustar header (100 bytes), ``OSError`` if the file cannot be written."""
+    one ``os.writev`` call: ``tarfile.addfile`` copies in 16 KiB pieces, and each piece lets the
+    converter's 8 checking threads take the GIL from the one thread that writes, which made it
+    the bottleneck (README *WebDataset shards*). ``tell()`` is the file size so far in bytes
+    (without the end-of-archive blocks until ``close()``). Raises :class:`ShardFormatError` for
+    a key too long for a ustar header (100 bytes), ``OSError`` if the file cannot be written."""
 
     def __init__(self, path: str):
         self.path = path

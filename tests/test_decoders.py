@@ -203,6 +203,8 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
     assert "Whole images" in out and "Crop windows" in out
     for row in ("torchvision", "whole decode + crop", "_jpegcrop.c (former)", "PyTurboJPEG"):
         assert row in out
+    luma = next(line for line in out.splitlines() if " luma " in line)
+    assert float(luma.split()[-6]) > 0  # decode_jpeg_luma's median CPU ms per image
     if jpeg_window.available():
         line = next(line for line in out.splitlines() if "nvImageCodec CPU" in line)
         assert float(line.split()[-7]) > 0  # its median CPU ms per image

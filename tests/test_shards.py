@@ -371,7 +371,8 @@ def test_shard_writer_writes_the_bytes_tarfile_writes(tmp_path):
         for key, image, label in records:
             for name, data in ((f"{key}.jpg", image), (f"{key}.cls", str(label).encode())):
                 info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o444, "", ""
+                info.size, info.mtime, info.mode = len(data), 0, 0o444
+                info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(data))
     blob = ours.read_bytes()
     assert blob == reference.read_bytes() and len(blob) % 10_240 == 0
