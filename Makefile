@@ -39,7 +39,7 @@ $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	  || $(PY) -m pip uninstall -y -q nvidia-dali-cuda120 nvidia-dali-cuda130
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	sh docker/install-pillow-simd.sh $(PY)
-	$(PY) -c "from loaders._transforms import image_library; print('image library:', image_library())"
+	$(PY) -c "from loaders.transforms import image_library; print('image library:', image_library())"
 	touch $(STAMP)
 
 demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 on CPU, show top-1 rising

@@ -8,9 +8,9 @@
 
 The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: each record is
 what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
-skipped and listed in ``OUT/skipped.tsv``; ``loaders/_image_check.py``, whose ``--check`` modes
-it takes too), with its ImageFolder label. The format is ``loaders/_shard_codec.py`` (shared
-with the reader ``loaders/shards.py``, and read by DALI's ``fn.readers.webdataset``):
+skipped and listed in ``OUT/skipped.tsv``; ``formats/images.py``, whose ``--check`` modes
+it takes too), with its ImageFolder label. The format is ``formats/shards/`` (shared with the
+reader ``loaders/shards.py``, and read by DALI's ``fn.readers.webdataset``):
 ``OUT/{prefix}-000000.tar, ...`` holding ``KEY.jpg`` + ``KEY.cls`` per record, DALI's index
 ``OUT/{prefix}-000000.idx`` of each, and
 ``OUT/index.json`` (classes, record count and bytes of each shard), written last.
@@ -22,287 +22,27 @@ window of a few thousand of a class-sorted stream: each shard holds a few neighb
 and a reader that shuffles shards and a small buffer gets batches of one or two classes (bad for
 batch norm and SGD). Here the files are read by path, so a global permutation costs nothing.
 
-A shard ends before a record would make its file exceed ``--shard-size`` bytes, or once it holds
-``--max-per-shard`` records (at least one record each). A shard is finished once its ``.idx``
-exists (the tar is written and synced first) and ``OUT/progress.json`` lists it: that file keeps
-the settings, a fingerprint of the listing (``folder2lmdb.fingerprint``) and each finished shard
-(records, bytes, SHA-256, source files consumed, files skipped). Boundaries depend on the checked
-records' sizes, so a rerun of the same command keeps the finished shards, skips the source files
-they consumed and continues from there: the output is identical to an uninterrupted run's.
-Anything after the last finished shard (a half-written tar) is written again. ``--verify``
+Shard boundaries, resume and ``progress.json``: ``formats/shards/_convert.py``. ``--verify``
 checks the SHA-256 digests too.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import re
 import sys
-import tarfile
-import time
-from contextlib import closing
-from dataclasses import dataclass, field
 
-import msgpack
+from formats.cli import converter_parser, parse_size, run_cli
+from formats.conversion import ConversionError
+from formats.images import DatasetError
+from formats.shards import Progress, ShardFormatError, convert, shard_digests, verify
 
-from folder2lmdb import (REPORT_NAME, ConversionError, Summary, _write_report, fingerprint,
-                         run_cli)
-from loaders._image_check import (CHECKS, RULES_VERSION, DatasetError, Listing, check_files,
-                                  list_sources)
-from loaders._shard_codec import (INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter, idx_name,
-                                  shard_name, source_keys, write_idx)
-from loaders._shard_verify import verify
-
-PROGRESS_NAME = "progress.json"
-_OURS = re.compile(r"(.+-\d{6}\.(tar|idx)|index\.json|progress\.json|skipped\.tsv)(\.tmp)?")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+__all__ = ["ConversionError", "Progress", "convert", "main", "parse_size", "verify"]
 
 
-def parse_size(text: str) -> int:
-    """Bytes in ``text``: a positive integer with an optional binary suffix (``512M`` = 512 MiB,
-    ``1G``, ``1GiB``). Raises :class:`ValueError` for anything else."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.I)
-    if not match or int(match[1]) <= 0:
-        raise ValueError(f"--shard-size: not a size in bytes: {text!r} (e.g. 1073741824, 512M)")
-    return int(match[1]) * _UNITS[match[2].lower()]
-
-
-def _member_bytes(size: int) -> int:
-    """Bytes a tar member of ``size`` data bytes takes: header plus data padded to 512."""
-    return tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE))
-
-
-def _closed_size(offset: int) -> int:
-    """File size in bytes of a tar closed at ``offset``: two zero blocks, then padding to
-    tarfile's record size (10 KiB)."""
-    return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
-
-
-@dataclass
-class Progress:
-    """``OUT/progress.json``: the conversion's ``settings`` (listing fingerprint, prefix, seed,
-    limits) and its finished ``shards``, each ``{name, records, bytes (tar file), sha256, done
-    (source files consumed through this shard), images (image bytes), reencoded, skipped
-    ([[rel, reason], ...])}``. Kept after the conversion, for ``--verify`` and resuming."""
-
-    settings: dict
-    shards: list[dict] = field(default_factory=list)
-
-    @property
-    def done(self) -> int:
-        return self.shards[-1]["done"] if self.shards else 0
-
-    def total(self, key: str) -> int:
-        return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
-
-    def save(self, folder: str) -> None:
-        """Write ``folder/progress.json`` atomically (synced). Raises :class:`OSError`."""
-        path = os.path.join(folder, PROGRESS_NAME)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-
-    @classmethod
-    def load(cls, folder: str) -> "Progress | None":
-        """The progress in ``folder``, or None if it has none or an unreadable one."""
-        try:
-            with open(os.path.join(folder, PROGRESS_NAME)) as f:
-                data = json.load(f)
-            return cls(dict(data["settings"]), list(data["shards"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-
-@dataclass
-class ShardSummary(Summary):
-    """:class:`folder2lmdb.Summary` plus the number of ``shards`` written."""
-
-    shards: int = 0
-
-    def line(self) -> str:
-        return f"{super().line()}; {self.shards} shards"
-
-
-def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
-    """Make ``output`` ready and return its progress: the finished shards of an unfinished
-    conversion with the same ``settings`` (whatever follows them is deleted), else a new one.
-    Raises :class:`ConversionError` if ``output`` is a file or holds other files, or (unless
-    ``overwrite``, which deletes our files) a complete or different conversion; OSError."""
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
-    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
-    foreign = [n for n in names if not _OURS.fullmatch(n)]
-    if foreign:
-        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
-                              "choose another -o")
-    progress = Progress.load(output) if names and not overwrite else None
-    if names and not overwrite:
-        if INDEX_NAME in names:
-            raise ConversionError(f"{output}: already holds a complete conversion "
-                                  "(pass --overwrite to replace it)")
-        if progress is None or progress.settings != settings:
-            raise ConversionError(f"{output}: holds an unfinished conversion of other files or "
-                                  "settings (pass --overwrite to start over)")
-        keep = 0
-        for shard in progress.shards:  # finished: tar of the recorded size, then its .idx
-            tar = os.path.join(output, shard["name"])
-            if not (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
-                    and os.path.isfile(idx_name(tar))):
-                break
-            keep += 1
-        del progress.shards[keep:]
-    progress = progress or Progress(settings)
-    kept = {n for s in progress.shards for n in (s["name"], idx_name(s["name"]))}
-    for name in names:
-        if name not in kept and name != PROGRESS_NAME:
-            os.remove(os.path.join(output, name))
-    os.makedirs(output, exist_ok=True)
-    progress.save(output)
-    return progress
-
-
-class _OpenShard:
-    """The shard being written: its tar writer, record spans and progress entry fields."""
-
-    def __init__(self, output: str, name: str, skipped: list):
-        self.name, self.path = name, os.path.join(output, name)
-        self.writer, self.spans, self.skipped = ShardWriter(self.path), [], skipped
-        self.images = self.reencoded = 0
-
-    def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
-        """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
-        if not self.spans:
-            return True
-        if max_records and len(self.spans) >= max_records:
-            return False
-        grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
-        return _closed_size(grown) <= max_bytes
-
-    def add(self, key: str, checked, label: int) -> None:
-        self.spans.append(self.writer.write(key, checked.data, label))
-        self.images += len(checked.data)
-        self.reencoded += checked.reencoded is not None
-
-    def finish(self, done: int) -> dict:
-        """Close and sync the tar, then write its ``.idx``; return its progress entry
-        (``done``: source files consumed through it). Raises :class:`OSError`."""
-        self.writer.close(sync=True)
-        write_idx(idx_name(self.path), self.spans)
-        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
-                "sha256": self.writer.sha256(), "done": done, "images": self.images,
-                "reencoded": self.reencoded, "skipped": self.skipped}
-
-
-def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> None:
-    progress.shards.append(shard.finish(done))
-    progress.save(output)
-
-
-def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
-            max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
-            strict: bool = False, overwrite: bool = False, progress: bool = True,
-            check: str = "full") -> ShardSummary:
-    """Convert the image folder ``dataset`` into shards in the folder ``output``.
-
-    ``prefix`` names the shards (default: ``dataset``'s base name); ``shard_size`` (bytes) and
-    ``max_per_shard`` (records) bound each shard; ``shuffle_seed`` fixes the record order;
-    ``workers`` threads check the files under ``check`` (``_image_check.CHECKS``). Non-images
-    are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
-    An unfinished conversion of the same files and settings is resumed after its finished
-    shards. Raises
-    :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
-    other files or (without ``overwrite``) another conversion, or cannot be written.
-    """
-    start = time.perf_counter()
-    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
-        raise ConversionError("--shard-size and --max-per-shard must be positive")
-    if check not in CHECKS:
-        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
-    prefix = prefix or os.path.basename(os.path.normpath(dataset))
-    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
-        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    try:
-        listing = list_sources(dataset).shuffled(shuffle_seed)
-    except DatasetError as exc:
-        raise ConversionError(str(exc)) from None
-    source, target = os.path.realpath(dataset), os.path.realpath(output)
-    if os.path.commonpath([source, target]) == source:
-        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
-    for name in listing.empty_classes:
-        print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
-              file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix,
-                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
-                "rules": RULES_VERSION}
-    try:
-        state = _prepare_output(output, settings, overwrite)
-    except OSError as exc:
-        raise ConversionError(f"{output}: cannot create the output ({exc.strerror or exc})") \
-            from None
-    resumed_at = state.done
-    try:
-        _write_shards(listing, state, output, workers, strict, progress, check)
-        _write_report(os.path.join(output, REPORT_NAME), [
-            msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
-            for s in state.shards for rel, why in s["skipped"]])
-        entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
-        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION).write(output)  # last
-    except OSError as exc:
-        raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
-                              "is the disk full?") from None
-    return ShardSummary(state.total("records"), state.total("images"),
-                        time.perf_counter() - start, output, state.total("reencoded"),
-                        state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
-                        shards=len(state.shards))
-
-
-def _write_shards(listing: Listing, state: Progress, output: str, workers: int, strict: bool,
-                  progress: bool, check: str = "full") -> None:
-    """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
-    shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
-    no image at all)."""
-    from tqdm import tqdm
-
-    files, settings = listing.files, state.settings
-    keys = source_keys(listing.classes, files)
-    bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
-               desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    shard, skipped = None, []
-    paths = [src.path for src in files[state.done:]]
-    with closing(check_files(paths, workers, check, ahead=max(32, 16 * workers))) as results:
-        for index, result in enumerate(results, state.done):
-            src = files[index]
-            bar.update(1)
-            if isinstance(result, str):  # not an image: the reason
-                if strict:
-                    raise ConversionError(f"{src.path}: {result} (--strict)")
-                (shard.skipped if shard else skipped).append([src.rel, result])
-                continue
-            if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],
-                                        settings["max_per_shard"]):
-                _commit(shard, index, state, output)
-                shard = None
-            if shard is None:
-                name = shard_name(settings["prefix"], len(state.shards))
-                shard, skipped = _OpenShard(output, name, skipped), []
-            shard.add(keys[src.rel], result, src.label)
-    if shard is not None:
-        _commit(shard, len(files), state, output)
-    bar.close()
-    if not state.shards:
-        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
-
-
-def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Convert an image folder to WebDataset tar "
-                                     "shards for main.py --loader shards, or check them.")
-    parser.add_argument("-d", "--dataset", help="folder of class subfolders, e.g. /imagenet/train "
-                        "(with --verify: also compare every record with it)")
-    parser.add_argument("-o", "--output", help="folder to write the shards to (or resume)")
-    parser.add_argument("--verify", metavar="DIR", help="check the shards in DIR instead")
+def get_args_parser():
+    parser = converter_parser(
+        "Convert an image folder to WebDataset tar shards for main.py --loader shards, or check "
+        "them.", output_help="folder to write the shards to (or resume)", verify_metavar="DIR",
+        verify_help="check the shards in DIR instead",
+        overwrite_help="replace a complete or different conversion at --output")
     parser.add_argument("--prefix", help="shard names PREFIX-000000.tar... (default: the base "
                         "name of --dataset, e.g. train)")
     parser.add_argument("--shard-size", default="1G", help="most bytes per shard file, suffixes "
@@ -311,29 +51,16 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="most records per shard (default: no limit)")
     parser.add_argument("--shuffle-seed", type=int, default=0, metavar="N",
                         help="seed of the records' global pseudo-random order (default: 0)")
-    parser.add_argument("-j", "--workers", type=int, default=8,
-                        help="threads reading and checking image files (default: 8)")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the first file that is not an image instead of skipping it")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a complete or different conversion at --output")
-    parser.add_argument("--check", choices=CHECKS, default="full",
-                        help="full (default): decode every image completely; header: decode a "
-                             "baseline JPEG only if it does not end in EOI (as folder2lmdb.py)")
     return parser
 
 
-def _verify_run(args):
-    """``--verify``: against the shards' own SHA-256s where ``progress.json`` still has them."""
-    state = Progress.load(args.verify)
-    digests = {s["name"]: s["sha256"] for s in state.shards} if state else None
-    return verify(args.verify, args.dataset, workers=args.workers, digests=digests)
-
-
 def main(argv=None) -> int:
-    """CLI entry point; returns the exit status (see :func:`folder2lmdb.run_cli`)."""
+    """CLI entry point; returns the exit status (see :func:`formats.cli.run_cli`)."""
     return run_cli(
-        "folder2shards.py", get_args_parser(), argv, "existing shards", _verify_run,
+        "folder2shards.py", get_args_parser(), argv, "existing shards",
+        # against the shards' own SHA-256s where progress.json still has them
+        lambda args: verify(args.verify, args.dataset, workers=args.workers,
+                            digests=shard_digests(args.verify)),
         lambda args: convert(args.dataset, args.output, prefix=args.prefix,
                              shard_size=parse_size(args.shard_size),
                              max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,

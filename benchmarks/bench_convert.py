@@ -10,7 +10,7 @@ temporary folder (the 250 real ImageNet JPEGs of the sample become 2,000 files, 
 holds them after the first round). Each round times, one after the other (A B C A B C ...):
 
 * ``decode-only``: read each file and decode it with the loaders' libjpeg-turbo
-  ``decode_jpeg`` (``loaders._decoders``: TorchCodec, else torchvision; RGB), in a pool of as
+  ``decode_jpeg`` (``loaders.decoders``: TorchCodec, else torchvision; RGB), in a pool of as
   many threads as the converter uses: the rate the issue's target (75%) is measured against;
 * ``decode-only, luma``: the same with ``decode_jpeg_luma``, the decode of ``--check full``
   (it refuses the same bytes without the chroma IDCT and colour conversion): the most the
@@ -75,7 +75,7 @@ def cores() -> int:
 def replicate(source: str, target: str, copies: int) -> int:
     """Fill ``target`` with ``copies`` symlinks to every file of the class folders of
     ``source`` (``name_K.ext``, same class folder) and return the number of links."""
-    from loaders._image_check import list_sources
+    from formats.images import list_sources
 
     listing = list_sources(source)  # raises DatasetError for a bad folder
     for name in listing.classes:
@@ -89,9 +89,9 @@ def replicate(source: str, target: str, copies: int) -> int:
 
 def decode_only(files: list[str], workers: int, luma: bool = False) -> float:
     """Seconds to read and completely decode ``files`` (libjpeg-turbo through
-    ``loaders._decoders.decode_jpeg``, RGB; with ``luma``, ``decode_jpeg_luma``, the decode of
+    ``loaders.decoders.decode_jpeg``, RGB; with ``luma``, ``decode_jpeg_luma``, the decode of
     the converter's check) in ``workers`` threads."""
-    from loaders._decoders import decode_jpeg, decode_jpeg_luma
+    from loaders.decoders import decode_jpeg, decode_jpeg_luma
 
     decode = decode_jpeg_luma if luma else decode_jpeg
 
@@ -119,7 +119,7 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
     import inspect
 
     import folder2lmdb
-    from loaders._image_check import list_sources
+    from formats.images import list_sources
 
     files = [src.path for src in list_sources(data).files]
     workers = inspect.signature(folder2lmdb.convert).parameters["workers"].default
@@ -239,7 +239,7 @@ def main_cli(argv=None) -> int:
         print("bench_convert.py: error: --rounds and --copies must be at least 1", file=sys.stderr)
         return 1
     from loaders import retain_freed_memory
-    from loaders._image_check import DatasetError
+    from formats.images import DatasetError
 
     retain_freed_memory()  # as folder2lmdb.py's command line does (folder2lmdb.run_cli)
     work = tempfile.mkdtemp(prefix="bench_convert_", dir=opts.tmp)

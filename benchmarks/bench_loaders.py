@@ -8,7 +8,7 @@ Runs, with the same batch size, workers, images and timing:
 * ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
   RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
 * ``decode-only``: read and fully decode each file to RGB and nothing else, in the same
-  DataLoader setup, with libjpeg-turbo through ``loaders._decoders`` (TorchCodec, else
+  DataLoader setup, with libjpeg-turbo through ``loaders.decoders`` (TorchCodec, else
   torchvision: the decoding ceiling of these files on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
 * each of our training loaders **as users run them**: ``python main.py --benchmark-data DIR
   [--lmdb | --dali ...] -b B -j J --train-batches N --benchmark-warmup W --seed 0``, i.e.
@@ -18,7 +18,7 @@ Runs, with the same batch size, workers, images and timing:
 
 Every pipeline runs in a fresh process (the baselines through this script's ``--baseline``
 mode, with torch's default threads, as pytorch/examples runs), iterating ``--warmup`` batches
-untimed and then ``--batches`` timed ones (cycling epochs, ``loaders._throughput.measure``
+untimed and then ``--batches`` timed ones (cycling epochs, ``loaders.measure_throughput``
 for all); ``--rounds`` interleaved repetitions, median reported. The sample is replicated
 ``--repeat`` times (symlinks) so timing sees steady state, and read once beforehand so all
 pipelines see a warm page cache. Writes ``OUT/report.json`` (every round, and the command of
@@ -47,8 +47,7 @@ sys.path.insert(0, REPO)
 import folder2lmdb  # noqa: E402
 import folder2shards  # noqa: E402
 import loaders  # noqa: E402
-from loaders._throughput import measure  # noqa: E402
-from loaders._transforms import decode, image_library, read_file  # noqa: E402
+from loaders.transforms import decode, image_library, read_file  # noqa: E402
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
 
@@ -81,7 +80,7 @@ def stock_loader(root: str, batch_size: int, workers: int, device: torch.device)
 
 class _DecodeOnly(Dataset):
     """Reads and fully decodes each file to RGB, returning only its label: with libjpeg-turbo
-    through ``loaders._decoders`` (our CPU loaders' whole-image decoder) or through PIL."""
+    through ``loaders.decoders`` (our CPU loaders' whole-image decoder) or through PIL."""
 
     def __init__(self, root: str, use_pil: bool):
         self.samples, self.use_pil = datasets.ImageFolder(root).samples, use_pil
@@ -287,7 +286,7 @@ def baseline(args) -> int:
         loader = stock_loader(args.data, b, j, device)
     else:
         loader = decode_only_loader(args.data, b, j, use_pil=args.baseline == "decode-only-pil")
-    print(json.dumps(measure(loader, args.batches, args.warmup)), flush=True)
+    print(json.dumps(loaders.measure_throughput(loader, args.batches, args.warmup)), flush=True)
     return 0
 
 

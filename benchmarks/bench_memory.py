@@ -3,7 +3,7 @@
 
     python benchmarks/bench_memory.py --out memory-report.json
 
-Writes two LMDBs in our format (``loaders/_lmdb_codec.py``) of tiny records (one 8x8 JPEG of
+Writes two LMDBs in our format (``formats/lmdb/_codec.py``) of tiny records (one 8x8 JPEG of
 under 300 bytes, labels in ImageFolder order over 1000 classes), of 10,000 and 1,281,167
 records (ImageNet's training set size), in a temporary directory that is removed at the end
 unless ``--keep``. For each database, in a fresh Python process (so nothing carries over from
@@ -77,7 +77,7 @@ def write_lmdb(path: str, count: int, num_classes: int = NUM_CLASSES,
     """
     import lmdb
 
-    from loaders._lmdb_codec import META_KEY, Metadata, encode_meta, encode_record, record_key
+    from formats.lmdb import META_KEY, Metadata, encode_meta, encode_record, record_key
 
     jpeg = tiny_jpeg()
     # One record (key, msgpack value, node header) takes under 400 bytes of a page.
@@ -150,13 +150,13 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     import torch
 
     import loaders
-    import loaders._order
+    import loaders.orders
 
     if sampler == "stock":
         from torch.utils.data import DistributedSampler
 
         # Measurement only: RandomOrder.order looks the name up at call time.
-        loaders._order.LeanDistributedSampler = DistributedSampler
+        loaders.orders.LeanDistributedSampler = DistributedSampler
     settings = loaders.LoaderSettings(
         backend="lmdb", train_path=db, val_path=db, batch_size=batch_size, workers=workers,
         seed=0, lmdb=True, train_crop_size=32, val_resize_size=32, val_crop_size=32,

@@ -2,7 +2,7 @@
 (``shards``: ``loaders.shards`` in its stream order), on data larger than the page cache.
 
 Builds an LMDB in the ``folder2lmdb.py`` format (JPEG bytes of the ImageNet sample, cycled,
-written with ``loaders._lmdb_codec``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
+written with ``formats.lmdb``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
 Then, for each order/readahead case, it drops the page cache (``sync; echo 3 >
 /proc/sys/vm/drop_caches``) and runs a child process in a cgroup-v1 memory group; once the
 child has imported torch (~0.5-0.7 GiB here) it limits the group to that usage plus
@@ -50,8 +50,8 @@ def build_db(path: str, gib: float, sample: str) -> int:
     (cycled; labels from their folders). Returns the record count."""
     import lmdb
 
-    from loaders._image_check import list_sources
-    from loaders._lmdb_codec import META_KEY, Metadata, encode_meta, encode_record, record_key
+    from formats.images import list_sources
+    from formats.lmdb import META_KEY, Metadata, encode_meta, encode_record, record_key
 
     listing = list_sources(os.path.join(sample, "train"))
     classes = listing.classes
@@ -74,8 +74,8 @@ def build_db(path: str, gib: float, sample: str) -> int:
 
 def build_shards(db: str, out: str, shard_mib: int = 256) -> int:
     """Write the LMDB ``db``'s records, in record order, as WebDataset shards of about
-    ``shard_mib`` MiB in ``out`` (``loaders/_shard_codec.py``); returns the shard count."""
-    from loaders._shard_codec import ShardIndex, ShardWriter, idx_name, shard_name, write_idx
+    ``shard_mib`` MiB in ``out`` (``formats/shards/_codec.py``); returns the shard count."""
+    from formats.shards import ShardIndex, ShardWriter, idx_name, shard_name, write_idx
     from loaders.lmdb_records import LMDBDataset
 
     dataset, shards, writer, spans = LMDBDataset(db), [], None, []
@@ -174,8 +174,8 @@ def _write(cgroup: str, name: str, value: int) -> None:
 def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
 
-    from loaders._order import BlockOrder, RandomOrder
-    from loaders._stream_order import StreamTrainOrder
+    from loaders.orders import BlockOrder, RandomOrder
+    from loaders.stream_orders import StreamTrainOrder
     from loaders.lmdb_records import LMDBDataset
     from loaders.shards import SHUFFLE_BUFFER, ShardRecords, resolve_split
 
@@ -201,7 +201,7 @@ def child(args) -> None:
         order = RandomOrder(n, seed=0)  # DistributedSampler's permutation, as the loaders
     decode = None
     if args.decode:
-        from loaders._decoders import decode_jpeg as decode  # the loaders' whole-image decoder
+        from loaders.decoders import decode_jpeg as decode  # the loaders' whole-image decoder
     epochs = []
     for epoch in range(args.epochs):
         indices = list(order.order(epoch))[:args.epoch_records]

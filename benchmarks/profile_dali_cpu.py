@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import loaders  # noqa: E402
 from benchmarks.bench_loaders import main_loader, replicate  # noqa: E402
-from loaders._dali_graph import RANDOM_AREA, RANDOM_ASPECT_RATIO  # noqa: E402
+from loaders.transforms import RRC_RATIO, RRC_SCALE  # noqa: E402
 from loaders.folder import open_image_folder  # noqa: E402
 
 
@@ -44,8 +44,8 @@ def stage_pipeline(stage: str, files: list[str], batch_size: int, threads: int):
         if stage == "decode whole image":
             return fn.decoders.image(encoded, device="cpu", output_type=types.RGB), labels
         images = fn.decoders.image_random_crop(
-            encoded, device="cpu", output_type=types.RGB, random_area=list(RANDOM_AREA),
-            random_aspect_ratio=list(RANDOM_ASPECT_RATIO), num_attempts=100)
+            encoded, device="cpu", output_type=types.RGB, random_area=list(RRC_SCALE),
+            random_aspect_ratio=list(RRC_RATIO), num_attempts=100)
         if stage.startswith("+ fn.resize"):
             images = fn.resize(images, resize_x=224, resize_y=224,
                                antialias=stage.endswith("antialiased"))

@@ -4,12 +4,12 @@
     python benchmarks/profile_decoders.py [--data ../shared/data/imagenet-sample] [--rounds 7]
         [--repeats 2] [--jpegcrop-so PATH]
 
-*Whole images*: ``loaders._decoders.decode_jpeg`` with each library usable here (TorchCodec,
+*Whole images*: ``loaders.decoders.decode_jpeg`` with each library usable here (TorchCodec,
 torchvision, PIL), encoded bytes -> RGB uint8 ``(3, H, W)``: ms per image and images/s per core;
 and a last row, ``decode_jpeg_luma`` (the converters' check) with the default library.
 *Crop windows*: the RandomResizedCrop(224) window of each image (our ``random_resized_crop_params``,
 torch seed 0; the same windows for every row) decoded by nvImageCodec's CPU backend
-(``loaders._jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
+(``loaders.jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
 DALI's CPU ``fn.decoders.image_slice`` (one pipeline with 1 thread and the whole set as one
 batch, synchronous; per image = batch time / images), by a build of the former
 ``loaders/_jpegcrop.c`` if ``--jpegcrop-so`` names one (``git show 5256e47:loaders/_jpegcrop.c >
@@ -35,9 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from loaders import _decoders  # noqa: E402
-from loaders import _jpeg_window as jpeg_window  # noqa: E402
-from loaders._transforms import random_resized_crop_params  # noqa: E402
+from loaders import decoders  # noqa: E402
+from loaders import jpeg_window  # noqa: E402
+from loaders.transforms import random_resized_crop_params  # noqa: E402
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -139,17 +139,17 @@ def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
 
 
 def whole_rows(blobs: list[bytes], args) -> None:
-    keys = _decoders.backends()
+    keys = decoders.backends()
     items = [(b,) for b in blobs]
-    default = _decoders.use(keys[0])  # the process's own choice, restored below
-    _decoders.use(default)
-    reference = [_decoders.decode_jpeg(b) for b in blobs]
+    default = decoders.use(keys[0])  # the process's own choice, restored below
+    decoders.use(default)
+    reference = [decoders.decode_jpeg(b) for b in blobs]
 
     luma = f"{default} luma"  # decode_jpeg_luma: the converters' check
 
     def run(key):
-        _decoders.use(default if key == luma else key)
-        decode = _decoders.decode_jpeg_luma if key == luma else _decoders.decode_jpeg
+        decoders.use(default if key == luma else key)
+        decode = decoders.decode_jpeg_luma if key == luma else decoders.decode_jpeg
         return per_image_ms(decode, items, args.repeats)
 
     times = time_rows(dict.fromkeys(keys + [luma]), run, args.rounds)
@@ -158,12 +158,12 @@ def whole_rows(blobs: list[bytes], args) -> None:
     print(f"  {'library':<16} {'CPU ms/image, every round':<56} {'CPU':>6} {'wall':>6} "
           f"{'img/s/core':>10} {'vs default max|mean':>20}")
     for key in keys:
-        _decoders.use(key)
-        worst, mean = differences([_decoders.decode_jpeg(b) for b in blobs], reference)
+        decoders.use(key)
+        worst, mean = differences([decoders.decode_jpeg(b) for b in blobs], reference)
         rounds, cpu, wall = summary(times[key])
         print(f"  {key:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
               f"{worst:>11d} | {mean:.4f}")
-    _decoders.use(default)
+    decoders.use(default)
     rounds, cpu, wall = summary(times[luma])
     print(f"  {luma:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
           f"{'(1 channel: Y)':>20}")
@@ -186,7 +186,7 @@ def crop_functions(blobs, boxes, args) -> dict:
         rows["DALI CPU image_slice"] = dali_slicer(blobs, boxes)
     except Exception as exc:  # noqa: BLE001 - DALI missing or refusing: report, go on
         rows["DALI CPU image_slice"] = f"not run: {type(exc).__name__}: {exc}"
-    rows["whole decode + crop"] = lambda d, t, l, h, w: _decoders.decode_jpeg(d)[:, t:t + h,
+    rows["whole decode + crop"] = lambda d, t, l, h, w: decoders.decode_jpeg(d)[:, t:t + h,
                                                                                l:l + w]
     return rows
 
@@ -195,7 +195,7 @@ def crop_rows(blobs: list[bytes], args) -> None:
     torch.manual_seed(0)
     boxes = []
     for data in blobs:
-        height, width = _decoders.decode_jpeg(data).shape[-2:]
+        height, width = decoders.decode_jpeg(data).shape[-2:]
         boxes.append(random_resized_crop_params(height, width, (0.08, 1.0), (3 / 4, 4 / 3),
                                                 torch.rand(41).tolist()))
     rows = crop_functions(blobs, boxes, args)
@@ -207,7 +207,7 @@ def crop_rows(blobs: list[bytes], args) -> None:
         return per_image_ms(usable[name], items, args.repeats, batch)
 
     times = time_rows(usable, run, args.rounds)
-    whole = [_decoders.decode_jpeg(b)[:, t:t + h, l:l + w] for b, (t, l, h, w) in zip(blobs, boxes)]
+    whole = [decoders.decode_jpeg(b)[:, t:t + h, l:l + w] for b, (t, l, h, w) in zip(blobs, boxes)]
     outputs = {name: (fn() if name == "DALI CPU image_slice" else [fn(*item) for item in items])
                for name, fn in usable.items()}
     first = next(iter(usable), None)
@@ -261,7 +261,7 @@ def main_cli(argv=None) -> int:
         print(f"profile_decoders.py: error: no JPEGs under {args.data}/train/*/", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
-    print(f"whole-image decoder: {_decoders.decoder_name()}; {_decoders.crop_decoder_status()}")
+    print(f"whole-image decoder: {decoders.decoder_name()}; {decoders.crop_decoder_status()}")
     whole_rows(blobs, args)
     crop_rows(blobs, args)
     return 0

@@ -3,9 +3,9 @@
 
     python benchmarks/profile_transforms.py [--data ../shared/data/imagenet-sample]
 
-Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders._decoders``:
+Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders.decoders``:
 TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
-``loaders._jpeg_window``, when installed), PIL
+``loaders.jpeg_window``, when installed), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
 Normalize, and the whole stock and ours training transforms (ours also with full decoding).
 """
@@ -24,9 +24,9 @@ from torchvision import transforms
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders import _decoders  # noqa: E402
-from loaders import _jpeg_window as jpeg_window  # noqa: E402
-from loaders._transforms import TrainTransform, decode, resize  # noqa: E402
+from loaders import decoders  # noqa: E402
+from loaders import jpeg_window  # noqa: E402
+from loaders.transforms import TrainTransform, decode, resize  # noqa: E402
 
 
 def per_image_ms(fn, items, repeats: int = 2) -> float:
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     k = list(range(len(files)))
     rows = [
         ("decode, PIL", per_image_ms(lambda i: Image.open(io.BytesIO(blobs[i])).convert("RGB"), k)),
-        (f"decode, {_decoders.decoder_name()}", per_image_ms(lambda i: decode(blobs[i]), k)),
+        (f"decode, {decoders.decoder_name()}", per_image_ms(lambda i: decode(blobs[i]), k)),
         ("crop + resize 224, PIL", per_image_ms(
             lambda i: transforms.functional.resized_crop(pil[i], *boxes[i], [224, 224]), k)),
         ("crop + resize 224, uint8 tensor (ours)", per_image_ms(

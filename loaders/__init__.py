@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 
 from ._common import DataError, DistInfo, input_dtype, split_paths
-from ._decoders import crop_decoder_status, decoder_name
+from .decoders import crop_decoder_status, decoder_name
 from ._errors import AcceleratorError
 from ._malloc import retain_freed_memory
 from ._settings import LoaderSettings
 from ._throughput import measure as measure_throughput
-from ._transforms import image_library
+from .transforms import image_library
 
 # backend name (the --loader choice) -> module implementing build_loaders
 BACKENDS = {

@@ -1,5 +1,5 @@
 """Pieces every backend shares: the rank/device context, paths, normalisation, and the
-device-side loader (epoch orders are in ``loaders/_order.py``).
+device-side loader (epoch orders are in ``loaders/orders.py``).
 
 Backends decode and crop to uint8 on the CPU; DataLoader workers write each sample straight
 into a reused shared-memory batch slot (``loaders/_shared_batches.py``), and
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from ._cuda_feed import CudaFeeder, normalize_into, page_lock
 from ._errors import DataError
 from ._bad_samples import TolerantDataset, too_many_unreadable
-from ._order import Order, ResumableSampler, batches_per_epoch, check_one_batch
+from .orders import Order, ResumableSampler, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
 from ._shared_batches import (NumberedBatchSampler, SharedBatches, SlotWriter, keep_as_is,
                               slots_for)
@@ -100,9 +100,9 @@ def check_same_classes(train_classes: Sequence[str], val_classes: Sequence[str])
 
 class DeviceLoader:
     """Loads ``dataset`` (items: uint8 ``(3, crop_size, crop_size)`` image, int label) in the
-    indices of ``order`` (an :class:`~loaders._order.Order`: training
-    :class:`~loaders._order.RandomOrder` or :class:`~loaders._order.BlockOrder`, validation
-    :class:`~loaders._order.ShardOrder`) with a DataLoader of ``workers`` processes, and yields
+    indices of ``order`` (an :class:`~loaders.orders.Order`: training
+    :class:`~loaders.orders.RandomOrder` or :class:`~loaders.orders.BlockOrder`, validation
+    :class:`~loaders.orders.ShardOrder`) with a DataLoader of ``workers`` processes, and yields
     ``(images, labels)`` ready for the model, ``batch_size`` per batch (training: whole
     batches only; validation: the last one may be partial).
 
@@ -110,9 +110,9 @@ class DeviceLoader:
     autocast dtype, see :func:`input_dtype`), normalised with
     :data:`IMAGENET_MEAN`/:data:`IMAGENET_STD` (channels-last memory format if
     ``channels_last``), and ``labels``: int64 ``(N,)`` on ``device``. ``len()`` is exact:
-    :func:`~loaders._order.batches_per_epoch` of the order, capped at ``max_batches``, less the
+    :func:`~loaders.orders.batches_per_epoch` of the order, capped at ``max_batches``, less the
     batches skipped by ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names
-    (index = label). ``sampler`` is the :class:`~loaders._order.ResumableSampler` over ``order``.
+    (index = label). ``sampler`` is the :class:`~loaders.orders.ResumableSampler` over ``order``.
 
     Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
     reused from epoch to epoch. On the CPU each batch is normalised out of its slot before it is

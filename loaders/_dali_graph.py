@@ -21,11 +21,8 @@ import numpy as np
 import torch
 
 from ._common import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
-from ._transforms import resize, resize_center_crop
+from .transforms import RRC_RATIO, RRC_SCALE, resize, resize_center_crop
 
-# RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision and DeepLearningExamples RN50).
-RANDOM_AREA = (0.08, 1.0)
-RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
 _MEAN_255, _STD_255 = imagenet_mean_std()
 
 
@@ -61,8 +58,8 @@ def augment(encoded, opts: GraphOptions):
     if not opts.decode_on_cpu:
         decode["hw_decoder_load"] = opts.hw_decoder_load
     if opts.train:
-        images = fn.decoders.image_random_crop(encoded, random_area=list(RANDOM_AREA),
-                                               random_aspect_ratio=list(RANDOM_ASPECT_RATIO),
+        images = fn.decoders.image_random_crop(encoded, random_area=list(RRC_SCALE),
+                                               random_aspect_ratio=list(RRC_RATIO),
                                                num_attempts=100, **decode)
         mirror = fn.random.coin_flip(probability=0.5)
     else:
@@ -86,7 +83,7 @@ def augment(encoded, opts: GraphOptions):
 def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders._transforms``) and normalisation (``loaders._common.normalize_each``)."""
+    (``loaders.transforms``) and normalisation (``loaders._common.normalize_each``)."""
     images, *rest, labels = outputs
     size = opts.crop_size
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None

@@ -17,10 +17,10 @@ the other backends' code, because DALI's CPU resize is the slow step there (``_d
 EXIF orientation is not applied (``adjust_orientation=False``): as in every loader here and in
 the ``ImageFolder`` + PIL pipeline of pytorch/examples, a JPEG's pixels are used as stored.
 
-Order: the loader reads each epoch in the indices of an epoch order (``loaders/_order.py``),
-the same objects as the other backends use (training :class:`~loaders._order.RandomOrder`, or
-:class:`~loaders._order.BlockOrder` with ``--lmdb --lmdb-order block``; validation
-:class:`~loaders._order.ShardOrder`), and hands DALI that exact list, not using DALI's
+Order: the loader reads each epoch in the indices of an epoch order (``loaders/orders.py``),
+the same objects as the other backends use (training :class:`~loaders.orders.RandomOrder`, or
+:class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``; validation
+:class:`~loaders.orders.ShardOrder`), and hands DALI that exact list, not using DALI's
 shuffling and sharding. The graph and the sources are in ``loaders/_dali_graph.py``. New pipelines are built for every
 pass, seeded from (seed, epoch, rank) and the pipeline's index, so an epoch's order is a function
 of (seed, epoch, rank) and its augmentation of (seed, epoch, rank, CPU-only pipelines) alone.
@@ -45,9 +45,9 @@ from ._common import DataError, DistInfo, _mix_seed, check_same_classes
 from ._dali_graph import (GraphOptions, augment, finish_on_cpu, folder_source, gpu_to_torch,
                           lmdb_source)
 from ._errors import AcceleratorError
-from ._order import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
+from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
-from ._transforms import decode, read_file
+from .transforms import decode, read_file
 
 # Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
 # 2.4's default is 0.65; its doc says the best value "should be found empirically" and links

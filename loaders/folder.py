@@ -7,10 +7,10 @@ import os
 from torchvision import datasets
 
 from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
-from ._lmdb_codec import is_lmdb
-from ._order import RandomOrder, ShardOrder
+from formats.lmdb import is_lmdb
+from .orders import RandomOrder, ShardOrder
 from ._settings import LoaderSettings
-from ._transforms import read_file, split_transform
+from .transforms import read_file, split_transform
 
 
 class ImageFolderBytes(datasets.ImageFolder):
@@ -35,7 +35,7 @@ class ImageFolderBytes(datasets.ImageFolder):
 
 def open_image_folder(root: str, transform=None) -> ImageFolderBytes:
     """``ImageFolder(root)`` yielding ``(transform(file bytes), int label)``; with the transforms
-    of ``loaders._transforms`` that is ``(uint8 tensor (3, H, W), label)``.
+    of ``loaders.transforms`` that is ``(uint8 tensor (3, H, W), label)``.
 
     Raises :class:`DataError` if ``root`` is an LMDB, not a directory, or holds no images.
     """
@@ -55,7 +55,7 @@ def open_image_folder(root: str, transform=None) -> ImageFolderBytes:
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the JPEG folders
     ``settings.train_path`` and ``settings.val_path``: training in
-    :class:`~loaders._order.RandomOrder`, validation in :class:`~loaders._order.ShardOrder`.
+    :class:`~loaders.orders.RandomOrder`, validation in :class:`~loaders.orders.ShardOrder`.
     Raises :class:`DataError` for bad folders, mismatched classes or a training shard smaller
     than one batch."""
     sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)

@@ -5,7 +5,7 @@
 ``main.py`` does not use it: its own LMDB loader (``loaders.lmdb_records``) is faster (uint8
 crops decoded straight from the JPEG, batches in shared slots). This one reuses that loader's
 reader (:class:`~loaders.lmdb_records.LMDBDataset`: records by number, lazy per-process
-environment) and the shared codec (``loaders/_lmdb_codec.py``), and decodes with PIL as
+environment) and the shared codec (``formats/lmdb/_codec.py``), and decodes with PIL as
 ``ImageFolder``'s default loader does.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ._common import DataError
-from ._lmdb_codec import decode_record, record_key
+from formats.lmdb import decode_record, record_key
 from .lmdb_records import LMDBDataset
 
 __all__ = ["ImageFolderLMDB", "pil_decode"]
@@ -73,7 +73,7 @@ class ImageFolderLMDB(Dataset):
     opened lazily in whichever process reads, reopened after a fork and never pickled (the
     handling of :class:`~loaders.lmdb_records.LMDBDataset`, which this wraps). ``readahead``:
     OS readahead, off by default (right for shuffled reading; see
-    :func:`~loaders._lmdb_codec.open_readonly`).
+    :func:`~formats.lmdb.open_readonly`).
 
     Raises :class:`~loaders.DataError` (one line) if ``root`` is not a complete LMDB written by
     ``folder2lmdb.py``.

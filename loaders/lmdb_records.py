@@ -10,11 +10,11 @@ import sys
 from torch.utils.data import Dataset
 
 from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
-from ._lmdb_codec import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
+from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
                           record_key)
-from ._order import BlockOrder, Order, RandomOrder, ShardOrder
+from .orders import BlockOrder, Order, RandomOrder, ShardOrder
 from ._settings import LoaderSettings
-from ._transforms import split_transform
+from .transforms import split_transform
 
 
 class LMDBDataset(Dataset):
@@ -27,7 +27,7 @@ class LMDBDataset(Dataset):
     names come from the metadata record; no per-sample list is held.
 
     ``readahead`` opens the environment with OS readahead on (see
-    :func:`~loaders._lmdb_codec.open_readonly`); leave it off for random order.
+    :func:`~formats.lmdb.open_readonly`); leave it off for random order.
 
     Raises :class:`~loaders._common.DataError` at construction if ``path`` is not a complete
     database, and ``KeyError`` for a missing record.
@@ -123,9 +123,9 @@ def warn_if_class_sorted(dataset: LMDBDataset, path: str, order: BlockOrder) -> 
 
 def training_order(dataset: LMDBDataset, settings: LoaderSettings, dist: DistInfo) -> Order:
     """The training order over ``dataset`` (an LMDB; also DALI's with ``--lmdb``):
-    ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders._order.BlockOrder`
+    ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders.orders.BlockOrder`
     (``lmdb_block_size`` records per block, ``lmdb_buffer_blocks`` open blocks; warns on rank 0
-    if the records are sorted by class), ``"random"`` -> :class:`~loaders._order.RandomOrder`.
+    if the records are sorted by class), ``"random"`` -> :class:`~loaders.orders.RandomOrder`.
     Raises :class:`DataError` for an unknown order or block sizes below 1."""
     if settings.lmdb_order == "random":
         return RandomOrder(len(dataset), dist.rank, dist.world_size, settings.seed)
@@ -146,7 +146,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs.
 
     Training reads in :func:`training_order`, validation in index order
-    (:class:`~loaders._order.ShardOrder`). ``settings.lmdb_readahead`` (``on``/``off``/
+    (:class:`~loaders.orders.ShardOrder`). ``settings.lmdb_readahead`` (``on``/``off``/
     ``auto``, see :func:`readahead_for`) sets OS readahead. Raises :class:`DataError` for an
     incomplete database, mismatched classes, bad block sizes or a training shard smaller than
     one batch.

@@ -3,12 +3,12 @@ or cluster file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3:/
 
 A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
 brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
-holds it (``loaders/_shard_codec.py``). The index gives every shard's record count, so ``len()``
+holds it (``formats/shards/_codec.py``). The index gives every shard's record count, so ``len()``
 is exact before anything is read.
 
 Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
 epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
-the orders in ``loaders/_stream_order.py`` give each DataLoader worker its own shards read
+the orders in ``loaders/stream_orders.py`` give each DataLoader worker its own shards read
 front to back, so a map-style dataset can still stream. Local shards are read by offset
 (``pread`` at the member offsets of DALI's ``.idx`` files, one read per record); streams are
 read sequentially with the ``webdataset`` library's tar iterator and key grouping, each worker
@@ -29,9 +29,9 @@ from torch.utils.data import Dataset
 
 from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
 from ._settings import LoaderSettings
-from ._shard_codec import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, read_idx
-from ._stream_order import StreamTrainOrder, StreamValOrder
-from ._transforms import split_transform
+from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, read_idx
+from .stream_orders import StreamTrainOrder, StreamValOrder
+from .transforms import split_transform
 
 HTTP_TIMEOUT_S = 60.0  # a stalled server fails the read instead of hanging the run
 STREAM_BUFFER = 1 << 20  # bytes read ahead from a stream
@@ -363,8 +363,8 @@ def _label(data: bytes, url: str) -> int:
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the shard splits
     ``settings.train_path`` and ``settings.val_path`` (see :func:`resolve_split`): training in
-    :class:`~loaders._stream_order.StreamTrainOrder` (same number of batches on every rank),
-    validation in :class:`~loaders._stream_order.StreamValOrder` (every record once across
+    :class:`~loaders.stream_orders.StreamTrainOrder` (same number of batches on every rank),
+    validation in :class:`~loaders.stream_orders.StreamValOrder` (every record once across
     ranks). Raises :class:`DataError` for bad splits, mismatched classes or a training split
     with less than one batch per rank."""
     sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
@@ -382,8 +382,8 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
 
 def split_order(dataset: ShardRecords, train: bool, settings: LoaderSettings, dist: DistInfo):
     """The epoch order of one shard split, for this backend and for DALI over shards:
-    :class:`~loaders._stream_order.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
-    training, :class:`~loaders._stream_order.StreamValOrder` for validation, one piece per
+    :class:`~loaders.stream_orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
+    training, :class:`~loaders.stream_orders.StreamValOrder` for validation, one piece per
     ``settings.workers``."""
     if train:
         counts = [s["records"] for s in dataset.index.shards]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._common import DistInfo, imagenet_mean_std, normalize
-from ._order import RandomOrder, ShardOrder, batches_per_epoch
+from .orders import RandomOrder, ShardOrder, batches_per_epoch
 from ._settings import LoaderSettings
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split

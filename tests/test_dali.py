@@ -15,7 +15,7 @@ import loaders  # noqa: E402
 import loaders.dali as dali  # noqa: E402
 import main  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
-from loaders._order import BlockOrder  # noqa: E402
+from loaders.orders import BlockOrder  # noqa: E402
 from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8  # noqa: E402
 from tests.datagen import label_from_pixels  # noqa: E402
 from tests.test_main import SMALL  # noqa: E402

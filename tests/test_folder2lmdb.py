@@ -7,7 +7,8 @@ import pytest
 from torchvision.datasets import ImageFolder
 
 import folder2lmdb
-from loaders import _lmdb_codec as codec
+import formats.lmdb as codec
+from formats.lmdb._writer import Writer
 from tests import datagen
 from tests.conftest import REPO
 
@@ -148,7 +149,7 @@ def test_shuffled_database_verifies_and_resumes_in_its_order(tiny, tmp_path, mon
     reference = str(tmp_path / "reference")
     folder2lmdb.convert(train, reference, progress=False, batch_size=4, shuffle_seed=5)
     assert folder2lmdb.verify(reference, train).total == 0
-    commit = folder2lmdb._Writer.commit
+    commit = Writer.commit
     for seed, resumed_at in ((5, 12), (6, 0)):
         db = str(tmp_path / f"db{seed}")
         calls = []
@@ -159,10 +160,10 @@ def test_shuffled_database_verifies_and_resumes_in_its_order(tiny, tmp_path, mon
                 raise KeyboardInterrupt
             commit(self, puts, delete_prefix)
 
-        monkeypatch.setattr(folder2lmdb._Writer, "commit", killed_after_three_batches)
+        monkeypatch.setattr(Writer, "commit", killed_after_three_batches)
         with pytest.raises(KeyboardInterrupt):
             folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=5)
-        monkeypatch.setattr(folder2lmdb._Writer, "commit", commit)
+        monkeypatch.setattr(Writer, "commit", commit)
         # The same seed resumes after 12 files; another seed is another order: start over.
         summary = folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=seed)
         assert summary.resumed_at == resumed_at and summary.images == 32
@@ -183,7 +184,7 @@ def test_no_transaction_commits_after_one_fails(tiny, tmp_path, monkeypatch):
     """Commits run in their own thread, several batches behind: once one fails (disk full),
     none queued after it may record later files as done."""
     train = os.path.join(tiny.root, "train")
-    commit, calls = folder2lmdb._Writer.commit, []
+    commit, calls = Writer.commit, []
 
     def full_disk_once(self, puts, delete_prefix=None):
         calls.append(1)
@@ -191,11 +192,11 @@ def test_no_transaction_commits_after_one_fails(tiny, tmp_path, monkeypatch):
             raise folder2lmdb.ConversionError("disk full")
         commit(self, puts, delete_prefix)
 
-    monkeypatch.setattr(folder2lmdb._Writer, "commit", full_disk_once)
+    monkeypatch.setattr(Writer, "commit", full_disk_once)
     db = str(tmp_path / "db")
     with pytest.raises(folder2lmdb.ConversionError, match="disk full"):
         folder2lmdb.convert(train, db, progress=False, batch_size=4)
-    monkeypatch.setattr(folder2lmdb._Writer, "commit", commit)
+    monkeypatch.setattr(Writer, "commit", commit)
     summary = folder2lmdb.convert(train, db, progress=False, batch_size=4)
     assert summary.resumed_at == 4 and summary.images == 32
     assert read_records(db) == read_records(os.path.join(tiny.lmdb, "train"))

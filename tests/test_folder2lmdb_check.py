@@ -13,7 +13,8 @@ from PIL import Image
 
 import folder2lmdb
 import folder2shards
-from loaders import _image_check
+from formats import images as image_check
+from formats.conversion import fingerprint
 from tests.conftest import REPO
 
 
@@ -77,13 +78,13 @@ def test_header_check_skips_only_what_headers_find(damaged, tmp_path):
 
 def test_header_check_decodes_only_jpegs_without_a_final_eoi(monkeypatch):
     decoded = []
-    monkeypatch.setattr(_image_check, "_library_decode", decoded.append)
+    monkeypatch.setattr(image_check, "_library_decode", decoded.append)
     good = _jpeg(3)
-    assert _image_check.check_image(good, "header").data == good
+    assert image_check.check_image(good, "header").data == good
     assert decoded == []
-    assert _image_check.check_image(good + b"\0", "header").data == good + b"\0"
+    assert image_check.check_image(good + b"\0", "header").data == good + b"\0"
     assert decoded == [good + b"\0"]
-    _image_check.check_image(good)  # full: always
+    image_check.check_image(good)  # full: always
     assert decoded[-1] == good
 
 
@@ -102,18 +103,18 @@ def test_full_check_rejects_whatever_pil_rejects():
     pil_rejects = 0
     for data in variants:
         try:
-            _image_check._decode(data)
-        except _image_check.NotAnImage:
+            image_check._decode(data)
+        except image_check.NotAnImage:
             pil_rejects += 1
-            with pytest.raises(_image_check.NotAnImage):
-                _image_check.check_image(data)
+            with pytest.raises(image_check.NotAnImage):
+                image_check.check_image(data)
     assert pil_rejects >= 10  # the variants do exercise the decoders' error paths
 
 
 def test_resume_needs_the_same_check(tiny):
-    listing = _image_check.list_sources(os.path.join(tiny.root, "train"))
-    assert folder2lmdb.fingerprint(listing, "full") != folder2lmdb.fingerprint(listing, "header")
-    assert folder2lmdb.fingerprint(listing) == folder2lmdb.fingerprint(listing, "full")
+    listing = image_check.list_sources(os.path.join(tiny.root, "train"))
+    assert fingerprint(listing, "full") != fingerprint(listing, "header")
+    assert fingerprint(listing) == fingerprint(listing, "full")
 
 
 def test_bad_check_is_one_line(tiny, tmp_path):
@@ -143,17 +144,17 @@ def test_verify_finds_what_header_check_let_through_and_shards_take_the_check(da
 def test_full_check_decodes_luma_only(monkeypatch):
     """--check full refuses through decode_jpeg_luma (the loaders' library, luma only: same
     refusals as its RGB decode_jpeg, tests/test_decoders.py), never through the RGB decode."""
-    from loaders import _decoders
+    from loaders import decoders
 
     def refuse(data):
         raise RuntimeError("refused by the luma decode")
 
     good = _jpeg(5)
-    monkeypatch.setattr(_decoders, "decode_jpeg", refuse)
-    assert _image_check.check_image(good).data == good
-    monkeypatch.setattr(_decoders, "decode_jpeg_luma", refuse)
-    with pytest.raises(_image_check.NotAnImage, match="refused by the luma decode"):
-        _image_check.check_image(good)
+    monkeypatch.setattr(decoders, "decode_jpeg", refuse)
+    assert image_check.check_image(good).data == good
+    monkeypatch.setattr(decoders, "decode_jpeg_luma", refuse)
+    with pytest.raises(image_check.NotAnImage, match="refused by the luma decode"):
+        image_check.check_image(good)
 
 
 @pytest.mark.parametrize("count,ahead", [(0, 16), (1, 16), (37, 16), (37, 3), (64, 1000)])
@@ -163,19 +164,19 @@ def test_check_files_yields_every_result_in_order(damaged, count, ahead):
     root, files = damaged
     rels = sorted(files)
     paths = [os.path.join(root, rels[i % len(rels)]) for i in range(count)]
-    assert list(_image_check.check_files(paths, workers=3, ahead=ahead)) == \
-        [_image_check.check_file(p) for p in paths]
+    assert list(image_check.check_files(paths, workers=3, ahead=ahead)) == \
+        [image_check.check_file(p) for p in paths]
 
 
 def test_check_files_stops_when_closed(damaged, monkeypatch):
     """Closing the generator early (a --strict error) cancels what is queued: no hang, and
     the pool does not run the rest."""
     root, _ = damaged
-    calls, original = [], _image_check.check_file
-    monkeypatch.setattr(_image_check, "check_file",
+    calls, original = [], image_check.check_file
+    monkeypatch.setattr(image_check, "check_file",
                         lambda path, check="full": calls.append(path) or original(path))
-    results = _image_check.check_files([os.path.join(root, "n01/good.JPEG")] * 400,
+    results = image_check.check_files([os.path.join(root, "n01/good.JPEG")] * 400,
                                        workers=2, ahead=16)
-    assert isinstance(next(results), _image_check.Checked)
+    assert isinstance(next(results), image_check.Checked)
     results.close()
-    assert len(calls) <= 16 + _image_check.TASK_FILES
+    assert len(calls) <= 16 + image_check.TASK_FILES

@@ -16,10 +16,11 @@ import pytest
 from PIL import Image
 
 import folder2lmdb
-from loaders import _image_check
-from loaders._decoders import decode_jpeg
-from loaders import _lmdb_codec as codec
-from loaders._transforms import decode
+from formats import images as image_check
+from loaders.decoders import decode_jpeg
+import formats.lmdb as codec
+from formats.lmdb._writer import Writer
+from loaders.transforms import decode
 from tests.badcorpus import make_bad_corpus
 from tests.conftest import REPO
 
@@ -72,8 +73,8 @@ def test_kept_records_labels_and_bytes(converted):
         assert stored_label == label, rel
         original = source_bytes(corpus, rel)
         if rel in corpus.reencoded:
-            assert data != original and data == _image_check.reencode(original), rel
-            assert _image_check.reencode_reason(data) is None, rel  # now baseline YCbCr
+            assert data != original and data == image_check.reencode(original), rel
+            assert image_check.reencode_reason(data) is None, rel  # now baseline YCbCr
         else:
             assert data == original, rel
     assert sorted(label for _, label in records) == [0] * 17 + [2] * 2
@@ -88,7 +89,7 @@ def test_every_record_decodes_with_pil_and_the_loaders_library(converted):
         tv = decode_jpeg(data)  # libjpeg-turbo itself (TorchCodec or torchvision), no PIL
         assert tv.shape == (3, *pil.shape[:2]) == decode(data).shape, rel
         if rel.endswith("webp_inside.JPEG"):
-            continue  # this PIL build may not read WebP: the converter used loaders._decoders
+            continue  # this PIL build may not read WebP: the converter used loaders.decoders
         with Image.open(io.BytesIO(source_bytes(corpus, rel))) as src:
             assert pil.shape[:2] == (src.height, src.width), rel
 
@@ -151,7 +152,7 @@ def test_jpeg_header_rules(sof, precision, components, adobe, reason):
     frame = bytes([precision]) + struct.pack(">HH", 8, 8) + bytes([components])
     frame += b"".join(bytes([i + 1, 0x11, 0]) for i in range(components))
     segments += bytes([0xFF, sof]) + struct.pack(">H", len(frame) + 2) + frame
-    found = _image_check.reencode_reason(segments + b"\xff\xda")
+    found = image_check.reencode_reason(segments + b"\xff\xda")
     assert found is None if reason is None else reason in found
 
 
@@ -166,7 +167,7 @@ def progress_done(db):
     try:
         with env.begin() as txn:
             value = txn.get(codec.PROGRESS_KEY)
-            return folder2lmdb.ResumeState.decode(value).done if value else None
+            return codec.ResumeState.decode(value).done if value else None
     finally:
         env.close()
 
@@ -176,9 +177,9 @@ def progress_done(db):
 _SLOW_CLI = """
 import sys, time
 import folder2lmdb
-from loaders import _lmdb_writer
-commit = _lmdb_writer._Writer.commit
-_lmdb_writer._Writer.commit = lambda self, *a, **k: (time.sleep(0.02), commit(self, *a, **k))
+from formats.lmdb._writer import Writer
+commit = Writer.commit
+Writer.commit = lambda self, *a, **k: (time.sleep(0.02), commit(self, *a, **k))
 sys.exit(folder2lmdb.main(sys.argv[1:]))
 """
 
@@ -226,7 +227,7 @@ def test_changed_source_restarts_instead_of_resuming(tmp_path):
     env = lmdb.open(db, subdir=True)
     with env.begin(write=True) as txn:  # as if killed before the last transaction
         txn.delete(codec.META_KEY)
-        txn.put(codec.PROGRESS_KEY, folder2lmdb.ResumeState(b"other source", 8, 5).encode())
+        txn.put(codec.PROGRESS_KEY, codec.ResumeState(b"other source", 8, 5).encode())
     env.close()
     summary = folder2lmdb.convert(corpus.root, db, progress=False)
     assert summary.resumed_at == 0 and summary.images == len(corpus.kept)

@@ -12,8 +12,8 @@ import pytest
 from torchvision.datasets import ImageFolder
 
 import folder2shards
-from loaders import _image_check
-from loaders._shard_codec import INDEX_NAME, ShardIndex, idx_name
+from formats import images as image_check
+from formats.shards import INDEX_NAME, ShardIndex, idx_name
 from loaders.shards import ShardRecords, resolve_split
 from tests import datagen
 from tests.badcorpus import make_bad_corpus
@@ -79,7 +79,7 @@ def test_generated_folder_round_trips_byte_for_byte(tiny_shards):
     index, shards = check_round_trip(src, out)
     assert [len(rs) for _, rs in shards] == [10, 10, 10, 2]
     assert [n for n, _ in shards] == [f"train-00000{i}.tar" for i in range(4)]
-    assert index.seed == 0 and index.rules == _image_check.RULES_VERSION
+    assert index.seed == 0 and index.rules == image_check.RULES_VERSION
     assert summary.images == 32 and summary.shards == 4 and summary.skipped == 0
     assert "wrote 32 images" in summary.line() and summary.line().endswith("; 4 shards")
     # The reader reads the same records, by the .idx offsets.
@@ -216,7 +216,7 @@ def test_damaged_files_are_skipped_and_listed(bad):
     assert len(records) == len(corpus.kept)
     assert "n01/name_with_spaces" in records  # spaces would break the .idx format
     for rel, label in corpus.kept.items():
-        checked = _image_check.check_file(os.path.join(corpus.root, rel))
+        checked = image_check.check_file(os.path.join(corpus.root, rel))
         assert (checked.data, label) in records.values(), rel
         assert (checked.reencoded is not None) == (rel in corpus.reencoded), rel
     assert result.stdout.startswith("wrote 19 images") and "re-encoded 10, skipped 6" in \

@@ -15,7 +15,7 @@ from torchvision import datasets, transforms
 from folder2lmdb import ImageFolderLMDB
 from loaders import DataError
 from loaders import imagefolder_lmdb
-from loaders._lmdb_codec import encode_record
+from formats.lmdb import encode_record
 from tests.datagen import label_from_pixels
 
 

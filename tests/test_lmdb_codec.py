@@ -1,7 +1,7 @@
 import msgpack
 import pytest
 
-from loaders import _lmdb_codec as codec
+import formats.lmdb as codec
 
 
 def test_record_keys_sort_in_index_order():

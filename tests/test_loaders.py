@@ -7,7 +7,7 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders._common import split_paths
-from loaders._order import ShardOrder
+from loaders.orders import ShardOrder
 from loaders.lmdb_records import LMDBDataset
 from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
 from tests.datagen import label_from_pixels

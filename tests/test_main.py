@@ -133,7 +133,7 @@ def _unfinished_copy(tiny, tmp_path) -> str:
     import lmdb
     import shutil
 
-    from loaders._lmdb_codec import META_KEY
+    from formats.lmdb import META_KEY
 
     root = tmp_path / "unfinished"
     shutil.copytree(tiny.lmdb, root)

@@ -55,7 +55,7 @@ def test_proc_memory_reads_this_process():
 
 
 def test_write_lmdb_is_readable_by_the_loader(tmp_path):
-    from loaders._transforms import TrainTransform
+    from loaders.transforms import TrainTransform
     from loaders.lmdb_records import LMDBDataset
 
     bench = _bench()

@@ -6,8 +6,8 @@ from torch.utils.data import DistributedSampler
 import loaders
 import main
 from loaders import DistInfo
-from loaders import _lmdb_codec as codec
-from loaders._order import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
+import formats.lmdb as codec
+from loaders.orders import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
                             batches_per_epoch)
 from loaders.lmdb_records import LMDBDataset
 from tests.conftest import loader_settings

@@ -15,9 +15,9 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders._shard_codec import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
+from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
                                   write_idx)
-from loaders._stream_order import StreamTrainOrder, StreamValOrder, buffer_shuffle
+from loaders.stream_orders import StreamTrainOrder, StreamValOrder, buffer_shuffle
 from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
 from tests.datagen import label_from_pixels
 from tests.test_distributed import SMALL, main_cmd, only_record, run

@@ -1,4 +1,4 @@
-"""RandomResizedCrop parameters and the uint8 transforms (loaders/_transforms.py)."""
+"""RandomResizedCrop parameters and the uint8 transforms (loaders/transforms.py)."""
 import math
 import random
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision import transforms
 
-from loaders._transforms import random_resized_crop_params, resize_center_crop
+from loaders.transforms import random_resized_crop_params, resize_center_crop
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 

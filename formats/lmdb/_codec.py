@@ -1,22 +1,7 @@
-"""The one record codec shared by ``folder2lmdb.py`` (writer) and ``loaders.lmdb_records`` (reader).
-
-Layout of a database written by ``folder2lmdb.py`` (an LMDB directory holding ``data.mdb``):
-
-* record ``i`` (``0 <= i < count``) under key :func:`record_key` ``(i)``:
-  ``msgpack.packb([jpeg_bytes, label])`` with ``jpeg_bytes`` the source file's bytes unchanged
-  (or its re-encoding to a baseline JPEG, see ``loaders/_image_check.py``)
-  and ``label`` an ``int`` equal to torchvision ``ImageFolder``'s ``class_to_idx`` for its folder;
-* one metadata record under :data:`META_KEY`, written in the last transaction so that a
-  database whose conversion did not finish has none: ``{"format", "version", "count",
-  "classes"}`` with ``classes`` the class folder names (wnids) in ImageFolder order;
-* one checksum record under :data:`CHECKSUMS_KEY`, written in the same last transaction: the
-  CRC-32 of every record's value (:func:`encode_checksums`), read only by
-  ``folder2lmdb.py --verify``; readers ignore it;
-* while a conversion runs (never in a complete database): its resume state under
-  :data:`PROGRESS_KEY` and per-batch entries under keys starting with :data:`PROGRESS_PREFIX`,
-  all deleted by the last transaction.
-
-Keys are derived from the index, so neither side stores or holds a list of all keys.
+"""Keys, values and the metadata of the LMDB layout (described in :mod:`formats.lmdb`), shared
+by the writer (:mod:`formats.lmdb._convert`), the verifier and the reader
+(``loaders.lmdb_records``). Keys are derived from the index, so neither side stores or holds a
+list of all keys.
 """
 from __future__ import annotations
 

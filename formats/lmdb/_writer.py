@@ -1,5 +1,5 @@
 """The writing side of ``folder2lmdb.py``: the output directory, the resume state of an
-unfinished conversion and the transactions (record format in ``_lmdb_codec.py``)."""
+unfinished conversion and the transactions (layout in :mod:`formats.lmdb`)."""
 from __future__ import annotations
 
 import os
@@ -10,15 +10,12 @@ from dataclasses import dataclass, field
 import lmdb
 import msgpack
 
-from ._lmdb_codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb,
-                          last_record_index, read_meta)
+from formats.conversion import ConversionError
+
+from ._codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb, last_record_index,
+                     read_meta)
 
 _MiB = 1 << 20
-
-
-class ConversionError(Exception):
-    """The conversion cannot start or continue (bad source, output, disk, --strict): one line."""
-
 
 
 @dataclass
@@ -47,7 +44,7 @@ class ResumeState:
 
 
 
-def _prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | None:
+def prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | None:
     """Make ``output`` ready; return the resume state of an unfinished conversion of the same
     source there, or None to start afresh (an unfinished conversion of anything else is
     replaced, a complete one only with ``overwrite``)."""
@@ -97,7 +94,7 @@ def _read_resume_state(output: str) -> ResumeState | None:
         env.close()
 
 
-class _Writer:
+class Writer:
     """Writes batches of records in one transaction each, doubling ``map_size`` when full."""
 
     def __init__(self, output: str, map_size: int):

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._order import _check_rank, batches_per_epoch
+from .orders import _check_rank, batches_per_epoch
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -79,7 +79,7 @@ class StreamTrainOrder:
     Per epoch, with a generator seeded from ``(seed, epoch)`` and identical on every rank, the
     shards are permuted and their records concatenated; rank ``r`` takes the ``r``-th of
     ``world_size`` consecutive segments of ``total // world_size`` records (whole shards plus at
-    most one part-shard at each end, as :class:`~loaders._order.BlockOrder` cuts blocks), keeps
+    most one part-shard at each end, as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps
     its first ``len(self)`` = whole batches of them, cuts them into one piece per worker (module
     docstring) and shuffles each piece through a ``buffer``-record sample buffer (seeded from
     ``(seed, epoch, rank, worker)``). Every rank has the same number of batches, so DDP never

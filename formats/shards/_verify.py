@@ -9,13 +9,11 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ._image_check import check_file, list_sources, reencode_reason
-from ._lmdb_verify import Verification
-from ._shard_codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan,
-                           ShardFormatError, ShardIndex, idx_name, read_idx, source_keys)
+from formats.conversion import REPORT_NAME, Verification
+from formats.images import check_file, list_sources, reencode_reason
 
-REPORT_NAME = "skipped.tsv"  # folder2lmdb.REPORT_NAME: the converters' list of skipped files
-
+from ._codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
+                     ShardIndex, idx_name, read_idx, source_keys)
 
 def sha256_file(path: str) -> str:
     """Hex SHA-256 of the file at ``path``, read 1 MiB at a time. Raises :class:`OSError`."""
@@ -33,15 +31,11 @@ class ShardVerification(Verification):
 
     shards: int = 0
 
-    def line(self) -> str:
-        what = (f"{self.count} records in {self.shards} shards, {self.classes} classes, "
+    def what(self) -> str:
+        return (f"{self.count} records in {self.shards} shards, {self.classes} classes, "
                 + ("SHA-256 of each shard" if self.checksums else
                    "no shard digests (progress.json): changed image bytes can go unnoticed")
                 + (f", source {self.dataset}" if self.dataset else ""))
-        if not self.total:
-            return f"verified {self.path}: OK ({what})"
-        shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
-        return f"verified {self.path}: {self.total} problems ({what}{shown})"
 
 
 def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
@@ -53,7 +47,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
     ``dataset``, also each record against the source file its key names (same bytes, or the
     converter's re-encoding; same label; in the order of the index's seed) and every source file
     either in the shards or in ``skipped.tsv``. Anything wrong is a problem, not an exception;
-    raises :class:`~loaders._image_check.DatasetError` only for a bad ``dataset``."""
+    raises :class:`~formats.images.DatasetError` only for a bad ``dataset``."""
     result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:

@@ -3,43 +3,13 @@ optionally, the folder it was converted from."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-
 import lmdb
 
-from ._image_check import Source, check_file, list_sources
-from ._lmdb_codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums,
-                          decode_record, last_record_index, open_readonly, read_meta,
-                          record_checksum, record_key)
+from formats.conversion import Verification
+from formats.images import Source, check_file, list_sources
 
-
-@dataclass
-class Verification:
-    """What :func:`verify` found: ``problems`` (at most ``max_problems`` lines) of ``total``."""
-
-    path: str
-    count: int = 0
-    classes: int = 0
-    checksums: bool = False
-    dataset: str | None = None
-    problems: list[str] = field(default_factory=list)
-    total: int = 0
-    max_problems: int = 20
-
-    def problem(self, text: str) -> None:
-        self.total += 1
-        if len(self.problems) < self.max_problems:
-            self.problems.append(text)
-
-    def line(self) -> str:
-        what = (f"{self.count} records, {self.classes} classes, "
-                + ("checksums" if self.checksums else "no checksum record (corruption that "
-                   "still decodes goes unnoticed)")
-                + (f", source {self.dataset}" if self.dataset else ""))
-        if not self.total:
-            return f"verified {self.path}: OK ({what})"
-        shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
-        return f"verified {self.path}: {self.total} problems ({what}{shown})"
+from ._codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums, decode_record,
+                     last_record_index, open_readonly, read_meta, record_checksum, record_key)
 
 
 def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
@@ -48,11 +18,11 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
 
     Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
     each record's CRC-32 against the checksum record, its label against the class count, and
-    that it decodes with ``loaders._transforms.decode`` (the loaders' decoder). With
+    that it decodes with ``loaders.transforms.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
     same order, shuffled as the metadata's ``shuffle_seed`` says).
-    Raises :class:`~loaders._image_check.DatasetError` for a bad ``dataset``; anything wrong
+    Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
     with ``db`` is a problem, not an exception.
     """
     result = Verification(db, dataset=dataset, max_problems=max_problems)
@@ -123,7 +93,7 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
 
 
 def _check_record(job) -> list[str]:
-    from ._transforms import decode  # torch: imported only when checking
+    from loaders.transforms import decode  # torch: imported only when checking
 
     index, rel, value, crc, num_classes = job
     name = _name(index, rel)

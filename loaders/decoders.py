@@ -11,12 +11,12 @@ run to run), PIL 1.241 ms, all to identical pixels; TorchCodec is the default be
 torchvision's decoders are deprecated and will be removed.
 
 Pixels are as stored: torchvision, PIL, DALI (``adjust_orientation=False``) and the crop-window
-decoder (``loaders._jpeg_window``) ignore EXIF orientation, TorchCodec always applies it. So the
+decoder (``loaders.jpeg_window``) ignore EXIF orientation, TorchCodec always applies it. So the
 APP1 (EXIF/XMP) segments of a JPEG and the eXIf chunks of a PNG are cut from the bytes handed to
 TorchCodec (decoding ignores both, so pixels do not change); WebP, AVIF and HEIC files with an
 EXIF orientation still come out oriented under TorchCodec (ImageNet has none).
 
-Crop windows of JPEGs (RandomResizedCrop) are decoded by ``loaders._jpeg_window``;
+Crop windows of JPEGs (RandomResizedCrop) are decoded by ``loaders.jpeg_window``;
 :func:`crop_decoder_status` is its one-line start-up report. The converters' checks use
 :func:`decode_jpeg_luma`, the same library's luma-only decode, which refuses the same bytes.
 """
@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from . import _jpeg_window
+from . import jpeg_window
 
 ENV_VAR = "IMAGENET_FAST_DECODER"
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -200,8 +200,8 @@ def decoder_name() -> str:
 
 
 def crop_decoder_status() -> str:
-    """One line for the start-up log on how training crops are decoded (``_jpeg_window``)."""
-    return _jpeg_window.status()
+    """One line for the start-up log on how training crops are decoded (``jpeg_window``)."""
+    return jpeg_window.status()
 
 
 def _tensor(data) -> torch.Tensor:

@@ -1,23 +1,7 @@
-"""The WebDataset shard format shared by ``folder2shards.py`` (writer) and ``loaders/shards.py``
-(reader), and read by DALI's ``fn.readers.webdataset``.
-
-A split is a folder (or the URL of one) holding:
-
-* ``{prefix}-000000.tar``, ``{prefix}-000001.tar``, ...: POSIX (ustar) tar files in the
-  WebDataset layout. Each record is two members, ``KEY.jpg`` (the original JPEG bytes, or the
-  re-encoded image as in the LMDB) then ``KEY.cls`` (the ImageFolder label, ASCII decimal).
-  ``KEY`` is ``<wnid>/<file stem>`` with dots replaced by ``_`` (WebDataset splits a member name
-  at its first dot after the last ``/``), so a record names its source image; whitespace is
-  replaced too and repeats are numbered (:func:`source_keys`).
-* ``{prefix}-000000.idx``, ...: DALI's index file of each tar (``wds2idx.py`` format ``v1.2``:
-  a header ``v1.2 N`` and per record ``jpg OFFSET SIZE NAME cls OFFSET SIZE NAME``, offsets of
-  the member data in bytes). The reader uses it for random access into local shards.
-* ``index.json``: ``{"format": "webdataset-imagenet", "version": 1, "classes": [wnid, ...],
-  "seed": int | null, "records": total, "bytes": total tar bytes, "shards": [{"name":
-  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``.
-  It is written last, so a split without it is an unfinished conversion.
-
-Raises :class:`ShardFormatError` for anything that does not follow this layout.
+"""Names, the tar writer, DALI's ``.idx`` files and ``index.json`` of the shard layout
+(described in :mod:`formats.shards`), shared by the writer (:mod:`formats.shards._convert`), the
+verifier and the reader (``loaders.shards``). Raises :class:`ShardFormatError` for anything that
+does not follow the layout.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ CenterCrop(224). Normalisation is left to the device (``loaders._common.DeviceLo
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, README *Measured*): decoding only
-the crop window (``_jpeg_window``), or else the whole image with libjpeg-turbo
-(``loaders._decoders``), and resizing the uint8 crop with torch's antialiased bilinear kernel
+the crop window (``jpeg_window``), or else the whole image with libjpeg-turbo
+(``loaders.decoders``), and resizing the uint8 crop with torch's antialiased bilinear kernel
 (channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +
 resize + ToTensor + Normalize, with the same random crop parameters (torchvision's
 ``RandomResizedCrop.get_params``).
@@ -21,8 +21,8 @@ from importlib import metadata
 import torch
 import torch.nn.functional as nnf
 
-from . import _decoders
-from . import _jpeg_window as jpeg_window
+from . import decoders
+from . import jpeg_window
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -30,15 +30,15 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 def decode(data: bytes) -> torch.Tensor:
     """Decode an encoded image to RGB: uint8 ``(3, H, W)`` (often a channels-last view).
 
-    JPEGs go through libjpeg-turbo (``loaders._decoders``: TorchCodec, else torchvision),
+    JPEGs go through libjpeg-turbo (``loaders.decoders``: TorchCodec, else torchvision),
     grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
     through the same library's ``decode_image``, and anything those refuse through PIL. Raises
     ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
     """
     try:
         if data[:3] == _JPEG_MAGIC:
-            return _decoders.decode_jpeg(data)
-        return _decoders.decode_image(data)
+            return decoders.decode_jpeg(data)
+        return decoders.decode_image(data)
     except RuntimeError:
         return _decode_with_pil(data)
 
@@ -61,6 +61,10 @@ def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
                            align_corners=False)[0]
 
 
+# RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision's defaults, also DALI's in
+# NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
+RRC_SCALE = (0.08, 1.0)
+RRC_RATIO = (3 / 4, 4 / 3)
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 random windows
 _DRAWS = 4 * _ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 
@@ -99,11 +103,11 @@ class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5).
 
     The crop window is drawn from the JPEG header's size and only that window is decoded
-    (``loaders._jpeg_window``), else the whole image. Random draws come from torch's global
+    (``loaders.jpeg_window``), else the whole image. Random draws come from torch's global
     RNG, which DataLoader seeds per worker: the same draws either way.
     """
 
-    def __init__(self, crop_size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO):
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
 
     def __call__(self, data: bytes) -> torch.Tensor:

@@ -1,0 +1,20 @@
+"""The on-disk formats: what the converters write and the loaders read back.
+
+- :mod:`formats.lmdb`: one LMDB per split (``folder2lmdb.py``, ``main.py --lmdb``); layout and
+  version in its docstring; ``convert`` (write), ``open_readonly``/``read_meta``/
+  ``decode_record`` (read), ``verify``.
+- :mod:`formats.shards`: WebDataset tar shards with DALI ``.idx`` files and ``index.json``
+  (``folder2shards.py``, ``main.py --loader shards``); likewise ``convert``, ``ShardIndex``/
+  ``read_idx``, ``verify``.
+- :mod:`formats.images`: which source files are images, which are stored byte for byte and which
+  re-encoded (the image checks, :data:`~formats.images.RULES_VERSION`), and the listing of a
+  class-folder source (``list_sources``).
+- :mod:`formats.conversion`: what both converters share (errors, summary, verification result,
+  resume fingerprint, ``skipped.tsv``); :mod:`formats.cli`: their one command-line runner.
+
+Databases and shards already written must keep reading and verifying: a layout change bumps the
+format's version (``tests/test_formats_compat.py`` reads ones written before this package).
+Runtime concerns (decoding, augmentation, epoch orders, batch slots, the device feed) are
+``loaders/``'s; the image checks decode with ``loaders.decoders`` so that what is stored is
+exactly what the loaders can read.
+"""

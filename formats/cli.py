@@ -1,0 +1,82 @@
+"""The one command line of the converters (``folder2lmdb.py``, ``folder2shards.py``): the flags
+they share, and :func:`run_cli`, which parses, converts or verifies, and turns every expected
+error into one ``PROG: error:`` line and an exit status."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from typing import Callable
+
+from formats.images import CHECKS
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def converter_parser(description: str, output_help: str, verify_metavar: str, verify_help: str,
+                     overwrite_help: str) -> argparse.ArgumentParser:
+    """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
+    ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
+    ``-j/--workers``, ``--overwrite``); each converter adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("-d", "--dataset",
+                        help="folder of class subfolders, e.g. /imagenet/train (with --verify: "
+                             "also compare every record with it)")
+    parser.add_argument("-o", "--output", help=output_help)
+    parser.add_argument("--verify", metavar=verify_metavar, help=verify_help)
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on the first file that is not an image instead of skipping it")
+    parser.add_argument("--check", choices=CHECKS, default="full",
+                        help="full (default): decode every image completely, so damaged ones are "
+                             "skipped; header: decode a baseline JPEG only if it does not end in "
+                             "EOI (faster; misses damage inside the compressed data)")
+    parser.add_argument("-j", "--workers", type=int, default=8,
+                        help="threads reading and checking image files (default: 8)")
+    parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    return parser
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: a positive integer with an optional binary suffix (``512M`` = 512 MiB,
+    ``1G``, ``1GiB``). Raises :class:`ValueError` for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.I)
+    if not match or int(match[1]) <= 0:
+        raise ValueError(f"--shard-size: not a size in bytes: {text!r} (e.g. 1073741824, 512M)")
+    return int(match[1]) * _UNITS[match[2].lower()]
+
+
+def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
+            verify_run: Callable, convert_run: Callable, errors: tuple) -> int:
+    """The command line of a converter: parse ``argv``, then ``verify_run(args)`` (a result with
+    ``line()``, ``problems`` and ``total``) with ``--verify``, else ``convert_run(args)`` (a
+    summary with ``line()``). Returns the exit status: 0 success, 1 for an error in ``errors``
+    (one ``PROG: error:`` line) or, with ``--verify``, 1 if a problem was found (one line each,
+    on stderr); argparse's 2 for bad flags. ``verified`` names what ``--verify`` checks, for
+    the message refusing ``-o`` beside it."""
+    from loaders import retain_freed_memory
+
+    args = parser.parse_args(argv)
+    # As main.py: decode buffers and records come from a heap that keeps freed memory, rather
+    # than fresh mmap()s faulted in page by page (halves the converter's system CPU time).
+    retain_freed_memory()
+    # PIL warns once per file it cannot identify; such files are either decoded by
+    # loaders.decoders or listed in the report, so the warning is noise on the console.
+    warnings.filterwarnings("ignore", message="image file could not be identified")
+    if args.verify and args.output:
+        parser.error(f"--verify checks {verified}: give no -o/--output")
+    if not args.verify and not (args.dataset and args.output):
+        parser.error("the following arguments are required: -d/--dataset, -o/--output")
+    try:
+        if args.verify:
+            result = verify_run(args)
+            print(result.line())
+            for text in result.problems:
+                print(f"{prog}: {text}", file=sys.stderr)
+            return 1 if result.total else 0
+        summary = convert_run(args)
+    except errors as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    print(summary.line())
+    return 0

@@ -1,0 +1,267 @@
+"""Writing WebDataset shards (layout in :mod:`formats.shards`) from a listing of image files.
+
+A shard ends before a record would make its file exceed ``shard_size`` bytes, or once it holds
+``max_per_shard`` records (at least one record each). A shard is finished once its ``.idx``
+exists (the tar is written and synced first) and ``OUT/progress.json`` lists it: that file keeps
+the settings, the listing's fingerprint (:func:`formats.conversion.fingerprint`) and each
+finished shard (records, bytes, SHA-256, source files consumed, files skipped). Boundaries depend
+on the checked records' sizes, so a rerun of the same conversion keeps the finished shards,
+skips the source files they consumed and continues from there: the output is identical to an
+uninterrupted run's. Anything after the last finished shard (a half-written tar) is written
+again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tarfile
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+
+import msgpack
+
+from formats.conversion import REPORT_NAME, ConversionError, Summary, fingerprint, write_report
+from formats.images import CHECKS, RULES_VERSION, DatasetError, Listing, check_files, list_sources
+
+from ._codec import INDEX_NAME, ShardIndex, ShardWriter, idx_name, shard_name, source_keys, write_idx
+
+PROGRESS_NAME = "progress.json"
+_OURS = re.compile(r"(.+-\d{6}\.(tar|idx)|index\.json|progress\.json|skipped\.tsv)(\.tmp)?")
+
+
+def _member_bytes(size: int) -> int:
+    """Bytes a tar member of ``size`` data bytes takes: header plus data padded to 512."""
+    return tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE))
+
+
+def _closed_size(offset: int) -> int:
+    """File size in bytes of a tar closed at ``offset``: two zero blocks, then padding to
+    tarfile's record size (10 KiB)."""
+    return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
+@dataclass
+class Progress:
+    """``OUT/progress.json``: the conversion's ``settings`` (listing fingerprint, prefix, seed,
+    limits) and its finished ``shards``, each ``{name, records, bytes (tar file), sha256, done
+    (source files consumed through this shard), images (image bytes), reencoded, skipped
+    ([[rel, reason], ...])}``. Kept after the conversion, for ``--verify`` and resuming."""
+
+    settings: dict
+    shards: list[dict] = field(default_factory=list)
+
+    @property
+    def done(self) -> int:
+        return self.shards[-1]["done"] if self.shards else 0
+
+    def total(self, key: str) -> int:
+        return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
+
+    def save(self, folder: str) -> None:
+        """Write ``folder/progress.json`` atomically (synced). Raises :class:`OSError`."""
+        path = os.path.join(folder, PROGRESS_NAME)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def load(cls, folder: str) -> "Progress | None":
+        """The progress in ``folder``, or None if it has none or an unreadable one."""
+        try:
+            with open(os.path.join(folder, PROGRESS_NAME)) as f:
+                data = json.load(f)
+            return cls(dict(data["settings"]), list(data["shards"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class ShardSummary(Summary):
+    """:class:`~formats.conversion.Summary` plus the number of ``shards`` written."""
+
+    shards: int = 0
+
+    def line(self) -> str:
+        return f"{super().line()}; {self.shards} shards"
+
+
+def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
+    """Make ``output`` ready and return its progress: the finished shards of an unfinished
+    conversion with the same ``settings`` (whatever follows them is deleted), else a new one.
+    Raises :class:`ConversionError` if ``output`` is a file or holds other files, or (unless
+    ``overwrite``, which deletes our files) a complete or different conversion; OSError."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    foreign = [n for n in names if not _OURS.fullmatch(n)]
+    if foreign:
+        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
+                              "choose another -o")
+    progress = Progress.load(output) if names and not overwrite else None
+    if names and not overwrite:
+        if INDEX_NAME in names:
+            raise ConversionError(f"{output}: already holds a complete conversion "
+                                  "(pass --overwrite to replace it)")
+        if progress is None or progress.settings != settings:
+            raise ConversionError(f"{output}: holds an unfinished conversion of other files or "
+                                  "settings (pass --overwrite to start over)")
+        keep = 0
+        for shard in progress.shards:  # finished: tar of the recorded size, then its .idx
+            tar = os.path.join(output, shard["name"])
+            if not (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
+                    and os.path.isfile(idx_name(tar))):
+                break
+            keep += 1
+        del progress.shards[keep:]
+    progress = progress or Progress(settings)
+    kept = {n for s in progress.shards for n in (s["name"], idx_name(s["name"]))}
+    for name in names:
+        if name not in kept and name != PROGRESS_NAME:
+            os.remove(os.path.join(output, name))
+    os.makedirs(output, exist_ok=True)
+    progress.save(output)
+    return progress
+
+
+class _OpenShard:
+    """The shard being written: its tar writer, record spans and progress entry fields."""
+
+    def __init__(self, output: str, name: str, skipped: list):
+        self.name, self.path = name, os.path.join(output, name)
+        self.writer, self.spans, self.skipped = ShardWriter(self.path), [], skipped
+        self.images = self.reencoded = 0
+
+    def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
+        """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
+        if not self.spans:
+            return True
+        if max_records and len(self.spans) >= max_records:
+            return False
+        grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
+        return _closed_size(grown) <= max_bytes
+
+    def add(self, key: str, checked, label: int) -> None:
+        self.spans.append(self.writer.write(key, checked.data, label))
+        self.images += len(checked.data)
+        self.reencoded += checked.reencoded is not None
+
+    def finish(self, done: int) -> dict:
+        """Close and sync the tar, then write its ``.idx``; return its progress entry
+        (``done``: source files consumed through it). Raises :class:`OSError`."""
+        self.writer.close(sync=True)
+        write_idx(idx_name(self.path), self.spans)
+        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
+                "sha256": self.writer.sha256(), "done": done, "images": self.images,
+                "reencoded": self.reencoded, "skipped": self.skipped}
+
+
+def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> None:
+    progress.shards.append(shard.finish(done))
+    progress.save(output)
+
+
+def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
+            max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
+            strict: bool = False, overwrite: bool = False, progress: bool = True,
+            check: str = "full") -> ShardSummary:
+    """Convert the image folder ``dataset`` into shards in the folder ``output``.
+
+    ``prefix`` names the shards (default: ``dataset``'s base name); ``shard_size`` (bytes) and
+    ``max_per_shard`` (records) bound each shard; ``shuffle_seed`` fixes the record order;
+    ``workers`` threads check the files under ``check`` (``formats.images.CHECKS``). Non-images
+    are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
+    An unfinished conversion of the same files and settings is resumed after its finished
+    shards. Raises
+    :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
+    other files or (without ``overwrite``) another conversion, or cannot be written.
+    """
+    start = time.perf_counter()
+    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
+        raise ConversionError("--shard-size and --max-per-shard must be positive")
+    if check not in CHECKS:
+        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
+    prefix = prefix or os.path.basename(os.path.normpath(dataset))
+    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
+        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
+    try:
+        listing = list_sources(dataset).shuffled(shuffle_seed)
+    except DatasetError as exc:
+        raise ConversionError(str(exc)) from None
+    source, target = os.path.realpath(dataset), os.path.realpath(output)
+    if os.path.commonpath([source, target]) == source:
+        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+    for name in listing.empty_classes:
+        print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
+              file=sys.stderr)
+    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix,
+                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
+                "rules": RULES_VERSION}
+    try:
+        state = _prepare_output(output, settings, overwrite)
+    except OSError as exc:
+        raise ConversionError(f"{output}: cannot create the output ({exc.strerror or exc})") \
+            from None
+    resumed_at = state.done
+    try:
+        _write_shards(listing, state, output, workers, strict, progress, check)
+        write_report(os.path.join(output, REPORT_NAME), [
+            msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
+            for s in state.shards for rel, why in s["skipped"]])
+        entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
+        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION).write(output)  # last
+    except OSError as exc:
+        raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
+                              "is the disk full?") from None
+    return ShardSummary(state.total("records"), state.total("images"),
+                        time.perf_counter() - start, output, state.total("reencoded"),
+                        state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
+                        shards=len(state.shards))
+
+
+def _write_shards(listing: Listing, state: Progress, output: str, workers: int, strict: bool,
+                  progress: bool, check: str = "full") -> None:
+    """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
+    shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
+    no image at all)."""
+    from tqdm import tqdm
+
+    files, settings = listing.files, state.settings
+    keys = source_keys(listing.classes, files)
+    bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+               desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
+    shard, skipped = None, []
+    paths = [src.path for src in files[state.done:]]
+    with closing(check_files(paths, workers, check, ahead=max(32, 16 * workers))) as results:
+        for index, result in enumerate(results, state.done):
+            src = files[index]
+            bar.update(1)
+            if isinstance(result, str):  # not an image: the reason
+                if strict:
+                    raise ConversionError(f"{src.path}: {result} (--strict)")
+                (shard.skipped if shard else skipped).append([src.rel, result])
+                continue
+            if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],
+                                        settings["max_per_shard"]):
+                _commit(shard, index, state, output)
+                shard = None
+            if shard is None:
+                name = shard_name(settings["prefix"], len(state.shards))
+                shard, skipped = _OpenShard(output, name, skipped), []
+            shard.add(keys[src.rel], result, src.label)
+    if shard is not None:
+        _commit(shard, len(files), state, output)
+    bar.close()
+    if not state.shards:
+        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
+
+
+def shard_digests(folder: str) -> dict[str, str] | None:
+    """``{shard name: SHA-256 hex}`` of the finished shards in ``folder/progress.json`` (what
+    :func:`~formats.shards.verify` checks the tar files against), or None without one."""
+    state = Progress.load(folder)
+    return {s["name"]: s["sha256"] for s in state.shards} if state else None

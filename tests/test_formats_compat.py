@@ -1,0 +1,76 @@
+"""Databases and shards written before ``formats/`` existed read and verify unchanged.
+
+``tests/fixtures/formats_v1/`` was written by the converters of commit a6452e7 (the last layout
+with the codecs under ``loaders/``) from ``src/``: 9 generated JPEGs, a progressive JPEG and a
+PNG named ``.JPEG`` (both re-encoded) and a text file (skipped); the LMDB with
+``--shuffle-seed 3``, the shards with ``--max-per-shard 5``. ``expected.json`` holds the SHA-256
+and label of every record as that code read them back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import folder2lmdb
+import folder2shards
+import formats.lmdb
+import formats.shards
+from loaders.lmdb_records import LMDBDataset
+from loaders.shards import ShardRecords, resolve_split
+from tests.conftest import REPO
+
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "formats_v1")
+
+
+@pytest.fixture
+def legacy(tmp_path):
+    """A writable copy of the fixture (LMDB opens its lock file beside data.mdb)."""
+    root = tmp_path / "formats_v1"
+    shutil.copytree(FIXTURE, root)
+    with open(root / "expected.json") as f:
+        return str(root), json.load(f)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_old_lmdb_reads_record_for_record(legacy):
+    root, expected = legacy
+    meta = formats.lmdb.read_meta(os.path.join(root, "lmdb"))
+    assert meta.version == formats.lmdb.FORMAT_VERSION == 1
+    assert list(meta.classes) == expected["classes"] and meta.shuffle_seed == 3
+    dataset = LMDBDataset(os.path.join(root, "lmdb"), transform=None)
+    records = [[_digest(data), label] for data, label in map(dataset.read, range(len(dataset)))]
+    assert records == expected["lmdb_records"]
+
+
+def test_old_shards_read_record_for_record(legacy):
+    root, expected = legacy
+    index, urls = resolve_split(os.path.join(root, "shards"))
+    assert index.classes == expected["classes"] and len(urls) == 3
+    records = ShardRecords(index, urls)
+    got = [[_digest(data), label] for data, label in map(records.read, range(len(records)))]
+    assert got == expected["shard_records"]
+
+
+def test_old_outputs_verify_against_their_source(legacy):
+    root, _ = legacy
+    src = os.path.join(root, "src")
+    assert folder2lmdb.main(["--verify", os.path.join(root, "lmdb"), "--dataset", src]) == 0
+    assert folder2shards.main(["--verify", os.path.join(root, "shards"), "--dataset", src]) == 0
+
+
+def test_old_lmdb_trains_through_the_loader(legacy):
+    """The record bytes decode into the uint8 crops the loaders make of any database."""
+    root, _ = legacy
+    dataset = LMDBDataset(os.path.join(root, "lmdb"), transform=lambda data: data)
+    from loaders.transforms import ValTransform
+
+    image = ValTransform(16, 8)(dataset[0][0])
+    assert image.dtype == torch.uint8 and image.shape == (3, 8, 8)
