@@ -52,11 +52,16 @@ demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 o
 	print('val top-1 by epoch:', ' -> '.join(f\"{x['val_acc1']:.0f}%\" for x in r)); \
 	assert r[-1]['val_acc1'] > r[0]['val_acc1'], 'validation accuracy did not rise'"
 
-test: install ## run the test suite (generated data and ../shared/data/imagenet-sample)
+test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present)
 	$(PY) -m pytest -q -rs
 
-bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=... (default: the real sample)
-	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),../shared/data/imagenet-sample) --out bench-output
+bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
+ifeq ($(DATA),)
+	@echo "make bench: no DATA=: timing 400 generated ImageNet-sized JPEGs in bench-data/ (DATA=/path/to/imagenet for real ones)"
+	@test -d bench-data/train || $(PY) -m tests.datagen bench-data --classes 100 --train-per-class 4 \
+	  --val-per-class 1 --min-size 300 --max-size 500 > /dev/null
+endif
+	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),bench-data) --out bench-output
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
 # take the same arguments here, and both write the training records in a seeded global shuffle.
@@ -97,5 +102,5 @@ gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-che
 	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
-	rm -rf $(DEMO) .pytest_cache gpu-check-output
+	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

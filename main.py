@@ -22,6 +22,7 @@ from torch import nn
 
 import loaders
 from engine import ConfigError
+from engine.argtypes import non_negative_int, positive_int, workers_type
 from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, restore_ema,
                                save_checkpoint, with_ema_weights)
 from engine.distributed import (ProcessFailed, check_cuda, check_gpu_flag, dist_backend,
@@ -63,20 +64,20 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
                    "(min(8, CPU cores))")
-    d.add_argument("--train-crop-size", type=int, default=224, help="RandomResizedCrop size (px)")
-    d.add_argument("--val-resize-size", type=int, default=256, help="val shorter-side resize (px)")
-    d.add_argument("--val-crop-size", type=int, default=224, help="val CenterCrop size (px)")
-    d.add_argument("--train-batches", type=int, metavar="N", help="cap on training batches per epoch")
-    d.add_argument("--val-batches", type=int, metavar="N", help="cap on validation batches")
+    d.add_argument("--train-crop-size", type=positive_int, default=224, help="RandomResizedCrop size (px)")
+    d.add_argument("--val-resize-size", type=positive_int, default=256, help="val shorter-side resize (px)")
+    d.add_argument("--val-crop-size", type=positive_int, default=224, help="val CenterCrop size (px)")
+    d.add_argument("--train-batches", type=positive_int, metavar="N", help="cap on training batches per epoch")
+    d.add_argument("--val-batches", type=positive_int, metavar="N", help="cap on validation batches")
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
     d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
                    help="with --lmdb: training read order; 'block' shuffles blocks of "
                    "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")
-    d.add_argument("--lmdb-block-size", type=int, default=256, metavar="N",
+    d.add_argument("--lmdb-block-size", type=positive_int, default=256, metavar="N",
                    help="with --lmdb-order block: records per block (256 ~ 28 MB of ImageNet)")
-    d.add_argument("--lmdb-buffer-blocks", type=int, default=8, metavar="K",
+    d.add_argument("--lmdb-buffer-blocks", type=positive_int, default=8, metavar="K",
                    help="with --lmdb-order block: blocks read at once, shuffled together")
     d.add_argument("--lmdb-readahead", default="auto", choices=["auto", "on", "off"],
                    help="with --lmdb: OS readahead; auto = on when the LMDB fits in half the "
@@ -95,9 +96,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     m.add_argument("--blurpool", action="store_true",
                    help="FFCV's BlurPool: blur before strided convs of >= 16 channels")
     o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=int, default=90, help="total epochs to run")
-    o.add_argument("--start-epoch", type=int, default=0, help="first epoch (useful on restarts)")
-    o.add_argument("-b", "--batch-size", type=int, default=256,
+    o.add_argument("--epochs", type=non_negative_int, default=90, help="total epochs to run")
+    o.add_argument("--start-epoch", type=non_negative_int, default=0, help="first epoch (useful on restarts)")
+    o.add_argument("-b", "--batch-size", type=positive_int, default=256,
                    help="images per step on this process")
     o.add_argument("--lr", "--learning-rate", type=float, default=0.1, dest="lr",
                    help="initial (peak) learning rate; x0.1 every 30 epochs by default")
@@ -121,35 +122,26 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="seconds a collective may wait for a missing peer before failing")
     g.add_argument("--multiprocessing-distributed", action="store_true",
                    help="spawn --nproc-per-node processes on this node, DistributedDataParallel")
-    g.add_argument("--nproc-per-node", type=int,
+    g.add_argument("--nproc-per-node", type=positive_int,
                    help="processes per node (default: the GPU count, 1 without GPUs)")
     g.add_argument("--gpu", type=int, help="GPU index to use")
     g.add_argument("--no-accel", action="store_true", help="do not use an accelerator (CPU)")
     w = p.add_argument_group("output")
     w.add_argument("-c", "--config", metavar="FILE", help="YAML preset (see configs/)")
     w.add_argument("--output-dir", default=".", help="checkpoints, metrics.jsonl, TensorBoard logs")
-    w.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
+    w.add_argument("-p", "--print-freq", type=non_negative_int, default=10, help="log every N steps")
     w.add_argument("--resume", default="", metavar="PATH", help="checkpoint to resume from")
-    w.add_argument("--save-every", type=int, default=0, metavar="N",
+    w.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
                    help="also checkpoint every N training steps, with the loader position "
                    "(--resume continues with the next batch); 0: at epoch ends only")
     w.add_argument("-e", "--evaluate", action="store_true", help="evaluate on val and exit")
     w.add_argument("--benchmark-data", action="store_true",
                    help="time the training loader alone (no model) for --train-batches batches "
                    "after --benchmark-warmup; print a JSON line")
-    w.add_argument("--benchmark-warmup", type=int, default=5, metavar="N",
+    w.add_argument("--benchmark-warmup", type=non_negative_int, default=5, metavar="N",
                    help="untimed batches before --benchmark-data starts the clock, and steps "
                    "of each epoch left out of its steady_images_per_sec")
     return p
-
-
-def workers_type(value) -> int | str:
-    """``-j`` value: a non-negative int or ``auto``."""
-    if value == "auto" or (isinstance(value, int) and value >= 0):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got {value!r}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -181,6 +173,7 @@ def main(argv=None) -> dict:
     spawned process fails.
     """
     args = parse_args(argv)
+    check_arch(args.arch)  # a typo is the first error, before any data or device is touched
     check_recipe_flags(args)
     resolution_schedule(args)  # bad sizes or ramps end here, in one line
     check_cuda(args.no_accel)
@@ -188,7 +181,6 @@ def main(argv=None) -> dict:
         return run_process(args)
     if resolve_backend(args)[0] != "synthetic":  # reported once here, not by every process
         loaders.split_paths(args.data, args.train, args.val)
-    check_arch(args.arch)
     dist_backend(args.dist_backend, use_cuda(args.no_accel))
     nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args.no_accel) else 1)
     check_gpu_flag(args.gpu, nproc)

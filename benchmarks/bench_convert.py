@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How fast does folder2lmdb.py convert, against decoding alone, and how much memory does it take?
 
-    python benchmarks/bench_convert.py [--data ../shared/data/imagenet-sample/train] [--copies 8]
+    python benchmarks/bench_convert.py --data DIR/train [--copies 8]
                                        [--rounds 5] [--checks full header] [--out report.json]
                                        [--memory-records 10000 200000]
 
@@ -216,8 +216,8 @@ def print_report(report: dict) -> None:
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join(
-        "..", "shared", "data", "imagenet-sample", "train"), help="folder of class folders")
+    parser.add_argument("--data", required=True,
+                        help="folder of class folders, e.g. an ImageNet train/")
     parser.add_argument("--copies", type=int, default=8,
                         help="symlinks per file, so a round lasts seconds (default: 8)")
     parser.add_argument("--rounds", type=int, default=5,

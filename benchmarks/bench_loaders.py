@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Side-by-side training-loader throughput on the same JPEGs, each pipeline in its own process.
 
-    python benchmarks/bench_loaders.py --data ../shared/data/imagenet-sample --out bench-output
+    python benchmarks/bench_loaders.py --data DIR --out bench-output
 
 Runs, with the same batch size, workers, images and timing:
 
@@ -340,7 +340,7 @@ def print_table(report: dict) -> None:
 
 def main_cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"),
+    parser.add_argument("--data", required=True,
                         help="ImageNet-layout root with train/ and val/")
     parser.add_argument("--out", default="bench-output", help="report.json and chart.png go here")
     parser.add_argument("-b", "--batch-size", type=int, default=64)

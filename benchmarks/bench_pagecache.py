@@ -15,8 +15,8 @@ disk for it (``/proc/self/io`` ``read_bytes``) and major page faults.
 Needs root for drop_caches and the cgroup; without the cgroup it says so and runs unlimited
 (then the database must be larger than the free page cache for the comparison to mean anything).
 
-    python benchmarks/bench_pagecache.py                      # 2 GiB DB, 512 MiB limit
-    python benchmarks/bench_pagecache.py --db /tmp/pc.lmdb --keep --json out.json
+    python benchmarks/bench_pagecache.py --sample DIR           # 2 GiB DB, 512 MiB limit
+    python benchmarks/bench_pagecache.py --sample DIR --db /tmp/pc.lmdb --keep --json out.json
 
 The shards are written next to the database (``DB-shards``, 256 MiB each) from its records.
 """
@@ -248,8 +248,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--db", help="LMDB to reuse (built there, and kept, if missing)")
     p.add_argument("--db-gib", type=float, default=2.0, help="size of the database to build")
-    p.add_argument("--sample", default=os.path.join(REPO, "..", "shared", "data",
-                                                    "imagenet-sample"),
+    p.add_argument("--sample", required=True,
                    help="ImageNet-layout folder whose train/ JPEGs fill the database")
     p.add_argument("--limit-mib", type=int, default=512,
                    help="cgroup memory limit of the reader on top of its usage after imports")

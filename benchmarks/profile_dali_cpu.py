@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where DALI's CPU-only training pipeline spends its time: images/s of each stage alone.
 
-    python benchmarks/profile_dali_cpu.py [--data ../shared/data/imagenet-sample] [-b 32] [-j 2]
+    python benchmarks/profile_dali_cpu.py --data DIR [-b 32] [-j 2]
 
 Each row is a DALI pipeline on the CPU (``device_id=None``, ``-j`` threads, batch ``-b``) over
 the sample's training JPEGs replicated 16 times, run for ``--batches`` batches after 10 warm-up
@@ -70,7 +70,7 @@ def images_per_sec(next_batch, batch_size: int, batches: int) -> tuple[float, fl
 
 def main_cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batches", type=int, default=80)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Image decoders side by side on the same JPEGs, one thread: whole images, then crop windows.
 
-    python benchmarks/profile_decoders.py [--data ../shared/data/imagenet-sample] [--rounds 7]
+    python benchmarks/profile_decoders.py --data DIR [--rounds 7]
         [--repeats 2] [--jpegcrop-so PATH]
 
 *Whole images*: ``loaders.decoders.decode_jpeg`` with each library usable here (TorchCodec,
@@ -244,8 +244,8 @@ def pyturbojpeg_note() -> str:
 
 def main_cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"),
-                        help="a folder with train/CLASS/FILE images (default: the real sample)")
+    parser.add_argument("--data", required=True,
+                        help="a folder with train/CLASS/FILE images")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the images a round")
     parser.add_argument("--jpegcrop-so", help="a build of the former loaders/_jpegcrop.c")

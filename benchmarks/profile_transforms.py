@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Per-image cost of each CPU step, one thread, no DataLoader: where a training sample's time goes.
 
-    python benchmarks/profile_transforms.py [--data ../shared/data/imagenet-sample]
+    python benchmarks/profile_transforms.py --data DIR
 
 Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders.decoders``:
 TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
@@ -39,7 +39,7 @@ def per_image_ms(fn, items, repeats: int = 2) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))

@@ -1,11 +1,25 @@
-"""Data loaders, one module per backend.
+"""The data-loading runtime: one module per backend, and the pieces they share.
 
 ``build_loaders(settings, dist) -> (train, val)`` builds the loaders of ``settings.backend``
 (:class:`LoaderSettings`, resolved once per training process). Each loader yields ``(images,
 labels)`` on ``dist.device`` (images ``settings.dtype`` NCHW normalised with the ImageNet
 mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)`` and ``classes``.
-Adding a backend is one new module plus one line in :data:`BACKENDS`. Modules are imported
-only when chosen, so a heavy dependency of one backend never slows or breaks the others.
+
+- Backends (:data:`BACKENDS`; one new module plus one line adds one, imported only when chosen):
+  ``folder`` (JPEG class folders), ``lmdb_records`` (``--lmdb``), ``shards`` (WebDataset tar
+  shards, local or streamed), ``dali`` (NVIDIA DALI), ``synthetic`` (``--dummy``); and
+  ``imagefolder_lmdb``, ``ImageFolderLMDB`` for users' own scripts.
+- Public building blocks: ``decoders`` (whole-image JPEG/PNG/... decode), ``jpeg_window``
+  (decoding a RandomResizedCrop window only), ``transforms`` (uint8 RandomResizedCrop + flip,
+  resize + centre crop), ``orders`` and ``stream_orders`` (epoch orders: ``order(epoch) ->
+  indices``).
+- Private runtime: ``_settings`` (LoaderSettings), ``_common`` (DeviceLoader, normalisation),
+  ``_shared_batches`` (shared-memory batch slots), ``_cuda_feed`` (page-locked slots, side
+  stream), ``_bad_samples`` (replacing and remembering undecodable samples), ``_lean_sampler``,
+  ``_dali_graph``, ``_throughput``, ``_malloc``, ``_errors``.
+
+What is written to disk and read back (the LMDB and shard layouts, image checks) is
+``formats/``'s.
 """
 from __future__ import annotations
 

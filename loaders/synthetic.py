@@ -6,9 +6,12 @@ speed on it is the model's ceiling with a free data pipeline.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from ._common import DistInfo, imagenet_mean_std, normalize
+from ._errors import DataError
 from .orders import RandomOrder, ShardOrder, batches_per_epoch
 from ._settings import LoaderSettings
 
@@ -38,7 +41,9 @@ class SyntheticLoader:
         self.train, self.seed, self.device = train, seed + dist.rank, dist.device
         self.channels_last, self.dtype = channels_last, dtype
         gen = torch.Generator().manual_seed(self.seed)
-        self.labels = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dist.device)
+        with _allocating(batch_size, size, dist.device):
+            self.labels = torch.randint(0, num_classes, (batch_size,),
+                                        generator=gen).to(dist.device)
         self._batches: dict[int, torch.Tensor] = {}  # side (px) -> images, made once per side
         self.images = self._batch(size)
 
@@ -58,10 +63,11 @@ class SyntheticLoader:
         """The normalised ``(batch_size, 3, size, size)`` noise batch of side ``size``."""
         if size not in self._batches:
             gen = torch.Generator().manual_seed(self.seed * 7919 + size)
-            pixels = torch.randint(0, 256, (self.batch_size, 3, size, size), generator=gen,
-                                   dtype=torch.uint8)
-            self._batches[size] = normalize(pixels, *imagenet_mean_std(),
-                                            self.channels_last).to(self.device, self.dtype)
+            with _allocating(self.batch_size, size, self.device):
+                pixels = torch.randint(0, 256, (self.batch_size, 3, size, size), generator=gen,
+                                       dtype=torch.uint8)
+                self._batches[size] = normalize(pixels, *imagenet_mean_std(),
+                                                self.channels_last).to(self.device, self.dtype)
         return self._batches[size]
 
     def __len__(self) -> int:
@@ -74,6 +80,20 @@ class SyntheticLoader:
     def __iter__(self):
         for _ in range(len(self)):
             yield self.images, self.labels
+
+
+@contextmanager
+def _allocating(batch_size: int, size: int, device: torch.device):
+    """Turn running out of memory while making a batch into one :class:`DataError` line."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError included
+        if "memory" not in str(exc) and not isinstance(exc, MemoryError):
+            raise
+        gib = batch_size * 3 * size * size * 4 / (1 << 30)
+        raise DataError(f"--dummy: cannot allocate one batch of {batch_size} images of {size} px "
+                        f"on {device} (about {gib:.1f} GiB as float32); lower -b/--batch-size") \
+            from None
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):

@@ -96,7 +96,13 @@ def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: i
         for cls, label in (("n01", 0), ("n03", 2)):
             img = Image.fromarray(_pixels(rng, size, size), "RGB")
             add(f"{cls}/extra_{i:04d}.JPEG", label, _jpeg(img))
-    for rel, (label, data, reencoded, skip) in files.items():
+    _write(root, files, full)
+    return _listed(corpus, files)
+
+
+def _write(root: str, files: dict, full: bytes) -> None:
+    """The files of the corpus, an empty class and the entries the converter must ignore."""
+    for rel, (_, data, _, _) in files.items():
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
@@ -108,11 +114,12 @@ def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: i
         os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
         with open(os.path.join(root, rel), "wb") as f:
             f.write(full)
-    # Record order: ImageFolder's (class, then directories sorted, then names sorted).
-    def order(rel):
-        head, name = os.path.split(rel)
-        return head, name
-    for rel in sorted(files, key=order):
+
+
+def _listed(corpus: Corpus, files: dict) -> Corpus:
+    """``corpus`` with what the converter keeps, re-encodes and skips, in ImageFolder's record
+    order (class, then directories sorted, then names sorted)."""
+    for rel in sorted(files, key=os.path.split):
         label, _, reencoded, skip = files[rel]
         if skip:
             corpus.skipped[rel] = skip

@@ -5,7 +5,8 @@ plus uniform noise of amplitude ``noise`` and a few random grey rectangles, at a
 With ``noise=0`` and no rectangles a label can be read back from any crop's mean pixel
 (:func:`label_from_pixels`); with noise the task is still learnable in a few epochs.
 
-    python -m tests.datagen OUT --classes 10 --train-per-class 40 --val-per-class 10
+    python -m tests.datagen OUT --classes 10 --train-per-class 40 --val-per-class 10 \
+        [--min-size 64 --max-size 128]
 """
 from __future__ import annotations
 
@@ -84,9 +85,14 @@ def main(argv=None) -> None:
     parser.add_argument("--noise", type=int, default=60, help="uniform pixel noise amplitude")
     parser.add_argument("--shapes", type=int, default=3, help="random rectangles per image")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-size", type=int, default=64, help="smallest side in pixels")
+    parser.add_argument("--max-size", type=int, default=128, help="largest side in pixels")
     args = parser.parse_args(argv)
+    if not 1 <= args.min_size <= args.max_size:
+        parser.error("--min-size and --max-size: 1 <= min <= max")
     make_dataset(args.root, args.classes, args.train_per_class, args.val_per_class, args.seed,
-                 noise=args.noise, shapes=args.shapes)
+                 noise=args.noise, shapes=args.shapes, min_size=args.min_size,
+                 max_size=args.max_size)
     total = args.classes * (args.train_per_class + args.val_per_class)
     print(f"wrote {total} JPEGs of {args.classes} classes to {args.root}/train and {args.root}/val")
 

@@ -47,7 +47,7 @@ def test_spawned_process_settings_divide_the_node_totals_once(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("loader: lmbd\n", "argument --loader: invalid choice: 'lmbd'"),
-    ("batch_size: many\n", "argument -b/--batch-size: invalid int value: 'many'"),
+    ("batch_size: many\n", "argument -b/--batch-size: expected a positive number, got 'many'"),
     ("amp: 1\n", "amp: expected true or false"),
     ("dali: true\n", "dali: write loader: dali"),
     ("learning_rat: 0.1\n", "unknown key(s) learning_rat"),

@@ -169,6 +169,9 @@ def _other_classes(tiny, tmp_path) -> str:
     (lambda t, p: [t.root, "--multiprocessing-distributed", "--dist-backend", "nccl"],
      "nccl needs CUDA"),
     (lambda t, p: [str(p / "empty")], "Couldn't find any class folder"),
+    # values that need no data are checked before any data is read
+    (lambda t, p: [str(p / "missing"), "-a", "resnet5O"], "unknown architecture 'resnet5O'"),
+    (lambda t, p: ["--dummy", "-b", "4000000000"], "cannot allocate one batch"),
 ])
 def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
     (tmp_path / "file").write_text("not a directory")
@@ -181,6 +184,14 @@ def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
+
+
+def test_bad_number_is_refused_before_the_data_is_read(tmp_path):
+    """argparse's own error (usage, then one error line, status 2), not a data complaint."""
+    result = run_cli(str(tmp_path / "missing"), "-b", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "main.py: error: argument -b/--batch-size: expected a positive number, got '0'")
 
 
 def test_benchmark_data_prints_one_json_line(tiny, capsys):

@@ -1,0 +1,92 @@
+"""The house rules a newcomer relies on (issue 24): packages keep their private modules to
+themselves, files are readable in one sitting and functions do one thing."""
+from __future__ import annotations
+
+import ast
+import os
+
+from tests.conftest import REPO
+
+MAX_FILE_LINES = 420  # "about 400"
+MAX_FUNCTION_LINES = 70  # "about 60"; argument-parser declarations aside
+_SKIP_DIRS = {".git", ".venv", "__pycache__", "fixtures", "node_modules"}
+
+
+def _python_files(include_tests: bool = True) -> list[str]:
+    found = []
+    for dirpath, dirs, files in os.walk(REPO):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                         and (include_tests or d != "tests"))
+        found += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
+def _module_name(path: str) -> str:
+    name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+    return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Dotted names an import statement refers to (modules and ``module.name``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        base = module.split(".")
+        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module
+    return [target] + [f"{target}.{alias.name}" for alias in node.names]
+
+
+def _private_owner(dotted: str) -> str | None:
+    """The package that owns the first private (``_x``) part of ``dotted``, or None: the
+    dotted prefix itself for a private module, its package for a module's private name."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[1:], 1):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = parts[:i]
+            if not os.path.isdir(os.path.join(REPO, *owner)):
+                owner = owner[:-1]
+            return ".".join(owner)
+    return None
+
+
+def test_no_module_imports_another_packages_private_module():
+    found = []
+    for path in _python_files(include_tests=False):
+        module = _module_name(path)
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            for dotted in _imported(node, module, path.endswith("__init__.py")):
+                owner = _private_owner(dotted)
+                inside = owner and (module == owner or module.startswith(owner + "."))
+                if owner is not None and not inside:
+                    found.append(f"{os.path.relpath(path, REPO)}:{node.lineno} imports {dotted}")
+    assert not found, "\n".join(found)
+
+
+def test_files_are_readable_in_one_sitting():
+    long = [f"{os.path.relpath(p, REPO)}: {n} lines" for p in _python_files()
+            if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_FILE_LINES]
+    assert not long, "\n".join(long)
+
+
+def _is_parser_declaration(fn: ast.FunctionDef) -> bool:
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"]
+    return len(calls) >= 8
+
+
+def test_functions_do_one_thing():
+    long = []
+    for path in _python_files():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and not _is_parser_declaration(node):
+                    long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}: "
+                                f"{lines} lines")
+    assert not long, "\n".join(long)
