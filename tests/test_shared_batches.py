@@ -48,7 +48,7 @@ def test_a_wait_that_never_ends_is_a_data_error(monkeypatch):
 
 def test_too_little_shared_memory_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(sb.os, "statvfs", lambda path: SimpleNamespace(f_bavail=16, f_frsize=4096))
-    with pytest.raises(DataError, match=r"^/dev/shm: cannot reserve 1470 MiB for this "
+    with pytest.raises(DataError, match=r"^/dev/shm: cannot reserve 368 MiB for this "
                        r"process's batch slots \(0\.1 MiB free now, .* --ipc=host"):
         sb.SharedBatches(10, 256, (3, 224, 224))
 
