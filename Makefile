@@ -89,16 +89,15 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 
 # gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs
 GPU_PYTHON ?= python3
-GPU_WHEELS := pytest iniconfig packaging pluggy pygments nvidia-nvimgcodec-cu13
+CUDA ?=
+DALI ?= 1
+BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
-gpu-bundle: ## .gpu-bundle/ for gpu-check: lmdb, pytest, nvImageCodec wheels (CPython 3.12), 100 real images
-	../shared/tools/gpu-bundle.sh
-	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  -d .gpu-bundle/wheels $$($(PY) -c "import importlib.metadata as m; \
-	  print(*(f'{p}=={m.version(p)}' for p in '$(GPU_WHEELS)'.split()))" 2>/dev/null || echo $(GPU_WHEELS))
-	du -sh .gpu-bundle
+gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, DALI for CUDA=13) + 100 images of DATA= (else generated); DALI=0: ~35 MiB
+	$(BUNDLE_PY) benchmarks/gpu_bundle.py --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
-gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output)
+gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); exit 3: not proven
 	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)

@@ -11,7 +11,8 @@ import re
 
 STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
 SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "nccl",
-                 "resolution")
+                 "resolution", "internal")
+STATUSES = ("passed", "failed", "timed out", "skipped")
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -117,18 +118,61 @@ def rows_of(report: dict):
         yield from report["sections"].get(name, [])
 
 
+def not_proven(report: dict) -> list[dict]:
+    """``{"name", "reason"}`` of each check that proves nothing: skipped (not installed, not
+    available, time budget), timed out, or passed with GPU tests that pytest skipped."""
+    out = []
+    for row in rows_of(report):
+        skipped_tests = (row.get("counts") or {}).get("skipped")
+        if row["status"] in ("skipped", "timed out"):
+            out.append({"name": row["name"], "reason": status_of(row)})
+        elif row["status"] == "passed" and skipped_tests:
+            out.append({"name": row["name"], "reason": f"{skipped_tests} GPU tests skipped"})
+    return out
+
+
 def finish(report: dict, seconds: float) -> dict:
-    """Add ``seconds`` (the whole check) and ``summary`` (passed/failed/skipped counts)."""
+    """Add ``seconds`` (the whole check), ``summary`` (counts per status, ``timed_out`` for
+    "timed out", and ``not_proven``) and ``not_proven`` (the rows, see :func:`not_proven`)."""
     statuses = [row["status"] for row in rows_of(report)]
     report["seconds"] = round(seconds, 1)
-    report["summary"] = {k: statuses.count(k) for k in ("passed", "failed", "skipped")}
+    report["not_proven"] = not_proven(report)
+    report["summary"] = {k.replace(" ", "_"): statuses.count(k) for k in STATUSES}
+    report["summary"]["not_proven"] = len(report["not_proven"])
     return report
+
+
+def exit_status(report: dict) -> int:
+    """1 when a check failed; else 3 when one is not proven on a GPU (never in a dry run,
+    which checks this script on the CPU); else 0."""
+    if report["summary"]["failed"]:
+        return 1
+    return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
+
+
+def counts_text(c: dict) -> str:
+    return (f"{c['passed']} checks passed, {c['failed']} failed, {c['timed_out']} timed out, "
+            f"{c['skipped']} not run")
+
+
+def proof_text(report: dict) -> str:
+    """One line: whether the run proves the GPU path, and what it leaves unproven."""
+    missing = report.get("not_proven") or []
+    names = ", ".join(f"{x['name']} ({x['reason']})" for x in missing[:6]) + (
+        f", and {len(missing) - 6} more" if len(missing) > 6 else "")
+    if report["dry_run"]:
+        return "dry run on the CPU: checks this script, proves nothing about a GPU"
+    if report["summary"]["failed"]:
+        return "GPU path NOT proven: a check failed" + (f"; also not run: {names}" if names else "")
+    if missing:
+        return f"GPU path NOT proven: {len(missing)} checks skipped or timed out: {names}"
+    return "GPU path proven: every check ran and passed"
 
 
 def summary_text(report: dict, out: str) -> str:
     c, t = report["summary"], report.get("target") or {}
-    line = (f"gpu-check: {c['passed']} checks passed, {c['failed']} failed, {c['skipped']} not run"
-            f" in {report['seconds']:.0f} s; report: {os.path.join(out, 'report.md')}")
+    line = (f"gpu-check: {counts_text(c)} in {report['seconds']:.0f} s; "
+            f"report: {os.path.join(out, 'report.md')}\n{proof_text(report)}")
     return line + ("\n" + target_text(t) if t else "")
 
 
@@ -169,8 +213,7 @@ def write(out: str, report: dict) -> None:
 def markdown(report: dict) -> str:
     parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
              loaders_md(report), nccl_md(report), resolution_md(report), setup_md(report),
-             failures_md(report),
-             commands_md(report)]
+             not_proven_md(report), failures_md(report), commands_md(report)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -193,8 +236,7 @@ def header_md(r: dict) -> str:
              f"- Settings: -b {s['batch_size']}, {s['warmup_steps']} warm-up + "
              f"{s['timed_steps']} timed steps, -j {s['workers']}"
              + (f", {' '.join(s['extra_flags'])}" if s["extra_flags"] else ""),
-             f"- Result: {c['passed']} checks passed, {c['failed']} failed, "
-             f"{c['skipped']} not run"]
+             f"- Result: {counts_text(c)}", f"- {proof_text(r)}"]
     if r.get("target"):
         lines.append(f"- {target_text(r['target'])}")
     return "\n".join(lines)
@@ -230,13 +272,22 @@ def pytest_md(r: dict) -> str:
     rows = r["sections"].get("pytest")
     if not rows:
         return ""
-    p = rows[0]
-    text = f"## 2. GPU tests (`pytest -m gpu`)\n\n{status_of(p)}"
-    if p.get("summary_line"):
-        text += f"; pytest said: `{p['summary_line']}`"
-    if p.get("failed_tests"):
-        text += "\n\nFailing:\n" + "\n".join(f"- `{t}`" for t in p["failed_tests"])
-    return text
+    parts = ["## 2. GPU tests (`pytest -m gpu`, one run per file)"]
+    for p in rows:
+        text = f"- {p['name']}: {status_of(p)}"
+        if p.get("summary_line"):
+            text += f"; pytest said: `{p['summary_line']}`"
+        parts.append(text + "".join(f"\n  - failing: `{t}`" for t in p.get("failed_tests", [])))
+    return "\n\n".join(parts[:1]) + "\n\n" + "\n".join(parts[1:])
+
+
+def not_proven_md(r: dict) -> str:
+    rows = r.get("not_proven")
+    if not rows:
+        return ""
+    head = ("## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
+            + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for these:\n\n")
+    return head + "\n".join(f"- {x['name']}: {x['reason']}" for x in rows)
 
 
 def training_md(r: dict) -> str:

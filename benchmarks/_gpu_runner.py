@@ -3,12 +3,16 @@ environment probe and bundle install that come before everything else, and the d
 replicated sample and its LMDBs).
 
 Times are seconds. A command's record is a dict with ``name``, ``command`` (shell-quoted),
-``status`` (passed / failed / skipped), ``reason`` unless passed, ``seconds``, ``returncode``
-and, when it did not pass, ``stdout_tail`` / ``stderr_tail``.
+``status`` (passed / failed / timed out / skipped), ``reason`` unless passed, ``seconds``,
+``returncode`` and, when it did not pass, ``stdout_tail`` / ``stderr_tail``. "timed out" is
+its own status: a check slower than its limit (a cold ``torch.compile``, say) proves nothing
+either way, so it is reported as not proven, not as a failure.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -26,7 +30,12 @@ from _gpu_report import last_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRACE = 60.0  # seconds a command started near the end of the budget may still run
-INSTALL_TIMEOUT, PROBE_TIMEOUT, SMI_TIMEOUT = 120, 120, 30
+# the bundle's DALI wheel is ~190 MiB: pip unpacks it in well under a minute, 300 s on slow disks
+INSTALL_TIMEOUT, PROBE_TIMEOUT, SMI_TIMEOUT = 300, 120, 30
+# Top-level folders of wheels that several distributions share (nvidia/dali, nvidia/nvimgcodec):
+# the module a wheel provides is one level further down.
+_SHARED_TOP = ("nvidia",)
+_DALI_WHEEL = re.compile(r"nvidia_dali(?:_[a-z]+)?_cuda(\d+?)0$")
 
 
 class Runner:
@@ -72,7 +81,8 @@ class Runner:
         if code is None and limit < timeout:
             record.update(status="skipped", reason=f"time budget: stopped after {limit:.0f} s")
         elif code is None:
-            record["reason"] = f"timed out after {limit:.0f} s"
+            record.update(status="timed out", reason=f"still running after its {limit:.0f} s "
+                          "limit (slow, not failed: rerun it with --only and a larger --budget)")
         elif code:
             record["reason"] = f"exit status {code}"
         if code != 0:
@@ -118,11 +128,7 @@ def probe() -> dict:
             "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
     info["gpus"] = [{"name": p.name, "memory_bytes": p.total_memory}
                     for p in map(torch.cuda.get_device_properties, range(info["gpu_count"]))]
-    try:  # the CUDA driver API version (12080 = 12.8), not the nvidia-smi driver version
-        api = torch._C._cuda_getDriverVersion() if info["gpu_count"] else None
-        info["cuda_driver_api"] = f"{api // 1000}.{api % 1000 // 10}" if api else None
-    except (AttributeError, RuntimeError):
-        info["cuda_driver_api"] = None
+    info["cuda_driver_api"] = cuda_driver_api()
     for key, module in (("dali", "nvidia.dali"), ("lmdb", "lmdb"), ("pytest", "pytest")):
         try:
             info[key] = getattr(importlib.import_module(module), "__version__", "installed")
@@ -131,30 +137,108 @@ def probe() -> dict:
     return info
 
 
+def cuda_driver_api() -> str | None:
+    """The CUDA version the installed driver supports ("13.0"), from ``cuDriverGetVersion``
+    in libcuda (needs no ``cuInit``; torch 2.14 exposes it only through the optional
+    ``cuda.bindings``); None without a driver."""
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return f"{version.value // 1000}.{version.value % 1000 // 10}" if version.value else None
+
+
 def has_module(name: str) -> bool:
-    """Whether this interpreter can import ``name`` (without importing it)."""
-    return importlib.util.find_spec(name) is not None
+    """Whether this interpreter can import ``name`` (without importing it). False, not an
+    exception, where a parent package is missing (``nvidia.nvimgcodec`` without any
+    ``nvidia`` package, as with conda's or a source-built torch) or broken."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
-def _module_of(wheel: str) -> str:
-    """The module a wheel's file name provides (``lmdb-3.0.0-...whl`` -> ``lmdb``)."""
-    name = wheel.split("-")[0].lower()
-    return {"nvidia_nvimgcodec_cu13": "nvidia.nvimgcodec"}.get(name, name)
+def has_distribution(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def wheel_module(wheel: str) -> str:
+    """The module a wheel provides, from its file list: the top-level package named like the
+    distribution, else one level below a shared top (``nvidia/dali`` -> ``nvidia.dali``),
+    else its first top-level module. Raises ``OSError``/``zipfile.BadZipFile`` for a bad file."""
+    dist = os.path.basename(wheel).split("-")[0].lower()
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    tops = sorted({n.split("/")[0] for n in names} - {""})
+    modules = [t[:-3] if t.endswith(".py") else t for t in tops
+               if not t.endswith((".dist-info", ".data"))]
+    if dist in modules:
+        return dist
+    for top in _SHARED_TOP:
+        below = sorted({n.split("/")[1] for n in names
+                        if n.startswith(top + "/") and n.count("/") > 1})
+        if below:
+            return f"{top}.{below[0]}"
+    return modules[0] if modules else dist
+
+
+def wheel_is_missing(wheel: str) -> bool:
+    """Whether this interpreter lacks what ``wheel`` provides: its distribution is not
+    installed and (outside ``nvidia/``) its module is not importable. Under ``nvidia/`` only the
+    distribution tells: ``nvidia-nvjpeg`` (DALI's GPU JPEG decoder) shares ``nvidia/cu13`` with
+    torch's CUDA wheels, so that module is there without it."""
+    dist = os.path.basename(wheel).split("-")[0]
+    module = wheel_module(wheel)
+    if has_distribution(dist):
+        return False
+    return module.split(".")[0] in _SHARED_TOP or not has_module(module)
+
+
+def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
+    """Why a DALI wheel of the bundle cannot serve this torch (built for CUDA ``cuda``), or
+    None: DALI's CUDA major must be torch's (``loaders.dali.check_dali_wheel``)."""
+    match = _DALI_WHEEL.match(os.path.basename(wheel).split("-")[0].lower())
+    if not match or not cuda or cuda.split(".")[0] == match.group(1):
+        return None
+    return (f"{os.path.basename(wheel)} is for CUDA {match.group(1)}, torch here for CUDA "
+            f"{cuda} (make gpu-bundle CUDA={cuda.split('.')[0]})")
+
+
+def torch_cuda() -> str | None:
+    """``torch.version.cuda`` of this interpreter, None without torch or CUDA build."""
+    try:
+        import torch
+    except Exception:  # a broken torch is reported by the environment probe
+        return None
+    return torch.version.cuda
 
 
 def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     """Install into ``site`` (and put it on the commands' ``PYTHONPATH``) each of ``wheels``
-    whose module this interpreter cannot import (lmdb, pytest and its dependencies); without
-    pip, unpack them there. Returns the install record, or [] when nothing is missing."""
-    # a wheel's file name starts with its normalised distribution name, mostly its module name
-    wanted = [w for w in wheels if not has_module(_module_of(os.path.basename(w)))]
+    that this interpreter lacks (:func:`wheel_is_missing`: lmdb, pytest and its dependencies,
+    nvImageCodec, DALI and its dependencies); without pip, unpack them there. A DALI wheel for
+    another CUDA major than torch's is left out with a ``dali-wheel`` record (skipped: DALI is
+    then not proven). Returns the records, [] when nothing is missing."""
+    records = []
+    dali = [w for w in wheels if _DALI_WHEEL.match(os.path.basename(w).split("-")[0].lower())]
+    cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
+    for wheel in [w for w in dali if dali_wheel_mismatch(w, cuda)]:
+        records.append(skipped("dali-wheel", dali_wheel_mismatch(wheel, cuda)))
+        wheels = [w for w in wheels if w != wheel]
+    wanted = [w for w in wheels if wheel_is_missing(w)]
     if not wanted:
-        return []
+        return records
     shutil.rmtree(site, ignore_errors=True)
     runner.add_path(site)
     names = [os.path.basename(w).split("-")[0] for w in wanted]
     if has_module("pip"):
-        return [{**runner.run("install", [
+        return records + [{**runner.run("install", [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT),
             "installed": names}]
@@ -162,8 +246,8 @@ def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     for wheel in wanted:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
-    return [{"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
-             "status": "passed", "installed": names}]
+    return records + [{"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
+                       "status": "passed", "installed": names}]
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:

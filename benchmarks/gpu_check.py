@@ -11,9 +11,11 @@ which goes on ``PYTHONPATH`` for every command. Every check is a subprocess run 
 repository root with its own timeout, so one failure never stops the others:
 
 1. environment: GPU, driver, CUDA, torch, torchvision, DALI, CPU cores, Python;
-2. ``python -m pytest -m gpu tests/``: counts and failing tests;
-3. training images/s through ``main.py`` itself (ResNet-50 and ResNet-18, ``--amp
-   --channels-last -b 256``) on synthetic, JPEG-folder, LMDB and DALI data, each loader as a
+2. ``python -m pytest -m gpu tests/FILE`` for each file with GPU tests, each with its own
+   timeout: counts and failing tests;
+3. training images/s through ``main.py`` itself on one GPU (``--gpu 0``: never
+   DataParallel over the machine's GPUs; ResNet-50 and ResNet-18, ``--amp --channels-last
+   -b 256``) on synthetic, JPEG-folder, LMDB and DALI data, each loader as a
    share of synthetic (target: ResNet-50's best loader >= 95%); ``--compile`` on synthetic,
    and on the best loader when it gains more than 5%;
 4. loader-only images/s (``main.py --benchmark-data``);
@@ -24,13 +26,17 @@ repository root with its own timeout, so one failure never stops the others:
 The sample is replicated with symlinks so no epoch ends inside the timed steps. Checks that
 would start after ``--budget`` seconds are reported as skipped, and one that is still running
 when the budget runs out is stopped (at the earliest 60 s after it started) and reported so.
-Writes ``OUT/report.json`` (everything), ``OUT/report.md`` (tables, commands, machine) and
-``OUT/logs/`` (each command's stdout and stderr). Exit status 0 when every check passed, 1 when
-one failed, 2 for bad input (one line on stderr).
+A check still running at its own time limit is reported as "timed out", not failed. Writes
+``OUT/report.json`` (everything), ``OUT/report.md`` (tables, commands, machine) and
+``OUT/logs/`` (each command's stdout and stderr), whatever fails (an error of this script
+itself becomes a failed ``gpu-check`` row). A GPU check that was skipped (not installed, time
+budget, GPU tests skipped by pytest) or timed out is listed as *not proven*, never as passed.
+Exit status 0 when every check ran and passed, 1 when one failed, 3 when none failed but
+some are not proven (a dry run: 0, it proves the script, not the GPU), 2 for bad input (one
+line on stderr), 130 when interrupted (the report so far is written).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -38,96 +44,52 @@ import re
 import shutil
 import sys
 import time
+import traceback
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _gpu_report as report_  # noqa: E402
-from _gpu_runner import (REPO, Runner, environment, fail, install, list_images,  # noqa: E402
-                         prepare_data, probe, skipped)
+from _gpu_runner import (REPO, Runner, environment, fail, install, prepare_data,  # noqa: E402
+                         probe, skipped)
+from _gpu_settings import TARGET_MODEL, InputError, get_args_parser, settings  # noqa: E402
 
-SECTIONS = ("pytest", "train", "loaders", "nccl", "resolution", "compile")
 LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
-TARGET_MODEL, TARGET_RATIO, COMPILE_GAIN = "resnet50", 0.95, 1.05
+TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
-TIMEOUTS = {"lmdb": 600, "pytest": 240, "train": 240,
+# seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
+# first compile, three training runs and an NCCL spawn in tests/test_gpu.py
+TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240,
             "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
 
 
-class InputError(Exception):
-    """Bad --bundle / --data / sizes: one line, exit status 2."""
+def gpu_test_files() -> list[str]:
+    """``tests/test_*.py`` files (relative to the repository) that hold ``gpu``-marked tests."""
+    marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
+    found = []
+    for path in sorted(glob.glob(os.path.join(REPO, "tests", "test_*.py"))):
+        with open(path, errors="replace") as f:
+            if marked.search(f.read()):
+                found.append(os.path.relpath(path, REPO))
+    return found
 
 
-def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="gpu-check-output", help="report folder (created)")
-    p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/); "
-                   "default .gpu-bundle")
-    p.add_argument("--data", help="image folder holding train/ (and val/) instead of BUNDLE/sample")
-    p.add_argument("--dry-run", action="store_true",
-                   help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds; later checks are skipped")
-    p.add_argument("--steps", type=int, help="timed training steps per run (default 40; dry 2)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default 10; dry 1)")
-    p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
-    p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
-    p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
-    p.add_argument("--keep-data", action="store_true",
-                   help="keep OUT/data (the replicated sample and its LMDBs, ~1.5 GB)")
-    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
-    return p
-
-
-def settings(args) -> SimpleNamespace:
-    """Sizes and flags of every run; raises :class:`InputError` for a bad path or size."""
-    dry = args.dry_run
-    s = SimpleNamespace(
-        dry_run=dry, budget=args.budget, out=os.path.abspath(args.out),
-        steps=pick(args.steps, 2 if dry else 40), warmup=pick(args.warmup, 1 if dry else 10),
-        batch=pick(args.batch_size, 4 if dry else 256),
-        # dry run: in-process loading, as each worker process would import torch again (seconds
-        # on 2 cores); tests/test_loaders.py covers the workers
-        workers=args.workers or ("0" if dry else "auto"),
-        models=["resnet18"] if dry else [TARGET_MODEL, "resnet18"],
-        sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
-        if dry else [], accel=["--no-accel"] if dry else [],
-        only=set(args.only or SECTIONS), keep_data=args.keep_data)
-    if s.steps < 1 or s.warmup < 0 or s.batch < 1:
-        raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
-    if not (s.workers == "auto" or s.workers.isdigit()):
-        raise InputError(f"-j {s.workers}: expected a number of workers or 'auto'")
-    bundle = args.bundle or os.path.join(REPO, ".gpu-bundle")
-    if args.bundle and not os.path.isdir(bundle):
-        raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
-    s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
-    sample = args.data or os.path.join(bundle, "sample")
-    flag = "--data" if args.data else "--bundle"
-    if not os.path.isdir(os.path.join(sample, "train")):
-        raise InputError(f"{flag} {args.data or bundle}: no train/ folder with images in "
-                         f"{sample} (run make gpu-bundle, or pass --data DIR)")
-    s.train_src = os.path.abspath(os.path.join(sample, "train"))
-    val = os.path.join(sample, "val")
-    s.val_src = os.path.abspath(val if os.path.isdir(val) else s.train_src)
-    s.images = list_images(s.train_src)
-    if not s.images:
-        raise InputError(f"{flag}: {s.train_src} has no images in class folders")
-    return s
-
-
-def pick(value, default):
-    return default if value is None else value
-
-
-def pytest_section(runner: Runner, machine: dict) -> dict:
-    """Section 2: the GPU-marked tests, parsed from pytest's summary line."""
+def pytest_section(runner: Runner, machine: dict) -> list[dict]:
+    """Section 2: the GPU-marked tests, one pytest run per file (each with its own timeout, so
+    a slow file is reported as timed out without taking the others down)."""
     if not machine.get("pytest"):
-        return skipped("pytest", "not available: pytest not installed")
-    rec = runner.run("pytest", [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                                "-p", "no:cacheprovider", "tests/"], TIMEOUTS["pytest"])
-    if rec["status"] == "skipped":
+        return [announce(runner, skipped("pytest", "not available: pytest not installed"))]
+    return [announce(runner, pytest_piece(runner, path)) for path in gpu_test_files()]
+
+
+def pytest_piece(runner: Runner, path: str) -> dict:
+    """``pytest -m gpu PATH``, parsed from pytest's summary line."""
+    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
+    rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
+                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"])
+    if rec["status"] in ("skipped", "timed out"):
         return rec
-    parsed = report_.parse_pytest(runner.text("pytest"))
+    parsed = report_.parse_pytest(runner.text(name))
     rec.update(parsed)
     if rec["status"] == "passed" and not parsed["counts"]:
         rec = fail(rec, "no pytest summary line")
@@ -299,12 +261,27 @@ def announce(runner: Runner, record: dict) -> dict:
 
 
 def run_all(s) -> dict:
-    """Every selected section in order of value per second (cheap proofs first, --compile
-    last); returns the report."""
+    """Every selected section (:func:`run_sections`); returns the report, finished even when
+    this script itself fails (a failed ``gpu-check`` row with the traceback's tail) or is
+    interrupted (``interrupted`` True; the caller re-raises nothing)."""
     runner = Runner(s.out, s.budget)
     report = {"tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
               "dry_run": s.dry_run, "budget_seconds": s.budget, "settings": report_.settings_of(s),
               "sections": {"environment": [], "setup": []}}
+    try:
+        run_sections(runner, s, report)
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+    except Exception as exc:  # noqa: BLE001 -- whatever it is, the report must be written
+        report["sections"]["internal"] = [announce(runner, {
+            "name": "gpu-check", "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
+            "stderr_tail": traceback.format_exc()[-3000:]})]
+    return report_.finish(report, runner.elapsed())
+
+
+def run_sections(runner: Runner, s, report: dict) -> None:
+    """Every selected section in order of value per second (cheap proofs first, --compile
+    last), filling ``report`` as they finish."""
     sections = report["sections"]
     setup = sections["setup"] = [announce(runner, r) for r in
                                  install(runner, s.wheels, os.path.join(s.out, "site"))]
@@ -312,13 +289,13 @@ def run_all(s) -> dict:
     report["machine"] = machine
     sections["environment"] = [announce(runner, env)]
     if env["status"] != "passed" and not s.dry_run:
-        return report_.finish(report, runner.elapsed())  # no GPU: nothing else means anything
+        return  # no GPU: nothing else means anything
     data = None
     if s.only - {"pytest"}:
         data, prepared = prepare_data(runner, s, machine, TIMEOUTS["lmdb"])
         setup += [announce(runner, r) for r in prepared]
     if "pytest" in s.only:
-        sections["pytest"] = [announce(runner, pytest_section(runner, machine))]
+        sections["pytest"] = pytest_section(runner, machine)
     if "nccl" in s.only:
         sections["nccl"] = [nccl(runner, s, data, machine)]
     rows = []
@@ -336,12 +313,13 @@ def run_all(s) -> dict:
         report["target"] = report_.target(rows, s.models[0], TARGET_RATIO, s.dry_run)
     if data is not None and not s.keep_data:
         shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
-    return report_.finish(report, runner.elapsed())
 
 
 def main_cli(argv=None) -> int:
-    """Console entry: 0 when every check passed, 1 when one failed, 2 for bad input."""
-    args = get_args_parser().parse_args(argv)
+    """Console entry: 0 when every check ran and passed, 1 when one failed, 3 when none failed
+    but some are not proven on a GPU (skipped or timed out; never in a dry run), 2 for bad
+    input, 130 when interrupted."""
+    args = get_args_parser(__doc__.splitlines()[0]).parse_args(argv)
     if args.probe:
         print(json.dumps(probe()))
         return 0
@@ -353,15 +331,14 @@ def main_cli(argv=None) -> int:
         return 2
     print(f"gpu-check: {'dry run (CPU), ' if s.dry_run else ''}budget {s.budget:.0f} s, "
           f"report in {s.out}", flush=True)
-    try:
-        report = run_all(s)
-    except KeyboardInterrupt:
-        print("gpu_check.py: interrupted; no report written", file=sys.stderr)
-        return 130
+    report = run_all(s)
     report_.write(s.out, report)
-    counts = report["summary"]
     print(report_.summary_text(report, s.out), flush=True)
-    return 1 if counts["failed"] else 0
+    if report.get("interrupted"):
+        print("gpu_check.py: interrupted; the report holds the checks that finished",
+              file=sys.stderr)
+        return 130
+    return report_.exit_status(report)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,11 @@ from typing import Iterable, Iterator
 
 import torch
 
-# cudaHostRegisterDefault: the memory is page-locked for every CUDA context of this process.
+# cudaHostRegister's flags: 0 is cudaHostRegisterDefault; the one that makes the memory pinned
+# for every CUDA context, not only the current one, is 1 (cudaHostRegisterPortable). Default is
+# enough here: a process copies its slots to its one device, and under unified virtual
+# addressing (every 64-bit Linux build) CUDA's documentation says Default memory is portable
+# and mapped as well.
 _REGISTER_DEFAULT = 0
 
 
@@ -75,8 +79,11 @@ class CudaFeeder:
     def __init__(self, device: torch.device, dtype: torch.dtype, channels_last: bool,
                  mean: torch.Tensor, std: torch.Tensor):
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
-        self.scale, self.shift = 1 / std, -mean / std
+        self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
         self.stream = torch.cuda.Stream(device)
+        # The side stream reads scale/shift in its first normalisation: it must not start
+        # before the current stream has written them (mean/std may be on the GPU already).
+        self.stream.wait_stream(torch.cuda.current_stream(device))
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]],
                 locked: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,9 +1,12 @@
 """The DALI side of ``--dali`` (``loaders/dali.py``): the sources of encoded images and labels,
 the decode/augment graph, and turning its outputs into torch tensors.
 
-Sources: a JPEG folder through ``fn.readers.file`` (:func:`folder_source`), or an LMDB written
-by ``folder2lmdb.py`` through ``fn.external_source`` (:func:`lmdb_source`); both read exactly
-the indices they are given, in that order (the loader's epoch order).
+Source: one ``fn.external_source`` fed by a :class:`PassFeed`, which the loader points at each
+pass's order, so a pipeline is built once per run and reused every epoch (as in NVIDIA's DALI
+ResNet-50 example): a JPEG folder's file names (read by ``fn.io.file.read``), or the encoded
+records of an LMDB or shards; the labels; and for training each sample's RandomResizedCrop
+draws, flip and output size, drawn from (seed, epoch, rank, batch number) on the host, so an
+epoch's augmentation does not depend on what the pipeline ran before.
 
 Graph (:func:`augment`): with a GPU, decode (nvJPEG, or the CPU with ``--dali-cpu``), resize,
 crop, flip and normalise in DALI; CPU-only, DALI decodes (a training JPEG's RandomResizedCrop
@@ -14,8 +17,9 @@ DALI is imported only inside functions, so this module imports without it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -40,8 +44,25 @@ class GraphOptions:
     channels_last: bool
 
 
-def augment(encoded, opts: GraphOptions):
-    """DALI graph: encoded images -> list of outputs before the labels.
+def random_window(encoded, draws):
+    """RandomResizedCrop's window of each image, from its header (``fn.peek_image_shape``) and
+    its draws ``(area share, aspect ratio, x, y)`` (see :func:`crop_draws`): width and height
+    ``sqrt(area * share * ratio)`` and ``sqrt(area * share / ratio)``, each at most the image's,
+    placed at ``x``, ``y`` of the room left. Returns ``(anchor, shape)``, absolute ``(x, y)``
+    and ``(w, h)`` in pixels (float), for ``fn.decoders.image_slice``."""
+    from nvidia.dali import fn, math as dmath, types
+
+    size = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT)  # (H, W, C)
+    height, width = size[0], size[1]
+    area = height * width * draws[0]
+    w = dmath.min(dmath.sqrt(area * draws[1]), width)
+    h = dmath.min(dmath.sqrt(area / draws[1]), height)
+    return fn.stack((width - w) * draws[2], (height - h) * draws[3]), fn.stack(w, h)
+
+
+def augment(encoded, opts: GraphOptions, train_inputs=None):
+    """DALI graph: encoded images -> list of outputs before the labels. ``train_inputs``
+    (training): the external source's ``(draws, flips, sizes)`` nodes of :class:`PassFeed`.
 
     With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
     if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
@@ -58,10 +79,10 @@ def augment(encoded, opts: GraphOptions):
     if not opts.decode_on_cpu:
         decode["hw_decoder_load"] = opts.hw_decoder_load
     if opts.train:
-        images = fn.decoders.image_random_crop(encoded, random_area=list(RRC_SCALE),
-                                               random_aspect_ratio=list(RRC_RATIO),
-                                               num_attempts=100, **decode)
-        mirror = fn.random.coin_flip(probability=0.5)
+        draws, mirror, sizes = train_inputs
+        anchor, shape = random_window(encoded, draws)
+        images = fn.decoders.image_slice(encoded, anchor, shape, normalized_anchor=False,
+                                         normalized_shape=False, **decode)
     else:
         images = fn.decoders.image(encoded, **decode)
         mirror = 0
@@ -69,12 +90,14 @@ def augment(encoded, opts: GraphOptions):
         return [images, mirror] if opts.train else [images]
     if opts.decode_on_cpu:
         images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
-    if opts.train:
-        images = fn.resize(images, resize_x=opts.crop_size, resize_y=opts.crop_size)
+    if opts.train:  # the side can change between epochs (progressive resizing): an input
+        images = fn.resize(images, resize_x=sizes, resize_y=sizes)
+        crop = {}
     else:
         images = fn.resize(images, resize_shorter=opts.resize_size)
+        crop = {"crop": (opts.crop_size, opts.crop_size)}
     return [fn.crop_mirror_normalize(
-        images, crop=(opts.crop_size, opts.crop_size), mirror=mirror,
+        images, mirror=mirror, **crop,
         dtype=types.FLOAT16 if opts.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if opts.channels_last else "CHW",
         mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])]
@@ -104,51 +127,85 @@ def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tens
             torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
 
 
-class LMDBBatches:
-    """Batched (and parallel-safe) ``fn.external_source`` callable over an LMDB's records.
+def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
+    """RandomResizedCrop draws and flips of batch ``batch`` of an epoch: float32 ``(count, 4)``
+    (area share in :data:`~loaders.transforms.RRC_SCALE`, aspect ratio log-uniform in
+    :data:`~loaders.transforms.RRC_RATIO`, x and y in [0, 1)) and int32 ``(count,)`` flips, a function
+    of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a resumed epoch draws the same."""
+    rng = np.random.default_rng([seed, epoch, rank, batch])
+    low, high = (math.log(r) for r in RRC_RATIO)
+    draws = np.stack([rng.uniform(*RRC_SCALE, count), np.exp(rng.uniform(low, high, count)),
+                      rng.random(count), rng.random(count)], axis=1).astype(np.float32)
+    return draws, (rng.random(count) < 0.5).astype(np.int32)
 
-    Called with DALI's ``BatchInfo``, returns ``([encoded uint8 (bytes,)], [label int32 ()])``
-    for batch ``info.iteration`` of ``order``, ``StopIteration`` after the last (possibly
-    partial: nothing is padded). Pickles without an open LMDB; each worker opens its own.
+
+class PassFeed:
+    """``fn.external_source`` callable (``batch=True``, ``batch_info=True``, main thread) of
+    one pipeline, which the loader points at a pass with :meth:`start`.
+
+    Pipeline ``index`` of ``pipelines`` yields batches ``index, index + pipelines, ...`` of the
+    pass's ``order``. Each call returns ``[data, labels]`` (``read(i)`` gives sample ``i``'s
+    uint8 1-D array, an encoded image or file name, and its label; labels int32 ``()``), plus
+    for training float32 ``(4,)`` crop draws, int32 flips and, if ``sizes`` (the GPU graph
+    resizes in DALI), float32 output sides; raises
+    ``StopIteration`` after the pass's last (possibly partial, never padded) batch.
     """
 
-    def __init__(self, dataset, order: Sequence[int], batch_size: int):
-        self.dataset, self.order, self.batch_size = dataset, list(order), batch_size
+    def __init__(self, read: Callable[[int], tuple[np.ndarray, int]], train: bool,
+                 batch_size: int, seed: int, rank: int, sizes: bool = True):
+        self.read, self.train, self.batch_size = read, train, batch_size
+        self.sizes = train and sizes
+        self.seed, self.rank = seed, rank
+        self.start([], epoch=0, first_batch=0, size=0, index=0, pipelines=1)
+
+    def start(self, order: Sequence[int], epoch: int, first_batch: int, size: int, index: int,
+              pipelines: int) -> None:
+        """Feed ``order`` from now on: its batch ``b`` is batch ``first_batch + b`` of epoch
+        ``epoch`` (for the draws), cropped to ``size`` px."""
+        self.order, self.epoch, self.first_batch = list(order), epoch, first_batch
+        self.size, self.index, self.pipelines = size, index, pipelines
 
     def __call__(self, info):
-        start = info.iteration * self.batch_size
-        indices = self.order[start:start + self.batch_size]
+        batch = self.index + info.iteration * self.pipelines
+        indices = self.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             raise StopIteration
-        records = [self.dataset.read(i) for i in indices]
-        return ([np.frombuffer(data, dtype=np.uint8) for data, _ in records],
-                [np.array(label, dtype=np.int32) for _, label in records])
+        samples = [self.read(i) for i in indices]
+        out = [[data for data, _ in samples], [np.array(label, np.int32) for _, label in samples]]
+        if self.train:
+            draws, flips = crop_draws(self.seed, self.epoch, self.rank, self.first_batch + batch,
+                                      len(indices))
+            out += [list(draws), list(flips)]
+        if self.sizes:
+            out.append([np.array(self.size, np.float32)] * len(indices))
+        return out
 
 
-def folder_source(samples: Sequence[tuple[str, int]], order: Sequence[int], parallel: bool):
-    """``fn.readers.file`` over exactly ``order`` (indices into ImageFolder's ``samples``).
-
-    ``pad_last_batch`` repeats the last file to fill the final batch (:class:`DALILoader` trims
-    it). ``parallel`` is unused: the reader's C++ threads read the files. Files are read, not
-    mapped (``dont_use_mmap``): +2.5% images/s CPU-only, ahead in 4 of 4 interleaved rounds on
-    the 2-core machine (likely the TLB shootdowns of unmapping each ~110 KB file; not verified).
-    """
-    from nvidia.dali import fn
-
-    return fn.readers.file(files=[samples[i][0] for i in order],
-                           labels=[samples[i][1] for i in order],
-                           random_shuffle=False, pad_last_batch=True, dont_use_mmap=True,
-                           name="Reader")
+def file_name(samples: Sequence[tuple[str, int]], index: int) -> tuple[np.ndarray, int]:
+    """:attr:`PassFeed.read` of a JPEG folder: the file name as uint8, for ``fn.io.file.read``."""
+    path, label = samples[index]
+    return np.frombuffer(path.encode(), dtype=np.uint8), label
 
 
-def lmdb_source(dataset, batch_size: int, order: Sequence[int], parallel: bool):
-    """``fn.external_source`` of :class:`LMDBBatches`; ``parallel``: in DALI worker processes."""
+def record(dataset, index: int) -> tuple[np.ndarray, int]:
+    """:attr:`PassFeed.read` of LMDB / shard records: the encoded image as uint8."""
+    data, label = dataset.read(index)
+    return np.frombuffer(data, dtype=np.uint8), label
+
+
+def source(feed: PassFeed, files: bool):
+    """The graph's source: ``(encoded, labels, train_inputs or None)``. ``files``: the feed gives
+    file names, read by ``fn.io.file.read`` in DALI's threads (plain reads, not mapped:
+    +2.5% images/s CPU-only on 2 cores with the former ``fn.readers.file``)."""
     from nvidia.dali import fn, types
 
-    extra = {"prefetch_queue_depth": 2} if parallel else {}
-    return fn.external_source(source=LMDBBatches(dataset, order, batch_size), num_outputs=2,
-                              batch=True, batch_info=True, parallel=parallel,
-                              dtype=[types.UINT8, types.INT32], **extra)
+    dtypes = ([types.UINT8, types.INT32] + ([types.FLOAT, types.INT32] if feed.train else [])
+              + ([types.FLOAT] if feed.sizes else []))
+    outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
+                              batch_info=True, parallel=False, dtype=dtypes)
+    encoded = fn.io.file.read(outs[0], dont_use_mmap=True) if files else outs[0]
+    train = (*outs[2:], None)[:3] if feed.train else None  # (draws, flips, sizes or None)
+    return encoded, outs[1], train
 
 
 def gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:

@@ -17,6 +17,7 @@ waits, but the wait is there, so no batch is ever overwritten while it is read.
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Iterator, Sequence
@@ -80,8 +81,12 @@ class SharedBatches:
     of the largest shape, in shared memory (``/dev/shm``) when ``shared``, else ordinary memory
     (``-j 0``).
 
-    Raises :class:`DataError` if ``/dev/shm`` has less free space than that (Docker's default
-    is 64 MiB), ``ValueError`` for a shape larger than ``max_image_shape``.
+    The shared pages are reserved when the slots are made (:func:`shared_bytes`), so a
+    ``/dev/shm`` too small for every loader of every process on the node is a
+    :class:`DataError` in the process that comes short, not a SIGBUS in a worker later.
+
+    Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots (Docker's default is 64
+    MiB), ``ValueError`` for a shape larger than ``max_image_shape``.
     """
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
@@ -90,13 +95,14 @@ class SharedBatches:
         self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
         self.capacity = batch_size * _pixels(max_image_shape or image_shape)
         if shared:
-            _check_shm_space(slots * self.capacity)
-        self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
+            self.memory = shared_bytes(slots * self.capacity).view(slots, self.capacity)
+        else:
+            self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
         # released[s]: number of the last batch the main process released from slot s.
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         if shared:
-            for tensor in (self.memory, self.labels, self.released):
+            for tensor in (self.labels, self.released):
                 tensor.share_memory_()
         self.set_shape(image_shape)
 
@@ -152,17 +158,77 @@ def _pixels(shape: Sequence[int]) -> int:
     return channels * height * width
 
 
-def _check_shm_space(nbytes: int, path: str = "/dev/shm") -> None:
+SHM = "/dev/shm"
+
+
+def shared_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 ``(nbytes,)`` tensor in shared memory (torch's sharing strategy, so forked and
+    spawned workers both map it), every page reserved now with ``posix_fallocate``.
+
+    Why reserve: tmpfs pages are only taken when first written, so without it every process
+    on the node passes a free-space check at once and the one whose worker writes past the
+    tmpfs size dies of SIGBUS. Reserved, the space is counted against ``/dev/shm`` at once and
+    a shortage is an error here. Raises :class:`DataError` (one line: sizes and the fix)."""
+    _check_shm_space(nbytes)  # the clear message early, before anything is allocated
+    try:
+        storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
+    except RuntimeError as exc:  # torch's own reservation (posix_fallocate where built with it)
+        if "No space left" in str(exc) or "(28)" in str(exc):
+            raise DataError(_shortage(nbytes)) from None
+        raise
+    try:
+        _reserve(storage, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise DataError(_shortage(nbytes)) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENODEV, errno.ENOENT):
+            raise
+        # a file system that cannot reserve (or no /dev/shm): as before, write on demand
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+
+
+def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """``posix_fallocate`` the shared-memory object behind ``storage``; raises ``OSError``."""
+    if not hasattr(os, "posix_fallocate"):
+        raise OSError(errno.EOPNOTSUPP, "no posix_fallocate")
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        _, name, _ = storage._share_filename_cpu_()
+        name = name.decode() if isinstance(name, bytes) else name
+        fd = os.open(os.path.join(SHM, name.lstrip("/")), os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        finally:
+            os.close(fd)
+    else:
+        fd, _ = storage._share_fd_cpu_()  # torch's own descriptor: not ours to close
+        os.posix_fallocate(fd, 0, nbytes)
+
+
+def _check_shm_space(nbytes: int, path: str = SHM) -> None:
     try:
         stat = os.statvfs(path)
     except OSError:
         return  # no /dev/shm (not Linux): torch picks its own sharing strategy
-    free = stat.f_bavail * stat.f_frsize
-    if nbytes > free:
-        raise DataError(
-            f"{path} has {free / 2**20:.0f} MiB free but the loader's batch slots need "
-            f"{nbytes / 2**20:.0f} MiB: lower -b/--batch-size or -j/--workers, or give the "
-            "container more shared memory (docker run --ipc=host or --shm-size)")
+    if nbytes > stat.f_bavail * stat.f_frsize:
+        raise DataError(_shortage(nbytes, path))
+
+
+def _shortage(nbytes: int, path: str = SHM) -> str:
+    """The one line for too little shared memory: what this process needs, what is free now
+    (shared by every process on the node), and the fixes."""
+    try:
+        stat = os.statvfs(path)
+        free = f"{_mib(stat.f_bavail * stat.f_frsize)} free now"
+    except OSError:
+        free = "free space unknown"
+    return (f"{path}: cannot reserve {_mib(nbytes)} for this process's batch slots ({free}, "
+            "shared by every loader of every process on this node): give the container more "
+            "shared memory (docker run --shm-size=... or --ipc=host), or lower -j/--workers "
+            "or -b/--batch-size")
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.{1 if nbytes < 10 * 2**20 else 0}f} MiB"
 
 
 class SlotWriter(Dataset):

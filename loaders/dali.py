@@ -1,11 +1,14 @@
 """NVIDIA DALI backend (``--dali``): JPEG decode, crop and normalisation inside a DALI pipeline.
 
-Two sources feed the same decode/augment graph:
+Two sources feed the same decode/augment graph, both through one ``fn.external_source``
+(``_dali_graph.PassFeed``):
 
-* a JPEG folder (ImageNet layout) through ``fn.readers.file``, with the file list and labels
-  of torchvision's ``ImageFolder`` (so labels equal the folder loader's by construction);
-* an LMDB written by ``folder2lmdb.py`` (``--dali --lmdb``) through ``fn.external_source``,
-  reading records with :class:`loaders.lmdb_records.LMDBDataset` (format in ``_lmdb_codec``).
+* a JPEG folder (ImageNet layout): file names read by ``fn.io.file.read``, with the file list
+  and labels of torchvision's ``ImageFolder`` (so labels equal the folder loader's by
+  construction);
+* an LMDB written by ``folder2lmdb.py`` (``--dali --lmdb``) or local shards: records read with
+  :class:`loaders.lmdb_records.LMDBDataset` (layout in ``formats.lmdb``) or
+  ``loaders.shards.ShardRecords``.
 
 With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
 ``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; ``--dali-cpu``
@@ -21,9 +24,14 @@ Order: the loader reads each epoch in the indices of an epoch order (``loaders/o
 the same objects as the other backends use (training :class:`~loaders.orders.RandomOrder`, or
 :class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``; validation
 :class:`~loaders.orders.ShardOrder`), and hands DALI that exact list, not using DALI's
-shuffling and sharding. The graph and the sources are in ``loaders/_dali_graph.py``. New pipelines are built for every
-pass, seeded from (seed, epoch, rank) and the pipeline's index, so an epoch's order is a function
-of (seed, epoch, rank) and its augmentation of (seed, epoch, rank, CPU-only pipelines) alone.
+shuffling and sharding. The graph and the sources are in ``loaders/_dali_graph.py``. Each
+pipeline is built once per run and reused by every pass (nvJPEG and hardware-decoder state,
+threads and buffers are made once, as in NVIDIA's DALI ResNet-50 example): each pass points
+its feed at the pass's order, crop side and epoch. RandomResizedCrop windows and flips are
+drawn on the host from (seed, epoch, rank, batch number), so an epoch's order and
+augmentation are a function of (seed, epoch, rank) alone, whatever ran before, and a resumed
+epoch draws what the uninterrupted one did. Pipelines are rebuilt only after a sample DALI
+could not decode (from that batch on) and after a pass left unfinished.
 
 DALI is imported only inside functions: this module imports without it, and ``build_loaders``
 raises :class:`DataError` naming the pip package to install when it is missing or, on CUDA,
@@ -33,17 +41,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import math
 import re
 from functools import partial
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
 
 import torch
 
 from ._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ._common import DataError, DistInfo, _mix_seed, check_same_classes
-from ._dali_graph import (GraphOptions, augment, finish_on_cpu, folder_source, gpu_to_torch,
-                          lmdb_source)
+from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
+                          gpu_to_torch, record, source)
 from ._errors import AcceleratorError
 from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
@@ -102,7 +111,8 @@ def default_hw_decoder_load(device: torch.device) -> float:
 
 
 class DALILoader:
-    """One split's DALI pipelines, rebuilt for every pass, as a loader of the usual contract.
+    """One split's DALI pipelines, built once and fed each pass, as a loader of the usual
+    contract.
 
     Yields ``images``: ``(N, 3, H, W)`` ``opts.dtype`` (float32, or the ``--amp-dtype`` under
     ``--amp`` on CUDA) on ``device``, normalised with the ImageNet mean/std, channels-last
@@ -121,22 +131,27 @@ class DALILoader:
     producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
     """
 
-    def __init__(self, order: Order, make_source, opts: GraphOptions, classes: Sequence[str],
-                 device: torch.device, *, batch_size: int, max_batches: int | None,
-                 num_threads: int, py_workers: int, seed: int, rank: int, read_encoded,
-                 describe, max_bad_share: float, cpu_pipelines: int | None = None):
+    def __init__(self, order: Order, read: Callable[[int], tuple[np.ndarray, int]], files: bool,
+                 opts: GraphOptions, classes: Sequence[str], device: torch.device, *,
+                 batch_size: int, max_batches: int | None, num_threads: int, seed: int,
+                 rank: int, read_encoded, describe, max_bad_share: float,
+                 cpu_pipelines: int | None = None):
         if opts.train:
             check_one_batch(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
         self.batch_size, self.max_batches = batch_size, max_batches
         self.opts, self.classes, self.device = opts, list(classes), device
-        self.make_source = make_source  # (order, parallel) -> DALI node(s) (encoded, label)
+        self.read, self.files = read, files  # index -> (uint8 name or image, label); names?
         self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
         self.describe = describe  # index -> path or record, for messages
         self.max_bad_share, self.seed, self.rank = max_bad_share, seed, rank
-        self.num_threads, self.py_workers = max(1, num_threads), py_workers
+        self.num_threads = max(1, num_threads)
         self.cpu_pipelines = cpu_pipelines
         self.epoch = self.start_batch = 0
+        # Built pipelines and their feeds, reused while they are between passes.
+        self._pipes: list = []
+        self._feeds: list[PassFeed] = []
+        self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
         # Samples found unreadable this run (main process only: the probes run here).
         self.unreadable = UnreadableSet(order.num_samples)
 
@@ -161,7 +176,7 @@ class DALILoader:
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on (progressive
-        resizing); the pipelines are built anew for every pass anyway. Raises ``ValueError``
+        resizing): the side reaches the built pipelines as an input. Raises ``ValueError``
         for a validation loader or a size below 1."""
         if not self.opts.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
@@ -183,31 +198,39 @@ class DALILoader:
         batch = self.batch_size
         size = self.sample_order.num_samples
         allowed = self.max_bad_share * size
-        while step < len(self):
-            # DALI cannot skip a file it fails to decode: find it, swap it for a readable
-            # sample, and rebuild the pipelines from the failed batch on.
-            pipes, first = self._build_pipelines(order[step * batch:], len(self) - step), step
+        finished = False
+        try:
             while step < len(self):
-                try:  # only run(): a torch error while copying out is not DALI's
-                    # Pipeline p holds batches first + p, first + p + len(pipes), ...
-                    outputs = pipes[(step - first) % len(pipes)].run()
-                except RuntimeError as exc:
-                    failure = _cuda_failure(exc)
-                    if failure:
-                        raise AcceleratorError(f"DALI: CUDA error on the {self._split} split: "
-                                               f"{failure}") from exc
-                    # Each pipeline runs up to its queue depth ahead: probe all in flight.
-                    lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
-                    self._replace_unreadable(order, step, exc, lookahead)
-                    bad = unreadable.count()
-                    if bad > allowed:
-                        raise too_many_unreadable(bad, self.max_bad_share, size) from None
-                    break
-                images, labels = self._to_torch(outputs)
-                take = min(len(order) - step * batch, len(labels))
-                step += 1
-                yield images[:take], labels[:take]
-            pipes = outputs = None  # free the pipelines (and their GPU memory) before rebuilding
+                # DALI cannot skip a file it fails to decode: find it, swap it for a readable
+                # sample, and rebuild the pipelines from the failed batch on.
+                pipes, first = self._start_pass(order[step * batch:], len(self) - step,
+                                                self.start_batch + step), step
+                while step < len(self):
+                    try:  # only run(): a torch error while copying out is not DALI's
+                        # Pipeline p holds batches first + p, first + p + len(pipes), ...
+                        outputs = pipes[(step - first) % len(pipes)].run()
+                    except RuntimeError as exc:
+                        self._drop_pipelines()  # a failed pipeline is not run again
+                        failure = _cuda_failure(exc)
+                        if failure:
+                            raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
+                                                   f"split: {failure}") from exc
+                        # Each pipeline runs up to its queue depth ahead: probe all in flight.
+                        lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
+                        self._replace_unreadable(order, step, exc, lookahead)
+                        bad = unreadable.count()
+                        if bad > allowed:
+                            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+                        break
+                    images, labels = self._to_torch(outputs)
+                    take = min(len(order) - step * batch, len(labels))
+                    step += 1
+                    yield images[:take], labels[:take]
+                outputs = None
+            finished = self._end_pass()
+        finally:
+            if not finished:  # left part-way: batches of this pass are still queued in DALI
+                self._drop_pipelines()
 
     @property
     def _split(self) -> str:
@@ -264,47 +287,64 @@ class DALILoader:
         # at most 8 queued batches in all (1 each from 8 pipelines on) bound their memory.
         return 2 if self.opts.cuda else max(1, min(4, 8 // pipelines))
 
-    def _build_pipelines(self, order: list[int], batches: int) -> list:
-        """Built pipelines that together yield the first ``batches`` batches of ``order``:
-        pipeline ``p`` reads batches ``p, p + n, p + 2n, ...`` (``n`` pipelines)."""
-        batch = self.batch_size
+    def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
+        """The pipelines, built on first use (or when their number changes), fed ``order``:
+        pipeline ``p`` of ``n`` reads its batches ``p, p + n, p + 2n, ...``, the first being
+        batch ``first_batch`` of the epoch."""
         n = self._num_pipelines(batches)
-        chunks = [order[i * batch:(i + 1) * batch] for i in range(batches)]
-        pipes = [self._pipeline([i for chunk in chunks[p::n] for i in chunk], p, n)
-                 for p in range(n)]
-        for pipe in pipes:  # fork the external-source workers before any pipeline has threads
-            if self.py_workers > 0:
-                pipe.start_py_workers()
+        if len(self._pipes) != n:
+            self._drop_pipelines()
+            self._pipes = self._build_pipelines(n)
+        epoch = self.epoch if self.opts.train else 0
+        for index, feed in enumerate(self._feeds):
+            feed.start(order, epoch, first_batch, self.opts.crop_size, index, n)
+        return self._pipes
+
+    def _end_pass(self) -> bool:
+        """After a pass's last batch: let each pipeline see its source end (StopIteration)
+        and reset it for the next pass. Returns False (pipelines dropped) if one still had
+        data, which a complete pass never leaves."""
+        for pipe in self._pipes:
+            try:
+                pipe.run()
+            except StopIteration:
+                pipe.reset()
+                continue
+            return False
+        return True
+
+    def _drop_pipelines(self) -> None:
+        self._pipes, self._feeds = [], []  # freed (with their GPU memory) when collected
+
+    def _build_pipelines(self, n: int) -> list:
+        """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
+        :attr:`pipeline_builds`."""
+        self._feeds = [PassFeed(self.read, self.opts.train, self.batch_size, self.seed,
+                                self.rank, sizes=self.opts.cuda) for _ in range(n)]
+        pipes = [self._pipeline(feed, n) for feed in self._feeds]
         for pipe in pipes:
             pipe.build()
+        self.pipeline_builds += n
         return pipes
 
-    def _pipeline(self, order: list[int], index: int, pipelines: int):
-        """Pipeline ``index`` of ``pipelines`` over exactly ``order``, not yet built."""
+    def _pipeline(self, feed: PassFeed, pipelines: int):
+        """A pipeline (not yet built) of ``pipelines`` reading from ``feed``."""
         from nvidia.dali import pipeline_def
-
-        parallel, parallel_kw = self.py_workers > 0, {}
-        if parallel:
-            # fork is fast and safe before CUDA is initialised in this process; after that
-            # only spawn is safe (workers then pay for importing torch at every pass).
-            parallel_kw = {"py_num_workers": math.ceil(self.py_workers / pipelines),
-                           "py_start_method": "spawn" if torch.cuda.is_initialized() else "fork"}
 
         @pipeline_def
         def graph():
-            encoded, labels = self.make_source(order, parallel)
+            encoded, labels, train_inputs = source(feed, self.files)
             if self.opts.cuda:  # copied with the images, not a blocking pageable copy
                 labels = labels.gpu()
-            return (*augment(encoded, self.opts), labels)
+            return (*augment(encoded, self.opts, train_inputs), labels)
 
-        epoch = self.epoch if self.opts.train else 0
         device_id = (self.device.index if self.device.index is not None
                      else torch.cuda.current_device()) if self.opts.cuda else None
-        seed = (_mix_seed(self.seed, epoch, self.rank) + index) % 2**31
+        # The pipeline's own seed drives no augmentation (the feed draws it); fixed anyway.
         return graph(batch_size=self.batch_size,
                      num_threads=max(1, self.num_threads // pipelines),
-                     device_id=device_id, seed=seed,
-                     prefetch_queue_depth=self._queue_depth(pipelines), **parallel_kw)
+                     device_id=device_id, seed=_mix_seed(self.seed, 0, self.rank) % 2**31,
+                     prefetch_queue_depth=self._queue_depth(pipelines))
 
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.opts.cuda:
@@ -349,13 +389,13 @@ def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> Gra
 
 
 def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """``(order, classes, make_source, read_encoded, describe)`` for one split; raises
+    """``(order, classes, read, files, read_encoded, describe)`` for one split; raises
     :class:`DataError`.
 
     ``order``: the split's epoch order (LMDB training: ``settings.lmdb_order``, see
-    :func:`loaders.lmdb_records.training_order`). ``make_source(order, parallel)`` adds the
-    source of ``(encoded, label)`` to a DALI graph; ``read_encoded(index)`` returns a sample's
-    encoded bytes, ``describe(index)`` its name.
+    :func:`loaders.lmdb_records.training_order`). ``read(index)`` gives what the pipeline's
+    feed passes on (uint8: the file name if ``files``, else the encoded image) and the label;
+    ``read_encoded(index)`` returns a sample's encoded bytes, ``describe(index)`` its name.
     """
     if settings.shards:
         return _open_shards(path, train, settings, dist)
@@ -365,7 +405,7 @@ def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo
         dataset = LMDBDataset(path)
         order = (training_order(dataset, settings, dist) if train
                  else ShardOrder(len(dataset), dist.rank, dist.world_size))
-        return (order, dataset.classes, partial(lmdb_source, dataset, settings.batch_size),
+        return (order, dataset.classes, partial(record, dataset), False,
                 lambda i: dataset.read(i)[0], dataset.name_of)
     from .folder import open_image_folder
 
@@ -373,7 +413,7 @@ def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo
     size = len(folder.samples)
     order = (RandomOrder(size, dist.rank, dist.world_size, settings.seed) if train
              else ShardOrder(size, dist.rank, dist.world_size))
-    return (order, folder.classes, partial(folder_source, folder.samples),
+    return (order, folder.classes, partial(file_name, folder.samples), True,
             lambda i: read_file(folder.samples[i][0]), folder.name_of)
 
 
@@ -392,7 +432,7 @@ def _open_shards(path: str, train: bool, settings: LoaderSettings, dist: DistInf
         raise DataError(f"{path}: --dali reads local shards only; stream them with "
                         "--loader shards (without --dali)")
     order = split_order(dataset, train, settings, dist)
-    return (order, dataset.classes, partial(lmdb_source, dataset, settings.batch_size),
+    return (order, dataset.classes, partial(record, dataset), False,
             lambda i: dataset.read(i)[0], dataset.name_of)
 
 
@@ -401,8 +441,8 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     ``settings.lmdb`` (training order: ``settings.lmdb_order``).
 
     Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
-    single-threaded pipelines); over LMDBs also as many parallel external-source worker
-    processes in all (0: records are read in the main process).
+    single-threaded pipelines). Records and file names are handed to DALI from the main
+    process (files are read in DALI's threads).
     Raises :class:`DataError` if DALI is not installed (or, on CUDA, built for another CUDA
     major than torch), for bad input paths, mismatched class lists, bad block sizes, or a
     training shard smaller than one batch.
@@ -410,13 +450,13 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     _require_dali(dist.device)
     built, classes_by_split = [], []
     for train, path in ((True, settings.train_path), (False, settings.val_path)):
-        order, classes, make_source, read_encoded, describe = _open_split(path, train,
+        order, classes, read, files, read_encoded, describe = _open_split(path, train,
                                                                           settings, dist)
         built.append(DALILoader(
-            order, make_source, _graph_options(settings, dist, train), classes, dist.device,
+            order, read, files, _graph_options(settings, dist, train), classes, dist.device,
             batch_size=settings.batch_size,
             max_batches=settings.train_batches if train else settings.val_batches,
-            num_threads=settings.workers, py_workers=settings.workers if settings.lmdb or settings.shards else 0,
+            num_threads=settings.workers,
             seed=settings.seed, rank=dist.rank, read_encoded=read_encoded, describe=describe,
             max_bad_share=settings.max_bad_share))
         classes_by_split.append(classes)

@@ -169,3 +169,27 @@ def test_compile_trains_and_saves_bare_state_dict_keys(tmp_path):
     assert last["train_images"] == 8
     state = torch.load(f"{out}/checkpoint.pth.tar", weights_only=True)["state_dict"]
     assert "fc.weight" in state and not any(k.startswith(("_orig_mod.", "module.")) for k in state)
+
+
+def test_side_stream_waits_for_the_normalisation_constants(monkeypatch):
+    """CudaFeeder computes scale/shift on the current stream; its side stream, which reads them
+    in the first normalisation, must wait for that stream first (as timm's PrefetchLoader
+    waits before each batch)."""
+    from loaders import _cuda_feed
+
+    events = []
+
+    class Stream:
+        def __init__(self, device):
+            events.append(("stream", device))
+
+        def wait_stream(self, other):
+            events.append(("wait", other))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current:{device}")
+    device = torch.device("cuda", 3)
+    feeder = _cuda_feed.CudaFeeder(device, torch.float16, True, torch.full((1, 3, 1, 1), 2.0),
+                                   torch.full((1, 3, 1, 1), 4.0))
+    assert events == [("stream", device), ("wait", f"current:{device}")]
+    assert feeder.scale.flatten().tolist() == [0.25] * 3

@@ -317,3 +317,44 @@ def test_exif_orientation_is_not_applied_as_in_the_folder_loader(tmp_path):
     for pixels in seen.values():  # as stored: red left, blue right (turned: red top, blue bottom)
         left, right = pixels[:, :, :12].mean(axis=(1, 2)), pixels[:, :, 20:].mean(axis=(1, 2))
         assert left[0] > 180 > left[2] and right[2] > 180 > right[0]
+
+
+@pytest.mark.parametrize("source,workers", [("folder", 2), ("lmdb", 1)])
+def test_pipelines_are_built_once_per_run(tiny, source, workers):
+    """Three epochs of training and validation and a resolution change reuse the pipelines
+    built on the first pass (CPU-only here: ``workers`` single-threaded pipelines per split)."""
+    train, val = build(tiny, source, workers=workers)
+    shapes = []
+    for epoch in range(3):
+        if epoch == 2:
+            train.set_resolution(24)  # progressive resizing: the side is a pipeline input
+        train.set_epoch(epoch)
+        shapes.append({tuple(images.shape) for images, _ in train})
+        assert len(list(val)) == len(val)
+    assert shapes == [{(4, 3, 32, 32)}, {(4, 3, 32, 32)}, {(4, 3, 24, 24)}]
+    assert train.pipeline_builds == val.pipeline_builds == workers
+
+
+def test_a_resumed_epoch_yields_what_the_uninterrupted_one_did(tiny):
+    """Crops and flips are drawn from (seed, epoch, rank, batch): resuming at batch 3 gives the
+    same batches 3.. as the whole epoch, though the pipelines ran other batches before."""
+    train, _ = build(tiny, "folder", workers=2)
+    train.set_epoch(1)
+    whole = [images for images, _ in train]
+    train.set_epoch(1, start_batch=3)
+    resumed = [images for images, _ in train]
+    assert len(resumed) == len(whole) - 3
+    for a, b in zip(whole[3:], resumed):
+        assert torch.equal(a, b)
+    assert train.pipeline_builds == 2
+
+
+def test_a_pass_left_part_way_is_not_continued(tiny):
+    """A pass abandoned after one batch leaves batches queued in DALI: the next pass starts
+    from its own first batch on rebuilt pipelines."""
+    train, _ = build(tiny, "lmdb", workers=1)
+    train.set_epoch(0)
+    first = next(iter(train))[1]
+    assert train.pipeline_builds == 1
+    assert torch.equal(next(iter(train))[1], first)
+    assert train.pipeline_builds == 2  # rebuilt once: the first pass was abandoned

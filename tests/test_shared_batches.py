@@ -1,4 +1,9 @@
 """Shared-memory batch slots (loaders/_shared_batches.py) and their use by DeviceLoader."""
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -9,7 +14,7 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders import _shared_batches as sb
-from tests.conftest import loader_settings
+from tests.conftest import REPO, loader_settings
 
 
 def test_batches_are_numbered_per_pass():
@@ -43,7 +48,8 @@ def test_a_wait_that_never_ends_is_a_data_error(monkeypatch):
 
 def test_too_little_shared_memory_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(sb.os, "statvfs", lambda path: SimpleNamespace(f_bavail=16, f_frsize=4096))
-    with pytest.raises(DataError, match=r"/dev/shm has 0 MiB free .* --ipc=host"):
+    with pytest.raises(DataError, match=r"^/dev/shm: cannot reserve 368 MiB for this "
+                       r"process's batch slots \(0\.1 MiB free now, .* --ipc=host"):
         sb.SharedBatches(10, 256, (3, 224, 224))
 
 
@@ -77,3 +83,63 @@ def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny)
     assert train._idle_pool is not first_pool
     suspended.close()
     assert train._idle_pool is first_pool
+
+
+# Run under `unshare -rm` with a tiny tmpfs on /dev/shm: RANKS processes on one node each check
+# the free space (all see it whole), wait until every one has checked, then make and fill their
+# slots. Each prints ok, or its error line; none may die of a signal.
+RANKS_ON_ONE_NODE = r"""
+import multiprocessing as mp, sys
+sys.path.insert(0, sys.argv[1])
+from loaders import DataError, _shared_batches as sb
+
+def rank(checked, done, ranks):
+    real_check = sb._check_shm_space
+    def check_then_wait(nbytes, path=sb.SHM):
+        real_check(nbytes, path)
+        checked.wait()
+    sb._check_shm_space = check_then_wait
+    try:
+        pool = sb.SharedBatches(3, 4, (3, 256, 256))  # 2.25 MiB
+        pool.memory.fill_(1)  # every page written, as workers would
+        print("ok", flush=True)
+    except DataError as exc:
+        print("DataError:", exc, flush=True)
+    done.wait()  # keep the slots until every rank has made its own
+
+ctx = mp.get_context("fork")
+ranks = int(sys.argv[2])
+checked, done = ctx.Barrier(ranks), ctx.Barrier(ranks)
+procs = [ctx.Process(target=rank, args=(checked, done, ranks)) for _ in range(ranks)]
+for p in procs:
+    p.start()
+for p in procs:
+    p.join(120)
+print("exitcodes", *[p.exitcode for p in procs], flush=True)
+"""
+
+
+def test_every_process_on_the_node_is_accounted_for(tmp_path):
+    """4 ranks x 2.25 MiB of slots on an 8 MiB /dev/shm: each rank alone fits and all pass the
+    free-space check together; the reservation leaves 3 with their slots and gives the fourth a
+    DataError naming the sizes and the fix, and no process dies of SIGBUS."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) not installed")
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_ON_ONE_NODE)
+    shell = (f"mount -t tmpfs -o size=8m tmpfs /dev/shm && "
+             f"exec {shlex.quote(sys.executable)} {script} {shlex.quote(REPO)} 4")
+    result = subprocess.run(["unshare", "-rm", "sh", "-c", shell], capture_output=True,
+                            text=True, timeout=300)
+    if "exitcodes" not in result.stdout and ("unshare" in result.stderr
+                                             or "mount" in result.stderr):
+        pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "exitcodes 0 0 0 0", result.stdout + result.stderr
+    assert sorted(line.split(":")[0] for line in lines[:-1]) == ["DataError", "ok", "ok", "ok"]
+    (error,) = [line for line in lines if line.startswith("DataError")]
+    assert re.fullmatch(r"DataError: /dev/shm: cannot reserve 2\.2 MiB for this process's batch "
+                        r"slots \([\d.]+ MiB free now, shared by every loader of every process "
+                        r"on this node\): give the container more shared memory \(docker run "
+                        r"--shm-size=\.\.\. or --ipc=host\), or lower -j/--workers or "
+                        r"-b/--batch-size", error), error

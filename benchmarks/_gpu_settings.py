@@ -1,0 +1,80 @@
+"""Command line and run settings of ``gpu_check.py`` (sizes, flags, the bundle's paths)."""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+from types import SimpleNamespace
+
+from _gpu_runner import REPO, list_images
+
+SECTIONS = ("pytest", "train", "loaders", "nccl", "resolution", "compile")
+TARGET_MODEL = "resnet50"
+
+
+class InputError(Exception):
+    """Bad --bundle / --data / sizes: one line, exit status 2."""
+
+
+def get_args_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="gpu-check-output", help="report folder (created)")
+    p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/); "
+                   "default .gpu-bundle")
+    p.add_argument("--data", help="image folder holding train/ (and val/) instead of BUNDLE/sample")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
+    p.add_argument("--budget", type=float, default=900.0, help="seconds; later checks are skipped")
+    p.add_argument("--steps", type=int, help="timed training steps per run (default 40; dry 2)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default 10; dry 1)")
+    p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
+    p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep OUT/data (the replicated sample and its LMDBs, ~1.5 GB)")
+    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def settings(args) -> SimpleNamespace:
+    """Sizes and flags of every run; raises :class:`InputError` for a bad path or size."""
+    dry = args.dry_run
+    s = SimpleNamespace(
+        dry_run=dry, budget=args.budget, out=os.path.abspath(args.out),
+        steps=pick(args.steps, 2 if dry else 40), warmup=pick(args.warmup, 1 if dry else 10),
+        batch=pick(args.batch_size, 4 if dry else 256),
+        # dry run: in-process loading, as each worker process would import torch again (seconds
+        # on 2 cores); tests/test_loaders.py covers the workers
+        workers=args.workers or ("0" if dry else "auto"),
+        models=["resnet18"] if dry else [TARGET_MODEL, "resnet18"],
+        sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
+        if dry else [],
+        # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
+        # wraps the model in DataParallel over all visible GPUs
+        accel=["--no-accel"] if dry else ["--gpu", "0"],
+        only=set(args.only or SECTIONS), keep_data=args.keep_data)
+    if s.steps < 1 or s.warmup < 0 or s.batch < 1:
+        raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
+    if not (s.workers == "auto" or s.workers.isdigit()):
+        raise InputError(f"-j {s.workers}: expected a number of workers or 'auto'")
+    bundle = args.bundle or os.path.join(REPO, ".gpu-bundle")
+    if args.bundle and not os.path.isdir(bundle):
+        raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
+    s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
+    sample = args.data or os.path.join(bundle, "sample")
+    flag = "--data" if args.data else "--bundle"
+    if not os.path.isdir(os.path.join(sample, "train")):
+        raise InputError(f"{flag} {args.data or bundle}: no train/ folder with images in "
+                         f"{sample} (run make gpu-bundle, or pass --data DIR)")
+    s.train_src = os.path.abspath(os.path.join(sample, "train"))
+    val = os.path.join(sample, "val")
+    s.val_src = os.path.abspath(val if os.path.isdir(val) else s.train_src)
+    s.images = list_images(s.train_src)
+    if not s.images:
+        raise InputError(f"{flag}: {s.train_src} has no images in class folders")
+    return s
+
+
+def pick(value, default):
+    return default if value is None else value

@@ -1,0 +1,97 @@
+"""``benchmarks/gpu_bundle.py`` (``make gpu-bundle``): the sample from ``--data`` or generated,
+the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), and its one-line errors.
+pip itself is replaced by a stand-in here: downloading needs the network."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import gpu_bundle  # noqa: E402
+
+
+@pytest.fixture
+def fake_pip(monkeypatch):
+    """``subprocess.run`` of gpu_bundle: records the pip command and 'downloads' a numpy and
+    an lmdb wheel into its ``-d`` folder."""
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        folder = cmd[cmd.index("-d") + 1]
+        for name in ("numpy-2.0-cp312-cp312-x.whl", "lmdb-3.0.0-cp312-cp312-x.whl"):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(b"PK")
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(gpu_bundle.subprocess, "run", run)
+    return calls
+
+
+def bundle(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = gpu_bundle.main_cli(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_images_from_data_one_per_class_first(sample, tmp_path, fake_pip):
+    code, out, _ = bundle(["--data", sample, "--out", str(tmp_path / "b"), "--images", "5"])
+    assert code == 0
+    train = tmp_path / "b" / "sample" / "train"
+    classes = sorted(os.listdir(train))
+    assert classes == sorted(os.listdir(os.path.join(sample, "train")))[:5]
+    assert all(len(os.listdir(train / c)) == 1 for c in classes)
+    assert os.readlink(tmp_path / "b" / "sample" / "val") == "train"  # relative: travels
+    assert f"images: 5 files in 5 classes from {sample}/train" in out
+    assert sorted(os.listdir(tmp_path / "b" / "wheels")) == ["lmdb-3.0.0-cp312-cp312-x.whl"]
+    (cmd,) = fake_pip
+    assert cmd[1:4] == ["-m", "pip", "download"] and "--only-binary=:all:" in cmd
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--no-deps" not in cmd
+
+
+def test_images_are_generated_without_data(tmp_path, fake_pip):
+    code, out, _ = bundle(["--out", str(tmp_path / "b")])
+    assert code == 0 and "100 generated JPEGs" in out and "pass DATA=DIR" in out
+    train = tmp_path / "b" / "sample" / "train"
+    files = [os.path.join(d, f) for d, _, names in os.walk(train) for f in names]
+    assert len(files) == 100 and len(os.listdir(train)) == 10
+    with Image.open(files[0]) as img:
+        assert img.format == "JPEG" and min(img.size) >= 320  # ImageNet-like, not thumbnails
+
+
+def test_dali_wheel_follows_the_cuda_major():
+    local = gpu_bundle.local_cuda_major()
+    specs = gpu_bundle.wheel_specs(local, dali=True)
+    assert any(s.startswith(f"nvidia-dali-cuda{local}0") for s in specs)
+    assert {s.split("==")[0] for s in specs} >= {"lmdb", "pytest", f"nvidia-nvimgcodec-cu{local}"}
+    other = "12" if local != "12" else "13"
+    specs = gpu_bundle.wheel_specs(other, dali=True)
+    assert f"nvidia-nvimgcodec-cu{other}" in specs  # pip picks the version for that CUDA
+    assert any(s.startswith(f"nvidia-dali-cuda{other}0") for s in specs)
+    assert not any("dali" in s for s in gpu_bundle.wheel_specs(local, dali=False))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--data", "/nonexistent"], "--data /nonexistent: no such directory"),
+    (["--cuda", "9"], "--cuda 9: expected a CUDA major"),
+    (["--images", "0"], "--images 0: must be >= 1"),
+])
+def test_bad_input_is_one_line(tmp_path, fake_pip, argv, message):
+    code, out, err = bundle([*argv, "--out", str(tmp_path / "b")])
+    assert code == 2 and err.count("\n") == 1 and message in err and not fake_pip
+
+
+def test_data_without_images_is_one_line(tmp_path, fake_pip):
+    (tmp_path / "d" / "train" / "n0").mkdir(parents=True)
+    code, _, err = bundle(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "b")])
+    assert code == 2 and err.count("\n") == 1 and "no images in" in err

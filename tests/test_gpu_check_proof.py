@@ -1,0 +1,190 @@
+"""``gpu_check.py`` never reports an unproven GPU path as passed, and always writes its report:
+one GPU per single-process run on a many-GPU machine, skipped / timed-out checks as not proven
+(exit status 3), a timeout as "timed out", its own crash as a failed row, and a machine with
+no ``nvidia`` package at all (conda or source-built torch)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_gpu_check import MACHINE, fake_gpu_run, fake_wheel, make_bundle, run_cli
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import _gpu_report  # noqa: E402
+import _gpu_runner  # noqa: E402
+import gpu_check  # noqa: E402
+
+# A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
+HIDE_NVIDIA = textwrap.dedent("""\
+    import sys
+
+    class _NoNvidia:
+        def find_spec(self, name, path=None, target=None):
+            if name == "nvidia" or name.startswith("nvidia."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _NoNvidia())
+    """)
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """Every command faked (:func:`tests.test_gpu_check.fake_gpu_run`); returns a function
+    that sets the machine's facts and pytest's output."""
+    monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
+    monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
+    monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
+
+    def configure(pytest_out=None, **facts):
+        monkeypatch.setattr(_gpu_runner.Runner, "machine", {**MACHINE, **facts}, raising=False)
+        if pytest_out:
+            monkeypatch.setattr(_gpu_runner.Runner, "pytest_out", pytest_out, raising=False)
+
+    return configure
+
+
+def gpu_run(sample, tmp_path, *extra):
+    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+    code, out, err = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
+                              "--steps", "2", "--warmup", "1", *extra])
+    return code, out, json.loads((tmp_path / "o" / "report.json").read_text())
+
+
+def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_path, fake_machine):
+    """Without --gpu, main.py would wrap the model in DataParallel over the 8 GPUs: every
+    single-process main.py command names GPU 0; the distributed run uses all 8."""
+    fake_machine(gpu_count=8, gpus=[MACHINE["gpus"][0]] * 8)
+    code, _, report = gpu_run(sample, tmp_path)
+    assert code == 0, report["not_proven"]
+    runs = [c for c in _gpu_runner.Runner.calls if "main.py" in c]
+    single = [c for c in runs if "--multiprocessing-distributed" not in c]
+    assert len(single) == 8 + 3 + 2 + 4  # training, loader-only, resolution, --compile
+    for cmd in single:
+        assert cmd.count("--gpu") == 1 and cmd[cmd.index("--gpu") + 1] == "0", cmd
+    (distributed,) = [c for c in runs if "--multiprocessing-distributed" in c]
+    assert "--gpu" not in distributed and distributed[distributed.index("-b") + 1] == "2048"
+    assert report["sections"]["nccl"][0]["world_size"] == 8
+
+
+@pytest.mark.parametrize("facts,pytest_out,unproven", [
+    ({"dali": None}, None, {"train-resnet50-dali", "train-resnet18-dali", "loader-dali"}),
+    ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
+     {"pytest-test_gpu", "pytest-test_gpu_dali"}),
+])
+def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample, tmp_path, fake_machine, facts,
+                                                       pytest_out, unproven):
+    fake_machine(pytest_out, **facts)
+    code, out, report = gpu_run(sample, tmp_path)
+    assert code == 3 and report["summary"]["failed"] == 0
+    assert {x["name"] for x in report["not_proven"]} == unproven
+    assert "GPU path NOT proven: " in out and "GPU path proven" not in out
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "## Not proven on a GPU" in md and "- GPU path NOT proven" in md
+
+
+def test_a_slow_check_is_timed_out_not_failed(tmp_path):
+    runner = _gpu_runner.Runner(str(tmp_path), budget=600)
+    record = runner.run("slow", [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
+    assert record["status"] == "timed out" and record["returncode"] is None
+    assert record["reason"].startswith("still running after its 1 s limit (slow, not failed")
+    report = _gpu_report.finish({"dry_run": False, "sections": {"pytest": [record]}}, 1.0)
+    assert report["summary"]["timed_out"] == 1 and report["summary"]["failed"] == 0
+    assert _gpu_report.exit_status(report) == 3
+
+
+def test_a_crash_of_the_script_still_writes_the_report(sample, tmp_path, fake_machine,
+                                                       monkeypatch):
+    fake_machine()
+
+    def broken(*args):
+        raise KeyError("lmdb")
+
+    monkeypatch.setattr(gpu_check, "prepare_data", broken)
+    code, out, report = gpu_run(sample, tmp_path)
+    assert code == 1
+    (row,) = report["sections"]["internal"]
+    assert row["status"] == "failed" and row["reason"] == "KeyError: 'lmdb'"
+    assert "Traceback" in row["stderr_tail"]
+    assert report["sections"]["environment"][0]["status"] == "passed"  # what ran is kept
+    assert "### gpu-check: KeyError" in (tmp_path / "o" / "report.md").read_text()
+
+
+def hidden_nvidia_env(tmp_path) -> dict:
+    hider = tmp_path / "hide-nvidia"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text(HIDE_NVIDIA)
+    return {**os.environ, "PYTHONPATH": str(hider)}
+
+
+def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import _gpu_runner as r; "
+            "print(r.has_module('nvidia.nvimgcodec'), r.has_module('json'))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env=hidden_nvidia_env(tmp_path))
+    assert result.stdout.split() == ["False", "True"], result.stderr
+
+
+def test_dry_run_without_any_nvidia_package_writes_both_reports(sample, tmp_path):
+    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+    fake_wheel(str(bundle / "wheels"), "nvidia_nvimgcodec_cu13")
+    out = tmp_path / "o"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--bundle", str(bundle),
+         "--out", str(out), "--only", "train"], cwd=REPO, capture_output=True, text=True,
+        timeout=900, env=hidden_nvidia_env(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# GPU check (dry run on CPU)")
+    assert report["machine"]["dali"] is None  # hidden, as on such a machine
+    rows = {r["loader"]: r for r in report["sections"]["training"]}
+    assert rows["dali"]["status"] == "skipped" and rows["dali"]["reason"] == "not installed"
+    assert all(rows[k]["status"] == "passed" for k in ("synthetic", "folder", "lmdb"))
+
+
+def dali_wheel(folder, cuda: str) -> str:
+    path = os.path.join(folder, f"nvidia_dali_cuda{cuda}0-2.4.0-py3-none-manylinux_2_28_x86_64.whl")
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("nvidia/dali/__init__.py", "")
+        zf.writestr("wds2idx.py", "")
+    return path
+
+
+def test_a_dali_wheel_for_another_cuda_major_is_left_out(tmp_path, monkeypatch):
+    """The bundle's DALI must match torch's CUDA major: else it is not installed, and its
+    record (skipped) makes the run not proven."""
+    monkeypatch.setattr(_gpu_runner, "torch_cuda", lambda: "12.8")
+    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    wheel = dali_wheel(str(tmp_path), "13")
+    assert _gpu_runner.wheel_module(wheel) == "nvidia.dali"
+    (record,) = _gpu_runner.install(runner, [wheel], str(tmp_path / "site"))
+    assert record["name"] == "dali-wheel" and record["status"] == "skipped"
+    assert "is for CUDA 13, torch here for CUDA 12.8 (make gpu-bundle CUDA=12)" in record["reason"]
+    assert _gpu_runner.dali_wheel_mismatch(dali_wheel(str(tmp_path), "12"), "12.8") is None
+
+
+def test_wheels_under_nvidia_are_judged_by_their_distribution(tmp_path, monkeypatch):
+    """nvidia-nvjpeg shares nvidia/cu13 with torch's CUDA wheels: the folder being importable
+    does not mean DALI's GPU JPEG decoder is there."""
+    path = os.path.join(tmp_path, "nvidia_nvjpeg-13.0-py3-none-manylinux_2_28_x86_64.whl")
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("nvidia/cu13/lib/libnvjpeg.so.13", "")
+    monkeypatch.setattr(_gpu_runner, "has_module", lambda name: True)
+    monkeypatch.setattr(_gpu_runner, "has_distribution", lambda name: False)
+    assert _gpu_runner.wheel_module(path) == "nvidia.cu13" and _gpu_runner.wheel_is_missing(path)
+    monkeypatch.setattr(_gpu_runner, "has_distribution", lambda name: True)
+    assert not _gpu_runner.wheel_is_missing(path)
+
+
+def test_driver_api_version_needs_no_torch_internals():
+    """torch 2.14 has no torch._C._cuda_getDriverVersion; libcuda answers, or None here."""
+    version = _gpu_runner.cuda_driver_api()
+    assert version is None or version.count(".") == 1
