@@ -40,8 +40,6 @@ built for another CUDA major than torch.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import re
 from functools import partial
 from typing import Callable, Iterator, Sequence
 
@@ -53,62 +51,11 @@ from ._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_m
 from ._common import DataError, DistInfo, _mix_seed, check_same_classes
 from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
                           gpu_to_torch, record, source)
+from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, require_dali
 from ._errors import AcceleratorError
 from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
 from .transforms import decode, read_file
-
-# Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
-# 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
-# the one per-GPU figure NVIDIA published, 0.75 on A100 (quoted in NVIDIA/DALI#5362):
-# https://developer.nvidia.com/blog/loading-data-fast-with-dali-and-new-jpeg-decoder-in-a100/
-# DeepLearningExamples RN50 and DALI's RN50 example keep the default. GPUs without a hardware
-# decoder ignore the value.
-DEFAULT_HW_DECODER_LOAD = 0.65
-A100_HW_DECODER_LOAD = 0.75
-# DALI's and CUDA's words for a failed GPU or driver ("CUDA runtime API error cudaErrorMemory
-# Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
-_CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
-                           r"out of memory", re.IGNORECASE)
-def dali_pip_package(cuda_version: str | None) -> str:
-    """The DALI wheel for torch's CUDA ``cuda_version`` ("12.8" -> ``nvidia-dali-cuda120``,
-    "13.0" -> ``nvidia-dali-cuda130``; None, a torch without CUDA -> the CUDA 13 wheel)."""
-    return f"nvidia-dali-cuda{(cuda_version or '13').split('.')[0]}0"
-
-
-def check_dali_wheel(cuda_version: str | None, installed: Sequence[str]) -> None:
-    """Raise :class:`DataError` if one of the distributions ``installed`` is a DALI wheel
-    (``nvidia-dali[-nightly]-cudaXY0``) for another CUDA major than ``cuda_version``. Both
-    wheels write ``nvidia/dali``, so the fix uninstalls both before installing the right one."""
-    wanted = dali_pip_package(cuda_version)
-    for name in (n.lower().replace("_", "-") for n in installed):
-        if (cuda_version and re.fullmatch(r"nvidia-dali(-[a-z]+)?-cuda\d+", name)
-                and not name.endswith(wanted[len("nvidia-dali-"):])):
-            raise DataError(f"--dali: {name} is built for another CUDA major than torch's "
-                            f"{cuda_version}: pip uninstall -y {name} {wanted} && "
-                            f"pip install {wanted}")
-
-
-def _require_dali(device: torch.device):
-    """Import DALI or raise :class:`DataError` with the one line that says which wheel to
-    install: DALI is missing, or (on CUDA) built for another CUDA major than torch."""
-    try:
-        import nvidia.dali  # noqa: F401
-    except (ImportError, OSError):
-        raise DataError(f"--dali needs NVIDIA DALI, which is not installed: "
-                        f"pip install {dali_pip_package(torch.version.cuda)}") from None
-    if device.type == "cuda":
-        check_dali_wheel(torch.version.cuda, [d.metadata["Name"] or ""
-                                              for d in importlib.metadata.distributions()])
-
-
-def default_hw_decoder_load(device: torch.device) -> float:
-    """``hw_decoder_load`` for the GPU ``device``: :data:`A100_HW_DECODER_LOAD` on an A100, else
-    DALI's default (the GPU's name is read only for a CUDA ``device``)."""
-    if device.type == "cuda" and "A100" in torch.cuda.get_device_name(device).upper():
-        return A100_HW_DECODER_LOAD
-    return DEFAULT_HW_DECODER_LOAD
-
 
 class DALILoader:
     """One split's DALI pipelines, built once and fed each pass, as a loader of the usual
@@ -211,7 +158,7 @@ class DALILoader:
                         outputs = pipes[(step - first) % len(pipes)].run()
                     except RuntimeError as exc:
                         self._drop_pipelines()  # a failed pipeline is not run again
-                        failure = _cuda_failure(exc)
+                        failure = cuda_failure(exc)
                         if failure:
                             raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
                                                    f"split: {failure}") from exc
@@ -255,7 +202,7 @@ class DALILoader:
                                     "is this dataset damaged?")
             order[position] = index
         if found == 0:
-            lines = _message_lines(exc)
+            lines = message_lines(exc)
             raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
         return found
@@ -357,21 +304,6 @@ class DALILoader:
         return images, labels.reshape(-1).to(torch.int64)
 
 
-def _message_lines(exc: Exception) -> list[str]:
-    """The lines of a DALI error that say something (no blanks, no "Current pipeline ...")."""
-    return [line.strip() for line in str(exc).splitlines()
-            if line.strip() and not line.startswith("Current pipeline")]
-
-
-def _cuda_failure(exc: Exception) -> str | None:
-    """One line for a DALI error that names a CUDA / driver failure: the message from the last
-    line naming one on ("Error in thread 0: CUDA runtime API error cudaErrorInvalidValue (1):
-    invalid argument"); None if no line names one (a damaged file, say)."""
-    lines = _message_lines(exc)
-    hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
-    return " ".join(lines[hits[-1]:]) if hits else None
-
-
 def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
     """The split's graph options from ``settings``; ``dali_hw_decoder_load`` None ->
     :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
@@ -447,7 +379,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     major than torch), for bad input paths, mismatched class lists, bad block sizes, or a
     training shard smaller than one batch.
     """
-    _require_dali(dist.device)
+    require_dali(dist.device)
     built, classes_by_split = [], []
     for train, path in ((True, settings.train_path), (False, settings.val_path)):
         order, classes, read, files, read_encoded, describe = _open_split(path, train,

@@ -13,6 +13,7 @@ pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
 import loaders.dali as dali  # noqa: E402
+import loaders._dali_env as dali_env  # noqa: E402
 import main  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
 from loaders.orders import BlockOrder  # noqa: E402
@@ -267,7 +268,7 @@ def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch)
 def test_hw_decoder_load_defaults_to_the_figure_for_the_gpu(monkeypatch, gpu, load):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
     cuda = DistInfo(device=torch.device("cuda", 0))
-    assert dali.default_hw_decoder_load(cuda.device) == load
+    assert dali_env.default_hw_decoder_load(cuda.device) == load
     assert dali._graph_options(loader_settings("dali"), cuda, train=True).hw_decoder_load == load
     given = loader_settings("dali", dali_hw_decoder_load=0.3)
     assert dali._graph_options(given, cuda, train=True).hw_decoder_load == 0.3
@@ -275,7 +276,7 @@ def test_hw_decoder_load_defaults_to_the_figure_for_the_gpu(monkeypatch, gpu, lo
 
 def test_hw_decoder_load_off_cuda_and_out_of_range(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: pytest.fail("read"))
-    assert dali.default_hw_decoder_load(torch.device("cpu")) == dali.DEFAULT_HW_DECODER_LOAD
+    assert dali_env.default_hw_decoder_load(torch.device("cpu")) == dali_env.DEFAULT_HW_DECODER_LOAD
     with pytest.raises(DataError, match="--dali-hw-decoder-load 1.5: must be between 0 and 1"):
         dali._graph_options(loader_settings("dali", dali_hw_decoder_load=1.5), DistInfo(), train=False)
 

@@ -9,7 +9,7 @@ import torch
 
 import main
 from loaders import DataError
-from loaders.dali import check_dali_wheel, dali_pip_package
+from loaders._dali_env import check_dali_wheel, dali_pip_package
 from tests.conftest import REPO
 
 
