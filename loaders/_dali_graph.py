@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ._common import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
-from .transforms import RRC_RATIO, RRC_SCALE, resize, resize_center_crop
+from .transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize, resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 
@@ -45,19 +45,50 @@ class GraphOptions:
 
 
 def random_window(encoded, draws):
-    """RandomResizedCrop's window of each image, from its header (``fn.peek_image_shape``) and
-    its draws ``(area share, aspect ratio, x, y)`` (see :func:`crop_draws`): width and height
-    ``sqrt(area * share * ratio)`` and ``sqrt(area * share / ratio)``, each at most the image's,
-    placed at ``x``, ``y`` of the room left. Returns ``(anchor, shape)``, absolute ``(x, y)``
-    and ``(w, h)`` in pixels (float), for ``fn.decoders.image_slice``."""
+    """RandomResizedCrop's window of each image, computed in the graph from its header
+    (``fn.peek_image_shape``) and its uniforms ``draws`` (float64 ``(4 * RRC_ATTEMPTS,)``, see
+    :func:`crop_draws`) exactly as :func:`loaders.transforms.random_resized_crop_params` does
+    on the CPU (torchvision's ``RandomResizedCrop.get_params``): up to ``RRC_ATTEMPTS`` windows
+    of area share in ``RRC_SCALE`` and log-uniform aspect ratio in ``RRC_RATIO``, the first that
+    fits placed uniformly, else the central crop with the ratio clamped. Returns ``(anchor,
+    shape)``, ``(x, y)`` and ``(w, h)`` in whole pixels (float32), for ``fn.decoders.image_slice``."""
     from nvidia.dali import fn, math as dmath, types
 
-    size = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT)  # (H, W, C)
+    size = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT64)  # (H, W, C)
     height, width = size[0], size[1]
-    area = height * width * draws[0]
-    w = dmath.min(dmath.sqrt(area * draws[1]), width)
-    h = dmath.min(dmath.sqrt(area / draws[1]), height)
-    return fn.stack((width - w) * draws[2], (height - h) * draws[3]), fn.stack(w, h)
+    area, log_lo, log_hi = height * width, math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
+    unchosen, w_sel, h_sel, top, left = 1.0, 0.0, 0.0, 0.0, 0.0
+    for k in range(RRC_ATTEMPTS):  # branch-free: "first that fits" as 0/1 weights
+        u_area, u_ratio, u_top, u_left = (draws[4 * k + i] for i in range(4))
+        target = area * (RRC_SCALE[0] + u_area * (RRC_SCALE[1] - RRC_SCALE[0]))
+        aspect = dmath.exp(log_lo + u_ratio * (log_hi - log_lo))
+        w = dmath.floor(dmath.sqrt(target * aspect) + 0.5)
+        h = dmath.floor(dmath.sqrt(target / aspect) + 0.5)
+        fits = fn.cast((w > 0) & (w <= width) & (h > 0) & (h <= height), dtype=types.FLOAT64)
+        take, unchosen = fits * unchosen, unchosen * (1.0 - fits)
+        w_sel, h_sel = w_sel + take * w, h_sel + take * h
+        top = top + take * dmath.floor(u_top * (height - h + 1.0))
+        left = left + take * dmath.floor(u_left * (width - w + 1.0))
+    w_c, h_c = _central_window(height, width)
+    w_sel, h_sel = w_sel + unchosen * w_c, h_sel + unchosen * h_c
+    top = top + unchosen * dmath.floor((height - h_c) / 2.0)
+    left = left + unchosen * dmath.floor((width - w_c) / 2.0)
+    # Whole pixels, exact in float32 (what fn.decoders.image_slice takes).
+    return (fn.cast(fn.stack(left, top), dtype=types.FLOAT),
+            fn.cast(fn.stack(w_sel, h_sel), dtype=types.FLOAT))
+
+
+def _central_window(height, width):
+    """torchvision's fallback window ``(w, h)``: the whole image with its aspect ratio clamped
+    to ``RRC_RATIO`` (graph nodes, float64)."""
+    from nvidia.dali import fn, math as dmath, types
+
+    ratio = width / height
+    narrow = fn.cast(ratio < min(RRC_RATIO), dtype=types.FLOAT64)
+    wide = fn.cast(ratio > max(RRC_RATIO), dtype=types.FLOAT64)
+    w = (1.0 - wide) * width + wide * dmath.floor(height * max(RRC_RATIO) + 0.5)
+    h = (1.0 - narrow) * height + narrow * dmath.floor(width / min(RRC_RATIO) + 0.5)
+    return w, h
 
 
 def augment(encoded, opts: GraphOptions, train_inputs=None):
@@ -128,14 +159,13 @@ def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tens
 
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
-    """RandomResizedCrop draws and flips of batch ``batch`` of an epoch: float32 ``(count, 4)``
-    (area share in :data:`~loaders.transforms.RRC_SCALE`, aspect ratio log-uniform in
-    :data:`~loaders.transforms.RRC_RATIO`, x and y in [0, 1)) and int32 ``(count,)`` flips, a function
-    of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a resumed epoch draws the same."""
+    """RandomResizedCrop uniforms and flips of batch ``batch`` of an epoch: float64
+    ``(count, 4 * RRC_ATTEMPTS)`` uniforms in [0, 1) (area share, aspect ratio, top, left per
+    attempt, as :func:`loaders.transforms.random_resized_crop_params` takes them) and int32
+    ``(count,)`` flips, a function of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a
+    resumed epoch draws the same."""
     rng = np.random.default_rng([seed, epoch, rank, batch])
-    low, high = (math.log(r) for r in RRC_RATIO)
-    draws = np.stack([rng.uniform(*RRC_SCALE, count), np.exp(rng.uniform(low, high, count)),
-                      rng.random(count), rng.random(count)], axis=1).astype(np.float32)
+    draws = rng.random((count, 4 * RRC_ATTEMPTS))
     return draws, (rng.random(count) < 0.5).astype(np.int32)
 
 
@@ -146,9 +176,9 @@ class PassFeed:
     Pipeline ``index`` of ``pipelines`` yields batches ``index, index + pipelines, ...`` of the
     pass's ``order``. Each call returns ``[data, labels]`` (``read(i)`` gives sample ``i``'s
     uint8 1-D array, an encoded image or file name, and its label; labels int32 ``()``), plus
-    for training float32 ``(4,)`` crop draws, int32 flips and, if ``sizes`` (the GPU graph
-    resizes in DALI), float32 output sides; raises
-    ``StopIteration`` after the pass's last (possibly partial, never padded) batch.
+    for training float64 ``(4 * RRC_ATTEMPTS,)`` crop uniforms, int32 flips and, if ``sizes``
+    (the GPU graph resizes in DALI), float32 output sides; raises ``StopIteration`` after the
+    pass's last (possibly partial, never padded) batch.
     """
 
     def __init__(self, read: Callable[[int], tuple[np.ndarray, int]], train: bool,
@@ -199,7 +229,7 @@ def source(feed: PassFeed, files: bool):
     +2.5% images/s CPU-only on 2 cores with the former ``fn.readers.file``)."""
     from nvidia.dali import fn, types
 
-    dtypes = ([types.UINT8, types.INT32] + ([types.FLOAT, types.INT32] if feed.train else [])
+    dtypes = ([types.UINT8, types.INT32] + ([types.FLOAT64, types.INT32] if feed.train else [])
               + ([types.FLOAT] if feed.sizes else []))
     outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
                               batch_info=True, parallel=False, dtype=dtypes)

@@ -65,8 +65,8 @@ def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 # NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
-_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 random windows
-_DRAWS = 4 * _ATTEMPTS + 1  # four uniforms per attempt, one for the flip
+RRC_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 random windows
+_DRAWS = 4 * RRC_ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 
 
 def random_resized_crop_params(height: int, width: int, scale: tuple[float, float],
@@ -81,7 +81,7 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
     """
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for k in range(_ATTEMPTS):
+    for k in range(RRC_ATTEMPTS):
         u_area, u_ratio, u_top, u_left = draws[4 * k:4 * k + 4]
         target_area = area * (scale[0] + u_area * (scale[1] - scale[0]))
         aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))

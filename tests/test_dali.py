@@ -359,3 +359,49 @@ def test_a_pass_left_part_way_is_not_continued(tiny):
     assert train.pipeline_builds == 1
     assert torch.equal(next(iter(train))[1], first)
     assert train.pipeline_builds == 2  # rebuilt once: the first pass was abandoned
+
+
+def _dali_windows(blobs, draws):
+    """``(left, top, w, h)`` that :func:`random_window` computes for each encoded image."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from loaders._dali_graph import random_window
+
+    @pipeline_def(batch_size=len(blobs), num_threads=1, device_id=None)
+    def windows():
+        encoded = fn.external_source(source=[[np.frombuffer(b, np.uint8) for b in blobs]],
+                                     dtype=types.UINT8)
+        uniforms = fn.external_source(source=[list(draws)], dtype=types.FLOAT64)
+        return random_window(encoded, uniforms)
+
+    pipe = windows()
+    pipe.build()
+    anchors, shapes = pipe.run()
+    return [tuple(int(v) for v in (*np.asarray(a), *np.asarray(s)))
+            for a, s in zip(anchors, shapes)]
+
+
+def test_random_window_is_torchvision_random_resized_crop(tiny, sample):
+    """The window DALI decodes is the one ``random_resized_crop_params`` (torchvision's
+    algorithm: 10 attempts, then the central crop) gives for the same uniforms: on real and
+    generated images; every fourth image gets uniforms near 1 for every attempt (the whole area
+    at ratio 4/3 fits no image but an exactly 4:3 one), so the central fallback is exercised."""
+    import glob
+
+    from loaders._dali_graph import crop_draws
+    from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
+
+    paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]
+    paths += sorted(glob.glob(os.path.join(tiny.root, "train", "*", "*")))[:16]
+    blobs = [open(p, "rb").read() for p in paths]
+    draws, _ = crop_draws(seed=3, epoch=1, rank=0, batch=0, count=len(blobs))
+    draws[::4] = 1.0 - 1e-12
+    sizes = [Image.open(p).size for p in paths]
+    expected = []
+    for (width, height), uniforms in zip(sizes, draws):
+        top, left, h, w = random_resized_crop_params(height, width, RRC_SCALE, RRC_RATIO,
+                                                     list(uniforms))
+        expected.append((left, top, w, h))
+    assert _dali_windows(blobs, draws) == expected
+    assert sum(w == width and h == height for (_, _, w, h), (width, height)
+               in zip(expected, sizes)) > 0  # some fallbacks were the whole image
