@@ -198,7 +198,7 @@ def memory(opts: argparse.Namespace) -> dict:
 
 
 def print_report(report: dict) -> None:
-    """The speed table and the memory lines, as the README quotes them."""
+    """The speed table and the memory lines, as docs/performance.md quotes them."""
     s = report["speed"]
     print(f"\n{s['files']} files, {s['workers']} threads, {s['cores']} cores; medians of "
           f"{report['rounds']} interleaved rounds")

@@ -267,7 +267,7 @@ def summarise(name: str, stats: list[dict], cores: int) -> dict:
 
 
 def _shown(arg: str, tmp: str) -> str:
-    """A command argument as the README shows it: the temporary folder as ``DATA``."""
+    """A command argument as docs/performance.md shows it: the temporary folder as ``DATA``."""
     arg = re.sub(r"http://127\.0\.0\.1:\d+/shards", "http://127.0.0.1:PORT", arg)
     return arg.replace(os.path.join(tmp, "jpeg"), "DATA").replace(
         os.path.join(tmp, "lmdb"), "DATA-LMDB").replace(

@@ -271,7 +271,8 @@ def compare(summaries: list[dict], limit_bytes: float) -> dict:
 
 
 def print_table(summaries: list[dict], verdicts: dict, limit_bytes: float) -> None:
-    """The table of the README's *Memory* section (MiB; worker figures are the worst worker)."""
+    """The table of docs/performance.md's *Memory per loader worker* (MiB; worker figures are
+    the worst worker)."""
     print("MiB; w = worst DataLoader worker (peak; mdb at the end); mdb = RSS of data.mdb's "
           "map; excl = RSS minus mdb; main + = main RSS growth while iterating")
     head = (f"{'sampler':8} {'records':>9} | {'wRSS pk':>8} {'wRSS end':>8} {'w mdb':>8} "

@@ -41,10 +41,11 @@ def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1
     While the model runs on a GPU (or ``--benchmark-data`` runs none) this process only
     receives batches, normalises them and copies them: 1 thread, as its OpenMP threads
     otherwise spin on the cores the loader workers decode on (issue 14 measured 776 vs 952
-    images/s for ``main.py --lmdb --benchmark-data`` on 2 cores; README *Loader throughput*).
-    A model on the CPU gets the node's cores divided among its training processes (the
-    workers then share them: README *Main-process threads* measures both). A user's
-    ``OMP_NUM_THREADS`` wins (None); torchrun sets it to 1 for several processes per node."""
+    images/s for ``main.py --lmdb --benchmark-data`` on 2 cores; docs/performance.md, *Loader
+    throughput*). A model on the CPU gets the node's cores divided among its training
+    processes (the workers then share them: docs/performance.md, *Main-process threads*,
+    measures both). A user's ``OMP_NUM_THREADS`` wins (None); torchrun sets it to 1 for
+    several processes per node."""
     if environ.get("OMP_NUM_THREADS"):
         return None
     if device_type != "cpu" or not runs_model:

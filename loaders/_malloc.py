@@ -3,7 +3,7 @@
 Why: by default glibc serves a large allocation (a float batch: 19 MB at ``-b 32``; a JPEG
 decode buffer: up to 11 MB for a 2400 x 1600 image) with a fresh ``mmap()`` and unmaps it when
 it is freed, so the next one is page-faulted in again, 4 KiB at a time, and how often that
-happens depends on where glibc's adaptive threshold happens to be (README, *Measured*; ``make
+happens depends on where glibc's adaptive threshold happens to be (docs/performance.md; ``make
 bench`` runs every pipeline with this setting). Preloading jemalloc or tcmalloc, as PyTorch's
 CPU performance tuning guide suggests, has the same effect; this needs no extra library.
 """

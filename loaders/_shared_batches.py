@@ -2,7 +2,7 @@
 
 Why: PyTorch's default collate stacks every batch into a *new* shared-memory block. The worker
 page-faults it in as it writes, and the main process faults it in again as it reads, 4 KiB at
-a time. With this module and the other changes listed in README *Measured*, the loaders went
+a time. With this module and the other changes listed in docs/performance.md, the loaders went
 from 76-79% to 93-100% of the decode-only ceiling of ``benchmarks/bench_loaders.py``. Here the
 main process allocates ``slots`` batches of shared memory once. Workers copy each sample into
 its place (no collate copy) and send back only ``(number, slot, count, found)``, and the

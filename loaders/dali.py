@@ -223,7 +223,7 @@ class DALILoader:
         ``cpu_pipelines`` or one per thread. A multi-threaded DALI operator finishes a batch
         before it starts the next, so its threads idle while a batch's last images decode, and
         more so while the main thread resizes on the same cores; single-threaded pipelines
-        taking turns have no such barrier (``profile_dali_cpu.py``, README *DALI loader*)."""
+        taking turns have no such barrier (``profile_dali_cpu.py``, docs/performance.md)."""
         if self.opts.cuda:
             return 1
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))

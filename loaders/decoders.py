@@ -5,7 +5,7 @@ libjpeg-turbo, PNG, WebP, GIF, AVIF; images need no FFmpeg, the wheel bundles th
 where it imports and decodes a probe JPEG, else torchvision.io's (deprecated since torchvision
 0.29, kept for environments without TorchCodec: NGC images, older torch), else PIL.
 ``IMAGENET_FAST_DECODER=torchcodec|torchvision|PIL`` forces one. Measured on the real sample,
-one thread (``benchmarks/profile_decoders.py``, README *Measured*): TorchCodec 0.983 and
+one thread (``benchmarks/profile_decoders.py``, docs/performance.md): TorchCodec 0.983 and
 torchvision 0.978 ms CPU per JPEG (median of 9 interleaved rounds; which is ahead changes from
 run to run), PIL 1.241 ms, all to identical pixels; TorchCodec is the default because
 torchvision's decoders are deprecated and will be removed.
@@ -260,8 +260,8 @@ def decode_jpeg_luma(data) -> torch.Tensor:
     the chroma components' inverse DCT, chroma upsampling and colour conversion (``jdcolor.c``:
     ``component_needed = FALSE``), which cannot fail. So it refuses the same bytes as the RGB
     decode at about 18% less CPU per ImageNet JPEG (0.761 vs 0.934 ms, one thread,
-    ``benchmarks/profile_decoders.py``; README *Converter speed*); ``tests/test_decoders.py``
-    compares both on damaged real JPEGs for every library."""
+    ``benchmarks/profile_decoders.py``; docs/performance.md, *Converters*);
+    ``tests/test_decoders.py`` compares both on damaged real JPEGs for every library."""
     return _decode(data, "luma")
 
 

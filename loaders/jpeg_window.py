@@ -3,11 +3,12 @@
 nvImageCodec (``nvidia-nvimgcodec-cu13``/``-cu12``, the wheel NVIDIA DALI installs) decodes a
 region of interest with libjpeg-turbo's partial decompression: rows below the window are never
 decoded and those above are skipped, so a training crop costs well under a whole decode.
-Measured on the real ImageNet sample, one thread (``benchmarks/profile_decoders.py``, README
-*Measured*): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the C code this
-replaced (``loaders/_jpegcrop.c``, removed: +4%, median of 9 interleaved rounds) and 0.985 ms
-for a whole decode; its pixels equal a whole decode's crop (the C code's differed by up to 12
-levels at the window's edges, where libjpeg's cropped chroma upsampling lacks neighbours).
+Measured on the real ImageNet sample, one thread (``benchmarks/profile_decoders.py``,
+docs/performance.md): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the C
+code this replaced (``loaders/_jpegcrop.c``, removed: +4%, median of 9 interleaved rounds) and
+0.985 ms for a whole decode; its pixels equal a whole decode's crop (the C code's differed by
+up to 12 levels at the window's edges, where libjpeg's cropped chroma upsampling lacks
+neighbours).
 
 Callers get ``None``, and decode the whole image instead, where nvImageCodec is not installed,
 where the bytes are not a 1- or 3-component JPEG (CMYK, PNG inside ``.JPEG``, ...), where the

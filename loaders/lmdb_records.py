@@ -87,10 +87,11 @@ def readahead_for(path: str, choice) -> bool:
     """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
     ``"auto"``: on when the database is at most half of the memory available now.
 
-    Measured (README, *Loader throughput* and *Large datasets*): on a database the page cache
-    can hold, readahead makes random reads faster (fewer page faults: ~20% more images/s on the
-    sample); on one larger than memory it makes them several times slower (each fault reads
-    megabytes that are evicted before use), so ``auto`` stays off when in doubt.
+    Measured (docs/performance.md, *Loader throughput* and *Larger than the page cache*): on a
+    database the page cache can hold, readahead makes random reads faster (fewer page faults:
+    ~20% more images/s on the sample); on one larger than memory it makes them several times
+    slower (each fault reads megabytes that are evicted before use), so ``auto`` stays off
+    when in doubt.
     """
     if choice in (True, "on"):
         return True

@@ -5,7 +5,7 @@ The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(22
 CenterCrop(224). Normalisation is left to the device (``loaders._common.DeviceLoader``).
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
-on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, README *Measured*): decoding only
+on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
 the crop window (``jpeg_window``), or else the whole image with libjpeg-turbo
 (``loaders.decoders``), and resizing the uint8 crop with torch's antialiased bilinear kernel
 (channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +

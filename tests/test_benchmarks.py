@@ -23,7 +23,7 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     for result in report["results"]:
         assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
         assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
-    # ours are timed through main.py itself, so the README can quote the command
+    # ours are timed through main.py itself, so docs/performance.md can quote the command
     commands = {r["loader"]: r.get("command") for r in report["results"]}
     assert commands["stock"] is None
     assert commands["lmdb"].startswith("main.py --lmdb DATA-LMDB ")

@@ -90,7 +90,7 @@ class ShardWriter:
     bytes, two zero blocks and padding to a 10,240-byte record at the end), but each member in
     one ``os.writev`` call: ``tarfile.addfile`` copies in 16 KiB pieces, and each piece lets the
     converter's 8 checking threads take the GIL from the one thread that writes, which made it
-    the bottleneck (README *WebDataset shards*). ``tell()`` is the file size so far in bytes
+    the bottleneck (docs/performance.md, *Converters*). ``tell()`` is the file size so far in bytes
     (without the end-of-archive blocks until ``close()``). Raises :class:`ShardFormatError` for
     a key too long for a ustar header (100 bytes), ``OSError`` if the file cannot be written."""
 
