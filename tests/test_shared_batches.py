@@ -89,7 +89,7 @@ def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny)
 # the free space (all see it whole), wait until every one has checked, then make and fill their
 # slots. Each prints ok, or its error line; none may die of a signal.
 RANKS_ON_ONE_NODE = r"""
-import multiprocessing as mp, sys
+import multiprocessing as mp, os, sys
 sys.path.insert(0, sys.argv[1])
 from loaders import DataError, _shared_batches as sb
 
@@ -102,9 +102,10 @@ def rank(checked, done, ranks):
     try:
         pool = sb.SharedBatches(3, 4, (3, 256, 256))  # 2.25 MiB
         pool.memory.fill_(1)  # every page written, as workers would
-        print("ok", flush=True)
+        line = "ok"
     except DataError as exc:
-        print("DataError:", exc, flush=True)
+        line = f"DataError: {exc}"
+    os.write(1, (line + "\n").encode())  # one write: the ranks' lines never interleave
     done.wait()  # keep the slots until every rank has made its own
 
 ctx = mp.get_context("fork")
