@@ -2,12 +2,15 @@
 real srun/sbatch runs are in tests/test_slurm.py."""
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from engine import ConfigError
 from engine.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
                           rendezvous_port, slurm_step, tasks_on_node)
+from tests.conftest import REPO
 
 # What srun sets for task 5 of a 2-node step of 4 tasks per node (srun(1), OUTPUT ENVIRONMENT).
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5",
@@ -75,3 +78,18 @@ def test_gpu_per_task_or_one_line_on_a_mismatch():
         gpu_for_task(SlurmStep(5, 8, 1, 8, "h", 1, "1", "0"), 4)
     with pytest.raises(ConfigError, match="8 tasks on this node but 4 visible GPUs"):
         gpu_for_task(SlurmStep(4, 8, 0, 8, "h", 1, "1", "0"), 4)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "--requeue: not in a SLURM job"),
+    ({**SRUN, "SLURM_PROCID": "x", "SLURM_JOB_ID": "1"}, "SLURM variables are not what srun"),
+])
+def test_bad_slurm_settings_are_one_line_errors(tmp_path, env, message):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        [sys.executable, "main.py", "--dummy", "--epochs", "1", "--output-dir", str(tmp_path),
+         *(["--requeue"] if not env else [])],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**clean, **env})
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
