@@ -25,6 +25,8 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 # signal after a checkpoint, to be resumed (--resume auto).
 STOP_EXIT = 75
 _received = 0  # the highest stop signal number received by this process (0: none)
+_catching = False  # inside catch_stop_signals: forked children block the stop signals
+_fork_hook = False  # _block_in_child registered
 
 
 class Stopped(Exception):
@@ -93,22 +95,35 @@ def release_held_signals() -> None:
         os.kill(os.getpid(), _received)
 
 
+def _block_in_child() -> None:
+    if _catching:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 @contextmanager
 def catch_stop_signals():
     """While inside: SIGUSR1 and SIGTERM are recorded (:func:`received`) instead of ending the
     process (one recorded since :func:`hold_stop_signals` is kept); the previous handlers come
-    back on leaving. Forked loader workers inherit the handlers. Outside the main thread (where
-    Python cannot set handlers) nothing changes."""
-    global _received
+    back on leaving. Processes forked meanwhile (DataLoader workers) block both: SLURM signals
+    every process of a step, and torch's workers die of SIGTERM, which the training process
+    would report as a crash; the training process ends its workers itself (and a worker whose
+    parent is gone exits). Outside the main thread (where Python cannot set handlers) nothing
+    changes."""
+    global _received, _catching, _fork_hook
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     if not _held():
         _received = 0
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_block_in_child)
+        _fork_hook = True
     previous = {sig: signal.signal(sig, _record) for sig in STOP_SIGNALS}
+    _catching = True
     try:
         yield
     finally:
+        _catching = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -103,3 +103,19 @@ def test_resume_auto_takes_the_newest_whole_checkpoint(tmp_path, capsys):
     assert newest_checkpoint(str(tmp_path)) == (str(best), [str(last)])
     assert resume_path("", str(tmp_path), print) is None
     assert resume_path("x.pth.tar", str(tmp_path), print) == "x.pth.tar"
+
+
+def test_sigterm_to_every_process_with_loader_workers_is_a_clean_stop(tiny, tmp_path):
+    """SLURM signals every process of a step, loader workers too: torch's workers die of
+    SIGTERM (a crash for the training process) unless, as here, they block it."""
+    out = str(tmp_path / "out")
+    proc = subprocess.Popen(
+        [sys.executable, "main.py", tiny.root, "-j", "2", "-b", "4", "--epochs", "1",
+         "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32",
+         "-p", "1", "--seed", "0", "--output-dir", out], cwd=REPO, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = run_until(proc, "Epoch: [0][3/8]", lambda: os.killpg(proc.pid, signal.SIGTERM))
+    assert proc.returncode == STOP_EXIT, output[-3000:]
+    assert "stopped by SIGTERM" in output and "DataLoader worker" not in output
+    saved = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
+    assert saved["epoch"] == 0 and 4 <= saved["batch"] < 8
