@@ -2,6 +2,7 @@
 with status 75, and ``--resume auto`` goes on from there as if nothing happened
 (engine/preempt.py, StopAgreement in engine/distributed.py). Under a real SLURM:
 tests/test_slurm.py."""
+import json
 import os
 import signal
 import subprocess
@@ -119,3 +120,13 @@ def test_sigterm_to_every_process_with_loader_workers_is_a_clean_stop(tiny, tmp_
     assert "stopped by SIGTERM" in output and "DataLoader worker" not in output
     saved = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
     assert saved["epoch"] == 0 and 4 <= saved["batch"] < 8
+
+
+def test_bench_stop_agreement_prints_its_costs():
+    result = subprocess.run([sys.executable, "benchmarks/bench_stop_agreement.py", "--ranks", "2",
+                             "--steps", "5", "--step-ms", "1"], cwd=REPO, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["ranks"] == 2 and report["steps"] == 5
+    assert report["after_step_us"] > 0 and report["blocking_us"] > 0
