@@ -11,7 +11,6 @@ written: each training process derives its :class:`RunSettings` from them once.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -34,7 +33,7 @@ from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_
                                 setup_distributed, use_cuda, wrap_parallel)
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
-from engine.preempt import Stopped, catch_stop_signals, finish_stop, release_held_signals
+from engine.preempt import Stopped, finish_stop, stop_signals
 from engine.presets import preset_tokens
 from engine.recipes import (ModelEMA, add_recipe_args, check_recipe_flags, make_mix,
                             make_scheduler, resolve_recipe)
@@ -225,20 +224,20 @@ def train_process(local_rank: int, args, nproc: int, dist_url: str) -> None:
 
 def run_process(args, local_rank: int | None = None, nproc: int = 1,
                 dist_url: str | None = None) -> dict:
-    """One training process: stop signals caught (when it trains: from the start, so one that
-    comes while the ranks meet is not lost), process group, settings, the run, cleanup."""
+    """One training process: stop signals caught from the start when it trains, process group,
+    settings, the run (after a stop's checkpoint: the requeue, engine/preempt.py), cleanup."""
     loaders.retain_freed_memory()  # before loader workers fork: they inherit it
-    trains = not (args.evaluate or args.benchmark_data)
-    if not trains:
-        release_held_signals()
-    with catch_stop_signals() if trains else contextlib.nullcontext():
+    with stop_signals(training=not (args.evaluate or args.benchmark_data)):
         job = setup_distributed(args, local_rank, nproc, dist_url)
+        log = print if job.dist.is_main else _silent
         try:
-            log = print if job.dist.is_main else _silent
             log(f"launcher: {job.launcher}")
             resume = resume_path(args.resume, args.output_dir, log)
             checkpoint = load_checkpoint(resume) if resume else None
             return run(args, resolve_settings(args, job, checkpoint, resume), checkpoint)
+        except Stopped as stopped:  # the metrics writer is closed: the job may end any moment
+            finish_stop(stopped, job.dist.is_main, args.requeue, args.output_dir, log)
+            raise
         finally:
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
@@ -324,7 +323,7 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
     """Epochs ``start[0]..--epochs-1`` (the first from a mid-epoch checkpoint's position), a
     checkpoint after each (and every ``--save-every`` steps); returns the last epoch's metrics.
     On SIGUSR1/SIGTERM the ranks agree on a step, checkpoint it and raise :class:`Stopped`
-    (engine/preempt.py); with ``--requeue`` rank 0 requeues the SLURM job first."""
+    (engine/preempt.py)."""
     dist, config = s.dist, dict(vars(args))  # the checkpoint records what the user typed
     (start_epoch, best_acc1), log = start, (print if dist.is_main else _silent)
     writer = MetricsWriter(args.output_dir) if dist.is_main else None
@@ -351,12 +350,6 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
             if epoch + 1 < args.epochs and stop.settle():
                 raise Stopped(stop.agreed, epoch + 1, 0)
         stop.close()
-    except Stopped as stopped:
-        if writer:  # closed before the job may be requeued (and this process killed)
-            writer.close()
-            writer = None
-        finish_stop(stopped, dist.is_main, args.requeue, args.output_dir, log)
-        raise
     finally:
         if writer:
             writer.close()

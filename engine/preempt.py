@@ -129,6 +129,19 @@ def catch_stop_signals():
 
 
 @contextmanager
+def stop_signals(training: bool):
+    """A training process's signals: :func:`catch_stop_signals` while ``training``; else
+    (``-e``, ``--benchmark-data``) SIGUSR1/SIGTERM end the process as by default
+    (:func:`release_held_signals`)."""
+    if not training:
+        release_held_signals()
+        yield
+        return
+    with catch_stop_signals():
+        yield
+
+
+@contextmanager
 def forward_stop_signals(pids: list[int]):
     """While inside: SIGUSR1 and SIGTERM are passed on to ``pids`` (a launcher's training
     processes) and recorded here, instead of ending this process."""
