@@ -286,11 +286,12 @@ class StopAgreement:
     """Whether the ranks stop, agreed by all: the same answer on every rank after the same
     step. Every rank must make the same calls (they are collectives).
 
-    One process: :meth:`after_step` answers :func:`received` at once, with no collective. A
-    process group: an all-reduce (MAX) of each rank's signal on a gloo group of its own (CPU
-    tensors: no wait for the GPU, no interleaving with DDP's NCCL traffic), started after one
-    step and read after the next, so its latency hides behind a step; a signal stops every
-    rank one or two steps after it arrives."""
+    One process: :meth:`after_step` answers :func:`engine.preempt.received` at once, with no
+    collective. A process group: an all-reduce (MAX) of each rank's signal on a gloo group of
+    its own (CPU tensors: no wait for the GPU, no interleaving with DDP's NCCL traffic),
+    started after one step and read after the next, so its latency hides behind a step; a
+    signal stops every rank one or two steps after it arrives
+    (benchmarks/bench_stop_agreement.py measures its cost)."""
 
     def __init__(self, world_size: int):
         self.agreed, self._pending = 0, None

@@ -123,13 +123,14 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     ``carried`` holds the sums over all ranks for the batches before it. Every ``save_every``
     steps (not at the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the
     position, ``sums`` an :class:`EpochSums` over all ranks (every rank calls it: a
-    collective). ``stop`` (a :class:`~engine.preempt.StopAgreement`) is asked after every
+    collective). ``stop`` (a :class:`~engine.distributed.StopAgreement`) is asked after every
     step: when the ranks agree to stop before the epoch's last step, the position is
     checkpointed the same way and :class:`~engine.preempt.Stopped` raised (at the last step
-    the epoch ends as usual and the caller stops after it). Returns mean ``loss``, ``acc1`` (%; with mixed labels against their argmax),
-    ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
-    ``steady_images_per_sec`` (the same after the pass's first ``warmup`` steps, which hold
-    cuDNN autotuning and ``torch.compile``; None if the pass had no more steps) and
+    the epoch ends as usual and the caller stops after it). Returns mean ``loss``, ``acc1``
+    (%; with mixed labels against their argmax), ``images`` (all ranks), ``images_per_sec``
+    (summed over ranks), ``steady_images_per_sec`` (the same after the pass's first
+    ``warmup`` steps, which hold cuDNN autotuning and ``torch.compile``; None if the pass had
+    no more steps) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
     ranks). The LR of every step goes to TensorBoard as ``step/lr`` (global rank 0). Raises
     :class:`DataError` if the loader yields nothing."""
@@ -221,7 +222,7 @@ class EpochPlan:
     ``resolution``: the training crop side per epoch
     (:class:`~engine.resolution.ResolutionSchedule`; None: the loader's fixed size);
     ``flip_tta``: validate with flip averaging (see :func:`evaluate`); ``stop``: the
-    :class:`~engine.preempt.StopAgreement` asked after every step (None: never stop)."""
+    :class:`~engine.distributed.StopAgreement` asked after every step (None: never stop)."""
 
     print_freq: int
     warmup: int
