@@ -23,8 +23,8 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test bench convert-imagenet train tensorboard docker-build docker-run clean \
-  gpu-bundle gpu-check
+.PHONY: help install demo test test-slurm bench convert-imagenet train tensorboard docker-build \
+  docker-run clean gpu-bundle gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -52,8 +52,23 @@ demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 o
 	print('val top-1 by epoch:', ' -> '.join(f\"{x['val_acc1']:.0f}%\" for x in r)); \
 	assert r[-1]['val_acc1'] > r[0]['val_acc1'], 'validation accuracy did not rise'"
 
-test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present)
+test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present; not the SLURM tests)
 	$(PY) -m pytest -q -rs
+
+# The SLURM tests start their own munged, slurmctld and slurmd on free ports of 127.0.0.1 with a
+# generated slurm.conf (tests/slurm_cluster.py); they need only the programs, from Debian.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+SLURM_COMMANDS := munged slurmctld slurmd srun sbatch scontrol scancel squeue sinfo
+
+test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0.1 (installs Debian's packages as root)
+	@missing=$$(for c in $(SLURM_COMMANDS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || echo $$c; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make test-slurm: $$(echo $$missing) not installed; as root on Debian/Ubuntu: apt-get install $(SLURM_PACKAGES)"; exit 1; fi; \
+	  echo "make test-slurm: installing $(SLURM_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; \
+	fi
+	$(PY) -m pytest -q -rs -m slurm tests/test_slurm.py
 
 bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
 ifeq ($(DATA),)

@@ -17,6 +17,10 @@ import os
 import random
 import sys
 
+if __name__ == "__main__":  # first, before torch loads: SLURM's stop signals meanwhile are kept
+    from engine.preempt import hold_stop_signals
+    hold_stop_signals()
+
 import torch
 from torch import nn
 
@@ -24,18 +28,20 @@ import loaders
 from engine import ConfigError
 from engine.argtypes import non_negative_int, positive_int, workers_type
 from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, restore_ema,
-                               save_checkpoint, with_ema_weights)
-from engine.distributed import (ProcessFailed, check_cuda, check_gpu_flag, dist_backend,
-                                gather_rng_states, launch_processes, setup_distributed, use_cuda,
-                                wrap_parallel)
+                               resume_path, save_checkpoint, with_ema_weights)
+from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
+                                dist_backend, gather_rng_states, launch_processes,
+                                setup_distributed, use_cuda, wrap_parallel)
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
+from engine.preempt import Stopped, finish_stop, stop_signals
 from engine.presets import preset_tokens
 from engine.recipes import (ModelEMA, add_recipe_args, check_recipe_flags, make_mix,
                             make_scheduler, resolve_recipe)
 from engine.resolution import add_resolution_args, resolution_schedule
 from engine.reporting import MetricsWriter, Progress, warn_if_data_bound
 from engine.settings import RunSettings, resolve_backend, resolve_settings
+from engine.slurm import check_requeue_flag
 from loaders import AcceleratorError, DataError
 from models import ModelError, build_model, check_arch
 
@@ -130,7 +136,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     w.add_argument("-c", "--config", metavar="FILE", help="YAML preset (see configs/)")
     w.add_argument("--output-dir", default=".", help="checkpoints, metrics.jsonl, TensorBoard logs")
     w.add_argument("-p", "--print-freq", type=non_negative_int, default=10, help="log every N steps")
-    w.add_argument("--resume", default="", metavar="PATH", help="checkpoint to resume from")
+    w.add_argument("--resume", default="", metavar="PATH",
+                   help="checkpoint to resume from, or 'auto': the newest complete one in "
+                   "--output-dir, a fresh start if none (one job script for every restart)")
+    w.add_argument("--requeue", action="store_true",
+                   help="in a SLURM job: after the checkpoint that SIGUSR1/SIGTERM causes (every "
+                   "rank finishes its step, rank 0 saves that position, exit status 75), "
+                   "`scontrol requeue` the job (docs/slurm.md)")
     w.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
                    help="also checkpoint every N training steps, with the loader position "
                    "(--resume continues with the next batch); 0: at epoch ends only")
@@ -177,6 +189,7 @@ def main(argv=None) -> dict:
     check_recipe_flags(args)
     resolution_schedule(args)  # bad sizes or ramps end here, in one line
     check_cuda(args.no_accel)
+    check_requeue_flag(args.requeue)
     if not args.multiprocessing_distributed:
         return run_process(args)
     if resolve_backend(args)[0] != "synthetic":  # reported once here, not by every process
@@ -197,19 +210,29 @@ def train_process(local_rank: int, args, nproc: int, dist_url: str) -> None:
     except ONE_LINE_ERRORS as exc:
         print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except Stopped as stopped:
+        sys.exit(stopped.exit_status)
 
 
 def run_process(args, local_rank: int | None = None, nproc: int = 1,
                 dist_url: str | None = None) -> dict:
-    """One training process: process group, settings, the run, cleanup."""
+    """One training process: stop signals caught from the start when it trains, process group,
+    settings, the run (after a stop's checkpoint: the requeue, engine/preempt.py), cleanup."""
     loaders.retain_freed_memory()  # before loader workers fork: they inherit it
-    job = setup_distributed(args, local_rank, nproc, dist_url)
-    try:
-        checkpoint = load_checkpoint(args.resume) if args.resume else None
-        return run(args, resolve_settings(args, job, checkpoint), checkpoint)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    with stop_signals(training=not (args.evaluate or args.benchmark_data)):
+        job = setup_distributed(args, local_rank, nproc, dist_url)
+        log = print if job.dist.is_main else _silent
+        try:
+            log(f"launcher: {job.launcher}")
+            resume = resume_path(args.resume, args.output_dir, log)
+            checkpoint = load_checkpoint(resume) if resume else None
+            return run(args, resolve_settings(args, job, checkpoint, resume), checkpoint)
+        except Stopped as stopped:  # the metrics writer is closed: the job may end any moment
+            finish_stop(stopped, job.dist.is_main, args.requeue, args.output_dir, log)
+            raise
+        finally:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
 
 
 def _silent(*_args, **_kwargs) -> None:
@@ -271,16 +294,16 @@ def build_state(args, s: RunSettings, train_loader, checkpoint: dict | None,
         make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes))
     start_epoch, best_acc1 = args.start_epoch, 0.0
     if checkpoint and args.evaluate and args.model_ema:
-        checkpoint = with_ema_weights(checkpoint, args.resume, log)
+        checkpoint = with_ema_weights(checkpoint, s.resume, log)
     if checkpoint:
         start_epoch, best_acc1 = restore(  # ours, pytorch/examples' or a bare state_dict
             checkpoint, model, state.optimizer, state.scheduler, state.scaler, args.arch, s.dist,
-            evaluate=args.evaluate, start_epoch=args.start_epoch, path=args.resume, log=log,
+            evaluate=args.evaluate, start_epoch=args.start_epoch, path=s.resume, log=log,
             steps_per_epoch=len(train_loader))
     if recipe.ema_decay is not None and not args.evaluate:
         state.ema = ModelEMA(model, recipe.ema_decay, recipe.ema_steps,
                              recipe.schedule.warmup_epochs)
-        restore_ema(checkpoint, state.ema, args.arch, args.resume, log)
+        restore_ema(checkpoint, state.ema, args.arch, s.resume, log)
     state.model = wrap_parallel(model, s.dist, args.gpu, log)
     if args.compile:
         state.model = torch.compile(state.model)
@@ -290,12 +313,15 @@ def build_state(args, s: RunSettings, train_loader, checkpoint: dict | None,
 def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int, float],
           checkpoint: dict | None) -> dict:
     """Epochs ``start[0]..--epochs-1`` (the first from a mid-epoch checkpoint's position), a
-    checkpoint after each (and every ``--save-every`` steps); returns the last epoch's metrics."""
+    checkpoint after each (and every ``--save-every`` steps); returns the last epoch's metrics.
+    On SIGUSR1/SIGTERM the ranks agree on a step, checkpoint it and raise :class:`Stopped`
+    (engine/preempt.py)."""
     dist, config = s.dist, dict(vars(args))  # the checkpoint records what the user typed
     (start_epoch, best_acc1), log = start, (print if dist.is_main else _silent)
     writer = MetricsWriter(args.output_dir) if dist.is_main else None
+    stop = StopAgreement(dist.world_size)
     plan = EpochPlan(args.print_freq, args.benchmark_warmup, args.save_every, log, writer,
-                     s.resolution, args.val_flip_tta)
+                     s.resolution, args.val_flip_tta, stop)
 
     def save(epoch: int, batch: int = 0, sums=None, is_best: bool = False) -> None:
         rng_states = gather_rng_states(dist)  # on every rank: a collective
@@ -313,6 +339,9 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
             warn_if_data_bound(epoch_metrics, s.loader.workers, log)
             best_acc1 = max(best_acc1, epoch_metrics["val_acc1"])
             save(epoch + 1, is_best=epoch_metrics["val_acc1"] >= best_acc1)
+            if epoch + 1 < args.epochs and stop.settle():
+                raise Stopped(stop.agreed, epoch + 1, 0)
+        stop.close()
     finally:
         if writer:
             writer.close()
@@ -348,6 +377,8 @@ def cli(argv=None) -> int:
     except (*ONE_LINE_ERRORS, ProcessFailed) as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
         return 1
+    except Stopped as stopped:  # checkpointed on SIGUSR1/SIGTERM (rank 0 said so)
+        return stopped.exit_status
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130

@@ -97,6 +97,46 @@ def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
                               "is intact") from None
 
 
+CHECKPOINT_NAMES = ("checkpoint.pth.tar", "model_best.pth.tar")  # what save_checkpoint writes
+
+
+def newest_checkpoint(output_dir: str) -> tuple[str | None, list[str]]:
+    """``(path, skipped)``: the newest complete checkpoint :func:`save_checkpoint` wrote in
+    ``output_dir`` (by modification time; None if there is none) and the newer files passed
+    over because they are not whole. Temporary files of a write that was killed are never
+    candidates (written under another name, renamed when whole); a named file is whole if its
+    zip archive (torch.save's format) ends with its central directory."""
+    import zipfile
+
+    found = []
+    for name in CHECKPOINT_NAMES:
+        path = os.path.join(output_dir, name)
+        try:
+            found.append((os.stat(path).st_mtime_ns, path))
+        except OSError:
+            continue
+    skipped = []
+    for _, path in sorted(found, reverse=True):
+        if zipfile.is_zipfile(path):
+            return path, skipped
+        skipped.append(path)
+    return None, skipped
+
+
+def resume_path(resume: str, output_dir: str, log) -> str | None:
+    """The checkpoint ``--resume`` names: ``auto`` -> :func:`newest_checkpoint` of
+    ``output_dir`` (None: start fresh), said in one line through ``log``; a path as it is;
+    ``""`` -> None."""
+    if resume != "auto":
+        return resume or None
+    path, skipped = newest_checkpoint(output_dir)
+    for bad in skipped:
+        log(f"--resume auto: skipping {bad}: not a whole checkpoint")
+    log(f"--resume auto: resuming from {path}" if path
+        else f"--resume auto: no checkpoint in {output_dir}: starting fresh")
+    return path
+
+
 def load_checkpoint(path: str) -> dict:
     """Read a checkpoint onto the CPU, as :func:`as_checkpoint` gives it. Raises
     :class:`ConfigError` if it is missing, unreadable, or neither a checkpoint nor a state_dict."""

@@ -11,12 +11,14 @@ import os
 import random
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from engine import ConfigError
+from engine import preempt
+from engine.slurm import SlurmStep, gpu_for_task, launcher, slurm_step
 from loaders import DistInfo
 
 
@@ -32,12 +34,14 @@ class Job:
     ``processes_per_node``: training processes sharing this node's cores (``-j auto``).
     ``spawned``: started by ``--multiprocessing-distributed``, whose ``-b``/``-j`` are the
     node's totals to divide among its processes. ``dist_url``: the rendezvous used (None
-    without a process group)."""
+    without a process group). ``launcher``: what started this process, in words (the run's
+    first log line)."""
 
     dist: DistInfo
     processes_per_node: int = 1
     spawned: bool = False
     dist_url: str | None = None
+    launcher: str = "none (one process)"
 
 
 def use_cuda(no_accel: bool) -> bool:
@@ -111,18 +115,27 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
     ``nproc`` spawned processes (``target`` must be a module-level function).
 
     As pytorch/examples: ``--world-size`` counts nodes and ``--rank`` is this node's rank.
-    Without ``--dist-url`` one node rendezvous on a free localhost port. If one process fails,
-    ``torch.multiprocessing`` ends the others and this raises :class:`ProcessFailed`;
+    Without ``--dist-url`` one node rendezvous on a free localhost port. SIGUSR1/SIGTERM sent
+    to this process are passed on to the training processes. If one process fails,
+    ``torch.multiprocessing`` ends the others and this raises :class:`ProcessFailed`, or
+    :class:`~engine.preempt.Stopped` where it exited with :data:`~engine.preempt.STOP_EXIT`;
     :class:`ConfigError` for several nodes without ``--dist-url``.
     """
     import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
+    from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
     if max(args.world_size, 1) > 1 and not args.dist_url:
         raise ConfigError("--dist-url tcp://HOST:PORT is needed for more than one node")
     dist_url = args.dist_url or f"tcp://127.0.0.1:{free_port()}"
+    context = mp.spawn(target, args=(args, nproc, dist_url), nprocs=nproc, join=False)
     try:
-        mp.spawn(target, args=(args, nproc, dist_url), nprocs=nproc, join=True)
+        with preempt.forward_stop_signals([p.pid for p in context.processes]):
+            while not context.join():
+                pass
+    except ProcessExitedException as exc:
+        if exc.exit_code == preempt.STOP_EXIT:
+            raise preempt.Stopped(0) from None
+        raise ProcessFailed(f"process {exc.error_index} failed; the job was stopped") from None
     except ProcessException as exc:
         raise ProcessFailed(f"process {exc.error_index} failed; the job was stopped") from None
 
@@ -133,35 +146,76 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,
 
     A spawned process (``local_rank`` given, ``dist_url`` from the launcher) has global rank
     ``node_rank * nproc + local_rank``; under torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
-    set, ``--dist-url env://`` or none) the environment says; a hand-launched process gives
-    ``--world-size`` and ``--rank``. As in pytorch/examples, a process started by
-    ``--multiprocessing-distributed`` or torchrun joins a process group and trains with DDP
-    even at world size 1. Raises :class:`ConfigError` for unusable device or backend flags.
+    set, ``--dist-url env://`` or none) the environment says; under ``srun`` (SLURM's variables
+    and no torchrun's) SLURM's task variables say (:func:`engine.slurm.slurm_step`; one task
+    trains alone, without a process group), and a CUDA task takes the GPU of its local rank
+    (:func:`engine.slurm.gpu_for_task`); a hand-launched process gives ``--world-size`` and
+    ``--rank``. As in pytorch/examples, a process started by ``--multiprocessing-distributed``
+    or torchrun joins a process group and trains with DDP even at world size 1. Raises
+    :class:`ConfigError` for unusable device or backend flags or SLURM variables.
     """
-    env, spawned = os.environ, local_rank is not None
-    joins_group, url = True, dist_url or args.dist_url
-    if spawned:
-        rank, world = max(args.rank, 0) * nproc + local_rank, max(args.world_size, 1) * nproc
-    elif "RANK" in env and "WORLD_SIZE" in env and args.dist_url in (None, "env://"):
-        rank, world, url = int(env["RANK"]), int(env["WORLD_SIZE"]), "env://"
-        local_rank, nproc = int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1))
-    else:
-        rank, world, local_rank = max(args.rank, 0), max(args.world_size, 1), 0
-        joins_group = world > 1
-    check_gpu_flag(args.gpu, nproc)
-    if not joins_group:
-        return Job(DistInfo(device=resolve_device(args.gpu, args.no_accel)), nproc, spawned)
-    gpu = local_rank if args.gpu is None and use_cuda(args.no_accel) else args.gpu
+    place = _place(args, local_rank, nproc, dist_url)
+    check_gpu_flag(args.gpu, place.nproc)
+    gpu = args.gpu
+    if place.step is not None and use_cuda(args.no_accel) and gpu is None:
+        gpu = gpu_for_task(place.step, torch.cuda.device_count())
+    if not place.joins_group:
+        return Job(DistInfo(device=resolve_device(gpu, args.no_accel)), place.nproc,
+                   place.spawned, launcher=place.launcher)
+    if gpu is None and use_cuda(args.no_accel):
+        gpu = place.local_rank
     device = resolve_device(gpu, args.no_accel)
     backend = dist_backend(args.dist_backend, device.type == "cuda")
-    if not url:
-        raise ConfigError(f"--world-size {world} needs --dist-url (or launch with torchrun)")
+    if not place.url:
+        raise ConfigError(f"--world-size {place.world} needs --dist-url (or launch with torchrun)")
     torch.distributed.init_process_group(
-        backend, init_method=url, world_size=world, rank=rank,
+        backend, init_method=place.url, world_size=place.world, rank=place.rank,
         timeout=datetime.timedelta(seconds=args.dist_timeout))
-    dist = DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device,
-                    distributed=True)
-    return Job(dist, nproc, spawned, url)
+    dist = DistInfo(rank=place.rank, world_size=place.world, local_rank=place.local_rank,
+                    device=device, distributed=True)
+    return Job(dist, place.nproc, place.spawned, place.url, place.launcher)
+
+
+class _Place(NamedTuple):
+    """Where :func:`_place` puts a process: ``nproc`` training processes on its node, whether
+    it ``joins_group``, its ``launcher`` in words, its SLURM ``step`` (None outside srun)."""
+
+    rank: int
+    world: int
+    local_rank: int
+    nproc: int
+    url: str | None
+    joins_group: bool
+    launcher: str
+    spawned: bool = False
+    step: SlurmStep | None = None
+
+
+def _place(args, local_rank: int | None, nproc: int, dist_url: str | None) -> _Place:
+    """This process's :class:`_Place`, by who started it (see :func:`setup_distributed`)."""
+    env, url = os.environ, dist_url or args.dist_url
+    if local_rank is not None:
+        return _Place(max(args.rank, 0) * nproc + local_rank, max(args.world_size, 1) * nproc,
+                      local_rank, nproc, url, True,
+                      f"--multiprocessing-distributed ({nproc} processes on this node)", True)
+    started_by = launcher(env)
+    if started_by == "torchrun" and args.dist_url in (None, "env://"):
+        return _Place(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                      int(env.get("LOCAL_WORLD_SIZE", 1)), "env://", True,
+                      f"torchrun ({env['WORLD_SIZE']} processes, "
+                      f"{env.get('LOCAL_WORLD_SIZE', 1)} on this node)")
+    if started_by == "srun":
+        step = slurm_step(env)
+        return _Place(step.rank, step.world_size, step.local_rank, step.tasks_on_node,
+                      args.dist_url or step.url, step.world_size > 1, step.describe(), step=step)
+    world = max(args.world_size, 1)
+    if world > 1:
+        described = f"by hand (--world-size {world} --rank {max(args.rank, 0)})"
+    elif started_by == "sbatch":
+        described = "none: one process in a SLURM batch script (srun starts one per task)"
+    else:
+        described = "none (one process)"
+    return _Place(max(args.rank, 0), world, 0, nproc, url, world > 1, described)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -226,3 +280,55 @@ def gather_rng_states(dist: DistInfo) -> list[dict]:
     states = [None] * dist.world_size
     torch.distributed.all_gather_object(states, state)
     return states
+
+
+class StopAgreement:
+    """Whether the ranks stop, agreed by all: the same answer on every rank after the same
+    step. Every rank must make the same calls (they are collectives).
+
+    One process: :meth:`after_step` answers :func:`engine.preempt.received` at once, with no
+    collective. A process group: an all-reduce (MAX) of each rank's signal on a gloo group of
+    its own (CPU tensors: no wait for the GPU, no interleaving with DDP's NCCL traffic),
+    started after one step and read after the next, so its latency hides behind a step; a
+    signal stops every rank one or two steps after it arrives
+    (benchmarks/bench_stop_agreement.py measures its cost)."""
+
+    def __init__(self, world_size: int):
+        self.agreed, self._pending = 0, None
+        self.group = torch.distributed.new_group(backend="gloo") if world_size > 1 else None
+
+    def after_step(self) -> int:
+        """The agreed stop signal (0: go on). Call after every training step."""
+        if self.agreed or self.group is None:
+            self.agreed = self.agreed or preempt.received()
+            return self.agreed
+        self._read_pending()
+        if not self.agreed:
+            flag = torch.tensor([preempt.received()], dtype=torch.int32)
+            work = torch.distributed.all_reduce(flag, torch.distributed.ReduceOp.MAX,
+                                                group=self.group, async_op=True)
+            self._pending = (work, flag)
+        return self.agreed
+
+    def settle(self) -> int:
+        """The agreed stop signal now, including signals since the last step (a blocking
+        all-reduce): at an epoch's end, before the next epoch starts."""
+        if self.group is None:
+            return self.after_step()
+        self._read_pending()
+        if not self.agreed:
+            flag = torch.tensor([preempt.received()], dtype=torch.int32)
+            torch.distributed.all_reduce(flag, torch.distributed.ReduceOp.MAX, group=self.group)
+            self.agreed = int(flag.item())
+        return self.agreed
+
+    def _read_pending(self) -> None:
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            self._pending, self.agreed = None, self.agreed or int(flag.item())
+
+    def close(self) -> None:
+        """Finish the all-reduce in flight (before the process group is destroyed)."""
+        if self.group is not None:
+            self._read_pending()

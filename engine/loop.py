@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.distributed import reduce_sum, sync_buffers, unwrap
+from engine.preempt import Stopped
 from engine.recipes import param_groups
 from engine.reporting import Progress, device_clock, epoch_line
 from loaders import DataError, DistInfo
@@ -117,15 +118,19 @@ class EpochSums:
 def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInfo,
                     start_batch: int = 0, carried: EpochSums | None = None,
                     warmup: int | None = None, save_every: int = 0, save_partial=None,
-                    epoch: int = 0) -> dict:
+                    epoch: int = 0, stop=None) -> dict:
     """One pass over ``loader`` (epoch ``epoch``), which starts at batch ``start_batch``;
     ``carried`` holds the sums over all ranks for the batches before it. Every ``save_every``
     steps (not at the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the
     position, ``sums`` an :class:`EpochSums` over all ranks (every rank calls it: a
-    collective). Returns mean ``loss``, ``acc1`` (%; with mixed labels against their argmax),
-    ``images`` (all ranks), ``images_per_sec`` (summed over ranks),
-    ``steady_images_per_sec`` (the same after the pass's first ``warmup`` steps, which hold
-    cuDNN autotuning and ``torch.compile``; None if the pass had no more steps) and
+    collective). ``stop`` (a :class:`~engine.distributed.StopAgreement`) is asked after every
+    step: when the ranks agree to stop before the epoch's last step, the position is
+    checkpointed the same way and :class:`~engine.preempt.Stopped` raised (at the last step
+    the epoch ends as usual and the caller stops after it). Returns mean ``loss``, ``acc1``
+    (%; with mixed labels against their argmax), ``images`` (all ranks), ``images_per_sec``
+    (summed over ranks), ``steady_images_per_sec`` (the same after the pass's first
+    ``warmup`` steps, which hold cuDNN autotuning and ``torch.compile``; None if the pass had
+    no more steps) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
     ranks). The LR of every step goes to TensorBoard as ``step/lr`` (global rank 0). Raises
     :class:`DataError` if the loader yields nothing."""
@@ -148,10 +153,13 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
         output, loss, truth = train_step(state, images, labels, epoch, step)
         loss_sum += loss * labels.size(0)
         correct += (output.argmax(1) == truth).sum()
-        # The same steps on every rank, so the reduction inside is safe.
-        if save_partial and save_every and (step + 1) % save_every == 0 \
-                and step + 1 < progress.total:
+        # The same steps on every rank, so the collectives here are safe.
+        inside = step + 1 < progress.total
+        stopping = stop is not None and stop.after_step() and inside
+        if save_partial and inside and (stopping or save_every and (step + 1) % save_every == 0):
             save_partial(step + 1, _global_sums(loss_sum, correct, progress, dist))
+        if stopping:
+            raise Stopped(stop.agreed, epoch, step + 1)
     if progress.images == 0:
         raise DataError("the training loader yielded no batch")
     now = device_clock(dist.device)
@@ -213,7 +221,8 @@ class EpochPlan:
     ``writer`` (a :class:`~engine.reporting.MetricsWriter` on global rank 0, else None);
     ``resolution``: the training crop side per epoch
     (:class:`~engine.resolution.ResolutionSchedule`; None: the loader's fixed size);
-    ``flip_tta``: validate with flip averaging (see :func:`evaluate`)."""
+    ``flip_tta``: validate with flip averaging (see :func:`evaluate`); ``stop``: the
+    :class:`~engine.distributed.StopAgreement` asked after every step (None: never stop)."""
 
     print_freq: int
     warmup: int
@@ -222,6 +231,7 @@ class EpochPlan:
     writer: object = None
     resolution: object = None
     flip_tta: bool = False
+    stop: object = None
 
 
 def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
@@ -244,7 +254,7 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
     train = train_one_epoch(
         state, train_loader, progress, dist, start_batch, carried, plan.warmup,
         plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)),
-        epoch)
+        epoch, plan.stop)
     val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
     val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist,
                    plan.flip_tta)

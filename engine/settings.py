@@ -81,21 +81,24 @@ class RunSettings:
     batch size and workers, caps and image dtype; ``threads``: torch intra-op threads of this
     process (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``);
     ``resolution``: the training crop side per epoch (``--min-res``... or the fixed
-    ``--train-crop-size``)."""
+    ``--train-crop-size``); ``resume``: the checkpoint resumed from (``--resume``, with
+    ``auto`` resolved; None: a fresh start)."""
 
     job: Job
     seed: int
     loader: LoaderSettings
     threads: int | None = None
     resolution: ResolutionSchedule | None = None
+    resume: str | None = None
 
     @property
     def dist(self) -> loaders.DistInfo:
         return self.job.dist
 
 
-def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
-    """This process's :class:`RunSettings`. ``-b``/``-j`` of ``--multiprocessing-distributed``
+def resolve_settings(args, job: Job, checkpoint: dict | None,
+                     resume: str | None = None) -> RunSettings:
+    """This process's :class:`RunSettings`; ``checkpoint``: the one read from ``resume``. ``-b``/``-j`` of ``--multiprocessing-distributed``
     are the node's totals, divided among its processes; ``-j auto`` shares the node's cores.
     A collective when no ``--seed`` is given (every rank must shuffle alike). Raises
     :class:`ConfigError` or :class:`~loaders.DataError` (missing split)."""
@@ -128,4 +131,4 @@ def resolve_settings(args, job: Job, checkpoint: dict | None) -> RunSettings:
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
         shards=args.loader == "shards")
     threads = main_threads(job.dist.device.type, not args.benchmark_data, nproc)
-    return RunSettings(job, seed, loader, threads, resolution)
+    return RunSettings(job, seed, loader, threads, resolution, resume)

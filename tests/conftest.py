@@ -99,6 +99,61 @@ def to_uint8(images: torch.Tensor):
     return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children, theirs, and so on (from /proc)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                found += [child, *descendants(child)]
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    """``pid``'s command line, NUL-separated as /proc has it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+# metrics.jsonl keys that depend on the training alone (not on timing)
+TRAINING_KEYS = ("epoch", "train_res", "train_loss", "train_acc1", "val_loss", "val_acc1",
+                 "val_acc5", "lr", "train_images", "val_images")
+
+
+def assert_same_training(out: str, expected: str, resumed: bool = True) -> None:
+    """The run in ``out`` ended with the weights (bit for bit) and the per-epoch figures of the
+    run in ``expected``. After a mid-epoch resume the epoch's training loss is summed in
+    another order (carried sums), so it is compared to 1e-6; everything else exactly."""
+    import json
+
+    def records(where):
+        with open(os.path.join(where, "metrics.jsonl")) as f:
+            return {r["epoch"]: r for r in map(json.loads, f)}  # a repeated epoch: the last
+
+    got, want = records(out), records(expected)
+    assert sorted(got) == sorted(want)
+    for epoch, record in want.items():
+        for key in TRAINING_KEYS:
+            if key == "train_loss" and resumed:
+                assert got[epoch][key] == pytest.approx(record[key], rel=1e-6), (epoch, key)
+            else:
+                assert got[epoch][key] == record[key], (epoch, key)
+    a, b = (torch.load(os.path.join(where, "checkpoint.pth.tar"), weights_only=True)
+            for where in (out, expected))
+    assert (a["epoch"], a["batch"]) == (b["epoch"], b["batch"])
+    for name, tensor in b["state_dict"].items():
+        assert torch.equal(a["state_dict"][name], tensor), name
+
+
 def check_set_epoch_reproducible(build_train) -> list:
     """Loaders from ``build_train()`` give the same batches (order and augmentation) for the
     same ``set_epoch`` and others for another epoch. Returns the first epoch's batches."""

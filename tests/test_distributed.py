@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, cmdline, descendants, free_port
 
 # -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
 SMALL = ["-a", "resnet18", "-j", "1", "--epochs", "1", "--train-crop-size", "32",
@@ -72,13 +72,13 @@ def test_torchrun_two_cpu_processes(tiny, tmp_path, backend):
     data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
     out = str(tmp_path / "out")
     run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(_free_port()), "main.py", *data, *SMALL, "-b", "4",
+         "--master-port", str(free_port()), "main.py", *data, *SMALL, "-b", "4",
          "--dist-url", "env://", "--output-dir", out])
     check_distributed_run(data, out)
 
 
 def test_two_nodes_on_localhost_agree(tiny, tmp_path):
-    url = f"tcp://127.0.0.1:{_free_port()}"
+    url = f"tcp://127.0.0.1:{free_port()}"
     outs = [str(tmp_path / f"node{r}") for r in (0, 1)]
     procs = [subprocess.Popen(
         main_cmd("--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
@@ -102,7 +102,7 @@ def test_killed_rank_ends_the_job_quickly(tmp_path):
         for line in proc.stdout:  # wait until training runs
             if line.startswith("Epoch:"):
                 break
-        workers = sorted(p for p in _descendants(proc.pid) if b"spawn_main" in _cmdline(p))
+        workers = sorted(p for p in descendants(proc.pid) if b"spawn_main" in cmdline(p))
         assert len(workers) == 2
         killed_at = time.monotonic()
         os.kill(workers[1], signal.SIGKILL)  # spawned second: local rank 1
@@ -122,28 +122,6 @@ def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         f"main.py: error: {tmp_path / 'missing' / 'train'}: no such file or directory"]
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _descendants(pid):
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            for child in map(int, f.read().split()):
-                found += [child, *_descendants(child)]
-    return found
-
-
-def _cmdline(pid):
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read()
 
 
 def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import REPO
 
-REQUIRED = ["install", "demo", "test", "bench", "convert-imagenet", "train", "tensorboard",
-            "docker-build", "docker-run", "clean"]
+REQUIRED = ["install", "demo", "test", "test-slurm", "bench", "convert-imagenet", "train",
+            "tensorboard", "docker-build", "docker-run", "clean"]
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
 

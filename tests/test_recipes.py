@@ -165,7 +165,7 @@ class FakeLoader:
 def test_flags_reach_the_training_state():
     """Label smoothing reaches the criterion, MixUp/CutMix the step, groups the optimizer."""
     args = main.parse_args([*RECIPE, "-a", "resnet18", "--model-ema-decay", "0.9"])
-    s = SimpleNamespace(dist=DistInfo(), loader=SimpleNamespace(batch_size=8))
+    s = SimpleNamespace(dist=DistInfo(), loader=SimpleNamespace(batch_size=8), resume=None)
     state, start, best = main.build_state(args, s, FakeLoader(), None, lambda *a: None)
     assert state.criterion.label_smoothing == 0.1 and (start, best) == (0, 0.0)
     assert len(state.optimizer.param_groups) == 2 and state.mix is not None

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Host time per training step that the stop agreement costs (docs/slurm.md).
+
+Spawns ``--ranks`` gloo processes on 127.0.0.1; each runs ``--steps`` simulated steps of
+``--step-ms`` milliseconds in which the host waits (as for a GPU step) and, after each, times
+:meth:`engine.distributed.StopAgreement.after_step` (the all-reduce started after one step,
+read after the next) and, for comparison, :meth:`~engine.distributed.StopAgreement.settle`
+(a blocking all-reduce). Prints one JSON line: ``ranks``, ``step_ms``, ``steps``,
+``after_step_us`` and ``blocking_us`` (mean microseconds per step on rank 0).
+
+    python benchmarks/bench_stop_agreement.py --ranks 2 --steps 500
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+from engine.distributed import StopAgreement, free_port  # noqa: E402
+
+
+def _timed(call, steps: int, step_s: float) -> float:
+    """Mean seconds ``call()`` takes after a host wait of ``step_s``, over ``steps`` steps."""
+    total = 0.0
+    for _ in range(steps):
+        time.sleep(step_s)
+        start = time.perf_counter()
+        call()
+        total += time.perf_counter() - start
+    return total / steps
+
+
+def _rank(rank: int, ranks: int, port: int, steps: int, step_ms: float, results) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=rank, world_size=ranks)
+    agreement = StopAgreement(ranks)
+    _timed(agreement.after_step, 20, step_ms / 1000)  # warm-up
+    piped = _timed(agreement.after_step, steps, step_ms / 1000)
+    agreement.close()
+    blocking = _timed(agreement.settle, steps, step_ms / 1000)
+    if rank == 0:
+        results.put({"ranks": ranks, "step_ms": step_ms, "steps": steps,
+                     "after_step_us": round(piped * 1e6, 1),
+                     "blocking_us": round(blocking * 1e6, 1)})
+    torch.distributed.destroy_process_group()
+
+
+def main(argv=None) -> dict:
+    """Run the measurement; return (and print) its JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2, help="gloo processes on this machine")
+    parser.add_argument("--steps", type=int, default=500, help="timed steps")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="host wait per step (ms)")
+    args = parser.parse_args(argv)
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    torch.multiprocessing.start_processes(
+        _rank, args=(args.ranks, free_port(), args.steps, args.step_ms, results),
+        nprocs=args.ranks, start_method="spawn")
+    result = results.get(timeout=60)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
