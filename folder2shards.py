@@ -60,12 +60,12 @@ def main(argv=None) -> int:
         "folder2shards.py", get_args_parser(), argv, "existing shards",
         # against the shards' own SHA-256s where progress.json still has them
         lambda args: verify(args.verify, args.dataset, workers=args.workers,
-                            digests=shard_digests(args.verify)),
+                            digests=shard_digests(args.verify), split=args.split),
         lambda args: convert(args.dataset, args.output, prefix=args.prefix,
                              shard_size=parse_size(args.shard_size),
                              max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
                              workers=args.workers, strict=args.strict, overwrite=args.overwrite,
-                             check=args.check),
+                             check=args.check, split=args.split, allow_partial=args.allow_partial),
         (ConversionError, DatasetError, ShardFormatError, ValueError, OSError))
 
 

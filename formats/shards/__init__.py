@@ -16,7 +16,10 @@ A split is a folder (or the URL of one) holding:
   the member data in bytes). The reader uses it for random access into local shards.
 * ``index.json``: ``{"format": "webdataset-imagenet", "version": 1, "classes": [wnid, ...],
   "seed": int | null, "records": total, "bytes": total tar bytes, "shards": [{"name":
-  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``.
+  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``,
+  optionally ``"names"`` (human-readable class names) and, per shard, ``"url"`` (a shard kept
+  elsewhere: foreign shards indexed by ``folder2shards.py --index``); version-1 readers
+  ignore both.
   It is written last, so a split without it is an unfinished conversion.
 * ``progress.json`` (the converter's, kept after it finishes): the settings, and per finished
   shard its records, bytes, SHA-256 and the files skipped; :func:`verify` checks the digests.
