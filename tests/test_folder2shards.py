@@ -320,8 +320,11 @@ def test_cli_error_has_no_traceback(tmp_path):
 def test_make_convert_imagenet_format_shards():
     result = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out", "FORMAT=shards")
     assert result.returncode == 0, result.stderr
-    assert "folder2shards.py --dataset /in/train -o /out/train -j 8 --shuffle-seed 0" in \
-        result.stdout
-    assert "folder2shards.py --dataset /in/val -o /out/val -j 8" in result.stdout
+    assert "folder2shards.py --dataset /in --split train -o /out/train -j 8 --shuffle-seed 0" \
+        in result.stdout
+    assert "folder2shards.py --dataset /in --split val -o /out/val -j 8\n" in result.stdout
     default = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out").stdout
-    assert "folder2lmdb.py --dataset /in/train -o /out/train -j 8 --shuffle-seed 0" in default
+    assert "folder2lmdb.py --dataset /in --split train -o /out/train -j 8 --shuffle-seed 0" \
+        in default
+    partial = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out", "ALLOW_PARTIAL=1").stdout
+    assert "--split val -o /out/val -j 8 --allow-partial\n" in partial

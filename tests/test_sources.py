@@ -236,3 +236,24 @@ def test_a_download_folder_without_a_split_is_one_line(downloads, tmp_path, caps
     line = _one_line_error(capsys, ["-d", str(tmp_path), "--split", "val", "-o",
                                     str(tmp_path / "db")])
     assert "found no val split" in line
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_make_convert_imagenet_reads_each_download(layout, downloads, reference_outputs,
+                                                  tmp_path):
+    """``make convert-imagenet IMAGENET=<the download> OUT=...`` as a user runs it (the
+    venv's install step taken as done)."""
+    from tests.test_makefile import make
+
+    built, _ = downloads
+    out = str(tmp_path / "out")
+    result = make("-o", ".venv/.installed", "convert-imagenet", f"IMAGENET={built[layout]}",
+                  f"OUT={out}", "ALLOW_PARTIAL=1", "JOBS=2")
+    assert result.returncode == 0, result.stderr
+    assert f"source: {open_dataset(built[layout], 'val', True).layout}" in result.stderr
+    for split in ("train", "val"):
+        items, ref_items = (lmdb_contents(db)[1] for db in
+                            (os.path.join(out, split), reference_outputs[split][0]))
+        del items[codec.META_KEY], ref_items[codec.META_KEY]
+        assert items == ref_items
