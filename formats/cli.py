@@ -74,7 +74,8 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
         parser.error(f"--verify checks {verified}: give no -o/--output")
-    if not args.verify and not (args.dataset and args.output):
+    indexing = getattr(args, "index", None)  # folder2shards.py --index needs no --dataset
+    if not args.verify and not indexing and not (args.dataset and args.output):
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
         if args.verify:

@@ -64,6 +64,10 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
         return result
     result.count, result.classes = index.records, len(index.classes)
     result.shards, result.checksums = len(index.shards), bool(digests)
+    if any("url" in s for s in index.shards):
+        result.problem(f"{folder}: indexes shards written by another tool (folder2shards.py "
+                       "--index); --verify checks shards written by folder2shards.py")
+        return result
     compared = source_to_compare(dataset, split, folder, index.seed) if dataset \
         else nullcontext(None)
     with compared as listing, ThreadPoolExecutor(max(1, workers)) as pool:
