@@ -111,7 +111,8 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    with closing(check_files(files[state.done:], workers, check, ahead=2 * batch_size)) as results, \
+    pending = files[state.done:]
+    with closing(check_files(pending, workers, check, ahead=2 * batch_size)) as results, \
             ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):

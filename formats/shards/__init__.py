@@ -43,5 +43,5 @@ from ._verify import ShardVerification, sha256_file, verify
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
            "IndexSummary", "PROGRESS_NAME", "Progress", "RecordSpan", "ShardFormatError",
            "ShardIndex", "ShardSummary", "ShardVerification", "ShardWriter", "convert",
-           "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests", "shard_name", "source_keys", "verify",
-           "write_idx"]
+           "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",
+           "shard_name", "source_keys", "verify", "write_idx"]

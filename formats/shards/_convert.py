@@ -178,9 +178,10 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     ``prefix`` names the shards (default: ``split``, else ``dataset``'s base name);
     ``shard_size`` (bytes) and ``max_per_shard`` (records) bound each shard; ``shuffle_seed``
     fixes the record order; ``workers`` threads check the files under ``check``
-    (``formats.images.CHECKS``). Non-images are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
-    An unfinished conversion of the same files and settings is resumed after its finished
-    shards. Raises
+    (``formats.images.CHECKS``). Non-images are skipped and listed in ``output/skipped.tsv``
+    (with ``strict`` the first is an error). An unfinished conversion of the same files and
+    settings is resumed after its finished shards; images that can only be read front to back
+    are staged beside ``output`` first (:mod:`formats.sources._staging`). Raises
     :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
     other files or (without ``overwrite``) another conversion, or cannot be written.
     """
@@ -241,7 +242,8 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
-    with closing(check_files(files[state.done:], workers, check, ahead=max(32, 16 * workers))) as results:
+    pending = files[state.done:]
+    with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers))) as results:
         for index, result in enumerate(results, state.done):
             src = files[index]
             bar.update(1)

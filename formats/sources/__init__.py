@@ -68,7 +68,8 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
         return "kaggle", path
     if huggingface.find_files(path, split)[1]:
         return "huggingface", path
-    names = {"train": (tars.TRAIN_TAR, "ILSVRC2012_img_train"), "val": (tars.VAL_TAR, "ILSVRC2012_img_val")}
+    names = {"train": (tars.TRAIN_TAR, "ILSVRC2012_img_train"),
+             "val": (tars.VAL_TAR, "ILSVRC2012_img_val")}
     for name in names[split]:
         if os.path.exists(os.path.join(path, name)):
             return "imagenet tars", os.path.join(path, name)
