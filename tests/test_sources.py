@@ -289,3 +289,23 @@ def test_odd_files_inside_the_train_tar_are_reencoded_as_from_folders(sample, tm
     (_, items), (_, ref_items) = lmdb_contents(dbs[1]), lmdb_contents(dbs[0])
     del items[codec.META_KEY], ref_items[codec.META_KEY]
     assert items == ref_items
+
+
+def test_partly_extracted_official_files_convert_the_same(downloads, reference_outputs,
+                                                         tmp_path):
+    """The train tar unpacked into a folder of class tars, the val tar unpacked flat and the
+    devkit extracted: read as the archives are."""
+    built, _ = downloads
+    root = tmp_path / "in1k"
+    for name, target in (("ILSVRC2012_img_train.tar", "ILSVRC2012_img_train"),
+                         ("ILSVRC2012_img_val.tar", "val"),
+                         ("ILSVRC2012_devkit_t12.tar.gz", ".")):
+        shutil.unpack_archive(os.path.join(built["official"], name), str(root / target))
+    for split in ("train", "val"):
+        assert detect(str(root), split)[0] == "imagenet tars"
+        db = str(tmp_path / split)
+        folder2lmdb.convert(str(root), db, workers=2, progress=False, shuffle_seed=SEED[split],
+                            split=split, allow_partial=True)
+        items, ref_items = lmdb_contents(db)[1], lmdb_contents(reference_outputs[split][0])[1]
+        del items[codec.META_KEY], ref_items[codec.META_KEY]
+        assert items == ref_items
