@@ -143,9 +143,15 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(opts.sample, "train")):
         parser.error(f"{opts.sample}: no train/ (the imagenet-sample folder)")
+    from formats.conversion import ConversionError
+    from formats.sources import DatasetError
+
     tmp = tempfile.mkdtemp(prefix="bench_downloads_", dir=opts.tmp)
     try:
         report = run(opts, tmp)
+    except (ConversionError, DatasetError, OSError) as exc:
+        print(f"bench_downloads.py: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_report(report, opts.layouts[0])
