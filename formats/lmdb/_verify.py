@@ -27,8 +27,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     layout :mod:`formats.sources` reads (with ``split`` for a download folder), so a database
     converted from the archives verifies against the class folders and the other way round.
     Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
-    with ``db`` is a problem, not an exception.
-    """
+    with ``db`` is a problem, not an exception."""
     result = Verification(db, dataset=dataset, max_problems=max_problems)
     try:
         meta = read_meta(db)

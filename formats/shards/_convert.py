@@ -166,6 +166,14 @@ def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> No
     progress.save(output)
 
 
+def _check_outside(listing: Listing, dataset: str, output: str) -> None:
+    """Refuse an ``output`` inside the folder the listing reads (it would become a class)."""
+    source, target = os.path.realpath(listing.root), os.path.realpath(output)
+    if listing.stage is None and os.path.isdir(source) \
+            and os.path.commonpath([source, target]) == source:
+        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+
+
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
@@ -180,11 +188,10 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     fixes the record order; ``workers`` threads check the files under ``check``
     (``formats.images.CHECKS``). Non-images are skipped and listed in ``output/skipped.tsv``
     (with ``strict`` the first is an error). An unfinished conversion of the same files and
-    settings is resumed after its finished shards; images that can only be read front to back
-    are staged beside ``output`` first (:mod:`formats.sources._staging`). Raises
-    :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
-    other files or (without ``overwrite``) another conversion, or cannot be written.
-    """
+    settings resumes after its finished shards; archives read front to back only are staged
+    first (:mod:`formats.sources._staging`). Raises :class:`ConversionError` for bad settings,
+    a bad source, an output that is a file, holds other files or (without ``overwrite``)
+    another conversion, or cannot be written."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
@@ -193,12 +200,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
     if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
         raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    listing = open_source("folder2shards.py", dataset, split, allow_partial, progress)
-    listing = listing.shuffled(shuffle_seed)
-    source, target = os.path.realpath(listing.root), os.path.realpath(output)
-    if listing.stage is None and os.path.isdir(source) \
-            and os.path.commonpath([source, target]) == source:
-        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+    listing = open_source("folder2shards.py", dataset, split, allow_partial,
+                          progress).shuffled(shuffle_seed)
+    _check_outside(listing, dataset, output)
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
