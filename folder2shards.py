@@ -49,8 +49,8 @@ def get_args_parser():
         "them.", output_help="folder to write the shards to (or resume)", verify_metavar="DIR",
         verify_help="check the shards in DIR instead",
         overwrite_help="replace a complete or different conversion at --output")
-    parser.add_argument("--prefix", help="shard names PREFIX-000000.tar... (default: the base "
-                        "name of --dataset, e.g. train)")
+    parser.add_argument("--prefix", help="shard names PREFIX-000000.tar... (default: --split, "
+                        "else the base name of --dataset, e.g. train)")
     parser.add_argument("--shard-size", default="1G", help="most bytes per shard file, suffixes "
                         "K, M, G allowed (default: 1G = 1 GiB)")
     parser.add_argument("--max-per-shard", type=int, metavar="N",
