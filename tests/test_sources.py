@@ -309,3 +309,19 @@ def test_partly_extracted_official_files_convert_the_same(downloads, reference_o
         items, ref_items = lmdb_contents(db)[1], lmdb_contents(reference_outputs[split][0])[1]
         del items[codec.META_KEY], ref_items[codec.META_KEY]
         assert items == ref_items
+
+
+def test_classes_py_as_hugging_face_writes_it(tmp_path):
+    """``IMAGENET2012_CLASSES = OrderedDict({...})`` (the repository's form) is read as a
+    literal; unsorted WNIDs are refused."""
+    from formats.sources.huggingface import read_classes_py
+
+    (tmp_path / "classes.py").write_text(
+        'from collections import OrderedDict\n\nIMAGENET2012_CLASSES = OrderedDict(\n'
+        '    {\n        "n01440764": "tench, Tinca tinca",\n'
+        '        "n01443537": "goldfish, Carassius auratus",\n    }\n)\n')
+    assert read_classes_py(str(tmp_path)) == (["n01440764", "n01443537"],
+                                              ["tench, Tinca tinca", "goldfish, Carassius auratus"])
+    (tmp_path / "classes.py").write_text('IMAGENET2012_CLASSES = {"n2": "b", "n1": "a"}\n')
+    with pytest.raises(DatasetError, match="not in sorted WNID order"):
+        read_classes_py(str(tmp_path))
