@@ -5,8 +5,10 @@ damaged or incomplete download ends in one line naming the file, resumably."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
+import tarfile
 
 import pytest
 
@@ -325,3 +327,42 @@ def test_classes_py_as_hugging_face_writes_it(tmp_path):
     (tmp_path / "classes.py").write_text('IMAGENET2012_CLASSES = {"n2": "b", "n1": "a"}\n')
     with pytest.raises(DatasetError, match="not in sorted WNID order"):
         read_classes_py(str(tmp_path))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_index_equals_tarfiles_and_finds_truncation(fmt, tmp_path):
+    """The header reader of ``formats.sources._tar`` gives tarfile's offsets (POSIX prefixes,
+    ``./`` names, folders; a long name falls back to tarfile) and calls a tar cut at a member
+    boundary or inside one truncated."""
+    from formats.sources._tar import _tarfile_members, tar_members
+
+    path = str(tmp_path / "x.tar")
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for i in range(40):
+            name = ("./" if i % 3 == 0 else "") + "d/" * (i % 4) + f"n01440764_{i}.JPEG"
+            if i == 39:
+                name = "long/" * 30 + name  # GNU longname / pax path / ustar prefix
+            info = tarfile.TarInfo(name)
+            info.size = 100 + 37 * i
+            tar.addfile(info, io.BytesIO(bytes([i]) * info.size))
+        folder = tarfile.TarInfo("folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        members = tar_members(path, fd)
+        assert members == _tarfile_members(fd, 0, os.path.getsize(path), path)[0]
+        assert len(members) == 40 and all(os.pread(fd, 1, at) == bytes([i])
+                                          for i, (_, at, _) in enumerate(members))
+    finally:
+        os.close(fd)
+    name, at, size = members[20]
+    for cut, why in ((at + size // 2, "ends inside"), (at + -(-size // 512) * 512, "no end")):
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(DatasetError, match=f"{path}: truncated \\({why}"):
+                tar_members(path, fd)
+        finally:
+            os.close(fd)

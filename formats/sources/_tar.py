@@ -45,6 +45,43 @@ def _name(info: tarfile.TarInfo) -> str:
     return info.name[2:] if info.name.startswith("./") else info.name
 
 
+_ZERO = bytes(_BLOCK)
+_PLAIN = frozenset(b"\x0001234567")  # POSIX types: files, links, devices, folders, FIFOs
+_REGULAR = frozenset(b"\x0007")
+
+
+def _fast_members(fd: int, start: int, size: int,
+                  label: str) -> tuple[list[tuple[str, int, int]], int] | None:
+    """``(members, end)`` read straight from the 512-byte POSIX/GNU headers (about 5 us a
+    member against 40 us through ``tarfile``), or None for anything but plain headers (pax,
+    GNU long names, sparse files, base-256 sizes, a bad checksum): ``tarfile`` reads those."""
+    members, pos = [], 0
+    while pos + _BLOCK <= size:
+        header = os.pread(fd, _BLOCK, start + pos)
+        if header == _ZERO:
+            return members, pos
+        if header[156] not in _PLAIN or header[124] & 0x80:
+            return None
+        try:
+            checksum = int(header[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+            length = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:
+            return None
+        if checksum != sum(header) - sum(header[148:156]) + 8 * 32:
+            return None
+        name = header[:100].split(b"\0", 1)[0]
+        if header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX name prefix
+            name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+        name = os.fsdecode(name[2:] if name.startswith(b"./") else name)
+        if pos + _BLOCK + length > size:
+            raise DatasetError(f"{label}: truncated (ends inside {name}, "
+                               f"{size - pos - _BLOCK} of {length} bytes)")
+        if header[156] in _REGULAR:
+            members.append((name, start + pos + _BLOCK, length))
+        pos += _BLOCK + -(-length // _BLOCK) * _BLOCK
+    return members, pos
+
+
 def tar_members(path: str, fd: int, start: int = 0, size: int | None = None,
                 what: str | None = None) -> list[tuple[str, int, int]]:
     """``(name, data offset, size)`` of each regular file in the tar that lies ``size`` bytes
@@ -55,6 +92,20 @@ def tar_members(path: str, fd: int, start: int = 0, size: int | None = None,
     total = os.fstat(fd).st_size
     size = total - start if size is None else size
     label = f"{path}[{what}]" if what else path
+    fast = _fast_members(fd, start, size, label)
+    if fast is not None:
+        members, end = fast
+    else:
+        members, end = _tarfile_members(fd, start, size, label)
+    if what is None and end + 2 * _BLOCK > size:  # no end-of-archive blocks: cut at a member
+        raise DatasetError(f"{label}: truncated (no end-of-archive marker after "
+                           f"{len(members)} members, {size} bytes)")
+    return members
+
+
+def _tarfile_members(fd: int, start: int, size: int,
+                     label: str) -> tuple[list[tuple[str, int, int]], int]:
+    """:func:`tar_members` through ``tarfile`` (every header format it reads)."""
     members, end = [], 0
     try:
         with tarfile.open(fileobj=io.BufferedReader(_Window(fd, start, size), _BLOCK),
@@ -68,7 +119,4 @@ def tar_members(path: str, fd: int, start: int = 0, size: int | None = None,
                     members.append((_name(info), start + info.offset_data, info.size))
     except tarfile.TarError as exc:
         raise DatasetError(f"{label}: not a readable tar ({exc})") from None
-    if what is None and end + 2 * _BLOCK > size:  # no end-of-archive blocks: cut at a member
-        raise DatasetError(f"{label}: truncated (no end-of-archive marker after "
-                           f"{len(members)} members, {size} bytes)")
-    return members
+    return members, end
