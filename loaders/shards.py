@@ -4,7 +4,9 @@ or cluster file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3:/
 A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
 brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
 holds it (``formats/shards/_codec.py``). The index gives every shard's record count, so ``len()``
-is exact before anything is read.
+is exact before anything is read. Shards written by other tools are read through an index folder
+of their own (``folder2shards.py --index``): its ``index.json`` gives each shard's ``url`` and
+its ``.idx`` files lie beside it.
 
 Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
 epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
