@@ -3,14 +3,15 @@
 folders, and every layout's disk space and conversion time per 1,000 images.
 
     python benchmarks/bench_downloads.py [--sample ../shared/data/imagenet-sample] [--copies 8]
-                                         [--rounds 5] [--layouts folder official ...]
+                                         [--rounds 6] [--layouts folder official ...]
                                          [--tmp DIR] [--out report.json]
 
 The sample's 250 real ImageNet JPEGs are copied ``--copies`` times under distinct names
 (``<wnid>_<name>_<k>.JPEG``: 2,000 files by default) into a class-folder tree, and each
 download layout is built from that tree with ``tests/replicas.py``: ``official`` (a train tar
 of per-class tars), ``kaggle``, ``hf-parquet``, ``hf-targz``; ``folder`` is the tree itself.
-Each round converts the train split of every layout, one after the other (A B C ... A B C),
+Each round converts the train split of every layout, one after the other, in alternating order
+(A B C, C B A, ...: no layout always runs first or right after the same one),
 through ``folder2lmdb.convert`` with the converter's defaults and the flags of ``make
 convert-imagenet`` (``--split train --shuffle-seed 0``, ``--allow-partial`` since this is not
 all of ImageNet), output on disk under ``--tmp``, ``--overwrite``; its time is the converter's
@@ -94,7 +95,8 @@ def run(opts: argparse.Namespace, tmp: str) -> dict:
     out = os.path.join(tmp, "out")
     staged: dict[str, int] = {}
     for round_ in range(opts.rounds):
-        for layout, (dataset, _) in built.items():
+        order = list(built.items())
+        for layout, (dataset, _) in order[::-1] if round_ % 2 else order:  # A B C, C B A, ...
             summary = folder2lmdb.convert(dataset, out, overwrite=True, progress=False,
                                           shuffle_seed=0, split="train", allow_partial=True)
             rates[layout].append(summary.images / summary.seconds)
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", default=SAMPLE, help="the imagenet-sample folder")
     parser.add_argument("--copies", type=int, default=8, help="copies of each image (default 8)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
                         help="layouts to convert; ratios are to the first (default: all)")
     parser.add_argument("--tmp", help="folder for the replicas and output (default: a new "
