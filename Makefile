@@ -80,11 +80,16 @@ endif
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
 # take the same arguments here, and both write the training records in a seeded global shuffle.
-convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=shards]: train/ and val/ to LMDB (default) or shards
+# IMAGENET is the folder ImageNet was downloaded into, as downloaded: the official tars + devkit,
+# Kaggle's ILSVRC tree, Hugging Face's repository folder, or train/ and val/ class folders
+# (formats/sources detects which; ALLOW_PARTIAL=1 converts an incomplete one).
+ALLOW_PARTIAL ?=
+CONVERT_FLAGS = -j $(JOBS)$(if $(ALLOW_PARTIAL), --allow-partial)
+convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards]: train and val to LMDB (default) or shards
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
-	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=lmdb|shards]"; exit 2; }
-	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0
-	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS)
+	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1]"; exit 2; }
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split train -o $(OUT)/train $(CONVERT_FLAGS) --shuffle-seed 0
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split val -o $(OUT)/val $(CONVERT_FLAGS)
 
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset
 	@test -n "$(DATA)" || { echo "usage: make train CONFIG=configs/resnet18.yaml DATA=/path/to/data [ARGS='--lmdb']"; exit 2; }

@@ -54,11 +54,12 @@ def main(argv=None) -> int:
     """CLI entry point; returns the exit status (see :func:`formats.cli.run_cli`)."""
     return run_cli(
         "folder2lmdb.py", get_args_parser(), argv, "an existing database",
-        lambda args: verify(args.verify, args.dataset, workers=args.workers),
+        lambda args: verify(args.verify, args.dataset, workers=args.workers, split=args.split),
         lambda args: convert(args.dataset, args.output, workers=args.workers,
                              overwrite=args.overwrite, map_size=args.map_size,
                              batch_size=max(1, args.batch_size), strict=args.strict,
-                             shuffle_seed=args.shuffle_seed, check=args.check),
+                             shuffle_seed=args.shuffle_seed, check=args.check, split=args.split,
+                             allow_partial=args.allow_partial),
         (ConversionError, DatasetError, OSError, lmdb.Error))
 
 

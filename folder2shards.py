@@ -5,6 +5,9 @@
         [--shard-size 1G] [--max-per-shard N] [--shuffle-seed 0] [-j 8] [--strict] [--overwrite]
         [--check {full,header}]
     python folder2shards.py --verify /shards/train [--dataset /imagenet/train]
+    python folder2shards.py --dataset /imagenet --split train -o /shards/train  # any download
+    python folder2shards.py --index /wds/imagenet1k-train-{0000..1023}.tar [-o INDEX_DIR]
+        [--classes /shards/train/index.json]  # shards written by other tools, e.g. timm's
 
 The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: each record is
 what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
@@ -23,7 +26,9 @@ and a reader that shuffles shards and a small buffer gets batches of one or two 
 batch norm and SGD). Here the files are read by path, so a global permutation costs nothing.
 
 Shard boundaries, resume and ``progress.json``: ``formats/shards/_convert.py``. ``--verify``
-checks the SHA-256 digests too.
+checks the SHA-256 digests too. ``--index`` writes ``index.json`` and ``.idx`` files for
+WebDataset shards made by other tools, without rewriting them (``formats/shards/_foreign.py``),
+so that ``main.py --loader shards --train INDEX_DIR`` reads them.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ import sys
 from formats.cli import converter_parser, parse_size, run_cli
 from formats.conversion import ConversionError
 from formats.images import DatasetError
-from formats.shards import Progress, ShardFormatError, convert, shard_digests, verify
+from formats.shards import (Progress, ShardFormatError, convert, index_shards, shard_digests,
+                            verify)
 
 __all__ = ["ConversionError", "Progress", "convert", "main", "parse_size", "verify"]
 
@@ -43,15 +49,32 @@ def get_args_parser():
         "them.", output_help="folder to write the shards to (or resume)", verify_metavar="DIR",
         verify_help="check the shards in DIR instead",
         overwrite_help="replace a complete or different conversion at --output")
-    parser.add_argument("--prefix", help="shard names PREFIX-000000.tar... (default: the base "
-                        "name of --dataset, e.g. train)")
+    parser.add_argument("--prefix", help="shard names PREFIX-000000.tar... (default: --split, "
+                        "else the base name of --dataset, e.g. train)")
     parser.add_argument("--shard-size", default="1G", help="most bytes per shard file, suffixes "
                         "K, M, G allowed (default: 1G = 1 GiB)")
     parser.add_argument("--max-per-shard", type=int, metavar="N",
                         help="most records per shard (default: no limit)")
     parser.add_argument("--shuffle-seed", type=int, default=0, metavar="N",
                         help="seed of the records' global pseudo-random order (default: 0)")
+    parser.add_argument("--index", metavar="SHARDS",
+                        help="instead of converting: index WebDataset shards written by another "
+                             "tool (a folder of .tar, or a brace pattern of paths or URLs) into "
+                             "-o (default: beside them), for main.py --loader shards")
+    parser.add_argument("--classes", metavar="FILE",
+                        help="with --index: the WNIDs in label order (an index.json, or one WNID "
+                             "a line), for shards whose records name none (e.g. val)")
     return parser
+
+
+def _convert_or_index(args):
+    if args.index:
+        return index_shards(args.index, args.output, args.classes)
+    return convert(args.dataset, args.output, prefix=args.prefix,
+                   shard_size=parse_size(args.shard_size), max_per_shard=args.max_per_shard,
+                   shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
+                   overwrite=args.overwrite, check=args.check, split=args.split,
+                   allow_partial=args.allow_partial)
 
 
 def main(argv=None) -> int:
@@ -60,12 +83,8 @@ def main(argv=None) -> int:
         "folder2shards.py", get_args_parser(), argv, "existing shards",
         # against the shards' own SHA-256s where progress.json still has them
         lambda args: verify(args.verify, args.dataset, workers=args.workers,
-                            digests=shard_digests(args.verify)),
-        lambda args: convert(args.dataset, args.output, prefix=args.prefix,
-                             shard_size=parse_size(args.shard_size),
-                             max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
-                             workers=args.workers, strict=args.strict, overwrite=args.overwrite,
-                             check=args.check),
+                            digests=shard_digests(args.verify), split=args.split),
+        _convert_or_index,
         (ConversionError, DatasetError, ShardFormatError, ValueError, OSError))
 
 

@@ -7,8 +7,11 @@
   (``folder2shards.py``, ``main.py --loader shards``); likewise ``convert``, ``ShardIndex``/
   ``read_idx``, ``verify``.
 - :mod:`formats.images`: which source files are images, which are stored byte for byte and which
-  re-encoded (the image checks, :data:`~formats.images.RULES_VERSION`), and the listing of a
-  class-folder source (``list_sources``).
+  re-encoded (the image checks, :data:`~formats.images.RULES_VERSION`).
+- :mod:`formats.sources`: where the images come from: ImageNet as each distributor ships it
+  (class folders, the official tars read in place with the devkit, Kaggle's tree, Hugging
+  Face's Parquet or ``.tar.gz``), detected and listed in the class-folder order with the
+  sorted-WNID labels (``open_dataset``, ``list_sources``).
 - :mod:`formats.conversion`: what both converters share (errors, summary, verification result,
   resume fingerprint, ``skipped.tsv``); :mod:`formats.cli`: their one command-line runner.
 

@@ -18,11 +18,13 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
                      overwrite_help: str) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
     ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
-    ``-j/--workers``, ``--overwrite``); each converter adds its own."""
+    ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``); each converter adds
+    its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
-                        help="folder of class subfolders, e.g. /imagenet/train (with --verify: "
-                             "also compare every record with it)")
+                        help="folder of class subfolders, e.g. /imagenet/train, or with --split "
+                             "the folder ImageNet was downloaded into (with --verify: also "
+                             "compare every record with it)")
     parser.add_argument("-o", "--output", help=output_help)
     parser.add_argument("--verify", metavar=verify_metavar, help=verify_help)
     parser.add_argument("--strict", action="store_true",
@@ -34,6 +36,13 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     parser.add_argument("-j", "--workers", type=int, default=8,
                         help="threads reading and checking image files (default: 8)")
     parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    parser.add_argument("--split", choices=("train", "val"),
+                        help="--dataset is the folder ImageNet was downloaded into (the official "
+                             "tars + devkit, Kaggle's ILSVRC tree, Hugging Face's repository, or "
+                             "train/ and val/ class folders): convert this split of it")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="convert a download that lacks images or classes of ImageNet "
+                             "(default: stop, naming what is missing)")
     return parser
 
 
@@ -65,7 +74,8 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
         parser.error(f"--verify checks {verified}: give no -o/--output")
-    if not args.verify and not (args.dataset and args.output):
+    indexing = getattr(args, "index", None)  # folder2shards.py --index needs no --dataset
+    if not args.verify and not indexing and not (args.dataset and args.output):
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
         if args.verify:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import msgpack
 
 from formats.images import REENCODE_QUALITY, RULES_VERSION, Listing
+from formats.sources import DatasetError, open_dataset
 
 REPORT_NAME = "skipped.tsv"  # inside the output (beside data.mdb, or beside the shards)
 _MiB = 1 << 20
@@ -81,8 +86,10 @@ class Verification:
 def fingerprint(listing: Listing, check: str = "full") -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
     label, size and mtime (ns), and the image rules, ``check`` and library
-    (:mod:`formats.images`). About 5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M
-    files. A resume needs the same fingerprint."""
+    (:mod:`formats.images`); for an image inside an archive, the archive's size and mtime and
+    the member's offset and size (Parquet, ``.tar.gz``: its row or member number). About 5 us
+    per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A resume needs the same
+    fingerprint."""
     from loaders.decoders import decoder_name
     from loaders.transforms import image_library
 
@@ -95,8 +102,47 @@ def fingerprint(listing: Listing, check: str = "full") -> bytes:
             size, mtime = st.st_size, st.st_mtime_ns
         except OSError:
             size, mtime = -1, -1
-        digest.update(msgpack.packb([os.fsencode(src.rel), src.label, size, mtime]))
+        entry = [os.fsencode(src.rel), src.label, size, mtime]
+        digest.update(msgpack.packb(entry if src.offset < 0 else entry + [src.offset, src.size]))
     return digest.digest()
+
+
+def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
+                progress: bool) -> Listing:
+    """The listing of ``dataset`` (:func:`formats.sources.open_dataset`); prints which layout
+    it is (the converter's first line, on stderr with the progress bar, so stdout stays the one
+    summary line) unless ``progress`` is False. Raises :class:`ConversionError`."""
+    try:
+        listing = open_dataset(dataset, split, allow_partial)
+    except DatasetError as exc:
+        raise ConversionError(str(exc)) from None
+    if progress:
+        print(f"{prog}: source: {listing.layout}", file=sys.stderr, flush=True)
+    return listing
+
+
+def stage_folder(output: str) -> str:
+    """Where a conversion to ``output`` stages images that can only be read front to back."""
+    return os.path.normpath(output) + ".staging"
+
+
+def stage(listing: Listing, folder: str, progress: bool) -> None:
+    """Stage ``listing``'s images in ``folder`` if its layout needs it
+    (:mod:`formats.sources._staging`). Raises :class:`ConversionError`."""
+    if listing.stage is None:
+        return
+    try:
+        listing.stage(listing.files, folder, progress)
+    except DatasetError as exc:
+        raise ConversionError(str(exc)) from None
+    except OSError as exc:
+        raise ConversionError(f"{folder}: cannot stage the images ({exc.strerror or exc}); "
+                              "is the disk full?") from None
+
+
+def unstage(folder: str) -> None:
+    """Delete a staging folder (after the conversion that needed it is complete)."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _tsv_field(text: str) -> str:
@@ -118,3 +164,24 @@ def write_report(report: str, entries: list[bytes]) -> None:
         os.replace(report + ".tmp", report)
     except OSError as exc:
         raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
+
+
+@contextmanager
+def source_to_compare(dataset: str, split: str | None, beside: str, seed: int | None):
+    """For ``--verify --dataset``: the listing of ``dataset`` (any layout, incomplete ones
+    too), in the order of ``seed`` (None: class order), its images staged in a temporary folder
+    beside ``beside`` if the layout needs it (deleted afterwards). Raises
+    :class:`~formats.sources.DatasetError`."""
+    listing = open_dataset(dataset, split, allow_partial=True)
+    if seed is not None:
+        listing = listing.shuffled(seed)
+    folder = None
+    try:
+        if listing.stage is not None:
+            folder = tempfile.mkdtemp(prefix=".verify-staging-",
+                                      dir=os.path.dirname(os.path.abspath(beside)))
+            listing.stage(listing.files, folder, False)
+        yield listing
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)

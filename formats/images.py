@@ -1,5 +1,5 @@
-"""Which files ``folder2lmdb.py`` reads (:func:`list_sources`) and, by their content
-(:func:`check_file`), which it stores as they are, which it re-encodes, and which it skips.
+"""By their content (:func:`check_file`), which of the files a converter lists
+(:mod:`formats.sources`) it stores as they are, which it re-encodes, and which it skips.
 
 Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
 the libjpeg-turbo decoder of ``loaders.decoders`` (TorchCodec, or torchvision) and DALI's
@@ -52,14 +52,16 @@ different rules.
 """
 from __future__ import annotations
 
-import hashlib
 import io
-import os
 import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+# The listing of a dataset moved to formats.sources; its names stay importable from here.
+from formats.sources._listing import DatasetError, Listing, Source, read_source  # noqa: F401
+from formats.sources.folder import list_sources  # noqa: F401
 
 REENCODE_QUALITY = 95
 # Files per task of check_files: a thread-pool Future per file (its Condition, lock and GIL
@@ -79,10 +81,6 @@ _SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical", 0xC6:
               0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded", 0xCE: "arithmetic-coded",
               0xCF: "arithmetic-coded"}
 _STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length field
-
-
-class DatasetError(Exception):
-    """The dataset folder cannot be used (missing, no class folder, no file): one line."""
 
 
 class NotAnImage(Exception):
@@ -261,78 +259,16 @@ def _encode_rgb(image) -> bytes:
     return out.getvalue()
 
 
-@dataclass(slots=True)
-class Source:
-    """One candidate file: absolute ``path``, ``rel`` path under the dataset root, ``label``.
-    Slotted: a listing holds 1.28 M of them for ImageNet."""
-
-    path: str
-    rel: str
-    label: int
-
-
-@dataclass
-class Listing:
-    """A dataset folder as the converter sees it (see :func:`list_sources`)."""
-
-    root: str
-    classes: list[str]
-    files: list[Source]
-    empty_classes: list[str]
-    shuffle_seed: int | None = None  # None: ImageFolder's order (sorted by class)
-
-    def shuffled(self, seed: int) -> "Listing":
-        """The same listing with ``files`` in a pseudo-random order fixed by ``seed``: sorted
-        by the SHA-256 of ``seed`` and each file's relative path, so the order depends on
-        nothing else (not the Python or NumPy version, not the listing order) and resuming a
-        conversion, or verifying one, recomputes it exactly."""
-        def key(src: Source) -> bytes:
-            return hashlib.sha256(b"%d\0" % seed + os.fsencode(src.rel)).digest()
-
-        return replace(self, files=sorted(self.files, key=key), shuffle_seed=seed)
-
-
-def list_sources(root: str) -> Listing:
-    """Classes and candidate files of the image folder ``root``.
-
-    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
-    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
-    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
-    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
-    their extension: content decides (this module's rules). Hidden files and directories and files
-    directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses it).
-    Raises :class:`DatasetError` if ``root`` is missing, has no class folder or no file.
-    """
-    if not os.path.isdir(root):
-        raise DatasetError(f"{root}: no such directory")
+def check_file(source: str | Source, check: str = "full") -> Checked | str:
+    """:func:`check_image` of the file at ``source`` (a path, or a :class:`Source`, whose bytes
+    may lie inside an archive) under ``check``; instead of raising, the reason (str) why the
+    file is skipped (unreadable or not an image)."""
     try:
-        classes = sorted(e.name for e in os.scandir(root)
-                         if e.is_dir() and not e.name.startswith("."))
-    except OSError as exc:
-        raise DatasetError(f"{root}: cannot list ({exc.strerror})") from None
-    if not classes:
-        raise DatasetError(f"Couldn't find any class folder in {root}.")
-    files, empty = [], []
-    for label, name in enumerate(classes):
-        walked = []
-        for dirpath, dirnames, fnames in os.walk(os.path.join(root, name), followlinks=True):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            walked.append((dirpath, sorted(f for f in fnames if not f.startswith("."))))
-        found = [os.path.join(d, f) for d, fnames in sorted(walked) for f in fnames]
-        files += [Source(path, os.path.relpath(path, root), label) for path in found]
-        if not found:
-            empty.append(name)
-    if not files:
-        raise DatasetError(f"{root}: no files in its {len(classes)} class folders")
-    return Listing(root, classes, files, empty)
-
-
-def check_file(path: str, check: str = "full") -> Checked | str:
-    """:func:`check_image` of the file at ``path`` under ``check``; instead of raising, the
-    reason (str) why the file is skipped (unreadable or not an image)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if isinstance(source, Source):
+            data = read_source(source)
+        else:
+            with open(source, "rb") as f:
+                data = f.read()
     except OSError as exc:
         return f"cannot read: {exc.strerror or exc}"
     try:
@@ -341,7 +277,7 @@ def check_file(path: str, check: str = "full") -> Checked | str:
         return str(exc)
 
 
-def check_files(paths: Sequence[str], workers: int, check: str = "full",
+def check_files(paths: Sequence[str | Source], workers: int, check: str = "full",
                 ahead: int = 128) -> Iterator[Checked | str]:
     """:func:`check_file` of each of ``paths`` under ``check``, yielded in the order of
     ``paths``, computed by ``workers`` threads in tasks of :data:`TASK_FILES` files, at most

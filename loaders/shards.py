@@ -4,7 +4,9 @@ or cluster file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3:/
 A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
 brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
 holds it (``formats/shards/_codec.py``). The index gives every shard's record count, so ``len()``
-is exact before anything is read.
+is exact before anything is read. Shards written by other tools are read through an index folder
+of their own (``folder2shards.py --index``): its ``index.json`` gives each shard's ``url`` and
+its ``.idx`` files lie beside it.
 
 Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
 epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
@@ -93,7 +95,10 @@ def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
     folder = spec.rstrip("/") if not spec.startswith("pipe:") else None
     if folder and (os.path.isdir(folder) or (is_stream(folder) and not folder.endswith(".tar"))):
         index = _load_index(f"{folder}/{INDEX_NAME}", spec)
-        return index, [f"{folder}/{s['name']}" for s in index.shards]
+        for shard in index.shards:
+            if "url" in shard:  # indexed elsewhere (folder2shards.py --index): .idx beside us
+                shard["idx"] = f"{folder}/{idx_name(shard['name'])}"
+        return index, [_location(folder, s) for s in index.shards]
     urls = list(braceexpand(spec))
     names = [_shard_file(u) for u in urls]
     if not all(n.endswith(".tar") for n in names):
@@ -104,6 +109,15 @@ def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
     if missing:
         raise DataError(f"{spec}: {missing[0]} is not in its {INDEX_NAME}")
     return ShardIndex(index.classes, [listed[n] for n in names], index.seed, index.rules), urls
+
+
+def _location(folder: str, shard: dict) -> str:
+    """Where a shard listed in ``folder``'s index lives: beside it, or at its ``url`` (a URL, an
+    absolute path, or a path relative to ``folder``)."""
+    url = shard.get("url")
+    if url is None:
+        return f"{folder}/{shard['name']}"
+    return url if is_stream(url) or os.path.isabs(url) else f"{folder}/{url}"
 
 
 def _shard_file(url: str) -> str:
@@ -153,7 +167,7 @@ class ShardRecords(Dataset):
         for url, shard in zip(self.urls, self.index.shards):
             if not os.path.isfile(url):
                 raise DataError(f"shard {url}: missing")
-            idx = idx_name(url)
+            idx = shard.get("idx") or idx_name(url)
             try:
                 with open(idx) as f:
                     rows = read_idx(f.read(), idx)
@@ -191,9 +205,11 @@ class ShardRecords(Dataset):
             return self._read_stream(index)
         shard, _ = self.locate(index)
         image_at, image_size, label_at, label_size = self.spans[index].tolist()
-        fd = self._fd(shard)
-        data = os.pread(fd, label_at + label_size - image_at, image_at)
-        return data[:image_size], _label(data[label_at - image_at:], self.urls[shard])
+        first = min(image_at, label_at)  # ours: .jpg then .cls; other writers sort .cls first
+        data = os.pread(self._fd(shard), max(image_at + image_size, label_at + label_size) - first,
+                        first)
+        return (data[image_at - first:image_at - first + image_size],
+                _label(data[label_at - first:label_at - first + label_size], self.urls[shard]))
 
     def _fd(self, shard: int) -> int:
         fd = self._files.get(shard)
@@ -300,7 +316,7 @@ class ShardRecords(Dataset):
         Parsing tar headers in Python costs about 57 us per record (28 us with a 1 MiB
         buffer) against about 2 us for cutting at known offsets: a few % of the cores."""
         url, name = self.urls[shard], self.index.shards[shard]["name"]
-        idx = _sibling(url, name, idx_name(name))
+        idx = self.index.shards[shard].get("idx") or _sibling(url, name, idx_name(name))
         if idx.startswith("pipe:"):
             idx += " 2>/dev/null"  # a probe: the command's complaint about no .idx is noise
         try:
@@ -323,10 +339,11 @@ def _cut_at_offsets(stream, spans, url: str):
     """``(jpeg_bytes, label)`` per ``.idx`` row, reading ``stream`` (a tar) front to back."""
     at = 0
     for number, (image_at, image_size, label_at, label_size) in enumerate(spans):
-        image = _read_at(stream, at, image_at, image_size, url, number)
-        label = _read_at(stream, image_at + image_size, label_at, label_size, url, number)
-        at = label_at + label_size
-        yield image, _label(label, url)
+        parts = {}
+        for offset, size in sorted([(image_at, image_size), (label_at, label_size)]):
+            parts[offset] = _read_at(stream, at, offset, size, url, number)
+            at = offset + size
+        yield parts[image_at], _label(parts[label_at], url)
 
 
 def _read_at(stream, at: int, offset: int, size: int, url: str, number: int) -> bytes:

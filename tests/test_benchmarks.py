@@ -95,3 +95,22 @@ def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
     assert bench_convert.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
                                    "--tmp", str(tmp_path)]) == 1
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_bench_downloads_times_every_layout_against_the_folder(sample, tmp_path, capsys):
+    import bench_downloads
+
+    out = tmp_path / "report.json"
+    assert bench_downloads.main(["--sample", sample, "--copies", "1", "--rounds", "1",
+                                 "--layouts", "folder", "official", "hf-parquet",
+                                 "--tmp", str(tmp_path), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["images"] == 250 and [r["layout"] for r in report["results"]] == \
+        ["folder", "official", "hf-parquet"]
+    by_layout = {r["layout"]: r for r in report["results"]}
+    assert by_layout["folder"]["ratio_to_first"] == 1.0
+    assert by_layout["official"]["extra_mib_per_1000"] == 0  # read in place: output only
+    assert by_layout["hf-parquet"]["extra_mib_per_1000"] > 50  # the staged copy
+    assert 50 < by_layout["official"]["mib_per_1000"] < 200
+    assert os.listdir(tmp_path) == ["report.json"]  # replicas and output deleted
+    assert "vs folder" in capsys.readouterr().out

@@ -91,9 +91,11 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_cli_prints_one_summary_line(tiny, tmp_path):
+def test_cli_prints_the_layout_then_one_summary_line(tiny, tmp_path):
     result = run_cli("--dataset", os.path.join(tiny.root, "val"), "-o", str(tmp_path / "db"))
     assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0] == \
+        f"folder2lmdb.py: source: class folders {os.path.join(tiny.root, 'val')}"
     assert result.stdout.strip().startswith("wrote 16 images")
     assert len(result.stdout.strip().splitlines()) == 1
 

@@ -301,7 +301,8 @@ def test_bad_input_is_one_line_error(tiny, tmp_path, capsys, case, message):
         out = os.path.join(source, "n00000000", "shards")
     extra = {"bad size": ["--shard-size", "lots"], "bad prefix": ["--prefix", "a b"]}.get(case, [])
     status = folder2shards.main(["-d", source, "-o", out, "-j", "1", *extra])
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = [line for line in capsys.readouterr().err.strip().splitlines()
+             if ": source: " not in line]  # the layout line
     assert status == 1 and len(lines) == 1, lines
     assert lines[0].startswith("folder2shards.py: error: ") and message in lines[0]
     if case == "foreign files":
@@ -319,8 +320,11 @@ def test_cli_error_has_no_traceback(tmp_path):
 def test_make_convert_imagenet_format_shards():
     result = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out", "FORMAT=shards")
     assert result.returncode == 0, result.stderr
-    assert "folder2shards.py --dataset /in/train -o /out/train -j 8 --shuffle-seed 0" in \
-        result.stdout
-    assert "folder2shards.py --dataset /in/val -o /out/val -j 8" in result.stdout
+    assert "folder2shards.py --dataset /in --split train -o /out/train -j 8 --shuffle-seed 0" \
+        in result.stdout
+    assert "folder2shards.py --dataset /in --split val -o /out/val -j 8\n" in result.stdout
     default = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out").stdout
-    assert "folder2lmdb.py --dataset /in/train -o /out/train -j 8 --shuffle-seed 0" in default
+    assert "folder2lmdb.py --dataset /in --split train -o /out/train -j 8 --shuffle-seed 0" \
+        in default
+    partial = make("-n", "convert-imagenet", "IMAGENET=/in", "OUT=/out", "ALLOW_PARTIAL=1").stdout
+    assert "--split val -o /out/val -j 8 --allow-partial\n" in partial

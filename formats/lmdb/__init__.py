@@ -11,8 +11,10 @@ the database
   (:mod:`formats.images` decides which), and ``label`` an ``int``, torchvision ``ImageFolder``'s
   ``class_to_idx`` of its folder;
 * the metadata record under :data:`META_KEY`: msgpack of ``{"format", "version", "count",
-  "classes", "shuffle_seed"}``, ``classes`` the class folder names (WNIDs) in sorted order,
-  ``shuffle_seed`` the seed of the records' order or None for class-sorted order. It is written
+  "classes", "shuffle_seed"}`` and optionally ``"names"``: ``classes`` the class folder names
+  (WNIDs) in sorted order, ``shuffle_seed`` the seed of the records' order or None for
+  class-sorted order, ``names`` the classes' human-readable names where the source has them
+  (an optional key: version-1 readers ignore it). It is written
   in the last transaction, so a database whose conversion did not finish has none and is never
   opened as complete;
 * the checksum record under :data:`CHECKSUMS_KEY`, written in that same last transaction: the

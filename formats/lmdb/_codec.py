@@ -29,12 +29,15 @@ class LMDBFormatError(ValueError):
 class Metadata:
     """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``;
     ``shuffle_seed``: the seed of the records' order (``folder2lmdb.py --shuffle-seed``), or
-    None for ImageFolder's class-sorted order (also what databases from before it read as)."""
+    None for ImageFolder's class-sorted order (also what databases from before it read as);
+    ``names``: the classes' human-readable names (an optional key, absent where the source has
+    none and in databases written before it)."""
 
     count: int
     classes: tuple[str, ...]
     version: int = FORMAT_VERSION
     shuffle_seed: int | None = None
+    names: tuple[str, ...] | None = None  # human-readable class names, where the source has them
 
 
 def record_key(index: int) -> bytes:
@@ -97,9 +100,10 @@ def decode_record(value: bytes) -> tuple[bytes, int]:
 
 def encode_meta(meta: Metadata) -> bytes:
     """Pack the metadata record."""
+    extra = {"names": list(meta.names)} if meta.names is not None else {}
     return msgpack.packb(
         {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
-         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed},
+         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed, **extra},
         use_bin_type=True,
     )
 
@@ -121,8 +125,10 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
         raise LMDBFormatError(
             f"{path}: format version {meta['version']} is newer than this reader's "
             f"{FORMAT_VERSION}; update the code")
+    names = meta.get("names")
     return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
-                    shuffle_seed=meta.get("shuffle_seed"))
+                    shuffle_seed=meta.get("shuffle_seed"),
+                    names=tuple(names) if names is not None else None)
 
 
 def is_lmdb(path: str) -> bool:

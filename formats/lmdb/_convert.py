@@ -16,8 +16,9 @@ from itertools import islice
 import lmdb
 import msgpack
 
-from formats.conversion import REPORT_NAME, ConversionError, Summary, fingerprint, write_report
-from formats.images import CHECKS, DatasetError, Listing, check_files, list_sources
+from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
+                                stage, stage_folder, unstage, write_report)
+from formats.images import CHECKS, Listing, check_files
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, Metadata,
                      encode_checksums, encode_meta, encode_record, record_checksum, record_key)
@@ -39,8 +40,11 @@ def _crc_key(first_record: int) -> bytes:
 def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False,
             map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
             strict: bool = False, shuffle_seed: int | None = None,
-            check: str = "full") -> Summary:
-    """Convert the image folder ``dataset`` into the LMDB directory ``output``.
+            check: str = "full", split: str | None = None,
+            allow_partial: bool = False) -> Summary:
+    """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
+    ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
+    ``allow_partial``) into the LMDB directory ``output``.
 
     ``workers`` threads read and check the files (``formats.images.check_image`` under
     ``check``, ``"full"`` or ``"header"``: see :mod:`formats.images`); every
@@ -58,10 +62,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     start = time.perf_counter()
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
-    try:
-        listing = list_sources(dataset)
-    except DatasetError as exc:
-        raise ConversionError(str(exc)) from None
+    listing = open_source("folder2lmdb.py", dataset, split, allow_partial, progress)
     if shuffle_seed is not None:
         listing = listing.shuffled(shuffle_seed)  # the fingerprint below covers the order
     for name in listing.empty_classes:
@@ -82,10 +83,12 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
+        stage(listing, stage_folder(output), progress)
         _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
                        check)
     finally:
         writer.close()
+    unstage(stage_folder(output))
     return Summary(state.records, state.bytes, time.perf_counter() - start, output,
                    state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
                    state.resumed_at)
@@ -108,8 +111,8 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    paths = [src.path for src in files[state.done:]]
-    with closing(check_files(paths, workers, check, ahead=2 * batch_size)) as results, \
+    pending = files[state.done:]
+    with closing(check_files(pending, workers, check, ahead=2 * batch_size)) as results, \
             ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):
@@ -132,7 +135,8 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
                   writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # Last transaction: metadata (none means unfinished: never opened), checksums, no resume state.
-    meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed)
+    meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
+                    names=tuple(listing.names) if listing.names is not None else None)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 
@@ -145,7 +149,7 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
     for src, result in zip(sources, results):
         if isinstance(result, str):  # not an image: the reason
             if strict:
-                raise ConversionError(f"{src.path}: {result} (--strict)")
+                raise ConversionError(f"{src.where()}: {result} (--strict)")
             puts.append((_skip_key(state.skipped), msgpack.packb(
                 [os.fsencode(src.rel), result], use_bin_type=True)))
             state.skipped += 1

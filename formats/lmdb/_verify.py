@@ -3,17 +3,19 @@ optionally, the folder it was converted from."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+
 import lmdb
 
-from formats.conversion import Verification
-from formats.images import Source, check_file, list_sources
+from formats.conversion import Verification, source_to_compare
+from formats.images import Source, check_file
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums, decode_record,
                      last_record_index, open_readonly, read_meta, record_checksum, record_key)
 
 
 def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
-           chunk: int = 256) -> Verification:
+           chunk: int = 256, split: str | None = None) -> Verification:
     """Check the database ``db`` written by ``folder2lmdb.py``; see ``Verification.problems``.
 
     Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
@@ -21,10 +23,11 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     that it decodes with ``loaders.transforms.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
-    same order, shuffled as the metadata's ``shuffle_seed`` says).
+    same order, shuffled as the metadata's ``shuffle_seed`` says); ``dataset`` may be any
+    layout :mod:`formats.sources` reads (with ``split`` for a download folder), so a database
+    converted from the archives verifies against the class folders and the other way round.
     Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
-    with ``db`` is a problem, not an exception.
-    """
+    with ``db`` is a problem, not an exception."""
     result = Verification(db, dataset=dataset, max_problems=max_problems)
     try:
         meta = read_meta(db)
@@ -32,18 +35,17 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         result.problem(str(exc))
         return result
     result.count, result.classes = meta.count, len(meta.classes)
-    listing = list_sources(dataset) if dataset else None
-    if listing is not None and meta.shuffle_seed is not None:
-        listing = listing.shuffled(meta.shuffle_seed)  # the order folder2lmdb.py wrote
+    compared = source_to_compare(dataset, split, db, meta.shuffle_seed) if dataset \
+        else nullcontext(None)
     paths: list[str] = []
-    with open_readonly(db).begin() as txn, \
+    with compared as listing, open_readonly(db).begin() as txn, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         if listing is not None:
             if listing.classes != list(meta.classes):
                 result.problem(f"classes differ from the class folders of {dataset}")
             for first in range(0, len(listing.files), chunk):
                 files = listing.files[first:first + chunk]
-                for src, checked in zip(files, pool.map(check_file, [s.path for s in files])):
+                for src, checked in zip(files, pool.map(check_file, files)):
                     if not isinstance(checked, str):
                         _compare_source(txn, len(paths), src, checked, result)
                         paths.append(src.rel)

@@ -16,7 +16,10 @@ A split is a folder (or the URL of one) holding:
   the member data in bytes). The reader uses it for random access into local shards.
 * ``index.json``: ``{"format": "webdataset-imagenet", "version": 1, "classes": [wnid, ...],
   "seed": int | null, "records": total, "bytes": total tar bytes, "shards": [{"name":
-  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``.
+  "train-000000.tar", "records": n, "bytes": b}, ...], "rules": image-check rules version}``,
+  optionally ``"names"`` (human-readable class names) and, per shard, ``"url"`` (a shard kept
+  elsewhere: foreign shards indexed by ``folder2shards.py --index``); version-1 readers
+  ignore both.
   It is written last, so a split without it is an unfinished conversion.
 * ``progress.json`` (the converter's, kept after it finishes): the settings, and per finished
   shard its records, bytes, SHA-256 and the files skipped; :func:`verify` checks the digests.
@@ -26,17 +29,19 @@ Records follow one global pseudo-random order (``shuffle_seed``, default 0), so 
 mixes all classes. A change to this layout must bump :data:`FORMAT_VERSION` and keep reading
 version 1 (``tests/test_formats_compat.py`` opens shards written before ``formats/`` existed).
 
-API: write with :func:`convert` (or :class:`ShardWriter` record by record); read with
+API: write with :func:`convert` (or :class:`ShardWriter` record by record), index shards
+written by other tools with :func:`index_shards`; read with
 :class:`ShardIndex` and :func:`read_idx`; check with :func:`verify`.
 """
 from ._codec import (FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT,
                      RecordSpan, ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx,
                      record_key, shard_name, source_keys, write_idx)
 from ._convert import PROGRESS_NAME, Progress, ShardSummary, convert, shard_digests
+from ._foreign import IndexSummary, index_shards
 from ._verify import ShardVerification, sha256_file, verify
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
-           "PROGRESS_NAME", "Progress", "RecordSpan", "ShardFormatError", "ShardIndex",
-           "ShardSummary", "ShardVerification", "ShardWriter", "convert", "idx_name", "read_idx",
-           "record_key", "sha256_file", "shard_digests", "shard_name", "source_keys", "verify",
-           "write_idx"]
+           "IndexSummary", "PROGRESS_NAME", "Progress", "RecordSpan", "ShardFormatError",
+           "ShardIndex", "ShardSummary", "ShardVerification", "ShardWriter", "convert",
+           "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",
+           "shard_name", "source_keys", "verify", "write_idx"]

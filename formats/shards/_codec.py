@@ -180,23 +180,29 @@ def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A split's ``index.json``: class names (index = label), the shard files with their record
-    counts and bytes, the conversion's shuffle seed and image-check rules version."""
+    """A split's ``index.json``: class names (WNIDs; index = label), the shard files with their
+    record counts and bytes, the conversion's shuffle seed and image-check rules version;
+    optionally ``names`` (human-readable class names, an optional field version-1 readers
+    ignore) and, per shard, ``url`` (where a shard lives when not beside ``index.json``: a path
+    relative to it, an absolute path or a URL; :mod:`formats.shards._foreign`)."""
 
     classes: list[str]
     shards: list[dict]
     seed: int | None = None
     rules: int | None = None
+    names: list[str] | None = None  # optional: human-readable class names, where known
 
     @property
     def records(self) -> int:
         return sum(s["records"] for s in self.shards)
 
     def to_json(self) -> str:
+        extra = {"names": self.names} if self.names is not None else {}
         return json.dumps({
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "classes": self.classes,
             "seed": self.seed, "rules": self.rules, "records": self.records,
-            "bytes": sum(s["bytes"] for s in self.shards), "shards": self.shards}, indent=1)
+            "bytes": sum(s["bytes"] for s in self.shards), "shards": self.shards, **extra},
+            indent=1)
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
@@ -206,8 +212,11 @@ class ShardIndex:
             if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
                 raise ShardFormatError(f"{name}: not a {FORMAT_NAME} v{FORMAT_VERSION} index")
             shards = [{"name": str(s["name"]), "records": int(s["records"]),
-                       "bytes": int(s["bytes"])} for s in data["shards"]]
-            index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"))
+                       "bytes": int(s["bytes"]), **({"url": str(s["url"])} if "url" in s else {})}
+                      for s in data["shards"]]
+            names = data.get("names")
+            index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
+                        list(names) if names is not None else None)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ShardFormatError):
                 raise

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from formats.conversion import REPORT_NAME, ConversionError, Summary, fingerprint, write_report
-from formats.images import CHECKS, RULES_VERSION, DatasetError, Listing, check_files, list_sources
+from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
+                                stage, stage_folder, unstage, write_report)
+from formats.images import CHECKS, RULES_VERSION, Listing, check_files
 
 from ._codec import INDEX_NAME, ShardIndex, ShardWriter, idx_name, shard_name, source_keys, write_idx
 
@@ -165,36 +166,43 @@ def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> No
     progress.save(output)
 
 
+def _check_outside(listing: Listing, dataset: str, output: str) -> None:
+    """Refuse an ``output`` inside the folder the listing reads (it would become a class)."""
+    source, target = os.path.realpath(listing.root), os.path.realpath(output)
+    if listing.stage is None and os.path.isdir(source) \
+            and os.path.commonpath([source, target]) == source:
+        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+
+
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
-            check: str = "full") -> ShardSummary:
-    """Convert the image folder ``dataset`` into shards in the folder ``output``.
+            check: str = "full", split: str | None = None,
+            allow_partial: bool = False) -> ShardSummary:
+    """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
+    ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
+    ``allow_partial``) into shards in the folder ``output``.
 
-    ``prefix`` names the shards (default: ``dataset``'s base name); ``shard_size`` (bytes) and
-    ``max_per_shard`` (records) bound each shard; ``shuffle_seed`` fixes the record order;
-    ``workers`` threads check the files under ``check`` (``formats.images.CHECKS``). Non-images
-    are skipped and listed in ``output/skipped.tsv`` (with ``strict`` the first is an error).
-    An unfinished conversion of the same files and settings is resumed after its finished
-    shards. Raises
-    :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
-    other files or (without ``overwrite``) another conversion, or cannot be written.
-    """
+    ``prefix`` names the shards (default: ``split``, else ``dataset``'s base name);
+    ``shard_size`` (bytes) and ``max_per_shard`` (records) bound each shard; ``shuffle_seed``
+    fixes the record order; ``workers`` threads check the files under ``check``
+    (``formats.images.CHECKS``). Non-images are skipped and listed in ``output/skipped.tsv``
+    (with ``strict`` the first is an error). An unfinished conversion of the same files and
+    settings resumes after its finished shards; archives read front to back only are staged
+    first (:mod:`formats.sources._staging`). Raises :class:`ConversionError` for bad settings,
+    a bad source, an output that is a file, holds other files or (without ``overwrite``)
+    another conversion, or cannot be written."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
-    prefix = prefix or os.path.basename(os.path.normpath(dataset))
+    prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
     if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
         raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    try:
-        listing = list_sources(dataset).shuffled(shuffle_seed)
-    except DatasetError as exc:
-        raise ConversionError(str(exc)) from None
-    source, target = os.path.realpath(dataset), os.path.realpath(output)
-    if os.path.commonpath([source, target]) == source:
-        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+    listing = open_source("folder2shards.py", dataset, split, allow_partial,
+                          progress).shuffled(shuffle_seed)
+    _check_outside(listing, dataset, output)
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
@@ -207,16 +215,19 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
         raise ConversionError(f"{output}: cannot create the output ({exc.strerror or exc})") \
             from None
     resumed_at = state.done
+    stage(listing, stage_folder(output), progress)
     try:
         _write_shards(listing, state, output, workers, strict, progress, check)
         write_report(os.path.join(output, REPORT_NAME), [
             msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
             for s in state.shards for rel, why in s["skipped"]])
         entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
-        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION).write(output)  # last
+        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION,
+                   names=listing.names).write(output)  # last
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
+    unstage(stage_folder(output))
     return ShardSummary(state.total("records"), state.total("images"),
                         time.perf_counter() - start, output, state.total("reencoded"),
                         state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
@@ -235,14 +246,14 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
-    paths = [src.path for src in files[state.done:]]
-    with closing(check_files(paths, workers, check, ahead=max(32, 16 * workers))) as results:
+    pending = files[state.done:]
+    with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers))) as results:
         for index, result in enumerate(results, state.done):
             src = files[index]
             bar.update(1)
             if isinstance(result, str):  # not an image: the reason
                 if strict:
-                    raise ConversionError(f"{src.path}: {result} (--strict)")
+                    raise ConversionError(f"{src.where()}: {result} (--strict)")
                 (shard.skipped if shard else skipped).append([src.rel, result])
                 continue
             if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],

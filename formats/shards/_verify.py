@@ -9,8 +9,10 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from formats.conversion import REPORT_NAME, Verification
-from formats.images import check_file, list_sources, reencode_reason
+from contextlib import nullcontext
+
+from formats.conversion import REPORT_NAME, Verification, source_to_compare
+from formats.images import check_file, read_source, reencode_reason
 
 from ._codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
                      ShardIndex, idx_name, read_idx, source_keys)
@@ -39,14 +41,16 @@ class ShardVerification(Verification):
 
 
 def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
-           digests: dict[str, str] | None = None) -> ShardVerification:
+           digests: dict[str, str] | None = None, split: str | None = None) -> ShardVerification:
     """Check the shards in ``folder``: ``index.json`` parses; each listed shard exists with the
     size it gives and (if ``digests`` maps its name) that SHA-256; its tar parses into
     ``KEY.jpg`` + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
     gives; labels in range; images baseline JPEGs by their headers; no unlisted ``.tar``. With
     ``dataset``, also each record against the source file its key names (same bytes, or the
     converter's re-encoding; same label; in the order of the index's seed) and every source file
-    either in the shards or in ``skipped.tsv``. Anything wrong is a problem, not an exception;
+    either in the shards or in ``skipped.tsv``; ``dataset`` may be any layout
+    :mod:`formats.sources` reads (``split`` of a download folder). Anything wrong is a problem,
+    not an exception;
     raises :class:`~formats.images.DatasetError` only for a bad ``dataset``."""
     result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
     try:
@@ -60,8 +64,14 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
         return result
     result.count, result.classes = index.records, len(index.classes)
     result.shards, result.checksums = len(index.shards), bool(digests)
-    sources = _Sources(dataset, folder, index, result) if dataset else None
-    with ThreadPoolExecutor(max(1, workers)) as pool:
+    if any("url" in s for s in index.shards):
+        result.problem(f"{folder}: indexes shards written by another tool (folder2shards.py "
+                       "--index); --verify checks shards written by folder2shards.py")
+        return result
+    compared = source_to_compare(dataset, split, folder, index.seed) if dataset \
+        else nullcontext(None)
+    with compared as listing, ThreadPoolExecutor(max(1, workers)) as pool:
+        sources = _Sources(listing, folder, index, result) if listing else None
         for shard in index.shards:
             digest = (digests or {}).get(shard["name"])
             for chunk in _shard_records(folder, shard, digest, len(index.classes), result):
@@ -70,12 +80,12 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
                     for text in pool.map(sources.compare, chunk):
                         if text:
                             result.problem(text)
+        if sources:
+            sources.finish()
     listed = {s["name"] for s in index.shards}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".tar") and name not in listed:
             result.problem(f"{name}: a shard not listed in {INDEX_NAME}")
-    if sources:
-        sources.finish()
     return result
 
 
@@ -154,12 +164,9 @@ def _check_idx(path: str, shard: dict, spans: list[RecordSpan], result) -> None:
 class _Sources:
     """``--verify --dataset``: each record against the source file its key names."""
 
-    def __init__(self, dataset: str, folder: str, index: ShardIndex, result: ShardVerification):
-        listing = list_sources(dataset)
-        if index.seed is not None:
-            listing = listing.shuffled(index.seed)
+    def __init__(self, listing, folder: str, index: ShardIndex, result: ShardVerification):
         if listing.classes != index.classes:
-            result.problem(f"classes differ from the class folders of {dataset}")
+            result.problem(f"classes differ from the class folders of {result.dataset}")
         keys = source_keys(listing.classes, listing.files)
         self.files, self.result, self.seen = listing.files, result, []
         self.by_key = {keys[src.rel]: (at, src) for at, src in enumerate(listing.files)}
@@ -178,12 +185,11 @@ class _Sources:
         if label is not None and label != src.label:
             return f"record {key}: label {label}, the source {src.rel} has {src.label}"
         try:
-            with open(src.path, "rb") as f:
-                if f.read() == image:
-                    return None
+            if read_source(src) == image:
+                return None
         except OSError as exc:
-            return f"record {key}: cannot read its source {src.path} ({exc.strerror})"
-        checked = check_file(src.path)  # not stored verbatim: must be the re-encoding
+            return f"record {key}: cannot read its source {src.where()} ({exc.strerror})"
+        checked = check_file(src)  # not stored verbatim: must be the re-encoding
         if isinstance(checked, str) or checked.data != image:
             return f"record {key}: image bytes differ from the source {src.rel}"
         return None

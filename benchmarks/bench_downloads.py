@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Converting ImageNet as downloaded: the train tar read in place against the extracted class
+folders, and every layout's disk space and conversion time per 1,000 images.
+
+    python benchmarks/bench_downloads.py [--sample ../shared/data/imagenet-sample] [--copies 8]
+                                         [--rounds 6] [--layouts folder official ...]
+                                         [--tmp DIR] [--out report.json]
+
+The sample's 250 real ImageNet JPEGs are copied ``--copies`` times under distinct names
+(``<wnid>_<name>_<k>.JPEG``: 2,000 files by default) into a class-folder tree, and each
+download layout is built from that tree with ``tests/replicas.py``: ``official`` (a train tar
+of per-class tars), ``kaggle``, ``hf-parquet``, ``hf-targz``; ``folder`` is the tree itself.
+Each round converts the train split of every layout, one after the other, in alternating order
+(A B C, C B A, ...: no layout always runs first or right after the same one),
+through ``folder2lmdb.convert`` with the converter's defaults and the flags of ``make
+convert-imagenet`` (``--split train --shuffle-seed 0``, ``--allow-partial`` since this is not
+all of ImageNet), output on disk under ``--tmp``, ``--overwrite``; its time is the converter's
+own (listing, indexing the tar, staging, fingerprint, checking, writing, the final sync). The
+page cache holds every layout after the first round (as it would a download smaller than
+memory). Medians over ``--rounds`` are printed in images/s, with each layout's ratio to
+``folder``, and per layout the disk space of its train files (allocated blocks) per 1,000
+images, the output's, and the extra disk the conversion needs beside the output (the staging
+copy of the Parquet and ``.tar.gz`` layouts; none for the others).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+LAYOUTS = ("folder", "official", "kaggle", "hf-parquet", "hf-targz")
+_MiB = 1 << 20
+
+
+def replicate(sample: str, target: str, copies: int) -> int:
+    """A sample-like folder ``target/train/<wnid>/<wnid>_<name>_<k>.JPEG`` with ``copies``
+    real copies of every train image of ``sample``; returns the number of files."""
+    from tests.replicas import train_images
+
+    count = 0
+    for wnid, name, path in train_images(sample):
+        os.makedirs(os.path.join(target, "train", wnid), exist_ok=True)
+        stem, ext = os.path.splitext(name)
+        for k in range(copies):
+            shutil.copyfile(path, os.path.join(target, "train", wnid, f"{stem}_{k}{ext}"))
+            count += 1
+    return count
+
+
+def build(layout: str, replica: str, root: str) -> tuple[str, list[str]]:
+    """``(what to pass as --dataset, the layout's train files)`` of ``layout``."""
+    from tests import replicas
+
+    if layout == "folder":
+        train = os.path.join(replica, "train")
+        return replica, glob.glob(os.path.join(train, "*", "*"))
+    where = os.path.join(root, layout)
+    {"official": replicas.write_official, "kaggle": replicas.write_kaggle,
+     "hf-parquet": replicas.write_hf_parquet, "hf-targz": replicas.write_hf_targz}[layout](
+        where, replica)
+    pattern = {"official": "ILSVRC2012_img_train.tar", "kaggle": "ILSVRC/Data/CLS-LOC/train/*/*",
+               "hf-parquet": "data/train-*.parquet", "hf-targz": "data/train_images_*"}[layout]
+    return where, glob.glob(os.path.join(where, pattern))
+
+
+def disk_bytes(paths: list[str]) -> int:
+    """Allocated bytes of ``paths`` (``st_blocks``; symbolic links followed)."""
+    return sum(os.stat(p).st_blocks * 512 for p in paths)
+
+
+def folder_bytes(folder: str) -> int:
+    """Allocated bytes of every file under ``folder``."""
+    return disk_bytes([os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs])
+
+
+def run(opts: argparse.Namespace, tmp: str) -> dict:
+    """Interleaved rounds over ``opts.layouts``; medians, ratios and disk figures."""
+    import folder2lmdb
+    from formats.conversion import stage_folder
+    from loaders import retain_freed_memory
+
+    retain_freed_memory()  # as the command line does
+    replica = os.path.join(tmp, "replica")
+    images = replicate(opts.sample, replica, opts.copies)
+    built = {layout: build(layout, replica, tmp) for layout in opts.layouts}
+    rates: dict[str, list[float]] = {layout: [] for layout in opts.layouts}
+    out = os.path.join(tmp, "out")
+    staged: dict[str, int] = {}
+    for round_ in range(opts.rounds):
+        order = list(built.items())
+        for layout, (dataset, _) in order[::-1] if round_ % 2 else order:  # A B C, C B A, ...
+            summary = folder2lmdb.convert(dataset, out, overwrite=True, progress=False,
+                                          shuffle_seed=0, split="train", allow_partial=True)
+            rates[layout].append(summary.images / summary.seconds)
+            staged[layout] = summary.bytes if layout.startswith("hf-") else 0
+            assert not os.path.exists(stage_folder(out))
+        print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
+            f"{layout} {values[-1]:.0f}" for layout, values in rates.items()) + " images/s",
+            flush=True)
+    output = folder_bytes(out)
+    base = statistics.median(rates[opts.layouts[0]])
+    results = []
+    for layout, (_, files) in built.items():
+        rate = statistics.median(rates[layout])
+        results.append({"layout": layout, "images_per_sec": rate, "ratio_to_first": rate / base,
+                        "seconds_per_1000": 1000 / rate, "rounds": rates[layout],
+                        "mib_per_1000": disk_bytes(files) / images * 1000 / _MiB,
+                        "extra_mib_per_1000": staged[layout] / images * 1000 / _MiB})
+    return {"images": images, "copies": opts.copies, "output_mib_per_1000":
+            output / images * 1000 / _MiB, "results": results}
+
+
+def print_report(report: dict, first: str) -> None:
+    print(f"\n{report['images']} images ({report['copies']} copies of the sample), train "
+          f"split, folder2lmdb.convert defaults, medians; output LMDB "
+          f"{report['output_mib_per_1000']:.1f} MiB per 1,000 images")
+    print(f"{'layout':<12} {'images/s':>9} {'vs ' + first:>10} {'s/1000':>7} "
+          f"{'MiB/1000':>9} {'extra MiB/1000':>15}")
+    for r in report["results"]:
+        print(f"{r['layout']:<12} {r['images_per_sec']:>9.0f} {r['ratio_to_first']:>10.1%} "
+              f"{r['seconds_per_1000']:>7.2f} {r['mib_per_1000']:>9.1f} "
+              f"{r['extra_mib_per_1000']:>15.1f}")
+
+
+def main(argv=None) -> int:
+    from tests.replicas import SAMPLE
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", default=SAMPLE, help="the imagenet-sample folder")
+    parser.add_argument("--copies", type=int, default=8, help="copies of each image (default 8)")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
+                        help="layouts to convert; ratios are to the first (default: all)")
+    parser.add_argument("--tmp", help="folder for the replicas and output (default: a new "
+                                      "temporary folder, deleted afterwards)")
+    parser.add_argument("--out", help="also write the report as JSON here")
+    opts = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(opts.sample, "train")):
+        parser.error(f"{opts.sample}: no train/ (the imagenet-sample folder)")
+    from formats.conversion import ConversionError
+    from formats.sources import DatasetError
+
+    tmp = tempfile.mkdtemp(prefix="bench_downloads_", dir=opts.tmp)
+    try:
+        report = run(opts, tmp)
+    except (ConversionError, DatasetError, OSError) as exc:
+        print(f"bench_downloads.py: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_report(report, opts.layouts[0])
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

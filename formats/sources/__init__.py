@@ -1,0 +1,129 @@
+"""Where the converters read images from: each ImageNet download as it is distributed, told
+apart by :func:`detect` and listed by :func:`open_dataset` into one :class:`Listing` of
+:class:`Source` s (the image's file, or its archive and byte offset; its class-folder path
+``rel``; its label).
+
+Layouts (one module each):
+
+- :mod:`~formats.sources.folder`: class folders ``<split>/<wnid>/*`` (the extracted layout;
+  what ``--dataset DIR/train`` has always read);
+- :mod:`~formats.sources.imagenet_tars`: image-net.org's ``ILSVRC2012_img_train.tar`` (read in
+  place), ``ILSVRC2012_img_val.tar`` (or its flat folder) and ``ILSVRC2012_devkit_t12``;
+- :mod:`~formats.sources.kaggle`: Kaggle's ``ILSVRC/Data/CLS-LOC`` tree and its CSV;
+- :mod:`~formats.sources.huggingface`: Hugging Face's Parquet files or ``.tar.gz`` revision
+  (staged to one seekable file first, :mod:`~formats.sources._staging`).
+
+Whatever the layout, ``classes`` are the sorted WNIDs (torchvision's and Hugging Face's order)
+and every source's ``rel`` is the path the extracted class folders give that image, so a
+shuffled conversion (``Listing.shuffled``) writes the same records in the same order from
+every layout. A known layout must hold all of ImageNet (:data:`EXPECTED`) unless
+``allow_partial``.
+"""
+from __future__ import annotations
+
+import os
+
+from ._listing import DatasetError, Listing, Source, read_source
+from .folder import list_sources
+
+__all__ = ["DatasetError", "EXPECTED", "Listing", "Source", "SPLITS", "detect",
+           "list_sources", "open_dataset", "read_source"]
+
+SPLITS = ("train", "val")
+# ILSVRC-2012: images per split and classes (Russakovsky et al. 2015, table 1; the devkit).
+EXPECTED = {"train": 1_281_167, "val": 50_000, "classes": 1_000}
+
+
+def _is_class_folders(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and any(
+            e.is_dir() and not e.name.startswith(".") for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+def detect(path: str, split: str | None = None) -> tuple[str, str]:
+    """``(layout, location)``: which download ``path`` holds for ``split`` (``"train"`` or
+    ``"val"``; None: ``path`` is the split itself, a folder of class folders or one archive)
+    and the file or folder to read it from. Layouts: ``"class folders"``, ``"imagenet
+    tars"``, ``"kaggle"``, ``"huggingface"``. Raises :class:`DatasetError` saying what was
+    looked for."""
+    from . import huggingface, imagenet_tars as tars, kaggle
+
+    if split is None:
+        if os.path.isfile(path) and path.endswith(".tar"):
+            return "imagenet tars", path
+        if _is_class_folders(path) and not os.path.isdir(os.path.join(path, kaggle.TREE)):
+            return "class folders", path
+        if not os.path.isdir(path):
+            raise DatasetError(f"{path}: no such directory")
+        raise DatasetError(f"Couldn't find any class folder in {path}. For a download folder "
+                           "(the official tars, Kaggle's or Hugging Face's) give --split train "
+                           "or val")
+    if split not in SPLITS:
+        raise DatasetError(f"--split {split!r}: train or val")
+    if not os.path.isdir(path):
+        raise DatasetError(f"{path}: no such directory")
+    if os.path.isdir(os.path.join(path, kaggle.TREE, split)):
+        return "kaggle", path
+    if huggingface.find_files(path, split)[1]:
+        return "huggingface", path
+    names = {"train": (tars.TRAIN_TAR, "ILSVRC2012_img_train"),
+             "val": (tars.VAL_TAR, "ILSVRC2012_img_val")}
+    for name in names[split]:
+        if os.path.exists(os.path.join(path, name)):
+            return "imagenet tars", os.path.join(path, name)
+    folder = os.path.join(path, split)
+    if _is_class_folders(folder):
+        return "class folders", folder
+    if os.path.isdir(folder) and tars.find_devkit(path):
+        return "imagenet tars", folder  # the val tar extracted flat, or the class tars of train
+    raise DatasetError(
+        f"{path}: found no {split} split: looked for class folders {split}/<wnid>/, "
+        f"{names[split][0]} (+ {tars.DEVKIT}), Kaggle's {kaggle.TREE}/{split}/ and Hugging "
+        f"Face's data/*.parquet or data/*.tar.gz")
+
+
+def open_dataset(path: str, split: str | None = None, allow_partial: bool = False) -> Listing:
+    """The :class:`Listing` of ``split`` of the download at ``path`` (see :func:`detect`).
+    Unless ``allow_partial``, a known layout (not class folders) must hold :data:`EXPECTED`'s
+    images and classes. Raises :class:`DatasetError` (one line naming the file) for anything
+    missing, damaged or inconsistent."""
+    from . import huggingface, imagenet_tars as tars, kaggle
+
+    layout, where = detect(path, split)
+    if layout == "class folders":
+        return list_sources(where)
+    if layout == "kaggle":
+        listing = kaggle.list_kaggle(where, split)
+    elif layout == "huggingface":
+        listing = huggingface.list_huggingface(where, split)
+    else:
+        split = split or ("val" if "val" in os.path.basename(where) else "train")
+        devkit = tars.find_devkit(os.path.dirname(os.path.abspath(where)))
+        lister = tars.list_train if split == "train" else tars.list_val
+        listing = lister(where, devkit)
+    if not allow_partial:
+        _check_counts(listing, split, layout)
+    return listing
+
+
+def _check_counts(listing: Listing, split: str, layout: str) -> None:
+    """Raise :class:`DatasetError` naming what is missing if ``listing`` is not all of
+    ImageNet's ``split``."""
+    problems = []
+    if len(listing.classes) != EXPECTED["classes"]:
+        problems.append(f"{len(listing.classes):,} classes, ImageNet has "
+                        f"{EXPECTED['classes']:,}")
+    if listing.empty_classes:
+        first = listing.empty_classes[0]
+        what = f"{first}.tar" if layout == "imagenet tars" and split == "train" else first
+        more = f" and {len(listing.empty_classes) - 1:,} more" if len(listing.empty_classes) > 1 \
+            else ""
+        problems.append(f"no images of class {what}{more}")
+    if len(listing.files) != EXPECTED[split]:
+        problems.append(f"{len(listing.files):,} {split} images, ImageNet has "
+                        f"{EXPECTED[split]:,}")
+    if problems:
+        raise DatasetError(f"{listing.root}: " + "; ".join(problems) + " (an incomplete "
+                           "download? --allow-partial converts what is there)")

@@ -1,0 +1,42 @@
+"""The extracted layout: a folder of class folders (``root/<wnid>/<image>``), as torchvision's
+``ImageFolder`` reads it."""
+from __future__ import annotations
+
+import os
+
+from ._listing import DatasetError, Listing, Source
+
+
+def list_sources(root: str) -> Listing:
+    """Classes and candidate files of the image folder ``root``.
+
+    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
+    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
+    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
+    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
+    their extension: content decides (:mod:`formats.images`). Hidden files and directories and
+    files directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses
+    it). Raises :class:`DatasetError` if ``root`` is missing, has no class folder or no file.
+    """
+    if not os.path.isdir(root):
+        raise DatasetError(f"{root}: no such directory")
+    try:
+        classes = sorted(e.name for e in os.scandir(root)
+                         if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise DatasetError(f"{root}: cannot list ({exc.strerror})") from None
+    if not classes:
+        raise DatasetError(f"Couldn't find any class folder in {root}.")
+    files, empty = [], []
+    for label, name in enumerate(classes):
+        walked = []
+        for dirpath, dirnames, fnames in os.walk(os.path.join(root, name), followlinks=True):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            walked.append((dirpath, sorted(f for f in fnames if not f.startswith("."))))
+        found = [os.path.join(d, f) for d, fnames in sorted(walked) for f in fnames]
+        files += [Source(path, os.path.relpath(path, root), label) for path in found]
+        if not found:
+            empty.append(name)
+    if not files:
+        raise DatasetError(f"{root}: no files in its {len(classes)} class folders")
+    return Listing(root, classes, files, empty, layout=f"class folders {root}")

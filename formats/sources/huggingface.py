@@ -1,0 +1,181 @@
+"""Hugging Face's ``ILSVRC/imagenet-1k``, as its repository folder is downloaded:
+
+* Parquet (current revision): ``data/train-*.parquet``, ``data/validation-*.parquet`` with the
+  columns ``image`` (a struct of ``bytes`` and ``path``) and ``label`` (an index into the sorted
+  WNIDs of the repository's ``classes.py``); read with pyarrow, by row group.
+* ``.tar.gz`` (earlier revisions): ``data/train_images_{0..4}.tar.gz``,
+  ``data/val_images.tar.gz``, whose file names carry the WNID.
+
+File names in both are the dataset loading script's ``<IMAGE_FILENAME>_<SYNSET_ID>.JPEG``
+(``n01440764_10026_n01440764.JPEG``, ``ILSVRC2012_val_00000001_n01751748.JPEG``; the script
+takes the WNID after the last ``_``), so each image gets the ``rel`` the class-folder layout
+has (``n01440764/n01440764_10026.JPEG``, ``n01751748/ILSVRC2012_val_00000001.JPEG``).
+Neither is seekable per image (gzip streams; Parquet pages hold many images, compressed), so
+their bytes are copied to one seekable staging file, front to back, before the shuffled
+conversion reads them (:mod:`formats.sources._staging`).
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import re
+import tarfile
+
+from ._listing import DatasetError, Listing, Source, class_listing
+
+CLASSES_PY = "classes.py"
+_SPLIT_FILES = {"train": ("train-*.parquet", "train_images_*.tar.gz"),
+                "val": ("validation-*.parquet", "val_images.tar.gz")}
+_NAME = re.compile(r"(.+)_(n\d{8})(\.[A-Za-z]+)")
+
+
+def find_files(root: str, split: str) -> tuple[str, list[str]]:
+    """``("parquet" | "tar.gz", files)`` of ``split`` in the repository folder ``root``
+    (its ``data/`` folder or ``root`` itself), or ``("", [])``."""
+    for kind, pattern in zip(("parquet", "tar.gz"), _SPLIT_FILES[split]):
+        for folder in (os.path.join(root, "data"), root):
+            found = sorted(glob.glob(os.path.join(folder, pattern)))
+            if found:
+                return kind, found
+    return "", []
+
+
+def read_classes_py(root: str) -> tuple[list[str], list[str]] | None:
+    """Sorted WNIDs and names of ``IMAGENET2012_CLASSES`` in ``root/classes.py`` (its literal
+    read with ``ast``, never executed), or None without the file. Raises
+    :class:`DatasetError` if it holds no such literal or its WNIDs are not sorted."""
+    path = os.path.join(root, CLASSES_PY)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                    getattr(t, "id", "") == "IMAGENET2012_CLASSES" for t in node.targets):
+                value = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
+                pairs = ast.literal_eval(value)
+                pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs)
+                break
+        else:
+            raise ValueError("no IMAGENET2012_CLASSES")
+    except (OSError, SyntaxError, ValueError, IndexError, AttributeError) as exc:
+        raise DatasetError(f"{path}: cannot read IMAGENET2012_CLASSES ({exc})") from None
+    wnids = [str(w) for w, _ in pairs]
+    if wnids != sorted(wnids):
+        raise DatasetError(f"{path}: IMAGENET2012_CLASSES is not in sorted WNID order")
+    return wnids, [str(n) for _, n in pairs]
+
+
+def class_rel(name: str) -> tuple[str, str] | None:
+    """``(wnid, rel)`` of a file name ``<IMAGE_FILENAME>_<WNID>.JPEG`` (any folder), or None."""
+    match = _NAME.fullmatch(os.path.basename(name))
+    return (match[2], f"{match[2]}/{match[1]}{match[3]}") if match else None
+
+
+def list_huggingface(root: str, split: str) -> Listing:
+    """The ``split`` of the Hugging Face repository folder ``root``. Sources are
+    ``(file, item number)`` until staged (``offset``: the Parquet row or tar member number).
+    Raises :class:`DatasetError` for a file without Hugging Face's columns, an unreadable file,
+    a name without a WNID, a WNID outside ``classes.py`` or a label that disagrees with it."""
+    kind, paths = find_files(root, split)
+    if not paths:
+        raise DatasetError(f"{root}: no Hugging Face {split} files (data/*.parquet or "
+                           "data/*.tar.gz)")
+    known = read_classes_py(root)
+    items = []  # (path, number, name, label or None)
+    for path in paths:
+        items += _parquet_items(path) if kind == "parquet" else _targz_items(path)
+    classes, names = known or (sorted({class_rel(n)[0] for _, _, n, _ in items
+                                       if n and class_rel(n)}), None)
+    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    files = [_source(path, number, name, label, classes, label_of)
+             for path, number, name, label in items]
+    from ._staging import stage_sequential
+
+    via = f"labels from {CLASSES_PY}" if known else f"no {CLASSES_PY}: classes from file names"
+    listing = class_listing(root, classes, files, f"Hugging Face {kind}: {len(paths)} "
+                            f"{split} files in {os.path.dirname(paths[0])} ({via})", names)
+    listing.stage = stage_sequential
+    return listing
+
+
+def _source(path: str, number: int, name: str | None, label: int | None, classes: list[str],
+            label_of: dict[str, int]) -> Source:
+    """The source of item ``number`` of ``path``, checked against its label."""
+    found = class_rel(name) if name else None
+    if found is None and (label is None or not 0 <= label < len(classes)):
+        raise DatasetError(f"{path}: item {number}: {name!r} names no WNID "
+                           "(<IMAGE_FILENAME>_<WNID>.JPEG)")
+    if found is None:  # Parquet row without a path: named after its row
+        return Source(path, f"{classes[label]}/{os.path.basename(path)}_{number}.JPEG", label,
+                      number)
+    wnid, rel = found
+    if wnid not in label_of:
+        raise DatasetError(f"{path}: {name}: {wnid} is not a class of {CLASSES_PY}")
+    if label is not None and label != label_of[wnid]:
+        raise DatasetError(f"{path}: row {number}: label {label}, but {name} is class "
+                           f"{label_of[wnid]} ({wnid})")
+    return Source(path, rel, label_of[wnid], number)
+
+
+def _parquet_items(path: str) -> list[tuple[str, int, str | None, int]]:
+    """``(path, row, image path, label)`` of a Parquet file, without reading the images."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+        image = schema.field("image").type if "image" in schema.names else None
+        missing = [c for c, ok in (("image", image is not None), ("label", "label" in schema.names))
+                   if not ok]
+        if not missing and not (pa.types.is_struct(image) and image.get_field_index("bytes") >= 0):
+            missing = ["image.bytes"]
+        if missing:
+            raise DatasetError(f"{path}: no column {missing[0]!r} (Hugging Face's schema: "
+                               "image {bytes, path}, label)")
+        has_path = image.get_field_index("path") >= 0
+        table = parquet.read(columns=(["image.path"] if has_path else []) + ["label"])
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+    labels = table.column("label").to_pylist()
+    paths = ([row["path"] for row in table.column("image").to_pylist()] if has_path
+             else [None] * len(labels))
+    return [(path, row, name, label) for row, (name, label) in enumerate(zip(paths, labels))]
+
+
+def _targz_items(path: str) -> list[tuple[str, int, str, None]]:
+    """``(path, member number, name, None)`` of the files of a ``.tar.gz`` (a full read)."""
+    try:
+        with tarfile.open(path, "r|gz") as tar:
+            return [(path, n, info.name, None) for n, info in enumerate(tar) if info.isreg()]
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None
+
+
+def read_items(path: str):
+    """``(item number, bytes)`` of each image of a Parquet file or ``.tar.gz``, front to back
+    (Parquet: one row group at a time). Raises :class:`DatasetError` naming the file."""
+    if path.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            parquet, row = pq.ParquetFile(path), 0
+            for group in range(parquet.metadata.num_row_groups):
+                column = parquet.read_row_group(group, columns=["image.bytes"]).column("image")
+                for value in column.combine_chunks().field("bytes").to_pylist():
+                    yield row, value or b""
+                    row += 1
+        except (OSError, pa.ArrowException) as exc:
+            raise DatasetError(f"{path}: unreadable Parquet file ({exc})") from None
+        return
+    try:
+        with tarfile.open(path, "r|gz") as tar:
+            for number, info in enumerate(tar):
+                if info.isreg():
+                    yield number, tar.extractfile(info).read()
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None

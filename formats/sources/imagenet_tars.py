@@ -1,0 +1,180 @@
+"""The official download from image-net.org, read where it lies (nothing is extracted):
+
+* ``ILSVRC2012_img_train.tar``: 1,000 inner tars ``n01440764.tar``, ... each holding
+  ``n01440764_10026.JPEG``, ...; both levels are uncompressed, so each JPEG is indexed by its
+  byte offset in the outer file (:mod:`formats.sources._tar`) and read with one ``pread``.
+  Also accepted: the outer tar extracted to a folder of the 1,000 inner tars.
+* ``ILSVRC2012_img_val.tar`` (50,000 ``ILSVRC2012_val_00000001.JPEG``, ... in one flat list) or
+  that list extracted to a flat folder; labels from the devkit.
+* ``ILSVRC2012_devkit_t12.tar.gz`` or its extracted folder: ``data/meta.mat`` (read with
+  ``scipy.io.loadmat`` as torchvision's ``datasets.ImageNet`` does: the synsets without
+  children are the 1,000 classes, ``ILSVRC2012_ID`` 1-1000 with their WNID and words) and
+  ``data/ILSVRC2012_validation_ground_truth.txt`` (one ILSVRC2012_ID per val image, in image
+  number order).
+
+The ILSVRC2012_ID order is not the sorted-WNID order: labels are always the index of the WNID
+among the sorted WNIDs (torchvision's ``ImageFolder`` on the extracted folders), and each
+source's ``rel`` is the path ``valprep.sh`` / the train extraction would give it
+(``n01440764/n01440764_10026.JPEG``, ``n01751748/ILSVRC2012_val_00000001.JPEG``).
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+
+from ._listing import DatasetError, Listing, Source, class_listing
+from ._tar import tar_members
+
+TRAIN_TAR, VAL_TAR = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"
+DEVKIT = "ILSVRC2012_devkit_t12"
+META, GROUND_TRUTH = "data/meta.mat", "data/ILSVRC2012_validation_ground_truth.txt"
+_VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})\.JPEG")
+_WNID_TAR = re.compile(r"(n\d{8})\.tar")
+
+
+def find_devkit(folder: str) -> str | None:
+    """The devkit in ``folder``: ``ILSVRC2012_devkit_t12.tar.gz`` or its extracted folder."""
+    for name in (DEVKIT + ".tar.gz", DEVKIT):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return None
+
+
+def _devkit_file(devkit: str, member: str) -> bytes:
+    """The bytes of ``member`` (``data/...``) of the devkit (archive or folder)."""
+    try:
+        if os.path.isdir(devkit):
+            with open(os.path.join(devkit, member), "rb") as f:
+                return f.read()
+        with tarfile.open(devkit, "r:gz") as tar:
+            for info in tar:
+                if info.name.lstrip("./").split("/", 1)[-1] == member:
+                    return tar.extractfile(info).read()
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise DatasetError(f"{devkit}: cannot read {member} ({exc})") from None
+    raise DatasetError(f"{devkit}: no {member} in it")
+
+
+def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
+    """``{ILSVRC2012_ID: (WNID, words)}`` of the devkit's classes (the synsets of
+    ``data/meta.mat`` without children, as torchvision's ``parse_meta_mat``). Raises
+    :class:`DatasetError`."""
+    from scipy.io import loadmat
+
+    try:
+        synsets = loadmat(io.BytesIO(_devkit_file(devkit, META)), squeeze_me=True)["synsets"]
+        rows = [tuple(row)[:5] for row in synsets.ravel()]
+        return {int(idx): (str(wnid), str(words)) for idx, wnid, words, _, children in rows
+                if int(children) == 0}
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise DatasetError(f"{devkit}: {META} is not the devkit's synsets table ({exc})") from None
+
+
+def _ground_truth(devkit: str) -> list[int]:
+    text = _devkit_file(devkit, GROUND_TRUTH).decode("ascii", "replace").split()
+    if not all(t.isdigit() for t in text):
+        raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
+    return [int(t) for t in text]
+
+
+def _classes(devkit: str | None) -> tuple[list[str], list[str] | None]:
+    """Sorted WNIDs and their words, from the devkit."""
+    if devkit is None:
+        return [], None
+    by_wnid = dict(read_meta(devkit).values())
+    classes = sorted(by_wnid)
+    return classes, [by_wnid[w] for w in classes]
+
+
+def list_train(train: str, devkit: str | None) -> Listing:
+    """The train split in ``train`` (the outer tar, or a folder of inner tars), classes from
+    ``devkit`` (else the inner tars' names). Raises :class:`DatasetError` for an unreadable or
+    truncated tar, or an inner tar that is not a devkit class."""
+    classes, names = _classes(devkit)
+    inner = _inner_tars(train)
+    if not classes:
+        classes = sorted(wnid for wnid, _, _, _ in inner)
+    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    files = []
+    for wnid, path, start, size in inner:
+        if wnid not in label_of:
+            raise DatasetError(f"{train}: {wnid}.tar is not one of the {len(classes)} classes "
+                               f"of {devkit}")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            members = tar_members(path, fd, start, size, what=f"{wnid}.tar")
+        finally:
+            os.close(fd)
+        files += [Source(path, f"{wnid}/{os.path.basename(name)}", label_of[wnid], at, n)
+                  for name, at, n in members]
+    if not files:
+        raise DatasetError(f"{train}: no images in it")
+    via = "" if devkit is None else f", labels from {os.path.basename(devkit)}"
+    return class_listing(train, classes, files, f"ImageNet official archives: {train} read in "
+                         f"place ({len(inner)} class tars{via})", names)
+
+
+def _inner_tars(train: str) -> list[tuple[str, str, int, int]]:
+    """``(wnid, file, data offset, size)`` of each class tar: members of the outer tar, or
+    files of a folder."""
+    if os.path.isdir(train):
+        found = sorted(n for n in os.listdir(train) if _WNID_TAR.fullmatch(n))
+        if not found:
+            raise DatasetError(f"{train}: no class tars (n01440764.tar, ...) in it")
+        return [(n[:-4], os.path.join(train, n), 0, os.path.getsize(os.path.join(train, n)))
+                for n in found]
+    fd = os.open(train, os.O_RDONLY)
+    try:
+        members = tar_members(train, fd)
+    finally:
+        os.close(fd)
+    inner = []
+    for name, at, size in members:
+        match = _WNID_TAR.fullmatch(os.path.basename(name))
+        if not match:
+            raise DatasetError(f"{train}: {name} is not a class tar (n01440764.tar, ...)")
+        inner.append((match[1], train, at, size))
+    return inner
+
+
+def list_val(val: str, devkit: str | None) -> Listing:
+    """The val split in ``val`` (its tar, or the flat folder it extracts to), labels from the
+    devkit's ground truth. Raises :class:`DatasetError` for a missing devkit, a ground truth of
+    another length than the images, or a file that is not ``ILSVRC2012_val_NNNNNNNN.JPEG``."""
+    if devkit is None:
+        raise DatasetError(f"{val}: the val labels are in the devkit: put {DEVKIT}.tar.gz "
+                           "(or its extracted folder) beside it")
+    if os.path.isdir(val):
+        names = sorted(n for n in os.listdir(val) if not n.startswith("."))
+        images = [(n, os.path.join(val, n), -1, -1) for n in names]
+    else:
+        fd = os.open(val, os.O_RDONLY)
+        try:
+            images = [(os.path.basename(n), val, at, size)
+                      for n, at, size in tar_members(val, fd)]
+        finally:
+            os.close(fd)
+    meta, truth = read_meta(devkit), _ground_truth(devkit)
+    classes = sorted(wnid for wnid, _ in meta.values())
+    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    if len(truth) != len(images):
+        raise DatasetError(f"{devkit}: {GROUND_TRUTH} has {len(truth)} labels for the "
+                           f"{len(images)} images of {val}")
+    files = []
+    for name, path, at, size in images:
+        match = _VAL_NAME.fullmatch(name)
+        if not match or not 1 <= int(match[1]) <= len(truth):
+            raise DatasetError(f"{val}: {name} is not ILSVRC2012_val_00000001.JPEG .. "
+                               f"ILSVRC2012_val_{len(truth):08d}.JPEG")
+        idx = truth[int(match[1]) - 1]
+        if idx not in meta:
+            raise DatasetError(f"{devkit}: {GROUND_TRUTH} line {match[1].lstrip('0')}: "
+                               f"ILSVRC2012_ID {idx} is not a class of {META}")
+        wnid = meta[idx][0]
+        files.append(Source(path, f"{wnid}/{name}", label_of[wnid], at, size))
+    by_wnid = dict(meta.values())
+    return class_listing(val, classes, files, f"ImageNet official archives: {val} "
+                         f"(labels from {os.path.basename(devkit)})",
+                         [by_wnid[w] for w in classes])
