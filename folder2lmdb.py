@@ -25,7 +25,7 @@ import lmdb
 
 from formats.cli import converter_parser, run_cli
 from formats.conversion import ConversionError, Summary
-from formats.images import DatasetError
+from formats.sources import DatasetError
 from formats.lmdb import convert, verify
 
 # PyTorch-LMDB's import path: `from folder2lmdb import ImageFolderLMDB` in users' scripts.

@@ -36,7 +36,7 @@ import sys
 
 from formats.cli import converter_parser, parse_size, run_cli
 from formats.conversion import ConversionError
-from formats.images import DatasetError
+from formats.sources import DatasetError
 from formats.shards import (Progress, ShardFormatError, convert, index_shards, shard_digests,
                             verify)
 

@@ -75,7 +75,7 @@ def cores() -> int:
 def replicate(source: str, target: str, copies: int) -> int:
     """Fill ``target`` with ``copies`` symlinks to every file of the class folders of
     ``source`` (``name_K.ext``, same class folder) and return the number of links."""
-    from formats.images import list_sources
+    from formats.sources import list_sources
 
     listing = list_sources(source)  # raises DatasetError for a bad folder
     for name in listing.classes:
@@ -119,7 +119,7 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
     import inspect
 
     import folder2lmdb
-    from formats.images import list_sources
+    from formats.sources import list_sources
 
     files = [src.path for src in list_sources(data).files]
     workers = inspect.signature(folder2lmdb.convert).parameters["workers"].default
@@ -239,7 +239,7 @@ def main_cli(argv=None) -> int:
         print("bench_convert.py: error: --rounds and --copies must be at least 1", file=sys.stderr)
         return 1
     from loaders import retain_freed_memory
-    from formats.images import DatasetError
+    from formats.sources import DatasetError
 
     retain_freed_memory()  # as folder2lmdb.py's command line does (folder2lmdb.run_cli)
     work = tempfile.mkdtemp(prefix="bench_convert_", dir=opts.tmp)

@@ -2,7 +2,7 @@
 """Converting ImageNet as downloaded: the train tar read in place against the extracted class
 folders, and every layout's disk space and conversion time per 1,000 images.
 
-    python benchmarks/bench_downloads.py [--sample ../shared/data/imagenet-sample] [--copies 8]
+    python benchmarks/bench_downloads.py --sample DIR [--copies 8]
                                          [--rounds 6] [--layouts folder official ...]
                                          [--tmp DIR] [--out report.json]
 
@@ -131,10 +131,9 @@ def print_report(report: dict, first: str) -> None:
 
 
 def main(argv=None) -> int:
-    from tests.replicas import SAMPLE
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sample", default=SAMPLE, help="the imagenet-sample folder")
+    parser.add_argument("--sample", required=True,
+                        help="ImageNet-layout folder whose train/<wnid>/ JPEGs are replicated")
     parser.add_argument("--copies", type=int, default=8, help="copies of each image (default 8)")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
@@ -144,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="also write the report as JSON here")
     opts = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(opts.sample, "train")):
-        parser.error(f"{opts.sample}: no train/ (the imagenet-sample folder)")
+        parser.error(f"{opts.sample}: no train/ (an ImageNet-layout folder)")
     from formats.conversion import ConversionError
     from formats.sources import DatasetError
 

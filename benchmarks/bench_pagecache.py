@@ -50,7 +50,7 @@ def build_db(path: str, gib: float, sample: str) -> int:
     (cycled; labels from their folders). Returns the record count."""
     import lmdb
 
-    from formats.images import list_sources
+    from formats.sources import list_sources
     from formats.lmdb import META_KEY, Metadata, encode_meta, encode_record, record_key
 
     listing = list_sources(os.path.join(sample, "train"))

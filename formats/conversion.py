@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from formats.images import REENCODE_QUALITY, RULES_VERSION, Listing
+from formats.images import REENCODE_QUALITY, RULES_VERSION
+from formats.sources import Listing
 from formats.sources import DatasetError, open_dataset
 
 REPORT_NAME = "skipped.tsv"  # inside the output (beside data.mdb, or beside the shards)

@@ -59,9 +59,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-# The listing of a dataset moved to formats.sources; its names stay importable from here.
-from formats.sources._listing import DatasetError, Listing, Source, read_source  # noqa: F401
-from formats.sources.folder import list_sources  # noqa: F401
+from formats.sources import Source, read_source
 
 REENCODE_QUALITY = 95
 # Files per task of check_files: a thread-pool Future per file (its Condition, lock and GIL

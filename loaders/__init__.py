@@ -12,7 +12,7 @@ mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)`` and ``clas
 - Public building blocks: ``decoders`` (whole-image JPEG/PNG/... decode), ``jpeg_window``
   (decoding a RandomResizedCrop window only), ``transforms`` (uint8 RandomResizedCrop + flip,
   resize + centre crop), ``orders`` and ``stream_orders`` (epoch orders: ``order(epoch) ->
-  indices``).
+  indices``), ``shard_streams`` (where a split's shards are: folders, URLs, ``pipe:``).
 - Private runtime: ``_settings`` (LoaderSettings), ``_common`` (DeviceLoader, normalisation),
   ``_shared_batches`` (shared-memory batch slots), ``_cuda_feed`` (page-locked slots, side
   stream), ``_bad_samples`` (replacing and remembering undecodable samples), ``_lean_sampler``,

@@ -14,6 +14,7 @@ from PIL import Image
 import folder2lmdb
 import folder2shards
 from formats import images as image_check
+from formats.sources import list_sources
 from formats.conversion import fingerprint
 from tests.conftest import REPO
 
@@ -112,7 +113,7 @@ def test_full_check_rejects_whatever_pil_rejects():
 
 
 def test_resume_needs_the_same_check(tiny):
-    listing = image_check.list_sources(os.path.join(tiny.root, "train"))
+    listing = list_sources(os.path.join(tiny.root, "train"))
     assert fingerprint(listing, "full") != fingerprint(listing, "header")
     assert fingerprint(listing) == fingerprint(listing, "full")
 

@@ -18,7 +18,8 @@ import msgpack
 
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
                                 stage, stage_folder, unstage, write_report)
-from formats.images import CHECKS, Listing, check_files
+from formats.images import CHECKS, check_files
+from formats.sources import Listing
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, Metadata,
                      encode_checksums, encode_meta, encode_record, record_checksum, record_key)

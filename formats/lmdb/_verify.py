@@ -8,7 +8,8 @@ from contextlib import nullcontext
 import lmdb
 
 from formats.conversion import Verification, source_to_compare
-from formats.images import Source, check_file
+from formats.images import check_file
+from formats.sources import Source
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums, decode_record,
                      last_record_index, open_readonly, read_meta, record_checksum, record_key)

@@ -25,7 +25,8 @@ import msgpack
 
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
                                 stage, stage_folder, unstage, write_report)
-from formats.images import CHECKS, RULES_VERSION, Listing, check_files
+from formats.images import CHECKS, RULES_VERSION, check_files
+from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, ShardWriter, idx_name, shard_name, source_keys, write_idx
 

@@ -57,7 +57,7 @@ def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | No
     """``([(span, label, wnid, class name)], shard bytes)`` of one shard, its members grouped
     by key (WebDataset's rule: the name up to the first dot of its last path component).
     Raises :class:`ShardFormatError` naming the shard."""
-    from loaders.shards import is_stream, open_stream
+    from loaders.shard_streams import is_stream, open_stream
 
     local = not is_stream(url)
     stream = None if local else _Counting(open_stream(url))
@@ -163,7 +163,7 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     from braceexpand import braceexpand
     from tqdm import tqdm
 
-    from loaders.shards import is_stream
+    from loaders.shard_streams import is_stream
 
     start = time.perf_counter()
     if os.path.isdir(spec):

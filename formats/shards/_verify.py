@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from contextlib import nullcontext
 
 from formats.conversion import REPORT_NAME, Verification, source_to_compare
-from formats.images import check_file, read_source, reencode_reason
+from formats.images import check_file, reencode_reason
+from formats.sources import read_source
 
 from ._codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
                      ShardIndex, idx_name, read_idx, source_keys)
