@@ -7,6 +7,10 @@ DEMO ?= demo
 IMAGENET ?=
 OUT ?=
 FORMAT ?= lmdb
+# convert-imagenet: MAX_SIDE=512 QUALITY=90 stores images at most 512 px on the longer side
+MAX_SIDE ?=
+QUALITY ?=
+CAP_FLAGS = $(if $(MAX_SIDE),--max-side $(MAX_SIDE)) $(if $(QUALITY),--quality $(QUALITY))
 JOBS ?= 8
 CONFIG ?= configs/resnet18.yaml
 DATA ?=
@@ -60,11 +64,11 @@ bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
 # take the same arguments here, and both write the training records in a seeded global shuffle.
-convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=shards]: train/ and val/ to LMDB (default) or shards
+convert-imagenet: install ## IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=shards] [MAX_SIDE=512 QUALITY=90]: train/ and val/ to LMDB (default) or shards
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
 	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/imagenet OUT=/path/to/out [FORMAT=lmdb|shards]"; exit 2; }
-	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0
-	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS)
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/train -o $(OUT)/train -j $(JOBS) --shuffle-seed 0 $(CAP_FLAGS)
+	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET)/val -o $(OUT)/val -j $(JOBS) $(CAP_FLAGS)
 
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset
 	@test -n "$(DATA)" || { echo "usage: make train CONFIG=configs/resnet18.yaml DATA=/path/to/data [ARGS='--lmdb']"; exit 2; }

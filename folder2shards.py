@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                              shard_size=parse_size(args.shard_size),
                              max_per_shard=args.max_per_shard, shuffle_seed=args.shuffle_seed,
                              workers=args.workers, strict=args.strict, overwrite=args.overwrite,
-                             check=args.check),
+                             check=args.check, cap=args.cap),
         (ConversionError, DatasetError, ShardFormatError, ValueError, OSError))
 
 

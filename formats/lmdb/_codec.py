@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -29,12 +29,15 @@ class LMDBFormatError(ValueError):
 class Metadata:
     """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``;
     ``shuffle_seed``: the seed of the records' order (``folder2lmdb.py --shuffle-seed``), or
-    None for ImageFolder's class-sorted order (also what databases from before it read as)."""
+    None for ImageFolder's class-sorted order (also what databases from before it read as);
+    ``cap``: the ``--max-side``/``--quality`` fields (:meth:`formats.cap.Cap.record`), empty
+    without a cap (and for databases from before it)."""
 
     count: int
     classes: tuple[str, ...]
     version: int = FORMAT_VERSION
     shuffle_seed: int | None = None
+    cap: dict = field(default_factory=dict)
 
 
 def record_key(index: int) -> bytes:
@@ -99,7 +102,7 @@ def encode_meta(meta: Metadata) -> bytes:
     """Pack the metadata record."""
     return msgpack.packb(
         {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
-         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed},
+         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed, **meta.cap},
         use_bin_type=True,
     )
 
@@ -122,7 +125,8 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
             f"{path}: format version {meta['version']} is newer than this reader's "
             f"{FORMAT_VERSION}; update the code")
     return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
-                    shuffle_seed=meta.get("shuffle_seed"))
+                    shuffle_seed=meta.get("shuffle_seed"),
+                    cap={k: meta[k] for k in ("max_side", "quality") if k in meta})
 
 
 def is_lmdb(path: str) -> bool:

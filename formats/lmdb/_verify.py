@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 import lmdb
 
+from formats.cap import Cap
 from formats.conversion import Verification
 from formats.images import Source, check_file, list_sources
 
@@ -21,7 +22,8 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     that it decodes with ``loaders.transforms.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
-    same order, shuffled as the metadata's ``shuffle_seed`` says).
+    same order, shuffled as the metadata's ``shuffle_seed`` says, capped as its ``max_side`` and
+    ``quality`` say).
     Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
     with ``db`` is a problem, not an exception.
     """
@@ -32,6 +34,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         result.problem(str(exc))
         return result
     result.count, result.classes = meta.count, len(meta.classes)
+    cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
     listing = list_sources(dataset) if dataset else None
     if listing is not None and meta.shuffle_seed is not None:
         listing = listing.shuffled(meta.shuffle_seed)  # the order folder2lmdb.py wrote
@@ -43,7 +46,9 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
                 result.problem(f"classes differ from the class folders of {dataset}")
             for first in range(0, len(listing.files), chunk):
                 files = listing.files[first:first + chunk]
-                for src, checked in zip(files, pool.map(check_file, [s.path for s in files])):
+                checks = pool.map(lambda path: check_file(path, "full", cap),
+                                  [s.path for s in files])
+                for src, checked in zip(files, checks):
                     if not isinstance(checked, str):
                         _compare_source(txn, len(paths), src, checked, result)
                         paths.append(src.rel)

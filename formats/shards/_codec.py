@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 INDEX_NAME = "index.json"
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 1
@@ -181,12 +181,15 @@ def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
 @dataclass(frozen=True)
 class ShardIndex:
     """A split's ``index.json``: class names (index = label), the shard files with their record
-    counts and bytes, the conversion's shuffle seed and image-check rules version."""
+    counts and bytes, the conversion's shuffle seed and image-check rules version; ``cap``:
+    its ``--max-side``/``--quality`` fields (:meth:`formats.cap.Cap.record`), empty without a
+    cap (and in indexes from before it)."""
 
     classes: list[str]
     shards: list[dict]
     seed: int | None = None
     rules: int | None = None
+    cap: dict = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -196,7 +199,8 @@ class ShardIndex:
         return json.dumps({
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "classes": self.classes,
             "seed": self.seed, "rules": self.rules, "records": self.records,
-            "bytes": sum(s["bytes"] for s in self.shards), "shards": self.shards}, indent=1)
+            "bytes": sum(s["bytes"] for s in self.shards), **self.cap, "shards": self.shards},
+            indent=1)
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
@@ -207,7 +211,8 @@ class ShardIndex:
                 raise ShardFormatError(f"{name}: not a {FORMAT_NAME} v{FORMAT_VERSION} index")
             shards = [{"name": str(s["name"]), "records": int(s["records"]),
                        "bytes": int(s["bytes"])} for s in data["shards"]]
-            index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"))
+            index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
+                        {k: int(data[k]) for k in ("max_side", "quality") if k in data})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ShardFormatError):
                 raise
