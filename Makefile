@@ -27,7 +27,7 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test bench convert-imagenet train tensorboard docker-build docker-run clean \
+.PHONY: help install demo test bench bench-ffcv convert-imagenet train tensorboard docker-build docker-run clean \
   gpu-bundle gpu-check
 
 help: ## list the targets
@@ -61,6 +61,15 @@ test: install ## run the test suite (generated data and ../shared/data/imagenet-
 
 bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=... (default: the real sample)
 	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),../shared/data/imagenet-sample) --out bench-output
+
+# FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
+# libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then
+# pinned numpy/numba/OpenCV and ffcv==1.0.2 (benchmarks/ffcv_setup.sh says why each).
+FFCV_VENV ?= .ffcv
+bench-ffcv: install ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=...
+	sh benchmarks/ffcv_setup.sh $(FFCV_VENV) $(PY)
+	$(PY) benchmarks/bench_ffcv.py --data $(or $(DATA),../shared/data/imagenet-sample) \
+	  --ffcv-python $(FFCV_VENV)/bin/python --out bench-output/ffcv
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
 # take the same arguments here, and both write the training records in a seeded global shuffle.
