@@ -43,10 +43,11 @@ STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
 
 
 def _disk(path: str) -> int:
-    """Bytes of a file, or of every file under a folder (apparent sizes)."""
+    """Bytes on disk (allocated blocks) of a file, or of every file under a folder."""
     if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+        return os.stat(path).st_blocks * 512
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512
+               for d, _, fs in os.walk(path) for f in fs)
 
 
 def _lmdb_images(db: str) -> tuple[int, int]:
@@ -114,21 +115,27 @@ def prepare(args, tmp: str) -> dict[str, str]:
 
 
 def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
-    """Each store's timing command at crop ``size``."""
+    """Each store's timing command at crop ``size`` (with ``--base``, also the LMDBs through
+    that checkout's ``main.py``, e.g. the code before a change)."""
     timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
     ours = [sys.executable, os.path.join(REPO, "main.py"), *timing, "--train-crop-size",
             str(size), "--train-batches", str(args.batches), "--benchmark-warmup",
             str(args.warmup), "--seed", "0", "--benchmark-data", "--lmdb"]
     ffcv = [args.ffcv_python, SIDE, "time", *timing, "--size", str(size), "--batches",
             str(args.batches), "--warmup", str(args.warmup), "--beton"]
-    return {"lmdb": [*ours, paths["lmdb"]], "lmdb-512": [*ours, paths["lmdb-512"]],
+    cmds = {"lmdb": [*ours, paths["lmdb"]], "lmdb-512": [*ours, paths["lmdb-512"]],
             "beton-512": [*ffcv, paths["beton-512"]],
             "beton-example": [*ffcv, paths["beton-example"]]}
+    if args.base:
+        base = [ours[0], os.path.join(os.path.abspath(args.base), "main.py"), *ours[2:]]
+        cmds.update({"lmdb@base": [*base, paths["lmdb"]],
+                     "lmdb-512@base": [*base, paths["lmdb-512"]]})
+    return cmds
 
 
 def measure(args, paths: dict[str, str]) -> dict:
     """``{size: {store: [images/s per round]}}``, rounds interleaved over sizes and stores."""
-    runs = {size: {store: [] for store in STORES} for size in args.sizes}
+    runs = {size: {store: [] for store in commands(args, paths, size)} for size in args.sizes}
     for round_ in range(args.rounds):
         for size in args.sizes:
             for store, cmd in commands(args, paths, size).items():
@@ -166,10 +173,20 @@ def print_table(rep: dict) -> None:
         print(f"| {size} px | {m['beton-512']:.0f} | {m['lmdb-512']:.0f} | "
               f"{m['lmdb-512'] / m['beton-512']:.2f}x | {m['lmdb']:.0f} | "
               f"{m['lmdb-512'] / m['lmdb']:.2f}x | {m['beton-example']:.0f} |")
+    if any("lmdb@base" in m for m in rep["median"].values()):
+        print("\n| crop | lmdb, base | lmdb, now | now/base | lmdb-512, base | lmdb-512, now | "
+              "now/base |\n|---|---|---|---|---|---|---|")
+        for size, m in rep["median"].items():
+            print(f"| {size} px | {m['lmdb@base']:.0f} | {m['lmdb']:.0f} | "
+                  f"{m['lmdb'] / m['lmdb@base']:.2f}x | {m['lmdb-512@base']:.0f} | "
+                  f"{m['lmdb-512']:.0f} | {m['lmdb-512'] / m['lmdb-512@base']:.2f}x |")
     n = rep["images"]
     print("\n| store | disk (train) | per 1,000 images |\n|---|---|---|")
     for store, size in rep["disk_bytes"].items():
         print(f"| {store} | {size / 2**20:.1f} MiB | {size / n * 1000 / 2**20:.1f} MiB |")
+    for store, size in rep["image_bytes"].items():
+        print(f"| {store}, image bytes only | {size / 2**20:.1f} MiB | "
+              f"{size / n * 1000 / 2**20:.1f} MiB |")
 
 
 def main(argv=None) -> int:
@@ -185,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--base", metavar="DIR",
+                        help="also time the LMDBs through DIR/main.py (a checkout of other code)")
     args = parser.parse_args(argv)
     if not os.access(args.ffcv_python, os.X_OK):
         print(f"bench_ffcv.py: error: {args.ffcv_python}: no FFCV environment (make bench-ffcv "
