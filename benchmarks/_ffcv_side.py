@@ -18,8 +18,8 @@ be within ``max_resolution``, 512). ``example`` is FFCV's ImageNet example's own
 ``time`` prints one JSON line as ``main.py --benchmark-data`` does (``images``, ``seconds``,
 ``images_per_sec``): RandomResizedCropRGBImageDecoder((size, size)) + RandomHorizontalFlip +
 ToTensor + ToTorchImage, uint8, random order, ``os_cache=True``, epochs cycled, ``warmup``
-batches untimed. FFCV's CPU ``NormalizeImage`` hangs on this machine, so FFCV is timed to uint8
-(ours to uint8 plus normalisation, a little more work).
+batches untimed. FFCV's CPU ``NormalizeImage`` is reported to hang on this machine (not tried),
+so FFCV is timed to uint8 (ours to uint8 plus normalisation, a little more work).
 """
 from __future__ import annotations
 

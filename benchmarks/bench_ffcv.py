@@ -19,8 +19,9 @@ Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and
 fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
 (its defaults otherwise: uint8 batches normalised in the main process), FFCV's through
 ``_ffcv_side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
-``NormalizeImage`` hangs here). Prints a table of median images/s, the ratios the issue targets
-and the disk each store takes (also per 1,000 images), and writes ``OUT/report.json``.
+``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios the
+issue targets and the disk each store takes (also per 1,000 images), and writes
+``OUT/report.json``.
 """
 from __future__ import annotations
 
