@@ -169,7 +169,8 @@ def print_table(rep: dict) -> None:
           f"{rep['config']['batch_size']} -j {rep['config']['workers']}, median of "
           f"{rep['rounds']} interleaved rounds, images/s\n")
     print("| crop | FFCV, beton-512 | ours, lmdb-512 (same bytes) | vs FFCV | ours, lmdb "
-          "(originals) | lmdb-512 vs lmdb | FFCV, beton-example (half raw) |\n|---|---|---|---|---|---|---|")
+          "(originals) | lmdb-512 vs lmdb | FFCV, beton-example (half raw) |\n"
+          "|---|---|---|---|---|---|---|")
     for size, m in rep["median"].items():
         print(f"| {size} px | {m['beton-512']:.0f} | {m['lmdb-512']:.0f} | "
               f"{m['lmdb-512'] / m['beton-512']:.2f}x | {m['lmdb']:.0f} | "

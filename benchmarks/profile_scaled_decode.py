@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scaled JPEG decoders side by side, one thread: ms per window and pixel difference to a full decode.
+"""Scaled JPEG decoders side by side, one thread: ms per window, pixel difference to a full decode.
 
     python benchmarks/profile_scaled_decode.py [--data ../shared/data/imagenet-sample] \\
         [--sizes 160 192 224] [--draws 8] [--rounds 5]
@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loaders import jpeg_scaled, jpeg_window  # noqa: E402
-from loaders.transforms import (RRC_RATIO, RRC_SCALE, decode, random_resized_crop_params,  # noqa: E402
-                                resize)
+from loaders.transforms import (  # noqa: E402
+    RRC_RATIO, RRC_SCALE, decode, random_resized_crop_params, resize)
 
 
 def _whole_scaled(decode_at):
@@ -62,7 +62,7 @@ def candidates() -> dict:
         return resize(jpeg_window.decode_window(data, top, left, bottom - top, right - left), size)
 
     found = {"window, full scale (nvImageCodec)": window,
-             "PIL draft (ours)": lambda d, k, box, size: jpeg_scaled.resized_window(d, k, box, size)}
+             "PIL draft (ours)": jpeg_scaled.resized_window}
     try:
         import simplejpeg
 
