@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loaders import jpeg_scaled
+from loaders import jpeg_scaled, jpeg_window
 from loaders.transforms import (TrainTransform, ValTransform, decode, resize,
                                 resize_center_crop)
 from tests.conftest import REPO
@@ -113,3 +113,23 @@ def test_full_decode_switch_turns_it_off():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["False", "False"]  # both partial decoders off under it
+
+
+def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
+    """So a sample is remembered as bad (loaders/_bad_samples.py) whichever path its window
+    takes: on 140 damaged variants of real JPEGs, the scaled decode declines (and the full
+    decode, which then runs, raises) exactly the ones the full decode refuses."""
+    from tests.test_decoders import damaged_variants
+
+    for data in damaged_variants(blobs[:20]):
+        shape = jpeg_window.jpeg_size(data)
+        if shape is None:
+            continue
+        try:
+            decode(data)
+            full = True
+        except (RuntimeError, OSError):
+            full = False
+        scaled = jpeg_scaled.resized_window(data, 2, (0, 0, *shape), (shape[0] // 2,
+                                                                     shape[1] // 2))
+        assert (scaled is not None) == full
