@@ -7,6 +7,10 @@ DEMO ?= demo
 IMAGENET ?=
 OUT ?=
 FORMAT ?= lmdb
+# convert-imagenet: MAX_SIDE=512 QUALITY=90 stores images at most 512 px on the longer side
+MAX_SIDE ?=
+QUALITY ?=
+CAP_FLAGS = $(if $(MAX_SIDE), --max-side $(MAX_SIDE))$(if $(QUALITY), --quality $(QUALITY))
 JOBS ?= 8
 CONFIG ?= configs/resnet18.yaml
 DATA ?=
@@ -23,8 +27,8 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-slurm bench convert-imagenet train tensorboard docker-build \
-  docker-run clean gpu-bundle gpu-check
+.PHONY: help install demo test test-slurm bench bench-ffcv convert-imagenet train tensorboard \
+  docker-build docker-run clean gpu-bundle gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -78,16 +82,25 @@ ifeq ($(DATA),)
 endif
 	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),bench-data) --out bench-output
 
+# FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
+# libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then
+# pinned numpy/numba/OpenCV and ffcv==1.0.2 (benchmarks/ffcv_setup.sh says why each).
+FFCV_VENV ?= .ffcv
+bench-ffcv: install ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=...
+	sh benchmarks/ffcv_setup.sh $(FFCV_VENV) $(PY)
+	$(PY) benchmarks/bench_ffcv.py --data $(or $(DATA),../shared/data/imagenet-sample) \
+	  --ffcv-python $(FFCV_VENV)/bin/python --out bench-output/ffcv
+
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
 # take the same arguments here, and both write the training records in a seeded global shuffle.
 # IMAGENET is the folder ImageNet was downloaded into, as downloaded: the official tars + devkit,
 # Kaggle's ILSVRC tree, Hugging Face's repository folder, or train/ and val/ class folders
 # (formats/sources detects which; ALLOW_PARTIAL=1 converts an incomplete one).
 ALLOW_PARTIAL ?=
-CONVERT_FLAGS = -j $(JOBS)$(if $(ALLOW_PARTIAL), --allow-partial)
-convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards]: train and val to LMDB (default) or shards
+CONVERT_FLAGS = -j $(JOBS)$(if $(ALLOW_PARTIAL), --allow-partial)$(CAP_FLAGS)
+convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards] [MAX_SIDE=512 QUALITY=90]: train and val to LMDB (default) or shards
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
-	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1]"; exit 2; }
+	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1] [MAX_SIDE=N QUALITY=Q]"; exit 2; }
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split train -o $(OUT)/train $(CONVERT_FLAGS) --shuffle-seed 0
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split val -o $(OUT)/val $(CONVERT_FLAGS)
 

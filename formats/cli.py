@@ -9,7 +9,8 @@ import sys
 import warnings
 from typing import Callable
 
-from formats.images import CHECKS
+from formats.cap import Cap
+from formats.images import CHECKS, REENCODE_QUALITY
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -18,8 +19,8 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
                      overwrite_help: str) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
     ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
-    ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``); each converter adds
-    its own."""
+    ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``, ``--max-side``,
+    ``--quality``); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
                         help="folder of class subfolders, e.g. /imagenet/train, or with --split "
@@ -43,7 +44,19 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     parser.add_argument("--allow-partial", action="store_true",
                         help="convert a download that lacks images or classes of ImageNet "
                              "(default: stop, naming what is missing)")
+    parser.add_argument("--max-side", type=int, metavar="N",
+                        help="store images larger than N pixels on their longer side scaled "
+                             "down to N (area average, as FFCV's max_resolution) and re-encoded "
+                             "at --quality; smaller ones stay byte-exact (default: no cap)")
+    parser.add_argument("--quality", type=int, default=REENCODE_QUALITY, metavar="Q",
+                        help="JPEG quality of every re-encoded image (default: "
+                             f"{REENCODE_QUALITY}; e.g. --max-side 512 --quality 90)")
     return parser
+
+
+def cap_from_args(args) -> Cap:
+    """The :class:`formats.cap.Cap` of ``--max-side`` / ``--quality``. Raises ValueError."""
+    return Cap(args.max_side, args.quality)
 
 
 def parse_size(text: str) -> int:
@@ -77,6 +90,10 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     indexing = getattr(args, "index", None)  # folder2shards.py --index needs no --dataset
     if not args.verify and not indexing and not (args.dataset and args.output):
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
+    try:
+        args.cap = cap_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         if args.verify:
             result = verify_run(args)

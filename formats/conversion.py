@@ -84,19 +84,22 @@ class Verification:
         return f"verified {self.path}: {self.total} problems ({self.what()}{shown})"
 
 
-def fingerprint(listing: Listing, check: str = "full") -> bytes:
+def fingerprint(listing: Listing, check: str = "full", cap=None) -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
-    label, size and mtime (ns), and the image rules, ``check`` and library
-    (:mod:`formats.images`); for an image inside an archive, the archive's size and mtime and
-    the member's offset and size (Parquet, ``.tar.gz``: its row or member number). About 5 us
-    per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A resume needs the same
-    fingerprint."""
+    label, size and mtime (ns), and the image rules, ``check``, ``cap`` (a
+    :class:`formats.cap.Cap`; the default adds nothing, so fingerprints from before it are
+    unchanged) and library (:mod:`formats.images`); for an image inside an archive, the
+    archive's size and mtime and the member's offset and size (Parquet, ``.tar.gz``: its row or
+    member number). About 5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
+    resume needs the same fingerprint."""
     from loaders.decoders import decoder_name
     from loaders.transforms import image_library
 
-    digest = hashlib.sha256(msgpack.packb(
-        [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder_name(),
-         listing.classes, check], use_bin_type=True))
+    settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder_name(),
+                listing.classes, check]
+    if cap is not None and cap.record():
+        settings.append(cap.record())
+    digest = hashlib.sha256(msgpack.packb(settings, use_bin_type=True))
     for src in listing.files:
         try:
             st = os.stat(src.path)

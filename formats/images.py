@@ -20,7 +20,9 @@ file's *content* decides, never its name:
   every other format (PNG, GIF, WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are
   taken as PIL decodes them: the first frame of an animation, alpha dropped (as
   ``decode_image(mode=RGB)`` does), 16-bit samples scaled to 8 bits, EXIF orientation not
-  applied (no decoder here applies it).
+  applied (no decoder here applies it). With a cap (``--max-side``, :mod:`formats.cap`), a
+  baseline JPEG larger than the cap is re-encoded too, scaled down to it, and every
+  re-encoding is scaled down to it and uses its ``--quality``.
 * **not an image** (skipped): empty files, files neither PIL nor ``loaders.decoders`` can
   identify (text, HTML, random bytes) and images that do not decode completely (a truncated
   JPEG that PIL would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo
@@ -159,14 +161,16 @@ class Checked:
     reencoded: str | None = None
 
 
-def check_image(data: bytes, check: str = "full") -> Checked:
-    """Decide what to store for a file's bytes (rules and ``check`` in the module docstring).
+def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
+    """Decide what to store for a file's bytes (rules and ``check`` in the module docstring;
+    ``cap``: a :class:`formats.cap.Cap`, None for none).
 
-    Returns the bytes unchanged for a baseline RGB-decodable JPEG, else a deterministic RGB
-    JPEG re-encoding (:func:`reencode`). Raises :class:`NotAnImage` with the reason if the
-    bytes are not a completely decodable image (under ``check="header"``: if their headers or
-    a complete decode say so), ValueError for a ``check`` not in :data:`CHECKS`. Decoding is
-    CPU work that releases the GIL (PIL and libjpeg-turbo), so callers run this in threads.
+    Returns the bytes unchanged for a baseline RGB-decodable JPEG within the cap, else a
+    deterministic RGB JPEG re-encoding (:func:`reencode`), scaled down to the cap. Raises
+    :class:`NotAnImage` with the reason if the bytes are not a completely decodable image
+    (under ``check="header"``: if their headers or a complete decode say so), ValueError for a
+    ``check`` not in :data:`CHECKS`. Decoding is CPU work that releases the GIL (PIL and
+    libjpeg-turbo), so callers run this in threads.
     """
     if check not in CHECKS:
         raise ValueError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
@@ -174,20 +178,24 @@ def check_image(data: bytes, check: str = "full") -> Checked:
         raise NotAnImage("empty file")
     reason = reencode_reason(data)
     if reason is None:
-        _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg-turbo's
+        size = _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg's
+        if cap is not None and cap.exceeds(size):
+            return Checked(reencode(data, cap), f"larger than --max-side {cap.max_side}")
         if check == "full" or not data.endswith(_EOI):
             _library_decode(data)  # libjpeg-turbo must read it all (it is what loaders use)
         return Checked(data)
-    return Checked(_encode_rgb(_decode(data)), reencoded=reason)
+    return Checked(reencode(data, cap), reencoded=reason)
 
 
-def _identify(data: bytes) -> None:
+def _identify(data: bytes) -> tuple[int, int]:
     """PIL reads the headers of ``data`` (format, size, decompression-bomb limit) without
-    decoding the pixels: about 20 us against 1 ms for a complete decode. Raises NotAnImage."""
+    decoding the pixels: about 20 us against 1 ms for a complete decode. Returns the size
+    (width, height). Raises NotAnImage."""
     from PIL import Image
 
     try:
-        Image.open(io.BytesIO(data)).close()
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
     except Image.DecompressionBombError as exc:
         raise NotAnImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
@@ -195,10 +203,14 @@ def _identify(data: bytes) -> None:
         raise NotAnImage(f"not a decodable image: {message}") from None
 
 
-def reencode(data: bytes) -> bytes:
-    """The baseline RGB JPEG (quality :data:`REENCODE_QUALITY`) that ``check_image`` stores
-    for a file it re-encodes: same library, same bytes. Raises :class:`NotAnImage`."""
-    return _encode_rgb(_decode(data))
+def reencode(data: bytes, cap=None) -> bytes:
+    """The baseline RGB JPEG (quality :data:`REENCODE_QUALITY`, or ``cap.quality``; scaled
+    down to ``cap``, a :class:`formats.cap.Cap`) that ``check_image`` stores for a file it
+    re-encodes: same library, same bytes. Raises :class:`NotAnImage`."""
+    image = _decode(data)
+    if cap is None:
+        return _encode_rgb(image)
+    return _encode_rgb(cap.apply(image), cap.quality)
 
 
 def _decode(data: bytes):
@@ -241,7 +253,7 @@ def _library_decode(data: bytes) -> None:
         raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
 
 
-def _encode_rgb(image) -> bytes:
+def _encode_rgb(image, quality: int = REENCODE_QUALITY) -> bytes:
     import numpy as np
     from PIL import Image
 
@@ -252,15 +264,15 @@ def _encode_rgb(image) -> bytes:
     elif image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # the palette-transparency path PIL asks for
     out = io.BytesIO()
-    image.convert("RGB").save(out, format="JPEG", quality=REENCODE_QUALITY, optimize=False,
+    image.convert("RGB").save(out, format="JPEG", quality=quality, optimize=False,
                               progressive=False)
     return out.getvalue()
 
 
-def check_file(source: str | Source, check: str = "full") -> Checked | str:
+def check_file(source: str | Source, check: str = "full", cap=None) -> Checked | str:
     """:func:`check_image` of the file at ``source`` (a path, or a :class:`Source`, whose bytes
-    may lie inside an archive) under ``check``; instead of raising, the reason (str) why the
-    file is skipped (unreadable or not an image)."""
+    may lie inside an archive) under ``check`` and ``cap``; instead of raising, the reason (str)
+    why the file is skipped (unreadable or not an image)."""
     try:
         if isinstance(source, Source):
             data = read_source(source)
@@ -270,19 +282,19 @@ def check_file(source: str | Source, check: str = "full") -> Checked | str:
     except OSError as exc:
         return f"cannot read: {exc.strerror or exc}"
     try:
-        return check_image(data, check)
+        return check_image(data, check, cap)
     except NotAnImage as exc:
         return str(exc)
 
 
 def check_files(paths: Sequence[str | Source], workers: int, check: str = "full",
-                ahead: int = 128) -> Iterator[Checked | str]:
-    """:func:`check_file` of each of ``paths`` under ``check``, yielded in the order of
-    ``paths``, computed by ``workers`` threads in tasks of :data:`TASK_FILES` files, at most
+                ahead: int = 128, cap=None) -> Iterator[Checked | str]:
+    """:func:`check_file` of each of ``paths`` under ``check`` and ``cap``, yielded in the order
+    of ``paths``, computed by ``workers`` threads in tasks of :data:`TASK_FILES` files, at most
     ``ahead`` files ahead of the consumer (each holds its bytes until consumed). Closing the
     generator cancels what has not started and waits for what has."""
     def task(first: int) -> list[Checked | str]:
-        return [check_file(path, check) for path in paths[first:first + TASK_FILES]]
+        return [check_file(path, check, cap) for path in paths[first:first + TASK_FILES]]
 
     pool, window, following = ThreadPoolExecutor(max(1, workers)), deque(), 0
     try:

@@ -200,8 +200,13 @@ def decoder_name() -> str:
 
 
 def crop_decoder_status() -> str:
-    """One line for the start-up log on how training crops are decoded (``jpeg_window``)."""
-    return jpeg_window.status()
+    """One line for the start-up log on how training crops are decoded (``jpeg_window``, and
+    ``jpeg_scaled`` for windows at least twice the output)."""
+    from . import jpeg_scaled
+
+    scaled = jpeg_window.available() and jpeg_scaled.enabled()
+    return jpeg_window.status() + ("; windows >= 2x the output: libjpeg-turbo DCT scaling "
+                                   "(PIL draft)" if scaled else "")
 
 
 def _tensor(data) -> torch.Tensor:

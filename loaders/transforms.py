@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as nnf
 
 from . import decoders
+from . import jpeg_scaled
 from . import jpeg_window
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -102,9 +103,11 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5).
 
-    The crop window is drawn from the JPEG header's size and only that window is decoded
+    The crop window is drawn from the JPEG header's size. A window at least twice the output
+    on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
+    there (``loaders.jpeg_scaled``); otherwise only that window is decoded
     (``loaders.jpeg_window``), else the whole image. Random draws come from torch's global
-    RNG, which DataLoader seeds per worker: the same draws either way.
+    RNG, which DataLoader seeds per worker: the same draws, hence the same window, either way.
     """
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO):
@@ -116,34 +119,67 @@ class TrainTransform:
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
         top, left, h, w = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
-        crop = None if size is None else jpeg_window.decode_window(data, top, left, h, w)
-        if crop is None:
-            if image is None:  # the header parsed but the window did not decode
-                image = decode(data)
-            crop = image[:, top:top + h, left:left + w]
-        out = resize(crop, self.size)
+        out = None
+        if size is not None:
+            factor = jpeg_scaled.scale_factor(h, w, *self.size)
+            if factor > 1:
+                out = jpeg_scaled.resized_window(data, factor, (top, left, top + h, left + w),
+                                                 self.size)
+        if out is None:
+            crop = None if size is None else jpeg_window.decode_window(data, top, left, h, w)
+            if crop is None:
+                if image is None:  # the header parsed but the window did not decode
+                    image = decode(data)
+                crop = image[:, top:top + h, left:left + w]
+            out = resize(crop, self.size)
         return out.flip(-1) if draws[-1] < 0.5 else out
 
 
 class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
-    (the longer scaled alike, truncated, as torchvision's ``Resize``), then the central square."""
+    (the longer scaled alike, truncated, as torchvision's ``Resize``), then the central square.
+    A JPEG whose shorter side is at least twice ``resize_size`` is decoded at libjpeg-turbo's
+    DCT scale and only the central square resampled (``loaders.jpeg_scaled``)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224):
         self.resize_size, self.crop_size = resize_size, crop_size
 
     def __call__(self, data: bytes) -> torch.Tensor:
+        size = jpeg_window.jpeg_size(data)
+        if size is not None:
+            short = min(size)
+            factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
+            if factor > 1:
+                out = jpeg_scaled.resized_window(data, factor, center_crop_box(
+                    *size, self.resize_size, self.crop_size), (self.crop_size,) * 2)
+                if out is not None:
+                    return out
         return resize_center_crop(decode(data), self.resize_size, self.crop_size)
+
+
+def _resized_shape(height: int, width: int, resize_size: int) -> tuple[int, int]:
+    """torchvision ``Resize(resize_size)``'s output size: the shorter side ``resize_size``, the
+    longer scaled alike and truncated."""
+    short, long = sorted((height, width))
+    new_long = int(resize_size * long / short)
+    return (resize_size, new_long) if height <= width else (new_long, resize_size)
+
+
+def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
+    """``(top, left, bottom, right)`` in pixels of a ``height x width`` image (fractional) of
+    the square that ``Resize(resize_size)`` + ``CenterCrop(crop_size)`` keep."""
+    size = _resized_shape(height, width, resize_size)
+    top = int(round((size[0] - crop_size) / 2.0))
+    left = int(round((size[1] - crop_size) / 2.0))
+    sy, sx = height / size[0], width / size[1]
+    return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
 
 
 def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
     """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` of
     the shorter side to ``resize_size`` (the longer side scaled alike, truncated) and
     ``CenterCrop``, as pytorch/examples' validation transform."""
-    height, width = image.shape[-2:]
-    short, long = sorted((height, width))
-    new_long = int(resize_size * long / short)
-    size = (resize_size, new_long) if height <= width else (new_long, resize_size)
+    size = _resized_shape(*image.shape[-2:], resize_size)
     out = resize(image, size)
     top = int(round((size[0] - crop_size) / 2.0))
     left = int(round((size[1] - crop_size) / 2.0))

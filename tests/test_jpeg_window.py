@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from loaders import decoders
-from loaders import jpeg_window
+from loaders import jpeg_scaled, jpeg_window
 from loaders.transforms import TrainTransform, decode
 from tests.conftest import max_abs_diff
 
@@ -81,14 +81,16 @@ def test_what_it_declines_falls_back_to_full_decoding():
 def test_train_transform_draws_the_same_crop_either_way(sample):
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:40]]
     transform = TrainTransform(64)
-    torch.manual_seed(3)
-    windowed = [transform(b) for b in blobs]
-    jpeg_window.set_enabled(False)
+    jpeg_scaled.set_enabled(False)  # windows vs whole images here; scaled: test_jpeg_scaled.py
     try:
+        torch.manual_seed(3)
+        windowed = [transform(b) for b in blobs]
+        jpeg_window.set_enabled(False)
         torch.manual_seed(3)
         whole = [transform(b) for b in blobs]
     finally:
         jpeg_window.set_enabled(True)
+        jpeg_scaled.set_enabled(True)
     for a, b in zip(windowed, whole):
         assert a.shape == b.shape == (3, 64, 64)
         assert max_abs_diff(a, b) <= 1

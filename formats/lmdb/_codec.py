@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -31,13 +31,15 @@ class Metadata:
     ``shuffle_seed``: the seed of the records' order (``folder2lmdb.py --shuffle-seed``), or
     None for ImageFolder's class-sorted order (also what databases from before it read as);
     ``names``: the classes' human-readable names (an optional key, absent where the source has
-    none and in databases written before it)."""
+    none and in databases written before it); ``cap``: the ``--max-side``/``--quality`` fields
+    (:meth:`formats.cap.Cap.record`), empty without a cap (and for databases from before it)."""
 
     count: int
     classes: tuple[str, ...]
     version: int = FORMAT_VERSION
     shuffle_seed: int | None = None
     names: tuple[str, ...] | None = None  # human-readable class names, where the source has them
+    cap: dict = field(default_factory=dict)
 
 
 def record_key(index: int) -> bytes:
@@ -103,7 +105,7 @@ def encode_meta(meta: Metadata) -> bytes:
     extra = {"names": list(meta.names)} if meta.names is not None else {}
     return msgpack.packb(
         {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
-         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed, **extra},
+         "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed, **extra, **meta.cap},
         use_bin_type=True,
     )
 
@@ -128,7 +130,8 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
     names = meta.get("names")
     return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
                     shuffle_seed=meta.get("shuffle_seed"),
-                    names=tuple(names) if names is not None else None)
+                    names=tuple(names) if names is not None else None,
+                    cap={k: meta[k] for k in ("max_side", "quality") if k in meta})
 
 
 def is_lmdb(path: str) -> bool:

@@ -42,7 +42,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
             strict: bool = False, shuffle_seed: int | None = None,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False) -> Summary:
+            allow_partial: bool = False, cap=None) -> Summary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into the LMDB directory ``output``.
@@ -58,7 +58,9 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     ``shuffle_seed`` in the order of :meth:`~formats.images.Listing.shuffled` (stored in
     the metadata, so ``--verify`` recomputes it). Raises :class:`ConversionError` for a bad
     source or ``check``, an existing complete output (unless ``overwrite``), an unwritable
-    output or a full disk.
+    output or a full disk. ``cap`` (a :class:`formats.cap.Cap`, None for none) bounds the
+    stored size (``--max-side``/``--quality``); it is kept in the metadata, and a resume under
+    another cap is refused.
     """
     start = time.perf_counter()
     if check not in CHECKS:
@@ -69,9 +71,10 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     for name in listing.empty_classes:
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    fp = fingerprint(listing, check)
+    cap_fields = cap.record() if cap is not None else {}
+    fp = fingerprint(listing, check, cap)
     try:
-        state = prepare_output(output, overwrite, fp)
+        state = prepare_output(output, overwrite, fp, cap_fields)
         writer = Writer(output, map_size)
     except OSError as exc:
         raise ConversionError(f"{output}: cannot create the database ({exc.strerror or exc})") \
@@ -80,13 +83,13 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         raise ConversionError(f"{output}: cannot create the database ({exc})") from None
     try:
         if state is None:
-            state = ResumeState(fp)
+            state = ResumeState(fp, cap=cap_fields)
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
         stage(listing, stage_folder(output), progress)
         _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
-                       check)
+                       check, cap)
     finally:
         writer.close()
     unstage(stage_folder(output))
@@ -97,7 +100,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
 
 def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", output: str,
                    workers: int, batch_size: int, progress: bool, strict: bool,
-                   check: str = "full") -> None:
+                   check: str = "full", cap=None) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place.
 
@@ -113,7 +116,7 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     pending = files[state.done:]
-    with closing(check_files(pending, workers, check, ahead=2 * batch_size)) as results, \
+    with closing(check_files(pending, workers, check, ahead=2 * batch_size, cap=cap)) as results, \
             ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):
@@ -137,7 +140,8 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # Last transaction: metadata (none means unfinished: never opened), checksums, no resume state.
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
-                    names=tuple(listing.names) if listing.names is not None else None)
+                    names=tuple(listing.names) if listing.names is not None else None,
+                    cap=state.cap)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 

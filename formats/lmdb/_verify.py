@@ -7,6 +7,7 @@ from contextlib import nullcontext
 
 import lmdb
 
+from formats.cap import Cap
 from formats.conversion import Verification, source_to_compare
 from formats.images import check_file
 from formats.sources import Source
@@ -24,9 +25,10 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     that it decodes with ``loaders.transforms.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
-    same order, shuffled as the metadata's ``shuffle_seed`` says); ``dataset`` may be any
-    layout :mod:`formats.sources` reads (with ``split`` for a download folder), so a database
-    converted from the archives verifies against the class folders and the other way round.
+    same order, shuffled as the metadata's ``shuffle_seed`` says, capped as its ``max_side`` and
+    ``quality`` say); ``dataset`` may be any layout :mod:`formats.sources` reads (with
+    ``split`` for a download folder), so a database converted from the archives verifies
+    against the class folders and the other way round.
     Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
     with ``db`` is a problem, not an exception."""
     result = Verification(db, dataset=dataset, max_problems=max_problems)
@@ -36,6 +38,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         result.problem(str(exc))
         return result
     result.count, result.classes = meta.count, len(meta.classes)
+    cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
     compared = source_to_compare(dataset, split, db, meta.shuffle_seed) if dataset \
         else nullcontext(None)
     paths: list[str] = []
@@ -46,7 +49,8 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
                 result.problem(f"classes differ from the class folders of {dataset}")
             for first in range(0, len(listing.files), chunk):
                 files = listing.files[first:first + chunk]
-                for src, checked in zip(files, pool.map(check_file, files)):
+                checks = pool.map(lambda src: check_file(src, "full", cap), files)
+                for src, checked in zip(files, checks):
                     if not isinstance(checked, str):
                         _compare_source(txn, len(paths), src, checked, result)
                         paths.append(src.rel)

@@ -23,8 +23,9 @@ class ResumeState:
     """What an interrupted conversion had committed, stored under ``PROGRESS_KEY`` in every
     batch's transaction (so it always matches the records): ``fingerprint`` of the source
     listing and settings (a resume needs the same), ``done`` source files handled, ``records``
-    written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files; ``resumed_at``:
-    ``done`` when this run started (not stored)."""
+    written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files, ``cap``: the
+    ``--max-side``/``--quality`` fields (:meth:`formats.cap.Cap.record`; absent from states
+    written before them: none); ``resumed_at``: ``done`` when this run started (not stored)."""
 
     fingerprint: bytes
     done: int = 0
@@ -32,11 +33,12 @@ class ResumeState:
     bytes: int = 0
     reencoded: int = 0
     skipped: int = 0
+    cap: dict = field(default_factory=dict)
     resumed_at: int = field(default=0, compare=False)
 
     def encode(self) -> bytes:
         return msgpack.packb([self.fingerprint, self.done, self.records, self.bytes,
-                              self.reencoded, self.skipped], use_bin_type=True)
+                              self.reencoded, self.skipped, self.cap], use_bin_type=True)
 
     @classmethod
     def decode(cls, value: bytes) -> "ResumeState":
@@ -44,10 +46,12 @@ class ResumeState:
 
 
 
-def prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | None:
+def prepare_output(output: str, overwrite: bool, fp: bytes,
+                   cap: dict | None = None) -> ResumeState | None:
     """Make ``output`` ready; return the resume state of an unfinished conversion of the same
     source there, or None to start afresh (an unfinished conversion of anything else is
-    replaced, a complete one only with ``overwrite``)."""
+    replaced, a complete one only with ``overwrite``). An unfinished conversion under another
+    ``cap`` (:meth:`formats.cap.Cap.record`) is refused unless ``overwrite``."""
     if os.path.exists(output) and (not os.path.isdir(output)
                                    or (os.listdir(output) and not is_lmdb(output))):
         raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
@@ -65,12 +69,22 @@ def prepare_output(output: str, overwrite: bool, fp: bytes) -> ResumeState | Non
             state = _read_resume_state(output)
             if state is not None and state.fingerprint == fp:
                 return state
+            if state is not None and state.cap != (cap or {}) and not overwrite:
+                raise ConversionError(
+                    f"{output}: an unfinished conversion with {_flags(state.cap)}, not "
+                    f"{_flags(cap or {})}; run it with those or pass --overwrite")
             if state is not None:
                 print(f"folder2lmdb.py: {output}: the files or settings changed since this "
                       "conversion was interrupted; starting over", file=sys.stderr)
         shutil.rmtree(output)
     os.makedirs(output, exist_ok=True)
     return None
+
+
+def _flags(cap: dict) -> str:
+    from formats.cap import Cap
+
+    return Cap.from_record(cap).describe()
 
 
 def _read_resume_state(output: str) -> ResumeState | None:

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 INDEX_NAME = "index.json"
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 1
@@ -183,14 +183,17 @@ class ShardIndex:
     """A split's ``index.json``: class names (WNIDs; index = label), the shard files with their
     record counts and bytes, the conversion's shuffle seed and image-check rules version;
     optionally ``names`` (human-readable class names, an optional field version-1 readers
-    ignore) and, per shard, ``url`` (where a shard lives when not beside ``index.json``: a path
-    relative to it, an absolute path or a URL; :mod:`formats.shards._foreign`)."""
+    ignore), ``cap`` (the ``--max-side``/``--quality`` fields, :meth:`formats.cap.Cap.record`;
+    empty without a cap and in indexes from before it) and, per shard, ``url`` (where a shard
+    lives when not beside ``index.json``: a path relative to it, an absolute path or a URL;
+    :mod:`formats.shards._foreign`)."""
 
     classes: list[str]
     shards: list[dict]
     seed: int | None = None
     rules: int | None = None
     names: list[str] | None = None  # optional: human-readable class names, where known
+    cap: dict = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -201,8 +204,8 @@ class ShardIndex:
         return json.dumps({
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "classes": self.classes,
             "seed": self.seed, "rules": self.rules, "records": self.records,
-            "bytes": sum(s["bytes"] for s in self.shards), "shards": self.shards, **extra},
-            indent=1)
+            "bytes": sum(s["bytes"] for s in self.shards), **self.cap, "shards": self.shards,
+            **extra}, indent=1)
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
@@ -216,7 +219,8 @@ class ShardIndex:
                       for s in data["shards"]]
             names = data.get("names")
             index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
-                        list(names) if names is not None else None)
+                        list(names) if names is not None else None,
+                        {k: int(data[k]) for k in ("max_side", "quality") if k in data})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ShardFormatError):
                 raise

@@ -109,6 +109,11 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
         if INDEX_NAME in names:
             raise ConversionError(f"{output}: already holds a complete conversion "
                                   "(pass --overwrite to replace it)")
+        if progress is not None and progress.settings.get("cap", {}) != settings.get("cap", {}):
+            raise ConversionError(f"{output}: an unfinished conversion with "
+                                  f"{_flags(progress.settings.get('cap', {}))}, not "
+                                  f"{_flags(settings.get('cap', {}))}; run it with those or "
+                                  "pass --overwrite")
         if progress is None or progress.settings != settings:
             raise ConversionError(f"{output}: holds an unfinished conversion of other files or "
                                   "settings (pass --overwrite to start over)")
@@ -128,6 +133,12 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
     os.makedirs(output, exist_ok=True)
     progress.save(output)
     return progress
+
+
+def _flags(cap: dict) -> str:
+    from formats.cap import Cap
+
+    return Cap.from_record(cap).describe()
 
 
 class _OpenShard:
@@ -179,7 +190,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False) -> ShardSummary:
+            allow_partial: bool = False, cap=None) -> ShardSummary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into shards in the folder ``output``.
@@ -192,7 +203,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     settings resumes after its finished shards; archives read front to back only are staged
     first (:mod:`formats.sources._staging`). Raises :class:`ConversionError` for bad settings,
     a bad source, an output that is a file, holds other files or (without ``overwrite``)
-    another conversion, or cannot be written."""
+    another conversion, or cannot be written. ``cap`` (a :class:`formats.cap.Cap`, None for
+    none) bounds the stored size; ``index.json`` records it, and a resume under another cap is
+    refused."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
@@ -207,9 +220,12 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing, check).hex(), "prefix": prefix,
+    settings = {"fingerprint": fingerprint(listing, check, cap).hex(), "prefix": prefix,
                 "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
                 "rules": RULES_VERSION}
+    cap_fields = cap.record() if cap is not None else {}
+    if cap_fields:  # absent without a cap, as in progress.json files from before it
+        settings["cap"] = cap_fields
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -218,13 +234,13 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     resumed_at = state.done
     stage(listing, stage_folder(output), progress)
     try:
-        _write_shards(listing, state, output, workers, strict, progress, check)
+        _write_shards(listing, state, output, workers, strict, progress, check, cap)
         write_report(os.path.join(output, REPORT_NAME), [
             msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
             for s in state.shards for rel, why in s["skipped"]])
         entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
         ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION,
-                   names=listing.names).write(output)  # last
+                   names=listing.names, cap=cap_fields).write(output)  # last
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
@@ -236,7 +252,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
 
 def _write_shards(listing: Listing, state: Progress, output: str, workers: int, strict: bool,
-                  progress: bool, check: str = "full") -> None:
+                  progress: bool, check: str = "full", cap=None) -> None:
     """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
     shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
     no image at all)."""
@@ -248,7 +264,8 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
     pending = files[state.done:]
-    with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers))) as results:
+    with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers),
+                             cap=cap)) as results:
         for index, result in enumerate(results, state.done):
             src = files[index]
             bar.update(1)

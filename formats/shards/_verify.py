@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from contextlib import nullcontext
 
+from formats.cap import Cap
 from formats.conversion import REPORT_NAME, Verification, source_to_compare
 from formats.images import check_file, reencode_reason
 from formats.sources import read_source
@@ -48,10 +49,10 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
     ``KEY.jpg`` + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
     gives; labels in range; images baseline JPEGs by their headers; no unlisted ``.tar``. With
     ``dataset``, also each record against the source file its key names (same bytes, or the
-    converter's re-encoding; same label; in the order of the index's seed) and every source file
-    either in the shards or in ``skipped.tsv``; ``dataset`` may be any layout
-    :mod:`formats.sources` reads (``split`` of a download folder). Anything wrong is a problem,
-    not an exception;
+    converter's re-encoding under the index's cap; same label; in the order of the index's
+    seed) and every source file either in the shards or in ``skipped.tsv``; ``dataset`` may be
+    any layout :mod:`formats.sources` reads (``split`` of a download folder). Anything wrong is
+    a problem, not an exception;
     raises :class:`~formats.images.DatasetError` only for a bad ``dataset``."""
     result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
     try:
@@ -172,6 +173,7 @@ class _Sources:
         self.files, self.result, self.seen = listing.files, result, []
         self.by_key = {keys[src.rel]: (at, src) for at, src in enumerate(listing.files)}
         self.skipped = _read_report(os.path.join(folder, REPORT_NAME), result)
+        self.cap = Cap.from_record(index.cap)  # the conversion's --max-side / --quality
 
     def note(self, records: list) -> None:
         """Remember where the next ``records`` stand in the listing, for :meth:`finish`."""
@@ -190,7 +192,7 @@ class _Sources:
                 return None
         except OSError as exc:
             return f"record {key}: cannot read its source {src.where()} ({exc.strerror})"
-        checked = check_file(src)  # not stored verbatim: must be the re-encoding
+        checked = check_file(src, "full", self.cap)  # not stored verbatim: the re-encoding
         if isinstance(checked, str) or checked.data != image:
             return f"record {key}: image bytes differ from the source {src.rel}"
         return None

@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""FFCV 1.0.2 beside ``main.py --benchmark-data`` on the same stored bytes, interleaved, in one run.
+
+    make bench-ffcv [DATA=../shared/data/imagenet-sample]
+    python benchmarks/bench_ffcv.py --data ../shared/data/imagenet-sample --ffcv-python \\
+        .ffcv/bin/python --out bench-output/ffcv
+
+The sample's train images are replicated ``--repeat`` times under distinct names (symlinks, as
+``bench_loaders.py``) and stored four ways:
+
+* ``lmdb``: ``folder2lmdb.py`` as it is (original JPEGs, byte-exact);
+* ``lmdb-512``: ``folder2lmdb.py --max-side 512 --quality 90`` (FFCV's cap);
+* ``beton-512``: a ``.beton`` holding exactly the JPEG bytes of ``lmdb-512`` (``_ffcv_side.py``
+  ``same-bytes``: JPEG-only, ``max_resolution=512``);
+* ``beton-example``: a ``.beton`` written from the originals with FFCV's ImageNet example's
+  settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``).
+
+Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and each store, one
+fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
+(its defaults otherwise: uint8 batches normalised in the main process), FFCV's through
+``_ffcv_side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
+``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios the
+issue targets and the disk each store takes (also per 1,000 images), and writes
+``OUT/report.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from bench_loaders import replicate, run_pipeline, warm_page_cache  # noqa: E402
+
+SIDE = os.path.join(REPO, "benchmarks", "_ffcv_side.py")
+STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
+
+
+def _disk(path: str) -> int:
+    """Bytes on disk (allocated blocks) of a file, or of every file under a folder."""
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512
+               for d, _, fs in os.walk(path) for f in fs)
+
+
+def _lmdb_images(db: str) -> tuple[int, int]:
+    """``(records, image bytes)`` of an LMDB written by folder2lmdb.py."""
+    from formats.lmdb import decode_record, open_readonly, read_meta, record_key
+
+    meta = read_meta(db)
+    with open_readonly(db).begin() as txn:
+        total = sum(len(decode_record(txn.get(record_key(i)))[0]) for i in range(meta.count))
+    return meta.count, total
+
+
+def _export(db: str, folder: str) -> str:
+    """Each record of ``db`` as ``folder/<index>.jpg`` (its stored bytes), and a
+    ``label<TAB>path`` list of them for ``_ffcv_side.py write``; returns the list's path."""
+    from formats.lmdb import decode_record, open_readonly, read_meta, record_key
+
+    os.makedirs(folder, exist_ok=True)
+    lines = []
+    with open_readonly(db).begin() as txn:
+        for i in range(read_meta(db).count):
+            data, label = decode_record(txn.get(record_key(i)))
+            path = os.path.join(folder, f"{i}.jpg")
+            with open(path, "wb") as f:
+                f.write(data)
+            lines.append(f"{label}\t{path}\n")
+    listing = folder + ".tsv"
+    with open(listing, "w") as f:
+        f.writelines(lines)
+    return listing
+
+
+def _listing(root: str, out: str) -> str:
+    """``label<TAB>path`` of every file of an image folder, ImageFolder's order and labels."""
+    from formats.sources import list_sources
+
+    with open(out, "w") as f:
+        f.writelines(f"{s.label}\t{s.path}\n" for s in list_sources(root).files)
+    return out
+
+
+def prepare(args, tmp: str) -> dict[str, str]:
+    """Write the four stores under ``tmp``; returns ``{store: path}``."""
+    import folder2lmdb
+    from formats.cap import Cap
+
+    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
+    paths = {"lmdb": os.path.join(tmp, "lmdb"), "lmdb-512": os.path.join(tmp, "lmdb-512"),
+             "beton-512": os.path.join(tmp, "same-512.beton"),
+             "beton-example": os.path.join(tmp, "example.beton")}
+    for store, cap in (("lmdb", None), ("lmdb-512", Cap(512, 90))):
+        for split in ("train", "val"):
+            folder2lmdb.convert(os.path.join(data, split), os.path.join(paths[store], split),
+                                progress=False, shuffle_seed=0, cap=cap, workers=args.workers)
+    capped = _export(os.path.join(paths["lmdb-512"], "train"), os.path.join(tmp, "capped"))
+    originals = _listing(os.path.join(data, "train"), os.path.join(tmp, "originals.tsv"))
+    for store, listing, mode in (("beton-512", capped, "same-bytes"),
+                                 ("beton-example", originals, "example")):
+        subprocess.run([args.ffcv_python, SIDE, "write", "--list", listing, "--out",
+                        paths[store], "--mode", mode, "-j", str(args.workers)], check=True,
+                       cwd=REPO)
+    for path in paths.values():
+        warm_page_cache(path) if os.path.isdir(path) else warm_page_cache(os.path.dirname(path))
+    return paths
+
+
+def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
+    """Each store's timing command at crop ``size`` (with ``--base``, also the LMDBs through
+    that checkout's ``main.py``, e.g. the code before a change)."""
+    timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
+    ours = [sys.executable, os.path.join(REPO, "main.py"), *timing, "--train-crop-size",
+            str(size), "--train-batches", str(args.batches), "--benchmark-warmup",
+            str(args.warmup), "--seed", "0", "--benchmark-data", "--lmdb"]
+    ffcv = [args.ffcv_python, SIDE, "time", *timing, "--size", str(size), "--batches",
+            str(args.batches), "--warmup", str(args.warmup), "--beton"]
+    cmds = {"lmdb": [*ours, paths["lmdb"]], "lmdb-512": [*ours, paths["lmdb-512"]],
+            "beton-512": [*ffcv, paths["beton-512"]],
+            "beton-example": [*ffcv, paths["beton-example"]]}
+    if args.base:
+        base = [ours[0], os.path.join(os.path.abspath(args.base), "main.py"), *ours[2:]]
+        cmds.update({"lmdb@base": [*base, paths["lmdb"]],
+                     "lmdb-512@base": [*base, paths["lmdb-512"]]})
+    return cmds
+
+
+def measure(args, paths: dict[str, str]) -> dict:
+    """``{size: {store: [images/s per round]}}``, rounds interleaved over sizes and stores."""
+    runs = {size: {store: [] for store in commands(args, paths, size)} for size in args.sizes}
+    for round_ in range(args.rounds):
+        for size in args.sizes:
+            for store, cmd in commands(args, paths, size).items():
+                speed = run_pipeline(f"{store} {size}px", cmd, args.timeout)["images_per_sec"]
+                runs[size][store].append(speed)
+                print(f"round {round_ + 1}: {size} px {store:>14} {speed:8.1f} images/s",
+                      flush=True)
+    return runs
+
+
+def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
+    """Medians, ratios, disk per store and the commands (temporary paths as names)."""
+    med = {size: {s: sorted(v)[len(v) // 2] for s, v in by.items()} for size, by in runs.items()}
+    count = _lmdb_images(os.path.join(paths["lmdb"], "train"))[0]
+    disk = {store: _disk(os.path.join(path, "train") if store.startswith("lmdb") else path)
+            for store, path in paths.items()}
+    images = {store: _lmdb_images(os.path.join(paths[store], "train"))[1]
+              for store in ("lmdb", "lmdb-512")}
+    shown = {store: " ".join(a.replace(tmp, "TMP").replace(REPO + os.sep, "") for a in cmd[1:])
+             for store, cmd in commands(args, paths, 224).items()}
+    return {"images": count, "repeat": args.repeat, "rounds": args.rounds, "runs": runs,
+            "median": med, "disk_bytes": disk, "image_bytes": images, "commands_224": shown,
+            "config": {"batch_size": args.batch_size, "workers": args.workers,
+                       "batches": args.batches, "warmup": args.warmup,
+                       "cpu_count": len(os.sched_getaffinity(0))}}
+
+
+def print_table(rep: dict) -> None:
+    print(f"\n{rep['images']} train images ({rep['repeat']} x the sample), -b "
+          f"{rep['config']['batch_size']} -j {rep['config']['workers']}, median of "
+          f"{rep['rounds']} interleaved rounds, images/s\n")
+    print("| crop | FFCV, beton-512 | ours, lmdb-512 (same bytes) | vs FFCV | ours, lmdb "
+          "(originals) | lmdb-512 vs lmdb | FFCV, beton-example (half raw) |\n"
+          "|---|---|---|---|---|---|---|")
+    for size, m in rep["median"].items():
+        print(f"| {size} px | {m['beton-512']:.0f} | {m['lmdb-512']:.0f} | "
+              f"{m['lmdb-512'] / m['beton-512']:.2f}x | {m['lmdb']:.0f} | "
+              f"{m['lmdb-512'] / m['lmdb']:.2f}x | {m['beton-example']:.0f} |")
+    if any("lmdb@base" in m for m in rep["median"].values()):
+        print("\n| crop | lmdb, base | lmdb, now | now/base | lmdb-512, base | lmdb-512, now | "
+              "now/base |\n|---|---|---|---|---|---|---|")
+        for size, m in rep["median"].items():
+            print(f"| {size} px | {m['lmdb@base']:.0f} | {m['lmdb']:.0f} | "
+                  f"{m['lmdb'] / m['lmdb@base']:.2f}x | {m['lmdb-512@base']:.0f} | "
+                  f"{m['lmdb-512']:.0f} | {m['lmdb-512'] / m['lmdb-512@base']:.2f}x |")
+    n = rep["images"]
+    print("\n| store | disk (train) | per 1,000 images |\n|---|---|---|")
+    for store, size in rep["disk_bytes"].items():
+        print(f"| {store} | {size / 2**20:.1f} MiB | {size / n * 1000 / 2**20:.1f} MiB |")
+    for store, size in rep["image_bytes"].items():
+        print(f"| {store}, image bytes only | {size / 2**20:.1f} MiB | "
+              f"{size / n * 1000 / 2**20:.1f} MiB |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("--ffcv-python", default=os.path.join(REPO, ".ffcv", "bin", "python"))
+    parser.add_argument("--out", default=os.path.join("bench-output", "ffcv"))
+    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
+    parser.add_argument("-b", "--batch-size", type=int, default=64)
+    parser.add_argument("-j", "--workers", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--base", metavar="DIR",
+                        help="also time the LMDBs through DIR/main.py (a checkout of other code)")
+    args = parser.parse_args(argv)
+    if not os.access(args.ffcv_python, os.X_OK):
+        print(f"bench_ffcv.py: error: {args.ffcv_python}: no FFCV environment (make bench-ffcv "
+              "creates it)", file=sys.stderr)
+        return 1
+    tmp = tempfile.mkdtemp(prefix="bench-ffcv-")
+    try:
+        paths = prepare(args, tmp)
+        rep = report(args, paths, measure(args, paths), tmp)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"bench_ffcv.py: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "report.json"), "w") as f:
+        json.dump(rep, f, indent=2)
+    print_table(rep)
+    print(f"\nwrote {args.out}/report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

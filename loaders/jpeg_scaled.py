@@ -1,0 +1,85 @@
+"""Decode a JPEG at the scale its output needs: libjpeg-turbo's DCT scaling through PIL's ``draft``.
+
+libjpeg-turbo can run its inverse DCT on the 4x4, 2x2 or 1x1 low-frequency coefficients of each
+8x8 block, giving the image at 1/2, 1/4 or 1/8 of its size directly (``scale_denom``): the
+inverse DCT, chroma upsampling and colour conversion then touch 1/4, 1/16 or 1/64 of the pixels
+(the entropy decoding of every block stays). PIL exposes it as ``Image.draft`` (its decoder keeps
+libjpeg's accurate integer IDCT and fancy upsampling: ``decoderconfig`` draft flag 0), and its
+``resize`` takes a fractional source box, so the RandomResizedCrop window, or validation's
+resize-then-center-crop, is resampled from the scaled image at the exact geometry of a full
+decode (box in scaled pixels = box in pixels / factor; pixel ``i`` of a 1/k decode covers pixels
+``k*i .. k*i+k-1``). The resampling is PIL's antialiased bilinear filter, the one
+``torch.nn.functional.interpolate(antialias=True)`` (``loaders.transforms.resize``) reimplements.
+
+Used only where the window is at least twice the output on both sides (:func:`scale_factor`);
+below that the loaders decode just the window (``loaders.jpeg_window``) or the whole image.
+Measured side by side on the real sample, one thread (``benchmarks/profile_scaled_decode.py``;
+``docs/ffcv-and-decode.md``): PIL's ``draft`` beat simplejpeg's and PyTurboJPEG's scaled decodes
+(which need a new dependency, and crop and resize in torch at integer pixels), and nvImageCodec
+0.9 has no scaled decode. The pixels differ from a full decode + resize by a bounded amount
+(the scaled IDCT is a DCT-domain low-pass, not the bilinear filter's triangle): on the sample,
+mean absolute difference under 1 level, the same on every run (no randomness, no threads).
+
+Callers get ``None``, and decode as before, where the bytes are not a JPEG PIL reads as RGB or
+grayscale, where the decode fails or is incomplete (truncated: PIL raises), or where scaled
+decoding is off (``IMAGENET_FAST_FULL_DECODE=1``, or :func:`set_enabled`).
+"""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import torch
+
+_FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
+_enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn scaled decoding on or off in this process (e.g. to compare both)."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    """True if scaled decoding is on in this process."""
+    return _enabled
+
+
+def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
+    """The largest of 8, 4, 2 such that a ``height x width`` window (pixels) decoded at 1/k is
+    still at least ``out_height x out_width``; 1 if none (or scaled decoding is off)."""
+    if not _enabled:
+        return 1
+    for k in _FACTORS:
+        if height >= k * out_height and width >= k * out_width:
+            return k
+    return 1
+
+
+def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
+                   size: tuple[int, int]) -> torch.Tensor | None:
+    """The window ``box`` = ``(top, left, bottom, right)`` (pixels of the full image, may be
+    fractional) of JPEG ``data`` resampled to ``size`` = ``(height, width)``: uint8
+    ``(3, height, width)``, channels-last. The JPEG is decoded at ``1/factor`` (1, 2, 4 or 8)
+    and the box resampled from there with PIL's antialiased bilinear filter. ``None`` if the
+    bytes are not an RGB or grayscale JPEG that PIL decodes completely."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+                return None
+            width, height = image.size
+            scale = 1.0
+            if factor > 1:  # draft returns the box of the full image in scaled pixels
+                scale = width / image.draft(None, (width // factor, height // factor))[1][2]
+            top, left, bottom, right = box
+            out = image.resize((size[1], size[0]), Image.BILINEAR,
+                               box=(left / scale, top / scale, right / scale, bottom / scale))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None  # truncated or corrupt: the caller's decoder reports it
+    if out.mode != "RGB":
+        out = out.convert("RGB")
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)  # a writable copy

@@ -1,0 +1,47 @@
+"""benchmarks/bench_ffcv.py and make bench-ffcv: FFCV stays in its own environment; without it,
+one line; with it (where .ffcv/ has been made), the table on a tiny sample."""
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_makefile import make
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import bench_ffcv  # noqa: E402
+
+FFCV_PYTHON = os.path.join(REPO, ".ffcv", "bin", "python")
+
+
+def test_bench_ffcv_without_its_environment_is_one_line(tmp_path, capsys):
+    assert bench_ffcv.main(["--ffcv-python", str(tmp_path / "none" / "python")]) == 1
+    assert capsys.readouterr().err.strip().endswith("no FFCV environment (make bench-ffcv "
+                                                    "creates it)")
+
+
+def test_make_bench_ffcv_uses_the_side_environment_never_the_venv():
+    result = make("-n", "bench-ffcv", "FFCV_VENV=/tmp/side", "DATA=/data")
+    assert result.returncode == 0, result.stderr
+    lines = [" ".join(line.split()) for line in result.stdout.replace("\\\n", " ").splitlines()]
+    assert any(line.startswith("sh benchmarks/ffcv_setup.sh /tmp/side ") for line in lines)
+    assert any("bench_ffcv.py --data /data --ffcv-python /tmp/side/bin/python" in line
+               for line in lines)
+    setup = open(os.path.join(REPO, "benchmarks", "ffcv_setup.sh")).read()
+    assert "ffcv==1.0.2" in setup and "FOLDER=${1:-.ffcv}" in setup
+
+
+@pytest.mark.skipif(not os.access(FFCV_PYTHON, os.X_OK), reason="no .ffcv/ (make bench-ffcv)")
+def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
+    out = tmp_path / "ffcv"
+    assert bench_ffcv.main(["--data", tiny.root, "--out", str(out), "--repeat", "2",
+                            "--sizes", "64", "--rounds", "1", "-b", "4", "-j", "1",
+                            "--batches", "2", "--warmup", "1"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["median"]["64"]) == set(bench_ffcv.STORES)
+    assert all(v > 0 for v in report["median"]["64"].values())
+    # the same-bytes .beton holds the capped LMDB's JPEG bytes, plus FFCV's own layout
+    assert report["disk_bytes"]["beton-512"] >= report["image_bytes"]["lmdb-512"]
+    assert "| 64 px |" in capsys.readouterr().out

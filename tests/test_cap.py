@@ -1,0 +1,160 @@
+"""The converters' --max-side / --quality (formats/cap.py): images within the cap byte-exact,
+larger ones area-averaged to the cap and re-encoded, the settings in the metadata and
+index.json, --verify --dataset under the same cap, a resume under another cap refused."""
+import io
+import os
+import subprocess
+import sys
+
+import lmdb
+import pytest
+from PIL import Image
+
+import folder2lmdb
+import folder2shards
+from formats import conversion
+from formats.cap import Cap
+from formats.images import check_image
+from formats.sources import list_sources
+from formats.lmdb import _codec as codec
+from formats.lmdb._writer import ResumeState
+from formats.shards import INDEX_NAME, ShardIndex
+from tests import datagen
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A train folder of 12 JPEGs, 64-128 px, plus one 300 x 200 and one progressive JPEG."""
+    root = str(tmp_path_factory.mktemp("cap") / "train")
+    datagen.make_split(root, num_classes=2, per_class=6, seed=3, noise=20, shapes=4)
+    big = datagen.make_image(0, 2, __import__("random").Random(1), (300, 200), 20, 8)
+    big.save(os.path.join(root, "n00000000", "big.JPEG"), quality=95)
+    big.resize((150, 100)).save(os.path.join(root, "n00000001", "prog.JPEG"), quality=90,
+                                progressive=True)
+    return root
+
+
+def jpeg(size, quality=95, **kw) -> bytes:
+    out = io.BytesIO()
+    datagen.make_image(1, 3, __import__("random").Random(0), size, 30, 6).save(
+        out, "JPEG", quality=quality, **kw)
+    return out.getvalue()
+
+
+def test_cap_geometry_and_bad_values():
+    cap = Cap(512, 90)
+    assert cap.scaled_size((2400, 1600)) == (512, 341)
+    assert cap.scaled_size((375, 2000)) == (96, 512)
+    assert cap.scaled_size((512, 300)) == (512, 300) and not cap.exceeds((512, 512))
+    assert cap.scaled_size((10000, 3)) == (512, 1)
+    assert Cap().record() == {} and cap.record() == {"max_side": 512, "quality": 90}
+    assert Cap.from_record(cap.record()) == cap and Cap.from_record({}) == Cap()
+    for bad in (dict(max_side=0), dict(max_side=-5), dict(quality=0), dict(quality=101)):
+        with pytest.raises(ValueError):
+            Cap(**bad)
+
+
+def test_within_the_cap_byte_exact_above_it_area_averaged_at_quality():
+    small, large = jpeg((200, 150)), jpeg((400, 300))
+    cap = Cap(256, 80)
+    assert check_image(small, cap=cap).data == small
+    assert check_image(small, cap=cap).reencoded is None
+    capped = check_image(large, cap=cap)
+    assert capped.reencoded == "larger than --max-side 256"
+    with Image.open(io.BytesIO(capped.data)) as im:
+        assert im.size == (256, 192) and im.format == "JPEG"
+        assert "progressive" not in im.info
+        pixels = im.convert("RGB")
+    with Image.open(io.BytesIO(large)) as im:  # the same as PIL's BOX resize, re-encoded
+        expected = im.convert("RGB").resize((256, 192), Image.BOX)
+    out = io.BytesIO()
+    expected.save(out, "JPEG", quality=80, optimize=False, progressive=False)
+    assert capped.data == out.getvalue()
+    assert max(abs(a - b) for a, b in zip(pixels.tobytes(), expected.tobytes())) < 64
+    assert check_image(large, cap=cap).data == capped.data  # deterministic
+    # A progressive JPEG is re-encoded anyway: capped too, at the cap's quality.
+    prog = check_image(jpeg((400, 300), progressive=True), cap=cap)
+    assert prog.reencoded == "progressive JPEG"
+    with Image.open(io.BytesIO(prog.data)) as im:
+        assert im.size == (256, 192)
+    assert check_image(large).data == large  # no cap: the default rules
+
+
+def test_fingerprint_unchanged_without_a_cap(mixed):
+    listing = list_sources(mixed)
+    assert conversion.fingerprint(listing) == conversion.fingerprint(listing, "full", Cap())
+    assert conversion.fingerprint(listing) != conversion.fingerprint(listing, "full",
+                                                                     Cap(100, 90))
+
+
+def test_lmdb_records_its_cap_and_verifies_against_it(mixed, tmp_path):
+    db = str(tmp_path / "db")
+    summary = folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(100, 90))
+    assert summary.images == 14 and summary.reencoded >= 3  # big, prog and some 101-128 px
+    meta = codec.read_meta(db)
+    assert meta.cap == {"max_side": 100, "quality": 90}
+    assert folder2lmdb.verify(db, mixed, workers=2).total == 0
+    plain = str(tmp_path / "plain")
+    folder2lmdb.convert(mixed, plain, workers=2, progress=False)
+    assert codec.read_meta(plain).cap == {}
+    env = lmdb.open(plain, subdir=True)  # a capped record in an uncapped database: a problem
+    with env.begin(write=True) as txn, codec.open_readonly(db).begin() as src:
+        txn.put(codec.record_key(0), src.get(codec.record_key(0)))
+    env.close()
+    assert folder2lmdb.verify(plain, mixed, workers=2).total >= 1
+
+
+def unfinished(db: str, cap: dict) -> None:
+    env = lmdb.open(db, subdir=True)
+    with env.begin(write=True) as txn:  # as if killed before the last transaction
+        txn.delete(codec.META_KEY)
+        txn.put(codec.PROGRESS_KEY, ResumeState(b"fingerprint", 14, 14, cap=cap).encode())
+    env.close()
+
+
+def test_lmdb_resume_under_another_cap_is_refused_in_one_line(mixed, tmp_path):
+    db = str(tmp_path / "db")
+    folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(100, 90))
+    unfinished(db, {"max_side": 100, "quality": 90})
+    run = subprocess.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
+                          "--max-side", "120", "--quality", "90"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[1:] == [  # after the first line, naming the source
+        f"folder2lmdb.py: error: {db}: an unfinished conversion with --max-side 100 --quality "
+        "90, not --max-side 120 --quality 90; run it with those or pass --overwrite"]
+    unfinished(db, {})  # a state from before the cap: read as none
+    with pytest.raises(conversion.ConversionError, match="with no --max-side --quality 95"):
+        folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(120, 90))
+    summary = folder2lmdb.convert(mixed, db, workers=2, progress=False, overwrite=True,
+                                  cap=Cap(120, 90))
+    assert summary.images == 14 and codec.read_meta(db).cap["max_side"] == 120
+
+
+def test_shards_record_their_cap_verify_and_refuse_another(mixed, tmp_path, monkeypatch):
+    out = tmp_path / "shards"
+    folder2shards.convert(mixed, str(out), workers=2, progress=False, max_per_shard=5,
+                          cap=Cap(100, 90))
+    index = ShardIndex.from_json((out / INDEX_NAME).read_text())
+    assert index.cap == {"max_side": 100, "quality": 90}
+    assert folder2shards.verify(str(out), mixed, workers=2).total == 0
+    os.remove(out / INDEX_NAME)  # unfinished: a resume must keep the cap
+    with pytest.raises(conversion.ConversionError,
+                       match="unfinished conversion with --max-side 100 --quality 90, not "
+                             "no --max-side --quality 95"):
+        folder2shards.convert(mixed, str(out), workers=2, progress=False, max_per_shard=5)
+    summary = folder2shards.convert(mixed, str(out), workers=2, progress=False, max_per_shard=5,
+                                    cap=Cap(100, 90))
+    assert summary.images == 14
+    assert folder2shards.verify(str(out), mixed, workers=2).total == 0
+
+
+def test_bad_flags_are_one_line_errors(mixed, tmp_path):
+    for flags, text in ((["--max-side", "0"], "--max-side must be a positive"),
+                        (["--quality", "0"], "--quality must be 1..100")):
+        run = subprocess.run([sys.executable, "folder2shards.py", "-d", mixed, "-o",
+                              str(tmp_path / "x"), *flags], cwd=REPO, capture_output=True,
+                             text=True)
+        assert run.returncode == 2
+        assert run.stderr.strip().splitlines()[-1].startswith(f"folder2shards.py: error: {text}")
