@@ -74,21 +74,25 @@ test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0
 	fi
 	$(PY) -m pytest -q -rs -m slurm tests/test_slurm.py
 
-bench: install ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
-ifeq ($(DATA),)
-	@echo "make bench: no DATA=: timing 400 generated ImageNet-sized JPEGs in bench-data/ (DATA=/path/to/imagenet for real ones)"
-	@test -d bench-data/train || $(PY) -m tests.datagen bench-data --classes 100 --train-per-class 4 \
-	  --val-per-class 1 --min-size 300 --max-size 500 > /dev/null
-endif
-	$(PY) benchmarks/bench_loaders.py --data $(or $(DATA),bench-data) --out bench-output
+# Benchmarks time DATA= (an ImageNet-layout folder); without it, 400 generated ImageNet-sized JPEGs.
+BENCH_DATA = $(or $(DATA),bench-data)
+BENCH_NOTE = $(if $(DATA),,@echo "$@: no DATA=: timing generated ImageNet-sized JPEGs in bench-data/ (DATA=/path/to/imagenet for real ones)")
+bench-data/train:
+	$(PY) -m tests.datagen bench-data --classes 100 --train-per-class 4 --val-per-class 1 \
+	  --min-size 300 --max-size 500 > /dev/null
+
+bench: install $(if $(DATA),,bench-data/train) ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
+	$(BENCH_NOTE)
+	$(PY) benchmarks/bench_loaders.py --data $(BENCH_DATA) --out bench-output
 
 # FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
 # libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then
 # pinned numpy/numba/OpenCV and ffcv==1.0.2 (benchmarks/ffcv_setup.sh says why each).
 FFCV_VENV ?= .ffcv
-bench-ffcv: install ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=...
+bench-ffcv: install $(if $(DATA),,bench-data/train) ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=/path/to/imagenet (default: generated JPEGs)
+	$(BENCH_NOTE)
 	sh benchmarks/ffcv_setup.sh $(FFCV_VENV) $(PY)
-	$(PY) benchmarks/bench_ffcv.py --data $(or $(DATA),../shared/data/imagenet-sample) \
+	$(PY) benchmarks/bench_ffcv.py --data $(BENCH_DATA) \
 	  --ffcv-python $(FFCV_VENV)/bin/python --out bench-output/ffcv
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both

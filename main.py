@@ -34,7 +34,7 @@ from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_
                                 setup_distributed, use_cuda, wrap_parallel)
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
-from engine.preempt import Stopped, finish_stop, stop_signals
+from engine.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
 from engine.presets import preset_tokens
 from engine.recipes import (ModelEMA, add_recipe_args, check_recipe_flags, make_mix,
                             make_scheduler, resolve_recipe)
@@ -204,7 +204,8 @@ def main(argv=None) -> dict:
 
 
 def train_process(local_rank: int, args, nproc: int, dist_url: str) -> None:
-    """Entry point of a spawned training process: bad input exits with one line."""
+    """Entry point of a spawned training process: bad input exits with one line; a stop
+    signal after the run is over is ignored (:func:`~engine.preempt.ignore_stop_signals`)."""
     try:
         run_process(args, local_rank, nproc, dist_url)
     except ONE_LINE_ERRORS as exc:
@@ -212,6 +213,8 @@ def train_process(local_rank: int, args, nproc: int, dist_url: str) -> None:
         sys.exit(1)
     except Stopped as stopped:
         sys.exit(stopped.exit_status)
+    finally:
+        ignore_stop_signals()
 
 
 def run_process(args, local_rank: int | None = None, nproc: int = 1,
@@ -386,4 +389,6 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    status = cli()
+    ignore_stop_signals()  # the run is over: a late SIGUSR1/SIGTERM must not turn it into a kill
+    sys.exit(status)

@@ -193,7 +193,7 @@ def print_table(rep: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("--ffcv-python", default=os.path.join(REPO, ".ffcv", "bin", "python"))
     parser.add_argument("--out", default=os.path.join("bench-output", "ffcv"))
     parser.add_argument("--repeat", type=int, default=8)

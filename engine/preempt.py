@@ -95,6 +95,18 @@ def release_held_signals() -> None:
         os.kill(os.getpid(), _received)
 
 
+def ignore_stop_signals() -> None:
+    """For a process's last lines, once its run is over (trained, stopped after the checkpoint,
+    or failed): SIGUSR1 and SIGTERM are ignored from now on. A time limit's warning that comes
+    after the last step needs nothing, yet by default it would kill the process while it exits
+    (torch's teardown takes seconds; Python's finalisation puts a Python handler back to the
+    default action first), so a finished run, or a stopped one that exits 75 to be requeued,
+    would end as a step killed by a signal, which SLURM marks FAILED. Ignored handlers stay
+    ignored through finalisation (CPython ``_PySignal_Fini``)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _block_in_child() -> None:
     if _catching:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

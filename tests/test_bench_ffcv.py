@@ -17,7 +17,8 @@ FFCV_PYTHON = os.path.join(REPO, ".ffcv", "bin", "python")
 
 
 def test_bench_ffcv_without_its_environment_is_one_line(tmp_path, capsys):
-    assert bench_ffcv.main(["--ffcv-python", str(tmp_path / "none" / "python")]) == 1
+    assert bench_ffcv.main(["--data", str(tmp_path), "--ffcv-python",
+                            str(tmp_path / "none" / "python")]) == 1
     assert capsys.readouterr().err.strip().endswith("no FFCV environment (make bench-ffcv "
                                                     "creates it)")
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -85,6 +86,27 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     saved = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
     assert saved["epoch"] == 0 and 3 <= saved["batch"] < 6
     assert saved["partial"]["images"] == saved["batch"] * 8 * 2  # both ranks' batches counted
+
+
+@pytest.mark.parametrize("at, status", [("Epoch: [0][2/6]", STOP_EXIT), ("epoch 1:", 0)])
+def test_stop_signals_until_the_process_has_gone_never_kill_it(tmp_path, at, status):
+    """SLURM warns, then signals again at the limit: signals every 10 ms from ``at`` on, through
+    the stop's checkpoint (exit 75) or a finished run's teardown (exit 0), until the process
+    has gone. Neither may end as killed by the signal (status -10: a FAILED step for SLURM)."""
+    proc = start([sys.executable, "main.py"], str(tmp_path / "out"))
+
+    def flood():
+        while proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGUSR1)
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    output = run_until(proc, at, thread.start)
+    thread.join(timeout=60)
+    assert proc.returncode == status, output[-3000:]
 
 
 def test_resume_auto_takes_the_newest_whole_checkpoint(tmp_path, capsys):

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.slurm
 RUN = ["--dummy", "-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "32",
        "--val-crop-size", "32", "--val-resize-size", "32", "--epochs", "2",
        "--train-batches", "8", "--val-batches", "2", "--seed", "3", "--lr", "0.01", "-p", "1"]
+# the time-limit test's run: long enough (2 x 40 steps, over 10 s) to be training, not exiting,
+# when the warning comes 8 s after its submission, on a slow machine as on a fast one
+LONG_RUN = [("40" if prev == "--train-batches" else arg) for prev, arg in zip([""] + RUN, RUN)]
 # slurm/train.sbatch asks for 8 GPUs of 8 cores each: here 2 CPU tasks of one core
 SBATCH = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
 SCRIPT = os.path.join(REPO, "slurm", "train.sbatch")
@@ -37,28 +40,36 @@ def cluster(tmp_path_factory):
         yield started
 
 
-@pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory):
+def uninterrupted(cluster, out: str, run: list) -> str:
     """The uninterrupted run: torchrun's 2 processes inside a one-task srun step (`srun
     torchrun` keeps torchrun's variables, which win over SLURM's)."""
-    out = str(tmp_path_factory.mktemp("reference"))
     result = cluster.run(
         ["srun", "-n", "1", "-c", "2", sys.executable, "-m", "torch.distributed.run",
          "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-         str(free_port()), "main.py", *RUN, "--output-dir", out],
+         str(free_port()), "main.py", *run, "--output-dir", out],
         check=False, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("launcher: torchrun (2 processes, 2 on this node)")
     return out
 
 
-def submit(cluster, out: str, *options: str, args=()) -> tuple[str, str]:
-    """sbatch slurm/train.sbatch (as it is, with this machine's resources) training RUN into
-    ``out``; returns the job id and its log."""
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    return uninterrupted(cluster, str(tmp_path_factory.mktemp("reference")), RUN)
+
+
+@pytest.fixture(scope="module")
+def long_reference(cluster, tmp_path_factory):
+    return uninterrupted(cluster, str(tmp_path_factory.mktemp("long_reference")), LONG_RUN)
+
+
+def submit(cluster, out: str, *options: str, args=(), run=RUN) -> tuple[str, str]:
+    """sbatch slurm/train.sbatch (as it is, with this machine's resources) training ``run``
+    into ``out``; returns the job id and its log."""
     log = os.path.join(out, "job.log")
     os.makedirs(out, exist_ok=True)
     job = cluster.run(["sbatch", "--parsable", *SBATCH, f"--output={log}", *options, SCRIPT,
-                       *RUN, *args, "--output-dir", out], cwd=REPO).stdout.strip()
+                       *run, *args, "--output-dir", out], cwd=REPO).stdout.strip()
     return job, log
 
 
@@ -123,12 +134,13 @@ def test_sbatch_job_sent_usr1_mid_epoch_requeues_itself_and_resumes_exactly(clus
     assert_same_training(out, reference)
 
 
-def test_sbatch_job_at_its_time_limit_requeues_itself_and_resumes_exactly(cluster, reference,
+def test_sbatch_job_at_its_time_limit_requeues_itself_and_resumes_exactly(cluster, long_reference,
                                                                         tmp_path):
     """--time=1 with the script's --signal=B:USR1@N (N=59 here: due 1 s after the start):
     SIGUSR1 to the batch script, which passes it to srun's tasks. slurmctld sends the warning
     at its time-limit check, every 30 s, so the job is submitted 8 s before one: the run
-    trains by then. Each restart has the same limit and may be stopped again."""
+    trains by then (LONG_RUN: still training then). Each restart has the same limit and may be
+    stopped again."""
     deadline = time.monotonic() + 40
     while not cluster.time_limit_checks():  # the first comes within 30 s of slurmctld's start
         assert time.monotonic() < deadline, "slurmctld logged no time-limit check"
@@ -139,14 +151,14 @@ def test_sbatch_job_at_its_time_limit_requeues_itself_and_resumes_exactly(cluste
         next_check += 30
     time.sleep(next_check - lead - time.time())
     out = str(tmp_path / "out")
-    job, log = submit(cluster, out, "--time=1", "--signal=B:USR1@59")
+    job, log = submit(cluster, out, "--time=1", "--signal=B:USR1@59", run=LONG_RUN)
     fields = wait_until_done(cluster, job, log)
     text = read(log)
     assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, text[-3000:]
     assert "0: stopped by SIGUSR1: checkpoint" in text and f"requeued SLURM job {job}" in text
     first = text[:text.index("restart 1")]
-    assert "0: Epoch: [1][8/8]" not in first  # the first run was stopped before its end
-    assert_same_training(out, reference)
+    assert "0: Epoch: [1][40/40]" not in first  # the first run was stopped before its end
+    assert_same_training(out, long_reference)
 
 
 def proc_file(pid: int, name: str) -> bytes:
