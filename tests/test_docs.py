@@ -30,31 +30,30 @@ def rel(path: str) -> str:
     return os.path.relpath(path, REPO)
 
 
-def prose_lines(path: str):
-    """``(number, line)`` of the lines outside fenced code blocks."""
+def lines_with_fences(path: str):
+    """``(number, line, fenced)`` for each line but the fences themselves."""
     fenced = False
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if FENCE.match(line.lstrip()):
                 fenced = not fenced
-                continue
-            if not fenced:
-                yield number, line
+            else:
+                yield number, line, fenced
+
+
+def prose_lines(path: str):
+    """``(number, line)`` of the lines outside fenced code blocks."""
+    return ((number, line) for number, line, fenced in lines_with_fences(path) if not fenced)
 
 
 def code_lines(path: str):
     """``(number, line)`` of the lines inside fenced code blocks, and inline code spans."""
-    fenced = False
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if FENCE.match(line.lstrip()):
-                fenced = not fenced
-                continue
-            if fenced:
-                yield number, line
-            else:
-                for match in INLINE_CODE.finditer(line):
-                    yield number, match.group(2)
+    for number, line, fenced in lines_with_fences(path):
+        if fenced:
+            yield number, line
+        else:
+            for match in INLINE_CODE.finditer(line):
+                yield number, match.group(2)
 
 
 def github_slug(heading: str) -> str:
