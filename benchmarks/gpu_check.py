@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _gpu_report as report_  # noqa: E402
 from _gpu_runner import (REPO, Runner, environment, fail, install, prepare_data,  # noqa: E402
                          probe, skipped)
-from _gpu_settings import TARGET_MODEL, InputError, get_args_parser, settings  # noqa: E402
+from _gpu_settings import InputError, get_args_parser, settings  # noqa: E402
 
 LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05

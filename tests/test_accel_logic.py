@@ -5,7 +5,6 @@ states, torch.compile's wrapper is unwrapped, and steady-state images/s is recor
 import random
 import warnings
 
-import pytest
 import torch
 from torch import nn
 

@@ -19,7 +19,6 @@ import folder2lmdb
 from formats import images as image_check
 from loaders.decoders import decode_jpeg
 import formats.lmdb as codec
-from formats.lmdb._writer import Writer
 from loaders.transforms import decode
 from tests.badcorpus import make_bad_corpus
 from tests.conftest import REPO
