@@ -84,6 +84,19 @@ class Verification:
         return f"verified {self.path}: {self.total} problems ({self.what()}{shown})"
 
 
+def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
+    """Raise :class:`ConversionError` if the unfinished conversion at ``output`` was made under
+    another cap than the one asked for (both as :meth:`formats.cap.Cap.record` fields): a
+    resume would mix two sizes of stored image, and replacing it is the user's call."""
+    if recorded == wanted:
+        return
+    from formats.cap import Cap
+
+    raise ConversionError(
+        f"{output}: an unfinished conversion with {Cap.from_record(recorded).describe()}, not "
+        f"{Cap.from_record(wanted).describe()}; run it with those or pass --overwrite")
+
+
 def fingerprint(listing: Listing, check: str = "full", cap=None) -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
     label, size and mtime (ns), and the image rules, ``check``, ``cap`` (a

@@ -23,7 +23,8 @@ RUN = ["--dummy", "-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "
        "--train-batches", "8", "--val-batches", "2", "--seed", "3", "--lr", "0.01", "-p", "1"]
 # the time-limit test's run: long enough (2 x 40 steps, over 10 s) to be training, not exiting,
 # when the warning comes 8 s after its submission, on a slow machine as on a fast one
-LONG_RUN = [("40" if prev == "--train-batches" else arg) for prev, arg in zip([""] + RUN, RUN)]
+LONG_RUN = [*RUN]
+LONG_RUN[RUN.index("--train-batches") + 1] = "40"
 # slurm/train.sbatch asks for 8 GPUs of 8 cores each: here 2 CPU tasks of one core
 SBATCH = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
 SCRIPT = os.path.join(REPO, "slurm", "train.sbatch")

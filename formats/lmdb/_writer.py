@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import lmdb
 import msgpack
 
-from formats.conversion import ConversionError
+from formats.conversion import ConversionError, refuse_other_cap
 
 from ._codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb, last_record_index,
                      read_meta)
@@ -69,22 +69,14 @@ def prepare_output(output: str, overwrite: bool, fp: bytes,
             state = _read_resume_state(output)
             if state is not None and state.fingerprint == fp:
                 return state
-            if state is not None and state.cap != (cap or {}) and not overwrite:
-                raise ConversionError(
-                    f"{output}: an unfinished conversion with {_flags(state.cap)}, not "
-                    f"{_flags(cap or {})}; run it with those or pass --overwrite")
+            if state is not None and not overwrite:
+                refuse_other_cap(output, state.cap, cap or {})
             if state is not None:
                 print(f"folder2lmdb.py: {output}: the files or settings changed since this "
                       "conversion was interrupted; starting over", file=sys.stderr)
         shutil.rmtree(output)
     os.makedirs(output, exist_ok=True)
     return None
-
-
-def _flags(cap: dict) -> str:
-    from formats.cap import Cap
-
-    return Cap.from_record(cap).describe()
 
 
 def _read_resume_state(output: str) -> ResumeState | None:

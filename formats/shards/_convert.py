@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
-                                stage, stage_folder, unstage, write_report)
+                                refuse_other_cap, stage, stage_folder, unstage, write_report)
 from formats.images import CHECKS, RULES_VERSION, check_files
 from formats.sources import Listing
 
@@ -109,11 +109,8 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
         if INDEX_NAME in names:
             raise ConversionError(f"{output}: already holds a complete conversion "
                                   "(pass --overwrite to replace it)")
-        if progress is not None and progress.settings.get("cap", {}) != settings.get("cap", {}):
-            raise ConversionError(f"{output}: an unfinished conversion with "
-                                  f"{_flags(progress.settings.get('cap', {}))}, not "
-                                  f"{_flags(settings.get('cap', {}))}; run it with those or "
-                                  "pass --overwrite")
+        if progress is not None:
+            refuse_other_cap(output, progress.settings.get("cap", {}), settings.get("cap", {}))
         if progress is None or progress.settings != settings:
             raise ConversionError(f"{output}: holds an unfinished conversion of other files or "
                                   "settings (pass --overwrite to start over)")
@@ -133,12 +130,6 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
     os.makedirs(output, exist_ok=True)
     progress.save(output)
     return progress
-
-
-def _flags(cap: dict) -> str:
-    from formats.cap import Cap
-
-    return Cap.from_record(cap).describe()
 
 
 class _OpenShard:
