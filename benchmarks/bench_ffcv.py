@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """FFCV 1.0.2 beside ``main.py --benchmark-data`` on the same stored bytes, interleaved, in one run.
 
-    make bench-ffcv [DATA=../shared/data/imagenet-sample]
-    python benchmarks/bench_ffcv.py --data ../shared/data/imagenet-sample --ffcv-python \\
+    make bench-ffcv [DATA=/path/to/imagenet]
+    python benchmarks/bench_ffcv.py --data /path/to/imagenet --ffcv-python \\
         .ffcv/bin/python --out bench-output/ffcv
 
 The sample's train images are replicated ``--repeat`` times under distinct names (symlinks, as

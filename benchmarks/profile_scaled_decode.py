@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Scaled JPEG decoders side by side, one thread: ms per window, pixel difference to a full decode.
 
-    python benchmarks/profile_scaled_decode.py [--data ../shared/data/imagenet-sample] \\
+    python benchmarks/profile_scaled_decode.py --data /path/to/imagenet \\
         [--sizes 160 192 224] [--draws 8] [--rounds 5]
 
 For each output size, ``--draws`` RandomResizedCrop windows per real JPEG (the training
@@ -134,7 +134,8 @@ def profile_size(blobs, size: int, draws: int, rounds: int, found: dict) -> None
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join("..", "shared", "data", "imagenet-sample"))
+    parser.add_argument("--data", required=True,
+                        help="ImageNet-layout folder whose train/<wnid>/ JPEGs are decoded")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("--draws", type=int, default=8, help="windows drawn per image")
     parser.add_argument("--rounds", type=int, default=5)
