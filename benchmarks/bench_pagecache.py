@@ -138,7 +138,8 @@ def remove_cgroup(path: str | None) -> None:
 def run_case(args, name: str, cgroup: str | None) -> dict:
     order, readahead = CASES[name]
     dropped = drop_caches()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--db", args.db,
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sample", args.sample,
+           "--db", args.db,
            "--order", order, "--epochs", str(args.epochs),
            "--epoch-records", str(args.epoch_records), "--block-size", str(args.block_size),
            "--buffer-blocks", str(args.buffer_blocks)]
