@@ -258,19 +258,29 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
     if args.benchmark_data:
         return benchmark_data(args, s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
+    try:
+        return evaluate_or_train(args, s, (train_loader, val_loader), checkpoint, log)
+    finally:  # the workers a loader keeps between passes end with the run, not at exit
+        train_loader.close()
+        val_loader.close()
+
+
+def evaluate_or_train(args, s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
+    """Build the model and train state, then ``-e`` evaluate or train on ``data`` (the
+    ``(train, val)`` loaders)."""
+    train_loader, val_loader = data
     state, start_epoch, best_acc1 = build_state(args, s, train_loader, checkpoint, log)
     log(f"{args.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {s.loader.batch_size} "
         "per process")
     if args.evaluate:
-        progress = Progress(len(val_loader), "Test: ", "val", args.print_freq, dist.is_main)
-        stats = evaluate(state.model, val_loader, state.criterion, state.autocast, progress, dist,
-                         args.val_flip_tta)
+        progress = Progress(len(val_loader), "Test: ", "val", args.print_freq, s.dist.is_main)
+        stats = evaluate(state.model, val_loader, state.criterion, state.autocast, progress,
+                         s.dist, args.val_flip_tta)
         log(f"val top-1 {stats['acc1']:.3f} top-5 {stats['acc5']:.3f} "
             f"loss {stats['loss']:.4f} ({stats['images']} images)")
         return stats
-    return train(args, s, state, (train_loader, val_loader), (start_epoch, best_acc1),
-                 checkpoint)
+    return train(args, s, state, data, (start_epoch, best_acc1), checkpoint)
 
 
 def build_state(args, s: RunSettings, train_loader, checkpoint: dict | None,
@@ -359,9 +369,13 @@ def benchmark_data(args, s: RunSettings, log) -> dict:
     ``batch_size`` (per process), ``cpu_count``, ``world_size``, ``device``."""
     from engine.distributed import reduce_sum
 
-    train_loader, _ = loaders.build_loaders(s.loader, s.dist)
-    stats = loaders.measure_throughput(train_loader, args.train_batches or len(train_loader),
-                                       args.benchmark_warmup)
+    train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
+    try:
+        stats = loaders.measure_throughput(train_loader, args.train_batches or len(train_loader),
+                                           args.benchmark_warmup)
+    finally:
+        train_loader.close()
+        val_loader.close()
     images, seconds, speed = reduce_sum(
         [stats["images"], stats["seconds"], stats["images_per_sec"]], s.dist)
     result = {"loader": s.loader.backend, "images": int(images),

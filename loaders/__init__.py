@@ -3,7 +3,8 @@
 ``build_loaders(settings, dist) -> (train, val)`` builds the loaders of ``settings.backend``
 (:class:`LoaderSettings`, resolved once per training process). Each loader yields ``(images,
 labels)`` on ``dist.device`` (images ``settings.dtype`` NCHW normalised with the ImageNet
-mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)`` and ``classes``.
+mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)``, ``classes`` and
+``close()`` (stops the worker processes or pipelines it keeps between passes).
 
 - Backends (:data:`BACKENDS`; one new module plus one line adds one, imported only when chosen):
   ``folder`` (JPEG class folders), ``lmdb_records`` (``--lmdb``), ``shards`` (WebDataset tar

@@ -21,8 +21,8 @@ from ._errors import DataError
 from ._bad_samples import TolerantDataset, too_many_unreadable
 from .orders import Order, ResumableSampler, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
-from ._shared_batches import (NumberedBatchSampler, SharedBatches, SlotWriter, keep_as_is,
-                              slots_for)
+from ._shared_batches import (NumberedBatchSampler, PassPlan, SharedBatches, SlotWriter,
+                              keep_as_is, slots_for)
 
 # ImageNet channel statistics on the [0, 1] scale, as in pytorch/examples imagenet/main.py.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -115,9 +115,14 @@ class DeviceLoader:
     (index = label). ``sampler`` is the :class:`~loaders.orders.ResumableSampler` over ``order``.
 
     Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
-    reused from epoch to epoch. On the CPU each batch is normalised out of its slot before it is
-    yielded; on CUDA the slots are page-locked and each batch is copied to the GPU and
-    normalised there on a side stream one batch ahead (:class:`~loaders._cuda_feed.CudaFeeder`).
+    reused from epoch to epoch; a training loader's workers are started once and kept from pass
+    to pass (``persistent_workers``; :meth:`close` stops them), validation's per pass. On the
+    CPU each batch is normalised out of its slot before it is yielded; on CUDA the slots are
+    page-locked and each batch is copied to the GPU and normalised there on a side stream one
+    batch ahead (:class:`~loaders._cuda_feed.CudaFeeder`). The random crops of training batch
+    ``k`` of an epoch are drawn from :func:`~loaders._shared_batches.batch_seed` ``(seed,
+    epoch, rank, k)``, whichever worker draws them and however many there are, and a resumed
+    epoch (``set_epoch(epoch, start_batch)``) draws those of the uninterrupted run.
     A sample that fails to decode is replaced by the next readable one, named once on stderr
     and remembered for the loader's lifetime (``unreadable``, an
     :class:`~loaders._bad_samples.UnreadableSet` shared by the workers of every pass), so later
@@ -126,6 +131,10 @@ class DeviceLoader:
     split), iterating raises :class:`DataError`. Raises
     :class:`DataError` at construction if a training ``order`` holds less than one batch.
     """
+
+    # Workers outlive a pass: forking and starting them costs about 0.1 s per epoch on 2 cores
+    # (docs/performance.md). ShardLoader turns it off: its workers fork with each epoch's plan.
+    keeps_workers = True
 
     def __init__(self, dataset: Dataset, order: Order, *, train: bool, classes: Sequence[str],
                  batch_size: int, workers: int, device: torch.device, crop_size: int,
@@ -141,6 +150,7 @@ class DeviceLoader:
         self.max_crop_size = max(crop_size, max_crop_size or 0)
         self.max_bad_share = max_bad_share
         self.start_batch = 0
+        self.epoch = 0
         self.device = device
         self.classes = list(classes)
         self.channels_last = channels_last
@@ -152,17 +162,25 @@ class DeviceLoader:
         tolerant = TolerantDataset(dataset, shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
         self.unreadable = tolerant.unreadable
-        self._writer = SlotWriter(tolerant)
-        self.loader = DataLoader(
-            self._writer,
-            # drop_last for training: no tiny last batch for BatchNorm.
-            batch_sampler=NumberedBatchSampler(self.sampler, batch_size, drop_last=train),
-            collate_fn=keep_as_is, num_workers=workers, generator=torch.Generator(),
-            prefetch_factor=4 if workers > 0 else None)
-        self._idle_pool: SharedBatches | None = None
+        # Workers that outlive a pass learn a new resolution from the batches (set_resolution).
+        self._writer = SlotWriter(tolerant, getattr(dataset, "transform", None) if train else None)
+        # drop_last for training: no tiny last batch for BatchNorm.
+        self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
+        # The workers' base seed; the crops are seeded per batch (PassPlan).
+        self._generator = torch.Generator().manual_seed(_mix_seed(seed, 0, rank))
+        self.loader = self._dataloader(workers)
+        # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
+        self._idle: tuple[DataLoader, SharedBatches | None] | None = (self.loader, None)
         self._feeder = None  # CudaFeeder, made at the first pass on CUDA
         self._locked = False  # whether the current slots are page-locked
         self.set_epoch(0)
+
+    def _dataloader(self, workers: int, context=None) -> DataLoader:
+        return DataLoader(
+            self._writer, batch_sampler=self._batches, collate_fn=keep_as_is,
+            num_workers=workers, generator=self._generator,
+            prefetch_factor=4 if workers > 0 else None, multiprocessing_context=context,
+            persistent_workers=self.train and workers > 0 and self.keeps_workers)
 
     def __len__(self) -> int:
         total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
@@ -176,9 +194,7 @@ class DeviceLoader:
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
         self.start_batch = start_batch
-        if self.loader.generator is not None:
-            # The DataLoader draws its workers' base seed from this generator at each __iter__.
-            self.loader.generator.manual_seed(_mix_seed(self.seed, epoch, self.rank))
+        self.epoch = epoch
 
     @property
     def resolution(self) -> int:
@@ -195,49 +211,65 @@ class DeviceLoader:
         if not 0 < size <= self.max_crop_size:
             raise ValueError(f"set_resolution({size}): the slots hold at most "
                              f"{self.max_crop_size} px")
-        self.dataset.transform.size = (size, size)  # workers fork (or unpickle) with it
-        self.image_shape = (3, size, size)
+        self.dataset.transform.size = (size, size)  # workers started from now on fork with it
+        self.image_shape = (3, size, size)  # running ones take it from the batches
 
-    def _take_pool(self) -> SharedBatches:
-        """The slots of a finished pass, else new ones (a pass left suspended keeps its own)."""
-        pool, self._idle_pool = self._idle_pool, None
+    def close(self) -> None:
+        """Stop the workers kept between passes (joined; they would otherwise live as long as
+        this loader). A later pass starts new ones."""
+        pool = self._idle[1] if self._idle is not None else None
+        self._idle = None
+        self.loader = self._dataloader(self.loader.num_workers,
+                                       self.loader.multiprocessing_context)
+        self._idle = (self.loader, pool)
+
+    def _take(self) -> tuple[DataLoader, SharedBatches]:
+        """The DataLoader (with its workers, if kept) and slots of the last finished pass, else
+        new ones: a pass left suspended keeps its own."""
+        pair, self._idle = self._idle, None
+        if pair is None:
+            pair = (self._dataloader(self.loader.num_workers,
+                                     self.loader.multiprocessing_context), None)
+        loader, pool = pair
         if pool is None:
-            workers = self.loader.num_workers
+            workers = loader.num_workers
             pool = SharedBatches(
-                slots_for(workers, self.loader.prefetch_factor or 0), self.batch_size,
+                slots_for(workers, loader.prefetch_factor or 0), self.batch_size,
                 self.image_shape, channels_last=self.channels_last or self.device.type == "cuda",
                 shared=workers > 0, max_image_shape=(3, self.max_crop_size, self.max_crop_size))
             if self.device.type == "cuda":
                 self._locked = page_lock((pool.memory, pool.labels), owner=pool)
-        pool.reset()
         pool.set_shape(self.image_shape)
-        return pool
+        return loader, pool
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        pool = self._take_pool()
+        loader, pool = self._take()
         self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
-        batches = iter(self.loader)
+        seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
+        plan = PassPlan(pool.begin_pass(), self.image_shape, seed_key, len(self))
+        self._batches.plan = plan  # taken by the pass that starts now
+        batches = iter(loader)
         filled = self._filled(batches)
         try:
             if self.device.type == "cuda":
                 if self._feeder is None:
                     self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
                                               self.mean, self.std)
-                yield from self._feeder.batches(pool, filled, self._locked)
+                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id)
             else:
                 for number, slot, count in filled:
                     images, labels = pool.batch(slot, count)
                     # New memory: the slot is refilled by a later batch once released.
                     images = normalize(images, self.mean, self.std, self.channels_last)
                     labels = labels.clone()
-                    pool.release(slot, number)
+                    pool.release(slot, number, plan.pass_id)
                     yield images, labels
         finally:
-            # Dropping the last reference shuts the workers down (joined), so no worker of
-            # this pass can write into the slots any more.
+            # Workers of this pass that are not kept are shut down (joined) as the iterator
+            # goes; kept ones finish the batches in flight before the next pass starts.
             filled.close()
             del filled, batches
-            self._idle_pool = pool
+            self._idle = (loader, pool)
 
     def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
         """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;

@@ -85,12 +85,14 @@ class CudaFeeder:
         # before the current stream has written them (mean/std may be on the GPU already).
         self.stream.wait_stream(torch.cuda.current_stream(device))
 
-    def batches(self, pool, filled: Iterable[tuple[int, int, int]],
-                locked: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
+                pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """See the class; ``pass_id``: the pass the slots are released for
+        (:meth:`~loaders._shared_batches.SharedBatches.begin_pass`)."""
         current = None
         try:
             for number, slot, count in filled:
-                upcoming = self._upload(pool, number, slot, count, locked)
+                upcoming = self._upload(pool, number, slot, count, locked, pass_id)
                 if current is not None:
                     yield current[0], current[1]
                 # The model's next step (on the current stream) must wait for the upload;
@@ -112,14 +114,14 @@ class CudaFeeder:
             # workers will refill.
             self.stream.synchronize()
 
-    def _upload(self, pool, number: int, slot: int, count: int, locked: bool):
+    def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int):
         """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
-        copied event, slot, number)``, slot ``None`` if it was already released."""
+        copied event, slot, number, pass_id)``, slot ``None`` if it was already released."""
         images, labels = pool.batch(slot, count)
         with torch.cuda.stream(self.stream):
             if not locked:
                 images, labels = images.pin_memory(), labels.pin_memory()
-                pool.release(slot, number)  # staged: the workers may refill it
+                pool.release(slot, number, pass_id)  # staged: the workers may refill it
                 slot = None
             gpu_images = images.to(self.device, non_blocking=True)
             gpu_labels = labels.to(self.device, non_blocking=True)
@@ -127,13 +129,14 @@ class CudaFeeder:
             copied.record(self.stream)
             out = normalize_into(gpu_images, self.scale, self.shift, self.dtype,
                                  self.channels_last)
-        return out, gpu_labels, copied, slot, number
+        return out, gpu_labels, copied, slot, number, pass_id
 
     @staticmethod
-    def _release(pool, copied: torch.cuda.Event, slot: int | None, number: int) -> None:
+    def _release(pool, copied: torch.cuda.Event, slot: int | None, number: int,
+                 pass_id: int) -> None:
         if slot is not None:
             copied.synchronize()  # issued a step ago, so normally already done
-            pool.release(slot, number)
+            pool.release(slot, number, pass_id)
 
 
 def normalize_into(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,

@@ -8,20 +8,31 @@ main process allocates ``slots`` batches of shared memory once. Workers copy eac
 its place (no collate copy) and send back only ``(number, slot, count, found)``, and the
 main process reads the slot in place.
 
-Slot protocol: :class:`NumberedBatchSampler` numbers the batches of each pass from 0, and batch
-``k`` uses slot ``k % slots``. A worker writes batch ``k`` only after the main process has
-released batch ``k - slots`` from that slot (:meth:`SharedBatches.release`). DataLoader
-dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
-workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
-waits, but the wait is there, so no batch is ever overwritten while it is read.
+Slot protocol: :class:`NumberedBatchSampler` numbers the batches of each pass from 0 and gives
+each pass a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k`` uses slot
+``k % slots``. A worker writes batch ``k`` only after the main process has released batch
+``k - slots`` of the same pass from that slot (:meth:`SharedBatches.release`). Releases are
+recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
+workers that outlive a pass (``persistent_workers``) may still finish a batch of a pass left
+early while the next pass starts, and neither pass's wait can be satisfied by the other's
+releases. DataLoader dispatches a batch only when it hands one to the main process, so at most
+``prefetch_factor x workers`` batches are ahead of the one being read. With :func:`slots_for`
+slots a worker never waits, but the wait is there, so no batch is ever overwritten while it is
+read.
+
+Each batch also carries the seed of its augmentation (:func:`batch_seed`), so the random crops
+of a batch are a function of (seed, epoch, rank, batch number) whichever worker, and however
+many, draw them, and whether the workers were started for this pass or an earlier one.
 """
 from __future__ import annotations
 
 import errno
 import os
 import time
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
@@ -30,6 +41,7 @@ from ._errors import DataError
 # A worker that waits this long for its slot means the main process stopped releasing them.
 _WAIT_LIMIT_S = 600.0
 _POLL_S = 0.0005
+_PASS_SHIFT = 32  # a release ticket is pass << 32 | batch number (batches per pass < 2**32)
 
 
 def slots_for(workers: int, prefetch_factor: int) -> int:
@@ -38,31 +50,73 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
     return (prefetch_factor * workers if workers > 0 else 0) + 2
 
 
-class NumberedBatch(list):
-    """A batch of dataset indices that knows its position ``number`` in the pass (from 0)."""
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
+    on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
+    so that no two tuples share a stream (as DALI's crops, ``loaders._dali_graph.crop_draws``)."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
+    return int(state.generate_state(1, np.uint64)[0])
 
-    def __init__(self, indices: Sequence[int], number: int):
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What every batch of one pass carries to the workers: the pass number (``pass_id``, from
+    :meth:`SharedBatches.begin_pass`), the image shape ``(3, H, W)`` its slots hold (None: as
+    the slots were made), the seed key ``(seed, epoch, rank, first_batch)`` of its augmentation
+    (None: no random transform; ``first_batch`` is where a resumed epoch starts) and at most
+    ``limit`` batches (None: the whole epoch)."""
+
+    pass_id: int = 0
+    image_shape: tuple[int, int, int] | None = None
+    seed_key: tuple[int, int, int, int] | None = None
+    limit: int | None = None
+
+    def seed(self, number: int) -> int | None:
+        """:func:`batch_seed` of batch ``number`` of this pass, or None."""
+        if self.seed_key is None:
+            return None
+        seed, epoch, rank, first = self.seed_key
+        return batch_seed(seed, epoch, rank, first + number)
+
+
+class NumberedBatch(list):
+    """A batch of dataset indices that knows its position ``number`` in the pass (from 0) and
+    the pass's :class:`PassPlan` (``plan``)."""
+
+    def __init__(self, indices: Sequence[int], number: int, plan: PassPlan = PassPlan()):
         super().__init__(indices)
-        self.number = number
+        self.number, self.plan = number, plan
 
 
 class NumberedBatchSampler(Sampler[NumberedBatch]):
     """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
     one shorter unless ``drop_last``), numbered 0, 1, ... in each pass, as
-    ``torch.utils.data.BatchSampler`` groups them."""
+    ``torch.utils.data.BatchSampler`` groups them, at most ``plan.limit`` of them.
+
+    ``plan`` (a :class:`PassPlan`) is what the next pass's batches carry; a pass takes it when
+    it starts, so setting it never changes a pass under way.
+    """
 
     def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+        self.plan = PassPlan()
 
     def __iter__(self) -> Iterator[NumberedBatch]:
+        return self._batches(self.plan)
+
+    def _batches(self, plan: PassPlan) -> Iterator[NumberedBatch]:
+        if plan.limit == 0:
+            return
         batch, number = [], 0
         for index in self.sampler:
             batch.append(index)
             if len(batch) == self.batch_size:
-                yield NumberedBatch(batch, number)
+                yield NumberedBatch(batch, number, plan)
                 batch, number = [], number + 1
+                if number == plan.limit:
+                    return
         if batch and not self.drop_last:
-            yield NumberedBatch(batch, number)
+            yield NumberedBatch(batch, number, plan)
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -99,8 +153,10 @@ class SharedBatches:
         else:
             self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
-        # released[s]: number of the last batch the main process released from slot s.
+        # released[s]: ticket (pass << 32 | batch number) of the last batch the main process
+        # released from slot s; tickets only grow.
         self.released = torch.full((slots,), -1, dtype=torch.int64)
+        self.passes = 0  # passes begun (main process)
         if shared:
             for tensor in (self.labels, self.released):
                 tensor.share_memory_()
@@ -123,20 +179,23 @@ class SharedBatches:
         self.images = images
         self.image_shape = tuple(image_shape)
 
-    def reset(self) -> None:
-        """Start a new pass (batch numbers from 0 again); only once its workers are gone."""
-        self.released.fill_(-1)
+    def begin_pass(self) -> int:
+        """Main-process side: the number of a new pass (batch numbers from 0 again)."""
+        self.passes += 1
+        return self.passes - 1
 
-    def acquire(self, number: int) -> int:
-        """Worker side: the slot for batch ``number``, once its previous batch was released.
+    def acquire(self, number: int, pass_id: int = 0) -> int:
+        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch of
+        that pass before it in the slot was released.
 
         Raises :class:`DataError` after waiting 600 s (the main process stopped reading).
         """
         slot = number % self.slots
         previous = number - self.slots
-        if previous >= 0 and int(self.released[slot]) < previous:
+        needed = (pass_id << _PASS_SHIFT) | max(previous, 0)
+        if previous >= 0 and int(self.released[slot]) < needed:
             deadline = time.monotonic() + _WAIT_LIMIT_S
-            while int(self.released[slot]) < previous:
+            while int(self.released[slot]) < needed:
                 if time.monotonic() > deadline:
                     raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
                                     f"{slot}: the main process stopped reading batches")
@@ -148,9 +207,10 @@ class SharedBatches:
         ``(count,)``. Valid until :meth:`release`; copy what you keep."""
         return self.images[slot, :count], self.labels[slot, :count]
 
-    def release(self, slot: int, number: int) -> None:
-        """Main-process side: batch ``number`` has been copied out of ``slot``."""
-        self.released[slot] = number
+    def release(self, slot: int, number: int, pass_id: int = 0) -> None:
+        """Main-process side: batch ``number`` of pass ``pass_id`` has been copied out of
+        ``slot``."""
+        self.released[slot] = (pass_id << _PASS_SHIFT) | number
 
 
 def _pixels(shape: Sequence[int]) -> int:
@@ -239,11 +299,17 @@ class SlotWriter(Dataset):
     ``dataset``'s ``(image, label, found)`` samples, the samples newly found unreadable, see
     :class:`~loaders._bad_samples.TolerantDataset`).
 
+    Each batch follows its :class:`PassPlan`: torch's CPU generator is seeded with the batch's
+    seed before its first sample (the transforms draw from it) and put back as it was after its
+    last, and a new image shape is taken by the slots and by ``transform`` (the dataset's
+    training transform, whose ``size`` it sets; progressive resizing in workers that outlive a
+    pass).
+
     Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
     """
 
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, transform=None):
+        self.dataset, self.transform = dataset, transform
         self.pool: SharedBatches | None = None
 
     def use(self, pool: SharedBatches) -> None:
@@ -256,11 +322,29 @@ class SlotWriter(Dataset):
     def __getitem__(self, index: int):
         return self.dataset[index]
 
+    def _follow(self, plan: PassPlan) -> None:
+        shape = plan.image_shape
+        if shape is not None and tuple(shape) != self.pool.image_shape:
+            self.pool.set_shape(shape)
+            if self.transform is not None:
+                self.transform.size = tuple(shape[1:])
+
     def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
-        pool = self.pool
-        if pool is None:
+        if self.pool is None:
             raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
-        slot = pool.acquire(batch.number)
+        self._follow(batch.plan)
+        seed = batch.plan.seed(batch.number)
+        if seed is None:
+            return self._write(batch)
+        # Restored after the batch: with -j 0 this is the training process, whose own draws
+        # (MixUp, CutMix, its checkpointed RNG state) must not follow the crops' seeds.
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self._write(batch)
+
+    def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+        pool = self.pool
+        slot = pool.acquire(batch.number, batch.plan.pass_id)
         images, labels = pool.images[slot], pool.labels[slot]
         found = 0
         for i, index in enumerate(batch):

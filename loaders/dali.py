@@ -260,6 +260,10 @@ class DALILoader:
             return False
         return True
 
+    def close(self) -> None:
+        """Free the pipelines; a later pass builds new ones."""
+        self._drop_pipelines()
+
     def _drop_pipelines(self) -> None:
         self._pipes, self._feeds = [], []  # freed (with their GPU memory) when collected
 

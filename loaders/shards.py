@@ -309,7 +309,10 @@ def split_order(dataset: ShardRecords, train: bool, settings: LoaderSettings, di
 
 class ShardLoader(DeviceLoader):
     """:class:`~loaders._common.DeviceLoader` that hands its :class:`ShardRecords` each epoch's
-    reading plan (which worker reads which records, in which order)."""
+    reading plan (which worker reads which records, in which order). Its workers fork with
+    that plan, so they are started per pass, not kept."""
+
+    keeps_workers = False
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         super().set_epoch(epoch, start_batch)

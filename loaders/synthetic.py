@@ -77,6 +77,9 @@ class SyntheticLoader:
         """Nothing to reshuffle; a resumed epoch yields only its remaining batches."""
         self.start_batch = start_batch
 
+    def close(self) -> None:
+        """Nothing to stop (no workers); here as every loader has it."""
+
     def __iter__(self):
         for _ in range(len(self)):
             yield self.images, self.labels

@@ -107,7 +107,8 @@ class TrainTransform:
     on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
     there (``loaders.jpeg_scaled``); otherwise only that window is decoded
     (``loaders.jpeg_window``), else the whole image. Random draws come from torch's global
-    RNG, which DataLoader seeds per worker: the same draws, hence the same window, either way.
+    RNG, which the loaders seed per batch (``loaders._shared_batches.SlotWriter``): the same
+    draws, hence the same window, whichever way it is decoded.
     """
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO):

@@ -310,21 +310,23 @@ def test_a_run_with_every_recipe_flag_learns_and_records_them(tiny, tmp_path):
 
     out = str(tmp_path / "out")
     main.main([tiny.root, *SMALL, *RECIPE, "--lr-warmup-method", "linear", "--lr", "0.02",
-               "--model-ema-decay", "0.9", "--epochs", "4", "--output-dir", out])
+               "--model-ema-decay", "0.9", "--epochs", "8", "--output-dir", out])
     records = read_metrics(out)
-    assert [r["epoch"] for r in records] == [0, 1, 2, 3]
+    assert [r["epoch"] for r in records] == list(range(8))
     for r in records:
         assert {"val_ema_loss", "val_ema_acc1", "val_ema_acc5", "lr", "val_acc1"} <= set(r)
-    assert min(r["train_loss"] for r in records[1:]) < records[0]["train_loss"]
+    # Learns: MixUp/CutMix make the training loss too noisy to compare over 8 epochs of 4
+    # steps, but top-1 ends well above chance (25%): 75-100% with seeds 0-6.
+    assert records[-1]["val_acc1"] >= 50
     assert records[0]["lr"] == pytest.approx(0.02 * 0.01)  # linear warm-up from decay x lr
     assert records[1]["lr"] == pytest.approx(0.02)  # the peak after one epoch
     events = EventAccumulator(os.path.join(out, "tensorboard"))
     events.Reload()
     steps = events.Scalars("step/lr")
-    assert len(steps) == 4 * 4 and steps[4].value == pytest.approx(0.02)
+    assert len(steps) == 8 * 4 and steps[4].value == pytest.approx(0.02)
     assert "epoch/val_ema_acc1" in events.Tags()["scalars"]
     ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
-    assert "model_ema" in ckpt and int(ckpt["model_ema"]["n_averaged"]) == 12
+    assert "model_ema" in ckpt and int(ckpt["model_ema"]["n_averaged"]) == 28
     stats = main.main([tiny.root, *SMALL, *RECIPE, "-e", "--resume",  # the EMA's weights
                        os.path.join(out, "checkpoint.pth.tar")])
     assert stats["acc1"] == records[-1]["val_ema_acc1"]

@@ -128,8 +128,8 @@ def test_every_loader_yields_the_epochs_resolution(backend, workers, tiny, tmp_p
         assert len(batches) == len(train) == 2 and train.resolution == side
         for images, labels in batches:
             assert images.shape == (4, 3, side, side) and images.dtype == torch.float32
-        if hasattr(train, "_idle_pool"):
-            pointers.add(train._idle_pool.memory.data_ptr())
+        if hasattr(train, "_idle"):
+            pointers.add(train._idle[1].memory.data_ptr())
     assert len(pointers) <= 1  # one set of slots for every resolution
     assert next(iter(val))[0].shape[-2:] == (32, 32)
     with pytest.raises(ValueError):

@@ -73,16 +73,17 @@ def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny)
     held = []
     for images, labels in train:  # batches are copies: holding them all is safe
         held.append((images, labels))
-    first_pool = train._idle_pool
+    first_loader, first_pool = train._idle
     assert first_pool is not None and len(held) == len(train)
     suspended = iter(train)
-    next(suspended)  # a pass left half-way keeps its slots ...
-    assert train._idle_pool is None
+    next(suspended)  # a pass left half-way keeps its workers and slots ...
+    assert train._idle is None
     fresh = list(train)  # ... so this pass gets new ones, and both stay correct
     assert len(fresh) == len(train)
-    assert train._idle_pool is not first_pool
+    assert train._idle[1] is not first_pool and train._idle[0] is not first_loader
     suspended.close()
-    assert train._idle_pool is first_pool
+    assert train._idle == (first_loader, first_pool)
+    train.close()
 
 
 # Run under `unshare -rm` with a tiny tmpfs on /dev/shm: RANKS processes on one node each check
