@@ -13,9 +13,9 @@ each pass a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k`` uses
 ``k % slots``. A worker writes batch ``k`` only after the main process has released batch
 ``k - slots`` of the same pass from that slot (:meth:`SharedBatches.release`). Releases are
 recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
-workers that outlive a pass (``persistent_workers``) may still finish a batch of a pass left
-early while the next pass starts, and neither pass's wait can be satisfied by the other's
-releases. DataLoader dispatches a batch only when it hands one to the main process, so at most
+workers that outlive a pass (``persistent_workers``) finish the batches in flight of a pass
+left early when the next pass starts (DataLoader drains them before it dispatches the next
+pass's), and a later pass's wait is never satisfied by an earlier pass's releases. DataLoader dispatches a batch only when it hands one to the main process, so at most
 ``prefetch_factor x workers`` batches are ahead of the one being read. With :func:`slots_for`
 slots a worker never waits, but the wait is there, so no batch is ever overwritten while it is
 read.
