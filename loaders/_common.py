@@ -218,7 +218,6 @@ class DeviceLoader:
         """Stop the workers kept between passes (joined; they would otherwise live as long as
         this loader). A later pass starts new ones."""
         pool = self._idle[1] if self._idle is not None else None
-        self._idle = None
         self.loader = self._dataloader(self.loader.num_workers,
                                        self.loader.multiprocessing_context)
         self._idle = (self.loader, pool)

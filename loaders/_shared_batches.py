@@ -191,9 +191,10 @@ class SharedBatches:
         Raises :class:`DataError` after waiting 600 s (the main process stopped reading).
         """
         slot = number % self.slots
-        previous = number - self.slots
-        needed = (pass_id << _PASS_SHIFT) | max(previous, 0)
-        if previous >= 0 and int(self.released[slot]) < needed:
+        if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
+            return slot
+        needed = _ticket(pass_id, number - self.slots)
+        if int(self.released[slot]) < needed:
             deadline = time.monotonic() + _WAIT_LIMIT_S
             while int(self.released[slot]) < needed:
                 if time.monotonic() > deadline:
@@ -210,7 +211,13 @@ class SharedBatches:
     def release(self, slot: int, number: int, pass_id: int = 0) -> None:
         """Main-process side: batch ``number`` of pass ``pass_id`` has been copied out of
         ``slot``."""
-        self.released[slot] = (pass_id << _PASS_SHIFT) | number
+        self.released[slot] = _ticket(pass_id, number)
+
+
+def _ticket(pass_id: int, number: int) -> int:
+    """The release ticket of batch ``number`` of pass ``pass_id``: larger for every later batch
+    of the pass, and for every batch of a later pass."""
+    return (pass_id << _PASS_SHIFT) | number
 
 
 def _pixels(shape: Sequence[int]) -> int:
