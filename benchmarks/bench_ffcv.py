@@ -5,8 +5,9 @@
     python benchmarks/bench_ffcv.py --data /path/to/imagenet --ffcv-python \\
         .ffcv/bin/python --out bench-output/ffcv
 
-The sample's train images are replicated ``--repeat`` times under distinct names (symlinks, as
-``bench_loaders.py``) and stored four ways:
+The sample's train images (with ``--larger-than PX`` only those whose longer side exceeds
+``PX``: where a cap of ``PX`` changes the stored image) are replicated ``--repeat`` times under
+distinct names (symlinks, as ``bench_loaders.py``) and stored four ways:
 
 * ``lmdb``: ``folder2lmdb.py`` as it is (original JPEGs, byte-exact);
 * ``lmdb-512``: ``folder2lmdb.py --max-side 512 --quality 90`` (FFCV's cap);
@@ -90,12 +91,44 @@ def _listing(root: str, out: str) -> str:
     return out
 
 
+def _larger_than(src: str, side: int, dst: str) -> str:
+    """``dst/{train,val}/<wnid>/``: symlinks to the images of ``src`` whose longer side exceeds
+    ``side`` pixels (read from their headers), every class folder kept so both splits list the
+    same classes. Raises ``RuntimeError`` if no training image is that large."""
+    from PIL import Image
+
+    kept = 0
+    for split in ("train", "val"):
+        for wnid in sorted(os.listdir(os.path.join(src, split))):
+            folder = os.path.join(src, split, wnid)
+            if not os.path.isdir(folder):
+                continue
+            os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)
+            for name in sorted(os.listdir(folder)):
+                path = os.path.abspath(os.path.join(folder, name))
+                try:
+                    with Image.open(path) as image:
+                        if max(image.size) <= side:
+                            continue
+                except OSError as exc:  # not an image PIL reads: left out, said once
+                    print(f"bench_ffcv.py: skipping {path}: {exc}", file=sys.stderr)
+                    continue
+                os.symlink(path, os.path.join(dst, split, wnid, name))
+                kept += split == "train"
+    if not kept:
+        raise RuntimeError(f"no training image of {src} has a side longer than {side} px")
+    return dst
+
+
 def prepare(args, tmp: str) -> dict[str, str]:
     """Write the four stores under ``tmp``; returns ``{store: path}``."""
     import folder2lmdb
     from formats.cap import Cap
 
-    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
+    source = args.data
+    if args.larger_than:
+        source = _larger_than(args.data, args.larger_than, os.path.join(tmp, "selected"))
+    data = replicate(source, os.path.join(tmp, "jpeg"), args.repeat)
     paths = {"lmdb": os.path.join(tmp, "lmdb"), "lmdb-512": os.path.join(tmp, "lmdb-512"),
              "beton-512": os.path.join(tmp, "same-512.beton"),
              "beton-example": os.path.join(tmp, "example.beton")}
@@ -197,6 +230,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ffcv-python", default=os.path.join(REPO, ".ffcv", "bin", "python"))
     parser.add_argument("--out", default=os.path.join("bench-output", "ffcv"))
     parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--larger-than", type=int, metavar="PX",
+                        help="only the images whose longer side exceeds PX (those a cap changes)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("-j", "--workers", type=int, default=2)

@@ -46,3 +46,32 @@ def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
     # the same-bytes .beton holds the capped LMDB's JPEG bytes, plus FFCV's own layout
     assert report["disk_bytes"]["beton-512"] >= report["image_bytes"]["lmdb-512"]
     assert "| 64 px |" in capsys.readouterr().out
+
+
+
+def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
+    """--larger-than PX: links to the images whose longer side exceeds PX, every class folder
+    kept in both splits; a file that is not an image is skipped with one line."""
+    from PIL import Image
+
+    from tests import datagen
+
+    root = tmp_path / "data"
+    datagen.make_dataset(str(root), 2, train_per_class=6, val_per_class=3, seed=1,
+                         min_size=40, max_size=90)
+    (root / "train" / "n00000000" / "notes.JPEG").write_text("not an image")
+    out = bench_ffcv._larger_than(str(root), 64, str(tmp_path / "selected"))
+    for split in ("train", "val"):
+        assert sorted(os.listdir(os.path.join(out, split))) == ["n00000000", "n00000001"]
+        for wnid in ("n00000000", "n00000001"):
+            names = [n for n in os.listdir(root / split / wnid) if n != "notes.JPEG"]
+            large = set()
+            for name in names:
+                with Image.open(root / split / wnid / name) as image:
+                    if max(image.size) > 64:
+                        large.add(name)
+            assert set(os.listdir(os.path.join(out, split, wnid))) == large
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "skipping" in err[0] and "notes.JPEG" in err[0]
+    with pytest.raises(RuntimeError, match="no training image"):
+        bench_ffcv._larger_than(str(root), 10_000, str(tmp_path / "none"))
