@@ -91,33 +91,21 @@ def _listing(root: str, out: str) -> str:
     return out
 
 
-def _larger_than(src: str, side: int, dst: str) -> str:
-    """``dst/{train,val}/<wnid>/``: symlinks to the images of ``src`` whose longer side exceeds
-    ``side`` pixels (read from their headers), every class folder kept so both splits list the
-    same classes. Raises ``RuntimeError`` if no training image is that large."""
+def longer_side_over(side: int):
+    """A :func:`bench_loaders.replicate` filter: True for an image whose longer side exceeds
+    ``side`` pixels (read from its header); a file that is not an image is left out with one
+    stderr line."""
     from PIL import Image
 
-    kept = 0
-    for split in ("train", "val"):
-        for wnid in sorted(os.listdir(os.path.join(src, split))):
-            folder = os.path.join(src, split, wnid)
-            if not os.path.isdir(folder):
-                continue
-            os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)
-            for name in sorted(os.listdir(folder)):
-                path = os.path.abspath(os.path.join(folder, name))
-                try:
-                    with Image.open(path) as image:
-                        if max(image.size) <= side:
-                            continue
-                except OSError as exc:  # not an image PIL reads: left out, said once
-                    print(f"bench_ffcv.py: skipping {path}: {exc}", file=sys.stderr)
-                    continue
-                os.symlink(path, os.path.join(dst, split, wnid, name))
-                kept += split == "train"
-    if not kept:
-        raise RuntimeError(f"no training image of {src} has a side longer than {side} px")
-    return dst
+    def keep(path: str) -> bool:
+        try:
+            with Image.open(path) as image:
+                return max(image.size) > side
+        except OSError as exc:
+            print(f"bench_ffcv.py: skipping {path}: {exc}", file=sys.stderr)
+            return False
+
+    return keep
 
 
 def prepare(args, tmp: str) -> dict[str, str]:
@@ -125,10 +113,11 @@ def prepare(args, tmp: str) -> dict[str, str]:
     import folder2lmdb
     from formats.cap import Cap
 
-    source = args.data
-    if args.larger_than:
-        source = _larger_than(args.data, args.larger_than, os.path.join(tmp, "selected"))
-    data = replicate(source, os.path.join(tmp, "jpeg"), args.repeat)
+    keep = longer_side_over(args.larger_than) if args.larger_than else None
+    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat, keep)
+    if not any(files for _, _, files in os.walk(os.path.join(data, "train"))):
+        raise RuntimeError(f"no training image of {args.data} to time (--larger-than "
+                           f"{args.larger_than})")
     paths = {"lmdb": os.path.join(tmp, "lmdb"), "lmdb-512": os.path.join(tmp, "lmdb-512"),
              "beton-512": os.path.join(tmp, "same-512.beton"),
              "beton-example": os.path.join(tmp, "example.beton")}

@@ -117,9 +117,11 @@ def main_loader(argv: list[str]):
     return loaders.build_loaders(settings.loader, settings.dist)[0]
 
 
-def replicate(src: str, dst: str, copies: int) -> str:
+def replicate(src: str, dst: str, copies: int, keep=None) -> str:
     """``dst/{train,val}/<class>/`` with ``copies`` symlinks per source image, so one epoch is
-    long enough to measure steady state (worker start-up excluded) on a small sample."""
+    long enough to measure steady state (worker start-up excluded) on a small sample. With
+    ``keep`` (a function of a file's absolute path), only the files it accepts; every class
+    folder is made either way, so both splits list the same classes."""
     for split in ("train", "val"):
         for wnid in sorted(os.listdir(os.path.join(src, split))):
             folder = os.path.join(src, split, wnid)
@@ -127,10 +129,12 @@ def replicate(src: str, dst: str, copies: int) -> str:
                 continue
             os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)
             for name in os.listdir(folder):
+                path = os.path.abspath(os.path.join(folder, name))
+                if keep is not None and not keep(path):
+                    continue
                 stem, ext = os.path.splitext(name)
                 for k in range(copies):
-                    os.symlink(os.path.abspath(os.path.join(folder, name)),
-                               os.path.join(dst, split, wnid, f"{stem}_{k}{ext}"))
+                    os.symlink(path, os.path.join(dst, split, wnid, f"{stem}_{k}{ext}"))
     return dst
 
 

@@ -49,29 +49,40 @@ def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
 
 
 
+
 def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
-    """--larger-than PX: links to the images whose longer side exceeds PX, every class folder
-    kept in both splits; a file that is not an image is skipped with one line."""
+    """--larger-than PX: the replicated folder holds the images whose longer side exceeds PX,
+    every class folder kept in both splits; a file that is not an image is skipped with one
+    line; nothing that large is one line from main()."""
     from PIL import Image
 
+    from bench_loaders import replicate
     from tests import datagen
 
     root = tmp_path / "data"
     datagen.make_dataset(str(root), 2, train_per_class=6, val_per_class=3, seed=1,
                          min_size=40, max_size=90)
     (root / "train" / "n00000000" / "notes.JPEG").write_text("not an image")
-    out = bench_ffcv._larger_than(str(root), 64, str(tmp_path / "selected"))
+    out = replicate(str(root), str(tmp_path / "selected"), 2, bench_ffcv.longer_side_over(64))
     for split in ("train", "val"):
         assert sorted(os.listdir(os.path.join(out, split))) == ["n00000000", "n00000001"]
         for wnid in ("n00000000", "n00000001"):
-            names = [n for n in os.listdir(root / split / wnid) if n != "notes.JPEG"]
             large = set()
-            for name in names:
+            for name in os.listdir(root / split / wnid):
+                if name == "notes.JPEG":
+                    continue
                 with Image.open(root / split / wnid / name) as image:
                     if max(image.size) > 64:
-                        large.add(name)
+                        stem, ext = os.path.splitext(name)
+                        large |= {f"{stem}_0{ext}", f"{stem}_1{ext}"}
             assert set(os.listdir(os.path.join(out, split, wnid))) == large
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "skipping" in err[0] and "notes.JPEG" in err[0]
-    with pytest.raises(RuntimeError, match="no training image"):
-        bench_ffcv._larger_than(str(root), 10_000, str(tmp_path / "none"))
+    python = tmp_path / "python"  # main() checks only that it can run; prepare fails first
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    assert bench_ffcv.main(["--data", str(root), "--larger-than", "10000", "--ffcv-python",
+                            str(python), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"bench_ffcv.py: error: no training image of {root} to time "
+                       "(--larger-than 10000)")
