@@ -331,3 +331,31 @@ def test_converter_errors_are_one_line(tiny, tmp_path, monkeypatch, capsys, case
     lines = [line for line in err.strip().splitlines()  # less warnings and the layout line
              if "warning" not in line and ": source: " not in line]
     assert len(lines) == 1 and lines[0].startswith("folder2lmdb.py: error: ") and message in err
+
+
+
+def _can_mount_privately() -> bool:
+    """Whether this process may mount a tmpfs of its own (root, ``unshare -m``)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+def test_full_disk_is_one_line_not_a_bus_error(tiny, tmp_path):
+    """A real full filesystem (a 4 MiB tmpfs filled up): LMDB maps its lock file, which on a
+    full disk kills the converter with SIGBUS; it must stop first with one line instead."""
+    if not _can_mount_privately():
+        pytest.skip("needs root and unshare -m for a small tmpfs of its own")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    convert = [sys.executable, "folder2lmdb.py", "-d", os.path.join(tiny.root, "train"),
+               "-o", f"{disk}/db"]
+    script = (f"mount -t tmpfs -o size=4m tmpfs '{disk}' && "
+              f"(dd if=/dev/zero of='{disk}/filler' bs=64k status=none 2>/dev/null || true) && "
+              + " ".join(f"'{part}'" for part in convert))
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.strip().splitlines()
+             if "warning" not in line and ": source: " not in line]
+    assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and "MiB free on its disk" in lines[0], result.stderr

@@ -16,6 +16,7 @@ from ._codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb, las
                      read_meta)
 
 _MiB = 1 << 20
+_MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
 
 @dataclass
@@ -101,10 +102,16 @@ def _read_resume_state(output: str) -> ResumeState | None:
 
 
 class Writer:
-    """Writes batches of records in one transaction each, doubling ``map_size`` when full."""
+    """Writes batches of records in one transaction each, doubling ``map_size`` when full.
+    Raises :class:`ConversionError` if the disk has less than ``_MIN_FREE`` bytes free."""
 
     def __init__(self, output: str, map_size: int):
         self.output = output
+        # LMDB writes its lock file through a memory map: on a full disk that is a SIGBUS
+        # (the process dies without a word), where the data file's writes fail with ENOSPC.
+        free = shutil.disk_usage(output).free
+        if free < _MIN_FREE:
+            raise ConversionError(f"{output}: only {free / _MiB:.1f} MiB free on its disk")
         self.env = lmdb.open(output, map_size=map_size, subdir=True, meminit=False,
                              map_async=True)
 
