@@ -218,17 +218,19 @@ class DeviceLoader:
         """Stop the workers kept between passes (joined; they would otherwise live as long as
         this loader). A later pass starts new ones."""
         pool = self._idle[1] if self._idle is not None else None
-        self.loader = self._dataloader(self.loader.num_workers,
-                                       self.loader.multiprocessing_context)
+        self.loader = self._fresh_dataloader()
         self._idle = (self.loader, pool)
+
+    def _fresh_dataloader(self) -> DataLoader:
+        """A DataLoader like ``self.loader`` (its workers and start method), none started."""
+        return self._dataloader(self.loader.num_workers, self.loader.multiprocessing_context)
 
     def _take(self) -> tuple[DataLoader, SharedBatches]:
         """The DataLoader (with its workers, if kept) and slots of the last finished pass, else
         new ones: a pass left suspended keeps its own."""
         pair, self._idle = self._idle, None
         if pair is None:
-            pair = (self._dataloader(self.loader.num_workers,
-                                     self.loader.multiprocessing_context), None)
+            pair = (self._fresh_dataloader(), None)
         loader, pool = pair
         if pool is None:
             workers = loader.num_workers

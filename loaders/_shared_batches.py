@@ -15,10 +15,10 @@ each pass a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k`` uses
 recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
 workers that outlive a pass (``persistent_workers``) finish the batches in flight of a pass
 left early when the next pass starts (DataLoader drains them before it dispatches the next
-pass's), and a later pass's wait is never satisfied by an earlier pass's releases. DataLoader dispatches a batch only when it hands one to the main process, so at most
-``prefetch_factor x workers`` batches are ahead of the one being read. With :func:`slots_for`
-slots a worker never waits, but the wait is there, so no batch is ever overwritten while it is
-read.
+pass's), and a later pass's wait is never satisfied by an earlier pass's releases. DataLoader
+dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
+workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
+waits, but the wait is there, so no batch is ever overwritten while it is read.
 
 Each batch also carries the seed of its augmentation (:func:`batch_seed`), so the random crops
 of a batch are a function of (seed, epoch, rank, batch number) whichever worker, and however

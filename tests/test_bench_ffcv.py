@@ -48,8 +48,6 @@ def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
     assert "| 64 px |" in capsys.readouterr().out
 
 
-
-
 def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
     """--larger-than PX: the replicated folder holds the images whose longer side exceeds PX,
     every class folder kept in both splits; a file that is not an image is skipped with one

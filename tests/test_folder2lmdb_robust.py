@@ -333,7 +333,6 @@ def test_converter_errors_are_one_line(tiny, tmp_path, monkeypatch, capsys, case
     assert len(lines) == 1 and lines[0].startswith("folder2lmdb.py: error: ") and message in err
 
 
-
 def _can_mount_privately() -> bool:
     """Whether this process may mount a tmpfs of its own (root, ``unshare -m``)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
