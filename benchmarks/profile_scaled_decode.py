@@ -2,7 +2,7 @@
 """Scaled JPEG decoders side by side, one thread: ms per window, pixel difference to a full decode.
 
     python benchmarks/profile_scaled_decode.py --data /path/to/imagenet \\
-        [--sizes 160 192 224] [--draws 8] [--rounds 5]
+        [--sizes 160 192 224] [--draws 8] [--rounds 5] [--below] [--libturbojpeg PATH]
 
 For each output size, ``--draws`` RandomResizedCrop windows per real JPEG (the training
 transform's own ``random_resized_crop_params``, seeded) are kept where the window is at least
@@ -17,6 +17,13 @@ Each candidate turns such a window into the uint8 output:
   latter needs Debian's ``libturbojpeg0``): the whole image at 1/k into a NumPy array, the box
   rounded outwards to whole pixels, torch's resize. Neither crops while scaling (PyTurboJPEG's
   ``crop`` is a lossless transform on MCU boundaries; simplejpeg has none).
+* ``tj3 crop + scale`` (with ``--libturbojpeg PATH``, a libturbojpeg of libjpeg-turbo >= 3.0;
+  Debian bookworm's is 2.1.5): ``tj3SetScalingFactor`` and ``tj3SetCroppingRegion``, so only
+  the window's region (left edge rounded down to the scaled iMCU) comes out, at 1/k; PIL
+  resizes the exact box from it.
+
+``--below`` profiles the windows *under* the threshold instead (decoded at full scale, k = 1),
+where today's path is the first candidate.
 
 nvImageCodec 0.9 has no scaled decode (its ``DecodeParams`` carry orientation, colour and sample
 format only). Prints the median ms per window over ``--rounds`` interleaved rounds, and each
@@ -27,6 +34,7 @@ whether a second pass gives identical pixels.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import math
 import os
@@ -34,6 +42,7 @@ import random
 import sys
 import time
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,7 +64,60 @@ def _whole_scaled(decode_at):
     return run
 
 
-def candidates() -> dict:
+class _Region(ctypes.Structure):  # turbojpeg.h's tjregion
+    _fields_ = [("x", ctypes.c_int), ("y", ctypes.c_int), ("w", ctypes.c_int), ("h", ctypes.c_int)]
+
+
+class _Scale(ctypes.Structure):  # turbojpeg.h's tjscalingfactor
+    _fields_ = [("num", ctypes.c_int), ("denom", ctypes.c_int)]
+
+
+# turbojpeg.h (libjpeg-turbo 3.0): TJINIT_DECOMPRESS, TJPARAM_SUBSAMP/JPEGWIDTH/JPEGHEIGHT,
+# TJPF_RGB, and tjMCUWidth by TJSAMP_444, 422, 420, GRAY, 440, 411, 441.
+_TJINIT_DECOMPRESS, _SUBSAMP, _WIDTH, _HEIGHT, _TJPF_RGB = 1, 4, 5, 6, 0
+_MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)
+
+
+def tj3_crop_scale(path: str):
+    """A candidate decoding only the window's scaled region through libturbojpeg >= 3.0 at
+    ``path`` (ctypes); raises OSError if it lacks the tj3 API."""
+    from PIL import Image
+
+    lib = ctypes.CDLL(path)
+    if not hasattr(lib, "tj3SetCroppingRegion"):
+        raise OSError(f"{path}: no tj3 API (libturbojpeg >= 3.0 needed)")
+    lib.tj3Init.restype = ctypes.c_void_p
+    lib.tj3Get.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.tj3DecompressHeader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.tj3SetScalingFactor.argtypes = [ctypes.c_void_p, _Scale]
+    lib.tj3SetCroppingRegion.argtypes = [ctypes.c_void_p, _Region]
+    lib.tj3Decompress8.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    handle = lib.tj3Init(_TJINIT_DECOMPRESS)
+
+    def run(data, k, box, size):
+        if lib.tj3DecompressHeader(handle, data, len(data)) != 0:
+            raise RuntimeError("tj3DecompressHeader failed")
+        width, height = lib.tj3Get(handle, _WIDTH), lib.tj3Get(handle, _HEIGHT)
+        scaled_w, scaled_h = -(-width // k), -(-height // k)  # TJSCALED
+        mcu = -(-_MCU_WIDTH[lib.tj3Get(handle, _SUBSAMP)] // k)
+        # pixel i of a 1/k decode covers full-scale pixels k*i .. k*i+k-1
+        top, left, bottom, right = (v / k for v in box)
+        x0, y0 = int(left) // mcu * mcu, int(top)
+        x1, y1 = min(scaled_w, math.ceil(right)), min(scaled_h, math.ceil(bottom))
+        lib.tj3SetScalingFactor(handle, _Scale(1, k))
+        lib.tj3SetCroppingRegion(handle, _Region(x0, y0, x1 - x0, y1 - y0))
+        out = np.empty((y1 - y0, x1 - x0, 3), np.uint8)
+        if lib.tj3Decompress8(handle, data, len(data), out.ctypes.data, 0, _TJPF_RGB) != 0:
+            raise RuntimeError("tj3Decompress8 failed")
+        image = Image.fromarray(out).resize(
+            (size[1], size[0]), Image.BILINEAR,
+            box=(left - x0, top - y0, right - x0, bottom - y0))
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    return run
+
+
+def candidates(libturbojpeg: str | None = None) -> dict:
     """``{name: fn(data, k, box, size) -> uint8 (3, *size)}`` of what is installed here."""
     def window(data, k, box, size):
         top, left, bottom, right = box
@@ -82,11 +144,18 @@ def candidates() -> dict:
             d, pixel_format=turbojpeg.TJPF_RGB, scaling_factor=(1, k)))
     except (ImportError, RuntimeError, OSError) as exc:
         print(f"PyTurboJPEG: not usable ({type(exc).__name__}: {exc})")
+    if libturbojpeg:
+        try:
+            found["tj3 crop + scale"] = tj3_crop_scale(libturbojpeg)
+        except OSError as exc:
+            print(f"tj3: not usable ({exc})")
     return found
 
 
-def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0) -> list[tuple]:
-    """``(data, k, box, (size, size))`` of the seeded windows that are decoded scaled."""
+def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0,
+            below: bool = False) -> list[tuple]:
+    """``(data, k, box, (size, size))`` of the seeded windows that are decoded scaled (with
+    ``below``: those that are not, k = 1)."""
     rng, found = random.Random(seed), []
     for data in blobs:
         shape = jpeg_window.jpeg_size(data)
@@ -96,7 +165,7 @@ def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0) -> list[tu
             top, left, h, w = random_resized_crop_params(
                 *shape, RRC_SCALE, RRC_RATIO, [rng.random() for _ in range(41)])
             k = jpeg_scaled.scale_factor(h, w, size, size)
-            if k > 1:
+            if (k == 1) == below:
                 found.append((data, k, (top, left, top + h, left + w), (size, size)))
     return found
 
@@ -106,11 +175,13 @@ def reference(item) -> torch.Tensor:
     return resize(decode(data)[:, top:bottom, left:right], size)
 
 
-def profile_size(blobs, size: int, draws: int, rounds: int, found: dict) -> None:
-    items = windows(blobs, size, draws)
-    counts = {k: sum(1 for it in items if it[1] == k) for k in (2, 4, 8)}
-    print(f"\n{size} px: {len(items)} of {len(blobs) * draws} windows decoded scaled "
-          f"(1/2: {counts[2]}, 1/4: {counts[4]}, 1/8: {counts[8]})")
+def profile_size(blobs, size: int, draws: int, rounds: int, found: dict,
+                 below: bool = False) -> None:
+    items = windows(blobs, size, draws, below=below)
+    counts = {k: sum(1 for it in items if it[1] == k) for k in (1, 2, 4, 8)}
+    print(f"\n{size} px: {len(items)} of {len(blobs) * draws} windows "
+          + ("under the threshold (full scale)" if below else
+             f"decoded scaled (1/2: {counts[2]}, 1/4: {counts[4]}, 1/8: {counts[8]})"))
     if not items:
         return
     refs = [reference(it) for it in items]
@@ -139,6 +210,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("--draws", type=int, default=8, help="windows drawn per image")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--below", action="store_true",
+                        help="profile the windows under the threshold (full scale) instead")
+    parser.add_argument("--libturbojpeg", metavar="PATH",
+                        help="a libturbojpeg >= 3.0 to time its crop + scale decode")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
@@ -147,11 +222,11 @@ def main(argv=None) -> int:
               f"{jpeg_window.status()}", file=sys.stderr)
         return 1
     blobs = [open(f, "rb").read() for f in files]
-    found = candidates()
+    found = candidates(args.libturbojpeg)
     print(f"{len(files)} images from {args.data}/train, 1 thread, median of {args.rounds} "
           "interleaved rounds; |diff| against a full decode + torch resize, levels 0-255")
     for size in args.sizes:
-        profile_size(blobs, size, args.draws, args.rounds, found)
+        profile_size(blobs, size, args.draws, args.rounds, found, args.below)
     return 0
 
 

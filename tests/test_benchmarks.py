@@ -114,3 +114,50 @@ def test_bench_downloads_times_every_layout_against_the_folder(sample, tmp_path,
     assert 50 < by_layout["official"]["mib_per_1000"] < 200
     assert os.listdir(tmp_path) == ["report.json"]  # replicas and output deleted
     assert "vs folder" in capsys.readouterr().out
+
+
+def _libturbojpeg3():
+    """A libturbojpeg with the tj3 API (libjpeg-turbo >= 3.0): ``IMAGENET_LIBTURBOJPEG3``, or
+    the system's; None if neither has it."""
+    import ctypes
+    import ctypes.util
+
+    for path in (os.environ.get("IMAGENET_LIBTURBOJPEG3"), ctypes.util.find_library("turbojpeg")):
+        try:
+            if path and hasattr(ctypes.CDLL(path), "tj3SetCroppingRegion"):
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, capsys):
+    import profile_scaled_decode
+
+    args = ["--data", tiny.root, "--sizes", "16", "--draws", "2", "--rounds", "1",
+            "--libturbojpeg", str(tmp_path / "missing.so")]
+    assert profile_scaled_decode.main(args) == 0
+    assert profile_scaled_decode.main(args + ["--below"]) == 0
+    out = capsys.readouterr().out
+    assert "tj3: not usable (" in out  # one line, and the other candidates still run
+    assert "windows decoded scaled (1/2:" in out and "windows under the threshold" in out
+    rows = [line for line in out.splitlines() if "ms/window" in line]
+    assert len(rows) >= 4 and all("same on a second pass" in line for line in rows)
+    # today's path below the threshold decodes the window exactly as a full decode does
+    window_rows = [line for line in rows if line.lstrip().startswith("window, full scale")]
+    assert "max |diff|   0" in window_rows[-1]
+
+
+def test_profile_scaled_decode_times_tj3_where_installed(tiny, capsys):
+    import pytest
+
+    path = _libturbojpeg3()
+    if path is None:
+        pytest.skip("no libturbojpeg >= 3.0 here (Debian bookworm has 2.1.5); set "
+                    "IMAGENET_LIBTURBOJPEG3 to one")
+    import profile_scaled_decode
+
+    assert profile_scaled_decode.main(["--data", tiny.root, "--sizes", "16", "--draws", "2",
+                                       "--rounds", "1", "--libturbojpeg", path]) == 0
+    tj3 = [line for line in capsys.readouterr().out.splitlines() if "tj3 crop + scale" in line]
+    assert tj3 and all("same on a second pass" in line for line in tj3)
