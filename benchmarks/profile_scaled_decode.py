@@ -9,10 +9,14 @@ transform's own ``random_resized_crop_params``, seeded) are kept where the windo
 twice the output on both sides (where ``loaders.jpeg_scaled`` decodes at 1/2, 1/4 or 1/8).
 Each candidate turns such a window into the uint8 output:
 
-* ``window, full scale``: today's path below the threshold: nvImageCodec decodes the window
-  (``loaders.jpeg_window``), torch's antialiased bilinear resize (``loaders.transforms.resize``);
-* ``PIL draft`` (ours): ``loaders.jpeg_scaled.resized_window``, the whole image at 1/k, PIL's
-  antialiased bilinear resize of the exact (fractional) box;
+* ``window, full scale (nvImageCodec)``: the path below the threshold: nvImageCodec decodes
+  the window (``loaders.jpeg_window``), torch's antialiased bilinear resize
+  (``loaders.transforms.resize``);
+* ``PIL draft``: ``loaders.jpeg_scaled.draft_resized``, the whole image at 1/k, PIL's
+  antialiased bilinear resize of the exact (fractional) box (the path without our C);
+* ``crop + scale (ours)``: ``loaders.jpeg_scaled.region_resized``, only the box's region at
+  1/k through ``loaders/_jpegcrop.so`` (where ``make install`` built it; the loaders' path
+  then), the same resize;
 * ``simplejpeg`` / ``PyTurboJPEG`` (where installed: ``pip install simplejpeg PyTurboJPEG``; the
   latter needs Debian's ``libturbojpeg0``): the whole image at 1/k into a NumPy array, the box
   rounded outwards to whole pixels, torch's resize. Neither crops while scaling (PyTurboJPEG's
@@ -23,7 +27,7 @@ Each candidate turns such a window into the uint8 output:
   resizes the exact box from it.
 
 ``--below`` profiles the windows *under* the threshold instead (decoded at full scale, k = 1),
-where today's path is the first candidate.
+where the loaders' path is the first candidate (ours then decodes the region at 1/1).
 
 nvImageCodec 0.9 has no scaled decode (its ``DecodeParams`` carry orientation, colour and sample
 format only). Prints the median ms per window over ``--rounds`` interleaved rounds, and each
@@ -47,7 +51,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders import jpeg_scaled, jpeg_window  # noqa: E402
+from loaders import jpeg_crop, jpeg_scaled, jpeg_window  # noqa: E402
 from loaders.transforms import (  # noqa: E402
     RRC_RATIO, RRC_SCALE, decode, random_resized_crop_params, resize)
 
@@ -123,8 +127,15 @@ def candidates(libturbojpeg: str | None = None) -> dict:
         top, left, bottom, right = box
         return resize(jpeg_window.decode_window(data, top, left, bottom - top, right - left), size)
 
+    def array_out(decoder):
+        return lambda *item: torch.from_numpy(decoder(*item)).permute(2, 0, 1)
+
     found = {"window, full scale (nvImageCodec)": window,
-             "PIL draft (ours)": jpeg_scaled.resized_window}
+             "PIL draft": array_out(jpeg_scaled.draft_resized)}
+    if jpeg_crop.available():
+        found["crop + scale (ours, _jpegcrop.so)"] = array_out(jpeg_scaled.region_resized)
+    else:
+        print(jpeg_crop.status())
     try:
         import simplejpeg
 

@@ -7,7 +7,8 @@ Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders.d
 TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
 ``loaders.jpeg_window``, when installed), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
-Normalize, and the whole stock and ours training transforms (ours also with full decoding).
+Normalize, and the whole stock and ours training transforms (ours also with full decoding, and
+at 160 and 224 px with and without ``loaders/_jpegcrop.so``'s crop + scale, alternating).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from torchvision import transforms
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loaders import decoders  # noqa: E402
-from loaders import jpeg_window  # noqa: E402
+from loaders import jpeg_crop, jpeg_window  # noqa: E402
 from loaders.transforms import TrainTransform, decode, resize  # noqa: E402
 
 
@@ -75,6 +76,18 @@ def main(argv=None) -> None:
         rows.append(("whole training transform, ours, full decode",
                      per_image_ms(lambda i: TrainTransform()(blobs[i]), k)))
         jpeg_window.set_enabled(True)
+    if jpeg_crop.available():  # alternating, so both see the same machine
+        for size in (160, 224):
+            ours, off = [], []
+            for _ in range(3):
+                ours.append(per_image_ms(lambda i: TrainTransform(size)(blobs[i]), k))
+                jpeg_crop.set_enabled(False)
+                off.append(per_image_ms(lambda i: TrainTransform(size)(blobs[i]), k))
+                jpeg_crop.set_enabled(True)
+            rows.append((f"train transform {size} px, ours (median of 3)", sorted(ours)[1]))
+            rows.append(("  the same, crop + scale off (PIL draft)", sorted(off)[1]))
+    else:
+        print(jpeg_crop.status())
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
     for name, ms in rows:
         print(f"  {name:<44} {ms:6.2f}")

@@ -204,9 +204,13 @@ def crop_decoder_status() -> str:
     ``jpeg_scaled`` for windows at least twice the output)."""
     from . import jpeg_scaled
 
+    from . import jpeg_crop
+
     scaled = jpeg_window.available() and jpeg_scaled.enabled()
-    return jpeg_window.status() + ("; windows >= 2x the output: libjpeg-turbo DCT scaling "
-                                   "(PIL draft)" if scaled else "")
+    how = ("crop + scale in one decode, loaders/_jpegcrop.so" if jpeg_crop.available()
+           else f"PIL draft; {jpeg_crop.status()}")
+    return jpeg_window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
+                                   f"({how})" if scaled else "")
 
 
 def _tensor(data) -> torch.Tensor:

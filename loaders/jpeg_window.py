@@ -24,30 +24,25 @@ import threading
 import numpy as np
 import torch
 
+from ._optional import OptionalLibrary
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # Without this, nvImageCodec prints two coloured lines to stderr for every JPEG it cannot
 # decode; the loaders then decode the whole image and report the sample themselves.
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 
-_nvimgcodec = None  # the module, once imported
-_reason = None  # why window decoding is off in this process, or None
-_loaded = False
 _local = threading.local()  # one Decoder per thread and process (see _decoder)
 
 
-def _load():
-    """nvImageCodec's module, imported once per process, or None (``_reason`` says why)."""
-    global _nvimgcodec, _reason, _loaded
-    if not _loaded:
-        _loaded = True
-        if os.environ.get("IMAGENET_FAST_FULL_DECODE") == "1":
-            _reason = "IMAGENET_FAST_FULL_DECODE=1"
-            return None
-        try:
-            _nvimgcodec, _reason = importlib.import_module("nvidia.nvimgcodec"), None
-        except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
-            _nvimgcodec, _reason = None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
-    return _nvimgcodec
+def _import():
+    try:
+        return importlib.import_module("nvidia.nvimgcodec"), None
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
+        return None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
+
+
+_library = OptionalLibrary(_import)  # nvImageCodec's module, imported once per process
+_load = _library.get
 
 
 def _decoder():
@@ -57,7 +52,7 @@ def _decoder():
     not applied, RGB out. Made after a fork in the child, never inherited."""
     key = os.getpid()
     if getattr(_local, "pid", None) != key:
-        n = _nvimgcodec
+        n = _library.get()
         _local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
                                    backends=[n.Backend(n.BackendKind.CPU_ONLY)],
                                    options=":fancy_upsampling=1")
@@ -69,12 +64,7 @@ def _decoder():
 
 def set_enabled(enabled: bool) -> None:
     """Turn window decoding on (if installed) or off in this process, e.g. to compare both."""
-    global _nvimgcodec, _reason, _loaded
-    _loaded, _nvimgcodec = False, None
-    if enabled:
-        _load()
-    else:
-        _loaded, _reason = True, "turned off in this process"
+    _library.set_enabled(enabled)
 
 
 def available() -> bool:
@@ -88,7 +78,7 @@ def status() -> str:
     (nvImageCodec not usable (ModuleNotFoundError: ...))"``."""
     module = _load()
     if module is None:
-        return f"crop windows: whole JPEGs decoded ({_reason})"
+        return f"crop windows: whole JPEGs decoded ({_library.reason})"
     return (f"crop windows: nvImageCodec {module.__version__} (CPU, libjpeg-turbo partial "
             "decompression)")
 

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from loaders import decoders
-from loaders import jpeg_window
+from loaders import jpeg_crop, jpeg_window
 from loaders.transforms import TrainTransform
 from tests.conftest import REPO, max_abs_diff
 
@@ -178,6 +178,10 @@ def test_crop_decoder_status_is_one_line():
     assert "\n" not in status and status.startswith("crop windows: ")
     if jpeg_window.available():
         assert "nvImageCodec" in status
+        assert status.endswith("(crop + scale in one decode, loaders/_jpegcrop.so)"
+                               if jpeg_crop.available() else
+                               "(PIL draft; crop + scale: off (loaders/_jpegcrop.so not built "
+                               "(make install builds it)))")
 
 
 def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample):

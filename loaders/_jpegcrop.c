@@ -1,0 +1,141 @@
+/* Decode one region of a JPEG at one of libjpeg-turbo's DCT scales (1/1, 1/2, 1/4, 1/8).
+ *
+ * Why our own C: no maintained library this project can install decodes a region *and* scales
+ * it. TurboJPEG 3's tj3SetCroppingRegion + tj3SetScalingFactor do, but Debian 12 and Ubuntu
+ * 24.04 ship TurboJPEG 2.1, and the one PyPI wheel bundling 3.x is an unmaintained beta.
+ * nvImageCodec crops without scaling; PIL's draft scales the whole image. This file is glue
+ * around libjpeg-turbo's own partial decompression (jpeglib.h, libjpeg-turbo >= 1.5):
+ * scale_denom runs the inverse DCT on 4x4/2x2/1x1 coefficients, jpeg_crop_scanline() limits
+ * the IDCT, upsampling and colour conversion to the iMCU columns around the region,
+ * jpeg_skip_scanlines() skips that work for the rows above, and decoding stops after the
+ * region's last row. Measured against the libraries: docs/ffcv-and-decode.md.
+ *
+ * Exactness: libjpeg's fancy chroma upsampling replicates the edge sample at a cropped edge
+ * instead of reading its neighbour, so the region is decoded with 2 x the horizontal sampling
+ * factor pixels more on each side (where the image has them) and that margin dropped: the
+ * pixels equal a decode of the whole image at the same scale (tests/test_jpeg_crop.py; without
+ * the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the upsampler's
+ * context rows, so no margin is needed above.
+ *
+ * Damaged data: libjpeg turns most corruption into warnings and fills the rest with grey;
+ * here any warning is an error (-3), so the caller decodes the whole file with the loaders'
+ * decoder, which refuses it or not exactly as before.
+ *
+ * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into loaders/_jpegcrop.so and
+ * called through ctypes by loaders/jpeg_crop.py.
+ */
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jpeglib.h>
+
+struct err_mgr { struct jpeg_error_mgr pub; jmp_buf jump; int code; };
+
+static void on_error(j_common_ptr cinfo) {
+    struct err_mgr *err = (struct err_mgr *)cinfo->err;
+    err->code = -1;
+    longjmp(err->jump, 1);
+}
+
+/* Level -1 is a warning about corrupt data (premature end, bad Huffman code, ...): stop. */
+static void on_emit(j_common_ptr cinfo, int level) {
+    struct err_mgr *err = (struct err_mgr *)cinfo->err;
+    if (level < 0) {
+        err->code = -3;
+        longjmp(err->jump, 1);
+    }
+}
+
+static void on_message(j_common_ptr cinfo) { (void)cinfo; }
+
+static void init_errors(struct jpeg_decompress_struct *cinfo, struct err_mgr *err) {
+    cinfo->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_emit;
+    err->pub.output_message = on_message;
+    err->code = 0;
+}
+
+/* ABI version, checked by loaders/jpeg_crop.py so that a stale build is never called. */
+int jc_version(void) { return 3; }
+
+/* Size and number of components from the header. Returns 0, or -1 / -3 (error / warning). */
+int jc_header(const uint8_t *data, unsigned long size, int *width, int *height,
+              int *components) {
+    struct jpeg_decompress_struct cinfo;
+    struct err_mgr err;
+    init_errors(&cinfo, &err);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return err.code;
+    }
+    jpeg_mem_src(&cinfo, data, size);
+    jpeg_read_header(&cinfo, TRUE);
+    *width = (int)cinfo.image_width;
+    *height = (int)cinfo.image_height;
+    *components = cinfo.num_components;
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+static int max_int(int a, int b) { return a > b ? a : b; }
+
+/* Rows [y, y+h) and columns [x, x+w) of the image decoded at 1/denom (its size there is
+   ceil(width/denom) x ceil(height/denom)) as RGB into out: h rows of w * 3 bytes. Returns 0;
+   -1 on a libjpeg error, -2 if the region is outside the scaled image or denom is not 1, 2, 4
+   or 8, -3 on a warning about corrupt data, -4 if out of memory. */
+int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, int w, int h,
+              uint8_t *out) {
+    struct jpeg_decompress_struct cinfo;
+    struct err_mgr err;
+    JSAMPROW volatile row = NULL;  /* volatile: still valid after longjmp */
+    init_errors(&cinfo, &err);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        free(row);
+        return err.code;
+    }
+    jpeg_mem_src(&cinfo, data, size);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)denom;
+    jpeg_calc_output_dimensions(&cinfo);
+    if ((denom != 1 && denom != 2 && denom != 4 && denom != 8) || x < 0 || y < 0 || w < 1 ||
+        h < 1 || x + w > (int)cinfo.output_width || y + h > (int)cinfo.output_height) {
+        jpeg_destroy_decompress(&cinfo);
+        return -2;
+    }
+    /* fancy upsampling reads one chroma sample either side: max_h_samp_factor pixels at most */
+    int margin_x = 2 * cinfo.max_h_samp_factor;
+    int x0 = max_int(0, x - margin_x), x1 = min_int((int)cinfo.output_width, x + w + margin_x);
+    jpeg_start_decompress(&cinfo);
+    JDIMENSION crop_x = (JDIMENSION)x0, crop_w = (JDIMENSION)(x1 - x0);
+    if (crop_x > 0 || crop_w < cinfo.output_width)
+        jpeg_crop_scanline(&cinfo, &crop_x, &crop_w);  /* crop_x moves left to an iMCU edge */
+    row = (JSAMPROW)malloc((size_t)crop_w * 3);
+    if (row == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        return -4;
+    }
+    if (y > 0)
+        jpeg_skip_scanlines(&cinfo, (JDIMENSION)y);
+    size_t offset = (size_t)(x - (int)crop_x) * 3, row_bytes = (size_t)w * 3;
+    for (int r = 0; r < h; r++) {
+        JSAMPROW target = row;
+        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
+            err.code = -1;
+            longjmp(err.jump, 1);
+        }
+        memcpy(out + (size_t)r * row_bytes, row + offset, row_bytes);
+    }
+    jpeg_abort_decompress(&cinfo);  /* the rows below are never decoded */
+    jpeg_destroy_decompress(&cinfo);
+    free(row);
+    return 0;
+}
