@@ -8,7 +8,7 @@ TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvIma
 ``loaders.jpeg_window``, when installed), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
 Normalize, and the whole stock and ours training transforms (ours also with full decoding, and
-at 160 and 224 px with and without ``loaders/_jpegcrop.so``'s crop + scale, alternating).
+at 160 and 224 px, and validation's, with and without ``loaders/_jpegcrop.so``, alternating).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loaders import decoders  # noqa: E402
 from loaders import jpeg_crop, jpeg_window  # noqa: E402
-from loaders.transforms import TrainTransform, decode, resize  # noqa: E402
+from loaders.transforms import TrainTransform, ValTransform, decode, resize  # noqa: E402
 
 
 def per_image_ms(fn, items, repeats: int = 2) -> float:
@@ -77,15 +77,17 @@ def main(argv=None) -> None:
                      per_image_ms(lambda i: TrainTransform()(blobs[i]), k)))
         jpeg_window.set_enabled(True)
     if jpeg_crop.available():  # alternating, so both see the same machine
-        for size in (160, 224):
+        for name, transform in (("train transform 160 px", TrainTransform(160)),
+                                ("train transform 224 px", TrainTransform(224)),
+                                ("val transform 256/224", ValTransform(256, 224))):
             ours, off = [], []
             for _ in range(3):
-                ours.append(per_image_ms(lambda i: TrainTransform(size)(blobs[i]), k))
+                ours.append(per_image_ms(lambda i: transform(blobs[i]), k))
                 jpeg_crop.set_enabled(False)
-                off.append(per_image_ms(lambda i: TrainTransform(size)(blobs[i]), k))
+                off.append(per_image_ms(lambda i: transform(blobs[i]), k))
                 jpeg_crop.set_enabled(True)
-            rows.append((f"train transform {size} px, ours (median of 3)", sorted(ours)[1]))
-            rows.append(("  the same, crop + scale off (PIL draft)", sorted(off)[1]))
+            rows.append((f"{name}, ours (median of 3)", sorted(ours)[1]))
+            rows.append(("  the same, crop + scale off", sorted(off)[1]))
     else:
         print(jpeg_crop.status())
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as nnf
 
 from . import decoders
+from . import jpeg_crop
 from . import jpeg_scaled
 from . import jpeg_window
 
@@ -140,7 +141,10 @@ class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
     (the longer scaled alike, truncated, as torchvision's ``Resize``), then the central square.
     A JPEG whose shorter side is at least twice ``resize_size`` is decoded at libjpeg-turbo's
-    DCT scale and only the central square resampled (``loaders.jpeg_scaled``)."""
+    DCT scale and only the central square resampled (``loaders.jpeg_scaled``); where
+    ``loaders/_jpegcrop.so`` is built, any JPEG is decoded only down to the square's last row
+    and across its columns, at 1/1 or that scale, and PIL resamples the square from there
+    (within 2 levels of resize-then-crop, mean under 0.003 on the sample)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224):
         self.resize_size, self.crop_size = resize_size, crop_size
@@ -150,7 +154,8 @@ class ValTransform:
         if size is not None:
             short = min(size)
             factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
-            if factor > 1:
+            # at 1/1 too where our C decodes just the region: 1.26x on the sample, within 2 levels
+            if factor > 1 or (jpeg_scaled.enabled() and jpeg_crop.available()):
                 out = jpeg_scaled.resized_window(data, factor, center_crop_box(
                     *size, self.resize_size, self.crop_size), (self.crop_size,) * 2)
                 if out is not None:

@@ -44,10 +44,10 @@ def test_profile_transforms_prints_each_step(tiny, capsys):
     out = capsys.readouterr().out
     assert "whole training transform, ours" in out and "decode, PIL" in out
     if jpeg_crop.available():  # both sides of the crop + scale comparison, with figures
-        for size in (160, 224):
-            line = next(x for x in out.splitlines() if f"transform {size} px, ours" in x)
+        for name in ("train transform 160 px", "train transform 224 px", "val transform 256/224"):
+            line = next(x for x in out.splitlines() if f"{name}, ours" in x)
             assert float(line.split()[-1]) > 0
-        assert out.count("crop + scale off (PIL draft)") == 2
+        assert out.count("the same, crop + scale off") == 3
     else:
         assert jpeg_crop.status() in out
 

