@@ -202,9 +202,7 @@ def decoder_name() -> str:
 def crop_decoder_status() -> str:
     """One line for the start-up log on how training crops are decoded (``jpeg_window``, and
     ``jpeg_scaled`` for windows at least twice the output)."""
-    from . import jpeg_scaled
-
-    from . import jpeg_crop
+    from . import jpeg_crop, jpeg_scaled
 
     scaled = jpeg_window.available() and jpeg_scaled.enabled()
     how = ("crop + scale in one decode, loaders/_jpegcrop.so" if jpeg_crop.available()

@@ -116,11 +116,10 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             if image.format != "JPEG" or image.mode not in ("RGB", "L"):
                 return None
             width, height = image.size
-            if factor > 1:
-                image.draft(None, (width // factor, height // factor))
-                if image.size != (-(-width // factor), -(-height // factor)):
-                    return None  # not the 1/factor scale asked for
-            top, left, bottom, right = (v / factor for v in box)
+            scale = 1.0
+            if factor > 1:  # draft returns the box of the full image in scaled pixels
+                scale = width / image.draft(None, (width // factor, height // factor))[1][2]
+            top, left, bottom, right = (v / scale for v in box)
             out = image.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, right, bottom))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None  # truncated or corrupt: the caller's decoder reports it
