@@ -31,7 +31,8 @@ from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, resto
                                resume_path, save_checkpoint, with_ema_weights)
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes,
-                                setup_distributed, use_cuda, wrap_parallel)
+                                setup_distributed, use_cuda, use_default_start_method,
+                                wrap_parallel)
 from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
                          make_optimizer, needs_grad_scaler, run_epoch)
 from engine.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
@@ -206,6 +207,7 @@ def main(argv=None) -> dict:
 def train_process(local_rank: int, args, nproc: int, dist_url: str) -> None:
     """Entry point of a spawned training process: bad input exits with one line; a stop
     signal after the run is over is ignored (:func:`~engine.preempt.ignore_stop_signals`)."""
+    use_default_start_method()  # loader workers fork, as in one process
     try:
         run_process(args, local_rank, nproc, dist_url)
     except ONE_LINE_ERRORS as exc:

@@ -6,6 +6,7 @@ fractions in JSON and percentages in report.md. Nothing here runs a command.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -36,16 +37,21 @@ def read_speed(rundir: str) -> dict:
     """Training images/s of the run's last epoch record: ``images_per_sec`` is main.py's
     ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks) or, when
     that is missing or null, ``train_images_per_sec`` with ``includes_warmup`` True;
-    ``speed_key`` names the key used. Also ``data_time_fraction`` and ``epoch_seconds``.
-    Raises ValueError when metrics.jsonl has no usable record."""
+    ``speed_key`` names the key used. Also ``data_time_fraction``, ``epoch_seconds``,
+    ``val_acc1`` and ``train_loss``. Raises ValueError when metrics.jsonl has no usable record,
+    or when its training loss is not finite (diverged weights train at full speed too)."""
     records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")
     last = records[-1]
     key = STEADY if last.get(STEADY) is not None else FALLBACK
+    loss = last.get("train_loss")
+    if loss is not None and not math.isfinite(loss):
+        raise ValueError(f"train loss {loss}: the weights diverged")
     return {"images_per_sec": last[key], "speed_key": key, "includes_warmup": key == FALLBACK,
             "data_time_fraction": last.get("data_time_fraction"),
-            "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1")}
+            "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
+            "train_loss": loss}
 
 
 def last_json(text: str) -> dict | None:
@@ -95,15 +101,33 @@ def best_loader(rows: list[dict], model: str) -> dict | None:
     return max(real, key=lambda r: r["images_per_sec"], default=None)
 
 
-def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool) -> dict:
+def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
+           loader_rows: list[dict] | None = None) -> dict:
     """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
-    not measured or in a dry run, whose CPU figures say nothing about a GPU)."""
-    best = best_loader(rows, model)
-    share = best.get("ratio_to_synthetic") if best else None
-    result = {"model": model, "min_ratio": min_ratio, "best_loader": best and best["loader"],
-              "best_ratio": share, "met": None if share is None or dry_run else share >= min_ratio}
+    not measured or in a dry run, whose CPU figures say nothing about a GPU).
+
+    A loader's share is its training row's, capped by its ``--benchmark-data`` images/s over
+    synthetic training's where ``loader_rows`` has it: the timed steps start with up to
+    workers x 4 batches the DataLoader queued during start-up, so a loader slower than the
+    GPU can look as fast (the first H100 run: folder 99% of synthetic in training, 62% alone)."""
+    synthetic = find(rows, model, "synthetic")
+    shares = []
+    for row in rows:
+        if row.get("model") != model or row.get("loader") == "synthetic" or row.get(
+                "compile") or row.get("status") != "passed" or not row.get("ratio_to_synthetic"):
+            continue
+        alone = next((x for x in loader_rows or [] if x.get("loader") == row["loader"]), None)
+        alone_share = ratio(alone, synthetic)
+        shares.append((min(row["ratio_to_synthetic"], alone_share or float("inf")),
+                       row["loader"], alone_share))
+    share, loader, alone_share = max(shares, default=(None, None, None))
+    result = {"model": model, "min_ratio": min_ratio, "best_loader": loader,
+              "best_ratio": share, "loader_only_ratio": alone_share,
+              "met": None if share is None or dry_run else share >= min_ratio}
     if dry_run:
         result["note"] = "not judged in a dry run (CPU)"
+    elif share is not None and alone_share is None:
+        result["note"] = "training rows only (no loader-only figure to cap them)"
     return result
 
 

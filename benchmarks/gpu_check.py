@@ -56,6 +56,7 @@ from _gpu_settings import InputError, get_args_parser, settings  # noqa: E402
 
 LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
+NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 # seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
 # first compile, three training runs and an NCCL spawn in tests/test_gpu.py
@@ -91,7 +92,12 @@ def pytest_piece(runner: Runner, path: str) -> dict:
         return rec
     parsed = report_.parse_pytest(runner.text(name))
     rec.update(parsed)
-    if rec["status"] == "passed" and not parsed["counts"]:
+    counts = parsed["counts"]
+    if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
+            counts.get(k) for k in ("passed", "failed", "error")):
+        skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
+        return {**rec, "status": "skipped", "reason": skip.group(1) if skip else "skipped"}
+    if rec["status"] == "passed" and not counts:
         rec = fail(rec, "no pytest summary line")
     if rec["status"] != "passed" and "stdout_tail" not in rec:
         runner.attach_tails(rec)
@@ -310,7 +316,8 @@ def run_sections(runner: Runner, s, report: dict) -> None:
     if "compile" in s.only:
         sections["compile"] = compile_rows(runner, s, data, machine, rows)
     if rows:
-        report["target"] = report_.target(rows, s.models[0], TARGET_RATIO, s.dry_run)
+        report["target"] = report_.target(rows, s.models[0], TARGET_RATIO, s.dry_run,
+                                          sections.get("loaders"))
     if data is not None and not s.keep_data:
         shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
 

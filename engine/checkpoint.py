@@ -14,6 +14,7 @@ import torch
 
 from engine import ConfigError
 from engine.distributed import unwrap
+from engine.loop import fill_momentum_buffers
 from loaders import DistInfo
 
 # Path components that wrappers put into state_dict keys: DataParallel / DDP (``module.``, also
@@ -229,6 +230,7 @@ def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
                           f"({str(exc).splitlines()[0]})") from None
     for group, implementation in zip(optimizer.param_groups, kept):
         group.update(implementation)
+    fill_momentum_buffers(optimizer)
 
 
 def position_scheduler(scheduler, optimizer, step: int) -> None:

@@ -7,6 +7,7 @@ values it resolves (processes per node, rendezvous URL) to each process as argum
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import random
 import warnings
@@ -138,6 +139,16 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
         raise ProcessFailed(f"process {exc.error_index} failed; the job was stopped") from None
     except ProcessException as exc:
         raise ProcessFailed(f"process {exc.error_index} failed; the job was stopped") from None
+
+
+def use_default_start_method() -> None:
+    """In a process started by ``--multiprocessing-distributed``: start DataLoader workers as
+    one process or torchrun does, with the platform's default start method (fork on Linux
+    before Python 3.14). ``torch.multiprocessing.spawn`` hands its processes ``spawn`` as their
+    default (CPython's spawn preparation data), so each loader worker would start a new
+    interpreter and import torch and the loaders again, for every pass's workers: on the H100
+    machine (16 cores, 8 workers) a 2-batch epoch waited 84 s for data."""
+    multiprocessing.set_start_method(None, force=True)
 
 
 def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,

@@ -10,7 +10,7 @@ from torch import nn
 
 import main
 from engine import settings
-from engine.checkpoint import restore, restore_rng
+from engine.checkpoint import load_optimizer, restore, restore_rng
 from engine.distributed import check_cuda, check_gpu_flag, rng_state, unwrap
 from engine.loop import autocast, make_optimizer, needs_grad_scaler
 from engine.settings import resolve_workers
@@ -64,6 +64,52 @@ def test_fused_sgd_on_cuda_and_loss_scaling_only_for_float16():
     assert not needs_grad_scaler(args.amp, args.amp_dtype, torch.device("cpu"))
     plain = main.parse_args([])
     assert not needs_grad_scaler(plain.amp, plain.amp_dtype, cuda)
+
+
+def _overflow_then_finite_steps(optimizer, model):
+    """GradScaler's usual start: an inf gradient (step skipped), then finite ones."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)  # stands in for CUDA's
+    x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 32
+    for factor in (float("inf"), 1.0, 1.0):
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(model(x).sum() * factor).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return model.weight.detach()
+
+
+def test_fused_sgd_after_a_skipped_float16_step_equals_stock_sgd():
+    """Fused SGD's momentum buffers start at zero (make_optimizer): GradScaler skipping the
+    first step leaves them defined, and training goes on exactly as stock SGD's. Before, torch
+    left them uninitialised (torch.empty_like) and the H100's float16 runs trained to nan."""
+    args = main.parse_args(["--amp"])
+    sgd = (args.lr, args.momentum, args.weight_decay)
+    weights, optimizers = {}, {}
+    for name in ("ours", "stock"):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        optimizers[name] = (
+            make_optimizer(model, *sgd, torch.device("cuda", 0)) if name == "ours"
+            else torch.optim.SGD(model.parameters(), sgd[0], momentum=sgd[1],
+                                 weight_decay=sgd[2]))
+        weights[name] = _overflow_then_finite_steps(optimizers[name], model)
+    assert optimizers["ours"].defaults["fused"] is True
+    assert torch.equal(weights["ours"], weights["stock"])
+
+
+def test_resumed_fused_sgd_gets_the_buffers_its_checkpoint_lacks():
+    """A checkpoint saved before any step (pytorch/examples' SGD, empty state) resumed into
+    fused SGD: zero buffers again; a group with dampening (not ours) leaves the fused kernel."""
+    model = build_model("resnet18", 4, False)
+    saved = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9).state_dict()
+    optimizer = make_optimizer(model, 0.1, 0.9, 1e-4, torch.device("cuda", 0))
+    load_optimizer(optimizer, saved)
+    assert optimizer.param_groups[0]["fused"] is True
+    buffers = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    assert len(buffers) == len(list(model.parameters())) and not any(b.any() for b in buffers)
+    saved["param_groups"][0]["dampening"] = 0.1
+    load_optimizer(optimizer, saved)
+    assert optimizer.param_groups[0]["fused"] is False
 
 
 def test_autocast_dtype_follows_amp_dtype():

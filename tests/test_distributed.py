@@ -1,5 +1,6 @@
 """Distributed runs on CPU with gloo: mp.spawn, torchrun, two 'nodes' on localhost, failures."""
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import time
 
 import pytest
 
+from engine.distributed import use_default_start_method
 from tests.conftest import REPO, cmdline, descendants, free_port
 
 # -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
@@ -143,3 +145,26 @@ def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
     assert "resumed from" in result.stdout and ", batch " in result.stdout
     record = only_record(out)
     assert record["train_images"] == 32 and record["val_images"] == 16
+
+
+def _start_methods(_rank: int, path: str) -> None:
+    inherited = multiprocessing.get_start_method()
+    use_default_start_method()
+    with open(path, "w") as f:
+        f.write(f"{inherited} {multiprocessing.get_start_method()}")
+
+
+def test_spawned_processes_start_loader_workers_as_one_process_does(tmp_path):
+    """--multiprocessing-distributed's processes (torch.multiprocessing.spawn) inherit
+    ``spawn``; main.train_process resets it, so their DataLoader workers start the way one
+    process's do (fork on Linux) instead of importing torch again, each of them."""
+    import torch.multiprocessing as mp
+
+    path = str(tmp_path / "methods")
+    mp.spawn(_start_methods, args=(path,), nprocs=1)
+    with open(path) as f:
+        inherited, used = f.read().split()
+    assert inherited == "spawn"
+    assert used == multiprocessing.get_all_start_methods()[0]  # the platform's default
+    if sys.platform == "linux":
+        assert used != "spawn"

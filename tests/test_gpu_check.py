@@ -5,6 +5,7 @@ the time budget and the Makefile targets."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -300,6 +301,39 @@ def test_speed_falls_back_to_the_whole_epoch(tmp_path):
         _gpu_report.read_speed(str(tmp_path))
 
 
+def test_a_run_whose_loss_is_nan_fails(tmp_path):
+    """Diverged weights train as fast as healthy ones: such a speed proves nothing (the first
+    H100 run's float16 rows did, before fused SGD was dropped under loss scaling)."""
+    record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
+    with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
+        _gpu_report.read_speed(str(tmp_path))
+    record["train_loss"] = 4.5
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert _gpu_report.read_speed(str(tmp_path))["train_loss"] == 4.5
+
+
+def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, monkeypatch):
+    """pytest exits 5 when a module skips itself (DALI not installed): a skip, with its reason."""
+    out = ("s\n=== short test summary info ===\nSKIPPED [1] tests/test_gpu_dali.py:7: could "
+           "not import 'nvidia.dali': No module named 'nvidia.dali'\n1 skipped in 0.92s\n")
+
+    def run(self, name, cmd, timeout, code=5):
+        with open(self.log(name, "out"), "w") as f:
+            f.write(out)
+        return {"name": name, "command": " ".join(cmd), "returncode": code,
+                "status": "passed" if code == 0 else "failed", "reason": f"exit status {code}"}
+
+    monkeypatch.setattr(_gpu_runner.Runner, "run", run)
+    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    row = gpu_check.pytest_piece(runner, "tests/test_gpu_dali.py")
+    assert row["status"] == "skipped", row
+    assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
+    out = out.replace("1 skipped", "1 failed, 1 skipped")
+    monkeypatch.setattr(_gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
+    assert gpu_check.pytest_piece(runner, "tests/test_gpu_dali.py")["status"] == "failed"
+
+
 def test_pytest_summary_and_failing_tests_are_parsed():
     text = ("..F.s\n=== short test summary info ===\n"
             "SKIPPED [1] tests/test_gpu.py:14: needs a CUDA GPU\n"
@@ -334,3 +368,24 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom
+
+
+def test_the_target_caps_a_training_share_by_the_loader_alone():
+    """As on the first H100 run: folder trains at 99% of synthetic (the timed steps began with
+    the batches queued during start-up), but alone it gives 62% of synthetic's images/s."""
+    def row(loader, speed, share):
+        return {"model": "resnet50", "loader": loader, "status": "passed",
+                "images_per_sec": speed, "ratio_to_synthetic": share}
+
+    rows = [row("synthetic", 4575.5, 1.0), row("folder", 4525.8, 0.989),
+            row("lmdb", 4469.7, 0.977)]
+    alone = [{"loader": "folder", "status": "passed", "images_per_sec": 2859.6},
+             {"loader": "lmdb", "status": "passed", "images_per_sec": 2933.6}]
+    capped = _gpu_report.target(rows, "resnet50", 0.95, False, alone)
+    assert capped["met"] is False and capped["best_loader"] == "lmdb"
+    assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
+    assert _gpu_report.target_text(capped) == (
+        "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb at 64%)")
+    uncapped = _gpu_report.target(rows, "resnet50", 0.95, False)
+    assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
+    assert "no loader-only figure" in uncapped["note"]
