@@ -221,7 +221,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     code, out, _ = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert code == 0 and report["summary"] == {"passed": 23, "failed": 0, "timed_out": 0,
+    assert code == 0 and report["summary"] == {"passed": 25, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
@@ -248,6 +248,13 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     assert "1x NVIDIA H100 80GB HBM3" in text and "| resnet50 | dali | yes |" in text
     assert "| resnet50 | dali | 160 |" in text
     assert report["sections"]["nccl"][0]["process_group"] is True
+    # -j auto stops at 8: the folder and LMDB loaders alone again with 15 workers on 16 cores
+    alone = [(r["name"], " ".join(c[c.index("-j"):c.index("-j") + 2]))
+             for r in report["sections"]["loaders"] for c in _gpu_runner.Runner.calls
+             if r.get("command") == " ".join(c)]
+    assert alone == [("loader-folder", "-j auto"), ("loader-folder-j15", "-j 15"),
+                     ("loader-lmdb", "-j auto"), ("loader-lmdb-j15", "-j 15"),
+                     ("loader-dali", "-j auto")]
 
 
 def fake_wheel(folder, name: str) -> str:
