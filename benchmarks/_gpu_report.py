@@ -94,11 +94,15 @@ def find(rows: list[dict], model: str, loader: str, compiled: bool = False) -> d
                  and r.get("compile", False) == compiled), None)
 
 
+def real_loader_rows(rows: list[dict], model: str) -> list[dict]:
+    """The passed real (not synthetic) loader rows of ``model`` without --compile."""
+    return [r for r in rows if r.get("model") == model and r.get("loader") != "synthetic"
+            and not r.get("compile") and r.get("status") == "passed" and r.get("images_per_sec")]
+
+
 def best_loader(rows: list[dict], model: str) -> dict | None:
     """The fastest passed real (not synthetic) loader row of ``model`` without --compile."""
-    real = [r for r in rows if r.get("model") == model and r.get("loader") != "synthetic"
-            and not r.get("compile") and r.get("status") == "passed" and r.get("images_per_sec")]
-    return max(real, key=lambda r: r["images_per_sec"], default=None)
+    return max(real_loader_rows(rows, model), key=lambda r: r["images_per_sec"], default=None)
 
 
 def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
@@ -111,13 +115,12 @@ def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
     workers x 4 batches the DataLoader queued during start-up, so a loader slower than the
     GPU can look as fast (the first H100 run: folder 99% of synthetic in training, 62% alone)."""
     synthetic = find(rows, model, "synthetic")
+    alone_rows = {x["name"]: x for x in loader_rows or []}  # loader-NAME: main.py's own -j
     shares = []
-    for row in rows:
-        if row.get("model") != model or row.get("loader") == "synthetic" or row.get(
-                "compile") or row.get("status") != "passed" or not row.get("ratio_to_synthetic"):
+    for row in real_loader_rows(rows, model):
+        if not row.get("ratio_to_synthetic"):
             continue
-        alone = next((x for x in loader_rows or [] if x.get("loader") == row["loader"]), None)
-        alone_share = ratio(alone, synthetic)
+        alone_share = ratio(alone_rows.get(f"loader-{row['loader']}"), synthetic)
         shares.append((min(row["ratio_to_synthetic"], alone_share or float("inf")),
                        row["loader"], alone_share))
     share, loader, alone_share = max(shares, default=(None, None, None))

@@ -54,13 +54,12 @@ def fill_momentum_buffers(optimizer: torch.optim.SGD) -> None:
     usual first step. The uninitialised buffers then entered the next step, and ResNet-50's
     loss was nan in every float16 run of ``make gpu-check`` on an H100 (torch 2.11; also on
     the CPU with torch 2.14). A zero buffer gives the first step's own result exactly
-    (``momentum x 0 + (1 - dampening) x grad`` is the gradient for dampening 0); a group with
-    another dampening uses the foreach implementation instead."""
+    (``momentum x 0 + (1 - dampening) x grad`` is the gradient for dampening 0). A group with
+    another dampening (only from a foreign checkpoint: ours and pytorch/examples' have 0) is
+    left as torch makes it: a zero buffer would scale its first step, and leaving the fused
+    kernel is no way out, as GradScaler then hands an unscaled step its scale and torch asserts."""
     for group in optimizer.param_groups:
-        if not group.get("fused") or not group["momentum"]:
-            continue
-        if group["dampening"]:
-            group["fused"] = False
+        if not group.get("fused") or not group["momentum"] or group["dampening"]:
             continue
         for p in group["params"]:
             state = optimizer.state[p]

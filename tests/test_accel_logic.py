@@ -99,7 +99,8 @@ def test_fused_sgd_after_a_skipped_float16_step_equals_stock_sgd():
 
 def test_resumed_fused_sgd_gets_the_buffers_its_checkpoint_lacks():
     """A checkpoint saved before any step (pytorch/examples' SGD, empty state) resumed into
-    fused SGD: zero buffers again; a group with dampening (not ours) leaves the fused kernel."""
+    fused SGD: zero buffers again; a group with dampening (not ours) stays fused, without them
+    (a zero buffer would scale its first step by 1 - dampening)."""
     model = build_model("resnet18", 4, False)
     saved = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9).state_dict()
     optimizer = make_optimizer(model, 0.1, 0.9, 1e-4, torch.device("cuda", 0))
@@ -109,7 +110,11 @@ def test_resumed_fused_sgd_gets_the_buffers_its_checkpoint_lacks():
     assert len(buffers) == len(list(model.parameters())) and not any(b.any() for b in buffers)
     saved["param_groups"][0]["dampening"] = 0.1
     load_optimizer(optimizer, saved)
-    assert optimizer.param_groups[0]["fused"] is False
+    assert optimizer.param_groups[0]["fused"] is True and not optimizer.state
+    scaler = torch.amp.GradScaler("cpu")  # a float16 step still goes through (stands in for CUDA)
+    scaler.scale(model(torch.rand(2, 3, 32, 32)).sum()).backward()
+    scaler.step(optimizer)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_autocast_dtype_follows_amp_dtype():
