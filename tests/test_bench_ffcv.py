@@ -3,6 +3,7 @@ one line; with it (where .ffcv/ has been made), the table on a tiny sample."""
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,3 +85,22 @@ def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"bench_ffcv.py: error: no training image of {root} to time "
                        "(--larger-than 10000)")
+
+
+def test_table_shows_each_rounds_same_bytes_ratio(capsys, monkeypatch):
+    """The report keeps ours / FFCV per round (the two runs of a round see the same load) beside
+    the ratio of the medians, in the JSON and the printed table."""
+    runs = {160: {"lmdb": [1500.0, 1550.0, 1540.0], "lmdb-512": [1400.0, 1600.0, 1700.0],
+                  "beton-512": [1000.0, 1250.0, 1200.0], "beton-example": [1800.0] * 3}}
+    args = SimpleNamespace(repeat=8, rounds=3, batch_size=64, workers=2, batches=100, warmup=20,
+                           ffcv_python="ffcv-python", sizes=[160], base=None)
+    paths = {"lmdb": "/t/lmdb", "lmdb-512": "/t/lmdb-512", "beton-512": "/t/a.beton",
+             "beton-example": "/t/b.beton"}
+    # the disk figures are not what this test is about: no stores on disk
+    monkeypatch.setattr(bench_ffcv, "_lmdb_images", lambda db: (2000, 200 << 20))
+    monkeypatch.setattr(bench_ffcv, "_disk", lambda path: 210 << 20)
+    rep = bench_ffcv.report(args, paths, runs, "/t")
+    assert rep["same_bytes_ratio_per_round"][160] == [1.4, 1.28, 1700 / 1200]
+    bench_ffcv.print_table(rep)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 160"))
+    assert row == "| 160 px | 1200 | 1600 | 1.33x | 1.40x / 1.28x / 1.42x | 1540 | 1.04x | 1800 |"
