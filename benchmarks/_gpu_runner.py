@@ -160,6 +160,14 @@ def has_module(name: str) -> bool:
         return False
 
 
+def has_pip() -> bool:
+    """Whether pip is installed, from its metadata. Not :func:`has_module`: setuptools'
+    ``_distutils_hack`` answers a ``find_spec("pip")`` by switching its ``distutils`` shim off
+    for the rest of the process, so a later ``torch.compile`` in the same process (the test
+    suite) got the standard library's distutils and failed inside setuptools."""
+    return has_distribution("pip")
+
+
 def has_distribution(name: str) -> bool:
     try:
         importlib.metadata.distribution(name)
@@ -237,7 +245,7 @@ def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     shutil.rmtree(site, ignore_errors=True)
     runner.add_path(site)
     names = [os.path.basename(w).split("-")[0] for w in wanted]
-    if has_module("pip"):
+    if has_pip():
         return records + [{**runner.run("install", [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT),

@@ -274,8 +274,7 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
     """Only wheels of modules this interpreter lacks are installed, with pip or, without it,
     unpacked; every later command sees them through PYTHONPATH."""
     wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "json")]
-    has = _gpu_runner.has_module
-    monkeypatch.setattr(_gpu_runner, "has_module", lambda n: has(n) and (with_pip or n != "pip"))
+    monkeypatch.setattr(_gpu_runner, "has_pip", lambda: with_pip)
     runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     (record,) = _gpu_runner.install(runner, wheels, str(tmp_path / "site"))
     assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
@@ -283,6 +282,21 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
     result = subprocess.run([sys.executable, "-c", "import gpucheck_fake as m; print(m.VALUE)"],
                             env=runner.env, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "42", result.stderr
+
+
+def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
+    """has_pip() must not import-probe pip: setuptools' _distutils_hack then turns its distutils
+    shim off for the whole process, and torch.compile later in the suite failed with
+    ``AssertionError: .../distutils/core.py``."""
+    probe = ("import sys; sys.path.insert(0, 'benchmarks'); import _gpu_runner; "
+             "_gpu_runner.has_pip() if sys.argv[1] == '1' else None; "
+             "import warnings; warnings.simplefilter('ignore'); import distutils; "
+             "print(distutils.__file__)")
+    where = [subprocess.run([sys.executable, "-c", probe, flag], cwd=REPO, capture_output=True,
+                            text=True, timeout=60).stdout.strip() for flag in ("0", "1")]
+    if "setuptools" not in where[0]:
+        pytest.skip(f"no setuptools distutils shim in this environment ({where[0] or 'none'})")
+    assert where[1] == where[0]
 
 
 def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
