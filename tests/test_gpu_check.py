@@ -135,7 +135,8 @@ def test_distributed_row(dry_run):
 def test_report_md_has_the_tables_and_commands(dry_run):
     text = (dry_run.out / "report.md").read_text()
     assert text.startswith("# GPU check (dry run on CPU)")
-    assert "| model | loader | --compile | images/s | vs synthetic |" in text
+    assert ("| model | loader | --compile | images/s | vs synthetic | loader alone vs synthetic |"
+            in text)
     assert "| resnet18 | lmdb |" in text and "| folder |" in text
     for heading in ("## 1. Environment", "## 2. GPU tests", "## 3. Training", "## 4. Loader-only",
                     "## 5. Distributed", "## 6. Progressive resizing", "## Not proven on a GPU",
@@ -414,3 +415,31 @@ def test_the_target_caps_a_training_share_by_the_loader_alone():
     uncapped = _gpu_report.target(rows, "resnet50", 0.95, False)
     assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
     assert "no loader-only figure" in uncapped["note"]
+
+
+def test_training_table_shows_the_loader_alone_bound():
+    """The first H100 run's training table showed folder at 99% of synthetic (batches queued
+    during start-up); the row now also shows the loader alone over that model's synthetic."""
+    def row(model, loader, speed, **more):
+        return {"model": model, "loader": loader, "status": "passed", "images_per_sec": speed,
+                **more}
+
+    report = {"sections": {
+        "training": [row("resnet50", "synthetic", 4575.5, ratio_to_synthetic=1.0),
+                     row("resnet50", "folder", 4525.8, ratio_to_synthetic=0.989),
+                     row("resnet18", "synthetic", 14776.0, ratio_to_synthetic=1.0),
+                     row("resnet18", "folder", 5000.0, ratio_to_synthetic=0.338)],
+        "compile": [row("resnet50", "synthetic", 5088.0, compile=True, speedup=1.112)],
+        "loaders": [{"name": "loader-folder", "loader": "folder", "status": "passed",
+                     "images_per_sec": 2859.6},
+                    {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
+                     "images_per_sec": 4600.0}]}}
+    lines = _gpu_report.training_md(report).splitlines()
+    cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[6].strip()
+             for line in lines if line.startswith("| resnet")}
+    assert cells[("resnet50", "folder", "")] == "62%"  # 2859.6 / 4575.5
+    assert cells[("resnet18", "folder", "")] == "19%"  # 2859.6 / 14776
+    assert cells[("resnet50", "synthetic", "")] == cells[("resnet50", "synthetic", "yes")] == "-"
+    assert "bounds its steady share" in lines[-1]
+    del report["sections"]["loaders"]
+    assert "bounds its steady share" not in _gpu_report.training_md(report)
