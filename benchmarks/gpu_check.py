@@ -49,6 +49,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _gpu_markdown  # noqa: E402
 import _gpu_report as report_  # noqa: E402
 from _gpu_runner import (REPO, Runner, environment, fail, install, prepare_data,  # noqa: E402
                          probe, skipped)
@@ -353,7 +354,7 @@ def main_cli(argv=None) -> int:
     print(f"gpu-check: {'dry run (CPU), ' if s.dry_run else ''}budget {s.budget:.0f} s, "
           f"report in {s.out}", flush=True)
     report = run_all(s)
-    report_.write(s.out, report)
+    _gpu_markdown.write(s.out, report)
     print(report_.summary_text(report, s.out), flush=True)
     if report.get("interrupted"):
         print("gpu_check.py: interrupted; the report holds the checks that finished",

@@ -21,6 +21,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
+import _gpu_markdown  # noqa: E402
 import _gpu_report  # noqa: E402
 import _gpu_runner  # noqa: E402
 import gpu_check  # noqa: E402
@@ -434,7 +435,7 @@ def test_training_table_shows_the_loader_alone_bound():
                      "images_per_sec": 2859.6},
                     {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
                      "images_per_sec": 4600.0}]}}
-    lines = _gpu_report.training_md(report).splitlines()
+    lines = _gpu_markdown.training_md(report).splitlines()
     cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[6].strip()
              for line in lines if line.startswith("| resnet")}
     assert cells[("resnet50", "folder", "")] == "62%"  # 2859.6 / 4575.5
@@ -442,4 +443,4 @@ def test_training_table_shows_the_loader_alone_bound():
     assert cells[("resnet50", "synthetic", "")] == cells[("resnet50", "synthetic", "yes")] == "-"
     assert "bounds its steady share" in lines[-1]
     del report["sections"]["loaders"]
-    assert "bounds its steady share" not in _gpu_report.training_md(report)
+    assert "bounds its steady share" not in _gpu_markdown.training_md(report)
