@@ -10,6 +10,7 @@ and a last row, ``decode_jpeg_luma`` (the converters' check) with the default li
 *Crop windows*: the RandomResizedCrop(224) window of each image (our ``random_resized_crop_params``,
 torch seed 0; the same windows for every row) decoded by nvImageCodec's CPU backend
 (``loaders.jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
+the loaders' own ``loaders/_jpegcrop.so`` at scale 1/1 where ``make install`` built it, by
 DALI's CPU ``fn.decoders.image_slice`` (one pipeline with 1 thread and the whole set as one
 batch, synchronous; per image = batch time / images), by a build of the former
 ``loaders/_jpegcrop.c`` if ``--jpegcrop-so`` names one (``git show 5256e47:loaders/_jpegcrop.c >
@@ -36,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from loaders import decoders  # noqa: E402
-from loaders import jpeg_window  # noqa: E402
+from loaders import jpeg_crop, jpeg_window  # noqa: E402
 from loaders.transforms import random_resized_crop_params  # noqa: E402
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -169,6 +170,12 @@ def whole_rows(blobs: list[bytes], args) -> None:
           f"{'(1 channel: Y)':>20}")
 
 
+def _region(data: bytes, top: int, left: int, height: int, width: int):
+    """The window through ``loaders.jpeg_crop`` at scale 1/1, as uint8 ``(3, h, w)``."""
+    pixels = jpeg_crop.decode_region(data, 1, top, left, height, width)
+    return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
+
+
 def crop_functions(blobs, boxes, args) -> dict:
     """``{row name: per-image function (data, top, left, h, w) -> tensor}``; a row whose
     library is missing maps to the reason (str)."""
@@ -182,6 +189,9 @@ def crop_functions(blobs, boxes, args) -> dict:
     rows["nvImageCodec CPU (loaders)"] = (
         (lambda d, *box: (jpeg_window.jpeg_size(d), jpeg_window.decode_window(d, *box))[1])
         if jpeg_window.available() else jpeg_window.status())
+    rows["_jpegcrop.so at 1/1"] = (  # the loaders' C, which they use for scaled windows
+        (lambda d, *box: (jpeg_crop.jpeg_size(d), _region(d, *box))[1])
+        if jpeg_crop.available() else jpeg_crop.status())
     try:
         rows["DALI CPU image_slice"] = dali_slicer(blobs, boxes)
     except Exception as exc:  # noqa: BLE001 - DALI missing or refusing: report, go on

@@ -205,13 +205,17 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
                                       "--jpegcrop-so", os.path.join(tiny.root, "missing.so")]) == 0
     out = capsys.readouterr().out
     assert "Whole images" in out and "Crop windows" in out
-    for row in ("torchvision", "whole decode + crop", "_jpegcrop.c (former)", "PyTurboJPEG"):
+    for row in ("torchvision", "whole decode + crop", "_jpegcrop.c (former)", "PyTurboJPEG",
+                "_jpegcrop.so at 1/1"):
         assert row in out
     luma = next(line for line in out.splitlines() if " luma " in line)
     assert float(luma.split()[-6]) > 0  # decode_jpeg_luma's median CPU ms per image
     if jpeg_window.available():
         line = next(line for line in out.splitlines() if "nvImageCodec CPU" in line)
         assert float(line.split()[-7]) > 0  # its median CPU ms per image
+    if jpeg_crop.available():  # the same pixels as a whole decode's crop
+        line = next(line for line in out.splitlines() if "_jpegcrop.so at 1/1" in line)
+        assert line.split()[-4:-1] == ["0", "|", "0.0000"], line
 
 
 def test_profile_decoders_bad_data_is_one_line(tmp_path, capsys):
