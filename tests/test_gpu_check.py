@@ -1,7 +1,7 @@
 """``benchmarks/gpu_check.py`` (``make gpu-check``): its CPU dry run end to end on 8 real
 ImageNet classes, its one-line input errors, and what a GPU run relies on that the dry run
-cannot reach here: installing the bundle's wheels, the speed key fallback, pytest's summary,
-the time budget and the Makefile targets."""
+cannot reach here: installing the bundle's wheels, a test file skipped at collection, the time
+budget and the Makefile targets (reading main.py's figures and the report: test_gpu_report.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +21,6 @@ from tests.conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-import _gpu_markdown  # noqa: E402
 import _gpu_report  # noqa: E402
 import _gpu_runner  # noqa: E402
 import gpu_check  # noqa: E402
@@ -308,34 +307,6 @@ def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
     assert "PYTHONPATH" not in runner.env or str(tmp_path) not in runner.env["PYTHONPATH"]
 
 
-def test_speed_falls_back_to_the_whole_epoch(tmp_path):
-    def speed(**record):
-        record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
-        (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-        return _gpu_report.read_speed(str(tmp_path))
-
-    assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
-    for missing in ({}, {"steady_images_per_sec": None}):
-        fallback = speed(**missing)
-        assert fallback["images_per_sec"] == 10.0 and fallback["includes_warmup"]
-        assert fallback["speed_key"] == "train_images_per_sec"
-    (tmp_path / "metrics.jsonl").write_text("")
-    with pytest.raises(ValueError):
-        _gpu_report.read_speed(str(tmp_path))
-
-
-def test_a_run_whose_loss_is_nan_fails(tmp_path):
-    """Diverged weights train as fast as healthy ones: such a speed proves nothing (the first
-    H100 run's float16 rows did, before fused SGD was dropped under loss scaling)."""
-    record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
-    with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
-        _gpu_report.read_speed(str(tmp_path))
-    record["train_loss"] = 4.5
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    assert _gpu_report.read_speed(str(tmp_path))["train_loss"] == 4.5
-
-
 def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, monkeypatch):
     """pytest exits 5 when a module skips itself (DALI not installed): a skip, with its reason."""
     out = ("s\n=== short test summary info ===\nSKIPPED [1] tests/test_gpu_dali.py:7: could "
@@ -355,20 +326,6 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
     out = out.replace("1 skipped", "1 failed, 1 skipped")
     monkeypatch.setattr(_gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
     assert gpu_check.pytest_piece(runner, "tests/test_gpu_dali.py")["status"] == "failed"
-
-
-def test_pytest_summary_and_failing_tests_are_parsed():
-    text = ("..F.s\n=== short test summary info ===\n"
-            "SKIPPED [1] tests/test_gpu.py:14: needs a CUDA GPU\n"
-            "FAILED tests/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
-            "ERROR tests/test_dali.py::test_contract[dali] - OSError\n"
-            "1 failed, 3 passed, 1 skipped, 250 deselected, 1 error in 12.34s\n")
-    parsed = _gpu_report.parse_pytest(text)
-    assert parsed["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1,
-                                "deselected": 250}
-    assert parsed["failed_tests"] == ["tests/test_gpu.py::test_amp_channels_last_training_on_gpu",
-                                      "tests/test_dali.py::test_contract[dali]"]
-    assert _gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
 
 
 def make_n(*args):
@@ -391,56 +348,3 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom
-
-
-def test_the_target_caps_a_training_share_by_the_loader_alone():
-    """As on the first H100 run: folder trains at 99% of synthetic (the timed steps began with
-    the batches queued during start-up), but alone it gives 62% of synthetic's images/s."""
-    def row(loader, speed, share):
-        return {"model": "resnet50", "loader": loader, "status": "passed",
-                "images_per_sec": speed, "ratio_to_synthetic": share}
-
-    rows = [row("synthetic", 4575.5, 1.0), row("folder", 4525.8, 0.989),
-            row("lmdb", 4469.7, 0.977)]
-    alone = [{"name": "loader-folder", "loader": "folder", "status": "passed",
-              "images_per_sec": 2859.6},
-             {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
-              "images_per_sec": 4600.0},  # not main.py's default -j: does not count
-             {"name": "loader-lmdb", "loader": "lmdb", "status": "passed",
-              "images_per_sec": 2933.6}]
-    capped = _gpu_report.target(rows, "resnet50", 0.95, False, alone)
-    assert capped["met"] is False and capped["best_loader"] == "lmdb"
-    assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
-    assert _gpu_report.target_text(capped) == (
-        "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb at 64%)")
-    uncapped = _gpu_report.target(rows, "resnet50", 0.95, False)
-    assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
-    assert "no loader-only figure" in uncapped["note"]
-
-
-def test_training_table_shows_the_loader_alone_bound():
-    """The first H100 run's training table showed folder at 99% of synthetic (batches queued
-    during start-up); the row now also shows the loader alone over that model's synthetic."""
-    def row(model, loader, speed, **more):
-        return {"model": model, "loader": loader, "status": "passed", "images_per_sec": speed,
-                **more}
-
-    report = {"sections": {
-        "training": [row("resnet50", "synthetic", 4575.5, ratio_to_synthetic=1.0),
-                     row("resnet50", "folder", 4525.8, ratio_to_synthetic=0.989),
-                     row("resnet18", "synthetic", 14776.0, ratio_to_synthetic=1.0),
-                     row("resnet18", "folder", 5000.0, ratio_to_synthetic=0.338)],
-        "compile": [row("resnet50", "synthetic", 5088.0, compile=True, speedup=1.112)],
-        "loaders": [{"name": "loader-folder", "loader": "folder", "status": "passed",
-                     "images_per_sec": 2859.6},
-                    {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
-                     "images_per_sec": 4600.0}]}}
-    lines = _gpu_markdown.training_md(report).splitlines()
-    cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[6].strip()
-             for line in lines if line.startswith("| resnet")}
-    assert cells[("resnet50", "folder", "")] == "62%"  # 2859.6 / 4575.5
-    assert cells[("resnet18", "folder", "")] == "19%"  # 2859.6 / 14776
-    assert cells[("resnet50", "synthetic", "")] == cells[("resnet50", "synthetic", "yes")] == "-"
-    assert "bounds its steady share" in lines[-1]
-    del report["sections"]["loaders"]
-    assert "bounds its steady share" not in _gpu_markdown.training_md(report)
