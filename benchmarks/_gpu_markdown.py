@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from _gpu_report import (FALLBACK, STEADY, counts_text, find, pct, proof_text, ratio, rows_of,
-                         status_of, target_text)
+from _gpu_report import (FALLBACK, STEADY, counts_text, find, loader_alone_share, pct,
+                         proof_text, ratio, rows_of, status_of, target_text)
 
 
 def num(x: float | None) -> str:
@@ -100,23 +100,13 @@ def not_proven_md(r: dict) -> str:
     return head + "\n".join(f"- {x['name']}: {x['reason']}" for x in rows)
 
 
-def loader_alone_share(r: dict, row: dict) -> float | None:
-    """A real loader's training row's bound: its section-4 row (``loader-LOADER``, main.py's
-    own ``-j``) over the images/s of the row model's synthetic training; None for synthetic
-    data, ``--compile`` rows or where either figure is missing."""
-    if row.get("loader") in (None, "synthetic") or row.get("compile"):
-        return None
-    alone = {x.get("name"): x for x in r["sections"].get("loaders", [])}
-    synthetic = find(r["sections"].get("training", []), row.get("model"), "synthetic")
-    return ratio(alone.get(f"loader-{row['loader']}"), synthetic)
-
-
 def training_md(r: dict) -> str:
     rows = r["sections"].get("training", []) + [
         x for x in r["sections"].get("compile", []) if x.get("model")]
     if not rows and not r["sections"].get("compile"):
         return ""
-    alone = [loader_alone_share(r, x) for x in rows]
+    alone = [loader_alone_share(r["sections"].get("training", []), r["sections"].get("loaders"),
+                                x) for x in rows]
     body = [[x["model"], x["loader"], "yes" if x.get("compile") else "",
              num(x.get("images_per_sec")) + ("*" if x.get("includes_warmup") else ""),
              pct(x.get("ratio_to_synthetic")), pct(share), pct(x.get("speedup")),

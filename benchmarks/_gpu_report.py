@@ -106,6 +106,19 @@ def best_loader(rows: list[dict], model: str) -> dict | None:
     return max(real_loader_rows(rows, model), key=lambda r: r["images_per_sec"], default=None)
 
 
+def loader_alone_share(training: list[dict], loader_rows: list[dict] | None,
+                       row: dict) -> float | None:
+    """The bound of a real loader's training ``row``: that loader's ``--benchmark-data`` row
+    in ``loader_rows`` (named ``loader-LOADER``: main.py's own ``-j``) over the images/s of
+    the row model's synthetic training in ``training``; None for synthetic data, ``--compile``
+    rows or where either figure is missing."""
+    if row.get("loader") in (None, "synthetic") or row.get("compile"):
+        return None
+    name = f"loader-{row['loader']}"
+    alone = next((x for x in loader_rows or [] if x.get("name") == name), None)
+    return ratio(alone, find(training, row.get("model"), "synthetic"))
+
+
 def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
            loader_rows: list[dict] | None = None) -> dict:
     """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
@@ -115,13 +128,11 @@ def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
     synthetic training's where ``loader_rows`` has it: the timed steps start with up to
     workers x 4 batches the DataLoader queued during start-up, so a loader slower than the
     GPU can look as fast (the first H100 run: folder 99% of synthetic in training, 62% alone)."""
-    synthetic = find(rows, model, "synthetic")
-    alone_rows = {x["name"]: x for x in loader_rows or []}  # loader-NAME: main.py's own -j
     shares = []
     for row in real_loader_rows(rows, model):
         if not row.get("ratio_to_synthetic"):
             continue
-        alone_share = ratio(alone_rows.get(f"loader-{row['loader']}"), synthetic)
+        alone_share = loader_alone_share(rows, loader_rows, row)
         shares.append((min(row["ratio_to_synthetic"], alone_share or float("inf")),
                        row["loader"], alone_share))
     share, loader, alone_share = max(shares, default=(None, None, None))

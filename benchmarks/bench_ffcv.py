@@ -173,7 +173,7 @@ def measure(args, paths: dict[str, str]) -> dict:
 def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     """Medians, ratios, disk per store and the commands (temporary paths as names)."""
     med = {size: {s: sorted(v)[len(v) // 2] for s, v in by.items()} for size, by in runs.items()}
-    # a round's two runs are minutes apart, so their ratio sees the same machine load
+    # a round runs each store once, back to back: their ratio sees the same machine load
     per_round = {size: [ours / ffcv for ours, ffcv in zip(by["lmdb-512"], by["beton-512"])]
                  for size, by in runs.items()}
     count = _lmdb_images(os.path.join(paths["lmdb"], "train"))[0]
@@ -184,7 +184,8 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     shown = {store: " ".join(a.replace(tmp, "TMP").replace(REPO + os.sep, "") for a in cmd[1:])
              for store, cmd in commands(args, paths, 224).items()}
     return {"images": count, "repeat": args.repeat, "rounds": args.rounds, "runs": runs,
-            "median": med, "same_bytes_ratio_per_round": per_round, "disk_bytes": disk, "image_bytes": images, "commands_224": shown,
+            "median": med, "same_bytes_ratio_per_round": per_round, "disk_bytes": disk,
+            "image_bytes": images, "commands_224": shown,
             "config": {"batch_size": args.batch_size, "workers": args.workers,
                        "batches": args.batches, "warmup": args.warmup,
                        "cpu_count": len(os.sched_getaffinity(0))}}
