@@ -44,9 +44,19 @@ class GraphOptions:
     channels_last: bool
 
 
-def random_window(encoded, draws):
-    """RandomResizedCrop's window of each image, computed in the graph from its header
-    (``fn.peek_image_shape``) and its uniforms ``draws`` (float64 ``(4 * RRC_ATTEMPTS,)``, see
+def stored_shape(encoded):
+    """Each image's ``(H, W, C)`` as stored, float64, from its header: the shape the decoder
+    (``adjust_orientation=False``) decodes. ``fn.peek_image_shape`` applies EXIF orientation by
+    default: an EXIF-rotated JPEG's window was drawn for the turned shape and left the stored
+    image, and DALI stopped on it, or crashed the process (issue 35)."""
+    from nvidia.dali import fn, types
+
+    return fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False), dtype=types.FLOAT64)
+
+
+def random_window(size, draws):
+    """RandomResizedCrop's window of each image of ``size`` (:func:`stored_shape`), computed in
+    the graph from its uniforms ``draws`` (float64 ``(4 * RRC_ATTEMPTS,)``, see
     :func:`crop_draws`) exactly as :func:`loaders.transforms.random_resized_crop_params` does
     on the CPU (torchvision's ``RandomResizedCrop.get_params``): up to ``RRC_ATTEMPTS`` windows
     of area share in ``RRC_SCALE`` and log-uniform aspect ratio in ``RRC_RATIO``, the first that
@@ -58,7 +68,6 @@ def random_window(encoded, draws):
     attempt and step (about 250) made ``--dali --dali-cpu`` a quarter slower."""
     from nvidia.dali import fn, math as dmath, types
 
-    size = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT64)  # (H, W, C)
     height, width = size[0], size[1]
     log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
     u_area, u_ratio, u_top, u_left = (draws[i::4] for i in range(4))  # (RRC_ATTEMPTS,) each
@@ -102,6 +111,18 @@ def _central_window(height, width):
     return w, h
 
 
+def inside(anchor, shape, size):
+    """``(anchor, shape)`` clamped into the image of ``size`` (graph nodes as
+    :func:`random_window` returns them): the same window for every window it draws, but one
+    that leaves its image would stop DALI's decoder, and DALI has crashed the process on that
+    error (issue 35); :func:`window_mismatch` names it instead."""
+    from nvidia.dali import fn, math as dmath, types
+
+    limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
+    shape = dmath.min(shape, limit)
+    return dmath.clamp(anchor, 0.0, limit - shape), shape
+
+
 def augment(encoded, opts: GraphOptions, train_inputs=None):
     """DALI graph: encoded images -> list of outputs before the labels. ``train_inputs``
     (training): the external source's ``(draws, flips, sizes)`` nodes of :class:`PassFeed`.
@@ -112,7 +133,10 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
     :func:`finish_on_cpu` resizes, flips and normalises: DALI's CPU ``fn.resize`` is the slow
     stage there, its region-of-interest JPEG decoding fast (``benchmarks/profile_dali_cpu.py``).
-    Grayscale and CMYK JPEGs come out as RGB (``output_type=RGB``), as PIL's ``convert("RGB")``.
+    Training lists end with the :data:`WINDOW_CHECKS` outputs that :func:`window_mismatch`
+    reads. Grayscale and CMYK JPEGs come out as RGB (``output_type=RGB``), as PIL's
+    ``convert("RGB")``; EXIF orientation is not applied, in the window either (pixels as stored,
+    as every loader here: docs/loaders.md, *Orientation*).
     """
     from nvidia.dali import fn, types
 
@@ -122,14 +146,18 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         decode["hw_decoder_load"] = opts.hw_decoder_load
     if opts.train:
         draws, mirror, sizes = train_inputs
-        anchor, shape = random_window(encoded, draws)
-        images = fn.decoders.image_slice(encoded, anchor, shape, normalized_anchor=False,
-                                         normalized_shape=False, **decode)
+        size = stored_shape(encoded)
+        anchor, shape = random_window(size, draws)
+        images = fn.decoders.image_slice(encoded, *inside(anchor, shape, size),
+                                         normalized_anchor=False, normalized_shape=False,
+                                         **decode)
+        # images.shape() is metadata: on the host even for GPU images, without a copy
+        checks = [images.shape(), anchor, shape, size]
     else:
         images = fn.decoders.image(encoded, **decode)
-        mirror = 0
+        mirror, checks = 0, []
     if not opts.cuda:
-        return [images, mirror] if opts.train else [images]
+        return [images, mirror, *checks] if opts.train else [images]
     if opts.decode_on_cpu:
         images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
     if opts.train:  # the side can change between epochs (progressive resizing): an input
@@ -142,7 +170,32 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         images, mirror=mirror, **crop,
         dtype=types.FLOAT16 if opts.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if opts.channels_last else "CHW",
-        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])]
+        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD]), *checks]
+
+
+# The last outputs of a training graph before the labels: the decoded windows' shapes (int64
+# (H, W, C) each), the drawn windows' anchors (x, y) and shapes (w, h) (float32), and the
+# images' stored shapes (float64 (H, W, C)).
+WINDOW_CHECKS = 4
+
+
+def window_mismatch(outputs) -> tuple[int, str] | None:
+    """``(position in the batch, one-line reason)`` of the first sample of a training batch
+    (the pipeline's outputs, labels last) whose RandomResizedCrop window leaves its stored
+    image, or whose decoded window is not that ``h x w x 3``; None if every sample is right.
+    Reads shape metadata only, never pixels, so it runs before anything reads a buffer."""
+    decoded, anchors, shapes, sizes = (np.array(out.as_tensor()).reshape(len(out), -1)
+                                       for out in outputs[-1 - WINDOW_CHECKS:-1])
+    for position in range(len(decoded)):
+        (x, y), (w, h) = anchors[position].astype(np.int64), shapes[position].astype(np.int64)
+        height, width = sizes[position][:2].astype(np.int64)
+        if min(x, y) < 0 or x + w > width or y + h > height:
+            return position, (f"its RandomResizedCrop window {w}x{h} at ({x}, {y}) leaves the "
+                              f"{width}x{height} image as stored")
+        if tuple(decoded[position]) != (h, w, 3):
+            got = "x".join(str(v) for v in decoded[position])
+            return position, f"DALI decoded {got} pixels for its {h}x{w}x3 window"
+    return None
 
 
 def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:

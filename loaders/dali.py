@@ -17,8 +17,9 @@ does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads a
 the RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with
 the other backends' code, because DALI's CPU resize is the slow step there (``_dali_graph.augment``);
 ``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
-EXIF orientation is not applied (``adjust_orientation=False``): as in every loader here and in
-the ``ImageFolder`` + PIL pipeline of pytorch/examples, a JPEG's pixels are used as stored.
+EXIF orientation is not applied, in the window drawn from the header either: as in every loader
+here and pytorch/examples' ``ImageFolder`` + PIL, pixels are used as stored (docs/loaders.md,
+*Orientation*); a window off its image is an unreadable sample named on stderr.
 
 Order: the loader reads each epoch in the indices of an epoch order (``loaders/orders.py``),
 the same objects as the other backends use (training :class:`~loaders.orders.RandomOrder`, or
@@ -32,10 +33,7 @@ drawn on the host from (seed, epoch, rank, batch number), so an epoch's order an
 augmentation are a function of (seed, epoch, rank) alone, whatever ran before, and a resumed
 epoch draws what the uninterrupted one did. Pipelines are rebuilt only after a sample DALI
 could not decode (from that batch on) and after a pass left unfinished.
-
-DALI is imported only inside functions: this module imports without it, and ``build_loaders``
-raises :class:`DataError` naming the pip package to install when it is missing or, on CUDA,
-built for another CUDA major than torch.
+DALI is imported only inside functions (``build_loaders`` names the wheel to install).
 """
 from __future__ import annotations
 
@@ -50,7 +48,7 @@ import torch
 from ._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ._common import DataError, DistInfo, _mix_seed, check_same_classes
 from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
-                          gpu_to_torch, record, source)
+                          gpu_to_torch, record, source, window_mismatch)
 from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, require_dali
 from ._errors import AcceleratorError
 from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
@@ -169,6 +167,8 @@ class DALILoader:
                         if bad > allowed:
                             raise too_many_unreadable(bad, self.max_bad_share, size) from None
                         break
+                    if self.opts.train and self._skip_mismatched_window(order, step, outputs):
+                        break
                     images, labels = self._to_torch(outputs)
                     take = min(len(order) - step * batch, len(labels))
                     step += 1
@@ -206,6 +206,26 @@ class DALILoader:
             raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
         return found
+
+    def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
+        """A sample of batch ``step`` whose window :func:`~loaders._dali_graph.window_mismatch`
+        finds wrong is an unreadable sample (reported, remembered, replaced in ``order``; the
+        pipelines dropped): returns whether there was one. Raises :class:`DataError` past
+        ``max_bad_share``."""
+        found = window_mismatch(outputs)
+        if found is None:
+            return False
+        self._drop_pipelines()
+        position, reason = found
+        position += step * self.batch_size
+        index = order[position]
+        if self.unreadable.mark(index):
+            report_unreadable(self.describe(index), DataError(reason))
+        order[position] = self.unreadable.next_readable(index)
+        bad, size = self.unreadable.count(), self.sample_order.num_samples
+        if bad > self.max_bad_share * size:
+            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+        return True
 
     def _readable(self, index: int) -> bool:
         """Decode sample ``index`` (never one known unreadable: the order skips those); if it
@@ -300,7 +320,7 @@ class DALILoader:
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.opts.cuda:
             return finish_on_cpu(outputs, self.opts)
-        images, labels = (gpu_to_torch(out, self.device) for out in outputs)
+        images, labels = (gpu_to_torch(out, self.device) for out in (outputs[0], outputs[-1]))
         if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16 output: convert on the GPU
             images = images.to(torch.bfloat16)
         if self.opts.channels_last:

@@ -256,6 +256,7 @@ def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch)
     train, _ = build(tiny, "folder")
     monkeypatch.setattr(dali.DALILoader, "_build_pipelines", lambda *_: [Pipe()])
     monkeypatch.setattr(dali.DALILoader, "_to_torch", to_torch)
+    monkeypatch.setattr(dali.DALILoader, "_skip_mismatched_window", lambda *a: False)
     monkeypatch.setattr(dali.DALILoader, "_replace_unreadable", lambda *a: pytest.fail("probed"))
     with pytest.raises(RuntimeError, match="Tried to allocate"):
         list(train)
@@ -365,14 +366,14 @@ def _dali_windows(blobs, draws):
     """``(left, top, w, h)`` that :func:`random_window` computes for each encoded image."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from loaders._dali_graph import random_window
+    from loaders._dali_graph import random_window, stored_shape
 
     @pipeline_def(batch_size=len(blobs), num_threads=1, device_id=None)
     def windows():
         encoded = fn.external_source(source=[[np.frombuffer(b, np.uint8) for b in blobs]],
                                      dtype=types.UINT8)
         uniforms = fn.external_source(source=[list(draws)], dtype=types.FLOAT64)
-        return random_window(encoded, uniforms)
+        return random_window(stored_shape(encoded), uniforms)
 
     pipe = windows()
     pipe.build()
@@ -405,3 +406,4 @@ def test_random_window_is_torchvision_random_resized_crop(tiny, sample):
     assert _dali_windows(blobs, draws) == expected
     assert sum(w == width and h == height for (_, _, w, h), (width, height)
                in zip(expected, sizes)) > 0  # some fallbacks were the whole image
+
