@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-JPEGCROP := loaders/_jpegcrop.so
+JPEGCROP := decode/_jpegcrop.so
 DEMO ?= demo
 IMAGENET ?=
 OUT ?=
@@ -34,7 +34,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-install: $(STAMP) $(JPEGCROP) ## create .venv with torch, torchvision, TorchCodec, nvImageCodec, lmdb, ... and Pillow-SIMD (falls back to Pillow); build loaders/_jpegcrop.so
+install: $(STAMP) $(JPEGCROP) ## create .venv with torch, torchvision, TorchCodec, nvImageCodec, lmdb, ... and Pillow-SIMD (falls back to Pillow); build decode/_jpegcrop.so
 
 $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,12 +44,12 @@ $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	  || $(PY) -m pip uninstall -y -q nvidia-dali-cuda120 nvidia-dali-cuda130
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	sh docker/install-pillow-simd.sh $(PY)
-	$(PY) -c "from loaders.transforms import image_library; print('image library:', image_library())"
+	$(PY) -c "from decode import image_library; print('image library:', image_library())"
 	touch $(STAMP)
 
 # Our crop + scale decoder (docs/ffcv-and-decode.md). Without a C compiler or libjpeg-dev it is
 # not built and the loaders say so at start-up (nvImageCodec windows, PIL draft scaling).
-$(JPEGCROP): loaders/_jpegcrop.c
+$(JPEGCROP): decode/_jpegcrop.c
 	$(CC) -O2 -shared -fPIC -Wall -Wextra -Werror -o $@ $< -ljpeg \
 	  || echo "$@ not built (needs a C compiler and libjpeg-dev): crop windows through nvImageCodec, scaled ones through PIL"
 

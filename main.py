@@ -24,6 +24,7 @@ if __name__ == "__main__":  # first, before torch loads: SLURM's stop signals me
 import torch
 from torch import nn
 
+import decode
 import loaders
 from engine import ConfigError
 from engine.argtypes import non_negative_int, positive_int, workers_type
@@ -223,7 +224,7 @@ def run_process(args, local_rank: int | None = None, nproc: int = 1,
                 dist_url: str | None = None) -> dict:
     """One training process: stop signals caught from the start when it trains, process group,
     settings, the run (after a stop's checkpoint: the requeue, engine/preempt.py), cleanup."""
-    loaders.retain_freed_memory()  # before loader workers fork: they inherit it
+    decode.retain_freed_memory()  # before loader workers fork: they inherit it
     with stop_signals(training=not (args.evaluate or args.benchmark_data)):
         job = setup_distributed(args, local_rank, nproc, dist_url)
         log = print if job.dist.is_main else _silent
@@ -254,8 +255,7 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
         torch.set_num_threads(s.threads)
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
     log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
-        f"{loaders.decoder_name()}, {loaders.crop_decoder_status()}, PIL fallback "
-        f"{loaders.image_library()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
+        f"{decode.status_line()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
         "in the main process")
     if args.benchmark_data:
         return benchmark_data(args, s, log)

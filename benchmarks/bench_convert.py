@@ -10,7 +10,7 @@ temporary folder (the 250 real ImageNet JPEGs of the sample become 2,000 files, 
 holds them after the first round). Each round times, one after the other (A B C A B C ...):
 
 * ``decode-only``: read each file and decode it with the loaders' libjpeg-turbo
-  ``decode_jpeg`` (``loaders.decoders``: TorchCodec, else torchvision; RGB), in a pool of as
+  ``decode_jpeg`` (``decode.libraries``: TorchCodec, else torchvision; RGB), in a pool of as
   many threads as the converter uses: the rate the issue's target (75%) is measured against;
 * ``decode-only, luma``: the same with ``decode_jpeg_luma``, the decode of ``--check full``
   (it refuses the same bytes without the chroma IDCT and colour conversion): the most the
@@ -89,9 +89,9 @@ def replicate(source: str, target: str, copies: int) -> int:
 
 def decode_only(files: list[str], workers: int, luma: bool = False) -> float:
     """Seconds to read and completely decode ``files`` (libjpeg-turbo through
-    ``loaders.decoders.decode_jpeg``, RGB; with ``luma``, ``decode_jpeg_luma``, the decode of
+    ``decode.libraries.decode_jpeg``, RGB; with ``luma``, ``decode_jpeg_luma``, the decode of
     the converter's check) in ``workers`` threads."""
-    from loaders.decoders import decode_jpeg, decode_jpeg_luma
+    from decode.libraries import decode_jpeg, decode_jpeg_luma
 
     decode = decode_jpeg_luma if luma else decode_jpeg
 
@@ -238,7 +238,7 @@ def main_cli(argv=None) -> int:
     if opts.rounds < 1 or opts.copies < 1:
         print("bench_convert.py: error: --rounds and --copies must be at least 1", file=sys.stderr)
         return 1
-    from loaders import retain_freed_memory
+    from decode import retain_freed_memory
     from formats.sources import DatasetError
 
     retain_freed_memory()  # as folder2lmdb.py's command line does (folder2lmdb.run_cli)

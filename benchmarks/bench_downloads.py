@@ -85,7 +85,7 @@ def run(opts: argparse.Namespace, tmp: str) -> dict:
     """Interleaved rounds over ``opts.layouts``; medians, ratios and disk figures."""
     import folder2lmdb
     from formats.conversion import stage_folder
-    from loaders import retain_freed_memory
+    from decode import retain_freed_memory
 
     retain_freed_memory()  # as the command line does
     replica = os.path.join(tmp, "replica")

@@ -8,7 +8,7 @@ Runs, with the same batch size, workers, images and timing:
 * ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
   RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
 * ``decode-only``: read and fully decode each file to RGB and nothing else, in the same
-  DataLoader setup, with libjpeg-turbo through ``loaders.decoders`` (TorchCodec, else
+  DataLoader setup, with libjpeg-turbo through ``decode.libraries`` (TorchCodec, else
   torchvision: the decoding ceiling of these files on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
 * each of our training loaders **as users run them**: ``python main.py --benchmark-data DIR
   [--lmdb | --dali ...] -b B -j J --train-batches N --benchmark-warmup W --seed 0``, i.e.
@@ -44,10 +44,12 @@ from torchvision import datasets, transforms
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import decode  # noqa: E402
 import folder2lmdb  # noqa: E402
 import folder2shards  # noqa: E402
 import loaders  # noqa: E402
-from loaders.transforms import decode, image_library, read_file  # noqa: E402
+from decode import decode, image_library  # noqa: E402
+from loaders.transforms import read_file  # noqa: E402
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
 
@@ -80,7 +82,7 @@ def stock_loader(root: str, batch_size: int, workers: int, device: torch.device)
 
 class _DecodeOnly(Dataset):
     """Reads and fully decodes each file to RGB, returning only its label: with libjpeg-turbo
-    through ``loaders.decoders`` (our CPU loaders' whole-image decoder) or through PIL."""
+    through ``decode.libraries`` (our CPU loaders' whole-image decoder) or through PIL."""
 
     def __init__(self, root: str, use_pil: bool):
         self.samples, self.use_pil = datasets.ImageFolder(root).samples, use_pil
@@ -281,9 +283,9 @@ def _shown(arg: str, tmp: str) -> str:
 def baseline(args) -> int:
     """``--baseline NAME``: time one baseline pipeline in this process; print its JSON line.
 
-    glibc keeps freed memory here as in ``main.py`` (``loaders/_malloc.py``), so the stock
+    glibc keeps freed memory here as in ``main.py`` (``decode/memory.py``), so the stock
     pipeline is not slowed by page faults that ours avoid."""
-    loaders.retain_freed_memory()
+    decode.retain_freed_memory()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b, j = args.batch_size, args.workers
     if args.baseline == "stock":

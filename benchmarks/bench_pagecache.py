@@ -202,7 +202,7 @@ def child(args) -> None:
         order = RandomOrder(n, seed=0)  # DistributedSampler's permutation, as the loaders
     decode = None
     if args.decode:
-        from loaders.decoders import decode_jpeg as decode  # the loaders' whole-image decoder
+        from decode.libraries import decode_jpeg as decode  # the loaders' whole-image decoder
     epochs = []
     for epoch in range(args.epochs):
         indices = list(order.order(epoch))[:args.epoch_records]

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+import decode  # noqa: E402
 import loaders  # noqa: E402
 from benchmarks.bench_loaders import main_loader, replicate  # noqa: E402
 from loaders.transforms import RRC_RATIO, RRC_SCALE  # noqa: E402
@@ -87,7 +88,7 @@ def main_cli(argv=None) -> int:
               file=sys.stderr)
         return 1
     torch.set_num_threads(1)
-    loaders.retain_freed_memory()
+    decode.retain_freed_memory()
     tmp = tempfile.mkdtemp(prefix="profile-dali-")
     try:
         data = replicate(args.data, os.path.join(tmp, "jpeg"), 16)

@@ -4,16 +4,16 @@
     python benchmarks/profile_decoders.py --data DIR [--rounds 7]
         [--repeats 2] [--jpegcrop-so PATH]
 
-*Whole images*: ``loaders.decoders.decode_jpeg`` with each library usable here (TorchCodec,
+*Whole images*: ``decode.libraries.decode_jpeg`` with each library usable here (TorchCodec,
 torchvision, PIL), encoded bytes -> RGB uint8 ``(3, H, W)``: ms per image and images/s per core;
 and a last row, ``decode_jpeg_luma`` (the converters' check) with the default library.
 *Crop windows*: the RandomResizedCrop(224) window of each image (our ``random_resized_crop_params``,
 torch seed 0; the same windows for every row) decoded by nvImageCodec's CPU backend
-(``loaders.jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
-the loaders' own ``loaders/_jpegcrop.so`` at scale 1/1 where ``make install`` built it, by
+(``decode.jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
+the loaders' own ``decode/_jpegcrop.so`` at scale 1/1 where ``make install`` built it, by
 DALI's CPU ``fn.decoders.image_slice`` (one pipeline with 1 thread and the whole set as one
 batch, synchronous; per image = batch time / images), by a build of the former
-``loaders/_jpegcrop.c`` if ``--jpegcrop-so`` names one (``git show 5256e47:loaders/_jpegcrop.c >
+``decode/_jpegcrop.c`` if ``--jpegcrop-so`` names one (``git show 5256e47:decode/_jpegcrop.c >
 /tmp/jc.c && cc -O2 -shared -fPIC /tmp/jc.c -ljpeg -o /tmp/jc.so``), and by the loaders' fallback
 (whole decode, then crop). Each row gives ms per image in every round, the median, the ratio to
 the first row, and the largest and mean absolute difference (intensity levels, 0-255) from the
@@ -36,8 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from loaders import decoders  # noqa: E402
-from loaders import jpeg_crop, jpeg_window  # noqa: E402
+import decode  # noqa: E402
+from decode import libraries  # noqa: E402
+from decode import jpeg_region, jpeg_window  # noqa: E402
 from loaders.transforms import random_resized_crop_params  # noqa: E402
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -86,7 +87,7 @@ def differences(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> t
 
 
 def load_jpegcrop(path: str):
-    """``(jpeg_size, decode_window)`` over a build of the former ``loaders/_jpegcrop.c`` (ABI 2:
+    """``(jpeg_size, decode_window)`` over a build of the former ``decode/_jpegcrop.c`` (ABI 2:
     ``jc_header``, ``jc_decode_window``). Raises OSError / AttributeError / ValueError."""
     lib = ctypes.CDLL(os.path.abspath(path))
     lib.jc_header.restype = lib.jc_decode_window.restype = ctypes.c_int
@@ -110,7 +111,7 @@ def load_jpegcrop(path: str):
 
 
 def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
-    """A function running DALI's CPU ``decoders.image_slice`` over every image once (one batch,
+    """A function running DALI's CPU ``libraries.image_slice`` over every image once (one batch,
     1 thread) and returning the windows as uint8 ``(3, h, w)`` tensors."""
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
@@ -140,17 +141,17 @@ def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
 
 
 def whole_rows(blobs: list[bytes], args) -> None:
-    keys = decoders.backends()
+    keys = libraries.backends()
     items = [(b,) for b in blobs]
-    default = decoders.use(keys[0])  # the process's own choice, restored below
-    decoders.use(default)
-    reference = [decoders.decode_jpeg(b) for b in blobs]
+    default = libraries.use(keys[0])  # the process's own choice, restored below
+    libraries.use(default)
+    reference = [libraries.decode_jpeg(b) for b in blobs]
 
     luma = f"{default} luma"  # decode_jpeg_luma: the converters' check
 
     def run(key):
-        decoders.use(default if key == luma else key)
-        decode = decoders.decode_jpeg_luma if key == luma else decoders.decode_jpeg
+        libraries.use(default if key == luma else key)
+        decode = libraries.decode_jpeg_luma if key == luma else libraries.decode_jpeg
         return per_image_ms(decode, items, args.repeats)
 
     times = time_rows(dict.fromkeys(keys + [luma]), run, args.rounds)
@@ -159,20 +160,20 @@ def whole_rows(blobs: list[bytes], args) -> None:
     print(f"  {'library':<16} {'CPU ms/image, every round':<56} {'CPU':>6} {'wall':>6} "
           f"{'img/s/core':>10} {'vs default max|mean':>20}")
     for key in keys:
-        decoders.use(key)
-        worst, mean = differences([decoders.decode_jpeg(b) for b in blobs], reference)
+        libraries.use(key)
+        worst, mean = differences([libraries.decode_jpeg(b) for b in blobs], reference)
         rounds, cpu, wall = summary(times[key])
         print(f"  {key:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
               f"{worst:>11d} | {mean:.4f}")
-    decoders.use(default)
+    libraries.use(default)
     rounds, cpu, wall = summary(times[luma])
     print(f"  {luma:<16} {rounds:<56} {cpu:6.3f} {wall:6.3f} {1e3 / cpu:10.0f} "
           f"{'(1 channel: Y)':>20}")
 
 
 def _region(data: bytes, top: int, left: int, height: int, width: int):
-    """The window through ``loaders.jpeg_crop`` at scale 1/1, as uint8 ``(3, h, w)``."""
-    pixels = jpeg_crop.decode_region(data, 1, top, left, height, width)
+    """The window through ``decode.jpeg_region`` at scale 1/1, as uint8 ``(3, h, w)``."""
+    pixels = jpeg_region.decode_region(data, 1, top, left, height, width)
     return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
 
 
@@ -190,13 +191,13 @@ def crop_functions(blobs, boxes, args) -> dict:
         (lambda d, *box: (jpeg_window.jpeg_size(d), jpeg_window.decode_window(d, *box))[1])
         if jpeg_window.available() else jpeg_window.status())
     rows["_jpegcrop.so at 1/1"] = (  # the loaders' C, which they use for scaled windows
-        (lambda d, *box: (jpeg_crop.jpeg_size(d), _region(d, *box))[1])
-        if jpeg_crop.available() else jpeg_crop.status())
+        (lambda d, *box: (jpeg_region.jpeg_size(d), _region(d, *box))[1])
+        if jpeg_region.available() else jpeg_region.status())
     try:
         rows["DALI CPU image_slice"] = dali_slicer(blobs, boxes)
     except Exception as exc:  # noqa: BLE001 - DALI missing or refusing: report, go on
         rows["DALI CPU image_slice"] = f"not run: {type(exc).__name__}: {exc}"
-    rows["whole decode + crop"] = lambda d, t, l, h, w: decoders.decode_jpeg(d)[:, t:t + h,
+    rows["whole decode + crop"] = lambda d, t, l, h, w: libraries.decode_jpeg(d)[:, t:t + h,
                                                                                l:l + w]
     return rows
 
@@ -205,7 +206,7 @@ def crop_rows(blobs: list[bytes], args) -> None:
     torch.manual_seed(0)
     boxes = []
     for data in blobs:
-        height, width = decoders.decode_jpeg(data).shape[-2:]
+        height, width = libraries.decode_jpeg(data).shape[-2:]
         boxes.append(random_resized_crop_params(height, width, (0.08, 1.0), (3 / 4, 4 / 3),
                                                 torch.rand(41).tolist()))
     rows = crop_functions(blobs, boxes, args)
@@ -217,7 +218,7 @@ def crop_rows(blobs: list[bytes], args) -> None:
         return per_image_ms(usable[name], items, args.repeats, batch)
 
     times = time_rows(usable, run, args.rounds)
-    whole = [decoders.decode_jpeg(b)[:, t:t + h, l:l + w] for b, (t, l, h, w) in zip(blobs, boxes)]
+    whole = [libraries.decode_jpeg(b)[:, t:t + h, l:l + w] for b, (t, l, h, w) in zip(blobs, boxes)]
     outputs = {name: (fn() if name == "DALI CPU image_slice" else [fn(*item) for item in items])
                for name, fn in usable.items()}
     first = next(iter(usable), None)
@@ -258,7 +259,7 @@ def main_cli(argv=None) -> int:
                         help="a folder with train/CLASS/FILE images")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the images a round")
-    parser.add_argument("--jpegcrop-so", help="a build of the former loaders/_jpegcrop.c")
+    parser.add_argument("--jpegcrop-so", help="a build of the former decode/_jpegcrop.c")
     args = parser.parse_args(argv)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
     blobs = []
@@ -271,7 +272,7 @@ def main_cli(argv=None) -> int:
         print(f"profile_decoders.py: error: no JPEGs under {args.data}/train/*/", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
-    print(f"whole-image decoder: {decoders.decoder_name()}; {decoders.crop_decoder_status()}")
+    print(f"whole-image decoder: {libraries.decoder_name()}; {decode.crop_decoder_status()}")
     whole_rows(blobs, args)
     crop_rows(blobs, args)
     return 0

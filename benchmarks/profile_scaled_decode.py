@@ -6,16 +6,16 @@
 
 For each output size, ``--draws`` RandomResizedCrop windows per real JPEG (the training
 transform's own ``random_resized_crop_params``, seeded) are kept where the window is at least
-twice the output on both sides (where ``loaders.jpeg_scaled`` decodes at 1/2, 1/4 or 1/8).
+twice the output on both sides (where ``decode.jpeg_scaled`` decodes at 1/2, 1/4 or 1/8).
 Each candidate turns such a window into the uint8 output:
 
 * ``window, full scale (nvImageCodec)``: the path below the threshold: nvImageCodec decodes
-  the window (``loaders.jpeg_window``), torch's antialiased bilinear resize
-  (``loaders.transforms.resize``);
-* ``PIL draft``: ``loaders.jpeg_scaled.draft_resized``, the whole image at 1/k, PIL's
+  the window (``decode.jpeg_window``), torch's antialiased bilinear resize
+  (``decode.resize``);
+* ``PIL draft``: ``decode.jpeg_scaled.draft_resized``, the whole image at 1/k, PIL's
   antialiased bilinear resize of the exact (fractional) box (the path without our C);
-* ``crop + scale (ours)``: ``loaders.jpeg_scaled.region_resized``, only the box's region at
-  1/k through ``loaders/_jpegcrop.so`` (where ``make install`` built it; the loaders' path
+* ``crop + scale (ours)``: ``decode.jpeg_scaled.region_resized``, only the box's region at
+  1/k through ``decode/_jpegcrop.so`` (where ``make install`` built it; the loaders' path
   then), the same resize;
 * ``simplejpeg`` / ``PyTurboJPEG`` (where installed: ``pip install simplejpeg PyTurboJPEG``; the
   latter needs Debian's ``libturbojpeg0``): the whole image at 1/k into a NumPy array, the box
@@ -51,9 +51,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders import jpeg_crop, jpeg_scaled, jpeg_window  # noqa: E402
-from loaders.transforms import (  # noqa: E402
-    RRC_RATIO, RRC_SCALE, decode, random_resized_crop_params, resize)
+from decode import jpeg_region, jpeg_scaled, jpeg_window  # noqa: E402
+from decode import decode, resize  # noqa: E402
+from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params  # noqa: E402
 
 
 def _whole_scaled(decode_at):
@@ -132,10 +132,10 @@ def candidates(libturbojpeg: str | None = None) -> dict:
 
     found = {"window, full scale (nvImageCodec)": window,
              "PIL draft": array_out(jpeg_scaled.draft_resized)}
-    if jpeg_crop.available():
+    if jpeg_region.available():
         found["crop + scale (ours, _jpegcrop.so)"] = array_out(jpeg_scaled.region_resized)
     else:
-        print(jpeg_crop.status())
+        print(jpeg_region.status())
     try:
         import simplejpeg
 

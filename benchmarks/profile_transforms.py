@@ -3,12 +3,12 @@
 
     python benchmarks/profile_transforms.py --data DIR
 
-Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``loaders.decoders``:
+Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``decode.libraries``:
 TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
-``loaders.jpeg_window``, when installed), PIL
+``decode.jpeg_window``, when installed), PIL
 RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
 Normalize, and the whole stock and ours training transforms (ours also with full decoding, and
-at 160 and 224 px, and validation's, with and without ``loaders/_jpegcrop.so``, alternating).
+at 160 and 224 px, and validation's, with and without ``decode/_jpegcrop.so``, alternating).
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from torchvision import transforms
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders import decoders  # noqa: E402
-from loaders import jpeg_crop, jpeg_window  # noqa: E402
-from loaders.transforms import TrainTransform, ValTransform, decode, resize  # noqa: E402
+from decode import libraries  # noqa: E402
+from decode import jpeg_region, jpeg_window  # noqa: E402
+from decode import decode, resize  # noqa: E402
+from loaders.transforms import TrainTransform, ValTransform  # noqa: E402
 
 
 def per_image_ms(fn, items, repeats: int = 2) -> float:
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     k = list(range(len(files)))
     rows = [
         ("decode, PIL", per_image_ms(lambda i: Image.open(io.BytesIO(blobs[i])).convert("RGB"), k)),
-        (f"decode, {decoders.decoder_name()}", per_image_ms(lambda i: decode(blobs[i]), k)),
+        (f"decode, {libraries.decoder_name()}", per_image_ms(lambda i: decode(blobs[i]), k)),
         ("crop + resize 224, PIL", per_image_ms(
             lambda i: transforms.functional.resized_crop(pil[i], *boxes[i], [224, 224]), k)),
         ("crop + resize 224, uint8 tensor (ours)", per_image_ms(
@@ -76,20 +77,20 @@ def main(argv=None) -> None:
         rows.append(("whole training transform, ours, full decode",
                      per_image_ms(lambda i: TrainTransform()(blobs[i]), k)))
         jpeg_window.set_enabled(True)
-    if jpeg_crop.available():  # alternating, so both see the same machine
+    if jpeg_region.available():  # alternating, so both see the same machine
         for name, transform in (("train transform 160 px", TrainTransform(160)),
                                 ("train transform 224 px", TrainTransform(224)),
                                 ("val transform 256/224", ValTransform(256, 224))):
             ours, off = [], []
             for _ in range(3):
                 ours.append(per_image_ms(lambda i: transform(blobs[i]), k))
-                jpeg_crop.set_enabled(False)
+                jpeg_region.set_enabled(False)
                 off.append(per_image_ms(lambda i: transform(blobs[i]), k))
-                jpeg_crop.set_enabled(True)
+                jpeg_region.set_enabled(True)
             rows.append((f"{name}, ours (median of 3)", sorted(ours)[1]))
             rows.append(("  the same, crop + scale off", sorted(off)[1]))
     else:
-        print(jpeg_crop.status())
+        print(jpeg_region.status())
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
     for name, ms in rows:
         print(f"  {name:<44} {ms:6.2f}")

@@ -18,6 +18,6 @@
 Databases and shards already written must keep reading and verifying: a layout change bumps the
 format's version (``tests/test_formats_compat.py`` reads ones written before this package).
 Runtime concerns (decoding, augmentation, epoch orders, batch slots, the device feed) are
-``loaders/``'s; the image checks decode with ``loaders.decoders`` so that what is stored is
+``loaders/``'s; the image checks decode with ``decode.libraries`` so that what is stored is
 exactly what the loaders can read.
 """

@@ -76,14 +76,14 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     (one ``PROG: error:`` line) or, with ``--verify``, 1 if a problem was found (one line each,
     on stderr); argparse's 2 for bad flags. ``verified`` names what ``--verify`` checks, for
     the message refusing ``-o`` beside it."""
-    from loaders import retain_freed_memory
+    from decode import retain_freed_memory
 
     args = parser.parse_args(argv)
     # As main.py: decode buffers and records come from a heap that keeps freed memory, rather
     # than fresh mmap()s faulted in page by page (halves the converter's system CPU time).
     retain_freed_memory()
     # PIL warns once per file it cannot identify; such files are either decoded by
-    # loaders.decoders or listed in the report, so the warning is noise on the console.
+    # decode.libraries or listed in the report, so the warning is noise on the console.
     warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
         parser.error(f"--verify checks {verified}: give no -o/--output")

@@ -105,8 +105,7 @@ def fingerprint(listing: Listing, check: str = "full", cap=None) -> bytes:
     archive's size and mtime and the member's offset and size (Parquet, ``.tar.gz``: its row or
     member number). About 5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
     resume needs the same fingerprint."""
-    from loaders.decoders import decoder_name
-    from loaders.transforms import image_library
+    from decode import decoder_name, image_library
 
     settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder_name(),
                 listing.classes, check]

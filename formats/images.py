@@ -2,7 +2,7 @@
 (:mod:`formats.sources`) it stores as they are, which it re-encodes, and which it skips.
 
 Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
-the libjpeg-turbo decoder of ``loaders.decoders`` (TorchCodec, or torchvision) and DALI's
+the libjpeg-turbo decoder of ``decode.libraries`` (TorchCodec, or torchvision) and DALI's
 ``decoders.image`` (nvJPEG on a GPU, whose hardware decoder takes only baseline JPEGs). A
 file's *content* decides, never its name:
 
@@ -11,10 +11,10 @@ file's *content* decides, never its name:
   DCT, Huffman-coded) with 8-bit samples and either 1 component (grayscale) or 3 components
   coded as YCbCr (not RGB: no Adobe APP14 marker with ``transform=0`` and component ids other
   than ``'R','G','B'``), whose headers PIL reads and that the libjpeg-turbo of
-  ``loaders.decoders`` decodes completely (see *check* below). Rules from ITU-T T.81 (JPEG)
+  ``decode.libraries`` decodes completely (see *check* below). Rules from ITU-T T.81 (JPEG)
   table B.1 and libjpeg's colour-space heuristic (``jdapimin.c``).
 * **re-encoded** to a baseline RGB JPEG (PIL, quality :data:`REENCODE_QUALITY`): every other
-  image that PIL decodes completely (or ``loaders.decoders``, for formats this PIL build
+  image that PIL decodes completely (or ``decode.libraries``, for formats this PIL build
   lacks, such as WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or
   hierarchical, arithmetic-coded (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and
   every other format (PNG, GIF, WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are
@@ -23,7 +23,7 @@ file's *content* decides, never its name:
   applied (no decoder here applies it). With a cap (``--max-side``, :mod:`formats.cap`), a
   baseline JPEG larger than the cap is re-encoded too, scaled down to it, and every
   re-encoding is scaled down to it and uses its ``--quality``.
-* **not an image** (skipped): empty files, files neither PIL nor ``loaders.decoders`` can
+* **not an image** (skipped): empty files, files neither PIL nor ``decode.libraries`` can
   identify (text, HTML, random bytes) and images that do not decode completely (a truncated
   JPEG that PIL would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo
   calls incomplete).
@@ -31,7 +31,7 @@ file's *content* decides, never its name:
 How completely a verbatim JPEG is decoded is the *check* (:data:`CHECKS`):
 
 * ``"full"`` (the default): decoded completely once, by the libjpeg-turbo of
-  ``loaders.decoders`` (what the loaders use: TorchCodec, else torchvision), after PIL has
+  ``decode.libraries`` (what the loaders use: TorchCodec, else torchvision), after PIL has
   read its headers (``Image.open``: format, size, decompression-bomb limit). The decode is
   ``decode_jpeg_luma``: every marker read and every block of every component entropy-decoded,
   as the loaders' RGB ``decode_jpeg`` does, so it refuses exactly the same bytes (its docstring
@@ -214,7 +214,7 @@ def reencode(data: bytes, cap=None) -> bytes:
 
 
 def _decode(data: bytes):
-    """``data`` decoded completely to a PIL image: by PIL, or by ``loaders.decoders`` for the
+    """``data`` decoded completely to a PIL image: by PIL, or by ``decode.libraries`` for the
     formats this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises
     NotAnImage."""
     from PIL import Image, ImageFile
@@ -229,13 +229,13 @@ def _decode(data: bytes):
         image.load()
         return image
     except Image.UnidentifiedImageError:
-        pass  # maybe a format only loaders.decoders reads; below
+        pass  # maybe a format only decode.libraries reads; below
     except Image.DecompressionBombError as exc:
         raise NotAnImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error...
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise NotAnImage(f"not a decodable image: {message}") from None
-    from loaders.decoders import decode_image, decoder_key
+    from decode.libraries import decode_image, decoder_key
 
     try:
         pixels = decode_image(data)
@@ -245,11 +245,11 @@ def _decode(data: bytes):
 
 
 def _library_decode(data: bytes) -> None:
-    from loaders.decoders import decode_jpeg_luma
+    from decode.libraries import decode_jpeg_luma
 
     try:
         decode_jpeg_luma(data)  # refuses exactly what decode_jpeg refuses, 18% cheaper
-    except RuntimeError as exc:  # one line already (loaders.decoders)
+    except RuntimeError as exc:  # one line already (decode.libraries)
         raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
 
 

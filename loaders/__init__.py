@@ -27,12 +27,9 @@ from __future__ import annotations
 import importlib
 
 from ._common import DataError, DistInfo, input_dtype, split_paths
-from .decoders import crop_decoder_status, decoder_name
 from ._errors import AcceleratorError
-from ._malloc import retain_freed_memory
 from ._settings import LoaderSettings
 from ._throughput import measure as measure_throughput
-from .transforms import image_library
 
 # backend name (the --loader choice) -> module implementing build_loaders
 BACKENDS = {
@@ -44,8 +41,7 @@ BACKENDS = {
 }
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "build_loaders", "crop_decoder_status", "decoder_name", "image_library", "input_dtype",
-           "measure_throughput", "retain_freed_memory", "split_paths"]
+           "build_loaders", "input_dtype", "measure_throughput", "split_paths"]
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):

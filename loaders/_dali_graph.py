@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from ._common import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
-from .transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize, resize_center_crop
+from decode import resize
+
+from .transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 

@@ -53,7 +53,9 @@ from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, req
 from ._errors import AcceleratorError
 from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
 from ._settings import LoaderSettings
-from .transforms import decode, read_file
+from decode import decode
+
+from .transforms import read_file
 
 class DALILoader:
     """One split's DALI pipelines, built once and fed each pass, as a loader of the usual

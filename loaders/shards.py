@@ -3,7 +3,7 @@ or cluster file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3:/
 
 A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
 brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
-holds it (``formats.shards``; resolved in ``loaders/shard_streams.py``). The index gives every shard's record count, so ``len()``
+holds it (``formats.shards``; resolved in ``formats/shards/locations.py``). The index gives every shard's record count, so ``len()``
 is exact before anything is read. Shards written by other tools are read through an index folder
 of their own (``folder2shards.py --index``): its ``index.json`` gives each shard's ``url`` and
 its ``.idx`` files lie beside it.
@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
 from ._settings import LoaderSettings
 from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, read_idx
-from .shard_streams import is_stream, open_stream, read_text, resolve_split, sibling
+from formats.shards.locations import is_stream, open_stream, read_text, resolve_split, sibling
 from .stream_orders import StreamTrainOrder, StreamValOrder
 from .transforms import split_transform
 

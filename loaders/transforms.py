@@ -7,61 +7,19 @@ CenterCrop(224). Normalisation is left to the device (``loaders._common.DeviceLo
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
 the crop window (``jpeg_window``), or else the whole image with libjpeg-turbo
-(``loaders.decoders``), and resizing the uint8 crop with torch's antialiased bilinear kernel
+(``decode.libraries``), and resizing the uint8 crop with torch's antialiased bilinear kernel
 (channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +
 resize + ToTensor + Normalize, with the same random crop parameters (torchvision's
 ``RandomResizedCrop.get_params``).
 """
 from __future__ import annotations
 
-import io
 import math
-from importlib import metadata
 
 import torch
-import torch.nn.functional as nnf
 
-from . import decoders
-from . import jpeg_crop
-from . import jpeg_scaled
-from . import jpeg_window
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-def decode(data: bytes) -> torch.Tensor:
-    """Decode an encoded image to RGB: uint8 ``(3, H, W)`` (often a channels-last view).
-
-    JPEGs go through libjpeg-turbo (``loaders.decoders``: TorchCodec, else torchvision),
-    grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
-    through the same library's ``decode_image``, and anything those refuse through PIL. Raises
-    ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
-    """
-    try:
-        if data[:3] == _JPEG_MAGIC:
-            return decoders.decode_jpeg(data)
-        return decoders.decode_image(data)
-    except RuntimeError:
-        return _decode_with_pil(data)
-
-
-def _decode_with_pil(data: bytes) -> torch.Tensor:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        rgb = img.convert("RGB")
-    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
-        rgb.height, rgb.width, 3).permute(2, 0, 1)
-
-
-def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)``, bilinear with antialiasing (as PIL's
-    ``BILINEAR`` resize that torchvision applies to PIL images), on the channels-last uint8
-    fast path of ``torch.nn.functional.interpolate``."""
-    batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
-                           align_corners=False)[0]
-
+import decode as decoding
+from decode import decode, jpeg_region, jpeg_scaled, resize
 
 # RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision's defaults, also DALI's in
 # NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
@@ -106,8 +64,8 @@ class TrainTransform:
 
     The crop window is drawn from the JPEG header's size. A window at least twice the output
     on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
-    there (``loaders.jpeg_scaled``); otherwise only that window is decoded
-    (``loaders.jpeg_window``), else the whole image. Random draws come from torch's global
+    there (``decode.jpeg_scaled``); otherwise only that window is decoded
+    (``decode.jpeg_window``), else the whole image. Random draws come from torch's global
     RNG, which the loaders seed per batch (``loaders._shared_batches.SlotWriter``): the same
     draws, hence the same window, whichever way it is decoded.
     """
@@ -117,23 +75,11 @@ class TrainTransform:
 
     def __call__(self, data: bytes) -> torch.Tensor:
         draws = torch.rand(_DRAWS).tolist()
-        size = jpeg_window.jpeg_size(data)
+        size = decoding.jpeg_size(data)
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
-        top, left, h, w = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
-        out = None
-        if size is not None:
-            factor = jpeg_scaled.scale_factor(h, w, *self.size)
-            if factor > 1:
-                out = jpeg_scaled.resized_window(data, factor, (top, left, top + h, left + w),
-                                                 self.size)
-        if out is None:
-            crop = None if size is None else jpeg_window.decode_window(data, top, left, h, w)
-            if crop is None:
-                if image is None:  # the header parsed but the window did not decode
-                    image = decode(data)
-                crop = image[:, top:top + h, left:left + w]
-            out = resize(crop, self.size)
+        window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
+        out = decoding.decode_window(data, window, self.size, image)
         return out.flip(-1) if draws[-1] < 0.5 else out
 
 
@@ -141,8 +87,8 @@ class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
     (the longer scaled alike, truncated, as torchvision's ``Resize``), then the central square.
     A JPEG whose shorter side is at least twice ``resize_size`` is decoded at libjpeg-turbo's
-    DCT scale and only the central square resampled (``loaders.jpeg_scaled``); where
-    ``loaders/_jpegcrop.so`` is built, any JPEG is decoded only down to the square's last row
+    DCT scale and only the central square resampled (``decode.jpeg_scaled``); where
+    ``decode/_jpegcrop.so`` is built, any JPEG is decoded only down to the square's last row
     and across its columns, at 1/1 or that scale, and PIL resamples the square from there
     (within 2 levels of resize-then-crop, mean under 0.003 on the sample)."""
 
@@ -150,13 +96,13 @@ class ValTransform:
         self.resize_size, self.crop_size = resize_size, crop_size
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        size = jpeg_window.jpeg_size(data)
+        size = decoding.jpeg_size(data)
         if size is not None:
             short = min(size)
             factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
             # at 1/1 too where our C decodes just the region: 1.29 vs 1.58 ms per image on the
             # sample (profile_transforms.py), within 2 levels
-            if factor > 1 or (jpeg_scaled.enabled() and jpeg_crop.available()):
+            if factor > 1 or (jpeg_scaled.enabled() and jpeg_region.available()):
                 out = jpeg_scaled.resized_window(data, factor, center_crop_box(
                     *size, self.resize_size, self.crop_size), (self.crop_size,) * 2)
                 if out is not None:
@@ -206,15 +152,3 @@ def read_file(path: str) -> bytes:
     """A file's bytes (the folder backend's ``ImageFolder`` loader: decoding is the transform's)."""
     with open(path, "rb") as f:
         return f.read()
-
-
-def image_library() -> str:
-    """Name and version of the installed PIL distribution, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
-    for dist in ("Pillow-SIMD", "Pillow"):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    import PIL
-
-    return f"PIL {PIL.__version__}"

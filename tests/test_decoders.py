@@ -1,4 +1,4 @@
-"""The one decoder module (loaders/decoders.py): each library usable here decodes the real sample
+"""The one decoder module (decode/libraries.py): each library usable here decodes the real sample
 to the same pixels, keeps pixels as stored (no EXIF orientation), refuses bad bytes in one line,
 and falls back when TorchCodec is missing; and benchmarks/profile_decoders.py runs."""
 import glob
@@ -12,8 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from loaders import decoders
-from loaders import jpeg_crop, jpeg_window
+import decode
+from decode import libraries
+from decode import jpeg_region, jpeg_window
 from loaders.transforms import TrainTransform
 from tests.conftest import REPO, max_abs_diff
 
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import profile_decoders  # noqa: E402
 
-BACKENDS = decoders.backends()
+BACKENDS = libraries.backends()
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,9 +31,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture
 def backend(request):
     """Switch this process to backend ``request.param`` for one test."""
-    previous = decoders.use(request.param)
+    previous = libraries.use(request.param)
     yield request.param
-    decoders.use(previous)
+    libraries.use(previous)
 
 
 def encode(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
@@ -55,9 +56,9 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, levels: int = 1):
 
 
 def test_torchcodec_is_the_default_where_installed():
-    name = decoders.decoder_name()
+    name = libraries.decoder_name()
     assert "\n" not in name
-    if "torchcodec" in BACKENDS and not os.environ.get(decoders.ENV_VAR):
+    if "torchcodec" in BACKENDS and not os.environ.get(libraries.ENV_VAR):
         assert name.startswith("TorchCodec ")
     assert "torchvision" in BACKENDS and "PIL" in BACKENDS  # requirements.txt brings both
 
@@ -70,11 +71,11 @@ def sample_jpegs(sample):
     for path in sorted(glob.glob(f"{sample}/train/*/*.JPEG")):
         with open(path, "rb") as f:
             blobs.append(f.read())
-    previous = decoders.use("torchvision")
+    previous = libraries.use("torchvision")
     try:
-        return blobs, [decoders.decode_jpeg(b) for b in blobs]
+        return blobs, [libraries.decode_jpeg(b) for b in blobs]
     finally:
-        decoders.use(previous)
+        libraries.use(previous)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -84,7 +85,7 @@ def test_real_sample_decodes_like_torchvision_within_one_level(sample_jpegs, bac
     blobs, reference = sample_jpegs
     assert len(blobs) == 250
     for data, ref in zip(blobs, reference):
-        assert_close(decoders.decode_jpeg(data), ref)
+        assert_close(libraries.decode_jpeg(data), ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -97,7 +98,7 @@ def test_exif_orientation_is_not_applied(backend, orientation):
     image = Image.effect_noise((64, 48), 64).convert("RGB")
     for fmt in ("JPEG", "PNG"):
         data = encode(image, fmt, exif=exif.tobytes())
-        decoded = (decoders.decode_jpeg if fmt == "JPEG" else decoders.decode_image)(data)
+        decoded = (libraries.decode_jpeg if fmt == "JPEG" else libraries.decode_image)(data)
         assert_close(decoded, pil_pixels(data), levels=0 if fmt == "PNG" else 1)
 
 
@@ -107,14 +108,14 @@ def test_other_formats_and_modes_come_out_rgb_uint8(backend):
     cases = {"gray": encode(noise.convert("L")), "progressive": encode(
         noise.convert("RGB"), progressive=True), "cmyk": encode(Image.new("CMYK", (40, 30)))}
     for name, data in cases.items():
-        assert decoders.decode_jpeg(data).shape == (3, 30, 40), name
-    assert_close(decoders.decode_jpeg(cases["gray"]), pil_pixels(cases["gray"]))
+        assert libraries.decode_jpeg(data).shape == (3, 30, 40), name
+    assert_close(libraries.decode_jpeg(cases["gray"]), pil_pixels(cases["gray"]))
     frames = [Image.new("P", (40, 30), i) for i in range(3)]
     images = {"png rgba": encode(noise.convert("RGBA"), "PNG"),
               "png 16-bit": encode(noise.convert("I;16"), "PNG"),
               "animated gif": encode(frames[0], "GIF", save_all=True, append_images=frames[1:])}
     for name, data in images.items():
-        out = decoders.decode_image(data)
+        out = libraries.decode_image(data)
         assert out.shape == (3, 30, 40) and out.dtype == torch.uint8, name
 
 
@@ -122,7 +123,7 @@ def test_other_formats_and_modes_come_out_rgb_uint8(backend):
 def test_bad_bytes_are_one_line_runtime_errors(backend):
     good = encode(Image.effect_noise((64, 64), 64).convert("RGB"))
     for data in (good[:len(good) // 2], good[:200], b"<html>not an image</html>", b""):
-        for decode in (decoders.decode_jpeg, decoders.decode_image):
+        for decode in (libraries.decode_jpeg, libraries.decode_image):
             with pytest.raises(RuntimeError) as info:
                 decode(data)
             message = str(info.value)
@@ -131,26 +132,26 @@ def test_bad_bytes_are_one_line_runtime_errors(backend):
 
 def test_torchvision_fallback_does_not_warn():
     """torchvision 0.29 deprecates its decoders; the fallback silences that warning only."""
-    previous = decoders.use("torchvision")
+    previous = libraries.use("torchvision")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            decoders.decode_jpeg(encode(Image.new("RGB", (16, 16))))
+            libraries.decode_jpeg(encode(Image.new("RGB", (16, 16))))
     finally:
-        decoders.use(previous)
+        libraries.use(previous)
 
 
 def test_without_torchcodec_torchvision_is_chosen_and_the_log_says_why(monkeypatch):
     def missing():
         raise ImportError("No module named 'torchcodec'")
 
-    monkeypatch.setitem(decoders._FACTORIES, "torchcodec", missing)
-    monkeypatch.setattr(decoders, "_backend", None)
-    monkeypatch.setattr(decoders, "_skipped", {})
-    assert decoders.decoder_name() == (
-        f"torchvision {decoders._version('torchvision')} "
+    monkeypatch.setitem(libraries._FACTORIES, "torchcodec", missing)
+    monkeypatch.setattr(libraries, "_backend", None)
+    monkeypatch.setattr(libraries, "_skipped", {})
+    assert libraries.decoder_name() == (
+        f"torchvision {libraries._version('torchvision')} "
         "(torchcodec: No module named 'torchcodec')")
-    assert decoders.decode_jpeg(encode(Image.new("RGB", (8, 8)))).shape == (3, 8, 8)
+    assert libraries.decode_jpeg(encode(Image.new("RGB", (8, 8)))).shape == (3, 8, 8)
 
 
 def run_python(code: str, **env) -> str:
@@ -161,7 +162,7 @@ def run_python(code: str, **env) -> str:
 
 
 def test_environment_variables_choose_the_decoders():
-    code = ("from loaders import decoders as d; print(d.decoder_name()); "
+    code = ("import decode as d; print(d.decoder_name()); "
             "print(d.crop_decoder_status())")
     name, status = run_python(code, IMAGENET_FAST_DECODER="torchvision",
                               IMAGENET_FAST_FULL_DECODE="1").splitlines()
@@ -170,17 +171,17 @@ def test_environment_variables_choose_the_decoders():
     name = run_python(code, IMAGENET_FAST_DECODER="nonsense").splitlines()[0]
     assert "nonsense: unknown IMAGENET_FAST_DECODER" in name
     with pytest.raises(ValueError):
-        decoders.use("nonsense")
+        libraries.use("nonsense")
 
 
 def test_crop_decoder_status_is_one_line():
-    status = decoders.crop_decoder_status()
+    status = decode.crop_decoder_status()
     assert "\n" not in status and status.startswith("crop windows: ")
     if jpeg_window.available():
         assert "nvImageCodec" in status
-        assert status.endswith("(crop + scale in one decode, loaders/_jpegcrop.so)"
-                               if jpeg_crop.available() else
-                               "(PIL draft; crop + scale: off (loaders/_jpegcrop.so not built "
+        assert status.endswith("(crop + scale in one decode, decode/_jpegcrop.so)"
+                               if jpeg_region.available() else
+                               "(PIL draft; crop + scale: off (decode/_jpegcrop.so not built "
                                "(make install builds it)))")
 
 
@@ -190,7 +191,7 @@ def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample):
     jpeg_window.set_enabled(True)
     try:
         assert not jpeg_window.available()
-        assert decoders.crop_decoder_status().startswith(
+        assert decode.crop_decoder_status().startswith(
             "crop windows: whole JPEGs decoded (nvImageCodec not usable (")
         data = open(sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[0], "rb").read()
         assert jpeg_window.jpeg_size(data) is None
@@ -213,7 +214,7 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
     if jpeg_window.available():
         line = next(line for line in out.splitlines() if "nvImageCodec CPU" in line)
         assert float(line.split()[-7]) > 0  # its median CPU ms per image
-    if jpeg_crop.available():  # the same pixels as a whole decode's crop
+    if jpeg_region.available():  # the same pixels as a whole decode's crop
         line = next(line for line in out.splitlines() if "_jpegcrop.so at 1/1" in line)
         assert line.split()[-4:-1] == ["0", "|", "0.0000"], line
 
@@ -234,7 +235,7 @@ def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
     try:
         outputs = []
         for use in ("torchvision", backend):
-            decoders.use(use)
+            libraries.use(use)
             torch.manual_seed(0)
             outputs.append([(TrainTransform(96)(b), ValTransform(128, 112)(b)) for b in blobs[:60]])
     finally:
@@ -283,7 +284,7 @@ def test_luma_decode_refuses_exactly_what_the_rgb_decode_refuses(sample_jpegs, b
     blobs, _ = sample_jpegs
     refused = 0
     for data in blobs[:80] + damaged_variants(blobs[:80]):
-        rgb, luma = outcome(decoders.decode_jpeg, data), outcome(decoders.decode_jpeg_luma, data)
+        rgb, luma = outcome(libraries.decode_jpeg, data), outcome(libraries.decode_jpeg_luma, data)
         assert rgb == luma
         refused += rgb != "ok"
     assert refused >= 150  # of 560 variants: the error paths are exercised
@@ -294,14 +295,14 @@ def test_luma_decode_is_the_y_plane(sample_jpegs, backend):
     """uint8 (1, H, W), within 1 level of torchvision's, and the luma (ITU-R BT.601) of the
     RGB decode up to rounding (its chroma upsampling and clamping never touch Y)."""
     blobs, reference = sample_jpegs
-    previous = decoders.use("torchvision")
+    previous = libraries.use("torchvision")
     try:
-        expected = [decoders.decode_jpeg_luma(b) for b in blobs[:40]]
+        expected = [libraries.decode_jpeg_luma(b) for b in blobs[:40]]
     finally:
-        decoders.use(previous)
+        libraries.use(previous)
     weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
     for data, ref, rgb in zip(blobs[:40], expected, reference[:40]):
-        luma = decoders.decode_jpeg_luma(data)
+        luma = libraries.decode_jpeg_luma(data)
         assert_close(luma, ref)
         y_of_rgb = (rgb.float() * weights).sum(0, keepdim=True)
         assert (luma.float() - y_of_rgb).abs().mean() < 1.0

@@ -145,15 +145,15 @@ def test_verify_finds_what_header_check_let_through_and_shards_take_the_check(da
 def test_full_check_decodes_luma_only(monkeypatch):
     """--check full refuses through decode_jpeg_luma (the loaders' library, luma only: same
     refusals as its RGB decode_jpeg, tests/test_decoders.py), never through the RGB decode."""
-    from loaders import decoders
+    from decode import libraries
 
     def refuse(data):
         raise RuntimeError("refused by the luma decode")
 
     good = _jpeg(5)
-    monkeypatch.setattr(decoders, "decode_jpeg", refuse)
+    monkeypatch.setattr(libraries, "decode_jpeg", refuse)
     assert image_check.check_image(good).data == good
-    monkeypatch.setattr(decoders, "decode_jpeg_luma", refuse)
+    monkeypatch.setattr(libraries, "decode_jpeg_luma", refuse)
     with pytest.raises(image_check.NotAnImage, match="refused by the luma decode"):
         image_check.check_image(good)
 

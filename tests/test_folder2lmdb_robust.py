@@ -17,9 +17,9 @@ from PIL import Image
 
 import folder2lmdb
 from formats import images as image_check
-from loaders.decoders import decode_jpeg
+from decode.libraries import decode_jpeg
 import formats.lmdb as codec
-from loaders.transforms import decode
+from decode import decode
 from tests.badcorpus import make_bad_corpus
 from tests.conftest import REPO
 
@@ -88,7 +88,7 @@ def test_every_record_decodes_with_pil_and_the_loaders_library(converted):
         tv = decode_jpeg(data)  # libjpeg-turbo itself (TorchCodec or torchvision), no PIL
         assert tv.shape == (3, *pil.shape[:2]) == decode(data).shape, rel
         if rel.endswith("webp_inside.JPEG"):
-            continue  # this PIL build may not read WebP: the converter used loaders.decoders
+            continue  # this PIL build may not read WebP: the converter used decode.libraries
         with Image.open(io.BytesIO(source_bytes(corpus, rel))) as src:
             assert pil.shape[:2] == (src.height, src.width), rel
 

@@ -1,4 +1,4 @@
-"""Our crop + scale decode (loaders/_jpegcrop.c through loaders/jpeg_crop.py): every region at
+"""Our crop + scale decode (decode/_jpegcrop.c through decode/jpeg_region.py): every region at
 every scale equals the whole image decoded at that scale, damaged data is declined, the
 transforms give the pixels they gave without it, and an install without it says so."""
 import glob
@@ -10,12 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from loaders import decoders, jpeg_crop, jpeg_scaled, jpeg_window
-from loaders.transforms import TrainTransform, ValTransform, decode
+import decode as decoding
+from decode import jpeg_region, jpeg_scaled, jpeg_window, libraries
+from decode import decode
+from loaders.transforms import TrainTransform, ValTransform
 from tests.test_decoders import damaged_variants
 
-pytestmark = [pytest.mark.skipif(not jpeg_crop.available(),
-                                 reason=f"{jpeg_crop.status()}: needs cc and libjpeg-dev"),
+pytestmark = [pytest.mark.skipif(not jpeg_region.available(),
+                                 reason=f"{jpeg_region.status()}: needs cc and libjpeg-dev"),
               pytest.mark.usefixtures("one_torch_thread")]
 
 
@@ -42,7 +44,7 @@ def whole_at_scale(data: bytes, denom: int) -> np.ndarray | None:
     """The whole image at 1/denom: PIL's ``draft`` (libjpeg's scale_denom), RGB; None where
     ``draft`` picks another scale (a side under ``denom`` pixels)."""
     image = Image.open(io.BytesIO(data))
-    height, width = jpeg_crop.jpeg_size(data)
+    height, width = jpeg_region.jpeg_size(data)
     if denom > 1:
         image.draft(None, (max(1, width // denom), max(1, height // denom)))
     if image.size != (-(-width // denom), -(-height // denom)):
@@ -60,7 +62,7 @@ def check_regions(blobs, rng, per_scale=4):
             for _ in range(per_scale):
                 h, w = rng.randint(1, rows), rng.randint(1, cols)
                 top, left = rng.randint(0, rows - h), rng.randint(0, cols - w)
-                region = jpeg_crop.decode_region(data, denom, top, left, h, w)
+                region = jpeg_region.decode_region(data, denom, top, left, h, w)
                 assert region.shape == (h, w, 3) and region.dtype == np.uint8
                 assert np.array_equal(region, whole[top:top + h, left:left + w]), (denom, top,
                                                                                    left, h, w)
@@ -76,8 +78,8 @@ def test_regions_of_real_imagenet_jpegs(sample):
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))]
     check_regions(blobs, random.Random(1), per_scale=2)
     for data in blobs[:20]:  # at 1/1 also the loaders' own whole decode (TorchCodec)
-        assert torch.equal(torch.from_numpy(jpeg_crop.decode_region(data, 1, 0, 0,
-                                                                    *jpeg_crop.jpeg_size(data))),
+        assert torch.equal(torch.from_numpy(jpeg_region.decode_region(data, 1, 0, 0,
+                                                                    *jpeg_region.jpeg_size(data))),
                            decode(data).permute(1, 2, 0))
 
 
@@ -86,14 +88,14 @@ def test_what_it_declines():
     png = io.BytesIO()
     Image.new("RGB", (8, 8)).save(png, "PNG")
     cmyk = jpeg(Image.new("CMYK", (8, 8), (1, 2, 3, 4)))
-    assert jpeg_crop.jpeg_size(good) == (48, 64)
+    assert jpeg_region.jpeg_size(good) == (48, 64)
     for data in (png.getvalue(), cmyk, b"not an image", good[:2]):
-        assert jpeg_crop.jpeg_size(data) is None
-    assert jpeg_crop.decode_region(png.getvalue(), 1, 0, 0, 8, 8) is None
-    assert jpeg_crop.decode_region(good, 3, 0, 0, 8, 8) is None  # not a libjpeg-turbo scale
-    assert jpeg_crop.decode_region(good, 2, 0, 0, 25, 32) is None  # outside the 24 x 32 image
-    assert jpeg_crop.decode_region(good, 1, 40, 60, 9, 5) is None
-    assert jpeg_crop.decode_region(good, 1, 0, 0, 0, 5) is None
+        assert jpeg_region.jpeg_size(data) is None
+    assert jpeg_region.decode_region(png.getvalue(), 1, 0, 0, 8, 8) is None
+    assert jpeg_region.decode_region(good, 3, 0, 0, 8, 8) is None  # not a libjpeg-turbo scale
+    assert jpeg_region.decode_region(good, 2, 0, 0, 25, 32) is None  # outside the 24 x 32 image
+    assert jpeg_region.decode_region(good, 1, 40, 60, 9, 5) is None
+    assert jpeg_region.decode_region(good, 1, 0, 0, 0, 5) is None
 
 
 def test_region_decode_reads_down_to_the_window():
@@ -101,10 +103,10 @@ def test_region_decode_reads_down_to_the_window():
     truncation decodes, one reaching into it is declined (libjpeg's warning is an error)."""
     data = jpeg(Image.effect_noise((256, 256), 64).convert("RGB"), quality=95)
     truncated = data[:len(data) // 2]
-    top = jpeg_crop.decode_region(truncated, 1, 0, 0, 32, 256)
-    assert np.array_equal(top, jpeg_crop.decode_region(data, 1, 0, 0, 32, 256))
-    assert jpeg_crop.decode_region(truncated, 1, 0, 0, 256, 256) is None
-    assert jpeg_crop.decode_region(truncated, 2, 100, 0, 28, 128) is None
+    top = jpeg_region.decode_region(truncated, 1, 0, 0, 32, 256)
+    assert np.array_equal(top, jpeg_region.decode_region(data, 1, 0, 0, 32, 256))
+    assert jpeg_region.decode_region(truncated, 1, 0, 0, 256, 256) is None
+    assert jpeg_region.decode_region(truncated, 2, 100, 0, 28, 128) is None
 
 
 def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample):
@@ -113,8 +115,8 @@ def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample):
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:20]]
     declined = 0
     for data in damaged_variants(blobs):
-        shape = jpeg_crop.jpeg_size(data)
-        region = None if shape is None else jpeg_crop.decode_region(data, 1, 0, 0, *shape)
+        shape = jpeg_region.jpeg_size(data)
+        region = None if shape is None else jpeg_region.decode_region(data, 1, 0, 0, *shape)
         try:
             full = decode(data)
         except (RuntimeError, OSError):
@@ -128,12 +130,12 @@ def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample):
 
 
 def outputs(transform, blobs, crop: bool, seed=3):
-    jpeg_crop.set_enabled(crop)
+    jpeg_region.set_enabled(crop)
     try:
         torch.manual_seed(seed)
         return [transform(b) for b in blobs]
     finally:
-        jpeg_crop.set_enabled(True)
+        jpeg_region.set_enabled(True)
 
 
 @pytest.mark.parametrize("size", [64, 160])
@@ -154,10 +156,10 @@ def test_transforms_give_the_pixels_they_gave_without_it(sample, size):
 def test_scaled_windows_are_cropped_regions(sample, monkeypatch):
     """The scaled path decodes a region, not the whole image, where the C is built."""
     calls = []
-    real = jpeg_crop.decode_region
-    monkeypatch.setattr(jpeg_crop, "decode_region", lambda *a: calls.append(a) or real(*a))
+    real = jpeg_region.decode_region
+    monkeypatch.setattr(jpeg_region, "decode_region", lambda *a: calls.append(a) or real(*a))
     data = open(sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[0], "rb").read()
-    height, width = jpeg_crop.jpeg_size(data)
+    height, width = jpeg_region.jpeg_size(data)
     out = jpeg_scaled.resized_window(data, 2, (10, 20, 10 + height // 2, 20 + width // 2),
                                      (40, 40))
     assert out.shape == (3, 40, 40)
@@ -166,17 +168,17 @@ def test_scaled_windows_are_cropped_regions(sample, monkeypatch):
 
 
 def test_not_built_is_one_status_line(monkeypatch):
-    monkeypatch.setattr(jpeg_crop, "_LIBRARY", "/nonexistent/_jpegcrop.so")
-    jpeg_crop.set_enabled(True)
+    monkeypatch.setattr(jpeg_region, "_LIBRARY", "/nonexistent/_jpegcrop.so")
+    jpeg_region.set_enabled(True)
     try:
-        assert not jpeg_crop.available()
-        assert jpeg_crop.status() == ("crop + scale: off (loaders/_jpegcrop.so not built "
+        assert not jpeg_region.available()
+        assert jpeg_region.status() == ("crop + scale: off (decode/_jpegcrop.so not built "
                                       "(make install builds it))")
-        assert jpeg_crop.decode_region(b"\xff\xd8\xff", 1, 0, 0, 1, 1) is None
+        assert jpeg_region.decode_region(b"\xff\xd8\xff", 1, 0, 0, 1, 1) is None
         if jpeg_window.available():  # the scaled windows then go through PIL's draft
-            assert decoders.crop_decoder_status().endswith(
-                "(PIL draft; crop + scale: off (loaders/_jpegcrop.so not built (make install "
+            assert decoding.crop_decoder_status().endswith(
+                "(PIL draft; crop + scale: off (decode/_jpegcrop.so not built (make install "
                 "builds it)))")
     finally:
         monkeypatch.undo()
-        jpeg_crop.set_enabled(True)
+        jpeg_region.set_enabled(True)

@@ -1,4 +1,4 @@
-"""Decoding at the crop's scale (loaders/jpeg_scaled.py): where it applies, the pixel difference
+"""Decoding at the crop's scale (decode/jpeg_scaled.py): where it applies, the pixel difference
 to a full decode within the bound docs/ffcv-and-decode.md gives, the same on every run, the same
 random windows, and the same refusals as before."""
 import glob
@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from loaders import jpeg_scaled, jpeg_window
-from loaders.transforms import (TrainTransform, ValTransform, decode, resize,
+from decode import jpeg_scaled, jpeg_window
+from decode import decode, resize
+from loaders.transforms import (TrainTransform, ValTransform,
                                 resize_center_crop)
 from tests.conftest import REPO
 
@@ -90,7 +91,7 @@ def test_the_window_is_the_full_decodes_box(blobs):
 
 def test_what_it_declines_is_decoded_as_before(blobs):
     """A window reaching into the missing rows of a truncated JPEG is declined. (With
-    loaders/_jpegcrop.so, as with the full-scale window decode, rows below a window are never
+    decode/_jpegcrop.so, as with the full-scale window decode, rows below a window are never
     read, so a window above the damage decodes: test_region_decode_reads_down_to_the_window.)"""
     truncated = blobs[0][:len(blobs[0]) // 2]
     height, width = jpeg_window.jpeg_size(truncated)
@@ -111,7 +112,7 @@ def test_grayscale_comes_out_rgb():
 
 
 def test_full_decode_switch_turns_it_off():
-    code = ("from loaders import jpeg_scaled, jpeg_window; "
+    code = ("from decode import jpeg_scaled, jpeg_window; "
             "print(jpeg_scaled.enabled(), jpeg_window.available())")
     env = dict(os.environ, IMAGENET_FAST_FULL_DECODE="1")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,

@@ -1,4 +1,4 @@
-"""Crop-window JPEG decoding (nvImageCodec, loaders/jpeg_window.py) against full decoding."""
+"""Crop-window JPEG decoding (nvImageCodec, decode/jpeg_window.py) against full decoding."""
 import glob
 import io
 import random
@@ -7,9 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
-from loaders import decoders
-from loaders import jpeg_scaled, jpeg_window
-from loaders.transforms import TrainTransform, decode
+from decode import libraries
+from decode import jpeg_scaled, jpeg_window
+from decode import decode
+from loaders.transforms import TrainTransform
 from tests.conftest import max_abs_diff
 
 pytestmark = [pytest.mark.skipif(
@@ -37,15 +38,15 @@ def check_matches_full_decode(blobs, rng, per_image=3):
             assert max_abs_diff(window, full[:, top:top + h, left:left + w]) <= 1
 
 
-@pytest.mark.parametrize("whole", [b for b in decoders.backends() if b != "PIL"])
+@pytest.mark.parametrize("whole", [b for b in libraries.backends() if b != "PIL"])
 def test_windows_of_real_imagenet_jpegs_match_full_decode(sample, whole):
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))]
     assert len(blobs) == 250  # 4 of them grayscale: decoded to 3 channels
-    previous = decoders.use(whole)  # the whole-image decoder it is compared with
+    previous = libraries.use(whole)  # the whole-image decoder it is compared with
     try:
         check_matches_full_decode(blobs, random.Random(0))
     finally:
-        decoders.use(previous)
+        libraries.use(previous)
 
 
 def test_windows_of_odd_sizes_and_subsampling(tmp_path):

@@ -18,8 +18,8 @@ from formats.cap import Cap
 from formats.shards import convert as shards_convert
 from loaders import DistInfo
 from loaders._shared_batches import batch_seed
-from loaders.transforms import (RRC_RATIO, RRC_SCALE, decode, random_resized_crop_params,
-                                resize, resize_center_crop)
+from decode import decode, resize
+from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params, resize_center_crop
 from tests.conftest import SAMPLE, loader_settings, to_uint8
 from tests.oddities import ORIENTATION_TAG, stored_pixels, write_odd_folder
 

@@ -22,7 +22,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
 
     Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
     each record's CRC-32 against the checksum record, its label against the class count, and
-    that it decodes with ``loaders.transforms.decode`` (the loaders' decoder). With
+    that it decodes with ``decode.decode`` (the loaders' decoder). With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
     same order, shuffled as the metadata's ``shuffle_seed`` says, capped as its ``max_side`` and
@@ -100,7 +100,7 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
 
 
 def _check_record(job) -> list[str]:
-    from loaders.transforms import decode  # torch: imported only when checking
+    from decode import decode  # torch: imported only when checking
 
     index, rel, value, crc, num_classes = job
     name = _name(index, rel)

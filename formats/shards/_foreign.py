@@ -22,6 +22,7 @@ import tarfile
 import time
 
 from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_name, write_idx
+from .locations import is_stream, open_stream
 
 _WNID = re.compile(r"n\d{8}")
 _WNID_FIELDS, _NAME_FIELDS = ("wnid", "synset", "synset_id", "class_id"), ("filename",
@@ -57,8 +58,6 @@ def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | No
     """``([(span, label, wnid, class name)], shard bytes)`` of one shard, its members grouped
     by key (WebDataset's rule: the name up to the first dot of its last path component).
     Raises :class:`ShardFormatError` naming the shard."""
-    from loaders.shard_streams import is_stream, open_stream
-
     local = not is_stream(url)
     stream = None if local else _Counting(open_stream(url))
     records, current = [], {}
@@ -162,8 +161,6 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     output that cannot be written."""
     from braceexpand import braceexpand
     from tqdm import tqdm
-
-    from loaders.shard_streams import is_stream
 
     start = time.perf_counter()
     if os.path.isdir(spec):

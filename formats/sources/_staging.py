@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from typing import Callable, Iterator
 
 import msgpack
 
@@ -32,15 +33,15 @@ def _key(files: list[Source]) -> bytes:
     return digest.digest()
 
 
-def stage_sequential(files: list[Source], folder: str, progress: bool = True) -> None:
-    """Point each of ``files`` (``(archive, item number)`` sources of
+def stage_sequential(files: list[Source], folder: str, progress: bool = True, *,
+                     read_items: Callable[[str], Iterator[tuple[int, bytes]]]) -> None:
+    """Point each of ``files`` (``(archive, item number)`` sources, e.g. of
     :mod:`formats.sources.huggingface`) at a copy of its bytes in ``folder/images.bin``,
-    copying them first unless ``folder`` already holds a complete staging of the same items.
-    Raises :class:`DatasetError` for an unreadable archive or an item it no longer holds,
-    ``OSError`` if the folder cannot be written."""
+    copying them first unless ``folder`` already holds a complete staging of the same items;
+    ``read_items(archive)`` yields ``(item number, bytes)`` front to back (the source's own
+    reader). Raises :class:`DatasetError` for an unreadable archive or an item it no longer
+    holds, ``OSError`` if the folder cannot be written."""
     from tqdm import tqdm
-
-    from .huggingface import read_items
 
     key, manifest = _key(files), os.path.join(folder, MANIFEST)
     by_item = {(s.path, s.offset): s for s in files}

@@ -17,12 +17,14 @@ conversion reads them (:mod:`formats.sources._staging`).
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import os
 import re
 import tarfile
 
 from ._listing import DatasetError, Listing, Source, class_listing
+from ._staging import stage_sequential
 
 CLASSES_PY = "classes.py"
 _SPLIT_FILES = {"train": ("train-*.parquet", "train_images_*.tar.gz"),
@@ -92,12 +94,10 @@ def list_huggingface(root: str, split: str) -> Listing:
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     files = [_source(path, number, name, label, classes, label_of)
              for path, number, name, label in items]
-    from ._staging import stage_sequential
-
     via = f"labels from {CLASSES_PY}" if known else f"no {CLASSES_PY}: classes from file names"
     listing = class_listing(root, classes, files, f"Hugging Face {kind}: {len(paths)} "
                             f"{split} files in {os.path.dirname(paths[0])} ({via})", names)
-    listing.stage = stage_sequential
+    listing.stage = functools.partial(stage_sequential, read_items=read_items)
     return listing
 
 

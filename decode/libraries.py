@@ -11,14 +11,15 @@ run to run), PIL 1.241 ms, all to identical pixels; TorchCodec is the default be
 torchvision's decoders are deprecated and will be removed.
 
 Pixels are as stored: torchvision, PIL, DALI (``adjust_orientation=False``) and the crop-window
-decoder (``loaders.jpeg_window``) ignore EXIF orientation, TorchCodec always applies it. So the
+decoder (``decode.jpeg_window``) ignore EXIF orientation, TorchCodec always applies it. So the
 APP1 (EXIF/XMP) segments of a JPEG and the eXIf chunks of a PNG are cut from the bytes handed to
 TorchCodec (decoding ignores both, so pixels do not change); WebP, AVIF and HEIC files with an
 EXIF orientation still come out oriented under TorchCodec (ImageNet has none).
 
-Crop windows of JPEGs (RandomResizedCrop) are decoded by ``loaders.jpeg_window``;
-:func:`crop_decoder_status` is its one-line start-up report. The converters' checks use
-:func:`decode_jpeg_luma`, the same library's luma-only decode, which refuses the same bytes.
+Crop windows of JPEGs (RandomResizedCrop) are decoded by ``decode.jpeg_window`` and
+``decode.jpeg_scaled``; the cascade over all of them is the ``decode`` package's. The converters'
+checks use :func:`decode_jpeg_luma`, the same library's luma-only decode, which refuses the same
+bytes.
 """
 from __future__ import annotations
 
@@ -30,8 +31,6 @@ from importlib import metadata
 from typing import Callable
 
 import torch
-
-from . import jpeg_window
 
 ENV_VAR = "IMAGENET_FAST_DECODER"
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -199,18 +198,6 @@ def decoder_name() -> str:
     return f"{text} ({'; '.join(passed)})" if passed else text
 
 
-def crop_decoder_status() -> str:
-    """One line for the start-up log on how training crops are decoded (``jpeg_window``, and
-    ``jpeg_scaled`` for windows at least twice the output)."""
-    from . import jpeg_crop, jpeg_scaled
-
-    scaled = jpeg_window.available() and jpeg_scaled.enabled()
-    how = ("crop + scale in one decode, loaders/_jpegcrop.so" if jpeg_crop.available()
-           else f"PIL draft; {jpeg_crop.status()}")
-    return jpeg_window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
-                                   f"({how})" if scaled else "")
-
-
 def _tensor(data) -> torch.Tensor:
     if isinstance(data, torch.Tensor):
         return data
@@ -350,3 +337,16 @@ def _png_exif_spans(data: bytes) -> list[tuple[int, int]]:
             break
         pos = end
     return spans
+
+
+def image_library() -> str:
+    """Name and version of the installed PIL distribution, e.g. ``"Pillow-SIMD 9.5.0.post2"``
+    (PIL is the last resort of :func:`decode.decode`, and what the converters re-encode with)."""
+    for dist in ("Pillow-SIMD", "Pillow"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    import PIL
+
+    return f"PIL {PIL.__version__}"

@@ -1,4 +1,4 @@
-"""Where shards are and how they are opened, for ``--loader shards`` (``loaders.shards``) and
+"""Where shards are and how they are opened, for the shard readers (``loaders``) and
 ``folder2shards.py --index``: a split given as a folder or folder URL holding ``index.json``, a
 brace pattern or a single shard (local path, ``http(s)://`` or ``pipe:`` command), resolved to
 its index and the shards' locations; streams opened with a timeout (HTTP), through
@@ -11,9 +11,8 @@ import os
 import re
 import urllib.request
 
-from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name
-
-from ._errors import DataError
+from ..errors import DataError
+from ._codec import INDEX_NAME, ShardFormatError, ShardIndex, idx_name
 
 HTTP_TIMEOUT_S = 60.0  # a stalled server fails the read instead of hanging the run
 STREAM_BUFFER = 1 << 20  # bytes read ahead from a stream

@@ -1,13 +1,13 @@
 """Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1, 1/2, 1/4 or 1/8: our C.
 
-``loaders/_jpegcrop.c``, built by ``make install`` into ``loaders/_jpegcrop.so`` (it needs a C
+``decode/_jpegcrop.c``, built by ``make install`` into ``decode/_jpegcrop.so`` (it needs a C
 compiler and the libjpeg-turbo headers: Debian's ``libjpeg-dev``, which Pillow-SIMD's build
 needs too), called through ctypes. It is the only decoder here that both crops and scales:
 libjpeg-turbo's partial decompression (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``) at
 ``scale_denom`` k. A RandomResizedCrop window at least twice the output then costs the entropy
 decoding of the rows down to its last one plus the inverse DCT, upsampling and colour
 conversion of the window alone, at 1/k^2 of its pixels: 13-14% less than PIL's ``draft`` of
-the whole image on the real sample (``loaders.jpeg_scaled`` uses it for those windows only;
+the whole image on the real sample (``decode.jpeg_scaled`` uses it for those windows only;
 nvImageCodec keeps the others, within 10% of this). Measured side by side:
 docs/ffcv-and-decode.md ("Crop and scale in one decode").
 
@@ -40,9 +40,9 @@ def _open():
     try:
         lib = ctypes.CDLL(_LIBRARY)
     except OSError:
-        return None, "loaders/_jpegcrop.so not built (make install builds it)"
+        return None, "decode/_jpegcrop.so not built (make install builds it)"
     if lib.jc_version() != _VERSION:
-        return None, "loaders/_jpegcrop.so is stale (make install rebuilds it)"
+        return None, "decode/_jpegcrop.so is stale (make install rebuilds it)"
     lib.jc_header.argtypes = [ctypes.c_char_p, ctypes.c_ulong, _c_int_p, _c_int_p, _c_int_p]
     lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -64,11 +64,11 @@ def available() -> bool:
 
 
 def status() -> str:
-    """One line for the start-up log: ``"crop + scale: libjpeg-turbo (loaders/_jpegcrop.so)"``
-    or ``"crop + scale: off (loaders/_jpegcrop.so not built (make install builds it))"``."""
+    """One line for the start-up log: ``"crop + scale: libjpeg-turbo (decode/_jpegcrop.so)"``
+    or ``"crop + scale: off (decode/_jpegcrop.so not built (make install builds it))"``."""
     if _load() is None:
         return f"crop + scale: off ({_library.reason})"
-    return "crop + scale: libjpeg-turbo (loaders/_jpegcrop.so)"
+    return "crop + scale: libjpeg-turbo (decode/_jpegcrop.so)"
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:

@@ -21,7 +21,7 @@
  * here any warning is an error (-3), so the caller decodes the whole file with the loaders'
  * decoder, which refuses it or not exactly as before.
  *
- * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into loaders/_jpegcrop.so and
+ * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/_jpegcrop.so and
  * called through ctypes by loaders/jpeg_crop.py.
  */
 #include <setjmp.h>

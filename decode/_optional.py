@@ -8,8 +8,8 @@ from typing import Any, Callable
 class OptionalLibrary:
     """What ``load() -> (library, None) | (None, why)`` gives, called once per process on first
     use (and again after :meth:`set_enabled`). ``IMAGENET_FAST_FULL_DECODE=1`` keeps it off
-    without calling ``load``: both partial JPEG decoders (``loaders.jpeg_window``'s nvImageCodec,
-    ``loaders.jpeg_crop``'s C) answer to it. ``reason`` says why it is off, else ``None``."""
+    without calling ``load``: both partial JPEG decoders (``decode.jpeg_window``'s nvImageCodec,
+    ``decode.jpeg_region``'s C) answer to it. ``reason`` says why it is off, else ``None``."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load = load

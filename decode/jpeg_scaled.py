@@ -5,16 +5,16 @@ libjpeg-turbo can run its inverse DCT on the 4x4, 2x2 or 1x1 low-frequency coeff
 inverse DCT, chroma upsampling and colour conversion then touch 1/4, 1/16 or 1/64 of the pixels
 (the entropy decoding of every block stays). PIL exposes it as ``Image.draft`` (its decoder keeps
 libjpeg's accurate integer IDCT and fancy upsampling: ``decoderconfig`` draft flag 0); where
-``make install`` built it, ``loaders.jpeg_crop`` decodes only the window's region at that scale
+``make install`` built it, ``decode.jpeg_region`` decodes only the window's region at that scale
 (the same pixels, without the IDCT of the rest or the rows below). PIL's
 ``resize`` takes a fractional source box, so the RandomResizedCrop window, or validation's
 resize-then-center-crop, is resampled from the scaled image at the exact geometry of a full
 decode (box in scaled pixels = box in pixels / factor; pixel ``i`` of a 1/k decode covers pixels
 ``k*i .. k*i+k-1``). The resampling is PIL's antialiased bilinear filter, the one
-``torch.nn.functional.interpolate(antialias=True)`` (``loaders.transforms.resize``) reimplements.
+``torch.nn.functional.interpolate(antialias=True)`` (:func:`decode.resize`) reimplements.
 
 Used only where the window is at least twice the output on both sides (:func:`scale_factor`);
-below that the loaders decode just the window (``loaders.jpeg_window``) or the whole image.
+below that the loaders decode just the window (``decode.jpeg_window``) or the whole image.
 Measured side by side on the real sample, one thread (``benchmarks/profile_scaled_decode.py``;
 ``docs/ffcv-and-decode.md``): the region decode takes 13-14% less than PIL's ``draft`` per
 scaled window (1.322 vs 1.512 ms at 160 px); ``draft`` beat simplejpeg's and PyTurboJPEG's
@@ -37,7 +37,7 @@ import os
 import numpy as np
 import torch
 
-from . import jpeg_crop
+from . import jpeg_region
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
 _enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
@@ -71,7 +71,7 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
     fractional) of JPEG ``data`` resampled to ``size`` = ``(height, width)``: uint8
     ``(3, height, width)``, channels-last. The JPEG is decoded at ``1/factor`` (1, 2, 4 or 8)
     and the box resampled from there with PIL's antialiased bilinear filter: only the box's
-    region through ``loaders.jpeg_crop`` where built, else the whole image through PIL's
+    region through ``decode.jpeg_region`` where built, else the whole image through PIL's
     ``draft`` (the same pixels within 1 level). ``None`` if the bytes are not an RGB or
     grayscale JPEG that decodes completely."""
     out = region_resized(data, factor, box, size)
@@ -82,13 +82,13 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
 
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                    size: tuple[int, int]) -> np.ndarray | None:
-    """:func:`resized_window` through ``loaders.jpeg_crop`` as uint8 ``(height, width, 3)``, or
+    """:func:`resized_window` through ``decode.jpeg_region`` as uint8 ``(height, width, 3)``, or
     ``None`` where it is not built or declines: the box's region at 1/factor plus the
     bilinear filter's reach (PIL's support is the downscale ratio, in scaled pixels) on every
     side, so PIL resamples the same pixels as from the whole scaled image."""
     from PIL import Image
 
-    shape = jpeg_crop.jpeg_size(data)
+    shape = jpeg_region.jpeg_size(data)
     if shape is None:
         return None
     top, left, bottom, right = (v / factor for v in box)
@@ -97,7 +97,7 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     y0, x0 = max(0, int(top) - reach), max(0, int(left) - reach)
     y1 = min(height, math.ceil(bottom) + reach)
     x1 = min(width, math.ceil(right) + reach)
-    pixels = jpeg_crop.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
+    pixels = jpeg_region.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
     if pixels is None:
         return None
     image = Image.fromarray(pixels).resize((size[1], size[0]), Image.BILINEAR,

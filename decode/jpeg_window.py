@@ -5,7 +5,7 @@ region of interest with libjpeg-turbo's partial decompression: rows below the wi
 decoded and those above are skipped, so a training crop costs well under a whole decode.
 Measured on the real ImageNet sample, one thread (``benchmarks/profile_decoders.py``,
 docs/performance.md): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the C
-code this replaced (``loaders/_jpegcrop.c``, removed: +4%, median of 9 interleaved rounds) and
+code this replaced (``decode/_jpegcrop.c``, removed: +4%, median of 9 interleaved rounds) and
 0.985 ms for a whole decode; its pixels equal a whole decode's crop (the C code's differed by
 up to 12 levels at the window's edges, where libjpeg's cropped chroma upsampling lacks
 neighbours).

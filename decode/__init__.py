@@ -1,0 +1,143 @@
+"""Every image decoder of the project and the one cascade over them: the bottom layer, imported
+by ``formats/`` (image checks, re-encoding), ``loaders/`` (transforms, DALI's CPU finish) and the
+tools, importing none of them.
+
+Modules, named by what they decode (as ffcv keeps its native bindings below its loader):
+
+* :mod:`decode.libraries`: whole images through a library (TorchCodec, else torchvision.io,
+  else PIL; ``IMAGENET_FAST_DECODER`` forces one), the converters' luma-only check decode, the
+  library names for logs and resume fingerprints;
+* :mod:`decode.jpeg_window`: only the RandomResizedCrop window of a JPEG (nvImageCodec's CPU
+  backend, libjpeg-turbo's partial decompression), and the JPEG header size;
+* :mod:`decode.jpeg_scaled`: a window at least twice the output at libjpeg-turbo's DCT scale
+  1/2, 1/4 or 1/8, resampled by PIL; through :mod:`decode.jpeg_region` (our C,
+  ``decode/_jpegcrop.c``: the region only, built by ``make install``) or PIL's ``draft``;
+* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``).
+
+The cascade for a training window (:func:`decode_window`): decoded at scale where the window is
+at least twice the output, else the window alone, else the whole image and cropped; each step
+declines (a CMYK or progressive JPEG, a PNG named ``.JPEG``, a library not installed,
+``IMAGENET_FAST_FULL_DECODE=1``) by returning nothing, and the next one takes the image. Every
+decoder here keeps pixels as stored: EXIF orientation is never applied (docs/loaders.md,
+*Orientation*). Measured costs: docs/ffcv-and-decode.md and docs/performance.md.
+"""
+from __future__ import annotations
+
+import io
+
+import torch
+import torch.nn.functional as nnf
+
+from . import jpeg_region, jpeg_scaled, jpeg_window
+from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
+                        decoder_name, image_library, use)
+from .memory import retain_freed_memory
+
+__all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
+           "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
+           "jpeg_size", "resize", "retain_freed_memory", "status_line", "use"]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def decode(data: bytes) -> torch.Tensor:
+    """Decode an encoded image to RGB: uint8 ``(3, H, W)`` (often a channels-last view).
+
+    JPEGs go through libjpeg-turbo (:mod:`decode.libraries`: TorchCodec, else torchvision),
+    grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
+    through the same library's ``decode_image``, and anything those refuse through PIL. Raises
+    ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
+    """
+    try:
+        if data[:3] == _JPEG_MAGIC:
+            return decode_jpeg(data)
+        return decode_image(data)
+    except RuntimeError:
+        return _decode_with_pil(data)
+
+
+def _decode_with_pil(data: bytes) -> torch.Tensor:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        rgb = img.convert("RGB")
+    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
+        rgb.height, rgb.width, 3).permute(2, 0, 1)
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` in pixels, as stored, of a 1- or 3-component JPEG whose window
+    :func:`decode_window` can decode from its header; None for anything else (CMYK, other
+    formats, a bad header) and where window decoding is off: decode those whole."""
+    return jpeg_window.jpeg_size(data)
+
+
+def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)``, bilinear with antialiasing (as PIL's
+    ``BILINEAR`` resize that torchvision applies to PIL images), on the channels-last uint8
+    fast path of ``torch.nn.functional.interpolate``."""
+    batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
+                           align_corners=False)[0]
+
+
+def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
+                  image: torch.Tensor | None = None,
+                  reasons: list[str] | None = None) -> torch.Tensor:
+    """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` (whole pixels inside
+    the stored image) of ``data`` resized to ``size`` = ``(height, width)``: uint8
+    ``(3, *size)``.
+
+    For a JPEG whose :func:`jpeg_size` was read, the cascade: a window at least twice ``size``
+    on both sides at libjpeg-turbo's DCT scale (:func:`decode.jpeg_scaled.resized_window`,
+    already resampled), else the window alone (:func:`decode.jpeg_window.decode_window`), else
+    the whole image (:func:`decode`), cropped; then :func:`resize`. Pass ``image``, the whole
+    decode, where the header was not read: it is cropped at once. ``reasons``, if given,
+    collects one line per decoder that declined. Raises what :func:`decode` raises for bytes
+    that are not an image."""
+    top, left, height, width = window
+    if image is None:
+        factor = jpeg_scaled.scale_factor(height, width, *size)
+        if factor > 1:
+            out = jpeg_scaled.resized_window(data, factor, (top, left, top + height,
+                                                            left + width), size)
+            if out is not None:
+                return out
+            _note(reasons, f"scaled 1/{factor}: declined (not an RGB or grayscale JPEG that "
+                           "decodes completely)")
+        else:
+            _note(reasons, "scaled: off" if not jpeg_scaled.enabled() else
+                  f"scaled: a {height}x{width} window is under twice the output")
+        crop = jpeg_window.decode_window(data, top, left, height, width)
+        if crop is not None:
+            return resize(crop, size)
+        _note(reasons, "window: declined (" + (jpeg_window.status() if not jpeg_window.available()
+                                               else "the window did not decode completely") + ")")
+        image = decode(data)
+    else:
+        _note(reasons, "header: not a 1- or 3-component JPEG nvImageCodec reads (or window "
+                       "decoding off): decoded whole")
+    return resize(image[:, top:top + height, left:left + width], size)
+
+
+def _note(reasons: list[str] | None, line: str) -> None:
+    if reasons is not None:
+        reasons.append(line)
+
+
+def crop_decoder_status() -> str:
+    """One line for the start-up log on how training crops are decoded (``jpeg_window``, and
+    ``jpeg_scaled`` for windows at least twice the output)."""
+    scaled = jpeg_window.available() and jpeg_scaled.enabled()
+    how = ("crop + scale in one decode, decode/_jpegcrop.so" if jpeg_region.available()
+           else f"PIL draft; {jpeg_region.status()}")
+    return jpeg_window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
+                                   f"({how})" if scaled else "")
+
+
+def status_line() -> str:
+    """The decoders of this process in one line for the start-up log: the whole-image library
+    (and why any preferred one was passed over), the crop decoders, PIL's distribution, e.g.
+    ``"TorchCodec 0.17.0, crop windows: nvImageCodec 0.9.0 (...); ..., PIL fallback
+    Pillow-SIMD 9.5.0.post2"``."""
+    return f"{decoder_name()}, {crop_decoder_status()}, PIL fallback {image_library()}"
