@@ -44,12 +44,11 @@ from torchvision import datasets, transforms
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import decode  # noqa: E402
 import folder2lmdb  # noqa: E402
 import folder2shards  # noqa: E402
 import loaders  # noqa: E402
-from decode import decode, image_library  # noqa: E402
-from loaders.transforms import read_file  # noqa: E402
+from decode import decode, image_library, retain_freed_memory  # noqa: E402
+from loaders.readers.folder import read_file  # noqa: E402
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
 
@@ -285,7 +284,7 @@ def baseline(args) -> int:
 
     glibc keeps freed memory here as in ``main.py`` (``decode/memory.py``), so the stock
     pipeline is not slowed by page faults that ours avoid."""
-    decode.retain_freed_memory()
+    retain_freed_memory()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b, j = args.batch_size, args.workers
     if args.baseline == "stock":

@@ -165,7 +165,7 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
         lmdb_readahead="auto", dali_cpu=False, dali_hw_decoder_load=None)  # main.py's defaults
     others = child_pids()  # children that are not DataLoader workers (none expected)
     train, _ = loaders.build_loaders(settings, loaders.DistInfo())
-    result = {"records": len(train.dataset), "batches": batches, "sampler": sampler,
+    result = {"records": len(train.reader), "batches": batches, "sampler": sampler,
               "main": {"before": proc_memory(os.getpid()), "samples": []}, "workers": {}}
 
     def sample(step: int) -> None:

@@ -1,5 +1,5 @@
 """Random vs block-shuffled LMDB read order, and the same records as WebDataset shards
-(``shards``: ``loaders.shards`` in its stream order), on data larger than the page cache.
+(``shards``: ``loaders.readers.shards`` in its stream order), on data larger than the page cache.
 
 Builds an LMDB in the ``folder2lmdb.py`` format (JPEG bytes of the ImageNet sample, cycled,
 written with ``formats.lmdb``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
@@ -8,7 +8,7 @@ Then, for each order/readahead case, it drops the page cache (``sync; echo 3 >
 child has imported torch (~0.5-0.7 GiB here) it limits the group to that usage plus
 ``--limit-mib`` (page cache is charged to the cgroup, so it can cache at most that much of the
 database). The child reads ``--epochs`` epochs of raw records through
-``LMDBDataset.read`` (no JPEG decode unless ``--decode``), at most ``--epoch-records`` records
+``LMDBReader.read`` (no JPEG decode unless ``--decode``), at most ``--epoch-records`` records
 of each epoch's order, and reports per epoch: records/s, record MB/s, MB the kernel read from
 disk for it (``/proc/self/io`` ``read_bytes``) and major page faults.
 
@@ -76,9 +76,9 @@ def build_shards(db: str, out: str, shard_mib: int = 256) -> int:
     """Write the LMDB ``db``'s records, in record order, as WebDataset shards of about
     ``shard_mib`` MiB in ``out`` (``formats/shards/_codec.py``); returns the shard count."""
     from formats.shards import ShardIndex, ShardWriter, idx_name, shard_name, write_idx
-    from loaders.lmdb_records import LMDBDataset
+    from loaders.readers.lmdb_records import LMDBReader
 
-    dataset, shards, writer, spans = LMDBDataset(db), [], None, []
+    dataset, shards, writer, spans = LMDBReader(db), [], None, []
     os.makedirs(out, exist_ok=True)
 
     def finish():
@@ -176,16 +176,16 @@ def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
 
     from loaders.orders import BlockOrder, RandomOrder
-    from loaders.stream_orders import StreamTrainOrder
-    from loaders.lmdb_records import LMDBDataset
-    from loaders.shards import SHUFFLE_BUFFER, ShardRecords, resolve_split
+    from loaders.shard_orders import StreamTrainOrder
+    from loaders.readers.lmdb_records import LMDBReader
+    from loaders.readers.shards import SHUFFLE_BUFFER, ShardReader, resolve_split
 
     if args.order == "shards":  # read by offset (pread), one worker's piece, sample buffer
-        dataset = ShardRecords(*resolve_split(args.shards))
+        dataset = ShardReader(*resolve_split(args.shards))
         order = StreamTrainOrder([s["records"] for s in dataset.index.shards], 1, 1, seed=0,
                                  buffer=SHUFFLE_BUFFER)
     else:
-        dataset = LMDBDataset(args.db, readahead=args.readahead)
+        dataset = LMDBReader(args.db, readahead=args.readahead)
     n = len(dataset)
     dataset.read(0)
     base_mib = None

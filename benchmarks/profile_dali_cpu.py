@@ -30,7 +30,7 @@ import decode  # noqa: E402
 import loaders  # noqa: E402
 from benchmarks.bench_loaders import main_loader, replicate  # noqa: E402
 from loaders.transforms import RRC_RATIO, RRC_SCALE  # noqa: E402
-from loaders.folder import open_image_folder  # noqa: E402
+from loaders.readers.folder import open_image_folder  # noqa: E402
 
 
 def stage_pipeline(stage: str, files: list[str], batch_size: int, threads: int):

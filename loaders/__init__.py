@@ -1,54 +1,56 @@
-"""The data-loading runtime: one module per backend, and the pieces they share.
+"""The data-loading runtime, on two axes: *readers* (where samples are: ``loaders.readers``) and
+*pipelines* (how their bytes become device batches: ``loaders.pipelines``).
 
-``build_loaders(settings, dist) -> (train, val)`` builds the loaders of ``settings.backend``
-(:class:`LoaderSettings`, resolved once per training process). Each loader yields ``(images,
-labels)`` on ``dist.device`` (images ``settings.dtype`` NCHW normalised with the ImageNet
-mean/std, labels int64), has an exact ``len()``, ``set_epoch(epoch)``, ``classes`` and
-``close()`` (stops the worker processes or pipelines it keeps between passes).
+``build_loaders(settings, dist) -> (train, val)`` opens the two splits with the reader of
+``settings.source`` (:data:`READERS`: ``folder``, ``lmdb``, ``shards``) and hands them to the
+pipeline of ``settings.pipeline`` (:data:`PIPELINES`: ``workers``, DataLoader workers with
+shared batch slots and a side-stream feed; ``dali``; ``synthetic`` for ``--dummy``, which reads
+nothing). Each loader yields ``(images, labels)`` on ``dist.device`` (images ``settings.dtype``
+NCHW normalised with the ImageNet mean/std, labels int64), has an exact ``len()``,
+``set_epoch(epoch)``, ``classes`` and ``close()`` (stops the worker processes or pipelines it
+keeps between passes); the contract is ``loaders.contract``'s. A new on-disk format is
+``formats/X`` + one reader module + one line in :data:`READERS`, and every pipeline reads it.
 
-- Backends (:data:`BACKENDS`; one new module plus one line adds one, imported only when chosen):
-  ``folder`` (JPEG class folders), ``lmdb_records`` (``--lmdb``), ``shards`` (WebDataset tar
-  shards, local or streamed), ``dali`` (NVIDIA DALI), ``synthetic`` (``--dummy``); and
-  ``imagefolder_lmdb``, ``ImageFolderLMDB`` for users' own scripts.
-- Public building blocks: ``decoders`` (whole-image JPEG/PNG/... decode), ``jpeg_window``
-  (decoding a RandomResizedCrop window only), ``transforms`` (uint8 RandomResizedCrop + flip,
-  resize + centre crop), ``orders`` and ``stream_orders`` (epoch orders: ``order(epoch) ->
-  indices``), ``shard_streams`` (where a split's shards are: folders, URLs, ``pipe:``).
-- Private runtime: ``_settings`` (LoaderSettings), ``_common`` (DeviceLoader, normalisation),
-  ``_shared_batches`` (shared-memory batch slots), ``_cuda_feed`` (page-locked slots, side
-  stream), ``_bad_samples`` (replacing and remembering undecodable samples), ``_lean_sampler``,
-  ``_dali_graph``, ``_throughput``, ``_malloc``, ``_errors``.
-
-What is written to disk and read back (the LMDB and shard layouts, image checks) is
-``formats/``'s.
+Public modules: ``contract`` (settings, ``DistInfo``, errors, seeds), ``normalize``,
+``orders`` and ``shard_orders`` (epoch orders: ``order(epoch) -> indices``), ``transforms``
+(uint8 RandomResizedCrop + flip, resize + centre crop), ``readers``, ``pipelines``,
+``imagefolder_lmdb`` (``ImageFolderLMDB`` for users' own scripts). Private: ``_bad_samples``
+(replacing and remembering undecodable samples, for every pipeline), ``_lean_sampler``,
+``_throughput``. Decoding is ``decode/``'s; what is written to disk and read back (the LMDB and
+shard layouts, image checks) is ``formats/``'s.
 """
 from __future__ import annotations
 
 import importlib
 
-from ._common import DataError, DistInfo, input_dtype, split_paths
-from ._errors import AcceleratorError
-from ._settings import LoaderSettings
 from ._throughput import measure as measure_throughput
+from .contract import (AcceleratorError, DataError, DistInfo, LoaderSettings, check_same_classes,
+                       input_dtype, split_paths)
+from .pipelines import PIPELINES
+from .readers import READERS, open_reader
 
-# backend name (the --loader choice) -> module implementing build_loaders
-BACKENDS = {
-    "dali": "loaders.dali",
-    "folder": "loaders.folder",
-    "lmdb": "loaders.lmdb_records",
-    "shards": "loaders.shards",
-    "synthetic": "loaders.synthetic",
-}
+# The --loader choices: each names a (source, pipeline) pair (LoaderSettings.source/.pipeline);
+# dali reads the source --lmdb or --loader shards names, folders otherwise.
+BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "build_loaders", "input_dtype", "measure_throughput", "split_paths"]
+           "PIPELINES", "READERS", "build_loaders", "input_dtype", "measure_throughput",
+           "split_paths"]
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` loaders of ``settings.backend`` (a key of :data:`BACKENDS`).
+    """``(train, val)`` loaders: ``PIPELINES[settings.pipeline]`` over the readers
+    ``READERS[settings.source]`` of ``settings.train_path`` and ``settings.val_path``.
 
-    Raises ``KeyError`` for an unknown backend and :class:`DataError` for bad data input.
+    Raises ``KeyError`` for an unknown backend and :class:`DataError` for bad data input
+    (a bad split, train and val with different classes, too small a training split).
     """
-    module = importlib.import_module(BACKENDS[settings.backend])
-    return module.build_loaders(settings, dist)
-
+    pipeline = importlib.import_module(PIPELINES[settings.pipeline])
+    if hasattr(pipeline, "require"):
+        pipeline.require(dist)
+    if settings.source is None:
+        return pipeline.build_loaders(settings, dist)
+    train, val = (open_reader(settings.source, path, settings)
+                  for path in (settings.train_path, settings.val_path))
+    check_same_classes(train.classes, val.classes)
+    return pipeline.build_loaders(train, val, settings, dist)

@@ -2,9 +2,9 @@
 ``folder2lmdb.py``, for users' own training scripts (PyTorch-LMDB's class of the same name,
 ``from folder2lmdb import ImageFolderLMDB``).
 
-``main.py`` does not use it: its own LMDB loader (``loaders.lmdb_records``) is faster (uint8
-crops decoded straight from the JPEG, batches in shared slots). This one reuses that loader's
-reader (:class:`~loaders.lmdb_records.LMDBDataset`: records by number, lazy per-process
+``main.py`` does not use it: its own LMDB reader and pipelines are faster (uint8 crops decoded
+straight from the JPEG, batches in shared slots). This one reuses that reader
+(:class:`~loaders.readers.lmdb_records.LMDBReader`: records by number, lazy per-process
 environment) and the shared codec (``formats/lmdb/_codec.py``), and decodes with PIL as
 ``ImageFolder``'s default loader does.
 """
@@ -16,9 +16,10 @@ import msgpack
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ._common import DataError
 from formats.lmdb import decode_record, record_key
-from .lmdb_records import LMDBDataset
+
+from .contract import DataError
+from .readers.lmdb_records import LMDBReader
 
 __all__ = ["ImageFolderLMDB", "pil_decode"]
 
@@ -71,7 +72,7 @@ class ImageFolderLMDB(Dataset):
 
     Safe with ``DataLoader(num_workers>0)`` under fork and spawn: the LMDB environment is
     opened lazily in whichever process reads, reopened after a fork and never pickled (the
-    handling of :class:`~loaders.lmdb_records.LMDBDataset`, which this wraps). ``readahead``:
+    handling of :class:`~loaders.readers.lmdb_records.LMDBReader`, which this wraps). ``readahead``:
     OS readahead, off by default (right for shuffled reading; see
     :func:`~formats.lmdb.open_readonly`).
 
@@ -84,7 +85,7 @@ class ImageFolderLMDB(Dataset):
         self.root = root
         self.transform = transform
         self.target_transform = target_transform
-        self._records = LMDBDataset(root, transform=None, readahead=readahead)
+        self._records = LMDBReader(root, readahead=readahead)
         self.classes = list(self._records.classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._targets = None
@@ -119,7 +120,7 @@ class ImageFolderLMDB(Dataset):
         labels = []
         # buffers=True: values are views into the memory map, so skipping the image bytes
         # skips reading them; record keys sort in index order, before the "__...__" keys.
-        with self._records._open().begin(buffers=True) as txn:
+        with self._records.env().begin(buffers=True) as txn:
             cursor = txn.cursor()
             found = cursor.set_key(record_key(0))
             while found and len(labels) < count:

@@ -1,7 +1,7 @@
 """Epoch orders: which dataset indices one rank reads in an epoch, and in which order.
 
 One interface, shared by the DataLoader backends (through :class:`ResumableSampler`) and DALI
-(``loaders.dali``), as FFCV's ``TraversalOrder``: an order has ``num_samples`` (the dataset's
+(``loaders.pipelines.dali``), as FFCV's ``TraversalOrder``: an order has ``num_samples`` (the dataset's
 size), ``len()`` (indices per epoch on this rank) and ``order(epoch)`` (those indices, an
 iterable of Python ints, a pure function of the constructor's arguments and ``epoch``):
 
@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Protocol
 import numpy as np
 from torch.utils.data import Sampler
 
-from ._errors import DataError
+from .contract import DataError, check_rank
 from ._lean_sampler import LeanDistributedSampler
 
 
@@ -44,11 +44,6 @@ class Order(Protocol):
 
     def order(self, epoch: int) -> Iterable[int]:
         """This rank's indices of ``epoch``, in reading order."""
-
-
-def _check_rank(rank: int, world_size: int) -> None:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
 
 
 class RandomOrder:
@@ -65,7 +60,7 @@ class RandomOrder:
     """
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         self.num_samples, self.rank, self.world_size, self.seed = (num_samples, rank,
                                                                    world_size, seed)
 
@@ -88,7 +83,7 @@ class ShardOrder:
     one; ``len()`` may differ by one between ranks."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
 
     def __len__(self) -> int:
@@ -169,7 +164,7 @@ class BlockOrder:
         if block_size < 1 or buffer_blocks < 1:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         self.num_samples = num_samples
         self.block_size = block_size
         self.buffer_blocks = buffer_blocks

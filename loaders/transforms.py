@@ -1,13 +1,13 @@
-"""CPU-side decode and augmentation to uint8, shared by the folder and LMDB backends.
+"""CPU-side decode and augmentation to uint8: the DataLoader-workers pipeline's transforms.
 
 The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(224) (scale
 0.08-1, ratio 3/4-4/3, Szegedy et al. 2015) plus horizontal flip; validation Resize(256) +
-CenterCrop(224). Normalisation is left to the device (``loaders._common.DeviceLoader``).
+CenterCrop(224). Normalisation is left to the device (``loaders.pipelines.workers``).
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
-the crop window (``jpeg_window``), or else the whole image with libjpeg-turbo
-(``decode.libraries``), and resizing the uint8 crop with torch's antialiased bilinear kernel
+the crop window (``decode.jpeg_window``, the cascade of :func:`decode.decode_window`), or else
+the whole image with libjpeg-turbo (``decode.libraries``), and resizing the uint8 crop with torch's antialiased bilinear kernel
 (channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +
 resize + ToTensor + Normalize, with the same random crop parameters (torchvision's
 ``RandomResizedCrop.get_params``).
@@ -66,7 +66,7 @@ class TrainTransform:
     on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
     there (``decode.jpeg_scaled``); otherwise only that window is decoded
     (``decode.jpeg_window``), else the whole image. Random draws come from torch's global
-    RNG, which the loaders seed per batch (``loaders._shared_batches.SlotWriter``): the same
+    RNG, which the loaders seed per batch (``loaders.pipelines._shared_batches.SlotWriter``): the same
     draws, hence the same window, whichever way it is decoded.
     """
 
@@ -146,9 +146,3 @@ def split_transform(train: bool, train_crop_size: int, val_resize_size: int,
     if train:
         return TrainTransform(train_crop_size)
     return ValTransform(val_resize_size, val_crop_size)
-
-
-def read_file(path: str) -> bytes:
-    """A file's bytes (the folder backend's ``ImageFolder`` loader: decoding is the transform's)."""
-    with open(path, "rb") as f:
-        return f.read()

@@ -225,7 +225,7 @@ def test_side_stream_waits_for_the_normalisation_constants(monkeypatch):
     """CudaFeeder computes scale/shift on the current stream; its side stream, which reads them
     in the first normalisation, must wait for that stream first (as timm's PrefetchLoader
     waits before each batch)."""
-    from loaders import _cuda_feed
+    from loaders.pipelines import _cuda_feed
 
     events = []
 

@@ -12,8 +12,8 @@ from torchvision.datasets import ImageFolder
 pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
-import loaders.dali as dali  # noqa: E402
-import loaders._dali_env as dali_env  # noqa: E402
+import loaders.pipelines.dali as dali  # noqa: E402
+import loaders.pipelines._dali_env as dali_env  # noqa: E402
 import main  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
 from loaders.orders import BlockOrder  # noqa: E402
@@ -366,7 +366,7 @@ def _dali_windows(blobs, draws):
     """``(left, top, w, h)`` that :func:`random_window` computes for each encoded image."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from loaders._dali_graph import random_window, stored_shape
+    from loaders.pipelines._dali_graph import random_window, stored_shape
 
     @pipeline_def(batch_size=len(blobs), num_threads=1, device_id=None)
     def windows():
@@ -389,7 +389,7 @@ def test_random_window_is_torchvision_random_resized_crop(tiny, sample):
     at ratio 4/3 fits no image but an exactly 4:3 one), so the central fallback is exercised."""
     import glob
 
-    from loaders._dali_graph import crop_draws
+    from loaders.pipelines._dali_graph import crop_draws
     from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
     paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]

@@ -9,7 +9,7 @@ import torch
 
 import main
 from loaders import DataError
-from loaders._dali_env import check_dali_wheel, dali_pip_package
+from loaders.pipelines._dali_env import check_dali_wheel, dali_pip_package
 from tests.conftest import REPO
 
 
@@ -42,7 +42,7 @@ def test_dali_wheel_for_another_cuda_major_is_one_data_error():
 
 
 def test_help_and_backend_module_import_without_dali():
-    block = ("import sys; sys.modules['nvidia.dali'] = None; import loaders.dali, main; "
+    block = ("import sys; sys.modules['nvidia.dali'] = None; import loaders.pipelines.dali, main; "
              "main.get_args_parser().format_help(); assert 'nvidia.dali' not in "
              "[m for m in sys.modules if sys.modules[m] is not None]")
     subprocess.run([sys.executable, "-c", block], cwd=REPO, check=True, timeout=120)

@@ -14,7 +14,8 @@ from torchvision.datasets import ImageFolder
 import folder2shards
 from formats import images as image_check
 from formats.shards import INDEX_NAME, ShardIndex, idx_name
-from loaders.shards import ShardRecords, resolve_split
+from formats.shards.locations import resolve_split
+from loaders.readers.shards import ShardReader
 from tests import datagen
 from tests.badcorpus import make_bad_corpus
 from tests.conftest import REPO
@@ -83,7 +84,7 @@ def test_generated_folder_round_trips_byte_for_byte(tiny_shards):
     assert summary.images == 32 and summary.shards == 4 and summary.skipped == 0
     assert "wrote 32 images" in summary.line() and summary.line().endswith("; 4 shards")
     # The reader reads the same records, by the .idx offsets.
-    dataset = ShardRecords(*resolve_split(out))
+    dataset = ShardReader(*resolve_split(out))
     assert [dataset.read(i) for i in range(len(dataset))] == \
         [(data, label) for _, rs in shards for _, data, label in rs]
 

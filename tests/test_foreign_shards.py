@@ -14,7 +14,8 @@ import pytest
 import folder2shards
 from formats.shards import INDEX_NAME, ShardIndex
 from loaders import DistInfo, build_loaders
-from loaders.shards import ShardRecords, resolve_split
+from formats.shards.locations import resolve_split
+from loaders.readers.shards import ShardReader
 from tests import replicas
 from tests.conftest import loader_settings
 
@@ -48,7 +49,7 @@ def digests(folder: str) -> dict[str, str]:
 
 def read_all(spec: str) -> list[tuple[bytes, int]]:
     index, urls = resolve_split(spec)
-    records = ShardRecords(index, urls)
+    records = ShardReader(index, urls)
     return [records.read(i) for i in range(len(records))]
 
 
@@ -82,7 +83,7 @@ def test_index_folder_of_its_own_in_place_and_streamed(foreign, tmp_path):
     assert folder2shards.main(["--index", f"pipe:cat {pattern}", "-o", streamed]) == 0
     index, urls = resolve_split(streamed)
     assert urls[0] == f"pipe:cat {folder}/imagenet1k-train-0000.tar"
-    records = ShardRecords(index, urls)
+    records = ShardReader(index, urls)
     assert records.streaming and [records.read(i) for i in range(len(records))] == written
 
 
@@ -112,7 +113,7 @@ def test_trains_with_the_shard_loader(foreign, tmp_path):
     train_loader.set_epoch(0)
     images, labels = next(iter(train_loader))
     assert images.shape == (4, 3, 32, 32) and int(labels.max()) < 250
-    assert len(val_loader.dataset) == 250
+    assert len(val_loader.reader) == 250
 
 
 def test_records_without_jpg_or_with_unsorted_labels_are_one_line(sample, tmp_path, capsys):

@@ -20,8 +20,9 @@ import folder2lmdb
 import folder2shards
 import formats.lmdb
 import formats.shards
-from loaders.lmdb_records import LMDBDataset
-from loaders.shards import ShardRecords, resolve_split
+from formats.shards.locations import resolve_split
+from loaders.readers.lmdb_records import LMDBReader
+from loaders.readers.shards import ShardReader
 from tests.conftest import REPO
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "formats_v1")
@@ -45,7 +46,7 @@ def test_old_lmdb_reads_record_for_record(legacy):
     meta = formats.lmdb.read_meta(os.path.join(root, "lmdb"))
     assert meta.version == formats.lmdb.FORMAT_VERSION == 1
     assert list(meta.classes) == expected["classes"] and meta.shuffle_seed == 3
-    dataset = LMDBDataset(os.path.join(root, "lmdb"), transform=None)
+    dataset = LMDBReader(os.path.join(root, "lmdb"))
     records = [[_digest(data), label] for data, label in map(dataset.read, range(len(dataset)))]
     assert records == expected["lmdb_records"]
 
@@ -54,7 +55,7 @@ def test_old_shards_read_record_for_record(legacy):
     root, expected = legacy
     index, urls = resolve_split(os.path.join(root, "shards"))
     assert index.classes == expected["classes"] and len(urls) == 3
-    records = ShardRecords(index, urls)
+    records = ShardReader(index, urls)
     got = [[_digest(data), label] for data, label in map(records.read, range(len(records)))]
     assert got == expected["shard_records"]
 
@@ -69,8 +70,8 @@ def test_old_outputs_verify_against_their_source(legacy):
 def test_old_lmdb_trains_through_the_loader(legacy):
     """The record bytes decode into the uint8 crops the loaders make of any database."""
     root, _ = legacy
-    dataset = LMDBDataset(os.path.join(root, "lmdb"), transform=lambda data: data)
+    dataset = LMDBReader(os.path.join(root, "lmdb"))
     from loaders.transforms import ValTransform
 
-    image = ValTransform(16, 8)(dataset[0][0])
+    image = ValTransform(16, 8)(dataset.read(0)[0])
     assert image.dtype == torch.uint8 and image.shape == (3, 8, 8)

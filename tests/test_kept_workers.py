@@ -10,7 +10,7 @@ import torch
 import folder2lmdb
 import loaders
 from loaders import DistInfo
-from loaders import _shared_batches as sb
+from loaders.pipelines import _shared_batches as sb
 from tests import datagen
 from tests.conftest import loader_settings, to_uint8
 from tests.datagen import label_from_pixels

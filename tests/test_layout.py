@@ -90,3 +90,70 @@ def test_functions_do_one_thing():
                     long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}: "
                                 f"{lines} lines")
     assert not long, "\n".join(long)
+
+
+# Packages by layer (issue 36): a module imports only from its own layer or those below;
+# models/ needs nothing of ours, so it sits beside loaders/. Tools and benchmarks are on top.
+LAYERS = {"decode": 0, "formats": 1, "loaders": 2, "models": 2, "engine": 3, "main": 4}
+TOP = 5  # benchmarks, tools, the converters' command lines (folder2lmdb.py, folder2shards.py)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the repository modules it imports anywhere in its file (module level or
+    inside functions): ``from X import Y`` counts as X.Y where that is a module, else X."""
+    paths = {_module_name(p): p for p in _python_files(include_tests=False)}
+    graph = {}
+    for module, path in paths.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        edges = set()
+        for node in ast.walk(tree):
+            names = _imported(node, module, path.endswith("__init__.py"))
+            if isinstance(node, ast.ImportFrom):
+                target, members = names[0], names[1:]
+                edges |= {m for m in members if m in paths}
+                if any(m not in paths for m in members) and target in paths:
+                    edges.add(target)
+            else:
+                edges |= {n for n in names if n in paths}
+        graph[module] = edges - {module}
+    return graph
+
+
+def test_imports_run_one_way_down_the_layers():
+    def layer(module: str) -> int:
+        return LAYERS.get(module.split(".")[0], TOP)
+
+    upward = [f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+              for a, targets in _module_graph().items() for b in targets if layer(b) > layer(a)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_graph_has_no_circle():
+    graph = _module_graph()
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(" <-> ".join(sorted(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, "\n".join(circles)

@@ -6,9 +6,9 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders._common import split_paths
+from loaders.contract import split_paths
 from loaders.orders import ShardOrder
-from loaders.lmdb_records import LMDBDataset
+from loaders.readers.lmdb_records import LMDBReader
 from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
 from tests.datagen import label_from_pixels
 
@@ -57,10 +57,10 @@ def test_channels_last_and_batch_caps(tiny):
     assert images.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_lmdb_dataset_opens_lazily_and_pickles_without_environment(tiny):
-    dataset = LMDBDataset(os.path.join(tiny.lmdb, "val"))
+def test_lmdb_reader_opens_lazily_and_pickles_without_environment(tiny):
+    dataset = LMDBReader(os.path.join(tiny.lmdb, "val"))
     assert dataset._env is None and len(dataset) == 16
-    data, label = dataset[5]
+    data, label = dataset.read(5)
     assert dataset._env is not None and label == 1 and data[:3] == b"\xff\xd8\xff"
     clone = pickle.loads(pickle.dumps(dataset))
     assert clone._env is None and clone.read(5) == dataset.read(5)

@@ -55,15 +55,16 @@ def test_proc_memory_reads_this_process():
 
 
 def test_write_lmdb_is_readable_by_the_loader(tmp_path):
+    from loaders.readers.lmdb_records import LMDBReader
     from loaders.transforms import TrainTransform
-    from loaders.lmdb_records import LMDBDataset
 
     bench = _bench()
     path = str(tmp_path / "db")
     bench.write_lmdb(path, 3000, num_classes=1000)
-    dataset = LMDBDataset(path, TrainTransform(32))
+    dataset = LMDBReader(path)
     assert len(dataset) == 3000 and dataset.classes[0] == "n00000000"
     assert len(dataset.classes) == 1000
-    image, label = dataset[2999]
+    data, label = dataset.read(2999)
+    image = TrainTransform(32)(data)
     assert tuple(image.shape) == (3, 32, 32) and label == 999
     assert dataset.read(0)[1] == 0

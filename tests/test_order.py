@@ -9,7 +9,7 @@ from loaders import DistInfo
 import formats.lmdb as codec
 from loaders.orders import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
                             batches_per_epoch)
-from loaders.lmdb_records import LMDBDataset
+from loaders.readers.lmdb_records import LMDBReader
 from tests.conftest import loader_settings
 from tests.test_main import SMALL, read_metrics
 
@@ -120,7 +120,7 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
     train, val = loaders.build_loaders(settings, DistInfo())
     assert isinstance(train.sampler, ResumableSampler)
     assert isinstance(train.sampler.order, BlockOrder)
-    assert train.dataset.readahead and len(train) == 32 // 4
+    assert train.reader.readahead and len(train) == 32 // 4
     train.set_epoch(1)
     labels = torch.cat([labels for _, labels in train])
     assert sorted(labels.tolist()) == sorted(list(range(4)) * 8)  # every image once
@@ -149,7 +149,7 @@ def test_block_order_warns_about_a_class_sorted_database_once(tiny, tmp_path, ca
 
 def test_readahead_setting_switch_reopens_and_datasets_recover(tiny):
     path = f"{tiny.lmdb}/val"
-    plain, ahead = LMDBDataset(path), LMDBDataset(path, readahead=True)
+    plain, ahead = LMDBReader(path), LMDBReader(path, readahead=True)
     assert plain.read(3) == ahead.read(3)  # ahead's open closed plain's handle...
     assert ahead._env.flags()["readahead"] and not codec.is_open(plain._env)
     assert plain.read(3)[1] == 0  # ...and plain reopens rather than using a closed one
@@ -169,7 +169,7 @@ def test_main_trains_one_epoch_in_block_order(tiny, tmp_path):
 
 
 def test_readahead_auto_follows_database_size(tiny, monkeypatch):
-    from loaders import lmdb_records
+    from loaders.readers import lmdb_records
 
     path = f"{tiny.lmdb}/train"
     assert lmdb_records.readahead_for(path, "auto")  # a few KiB: fits in memory

@@ -17,7 +17,7 @@ import loaders
 from formats.cap import Cap
 from formats.shards import convert as shards_convert
 from loaders import DistInfo
-from loaders._shared_batches import batch_seed
+from loaders.pipelines._shared_batches import batch_seed
 from decode import decode, resize
 from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params, resize_center_crop
 from tests.conftest import SAMPLE, loader_settings, to_uint8
@@ -58,17 +58,12 @@ def build(odd, source, pipeline, seed, **overrides):
 
 
 def encoded(loader):
-    """index -> the encoded bytes the loader decodes (any source, either pipeline)."""
-    if hasattr(loader, "read_encoded"):  # DALI
-        return loader.read_encoded
-    dataset = loader.dataset
-    if hasattr(dataset, "read"):  # LMDB records, shard records
-        return lambda i: dataset.read(i)[0]
-    return lambda i: open(dataset.samples[i][0], "rb").read()
+    """index -> the encoded bytes the loader decodes (any reader, either pipeline)."""
+    return lambda i: loader.reader.read(i)[0]
 
 
 def order_of(loader) -> list[int]:
-    return loader.order() if hasattr(loader, "read_encoded") else list(loader.sampler)
+    return loader.order() if hasattr(loader, "order") else list(loader.sampler)
 
 
 def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:
@@ -84,7 +79,7 @@ def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:
 def expected_batches(loader, pipeline, seed, epoch):
     """Per training batch: the reference uint8 images of its samples, in the loader's order,
     drawn as that pipeline draws them ((seed, epoch, rank, batch) either way)."""
-    from loaders._dali_graph import crop_draws
+    from loaders.pipelines._dali_graph import crop_draws
 
     read, order = encoded(loader), order_of(loader)
     out = []
@@ -171,7 +166,7 @@ def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypa
     unreadable samples; with no bad share allowed the run stops with one DataError."""
     from nvidia.dali import fn, types
 
-    import loaders._dali_graph as graph
+    import loaders.pipelines._dali_graph as graph
 
     encoded, stored, drawn = {}, graph.stored_shape, graph.random_window
 
@@ -209,7 +204,7 @@ def test_window_mismatch_reads_shapes_only():
     of another shape (fewer channels, other sides) -> the first such sample and why."""
     from nvidia.dali.tensors import TensorListCPU
 
-    from loaders._dali_graph import window_mismatch
+    from loaders.pipelines._dali_graph import window_mismatch
 
     def outputs(decoded, anchors, shapes, sizes):
         return ["images", "mirror", *(TensorListCPU(np.array(a, dtype)) for a, dtype in (
@@ -247,11 +242,11 @@ def test_max_side_and_verify_keep_pixels_as_stored(odd, tmp_path, fmt):
         run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
         assert run.returncode == 0, run.stdout + run.stderr
     if fmt == "lmdb":
-        from loaders.lmdb_records import LMDBDataset
-        dataset = LMDBDataset(out)
+        from loaders.readers.lmdb_records import LMDBReader
+        dataset = LMDBReader(out)
     else:
-        from loaders.shards import ShardRecords, resolve_split
-        dataset = ShardRecords(*resolve_split(out))
+        from loaders.readers.shards import open_reader
+        dataset = open_reader(out, None)
     capped = {}  # (label, stored pixels capped) of each source file
     for label, cls in enumerate(("n0", "n1")):
         for name in os.listdir(os.path.join(src, cls)):

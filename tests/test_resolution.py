@@ -13,7 +13,7 @@ import main
 from engine import ConfigError
 from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import DistInfo
-from loaders._shared_batches import SharedBatches
+from loaders.pipelines._shared_batches import SharedBatches
 from tests.conftest import REPO, loader_settings, to_uint8
 from tests.test_main import SMALL, read_metrics
 

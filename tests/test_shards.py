@@ -17,7 +17,7 @@ import loaders
 from loaders import DataError, DistInfo
 from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
                                   write_idx)
-from loaders.stream_orders import StreamTrainOrder, StreamValOrder, buffer_shuffle
+from loaders.shard_orders import StreamTrainOrder, StreamValOrder, buffer_shuffle
 from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
 from tests.datagen import label_from_pixels
 from tests.test_distributed import SMALL, main_cmd, only_record, run
@@ -169,7 +169,7 @@ def test_http_streaming_equals_local_batch_for_batch(shards, http_root, workers)
 
 
 def test_stream_opens_each_shard_once_per_epoch(shards, monkeypatch):
-    import loaders.shards as shard_backend
+    import loaders.readers.shards as shard_backend
 
     opened = []
 

@@ -13,7 +13,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders import _shared_batches as sb
+from loaders.pipelines import _shared_batches as sb
 from tests.conftest import REPO, loader_settings
 
 
@@ -92,7 +92,8 @@ def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny)
 RANKS_ON_ONE_NODE = r"""
 import multiprocessing as mp, os, sys
 sys.path.insert(0, sys.argv[1])
-from loaders import DataError, _shared_batches as sb
+from loaders import DataError
+from loaders.pipelines import _shared_batches as sb
 
 def rank(checked, done, ranks):
     real_check = sb._check_shm_space

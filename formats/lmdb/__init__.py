@@ -1,5 +1,5 @@
 """The LMDB layout: one database per split, written by ``folder2lmdb.py`` and read by
-``main.py --lmdb`` (``loaders.lmdb_records``), ``ImageFolderLMDB`` and ``--dali --lmdb``.
+``main.py --lmdb`` (``loaders.readers.lmdb_records``), ``ImageFolderLMDB`` and ``--dali --lmdb``.
 
 Layout, format ``"imagenet-lmdb"`` version 1 (:data:`FORMAT_NAME`, :data:`FORMAT_VERSION`): an
 LMDB directory holding ``data.mdb`` and ``skipped.tsv`` (the files not stored, with why), and in

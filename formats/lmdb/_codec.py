@@ -1,6 +1,6 @@
 """Keys, values and the metadata of the LMDB layout (described in :mod:`formats.lmdb`), shared
 by the writer (:mod:`formats.lmdb._convert`), the verifier and the reader
-(``loaders.lmdb_records``). Keys are derived from the index, so neither side stores or holds a
+(``loaders.readers.lmdb_records``). Keys are derived from the index, so neither side stores or holds a
 list of all keys.
 """
 from __future__ import annotations

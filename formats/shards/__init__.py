@@ -1,5 +1,5 @@
 """The WebDataset shard layout: one folder per split, written by ``folder2shards.py`` and read by
-``main.py --loader shards`` (``loaders.shards``, local, HTTP or ``pipe:``), by ``--dali --loader
+``main.py --loader shards`` (``loaders.readers.shards``, local, HTTP or ``pipe:``), by ``--dali --loader
 shards`` and by DALI's ``fn.readers.webdataset``.
 
 Layout, format ``"webdataset-imagenet"`` version 1 (:data:`FORMAT_NAME`, :data:`FORMAT_VERSION`).

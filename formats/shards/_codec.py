@@ -1,6 +1,6 @@
 """Names, the tar writer, DALI's ``.idx`` files and ``index.json`` of the shard layout
 (described in :mod:`formats.shards`), shared by the writer (:mod:`formats.shards._convert`), the
-verifier and the reader (``loaders.shards``). Raises :class:`ShardFormatError` for anything that
+verifier and the reader (``loaders.readers.shards``). Raises :class:`ShardFormatError` for anything that
 does not follow the layout.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LMDB backend: reads databases written by ``folder2lmdb.py`` (format in ``_lmdb_codec``).
+"""LMDB databases written by ``folder2lmdb.py`` (layout in ``formats.lmdb``): records by number.
 
 Named ``lmdb_records`` rather than ``lmdb`` so it can never shadow the ``lmdb`` package.
 """
@@ -7,35 +7,32 @@ from __future__ import annotations
 import os
 import sys
 
-from torch.utils.data import Dataset
-
-from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
 from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
                           record_key)
-from .orders import BlockOrder, Order, RandomOrder, ShardOrder
-from ._settings import LoaderSettings
-from .transforms import split_transform
+
+from ..contract import DataError, DistInfo, LoaderSettings
+from ..orders import BlockOrder, Order, RandomOrder, ShardOrder
+from . import Reader
 
 
-class LMDBDataset(Dataset):
-    """Map-style dataset over one LMDB: item ``i`` is ``(transform(jpeg_bytes), label)``
-    (the raw bytes without a transform).
+class LMDBReader(Reader):
+    """:class:`~loaders.readers.Reader` over one LMDB: sample ``i`` is record ``i``'s stored
+    ``(jpeg_bytes, label)``.
 
     The environment is opened lazily in whichever process reads first and reopened after a
     fork (py-lmdb: an environment must not cross ``fork()``), and it is dropped when pickled,
-    so the dataset works under both the fork and the spawn start methods. The length and class
+    so the reader works under both the fork and the spawn start methods. The length and class
     names come from the metadata record; no per-sample list is held.
 
     ``readahead`` opens the environment with OS readahead on (see
     :func:`~formats.lmdb.open_readonly`); leave it off for random order.
 
-    Raises :class:`~loaders._common.DataError` at construction if ``path`` is not a complete
+    Raises :class:`~loaders.DataError` at construction if ``path`` is not a complete
     database, and ``KeyError`` for a missing record.
     """
 
-    def __init__(self, path: str, transform=None, readahead: bool = False):
+    def __init__(self, path: str, readahead: bool = False):
         self.path = path
-        self.transform = transform
         self.readahead = readahead
         try:
             meta = read_meta(path)
@@ -50,9 +47,10 @@ class LMDBDataset(Dataset):
     def __len__(self) -> int:
         return self._len
 
-    def _open(self):
-        # is_open: another dataset on the same file may have reopened it with the other
-        # readahead setting, which closes this one's handle.
+    def env(self):
+        """This process's read-only LMDB environment (opened on first use, after a fork, and
+        when another reader of the same file reopened it with the other readahead setting,
+        which closes this one's handle)."""
         if self._env is None or self._pid != os.getpid() or not is_open(self._env):
             self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
@@ -62,7 +60,7 @@ class LMDBDataset(Dataset):
         """The stored ``(jpeg_bytes, label)`` of record ``index``."""
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range 0..{self._len - 1}")
-        with self._open().begin() as txn:
+        with self.env().begin() as txn:
             value = txn.get(record_key(index))
         if value is None:
             raise KeyError(f"{self.path}: record {index} missing")
@@ -72,9 +70,11 @@ class LMDBDataset(Dataset):
         """Where record ``index`` lives, for messages."""
         return f"{self.path} record {index}"
 
-    def __getitem__(self, index: int):
-        jpeg_bytes, label = self.read(index)
-        return (self.transform(jpeg_bytes) if self.transform else jpeg_bytes), label
+    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
+        return training_order(self, settings, dist)
+
+    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
+        return ShardOrder(len(self), dist.rank, dist.world_size)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -107,7 +107,7 @@ def readahead_for(path: str, choice) -> bool:
         return False
 
 
-def warn_if_class_sorted(dataset: LMDBDataset, path: str, order: BlockOrder) -> None:
+def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> None:
     """One stderr line when block order reads a database whose records are sorted by class:
     its open blocks then hold only a few classes, and so does every batch."""
     if dataset.shuffle_seed is not None:
@@ -122,7 +122,7 @@ def warn_if_class_sorted(dataset: LMDBDataset, path: str, order: BlockOrder) -> 
           "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
 
 
-def training_order(dataset: LMDBDataset, settings: LoaderSettings, dist: DistInfo) -> Order:
+def training_order(dataset: LMDBReader, settings: LoaderSettings, dist: DistInfo) -> Order:
     """The training order over ``dataset`` (an LMDB; also DALI's with ``--lmdb``):
     ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders.orders.BlockOrder`
     (``lmdb_block_size`` records per block, ``lmdb_buffer_blocks`` open blocks; warns on rank 0
@@ -143,23 +143,7 @@ def training_order(dataset: LMDBDataset, settings: LoaderSettings, dist: DistInf
     return order
 
 
-def build_loaders(settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the two LMDBs.
-
-    Training reads in :func:`training_order`, validation in index order
-    (:class:`~loaders.orders.ShardOrder`). ``settings.lmdb_readahead`` (``on``/``off``/
-    ``auto``, see :func:`readahead_for`) sets OS readahead. Raises :class:`DataError` for an
-    incomplete database, mismatched classes, bad block sizes or a training shard smaller than
-    one batch.
-    """
-    sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
-    datasets = [LMDBDataset(path, split_transform(train, *sizes),
-                            readahead=readahead_for(path, settings.lmdb_readahead))
-                for train, path in ((True, settings.train_path), (False, settings.val_path))]
-    train_set, val_set = datasets
-    check_same_classes(train_set.classes, val_set.classes)
-    val_order = ShardOrder(len(val_set), dist.rank, dist.world_size)
-    return (DeviceLoader(train_set, training_order(train_set, settings, dist),
-                         classes=train_set.classes, **loader_options(settings, dist, train=True)),
-            DeviceLoader(val_set, val_order, classes=val_set.classes,
-                         **loader_options(settings, dist, train=False)))
+def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:
+    """This source's entry of ``loaders.readers.READERS``: OS readahead as
+    ``settings.lmdb_readahead`` (``on``/``off``/``auto``, see :func:`readahead_for`)."""
+    return LMDBReader(path, readahead=readahead_for(path, settings.lmdb_readahead))

@@ -1,5 +1,5 @@
-"""WebDataset shard backend (``--loader shards``): tar shards from ``folder2shards.py`` on a local
-or cluster file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3://... -``).
+"""WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster
+file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3://... -``).
 
 A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
 brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
@@ -10,7 +10,7 @@ its ``.idx`` files lie beside it.
 
 Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
 epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
-the orders in ``loaders/stream_orders.py`` give each DataLoader worker its own shards read
+the orders in ``loaders/shard_orders.py`` give each DataLoader worker its own shards read
 front to back, so a map-style dataset can still stream. Local shards are read by offset
 (``pread`` at the member offsets of DALI's ``.idx`` files, one read per record); streams are
 read sequentially with the ``webdataset`` library's tar iterator and key grouping, each worker
@@ -24,36 +24,36 @@ import os
 from collections import OrderedDict
 
 import numpy as np
-from torch.utils.data import Dataset
 
-from ._common import DataError, DeviceLoader, DistInfo, check_same_classes, loader_options
-from ._settings import LoaderSettings
 from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, read_idx
 from formats.shards.locations import is_stream, open_stream, read_text, resolve_split, sibling
-from .stream_orders import StreamTrainOrder, StreamValOrder
-from .transforms import split_transform
+
+from ..contract import DataError, DistInfo, LoaderSettings
+from ..shard_orders import StreamTrainOrder, StreamValOrder
+from . import Reader
 
 SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
-class ShardRecords(Dataset):
-    """Map-style dataset over a split's shards: item ``i`` (records numbered shard after shard)
-    is ``(transform(jpeg_bytes), label)``.
+class ShardReader(Reader):
+    """:class:`~loaders.readers.Reader` over a split's shards: sample ``i`` (records numbered
+    shard after shard) is its stored ``(jpeg_bytes, label)``.
 
     Local shards: each record is one ``pread`` at the offsets of the shard's DALI ``.idx``
     (checked at construction: present, record count as ``index.json`` says, the tar long
-    enough). Streams: each worker keeps one open shard and the records it read ahead
-    (``cache`` records at most); asking for a record behind the stream reopens the shard.
-    Raises :class:`DataError` (one line naming the shard) for a missing, truncated or
-    malformed shard, also when found while streaming."""
+    enough). Streams (``random_access`` False): each worker keeps one open shard and the
+    records it read ahead (``cache`` records at most); asking for a record behind the stream
+    reopens the shard; each pass's reading plan comes first (:meth:`plan_pass`). Raises
+    :class:`DataError` (one line naming the shard) for a missing, truncated or malformed
+    shard, also when found while streaming."""
 
-    def __init__(self, index: ShardIndex, urls: list[str], transform=None,
-                 cache: int = 4 * SHUFFLE_BUFFER):
-        self.index, self.urls, self.transform, self.cache = index, urls, transform, cache
+    def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER):
+        self.index, self.urls, self.cache = index, urls, cache
         self.classes = list(index.classes)
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
+        self.random_access = not self.streaming
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._ahead: dict[int, tuple[bytes, int]] = {}
@@ -222,9 +222,20 @@ class ShardRecords(Dataset):
             return None
         return rows if len(rows) == self.index.shards[shard]["records"] else None
 
-    def __getitem__(self, index: int):
-        jpeg_bytes, label = self.read(index)
-        return (self.transform(jpeg_bytes) if self.transform else jpeg_bytes), label
+    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamTrainOrder:
+        return split_order(self, True, settings, dist)
+
+    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamValOrder:
+        return split_order(self, False, settings, dist)
+
+    @property
+    def plans_passes(self) -> bool:
+        return True  # the workers fork with each pass's plan
+
+    def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
+        """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``), see
+        :meth:`set_plan`."""
+        self.set_plan(order.pieces(epoch), remaining)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -274,30 +285,10 @@ def _label(data: bytes, url: str) -> int:
     return int(digits)
 
 
-def build_loaders(settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`~loaders._common.DeviceLoader` s over the shard splits
-    ``settings.train_path`` and ``settings.val_path`` (see :func:`resolve_split`): training in
-    :class:`~loaders.stream_orders.StreamTrainOrder` (same number of batches on every rank),
-    validation in :class:`~loaders.stream_orders.StreamValOrder` (every record once across
-    ranks). Raises :class:`DataError` for bad splits, mismatched classes or a training split
-    with less than one batch per rank."""
-    sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
-    sets = []
-    for train, spec in ((True, settings.train_path), (False, settings.val_path)):
-        index, urls = resolve_split(spec)
-        sets.append(ShardRecords(index, urls, split_transform(train, *sizes)))
-    train_set, val_set = sets
-    check_same_classes(train_set.classes, val_set.classes)
-    return (ShardLoader(train_set, split_order(train_set, True, settings, dist),
-                        classes=train_set.classes, **loader_options(settings, dist, train=True)),
-            ShardLoader(val_set, split_order(val_set, False, settings, dist),
-                        classes=val_set.classes, **loader_options(settings, dist, train=False)))
-
-
-def split_order(dataset: ShardRecords, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """The epoch order of one shard split, for this backend and for DALI over shards:
-    :class:`~loaders.stream_orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
-    training, :class:`~loaders.stream_orders.StreamValOrder` for validation, one piece per
+def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dist: DistInfo):
+    """The epoch order of one shard split, for every pipeline:
+    :class:`~loaders.shard_orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
+    training, :class:`~loaders.shard_orders.StreamValOrder` for validation, one piece per
     ``settings.workers``."""
     if train:
         counts = [s["records"] for s in dataset.index.shards]
@@ -307,15 +298,8 @@ def split_order(dataset: ShardRecords, train: bool, settings: LoaderSettings, di
                           dist.world_size)
 
 
-class ShardLoader(DeviceLoader):
-    """:class:`~loaders._common.DeviceLoader` that hands its :class:`ShardRecords` each epoch's
-    reading plan (which worker reads which records, in which order). Its workers fork with
-    that plan, so they are started per pass, not kept."""
-
-    keeps_workers = False
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        super().set_epoch(epoch, start_batch)
-        order = self.sampler.order
-        remaining = list(self.sampler) if start_batch else None
-        self.dataset.set_plan(order.pieces(epoch), remaining)
+def open_reader(path: str, settings: LoaderSettings) -> ShardReader:
+    """This source's entry of ``loaders.readers.READERS``: the split given as a folder (or
+    folder URL) holding ``index.json``, a brace pattern or one shard (see
+    :func:`~formats.shards.locations.resolve_split`)."""
+    return ShardReader(*resolve_split(path))

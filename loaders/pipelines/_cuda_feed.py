@@ -12,7 +12,7 @@ Two things keep the host-to-device copy off the training step's critical path:
 
 The uint8 batch travels (4x fewer bytes than float32) and is normalised on the GPU straight
 into the dtype the model consumes (float16/bfloat16 under ``--amp``, see
-:func:`loaders._common.input_dtype`).
+:func:`loaders.contract.input_dtype`).
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import weakref
 from typing import Iterable, Iterator
 
 import torch
+
+from ..normalize import normalize_into
 
 # cudaHostRegister's flags: 0 is cudaHostRegisterDefault; the one that makes the memory pinned
 # for every CUDA context, not only the current one, is 1 (cudaHostRegisterPortable). Default is
@@ -65,7 +67,7 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers uint8 batches held in :class:`~loaders._shared_batches.SharedBatches` slots to
+    """Delivers uint8 batches held in :class:`~loaders.pipelines._shared_batches.SharedBatches` slots to
     ``device`` as normalised ``dtype`` batches, one batch ahead on a side stream.
 
     :meth:`batches` takes ``(number, slot, count)`` of each written slot in order and yields
@@ -88,7 +90,7 @@ class CudaFeeder:
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
                 pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """See the class; ``pass_id``: the pass the slots are released for
-        (:meth:`~loaders._shared_batches.SharedBatches.begin_pass`)."""
+        (:meth:`~loaders.pipelines._shared_batches.SharedBatches.begin_pass`)."""
         current = None
         try:
             for number, slot, count in filled:
@@ -137,15 +139,3 @@ class CudaFeeder:
         if slot is not None:
             copied.synchronize()  # issued a step ago, so normally already done
             pool.release(slot, number, pass_id)
-
-
-def normalize_into(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                   dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """uint8 ``(N, 3, H, W)`` -> new ``dtype`` ``images * scale + shift`` on the images' device
-    in one pass (computed in float32, rounded once to ``dtype``); ``scale = 1/std`` and
-    ``shift = -mean/std``, float32 ``(1, 3, 1, 1)``. Within 2.4e-7 of ``(images - mean) / std``
-    in float32 (``tests/test_normalize.py``)."""
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty(images.shape, dtype=dtype, device=images.device,
-                      memory_format=memory_format)
-    return torch.addcmul(shift, images, scale, out=out)

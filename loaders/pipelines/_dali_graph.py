@@ -24,10 +24,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ._common import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
 from decode import resize
 
-from .transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize_center_crop
+from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
+from ..transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 
@@ -42,7 +42,7 @@ class GraphOptions:
     cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
     decode_on_cpu: bool  # --dali-cpu, or no CUDA
     hw_decoder_load: float
-    dtype: torch.dtype  # of the delivered images (loaders._common.input_dtype)
+    dtype: torch.dtype  # of the delivered images (loaders.contract.input_dtype)
     channels_last: bool
 
 
@@ -203,7 +203,7 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
 def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders.transforms``) and normalisation (``loaders._common.normalize_each``)."""
+    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``)."""
     images, *rest, labels = outputs
     size = opts.crop_size
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
@@ -277,15 +277,17 @@ class PassFeed:
         return out
 
 
-def file_name(samples: Sequence[tuple[str, int]], index: int) -> tuple[np.ndarray, int]:
-    """:attr:`PassFeed.read` of a JPEG folder: the file name as uint8, for ``fn.io.file.read``."""
-    path, label = samples[index]
+def file_name(reader, index: int) -> tuple[np.ndarray, int]:
+    """:attr:`PassFeed.read` of a reader of local files (``Reader.file_of``, JPEG folders): the
+    file name as uint8, for ``fn.io.file.read``."""
+    path, label = reader.file_of(index)
     return np.frombuffer(path.encode(), dtype=np.uint8), label
 
 
-def record(dataset, index: int) -> tuple[np.ndarray, int]:
-    """:attr:`PassFeed.read` of LMDB / shard records: the encoded image as uint8."""
-    data, label = dataset.read(index)
+def record(reader, index: int) -> tuple[np.ndarray, int]:
+    """:attr:`PassFeed.read` of any other reader (LMDB, shard records): the encoded image as
+    uint8."""
+    data, label = reader.read(index)
     return np.frombuffer(data, dtype=np.uint8), label
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from ._errors import DataError
+from ..contract import DataError
 
 # Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
 # 2.4's default is 0.65; its doc says the best value "should be found empirically" and links

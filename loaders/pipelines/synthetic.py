@@ -1,4 +1,5 @@
-"""Synthetic backend behind ``--dummy``: random batches generated once on the device.
+"""The synthetic pipeline behind ``--dummy``: random batches generated once on the device, no
+reader.
 
 Sizes follow pytorch/examples' ``--dummy`` (``FakeData`` with 1,281,167 training and 50,000
 validation images of 1000 classes), but no image is decoded or copied per step, so training
@@ -10,10 +11,9 @@ from contextlib import contextmanager
 
 import torch
 
-from ._common import DistInfo, imagenet_mean_std, normalize
-from ._errors import DataError
-from .orders import RandomOrder, ShardOrder, batches_per_epoch
-from ._settings import LoaderSettings
+from ..contract import DataError, DistInfo, LoaderSettings
+from ..normalize import imagenet_mean_std, normalize
+from ..orders import RandomOrder, ShardOrder, batches_per_epoch
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000

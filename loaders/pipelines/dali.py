@@ -1,14 +1,8 @@
-"""NVIDIA DALI backend (``--dali``): JPEG decode, crop and normalisation inside a DALI pipeline.
-
-Two sources feed the same decode/augment graph, both through one ``fn.external_source``
-(``_dali_graph.PassFeed``):
-
-* a JPEG folder (ImageNet layout): file names read by ``fn.io.file.read``, with the file list
-  and labels of torchvision's ``ImageFolder`` (so labels equal the folder loader's by
-  construction);
-* an LMDB written by ``folder2lmdb.py`` (``--dali --lmdb``) or local shards: records read with
-  :class:`loaders.lmdb_records.LMDBDataset` (layout in ``formats.lmdb``) or
-  ``loaders.shards.ShardRecords``.
+"""The NVIDIA DALI pipeline (``--dali``): JPEG decode, crop and normalisation inside a DALI
+pipeline, over any reader (``loaders.readers``), through one ``fn.external_source``
+(``_dali_graph.PassFeed``): a reader whose samples are local files (JPEG folders) hands DALI
+their names, read by ``fn.io.file.read`` in DALI's threads; any other hands it the encoded
+records (``Reader.read``). Labels are the reader's, so they equal every other pipeline's.
 
 With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
 ``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; ``--dali-cpu``
@@ -21,11 +15,10 @@ EXIF orientation is not applied, in the window drawn from the header either: as 
 here and pytorch/examples' ``ImageFolder`` + PIL, pixels are used as stored (docs/loaders.md,
 *Orientation*); a window off its image is an unreadable sample named on stderr.
 
-Order: the loader reads each epoch in the indices of an epoch order (``loaders/orders.py``),
-the same objects as the other backends use (training :class:`~loaders.orders.RandomOrder`, or
-:class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``; validation
-:class:`~loaders.orders.ShardOrder`), and hands DALI that exact list, not using DALI's
-shuffling and sharding. The graph and the sources are in ``loaders/_dali_graph.py``. Each
+Order: the loader reads each epoch in the indices of the reader's epoch orders
+(``Reader.train_order``/``val_order``, the same objects every pipeline uses: e.g.
+:class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``), and hands DALI that
+exact list, not using DALI's shuffling and sharding. The graph and the source are in ``_dali_graph.py``. Each
 pipeline is built once per run and reused by every pass (nvJPEG and hardware-decoder state,
 threads and buffers are made once, as in NVIDIA's DALI ResNet-50 example): each pass points
 its feed at the pass's order, crop side and epoch. RandomResizedCrop windows and flips are
@@ -39,23 +32,20 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Callable, Iterator, Sequence
-
-import numpy as np
+from typing import Iterator
 
 import torch
 
-from ._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
-from ._common import DataError, DistInfo, _mix_seed, check_same_classes
-from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
-                          gpu_to_torch, record, source, window_mismatch)
-from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, require_dali
-from ._errors import AcceleratorError
-from .orders import Order, RandomOrder, ShardOrder, batches_per_epoch, check_one_batch
-from ._settings import LoaderSettings
 from decode import decode
 
-from .transforms import read_file
+from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
+from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
+from ..orders import Order, batches_per_epoch, check_one_batch
+from ..readers import Reader
+from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, require_dali
+from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
+                          gpu_to_torch, record, source, window_mismatch)
+
 
 class DALILoader:
     """One split's DALI pipelines, built once and fed each pass, as a loader of the usual
@@ -78,19 +68,16 @@ class DALILoader:
     producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
     """
 
-    def __init__(self, order: Order, read: Callable[[int], tuple[np.ndarray, int]], files: bool,
-                 opts: GraphOptions, classes: Sequence[str], device: torch.device, *,
-                 batch_size: int, max_batches: int | None, num_threads: int, seed: int,
-                 rank: int, read_encoded, describe, max_bad_share: float,
-                 cpu_pipelines: int | None = None):
+    def __init__(self, reader: Reader, order: Order, opts: GraphOptions, device: torch.device,
+                 *, batch_size: int, max_batches: int | None, num_threads: int, seed: int,
+                 rank: int, max_bad_share: float, cpu_pipelines: int | None = None):
         if opts.train:
             check_one_batch(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
         self.batch_size, self.max_batches = batch_size, max_batches
-        self.opts, self.classes, self.device = opts, list(classes), device
-        self.read, self.files = read, files  # index -> (uint8 name or image, label); names?
-        self.read_encoded = read_encoded  # index -> encoded bytes, to find undecodable files
-        self.describe = describe  # index -> path or record, for messages
+        self.opts, self.classes, self.device = opts, list(reader.classes), device
+        self.reader, self.files = reader, reader.files  # files: DALI reads them by name
+        self.read = partial(file_name if reader.files else record, reader)  # the feed's
         self.max_bad_share, self.seed, self.rank = max_bad_share, seed, rank
         self.num_threads = max(1, num_threads)
         self.cpu_pipelines = cpu_pipelines
@@ -222,7 +209,7 @@ class DALILoader:
         position += step * self.batch_size
         index = order[position]
         if self.unreadable.mark(index):
-            report_unreadable(self.describe(index), DataError(reason))
+            report_unreadable(self.reader.name_of(index), DataError(reason))
         order[position] = self.unreadable.next_readable(index)
         bad, size = self.unreadable.count(), self.sample_order.num_samples
         if bad > self.max_bad_share * size:
@@ -233,10 +220,10 @@ class DALILoader:
         """Decode sample ``index`` (never one known unreadable: the order skips those); if it
         fails, remember it, report it and return False."""
         try:
-            decode(self.read_encoded(index))
+            decode(self.reader.read(index)[0])
         except DECODE_ERRORS as exc:
             if self.unreadable.mark(index):
-                report_unreadable(self.describe(index), exc)
+                report_unreadable(self.reader.name_of(index), exc)
             return False
         return True
 
@@ -316,7 +303,7 @@ class DALILoader:
         # The pipeline's own seed drives no augmentation (the feed draws it); fixed anyway.
         return graph(batch_size=self.batch_size,
                      num_threads=max(1, self.num_threads // pipelines),
-                     device_id=device_id, seed=_mix_seed(self.seed, 0, self.rank) % 2**31,
+                     device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
     def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,77 +333,34 @@ def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> Gra
         dtype=settings.dtype, channels_last=settings.channels_last)
 
 
-def _open_split(path: str, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """``(order, classes, read, files, read_encoded, describe)`` for one split; raises
-    :class:`DataError`.
-
-    ``order``: the split's epoch order (LMDB training: ``settings.lmdb_order``, see
-    :func:`loaders.lmdb_records.training_order`). ``read(index)`` gives what the pipeline's
-    feed passes on (uint8: the file name if ``files``, else the encoded image) and the label;
-    ``read_encoded(index)`` returns a sample's encoded bytes, ``describe(index)`` its name.
-    """
-    if settings.shards:
-        return _open_shards(path, train, settings, dist)
-    if settings.lmdb:
-        from .lmdb_records import LMDBDataset, training_order
-
-        dataset = LMDBDataset(path)
-        order = (training_order(dataset, settings, dist) if train
-                 else ShardOrder(len(dataset), dist.rank, dist.world_size))
-        return (order, dataset.classes, partial(record, dataset), False,
-                lambda i: dataset.read(i)[0], dataset.name_of)
-    from .folder import open_image_folder
-
-    folder = open_image_folder(path)  # ImageFolder: its classes and labels by construction
-    size = len(folder.samples)
-    order = (RandomOrder(size, dist.rank, dist.world_size, settings.seed) if train
-             else ShardOrder(size, dist.rank, dist.world_size))
-    return (order, folder.classes, partial(file_name, folder.samples), True,
-            lambda i: read_file(folder.samples[i][0]), folder.name_of)
+def require(dist: DistInfo) -> None:
+    """Raise :class:`DataError` naming the wheel to install if DALI is missing or, on CUDA,
+    built for another CUDA major than torch (before any split is opened)."""
+    require_dali(dist.device)
 
 
-def _open_shards(path: str, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """:func:`_open_split` for local WebDataset shards (``--dali --loader shards``): records by
-    offset (``loaders.shards.ShardRecords``) through ``fn.external_source``, in the shard
-    backend's epoch orders, so DALI gets the same equal per-rank epochs, exact resume and
-    remembered unreadable records as every other split here. ``fn.readers.webdataset`` keeps
-    its own order, which can give none of the three. Raises :class:`DataError` for streamed
-    shards (read them with ``--loader shards`` without ``--dali``)."""
-    from .shards import ShardRecords, resolve_split, split_order
-
-    index, urls = resolve_split(path)
-    dataset = ShardRecords(index, urls)
-    if dataset.streaming:
-        raise DataError(f"{path}: --dali reads local shards only; stream them with "
-                        "--loader shards (without --dali)")
-    order = split_order(dataset, train, settings, dist)
-    return (order, dataset.classes, partial(record, dataset), False,
-            lambda i: dataset.read(i)[0], dataset.name_of)
-
-
-def build_loaders(settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s over JPEG folders, or LMDBs with
-    ``settings.lmdb`` (training order: ``settings.lmdb_order``).
+def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`DALILoader` s over two readers, each in its own orders
+    (``Reader.train_order`` / ``val_order``).
 
     Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
     single-threaded pipelines). Records and file names are handed to DALI from the main
-    process (files are read in DALI's threads).
-    Raises :class:`DataError` if DALI is not installed (or, on CUDA, built for another CUDA
-    major than torch), for bad input paths, mismatched class lists, bad block sizes, or a
-    training shard smaller than one batch.
+    process (files are read in DALI's threads). Raises :class:`DataError` for a reader
+    without random access (streamed shards), bad block sizes, or a training order smaller
+    than one batch (:func:`require` first checks that DALI is usable).
     """
-    require_dali(dist.device)
-    built, classes_by_split = [], []
-    for train, path in ((True, settings.train_path), (False, settings.val_path)):
-        order, classes, read, files, read_encoded, describe = _open_split(path, train,
-                                                                          settings, dist)
+    built = []
+    for is_train, reader, path in ((True, train, settings.train_path),
+                                   (False, val, settings.val_path)):
+        if not reader.random_access:
+            raise DataError(f"{path}: --dali reads local shards only; stream them with "
+                            "--loader shards (without --dali)")
+        order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
+                                                                                     dist)
         built.append(DALILoader(
-            order, read, files, _graph_options(settings, dist, train), classes, dist.device,
+            reader, order, _graph_options(settings, dist, is_train), dist.device,
             batch_size=settings.batch_size,
-            max_batches=settings.train_batches if train else settings.val_batches,
-            num_threads=settings.workers,
-            seed=settings.seed, rank=dist.rank, read_encoded=read_encoded, describe=describe,
+            max_batches=settings.train_batches if is_train else settings.val_batches,
+            num_threads=settings.workers, seed=settings.seed, rank=dist.rank,
             max_bad_share=settings.max_bad_share))
-        classes_by_split.append(classes)
-    check_same_classes(*classes_by_split)
     return built[0], built[1]

@@ -14,7 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .orders import _check_rank, batches_per_epoch
+from .contract import check_rank
+from .orders import batches_per_epoch
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -89,7 +90,7 @@ class StreamTrainOrder:
 
     def __init__(self, counts: Sequence[int], batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, buffer: int = 1000):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         if batch_size < 1 or buffer < 1:
             raise ValueError(f"batch_size and buffer must be >= 1, got {batch_size}, {buffer}")
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -139,7 +140,7 @@ class StreamValOrder:
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         self.num_samples = num_samples
         self.lo = rank * num_samples // world_size
         self.hi = (rank + 1) * num_samples // world_size

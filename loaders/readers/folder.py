@@ -1,0 +1,78 @@
+"""JPEG class folders (ImageNet layout, ``root/<wnid>/<image>.JPEG``) read with torchvision's
+``ImageFolder`` scan, so labels are ``ImageFolder.class_to_idx`` by construction (as
+pytorch/examples imagenet/main.py reads them)."""
+from __future__ import annotations
+
+import os
+
+from torchvision import datasets
+
+from formats.lmdb import is_lmdb
+
+from ..contract import DataError, DistInfo, LoaderSettings
+from ..orders import RandomOrder, ShardOrder
+from . import Reader
+
+
+def read_file(path: str) -> bytes:
+    """A file's bytes (decoding is the pipeline's)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class FolderReader(datasets.ImageFolder, Reader):
+    """:class:`~loaders.readers.Reader` over one split's class folders: ``ImageFolder``'s scan
+    (``samples``: ``(path, label)`` in its order), ignoring hidden class folders
+    (``.ipynb_checkpoints``: not a class, as ``folder2lmdb.py`` sees it too) and keeping empty
+    class folders as classes, so labels match the converter's. Items (``dataset[i]``) are the
+    file's bytes and label."""
+
+    files = True
+
+    def __init__(self, root: str):
+        super().__init__(root, loader=read_file, allow_empty=True)
+
+    def find_classes(self, directory: str):
+        classes = sorted(e.name for e in os.scandir(directory)
+                         if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        path, label = self.samples[index]
+        return read_file(path), label
+
+    def name_of(self, index: int) -> str:
+        """The file behind sample ``index``."""
+        return self.samples[index][0]
+
+    def file_of(self, index: int) -> tuple[str, int]:
+        return self.samples[index]
+
+    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> RandomOrder:
+        return RandomOrder(len(self), dist.rank, dist.world_size, settings.seed)
+
+    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
+        return ShardOrder(len(self), dist.rank, dist.world_size)
+
+
+def open_image_folder(root: str) -> FolderReader:
+    """The :class:`FolderReader` of ``root``. Raises :class:`DataError` if ``root`` is an LMDB,
+    not a directory, or holds no images."""
+    if is_lmdb(root):
+        raise DataError(f"{root}: is an LMDB database; add --lmdb")
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a directory of class folders")
+    try:
+        reader = FolderReader(root)
+    except (FileNotFoundError, OSError) as exc:
+        raise DataError(f"{root}: {exc}") from None
+    if not reader.samples:
+        raise DataError(f"{root}: no images in its class folders")
+    return reader
+
+
+def open_reader(path: str, settings: LoaderSettings) -> FolderReader:
+    """This source's entry of ``loaders.readers.READERS``."""
+    return open_image_folder(path)
