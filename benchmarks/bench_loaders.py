@@ -48,7 +48,6 @@ import decode  # noqa: E402
 import folder2lmdb  # noqa: E402
 import folder2shards  # noqa: E402
 import loaders  # noqa: E402
-from decode import decode, image_library  # noqa: E402
 from loaders.transforms import read_file  # noqa: E402
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
@@ -96,7 +95,7 @@ class _DecodeOnly(Dataset):
             with Image.open(path) as img:
                 img.convert("RGB").load()
         else:
-            decode(read_file(path))
+            decode.decode(read_file(path))
         return 0, label
 
 
@@ -237,7 +236,7 @@ def _run(args, tmp: str) -> dict:
                     "device": "cuda" if has_cuda else "cpu",
                     "gpu": torch.cuda.get_device_name() if has_cuda else None,
                     "python": platform.python_version(), "torch": torch.__version__,
-                    "image_library": image_library()},
+                    "image_library": decode.image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
                    "batch_size": args.batch_size, "workers": args.workers,
                    "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
