@@ -55,7 +55,7 @@ $(JPEGCROP): decode/_jpegcrop.c
 
 demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 on CPU, show top-1 rising
 	rm -rf $(DEMO)
-	$(PY) -m tests.datagen $(DEMO)/jpeg --classes 10 --train-per-class 40 --val-per-class 10
+	$(PY) -m tools.datagen $(DEMO)/jpeg --classes 10 --train-per-class 40 --val-per-class 10
 	$(PY) folder2lmdb.py --dataset $(DEMO)/jpeg/train -o $(DEMO)/lmdb/train
 	$(PY) folder2lmdb.py --dataset $(DEMO)/jpeg/val -o $(DEMO)/lmdb/val
 	$(PY) main.py -c configs/smoke.yaml --lmdb $(DEMO)/lmdb --output-dir $(DEMO)/output
@@ -85,7 +85,7 @@ test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0
 BENCH_DATA = $(or $(DATA),bench-data)
 BENCH_NOTE = $(if $(DATA),,@echo "$@: no DATA=: timing generated ImageNet-sized JPEGs in bench-data/ (DATA=/path/to/imagenet for real ones)")
 bench-data/train:
-	$(PY) -m tests.datagen bench-data --classes 100 --train-per-class 4 --val-per-class 1 \
+	$(PY) -m tools.datagen bench-data --classes 100 --train-per-class 4 --val-per-class 1 \
 	  --min-size 300 --max-size 500 > /dev/null
 
 bench: install $(if $(DATA),,bench-data/train) ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)

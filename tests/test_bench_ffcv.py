@@ -56,7 +56,7 @@ def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
     from PIL import Image
 
     from bench_loaders import replicate
-    from tests import datagen
+    from tools import datagen
 
     root = tmp_path / "data"
     datagen.make_dataset(str(root), 2, train_per_class=6, val_per_class=3, seed=1,
