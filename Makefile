@@ -138,11 +138,11 @@ DALI ?= 1
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, DALI for CUDA=13) + 100 images of DATA= (else generated); DALI=0: ~35 MiB
-	$(BUNDLE_PY) benchmarks/gpu_bundle.py --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+	$(BUNDLE_PY) -m tools.gpu_bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
 gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); exit 3: not proven
-	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
+	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data
