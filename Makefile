@@ -55,7 +55,7 @@ $(JPEGCROP): decode/_jpegcrop.c
 
 demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 on CPU, show top-1 rising
 	rm -rf $(DEMO)
-	$(PY) -m tests.datagen $(DEMO)/jpeg --classes 10 --train-per-class 40 --val-per-class 10
+	$(PY) -m tools.datagen $(DEMO)/jpeg --classes 10 --train-per-class 40 --val-per-class 10
 	$(PY) folder2lmdb.py --dataset $(DEMO)/jpeg/train -o $(DEMO)/lmdb/train
 	$(PY) folder2lmdb.py --dataset $(DEMO)/jpeg/val -o $(DEMO)/lmdb/val
 	$(PY) main.py -c configs/smoke.yaml --lmdb $(DEMO)/lmdb --output-dir $(DEMO)/output
@@ -85,12 +85,12 @@ test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0
 BENCH_DATA = $(or $(DATA),bench-data)
 BENCH_NOTE = $(if $(DATA),,@echo "$@: no DATA=: timing generated ImageNet-sized JPEGs in bench-data/ (DATA=/path/to/imagenet for real ones)")
 bench-data/train:
-	$(PY) -m tests.datagen bench-data --classes 100 --train-per-class 4 --val-per-class 1 \
+	$(PY) -m tools.datagen bench-data --classes 100 --train-per-class 4 --val-per-class 1 \
 	  --min-size 300 --max-size 500 > /dev/null
 
 bench: install $(if $(DATA),,bench-data/train) ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
 	$(BENCH_NOTE)
-	$(PY) benchmarks/bench_loaders.py --data $(BENCH_DATA) --out bench-output
+	$(PY) -m benchmarks.bench_loaders --data $(BENCH_DATA) --out bench-output
 
 # FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
 # libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then
@@ -99,7 +99,7 @@ FFCV_VENV ?= .ffcv
 bench-ffcv: install $(if $(DATA),,bench-data/train) ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=/path/to/imagenet (default: generated JPEGs)
 	$(BENCH_NOTE)
 	sh benchmarks/ffcv_setup.sh $(FFCV_VENV) $(PY)
-	$(PY) benchmarks/bench_ffcv.py --data $(BENCH_DATA) \
+	$(PY) -m benchmarks.bench_ffcv --data $(BENCH_DATA) \
 	  --ffcv-python $(FFCV_VENV)/bin/python --out bench-output/ffcv
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both
@@ -138,11 +138,11 @@ DALI ?= 1
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, DALI for CUDA=13) + 100 images of DATA= (else generated); DALI=0: ~35 MiB
-	$(BUNDLE_PY) benchmarks/gpu_bundle.py --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+	$(BUNDLE_PY) -m tools.gpu_bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
 gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); exit 3: not proven
-	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(or $(OUT),gpu-check-output) $(ARGS)
+	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

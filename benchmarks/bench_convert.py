@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """How fast does folder2lmdb.py convert, against decoding alone, and how much memory does it take?
 
-    python benchmarks/bench_convert.py --data DIR/train [--copies 8]
+    python -m benchmarks.bench_convert --data DIR/train [--copies 8]
                                        [--rounds 5] [--checks full header] [--out report.json]
                                        [--memory-records 10000 200000]
 
@@ -36,28 +35,23 @@ is below ImageNet's 1,281,167, the peak extrapolated to it (linear in the count)
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import runner
+from benchmarks.runner import REPO
 
 IMAGENET_TRAIN = 1_281_167
 _MiB = 1 << 20
-# Run in a fresh process: converts argv[1] to argv[2] with folder2lmdb.py's CLI defaults (and
-# argv[3:]), then prints its own peak RSS in bytes: VmHWM, the high-water mark of this address
-# space. Not getrusage's ru_maxrss: Linux carries that across exec from the forked parent.
+# Run in a fresh process from the repository's root (python -c puts the working directory on
+# sys.path): converts argv[1] to argv[2] with folder2lmdb.py's CLI defaults (and argv[3:]), then
+# prints its own peak RSS in bytes: VmHWM, the high-water mark of this address space. Not
+# getrusage's ru_maxrss: Linux carries that across exec from the forked parent.
 _CHILD = """
 import sys
-sys.path.insert(0, {repo!r})
 import folder2lmdb
 status = folder2lmdb.main(["-d", sys.argv[1], "-o", sys.argv[2]] + sys.argv[3:])
 with open("/proc/self/status") as f:
@@ -123,21 +117,25 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
 
     files = [src.path for src in list_sources(data).files]
     workers = inspect.signature(folder2lmdb.convert).parameters["workers"].default
-    names = ["decode-only", "decode-only, luma"] + [f"convert --check {c}" for c in opts.checks]
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(opts.rounds):
-        rates["decode-only"].append(len(files) / decode_only(files, workers))
-        rates["decode-only, luma"].append(len(files) / decode_only(files, workers, luma=True))
-        for check in opts.checks:
-            images, seconds = convert_once(data, os.path.join(out_root, "lmdb"), check)
-            rates[f"convert --check {check}"].append(images / seconds)
+    checks = {f"convert --check {c}": c for c in opts.checks}
+
+    def rate(name: str) -> float:
+        if name in checks:
+            images, seconds = convert_once(data, os.path.join(out_root, "lmdb"), checks[name])
+            return images / seconds
+        return len(files) / decode_only(files, workers, luma=name.endswith("luma"))
+
+    def progress(round_: int, rates: dict[str, list[float]]) -> None:
         print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
             f"{name} {values[-1]:.0f}" for name, values in rates.items()) + " images/s",
             flush=True)
-    decode = statistics.median(rates["decode-only"])
-    results = [{"name": name, "images_per_sec": statistics.median(values),
-                "per_core": statistics.median(values) / cores(),
-                "share_of_decode_only": statistics.median(values) / decode, "rounds": values}
+
+    rates = runner.interleave(["decode-only", "decode-only, luma", *checks], rate, opts.rounds,
+                              on_round=progress)
+    decode = runner.median(rates["decode-only"])
+    results = [{"name": name, "images_per_sec": runner.median(values),
+                "per_core": runner.median(values) / cores(),
+                "share_of_decode_only": runner.median(values) / decode, "rounds": values}
                for name, values in rates.items()]
     return {"files": len(files), "workers": workers, "cores": cores(), "results": results}
 
@@ -145,7 +143,7 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
 def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:
     """``count`` copies of one tiny JPEG in ``classes`` folders ``n%08d`` named like ImageNet's
     (``n01440764_10026.JPEG``), ``i * classes // count`` the class of file ``i``."""
-    from bench_memory import tiny_jpeg
+    from benchmarks.bench_memory import tiny_jpeg
 
     jpeg = tiny_jpeg()
     for c in range(classes):
@@ -159,7 +157,7 @@ def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:
 def peak_rss(data: str, output: str, extra: list[str]) -> int:
     """Peak RSS in bytes of a fresh ``folder2lmdb.py -d data -o output`` process.
     Raises RuntimeError with its last error line if it fails."""
-    done = subprocess.run([sys.executable, "-c", _CHILD.format(repo=REPO), data, output, *extra],
+    done = subprocess.run([sys.executable, "-c", _CHILD, data, output, *extra],
                           capture_output=True, text=True, cwd=REPO)
     lines = [line for line in done.stdout.splitlines() if line.startswith("PEAK_RSS")]
     if done.returncode != 0 or not lines:
@@ -173,8 +171,7 @@ def memory(opts: argparse.Namespace) -> dict:
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     runs = []
     for count in opts.memory_records:
-        root = tempfile.mkdtemp(prefix="bench_convert_", dir=shm)
-        try:
+        with runner.scratch("bench_convert_", dir=shm) as root:
             start = time.perf_counter()
             write_tiny_folder(os.path.join(root, "train"), count)
             written = time.perf_counter() - start
@@ -182,8 +179,6 @@ def memory(opts: argparse.Namespace) -> dict:
             peak = peak_rss(os.path.join(root, "train"), os.path.join(root, "lmdb"), [])
             runs.append({"records": count, "peak_rss": peak, "tmpfs": shm is not None,
                          "write_seconds": written, "convert_seconds": time.perf_counter() - start})
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
         print(f"memory: {count} tiny images: peak RSS {peak / _MiB:.0f} MiB "
               f"(converted in {runs[-1]['convert_seconds']:.0f} s)", flush=True)
     report = {"runs": runs}
@@ -215,20 +210,19 @@ def print_report(report: dict) -> None:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True,
-                        help="folder of class folders, e.g. an ImageNet train/")
+    runner.add_data_option(parser, "folder of class folders, e.g. an ImageNet train/")
     parser.add_argument("--copies", type=int, default=8,
                         help="symlinks per file, so a round lasts seconds (default: 8)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved rounds; medians are reported (default: 5)")
+    runner.add_rounds_option(parser, 5)
     parser.add_argument("--checks", nargs="+", default=["full", "header"],
                         choices=["full", "header"], help="converter --check modes to time")
     parser.add_argument("--memory-records", type=int, nargs="*", default=[10_000, 200_000],
                         help="tiny-image counts for the memory figure (none: skip it)")
     parser.add_argument("--tmp", default=None, help="folder for the replicated data and the "
                         "LMDB (default: the system's temporary folder)")
-    parser.add_argument("--out", help="also write the figures to this JSON file")
+    runner.add_out_option(parser, "also write the figures to this JSON file")
     return parser
 
 
@@ -236,28 +230,23 @@ def main_cli(argv=None) -> int:
     """Run the benchmark; 0 on success, 1 with one ``error:`` line on bad input."""
     opts = get_args_parser().parse_args(argv)
     if opts.rounds < 1 or opts.copies < 1:
-        print("bench_convert.py: error: --rounds and --copies must be at least 1", file=sys.stderr)
-        return 1
+        return runner.error("bench_convert.py", "--rounds and --copies must be at least 1")
     from decode import retain_freed_memory
     from formats.sources import DatasetError
 
     retain_freed_memory()  # as folder2lmdb.py's command line does (folder2lmdb.run_cli)
-    work = tempfile.mkdtemp(prefix="bench_convert_", dir=opts.tmp)
     try:
-        data = os.path.join(work, "data")
-        replicate(opts.data, data, opts.copies)
-        report = {"rounds": opts.rounds, "speed": speed(opts, data, work)}
-        if opts.memory_records:
-            report["memory"] = memory(opts)
+        with runner.scratch("bench_convert_", dir=opts.tmp) as work:
+            data = os.path.join(work, "data")
+            replicate(opts.data, data, opts.copies)
+            report = {"rounds": opts.rounds, "speed": speed(opts, data, work)}
+            if opts.memory_records:
+                report["memory"] = memory(opts)
     except (DatasetError, RuntimeError, OSError) as exc:
-        print(f"bench_convert.py: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return runner.error("bench_convert.py", exc)
     print_report(report)
     if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(report, f, indent=1)
+        runner.write_json(opts.out, report)
     return 0
 
 

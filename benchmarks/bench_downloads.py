@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Converting ImageNet as downloaded: the train tar read in place against the extracted class
 folders, and every layout's disk space and conversion time per 1,000 images.
 
-    python benchmarks/bench_downloads.py --sample DIR [--copies 8]
+    python -m benchmarks.bench_downloads --sample DIR [--copies 8]
                                          [--rounds 6] [--layouts folder official ...]
                                          [--tmp DIR] [--out report.json]
 
@@ -26,15 +25,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
-import statistics
 import sys
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import runner
 
 LAYOUTS = ("folder", "official", "kaggle", "hf-parquet", "hf-targz")
 _MiB = 1 << 20
@@ -91,25 +86,27 @@ def run(opts: argparse.Namespace, tmp: str) -> dict:
     replica = os.path.join(tmp, "replica")
     images = replicate(opts.sample, replica, opts.copies)
     built = {layout: build(layout, replica, tmp) for layout in opts.layouts}
-    rates: dict[str, list[float]] = {layout: [] for layout in opts.layouts}
     out = os.path.join(tmp, "out")
     staged: dict[str, int] = {}
-    for round_ in range(opts.rounds):
-        order = list(built.items())
-        for layout, (dataset, _) in order[::-1] if round_ % 2 else order:  # A B C, C B A, ...
-            summary = folder2lmdb.convert(dataset, out, overwrite=True, progress=False,
-                                          shuffle_seed=0, split="train", allow_partial=True)
-            rates[layout].append(summary.images / summary.seconds)
-            staged[layout] = summary.bytes if layout.startswith("hf-") else 0
-            assert not os.path.exists(stage_folder(out))
+
+    def convert(layout: str) -> float:
+        summary = folder2lmdb.convert(built[layout][0], out, overwrite=True, progress=False,
+                                      shuffle_seed=0, split="train", allow_partial=True)
+        staged[layout] = summary.bytes if layout.startswith("hf-") else 0
+        assert not os.path.exists(stage_folder(out))
+        return summary.images / summary.seconds
+
+    def progress(round_: int, rates: dict[str, list[float]]) -> None:
         print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
             f"{layout} {values[-1]:.0f}" for layout, values in rates.items()) + " images/s",
             flush=True)
+
+    rates = runner.interleave(built, convert, opts.rounds, alternate=True, on_round=progress)
     output = folder_bytes(out)
-    base = statistics.median(rates[opts.layouts[0]])
+    base = runner.median(rates[opts.layouts[0]])
     results = []
     for layout, (_, files) in built.items():
-        rate = statistics.median(rates[layout])
+        rate = runner.median(rates[layout])
         results.append({"layout": layout, "images_per_sec": rate, "ratio_to_first": rate / base,
                         "seconds_per_1000": 1000 / rate, "rounds": rates[layout],
                         "mib_per_1000": disk_bytes(files) / images * 1000 / _MiB,
@@ -119,6 +116,7 @@ def run(opts: argparse.Namespace, tmp: str) -> dict:
 
 
 def print_report(report: dict, first: str) -> None:
+    """The table docs/downloads.md quotes: images/s, the ratio to ``first``, disk per 1,000."""
     print(f"\n{report['images']} images ({report['copies']} copies of the sample), train "
           f"split, folder2lmdb.convert defaults, medians; output LMDB "
           f"{report['output_mib_per_1000']:.1f} MiB per 1,000 images")
@@ -131,34 +129,32 @@ def print_report(report: dict, first: str) -> None:
 
 
 def main(argv=None) -> int:
+    """Command line: 0 when the report is printed, 1 with one ``error:`` line otherwise (2 for
+    a ``--sample`` without ``train/``, argparse's usage error)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sample", required=True,
-                        help="ImageNet-layout folder whose train/<wnid>/ JPEGs are replicated")
+    runner.add_data_option(parser, "ImageNet-layout folder whose train/<wnid>/ JPEGs are "
+                           "replicated", flag="--sample")
     parser.add_argument("--copies", type=int, default=8, help="copies of each image (default 8)")
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
+    runner.add_rounds_option(parser, 6)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS,
                         help="layouts to convert; ratios are to the first (default: all)")
     parser.add_argument("--tmp", help="folder for the replicas and output (default: a new "
                                       "temporary folder, deleted afterwards)")
-    parser.add_argument("--out", help="also write the report as JSON here")
+    runner.add_out_option(parser, "also write the report as JSON here")
     opts = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(opts.sample, "train")):
         parser.error(f"{opts.sample}: no train/ (an ImageNet-layout folder)")
     from formats.conversion import ConversionError
     from formats.sources import DatasetError
 
-    tmp = tempfile.mkdtemp(prefix="bench_downloads_", dir=opts.tmp)
     try:
-        report = run(opts, tmp)
+        with runner.scratch("bench_downloads_", dir=opts.tmp) as tmp:
+            report = run(opts, tmp)
     except (ConversionError, DatasetError, OSError) as exc:
-        print(f"bench_downloads.py: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return runner.error("bench_downloads.py", exc)
     print_report(report, opts.layouts[0])
     if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(report, f, indent=1)
+        runner.write_json(opts.out, report)
     return 0
 
 

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """FFCV 1.0.2 beside ``main.py --benchmark-data`` on the same stored bytes, interleaved, in one run.
 
     make bench-ffcv [DATA=/path/to/imagenet]
-    python benchmarks/bench_ffcv.py --data /path/to/imagenet --ffcv-python \\
+    python -m benchmarks.bench_ffcv --data /path/to/imagenet --ffcv-python \\
         .ffcv/bin/python --out bench-output/ffcv
 
 The sample's train images (with ``--larger-than PX`` only those whose longer side exceeds
 ``PX``: where a cap of ``PX`` changes the stored image) are replicated ``--repeat`` times under
-distinct names (symlinks, as ``bench_loaders.py``) and stored four ways:
+distinct names (symlinks, ``runner.replicate``, as ``bench_loaders.py``) and stored four ways:
 
 * ``lmdb``: ``folder2lmdb.py`` as it is (original JPEGs, byte-exact);
 * ``lmdb-512``: ``folder2lmdb.py --max-side 512 --quality 90`` (FFCV's cap);
@@ -28,19 +27,14 @@ the same machine load) and the disk each store takes (also per 1,000 images), an
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from benchmarks import runner
+from benchmarks.runner import REPO
 
-from bench_loaders import replicate, run_pipeline, warm_page_cache  # noqa: E402
-
+# FFCV's side runs by path with the side environment's Python: it imports nothing of ours
 SIDE = os.path.join(REPO, "benchmarks", "_ffcv_side.py")
 STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
 
@@ -93,7 +87,7 @@ def _listing(root: str, out: str) -> str:
 
 
 def longer_side_over(side: int):
-    """A :func:`bench_loaders.replicate` filter: True for an image whose longer side exceeds
+    """A :func:`benchmarks.runner.replicate` filter: True for an image whose longer side exceeds
     ``side`` pixels (read from its header); a file that is not an image is left out with one
     stderr line."""
     from PIL import Image
@@ -115,7 +109,7 @@ def prepare(args, tmp: str) -> dict[str, str]:
     from formats.cap import Cap
 
     keep = longer_side_over(args.larger_than) if args.larger_than else None
-    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat, keep)
+    data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat, keep)
     if not any(files for _, _, files in os.walk(os.path.join(data, "train"))):
         raise RuntimeError(f"no training image of {args.data} to time (--larger-than "
                            f"{args.larger_than})")
@@ -134,7 +128,7 @@ def prepare(args, tmp: str) -> dict[str, str]:
                         paths[store], "--mode", mode, "-j", str(args.workers)], check=True,
                        cwd=REPO)
     for path in paths.values():
-        warm_page_cache(path) if os.path.isdir(path) else warm_page_cache(os.path.dirname(path))
+        runner.warm_page_cache(path if os.path.isdir(path) else os.path.dirname(path))
     return paths
 
 
@@ -159,20 +153,26 @@ def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
 
 def measure(args, paths: dict[str, str]) -> dict:
     """``{size: {store: [images/s per round]}}``, rounds interleaved over sizes and stores."""
-    runs = {size: {store: [] for store in commands(args, paths, size)} for size in args.sizes}
-    for round_ in range(args.rounds):
-        for size in args.sizes:
-            for store, cmd in commands(args, paths, size).items():
-                speed = run_pipeline(f"{store} {size}px", cmd, args.timeout)["images_per_sec"]
-                runs[size][store].append(speed)
-                print(f"round {round_ + 1}: {size} px {store:>14} {speed:8.1f} images/s",
-                      flush=True)
-    return runs
+    cmds = {(size, store): cmd for size in args.sizes
+            for store, cmd in commands(args, paths, size).items()}
+
+    def speed(key: tuple[int, str]) -> float:
+        size, store = key
+        return runner.run_json_process(f"{store} {size}px", cmds[key],
+                                       args.timeout)["images_per_sec"]
+
+    def progress(round_: int, key: tuple[int, str], images_per_sec: float) -> None:
+        print(f"round {round_ + 1}: {key[0]} px {key[1]:>14} {images_per_sec:8.1f} images/s",
+              flush=True)
+
+    runs = runner.interleave(cmds, speed, args.rounds, on_result=progress)
+    return {size: {store: runs[(size, store)] for s, store in cmds if s == size}
+            for size in args.sizes}
 
 
 def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     """Medians, ratios, disk per store and the commands (temporary paths as names)."""
-    med = {size: {s: sorted(v)[len(v) // 2] for s, v in by.items()} for size, by in runs.items()}
+    med = {size: {s: runner.median_high(v) for s, v in by.items()} for size, by in runs.items()}
     # a round runs each store once, back to back: their ratio sees the same machine load
     per_round = {size: [ours / ffcv for ours, ffcv in zip(by["lmdb-512"], by["beton-512"])]
                  for size, by in runs.items()}
@@ -192,38 +192,44 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
 
 
 def print_table(rep: dict) -> None:
+    """The tables docs/ffcv-and-decode.md quotes: median images/s and ratios per crop size
+    (then ``--base`` against now, if timed), and the disk each store takes."""
     print(f"\n{rep['images']} train images ({rep['repeat']} x the sample), -b "
           f"{rep['config']['batch_size']} -j {rep['config']['workers']}, median of "
           f"{rep['rounds']} interleaved rounds, images/s\n")
-    print("| crop | FFCV, beton-512 | ours, lmdb-512 (same bytes) | vs FFCV | vs FFCV per round "
-          "| ours, lmdb (originals) | lmdb-512 vs lmdb | FFCV, beton-example (half raw) |\n"
-          "|---|---|---|---|---|---|---|---|")
+    rows = []
     for size, m in rep["median"].items():
         rounds = " / ".join(f"{r:.2f}x" for r in rep["same_bytes_ratio_per_round"][size])
-        print(f"| {size} px | {m['beton-512']:.0f} | {m['lmdb-512']:.0f} | "
-              f"{m['lmdb-512'] / m['beton-512']:.2f}x | {rounds} | {m['lmdb']:.0f} | "
-              f"{m['lmdb-512'] / m['lmdb']:.2f}x | {m['beton-example']:.0f} |")
+        rows.append([f"{size} px", f"{m['beton-512']:.0f}", f"{m['lmdb-512']:.0f}",
+                     f"{m['lmdb-512'] / m['beton-512']:.2f}x", rounds, f"{m['lmdb']:.0f}",
+                     f"{m['lmdb-512'] / m['lmdb']:.2f}x", f"{m['beton-example']:.0f}"])
+    print(runner.markdown_table(
+        ["crop", "FFCV, beton-512", "ours, lmdb-512 (same bytes)", "vs FFCV",
+         "vs FFCV per round", "ours, lmdb (originals)", "lmdb-512 vs lmdb",
+         "FFCV, beton-example (half raw)"], rows))
     if any("lmdb@base" in m for m in rep["median"].values()):
-        print("\n| crop | lmdb, base | lmdb, now | now/base | lmdb-512, base | lmdb-512, now | "
-              "now/base |\n|---|---|---|---|---|---|---|")
-        for size, m in rep["median"].items():
-            print(f"| {size} px | {m['lmdb@base']:.0f} | {m['lmdb']:.0f} | "
-                  f"{m['lmdb'] / m['lmdb@base']:.2f}x | {m['lmdb-512@base']:.0f} | "
-                  f"{m['lmdb-512']:.0f} | {m['lmdb-512'] / m['lmdb-512@base']:.2f}x |")
+        rows = [[f"{size} px", f"{m['lmdb@base']:.0f}", f"{m['lmdb']:.0f}",
+                 f"{m['lmdb'] / m['lmdb@base']:.2f}x", f"{m['lmdb-512@base']:.0f}",
+                 f"{m['lmdb-512']:.0f}", f"{m['lmdb-512'] / m['lmdb-512@base']:.2f}x"]
+                for size, m in rep["median"].items()]
+        print("\n" + runner.markdown_table(
+            ["crop", "lmdb, base", "lmdb, now", "now/base", "lmdb-512, base", "lmdb-512, now",
+             "now/base"], rows))
     n = rep["images"]
-    print("\n| store | disk (train) | per 1,000 images |\n|---|---|---|")
-    for store, size in rep["disk_bytes"].items():
-        print(f"| {store} | {size / 2**20:.1f} MiB | {size / n * 1000 / 2**20:.1f} MiB |")
-    for store, size in rep["image_bytes"].items():
-        print(f"| {store}, image bytes only | {size / 2**20:.1f} MiB | "
-              f"{size / n * 1000 / 2**20:.1f} MiB |")
+    rows = [[store, f"{size / 2**20:.1f} MiB", f"{size / n * 1000 / 2**20:.1f} MiB"]
+            for store, size in rep["disk_bytes"].items()]
+    rows += [[f"{store}, image bytes only", f"{size / 2**20:.1f} MiB",
+              f"{size / n * 1000 / 2**20:.1f} MiB"] for store, size in rep["image_bytes"].items()]
+    print("\n" + runner.markdown_table(["store", "disk (train)", "per 1,000 images"], rows))
 
 
 def main(argv=None) -> int:
+    """Command line: 0 when the report is written, 1 with one ``error:`` line otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
+    runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("--ffcv-python", default=os.path.join(REPO, ".ffcv", "bin", "python"))
-    parser.add_argument("--out", default=os.path.join("bench-output", "ffcv"))
+    runner.add_out_option(parser, "report.json goes here",
+                          default=os.path.join("bench-output", "ffcv"))
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--larger-than", type=int, metavar="PX",
                         help="only the images whose longer side exceeds PX (those a cap changes)")
@@ -232,27 +238,22 @@ def main(argv=None) -> int:
     parser.add_argument("-j", "--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    runner.add_rounds_option(parser, 3)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--base", metavar="DIR",
                         help="also time the LMDBs through DIR/main.py (a checkout of other code)")
     args = parser.parse_args(argv)
     if not os.access(args.ffcv_python, os.X_OK):
-        print(f"bench_ffcv.py: error: {args.ffcv_python}: no FFCV environment (make bench-ffcv "
-              "creates it)", file=sys.stderr)
-        return 1
-    tmp = tempfile.mkdtemp(prefix="bench-ffcv-")
+        return runner.error("bench_ffcv.py", f"{args.ffcv_python}: no FFCV environment "
+                            "(make bench-ffcv creates it)")
     try:
-        paths = prepare(args, tmp)
-        rep = report(args, paths, measure(args, paths), tmp)
+        with runner.scratch("bench-ffcv-") as tmp:
+            paths = prepare(args, tmp)
+            rep = report(args, paths, measure(args, paths), tmp)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
-        print(f"bench_ffcv.py: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return runner.error("bench_ffcv.py", exc)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "report.json"), "w") as f:
-        json.dump(rep, f, indent=2)
+    runner.write_json(os.path.join(args.out, "report.json"), rep, indent=2)
     print_table(rep)
     print(f"\nwrote {args.out}/report.json")
     return 0

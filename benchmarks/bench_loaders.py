@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Side-by-side training-loader throughput on the same JPEGs, each pipeline in its own process.
 
-    python benchmarks/bench_loaders.py --data DIR --out bench-output
+    python -m benchmarks.bench_loaders --data DIR --out bench-output
 
 Runs, with the same batch size, workers, images and timing:
 
@@ -31,24 +30,20 @@ import json
 import os
 import platform
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-import folder2lmdb  # noqa: E402
-import folder2shards  # noqa: E402
-import loaders  # noqa: E402
-from decode import decode, image_library, retain_freed_memory  # noqa: E402
-from loaders.readers.folder import read_file  # noqa: E402
+import decode
+import folder2lmdb
+import folder2shards
+import loaders
+from benchmarks import runner
+from benchmarks.runner import REPO
+from loaders.readers.folder import read_file
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
 
@@ -95,11 +90,12 @@ class _DecodeOnly(Dataset):
             with Image.open(path) as img:
                 img.convert("RGB").load()
         else:
-            decode(read_file(path))
+            decode.decode(read_file(path))
         return 0, label
 
 
 def decode_only_loader(root: str, batch_size: int, workers: int, use_pil: bool = False):
+    """The decode-only baseline: :class:`_DecodeOnly` in the stock pipeline's DataLoader."""
     return DataLoader(_DecodeOnly(root, use_pil), batch_size=batch_size, shuffle=True,
                       num_workers=workers, drop_last=True)
 
@@ -118,42 +114,10 @@ def main_loader(argv: list[str]):
     return loaders.build_loaders(settings.loader, settings.dist)[0]
 
 
-def replicate(src: str, dst: str, copies: int, keep=None) -> str:
-    """``dst/{train,val}/<class>/`` with ``copies`` symlinks per source image, so one epoch is
-    long enough to measure steady state (worker start-up excluded) on a small sample. With
-    ``keep`` (a function of a file's absolute path), only the files it accepts; every class
-    folder is made either way, so both splits list the same classes."""
-    for split in ("train", "val"):
-        for wnid in sorted(os.listdir(os.path.join(src, split))):
-            folder = os.path.join(src, split, wnid)
-            if not os.path.isdir(folder):
-                continue
-            os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)
-            for name in os.listdir(folder):
-                path = os.path.abspath(os.path.join(folder, name))
-                if keep is not None and not keep(path):
-                    continue
-                stem, ext = os.path.splitext(name)
-                for k in range(copies):
-                    os.symlink(path, os.path.join(dst, split, wnid, f"{stem}_{k}{ext}"))
-    return dst
-
-
-def warm_page_cache(root: str) -> None:
-    for folder, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                while f.read(1 << 20):
-                    pass
-
-
 def run(args) -> dict:
     """Build the copies and LMDBs in a temporary folder, measure, and remove the folder."""
-    tmp = tempfile.mkdtemp(prefix="bench-loaders-")
-    try:
+    with runner.scratch("bench-loaders-") as tmp:
         return _run(args, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def commands(args, data: str, lmdb_root: str, has_cuda: bool,
@@ -161,8 +125,9 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
     """Each pipeline's command line: this script's ``--baseline`` mode for the baselines,
     ``main.py --benchmark-data`` for ours, all with the same ``-b``, ``-j`` and timing."""
     timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
-    base = [sys.executable, os.path.abspath(__file__), *timing, "--batches", str(args.batches),
-            "--warmup", str(args.warmup), "--data", os.path.join(data, "train"), "--baseline"]
+    base = runner.module_command("benchmarks.bench_loaders", *timing, "--batches",
+                                 str(args.batches), "--warmup", str(args.warmup), "--data",
+                                 os.path.join(data, "train"), "--baseline")
     tail = [*timing, "--train-batches", str(args.batches), "--benchmark-warmup",
             str(args.warmup), "--seed", "0", "--benchmark-data"]
 
@@ -183,25 +148,11 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
     return {name: cmd for name, cmd in cmds.items() if not args.only or name in args.only}
 
 
-def run_pipeline(name: str, cmd: list[str], timeout: float) -> dict:
-    """Run one pipeline's process and return its JSON line (``images``, ``seconds``,
-    ``images_per_sec``). Raises RuntimeError naming the pipeline and its last error line."""
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{name}: no result within {timeout:.0f} s") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{name}: exit status {done.returncode}: {why}")
-    return json.loads(lines[-1])
-
-
 def _run(args, tmp: str) -> dict:
     has_cuda = torch.cuda.is_available()
     cores = len(os.sched_getaffinity(0))
-    data = replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
-    warm_page_cache(os.path.join(data, "train"))
+    data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
+    runner.warm_page_cache(os.path.join(data, "train"))
     lmdb_root, shard_root = os.path.join(tmp, "lmdb"), os.path.join(tmp, "shards")
     for split in ("train", "val"):
         folder2lmdb.convert(os.path.join(data, split), os.path.join(lmdb_root, split),
@@ -212,13 +163,14 @@ def _run(args, tmp: str) -> dict:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/shards"
         cmds = commands(args, data, lmdb_root, has_cuda, (shard_root, url))
-        runs = {name: [] for name in cmds}
-        for round_ in range(args.rounds):  # interleaved: drift in machine load hits all alike
-            for name, cmd in cmds.items():
-                stats = run_pipeline(name, cmd, args.timeout)
-                runs[name].append(stats)
-                print(f"round {round_ + 1}: {name:>18} {stats['images_per_sec']:8.1f} "
-                      "images/s", flush=True)
+
+        def progress(round_: int, name: str, stats: dict) -> None:
+            print(f"round {round_ + 1}: {name:>18} {stats['images_per_sec']:8.1f} images/s",
+                  flush=True)
+
+        runs = runner.interleave(
+            cmds, lambda name: runner.run_json_process(name, cmds[name], args.timeout),
+            args.rounds, on_result=progress)
     finally:
         server.shutdown()
         server.server_close()
@@ -236,7 +188,7 @@ def _run(args, tmp: str) -> dict:
                     "device": "cuda" if has_cuda else "cpu",
                     "gpu": torch.cuda.get_device_name() if has_cuda else None,
                     "python": platform.python_version(), "torch": torch.__version__,
-                    "image_library": image_library()},
+                    "image_library": decode.image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
                    "batch_size": args.batch_size, "workers": args.workers,
                    "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
@@ -265,7 +217,7 @@ def serve_http(root: str):
 def summarise(name: str, stats: list[dict], cores: int) -> dict:
     """Median images/s of one pipeline's rounds, per core, with every round kept."""
     speeds = sorted(r["images_per_sec"] for r in stats)
-    median = speeds[len(speeds) // 2]
+    median = runner.median_high(speeds)
     return {"loader": name, "images_per_sec": median, "images_per_sec_per_core": median / cores,
             "images_per_sec_runs": speeds, "images": sum(r["images"] for r in stats),
             "seconds": sum(r["seconds"] for r in stats)}
@@ -284,7 +236,7 @@ def baseline(args) -> int:
 
     glibc keeps freed memory here as in ``main.py`` (``decode/memory.py``), so the stock
     pipeline is not slowed by page faults that ours avoid."""
-    retain_freed_memory()
+    decode.retain_freed_memory()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b, j = args.batch_size, args.workers
     if args.baseline == "stock":
@@ -312,6 +264,7 @@ def _cpu_model() -> str:
 
 
 def write_chart(report: dict, path: str) -> None:
+    """``chart.png``: each pipeline's median images/s per core (baselines in grey)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,18 +289,20 @@ def write_chart(report: dict, path: str) -> None:
 
 
 def print_table(report: dict) -> None:
-    print("\n| loader | images/s | per core | vs stock | of decode-only |\n|---|---|---|---|---|")
-    for r in report["results"]:
-        print(f"| {r['loader']} | {r['images_per_sec']:.1f} | {r['images_per_sec_per_core']:.1f} "
-              f"| {r.get('ratio_vs_stock', float('nan')):.2f}x "
-              f"| {100 * r.get('share_of_decode_only', float('nan')):.0f}% |")
+    """The table docs/performance.md quotes: median images/s, per core, and the ratios."""
+    rows = [[r["loader"], f"{r['images_per_sec']:.1f}", f"{r['images_per_sec_per_core']:.1f}",
+             f"{r.get('ratio_vs_stock', float('nan')):.2f}x",
+             f"{100 * r.get('share_of_decode_only', float('nan')):.0f}%"]
+            for r in report["results"]]
+    print("\n" + runner.markdown_table(
+        ["loader", "images/s", "per core", "vs stock", "of decode-only"], rows))
 
 
 def main_cli(argv=None) -> int:
+    """Command line: 0 when the report is written, 1 with one ``error:`` line otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True,
-                        help="ImageNet-layout root with train/ and val/")
-    parser.add_argument("--out", default="bench-output", help="report.json and chart.png go here")
+    runner.add_data_option(parser, "ImageNet-layout root with train/ and val/")
+    runner.add_out_option(parser, "report.json and chart.png go here", default="bench-output")
     parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batches", type=int, default=100, help="timed batches per pipeline")
@@ -357,8 +312,7 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=16,
                         help="each image appears this many times (symlinks), so an epoch "
                         "outlasts the timed batches")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved repetitions; the median is reported")
+    runner.add_rounds_option(parser, 5)
     parser.add_argument("--only", nargs="*", help="run only these pipelines")
     parser.add_argument("--shard-records", type=int, default=500,
                         help="records per shard of the shards pipelines (folder2shards.py "
@@ -371,16 +325,13 @@ def main_cli(argv=None) -> int:
     if args.baseline:
         return baseline(args)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        print(f"bench_loaders.py: error: {args.data}/train: no such directory", file=sys.stderr)
-        return 1
+        return runner.error("bench_loaders.py", f"{args.data}/train: no such directory")
     try:
         report = run(args)
     except RuntimeError as exc:
-        print(f"bench_loaders.py: error: {exc}", file=sys.stderr)
-        return 1
+        return runner.error("bench_loaders.py", exc)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    runner.write_json(os.path.join(args.out, "report.json"), report, indent=2)
     write_chart(report, os.path.join(args.out, "chart.png"))
     print_table(report)
     print(f"\nwrote {args.out}/report.json and {args.out}/chart.png")

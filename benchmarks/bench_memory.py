@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Does a DataLoader worker's memory grow with the number of LMDB records?
 
-    python benchmarks/bench_memory.py --out memory-report.json
+    python -m benchmarks.bench_memory --out memory-report.json
 
 Writes two LMDBs in our format (``formats/lmdb/_codec.py``) of tiny records (one 8x8 JPEG of
 under 300 bytes, labels in ImageFolder order over 1000 classes), of 10,000 and 1,281,167
@@ -45,8 +44,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import runner
 
 _MiB = 1 << 20
 NUM_CLASSES = 1000
@@ -238,12 +236,13 @@ def set_page_cache(db: str, state: str) -> None:
 def measure_in_subprocess(db: str, opts: argparse.Namespace, sampler: str) -> dict:
     """:func:`measure` in a fresh interpreter, so one database's run leaves nothing (heap,
     page tables, imported state) in the other's main process or in the workers it forks."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--measure-db", db,
-           "--batches", str(opts.batches), "--warmup", str(opts.warmup),
-           "--sample-every", str(opts.sample_every), "-b", str(opts.batch_size),
-           "-j", str(opts.workers), "--samplers", sampler]
+    cmd = runner.module_command(
+        "benchmarks.bench_memory", "--measure-db", db, "--batches", str(opts.batches),
+        "--warmup", str(opts.warmup), "--sample-every", str(opts.sample_every),
+        "-b", str(opts.batch_size), "-j", str(opts.workers), "--samplers", sampler)
     set_page_cache(db, getattr(opts, "cache", "warm"))
-    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
+                          env=runner.module_env())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -300,6 +299,7 @@ def print_table(summaries: list[dict], verdicts: dict, limit_bytes: float) -> No
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring); ``--measure-db`` is the child's."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, nargs="+", default=[10_000, 1_281_167],
                         help="database sizes (default: 10000 1281167)")
@@ -320,7 +320,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="allowed per-worker difference in MB of 10^6 bytes (50)")
     parser.add_argument("--tmp", default=None, help="where to write the databases (system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
-    parser.add_argument("--out", default=None, help="write the JSON report here")
+    runner.add_out_option(parser, "write the JSON report here")
     parser.add_argument("--measure-db", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -362,8 +362,7 @@ def main(argv=None) -> int:
         report = {"settings": {k: v for k, v in vars(opts).items() if k != "measure_db"},
                   "cpu_count": os.cpu_count(), "databases": databases,
                   "summaries": summaries, "verdicts": verdicts, "runs": runs}
-        with open(opts.out, "w") as f:
-            json.dump(report, f, indent=1)
+        runner.write_json(opts.out, report)
         print(f"wrote {opts.out}")
     return 0 if all(v["pass"] for v in verdicts.values()) else 1
 

@@ -15,8 +15,8 @@ disk for it (``/proc/self/io`` ``read_bytes``) and major page faults.
 Needs root for drop_caches and the cgroup; without the cgroup it says so and runs unlimited
 (then the database must be larger than the free page cache for the comparison to mean anything).
 
-    python benchmarks/bench_pagecache.py --sample DIR           # 2 GiB DB, 512 MiB limit
-    python benchmarks/bench_pagecache.py --sample DIR --db /tmp/pc.lmdb --keep --json out.json
+    python -m benchmarks.bench_pagecache --sample DIR           # 2 GiB DB, 512 MiB limit
+    python -m benchmarks.bench_pagecache --sample DIR --db /tmp/pc.lmdb --keep --json out.json
 
 The shards are written next to the database (``DB-shards``, 256 MiB each) from its records.
 """
@@ -32,8 +32,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import runner
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 CASES = {  # name -> (order, readahead)
@@ -98,7 +97,7 @@ def build_shards(db: str, out: str, shard_mib: int = 256) -> int:
         spans.append(writer.write(f"r/{i:09d}", data, label))
     finish()
     ShardIndex(list(dataset.classes), shards).write(out)
-    dataset._open().close()  # a mapped file's pages survive drop_caches: unmap it
+    dataset.env().close()  # a mapped file's pages survive drop_caches: unmap it
     return len(shards)
 
 
@@ -126,6 +125,7 @@ def make_cgroup(limit_mib: int) -> str | None:
 
 
 def remove_cgroup(path: str | None) -> None:
+    """Remove the group :func:`make_cgroup` made (nothing for None)."""
     if path:
         for _ in range(50):  # the child may take a moment to leave after it exits
             try:
@@ -136,13 +136,16 @@ def remove_cgroup(path: str | None) -> None:
 
 
 def run_case(args, name: str, cgroup: str | None) -> dict:
+    """Case ``name`` in a fresh child process (this module's ``--child``) after dropping the
+    page cache, inside ``cgroup`` when there is one; returns its JSON line. Raises
+    RuntimeError with the child's stderr if it fails."""
     order, readahead = CASES[name]
     dropped = drop_caches()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sample", args.sample,
-           "--db", args.db,
-           "--order", order, "--epochs", str(args.epochs),
-           "--epoch-records", str(args.epoch_records), "--block-size", str(args.block_size),
-           "--buffer-blocks", str(args.buffer_blocks)]
+    cmd = runner.module_command(
+        "benchmarks.bench_pagecache", "--child", "--sample", args.sample, "--db", args.db,
+        "--order", order, "--epochs", str(args.epochs),
+        "--epoch-records", str(args.epoch_records), "--block-size", str(args.block_size),
+        "--buffer-blocks", str(args.buffer_blocks))
     cmd += ["--readahead"] if readahead else []
     cmd += ["--cgroup", cgroup, "--limit-mib", str(args.limit_mib)] if cgroup else []
     cmd += ["--decode"] if args.decode else []
@@ -156,7 +159,7 @@ def run_case(args, name: str, cgroup: str | None) -> dict:
         _write(cgroup, "memory.limit_in_bytes", -1)
         _write(cgroup, "memory.max_usage_in_bytes", 0)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                         preexec_fn=enter_cgroup if cgroup else None)
+                         env=runner.module_env(), preexec_fn=enter_cgroup if cgroup else None)
     if out.returncode != 0:
         raise RuntimeError(f"{name}: child failed:\n{out.stderr}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -236,6 +239,7 @@ def _read_bytes() -> int:
 
 
 def print_table(results: list[dict]) -> None:
+    """One line per case and epoch, as docs/performance.md quotes them."""
     print(f"{'case':<10} {'epoch':>5} {'records':>7} {'rec/s':>8} {'rec MB/s':>9} "
           f"{'disk MB':>8} {'rec MB':>7} {'maj faults':>10}")
     for r in results:
@@ -246,11 +250,12 @@ def print_table(results: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
+    """Command line (module docstring); ``--child`` and the hidden flags are a case's child."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--db", help="LMDB to reuse (built there, and kept, if missing)")
     p.add_argument("--db-gib", type=float, default=2.0, help="size of the database to build")
-    p.add_argument("--sample", required=True,
-                   help="ImageNet-layout folder whose train/ JPEGs fill the database")
+    runner.add_data_option(p, "ImageNet-layout folder whose train/ JPEGs fill the database",
+                           flag="--sample")
     p.add_argument("--limit-mib", type=int, default=512,
                    help="cgroup memory limit of the reader on top of its usage after imports")
     p.add_argument("--cases", default="random,random+ra,block,block+ra,shards",
@@ -261,7 +266,7 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--buffer-blocks", type=int, default=8)
     p.add_argument("--decode", action="store_true", help="also decode each JPEG (torchvision)")
-    p.add_argument("--json", help="write the results here")
+    runner.add_out_option(p, "write the results here", flag="--json")
     p.add_argument("--keep", action="store_true", help="keep the database built under /tmp")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--order", help=argparse.SUPPRESS)
@@ -306,8 +311,7 @@ def main(argv=None) -> int:
               "buffer_blocks": args.buffer_blocks, "decode": args.decode,
               "read_ahead_kb": read_ahead_kb, "results": results}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        runner.write_json(args.json, report)
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Host time per training step that the stop agreement costs (docs/slurm.md).
 
 Spawns ``--ranks`` gloo processes on 127.0.0.1; each runs ``--steps`` simulated steps of
@@ -8,22 +7,17 @@ read after the next) and, for comparison, :meth:`~engine.distributed.StopAgreeme
 (a blocking all-reduce). Prints one JSON line: ``ranks``, ``step_ms``, ``steps``,
 ``after_step_us`` and ``blocking_us`` (mean microseconds per step on rank 0).
 
-    python benchmarks/bench_stop_agreement.py --ranks 2 --steps 500
+    python -m benchmarks.bench_stop_agreement --ranks 2 --steps 500
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import torch
 
-import torch  # noqa: E402
-
-from engine.distributed import StopAgreement, free_port  # noqa: E402
+from engine.distributed import StopAgreement, free_port
 
 
 def _timed(call, steps: int, step_s: float) -> float:

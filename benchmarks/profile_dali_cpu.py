@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Where DALI's CPU-only training pipeline spends its time: images/s of each stage alone.
 
-    python benchmarks/profile_dali_cpu.py --data DIR [-b 32] [-j 2]
+    python -m benchmarks.profile_dali_cpu --data DIR [-b 32] [-j 2]
 
 Each row is a DALI pipeline on the CPU (``device_id=None``, ``-j`` threads, batch ``-b``) over
 the sample's training JPEGs replicated 16 times, run for ``--batches`` batches after 10 warm-up
@@ -17,23 +16,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-import decode  # noqa: E402
-import loaders  # noqa: E402
-from benchmarks.bench_loaders import main_loader, replicate  # noqa: E402
-from loaders.transforms import RRC_RATIO, RRC_SCALE  # noqa: E402
-from loaders.readers.folder import open_image_folder  # noqa: E402
+import decode
+from benchmarks import runner
+from benchmarks.bench_loaders import main_loader
+from loaders.readers.folder import open_image_folder
+from loaders.transforms import RRC_RATIO, RRC_SCALE
 
 
 def stage_pipeline(stage: str, files: list[str], batch_size: int, threads: int):
+    """A built DALI pipeline on the CPU that runs ``files`` up to ``stage`` (a row's name)."""
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def
@@ -69,58 +65,59 @@ def images_per_sec(next_batch, batch_size: int, batches: int) -> tuple[float, fl
     return batches * batch_size / wall, busy
 
 
+def stage_rows(files: list[str], b: int, j: int, batches: int) -> None:
+    """Print one row per stage of DALI's CPU pipeline, each alone."""
+    print(f"{len(files)} JPEGs, batch {b}, {j} DALI threads, CPU only")
+    print(f"  {'stage':42} {'images/s':>9} {'ms/image/thread':>16} {'busy cores':>11}")
+    for stage in ("read", "decode whole image", "decode crop window",
+                  "+ fn.resize 224, antialiased", "+ fn.resize 224, not antialiased"):
+        pipe = stage_pipeline(stage, files, b, j)
+        speed, busy = images_per_sec(pipe.run, b, batches)
+        print(f"  {stage:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
+        del pipe
+
+
+def loader_rows(data: str, b: int, j: int, batches: int, rounds: int) -> None:
+    """Print our ``--dali --dali-cpu`` loader two ways, interleaved rounds (median): as it
+    runs (``j`` single-threaded pipelines taking turns) and one pipeline of ``j`` threads."""
+    pipelines = {f"our --dali loader, {j} 1-thread pipelines": None,
+                 f"our --dali loader, 1 pipeline of {j} threads": 1}
+
+    def measure(name: str) -> tuple[float, float]:
+        train = main_loader(["--dali", "--dali-cpu", "--no-accel", data, "-b", str(b),
+                             "-j", str(j), "--seed", "0"])
+        train.cpu_pipelines = pipelines[name]
+        batch_iter = iter(train)
+        return images_per_sec(lambda: next(batch_iter), b, min(batches, len(train) - 10))
+
+    for name, runs in runner.interleave(pipelines, measure, rounds).items():
+        speed, busy = runner.median_high(runs)
+        print(f"  {name:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
+
+
 def main_cli(argv=None) -> int:
+    """Command line: 0 when every row is printed, 1 with one ``error:`` line otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
+    runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batches", type=int, default=80)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds of the two loader rows; the median is printed")
+    runner.add_rounds_option(parser, 3, "interleaved rounds of the two loader rows; the median "
+                             "is printed")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        print(f"profile_dali_cpu.py: error: {args.data}/train: no such directory", file=sys.stderr)
-        return 1
+        return runner.error("profile_dali_cpu.py", f"{args.data}/train: no such directory")
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        print("profile_dali_cpu.py: error: needs NVIDIA DALI (make install)",
-              file=sys.stderr)
-        return 1
+        return runner.error("profile_dali_cpu.py", "needs NVIDIA DALI (make install)")
     torch.set_num_threads(1)
     decode.retain_freed_memory()
-    tmp = tempfile.mkdtemp(prefix="profile-dali-")
-    try:
-        data = replicate(args.data, os.path.join(tmp, "jpeg"), 16)
+    with runner.scratch("profile-dali-") as tmp:
+        data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), 16)
         files = [path for path, _ in open_image_folder(os.path.join(data, "train")).samples]
-        b, j = args.batch_size, args.workers
-        print(f"{len(files)} JPEGs, batch {b}, {j} DALI threads, CPU only")
-        print(f"  {'stage':42} {'images/s':>9} {'ms/image/thread':>16} {'busy cores':>11}")
-        for stage in ("read", "decode whole image", "decode crop window",
-                      "+ fn.resize 224, antialiased", "+ fn.resize 224, not antialiased"):
-            pipe = stage_pipeline(stage, files, b, j)
-            speed, busy = images_per_sec(pipe.run, b, args.batches)
-            print(f"  {stage:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
-            del pipe
-        # Our loader two ways, interleaved rounds (median): the default, single-threaded
-        # pipelines taking turns, and one pipeline with all the threads.
-        loader_rows = {f"our --dali loader, {j} 1-thread pipelines": None,
-                       f"our --dali loader, 1 pipeline of {j} threads": 1}
-        results = {name: [] for name in loader_rows}
-        for _ in range(args.rounds):
-            for name, pipelines in loader_rows.items():
-                train = main_loader(["--dali", "--dali-cpu", "--no-accel", data, "-b", str(b),
-                                     "-j", str(j), "--seed", "0"])
-                train.cpu_pipelines = pipelines
-                batches = iter(train)
-                results[name].append(images_per_sec(lambda: next(batches), b,
-                                                    min(args.batches, len(train) - 10)))
-                del batches
-        for name, runs in results.items():
-            speed, busy = sorted(runs)[len(runs) // 2]
-            print(f"  {name:42} {speed:9.0f} {1e3 * j / speed:16.2f} {busy:11.2f}", flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage_rows(files, args.batch_size, args.workers, args.batches)
+        loader_rows(data, args.batch_size, args.workers, args.batches, args.rounds)
     return 0
 
 

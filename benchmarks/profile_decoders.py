@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Image decoders side by side on the same JPEGs, one thread: whole images, then crop windows.
 
-    python benchmarks/profile_decoders.py --data DIR [--rounds 7]
+    python -m benchmarks.profile_decoders --data DIR [--rounds 7]
         [--repeats 2] [--jpegcrop-so PATH]
 
 *Whole images*: ``decode.libraries.decode_jpeg`` with each library usable here (TorchCodec,
@@ -28,29 +27,23 @@ import argparse
 import ctypes
 import glob
 import os
-import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-import decode  # noqa: E402
-from decode import libraries  # noqa: E402
-from decode import jpeg_region, jpeg_window  # noqa: E402
-from loaders.transforms import random_resized_crop_params  # noqa: E402
+import decode
+from benchmarks import runner
+from decode import jpeg_region, jpeg_window, libraries
+from loaders.transforms import random_resized_crop_params
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def time_rows(rows: dict, run_row, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """``{name: [(wall, CPU) ms per image, one per round]}``; ``run_row(name)`` returns them."""
-    times = {name: [] for name in rows}
-    for r in range(rounds):
-        for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
-            times[name].append(run_row(name))
-    return times
+    """``{name: [(wall, CPU) ms per image, one per round]}``; ``run_row(name)`` returns them.
+    Interleaved, in reverse order on odd rounds (:func:`benchmarks.runner.interleave`)."""
+    return runner.interleave(rows, run_row, rounds, alternate=True)
 
 
 def per_image_ms(fn, items, repeats: int, calls_per_pass: int | None = None) -> tuple[float, float]:
@@ -70,8 +63,8 @@ def per_image_ms(fn, items, repeats: int, calls_per_pass: int | None = None) -> 
 
 def summary(rounds: list[tuple[float, float]]) -> tuple[str, float, float]:
     """(CPU ms of every round, median CPU ms, median wall ms)."""
-    return (" ".join(f"{c:.3f}" for _, c in rounds), statistics.median(c for _, c in rounds),
-            statistics.median(w for w, _ in rounds))
+    return (" ".join(f"{c:.3f}" for _, c in rounds), runner.median(c for _, c in rounds),
+            runner.median(w for w, _ in rounds))
 
 
 def differences(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> tuple[int, float]:
@@ -141,6 +134,7 @@ def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
 
 
 def whole_rows(blobs: list[bytes], args) -> None:
+    """Print the *Whole images* table: each usable library, then the luma decode."""
     keys = libraries.backends()
     items = [(b,) for b in blobs]
     default = libraries.use(keys[0])  # the process's own choice, restored below
@@ -203,6 +197,7 @@ def crop_functions(blobs, boxes, args) -> dict:
 
 
 def crop_rows(blobs: list[bytes], args) -> None:
+    """Print the *Crop windows* table: every crop decoder on the same seeded windows."""
     torch.manual_seed(0)
     boxes = []
     for data in blobs:
@@ -254,10 +249,11 @@ def pyturbojpeg_note() -> str:
 
 
 def main_cli(argv=None) -> int:
+    """Command line: 0 when both tables are printed, 1 with one ``error:`` line for bad
+    ``--data``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True,
-                        help="a folder with train/CLASS/FILE images")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
+    runner.add_data_option(parser, "a folder with train/CLASS/FILE images")
+    runner.add_rounds_option(parser, 7)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the images a round")
     parser.add_argument("--jpegcrop-so", help="a build of the former decode/_jpegcrop.c")
     args = parser.parse_args(argv)
@@ -269,8 +265,7 @@ def main_cli(argv=None) -> int:
         if data[:3] == _JPEG_MAGIC:
             blobs.append(data)
     if not blobs:
-        print(f"profile_decoders.py: error: no JPEGs under {args.data}/train/*/", file=sys.stderr)
-        return 1
+        return runner.error("profile_decoders.py", f"no JPEGs under {args.data}/train/*/")
     torch.set_num_threads(1)
     print(f"whole-image decoder: {libraries.decoder_name()}; {decode.crop_decoder_status()}")
     whole_rows(blobs, args)

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Scaled JPEG decoders side by side, one thread: ms per window, pixel difference to a full decode.
 
-    python benchmarks/profile_scaled_decode.py --data /path/to/imagenet \\
+    python -m benchmarks.profile_scaled_decode --data /path/to/imagenet \\
         [--sizes 160 192 224] [--draws 8] [--rounds 5] [--below] [--libturbojpeg PATH]
 
 For each output size, ``--draws`` RandomResizedCrop windows per real JPEG (the training
@@ -49,11 +48,9 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from decode import jpeg_region, jpeg_scaled, jpeg_window  # noqa: E402
-from decode import decode, resize  # noqa: E402
-from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params  # noqa: E402
+from benchmarks import runner
+from decode import decode, jpeg_region, jpeg_scaled, jpeg_window, resize
+from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 
 def _whole_scaled(decode_at):
@@ -182,12 +179,15 @@ def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0,
 
 
 def reference(item) -> torch.Tensor:
+    """A window as the reference makes it: the whole image decoded, cropped, torch-resized."""
     data, _, (top, left, bottom, right), size = item
     return resize(decode(data)[:, top:bottom, left:right], size)
 
 
 def profile_size(blobs, size: int, draws: int, rounds: int, found: dict,
                  below: bool = False) -> None:
+    """Print every candidate's median ms per window at ``size`` px and its pixel differences
+    to :func:`reference`."""
     items = windows(blobs, size, draws, below=below)
     counts = {k: sum(1 for it in items if it[1] == k) for k in (1, 2, 4, 8)}
     print(f"\n{size} px: {len(items)} of {len(blobs) * draws} windows "
@@ -196,31 +196,32 @@ def profile_size(blobs, size: int, draws: int, rounds: int, found: dict,
     if not items:
         return
     refs = [reference(it) for it in items]
-    times = {name: [] for name in found}
-    for _ in range(rounds):
-        for name, fn in found.items():
-            start = time.perf_counter()
-            for it in items:
-                fn(*it)
-            times[name].append(1e3 * (time.perf_counter() - start) / len(items))
+
+    def ms_per_window(name: str) -> float:
+        start = time.perf_counter()
+        for it in items:
+            found[name](*it)
+        return 1e3 * (time.perf_counter() - start) / len(items)
+
+    times = runner.interleave(found, ms_per_window, rounds)
     for name, fn in found.items():
         outs = [fn(*it) for it in items]
         again = all(torch.equal(a, fn(*it)) for a, it in zip(outs, items))
         diffs = [(o.int() - r.int()).abs() for o, r in zip(outs, refs)]
         worst = max(int(d.max()) for d in diffs)
         mean = sum(float(d.float().mean()) for d in diffs) / len(diffs)
-        median = sorted(times[name])[len(times[name]) // 2]
+        median = runner.median_high(times[name])
         print(f"  {name:<36} {median:6.3f} ms/window  max |diff| {worst:3d}  mean |diff| "
               f"{mean:5.3f}  {'same on a second pass' if again else 'DIFFERS on a second pass'}")
 
 
 def main(argv=None) -> int:
+    """Command line: 0 when every size is profiled, 1 with one ``error:`` line otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True,
-                        help="ImageNet-layout folder whose train/<wnid>/ JPEGs are decoded")
+    runner.add_data_option(parser, "ImageNet-layout folder whose train/<wnid>/ JPEGs are decoded")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("--draws", type=int, default=8, help="windows drawn per image")
-    parser.add_argument("--rounds", type=int, default=5)
+    runner.add_rounds_option(parser, 5)
     parser.add_argument("--below", action="store_true",
                         help="profile the windows under the threshold (full scale) instead")
     parser.add_argument("--libturbojpeg", metavar="PATH",
@@ -229,9 +230,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
     if not files or not jpeg_window.available():
-        print(f"profile_scaled_decode.py: error: no images under {args.data}/train, or "
-              f"{jpeg_window.status()}", file=sys.stderr)
-        return 1
+        return runner.error("profile_scaled_decode.py", f"no images under {args.data}/train, "
+                            f"or {jpeg_window.status()}")
     blobs = [open(f, "rb").read() for f in files]
     found = candidates(args.libturbojpeg)
     print(f"{len(files)} images from {args.data}/train, 1 thread, median of {args.rounds} "

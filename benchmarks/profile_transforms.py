@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Per-image cost of each CPU step, one thread, no DataLoader: where a training sample's time goes.
 
-    python benchmarks/profile_transforms.py --data DIR
+    python -m benchmarks.profile_transforms --data DIR
 
 Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``decode.libraries``:
 TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
@@ -23,15 +22,13 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from decode import libraries  # noqa: E402
-from decode import jpeg_region, jpeg_window  # noqa: E402
-from decode import decode, resize  # noqa: E402
-from loaders.transforms import TrainTransform, ValTransform  # noqa: E402
+from benchmarks import runner
+from decode import decode, jpeg_region, jpeg_window, libraries, resize
+from loaders.transforms import TrainTransform, ValTransform
 
 
 def per_image_ms(fn, items, repeats: int = 2) -> float:
+    """Wall milliseconds per item of ``fn(item)`` over ``repeats`` passes."""
     start = time.perf_counter()
     for _ in range(repeats):
         for item in items:
@@ -40,8 +37,9 @@ def per_image_ms(fn, items, repeats: int = 2) -> float:
 
 
 def main(argv=None) -> None:
+    """Command line: prints the table; exits with one ``error:`` line without images."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="ImageNet-layout folder (train/<wnid>/*.JPEG)")
+    runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
@@ -87,8 +85,8 @@ def main(argv=None) -> None:
                 jpeg_region.set_enabled(False)
                 off.append(per_image_ms(lambda i: transform(blobs[i]), k))
                 jpeg_region.set_enabled(True)
-            rows.append((f"{name}, ours (median of 3)", sorted(ours)[1]))
-            rows.append(("  the same, crop + scale off", sorted(off)[1]))
+            rows.append((f"{name}, ours (median of 3)", runner.median(ours)))
+            rows.append(("  the same, crop + scale off", runner.median(off)))
     else:
         print(jpeg_region.status())
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")

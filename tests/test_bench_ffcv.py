@@ -2,17 +2,13 @@
 one line; with it (where .ffcv/ has been made), the table on a tiny sample."""
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import bench_ffcv
 from tests.conftest import REPO
 from tests.test_makefile import make
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import bench_ffcv  # noqa: E402
 
 FFCV_PYTHON = os.path.join(REPO, ".ffcv", "bin", "python")
 
@@ -29,7 +25,7 @@ def test_make_bench_ffcv_uses_the_side_environment_never_the_venv():
     assert result.returncode == 0, result.stderr
     lines = [" ".join(line.split()) for line in result.stdout.replace("\\\n", " ").splitlines()]
     assert any(line.startswith("sh benchmarks/ffcv_setup.sh /tmp/side ") for line in lines)
-    assert any("bench_ffcv.py --data /data --ffcv-python /tmp/side/bin/python" in line
+    assert any("-m benchmarks.bench_ffcv --data /data --ffcv-python /tmp/side/bin/python" in line
                for line in lines)
     setup = open(os.path.join(REPO, "benchmarks", "ffcv_setup.sh")).read()
     assert "ffcv==1.0.2" in setup and "FOLDER=${1:-.ffcv}" in setup
@@ -55,8 +51,8 @@ def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
     line; nothing that large is one line from main()."""
     from PIL import Image
 
-    from bench_loaders import replicate
-    from tests import datagen
+    from benchmarks.runner import replicate
+    from tools import datagen
 
     root = tmp_path / "data"
     datagen.make_dataset(str(root), 2, train_per_class=6, val_per_class=3, seed=1,

@@ -1,15 +1,9 @@
 """The benchmark scripts run end to end on small data and report what they promise."""
 import json
 import os
-import sys
 
+from benchmarks import bench_loaders, profile_transforms
 from decode import jpeg_region
-from tests.conftest import REPO
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import bench_loaders  # noqa: E402
-import profile_transforms  # noqa: E402
 
 
 def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
@@ -56,7 +50,7 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
     import pytest
 
     pytest.importorskip("nvidia.dali")
-    import profile_dali_cpu
+    from benchmarks import profile_dali_cpu
 
     assert profile_dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "2",
                                       "--batches", "2", "--rounds", "1"]) == 0
@@ -70,14 +64,14 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
 
 
 def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
-    import profile_dali_cpu
+    from benchmarks import profile_dali_cpu
 
     assert profile_dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
 def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, capsys):
-    import bench_convert
+    from benchmarks import bench_convert
 
     out = tmp_path / "convert.json"
     assert bench_convert.main_cli(["--data", os.path.join(tiny.root, "train"), "--copies", "2",
@@ -98,7 +92,7 @@ def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, c
 
 
 def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
-    import bench_convert
+    from benchmarks import bench_convert
 
     assert bench_convert.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
                                    "--tmp", str(tmp_path)]) == 1
@@ -106,7 +100,7 @@ def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
 
 
 def test_bench_downloads_times_every_layout_against_the_folder(sample, tmp_path, capsys):
-    import bench_downloads
+    from benchmarks import bench_downloads
 
     out = tmp_path / "report.json"
     assert bench_downloads.main(["--sample", sample, "--copies", "1", "--rounds", "1",
@@ -140,7 +134,7 @@ def _libturbojpeg3():
 
 
 def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, capsys):
-    import profile_scaled_decode
+    from benchmarks import profile_scaled_decode
 
     args = ["--data", tiny.root, "--sizes", "16", "--draws", "2", "--rounds", "1",
             "--libturbojpeg", str(tmp_path / "missing.so")]
@@ -163,7 +157,7 @@ def test_profile_scaled_decode_times_tj3_where_installed(tiny, capsys):
     if path is None:
         pytest.skip("no libturbojpeg >= 3.0 here (Debian bookworm has 2.1.5); set "
                     "IMAGENET_LIBTURBOJPEG3 to one")
-    import profile_scaled_decode
+    from benchmarks import profile_scaled_decode
 
     assert profile_scaled_decode.main(["--data", tiny.root, "--sizes", "16", "--draws", "2",
                                        "--rounds", "1", "--libturbojpeg", path]) == 0

@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_bundle.py`` (``make gpu-bundle``): the sample from ``--data`` or generated,
+"""``tools/gpu_bundle.py`` (``make gpu-bundle``): the sample from ``--data`` or generated,
 the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), and its one-line errors.
 pip itself is replaced by a stand-in here: downloading needs the network."""
 from __future__ import annotations
@@ -6,17 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import gpu_bundle  # noqa: E402
+from tools import gpu_bundle
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py`` (``make gpu-check``): its CPU dry run end to end on 8 real
+"""``tools/gpu_check.py`` (``make gpu-check``): its CPU dry run end to end on 8 real
 ImageNet classes, its one-line input errors, and what a GPU run relies on that the dry run
 cannot reach here: installing the bundle's wheels, a test file skipped at collection, the time
 budget and the Makefile targets (reading main.py's figures and the report: test_gpu_report.py)."""
@@ -18,12 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import REPO
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import _gpu_report  # noqa: E402
-import _gpu_runner  # noqa: E402
-import gpu_check  # noqa: E402
+from tools import _gpu_report, _gpu_runner, gpu_check
 
 
 def make_bundle(sample: str, root, classes: int = 8):
@@ -289,7 +284,7 @@ def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
     """has_pip() must not import-probe pip: setuptools' _distutils_hack then turns its distutils
     shim off for the whole process, and torch.compile later in the suite failed with
     ``AssertionError: .../distutils/core.py``."""
-    probe = ("import sys; sys.path.insert(0, 'benchmarks'); import _gpu_runner; "
+    probe = ("import sys; from tools import _gpu_runner; "
              "_gpu_runner.has_pip() if sys.argv[1] == '1' else None; "
              "import warnings; warnings.simplefilter('ignore'); import distutils; "
              "print(distutils.__file__)")
@@ -339,12 +334,12 @@ def make_n(*args):
 def test_make_targets_need_no_venv_on_the_gpu_machine():
     check = make_n("gpu-check")
     assert check.returncode == 0, check.stderr
-    assert "python3 benchmarks/gpu_check.py --out gpu-check-output" in check.stdout
+    assert "python3 -m tools.gpu_check --out gpu-check-output" in check.stdout
     assert ".venv" not in check.stdout and "pip install" not in check.stdout
     custom = make_n("gpu-check", "OUT=/x", "GPU_PYTHON=py", "ARGS=--budget 900")
-    assert "py benchmarks/gpu_check.py --out /x --budget 900" in custom.stdout
+    assert "py -m tools.gpu_check --out /x --budget 900" in custom.stdout
     bundle = make_n("gpu-bundle").stdout
-    assert "benchmarks/gpu_bundle.py --out .gpu-bundle" in bundle and "../shared" not in bundle
+    assert "-m tools.gpu_bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom

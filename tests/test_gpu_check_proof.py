@@ -15,12 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_gpu_check import MACHINE, fake_gpu_run, fake_wheel, make_bundle, run_cli
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import _gpu_report  # noqa: E402
-import _gpu_runner  # noqa: E402
-import gpu_check  # noqa: E402
+from tools import _gpu_report, _gpu_runner, gpu_check
 
 # A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
 HIDE_NVIDIA = textwrap.dedent("""\
@@ -127,7 +122,7 @@ def hidden_nvidia_env(tmp_path) -> dict:
 
 
 def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
-    code = ("import sys; sys.path.insert(0, 'benchmarks'); import _gpu_runner as r; "
+    code = ("from tools import _gpu_runner as r; "
             "print(r.has_module('nvidia.nvimgcodec'), r.has_module('json'))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env=hidden_nvidia_env(tmp_path))
@@ -139,7 +134,7 @@ def test_dry_run_without_any_nvidia_package_writes_both_reports(sample, tmp_path
     fake_wheel(str(bundle / "wheels"), "nvidia_nvimgcodec_cu13")
     out = tmp_path / "o"
     result = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--bundle", str(bundle),
+        [sys.executable, "-m", "tools.gpu_check", "--dry-run", "--bundle", str(bundle),
          "--out", str(out), "--only", "train"], cwd=REPO, capture_output=True, text=True,
         timeout=900, env=hidden_nvidia_env(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,20 +1,13 @@
-"""``benchmarks/_gpu_report.py`` and ``_gpu_markdown.py``: what ``make gpu-check`` reads from
+"""``tools/_gpu_report.py`` and ``_gpu_markdown.py``: what ``make gpu-check`` reads from
 main.py's runs and pytest's output, and how it judges and shows them, on made-up rows and
 files (the dry run end to end is ``test_gpu_check.py``)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import _gpu_markdown  # noqa: E402
-import _gpu_report  # noqa: E402
+from tools import _gpu_markdown, _gpu_report
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what ``make gpu-check`` needs on a bare GPU
 machine (its Python with torch and torchvision, no network) beside the source tree.
 
-    python benchmarks/gpu_bundle.py                       # images generated (tests/datagen.py)
-    python benchmarks/gpu_bundle.py --data ~/imagenet     # 100 images of DIR/train
+    python -m tools.gpu_bundle                       # images generated (tools/datagen.py)
+    python -m tools.gpu_bundle --data ~/imagenet     # 100 images of DIR/train
 
 Writes ``OUT/sample/train/<class>/*`` (``--images`` files of ``--data DIR/train``, one per
 class in class order, then a second per class..., or generated ImageNet-sized JPEGs when no
@@ -124,16 +123,15 @@ def copy_sample(data: str, train: str, images: int) -> str:
 
 
 def generate_sample(train: str) -> str:
-    """Generate ImageNet-sized JPEGs (``tests/datagen.py``) into ``train``; returns the line
+    """Generate ImageNet-sized JPEGs (``tools/datagen.py``) into ``train``; returns the line
     that says so."""
-    sys.path.insert(0, REPO)
-    from tests.datagen import make_split
+    from .datagen import make_split
 
     g = GENERATED
     make_split(train, 10, g["per_class"], seed=0, min_size=g["min_size"],
                max_size=g["max_size"], noise=g["noise"], shapes=g["shapes"])
     return (f"gpu-bundle: images: {10 * g['per_class']} generated JPEGs ({g['min_size']}-"
-            f"{g['max_size']} px, tests/datagen.py; pass DATA=DIR for real images)")
+            f"{g['max_size']} px, tools/datagen.py; pass DATA=DIR for real images)")
 
 
 def folder_mib(path: str) -> float:

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Prove or disprove the whole GPU path in one command (``make gpu-check``, about 8 minutes).
 
-    python3 benchmarks/gpu_check.py --out gpu-check-output              # on a GPU machine
-    python3 benchmarks/gpu_check.py --out /tmp/gc --dry-run --data DIR   # CPU, tiny sizes (tests)
+    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine
+    python3 -m tools.gpu_check --out /tmp/gc --dry-run --data DIR   # CPU, tiny sizes (tests)
 
 Needs the source tree, a Python with torch and torchvision, and ``.gpu-bundle/`` (``make
 gpu-bundle``: lmdb and pytest wheels, 100 real ImageNet images); no network and no venv. lmdb
@@ -47,13 +46,11 @@ import time
 import traceback
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _gpu_markdown  # noqa: E402
-import _gpu_report as report_  # noqa: E402
-from _gpu_runner import (REPO, Runner, environment, fail, install, prepare_data,  # noqa: E402
-                         probe, skipped)
-from _gpu_settings import InputError, get_args_parser, settings  # noqa: E402
+from . import _gpu_markdown
+from . import _gpu_report as report_
+from ._gpu_runner import (REPO, Runner, environment, fail, install, prepare_data, probe,
+                          skipped)
+from ._gpu_settings import InputError, get_args_parser, settings
 
 LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from _gpu_report import (FALLBACK, STEADY, counts_text, find, loader_alone_share, pct,
+from ._gpu_report import (FALLBACK, STEADY, counts_text, find, loader_alone_share, pct,
                          proof_text, ratio, rows_of, status_of, target_text)
 
 

@@ -6,7 +6,7 @@ import glob
 import os
 from types import SimpleNamespace
 
-from _gpu_runner import REPO, list_images
+from ._gpu_runner import REPO, list_images
 
 SECTIONS = ("pytest", "train", "loaders", "nccl", "resolution", "compile")
 TARGET_MODEL = "resnet50"

@@ -26,7 +26,7 @@ import time
 import zipfile
 from types import SimpleNamespace
 
-from _gpu_report import last_json
+from ._gpu_report import last_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRACE = 60.0  # seconds a command started near the end of the budget may still run
@@ -262,7 +262,7 @@ def environment(runner: Runner, s) -> tuple[dict, dict]:
     """Section 1: :func:`probe` in a subprocess (so this process never holds a CUDA context)
     and nvidia-smi's driver version. Returns (machine facts, check record); no CUDA GPU is a
     failure unless ``s.dry_run``."""
-    rec = runner.run("environment", [sys.executable, "benchmarks/gpu_check.py", "--probe"],
+    rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
                      PROBE_TIMEOUT)
     if rec["status"] == "skipped":
         return {}, rec
