@@ -5,13 +5,13 @@ Flags and checkpoint keys follow pytorch/examples ``imagenet/main.py``; ``main(a
 in-process (tests call it), as torchvision's ``references/classification/train.py`` separates
 ``get_args_parser()`` from ``main(args)``. Settings resolve as defaults < ``-c`` YAML preset <
 command line. This file is the command line and the run's story; the work is in ``engine/``
-(processes, loops, checkpoints, reporting) and ``loaders/``. The parsed ``args`` are never
-written: each training process derives its :class:`RunSettings` from them once.
+(processes, settings, train state and optimizer, loops, checkpoints, reporting) and
+``loaders/``. The parsed ``args`` are never written: each training process resolves them once
+into a frozen :class:`RunSettings`, and nothing from :func:`run` down reads ``args``.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import random
@@ -22,30 +22,26 @@ if __name__ == "__main__":  # first, before torch loads: SLURM's stop signals me
     hold_stop_signals()
 
 import torch
-from torch import nn
 
 import decode
 import loaders
 from engine import ConfigError
 from engine.argtypes import non_negative_int, positive_int, workers_type
-from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, restore_ema,
-                               resume_path, save_checkpoint, with_ema_weights)
+from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes,
-                                setup_distributed, use_cuda, use_default_start_method,
-                                wrap_parallel)
-from engine.loop import (EpochPlan, TrainState, autocast, enable_fast_cuda_math, evaluate,
-                         make_optimizer, needs_grad_scaler, run_epoch)
+                                setup_distributed, use_cuda, use_default_start_method)
+from engine.loop import EpochPlan, evaluate, run_epoch
 from engine.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
 from engine.presets import preset_tokens
-from engine.recipes import (ModelEMA, add_recipe_args, check_recipe_flags, make_mix,
-                            make_scheduler, resolve_recipe)
+from engine.recipes import add_recipe_args, check_recipe_flags
 from engine.resolution import add_resolution_args, resolution_schedule
 from engine.reporting import MetricsWriter, Progress, warn_if_data_bound
 from engine.settings import RunSettings, resolve_backend, resolve_settings
 from engine.slurm import check_requeue_flag
+from engine.state import TrainState, build_state
 from loaders import AcceleratorError, DataError
-from models import ModelError, build_model, check_arch
+from models import ModelError, check_arch
 
 ONE_LINE_ERRORS = (ConfigError, DataError, ModelError, AcceleratorError)
 
@@ -232,7 +228,7 @@ def run_process(args, local_rank: int | None = None, nproc: int = 1,
             log(f"launcher: {job.launcher}")
             resume = resume_path(args.resume, args.output_dir, log)
             checkpoint = load_checkpoint(resume) if resume else None
-            return run(args, resolve_settings(args, job, checkpoint, resume), checkpoint)
+            return run(resolve_settings(args, job, checkpoint, resume), checkpoint)
         except Stopped as stopped:  # the metrics writer is closed: the job may end any moment
             finish_stop(stopped, job.dist.is_main, args.requeue, args.output_dir, log)
             raise
@@ -245,8 +241,9 @@ def _silent(*_args, **_kwargs) -> None:
     pass
 
 
-def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
-    """Seed, build the loaders and the model, then evaluate, benchmark or train."""
+def run(s: RunSettings, checkpoint: dict | None) -> dict:
+    """Seed, build the loaders and the model, then evaluate, benchmark or train as ``s.mode``
+    says. Nothing from here down reads the command line: ``s`` holds what it resolved to."""
     dist = s.dist
     log = print if dist.is_main else _silent
     random.seed(s.seed + dist.rank)
@@ -257,104 +254,65 @@ def run(args, s: RunSettings, checkpoint: dict | None) -> dict:
     log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
         f"{decode.status_line()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
         "in the main process")
-    if args.benchmark_data:
-        return benchmark_data(args, s, log)
+    if s.mode == "benchmark":
+        return benchmark_data(s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
     try:
-        return evaluate_or_train(args, s, (train_loader, val_loader), checkpoint, log)
+        return evaluate_or_train(s, (train_loader, val_loader), checkpoint, log)
     finally:  # the workers a loader keeps between passes end with the run, not at exit
         train_loader.close()
         val_loader.close()
 
 
-def evaluate_or_train(args, s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
-    """Build the model and train state, then ``-e`` evaluate or train on ``data`` (the
-    ``(train, val)`` loaders)."""
+def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
+    """Build the model and train state (:func:`~engine.state.build_state`), then ``-e``
+    evaluate or train on ``data`` (the ``(train, val)`` loaders)."""
     train_loader, val_loader = data
-    state, start_epoch, best_acc1 = build_state(args, s, train_loader, checkpoint, log)
-    log(f"{args.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
+    state, start_epoch, best_acc1 = build_state(s, train_loader, checkpoint, log)
+    log(f"{s.model.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {s.loader.batch_size} "
         "per process")
-    if args.evaluate:
-        progress = Progress(len(val_loader), "Test: ", "val", args.print_freq, s.dist.is_main)
+    if s.mode == "evaluate":
+        progress = Progress(len(val_loader), "Test: ", "val", s.output.print_freq,
+                            s.dist.is_main)
         stats = evaluate(state.model, val_loader, state.criterion, state.autocast, progress,
-                         s.dist, args.val_flip_tta)
+                         s.dist, s.flip_tta)
         log(f"val top-1 {stats['acc1']:.3f} top-5 {stats['acc5']:.3f} "
             f"loss {stats['loss']:.4f} ({stats['images']} images)")
         return stats
-    return train(args, s, state, data, (start_epoch, best_acc1), checkpoint)
+    return train(s, state, data, (start_epoch, best_acc1), checkpoint)
 
 
-def build_state(args, s: RunSettings, train_loader, checkpoint: dict | None,
-                log) -> tuple[TrainState, int, float]:
-    """Model (restored from ``checkpoint``, wrapped for DDP, compiled), loss, SGD, the per-step
-    LR schedule, scaler, MixUp/CutMix and EMA as the recipe flags say (engine/recipes.py); with
-    ``(start_epoch, best_acc1)``. Steps per epoch: ``len(train_loader)``."""
-    device, num_classes = s.dist.device, len(train_loader.classes)
-    recipe = resolve_recipe(args, s.loader.batch_size * s.dist.world_size, len(train_loader))
-    if args.lr_scale_batch:
-        log(f"lr {recipe.lr:.6g}: --lr {args.lr:g} x global batch / {args.lr_scale_batch}")
-    model = build_model(args.arch, num_classes, args.pretrained, args.blurpool).to(device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if device.type == "cuda":
-        enable_fast_cuda_math()
-    optimizer = make_optimizer(model, recipe.lr, args.momentum, args.weight_decay, device,
-                               recipe.norm_weight_decay, recipe.bias_weight_decay)
-    state = TrainState(
-        model, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing).to(device), optimizer,
-        make_scheduler(optimizer, recipe.schedule),
-        torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(args.amp, args.amp_dtype, device)),
-        functools.partial(autocast, args.amp, args.amp_dtype, device),
-        make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes))
-    start_epoch, best_acc1 = args.start_epoch, 0.0
-    if checkpoint and args.evaluate and args.model_ema:
-        checkpoint = with_ema_weights(checkpoint, s.resume, log)
-    if checkpoint:
-        start_epoch, best_acc1 = restore(  # ours, pytorch/examples' or a bare state_dict
-            checkpoint, model, state.optimizer, state.scheduler, state.scaler, args.arch, s.dist,
-            evaluate=args.evaluate, start_epoch=args.start_epoch, path=s.resume, log=log,
-            steps_per_epoch=len(train_loader))
-    if recipe.ema_decay is not None and not args.evaluate:
-        state.ema = ModelEMA(model, recipe.ema_decay, recipe.ema_steps,
-                             recipe.schedule.warmup_epochs)
-        restore_ema(checkpoint, state.ema, args.arch, s.resume, log)
-    state.model = wrap_parallel(model, s.dist, args.gpu, log)
-    if args.compile:
-        state.model = torch.compile(state.model)
-    return state, start_epoch, best_acc1
-
-
-def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int, float],
+def train(s: RunSettings, state: TrainState, data: tuple, start: tuple[int, float],
           checkpoint: dict | None) -> dict:
     """Epochs ``start[0]..--epochs-1`` (the first from a mid-epoch checkpoint's position), a
     checkpoint after each (and every ``--save-every`` steps); returns the last epoch's metrics.
     On SIGUSR1/SIGTERM the ranks agree on a step, checkpoint it and raise :class:`Stopped`
     (engine/preempt.py)."""
-    dist, config = s.dist, dict(vars(args))  # the checkpoint records what the user typed
+    dist, out, epochs = s.dist, s.output, s.recipe.epochs  # out.config: what the user typed
     (start_epoch, best_acc1), log = start, (print if dist.is_main else _silent)
-    writer = MetricsWriter(args.output_dir) if dist.is_main else None
+    writer = MetricsWriter(out.output_dir) if dist.is_main else None
     stop = StopAgreement(dist.world_size)
-    plan = EpochPlan(args.print_freq, args.benchmark_warmup, args.save_every, log, writer,
-                     s.resolution, args.val_flip_tta, stop)
+    plan = EpochPlan(out.print_freq, out.warmup, out.save_every, log, writer, s.resolution,
+                     s.flip_tta, stop)
 
     def save(epoch: int, batch: int = 0, sums=None, is_best: bool = False) -> None:
         rng_states = gather_rng_states(dist)  # on every rank: a collective
         if dist.is_main:
-            save_checkpoint(checkpoint_state(state, epoch, best_acc1, config, s.seed, rng_states,
-                                             batch, sums and sums.to_dict()),
-                            is_best, args.output_dir)
+            save_checkpoint(checkpoint_state(state, epoch, best_acc1, out.config, s.seed,
+                                             rng_states, batch, sums and sums.to_dict()),
+                            is_best, out.output_dir)
 
     epoch_metrics = {}
     try:
-        for epoch in range(start_epoch, args.epochs):
+        for epoch in range(start_epoch, epochs):
             resumed = epoch == start_epoch and checkpoint and checkpoint.get("batch", 0)
             epoch_metrics = run_epoch(epoch, state, *data, dist, plan, save,
                                       checkpoint if resumed else None)
             warn_if_data_bound(epoch_metrics, s.loader.workers, log)
             best_acc1 = max(best_acc1, epoch_metrics["val_acc1"])
             save(epoch + 1, is_best=epoch_metrics["val_acc1"] >= best_acc1)
-            if epoch + 1 < args.epochs and stop.settle():
+            if epoch + 1 < epochs and stop.settle():
                 raise Stopped(stop.agreed, epoch + 1, 0)
         stop.close()
     finally:
@@ -363,7 +321,7 @@ def train(args, s: RunSettings, state: TrainState, data: tuple, start: tuple[int
     return epoch_metrics
 
 
-def benchmark_data(args, s: RunSettings, log) -> dict:
+def benchmark_data(s: RunSettings, log) -> dict:
     """``--benchmark-data``: iterate the training loader alone (decode, augmentation, collation,
     copy to the device and normalisation; no model) for ``--train-batches`` batches (default:
     one epoch) after ``--benchmark-warmup``, and return/print its throughput as one JSON line:
@@ -373,8 +331,8 @@ def benchmark_data(args, s: RunSettings, log) -> dict:
 
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
     try:
-        stats = loaders.measure_throughput(train_loader, args.train_batches or len(train_loader),
-                                           args.benchmark_warmup)
+        stats = loaders.measure_throughput(
+            train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)
     finally:
         train_loader.close()
         val_loader.close()

@@ -1,5 +1,6 @@
 """Checkpoints: the pytorch/examples keys plus AMP scaler, config, seed, per-rank RNG states and
-the position inside an epoch; written atomically, restored into a :class:`~engine.loop.TrainState`.
+the position inside an epoch; written atomically, restored into a
+:class:`~engine.state.TrainState`.
 
 Also restored: pytorch/examples' own checkpoints (``module.`` keys from DDP, a tensor
 ``best_acc1``, none of the newer keys, perhaps no ``scheduler``) and bare state_dicts
@@ -14,7 +15,7 @@ import torch
 
 from engine import ConfigError
 from engine.distributed import unwrap
-from engine.loop import fill_momentum_buffers
+from engine.optim import fill_momentum_buffers, position_scheduler
 from loaders import DistInfo
 
 # Path components that wrappers put into state_dict keys: DataParallel / DDP (``module.``, also
@@ -51,7 +52,7 @@ def restore_rng(saved, dist: DistInfo) -> None:
 
 def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: int,
                      rng_states: list[dict], batch: int = 0, partial: dict | None = None) -> dict:
-    """The checkpoint of ``state`` (a :class:`~engine.loop.TrainState`).
+    """The checkpoint of ``state`` (a :class:`~engine.state.TrainState`).
 
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
@@ -233,21 +234,6 @@ def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
     fill_momentum_buffers(optimizer)
 
 
-def position_scheduler(scheduler, optimizer, step: int) -> None:
-    """Put ``scheduler`` (and the LRs of ``optimizer``) at ``step``: ``base_lr x lambda(step)``
-    for a ``LambdaLR`` (this run's per-step schedule, :func:`engine.recipes.make_scheduler`), or
-    pytorch/examples' ``base_lr x gamma ** (step // step_size)`` for a ``StepLR`` (``step`` in
-    epochs). The schedule is a closed form of the step, so this is the whole of its state."""
-    lambdas = getattr(scheduler, "lr_lambdas", None)
-    scheduler.last_epoch = step
-    for i, (group, base) in enumerate(zip(optimizer.param_groups, scheduler.base_lrs)):
-        group["initial_lr"] = base
-        factor = (lambdas[i](step) if lambdas
-                  else scheduler.gamma ** (step // scheduler.step_size))
-        group["lr"] = base * factor
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
 def _saved_base_lrs(scheduler, saved) -> None:
     """Keep the base LRs of a checkpoint's scheduler (any kind) when they fit this optimizer:
     the resumed run goes on at the saved run's LR, as pytorch/examples' does."""
@@ -266,12 +252,13 @@ def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
     Weights always (any ``module.``/``_orig_mod.`` wrapper prefixes dropped); ``evaluate``
     (``-e``): nothing else. Otherwise the optimizer, the scheduler at step ``epoch x
     steps_per_epoch + batch`` with the saved base LRs (ours, pytorch/examples' epoch-wise
-    StepLR or none: :func:`position_scheduler`), loss scale (where both runs scale; else a
-    fresh scale) and RNG states (without them: the fresh seed streams) as far as saved. Without ``optimizer`` (a bare state_dict)
-    training starts from the weights with a fresh optimizer at ``epoch`` if saved, else at
-    ``start_epoch`` (``--start-epoch``). A tensor ``best_acc1`` (pytorch/examples) becomes a
-    float; no ``arch``: ``arch`` is trusted. Raises :class:`ConfigError` (one line) for another
-    architecture, weights that do not fit, or a non-SGD / mismatched optimizer state."""
+    StepLR or none: :func:`~engine.optim.position_scheduler`), loss scale (where both runs
+    scale; else a fresh scale) and RNG states (without them: the fresh seed streams) as far as
+    saved. Without ``optimizer`` (a bare state_dict) training starts from the weights with a
+    fresh optimizer at ``epoch`` if saved, else at ``start_epoch`` (``--start-epoch``). A
+    tensor ``best_acc1`` (pytorch/examples) becomes a float; no ``arch``: ``arch`` is trusted.
+    Raises :class:`ConfigError` (one line) for another architecture, weights that do not fit,
+    or a non-SGD / mismatched optimizer state."""
     checkpoint = as_checkpoint(checkpoint, path)
     where = f"--resume {path}".rstrip()
     if checkpoint.get("arch", arch) != arch:

@@ -5,7 +5,6 @@ Every number they return is global: sums over all ranks, each image counted once
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -14,88 +13,9 @@ from torch import nn
 
 from engine.distributed import reduce_sum, sync_buffers, unwrap
 from engine.preempt import Stopped
-from engine.recipes import param_groups
 from engine.reporting import Progress, device_clock, epoch_line
+from engine.state import TrainState
 from loaders import DataError, DistInfo
-
-
-def autocast(amp: bool, amp_dtype: str, device: torch.device):
-    """With ``--amp``: autocast to ``amp_dtype`` (``float16``/``bfloat16``) on CUDA, to
-    bfloat16 on the CPU; without it a no-op context."""
-    if not amp:
-        return nullcontext()
-    dtype = getattr(torch, amp_dtype) if device.type == "cuda" else torch.bfloat16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
-                   device: torch.device, norm_weight_decay: float | None = None,
-                   bias_weight_decay: float | None = None) -> torch.optim.Optimizer:
-    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``), one parameter group, or with
-    ``--norm-weight-decay``/``--bias-weight-decay`` torchvision's groups
-    (:func:`engine.recipes.param_groups`). On CUDA its fused implementation: one kernel for all
-    parameters, and it takes GradScaler's inverse scale and inf flag on the GPU, so a float16
-    ``--amp`` step never waits for the GPU (``found_inf.item()``); on an H100 (ResNet-50,
-    float16, -b 256) 4910 against the foreach implementation's 4380-4460 images/s, side by
-    side. Its momentum buffers start at zero (:func:`fill_momentum_buffers`)."""
-    params = param_groups(model, weight_decay, norm_weight_decay, bias_weight_decay)
-    optimizer = torch.optim.SGD(params, lr, momentum=momentum, weight_decay=weight_decay,
-                                fused=device.type == "cuda" or None)
-    fill_momentum_buffers(optimizer)
-    return optimizer
-
-
-def fill_momentum_buffers(optimizer: torch.optim.SGD) -> None:
-    """Give fused SGD a zero momentum buffer for each parameter that has none (a new
-    optimizer, or a checkpoint saved before its first step).
-
-    Fused SGD makes its buffers with ``torch.empty_like`` on its first step and fills them in
-    the kernel, which returns at once when GradScaler found inf gradients: a float16 run's
-    usual first step. The uninitialised buffers then entered the next step, and ResNet-50's
-    loss was nan in every float16 run of ``make gpu-check`` on an H100 (torch 2.11; also on
-    the CPU with torch 2.14). A zero buffer gives the first step's own result exactly
-    (``momentum x 0 + (1 - dampening) x grad`` is the gradient for dampening 0). A group with
-    another dampening (only from a foreign checkpoint: ours and pytorch/examples' have 0) is
-    left as torch makes it: a zero buffer would scale its first step, and leaving the fused
-    kernel is no way out, as GradScaler then hands an unscaled step its scale and torch asserts."""
-    for group in optimizer.param_groups:
-        if not group.get("fused") or not group["momentum"] or group["dampening"]:
-            continue
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if state.get("momentum_buffer") is None:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
-def needs_grad_scaler(amp: bool, amp_dtype: str, device: torch.device) -> bool:
-    """Loss scaling is for float16 autocast on CUDA; bfloat16 has float32's exponent range."""
-    return amp and amp_dtype == "float16" and device.type == "cuda"
-
-
-def enable_fast_cuda_math() -> None:
-    """cuDNN autotuning for the fixed input size, and TF32 tensor cores for float32 matrix
-    multiplies as for convolutions (torch leaves matmuls in full FP32 by default; the
-    classifier's Linear and everything outside autocast profit)."""
-    torch.backends.cudnn.benchmark = True
-    torch.set_float32_matmul_precision("high")
-
-
-@dataclass
-class TrainState:
-    """What a training step touches and a checkpoint saves. ``autocast``: a factory of the
-    step's autocast context (see :func:`autocast`); ``scheduler`` is stepped after every
-    optimizer step; ``mix``: MixUp/CutMix of the device batch or None
-    (:func:`engine.recipes.make_mix`); ``ema``: the model's :class:`~engine.recipes.ModelEMA`
-    or None."""
-
-    model: nn.Module
-    criterion: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    autocast: Callable
-    mix: Callable | None = None
-    ema: nn.Module | None = None
 
 
 def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,

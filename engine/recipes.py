@@ -1,121 +1,37 @@
-"""Training recipes behind torchvision's flags (issue 17): the per-step LR schedule, weight
-decay per parameter kind, label smoothing, MixUp/CutMix on the device and the model EMA.
+"""Training recipes behind torchvision's flags (issue 17): the flags of the per-step LR
+schedule, weight decay per parameter kind, label smoothing, MixUp/CutMix on the device and the
+model EMA; MixUp/CutMix and the EMA themselves (the schedule and the groups are the optimizer's:
+:mod:`engine.optim`).
 
 Flag names, defaults and the EMA's decay adjustment follow torchvision's
 ``references/classification/train.py`` (and its ``utils.py``/``transforms.py``); the ``linear``
 schedule with ``--lr-peak-epoch`` is FFCV's triangular ("cyclic") one from libffcv/ffcv-imagenet
 ``train_imagenet.py`` (``get_cyclic_lr``). :func:`check_recipe_flags` refuses bad values in one
-line; :func:`resolve_recipe` turns the flags into a frozen :class:`Recipe` once per process.
+line; :class:`RecipeSettings` holds the flags as given, and :func:`resolve_recipe` turns them
+into a frozen :class:`Recipe` once per process.
 """
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from engine import ConfigError
+from engine.optim import SCHEDULERS, LRSchedule
 
-SCHEDULERS = ("step", "cosine", "linear")
 # torchvision's own spellings of the same schedules (its --lr-scheduler values)
 SCHEDULER_ALIASES = {"steplr": "step", "cosineannealinglr": "cosine"}
 # ffcv-imagenet get_cyclic_lr: the LR starts at 1e-4 x lr and rises linearly to lr at the peak
 FFCV_START_FACTOR = 1e-4
-# torchvision utils.set_weight_decay: the layers whose parameters --norm-weight-decay covers
-NORM_CLASSES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm,
-                nn.modules.instancenorm._InstanceNorm, nn.LocalResponseNorm)
 
 
 def scheduler_name(value: str) -> str:
     """``--lr-scheduler`` value: ours, or torchvision's ``steplr``/``cosineannealinglr``."""
     value = value.lower()
     return SCHEDULER_ALIASES.get(value, value)
-
-
-@dataclass(frozen=True)
-class LRSchedule:
-    """The learning rate of every optimizer step, in closed form (:meth:`lr_at`).
-
-    ``lr``: the peak LR; ``steps_per_epoch``: optimizer steps per epoch (``len(train_loader)``);
-    ``epochs``: the run's length. Warm-up (torchvision's ``LinearLR``/``ConstantLR`` before its
-    ``SequentialLR`` milestone): the first ``round(warmup_epochs x steps_per_epoch)`` steps run
-    at ``warmup_decay x lr`` (``constant``) or rise linearly from it to ``lr`` (``linear``). Then
-    ``kind``: ``step`` multiplies by ``gamma`` every ``step_size`` epochs after the warm-up
-    (StepLR: with no warm-up, pytorch/examples' x0.1 every 30 epochs); ``cosine`` falls from
-    ``lr`` to ``lr_min`` along half a cosine by the last step (CosineAnnealingLR, here per step);
-    ``linear`` falls linearly from ``lr`` to ``lr_min`` (FFCV's triangle after its peak)."""
-
-    lr: float
-    steps_per_epoch: int
-    epochs: int
-    kind: str = "step"
-    step_size: int = 30
-    gamma: float = 0.1
-    warmup_epochs: float = 0.0
-    warmup_method: str = "constant"
-    warmup_decay: float = 0.01
-    lr_min: float = 0.0
-
-    @property
-    def warmup_steps(self) -> int:
-        return round(self.warmup_epochs * self.steps_per_epoch)
-
-    def lr_at(self, step: int) -> float:
-        """The LR (a float) of optimizer step ``step`` (0-based, counted over all epochs)."""
-        warm = self.warmup_steps
-        if step < warm:
-            if self.warmup_method == "constant":
-                return self.lr * self.warmup_decay
-            return self.lr * (self.warmup_decay + (1.0 - self.warmup_decay) * step / warm)
-        since = step - warm
-        if self.kind == "step":
-            return self.lr * self.gamma ** (since // (self.step_size * self.steps_per_epoch))
-        span = max(1, self.epochs * self.steps_per_epoch - warm)
-        done = min(1.0, since / span)
-        if self.kind == "cosine":
-            return self.lr_min + (self.lr - self.lr_min) * (1.0 + math.cos(math.pi * done)) / 2
-        return self.lr + (self.lr_min - self.lr) * done
-
-    def factor(self, step: int) -> float:
-        """``lr_at(step) / lr``: the multiplier ``LambdaLR`` applies to its base LRs."""
-        return self.lr_at(step) / self.lr if self.lr else 0.0
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer,
-                   schedule: LRSchedule) -> torch.optim.lr_scheduler.LambdaLR:
-    """``LambdaLR`` over ``schedule``, to be stepped after every optimizer step. Its state is
-    the step count (``last_epoch``) and base LRs; checkpoints restore it with
-    :func:`engine.checkpoint.position_scheduler` at ``epoch x steps_per_epoch + batch``."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
-
-
-def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay: float | None = None,
-                 bias_weight_decay: float | None = None) -> list:
-    """SGD parameter groups as torchvision's ``utils.set_weight_decay``: with neither
-    ``norm_weight_decay`` nor ``bias_weight_decay`` all parameters in one group (pytorch/examples,
-    and what older checkpoints hold); otherwise ``weight_decay`` for the rest, ``norm_weight_decay``
-    for the parameters of :data:`NORM_CLASSES` layers (BatchNorm weight and bias) and
-    ``bias_weight_decay`` for parameters named ``bias`` (it wins over the norm group, as in
-    torchvision). Empty groups are left out; frozen parameters too."""
-    if norm_weight_decay is None and bias_weight_decay is None:
-        return list(model.parameters())
-    groups = {"other": [], "norm": [], "bias": []}
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
-                continue
-            if bias_weight_decay is not None and name == "bias":
-                groups["bias"].append(param)
-            elif norm_weight_decay is not None and isinstance(module, NORM_CLASSES):
-                groups["norm"].append(param)
-            else:
-                groups["other"].append(param)
-    decay = {"other": weight_decay, "norm": norm_weight_decay, "bias": bias_weight_decay}
-    return [{"params": params, "weight_decay": decay[key]}
-            for key, params in groups.items() if params]
 
 
 def make_mix(mixup_alpha: float, cutmix_alpha: float, num_classes: int):
@@ -245,6 +161,43 @@ def check_recipe_flags(args: argparse.Namespace) -> None:
 
 
 @dataclass(frozen=True)
+class RecipeSettings:
+    """The optimisation and training-recipe flags as given, read once from the command line
+    (:meth:`from_args`; each field is its flag's argparse name): ``epochs``, ``start_epoch``,
+    SGD's ``lr``, ``momentum`` and ``weight_decay`` (``--wd``), and the flags of
+    :func:`add_recipe_args`. :func:`resolve_recipe` turns them into a :class:`Recipe` once the
+    global batch and the steps per epoch are known."""
+
+    epochs: int
+    start_epoch: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    lr_scheduler: str
+    lr_step_size: int
+    lr_gamma: float
+    lr_min: float
+    lr_warmup_epochs: float
+    lr_warmup_method: str
+    lr_warmup_decay: float
+    lr_peak_epoch: float | None
+    lr_scale_batch: int | None
+    label_smoothing: float
+    norm_weight_decay: float | None
+    bias_weight_decay: float | None
+    mixup_alpha: float
+    cutmix_alpha: float
+    model_ema: bool
+    model_ema_steps: int
+    model_ema_decay: float
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RecipeSettings":
+        """The fields' values from the parsed command line (which is only read)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
 class Recipe:
     """The recipe flags resolved for one process (:func:`resolve_recipe`): ``lr`` (``--lr``,
     times global batch / ``--lr-scale-batch`` if given), the per-step ``schedule``, and the
@@ -261,18 +214,18 @@ class Recipe:
     ema_steps: int = 32
 
 
-def resolve_recipe(args: argparse.Namespace, global_batch: int, steps_per_epoch: int) -> Recipe:
-    """The :class:`Recipe` of ``args`` for ``global_batch`` images per optimizer step over all
+def resolve_recipe(flags: RecipeSettings, global_batch: int, steps_per_epoch: int) -> Recipe:
+    """The :class:`Recipe` of ``flags`` for ``global_batch`` images per optimizer step over all
     ranks and ``steps_per_epoch`` steps (``len(train_loader)``, exact). ``--lr-peak-epoch P``
     is FFCV's rise: ``--lr-warmup-epochs P --lr-warmup-method linear --lr-warmup-decay 1e-4``."""
-    lr = args.lr * global_batch / args.lr_scale_batch if args.lr_scale_batch else args.lr
-    warmup = (args.lr_warmup_epochs, args.lr_warmup_method, args.lr_warmup_decay)
-    if args.lr_peak_epoch is not None:
-        warmup = (args.lr_peak_epoch, "linear", FFCV_START_FACTOR)
-    schedule = LRSchedule(lr, max(1, steps_per_epoch), max(1, args.epochs), args.lr_scheduler,
-                          args.lr_step_size, args.lr_gamma, *warmup, args.lr_min)
-    decay = (ema_decay(args.model_ema_decay, args.model_ema_steps, global_batch,
-                       max(1, args.epochs)) if args.model_ema else None)
-    return Recipe(lr, schedule, args.label_smoothing, args.norm_weight_decay,
-                  args.bias_weight_decay, args.mixup_alpha, args.cutmix_alpha, decay,
-                  args.model_ema_steps)
+    lr = flags.lr * global_batch / flags.lr_scale_batch if flags.lr_scale_batch else flags.lr
+    warmup = (flags.lr_warmup_epochs, flags.lr_warmup_method, flags.lr_warmup_decay)
+    if flags.lr_peak_epoch is not None:
+        warmup = (flags.lr_peak_epoch, "linear", FFCV_START_FACTOR)
+    schedule = LRSchedule(lr, max(1, steps_per_epoch), max(1, flags.epochs), flags.lr_scheduler,
+                          flags.lr_step_size, flags.lr_gamma, *warmup, flags.lr_min)
+    decay = (ema_decay(flags.model_ema_decay, flags.model_ema_steps, global_batch,
+                       max(1, flags.epochs)) if flags.model_ema else None)
+    return Recipe(lr, schedule, flags.label_smoothing, flags.norm_weight_decay,
+                  flags.bias_weight_decay, flags.mixup_alpha, flags.cutmix_alpha, decay,
+                  flags.model_ema_steps)

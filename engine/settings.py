@@ -1,18 +1,20 @@
 """What one training process derives from the command line, once: :class:`RunSettings`.
 
-The argparse namespace is only read here (and in ``main.py``), never written: the per-process
-batch size and workers, the seed and the backend are resolved into frozen values instead.
+The argparse namespace is only read here (and in ``main.py`` above ``run``), never written: the
+per-process batch size and workers, the seed, the backend and the mode are resolved, and the
+flags of the loaders, the model, the recipe and the output are gathered, into frozen values.
 """
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import loaders
 from engine import ConfigError
 from engine.checkpoint import saved_seed
 from engine.distributed import Job, broadcast_int
+from engine.recipes import RecipeSettings
 from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import LoaderSettings
 
@@ -73,22 +75,72 @@ def resolve_backend(args) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
+class ModelSettings:
+    """The model and how it runs (the "model" flags, and ``--gpu``): ``arch`` (``-a``: a
+    torchvision or :mod:`models` name), ``pretrained`` (torchvision's ImageNet weights, from the
+    torch.hub cache), ``blurpool`` (FFCV's BlurPool), ``channels_last`` (memory format),
+    ``compile`` (``torch.compile``), ``amp`` and ``amp_dtype`` (autocast to ``float16`` or
+    ``bfloat16`` on CUDA, bfloat16 on the CPU; loss scaling for float16), ``gpu``: ``--gpu`` as
+    given (None lets one process that sees several GPUs use them all through DataParallel)."""
+
+    arch: str
+    pretrained: bool = False
+    blurpool: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    amp: bool = False
+    amp_dtype: str = "float16"
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """What the run shows and writes (the "output" flags): ``output_dir`` (checkpoints,
+    ``metrics.jsonl``, TensorBoard logs), ``print_freq`` (steps between progress lines; 0: none),
+    ``save_every`` (steps between mid-epoch checkpoints; 0: at epoch ends only), ``warmup``
+    (``--benchmark-warmup``: untimed steps before ``--benchmark-data``'s clock starts, and
+    steps of each epoch left out of its ``steady_images_per_sec``), ``benchmark_batches``
+    (``--benchmark-data``: batches to time, from ``--train-batches``, which then does not cap
+    the loader; None: one epoch) and ``config``: the command line as the user gave it
+    (``vars(args)``, a copy), which checkpoints record."""
+
+    output_dir: str
+    print_freq: int
+    save_every: int
+    warmup: int
+    benchmark_batches: int | None = None
+    config: dict = field(default_factory=dict)
+
+
+MODES = ("train", "evaluate", "benchmark")  # what run() does: train, -e, --benchmark-data
+
+
+@dataclass(frozen=True)
 class RunSettings:
-    """What one training process derives from the command line, once (:func:`resolve_settings`).
+    """What one training process derives from the command line, once (:func:`resolve_settings`);
+    nothing below ``main.run`` reads the command line's namespace.
 
     ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
     resumed checkpoint, or drawn by global rank 0); ``loader``: backend, paths, per-process
-    batch size and workers, caps and image dtype; ``threads``: torch intra-op threads of this
-    process (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``);
-    ``resolution``: the training crop side per epoch (``--min-res``... or the fixed
-    ``--train-crop-size``); ``resume``: the checkpoint resumed from (``--resume``, with
+    batch size and workers, caps and image dtype; ``model``, ``recipe`` (optimisation and
+    training-recipe flags, :class:`~engine.recipes.RecipeSettings`) and ``output``: the flags
+    of their groups; ``mode``: one of :data:`MODES` (``--benchmark-data`` wins over ``-e``);
+    ``threads``: torch intra-op threads of this process (:func:`main_threads`; None: leave
+    torch's setting, e.g. ``OMP_NUM_THREADS``); ``resolution``: the training crop side per epoch
+    (``--min-res``... or the fixed ``--train-crop-size``); ``flip_tta``: validate with flip
+    averaging (``--val-flip-tta``); ``resume``: the checkpoint resumed from (``--resume``, with
     ``auto`` resolved; None: a fresh start)."""
 
     job: Job
     seed: int
     loader: LoaderSettings
+    model: ModelSettings
+    recipe: RecipeSettings
+    output: OutputSettings
+    mode: str = "train"
     threads: int | None = None
     resolution: ResolutionSchedule | None = None
+    flip_tta: bool = False
     resume: str | None = None
 
     @property
@@ -98,24 +150,44 @@ class RunSettings:
 
 def resolve_settings(args, job: Job, checkpoint: dict | None,
                      resume: str | None = None) -> RunSettings:
-    """This process's :class:`RunSettings`; ``checkpoint``: the one read from ``resume``. ``-b``/``-j`` of ``--multiprocessing-distributed``
-    are the node's totals, divided among its processes; ``-j auto`` shares the node's cores.
-    A collective when no ``--seed`` is given (every rank must shuffle alike). Raises
-    :class:`ConfigError` or :class:`~loaders.DataError` (missing split)."""
+    """This process's :class:`RunSettings`; ``checkpoint``: the one read from ``resume``.
+    ``-b``/``-j`` of ``--multiprocessing-distributed`` are the node's totals, divided among its
+    processes; ``-j auto`` shares the node's cores. A collective when no ``--seed`` is given
+    (every rank must shuffle alike). ``args`` is only read. Raises :class:`ConfigError` or
+    :class:`~loaders.DataError` (missing split)."""
     backend, lmdb = resolve_backend(args)
-    nproc = job.processes_per_node
-    batch_size, workers = args.batch_size, args.workers
-    if job.spawned:
-        batch_size //= nproc
-        workers = workers if workers == "auto" else (workers + nproc - 1) // nproc
     seed = args.seed
     if seed is None:
         seed = saved_seed(checkpoint) if checkpoint else None
         seed = broadcast_int(random.randrange(2**31) if seed is None else seed, job.dist)
     resolution = resolution_schedule(args)
+    loader = _loader_settings(args, job, backend, lmdb, seed, resolution)
+    mode = "benchmark" if args.benchmark_data else "evaluate" if args.evaluate else "train"
+    model = ModelSettings(
+        arch=args.arch, pretrained=args.pretrained, blurpool=args.blurpool,
+        channels_last=args.channels_last, compile=args.compile, amp=args.amp,
+        amp_dtype=args.amp_dtype, gpu=args.gpu)
+    output = OutputSettings(
+        output_dir=args.output_dir, print_freq=args.print_freq, save_every=args.save_every,
+        warmup=args.benchmark_warmup,
+        benchmark_batches=args.train_batches if mode == "benchmark" else None,
+        config=dict(vars(args)))
+    threads = main_threads(job.dist.device.type, mode != "benchmark", job.processes_per_node)
+    return RunSettings(job, seed, loader, model, RecipeSettings.from_args(args), output, mode,
+                       threads, resolution, args.val_flip_tta, resume)
+
+
+def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
+                     resolution: ResolutionSchedule) -> LoaderSettings:
+    """The loaders' settings: ``-b``/``-j`` per process, paths, caps, the image dtype."""
+    nproc = job.processes_per_node
+    batch_size, workers = args.batch_size, args.workers
+    if job.spawned:
+        batch_size //= nproc
+        workers = workers if workers == "auto" else (workers + nproc - 1) // nproc
     paths = (None, None) if backend == "synthetic" else loaders.split_paths(
         args.data, args.train, args.val)
-    loader = LoaderSettings(
+    return LoaderSettings(
         backend=backend, train_path=paths[0], val_path=paths[1], batch_size=batch_size,
         workers=resolve_workers(workers, nproc), seed=seed, lmdb=lmdb,
         # Batch slots are sized once for the largest side; each epoch sets its own.
@@ -130,5 +202,3 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
         lmdb_buffer_blocks=args.lmdb_buffer_blocks, lmdb_readahead=args.lmdb_readahead,
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
         shards=args.loader == "shards")
-    threads = main_threads(job.dist.device.type, not args.benchmark_data, nproc)
-    return RunSettings(job, seed, loader, threads, resolution, resume)

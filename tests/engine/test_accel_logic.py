@@ -12,8 +12,9 @@ import main
 from engine import settings
 from engine.checkpoint import load_optimizer, restore, restore_rng
 from engine.distributed import check_cuda, check_gpu_flag, rng_state, unwrap
-from engine.loop import autocast, make_optimizer, needs_grad_scaler
+from engine.optim import make_optimizer
 from engine.settings import resolve_workers
+from engine.state import autocast, needs_grad_scaler
 from loaders import DistInfo
 from models import build_model
 from tests.test_main import SMALL, read_metrics

@@ -4,7 +4,6 @@ smoothing, MixUp/CutMix labels, the model EMA's math and checkpoint, the FFCV pr
 small run with every recipe flag."""
 import math
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,17 +11,26 @@ import torch
 from torch import nn
 
 import main
-from engine.checkpoint import position_scheduler, restore_ema, with_ema_weights
-from engine.loop import make_optimizer
-from engine.recipes import (LRSchedule, ModelEMA, ema_decay, make_mix, make_scheduler,
-                            param_groups, resolve_recipe)
+from engine.checkpoint import restore_ema, with_ema_weights
+from engine.distributed import Job
+from engine.optim import (LRSchedule, make_optimizer, make_scheduler, param_groups,
+                          position_scheduler)
+from engine.recipes import ModelEMA, RecipeSettings, ema_decay, make_mix, resolve_recipe
+from engine.settings import resolve_settings
+from engine.state import build_state
 from loaders import DistInfo
+from models import build_model
 from tests.conftest import REPO
 from tests.test_main import SMALL, read_metrics
 
 RECIPE = ["--label-smoothing", "0.1", "--lr-scheduler", "cosine", "--lr-warmup-epochs", "1",
           "--model-ema", "--model-ema-steps", "1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0",
           "--norm-weight-decay", "0"]
+
+
+def recipe_of(args, global_batch, steps_per_epoch):
+    """The resolved recipe of a parsed command line."""
+    return resolve_recipe(RecipeSettings.from_args(args), global_batch, steps_per_epoch)
 
 
 def lrs(scheduler, optimizer, steps):
@@ -42,7 +50,7 @@ def sgd(lr=0.1, params=None):
 def test_default_flags_give_pytorch_examples_step_lr_at_every_step():
     """x0.1 every 30 epochs, constant within an epoch: exactly StepLR(30, 0.1) stepped per epoch."""
     args = main.parse_args([])
-    schedule = resolve_recipe(args, global_batch=256, steps_per_epoch=5).schedule
+    schedule = recipe_of(args, global_batch=256, steps_per_epoch=5).schedule
     optimizer = sgd(args.lr)
     ours = lrs(make_scheduler(optimizer, schedule), optimizer, 95 * 5)
     reference = sgd(args.lr)
@@ -99,7 +107,7 @@ def ffcv_step_lrs(lr, epochs, peak, iters):
 def test_linear_with_peak_epoch_is_ffcvs_triangle():
     args = main.parse_args(["--lr-scheduler", "linear", "--lr-peak-epoch", "2", "--epochs", "16",
                             "--lr", "1.7"])
-    schedule = resolve_recipe(args, global_batch=4096, steps_per_epoch=7).schedule
+    schedule = recipe_of(args, global_batch=4096, steps_per_epoch=7).schedule
     ours = [schedule.lr_at(s) for s in range(16 * 7)]
     assert ours == pytest.approx(ffcv_step_lrs(1.7, 16, 2, 7), rel=1e-9, abs=1e-12)
     assert ours[0] == pytest.approx(1.7e-4) and schedule.lr_at(2 * 7) == pytest.approx(1.7)
@@ -117,9 +125,9 @@ def test_step_schedule_after_warmup_and_constant_warmup():
 def test_fractional_warmup_and_lr_scale_batch():
     args = main.parse_args(["--lr", "0.125", "--lr-scale-batch", "256", "--lr-warmup-epochs",
                             "0.5", "--lr-warmup-method", "linear"])
-    recipe = resolve_recipe(args, global_batch=1024, steps_per_epoch=10)
+    recipe = recipe_of(args, global_batch=1024, steps_per_epoch=10)
     assert recipe.lr == pytest.approx(0.5) and recipe.schedule.warmup_steps == 5
-    assert resolve_recipe(main.parse_args(["--lr", "0.3"]), 1024, 10).lr == 0.3
+    assert recipe_of(main.parse_args(["--lr", "0.3"]), 1024, 10).lr == 0.3
 
 
 @pytest.mark.parametrize("kind", ["step", "cosine", "linear"])
@@ -138,7 +146,7 @@ def test_scheduler_positioned_mid_epoch_goes_on_like_the_uninterrupted_one(kind)
 
 
 def test_norm_weight_decay_groups_as_torchvision():
-    model = main.build_model("resnet18", 10)
+    model = build_model("resnet18", 10)
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert len(param_groups(model, 1e-4)) == sum(1 for _ in model.parameters())  # one group
     groups = param_groups(model, 1e-4, norm_weight_decay=0.0)
@@ -162,18 +170,23 @@ class FakeLoader:
         return 5
 
 
+def settings_of(argv):
+    """The settings of a one-process run of ``argv`` (synthetic data, -b 8, seeded)."""
+    return resolve_settings(main.parse_args(["--dummy", "-b", "8", "--seed", "0", *argv]),
+                            Job(DistInfo()), None)
+
+
 def test_flags_reach_the_training_state():
     """Label smoothing reaches the criterion, MixUp/CutMix the step, groups the optimizer."""
-    args = main.parse_args([*RECIPE, "-a", "resnet18", "--model-ema-decay", "0.9"])
-    s = SimpleNamespace(dist=DistInfo(), loader=SimpleNamespace(batch_size=8), resume=None)
-    state, start, best = main.build_state(args, s, FakeLoader(), None, lambda *a: None)
+    s = settings_of([*RECIPE, "-a", "resnet18", "--model-ema-decay", "0.9"])
+    state, start, best = build_state(s, FakeLoader(), None, lambda *a: None)
     assert state.criterion.label_smoothing == 0.1 and (start, best) == (0, 0.0)
     assert len(state.optimizer.param_groups) == 2 and state.mix is not None
     assert isinstance(state.scheduler, torch.optim.lr_scheduler.LambdaLR)
     assert state.ema.every == 1 and state.ema.copy_epochs == 1
     assert state.ema.decay == pytest.approx(ema_decay(0.9, 1, 8, 90))
     assert state.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.01)  # constant warm-up
-    plain = main.build_state(main.parse_args([]), s, FakeLoader(), None, lambda *a: None)[0]
+    plain = build_state(settings_of([]), FakeLoader(), None, lambda *a: None)[0]
     assert plain.criterion.label_smoothing == 0.0 and plain.mix is None and plain.ema is None
     assert len(plain.optimizer.param_groups) == 1
 
@@ -236,7 +249,7 @@ def test_ema_update_math_warmup_copy_and_torchvision_decay_adjustment():
 
 def test_ema_checkpoint_round_trip_in_torchvisions_format():
     torch.manual_seed(0)
-    model = main.build_model("resnet18", 4)
+    model = build_model("resnet18", 4)
     ema = ModelEMA(model, 0.5)
     ema.update_parameters(model)
     with torch.no_grad():
@@ -245,7 +258,7 @@ def test_ema_checkpoint_round_trip_in_torchvisions_format():
     ema.update_parameters(model)
     saved = ema.state_dict()
     assert "n_averaged" in saved and "module.conv1.weight" in saved  # torchvision's keys
-    fresh = ModelEMA(main.build_model("resnet18", 4), 0.5)
+    fresh = ModelEMA(build_model("resnet18", 4), 0.5)
     restore_ema({"model_ema": saved}, fresh, "resnet18")
     assert int(fresh.n_averaged) == 2
     for k, v in fresh.state_dict().items():
@@ -293,7 +306,7 @@ def test_ffcv_presets_give_ffcvs_recipe(name, arch, lr, batch, wd):
     assert (args.arch, args.epochs, args.weight_decay, args.momentum) == (arch, epochs, wd, 0.9)
     assert (args.label_smoothing, args.norm_weight_decay, args.lr_scheduler,
             args.lr_peak_epoch) == (0.1, 0.0, "linear", 2)
-    recipe = resolve_recipe(args, global_batch=batch, steps_per_epoch=10)
+    recipe = recipe_of(args, global_batch=batch, steps_per_epoch=10)
     assert recipe.lr == pytest.approx(lr)  # FFCV's lr at FFCV's global batch
     assert [recipe.schedule.lr_at(s) for s in range(epochs * 10)] == pytest.approx(
         ffcv_step_lrs(lr, epochs, 2, 10), rel=1e-9, abs=1e-12)
@@ -377,7 +390,7 @@ def test_blurpool_wraps_strided_convs_and_keeps_shapes(arch):
     from models.blurpool import BlurPoolConv2d
 
     torch.manual_seed(0)
-    plain, blurred = main.build_model(arch, 7), main.build_model(arch, 7, blurpool=True)
+    plain, blurred = build_model(arch, 7), build_model(arch, 7, blurpool=True)
     wrapped = [m for m in blurred.modules() if isinstance(m, BlurPoolConv2d)]
     assert len(wrapped) == 6 and not isinstance(blurred.conv1, BlurPoolConv2d)
     assert all(m.conv.in_channels >= 16 and max(m.conv.stride) == 2 for m in wrapped)
