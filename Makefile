@@ -67,7 +67,7 @@ test: install ## run the test suite (generated data; also the real sample in ../
 	$(PY) -m pytest -q -rs
 
 # The SLURM tests start their own munged, slurmctld and slurmd on free ports of 127.0.0.1 with a
-# generated slurm.conf (tests/slurm_cluster.py); they need only the programs, from Debian.
+# generated slurm.conf (tests/helpers/slurm_cluster.py); they need only the programs, from Debian.
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 SLURM_COMMANDS := munged slurmctld slurmd srun sbatch scontrol scancel squeue sinfo
 
@@ -79,7 +79,7 @@ test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0
 	  echo "make test-slurm: installing $(SLURM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; \
 	fi
-	$(PY) -m pytest -q -rs -m slurm tests/test_slurm.py
+	$(PY) -m pytest -q -rs -m slurm tests/engine/test_slurm.py
 
 # Benchmarks time DATA= (an ImageNet-layout folder); without it, 400 generated ImageNet-sized JPEGs.
 BENCH_DATA = $(or $(DATA),bench-data)

@@ -7,7 +7,7 @@ folders, and every layout's disk space and conversion time per 1,000 images.
 
 The sample's 250 real ImageNet JPEGs are copied ``--copies`` times under distinct names
 (``<wnid>_<name>_<k>.JPEG``: 2,000 files by default) into a class-folder tree, and each
-download layout is built from that tree with ``tests/replicas.py``: ``official`` (a train tar
+download layout is built from that tree with ``tools/replicas.py``: ``official`` (a train tar
 of per-class tars), ``kaggle``, ``hf-parquet``, ``hf-targz``; ``folder`` is the tree itself.
 Each round converts the train split of every layout, one after the other, in alternating order
 (A B C, C B A, ...: no layout always runs first or right after the same one),
@@ -38,7 +38,7 @@ _MiB = 1 << 20
 def replicate(sample: str, target: str, copies: int) -> int:
     """A sample-like folder ``target/train/<wnid>/<wnid>_<name>_<k>.JPEG`` with ``copies``
     real copies of every train image of ``sample``; returns the number of files."""
-    from tests.replicas import train_images
+    from tools.replicas import train_images
 
     count = 0
     for wnid, name, path in train_images(sample):
@@ -52,7 +52,7 @@ def replicate(sample: str, target: str, copies: int) -> int:
 
 def build(layout: str, replica: str, root: str) -> tuple[str, list[str]]:
     """``(what to pass as --dataset, the layout's train files)`` of ``layout``."""
-    from tests import replicas
+    from tools import replicas
 
     if layout == "folder":
         train = os.path.join(replica, "train")

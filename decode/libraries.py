@@ -255,7 +255,7 @@ def decode_jpeg_luma(data) -> torch.Tensor:
     ``component_needed = FALSE``), which cannot fail. So it refuses the same bytes as the RGB
     decode at about 18% less CPU per ImageNet JPEG (0.761 vs 0.934 ms, one thread,
     ``benchmarks/profile_decoders.py``; docs/performance.md, *Converters*);
-    ``tests/test_decoders.py`` compares both on damaged real JPEGs for every library."""
+    ``tests/decode/test_libraries.py`` compares both on damaged real JPEGs for every library."""
     return _decode(data, "luma")
 
 

@@ -109,7 +109,7 @@ class EventFile:
 
     torch's ``SummaryWriter`` writes from a background thread; DataLoader workers are forked
     from this process every epoch, and a fork while another thread holds a lock can leave the
-    child waiting on it forever (a hang seen once in ``tests/test_distributed.py``). So the
+    child waiting on it forever (a hang seen once in ``tests/engine/test_distributed.py``). So the
     records are framed by TensorBoard's own ``RecordWriter`` (length, masked CRC-32C) here,
     buffered, and flushed at most every ``flush_secs`` seconds and on :meth:`flush`. Raises
     ``OSError`` if ``logdir`` cannot be written."""

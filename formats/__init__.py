@@ -16,7 +16,7 @@
   resume fingerprint, ``skipped.tsv``); :mod:`formats.cli`: their one command-line runner.
 
 Databases and shards already written must keep reading and verifying: a layout change bumps the
-format's version (``tests/test_formats_compat.py`` reads ones written before this package).
+format's version (``tests/formats/test_formats_compat.py`` reads ones written before this package).
 Runtime concerns (decoding, augmentation, epoch orders, batch slots, the device feed) are
 ``loaders/``'s; the image checks decode with ``decode.libraries`` so that what is stored is
 exactly what the loaders can read.

@@ -35,12 +35,12 @@ How completely a verbatim JPEG is decoded is the *check* (:data:`CHECKS`):
   read its headers (``Image.open``: format, size, decompression-bomb limit). The decode is
   ``decode_jpeg_luma``: every marker read and every block of every component entropy-decoded,
   as the loaders' RGB ``decode_jpeg`` does, so it refuses exactly the same bytes (its docstring
-  says why; ``tests/test_decoders.py`` compares both), but without the chroma inverse DCT,
+  says why; ``tests/decode/test_libraries.py`` compares both), but without the chroma inverse DCT,
   upsampling and colour conversion, which cannot fail (18% less CPU). PIL's own complete
   decode of the same libjpeg-turbo stream used to run as well and doubled the cost; on 659
   damaged variants of real ImageNet JPEGs (truncations, byte flips, zeroed runs) it never
   rejected a file that ``decode_jpeg`` accepted, while ``decode_jpeg`` rejected 3 that PIL
-  accepted (see ``tests/test_folder2lmdb_check.py``). Every other image is decoded completely
+  accepted (see ``tests/formats/test_folder2lmdb_check.py``). Every other image is decoded completely
   by PIL, which its re-encoding needs anyway.
 * ``"header"``: a verbatim JPEG whose markers parse and whose last bytes are EOI (``FF D9``)
   is stored without decoding its entropy-coded data; one without the EOI at its end (the mark

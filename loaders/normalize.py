@@ -69,7 +69,7 @@ def normalize_into(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tenso
     """uint8 ``(N, 3, H, W)`` -> new ``dtype`` ``images * scale + shift`` on the images' device
     in one pass (computed in float32, rounded once to ``dtype``); ``scale = 1/std`` and
     ``shift = -mean/std``, float32 ``(1, 3, 1, 1)``. Within 2.4e-7 of ``(images - mean) / std``
-    in float32 (``tests/test_normalize.py``)."""
+    in float32 (``tests/loaders/test_normalize.py``)."""
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty(images.shape, dtype=dtype, device=images.device,
                       memory_format=memory_format)

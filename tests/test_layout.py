@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import os
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 MAX_FILE_LINES = 420  # "about 400"
 MAX_FUNCTION_LINES = 70  # "about 60"; argument-parser declarations aside
@@ -157,3 +157,22 @@ def test_the_import_graph_has_no_circle():
         if node not in index:
             visit(node)
     assert not circles, "\n".join(circles)
+
+
+def test_no_test_module_imports_another_and_no_code_imports_the_tests():
+    """What tests share lives in ``tests/helpers`` (and fixtures in ``conftest.py``); the
+    product, its tools and benchmarks import nothing from ``tests/``."""
+    found = []
+    for path in _python_files():
+        module = _module_name(path)
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            for dotted in _imported(node, module, path.endswith("__init__.py")):
+                parts = dotted.split(".")
+                if parts[0] != "tests":
+                    continue
+                if not module.startswith("tests."):
+                    found.append(f"{module} imports {dotted}")
+                elif any(p.startswith("test_") for p in parts) or parts[-1] == "conftest":
+                    found.append(f"{module} imports {dotted}")
+    assert not found, "\n".join(found)

@@ -9,7 +9,7 @@ repository's root as ``python -m tools.NAME``:
   ``gpu_check`` needs on a machine without network.
 - :mod:`tools.datagen`: small ImageNet-layout JPEG datasets whose pixels encode the label
   (``make demo``, ``make bench`` without ``DATA=``, ``make gpu-bundle`` without ``DATA=``, and
-  the tests through ``tests/datagen.py``).
+  the tests through ``tools/datagen.py``).
 
 Nothing here is imported by ``main.py`` or the packages it uses.
 """

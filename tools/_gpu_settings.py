@@ -45,7 +45,7 @@ def settings(args) -> SimpleNamespace:
         steps=pick(args.steps, 2 if dry else 40), warmup=pick(args.warmup, 1 if dry else 10),
         batch=pick(args.batch_size, 4 if dry else 256),
         # dry run: in-process loading, as each worker process would import torch again (seconds
-        # on 2 cores); tests/test_loaders.py covers the workers
+        # on 2 cores); tests/loaders/test_contract.py covers the workers
         workers=args.workers or ("0" if dry else "auto"),
         models=["resnet18"] if dry else [TARGET_MODEL, "resnet18"],
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]

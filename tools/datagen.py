@@ -10,7 +10,7 @@ With ``noise=0`` and no rectangles a label can be read back from any crop's mean
 
 ``make demo``'s dataset, ``make bench``'s ``bench-data/`` when no ``DATA=`` is given, and the
 images of ``make gpu-bundle`` without ``DATA=`` come from here; the tests use it through
-``tests/datagen.py``. A seed gives the same files byte for byte on the same Pillow and
+``tools/datagen.py``. A seed gives the same files byte for byte on the same Pillow and
 libjpeg.
 """
 from __future__ import annotations

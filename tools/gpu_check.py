@@ -57,16 +57,17 @@ TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 # seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
-# first compile, three training runs and an NCCL spawn in tests/test_gpu.py
+# first compile, three training runs and an NCCL spawn in tests/engine/test_gpu.py
 TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240,
             "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
 
 
 def gpu_test_files() -> list[str]:
-    """``tests/test_*.py`` files (relative to the repository) that hold ``gpu``-marked tests."""
+    """``tests/**/test_*.py`` files (relative to the repository) that hold ``gpu``-marked
+    tests."""
     marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
     found = []
-    for path in sorted(glob.glob(os.path.join(REPO, "tests", "test_*.py"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)):
         with open(path, errors="replace") as f:
             if marked.search(f.read()):
                 found.append(os.path.relpath(path, REPO))

@@ -24,7 +24,7 @@ the database
   all deleted by the last transaction.
 
 A change to this layout must bump :data:`FORMAT_VERSION` and keep reading version 1
-(``tests/test_formats_compat.py`` opens databases written before ``formats/`` existed).
+(``tests/formats/test_formats_compat.py`` opens databases written before ``formats/`` existed).
 
 API: write with :func:`convert`; read with :func:`open_readonly`, :func:`read_meta`,
 :func:`record_key` and :func:`decode_record`; check with :func:`verify`.

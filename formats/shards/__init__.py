@@ -27,7 +27,7 @@ A split is a folder (or the URL of one) holding:
 
 Records follow one global pseudo-random order (``shuffle_seed``, default 0), so every shard
 mixes all classes. A change to this layout must bump :data:`FORMAT_VERSION` and keep reading
-version 1 (``tests/test_formats_compat.py`` opens shards written before ``formats/`` existed).
+version 1 (``tests/formats/test_formats_compat.py`` opens shards written before ``formats/`` existed).
 
 API: write with :func:`convert` (or :class:`ShardWriter` record by record), index shards
 written by other tools with :func:`index_shards`; read with

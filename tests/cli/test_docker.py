@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 DOCKERFILE = os.path.join(REPO, "docker", "Dockerfile")
 NGC_TAG = re.compile(r"^nvcr\.io/nvidia/pytorch:(\d{2})\.(\d{2})-py3$")

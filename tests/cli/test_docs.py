@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 README_MAX_LINES = 300
 PAGES = sorted([os.path.join(REPO, "README.md")]

@@ -1,29 +1,16 @@
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import main
 from engine.reporting import warn_if_data_bound
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
+from tests.helpers.runs import SMALL, read_metrics, run_cli
 
-SMALL = ["-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "32",
-         "--val-resize-size", "32", "--val-crop-size", "32", "-p", "2", "--seed", "0"]
 RECORD_KEYS = {"epoch", "train_loss", "train_acc1", "val_loss", "val_acc1", "val_acc5", "lr",
                "train_images_per_sec", "data_time_fraction", "epoch_seconds"}
-
-
-def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=env)
-
-
-def read_metrics(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def test_help_groups_flags_and_needs_no_optional_backend():
@@ -113,7 +100,7 @@ def test_dummy_data_runs_without_a_dataset(tmp_path):
 
 @pytest.mark.slow
 def test_accuracy_rises_on_learnable_data(tmp_path):
-    from tests import datagen
+    from tools import datagen
 
     datagen.make_dataset(str(tmp_path / "d"), 4, train_per_class=24, val_per_class=8,
                          noise=60, shapes=3)

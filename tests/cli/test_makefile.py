@@ -2,27 +2,17 @@
 docker command line (dry run: nothing is executed, no Docker needed)."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import make
 
 REQUIRED = ["install", "demo", "test", "test-slurm", "bench", "convert-imagenet", "train",
             "tensorboard", "docker-build", "docker-run", "clean"]
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
-
-
-def make(*args):
-    """Run make in the repository, free of an outer make's flags and of stray CMD/ARGS/IMAGE."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CMD", "ARGS", "IMAGE", "OUTPUT")}
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60, env=env)
 
 
 def test_help_lists_every_required_target_aligned():

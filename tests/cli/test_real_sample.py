@@ -9,8 +9,8 @@ from torchvision.datasets import ImageFolder
 import loaders
 import main
 from loaders import DistInfo
-from tests.conftest import loader_settings
-from tests.test_folder2lmdb import check_db_matches_folder
+from tests.helpers.loading import loader_settings
+from tests.helpers.stores import check_db_matches_folder
 
 
 def test_every_record_matches_source_bytes_and_imagefolder_labels(sample, sample_lmdb):

@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 
 import decode as decoding
-from decode import jpeg_region, jpeg_scaled, jpeg_window, libraries
+from decode import jpeg_region, jpeg_scaled, jpeg_window
 from decode import decode
 from loaders.transforms import TrainTransform, ValTransform
-from tests.test_decoders import damaged_variants
+from tests.helpers.badcorpus import damaged_variants
 
 pytestmark = [pytest.mark.skipif(not jpeg_region.available(),
                                  reason=f"{jpeg_region.status()}: needs cc and libjpeg-dev"),

@@ -15,7 +15,7 @@ from decode import jpeg_scaled, jpeg_window
 from decode import decode, resize
 from loaders.transforms import (TrainTransform, ValTransform,
                                 resize_center_crop)
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 # The documented bound (docs/ffcv-and-decode.md, measured on all 250 sample images at 32-224 px:
 # at most 76 levels at a pixel, 6.8 levels mean per output, 1.2-1.8 mean over the sample).
@@ -124,7 +124,7 @@ def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
     """So a sample is remembered as bad (loaders/_bad_samples.py) whichever path its window
     takes: on 140 damaged variants of real JPEGs, the scaled decode declines (and the full
     decode, which then runs, raises) exactly the ones the full decode refuses."""
-    from tests.test_decoders import damaged_variants
+    from tests.helpers.badcorpus import damaged_variants
 
     for data in damaged_variants(blobs[:20]):
         shape = jpeg_window.jpeg_size(data)

@@ -11,7 +11,7 @@ from decode import libraries
 from decode import jpeg_scaled, jpeg_window
 from decode import decode
 from loaders.transforms import TrainTransform
-from tests.conftest import max_abs_diff
+from tests.helpers.loading import max_abs_diff
 
 pytestmark = [pytest.mark.skipif(
     not jpeg_window.available(),

@@ -16,7 +16,9 @@ import decode
 from decode import libraries
 from decode import jpeg_region, jpeg_window
 from loaders.transforms import TrainTransform
-from tests.conftest import REPO, max_abs_diff
+from tests.helpers.badcorpus import damaged_variants
+from tests.helpers.loading import max_abs_diff
+from tests.helpers.paths import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
@@ -123,9 +125,9 @@ def test_other_formats_and_modes_come_out_rgb_uint8(backend):
 def test_bad_bytes_are_one_line_runtime_errors(backend):
     good = encode(Image.effect_noise((64, 64), 64).convert("RGB"))
     for data in (good[:len(good) // 2], good[:200], b"<html>not an image</html>", b""):
-        for decode in (libraries.decode_jpeg, libraries.decode_image):
+        for decoder in (libraries.decode_jpeg, libraries.decode_image):
             with pytest.raises(RuntimeError) as info:
-                decode(data)
+                decoder(data)
             message = str(info.value)
             assert message and "\n" not in message and ".cpp:" not in message
 
@@ -243,29 +245,6 @@ def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
     for (train_a, val_a), (train_b, val_b) in zip(*outputs):
         assert_close(train_a, train_b)
         assert_close(val_a, val_b)
-
-
-def damaged_variants(blobs: list[bytes], seed: int = 0) -> list[bytes]:
-    """Damaged copies of each JPEG: two cuts, byte flips in the headers and in the entropy-coded
-    data, a zeroed run and a marker inserted into the entropy-coded data."""
-    import random
-
-    rng, out = random.Random(seed), []
-    for good in blobs:
-        sos = good.index(b"\xff\xda")
-
-        def flipped(count, low, high):
-            data = bytearray(good)
-            for _ in range(count):
-                data[rng.randrange(low, high)] = rng.randrange(256)
-            return bytes(data)
-
-        at = rng.randrange(sos + 20, len(good) - 400)
-        out += [good[:rng.randrange(sos + 20, len(good))], good[:len(good) - rng.randrange(1, 64)],
-                flipped(2, 2, sos + 20), flipped(1, sos + 20, len(good) - 2),
-                flipped(16, sos + 20, len(good) - 2), good[:at] + bytes(300) + good[at + 300:],
-                good[:at] + bytes([0xFF, rng.choice([0xC0, 0xC4, 0xDA, 0xE1, 0xD9])]) + good[at:]]
-    return out
 
 
 def outcome(decode, data: bytes) -> str:

@@ -5,6 +5,7 @@ states, torch.compile's wrapper is unwrapped, and steady-state images/s is recor
 import random
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -17,7 +18,7 @@ from engine.settings import resolve_workers
 from engine.state import autocast, needs_grad_scaler
 from loaders import DistInfo
 from models import build_model
-from tests.test_main import SMALL, read_metrics
+from tests.helpers.runs import read_metrics, SMALL
 
 
 def test_driver_too_old_stops_with_one_line(monkeypatch, capsys):
@@ -35,10 +36,22 @@ def test_driver_too_old_stops_with_one_line(monkeypatch, capsys):
     check_cuda(main.parse_args(["--no-accel"]).no_accel)  # training on the CPU on purpose
 
 
-def test_no_gpu_at_all_is_not_an_error(monkeypatch):
+@pytest.mark.parametrize("probe_warns", [False, True])
+def test_no_gpu_at_all_is_not_an_error(monkeypatch, probe_warns):
+    """A CPU-only machine with torch's CUDA build: ``is_available()`` is False without a CUDA
+    initialization warning (here also with an unrelated one while probing): no error, and no
+    warning reaches the user."""
+    def no_gpu():
+        if probe_warns:
+            warnings.warn("an unrelated warning while probing", UserWarning)
+        return False
+
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    check_cuda(main.parse_args([]).no_accel)  # a CPU-only machine: no warning, no error
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_cuda(main.parse_args([]).no_accel)
+    assert [str(w.message) for w in caught] == []
 
 
 def test_gpu_flag_with_several_processes_per_node_is_refused(tiny, capsys):

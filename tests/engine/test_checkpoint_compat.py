@@ -10,7 +10,7 @@ import torch
 
 import main
 from engine.checkpoint import load_optimizer, load_weights
-from tests.test_main import SMALL, read_metrics
+from tests.helpers.runs import read_metrics, SMALL
 
 SHORT = ["--train-batches", "1", "--val-batches", "1"]
 EXAMPLES_KEYS = ("epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler")

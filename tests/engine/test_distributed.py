@@ -1,5 +1,4 @@
 """Distributed runs on CPU with gloo: mp.spawn, torchrun, two 'nodes' on localhost, failures."""
-import json
 import multiprocessing
 import os
 import signal
@@ -10,27 +9,12 @@ import time
 import pytest
 
 from engine.distributed import use_default_start_method
-from tests.conftest import REPO, cmdline, descendants, free_port
+from tests.helpers.paths import REPO
+from tests.helpers.processes import cmdline, descendants, free_port
+from tests.helpers.runs import SMALL_DISTRIBUTED, main_cmd, only_record, run
 
 # -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
-SMALL = ["-a", "resnet18", "-j", "1", "--epochs", "1", "--train-crop-size", "32",
-         "--val-resize-size", "32", "--val-crop-size", "32", "-p", "1", "--seed", "5"]
-
-
-def run(cmd, timeout=240):
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def main_cmd(*args):
-    return [sys.executable, "main.py", *args]
-
-
-def only_record(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        (record,) = [json.loads(line) for line in f]
-    return record
+SMALL = SMALL_DISTRIBUTED
 
 
 def single_process_top1(data, out):

@@ -15,7 +15,7 @@ from engine.loop import EpochSums
 from engine.reporting import Progress
 from engine.settings import resolve_backend, resolve_settings
 from loaders import DistInfo
-from tests.test_main import SMALL, read_metrics, run_cli
+from tests.helpers.runs import read_metrics, run_cli, SMALL
 
 DUMMY = ["--dummy", "-b", "4", "--train-batches", "2", "--val-batches", "1",
          "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "0",

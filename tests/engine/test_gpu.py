@@ -10,8 +10,8 @@ import torch
 import loaders
 import main
 from loaders import DistInfo, input_dtype
-from tests.conftest import loader_settings, to_uint8
-from tests.datagen import label_from_pixels
+from tests.helpers.loading import loader_settings, to_uint8
+from tools.datagen import label_from_pixels
 
 pytestmark = pytest.mark.gpu
 

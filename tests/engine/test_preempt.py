@@ -1,7 +1,7 @@
 """SIGUSR1/SIGTERM mid-epoch: the ranks agree on a step, rank 0 checkpoints it, the run exits
 with status 75, and ``--resume auto`` goes on from there as if nothing happened
 (engine/preempt.py, StopAgreement in engine/distributed.py). Under a real SLURM:
-tests/test_slurm.py."""
+tests/engine/test_slurm.py."""
 import json
 import os
 import signal
@@ -15,7 +15,9 @@ import torch
 
 from engine.checkpoint import newest_checkpoint
 from engine.preempt import STOP_EXIT
-from tests.conftest import REPO, assert_same_training, cmdline, descendants, free_port
+from tests.helpers.paths import REPO
+from tests.helpers.processes import cmdline, descendants, free_port
+from tests.helpers.runs import assert_same_training
 
 # Synthetic data, 2 epochs of 6 steps; one torch thread: the same run is the same bits.
 RUN = ["--dummy", "-a", "resnet18", "-b", "8", "-j", "0", "--train-crop-size", "32",

@@ -9,7 +9,7 @@ import yaml
 
 import main
 from engine.settings import resolve_backend
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 CONFIGS = os.path.join(REPO, "configs")
 PRESETS = sorted(f for f in os.listdir(CONFIGS) if f.endswith(".yaml"))

@@ -20,8 +20,8 @@ from engine.settings import resolve_settings
 from engine.state import build_state
 from loaders import DistInfo
 from models import build_model
-from tests.conftest import REPO
-from tests.test_main import SMALL, read_metrics
+from tests.helpers.paths import REPO
+from tests.helpers.runs import read_metrics, SMALL
 
 RECIPE = ["--label-smoothing", "0.1", "--lr-scheduler", "cosine", "--lr-warmup-epochs", "1",
           "--model-ema", "--model-ema-steps", "1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0",

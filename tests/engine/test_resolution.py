@@ -14,8 +14,9 @@ from engine import ConfigError
 from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import DistInfo
 from loaders.pipelines._shared_batches import SharedBatches
-from tests.conftest import REPO, loader_settings, to_uint8
-from tests.test_main import SMALL, read_metrics
+from tests.helpers.loading import loader_settings, to_uint8
+from tests.helpers.paths import REPO
+from tests.helpers.runs import read_metrics, SMALL
 
 
 def ffcv_resolution(epoch, min_res, max_res, end_ramp, start_ramp):
@@ -141,7 +142,7 @@ def test_every_loader_yields_the_epochs_resolution(backend, workers, tiny, tmp_p
 
 def test_labels_follow_pixels_at_every_resolution(tiny):
     """tiny's flat-colour images keep encoding their label after any crop and resize."""
-    from tests.datagen import label_from_pixels
+    from tools.datagen import label_from_pixels
 
     train, _ = loaders.build_loaders(loader_settings("lmdb", tiny.lmdb, train_crop_size=8,
                                                      train_max_crop_size=48), DistInfo())

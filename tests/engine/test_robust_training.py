@@ -1,6 +1,5 @@
 """Training through damaged samples, and resuming mid-epoch after SIGKILL (--save-every).
-The resumable sampler itself is tested with the loaders (tests/test_order.py)."""
-import json
+The resumable sampler itself is tested with the loaders (tests/loaders/test_orders.py)."""
 import os
 import random
 import shutil
@@ -11,20 +10,14 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
+from tests.helpers.runs import read_metrics as records, run_cli, small_run
 
-SMALL = ["-a", "resnet18", "-b", "4", "-j", "0", "--train-crop-size", "32",
-         "--val-resize-size", "32", "--val-crop-size", "32", "--seed", "0", "--lr", "0.01"]
+SMALL = small_run(batch=4, print_freq=None) + ["--lr", "0.01"]
 
 
 def cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def records(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""srun and sbatch against a real SLURM (tests/slurm_cluster.py: slurmctld, slurmd and munged
+"""srun and sbatch against a real SLURM (tests/helpers/slurm_cluster.py: slurmctld, slurmd and munged
 on 127.0.0.1, one node with this machine's cores), running slurm/train.sbatch as users do.
 
 Every run trains the same 2 x 8 steps of 2 ranks (gloo on CPU, one torch thread each, so the
@@ -13,8 +13,10 @@ import time
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_same_training, free_port
-from tests.slurm_cluster import PACKAGES, SlurmCluster, missing_commands
+from tests.helpers.paths import REPO
+from tests.helpers.processes import free_port
+from tests.helpers.runs import assert_same_training
+from tests.helpers.slurm_cluster import PACKAGES, SlurmCluster, missing_commands
 
 pytestmark = pytest.mark.slurm
 

@@ -1,5 +1,5 @@
 """SLURM's task variables, host lists and GPU checks (engine/slurm.py), without a cluster; the
-real srun/sbatch runs are in tests/test_slurm.py."""
+real srun/sbatch runs are in tests/engine/test_slurm.py."""
 import os
 import stat
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 from engine import ConfigError
 from engine.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
                           rendezvous_port, slurm_step, tasks_on_node)
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 # What srun sets for task 5 of a 2-node step of 4 tasks per node (srun(1), OUTPUT ENVIRONMENT).
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5",

@@ -19,8 +19,8 @@ from formats.sources import list_sources
 from formats.lmdb import _codec as codec
 from formats.lmdb._writer import ResumeState
 from formats.shards import INDEX_NAME, ShardIndex
-from tests import datagen
-from tests.conftest import REPO
+from tools import datagen
+from tests.helpers.paths import REPO
 
 
 @pytest.fixture(scope="module")

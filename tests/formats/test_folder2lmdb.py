@@ -4,29 +4,13 @@ import sys
 
 import lmdb
 import pytest
-from torchvision.datasets import ImageFolder
 
 import folder2lmdb
 import formats.lmdb as codec
 from formats.lmdb._writer import Writer
-from tests import datagen
-from tests.conftest import REPO
-
-
-def check_db_matches_folder(db: str, folder: str) -> None:
-    """Every record equals the source file's bytes and ImageFolder's label, in order."""
-    reference = ImageFolder(folder)
-    meta = codec.read_meta(db)
-    assert meta.count == len(reference.samples)
-    assert list(meta.classes) == reference.classes
-    env = codec.open_readonly(db)
-    with env.begin() as txn:
-        for index, (path, label) in enumerate(reference.samples):
-            data, stored_label = codec.decode_record(txn.get(codec.record_key(index)))
-            with open(path, "rb") as f:
-                assert data == f.read(), path
-            assert stored_label == label, path
-        assert txn.get(codec.record_key(meta.count)) is None
+from tools import datagen
+from tests.helpers.paths import REPO
+from tests.helpers.stores import check_db_matches_folder
 
 
 def test_generated_folder_converts_byte_for_byte(tiny):

@@ -16,7 +16,7 @@ import folder2shards
 from formats import images as image_check
 from formats.sources import list_sources
 from formats.conversion import fingerprint
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 
 def _jpeg(seed: int, size: int = 48, **kwargs) -> bytes:
@@ -144,7 +144,7 @@ def test_verify_finds_what_header_check_let_through_and_shards_take_the_check(da
 
 def test_full_check_decodes_luma_only(monkeypatch):
     """--check full refuses through decode_jpeg_luma (the loaders' library, luma only: same
-    refusals as its RGB decode_jpeg, tests/test_decoders.py), never through the RGB decode."""
+    refusals as its RGB decode_jpeg, tests/decode/test_libraries.py), never through the RGB decode."""
     from decode import libraries
 
     def refuse(data):

@@ -1,5 +1,5 @@
 """folder2lmdb.py on bad input: what is kept, re-encoded and skipped; --strict; resume after
-SIGKILL; --verify; one-line errors. The corpus is ``tests/badcorpus.py``."""
+SIGKILL; --verify; one-line errors. The corpus is ``tests/helpers/badcorpus.py``."""
 import io
 import os
 import random
@@ -20,8 +20,8 @@ from formats import images as image_check
 from decode.libraries import decode_jpeg
 import formats.lmdb as codec
 from decode import decode
-from tests.badcorpus import make_bad_corpus
-from tests.conftest import REPO
+from tests.helpers.badcorpus import make_bad_corpus
+from tests.helpers.paths import REPO
 
 CLASSES = ["n01", "n02 empty", "n03"]
 

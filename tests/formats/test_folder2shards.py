@@ -16,10 +16,10 @@ from formats import images as image_check
 from formats.shards import INDEX_NAME, ShardIndex, idx_name
 from formats.shards.locations import resolve_split
 from loaders.readers.shards import ShardReader
-from tests import datagen
-from tests.badcorpus import make_bad_corpus
-from tests.conftest import REPO
-from tests.test_makefile import make
+from tools import datagen
+from tests.helpers.badcorpus import make_bad_corpus
+from tests.helpers.paths import REPO
+from tests.helpers.runs import make
 
 WDS2IDX = os.path.join(sysconfig.get_paths()["purelib"], "wds2idx.py")  # installed with DALI
 

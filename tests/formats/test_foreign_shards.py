@@ -16,8 +16,8 @@ from formats.shards import INDEX_NAME, ShardIndex
 from loaders import DistInfo, build_loaders
 from formats.shards.locations import resolve_split
 from loaders.readers.shards import ShardReader
-from tests import replicas
-from tests.conftest import loader_settings
+from tools import replicas
+from tests.helpers.loading import loader_settings
 
 
 def write_foreign(folder: str, sample: str, split: str) -> list[tuple[bytes, int]]:

@@ -23,7 +23,7 @@ import formats.shards
 from formats.shards.locations import resolve_split
 from loaders.readers.lmdb_records import LMDBReader
 from loaders.readers.shards import ShardReader
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "formats_v1")
 

@@ -1,5 +1,5 @@
 """Every ImageNet download layout (:mod:`formats.sources`), as replicas of the real sample
-(``tests/replicas.py``), converts to the same LMDB and the same shards, record for record and
+(``tools/replicas.py``), converts to the same LMDB and the same shards, record for record and
 byte for byte, as the same images in class folders; ``--verify`` passes across layouts; and a
 damaged or incomplete download ends in one line naming the file, resumably."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import folder2shards
 import formats.lmdb as codec
 import formats.sources
 from formats.sources import DatasetError, detect, open_dataset
-from tests import replicas
+from tools import replicas
 
 LAYOUTS = ["official", "kaggle", "hf-parquet", "hf-targz"]
 WRITERS = {"official": replicas.write_official, "kaggle": replicas.write_kaggle,
@@ -247,7 +247,7 @@ def test_make_convert_imagenet_reads_each_download(layout, downloads, reference_
                                                   tmp_path):
     """``make convert-imagenet IMAGENET=<the download> OUT=...`` as a user runs it (the
     venv's install step taken as done)."""
-    from tests.test_makefile import make
+    from tests.helpers.runs import make
 
     built, _ = downloads
     out = str(tmp_path / "out")

@@ -128,3 +128,26 @@ def _listed(corpus: Corpus, files: dict) -> Corpus:
             if reencoded:
                 corpus.reencoded.add(rel)
     return corpus
+
+
+def damaged_variants(blobs: list[bytes], seed: int = 0) -> list[bytes]:
+    """Damaged copies of each JPEG: two cuts, byte flips in the headers and in the entropy-coded
+    data, a zeroed run and a marker inserted into the entropy-coded data."""
+    import random
+
+    rng, out = random.Random(seed), []
+    for good in blobs:
+        sos = good.index(b"\xff\xda")
+
+        def flipped(count, low, high):
+            data = bytearray(good)
+            for _ in range(count):
+                data[rng.randrange(low, high)] = rng.randrange(256)
+            return bytes(data)
+
+        at = rng.randrange(sos + 20, len(good) - 400)
+        out += [good[:rng.randrange(sos + 20, len(good))], good[:len(good) - rng.randrange(1, 64)],
+                flipped(2, 2, sos + 20), flipped(1, sos + 20, len(good) - 2),
+                flipped(16, sos + 20, len(good) - 2), good[:at] + bytes(300) + good[at + 300:],
+                good[:at] + bytes([0xFF, rng.choice([0xC0, 0xC4, 0xDA, 0xE1, 0xD9])]) + good[at:]]
+    return out

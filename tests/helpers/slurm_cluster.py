@@ -1,4 +1,4 @@
-"""A real one-node SLURM cluster on the loopback interface, for tests/test_slurm.py.
+"""A real one-node SLURM cluster on the loopback interface, for tests/engine/test_slurm.py.
 
 :class:`SlurmCluster` starts ``munged``, ``slurmctld`` and ``slurmd`` (Debian's ``munge``,
 ``slurmctld``, ``slurmd`` and ``slurm-client`` packages) in the foreground as children of this
@@ -7,7 +7,7 @@ unprivileged ports on 127.0.0.1, one node with this machine's cores, no cgroups.
 the cluster through :attr:`SlurmCluster.env` (``SLURM_CONF``). :meth:`SlurmCluster.stop`
 cancels the jobs and ends every process the cluster started by its process id: the daemons
 (their ``Popen``) and whatever they or its jobs left (found by a marker variable in their
-environment), also when a test failed. ``python -m tests.slurm_cluster`` starts one, prints
+environment), also when a test failed. ``python -m tests.helpers.slurm_cluster`` starts one, prints
 ``sinfo`` and stops it.
 """
 from __future__ import annotations

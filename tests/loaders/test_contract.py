@@ -1,3 +1,7 @@
+"""The loader contract (``loaders.contract``), once for every reader x pipeline: shapes, dtypes,
+device, exact ``len()``, labels that match the pixels, every validation image once,
+``set_epoch`` reproducibility, ``close()``; a reader written here in a few lines plugs into
+every pipeline; then what the workers pipeline and the readers do beyond it."""
 import os
 import pickle
 
@@ -7,12 +11,19 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders.contract import split_paths
-from loaders.orders import ShardOrder
+from loaders.orders import RandomOrder, ShardOrder
+from loaders.readers import Reader
 from loaders.readers.lmdb_records import LMDBReader
-from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
-from tests.datagen import label_from_pixels
+from tests.helpers.loading import check_set_epoch_reproducible, loader_settings, to_uint8
+from tools.datagen import label_from_pixels
 
-FILE_BACKENDS = ["folder", "lmdb"]
+READERS = ["folder", "lmdb", "shards"]
+PIPELINES = ["workers"]
+try:
+    import nvidia.dali  # noqa: F401
+    PIPELINES.append("dali")
+except ImportError:
+    pass
 
 
 def build(backend, tiny, **overrides):
@@ -20,10 +31,18 @@ def build(backend, tiny, **overrides):
     return loaders.build_loaders(loader_settings(backend, **overrides), DistInfo())
 
 
-@pytest.mark.parametrize("backend", FILE_BACKENDS)
-def test_contract_shapes_dtypes_labels_and_length(backend, tiny):
-    train, val = build(backend, tiny)
-    assert train.classes == val.classes == [f"n{c:08d}" for c in range(tiny.num_classes)]
+def build_pair(tiny, tiny_shards, reader, pipeline, **overrides):
+    """``(train, val)`` of ``reader`` through ``pipeline`` (2 workers or DALI threads)."""
+    data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards}[reader]
+    settings = loader_settings(reader if pipeline == "workers" else "dali", data=data,
+                               lmdb=reader == "lmdb", shards=reader == "shards", workers=2,
+                               **overrides)
+    assert (settings.source, settings.pipeline) == (reader, pipeline)
+    return loaders.build_loaders(settings, DistInfo())
+
+
+def check_contract(train, val, num_classes: int) -> None:
+    assert train.classes == val.classes == [f"n{c:08d}" for c in range(num_classes)]
     for loader, images_total in ((train, 32), (val, 16)):
         batches = list(loader)
         assert len(batches) == len(loader) == images_total // 4  # exact len()
@@ -33,14 +52,61 @@ def test_contract_shapes_dtypes_labels_and_length(backend, tiny):
             assert images.device.type == labels.device.type == "cpu"
             # Normalised with the ImageNet mean/std, and the pixels still encode the label.
             pixels = to_uint8(images)
-            assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
+            assert [label_from_pixels(p, num_classes) for p in pixels] == labels.tolist()
     val_labels = torch.cat([labels for _, labels in val])
     assert sorted(val_labels.tolist()) == sorted(list(range(4)) * 4)  # every val image once
+    for loader in (train, val):
+        loader.close()
+        assert len(list(loader)) == len(loader)  # a pass after close() starts afresh
 
 
-@pytest.mark.parametrize("backend", FILE_BACKENDS)
-def test_set_epoch_makes_order_and_augmentation_reproducible(backend, tiny):
-    check_set_epoch_reproducible(lambda: build(backend, tiny, workers=2)[0])
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("reader", READERS)
+def test_contract(tiny, tiny_shards, reader, pipeline):
+    check_contract(*build_pair(tiny, tiny_shards, reader, pipeline), tiny.num_classes)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("reader", READERS)
+def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, tiny_shards, reader, pipeline):
+    check_set_epoch_reproducible(lambda: build_pair(tiny, tiny_shards, reader, pipeline)[0])
+
+
+class MemoryReader(Reader):
+    """A new source in a few lines: samples held in memory (what a new format's reader adds)."""
+
+    def __init__(self, folder_reader):
+        self.classes = folder_reader.classes
+        self.samples = [folder_reader.read(i) for i in range(len(folder_reader))]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def read(self, index):
+        return self.samples[index]
+
+    def name_of(self, index):
+        return f"memory record {index}"
+
+    def train_order(self, settings, dist):
+        return RandomOrder(len(self), dist.rank, dist.world_size, settings.seed)
+
+    def val_order(self, settings, dist):
+        return ShardOrder(len(self), dist.rank, dist.world_size)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_new_reader_plugs_into_every_pipeline(tiny, pipeline):
+    import importlib
+
+    from loaders.readers.folder import open_image_folder
+
+    settings = loader_settings("folder" if pipeline == "workers" else "dali", data=tiny.root,
+                               workers=2)
+    pair = [MemoryReader(open_image_folder(os.path.join(tiny.root, split)))
+            for split in ("train", "val")]
+    module = importlib.import_module(loaders.PIPELINES[pipeline])
+    check_contract(*module.build_loaders(*pair, settings, DistInfo()), tiny.num_classes)
 
 
 def test_folder_and_lmdb_deliver_identical_validation_batches(tiny):

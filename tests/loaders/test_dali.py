@@ -1,4 +1,5 @@
-"""The DALI backend (``--dali``): the loader contract on both sources, CPU-only here."""
+"""The DALI pipeline (``--dali``) beyond the loader contract (tests/loaders/test_contract.py):
+orders, sharding, resume, bad samples, windows, environment; CPU-only here."""
 import json
 import os
 import shutil
@@ -17,9 +18,8 @@ import loaders.pipelines._dali_env as dali_env  # noqa: E402
 import main  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
 from loaders.orders import BlockOrder  # noqa: E402
-from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8  # noqa: E402
-from tests.datagen import label_from_pixels  # noqa: E402
-from tests.test_main import SMALL  # noqa: E402
+from tests.helpers.loading import loader_settings, to_uint8  # noqa: E402
+from tests.helpers.runs import SMALL  # noqa: E402
 
 SOURCES = ["folder", "lmdb"]
 
@@ -32,29 +32,6 @@ def build(tiny, source, dist=None, **overrides):
 
 def imagefolder_labels(root):
     return [label for _, label in ImageFolder(root).samples]
-
-
-@pytest.mark.parametrize("source", SOURCES)
-def test_contract_shapes_dtypes_labels_and_length(tiny, source):
-    train, val = build(tiny, source, workers=2)
-    assert train.classes == val.classes == [f"n{c:08d}" for c in range(tiny.num_classes)]
-    for loader, images_total in ((train, 32), (val, 16)):
-        batches = list(loader)
-        assert len(batches) == len(loader) == images_total // 4
-        for images, labels in batches:
-            assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)
-            assert labels.dtype == torch.int64 and labels.shape == (4,)
-            assert images.device.type == labels.device.type == "cpu"
-            pixels = to_uint8(images)  # normalised with the ImageNet mean/std
-            assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
-    val_labels = torch.cat([labels for _, labels in val]).tolist()
-    assert sorted(val_labels) == sorted(imagefolder_labels(os.path.join(tiny.root, "val")))
-
-
-@pytest.mark.parametrize("source", SOURCES)
-def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, source):
-    first = check_set_epoch_reproducible(lambda: build(tiny, source, workers=2)[0])
-    assert len(first) == 8
 
 
 def test_training_order_is_the_folder_loaders(tiny):

@@ -10,7 +10,7 @@ import torch
 import main
 from loaders import DataError
 from loaders.pipelines._dali_env import check_dali_wheel, dali_pip_package
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 
 def test_dali_missing_gives_one_line_error(tiny, monkeypatch, capsys):

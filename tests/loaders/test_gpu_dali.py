@@ -8,8 +8,8 @@ pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
 from loaders import DistInfo, input_dtype  # noqa: E402
-from tests.conftest import loader_settings, to_uint8  # noqa: E402
-from tests.datagen import label_from_pixels  # noqa: E402
+from tests.helpers.loading import loader_settings, to_uint8  # noqa: E402
+from tools.datagen import label_from_pixels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from folder2lmdb import ImageFolderLMDB
 from loaders import DataError
 from loaders import imagefolder_lmdb
 from formats.lmdb import encode_record
-from tests.datagen import label_from_pixels
+from tools.datagen import label_from_pixels
 
 
 def _same_metadata(ours: ImageFolderLMDB, ref: datasets.ImageFolder) -> None:

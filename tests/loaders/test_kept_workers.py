@@ -11,9 +11,9 @@ import folder2lmdb
 import loaders
 from loaders import DistInfo
 from loaders.pipelines import _shared_batches as sb
-from tests import datagen
-from tests.conftest import loader_settings, to_uint8
-from tests.datagen import label_from_pixels
+from tools import datagen
+from tests.helpers.loading import loader_settings, to_uint8
+from tools.datagen import label_from_pixels
 
 
 @pytest.fixture(scope="module")

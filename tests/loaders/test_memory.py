@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
 
 LIMIT = 50e6  # bytes: the allowed difference between 1.28 M and 10 k records
 SMALL, BIG = 2_000, 200_000

@@ -10,8 +10,8 @@ import formats.lmdb as codec
 from loaders.orders import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
                             batches_per_epoch)
 from loaders.readers.lmdb_records import LMDBReader
-from tests.conftest import loader_settings
-from tests.test_main import SMALL, read_metrics
+from tests.helpers.loading import loader_settings
+from tests.helpers.runs import read_metrics, SMALL
 
 
 def order(n=1000, block=16, buffer=4, rank=0, world=1, seed=0, epoch=0):

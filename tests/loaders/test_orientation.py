@@ -1,7 +1,7 @@
 """One orientation rule (issue 35): every pipeline and source keeps a JPEG's pixels as stored,
 EXIF orientation not applied, as pytorch/examples' ImageFolder + PIL does. Real JPEGs with
 orientations 1-8, CMYK, grayscale, a PNG named .JPEG, 56 and 2,400 px, 1:3 and 3:1
-(``tests/oddities.py``) go through the folder, LMDB and shard sources, each in the DataLoader
+(``tests/helpers/oddities.py``) go through the folder, LMDB and shard sources, each in the DataLoader
 pipeline and DALI's CPU backend, training and validation, with several seeds: every output
 equals the CPU reference (the window drawn from the stored size, cut from a whole decode,
 resized), and nothing crashes. Also the converters' ``--max-side`` resize and ``--verify``.
@@ -20,8 +20,9 @@ from loaders import DistInfo
 from loaders.pipelines._shared_batches import batch_seed
 from decode import decode, resize
 from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params, resize_center_crop
-from tests.conftest import SAMPLE, loader_settings, to_uint8
-from tests.oddities import ORIENTATION_TAG, stored_pixels, write_odd_folder
+from tests.helpers.loading import loader_settings, to_uint8
+from tests.helpers.paths import SAMPLE
+from tests.helpers.oddities import ORIENTATION_TAG, stored_pixels, write_odd_folder
 
 SEEDS = (0, 1, 2)
 CROP, VAL_RESIZE = 48, 56
@@ -233,7 +234,7 @@ def test_max_side_and_verify_keep_pixels_as_stored(odd, tmp_path, fmt):
 
     from PIL import Image
 
-    from tests.conftest import REPO
+    from tests.helpers.paths import REPO
 
     src, out = os.path.join(odd, "folder", "train"), str(tmp_path / fmt)
     script = os.path.join(REPO, "folder2lmdb.py" if fmt == "lmdb" else "folder2shards.py")

@@ -18,9 +18,9 @@ from loaders import DataError, DistInfo
 from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
                                   write_idx)
 from loaders.shard_orders import StreamTrainOrder, StreamValOrder, buffer_shuffle
-from tests.conftest import check_set_epoch_reproducible, loader_settings, to_uint8
-from tests.datagen import label_from_pixels
-from tests.test_distributed import SMALL, main_cmd, only_record, run
+from tests.helpers.loading import loader_settings, to_uint8
+from tools.datagen import label_from_pixels
+from tests.helpers.runs import main_cmd, only_record, run, SMALL_DISTRIBUTED
 
 UNEVEN = [5, 13, 2, 9, 3]  # 32 training records in shards of unequal size
 
@@ -121,26 +121,6 @@ def test_val_order_reads_every_record_once(world):
 
 # --- the loader ---------------------------------------------------------------------------
 
-def test_contract_labels_length_and_every_val_record_once(shards, tiny):
-    train, val = build(shards, workers=2)
-    assert train.classes == [f"n{c:08d}" for c in range(tiny.num_classes)]
-    for loader in (train, val):
-        batches = list(loader)
-        assert len(batches) == len(loader)
-        for images, labels in batches:
-            assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
-            pixels = to_uint8(images)
-            assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
-    assert len(train) == 8
-    val_labels = torch.cat([labels for _, labels in val])
-    assert sorted(val_labels.tolist()) == sorted(list(range(4)) * 4)
-
-
-def test_set_epoch_reproducible(shards):
-    check_set_epoch_reproducible(lambda: build(shards, workers=2)[0])
-
-
-@pytest.fixture()
 def http_root(shards):
     """An HTTP server on 127.0.0.1 serving the shard folder (as ``python -m http.server``)."""
     handler = functools.partial(_QuietHandler, directory=shards)
@@ -192,7 +172,7 @@ def test_pipe_and_brace_pattern(shards):
 
 def test_two_process_gloo_training_over_uneven_shards(shards, tmp_path):
     out = str(tmp_path / "out")
-    result = run(main_cmd("--loader", "shards", shards, *SMALL, "-b", "8",
+    result = run(main_cmd("--loader", "shards", shards, *SMALL_DISTRIBUTED, "-b", "8",
                           "--multiprocessing-distributed", "--nproc-per-node", "2",
                           "--output-dir", out))
     assert "world size 2" in result.stdout
@@ -300,7 +280,7 @@ def test_mid_epoch_resume_gives_exactly_the_rest(shards, stream):
 @pytest.mark.parametrize("world", [1, 2])
 def test_dali_cpu_reads_local_shards(shards, tiny, world):
     """--dali --loader shards: the same equal epochs and every val record once; CPU-only here
-    (the mixed GPU decoder runs in tests/test_gpu_dali.py's loaders on a GPU machine)."""
+    (the mixed GPU decoder runs in tests/loaders/test_gpu_dali.py's loaders on a GPU machine)."""
     pytest.importorskip("nvidia.dali")
     per_rank = []
     for rank in range(world):

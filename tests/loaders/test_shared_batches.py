@@ -14,7 +14,8 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders.pipelines import _shared_batches as sb
-from tests.conftest import REPO, loader_settings
+from tests.helpers.loading import loader_settings
+from tests.helpers.paths import REPO
 
 
 def test_batches_are_numbered_per_pass():

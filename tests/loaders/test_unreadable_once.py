@@ -10,8 +10,8 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders._bad_samples import TolerantDataset, UnreadableSet
-from tests.conftest import loader_settings, to_uint8
-from tests.datagen import label_from_pixels, make_split
+from tests.helpers.loading import loader_settings, to_uint8
+from tools.datagen import label_from_pixels, make_split
 
 # Train: 14 good + 6 bad = 20 files (the "6 bad files of 20"); bad0/bad1 and
 # bad3/bad4 sort next to each other, so a replacement draw for one hits the other.

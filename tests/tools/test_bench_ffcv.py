@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import bench_ffcv
-from tests.conftest import REPO
-from tests.test_makefile import make
+from tests.helpers.paths import REPO
+from tests.helpers.runs import make
 
 FFCV_PYTHON = os.path.join(REPO, ".ffcv", "bin", "python")
 

@@ -4,39 +4,19 @@ cannot reach here: installing the bundle's wheels, a test file skipped at collec
 budget and the Makefile targets (reading main.py's figures and the report: test_gpu_report.py)."""
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.paths import REPO
+from tests.helpers.gpu_fakes import fake_gpu_run, fake_wheel, gpu_check_cli, make_bundle
 from tools import _gpu_report, _gpu_runner, gpu_check
-
-
-def make_bundle(sample: str, root, classes: int = 8):
-    """A ``make gpu-bundle``-like folder: ``sample/train/<wnid>/`` copied from the real sample,
-    ``sample/val`` a relative link to it, an empty ``wheels/``."""
-    train = root / "sample" / "train"
-    for wnid in sorted(os.listdir(os.path.join(sample, "train")))[:classes]:
-        shutil.copytree(os.path.join(sample, "train", wnid), train / wnid)
-    os.symlink("train", root / "sample" / "val")
-    (root / "wheels").mkdir()
-    return root
-
-
-def run_cli(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = gpu_check.main_cli(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +24,7 @@ def dry_run(sample, tmp_path_factory):
     """One CPU dry run (tiny sizes: 32 px, -b 4, 1 + 2 steps) over a bundle of 8 classes."""
     root = tmp_path_factory.mktemp("gpu-check")
     bundle = make_bundle(sample, root / "bundle")
-    code, out, err = run_cli(["--dry-run", "--bundle", str(bundle), "--out", str(root / "out")])
+    code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out", str(root / "out")])
     report = json.loads((root / "out" / "report.json").read_text())
     return SimpleNamespace(code=code, stdout=out, stderr=err, out=root / "out", report=report,
                            sections=report["sections"])
@@ -142,20 +122,20 @@ def test_report_md_has_the_tables_and_commands(dry_run):
 
 @pytest.mark.parametrize("flag", ["--bundle", "--data"])
 def test_bad_path_is_one_line(tmp_path, flag):
-    code, out, err = run_cli([flag, str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    code, out, err = gpu_check_cli([flag, str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith(f"gpu_check.py: error: {flag} ")
 
 
 def test_bundle_without_sample_is_one_line(tmp_path):
     (tmp_path / "b" / "wheels").mkdir(parents=True)
-    code, _, err = run_cli(["--bundle", str(tmp_path / "b"), "--out", str(tmp_path / "o")])
+    code, _, err = gpu_check_cli(["--bundle", str(tmp_path / "b"), "--out", str(tmp_path / "o")])
     assert code == 2 and err.count("\n") == 1 and "make gpu-bundle" in err
 
 
 def test_spent_budget_skips_every_command(sample, tmp_path):
     bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
-    code, out, _ = run_cli(["--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"),
+    code, out, _ = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--budget", "0", "--only", "train", "nccl"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert code == 0 and report["summary"]["failed"] == 0  # a dry run: not proven is no error
@@ -163,47 +143,6 @@ def test_spent_budget_skips_every_command(sample, tmp_path):
     assert all(r["status"] == "skipped" for r in rows)
     assert report["summary"]["not_proven"] >= len(rows)
     assert report["sections"]["nccl"][0]["reason"] == "time budget"
-
-
-SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0}
-
-
-MACHINE = {"python": "3.12.3", "platform": "Linux", "cpu_cores": 16, "torch": "2.11.0",
-           "torchvision": "0.26.0", "cuda": "12.8", "cudnn": 91000, "gpu_count": 1,
-           "cuda_driver_api": "12.8", "dali": "1.50.0", "lmdb": "3.0.0", "pytest": "9.2.0",
-           "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85e9}]}
-
-
-def fake_gpu_run(self, name, cmd, timeout):
-    """Runner.run as on ``self.machine`` (default :data:`MACHINE`: one H100 with DALI): each
-    command 'succeeds' with plausible output."""
-    record = {"name": name, "command": " ".join(cmd), "seconds": 1.0, "returncode": 0,
-              "status": "passed"}
-    self.calls.append(cmd)
-    out = ""
-    if name == "environment":
-        out = json.dumps(getattr(self, "machine", MACHINE))
-    elif name.startswith("pytest"):
-        out = getattr(self, "pytest_out", "...\n3 passed, 259 deselected in 5.01s\n")
-    elif name.startswith("loader-"):
-        out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
-                          "images_per_sec": 5120.0, "workers": 8, "batch_size": 256,
-                          "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
-    elif "--output-dir" in cmd:
-        loader = name.split("-")[2] if name.startswith("train-") else "folder"
-        speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
-            1.8 if "--train-crop-size" in cmd else 1.0)
-        rundir = cmd[cmd.index("--output-dir") + 1]
-        os.makedirs(rundir, exist_ok=True)
-        with open(os.path.join(rundir, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"epoch": 0, "train_images_per_sec": speed / 2,
-                                "steady_images_per_sec": speed, "val_acc1": 1.0,
-                                "data_time_fraction": 0.01}) + "\n")
-        group = " (nccl process group)" if name == "distributed" else ""
-        out = f"device: cuda:0; world size 1{group}; seed 0\n"
-    with open(self.log(name, "out"), "w") as f:
-        f.write(out)
-    return record
 
 
 def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
@@ -214,7 +153,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
     bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
     # fewer steps than the default 10 + 40: each symlink costs ~0.5 ms on this disk
-    code, out, _ = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
+    code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert code == 0 and report["summary"] == {"passed": 25, "failed": 0, "timed_out": 0,
@@ -251,18 +190,6 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     assert alone == [("loader-folder", "-j auto"), ("loader-folder-j15", "-j 15"),
                      ("loader-lmdb", "-j auto"), ("loader-lmdb-j15", "-j 15"),
                      ("loader-dali", "-j auto")]
-
-
-def fake_wheel(folder, name: str) -> str:
-    path = os.path.join(folder, f"{name}-1.0-py3-none-any.whl")
-    info = f"{name}-1.0.dist-info"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}/__init__.py", "VALUE = 42\n")
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
-                    "Root-Is-Purelib: true\nTag: py3-none-any\n")
-        zf.writestr(f"{info}/RECORD", "")
-    return path
 
 
 @pytest.mark.parametrize("with_pip", [True, False])
@@ -304,7 +231,7 @@ def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
 
 def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, monkeypatch):
     """pytest exits 5 when a module skips itself (DALI not installed): a skip, with its reason."""
-    out = ("s\n=== short test summary info ===\nSKIPPED [1] tests/test_gpu_dali.py:7: could "
+    out = ("s\n=== short test summary info ===\nSKIPPED [1] tests/loaders/test_gpu_dali.py:7: could "
            "not import 'nvidia.dali': No module named 'nvidia.dali'\n1 skipped in 0.92s\n")
 
     def run(self, name, cmd, timeout, code=5):
@@ -315,12 +242,12 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
 
     monkeypatch.setattr(_gpu_runner.Runner, "run", run)
     runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    row = gpu_check.pytest_piece(runner, "tests/test_gpu_dali.py")
+    row = gpu_check.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
     out = out.replace("1 skipped", "1 failed, 1 skipped")
     monkeypatch.setattr(_gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
-    assert gpu_check.pytest_piece(runner, "tests/test_gpu_dali.py")["status"] == "failed"
+    assert gpu_check.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
 
 
 def make_n(*args):

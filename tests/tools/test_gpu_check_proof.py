@@ -13,8 +13,9 @@ import zipfile
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_gpu_check import MACHINE, fake_gpu_run, fake_wheel, make_bundle, run_cli
+from tests.helpers.paths import REPO
+from tests.helpers.gpu_fakes import (MACHINE, fake_gpu_run, fake_wheel, gpu_check_cli,
+                                     make_bundle)
 from tools import _gpu_report, _gpu_runner, gpu_check
 
 # A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
@@ -33,7 +34,7 @@ HIDE_NVIDIA = textwrap.dedent("""\
 
 @pytest.fixture
 def fake_machine(monkeypatch):
-    """Every command faked (:func:`tests.test_gpu_check.fake_gpu_run`); returns a function
+    """Every command faked (:func:`tests.helpers.gpu_fakes.fake_gpu_run`); returns a function
     that sets the machine's facts and pytest's output."""
     monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
     monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
@@ -49,7 +50,7 @@ def fake_machine(monkeypatch):
 
 def gpu_run(sample, tmp_path, *extra):
     bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
-    code, out, err = run_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
+    code, out, err = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                               "--steps", "2", "--warmup", "1", *extra])
     return code, out, json.loads((tmp_path / "o" / "report.json").read_text())
 

@@ -40,15 +40,15 @@ def test_a_run_whose_loss_is_nan_fails(tmp_path):
 
 def test_pytest_summary_and_failing_tests_are_parsed():
     text = ("..F.s\n=== short test summary info ===\n"
-            "SKIPPED [1] tests/test_gpu.py:14: needs a CUDA GPU\n"
-            "FAILED tests/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
-            "ERROR tests/test_dali.py::test_contract[dali] - OSError\n"
+            "SKIPPED [1] tests/engine/test_gpu.py:14: needs a CUDA GPU\n"
+            "FAILED tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
+            "ERROR tests/loaders/test_dali.py::test_contract[dali] - OSError\n"
             "1 failed, 3 passed, 1 skipped, 250 deselected, 1 error in 12.34s\n")
     parsed = _gpu_report.parse_pytest(text)
     assert parsed["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1,
                                 "deselected": 250}
-    assert parsed["failed_tests"] == ["tests/test_gpu.py::test_amp_channels_last_training_on_gpu",
-                                      "tests/test_dali.py::test_contract[dali]"]
+    assert parsed["failed_tests"] == ["tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu",
+                                      "tests/loaders/test_dali.py::test_contract[dali]"]
     assert _gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
 
 

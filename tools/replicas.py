@@ -16,7 +16,7 @@ for the tests and benchmarks of :mod:`formats.sources`:
   a shuffled order) or ``data/train_images_*.tar.gz`` / ``val_images.tar.gz``.
 
 The val split is the sample's images numbered in a fixed pseudo-random order. The class
-names are the ``<name>`` part of the sample's file names. ``python -m tests.replicas OUT``
+names are the ``<name>`` part of the sample's file names. ``python -m tools.replicas OUT``
 writes all of them (``OUT/{official,kaggle,hf-parquet,hf-targz}``).
 """
 from __future__ import annotations
@@ -28,8 +28,10 @@ import io
 import os
 import tarfile
 
-SAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                      "shared", "data", "imagenet-sample")
+# The real 250-image sample beside a development checkout (IMAGENET_SAMPLE to read it elsewhere).
+SAMPLE = os.environ.get("IMAGENET_SAMPLE", os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+    "imagenet-sample"))
 
 
 def train_images(sample: str) -> list[tuple[str, str, str]]:

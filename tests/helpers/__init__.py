@@ -1,0 +1,2 @@
+"""What several test modules share (no test module imports another): paths, loader helpers,
+small training runs, processes, data stores, bad and odd images, a real SLURM, fake GPU runs."""

@@ -1,0 +1,84 @@
+"""What the GPU check's tests share: a bundle folder made from the real sample, its command line
+run in this process, and every command faked as on one H100 (``tools/gpu_check.py``)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import zipfile
+
+from tools import gpu_check
+
+
+def make_bundle(sample: str, root, classes: int = 8):
+    """A ``make gpu-bundle``-like folder: ``sample/train/<wnid>/`` copied from the real sample,
+    ``sample/val`` a relative link to it, an empty ``wheels/``."""
+    train = root / "sample" / "train"
+    for wnid in sorted(os.listdir(os.path.join(sample, "train")))[:classes]:
+        shutil.copytree(os.path.join(sample, "train", wnid), train / wnid)
+    os.symlink("train", root / "sample" / "val")
+    (root / "wheels").mkdir()
+    return root
+
+
+def gpu_check_cli(argv):
+    """``tools/gpu_check.py``'s command line in this process: ``(exit status, stdout, stderr)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = gpu_check.main_cli(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0}
+
+
+MACHINE = {"python": "3.12.3", "platform": "Linux", "cpu_cores": 16, "torch": "2.11.0",
+           "torchvision": "0.26.0", "cuda": "12.8", "cudnn": 91000, "gpu_count": 1,
+           "cuda_driver_api": "12.8", "dali": "1.50.0", "lmdb": "3.0.0", "pytest": "9.2.0",
+           "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85e9}]}
+
+
+def fake_gpu_run(self, name, cmd, timeout):
+    """Runner.run as on ``self.machine`` (default :data:`MACHINE`: one H100 with DALI): each
+    command 'succeeds' with plausible output."""
+    record = {"name": name, "command": " ".join(cmd), "seconds": 1.0, "returncode": 0,
+              "status": "passed"}
+    self.calls.append(cmd)
+    out = ""
+    if name == "environment":
+        out = json.dumps(getattr(self, "machine", MACHINE))
+    elif name.startswith("pytest"):
+        out = getattr(self, "pytest_out", "...\n3 passed, 259 deselected in 5.01s\n")
+    elif name.startswith("loader-"):
+        out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
+                          "images_per_sec": 5120.0, "workers": 8, "batch_size": 256,
+                          "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
+    elif "--output-dir" in cmd:
+        loader = name.split("-")[2] if name.startswith("train-") else "folder"
+        speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
+            1.8 if "--train-crop-size" in cmd else 1.0)
+        rundir = cmd[cmd.index("--output-dir") + 1]
+        os.makedirs(rundir, exist_ok=True)
+        with open(os.path.join(rundir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"epoch": 0, "train_images_per_sec": speed / 2,
+                                "steady_images_per_sec": speed, "val_acc1": 1.0,
+                                "data_time_fraction": 0.01}) + "\n")
+        group = " (nccl process group)" if name == "distributed" else ""
+        out = f"device: cuda:0; world size 1{group}; seed 0\n"
+    with open(self.log(name, "out"), "w") as f:
+        f.write(out)
+    return record
+
+
+def fake_wheel(folder, name: str) -> str:
+    path = os.path.join(folder, f"{name}-1.0-py3-none-any.whl")
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "VALUE = 42\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                    "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
