@@ -37,10 +37,10 @@ import sys
 from formats.cli import converter_parser, parse_size, run_cli
 from formats.conversion import ConversionError
 from formats.sources import DatasetError
-from formats.shards import (Progress, ShardFormatError, convert, index_shards, shard_digests,
-                            verify)
+from formats.shards import (ConversionProgress, ShardFormatError, convert, index_shards,
+                            shard_digests, verify)
 
-__all__ = ["ConversionError", "Progress", "convert", "main", "parse_size", "verify"]
+__all__ = ["ConversionError", "ConversionProgress", "convert", "main", "parse_size", "verify"]
 
 
 def get_args_parser():

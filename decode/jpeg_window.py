@@ -4,11 +4,13 @@ nvImageCodec (``nvidia-nvimgcodec-cu13``/``-cu12``, the wheel NVIDIA DALI instal
 region of interest with libjpeg-turbo's partial decompression: rows below the window are never
 decoded and those above are skipped, so a training crop costs well under a whole decode.
 Measured on the real ImageNet sample, one thread (``benchmarks/profile_decoders.py``,
-docs/performance.md): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the C
-code this replaced (``decode/_jpegcrop.c``, removed: +4%, median of 9 interleaved rounds) and
-0.985 ms for a whole decode; its pixels equal a whole decode's crop (the C code's differed by
-up to 12 levels at the window's edges, where libjpeg's cropped chroma upsampling lacks
-neighbours).
+docs/performance.md): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the first
+version of our C (+4%, median of 9 interleaved rounds) and 0.985 ms for a whole decode; its
+pixels equal a whole decode's crop (that C's differed by up to 12 levels at the window's edges,
+where libjpeg's cropped chroma upsampling lacks neighbours). Today's C,
+``decode/_jpegcrop.c`` (``decode.jpeg_region``), decodes a margin around its region for exact
+pixels and serves the windows at least twice the output, at libjpeg-turbo's DCT scale
+(``decode.jpeg_scaled``); at 1/1 it is within 10% of this decoder, which keeps those windows.
 
 Callers get ``None``, and decode the whole image instead, where nvImageCodec is not installed,
 where the bytes are not a 1- or 3-component JPEG (CMYK, PNG inside ``.JPEG``, ...), where the

@@ -36,12 +36,12 @@ written by other tools with :func:`index_shards`; read with
 from ._codec import (FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT,
                      RecordSpan, ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx,
                      record_key, shard_name, source_keys, write_idx)
-from ._convert import PROGRESS_NAME, Progress, ShardSummary, convert, shard_digests
+from ._convert import PROGRESS_NAME, ConversionProgress, ShardSummary, convert, shard_digests
 from ._foreign import IndexSummary, index_shards
 from ._verify import ShardVerification, sha256_file, verify
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
-           "IndexSummary", "PROGRESS_NAME", "Progress", "RecordSpan", "ShardFormatError",
+           "ConversionProgress", "IndexSummary", "PROGRESS_NAME", "RecordSpan", "ShardFormatError",
            "ShardIndex", "ShardSummary", "ShardVerification", "ShardWriter", "convert",
            "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",
            "shard_name", "source_keys", "verify", "write_idx"]

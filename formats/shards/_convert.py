@@ -46,7 +46,7 @@ def _closed_size(offset: int) -> int:
 
 
 @dataclass
-class Progress:
+class ConversionProgress:
     """``OUT/progress.json``: the conversion's ``settings`` (listing fingerprint, prefix, seed,
     limits) and its finished ``shards``, each ``{name, records, bytes (tar file), sha256, done
     (source files consumed through this shard), images (image bytes), reencoded, skipped
@@ -72,7 +72,7 @@ class Progress:
         os.replace(path + ".tmp", path)
 
     @classmethod
-    def load(cls, folder: str) -> "Progress | None":
+    def load(cls, folder: str) -> "ConversionProgress | None":
         """The progress in ``folder``, or None if it has none or an unreadable one."""
         try:
             with open(os.path.join(folder, PROGRESS_NAME)) as f:
@@ -92,7 +92,7 @@ class ShardSummary(Summary):
         return f"{super().line()}; {self.shards} shards"
 
 
-def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
+def _prepare_output(output: str, settings: dict, overwrite: bool) -> ConversionProgress:
     """Make ``output`` ready and return its progress: the finished shards of an unfinished
     conversion with the same ``settings`` (whatever follows them is deleted), else a new one.
     Raises :class:`ConversionError` if ``output`` is a file or holds other files, or (unless
@@ -104,7 +104,7 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
     if foreign:
         raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
                               "choose another -o")
-    progress = Progress.load(output) if names and not overwrite else None
+    progress = ConversionProgress.load(output) if names and not overwrite else None
     if names and not overwrite:
         if INDEX_NAME in names:
             raise ConversionError(f"{output}: already holds a complete conversion "
@@ -122,7 +122,7 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> Progress:
                 break
             keep += 1
         del progress.shards[keep:]
-    progress = progress or Progress(settings)
+    progress = progress or ConversionProgress(settings)
     kept = {n for s in progress.shards for n in (s["name"], idx_name(s["name"]))}
     for name in names:
         if name not in kept and name != PROGRESS_NAME:
@@ -164,7 +164,7 @@ class _OpenShard:
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
-def _commit(shard: _OpenShard, done: int, progress: Progress, output: str) -> None:
+def _commit(shard: _OpenShard, done: int, progress: ConversionProgress, output: str) -> None:
     progress.shards.append(shard.finish(done))
     progress.save(output)
 
@@ -242,7 +242,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
                         shards=len(state.shards))
 
 
-def _write_shards(listing: Listing, state: Progress, output: str, workers: int, strict: bool,
+def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int, strict: bool,
                   progress: bool, check: str = "full", cap=None) -> None:
     """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
     shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
@@ -283,5 +283,5 @@ def _write_shards(listing: Listing, state: Progress, output: str, workers: int, 
 def shard_digests(folder: str) -> dict[str, str] | None:
     """``{shard name: SHA-256 hex}`` of the finished shards in ``folder/progress.json`` (what
     :func:`~formats.shards.verify` checks the tar files against), or None without one."""
-    state = Progress.load(folder)
+    state = ConversionProgress.load(folder)
     return {s["name"]: s["sha256"] for s in state.shards} if state else None

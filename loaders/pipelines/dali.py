@@ -48,8 +48,8 @@ from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_
 
 
 class DALILoader:
-    """One split's DALI pipelines, built once and fed each pass, as a loader of the usual
-    contract.
+    """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
+    the indices of ``order``, as a loader of the usual contract.
 
     Yields ``images``: ``(N, 3, H, W)`` ``opts.dtype`` (float32, or the ``--amp-dtype`` under
     ``--amp`` on CUDA) on ``device``, normalised with the ImageNet mean/std, channels-last

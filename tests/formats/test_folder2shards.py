@@ -149,17 +149,17 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tiny_shards, t
                                                                   monkeypatch):
     src, reference, _ = tiny_shards
     out = tmp_path / "train"
-    save = folder2shards.Progress.save
+    save = folder2shards.ConversionProgress.save
 
     def interrupted_after_first_shard(self, folder):
         save(self, folder)
         if len(self.shards) == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(folder2shards.Progress, "save", interrupted_after_first_shard)
+    monkeypatch.setattr(folder2shards.ConversionProgress, "save", interrupted_after_first_shard)
     with pytest.raises(KeyboardInterrupt):
         convert(src, out, max_per_shard=10)
-    monkeypatch.setattr(folder2shards.Progress, "save", save)
+    monkeypatch.setattr(folder2shards.ConversionProgress, "save", save)
     assert INDEX_NAME not in os.listdir(out)
     first = os.stat(out / "train-000000.tar").st_mtime_ns
     (out / "train-000001.tar").write_bytes(b"an unfinished shard")  # no .idx: rewritten

@@ -121,6 +121,7 @@ def test_val_order_reads_every_record_once(world):
 
 # --- the loader ---------------------------------------------------------------------------
 
+@pytest.fixture()
 def http_root(shards):
     """An HTTP server on 127.0.0.1 serving the shard folder (as ``python -m http.server``)."""
     handler = functools.partial(_QuietHandler, directory=shards)
