@@ -135,14 +135,15 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 GPU_PYTHON ?= python3
 CUDA ?=
 DALI ?= 1
+PARTS ?=
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, DALI for CUDA=13) + 100 images of DATA= (else generated); DALI=0: ~35 MiB
 	$(BUNDLE_PY) -m tools.gpu_bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
-gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); exit 3: not proven
-	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output) $(ARGS)
+gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
+	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output) $(if $(PARTS),--parts $(PARTS)) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

@@ -35,7 +35,7 @@ from .memory import retain_freed_memory
 
 __all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "jpeg_size", "resize", "retain_freed_memory", "status_line", "use"]
+           "image_size", "jpeg_size", "resize", "retain_freed_memory", "status_line", "use"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -70,6 +70,26 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     :func:`decode_window` can decode from its header; None for anything else (CMYK, other
     formats, a bad header) and where window decoding is off: decode those whole."""
     return jpeg_window.jpeg_size(data)
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` in pixels, as stored (EXIF orientation not applied), of any encoded
+    image: nvImageCodec's header parse (about 12 us per ImageNet JPEG on one core; DALI's
+    decoders parse with the same library), else PIL's (about 95 us); None if neither reads it."""
+    module = jpeg_window.library()
+    if module is not None:
+        try:
+            stream = module.CodeStream(data)
+            return stream.height, stream.width
+        except (RuntimeError, ValueError):
+            pass
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size[1], image.size[0]
+    except Exception:  # noqa: BLE001 - PIL's many ways of refusing bytes: not an image
+        return None
 
 
 def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -64,6 +64,12 @@ def _decoder():
     return _local.decoder, _local.params
 
 
+def library():
+    """nvImageCodec's module where window decoding is installed and enabled in this process,
+    else None (for its header parser, ``decode.image_size``)."""
+    return _load()
+
+
 def set_enabled(enabled: bool) -> None:
     """Turn window decoding on (if installed) or off in this process, e.g. to compare both."""
     _library.set_enabled(enabled)

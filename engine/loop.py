@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.distributed import reduce_sum, sync_buffers, unwrap
 from engine.preempt import Stopped
-from engine.reporting import Progress, device_clock, epoch_line
+from engine.reporting import Progress, device_clock, epoch_line, memory_mib
 from engine.state import TrainState
 from loaders import DataError, DistInfo
 
@@ -220,6 +220,7 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
         "data_time_fraction": train["data_time_fraction"],
         "epoch_seconds": time.perf_counter() - start,
         **{f"val_ema_{key}": ema[key] for key in ("loss", "acc1", "acc5") if ema},
+        **memory_mib(dist.device),
     }
     plan.log(epoch_line(epoch_metrics))
     if plan.writer:

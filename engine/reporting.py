@@ -25,6 +25,25 @@ def device_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def memory_mib(device: torch.device) -> dict:
+    """``host_rss_mib``: this process's resident memory now (MiB, ``/proc/self/status``; None
+    where there is none); ``device_memory_mib``: on CUDA the device's memory in use (total less
+    free, ``cudaMemGetInfo``: DALI's and other libraries' allocations too, not only torch's
+    caching allocator's), else None. Recorded per epoch: memory growing epoch after epoch is
+    the most reported DALI problem (issue 37)."""
+    rss = None
+    try:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    used = None
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = (total - free) / 2**20
+    return {"host_rss_mib": rss, "device_memory_mib": used}
+
+
 class Progress:
     """One pass over a loader: its timing, and per-step progress shown by global rank 0 only.
 

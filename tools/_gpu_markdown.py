@@ -26,7 +26,8 @@ def write(out: str, report: dict) -> None:
 
 def markdown(report: dict) -> str:
     parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
-             loaders_md(report), nccl_md(report), resolution_md(report), setup_md(report),
+             loaders_md(report), dali_md(report), nccl_md(report), resolution_md(report),
+             setup_md(report),
              not_proven_md(report), failures_md(report), commands_md(report)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -150,6 +151,27 @@ def loaders_md(r: dict) -> str:
     return ("## 4. Loader-only images/s (`main.py --benchmark-data`)\n\n"
             + table(["loader", "images/s", "workers", f"vs {r['settings']['models'][0]} "
                      "synthetic training", "status"], body))
+
+
+def dali_md(r: dict) -> str:
+    rows = r["sections"].get("dali")
+    if not rows:
+        return ""
+
+    def detail(x: dict) -> str:
+        if x.get("gpu_over_cpu"):
+            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one thread each"
+        if x.get("hw_decoder_load") is not None:
+            return f"hw_decoder_load {x['hw_decoder_load']}"
+        if x.get("device_memory_mib") or x.get("host_rss_mib"):
+            return (f"host RSS {x.get('host_rss_mib')} MiB, device "
+                    f"{x.get('device_memory_mib')} MiB per epoch")
+        return x.get("reason", "") if x.get("status") == "skipped" else ""
+
+    body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
+             detail(x), status_of(x)] for x in rows]
+    return ("## 7. DALI's GPU decoding (`--dali --lmdb`)\n\n"
+            + table(["check", "images/s", "workers", "px", "detail", "status"], body))
 
 
 def nccl_md(r: dict) -> str:

@@ -246,16 +246,30 @@ def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     runner.add_path(site)
     names = [os.path.basename(w).split("-")[0] for w in wanted]
     if has_pip():
-        return records + [{**runner.run("install", [
+        record = runner.run("install", [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-            "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT),
-            "installed": names}]
-    # no pip: a wheel without scripts is a zip to put on sys.path as it is
-    for wheel in wanted:
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
-    return records + [{"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
-                       "status": "passed", "installed": names}]
+            "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT)
+    else:  # no pip: a wheel without scripts is a zip to put on sys.path as it is
+        for wheel in wanted:
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(site)
+        record = {"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
+                  "status": "passed"}
+    share_namespace(site, "nvidia")
+    return records + [{**record, "installed": names}]
+
+
+def share_namespace(site: str, package: str) -> None:
+    """Make ``site/package`` (when installed there) extend its ``__path__`` with every other
+    ``package`` folder on ``sys.path`` (``pkgutil.extend_path``), so that ``site``'s modules,
+    first on ``PYTHONPATH``, are the ones imported while the machine's own ``nvidia/...``
+    (torch's CUDA libraries) stay visible: some ``nvidia-*`` wheels (nvImageCodec's, say) ship
+    ``nvidia/__init__.py``, and a regular package found anywhere on the path hides every
+    namespace portion of the same name, so the bundle's DALI would not be the one imported."""
+    folder = os.path.join(site, package)
+    if os.path.isdir(folder):
+        with open(os.path.join(folder, "__init__.py"), "w") as f:
+            f.write("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from ._gpu_runner import REPO, list_images
 
-SECTIONS = ("pytest", "train", "loaders", "nccl", "resolution", "compile")
+SECTIONS = ("pytest", "train", "loaders", "dali", "nccl", "resolution", "compile")
 TARGET_MODEL = "resnet50"
 
 
@@ -23,6 +23,9 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/); "
                    "default .gpu-bundle")
     p.add_argument("--data", help="image folder holding train/ (and val/) instead of BUNDLE/sample")
+    p.add_argument("--parts", help="folder of wheels carried in parts (tools/wheel_parts.py: "
+                   "NAME.partNN + SHA256SUMS), reassembled and installed with BUNDLE/wheels; "
+                   "default BUNDLE/parts")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
     p.add_argument("--budget", type=float, default=900.0, help="seconds; later checks are skipped")
@@ -62,6 +65,9 @@ def settings(args) -> SimpleNamespace:
     if args.bundle and not os.path.isdir(bundle):
         raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
+    s.parts = args.parts or os.path.join(bundle, "parts")
+    if args.parts and not os.path.isdir(args.parts):
+        raise InputError(f"--parts {args.parts}: no such directory")
     sample = args.data or os.path.join(bundle, "sample")
     flag = "--data" if args.data else "--bundle"
     if not os.path.isdir(os.path.join(sample, "train")):

@@ -13,8 +13,11 @@ pytest and its dependencies, nvImageCodec, and NVIDIA DALI for torch's CUDA majo
 default this torch's) with the dependencies pip resolves for it, less numpy (torch's machine
 has it). ``gpu_check.py`` installs only the wheels that machine lacks.
 
-Size: about 255 MiB with DALI (its wheel alone is ~190 MiB), about 35 MiB with ``--no-dali``,
-whose DALI rows ``make gpu-check`` then reports as not proven. Exit status 0, 1 when pip
+A wheel larger than one transfer to the GPU machine carries (DALI's, ~190 MiB) is written as
+parts of at most 60 MiB in ``OUT/parts/`` with a sha256 manifest (``tools/wheel_parts.py``) and
+the device calls that carry them one by one are printed (docs/gpu-check.md); ``make gpu-check
+PARTS=DIR`` reassembles, checks and installs it. The rest is about 35 MiB; ``--no-dali`` leaves
+DALI out, whose rows ``make gpu-check`` then reports as not proven. Exit status 0, 1 when pip
 fails (its message is shown), 2 for bad input (one line).
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ import re
 import shutil
 import subprocess
 import sys
+
+from .wheel_parts import MANIFEST, PART_BYTES, split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
@@ -165,9 +170,41 @@ def build(args) -> int:
     for name in os.listdir(wheels):
         if name.split("-")[0].lower() in ALREADY_THERE:
             os.remove(os.path.join(wheels, name))
+    parts = split_large_wheels(wheels, os.path.join(out, "parts"))
     print(f"gpu-bundle: {out}: {folder_mib(out):.0f} MiB ({len(os.listdir(wheels))} wheels, "
-          f"{folder_mib(wheels):.0f} MiB)" + ("" if args.no_dali else "; --no-dali: ~35 MiB"))
+          f"{folder_mib(wheels):.0f} MiB" + (f"; {len(parts)} parts of at most "
+                                            f"{PART_BYTES >> 20} MiB in parts/)" if parts else ")"))
+    if parts:
+        print("\n".join(carry_plan(out, parts)))
     return 0
+
+
+def split_large_wheels(wheels: str, folder: str) -> list[str]:
+    """Move each wheel in ``wheels`` larger than :data:`~tools.wheel_parts.PART_BYTES` into
+    parts in ``folder`` (with its manifest); returns the parts' paths."""
+    parts = []
+    for name in sorted(os.listdir(wheels)):
+        path = os.path.join(wheels, name)
+        if os.path.getsize(path) > PART_BYTES:
+            parts += split(path, folder)
+            os.remove(path)
+    return parts
+
+
+def carry_plan(out: str, parts: list[str]) -> list[str]:
+    """The device calls that bring the bundle to a GPU machine that takes at most 64 MiB per
+    call and keeps what earlier calls left while it stays warm: one part per call, moved out of
+    the checkout so that no later carry replaces it, then the rest with ``make gpu-check``."""
+    rel = os.path.relpath(out, REPO)
+    lines = ["gpu-bundle: device calls, back to back (the machine goes back after 30 s idle):"]
+    for number, part in enumerate(parts, 1):
+        path = os.path.join(rel, "parts", os.path.basename(part))
+        lines.append(f"  {number}. carry [\"{path}\"]  command: mkdir -p /tmp/gpu-parts && "
+                     f"mv {path} /tmp/gpu-parts/")
+    lines.append(f"  {len(parts) + 1}. carry [\"{rel}/sample\", \"{rel}/wheels\", "
+                 f"\"{rel}/parts/{MANIFEST}\"]  command: cp {rel}/parts/{MANIFEST} /tmp/gpu-parts/ "
+                 "&& make gpu-check PARTS=/tmp/gpu-parts")
+    return lines
 
 
 def main_cli(argv=None) -> int:

@@ -20,7 +20,13 @@ repository root with its own timeout, so one failure never stops the others:
 4. loader-only images/s (``main.py --benchmark-data``);
 5. ``main.py --multiprocessing-distributed`` with NCCL on every GPU;
 6. progressive resizing's gain (issue 17): ResNet-50 trained at 160 px (FFCV's ``min_res``)
-   against 224 px, on synthetic data and on the best loader (half the side in a dry run).
+   against 224 px, on synthetic data, the best loader and DALI reading the LMDB (half the
+   side in a dry run);
+7. DALI's GPU decoding (``_gpu_dali.py``, issue 37): proof that nvJPEG decodes on the GPU, the
+   hardware decoder's share and ``-j`` swept, ResNet-18 at 160 px, memory across epochs.
+
+DALI's wheel, too large for one transfer, may come in parts (``--parts``, ``make gpu-bundle``
+prints the calls): reassembled, checked and installed with the other wheels first.
 
 The sample is replicated with symlinks so no epoch ends inside the timed steps. Checks that
 would start after ``--budget`` seconds are reported as skipped, and one that is still running
@@ -44,22 +50,21 @@ import shutil
 import sys
 import time
 import traceback
-from types import SimpleNamespace
 
 from . import _gpu_markdown
 from . import _gpu_report as report_
+from ._gpu_dali import dali_rows
+from ._gpu_rows import TIMEOUTS, announce, loader_flags, loader_row, train_row
 from ._gpu_runner import (REPO, Runner, environment, fail, install, prepare_data, probe,
                           skipped)
 from ._gpu_settings import InputError, get_args_parser, settings
 
-LOADERS = ("synthetic", "folder", "lmdb", "dali")  # synthetic first: the others are shares of it
+# synthetic first: the others are shares of it; dali-lmdb: DALI reading the LMDB (issue 37's
+# target pipeline), dali: DALI reading the JPEG folders
+LOADERS = ("synthetic", "folder", "lmdb", "dali", "dali-lmdb")
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
-# seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
-# first compile, three training runs and an NCCL spawn in tests/engine/test_gpu.py
-TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240,
-            "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
 
 
 def gpu_test_files() -> list[str]:
@@ -103,57 +108,6 @@ def pytest_piece(runner: Runner, path: str) -> dict:
     return rec
 
 
-def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
-    """main.py's data flags for ``loader``, or why it cannot run."""
-    if loader == "synthetic":
-        return ["--dummy"]
-    if loader == "dali" and not machine.get("dali"):
-        return "not installed"
-    if data.reason:
-        return data.reason
-    if loader == "lmdb":
-        return data.lmdb_reason or ["--lmdb", "--train", os.path.join(data.lmdb, "train"),
-                                    "--val", os.path.join(data.lmdb, "val")]
-    return (["--dali"] if loader == "dali" else []) + ["--train", data.train, "--val", data.val]
-
-
-def train_row(runner: Runner, s, data, machine, model: str, loader: str,
-              compiled: bool = False, res: int | None = None) -> dict:
-    """One ``main.py`` training run (1 epoch of warm-up + steps batches; ``res``: at
-    ``--train-crop-size res``); images/s from its ``metrics.jsonl``
-    (``steady_images_per_sec``, else ``train_images_per_sec``)."""
-    name = f"train-{model}-{loader}" + ("-compile" if compiled else "") + (f"-{res}px" if res else "")
-    row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
-    flags = loader_flags(loader, data, machine)
-    if isinstance(flags, str):
-        return skipped(name, flags, **row)
-    rundir = os.path.join(s.out, "runs", name)
-    shutil.rmtree(rundir, ignore_errors=True)
-    cmd = [sys.executable, "main.py", *flags, "-a", model, "--amp", "--channels-last",
-           "-b", str(s.batch), "--epochs", "1", "--train-batches", str(s.warmup + s.steps),
-           "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(s.warmup),
-           "-j", s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
-    cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
-    rec = runner.run(name, cmd, TIMEOUTS["compile" if compiled else "resolution" if res
-                                         else "train"])
-    row.update(rec)
-    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
-        os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
-    if rec["status"] != "passed":
-        return row
-    device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
-    row["device"] = device.group(1) if device else None
-    try:
-        row.update(report_.read_speed(rundir))
-    except ValueError as exc:
-        row = fail(row, str(exc))
-        runner.attach_tails(row)
-        return row
-    if not s.dry_run and not (row["device"] or "").startswith("cuda"):
-        return fail(row, f"ran on {row['device']}, not a GPU")
-    return row
-
-
 def training(runner: Runner, s, data, machine, models: list[str]) -> list[dict]:
     """Section 3 for ``models``: every loader, each as a share of synthetic."""
     rows = []
@@ -192,7 +146,8 @@ def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[
     model, out = s.models[0], []
     low = 16 if s.dry_run else LOW_RES  # the dry run trains at 32 px
     best = report_.best_loader(rows, model)
-    for loader in ("synthetic", *([best["loader"]] if best else [])):
+    wanted = ["synthetic", *([best["loader"]] if best else [])]
+    for loader in wanted + [x for x in ("dali-lmdb",) if x not in wanted]:
         row = train_row(runner, s, data, machine, model, loader, res=low)
         row["speedup"] = report_.ratio(row, report_.find(rows, model, loader))
         out.append(announce(runner, row))
@@ -206,37 +161,17 @@ def loader_only(runner: Runner, s, data, machine) -> list[dict]:
     run's 8 workers fed ResNet-50 at 62% of its synthetic images/s, 16 cores)."""
     rows = []
     cores = machine.get("cpu_cores") or 0
-    for loader in ("folder", "lmdb", "dali"):
+    for loader in ("folder", "lmdb", "dali", "dali-lmdb"):
         flags = loader_flags(loader, data, machine)
         if isinstance(flags, str):
             rows.append(announce(runner, skipped(f"loader-{loader}", flags, loader=loader)))
             continue
         every = [s.workers] + ([str(cores - 1)] if s.workers == "auto" and cores - 1 > 8
-                               and loader != "dali" and not s.dry_run else [])
+                               and not loader.startswith("dali") and not s.dry_run else [])
         for workers in every:
             name = f"loader-{loader}" + ("" if workers == s.workers else f"-j{workers}")
             rows.append(announce(runner, loader_row(runner, s, loader, flags, workers, name)))
     return rows
-
-
-def loader_row(runner: Runner, s, loader: str, flags: list[str], workers: str,
-               name: str) -> dict:
-    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers``."""
-    rec = runner.run(name, [sys.executable, "main.py", *flags, "--benchmark-data",
-                            "--train-batches", str(s.steps), "--benchmark-warmup",
-                            str(s.warmup), "-b", str(s.batch), "--channels-last", "--amp",
-                            "-j", workers, *s.sizes, *s.accel], TIMEOUTS["loaders"])
-    rec["loader"] = loader
-    result = report_.last_json(runner.text(name)) if rec["status"] == "passed" else None
-    if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):
-        rec = fail(rec, "no JSON line with images_per_sec on stdout")
-        runner.attach_tails(rec)
-    if result and rec["status"] == "passed":  # its "seconds" is the timed part only
-        rec.update({k: v for k, v in result.items() if k != "seconds"},
-                   timed_seconds=result.get("seconds"), loader=loader)
-        if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
-            rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
-    return rec
 
 
 def nccl(runner: Runner, s, data, machine) -> dict:
@@ -273,10 +208,7 @@ def nccl(runner: Runner, s, data, machine) -> dict:
     return announce(runner, rec)
 
 
-def announce(runner: Runner, record: dict) -> dict:
-    """Print one progress line for ``record``; returns it."""
-    print(report_.progress_line(runner.elapsed(), record), flush=True)
-    return record
+
 
 
 def run_all(s) -> dict:
@@ -298,12 +230,32 @@ def run_all(s) -> dict:
     return report_.finish(report, runner.elapsed())
 
 
+def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
+    """The wheels carried in parts in ``folder`` (``tools/wheel_parts.py``; DALI's, which no
+    single 64 MiB transfer carries), reassembled and checked into ``out``, and the ``parts``
+    record: passed, failed (a part missing or damaged: named) or none when ``folder`` holds no
+    manifest."""
+    from .wheel_parts import MANIFEST, PartsError, reassemble
+
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return [], []
+    started = time.perf_counter()
+    try:
+        wheels = reassemble(folder, out)
+    except (PartsError, OSError) as exc:
+        return [], [{"name": "parts", "status": "failed", "reason": str(exc),
+                     "seconds": time.perf_counter() - started}]
+    return wheels, [{"name": "parts", "status": "passed", "seconds": time.perf_counter() - started,
+                     "joined": [os.path.basename(w) for w in wheels]}]
+
+
 def run_sections(runner: Runner, s, report: dict) -> None:
     """Every selected section in order of value per second (cheap proofs first, --compile
     last), filling ``report`` as they finish."""
     sections = report["sections"]
-    setup = sections["setup"] = [announce(runner, r) for r in
-                                 install(runner, s.wheels, os.path.join(s.out, "site"))]
+    joined, records = join_parts(s.parts, os.path.join(s.out, "wheels-joined"))
+    setup = sections["setup"] = [announce(runner, r) for r in records + install(
+        runner, s.wheels + joined, os.path.join(s.out, "site"))]
     machine, env = environment(runner, s)
     report["machine"] = machine
     sections["environment"] = [announce(runner, env)]
@@ -322,6 +274,8 @@ def run_sections(runner: Runner, s, report: dict) -> None:
         rows = sections["training"] = training(runner, s, data, machine, s.models[:1])
     if "loaders" in s.only:
         sections["loaders"] = loader_only(runner, s, data, machine)
+    if "dali" in s.only:
+        sections["dali"] = dali_rows(runner, s, data, machine)
     if "resolution" in s.only and rows:
         sections["resolution"] = resolution_rows(runner, s, data, machine, rows)
     if "train" in s.only or "compile" in s.only:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import zlib
 from dataclasses import dataclass, field
 
@@ -142,8 +143,10 @@ def is_lmdb(path: str) -> bool:
 
 
 # py-lmdb refuses to open one environment twice in a process, and an environment must not be
-# used across fork(): keep one read-only handle per (process, path), with its readahead setting.
+# used across fork(): keep one read-only handle per (process, path), with its readahead setting;
+# threads that read at once (DALI's feeds) take it under one lock, or both would open it.
 _READONLY: dict[tuple[int, str], tuple[object, bool]] = {}
+_READONLY_LOCK = threading.RLock()
 # id() of every handle in _READONLY: a holder that keeps its handle alive can test it cheaply
 # (the id cannot be reused while the holder's reference exists).
 _OPEN_IDS: set[int] = set()
@@ -163,6 +166,11 @@ def open_readonly(path: str, readahead: bool | None = None):
     many DataLoader workers. A forked child gets its own handle.
     Raises :class:`LMDBFormatError` if ``path`` is not an LMDB.
     """
+    with _READONLY_LOCK:
+        return _open_readonly(path, readahead)
+
+
+def _open_readonly(path: str, readahead: bool | None):
     import lmdb
 
     key = (os.getpid(), os.path.realpath(path))
@@ -204,9 +212,10 @@ def _close_inherited() -> None:
 
 def close_readonly(path: str) -> None:
     """Close this process's read-only handle on ``path``, if any (before rewriting it)."""
-    entry = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
-    if entry is not None:
-        _close(entry[0])
+    with _READONLY_LOCK:
+        entry = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
+        if entry is not None:
+            _close(entry[0])
 
 
 def read_meta(path: str) -> Metadata:

@@ -1,9 +1,12 @@
-"""What ``--dali`` needs from its environment: the DALI wheel that matches torch's CUDA major, the
-hardware JPEG decoder's share for the GPU at hand, and telling a CUDA or driver failure inside
-DALI from a damaged file. Imports DALI only inside :func:`require_dali`."""
+"""What ``--dali`` needs from its environment: the DALI wheel that matches torch's CUDA major,
+nvJPEG loadable for GPU decoding, the hardware JPEG decoder's share for the GPU at hand, and
+telling a CUDA or driver failure inside DALI from a damaged file. Imports DALI only inside
+:func:`require_dali`."""
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import io
 import re
 from typing import Sequence
 
@@ -53,6 +56,40 @@ def require_dali(device: torch.device):
     if device.type == "cuda":
         check_dali_wheel(torch.version.cuda, [d.metadata["Name"] or ""
                                               for d in importlib.metadata.distributions()])
+
+
+def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
+    """Why a JPEG would not be decoded on the GPU ``device`` in this process, in one phrase, or
+    None: nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``: the library DALI 2.4's
+    decoders are built on) decodes a probe JPEG with its GPU backends only (nvJPEG's CUDA
+    decoder and the hardware decoder) and must return device memory. nvImageCodec finds
+    ``libnvjpeg`` only through its RUNPATH; installed elsewhere, DALI's mixed decoder falls back
+    to the CPU and a run still "passes", only slower (issue 37)."""
+    try:
+        n = nvimgcodec or importlib.import_module("nvidia.nvimgcodec")
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
+        return f"nvImageCodec not usable: {type(exc).__name__}: {exc}".splitlines()[0]
+    try:
+        decoder = n.Decoder(device_id=device.index if device.index is not None else 0,
+                            backends=[n.Backend(n.BackendKind.GPU_ONLY),
+                                      n.Backend(n.BackendKind.HW_GPU_ONLY)])
+        image = decoder.decode(_probe_jpeg())
+    except Exception as exc:  # noqa: BLE001 - no GPU backend could be created or run
+        return f"nvImageCodec's GPU decoders failed: {exc}".splitlines()[0]
+    if image is None:
+        return "nvImageCodec's GPU decoders declined a baseline JPEG (libnvjpeg not found?)"
+    if image.buffer_kind != n.ImageBufferKind.STRIDED_DEVICE:
+        return "nvImageCodec decoded into host memory, not the GPU's"
+    return None
+
+
+def _probe_jpeg() -> bytes:
+    """A 64 x 48 baseline 4:2:0 JPEG (what nvJPEG and the hardware decoder both take)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
 
 
 def default_hw_decoder_load(device: torch.device) -> float:

@@ -1,25 +1,23 @@
-"""The DALI side of ``--dali`` (``loaders/dali.py``): the sources of encoded images and labels,
-the decode/augment graph, and turning its outputs into torch tensors.
+"""The DALI side of ``--dali`` (``loaders/pipelines/dali.py``): the graph's source, the
+decode/augment graph, and turning its outputs into torch tensors.
 
-Source: one ``fn.external_source`` fed by a :class:`PassFeed`, which the loader points at each
-pass's order, so a pipeline is built once per run and reused every epoch (as in NVIDIA's DALI
-ResNet-50 example): a JPEG folder's file names (read by ``fn.io.file.read``), or the encoded
-records of an LMDB or shards; the labels; and for training each sample's RandomResizedCrop
-draws, flip and output size, drawn from (seed, epoch, rank, batch number) on the host, so an
-epoch's augmentation does not depend on what the pipeline ran before.
+Source (:func:`source`): one batched ``fn.external_source`` fed by a
+``_dali_feed.BatchFeed``, which the loader points at each pass's order, so a pipeline is built
+once per run and reused every epoch (as in NVIDIA's DALI ResNet-50 example): each batch's
+encoded images and labels and, for training, each sample's RandomResizedCrop window (drawn on
+the host from (seed, epoch, rank, batch number)), flip and output size, so an epoch's
+augmentation does not depend on what the pipeline ran before.
 
-Graph (:func:`augment`): with a GPU, decode (nvJPEG, or the CPU with ``--dali-cpu``), resize,
-crop, flip and normalise in DALI; CPU-only, DALI decodes (a training JPEG's RandomResizedCrop
-window only) and :func:`finish_on_cpu` resizes, flips and normalises with the other backends'
-torch code, because DALI's CPU resize is the slow step there.
+Graph (:func:`augment`): with a GPU, decode (nvJPEG and the hardware decoder, or the CPU with
+``--dali-cpu``), resize, crop, flip and normalise in DALI; CPU-only, DALI decodes (a training
+JPEG's RandomResizedCrop window only) and :func:`finish_on_cpu` resizes, flips and normalises
+with the other pipelines' torch code, because DALI's CPU resize is the slow step there.
 
 DALI is imported only inside functions, so this module imports without it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -27,9 +25,17 @@ import torch
 from decode import resize
 
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
-from ..transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize_center_crop
+from ..transforms import resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
+
+
+# nvJPEG's buffers sized once for the largest ImageNet JPEGs, as NVIDIA's DeepLearningExamples
+# RN50 (image_classification/dali.py) and DALI's ResNet-50 example set them "to avoid
+# reallocations in runtime" (DALI 2.4's defaults: 16 MiB device / 8 MiB host padding, no hints;
+# a 100-image sample cannot show the reallocations a full epoch makes).
+NVJPEG_MEMORY = dict(device_memory_padding=211025920, host_memory_padding=140544512,
+                     preallocate_width_hint=5980, preallocate_height_hint=6430)
 
 
 @dataclass(frozen=True)
@@ -56,68 +62,12 @@ def stored_shape(encoded):
     return fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False), dtype=types.FLOAT64)
 
 
-def random_window(size, draws):
-    """RandomResizedCrop's window of each image of ``size`` (:func:`stored_shape`), computed in
-    the graph from its uniforms ``draws`` (float64 ``(4 * RRC_ATTEMPTS,)``, see
-    :func:`crop_draws`) exactly as :func:`loaders.transforms.random_resized_crop_params` does
-    on the CPU (torchvision's ``RandomResizedCrop.get_params``): up to ``RRC_ATTEMPTS`` windows
-    of area share in ``RRC_SCALE`` and log-uniform aspect ratio in ``RRC_RATIO``, the first that
-    fits placed uniformly, else the central crop with the ratio clamped. Returns ``(anchor,
-    shape)``, ``(x, y)`` and ``(w, h)`` in whole pixels (float32), for ``fn.decoders.image_slice``.
-
-    The attempts are computed together, as ``(RRC_ATTEMPTS,)`` vectors: each graph operator
-    costs a CPU pipeline about the same per batch whatever its tensors' size, and one node per
-    attempt and step (about 250) made ``--dali --dali-cpu`` a quarter slower."""
-    from nvidia.dali import fn, math as dmath, types
-
-    height, width = size[0], size[1]
-    log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
-    u_area, u_ratio, u_top, u_left = (draws[i::4] for i in range(4))  # (RRC_ATTEMPTS,) each
-    target = height * width * (RRC_SCALE[0] + u_area * (RRC_SCALE[1] - RRC_SCALE[0]))
-    aspect = dmath.exp(log_lo + u_ratio * (log_hi - log_lo))
-    w = dmath.floor(dmath.sqrt(target * aspect) + 0.5)
-    h = dmath.floor(dmath.sqrt(target / aspect) + 0.5)
-    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-    # The first attempt that fits scores highest (all 0 if none fits). Whole pixels below
-    # 2**24 are exact in float32, which DALI's reductions need.
-    score = fn.cast(fits, dtype=types.FLOAT) * types.Constant(
-        np.arange(RRC_ATTEMPTS, 0, -1, dtype=np.float32))
-    best = fn.reductions.max(score)
-    chosen = fn.cast((score == best) & (best > 0), dtype=types.FLOAT)
-
-    def pick(values):  # the chosen attempt's value, 0 where none fits
-        return fn.reductions.sum(chosen * fn.cast(values, dtype=types.FLOAT))
-
-    w_sel, h_sel = pick(w), pick(h)
-    top, left = (pick(dmath.floor(u * (side - s + 1.0)))
-                 for u, side, s in ((u_top, height, h), (u_left, width, w)))
-    unchosen = fn.cast(best == 0, dtype=types.FLOAT)
-    w_c, h_c = _central_window(height, width)
-    top_c, left_c = dmath.floor((height - h_c) / 2.0), dmath.floor((width - w_c) / 2.0)
-    w_sel, h_sel, top, left = (
-        chosen_value + unchosen * fn.cast(central, dtype=types.FLOAT)
-        for chosen_value, central in ((w_sel, w_c), (h_sel, h_c), (top, top_c), (left, left_c)))
-    return fn.stack(left, top), fn.stack(w_sel, h_sel)
-
-
-def _central_window(height, width):
-    """torchvision's fallback window ``(w, h)``: the whole image with its aspect ratio clamped
-    to ``RRC_RATIO`` (graph nodes, float64)."""
-    from nvidia.dali import fn, math as dmath, types
-
-    ratio = width / height
-    narrow = fn.cast(ratio < min(RRC_RATIO), dtype=types.FLOAT64)
-    wide = fn.cast(ratio > max(RRC_RATIO), dtype=types.FLOAT64)
-    w = (1.0 - wide) * width + wide * dmath.floor(height * max(RRC_RATIO) + 0.5)
-    h = (1.0 - narrow) * height + narrow * dmath.floor(width / min(RRC_RATIO) + 0.5)
-    return w, h
-
-
 def inside(anchor, shape, size):
-    """``(anchor, shape)`` clamped into the image of ``size`` (graph nodes as
-    :func:`random_window` returns them): the same window for every window it draws, but one
-    that leaves its image would stop DALI's decoder, and DALI has crashed the process on that
-    error (issue 35); :func:`window_mismatch` names it instead."""
+    """``(anchor, shape)`` (float32 ``(x, y)``, ``(w, h)`` nodes) clamped into the image of
+    ``size`` (:func:`stored_shape`): the same window for every window drawn from the size the
+    host read from the same header, but one that leaves its image would stop DALI's decoder,
+    and DALI has crashed the process on that error (issue 35); :func:`window_mismatch` names
+    it instead."""
     from nvidia.dali import fn, math as dmath, types
 
     limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
@@ -127,7 +77,8 @@ def inside(anchor, shape, size):
 
 def augment(encoded, opts: GraphOptions, train_inputs=None):
     """DALI graph: encoded images -> list of outputs before the labels. ``train_inputs``
-    (training): the external source's ``(draws, flips, sizes)`` nodes of :class:`PassFeed`.
+    (training): the external source's ``(anchors, shapes, flips, sizes or None)`` nodes (see
+    ``_dali_feed.BatchFeed``).
 
     With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
     if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
@@ -145,11 +96,10 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
               "adjust_orientation": False}  # pixels as stored, as the other loaders
     if not opts.decode_on_cpu:
-        decode["hw_decoder_load"] = opts.hw_decoder_load
+        decode.update(NVJPEG_MEMORY, hw_decoder_load=opts.hw_decoder_load)
     if opts.train:
-        draws, mirror, sizes = train_inputs
+        anchor, shape, mirror, sizes = train_inputs
         size = stored_shape(encoded)
-        anchor, shape = random_window(size, draws)
         images = fn.decoders.image_slice(encoded, *inside(anchor, shape, size),
                                          normalized_anchor=False, normalized_shape=False,
                                          **decode)
@@ -224,94 +174,28 @@ def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tens
             torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
 
 
-def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
-    """RandomResizedCrop uniforms and flips of batch ``batch`` of an epoch: float64
-    ``(count, 4 * RRC_ATTEMPTS)`` uniforms in [0, 1) (area share, aspect ratio, top, left per
-    attempt, as :func:`loaders.transforms.random_resized_crop_params` takes them) and int32
-    ``(count,)`` flips, a function of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a
-    resumed epoch draws the same."""
-    rng = np.random.default_rng([seed, epoch, rank, batch])
-    draws = rng.random((count, 4 * RRC_ATTEMPTS))
-    return draws, (rng.random(count) < 0.5).astype(np.int32)
-
-
-class PassFeed:
-    """``fn.external_source`` callable (``batch=True``, ``batch_info=True``, main thread) of
-    one pipeline, which the loader points at a pass with :meth:`start`.
-
-    Pipeline ``index`` of ``pipelines`` yields batches ``index, index + pipelines, ...`` of the
-    pass's ``order``. Each call returns ``[data, labels]`` (``read(i)`` gives sample ``i``'s
-    uint8 1-D array, an encoded image or file name, and its label; labels int32 ``()``), plus
-    for training float64 ``(4 * RRC_ATTEMPTS,)`` crop uniforms, int32 flips and, if ``sizes``
-    (the GPU graph resizes in DALI), float32 output sides; raises ``StopIteration`` after the
-    pass's last (possibly partial, never padded) batch.
-    """
-
-    def __init__(self, read: Callable[[int], tuple[np.ndarray, int]], train: bool,
-                 batch_size: int, seed: int, rank: int, sizes: bool = True):
-        self.read, self.train, self.batch_size = read, train, batch_size
-        self.sizes = train and sizes
-        self.seed, self.rank = seed, rank
-        self.start([], epoch=0, first_batch=0, size=0, index=0, pipelines=1)
-
-    def start(self, order: Sequence[int], epoch: int, first_batch: int, size: int, index: int,
-              pipelines: int) -> None:
-        """Feed ``order`` from now on: its batch ``b`` is batch ``first_batch + b`` of epoch
-        ``epoch`` (for the draws), cropped to ``size`` px."""
-        self.order, self.epoch, self.first_batch = list(order), epoch, first_batch
-        self.size, self.index, self.pipelines = size, index, pipelines
-
-    def __call__(self, info):
-        batch = self.index + info.iteration * self.pipelines
-        indices = self.order[batch * self.batch_size:(batch + 1) * self.batch_size]
-        if not indices:
-            raise StopIteration
-        samples = [self.read(i) for i in indices]
-        out = [[data for data, _ in samples], [np.array(label, np.int32) for _, label in samples]]
-        if self.train:
-            draws, flips = crop_draws(self.seed, self.epoch, self.rank, self.first_batch + batch,
-                                      len(indices))
-            out += [list(draws), list(flips)]
-        if self.sizes:
-            out.append([np.array(self.size, np.float32)] * len(indices))
-        return out
-
-
-def file_name(reader, index: int) -> tuple[np.ndarray, int]:
-    """:attr:`PassFeed.read` of a reader of local files (``Reader.file_of``, JPEG folders): the
-    file name as uint8, for ``fn.io.file.read``."""
-    path, label = reader.file_of(index)
-    return np.frombuffer(path.encode(), dtype=np.uint8), label
-
-
-def record(reader, index: int) -> tuple[np.ndarray, int]:
-    """:attr:`PassFeed.read` of any other reader (LMDB, shard records): the encoded image as
-    uint8."""
-    data, label = reader.read(index)
-    return np.frombuffer(data, dtype=np.uint8), label
-
-
-def source(feed: PassFeed, files: bool):
-    """The graph's source: ``(encoded, labels, train_inputs or None)``. ``files``: the feed gives
-    file names, read by ``fn.io.file.read`` in DALI's threads (plain reads, not mapped:
-    +2.5% images/s CPU-only on 2 cores with the former ``fn.readers.file``)."""
+def source(feed):
+    """The graph's source: ``(encoded, labels, train_inputs or None)`` from one batched
+    ``fn.external_source`` calling ``feed`` (a ``_dali_feed.BatchFeed``) on the thread that runs
+    the pipeline; ``train_inputs``: ``(anchors, shapes, flips, sizes or None)``. Uniform inputs
+    come as one ``(N, ...)`` array each, which DALI takes in one piece (2.49 ms per batch as
+    per-sample lists vs 0.55 ms, issue 37), and nothing is copied (``no_copy``)."""
     from nvidia.dali import fn, types
 
-    dtypes = ([types.UINT8, types.INT32] + ([types.FLOAT64, types.INT32] if feed.train else [])
+    dtypes = ([types.UINT8, types.INT32]
+              + ([types.FLOAT, types.FLOAT, types.INT32] if feed.train else [])
               + ([types.FLOAT] if feed.sizes else []))
+    # no_copy: DALI reads the feed's arrays in place (the feed keeps them alive until then)
+    # instead of copying each batch on the training thread (5-8 ms per 256 images here)
     outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
-                              batch_info=True, parallel=False, dtype=dtypes)
-    encoded = fn.io.file.read(outs[0], dont_use_mmap=True) if files else outs[0]
-    train = (*outs[2:], None)[:3] if feed.train else None  # (draws, flips, sizes or None)
-    return encoded, outs[1], train
+                              batch_info=True, parallel=False, dtype=dtypes, no_copy=True)
+    train = (*outs[2:], None)[:4] if feed.train else None
+    return outs[0], outs[1], train
 
 
 def gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
-    """Copy a dense DALI ``TensorListGPU`` into a new torch tensor on ``device``, queued on
-    torch's current stream (so the host does not wait, and torch's next kernels do)."""
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-    tensor = tensor_list.as_tensor()
-    out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-    feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(device))
-    return out
+    """A dense DALI ``TensorListGPU`` as a torch tensor on ``device`` without a copy (DLPack;
+    DALI 2.4's dynamic executor keeps the buffer while torch holds it, as its PyTorch iterator
+    does), ordered on torch's current stream: the pipeline ran with it as its output stream."""
+    with torch.cuda.device(device):
+        return torch.from_dlpack(tensor_list.as_tensor())

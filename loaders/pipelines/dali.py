@@ -1,13 +1,16 @@
 """The NVIDIA DALI pipeline (``--dali``): JPEG decode, crop and normalisation inside a DALI
-pipeline, over any reader (``loaders.readers``), through one ``fn.external_source``
-(``_dali_graph.PassFeed``): a reader whose samples are local files (JPEG folders) hands DALI
-their names, read by ``fn.io.file.read`` in DALI's threads; any other hands it the encoded
-records (``Reader.read``). Labels are the reader's, so they equal every other pipeline's.
+pipeline, over any reader (``loaders.readers``), through one batched ``fn.external_source``
+fed by ``_dali_feed.BatchFeed``: a background thread per pipeline reads the encoded records of
+the batches ahead (``Reader.read``), draws their RandomResizedCrop windows on the host and
+packs them, so the training thread only hands ready batches over. Labels are the reader's, so
+they equal every other pipeline's.
 
 With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
-``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; ``--dali-cpu``
-decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50
-does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only
+``--dali-hw-decoder-load``, its buffers sized once as NVIDIA's examples size them; the loader
+checks first that nvJPEG decodes on the GPU at all) and the rest, labels included, runs on the
+GPU; each batch is handed to torch without a copy (DLPack) on torch's current stream, four in
+flight. ``--dali-cpu`` decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's
+DeepLearningExamples RN50 does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only
 the RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with
 the other backends' code, because DALI's CPU resize is the slow step there (``_dali_graph.augment``);
 ``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
@@ -18,20 +21,20 @@ here and pytorch/examples' ``ImageFolder`` + PIL, pixels are used as stored (doc
 Order: the loader reads each epoch in the indices of the reader's epoch orders
 (``Reader.train_order``/``val_order``, the same objects every pipeline uses: e.g.
 :class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``), and hands DALI that
-exact list, not using DALI's shuffling and sharding. The graph and the source are in ``_dali_graph.py``. Each
-pipeline is built once per run and reused by every pass (nvJPEG and hardware-decoder state,
+exact list, not using DALI's shuffling and sharding. The graph and the source are in
+``_dali_graph.py``. Each pipeline is built once per run and reused by every pass (nvJPEG and hardware-decoder state,
 threads and buffers are made once, as in NVIDIA's DALI ResNet-50 example): each pass points
 its feed at the pass's order, crop side and epoch. RandomResizedCrop windows and flips are
 drawn on the host from (seed, epoch, rank, batch number), so an epoch's order and
 augmentation are a function of (seed, epoch, rank) alone, whatever ran before, and a resumed
 epoch draws what the uninterrupted one did. Pipelines are rebuilt only after a sample DALI
 could not decode (from that batch on) and after a pass left unfinished.
+
 DALI is imported only inside functions (``build_loaders`` names the wheel to install).
 """
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Iterator
 
 import torch
@@ -42,9 +45,11 @@ from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..orders import Order, batches_per_epoch, check_one_batch
 from ..readers import Reader
-from ._dali_env import cuda_failure, default_hw_decoder_load, message_lines, require_dali
-from ._dali_graph import (GraphOptions, PassFeed, augment, file_name, finish_on_cpu,
-                          gpu_to_torch, record, source, window_mismatch)
+from ._dali_env import (cuda_failure, default_hw_decoder_load, gpu_decoding_problem,
+                        message_lines, require_dali)
+from ._dali_feed import BatchFeed, FeedPass
+from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, source,
+                          window_mismatch)
 
 
 class DALILoader:
@@ -76,15 +81,14 @@ class DALILoader:
         self.sample_order = order  # an Order; opts.train: whole batches only
         self.batch_size, self.max_batches = batch_size, max_batches
         self.opts, self.classes, self.device = opts, list(reader.classes), device
-        self.reader, self.files = reader, reader.files  # files: DALI reads them by name
-        self.read = partial(file_name if reader.files else record, reader)  # the feed's
+        self.reader = reader
         self.max_bad_share, self.seed, self.rank = max_bad_share, seed, rank
         self.num_threads = max(1, num_threads)
         self.cpu_pipelines = cpu_pipelines
         self.epoch = self.start_batch = 0
         # Built pipelines and their feeds, reused while they are between passes.
         self._pipes: list = []
-        self._feeds: list[PassFeed] = []
+        self._feeds: list[BatchFeed] = []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
         # Samples found unreadable this run (main process only: the probes run here).
         self.unreadable = UnreadableSet(order.num_samples)
@@ -142,7 +146,7 @@ class DALILoader:
                 while step < len(self):
                     try:  # only run(): a torch error while copying out is not DALI's
                         # Pipeline p holds batches first + p, first + p + len(pipes), ...
-                        outputs = pipes[(step - first) % len(pipes)].run()
+                        outputs = self._run(pipes[(step - first) % len(pipes)])
                     except RuntimeError as exc:
                         self._drop_pipelines()  # a failed pipeline is not run again
                         failure = cuda_failure(exc)
@@ -238,10 +242,19 @@ class DALILoader:
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))
 
     def _queue_depth(self, pipelines: int) -> int:
-        # CPU-only, the main thread resizes while DALI decodes ahead: deeper queues keep both
-        # busy (two pipelines on 2 cores: +5-8% images/s at depth 4 over DALI's default 2);
-        # at most 8 queued batches in all (1 each from 8 pipelines on) bound their memory.
-        return 2 if self.opts.cuda else max(1, min(4, 8 // pipelines))
+        # With CUDA, 4 batches in flight: DALI PR #6366 measured the mixed decoder's p99 at
+        # 24-34 ms and its maximum at 31-73 ms per batch, longer than ResNet-18's 17 ms step on
+        # an H100, which depth 2 exposed. CPU-only, the main thread resizes while DALI decodes
+        # ahead: deeper queues keep both busy (two pipelines on 2 cores: +5-8% images/s at depth
+        # 4 over DALI's default 2); at most 8 queued batches in all bound their memory.
+        return 4 if self.opts.cuda else max(1, min(4, 8 // pipelines))
+
+    def _run(self, pipe):
+        """One batch of ``pipe``: with CUDA returned on torch's current stream (the host does
+        not wait for it; torch's next kernels do), CPU-only when ready."""
+        if self.opts.cuda:
+            return pipe.run(torch.cuda.current_stream(self.device))
+        return pipe.run()
 
     def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
         """The pipelines, built on first use (or when their number changes), fed ``order``:
@@ -253,7 +266,7 @@ class DALILoader:
             self._pipes = self._build_pipelines(n)
         epoch = self.epoch if self.opts.train else 0
         for index, feed in enumerate(self._feeds):
-            feed.start(order, epoch, first_batch, self.opts.crop_size, index, n)
+            feed.start(FeedPass(tuple(order), epoch, first_batch, self.opts.crop_size, index, n))
         return self._pipes
 
     def _end_pass(self) -> bool:
@@ -262,7 +275,7 @@ class DALILoader:
         data, which a complete pass never leaves."""
         for pipe in self._pipes:
             try:
-                pipe.run()
+                self._run(pipe)
             except StopIteration:
                 pipe.reset()
                 continue
@@ -274,26 +287,29 @@ class DALILoader:
         self._drop_pipelines()
 
     def _drop_pipelines(self) -> None:
+        for feed in self._feeds:
+            feed.close()  # its reading thread stops; what it read ahead is dropped
         self._pipes, self._feeds = [], []  # freed (with their GPU memory) when collected
 
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
         :attr:`pipeline_builds`."""
-        self._feeds = [PassFeed(self.read, self.opts.train, self.batch_size, self.seed,
-                                self.rank, sizes=self.opts.cuda) for _ in range(n)]
+        self._feeds = [BatchFeed(self.reader.read, self.opts.train, self.batch_size, self.seed,
+                                 self.rank, sizes=self.opts.cuda,
+                                 keep=self._queue_depth(n) + 1) for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]
         for pipe in pipes:
             pipe.build()
         self.pipeline_builds += n
         return pipes
 
-    def _pipeline(self, feed: PassFeed, pipelines: int):
+    def _pipeline(self, feed: BatchFeed, pipelines: int):
         """A pipeline (not yet built) of ``pipelines`` reading from ``feed``."""
         from nvidia.dali import pipeline_def
 
         @pipeline_def
         def graph():
-            encoded, labels, train_inputs = source(feed, self.files)
+            encoded, labels, train_inputs = source(feed)
             if self.opts.cuda:  # copied with the images, not a blocking pageable copy
                 labels = labels.gpu()
             return (*augment(encoded, self.opts, train_inputs), labels)
@@ -310,7 +326,7 @@ class DALILoader:
         if not self.opts.cuda:
             return finish_on_cpu(outputs, self.opts)
         images, labels = (gpu_to_torch(out, self.device) for out in (outputs[0], outputs[-1]))
-        if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16 output: convert on the GPU
+        if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
             images = images.to(torch.bfloat16)
         if self.opts.channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
@@ -357,8 +373,15 @@ def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: Di
                             "--loader shards (without --dali)")
         order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
                                                                                      dist)
+        opts = _graph_options(settings, dist, is_train)
+        if is_train and not opts.decode_on_cpu:
+            problem = gpu_decoding_problem(dist.device)
+            if problem:
+                raise DataError(f"--dali: nvJPEG cannot decode on {dist.device} ({problem}), "
+                                "so DALI would decode on the CPU: install nvidia-nvjpeg-cu13 "
+                                "beside nvidia-nvimgcodec-cu13, or give --dali-cpu")
         built.append(DALILoader(
-            reader, order, _graph_options(settings, dist, is_train), dist.device,
+            reader, order, opts, dist.device,
             batch_size=settings.batch_size,
             max_batches=settings.train_batches if is_train else settings.val_batches,
             num_threads=settings.workers, seed=settings.seed, rank=dist.rank,

@@ -6,7 +6,6 @@ reads every source and a new format is ``formats/X`` + one reader module + one l
 A reader is one split: its ``classes``, ``len()`` samples numbered from 0, ``read(i) ->
 (encoded bytes, label)``, ``name_of(i)`` for messages, and the split's epoch orders
 (``loaders.orders``: ``order(epoch) -> indices``). Optional abilities, with their defaults here:
-``file_of(i)`` (a local file a pipeline may read itself, DALI's ``fn.io.file.read``),
 ``random_access`` (False for streamed shards: only pipelines that read each worker's records
 front to back can take them) and ``plan_pass`` (streamed shards learn each pass's reading plan
 before the workers start).
@@ -33,12 +32,11 @@ class Reader:
     """One split of an on-disk source (subclasses implement the first five members).
 
     Readers are pickled into spawned DataLoader workers and reopen their files lazily in each
-    process; ``read`` raises :class:`DataError` (one line naming the location) for a damaged
+    process; ``read`` may be called from several threads at once (DALI's feeds), and raises :class:`DataError` (one line naming the location) for a damaged
     store, ``IndexError`` for an index outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
     random_access: bool = True  # read(i) in any order costs about the same
-    files: bool = False  # every sample is a whole local file (file_of)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -57,11 +55,6 @@ class Reader:
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """The validation epoch order of this rank: every sample once across ranks."""
-        raise NotImplementedError
-
-    def file_of(self, index: int) -> tuple[str, int]:
-        """``(path, label)`` of sample ``index``, a whole local file (readers with ``files``);
-        others raise ``NotImplementedError``."""
         raise NotImplementedError
 
     @property

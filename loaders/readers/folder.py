@@ -27,8 +27,6 @@ class FolderReader(datasets.ImageFolder, Reader):
     class folders as classes, so labels match the converter's. Items (``dataset[i]``) are the
     file's bytes and label."""
 
-    files = True
-
     def __init__(self, root: str):
         super().__init__(root, loader=read_file, allow_empty=True)
 
@@ -46,9 +44,6 @@ class FolderReader(datasets.ImageFolder, Reader):
     def name_of(self, index: int) -> str:
         """The file behind sample ``index``."""
         return self.samples[index][0]
-
-    def file_of(self, index: int) -> tuple[str, int]:
-        return self.samples[index]
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> RandomOrder:
         return RandomOrder(len(self), dist.rank, dist.world_size, settings.seed)

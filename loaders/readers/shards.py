@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -56,6 +57,7 @@ class ShardReader(Reader):
         self.random_access = not self.streaming
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
+        self._files_lock = threading.Lock()  # DALI's feeds read from several threads
         self._ahead: dict[int, tuple[bytes, int]] = {}
         self.set_plan([[(0, len(self))]])  # one reader, front to back, until a pass says
 
@@ -103,8 +105,9 @@ class ShardReader(Reader):
         shard, _ = self.locate(index)
         image_at, image_size, label_at, label_size = self.spans[index].tolist()
         first = min(image_at, label_at)  # ours: .jpg then .cls; other writers sort .cls first
-        data = os.pread(self._fd(shard), max(image_at + image_size, label_at + label_size) - first,
-                        first)
+        with self._files_lock:  # no thread closes an fd (the cache below) another reads
+            data = os.pread(self._fd(shard),
+                            max(image_at + image_size, label_at + label_size) - first, first)
         return (data[image_at - first:image_at - first + image_size],
                 _label(data[label_at - first:label_at - first + label_size], self.urls[shard]))
 
@@ -240,7 +243,11 @@ class ShardReader(Reader):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.update(_files=OrderedDict(), _stream=None, _ahead={})
+        del state["_files_lock"]
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _files_lock=threading.Lock())
 
 
 def _cut_at_offsets(stream, spans, url: str):

@@ -4,6 +4,7 @@ device, exact ``len()``, labels that match the pixels, every validation image on
 every pipeline; then what the workers pipeline and the readers do beyond it."""
 import os
 import pickle
+import sys
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import loaders
 from loaders import DataError, DistInfo
 from loaders.contract import split_paths
 from loaders.orders import RandomOrder, ShardOrder
-from loaders.readers import Reader
+from loaders.readers import Reader, open_reader
 from loaders.readers.lmdb_records import LMDBReader
 from tests.helpers.loading import check_set_epoch_reproducible, loader_settings, to_uint8
 from tools.datagen import label_from_pixels
@@ -196,3 +197,48 @@ def test_different_class_lists_are_refused(tiny, tmp_path):
 def test_too_few_images_for_one_batch(tiny):
     with pytest.raises(DataError, match="fewer than one batch"):
         build("folder", tiny, batch_size=64)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_readers_read_from_several_threads_at_once(tiny, tiny_shards, reader, tmp_path):
+    """DALI's feeds read one reader from a thread each: a store never opened in this process
+    is opened by whichever thread reads first while the others race it (py-lmdb refuses a
+    second open of one file in a process; the shard reader's file handles are a shared cache),
+    and every thread still gets the stored bytes."""
+    import shutil
+
+    data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards}[reader]
+    settings = loader_settings(reader, data=data)
+    want = [open_reader(reader, settings.train_path, settings).read(i) for i in range(32)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: races show
+    try:
+        for copy in range(6):  # a copy never opened here: its first reads race to open it
+            path = str(tmp_path / f"copy{copy}")
+            shutil.copytree(settings.train_path, path)
+            check_threads(open_reader(reader, path, settings), want)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def check_threads(shared, want):
+    """8 threads read every sample of ``shared`` at once, each from another offset."""
+    import threading
+
+    got, errors, start = {}, [], threading.Barrier(8)
+
+    def read_all(offset):
+        start.wait()
+        try:
+            for i in range(32):
+                got[(offset, i)] = shared.read((i + offset) % 32)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read_all, args=(k * 4,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all(value == want[(i + offset) % 32] for (offset, i), value in got.items())

@@ -339,34 +339,15 @@ def test_a_pass_left_part_way_is_not_continued(tiny):
     assert train.pipeline_builds == 2  # rebuilt once: the first pass was abandoned
 
 
-def _dali_windows(blobs, draws):
-    """``(left, top, w, h)`` that :func:`random_window` computes for each encoded image."""
-    from nvidia.dali import fn, pipeline_def, types
-
-    from loaders.pipelines._dali_graph import random_window, stored_shape
-
-    @pipeline_def(batch_size=len(blobs), num_threads=1, device_id=None)
-    def windows():
-        encoded = fn.external_source(source=[[np.frombuffer(b, np.uint8) for b in blobs]],
-                                     dtype=types.UINT8)
-        uniforms = fn.external_source(source=[list(draws)], dtype=types.FLOAT64)
-        return random_window(stored_shape(encoded), uniforms)
-
-    pipe = windows()
-    pipe.build()
-    anchors, shapes = pipe.run()
-    return [tuple(int(v) for v in (*np.asarray(a), *np.asarray(s)))
-            for a, s in zip(anchors, shapes)]
-
-
-def test_random_window_is_torchvision_random_resized_crop(tiny, sample):
-    """The window DALI decodes is the one ``random_resized_crop_params`` (torchvision's
-    algorithm: 10 attempts, then the central crop) gives for the same uniforms: on real and
-    generated images; every fourth image gets uniforms near 1 for every attempt (the whole area
-    at ratio 4/3 fits no image but an exactly 4:3 one), so the central fallback is exercised."""
+def test_host_windows_are_the_cpu_loaders(tiny, sample):
+    """The windows the feed hands DALI are the ones ``random_resized_crop_params`` (torchvision's
+    algorithm: 10 attempts, then the central crop) gives for the same uniforms and the size PIL
+    reads (independently of the feed's header parse): on real and generated images; every
+    fourth image gets uniforms near 1 for every attempt (the whole area at ratio 4/3 fits no
+    image but an exactly 4:3 one), so the central fallback is exercised."""
     import glob
 
-    from loaders.pipelines._dali_graph import crop_draws
+    from loaders.pipelines._dali_feed import crop_draws, host_windows
     from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
     paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]
@@ -380,7 +361,40 @@ def test_random_window_is_torchvision_random_resized_crop(tiny, sample):
         top, left, h, w = random_resized_crop_params(height, width, RRC_SCALE, RRC_RATIO,
                                                      list(uniforms))
         expected.append((left, top, w, h))
-    assert _dali_windows(blobs, draws) == expected
+    anchors, shapes = host_windows(blobs, draws)
+    assert anchors.dtype == shapes.dtype == np.float32 and anchors.shape == (len(blobs), 2)
+    assert [(*map(int, a), *map(int, s)) for a, s in zip(anchors, shapes)] == expected
     assert sum(w == width and h == height for (_, _, w, h), (width, height)
                in zip(expected, sizes)) > 0  # some fallbacks were the whole image
 
+
+def test_the_feed_reads_off_the_training_thread_in_order(tiny):
+    """A feed prepares its batches in a thread of its own, ahead of DALI, in the order DALI asks
+    for them (pipeline p of n: batches p, p + n, ...); past the end it says StopIteration every
+    time DALI asks; a read error reaches the caller as raised."""
+    import threading
+    from types import SimpleNamespace
+
+    from loaders.pipelines._dali_feed import BatchFeed, FeedPass
+
+    threads = []
+
+    def read(index):
+        threads.append(threading.current_thread())
+        if index == 99:
+            raise DataError("record 99: gone")
+        return bytes([255, 216, 255, index]), index % 4
+
+    feed = BatchFeed(read, train=False, batch_size=2, seed=0, rank=0)
+    feed.start(FeedPass(tuple(range(10)), 0, 0, 32, 1, 2))  # batches 1, 3
+    got = [feed(SimpleNamespace(iteration=k)) for k in range(2)]
+    assert [list(batch[1]) for batch in got] == [[2, 3], [2, 3]]  # indices 2, 3 and 6, 7
+    assert [bytes(a)[3] for a in got[1][0]] == [6, 7]
+    for k in (2, 3):
+        with pytest.raises(StopIteration):
+            feed(SimpleNamespace(iteration=k))
+    assert threads and threading.main_thread() not in threads
+    feed.start(FeedPass((0, 99), 0, 0, 32, 0, 1))
+    with pytest.raises(DataError, match="record 99: gone"):
+        feed(SimpleNamespace(iteration=0))
+    feed.close()

@@ -80,7 +80,7 @@ def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:
 def expected_batches(loader, pipeline, seed, epoch):
     """Per training batch: the reference uint8 images of its samples, in the loader's order,
     drawn as that pipeline draws them ((seed, epoch, rank, batch) either way)."""
-    from loaders.pipelines._dali_graph import crop_draws
+    from loaders.pipelines._dali_feed import crop_draws
 
     read, order = encoded(loader), order_of(loader)
     out = []
@@ -165,21 +165,18 @@ def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypa
     that leave their stored image are clamped inside it in the graph (DALI never stops on
     them), found on the host from shapes alone, named on stderr once and replaced as
     unreadable samples; with no bad share allowed the run stops with one DataError."""
-    from nvidia.dali import fn, types
+    import io
 
-    import loaders.pipelines._dali_graph as graph
+    from PIL import Image, ImageOps
 
-    encoded, stored, drawn = {}, graph.stored_shape, graph.random_window
+    import loaders.pipelines._dali_feed as feed
 
-    def remember(data):
-        encoded["node"] = data
-        return stored(data)
+    def turned_size(data):  # what the window was drawn from before issue 35
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = ImageOps.exif_transpose(image).size
+        return height, width
 
-    def turned(size, draws):  # what the graph drew before issue 35
-        return drawn(fn.cast(fn.peek_image_shape(encoded["node"]), dtype=types.FLOAT64), draws)
-
-    monkeypatch.setattr(graph, "stored_shape", remember)
-    monkeypatch.setattr(graph, "random_window", turned)
+    monkeypatch.setattr(feed, "image_size", turned_size)
     named = []
     for seed in SEEDS:
         train, _ = build(odd, "folder", "dali", seed, max_bad_share=1.0)

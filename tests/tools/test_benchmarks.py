@@ -163,3 +163,28 @@ def test_profile_scaled_decode_times_tj3_where_installed(tiny, capsys):
                                        "--rounds", "1", "--libturbojpeg", path]) == 0
     tj3 = [line for line in capsys.readouterr().out.splitlines() if "tj3 crop + scale" in line]
     assert tj3 and all("same on a second pass" in line for line in tj3)
+
+
+def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):
+    """Issue 37's CPU figures through main.py's own loader, against a base checkout (this
+    one): per-batch time on the training thread, images/s and RSS per epoch, every round."""
+    import pytest
+
+    pytest.importorskip("nvidia.dali")
+    from benchmarks import bench_dali_feed
+
+    out = tmp_path / "rounds.json"
+    assert bench_dali_feed.main_cli(["--data", tiny.root, "--base", bench_dali_feed.__file__
+                                     .rsplit("/benchmarks/", 1)[0], "--repeat", "4", "-b", "16",
+                                     "--batches", "2", "--warmup", "1", "--epochs", "2",
+                                     "--rounds", "1", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("  new:") and lines[1].startswith(" base:")
+    assert "ms (median; target <= 2.0)" in lines[0] and lines[2].startswith("new vs base")
+    rounds = json.loads(out.read_text())["rounds"]
+    for code in ("new", "base"):
+        (row,) = rounds[code]
+        assert row["images_per_sec"] > 0 and 0 < row["feed_ms_median"] <= row["feed_ms_mean"] * 4
+        assert len(row["rss_mib"]) == 2 and all(m > 0 for m in row["rss_mib"])
+    assert bench_dali_feed.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -1,0 +1,104 @@
+"""DALI carried to a GPU machine in parts (``tools/wheel_parts.py``, ``make gpu-bundle``,
+``make gpu-check PARTS=DIR``): parts reassemble byte for byte, a missing or damaged part is one
+line naming it, and DALI installed from parts of its real wheel decodes on its CPU backend."""
+import importlib.metadata
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.helpers.gpu_fakes import fake_wheel
+from tools import gpu_check
+from tools._gpu_runner import share_namespace
+from tools.wheel_parts import MANIFEST, PartsError, read_manifest, reassemble, split
+
+
+def test_parts_reassemble_byte_for_byte(tmp_path):
+    wheel = fake_wheel(str(tmp_path), "bigpackage")
+    with zipfile.ZipFile(wheel, "a") as zf:  # a few kB that do not compress
+        zf.writestr("bigpackage/blob.bin", os.urandom(5000), zipfile.ZIP_STORED)
+    parts = split(wheel, str(tmp_path / "parts"), part_bytes=1000)
+    size = os.path.getsize(wheel)
+    assert len(parts) == -(-size // 1000) and all(os.path.getsize(p) <= 1000 for p in parts)
+    manifest = read_manifest(str(tmp_path / "parts"))
+    assert set(manifest) == {os.path.basename(p) for p in parts} | {os.path.basename(wheel)}
+    (joined,) = reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    assert open(joined, "rb").read() == open(wheel, "rb").read()
+
+
+def test_a_missing_or_damaged_part_is_one_line_naming_it(tmp_path):
+    wheel = fake_wheel(str(tmp_path), "smallpackage")
+    parts = split(wheel, str(tmp_path / "parts"), part_bytes=300)
+    data = bytearray(open(parts[1], "rb").read())
+    data[0] ^= 0xFF
+    open(parts[1], "wb").write(bytes(data))
+    with pytest.raises(PartsError, match=rf"{os.path.basename(parts[1])}: damaged"):
+        reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    os.remove(parts[1])
+    with pytest.raises(PartsError, match=rf"{os.path.basename(parts[1])}: missing"):
+        reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    wheels, records = gpu_check.join_parts(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    assert wheels == [] and records[0]["status"] == "failed" and "missing" in records[0]["reason"]
+    assert gpu_check.join_parts(str(tmp_path / "nothing"), str(tmp_path / "j")) == ([], [])
+    code = subprocess.run([sys.executable, "-m", "tools.wheel_parts", "reassemble",
+                           str(tmp_path / "parts"), str(tmp_path / "j")],
+                          capture_output=True, text=True)
+    assert code.returncode == 2 and len(code.stderr.strip().splitlines()) == 1
+
+
+def _repack(dist_name: str, folder: str) -> str:
+    """The installed distribution ``dist_name`` as a wheel again (its RECORD's files, stored)."""
+    dist = importlib.metadata.distribution(dist_name)
+    info = next(f for f in dist.files if f.name == "WHEEL")
+    tag = next(line.split(": ")[1].strip() for line in dist.locate_file(info).read_text()
+               .splitlines() if line.startswith("Tag: "))
+    name = dist.metadata["Name"].replace("-", "_")
+    path = os.path.join(folder, f"{name}-{dist.version}-{tag}.whl")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for file in dist.files:
+            if file.parts[0] != ".." and os.path.isfile(dist.locate_file(file)):
+                zf.write(dist.locate_file(file), str(file))
+    return path
+
+
+@pytest.mark.slow
+def test_dali_installed_from_parts_decodes_on_its_cpu_backend(tmp_path):
+    """DALI's real wheel (repacked from this environment's install: 476 MB of files) in parts
+    of at most 60 MiB, reassembled, checked, installed with pip into a folder of its own beside
+    nvImageCodec's wheel (which the bundle carries whole: DALI decodes through it) and imported
+    from there: it decodes a JPEG on its CPU backend."""
+    pytest.importorskip("nvidia.dali")
+    name = next(d.metadata["Name"] for d in importlib.metadata.distributions()
+                if (d.metadata["Name"] or "").startswith("nvidia-dali-cuda"))
+    wheel = _repack(name, str(tmp_path))
+    parts = split(wheel, str(tmp_path / "parts"))
+    assert len(parts) >= 2 and all(os.path.getsize(p) <= 60 * 2**20 for p in parts)
+    os.remove(wheel)
+    (joined,) = reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    site = str(tmp_path / "site")
+    codec = _repack(next(d.metadata["Name"] for d in importlib.metadata.distributions()
+                         if (d.metadata["Name"] or "").startswith("nvidia-nvimgcodec")),
+                    str(tmp_path))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", "--target", site, joined, codec], check=True)
+    share_namespace(site, "nvidia")  # as gpu_check's install does: the site's DALI first
+    for part in parts:
+        os.remove(part)
+    code = (
+        "import io, numpy as np; from PIL import Image; import nvidia.dali as d; "
+        "from nvidia.dali import fn, pipeline_def; "
+        "import nvidia.nvimgcodec as n; "
+        f"assert d.__file__.startswith({site!r}) and n.__file__.startswith({site!r}); "
+        "buf = io.BytesIO(); Image.new('RGB', (64, 48), (10, 200, 30)).save(buf, 'JPEG'); "
+        "data = np.frombuffer(buf.getvalue(), np.uint8)\n"
+        "@pipeline_def(batch_size=1, num_threads=1, device_id=None)\n"
+        "def pipe():\n"
+        "    return fn.decoders.image(fn.external_source(source=lambda: [data], batch=True))\n"
+        "p = pipe(); p.build(); (out,) = p.run(); print(np.asarray(out[0]).shape)")
+    env = {**os.environ, "PYTHONPATH": site}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "(48, 64, 3)"
+    assert os.path.isfile(os.path.join(str(tmp_path / "parts"), MANIFEST))

@@ -1,0 +1,97 @@
+"""One row of ``gpu_check.py``'s report each: a ``main.py`` training run, a loader alone
+(``--benchmark-data``), the data flags of every loader, and the progress line each prints.
+Shared by ``gpu_check.py``'s sections and ``_gpu_dali.py``."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+from types import SimpleNamespace
+
+from . import _gpu_report as report_
+from ._gpu_runner import Runner, fail, skipped
+
+# seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
+# first compile, three training runs and an NCCL spawn in tests/engine/test_gpu.py
+TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240,
+            "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
+
+
+def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
+    """main.py's data flags for ``loader``, or why it cannot run."""
+    if loader == "synthetic":
+        return ["--dummy"]
+    if loader.startswith("dali") and not machine.get("dali"):
+        return "not installed"
+    if data.reason:
+        return data.reason
+    if loader in ("lmdb", "dali-lmdb"):
+        return data.lmdb_reason or (["--dali"] if loader == "dali-lmdb" else []) + [
+            "--lmdb", "--train", os.path.join(data.lmdb, "train"), "--val",
+            os.path.join(data.lmdb, "val")]
+    return (["--dali"] if loader == "dali" else []) + ["--train", data.train, "--val", data.val]
+
+
+def train_row(runner: Runner, s, data, machine, model: str, loader: str,
+              compiled: bool = False, res: int | None = None) -> dict:
+    """One ``main.py`` training run (1 epoch of warm-up + steps batches; ``res``: at
+    ``--train-crop-size res``); images/s from its ``metrics.jsonl``
+    (``steady_images_per_sec``, else ``train_images_per_sec``)."""
+    name = f"train-{model}-{loader}" + ("-compile" if compiled else "") + (f"-{res}px" if res else "")
+    row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
+    flags = loader_flags(loader, data, machine)
+    if isinstance(flags, str):
+        return skipped(name, flags, **row)
+    rundir = os.path.join(s.out, "runs", name)
+    shutil.rmtree(rundir, ignore_errors=True)
+    cmd = [sys.executable, "main.py", *flags, "-a", model, "--amp", "--channels-last",
+           "-b", str(s.batch), "--epochs", "1", "--train-batches", str(s.warmup + s.steps),
+           "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(s.warmup),
+           "-j", s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
+    cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
+    rec = runner.run(name, cmd, TIMEOUTS["compile" if compiled else "resolution" if res
+                                         else "train"])
+    row.update(rec)
+    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
+        os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
+    if rec["status"] != "passed":
+        return row
+    device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
+    row["device"] = device.group(1) if device else None
+    try:
+        row.update(report_.read_speed(rundir))
+    except ValueError as exc:
+        row = fail(row, str(exc))
+        runner.attach_tails(row)
+        return row
+    if not s.dry_run and not (row["device"] or "").startswith("cuda"):
+        return fail(row, f"ran on {row['device']}, not a GPU")
+    return row
+
+
+def loader_row(runner: Runner, s, loader: str, flags: list[str], workers: str,
+               name: str) -> dict:
+    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers``."""
+    rec = runner.run(name, [sys.executable, "main.py", *flags, "--benchmark-data",
+                            "--train-batches", str(s.steps), "--benchmark-warmup",
+                            str(s.warmup), "-b", str(s.batch), "--channels-last", "--amp",
+                            "-j", workers, *s.sizes, *s.accel], TIMEOUTS["loaders"])
+    rec["loader"] = loader
+    result = report_.last_json(runner.text(name)) if rec["status"] == "passed" else None
+    if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):
+        rec = fail(rec, "no JSON line with images_per_sec on stdout")
+        runner.attach_tails(rec)
+    if result and rec["status"] == "passed":  # its "seconds" is the timed part only
+        rec.update({k: v for k, v in result.items() if k != "seconds"},
+                   timed_seconds=result.get("seconds"), loader=loader)
+        if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
+            rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
+    return rec
+
+
+def announce(runner: Runner, record: dict) -> dict:
+    """Print one progress line for ``record``; returns it."""
+    print(report_.progress_line(runner.elapsed(), record), flush=True)
+    return record

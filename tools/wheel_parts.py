@@ -1,0 +1,122 @@
+"""A wheel too large for one transfer to a GPU machine, carried in parts (issue 37).
+
+NVIDIA DALI's wheel (nvidia-dali-cuda130 2.4.0: 198,655,209 bytes) cannot cross in one call of
+a device tool that carries at most 64 MiB. :func:`split` cuts it into parts of at most
+:data:`PART_BYTES` (``NAME.part00``, ``NAME.part01``, ...) and writes a manifest,
+:data:`MANIFEST`, in ``sha256sum``'s format: one line for each part and one for the whole
+wheel. :func:`reassemble` checks every part, joins them and checks the whole, so a part lost
+or damaged on the way is one line naming it, never a broken install.
+
+    python -m tools.wheel_parts split WHEEL DIR        # DIR/NAME.partNN + DIR/SHA256SUMS
+    python -m tools.wheel_parts reassemble DIR OUT     # OUT/NAME, checked
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+PART_BYTES = 60 * 2**20  # under the 64 MiB a call carries, with room for the manifest
+MANIFEST = "SHA256SUMS"
+_CHUNK = 1 << 20
+
+
+class PartsError(Exception):
+    """A missing or damaged part, or a manifest that does not match: one line."""
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split(wheel: str, folder: str, part_bytes: int = PART_BYTES) -> list[str]:
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files of at most ``part_bytes`` bytes and add
+    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
+    if part_bytes < 1:
+        raise ValueError(f"part size {part_bytes}: must be at least 1 byte")
+    os.makedirs(folder, exist_ok=True)
+    name, parts, lines = os.path.basename(wheel), [], []
+    with open(wheel, "rb") as src:
+        while True:
+            data = src.read(part_bytes)
+            if not data:
+                break
+            part = os.path.join(folder, f"{name}.part{len(parts):02d}")
+            with open(part, "wb") as out:
+                out.write(data)
+            parts.append(part)
+            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(part)}")
+    lines.append(f"{sha256_file(wheel)}  {name}")
+    with open(os.path.join(folder, MANIFEST), "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+    return parts
+
+
+def read_manifest(folder: str) -> dict[str, str]:
+    """File name -> sha256 of ``folder/SHA256SUMS``. Raises :class:`PartsError`."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f if line.strip()]
+    except OSError as exc:
+        raise PartsError(f"{path}: {exc.strerror or exc}") from None
+    if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
+        raise PartsError(f"{path}: not a sha256sum listing")
+    return {name.lstrip("*"): digest for digest, name in rows}
+
+
+def reassemble(folder: str, out: str) -> list[str]:
+    """Join each wheel listed in ``folder/SHA256SUMS`` from its parts into ``out`` and check
+    it; returns the wheels' paths. Raises :class:`PartsError` naming the first part missing or
+    damaged, or a whole that does not match."""
+    manifest = read_manifest(folder)
+    wheels = sorted(name for name in manifest if ".part" not in name)
+    os.makedirs(out, exist_ok=True)
+    joined = []
+    for wheel in wheels:
+        parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
+        if not parts:
+            raise PartsError(f"{folder}: no parts of {wheel} in {MANIFEST}")
+        target = os.path.join(out, wheel)
+        with open(target, "wb") as dst:
+            for part in parts:
+                path = os.path.join(folder, part)
+                if not os.path.isfile(path):
+                    raise PartsError(f"{path}: missing (carry every part before this call)")
+                if sha256_file(path) != manifest[part]:
+                    raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
+                with open(path, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        dst.write(chunk)
+        if sha256_file(target) != manifest[wheel]:
+            raise PartsError(f"{target}: reassembled, but its sha256 differs from {MANIFEST}")
+        joined.append(target)
+    return joined
+
+
+def main_cli(argv=None) -> int:
+    """``split WHEEL DIR`` or ``reassemble DIR OUT``: 0, or 2 with one line on error."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if len(argv) == 3 and argv[0] == "split":
+            for part in split(argv[1], argv[2]):
+                print(part)
+            return 0
+        if len(argv) == 3 and argv[0] == "reassemble":
+            for wheel in reassemble(argv[1], argv[2]):
+                print(wheel)
+            return 0
+    except (PartsError, OSError, ValueError) as exc:
+        print(f"wheel_parts: error: {exc}", file=sys.stderr)
+        return 2
+    print("usage: python -m tools.wheel_parts split WHEEL DIR | reassemble DIR OUT",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())
