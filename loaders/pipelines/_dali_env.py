@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import io
+import os
 import re
 from typing import Sequence
 
@@ -65,6 +66,8 @@ def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
     decoder and the hardware decoder) and must return device memory. nvImageCodec finds
     ``libnvjpeg`` only through its RUNPATH; installed elsewhere, DALI's mixed decoder falls back
     to the CPU and a run still "passes", only slower (issue 37)."""
+    # nvImageCodec prints two coloured lines to stderr per failure unless told not to
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
     try:
         n = nvimgcodec or importlib.import_module("nvidia.nvimgcodec")
     except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries

@@ -1,0 +1,105 @@
+"""What DALI is fed (``loaders/pipelines/_dali_feed.py``) and what it checks first on a GPU:
+the host windows are the CPU loaders', the feed reads in a thread of its own in the order DALI
+asks, and the probe that nvJPEG decodes on the GPU says why not where it would not."""
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("nvidia.dali")
+
+from loaders import DataError  # noqa: E402
+
+
+def test_host_windows_are_the_cpu_loaders(tiny, sample):
+    """The windows the feed hands DALI are the ones ``random_resized_crop_params`` (torchvision's
+    algorithm: 10 attempts, then the central crop) gives for the same uniforms and the size PIL
+    reads (independently of the feed's header parse): on real and generated images; every
+    fourth image gets uniforms near 1 for every attempt (the whole area at ratio 4/3 fits no
+    image but an exactly 4:3 one), so the central fallback is exercised."""
+    import glob
+
+    from loaders.pipelines._dali_feed import crop_draws, host_windows
+    from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
+
+    paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]
+    paths += sorted(glob.glob(os.path.join(tiny.root, "train", "*", "*")))[:16]
+    blobs = [open(p, "rb").read() for p in paths]
+    draws, _ = crop_draws(seed=3, epoch=1, rank=0, batch=0, count=len(blobs))
+    draws[::4] = 1.0 - 1e-12
+    sizes = [Image.open(p).size for p in paths]
+    expected = []
+    for (width, height), uniforms in zip(sizes, draws):
+        top, left, h, w = random_resized_crop_params(height, width, RRC_SCALE, RRC_RATIO,
+                                                     list(uniforms))
+        expected.append((left, top, w, h))
+    anchors, shapes = host_windows(blobs, draws)
+    assert anchors.dtype == shapes.dtype == np.float32 and anchors.shape == (len(blobs), 2)
+    assert [(*map(int, a), *map(int, s)) for a, s in zip(anchors, shapes)] == expected
+    assert sum(w == width and h == height for (_, _, w, h), (width, height)
+               in zip(expected, sizes)) > 0  # some fallbacks were the whole image
+
+
+def test_the_feed_reads_off_the_training_thread_in_order(tiny):
+    """A feed prepares its batches in a thread of its own, ahead of DALI, in the order DALI asks
+    for them (pipeline p of n: batches p, p + n, ...); past the end it says StopIteration every
+    time DALI asks; a read error reaches the caller as raised."""
+    import threading
+    from types import SimpleNamespace
+
+    from loaders.pipelines._dali_feed import BatchFeed, FeedPass
+
+    threads = []
+
+    def read(index):
+        threads.append(threading.current_thread())
+        if index == 99:
+            raise DataError("record 99: gone")
+        return bytes([255, 216, 255, index]), index % 4
+
+    feed = BatchFeed(read, train=False, batch_size=2, seed=0, rank=0)
+    feed.start(FeedPass(tuple(range(10)), 0, 0, 32, 1, 2))  # batches 1, 3
+    got = [feed(SimpleNamespace(iteration=k)) for k in range(2)]
+    assert [list(batch[1]) for batch in got] == [[2, 3], [2, 3]]  # indices 2, 3 and 6, 7
+    assert [bytes(a)[3] for a in got[1][0]] == [6, 7]
+    for k in (2, 3):
+        with pytest.raises(StopIteration):
+            feed(SimpleNamespace(iteration=k))
+    assert threads and threading.main_thread() not in threads
+    feed.start(FeedPass((0, 99), 0, 0, 32, 0, 1))
+    with pytest.raises(DataError, match="record 99: gone"):
+        feed(SimpleNamespace(iteration=0))
+    feed.close()
+
+
+def test_gpu_decoding_probe_says_why_it_would_not_happen(monkeypatch):
+    """Before a CUDA run, the loader asks nvImageCodec (DALI's decoding library) to decode a
+    probe JPEG with its GPU backends only: on this machine (no GPU) it says why not, in one
+    line; an install whose GPU backends hand back host memory, or nothing, is caught too."""
+    from types import SimpleNamespace
+
+    from loaders.pipelines._dali_env import gpu_decoding_problem
+
+    cuda = torch.device("cuda", 0)
+    reason = gpu_decoding_problem(cuda)
+    assert reason and "\n" not in reason
+    kinds = SimpleNamespace(STRIDED_DEVICE="device", STRIDED_HOST="host")
+
+    def library(result):
+        class Decoder:
+            def __init__(self, device_id, backends):
+                assert device_id == 0 and len(backends) == 2
+
+            def decode(self, data):
+                assert data[:3] == b"\xff\xd8\xff"
+                return result
+
+        return SimpleNamespace(Decoder=Decoder, Backend=lambda kind: kind, ImageBufferKind=kinds,
+                               BackendKind=SimpleNamespace(GPU_ONLY=1, HW_GPU_ONLY=2))
+
+    assert gpu_decoding_problem(cuda, library(SimpleNamespace(buffer_kind="device"))) is None
+    assert "host memory" in gpu_decoding_problem(cuda, library(
+        SimpleNamespace(buffer_kind="host")))
+    assert "libnvjpeg" in gpu_decoding_problem(cuda, library(None))
