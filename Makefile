@@ -143,7 +143,7 @@ gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, n
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
 gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
-	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output) $(if $(PARTS),--parts $(PARTS)) $(ARGS)
+	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output)$(if $(PARTS), --parts $(PARTS)) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

@@ -3,7 +3,7 @@
 * ``dali-gpu-decode``: nvJPEG decodes a probe JPEG into device memory through nvImageCodec, the
   library DALI's decoders are built on (``loaders.pipelines._dali_env.gpu_decoding_problem``):
   a missing ``libnvjpeg`` would otherwise let DALI decode on the CPU and still "pass";
-* ``dali-mixed-j1`` against ``dali-cpu-j1``: the loader alone with one CPU thread, decoding on
+* ``loader-dali-mixed-j1`` against ``loader-dali-cpu-j1``: the loader alone with one CPU thread, decoding on
   the GPU and on the CPU; a GPU decode that is not clearly faster did not happen on the GPU;
 * the hardware decoder's share (``--dali-hw-decoder-load`` 0.65, 0.9, 1.0) and ``-j`` (2, 4,
   8, 15) for the loader alone reading the LMDB;
@@ -44,10 +44,10 @@ def dali_rows(runner: Runner, s, data, machine) -> list[dict]:
         for load in HW_LOADS:
             rows.append(announce(runner, {**loader_row(
                 runner, s, "dali-lmdb", [*flags, "--dali-hw-decoder-load", str(load)],
-                s.workers, f"dali-hw{load}"), "hw_decoder_load": load}))
+                s.workers, f"loader-dali-hw{load}"), "hw_decoder_load": load}))
         for workers in WORKERS:
             rows.append(announce(runner, loader_row(
-                runner, s, "dali-lmdb", flags, workers, f"dali-j{workers}")))
+                runner, s, "dali-lmdb", flags, workers, f"loader-dali-j{workers}")))
     low = 16 if s.dry_run else 160
     for loader in ("synthetic", "dali-lmdb"):
         rows.append(announce(runner, train_row(runner, s, data, machine, "resnet18",
@@ -71,11 +71,11 @@ def decode_probe(runner: Runner, s) -> dict:
 
 
 def evidence(runner: Runner, s, flags: list[str]) -> list[dict]:
-    """``dali-mixed-j1`` and ``dali-cpu-j1``: with one CPU thread each, the GPU decode must be
+    """``loader-dali-mixed-j1`` and ``loader-dali-cpu-j1``: with one CPU thread each, the GPU decode must be
     :data:`GPU_OVER_CPU` times the CPU decode's images/s (a dry run decodes on the CPU both
     times and only reports the ratio)."""
-    mixed = loader_row(runner, s, "dali-lmdb", flags, "1", "dali-mixed-j1")
-    cpu = loader_row(runner, s, "dali-lmdb", [*flags, "--dali-cpu"], "1", "dali-cpu-j1")
+    mixed = loader_row(runner, s, "dali-lmdb", flags, "1", "loader-dali-mixed-j1")
+    cpu = loader_row(runner, s, "dali-lmdb", [*flags, "--dali-cpu"], "1", "loader-dali-cpu-j1")
     if mixed.get("images_per_sec") and cpu.get("images_per_sec"):
         mixed["gpu_over_cpu"] = mixed["images_per_sec"] / cpu["images_per_sec"]
         if not s.dry_run and mixed["gpu_over_cpu"] < GPU_OVER_CPU:

@@ -31,7 +31,8 @@ def gpu_check_cli(argv):
     return code, out.getvalue(), err.getvalue()
 
 
-SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0}
+SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0,
+          "dali-lmdb": 975.0}
 
 
 MACHINE = {"python": "3.12.3", "platform": "Linux", "cpu_cores": 16, "torch": "2.11.0",
@@ -51,20 +52,28 @@ def fake_gpu_run(self, name, cmd, timeout):
         out = json.dumps(getattr(self, "machine", MACHINE))
     elif name.startswith("pytest"):
         out = getattr(self, "pytest_out", "...\n3 passed, 259 deselected in 5.01s\n")
-    elif name.startswith("loader-"):
+    elif name == "dali-gpu-decode":
+        out = json.dumps({"problem": getattr(self, "gpu_decode_problem", None)})
+    elif "--benchmark-data" in cmd:  # DALI decoding on the CPU with one thread: 1,000 images/s
+        speed = 1000.0 if "--dali-cpu" in cmd else 5120.0
         out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
-                          "images_per_sec": 5120.0, "workers": 8, "batch_size": 256,
+                          "images_per_sec": speed, "workers": int(cmd[cmd.index("-j") + 1])
+                          if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
     elif "--output-dir" in cmd:
-        loader = name.split("-")[2] if name.startswith("train-") else "folder"
+        loader = (name.split("-")[2] + ("-lmdb" if "-dali-lmdb" in name else "")
+                  if name.startswith("train-") else "folder")
         speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
             1.8 if "--train-crop-size" in cmd else 1.0)
         rundir = cmd[cmd.index("--output-dir") + 1]
         os.makedirs(rundir, exist_ok=True)
         with open(os.path.join(rundir, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"epoch": 0, "train_images_per_sec": speed / 2,
-                                "steady_images_per_sec": speed, "val_acc1": 1.0,
-                                "data_time_fraction": 0.01}) + "\n")
+            for epoch in range(int(cmd[cmd.index("--epochs") + 1]) if "--epochs" in cmd else 1):
+                f.write(json.dumps({"epoch": epoch, "train_images_per_sec": speed / 2,
+                                    "steady_images_per_sec": speed, "val_acc1": 1.0,
+                                    "data_time_fraction": 0.01, "host_rss_mib": 9000.0,
+                                    "device_memory_mib": 20000.0 + epoch * getattr(
+                                        self, "memory_growth_mib", 0.0)}) + "\n")
         group = " (nccl process group)" if name == "distributed" else ""
         out = f"device: cuda:0; world size 1{group}; seed 0\n"
     with open(self.log(name, "out"), "w") as f:

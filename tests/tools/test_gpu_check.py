@@ -110,11 +110,11 @@ def test_dali_section(dry_run):
         assert rows["dali"]["reason"] == "not installed"
         return
     assert rows["dali-gpu-decode"]["status"] == "skipped"
-    for name in ("dali-mixed-j1", "dali-cpu-j1"):
+    for name in ("loader-dali-mixed-j1", "loader-dali-cpu-j1"):
         assert rows[name]["status"] == "passed" and rows[name]["images_per_sec"] > 0
         assert rows[name]["workers"] == 1
-    assert "--dali-cpu" in rows["dali-cpu-j1"]["command"]
-    assert rows["dali-mixed-j1"]["gpu_over_cpu"] > 0
+    assert "--dali-cpu" in rows["loader-dali-cpu-j1"]["command"]
+    assert rows["loader-dali-mixed-j1"]["gpu_over_cpu"] > 0
     low = [r for r in dry_run.sections["dali"] if r.get("res") == 16]
     assert [r["loader"] for r in low] == ["synthetic", "dali-lmdb"]
     assert all(r["status"] == "passed" and r["model"] == "resnet18" for r in low)
@@ -182,16 +182,28 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert code == 0 and report["summary"] == {"passed": 25, "failed": 0, "timed_out": 0,
+    assert code == 0 and report["summary"] == {"passed": 42, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
-    assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 6 + [
-        "resnet18"] * 4 + ["resnet50", "resnet50", "resnet18", "resnet18"]
-    # progressive resizing's gain: ResNet-50 at 160 px on synthetic data and the best loader
+    # NCCL, ResNet-50 from 5 loaders, DALI's section (ResNet-18 at 160 px from synthetic data
+    # and DALI, 3 epochs for memory), 160 px, ResNet-18 from 5 loaders, --compile
+    assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 5 + [
+        "resnet18"] * 3 + ["resnet50"] * 3 + ["resnet18"] * 5 + [
+        "resnet50", "resnet50", "resnet18", "resnet18"]
+    # progressive resizing's gain: ResNet-50 at 160 px on synthetic data, the best loader and
+    # DALI reading the LMDB
     resolution = [(r["loader"], r["res"], r["speedup"]) for r in report["sections"]["resolution"]]
-    assert resolution == [("synthetic", 160, 1.8), ("dali", 160, 1.8)]
-    assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[5:7])
+    assert resolution == [("synthetic", 160, 1.8), ("dali", 160, 1.8), ("dali-lmdb", 160, 1.8)]
+    assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[6:8] + train[9:12])
+    dali = {r["name"]: r for r in report["sections"]["dali"]}
+    assert dali["dali-gpu-decode"]["status"] == "passed"
+    assert dali["loader-dali-mixed-j1"]["gpu_over_cpu"] == 5.12
+    assert [dali[f"loader-dali-hw{x}"]["hw_decoder_load"] for x in (0.65, 0.9, 1.0)] == [
+        0.65, 0.9, 1.0]
+    assert [dali[f"loader-dali-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [2, 4, 8, 15]
+    assert dali["dali-memory"]["device_memory_mib"] == [20000.0] * 3
+    train = [c for c in train if "--epochs 3" not in " ".join(c)]  # the memory run
     for cmd in train[1:]:
         line = " ".join(cmd)
         assert "--amp --channels-last -b 256 --epochs 1 --train-batches 3 " in line
@@ -215,7 +227,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
              if r.get("command") == " ".join(c)]
     assert alone == [("loader-folder", "-j auto"), ("loader-folder-j15", "-j 15"),
                      ("loader-lmdb", "-j auto"), ("loader-lmdb-j15", "-j 15"),
-                     ("loader-dali", "-j auto")]
+                     ("loader-dali", "-j auto"), ("loader-dali-lmdb", "-j auto")]
 
 
 @pytest.mark.parametrize("with_pip", [True, False])
@@ -291,6 +303,8 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     assert ".venv" not in check.stdout and "pip install" not in check.stdout
     custom = make_n("gpu-check", "OUT=/x", "GPU_PYTHON=py", "ARGS=--budget 900")
     assert "py -m tools.gpu_check --out /x --budget 900" in custom.stdout
+    parts = make_n("gpu-check", "PARTS=/tmp/gpu-parts")
+    assert "-m tools.gpu_check --out gpu-check-output --parts /tmp/gpu-parts" in parts.stdout
     bundle = make_n("gpu-bundle").stdout
     assert "-m tools.gpu_bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
     assert "--data" not in bundle and "--no-dali" not in bundle

@@ -63,8 +63,9 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
     assert code == 0, report["not_proven"]
     runs = [c for c in _gpu_runner.Runner.calls if "main.py" in c]
     single = [c for c in runs if "--multiprocessing-distributed" not in c]
-    assert len(single) == 8 + 5 + 2 + 4  # training, loader-only (2 of them with -j 15 too),
-    # resolution, --compile
+    # training (5 loaders x 2 models), loader-only (2 of them with -j 15 too), resolution,
+    # --compile, DALI's section (2 at -j 1, 3 hardware shares, 4 -j, 2 at 160 px, memory)
+    assert len(single) == 10 + 6 + 3 + 4 + 12
     for cmd in single:
         assert cmd.count("--gpu") == 1 and cmd[cmd.index("--gpu") + 1] == "0", cmd
     (distributed,) = [c for c in runs if "--multiprocessing-distributed" in c]
@@ -73,7 +74,9 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
 
 
 @pytest.mark.parametrize("facts,pytest_out,unproven", [
-    ({"dali": None}, None, {"train-resnet50-dali", "train-resnet18-dali", "loader-dali"}),
+    ({"dali": None}, None, {"train-resnet50-dali", "train-resnet18-dali", "loader-dali",
+                            "train-resnet50-dali-lmdb", "train-resnet18-dali-lmdb",
+                            "loader-dali-lmdb", "train-resnet50-dali-lmdb-160px", "dali"}),
     ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
      {"pytest-test_gpu", "pytest-test_gpu_dali"}),
 ])
@@ -185,3 +188,21 @@ def test_driver_api_version_needs_no_torch_internals():
     """torch 2.14 has no torch._C._cuda_getDriverVersion; libcuda answers, or None here."""
     version = _gpu_runner.cuda_driver_api()
     assert version is None or version.count(".") == 1
+
+
+def test_dali_section_fails_what_a_gpu_decode_must_prove(sample, tmp_path, fake_machine,
+                                                         monkeypatch):
+    """A machine where nvJPEG does not decode on the GPU, and whose device memory grows epoch
+    after epoch under DALI: both rows fail with the reason, and the check exits 1."""
+    fake_machine()
+    monkeypatch.setattr(_gpu_runner.Runner, "gpu_decode_problem", "libnvjpeg not found",
+                        raising=False)
+    monkeypatch.setattr(_gpu_runner.Runner, "memory_growth_mib", 4000.0, raising=False)
+    code, _, report = gpu_run(sample, tmp_path, "--only", "dali")
+    rows = {r["name"]: r for r in report["sections"]["dali"]}
+    assert code == 1
+    assert rows["dali-gpu-decode"]["status"] == "failed"
+    assert rows["dali-gpu-decode"]["reason"] == "libnvjpeg not found"
+    assert rows["dali-memory"]["status"] == "failed"
+    assert "device memory grew from 20000 to 28000 MiB" in rows["dali-memory"]["reason"]
+    assert rows["loader-dali-mixed-j1"]["status"] == "passed"  # 5.12x the CPU decode
