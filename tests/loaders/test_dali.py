@@ -100,8 +100,8 @@ def test_channels_last_and_batch_caps(tiny):
 
 
 def test_errors_are_data_errors(tiny, tmp_path):
-    with pytest.raises(DataError, match="fewer than one batch"):
-        build(tiny, "folder", batch_size=64)
+    with pytest.raises(DataError, match="no image for this process"):
+        build(tiny, "folder", dist=DistInfo(rank=40, world_size=41))
     with pytest.raises(DataError, match="add --lmdb"):
         build(tiny, "folder", data=tiny.lmdb, lmdb=False)
     with pytest.raises(DataError, match="drop --lmdb"):
