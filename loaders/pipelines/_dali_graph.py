@@ -30,6 +30,7 @@ from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_
 from ..transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
+_INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class GraphOptions:
     hw_decoder_load: float
     dtype: torch.dtype  # of the delivered images (loaders.contract.input_dtype)
     channels_last: bool
+    augment: object = None  # training's --auto-augment: a _dali_augment.DaliAugment, or None
+    interpolation: str = "bilinear"  # --interpolation of the resizes
 
 
 def stored_shape(encoded):
@@ -147,7 +150,7 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     if not opts.decode_on_cpu:
         decode["hw_decoder_load"] = opts.hw_decoder_load
     if opts.train:
-        draws, mirror, sizes = train_inputs
+        draws, mirror, sizes, aug_draws = train_inputs
         size = stored_shape(encoded)
         anchor, shape = random_window(size, draws)
         images = fn.decoders.image_slice(encoded, *inside(anchor, shape, size),
@@ -162,11 +165,16 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         return [images, mirror, *checks] if opts.train else [images]
     if opts.decode_on_cpu:
         images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
+    interp = ({} if opts.interpolation == "bilinear"
+              else {"interp_type": getattr(types, _INTERP[opts.interpolation])})
     if opts.train:  # the side can change between epochs (progressive resizing): an input
-        images = fn.resize(images, resize_x=sizes, resize_y=sizes)
+        images = fn.resize(images, resize_x=sizes, resize_y=sizes, **interp)
         crop = {}
+        if opts.augment is not None:  # flip, then the policy (torchvision's order)
+            images = opts.augment.graph(fn.flip(images, horizontal=mirror), aug_draws)
+            mirror = 0
     else:
-        images = fn.resize(images, resize_shorter=opts.resize_size)
+        images = fn.resize(images, resize_shorter=opts.resize_size, **interp)
         crop = {"crop": (opts.crop_size, opts.crop_size)}
     return [fn.crop_mirror_normalize(
         images, mirror=mirror, **crop,
@@ -200,28 +208,36 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
     return None
 
 
-def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def finish_on_cpu(outputs, opts: GraphOptions,
+                  augment_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``)."""
+    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``); training
+    crops then go through ``opts.augment``'s torch policy, its draws from torch's generator
+    seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs)."""
     images, *rest, labels = outputs
-    size = opts.crop_size
+    size, interp = opts.crop_size, opts.interpolation
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
+    policy = opts.augment.torch_policy if opts.train and opts.augment is not None else None
 
     def crops():
         for i in range(len(images)):
             # A view of DALI's buffer, valid until the next run(); resizing copies it out.
             image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
             if opts.train:
-                out = resize(image, (size, size))
-                yield out.flip(-1) if flips[i] else out
+                out = resize(image, (size, size), interp)
+                out = out.flip(-1) if flips[i] else out
+                yield out if policy is None else policy(out)
             else:
-                yield resize_center_crop(image, opts.resize_size, size)
+                yield resize_center_crop(image, opts.resize_size, size, interp)
 
     # Each crop is normalised straight after its resize, while it is in cache.
     out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
-    return (normalize_each(crops(), out, _MEAN_255, _STD_255),
-            torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
+    with torch.random.fork_rng(devices=[], enabled=policy is not None):
+        if policy is not None:
+            torch.default_generator.manual_seed(augment_seed)
+        out = normalize_each(crops(), out, _MEAN_255, _STD_255)
+    return out, torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64)
 
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
@@ -248,9 +264,10 @@ class PassFeed:
     """
 
     def __init__(self, read: Callable[[int], tuple[np.ndarray, int]], train: bool,
-                 batch_size: int, seed: int, rank: int, sizes: bool = True):
+                 batch_size: int, seed: int, rank: int, sizes: bool = True, augment=None):
         self.read, self.train, self.batch_size = read, train, batch_size
         self.sizes = train and sizes
+        self.augment = augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
         self.start([], epoch=0, first_batch=0, size=0, index=0, pipelines=1)
 
@@ -274,6 +291,9 @@ class PassFeed:
             out += [list(draws), list(flips)]
         if self.sizes:
             out.append([np.array(self.size, np.float32)] * len(indices))
+        if self.augment is not None:
+            out.append(self.augment.host_draws(self.seed, self.epoch, self.rank,
+                                               self.first_batch + batch, len(indices)))
         return out
 
 
@@ -298,11 +318,12 @@ def source(feed: PassFeed, files: bool):
     from nvidia.dali import fn, types
 
     dtypes = ([types.UINT8, types.INT32] + ([types.FLOAT64, types.INT32] if feed.train else [])
-              + ([types.FLOAT] if feed.sizes else []))
+              + ([types.FLOAT] if feed.sizes else []) + ([types.INT32] if feed.augment else []))
     outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
                               batch_info=True, parallel=False, dtype=dtypes)
     encoded = fn.io.file.read(outs[0], dont_use_mmap=True) if files else outs[0]
-    train = (*outs[2:], None)[:3] if feed.train else None  # (draws, flips, sizes or None)
+    # (draws, flips, sizes or None, the policy's draws or None)
+    train = (*outs[2:], None, None)[:4] if feed.train else None
     return encoded, outs[1], train
 
 
