@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from engine import ConfigError
-from engine.optim import SCHEDULERS, LRSchedule
+from engine.optim import OPTIMIZERS, SCHEDULERS, LRSchedule
 
 # torchvision's own spellings of the same schedules (its --lr-scheduler values)
 SCHEDULER_ALIASES = {"steplr": "step", "cosineannealinglr": "cosine"}
@@ -135,6 +135,15 @@ def add_recipe_args(r) -> None:
                    help="steps between EMA updates")
     r.add_argument("--model-ema-decay", type=float, default=0.99998, metavar="F",
                    help="EMA decay, adjusted for global batch, steps and epochs as torchvision")
+    r.add_argument("--opt", type=str.lower, default="sgd", choices=OPTIMIZERS,
+                   help="optimizer (torchvision's choices): SGD, SGD with Nesterov momentum, "
+                   "RMSprop (eps 0.0316, alpha 0.9), AdamW")
+    r.add_argument("--clip-grad-norm", type=float, metavar="F",
+                   help="clip the gradients' global L2 norm to F before each step (unscaled "
+                   "first under --amp)")
+    r.add_argument("--transformer-embedding-decay", type=float, metavar="F",
+                   help="weight decay of class_token, position_embedding and "
+                   "relative_position_bias_table parameters; None: --wd")
 
 
 def check_recipe_flags(args: argparse.Namespace) -> None:
@@ -154,6 +163,8 @@ def check_recipe_flags(args: argparse.Namespace) -> None:
          "--lr-scale-batch must be >= 1"),
         (args.model_ema_steps < 1, "--model-ema-steps must be >= 1"),
         (not 0 <= args.model_ema_decay < 1, "--model-ema-decay: expected 0 <= F < 1"),
+        (args.clip_grad_norm is not None and not args.clip_grad_norm > 0,
+         f"--clip-grad-norm {args.clip_grad_norm}: expected F > 0"),
     ]
     for bad, message in problems:
         if bad:
@@ -190,6 +201,9 @@ class RecipeSettings:
     model_ema: bool
     model_ema_steps: int
     model_ema_decay: float
+    opt: str = "sgd"
+    clip_grad_norm: float | None = None
+    transformer_embedding_decay: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RecipeSettings":

@@ -227,7 +227,7 @@ def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch)
         def run(self):
             return "outputs"
 
-    def to_torch(self, outputs):
+    def to_torch(self, outputs, batch):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
     train, _ = build(tiny, "folder")
