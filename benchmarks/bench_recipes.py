@@ -13,8 +13,10 @@ Four parts (``--only`` picks some):
 * ``costs``: per-image CPU milliseconds (one thread) of each recipe's training transform
   (pytorch/examples, FFCV, torchvision v2) and of each op, ours against torchvision's kernel.
 * ``command``: torchvision's ResNet-50 IMAGENET1K_V2 command, verbatim, under ``torchrun
-  --nproc_per_node=2`` on the CPU (gloo), test-sized by ``--epochs 1 --val-batches 1`` after
-  it; target: it trains (exit status 0, a finite loss).
+  --nproc_per_node=2`` on the CPU (gloo), test-sized by flags after it (:func:`test_size`:
+  one epoch of RASampler's, ``-b 32`` per rank, one validation batch: two ranks of
+  ResNet-50 at ``-b 128`` need more memory than a small machine has); target: it trains (exit
+  status 0, a finite loss).
 
 The images are ``--data`` replicated ``--copies`` times (symlinks), so an epoch outlasts the
 timed batches and RASampler (256 images at least) has an epoch.
@@ -157,6 +159,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_size(args) -> list[str]:
+    """The flags after torchvision's command that make it a test: one epoch, ``-b
+    --command-batch`` per rank, one validation batch, one worker, then ``--command-extra``."""
+    return ["--epochs", "1", "-b", str(args.command_batch), "--val-batches", "1", "-j", "1",
+            "--seed", "0", *args.command_extra.split()]
+
+
 def command(data: str, args) -> dict:
     """torchvision's command verbatim under torchrun on 2 CPU ranks, test-sized after it."""
     import subprocess
@@ -164,8 +173,7 @@ def command(data: str, args) -> dict:
     with runner.scratch("bench-recipes-run-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                "--master-port", str(_free_port()), "main.py", *TORCHVISION_R50_V2,
-               "--data-path", data, "--epochs", "1", "--val-batches", "1", "-j", "1",
-               "--seed", "0", "--output-dir", out, *args.command_extra.split()]
+               "--data-path", data, *test_size(args), "--output-dir", out]
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=runner.REPO, capture_output=True, text=True,
                               timeout=args.command_timeout)
@@ -211,7 +219,7 @@ def report(results: dict, args) -> None:
             [op, f"{a:.3f}", f"{b:.3f}"] for op, (a, b) in c["ops"].items()]))
     if "command" in results:
         r = results["command"]
-        print(f"\n{r['command']}\n  test-sized ({args.command_extra or 'as written'}): exit "
+        print(f"\n{r['command']}\n  test-sized ({' '.join(test_size(args))}): exit "
               f"status {r['exit_status']}, {r['train_images']} training images, loss "
               f"{r['train_loss']}, EMA top-1 {r['val_ema_acc1']}, {r['seconds']:.0f} s: "
               f"{'trains (target met)' if r['met'] else 'NOT met: ' + r['stderr_tail']}")
@@ -232,6 +240,7 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches per run")
     parser.add_argument("--draws", type=int, default=200, help="exact: images per policy")
     parser.add_argument("--images", type=int, default=100, help="costs: images")
+    parser.add_argument("--command-batch", type=int, default=32, help="command: -b per rank")
     parser.add_argument("--command-extra", default="",
                         help="command: flags after torchvision's (tests shrink the model)")
     parser.add_argument("--command-timeout", type=float, default=1800)

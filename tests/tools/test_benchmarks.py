@@ -171,12 +171,12 @@ def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
     from benchmarks import bench_recipes
 
     out = tmp_path / "recipes.json"
-    extra = ("--model resnet18 -b 8 --train-batches 2 --train-crop-size 32 --val-resize-size 32 "
+    extra = ("--model resnet18 --train-batches 2 --train-crop-size 32 --val-resize-size 32 "
              "--val-crop-size 32")
     assert bench_recipes.main_cli([
         "--data", tiny.root, "--copies", "8", "--crop", "32", "-b", "4", "-j", "1",
         "--batches", "2", "--warmup", "1", "--rounds", "1", "--draws", "3", "--images", "4",
-        "--command-extra", extra, "--out", str(out)]) == 0
+        "--command-batch", "8", "--command-extra", extra, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "ratio" in printed and "identical pixels everywhere (target): met" in printed
     report = json.loads(out.read_text())
