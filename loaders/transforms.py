@@ -2,7 +2,9 @@
 
 The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(224) (scale
 0.08-1, ratio 3/4-4/3, Szegedy et al. 2015) plus horizontal flip; validation Resize(256) +
-CenterCrop(224). Normalisation is left to the device (``loaders.pipelines.workers``).
+CenterCrop(224); torchvision's recipes add an ``--auto-augment`` policy on the training crop
+(``loaders.auto_augment``) and ``--interpolation``. Normalisation is left to the device
+(``loaders.pipelines.workers``).
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
