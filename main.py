@@ -307,7 +307,7 @@ def log_sampling(s: RunSettings, train_loader, log) -> None:
     smaller batch (a split under one batch per process, as pytorch/examples' DataLoader keeps
     the partial batch), or ``--ra-sampler`` left out in one process (as torchvision)."""
     batch = getattr(train_loader, "batch_size", s.loader.batch_size)
-    if batch < s.loader.batch_size:
+    if batch < s.loader.batch_size and s.mode == "train":
         log(f"training set has {batch} images per process, fewer than one batch of "
             f"{s.loader.batch_size}: each epoch trains on them as one batch of {batch}")
     if s.loader.ra_sampler and not s.dist.distributed and s.mode == "train":

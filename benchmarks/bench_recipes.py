@@ -118,8 +118,7 @@ def costs(data: str, args) -> dict:
     """Per-image CPU ms, one thread: each recipe's training transform, then each op."""
     from torchvision.transforms import v2
 
-    from loaders._uint8_ops import OPS
-    from loaders.auto_augment import make_auto_augment
+    from loaders.auto_augment import OPS, make_auto_augment
     from loaders.transforms import TrainTransform
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
-"""Training recipes behind torchvision's flags (issue 17): the flags of the per-step LR
-schedule, weight decay per parameter kind, label smoothing, MixUp/CutMix on the device and the
-model EMA; MixUp/CutMix and the EMA themselves (the schedule and the groups are the optimizer's:
+"""Training recipes behind torchvision's flags (issues 17, 39): the flags of the per-step LR
+schedule, weight decay per parameter kind, label smoothing, MixUp/CutMix on the device, the
+model EMA, ``--opt`` and ``--clip-grad-norm``; MixUp/CutMix and the EMA themselves (the schedule and the groups are the optimizer's:
 :mod:`engine.optim`).
 
 Flag names, defaults and the EMA's decay adjustment follow torchvision's
@@ -98,8 +98,9 @@ class ModelEMA(AveragedModel):
 
 
 def add_recipe_args(r) -> None:
-    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix and
-    the model EMA (engine/recipes.py), as torchvision's train.py spells them."""
+    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix,
+    the model EMA, the optimizer (``--opt``) and gradient clipping (engine/recipes.py), as
+    torchvision's train.py spells them."""
     r.add_argument("--lr-scheduler", type=scheduler_name, default="step", choices=SCHEDULERS,
                    help="LR schedule, set every step: step (x--lr-gamma every --lr-step-size "
                    "epochs), cosine or linear (to --lr-min); also torchvision's names")

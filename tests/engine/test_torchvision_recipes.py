@@ -130,6 +130,7 @@ def _state(*flags):
                        lambda *a: None)[0]
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_clip_grad_norm_clips_before_the_step(monkeypatch):
     state = _state("--clip-grad-norm", "0.01", "--opt", "adamw")
     assert state.clip_grad_norm == 0.01 and isinstance(state.optimizer, torch.optim.AdamW)
