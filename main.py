@@ -27,6 +27,7 @@ import decode
 import loaders
 from engine import ConfigError
 from engine.argtypes import non_negative_int, positive_int, workers_type
+from engine.augmentation import add_augment_args, check_augment_flags, with_random_erasing
 from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes,
@@ -37,11 +38,11 @@ from engine.presets import preset_tokens
 from engine.recipes import add_recipe_args, check_recipe_flags
 from engine.resolution import add_resolution_args, resolution_schedule
 from engine.reporting import MetricsWriter, Progress, warn_if_data_bound
-from engine.settings import RunSettings, resolve_backend, resolve_settings
+from engine.settings import RunSettings, data_root, resolve_backend, resolve_settings
 from engine.slurm import check_requeue_flag
-from engine.state import TrainState, build_state
+from engine.state import TrainState, build_state, use_deterministic_algorithms
 from loaders import AcceleratorError, DataError
-from models import ModelError, check_arch
+from models import ModelError, check_arch, resolve_weights
 
 ONE_LINE_ERRORS = (ConfigError, DataError, ModelError, AcceleratorError)
 
@@ -53,6 +54,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = p.add_argument_group("data and loaders")
     d.add_argument("data", metavar="DIR", nargs="?", help="dataset root holding train/ and val/")
+    d.add_argument("--data-path", metavar="DIR", help="the same as DIR (torchvision's name)")
     d.add_argument("--train", metavar="PATH", help="training split root (instead of DIR/train)")
     d.add_argument("--val", metavar="PATH", help="validation split root (instead of DIR/val)")
     d.add_argument("--loader", default="folder", choices=sorted(loaders.BACKENDS),
@@ -87,9 +89,17 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="with --lmdb: OS readahead; auto = on when the LMDB fits in half the "
                    "available memory (faster random reads), off otherwise (block order wants on)")
     m = p.add_argument_group("model")
-    m.add_argument("-a", "--arch", default="resnet18", help="torchvision classification model")
+    m.add_argument("-a", "--arch", "--model", default="resnet18",
+                   help="torchvision classification model")
     m.add_argument("--pretrained", action="store_true",
                    help="start from torchvision's ImageNet weights (must already be on disk)")
+    m.add_argument("--weights", metavar="NAME",
+                   help="start from these torchvision weights (e.g. IMAGENET1K_V2; on disk); "
+                   "with -e/--test-only, validate with their preprocessing")
+    m.add_argument("--sync-bn", action="store_true",
+                   help="SyncBatchNorm across the processes of a distributed GPU run")
+    m.add_argument("--use-deterministic-algorithms", action="store_true",
+                   help="torch's deterministic kernels only, cuDNN autotuning off")
     m.add_argument("--amp", action="store_true", help="automatic mixed precision")
     m.add_argument("--amp-dtype", default="float16", choices=["float16", "bfloat16"],
                    help="with --amp on CUDA: autocast dtype (bfloat16 needs no GradScaler; "
@@ -112,6 +122,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, help="seed for shuffling, augmentation and init "
                    "(default: drawn at random and logged)")
     add_recipe_args(p.add_argument_group("training recipe"))
+    add_augment_args(p.add_argument_group("augmentation (torchvision's recipes)"))
     add_resolution_args(p.add_argument_group("resolution (progressive resizing, test time)"))
     g = p.add_argument_group("distributed")
     g.add_argument("--world-size", type=int, default=-1,
@@ -144,7 +155,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     w.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
                    help="also checkpoint every N training steps, with the loader position "
                    "(--resume continues with the next batch); 0: at epoch ends only")
-    w.add_argument("-e", "--evaluate", action="store_true", help="evaluate on val and exit")
+    w.add_argument("-e", "--evaluate", "--test-only", action="store_true",
+                   help="evaluate on val and exit")
     w.add_argument("--benchmark-data", action="store_true",
                    help="time the training loader alone (no model) for --train-batches batches "
                    "after --benchmark-warmup; print a JSON line")
@@ -184,14 +196,17 @@ def main(argv=None) -> dict:
     """
     args = parse_args(argv)
     check_arch(args.arch)  # a typo is the first error, before any data or device is touched
+    if args.weights:
+        resolve_weights(args.arch, args.weights)
     check_recipe_flags(args)
+    check_augment_flags(args)
     resolution_schedule(args)  # bad sizes or ramps end here, in one line
     check_cuda(args.no_accel)
     check_requeue_flag(args.requeue)
     if not args.multiprocessing_distributed:
         return run_process(args)
     if resolve_backend(args)[0] != "synthetic":  # reported once here, not by every process
-        loaders.split_paths(args.data, args.train, args.val)
+        loaders.split_paths(data_root(args), args.train, args.val)
     dist_backend(args.dist_backend, use_cuda(args.no_accel))
     nproc = args.nproc_per_node or (torch.cuda.device_count() if use_cuda(args.no_accel) else 1)
     check_gpu_flag(args.gpu, nproc)
@@ -250,6 +265,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     torch.manual_seed(s.seed + dist.rank)
     if s.threads:
         torch.set_num_threads(s.threads)
+    if s.model.deterministic:
+        use_deterministic_algorithms()
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
     log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
         f"{decode.status_line()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
@@ -257,6 +274,7 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     if s.mode == "benchmark":
         return benchmark_data(s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
+    train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, dist.rank)
     try:
         return evaluate_or_train(s, (train_loader, val_loader), checkpoint, log)
     finally:  # the workers a loader keeps between passes end with the run, not at exit
@@ -272,6 +290,7 @@ def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log)
     log(f"{s.model.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {s.loader.batch_size} "
         "per process")
+    log_sampling(s, train_loader, log)
     if s.mode == "evaluate":
         progress = Progress(len(val_loader), "Test: ", "val", s.output.print_freq,
                             s.dist.is_main)
@@ -281,6 +300,19 @@ def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log)
             f"loss {stats['loss']:.4f} ({stats['images']} images)")
         return stats
     return train(s, state, data, (start_epoch, best_acc1), checkpoint)
+
+
+def log_sampling(s: RunSettings, train_loader, log) -> None:
+    """Say once what a training epoch reads when it is not the flags' plain reading: one
+    smaller batch (a split under one batch per process, as pytorch/examples' DataLoader keeps
+    the partial batch), or ``--ra-sampler`` left out in one process (as torchvision)."""
+    batch = getattr(train_loader, "batch_size", s.loader.batch_size)
+    if batch < s.loader.batch_size and s.mode == "train":
+        log(f"training set has {batch} images per process, fewer than one batch of "
+            f"{s.loader.batch_size}: each epoch trains on them as one batch of {batch}")
+    if s.loader.ra_sampler and not s.dist.distributed and s.mode == "train":
+        log("--ra-sampler: not in one process (torchvision's train.py uses its RASampler only "
+            "when distributed): a plain shuffle")
 
 
 def train(s: RunSettings, state: TrainState, data: tuple, start: tuple[int, float],
@@ -324,12 +356,14 @@ def train(s: RunSettings, state: TrainState, data: tuple, start: tuple[int, floa
 def benchmark_data(s: RunSettings, log) -> dict:
     """``--benchmark-data``: iterate the training loader alone (decode, augmentation, collation,
     copy to the device and normalisation; no model) for ``--train-batches`` batches (default:
-    one epoch) after ``--benchmark-warmup``, and return/print its throughput as one JSON line:
+    one epoch) after ``--benchmark-warmup`` (with ``--random-erase``'s erasing on the device
+    batch, as training sees it), and return/print its throughput as one JSON line:
     ``loader``, ``images``, ``seconds``, ``images_per_sec`` (summed over ranks), ``workers`` and
     ``batch_size`` (per process), ``cpu_count``, ``world_size``, ``device``."""
     from engine.distributed import reduce_sum
 
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
+    train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, s.dist.rank)
     try:
         stats = loaders.measure_throughput(
             train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)

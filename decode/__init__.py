@@ -92,18 +92,24 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def resize(image: torch.Tensor, size: tuple[int, int],
+           interpolation: str = "bilinear") -> torch.Tensor:
     """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)``, bilinear with antialiasing (as PIL's
     ``BILINEAR`` resize that torchvision applies to PIL images), on the channels-last uint8
-    fast path of ``torch.nn.functional.interpolate``."""
+    fast path of ``torch.nn.functional.interpolate``; ``interpolation`` ``"bicubic"``: bicubic
+    with antialiasing, ``"nearest"``: nearest neighbour (torchvision's tensor ``resize`` of
+    those modes, ``--interpolation``)."""
     batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
+    if interpolation == "nearest":
+        return nnf.interpolate(batch, size=size, mode="nearest")[0]
+    return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
                            align_corners=False)[0]
 
 
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None,
-                  reasons: list[str] | None = None) -> torch.Tensor:
+                  reasons: list[str] | None = None,
+                  interpolation: str = "bilinear") -> torch.Tensor:
     """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` (whole pixels inside
     the stored image) of ``data`` resized to ``size`` = ``(height, width)``: uint8
     ``(3, *size)``.
@@ -113,31 +119,35 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     already resampled), else the window alone (:func:`decode.jpeg_window.decode_window`), else
     the whole image (:func:`decode`), cropped; then :func:`resize`. Pass ``image``, the whole
     decode, where the header was not read: it is cropped at once. ``reasons``, if given,
-    collects one line per decoder that declined. Raises what :func:`decode` raises for bytes
-    that are not an image."""
+    collects one line per decoder that declined. ``interpolation``: the resize's filter
+    (:func:`resize`; ``"nearest"`` never decodes at a DCT scale, which averages). Raises what
+    :func:`decode` raises for bytes that are not an image."""
     top, left, height, width = window
     if image is None:
         factor = jpeg_scaled.scale_factor(height, width, *size)
+        if factor > 1 and interpolation == "nearest":
+            factor = 1
         if factor > 1:
             out = jpeg_scaled.resized_window(data, factor, (top, left, top + height,
-                                                            left + width), size)
+                                                            left + width), size, interpolation)
             if out is not None:
                 return out
             _note(reasons, f"scaled 1/{factor}: declined (not an RGB or grayscale JPEG that "
                            "decodes completely)")
         else:
             _note(reasons, "scaled: off" if not jpeg_scaled.enabled() else
-                  f"scaled: a {height}x{width} window is under twice the output")
+                  "scaled: not for nearest-neighbour resizing" if interpolation == "nearest"
+                  else f"scaled: a {height}x{width} window is under twice the output")
         crop = jpeg_window.decode_window(data, top, left, height, width)
         if crop is not None:
-            return resize(crop, size)
+            return resize(crop, size, interpolation)
         _note(reasons, "window: declined (" + (jpeg_window.status() if not jpeg_window.available()
                                                else "the window did not decode completely") + ")")
         image = decode(data)
     else:
         _note(reasons, "header: not a 1- or 3-component JPEG nvImageCodec reads (or window "
                        "decoding off): decoded whole")
-    return resize(image[:, top:top + height, left:left + width], size)
+    return resize(image[:, top:top + height, left:left + width], size, interpolation)
 
 
 def _note(reasons: list[str] | None, line: str) -> None:

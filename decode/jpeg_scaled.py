@@ -54,6 +54,16 @@ def enabled() -> bool:
     return _enabled
 
 
+# PIL's filter support in input pixels per output pixel, by resample name
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+
+
+def _pil_filter(resample: str):
+    from PIL import Image
+
+    return {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[resample]
+
+
 def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
     """The largest of 8, 4, 2 such that a ``height x width`` window (pixels) decoded at 1/k is
     still at least ``out_height x out_width``; 1 if none (or scaled decoding is off)."""
@@ -66,33 +76,35 @@ def scale_factor(height: int, width: int, out_height: int, out_width: int) -> in
 
 
 def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
-                   size: tuple[int, int]) -> torch.Tensor | None:
+                   size: tuple[int, int], resample: str = "bilinear") -> torch.Tensor | None:
     """The window ``box`` = ``(top, left, bottom, right)`` (pixels of the full image, may be
     fractional) of JPEG ``data`` resampled to ``size`` = ``(height, width)``: uint8
     ``(3, height, width)``, channels-last. The JPEG is decoded at ``1/factor`` (1, 2, 4 or 8)
-    and the box resampled from there with PIL's antialiased bilinear filter: only the box's
+    and the box resampled from there with PIL's antialiased bilinear filter (``resample``
+    ``"bicubic"``: its bicubic one, ``--interpolation bicubic``): only the box's
     region through ``decode.jpeg_region`` where built, else the whole image through PIL's
     ``draft`` (the same pixels within 1 level). ``None`` if the bytes are not an RGB or
     grayscale JPEG that decodes completely."""
-    out = region_resized(data, factor, box, size)
+    out = region_resized(data, factor, box, size, resample)
     if out is None:
-        out = draft_resized(data, factor, box, size)
+        out = draft_resized(data, factor, box, size, resample)
     return None if out is None else torch.from_numpy(out).permute(2, 0, 1)  # a writable copy
 
 
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
-                   size: tuple[int, int]) -> np.ndarray | None:
+                   size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
     """:func:`resized_window` through ``decode.jpeg_region`` as uint8 ``(height, width, 3)``, or
     ``None`` where it is not built or declines: the box's region at 1/factor plus the
-    bilinear filter's reach (PIL's support is the downscale ratio, in scaled pixels) on every
-    side, so PIL resamples the same pixels as from the whole scaled image."""
+    filter's reach (PIL's support is the downscale ratio in scaled pixels, twice that for
+    bicubic) on every side, so PIL resamples the same pixels as from the whole scaled image."""
     from PIL import Image
 
     shape = jpeg_region.jpeg_size(data)
     if shape is None:
         return None
     top, left, bottom, right = (v / factor for v in box)
-    reach = math.ceil(max((bottom - top) / size[0], (right - left) / size[1], 1.0)) + 2
+    support = _SUPPORT[resample] * max((bottom - top) / size[0], (right - left) / size[1], 1.0)
+    reach = math.ceil(support) + 2
     height, width = -(-shape[0] // factor), -(-shape[1] // factor)  # libjpeg rounds up
     y0, x0 = max(0, int(top) - reach), max(0, int(left) - reach)
     y1 = min(height, math.ceil(bottom) + reach)
@@ -100,13 +112,13 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     pixels = jpeg_region.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
     if pixels is None:
         return None
-    image = Image.fromarray(pixels).resize((size[1], size[0]), Image.BILINEAR,
+    image = Image.fromarray(pixels).resize((size[1], size[0]), _pil_filter(resample),
                                            box=(left - x0, top - y0, right - x0, bottom - y0))
     return np.array(image)
 
 
 def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
-                  size: tuple[int, int]) -> np.ndarray | None:
+                  size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
     """:func:`resized_window` through PIL as uint8 ``(height, width, 3)``, or ``None``: the
     whole image decoded at 1/factor by ``draft``."""
     from PIL import Image
@@ -120,7 +132,8 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             if factor > 1:  # draft returns the box of the full image in scaled pixels
                 scale = width / image.draft(None, (width // factor, height // factor))[1][2]
             top, left, bottom, right = (v / scale for v in box)
-            out = image.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, right, bottom))
+            out = image.resize((size[1], size[0]), _pil_filter(resample),
+                               box=(left, top, right, bottom))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None  # truncated or corrupt: the caller's decoder reports it
     if out.mode != "RGB":

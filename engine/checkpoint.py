@@ -24,6 +24,9 @@ WRAPPER_PARTS = {"module", "_orig_mod"}
 # What SGD's param groups hold (a state from another optimizer lacks some) and how this run
 # steps them (kept from this run: a fused state saved on a GPU resumes on the CPU, and the reverse).
 SGD_KEYS = {"lr", "momentum", "dampening", "weight_decay", "nesterov"}
+# the same for the other --opt choices (torch's param-group hyper-parameters)
+OPTIMIZER_KEYS = {"SGD": SGD_KEYS, "AdamW": {"lr", "betas", "eps", "weight_decay", "amsgrad"},
+                  "RMSprop": {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"}}
 IMPLEMENTATION_KEYS = ("foreach", "fused", "differentiable")
 
 
@@ -215,19 +218,22 @@ def load_weights(model, state_dict: dict, arch: str, where: str = "--resume") ->
 
 
 def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
-    """Load an SGD state (this run's foreach/fused choice kept). Raises :class:`ConfigError` for
-    another optimizer's state or one for other parameters."""
+    """Load a state of this run's optimizer type (SGD, or the ``--opt`` choice; this run's
+    foreach/fused choice kept). Raises :class:`ConfigError` for another optimizer's state (one
+    lacking a hyper-parameter of :data:`OPTIMIZER_KEYS`) or one for other parameters."""
+    kind = type(optimizer).__name__
+    needed = OPTIMIZER_KEYS.get(kind, SGD_KEYS)
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
-    lacking = SGD_KEYS - set.intersection(*(set(g) for g in groups)) if groups else SGD_KEYS
+    lacking = needed - set.intersection(*(set(g) for g in groups)) if groups else needed
     if lacking:
-        raise ConfigError(f"{where}: its optimizer state is not SGD's (no "
+        raise ConfigError(f"{where}: its optimizer state is not {kind}'s (no "
                           f"{', '.join(sorted(lacking))}); -e needs none, or train from its "
                           "weights saved as a bare state_dict")
     kept = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(saved)
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise ConfigError(f"{where}: its optimizer state does not fit this model's SGD "
+        raise ConfigError(f"{where}: its optimizer state does not fit this model's {kind} "
                           f"({str(exc).splitlines()[0]})") from None
     for group, implementation in zip(optimizer.param_groups, kept):
         group.update(implementation)

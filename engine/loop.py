@@ -21,7 +21,8 @@ from loaders import DataError, DistInfo
 def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,
                step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step on a device batch (float ``(N, 3, H, W)``, int64 ``(N,)``): mix it
-    (``state.mix``), forward under autocast, backward, SGD through the scaler, then the LR
+    (``state.mix``), forward under autocast, backward, gradient clipping
+    (``state.clip_grad_norm``), the optimizer step through the scaler, then the LR
     scheduler and the EMA (step ``step`` of epoch ``epoch``). Returns the logits ``(N, C)``,
     the batch's mean loss (0-dim, detached) and the labels top-1 is scored against: ``labels``,
     or the argmax of the mixed soft labels."""
@@ -33,6 +34,9 @@ def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, ep
         loss = state.criterion(output, targets)
     state.optimizer.zero_grad(set_to_none=True)
     state.scaler.scale(loss).backward()
+    if state.clip_grad_norm is not None:  # torchvision: on the unscaled gradients
+        state.scaler.unscale_(state.optimizer)
+        nn.utils.clip_grad_norm_(state.model.parameters(), state.clip_grad_norm)
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()

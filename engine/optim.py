@@ -1,4 +1,5 @@
-"""The optimizer, in one place: pytorch/examples' SGD (:func:`make_optimizer`), its parameter
+"""The optimizer, in one place: pytorch/examples' SGD or torchvision's ``--opt`` choices
+(:func:`make_optimizer`), its parameter
 groups (weight decay per parameter kind, :func:`param_groups`), its per-step LR schedule
 (:class:`LRSchedule` in a ``LambdaLR``, placed at a step on resume by :func:`position_scheduler`)
 and the momentum buffers fused SGD needs from the start (:func:`fill_momentum_buffers`).
@@ -21,48 +22,77 @@ SCHEDULERS = ("step", "cosine", "linear")
 # torchvision utils.set_weight_decay: the layers whose parameters --norm-weight-decay covers
 NORM_CLASSES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm,
                 nn.modules.instancenorm._InstanceNorm, nn.LocalResponseNorm)
+# torchvision train.py: the parameter names --transformer-embedding-decay covers (ViT's
+# class_token, Swin's relative_position_bias_table; "position_embedding" names no torchvision
+# parameter: ViT's is encoder.pos_embedding, which keeps --wd there too)
+EMBEDDING_KEYS = ("class_token", "position_embedding", "relative_position_bias_table")
+# --opt values (torchvision train.py's, lower-cased as it reads them)
+OPTIMIZERS = ("sgd", "sgd_nesterov", "rmsprop", "adamw")
 
 
 def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay: float | None = None,
-                 bias_weight_decay: float | None = None) -> list:
-    """SGD parameter groups as torchvision's ``utils.set_weight_decay``: with neither
-    ``norm_weight_decay`` nor ``bias_weight_decay`` all parameters in one group (pytorch/examples,
-    and what older checkpoints hold); otherwise ``weight_decay`` for the rest, ``norm_weight_decay``
-    for the parameters of :data:`NORM_CLASSES` layers (BatchNorm weight and bias) and
-    ``bias_weight_decay`` for parameters named ``bias`` (it wins over the norm group, as in
+                 bias_weight_decay: float | None = None,
+                 embedding_decay: float | None = None) -> list:
+    """Parameter groups as torchvision's ``utils.set_weight_decay``: with none of
+    ``norm_weight_decay``, ``bias_weight_decay``, ``embedding_decay`` all parameters in one
+    group (pytorch/examples, and what older checkpoints hold); otherwise ``weight_decay`` for
+    the rest, ``norm_weight_decay`` for the parameters of :data:`NORM_CLASSES` layers (BatchNorm
+    weight and bias), ``bias_weight_decay`` for parameters named ``bias`` and
+    ``embedding_decay`` (``--transformer-embedding-decay``) for those named one of
+    :data:`EMBEDDING_KEYS`, each in its own group (custom keys win over the norm group, as in
     torchvision). Empty groups are left out; frozen parameters too."""
-    if norm_weight_decay is None and bias_weight_decay is None:
+    if norm_weight_decay is None and bias_weight_decay is None and embedding_decay is None:
         return list(model.parameters())
-    groups = {"other": [], "norm": [], "bias": []}
+    custom = {} if bias_weight_decay is None else {"bias": bias_weight_decay}
+    if embedding_decay is not None:
+        custom.update({key: embedding_decay for key in EMBEDDING_KEYS})
+    groups = {"other": [], "norm": [], **{key: [] for key in custom}}
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
-            if bias_weight_decay is not None and name == "bias":
-                groups["bias"].append(param)
+            if name in custom:
+                groups[name].append(param)
             elif norm_weight_decay is not None and isinstance(module, NORM_CLASSES):
                 groups["norm"].append(param)
             else:
                 groups["other"].append(param)
-    decay = {"other": weight_decay, "norm": norm_weight_decay, "bias": bias_weight_decay}
+    decay = {"other": weight_decay, "norm": norm_weight_decay, **custom}
     return [{"params": params, "weight_decay": decay[key]}
             for key, params in groups.items() if params]
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
                    device: torch.device, norm_weight_decay: float | None = None,
-                   bias_weight_decay: float | None = None) -> torch.optim.Optimizer:
-    """pytorch/examples' SGD (``--lr``, ``--momentum``, ``--wd``), one parameter group, or with
-    ``--norm-weight-decay``/``--bias-weight-decay`` torchvision's groups
-    (:func:`param_groups`). On CUDA its fused implementation: one kernel for all
-    parameters, and it takes GradScaler's inverse scale and inf flag on the GPU, so a float16
-    ``--amp`` step never waits for the GPU (``found_inf.item()``); on an H100 (ResNet-50,
-    float16, -b 256) 4910 against the foreach implementation's 4380-4460 images/s, side by
-    side. Its momentum buffers start at zero (:func:`fill_momentum_buffers`)."""
-    params = param_groups(model, weight_decay, norm_weight_decay, bias_weight_decay)
-    optimizer = torch.optim.SGD(params, lr, momentum=momentum, weight_decay=weight_decay,
-                                fused=device.type == "cuda" or None)
-    fill_momentum_buffers(optimizer)
+                   bias_weight_decay: float | None = None, opt: str = "sgd",
+                   embedding_decay: float | None = None) -> torch.optim.Optimizer:
+    """The ``--opt`` optimizer over :func:`param_groups`: ``sgd``, pytorch/examples' SGD
+    (``--lr``, ``--momentum``, ``--wd``; one group unless ``--norm-weight-decay``,
+    ``--bias-weight-decay`` or ``--transformer-embedding-decay`` split them); and as torchvision's
+    ``train.py`` builds them, ``sgd_nesterov`` (SGD with Nesterov momentum), ``rmsprop``
+    (RMSprop with ``--momentum``, ``eps=0.0316``, ``alpha=0.9``, TF's EfficientNet/MobileNetV3
+    values) and ``adamw`` (AdamW, Loshchilov & Hutter 2019, torch's default betas and eps).
+
+    On CUDA SGD and AdamW use their fused implementations: one kernel for all parameters, and
+    they take GradScaler's inverse scale and inf flag on the GPU, so a float16 ``--amp`` step
+    never waits for the GPU (``found_inf.item()``); on an H100 (ResNet-50, float16, -b 256)
+    fused SGD ran 4910 against the foreach implementation's 4380-4460 images/s, side by side.
+    SGD's momentum buffers start at zero (:func:`fill_momentum_buffers`). Raises ``ValueError``
+    for an unknown ``opt``."""
+    params = param_groups(model, weight_decay, norm_weight_decay, bias_weight_decay,
+                          embedding_decay)
+    fused = device.type == "cuda" or None
+    if opt in ("sgd", "sgd_nesterov"):
+        optimizer = torch.optim.SGD(params, lr, momentum=momentum, weight_decay=weight_decay,
+                                    nesterov=opt == "sgd_nesterov", fused=fused)
+        fill_momentum_buffers(optimizer)
+    elif opt == "rmsprop":
+        optimizer = torch.optim.RMSprop(params, lr, momentum=momentum,
+                                        weight_decay=weight_decay, eps=0.0316, alpha=0.9)
+    elif opt == "adamw":
+        optimizer = torch.optim.AdamW(params, lr, weight_decay=weight_decay, fused=fused)
+    else:
+        raise ValueError(f"--opt {opt!r}: expected one of {', '.join(OPTIMIZERS)}")
     return optimizer
 
 
@@ -79,6 +109,8 @@ def fill_momentum_buffers(optimizer: torch.optim.SGD) -> None:
     another dampening (only from a foreign checkpoint: ours and pytorch/examples' have 0) is
     left as torch makes it: a zero buffer would scale its first step, and leaving the fused
     kernel is no way out, as GradScaler then hands an unscaled step its scale and torch asserts."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
     for group in optimizer.param_groups:
         if not group.get("fused") or not group["momentum"] or group["dampening"]:
             continue

@@ -1,6 +1,7 @@
 """``-c/--config`` YAML presets read as command-line tokens (see :func:`preset_tokens`).
 
-A preset maps flag names (``batch_size`` or ``batch-size``) to values and is read as if its
+A preset maps flag names (``batch_size`` or ``batch-size``; an alias too: ``model`` for
+``arch``, ``test_only`` for ``evaluate``) to values and is read as if its
 flags came first on the command line, so argparse checks every value and the command line
 overrides it. ``main.parse_args`` places the tokens before ``argv``.
 """
@@ -47,7 +48,14 @@ def preset_tokens(path: str, make_parser: Callable[[], argparse.ArgumentParser]
     Raises :class:`ConfigError` for an unknown key, ``dali:``/``dummy:`` (a preset selects the
     backend with ``loader:``) or a value the flag would refuse on the command line."""
     preset = read_preset(path)
-    actions = {a.dest: a for a in make_parser()._actions if a.dest not in ("help", "config")}
+    actions = {}
+    for action in make_parser()._actions:
+        if action.dest in ("help", "config"):
+            continue
+        actions[action.dest] = action  # and its long names: torchvision's model, test_only...
+        for option in action.option_strings:
+            if option.startswith("--"):
+                actions.setdefault(option[2:].replace("-", "_"), action)
     unknown = sorted(set(preset) - set(actions))
     if unknown:
         raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}")

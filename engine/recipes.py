@@ -1,6 +1,6 @@
-"""Training recipes behind torchvision's flags (issue 17): the flags of the per-step LR
-schedule, weight decay per parameter kind, label smoothing, MixUp/CutMix on the device and the
-model EMA; MixUp/CutMix and the EMA themselves (the schedule and the groups are the optimizer's:
+"""Training recipes behind torchvision's flags (issues 17, 39): the flags of the per-step LR
+schedule, weight decay per parameter kind, label smoothing, MixUp/CutMix on the device, the
+model EMA, ``--opt`` and ``--clip-grad-norm``; MixUp/CutMix and the EMA themselves (the schedule and the groups are the optimizer's:
 :mod:`engine.optim`).
 
 Flag names, defaults and the EMA's decay adjustment follow torchvision's
@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from engine import ConfigError
-from engine.optim import SCHEDULERS, LRSchedule
+from engine.optim import OPTIMIZERS, SCHEDULERS, LRSchedule
 
 # torchvision's own spellings of the same schedules (its --lr-scheduler values)
 SCHEDULER_ALIASES = {"steplr": "step", "cosineannealinglr": "cosine"}
@@ -98,8 +98,9 @@ class ModelEMA(AveragedModel):
 
 
 def add_recipe_args(r) -> None:
-    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix and
-    the model EMA (engine/recipes.py), as torchvision's train.py spells them."""
+    """Flags of the per-step LR schedule, weight decay groups, label smoothing, MixUp/CutMix,
+    the model EMA, the optimizer (``--opt``) and gradient clipping (engine/recipes.py), as
+    torchvision's train.py spells them."""
     r.add_argument("--lr-scheduler", type=scheduler_name, default="step", choices=SCHEDULERS,
                    help="LR schedule, set every step: step (x--lr-gamma every --lr-step-size "
                    "epochs), cosine or linear (to --lr-min); also torchvision's names")
@@ -135,6 +136,15 @@ def add_recipe_args(r) -> None:
                    help="steps between EMA updates")
     r.add_argument("--model-ema-decay", type=float, default=0.99998, metavar="F",
                    help="EMA decay, adjusted for global batch, steps and epochs as torchvision")
+    r.add_argument("--opt", type=str.lower, default="sgd", choices=OPTIMIZERS,
+                   help="optimizer (torchvision's choices): SGD, SGD with Nesterov momentum, "
+                   "RMSprop (eps 0.0316, alpha 0.9), AdamW")
+    r.add_argument("--clip-grad-norm", type=float, metavar="F",
+                   help="clip the gradients' global L2 norm to F before each step (unscaled "
+                   "first under --amp)")
+    r.add_argument("--transformer-embedding-decay", type=float, metavar="F",
+                   help="weight decay of class_token, position_embedding and "
+                   "relative_position_bias_table parameters; None: --wd")
 
 
 def check_recipe_flags(args: argparse.Namespace) -> None:
@@ -154,6 +164,8 @@ def check_recipe_flags(args: argparse.Namespace) -> None:
          "--lr-scale-batch must be >= 1"),
         (args.model_ema_steps < 1, "--model-ema-steps must be >= 1"),
         (not 0 <= args.model_ema_decay < 1, "--model-ema-decay: expected 0 <= F < 1"),
+        (args.clip_grad_norm is not None and not args.clip_grad_norm > 0,
+         f"--clip-grad-norm {args.clip_grad_norm}: expected F > 0"),
     ]
     for bad, message in problems:
         if bad:
@@ -190,6 +202,9 @@ class RecipeSettings:
     model_ema: bool
     model_ema_steps: int
     model_ema_decay: float
+    opt: str = "sgd"
+    clip_grad_norm: float | None = None
+    transformer_embedding_decay: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RecipeSettings":

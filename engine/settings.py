@@ -17,6 +17,7 @@ from engine.distributed import Job, broadcast_int
 from engine.recipes import RecipeSettings
 from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import LoaderSettings
+from models import weights_eval_sizes
 
 
 def node_cores() -> int:
@@ -81,7 +82,10 @@ class ModelSettings:
     torch.hub cache), ``blurpool`` (FFCV's BlurPool), ``channels_last`` (memory format),
     ``compile`` (``torch.compile``), ``amp`` and ``amp_dtype`` (autocast to ``float16`` or
     ``bfloat16`` on CUDA, bfloat16 on the CPU; loss scaling for float16), ``gpu``: ``--gpu`` as
-    given (None lets one process that sees several GPUs use them all through DataParallel)."""
+    given (None lets one process that sees several GPUs use them all through DataParallel);
+    torchvision's ``weights`` (``--weights``: a weights enum name, from the torch.hub cache),
+    ``sync_bn`` (``--sync-bn``: SyncBatchNorm in a distributed run) and ``deterministic``
+    (``--use-deterministic-algorithms``)."""
 
     arch: str
     pretrained: bool = False
@@ -91,6 +95,9 @@ class ModelSettings:
     amp: bool = False
     amp_dtype: str = "float16"
     gpu: int | None = None
+    weights: str | None = None
+    sync_bn: bool = False
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,8 @@ class RunSettings:
     torch's setting, e.g. ``OMP_NUM_THREADS``); ``resolution``: the training crop side per epoch
     (``--min-res``... or the fixed ``--train-crop-size``); ``flip_tta``: validate with flip
     averaging (``--val-flip-tta``); ``resume``: the checkpoint resumed from (``--resume``, with
-    ``auto`` resolved; None: a fresh start)."""
+    ``auto`` resolved; None: a fresh start); ``random_erase``: ``--random-erase``'s probability
+    (:mod:`engine.augmentation`, on the training batches)."""
 
     job: Job
     seed: int
@@ -142,6 +150,7 @@ class RunSettings:
     resolution: ResolutionSchedule | None = None
     flip_tta: bool = False
     resume: str | None = None
+    random_erase: float = 0.0
 
     @property
     def dist(self) -> loaders.DistInfo:
@@ -166,7 +175,8 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
     model = ModelSettings(
         arch=args.arch, pretrained=args.pretrained, blurpool=args.blurpool,
         channels_last=args.channels_last, compile=args.compile, amp=args.amp,
-        amp_dtype=args.amp_dtype, gpu=args.gpu)
+        amp_dtype=args.amp_dtype, gpu=args.gpu, weights=args.weights, sync_bn=args.sync_bn,
+        deterministic=args.use_deterministic_algorithms)
     output = OutputSettings(
         output_dir=args.output_dir, print_freq=args.print_freq, save_every=args.save_every,
         warmup=args.benchmark_warmup,
@@ -174,7 +184,24 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
         config=dict(vars(args)))
     threads = main_threads(job.dist.device.type, mode != "benchmark", job.processes_per_node)
     return RunSettings(job, seed, loader, model, RecipeSettings.from_args(args), output, mode,
-                       threads, resolution, args.val_flip_tta, resume)
+                       threads, resolution, args.val_flip_tta, resume, args.random_erase)
+
+
+def data_root(args) -> str | None:
+    """The dataset root: the positional ``DIR`` or torchvision's ``--data-path``. Raises
+    :class:`ConfigError` if both are given and differ."""
+    if args.data and args.data_path and args.data != args.data_path:
+        raise ConfigError(f"DIR {args.data} and --data-path {args.data_path}: give one")
+    return args.data or args.data_path
+
+
+def val_transform_sizes(args) -> tuple[int, int, str]:
+    """``(val resize, val crop, interpolation)``: the flags', or with ``--weights`` and
+    ``-e``/``--test-only`` those of the weights' own ``transforms()`` (torchvision's
+    ``train.py`` evaluates published weights with their preprocessing)."""
+    if args.weights and args.evaluate:
+        return weights_eval_sizes(args.arch, args.weights)
+    return args.val_resize_size, args.val_crop_size, args.interpolation
 
 
 def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
@@ -186,13 +213,14 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
         batch_size //= nproc
         workers = workers if workers == "auto" else (workers + nproc - 1) // nproc
     paths = (None, None) if backend == "synthetic" else loaders.split_paths(
-        args.data, args.train, args.val)
+        data_root(args), args.train, args.val)
+    val_resize, val_crop, interpolation = val_transform_sizes(args)
     return LoaderSettings(
         backend=backend, train_path=paths[0], val_path=paths[1], batch_size=batch_size,
         workers=resolve_workers(workers, nproc), seed=seed, lmdb=lmdb,
         # Batch slots are sized once for the largest side; each epoch sets its own.
         train_crop_size=resolution.min_res, train_max_crop_size=resolution.max_res,
-        val_resize_size=args.val_resize_size, val_crop_size=args.val_crop_size,
+        val_resize_size=val_resize, val_crop_size=val_crop,
         # --benchmark-data's timed batches run on past a capped epoch's end
         train_batches=None if args.benchmark_data else args.train_batches,
         val_batches=args.val_batches, max_bad_share=args.max_bad_share,
@@ -201,4 +229,6 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
         lmdb_order=args.lmdb_order, lmdb_block_size=args.lmdb_block_size,
         lmdb_buffer_blocks=args.lmdb_buffer_blocks, lmdb_readahead=args.lmdb_readahead,
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
-        shards=args.loader == "shards")
+        shards=args.loader == "shards", auto_augment=args.auto_augment,
+        ra_magnitude=args.ra_magnitude, augmix_severity=args.augmix_severity,
+        interpolation=interpolation, ra_sampler=args.ra_sampler, ra_reps=args.ra_reps)

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from engine import ConfigError
 from engine.checkpoint import restore, restore_ema, with_ema_weights
 from engine.distributed import wrap_parallel
 from engine.optim import make_optimizer, make_scheduler
@@ -35,12 +36,25 @@ def needs_grad_scaler(amp: bool, amp_dtype: str, device: torch.device) -> bool:
     return amp and amp_dtype == "float16" and device.type == "cuda"
 
 
-def enable_fast_cuda_math() -> None:
-    """cuDNN autotuning for the fixed input size, and TF32 tensor cores for float32 matrix
-    multiplies as for convolutions (torch leaves matmuls in full FP32 by default; the
-    classifier's Linear and everything outside autocast profit)."""
-    torch.backends.cudnn.benchmark = True
+def enable_fast_cuda_math(deterministic: bool = False) -> None:
+    """cuDNN autotuning for the fixed input size (not with ``--use-deterministic-algorithms``,
+    as torchvision's train.py), and TF32 tensor cores for float32 matrix multiplies as for
+    convolutions (torch leaves matmuls in full FP32 by default; the classifier's Linear and
+    everything outside autocast profit)."""
+    torch.backends.cudnn.benchmark = not deterministic
     torch.set_float32_matmul_precision("high")
+
+
+def use_deterministic_algorithms() -> None:
+    """``--use-deterministic-algorithms``: torch's deterministic kernels only (an op without
+    one raises), cuDNN autotuning off; cuBLAS's deterministic workspace
+    (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which torch requires on CUDA) unless the user set
+    one. Call before the first CUDA matrix multiply."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 @dataclass
@@ -49,7 +63,7 @@ class TrainState:
     step's autocast context (see :func:`autocast`); ``scheduler`` is stepped after every
     optimizer step; ``mix``: MixUp/CutMix of the device batch or None
     (:func:`engine.recipes.make_mix`); ``ema``: the model's :class:`~engine.recipes.ModelEMA`
-    or None."""
+    or None; ``clip_grad_norm``: ``--clip-grad-norm`` (None: no clipping)."""
 
     model: nn.Module
     criterion: nn.Module
@@ -59,6 +73,7 @@ class TrainState:
     autocast: Callable
     mix: Callable | None = None
     ema: nn.Module | None = None
+    clip_grad_norm: float | None = None
 
 
 def build_state(s: RunSettings, train_loader, checkpoint: dict | None,
@@ -75,19 +90,22 @@ def build_state(s: RunSettings, train_loader, checkpoint: dict | None,
     recipe = resolve_recipe(flags, s.loader.batch_size * s.dist.world_size, len(train_loader))
     if flags.lr_scale_batch:
         log(f"lr {recipe.lr:.6g}: --lr {flags.lr:g} x global batch / {flags.lr_scale_batch}")
-    model = build_model(m.arch, num_classes, m.pretrained, m.blurpool).to(device)
+    model = build_model(m.arch, num_classes, m.pretrained, m.blurpool, m.weights).to(device)
     if m.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    model = sync_batch_norm(model, m.sync_bn, s.dist, log)
     if device.type == "cuda":
-        enable_fast_cuda_math()
+        enable_fast_cuda_math(m.deterministic)
     optimizer = make_optimizer(model, recipe.lr, flags.momentum, flags.weight_decay, device,
-                               recipe.norm_weight_decay, recipe.bias_weight_decay)
+                               recipe.norm_weight_decay, recipe.bias_weight_decay, flags.opt,
+                               flags.transformer_embedding_decay)
     state = TrainState(
         model, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing).to(device), optimizer,
         make_scheduler(optimizer, recipe.schedule),
         torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(m.amp, m.amp_dtype, device)),
         functools.partial(autocast, m.amp, m.amp_dtype, device),
-        make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes))
+        make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes),
+        clip_grad_norm=flags.clip_grad_norm)
     start_epoch, best_acc1 = flags.start_epoch, 0.0
     if checkpoint and evaluating and flags.model_ema:
         checkpoint = with_ema_weights(checkpoint, s.resume, log)
@@ -104,3 +122,20 @@ def build_state(s: RunSettings, train_loader, checkpoint: dict | None,
     if m.compile:
         state.model = torch.compile(state.model)
     return state, start_epoch, best_acc1
+
+
+def sync_batch_norm(model: nn.Module, sync_bn: bool, dist, log: Callable) -> nn.Module:
+    """``--sync-bn``: BatchNorm layers as ``nn.SyncBatchNorm`` (statistics over the whole global
+    batch) in a distributed run, as torchvision's train.py (in one process it does nothing;
+    said once). The parameters stay the same tensors, and checkpoints the same keys. Raises
+    :class:`~engine.ConfigError` on the CPU, where torch's SyncBatchNorm does not run."""
+    if not sync_bn:
+        return model
+    if not dist.distributed:
+        log("--sync-bn: one process, plain BatchNorm (torchvision's train.py syncs only when "
+            "distributed)")
+        return model
+    if dist.device.type == "cpu":
+        raise ConfigError("--sync-bn: torch's SyncBatchNorm runs on GPUs only; leave it out "
+                          "on the CPU")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)

@@ -13,9 +13,11 @@ keeps between passes); the contract is ``loaders.contract``'s. A new on-disk for
 
 Public modules: ``contract`` (settings, ``DistInfo``, errors, seeds), ``normalize``,
 ``orders`` and ``shard_orders`` (epoch orders: ``order(epoch) -> indices``), ``transforms``
-(uint8 RandomResizedCrop + flip, resize + centre crop), ``readers``, ``pipelines``,
+(uint8 RandomResizedCrop + flip, resize + centre crop), ``auto_augment`` (torchvision's
+``--auto-augment`` policies on the uint8 crop), ``readers``, ``pipelines``,
 ``imagefolder_lmdb`` (``ImageFolderLMDB`` for users' own scripts). Private: ``_bad_samples``
-(replacing and remembering undecodable samples, for every pipeline), ``_lean_sampler``,
+(replacing and remembering undecodable samples, for every pipeline), ``_uint8_ops`` (the
+policies' ops), ``_lean_sampler``,
 ``_throughput``. Decoding is ``decode/``'s; what is written to disk and read back (the LMDB and
 shard layouts, image checks) is ``formats/``'s.
 """

@@ -76,6 +76,15 @@ class LoaderSettings:
     # Largest training crop side the run will ask for (progressive resizing, --max-res): batch
     # slots are sized for it once. 0: train_crop_size.
     train_max_crop_size: int = 0
+    # torchvision's recipe flags (loaders.auto_augment; loaders.orders): the training crops'
+    # --auto-augment policy (None: none) with --ra-magnitude and --augmix-severity, every
+    # resize's and geometric op's --interpolation, and --ra-sampler with --ra-reps.
+    auto_augment: str | None = None
+    ra_magnitude: int = 9
+    augmix_severity: int = 3
+    interpolation: str = "bilinear"
+    ra_sampler: bool = False
+    ra_reps: int = 3
 
     @property
     def pipeline(self) -> str:

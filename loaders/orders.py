@@ -7,11 +7,14 @@ iterable of Python ints, a pure function of the constructor's arguments and ``ep
 
 * :class:`RandomOrder`: training; the ``DistributedSampler(shuffle=True, drop_last=True)``
   permutation of ``(seed, epoch)``, this rank's shard, kept as a tensor (memory-lean).
+* :class:`RepeatedAugmentationOrder`: training with ``--ra-sampler`` (torchvision's
+  ``RASampler``); :func:`shuffled_order` picks it or :class:`RandomOrder`.
 * :class:`BlockOrder`: training over record stores larger than the page cache
   (``--lmdb-order block``), below.
 * :class:`ShardOrder`: validation; ``rank, rank + world_size, ...``, every sample once.
 
-:func:`batches_per_epoch` is the one place the batch count of an epoch is computed.
+:func:`batches_per_epoch` is the one place the batch count of an epoch is computed,
+:func:`train_batch_size` the one place a training batch is sized.
 
 :class:`BlockOrder`'s algorithm follows FFCV's ``QuasiRandom`` traversal order
 (https://github.com/libffcv/ffcv, ``ffcv/traversal_order/quasi_random.py``): shuffle *blocks* of
@@ -25,12 +28,14 @@ whole blocks instead of every ``world_size``-th sample of everyone's blocks.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterable, Iterator, Protocol
 
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
-from .contract import DataError, check_rank
+from .contract import DataError, DistInfo, LoaderSettings, check_rank
 from ._lean_sampler import LeanDistributedSampler
 
 
@@ -102,11 +107,71 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
     return count if max_batches is None else min(count, max_batches)
 
 
-def check_one_batch(order: Order, batch_size: int) -> None:
-    """Raise :class:`DataError` if a training ``order`` holds less than one batch per rank."""
-    if len(order) < batch_size:
-        raise DataError(f"training set has {len(order)} images per process, fewer than one "
-                        f"batch of {batch_size}: lower -b/--batch-size")
+def train_batch_size(order: Order, batch_size: int) -> int:
+    """The batch size of a training loader over ``order``: ``batch_size``, or all of an epoch's
+    indices in one smaller batch when the order holds fewer (a training split smaller than one
+    global batch trains as pytorch/examples' DataLoader does, which keeps the partial batch;
+    every rank's order has the same length, so the batches stay equal). Raises
+    :class:`DataError` if the order is empty (fewer images than processes)."""
+    if len(order) == 0:
+        raise DataError(f"training set has no image for this process ({order.num_samples} "
+                        "images in all): use fewer processes or more images")
+    return min(batch_size, len(order))
+
+
+def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
+    """A random-access reader's shuffled training order: :class:`RandomOrder`, or with
+    ``--ra-sampler`` in a distributed run :class:`RepeatedAugmentationOrder` (torchvision's
+    ``train.py`` samples with its ``RASampler`` only when distributed; one process reads
+    :class:`RandomOrder`)."""
+    if settings.ra_sampler and dist.distributed:
+        return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
+                                         dist.world_size, settings.seed)
+    return RandomOrder(num_samples, dist.rank, dist.world_size, settings.seed)
+
+
+class RepeatedAugmentationOrder:
+    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
+    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT's
+    ``samplers.py``) at ``set_epoch(epoch)``, with this run's seed (torchvision's is 0).
+
+    Per epoch: a permutation of ``range(num_samples)`` from a torch generator seeded with
+    ``seed + epoch`` (as ``DistributedSampler``), each index repeated ``repetitions`` times in a
+    row, padded from its start to ``ceil(num_samples x repetitions / world_size) x
+    world_size``; rank ``r`` takes every ``world_size``-th from ``r`` (so the copies of an image
+    go to different ranks) and keeps the first ``len(self) = floor(num_samples // 256 x 256 /
+    world_size)``: RASampler's epoch, about one pass over the dataset in all, not
+    ``repetitions`` passes (DeiT's 256 is a constant of the sampler, not the batch). The same
+    length on every rank. Raises :class:`DataError` when that length is 0 (fewer than 256
+    images), ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
+
+    def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
+                 world_size: int = 1, seed: int = 0):
+        check_rank(rank, world_size)
+        if repetitions < 1:
+            raise ValueError(f"repetitions must be >= 1, got {repetitions}")
+        self.num_samples, self.repetitions = num_samples, repetitions
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.per_rank = math.ceil(num_samples * float(repetitions) / world_size)
+        self.selected = int(math.floor(num_samples // 256 * 256 / world_size))
+        if self.selected == 0:
+            raise DataError(f"--ra-sampler: torchvision's RASampler reads floor({num_samples} "
+                            f"// 256 x 256 / {world_size}) = 0 images per process of these "
+                            f"{num_samples}: leave it out, or train on 256 images or more")
+
+    def __len__(self) -> int:
+        return self.selected
+
+    def order(self, epoch: int) -> Iterator[int]:
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + epoch)
+        indices = torch.randperm(self.num_samples, generator=generator)
+        indices = indices.repeat_interleave(self.repetitions)
+        total = self.per_rank * self.world_size
+        indices = torch.cat([indices, indices[:total - len(indices)]])
+        mine = indices[self.rank:total:self.world_size][:self.selected]
+        for chunk in mine.split(4096):
+            yield from chunk.tolist()
 
 
 class ResumableSampler(Sampler[int]):

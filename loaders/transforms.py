@@ -2,7 +2,9 @@
 
 The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(224) (scale
 0.08-1, ratio 3/4-4/3, Szegedy et al. 2015) plus horizontal flip; validation Resize(256) +
-CenterCrop(224). Normalisation is left to the device (``loaders.pipelines.workers``).
+CenterCrop(224); torchvision's recipes add an ``--auto-augment`` policy on the training crop
+(``loaders.auto_augment``) and ``--interpolation``. Normalisation is left to the device
+(``loaders.pipelines.workers``).
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
 on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
@@ -60,18 +62,24 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 
 class TrainTransform:
-    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5).
+    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5),
+    then ``augment`` if given (an ``--auto-augment`` policy, ``loaders.auto_augment``, on the
+    uint8 crop: torchvision's ``ClassificationPresetTrain`` order).
 
     The crop window is drawn from the JPEG header's size. A window at least twice the output
     on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
     there (``decode.jpeg_scaled``); otherwise only that window is decoded
-    (``decode.jpeg_window``), else the whole image. Random draws come from torch's global
-    RNG, which the loaders seed per batch (``loaders.pipelines._shared_batches.SlotWriter``): the same
-    draws, hence the same window, whichever way it is decoded.
+    (``decode.jpeg_window``), else the whole image; resized with ``interpolation``
+    (``--interpolation``: ``bilinear``, ``bicubic``, ``nearest``, antialiased but the last).
+    Random draws come from torch's global RNG, which the loaders seed per batch
+    (``loaders.pipelines._shared_batches.SlotWriter``): the same draws, hence the same window,
+    whichever way it is decoded; the policy's draws follow the crop's.
     """
 
-    def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO):
+    def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
+                 augment=None, interpolation: str = "bilinear"):
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
+        self.augment, self.interpolation = augment, interpolation
 
     def __call__(self, data: bytes) -> torch.Tensor:
         draws = torch.rand(_DRAWS).tolist()
@@ -79,8 +87,10 @@ class TrainTransform:
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
-        out = decoding.decode_window(data, window, self.size, image)
-        return out.flip(-1) if draws[-1] < 0.5 else out
+        out = decoding.decode_window(data, window, self.size, image,
+                                     interpolation=self.interpolation)
+        out = out.flip(-1) if draws[-1] < 0.5 else out
+        return out if self.augment is None else self.augment(out)
 
 
 class ValTransform:
@@ -92,11 +102,13 @@ class ValTransform:
     and across its columns, at 1/1 or that scale, and PIL resamples the square from there
     (within 2 levels of resize-then-crop, mean under 0.003 on the sample)."""
 
-    def __init__(self, resize_size: int = 256, crop_size: int = 224):
+    def __init__(self, resize_size: int = 256, crop_size: int = 224,
+                 interpolation: str = "bilinear"):
         self.resize_size, self.crop_size = resize_size, crop_size
+        self.interpolation = interpolation
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        size = decoding.jpeg_size(data)
+        size = decoding.jpeg_size(data) if self.interpolation != "nearest" else None
         if size is not None:
             short = min(size)
             factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
@@ -104,10 +116,12 @@ class ValTransform:
             # sample (profile_transforms.py), within 2 levels
             if factor > 1 or (jpeg_scaled.enabled() and jpeg_region.available()):
                 out = jpeg_scaled.resized_window(data, factor, center_crop_box(
-                    *size, self.resize_size, self.crop_size), (self.crop_size,) * 2)
+                    *size, self.resize_size, self.crop_size), (self.crop_size,) * 2,
+                    self.interpolation)
                 if out is not None:
                     return out
-        return resize_center_crop(decode(data), self.resize_size, self.crop_size)
+        return resize_center_crop(decode(data), self.resize_size, self.crop_size,
+                                  self.interpolation)
 
 
 def _resized_shape(height: int, width: int, resize_size: int) -> tuple[int, int]:
@@ -128,21 +142,25 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
 
 
-def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
+def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
+                       interpolation: str = "bilinear") -> torch.Tensor:
     """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` of
     the shorter side to ``resize_size`` (the longer side scaled alike, truncated) and
-    ``CenterCrop``, as pytorch/examples' validation transform."""
+    ``CenterCrop``, as pytorch/examples' validation transform (``interpolation``: the resize's
+    filter, :func:`decode.resize`)."""
     size = _resized_shape(*image.shape[-2:], resize_size)
-    out = resize(image, size)
+    out = resize(image, size, interpolation)
     top = int(round((size[0] - crop_size) / 2.0))
     left = int(round((size[1] - crop_size) / 2.0))
     return out[:, top:top + crop_size, left:left + crop_size]
 
 
 def split_transform(train: bool, train_crop_size: int, val_resize_size: int,
-                    val_crop_size: int):
+                    val_crop_size: int, augment=None, interpolation: str = "bilinear"):
     """The transform for one split, sizes in pixels (``--train-crop-size``,
-    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags)."""
+    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags); ``augment``:
+    the training crops' ``--auto-augment`` policy or None; ``interpolation``: every resize's
+    filter (``--interpolation``)."""
     if train:
-        return TrainTransform(train_crop_size)
-    return ValTransform(val_resize_size, val_crop_size)
+        return TrainTransform(train_crop_size, augment=augment, interpolation=interpolation)
+    return ValTransform(val_resize_size, val_crop_size, interpolation)

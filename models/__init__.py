@@ -38,25 +38,51 @@ def check_arch(arch: str) -> None:
         raise ModelError(f"unknown architecture {arch!r}; choose one of torchvision.models.list_models()")
 
 
-def cached_weights_path(arch: str) -> str:
-    """Where torch.hub keeps ``arch``'s default torchvision weights (``$TORCH_HOME/hub/checkpoints``)."""
-    weights = torchvision.models.get_model_weights(arch).DEFAULT
+def cached_weights_path(arch: str, weights=None) -> str:
+    """Where torch.hub keeps ``arch``'s torchvision weights ``weights`` (a weights enum member;
+    default: the arch's ``DEFAULT``), in ``$TORCH_HOME/hub/checkpoints``."""
+    weights = weights or torchvision.models.get_model_weights(arch).DEFAULT
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
+def resolve_weights(arch: str, name: str):
+    """The member of ``arch``'s torchvision weights enum named ``name`` (``IMAGENET1K_V2``,
+    ``ResNet50_Weights.IMAGENET1K_V2`` or ``DEFAULT``, as torchvision's ``--weights`` takes
+    it). Raises :class:`ModelError` for an architecture without weights or an unknown name."""
+    check_arch(arch)
+    if arch in _REGISTRY:
+        raise ModelError(f"--weights {name}: {arch} has no torchvision weights")
+    enum = torchvision.models.get_model_weights(arch)
+    try:
+        return enum.verify(name)
+    except (KeyError, ValueError, TypeError):
+        names = ", ".join(w.name for w in enum)
+        raise ModelError(f"--weights {name}: not one of {arch}'s weights ({names}, DEFAULT)"
+                         ) from None
+
+
+def weights_eval_sizes(arch: str, name: str) -> tuple[int, int, str]:
+    """``(resize, crop, interpolation)`` of the validation preprocessing that comes with
+    ``arch``'s weights ``name`` (its ``transforms()``: sizes in pixels, an
+    ``--interpolation`` name). Raises :class:`ModelError` as :func:`resolve_weights`."""
+    preset = resolve_weights(arch, name).transforms()
+    return preset.resize_size[0], preset.crop_size[0], preset.interpolation.value
+
+
 def build_model(arch: str, num_classes: int, pretrained: bool = False,
-                blurpool: bool = False) -> nn.Module:
+                blurpool: bool = False, weights: str | None = None) -> nn.Module:
     """A classification model ``arch`` with a ``num_classes``-way output.
 
     Input float ``(N, 3, H, W)``, output float logits ``(N, num_classes)``. With ``pretrained``,
-    torchvision's default ImageNet weights are loaded from the torch.hub cache only (never
+    torchvision's default ImageNet weights, with ``weights`` (``--weights``, see
+    :func:`resolve_weights`) the named ones, are loaded from the torch.hub cache only (never
     downloaded at run time); if ``num_classes`` differs from the weights' 1000 classes, the
     final linear layer is replaced by a freshly initialised one. With ``blurpool`` (FFCV's
     ``use_blurpool``), strided convolutions get a blur in front (:mod:`models.blurpool`).
 
-    Raises :class:`ModelError` for an unknown ``arch`` or pretrained weights not on disk.
+    Raises :class:`ModelError` for an unknown ``arch`` or weights, or weights not on disk.
     """
-    model = _build(arch, num_classes, pretrained)
+    model = _build(arch, num_classes, pretrained, weights)
     if blurpool:
         from models.blurpool import apply_blurpool
 
@@ -64,20 +90,21 @@ def build_model(arch: str, num_classes: int, pretrained: bool = False,
     return model
 
 
-def _build(arch: str, num_classes: int, pretrained: bool) -> nn.Module:
+def _build(arch: str, num_classes: int, pretrained: bool, name: str | None = None) -> nn.Module:
+    flag = f"--weights {name}" if name else "--pretrained"
     if arch in _REGISTRY:
-        if pretrained:
-            raise ModelError(f"--pretrained: no pretrained weights for {arch}")
+        if pretrained or name:
+            raise ModelError(f"{flag}: no pretrained weights for {arch}")
         return _REGISTRY[arch](num_classes=num_classes)
     check_arch(arch)
-    if not pretrained:
+    if not pretrained and not name:
         return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
-    path = cached_weights_path(arch)
+    weights = resolve_weights(arch, name or "DEFAULT")
+    path = cached_weights_path(arch, weights)
     if not os.path.isfile(path):
         raise ModelError(
-            f"--pretrained: {arch} weights are not on disk at {path} (no download at run time); "
+            f"{flag}: {arch} weights are not on disk at {path} (no download at run time); "
             "copy the file there or set TORCH_HOME")
-    weights = torchvision.models.get_model_weights(arch).DEFAULT
     model = torchvision.models.get_model(arch, weights=weights)
     if num_classes != len(weights.meta["categories"]):
         _replace_classifier(model, num_classes)

@@ -86,16 +86,18 @@ class BatchFeed:
     Each call returns ``[encoded, labels]`` (a list of uint8 1-D arrays; int32 ``(N,)``) plus,
     for training, float32 ``(N, 2)`` window anchors ``(x, y)``, ``(N, 2)`` shapes ``(w, h)``
     and int32 ``(N,)`` flips, and, if ``sizes`` (the GPU graph resizes in DALI), float32
-    ``(N,)`` output sides; ``StopIteration`` after the pass's last (possibly partial, never
+    ``(N,)`` output sides, and with ``augment`` (a ``_dali_augment.DaliAugment``, GPU graph
+    only) int32 ``(N, slots, 3)`` ``--auto-augment`` draws; ``StopIteration`` after the pass's last (possibly partial, never
     padded) batch. ``read(i) -> (bytes, label)`` is the reader's. The last ``keep`` batches
     returned stay referenced here, since DALI reads them without a copy (``no_copy``): at least
     the pipeline's prefetch queue depth plus one. :attr:`waited` sums the seconds the calls
     waited for a batch."""
 
     def __init__(self, read, train: bool, batch_size: int, seed: int, rank: int,
-                 sizes: bool = True, keep: int = 6):
+                 sizes: bool = True, keep: int = 6, augment=None):
         self.read, self.train, self.batch_size = read, train, batch_size
         self.sizes = train and sizes
+        self.augment = augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
         self.waited, self.calls = 0.0, 0
         self._fed: collections.deque = collections.deque(maxlen=keep)
@@ -157,6 +159,9 @@ class BatchFeed:
             out += [*host_windows(data, draws), flips]
         if self.sizes:
             out.append(np.full(len(indices), plan.size, np.float32))
+        if self.augment is not None:
+            out.append(np.stack(self.augment.host_draws(self.seed, plan.epoch, self.rank,
+                                                        plan.first_batch + batch, len(indices))))
         return out
 
     def __call__(self, info):

@@ -28,6 +28,7 @@ from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_
 from ..transforms import resize_center_crop
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
+_INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
 
 
 # nvJPEG's buffers sized once for the largest ImageNet JPEGs, as NVIDIA's DeepLearningExamples
@@ -50,6 +51,8 @@ class GraphOptions:
     hw_decoder_load: float
     dtype: torch.dtype  # of the delivered images (loaders.contract.input_dtype)
     channels_last: bool
+    augment: object = None  # training's --auto-augment: a _dali_augment.DaliAugment, or None
+    interpolation: str = "bilinear"  # --interpolation of the resizes
 
 
 def stored_shape(encoded):
@@ -98,7 +101,7 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     if not opts.decode_on_cpu:
         decode.update(NVJPEG_MEMORY, hw_decoder_load=opts.hw_decoder_load)
     if opts.train:
-        anchor, shape, mirror, sizes = train_inputs
+        anchor, shape, mirror, sizes, aug_draws = train_inputs
         size = stored_shape(encoded)
         images = fn.decoders.image_slice(encoded, *inside(anchor, shape, size),
                                          normalized_anchor=False, normalized_shape=False,
@@ -112,11 +115,16 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         return [images, mirror, *checks] if opts.train else [images]
     if opts.decode_on_cpu:
         images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
+    interp = ({} if opts.interpolation == "bilinear"
+              else {"interp_type": getattr(types, _INTERP[opts.interpolation])})
     if opts.train:  # the side can change between epochs (progressive resizing): an input
-        images = fn.resize(images, resize_x=sizes, resize_y=sizes)
+        images = fn.resize(images, resize_x=sizes, resize_y=sizes, **interp)
         crop = {}
+        if opts.augment is not None:  # flip, then the policy (torchvision's order)
+            images = opts.augment.graph(fn.flip(images, horizontal=mirror), aug_draws)
+            mirror = 0
     else:
-        images = fn.resize(images, resize_shorter=opts.resize_size)
+        images = fn.resize(images, resize_shorter=opts.resize_size, **interp)
         crop = {"crop": (opts.crop_size, opts.crop_size)}
     return [fn.crop_mirror_normalize(
         images, mirror=mirror, **crop,
@@ -150,46 +158,55 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
     return None
 
 
-def finish_on_cpu(outputs, opts: GraphOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def finish_on_cpu(outputs, opts: GraphOptions,
+                  augment_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``)."""
+    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``); training
+    crops then go through ``opts.augment``'s torch policy, its draws from torch's generator
+    seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs)."""
     images, *rest, labels = outputs
-    size = opts.crop_size
+    size, interp = opts.crop_size, opts.interpolation
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
+    policy = opts.augment.torch_policy if opts.train and opts.augment is not None else None
 
     def crops():
         for i in range(len(images)):
             # A view of DALI's buffer, valid until the next run(); resizing copies it out.
             image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
             if opts.train:
-                out = resize(image, (size, size))
-                yield out.flip(-1) if flips[i] else out
+                out = resize(image, (size, size), interp)
+                out = out.flip(-1) if flips[i] else out
+                yield out if policy is None else policy(out)
             else:
-                yield resize_center_crop(image, opts.resize_size, size)
+                yield resize_center_crop(image, opts.resize_size, size, interp)
 
     # Each crop is normalised straight after its resize, while it is in cache.
     out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
-    return (normalize_each(crops(), out, _MEAN_255, _STD_255),
-            torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64))
+    with torch.random.fork_rng(devices=[], enabled=policy is not None):
+        if policy is not None:
+            torch.default_generator.manual_seed(augment_seed)
+        out = normalize_each(crops(), out, _MEAN_255, _STD_255)
+    return out, torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64)
 
 
 def source(feed):
     """The graph's source: ``(encoded, labels, train_inputs or None)`` from one batched
     ``fn.external_source`` calling ``feed`` (a ``_dali_feed.BatchFeed``) on the thread that runs
-    the pipeline; ``train_inputs``: ``(anchors, shapes, flips, sizes or None)``. Uniform inputs
+    the pipeline; ``train_inputs``: ``(anchors, shapes, flips, sizes or None, the
+    ``--auto-augment`` policy's draws or None)``. Uniform inputs
     come as one ``(N, ...)`` array each, which DALI takes in one piece (2.49 ms per batch as
     per-sample lists vs 0.55 ms, issue 37), and nothing is copied (``no_copy``)."""
     from nvidia.dali import fn, types
 
     dtypes = ([types.UINT8, types.INT32]
               + ([types.FLOAT, types.FLOAT, types.INT32] if feed.train else [])
-              + ([types.FLOAT] if feed.sizes else []))
+              + ([types.FLOAT] if feed.sizes else []) + ([types.INT32] if feed.augment else []))
     # no_copy: DALI reads the feed's arrays in place (the feed keeps them alive until then)
     # instead of copying each batch on the training thread (5-8 ms per 256 images here)
     outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
                               batch_info=True, parallel=False, dtype=dtypes, no_copy=True)
-    train = (*outs[2:], None)[:4] if feed.train else None
+    train = (*outs[2:], None, None)[:5] if feed.train else None
     return outs[0], outs[1], train
 
 

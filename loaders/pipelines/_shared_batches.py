@@ -53,7 +53,7 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
     on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
-    so that no two tuples share a stream (as DALI's crops, ``loaders.pipelines._dali_graph.crop_draws``)."""
+    so that no two tuples share a stream (as DALI's crops, ``loaders.pipelines._dali_feed.crop_draws``)."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
     return int(state.generate_state(1, np.uint64)[0])
 

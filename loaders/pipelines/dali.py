@@ -43,13 +43,15 @@ from decode import decode
 
 from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
-from ..orders import Order, batches_per_epoch, check_one_batch
+from ..orders import Order, batches_per_epoch, train_batch_size
 from ..readers import Reader
+from ._dali_augment import DaliAugment
 from ._dali_env import (cuda_failure, default_hw_decoder_load, gpu_decoding_problem,
                         message_lines, require_dali)
 from ._dali_feed import BatchFeed, FeedPass
 from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, source,
                           window_mismatch)
+from ._shared_batches import batch_seed
 
 
 class DALILoader:
@@ -77,7 +79,7 @@ class DALILoader:
                  *, batch_size: int, max_batches: int | None, num_threads: int, seed: int,
                  rank: int, max_bad_share: float, cpu_pipelines: int | None = None):
         if opts.train:
-            check_one_batch(order, batch_size)
+            batch_size = train_batch_size(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
         self.batch_size, self.max_batches = batch_size, max_batches
         self.opts, self.classes, self.device = opts, list(reader.classes), device
@@ -162,7 +164,7 @@ class DALILoader:
                         break
                     if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                         break
-                    images, labels = self._to_torch(outputs)
+                    images, labels = self._to_torch(outputs, self.start_batch + step)
                     take = min(len(order) - step * batch, len(labels))
                     step += 1
                     yield images[:take], labels[:take]
@@ -296,7 +298,8 @@ class DALILoader:
         :attr:`pipeline_builds`."""
         self._feeds = [BatchFeed(self.reader.read, self.opts.train, self.batch_size, self.seed,
                                  self.rank, sizes=self.opts.cuda,
-                                 keep=self._queue_depth(n) + 1) for _ in range(n)]
+                                 keep=self._queue_depth(n) + 1, augment=self.opts.augment)
+                       for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]
         for pipe in pipes:
             pipe.build()
@@ -307,7 +310,8 @@ class DALILoader:
         """A pipeline (not yet built) of ``pipelines`` reading from ``feed``."""
         from nvidia.dali import pipeline_def
 
-        @pipeline_def
+        # DALI's auto_aug selects an op per sample through conditionals
+        @pipeline_def(enable_conditionals=self.opts.cuda and self.opts.augment is not None)
         def graph():
             encoded, labels, train_inputs = source(feed)
             if self.opts.cuda:  # copied with the images, not a blocking pageable copy
@@ -322,9 +326,10 @@ class DALILoader:
                      device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
-    def _to_torch(self, outputs) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.opts.cuda:
-            return finish_on_cpu(outputs, self.opts)
+    def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.opts.cuda:  # batch: of the epoch, for the --auto-augment draws
+            return finish_on_cpu(outputs, self.opts,
+                                 batch_seed(self.seed, self.epoch, self.rank, batch))
         images, labels = (gpu_to_torch(out, self.device) for out in (outputs[0], outputs[-1]))
         if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
             images = images.to(torch.bfloat16)
@@ -342,11 +347,17 @@ def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> Gra
         load = default_hw_decoder_load(dist.device)
     elif not 0 <= load <= 1:
         raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
+    policy = None
+    if train and settings.auto_augment is not None:
+        policy = DaliAugment(settings.auto_augment, settings.interpolation,
+                             settings.ra_magnitude, settings.augmix_severity)
+        policy.check(cuda)
     return GraphOptions(
         train=train, crop_size=settings.train_crop_size if train else settings.val_crop_size,
         resize_size=settings.val_resize_size, cuda=cuda,
         decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
-        dtype=settings.dtype, channels_last=settings.channels_last)
+        dtype=settings.dtype, channels_last=settings.channels_last, augment=policy,
+        interpolation=settings.interpolation)
 
 
 def require(dist: DistInfo) -> None:

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 from .._bad_samples import TolerantDataset, too_many_unreadable
 from ..contract import DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize
-from ..orders import Order, ResumableSampler, batches_per_epoch, check_one_batch
+from ..auto_augment import make_auto_augment
+from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
 from ..readers import Reader
 from ..transforms import split_transform
 from ._cuda_feed import CudaFeeder, page_lock
@@ -73,7 +74,8 @@ class DeviceLoader:
     epochs and passes never draw it again (:class:`~loaders._bad_samples.TolerantDataset`);
     when the distinct unreadable samples exceed ``max_bad_share`` of ``len(reader)`` (the
     split), iterating raises :class:`DataError`. Raises :class:`DataError` at construction if
-    a training ``order`` holds less than one batch.
+    a training ``order`` is empty; one holding less than one batch is read as one smaller
+    batch (:func:`~loaders.orders.train_batch_size`: ``batch_size`` is then that size).
 
     Training workers outlive a pass (forking and starting them costs about 0.1 s per epoch on
     2 cores, docs/performance.md) unless the reader plans each pass (streamed shards: the
@@ -85,7 +87,7 @@ class DeviceLoader:
                  channels_last: bool, max_batches: int | None, seed: int, rank: int,
                  max_bad_share: float, dtype: torch.dtype, max_crop_size: int | None = None):
         if train:
-            check_one_batch(order, batch_size)
+            batch_size = train_batch_size(order, batch_size)
         self.reader, self.transform = reader, transform
         self.sampler = ResumableSampler(order)
         self.train, self.batch_size = train, batch_size
@@ -238,10 +240,14 @@ class DeviceLoader:
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` :class:`DeviceLoader` s over two readers, each in its own orders
-    (``Reader.train_order`` / ``val_order``) with ``loaders.transforms``' transforms. Raises
-    :class:`~loaders.DataError` for a training order smaller than one batch."""
+    (``Reader.train_order`` / ``val_order``) with ``loaders.transforms``' transforms, the
+    training crops augmented by the ``--auto-augment`` policy (``loaders.auto_augment``).
+    Raises :class:`~loaders.DataError` for an empty training order."""
     sizes = (settings.train_crop_size, settings.val_resize_size, settings.val_crop_size)
-    return tuple(DeviceLoader(reader, order, split_transform(is_train, *sizes),
+    augment = make_auto_augment(settings.auto_augment, settings.interpolation,
+                                settings.ra_magnitude, settings.augmix_severity)
+    return tuple(DeviceLoader(reader, order, split_transform(is_train, *sizes, augment,
+                                                             settings.interpolation),
                               **loader_options(settings, dist, train=is_train))
                  for is_train, reader, order in (
                      (True, train, train.train_order(settings, dist)),

@@ -10,7 +10,7 @@ from torchvision import datasets
 from formats.lmdb import is_lmdb
 
 from ..contract import DataError, DistInfo, LoaderSettings
-from ..orders import RandomOrder, ShardOrder
+from ..orders import Order, ShardOrder, shuffled_order
 from . import Reader
 
 
@@ -45,8 +45,8 @@ class FolderReader(datasets.ImageFolder, Reader):
         """The file behind sample ``index``."""
         return self.samples[index][0]
 
-    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> RandomOrder:
-        return RandomOrder(len(self), dist.rank, dist.world_size, settings.seed)
+    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
+        return shuffled_order(len(self), settings, dist)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
         return ShardOrder(len(self), dist.rank, dist.world_size)

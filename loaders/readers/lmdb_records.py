@@ -11,7 +11,7 @@ from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly
                           record_key)
 
 from ..contract import DataError, DistInfo, LoaderSettings
-from ..orders import BlockOrder, Order, RandomOrder, ShardOrder
+from ..orders import BlockOrder, Order, ShardOrder, shuffled_order
 from . import Reader
 
 
@@ -126,12 +126,15 @@ def training_order(dataset: LMDBReader, settings: LoaderSettings, dist: DistInfo
     """The training order over ``dataset`` (an LMDB; also DALI's with ``--lmdb``):
     ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders.orders.BlockOrder`
     (``lmdb_block_size`` records per block, ``lmdb_buffer_blocks`` open blocks; warns on rank 0
-    if the records are sorted by class), ``"random"`` -> :class:`~loaders.orders.RandomOrder`.
+    if the records are sorted by class), ``"random"`` -> :func:`~loaders.orders.shuffled_order`
+    (:class:`~loaders.orders.RandomOrder`, or with ``--ra-sampler`` repeated augmentation).
     Raises :class:`DataError` for an unknown order or block sizes below 1."""
     if settings.lmdb_order == "random":
-        return RandomOrder(len(dataset), dist.rank, dist.world_size, settings.seed)
+        return shuffled_order(len(dataset), settings, dist)
     if settings.lmdb_order != "block":
         raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
+    if settings.ra_sampler and dist.distributed:
+        raise DataError("--ra-sampler is a random order: leave out --lmdb-order block")
     try:
         order = BlockOrder(len(dataset), block_size=settings.lmdb_block_size,
                            buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,

@@ -298,8 +298,12 @@ def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dis
     training, :class:`~loaders.shard_orders.StreamValOrder` for validation, one piece per
     ``settings.workers``."""
     if train:
+        if settings.ra_sampler and dist.distributed:
+            raise DataError("--ra-sampler needs random access: not with --loader shards")
         counts = [s["records"] for s in dataset.index.shards]
-        return StreamTrainOrder(counts, settings.batch_size, settings.workers, dist.rank,
+        # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
+        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
+        return StreamTrainOrder(counts, batch, settings.workers, dist.rank,
                                 dist.world_size, settings.seed, SHUFFLE_BUFFER)
     return StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
                           dist.world_size)

@@ -42,7 +42,7 @@ def test_every_shipped_preset_parses():
     assert {"smoke.yaml", "resnet18.yaml", "resnet50.yaml"} <= set(presets)
     for name in presets:
         args = main.parse_args(["-c", os.path.join(REPO, "configs", name)])
-        assert args.arch.startswith("resnet")
+        assert args.arch.startswith(("resnet", "convnext"))
 
 
 @pytest.mark.parametrize("backend", ["folder", "lmdb"])

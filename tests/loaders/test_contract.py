@@ -194,9 +194,31 @@ def test_different_class_lists_are_refused(tiny, tmp_path):
         build("folder", tiny, val_path=str(tmp_path / "val"))
 
 
-def test_too_few_images_for_one_batch(tiny):
-    with pytest.raises(DataError, match="fewer than one batch"):
-        build("folder", tiny, batch_size=64)
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_split_under_one_batch_trains_as_one_smaller_batch(tiny, tiny_shards, reader,
+                                                             pipeline):
+    """pytorch/examples' DataLoader keeps the partial batch: 32 images, -b 64 -> one batch
+    of 32 per epoch, on every reader and pipeline; equal on two ranks (16 each)."""
+    train, val = build_pair(tiny, tiny_shards, reader, pipeline, batch_size=64)
+    assert train.batch_size == 32 and len(train) == 1
+    (images, labels), = list(train)
+    assert images.shape == (32, 3, 32, 32) and len(labels) == 32
+    train.close()
+    val.close()
+    data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards}[reader]
+    settings = loader_settings(reader if pipeline == "workers" else "dali", data=data,
+                               lmdb=reader == "lmdb", shards=reader == "shards", batch_size=64)
+    for rank in (0, 1):
+        two, _ = loaders.build_loaders(settings, DistInfo(rank=rank, world_size=2))
+        assert two.batch_size == 16 and len(two) == 1 and len(next(iter(two))[1]) == 16
+        two.close()
+
+
+def test_more_processes_than_images_is_one_line(tiny):
+    with pytest.raises(DataError, match="no image for this process"):
+        loaders.build_loaders(loader_settings("folder", data=tiny.root),
+                              DistInfo(rank=40, world_size=41))
 
 
 @pytest.mark.parametrize("reader", READERS)

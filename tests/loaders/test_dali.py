@@ -100,8 +100,8 @@ def test_channels_last_and_batch_caps(tiny):
 
 
 def test_errors_are_data_errors(tiny, tmp_path):
-    with pytest.raises(DataError, match="fewer than one batch"):
-        build(tiny, "folder", batch_size=64)
+    with pytest.raises(DataError, match="no image for this process"):
+        build(tiny, "folder", dist=DistInfo(rank=40, world_size=41))
     with pytest.raises(DataError, match="add --lmdb"):
         build(tiny, "folder", data=tiny.lmdb, lmdb=False)
     with pytest.raises(DataError, match="drop --lmdb"):
@@ -227,7 +227,7 @@ def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch)
         def run(self):
             return "outputs"
 
-    def to_torch(self, outputs):
+    def to_torch(self, outputs, batch):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
     train, _ = build(tiny, "folder")

@@ -74,6 +74,31 @@ def test_the_feed_reads_off_the_training_thread_in_order(tiny):
     feed.close()
 
 
+def test_the_gpu_feed_carries_the_auto_augment_draws(tiny):
+    """With ``--auto-augment`` on the GPU graph, each training batch also carries the policy's
+    draws: int32 ``(N, slots, 3)``, those ``DaliAugment.host_draws`` gives for the batch's
+    (seed, epoch, rank, batch), after the output sides; the CPU graph (no sizes) none."""
+    import glob
+    from types import SimpleNamespace
+
+    from loaders.pipelines._dali_augment import DaliAugment
+    from loaders.pipelines._dali_feed import BatchFeed, FeedPass
+
+    paths = sorted(glob.glob(os.path.join(tiny.root, "train", "*", "*")))[:6]
+    blobs = [open(p, "rb").read() for p in paths]
+    policy = DaliAugment("ra")
+    feed = BatchFeed(lambda i: (blobs[i], i % 2), train=True, batch_size=3, seed=5, rank=1,
+                     sizes=True, augment=policy)
+    feed.start(FeedPass(tuple(range(6)), 2, 7, 32, 1, 1))  # batch 1 of the pass = 8 of epoch 2
+    batch = feed(SimpleNamespace(iteration=0))
+    feed.close()
+    assert len(batch) == 7 and batch[6].dtype == np.int32 and batch[6].shape == (3, 2, 3)
+    assert np.array_equal(batch[6], np.stack(policy.host_draws(5, 2, 1, 8, 3)))
+    cpu = BatchFeed(lambda i: (blobs[i], 0), train=True, batch_size=3, seed=5, rank=1,
+                    sizes=False, augment=policy)
+    assert cpu.augment is None
+
+
 def test_gpu_decoding_probe_says_why_it_would_not_happen(monkeypatch):
     """Before a CUDA run, the loader asks nvImageCodec (DALI's decoding library) to decode a
     probe JPEG with its GPU backends only: on this machine (no GPU) it says why not, in one

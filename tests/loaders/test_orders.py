@@ -176,3 +176,51 @@ def test_readahead_auto_follows_database_size(tiny, monkeypatch):
     assert lmdb_records.readahead_for(path, "on") and not lmdb_records.readahead_for(path, "off")
     monkeypatch.setattr(lmdb_records.os.path, "getsize", lambda _: 1 << 60)  # 1 EiB
     assert not lmdb_records.readahead_for(path, "auto")
+
+
+def _rasampler(n: int, reps: int, rank: int, world: int, seed: int, epoch: int) -> list[int]:
+    """torchvision's references/classification/sampler.py RASampler.__iter__, as lists."""
+    import math
+
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    indices = torch.randperm(n, generator=g).tolist()
+    indices = [i for i in indices for _ in range(reps)]
+    total = int(math.ceil(n * float(reps) / world)) * world
+    indices += indices[:(total - len(indices))]
+    return indices[rank:total:world][:int(math.floor(n // 256 * 256 / world))]
+
+
+@pytest.mark.parametrize("n,reps,world", [(1000, 3, 2), (600, 4, 8), (256, 4, 2), (777, 1, 3)])
+def test_repeated_augmentation_is_torchvisions_rasampler(n, reps, world):
+    from loaders.orders import RepeatedAugmentationOrder
+
+    for rank in range(world):
+        order = RepeatedAugmentationOrder(n, reps, rank, world, seed=11)
+        assert len(order) == n // 256 * 256 // world  # RASampler's per-epoch count
+        for epoch in (0, 3):
+            assert list(order.order(epoch)) == _rasampler(n, reps, rank, world, 11, epoch)
+    # the copies of an image go to different ranks
+    first = [list(RepeatedAugmentationOrder(n, reps, r, world, 11).order(0)) for r in range(world)]
+    if reps > 1 and world >= reps:
+        assert first[0][0] == first[1][0] and first[0][0] not in first[0][1:reps]
+
+
+def test_repeated_augmentation_under_256_images_is_one_line():
+    from loaders import DataError
+    from loaders.orders import RepeatedAugmentationOrder
+
+    with pytest.raises(DataError, match=r"RASampler reads floor\(250 // 256"):
+        RepeatedAugmentationOrder(250, 4, 0, 2)
+
+
+def test_ra_sampler_only_in_a_distributed_run(tiny):
+    """torchvision samples with RASampler only when distributed: one process, RandomOrder."""
+    from loaders.orders import RepeatedAugmentationOrder, shuffled_order
+
+    settings = loader_settings("folder", tiny.root, ra_sampler=True, ra_reps=4)
+    assert isinstance(shuffled_order(512, settings, DistInfo()), RandomOrder)
+    dist = DistInfo(rank=1, world_size=2, distributed=True)
+    order = shuffled_order(512, settings, dist)
+    assert isinstance(order, RepeatedAugmentationOrder) and order.repetitions == 4
+    assert len(order) == 256

@@ -43,3 +43,29 @@ def test_pretrained_loads_cached_weights_and_replaces_the_classifier(tmp_path, m
     fewer = models.build_model("resnet18", 10, pretrained=True)
     assert torch.equal(fewer.layer4[1].conv2.weight, reference.layer4[1].conv2.weight)
     assert fewer.fc.out_features == 10
+
+
+def test_weights_by_name_from_the_cache_only(tmp_path, monkeypatch):
+    """--weights NAME: torchvision's enum names (short, qualified, DEFAULT), the --pretrained
+    error when not on disk, the named file when it is; the weights' eval preprocessing."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    v1 = torchvision.models.ResNet50_Weights.IMAGENET1K_V1
+    for name in ("IMAGENET1K_V1", "ResNet50_Weights.IMAGENET1K_V1"):
+        assert models.resolve_weights("resnet50", name) is v1
+    assert models.resolve_weights("resnet50", "DEFAULT").name == "IMAGENET1K_V2"
+    with pytest.raises(models.ModelError, match=r"--weights V3: not one of resnet50's weights "
+                       r"\(IMAGENET1K_V1, IMAGENET1K_V2, DEFAULT\)"):
+        models.resolve_weights("resnet50", "V3")
+    with pytest.raises(models.ModelError, match="--weights IMAGENET1K_V1: resnet18 weights are "
+                       "not on disk at .* copy the file there or set TORCH_HOME"):
+        models.build_model("resnet18", 1000, weights="IMAGENET1K_V1")
+    with pytest.raises(models.ModelError, match="no pretrained weights for tiny_test_net"):
+        models.build_model("tiny_test_net", 3, weights="DEFAULT")
+    path = models.cached_weights_path("resnet18", models.resolve_weights("resnet18", "DEFAULT"))
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    reference = torchvision.models.resnet18()
+    torch.save(reference.state_dict(), path)
+    model = models.build_model("resnet18", 1000, weights="ResNet18_Weights.IMAGENET1K_V1")
+    assert torch.equal(model.conv1.weight, reference.conv1.weight)
+    assert models.weights_eval_sizes("resnet50", "IMAGENET1K_V2") == (232, 224, "bilinear")
+    assert models.weights_eval_sizes("resnet50", "IMAGENET1K_V1") == (256, 224, "bilinear")

@@ -188,3 +188,31 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
         assert len(row["rss_mib"]) == 2 and all(m > 0 for m in row["rss_mib"])
     assert bench_dali_feed.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
+    """Every part on tiny data: the throughput pair, torchvision's pixels, the costs table,
+    and torchvision's command on 2 ranks (test-sized further by --command-extra)."""
+    from benchmarks import bench_recipes
+
+    out = tmp_path / "recipes.json"
+    extra = ("--model resnet18 --train-batches 2 --train-crop-size 32 --val-resize-size 32 "
+             "--val-crop-size 32")
+    assert bench_recipes.main_cli([
+        "--data", tiny.root, "--copies", "8", "--crop", "32", "-b", "4", "-j", "1",
+        "--batches", "2", "--warmup", "1", "--rounds", "1", "--draws", "3", "--images", "4",
+        "--command-batch", "8", "--command-extra", extra, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ratio" in printed and "identical pixels everywhere (target): met" in printed
+    report = json.loads(out.read_text())
+    assert report["throughput"]["plain"] > 0 and report["throughput"]["augmented"] > 0
+    assert all(r["differ"] == 0 for r in report["exact"].values())
+    assert len(report["costs"]["recipes"]) == 7 and "Equalize" in report["costs"]["ops"]
+    assert report["command"]["met"] and report["command"]["train_images"] == 2 * 2 * 8
+
+
+def test_bench_recipes_bad_data_is_one_line(tmp_path, capsys):
+    from benchmarks import bench_recipes
+
+    assert bench_recipes.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert "no such directory" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""torchvision's data-augmentation flags (issue 39) and random erasing on the device batch.
+
+The flags, with ``references/classification/train.py``'s names, choices and defaults:
+``--auto-augment`` (the policies of ``loaders.auto_augment``, on each uint8 crop in the
+loader) with ``--ra-magnitude`` and ``--augmix-severity``, ``--interpolation``, ``--ra-sampler``
+with ``--ra-reps`` (``loaders.orders.RepeatedAugmentationOrder``) and ``--random-erase``, which
+is here: :class:`RandomErasing` on the normalised batch where the loader delivers it (on the
+GPU in a GPU run), through :class:`ErasingLoader`, so every pipeline gets it alike.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from engine import ConfigError
+from loaders.auto_augment import INTERPOLATIONS, POLICIES
+
+_TAG = 0x45524153  # "ERAS": random erasing's stream, apart from the loader's of a batch
+ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
+
+
+def add_augment_args(g) -> None:
+    """The augmentation flags, as torchvision's train.py spells them."""
+    g.add_argument("--auto-augment", choices=POLICIES, metavar="POLICY",
+                   help="augment each training crop with a policy: ta_wide (TrivialAugment "
+                   "Wide), ra (RandAugment), augmix, or AutoAugment's imagenet, cifar10, svhn")
+    g.add_argument("--ra-magnitude", type=int, default=9, metavar="M",
+                   help="--auto-augment ra: the magnitude bin (0-30)")
+    g.add_argument("--augmix-severity", type=int, default=3, metavar="S",
+                   help="--auto-augment augmix: severity (1-10)")
+    g.add_argument("--random-erase", type=float, default=0.0, metavar="P",
+                   help="erase a random box of each training image with probability P "
+                   "(torchvision's RandomErasing), on the device batch")
+    g.add_argument("--ra-sampler", action="store_true",
+                   help="repeated augmentation: torchvision's RASampler order (distributed runs "
+                   "only, as torchvision)")
+    g.add_argument("--ra-reps", type=int, default=3, metavar="N",
+                   help="--ra-sampler: copies of each image per epoch order")
+    g.add_argument("--interpolation", default="bilinear", choices=INTERPOLATIONS,
+                   help="resampling of every resize and of the policies' geometric ops")
+
+
+def check_augment_flags(args) -> None:
+    """Refuse augmentation flag values that cannot work, in one line (:class:`ConfigError`)."""
+    problems = [
+        (not 0 <= args.ra_magnitude <= 30, f"--ra-magnitude {args.ra_magnitude}: expected 0-30 "
+         "(a bin of RandAugment's 31)"),
+        (not 1 <= args.augmix_severity <= 10,
+         f"--augmix-severity {args.augmix_severity}: expected 1-10"),
+        (not 0 <= args.random_erase <= 1, f"--random-erase {args.random_erase}: expected "
+         "0 <= P <= 1"),
+        (args.ra_reps < 1, f"--ra-reps {args.ra_reps}: expected N >= 1"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
+
+
+class RandomErasing:
+    """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``
+    (Zhong et al. 2020, ``torchvision/transforms/v2/_augment.py``) on every image of a batch.
+
+    Per image: with probability ``p``, up to 10 attempts at a box of area share uniform in
+    ``scale`` and aspect ratio log-uniform in ``ratio``, the first with both sides below the
+    image's placed uniformly and set to 0 in every channel (the normalised value torchvision
+    writes: ``value=0`` after ``Normalize``); none fitting, the image is left as it is. The
+    uniforms of image ``i`` of batch ``batch`` in epoch ``epoch`` come from NumPy's generator of
+    ``(seed, epoch, rank, batch)`` (41 per image, row ``i``), so a resumed epoch erases what
+    the uninterrupted one did, on any device."""
+
+    def __init__(self, p: float, seed: int, rank: int, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
+        self.p, self.seed, self.rank, self.scale = p, seed, rank, scale
+        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def boxes(self, epoch: int, batch: int, count: int, height: int, width: int) -> list:
+        """``(top, left, h, w)`` per image (pixels), or None where nothing is erased."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch, self.rank, batch,
+                                     _TAG])
+        draws = rng.random((count, 1 + 4 * ERASE_ATTEMPTS)).tolist()
+        return [self._box(row, height, width) for row in draws]
+
+    def _box(self, u: list[float], height: int, width: int):
+        if not u[0] < self.p:
+            return None
+        area = height * width
+        for k in range(ERASE_ATTEMPTS):
+            u_area, u_ratio, u_top, u_left = u[1 + 4 * k:5 + 4 * k]
+            erase_area = area * (self.scale[0] + u_area * (self.scale[1] - self.scale[0]))
+            aspect = math.exp(self.log_ratio[0] + u_ratio * (self.log_ratio[1] -
+                                                             self.log_ratio[0]))
+            h = int(round(math.sqrt(erase_area * aspect)))
+            w = int(round(math.sqrt(erase_area / aspect)))
+            if h < height and w < width:
+                return int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w
+        return None
+
+    def __call__(self, images: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+        """Erase in place in ``images`` (float ``(N, C, H, W)``, any memory format, on any
+        device) and return it: one mask of the batch's boxes, one ``masked_fill_``."""
+        count, _, height, width = images.shape
+        boxes = self.boxes(epoch, batch, count, height, width)
+        if not any(boxes):
+            return images
+        edges = torch.tensor([box and (box[0], box[0] + box[2], box[1], box[1] + box[3])
+                              or (0, 0, 0, 0) for box in boxes], dtype=torch.int64)
+        edges = edges.to(images.device, non_blocking=True)
+        rows = torch.arange(height, device=images.device)[None, :, None]
+        cols = torch.arange(width, device=images.device)[None, None, :]
+        top, bottom, left, right = (edges[:, k, None, None] for k in range(4))
+        mask = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+        return images.masked_fill_(mask[:, None], 0)
+
+
+class ErasingLoader:
+    """A training loader whose batches go through :class:`RandomErasing` (numbered from the
+    epoch's start, a resumed epoch's first batch included); everything else is the loader's."""
+
+    def __init__(self, loader, erasing: RandomErasing):
+        self.loader, self.erasing = loader, erasing
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+        self.loader.set_epoch(epoch, start_batch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch, (images, labels) in enumerate(self.loader, self.start_batch):
+            yield self.erasing(images, self.epoch, batch), labels
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def with_random_erasing(loader, p: float, seed: int, rank: int):
+    """``loader`` itself for ``p == 0`` (``--random-erase`` off), else its
+    :class:`ErasingLoader`."""
+    return ErasingLoader(loader, RandomErasing(p, seed, rank)) if p > 0 else loader

@@ -1,0 +1,301 @@
+"""The image operations of the auto-augment policies on uint8 ``(3, H, W)`` tensors, with the
+pixels of torchvision's tensor kernels (``torchvision/transforms/v2/functional/_color.py`` and
+``_geometry.py``, torchvision 0.29) at a fraction of their cost.
+
+Each :data:`OPS` entry is ``op(image, magnitude, interpolation) -> image``, ``magnitude`` as
+torchvision's ``_AutoAugmentBase._apply_image_or_video_transform`` receives it (the op's own
+units: a shear factor, pixels, degrees, an enhancement offset, bits, a threshold share).
+Where torchvision's result is a function of integer arithmetic (posterize, solarize, invert,
+equalize, autocontrast's range) the same integers are computed faster; where it is a float
+expression (brightness, color, contrast, sharpness's blend, the affine grid), the same float
+operations are run in the same order, so the results agree bit for bit
+(``tests/loaders/test_auto_augment.py`` checks every op against torchvision's on real crops).
+
+Where the time goes (176 px crops of the real sample, 1 thread, ``benchmarks/bench_recipes.py``):
+torchvision's tensor kernels spend 2.1 ms in sharpness's grouped ``conv2d`` (here: the blur as
+integer sums of shifted views, exact since a 3x3 sum over 13 never lies within 1/26 of a
+rounding boundary), 0.3 ms per affine op rebuilding the sampling grid's base (here: cached per
+image size), 0.4 ms in solarize comparing uint8 with a float (here: against its integer
+ceiling) and 0.45 ms in equalize's scatter histogram (here: ``torch.bincount``).
+
+``interpolation`` (``"nearest"``, ``"bilinear"``, ``"bicubic"``) is the geometric ops'
+resampling; torchvision's tensor kernels refuse ``bicubic`` (only its PIL backend has it), so
+``bicubic`` here is ``grid_sample``'s bicubic mode, clamped to 0..255: not torchvision's pixels.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+_GRAY = (0.2989, 0.587, 0.114)  # torchvision's _rgb_to_grayscale_image weights (ITU-R 601-2)
+
+
+def _blend(image: torch.Tensor, other, ratio: float) -> torch.Tensor:
+    """torchvision's ``_blend`` for uint8: ``image x ratio + other x (1 - ratio)``, clamped,
+    truncated to uint8."""
+    ratio = float(ratio)
+    return image.mul(ratio).add_(other, alpha=(1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
+
+
+def _gray(image: torch.Tensor) -> torch.Tensor:
+    """Float ``(1, H, W)`` luma floored, as torchvision's contrast and saturation use it."""
+    r, g, b = image.unbind(dim=-3)
+    luma = r.mul(_GRAY[0]).add_(g, alpha=_GRAY[1]).add_(b, alpha=_GRAY[2])
+    return luma.unsqueeze(dim=-3).floor_()
+
+
+_LEVELS = torch.arange(256, dtype=torch.uint8)
+
+
+def _lut(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
+    channel), with NumPy's indexing (torch's ``where`` or long indexing cost 4-5x more here).
+    Exact for any per-value map: an elementwise op gives each value the same result anywhere."""
+    pixels, table = image.numpy(), table.numpy()
+    if table.ndim == 1:
+        return torch.from_numpy(np.take(table, pixels))
+    return torch.from_numpy(np.stack([np.take(table[c], pixels[c]) for c in range(3)]))
+
+
+def brightness(image, magnitude, interpolation=None):
+    """torchvision's ``adjust_brightness_image``: ``x x (1 + magnitude)``, clamped, truncated;
+    its map of each of the 256 values, looked up."""
+    return _lut(image, _LEVELS.mul(1.0 + magnitude).clamp_(0, 255).to(torch.uint8))
+
+
+def color(image, magnitude, interpolation=None):
+    return _blend(image, _gray(image), 1.0 + magnitude)
+
+
+def contrast(image, magnitude, interpolation=None):
+    mean = torch.mean(_gray(image), dim=(-3, -2, -1), keepdim=True)
+    return _blend(image, mean, 1.0 + magnitude)
+
+
+def sharpness(image, magnitude, interpolation=None):
+    """torchvision's ``adjust_sharpness_image``: the inner pixels blended with their 3x3 blur
+    (weights 1, centre 5, over 13, rounded), the one-pixel border kept."""
+    factor = 1.0 + magnitude
+    height, width = image.shape[-2:]
+    if height <= 2 or width <= 2:
+        return image
+    wide = image.to(torch.int16)  # 13 x 255 fits
+    rows = wide[:, :, :-2] + wide[:, :, 1:-1] + wide[:, :, 2:]  # 3-wide sums, then 3-high
+    total = rows[:, :-2] + rows[:, 1:-1] + rows[:, 2:] + wide[:, 1:-1, 1:-1] * 4
+    blurred = torch.div(total * 2 + 13, 26, rounding_mode="floor").to(torch.float32)  # rounded
+    output = image.to(torch.float32)
+    view = output[..., 1:-1, 1:-1]
+    view.add_(blurred.sub_(view), alpha=(1.0 - factor))
+    return output.clamp_(0, 255).to(torch.uint8)
+
+
+def posterize(image, magnitude, interpolation=None):
+    bits = int(magnitude)
+    return image if bits >= 8 else image & (((1 << bits) - 1) << (8 - bits))
+
+
+def solarize(image, magnitude, interpolation=None):
+    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` inverted (torch compares
+    the uint8 values with that threshold in float32); a lookup."""
+    threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
+    if threshold > 255:
+        return image
+    return _lut(image, torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS))
+
+
+def invert(image, magnitude=0.0, interpolation=None):
+    return image.bitwise_not()
+
+
+def autocontrast(image, magnitude=0.0, interpolation=None):
+    """torchvision's ``autocontrast_image``: each channel stretched from its min..max to
+    0..255 (float, truncated); a flat channel left as it is. Per channel a lookup of that
+    float map of its 256 values."""
+    low, high = torch.aminmax(image.reshape(3, -1), dim=1)
+    minimum, maximum = low.to(torch.float32).view(3, 1), high.to(torch.float32).view(3, 1)
+    flat = maximum == minimum
+    inv_scale = maximum.sub_(minimum).mul_(1.0 / 255)
+    minimum[flat] = 0.0
+    inv_scale[flat] = 1.0
+    levels = _LEVELS.to(torch.float32).expand(3, 256)
+    table = levels.sub(minimum).div_(inv_scale).clamp_(0, 255).to(torch.uint8)
+    return _lut(image, table)
+
+
+def equalize(image, magnitude=0.0, interpolation=None):
+    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the
+    LUT ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's
+    largest value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in
+    NumPy."""
+    pixels = image.numpy()
+    tables = []
+    for c in range(3):
+        hist = np.bincount(pixels[c].reshape(-1), minlength=256)
+        step = (hist.sum() - hist[np.flatnonzero(hist)[-1]]) // 255
+        if step == 0:
+            tables.append(np.arange(256, dtype=np.uint8))
+            continue
+        table = np.zeros(256, dtype=np.int64)
+        table[1:] = (np.cumsum(hist)[:-1] + step // 2) // step
+        tables.append(np.clip(table, 0, 255).astype(np.uint8))
+    return _lut(image, torch.from_numpy(np.stack(tables)))
+
+
+def identity(image, magnitude=0.0, interpolation=None):
+    return image
+
+
+@lru_cache(maxsize=8)
+def _base_grid(height: int, width: int) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` base: ``(1, H x W, 3)`` float32 pixel centres relative
+    to the image centre, and ones."""
+    base = torch.empty(1, height, width, 3)
+    base[..., 0].copy_(torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width))
+    base[..., 1].copy_(torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5,
+                                      steps=height).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    return base.view(1, height * width, 3)
+
+
+def inverse_affine_matrix(center, angle: float, translate, shear) -> list[float]:
+    """torchvision's ``_get_inverse_affine_matrix`` at scale 1: the output-to-input affine map
+    ``[a, b, c, d, e, f]`` of a rotation by ``angle`` degrees and shears ``shear`` (degrees,
+    x then y) about ``center``, then ``translate`` (pixels)."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    cx, cy = center
+    tx, ty = translate
+    cos_sy, tan_sx = math.cos(sy), math.tan(sx)
+    rot_minus_sy = rot - sy
+    cx_plus_tx, cy_plus_ty = cx + tx, cy + ty
+    a = math.cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + math.sin(rot))
+    c = math.sin(rot_minus_sy) / cos_sy
+    d = math.cos(rot) - c * tan_sx
+    matrix = [d / 1.0, -b / 1.0, 0.0, -c / 1.0, a / 1.0, 0.0]
+    matrix[2] += cx - matrix[0] * cx_plus_tx - matrix[1] * cy_plus_ty
+    matrix[5] += cy - matrix[3] * cx_plus_tx - matrix[4] * cy_plus_ty
+    return matrix
+
+
+def _grid(matrix: list[float], height: int, width: int) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
+    sampling points, the base grid times the matrix rescaled to ``[-1, 1]``.
+
+    torchvision multiplies with ``bmm`` (0.4 ms at 176 px: a (H x W, 3) by (3, 2) product is
+    a slow case for BLAS); the map is separable, ``x * m0 + y * m1 + m2``, so here it is two
+    outer sums of float32 products, 0.03 ms. That is bmm's rounding where BLAS adds the three
+    products left to right without fusing them (MKL here); :func:`_separable_is_exact` checks
+    it once per process and the grid is taken from ``bmm`` otherwise."""
+    theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
+    scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
+    rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
+    if not _separable_is_exact():
+        return _base_grid(height, width).bmm(rescaled[None]).view(1, height, width, 2)
+    xs, ys = _axes(height, width)
+    grid = torch.empty(height, width, 2)
+    for k in range(2):
+        grid[..., k] = (xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None]) \
+            + rescaled[2, k]
+    return grid.unsqueeze(0)
+
+
+@lru_cache(maxsize=8)
+def _axes(height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    base = _base_grid(height, width).view(height, width, 3)
+    return base[0, :, 0].clone(), base[:, 0, 1].clone()
+
+
+@lru_cache(maxsize=1)
+def _separable_is_exact() -> bool:
+    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this
+    machine (a shear and a rotation of a 176 x 160 image, checked once per process)."""
+    import os
+
+    if os.environ.get("IMAGENET_AUGMENT_BMM_GRID") == "1":  # tests: the bmm fallback
+        return False
+    for matrix in ([1.0, -0.7, 61.6, 0.0, 1.0, 0.0], [0.8, -0.6, 0.0, 0.6, 0.8, 0.0]):
+        theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
+        rescaled = theta.transpose(1, 2).div_(torch.tensor([80.0, 88.0]))
+        want = _base_grid(176, 160).bmm(rescaled).view(176, 160, 2)
+        xs, ys = _axes(176, 160)
+        got = torch.stack([(xs[None, :] * rescaled[0, 0, k] + (ys * rescaled[0, 1, k])[:, None])
+                           + rescaled[0, 2, k] for k in range(2)], dim=-1)
+        if not torch.equal(got, want):
+            return False
+    return True
+
+
+def warp(image: torch.Tensor, matrix: list[float], interpolation: str) -> torch.Tensor:
+    """``image`` resampled through the inverse affine ``matrix`` (pixel units about the centre)
+    as torchvision's tensor ``affine``/``rotate``: ``grid_sample`` with zero padding, rounded."""
+    height, width = image.shape[-2:]
+    out = nnf.grid_sample(image.to(torch.float32).unsqueeze(0), _grid(matrix, height, width),
+                          mode=interpolation, padding_mode="zeros", align_corners=False)
+    if interpolation == "bicubic":
+        out = out.clamp_(0, 255)
+    return out.round_().to(torch.uint8)[0]
+
+
+def _shear(image, magnitude, interpolation, axis):
+    height, width = image.shape[-2:]
+    degrees = math.degrees(math.atan(magnitude))
+    shear = [degrees, 0.0] if axis == 0 else [0.0, degrees]
+    matrix = inverse_affine_matrix([-width * 0.5, -height * 0.5], 0.0, [0.0, 0.0], shear)
+    return warp(image, matrix, interpolation)
+
+
+def shear_x(image, magnitude, interpolation="bilinear"):
+    return _shear(image, magnitude, interpolation, 0)
+
+
+def shear_y(image, magnitude, interpolation="bilinear"):
+    return _shear(image, magnitude, interpolation, 1)
+
+
+def _translate(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
+    """``image`` moved ``dx`` pixels right and ``dy`` down, zeros where it left: what
+    torchvision's grid resampling gives at whole-pixel offsets (the grid points land on pixel
+    centres up to float rounding, far from a rounding boundary)."""
+    height, width = image.shape[-2:]
+    out = torch.zeros_like(image)
+    if abs(dx) >= width or abs(dy) >= height:
+        return out
+    out[:, max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
+        image[:, max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
+    return out
+
+
+def translate_x(image, magnitude, interpolation=None):
+    return _translate(image, int(magnitude), 0)
+
+
+def translate_y(image, magnitude, interpolation=None):
+    return _translate(image, 0, int(magnitude))
+
+
+def rotate(image, magnitude, interpolation="bilinear"):
+    """torchvision's ``rotate_image`` (no expansion, about the centre), with its exact fast
+    paths: 0 (a copy), 180 and, for a square image, 90 and 270 degrees (``rot90``)."""
+    angle = magnitude % 360
+    height, width = image.shape[-2:]
+    if angle == 0:
+        return image.clone()
+    if angle == 180:
+        return torch.rot90(image, k=2, dims=(-2, -1))
+    if height == width and angle in (90, 270):
+        return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
+    matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0])
+    return warp(image, matrix, interpolation)
+
+
+# torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_transform) -> op
+OPS = {
+    "Identity": identity, "ShearX": shear_x, "ShearY": shear_y, "TranslateX": translate_x,
+    "TranslateY": translate_y, "Rotate": rotate, "Brightness": brightness, "Color": color,
+    "Contrast": contrast, "Sharpness": sharpness, "Posterize": posterize, "Solarize": solarize,
+    "AutoContrast": autocontrast, "Equalize": equalize, "Invert": invert,
+}

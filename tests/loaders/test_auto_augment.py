@@ -1,0 +1,139 @@
+"""``--auto-augment`` on uint8 crops (loaders.auto_augment, loaders._uint8_ops): the same draws
+and the same pixels as torchvision's own ``transforms.v2`` policies on the same crops, every op
+alone too; the policy in the workers pipeline, a function of (seed, epoch, rank, batch) whatever
+``-j``; ``--interpolation`` in the resizes."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from loaders import DistInfo, build_loaders
+from loaders._uint8_ops import OPS
+from loaders.auto_augment import POLICIES, make_auto_augment
+from loaders.transforms import TrainTransform, ValTransform
+from tests.helpers.loading import loader_settings
+
+BILINEAR = v2.InterpolationMode.BILINEAR
+
+
+@pytest.fixture(scope="module")
+def crops(sample):
+    """RandomResizedCrop + flip outputs (uint8, 176 px, one channels-last) of real JPEGs."""
+    files = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:24]
+    torch.manual_seed(0)
+    transform = TrainTransform(176)
+    out = [transform(open(f, "rb").read()) for f in files]
+    out[0] = out[0].unsqueeze(0).contiguous(memory_format=torch.channels_last)[0]
+    return out
+
+
+def _torchvision(policy: str, interpolation=BILINEAR):
+    if policy == "ta_wide":
+        return v2.TrivialAugmentWide(interpolation=interpolation)
+    if policy == "ra":
+        return v2.RandAugment(interpolation=interpolation, magnitude=9)
+    if policy == "augmix":
+        return v2.AugMix(interpolation=interpolation, severity=3)
+    return v2.AutoAugment(v2.AutoAugmentPolicy(policy), interpolation=interpolation)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_draws_and_pixels_are_torchvisions(crops, policy):
+    ours, theirs = make_auto_augment(policy), _torchvision(policy)
+    for seed in range(120):
+        crop = crops[seed % len(crops)]
+        torch.manual_seed(seed)
+        got, after = ours(crop), torch.rand(())
+        torch.manual_seed(seed)
+        want, after_theirs = theirs(crop), torch.rand(())
+        assert torch.equal(got, want), (policy, seed)
+        assert after == after_theirs  # the same number of draws
+        assert got.dtype == torch.uint8 and got.shape == crop.shape
+
+
+MAGNITUDES = {"ShearX": (-0.99, 0.033, 0.3), "ShearY": (-0.5, 0.99), "TranslateX": (-32, 7.9),
+              "TranslateY": (-20.0, 31), "Rotate": (-135, -90, 4.5, 90, 180, 30),
+              "Posterize": (0, 2, 5, 8), "Solarize": (0.0, 0.1333333, 0.5, 1.0),
+              "Brightness": (-0.99, 0.5), "Color": (-0.9, 0.6), "Contrast": (-0.5, 0.99),
+              "Sharpness": (-0.99, 0.9)}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
+def test_each_op_is_torchvisions_kernel(crops, op, interpolation):
+    reference = v2.TrivialAugmentWide()
+    mode = v2.InterpolationMode(interpolation)
+    for magnitude in MAGNITUDES.get(op, (0.0,)):
+        for crop in crops[:8]:
+            want = reference._apply_image_or_video_transform(crop, op, magnitude, mode,
+                                                             reference._fill)
+            assert torch.equal(OPS[op](crop, magnitude, interpolation), want), (op, magnitude)
+
+
+def test_bmm_grid_fallback_gives_the_same_pixels(crops, monkeypatch):
+    import loaders._uint8_ops as ops
+
+    fast = [ops.shear_x(c, 0.4, "bilinear") for c in crops[:4]]
+    ops._separable_is_exact.cache_clear()
+    monkeypatch.setenv("IMAGENET_AUGMENT_BMM_GRID", "1")
+    try:
+        assert not ops._separable_is_exact()
+        assert all(torch.equal(ops.shear_x(c, 0.4, "bilinear"), f)
+                   for c, f in zip(crops[:4], fast))
+    finally:
+        ops._separable_is_exact.cache_clear()
+
+
+def test_bicubic_geometry_stays_in_range(crops):
+    policy = make_auto_augment("ta_wide", "bicubic")
+    torch.manual_seed(3)
+    for crop in crops:
+        out = OPS["Rotate"](crop, 30.0, "bicubic")
+        assert out.dtype == torch.uint8 and out.shape == crop.shape
+        assert policy(crop).shape == crop.shape
+
+
+def test_bad_policy_values_raise():
+    with pytest.raises(ValueError, match="--auto-augment"):
+        make_auto_augment("fancy")
+    with pytest.raises(ValueError, match="magnitude"):
+        make_auto_augment("ra", ra_magnitude=31)
+    assert make_auto_augment(None) is None
+
+
+def test_interpolation_reaches_every_resize(sample):
+    """bicubic and nearest crops differ from bilinear ones, drawn alike; validation too."""
+    data = open(sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[0], "rb").read()
+    crops = {}
+    for mode in ("bilinear", "bicubic", "nearest"):
+        torch.manual_seed(7)
+        crops[mode] = (TrainTransform(64, interpolation=mode)(data),
+                       ValTransform(72, 64, mode)(data))
+    for mode in ("bicubic", "nearest"):
+        for got, base in zip(crops[mode], crops["bilinear"]):
+            assert got.shape == base.shape == (3, 64, 64) and not torch.equal(got, base)
+            assert (got.float() - base.float()).abs().mean() < 12  # the same window
+
+
+def _batches(data, workers, policy="ta_wide"):
+    settings = loader_settings("folder", data, batch_size=8, workers=workers, train_batches=3,
+                               auto_augment=policy)
+    train, _ = build_loaders(settings, DistInfo())
+    try:
+        train.set_epoch(2)
+        return [images for images, _ in train]
+    finally:
+        train.close()
+
+
+def test_workers_augment_as_a_function_of_seed_epoch_rank_batch(sample):
+    """-j 0 and -j 2 give the same augmented batches; without the policy they differ."""
+    none, two = _batches(sample, 0), _batches(sample, 2)
+    assert len(none) == len(two) == 3
+    assert all(torch.equal(a, b) for a, b in zip(none, two))
+    plain = _batches(sample, 0, policy=None)
+    assert not all(torch.equal(a, b) for a, b in zip(none, plain))
