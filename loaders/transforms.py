@@ -74,13 +74,27 @@ class TrainTransform:
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
 
     def __call__(self, data: bytes) -> torch.Tensor:
+        window, flip, image = self.window(data)
+        out = decoding.decode_window(data, window, self.size, image)
+        return out.flip(-1) if flip else out
+
+    def window(self, data: bytes, size_of=None):
+        """``(window, flip, image)``: this sample's RandomResizedCrop window ``(top, left,
+        height, width)`` in pixels of the stored image, whether to flip it, and the whole
+        decode where it was needed for the size (else None). The draws (``_DRAWS`` uniforms
+        from torch's global RNG) are taken first, so every pipeline that calls this draws the
+        same window for the same seed (``loaders.pipelines.gpu_decode``'s workers too).
+        ``size_of(data) -> (height, width) | None`` reads the size of what ``jpeg_size`` does
+        not (e.g. ``decode.image_size``) before the whole image is decoded for it. Raises what
+        :func:`decode.decode` raises for bytes that are not an image."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.jpeg_size(data)
+        if size is None and size_of is not None:
+            size = size_of(data)
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
-        out = decoding.decode_window(data, window, self.size, image)
-        return out.flip(-1) if draws[-1] < 0.5 else out
+        return window, draws[-1] < 0.5, image
 
 
 class ValTransform:
@@ -126,6 +140,18 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     left = int(round((size[1] - crop_size) / 2.0))
     sy, sx = height / size[0], width / size[1]
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
+
+
+def center_crop_region(height: int, width: int, resize_size: int,
+                       crop_size: int) -> tuple[int, int, int, int]:
+    """``(top, left, height, width)`` in whole pixels of a ``height x width`` image: the
+    :func:`center_crop_box` rounded to the nearest pixel (at least one), what a decoder that
+    takes integer regions decodes for validation (``loaders.pipelines.gpu_decode``)."""
+    box = center_crop_box(height, width, resize_size, crop_size)
+    top, left = (min(int(round(v)), limit - 1) for v, limit in zip(box[:2], (height, width)))
+    bottom = max(top + 1, min(height, int(round(box[2]))))
+    right = max(left + 1, min(width, int(round(box[3]))))
+    return top, left, bottom - top, right - left
 
 
 def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:
