@@ -65,9 +65,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--dali-hw-decoder-load", type=float, metavar="F",
                    help="with --dali: share of JPEGs for the A100/H100 hardware decoder "
                    "(default: DALI's recommendation for the GPU found)")
+    d.add_argument("--decode-device", default="cpu", choices=["cpu", "cuda", "cpu-nvimgcodec"],
+                   help="cpu: the loader workers decode; cuda: they only read and draw crops, "
+                   "the training process decodes each batch on the GPU (nvImageCodec); "
+                   "cpu-nvimgcodec: that pipeline on nvImageCodec's CPU backend")
+    d.add_argument("--hw-decoder-load", type=float, metavar="F",
+                   help="with --decode-device cuda: share of each batch for the GPU's hardware "
+                   "JPEG decoder (default 0.65, DALI's)")
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
-                   "(min(8, CPU cores))")
+                   "(the CPU cores this process may use, shared by the node's processes)")
     d.add_argument("--train-crop-size", type=positive_int, default=224, help="RandomResizedCrop size (px)")
     d.add_argument("--val-resize-size", type=positive_int, default=256, help="val shorter-side resize (px)")
     d.add_argument("--val-crop-size", type=positive_int, default=224, help="val CenterCrop size (px)")
@@ -252,8 +259,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
         torch.set_num_threads(s.threads)
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
     log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
-        f"{decode.status_line()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
-        "in the main process")
+        f"{decode_line(s.loader, dist.device)}; seed {s.seed}; {torch.get_num_threads()} "
+        "torch thread(s) in the main process")
     if s.mode == "benchmark":
         return benchmark_data(s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
@@ -262,6 +269,16 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     finally:  # the workers a loader keeps between passes end with the run, not at exit
         train_loader.close()
         val_loader.close()
+
+
+def decode_line(settings: loaders.LoaderSettings, device: torch.device) -> str:
+    """The decoders this run uses, for its first line: the batch decoder of
+    ``--decode-device cuda``/``cpu-nvimgcodec`` and its backend, else the workers' decoders."""
+    if settings.pipeline != "gpu_decode":
+        return decode.status_line()
+    from decode.gpu import status_line
+    return (f"{status_line(settings.decode_device, device, settings.hw_decoder_load)}; CPU "
+            f"fallback {decode.status_line()}")
 
 
 def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
@@ -338,7 +355,8 @@ def benchmark_data(s: RunSettings, log) -> dict:
         val_loader.close()
     images, seconds, speed = reduce_sum(
         [stats["images"], stats["seconds"], stats["images_per_sec"]], s.dist)
-    result = {"loader": s.loader.backend, "images": int(images),
+    result = {"loader": s.loader.backend, "decode_device": s.loader.decode_device,
+              "images": int(images),
               "seconds": seconds / s.dist.world_size, "images_per_sec": speed,
               "workers": s.loader.workers, "batch_size": s.loader.batch_size,
               "cpu_count": len(os.sched_getaffinity(0)), "world_size": s.dist.world_size,

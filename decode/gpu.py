@@ -19,6 +19,7 @@ parameters: fancy chroma upsampling, RGB out).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -75,6 +76,7 @@ class WindowDecoder:
             raise RuntimeError(f"--decode-device {kind} needs nvImageCodec: "
                                f"{jpeg_window.status()}")
         self._decoder = self._params = None
+        self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
         if self.n is not None:
             self._decoder, self._params = self._make(threads)
 
@@ -97,14 +99,12 @@ class WindowDecoder:
 
     def status(self) -> str:
         """One line for the run's first lines: which decoder and backends decode, e.g.
-        ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG decoder, load 0.65,
-        then CUDA)"``."""
+        ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG decoder where present,
+        load 0.65, then CUDA)"``."""
         if self.n is None:
             return (f"batch windows: torchvision decode_jpeg on {self.device} (whole JPEGs, "
-                    f"then the window; nvImageCodec: {jpeg_window.status()})")
-        how = ("nvImageCodec CPU backend, libjpeg-turbo" if self.kind != "cuda" else
-               f"hardware JPEG decoder where present, load {self.hw_load:g}, then CUDA")
-        return f"batch windows: nvImageCodec {self.n.__version__} on {self.device} ({how})"
+                    "then the window)")
+        return status_line(self.kind, self.device, self.hw_load)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0) -> DecodedWindows:
@@ -134,8 +134,13 @@ class WindowDecoder:
         n, streams, where = self.n, [], []
         for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
             try:
+                whole = n.CodeStream(data)
+                # the CPU loaders' rule (decode.jpeg_size): 1- or 3-component JPEGs only; CMYK
+                # and other formats go to the CPU fallback
+                if whole.codec_name != "jpeg" or whole.num_channels not in (1, 3):
+                    continue
                 region = n.Region(top, left, top + height, left + width)
-                streams.append(n.CodeStream(data).get_sub_code_stream(region=region))
+                streams.append(whole.get_sub_code_stream(region=region))
                 where.append(i)
             except (RuntimeError, ValueError):  # not an image nvImageCodec parses
                 pass
@@ -151,6 +156,7 @@ class WindowDecoder:
     def _tensor(self, image, region) -> torch.Tensor | None:
         if self.device.type == "cuda":
             pixels = torch.from_dlpack(image)  # (h, w, 3) on the GPU, no copy
+            self.on_device += pixels.is_cuda
         else:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
         if tuple(pixels.shape) != (region[2], region[3], 3):
@@ -164,16 +170,19 @@ class WindowDecoder:
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
-        try:
-            wholes = tv_decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
-        except RuntimeError:  # one refused: each on its own
-            wholes = []
-            for tensor in tensors:
-                try:
-                    wholes.append(tv_decode_jpeg(tensor, mode=ImageReadMode.RGB,
-                                                 device=self.device))
-                except RuntimeError:
-                    wholes.append(None)
+        with warnings.catch_warnings():  # torchvision 0.29 warns on every call
+            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
+            try:
+                wholes = tv_decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
+            except RuntimeError:  # one refused: each on its own
+                wholes = []
+                for tensor in tensors:
+                    try:
+                        wholes.append(tv_decode_jpeg(tensor, mode=ImageReadMode.RGB,
+                                                     device=self.device))
+                    except RuntimeError:
+                        wholes.append(None)
+        self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
         return [None if whole is None else _crop(whole, region)
                 for whole, region in zip(wholes, regions)]
 
@@ -206,3 +215,19 @@ def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype)
         batch = crop.unsqueeze(0).to(dtype)
     return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
                            align_corners=False)[0]
+
+
+def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
+    """What :meth:`WindowDecoder.status` will say for ``kind`` on ``device``, without making a
+    decoder (the run's first line is printed before the loaders are built)."""
+    library = jpeg_window.library()
+    if library is None:
+        if kind != "cuda":
+            return f"batch windows: not usable ({jpeg_window.status()})"
+        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+                f"window; {jpeg_window.status()})")
+    load = DEFAULT_HW_LOAD if hw_load is None else hw_load
+    how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
+           f"hardware JPEG decoder where present, load {load:g}, then CUDA")
+    where = device if kind == "cuda" else "cpu"
+    return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
