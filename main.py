@@ -342,8 +342,10 @@ def benchmark_data(s: RunSettings, log) -> dict:
     """``--benchmark-data``: iterate the training loader alone (decode, augmentation, collation,
     copy to the device and normalisation; no model) for ``--train-batches`` batches (default:
     one epoch) after ``--benchmark-warmup``, and return/print its throughput as one JSON line:
-    ``loader``, ``images``, ``seconds``, ``images_per_sec`` (summed over ranks), ``workers`` and
-    ``batch_size`` (per process), ``cpu_count``, ``world_size``, ``device``."""
+    ``loader``, ``decode_device``, ``images``, ``seconds``, ``images_per_sec`` (summed over
+    ranks), ``workers`` and ``batch_size`` (per process), ``cpu_ms_per_image`` (rank 0's
+    process and its workers over the timed batches), ``cpu_count``, ``world_size``,
+    ``device``."""
     from engine.distributed import reduce_sum
 
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
@@ -359,6 +361,8 @@ def benchmark_data(s: RunSettings, log) -> dict:
               "images": int(images),
               "seconds": seconds / s.dist.world_size, "images_per_sec": speed,
               "workers": s.loader.workers, "batch_size": s.loader.batch_size,
+              "cpu_ms_per_image": (None if stats["cpu_seconds"] is None else
+                                   1000 * stats["cpu_seconds"] / max(1, stats["images"])),
               "cpu_count": len(os.sched_getaffinity(0)), "world_size": s.dist.world_size,
               "device": str(s.dist.device)}
     log(json.dumps(result))
