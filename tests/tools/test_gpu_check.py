@@ -55,7 +55,8 @@ def test_environment_is_reported(dry_run):
 
 def test_pytest_section_runs_each_gpu_test_file_and_parses_the_skipped_tests(dry_run):
     rows = dry_run.sections["pytest"]
-    assert [r["name"] for r in rows] == ["pytest-test_gpu", "pytest-test_gpu_dali"]
+    assert [r["name"] for r in rows] == ["pytest-test_gpu", "pytest-test_gpu_dali",
+                                         "pytest-test_gpu_decode_cuda"]
     for row in rows:
         assert row["status"] == "passed" and "-m gpu" in row["command"]
         assert row["counts"]["failed"] == 0 and row["counts"]["skipped"] >= 1  # no CUDA here
@@ -199,7 +200,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     gpudecode = {r["name"]: r for r in report["sections"]["gpudecode"]}
-    assert code == 0 and report["summary"] == {"passed": 56, "failed": 0, "timed_out": 0,
+    assert code == 0 and report["summary"] == {"passed": 57, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]

@@ -78,7 +78,7 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
                             "train-resnet50-dali-lmdb", "train-resnet18-dali-lmdb",
                             "loader-dali-lmdb", "train-resnet50-dali-lmdb-160px", "dali"}),
     ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
-     {"pytest-test_gpu", "pytest-test_gpu_dali"}),
+     {"pytest-test_gpu", "pytest-test_gpu_dali", "pytest-test_gpu_decode_cuda"}),
 ])
 def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample, tmp_path, fake_machine, facts,
                                                        pytest_out, unproven):
