@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from decode import image_size
+from decode import decode, image_size
 from decode.gpu import WindowDecoder
 
 from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
@@ -52,8 +52,7 @@ class _Windows(Dataset):
             window, flip, _ = self.draw.window(data, image_size)
         else:
             size = image_size(data)
-            if size is None:
-                from decode import decode
+            if size is None:  # no header parser reads it: the whole decode raises, or sizes it
                 size = tuple(decode(data).shape[-2:])
             window, flip = center_crop_region(*size, *self.val_sizes), False
         return (data, window, flip, index), label

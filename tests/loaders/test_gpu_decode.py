@@ -156,3 +156,19 @@ def test_bad_decode_flags_end_in_one_line(tiny, tmp_path, flags, message):
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("main.py: error:") and message in lines[-1], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_resumed_training_matches_the_uninterrupted_run(tiny, tmp_path):
+    """Two epochs in one run against one epoch, then ``--resume auto`` for the second: the
+    same weights bit for bit and the same figures (the windows are a function of (seed,
+    epoch, rank, batch))."""
+    from tests.helpers.runs import assert_same_training
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    flags = [tiny.root, *SMALL, "-j", "2", "--decode-device", "cpu-nvimgcodec"]
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    for extra, out in ((["--epochs", "2"], whole), (["--epochs", "1"], parts),
+                       (["--epochs", "2", "--resume", "auto"], parts)):
+        result = run_cli(*flags, *extra, "--output-dir", out, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert_same_training(parts, whole, resumed=False)
