@@ -20,6 +20,7 @@ this code, not the GPU.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from ._gpu_rows import announce, loader_flags, loader_row, train_row
@@ -64,12 +65,12 @@ def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
     rows += evidence(runner, s, flags, batched)
     if not s.dry_run:
         for load in HW_LOADS:
-            rows.append(announce(runner, {**loader_row(
+            rows.append(announce(runner, on_gpu(runner, s, {**loader_row(
                 runner, s, "gpudecode-lmdb", [*batched, "--hw-decoder-load", str(load)],
-                s.workers, f"loader-gpudecode-hw{load}"), "hw_decoder_load": load}))
+                s.workers, f"loader-gpudecode-hw{load}"), "hw_decoder_load": load})))
         for workers in WORKERS:
-            rows.append(announce(runner, loader_row(
-                runner, s, "gpudecode-lmdb", batched, workers, f"loader-gpudecode-j{workers}")))
+            rows.append(announce(runner, on_gpu(runner, s, loader_row(
+                runner, s, "gpudecode-lmdb", batched, workers, f"loader-gpudecode-j{workers}"))))
         # the CPU loaders at -j 8 (-j auto's old cap), beside section 4's -j auto (every
         # core) and one worker per core but one
         rows.append(announce(runner, loader_row(runner, s, "lmdb", flags, "8",
@@ -78,10 +79,26 @@ def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
     sizes = (16,) if s.dry_run else (None, 160)
     for model in models:
         for res in sizes:
-            rows.append(announce(runner, train_row(
+            rows.append(announce(runner, on_gpu(runner, s, train_row(
                 runner, s, data, machine, model, "gpudecode-lmdb", res=res,
-                extra=["--decode-device", device])))
+                extra=["--decode-device", device]))))
     return rows
+
+
+def on_gpu(runner: Runner, s, rec: dict) -> dict:
+    """``rec`` failed unless main.py's ``device:`` line names a batch decoder on CUDA; the
+    samples it sent to the CPU (``note: N samples decoded on the CPU``) are recorded as
+    ``cpu_fallbacks``. A dry run records only."""
+    if rec.get("status") != "passed":
+        return rec
+    out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
+    rec["cpu_fallbacks"] = sum(int(m) for m in re.findall(r"note: (\d+) samples decoded on the "
+                                                         r"CPU", err))
+    line = next((x for x in out.splitlines() if x.startswith("device:")), "")
+    if not s.dry_run and not re.search(r"batch windows: (nvImageCodec \S+|torchvision "
+                                       r"decode_jpeg) on cuda", line):
+        return fail(rec, f"main.py did not name a batch decoder on CUDA: {line[:200]!r}")
+    return rec
 
 
 def probe(runner: Runner, s, data) -> dict:
@@ -109,7 +126,8 @@ def evidence(runner: Runner, s, flags: list[str], batched: list[str]) -> list[di
     """``loader-gpudecode-cuda-j1`` and ``loader-gpudecode-cpu-j1``: with one worker each, the
     batch decode must reach :data:`GPU_OVER_CPU` times the CPU loaders' images/s (a dry run
     decodes on the CPU both times and only reports the ratio)."""
-    gpu = loader_row(runner, s, "gpudecode-lmdb", batched, "1", "loader-gpudecode-cuda-j1")
+    gpu = on_gpu(runner, s, loader_row(runner, s, "gpudecode-lmdb", batched, "1",
+                                       "loader-gpudecode-cuda-j1"))
     cpu = loader_row(runner, s, "lmdb", flags, "1", "loader-gpudecode-cpu-j1")
     if gpu.get("images_per_sec") and cpu.get("images_per_sec"):
         gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]

@@ -242,7 +242,7 @@ class BatchDecodeLoader:
                                           stream.cuda_stream if stream is not None else 0)
             except torch.cuda.OutOfMemoryError as exc:
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
-            self.cpu_fallbacks += len(out.fallback)
+            self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
             images, labels = out.images, item["labels"]
             if out.failed:
                 images, labels = self._replace_failed(out, item)

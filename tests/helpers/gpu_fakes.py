@@ -61,7 +61,9 @@ def fake_gpu_run(self, name, cmd, timeout):
     elif "--benchmark-data" in cmd:  # decoding on the CPU with one thread: 1,000 images/s
         cpu = "--dali-cpu" in cmd or name == "loader-gpudecode-cpu-j1"
         speed = 1000.0 if cpu else 5120.0
-        out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
+        out = ("device: cuda:0; world size 1; decode: batch windows: nvImageCodec 0.9.0 on "
+               "cuda:0 (...); seed 0\n" if "--decode-device" in cmd else "")
+        out += json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
                           "images_per_sec": speed, "workers": int(cmd[cmd.index("-j") + 1])
                           if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
@@ -80,7 +82,9 @@ def fake_gpu_run(self, name, cmd, timeout):
                                     "device_memory_mib": 20000.0 + epoch * getattr(
                                         self, "memory_growth_mib", 0.0)}) + "\n")
         group = " (nccl process group)" if name == "distributed" else ""
-        out = f"device: cuda:0; world size 1{group}; seed 0\n"
+        batch = (" decode: batch windows: nvImageCodec 0.9.0 on cuda:0 (...);"
+                 if "--decode-device" in cmd else "")
+        out = f"device: cuda:0; world size 1{group};{batch} seed 0\n"
     with open(self.log(name, "out"), "w") as f:
         f.write(out)
     return record

@@ -114,10 +114,12 @@ def _with_damaged(tiny, tmp_path):
         f.write(b"<html>404</html>\n" * 8)
     with open(os.path.join(cls, "zz_header_only.JPEG"), "wb") as f:
         f.write(good[:good.index(b"\xff\xda") + 20])
+    from PIL import Image  # and a CMYK JPEG: declined by the batch decoder, decoded on the CPU
+    Image.new("CMYK", (40, 40), (10, 200, 30, 0)).save(os.path.join(cls, "zz_cmyk.JPEG"))
     return root
 
 
-def test_undecodable_samples_are_reported_once_remembered_and_replaced(tiny, tmp_path, capfd):
+def test_declined_samples_decode_on_the_cpu_and_undecodable_ones_are_replaced(tiny, tmp_path, capfd):
     root = _with_damaged(tiny, tmp_path)
     train, _ = _build(root, "cpu-nvimgcodec", workers=2, max_bad_share=0.1)
     for epoch in range(3):
@@ -126,6 +128,7 @@ def test_undecodable_samples_are_reported_once_remembered_and_replaced(tiny, tmp
     err = capfd.readouterr().err
     assert err.count("zz_text.JPEG") == 1 and err.count("zz_header_only.JPEG") == 1
     assert train.unreadable.count() == 2
+    assert train.cpu_fallbacks >= 1 and "samples decoded on the CPU this pass" in err
     train.close()
     strict, _ = _build(root, "cpu-nvimgcodec", workers=0, max_bad_share=0.01)
     with pytest.raises(DataError, match="max-bad-share"):
