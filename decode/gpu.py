@@ -107,11 +107,14 @@ class WindowDecoder:
         return status_line(self.kind, self.device, self.hw_load)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
-               size: tuple[int, int], stream: int = 0) -> DecodedWindows:
+               size: tuple[int, int], stream: int = 0,
+               frames: Sequence | None = None) -> DecodedWindows:
         """``regions[i]`` = ``(top, left, height, width)`` in whole pixels of ``datas[i]``'s
         stored image (encoded bytes, or a uint8 NumPy array of them), resized to ``size`` =
         ``(height, width)``; see :class:`DecodedWindows`. ``stream``: the CUDA stream handle
-        the GPU work is ordered on (``torch.cuda.Stream.cuda_stream``; 0: the default)."""
+        the GPU work is ordered on (``torch.cuda.Stream.cuda_stream``; 0: the default).
+        ``frames[i]``, if given, resamples region ``i`` as part of a whole-image resize and
+        crop instead (:func:`resize_in_frame`: validation's resize-then-crop pixels)."""
         count = len(datas)
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
@@ -125,7 +128,10 @@ class WindowDecoder:
                 except DECODE_ERRORS as exc:
                     out.failed.append((i, exc))
                     continue
-            out.images[i] = resize_window(crop, size, dtype)
+            if frames is not None:
+                out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
+            else:
+                out.images[i] = resize_window(crop, size, dtype)
         return out
 
     def _nvimgcodec(self, datas, regions, stream: int) -> list[torch.Tensor | None]:
@@ -215,6 +221,22 @@ def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype)
         batch = crop.unsqueeze(0).to(dtype)
     return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
                            align_corners=False)[0]
+
+
+def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
+                    dtype: torch.dtype) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` pixels of ``region`` = ``(top, left, h, w)`` -> ``(3, *size)`` of
+    ``dtype``: placed in a zero image of the full size ``frame[:2]``, resized to
+    ``frame[2:4]`` (:func:`resize_window`) and cropped at ``frame[4:6]`` = ``(top, left)``.
+    Where the region covers the filter's reach around the crop (``loaders.transforms.
+    center_crop_plan``), these are the whole image's resize-then-crop pixels, from a decode
+    of the region only."""
+    top, left, height, width = region
+    full_h, full_w, new_h, new_w, crop_top, crop_left = frame
+    canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
+    canvas[:, top:top + height, left:left + width] = crop
+    out = resize_window(canvas, (new_h, new_w), dtype)
+    return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
 
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:

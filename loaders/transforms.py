@@ -142,16 +142,24 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
 
 
-def center_crop_region(height: int, width: int, resize_size: int,
-                       crop_size: int) -> tuple[int, int, int, int]:
-    """``(top, left, height, width)`` in whole pixels of a ``height x width`` image: the
-    :func:`center_crop_box` rounded to the nearest pixel (at least one), what a decoder that
-    takes integer regions decodes for validation (``loaders.pipelines.gpu_decode``)."""
+def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
+    """``(region, frame)`` for a decoder that decodes an integer region of a ``height x width``
+    image and then resamples it as :func:`resize_center_crop` would the whole image
+    (``loaders.pipelines.gpu_decode``): ``region`` = ``(top, left, height, width)`` in whole
+    pixels, :func:`center_crop_box` widened by the bilinear filter's reach (the scale + 2
+    pixels) on each side, clamped to the image; ``frame`` = ``(height, width, resized height,
+    resized width, crop top, crop left)``: the region placed in an image of the full size,
+    resized to torchvision ``Resize``'s size and cropped at the central square gives
+    :func:`resize_center_crop`'s pixels."""
+    size = _resized_shape(height, width, resize_size)
+    crop_top = int(round((size[0] - crop_size) / 2.0))
+    crop_left = int(round((size[1] - crop_size) / 2.0))
     box = center_crop_box(height, width, resize_size, crop_size)
-    top, left = (min(int(round(v)), limit - 1) for v, limit in zip(box[:2], (height, width)))
-    bottom = max(top + 1, min(height, int(round(box[2]))))
-    right = max(left + 1, min(width, int(round(box[3]))))
-    return top, left, bottom - top, right - left
+    reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
+    top, left = (max(0, math.floor(v) - r) for v, r in zip(box[:2], reach))
+    bottom = min(height, math.ceil(box[2]) + reach[0])
+    right = min(width, math.ceil(box[3]) + reach[1])
+    return (top, left, bottom - top, right - left), (height, width, *size, crop_top, crop_left)
 
 
 def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ dtype. Takes any reader.
 The windows are the CPU loaders' (``loaders.transforms.TrainTransform.window``, seeded per
 batch by :func:`~loaders.pipelines._shared_batches.batch_seed` of (seed, epoch, rank, batch)),
 so resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
-central crop's region (:func:`loaders.transforms.center_crop_region`) and resizes it.
+central crop's region (with the resize filter's reach) and resamples it as the whole image's
+resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
 """
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, ep
 from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, check_one_batch
 from ..readers import Reader
-from ..transforms import TrainTransform, center_crop_region
+from ..transforms import TrainTransform, center_crop_plan
 from ._shared_batches import NumberedBatch, NumberedBatchSampler, PassPlan, keep_as_is
 
 
 class _Windows(Dataset):
-    """``reader``'s sample ``i`` as ``((bytes, window, flip, i), label)``: training's
-    RandomResizedCrop window drawn as the CPU loaders draw it, or validation's central crop
-    region (``val_sizes`` = ``(resize, crop)``); sizes from the header, the whole image
+    """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
+    RandomResizedCrop window drawn as the CPU loaders draw it (``frame`` None), or
+    validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
+    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
     decoded only where no header parser reads it (which raises for bytes that are not an
     image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`)."""
 
@@ -54,8 +56,9 @@ class _Windows(Dataset):
             size = image_size(data)
             if size is None:  # no header parser reads it: the whole decode raises, or sizes it
                 size = tuple(decode(data).shape[-2:])
-            window, flip = center_crop_region(*size, *self.val_sizes), False
-        return (data, window, flip, index), label
+            window, frame = center_crop_plan(*size, *self.val_sizes)
+            return (data, window, False, index, frame), label
+        return (data, window, flip, index, None), label
 
     def name_of(self, index: int) -> str:
         return self.reader.name_of(index)
@@ -88,9 +91,10 @@ class _WindowBatches(Dataset):
             return self._read(batch)
 
     def _read(self, batch: NumberedBatch) -> dict:
-        datas, windows, flips, labels, indices, found = [], [], [], [], [], 0
+        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
         for index in batch:
-            (data, window, flip, used), label, new_bad = self.dataset[index]
+            (data, window, flip, used, frame), label, new_bad = self.dataset[index]
+            frames.append(frame or (-1,) * 6)
             datas.append(data)
             windows.append(window)
             flips.append(flip)
@@ -106,7 +110,8 @@ class _WindowBatches(Dataset):
                     windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
                     flips=torch.tensor(flips, dtype=torch.bool),
                     labels=torch.tensor(labels, dtype=torch.int64),
-                    indices=torch.tensor(indices, dtype=torch.int64))
+                    indices=torch.tensor(indices, dtype=torch.int64),
+                    frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
 
 
 class BatchDecodeLoader:
@@ -238,8 +243,10 @@ class BatchDecodeLoader:
         context = torch.cuda.stream(stream) if stream is not None else nullcontext()
         with context:
             try:
+                frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
                 out = self.decoder.decode(datas, windows, size,
-                                          stream.cuda_stream if stream is not None else 0)
+                                          stream.cuda_stream if stream is not None else 0,
+                                          frames)
             except torch.cuda.OutOfMemoryError as exc:
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
             self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
