@@ -195,3 +195,28 @@ def test_validation_is_exactly_resize_then_crop(sample):
         assert region[2] * region[3] < whole.shape[-1] * whole.shape[-2]  # a part, not all
         out = decoder.decode([data], [region], (224, 224), 0, [frame]).images[0]
         assert torch.equal(out, resize_center_crop(whole, 256, 224)), path
+
+
+def test_streamed_shards_match_the_workers_pipeline_and_resume(tiny_shards):
+    """Streamed shards (``pipe:``: each worker reads its own streams, the reader plans each
+    pass): the same labels batch for batch as the CPU loaders, and a mid-epoch resume yields
+    exactly the rest."""
+    import glob
+
+    tars = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tiny_shards, "train",
+                                                                       "*.tar")))
+    prefix = tars[0].rsplit("-", 1)[0]
+    stream = (f"pipe:cat {tiny_shards}/train/{prefix}-{{000000..{len(tars) - 1:06d}}}.tar")
+    runs = {}
+    for device in ("cpu", "cpu-nvimgcodec"):
+        settings = loader_settings("shards", data=tiny_shards, shards=True, workers=2,
+                                   decode_device=device, train_path=stream)
+        train, _ = loaders.build_loaders(settings, DistInfo())
+        runs[device] = _uint8_epoch(train, 2)
+        if device != "cpu":
+            rest = _uint8_epoch(train, 2, start_batch=3)
+        train.close()
+    for (_, la), (_, lb) in zip(runs["cpu"], runs["cpu-nvimgcodec"], strict=True):
+        assert torch.equal(la, lb)
+    for (a, la), (b, lb) in zip(runs["cpu-nvimgcodec"][3:], rest, strict=True):
+        assert torch.equal(la, lb) and (a == b).all()
