@@ -30,6 +30,7 @@ from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, check_one_batch
 from ..readers import Reader
 from ..transforms import TrainTransform, center_crop_plan
+from ._ahead import run_ahead
 from ._shared_batches import NumberedBatch, NumberedBatchSampler, PassPlan, keep_as_is
 
 
@@ -117,8 +118,10 @@ class _WindowBatches(Dataset):
 class BatchDecodeLoader:
     """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
     processes that read the bytes and draw the windows (:class:`_Windows`), and decodes each
-    batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`),
-    one batch ahead (on CUDA on a side stream, so the decode overlaps the model's step).
+    batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`):
+    with workers in a thread up to two batches ahead of the training thread (``_ahead``), on
+    CUDA on a side stream, so the decode overlaps the model's step (``-j 0``: one batch
+    ahead on the training thread).
 
     Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images`` ``dtype``
     ``(N, 3, H, W)`` on ``device`` normalised with the ImageNet mean/std (channels-last if
@@ -202,31 +205,42 @@ class BatchDecodeLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        total = len(self)
-        self._batches.plan = PassPlan(0, None, seed_key, total)
+        self._batches.plan = PassPlan(0, None, seed_key, len(self))
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         if cuda:  # scale/shift were written on the current stream
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        ahead, fallbacks = None, self.cpu_fallbacks
+        fallbacks = self.cpu_fallbacks
+        # With workers, a thread decodes up to 2 batches ahead of the training thread; with
+        # -j 0 the reading (which seeds torch's global RNG per batch) stays on this thread,
+        # one batch ahead.
+        batches = self._decoded(stream, len(self))
+        batches = run_ahead(batches) if self.loader.num_workers > 0 else _one_ahead(batches)
         try:
-            for step, item in enumerate(self.loader):
-                if step == total:
-                    break
-                self._check_bad(item["found"])
-                ready = self._decode(item, stream)
-                if ahead is not None:
-                    yield ahead
-                ahead = self._hand_over(ready, stream)
-            if ahead is not None:
-                yield ahead
+            for images, labels, done in batches:
+                yield self._hand_over((images, labels), done)
         finally:
+            batches.close()
             if cuda:
                 stream.synchronize()  # the next pass may reuse what this one decodes into
             if self.cpu_fallbacks > fallbacks:
                 print(f"note: {self.cpu_fallbacks - fallbacks} samples decoded on the CPU "
                       f"this pass ({self.decoder.kind} batch decoder declined them)",
                       file=sys.stderr, flush=True)
+
+    def _decoded(self, stream, total: int):
+        """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
+        normalised, and on CUDA ``done``, the side stream's event after them (else None)."""
+        for step, item in enumerate(self.loader):
+            if step == total:
+                return
+            self._check_bad(item["found"])
+            images, labels = self._decode(item, stream)
+            done = None
+            if stream is not None:
+                done = torch.cuda.Event()
+                done.record(stream)
+            yield images, labels, done
 
     def _check_bad(self, found: int) -> None:
         if found:
@@ -262,13 +276,14 @@ class BatchDecodeLoader:
                                     self.channels_last)
             return images, labels.to(self.device, non_blocking=True)
 
-    def _hand_over(self, ready, stream):
-        """``ready``'s tensors made usable on the current stream (which waits for the side
-        stream; the allocator keeps their memory until the current stream is done)."""
-        if stream is None:
+    def _hand_over(self, ready, done):
+        """``ready``'s tensors made usable on the current stream, which waits for the side
+        stream's event ``done`` (the allocator keeps their memory until the current stream is
+        done with them); as they are without CUDA."""
+        if done is None:
             return ready
         main = torch.cuda.current_stream(self.device)
-        main.wait_stream(stream)
+        main.wait_event(done)
         for tensor in ready:
             tensor.record_stream(main)
         return ready
@@ -293,6 +308,20 @@ class BatchDecodeLoader:
             labels[i] = labels[good[0]]
         self._check_bad(found)
         return images, labels
+
+
+def _one_ahead(items: Iterator) -> Iterator:
+    """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
+    ahead = None
+    try:
+        for item in items:
+            if ahead is not None:
+                yield ahead
+            ahead = item
+        if ahead is not None:
+            yield ahead
+    finally:
+        items.close()
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:

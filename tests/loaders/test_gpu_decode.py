@@ -131,10 +131,12 @@ def test_declined_samples_decode_on_the_cpu_and_undecodable_ones_are_replaced(ti
     assert train.unreadable.count() == 2
     assert train.cpu_fallbacks >= 1 and "samples decoded on the CPU this pass" in err
     train.close()
-    strict, _ = _build(root, "cpu-nvimgcodec", workers=0, max_bad_share=0.01)
-    with pytest.raises(DataError, match="max-bad-share"):
-        for epoch in range(3):
-            _uint8_epoch(strict, epoch)
+    for workers in (0, 2):  # raised on this thread, or handed over by the decode thread
+        strict, _ = _build(root, "cpu-nvimgcodec", workers=workers, max_bad_share=0.01)
+        with pytest.raises(DataError, match="max-bad-share"):
+            for epoch in range(3):
+                _uint8_epoch(strict, epoch)
+        strict.close()
 
 
 def test_main_trains_with_the_batch_decoder_and_names_it_first(tiny, tmp_path):
@@ -220,3 +222,25 @@ def test_streamed_shards_match_the_workers_pipeline_and_resume(tiny_shards):
         assert torch.equal(la, lb)
     for (a, la), (b, lb) in zip(runs["cpu-nvimgcodec"][3:], rest, strict=True):
         assert torch.equal(la, lb) and (a == b).all()
+
+
+def test_a_pass_left_early_stops_its_decode_thread_and_the_next_is_exact(tiny):
+    import threading
+
+    def threads():
+        return {t for t in threading.enumerate() if t.name == "batch-decode"}
+
+    reference, _ = _build(tiny.root, "cpu-nvimgcodec", workers=2)
+    expected = _uint8_epoch(reference, 1)
+    reference.close()
+    train, _ = _build(tiny.root, "cpu-nvimgcodec", workers=2)
+    train.set_epoch(0)
+    left = iter(train)
+    next(left)
+    assert threads()  # decoding ahead of this thread
+    left.close()
+    assert not threads()
+    got = _uint8_epoch(train, 1)
+    for (a, la), (b, lb) in zip(expected, got, strict=True):
+        assert torch.equal(la, lb) and (a == b).all()
+    train.close()
