@@ -4,7 +4,8 @@
 ``build_loaders(settings, dist) -> (train, val)`` opens the two splits with the reader of
 ``settings.source`` (:data:`READERS`: ``folder``, ``lmdb``, ``shards``) and hands them to the
 pipeline of ``settings.pipeline`` (:data:`PIPELINES`: ``workers``, DataLoader workers with
-shared batch slots and a side-stream feed; ``dali``; ``synthetic`` for ``--dummy``, which reads
+shared batch slots and a side-stream feed; ``gpu_decode``, workers that read and a training
+process that decodes each batch (``--decode-device``); ``dali``; ``synthetic`` for ``--dummy``, which reads
 nothing). Each loader yields ``(images, labels)`` on ``dist.device`` (images ``settings.dtype``
 NCHW normalised with the ImageNet mean/std, labels int64), has an exact ``len()``,
 ``set_epoch(epoch)``, ``classes`` and ``close()`` (stops the worker processes or pipelines it
