@@ -67,9 +67,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--dali-hw-decoder-load", type=float, metavar="F",
                    help="with --dali: share of JPEGs for the A100/H100 hardware decoder "
                    "(default: DALI's recommendation for the GPU found)")
+    d.add_argument("--decode-device", default="cpu", choices=["cpu", "cuda", "cpu-nvimgcodec"],
+                   help="cpu: the loader workers decode; cuda: they only read and draw crops, "
+                   "the training process decodes each batch on the GPU (nvImageCodec); "
+                   "cpu-nvimgcodec: that pipeline on nvImageCodec's CPU backend")
+    d.add_argument("--hw-decoder-load", type=float, metavar="F",
+                   help="with --decode-device cuda: share of each batch for the GPU's hardware "
+                   "JPEG decoder (default 0.65, DALI's)")
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
-                   "(min(8, CPU cores))")
+                   "(the CPU cores this process may use, shared by the node's processes)")
     d.add_argument("--train-crop-size", type=positive_int, default=224, help="RandomResizedCrop size (px)")
     d.add_argument("--val-resize-size", type=positive_int, default=256, help="val shorter-side resize (px)")
     d.add_argument("--val-crop-size", type=positive_int, default=224, help="val CenterCrop size (px)")
@@ -269,8 +276,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
         use_deterministic_algorithms()
     group = f" ({torch.distributed.get_backend()} process group)" if dist.distributed else ""
     log(f"device: {dist.device}; world size {dist.world_size}{group}; decode: "
-        f"{decode.status_line()}; seed {s.seed}; {torch.get_num_threads()} torch thread(s) "
-        "in the main process")
+        f"{loaders.decoders_line(s.loader, dist.device)}; seed {s.seed}; {torch.get_num_threads()} "
+        "torch thread(s) in the main process")
     if s.mode == "benchmark":
         return benchmark_data(s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
@@ -358,8 +365,10 @@ def benchmark_data(s: RunSettings, log) -> dict:
     copy to the device and normalisation; no model) for ``--train-batches`` batches (default:
     one epoch) after ``--benchmark-warmup`` (with ``--random-erase``'s erasing on the device
     batch, as training sees it), and return/print its throughput as one JSON line:
-    ``loader``, ``images``, ``seconds``, ``images_per_sec`` (summed over ranks), ``workers`` and
-    ``batch_size`` (per process), ``cpu_count``, ``world_size``, ``device``."""
+    ``loader``, ``decode_device``, ``images``, ``seconds``, ``images_per_sec`` (summed over
+    ranks), ``workers`` and ``batch_size`` (per process), ``cpu_ms_per_image`` (rank 0's
+    process and its workers over the timed batches), ``cpu_count``, ``world_size``,
+    ``device``."""
     from engine.distributed import reduce_sum
 
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
@@ -372,9 +381,12 @@ def benchmark_data(s: RunSettings, log) -> dict:
         val_loader.close()
     images, seconds, speed = reduce_sum(
         [stats["images"], stats["seconds"], stats["images_per_sec"]], s.dist)
-    result = {"loader": s.loader.backend, "images": int(images),
+    result = {"loader": s.loader.backend, "decode_device": s.loader.decode_device,
+              "images": int(images),
               "seconds": seconds / s.dist.world_size, "images_per_sec": speed,
               "workers": s.loader.workers, "batch_size": s.loader.batch_size,
+              "cpu_ms_per_image": (None if stats["cpu_seconds"] is None else
+                                   1000 * stats["cpu_seconds"] / max(1, stats["images"])),
               "cpu_count": len(os.sched_getaffinity(0)), "world_size": s.dist.world_size,
               "device": str(s.dist.device)}
     log(json.dumps(result))

@@ -12,6 +12,9 @@ Modules, named by what they decode (as ffcv keeps its native bindings below its 
 * :mod:`decode.jpeg_scaled`: a window at least twice the output at libjpeg-turbo's DCT scale
   1/2, 1/4 or 1/8, resampled by PIL; through :mod:`decode.jpeg_region` (our C,
   ``decode/_jpegcrop.c``: the region only, built by ``make install``) or PIL's ``draft``;
+* :mod:`decode.gpu`: a batch's windows in the training process (``--decode-device``):
+  nvImageCodec on the GPU (hardware JPEG decoder, CUDA) or its CPU backend, torchvision's
+  ``decode_jpeg(device="cuda")`` without it, the CPU cascade for what those decline;
 * :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``).
 
 The cascade for a training window (:func:`decode_window`): decoded at scale where the window is

@@ -28,13 +28,15 @@ def node_cores() -> int:
 
 
 def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
-    """``auto`` -> ``min(8, CPU cores / processes on this node)``, at least 1: the node's
-    cores (those this process may run on) are shared by its training processes, and beyond 8
-    one process rarely gains."""
+    """``auto`` -> the CPU cores this process may run on (its affinity mask,
+    ``os.sched_getaffinity``) divided among the node's training processes, at least 1 (was
+    ``min(8, ...)``: a node's every core now decodes). None is left for the training process:
+    on 2 cores ``main.py --benchmark-data`` measured no gain from leaving one
+    (docs/loaders.md, *Workers*; still to be measured on a GPU machine, where the training
+    process also launches the model's kernels)."""
     if workers != "auto":
         return workers
-    cores = node_cores()
-    return max(1, min(8, cores // max(1, processes_per_node)))
+    return max(1, node_cores() // max(1, processes_per_node))
 
 
 def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1,
@@ -231,4 +233,27 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
         dali_cpu=args.dali_cpu, dali_hw_decoder_load=args.dali_hw_decoder_load,
         shards=args.loader == "shards", auto_augment=args.auto_augment,
         ra_magnitude=args.ra_magnitude, augmix_severity=args.augmix_severity,
-        interpolation=interpolation, ra_sampler=args.ra_sampler, ra_reps=args.ra_reps)
+        interpolation=interpolation, ra_sampler=args.ra_sampler, ra_reps=args.ra_reps,
+        decode_device=_decode_device(args, backend, interpolation),
+        hw_decoder_load=args.hw_decoder_load)
+
+
+def _decode_device(args, backend: str, interpolation: str) -> str:
+    """``--decode-device``, checked: only the workers' readers (folder, LMDB, shards) take
+    one other than ``cpu``, and the batch decoder resizes bilinear without a policy (no
+    ``--auto-augment``, ``--interpolation`` bilinear); ``--hw-decoder-load`` is a share in
+    [0, 1]. Raises :class:`ConfigError`."""
+    device = args.decode_device
+    if device != "cpu" and backend in ("dali", "synthetic"):
+        raise ConfigError(f"--decode-device {device} conflicts with "
+                          f"{'--dali' if backend == 'dali' else '--dummy'}")
+    if device != "cpu" and args.auto_augment:
+        raise ConfigError(f"--decode-device {device} with --auto-augment: the policy runs in "
+                          "the CPU workers; leave out --decode-device")
+    if device != "cpu" and interpolation != "bilinear":
+        raise ConfigError(f"--decode-device {device} resizes bilinear only, not "
+                          f"--interpolation {interpolation}")
+    load = args.hw_decoder_load
+    if load is not None and not 0.0 <= load <= 1.0:
+        raise ConfigError(f"--hw-decoder-load {load}: a share of each batch, 0 to 1")
+    return device

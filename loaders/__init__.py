@@ -4,7 +4,8 @@
 ``build_loaders(settings, dist) -> (train, val)`` opens the two splits with the reader of
 ``settings.source`` (:data:`READERS`: ``folder``, ``lmdb``, ``shards``) and hands them to the
 pipeline of ``settings.pipeline`` (:data:`PIPELINES`: ``workers``, DataLoader workers with
-shared batch slots and a side-stream feed; ``dali``; ``synthetic`` for ``--dummy``, which reads
+shared batch slots and a side-stream feed; ``gpu_decode``, workers that read and a training
+process that decodes each batch (``--decode-device``); ``dali``; ``synthetic`` for ``--dummy``, which reads
 nothing). Each loader yields ``(images, labels)`` on ``dist.device`` (images ``settings.dtype``
 NCHW normalised with the ImageNet mean/std, labels int64), has an exact ``len()``,
 ``set_epoch(epoch)``, ``classes`` and ``close()`` (stops the worker processes or pipelines it
@@ -36,7 +37,7 @@ from .readers import READERS, open_reader
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "PIPELINES", "READERS", "build_loaders", "input_dtype", "measure_throughput",
+           "PIPELINES", "READERS", "build_loaders", "decoders_line", "input_dtype", "measure_throughput",
            "split_paths"]
 
 
@@ -56,3 +57,16 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
                   for path in (settings.train_path, settings.val_path))
     check_same_classes(train.classes, val.classes)
     return pipeline.build_loaders(train, val, settings, dist)
+
+
+def decoders_line(settings: LoaderSettings, device) -> str:
+    """The decoders a run with ``settings`` uses on ``device``, for its first lines: the batch
+    decoder of ``--decode-device cuda``/``cpu-nvimgcodec`` and its backend
+    (``decode.gpu.status_line``), else the workers' decoders (``decode.status_line``)."""
+    import decode
+
+    if settings.pipeline != "gpu_decode":
+        return decode.status_line()
+    from decode.gpu import status_line
+    return (f"{status_line(settings.decode_device, device, settings.hw_decoder_load)}; CPU "
+            f"fallback {decode.status_line()}")

@@ -85,12 +85,21 @@ class LoaderSettings:
     interpolation: str = "bilinear"
     ra_sampler: bool = False
     ra_reps: int = 3
+    # --decode-device: "cpu" (the workers decode, today's path), "cuda" or "cpu-nvimgcodec"
+    # (the workers read and draw windows, this process decodes each batch: gpu_decode), and
+    # --hw-decoder-load (the hardware JPEG decoder's share; None: decode.gpu's default).
+    decode_device: str = "cpu"
+    hw_decoder_load: float | None = None
 
     @property
     def pipeline(self) -> str:
         """How bytes become device batches: ``"workers"`` (DataLoader workers, shared slots,
-        side-stream feed), ``"dali"`` or ``"synthetic"`` (a key of ``loaders.PIPELINES``)."""
-        return self.backend if self.backend in ("dali", "synthetic") else "workers"
+        side-stream feed), ``"gpu_decode"`` (``decode_device`` other than ``"cpu"``: workers
+        read, this process decodes batches), ``"dali"`` or ``"synthetic"`` (a key of
+        ``loaders.PIPELINES``)."""
+        if self.backend in ("dali", "synthetic"):
+            return self.backend
+        return "workers" if self.decode_device == "cpu" else "gpu_decode"
 
     @property
     def source(self) -> str | None:

@@ -82,15 +82,29 @@ class TrainTransform:
         self.augment, self.interpolation = augment, interpolation
 
     def __call__(self, data: bytes) -> torch.Tensor:
+        window, flip, image = self.window(data)
+        out = decoding.decode_window(data, window, self.size, image,
+                                     interpolation=self.interpolation)
+        out = out.flip(-1) if flip else out
+        return out if self.augment is None else self.augment(out)
+
+    def window(self, data: bytes, size_of=None):
+        """``(window, flip, image)``: this sample's RandomResizedCrop window ``(top, left,
+        height, width)`` in pixels of the stored image, whether to flip it, and the whole
+        decode where it was needed for the size (else None). The draws (``_DRAWS`` uniforms
+        from torch's global RNG) are taken first, so every pipeline that calls this draws the
+        same window for the same seed (``loaders.pipelines.gpu_decode``'s workers too).
+        ``size_of(data) -> (height, width) | None`` reads the size of what ``jpeg_size`` does
+        not (e.g. ``decode.image_size``) before the whole image is decoded for it. Raises what
+        :func:`decode.decode` raises for bytes that are not an image."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.jpeg_size(data)
+        if size is None and size_of is not None:
+            size = size_of(data)
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
-        out = decoding.decode_window(data, window, self.size, image,
-                                     interpolation=self.interpolation)
-        out = out.flip(-1) if draws[-1] < 0.5 else out
-        return out if self.augment is None else self.augment(out)
+        return window, draws[-1] < 0.5, image
 
 
 class ValTransform:
@@ -140,6 +154,26 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     left = int(round((size[1] - crop_size) / 2.0))
     sy, sx = height / size[0], width / size[1]
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
+
+
+def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
+    """``(region, frame)`` for a decoder that decodes an integer region of a ``height x width``
+    image and then resamples it as :func:`resize_center_crop` would the whole image
+    (``loaders.pipelines.gpu_decode``): ``region`` = ``(top, left, height, width)`` in whole
+    pixels, :func:`center_crop_box` widened by the bilinear filter's reach (the scale + 2
+    pixels) on each side, clamped to the image; ``frame`` = ``(height, width, resized height,
+    resized width, crop top, crop left)``: the region placed in an image of the full size,
+    resized to torchvision ``Resize``'s size and cropped at the central square gives
+    :func:`resize_center_crop`'s pixels."""
+    size = _resized_shape(height, width, resize_size)
+    crop_top = int(round((size[0] - crop_size) / 2.0))
+    crop_left = int(round((size[1] - crop_size) / 2.0))
+    box = center_crop_box(height, width, resize_size, crop_size)
+    reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
+    top, left = (max(0, math.floor(v) - r) for v, r in zip(box[:2], reach))
+    bottom = min(height, math.ceil(box[2]) + reach[0])
+    right = min(width, math.ceil(box[3]) + reach[1])
+    return (top, left, bottom - top, right - left), (height, width, *size, crop_top, crop_left)
 
 
 def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,

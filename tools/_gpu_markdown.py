@@ -26,7 +26,7 @@ def write(out: str, report: dict) -> None:
 
 def markdown(report: dict) -> str:
     parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
-             loaders_md(report), dali_md(report), nccl_md(report), resolution_md(report),
+             loaders_md(report), dali_md(report), gpu_decode_md(report), nccl_md(report), resolution_md(report),
              setup_md(report),
              not_proven_md(report), failures_md(report), commands_md(report)]
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -171,6 +171,30 @@ def dali_md(r: dict) -> str:
     body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
              detail(x), status_of(x)] for x in rows]
     return ("## 7. DALI's GPU decoding (`--dali --lmdb`)\n\n"
+            + table(["check", "images/s", "workers", "px", "detail", "status"], body))
+
+
+def gpu_decode_md(r: dict) -> str:
+    rows = r["sections"].get("gpudecode")
+    if not rows:
+        return ""
+
+    def detail(x: dict) -> str:
+        if x.get("on_device") is not None:
+            return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
+                    f"max diff {num(x.get('max_diff'))}, hardware decoder: "
+                    f"{x.get('hardware_decoder')}")
+        if x.get("gpu_over_cpu"):
+            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU loaders, one worker each"
+        if x.get("hw_decoder_load") is not None:
+            return f"--hw-decoder-load {x['hw_decoder_load']}"
+        if x.get("model"):
+            return x["model"]
+        return x.get("reason", "") if x.get("status") == "skipped" else ""
+
+    body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
+             detail(x), status_of(x)] for x in rows]
+    return ("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)\n\n"
             + table(["check", "images/s", "workers", "px", "detail", "status"], body))
 
 

@@ -13,7 +13,7 @@ import re
 
 STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
 SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "dali",
-                 "nccl", "resolution", "internal")
+                 "gpudecode", "nccl", "resolution", "internal")
 STATUSES = ("passed", "failed", "timed out", "skipped")
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 

@@ -27,6 +27,8 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
         return "not installed"
     if data.reason:
         return data.reason
+    if loader == "gpudecode-lmdb":  # the batch-decode pipeline's --decode-device is the caller's
+        loader = "lmdb"
     if loader in ("lmdb", "dali-lmdb"):
         return data.lmdb_reason or (["--dali"] if loader == "dali-lmdb" else []) + [
             "--lmdb", "--train", os.path.join(data.lmdb, "train"), "--val",
@@ -35,10 +37,10 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
 
 
 def train_row(runner: Runner, s, data, machine, model: str, loader: str,
-              compiled: bool = False, res: int | None = None) -> dict:
+              compiled: bool = False, res: int | None = None, extra: list[str] = ()) -> dict:
     """One ``main.py`` training run (1 epoch of warm-up + steps batches; ``res``: at
-    ``--train-crop-size res``); images/s from its ``metrics.jsonl``
-    (``steady_images_per_sec``, else ``train_images_per_sec``)."""
+    ``--train-crop-size res``; ``extra``: more flags, e.g. ``--decode-device cuda``); images/s
+    from its ``metrics.jsonl`` (``steady_images_per_sec``, else ``train_images_per_sec``)."""
     name = f"train-{model}-{loader}" + ("-compile" if compiled else "") + (f"-{res}px" if res else "")
     row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
@@ -51,6 +53,7 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
            "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(s.warmup),
            "-j", s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
     cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
+    cmd += list(extra)
     rec = runner.run(name, cmd, TIMEOUTS["compile" if compiled else "resolution" if res
                                          else "train"])
     row.update(rec)

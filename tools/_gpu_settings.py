@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from ._gpu_runner import REPO, list_images
 
-SECTIONS = ("pytest", "train", "loaders", "dali", "nccl", "resolution", "compile")
+SECTIONS = ("pytest", "train", "loaders", "dali", "gpudecode", "nccl", "resolution",
+            "compile")
 TARGET_MODEL = "resnet50"
 
 

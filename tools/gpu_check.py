@@ -24,6 +24,9 @@ repository root with its own timeout, so one failure never stops the others:
    side in a dry run);
 7. DALI's GPU decoding (``_gpu_dali.py``, issue 37): proof that nvJPEG decodes on the GPU, the
    hardware decoder's share and ``-j`` swept, ResNet-18 at 160 px, memory across epochs.
+8. GPU decoding without DALI (``_gpu_decode.py``, issue 38: ``--decode-device cuda``): proof
+   that nvImageCodec decodes windows into GPU memory, the hardware share and ``-j`` swept,
+   ResNet-50 and ResNet-18 at 224 and 160 px.
 
 DALI's wheel, too large for one transfer, may come in parts (``--parts``, ``make gpu-bundle``
 prints the calls): reassembled, checked and installed with the other wheels first.
@@ -54,6 +57,7 @@ import traceback
 from . import _gpu_markdown
 from . import _gpu_report as report_
 from ._gpu_dali import dali_rows
+from ._gpu_decode import gpu_decode_rows
 from ._gpu_rows import TIMEOUTS, announce, loader_flags, loader_row, train_row
 from ._gpu_runner import (REPO, Runner, environment, fail, install, prepare_data, probe,
                           skipped)
@@ -157,8 +161,10 @@ def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[
 def loader_only(runner: Runner, s, data, machine) -> list[dict]:
     """Section 4: ``main.py --benchmark-data`` for each real loader (its last JSON line), with
     ``-j`` as set; with ``-j auto`` on a machine of more than 9 cores the folder and LMDB
-    loaders again with one worker per core but one (``-j auto`` stops at 8; the first H100
-    run's 8 workers fed ResNet-50 at 62% of its synthetic images/s, 16 cores)."""
+    loaders again with one worker per core but one (``-j auto`` takes every core since issue
+    38, so this row measures leaving one to the training process; the first H100 run's 8
+    workers, then ``-j auto``'s cap, fed ResNet-50 at 62% of its synthetic images/s, 16
+    cores)."""
     rows = []
     cores = machine.get("cpu_cores") or 0
     for loader in ("folder", "lmdb", "dali", "dali-lmdb"):
@@ -276,6 +282,8 @@ def run_sections(runner: Runner, s, report: dict) -> None:
         sections["loaders"] = loader_only(runner, s, data, machine)
     if "dali" in s.only:
         sections["dali"] = dali_rows(runner, s, data, machine)
+    if "gpudecode" in s.only:
+        sections["gpudecode"] = gpu_decode_rows(runner, s, data, machine)
     if "resolution" in s.only and rows:
         sections["resolution"] = resolution_rows(runner, s, data, machine, rows)
     if "train" in s.only or "compile" in s.only:

@@ -59,8 +59,8 @@ class DeviceLoader:
     (index = label). ``sampler`` is the :class:`~loaders.orders.ResumableSampler` over ``order``.
 
     Workers write uint8 batches into shared slots (``image_shape`` ``(3, H, W)``), which are
-    reused from epoch to epoch; a training loader's workers are started once and kept from pass
-    to pass (``persistent_workers``; :meth:`close` stops them), validation's per pass. On the
+    reused from epoch to epoch; a loader's workers (training's and validation's) are started
+    once and kept from pass to pass (``persistent_workers``; :meth:`close` stops them). On the
     CPU each batch is normalised out of its slot before it is yielded; on CUDA the slots are
     page-locked and each batch is copied to the GPU and normalised there on a side stream one
     batch ahead (:class:`~loaders.pipelines._cuda_feed.CudaFeeder`). The random crops of
@@ -77,8 +77,8 @@ class DeviceLoader:
     a training ``order`` is empty; one holding less than one batch is read as one smaller
     batch (:func:`~loaders.orders.train_batch_size`: ``batch_size`` is then that size).
 
-    Training workers outlive a pass (forking and starting them costs about 0.1 s per epoch on
-    2 cores, docs/performance.md) unless the reader plans each pass (streamed shards: the
+    Workers outlive a pass (forking and starting them costs about 0.1 s per epoch on
+    2 cores, docs/performance.md; validation's too since issue 38) unless the reader plans each pass (streamed shards: the
     workers fork with the plan, :attr:`~loaders.readers.Reader.plans_passes`).
     """
 
@@ -126,7 +126,7 @@ class DeviceLoader:
             self._writer, batch_sampler=self._batches, collate_fn=keep_as_is,
             num_workers=workers, generator=self._generator,
             prefetch_factor=4 if workers > 0 else None, multiprocessing_context=context,
-            persistent_workers=self.train and workers > 0 and not self.reader.plans_passes)
+            persistent_workers=workers > 0 and not self.reader.plans_passes)
 
     def __len__(self) -> int:
         total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,

@@ -32,7 +32,7 @@ def gpu_check_cli(argv):
 
 
 SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0,
-          "dali-lmdb": 975.0}
+          "dali-lmdb": 975.0, "gpudecode": 985.0}
 
 
 MACHINE = {"python": "3.12.3", "platform": "Linux", "cpu_cores": 16, "torch": "2.11.0",
@@ -54,9 +54,16 @@ def fake_gpu_run(self, name, cmd, timeout):
         out = getattr(self, "pytest_out", "...\n3 passed, 259 deselected in 5.01s\n")
     elif name == "dali-gpu-decode":
         out = json.dumps({"problem": getattr(self, "gpu_decode_problem", None)})
-    elif "--benchmark-data" in cmd:  # DALI decoding on the CPU with one thread: 1,000 images/s
-        speed = 1000.0 if "--dali-cpu" in cmd else 5120.0
-        out = json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
+    elif name == "gpu-decode-probe":
+        out = json.dumps({"status": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
+                          "on_device": 2, "fallback": 0, "max_diff": 2.0,
+                          "hardware_decoder": True})
+    elif "--benchmark-data" in cmd:  # decoding on the CPU with one thread: 1,000 images/s
+        cpu = "--dali-cpu" in cmd or name == "loader-gpudecode-cpu-j1"
+        speed = 1000.0 if cpu else 5120.0
+        out = ("device: cuda:0; world size 1; decode: batch windows: nvImageCodec 0.9.0 on "
+               "cuda:0 (...); seed 0\n" if "--decode-device" in cmd else "")
+        out += json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
                           "images_per_sec": speed, "workers": int(cmd[cmd.index("-j") + 1])
                           if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
@@ -75,7 +82,9 @@ def fake_gpu_run(self, name, cmd, timeout):
                                     "device_memory_mib": 20000.0 + epoch * getattr(
                                         self, "memory_growth_mib", 0.0)}) + "\n")
         group = " (nccl process group)" if name == "distributed" else ""
-        out = f"device: cuda:0; world size 1{group}; seed 0\n"
+        batch = (" decode: batch windows: nvImageCodec 0.9.0 on cuda:0 (...);"
+                 if "--decode-device" in cmd else "")
+        out = f"device: cuda:0; world size 1{group};{batch} seed 0\n"
     with open(self.log(name, "out"), "w") as f:
         f.write(out)
     return record

@@ -21,6 +21,11 @@ from tools.datagen import label_from_pixels
 READERS = ["folder", "lmdb", "shards"]
 PIPELINES = ["workers"]
 try:
+    import nvidia.nvimgcodec  # noqa: F401
+    PIPELINES.append("gpu_decode")  # on nvImageCodec's CPU backend (--decode-device cpu-nvimgcodec)
+except ImportError:
+    pass
+try:
     import nvidia.dali  # noqa: F401
     PIPELINES.append("dali")
 except ImportError:
@@ -35,11 +40,14 @@ def build(backend, tiny, **overrides):
 def build_pair(tiny, tiny_shards, reader, pipeline, **overrides):
     """``(train, val)`` of ``reader`` through ``pipeline`` (2 workers or DALI threads)."""
     data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards}[reader]
-    settings = loader_settings(reader if pipeline == "workers" else "dali", data=data,
+    settings = loader_settings(reader if pipeline != "dali" else "dali", data=data,
                                lmdb=reader == "lmdb", shards=reader == "shards", workers=2,
-                               **overrides)
+                               decode_device=_DECODE_DEVICE[pipeline], **overrides)
     assert (settings.source, settings.pipeline) == (reader, pipeline)
     return loaders.build_loaders(settings, DistInfo())
+
+
+_DECODE_DEVICE = {"workers": "cpu", "gpu_decode": "cpu-nvimgcodec", "dali": "cpu"}
 
 
 def check_contract(train, val, num_classes: int) -> None:
@@ -102,8 +110,8 @@ def test_a_new_reader_plugs_into_every_pipeline(tiny, pipeline):
 
     from loaders.readers.folder import open_image_folder
 
-    settings = loader_settings("folder" if pipeline == "workers" else "dali", data=tiny.root,
-                               workers=2)
+    settings = loader_settings("folder" if pipeline != "dali" else "dali", data=tiny.root,
+                               workers=2, decode_device=_DECODE_DEVICE[pipeline])
     pair = [MemoryReader(open_image_folder(os.path.join(tiny.root, split)))
             for split in ("train", "val")]
     module = importlib.import_module(loaders.PIPELINES[pipeline])

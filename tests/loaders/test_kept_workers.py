@@ -1,4 +1,4 @@
-"""Training workers kept from pass to pass (DeviceLoader, persistent_workers) and crops seeded
+"""Workers (training's and validation's) kept from pass to pass (DeviceLoader, persistent_workers) and crops seeded
 per batch: the same batches whatever the workers, after a resume, and after a pass left early."""
 import os
 import threading
@@ -55,17 +55,20 @@ def _same(a, b):
         assert torch.equal(a_lab, b_lab) and (a_img == b_img).all()
 
 
-def test_training_workers_are_kept_from_epoch_to_epoch_and_close_stops_them(shapes):
+def test_workers_are_kept_from_pass_to_pass_and_close_stops_them(shapes):
     before = _children()
     train, val = _loaders(shapes, workers=2)
     _epoch(train, 0)
     kept = _children() - before
     assert len(kept) == 2  # the training pass's workers, still there
-    list(val)  # validation's workers are started for its pass and joined after it
-    assert _children() - before == kept
+    list(val)  # validation's workers are kept too (issue 38)
+    with_val = _children() - before
+    assert len(with_val) == 4 and kept < with_val
     _epoch(train, 1)
-    assert _children() - before == kept  # the same processes served the next epoch
+    list(val)
+    assert _children() - before == with_val  # the same processes served the next passes
     train.close()
+    val.close()
     assert not (_children() - before)
     assert len(_epoch(train, 2)) == len(train)  # a later pass starts new ones
     train.close()

@@ -216,3 +216,25 @@ def test_bench_recipes_bad_data_is_one_line(tmp_path, capsys):
 
     assert bench_recipes.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_bench_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path, capsys):
+    """Issue 38's figures here: the CPU loaders beside the batch-decode pipeline on
+    nvImageCodec's CPU backend, from folder, LMDB and shards, through main.py."""
+    import pytest
+
+    pytest.importorskip("nvidia.nvimgcodec")
+    from benchmarks import bench_gpu_decode
+
+    out = tmp_path / "rounds.json"
+    assert bench_gpu_decode.main_cli(["--data", tiny.root, "--repeat", "2", "-b", "8",
+                                      "--batches", "2", "--warmup", "1", "--rounds", "1",
+                                      "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| folder | cpu-nvimgcodec | 2 | 224 |" in printed and "not measured here" in printed
+    results = json.loads(out.read_text())["results"]
+    assert {(r["source"], r["decode_device"]) for r in results} == {
+        (s, d) for s in ("folder", "lmdb", "shards") for d in ("cpu", "cpu-nvimgcodec")}
+    assert all(r["images_per_sec"] > 0 and r["cpu_ms_per_image"] is not None for r in results)
+    assert bench_gpu_decode.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -55,7 +55,8 @@ def test_environment_is_reported(dry_run):
 
 def test_pytest_section_runs_each_gpu_test_file_and_parses_the_skipped_tests(dry_run):
     rows = dry_run.sections["pytest"]
-    assert [r["name"] for r in rows] == ["pytest-test_gpu", "pytest-test_gpu_dali"]
+    assert [r["name"] for r in rows] == ["pytest-test_gpu", "pytest-test_gpu_dali",
+                                         "pytest-test_gpu_decode_cuda"]
     for row in rows:
         assert row["status"] == "passed" and "-m gpu" in row["command"]
         assert row["counts"]["failed"] == 0 and row["counts"]["skipped"] >= 1  # no CUDA here
@@ -99,6 +100,22 @@ def test_loader_only_rows(dry_run):
     for loader in ("dali", "dali-lmdb"):
         assert rows[loader]["status"] == "passed" or rows[loader]["reason"] == "not installed"
     assert "--dali --lmdb --train" in rows["dali-lmdb"]["command"]
+
+
+def test_gpu_decode_section(dry_run):
+    """Issue 38's rows, run on nvImageCodec's CPU backend in a dry run: the GPU probe is not
+    proven here; the one-worker timing pair and ResNet-18 at a low side run the pipeline."""
+    rows = {r["name"]: r for r in dry_run.sections["gpudecode"]}
+    assert rows["gpu-decode-probe"]["status"] == "skipped"
+    for name in ("loader-gpudecode-cuda-j1", "loader-gpudecode-cpu-j1"):
+        assert rows[name]["status"] == "passed" and rows[name]["images_per_sec"] > 0
+        assert rows[name]["workers"] == 1
+    assert "--decode-device cpu-nvimgcodec" in rows["loader-gpudecode-cuda-j1"]["command"]
+    assert rows["loader-gpudecode-cpu-j1"]["decode_device"] == "cpu"
+    assert rows["loader-gpudecode-cuda-j1"]["gpu_over_cpu"] > 0
+    (low,) = [r for r in dry_run.sections["gpudecode"] if r.get("res") == 16]
+    assert low["status"] == "passed" and low["loader"] == "gpudecode-lmdb"
+    assert "## 8. GPU decoding without DALI" in (dry_run.out / "report.md").read_text()
 
 
 def test_dali_section(dry_run):
@@ -182,20 +199,31 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert code == 0 and report["summary"] == {"passed": 42, "failed": 0, "timed_out": 0,
+    gpudecode = {r["name"]: r for r in report["sections"]["gpudecode"]}
+    assert code == 0 and report["summary"] == {"passed": 57, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
     # NCCL, ResNet-50 from 5 loaders, DALI's section (ResNet-18 at 160 px from synthetic data
-    # and DALI, 3 epochs for memory), 160 px, ResNet-18 from 5 loaders, --compile
+    # and DALI, 3 epochs for memory), the batch decode's (ResNet-50 and -18 at 224 and 160
+    # px), 160 px, ResNet-18 from 5 loaders, --compile
     assert [c[c.index("-a") + 1] for c in train] == ["resnet18"] + ["resnet50"] * 5 + [
-        "resnet18"] * 3 + ["resnet50"] * 3 + ["resnet18"] * 5 + [
-        "resnet50", "resnet50", "resnet18", "resnet18"]
+        "resnet18"] * 3 + ["resnet50"] * 2 + ["resnet18"] * 2 + ["resnet50"] * 3 + [
+        "resnet18"] * 5 + ["resnet50", "resnet50", "resnet18", "resnet18"]
+    assert all(" ".join(c).endswith("--decode-device cuda") for c in train[9:13])
+    assert ["--train-crop-size" in c for c in train[9:13]] == [False, True, False, True]
+    assert gpudecode["gpu-decode-probe"]["on_device"] == 2
+    assert gpudecode["loader-gpudecode-cuda-j1"]["gpu_over_cpu"] == 5.12
+    assert [gpudecode[f"loader-gpudecode-hw{x}"]["hw_decoder_load"] for x in (0.0, 0.65, 1.0)
+            ] == [0.0, 0.65, 1.0]
+    assert [gpudecode[f"loader-gpudecode-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [
+        2, 4, 8, 15]
+    assert "--decode-device" not in gpudecode["loader-lmdb-cpu-j8"]["command"]
     # progressive resizing's gain: ResNet-50 at 160 px on synthetic data, the best loader and
     # DALI reading the LMDB
     resolution = [(r["loader"], r["res"], r["speedup"]) for r in report["sections"]["resolution"]]
     assert resolution == [("synthetic", 160, 1.8), ("dali", 160, 1.8), ("dali-lmdb", 160, 1.8)]
-    assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[6:8] + train[9:12])
+    assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[6:8] + train[13:16])
     dali = {r["name"]: r for r in report["sections"]["dali"]}
     assert dali["dali-gpu-decode"]["status"] == "passed"
     assert dali["loader-dali-mixed-j1"]["gpu_over_cpu"] == 5.12
@@ -221,7 +249,7 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
     assert "1x NVIDIA H100 80GB HBM3" in text and "| resnet50 | dali | yes |" in text
     assert "| resnet50 | dali | 160 |" in text
     assert report["sections"]["nccl"][0]["process_group"] is True
-    # -j auto stops at 8: the folder and LMDB loaders alone again with 15 workers on 16 cores
+    # -j auto takes every core: the folder and LMDB loaders alone again with 15 of 16
     alone = [(r["name"], " ".join(c[c.index("-j"):c.index("-j") + 2]))
              for r in report["sections"]["loaders"] for c in _gpu_runner.Runner.calls
              if r.get("command") == " ".join(c)]

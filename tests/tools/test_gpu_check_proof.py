@@ -64,8 +64,10 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
     runs = [c for c in _gpu_runner.Runner.calls if "main.py" in c]
     single = [c for c in runs if "--multiprocessing-distributed" not in c]
     # training (5 loaders x 2 models), loader-only (2 of them with -j 15 too), resolution,
-    # --compile, DALI's section (2 at -j 1, 3 hardware shares, 4 -j, 2 at 160 px, memory)
-    assert len(single) == 10 + 6 + 3 + 4 + 12
+    # --compile, DALI's section (2 at -j 1, 3 hardware shares, 4 -j, 2 at 160 px, memory),
+    # the batch decode's (2 at -j 1, 3 hardware shares, 4 -j, the CPU loaders at -j 8, 4
+    # training runs)
+    assert len(single) == 10 + 6 + 3 + 4 + 12 + 14
     for cmd in single:
         assert cmd.count("--gpu") == 1 and cmd[cmd.index("--gpu") + 1] == "0", cmd
     (distributed,) = [c for c in runs if "--multiprocessing-distributed" in c]
@@ -78,7 +80,7 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
                             "train-resnet50-dali-lmdb", "train-resnet18-dali-lmdb",
                             "loader-dali-lmdb", "train-resnet50-dali-lmdb-160px", "dali"}),
     ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
-     {"pytest-test_gpu", "pytest-test_gpu_dali"}),
+     {"pytest-test_gpu", "pytest-test_gpu_dali", "pytest-test_gpu_decode_cuda"}),
 ])
 def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample, tmp_path, fake_machine, facts,
                                                        pytest_out, unproven):

@@ -1,0 +1,255 @@
+"""Batches of JPEG windows decoded in the training process: nvImageCodec on the GPU (its
+hardware JPEG decoder where the GPU has one, its CUDA decoder otherwise), or the same code on
+nvImageCodec's CPU backend (a machine without a GPU, and the tests), or torchvision's
+``decode_jpeg(device="cuda")`` where nvImageCodec is not installed.
+
+:class:`WindowDecoder` takes a batch of encoded images and one region each (a
+RandomResizedCrop window, or validation's central crop) and returns each region resized to the
+output size, antialiased as the CPU loaders resize (:func:`decode.resize`). nvImageCodec
+decodes only the region (``CodeStream.get_sub_code_stream(region=...)``), the whole batch in
+one call (``Decoder.decode(list, params, cuda_stream)``). A region a decoder declines (a CMYK
+or unsupported progressive JPEG, a PNG named ``.JPEG``, corrupt data) is decoded on the CPU
+with the CPU loaders' whole-image decoder (:func:`decode.decode`) and counted; one that nothing
+decodes is reported back to the caller with the exception (the loaders' bad-sample rules).
+
+The hardware decoder's share of each batch is nvImageCodec's ``load_hint`` of the
+``HW_GPU_ONLY`` backend, as DALI's ``hw_decoder_load`` (DALI passes its value to the same
+library). Pixels are as stored (EXIF orientation not applied, ``decode.jpeg_window``'s
+parameters: fancy chroma upsampling, RGB out).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+from . import jpeg_window
+
+# --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
+KINDS = ("cuda", "cpu-nvimgcodec")
+# DALI 2.4's default hw_decoder_load (fn.decoders.image); loaders.pipelines._dali_env keeps
+# the per-GPU figures NVIDIA published.
+DEFAULT_HW_LOAD = 0.65
+# What decoders raise for bytes that are not a readable image (as loaders._bad_samples).
+DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
+
+
+@dataclass
+class DecodedWindows:
+    """One batch's outcome: ``images`` ``(N, 3, H, W)`` on the decoder's device (uint8 on the
+    CPU, float32 0-255 on CUDA: resized from the decoded uint8 without rounding), in the
+    order given; ``fallback``: positions decoded on the CPU because the batch decoder declined
+    them; ``failed``: ``(position, exception)`` of those nothing decoded (their rows are
+    zeros)."""
+
+    images: torch.Tensor
+    fallback: list[int] = field(default_factory=list)
+    failed: list[tuple[int, BaseException]] = field(default_factory=list)
+
+
+class WindowDecoder:
+    """Decodes a batch's regions and resizes each to ``size`` px on ``device``.
+
+    ``kind``: ``"cuda"`` (nvImageCodec's ``HW_GPU_ONLY`` backend with ``hw_load`` of each
+    batch, default :data:`DEFAULT_HW_LOAD`, and its ``GPU_ONLY`` CUDA backend for the rest
+    and where the GPU has no hardware decoder; torchvision's ``decode_jpeg(device="cuda")``
+    without nvImageCodec) or ``"cpu-nvimgcodec"`` (nvImageCodec's ``CPU_ONLY`` backend with
+    ``threads`` threads; ``device`` must be the CPU). ``library``: nvImageCodec's module to use
+    (default: :func:`decode.jpeg_window.library`; None forces torchvision on CUDA).
+
+    Raises ``ValueError`` for an unknown kind and ``RuntimeError`` for the CPU kind without
+    nvImageCodec (one line: why it is not usable).
+    """
+
+    def __init__(self, kind: str, device: torch.device, hw_load: float | None = None,
+                 threads: int = 1, library: object = "default"):
+        if kind not in KINDS:
+            raise ValueError(f"decode device {kind!r}: one of {', '.join(KINDS)}")
+        self.kind, self.device = kind, torch.device(device)
+        self.hw_load = DEFAULT_HW_LOAD if hw_load is None else hw_load
+        self.n = jpeg_window.library() if library == "default" else library
+        if self.n is None and kind != "cuda":
+            raise RuntimeError(f"--decode-device {kind} needs nvImageCodec: "
+                               f"{jpeg_window.status()}")
+        self._decoder = self._params = None
+        self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
+        if self.n is not None:
+            self._decoder, self._params = self._make(threads)
+
+    def _make(self, threads: int):
+        n = self.n
+        if self.kind == "cuda":
+            backends = [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
+                        n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)]
+            decoder = n.Decoder(device_id=self.device.index or 0, backends=backends,
+                                max_num_cpu_threads=max(1, threads),
+                                options=":fancy_upsampling=1")
+        else:
+            decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                max_num_cpu_threads=max(1, threads),
+                                backends=[n.Backend(n.BackendKind.CPU_ONLY)],
+                                options=":fancy_upsampling=1")
+        params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
+                                sample_format=n.SampleFormat.I_RGB)
+        return decoder, params
+
+    def status(self) -> str:
+        """One line for the run's first lines: which decoder and backends decode, e.g.
+        ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG decoder where present,
+        load 0.65, then CUDA)"``."""
+        if self.n is None:
+            return (f"batch windows: torchvision decode_jpeg on {self.device} (whole JPEGs, "
+                    "then the window)")
+        return status_line(self.kind, self.device, self.hw_load)
+
+    def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
+               size: tuple[int, int], stream: int = 0,
+               frames: Sequence | None = None) -> DecodedWindows:
+        """``regions[i]`` = ``(top, left, height, width)`` in whole pixels of ``datas[i]``'s
+        stored image (encoded bytes, or a uint8 NumPy array of them), resized to ``size`` =
+        ``(height, width)``; see :class:`DecodedWindows`. ``stream``: the CUDA stream handle
+        the GPU work is ordered on (``torch.cuda.Stream.cuda_stream``; 0: the default).
+        ``frames[i]``, if given, resamples region ``i`` as part of a whole-image resize and
+        crop instead (:func:`resize_in_frame`: validation's resize-then-crop pixels)."""
+        count = len(datas)
+        dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
+        out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
+        crops = (self._nvimgcodec(datas, regions, stream) if self.n is not None
+                 else self._torchvision(datas, regions))
+        for i, crop in enumerate(crops):
+            if crop is None:
+                out.fallback.append(i)
+                try:
+                    crop = self._on_cpu(datas[i], regions[i])
+                except DECODE_ERRORS as exc:
+                    out.failed.append((i, exc))
+                    continue
+            if frames is not None:
+                out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
+            else:
+                out.images[i] = resize_window(crop, size, dtype)
+        return out
+
+    def _nvimgcodec(self, datas, regions, stream: int) -> list[torch.Tensor | None]:
+        """Each region decoded by the batch decoder, ``(3, h, w)`` uint8 on the device, or None
+        where it declined (or the header did not parse)."""
+        n, streams, where = self.n, [], []
+        for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
+            try:
+                whole = n.CodeStream(data)
+                # the CPU loaders' rule (decode.jpeg_size): 1- or 3-component JPEGs only; CMYK
+                # and other formats go to the CPU fallback
+                if whole.codec_name != "jpeg" or whole.num_channels not in (1, 3):
+                    continue
+                region = n.Region(top, left, top + height, left + width)
+                streams.append(whole.get_sub_code_stream(region=region))
+                where.append(i)
+            except (RuntimeError, ValueError):  # not an image nvImageCodec parses
+                pass
+        crops: list[torch.Tensor | None] = [None] * len(datas)
+        if not streams:
+            return crops
+        images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
+        for i, image in zip(where, images):
+            if image is not None:
+                crops[i] = self._tensor(image, regions[i])
+        return crops
+
+    def _tensor(self, image, region) -> torch.Tensor | None:
+        if self.device.type == "cuda":
+            pixels = torch.from_dlpack(image)  # (h, w, 3) on the GPU, no copy
+            self.on_device += pixels.is_cuda
+        else:
+            pixels = torch.from_numpy(np.asarray(image.cpu()))
+        if tuple(pixels.shape) != (region[2], region[3], 3):
+            return None  # decoded only in part
+        return pixels.permute(2, 0, 1)
+
+    def _torchvision(self, datas, regions) -> list[torch.Tensor | None]:
+        """torchvision's nvJPEG decode of whole JPEGs on the GPU, then each window; None for
+        what it refuses (decoded on the CPU by the caller)."""
+        from torchvision.io import ImageReadMode
+        from torchvision.io import decode_jpeg as tv_decode_jpeg
+
+        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        with warnings.catch_warnings():  # torchvision 0.29 warns on every call
+            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
+            try:
+                wholes = tv_decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
+            except RuntimeError:  # one refused: each on its own
+                wholes = []
+                for tensor in tensors:
+                    try:
+                        wholes.append(tv_decode_jpeg(tensor, mode=ImageReadMode.RGB,
+                                                     device=self.device))
+                    except RuntimeError:
+                        wholes.append(None)
+        self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
+        return [None if whole is None else _crop(whole, region)
+                for whole, region in zip(wholes, regions)]
+
+    def _on_cpu(self, data, region) -> torch.Tensor:
+        """The CPU loaders' whole-image decode (:func:`decode.decode`'s cascade), cropped, on
+        the device. Raises what it raises for bytes that are not an image."""
+        from . import decode as whole_decode
+
+        image = whole_decode(bytes(data))
+        crop = _crop(image, region)
+        if tuple(crop.shape[-2:]) != tuple(region[2:]):
+            raise ValueError(f"window {tuple(region)} outside the {tuple(image.shape[-2:])} image")
+        return crop.to(self.device)
+
+
+def _crop(image: torch.Tensor, region) -> torch.Tensor:
+    top, left, height, width = region
+    return image[:, top:top + height, left:left + width]
+
+
+def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` -> ``(3, *size)`` of ``dtype``, bilinear with antialiasing (PIL's
+    ``BILINEAR``, as the CPU loaders resize: :func:`decode.resize`). uint8 on the CPU runs
+    torch's channels-last uint8 kernel, the CPU loaders' own (equal pixels for equal crops);
+    float32 on CUDA (torch's antialiased kernels take floats there) keeps the unrounded
+    values, normalised next."""
+    if dtype == torch.uint8:
+        batch = crop.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    else:
+        batch = crop.unsqueeze(0).to(dtype)
+    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
+                           align_corners=False)[0]
+
+
+def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
+                    dtype: torch.dtype) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` pixels of ``region`` = ``(top, left, h, w)`` -> ``(3, *size)`` of
+    ``dtype``: placed in a zero image of the full size ``frame[:2]``, resized to
+    ``frame[2:4]`` (:func:`resize_window`) and cropped at ``frame[4:6]`` = ``(top, left)``.
+    Where the region covers the filter's reach around the crop (``loaders.transforms.
+    center_crop_plan``), these are the whole image's resize-then-crop pixels, from a decode
+    of the region only."""
+    top, left, height, width = region
+    full_h, full_w, new_h, new_w, crop_top, crop_left = frame
+    canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
+    canvas[:, top:top + height, left:left + width] = crop
+    out = resize_window(canvas, (new_h, new_w), dtype)
+    return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
+
+
+def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
+    """What :meth:`WindowDecoder.status` will say for ``kind`` on ``device``, without making a
+    decoder (the run's first line is printed before the loaders are built)."""
+    library = jpeg_window.library()
+    if library is None:
+        if kind != "cuda":
+            return f"batch windows: not usable ({jpeg_window.status()})"
+        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+                f"window; {jpeg_window.status()})")
+    load = DEFAULT_HW_LOAD if hw_load is None else hw_load
+    how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
+           f"hardware JPEG decoder where present, load {load:g}, then CUDA")
+    where = device if kind == "cuda" else "cpu"
+    return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"

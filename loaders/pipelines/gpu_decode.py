@@ -1,0 +1,359 @@
+"""The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): DataLoader
+workers only read each sample's encoded bytes and draw its window; the training process
+decodes each batch's windows at once (:class:`decode.gpu.WindowDecoder`: nvImageCodec on the
+GPU, its hardware JPEG decoder where there is one; or nvImageCodec's CPU backend, the same
+code on a machine without a GPU), resizes them, flips and normalises them into the model's
+dtype. Takes any reader.
+
+The windows are the CPU loaders' (``loaders.transforms.TrainTransform.window``, seeded per
+batch by :func:`~loaders.pipelines._shared_batches.batch_seed` of (seed, epoch, rank, batch)),
+so resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
+central crop's region (with the resize filter's reach) and resamples it as the whole image's
+resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from decode import decode, image_size
+from decode.gpu import WindowDecoder
+
+from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
+from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
+from ..normalize import imagenet_mean_std, normalize_into
+from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
+from ..readers import Reader
+from ..transforms import TrainTransform, center_crop_plan
+from ._ahead import run_ahead
+from ._shared_batches import NumberedBatch, NumberedBatchSampler, PassPlan, keep_as_is
+
+
+class _Windows(Dataset):
+    """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
+    RandomResizedCrop window drawn as the CPU loaders draw it (``frame`` None), or
+    validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
+    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
+    decoded only where no header parser reads it (which raises for bytes that are not an
+    image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`)."""
+
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None):
+        self.reader, self.val_sizes = reader, val_sizes
+        self.draw = TrainTransform()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):
+        data, label = self.reader.read(index)
+        if self.val_sizes is None:
+            window, flip, _ = self.draw.window(data, image_size)
+        else:
+            size = image_size(data)
+            if size is None:  # no header parser reads it: the whole decode raises, or sizes it
+                size = tuple(decode(data).shape[-2:])
+            window, frame = center_crop_plan(*size, *self.val_sizes)
+            return (data, window, False, index, frame), label
+        return (data, window, flip, index, None), label
+
+    def name_of(self, index: int) -> str:
+        return self.reader.name_of(index)
+
+
+class _WindowBatches(Dataset):
+    """For ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: a
+    :class:`~loaders.pipelines._shared_batches.NumberedBatch` -> a dict of tensors: ``data``
+    uint8 (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64
+    ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels`` and
+    ``indices`` int64 ``(N,)``, and the ints ``number`` and ``found`` (samples newly found
+    unreadable). Torch's CPU generator is seeded with the batch's seed for its draws and put
+    back after (as :class:`~loaders.pipelines._shared_batches.SlotWriter`)."""
+
+    def __init__(self, dataset: TolerantDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __getitems__(self, batch: NumberedBatch) -> dict:
+        seed = batch.plan.seed(batch.number)
+        if seed is None:
+            return self._read(batch)
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self._read(batch)
+
+    def _read(self, batch: NumberedBatch) -> dict:
+        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
+        for index in batch:
+            (data, window, flip, used, frame), label, new_bad = self.dataset[index]
+            frames.append(frame or (-1,) * 6)
+            datas.append(data)
+            windows.append(window)
+            flips.append(flip)
+            labels.append(label)
+            indices.append(used)
+            found += new_bad
+        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
+        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
+        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
+        offsets[1:] = torch.from_numpy(np.cumsum(sizes))
+        return dict(number=batch.number, found=found, data=joined, offsets=offsets,
+                    windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
+                    flips=torch.tensor(flips, dtype=torch.bool),
+                    labels=torch.tensor(labels, dtype=torch.int64),
+                    indices=torch.tensor(indices, dtype=torch.int64),
+                    frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
+
+
+class BatchDecodeLoader:
+    """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
+    processes that read the bytes and draw the windows (:class:`_Windows`), and decodes each
+    batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`):
+    with workers in a thread up to two batches ahead of the training thread (``_ahead``), on
+    CUDA on a side stream, so the decode overlaps the model's step (``-j 0``: one batch
+    ahead on the training thread).
+
+    Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images`` ``dtype``
+    ``(N, 3, H, W)`` on ``device`` normalised with the ImageNet mean/std (channels-last if
+    ``channels_last``; ``H = W = crop_size``, training flipped where drawn), ``labels`` int64
+    ``(N,)``; exact ``len()``, ``set_epoch(epoch, start_batch)``, ``set_resolution`` (training:
+    any side up to ``max_crop_size``: only this process resizes), ``classes``, ``close()``.
+    ``val_sizes``: validation's ``(resize, crop)``. Workers are kept from pass to pass, for
+    validation too, unless the reader plans each pass.
+
+    A sample the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them);
+    one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
+    never read it again), named once on stderr and replaced in its batch by another image of
+    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
+    """
+
+    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder, *, train: bool,
+                 batch_size: int, workers: int, device: torch.device, crop_size: int,
+                 val_sizes: tuple[int, int], channels_last: bool, max_batches: int | None,
+                 seed: int, rank: int, max_bad_share: float, dtype: torch.dtype,
+                 max_crop_size: int | None = None):
+        if train:  # a split under one batch: one smaller batch (orders.train_batch_size)
+            batch_size = train_batch_size(order, batch_size)
+        self.reader, self.decoder, self.train = reader, decoder, train
+        self.sampler = ResumableSampler(order)
+        self.batch_size, self.device, self.dtype = batch_size, device, dtype
+        self.crop_size = crop_size
+        self.max_crop_size = max(crop_size, max_crop_size or 0)
+        self.channels_last, self.max_batches = channels_last, max_batches
+        self.seed, self.rank, self.max_bad_share = seed, rank, max_bad_share
+        self.start_batch = self.epoch = self.cpu_fallbacks = 0
+        self.classes = list(reader.classes)
+        mean, std = imagenet_mean_std(device)
+        self.scale, self.shift = 1 / std, -mean / std
+        tolerant = TolerantDataset(_Windows(reader, None if train else val_sizes),
+                                   shared=workers > 0)
+        self.unreadable = tolerant.unreadable
+        self._dataset = _WindowBatches(tolerant)
+        self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
+        self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
+        self.loader = self._dataloader(workers)
+        self.set_epoch(0)
+
+    def _dataloader(self, workers: int) -> DataLoader:
+        return DataLoader(self._dataset, batch_sampler=self._batches, collate_fn=keep_as_is,
+                          num_workers=workers, generator=self._generator,
+                          prefetch_factor=4 if workers > 0 else None,
+                          persistent_workers=workers > 0 and not self.reader.plans_passes)
+
+    def __len__(self) -> int:
+        total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """This epoch's order and windows (a function of (seed, epoch, rank)), from batch
+        ``start_batch`` on (a resumed epoch)."""
+        self.sampler.set_epoch(epoch)
+        self.sampler.start = start_batch * self.batch_size
+        self.start_batch, self.epoch = start_batch, epoch
+        if self.reader.plans_passes:
+            self.reader.plan_pass(self.sampler.order, epoch,
+                                  list(self.sampler) if start_batch else None)
+
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.crop_size
+
+    def set_resolution(self, size: int) -> None:
+        """Training: windows resized to ``size`` px from the next batch decoded on. Raises
+        ``ValueError`` for validation or a size outside ``1..max_crop_size``."""
+        if not self.train:
+            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        if not 0 < size <= self.max_crop_size:
+            raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
+        self.crop_size = size
+
+    def close(self) -> None:
+        """Stop the workers kept between passes; a later pass starts new ones."""
+        self.loader = self._dataloader(self.loader.num_workers)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
+        self._batches.plan = PassPlan(0, None, seed_key, len(self))
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:  # scale/shift were written on the current stream
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        fallbacks = self.cpu_fallbacks
+        # With workers, a thread decodes up to 2 batches ahead of the training thread; with
+        # -j 0 the reading (which seeds torch's global RNG per batch) stays on this thread,
+        # one batch ahead.
+        batches = self._decoded(stream, len(self))
+        batches = run_ahead(batches) if self.loader.num_workers > 0 else _one_ahead(batches)
+        try:
+            for images, labels, done in batches:
+                yield self._hand_over((images, labels), done)
+        finally:
+            batches.close()
+            if cuda:
+                stream.synchronize()  # the next pass may reuse what this one decodes into
+            if self.cpu_fallbacks > fallbacks:
+                print(f"note: {self.cpu_fallbacks - fallbacks} samples decoded on the CPU "
+                      f"this pass ({self.decoder.kind} batch decoder declined them)",
+                      file=sys.stderr, flush=True)
+
+    def _decoded(self, stream, total: int):
+        """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
+        normalised, and on CUDA ``done``, the side stream's event after them (else None)."""
+        for step, item in enumerate(self.loader):
+            if step == total:
+                return
+            self._check_bad(item["found"])
+            images, labels = self._decode(item, stream)
+            done = None
+            if stream is not None:
+                done = torch.cuda.Event()
+                done.record(stream)
+            yield images, labels, done
+
+    def _check_bad(self, found: int) -> None:
+        if found:
+            bad, size = self.unreadable.count(), len(self.reader)
+            if bad > self.max_bad_share * size:
+                raise too_many_unreadable(bad, self.max_bad_share, size)
+
+    def _decode(self, item: dict, stream) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA)."""
+        data, offsets = item["data"].numpy(), item["offsets"].tolist()
+        datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+        windows = [tuple(w) for w in item["windows"].tolist()]
+        size = (self.crop_size, self.crop_size)
+        context = torch.cuda.stream(stream) if stream is not None else nullcontext()
+        with context:
+            try:
+                frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
+                out = self.decoder.decode(datas, windows, size,
+                                          stream.cuda_stream if stream is not None else 0,
+                                          frames)
+            except torch.cuda.OutOfMemoryError as exc:
+                raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
+            self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
+            images, labels = out.images, item["labels"]
+            if out.failed:
+                images, labels = self._replace_failed(out, item)
+            images = images.to(self.device, non_blocking=True)  # cpu-nvimgcodec beside a GPU
+            flips = item["flips"]
+            if bool(flips.any()):
+                where = flips.nonzero().flatten().to(self.device)
+                images[where] = images[where].flip(-1)
+            images = normalize_into(images, self.scale, self.shift, self.dtype,
+                                    self.channels_last)
+            return images, labels.to(self.device, non_blocking=True)
+
+    def _hand_over(self, ready, done):
+        """``ready``'s tensors made usable on the current stream, which waits for the side
+        stream's event ``done`` (the allocator keeps their memory until the current stream is
+        done with them); as they are without CUDA."""
+        if done is None:
+            return ready
+        main = torch.cuda.current_stream(self.device)
+        main.wait_event(done)
+        for tensor in ready:
+            tensor.record_stream(main)
+        return ready
+
+    def _replace_failed(self, out, item):
+        """The batch with each undecodable sample marked, reported and replaced by the first
+        decoded image of the batch; raises :class:`DataError` if none decoded or too many of
+        the split are unreadable."""
+        failed = {i for i, _ in out.failed}
+        good = [i for i in range(len(out.images)) if i not in failed]
+        if not good:
+            raise DataError(f"no sample of a batch of {len(out.images)} decoded: is the "
+                            "data damaged?")
+        images, labels = out.images, item["labels"].clone()
+        found = 0
+        for i, exc in out.failed:
+            index = int(item["indices"][i])
+            if self.unreadable.mark(index):
+                found += 1
+                report_unreadable(self.reader.name_of(index), exc)
+            images[i] = images[good[0]]
+            labels[i] = labels[good[0]]
+        self._check_bad(found)
+        return images, labels
+
+
+def _one_ahead(items: Iterator) -> Iterator:
+    """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
+    ahead = None
+    try:
+        for item in items:
+            if ahead is not None:
+                yield ahead
+            ahead = item
+        if ahead is not None:
+            yield ahead
+    finally:
+        items.close()
+
+
+def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
+    """The batch decoder of ``settings.decode_device`` on ``dist.device``; raises
+    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device or the CPU backend
+    without nvImageCodec."""
+    kind = settings.decode_device
+    if kind == "cuda" and dist.device.type != "cuda":
+        raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
+                               "for the same pipeline on nvImageCodec's CPU backend)")
+    device = dist.device if kind == "cuda" else torch.device("cpu")
+    try:
+        return WindowDecoder(kind, device, settings.hw_decoder_load,
+                             threads=max(1, settings.workers))
+    except RuntimeError as exc:
+        raise AcceleratorError(str(exc).splitlines()[0]) from None
+
+
+def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`BatchDecodeLoader` s over two readers in their orders, one
+    decoder shared by both. Raises :class:`DataError` for a training order smaller than one
+    batch, :class:`AcceleratorError` where the decoder cannot run (:func:`make_decoder`)."""
+    decoder = make_decoder(settings, dist)
+    common = dict(batch_size=settings.batch_size, workers=settings.workers,
+                  device=dist.device, val_sizes=(settings.val_resize_size,
+                                                 settings.val_crop_size),
+                  channels_last=settings.channels_last, seed=settings.seed, rank=dist.rank,
+                  max_bad_share=settings.max_bad_share, dtype=settings.dtype)
+    return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, train=True,
+                              crop_size=settings.train_crop_size,
+                              max_batches=settings.train_batches,
+                              max_crop_size=settings.train_max_crop_size, **common),
+            BatchDecodeLoader(val, val.val_order(settings, dist), decoder, train=False,
+                              crop_size=settings.val_crop_size,
+                              max_batches=settings.val_batches, **common))

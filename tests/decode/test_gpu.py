@@ -1,0 +1,97 @@
+"""decode.gpu's batch window decoder, on nvImageCodec's CPU backend (the GPU backends run the
+same code and are checked by ``make gpu-check``): windows equal the CPU loaders' window decode,
+declined images decoded on the CPU and counted, undecodable ones reported, torchvision's
+path, the status lines."""
+import glob
+import os
+import random
+
+import pytest
+import torch
+
+import decode
+from decode import gpu, jpeg_window
+from tests.helpers.badcorpus import make_bad_corpus
+
+pytestmark = pytest.mark.skipif(not jpeg_window.available(), reason="nvImageCodec not installed")
+
+
+def _files(sample, count=24):
+    return sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:count]
+
+
+def _windows(datas, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for data in datas:
+        height, width = decode.image_size(data)
+        h, w = rng.randint(1, height), rng.randint(1, width)
+        out.append((rng.randint(0, height - h), rng.randint(0, width - w), h, w))
+    return out
+
+
+def test_batch_windows_equal_the_cpu_window_decode(sample):
+    datas = [open(f, "rb").read() for f in _files(sample)]
+    windows = _windows(datas)
+    decoder = gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu"))
+    out = decoder.decode(datas, windows, (64, 48))
+    assert out.images.dtype == torch.uint8 and out.images.shape == (len(datas), 3, 64, 48)
+    assert not out.fallback and not out.failed
+    for data, window, image in zip(datas, windows, out.images):
+        expected = decode.resize(jpeg_window.decode_window(data, *window), (64, 48))
+        assert torch.equal(image, expected)
+
+
+def test_declined_images_are_decoded_on_the_cpu_and_undecodable_ones_reported(tmp_path):
+    corpus = make_bad_corpus(str(tmp_path))
+    paths = sorted(glob.glob(os.path.join(str(tmp_path), "**", "*.*"), recursive=True))
+    datas = [open(p, "rb").read() for p in paths]
+    windows = []
+    for data in datas:
+        size = decode.image_size(data) or (1, 1)
+        windows.append((0, 0, *size))
+    out = gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu")).decode(datas, windows, (16, 16))
+    failed = {i for i, _ in out.failed}
+    names = {os.path.basename(paths[i]) for i in out.fallback}
+    assert {"cmyk.JPEG", "png_inside.JPEG", "text.JPEG", "zero_bytes.JPEG"} <= names
+    assert "baseline.JPEG" not in names
+    for i, data in enumerate(datas):
+        try:
+            whole = decode.decode(data)
+        except (OSError, RuntimeError, ValueError):
+            assert i in failed, paths[i]  # nothing decodes it: the caller's bad-sample rules
+            continue
+        if i in failed:  # decodes whole, but not to its header's size
+            continue
+        top, left, h, w = windows[i]
+        expected = decode.resize(whole[:, top:top + h, left:left + w], (16, 16))
+        if i in out.fallback:  # decoded as the CPU loaders decode it
+            assert torch.equal(out.images[i], expected), paths[i]
+    assert corpus.classes
+
+
+def test_torchvision_path_decodes_whole_images_then_the_window(sample):
+    datas = [open(f, "rb").read() for f in _files(sample, 6)] + [b"not an image"]
+    windows = _windows(datas[:-1]) + [(0, 0, 4, 4)]
+    # kind "cuda" without nvImageCodec runs torchvision's decode_jpeg on the given device
+    decoder = gpu.WindowDecoder("cuda", torch.device("cpu"), library=None)
+    out = decoder.decode(datas, windows, (32, 32))
+    assert [i for i, _ in out.failed] == [6] and out.fallback == [6]
+    for data, window, image in zip(datas[:-1], windows, out.images):
+        top, left, h, w = window
+        whole = decode.decode(data)
+        expected = gpu.resize_window(whole[:, top:top + h, left:left + w], (32, 32),
+                                     torch.uint8)
+        assert (image.int() - expected.int()).abs().max() <= 1
+    assert "torchvision" in decoder.status()
+
+
+def test_status_lines_name_the_decoder_and_backend():
+    line = gpu.status_line("cpu-nvimgcodec", torch.device("cpu"))
+    assert "nvImageCodec" in line and "CPU backend" in line
+    cuda = gpu.status_line("cuda", torch.device("cuda:0"), 0.4)
+    assert "hardware JPEG decoder" in cuda and "load 0.4" in cuda and "cuda:0" in cuda
+    with pytest.raises(ValueError):
+        gpu.WindowDecoder("tpu", torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="needs nvImageCodec"):
+        gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu"), library=None)
