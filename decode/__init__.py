@@ -12,7 +12,13 @@ Modules, named by what they decode (as ffcv keeps its native bindings below its 
 * :mod:`decode.jpeg_scaled`: a window at least twice the output at libjpeg-turbo's DCT scale
   1/2, 1/4 or 1/8, resampled by PIL; through :mod:`decode.jpeg_region` (our C,
   ``decode/_jpegcrop.c``: the region only, built by ``make install``) or PIL's ``draft``;
-* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``).
+* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``);
+* :mod:`decode.raw`: raw-pixel records (binary PPM/PGM, the converters' ``--raw-budget``), cut
+  and resized without a decode.
+
+A record is turned into pixels or a window here, whatever it holds: :func:`decode`,
+:func:`decode_window`, :func:`window_size` and :func:`image_size` take raw records as well as
+encoded images (one helper for every pipeline, the CPU workers', DALI's feed and a GPU one).
 
 The cascade for a training window (:func:`decode_window`): decoded at scale where the window is
 at least twice the output, else the window alone, else the whole image and cropped; each step
@@ -28,14 +34,17 @@ import io
 import torch
 import torch.nn.functional as nnf
 
-from . import jpeg_region, jpeg_scaled, jpeg_window
+from . import jpeg_region, jpeg_scaled, jpeg_window, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, use)
 from .memory import retain_freed_memory
 
 __all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "image_size", "jpeg_size", "resize", "retain_freed_memory", "status_line", "use"]
+           "image_size", "is_raw", "jpeg_size", "resize", "retain_freed_memory", "status_line",
+           "use", "window_size"]
+
+is_raw = raw.is_raw
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -45,9 +54,12 @@ def decode(data: bytes) -> torch.Tensor:
 
     JPEGs go through libjpeg-turbo (:mod:`decode.libraries`: TorchCodec, else torchvision),
     grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
-    through the same library's ``decode_image``, and anything those refuse through PIL. Raises
+    through the same library's ``decode_image``, and anything those refuse through PIL; a raw
+    record (:mod:`decode.raw`) is copied out, not decoded. Raises
     ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
     """
+    if raw.is_raw(data) and raw.raw_header(data) is not None:
+        return raw.raw_image(data)
     try:
         if data[:3] == _JPEG_MAGIC:
             return decode_jpeg(data)
@@ -72,10 +84,24 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return jpeg_window.jpeg_size(data)
 
 
+def window_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` in pixels of a record whose training window :func:`decode_window`
+    cuts without a whole decode first: a raw record (its header), else :func:`jpeg_size`; None
+    for the rest (decode those whole and pass the image)."""
+    if raw.is_raw(data):
+        return raw.raw_size(data)
+    return jpeg_window.jpeg_size(data)
+
+
 def image_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` in pixels, as stored (EXIF orientation not applied), of any encoded
     image: nvImageCodec's header parse (about 12 us per ImageNet JPEG on one core; DALI's
-    decoders parse with the same library), else PIL's (about 95 us); None if neither reads it."""
+    decoders parse with the same library), else PIL's (about 95 us); None if neither reads it.
+    A raw record's size is read from its header (:mod:`decode.raw`)."""
+    if raw.is_raw(data):
+        size = raw.raw_size(data)
+        if size is not None:
+            return size
     module = jpeg_window.library()
     if module is not None:
         try:
@@ -113,9 +139,14 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     already resampled), else the window alone (:func:`decode.jpeg_window.decode_window`), else
     the whole image (:func:`decode`), cropped; then :func:`resize`. Pass ``image``, the whole
     decode, where the header was not read: it is cropped at once. ``reasons``, if given,
-    collects one line per decoder that declined. Raises what :func:`decode` raises for bytes
+    collects one line per decoder that declined. A raw record (:mod:`decode.raw`) is cut out
+    of its stored pixels and resized, no decode. Raises what :func:`decode` raises for bytes
     that are not an image."""
     top, left, height, width = window
+    if image is None and raw.is_raw(data):
+        header = raw.raw_header(data)
+        if header is not None:
+            return raw.raw_window(data, window, size, header)
     if image is None:
         factor = jpeg_scaled.scale_factor(height, width, *size)
         if factor > 1:

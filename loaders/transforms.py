@@ -75,7 +75,7 @@ class TrainTransform:
 
     def __call__(self, data: bytes) -> torch.Tensor:
         draws = torch.rand(_DRAWS).tolist()
-        size = decoding.jpeg_size(data)
+        size = decoding.window_size(data)  # a JPEG's or a raw record's header
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
