@@ -169,8 +169,9 @@ class RawChoice:
         grown = self.stored / self.jpeg if self.jpeg else 1.0
         return (f"raw pixels: {self.records} of {images} images ({share:.0%}), "
                 f"{grown:.2f}x the JPEG store's bytes (--raw-budget {self.budget.text}); "
-                f"expected decode time saved {self.saved:.1f} s per epoch on one core "
-                f"(cost model from {self.model.sampled} timed images)")
+                f"expected decode time saved {self.saved:.3g} s per epoch on one core, "
+                f"{self.saved / max(1, self.records) * 1e3:.2f} ms per raw image (cost model "
+                f"from {self.model.sampled} timed images)")
 
 
 def ratio(model: CostModel, pixels: int, jpeg_bytes: int, raw_bytes: int) -> float:
