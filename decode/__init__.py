@@ -32,12 +32,12 @@ from __future__ import annotations
 import io
 
 import torch
-import torch.nn.functional as nnf
 
 from . import jpeg_region, jpeg_scaled, jpeg_window, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, use)
 from .memory import retain_freed_memory
+from .resample import resize
 
 __all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
@@ -116,15 +116,6 @@ def image_size(data: bytes) -> tuple[int, int] | None:
             return image.size[1], image.size[0]
     except Exception:  # noqa: BLE001 - PIL's many ways of refusing bytes: not an image
         return None
-
-
-def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)``, bilinear with antialiasing (as PIL's
-    ``BILINEAR`` resize that torchvision applies to PIL images), on the channels-last uint8
-    fast path of ``torch.nn.functional.interpolate``."""
-    batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
-                           align_corners=False)[0]
 
 
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],

@@ -20,6 +20,8 @@ import re
 import numpy as np
 import torch
 
+from .resample import resize
+
 __all__ = ["RawHeader", "encode_raw", "is_raw", "raw_header", "raw_image", "raw_size",
            "raw_window"]
 
@@ -112,8 +114,6 @@ def raw_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, 
     record resized to ``size`` = ``(height, width)``: uint8 ``(3, *size)``, bilinear with
     antialiasing (:func:`decode.resize`, the same resampling as the JPEG path). Only the
     window's bytes are copied. Raises ``ValueError`` for a malformed record."""
-    from . import resize
-
     header = header or raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")

@@ -222,15 +222,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget).hex(),
-                "prefix": prefix,
-                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
-                "rules": RULES_VERSION}
     cap_fields = cap.record() if cap is not None else {}
-    if cap_fields:  # absent without a cap, as in progress.json files from before it
-        settings["cap"] = cap_fields
-    if raw_budget is not None:  # absent without a raw share, likewise
-        settings["raw_budget"] = raw_budget.text
+    settings = _settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
+                         max_per_shard)
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -257,6 +251,20 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
                         state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
                         raw=choice.line(state.total("records")) if choice else "",
                         shards=len(state.shards))
+
+
+def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
+              shard_size: int, max_per_shard: int | None) -> dict:
+    """``progress.json``'s settings: what a resume must share with the run it resumes."""
+    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget).hex(),
+                "prefix": prefix, "seed": seed, "shard_size": shard_size,
+                "max_per_shard": max_per_shard, "rules": RULES_VERSION}
+    cap_fields = cap.record() if cap is not None else {}
+    if cap_fields:  # absent without a cap, as in progress.json files from before it
+        settings["cap"] = cap_fields
+    if raw_budget is not None:  # absent without a raw share, likewise
+        settings["raw_budget"] = raw_budget.text
+    return settings
 
 
 def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int,
