@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks import runner
 
+STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")  # bench_ffcv.STORES
 
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     """``median [lowest-highest]`` of the rounds' values, e.g. ``1484 [1402-1530]``."""
@@ -32,6 +33,27 @@ def print_table(rep: dict) -> None:
     """Speeds and ratios per crop size (same bytes; then the raw-share stores against FFCV's
     example store; then ``--base`` against now, if timed), and the disk each store takes."""
     print(f"\n{image_set(rep)}\n")
+    timed = set(next(iter(rep["runs"].values())))
+    if set(STORES) <= timed:
+        _same_bytes(rep)
+    raw_stores = [s for s in timed if "-raw-" in s]
+    if raw_stores and {"beton-example", "lmdb-512"} <= timed:
+        _raw_table(rep, sorted(raw_stores))
+    if any("lmdb@base" in m for m in rep["median"].values()):
+        rows = [[f"{size} px", f"{m['lmdb@base']:.0f}", f"{m['lmdb']:.0f}",
+                 f"{m['lmdb'] / m['lmdb@base']:.2f}x", f"{m['lmdb-512@base']:.0f}",
+                 f"{m['lmdb-512']:.0f}", f"{m['lmdb-512'] / m['lmdb-512@base']:.2f}x"]
+                for size, m in rep["median"].items()]
+        print("\n" + runner.markdown_table(
+            ["crop", "lmdb, base", "lmdb, now", "now/base", "lmdb-512, base", "lmdb-512, now",
+             "now/base"], rows))
+    print("\n" + runner.markdown_table(
+        ["store", "disk (train)", "per 1,000 images", "vs lmdb-512", "raw images",
+         "expected decode time saved"], _disk_rows(rep)))
+
+
+def _same_bytes(rep: dict) -> None:
+    """Ours against FFCV on the same bytes, and the capped store against the originals."""
     rows = []
     for size, runs in rep["runs"].items():
         m = rep["median"][size]
@@ -44,29 +66,20 @@ def print_table(rep: dict) -> None:
         ["crop", "FFCV, beton-512", "ours, lmdb-512 (same bytes)", "vs FFCV",
          "vs FFCV per round", "ours, lmdb (originals)", "lmdb-512 vs lmdb",
          "FFCV, beton-example (half raw)"], rows))
-    raw_stores = [s for s in next(iter(rep["runs"].values())) if "-raw-" in s]
-    if raw_stores:
-        rows = []
-        for size, runs in rep["runs"].items():
-            per_round = rep["vs_example_per_round"][size]
-            rows.append([f"{size} px", spread(runs["beton-example"]), spread(runs["lmdb-512"]),
-                         spread(per_round["lmdb-512"], "{:.2f}x")]
-                        + [c for s in raw_stores
-                           for c in (spread(runs[s]), spread(per_round[s], "{:.2f}x"))])
-        print("\n" + runner.markdown_table(
-            ["crop", "FFCV, beton-example", "ours, lmdb-512", "vs example (per round)"]
-            + [c for s in raw_stores for c in (f"ours, {s}", "vs example (per round)")], rows))
-    if any("lmdb@base" in m for m in rep["median"].values()):
-        rows = [[f"{size} px", f"{m['lmdb@base']:.0f}", f"{m['lmdb']:.0f}",
-                 f"{m['lmdb'] / m['lmdb@base']:.2f}x", f"{m['lmdb-512@base']:.0f}",
-                 f"{m['lmdb-512']:.0f}", f"{m['lmdb-512'] / m['lmdb-512@base']:.2f}x"]
-                for size, m in rep["median"].items()]
-        print("\n" + runner.markdown_table(
-            ["crop", "lmdb, base", "lmdb, now", "now/base", "lmdb-512, base", "lmdb-512, now",
-             "now/base"], rows))
+
+
+def _raw_table(rep: dict, raw_stores: list[str]) -> None:
+    """The raw-share stores (and lmdb-512) against FFCV's example store, per round."""
+    rows = []
+    for size, runs in rep["runs"].items():
+        per_round = rep["vs_example_per_round"][size]
+        rows.append([f"{size} px", spread(runs["beton-example"]), spread(runs["lmdb-512"]),
+                     spread(per_round["lmdb-512"], "{:.2f}x")]
+                    + [c for s in raw_stores
+                       for c in (spread(runs[s]), spread(per_round[s], "{:.2f}x"))])
     print("\n" + runner.markdown_table(
-        ["store", "disk (train)", "per 1,000 images", "vs lmdb-512", "raw images",
-         "expected decode time saved"], _disk_rows(rep)))
+        ["crop", "FFCV, beton-example", "ours, lmdb-512", "vs example (per round)"]
+        + [c for s in raw_stores for c in (f"ours, {s}", "vs example (per round)")], rows))
 
 
 def _disk_rows(rep: dict) -> list[list[str]]:

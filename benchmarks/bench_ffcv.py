@@ -199,8 +199,10 @@ def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
 
 def measure(args, paths: dict[str, str]) -> dict:
     """``{size: {store: [images/s per round]}}``, rounds interleaved over sizes and stores."""
+    timed = set(getattr(args, "stores", None) or ()) or None
     cmds = {(size, store): cmd for size in args.sizes
-            for store, cmd in commands(args, paths, size).items()}
+            for store, cmd in commands(args, paths, size).items()
+            if timed is None or store.split("@")[0] in timed}
 
     def speed(key: tuple[int, str]) -> float:
         size, store = key
@@ -220,7 +222,8 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     """Medians, ratios, disk per store and the commands (temporary paths as names)."""
     med = {size: {s: runner.median_high(v) for s, v in by.items()} for size, by in runs.items()}
     # a round runs each store once, back to back: their ratio sees the same machine load
-    per_round = {size: [ours / ffcv for ours, ffcv in zip(by["lmdb-512"], by["beton-512"])]
+    per_round = {size: [ours / ffcv for ours, ffcv in zip(by.get("lmdb-512", []),
+                                                           by.get("beton-512", []))]
                  for size, by in runs.items()}
     count = _lmdb_images(os.path.join(paths["lmdb"], "train"))[0]
     disk = {store: _disk(os.path.join(path, "train") if store.startswith("lmdb") else path)
@@ -230,7 +233,8 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     raw = {store: _raw_choice(os.path.join(paths[store], "train"))
            for store in paths if "-raw-" in store}
     # per round, each store against FFCV's example store timed in the same round
-    vs_example = {size: {store: [ours / ffcv for ours, ffcv in zip(v, by["beton-example"])]
+    vs_example = {size: {store: [ours / ffcv for ours, ffcv in zip(v, by.get("beton-example",
+                                                                              []))]
                          for store, v in by.items() if store.startswith("lmdb")}
                   for size, by in runs.items()}
     shown = {store: " ".join(a.replace(tmp, "TMP").replace(REPO + os.sep, "") for a in cmd[1:])
@@ -265,6 +269,9 @@ def main(argv=None) -> int:
                         help="run the comparison for each bucket, then for all images")
     parser.add_argument("--min-images", type=int, default=1,
                         help="a bucket with fewer source images is reported, not timed")
+    parser.add_argument("--stores", nargs="+", metavar="STORE",
+                        help="time only these stores (default: all; each table needs lmdb, "
+                             "lmdb-512, beton-512 and beton-example)")
     parser.add_argument("--raw-budgets", nargs="*", default=list(RAW_BUDGETS), metavar="B",
                         help="raw-share stores to time, by --raw-budget (default: 1.5x 2.7x)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
