@@ -186,3 +186,25 @@ def test_a_bad_budget_is_one_line(tiny, tmp_path):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("folder2lmdb.py: error: --raw-budget 'lots'"), run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_interrupted_shards_resume_with_the_choice_of_their_last_finished_shard(tiny, tmp_path,
+                                                                                 monkeypatch):
+    """Shards finished before an interruption keep their raw choice, and the rest are written
+    with the model, threshold and totals of the last finished one: the same shards as before."""
+    src, out = os.path.join(tiny.root, "train"), str(tmp_path / "shards")
+    convert_shards(src, out, progress=False, max_per_shard=5, raw_budget=parse_budget("8x"))
+    expected = store_digest(out)
+    progress_path = os.path.join(out, "progress.json")
+    with open(progress_path) as f:
+        progress = json.load(f)
+    assert all("raw" in shard for shard in progress["shards"])
+    progress["shards"] = progress["shards"][:2]  # as if killed while writing the third shard
+    with open(progress_path, "w") as f:
+        json.dump(progress, f)
+    os.remove(os.path.join(out, "index.json"))
+    monkeypatch.setattr(raw_share, "plan", lambda *a: pytest.fail("re-planned on resume"))
+    summary = convert_shards(src, out, progress=False, max_per_shard=5,
+                             raw_budget=parse_budget("8x"))
+    assert summary.resumed_at == progress["shards"][-1]["done"] > 0
+    assert store_digest(out) == expected
