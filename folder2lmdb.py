@@ -3,6 +3,7 @@
 
     python folder2lmdb.py --dataset /imagenet/train -o /lmdb/train [--strict] [--shuffle-seed 0]
                           [--check {full,header}] [--max-side 512 --quality 90]
+                          [--raw-budget 1.5x]
     python folder2lmdb.py --verify /lmdb/train [--dataset /imagenet/train]
 
 (the interface of PyTorch-LMDB's converter). Each image is stored with its ImageFolder label:
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
                              overwrite=args.overwrite, map_size=args.map_size,
                              batch_size=max(1, args.batch_size), strict=args.strict,
                              shuffle_seed=args.shuffle_seed, check=args.check, split=args.split,
-                             allow_partial=args.allow_partial, cap=args.cap),
+                             allow_partial=args.allow_partial, cap=args.cap,
+                             raw_budget=args.raw),
         (ConversionError, DatasetError, OSError, lmdb.Error))
 
 

@@ -74,7 +74,8 @@ def _convert_or_index(args):
                    shard_size=parse_size(args.shard_size), max_per_shard=args.max_per_shard,
                    shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
                    overwrite=args.overwrite, check=args.check, split=args.split,
-                   allow_partial=args.allow_partial, cap=args.cap)
+                   allow_partial=args.allow_partial, cap=args.cap,
+                   raw_budget=args.raw)
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,15 @@ distinct names (symlinks, ``runner.replicate``, as ``bench_loaders.py``) and sto
 * ``beton-512``: a ``.beton`` holding exactly the JPEG bytes of ``lmdb-512`` (``_ffcv_side.py``
   ``same-bytes``: JPEG-only, ``max_resolution=512``);
 * ``beton-example``: a ``.beton`` written from the originals with FFCV's ImageNet example's
-  settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``).
+  settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``);
+* ``lmdb-512-raw-B`` for each ``--raw-budgets`` B (default 1.5x and 2.7x, FFCV's example's disk):
+  ``folder2lmdb.py --max-side 512 --quality 90 --raw-budget B`` (docs/raw-share.md), the images
+  that save the most decode time per extra byte stored as raw pixels.
+
+``--bucket`` keeps only the images of one size bucket by their longer side (``le256``: <= 256
+px, ``256-512``, ``gt512``: > 512 px); ``--buckets`` runs the whole comparison for each bucket
+in turn and for all images, one table each (a bucket without ``--min-images`` images is
+reported as such). ``--data`` must hold ``train/`` and ``val/`` (one line otherwise).
 
 Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and each store, one
 fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
@@ -21,8 +29,9 @@ fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-s
 ``_ffcv_side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
 ``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios the
 issue targets (the ratio of the medians, and ours vs FFCV within each round, whose two runs see
-the same machine load) and the disk each store takes (also per 1,000 images), and writes
-``OUT/report.json``.
+the same machine load), each figure with its spread (the lowest and highest of the rounds), the
+disk each store takes (also per 1,000 images) and each raw store's chosen share, and writes
+``OUT/report.json`` (``OUT/<bucket>/report.json`` with ``--buckets``).
 """
 from __future__ import annotations
 
@@ -32,11 +41,25 @@ import subprocess
 import sys
 
 from benchmarks import runner
+from benchmarks._ffcv_tables import print_table
 from benchmarks.runner import REPO
 
 # FFCV's side runs by path with the side environment's Python: it imports nothing of ours
 SIDE = os.path.join(REPO, "benchmarks", "_ffcv_side.py")
 STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
+RAW_BUDGETS = ("1.5x", "2.7x")
+# longer side in pixels: (lowest excluded, highest included), the issue's three buckets
+BUCKETS = {"le256": (0, 256), "256-512": (256, 512), "gt512": (512, 1 << 30)}
+
+
+def raw_store(budget: str) -> str:
+    """The row name of the raw-share store at ``budget``, e.g. ``lmdb-512-raw-2.7x``."""
+    return f"lmdb-512-raw-{budget}"
+
+
+def stores(args) -> tuple[str, ...]:
+    """Every store timed: :data:`STORES` and one raw-share store per ``--raw-budgets``."""
+    return STORES + tuple(raw_store(b) for b in args.raw_budgets)
 
 
 def _disk(path: str) -> int:
@@ -86,40 +109,64 @@ def _listing(root: str, out: str) -> str:
     return out
 
 
-def longer_side_over(side: int):
+def longer_side_over(side: int, up_to: int | None = None):
     """A :func:`benchmarks.runner.replicate` filter: True for an image whose longer side exceeds
-    ``side`` pixels (read from its header); a file that is not an image is left out with one
-    stderr line."""
+    ``side`` pixels (and, with ``up_to``, is at most that; read from its header); a file that
+    is not an image is left out with one stderr line."""
     from PIL import Image
 
     def keep(path: str) -> bool:
         try:
             with Image.open(path) as image:
-                return max(image.size) > side
+                longer = max(image.size)
         except OSError as exc:
             print(f"bench_ffcv.py: skipping {path}: {exc}", file=sys.stderr)
             return False
+        return longer > side and (up_to is None or longer <= up_to)
 
     return keep
 
 
+def _filter(args):
+    """The replicate filter of ``--bucket`` or ``--larger-than`` (None: every image)."""
+    if args.bucket and args.bucket != "all":
+        return longer_side_over(*BUCKETS[args.bucket])
+    return longer_side_over(args.larger_than) if args.larger_than else None
+
+
+def _raw_choice(db: str) -> dict:
+    """What a raw-share LMDB's metadata says was chosen (formats.raw_share.RawChoice.state)."""
+    from formats.lmdb import read_meta
+
+    return read_meta(db).raw
+
+
 def prepare(args, tmp: str) -> dict[str, str]:
-    """Write the four stores under ``tmp``; returns ``{store: path}``."""
+    """Write the stores under ``tmp``; returns ``{store: path}``."""
     import folder2lmdb
     from formats.cap import Cap
+    from formats.raw_share import parse_budget
 
-    keep = longer_side_over(args.larger_than) if args.larger_than else None
-    data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat, keep)
-    if not any(files for _, _, files in os.walk(os.path.join(data, "train"))):
-        raise RuntimeError(f"no training image of {args.data} to time (--larger-than "
-                           f"{args.larger_than})")
+    data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat, _filter(args))
+    found = sum(len(files) for _, _, files in os.walk(os.path.join(data, "train")))
+    which = f"--bucket {args.bucket}" if args.bucket else f"--larger-than {args.larger_than}"
+    if not found:
+        raise RuntimeError(f"no training image of {args.data} to time ({which})")
+    if found < args.min_images * args.repeat:
+        raise RuntimeError(f"{found // args.repeat} training images of {args.data} ({which}), "
+                           f"fewer than --min-images {args.min_images}")
     paths = {"lmdb": os.path.join(tmp, "lmdb"), "lmdb-512": os.path.join(tmp, "lmdb-512"),
              "beton-512": os.path.join(tmp, "same-512.beton"),
              "beton-example": os.path.join(tmp, "example.beton")}
-    for store, cap in (("lmdb", None), ("lmdb-512", Cap(512, 90))):
+    lmdbs = [("lmdb", None, None), ("lmdb-512", Cap(512, 90), None)]
+    for budget in args.raw_budgets:
+        paths[raw_store(budget)] = os.path.join(tmp, raw_store(budget))
+        lmdbs.append((raw_store(budget), Cap(512, 90), parse_budget(budget)))
+    for store, cap, raw in lmdbs:
         for split in ("train", "val"):
             folder2lmdb.convert(os.path.join(data, split), os.path.join(paths[store], split),
-                                progress=False, shuffle_seed=0, cap=cap, workers=args.workers)
+                                progress=False, shuffle_seed=0, cap=cap, workers=args.workers,
+                                raw_budget=raw)
     capped = _export(os.path.join(paths["lmdb-512"], "train"), os.path.join(tmp, "capped"))
     originals = _listing(os.path.join(data, "train"), os.path.join(tmp, "originals.tsv"))
     for store, listing, mode in (("beton-512", capped, "same-bytes"),
@@ -141,9 +188,8 @@ def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
             str(args.warmup), "--seed", "0", "--benchmark-data", "--lmdb"]
     ffcv = [args.ffcv_python, SIDE, "time", *timing, "--size", str(size), "--batches",
             str(args.batches), "--warmup", str(args.warmup), "--beton"]
-    cmds = {"lmdb": [*ours, paths["lmdb"]], "lmdb-512": [*ours, paths["lmdb-512"]],
-            "beton-512": [*ffcv, paths["beton-512"]],
-            "beton-example": [*ffcv, paths["beton-example"]]}
+    cmds = {store: [*(ffcv if store.startswith("beton") else ours), paths[store]]
+            for store in paths}
     if args.base:
         base = [ours[0], os.path.join(os.path.abspath(args.base), "main.py"), *ours[2:]]
         cmds.update({"lmdb@base": [*base, paths["lmdb"]],
@@ -153,8 +199,10 @@ def commands(args, paths: dict[str, str], size: int) -> dict[str, list[str]]:
 
 def measure(args, paths: dict[str, str]) -> dict:
     """``{size: {store: [images/s per round]}}``, rounds interleaved over sizes and stores."""
+    timed = set(getattr(args, "stores", None) or ()) or None
     cmds = {(size, store): cmd for size in args.sizes
-            for store, cmd in commands(args, paths, size).items()}
+            for store, cmd in commands(args, paths, size).items()
+            if timed is None or store.split("@")[0] in timed}
 
     def speed(key: tuple[int, str]) -> float:
         size, store = key
@@ -174,53 +222,34 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     """Medians, ratios, disk per store and the commands (temporary paths as names)."""
     med = {size: {s: runner.median_high(v) for s, v in by.items()} for size, by in runs.items()}
     # a round runs each store once, back to back: their ratio sees the same machine load
-    per_round = {size: [ours / ffcv for ours, ffcv in zip(by["lmdb-512"], by["beton-512"])]
+    per_round = {size: [ours / ffcv for ours, ffcv in zip(by.get("lmdb-512", []),
+                                                           by.get("beton-512", []))]
                  for size, by in runs.items()}
     count = _lmdb_images(os.path.join(paths["lmdb"], "train"))[0]
     disk = {store: _disk(os.path.join(path, "train") if store.startswith("lmdb") else path)
             for store, path in paths.items()}
     images = {store: _lmdb_images(os.path.join(paths[store], "train"))[1]
-              for store in ("lmdb", "lmdb-512")}
+              for store in paths if store.startswith("lmdb")}
+    raw = {store: _raw_choice(os.path.join(paths[store], "train"))
+           for store in paths if "-raw-" in store}
+    # per round, each store against FFCV's example store timed in the same round
+    vs_example = {size: {store: [ours / ffcv for ours, ffcv in zip(v, by.get("beton-example",
+                                                                              []))]
+                         for store, v in by.items() if store.startswith("lmdb")}
+                  for size, by in runs.items()}
     shown = {store: " ".join(a.replace(tmp, "TMP").replace(REPO + os.sep, "") for a in cmd[1:])
              for store, cmd in commands(args, paths, 224).items()}
     return {"images": count, "repeat": args.repeat, "rounds": args.rounds, "runs": runs,
-            "median": med, "same_bytes_ratio_per_round": per_round, "disk_bytes": disk,
-            "image_bytes": images, "commands_224": shown,
+            "image_set": {"data": os.path.abspath(getattr(args, "data", "?")),
+                          "bucket": getattr(args, "bucket", None) or "all",
+                          "larger_than": getattr(args, "larger_than", None),
+                          "repeat": args.repeat},
+            "median": med, "same_bytes_ratio_per_round": per_round,
+            "vs_example_per_round": vs_example, "disk_bytes": disk,
+            "image_bytes": images, "raw": raw, "commands_224": shown,
             "config": {"batch_size": args.batch_size, "workers": args.workers,
                        "batches": args.batches, "warmup": args.warmup,
                        "cpu_count": len(os.sched_getaffinity(0))}}
-
-
-def print_table(rep: dict) -> None:
-    """The tables docs/ffcv-and-decode.md quotes: median images/s and ratios per crop size
-    (then ``--base`` against now, if timed), and the disk each store takes."""
-    print(f"\n{rep['images']} train images ({rep['repeat']} x the sample), -b "
-          f"{rep['config']['batch_size']} -j {rep['config']['workers']}, median of "
-          f"{rep['rounds']} interleaved rounds, images/s\n")
-    rows = []
-    for size, m in rep["median"].items():
-        rounds = " / ".join(f"{r:.2f}x" for r in rep["same_bytes_ratio_per_round"][size])
-        rows.append([f"{size} px", f"{m['beton-512']:.0f}", f"{m['lmdb-512']:.0f}",
-                     f"{m['lmdb-512'] / m['beton-512']:.2f}x", rounds, f"{m['lmdb']:.0f}",
-                     f"{m['lmdb-512'] / m['lmdb']:.2f}x", f"{m['beton-example']:.0f}"])
-    print(runner.markdown_table(
-        ["crop", "FFCV, beton-512", "ours, lmdb-512 (same bytes)", "vs FFCV",
-         "vs FFCV per round", "ours, lmdb (originals)", "lmdb-512 vs lmdb",
-         "FFCV, beton-example (half raw)"], rows))
-    if any("lmdb@base" in m for m in rep["median"].values()):
-        rows = [[f"{size} px", f"{m['lmdb@base']:.0f}", f"{m['lmdb']:.0f}",
-                 f"{m['lmdb'] / m['lmdb@base']:.2f}x", f"{m['lmdb-512@base']:.0f}",
-                 f"{m['lmdb-512']:.0f}", f"{m['lmdb-512'] / m['lmdb-512@base']:.2f}x"]
-                for size, m in rep["median"].items()]
-        print("\n" + runner.markdown_table(
-            ["crop", "lmdb, base", "lmdb, now", "now/base", "lmdb-512, base", "lmdb-512, now",
-             "now/base"], rows))
-    n = rep["images"]
-    rows = [[store, f"{size / 2**20:.1f} MiB", f"{size / n * 1000 / 2**20:.1f} MiB"]
-            for store, size in rep["disk_bytes"].items()]
-    rows += [[f"{store}, image bytes only", f"{size / 2**20:.1f} MiB",
-              f"{size / n * 1000 / 2**20:.1f} MiB"] for store, size in rep["image_bytes"].items()]
-    print("\n" + runner.markdown_table(["store", "disk (train)", "per 1,000 images"], rows))
 
 
 def main(argv=None) -> int:
@@ -233,6 +262,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--larger-than", type=int, metavar="PX",
                         help="only the images whose longer side exceeds PX (those a cap changes)")
+    parser.add_argument("--bucket", choices=["all", *BUCKETS],
+                        help="only the images of one bucket of longer side: le256 (<= 256 px), "
+                             "256-512, gt512 (> 512 px)")
+    parser.add_argument("--buckets", action="store_true",
+                        help="run the comparison for each bucket, then for all images")
+    parser.add_argument("--min-images", type=int, default=1,
+                        help="a bucket with fewer source images is reported, not timed")
+    parser.add_argument("--stores", nargs="+", metavar="STORE",
+                        help="time only these stores (default: all; each table needs lmdb, "
+                             "lmdb-512, beton-512 and beton-example)")
+    parser.add_argument("--raw-budgets", nargs="*", default=list(RAW_BUDGETS), metavar="B",
+                        help="raw-share stores to time, by --raw-budget (default: 1.5x 2.7x)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("-j", "--workers", type=int, default=2)
@@ -246,17 +287,38 @@ def main(argv=None) -> int:
     if not os.access(args.ffcv_python, os.X_OK):
         return runner.error("bench_ffcv.py", f"{args.ffcv_python}: no FFCV environment "
                             "(make bench-ffcv creates it)")
+    for split in ("train", "val"):
+        if not os.path.isdir(os.path.join(args.data, split)):
+            return runner.error("bench_ffcv.py", f"{os.path.join(args.data, split)}: no such "
+                                "folder (--data holds train/ and val/ class folders)")
+    buckets = [*BUCKETS, "all"] if args.buckets else [args.bucket]
+    for bucket in buckets:
+        args.bucket = bucket
+        out = os.path.join(args.out, bucket) if args.buckets else args.out
+        try:
+            rep = _run(args)
+        except RuntimeError as exc:
+            if not args.buckets:
+                return runner.error("bench_ffcv.py", exc)
+            print(f"\nbucket {bucket}: not timed ({exc})", flush=True)
+            continue
+        os.makedirs(out, exist_ok=True)
+        runner.write_json(os.path.join(out, "report.json"), rep, indent=2)
+        print_table(rep)
+        print(f"\nwrote {out}/report.json")
+    return 0
+
+
+def _run(args) -> dict:
+    """One comparison: the stores written, timed and reported. Raises RuntimeError."""
+    from formats.conversion import ConversionError
+
     try:
         with runner.scratch("bench-ffcv-") as tmp:
             paths = prepare(args, tmp)
-            rep = report(args, paths, measure(args, paths), tmp)
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        return runner.error("bench_ffcv.py", exc)
-    os.makedirs(args.out, exist_ok=True)
-    runner.write_json(os.path.join(args.out, "report.json"), rep, indent=2)
-    print_table(rep)
-    print(f"\nwrote {args.out}/report.json")
-    return 0
+            return report(args, paths, measure(args, paths), tmp)
+    except (ConversionError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -15,7 +15,13 @@ Modules, named by what they decode (as ffcv keeps its native bindings below its 
 * :mod:`decode.gpu`: a batch's windows in the training process (``--decode-device``):
   nvImageCodec on the GPU (hardware JPEG decoder, CUDA) or its CPU backend, torchvision's
   ``decode_jpeg(device="cuda")`` without it, the CPU cascade for what those decline;
-* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``).
+* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``);
+* :mod:`decode.raw`: raw-pixel records (binary PPM/PGM, the converters' ``--raw-budget``), cut
+  and resized without a decode.
+
+A record is turned into pixels or a window here, whatever it holds: :func:`decode`,
+:func:`decode_window`, :func:`window_size` and :func:`image_size` take raw records as well as
+encoded images (one helper for every pipeline, the CPU workers', DALI's feed and a GPU one).
 
 The cascade for a training window (:func:`decode_window`): decoded at scale where the window is
 at least twice the output, else the window alone, else the whole image and cropped; each step
@@ -29,16 +35,19 @@ from __future__ import annotations
 import io
 
 import torch
-import torch.nn.functional as nnf
 
-from . import jpeg_region, jpeg_scaled, jpeg_window
+from . import jpeg_region, jpeg_scaled, jpeg_window, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, use)
 from .memory import retain_freed_memory
+from .resample import resize
 
 __all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "image_size", "jpeg_size", "resize", "retain_freed_memory", "status_line", "use"]
+           "image_size", "is_raw", "jpeg_size", "resize", "retain_freed_memory", "status_line",
+           "use", "window_size"]
+
+is_raw = raw.is_raw
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -48,9 +57,12 @@ def decode(data: bytes) -> torch.Tensor:
 
     JPEGs go through libjpeg-turbo (:mod:`decode.libraries`: TorchCodec, else torchvision),
     grayscale and CMYK converted to RGB; other formats (PNG, GIF, WebP inside a ``.JPEG``)
-    through the same library's ``decode_image``, and anything those refuse through PIL. Raises
+    through the same library's ``decode_image``, and anything those refuse through PIL; a raw
+    record (:mod:`decode.raw`) is copied out, not decoded. Raises
     ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image.
     """
+    if raw.is_raw(data) and raw.raw_header(data) is not None:
+        return raw.raw_image(data)
     try:
         if data[:3] == _JPEG_MAGIC:
             return decode_jpeg(data)
@@ -75,10 +87,24 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return jpeg_window.jpeg_size(data)
 
 
+def window_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` in pixels of a record whose training window :func:`decode_window`
+    cuts without a whole decode first: a raw record (its header), else :func:`jpeg_size`; None
+    for the rest (decode those whole and pass the image)."""
+    if raw.is_raw(data):
+        return raw.raw_size(data)
+    return jpeg_window.jpeg_size(data)
+
+
 def image_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` in pixels, as stored (EXIF orientation not applied), of any encoded
     image: nvImageCodec's header parse (about 12 us per ImageNet JPEG on one core; DALI's
-    decoders parse with the same library), else PIL's (about 95 us); None if neither reads it."""
+    decoders parse with the same library), else PIL's (about 95 us); None if neither reads it.
+    A raw record's size is read from its header (:mod:`decode.raw`)."""
+    if raw.is_raw(data):
+        size = raw.raw_size(data)
+        if size is not None:
+            return size
     module = jpeg_window.library()
     if module is not None:
         try:
@@ -95,20 +121,6 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def resize(image: torch.Tensor, size: tuple[int, int],
-           interpolation: str = "bilinear") -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)``, bilinear with antialiasing (as PIL's
-    ``BILINEAR`` resize that torchvision applies to PIL images), on the channels-last uint8
-    fast path of ``torch.nn.functional.interpolate``; ``interpolation`` ``"bicubic"``: bicubic
-    with antialiasing, ``"nearest"``: nearest neighbour (torchvision's tensor ``resize`` of
-    those modes, ``--interpolation``)."""
-    batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    if interpolation == "nearest":
-        return nnf.interpolate(batch, size=size, mode="nearest")[0]
-    return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
-                           align_corners=False)[0]
-
-
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None,
                   reasons: list[str] | None = None,
@@ -123,9 +135,14 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     the whole image (:func:`decode`), cropped; then :func:`resize`. Pass ``image``, the whole
     decode, where the header was not read: it is cropped at once. ``reasons``, if given,
     collects one line per decoder that declined. ``interpolation``: the resize's filter
-    (:func:`resize`; ``"nearest"`` never decodes at a DCT scale, which averages). Raises what
+    (:func:`resize`; ``"nearest"`` never decodes at a DCT scale, which averages). A raw record
+    (:mod:`decode.raw`) is cut out of its stored pixels and resized, no decode. Raises what
     :func:`decode` raises for bytes that are not an image."""
     top, left, height, width = window
+    if image is None and raw.is_raw(data):
+        header = raw.raw_header(data)
+        if header is not None:
+            return raw.raw_window(data, window, size, header, interpolation)
     if image is None:
         factor = jpeg_scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation == "nearest":

@@ -7,7 +7,9 @@ nvImageCodec's CPU backend (a machine without a GPU, and the tests), or torchvis
 RandomResizedCrop window, or validation's central crop) and returns each region resized to the
 output size, antialiased as the CPU loaders resize (:func:`decode.resize`). nvImageCodec
 decodes only the region (``CodeStream.get_sub_code_stream(region=...)``), the whole batch in
-one call (``Decoder.decode(list, params, cuda_stream)``). A region a decoder declines (a CMYK
+one call (``Decoder.decode(list, params, cuda_stream)``). A raw-pixel record (``decode.raw``,
+the converters' ``--raw-budget``) is not decoded: its region is cut on the host and copied to
+the device. A region a decoder declines (a CMYK
 or unsupported progressive JPEG, a PNG named ``.JPEG``, corrupt data) is decoded on the CPU
 with the CPU loaders' whole-image decoder (:func:`decode.decode`) and counted; one that nothing
 decodes is reported back to the caller with the exception (the loaders' bad-sample rules).
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from . import jpeg_window
+from . import jpeg_window, raw
 
 # --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
 KINDS = ("cuda", "cpu-nvimgcodec")
@@ -118,8 +120,16 @@ class WindowDecoder:
         count = len(datas)
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
-        crops = (self._nvimgcodec(datas, regions, stream) if self.n is not None
-                 else self._torchvision(datas, regions))
+        # raw-pixel records (decode.raw, --raw-budget stores): cut on the host, no decode
+        crops = [self._raw(d, r) if raw.is_raw(bytes(d[:2])) else None
+                 for d, r in zip(datas, regions)]
+        rest = [i for i, d in enumerate(datas) if not raw.is_raw(bytes(d[:2]))]
+        if rest:
+            decoded = (self._nvimgcodec if self.n is not None else self._torchvision)(
+                [datas[i] for i in rest], [regions[i] for i in rest], *((stream,) if self.n
+                                                                       is not None else ()))
+            for i, crop in zip(rest, decoded):
+                crops[i] = crop
         for i, crop in enumerate(crops):
             if crop is None:
                 out.fallback.append(i)
@@ -133,6 +143,16 @@ class WindowDecoder:
             else:
                 out.images[i] = resize_window(crop, size, dtype)
         return out
+
+    def _raw(self, data, region) -> torch.Tensor | None:
+        """A raw record's region, ``(3, h, w)`` uint8 on the device; None where the record is
+        malformed or the region leaves it (the CPU fallback then says why)."""
+        blob = bytes(data)
+        header = raw.raw_header(blob)
+        if header is None or region[0] + region[2] > header.height \
+                or region[1] + region[3] > header.width:
+            return None
+        return raw.raw_crop(blob, region, header).to(self.device)
 
     def _nvimgcodec(self, datas, regions, stream: int) -> list[torch.Tensor | None]:
         """Each region decoded by the batch decoder, ``(3, h, w)`` uint8 on the device, or None

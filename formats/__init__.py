@@ -12,6 +12,9 @@
   (class folders, the official tars read in place with the devkit, Kaggle's tree, Hugging
   Face's Parquet or ``.tar.gz``), detected and listed in the class-folder order with the
   sorted-WNID labels (``open_dataset``, ``list_sources``).
+- :mod:`formats.raw_share`: ``--raw-budget``, which images are stored as raw pixels
+  (:mod:`decode.raw`) instead of JPEG: a cost model timed on a sample, chosen by decode time
+  saved per extra byte, under a budget kept throughout the conversion.
 - :mod:`formats.conversion`: what both converters share (errors, summary, verification result,
   resume fingerprint, ``skipped.tsv``); :mod:`formats.cli`: their one command-line runner.
 

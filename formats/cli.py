@@ -11,6 +11,7 @@ from typing import Callable
 
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY
+from formats.raw_share import parse_budget
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -20,7 +21,7 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
     ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
     ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``, ``--max-side``,
-    ``--quality``); each converter adds its own."""
+    ``--quality``, ``--raw-budget``); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
                         help="folder of class subfolders, e.g. /imagenet/train, or with --split "
@@ -51,6 +52,12 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     parser.add_argument("--quality", type=int, default=REENCODE_QUALITY, metavar="Q",
                         help="JPEG quality of every re-encoded image (default: "
                              f"{REENCODE_QUALITY}; e.g. --max-side 512 --quality 90)")
+    parser.add_argument("--raw-budget", metavar="BUDGET",
+                        help="store the images that save the most decode time per extra byte "
+                             "as raw pixels (at the --max-side size) instead of JPEG, up to "
+                             "BUDGET: Nx (the store at most N times the JPEG-only store, e.g. "
+                             "1.5x, 2.7x) or a size (the store's images at most 200M, 30G); "
+                             "prints the decode time it saves per epoch (docs/raw-share.md)")
     return parser
 
 
@@ -92,6 +99,7 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
         args.cap = cap_from_args(args)
+        args.raw = parse_budget(args.raw_budget) if args.raw_budget else None
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -38,6 +38,7 @@ class Summary:
     skipped: int = 0
     report: str = ""
     resumed_at: int = 0
+    raw: str = ""  # what a raw-pixel share bought (formats.raw_share.RawChoice.line)
 
     @property
     def images_per_sec(self) -> float:
@@ -47,7 +48,8 @@ class Summary:
         resumed = f", resumed after {self.resumed_at} files" if self.resumed_at else ""
         return (f"wrote {self.images} images ({self.bytes / _MiB:.1f} MiB) to {self.output} "
                 f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s{resumed}); "
-                f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})")
+                f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})"
+                + (f"; {self.raw}" if self.raw else ""))
 
 
 @dataclass
@@ -97,13 +99,14 @@ def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
         f"{Cap.from_record(wanted).describe()}; run it with those or pass --overwrite")
 
 
-def fingerprint(listing: Listing, check: str = "full", cap=None) -> bytes:
+def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None) -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
     label, size and mtime (ns), and the image rules, ``check``, ``cap`` (a
     :class:`formats.cap.Cap`; the default adds nothing, so fingerprints from before it are
     unchanged) and library (:mod:`formats.images`); for an image inside an archive, the
     archive's size and mtime and the member's offset and size (Parquet, ``.tar.gz``: its row or
-    member number). About 5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
+    member number); ``raw_budget`` (:class:`formats.raw_share.Budget`), where given. About
+    5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
     resume needs the same fingerprint."""
     from decode import decoder_name, image_library
 
@@ -111,6 +114,8 @@ def fingerprint(listing: Listing, check: str = "full", cap=None) -> bytes:
                 listing.classes, check]
     if cap is not None and cap.record():
         settings.append(cap.record())
+    if raw_budget is not None:
+        settings.append({"raw_budget": raw_budget.text})
     digest = hashlib.sha256(msgpack.packb(settings, use_bin_type=True))
     for src in listing.files:
         try:

@@ -155,10 +155,14 @@ def reencode_reason(data: bytes) -> str | None:
 
 @dataclass(frozen=True)
 class Checked:
-    """A file accepted for the database: the bytes to store and, if re-encoded, why."""
+    """A file accepted for the database: the bytes to store and, if re-encoded, why; with a
+    raw-pixel share (:mod:`formats.raw_share`), ``raw``: its raw record where it is a candidate
+    (else None), and ``pixels``: its stored size in pixels (0 where not looked at)."""
 
     data: bytes
     reencoded: str | None = None
+    raw: bytes | None = None
+    pixels: int = 0
 
 
 def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
@@ -288,13 +292,17 @@ def check_file(source: str | Source, check: str = "full", cap=None) -> Checked |
 
 
 def check_files(paths: Sequence[str | Source], workers: int, check: str = "full",
-                ahead: int = 128, cap=None) -> Iterator[Checked | str]:
+                ahead: int = 128, cap=None, post=None) -> Iterator[Checked | str]:
     """:func:`check_file` of each of ``paths`` under ``check`` and ``cap``, yielded in the order
     of ``paths``, computed by ``workers`` threads in tasks of :data:`TASK_FILES` files, at most
-    ``ahead`` files ahead of the consumer (each holds its bytes until consumed). Closing the
+    ``ahead`` files ahead of the consumer (each holds its bytes until consumed); ``post``, if
+    given, maps each :class:`Checked` in the same threads (the raw share's decode). Closing the
     generator cancels what has not started and waits for what has."""
     def task(first: int) -> list[Checked | str]:
-        return [check_file(path, check, cap) for path in paths[first:first + TASK_FILES]]
+        found = [check_file(path, check, cap) for path in paths[first:first + TASK_FILES]]
+        if post is None:
+            return found
+        return [c if isinstance(c, str) else post(c) for c in found]
 
     pool, window, following = ThreadPoolExecutor(max(1, workers)), deque(), 0
     try:

@@ -98,7 +98,7 @@ class TrainTransform:
         not (e.g. ``decode.image_size``) before the whole image is decoded for it. Raises what
         :func:`decode.decode` raises for bytes that are not an image."""
         draws = torch.rand(_DRAWS).tolist()
-        size = decoding.jpeg_size(data)
+        size = decoding.window_size(data)  # a JPEG's or a raw record's header
         if size is None and size_of is not None:
             size = size_of(data)
         image = decode(data) if size is None else None

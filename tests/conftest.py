@@ -53,6 +53,23 @@ def tiny_shards(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_raw(tiny, tmp_path_factory):
+    """``tiny`` with a raw-pixel share (``--raw-budget 8x``: some records raw pixels, the rest
+    JPEG): ``root/lmdb/{train,val}`` LMDBs and ``root/shards/{train,val}`` shards."""
+    from formats.raw_share import parse_budget
+    from formats.shards import convert
+
+    root = str(tmp_path_factory.mktemp("tiny-raw"))
+    for split in ("train", "val"):
+        source = os.path.join(tiny.root, split)
+        folder2lmdb.convert(source, os.path.join(root, "lmdb", split), progress=False,
+                            raw_budget=parse_budget("8x"))
+        convert(source, os.path.join(root, "shards", split), progress=False,
+                raw_budget=parse_budget("8x"))
+    return SimpleNamespace(lmdb=os.path.join(root, "lmdb"), shards=os.path.join(root, "shards"))
+
+
+@pytest.fixture(scope="session")
 def sample():
     """The real ImageNet sample (250 JPEGs, 250 classes); skipped, with the reason, if absent."""
     if not os.path.isdir(os.path.join(SAMPLE, "train")):

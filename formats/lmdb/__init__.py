@@ -1,7 +1,7 @@
 """The LMDB layout: one database per split, written by ``folder2lmdb.py`` and read by
 ``main.py --lmdb`` (``loaders.readers.lmdb_records``), ``ImageFolderLMDB`` and ``--dali --lmdb``.
 
-Layout, format ``"imagenet-lmdb"`` version 1 (:data:`FORMAT_NAME`, :data:`FORMAT_VERSION`): an
+Layout, format ``"imagenet-lmdb"`` version 1 (version 2 below) (:data:`FORMAT_NAME`, :data:`FORMAT_VERSION`): an
 LMDB directory holding ``data.mdb`` and ``skipped.tsv`` (the files not stored, with why), and in
 the database
 
@@ -23,13 +23,21 @@ the database
   :data:`PROGRESS_KEY` and per-batch entries under keys starting with :data:`PROGRESS_PREFIX`,
   all deleted by the last transaction.
 
+Version 2 (``folder2lmdb.py --raw-budget``, :mod:`formats.raw_share`): a record's bytes may be a
+raw record instead of a JPEG, a binary PPM/PGM of the pixels the JPEG decodes to
+(:mod:`decode.raw`, told apart by its first two bytes ``P6``/``P5``), and the metadata holds
+``"raw"``: the budget, the cost model, the threshold and what was chosen
+(:meth:`formats.raw_share.RawChoice.state`). A database written without a raw share is version 1,
+byte for byte as before.
+
 A change to this layout must bump :data:`FORMAT_VERSION` and keep reading version 1
 (``tests/formats/test_formats_compat.py`` opens databases written before ``formats/`` existed).
 
 API: write with :func:`convert`; read with :func:`open_readonly`, :func:`read_meta`,
 :func:`record_key` and :func:`decode_record`; check with :func:`verify`.
 """
-from ._codec import (CHECKSUMS_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY, PROGRESS_KEY,
+from ._codec import (BASE_VERSION, CHECKSUMS_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY,
+                     PROGRESS_KEY, RAW_VERSION,
                      PROGRESS_PREFIX, LMDBFormatError, Metadata, close_readonly, decode_checksums,
                      decode_meta, decode_record, encode_checksums, encode_meta, encode_record,
                      is_lmdb, is_open, last_record_index, open_readonly, read_meta,
@@ -38,8 +46,8 @@ from ._convert import convert
 from ._verify import verify
 from ._writer import ResumeState
 
-__all__ = ["CHECKSUMS_KEY", "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "PROGRESS_KEY",
-           "PROGRESS_PREFIX", "LMDBFormatError", "Metadata", "ResumeState", "close_readonly",
+__all__ = ["BASE_VERSION", "CHECKSUMS_KEY", "FORMAT_NAME", "FORMAT_VERSION", "META_KEY",
+           "PROGRESS_KEY", "PROGRESS_PREFIX", "RAW_VERSION", "LMDBFormatError", "Metadata", "ResumeState", "close_readonly",
            "convert", "decode_checksums", "decode_meta", "decode_record", "encode_checksums",
            "encode_meta", "encode_record", "is_lmdb", "is_open", "last_record_index",
            "open_readonly", "read_meta", "record_checksum", "record_key", "verify"]

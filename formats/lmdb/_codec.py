@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import msgpack
 
 FORMAT_NAME = "imagenet-lmdb"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this code reads; it writes 1 unless the store has a raw share
+BASE_VERSION = 1  # a store of JPEG records only: unchanged since before raw records
+RAW_VERSION = 2  # records may be raw pixels (decode.raw); the metadata's "raw" says how chosen
 META_KEY = b"__meta__"
 CHECKSUMS_KEY = b"__checksums__"
 PROGRESS_PREFIX = b"__progress__"
@@ -33,14 +35,17 @@ class Metadata:
     None for ImageFolder's class-sorted order (also what databases from before it read as);
     ``names``: the classes' human-readable names (an optional key, absent where the source has
     none and in databases written before it); ``cap``: the ``--max-side``/``--quality`` fields
-    (:meth:`formats.cap.Cap.record`), empty without a cap (and for databases from before it)."""
+    (:meth:`formats.cap.Cap.record`), empty without a cap (and for databases from before it);
+    ``raw``: how the raw-pixel share was chosen and what it bought
+    (:meth:`formats.raw_share.RawChoice.state`), empty without one (version 1)."""
 
     count: int
     classes: tuple[str, ...]
-    version: int = FORMAT_VERSION
+    version: int = BASE_VERSION
     shuffle_seed: int | None = None
     names: tuple[str, ...] | None = None  # human-readable class names, where the source has them
     cap: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
 
 
 def record_key(index: int) -> bytes:
@@ -88,7 +93,8 @@ def record_checksum(value: bytes) -> int:
 
 
 def encode_record(jpeg_bytes: bytes, label: int) -> bytes:
-    """Pack one sample as msgpack ``[jpeg_bytes, label]`` (bytes stay binary, label an int)."""
+    """Pack one sample as msgpack ``[jpeg_bytes, label]`` (bytes stay binary, label an int);
+    in a version-2 database the bytes may be a raw record (:mod:`decode.raw`) instead."""
     return msgpack.packb([jpeg_bytes, int(label)], use_bin_type=True)
 
 
@@ -104,6 +110,8 @@ def decode_record(value: bytes) -> tuple[bytes, int]:
 def encode_meta(meta: Metadata) -> bytes:
     """Pack the metadata record."""
     extra = {"names": list(meta.names)} if meta.names is not None else {}
+    if meta.raw:
+        extra["raw"] = meta.raw
     return msgpack.packb(
         {"format": FORMAT_NAME, "version": meta.version, "count": meta.count,
          "classes": list(meta.classes), "shuffle_seed": meta.shuffle_seed, **extra, **meta.cap},
@@ -132,7 +140,8 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
     return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
                     shuffle_seed=meta.get("shuffle_seed"),
                     names=tuple(names) if names is not None else None,
-                    cap={k: meta[k] for k in ("max_side", "quality") if k in meta})
+                    cap={k: meta[k] for k in ("max_side", "quality") if k in meta},
+                    raw=dict(meta.get("raw") or {}))
 
 
 def is_lmdb(path: str) -> bool:

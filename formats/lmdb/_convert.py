@@ -18,10 +18,11 @@ import msgpack
 
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
                                 stage, stage_folder, unstage, write_report)
+from formats import raw_share
 from formats.images import CHECKS, check_files
 from formats.sources import Listing
 
-from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, Metadata,
+from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW_VERSION, Metadata,
                      encode_checksums, encode_meta, encode_record, record_checksum, record_key)
 from ._writer import ResumeState, Writer, prepare_output
 
@@ -42,7 +43,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
             strict: bool = False, shuffle_seed: int | None = None,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False, cap=None) -> Summary:
+            allow_partial: bool = False, cap=None, raw_budget=None) -> Summary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into the LMDB directory ``output``.
@@ -60,7 +61,10 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     source or ``check``, an existing complete output (unless ``overwrite``), an unwritable
     output or a full disk. ``cap`` (a :class:`formats.cap.Cap`, None for none) bounds the
     stored size (``--max-side``/``--quality``); it is kept in the metadata, and a resume under
-    another cap is refused.
+    another cap is refused. ``raw_budget`` (a :class:`formats.raw_share.Budget`, None for
+    none) stores the images that save the most decode time per extra byte as raw pixels
+    (:mod:`formats.raw_share`), up to the budget; the database is then format version 2. Without
+    it the database is byte for byte what it was before raw records existed.
     """
     start = time.perf_counter()
     if check not in CHECKS:
@@ -72,7 +76,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
     cap_fields = cap.record() if cap is not None else {}
-    fp = fingerprint(listing, check, cap)
+    fp = fingerprint(listing, check, cap, raw_budget)
     try:
         state = prepare_output(output, overwrite, fp, cap_fields)
         writer = Writer(output, map_size)
@@ -88,19 +92,21 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         else:
             state.resumed_at = state.done
         stage(listing, stage_folder(output), progress)
+        choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
         _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
-                       check, cap)
+                       check, cap, choice)
     finally:
         writer.close()
     unstage(stage_folder(output))
     return Summary(state.records, state.bytes, time.perf_counter() - start, output,
                    state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
-                   state.resumed_at)
+                   state.resumed_at,
+                   raw=choice.line(state.records) if choice is not None else "")
 
 
 def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", output: str,
                    workers: int, batch_size: int, progress: bool, strict: bool,
-                   check: str = "full", cap=None) -> None:
+                   check: str = "full", cap=None, choice=None) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place.
 
@@ -109,19 +115,23 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     and one more thread commits the previous ones, in order, up to :data:`COMMITS_IN_FLIGHT`
     behind. Each commit ends in an ``fdatasync`` of the batch (about 0.25 s for 256 ImageNet
     JPEGs on this machine's disk); made in this thread, it stalled the checking threads and
-    took 2/3 of the wall time."""
+    took 2/3 of the wall time. ``choice`` (a :class:`formats.raw_share.RawChoice`, or None)
+    picks the raw records; its totals travel in ``state.raw``."""
     from tqdm import tqdm
 
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     pending = files[state.done:]
-    with closing(check_files(pending, workers, check, ahead=2 * batch_size, cap=cap)) as results, \
+    post = raw_share.with_candidate(choice) if choice is not None else None
+    with closing(check_files(pending, workers, check, ahead=2 * batch_size, cap=cap,
+                             post=post)) as results, \
             ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):
             batch = files[state.done:state.done + batch_size]
-            puts = _batch_puts(batch, islice(results, len(batch)), state, strict)
+            puts = _batch_puts(batch, islice(results, len(batch)), state, strict, choice,
+                               len(files))
             state.done += len(batch)
             while len(committing) >= COMMITS_IN_FLIGHT:
                 _committed(committing.popleft(), bar)
@@ -139,19 +149,22 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
                   writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
     checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
     # Last transaction: metadata (none means unfinished: never opened), checksums, no resume state.
+    raw = {} if choice is None else {"version": RAW_VERSION, "raw": choice.state()}
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
                     names=tuple(listing.names) if listing.names is not None else None,
-                    cap=state.cap)
+                    cap=state.cap, **raw)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 
 
-def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bool) -> list:
+def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bool,
+                choice=None, files: int = 0) -> list:
     """The ``(key, value)`` pairs of one batch: its records, skip entries and checksums, in
     source order, from each source's ``check_file`` result; ``state``'s counters (not ``done``)
-    are advanced. Raises :class:`ConversionError` for the first non-image with ``strict``."""
+    are advanced, and ``choice``'s (raw records: :mod:`formats.raw_share`; ``files`` in the
+    conversion). Raises :class:`ConversionError` for the first non-image with ``strict``."""
     puts, crcs, first_record = [], [], state.records
-    for src, result in zip(sources, results):
+    for done, (src, result) in enumerate(zip(sources, results), state.done + 1):
         if isinstance(result, str):  # not an image: the reason
             if strict:
                 raise ConversionError(f"{src.where()}: {result} (--strict)")
@@ -159,14 +172,20 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
                 [os.fsencode(src.rel), result], use_bin_type=True)))
             state.skipped += 1
             continue
-        value = encode_record(result.data, src.label)
+        data = result.data
+        if choice is not None and choice.take(len(data), result.raw and len(result.raw),
+                                              result.pixels, done, files):
+            data = result.raw
+        value = encode_record(data, src.label)
         puts.append((record_key(state.records), value))
         crcs.append(record_checksum(value))
         state.records += 1
-        state.bytes += len(result.data)
+        state.bytes += len(data)
         state.reencoded += result.reencoded is not None
     if crcs:
         puts.append((_crc_key(first_record), encode_checksums(crcs)))
+    if choice is not None:
+        state.raw = choice.state()
     return puts
 
 

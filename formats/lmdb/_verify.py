@@ -7,12 +7,16 @@ from contextlib import nullcontext
 
 import lmdb
 
+from decode.raw import is_raw, raw_header
+
 from formats.cap import Cap
 from formats.conversion import Verification, source_to_compare
 from formats.images import check_file
+from formats.raw_share import raw_record
 from formats.sources import Source
 
-from ._codec import (CHECKSUMS_KEY, META_KEY, LMDBFormatError, decode_checksums, decode_record,
+from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, decode_checksums,
+                     decode_record,
                      last_record_index, open_readonly, read_meta, record_checksum, record_key)
 
 
@@ -22,11 +26,12 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
 
     Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
     each record's CRC-32 against the checksum record, its label against the class count, and
-    that it decodes with ``decode.decode`` (the loaders' decoder). With
+    that it decodes with ``decode.decode`` (the loaders' decoder); a raw record
+    (:mod:`decode.raw`, version 2) that its header matches its length. With
     ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
     store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
     same order, shuffled as the metadata's ``shuffle_seed`` says, capped as its ``max_side`` and
-    ``quality`` say); ``dataset`` may be any layout :mod:`formats.sources` reads (with
+    ``quality`` say; a raw record the pixels of that JPEG's whole decode); ``dataset`` may be any layout :mod:`formats.sources` reads (with
     ``split`` for a download folder), so a database converted from the archives verifies
     against the class folders and the other way round.
     Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
@@ -72,7 +77,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
                            f"{last_record_index(txn)})")
         for first in range(0, meta.count, chunk):
             jobs = [(i, paths[i] if i < len(paths) else None, txn.get(record_key(i)),
-                     crcs[i] if crcs else None, len(meta.classes))
+                     crcs[i] if crcs else None, len(meta.classes), meta.version)
                     for i in range(first, min(first + chunk, meta.count))]
             for found in pool.map(_check_record, jobs):
                 for text in found:
@@ -92,7 +97,11 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
         data, label = decode_record(value)
     except LMDBFormatError:
         return  # reported by the record pass
-    if data != checked.data:
+    if is_raw(data):  # a raw share's record: the pixels the JPEG decodes to (formats.raw_share)
+        if data != raw_record(checked.data)[0]:
+            result.problem(f"{_name(index, src.rel)}: raw pixels differ from the source's "
+                           "decoded image")
+    elif data != checked.data:
         how = f"the re-encoded source ({checked.reencoded})" if checked.reencoded else "the source"
         result.problem(f"{_name(index, src.rel)}: image bytes differ from {how}")
     if label != src.label:
@@ -102,7 +111,7 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
 def _check_record(job) -> list[str]:
     from decode import decode  # torch: imported only when checking
 
-    index, rel, value, crc, num_classes = job
+    index, rel, value, crc, num_classes, version = job
     name = _name(index, rel)
     if value is None:
         return [f"{name}: missing"]
@@ -115,6 +124,12 @@ def _check_record(job) -> list[str]:
         return found + [f"{name}: {exc}"]
     if not isinstance(label, int) or not 0 <= label < num_classes:
         found.append(f"{name}: label {label!r} outside 0..{num_classes - 1}")
+    if is_raw(data):
+        if version < RAW_VERSION:
+            return found + [f"{name}: a raw record in a version-{version} database"]
+        if raw_header(data) is None:
+            return found + [f"{name}: a malformed raw record (its header does not match its "
+                            f"{len(data)} bytes)"]
     try:
         decode(data)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding

@@ -26,7 +26,8 @@ class ResumeState:
     listing and settings (a resume needs the same), ``done`` source files handled, ``records``
     written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files, ``cap``: the
     ``--max-side``/``--quality`` fields (:meth:`formats.cap.Cap.record`; absent from states
-    written before them: none); ``resumed_at``: ``done`` when this run started (not stored)."""
+    written before them: none), ``raw``: the raw share's model and totals
+    (:meth:`formats.raw_share.RawChoice.state`; absent without ``--raw-budget``); ``resumed_at``: ``done`` when this run started (not stored)."""
 
     fingerprint: bytes
     done: int = 0
@@ -35,11 +36,13 @@ class ResumeState:
     reencoded: int = 0
     skipped: int = 0
     cap: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)  # the raw share's RawChoice.state(), if any
     resumed_at: int = field(default=0, compare=False)
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.fingerprint, self.done, self.records, self.bytes,
-                              self.reencoded, self.skipped, self.cap], use_bin_type=True)
+        values = [self.fingerprint, self.done, self.records, self.bytes, self.reencoded,
+                  self.skipped, self.cap]
+        return msgpack.packb(values + [self.raw] if self.raw else values, use_bin_type=True)
 
     @classmethod
     def decode(cls, value: bytes) -> "ResumeState":

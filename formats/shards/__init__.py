@@ -26,21 +26,30 @@ A split is a folder (or the URL of one) holding:
 * ``skipped.tsv``: the source files not stored, with why.
 
 Records follow one global pseudo-random order (``shuffle_seed``, default 0), so every shard
-mixes all classes. A change to this layout must bump :data:`FORMAT_VERSION` and keep reading
+mixes all classes.
+
+Version 2 (``folder2shards.py --raw-budget``, :mod:`formats.raw_share`): a record's image member
+may be ``KEY.ppm`` instead of ``KEY.jpg``, a binary PPM/PGM of the pixels the JPEG decodes to
+(:mod:`decode.raw`), also in the ``.idx`` lines; ``index.json`` says ``"version": 2`` and holds
+``"raw"`` (budget, cost model, threshold, what was chosen). Shards written without a raw share
+are version 1, byte for byte as before.
+
+A change to this layout must bump :data:`FORMAT_VERSION` and keep reading
 version 1 (``tests/formats/test_formats_compat.py`` opens shards written before ``formats/`` existed).
 
 API: write with :func:`convert` (or :class:`ShardWriter` record by record), index shards
 written by other tools with :func:`index_shards`; read with
 :class:`ShardIndex` and :func:`read_idx`; check with :func:`verify`.
 """
-from ._codec import (FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT,
+from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMAGE_EXT,
+                     IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RAW_EXT, RAW_VERSION,
                      RecordSpan, ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx,
                      record_key, shard_name, source_keys, write_idx)
 from ._convert import PROGRESS_NAME, ConversionProgress, ShardSummary, convert, shard_digests
 from ._foreign import IndexSummary, index_shards
 from ._verify import ShardVerification, sha256_file, verify
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
+__all__ = ["BASE_VERSION", "IMAGE_EXTS", "RAW_EXT", "RAW_VERSION", "FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
            "ConversionProgress", "IndexSummary", "PROGRESS_NAME", "RecordSpan", "ShardFormatError",
            "ShardIndex", "ShardSummary", "ShardVerification", "ShardWriter", "convert",
            "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",

@@ -12,9 +12,12 @@ import tarfile
 from dataclasses import dataclass, field
 
 INDEX_NAME = "index.json"
-FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 1
+FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 2  # the newest read; 1 written without raw
+BASE_VERSION, RAW_VERSION = 1, 2  # 2: records may be raw pixels (KEY.ppm, decode.raw)
 IDX_VERSION = "v1.2"  # DALI's webdataset index format (nvidia/dali wds2idx.py)
 IMAGE_EXT, LABEL_EXT = "jpg", "cls"
+RAW_EXT = "ppm"  # a raw record's member: a binary PPM/PGM (decode.raw), PIL and DALI read it
+IMAGE_EXTS = (IMAGE_EXT, RAW_EXT)
 _BLOCK = 512  # tar header and data padding unit (POSIX ustar)
 _RECORD = 20 * _BLOCK  # tarfile.RECORDSIZE: an archive's size is a multiple of it
 
@@ -68,17 +71,18 @@ def source_keys(classes: list[str], files) -> dict[str, str]:
 @dataclass(frozen=True)
 class RecordSpan:
     """Where one record's members lie in its tar: byte offsets and sizes of the data of
-    ``KEY.jpg`` and ``KEY.cls``."""
+    ``KEY.jpg`` (``KEY.ppm`` for a raw record: ``ext``) and ``KEY.cls``."""
 
     key: str
     image_offset: int
     image_size: int
     label_offset: int
     label_size: int
+    ext: str = IMAGE_EXT
 
     def idx_line(self) -> str:
         """This record's line of the DALI index (``v1.2``)."""
-        return (f"{IMAGE_EXT} {self.image_offset} {self.image_size} {self.key}.{IMAGE_EXT} "
+        return (f"{self.ext} {self.image_offset} {self.image_size} {self.key}.{self.ext} "
                 f"{LABEL_EXT} {self.label_offset} {self.label_size} {self.key}.{LABEL_EXT}")
 
 
@@ -122,12 +126,13 @@ class ShardWriter:
                 rest = rest[os.write(self._fd, rest):]
         self._offset += size
 
-    def write(self, key: str, image: bytes, label: int) -> RecordSpan:
-        """Append ``KEY.jpg`` (``image`` bytes) and ``KEY.cls`` (``label``); their span."""
+    def write(self, key: str, image: bytes, label: int, ext: str = IMAGE_EXT) -> RecordSpan:
+        """Append ``KEY.jpg`` (``image`` bytes; ``KEY.ppm`` with ``ext`` :data:`RAW_EXT`) and
+        ``KEY.cls`` (``label``); their span."""
         label_bytes = str(int(label)).encode()
-        image_at = self._add(f"{key}.{IMAGE_EXT}", image)
+        image_at = self._add(f"{key}.{ext}", image)
         label_at = self._add(f"{key}.{LABEL_EXT}", label_bytes)
-        return RecordSpan(key, image_at, len(image), label_at, len(label_bytes))
+        return RecordSpan(key, image_at, len(image), label_at, len(label_bytes), ext)
 
     def tell(self) -> int:
         return self._offset
@@ -160,7 +165,8 @@ def write_idx(path: str, spans: list[RecordSpan]) -> None:
 
 def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
     """``(image_offset, image_size, label_offset, label_size)`` per record of a DALI index
-    (``v1.2``) whose records are ``jpg`` + ``cls`` pairs. Raises :class:`ShardFormatError`."""
+    (``v1.2``) whose records are ``jpg`` (or raw ``ppm``) + ``cls`` pairs. Raises
+    :class:`ShardFormatError`."""
     lines = text.splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isdigit():
@@ -169,9 +175,10 @@ def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
     for number, line in enumerate(lines[1:], 2):
         fields = line.split()
         parts = {fields[i]: fields[i + 1: i + 3] for i in range(0, len(fields) - 3, 4)}
-        if IMAGE_EXT not in parts or LABEL_EXT not in parts:
+        image = parts.get(IMAGE_EXT) or parts.get(RAW_EXT)
+        if image is None or LABEL_EXT not in parts:
             raise ShardFormatError(f"{name}: line {number}: a record without .jpg and .cls")
-        (io_, is_), (lo, ls) = parts[IMAGE_EXT], parts[LABEL_EXT]
+        (io_, is_), (lo, ls) = image, parts[LABEL_EXT]
         spans.append((int(io_), int(is_), int(lo), int(ls)))
     if len(spans) != int(head[1]):
         raise ShardFormatError(f"{name}: {len(spans)} records, header says {head[1]}")
@@ -186,7 +193,8 @@ class ShardIndex:
     ignore), ``cap`` (the ``--max-side``/``--quality`` fields, :meth:`formats.cap.Cap.record`;
     empty without a cap and in indexes from before it) and, per shard, ``url`` (where a shard
     lives when not beside ``index.json``: a path relative to it, an absolute path or a URL;
-    :mod:`formats.shards._foreign`)."""
+    :mod:`formats.shards._foreign`); ``raw``: the raw-pixel share's choice
+    (:meth:`formats.raw_share.RawChoice.state`; version 2, empty otherwise)."""
 
     classes: list[str]
     shards: list[dict]
@@ -194,6 +202,7 @@ class ShardIndex:
     rules: int | None = None
     names: list[str] | None = None  # optional: human-readable class names, where known
     cap: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -201,8 +210,11 @@ class ShardIndex:
 
     def to_json(self) -> str:
         extra = {"names": self.names} if self.names is not None else {}
+        if self.raw:
+            extra["raw"] = self.raw
         return json.dumps({
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "classes": self.classes,
+            "format": FORMAT_NAME, "version": RAW_VERSION if self.raw else BASE_VERSION,
+            "classes": self.classes,
             "seed": self.seed, "rules": self.rules, "records": self.records,
             "bytes": sum(s["bytes"] for s in self.shards), **self.cap, "shards": self.shards,
             **extra}, indent=1)
@@ -212,15 +224,18 @@ class ShardIndex:
         """Parse ``index.json`` text. Raises :class:`ShardFormatError`."""
         try:
             data = json.loads(text)
-            if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
-                raise ShardFormatError(f"{name}: not a {FORMAT_NAME} v{FORMAT_VERSION} index")
+            if data.get("format") != FORMAT_NAME or data.get("version") not in (BASE_VERSION,
+                                                                                RAW_VERSION):
+                raise ShardFormatError(f"{name}: not a {FORMAT_NAME} v1 or v{FORMAT_VERSION} "
+                                       "index")
             shards = [{"name": str(s["name"]), "records": int(s["records"]),
                        "bytes": int(s["bytes"]), **({"url": str(s["url"])} if "url" in s else {})}
                       for s in data["shards"]]
             names = data.get("names")
             index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
                         list(names) if names is not None else None,
-                        {k: int(data[k]) for k in ("max_side", "quality") if k in data})
+                        {k: int(data[k]) for k in ("max_side", "quality") if k in data},
+                        dict(data.get("raw") or {}))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ShardFormatError):
                 raise

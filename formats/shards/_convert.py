@@ -25,10 +25,12 @@ import msgpack
 
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
                                 refuse_other_cap, stage, stage_folder, unstage, write_report)
+from formats import raw_share
 from formats.images import CHECKS, RULES_VERSION, check_files
 from formats.sources import Listing
 
-from ._codec import INDEX_NAME, ShardIndex, ShardWriter, idx_name, shard_name, source_keys, write_idx
+from ._codec import (IMAGE_EXT, INDEX_NAME, RAW_EXT, ShardIndex, ShardWriter, idx_name,
+                     shard_name, source_keys, write_idx)
 
 PROGRESS_NAME = "progress.json"
 _OURS = re.compile(r"(.+-\d{6}\.(tar|idx)|index\.json|progress\.json|skipped\.tsv)(\.tmp)?")
@@ -50,7 +52,8 @@ class ConversionProgress:
     """``OUT/progress.json``: the conversion's ``settings`` (listing fingerprint, prefix, seed,
     limits) and its finished ``shards``, each ``{name, records, bytes (tar file), sha256, done
     (source files consumed through this shard), images (image bytes), reencoded, skipped
-    ([[rel, reason], ...])}``. Kept after the conversion, for ``--verify`` and resuming."""
+    ([[rel, reason], ...]), raw (with a raw share: its totals through this shard)}``. Kept
+    after the conversion, for ``--verify`` and resuming."""
 
     settings: dict
     shards: list[dict] = field(default_factory=list)
@@ -149,9 +152,10 @@ class _OpenShard:
         grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
         return _closed_size(grown) <= max_bytes
 
-    def add(self, key: str, checked, label: int) -> None:
-        self.spans.append(self.writer.write(key, checked.data, label))
-        self.images += len(checked.data)
+    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
+        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
+        self.spans.append(self.writer.write(key, data, label, ext))
+        self.images += len(data)
         self.reencoded += checked.reencoded is not None
 
     def finish(self, done: int) -> dict:
@@ -164,8 +168,12 @@ class _OpenShard:
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
-def _commit(shard: _OpenShard, done: int, progress: ConversionProgress, output: str) -> None:
-    progress.shards.append(shard.finish(done))
+def _commit(shard: _OpenShard, done: int, progress: ConversionProgress, output: str,
+            raw: dict | None = None) -> None:
+    entry = shard.finish(done)
+    if raw is not None:  # the raw share's totals through this shard (resumed from there)
+        entry["raw"] = raw
+    progress.shards.append(entry)
     progress.save(output)
 
 
@@ -181,7 +189,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False, cap=None) -> ShardSummary:
+            allow_partial: bool = False, cap=None, raw_budget=None) -> ShardSummary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into shards in the folder ``output``.
@@ -196,7 +204,10 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     a bad source, an output that is a file, holds other files or (without ``overwrite``)
     another conversion, or cannot be written. ``cap`` (a :class:`formats.cap.Cap`, None for
     none) bounds the stored size; ``index.json`` records it, and a resume under another cap is
-    refused."""
+    refused. ``raw_budget`` (a :class:`formats.raw_share.Budget`) stores the images that save
+    the most decode time per extra byte as raw pixels (``KEY.ppm``, :mod:`formats.raw_share`);
+    ``index.json`` is then version 2 and says what was chosen. Without it the shards are byte
+    for byte what they were before raw records existed."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
@@ -211,12 +222,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     for name in listing.empty_classes:
         print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    settings = {"fingerprint": fingerprint(listing, check, cap).hex(), "prefix": prefix,
-                "seed": shuffle_seed, "shard_size": shard_size, "max_per_shard": max_per_shard,
-                "rules": RULES_VERSION}
     cap_fields = cap.record() if cap is not None else {}
-    if cap_fields:  # absent without a cap, as in progress.json files from before it
-        settings["cap"] = cap_fields
+    settings = _settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
+                         max_per_shard)
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -224,14 +232,16 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             from None
     resumed_at = state.done
     stage(listing, stage_folder(output), progress)
+    resumed_raw = state.shards[-1].get("raw") if state.shards else None
+    choice = raw_share.start(raw_budget, listing, check, cap, resumed_raw)
     try:
-        _write_shards(listing, state, output, workers, strict, progress, check, cap)
+        _write_shards(listing, state, output, workers, strict, progress, check, cap, choice)
         write_report(os.path.join(output, REPORT_NAME), [
             msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
             for s in state.shards for rel, why in s["skipped"]])
         entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
-        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION,
-                   names=listing.names, cap=cap_fields).write(output)  # last
+        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION, names=listing.names,
+                   cap=cap_fields, raw=choice.state() if choice else {}).write(output)  # last
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
@@ -239,14 +249,31 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     return ShardSummary(state.total("records"), state.total("images"),
                         time.perf_counter() - start, output, state.total("reencoded"),
                         state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
+                        raw=choice.line(state.total("records")) if choice else "",
                         shards=len(state.shards))
 
 
-def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int, strict: bool,
-                  progress: bool, check: str = "full", cap=None) -> None:
+def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
+              shard_size: int, max_per_shard: int | None) -> dict:
+    """``progress.json``'s settings: what a resume must share with the run it resumes."""
+    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget).hex(),
+                "prefix": prefix, "seed": seed, "shard_size": shard_size,
+                "max_per_shard": max_per_shard, "rules": RULES_VERSION}
+    cap_fields = cap.record() if cap is not None else {}
+    if cap_fields:  # absent without a cap, as in progress.json files from before it
+        settings["cap"] = cap_fields
+    if raw_budget is not None:  # absent without a raw share, likewise
+        settings["raw_budget"] = raw_budget.text
+    return settings
+
+
+def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int,
+                  strict: bool, progress: bool, check: str = "full", cap=None,
+                  choice=None) -> None:
     """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
-    shard to ``state`` (and ``progress.json``). Raises :class:`ConversionError` (``strict``, or
-    no image at all)."""
+    shard to ``state`` (and ``progress.json``, with ``choice``'s totals through it: a
+    :class:`formats.raw_share.RawChoice` or None). Raises :class:`ConversionError` (``strict``,
+    or no image at all)."""
     from tqdm import tqdm
 
     files, settings = listing.files, state.settings
@@ -255,8 +282,9 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     shard, skipped = None, []
     pending = files[state.done:]
+    post = raw_share.with_candidate(choice) if choice is not None else None
     with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers),
-                             cap=cap)) as results:
+                             cap=cap, post=post)) as results:
         for index, result in enumerate(results, state.done):
             src = files[index]
             bar.update(1)
@@ -265,19 +293,30 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
                     raise ConversionError(f"{src.where()}: {result} (--strict)")
                 (shard.skipped if shard else skipped).append([src.rel, result])
                 continue
-            if shard and not shard.fits(len(result.data), src.label, settings["shard_size"],
+            before = choice.state() if choice is not None else None
+            data, ext = _stored(choice, result, index + 1, len(files))
+            if shard and not shard.fits(len(data), src.label, settings["shard_size"],
                                         settings["max_per_shard"]):
-                _commit(shard, index, state, output)
+                _commit(shard, index, state, output, before)
                 shard = None
             if shard is None:
                 name = shard_name(settings["prefix"], len(state.shards))
                 shard, skipped = _OpenShard(output, name, skipped), []
-            shard.add(keys[src.rel], result, src.label)
+            shard.add(keys[src.rel], result, src.label, data, ext)
     if shard is not None:
-        _commit(shard, len(files), state, output)
+        _commit(shard, len(files), state, output, choice.state() if choice else None)
     bar.close()
     if not state.shards:
         raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
+
+
+def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
+    """``(bytes, member extension)`` a checked image is stored as: its raw record (``ppm``)
+    where ``choice`` takes it, else its JPEG (``jpg``)."""
+    if choice is not None and choice.take(len(checked.data), checked.raw and len(checked.raw),
+                                          checked.pixels, files_done, files):
+        return checked.raw, RAW_EXT
+    return checked.data, IMAGE_EXT
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:

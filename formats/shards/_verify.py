@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 from contextlib import nullcontext
 
+from decode.raw import is_raw, raw_header
+
 from formats.cap import Cap
 from formats.conversion import REPORT_NAME, Verification, source_to_compare
 from formats.images import check_file, reencode_reason
+from formats.raw_share import raw_record
 from formats.sources import read_source
 
-from ._codec import (IDX_VERSION, IMAGE_EXT, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
+from ._codec import (IDX_VERSION, IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
                      ShardIndex, idx_name, read_idx, source_keys)
 
 def sha256_file(path: str) -> str:
@@ -46,7 +49,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
            digests: dict[str, str] | None = None, split: str | None = None) -> ShardVerification:
     """Check the shards in ``folder``: ``index.json`` parses; each listed shard exists with the
     size it gives and (if ``digests`` maps its name) that SHA-256; its tar parses into
-    ``KEY.jpg`` + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
+    ``KEY.jpg`` (or raw ``KEY.ppm``) + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
     gives; labels in range; images baseline JPEGs by their headers; no unlisted ``.tar``. With
     ``dataset``, also each record against the source file its key names (same bytes, or the
     converter's re-encoding under the index's cap; same label; in the order of the index's
@@ -109,12 +112,12 @@ def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: in
             for info in tar:
                 data = tar.extractfile(info).read() if info.isreg() else b""
                 base, _, ext = info.name.rpartition(".")
-                if ext == IMAGE_EXT and pending is None:
-                    pending = (base, info.offset_data, data)
+                if ext in IMAGE_EXTS and pending is None:
+                    pending = (base, info.offset_data, data, ext)
                 elif ext == LABEL_EXT and pending and pending[0] == base:
-                    key, image_at, image = pending
+                    key, image_at, image, image_ext = pending
                     spans.append(RecordSpan(key, image_at, len(image), info.offset_data,
-                                            len(data)))
+                                            len(data), image_ext))
                     records.append((key, image, _label(name, key, image, data, num_classes,
                                                        result)))
                     pending = None
@@ -133,9 +136,12 @@ def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: in
 def _label(name: str, key: str, image: bytes, data: bytes, num_classes: int,
            result: ShardVerification) -> int | None:
     """The label in a ``.cls`` member's ``data``, or None (a problem) if it is not one; also
-    reports an image that is not a baseline JPEG by its headers."""
-    why = reencode_reason(image)
-    if why is not None:
+    reports an image that is not a baseline JPEG by its headers, or a malformed raw record."""
+    why = reencode_reason(image) if not is_raw(image) else None
+    if is_raw(image) and raw_header(image) is None:
+        result.problem(f"{name} {key}: a malformed raw record (its header does not match its "
+                       f"{len(image)} bytes)")
+    elif why is not None:
         result.problem(f"{name} {key}: image is no baseline JPEG ({why})")
     if not data.isdigit() or int(data) >= num_classes:
         result.problem(f"{name} {key}: label {data[:20]!r} outside 0..{num_classes - 1}")
@@ -193,6 +199,10 @@ class _Sources:
         except OSError as exc:
             return f"record {key}: cannot read its source {src.where()} ({exc.strerror})"
         checked = check_file(src, "full", self.cap)  # not stored verbatim: the re-encoding
+        if not isinstance(checked, str) and is_raw(image):  # the JPEG's pixels (raw share)
+            if raw_record(checked.data)[0] != image:
+                return f"record {key}: raw pixels differ from the source {src.rel}'s decode"
+            return None
         if isinstance(checked, str) or checked.data != image:
             return f"record {key}: image bytes differ from the source {src.rel}"
         return None

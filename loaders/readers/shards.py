@@ -280,9 +280,10 @@ def _tar_records(stream, url: str):
 
     members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
     for sample in group_by_keys(members):
-        if "jpg" not in sample or "cls" not in sample:
+        image = sample.get("jpg", sample.get("ppm"))  # ppm: a raw record (decode.raw)
+        if image is None or "cls" not in sample:
             raise DataError(f"shard {url}: record {sample['__key__']} lacks a .jpg or .cls")
-        yield sample["jpg"], _label(sample["cls"], url)
+        yield image, _label(sample["cls"], url)
 
 
 def _label(data: bytes, url: str) -> int:

@@ -54,3 +54,14 @@ def test_docker_build_uses_the_dockerfile_and_optional_ngc_tag():
     assert plain == "docker build -f docker/Dockerfile -t img  ."
     tagged = make("-n", "docker-build", "IMAGE=img", "NGC_TAG=25.01-py3").stdout.strip()
     assert "--build-arg NGC_TAG=25.01-py3 ." in tagged
+
+
+def test_convert_imagenet_passes_a_raw_budget_to_both_splits():
+    result = make("-n", "convert-imagenet", "IMAGENET=/d", "OUT=/o", "MAX_SIDE=512",
+                  "QUALITY=90", "RAW_BUDGET=2.7x")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "folder2lmdb.py" in line]
+    assert len(lines) == 2 and all("--max-side 512 --quality 90 --raw-budget 2.7x" in line
+                                   for line in lines)
+    plain = make("-n", "convert-imagenet", "IMAGENET=/d", "OUT=/o")
+    assert "--raw-budget" not in plain.stdout

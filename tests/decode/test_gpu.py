@@ -42,6 +42,31 @@ def test_batch_windows_equal_the_cpu_window_decode(sample):
         assert torch.equal(image, expected)
 
 
+def test_raw_records_are_cut_not_decoded(sample):
+    """A batch mixing JPEGs and raw-pixel records (``decode.raw``, a ``--raw-budget`` store,
+    RGB and grayscale) as NumPy slices, as the pipeline hands them over: each raw region is
+    the CPU path's (``decode.decode_window``) pixel for pixel, each JPEG its window decode's,
+    none counted as declined; a
+    truncated raw record fails as an unreadable sample."""
+    import numpy as np
+
+    from decode import raw
+
+    jpegs = [open(f, "rb").read() for f in _files(sample, 6)]
+    records = [raw.encode_raw(decode.decode(d), gray=k == 1) for k, d in enumerate(jpegs[:3])]
+    datas = [*jpegs[3:], *records]
+    windows = _windows(datas, seed=1)
+    decoder = gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu"))
+    out = decoder.decode([np.frombuffer(d, np.uint8) for d in datas], windows, (40, 56))
+    assert not out.fallback and not out.failed
+    for data, window, image in zip(datas, windows, out.images):
+        expected = (decode.decode_window(data, window, (40, 56)) if raw.is_raw(data)
+                    else decode.resize(jpeg_window.decode_window(data, *window), (40, 56)))
+        assert torch.equal(image, expected)
+    broken = decoder.decode([records[0][:-7]], windows[3:4], (40, 56))
+    assert broken.fallback == [0] and [i for i, _ in broken.failed] == [0]
+
+
 def test_declined_images_are_decoded_on_the_cpu_and_undecodable_ones_reported(tmp_path):
     corpus = make_bad_corpus(str(tmp_path))
     paths = sorted(glob.glob(os.path.join(str(tmp_path), "**", "*.*"), recursive=True))

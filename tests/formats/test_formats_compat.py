@@ -44,7 +44,7 @@ def _digest(data: bytes) -> str:
 def test_old_lmdb_reads_record_for_record(legacy):
     root, expected = legacy
     meta = formats.lmdb.read_meta(os.path.join(root, "lmdb"))
-    assert meta.version == formats.lmdb.FORMAT_VERSION == 1
+    assert meta.version == formats.lmdb.BASE_VERSION == 1 and formats.lmdb.FORMAT_VERSION == 2
     assert list(meta.classes) == expected["classes"] and meta.shuffle_seed == 3
     dataset = LMDBReader(os.path.join(root, "lmdb"))
     records = [[_digest(data), label] for data, label in map(dataset.read, range(len(dataset)))]

@@ -31,7 +31,7 @@ def test_meta_round_trip():
 
 def test_meta_without_shuffle_seed_reads_as_class_sorted():
     """Databases written before --shuffle-seed existed have no such key."""
-    old = msgpack.packb({"format": codec.FORMAT_NAME, "version": codec.FORMAT_VERSION,
+    old = msgpack.packb({"format": codec.FORMAT_NAME, "version": codec.BASE_VERSION,
                          "count": 2, "classes": ["a"]}, use_bin_type=True)
     assert codec.decode_meta(old, "db") == codec.Metadata(count=2, classes=("a",))
 

@@ -2,6 +2,7 @@
 device, exact ``len()``, labels that match the pixels, every validation image once,
 ``set_epoch`` reproducibility, ``close()``; a reader written here in a few lines plugs into
 every pipeline; then what the workers pipeline and the readers do beyond it."""
+import json
 import os
 import pickle
 import sys
@@ -19,6 +20,7 @@ from tests.helpers.loading import check_set_epoch_reproducible, loader_settings,
 from tools.datagen import label_from_pixels
 
 READERS = ["folder", "lmdb", "shards"]
+STORES = READERS + ["lmdb-raw", "shards-raw"]  # -raw: a store with a raw-pixel share
 PIPELINES = ["workers"]
 try:
     import nvidia.nvimgcodec  # noqa: F401
@@ -37,13 +39,16 @@ def build(backend, tiny, **overrides):
     return loaders.build_loaders(loader_settings(backend, **overrides), DistInfo())
 
 
-def build_pair(tiny, tiny_shards, reader, pipeline, **overrides):
-    """``(train, val)`` of ``reader`` through ``pipeline`` (2 workers or DALI threads)."""
-    data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards}[reader]
-    settings = loader_settings(reader if pipeline != "dali" else "dali", data=data,
-                               lmdb=reader == "lmdb", shards=reader == "shards", workers=2,
+def build_pair(tiny, tiny_shards, reader, pipeline, tiny_raw=None, **overrides):
+    """``(train, val)`` of ``reader`` through ``pipeline`` (2 workers or DALI threads); a
+    ``-raw`` reader reads ``tiny_raw``'s stores (raw records and JPEGs mixed)."""
+    data = {"folder": tiny.root, "lmdb": tiny.lmdb, "shards": tiny_shards,
+            "lmdb-raw": tiny_raw and tiny_raw.lmdb, "shards-raw": tiny_raw and tiny_raw.shards}
+    source = reader.removesuffix("-raw")
+    settings = loader_settings(source if pipeline != "dali" else "dali", data=data[reader],
+                               lmdb=source == "lmdb", shards=source == "shards", workers=2,
                                decode_device=_DECODE_DEVICE[pipeline], **overrides)
-    assert (settings.source, settings.pipeline) == (reader, pipeline)
+    assert (settings.source, settings.pipeline) == (source, pipeline)
     return loaders.build_loaders(settings, DistInfo())
 
 
@@ -70,15 +75,17 @@ def check_contract(train, val, num_classes: int) -> None:
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("reader", READERS)
-def test_contract(tiny, tiny_shards, reader, pipeline):
-    check_contract(*build_pair(tiny, tiny_shards, reader, pipeline), tiny.num_classes)
+@pytest.mark.parametrize("reader", STORES)
+def test_contract(tiny, tiny_shards, tiny_raw, reader, pipeline):
+    check_contract(*build_pair(tiny, tiny_shards, reader, pipeline, tiny_raw), tiny.num_classes)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("reader", READERS)
-def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, tiny_shards, reader, pipeline):
-    check_set_epoch_reproducible(lambda: build_pair(tiny, tiny_shards, reader, pipeline)[0])
+@pytest.mark.parametrize("reader", STORES)
+def test_set_epoch_makes_order_and_augmentation_reproducible(tiny, tiny_shards, tiny_raw, reader,
+                                                             pipeline):
+    check_set_epoch_reproducible(lambda: build_pair(tiny, tiny_shards, reader, pipeline,
+                                                    tiny_raw)[0])
 
 
 class MemoryReader(Reader):
@@ -272,3 +279,13 @@ def check_threads(shared, want):
         thread.join()
     assert errors == []
     assert all(value == want[(i + offset) % 32] for (offset, i), value in got.items())
+
+
+def test_the_raw_share_stores_mix_both_kinds(tiny_raw):
+    """The ``-raw`` stores above hold raw records and JPEGs (each path of decode/ is read)."""
+    from tests.helpers.stores import raw_records
+
+    kinds = raw_records(os.path.join(tiny_raw.lmdb, "train"))
+    assert 0 < sum(kinds) < len(kinds)
+    with open(os.path.join(tiny_raw.shards, "train", "index.json")) as f:
+        assert 0 < json.load(f)["raw"]["records"] < len(kinds)

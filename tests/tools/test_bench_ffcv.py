@@ -38,7 +38,7 @@ def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
                             "--sizes", "64", "--rounds", "1", "-b", "4", "-j", "1",
                             "--batches", "2", "--warmup", "1"]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert set(report["median"]["64"]) == set(bench_ffcv.STORES)
+    assert set(report["median"]["64"]) == set(bench_ffcv.STORES) | {"lmdb-512-raw-1.5x", "lmdb-512-raw-2.7x"}
     assert all(v > 0 for v in report["median"]["64"].values())
     # the same-bytes .beton holds the capped LMDB's JPEG bytes, plus FFCV's own layout
     assert report["disk_bytes"]["beton-512"] >= report["image_bytes"]["lmdb-512"]
@@ -85,7 +85,8 @@ def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
 
 def test_table_shows_each_rounds_same_bytes_ratio(capsys, monkeypatch):
     """The report keeps ours / FFCV per round (the two runs of a round see the same load) beside
-    the ratio of the medians, in the JSON and the printed table."""
+    the ratio of the medians, in the JSON and the printed table, each figure with its spread
+    (lowest and highest round), under a line naming the image set."""
     runs = {160: {"lmdb": [1500.0, 1550.0, 1540.0], "lmdb-512": [1400.0, 1600.0, 1700.0],
                   "beton-512": [1000.0, 1250.0, 1200.0], "beton-example": [1800.0] * 3}}
     args = SimpleNamespace(repeat=8, rounds=3, batch_size=64, workers=2, batches=100, warmup=20,
@@ -98,5 +99,45 @@ def test_table_shows_each_rounds_same_bytes_ratio(capsys, monkeypatch):
     rep = bench_ffcv.report(args, paths, runs, "/t")
     assert rep["same_bytes_ratio_per_round"][160] == [1.4, 1.28, 1700 / 1200]
     bench_ffcv.print_table(rep)
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 160"))
-    assert row == "| 160 px | 1200 | 1600 | 1.33x | 1.40x / 1.28x / 1.42x | 1540 | 1.04x | 1800 |"
+    out = capsys.readouterr().out
+    assert "2000 train images (8 x the all images of" in out and "median [lowest-highest] of 3" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 160"))
+    assert row == ("| 160 px | 1200 [1000-1250] | 1600 [1400-1700] | 1.33x | 1.40x [1.28x-1.42x] "
+                   "| 1540 [1500-1550] | 1.04x | 1800 [1800-1800] |")
+
+
+def test_a_missing_val_folder_is_one_line(tmp_path, capsys):
+    (tmp_path / "data" / "train" / "n0").mkdir(parents=True)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    assert bench_ffcv.main(["--data", str(tmp_path / "data"), "--ffcv-python",
+                            str(python)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench_ffcv.py: error: {tmp_path / 'data' / 'val'}: no such folder "
+                   "(--data holds train/ and val/ class folders)"]
+
+
+def test_buckets_select_by_longer_side(tmp_path, capsys):
+    """--bucket keeps the images of one bucket of longer side; --buckets reports a bucket with
+    too few images in one line and goes on."""
+    from benchmarks.runner import replicate
+    from tools import datagen
+
+    root = tmp_path / "data"
+    datagen.make_dataset(str(root), 2, train_per_class=8, val_per_class=2, seed=2,
+                         min_size=200, max_size=300)
+    for name, (low, high) in bench_ffcv.BUCKETS.items():
+        out = replicate(str(root), str(tmp_path / name), 1, bench_ffcv.longer_side_over(low, high))
+        from PIL import Image
+        for d, _, files in os.walk(out):
+            for f in files:
+                with Image.open(os.path.join(d, f)) as image:
+                    assert low < max(image.size) <= high
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    assert bench_ffcv.main(["--data", str(root), "--buckets", "--min-images", "100",
+                            "--ffcv-python", str(python), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("not timed") == 4 and "fewer than --min-images 100" in out

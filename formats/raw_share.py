@@ -1,0 +1,322 @@
+"""The raw-pixel share of a store (``--raw-budget``, docs/raw-share.md): which images the
+converters store as raw uint8 pixels (:mod:`decode.raw`) instead of JPEG, under a disk budget.
+
+FFCV's writer draws its raw images at random (``compress_probability``). Here they are chosen
+by **decode time saved per extra byte stored**: an image goes raw when its predicted saving
+(seconds per read) divided by the bytes it adds (raw size minus JPEG size) is at least a
+threshold, so the budget buys the largest saving it can (a greedy knapsack: costly-to-decode
+images for few extra bytes first).
+
+* **Budget** (:func:`parse_budget`): ``Nx`` (``1.5x``, ``2.7x``: the store may take N times
+  the JPEG-only store's image bytes) or a size (``200M``, ``30G``: the store's image bytes in
+  all). It holds at every point of the conversion: an image goes raw only if the store so
+  far stays within ``N`` times the JPEG-only store so far (``Nx``), or within the size's
+  share of the files converted so far (a size), so it holds at the end.
+* **Cost model** (:class:`CostModel`): fitted when a conversion starts, on
+  :data:`SAMPLE` images spread evenly over the listing, stored as the conversion would store
+  them (capped). Each one's saving is timed on this machine, one thread: the loaders'
+  training window decode (:func:`decode.decode_window`, the scaled/window/whole cascade) of
+  its JPEG minus the raw record's cut and resize (:func:`decode.raw.raw_window`), for
+  :data:`WINDOWS` RandomResizedCrop windows (torchvision's distribution: area share U(0.08, 1),
+  log aspect ratio U(log 3/4, log 4/3)) resized to :data:`OUTPUT_SIDE` px, the best of two
+  timings each. ``saved = a + b * pixels + c * jpeg_bytes`` is fitted to them by least
+  squares with non-negative coefficients (a term that fits negative is dropped): decode time
+  grows with pixels (inverse DCT, colour conversion) and with the JPEG's bytes (entropy
+  decoding). The threshold is set on the same sample so that its images would fill the budget.
+* **What it bought**: the predicted seconds saved per epoch (one read of each raw image, on one
+  core of the converting machine), in the converter's summary and the store's metadata.
+
+The model, threshold and running totals are kept in the resume state, so a resumed
+conversion chooses as the uninterrupted one would.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SAMPLE = 64  # images timed to fit the cost model (evenly spaced over the listing)
+WINDOWS = 3  # RandomResizedCrop windows timed per image
+OUTPUT_SIDE = 224  # training crop side the windows are resized to (pytorch/examples' default)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A raw-share budget: ``share`` (the store's image bytes at most ``share`` times the
+    JPEG-only store's, > 1) or ``size`` (the store's image bytes at most this many);
+    ``text`` as given (recorded in the metadata)."""
+
+    text: str
+    share: float | None = None
+    size: int | None = None
+
+    def allows(self, stored: int, jpeg: int, files_done: int, files: int) -> bool:
+        """Whether a store of ``stored`` image bytes (``jpeg``: the same images as JPEGs)
+        after ``files_done`` of ``files`` source files keeps within the budget pro rata."""
+        if self.share is not None:
+            return stored <= self.share * jpeg
+        return stored <= self.size * files_done / max(1, files)
+
+
+def parse_budget(text: str) -> Budget:
+    """``--raw-budget``: ``Nx`` (a decimal N > 1, e.g. ``1.5x``) or a size in bytes with an
+    optional binary suffix (``200M``, ``200MB`` = 200 MiB, ``30G``). Raises ``ValueError``."""
+    share = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*x\s*", text, re.I)
+    if share:
+        value = float(share[1])
+        if not value > 1:
+            raise ValueError(f"--raw-budget {text}: a share must exceed 1x (1x: no raw images)")
+        return Budget(text.strip(), share=value)
+    size = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text, re.I)
+    if not size or float(size[1]) <= 0:
+        raise ValueError(f"--raw-budget {text!r}: give a share of the JPEG store (1.5x) or the "
+                         "store's size in bytes (200M, 30G)")
+    return Budget(text.strip(), size=int(float(size[1]) * _UNITS[size[2].lower()]))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a read saves when an image of ``pixels`` (stored size) and ``jpeg_bytes`` is raw:
+    ``a + b * pixels + c * jpeg_bytes`` (coefficients >= 0), fitted on ``sampled`` images."""
+
+    a: float
+    b: float
+    c: float
+    sampled: int = 0
+
+    def saved(self, pixels: int, jpeg_bytes: int) -> float:
+        return self.a + self.b * pixels + self.c * jpeg_bytes
+
+    def record(self) -> list:
+        return [self.a, self.b, self.c, self.sampled]
+
+    @classmethod
+    def from_record(cls, values) -> "CostModel":
+        return cls(*values)
+
+    @classmethod
+    def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
+        """Least squares with non-negative coefficients: terms fitting negative are dropped
+        and the rest refitted (an active set, at most three rounds)."""
+        x = np.column_stack([np.ones(len(pixels)), np.asarray(pixels, float),
+                             np.asarray(jpeg_bytes, float)])
+        y = np.asarray(saved, float)
+        keep = [0, 1, 2]
+        coef = np.zeros(3)
+        while keep:
+            fitted, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+            if (fitted >= 0).all():
+                coef[keep] = fitted
+                break
+            keep = [k for k, v in zip(keep, fitted) if v >= 0]
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]), len(y))
+
+
+@dataclass
+class RawChoice:
+    """The running choice of one conversion: ``budget``, ``model``, ``threshold`` (seconds saved
+    per extra byte an image needs to go raw) and the totals so far: ``stored`` and ``jpeg``
+    image bytes (the second as if every image were JPEG), ``records`` raw images, ``saved``
+    predicted seconds per epoch."""
+
+    budget: Budget
+    model: CostModel
+    threshold: float
+    stored: int = 0
+    jpeg: int = 0
+    records: int = 0
+    saved: float = 0.0
+    extra: int = field(default=0)
+
+    def candidate(self, pixels: int, jpeg_bytes: int, raw_bytes: int) -> bool:
+        """Whether an image clears the threshold (decided in the checking threads, which then
+        make its raw record)."""
+        return ratio(self.model, pixels, jpeg_bytes, raw_bytes) >= self.threshold
+
+    def take(self, jpeg_bytes: int, raw_bytes: int | None, pixels: int, files_done: int,
+             files: int) -> bool:
+        """Count one record (``raw_bytes``: its raw size if a candidate, else None); returns
+        whether it is stored raw: a candidate the budget still allows."""
+        raw = raw_bytes is not None and self.budget.allows(
+            self.stored + raw_bytes, self.jpeg + jpeg_bytes, files_done, files)
+        self.jpeg += jpeg_bytes
+        self.stored += raw_bytes if raw else jpeg_bytes
+        if raw:
+            self.records += 1
+            self.extra += raw_bytes - jpeg_bytes
+            self.saved += self.model.saved(pixels, jpeg_bytes)
+        return raw
+
+    def state(self) -> dict:
+        """What the resume state and the metadata keep (JSON and msgpack friendly)."""
+        return {"budget": self.budget.text, "model": self.model.record(),
+                "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
+                "records": self.records, "saved_s": self.saved, "extra": self.extra}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "RawChoice":
+        return cls(parse_budget(state["budget"]), CostModel.from_record(state["model"]),
+                   state["threshold"], state["stored"], state["jpeg"], state["records"],
+                   state["saved_s"], state["extra"])
+
+    def line(self, images: int) -> str:
+        """The summary's sentence on what the budget bought."""
+        share = self.records / images if images else 0.0
+        grown = self.stored / self.jpeg if self.jpeg else 1.0
+        return (f"raw pixels: {self.records} of {images} images ({share:.0%}), "
+                f"{grown:.2f}x the JPEG store's bytes (--raw-budget {self.budget.text}); "
+                f"expected decode time saved {self.saved:.3g} s per epoch on one core, "
+                f"{self.saved / max(1, self.records) * 1e3:.2f} ms per raw image (cost model "
+                f"from {self.model.sampled} timed images)")
+
+
+def ratio(model: CostModel, pixels: int, jpeg_bytes: int, raw_bytes: int) -> float:
+    """Seconds saved per extra byte stored (infinite if the raw record is no larger)."""
+    extra = raw_bytes - jpeg_bytes
+    return math.inf if extra <= 0 else model.saved(pixels, jpeg_bytes) / extra
+
+
+def sample_indices(count: int, sample: int = SAMPLE) -> list[int]:
+    """``sample`` indices spread evenly over ``range(count)`` (all of them if fewer)."""
+    if count <= sample:
+        return list(range(count))
+    return sorted({int(i * count / sample) for i in range(sample)})
+
+
+def _windows(height: int, width: int, rng: np.random.Generator, count: int):
+    """``count`` RandomResizedCrop windows ``(top, left, h, w)`` in a ``height x width`` image,
+    torchvision's distribution (the whole image where ten draws do not fit)."""
+    out = []
+    for _ in range(count):
+        for _ in range(10):
+            area = height * width * rng.uniform(0.08, 1.0)
+            aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                out.append((int(rng.integers(0, height - h + 1)),
+                            int(rng.integers(0, width - w + 1)), h, w))
+                break
+        else:
+            out.append((0, 0, height, width))
+    return out
+
+
+def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
+    """Seconds one read of ``jpeg`` as a training window costs more than the same window cut
+    from its raw record (see the module docstring), on the calling thread."""
+    from decode import decode_window
+    from decode.raw import raw_size, raw_window
+
+    size = (OUTPUT_SIDE, OUTPUT_SIDE)
+    best = [math.inf, math.inf]
+    windows = _windows(*raw_size(raw), rng, WINDOWS)
+    for _ in range(2):
+        for k, (data, cut) in enumerate(((jpeg, decode_window), (raw, raw_window))):
+            start = time.perf_counter()
+            for window in windows:
+                cut(data, window, size)
+            best[k] = min(best[k], time.perf_counter() - start)
+    return (best[0] - best[1]) / len(windows)
+
+
+def raw_record(jpeg: bytes) -> tuple[bytes, int]:
+    """``(raw record, pixels)`` of a stored JPEG: exactly the pixels the loaders' whole decode
+    gives (:func:`decode.decode`), PGM for a 1-component JPEG."""
+    from decode import decode
+    from decode.raw import encode_raw
+
+    from formats.images import parse_jpeg_header
+
+    image = decode(jpeg)
+    header = parse_jpeg_header(jpeg)
+    gray = header is not None and len(header.component_ids) == 1
+    return encode_raw(image, gray=gray), image.shape[1] * image.shape[2]
+
+
+def plan(budget: Budget, stored: list[bytes], files: int) -> RawChoice:
+    """Fit the cost model on ``stored`` (the sample's JPEGs, as the conversion stores them)
+    and set the threshold at which the sample would fill ``budget`` (``files``: source files
+    in the conversion, for a budget in bytes). One thread; about 10 ms per image."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    rng = np.random.default_rng(0)
+    try:
+        rows = []
+        for jpeg in stored:
+            raw, pixels = raw_record(jpeg)
+            rows.append((pixels, len(jpeg), len(raw), time_saving(jpeg, raw, rng)))
+    finally:
+        torch.set_num_threads(threads)
+    if not rows:
+        return RawChoice(budget, CostModel(0.0, 0.0, 0.0), math.inf)
+    model = CostModel.fit(*zip(*[(p, j, s) for p, j, _, s in rows]))
+    return RawChoice(budget, model, threshold(budget, model, rows, files))
+
+
+def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float:
+    """The lowest ratio (:func:`ratio`) at which the sample's images (``(pixels, jpeg bytes,
+    raw bytes, ...)``) stay within ``budget``, taken best first; infinite if none fits."""
+    ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
+    jpeg = sum(r[1] for r in rows)
+    allowed = (budget.share * jpeg if budget.share is not None
+               else budget.size * len(rows) / max(1, files))
+    stored, level = jpeg, math.inf
+    for pixels, jpeg_bytes, raw_bytes, *_ in ranked:
+        stored += raw_bytes - jpeg_bytes
+        if stored > allowed:
+            break
+        level = ratio(model, pixels, jpeg_bytes, raw_bytes)
+    return level
+
+
+def candidate_record(choice: RawChoice, jpeg: bytes) -> tuple[bytes | None, int]:
+    """``(raw record or None, pixels)`` of a stored JPEG: its raw record if it clears
+    ``choice``'s threshold (run in the converters' checking threads: the decode is the cost).
+    A JPEG whose header does not parse stays JPEG."""
+    from decode import image_size
+    from decode.raw import raw_bytes
+
+    from formats.images import parse_jpeg_header
+
+    size, header = image_size(jpeg), parse_jpeg_header(jpeg)
+    if size is None or header is None:
+        return None, 0
+    pixels = size[0] * size[1]
+    channels = 1 if len(header.component_ids) == 1 else 3
+    if not choice.candidate(pixels, len(jpeg), raw_bytes(*size, channels)):
+        return None, pixels
+    return raw_record(jpeg)
+
+
+def with_candidate(choice: RawChoice):
+    """A ``post`` for :func:`formats.images.check_files`: each checked image with its raw
+    record attached where it is a candidate of ``choice``."""
+    import dataclasses
+
+    def post(checked):
+        raw, pixels = candidate_record(choice, checked.data)
+        return dataclasses.replace(checked, raw=raw, pixels=pixels)
+
+    return post
+
+
+def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
+    """The :class:`RawChoice` of a conversion: ``saved`` (its resume state's) if resuming, else
+    planned on the sample of ``listing`` (checked under ``check`` and ``cap`` as the conversion
+    will store them); None without a ``budget``."""
+    if budget is None:
+        return None
+    if saved:
+        return RawChoice.from_state(saved)
+    from formats.images import check_file
+
+    stored = [c.data for c in (check_file(listing.files[i], check, cap)
+                               for i in sample_indices(len(listing.files)))
+              if not isinstance(c, str)]
+    return plan(budget, stored, len(listing.files))
