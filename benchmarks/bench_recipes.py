@@ -35,6 +35,7 @@ import torch
 
 from benchmarks import runner
 
+# torchvision's ResNet-50 IMAGENET1K_V2 command (its weights' recipe), train.py -> main.py
 TORCHVISION_R50_V2 = (
     "--model resnet50 --batch-size 128 --lr 0.5 --lr-scheduler cosineannealinglr "
     "--lr-warmup-epochs 5 --lr-warmup-method linear --auto-augment ta_wide --epochs 600 "

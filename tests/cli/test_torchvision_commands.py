@@ -14,18 +14,12 @@ import pytest
 import torch
 
 import main
+from benchmarks.bench_recipes import TORCHVISION_R50_V2
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
 from tests.helpers.runs import SMALL, TRAINING_KEYS, read_metrics, run
 from tools import datagen
 
-# torchvision's ResNet-50 IMAGENET1K_V2 command (its weights' recipe), train.py -> main.py
-TORCHVISION_R50_V2 = (
-    "--model resnet50 --batch-size 128 --lr 0.5 --lr-scheduler cosineannealinglr "
-    "--lr-warmup-epochs 5 --lr-warmup-method linear --auto-augment ta_wide --epochs 600 "
-    "--random-erase 0.1 --weight-decay 0.00002 --norm-weight-decay 0.0 --label-smoothing 0.1 "
-    "--mixup-alpha 0.2 --cutmix-alpha 1.0 --train-crop-size 176 --model-ema "
-    "--val-resize-size 232 --ra-sampler --ra-reps 4").split()
 # torchvision's ConvNeXt command for convnext_tiny
 TORCHVISION_CONVNEXT = (
     "--model convnext_tiny --batch-size 128 --opt adamw --lr 1e-3 --lr-scheduler "
