@@ -2,7 +2,8 @@
 EXIF orientation not applied, as pytorch/examples' ImageFolder + PIL does. Real JPEGs with
 orientations 1-8, CMYK, grayscale, a PNG named .JPEG, 56 and 2,400 px, 1:3 and 3:1
 (``tests/helpers/oddities.py``) go through the folder, LMDB and shard sources, each in the DataLoader
-pipeline and DALI's CPU backend, training and validation, with several seeds: every output
+pipeline, the batch-decode pipeline on nvImageCodec's CPU backend (``--decode-device
+cpu-nvimgcodec``, issue 38) and DALI's CPU backend, training and validation, with several seeds: every output
 equals the CPU reference (the window drawn from the stored size, cut from a whole decode,
 resized), and nothing crashes. Also the converters' ``--max-side`` resize and ``--verify``.
 """
@@ -27,6 +28,11 @@ from tests.helpers.oddities import ORIENTATION_TAG, stored_pixels, write_odd_fol
 SEEDS = (0, 1, 2)
 CROP, VAL_RESIZE = 48, 56
 PIPELINES = ["dataloader"]
+try:
+    import nvidia.nvimgcodec  # noqa: F401
+    PIPELINES.append("gpu_decode")  # --decode-device cpu-nvimgcodec: the GPU path's code on CPU
+except ImportError:
+    pass
 try:
     import nvidia.dali  # noqa: F401
     PIPELINES.append("dali")
@@ -54,8 +60,12 @@ def build(odd, source, pipeline, seed, **overrides):
     flags = dict(data=os.path.join(odd, source), batch_size=4, seed=seed, lmdb=source == "lmdb",
                  shards=source == "shards", train_crop_size=CROP, val_resize_size=VAL_RESIZE,
                  val_crop_size=CROP, workers=2 if pipeline == "dali" else 0, max_bad_share=0.0)
+    if pipeline == "gpu_decode":
+        flags["decode_device"] = "cpu-nvimgcodec"
     flags.update(overrides)
-    return loaders.build_loaders(loader_settings(backend, **flags), DistInfo())
+    settings = loader_settings(backend, **flags)
+    assert settings.pipeline == {"dataloader": "workers"}.get(pipeline, pipeline)
+    return loaders.build_loaders(settings, DistInfo())
 
 
 def encoded(loader):
