@@ -121,9 +121,9 @@ class WindowDecoder:
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
         # raw-pixel records (decode.raw, --raw-budget stores): cut on the host, no decode
-        crops = [self._raw(d, r) if raw.is_raw(bytes(d[:2])) else None
-                 for d, r in zip(datas, regions)]
-        rest = [i for i, d in enumerate(datas) if not raw.is_raw(bytes(d[:2]))]
+        is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
+        crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
+        rest = [i for i, kind in enumerate(is_raw) if not kind]
         if rest:
             decoded = (self._nvimgcodec if self.n is not None else self._torchvision)(
                 [datas[i] for i in rest], [regions[i] for i in rest], *((stream,) if self.n

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 
-from ._gpu_rows import announce, loader_flags, loader_row, train_row
+from ._gpu_rows import announce, gpu_over_cpu, loader_flags, loader_row, train_row
 from ._gpu_runner import Runner, fail, skipped
 
 HW_LOADS = (0.65, 0.9, 1.0)
@@ -76,11 +76,8 @@ def evidence(runner: Runner, s, flags: list[str]) -> list[dict]:
     times and only reports the ratio)."""
     mixed = loader_row(runner, s, "dali-lmdb", flags, "1", "loader-dali-mixed-j1")
     cpu = loader_row(runner, s, "dali-lmdb", [*flags, "--dali-cpu"], "1", "loader-dali-cpu-j1")
-    if mixed.get("images_per_sec") and cpu.get("images_per_sec"):
-        mixed["gpu_over_cpu"] = mixed["images_per_sec"] / cpu["images_per_sec"]
-        if not s.dry_run and mixed["gpu_over_cpu"] < GPU_OVER_CPU:
-            mixed = fail(mixed, f"GPU decode only {mixed['gpu_over_cpu']:.2f}x the CPU decode "
-                                "with one thread: did nvJPEG decode?")
+    mixed = gpu_over_cpu(mixed, cpu, GPU_OVER_CPU, s.dry_run, "GPU decode only {ratio:.2f}x "
+                         "the CPU decode with one thread: did nvJPEG decode?")
     return [announce(runner, mixed), announce(runner, cpu)]
 
 

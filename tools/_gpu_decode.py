@@ -23,7 +23,7 @@ import json
 import re
 import sys
 
-from ._gpu_rows import announce, loader_flags, loader_row, train_row
+from ._gpu_rows import announce, gpu_over_cpu, loader_flags, loader_row, train_row
 from ._gpu_runner import Runner, fail, skipped
 
 HW_LOADS = (0.0, 0.65, 1.0)
@@ -129,9 +129,6 @@ def evidence(runner: Runner, s, flags: list[str], batched: list[str]) -> list[di
     gpu = on_gpu(runner, s, loader_row(runner, s, "gpudecode-lmdb", batched, "1",
                                        "loader-gpudecode-cuda-j1"))
     cpu = loader_row(runner, s, "lmdb", flags, "1", "loader-gpudecode-cpu-j1")
-    if gpu.get("images_per_sec") and cpu.get("images_per_sec"):
-        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
-        if not s.dry_run and gpu["gpu_over_cpu"] < GPU_OVER_CPU:
-            gpu = fail(gpu, f"batch decode only {gpu['gpu_over_cpu']:.2f}x the CPU loaders "
-                            "with one worker: did the GPU decode?")
+    gpu = gpu_over_cpu(gpu, cpu, GPU_OVER_CPU, s.dry_run, "batch decode only {ratio:.2f}x the "
+                       "CPU loaders with one worker: did the GPU decode?")
     return [announce(runner, gpu), announce(runner, cpu)]

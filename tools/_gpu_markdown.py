@@ -168,10 +168,7 @@ def dali_md(r: dict) -> str:
                     f"{x.get('device_memory_mib')} MiB per epoch")
         return x.get("reason", "") if x.get("status") == "skipped" else ""
 
-    body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
-             detail(x), status_of(x)] for x in rows]
-    return ("## 7. DALI's GPU decoding (`--dali --lmdb`)\n\n"
-            + table(["check", "images/s", "workers", "px", "detail", "status"], body))
+    return loader_section_md("## 7. DALI's GPU decoding (`--dali --lmdb`)", rows, detail)
 
 
 def gpu_decode_md(r: dict) -> str:
@@ -192,10 +189,17 @@ def gpu_decode_md(r: dict) -> str:
             return x["model"]
         return x.get("reason", "") if x.get("status") == "skipped" else ""
 
+    return loader_section_md("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)",
+                             rows, detail)
+
+
+def loader_section_md(title: str, rows: list[dict], detail) -> str:
+    """A GPU-decode section's table: one line per row (check, images/s, workers, px,
+    ``detail(row)``, status) under ``title``."""
     body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
              detail(x), status_of(x)] for x in rows]
-    return ("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)\n\n"
-            + table(["check", "images/s", "workers", "px", "detail", "status"], body))
+    return f"{title}\n\n" + table(["check", "images/s", "workers", "px", "detail", "status"],
+                                    body)
 
 
 def nccl_md(r: dict) -> str:

@@ -98,3 +98,14 @@ def announce(runner: Runner, record: dict) -> dict:
     """Print one progress line for ``record``; returns it."""
     print(report_.progress_line(runner.elapsed(), record), flush=True)
     return record
+
+
+def gpu_over_cpu(gpu: dict, cpu: dict, minimum: float, dry_run: bool, failure: str) -> dict:
+    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s) where both rows have a
+    figure, failed with ``failure`` (formatted with the ratio as ``{ratio:.2f}``) when the
+    ratio is under ``minimum``, except in a dry run (which decodes on the CPU both times)."""
+    if gpu.get("images_per_sec") and cpu.get("images_per_sec"):
+        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
+        if not dry_run and gpu["gpu_over_cpu"] < minimum:
+            gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
+    return gpu
