@@ -11,7 +11,9 @@ FORMAT ?= lmdb
 # convert-imagenet: MAX_SIDE=512 QUALITY=90 stores images at most 512 px on the longer side
 MAX_SIDE ?=
 QUALITY ?=
-CAP_FLAGS = $(if $(MAX_SIDE), --max-side $(MAX_SIDE))$(if $(QUALITY), --quality $(QUALITY))
+# REENCODE_ALL=1 re-encodes every image at QUALITY, as FFCV's writer does (lossy; docs/raw-share.md)
+REENCODE_ALL ?=
+CAP_FLAGS = $(if $(MAX_SIDE), --max-side $(MAX_SIDE))$(if $(QUALITY), --quality $(QUALITY))$(if $(REENCODE_ALL), --reencode-all)
 # convert-imagenet: RAW_BUDGET=1.5x (or 200G) stores the images that save the most decode time per
 # extra byte as raw pixels, the store at most 1.5x the JPEG-only one (docs/raw-share.md)
 RAW_BUDGET ?=
@@ -113,9 +115,9 @@ bench-ffcv: install $(if $(DATA),,bench-data/train) ## FFCV 1.0.2 (in .ffcv/) be
 # (formats/sources detects which; ALLOW_PARTIAL=1 converts an incomplete one).
 ALLOW_PARTIAL ?=
 CONVERT_FLAGS = -j $(JOBS)$(if $(ALLOW_PARTIAL), --allow-partial)$(CAP_FLAGS)$(RAW_FLAGS)
-convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards] [MAX_SIDE=512 QUALITY=90] [RAW_BUDGET=1.5x]: train and val to LMDB (default) or shards
+convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards] [MAX_SIDE=512 QUALITY=90] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]: train and val to LMDB (default) or shards
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
-	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1] [MAX_SIDE=N QUALITY=Q] [RAW_BUDGET=1.5x]"; exit 2; }
+	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1] [MAX_SIDE=N QUALITY=Q] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]"; exit 2; }
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split train -o $(OUT)/train $(CONVERT_FLAGS) --shuffle-seed 0
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split val -o $(OUT)/val $(CONVERT_FLAGS)
 

@@ -36,7 +36,7 @@ def print_table(rep: dict) -> None:
     timed = set(next(iter(rep["runs"].values())))
     if set(STORES) <= timed:
         _same_bytes(rep)
-    raw_stores = [s for s in timed if "-raw-" in s]
+    raw_stores = [s for s in timed if s.startswith("lmdb-512-")]  # raw or re-encoded
     if raw_stores and {"beton-example", "lmdb-512"} <= timed:
         _raw_table(rep, sorted(raw_stores))
     if any("lmdb@base" in m for m in rep["median"].values()):
@@ -69,7 +69,8 @@ def _same_bytes(rep: dict) -> None:
 
 
 def _raw_table(rep: dict, raw_stores: list[str]) -> None:
-    """The raw-share stores (and lmdb-512) against FFCV's example store, per round."""
+    """The raw-share and ``--reencode-all`` stores (and lmdb-512) against FFCV's example store,
+    per round."""
     rows = []
     for size, runs in rep["runs"].items():
         per_round = rep["vs_example_per_round"][size]

@@ -16,7 +16,11 @@ distinct names (symlinks, ``runner.replicate``, as ``bench_loaders.py``) and sto
   settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``);
 * ``lmdb-512-raw-B`` for each ``--raw-budgets`` B (default 1.5x and 2.7x, FFCV's example's disk):
   ``folder2lmdb.py --max-side 512 --quality 90 --raw-budget B`` (docs/raw-share.md), the images
-  that save the most decode time per extra byte stored as raw pixels.
+  that save the most decode time per extra byte stored as raw pixels;
+* ``lmdb-512-reencoded`` and ``lmdb-512-reencoded-raw-B`` for each ``--reencoded-budgets`` entry
+  (``jpeg`` and 2.7x by default): the same with ``--reencode-all``, every image re-encoded at
+  quality 90 as FFCV's writer does (lossy, like FFCV's example store); B is a share of that
+  smaller JPEG store, and the disk table gives every store's size against ``lmdb-512``.
 
 ``--bucket`` keeps only the images of one size bucket by their longer side (``le256``: <= 256
 px, ``256-512``, ``gt512``: > 512 px); ``--buckets`` runs the whole comparison for each bucket
@@ -48,6 +52,7 @@ from benchmarks.runner import REPO
 SIDE = os.path.join(REPO, "benchmarks", "_ffcv_side.py")
 STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
 RAW_BUDGETS = ("1.5x", "2.7x")
+REENCODED_BUDGETS = ("jpeg", "2.7x")  # "jpeg": no raw share
 # longer side in pixels: (lowest excluded, highest included), the issue's three buckets
 BUCKETS = {"le256": (0, 256), "256-512": (256, 512), "gt512": (512, 1 << 30)}
 
@@ -57,9 +62,17 @@ def raw_store(budget: str) -> str:
     return f"lmdb-512-raw-{budget}"
 
 
+def reencoded_store(budget: str) -> str:
+    """The row name of a ``--reencode-all`` store: ``lmdb-512-reencoded`` (``budget``
+    ``"jpeg"``: JPEG only) or e.g. ``lmdb-512-reencoded-raw-2.7x``."""
+    return "lmdb-512-reencoded" + ("" if budget == "jpeg" else f"-raw-{budget}")
+
+
 def stores(args) -> tuple[str, ...]:
-    """Every store timed: :data:`STORES` and one raw-share store per ``--raw-budgets``."""
-    return STORES + tuple(raw_store(b) for b in args.raw_budgets)
+    """Every store timed: :data:`STORES`, one raw-share store per ``--raw-budgets`` and one
+    ``--reencode-all`` store per ``--reencoded-budgets``."""
+    return (STORES + tuple(raw_store(b) for b in args.raw_budgets)
+            + tuple(reencoded_store(b) for b in args.reencoded_budgets))
 
 
 def _disk(path: str) -> int:
@@ -160,8 +173,12 @@ def prepare(args, tmp: str) -> dict[str, str]:
              "beton-example": os.path.join(tmp, "example.beton")}
     lmdbs = [("lmdb", None, None), ("lmdb-512", Cap(512, 90), None)]
     for budget in args.raw_budgets:
-        paths[raw_store(budget)] = os.path.join(tmp, raw_store(budget))
         lmdbs.append((raw_store(budget), Cap(512, 90), parse_budget(budget)))
+    for budget in args.reencoded_budgets:
+        lmdbs.append((reencoded_store(budget), Cap(512, 90, every=True),
+                      None if budget == "jpeg" else parse_budget(budget)))
+    for store, _, _ in lmdbs[2:]:
+        paths[store] = os.path.join(tmp, store)
     for store, cap, raw in lmdbs:
         for split in ("train", "val"):
             folder2lmdb.convert(os.path.join(data, split), os.path.join(paths[store], split),
@@ -274,6 +291,9 @@ def main(argv=None) -> int:
                              "lmdb-512, beton-512 and beton-example)")
     parser.add_argument("--raw-budgets", nargs="*", default=list(RAW_BUDGETS), metavar="B",
                         help="raw-share stores to time, by --raw-budget (default: 1.5x 2.7x)")
+    parser.add_argument("--reencoded-budgets", nargs="*", default=list(REENCODED_BUDGETS),
+                        metavar="B", help="--reencode-all stores to time: jpeg (JPEG only) or a "
+                                          "--raw-budget (default: jpeg 2.7x)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("-b", "--batch-size", type=int, default=64)
     parser.add_argument("-j", "--workers", type=int, default=2)

@@ -15,7 +15,13 @@ published ResNet-50/18 accuracies are trained from such data. :class:`Cap` does 
   FFCV's published figures were trained on (up to rounding); it is also the cheapest
   antialiased filter (LANCZOS would sharpen, and cost about 3x);
 * images re-encoded anyway (progressive, CMYK, PNG, ...) are capped the same way, and every
-  re-encoding uses ``quality``.
+  re-encoding uses ``quality``;
+* with ``every`` (``--reencode-all``) every image is re-encoded at ``quality``, within the cap or
+  not, as FFCV's writer does (``RGBImageField`` encodes each image it does not store raw with
+  ``cv2.imencode`` at ``jpeg_quality``): lossy, the pixels trained on are no longer the
+  originals', but a baseline JPEG at quality 90 with PIL's default 4:2:0 chroma subsampling is
+  about half the bytes of ImageNet's originals (most of them 4:4:4 at a higher quality) and
+  faster to decode (docs/raw-share.md).
 
 ``Cap()`` (no ``max_side``, quality :data:`formats.images.REENCODE_QUALITY`) is the default:
 the converters' rules unchanged. A database records its cap in its metadata (LMDB) or
@@ -32,10 +38,13 @@ from formats.images import REENCODE_QUALITY
 @dataclass(frozen=True)
 class Cap:
     """``max_side``: the longest side in pixels an image is stored with (None: any);
-    ``quality``: JPEG quality (1-100, libjpeg's scale) of every image the converter encodes."""
+    ``quality``: JPEG quality (1-100, libjpeg's scale) of every image the converter encodes;
+    ``every``: re-encode every image (``--reencode-all``), not only those the rules of
+    :mod:`formats.images` or the cap re-encode."""
 
     max_side: int | None = None
     quality: int = REENCODE_QUALITY
+    every: bool = False
 
     def __post_init__(self):
         if self.max_side is not None and (not isinstance(self.max_side, int)
@@ -72,17 +81,35 @@ class Cap:
     def record(self) -> dict:
         """The fields a database's metadata stores (empty for the default, so databases
         written without a cap look as they did before)."""
-        return {} if self == Cap() else {"max_side": self.max_side, "quality": self.quality}
+        if self == Cap():
+            return {}
+        fields = {"max_side": self.max_side, "quality": self.quality}
+        return {**fields, "reencode": "all"} if self.every else fields
+
+    @staticmethod
+    def fields_in(metadata: dict) -> dict:
+        """The :meth:`record` fields found in a database's metadata (LMDB) or ``index.json``
+        (shards), checked: ``max_side`` an int or None, ``quality`` an int, ``reencode``
+        ``"all"``. Raises ValueError or TypeError for other values."""
+        fields = {k: metadata[k] for k in ("max_side", "quality", "reencode") if k in metadata}
+        for key, value in fields.items():
+            ok = (value == "all" if key == "reencode"
+                  else isinstance(value, int) or (key == "max_side" and value is None))
+            if not ok:
+                raise ValueError(f"{key}: {value!r} is not a cap setting")
+        return fields
 
     @classmethod
     def from_record(cls, fields: dict) -> "Cap":
         """Inverse of :meth:`record` (missing fields: the default). Raises ValueError."""
-        return cls(fields.get("max_side"), fields.get("quality", REENCODE_QUALITY))
+        return cls(fields.get("max_side"), fields.get("quality", REENCODE_QUALITY),
+                   fields.get("reencode") == "all")
 
     def describe(self) -> str:
-        """The flags that give this cap, e.g. ``"--max-side 512 --quality 90"``."""
+        """The flags that give this cap, e.g. ``"--max-side 512 --quality 90"`` (and
+        ``" --reencode-all"`` with ``every``)."""
         side = f"--max-side {self.max_side}" if self.max_side is not None else "no --max-side"
-        return f"{side} --quality {self.quality}"
+        return f"{side} --quality {self.quality}" + (" --reencode-all" if self.every else "")
 
 
 NO_CAP = Cap()

@@ -21,7 +21,7 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
     ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
     ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``, ``--max-side``,
-    ``--quality``, ``--raw-budget``); each converter adds its own."""
+    ``--quality``, ``--reencode-all``, ``--raw-budget``); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
                         help="folder of class subfolders, e.g. /imagenet/train, or with --split "
@@ -52,6 +52,11 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     parser.add_argument("--quality", type=int, default=REENCODE_QUALITY, metavar="Q",
                         help="JPEG quality of every re-encoded image (default: "
                              f"{REENCODE_QUALITY}; e.g. --max-side 512 --quality 90)")
+    parser.add_argument("--reencode-all", action="store_true",
+                        help="re-encode every image at --quality, not only those above "
+                             "--max-side, as FFCV's writer does: lossy, about half the bytes of "
+                             "ImageNet's originals and faster to decode at --quality 90 "
+                             "(docs/raw-share.md)")
     parser.add_argument("--raw-budget", metavar="BUDGET",
                         help="store the images that save the most decode time per extra byte "
                              "as raw pixels (at the --max-side size) instead of JPEG, up to "
@@ -62,8 +67,9 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
 
 
 def cap_from_args(args) -> Cap:
-    """The :class:`formats.cap.Cap` of ``--max-side`` / ``--quality``. Raises ValueError."""
-    return Cap(args.max_side, args.quality)
+    """The :class:`formats.cap.Cap` of ``--max-side`` / ``--quality`` / ``--reencode-all``.
+    Raises ValueError."""
+    return Cap(args.max_side, args.quality, bool(getattr(args, "reencode_all", False)))
 
 
 def parse_size(text: str) -> int:

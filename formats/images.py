@@ -169,8 +169,9 @@ def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
     """Decide what to store for a file's bytes (rules and ``check`` in the module docstring;
     ``cap``: a :class:`formats.cap.Cap`, None for none).
 
-    Returns the bytes unchanged for a baseline RGB-decodable JPEG within the cap, else a
-    deterministic RGB JPEG re-encoding (:func:`reencode`), scaled down to the cap. Raises
+    Returns the bytes unchanged for a baseline RGB-decodable JPEG within the cap (unless
+    ``cap.every``: ``--reencode-all``), else a deterministic RGB JPEG re-encoding
+    (:func:`reencode`), scaled down to the cap. Raises
     :class:`NotAnImage` with the reason if the bytes are not a completely decodable image
     (under ``check="header"``: if their headers or a complete decode say so), ValueError for a
     ``check`` not in :data:`CHECKS`. Decoding is CPU work that releases the GIL (PIL and
@@ -185,6 +186,8 @@ def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
         size = _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg's
         if cap is not None and cap.exceeds(size):
             return Checked(reencode(data, cap), f"larger than --max-side {cap.max_side}")
+        if cap is not None and cap.every:
+            return Checked(reencode(data, cap), "--reencode-all")
         if check == "full" or not data.endswith(_EOI):
             _library_decode(data)  # libjpeg-turbo must read it all (it is what loaders use)
         return Checked(data)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from formats.cap import Cap
+
 FORMAT_NAME = "imagenet-lmdb"
 FORMAT_VERSION = 2  # the newest this code reads; it writes 1 unless the store has a raw share
 BASE_VERSION = 1  # a store of JPEG records only: unchanged since before raw records
@@ -137,10 +139,14 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
             f"{path}: format version {meta['version']} is newer than this reader's "
             f"{FORMAT_VERSION}; update the code")
     names = meta.get("names")
+    try:
+        cap = Cap.fields_in(meta)
+    except ValueError as exc:
+        raise LMDBFormatError(f"{path}: metadata: {exc}") from None
     return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
                     shuffle_seed=meta.get("shuffle_seed"),
                     names=tuple(names) if names is not None else None,
-                    cap={k: meta[k] for k in ("max_side", "quality") if k in meta},
+                    cap=cap,
                     raw=dict(meta.get("raw") or {}))
 
 

@@ -11,6 +11,8 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 
+from formats.cap import Cap
+
 INDEX_NAME = "index.json"
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 2  # the newest read; 1 written without raw
 BASE_VERSION, RAW_VERSION = 1, 2  # 2: records may be raw pixels (KEY.ppm, decode.raw)
@@ -234,7 +236,7 @@ class ShardIndex:
             names = data.get("names")
             index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
                         list(names) if names is not None else None,
-                        {k: int(data[k]) for k in ("max_side", "quality") if k in data},
+                        Cap.fields_in(data),
                         dict(data.get("raw") or {}))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ShardFormatError):

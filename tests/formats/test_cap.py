@@ -158,3 +158,56 @@ def test_bad_flags_are_one_line_errors(mixed, tmp_path):
                              text=True)
         assert run.returncode == 2
         assert run.stderr.strip().splitlines()[-1].startswith(f"folder2shards.py: error: {text}")
+
+
+def test_reencode_all_reencodes_every_image_at_the_quality():
+    """--reencode-all (FFCV's writer): an image within the cap is re-encoded too, exactly as a
+    capped one would be minus the resize; recorded, described and read back."""
+    small, large = jpeg((200, 150)), jpeg((400, 300))
+    cap = Cap(256, 80, every=True)
+    checked = check_image(small, cap=cap)
+    assert checked.reencoded == "--reencode-all"
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(small)) as im:
+        im.convert("RGB").save(out, "JPEG", quality=80, optimize=False, progressive=False)
+    assert checked.data == out.getvalue()
+    assert check_image(large, cap=cap).data == check_image(large, cap=Cap(256, 80)).data
+    gray = io.BytesIO()
+    Image.new("L", (64, 48), 120).save(gray, "JPEG", quality=95)
+    with Image.open(io.BytesIO(check_image(gray.getvalue(), cap=cap).data)) as im:
+        assert im.mode == "RGB" and im.size == (64, 48)  # as FFCV's writer: RGB
+    assert cap.record() == {"max_side": 256, "quality": 80, "reencode": "all"}
+    assert Cap.from_record(cap.record()) == cap
+    assert Cap(None, 90, every=True).describe() == "no --max-side --quality 90 --reencode-all"
+    assert Cap.fields_in({"max_side": None, "quality": 90, "reencode": "all", "x": 1}) == {
+        "max_side": None, "quality": 90, "reencode": "all"}
+    for bad in ({"reencode": "some"}, {"quality": "90"}):
+        with pytest.raises(ValueError):
+            Cap.fields_in(bad)
+
+
+def test_reencode_all_stores_record_it_verify_and_refuse_a_resume_without_it(mixed, tmp_path):
+    db, shards = str(tmp_path / "db"), tmp_path / "shards"
+    run = subprocess.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
+                          "--quality", "90", "--reencode-all"], cwd=REPO, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert "re-encoded 14," in run.stdout
+    assert codec.read_meta(db).cap == {"max_side": None, "quality": 90, "reencode": "all"}
+    assert folder2lmdb.verify(db, mixed, workers=2).total == 0
+    with codec.open_readonly(db).begin() as txn:
+        first = codec.decode_record(txn.get(codec.record_key(0)))[0]
+    assert first == check_image(open(list_sources(mixed).files[0].path, "rb").read(),
+                                cap=Cap(None, 90, every=True)).data
+    again = str(tmp_path / "again")  # db stays open read-only in this process
+    folder2lmdb.convert(mixed, again, workers=2, progress=False, cap=Cap(None, 90, every=True))
+    unfinished(again, {"max_side": None, "quality": 90, "reencode": "all"})
+    with pytest.raises(conversion.ConversionError,
+                       match="with no --max-side --quality 90 --reencode-all, not no "
+                             "--max-side --quality 90;"):
+        folder2lmdb.convert(mixed, again, workers=2, progress=False, cap=Cap(None, 90))
+    folder2shards.convert(mixed, str(shards), workers=2, progress=False, max_per_shard=5,
+                          cap=Cap(None, 90, every=True))
+    index = ShardIndex.from_json((shards / INDEX_NAME).read_text())
+    assert index.cap == {"max_side": None, "quality": 90, "reencode": "all"}
+    assert folder2shards.verify(str(shards), mixed, workers=2).total == 0

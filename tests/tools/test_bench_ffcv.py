@@ -38,11 +38,18 @@ def test_bench_ffcv_end_to_end_on_the_tiny_sample(tiny, tmp_path, capsys):
                             "--sizes", "64", "--rounds", "1", "-b", "4", "-j", "1",
                             "--batches", "2", "--warmup", "1"]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert set(report["median"]["64"]) == set(bench_ffcv.STORES) | {"lmdb-512-raw-1.5x", "lmdb-512-raw-2.7x"}
+    assert set(report["median"]["64"]) == set(bench_ffcv.STORES) | {
+        "lmdb-512-raw-1.5x", "lmdb-512-raw-2.7x", "lmdb-512-reencoded",
+        "lmdb-512-reencoded-raw-2.7x"}
     assert all(v > 0 for v in report["median"]["64"].values())
     # the same-bytes .beton holds the capped LMDB's JPEG bytes, plus FFCV's own layout
     assert report["disk_bytes"]["beton-512"] >= report["image_bytes"]["lmdb-512"]
-    assert "| 64 px |" in capsys.readouterr().out
+    # --reencode-all: every record re-encoded at quality 90, a raw share of that smaller store
+    reencoded = os.path.join(report["commands_224"]["lmdb-512-reencoded"].split()[-1], "train")
+    assert "lmdb-512-reencoded-raw-2.7x" in report["raw"]
+    printed = capsys.readouterr().out
+    assert "| 64 px |" in printed and "ours, lmdb-512-reencoded " in printed
+    assert reencoded.startswith("TMP")
 
 
 def test_larger_than_keeps_only_images_a_cap_changes(tmp_path, capsys):
