@@ -15,7 +15,8 @@ Modules, named by what they decode (as ffcv keeps its native bindings below its 
 * :mod:`decode.gpu`: a batch's windows in the training process (``--decode-device``):
   nvImageCodec on the GPU (hardware JPEG decoder, CUDA) or its CPU backend, torchvision's
   ``decode_jpeg(device="cuda")`` without it, the CPU cascade for what those decline;
-* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``);
+* :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``), handed
+  back once per epoch (``release_freed_memory``);
 * :mod:`decode.raw`: raw-pixel records (binary PPM/PGM, the converters' ``--raw-budget``), cut
   and resized without a decode.
 
@@ -39,12 +40,13 @@ import torch
 from . import jpeg_region, jpeg_scaled, jpeg_window, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, use)
-from .memory import retain_freed_memory
+from .memory import release_freed_memory, retain_freed_memory
 from .resample import resize
 
 __all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "image_size", "is_raw", "jpeg_size", "resize", "retain_freed_memory", "status_line",
+           "image_size", "is_raw", "jpeg_size", "release_freed_memory", "resize",
+           "retain_freed_memory", "status_line",
            "use", "window_size"]
 
 is_raw = raw.is_raw
