@@ -11,8 +11,9 @@ CPU performance tuning guide suggests, has the same effect; this needs no extra 
 The cost of keeping it: a process whose allocations change size and mix from batch to batch
 (DALI's host buffers, the feed's read-ahead) keeps what it freed at each peak, and its resident
 memory creeps up epoch after epoch. :func:`release_freed_memory` (glibc's ``malloc_trim``), once
-per epoch, hands it back: DALI on the CPU, 4,000 records, 5 epochs, RSS +10.3% from the first
-epoch to the last without it and +0.8% with it, 0.5-0.8 GB lower (docs/performance.md).
+per epoch, hands it back: DALI on the CPU, 4,000 records, 5 epochs, RSS at each epoch's end
++10.1% (median of 5 rounds) from the first epoch to the fifth without it and -0.9% with it,
+about 0.5 GB lower after the fifth (docs/performance.md, "Host memory across epochs").
 """
 from __future__ import annotations
 

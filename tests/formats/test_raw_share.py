@@ -17,7 +17,9 @@ from decode import decode
 from decode.raw import is_raw, raw_header
 from formats import raw_share
 from formats.raw_share import Budget, CostModel, RawChoice, parse_budget
+from formats.images import check_image
 from formats.shards import convert as convert_shards, verify as verify_shards
+from formats.sources import list_sources
 from tests.helpers.paths import REPO
 from tests.helpers.stores import raw_records, store_digest
 
@@ -64,6 +66,25 @@ def test_images_go_raw_by_saving_per_extra_byte_and_the_budget_holds():
     sized = RawChoice(Budget("1000", size=1000), model, 0.0)
     # pro rata: after 1 of 4 files the store may hold 250 bytes
     assert not sized.take(50, 300, 100, 1, 4) and sized.take(50, 300, 100, 3, 4)
+
+
+def test_the_threshold_is_set_on_every_sampled_image_the_model_on_the_timed_ones(tiny,
+                                                                                monkeypatch):
+    """plan(): decode time is measured on the ``timed`` images only (the costly part), the
+    threshold from the sizes of all of them; the 64 timed images are a subset of the 1,024."""
+    stored = [check_image(open(s.path, "rb").read()).data
+              for s in list_sources(os.path.join(tiny.root, "train")).files]
+    timed = []
+    monkeypatch.setattr(raw_share, "time_saving",
+                        lambda jpeg, raw, rng: timed.append(jpeg) or 1e-3)
+    choice = raw_share.plan(Budget("2x", share=2.0), stored, len(stored), [0, 2])
+    assert timed == [stored[0], stored[2]]
+    rows = [raw_share._sizes(data) for data in stored]
+    assert choice.threshold == raw_share.threshold(Budget("2x", share=2.0), choice.model, rows,
+                                                   len(stored))
+    for count in (50, 2000, 1_281_167):
+        assert set(raw_share.sample_indices(count)) <= set(
+            raw_share.sample_indices(count, raw_share.SIZE_SAMPLE))
 
 
 def _convert(src, out, budget, **kwargs):
