@@ -21,6 +21,7 @@ parameters: fancy chroma upsampling, RGB out).
 """
 from __future__ import annotations
 
+import io
 import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -191,10 +192,17 @@ class WindowDecoder:
 
     def _torchvision(self, datas, regions) -> list[torch.Tensor | None]:
         """torchvision's nvJPEG decode of whole JPEGs on the GPU, then each window; None for
-        what it refuses (decoded on the CPU by the caller)."""
+        what it refuses and for what is not a 1- or 3-component JPEG by PIL's reading of its
+        headers (CMYK, PNG, ...: the CPU loaders' rule, as for nvImageCodec), which the caller
+        decodes on the CPU."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
+        usable = [i for i, d in enumerate(datas) if _plain_jpeg(d)]
+        crops: list[torch.Tensor | None] = [None] * len(datas)
+        if not usable:
+            return crops
+        datas, regions = [datas[i] for i in usable], [regions[i] for i in usable]
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
             warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
@@ -209,8 +217,9 @@ class WindowDecoder:
                     except RuntimeError:
                         wholes.append(None)
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
-        return [None if whole is None else _crop(whole, region)
-                for whole, region in zip(wholes, regions)]
+        for i, whole, region in zip(usable, wholes, regions):
+            crops[i] = None if whole is None else _crop(whole, region)
+        return crops
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """The CPU loaders' whole-image decode (:func:`decode.decode`'s cascade), cropped, on
@@ -222,6 +231,17 @@ class WindowDecoder:
         if tuple(crop.shape[-2:]) != tuple(region[2:]):
             raise ValueError(f"window {tuple(region)} outside the {tuple(image.shape[-2:])} image")
         return crop.to(self.device)
+
+
+def _plain_jpeg(data) -> bool:
+    """Whether ``data`` is a JPEG PIL reads as grayscale or RGB (headers only, about 20 us)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            return image.format == "JPEG" and image.mode in ("L", "RGB")
+    except Exception:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
+        return False
 
 
 def _crop(image: torch.Tensor, region) -> torch.Tensor:

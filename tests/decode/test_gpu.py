@@ -3,6 +3,7 @@ same code and are checked by ``make gpu-check``): windows equal the CPU loaders'
 declined images decoded on the CPU and counted, undecodable ones reported, torchvision's
 path, the status lines."""
 import glob
+import io
 import os
 import random
 
@@ -109,6 +110,29 @@ def test_torchvision_path_decodes_whole_images_then_the_window(sample):
                                      torch.uint8)
         assert (image.int() - expected.int()).abs().max() <= 1
     assert "torchvision" in decoder.status()
+
+
+def test_torchvision_path_leaves_cmyk_and_non_jpegs_to_the_cpu_rule():
+    """Only 1- and 3-component JPEGs go to torchvision's decode_jpeg (nvJPEG on CUDA); a CMYK
+    JPEG or a PNG named .JPEG is decoded by the CPU loaders' cascade, as with nvImageCodec."""
+    from PIL import Image
+
+    def encoded(image, fmt):
+        out = io.BytesIO()
+        image.save(out, fmt)
+        return out.getvalue()
+
+    rgb = Image.new("RGB", (40, 30), (200, 30, 90))
+    datas = [encoded(rgb.convert("CMYK"), "JPEG"), encoded(rgb, "PNG"),
+             encoded(rgb, "JPEG"), encoded(rgb.convert("L"), "JPEG")]
+    windows = [(2, 3, 20, 24)] * 4
+    decoder = gpu.WindowDecoder("cuda", torch.device("cpu"), library=None)
+    out = decoder.decode(datas, windows, (16, 16))
+    assert out.fallback == [0, 1] and not out.failed
+    for data, image in zip(datas, out.images):
+        whole = decode.decode(data)[:, 2:22, 3:27]
+        expected = gpu.resize_window(whole, (16, 16), torch.uint8)
+        assert (image.int() - expected.int()).abs().max() <= 1
 
 
 def test_status_lines_name_the_decoder_and_backend():
