@@ -90,7 +90,7 @@ class Cap:
     def fields_in(metadata: dict) -> dict:
         """The :meth:`record` fields found in a database's metadata (LMDB) or ``index.json``
         (shards), checked: ``max_side`` an int or None, ``quality`` an int, ``reencode``
-        ``"all"``. Raises ValueError or TypeError for other values."""
+        ``"all"``. Raises ValueError for other values."""
         fields = {k: metadata[k] for k in ("max_side", "quality", "reencode") if k in metadata}
         for key, value in fields.items():
             ok = (value == "all" if key == "reencode"
