@@ -19,10 +19,25 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 # mallopt() parameters, glibc <malloc.h>
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """The C library if it is glibc (it has ``gnu_get_libc_version``), else None; loaded once
+    (``find_library`` runs ``ldconfig``)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # only glibc has it
+    except (OSError, AttributeError):
+        return None
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
 
 
 def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
@@ -33,15 +48,12 @@ def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
     returned; the process keeps up to ``limit_bytes`` of freed memory. Returns True if applied,
     False where the C library is not glibc (e.g. macOS, musl), which changes nothing.
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # only glibc has both
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     limit = min(limit_bytes, 2**31 - 1)
-    return bool(mallopt(_M_MMAP_THRESHOLD, limit)) and bool(mallopt(_M_TRIM_THRESHOLD, limit))
+    return (bool(libc.mallopt(_M_MMAP_THRESHOLD, limit))
+            and bool(libc.mallopt(_M_TRIM_THRESHOLD, limit)))
 
 
 def release_freed_memory() -> bool:
@@ -50,10 +62,5 @@ def release_freed_memory() -> bool:
     once per epoch by the DALI pipeline (``loaders.pipelines.dali``), so freed memory is reused
     within an epoch and resident memory stays flat across epochs. Returns True if glibc released
     any memory, False if none or where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(trim(0))
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))

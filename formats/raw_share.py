@@ -339,8 +339,11 @@ def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
     sized = sample_indices(count, SIZE_SAMPLE)
     timed = set(sample_indices(count))  # a subset: both spread evenly over the same listing
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # decoding releases the GIL
-        found = pool.map(lambda i: check_file(listing.files[i], check, cap), sized)
-        checked = list(zip((i in timed for i in sized), found))
-    kept = [(t, c.data) for t, c in checked if not isinstance(c, str)]
-    return plan(budget, [data for _, data in kept], count,
-                [k for k, (t, _) in enumerate(kept) if t])
+        found = list(pool.map(lambda i: check_file(listing.files[i], check, cap), sized))
+    stored, timed_at = [], []  # a skipped file (a str: why) is neither timed nor sized
+    for i, checked in zip(sized, found):
+        if not isinstance(checked, str):
+            if i in timed:
+                timed_at.append(len(stored))
+            stored.append(checked.data)
+    return plan(budget, stored, count, timed_at)
