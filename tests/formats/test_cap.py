@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import lmdb
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -211,3 +212,35 @@ def test_reencode_all_stores_record_it_verify_and_refuse_a_resume_without_it(mix
     index = ShardIndex.from_json((shards / INDEX_NAME).read_text())
     assert index.cap == {"max_side": None, "quality": 90, "reencode": "all"}
     assert folder2shards.verify(str(shards), mixed, workers=2).total == 0
+
+
+def test_reencode_all_on_the_odd_corpus_keeps_pixels_as_stored(tmp_path):
+    """Every EXIF orientation, CMYK, grayscale, a PNG named .JPEG, 56 and 2,400 px, 1:3 and 3:1,
+    progressive: each stored as a baseline RGB JPEG at --quality, its pixels as stored (EXIF
+    orientation never applied: the loaders' rule, docs/loaders.md) up to the re-encoding's loss,
+    the 2,400 px one capped; the store verifies against its source."""
+    from tests.helpers.oddities import stored_pixels, write_odd_folder
+
+    root = str(tmp_path / "odd")
+    written = write_odd_folder(root)
+    db = str(tmp_path / "db")
+    cap = Cap(512, 90, every=True)
+    train = os.path.join(root, "train")
+    summary = folder2lmdb.convert(train, db, workers=2, progress=False, cap=cap)
+    assert summary.images == summary.reencoded == len(written["train"])
+    assert folder2lmdb.verify(db, train, workers=2).total == 0
+    sources = [open(s.path, "rb").read() for s in list_sources(train).files]  # record order
+    with codec.open_readonly(db).begin() as txn:
+        records = [codec.decode_record(txn.get(codec.record_key(i)))[0]
+                   for i in range(len(sources))]
+    for source, data in zip(sources, records):
+        with Image.open(io.BytesIO(data)) as im, Image.open(io.BytesIO(source)) as src:
+            assert im.format == "JPEG" and im.mode == "RGB" and "progressive" not in im.info
+            assert im.size == cap.scaled_size(src.size)
+            if cap.exceeds(src.size):
+                continue
+        stored, original = stored_pixels(data).astype(int), stored_pixels(source).astype(int)
+        error = np.abs(stored - original).mean()  # quality 90's loss (noisy pictures: ~13)
+        moved = [np.abs(stored - m).mean() for m in (original[::-1, ::-1], original[:, ::-1],
+                                                     original[::-1])]
+        assert error < 0.5 * min(moved)  # not turned or flipped by an EXIF tag
