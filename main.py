@@ -29,6 +29,7 @@ from engine import ConfigError
 from engine.argtypes import non_negative_int, positive_int, workers_type
 from engine.augmentation import add_augment_args, check_augment_flags, with_random_erasing
 from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
+from engine.position import place_resume
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes,
                                 setup_distributed, use_cuda, use_default_start_method)
@@ -283,6 +284,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
     train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, dist.rank)
     try:
+        if s.mode == "train":  # a mid-epoch position at this run's world size and -b
+            checkpoint = place_resume(checkpoint, train_loader, s, log)
         return evaluate_or_train(s, (train_loader, val_loader), checkpoint, log)
     finally:  # the workers a loader keeps between passes end with the run, not at exit
         train_loader.close()
@@ -339,13 +342,14 @@ def train(s: RunSettings, state: TrainState, data: tuple, start: tuple[int, floa
         rng_states = gather_rng_states(dist)  # on every rank: a collective
         if dist.is_main:
             save_checkpoint(checkpoint_state(state, epoch, best_acc1, out.config, s.seed,
-                                             rng_states, batch, sums and sums.to_dict()),
+                                             rng_states, batch, sums and sums.to_dict(),
+                                             batch and data[0].position(epoch, batch)),
                             is_best, out.output_dir)
 
     epoch_metrics = {}
     try:
         for epoch in range(start_epoch, epochs):
-            resumed = epoch == start_epoch and checkpoint and checkpoint.get("batch", 0)
+            resumed = epoch == start_epoch and checkpoint and "rest" in checkpoint
             epoch_metrics = run_epoch(epoch, state, *data, dist, plan, save,
                                       checkpoint if resumed else None)
             warn_if_data_bound(epoch_metrics, s.loader.workers, log)

@@ -121,9 +121,10 @@ class ErasingLoader:
         self.loader, self.erasing = loader, erasing
         self.epoch, self.start_batch = 0, 0
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
         self.epoch, self.start_batch = epoch, start_batch
-        self.loader.set_epoch(epoch, start_batch)
+        # ``rest`` only where given: a loader of the older contract takes two arguments
+        self.loader.set_epoch(epoch, start_batch, *([] if rest is None else [rest]))
 
     def __len__(self) -> int:
         return len(self.loader)

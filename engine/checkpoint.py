@@ -54,18 +54,22 @@ def restore_rng(saved, dist: DistInfo) -> None:
 
 
 def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: int,
-                     rng_states: list[dict], batch: int = 0, partial: dict | None = None) -> dict:
+                     rng_states: list[dict], batch: int = 0, partial: dict | None = None,
+                     position: dict | None = None) -> dict:
     """The checkpoint of ``state`` (a :class:`~engine.state.TrainState`).
 
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
-    all ranks, :meth:`EpochSums.to_dict`). ``config``: the command line as the user gave it
-    (``vars(args)``); ``seed``: the seed the run resolved (drawn when ``--seed`` was not given);
+    all ranks, :meth:`EpochSums.to_dict`, and ``position``: the samples of the epoch's global
+    order consumed and the layouts, :func:`loaders.positions.position_record`, which a resume
+    at another world size or batch size continues from, :mod:`engine.position`). ``config``:
+    the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved (drawn when ``--seed`` was not given);
     ``rng_states`` from :func:`~engine.distributed.gather_rng_states`. With an EMA
     (``state.ema``) also ``model_ema``: its state_dict, under torchvision's key and format."""
     ema = getattr(state, "ema", None)
     return {**({"model_ema": ema.state_dict()} if ema is not None else {}),
         "epoch": epoch, "batch": batch, "partial": partial,
+        **({"position": position} if batch and position else {}),
         "arch": config["arch"], "state_dict": unwrap(state.model).state_dict(),
         "best_acc1": best_acc1, "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(),

@@ -196,7 +196,8 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
     start = time.perf_counter() - (carried.seconds if carried else 0.0)
     if plan.resolution is not None and plan.resolution.progressive:
         train_loader.set_resolution(plan.resolution.at(epoch))  # a function of the epoch alone
-    train_loader.set_epoch(epoch, start_batch)
+    rest = resumed_from.get("rest") if resumed_from else None  # dealt anew: engine/position.py
+    train_loader.set_epoch(epoch, start_batch, rest)
     lr = state.optimizer.param_groups[0]["lr"]
     total = start_batch + len(train_loader)
     progress = Progress(total, f"Epoch: [{epoch}]", "train", plan.print_freq, dist.is_main,

@@ -13,7 +13,8 @@ keeps between passes); the contract is ``loaders.contract``'s. A new on-disk for
 ``formats/X`` + one reader module + one line in :data:`READERS`, and every pipeline reads it.
 
 Public modules: ``contract`` (settings, ``DistInfo``, errors, seeds), ``normalize``,
-``orders`` and ``shard_orders`` (epoch orders: ``order(epoch) -> indices``), ``transforms``
+``orders`` and ``shard_orders`` (epoch orders: ``order(epoch) -> indices``), ``positions``
+(a pass's place in its epoch's global order, for resumes at another layout), ``transforms``
 (uint8 RandomResizedCrop + flip, resize + centre crop), ``auto_augment`` (torchvision's
 ``--auto-augment`` policies on the uint8 crop), ``readers``, ``pipelines``,
 ``imagefolder_lmdb`` (``ImageFolderLMDB`` for users' own scripts). Private: ``_bad_samples``
@@ -30,6 +31,7 @@ from ._throughput import measure as measure_throughput
 from .contract import (AcceleratorError, DataError, DistInfo, LoaderSettings, check_same_classes,
                        input_dtype, split_paths)
 from .pipelines import PIPELINES
+from .positions import SampleTrace, TracedLoader
 from .readers import READERS, open_reader
 
 # The --loader choices: each names a (source, pipeline) pair (LoaderSettings.source/.pipeline);
@@ -56,7 +58,9 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     train, val = (open_reader(settings.source, path, settings)
                   for path in (settings.train_path, settings.val_path))
     check_same_classes(train.classes, val.classes)
-    return pipeline.build_loaders(train, val, settings, dist)
+    train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
+    trace = SampleTrace.from_env(dist.rank)  # tests: the samples each rank trained
+    return (TracedLoader(train_loader, trace) if trace else train_loader), val_loader
 
 
 def decoders_line(settings: LoaderSettings, device) -> str:

@@ -72,6 +72,10 @@ class RandomOrder:
     def __len__(self) -> int:
         return self.num_samples // self.world_size
 
+    def at(self, rank: int, layout) -> "RandomOrder":
+        """This order for ``rank`` of a :class:`~loaders.positions.Layout`."""
+        return RandomOrder(self.num_samples, rank, layout.world_size, self.seed)
+
     def order(self, epoch: int) -> Iterator[int]:
         # Looked up at call time: benchmarks/bench_memory.py swaps in the stock sampler.
         sampler = LeanDistributedSampler(range(self.num_samples), num_replicas=self.world_size,
@@ -162,6 +166,11 @@ class RepeatedAugmentationOrder:
     def __len__(self) -> int:
         return self.selected
 
+    def at(self, rank: int, layout) -> "RepeatedAugmentationOrder":
+        """This order for ``rank`` of a :class:`~loaders.positions.Layout`."""
+        return RepeatedAugmentationOrder(self.num_samples, self.repetitions, rank,
+                                         layout.world_size, self.seed)
+
     def order(self, epoch: int) -> Iterator[int]:
         generator = torch.Generator()
         generator.manual_seed(self.seed + epoch)
@@ -177,19 +186,26 @@ class RepeatedAugmentationOrder:
 class ResumableSampler(Sampler[int]):
     """The DataLoader face of an :class:`Order`: yields ``order.order(epoch)`` from position
     ``start`` on (``start`` = batches already trained on x batch size, for a run resumed from a
-    mid-epoch checkpoint, ``--save-every``: none repeated, none skipped). ``set_epoch`` selects
-    the epoch; ``len()`` counts only what is left."""
+    mid-epoch checkpoint, ``--save-every``: none repeated, none skipped), or, when ``rest`` is
+    set, those indices instead (a resumed epoch dealt anew from its global order at another
+    layout, :func:`loaders.positions.rest_of_epoch`). ``set_epoch`` selects the epoch;
+    ``len()`` counts only what is left."""
 
     def __init__(self, order: Order):
         self.order, self.epoch, self.start = order, 0, 0
+        self.rest: list[int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
+        if self.rest is not None:
+            return iter(self.rest)
         return itertools.islice(iter(self.order.order(self.epoch)), self.start, None)
 
     def __len__(self) -> int:
+        if self.rest is not None:
+            return len(self.rest)
         return max(0, len(self.order) - self.start)
 
 
@@ -239,6 +255,11 @@ class BlockOrder:
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size
+
+    def at(self, rank: int, layout) -> "BlockOrder":
+        """This order for ``rank`` of a :class:`~loaders.positions.Layout`."""
+        return BlockOrder(self.num_samples, self.block_size, self.buffer_blocks, rank,
+                          layout.world_size, self.seed)
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's ``(start, stop)`` record ranges of ``epoch``, in reading order (before

@@ -88,6 +88,9 @@ class StreamTrainOrder:
     fewer than ``batch_size`` past a rank's last whole batch sit out this epoch (other ones
     next epoch, as the shard order changes). Raises ``ValueError`` for bad sizes or ranks."""
 
+    # The order changes with these besides the world size (loaders.positions.Layout).
+    LAYOUT_KEYS = ("batch_size", "workers")
+
     def __init__(self, counts: Sequence[int], batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, buffer: int = 1000):
         check_rank(rank, world_size)
@@ -102,6 +105,11 @@ class StreamTrainOrder:
 
     def __len__(self) -> int:
         return self.batches * self.batch_size
+
+    def at(self, rank: int, layout) -> "StreamTrainOrder":
+        """This order for ``rank`` of a :class:`~loaders.positions.Layout`."""
+        return StreamTrainOrder(self.counts, layout.batch_size, layout.workers, rank,
+                                layout.world_size, self.seed, self.buffer)
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""

@@ -44,6 +44,7 @@ from decode import decode, release_freed_memory
 from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..orders import Order, batches_per_epoch, train_batch_size
+from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ._dali_augment import DaliAugment
 from ._dali_env import (cuda_failure, default_hw_decoder_load, gpu_decoding_problem,
@@ -54,7 +55,7 @@ from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, so
 from ._shared_batches import batch_seed
 
 
-class DALILoader:
+class DALILoader(PositionedLoader):
     """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
     the indices of ``order``, as a loader of the usual contract.
 
@@ -81,6 +82,7 @@ class DALILoader:
         if opts.train:
             batch_size = train_batch_size(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
+        self.position_order, self._rest = order, None
         self.batch_size, self.max_batches = batch_size, max_batches
         self.opts, self.classes, self.device = opts, list(reader.classes), device
         self.reader = reader
@@ -104,13 +106,16 @@ class DALILoader:
     def __len__(self) -> int:
         return self.num_batches - self.start_batch
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0,
+                  rest: RestOfEpoch | None = None) -> None:
         """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
-        start it at batch ``start_batch`` (a resumed epoch). Hands the host heap's freed
-        pages back to the kernel first (:func:`decode.release_freed_memory`): without it, the
-        memory kept at each epoch's peaks grows resident memory epoch after epoch."""
+        start it at batch ``start_batch`` (a resumed epoch; ``rest``: one dealt anew at this
+        layout, whose indices are read instead, :mod:`loaders.positions`). Hands the host
+        heap's freed pages back to the kernel first (:func:`decode.release_freed_memory`):
+        without it, the memory kept at each epoch's peaks grows resident memory epoch after epoch."""
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
+        self._rest = self._take_rest(epoch, start_batch, rest)
 
     @property
     def resolution(self) -> int:
@@ -129,9 +134,16 @@ class DALILoader:
 
     def order(self) -> list[int]:
         """Dataset indices the next pass yields, in order (the epoch order's, cut to
-        :attr:`num_batches` batches, from ``start_batch`` on)."""
+        :attr:`num_batches` batches, from ``start_batch`` on; a pass dealt anew: its
+        ``rest``'s)."""
+        if self._rest is not None:
+            return self._rest[:len(self) * self.batch_size]
         indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
         return indices[self.start_batch * self.batch_size:]
+
+    def pass_indices(self) -> list[int]:
+        """The dataset indices the next pass yields (:meth:`order`)."""
+        return self.order()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order, step = self.order(), 0

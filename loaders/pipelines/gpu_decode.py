@@ -13,6 +13,7 @@ resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from contextlib import nullcontext
 from typing import Iterator
@@ -28,6 +29,7 @@ from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadab
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
+from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..transforms import TrainTransform, center_crop_plan
 from ._ahead import run_ahead
@@ -115,7 +117,7 @@ class _WindowBatches(Dataset):
                     frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
 
 
-class BatchDecodeLoader:
+class BatchDecodeLoader(PositionedLoader):
     """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
     processes that read the bytes and draw the windows (:class:`_Windows`), and decodes each
     batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`):
@@ -146,6 +148,7 @@ class BatchDecodeLoader:
             batch_size = train_batch_size(order, batch_size)
         self.reader, self.decoder, self.train = reader, decoder, train
         self.sampler = ResumableSampler(order)
+        self.position_order = order
         self.batch_size, self.device, self.dtype = batch_size, device, dtype
         self.crop_size = crop_size
         self.max_crop_size = max(crop_size, max_crop_size or 0)
@@ -175,15 +178,25 @@ class BatchDecodeLoader:
                                   self.max_batches)
         return max(0, total - self.start_batch)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0,
+                  rest: RestOfEpoch | None = None) -> None:
         """This epoch's order and windows (a function of (seed, epoch, rank)), from batch
-        ``start_batch`` on (a resumed epoch)."""
+        ``start_batch`` on (a resumed epoch); ``rest``: a resumed epoch dealt anew at this layout,
+        whose indices are read instead (:mod:`loaders.positions`)."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
+        self.sampler.rest = self._take_rest(epoch, start_batch, rest)
         self.start_batch, self.epoch = start_batch, epoch
         if self.reader.plans_passes:
+            # A pass dealt anew reads local shards at random (a stream refuses it, engine.position).
+            resumed = start_batch and self.sampler.rest is None
             self.reader.plan_pass(self.sampler.order, epoch,
-                                  list(self.sampler) if start_batch else None)
+                                  list(self.sampler) if resumed else None)
+
+    def pass_indices(self) -> list[int]:
+        """The dataset indices the next pass yields, in order (before an unreadable sample's
+        replacement)."""
+        return list(itertools.islice(self.sampler, len(self) * self.batch_size))
 
     @property
     def resolution(self) -> int:

@@ -14,13 +14,14 @@ import torch
 from ..contract import DataError, DistInfo, LoaderSettings
 from ..normalize import imagenet_mean_std, normalize
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
+from ..positions import PositionedLoader
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
 NUM_CLASSES = 1000
 
 
-class SyntheticLoader:
+class SyntheticLoader(PositionedLoader):
     """Yields the same ``(images, labels)`` batch ``len()`` times.
 
     ``images``: ``dtype`` ``(batch_size, 3, size, size)`` on ``device``,
@@ -38,6 +39,7 @@ class SyntheticLoader:
         order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
                  else ShardOrder(num_samples, dist.rank, dist.world_size))
         self._len = batches_per_epoch(len(order), batch_size, train, max_batches)
+        self.position_order, self.rank = order, dist.rank
         self.train, self.seed, self.device = train, seed + dist.rank, dist.device
         self.channels_last, self.dtype = channels_last, dtype
         gen = torch.Generator().manual_seed(self.seed)
@@ -73,9 +75,11 @@ class SyntheticLoader:
     def __len__(self) -> int:
         return self._len - self.start_batch
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Nothing to reshuffle; a resumed epoch yields only its remaining batches."""
+    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
+        """Nothing to reshuffle; a resumed epoch yields only its remaining batches (``rest``,
+        a resumed epoch dealt anew, :mod:`loaders.positions`: as many as it holds)."""
         self.start_batch = start_batch
+        self._take_rest(epoch, start_batch, rest)
 
     def close(self) -> None:
         """Nothing to stop (no workers); here as every loader has it."""

@@ -7,6 +7,7 @@ processes, pin and copy than a float one.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 import torch
@@ -17,6 +18,7 @@ from ..contract import DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize
 from ..auto_augment import make_auto_augment
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
+from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..transforms import split_transform
 from ._cuda_feed import CudaFeeder, page_lock
@@ -42,7 +44,7 @@ class _Transformed(Dataset):
         return self.reader.name_of(index)
 
 
-class DeviceLoader:
+class DeviceLoader(PositionedLoader):
     """Reads ``reader``'s samples (a :class:`~loaders.readers.Reader`) in the indices of
     ``order`` (its training or validation :class:`~loaders.orders.Order`) with a DataLoader of
     ``workers`` processes, each sample's bytes turned by ``transform`` into uint8
@@ -90,6 +92,7 @@ class DeviceLoader:
             batch_size = train_batch_size(order, batch_size)
         self.reader, self.transform = reader, transform
         self.sampler = ResumableSampler(order)
+        self.position_order = order
         self.train, self.batch_size = train, batch_size
         self.dtype = dtype
         self.image_shape = (3, crop_size, crop_size)
@@ -133,17 +136,27 @@ class DeviceLoader:
                                   self.max_batches)
         return max(0, total - self.start_batch)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0,
+                  rest: RestOfEpoch | None = None) -> None:
         """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (for a resumed epoch; the batches before it are the
-        ones already trained on)."""
+        ones already trained on); ``rest``: a resumed epoch dealt anew at this layout, whose indices
+        are read instead (:mod:`loaders.positions`)."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
+        self.sampler.rest = self._take_rest(epoch, start_batch, rest)
         self.start_batch = start_batch
         self.epoch = epoch
         if self.reader.plans_passes:
+            # A pass dealt anew reads local shards at random (a stream refuses it, engine.position).
+            resumed = start_batch and self.sampler.rest is None
             self.reader.plan_pass(self.sampler.order, epoch,
-                                  list(self.sampler) if start_batch else None)
+                                  list(self.sampler) if resumed else None)
+
+    def pass_indices(self) -> list[int]:
+        """The dataset indices the next pass yields, in order (before an unreadable sample's
+        replacement)."""
+        return list(itertools.islice(self.sampler, len(self) * self.batch_size))
 
     @property
     def resolution(self) -> int:
