@@ -104,7 +104,7 @@ class DALILoader(PositionedLoader):
                                  self.max_batches)
 
     def __len__(self) -> int:
-        return self.num_batches - self.start_batch
+        return max(0, self.num_batches - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:

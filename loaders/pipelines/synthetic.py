@@ -73,7 +73,7 @@ class SyntheticLoader(PositionedLoader):
         return self._batches[size]
 
     def __len__(self) -> int:
-        return self._len - self.start_batch
+        return max(0, self._len - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
         """Nothing to reshuffle; a resumed epoch yields only its remaining batches (``rest``,

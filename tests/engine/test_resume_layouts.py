@@ -3,6 +3,7 @@
 most once, the trained samples the global order's first (less a tail under one new global
 batch), ``train_images`` the count, the LR at the first resumed step the uninterrupted run's
 at that step of the new batching; what cannot continue exactly is refused in one line."""
+import glob
 import os
 
 import pytest
@@ -24,7 +25,9 @@ def data_flags(kind: str, tiny, tiny_shards) -> tuple[list[str], str, str]:
             "folder": ([tiny.root], "folder", os.path.join(tiny.root, "train")),
             "shards": (["--loader", "shards", tiny_shards], "shards",
                        os.path.join(tiny_shards, "train")),
-            "dali": (["--dali", tiny.root], "folder", os.path.join(tiny.root, "train"))}[kind]
+            "dali": (["--dali", tiny.root], "folder", os.path.join(tiny.root, "train")),
+            "decode": ([tiny.root, "--decode-device", "cpu-nvimgcodec"], "folder",
+                       os.path.join(tiny.root, "train"))}[kind]
 
 
 def epoch_order(source: str, train: str, nproc: int, batch: int) -> list[int]:
@@ -36,10 +39,10 @@ def epoch_order(source: str, train: str, nproc: int, batch: int) -> list[int]:
 
 
 CASES = [  # reader, (processes, batch) saved, (processes, batch) resumed, check the LR
-    ("lmdb", (2, 2), (3, 2), True), ("lmdb", (2, 2), (1, 2), False),
+    ("lmdb", (2, 2), (3, 2), True),
     ("lmdb", (1, 4), (1, 8), True), ("lmdb", (1, 4), (1, 2), False),
     ("folder", (2, 2), (1, 4), False), ("shards", (2, 2), (3, 2), False),
-    ("dali", (1, 4), (2, 2), False)]
+    ("dali", (1, 4), (2, 2), False), ("decode", (2, 2), (1, 2), False)]
 
 
 @pytest.mark.parametrize("kind,saved,resumed,check_lr", CASES,
@@ -48,6 +51,8 @@ def test_resume_at_another_layout_continues_the_global_order(tiny, tiny_shards, 
                                                              saved, resumed, check_lr):
     if kind == "dali":
         pytest.importorskip("nvidia.dali")
+    if kind == "decode":
+        pytest.importorskip("nvidia.nvimgcodec")
     data, source, train = data_flags(kind, tiny, tiny_shards)
     schedule = ["--lr-scheduler", "cosine", "--lr", "0.05"]
     killed, out = str(tmp_path / "killed"), str(tmp_path / "resumed")
@@ -77,3 +82,78 @@ def test_resume_at_another_layout_continues_the_global_order(tiny, tiny_shards, 
         assert lrs[first] == pytest.approx(expected[first], rel=1e-6)
         steps = len(expected)  # steps per epoch at the new layout (one epoch)
         assert abs(first / steps - position["consumed"] / len(order)) <= 1 / steps
+
+
+@pytest.fixture(scope="module")
+def killed(tiny, tiny_shards, tmp_path_factory):
+    """Checkpoints of runs SIGKILLed at step 3 of 8 at one process of -b 4: ``lmdb`` and
+    ``shards`` (local files) output folders."""
+    root = tmp_path_factory.mktemp("killed")
+    outs = {}
+    for kind in ("lmdb", "shards"):
+        data, _, _ = data_flags(kind, tiny, tiny_shards)
+        outs[kind] = str(root / kind)
+        kill_at_step([*data, *layout_flags(1, 4), "--output-dir", outs[kind]],
+                     str(root / f"trace-{kind}"), 3)
+    return outs
+
+
+def resume_fails(data: list[str], checkpoint: str, *flags) -> str:
+    """Resume ``checkpoint``: it must fail with one ``main.py: error:`` line, returned."""
+    result = run_cli(*data, *flags, "--resume", checkpoint)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("main.py: error: --resume ")
+    return lines[0]
+
+
+def edited(out: str, tmp_path, edit) -> str:
+    """A copy of ``out``'s checkpoint changed by ``edit(checkpoint)``."""
+    import torch
+
+    checkpoint = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
+    edit(checkpoint)
+    path = str(tmp_path / "edited.pth.tar")
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed, tmp_path):
+    """A mid-epoch checkpoint of before this change (no ``position``): refused in one line at
+    another -b, resumed at its own."""
+    old = edited(killed["lmdb"], tmp_path, lambda c: c.pop("position"))
+    data = ["--lmdb", tiny.lmdb, "--output-dir", str(tmp_path / "out")]
+    line = resume_fails(data, old, *layout_flags(1, 8))
+    assert "before positions were recorded" in line and "-b 4" in line
+    result = run_cli(*data, *layout_flags(1, 4), "--resume", old)
+    assert result.returncode == 0 and ", batch " in result.stdout, result.stderr[-2000:]
+    assert only_record(str(tmp_path / "out"))["train_images"] == 32
+
+
+@pytest.mark.parametrize("edit,flags,words", [
+    (lambda c: c["position"].update(num_samples=40), [], "this training set has 32"),
+    (lambda c: None, ["--seed", "4"], "resume with --seed 3"),
+    (lambda c: c["position"].update(consumed=60), ["-b", "8"], "does not fit"),
+])
+def test_a_position_of_another_epoch_order_is_refused_in_one_line(tiny, killed, tmp_path, edit,
+                                                                  flags, words):
+    path = edited(killed["lmdb"], tmp_path, edit)
+    line = resume_fails(["--lmdb", tiny.lmdb, *layout_flags(1, 4), *flags, "--output-dir",
+                         str(tmp_path / "out")], path)
+    assert words in line
+
+
+def test_streamed_shards_resume_at_their_layout_only(tiny_shards, killed, tmp_path):
+    """A stream cannot be dealt anew: at -b 8 refused in one line saying what to do; at the
+    saved layout it resumes."""
+    shards = sorted(glob.glob(os.path.join(tiny_shards, "train", "train-*.tar")))
+    stream = f"pipe:cat {os.path.join(tiny_shards, 'train', 'train-')}" + (
+        "{000000..%06d}.tar" % (len(shards) - 1))
+    data = ["--loader", "shards", tiny_shards, "--train", stream, "--output-dir",
+            str(tmp_path / "out")]
+    checkpoint = os.path.join(killed["shards"], "checkpoint.pth.tar")
+    line = resume_fails(data, checkpoint, *layout_flags(1, 8))
+    assert "streamed shards" in line and "resume with that layout" in line
+    result = run_cli(*data, *layout_flags(1, 4), "--resume", checkpoint)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert only_record(str(tmp_path / "out"))["train_images"] == 32
