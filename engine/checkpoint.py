@@ -63,9 +63,10 @@ def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: in
     all ranks, :meth:`EpochSums.to_dict`, and ``position``: the samples of the epoch's global
     order consumed and the layouts, :func:`loaders.positions.position_record`, which a resume
     at another world size or batch size continues from, :mod:`engine.position`). ``config``:
-    the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved (drawn when ``--seed`` was not given);
-    ``rng_states`` from :func:`~engine.distributed.gather_rng_states`. With an EMA
-    (``state.ema``) also ``model_ema``: its state_dict, under torchvision's key and format."""
+    the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved
+    (drawn when ``--seed`` was not given); ``rng_states`` from
+    :func:`~engine.distributed.gather_rng_states`. With an EMA (``state.ema``) also
+    ``model_ema``: its state_dict, under torchvision's key and format."""
     ema = getattr(state, "ema", None)
     return {**({"model_ema": ema.state_dict()} if ema is not None else {}),
         "epoch": epoch, "batch": batch, "partial": partial,

@@ -27,7 +27,8 @@ def place_resume(checkpoint: dict | None, train_loader, s, log: Callable) -> dic
     """``checkpoint`` with a mid-epoch position placed at ``train_loader``'s layout: ``batch``
     the step to start at and ``rest`` (a :class:`~loaders.positions.RestOfEpoch`) for
     ``train_loader.set_epoch``; any other checkpoint as it is. ``s``: this run's
-    :class:`~engine.settings.RunSettings` (its seed, command line and ``--resume``); ``log`` gets one line when the layout changed (and one when the global batch did).
+    :class:`~engine.settings.RunSettings` (its seed, command line and ``--resume``); ``log``
+    gets one line when the layout changed (and one when the global batch did).
     Raises :class:`ConfigError` (one line) for what cannot be continued exactly."""
     if not checkpoint or not checkpoint.get("batch") or "optimizer" not in checkpoint:
         return checkpoint

@@ -112,7 +112,8 @@ class DALILoader(PositionedLoader):
         start it at batch ``start_batch`` (a resumed epoch; ``rest``: one dealt anew at this
         layout, whose indices are read instead, :mod:`loaders.positions`). Hands the host
         heap's freed pages back to the kernel first (:func:`decode.release_freed_memory`):
-        without it, the memory kept at each epoch's peaks grows resident memory epoch after epoch."""
+        without it, the memory kept at each epoch's peaks grows resident memory epoch after
+        epoch."""
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
         self._rest = self._take_rest(epoch, start_batch, rest)

@@ -188,7 +188,7 @@ class BatchDecodeLoader(PositionedLoader):
         self.sampler.rest = self._take_rest(epoch, start_batch, rest)
         self.start_batch, self.epoch = start_batch, epoch
         if self.reader.plans_passes:
-            # A pass dealt anew reads local shards at random (a stream refuses it, engine.position).
+            # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None
             self.reader.plan_pass(self.sampler.order, epoch,
                                   list(self.sampler) if resumed else None)

@@ -140,15 +140,15 @@ class DeviceLoader(PositionedLoader):
                   rest: RestOfEpoch | None = None) -> None:
         """Make this epoch's shuffle and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (for a resumed epoch; the batches before it are the
-        ones already trained on); ``rest``: a resumed epoch dealt anew at this layout, whose indices
-        are read instead (:mod:`loaders.positions`)."""
+        ones already trained on); ``rest``: a resumed epoch dealt anew at this layout, whose
+        indices are read instead (:mod:`loaders.positions`)."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
         self.sampler.rest = self._take_rest(epoch, start_batch, rest)
         self.start_batch = start_batch
         self.epoch = epoch
         if self.reader.plans_passes:
-            # A pass dealt anew reads local shards at random (a stream refuses it, engine.position).
+            # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None
             self.reader.plan_pass(self.sampler.order, epoch,
                                   list(self.sampler) if resumed else None)
