@@ -86,9 +86,10 @@ def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
 
 
 def on_gpu(runner: Runner, s, rec: dict) -> dict:
-    """``rec`` failed unless main.py's ``device:`` line names a batch decoder on CUDA; the
-    samples it sent to the CPU (``note: N samples decoded on the CPU``) are recorded as
-    ``cpu_fallbacks``. A dry run records only."""
+    """``rec`` failed unless main.py's ``device:`` line names a batch decoder on CUDA (not in
+    a dry run) and no sample went to the CPU fallback: those main.py names (``note: N
+    samples decoded on the CPU``) are counted as ``cpu_fallbacks``, and any fails the row,
+    since the figure is then partly the CPU's (the bundle's sample holds plain JPEGs)."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -98,6 +99,9 @@ def on_gpu(runner: Runner, s, rec: dict) -> dict:
     if not s.dry_run and not re.search(r"batch windows: (nvImageCodec \S+|torchvision "
                                        r"decode_jpeg) on cuda", line):
         return fail(rec, f"main.py did not name a batch decoder on CUDA: {line[:200]!r}")
+    if rec["cpu_fallbacks"]:
+        return fail(rec, f"{rec['cpu_fallbacks']} samples decoded on the CPU fallback: the "
+                         "figure is not the batch decoder's alone")
     return rec
 
 

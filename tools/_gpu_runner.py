@@ -54,10 +54,11 @@ class Runner:
         old = self.env.get("PYTHONPATH")
         self.env["PYTHONPATH"] = folder + (os.pathsep + old if old else "")
 
-    def run(self, name: str, cmd: list[str], timeout: float) -> dict:
-        """Run ``cmd`` (stdout/stderr to ``logs/NAME.out|.err``) for at most ``timeout`` s, or
-        less when the budget runs out. Returns a record: ``status`` passed (exit 0), failed
-        (with the reason and both tails) or skipped (time budget), ``command``, ``seconds``."""
+    def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+        """Run ``cmd`` (stdout/stderr to ``logs/NAME.out|.err``, ``env`` added to the
+        environment) for at most ``timeout`` s, or less when the budget runs out. Returns a
+        record: ``status`` passed (exit 0), failed (with the reason and both tails) or skipped
+        (time budget), ``command``, ``seconds``."""
         record = {"name": name, "command": " ".join(shell_quote(c) for c in cmd)}
         left = self.budget - self.elapsed()
         if left <= 0:
@@ -66,7 +67,7 @@ class Runner:
         start = time.monotonic()
         with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
             # its own session: main.py's loader workers and spawned ranks end with it
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True)
             try:
                 code = proc.wait(limit)

@@ -58,6 +58,7 @@ def settings(args) -> SimpleNamespace:
         # wraps the model in DataParallel over all visible GPUs
         accel=["--no-accel"] if dry else ["--gpu", "0"],
         only=set(args.only or SECTIONS), keep_data=args.keep_data)
+    check_not_in_out(s.out, "--out")
     if s.steps < 1 or s.warmup < 0 or s.batch < 1:
         raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
     if not (s.workers == "auto" or s.workers.isdigit()):
@@ -81,6 +82,22 @@ def settings(args) -> SimpleNamespace:
     if not s.images:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
     return s
+
+
+def check_not_in_out(path: str, flag: str) -> None:
+    """Raise :class:`InputError` when ``path`` is the environment's ``$OUT`` or inside it: on a
+    borrowed GPU machine ``$OUT`` is the folder that comes back (at most 8 files of 16 MiB, 2
+    folders deep), and the check's scratch (wheels, site-packages, a 1.5 GB LMDB, logs, runs)
+    written there would make the one try return nothing. Results go there as one archive
+    (``--archive``)."""
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    top, here = os.path.realpath(out), os.path.realpath(path)
+    if here == top or here.startswith(top.rstrip(os.sep) + os.sep):
+        raise InputError(f"{flag} {path} is inside $OUT ({out}), the folder that comes back "
+                         "from a borrowed machine: give a scratch folder elsewhere and "
+                         "--archive $OUT/gpu-check.tar.gz")
 
 
 def pick(value, default):

@@ -31,6 +31,8 @@ import shutil
 import subprocess
 import sys
 
+from decode.gpu import nvjpeg_pip_package
+
 from .wheel_parts import MANIFEST, PART_BYTES, split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,6 +85,10 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     specs = [pinned("lmdb"), pinned("pytest")]
     codec = f"nvidia-nvimgcodec-cu{cuda}"
     specs.append(pinned(codec) if same else codec)
+    # nvImageCodec declares nvJPEG only as an optional extra: without it every GPU decode of
+    # --decode-device cuda falls back to the CPU, so it is always in the bundle
+    nvjpeg = nvjpeg_pip_package(cuda)
+    specs.append(pinned(nvjpeg) if same else nvjpeg)
     if dali:
         name = f"nvidia-dali-cuda{cuda}0"
         installed = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")

@@ -83,19 +83,28 @@ def gpu_test_files() -> list[str]:
     return found
 
 
-def pytest_section(runner: Runner, machine: dict) -> list[dict]:
+def pytest_section(runner: Runner, machine: dict, sample: str | None = None) -> list[dict]:
     """Section 2: the GPU-marked tests, one pytest run per file (each with its own timeout, so
     a slow file is reported as timed out without taking the others down)."""
     if not machine.get("pytest"):
         return [announce(runner, skipped("pytest", "not available: pytest not installed"))]
-    return [announce(runner, pytest_piece(runner, path)) for path in gpu_test_files()]
+    return [announce(runner, pytest_piece(runner, path, sample)) for path in gpu_test_files()]
 
 
-def pytest_piece(runner: Runner, path: str) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line."""
+def sample_env(sample: str | None) -> dict:
+    """``IMAGENET_SAMPLE`` for the tests (``tests/helpers/paths.py``): the bundle's sample
+    (``train/``, ``val/``), since ``../shared`` does not travel to a GPU machine and the
+    GPU-vs-CPU pixel tests would skip; {} without one."""
+    return {"IMAGENET_SAMPLE": sample} if sample else {}
+
+
+def pytest_piece(runner: Runner, path: str, sample: str | None = None) -> dict:
+    """``pytest -m gpu PATH`` (the sample folder ``sample`` as ``IMAGENET_SAMPLE``), parsed from
+    pytest's summary line."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"])
+                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"],
+                     env=sample_env(sample))
     if rec["status"] in ("skipped", "timed out"):
         return rec
     parsed = report_.parse_pytest(runner.text(name))
@@ -272,7 +281,7 @@ def run_sections(runner: Runner, s, report: dict) -> None:
         data, prepared = prepare_data(runner, s, machine, TIMEOUTS["lmdb"])
         setup += [announce(runner, r) for r in prepared]
     if "pytest" in s.only:
-        sections["pytest"] = pytest_section(runner, machine)
+        sections["pytest"] = pytest_section(runner, machine, os.path.dirname(s.train_src))
     if "nccl" in s.only:
         sections["nccl"] = [nccl(runner, s, data, machine)]
     rows = []

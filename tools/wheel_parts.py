@@ -33,16 +33,20 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def split(wheel: str, folder: str, part_bytes: int = PART_BYTES) -> list[str]:
-    """Cut ``wheel`` into ``folder/NAME.partNN`` files of at most ``part_bytes`` bytes and add
-    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
-    if part_bytes < 1:
-        raise ValueError(f"part size {part_bytes}: must be at least 1 byte")
+def split(wheel: str, folder: str, part_bytes: int = PART_BYTES,
+          first_bytes: int | None = None) -> list[str]:
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files of at most ``part_bytes`` bytes (the
+    first at most ``first_bytes``: the room left in a transfer that carries other files too)
+    and add their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in
+    order. Raises ``ValueError`` for a size under 1 byte."""
+    if part_bytes < 1 or (first_bytes is not None and first_bytes < 1):
+        raise ValueError(f"part size {min(part_bytes, first_bytes or part_bytes)}: must be at "
+                         "least 1 byte")
     os.makedirs(folder, exist_ok=True)
     name, parts, lines = os.path.basename(wheel), [], []
     with open(wheel, "rb") as src:
         while True:
-            data = src.read(part_bytes)
+            data = src.read(first_bytes if first_bytes and not parts else part_bytes)
             if not data:
                 break
             part = os.path.join(folder, f"{name}.part{len(parts):02d}")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
+from decode.gpu import nvjpeg_pip_package
 from tools import gpu_bundle
 
 
@@ -68,10 +69,12 @@ def test_dali_wheel_follows_the_cuda_major():
     local = gpu_bundle.local_cuda_major()
     specs = gpu_bundle.wheel_specs(local, dali=True)
     assert any(s.startswith(f"nvidia-dali-cuda{local}0") for s in specs)
-    assert {s.split("==")[0] for s in specs} >= {"lmdb", "pytest", f"nvidia-nvimgcodec-cu{local}"}
+    assert {s.split("==")[0] for s in specs} >= {"lmdb", "pytest", f"nvidia-nvimgcodec-cu{local}",
+                                             nvjpeg_pip_package(local)}
     other = "12" if local != "12" else "13"
     specs = gpu_bundle.wheel_specs(other, dali=True)
     assert f"nvidia-nvimgcodec-cu{other}" in specs  # pip picks the version for that CUDA
+    assert nvjpeg_pip_package(other) in specs  # nvImageCodec's optional extra: always there
     assert any(s.startswith(f"nvidia-dali-cuda{other}0") for s in specs)
     assert not any("dali" in s for s in gpu_bundle.wheel_specs(local, dali=False))
 
