@@ -228,12 +228,13 @@ def torch_cuda() -> str | None:
     return torch.version.cuda
 
 
-def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
+def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
     """Install into ``site`` (and put it on the commands' ``PYTHONPATH``) each of ``wheels``
     that this interpreter lacks (:func:`wheel_is_missing`: lmdb, pytest and its dependencies,
     nvImageCodec, DALI and its dependencies); without pip, unpack them there. A DALI wheel for
     another CUDA major than torch's is left out with a ``dali-wheel`` record (skipped: DALI is
-    then not proven). Returns the records, [] when nothing is missing."""
+    then not proven). ``name``: the install record's. Returns the records, [] when nothing is
+    missing."""
     records = []
     dali = [w for w in wheels if _DALI_WHEEL.match(os.path.basename(w).split("-")[0].lower())]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
@@ -247,14 +248,17 @@ def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     runner.add_path(site)
     names = [os.path.basename(w).split("-")[0] for w in wanted]
     if has_pip():
-        record = runner.run("install", [
+        # --no-compile: byte-compiling DALI's and nvImageCodec's files costs a minute of a
+        # borrowed machine for modules imported a few times
+        record = runner.run(name, [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-            "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT)
+            "--no-compile", "--disable-pip-version-check", "--target", site, *wanted],
+            INSTALL_TIMEOUT)
     else:  # no pip: a wheel without scripts is a zip to put on sys.path as it is
         for wheel in wanted:
             with zipfile.ZipFile(wheel) as zf:
                 zf.extractall(site)
-        record = {"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
+        record = {"name": name, "command": f"unzip {' '.join(wanted)} -d {site}",
                   "status": "passed"}
     share_namespace(site, "nvidia")
     return records + [{**record, "installed": names}]

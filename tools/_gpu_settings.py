@@ -29,7 +29,8 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
                    "default BUNDLE/parts")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
-    p.add_argument("--budget", type=float, default=900.0, help="seconds; later checks are skipped")
+    p.add_argument("--budget", type=float, default=3600.0, help="seconds; later checks are "
+                   "skipped (the full check takes 30-35 min on an H100 machine)")
     p.add_argument("--steps", type=int, help="timed training steps per run (default 40; dry 2)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default 10; dry 1)")
     p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
@@ -37,6 +38,17 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     p.add_argument("--keep-data", action="store_true",
                    help="keep OUT/data (the replicated sample and its LMDBs, ~1.5 GB)")
+    lease = p.add_argument_group("lease plan (docs/gpu-check.md)")
+    lease.add_argument("--lease", action="store_true", help="one call of the lease plan on a "
+                       "borrowed GPU: the same command every call")
+    lease.add_argument("--rehearse", action="store_true", help="the lease plan end to end on "
+                       "this machine's CPU backends, with the borrowed machine's limits checked")
+    lease.add_argument("--state", help="the lease's scratch folder, kept between calls "
+                       "(default /tmp/gpu-check; never inside $OUT)")
+    lease.add_argument("--archive", help="the one results file (default $OUT/gpu-check.tar.gz, "
+                       "else STATE/gpu-check.tar.gz)")
+    lease.add_argument("--rows", nargs="+", metavar="PATTERN",
+                       help="only the plan's rows matching these (fnmatch) patterns")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 

@@ -33,13 +33,18 @@ import sys
 
 from decode.gpu import nvjpeg_pip_package
 
-from .wheel_parts import MANIFEST, PART_BYTES, split
+from .wheel_parts import MANIFEST, split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU machine's torch brings numpy; the wheel would only add 16 MB
 ALREADY_THERE = ("numpy",)
 GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
+# The device tool sends at most 64 MiB per call, the repository's files included; the margin
+# leaves room for commits made after the bundle. A part smaller than MIN_PART is not worth a
+# place in the first call; MANIFEST_ROOM: SHA256SUMS (one line per part and wheel).
+CALL_BYTES, CALL_MARGIN, MIN_PART, MANIFEST_ROOM = 64 << 20, 2 << 20, 1 << 20, 4096
+LEASE_COMMAND = "python3 -m tools.gpu_check --lease"
 
 
 class InputError(Exception):
@@ -176,40 +181,97 @@ def build(args) -> int:
     for name in os.listdir(wheels):
         if name.split("-")[0].lower() in ALREADY_THERE:
             os.remove(os.path.join(wheels, name))
-    parts = split_large_wheels(wheels, os.path.join(out, "parts"))
-    print(f"gpu-bundle: {out}: {folder_mib(out):.0f} MiB ({len(os.listdir(wheels))} wheels, "
-          f"{folder_mib(wheels):.0f} MiB" + (f"; {len(parts)} parts of at most "
-                                            f"{PART_BYTES >> 20} MiB in parts/)" if parts else ")"))
-    if parts:
-        print("\n".join(carry_plan(out, parts)))
+    calls = lay_out_calls(out, carried_bytes(REPO))
+    print(f"gpu-bundle: {out}: {folder_mib(os.path.join(out, 'wheels')):.0f} MiB of wheels "
+          f"({len(os.listdir(wheels))}), {len(calls)} lease calls", flush=True)
+    print("\n".join(calls_text(out, calls)))
     return 0
 
 
-def split_large_wheels(wheels: str, folder: str) -> list[str]:
-    """Move each wheel in ``wheels`` larger than :data:`~tools.wheel_parts.PART_BYTES` into
-    parts in ``folder`` (with its manifest); returns the parts' paths."""
+def carried_bytes(repo: str) -> int:
+    """Bytes the device tool sends with every call besides what it carries: the repository's
+    tracked files and its untracked ones that git does not ignore (``git ls-files``). Raises
+    :class:`InputError` without git."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=repo, capture_output=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise InputError(f"git ls-files in {repo} failed ({exc}): the bytes per call are "
+                         "counted from git's file list") from None
+    paths = (os.path.join(repo, p) for p in listed.decode().split("\0") if p)
+    return sum(os.lstat(p).st_size for p in paths if os.path.lexists(p))
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path)
+               for f in files)
+
+
+def lay_out_calls(out: str, repo_bytes: int, call_bytes: int = CALL_BYTES) -> list[dict]:
+    """Cut each wheel that does not fit one call (DALI's) into parts and lay the bundle out
+    as ``OUT/calls/1``, ``OUT/calls/2``, ...: what each device call of the lease plan carries
+    (docs/gpu-check.md), hard links of ``OUT/wheels``, ``OUT/sample`` and ``OUT/parts``. Call 1
+    carries the small wheels, the sample, the manifest and a first part sized to the room
+    left; each later call one part. Every call is at most ``call_bytes`` with ``repo_bytes``
+    and :data:`CALL_MARGIN` for commits made after the bundle. Raises :class:`InputError` when
+    the sample and small wheels alone do not fit. Returns
+    ``{"call", "bytes", "files"}`` per call (bytes with the repository's)."""
+    wheels, sample, parts_dir = (os.path.join(out, x) for x in ("wheels", "sample", "parts"))
+    room = call_bytes - CALL_MARGIN - repo_bytes
+    big = [os.path.join(wheels, n) for n in sorted(os.listdir(wheels))
+           if os.path.getsize(os.path.join(wheels, n)) > room // 2]
+    first_room = room - folder_bytes(sample) - sum(
+        os.path.getsize(os.path.join(wheels, n)) for n in os.listdir(wheels)
+        if os.path.join(wheels, n) not in big) - MANIFEST_ROOM
+    if first_room < 0:
+        raise InputError(f"the sample and the small wheels need {(room - first_room) >> 20} "
+                         f"MiB, over one call's {room >> 20} MiB: fewer --images")
     parts = []
-    for name in sorted(os.listdir(wheels)):
-        path = os.path.join(wheels, name)
-        if os.path.getsize(path) > PART_BYTES:
-            parts += split(path, folder)
-            os.remove(path)
-    return parts
+    for wheel in big:
+        first = first_room if not parts and first_room >= MIN_PART else None
+        parts += split(wheel, parts_dir, part_bytes=room, first_bytes=first)
+        os.remove(wheel)
+    calls = [[os.path.join("wheels", n) for n in sorted(os.listdir(wheels))] + ["sample"]
+             + ([os.path.join("parts", MANIFEST)] if parts else [])]
+    for number, part in enumerate(parts):
+        name = os.path.join("parts", os.path.basename(part))
+        if number == 0 and os.path.getsize(part) <= first_room:
+            calls[0].append(name)
+        else:
+            calls.append([name])
+    shutil.rmtree(os.path.join(out, "calls"), ignore_errors=True)
+    result = []
+    for number, files in enumerate(calls, 1):
+        folder = os.path.join(out, "calls", str(number))
+        for rel in files:
+            link_tree(os.path.join(out, rel), os.path.join(folder, rel))
+        result.append({"call": number, "files": files,
+                       "bytes": repo_bytes + folder_bytes(folder)})
+    return result
 
 
-def carry_plan(out: str, parts: list[str]) -> list[str]:
-    """The device calls that bring the bundle to a GPU machine that takes at most 64 MiB per
-    call and keeps what earlier calls left while it stays warm: one part per call, moved out of
-    the checkout so that no later carry replaces it, then the rest with ``make gpu-check``."""
+def link_tree(src: str, dst: str) -> None:
+    """``dst`` as a hard-linked copy of the file or folder ``src`` (symlinks kept as links)."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
+    elif os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    else:
+        os.link(src, dst)
+
+
+def calls_text(out: str, calls: list[dict]) -> list[str]:
+    """The device calls of the lease plan (docs/gpu-check.md): back to back, each the same
+    command, each carrying its folder of ``OUT/calls``."""
     rel = os.path.relpath(out, REPO)
-    lines = ["gpu-bundle: device calls, back to back (the machine goes back after 30 s idle):"]
-    for number, part in enumerate(parts, 1):
-        path = os.path.join(rel, "parts", os.path.basename(part))
-        lines.append(f"  {number}. carry [\"{path}\"]  command: mkdir -p /tmp/gpu-parts && "
-                     f"mv {path} /tmp/gpu-parts/")
-    lines.append(f"  {len(parts) + 1}. carry [\"{rel}/sample\", \"{rel}/wheels\", "
-                 f"\"{rel}/parts/{MANIFEST}\"]  command: cp {rel}/parts/{MANIFEST} /tmp/gpu-parts/ "
-                 "&& make gpu-check PARTS=/tmp/gpu-parts")
+    lines = ["gpu-bundle: the lease's device calls, back to back, nothing read between them "
+             "(the machine goes back after 30 s idle):"]
+    for call in calls:
+        lines.append(f"  {call['call']}. carry [\"{rel}/calls/{call['call']}\"]  timeout_s 540  "
+                     f"command: {LEASE_COMMAND}   ({call['bytes'] / 2**20:.1f} MiB with the "
+                     "repository)")
     return lines
 
 

@@ -314,6 +314,12 @@ def main_cli(argv=None) -> int:
     if args.probe:
         print(json.dumps(probe()))
         return 0
+    if args.lease:
+        from ._gpu_lease import lease_main
+        return lease_main(args)
+    if args.rehearse:
+        from ._gpu_rehearse import rehearse_main
+        return rehearse_main(args)
     try:
         s = settings(args)
         os.makedirs(s.out, exist_ok=True)

@@ -55,9 +55,10 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
     elif name == "dali-gpu-decode":
         out = json.dumps({"problem": getattr(self, "gpu_decode_problem", None)})
     elif name == "gpu-decode-probe":
-        out = json.dumps({"status": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
+        out = json.dumps({"decoder": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
                           "on_device": 2, "fallback": 0, "max_diff": 2.0,
-                          "hardware_decoder": True})
+                          "hardware_decoder": True, "torchvision": {
+                              "on_device": 2, "fallback": 0, "max_diff": 2.0}})
     elif "--benchmark-data" in cmd:  # decoding on the CPU with one thread: 1,000 images/s
         cpu = "--dali-cpu" in cmd or name == "loader-gpudecode-cpu-j1"
         speed = 1000.0 if cpu else 5120.0
