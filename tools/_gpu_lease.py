@@ -181,15 +181,17 @@ class Lease:
         return True
 
     def dali_ready(self) -> bool:
-        """Whether DALI can run: installed on the machine, installed by this lease, or now
-        installed from its parts when every part has come (``install-dali``)."""
-        if self.ctx.machine.get("dali") or "install-dali" in self.done:
+        """Whether DALI's rows can run: installed by this lease, none carried (the machine's
+        own, or "not installed"), or now installed from its parts when every part has come
+        (``install-dali``: reassembled and checked even where the machine has DALI, which
+        then stays; a rehearsal times it so)."""
+        if "install-dali" in self.done:
             return True
         from .wheel_parts import MANIFEST, read_manifest
 
         parts = os.path.join(self.state, "bundle", "parts")
         if not os.path.isfile(os.path.join(parts, MANIFEST)):
-            return True  # no DALI carried: its rows say "not installed"
+            return True  # none carried: the machine's own DALI, else its rows say so
         if not all(os.path.isfile(os.path.join(parts, n)) for n in read_manifest(parts)
                    if ".part" in n):
             return False

@@ -23,6 +23,9 @@ from ._gpu_runner import skipped
 # Machine time of one lease (docs/gpu-check.md): 15 minutes in all, 2 of them for the start,
 # and what each call costs beyond its command (sending up to 64 MiB, the reply, the next call).
 LEASE_SECONDS, START_SECONDS, CALL_OVERHEAD = 900.0, 120.0, 10.0
+# The set-up rows' expected seconds on an H100: wheels unpacked, the environment probe (torch
+# import and CUDA start), the sample linked and written as a 1.5 GB LMDB by 16 processes.
+SETUP_EXPECT = {"install": 15.0, "environment": 15.0, "data": 45.0, "install-dali": 40.0}
 CORE_DEADLINE = 780.0  # rows 1-5 end within 13 minutes, start included (issue 45)
 CALL_SECONDS = 520.0  # one command's own limit, under the device tool's 540 s per call
 # Scaling a rehearsal's seconds to an H100 (gpu_seconds): a main.py run there also creates
@@ -202,3 +205,10 @@ def gpu_seconds(row_kind: str, rate: str, record: dict, dry_run: bool) -> float:
     if row_kind == "wheels":
         return seconds + float(record.get("bytes") or 0) / UNPACK_RATE
     return seconds
+
+
+def expected_core_seconds(rows: list[Row], calls: int) -> float:
+    """The plan's own estimate of when rows 1-5 end on an H100, start and ``calls`` calls'
+    overhead included (what :data:`CORE_DEADLINE` bounds, before any rehearsal)."""
+    return (START_SECONDS + CALL_OVERHEAD * calls + sum(SETUP_EXPECT.values())
+            + sum(r.expect for r in rows if r.group <= 5))
