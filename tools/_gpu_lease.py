@@ -187,22 +187,32 @@ class Lease:
         then stays; a rehearsal times it so)."""
         if "install-dali" in self.done:
             return True
+        from .gpu_bundle import DALI_LIST, DALI_WHEELS
         from .wheel_parts import MANIFEST, read_manifest
 
         parts = os.path.join(self.state, "bundle", "parts")
-        if not os.path.isfile(os.path.join(parts, MANIFEST)):
+        deps = os.path.join(self.state, "bundle", DALI_WHEELS)
+        listed = os.path.join(deps, DALI_LIST)
+        if not os.path.isfile(os.path.join(parts, MANIFEST)) and not os.path.isfile(listed):
             return True  # none carried: the machine's own DALI, else its rows say so
-        if not all(os.path.isfile(os.path.join(parts, n)) for n in read_manifest(parts)
-                   if ".part" in n):
+        wanted = [os.path.join(deps, n.strip()) for n in open(listed) if n.strip()] \
+            if os.path.isfile(listed) else []
+        if os.path.isfile(os.path.join(parts, MANIFEST)):
+            wanted += [os.path.join(parts, n) for n in read_manifest(parts) if ".part" in n]
+        if not all(os.path.isfile(p) for p in wanted):
             return False
-        self.install_dali(parts)
+        self.install_dali(parts, sorted(p for p in wanted if p.endswith(".whl")))
         return True
 
-    def install_dali(self, parts: str) -> None:
+    def install_dali(self, parts: str, deps: list[str]) -> None:
+        """``install-dali``: DALI's wheel joined from its parts and checked, installed with
+        ``deps`` (its own dependencies) into ``STATE/site-dali``; the environment probed
+        again for DALI's version."""
         from .gpu_check import join_parts
 
         started = time.monotonic()
         wheels, recs = join_parts(parts, os.path.join(self.state, "wheels-joined"))
+        wheels += deps
         site = os.path.join(self.state, "site-dali")
         recs += install(self.runner, wheels, site, name="install-dali") if wheels else []
         machine, _ = environment(self.runner, self.s)

@@ -79,6 +79,8 @@ def settings(args) -> SimpleNamespace:
     if args.bundle and not os.path.isdir(bundle):
         raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
+    # DALI's own dependencies (make gpu-bundle's wheels-dali/; DALI itself may be in parts)
+    s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
     s.parts = args.parts or os.path.join(bundle, "parts")
     if args.parts and not os.path.isdir(args.parts):
         raise InputError(f"--parts {args.parts}: no such directory")

@@ -45,6 +45,9 @@ GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
 # place in the first call; MANIFEST_ROOM: SHA256SUMS (one line per part and wheel).
 CALL_BYTES, CALL_MARGIN, MIN_PART, MANIFEST_ROOM = 64 << 20, 2 << 20, 1 << 20, 4096
 LEASE_COMMAND = "python3 -m tools.gpu_check --lease"
+# DALI and the wheels only it needs, and the list of those that travel whole (the lease
+# installs DALI once every one of them and every part of its wheel has come)
+DALI_WHEELS, DALI_LIST = "wheels-dali", "WHEELS"
 
 
 class InputError(Exception):
@@ -173,14 +176,22 @@ def build(args) -> int:
           flush=True)
     os.symlink("train", os.path.join(out, "sample", "val"))
     specs = wheel_specs(cuda, not args.no_dali)
+    base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]
     print(f"gpu-bundle: wheels for CPython {args.python_version}, CUDA {cuda}: "
           f"{' '.join(specs)} and their dependencies", flush=True)
-    if subprocess.run(pip_command(specs, wheels, args.python_version)).returncode != 0:
-        print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
-        return 1
-    for name in os.listdir(wheels):
-        if name.split("-")[0].lower() in ALREADY_THERE:
-            os.remove(os.path.join(wheels, name))
+    # DALI and what it alone pulls in (nvCOMP, nvTIFF, nvJPEG2000, ...) in wheels-dali/: the
+    # lease carries them in the calls after the first and installs them with DALI
+    for wanted, folder in ((base, wheels), (dali, os.path.join(out, DALI_WHEELS))):
+        if not wanted:
+            continue
+        os.makedirs(folder, exist_ok=True)
+        if subprocess.run(pip_command(wanted, folder, args.python_version)).returncode != 0:
+            print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
+            return 1
+        for name in os.listdir(folder):
+            if name.split("-")[0].lower() in ALREADY_THERE or (
+                    folder != wheels and os.path.exists(os.path.join(wheels, name))):
+                os.remove(os.path.join(folder, name))
     calls = lay_out_calls(out, carried_bytes(REPO))
     print(f"gpu-bundle: {out}: {folder_mib(os.path.join(out, 'wheels')):.0f} MiB of wheels "
           f"({len(os.listdir(wheels))}), {len(calls)} lease calls", flush=True)
@@ -209,37 +220,51 @@ def folder_bytes(path: str) -> int:
 
 
 def lay_out_calls(out: str, repo_bytes: int, call_bytes: int = CALL_BYTES) -> list[dict]:
-    """Cut each wheel that does not fit one call (DALI's) into parts and lay the bundle out
-    as ``OUT/calls/1``, ``OUT/calls/2``, ...: what each device call of the lease plan carries
-    (docs/gpu-check.md), hard links of ``OUT/wheels``, ``OUT/sample`` and ``OUT/parts``. Call 1
-    carries the small wheels, the sample, the manifest and a first part sized to the room
-    left; each later call one part. Every call is at most ``call_bytes`` with ``repo_bytes``
-    and :data:`CALL_MARGIN` for commits made after the bundle. Raises :class:`InputError` when
-    the sample and small wheels alone do not fit. Returns
+    """Lay the bundle out as ``OUT/calls/1``, ``OUT/calls/2``, ...: what each device call of
+    the lease plan carries (docs/gpu-check.md), hard links of ``OUT``'s files. Call 1 carries
+    ``wheels/`` (what rows 1-4 need), the sample and the manifests; ``wheels-dali/``'s small
+    wheels fill the calls in order, and each wheel too large for a call (DALI's) is cut into
+    parts (``tools/wheel_parts.py``) that fill the room left, call after call. Every call is
+    at most ``call_bytes`` with ``repo_bytes`` and :data:`CALL_MARGIN` for commits made after
+    the bundle. Raises :class:`InputError` when call 1's own files do not fit. Returns
     ``{"call", "bytes", "files"}`` per call (bytes with the repository's)."""
-    wheels, sample, parts_dir = (os.path.join(out, x) for x in ("wheels", "sample", "parts"))
     room = call_bytes - CALL_MARGIN - repo_bytes
-    big = [os.path.join(wheels, n) for n in sorted(os.listdir(wheels))
-           if os.path.getsize(os.path.join(wheels, n)) > room // 2]
-    first_room = room - folder_bytes(sample) - sum(
-        os.path.getsize(os.path.join(wheels, n)) for n in os.listdir(wheels)
-        if os.path.join(wheels, n) not in big) - MANIFEST_ROOM
-    if first_room < 0:
-        raise InputError(f"the sample and the small wheels need {(room - first_room) >> 20} "
-                         f"MiB, over one call's {room >> 20} MiB: fewer --images")
-    parts = []
-    for wheel in big:
-        first = first_room if not parts and first_room >= MIN_PART else None
-        parts += split(wheel, parts_dir, part_bytes=room, first_bytes=first)
-        os.remove(wheel)
-    calls = [[os.path.join("wheels", n) for n in sorted(os.listdir(wheels))] + ["sample"]
-             + ([os.path.join("parts", MANIFEST)] if parts else [])]
-    for number, part in enumerate(parts):
-        name = os.path.join("parts", os.path.basename(part))
-        if number == 0 and os.path.getsize(part) <= first_room:
-            calls[0].append(name)
-        else:
-            calls.append([name])
+    later = os.path.join(out, DALI_WHEELS)
+    names = sorted(os.listdir(later)) if os.path.isdir(later) else []
+    small = [n for n in names if os.path.getsize(os.path.join(later, n)) <= room // 2]
+    big = [n for n in names if n not in small]
+    first = ([os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
+             + ["sample"] + ([os.path.join(DALI_WHEELS, DALI_LIST)] if names else [])
+             + ([os.path.join("parts", MANIFEST)] if big else []))
+    if names:
+        with open(os.path.join(later, DALI_LIST), "w") as f:
+            f.write("".join(n + "\n" for n in small))
+    calls, left = [first], room - MANIFEST_ROOM - sum(
+        folder_bytes(os.path.join(out, x)) if os.path.isdir(os.path.join(out, x))
+        else os.path.getsize(os.path.join(out, x)) for x in first if not x.endswith(
+            (MANIFEST, DALI_LIST)))
+    if left < 0:
+        raise InputError(f"call 1 needs {(room - left) >> 20} MiB, over one call's "
+                         f"{room >> 20} MiB: fewer --images")
+    lefts = [left]
+    for name in small:  # first fit: the earliest call with room
+        size = os.path.getsize(os.path.join(later, name))
+        k = next((k for k, x in enumerate(lefts) if x >= size), len(lefts))
+        if k == len(lefts):
+            calls, lefts = calls + [[]], lefts + [room]
+        calls[k].append(os.path.join(DALI_WHEELS, name))
+        lefts[k] -= size
+    for name in big:  # parts fill each call's room left, in call order, then new calls
+        open_calls = [k for k, x in enumerate(lefts) if x >= MIN_PART]
+        parts = split(os.path.join(later, name), os.path.join(out, "parts"), part_bytes=room,
+                      first=[lefts[k] for k in open_calls])
+        os.remove(os.path.join(later, name))
+        for n, part in enumerate(parts):
+            k = open_calls[n] if n < len(open_calls) else len(calls)
+            if k == len(calls):
+                calls, lefts = calls + [[]], lefts + [room]
+            calls[k].append(os.path.join("parts", os.path.basename(part)))
+            lefts[k] -= os.path.getsize(part)
     shutil.rmtree(os.path.join(out, "calls"), ignore_errors=True)
     result = []
     for number, files in enumerate(calls, 1):

@@ -270,7 +270,7 @@ def run_sections(runner: Runner, s, report: dict) -> None:
     sections = report["sections"]
     joined, records = join_parts(s.parts, os.path.join(s.out, "wheels-joined"))
     setup = sections["setup"] = [announce(runner, r) for r in records + install(
-        runner, s.wheels + joined, os.path.join(s.out, "site"))]
+        runner, s.wheels + s.dali_wheels + joined, os.path.join(s.out, "site"))]
     machine, env = environment(runner, s)
     report["machine"] = machine
     sections["environment"] = [announce(runner, env)]

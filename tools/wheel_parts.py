@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from typing import Sequence
 
 PART_BYTES = 60 * 2**20  # under the 64 MiB a call carries, with room for the manifest
 MANIFEST = "SHA256SUMS"
@@ -34,19 +35,18 @@ def sha256_file(path: str) -> str:
 
 
 def split(wheel: str, folder: str, part_bytes: int = PART_BYTES,
-          first_bytes: int | None = None) -> list[str]:
-    """Cut ``wheel`` into ``folder/NAME.partNN`` files of at most ``part_bytes`` bytes (the
-    first at most ``first_bytes``: the room left in a transfer that carries other files too)
-    and add their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in
-    order. Raises ``ValueError`` for a size under 1 byte."""
-    if part_bytes < 1 or (first_bytes is not None and first_bytes < 1):
-        raise ValueError(f"part size {min(part_bytes, first_bytes or part_bytes)}: must be at "
-                         "least 1 byte")
+          first: Sequence[int] = ()) -> list[str]:
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files: the first ones at most ``first[k]``
+    bytes (the room left in transfers that carry other files too), the rest at most
+    ``part_bytes``, and add their lines and the wheel's to ``folder/SHA256SUMS``; returns the
+    parts' paths in order. Raises ``ValueError`` for a size under 1 byte."""
+    if min([part_bytes, *first]) < 1:
+        raise ValueError(f"part size {min([part_bytes, *first])}: must be at least 1 byte")
     os.makedirs(folder, exist_ok=True)
     name, parts, lines = os.path.basename(wheel), [], []
     with open(wheel, "rb") as src:
         while True:
-            data = src.read(first_bytes if first_bytes and not parts else part_bytes)
+            data = src.read(first[len(parts)] if len(parts) < len(first) else part_bytes)
             if not data:
                 break
             part = os.path.join(folder, f"{name}.part{len(parts):02d}")

@@ -39,7 +39,9 @@ def small_bundle(sample, tmp_path_factory):
     root = tmp_path_factory.mktemp("lease") / "bundle"
     make_bundle(sample, root, classes=4)
     fake_wheel(str(root / "wheels"), "leasefake")
-    big = root / "wheels" / "nvidia_dali_cuda130-9.9-py3-none-any.whl"
+    (root / "wheels-dali").mkdir()
+    fake_wheel(str(root / "wheels-dali"), "leasedalidep")
+    big = root / "wheels-dali" / "nvidia_dali_cuda130-9.9-py3-none-any.whl"
     big.write_bytes(os.urandom(3 << 20))
     repo = gpu_bundle.carried_bytes(gpu_bundle.REPO)
     limit = repo + (2 << 20) + gpu_bundle.folder_bytes(str(root / "sample")) + (2 << 20)
@@ -52,6 +54,8 @@ def test_calls_carry_the_bundle_within_their_bytes(small_bundle, tmp_path):
     assert [c["call"] for c in calls] == [1, 2]
     assert all(c["bytes"] <= limit for c in calls)
     assert "sample" in calls[0]["files"] and "parts/SHA256SUMS" in calls[0]["files"]
+    assert "wheels-dali/WHEELS" in calls[0]["files"]  # what DALI's install waits for
+    assert "wheels-dali/leasedalidep-1.0-py3-none-any.whl" in calls[0]["files"]
     assert calls[0]["files"][-1].endswith(".part00")  # call 1 carries a part too
     assert calls[1]["files"] == [calls[0]["files"][-1].replace("part00", "part01")]
     (joined,) = reassemble(str(root / "parts"), str(tmp_path))  # the parts are the wheel
