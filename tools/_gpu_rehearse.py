@@ -54,7 +54,9 @@ def rehearse_main(args) -> int:
         results.append(rehearse_call(root, repo, os.path.join(calls_dir, str(number)), number,
                                      repo_bytes, args.rows))
     rows = read_rows(os.path.join(root, "state", "rows.jsonl"))
-    summary = judge(results, rows)
+    planned = ["install", "environment", "data"] + [
+        r.name for r in plan.select(plan.plan_rows(), args.rows)]
+    summary = judge(results, rows, planned)
     if os.environ.get("OUT"):
         leave_in_out(results[-1]["out"], os.environ["OUT"])
         summary["out"] = check_out(os.environ["OUT"])
@@ -126,9 +128,10 @@ def leave_in_out(source: str, out: str) -> None:
         shutil.copy2(os.path.join(source, name), os.path.join(out, name))
 
 
-def judge(results: list[dict], rows: list[dict]) -> dict:
+def judge(results: list[dict], rows: list[dict], planned: list[str]) -> dict:
     """Seconds per call scaled to an H100, the lease's total with the start and each call's
-    overhead, rows 1-5's end, and every limit's verdict (``problems``; ``ok``)."""
+    overhead, rows 1-5's end, and every limit's verdict (``problems``; ``ok``): each of
+    ``planned`` (the set-up and the selected rows) must have run."""
     problems = []
     for r in results:
         r["gpu_seconds"] = round(sum(x.get("gpu_seconds") or 0 for x in rows
@@ -137,6 +140,9 @@ def judge(results: list[dict], rows: list[dict]) -> dict:
             problems.append(f"call {r['call']}: {r['bytes'] / 2**20:.1f} MiB (at most 64)")
         if r["returncode"] is None or r["seconds"] > CALL_LIMIT:
             problems.append(f"call {r['call']}: ran past {CALL_LIMIT:.0f} s here")
+        elif r["returncode"] not in (0, 1):  # 1: a row failed, named below
+            problems.append(f"call {r['call']}: exit status {r['returncode']} (call-"
+                            f"{r['call']}.log)")
         if r["gpu_seconds"] > CALL_LIMIT:
             problems.append(f"call {r['call']}: {r['gpu_seconds']:.0f} s on an H100 (at most "
                             f"{CALL_LIMIT:.0f})")
@@ -151,6 +157,8 @@ def judge(results: list[dict], rows: list[dict]) -> dict:
         problems.append(f"rows 1-5 end at {core:.0f} s (at most {plan.CORE_DEADLINE:.0f})")
     failed = [x["name"] for x in rows if x["status"] == "failed"]
     problems += [f"row {name} failed" for name in failed]
+    ran = {x["name"] for x in rows}
+    problems += [f"row {name} never ran" for name in planned if name not in ran]
     return {"total_gpu_seconds": round(total, 1), "core_gpu_seconds": round(core, 1),
             "problems": problems, "ok": not problems}
 

@@ -13,12 +13,14 @@ pytest and its dependencies, nvImageCodec, and NVIDIA DALI for torch's CUDA majo
 default this torch's) with the dependencies pip resolves for it, less numpy (torch's machine
 has it). ``gpu_check.py`` installs only the wheels that machine lacks.
 
-A wheel larger than one transfer to the GPU machine carries (DALI's, ~190 MiB) is written as
-parts of at most 60 MiB in ``OUT/parts/`` with a sha256 manifest (``tools/wheel_parts.py``) and
-the device calls that carry them one by one are printed (docs/gpu-check.md); ``make gpu-check
-PARTS=DIR`` reassembles, checks and installs it. The rest is about 35 MiB; ``--no-dali`` leaves
-DALI out, whose rows ``make gpu-check`` then reports as not proven. Exit status 0, 1 when pip
-fails (its message is shown), 2 for bad input (one line).
+Everything is also laid out as the lease plan's device calls (``OUT/calls/N``, hard links;
+docs/gpu-check.md): call 1 carries ``wheels/`` (lmdb, pytest, nvImageCodec, nvJPEG: rows 1-4)
+and the sample, DALI's own dependencies (``OUT/wheels-dali/``) fill the calls first fit, and
+DALI's wheel (~190 MiB), too large for one call of at most 64 MiB with the repository, is cut
+into parts (``OUT/parts/``, sha256 manifest: ``tools/wheel_parts.py``) filling each call's room
+in order; the calls are printed with their bytes. ``--no-dali`` leaves DALI out (one call),
+whose rows are then not proven. Exit status 0, 1 when pip fails (its message is shown), 2 for
+bad input (one line).
 """
 from __future__ import annotations
 

@@ -1,7 +1,14 @@
-"""Prove or disprove the whole GPU path in one command (``make gpu-check``, about 8 minutes).
+"""Prove or disprove the whole GPU path in one command (``make gpu-check``, 30-35 minutes on an
+H100 machine), or measure what matters most in a borrowed GPU's 15 minutes (``--lease``).
 
-    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine
+    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine with time
     python3 -m tools.gpu_check --out /tmp/gc --dry-run --data DIR   # CPU, tiny sizes (tests)
+    python3 -m tools.gpu_check --lease                  # each device call of a borrowed GPU
+    python3 -m tools.gpu_check --rehearse               # those calls here, limits checked
+
+``--lease`` and ``--rehearse``: ``_gpu_lease.py``, ``_gpu_plan.py`` (the rows, declared once)
+and ``_gpu_rehearse.py``; docs/gpu-check.md says which calls to make. The rest of this
+docstring is the full check.
 
 Needs the source tree, a Python with torch and torchvision, and ``.gpu-bundle/`` (``make
 gpu-bundle``: lmdb and pytest wheels, 100 real ImageNet images); no network and no venv. lmdb
