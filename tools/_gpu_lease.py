@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import resource
 import shutil
 import sys
 import tarfile
@@ -60,9 +61,10 @@ def lease_main(args) -> int:
           f"and {lease.left_in_lease():.0f} s of the lease left; rows in {lease.rows_path}",
           flush=True)
     lease.set_up()
-    for row in rows:
-        if not lease.step(row):
-            break
+    if lease.done["environment"]["status"] == "passed" or s.dry_run:
+        for row in rows:  # without a GPU nothing else means anything
+            if not lease.step(row):
+                break
     lease.save()
     failed = [r for r in lease.done.values() if r["status"] == "failed"]
     print(f"gpu-check --lease: {len(lease.done)} rows so far, {len(failed)} failed; archive "
@@ -150,12 +152,13 @@ class Lease:
         if self.done.get("install-dali", {}).get("status") == "passed":
             self.ctx.machine["dali"] = self.done["install-dali"].get("dali")
         if "data" not in self.done:
-            started = time.monotonic()
+            started, cpu = time.monotonic(), own_cpu()
             data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 300)
             status = "failed" if any(r["status"] == "failed" for r in recs) else "passed"
             self.record({"name": "data", "status": status, "parts": recs,
                          "seconds": round(time.monotonic() - started, 2),
-                         "paths": vars(data)}, 0, "data", bytes=gpu_lmdb_bytes(self.s))
+                         "cpu_seconds": parts_cpu(recs, cpu), "paths": vars(data)}, 0, "data",
+                        bytes=gpu_lmdb_bytes(self.s))
         self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
 
     def step(self, row) -> bool:
@@ -210,7 +213,7 @@ class Lease:
         again for DALI's version."""
         from .gpu_check import join_parts
 
-        started = time.monotonic()
+        started, cpu = time.monotonic(), own_cpu()
         wheels, recs = join_parts(parts, os.path.join(self.state, "wheels-joined"))
         wheels += deps
         site = os.path.join(self.state, "site-dali")
@@ -220,6 +223,7 @@ class Lease:
         status = "failed" if any(r["status"] == "failed" for r in recs) else "passed"
         self.record({"name": "install-dali", "status": status, "parts": recs,
                      "dali": machine.get("dali"), "seconds": round(time.monotonic() - started, 2),
+                     "cpu_seconds": parts_cpu(recs, cpu),
                      **({} if machine.get("dali") else {"reason": "DALI not importable"})},
                     5, "wheels", bytes=sum(os.path.getsize(w) for w in wheels))
 
@@ -241,6 +245,18 @@ class Lease:
         with open(os.path.join(self.state, "report.md"), "w") as f:
             f.write(report_md(report))
         write_archive(self.state, self.archive)
+
+
+def own_cpu() -> float:
+    """User + system CPU seconds of this process so far (reassembling DALI, linking)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def parts_cpu(records: list[dict], since: float) -> float:
+    """CPU seconds of a row made of several steps: its commands' and this process's own
+    since ``since`` (:func:`own_cpu`)."""
+    return round(sum(r.get("cpu_seconds") or 0.0 for r in records) + own_cpu() - since, 2)
 
 
 def read_rows(path: str) -> list[dict]:
@@ -285,6 +301,10 @@ def write_archive(state: str, target: str) -> None:
     os.replace(partial, target)
 
 
+def num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
 def figure(rows: dict, name: str) -> float | None:
     return (rows.get(name) or {}).get("images_per_sec") if (rows.get(name) or {}).get(
         "status") == "passed" else None
@@ -316,9 +336,9 @@ def report_md(report: dict) -> str:
                                       if report["dry_run"] else ""), "",
              f"Rows' seconds on an H100 (measured, or scaled in a rehearsal): "
              f"{report['gpu_seconds']:.0f} s", "", "| figure | value | target |", "|---|---|---|"]
-    lines.append(f"| --decode-device cuda loader alone, -j 4 | {f['loader-gpudecode-j4'] or '-'} "
+    lines.append(f"| --decode-device cuda loader alone, -j 4 | {num(f['loader-gpudecode-j4'])} "
                  f"| >= {t['gpudecode_loader']:,.0f} images/s |")
-    lines.append(f"| --dali --lmdb loader alone | {f['loader-dali-lmdb'] or '-'} | >= "
+    lines.append(f"| --dali --lmdb loader alone | {num(f['loader-dali-lmdb'])} | >= "
                  f"{t['dali_loader']:,.0f} images/s |")
     for key, value in f.items():
         if key.startswith("share-"):
@@ -329,6 +349,6 @@ def report_md(report: dict) -> str:
     for r in report["rows"]:
         lines.append(f"| {r['name']} | {r.get('group')} | {r.get('call')} | {r['status']} | "
                      f"{r.get('seconds') or 0:.1f} | {r.get('gpu_seconds') or 0:.1f} | "
-                     f"{r.get('images_per_sec') or '-'} | {(r.get('reason') or '')[:120]} |")
+                     f"{num(r.get('images_per_sec'))} | {(r.get('reason') or '')[:120]} |")
     return "\n".join(lines) + "\n"
 

@@ -189,26 +189,22 @@ def select(rows: list[Row], names: list[str] | None) -> list[Row]:
 
 
 def gpu_seconds(row_kind: str, rate: str, record: dict, dry_run: bool) -> float:
-    """Seconds a row that took ``record["seconds"]`` here would take on an H100. On a GPU:
-    as measured. In a rehearsal (CPU backends, tiny sizes): a ``main`` row keeps its measured
-    seconds (interpreter, torch and worker start-up, on 2 shared cores an upper bound for 16)
-    and adds :data:`CUDA_START` and ``GPU_STEPS x GPU_BATCH`` images at :data:`RATES`'s
-    ``rate``; ``data`` adds writing ``record["bytes"]`` (the GPU's LMDB) at :data:`DISK_RATE`;
-    ``wheels`` unpacking ``record["bytes"]`` at :data:`UNPACK_RATE`; ``plain`` as measured."""
-    seconds = float(record.get("seconds") or 0.0)
+    """Seconds a row recorded here (``record``) would take on an H100. On a GPU: its
+    ``seconds`` as measured. In a rehearsal (CPU backends, tiny sizes) the row's work is its
+    ``cpu_seconds`` (user + system of all its processes: interpreter, torch and worker
+    start-up, the tiny steps), not its wall seconds, which here mostly wait for 2 cores shared
+    with other jobs; 16 idle cores do that work at least as fast. Then a ``main`` row adds
+    :data:`CUDA_START` and ``GPU_STEPS x GPU_BATCH`` images at :data:`RATES`'s ``rate``;
+    ``data`` adds writing ``record["bytes"]`` (the GPU's LMDB) at :data:`DISK_RATE`;
+    ``wheels`` unpacking ``record["bytes"]`` at :data:`UNPACK_RATE`; ``plain`` nothing."""
     if not dry_run:
-        return seconds
+        return float(record.get("seconds") or 0.0)
+    work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None
+                 else record.get("seconds") or 0.0)
     if row_kind == "main" and record.get("status") != "skipped":
-        return seconds + CUDA_START + GPU_STEPS * GPU_BATCH / RATES[rate]
+        return work + CUDA_START + GPU_STEPS * GPU_BATCH / RATES[rate]
     if row_kind == "data":
-        return seconds + float(record.get("bytes") or 0) / DISK_RATE
+        return work + float(record.get("bytes") or 0) / DISK_RATE
     if row_kind == "wheels":
-        return seconds + float(record.get("bytes") or 0) / UNPACK_RATE
-    return seconds
-
-
-def expected_core_seconds(rows: list[Row], calls: int) -> float:
-    """The plan's own estimate of when rows 1-5 end on an H100, start and ``calls`` calls'
-    overhead included (what :data:`CORE_DEADLINE` bounds, before any rehearsal)."""
-    return (START_SECONDS + CALL_OVERHEAD * calls + sum(SETUP_EXPECT.values())
-            + sum(r.expect for r in rows if r.group <= 5))
+        return work + float(record.get("bytes") or 0) / UNPACK_RATE
+    return work

@@ -6,9 +6,10 @@ the borrowed machine's limits checked:
 
 * bytes per call: the repository's files (tracked, and untracked ones git does not ignore)
   plus what the call carries, at most 64 MiB;
-* seconds: each row's measured here and scaled to an H100 (``_gpu_plan.gpu_seconds``); each
-  call at most 540 s (scaled, and as measured here); the lease, start-up and per-call overhead
-  included, at most 15 minutes, rows 1-5 within 13;
+* seconds: each row's work measured here (its processes' CPU seconds) and scaled to an H100
+  (``_gpu_plan.gpu_seconds``); each call at most 540 s so scaled (its wall seconds here are
+  shown, not judged: 2 cores shared with other jobs); the lease, start-up and per-call
+  overhead included, at most 15 minutes, rows 1-5 within 13;
 * ``$OUT`` after each call (a fresh folder per call, as on the device): at most 8 files of at
   most 16 MiB, at most 2 folders deep. With ``OUT`` set in the environment the last call's
   files are left there: what would come back.
@@ -33,6 +34,9 @@ from ._gpu_runner import REPO
 from .gpu_bundle import carried_bytes, folder_bytes
 
 CALL_BYTES, CALL_LIMIT = 64 << 20, 540.0
+# a call here may wait far longer than on 16 idle cores for the same work (2 cores shared by
+# other jobs): it is stopped only after this, and judged by its scaled seconds
+HERE_LIMIT = 3000.0
 OUT_FILES, OUT_FILE_BYTES, OUT_DEPTH = 8, 16 << 20, 2
 
 
@@ -97,7 +101,7 @@ def rehearse_call(root: str, repo: str, carried: str, number: int, repo_bytes: i
         try:
             code = subprocess.run(cmd, cwd=repo, env={**os.environ, "OUT": out},
                                   stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=CALL_LIMIT).returncode
+                                  timeout=HERE_LIMIT).returncode
         except subprocess.TimeoutExpired:
             code = None
     return {"call": number, "bytes": repo_bytes + folder_bytes(carried),
@@ -138,8 +142,8 @@ def judge(results: list[dict], rows: list[dict], planned: list[str]) -> dict:
                                      if x.get("call") == r["call"]), 1)
         if r["bytes"] > CALL_BYTES:
             problems.append(f"call {r['call']}: {r['bytes'] / 2**20:.1f} MiB (at most 64)")
-        if r["returncode"] is None or r["seconds"] > CALL_LIMIT:
-            problems.append(f"call {r['call']}: ran past {CALL_LIMIT:.0f} s here")
+        if r["returncode"] is None:
+            problems.append(f"call {r['call']}: still running after {HERE_LIMIT:.0f} s here")
         elif r["returncode"] not in (0, 1):  # 1: a row failed, named below
             problems.append(f"call {r['call']}: exit status {r['returncode']} (call-"
                             f"{r['call']}.log)")

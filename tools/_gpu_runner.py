@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -64,7 +65,7 @@ class Runner:
         if left <= 0:
             return {**record, "status": "skipped", "reason": "time budget"}
         limit = min(timeout, max(left, GRACE))
-        start = time.monotonic()
+        start, used = time.monotonic(), _children_cpu()
         with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
             # its own session: main.py's loader workers and spawned ranks end with it
             proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
@@ -78,6 +79,7 @@ class Runner:
                     raise
                 code = None
         record.update(seconds=round(time.monotonic() - start, 2), returncode=code,
+                      cpu_seconds=round(_children_cpu() - used, 2),
                       status="passed" if code == 0 else "failed")
         if code is None and limit < timeout:
             record.update(status="skipped", reason=f"time budget: stopped after {limit:.0f} s")
@@ -103,6 +105,14 @@ class Runner:
     def attach_tails(self, record: dict, chars: int = 3000) -> None:
         record["stdout_tail"] = self.text(record["name"], "out")[-chars:]
         record["stderr_tail"] = self.text(record["name"], "err")[-chars:]
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every finished child process tree so far (a command's
+    processes are reaped by it, and it by :meth:`Runner.run`): the delta around one command is
+    its work, whatever else shares the machine's cores."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def shell_quote(arg: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -18,10 +19,13 @@ from tools import gpu_bundle
 @pytest.fixture
 def fake_pip(monkeypatch):
     """``subprocess.run`` of gpu_bundle: records the pip command and 'downloads' a numpy and
-    an lmdb wheel into its ``-d`` folder."""
+    an lmdb wheel into its ``-d`` folder (other commands, git's file list, run as they are)."""
     calls = []
+    real = subprocess.run
 
     def run(cmd, **kwargs):
+        if "pip" not in cmd:
+            return real(cmd, **kwargs)
         calls.append(cmd)
         folder = cmd[cmd.index("-d") + 1]
         for name in ("numpy-2.0-cp312-cp312-x.whl", "lmdb-3.0.0-cp312-cp312-x.whl"):
@@ -50,9 +54,17 @@ def test_images_from_data_one_per_class_first(sample, tmp_path, fake_pip):
     assert os.readlink(tmp_path / "b" / "sample" / "val") == "train"  # relative: travels
     assert f"images: 5 files in 5 classes from {sample}/train" in out
     assert sorted(os.listdir(tmp_path / "b" / "wheels")) == ["lmdb-3.0.0-cp312-cp312-x.whl"]
-    (cmd,) = fake_pip
+    cmd, dali = fake_pip  # what rows 1-4 need, then DALI and what only it pulls in
     assert cmd[1:4] == ["-m", "pip", "download"] and "--only-binary=:all:" in cmd
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--no-deps" not in cmd
+    assert not any("dali" in x for x in cmd) and any(x.startswith("nvidia-dali") for x in dali)
+    assert dali[dali.index("-d") + 1].endswith("wheels-dali")
+    # one call carries it all (lmdb, fetched twice, kept once), printed with its bytes
+    assert sorted(os.listdir(tmp_path / "b" / "calls")) == ["1"]
+    assert not os.listdir(tmp_path / "b" / "wheels-dali")
+    rel = os.path.relpath(tmp_path / "b", gpu_bundle.REPO)
+    assert f'1. carry ["{rel}/calls/1"]' in out
+    assert "command: python3 -m tools.gpu_check --lease" in out
 
 
 def test_images_are_generated_without_data(tmp_path, fake_pip):
