@@ -56,7 +56,7 @@ def lease_main(args) -> int:
         print(f"gpu_check.py --lease: error: {exc}", file=sys.stderr)
         return 2
     archive = args.archive or os.path.join(os.environ.get("OUT") or state, ARCHIVE)
-    lease = Lease(state, s, call, archive)
+    lease = Lease(state, s, call, archive, [r.name for r in rows])
     print(f"gpu-check --lease: call {call['call']}, {lease.left_in_call():.0f} s of this call "
           f"and {lease.left_in_lease():.0f} s of the lease left; rows in {lease.rows_path}",
           flush=True)
@@ -105,8 +105,9 @@ def stash(calls: str, bundle: str) -> list[str]:
 class Lease:
     """The rows of this lease so far (``STATE/rows.jsonl``), its clock and its archive."""
 
-    def __init__(self, state: str, s, call: dict, archive: str):
+    def __init__(self, state: str, s, call: dict, archive: str, planned: list[str]):
         self.state, self.s, self.call, self.archive = state, s, call, archive
+        self.planned = planned
         self.rows_path = os.path.join(state, "rows.jsonl")
         self.done = {r["name"]: r for r in read_rows(self.rows_path)}
         self.runner = Runner(state, math.inf)
@@ -239,7 +240,7 @@ class Lease:
 
     def save(self) -> None:
         """``report.json``, ``report.md`` and the one archive under ``$OUT``."""
-        report = lease_report(list(self.done.values()), self.s.dry_run)
+        report = lease_report(list(self.done.values()), self.s.dry_run, self.planned)
         with open(os.path.join(self.state, "report.json"), "w") as f:
             json.dump(report, f, indent=1)
         with open(os.path.join(self.state, "report.md"), "w") as f:
@@ -310,11 +311,13 @@ def figure(rows: dict, name: str) -> float | None:
         "status") == "passed" else None
 
 
-def lease_report(rows: list[dict], dry_run: bool) -> dict:
-    """The rows and the figures issues 37 and 38 ask for (images/s and shares of synthetic
-    training; None where a row did not pass), with the targets."""
+def lease_report(rows: list[dict], dry_run: bool, planned: list[str] = ()) -> dict:
+    """The rows, the ``planned`` ones not run yet (``not_run``), and the figures issues 37 and
+    38 ask for (images/s and shares of synthetic training; None where a row did not pass),
+    with the targets."""
     by = {r["name"]: r for r in rows}
     out = {"tool": "gpu-check --lease", "dry_run": dry_run, "rows": rows,
+           "not_run": [name for name in planned if name not in by],
            "machine": (by.get("environment") or {}).get("machine"),
            "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1), "figures": {}}
     figures = out["figures"]
@@ -322,7 +325,8 @@ def lease_report(rows: list[dict], dry_run: bool) -> dict:
     figures["loader-dali-lmdb"] = figure(by, "loader-dali-lmdb")
     for px in ("", "-160px"):
         synthetic = figure(by, f"train-resnet50-synthetic{px}")
-        for loader in ("gpudecode-lmdb", "dali-lmdb", "lmdb-jall", "lmdb-jless"):
+        for loader in ("gpudecode-lmdb", "dali-lmdb") + (("lmdb-jall", "lmdb-jless")
+                                                         if not px else ()):
             speed = figure(by, f"train-resnet50-{loader}{px}")
             figures[f"share-{loader}{px}"] = (speed / synthetic if speed and synthetic
                                               else None)
@@ -344,6 +348,8 @@ def report_md(report: dict) -> str:
         if key.startswith("share-"):
             lines.append(f"| ResNet-50 {key[6:]} / synthetic | {pct(value)} | >= "
                          f"{pct(t['share'])} |")
+    if report.get("not_run"):
+        lines += ["", f"Not run (yet): {', '.join(report['not_run'])}"]
     lines += ["", "| row | group | call | status | seconds | H100 seconds | images/s | note |",
               "|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:

@@ -90,6 +90,9 @@ def test_rehearsal_of_a_short_row_set_fits_and_leaves_one_archive(small_bundle, 
     assert sorted(p[-6:] for p in parts) == ["256SUMS"[-6:], "part00", "part01"]
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = tar.getnames()
+        lease = json.load(tar.extractfile("gpu-check/report.json"))
+    assert lease["not_run"] == [] and lease["dry_run"] is True
+    assert lease["figures"]["loader-gpudecode-j4"] is None  # not among the rows asked for
     assert "gpu-check/rows.jsonl" in names and "gpu-check/report.md" in names
     assert "gpu-check/logs/loader-lmdb-jall.out" in names
 
