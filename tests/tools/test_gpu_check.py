@@ -202,8 +202,10 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     gpudecode = {r["name"]: r for r in report["sections"]["gpudecode"]}
-    assert code == 0 and report["summary"] == {"passed": 57, "failed": 0, "timed_out": 0,
+    # 58 with gpu-decode-probe: its decoder line no longer overwrites the row's status
+    assert code == 0 and report["summary"] == {"passed": 58, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
+    assert gpudecode["gpu-decode-probe"]["status"] == "passed"
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
     # NCCL, ResNet-50 from 5 loaders, DALI's section (ResNet-18 at 160 px from synthetic data
