@@ -209,3 +209,10 @@ def gpu_seconds(row_kind: str, rate: str, record: dict, dry_run: bool) -> float:
     if row_kind == "wheels":
         return work + float(record.get("bytes") or 0) / UNPACK_RATE
     return work
+
+
+def expected_core_seconds(rows: list[Row], calls: int) -> float:
+    """The plan's own estimate of when rows 1-5 end on an H100, start and ``calls`` calls'
+    overhead included (what :data:`CORE_DEADLINE` bounds, before any rehearsal)."""
+    return (START_SECONDS + CALL_OVERHEAD * calls + sum(SETUP_EXPECT.values())
+            + sum(r.expect for r in rows if r.group <= 5))

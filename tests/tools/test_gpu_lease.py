@@ -24,8 +24,8 @@ def test_rows_are_declared_once_in_the_issues_order_and_fit_13_minutes():
     assert groups == sorted(groups) and set(groups) == {1, 2, 3, 4, 5, 6}
     assert all(r.expect < r.box <= _gpu_plan.CALL_SECONDS for r in rows)
     assert all(r.needs_dali for r in rows if r.group == 5)
-    # the plan's own estimate, 4 calls (DALI's wheel in 4 parts), before any rehearsal
-    assert _gpu_plan.expected_core_seconds(rows, calls=4) <= _gpu_plan.CORE_DEADLINE
+    # the plan's own estimate, 5 calls (DALI 2.4.0 and its dependencies), before any rehearsal
+    assert _gpu_plan.expected_core_seconds(rows, calls=5) <= _gpu_plan.CORE_DEADLINE
     assert [r.name for r in _gpu_plan.select(rows, ["loader-lmdb-*"])] == [
         "loader-lmdb-jall", "loader-lmdb-jless"]
     with pytest.raises(ValueError, match="--rows nothing: no row of the plan matches"):
