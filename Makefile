@@ -35,7 +35,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-slurm bench bench-ffcv convert-imagenet train tensorboard \
-  docker-build docker-run clean gpu-bundle gpu-check
+  docker-build docker-run clean gpu-bundle gpu-check gpu-lease gpu-rehearse
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -137,19 +137,28 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
 	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
 
-# gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs
+# gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs.
+# Its folder is GPU_OUT, never OUT: on a borrowed machine $$OUT is the folder that comes back
+# (at most 8 files), and the scratch (wheels, data, runs) must not land there.
 GPU_PYTHON ?= python3
+GPU_OUT ?= gpu-check-output
 CUDA ?=
 DALI ?= 1
 PARTS ?=
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
-gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, DALI for CUDA=13) + 100 images of DATA= (else generated); DALI=0: ~35 MiB
+gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) + 100 images of DATA= (else generated), laid out per lease call; DALI=0: ~40 MiB
 	$(BUNDLE_PY) -m tools.gpu_bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
-gpu-check: ## on a GPU machine: tests, images/s per loader, NCCL -> OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
-	$(GPU_PYTHON) -m tools.gpu_check --out $(or $(OUT),gpu-check-output)$(if $(PARTS), --parts $(PARTS)) $(ARGS)
+gpu-check: ## full check on a GPU machine with time (30-35 min): tests, images/s per loader, NCCL -> GPU_OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
+	$(GPU_PYTHON) -m tools.gpu_check --out $(GPU_OUT)$(if $(PARTS), --parts $(PARTS)) $(ARGS)
+
+gpu-lease: ## one call of the lease plan on a borrowed GPU (docs/gpu-check.md): rows to /tmp/gpu-check, one archive into the environment's OUT
+	$(GPU_PYTHON) -m tools.gpu_check --lease $(ARGS)
+
+gpu-rehearse: install ## the lease plan end to end here on CPU backends: bytes per call, seconds per row/call scaled, what OUT keeps
+	$(PY) -m tools.gpu_check --rehearse $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

@@ -75,6 +75,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--hw-decoder-load", type=float, metavar="F",
                    help="with --decode-device cuda: share of each batch for the GPU's hardware "
                    "JPEG decoder (default 0.65, DALI's)")
+    d.add_argument("--allow-cpu-decode", action="store_true",
+                   help="with --decode-device cuda: start even where no GPU decoder decodes "
+                   "(libnvjpeg missing), every window then decoded on the CPU")
     d.add_argument("-j", "--workers", type=workers_type, default="auto", metavar="N",
                    help="data loading worker processes per training process, or 'auto' "
                    "(the CPU cores this process may use, shared by the node's processes)")

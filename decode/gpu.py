@@ -153,7 +153,7 @@ class WindowDecoder:
         if header is None or region[0] + region[2] > header.height \
                 or region[1] + region[3] > header.width:
             return None
-        return raw.raw_crop(blob, region, header).to(self.device)
+        return to_device(raw.raw_crop(blob, region, header), self.device)
 
     def _nvimgcodec(self, datas, regions, stream: int) -> list[torch.Tensor | None]:
         """Each region decoded by the batch decoder, ``(3, h, w)`` uint8 on the device, or None
@@ -230,7 +230,20 @@ class WindowDecoder:
         crop = _crop(image, region)
         if tuple(crop.shape[-2:]) != tuple(region[2:]):
             raise ValueError(f"window {tuple(region)} outside the {tuple(image.shape[-2:])} image")
-        return crop.to(self.device)
+        return to_device(crop, self.device)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """CPU ``tensor`` on ``device``, same shape, dtype and values. On CUDA copied into
+    page-locked memory (keeping its strides where dense: one host copy) and from there to the
+    device without blocking, ordered on the current stream: a copy from pageable memory blocks
+    the host until it is done (CUDA stages it), once per batch or raw record in the decode
+    thread. Torch's page-locked allocator keeps the host block until that copy has run."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    pinned = torch.empty_like(tensor, pin_memory=True)
+    pinned.copy_(tensor)
+    return pinned.to(device, non_blocking=True)
 
 
 def _plain_jpeg(data) -> bool:
@@ -277,6 +290,97 @@ def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
     canvas[:, top:top + height, left:left + width] = crop
     out = resize_window(canvas, (new_h, new_w), dtype)
     return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
+
+
+@dataclass(frozen=True)
+class CudaChoice:
+    """Which GPU decoder decodes windows into device memory on ``device``: ``library``
+    ``"nvimgcodec"``, ``"torchvision"`` or None (none does: every window would go to the CPU
+    fallback); ``problems``: why each decoder tried before did not, one phrase each."""
+
+    device: str
+    library: str | None
+    problems: tuple[str, ...] = ()
+
+    def line(self, hw_load: float | None = None) -> str:
+        """The run's ``batch windows:`` line for this choice (its first lines)."""
+        device = torch.device(self.device)
+        if self.library == "nvimgcodec":
+            return status_line("cuda", device, hw_load)
+        why = "; ".join(self.problems)
+        if self.library == "torchvision":
+            return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then "
+                    f"the window; {why})")
+        return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
+
+
+_CHOICES: dict[tuple[str, float | None], CudaChoice] = {}
+
+
+def probe_jpeg() -> bytes:
+    """A 64 x 48 baseline 4:2:0 JPEG (what nvJPEG's CUDA and hardware decoders both take)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def device_decode_problem(decoder: "WindowDecoder") -> str | None:
+    """Why ``decoder`` does not decode a window of :func:`probe_jpeg` into GPU memory, in one
+    phrase, or None when it does (its batch decoder returned device memory, no CPU fallback).
+    A decode that raises is reported, not raised."""
+    before = decoder.on_device
+    try:
+        out = decoder.decode([probe_jpeg()], [(8, 8, 32, 48)], (16, 16))
+    except Exception as exc:  # noqa: BLE001 - CUDA, nvJPEG and torchvision errors alike
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if out.fallback:
+        return "declined a baseline JPEG (libnvjpeg not found?)"
+    if decoder.on_device == before:
+        return "decoded into host memory, not the GPU's"
+    return None
+
+
+def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice:
+    """The first of nvImageCodec (where installed) and torchvision's ``decode_jpeg`` that
+    decodes a probe window into ``device``'s memory (:func:`device_decode_problem`), once per
+    process for each (device, ``hw_load``): the run's first line and its loaders agree. nvJPEG
+    comes from the ``nvidia-nvjpeg`` wheel (:func:`nvjpeg_pip_package`); without it both
+    decline. Never raises for a decoder that cannot be made or run: its problem is listed."""
+    key = (str(device), hw_load)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    problems = []
+    candidates = [("nvimgcodec", "default")] if jpeg_window.library() is not None else []
+    if not candidates:
+        problems.append(f"nvImageCodec: {jpeg_window.status()}")
+    for name, library in candidates + [("torchvision", None)]:
+        label = "nvImageCodec" if name == "nvimgcodec" else "torchvision decode_jpeg"
+        if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+            problems.append(f"{label}: no CUDA device")
+            continue
+        try:
+            problem = device_decode_problem(WindowDecoder("cuda", device, hw_load,
+                                                          library=library))
+        except Exception as exc:  # noqa: BLE001 - the decoder could not be made here
+            problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if problem is None:
+            _CHOICES[key] = CudaChoice(str(device), name, tuple(problems))
+            return _CHOICES[key]
+        problems.append(f"{label}: {problem}")
+    _CHOICES[key] = CudaChoice(str(device), None, tuple(problems))
+    return _CHOICES[key]
+
+
+def nvjpeg_pip_package(cuda_version: str | None) -> str:
+    """The pip wheel that brings ``libnvjpeg`` for torch's CUDA ``cuda_version`` ("13.0" ->
+    ``nvidia-nvjpeg``, "12.8" -> ``nvidia-nvjpeg-cu12``; None -> CUDA 13's). nvImageCodec's
+    wheel declares it only as an optional extra and torch's CUDA wheels do not carry it, so
+    without it every nvImageCodec GPU decode (and DALI's mixed decode) declines. CUDA 13's
+    wheel has no suffix: ``nvidia-nvjpeg-cu13`` is a deprecated placeholder on PyPI."""
+    major = (cuda_version or "13").split(".")[0]
+    return "nvidia-nvjpeg" if int(major) >= 13 else f"nvidia-nvjpeg-cu{major}"
 
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:

@@ -71,6 +71,13 @@ def decoders_line(settings: LoaderSettings, device) -> str:
 
     if settings.pipeline != "gpu_decode":
         return decode.status_line()
-    from decode.gpu import status_line
-    return (f"{status_line(settings.decode_device, device, settings.hw_decoder_load)}; CPU "
-            f"fallback {decode.status_line()}")
+    import torch
+
+    from decode.gpu import probe_cuda, status_line
+    if settings.decode_device == "cuda" and torch.device(device).type == "cuda":
+        # the decoder the loaders will take (probed once per process): never a line naming
+        # nvImageCodec on CUDA while every window goes to the CPU
+        line = probe_cuda(device, settings.hw_decoder_load).line(settings.hw_decoder_load)
+    else:
+        line = status_line(settings.decode_device, device, settings.hw_decoder_load)
+    return f"{line}; CPU fallback {decode.status_line()}"

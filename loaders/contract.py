@@ -90,6 +90,9 @@ class LoaderSettings:
     # --hw-decoder-load (the hardware JPEG decoder's share; None: decode.gpu's default).
     decode_device: str = "cpu"
     hw_decoder_load: float | None = None
+    # --allow-cpu-decode: --decode-device cuda starts even where no GPU decoder decodes (every
+    # window then on the CPU fallback); without it such a run refuses to start in one line.
+    allow_cpu_decode: bool = False
 
     @property
     def pipeline(self) -> str:

@@ -38,19 +38,22 @@ data = open(path, 'rb').read()
 whole = decode(data)
 h, w = whole.shape[-2:]
 regions = [(0, 0, h, w), (h // 4, w // 4, h // 2, w // 2)]
-dev = torch.device('cuda', 0)
-decoder = gpu.WindowDecoder('cuda', dev)
-out = decoder.decode([data, data], regions, (64, 64))
+on_gpu = sys.argv[2] == 'cuda'
+dev = torch.device('cuda', 0) if on_gpu else torch.device('cpu')
 cpu = torch.stack([gpu.resize_window(whole[:, t:t + a, l:l + b], (64, 64), torch.float32)
                    for t, l, a, b in regions])
-diff = float((out.images.cpu() - cpu).abs().max())
+def run(decoder):
+    out = decoder.decode([data, data], regions, (64, 64))
+    return {'on_device': decoder.on_device, 'fallback': len(out.fallback),
+            'max_diff': float((out.images.cpu().float() - cpu).abs().max())}
+decoder = gpu.WindowDecoder('cuda' if on_gpu else 'cpu-nvimgcodec', dev)
+result = {'decoder': decoder.status(), **run(decoder), 'hardware_decoder': None}
+result['torchvision'] = run(gpu.WindowDecoder('cuda', dev, library=None))
 n = decoder.n
-hw = None
-if n is not None:
+if n is not None and on_gpu:
     only_hw = n.Decoder(device_id=0, backends=[n.Backend(n.BackendKind.HW_GPU_ONLY)])
-    hw = only_hw.decode([n.CodeStream(data)])[0] is not None
-print(json.dumps({'status': decoder.status(), 'on_device': decoder.on_device,
-                  'fallback': len(out.fallback), 'max_diff': diff, 'hardware_decoder': hw}))
+    result['hardware_decoder'] = only_hw.decode([n.CodeStream(data)])[0] is not None
+print(json.dumps(result))
 """
 
 
@@ -86,9 +89,10 @@ def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
 
 
 def on_gpu(runner: Runner, s, rec: dict) -> dict:
-    """``rec`` failed unless main.py's ``device:`` line names a batch decoder on CUDA; the
-    samples it sent to the CPU (``note: N samples decoded on the CPU``) are recorded as
-    ``cpu_fallbacks``. A dry run records only."""
+    """``rec`` failed unless main.py's ``device:`` line names a batch decoder on CUDA (not in
+    a dry run) and no sample went to the CPU fallback: those main.py names (``note: N
+    samples decoded on the CPU``) are counted as ``cpu_fallbacks``, and any fails the row,
+    since the figure is then partly the CPU's (the bundle's sample holds plain JPEGs)."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -98,14 +102,21 @@ def on_gpu(runner: Runner, s, rec: dict) -> dict:
     if not s.dry_run and not re.search(r"batch windows: (nvImageCodec \S+|torchvision "
                                        r"decode_jpeg) on cuda", line):
         return fail(rec, f"main.py did not name a batch decoder on CUDA: {line[:200]!r}")
+    if rec["cpu_fallbacks"]:
+        return fail(rec, f"{rec['cpu_fallbacks']} samples decoded on the CPU fallback: the "
+                         "figure is not the batch decoder's alone")
     return rec
 
 
-def probe(runner: Runner, s, data) -> dict:
-    """``gpu-decode-probe`` (skipped in a dry run): see the module."""
-    if s.dry_run:
-        return skipped("gpu-decode-probe", "dry run (no GPU)")
-    rec = runner.run("gpu-decode-probe", [sys.executable, "-c", _PROBE, data.train], 180)
+def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
+    """``gpu-decode-probe``: nvImageCodec decodes two windows of a sample JPEG into GPU memory
+    (failed if any went to the CPU fallback or differs from the CPU decode by more than
+    :data:`PROBE_MAX_DIFF` levels), whether the hardware JPEG decoder alone takes the whole
+    image, and torchvision's ``decode_jpeg(device="cuda")``, the second GPU decoder, the same
+    way (``torchvision``: recorded). A dry run probes nvImageCodec's CPU backend and
+    torchvision on the CPU (the code, not the GPU)."""
+    rec = runner.run("gpu-decode-probe", [sys.executable, "-c", _PROBE, data.train,
+                                          "cpu" if s.dry_run else "cuda"], timeout)
     if rec["status"] != "passed":
         return rec
     try:
@@ -113,11 +124,13 @@ def probe(runner: Runner, s, data) -> dict:
     except (ValueError, IndexError):
         return fail(rec, "no JSON line from the probe")
     rec.update(result)
-    if result["on_device"] < 2 or result["fallback"]:
+    placed = result["on_device"] if not s.dry_run else 2
+    if placed < 2 or result["fallback"]:
         return fail(rec, f"{result['on_device']} of 2 windows decoded into GPU memory, "
-                         f"{result['fallback']} sent to the CPU ({result['status']})")
+                         f"{result['fallback']} sent to the CPU ({result['decoder']}; "
+                         f"torchvision: {result['torchvision']['on_device']} of 2)")
     if result["max_diff"] > PROBE_MAX_DIFF:
-        return fail(rec, f"GPU windows differ from the CPU decode by {result['max_diff']:.0f} "
+        return fail(rec, f"windows differ from the CPU decode by {result['max_diff']:.0f} "
                          f"levels (> {PROBE_MAX_DIFF})")
     return rec
 

@@ -37,11 +37,17 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
 
 
 def train_row(runner: Runner, s, data, machine, model: str, loader: str,
-              compiled: bool = False, res: int | None = None, extra: list[str] = ()) -> dict:
+              compiled: bool = False, res: int | None = None, extra: list[str] = (),
+              name: str | None = None, workers: str | None = None,
+              timeout: float | None = None) -> dict:
     """One ``main.py`` training run (1 epoch of warm-up + steps batches; ``res``: at
-    ``--train-crop-size res``; ``extra``: more flags, e.g. ``--decode-device cuda``); images/s
-    from its ``metrics.jsonl`` (``steady_images_per_sec``, else ``train_images_per_sec``)."""
-    name = f"train-{model}-{loader}" + ("-compile" if compiled else "") + (f"-{res}px" if res else "")
+    ``--train-crop-size res``; ``extra``: more flags, e.g. ``--decode-device cuda``;
+    ``workers``: ``-j`` instead of ``s.workers``; ``name``: the row's instead of the one made
+    from model, loader, compile and res; ``timeout``: seconds instead of :data:`TIMEOUTS`);
+    images/s from its ``metrics.jsonl`` (``steady_images_per_sec``, else
+    ``train_images_per_sec``)."""
+    name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
+                    + (f"-{res}px" if res else ""))
     row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
     if isinstance(flags, str):
@@ -51,11 +57,11 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
     cmd = [sys.executable, "main.py", *flags, "-a", model, "--amp", "--channels-last",
            "-b", str(s.batch), "--epochs", "1", "--train-batches", str(s.warmup + s.steps),
            "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(s.warmup),
-           "-j", s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
+           "-j", workers or s.workers, *s.sizes, *s.accel, "--output-dir", rundir]
     cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
     cmd += list(extra)
-    rec = runner.run(name, cmd, TIMEOUTS["compile" if compiled else "resolution" if res
-                                         else "train"])
+    rec = runner.run(name, cmd, timeout or TIMEOUTS["compile" if compiled else "resolution"
+                                                    if res else "train"])
     row.update(rec)
     for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
         os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
@@ -75,12 +81,14 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 
 
 def loader_row(runner: Runner, s, loader: str, flags: list[str], workers: str,
-               name: str) -> dict:
-    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers``."""
-    rec = runner.run(name, [sys.executable, "main.py", *flags, "--benchmark-data",
+               name: str, timeout: float | None = None) -> dict:
+    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last:
+    a ``--train-crop-size`` there wins over the dry run's sizes)."""
+    rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(s.steps), "--benchmark-warmup",
                             str(s.warmup), "-b", str(s.batch), "--channels-last", "--amp",
-                            "-j", workers, *s.sizes, *s.accel], TIMEOUTS["loaders"])
+                            "-j", workers, *s.sizes, *s.accel, *flags],
+                     timeout or TIMEOUTS["loaders"])
     rec["loader"] = loader
     result = report_.last_json(runner.text(name)) if rec["status"] == "passed" else None
     if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):

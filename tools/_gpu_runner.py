@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -54,19 +55,20 @@ class Runner:
         old = self.env.get("PYTHONPATH")
         self.env["PYTHONPATH"] = folder + (os.pathsep + old if old else "")
 
-    def run(self, name: str, cmd: list[str], timeout: float) -> dict:
-        """Run ``cmd`` (stdout/stderr to ``logs/NAME.out|.err``) for at most ``timeout`` s, or
-        less when the budget runs out. Returns a record: ``status`` passed (exit 0), failed
-        (with the reason and both tails) or skipped (time budget), ``command``, ``seconds``."""
+    def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+        """Run ``cmd`` (stdout/stderr to ``logs/NAME.out|.err``, ``env`` added to the
+        environment) for at most ``timeout`` s, or less when the budget runs out. Returns a
+        record: ``status`` passed (exit 0), failed (with the reason and both tails) or skipped
+        (time budget), ``command``, ``seconds``."""
         record = {"name": name, "command": " ".join(shell_quote(c) for c in cmd)}
         left = self.budget - self.elapsed()
         if left <= 0:
             return {**record, "status": "skipped", "reason": "time budget"}
         limit = min(timeout, max(left, GRACE))
-        start = time.monotonic()
+        start, used = time.monotonic(), _children_cpu()
         with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
             # its own session: main.py's loader workers and spawned ranks end with it
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True)
             try:
                 code = proc.wait(limit)
@@ -77,6 +79,7 @@ class Runner:
                     raise
                 code = None
         record.update(seconds=round(time.monotonic() - start, 2), returncode=code,
+                      cpu_seconds=round(_children_cpu() - used, 2),
                       status="passed" if code == 0 else "failed")
         if code is None and limit < timeout:
             record.update(status="skipped", reason=f"time budget: stopped after {limit:.0f} s")
@@ -102,6 +105,14 @@ class Runner:
     def attach_tails(self, record: dict, chars: int = 3000) -> None:
         record["stdout_tail"] = self.text(record["name"], "out")[-chars:]
         record["stderr_tail"] = self.text(record["name"], "err")[-chars:]
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every finished child process tree so far (a command's
+    processes are reaped by it, and it by :meth:`Runner.run`): the delta around one command is
+    its work, whatever else shares the machine's cores."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def shell_quote(arg: str) -> str:
@@ -227,12 +238,13 @@ def torch_cuda() -> str | None:
     return torch.version.cuda
 
 
-def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
+def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
     """Install into ``site`` (and put it on the commands' ``PYTHONPATH``) each of ``wheels``
     that this interpreter lacks (:func:`wheel_is_missing`: lmdb, pytest and its dependencies,
     nvImageCodec, DALI and its dependencies); without pip, unpack them there. A DALI wheel for
     another CUDA major than torch's is left out with a ``dali-wheel`` record (skipped: DALI is
-    then not proven). Returns the records, [] when nothing is missing."""
+    then not proven). ``name``: the install record's. Returns the records, [] when nothing is
+    missing."""
     records = []
     dali = [w for w in wheels if _DALI_WHEEL.match(os.path.basename(w).split("-")[0].lower())]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
@@ -246,14 +258,17 @@ def install(runner: Runner, wheels: list[str], site: str) -> list[dict]:
     runner.add_path(site)
     names = [os.path.basename(w).split("-")[0] for w in wanted]
     if has_pip():
-        record = runner.run("install", [
+        # --no-compile: byte-compiling DALI's and nvImageCodec's files costs a minute of a
+        # borrowed machine for modules imported a few times
+        record = runner.run(name, [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-            "--disable-pip-version-check", "--target", site, *wanted], INSTALL_TIMEOUT)
+            "--no-compile", "--disable-pip-version-check", "--target", site, *wanted],
+            INSTALL_TIMEOUT)
     else:  # no pip: a wheel without scripts is a zip to put on sys.path as it is
         for wheel in wanted:
             with zipfile.ZipFile(wheel) as zf:
                 zf.extractall(site)
-        record = {"name": "install", "command": f"unzip {' '.join(wanted)} -d {site}",
+        record = {"name": name, "command": f"unzip {' '.join(wanted)} -d {site}",
                   "status": "passed"}
     share_namespace(site, "nvidia")
     return records + [{**record, "installed": names}]

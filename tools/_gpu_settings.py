@@ -29,7 +29,8 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
                    "default BUNDLE/parts")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
-    p.add_argument("--budget", type=float, default=900.0, help="seconds; later checks are skipped")
+    p.add_argument("--budget", type=float, default=3600.0, help="seconds; later checks are "
+                   "skipped (the full check takes 30-35 min on an H100 machine)")
     p.add_argument("--steps", type=int, help="timed training steps per run (default 40; dry 2)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default 10; dry 1)")
     p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
@@ -37,6 +38,17 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     p.add_argument("--keep-data", action="store_true",
                    help="keep OUT/data (the replicated sample and its LMDBs, ~1.5 GB)")
+    lease = p.add_argument_group("lease plan (docs/gpu-check.md)")
+    lease.add_argument("--lease", action="store_true", help="one call of the lease plan on a "
+                       "borrowed GPU: the same command every call")
+    lease.add_argument("--rehearse", action="store_true", help="the lease plan end to end on "
+                       "this machine's CPU backends, with the borrowed machine's limits checked")
+    lease.add_argument("--state", help="the lease's scratch folder, kept between calls "
+                       "(default /tmp/gpu-check; never inside $OUT)")
+    lease.add_argument("--archive", help="the one results file (default $OUT/gpu-check.tar.gz, "
+                       "else STATE/gpu-check.tar.gz)")
+    lease.add_argument("--rows", nargs="+", metavar="PATTERN",
+                       help="only the plan's rows matching these (fnmatch) patterns")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -58,6 +70,7 @@ def settings(args) -> SimpleNamespace:
         # wraps the model in DataParallel over all visible GPUs
         accel=["--no-accel"] if dry else ["--gpu", "0"],
         only=set(args.only or SECTIONS), keep_data=args.keep_data)
+    check_not_in_out(s.out, "--out")
     if s.steps < 1 or s.warmup < 0 or s.batch < 1:
         raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
     if not (s.workers == "auto" or s.workers.isdigit()):
@@ -66,6 +79,8 @@ def settings(args) -> SimpleNamespace:
     if args.bundle and not os.path.isdir(bundle):
         raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
+    # DALI's own dependencies (make gpu-bundle's wheels-dali/; DALI itself may be in parts)
+    s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
     s.parts = args.parts or os.path.join(bundle, "parts")
     if args.parts and not os.path.isdir(args.parts):
         raise InputError(f"--parts {args.parts}: no such directory")
@@ -81,6 +96,22 @@ def settings(args) -> SimpleNamespace:
     if not s.images:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
     return s
+
+
+def check_not_in_out(path: str, flag: str) -> None:
+    """Raise :class:`InputError` when ``path`` is the environment's ``$OUT`` or inside it: on a
+    borrowed GPU machine ``$OUT`` is the folder that comes back (at most 8 files of 16 MiB, 2
+    folders deep), and the check's scratch (wheels, site-packages, a 1.5 GB LMDB, logs, runs)
+    written there would make the one try return nothing. Results go there as one archive
+    (``--archive``)."""
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    top, here = os.path.realpath(out), os.path.realpath(path)
+    if here == top or here.startswith(top.rstrip(os.sep) + os.sep):
+        raise InputError(f"{flag} {path} is inside $OUT ({out}), the folder that comes back "
+                         "from a borrowed machine: give a scratch folder elsewhere and "
+                         "--archive $OUT/gpu-check.tar.gz")
 
 
 def pick(value, default):

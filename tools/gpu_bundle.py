@@ -13,12 +13,14 @@ pytest and its dependencies, nvImageCodec, and NVIDIA DALI for torch's CUDA majo
 default this torch's) with the dependencies pip resolves for it, less numpy (torch's machine
 has it). ``gpu_check.py`` installs only the wheels that machine lacks.
 
-A wheel larger than one transfer to the GPU machine carries (DALI's, ~190 MiB) is written as
-parts of at most 60 MiB in ``OUT/parts/`` with a sha256 manifest (``tools/wheel_parts.py``) and
-the device calls that carry them one by one are printed (docs/gpu-check.md); ``make gpu-check
-PARTS=DIR`` reassembles, checks and installs it. The rest is about 35 MiB; ``--no-dali`` leaves
-DALI out, whose rows ``make gpu-check`` then reports as not proven. Exit status 0, 1 when pip
-fails (its message is shown), 2 for bad input (one line).
+Everything is also laid out as the lease plan's device calls (``OUT/calls/N``, hard links;
+docs/gpu-check.md): call 1 carries ``wheels/`` (lmdb, pytest, nvImageCodec, nvJPEG: rows 1-4)
+and the sample, DALI's own dependencies (``OUT/wheels-dali/``) fill the calls first fit, and
+DALI's wheel (~190 MiB), too large for one call of at most 64 MiB with the repository, is cut
+into parts (``OUT/parts/``, sha256 manifest: ``tools/wheel_parts.py``) filling each call's room
+in order; the calls are printed with their bytes. ``--no-dali`` leaves DALI out (one call),
+whose rows are then not proven. Exit status 0, 1 when pip fails (its message is shown), 2 for
+bad input (one line).
 """
 from __future__ import annotations
 
@@ -31,13 +33,23 @@ import shutil
 import subprocess
 import sys
 
-from .wheel_parts import MANIFEST, PART_BYTES, split
+from decode.gpu import nvjpeg_pip_package
+
+from .wheel_parts import MANIFEST, split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU machine's torch brings numpy; the wheel would only add 16 MB
 ALREADY_THERE = ("numpy",)
 GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
+# The device tool sends at most 64 MiB per call, the repository's files included; the margin
+# leaves room for commits made after the bundle. A part smaller than MIN_PART is not worth a
+# place in the first call; MANIFEST_ROOM: SHA256SUMS (one line per part and wheel).
+CALL_BYTES, CALL_MARGIN, MIN_PART, MANIFEST_ROOM = 64 << 20, 2 << 20, 1 << 20, 4096
+LEASE_COMMAND = "python3 -m tools.gpu_check --lease"
+# DALI and the wheels only it needs, and the list of those that travel whole (the lease
+# installs DALI once every one of them and every part of its wheel has come)
+DALI_WHEELS, DALI_LIST = "wheels-dali", "WHEELS"
 
 
 class InputError(Exception):
@@ -83,6 +95,10 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     specs = [pinned("lmdb"), pinned("pytest")]
     codec = f"nvidia-nvimgcodec-cu{cuda}"
     specs.append(pinned(codec) if same else codec)
+    # nvImageCodec declares nvJPEG only as an optional extra: without it every GPU decode of
+    # --decode-device cuda falls back to the CPU, so it is always in the bundle
+    nvjpeg = nvjpeg_pip_package(cuda)
+    specs.append(pinned(nvjpeg) if same else nvjpeg)
     if dali:
         name = f"nvidia-dali-cuda{cuda}0"
         installed = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")
@@ -162,48 +178,127 @@ def build(args) -> int:
           flush=True)
     os.symlink("train", os.path.join(out, "sample", "val"))
     specs = wheel_specs(cuda, not args.no_dali)
+    base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]
     print(f"gpu-bundle: wheels for CPython {args.python_version}, CUDA {cuda}: "
           f"{' '.join(specs)} and their dependencies", flush=True)
-    if subprocess.run(pip_command(specs, wheels, args.python_version)).returncode != 0:
-        print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
-        return 1
-    for name in os.listdir(wheels):
-        if name.split("-")[0].lower() in ALREADY_THERE:
-            os.remove(os.path.join(wheels, name))
-    parts = split_large_wheels(wheels, os.path.join(out, "parts"))
-    print(f"gpu-bundle: {out}: {folder_mib(out):.0f} MiB ({len(os.listdir(wheels))} wheels, "
-          f"{folder_mib(wheels):.0f} MiB" + (f"; {len(parts)} parts of at most "
-                                            f"{PART_BYTES >> 20} MiB in parts/)" if parts else ")"))
-    if parts:
-        print("\n".join(carry_plan(out, parts)))
+    # DALI and what it alone pulls in (nvCOMP, nvTIFF, nvJPEG2000, ...) in wheels-dali/: the
+    # lease carries them in the calls after the first and installs them with DALI
+    for wanted, folder in ((base, wheels), (dali, os.path.join(out, DALI_WHEELS))):
+        if not wanted:
+            continue
+        os.makedirs(folder, exist_ok=True)
+        if subprocess.run(pip_command(wanted, folder, args.python_version)).returncode != 0:
+            print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
+            return 1
+        for name in os.listdir(folder):
+            if name.split("-")[0].lower() in ALREADY_THERE or (
+                    folder != wheels and os.path.exists(os.path.join(wheels, name))):
+                os.remove(os.path.join(folder, name))
+    calls = lay_out_calls(out, carried_bytes(REPO))
+    print(f"gpu-bundle: {out}: {folder_mib(os.path.join(out, 'wheels')):.0f} MiB of wheels "
+          f"({len(os.listdir(wheels))}), {len(calls)} lease calls", flush=True)
+    print("\n".join(calls_text(out, calls)))
     return 0
 
 
-def split_large_wheels(wheels: str, folder: str) -> list[str]:
-    """Move each wheel in ``wheels`` larger than :data:`~tools.wheel_parts.PART_BYTES` into
-    parts in ``folder`` (with its manifest); returns the parts' paths."""
-    parts = []
-    for name in sorted(os.listdir(wheels)):
-        path = os.path.join(wheels, name)
-        if os.path.getsize(path) > PART_BYTES:
-            parts += split(path, folder)
-            os.remove(path)
-    return parts
+def carried_bytes(repo: str) -> int:
+    """Bytes the device tool sends with every call besides what it carries: the repository's
+    tracked files and its untracked ones that git does not ignore (``git ls-files``). Raises
+    :class:`InputError` without git."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=repo, capture_output=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise InputError(f"git ls-files in {repo} failed ({exc}): the bytes per call are "
+                         "counted from git's file list") from None
+    paths = (os.path.join(repo, p) for p in listed.decode().split("\0") if p)
+    return sum(os.lstat(p).st_size for p in paths if os.path.lexists(p))
 
 
-def carry_plan(out: str, parts: list[str]) -> list[str]:
-    """The device calls that bring the bundle to a GPU machine that takes at most 64 MiB per
-    call and keeps what earlier calls left while it stays warm: one part per call, moved out of
-    the checkout so that no later carry replaces it, then the rest with ``make gpu-check``."""
+def folder_bytes(path: str) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path)
+               for f in files)
+
+
+def lay_out_calls(out: str, repo_bytes: int, call_bytes: int = CALL_BYTES) -> list[dict]:
+    """Lay the bundle out as ``OUT/calls/1``, ``OUT/calls/2``, ...: what each device call of
+    the lease plan carries (docs/gpu-check.md), hard links of ``OUT``'s files. Call 1 carries
+    ``wheels/`` (what rows 1-4 need), the sample and the manifests; ``wheels-dali/``'s small
+    wheels fill the calls in order, and each wheel too large for a call (DALI's) is cut into
+    parts (``tools/wheel_parts.py``) that fill the room left, call after call. Every call is
+    at most ``call_bytes`` with ``repo_bytes`` and :data:`CALL_MARGIN` for commits made after
+    the bundle. Raises :class:`InputError` when call 1's own files do not fit. Returns
+    ``{"call", "bytes", "files"}`` per call (bytes with the repository's)."""
+    room = call_bytes - CALL_MARGIN - repo_bytes
+    later = os.path.join(out, DALI_WHEELS)
+    names = sorted(os.listdir(later)) if os.path.isdir(later) else []
+    small = [n for n in names if os.path.getsize(os.path.join(later, n)) <= room // 2]
+    big = [n for n in names if n not in small]
+    first = ([os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
+             + ["sample"] + ([os.path.join(DALI_WHEELS, DALI_LIST)] if names else [])
+             + ([os.path.join("parts", MANIFEST)] if big else []))
+    if names:
+        with open(os.path.join(later, DALI_LIST), "w") as f:
+            f.write("".join(n + "\n" for n in small))
+    calls, left = [first], room - MANIFEST_ROOM - sum(
+        folder_bytes(os.path.join(out, x)) if os.path.isdir(os.path.join(out, x))
+        else os.path.getsize(os.path.join(out, x)) for x in first if not x.endswith(
+            (MANIFEST, DALI_LIST)))
+    if left < 0:
+        raise InputError(f"call 1 needs {(room - left) >> 20} MiB, over one call's "
+                         f"{room >> 20} MiB: fewer --images")
+    lefts = [left]
+    for name in small:  # first fit: the earliest call with room
+        size = os.path.getsize(os.path.join(later, name))
+        k = next((k for k, x in enumerate(lefts) if x >= size), len(lefts))
+        if k == len(lefts):
+            calls, lefts = calls + [[]], lefts + [room]
+        calls[k].append(os.path.join(DALI_WHEELS, name))
+        lefts[k] -= size
+    for name in big:  # parts fill each call's room left, in call order, then new calls
+        open_calls = [k for k, x in enumerate(lefts) if x >= MIN_PART]
+        parts = split(os.path.join(later, name), os.path.join(out, "parts"), part_bytes=room,
+                      first=[lefts[k] for k in open_calls])
+        os.remove(os.path.join(later, name))
+        for n, part in enumerate(parts):
+            k = open_calls[n] if n < len(open_calls) else len(calls)
+            if k == len(calls):
+                calls, lefts = calls + [[]], lefts + [room]
+            calls[k].append(os.path.join("parts", os.path.basename(part)))
+            lefts[k] -= os.path.getsize(part)
+    shutil.rmtree(os.path.join(out, "calls"), ignore_errors=True)
+    result = []
+    for number, files in enumerate(calls, 1):
+        folder = os.path.join(out, "calls", str(number))
+        for rel in files:
+            link_tree(os.path.join(out, rel), os.path.join(folder, rel))
+        result.append({"call": number, "files": files,
+                       "bytes": repo_bytes + folder_bytes(folder)})
+    return result
+
+
+def link_tree(src: str, dst: str) -> None:
+    """``dst`` as a hard-linked copy of the file or folder ``src`` (symlinks kept as links)."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
+    elif os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    else:
+        os.link(src, dst)
+
+
+def calls_text(out: str, calls: list[dict]) -> list[str]:
+    """The device calls of the lease plan (docs/gpu-check.md): back to back, each the same
+    command, each carrying its folder of ``OUT/calls``."""
     rel = os.path.relpath(out, REPO)
-    lines = ["gpu-bundle: device calls, back to back (the machine goes back after 30 s idle):"]
-    for number, part in enumerate(parts, 1):
-        path = os.path.join(rel, "parts", os.path.basename(part))
-        lines.append(f"  {number}. carry [\"{path}\"]  command: mkdir -p /tmp/gpu-parts && "
-                     f"mv {path} /tmp/gpu-parts/")
-    lines.append(f"  {len(parts) + 1}. carry [\"{rel}/sample\", \"{rel}/wheels\", "
-                 f"\"{rel}/parts/{MANIFEST}\"]  command: cp {rel}/parts/{MANIFEST} /tmp/gpu-parts/ "
-                 "&& make gpu-check PARTS=/tmp/gpu-parts")
+    lines = ["gpu-bundle: the lease's device calls, back to back, nothing read between them "
+             "(the machine goes back after 30 s idle):"]
+    for call in calls:
+        lines.append(f"  {call['call']}. carry [\"{rel}/calls/{call['call']}\"]  timeout_s 540  "
+                     f"command: {LEASE_COMMAND}   ({call['bytes'] / 2**20:.1f} MiB with the "
+                     "repository)")
     return lines
 
 

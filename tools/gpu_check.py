@@ -1,7 +1,14 @@
-"""Prove or disprove the whole GPU path in one command (``make gpu-check``, about 8 minutes).
+"""Prove or disprove the whole GPU path in one command (``make gpu-check``, 30-35 minutes on an
+H100 machine), or measure what matters most in a borrowed GPU's 15 minutes (``--lease``).
 
-    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine
+    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine with time
     python3 -m tools.gpu_check --out /tmp/gc --dry-run --data DIR   # CPU, tiny sizes (tests)
+    python3 -m tools.gpu_check --lease                  # each device call of a borrowed GPU
+    python3 -m tools.gpu_check --rehearse               # those calls here, limits checked
+
+``--lease`` and ``--rehearse``: ``_gpu_lease.py``, ``_gpu_plan.py`` (the rows, declared once)
+and ``_gpu_rehearse.py``; docs/gpu-check.md says which calls to make. The rest of this
+docstring is the full check.
 
 Needs the source tree, a Python with torch and torchvision, and ``.gpu-bundle/`` (``make
 gpu-bundle``: lmdb and pytest wheels, 100 real ImageNet images); no network and no venv. lmdb
@@ -83,19 +90,28 @@ def gpu_test_files() -> list[str]:
     return found
 
 
-def pytest_section(runner: Runner, machine: dict) -> list[dict]:
+def pytest_section(runner: Runner, machine: dict, sample: str | None = None) -> list[dict]:
     """Section 2: the GPU-marked tests, one pytest run per file (each with its own timeout, so
     a slow file is reported as timed out without taking the others down)."""
     if not machine.get("pytest"):
         return [announce(runner, skipped("pytest", "not available: pytest not installed"))]
-    return [announce(runner, pytest_piece(runner, path)) for path in gpu_test_files()]
+    return [announce(runner, pytest_piece(runner, path, sample)) for path in gpu_test_files()]
 
 
-def pytest_piece(runner: Runner, path: str) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line."""
+def sample_env(sample: str | None) -> dict:
+    """``IMAGENET_SAMPLE`` for the tests (``tests/helpers/paths.py``): the bundle's sample
+    (``train/``, ``val/``), since ``../shared`` does not travel to a GPU machine and the
+    GPU-vs-CPU pixel tests would skip; {} without one."""
+    return {"IMAGENET_SAMPLE": sample} if sample else {}
+
+
+def pytest_piece(runner: Runner, path: str, sample: str | None = None) -> dict:
+    """``pytest -m gpu PATH`` (the sample folder ``sample`` as ``IMAGENET_SAMPLE``), parsed from
+    pytest's summary line."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"])
+                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"],
+                     env=sample_env(sample))
     if rec["status"] in ("skipped", "timed out"):
         return rec
     parsed = report_.parse_pytest(runner.text(name))
@@ -261,7 +277,7 @@ def run_sections(runner: Runner, s, report: dict) -> None:
     sections = report["sections"]
     joined, records = join_parts(s.parts, os.path.join(s.out, "wheels-joined"))
     setup = sections["setup"] = [announce(runner, r) for r in records + install(
-        runner, s.wheels + joined, os.path.join(s.out, "site"))]
+        runner, s.wheels + s.dali_wheels + joined, os.path.join(s.out, "site"))]
     machine, env = environment(runner, s)
     report["machine"] = machine
     sections["environment"] = [announce(runner, env)]
@@ -272,7 +288,7 @@ def run_sections(runner: Runner, s, report: dict) -> None:
         data, prepared = prepare_data(runner, s, machine, TIMEOUTS["lmdb"])
         setup += [announce(runner, r) for r in prepared]
     if "pytest" in s.only:
-        sections["pytest"] = pytest_section(runner, machine)
+        sections["pytest"] = pytest_section(runner, machine, os.path.dirname(s.train_src))
     if "nccl" in s.only:
         sections["nccl"] = [nccl(runner, s, data, machine)]
     rows = []
@@ -305,6 +321,12 @@ def main_cli(argv=None) -> int:
     if args.probe:
         print(json.dumps(probe()))
         return 0
+    if args.lease:
+        from ._gpu_lease import lease_main
+        return lease_main(args)
+    if args.rehearse:
+        from ._gpu_rehearse import rehearse_main
+        return rehearse_main(args)
     try:
         s = settings(args)
         os.makedirs(s.out, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from typing import Sequence
 
 PART_BYTES = 60 * 2**20  # under the 64 MiB a call carries, with room for the manifest
 MANIFEST = "SHA256SUMS"
@@ -33,16 +34,19 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def split(wheel: str, folder: str, part_bytes: int = PART_BYTES) -> list[str]:
-    """Cut ``wheel`` into ``folder/NAME.partNN`` files of at most ``part_bytes`` bytes and add
-    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
-    if part_bytes < 1:
-        raise ValueError(f"part size {part_bytes}: must be at least 1 byte")
+def split(wheel: str, folder: str, part_bytes: int = PART_BYTES,
+          first: Sequence[int] = ()) -> list[str]:
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files: the first ones at most ``first[k]``
+    bytes (the room left in transfers that carry other files too), the rest at most
+    ``part_bytes``, and add their lines and the wheel's to ``folder/SHA256SUMS``; returns the
+    parts' paths in order. Raises ``ValueError`` for a size under 1 byte."""
+    if min([part_bytes, *first]) < 1:
+        raise ValueError(f"part size {min([part_bytes, *first])}: must be at least 1 byte")
     os.makedirs(folder, exist_ok=True)
     name, parts, lines = os.path.basename(wheel), [], []
     with open(wheel, "rb") as src:
         while True:
-            data = src.read(part_bytes)
+            data = src.read(first[len(parts)] if len(parts) < len(first) else part_bytes)
             if not data:
                 break
             part = os.path.join(folder, f"{name}.part{len(parts):02d}")

@@ -31,12 +31,42 @@ _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
 
 
-# nvJPEG's buffers sized once for the largest ImageNet JPEGs, as NVIDIA's DeepLearningExamples
-# RN50 (image_classification/dali.py) and DALI's ResNet-50 example set them "to avoid
-# reallocations in runtime" (DALI 2.4's defaults: 16 MiB device / 8 MiB host padding, no hints;
-# a 100-image sample cannot show the reallocations a full epoch makes).
-NVJPEG_MEMORY = dict(device_memory_padding=211025920, host_memory_padding=140544512,
-                     preallocate_width_hint=5980, preallocate_height_hint=6430)
+# nvJPEG's buffers sized for the largest ImageNet JPEGs, as NVIDIA's DeepLearningExamples RN50
+# (image_classification/dali.py) and DALI's ResNet-50 example set them "to avoid reallocations
+# in runtime" (DALI 2.4's defaults: 16 MiB device / 8 MiB host padding, no hints). The paddings
+# are per decoding thread (DALI's nvJPEG decoder keeps a device buffer and pinned host buffers
+# per thread), and those examples run 4 threads: :func:`nvjpeg_memory` keeps their total,
+# each of ``threads`` threads getting a share, so -j 16 does not pin 16 x 134 MiB of host memory
+# and take 16 x 201 MiB of the GPU's (a larger image grows its thread's buffer once).
+NVJPEG_PADDING = dict(device_memory_padding=211025920, host_memory_padding=140544512)
+NVJPEG_HINTS = dict(preallocate_width_hint=5980, preallocate_height_hint=6430)
+NVJPEG_EXAMPLE_THREADS = 4
+
+
+def nvjpeg_memory(threads: int) -> dict:
+    """``fn.decoders.*`` arguments for the mixed (nvJPEG) decode on ``threads`` CPU threads:
+    the examples' paddings in bytes per thread for up to :data:`NVJPEG_EXAMPLE_THREADS`
+    threads, their 4-thread total split evenly beyond, and the hardware decoder's size hints
+    (pixels; one decoder, not per thread)."""
+    share = NVJPEG_EXAMPLE_THREADS / max(NVJPEG_EXAMPLE_THREADS, threads)
+    return {**{k: int(v * share) for k, v in NVJPEG_PADDING.items()}, **NVJPEG_HINTS}
+
+
+def decode_args(opts: "GraphOptions") -> dict:
+    """The decoder's arguments for ``opts``: RGB pixels as stored (no EXIF orientation, as the
+    other loaders), on the CPU or mixed; mixed adds :func:`nvjpeg_memory` for
+    ``opts.threads``, ``hw_decoder_load`` and ``jpeg_fancy_upsampling=True``: nvJPEG's default
+    chroma upsampling differs from libjpeg-turbo's "fancy" one, which DALI's CPU backend, the
+    CPU loaders and nvImageCodec (``decode.gpu``) use, so the same image would train on other
+    pixels under ``--dali``."""
+    from nvidia.dali import types
+
+    args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
+            "adjust_orientation": False}
+    if not opts.decode_on_cpu:
+        args.update(nvjpeg_memory(opts.threads), hw_decoder_load=opts.hw_decoder_load,
+                    jpeg_fancy_upsampling=True)
+    return args
 
 
 @dataclass(frozen=True)
@@ -53,6 +83,7 @@ class GraphOptions:
     channels_last: bool
     augment: object = None  # training's --auto-augment: a _dali_augment.DaliAugment, or None
     interpolation: str = "bilinear"  # --interpolation of the resizes
+    threads: int = 1  # the pipeline's CPU threads (-j): nvJPEG's buffers are per thread
 
 
 def stored_shape(encoded):
@@ -96,10 +127,7 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     """
     from nvidia.dali import fn, types
 
-    decode = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
-              "adjust_orientation": False}  # pixels as stored, as the other loaders
-    if not opts.decode_on_cpu:
-        decode.update(NVJPEG_MEMORY, hw_decoder_load=opts.hw_decoder_load)
+    decode = decode_args(opts)
     if opts.train:
         anchor, shape, mirror, sizes, aug_draws = train_inputs
         size = stored_shape(encoded)

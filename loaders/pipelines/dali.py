@@ -40,6 +40,7 @@ from typing import Iterator
 import torch
 
 from decode import decode, release_freed_memory
+from decode.gpu import nvjpeg_pip_package
 
 from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
@@ -373,7 +374,7 @@ def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> Gra
         resize_size=settings.val_resize_size, cuda=cuda,
         decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
         dtype=settings.dtype, channels_last=settings.channels_last, augment=policy,
-        interpolation=settings.interpolation)
+        interpolation=settings.interpolation, threads=max(1, settings.workers))
 
 
 def require(dist: DistInfo) -> None:
@@ -404,9 +405,11 @@ def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: Di
         if is_train and not opts.decode_on_cpu:
             problem = gpu_decoding_problem(dist.device)
             if problem:
+                cuda = (torch.version.cuda or "13").split(".")[0]
                 raise DataError(f"--dali: nvJPEG cannot decode on {dist.device} ({problem}), "
-                                "so DALI would decode on the CPU: install nvidia-nvjpeg-cu13 "
-                                "beside nvidia-nvimgcodec-cu13, or give --dali-cpu")
+                                f"so DALI would decode on the CPU: install "
+                                f"{nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}, "
+                                "or give --dali-cpu")
         built.append(DALILoader(
             reader, order, opts, dist.device,
             batch_size=settings.batch_size,

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from decode import decode, image_size
-from decode.gpu import WindowDecoder
+from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
 
 from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
@@ -280,14 +280,15 @@ class BatchDecodeLoader(PositionedLoader):
             images, labels = out.images, item["labels"]
             if out.failed:
                 images, labels = self._replace_failed(out, item)
-            images = images.to(self.device, non_blocking=True)  # cpu-nvimgcodec beside a GPU
+            if images.device.type != self.device.type:  # cpu-nvimgcodec beside a GPU
+                images = to_device(images, self.device)
             flips = item["flips"]
-            if bool(flips.any()):
-                where = flips.nonzero().flatten().to(self.device)
+            if bool(flips.any()):  # a CPU tensor: no device sync; the copy does not block
+                where = to_device(flips.nonzero().flatten(), self.device)
                 images[where] = images[where].flip(-1)
             images = normalize_into(images, self.scale, self.shift, self.dtype,
                                     self.channels_last)
-            return images, labels.to(self.device, non_blocking=True)
+            return images, to_device(labels, self.device)
 
     def _hand_over(self, ready, done):
         """``ready``'s tensors made usable on the current stream, which waits for the side
@@ -338,19 +339,38 @@ def _one_ahead(items: Iterator) -> Iterator:
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device``; raises
-    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device or the CPU backend
+    """The batch decoder of ``settings.decode_device`` on ``dist.device``: for ``cuda`` the
+    first GPU decoder that decodes a probe window into device memory
+    (:func:`decode.gpu.probe_cuda`: nvImageCodec, else torchvision's ``decode_jpeg``). Raises
+    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where no
+    GPU decoder decodes unless ``settings.allow_cpu_decode`` (``--allow-cpu-decode``: every
+    window then goes to the CPU fallback, and the run says so), and for the CPU backend
     without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
                                "for the same pipeline on nvImageCodec's CPU backend)")
     device = dist.device if kind == "cuda" else torch.device("cpu")
+    library = "default"
+    if kind == "cuda":
+        choice = probe_cuda(device, settings.hw_decoder_load)
+        if choice.library is None and not settings.allow_cpu_decode:
+            raise AcceleratorError(refusal(choice))
+        library = None if choice.library == "torchvision" else "default"
     try:
         return WindowDecoder(kind, device, settings.hw_decoder_load,
-                             threads=max(1, settings.workers))
+                             threads=max(1, settings.workers), library=library)
     except RuntimeError as exc:
         raise AcceleratorError(str(exc).splitlines()[0]) from None
+
+
+def refusal(choice: CudaChoice) -> str:
+    """The one line ``--decode-device cuda`` stops with where no GPU decoder decodes."""
+    cuda = (torch.version.cuda or "13").split(".")[0]
+    return (f"--decode-device cuda: no GPU decoder decodes on {choice.device} "
+            f"({'; '.join(choice.problems)}): install {nvjpeg_pip_package(cuda)} beside "
+            f"nvidia-nvimgcodec-cu{cuda}, or pass --allow-cpu-decode to decode every window "
+            "on the CPU")
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):

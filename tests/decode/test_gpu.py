@@ -144,3 +144,29 @@ def test_status_lines_name_the_decoder_and_backend():
         gpu.WindowDecoder("tpu", torch.device("cpu"))
     with pytest.raises(RuntimeError, match="needs nvImageCodec"):
         gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu"), library=None)
+
+
+def test_a_cuda_decoder_that_decodes_into_host_memory_is_named_not_trusted():
+    """The start-up probe of ``--decode-device cuda`` (``probe_cuda``): a "cuda" decoder whose
+    windows land in host memory (torchvision's decode_jpeg on the CPU here) does not count as
+    decoding on the GPU; without a CUDA device neither decoder is chosen and each says why,
+    which the run's first line repeats instead of naming nvImageCodec on CUDA."""
+    host = gpu.WindowDecoder("cuda", torch.device("cpu"), library=None)
+    assert gpu.device_decode_problem(host) == "decoded into host memory, not the GPU's"
+    choice = gpu.probe_cuda(torch.device("cpu"))
+    assert choice.library is None and len(choice.problems) == 2
+    assert gpu.probe_cuda(torch.device("cpu")) is choice  # probed once per process
+    line = choice.line(0.65)
+    assert line.startswith("batch windows: no GPU decoder decodes on cpu (") and "\n" not in line
+    assert "every window on the CPU" in line
+
+
+def test_nvjpeg_wheel_names_and_non_blocking_copies_keep_values():
+    """CUDA 13's nvJPEG wheel is ``nvidia-nvjpeg`` (``-cu13`` is a placeholder); the host-to-
+    device helper keeps shape, strides' values and dtype (its page-locked, non-blocking copy
+    runs on a GPU: tests/loaders/test_gpu_decode_cuda.py)."""
+    assert gpu.nvjpeg_pip_package("13.0") == "nvidia-nvjpeg"
+    assert gpu.nvjpeg_pip_package(None) == "nvidia-nvjpeg"
+    assert gpu.nvjpeg_pip_package("12.8") == "nvidia-nvjpeg-cu12"
+    view = torch.arange(24, dtype=torch.uint8).view(2, 3, 4).permute(1, 0, 2)
+    assert torch.equal(gpu.to_device(view, torch.device("cpu")), view)

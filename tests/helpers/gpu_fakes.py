@@ -41,11 +41,11 @@ MACHINE = {"python": "3.12.3", "platform": "Linux", "cpu_cores": 16, "torch": "2
            "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85e9}]}
 
 
-def fake_gpu_run(self, name, cmd, timeout):
+def fake_gpu_run(self, name, cmd, timeout, env=None):
     """Runner.run as on ``self.machine`` (default :data:`MACHINE`: one H100 with DALI): each
     command 'succeeds' with plausible output."""
     record = {"name": name, "command": " ".join(cmd), "seconds": 1.0, "returncode": 0,
-              "status": "passed"}
+              "status": "passed", **({"env": env} if env else {})}
     self.calls.append(cmd)
     out = ""
     if name == "environment":
@@ -55,9 +55,10 @@ def fake_gpu_run(self, name, cmd, timeout):
     elif name == "dali-gpu-decode":
         out = json.dumps({"problem": getattr(self, "gpu_decode_problem", None)})
     elif name == "gpu-decode-probe":
-        out = json.dumps({"status": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
+        out = json.dumps({"decoder": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
                           "on_device": 2, "fallback": 0, "max_diff": 2.0,
-                          "hardware_decoder": True})
+                          "hardware_decoder": True, "torchvision": {
+                              "on_device": 2, "fallback": 0, "max_diff": 2.0}})
     elif "--benchmark-data" in cmd:  # decoding on the CPU with one thread: 1,000 images/s
         cpu = "--dali-cpu" in cmd or name == "loader-gpudecode-cpu-j1"
         speed = 1000.0 if cpu else 5120.0
@@ -87,6 +88,10 @@ def fake_gpu_run(self, name, cmd, timeout):
         out = f"device: cuda:0; world size 1{group};{batch} seed 0\n"
     with open(self.log(name, "out"), "w") as f:
         f.write(out)
+    if "--decode-device" in cmd and getattr(self, "cpu_fallbacks", 0):
+        with open(self.log(name, "err"), "w") as f:  # loaders/pipelines/gpu_decode.py's note
+            f.write(f"note: {self.cpu_fallbacks} samples decoded on the CPU this pass (cuda "
+                    "batch decoder declined them)\n")
     return record
 
 

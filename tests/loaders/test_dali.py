@@ -337,3 +337,31 @@ def test_a_pass_left_part_way_is_not_continued(tiny):
     assert train.pipeline_builds == 1
     assert torch.equal(next(iter(train))[1], first)
     assert train.pipeline_builds == 2  # rebuilt once: the first pass was abandoned
+
+
+def test_mixed_decode_upsamples_chroma_fancy_with_paddings_for_its_threads(monkeypatch):
+    """On a GPU the mixed (nvJPEG) decode upsamples chroma as libjpeg-turbo's "fancy" does
+    (DALI's CPU backend, the CPU loaders and nvImageCodec do), and nvJPEG's per-thread paddings
+    keep DeepLearningExamples' 4-thread total: -j 16 gets a quarter each, -j 2 the examples'
+    own. The CPU decode takes none of them. DALI's schema takes each argument."""
+    from nvidia.dali import backend
+
+    import loaders.pipelines._dali_graph as graph
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
+    cuda = DistInfo(device=torch.device("cuda", 0))
+    mixed = graph.decode_args(dali._graph_options(loader_settings("dali", workers=16), cuda,
+                                                  train=True))
+    assert mixed["device"] == "mixed" and mixed["jpeg_fancy_upsampling"] is True
+    assert mixed["device_memory_padding"] == 211025920 // 4
+    assert mixed["host_memory_padding"] == 140544512 // 4
+    assert mixed["preallocate_width_hint"] == 5980  # one hardware decoder: not per thread
+    few = graph.decode_args(dali._graph_options(loader_settings("dali", workers=2), cuda,
+                                                train=True))
+    assert few["device_memory_padding"] == 211025920 and few["host_memory_padding"] == 140544512
+    on_cpu = graph.decode_args(dali._graph_options(
+        loader_settings("dali", workers=16, dali_cpu=True), cuda, train=True))
+    assert on_cpu["device"] == "cpu" and "jpeg_fancy_upsampling" not in on_cpu
+    for schema in ("decoders__ImageSlice", "decoders__Image"):
+        assert all(backend.GetSchema(schema).HasArgument(k) for k in mixed
+                   if k not in ("device",)), schema

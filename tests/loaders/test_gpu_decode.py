@@ -247,3 +247,21 @@ def test_a_pass_left_early_stops_its_decode_thread_and_the_next_is_exact(tiny):
     for (a, la), (b, lb) in zip(expected, got, strict=True):
         assert torch.equal(la, lb) and (a == b).all()
     train.close()
+
+
+def test_cuda_without_a_gpu_decoder_refuses_in_one_line_naming_the_wheel_and_the_flag():
+    """Where no GPU decoder decodes (no libnvjpeg), ``--decode-device cuda`` stops before
+    training in one line: what each decoder said, the wheel to install, and the flag that
+    allows the CPU fallback instead (``--allow-cpu-decode``)."""
+    from decode.gpu import CudaChoice, nvjpeg_pip_package
+    from loaders.pipelines.gpu_decode import refusal
+
+    choice = CudaChoice("cuda:0", None, ("nvImageCodec: declined a baseline JPEG (libnvjpeg "
+                                         "not found?)", "torchvision decode_jpeg: RuntimeError: x"))
+    line = refusal(choice)
+    assert "\n" not in line and line.startswith("--decode-device cuda: no GPU decoder decodes on "
+                                                "cuda:0 (nvImageCodec: declined")
+    cuda = (torch.version.cuda or "13").split(".")[0]
+    assert f"install {nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}, " in line
+    assert line.endswith("or pass --allow-cpu-decode to decode every window on the CPU")
+    assert loader_settings("folder").allow_cpu_decode is False

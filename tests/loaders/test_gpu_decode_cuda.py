@@ -74,3 +74,24 @@ def test_pixels_near_the_cpu_loaders(sample):
     diff = np.concatenate([np.abs(a.astype(np.int16) - b.astype(np.int16))
                            for a, b in zip(runs["cpu"], runs["cuda"], strict=True)])
     assert diff.mean() <= 0.1 + GPU_MEAN_BOUND, (diff.mean(), diff.max())
+
+
+def test_probe_chooses_nvimgcodec_and_host_copies_do_not_block():
+    """With nvJPEG installed the start-up probe picks nvImageCodec on the GPU; a raw record's
+    window and a batch's flip indices go to the device from page-locked memory without a
+    synchronising copy (torch's sync debug mode raises on one)."""
+    from decode import raw
+
+    assert gpu.probe_cuda(_device()).library == "nvimgcodec"
+    image = torch.randint(0, 256, (3, 40, 60), dtype=torch.uint8)
+    record = raw.encode_raw(image)
+    decoder = gpu.WindowDecoder("cuda", _device())
+    flips = torch.tensor([True, False, True]).nonzero().flatten()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        window = decoder._raw(record, (4, 6, 20, 30))
+        where = gpu.to_device(flips, _device())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(window.cpu(), image[:, 4:24, 6:36])
+    assert where.cpu().tolist() == [0, 2]

@@ -6,21 +6,26 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 
+from decode.gpu import nvjpeg_pip_package
 from tools import gpu_bundle
 
 
 @pytest.fixture
 def fake_pip(monkeypatch):
     """``subprocess.run`` of gpu_bundle: records the pip command and 'downloads' a numpy and
-    an lmdb wheel into its ``-d`` folder."""
+    an lmdb wheel into its ``-d`` folder (other commands, git's file list, run as they are)."""
     calls = []
+    real = subprocess.run
 
     def run(cmd, **kwargs):
+        if "pip" not in cmd:
+            return real(cmd, **kwargs)
         calls.append(cmd)
         folder = cmd[cmd.index("-d") + 1]
         for name in ("numpy-2.0-cp312-cp312-x.whl", "lmdb-3.0.0-cp312-cp312-x.whl"):
@@ -49,9 +54,17 @@ def test_images_from_data_one_per_class_first(sample, tmp_path, fake_pip):
     assert os.readlink(tmp_path / "b" / "sample" / "val") == "train"  # relative: travels
     assert f"images: 5 files in 5 classes from {sample}/train" in out
     assert sorted(os.listdir(tmp_path / "b" / "wheels")) == ["lmdb-3.0.0-cp312-cp312-x.whl"]
-    (cmd,) = fake_pip
+    cmd, dali = fake_pip  # what rows 1-4 need, then DALI and what only it pulls in
     assert cmd[1:4] == ["-m", "pip", "download"] and "--only-binary=:all:" in cmd
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--no-deps" not in cmd
+    assert not any("dali" in x for x in cmd) and any(x.startswith("nvidia-dali") for x in dali)
+    assert dali[dali.index("-d") + 1].endswith("wheels-dali")
+    # one call carries it all (lmdb, fetched twice, kept once), printed with its bytes
+    assert sorted(os.listdir(tmp_path / "b" / "calls")) == ["1"]
+    assert not os.listdir(tmp_path / "b" / "wheels-dali")
+    rel = os.path.relpath(tmp_path / "b", gpu_bundle.REPO)
+    assert f'1. carry ["{rel}/calls/1"]' in out
+    assert "command: python3 -m tools.gpu_check --lease" in out
 
 
 def test_images_are_generated_without_data(tmp_path, fake_pip):
@@ -68,10 +81,12 @@ def test_dali_wheel_follows_the_cuda_major():
     local = gpu_bundle.local_cuda_major()
     specs = gpu_bundle.wheel_specs(local, dali=True)
     assert any(s.startswith(f"nvidia-dali-cuda{local}0") for s in specs)
-    assert {s.split("==")[0] for s in specs} >= {"lmdb", "pytest", f"nvidia-nvimgcodec-cu{local}"}
+    assert {s.split("==")[0] for s in specs} >= {"lmdb", "pytest", f"nvidia-nvimgcodec-cu{local}",
+                                             nvjpeg_pip_package(local)}
     other = "12" if local != "12" else "13"
     specs = gpu_bundle.wheel_specs(other, dali=True)
     assert f"nvidia-nvimgcodec-cu{other}" in specs  # pip picks the version for that CUDA
+    assert nvjpeg_pip_package(other) in specs  # nvImageCodec's optional extra: always there
     assert any(s.startswith(f"nvidia-dali-cuda{other}0") for s in specs)
     assert not any("dali" in s for s in gpu_bundle.wheel_specs(local, dali=False))
 

@@ -106,7 +106,9 @@ def test_gpu_decode_section(dry_run):
     """Issue 38's rows, run on nvImageCodec's CPU backend in a dry run: the GPU probe is not
     proven here; the one-worker timing pair and ResNet-18 at a low side run the pipeline."""
     rows = {r["name"]: r for r in dry_run.sections["gpudecode"]}
-    assert rows["gpu-decode-probe"]["status"] == "skipped"
+    # the probe runs on nvImageCodec's CPU backend and torchvision on the CPU: the code only
+    assert rows["gpu-decode-probe"]["status"] == "passed", rows["gpu-decode-probe"]
+    assert rows["gpu-decode-probe"]["torchvision"]["fallback"] == 0
     for name in ("loader-gpudecode-cuda-j1", "loader-gpudecode-cpu-j1"):
         assert rows[name]["status"] == "passed" and rows[name]["images_per_sec"] > 0
         assert rows[name]["workers"] == 1
@@ -200,8 +202,10 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
                             "--steps", "2", "--warmup", "1"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     gpudecode = {r["name"]: r for r in report["sections"]["gpudecode"]}
-    assert code == 0 and report["summary"] == {"passed": 57, "failed": 0, "timed_out": 0,
+    # 58 with gpu-decode-probe: its decoder line no longer overwrites the row's status
+    assert code == 0 and report["summary"] == {"passed": 58, "failed": 0, "timed_out": 0,
                                                "skipped": 0, "not_proven": 0}
+    assert gpudecode["gpu-decode-probe"]["status"] == "passed"
     assert "GPU path proven: every check ran and passed" in out
     train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
     # NCCL, ResNet-50 from 5 loaders, DALI's section (ResNet-18 at 160 px from synthetic data
@@ -300,7 +304,7 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
     out = ("s\n=== short test summary info ===\nSKIPPED [1] tests/loaders/test_gpu_dali.py:7: could "
            "not import 'nvidia.dali': No module named 'nvidia.dali'\n1 skipped in 0.92s\n")
 
-    def run(self, name, cmd, timeout, code=5):
+    def run(self, name, cmd, timeout, env=None, code=5):
         with open(self.log(name, "out"), "w") as f:
             f.write(out)
         return {"name": name, "command": " ".join(cmd), "returncode": code,
@@ -316,11 +320,11 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
     assert gpu_check.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
 
 
-def make_n(*args):
+def make_n(*args, **env_vars):
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "OUT", "ARGS", "GPU_PYTHON")}
     return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env=env)
+                          capture_output=True, text=True, timeout=60, env={**env, **env_vars})
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
@@ -329,8 +333,11 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     assert check.returncode == 0, check.stderr
     assert "python3 -m tools.gpu_check --out gpu-check-output" in check.stdout
     assert ".venv" not in check.stdout and "pip install" not in check.stdout
-    custom = make_n("gpu-check", "OUT=/x", "GPU_PYTHON=py", "ARGS=--budget 900")
+    custom = make_n("gpu-check", "GPU_OUT=/x", "GPU_PYTHON=py", "ARGS=--budget 900")
     assert "py -m tools.gpu_check --out /x --budget 900" in custom.stdout
+    # a borrowed machine's $OUT (the folder that comes back) is never the check's scratch
+    borrowed = make_n("gpu-check", OUT="/borrowed/out").stdout
+    assert "--out gpu-check-output" in borrowed and "/borrowed/out" not in borrowed
     parts = make_n("gpu-check", "PARTS=/tmp/gpu-parts")
     assert "-m tools.gpu_check --out gpu-check-output --parts /tmp/gpu-parts" in parts.stdout
     bundle = make_n("gpu-bundle").stdout
@@ -338,3 +345,12 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom
+
+
+def test_out_inside_the_borrowed_machines_out_is_refused(tmp_path, monkeypatch):
+    """$OUT comes back from a borrowed machine (8 files at most): a scratch folder there is
+    bad input, one line, exit status 2."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    code, _, err = gpu_check_cli(["--dry-run", "--out", str(tmp_path / "gc")])
+    assert code == 2 and err.count("\n") == 1
+    assert "is inside $OUT" in err and "--archive" in err

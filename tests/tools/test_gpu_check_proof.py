@@ -208,3 +208,21 @@ def test_dali_section_fails_what_a_gpu_decode_must_prove(sample, tmp_path, fake_
     assert rows["dali-memory"]["status"] == "failed"
     assert "device memory grew from 20000 to 28000 MiB" in rows["dali-memory"]["reason"]
     assert rows["loader-dali-mixed-j1"]["status"] == "passed"  # 5.12x the CPU decode
+
+
+def test_gpu_tests_find_the_bundles_sample_and_batch_rows_fail_on_cpu_fallbacks(
+        sample, tmp_path, fake_machine, monkeypatch):
+    """The GPU-vs-CPU pixel tests read the sample through IMAGENET_SAMPLE (``../shared`` does
+    not travel): every pytest row gets the bundle's; and a ``--decode-device cuda`` row whose
+    run sent samples to the CPU fallback fails, naming how many."""
+    fake_machine()
+    monkeypatch.setattr(_gpu_runner.Runner, "cpu_fallbacks", 3, raising=False)
+    code, _, report = gpu_run(sample, tmp_path, "--only", "pytest", "gpudecode")
+    assert code == 1
+    for row in report["sections"]["pytest"]:
+        assert row["env"] == {"IMAGENET_SAMPLE": str(tmp_path / "bundle" / "sample")}, row
+    rows = {r["name"]: r for r in report["sections"]["gpudecode"]}
+    for name in ("loader-gpudecode-cuda-j1", "train-resnet50-gpudecode-lmdb-160px"):
+        assert rows[name]["status"] == "failed" and rows[name]["cpu_fallbacks"] == 3
+        assert rows[name]["reason"].startswith("3 samples decoded on the CPU fallback")
+    assert rows["loader-gpudecode-cpu-j1"]["status"] == "passed"  # the workers' decode
