@@ -284,9 +284,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, dist.rank)
     try:
         return evaluate_or_train(s, (train_loader, val_loader), checkpoint, log)
-    finally:  # the workers a loader keeps between passes end with the run, not at exit
-        train_loader.close()
-        val_loader.close()
+    finally:  # on every way out: the workers a loader keeps end with the run, not at exit
+        loaders.close_all(train_loader, val_loader)
 
 
 def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
@@ -377,8 +376,7 @@ def benchmark_data(s: RunSettings, log) -> dict:
         stats = loaders.measure_throughput(
             train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)
     finally:
-        train_loader.close()
-        val_loader.close()
+        loaders.close_all(train_loader, val_loader)
     images, seconds, speed = reduce_sum(
         [stats["images"], stats["seconds"], stats["images_per_sec"]], s.dist)
     result = {"loader": s.loader.backend, "decode_device": s.loader.decode_device,
