@@ -26,7 +26,7 @@ import torch
 import decode
 import loaders
 from engine import ConfigError
-from engine.argtypes import non_negative_int, positive_int, workers_type
+from engine.argtypes import non_negative_int, positive_int, seconds, workers_type
 from engine.augmentation import add_augment_args, check_augment_flags, with_random_erasing
 from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
@@ -85,6 +85,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
+    d.add_argument("--shard-retries", type=non_negative_int, default=2, metavar="N",
+                   help="streamed shards (HTTP, pipe:): a failed open or read is tried again N "
+                   "times, reopened where it stopped, before the run stops (3 tries over 30 s)")
+    d.add_argument("--shard-retry-delay", type=seconds, default=10.0, metavar="S",
+                   help="seconds before a stream's first retry, doubled for each next one")
     d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
                    help="with --lmdb: training read order; 'block' shuffles blocks of "
                    "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")

@@ -90,6 +90,10 @@ class LoaderSettings:
     # --hw-decoder-load (the hardware JPEG decoder's share; None: decode.gpu's default).
     decode_device: str = "cpu"
     hw_decoder_load: float | None = None
+    # Streamed shards (HTTP, pipe:): a failed open or read is tried --shard-retries more times,
+    # the first after --shard-retry-delay seconds, doubled each time (formats.shards.Retries).
+    shard_retries: int = 2
+    shard_retry_delay: float = 10.0
 
     @property
     def pipeline(self) -> str:
