@@ -156,7 +156,7 @@ class DALILoader:
                     try:  # only run(): a torch error while copying out is not DALI's
                         # Pipeline p holds batches first + p, first + p + len(pipes), ...
                         outputs = self._run(pipes[(step - first) % len(pipes)])
-                    except RuntimeError as exc:
+                    except (RuntimeError, OSError) as exc:  # OSError: the feed's read
                         self._drop_pipelines()  # a failed pipeline is not run again
                         failure = cuda_failure(exc)
                         if failure:
