@@ -53,8 +53,9 @@ class ClosingDataLoader(DataLoader):
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop (join, else kill after ``grace_s`` seconds) the workers of every iterator this
         DataLoader made; the persistent iterator is forgotten."""
+        made = list(self._made)  # held first: a dropped iterator's __del__ is torch's slow path
         self._iterator = None
-        stop_iterators(list(self._made), grace_s)
+        stop_iterators(made, grace_s)
 
 
 def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
@@ -96,6 +97,9 @@ def kill_workers(workers) -> None:
 def stop_all_workers() -> None:
     """Every worker a :class:`ClosingDataLoader` started and no loader stopped: stopped as
     :func:`stop_iterators` does, and any left alive killed (``atexit``; also safe to call
-    any time from the training thread)."""
-    stop_iterators(list(_iterators))
+    any time from the training thread). Never raises: it runs on the way out."""
+    try:
+        stop_iterators(list(_iterators))
+    except Exception:  # noqa: BLE001 - a half-closed iterator: its workers are killed below
+        pass
     kill_workers(list(_workers))

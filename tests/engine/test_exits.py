@@ -131,3 +131,26 @@ def test_a_shard_server_back_within_the_retry_window_loses_nothing(tiny_shards, 
     assert status == 0, run.text()[-3000:]
     assert "cannot open" in run.text() and "try 2 of 5 in 1 s" in run.text()
     assert_same_training(str(tmp_path / "out"), str(tmp_path / "straight"), resumed=False)
+
+
+def _kept_workers_run(tiny, tmp_path) -> WatchedRun:
+    """A DataLoader-workers run at epoch 1's first step: training's and validation's workers
+    both alive (kept since epoch 0)."""
+    run = WatchedRun(tiny.root, *FLAGS, "--output-dir", str(tmp_path / "out"))
+    assert run.wait_for(lambda t: t.startswith("Epoch: [1][1/"), FAIL_S), run.text()[-3000:]
+    return run
+
+
+def test_ctrl_c_exits_130_leaving_nothing(tiny, tmp_path):
+    run = _kept_workers_run(tiny, tmp_path)
+    run.signal_group(signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+    status = run.finish(EXIT_S)
+    assert status == 130 and "main.py: interrupted" in run.text(), run.text()[-3000:]
+    assert run.left_behind() == [] and run.shm_left() == []
+
+
+def test_workers_do_not_outlive_a_killed_training_process(tiny, tmp_path):
+    run = _kept_workers_run(tiny, tmp_path)
+    os.kill(run.proc.pid, signal.SIGKILL)  # no exit path runs: the workers notice alone
+    run.proc.wait(EXIT_S)
+    assert run.left_behind(wait=EXIT_S) == []
