@@ -29,6 +29,7 @@ class StreamError(DataError):
     early): it may pass, so :class:`Retries` tries it again. One line naming the location."""
 
 
+_PARENT_CHECK_S = 0.5  # how often a backoff's sleep checks that its parent process lives
 # HTTP statuses that say "not now" rather than "never" (curl --retry's transient list)
 _TRANSIENT_HTTP = (408, 429, 500, 502, 503, 504)
 
@@ -58,14 +59,19 @@ class Retries:
     def pause(self, error: StreamError, failures: int) -> float:
         """After the ``failures``-th failure in a row: say so on stderr, sleep the backoff and
         return it; raises :meth:`given_up`'s error (with the seconds waited) when no try is
-        left."""
+        left, or as soon as this process's parent is gone (a loader worker whose training
+        process ended does not wait out the backoff)."""
+        waited = sum(self.wait(k) for k in range(1, failures))
         wait = self.wait(failures)
         if wait is None:
-            waited = sum(self.wait(k) for k in range(1, failures))
             raise self.given_up(error, failures, waited) from None
         print(f"warning: {error}; try {failures + 1} of {self.retries + 1} in {wait:g} s",
               file=sys.stderr, flush=True)
-        time.sleep(wait)
+        parent, end = os.getppid(), time.monotonic() + wait
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _PARENT_CHECK_S))
+            if os.getppid() != parent:
+                raise self.given_up(error, failures, waited + wait - max(0.0, left)) from None
         return wait
 
 

@@ -18,6 +18,8 @@ from tests.helpers.runs import assert_same_training, small_run
 # 2 epochs of 3 training batches of 4 and 2 validation batches, one worker (DALI: one thread).
 FLAGS = small_run(batch=4, workers=1, print_freq=1) + [
     "--epochs", "2", "--train-batches", "3", "--val-batches", "2"]
+pytestmark = pytest.mark.slow  # each a run of tens of seconds on a busy 2-core machine
+
 EXIT_S = 10.0  # from the error line to the process's end
 FAIL_S = 120.0  # from breaking the data to the error line (steps on a busy 2-core machine)
 
@@ -155,3 +157,19 @@ def test_workers_do_not_outlive_a_killed_training_process(tiny, tmp_path):
     os.kill(run.proc.pid, signal.SIGKILL)  # no exit path runs: the workers notice alone
     run.proc.wait(EXIT_S)
     assert run.left_behind(wait=EXIT_S) == []
+
+
+def test_a_data_error_in_evaluation_only_ends_the_run_cleanly(tiny, tmp_path):
+    data = _Data("workers", tiny, None, tmp_path)
+    run = WatchedRun(*data.args, *small_run(batch=1, workers=1, print_freq=1), "-e",
+                     "--output-dir", str(tmp_path / "out"))  # 16 batches: most read after
+    try:
+        assert run.wait_for(lambda t: t.startswith("Test: [ 1/"), FAIL_S), run.text()[-3000:]
+        data.break_split("val")
+        assert run.wait_for(lambda t: t.startswith("main.py: error:"), FAIL_S), run.text()
+        status = run.finish(EXIT_S)
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    assert status == 1 and len(run.errors()) == 1, run.text()[-3000:]
+    assert run.left_behind() == [] and run.shm_left() == []

@@ -43,6 +43,7 @@ class WatchedRun:
     def __init__(self, *args: str, env: dict | None = None):
         self.shm_before = set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
         self.started = time.monotonic()
+        env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}  # lines as made
         self.proc = subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
