@@ -26,7 +26,7 @@ import torch
 import decode
 import loaders
 from engine import ConfigError
-from engine.argtypes import non_negative_int, positive_int, workers_type
+from engine.argtypes import non_negative_int, positive_int, seconds, workers_type
 from engine.augmentation import add_augment_args, check_augment_flags, with_random_erasing
 from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
 from engine.position import place_resume
@@ -89,6 +89,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
+    d.add_argument("--shard-retries", type=non_negative_int, default=2, metavar="N",
+                   help="streamed shards (HTTP, pipe:): a failed open or read is tried again N "
+                   "times, reopened where it stopped, before the run stops (3 tries over 30 s)")
+    d.add_argument("--shard-retry-delay", type=seconds, default=10.0, metavar="S",
+                   help="seconds before a stream's first retry, doubled for each next one")
     d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
                    help="with --lmdb: training read order; 'block' shuffles blocks of "
                    "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")
@@ -290,9 +295,8 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
         if s.mode == "train":  # a mid-epoch position at this run's world size and -b
             checkpoint = place_resume(checkpoint, train_loader, s, log)
         return evaluate_or_train(s, (train_loader, val_loader), checkpoint, log)
-    finally:  # the workers a loader keeps between passes end with the run, not at exit
-        train_loader.close()
-        val_loader.close()
+    finally:  # on every way out: the workers a loader keeps end with the run, not at exit
+        loaders.close_all(train_loader, val_loader)
 
 
 def evaluate_or_train(s: RunSettings, data: tuple, checkpoint: dict | None, log) -> dict:
@@ -384,8 +388,7 @@ def benchmark_data(s: RunSettings, log) -> dict:
         stats = loaders.measure_throughput(
             train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)
     finally:
-        train_loader.close()
-        val_loader.close()
+        loaders.close_all(train_loader, val_loader)
     images, seconds, speed = reduce_sum(
         [stats["images"], stats["seconds"], stats["images_per_sec"]], s.dist)
     result = {"loader": s.loader.backend, "decode_device": s.loader.decode_device,

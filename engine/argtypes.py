@@ -15,6 +15,17 @@ def non_negative_int(value) -> int:
     return _int_at_least(value, 0, "0 or a positive number")
 
 
+def seconds(value) -> float:
+    """An argparse type: a finite number of seconds >= 0 (waits, delays)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {value!r}")
+    return number
+
+
 def _int_at_least(value, least: int, what: str) -> int:
     try:
         number = int(value)

@@ -39,7 +39,7 @@ from .readers import READERS, open_reader
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "PIPELINES", "READERS", "build_loaders", "decoders_line", "input_dtype", "measure_throughput",
+           "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype", "measure_throughput",
            "split_paths"]
 
 
@@ -61,6 +61,21 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
     trace = SampleTrace.from_env(dist.rank)  # tests: the samples each rank trained
     return (TracedLoader(train_loader, trace) if trace else train_loader), val_loader
+
+
+def close_all(*loaders) -> None:
+    """``close()`` each of ``loaders`` (workers, kept validation workers, feed threads, DALI
+    pipelines, batch slots), each even if one before it raised: for every way out of a run
+    (a worker a loader still left running is killed at exit, ``pipelines._closing``).
+    Re-raises the first ``close()`` error after all were closed."""
+    failure = None
+    for loader in loaders:
+        try:
+            loader.close()
+        except Exception as exc:  # noqa: BLE001 - the others are closed first
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def decoders_line(settings: LoaderSettings, device) -> str:

@@ -93,6 +93,10 @@ class LoaderSettings:
     # --allow-cpu-decode: --decode-device cuda starts even where no GPU decoder decodes (every
     # window then on the CPU fallback); without it such a run refuses to start in one line.
     allow_cpu_decode: bool = False
+    # Streamed shards (HTTP, pipe:): a failed open or read is tried --shard-retries more times,
+    # the first after --shard-retry-delay seconds, doubled each time (formats.shards.Retries).
+    shard_retries: int = 2
+    shard_retry_delay: float = 10.0
 
     @property
     def pipeline(self) -> str:

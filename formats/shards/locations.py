@@ -2,20 +2,77 @@
 ``folder2shards.py --index``: a split given as a folder or folder URL holding ``index.json``, a
 brace pattern or a single shard (local path, ``http(s)://`` or ``pipe:`` command), resolved to
 its index and the shards' locations; streams opened with a timeout (HTTP), through
-``webdataset.gopen`` (``pipe:``) or as local files. Errors are one :class:`DataError` line
-naming the location."""
+``webdataset.gopen`` (``pipe:``) or as local files; how a failed open or read of a stream is
+tried again (:class:`Retries`). Errors are one :class:`DataError` line naming the location
+(:class:`StreamError` for a stream's transport failures, which may pass)."""
 from __future__ import annotations
 
 import io
 import os
 import re
+import sys
+import time
+import urllib.error
 import urllib.request
+from dataclasses import dataclass
 
 from ..errors import DataError
 from ._codec import INDEX_NAME, ShardFormatError, ShardIndex, idx_name
 
 HTTP_TIMEOUT_S = 60.0  # a stalled server fails the read instead of hanging the run
 STREAM_BUFFER = 1 << 20  # bytes read ahead from a stream
+
+
+class StreamError(DataError):
+    """A stream's open or read failed in transport (connection refused or reset, a timeout,
+    an HTTP status worth retrying, a ``pipe:`` command that failed, a stream that ended
+    early): it may pass, so :class:`Retries` tries it again. One line naming the location."""
+
+
+_PARENT_CHECK_S = 0.5  # how often a backoff's sleep checks that its parent process lives
+# HTTP statuses that say "not now" rather than "never" (curl --retry's transient list)
+_TRANSIENT_HTTP = (408, 429, 500, 502, 503, 504)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How a failed open or read of a streamed shard (HTTP, ``pipe:``) is tried again:
+    ``retries`` more tries after the first (``--shard-retries``), try ``k + 1`` after
+    ``delay * 2**(k - 1)`` seconds (``--shard-retry-delay``; exponential backoff, as curl's
+    ``--retry`` and urllib3's ``Retry``). Defaults: 2 retries after 10 and 20 s, 3 tries over
+    30 s. A try that reads a record before it fails starts the count again."""
+
+    retries: int = 2
+    delay: float = 10.0
+
+    def wait(self, failures: int) -> float | None:
+        """Seconds to wait after the ``failures``-th failure in a row (from 1) before the next
+        try, or None when no try is left."""
+        return None if failures > self.retries else self.delay * 2 ** (failures - 1)
+
+    def given_up(self, error: StreamError, failures: int, waited: float) -> DataError:
+        """The one-line error after ``failures`` failed tries that waited ``waited`` s."""
+        return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
+                         f"{waited:.3g} s (--shard-retries {self.retries}, "
+                         f"--shard-retry-delay {self.delay:g})")
+
+    def pause(self, error: StreamError, failures: int) -> float:
+        """After the ``failures``-th failure in a row: say so on stderr, sleep the backoff and
+        return it; raises :meth:`given_up`'s error (with the seconds waited) when no try is
+        left, or as soon as this process's parent is gone (a loader worker whose training
+        process ended does not wait out the backoff)."""
+        waited = sum(self.wait(k) for k in range(1, failures))
+        wait = self.wait(failures)
+        if wait is None:
+            raise self.given_up(error, failures, waited) from None
+        print(f"warning: {error}; try {failures + 1} of {self.retries + 1} in {wait:g} s",
+              file=sys.stderr, flush=True)
+        parent, end = os.getppid(), time.monotonic() + wait
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _PARENT_CHECK_S))
+            if os.getppid() != parent:
+                raise self.given_up(error, failures, waited + wait - max(0.0, left)) from None
+        return wait
 
 
 def is_stream(location: str) -> bool:
@@ -39,7 +96,17 @@ def open_stream(url: str):
             return gopen(url, "rb", bufsize=STREAM_BUFFER)
         return open(url, "rb", buffering=STREAM_BUFFER)
     except (OSError, ValueError) as exc:
-        raise DataError(f"{url}: cannot open ({getattr(exc, 'reason', None) or exc})") from None
+        why = f"{url}: cannot open ({getattr(exc, 'reason', None) or exc})"
+        if url.startswith("pipe:") or not is_stream(url) or not _transient(exc):
+            raise DataError(why) from None  # a local file, a bad command line, a 404: final
+        raise StreamError(why) from None
+
+
+def _transient(exc: Exception) -> bool:
+    """Whether an HTTP open's failure may pass: a transport error or a retryable status."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in _TRANSIENT_HTTP
+    return isinstance(exc, OSError)
 
 
 def read_text(url: str) -> str:

@@ -9,6 +9,9 @@ from typing import Iterator
 
 _END = object()
 _POLL_S = 0.1
+# How long leaving early waits for the thread: it stops at its next item, unless ``items`` is
+# stuck (a DataLoader whose workers were stopped under it); a daemon thread is then left.
+_JOIN_S = 5.0
 
 
 class _Failed:
@@ -20,7 +23,8 @@ def run_ahead(items: Iterator, depth: int = 2) -> Iterator:
     """The items of ``items`` (a generator), computed in a daemon thread up to ``depth`` ahead
     of the caller, in order. An exception raised by ``items`` is raised here, at its place in
     the sequence. Closing this iterator (or leaving it early) stops the thread and closes
-    ``items`` in it (its ``finally`` runs there) before it returns. ``items`` must not draw
+    ``items`` in it (its ``finally`` runs there) before it returns, or after at most 5 s
+    leaves the thread behind, stuck in ``items`` (a daemon: it never blocks the exit). ``items`` must not draw
     from torch's global RNG (it runs beside the training thread)."""
     ready: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
@@ -57,4 +61,4 @@ def run_ahead(items: Iterator, depth: int = 2) -> Iterator:
             yield item
     finally:
         stop.set()
-        thread.join()
+        thread.join(_JOIN_S)

@@ -119,11 +119,13 @@ class BatchFeed:
                                             name="dali-feed", daemon=True)
             self._thread.start()
 
-    def close(self) -> None:
-        """Stop the background thread (its batches not yet taken are dropped)."""
+    def close(self, wait_s: float | None = None) -> None:
+        """Stop the background thread (its batches not yet taken are dropped): joined, or,
+        with ``wait_s``, left behind after ``wait_s`` seconds still in a read (a daemon, for
+        a run's exit: a stream retrying a shard must not hold it)."""
         if self._thread is not None:
             self._stop.set()
-            self._thread.join()
+            self._thread.join(wait_s)
             self._thread = None
 
     def _produce(self, plan: FeedPass, stop: threading.Event, ready: queue.Queue) -> None:

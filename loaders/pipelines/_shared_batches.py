@@ -41,6 +41,7 @@ from ..contract import DataError
 # A worker that waits this long for its slot means the main process stopped releasing them.
 _WAIT_LIMIT_S = 600.0
 _POLL_S = 0.0005
+_PARENT_CHECK_S = 1.0  # how often a waiting worker checks that the training process lives
 _PASS_SHIFT = 32  # a release ticket is pass << 32 | batch number (batches per pass < 2**32)
 
 
@@ -157,6 +158,7 @@ class SharedBatches:
         # released from slot s; tickets only grow.
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         self.passes = 0  # passes begun (main process)
+        self.owner = os.getpid()  # the training process: a worker waits only while it lives
         if shared:
             for tensor in (self.labels, self.released):
                 tensor.share_memory_()
@@ -188,18 +190,25 @@ class SharedBatches:
         """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch of
         that pass before it in the slot was released.
 
-        Raises :class:`DataError` after waiting 600 s (the main process stopped reading).
+        Raises :class:`DataError` after waiting 600 s (the main process stopped reading), or
+        within about a second of the training process's end (this worker's parent changed).
         """
         slot = number % self.slots
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
         needed = _ticket(pass_id, number - self.slots)
         if int(self.released[slot]) < needed:
-            deadline = time.monotonic() + _WAIT_LIMIT_S
+            now = time.monotonic()
+            deadline, check = now + _WAIT_LIMIT_S, now + _PARENT_CHECK_S
             while int(self.released[slot]) < needed:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
                                     f"{slot}: the main process stopped reading batches")
+                if now > check:
+                    check = now + _PARENT_CHECK_S
+                    if os.getpid() != self.owner and os.getppid() != self.owner:
+                        raise DataError("loader worker: the training process is gone")
                 time.sleep(_POLL_S)
         return slot
 

@@ -55,6 +55,10 @@ from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, so
                           window_mismatch)
 from ._shared_batches import batch_seed
 
+# Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
+# be retrying): past it the daemon thread is left behind, so a run's exit is never held.
+CLOSE_WAIT_S = 5.0
+
 
 class DALILoader(PositionedLoader):
     """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
@@ -166,7 +170,7 @@ class DALILoader(PositionedLoader):
                     try:  # only run(): a torch error while copying out is not DALI's
                         # Pipeline p holds batches first + p, first + p + len(pipes), ...
                         outputs = self._run(pipes[(step - first) % len(pipes)])
-                    except RuntimeError as exc:
+                    except (RuntimeError, OSError) as exc:  # OSError: the feed's read
                         self._drop_pipelines()  # a failed pipeline is not run again
                         failure = cuda_failure(exc)
                         if failure:
@@ -302,12 +306,14 @@ class DALILoader(PositionedLoader):
         return True
 
     def close(self) -> None:
-        """Free the pipelines; a later pass builds new ones."""
-        self._drop_pipelines()
+        """Free the pipelines and stop their feed threads (each given
+        :data:`CLOSE_WAIT_S` to leave a read); on any way out, more than once; a later pass
+        builds new ones."""
+        self._drop_pipelines(CLOSE_WAIT_S)
 
-    def _drop_pipelines(self) -> None:
+    def _drop_pipelines(self, wait_s: float | None = None) -> None:
         for feed in self._feeds:
-            feed.close()  # its reading thread stops; what it read ahead is dropped
+            feed.close(wait_s)  # its reading thread stops; what it read ahead is dropped
         self._pipes, self._feeds = [], []  # freed (with their GPU memory) when collected
 
     def _build_pipelines(self, n: int) -> list:

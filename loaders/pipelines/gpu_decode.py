@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import itertools
 import sys
+import weakref
 from contextlib import nullcontext
 from typing import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from decode import decode, image_size
 from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
@@ -33,6 +34,7 @@ from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..transforms import TrainTransform, center_crop_plan
 from ._ahead import run_ahead
+from ._closing import ClosingDataLoader
 from ._shared_batches import NumberedBatch, NumberedBatchSampler, PassPlan, keep_as_is
 
 
@@ -165,10 +167,11 @@ class BatchDecodeLoader(PositionedLoader):
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
         self.loader = self._dataloader(workers)
+        self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
 
-    def _dataloader(self, workers: int) -> DataLoader:
-        return DataLoader(self._dataset, batch_sampler=self._batches, collate_fn=keep_as_is,
+    def _dataloader(self, workers: int) -> ClosingDataLoader:
+        return ClosingDataLoader(self._dataset, batch_sampler=self._batches, collate_fn=keep_as_is,
                           num_workers=workers, generator=self._generator,
                           prefetch_factor=4 if workers > 0 else None,
                           persistent_workers=workers > 0 and not self.reader.plans_passes)
@@ -213,10 +216,21 @@ class BatchDecodeLoader(PositionedLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop the workers kept between passes; a later pass starts new ones."""
+        """Stop this loader's workers (kept between passes, or of a pass left part-way: joined,
+        or killed past :data:`~loaders.pipelines._closing.STOP_GRACE_S`), then the decode
+        thread of a pass left part-way. Safe on any way out, more than once; a later pass
+        starts new workers."""
+        self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
+        for unfinished in list(self._passes):
+            unfinished.close()
         self.loader = self._dataloader(self.loader.num_workers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = self._pass()
+        self._passes.add(batches)
+        return batches
+
+    def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
         self._batches.plan = PassPlan(0, None, seed_key, len(self))
         cuda = self.device.type == "cuda"

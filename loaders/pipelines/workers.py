@@ -11,7 +11,7 @@ import itertools
 from typing import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .._bad_samples import TolerantDataset, too_many_unreadable
 from ..contract import DistInfo, LoaderSettings, epoch_seed
@@ -21,6 +21,7 @@ from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_siz
 from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..transforms import split_transform
+from ._closing import ClosingDataLoader
 from ._cuda_feed import CudaFeeder, page_lock
 from ._shared_batches import (NumberedBatchSampler, PassPlan, SharedBatches, SlotWriter,
                               keep_as_is, slots_for)
@@ -117,19 +118,22 @@ class DeviceLoader(PositionedLoader):
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         # The workers' base seed; the crops are seeded per batch (PassPlan).
         self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
+        self._made: list[ClosingDataLoader] = []  # every DataLoader a pass used: close() stops
         self.loader = self._dataloader(workers)
         # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
-        self._idle: tuple[DataLoader, SharedBatches | None] | None = (self.loader, None)
+        self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
         self._feeder = None  # CudaFeeder, made at the first pass on CUDA
         self._locked = False  # whether the current slots are page-locked
         self.set_epoch(0)
 
-    def _dataloader(self, workers: int, context=None) -> DataLoader:
-        return DataLoader(
+    def _dataloader(self, workers: int, context=None) -> ClosingDataLoader:
+        loader = ClosingDataLoader(
             self._writer, batch_sampler=self._batches, collate_fn=keep_as_is,
             num_workers=workers, generator=self._generator,
             prefetch_factor=4 if workers > 0 else None, multiprocessing_context=context,
             persistent_workers=workers > 0 and not self.reader.plans_passes)
+        self._made.append(loader)
+        return loader
 
     def __len__(self) -> int:
         total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
@@ -177,17 +181,23 @@ class DeviceLoader(PositionedLoader):
         self.image_shape = (3, size, size)  # running ones take it from the batches
 
     def close(self) -> None:
-        """Stop the workers kept between passes (joined; they would otherwise live as long as
-        this loader). A later pass starts new ones."""
-        pool = self._idle[1] if self._idle is not None else None
-        self.loader = self._fresh_dataloader()
-        self._idle = (self.loader, pool)
+        """Stop every worker this loader started: those kept between passes and those of a
+        pass left part-way (an error, Ctrl-C, a stop signal), joined, or killed when they do
+        not leave within :data:`~loaders.pipelines._closing.STOP_GRACE_S`; the batch slots
+        are let go (their shared memory is freed with the last mapping). Safe to call on
+        any way out, more than once; a later pass starts new workers and slots."""
+        made, self._made = self._made, []
+        for loader in made:
+            loader.close()
+        self.loader = self._dataloader(self.loader.num_workers,
+                                       self.loader.multiprocessing_context)
+        self._idle = (self.loader, None)
 
-    def _fresh_dataloader(self) -> DataLoader:
+    def _fresh_dataloader(self) -> ClosingDataLoader:
         """A DataLoader like ``self.loader`` (its workers and start method), none started."""
         return self._dataloader(self.loader.num_workers, self.loader.multiprocessing_context)
 
-    def _take(self) -> tuple[DataLoader, SharedBatches]:
+    def _take(self) -> tuple[ClosingDataLoader, SharedBatches]:
         """The DataLoader (with its workers, if kept) and slots of the last finished pass, else
         new ones: a pass left suspended keeps its own."""
         pair, self._idle = self._idle, None
@@ -232,7 +242,8 @@ class DeviceLoader(PositionedLoader):
             # goes; kept ones finish the batches in flight before the next pass starts.
             filled.close()
             del filled, batches
-            self._idle = (loader, pool)
+            if any(loader is made for made in self._made):  # not one close() already stopped
+                self._idle = (loader, pool)
 
     def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
         """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;

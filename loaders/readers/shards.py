@@ -20,6 +20,7 @@ shards to a cache before reading, and ``WebDataset`` cannot give exact, equal ep
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -27,7 +28,8 @@ from collections import OrderedDict
 import numpy as np
 
 from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, read_idx
-from formats.shards.locations import is_stream, open_stream, read_text, resolve_split, sibling
+from formats.shards.locations import (Retries, StreamError, is_stream, open_stream, read_text,
+                                      resolve_split, sibling)
 
 from ..contract import DataError, DistInfo, LoaderSettings
 from ..shard_orders import StreamTrainOrder, StreamValOrder
@@ -44,12 +46,15 @@ class ShardReader(Reader):
     (checked at construction: present, record count as ``index.json`` says, the tar long
     enough). Streams (``random_access`` False): each worker keeps one open shard and the
     records it read ahead (``cache`` records at most); asking for a record behind the stream
-    reopens the shard; each pass's reading plan comes first (:meth:`plan_pass`). Raises
-    :class:`DataError` (one line naming the shard) for a missing, truncated or malformed
-    shard, also when found while streaming."""
+    reopens the shard; each pass's reading plan comes first (:meth:`plan_pass`); a failed
+    open or read of a stream is tried again as ``retries`` says, reopened at the record where
+    it stopped (the same records as without the failure). Raises :class:`DataError` (one line
+    naming the shard) for a missing, truncated or malformed shard, also when found while
+    streaming, and for a stream that failed every try (saying how many)."""
 
-    def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER):
-        self.index, self.urls, self.cache = index, urls, cache
+    def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
+                 retries: Retries = Retries()):
+        self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
         self.classes = list(index.classes)
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
@@ -195,21 +200,19 @@ class ShardReader(Reader):
         """``(jpeg_bytes, label)`` of shard ``shard``'s records, streamed front to back: cut at
         the offsets of its ``.idx`` when one is found beside it, else (shards indexed by other
         tools, or none) through the ``webdataset`` library's tar iterator and key grouping.
-        Raises :class:`DataError` naming the shard."""
-        url = self.urls[shard]
+        A failed open or read is tried again (:attr:`retries`), reopened past the records
+        already given. Raises :class:`DataError` naming the shard."""
         spans = self._stream_spans(shard)
-        stream = open_stream(url)  # DataError if it cannot
-        try:
-            if spans is not None:
-                yield from _cut_at_offsets(stream, spans, url)
-            else:
-                yield from _tar_records(stream, url)
-        except DataError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - tarfile/transport errors: one line
-            raise DataError(f"shard {url}: unreadable tar ({str(exc).splitlines()[0]})") from None
-        finally:
-            stream.close()
+        done = failures = 0
+        while True:
+            try:
+                for record in _opened_records(self.urls[shard], spans, done):
+                    done, failures = done + 1, 0
+                    yield record
+                return
+            except StreamError as exc:
+                failures += 1
+                self.retries.pause(exc, failures)  # raises DataError past the last try
 
     def _stream_spans(self, shard: int) -> list | None:
         """The shard's ``.idx`` rows if its location serves one that matches ``index.json``.
@@ -250,10 +253,36 @@ class ShardReader(Reader):
         self.__dict__.update(state, _files_lock=threading.Lock())
 
 
-def _cut_at_offsets(stream, spans, url: str):
-    """``(jpeg_bytes, label)`` per ``.idx`` row, reading ``stream`` (a tar) front to back."""
+def _opened_records(url: str, spans, skip: int):
+    """The records of the shard at ``url`` from its ``skip``-th on (those before read past,
+    not parsed where ``spans`` gives the offsets). Raises :class:`StreamError` for a failed
+    open or read of a stream, :class:`DataError` for bad content."""
+    stream = open_stream(url)  # StreamError (DataError if final) if it cannot
+    error = StreamError if is_stream(url) else DataError
+    ended = False
+    try:
+        if spans is not None:
+            yield from _cut_at_offsets(stream, spans, url, skip)
+        else:
+            yield from itertools.islice(_tar_records(stream, url), skip, None)
+        ended = True
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tarfile/transport errors: one line
+        raise error(f"shard {url}: unreadable tar ({str(exc).splitlines()[0]})") from None
+    finally:
+        try:
+            stream.close()  # a pipe: command's exit status is checked here
+        except Exception as exc:  # noqa: BLE001 - after an error or an early stop: moot
+            if ended:
+                raise error(f"shard {url}: {str(exc).splitlines()[0]}") from None
+
+
+def _cut_at_offsets(stream, spans, url: str, first: int = 0):
+    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading ``stream`` (a
+    tar) front to back."""
     at = 0
-    for number, (image_at, image_size, label_at, label_size) in enumerate(spans):
+    for number, (image_at, image_size, label_at, label_size) in enumerate(spans[first:], first):
         parts = {}
         for offset, size in sorted([(image_at, image_size), (label_at, label_size)]):
             parts[offset] = _read_at(stream, at, offset, size, url, number)
@@ -270,8 +299,9 @@ def _read_at(stream, at: int, offset: int, size: int, url: str, number: int) -> 
             break
         skip -= skipped
     data = stream.read(size) if skip == 0 else b""
-    if len(data) != size:
-        raise DataError(f"shard {url}: ended after {number} records (truncated?)")
+    if len(data) != size:  # a cut connection, or a short file
+        error = StreamError if is_stream(url) else DataError
+        raise error(f"shard {url}: ended after {number} records (truncated?)")
     return data
 
 
@@ -314,4 +344,5 @@ def open_reader(path: str, settings: LoaderSettings) -> ShardReader:
     """This source's entry of ``loaders.readers.READERS``: the split given as a folder (or
     folder URL) holding ``index.json``, a brace pattern or one shard (see
     :func:`~formats.shards.locations.resolve_split`)."""
-    return ShardReader(*resolve_split(path))
+    return ShardReader(*resolve_split(path),
+                       retries=Retries(settings.shard_retries, settings.shard_retry_delay))

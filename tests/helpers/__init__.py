@@ -1,2 +1,2 @@
 """What several test modules share (no test module imports another): paths, loader helpers,
-small training runs, processes, data stores, bad and odd images, a real SLURM, fake GPU runs."""
+small training runs, runs watched from outside (exits.py), processes, data stores, bad and odd images, a real SLURM, fake GPU runs."""
