@@ -34,8 +34,9 @@ DOCKER_TTY := $(shell [ -t 0 ] && echo -it)
 DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-slurm bench bench-ffcv convert-imagenet train tensorboard \
-  docker-build docker-run clean gpu-bundle gpu-check gpu-lease gpu-rehearse
+.PHONY: help install demo test test-heavy test-durations test-slurm bench bench-ffcv \
+  convert-imagenet train tensorboard docker-build docker-run clean gpu-bundle gpu-check gpu-lease \
+  gpu-rehearse
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -69,8 +70,19 @@ demo: install ## generate a small dataset, convert it to LMDB, train ResNet-18 o
 	print('val top-1 by epoch:', ' -> '.join(f\"{x['val_acc1']:.0f}%\" for x in r)); \
 	assert r[-1]['val_acc1'] > r[0]['val_acc1'], 'validation accuracy did not rise'"
 
-test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present; not the SLURM tests)
-	$(PY) -m pytest -q -rs
+# make test's pytest-xdist processes (2: both cores of a 2-core machine, measured in
+# docs/architecture.md's "Where the suite's time goes"; 0: all tests in one process).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
+test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present; not the SLURM or heavy tests)
+	$(PY) -m pytest -q -rs $(XDIST)
+
+test-heavy: install ## the opt-in full-size tests (DALI's 476 MB wheel installed from parts), which CI also runs
+	$(PY) -m pytest -q -rs -m heavy
+
+test-durations: install ## make test's suite in one process with its 40 slowest tests (pytest --durations)
+	$(PY) -m pytest -q -rs --durations=40 --durations-min=1
 
 # The SLURM tests start their own munged, slurmctld and slurmd on free ports of 127.0.0.1 with a
 # generated slurm.conf (tests/helpers/slurm_cluster.py); they need only the programs, from Debian.

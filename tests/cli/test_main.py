@@ -7,7 +7,7 @@ import torch
 import main
 from engine.reporting import warn_if_data_bound
 from tests.helpers.paths import REPO
-from tests.helpers.runs import SMALL, read_metrics, run_cli
+from tests.helpers.runs import SMALL, cli_in_process, read_metrics, run_cli
 
 RECORD_KEYS = {"epoch", "train_loss", "train_acc1", "val_loss", "val_acc1", "val_acc5", "lr",
                "train_images_per_sec", "data_time_fraction", "epoch_seconds"}
@@ -160,15 +160,32 @@ def _other_classes(tiny, tmp_path) -> str:
     (lambda t, p: [str(p / "missing"), "-a", "resnet5O"], "unknown architecture 'resnet5O'"),
     (lambda t, p: ["--dummy", "-b", "4000000000"], "cannot allocate one batch"),
 ])
-def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message):
+def test_bad_input_is_one_line_error(tiny, tmp_path, make_args, message, capfd, monkeypatch):
+    """Through ``main.cli`` in this process (the console entry ``python main.py`` runs); the
+    two cases below start ``main.py`` itself."""
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "empty" / "train").mkdir(parents=True)
     (tmp_path / "empty" / "val").mkdir()
-    env = dict(os.environ, TORCH_HOME=str(tmp_path / "torch-home"))
-    result = run_cli(*SMALL, "--epochs", "1", "--output-dir", str(tmp_path / "out"),
-                     *make_args(tiny, tmp_path), env=env)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    result = cli_in_process([*SMALL, "--epochs", "1", "--output-dir", str(tmp_path / "out"),
+                             *make_args(tiny, tmp_path)], capfd)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda t, p: [str(p / "missing")], "no such file or directory"),
+    (lambda t, p: [t.root, "--multiprocessing-distributed", "--dist-backend", "nccl"],
+     "nccl needs CUDA"),
+])
+def test_bad_input_is_one_line_error_of_the_process(tiny, tmp_path, make_args, message):
+    """``python main.py``: status 1 and one line on stderr, nothing else (no warning, no
+    traceback), from a process of its own."""
+    result = run_cli(*SMALL, "--epochs", "1", "--output-dir", str(tmp_path / "out"),
+                     *make_args(tiny, tmp_path))
+    assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error:") and message in lines[0]
 

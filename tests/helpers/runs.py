@@ -33,6 +33,19 @@ def run_cli(*args, env=None, timeout=300):
                           text=True, timeout=timeout, env=env)
 
 
+def cli_in_process(args, capfd) -> subprocess.CompletedProcess:
+    """``main.cli(args)`` in this process, as ``run_cli`` would run it in a new one (its exit
+    status, and what it wrote to file descriptors 1 and 2, as text), without a new process's
+    3-7 s of importing torch and torchvision: for tests of what ``main.py`` says, not of how
+    its process starts or ends (those keep ``run_cli``). ``capfd``: pytest's fixture."""
+    import main
+
+    capfd.readouterr()
+    status = main.cli(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["main.py", *args], status, out, err)
+
+
 def main_cmd(*args) -> list[str]:
     return [sys.executable, "main.py", *args]
 

@@ -63,42 +63,74 @@ def _repack(dist_name: str, folder: str) -> str:
     return path
 
 
-@pytest.mark.slow
+def _installed_from_parts(tmp_path, wheels: list[str], code: str) -> str:
+    """Split the first of ``wheels`` into parts of at most 60 MiB (at least two), reassemble them
+    (checked against the manifest), install the result beside the other wheels with pip into a
+    folder of its own (no byte-compiling, as gpu_check installs), share the ``nvidia``
+    namespace as gpu_check does, and run ``code`` with that folder first on ``PYTHONPATH``:
+    its last line of output."""
+    parts = split(wheels[0], str(tmp_path / "parts"))
+    assert len(parts) >= 2 and all(os.path.getsize(p) <= 60 * 2**20 for p in parts)
+    whole = open(wheels[0], "rb").read()
+    os.remove(wheels[0])
+    (joined,) = reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
+    assert open(joined, "rb").read() == whole
+    del whole
+    assert os.path.isfile(os.path.join(str(tmp_path / "parts"), MANIFEST))
+    for part in parts:
+        os.remove(part)
+    site = str(tmp_path / "site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--disable-pip-version-check", "--target", site, joined,
+                    *wheels[1:]], check=True)
+    share_namespace(site, "nvidia")
+    env = {**os.environ, "PYTHONPATH": site}
+    done = subprocess.run([sys.executable, "-c", code.replace("SITE", repr(site))],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _distribution(prefix: str) -> str:
+    return next(d.metadata["Name"] for d in importlib.metadata.distributions()
+                if (d.metadata["Name"] or "").startswith(prefix))
+
+
+# A 64x48 JPEG of one colour, as bytes in ``data`` (numpy uint8).
+_JPEG = ("import io, numpy as np; from PIL import Image; buf = io.BytesIO(); "
+         "Image.new('RGB', (64, 48), (10, 200, 30)).save(buf, 'JPEG'); "
+         "data = np.frombuffer(buf.getvalue(), np.uint8)\n")
+
+
+def test_nvimgcodec_installed_from_parts_decodes_on_its_cpu_backend(tmp_path):
+    """The same path as DALI's below, on a real wheel of a quarter its size: nvImageCodec's
+    (repacked from this environment's install: 67 MB of files, stored, so two parts), split,
+    reassembled byte for byte, installed with pip into a folder of its own and imported from
+    there: it decodes a JPEG on its CPU backend. DALI's full-size install is the opt-in
+    ``heavy`` test (``make test-heavy``, which CI runs)."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    wheel = _repack(_distribution("nvidia-nvimgcodec"), str(tmp_path))
+    code = (_JPEG + "import nvidia.nvimgcodec as n; assert n.__file__.startswith(SITE)\n"
+            "decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, "
+            "backends=[n.Backend(n.BackendKind.CPU_ONLY)])\n"
+            "print(np.asarray(decoder.decode(data).cpu()).shape)")
+    assert _installed_from_parts(tmp_path, [wheel], code) == "(48, 64, 3)"
+
+
+@pytest.mark.heavy
 def test_dali_installed_from_parts_decodes_on_its_cpu_backend(tmp_path):
     """DALI's real wheel (repacked from this environment's install: 476 MB of files) in parts
     of at most 60 MiB, reassembled, checked, installed with pip into a folder of its own beside
     nvImageCodec's wheel (which the bundle carries whole: DALI decodes through it) and imported
     from there: it decodes a JPEG on its CPU backend."""
     pytest.importorskip("nvidia.dali")
-    name = next(d.metadata["Name"] for d in importlib.metadata.distributions()
-                if (d.metadata["Name"] or "").startswith("nvidia-dali-cuda"))
-    wheel = _repack(name, str(tmp_path))
-    parts = split(wheel, str(tmp_path / "parts"))
-    assert len(parts) >= 2 and all(os.path.getsize(p) <= 60 * 2**20 for p in parts)
-    os.remove(wheel)
-    (joined,) = reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
-    site = str(tmp_path / "site")
-    codec = _repack(next(d.metadata["Name"] for d in importlib.metadata.distributions()
-                         if (d.metadata["Name"] or "").startswith("nvidia-nvimgcodec")),
-                    str(tmp_path))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--disable-pip-version-check", "--target", site, joined, codec], check=True)
-    share_namespace(site, "nvidia")  # as gpu_check's install does: the site's DALI first
-    for part in parts:
-        os.remove(part)
-    code = (
-        "import io, numpy as np; from PIL import Image; import nvidia.dali as d; "
-        "from nvidia.dali import fn, pipeline_def; "
-        "import nvidia.nvimgcodec as n; "
-        f"assert d.__file__.startswith({site!r}) and n.__file__.startswith({site!r}); "
-        "buf = io.BytesIO(); Image.new('RGB', (64, 48), (10, 200, 30)).save(buf, 'JPEG'); "
-        "data = np.frombuffer(buf.getvalue(), np.uint8)\n"
-        "@pipeline_def(batch_size=1, num_threads=1, device_id=None)\n"
-        "def pipe():\n"
-        "    return fn.decoders.image(fn.external_source(source=lambda: [data], batch=True))\n"
-        "p = pipe(); p.build(); (out,) = p.run(); print(np.asarray(out[0]).shape)")
-    env = {**os.environ, "PYTHONPATH": site}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "(48, 64, 3)"
-    assert os.path.isfile(os.path.join(str(tmp_path / "parts"), MANIFEST))
+    wheel = _repack(_distribution("nvidia-dali-cuda"), str(tmp_path))
+    codec = _repack(_distribution("nvidia-nvimgcodec"), str(tmp_path))
+    code = (_JPEG + "import nvidia.dali as d; from nvidia.dali import fn, pipeline_def; "
+            "import nvidia.nvimgcodec as n; "
+            "assert d.__file__.startswith(SITE) and n.__file__.startswith(SITE)\n"
+            "@pipeline_def(batch_size=1, num_threads=1, device_id=None)\n"
+            "def pipe():\n"
+            "    return fn.decoders.image(fn.external_source(source=lambda: [data], batch=True))\n"
+            "p = pipe(); p.build(); (out,) = p.run(); print(np.asarray(out[0]).shape)")
+    assert _installed_from_parts(tmp_path, [wheel, codec], code) == "(48, 64, 3)"
