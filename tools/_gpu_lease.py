@@ -212,7 +212,7 @@ class Lease:
         """``install-dali``: DALI's wheel joined from its parts and checked, installed with
         ``deps`` (its own dependencies) into ``STATE/site-dali``; the environment probed
         again for DALI's version."""
-        from .gpu_check import join_parts
+        from ._gpu_rows import join_parts
 
         started, cpu = time.monotonic(), own_cpu()
         wheels, recs = join_parts(parts, os.path.join(self.state, "wheels-joined"))

@@ -87,7 +87,7 @@ def _loader(loader: str, name: str, workers, res: bool = False, extra=()):
 
 def _pytest(path: str):
     def run(ctx):
-        from .gpu_check import pytest_piece
+        from ._gpu_rows import pytest_piece
         return pytest_piece(ctx.runner, path, ctx.sample)
     return run
 

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from types import SimpleNamespace
 
 from . import _gpu_report as report_
@@ -15,6 +16,7 @@ from ._gpu_runner import Runner, fail, skipped
 
 # seconds per command; each pytest piece (one test file) fits a cold machine: torch.compile's
 # first compile, three training runs and an NCCL spawn in tests/engine/test_gpu.py
+NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240,
             "compile": 420, "loaders": 180, "nccl": 240, "resolution": 240}
 
@@ -117,3 +119,52 @@ def gpu_over_cpu(gpu: dict, cpu: dict, minimum: float, dry_run: bool, failure: s
         if not dry_run and gpu["gpu_over_cpu"] < minimum:
             gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
     return gpu
+
+
+def sample_env(sample: str | None) -> dict:
+    """``IMAGENET_SAMPLE`` for the tests (``tests/helpers/paths.py``): the bundle's sample
+    (``train/``, ``val/``), since ``../shared`` does not travel to a GPU machine and the
+    GPU-vs-CPU pixel tests would skip; {} without one."""
+    return {"IMAGENET_SAMPLE": sample} if sample else {}
+
+
+def pytest_piece(runner: Runner, path: str, sample: str | None = None) -> dict:
+    """``pytest -m gpu PATH`` (the sample folder ``sample`` as ``IMAGENET_SAMPLE``), parsed from
+    pytest's summary line."""
+    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
+    rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
+                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"],
+                     env=sample_env(sample))
+    if rec["status"] in ("skipped", "timed out"):
+        return rec
+    parsed = report_.parse_pytest(runner.text(name))
+    rec.update(parsed)
+    counts = parsed["counts"]
+    if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
+            counts.get(k) for k in ("passed", "failed", "error")):
+        skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
+        return {**rec, "status": "skipped", "reason": skip.group(1) if skip else "skipped"}
+    if rec["status"] == "passed" and not counts:
+        rec = fail(rec, "no pytest summary line")
+    if rec["status"] != "passed" and "stdout_tail" not in rec:
+        runner.attach_tails(rec)
+    return rec
+
+
+def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
+    """The wheels carried in parts in ``folder`` (``tools/wheel_parts.py``; DALI's, which no
+    single 64 MiB transfer carries), reassembled and checked into ``out``, and the ``parts``
+    record: passed, failed (a part missing or damaged: named) or none when ``folder`` holds no
+    manifest."""
+    from .wheel_parts import MANIFEST, PartsError, reassemble
+
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return [], []
+    started = time.perf_counter()
+    try:
+        wheels = reassemble(folder, out)
+    except (PartsError, OSError) as exc:
+        return [], [{"name": "parts", "status": "failed", "reason": str(exc),
+                     "seconds": time.perf_counter() - started}]
+    return wheels, [{"name": "parts", "status": "passed", "seconds": time.perf_counter() - started,
+                     "joined": [os.path.basename(w) for w in wheels]}]

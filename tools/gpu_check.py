@@ -65,7 +65,8 @@ from . import _gpu_markdown
 from . import _gpu_report as report_
 from ._gpu_dali import dali_rows
 from ._gpu_decode import gpu_decode_rows
-from ._gpu_rows import TIMEOUTS, announce, loader_flags, loader_row, train_row
+from ._gpu_rows import (TIMEOUTS, announce, join_parts, loader_flags, loader_row, pytest_piece,
+                        train_row)
 from ._gpu_runner import (REPO, Runner, environment, fail, install, prepare_data, probe,
                           skipped)
 from ._gpu_settings import InputError, get_args_parser, settings
@@ -74,7 +75,6 @@ from ._gpu_settings import InputError, get_args_parser, settings
 # target pipeline), dali: DALI reading the JPEG folders
 LOADERS = ("synthetic", "folder", "lmdb", "dali", "dali-lmdb")
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
-NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 
 
@@ -96,36 +96,6 @@ def pytest_section(runner: Runner, machine: dict, sample: str | None = None) -> 
     if not machine.get("pytest"):
         return [announce(runner, skipped("pytest", "not available: pytest not installed"))]
     return [announce(runner, pytest_piece(runner, path, sample)) for path in gpu_test_files()]
-
-
-def sample_env(sample: str | None) -> dict:
-    """``IMAGENET_SAMPLE`` for the tests (``tests/helpers/paths.py``): the bundle's sample
-    (``train/``, ``val/``), since ``../shared`` does not travel to a GPU machine and the
-    GPU-vs-CPU pixel tests would skip; {} without one."""
-    return {"IMAGENET_SAMPLE": sample} if sample else {}
-
-
-def pytest_piece(runner: Runner, path: str, sample: str | None = None) -> dict:
-    """``pytest -m gpu PATH`` (the sample folder ``sample`` as ``IMAGENET_SAMPLE``), parsed from
-    pytest's summary line."""
-    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
-    rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], TIMEOUTS["pytest"],
-                     env=sample_env(sample))
-    if rec["status"] in ("skipped", "timed out"):
-        return rec
-    parsed = report_.parse_pytest(runner.text(name))
-    rec.update(parsed)
-    counts = parsed["counts"]
-    if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
-            counts.get(k) for k in ("passed", "failed", "error")):
-        skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
-        return {**rec, "status": "skipped", "reason": skip.group(1) if skip else "skipped"}
-    if rec["status"] == "passed" and not counts:
-        rec = fail(rec, "no pytest summary line")
-    if rec["status"] != "passed" and "stdout_tail" not in rec:
-        runner.attach_tails(rec)
-    return rec
 
 
 def training(runner: Runner, s, data, machine, models: list[str]) -> list[dict]:
@@ -250,25 +220,6 @@ def run_all(s) -> dict:
             "name": "gpu-check", "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
             "stderr_tail": traceback.format_exc()[-3000:]})]
     return report_.finish(report, runner.elapsed())
-
-
-def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels carried in parts in ``folder`` (``tools/wheel_parts.py``; DALI's, which no
-    single 64 MiB transfer carries), reassembled and checked into ``out``, and the ``parts``
-    record: passed, failed (a part missing or damaged: named) or none when ``folder`` holds no
-    manifest."""
-    from .wheel_parts import MANIFEST, PartsError, reassemble
-
-    if not os.path.isfile(os.path.join(folder, MANIFEST)):
-        return [], []
-    started = time.perf_counter()
-    try:
-        wheels = reassemble(folder, out)
-    except (PartsError, OSError) as exc:
-        return [], [{"name": "parts", "status": "failed", "reason": str(exc),
-                     "seconds": time.perf_counter() - started}]
-    return wheels, [{"name": "parts", "status": "passed", "seconds": time.perf_counter() - started,
-                     "joined": [os.path.basename(w) for w in wheels]}]
 
 
 def run_sections(runner: Runner, s, report: dict) -> None:
