@@ -136,7 +136,8 @@ class StageLog:
         self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
         self.images = 0
         self.bytes = 0.0
-        self.workers: dict[int, np.ndarray] = {}  # id -> batches, images, wall, cpu, slot wait
+        # id -> batches, images, wall, cpu, slot wait, the stages' sum (seconds)
+        self.workers: dict[int, np.ndarray] = {}
         self.copies: list[float] = []  # seconds per batch
         self._pending: list = []  # CUDA (start, end) event pairs not yet read
 
@@ -168,8 +169,8 @@ class StageLog:
         self.images += count
         self.bytes += float(rows[:, BYTES].sum())
         worker = int(batch[WORKER])
-        sums = self.workers.setdefault(worker, np.zeros(5))
-        sums += (1, count, batch[WALL], batch[CPU], batch[SLOT_WAIT])
+        sums = self.workers.setdefault(worker, np.zeros(6))
+        sums += (1, count, batch[WALL], batch[CPU], batch[SLOT_WAIT], total_s.sum())
 
     def add_copy(self, seconds: float | None = None, events=None) -> None:
         """One batch's host-to-device copy: ``seconds`` of wall time (CPU: the copy out of the
@@ -200,8 +201,8 @@ class StageLog:
         :data:`STAGES` and ``total`` (their sum per image); ``decoders``: ``{kind: {"share"
         (of images), "mean", "p50", "p90"}}`` for the decoders that took any image;
         ``workers``: per worker ``{"id", "images", "ms_per_image" (its wall time per image,
-        slot waits apart), "images_per_sec", "cpu_share" (process CPU / wall),
-        "slot_wait_ms"}``; ``worker_ms_per_image`` (all workers' wall over all images),
+        slot waits apart), "stages_ms_per_image" (its stages' sum per image),
+        "images_per_sec", "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``; ``worker_ms_per_image`` (all workers' wall over all images),
         ``loader_images_per_sec`` (the sum of the workers' images/s: what they can give when
         never idle), ``sizes``: ``{class: {"share", "decode_ms", "ms"}}`` by the stored
         image's longer side (``le256``, ``le512``, ``gt512``), ``kb_per_image``;
@@ -222,9 +223,10 @@ class StageLog:
                 decoders[kind] = {"share": images / n, "mean": 1e3 * self.sums[len(STAGES) + k]
                                   / images, "p50": p50, "p90": p90}
         workers = []
-        for wid, (batches, images, wall, cpu, wait) in sorted(self.workers.items()):
+        for wid, (batches, images, wall, cpu, wait, staged) in sorted(self.workers.items()):
             workers.append({"id": wid, "images": int(images),
                             "ms_per_image": 1e3 * wall / max(images, 1),
+                            "stages_ms_per_image": 1e3 * staged / max(images, 1),
                             "images_per_sec": images / wall if wall > 0 else None,
                             "cpu_share": cpu / wall if wall > 0 else None,
                             "slot_wait_ms": 1e3 * wait / max(batches, 1)})

@@ -26,7 +26,8 @@ def figures(ms: dict, workers: int = 2, cpu_share: float = 0.97, gt512: float = 
         "images": images, "stages": stages,
         "decoders": kinds or {"window": {"share": 1.0, "mean": small, "p50": small,
                                          "p90": small}},
-        "workers": [{"id": i, "images": images // workers, "ms_per_image": total,
+        "workers": [{"id": i, "images": images // workers, "ms_per_image": total * 1.02,
+                     "stages_ms_per_image": total,
                      "images_per_sec": per_worker, "cpu_share": cpu_share, "slot_wait_ms": 0.0}
                     for i in range(workers)],
         "worker_ms_per_image": total * 1.02, "loader_images_per_sec": per_worker * workers,
@@ -148,8 +149,9 @@ def test_report_metrics_are_flat_json_and_numbers():
     assert metrics["stages_bound"] == "data" and metrics["stages_advice"] == out["advice"]
     for key, value in metrics.items():
         assert key.startswith("stages_")
-        if key not in ("stages_bound", "stages_advice"):
+        if key not in ("stages_bound", "stages_advice", "stages_worker_coverage"):
             assert value is None or isinstance(value, (int, float)), key
+    assert metrics["stages_worker_coverage"] == [pytest.approx(1 / 1.02)] * 2
     assert metrics["stages_decode_ms_p50"] == 3.0 and metrics["stages_wait_ms_p50"] == 500.0
     assert metrics["stages_step_images_per_sec"] == pytest.approx(6400.0)
     assert metrics["stages_loader_images_per_sec"] == pytest.approx(2 * 1000 / 3.7)

@@ -54,6 +54,8 @@ def test_workers_stages_add_up_to_their_time(sample_lmdb):
     assert stage_sum == pytest.approx(figures["stages"]["total"]["mean"])
     # the stages are inside each batch's wall time, and all but a loop's overhead of it
     assert 0.9 < stage_sum / figures["worker_ms_per_image"] <= 1.0
+    for worker in figures["workers"]:
+        assert 0.9 < worker["stages_ms_per_image"] / worker["ms_per_image"] <= 1.0
     assert figures["loader_images_per_sec"] > 0 and figures["kb_per_image"] > 10
     assert figures["copy_ms_per_batch"]["p50"] > 0
 
@@ -106,6 +108,7 @@ def test_stage_log_sums_and_quantiles():
     (worker,) = out["workers"]
     assert worker["id"] == 1 and worker["images_per_sec"] == pytest.approx(200.0)
     assert worker["cpu_share"] == pytest.approx(0.5) and worker["slot_wait_ms"] == 1.0
+    assert worker["stages_ms_per_image"] == pytest.approx(4.5)
     assert out["loader_images_per_sec"] == pytest.approx(200.0)
     assert out["copy_ms_per_batch"]["p50"] == pytest.approx(4.0)
     log.reset()

@@ -18,6 +18,13 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     for result in report["results"]:
         assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
         assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
+        # ours carry main.py's stage figures (issue 49), the baselines none
+        if result["loader"] in ("stock", "decode-only"):
+            assert result["stages"] == {}
+        else:
+            assert result["stages"]["stages_decode_ms_p50"] > 0
+            assert bench_loaders.top_stage(result["stages"]).split()[0] in (
+                "read", "window", "decode", "resize", "augment", "write")
     # ours are timed through main.py itself, so docs/performance.md can quote the command
     commands = {r["loader"]: r.get("command") for r in report["results"]}
     assert commands["stock"] is None
