@@ -142,7 +142,8 @@ def _effect(capacity: float, gain: float, steps: Steps | None) -> str:
     estimate = capacity * gain
     model = steps.model_images_per_sec if steps is not None else None
     if model is not None and estimate > model:
-        return f"about {_rate(model)} images/s, what the model takes (the loader could give {_rate(estimate)}, {gain:.2f}x)"
+        return (f"about {_rate(model)} images/s, what the model takes (the loader could give "
+                f"{_rate(estimate)}, {gain:.2f}x)")
     return f"about {_rate(estimate)} images/s ({gain:.2f}x)"
 
 
@@ -158,7 +159,8 @@ def _more_workers(loader, steps, m: Machine):
     n = min(m.cores, m.workers + max(1, round(idle)))
     gain = n / max(m.workers, 1)
     per = loader["loader_images_per_sec"] / max(m.workers, 1)
-    return gain, (f"-j {n} (now {m.workers}): {_effect(loader['loader_images_per_sec'], gain, steps)}"
+    effect = _effect(loader["loader_images_per_sec"], gain, steps)
+    return gain, (f"-j {n} (now {m.workers}): {effect}"
                   f" from {n} workers at {_rate(per)} images/s each; this process and its workers "
                   f"kept {m.busy_cores:.1f} of the {m.cores} cores busy, {idle:.1f} idle")
 
@@ -197,7 +199,8 @@ def _cap(loader, steps, m: Machine):
 
 def _raw_share(loader, steps, m: Machine):
     """Decode dominates and no raw share is there yet: ``RAW_BUDGET``."""
-    if shares(loader)["decode"] < DOMINANT or loader["decoders"].get("raw", {}).get("share", 0) > 0.05:
+    raw = loader["decoders"].get("raw", {}).get("share", 0)
+    if shares(loader)["decode"] < DOMINANT or raw > 0.05:  # a store with a raw share already
         return None
     t = _per_image_ms(loader)
     gain = t / (t - RAW_1_5X_DECODE_SAVED * loader["stages"]["decode"]["mean"])
@@ -268,11 +271,13 @@ def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[st
             st = loader["stages"][name]
             extra = ""
             if name == "decode" and loader["decoders"]:
-                extra = "  (" + ", ".join(f"{kind} {d['share']:.0%} of the images, {_ms(d['p50'])} ms"
-                                          for kind, d in loader["decoders"].items()) + ")"
+                extra = "  (" + ", ".join(
+                    f"{kind} {d['share']:.0%} of the images, {_ms(d['p50'])} ms"
+                    for kind, d in loader["decoders"].items()) + ")"
             if name == "resize" and "scaled" in loader["decoders"]:
                 extra = "  (the scaled decoder's resample is in decode)"
-            lines.append(f"  {name:<8}{_ms(st['p50']):>8} /{_ms(st['p90']):>7}  {share[name]:>4.0%}{extra}")
+            lines.append(f"  {name:<8}{_ms(st['p50']):>8} /{_ms(st['p90']):>7}  "
+                         f"{share[name]:>4.0%}{extra}")
         measured = loader.get("worker_ms_per_image")
         stage_sum = _per_image_ms(loader)
         cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
@@ -297,10 +302,12 @@ def report(loader: dict | None, steps: Steps | None, machine: Machine) -> dict:
     """Everything an epoch's end (or ``--benchmark-data``) shows: ``lines`` (the table and
     the bound), ``bound`` (``"data"``, ``"model"`` or None), ``advice`` (lines) and
     ``metrics``: flat ``stages_*`` keys (ms unless named; None where not measured) for
-    ``metrics.jsonl``, ``stages_bound`` and ``stages_advice`` among them."""
+    ``metrics.jsonl``, ``stages_bound`` and ``stages_advice`` among them. In a training run
+    (``steps`` given) the lines end with the advice, each as ``"  try ..."``."""
     kind, line = bound(loader, steps, machine.workers)
     advice = advise(loader, steps, machine)
-    return {"lines": table(loader, steps, machine) + [f"  {line}"], "bound": kind,
+    tried = [f"  try {a}" for a in advice] if steps is not None else []
+    return {"lines": table(loader, steps, machine) + [f"  {line}"] + tried, "bound": kind,
             "advice": advice, "metrics": metrics(loader, steps, machine, kind, advice)}
 
 

@@ -259,10 +259,10 @@ def epoch_line(m: dict) -> str:
 
 def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float = 0.25) -> None:
     """Say so (through ``log``) when the epoch's training waited on data for more than
-    ``threshold`` of its wall time, with the epoch's advice (``stages_advice``, from the
-    measured stages: ``engine.bounds``) when it has any; ``workers`` is this process's loader
-    worker count. A loader without stage figures (DALI, ``--decode-device``) gets the general
-    suggestions."""
+    ``threshold`` of its wall time, pointing at the epoch's advice (``stages_advice``, from
+    the measured stages, printed with the stage table: ``engine.bounds``) when it has any;
+    ``workers`` is this process's loader worker count. A loader without stage figures (DALI,
+    ``--decode-device``) gets the general suggestions."""
     share = epoch_metrics["data_time_fraction"]
     if share <= threshold:
         return
@@ -270,7 +270,7 @@ def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float 
             "the bottleneck.")
     advice = epoch_metrics.get("stages_advice")
     if advice:
-        log(head + " From this epoch's stages:" + "".join(f"\n  try {line}" for line in advice))
+        log(head + " The 'try' lines above are estimated from this epoch's stages")
     elif "stages_loader_images_per_sec" in epoch_metrics:
         log(head + " No flag change is estimated to help on this machine (the stages above "
             "say where the time goes)")

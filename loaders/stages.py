@@ -202,7 +202,8 @@ class StageLog:
         (of images), "mean", "p50", "p90"}}`` for the decoders that took any image;
         ``workers``: per worker ``{"id", "images", "ms_per_image" (its wall time per image,
         slot waits apart), "stages_ms_per_image" (its stages' sum per image),
-        "images_per_sec", "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``; ``worker_ms_per_image`` (all workers' wall over all images),
+        "images_per_sec", "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``;
+        ``worker_ms_per_image`` (all workers' wall over all images),
         ``loader_images_per_sec`` (the sum of the workers' images/s: what they can give when
         never idle), ``sizes``: ``{class: {"share", "decode_ms", "ms"}}`` by the stored
         image's longer side (``le256``, ``le512``, ``gt512``), ``kb_per_image``;

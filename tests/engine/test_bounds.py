@@ -155,4 +155,7 @@ def test_report_metrics_are_flat_json_and_numbers():
     assert metrics["stages_decode_ms_p50"] == 3.0 and metrics["stages_wait_ms_p50"] == 500.0
     assert metrics["stages_step_images_per_sec"] == pytest.approx(6400.0)
     assert metrics["stages_loader_images_per_sec"] == pytest.approx(2 * 1000 / 3.7)
-    assert out["lines"][-1].startswith("  data-bound:")
+    # a training run's table ends with the bound and the advice
+    tail = len(out["advice"]) + 1
+    assert len(out["advice"]) == 2 and out["lines"][-tail].startswith("  data-bound:")
+    assert out["lines"][-tail + 1:] == [f"  try {line}" for line in out["advice"]]
