@@ -23,8 +23,8 @@ DOMINANT = 0.40
 # Idle cores (of those this process may use, less what its process tree kept busy) that make
 # one more worker worth it.
 IDLE_FOR_WORKER = 0.5
-# Workers given less than this share of a core (process CPU / wall) are starved by other
-# processes on the same cores: more of them would not help.
+# Workers given less than this share of a core (process CPU / wall) waited for a core: the
+# advice says so (other processes share the cores; more workers then take a larger share).
 WORKER_CPU_SHARE = 0.6
 # Stored images above 512 px (longer side) from this share on make a cap the first advice:
 # 512 px is FFCV's and the converters' MAX_SIDE.
@@ -148,21 +148,27 @@ def _effect(capacity: float, gain: float, steps: Steps | None) -> str:
 
 
 def _more_workers(loader, steps, m: Machine):
-    """Cores left idle: one or more workers (``-j``)."""
-    if m.busy_cores is None or m.workers >= m.cores or m.pipeline == "dali":
+    """Cores left idle by this process and its workers: one or more workers (``-j``), on a
+    GPU at most one fewer than the cores (the training thread keeps one: SPDL found a loader
+    taking the whole host slowing the training process's kernel launches)."""
+    limit = m.cores - 1 if m.device == "cuda" else m.cores
+    if m.busy_cores is None or m.workers >= limit or m.pipeline == "dali":
         return None
     idle = m.cores - m.busy_cores
-    cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
-    # workers that got little of their core are held back by other processes, not by -j
-    if idle < IDLE_FOR_WORKER or (cpu and sum(cpu) / len(cpu) < WORKER_CPU_SHARE):
+    if idle < IDLE_FOR_WORKER:
         return None
-    n = min(m.cores, m.workers + max(1, round(idle)))
+    n = min(limit, m.workers + max(1, round(idle)))
     gain = n / max(m.workers, 1)
     per = loader["loader_images_per_sec"] / max(m.workers, 1)
+    cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
+    shared = (f"; the workers got {sum(cpu) / len(cpu):.0%} of their cores (other processes "
+              "share them)" if cpu and sum(cpu) / len(cpu) < WORKER_CPU_SHARE else "")
+    kept = ", the training process keeps one" if m.device == "cuda" else ""
     effect = _effect(loader["loader_images_per_sec"], gain, steps)
     return gain, (f"-j {n} (now {m.workers}): {effect}"
                   f" from {n} workers at {_rate(per)} images/s each; this process and its workers "
-                  f"kept {m.busy_cores:.1f} of the {m.cores} cores busy, {idle:.1f} idle")
+                  f"kept {m.busy_cores:.1f} of the {m.cores} cores busy, {idle:.1f} idle"
+                  f"{kept}{shared}")
 
 
 def _gpu_decode(loader, steps, m: Machine):

@@ -84,14 +84,19 @@ def test_one_worker_on_two_idle_cores_names_more_workers():
     assert "kept 1.2 of the 2 cores busy, 0.8 idle" in advice[0]
 
 
-def test_no_more_workers_when_cores_are_busy_or_workers_starved():
+def test_more_workers_only_for_idle_cores_and_one_kept_on_a_gpu():
     loader = figures({"read": 0.1, "decode": 1.2, "resize": 0.4, "write": 0.1}, workers=1)
     busy = bounds.advise(loader, data_bound(), Machine(cores=2, workers=1, busy_cores=1.9))
     assert not any(line.startswith("-j") for line in busy)
+    gpu = Machine(cores=8, workers=4, device="cuda", busy_cores=4.2)
+    line = next(a for a in bounds.advise(loader, data_bound(), gpu) if a.startswith("-j"))
+    assert line.startswith("-j 7 (now 4)") and "the training process keeps one" in line
+    full = Machine(cores=8, workers=7, device="cuda", busy_cores=6.0)
+    assert not any(a.startswith("-j") for a in bounds.advise(loader, data_bound(), full))
     starved = figures({"read": 0.1, "decode": 1.2, "resize": 0.4, "write": 0.1}, workers=1,
                       cpu_share=0.3)
-    assert not any(line.startswith("-j") for line in bounds.advise(
-        starved, data_bound(), Machine(cores=2, workers=1, busy_cores=1.0)))
+    (line, *_) = bounds.advise(starved, data_bound(), Machine(cores=2, workers=1, busy_cores=1.0))
+    assert line.startswith("-j 2") and "the workers got 30% of their cores" in line
 
 
 def test_mostly_large_images_name_a_cap_or_raw_share():
