@@ -11,12 +11,19 @@ symlinked copies of the sample's training images (``--copies``, so that one epoc
 the timed batches). Prints the rounds, the medians, the cost (1 - on/off) and per worker the
 stages' sum over its measured wall time per image (``stages_worker_coverage``); ``--out FILE``
 writes them as JSON. Target: cost <= 1%, coverage >= 95%.
+
+On a machine shared with other jobs, whole runs differ by far more than 1%; ``--blocks N``
+adds a measurement that such load disturbs less: the training loader built as ``main.py``
+builds it but with ``-j 0`` (the workers' code on this process), once with the stages on and
+once off, timed in N alternating blocks of ``--block-batches`` batches; the cost is the
+median of the blocks' paired ratios.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 
 from benchmarks import runner
 
@@ -39,6 +46,38 @@ def measure(data: str, args, setting: str) -> dict:
             os.environ["IMAGENET_FAST_STAGES"] = old
 
 
+def _loader(data: str, args, setting: str):
+    """The training loader of ``main.py data -j 0`` with the stages ``setting`` (on/off)."""
+    from benchmarks.bench_loaders import main_loader
+
+    os.environ["IMAGENET_FAST_STAGES"] = "1" if setting == "on" else "0"
+    try:
+        return main_loader([data, "-b", str(args.batch_size), "-j", "0", "--seed", "0",
+                            "--no-accel"])
+    finally:
+        del os.environ["IMAGENET_FAST_STAGES"]
+
+
+def blocks(data: str, args) -> dict:
+    """``--blocks``: images/s of each setting in alternating blocks, in this process; the
+    cost is 1 - the median of the paired (on / off) ratios."""
+    from loaders import measure_throughput
+
+    made = {s: _loader(data, args, s) for s in SETTINGS}
+    speeds: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    try:
+        for k in range(args.blocks):
+            for setting in SETTINGS if k % 2 == 0 else SETTINGS[::-1]:
+                started = time.perf_counter()
+                stats = measure_throughput(made[setting], args.block_batches, warmup=0)
+                speeds[setting].append(stats["images"] / (time.perf_counter() - started))
+    finally:
+        for loader in made.values():
+            loader.close()
+    ratios = [on / off for on, off in zip(speeds["on"], speeds["off"])]
+    return {"images_per_sec": speeds, "ratios": ratios, "cost": 1 - runner.median(ratios)}
+
+
 def run(args) -> dict:
     """The rounds and their summary (see the module docstring)."""
     with runner.scratch("bench-stage-cost-") as tmp:
@@ -51,6 +90,9 @@ def run(args) -> dict:
 
         rows = runner.interleave(SETTINGS, lambda s: measure(data, args, s), args.rounds,
                                  alternate=True, on_result=progress)
+        in_process = blocks(data, args) if args.blocks else None
+    if not args.rounds:
+        return {"config": vars(args), "blocks": in_process}
     speeds = {s: [r["images_per_sec"] for r in rows[s]] for s in SETTINGS}
     on, off = (runner.median(speeds[s]) for s in SETTINGS)
     coverage = [c for r in rows["on"] for c in r.get("stages_worker_coverage") or []]
@@ -58,7 +100,8 @@ def run(args) -> dict:
             "images_per_sec": speeds, "median_on": on, "median_off": off,
             "cost": 1 - on / off, "worker_coverage": coverage,
             "stages_sum_ms": [r["stages_total_ms_mean"] for r in rows["on"]],
-            "worker_ms": [r["stages_worker_ms_per_image"] for r in rows["on"]]}
+            "worker_ms": [r["stages_worker_ms_per_image"] for r in rows["on"]],
+            "blocks": in_process}
 
 
 def main_cli(argv=None) -> int:
@@ -70,11 +113,27 @@ def main_cli(argv=None) -> int:
     parser.add_argument("-j", "--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=24, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches per run")
+    parser.add_argument("--blocks", type=int, default=0,
+                        help="also time -j 0 in this process in N alternating blocks")
+    parser.add_argument("--block-batches", type=int, default=4, help="batches per block")
     runner.add_out_option(parser, "write the report as JSON to this file")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
         return runner.error("bench_stage_cost", f"--data {args.data}: no train/ folder")
     report = run(args)
+    if args.rounds:
+        _print_rounds(report, args)
+    if report["blocks"]:
+        b = report["blocks"]
+        print(f"-j 0 in this process, {args.blocks} alternating blocks of {args.block_batches} "
+              f"batches: median on/off {1 - b['cost']:.4f} (cost {b['cost']:+.2%}; blocks' "
+              f"ratios {min(b['ratios']):.3f}-{max(b['ratios']):.3f})")
+    if args.out:
+        runner.write_json(args.out, report)
+    return 0
+
+
+def _print_rounds(report: dict, args) -> None:
     print(f"\nstages on {report['median_on']:.1f} vs off {report['median_off']:.1f} images/s "
           f"(medians of {args.rounds} interleaved rounds, -b {args.batch_size} -j "
           f"{args.workers}, {report['cpu_count']} cores): cost {report['cost']:+.1%}")
@@ -82,9 +141,6 @@ def main_cli(argv=None) -> int:
     if coverage:
         print(f"stages' sum / each worker's measured time per image: {min(coverage):.1%} - "
               f"{max(coverage):.1%} over {len(coverage)} worker-runs")
-    if args.out:
-        runner.write_json(args.out, report)
-    return 0
 
 
 if __name__ == "__main__":
