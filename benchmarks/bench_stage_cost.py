@@ -16,7 +16,10 @@ On a machine shared with other jobs, whole runs differ by far more than 1%; ``--
 adds a measurement that such load disturbs less: the training loader built as ``main.py``
 builds it but with ``-j 0`` (the workers' code on this process), once with the stages on and
 once off, timed in N alternating blocks of ``--block-batches`` batches; the cost is the
-median of the blocks' paired ratios.
+median of the blocks' paired ratios. ``--overhead`` times, in CPU seconds (which other jobs'
+load disturbs least), the bookkeeping the stages add: per image in a worker (the clock calls
+of the reader wrapper, the transform and the slot writer, none of the work they time) and per
+batch in the main process (:meth:`loaders.stages.StageLog.add`).
 """
 from __future__ import annotations
 
@@ -78,6 +81,51 @@ def blocks(data: str, args) -> dict:
     return {"images_per_sec": speeds, "ratios": ratios, "cost": 1 - runner.median(ratios)}
 
 
+def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
+    """CPU microseconds the stages add per image in a worker (the timed path's clock calls
+    around work that takes no time: ``begin_image``, the read, window, decode, resize and
+    augment marks, ``end_image``; fastest of ``repeats``) and in the main process per batch of
+    ``batch_size`` (``StageLog.add``)."""
+    import numpy as np
+
+    from loaders import stages
+
+    clock, clock_ = stages.StageClock(), time.perf_counter
+    rows = np.zeros(batch_size * stages.IMAGE_COLUMNS)
+
+    def one(i: int) -> None:  # the calls workers.py, transforms.py and SlotWriter make
+        t, marks = clock.t, clock.marks
+        clock.begin_image()
+        start = clock_()
+        t[stages.READ] += clock_() - start
+        t[stages.BYTES] = 1000
+        start = clock_()
+        drawn = clock_()
+        marks.clear()
+        marks += ("window", clock_())
+        resized = clock_()
+        t[stages.WINDOW] += drawn - start
+        t[stages.DECODE] += marks[1] - drawn
+        t[stages.RESIZE] += resized - marks[1]
+        t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[marks[0]], 500
+        t[stages.AUGMENT] += clock_() - resized
+        clock.end_image(rows, i % batch_size, clock_())
+
+    worker = []
+    for _ in range(repeats):
+        started = time.process_time()
+        for i in range(images):
+            one(i)
+        worker.append((time.process_time() - started) / images)
+    log, batch = stages.StageLog(), np.array([0.0, 0.1, 0.1, 0.0])
+    started = time.process_time()
+    for _ in range(images // batch_size):
+        log.add(rows, batch, batch_size)
+    main_side = (time.process_time() - started) / (images // batch_size)
+    return {"worker_us_per_image": 1e6 * min(worker), "main_us_per_batch": 1e6 * main_side,
+            "main_us_per_image": 1e6 * main_side / batch_size}
+
+
 def run(args) -> dict:
     """The rounds and their summary (see the module docstring)."""
     with runner.scratch("bench-stage-cost-") as tmp:
@@ -91,8 +139,10 @@ def run(args) -> dict:
         rows = runner.interleave(SETTINGS, lambda s: measure(data, args, s), args.rounds,
                                  alternate=True, on_result=progress)
         in_process = blocks(data, args) if args.blocks else None
+    extra = {"blocks": in_process,
+             "overhead": overhead(args.batch_size) if args.overhead else None}
     if not args.rounds:
-        return {"config": vars(args), "blocks": in_process}
+        return {"config": vars(args), **extra}
     speeds = {s: [r["images_per_sec"] for r in rows[s]] for s in SETTINGS}
     on, off = (runner.median(speeds[s]) for s in SETTINGS)
     coverage = [c for r in rows["on"] for c in r.get("stages_worker_coverage") or []]
@@ -100,8 +150,7 @@ def run(args) -> dict:
             "images_per_sec": speeds, "median_on": on, "median_off": off,
             "cost": 1 - on / off, "worker_coverage": coverage,
             "stages_sum_ms": [r["stages_total_ms_mean"] for r in rows["on"]],
-            "worker_ms": [r["stages_worker_ms_per_image"] for r in rows["on"]],
-            "blocks": in_process}
+            "worker_ms": [r["stages_worker_ms_per_image"] for r in rows["on"]], **extra}
 
 
 def main_cli(argv=None) -> int:
@@ -116,6 +165,8 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--blocks", type=int, default=0,
                         help="also time -j 0 in this process in N alternating blocks")
     parser.add_argument("--block-batches", type=int, default=4, help="batches per block")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also time the stages' bookkeeping alone, in CPU seconds")
     runner.add_out_option(parser, "write the report as JSON to this file")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
@@ -128,6 +179,11 @@ def main_cli(argv=None) -> int:
         print(f"-j 0 in this process, {args.blocks} alternating blocks of {args.block_batches} "
               f"batches: median on/off {1 - b['cost']:.4f} (cost {b['cost']:+.2%}; blocks' "
               f"ratios {min(b['ratios']):.3f}-{max(b['ratios']):.3f})")
+    if report["overhead"]:
+        o = report["overhead"]
+        print(f"bookkeeping: {o['worker_us_per_image']:.2f} us of CPU per image in a worker, "
+              f"{o['main_us_per_batch']:.0f} us per batch of {args.batch_size} in the main "
+              f"process ({o['main_us_per_image']:.2f} us per image)")
     if args.out:
         runner.write_json(args.out, report)
     return 0

@@ -39,7 +39,7 @@ def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, c
     out = tmp_path / "cost.json"
     assert bench_stage_cost.main_cli(["--data", tiny.root, "--rounds", "1", "--copies", "2",
                                       "-b", "4", "-j", "1", "--batches", "2", "--warmup", "1",
-                                      "--blocks", "2", "--block-batches", "1",
+                                      "--blocks", "2", "--block-batches", "1", "--overhead",
                                       "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [len(report["images_per_sec"][s]) for s in ("on", "off")] == [1, 1]
@@ -47,8 +47,11 @@ def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, c
     (coverage,) = report["worker_coverage"]  # one worker, one run with the stages on
     assert 0.5 < coverage <= 1.0
     assert len(report["blocks"]["ratios"]) == 2 and all(r > 0 for r in report["blocks"]["ratios"])
+    assert 0 < report["overhead"]["worker_us_per_image"] < 1000
+    assert report["overhead"]["main_us_per_image"] > 0
     printed = capsys.readouterr().out
     assert "stages on " in printed and "alternating blocks" in printed
+    assert "us of CPU per image in a worker" in printed
 
 
 def test_bench_loaders_bad_data_is_one_line(tmp_path, capsys):
