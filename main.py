@@ -33,7 +33,8 @@ from engine.position import place_resume
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes,
                                 setup_distributed, use_cuda, use_default_start_method)
-from engine.loop import EpochPlan, evaluate, run_epoch
+from engine.bounds import machine_for
+from engine.loop import EpochPlan, evaluate, loader_stage_report, run_epoch
 from engine.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
 from engine.presets import preset_tokens
 from engine.recipes import add_recipe_args, check_recipe_flags
@@ -343,7 +344,7 @@ def train(s: RunSettings, state: TrainState, data: tuple, start: tuple[int, floa
     writer = MetricsWriter(out.output_dir) if dist.is_main else None
     stop = StopAgreement(dist.world_size)
     plan = EpochPlan(out.print_freq, out.warmup, out.save_every, log, writer, s.resolution,
-                     s.flip_tta, stop)
+                     s.flip_tta, stop, machine=machine_for(s.loader, s.dist.device.type))
 
     def save(epoch: int, batch: int = 0, sums=None, is_best: bool = False) -> None:
         rng_states = gather_rng_states(dist)  # on every rank: a collective
@@ -379,7 +380,8 @@ def benchmark_data(s: RunSettings, log) -> dict:
     ``loader``, ``decode_device``, ``images``, ``seconds``, ``images_per_sec`` (summed over
     ranks), ``workers`` and ``batch_size`` (per process), ``cpu_ms_per_image`` (rank 0's
     process and its workers over the timed batches), ``cpu_count``, ``world_size``,
-    ``device``."""
+    ``device``, and rank 0's stage figures (``stages_*``, :func:`engine.bounds.report`, with
+    its table and advice printed before the JSON line)."""
     from engine.distributed import reduce_sum
 
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
@@ -387,6 +389,8 @@ def benchmark_data(s: RunSettings, log) -> dict:
     try:
         stats = loaders.measure_throughput(
             train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)
+        stages = loader_stage_report(train_loader, machine_for(s.loader, s.dist.device.type),
+                                     stats)
     finally:
         loaders.close_all(train_loader, val_loader)
     images, seconds, speed = reduce_sum(
@@ -398,7 +402,8 @@ def benchmark_data(s: RunSettings, log) -> dict:
               "cpu_ms_per_image": (None if stats["cpu_seconds"] is None else
                                    1000 * stats["cpu_seconds"] / max(1, stats["images"])),
               "cpu_count": len(os.sched_getaffinity(0)), "world_size": s.dist.world_size,
-              "device": str(s.dist.device)}
+              "device": str(s.dist.device), **stages["metrics"]}
+    log("\n".join(stages["lines"] + [f"  try {line}" for line in stages["advice"]]))
     log(json.dumps(result))
     return result
 

@@ -215,12 +215,28 @@ def serve_http(root: str):
 
 
 def summarise(name: str, stats: list[dict], cores: int) -> dict:
-    """Median images/s of one pipeline's rounds, per core, with every round kept."""
+    """Median images/s of one pipeline's rounds, per core, with every round kept, and the
+    median round's stage figures (``stages``: the ``stages_*`` keys ``main.py
+    --benchmark-data`` prints, ``engine.bounds``; empty for the baselines and loaders that do
+    not measure stages)."""
     speeds = sorted(r["images_per_sec"] for r in stats)
     median = runner.median_high(speeds)
+    middle = next(r for r in stats if r["images_per_sec"] == median)
     return {"loader": name, "images_per_sec": median, "images_per_sec_per_core": median / cores,
             "images_per_sec_runs": speeds, "images": sum(r["images"] for r in stats),
-            "seconds": sum(r["seconds"] for r in stats)}
+            "seconds": sum(r["seconds"] for r in stats),
+            "stages": {k: v for k, v in middle.items() if k.startswith("stages_")}}
+
+
+def top_stage(stages: dict) -> str:
+    """The stage with the largest share of a worker's time in ``stages`` (``stages_*`` keys),
+    e.g. ``"decode 69%"``; ``"-"`` without stage figures."""
+    means = {name: stages.get(f"stages_{name}_ms_mean") for name in
+             ("read", "window", "decode", "resize", "augment", "write")}
+    if any(v is None for v in means.values()) or not sum(means.values()):
+        return "-"
+    name = max(means, key=means.get)
+    return f"{name} {means[name] / sum(means.values()):.0%}"
 
 
 def _shown(arg: str, tmp: str) -> str:
@@ -280,9 +296,10 @@ def write_chart(report: dict, path: str) -> None:
     ax.tick_params(axis="x", labelrotation=20)
     machine = report["machine"]
     ax.set_ylabel("images/s per core")
-    ax.set_title(f"Training loaders, batch {report['config']['batch_size']}, "
-                 f"{report['config']['workers']} workers, {machine['cpu_count']} cores",
-                 fontsize=10)
+    config = report["config"]
+    ax.set_title(f"Training loaders on {os.path.basename(config['data'].rstrip(os.sep))} "
+                 f"(x{config['repeat']}), batch {config['batch_size']}, "
+                 f"{config['workers']} workers, {machine['cpu_count']} cores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -292,10 +309,12 @@ def print_table(report: dict) -> None:
     """The table docs/performance.md quotes: median images/s, per core, and the ratios."""
     rows = [[r["loader"], f"{r['images_per_sec']:.1f}", f"{r['images_per_sec_per_core']:.1f}",
              f"{r.get('ratio_vs_stock', float('nan')):.2f}x",
-             f"{100 * r.get('share_of_decode_only', float('nan')):.0f}%"]
+             f"{100 * r.get('share_of_decode_only', float('nan')):.0f}%",
+             top_stage(r.get("stages", {}))]
             for r in report["results"]]
     print("\n" + runner.markdown_table(
-        ["loader", "images/s", "per core", "vs stock", "of decode-only"], rows))
+        ["loader", "images/s", "per core", "vs stock", "of decode-only", "largest stage"],
+        rows))
 
 
 def main_cli(argv=None) -> int:

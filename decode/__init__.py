@@ -34,6 +34,7 @@ decoder here keeps pixels as stored: EXIF orientation is never applied (docs/loa
 from __future__ import annotations
 
 import io
+import time
 
 import torch
 
@@ -126,7 +127,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None,
                   reasons: list[str] | None = None,
-                  interpolation: str = "bilinear") -> torch.Tensor:
+                  interpolation: str = "bilinear", marks: list | None = None) -> torch.Tensor:
     """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` (whole pixels inside
     the stored image) of ``data`` resized to ``size`` = ``(height, width)``: uint8
     ``(3, *size)``.
@@ -138,13 +139,21 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     decode, where the header was not read: it is cropped at once. ``reasons``, if given,
     collects one line per decoder that declined. ``interpolation``: the resize's filter
     (:func:`resize`; ``"nearest"`` never decodes at a DCT scale, which averages). A raw record
-    (:mod:`decode.raw`) is cut out of its stored pixels and resized, no decode. Raises what
+    (:mod:`decode.raw`) is cut out of its stored pixels and resized, no decode. ``marks``, if
+    given, gets two items appended: the decoder that took the window (``"scaled"``, whose
+    resample is part of its one call, ``"window"``, ``"whole"`` or ``"raw"``) and the
+    ``time.perf_counter()`` at which its decode (a raw record's cut) ended and the resize
+    began (``loaders.stages``; the pixels are the same with or without). Raises what
     :func:`decode` raises for bytes that are not an image."""
     top, left, height, width = window
     if image is None and raw.is_raw(data):
         header = raw.raw_header(data)
         if header is not None:
-            return raw.raw_window(data, window, size, header, interpolation)
+            if marks is None:
+                return raw.raw_window(data, window, size, header, interpolation)
+            crop = raw.raw_crop(data, window, header)  # raw_window is this crop, resized
+            marks += ("raw", time.perf_counter())
+            return resize(crop, size, interpolation)
     if image is None:
         factor = jpeg_scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation == "nearest":
@@ -153,6 +162,8 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
             out = jpeg_scaled.resized_window(data, factor, (top, left, top + height,
                                                             left + width), size, interpolation)
             if out is not None:
+                if marks is not None:
+                    marks += ("scaled", time.perf_counter())
                 return out
             _note(reasons, f"scaled 1/{factor}: declined (not an RGB or grayscale JPEG that "
                            "decodes completely)")
@@ -162,6 +173,8 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
                   else f"scaled: a {height}x{width} window is under twice the output")
         crop = jpeg_window.decode_window(data, top, left, height, width)
         if crop is not None:
+            if marks is not None:
+                marks += ("window", time.perf_counter())
             return resize(crop, size, interpolation)
         _note(reasons, "window: declined (" + (jpeg_window.status() if not jpeg_window.available()
                                                else "the window did not decode completely") + ")")
@@ -169,6 +182,8 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     else:
         _note(reasons, "header: not a 1- or 3-component JPEG nvImageCodec reads (or window "
                        "decoding off): decoded whole")
+    if marks is not None:
+        marks += ("whole", time.perf_counter())
     return resize(image[:, top:top + height, left:left + width], size, interpolation)
 
 

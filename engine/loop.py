@@ -4,6 +4,7 @@ Every number they return is global: sums over all ranks, each image counted once
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -11,11 +12,12 @@ from typing import Callable
 import torch
 from torch import nn
 
+from engine import bounds
 from engine.distributed import reduce_sum, sync_buffers, unwrap
 from engine.preempt import Stopped
-from engine.reporting import Progress, device_clock, epoch_line, memory_mib
+from engine.reporting import Progress, StepTimer, device_clock, epoch_line, memory_mib
 from engine.state import TrainState
-from loaders import DataError, DistInfo
+from loaders import DataError, DistInfo, tree_cpu_seconds
 
 
 def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,
@@ -82,8 +84,9 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     ``warmup`` steps, which hold cuDNN autotuning and ``torch.compile``; None if the pass had
     no more steps) and
     ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
-    ranks). The LR of every step goes to TensorBoard as ``step/lr`` (global rank 0). Raises
-    :class:`DataError` if the loader yields nothing."""
+    ranks); ``timing``: this rank's :class:`~engine.bounds.Steps` of this pass (per-batch
+    waits and step times). The LR of every step goes to TensorBoard as ``step/lr`` (global
+    rank 0). Raises :class:`DataError` if the loader yields nothing."""
     state.model.train()
     carried = carried or EpochSums()
     # A checkpoint's sums are global (all ranks): global rank 0 carries them, the others restart.
@@ -95,12 +98,15 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     lr = state.optimizer.param_groups[0]["lr"]  # the LR of the step just taken, for figures
     figures = lambda: {"loss": loss_sum.item() / progress.images,  # noqa: E731
                        "acc1": 100.0 * correct.item() / progress.images, "lr": lr}
+    timer, pass_images, pass_start = StepTimer(dist.device), progress.images, time.perf_counter()
     for step, (images, labels) in progress.log_every(loader, figures, start_batch, warmup,
                                                      dist.device):
         lr = state.optimizer.param_groups[0]["lr"]
         if progress.writer:
             progress.writer.scalar("step/lr", lr, progress.first_step + step)
+        timer.start()
         output, loss, truth = train_step(state, images, labels, epoch, step)
+        timer.stop()
         loss_sum += loss * labels.size(0)
         correct += (output.argmax(1) == truth).sum()
         # The same steps on every rank, so the collectives here are safe.
@@ -113,6 +119,8 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     if progress.images == 0:
         raise DataError("the training loader yielded no batch")
     now = device_clock(dist.device)
+    timing = bounds.Steps(progress.images - pass_images, now - pass_start, progress.waits,
+                          timer.seconds())
     seconds = now - progress.start
     loss_total, correct_total, images, speed, data_share, steady_speed = reduce_sum(
         [loss_sum.item(), correct.item(), progress.images, progress.images / seconds,
@@ -120,7 +128,7 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     return {"loss": loss_total / images, "acc1": 100.0 * correct_total / images,
             "images": int(images), "images_per_sec": speed,
             "steady_images_per_sec": steady_speed or None,
-            "data_time_fraction": data_share / dist.world_size}
+            "data_time_fraction": data_share / dist.world_size, "timing": timing}
 
 
 def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> EpochSums:
@@ -172,7 +180,9 @@ class EpochPlan:
     ``resolution``: the training crop side per epoch
     (:class:`~engine.resolution.ResolutionSchedule`; None: the loader's fixed size);
     ``flip_tta``: validate with flip averaging (see :func:`evaluate`); ``stop``: the
-    :class:`~engine.distributed.StopAgreement` asked after every step (None: never stop)."""
+    :class:`~engine.distributed.StopAgreement` asked after every step (None: never stop);
+    ``machine``: the :class:`~engine.bounds.Machine` the epoch's stage report and advice are
+    for (None: no report)."""
 
     print_freq: int
     warmup: int
@@ -182,6 +192,7 @@ class EpochPlan:
     resolution: object = None
     flip_tta: bool = False
     stop: object = None
+    machine: object = None
 
 
 def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
@@ -202,10 +213,12 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
     total = start_batch + len(train_loader)
     progress = Progress(total, f"Epoch: [{epoch}]", "train", plan.print_freq, dist.is_main,
                         plan.writer, epoch * total)
+    cpu_start, wall_start = tree_cpu_seconds(), time.perf_counter()
     train = train_one_epoch(
         state, train_loader, progress, dist, start_batch, carried, plan.warmup,
         plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)),
         epoch, plan.stop)
+    stages = _stage_report(train_loader, train["timing"], plan.machine, cpu_start, wall_start)
     val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
     val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist,
                    plan.flip_tta)
@@ -226,8 +239,39 @@ def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: Dis
         "epoch_seconds": time.perf_counter() - start,
         **{f"val_ema_{key}": ema[key] for key in ("loss", "acc1", "acc5") if ema},
         **memory_mib(dist.device),
+        **(stages["metrics"] if stages else {}),
     }
     plan.log(epoch_line(epoch_metrics))
+    for line in stages["lines"] if stages else ():
+        plan.log(line)
     if plan.writer:
         plan.writer.write(epoch_metrics)
     return epoch_metrics
+
+
+def _stage_report(train_loader, timing, machine, cpu_start: float | None,
+                  wall_start: float) -> dict | None:
+    """:func:`engine.bounds.report` of the training pass just done on this rank: the loader's
+    stage figures (``stage_summary()``, None for loaders without), ``timing`` and ``machine``
+    with the cores this process and its workers kept busy over the pass; None without a
+    ``machine``."""
+    if machine is None:
+        return None
+    cpu_end, wall = tree_cpu_seconds(), time.perf_counter() - wall_start
+    busy = None if cpu_start is None or cpu_end is None or wall <= 0 else \
+        (cpu_end - cpu_start) / wall
+    summary = getattr(train_loader, "stage_summary", None)
+    return bounds.report(summary() if summary else None, timing,
+                         dataclasses.replace(machine, busy_cores=busy))
+
+
+def loader_stage_report(loader, machine, stats: dict) -> dict:
+    """:func:`engine.bounds.report` of ``--benchmark-data``: ``loader``'s stage figures (None
+    for loaders without), no training thread, ``machine`` with the cores busy over the timed
+    batches (``stats``: :func:`loaders.measure_throughput`'s ``cpu_seconds`` and
+    ``seconds``)."""
+    cpu = stats.get("cpu_seconds")
+    busy = cpu / stats["seconds"] if cpu is not None and stats["seconds"] > 0 else None
+    summary = getattr(loader, "stage_summary", None)
+    return bounds.report(summary() if summary else None, None,
+                         dataclasses.replace(machine, busy_cores=busy))

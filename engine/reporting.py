@@ -60,6 +60,7 @@ class Progress:
         self.total, self.header, self.tag, self.print_freq = total, header, tag, print_freq
         self.enabled, self.writer, self.first_step = enabled, writer, first_step
         self.images, self.data_time = 0, 0.0  # images delivered; seconds waited for them
+        self.waits: list[float] = []  # this pass's seconds waited per batch (engine.bounds)
         self.start = time.perf_counter()
         self.steady_from = None  # (device clock, images) once the warm-up steps are done
 
@@ -86,7 +87,9 @@ class Progress:
         try:
             end = time.perf_counter()
             for step, batch in enumerate(iterable, start=start_step):
-                self.data_time += time.perf_counter() - end
+                waited = time.perf_counter() - end
+                self.data_time += waited
+                self.waits.append(waited)
                 self.images += batch[1].size(0)
                 yield step, batch
                 if bar is not None:
@@ -121,6 +124,52 @@ class Progress:
         if self.writer:
             for key, value in figures.items():
                 self.writer.scalar(f"step/{self.tag}_{key}", value, self.first_step + step)
+
+
+class StepTimer:
+    """Seconds of each training step: wall time on the CPU; on a GPU the time between two
+    CUDA timing events recorded on the current stream around it (no synchronisation: pairs are
+    read once done, the rest by :meth:`seconds`). Call :meth:`start` and :meth:`stop` around
+    each step."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.done: list[float] = []
+        self._pending: list = []
+        self._started = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._started.record()
+        else:
+            self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        if not self.cuda:
+            self.done.append(time.perf_counter() - self._started)
+            return
+        ended = torch.cuda.Event(enable_timing=True)
+        ended.record()
+        self._pending.append((self._started, ended))
+        if len(self._pending) >= 64:  # read the finished pairs now and then: no long list
+            self._read(wait=False)
+
+    def _read(self, wait: bool) -> None:
+        left = []
+        for start, end in self._pending:
+            if wait:
+                end.synchronize()
+            if wait or end.query():
+                self.done.append(start.elapsed_time(end) / 1e3)
+            else:
+                left.append((start, end))
+        self._pending = left
+
+    def seconds(self) -> list[float]:
+        """Every step's seconds so far (waits for the GPU's last ones)."""
+        self._read(wait=True)
+        return self.done
 
 
 class EventFile:
@@ -176,12 +225,16 @@ class MetricsWriter:
         self.tb = EventFile(os.path.join(output_dir, "tensorboard"))
 
     def write(self, epoch_metrics: dict) -> None:
-        """Append ``epoch_metrics`` (keyed by name, ``epoch`` the TensorBoard step)."""
+        """Append ``epoch_metrics`` (keyed by name, ``epoch`` the TensorBoard step); its
+        numbers go to TensorBoard, ``stages_X`` as ``stages/X`` (``engine.bounds``), the rest
+        as ``epoch/KEY``."""
         self.file.write(json.dumps(epoch_metrics) + "\n")
         self.file.flush()
         for key, value in epoch_metrics.items():
-            if key != "epoch" and value is not None:
-                self.tb.add_scalar(f"epoch/{key}", value, epoch_metrics["epoch"])
+            if key == "epoch" or value is None or isinstance(value, (str, list)):
+                continue
+            tag = f"stages/{key[7:]}" if key.startswith("stages_") else f"epoch/{key}"
+            self.tb.add_scalar(tag, value, epoch_metrics["epoch"])
         self.tb.flush()
 
     def scalar(self, tag: str, value: float, step: int) -> None:
@@ -206,9 +259,21 @@ def epoch_line(m: dict) -> str:
 
 def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float = 0.25) -> None:
     """Say so (through ``log``) when the epoch's training waited on data for more than
-    ``threshold`` of its wall time; ``workers`` is this process's loader worker count."""
+    ``threshold`` of its wall time, pointing at the epoch's advice (``stages_advice``, from
+    the measured stages, printed with the stage table: ``engine.bounds``) when it has any;
+    ``workers`` is this process's loader worker count. A loader without stage figures (DALI,
+    ``--decode-device``) gets the general suggestions."""
     share = epoch_metrics["data_time_fraction"]
-    if share > threshold:
-        log(f"warning: {share:.0%} of training time went to waiting for data: the loader is the "
-            f"bottleneck. Try more workers (-j, now {workers} per process), --lmdb or "
-            "--dali, a local copy of the dataset, or measure with --benchmark-data")
+    if share <= threshold:
+        return
+    head = (f"warning: {share:.0%} of training time went to waiting for data: the loader is "
+            "the bottleneck.")
+    advice = epoch_metrics.get("stages_advice")
+    if advice:
+        log(head + " The 'try' lines above are estimated from this epoch's stages")
+    elif "stages_loader_images_per_sec" in epoch_metrics:
+        log(head + " No flag change is estimated to help on this machine (the stages above "
+            "say where the time goes)")
+    else:
+        log(head + f" Try more workers (-j, now {workers} per process), --lmdb or --dali, a "
+            "local copy of the dataset, or measure with --benchmark-data")

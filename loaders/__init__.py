@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._throughput import measure as measure_throughput
+from ._throughput import measure as measure_throughput, tree_cpu_seconds
 from .contract import (AcceleratorError, DataError, DistInfo, LoaderSettings, check_same_classes,
                        input_dtype, split_paths)
 from .pipelines import PIPELINES
@@ -39,8 +39,8 @@ from .readers import READERS, open_reader
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
 __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
-           "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype", "measure_throughput",
-           "split_paths"]
+           "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype",
+           "measure_throughput", "split_paths", "tree_cpu_seconds"]
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):

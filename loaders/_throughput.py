@@ -19,7 +19,8 @@ def _batches(loader, start_epoch: int = 0):
 
 def measure(loader, batches: int, warmup: int = 2) -> dict:
     """Iterate ``warmup`` batches untimed, then ``batches`` timed batches (cycling epochs if
-    the loader is shorter), touching every batch so lazy work is done.
+    the loader is shorter), touching every batch so lazy work is done. A loader that measures
+    its stages (``reset_stages``, :mod:`loaders.stages`) forgets the warm-up's.
 
     Returns ``images`` (timed), ``seconds`` (wall clock), ``images_per_sec`` and
     ``cpu_seconds``: CPU time (user + system) of this process and its live child processes
@@ -33,6 +34,8 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
     it = _batches(loader)
     for _ in range(warmup):
         next(it)
+    if hasattr(loader, "reset_stages"):
+        loader.reset_stages()
     cpu_start = tree_cpu_seconds()
     images, start = 0, time.perf_counter()
     for batch in itertools.islice(it, batches):

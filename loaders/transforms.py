@@ -17,11 +17,14 @@ resize + ToTensor + Normalize, with the same random crop parameters (torchvision
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 import decode as decoding
 from decode import decode, jpeg_region, jpeg_scaled, resize
+
+from . import stages
 
 # RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision's defaults, also DALI's in
 # NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
@@ -74,19 +77,53 @@ class TrainTransform:
     Random draws come from torch's global RNG, which the loaders seed per batch
     (``loaders.pipelines._shared_batches.SlotWriter``): the same draws, hence the same window,
     whichever way it is decoded; the policy's draws follow the crop's.
+
+    ``clock`` (a :class:`loaders.stages.StageClock`, set by the pipeline; None: not measured)
+    gets each image's window draw, decode (and decoder), resize and flip + policy seconds and
+    the stored image's longer side; the pixels and draws are the same either way.
     """
+
+    clock = None
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
         self.augment, self.interpolation = augment, interpolation
+        self._side = 0  # the last image's longer side (px), for the clock
 
     def __call__(self, data: bytes) -> torch.Tensor:
+        if self.clock is not None:
+            return self._timed(data, self.clock)
         window, flip, image = self.window(data)
         out = decoding.decode_window(data, window, self.size, image,
                                      interpolation=self.interpolation)
         out = out.flip(-1) if flip else out
         return out if self.augment is None else self.augment(out)
+
+    def _timed(self, data: bytes, clock) -> torch.Tensor:
+        """:meth:`__call__` with each stage's seconds added to ``clock.t``."""
+        t, marks = clock.t, clock.marks
+        start = time.perf_counter()
+        window, flip, image = self.window(data)
+        drawn = time.perf_counter()
+        marks.clear()
+        out = decoding.decode_window(data, window, self.size, image,
+                                     interpolation=self.interpolation, marks=marks)
+        resized = time.perf_counter()
+        if image is not None:  # decoded whole in window(), for its size: that is the decode
+            t[stages.DECODE] += drawn - start
+            decoded = drawn
+        else:
+            t[stages.WINDOW] += drawn - start
+            decoded = marks[1]
+            t[stages.DECODE] += decoded - drawn
+        t[stages.RESIZE] += resized - decoded
+        t[stages.KIND] = stages.KIND_CODES[marks[0]]
+        t[stages.SIDE] = self._side
+        out = out.flip(-1) if flip else out
+        out = out if self.augment is None else self.augment(out)
+        t[stages.AUGMENT] += time.perf_counter() - resized
+        return out
 
     def window(self, data: bytes, size_of=None):
         """``(window, flip, image)``: this sample's RandomResizedCrop window ``(top, left,
@@ -103,6 +140,7 @@ class TrainTransform:
             size = size_of(data)
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
+        self._side = max(height, width)
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
         return window, draws[-1] < 0.5, image
 

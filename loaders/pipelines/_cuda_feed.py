@@ -76,7 +76,12 @@ class CudaFeeder:
     ``(1, 3, 1, 1)`` on the 0-255 scale; ``labels`` int64 ``(count,)`` on ``device``. Each slot
     is released to the DataLoader workers once its copy has finished (page-locked slots), or
     as soon as it was staged into pinned memory (slots that could not be page-locked).
+
+    ``timing`` (a :class:`loaders.stages.StageLog`, or None) gets each batch's copy and
+    normalisation time on the side stream as a pair of CUDA timing events.
     """
+
+    timing = None
 
     def __init__(self, device: torch.device, dtype: torch.dtype, channels_last: bool,
                  mean: torch.Tensor, std: torch.Tensor):
@@ -121,6 +126,9 @@ class CudaFeeder:
         copied event, slot, number, pass_id)``, slot ``None`` if it was already released."""
         images, labels = pool.batch(slot, count)
         with torch.cuda.stream(self.stream):
+            if self.timing is not None:
+                started = torch.cuda.Event(enable_timing=True)
+                started.record(self.stream)
             if not locked:
                 images, labels = images.pin_memory(), labels.pin_memory()
                 pool.release(slot, number, pass_id)  # staged: the workers may refill it
@@ -131,6 +139,10 @@ class CudaFeeder:
             copied.record(self.stream)
             out = normalize_into(gpu_images, self.scale, self.shift, self.dtype,
                                  self.channels_last)
+            if self.timing is not None:
+                ended = torch.cuda.Event(enable_timing=True)
+                ended.record(self.stream)
+                self.timing.add_copy(events=(started, ended))
         return out, gpu_labels, copied, slot, number, pass_id
 
     @staticmethod

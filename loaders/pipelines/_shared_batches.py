@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from .. import stages
 from ..contract import DataError
 
 # A worker that waits this long for its slot means the main process stopped releasing them.
@@ -159,8 +160,11 @@ class SharedBatches:
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
+        # Each image's and batch's stage figures, written with the pixels (loaders.stages).
+        self.stage_images = stages.image_rows(slots, batch_size)
+        self.stage_batches = stages.batch_rows(slots)
         if shared:
-            for tensor in (self.labels, self.released):
+            for tensor in (self.labels, self.released, self.stage_images, self.stage_batches):
                 tensor.share_memory_()
         self.set_shape(image_shape)
 
@@ -321,11 +325,14 @@ class SlotWriter(Dataset):
     training transform, whose ``size`` it sets; progressive resizing in workers that outlive a
     pass).
 
+    ``clock`` (a :class:`loaders.stages.StageClock`; None: not measured) times each image's
+    copy into the slot and the batch, and writes the figures into the slot's stage rows.
+
     Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
     """
 
-    def __init__(self, dataset: Dataset, transform=None):
-        self.dataset, self.transform = dataset, transform
+    def __init__(self, dataset: Dataset, transform=None, clock=None):
+        self.dataset, self.transform, self.clock = dataset, transform, clock
         self.pool: SharedBatches | None = None
 
     def use(self, pool: SharedBatches) -> None:
@@ -359,18 +366,31 @@ class SlotWriter(Dataset):
             return self._write(batch)
 
     def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
-        pool = self.pool
+        pool, clock = self.pool, self.clock
+        if clock is not None:
+            clock.begin_batch()
         slot = pool.acquire(batch.number, batch.plan.pass_id)
+        if clock is not None:
+            slot_wait = time.perf_counter() - clock.started
+            rows = pool.stage_images[slot].numpy()
         images, labels = pool.images[slot], pool.labels[slot]
         found = 0
         for i, index in enumerate(batch):
+            if clock is not None:
+                clock.begin_image()
             image, label, new_bad = self.dataset[index]
+            if clock is not None:
+                write_started = time.perf_counter()
             if image.shape != images.shape[1:] or image.dtype != torch.uint8:
                 raise DataError(f"sample {index}: transform gave {image.dtype} "
                                 f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
             images[i].copy_(image)
             labels[i] = label
             found += new_bad
+            if clock is not None:
+                clock.end_image(rows, i, write_started)
+        if clock is not None:
+            clock.end_batch(pool.stage_batches[slot].numpy(), slot_wait)
         return batch.number, slot, len(batch), found
 
 

@@ -8,11 +8,13 @@ processes, pin and copy than a float one.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Iterator
 
 import torch
 from torch.utils.data import Dataset
 
+from .. import stages
 from .._bad_samples import TolerantDataset, too_many_unreadable
 from ..contract import DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize
@@ -29,16 +31,24 @@ from ._shared_batches import (NumberedBatchSampler, PassPlan, SharedBatches, Slo
 
 class _Transformed(Dataset):
     """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it
-    (what :class:`~loaders._bad_samples.TolerantDataset` wraps)."""
+    (what :class:`~loaders._bad_samples.TolerantDataset` wraps); ``clock`` (a
+    :class:`loaders.stages.StageClock` or None) gets each read's seconds and bytes."""
 
-    def __init__(self, reader: Reader, transform):
-        self.reader, self.transform = reader, transform
+    def __init__(self, reader: Reader, transform, clock=None):
+        self.reader, self.transform, self.clock = reader, transform, clock
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __getitem__(self, index: int):
+        clock = self.clock
+        if clock is None:
+            data, label = self.reader.read(index)
+            return self.transform(data), label
+        start = time.perf_counter()
         data, label = self.reader.read(index)
+        clock.t[stages.READ] += time.perf_counter() - start
+        clock.t[stages.BYTES] = len(data)
         return self.transform(data), label
 
     def name_of(self, index: int) -> str:
@@ -83,6 +93,10 @@ class DeviceLoader(PositionedLoader):
     Workers outlive a pass (forking and starting them costs about 0.1 s per epoch on
     2 cores, docs/performance.md; validation's too since issue 38) unless the reader plans each pass (streamed shards: the
     workers fork with the plan, :attr:`~loaders.readers.Reader.plans_passes`).
+
+    A training loader measures where its workers' time goes (:mod:`loaders.stages`, unless
+    ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
+    yielded since the last reset.
     """
 
     def __init__(self, reader: Reader, order: Order, transform, *, train: bool,
@@ -108,12 +122,19 @@ class DeviceLoader(PositionedLoader):
         self.seed = seed
         self.rank = rank
         self.mean, self.std = imagenet_mean_std(device)
+        # Per-stage time of the training workers (loaders.stages): the clock goes to the
+        # workers with the reader wrapper, the transform and the slot writer; the log is ours.
+        self._clock = stages.StageClock() if train and stages.enabled() else None
+        self.stage_log = stages.StageLog() if self._clock is not None else None
+        if self._clock is not None and hasattr(transform, "clock"):
+            transform.clock = self._clock
         # Held here: each pass hands it the slots before the workers start.
-        tolerant = TolerantDataset(_Transformed(reader, transform), shared=workers > 0)
+        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock),
+                                   shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
         self.unreadable = tolerant.unreadable
         # Workers that outlive a pass learn a new resolution from the batches (set_resolution).
-        self._writer = SlotWriter(tolerant, transform if train else None)
+        self._writer = SlotWriter(tolerant, transform if train else None, self._clock)
         # drop_last for training: no tiny last batch for BatchNorm.
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         # The workers' base seed; the crops are seeded per batch (PassPlan).
@@ -180,6 +201,22 @@ class DeviceLoader(PositionedLoader):
         self.transform.size = (size, size)  # workers started from now on fork with it
         self.image_shape = (3, size, size)  # running ones take it from the batches
 
+    def stage_summary(self, reset: bool = True) -> dict | None:
+        """:meth:`loaders.stages.StageLog.summary` of the batches yielded since the last reset
+        (with ``workers``, this loader's worker count, added), then reset if ``reset``; None
+        where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
+        if self.stage_log is None:
+            return None
+        figures = {**self.stage_log.summary(), "workers_configured": self.loader.num_workers}
+        if reset:
+            self.stage_log.reset()
+        return figures
+
+    def reset_stages(self) -> None:
+        """Forget the stage figures so far (e.g. after a benchmark's warm-up batches)."""
+        if self.stage_log is not None:
+            self.stage_log.reset()
+
     def close(self) -> None:
         """Stop every worker this loader started: those kept between passes and those of a
         pass left part-way (an error, Ctrl-C, a stop signal), joined, or killed when they do
@@ -223,18 +260,24 @@ class DeviceLoader(PositionedLoader):
         self._batches.plan = plan  # taken by the pass that starts now
         batches = iter(loader)
         filled = self._filled(batches)
+        if self.stage_log is not None:
+            filled = self._logged(filled, pool)
         try:
             if self.device.type == "cuda":
                 if self._feeder is None:
                     self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
                                               self.mean, self.std)
+                    self._feeder.timing = self.stage_log
                 yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id)
             else:
                 for number, slot, count in filled:
+                    copy_started = time.perf_counter()
                     images, labels = pool.batch(slot, count)
                     # New memory: the slot is refilled by a later batch once released.
                     images = normalize(images, self.mean, self.std, self.channels_last)
                     labels = labels.clone()
+                    if self.stage_log is not None:
+                        self.stage_log.add_copy(time.perf_counter() - copy_started)
                     pool.release(slot, number, plan.pass_id)
                     yield images, labels
         finally:
@@ -244,6 +287,17 @@ class DeviceLoader(PositionedLoader):
             del filled, batches
             if any(loader is made for made in self._made):  # not one close() already stopped
                 self._idle = (loader, pool)
+
+    def _logged(self, filled, pool) -> Iterator[tuple[int, int, int]]:
+        """``filled`` as it is, each batch's stage rows added to :attr:`stage_log` first (the
+        slot is not released before it is yielded)."""
+        images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
+        try:
+            for number, slot, count in filled:
+                self.stage_log.add(images[slot], batch[slot], count)
+                yield number, slot, count
+        finally:
+            filled.close()
 
     def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
         """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;

@@ -56,6 +56,7 @@ def test_train_writes_metrics_checkpoints_and_resumes(tiny, tmp_path, backend, c
         assert RECORD_KEYS <= set(record)
         assert 0 <= record["data_time_fraction"] <= 1 and record["train_images_per_sec"] > 0
     assert os.path.isdir(os.path.join(out, "tensorboard"))
+    check_stage_report(records, capsys.readouterr().out, out)
 
     ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
     assert {"epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler", "scaler",
@@ -201,11 +202,33 @@ def test_bad_number_is_refused_before_the_data_is_read(tmp_path):
 def test_benchmark_data_prints_one_json_line(tiny, capsys):
     result = main.main(["--lmdb", tiny.lmdb, *SMALL, "--benchmark-data", "--train-batches", "6",
                         "--benchmark-warmup", "1"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(last) == result
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(printed[-1]) == result
+    # the stage table before the JSON line, its figures in it (issue 49)
+    assert any(line.startswith("  loader alone: the training process (-j 0) can give")
+               for line in printed)
+    assert result["stages_bound"] is None and result["stages_decode_ms_p50"] > 0
     assert {"loader", "images", "seconds", "images_per_sec", "workers", "batch_size",
             "cpu_count"} <= set(result)
     assert result["loader"] == "lmdb" and result["images"] == 6 * 8 and result["images_per_sec"] > 0
+
+
+def check_stage_report(records, log: str, out: str) -> None:
+    """Each epoch's stage figures (issue 49): the table in the log, ``stages_*`` keys in
+    metrics.jsonl beside the old ones, numbers in TensorBoard under ``stages/``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert log.count("stages over 32 images (ms per image, median / p90") == 2  # 4 batches of 8
+    assert log.count("  training thread per batch (median / p90): wait") == 2
+    for record in records:
+        assert record["stages_bound"] in ("data", "model")
+        assert record["stages_decode_ms_p50"] > 0 and record["stages_step_ms_p50"] > 0
+        assert record["stages_loader_images_per_sec"] > 0 and record["stages_cores"] >= 1
+    events = EventAccumulator(os.path.join(out, "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "stages/decode_ms_p50" in tags and "epoch/train_loss" in tags
+    assert not any(tag.startswith("epoch/stages") for tag in tags)
 
 
 def test_data_bound_epoch_is_warned_about(capsys):
@@ -214,3 +237,13 @@ def test_data_bound_epoch_is_warned_about(capsys):
     assert "60% of training time went to waiting for data" in capsys.readouterr().out
     warn_if_data_bound({"data_time_fraction": 0.05}, args.workers, print)
     assert capsys.readouterr().out == ""
+    # with the epoch's stage figures: their advice replaces the general suggestions
+    advice = ["-j 4 (now 3): about 900 images/s (1.33x) ..."]
+    warn_if_data_bound({"data_time_fraction": 0.6, "stages_advice": advice,
+                        "stages_loader_images_per_sec": 700.0}, 3, print)
+    said = capsys.readouterr().out
+    assert "60% of training time" in said and "The 'try' lines above are estimated" in said
+    assert "Try more workers" not in said
+    warn_if_data_bound({"data_time_fraction": 0.6, "stages_advice": [],
+                        "stages_loader_images_per_sec": 700.0}, 3, print)
+    assert "No flag change is estimated to help" in capsys.readouterr().out

@@ -2,7 +2,7 @@
 import json
 import os
 
-from benchmarks import bench_loaders, profile_transforms
+from benchmarks import bench_loaders, bench_stage_cost, profile_transforms
 from decode import jpeg_region
 
 
@@ -18,6 +18,13 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     for result in report["results"]:
         assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
         assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
+        # ours carry main.py's stage figures (issue 49), the baselines none
+        if result["loader"] in ("stock", "decode-only"):
+            assert result["stages"] == {}
+        else:
+            assert result["stages"]["stages_decode_ms_p50"] > 0
+            assert bench_loaders.top_stage(result["stages"]).split()[0] in (
+                "read", "window", "decode", "resize", "augment", "write")
     # ours are timed through main.py itself, so docs/performance.md can quote the command
     commands = {r["loader"]: r.get("command") for r in report["results"]}
     assert commands["stock"] is None
@@ -26,6 +33,25 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     assert commands["shards-http"].startswith("main.py --loader shards http://127.0.0.1:PORT ")
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert "| folder |" in capsys.readouterr().out
+
+
+def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, capsys):
+    out = tmp_path / "cost.json"
+    assert bench_stage_cost.main_cli(["--data", tiny.root, "--rounds", "1", "--copies", "2",
+                                      "-b", "4", "-j", "1", "--batches", "2", "--warmup", "1",
+                                      "--blocks", "2", "--block-batches", "1", "--overhead",
+                                      "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [len(report["images_per_sec"][s]) for s in ("on", "off")] == [1, 1]
+    assert report["cost"] == 1 - report["median_on"] / report["median_off"]
+    (coverage,) = report["worker_coverage"]  # one worker, one run with the stages on
+    assert 0.5 < coverage <= 1.0
+    assert len(report["blocks"]["ratios"]) == 2 and all(r > 0 for r in report["blocks"]["ratios"])
+    assert 0 < report["overhead"]["worker_us_per_image"] < 1000
+    assert report["overhead"]["main_us_per_image"] > 0
+    printed = capsys.readouterr().out
+    assert "stages on " in printed and "alternating blocks" in printed
+    assert "us of CPU per image in a worker" in printed
 
 
 def test_bench_loaders_bad_data_is_one_line(tmp_path, capsys):

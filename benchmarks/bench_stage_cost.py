@@ -1,0 +1,203 @@
+"""What measuring the stages costs (issue 49): ``main.py --benchmark-data`` images/s with the
+per-stage clocks on and off (``IMAGENET_FAST_STAGES=0``), interleaved rounds on the real
+sample, and how much of each worker's measured time per image the stages account for.
+
+Usage::
+
+    python -m benchmarks.bench_stage_cost --data ../shared/data/imagenet-sample --rounds 5
+
+Each round runs both, in a fresh process each, order alternating (on, off / off, on), over
+symlinked copies of the sample's training images (``--copies``, so that one epoch outlasts
+the timed batches). Prints the rounds, the medians, the cost (1 - on/off) and per worker the
+stages' sum over its measured wall time per image (``stages_worker_coverage``); ``--out FILE``
+writes them as JSON. Target: cost <= 1%, coverage >= 95%.
+
+On a machine shared with other jobs, whole runs differ by far more than 1%; ``--blocks N``
+adds a measurement that such load disturbs less: the training loader built as ``main.py``
+builds it but with ``-j 0`` (the workers' code on this process), once with the stages on and
+once off, timed in N alternating blocks of ``--block-batches`` batches; the cost is the
+median of the blocks' paired ratios. ``--overhead`` times, in CPU seconds (which other jobs'
+load disturbs least), the bookkeeping the stages add: per image in a worker (the clock calls
+of the reader wrapper, the transform and the slot writer, none of the work they time) and per
+batch in the main process (:meth:`loaders.stages.StageLog.add`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from benchmarks import runner
+
+SETTINGS = ("on", "off")
+
+
+def measure(data: str, args, setting: str) -> dict:
+    """One ``--benchmark-data`` run of ``data`` with the stages ``setting`` (on/off)."""
+    cmd = [sys.executable, "main.py", data, "--benchmark-data", "-b", str(args.batch_size),
+           "-j", str(args.workers), "--train-batches", str(args.batches),
+           "--benchmark-warmup", str(args.warmup), "--seed", "0", "--no-accel"]
+    old = os.environ.get("IMAGENET_FAST_STAGES")
+    os.environ["IMAGENET_FAST_STAGES"] = "1" if setting == "on" else "0"
+    try:
+        return runner.run_json_process(f"stages {setting}", cmd, timeout=900)
+    finally:
+        if old is None:
+            del os.environ["IMAGENET_FAST_STAGES"]
+        else:
+            os.environ["IMAGENET_FAST_STAGES"] = old
+
+
+def _loader(data: str, args, setting: str):
+    """The training loader of ``main.py data -j 0`` with the stages ``setting`` (on/off)."""
+    from benchmarks.bench_loaders import main_loader
+
+    os.environ["IMAGENET_FAST_STAGES"] = "1" if setting == "on" else "0"
+    try:
+        return main_loader([data, "-b", str(args.batch_size), "-j", "0", "--seed", "0",
+                            "--no-accel"])
+    finally:
+        del os.environ["IMAGENET_FAST_STAGES"]
+
+
+def blocks(data: str, args) -> dict:
+    """``--blocks``: images/s of each setting in alternating blocks, in this process; the
+    cost is 1 - the median of the paired (on / off) ratios."""
+    from loaders import measure_throughput
+
+    made = {s: _loader(data, args, s) for s in SETTINGS}
+    speeds: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    try:
+        for k in range(args.blocks):
+            for setting in SETTINGS if k % 2 == 0 else SETTINGS[::-1]:
+                started = time.perf_counter()
+                stats = measure_throughput(made[setting], args.block_batches, warmup=0)
+                speeds[setting].append(stats["images"] / (time.perf_counter() - started))
+    finally:
+        for loader in made.values():
+            loader.close()
+    ratios = [on / off for on, off in zip(speeds["on"], speeds["off"])]
+    return {"images_per_sec": speeds, "ratios": ratios, "cost": 1 - runner.median(ratios)}
+
+
+def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
+    """CPU microseconds the stages add per image in a worker (the timed path's clock calls
+    around work that takes no time: ``begin_image``, the read, window, decode, resize and
+    augment marks, ``end_image``; fastest of ``repeats``) and in the main process per batch of
+    ``batch_size`` (``StageLog.add``)."""
+    import numpy as np
+
+    from loaders import stages
+
+    clock, clock_ = stages.StageClock(), time.perf_counter
+    rows = np.zeros(batch_size * stages.IMAGE_COLUMNS)
+
+    def one(i: int) -> None:  # the calls workers.py, transforms.py and SlotWriter make
+        t, marks = clock.t, clock.marks
+        clock.begin_image()
+        start = clock_()
+        t[stages.READ] += clock_() - start
+        t[stages.BYTES] = 1000
+        start = clock_()
+        drawn = clock_()
+        marks.clear()
+        marks += ("window", clock_())
+        resized = clock_()
+        t[stages.WINDOW] += drawn - start
+        t[stages.DECODE] += marks[1] - drawn
+        t[stages.RESIZE] += resized - marks[1]
+        t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[marks[0]], 500
+        t[stages.AUGMENT] += clock_() - resized
+        clock.end_image(rows, i % batch_size, clock_())
+
+    worker = []
+    for _ in range(repeats):
+        started = time.process_time()
+        for i in range(images):
+            one(i)
+        worker.append((time.process_time() - started) / images)
+    log, batch = stages.StageLog(), np.array([0.0, 0.1, 0.1, 0.0])
+    started = time.process_time()
+    for _ in range(images // batch_size):
+        log.add(rows, batch, batch_size)
+    main_side = (time.process_time() - started) / (images // batch_size)
+    return {"worker_us_per_image": 1e6 * min(worker), "main_us_per_batch": 1e6 * main_side,
+            "main_us_per_image": 1e6 * main_side / batch_size}
+
+
+def run(args) -> dict:
+    """The rounds and their summary (see the module docstring)."""
+    with runner.scratch("bench-stage-cost-") as tmp:
+        data = runner.replicate(args.data, tmp, args.copies)
+        runner.warm_page_cache(data)
+
+        def progress(round_: int, setting: str, row: dict) -> None:
+            print(f"round {round_ + 1} stages {setting}: {row['images_per_sec']:.1f} images/s",
+                  flush=True)
+
+        rows = runner.interleave(SETTINGS, lambda s: measure(data, args, s), args.rounds,
+                                 alternate=True, on_result=progress)
+        in_process = blocks(data, args) if args.blocks else None
+    extra = {"blocks": in_process,
+             "overhead": overhead(args.batch_size) if args.overhead else None}
+    if not args.rounds:
+        return {"config": vars(args), **extra}
+    speeds = {s: [r["images_per_sec"] for r in rows[s]] for s in SETTINGS}
+    on, off = (runner.median(speeds[s]) for s in SETTINGS)
+    coverage = [c for r in rows["on"] for c in r.get("stages_worker_coverage") or []]
+    return {"config": vars(args), "cpu_count": rows["on"][0]["cpu_count"],
+            "images_per_sec": speeds, "median_on": on, "median_off": off,
+            "cost": 1 - on / off, "worker_coverage": coverage,
+            "stages_sum_ms": [r["stages_total_ms_mean"] for r in rows["on"]],
+            "worker_ms": [r["stages_worker_ms_per_image"] for r in rows["on"]], **extra}
+
+
+def main_cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    runner.add_data_option(parser, "the image folder (train/ and val/), e.g. the real sample")
+    runner.add_rounds_option(parser, 5)
+    parser.add_argument("--copies", type=int, default=8, help="symlinked copies per image")
+    parser.add_argument("-b", "--batch-size", type=int, default=64)
+    parser.add_argument("-j", "--workers", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=24, help="timed batches per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches per run")
+    parser.add_argument("--blocks", type=int, default=0,
+                        help="also time -j 0 in this process in N alternating blocks")
+    parser.add_argument("--block-batches", type=int, default=4, help="batches per block")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also time the stages' bookkeeping alone, in CPU seconds")
+    runner.add_out_option(parser, "write the report as JSON to this file")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.data, "train")):
+        return runner.error("bench_stage_cost", f"--data {args.data}: no train/ folder")
+    report = run(args)
+    if args.rounds:
+        _print_rounds(report, args)
+    if report["blocks"]:
+        b = report["blocks"]
+        print(f"-j 0 in this process, {args.blocks} alternating blocks of {args.block_batches} "
+              f"batches: median on/off {1 - b['cost']:.4f} (cost {b['cost']:+.2%}; blocks' "
+              f"ratios {min(b['ratios']):.3f}-{max(b['ratios']):.3f})")
+    if report["overhead"]:
+        o = report["overhead"]
+        print(f"bookkeeping: {o['worker_us_per_image']:.2f} us of CPU per image in a worker, "
+              f"{o['main_us_per_batch']:.0f} us per batch of {args.batch_size} in the main "
+              f"process ({o['main_us_per_image']:.2f} us per image)")
+    if args.out:
+        runner.write_json(args.out, report)
+    return 0
+
+
+def _print_rounds(report: dict, args) -> None:
+    print(f"\nstages on {report['median_on']:.1f} vs off {report['median_off']:.1f} images/s "
+          f"(medians of {args.rounds} interleaved rounds, -b {args.batch_size} -j "
+          f"{args.workers}, {report['cpu_count']} cores): cost {report['cost']:+.1%}")
+    coverage = report["worker_coverage"]
+    if coverage:
+        print(f"stages' sum / each worker's measured time per image: {min(coverage):.1%} - "
+              f"{max(coverage):.1%} over {len(coverage)} worker-runs")
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())

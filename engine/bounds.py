@@ -1,0 +1,348 @@
+"""What bounds a run's speed, and what to change: pure functions over an epoch's figures.
+
+Input: the loader's stage figures (:meth:`loaders.stages.StageLog.summary`, or None for a
+loader that does not measure them), the training thread's per-batch figures (:class:`Steps`;
+None for ``--benchmark-data``) and what the machine and the run are (:class:`Machine`).
+Output (:func:`report`): a plain dict with the table's lines, the bound and one or two lines
+of advice, each a command-line change with its effect estimated from the measured stages, and
+the flat ``stages_*`` keys that ``metrics.jsonl`` and TensorBoard (``stages/...``) record.
+Nothing here measures or prints; ``tests/engine/test_bounds.py`` checks the rules on
+constructed figures.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+# The training thread waiting this share of the epoch for data or more makes a run data-bound
+# (below it the model's step is what a faster loader would not change much).
+DATA_BOUND_WAIT = 0.10
+# A stage taking this share of a worker's time or more "dominates" (its advice applies).
+DOMINANT = 0.40
+# Idle cores (of those this process may use, less what its process tree kept busy) that make
+# one more worker worth it.
+IDLE_FOR_WORKER = 0.5
+# Workers given less than this share of a core (process CPU / wall) waited for a core: the
+# advice says so (other processes share the cores; more workers then take a larger share).
+WORKER_CPU_SHARE = 0.6
+# Stored images above 512 px (longer side) from this share on make a cap the first advice:
+# 512 px is FFCV's and the converters' MAX_SIDE.
+CAP_SHARE = 0.3
+CAP_SIDE = 512
+# Share of the decode time a raw share at 1.5x the disk removes: docs/raw-share.md (the
+# converter's rule on the real sample: 16% of the images raw, 20% of the decode time).
+RAW_1_5X_DECODE_SAVED = 0.20
+
+_STAGE_NAMES = ("read", "window", "decode", "resize", "augment", "write")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the advice may change: ``cores`` this process may use (``sched_getaffinity``),
+    ``workers`` (``-j`` per process), ``device`` type (``"cpu"``/``"cuda"``), ``source``
+    (``"folder"``, ``"lmdb"``, ``"shards"``, None), ``pipeline`` (``"workers"``, ...),
+    ``auto_augment`` (the policy or None), ``lmdb_order``; ``busy_cores``: CPU seconds of this
+    process and its workers over the epoch's wall seconds (None: not measured)."""
+
+    cores: int
+    workers: int
+    device: str = "cpu"
+    source: str | None = None
+    pipeline: str = "workers"
+    auto_augment: str | None = None
+    lmdb_order: str = "random"
+    busy_cores: float | None = None
+
+
+def machine_for(settings, device_type: str, busy_cores: float | None = None) -> Machine:
+    """The :class:`Machine` of a run with ``settings`` (a ``loaders.LoaderSettings``) on a
+    ``device_type`` device: the cores this process may use (``os.sched_getaffinity``, else
+    ``os.cpu_count()``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return Machine(cores, settings.workers, device_type, settings.source, settings.pipeline,
+                   settings.auto_augment, settings.lmdb_order, busy_cores)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The training thread's figures over an epoch: ``images``; ``seconds`` (wall); per batch
+    the ``waits`` for the next batch and the ``steps`` (the step's wall seconds on the CPU, its
+    CUDA-event seconds on a GPU), lists of seconds."""
+
+    images: int
+    seconds: float
+    waits: list
+    steps: list
+
+    @property
+    def wait_share(self) -> float:
+        return sum(self.waits) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def model_images_per_sec(self) -> float | None:
+        """Images/s of the training step alone (what the model takes)."""
+        busy = sum(self.steps)
+        return self.images / busy if busy > 0 else None
+
+
+def _quantile(values: list, q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)] if q > 0 \
+        else ordered[0]
+
+
+def _workers(n: int) -> str:
+    return "the training process (-j 0)" if n == 0 else f"the {n} worker{'s' if n != 1 else ''}"
+
+
+def _rate(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
+def shares(loader: dict) -> dict:
+    """Each stage's share of a worker's time per image (mean stage ms over the sum of the
+    stages' means)."""
+    total = sum(loader["stages"][s]["mean"] for s in _STAGE_NAMES)
+    return {s: loader["stages"][s]["mean"] / total if total > 0 else 0.0 for s in _STAGE_NAMES}
+
+
+def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str | None, str]:
+    """``(kind, line)``: kind ``"data"`` (the training thread waited at least
+    :data:`DATA_BOUND_WAIT` of the epoch), ``"model"``, or None without ``steps``
+    (``--benchmark-data``); the line says it with the figures, e.g. ``"data-bound: the 8
+    workers can give 2,900 images/s, the model takes 4,900; decode is 71% of a worker's
+    time"``."""
+    capacity = loader and loader.get("loader_images_per_sec")
+    top = ""
+    if loader and loader["images"]:
+        stage, share = max(shares(loader).items(), key=lambda kv: kv[1])
+        top = f"; {stage} is {share:.0%} of a worker's time"
+    gives = (f"{_workers(workers)} can give {_rate(capacity)} images/s" if capacity else "")
+    if steps is None:
+        return None, f"loader alone: {gives or 'no stage figures'}{top}"
+    takes = f"the model takes {_rate(steps.model_images_per_sec)} images/s"
+    wait = f"waited for data {steps.wait_share:.0%} of the epoch"
+    if steps.wait_share >= DATA_BOUND_WAIT:
+        return "data", f"data-bound: {gives + ', ' if gives else ''}{takes}; {wait}{top}"
+    return "model", f"model-bound: {takes}{', ' + gives if gives else ''}; {wait}{top}"
+
+
+def _per_image_ms(loader: dict) -> float:
+    return sum(loader["stages"][s]["mean"] for s in _STAGE_NAMES)
+
+
+def _effect(capacity: float, gain: float, steps: Steps | None) -> str:
+    """``"about N images/s (G x)"``, N capped at what the model takes in a training run."""
+    estimate = capacity * gain
+    model = steps.model_images_per_sec if steps is not None else None
+    if model is not None and estimate > model:
+        return (f"about {_rate(model)} images/s, what the model takes (the loader could give "
+                f"{_rate(estimate)}, {gain:.2f}x)")
+    return f"about {_rate(estimate)} images/s ({gain:.2f}x)"
+
+
+def _more_workers(loader, steps, m: Machine):
+    """Cores left idle by this process and its workers: one or more workers (``-j``), on a
+    GPU at most one fewer than the cores (the training thread keeps one: SPDL found a loader
+    taking the whole host slowing the training process's kernel launches)."""
+    limit = m.cores - 1 if m.device == "cuda" else m.cores
+    if m.busy_cores is None or m.workers >= limit or m.pipeline == "dali":
+        return None
+    idle = m.cores - m.busy_cores
+    if idle < IDLE_FOR_WORKER:
+        return None
+    n = min(limit, m.workers + max(1, round(idle)))
+    gain = n / max(m.workers, 1)
+    per = loader["loader_images_per_sec"] / max(m.workers, 1)
+    cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
+    shared = (f"; the workers got {sum(cpu) / len(cpu):.0%} of their cores (other processes "
+              "share them)" if cpu and sum(cpu) / len(cpu) < WORKER_CPU_SHARE else "")
+    kept = ", the training process keeps one" if m.device == "cuda" else ""
+    effect = _effect(loader["loader_images_per_sec"], gain, steps)
+    return gain, (f"-j {n} (now {m.workers}): {effect}"
+                  f" from {n} workers at {_rate(per)} images/s each; this process and its workers "
+                  f"kept {m.busy_cores:.1f} of the {m.cores} cores busy, {idle:.1f} idle"
+                  f"{kept}{shared}")
+
+
+def _gpu_decode(loader, steps, m: Machine):
+    """Decode dominates and a GPU is there: ``--decode-device cuda``."""
+    if m.device != "cuda" or m.pipeline != "workers":
+        return None
+    st, t = loader["stages"], _per_image_ms(loader)
+    if shares(loader)["decode"] < DOMINANT:
+        return None
+    rest = t - st["decode"]["mean"] - st["resize"]["mean"]
+    gain = t / rest if rest > 0 else 1.0
+    return gain, (f"--decode-device cuda: the workers then only read and draw windows "
+                  f"({rest:.2f} of {t:.2f} ms per image), the GPU decodes and resizes: up to "
+                  f"{_effect(loader['loader_images_per_sec'], gain, steps)} from the workers "
+                  "(the GPU decoder's own rate is not measured here)")
+
+
+def _cap(loader, steps, m: Machine):
+    """Decode dominates and most images are stored above 512 px: a size cap."""
+    sizes, t = loader["sizes"], _per_image_ms(loader)
+    big = sizes["gt512"]
+    small = sizes["le512"]["decode_ms"] or sizes["le256"]["decode_ms"]
+    if shares(loader)["decode"] < DOMINANT or big["share"] < CAP_SHARE or small is None \
+            or big["decode_ms"] is None:
+        return None
+    new = t - big["share"] * max(0.0, big["decode_ms"] - small)
+    gain = t / new
+    return gain, (f"store images capped at {CAP_SIDE} px: `make convert-imagenet IMAGENET=... "
+                  f"OUT=... MAX_SIDE={CAP_SIDE} QUALITY=90` (folder2lmdb.py --max-side "
+                  f"{CAP_SIDE} --quality 90), then --lmdb: {big['share']:.0%} of the images are "
+                  f"above {CAP_SIDE} px and decode in {big['decode_ms']:.2f} ms vs {small:.2f} "
+                  f"at or below; {_effect(loader['loader_images_per_sec'], gain, steps)}")
+
+
+def _raw_share(loader, steps, m: Machine):
+    """Decode dominates and no raw share is there yet: ``RAW_BUDGET``."""
+    raw = loader["decoders"].get("raw", {}).get("share", 0)
+    if shares(loader)["decode"] < DOMINANT or raw > 0.05:  # a store with a raw share already
+        return None
+    t = _per_image_ms(loader)
+    gain = t / (t - RAW_1_5X_DECODE_SAVED * loader["stages"]["decode"]["mean"])
+    return gain, (f"if the disk holds 1.5x the JPEGs, a raw share: `make convert-imagenet "
+                  f"IMAGENET=... OUT=... RAW_BUDGET=1.5x` (folder2lmdb.py --raw-budget 1.5x), "
+                  f"about {RAW_1_5X_DECODE_SAVED:.0%} of the decode time gone (docs/raw-share.md): "
+                  f"{_effect(loader['loader_images_per_sec'], gain, steps)}")
+
+
+def _read(loader, steps, m: Machine):
+    """Reading dominates: block order and readahead, or a local copy."""
+    if shares(loader)["read"] < DOMINANT:
+        return None
+    t, read = _per_image_ms(loader), loader["stages"]["read"]["mean"]
+    gain = t / max(t - read, 1e-9)
+    if m.source == "lmdb" and m.lmdb_order != "block":
+        change = "--lmdb-order block --lmdb-readahead on (mostly sequential reads)"
+    else:
+        change = ("a copy of the dataset on a local disk (or an LMDB: folder2lmdb.py, then "
+                  "--lmdb)" if m.source != "lmdb" else "a copy of the LMDB on a local disk")
+    return gain, (f"{change}: reading takes {read:.2f} of {t:.2f} ms per image; with free reads "
+                  f"up to {_effect(loader['loader_images_per_sec'], gain, steps)}")
+
+
+def _augment(loader, steps, m: Machine):
+    """The ``--auto-augment`` policy dominates: a lighter one."""
+    if m.auto_augment is None or shares(loader)["augment"] < DOMINANT:
+        return None
+    t, aug = _per_image_ms(loader), loader["stages"]["augment"]["mean"]
+    gain = t / max(t - aug, 1e-9)
+    return gain, (f"drop --auto-augment {m.auto_augment} (or a lighter policy): it takes "
+                  f"{aug:.2f} of {t:.2f} ms per image; without it up to "
+                  f"{_effect(loader['loader_images_per_sec'], gain, steps)}")
+
+
+RULES = (_more_workers, _gpu_decode, _cap, _raw_share, _read, _augment)
+MIN_GAIN = 1.05  # advice that would change the loader's rate by less is left out
+
+
+def advise(loader: dict | None, steps: Steps | None, machine: Machine,
+           limit: int = 2) -> list[str]:
+    """At most ``limit`` lines of advice, the largest estimated gain first, each a
+    command-line change and its estimated effect (:data:`RULES`); none when ``steps`` show a
+    run that is not data-bound (:func:`bound`), or without stage figures."""
+    if loader is None or not loader["images"] or not loader.get("loader_images_per_sec"):
+        return []
+    if steps is not None and steps.wait_share < DATA_BOUND_WAIT:
+        return []
+    found = [r for r in (rule(loader, steps, machine) for rule in RULES) if r is not None]
+    found = sorted((r for r in found if r[0] >= MIN_GAIN), key=lambda r: -r[0])
+    return [line for _, line in found[:limit]]
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[str]:
+    """The short table for the log: one line per stage (ms per image, median / p90, share of
+    a worker's time; decode split by decoder), the workers' measured time per image against
+    the stages' sum, and the training thread's per-batch wait, copy and step."""
+    lines = []
+    if loader is not None and loader["images"]:
+        share = shares(loader)
+        lines.append(f"stages over {loader['images']:,} images (ms per image, median / p90, "
+                     "share of a worker's time):")
+        for name in _STAGE_NAMES:
+            st = loader["stages"][name]
+            extra = ""
+            if name == "decode" and loader["decoders"]:
+                extra = "  (" + ", ".join(
+                    f"{kind} {d['share']:.0%} of the images, {_ms(d['p50'])} ms"
+                    for kind, d in loader["decoders"].items()) + ")"
+            if name == "resize" and "scaled" in loader["decoders"]:
+                extra = "  (the scaled decoder's resample is in decode)"
+            lines.append(f"  {name:<8}{_ms(st['p50']):>8} /{_ms(st['p90']):>7}  "
+                         f"{share[name]:>4.0%}{extra}")
+        measured = loader.get("worker_ms_per_image")
+        stage_sum = _per_image_ms(loader)
+        cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
+        lines.append(f"  stages' sum {stage_sum:.2f} ms per image, the workers measured "
+                     f"{_ms(measured)}" + (f" ({stage_sum / measured:.0%})" if measured else "")
+                     + f"; {_workers(machine.workers)} at "
+                     f"{_rate(loader['loader_images_per_sec'] / max(machine.workers, 1))} images/s"
+                     + (" each" if machine.workers > 1 else "")
+                     + (f", CPU {sum(cpu) / len(cpu):.0%} of wall time" if cpu else ""))
+    if steps is not None:
+        copy = (loader or {}).get("copy_ms_per_batch") or {}
+        lines.append(f"  training thread per batch (median / p90): wait "
+                     f"{_ms(_quantile(steps.waits, .5) and 1e3 * _quantile(steps.waits, .5))} / "
+                     f"{_ms(_quantile(steps.waits, .9) and 1e3 * _quantile(steps.waits, .9))} ms, "
+                     f"copy {_ms(copy.get('p50'))} / {_ms(copy.get('p90'))} ms, step "
+                     f"{_ms(_quantile(steps.steps, .5) and 1e3 * _quantile(steps.steps, .5))} / "
+                     f"{_ms(_quantile(steps.steps, .9) and 1e3 * _quantile(steps.steps, .9))} ms")
+    return lines
+
+
+def report(loader: dict | None, steps: Steps | None, machine: Machine) -> dict:
+    """Everything an epoch's end (or ``--benchmark-data``) shows: ``lines`` (the table and
+    the bound), ``bound`` (``"data"``, ``"model"`` or None), ``advice`` (lines) and
+    ``metrics``: flat ``stages_*`` keys (ms unless named; None where not measured) for
+    ``metrics.jsonl``, ``stages_bound`` and ``stages_advice`` among them. In a training run
+    (``steps`` given) the lines end with the advice, each as ``"  try ..."``."""
+    kind, line = bound(loader, steps, machine.workers)
+    advice = advise(loader, steps, machine)
+    tried = [f"  try {a}" for a in advice] if steps is not None else []
+    return {"lines": table(loader, steps, machine) + [f"  {line}"] + tried, "bound": kind,
+            "advice": advice, "metrics": metrics(loader, steps, machine, kind, advice)}
+
+
+def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
+    """The flat ``stages_*`` keys of :func:`report`."""
+    out = {"stages_bound": kind, "stages_advice": advice, "stages_cores": machine.cores,
+           "stages_busy_cores": machine.busy_cores}
+    if loader is not None and loader["images"]:
+        for name in (*_STAGE_NAMES, "total"):
+            for q in ("p50", "p90", "mean"):
+                out[f"stages_{name}_ms_{q}"] = loader["stages"][name][q]
+        for kind_name, d in loader["decoders"].items():
+            out[f"stages_decode_{kind_name}_share"] = d["share"]
+            out[f"stages_decode_{kind_name}_ms_p50"] = d["p50"]
+        out["stages_worker_ms_per_image"] = loader["worker_ms_per_image"]
+        out["stages_loader_images_per_sec"] = loader["loader_images_per_sec"]
+        cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
+        out["stages_worker_cpu_share"] = sum(cpu) / len(cpu) if cpu else None
+        # per worker: its stages' sum over its measured wall time per image (issue 49: >= 95%)
+        out["stages_worker_coverage"] = [w["stages_ms_per_image"] / w["ms_per_image"]
+                                         for w in loader["workers"] if w["ms_per_image"] > 0]
+        out["stages_gt512_share"] = loader["sizes"]["gt512"]["share"]
+        out["stages_copy_ms_p50"] = loader["copy_ms_per_batch"]["p50"]
+        out["stages_copy_ms_p90"] = loader["copy_ms_per_batch"]["p90"]
+    if steps is not None:
+        for name, values in (("wait", steps.waits), ("step", steps.steps)):
+            for q, value in (("p50", .5), ("p90", .9)):
+                v = _quantile(values, value)
+                out[f"stages_{name}_ms_{q}"] = None if v is None else 1e3 * v
+        out["stages_step_images_per_sec"] = steps.model_images_per_sec
+        out["stages_wait_share"] = steps.wait_share
+    return out

@@ -1,0 +1,115 @@
+"""loaders.stages: per-image stage times written beside the pixels by real DataLoader workers,
+summed by the main process; the same pixels with or without them (issue 49)."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import decode
+import loaders
+from decode import raw
+from loaders import stages
+from tests.helpers.loading import loader_settings
+
+
+def _batches(settings, count: int):
+    train, val = loaders.build_loaders(settings, loaders.DistInfo())
+    try:
+        train.set_epoch(1)
+        out = [(images.clone(), labels.clone()) for _, (images, labels) in zip(range(count), train)]
+        return out, train.stage_summary()
+    finally:
+        train.close()
+        val.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_measuring_changes_no_pixel(tiny, monkeypatch, workers):
+    settings = loader_settings("lmdb", tiny.lmdb, workers=workers, batch_size=4)
+    monkeypatch.setenv("IMAGENET_FAST_STAGES", "0")
+    plain, none = _batches(settings, 5)
+    monkeypatch.delenv("IMAGENET_FAST_STAGES")
+    timed, figures = _batches(settings, 5)
+    assert none is None and figures["images"] == 5 * 4
+    for (a, la), (b, lb) in zip(plain, timed):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_workers_stages_add_up_to_their_time(sample_lmdb):
+    settings = loader_settings("lmdb", sample_lmdb, workers=2, batch_size=16,
+                               train_crop_size=224)
+    _, figures = _batches(settings, 10)
+    assert figures["images"] == 160 and figures["workers_configured"] == 2
+    assert {w["id"] for w in figures["workers"]} == {0, 1}
+    assert sum(w["images"] for w in figures["workers"]) == 160
+    for name in ("read", "window", "decode", "resize", "write"):
+        assert figures["stages"][name]["mean"] > 0, name
+        assert figures["stages"][name]["p90"] >= figures["stages"][name]["p50"] > 0, name
+    assert sum(d["share"] for d in figures["decoders"].values()) == pytest.approx(1.0)
+    assert sum(s["share"] for s in figures["sizes"].values()) == pytest.approx(1.0)
+    assert figures["sizes"]["gt512"]["share"] > 0  # the real sample has images above 512 px
+    stage_sum = sum(figures["stages"][s]["mean"] for s in stages.STAGES)
+    assert stage_sum == pytest.approx(figures["stages"]["total"]["mean"])
+    # the stages are inside each batch's wall time, and all but a loop's overhead of it
+    assert 0.9 < stage_sum / figures["worker_ms_per_image"] <= 1.0
+    for worker in figures["workers"]:
+        assert 0.9 < worker["stages_ms_per_image"] / worker["ms_per_image"] <= 1.0
+    assert figures["loader_images_per_sec"] > 0 and figures["kb_per_image"] > 10
+    assert figures["copy_ms_per_batch"]["p50"] > 0
+
+
+def _sample_jpeg(sample) -> bytes:
+    path = sorted(glob.glob(os.path.join(sample, "train", "*", "*.JPEG")))[0]
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_decode_window_marks_name_the_decoder_and_keep_the_pixels(sample):
+    data = _sample_jpeg(sample)
+    height, width = decode.jpeg_size(data)
+    whole = decode.decode(data)
+    cases = {"scaled": (data, (0, 0, height, width), None),
+             "window": (data, (10, 20, 40, 40), None),
+             "whole": (data, (10, 20, 40, 40), whole),
+             "raw": (raw.encode_raw(whole), (5, 6, 50, 60), None)}
+    for kind, (record, window, image) in cases.items():
+        marks = []
+        got = decode.decode_window(record, window, (32, 32), image, marks=marks)
+        assert marks[0] == kind and isinstance(marks[1], float)
+        assert torch.equal(got, decode.decode_window(record, window, (32, 32), image)), kind
+
+
+def test_stage_log_sums_and_quantiles():
+    log = stages.StageLog()
+    rows = np.zeros(4 * stages.IMAGE_COLUMNS)
+    per_image = rows.reshape(4, stages.IMAGE_COLUMNS)
+    per_image[:, stages.DECODE] = [0.001, 0.002, 0.003, 0.010]  # seconds
+    per_image[:, stages.READ] = 0.0005
+    per_image[:, stages.KIND] = [1, 2, 2, 3]  # scaled, window, window, whole
+    per_image[:, stages.SIDE] = [200, 500, 500, 1000]
+    per_image[:, stages.BYTES] = 1024
+    batch = np.array([1.0, 0.02, 0.01, 0.001])  # worker 1, 20 ms wall, 10 ms CPU, 1 ms wait
+    log.add(rows, batch, 4)
+    log.add_copy(0.004)
+    out = log.summary()
+    assert out["images"] == 4 and out["kb_per_image"] == 1.0
+    assert out["stages"]["decode"]["mean"] == pytest.approx(4.0)
+    assert out["stages"]["decode"]["p50"] == pytest.approx(2.0, rel=0.03)
+    assert out["stages"]["decode"]["p90"] == pytest.approx(10.0, rel=0.03)
+    assert out["stages"]["read"]["p50"] == pytest.approx(0.5, rel=0.03)
+    assert out["stages"]["total"]["mean"] == pytest.approx(4.5)
+    assert {k: d["share"] for k, d in out["decoders"].items()} == {
+        "scaled": 0.25, "window": 0.5, "whole": 0.25}
+    assert out["decoders"]["window"]["mean"] == pytest.approx(2.5)
+    assert out["sizes"]["gt512"] == {"share": 0.25, "decode_ms": pytest.approx(10.0),
+                                     "ms": pytest.approx(10.5)}
+    (worker,) = out["workers"]
+    assert worker["id"] == 1 and worker["images_per_sec"] == pytest.approx(200.0)
+    assert worker["cpu_share"] == pytest.approx(0.5) and worker["slot_wait_ms"] == 1.0
+    assert worker["stages_ms_per_image"] == pytest.approx(4.5)
+    assert out["loader_images_per_sec"] == pytest.approx(200.0)
+    assert out["copy_ms_per_batch"]["p50"] == pytest.approx(4.0)
+    log.reset()
+    assert log.summary()["images"] == 0
