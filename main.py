@@ -26,8 +26,9 @@ import torch
 import decode
 import loaders
 from engine import ConfigError
-from engine.argtypes import non_negative_int, positive_int, seconds, workers_type
+from engine.argtypes import non_negative_int, positive_int, workers_type
 from engine.augmentation import add_augment_args, check_augment_flags, with_random_erasing
+from engine.reader_args import add_reader_args
 from engine.checkpoint import checkpoint_state, load_checkpoint, resume_path, save_checkpoint
 from engine.position import place_resume
 from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
@@ -90,21 +91,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
-    d.add_argument("--shard-retries", type=non_negative_int, default=2, metavar="N",
-                   help="streamed shards (HTTP, pipe:): a failed open or read is tried again N "
-                   "times, reopened where it stopped, before the run stops (3 tries over 30 s)")
-    d.add_argument("--shard-retry-delay", type=seconds, default=10.0, metavar="S",
-                   help="seconds before a stream's first retry, doubled for each next one")
-    d.add_argument("--lmdb-order", default="random", choices=["random", "block"],
-                   help="with --lmdb: training read order; 'block' shuffles blocks of "
-                   "consecutive records (mostly sequential I/O, for LMDBs larger than RAM)")
-    d.add_argument("--lmdb-block-size", type=positive_int, default=256, metavar="N",
-                   help="with --lmdb-order block: records per block (256 ~ 28 MB of ImageNet)")
-    d.add_argument("--lmdb-buffer-blocks", type=positive_int, default=8, metavar="K",
-                   help="with --lmdb-order block: blocks read at once, shuffled together")
-    d.add_argument("--lmdb-readahead", default="auto", choices=["auto", "on", "off"],
-                   help="with --lmdb: OS readahead; auto = on when the LMDB fits in half the "
-                   "available memory (faster random reads), off otherwise (block order wants on)")
+    add_reader_args(d)
     m = p.add_argument_group("model")
     m.add_argument("-a", "--arch", "--model", default="resnet18",
                    help="torchvision classification model")

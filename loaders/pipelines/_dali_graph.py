@@ -24,8 +24,11 @@ import torch
 
 from decode import resize
 
+from ..contract import DataError, DistInfo, LoaderSettings
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
 from ..transforms import resize_center_crop
+from ._dali_augment import DaliAugment
+from ._dali_env import default_hw_decoder_load
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
@@ -244,3 +247,25 @@ def gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
     does), ordered on torch's current stream: the pipeline ran with it as its output stream."""
     with torch.cuda.device(device):
         return torch.from_dlpack(tensor_list.as_tensor())
+
+
+def graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
+    """The split's graph options from ``settings``; ``dali_hw_decoder_load`` None ->
+    :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
+    cuda = dist.device.type == "cuda"
+    load = settings.dali_hw_decoder_load
+    if load is None:
+        load = default_hw_decoder_load(dist.device)
+    elif not 0 <= load <= 1:
+        raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
+    policy = None
+    if train and settings.auto_augment is not None:
+        policy = DaliAugment(settings.auto_augment, settings.interpolation,
+                             settings.ra_magnitude, settings.augmix_severity)
+        policy.check(cuda)
+    return GraphOptions(
+        train=train, crop_size=settings.train_crop_size if train else settings.val_crop_size,
+        resize_size=settings.val_resize_size, cuda=cuda,
+        decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
+        dtype=settings.dtype, channels_last=settings.channels_last, augment=policy,
+        interpolation=settings.interpolation, threads=max(1, settings.workers))

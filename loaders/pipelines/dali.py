@@ -47,12 +47,10 @@ from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, ep
 from ..orders import Order, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
-from ._dali_augment import DaliAugment
-from ._dali_env import (cuda_failure, default_hw_decoder_load, gpu_decoding_problem,
-                        message_lines, require_dali)
+from ._dali_env import cuda_failure, gpu_decoding_problem, message_lines, require_dali
 from ._dali_feed import BatchFeed, FeedPass
-from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, source,
-                          window_mismatch)
+from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, graph_options,
+                          source, window_mismatch)
 from ._shared_batches import batch_seed
 
 # Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
@@ -361,28 +359,6 @@ class DALILoader(PositionedLoader):
         return images, labels.reshape(-1).to(torch.int64)
 
 
-def _graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
-    """The split's graph options from ``settings``; ``dali_hw_decoder_load`` None ->
-    :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
-    cuda = dist.device.type == "cuda"
-    load = settings.dali_hw_decoder_load
-    if load is None:
-        load = default_hw_decoder_load(dist.device)
-    elif not 0 <= load <= 1:
-        raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
-    policy = None
-    if train and settings.auto_augment is not None:
-        policy = DaliAugment(settings.auto_augment, settings.interpolation,
-                             settings.ra_magnitude, settings.augmix_severity)
-        policy.check(cuda)
-    return GraphOptions(
-        train=train, crop_size=settings.train_crop_size if train else settings.val_crop_size,
-        resize_size=settings.val_resize_size, cuda=cuda,
-        decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
-        dtype=settings.dtype, channels_last=settings.channels_last, augment=policy,
-        interpolation=settings.interpolation, threads=max(1, settings.workers))
-
-
 def require(dist: DistInfo) -> None:
     """Raise :class:`DataError` naming the wheel to install if DALI is missing or, on CUDA,
     built for another CUDA major than torch (before any split is opened)."""
@@ -407,7 +383,7 @@ def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: Di
                             "--loader shards (without --dali)")
         order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
                                                                                      dist)
-        opts = _graph_options(settings, dist, is_train)
+        opts = graph_options(settings, dist, is_train)
         if is_train and not opts.decode_on_cpu:
             problem = gpu_decoding_problem(dist.device)
             if problem:
