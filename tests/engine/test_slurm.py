@@ -2,7 +2,8 @@
 on 127.0.0.1, one node with this machine's cores), running slurm/train.sbatch as users do.
 
 Every run trains the same 2 x 8 steps of 2 ranks (gloo on CPU, one torch thread each, so the
-same run is the same bits) and is compared with one uninterrupted torchrun run. ``make
+same run is the same bits) and is compared with one uninterrupted torchrun run; the job
+resumed at 1 task instead checks the samples each rank trained (the ``tiny`` LMDB). ``make
 test-slurm`` installs the packages (as root) and runs this module; ``make test`` leaves it out.
 """
 import json
