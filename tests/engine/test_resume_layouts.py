@@ -8,15 +8,9 @@ import os
 
 import pytest
 
-from loaders import DistInfo
-from loaders.positions import Layout, global_order
-from loaders.readers import open_reader
-from tests.helpers.loading import loader_settings
 from tests.helpers.runs import main_cmd, only_record, run, run_cli
-from tests.helpers.traces import (kill_at_step, layout_flags, saved_position, step_lrs,
-                                  traced_batches, traced_env)
-
-SEED = 3  # layout_flags' seed
+from tests.helpers.traces import (epoch_order, kill_at_step, layout_flags, saved_position,
+                                  step_lrs, traced_batches, traced_env)
 
 
 def data_flags(kind: str, tiny, tiny_shards) -> tuple[list[str], str, str]:
@@ -28,14 +22,6 @@ def data_flags(kind: str, tiny, tiny_shards) -> tuple[list[str], str, str]:
             "dali": (["--dali", tiny.root], "folder", os.path.join(tiny.root, "train")),
             "decode": ([tiny.root, "--decode-device", "cpu-nvimgcodec"], "folder",
                        os.path.join(tiny.root, "train"))}[kind]
-
-
-def epoch_order(source: str, train: str, nproc: int, batch: int) -> list[int]:
-    """Epoch 0's global order at ``nproc`` processes of ``batch``, as the library defines it."""
-    settings = loader_settings(source, None, train_path=train, batch_size=batch, seed=SEED)
-    order = open_reader(source, train, settings).train_order(settings, DistInfo(0, nproc))
-    layout = Layout(nproc, batch, getattr(order, "workers", 0))
-    return global_order(order, 0, layout).tolist()
 
 
 CASES = [  # reader, (processes, batch) saved, (processes, batch) resumed, check the LR

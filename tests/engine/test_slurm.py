@@ -2,10 +2,13 @@
 on 127.0.0.1, one node with this machine's cores), running slurm/train.sbatch as users do.
 
 Every run trains the same 2 x 8 steps of 2 ranks (gloo on CPU, one torch thread each, so the
-same run is the same bits) and is compared with one uninterrupted torchrun run. ``make
+same run is the same bits) and is compared with one uninterrupted torchrun run; the job
+resumed at 1 task instead checks the samples each rank trained (the ``tiny`` LMDB). ``make
 test-slurm`` installs the packages (as root) and runs this module; ``make test`` leaves it out.
 """
+import json
 import os
+import re
 import signal
 import sys
 import time
@@ -13,10 +16,12 @@ import time
 import pytest
 import torch
 
+from loaders.positions import TRACE_ENV
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
-from tests.helpers.runs import assert_same_training
+from tests.helpers.runs import assert_same_training, read_metrics, small_run
 from tests.helpers.slurm_cluster import PACKAGES, SlurmCluster, missing_commands
+from tests.helpers.traces import epoch_order, traced_batches
 
 pytestmark = pytest.mark.slurm
 
@@ -66,13 +71,15 @@ def long_reference(cluster, tmp_path_factory):
     return uninterrupted(cluster, str(tmp_path_factory.mktemp("long_reference")), LONG_RUN)
 
 
-def submit(cluster, out: str, *options: str, args=(), run=RUN) -> tuple[str, str]:
+def submit(cluster, out: str, *options: str, args=(), run=RUN, env=None) -> tuple[str, str]:
     """sbatch slurm/train.sbatch (as it is, with this machine's resources) training ``run``
-    into ``out``; returns the job id and its log."""
+    into ``out``, the job's environment ``env`` (None: the cluster's); returns the job id and
+    its log."""
     log = os.path.join(out, "job.log")
     os.makedirs(out, exist_ok=True)
     job = cluster.run(["sbatch", "--parsable", *SBATCH, f"--output={log}", *options, SCRIPT,
-                       *run, *args, "--output-dir", out], cwd=REPO).stdout.strip()
+                       *run, *args, "--output-dir", out], cwd=REPO,
+                      env=env or cluster.env).stdout.strip()
     return job, log
 
 
@@ -162,6 +169,47 @@ def test_sbatch_job_at_its_time_limit_requeues_itself_and_resumes_exactly(cluste
     first = text[:text.index("restart 1")]
     assert "0: Epoch: [1][40/40]" not in first  # the first run was stopped before its end
     assert_same_training(out, long_reference)
+
+
+def test_a_2_task_job_requeued_as_1_task_trains_each_sample_of_the_epoch_once(cluster, tiny,
+                                                                              tmp_path):
+    """SIGUSR1 mid-epoch 0 at 2 tasks of -b 2 (the ``tiny`` LMDB's 32 images; 2 epochs, so the
+    signal lands in epoch 0): the job checkpoints and requeues itself; it comes back as a
+    1-task job whose ``--resume auto`` deals the rest of epoch 0's global order to its one
+    task (IMAGENET_FAST_TRACE_SAMPLES: what each rank trained). A requeued batch job keeps the
+    task count of its submission (srun reads SLURM_NTASKS from the environment sbatch stored;
+    ``scontrol update NumTasks=1`` changes the record, not that), so the held requeued job is
+    cancelled and the same script resubmitted as 1 task into the same --output-dir, as a user
+    whose allocation shrank does."""
+    out, trace = str(tmp_path / "out"), str(tmp_path / "trace")
+    run = ["--lmdb", tiny.lmdb, *small_run(batch=2, seed=3, print_freq=1), "--epochs", "2"]
+    env = {**cluster.env, TRACE_ENV: trace}
+    job, log = submit(cluster, out, "--time=10", run=run, env=env)
+    wait_for(log, "0: Epoch: [0][1/8]")
+    cluster.run(["scancel", "--signal=USR1", job])
+    deadline = time.monotonic() + 60
+    while job_fields(cluster, job)["JobState"] != "PENDING":  # requeued, held (BeginTime)
+        assert time.monotonic() < deadline, read(log)[-3000:]
+        time.sleep(0.2)
+    cluster.run(["scancel", job])
+    assert f"requeued SLURM job {job}" in read(log)
+    smaller, _ = submit(cluster, out, "--time=10", "--ntasks-per-node=1", run=run, env=env)
+    fields = wait_until_done(cluster, smaller, log)
+    text = read(log)
+    resumed = text[text.index(f"job {smaller} on"):]
+    assert fields["JobState"] == "COMPLETED", resumed[-3000:]
+    assert not re.search("^1: ", resumed, re.M) and "dealt to 1 process(es) x -b 2" in resumed
+    consumed, start, steps = map(int, re.search(
+        r"goes on after (\d+) samples .* step (\d+) of (\d+)", resumed).groups())
+    before = [i for b in traced_batches(trace, before=consumed // 4) for i in b]  # both ranks
+    with open(f"{trace}.rank0") as f:
+        rows = [row for row in map(json.loads, f) if row["epoch"] == 0][start - steps:]
+    assert [row["batch"] for row in rows] == list(range(start, steps))  # the 1-task job's
+    after = [i for row in rows for i in row["indices"]]
+    order = epoch_order("lmdb", os.path.join(tiny.lmdb, "train"), 2, 2)
+    assert sorted(before) == sorted(order[:consumed]) and after == order[consumed:]
+    assert sorted(before + after) == list(range(32))  # each sample once, no tail at 1 x -b 2
+    assert read_metrics(out)[0]["train_images"] == 32
 
 
 def proc_file(pid: int, name: str) -> bytes:

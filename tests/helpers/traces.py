@@ -10,7 +10,10 @@ import subprocess
 
 import torch
 
-from loaders.positions import TRACE_ENV
+from loaders import DistInfo
+from loaders.positions import TRACE_ENV, Layout, global_order
+from loaders.readers import open_reader
+from tests.helpers.loading import loader_settings
 from tests.helpers.paths import REPO
 from tests.helpers.runs import main_cmd, small_run
 
@@ -22,6 +25,15 @@ def layout_flags(nproc: int, batch: int, workers: int = 0) -> list[str]:
     if nproc > 1:
         flags += ["--multiprocessing-distributed", "--nproc-per-node", str(nproc)]
     return flags + ["--epochs", "1", "--save-every", "1"]
+
+
+def epoch_order(source: str, train: str, nproc: int, batch: int, seed: int = 3) -> list[int]:
+    """Epoch 0's global order (dataset indices) of reader ``source`` over split ``train`` at
+    ``nproc`` processes of ``batch``, as the library defines it (seed 3: layout_flags')."""
+    settings = loader_settings(source, None, train_path=train, batch_size=batch, seed=seed)
+    order = open_reader(source, train, settings).train_order(settings, DistInfo(0, nproc))
+    layout = Layout(nproc, batch, getattr(order, "workers", 0))
+    return global_order(order, 0, layout).tolist()
 
 
 def traced_env(trace: str) -> dict:
