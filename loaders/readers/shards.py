@@ -340,9 +340,11 @@ def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dis
                           dist.world_size)
 
 
-def open_reader(path: str, settings: LoaderSettings) -> ShardReader:
+def open_reader(path: str, settings: LoaderSettings | None) -> ShardReader:
     """This source's entry of ``loaders.readers.READERS``: the split given as a folder (or
     folder URL) holding ``index.json``, a brace pattern or one shard (see
-    :func:`~formats.shards.locations.resolve_split`)."""
-    return ShardReader(*resolve_split(path),
-                       retries=Retries(settings.shard_retries, settings.shard_retry_delay))
+    :func:`~formats.shards.locations.resolve_split`); a stream's retries as ``settings`` say
+    (None, as for the other readers' callers that read records only: the defaults)."""
+    retries = Retries() if settings is None else Retries(settings.shard_retries,
+                                                          settings.shard_retry_delay)
+    return ShardReader(*resolve_split(path), retries=retries)
