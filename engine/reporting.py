@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from engine import ConfigError
+from loaders.stages import read_event_pairs
 
 _FORMATS = {"loss": "loss {:.4f}", "acc1": "Acc@1 {:.2f}", "acc5": "Acc@5 {:.2f}",
             "lr": "lr {:.4g}", "images_per_sec": "{:.1f} images/s", "data_time_fraction": "data {:.0%}"}
@@ -156,15 +157,7 @@ class StepTimer:
             self._read(wait=False)
 
     def _read(self, wait: bool) -> None:
-        left = []
-        for start, end in self._pending:
-            if wait:
-                end.synchronize()
-            if wait or end.query():
-                self.done.append(start.elapsed_time(end) / 1e3)
-            else:
-                left.append((start, end))
-        self._pending = left
+        self._pending = read_event_pairs(self._pending, self.done, wait)
 
     def seconds(self) -> list[float]:
         """Every step's seconds so far (waits for the GPU's last ones)."""

@@ -184,15 +184,7 @@ class StageLog:
             self.copies.append(seconds)
 
     def _read_events(self, wait: bool) -> None:
-        left = []
-        for start, end in self._pending:
-            if wait:
-                end.synchronize()
-            if wait or end.query():
-                self.copies.append(start.elapsed_time(end) / 1e3)
-            else:
-                left.append((start, end))
-        self._pending = left
+        self._pending = read_event_pairs(self._pending, self.copies, wait)
 
     def summary(self) -> dict:
         """The figures so far (ms per image unless named otherwise); JSON-able:
@@ -244,3 +236,19 @@ class StageLog:
                 "copy_ms_per_batch": {"p50": float(np.median(copies)) if len(copies) else None,
                                       "p90": float(np.percentile(copies, 90))
                                       if len(copies) else None}}
+
+
+def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
+    """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
+    events in ``pending`` whose end has passed (all of them, waiting for each, if ``wait``);
+    return the pairs not read yet. Shared by the copy timing here and the training step's
+    (``engine.reporting.StepTimer``)."""
+    left = []
+    for start, end in pending:
+        if wait:
+            end.synchronize()
+        if wait or end.query():
+            seconds.append(start.elapsed_time(end) / 1e3)
+        else:
+            left.append((start, end))
+    return left
