@@ -67,13 +67,17 @@ def close_all(*loaders) -> None:
     """``close()`` each of ``loaders`` (workers, kept validation workers, feed threads, DALI
     pipelines, batch slots), each even if one before it raised: for every way out of a run
     (a worker a loader still left running is killed at exit, ``pipelines._closing``).
+    Then closes this process's read-only LMDB handles (``formats.lmdb.close_all_readonly``).
     Re-raises the first ``close()`` error after all were closed."""
+    from formats.lmdb import close_all_readonly
+
     failure = None
     for loader in loaders:
         try:
             loader.close()
         except Exception as exc:  # noqa: BLE001 - the others are closed first
             failure = failure or exc
+    close_all_readonly()
     if failure is not None:
         raise failure
 

@@ -29,6 +29,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_lmdb_handle_outlives_a_test():
+    """Close the read-only LMDB handles a test opened in this process (readers, in-process
+    ``main``): one kept on a database a later test deletes would make py-lmdb refuse a new
+    database that reuses its lock file's inode ("already open in this process")."""
+    yield
+    from formats.lmdb import close_all_readonly
+    close_all_readonly()
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """Flat-colour images (label readable from pixels): ``root/{train,val}`` JPEG folders and

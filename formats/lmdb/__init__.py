@@ -38,7 +38,7 @@ API: write with :func:`convert`; read with :func:`open_readonly`, :func:`read_me
 """
 from ._codec import (BASE_VERSION, CHECKSUMS_KEY, FORMAT_NAME, FORMAT_VERSION, META_KEY,
                      PROGRESS_KEY, RAW_VERSION,
-                     PROGRESS_PREFIX, LMDBFormatError, Metadata, close_readonly, decode_checksums,
+                     PROGRESS_PREFIX, LMDBFormatError, Metadata, close_all_readonly, close_readonly, decode_checksums,
                      decode_meta, decode_record, encode_checksums, encode_meta, encode_record,
                      is_lmdb, is_open, last_record_index, open_readonly, read_meta,
                      record_checksum, record_key)
@@ -47,7 +47,7 @@ from ._verify import verify
 from ._writer import ResumeState
 
 __all__ = ["BASE_VERSION", "CHECKSUMS_KEY", "FORMAT_NAME", "FORMAT_VERSION", "META_KEY",
-           "PROGRESS_KEY", "PROGRESS_PREFIX", "RAW_VERSION", "LMDBFormatError", "Metadata", "ResumeState", "close_readonly",
+           "PROGRESS_KEY", "PROGRESS_PREFIX", "RAW_VERSION", "LMDBFormatError", "Metadata", "ResumeState", "close_all_readonly", "close_readonly",
            "convert", "decode_checksums", "decode_meta", "decode_record", "encode_checksums",
            "encode_meta", "encode_record", "is_lmdb", "is_open", "last_record_index",
            "open_readonly", "read_meta", "record_checksum", "record_key", "verify"]

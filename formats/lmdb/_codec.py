@@ -233,6 +233,17 @@ def close_readonly(path: str) -> None:
             _close(entry[0])
 
 
+def close_all_readonly() -> None:
+    """Close every read-only handle this process opened (:func:`open_readonly`): at the end of
+    a run, so that a process that runs again (``main(argv)`` in-process) holds no environment
+    on files that may since be deleted. py-lmdb (3.0) knows an open environment by the inode
+    of its ``data.mdb`` and ``lock.mdb``; a handle kept on a deleted database would make a new
+    database that reuses the freed inode of its lock file "already open in this process"."""
+    with _READONLY_LOCK:
+        for key in [k for k in _READONLY if k[0] == os.getpid()]:
+            _close(_READONLY.pop(key)[0])
+
+
 def read_meta(path: str) -> Metadata:
     """The metadata record of the database at ``path``. Raises :class:`LMDBFormatError`.
 

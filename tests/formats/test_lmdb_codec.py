@@ -51,3 +51,21 @@ def test_open_readonly_rejects_image_folder(tmp_path):
     (tmp_path / "n01").mkdir()
     with pytest.raises(codec.LMDBFormatError, match="drop --lmdb"):
         codec.open_readonly(str(tmp_path))
+
+
+def test_a_run_closes_every_read_only_handle(tiny):
+    """``loaders.close_all`` (every way out of ``main.py``) closes this process's read-only
+    handles: py-lmdb 3 knows an environment by its files' inodes, so a handle kept on a
+    database deleted later refuses a new one that reuses an inode ("already open")."""
+    import os
+
+    import loaders
+
+    envs = [codec.open_readonly(os.path.join(tiny.lmdb, split)) for split in ("train", "val")]
+    assert all(codec.is_open(env) for env in envs)
+    loaders.close_all()
+    assert not any(codec.is_open(env) for env in envs)
+    again = codec.open_readonly(os.path.join(tiny.lmdb, "train"))  # opens anew
+    assert codec.is_open(again) and again is not envs[0]
+    codec.close_all_readonly()
+    assert not codec.is_open(again)
