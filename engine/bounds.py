@@ -122,6 +122,8 @@ def shares(loader: dict) -> dict:
 def _whose(loader: dict | None) -> str:
     """Whose time the stages' shares are of: a worker's, or a batch pipeline's image's (its
     stages run in workers or feed threads and in the training process)."""
+    if loader and loader.get("wait_ms_per_batch"):  # DALI: its decode is not among them
+        return "the stages measured outside DALI"
     return "an image's measured stages" if loader and loader.get("batch_decoder") \
         else "a worker's time"
 
@@ -141,7 +143,8 @@ def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str |
     who = f"{_workers(workers)} and the {side['where']}" if side else _workers(workers)
     gives = f"{who} can give {_rate(capacity)} images/s" if capacity else ""
     if steps is None:
-        return None, f"loader alone: {gives or 'no stage figures'}{top}"
+        none = "no rate from the stages" if loader and loader["images"] else "no stage figures"
+        return None, f"loader alone: {gives or none}{top}"
     takes = f"the model takes {_rate(steps.model_images_per_sec)} images/s"
     wait = f"waited for data {steps.wait_share:.0%} of the epoch"
     if steps.wait_share >= DATA_BOUND_WAIT:
@@ -333,12 +336,20 @@ def _worker_lines(loader: dict, machine: Machine) -> list[str]:
                  if images else _per_image_ms(loader))
     cpu = [w["cpu_share"] for w in workers if w["cpu_share"] is not None]
     rate = sum(w["images_per_sec"] or 0 for w in workers)
-    lines = [f"  stages' sum {stage_sum:.2f} ms per image, the workers measured "
-             f"{_ms(measured)}" + (f" ({stage_sum / measured:.0%})" if measured else "")
-             + f"; {_workers(machine.workers)} at "
-             f"{_rate(rate / max(machine.workers, 1) if rate else None)} images/s"
-             + (" each" if machine.workers > 1 else "")
-             + (f", CPU {sum(cpu) / len(cpu):.0%} of wall time" if cpu else "")]
+    lines = []
+    if loader.get("readers", "workers") != "workers":  # DALI's feed threads, not -j
+        if workers:
+            lines.append(f"  {loader['readers']}: stages' sum {stage_sum:.2f} ms per image of "
+                         f"{_ms(measured)} measured, {_rate(rate)} images/s in all"
+                         + (f", their own CPU {sum(cpu) / len(cpu):.0%} of wall time"
+                            if cpu else ""))
+    else:
+        lines.append(f"  stages' sum {stage_sum:.2f} ms per image, the workers measured "
+                     f"{_ms(measured)}" + (f" ({stage_sum / measured:.0%})" if measured else "")
+                     + f"; {_workers(machine.workers)} at "
+                     f"{_rate(rate / max(machine.workers, 1) if rate else None)} images/s"
+                     + (" each" if machine.workers > 1 else "")
+                     + (f", CPU {sum(cpu) / len(cpu):.0%} of wall time" if cpu else ""))
     side = loader.get("batch_decoder")
     if side:
         share = side["thread_cpu_share"]

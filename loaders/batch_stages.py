@@ -40,17 +40,20 @@ def thread_cpu() -> float:
 class BatchStageLog:
     """An epoch's stage figures of a batch pipeline whose stages are ``stages`` (names of
     :data:`loaders.stages.STAGES`); ``decoder_name`` says where the batch decoder side runs
-    (for the table); ``rated``: whether the slower of the readers and the batch decoder side
+    (for the table), ``readers_name`` what its readers are (``"workers"``, ``"feed
+    threads"``); ``rated``: whether the slower of the readers and the batch decoder side
     is the pipeline's rate (False for DALI, whose decode runs in its own threads, unmeasured:
     ``loader_images_per_sec`` is then None rather than a rate that leaves it out).
     Thread-safe: feed threads add while the training thread adds and reads. :meth:`reset`
     starts anew (each epoch)."""
 
-    def __init__(self, stages: tuple[str, ...], decoder_name: str, rated: bool = True):
+    def __init__(self, stages: tuple[str, ...], decoder_name: str, rated: bool = True,
+                 readers_name: str = "workers"):
         unknown = set(stages) - set(STAGES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}: not in {STAGES}")
         self.stages, self.decoder_name, self.rated = tuple(stages), decoder_name, rated
+        self.readers_name = readers_name
         self._lock = threading.Lock()
         self.reset()
 
@@ -138,7 +141,8 @@ class BatchStageLog:
         pipeline does not have (or has not measured yet); ``stages["total"]`` has the sum of
         the stages' means and no p50/p90 (the two sides time different images at different
         moments); ``decoders`` is empty and ``sizes`` None (no per-image decode time);
-        ``workers`` are the readers (``slot_wait_ms`` None: no slots), ``cpu_share`` being a
+        ``workers`` are the readers, named by ``readers`` (``slot_wait_ms`` None: no slots;
+        empty when they read everything before the last reset), ``cpu_share`` being a
         feed thread's own CPU time where the readers are threads; ``batch_decoder``:
         ``{"where", "images", "ms_per_image" (wall), "images_per_sec", "thread_cpu_share"
         (that thread's own CPU time over its wall time; the decoding libraries' and torch's
@@ -159,6 +163,7 @@ class BatchStageLog:
                      decoder and decoder["images_per_sec"]) if r]
             images = int(self.decoder[0]) or read_images
             return {"images": images, "stages": stages, "decoders": {}, "workers": workers,
+                    "readers": self.readers_name,
                     "worker_ms_per_image": 1e3 * read_wall / read_images if read_images
                     else None,
                     "batch_decoder": decoder,

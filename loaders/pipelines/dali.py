@@ -110,7 +110,7 @@ class DALILoader(StagedLoader, PositionedLoader):
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (_dali_graph)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
             self.stage_log = BatchStageLog(names, "training thread (DALI's output)",
-                                           rated=False)
+                                           rated=False, readers_name="feed threads")
 
     @property
     def num_batches(self) -> int:

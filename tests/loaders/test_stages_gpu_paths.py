@@ -93,6 +93,12 @@ def test_dali_cpu_stages(tiny, monkeypatch, workers):
     staged = st["resize"]["mean"] + st["augment"]["mean"]
     assert staged + figures["copy_ms_per_batch"]["p50"] / 4 <= 1.5 * side["ms_per_image"]
     assert staged <= side["ms_per_image"]
+    assert figures["readers"] == "feed threads"
+    out = bounds.report(figures, None, bounds.Machine(cores=2, workers=workers, pipeline="dali"))
+    text = "\n".join(out["lines"])
+    assert "feed threads: stages' sum" in text and "waited for DALI's output" in text
+    assert "outside DALI" in text and out["advice"] == []  # no rate: no estimate from it
+    assert "stages_decode_ms_mean" not in out["metrics"]
 
 
 def test_batch_stage_log_sums_and_absent_stages():
