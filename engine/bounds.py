@@ -2,8 +2,8 @@
 
 Input: the loader's stage figures (:meth:`loaders.stages.StageLog.summary`, or
 :meth:`loaders.batch_stages.BatchStageLog.summary` for ``--decode-device`` and DALI, whose
-stages they do not have are None; None for a loader that does not measure them), the training thread's per-batch figures (:class:`Steps`;
-None for ``--benchmark-data``) and what the machine and the run are (:class:`Machine`).
+stages they do not have are None; None for a loader that does not measure them), the
+training thread's per-batch figures (:class:`Steps`; None for ``--benchmark-data``) and what the machine and the run are (:class:`Machine`).
 Output (:func:`report`): a plain dict with the table's lines, the bound and one or two lines
 of advice, each a command-line change with its effect estimated from the measured stages, and
 the flat ``stages_*`` keys that ``metrics.jsonl`` and TensorBoard (``stages/...``) record.

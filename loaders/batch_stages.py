@@ -147,8 +147,9 @@ class BatchStageLog:
         ``{"where", "images", "ms_per_image" (wall), "images_per_sec", "thread_cpu_share"
         (that thread's own CPU time over its wall time; the decoding libraries' and torch's
         pool threads are not counted)}`` or None; ``loader_images_per_sec``: the slower of the
-        readers (summed) and the batch decoder (None unless ``rated``); ``wait_ms_per_batch``: ``{"p50", "p90"}`` of
-        the training thread's waits for DALI's output (None elsewhere)."""
+        readers (summed) and the batch decoder (None unless ``rated``);
+        ``wait_ms_per_batch``: ``{"p50", "p90"}`` of the training thread's waits for DALI's
+        output (None elsewhere)."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._stage(name) for name in STAGES}

@@ -126,7 +126,8 @@ def test_stage_figures_and_lines_are_read_from_main_py():
     lines = _gpu_report.stage_lines(_TRAINING_OUT)
     assert lines[0].startswith("stages over 64 images") and len(lines) == 7
     assert lines[-2].startswith("  data-bound:") and lines[-1].startswith("  try -j 2")
-    without = "epoch 0: ...\n  training thread per batch: wait 1 ms\n  model-bound: the model takes 9\n"
+    without = ("epoch 0: ...\n  training thread per batch: wait 1 ms\n"
+               "  model-bound: the model takes 9\n")
     assert _gpu_report.stage_lines(without) == ["  training thread per batch: wait 1 ms",
                                                 "  model-bound: the model takes 9"]
     assert _gpu_report.stage_lines("no table here\n") == []
