@@ -46,8 +46,8 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 class BatchDecodeLoader(StagedLoader, PositionedLoader):
     """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
     processes that read the bytes and draw the windows (:class:`._gpu_windows.Windows`), and
-    decodes each
-    batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`):
+    decodes each batch's windows in this process with ``decoder`` (a
+    :class:`decode.gpu.WindowDecoder`):
     with workers in a thread up to two batches ahead of the training thread (``_ahead``), on
     CUDA on a side stream, so the decode overlaps the model's step (``-j 0``: one batch
     ahead on the training thread).
