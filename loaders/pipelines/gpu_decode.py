@@ -93,7 +93,8 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
         self.scale, self.shift = 1 / std, -mean / std
         # The clock goes to the workers with the datasets; the log is this process's.
         clock = stages.StageClock() if train and stages.enabled() else None
-        self.stage_log = BatchStageLog(STAGES, "decode thread") if clock else None
+        side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
+        self.stage_log = BatchStageLog(STAGES, side) if clock else None
         tolerant = TolerantDataset(Windows(reader, None if train else val_sizes, clock),
                                    shared=workers > 0)
         self.unreadable = tolerant.unreadable
