@@ -229,11 +229,13 @@ def summarise(name: str, stats: list[dict], cores: int) -> dict:
 
 
 def top_stage(stages: dict) -> str:
-    """The stage with the largest share of a worker's time in ``stages`` (``stages_*`` keys),
-    e.g. ``"decode 69%"``; ``"-"`` without stage figures."""
+    """The stage with the largest share of the measured stages' time in ``stages``
+    (``stages_*`` keys), e.g. ``"decode 69%"``; ``"-"`` without stage figures. A batch
+    pipeline (``--decode-device``, DALI) has keys for its own stages only."""
     means = {name: stages.get(f"stages_{name}_ms_mean") for name in
              ("read", "window", "decode", "resize", "augment", "write")}
-    if any(v is None for v in means.values()) or not sum(means.values()):
+    means = {name: v for name, v in means.items() if v is not None}
+    if not means or not sum(means.values()):
         return "-"
     name = max(means, key=means.get)
     return f"{name} {means[name] / sum(means.values()):.0%}"

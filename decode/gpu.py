@@ -22,6 +22,7 @@ parameters: fancy chroma upsampling, RGB out).
 from __future__ import annotations
 
 import io
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -111,13 +112,18 @@ class WindowDecoder:
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0,
-               frames: Sequence | None = None) -> DecodedWindows:
+               frames: Sequence | None = None, seconds: dict | None = None) -> DecodedWindows:
         """``regions[i]`` = ``(top, left, height, width)`` in whole pixels of ``datas[i]``'s
         stored image (encoded bytes, or a uint8 NumPy array of them), resized to ``size`` =
         ``(height, width)``; see :class:`DecodedWindows`. ``stream``: the CUDA stream handle
         the GPU work is ordered on (``torch.cuda.Stream.cuda_stream``; 0: the default).
         ``frames[i]``, if given, resamples region ``i`` as part of a whole-image resize and
-        crop instead (:func:`resize_in_frame`: validation's resize-then-crop pixels)."""
+        crop instead (:func:`resize_in_frame`: validation's resize-then-crop pixels).
+        ``seconds``, if given, gets the host's wall seconds of the call less the resizes
+        (``"decode"``) and of the resizes (``"resize"``); on CUDA the kernels they launch run
+        later on ``stream``."""
+        started = time.perf_counter() if seconds is not None else 0.0
+        resized = 0.0
         count = len(datas)
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
@@ -139,10 +145,15 @@ class WindowDecoder:
                 except DECODE_ERRORS as exc:
                     out.failed.append((i, exc))
                     continue
+            resize_started = time.perf_counter() if seconds is not None else 0.0
             if frames is not None:
                 out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
             else:
                 out.images[i] = resize_window(crop, size, dtype)
+            if seconds is not None:
+                resized += time.perf_counter() - resize_started
+        if seconds is not None:
+            seconds.update(decode=time.perf_counter() - started - resized, resize=resized)
         return out
 
     def _raw(self, data, region) -> torch.Tensor | None:

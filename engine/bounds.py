@@ -1,8 +1,9 @@
 """What bounds a run's speed, and what to change: pure functions over an epoch's figures.
 
-Input: the loader's stage figures (:meth:`loaders.stages.StageLog.summary`, or None for a
-loader that does not measure them), the training thread's per-batch figures (:class:`Steps`;
-None for ``--benchmark-data``) and what the machine and the run are (:class:`Machine`).
+Input: the loader's stage figures (:meth:`loaders.stages.StageLog.summary`, or
+:meth:`loaders.batch_stages.BatchStageLog.summary` for ``--decode-device`` and DALI, whose
+stages they do not have are None; None for a loader that does not measure them), the
+training thread's per-batch figures (:class:`Steps`; None for ``--benchmark-data``) and what the machine and the run are (:class:`Machine`).
 Output (:func:`report`): a plain dict with the table's lines, the bound and one or two lines
 of advice, each a command-line change with its effect estimated from the measured stages, and
 the flat ``stages_*`` keys that ``metrics.jsonl`` and TensorBoard (``stages/...``) record.
@@ -105,11 +106,26 @@ def _rate(value: float | None) -> str:
     return "?" if value is None else f"{value:,.0f}"
 
 
+def _present(loader: dict) -> list[str]:
+    """The stages the loader measured (a batch pipeline's others are None)."""
+    return [s for s in _STAGE_NAMES if loader["stages"].get(s) is not None]
+
+
 def shares(loader: dict) -> dict:
     """Each stage's share of a worker's time per image (mean stage ms over the sum of the
-    stages' means)."""
-    total = sum(loader["stages"][s]["mean"] for s in _STAGE_NAMES)
-    return {s: loader["stages"][s]["mean"] / total if total > 0 else 0.0 for s in _STAGE_NAMES}
+    stages' means); 0 for a stage the loader does not have."""
+    total = _per_image_ms(loader)
+    return {s: loader["stages"][s]["mean"] / total if total > 0 and s in _present(loader)
+            else 0.0 for s in _STAGE_NAMES}
+
+
+def _whose(loader: dict | None) -> str:
+    """Whose time the stages' shares are of: a worker's, or a batch pipeline's image's (its
+    stages run in workers or feed threads and in the training process)."""
+    if loader and loader.get("wait_ms_per_batch"):  # DALI: its decode is not among them
+        return "the stages measured outside DALI"
+    return "an image's measured stages" if loader and loader.get("batch_decoder") \
+        else "a worker's time"
 
 
 def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str | None, str]:
@@ -122,10 +138,13 @@ def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str |
     top = ""
     if loader and loader["images"]:
         stage, share = max(shares(loader).items(), key=lambda kv: kv[1])
-        top = f"; {stage} is {share:.0%} of a worker's time"
-    gives = (f"{_workers(workers)} can give {_rate(capacity)} images/s" if capacity else "")
+        top = f"; {stage} is {share:.0%} of {_whose(loader)}"
+    side = loader and loader.get("batch_decoder")
+    who = f"{_workers(workers)} and the {side['where']}" if side else _workers(workers)
+    gives = f"{who} can give {_rate(capacity)} images/s" if capacity else ""
     if steps is None:
-        return None, f"loader alone: {gives or 'no stage figures'}{top}"
+        none = "no rate from the stages" if loader and loader["images"] else "no stage figures"
+        return None, f"loader alone: {gives or none}{top}"
     takes = f"the model takes {_rate(steps.model_images_per_sec)} images/s"
     wait = f"waited for data {steps.wait_share:.0%} of the epoch"
     if steps.wait_share >= DATA_BOUND_WAIT:
@@ -134,7 +153,7 @@ def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str |
 
 
 def _per_image_ms(loader: dict) -> float:
-    return sum(loader["stages"][s]["mean"] for s in _STAGE_NAMES)
+    return sum(loader["stages"][s]["mean"] for s in _present(loader))
 
 
 def _effect(capacity: float, gain: float, steps: Steps | None) -> str:
@@ -159,7 +178,13 @@ def _more_workers(loader, steps, m: Machine):
         return None
     n = min(limit, m.workers + max(1, round(idle)))
     gain = n / max(m.workers, 1)
-    per = loader["loader_images_per_sec"] / max(m.workers, 1)
+    decoder = (loader.get("batch_decoder") or {}).get("images_per_sec")
+    if decoder:  # --decode-device: more workers read faster, the decode thread stays as fast
+        readers = sum(w["images_per_sec"] or 0 for w in loader["workers"])
+        gain = min(readers * gain, decoder) / loader["loader_images_per_sec"]
+        if gain < 1.05:
+            return None
+    per = sum(w["images_per_sec"] or 0 for w in loader["workers"]) / max(m.workers, 1)
     cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
     shared = (f"; the workers got {sum(cpu) / len(cpu):.0%} of their cores (other processes "
               "share them)" if cpu and sum(cpu) / len(cpu) < WORKER_CPU_SHARE else "")
@@ -189,6 +214,8 @@ def _gpu_decode(loader, steps, m: Machine):
 def _cap(loader, steps, m: Machine):
     """Decode dominates and most images are stored above 512 px: a size cap."""
     sizes, t = loader["sizes"], _per_image_ms(loader)
+    if sizes is None:  # a batch pipeline: no per-image decode time by size
+        return None
     big = sizes["gt512"]
     small = sizes["le512"]["decode_ms"] or sizes["le256"]["decode_ms"]
     if shares(loader)["decode"] < DOMINANT or big["share"] < CAP_SHARE or small is None \
@@ -206,6 +233,8 @@ def _cap(loader, steps, m: Machine):
 def _raw_share(loader, steps, m: Machine):
     """Decode dominates and no raw share is there yet: ``RAW_BUDGET``."""
     raw = loader["decoders"].get("raw", {}).get("share", 0)
+    if m.pipeline != "workers":  # docs/raw-share.md's figure is the CPU decoders'
+        return None
     if shares(loader)["decode"] < DOMINANT or raw > 0.05:  # a store with a raw share already
         return None
     t = _per_image_ms(loader)
@@ -272,8 +301,8 @@ def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[st
     if loader is not None and loader["images"]:
         share = shares(loader)
         lines.append(f"stages over {loader['images']:,} images (ms per image, median / p90, "
-                     "share of a worker's time):")
-        for name in _STAGE_NAMES:
+                     f"share of {_whose(loader)}):")
+        for name in _present(loader):
             st = loader["stages"][name]
             extra = ""
             if name == "decode" and loader["decoders"]:
@@ -284,15 +313,7 @@ def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[st
                 extra = "  (the scaled decoder's resample is in decode)"
             lines.append(f"  {name:<8}{_ms(st['p50']):>8} /{_ms(st['p90']):>7}  "
                          f"{share[name]:>4.0%}{extra}")
-        measured = loader.get("worker_ms_per_image")
-        stage_sum = _per_image_ms(loader)
-        cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
-        lines.append(f"  stages' sum {stage_sum:.2f} ms per image, the workers measured "
-                     f"{_ms(measured)}" + (f" ({stage_sum / measured:.0%})" if measured else "")
-                     + f"; {_workers(machine.workers)} at "
-                     f"{_rate(loader['loader_images_per_sec'] / max(machine.workers, 1))} images/s"
-                     + (" each" if machine.workers > 1 else "")
-                     + (f", CPU {sum(cpu) / len(cpu):.0%} of wall time" if cpu else ""))
+        lines += _worker_lines(loader, machine)
     if steps is not None:
         copy = (loader or {}).get("copy_ms_per_batch") or {}
         lines.append(f"  training thread per batch (median / p90): wait "
@@ -301,6 +322,44 @@ def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[st
                      f"copy {_ms(copy.get('p50'))} / {_ms(copy.get('p90'))} ms, step "
                      f"{_ms(_quantile(steps.steps, .5) and 1e3 * _quantile(steps.steps, .5))} / "
                      f"{_ms(_quantile(steps.steps, .9) and 1e3 * _quantile(steps.steps, .9))} ms")
+    return lines
+
+
+def _worker_lines(loader: dict, machine: Machine) -> list[str]:
+    """The workers' (or feed threads') stages' sum against their measured time per image,
+    their rate and CPU share; for a batch pipeline also its training-process side's."""
+    measured = loader.get("worker_ms_per_image")
+    workers = loader["workers"]
+    images = sum(w["images"] for w in workers)
+    # the stages timed in the workers (all of them in the workers pipeline)
+    stage_sum = (sum(w["stages_ms_per_image"] * w["images"] for w in workers) / images
+                 if images else _per_image_ms(loader))
+    cpu = [w["cpu_share"] for w in workers if w["cpu_share"] is not None]
+    rate = sum(w["images_per_sec"] or 0 for w in workers)
+    lines = []
+    if loader.get("readers", "workers") != "workers":  # DALI's feed threads, not -j
+        if workers:
+            lines.append(f"  {loader['readers']}: stages' sum {stage_sum:.2f} ms per image of "
+                         f"{_ms(measured)} measured, {_rate(rate)} images/s in all"
+                         + (f", their own CPU {sum(cpu) / len(cpu):.0%} of wall time"
+                            if cpu else ""))
+    else:
+        lines.append(f"  stages' sum {stage_sum:.2f} ms per image, the workers measured "
+                     f"{_ms(measured)}" + (f" ({stage_sum / measured:.0%})" if measured else "")
+                     + f"; {_workers(machine.workers)} at "
+                     f"{_rate(rate / max(machine.workers, 1) if rate else None)} images/s"
+                     + (" each" if machine.workers > 1 else "")
+                     + (f", CPU {sum(cpu) / len(cpu):.0%} of wall time" if cpu else ""))
+    side = loader.get("batch_decoder")
+    if side:
+        share = side["thread_cpu_share"]
+        lines.append(f"  {side['where']}: {_ms(side['ms_per_image'])} ms per image, "
+                     f"{_rate(side['images_per_sec'])} images/s"
+                     + (f", its own CPU {share:.0%} of wall time" if share is not None else ""))
+    wait = loader.get("wait_ms_per_batch")
+    if wait:
+        lines.append(f"  waited for DALI's output (its decode in it, not measured apart): "
+                     f"{_ms(wait['p50'])} / {_ms(wait['p90'])} ms per batch")
     return lines
 
 
@@ -322,7 +381,7 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
     out = {"stages_bound": kind, "stages_advice": advice, "stages_cores": machine.cores,
            "stages_busy_cores": machine.busy_cores}
     if loader is not None and loader["images"]:
-        for name in (*_STAGE_NAMES, "total"):
+        for name in (*_present(loader), "total"):  # a stage the loader lacks: no key
             for q in ("p50", "p90", "mean"):
                 out[f"stages_{name}_ms_{q}"] = loader["stages"][name][q]
         for kind_name, d in loader["decoders"].items():
@@ -335,9 +394,11 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
         # per worker: its stages' sum over its measured wall time per image (issue 49: >= 95%)
         out["stages_worker_coverage"] = [w["stages_ms_per_image"] / w["ms_per_image"]
                                          for w in loader["workers"] if w["ms_per_image"] > 0]
-        out["stages_gt512_share"] = loader["sizes"]["gt512"]["share"]
+        if loader["sizes"] is not None:
+            out["stages_gt512_share"] = loader["sizes"]["gt512"]["share"]
         out["stages_copy_ms_p50"] = loader["copy_ms_per_batch"]["p50"]
         out["stages_copy_ms_p90"] = loader["copy_ms_per_batch"]["p90"]
+        out.update(_batch_metrics(loader))
     if steps is not None:
         for name, values in (("wait", steps.waits), ("step", steps.steps)):
             for q, value in (("p50", .5), ("p90", .9)):
@@ -345,4 +406,20 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
                 out[f"stages_{name}_ms_{q}"] = None if v is None else 1e3 * v
         out["stages_step_images_per_sec"] = steps.model_images_per_sec
         out["stages_wait_share"] = steps.wait_share
+    return out
+
+
+def _batch_metrics(loader: dict) -> dict:
+    """A batch pipeline's own ``stages_*`` keys: its training-process side
+    (``stages_decoder_*``) and DALI's output waits; {} for the workers pipeline."""
+    out = {}
+    side = loader.get("batch_decoder")
+    if side:
+        out["stages_decoder_where"] = side["where"]
+        out["stages_decoder_ms_per_image"] = side["ms_per_image"]
+        out["stages_decoder_images_per_sec"] = side["images_per_sec"]
+        out["stages_decoder_thread_cpu_share"] = side["thread_cpu_share"]
+    wait = loader.get("wait_ms_per_batch")
+    if wait:
+        out["stages_dali_wait_ms_p50"], out["stages_dali_wait_ms_p90"] = wait["p50"], wait["p90"]
     return out

@@ -254,8 +254,9 @@ def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float 
     """Say so (through ``log``) when the epoch's training waited on data for more than
     ``threshold`` of its wall time, pointing at the epoch's advice (``stages_advice``, from
     the measured stages, printed with the stage table: ``engine.bounds``) when it has any;
-    ``workers`` is this process's loader worker count. A loader without stage figures (DALI,
-    ``--decode-device``) gets the general suggestions."""
+    ``workers`` is this process's loader worker count. A loader without stage figures, or
+    without a rate estimated from them (DALI, whose decode is not measured apart), gets the
+    general suggestions."""
     share = epoch_metrics["data_time_fraction"]
     if share <= threshold:
         return
@@ -264,7 +265,7 @@ def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float 
     advice = epoch_metrics.get("stages_advice")
     if advice:
         log(head + " The 'try' lines above are estimated from this epoch's stages")
-    elif "stages_loader_images_per_sec" in epoch_metrics:
+    elif epoch_metrics.get("stages_loader_images_per_sec") is not None:
         log(head + " No flag change is estimated to help on this machine (the stages above "
             "say where the time goes)")
     else:

@@ -27,7 +27,7 @@ def write(out: str, report: dict) -> None:
 def markdown(report: dict) -> str:
     parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
              loaders_md(report), dali_md(report), gpu_decode_md(report), nccl_md(report), resolution_md(report),
-             setup_md(report),
+             stages_md(report), setup_md(report),
              not_proven_md(report), failures_md(report), commands_md(report)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -213,6 +213,16 @@ def nccl_md(r: dict) -> str:
           "joined" if x.get("process_group") else "-", num(x.get("val_acc1")),
           num(x.get("seconds")), status_of(x)]])
     return text + (f"\n\n{x['note']}" if x.get("note") else "")
+
+
+def stages_md(r: dict) -> str:
+    """Each main.py row's stage table, bound and advice as main.py printed them
+    (``stage_lines``: ``tools._gpu_report.stage_lines``): why its images/s is what it is."""
+    rows = [x for x in rows_of(r) if x.get("stage_lines")]
+    if not rows:
+        return ""
+    return "## Why each figure (main.py's stage tables)\n\n" + "\n\n".join(
+        f"### {x['name']}\n\n```\n" + "\n".join(x["stage_lines"]) + "\n```" for x in rows)
 
 
 def setup_md(r: dict) -> str:

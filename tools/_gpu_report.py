@@ -15,6 +15,8 @@ STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
 SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "dali",
                  "gpudecode", "nccl", "resolution", "internal")
 STATUSES = ("passed", "failed", "timed out", "skipped")
+# The bound line engine.bounds ends main.py's stage table with (then its "  try" lines).
+_BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -39,7 +41,8 @@ def read_speed(rundir: str) -> dict:
     ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks) or, when
     that is missing or null, ``train_images_per_sec`` with ``includes_warmup`` True;
     ``speed_key`` names the key used. Also ``data_time_fraction``, ``epoch_seconds``,
-    ``val_acc1`` and ``train_loss``. Raises ValueError when metrics.jsonl has no usable record,
+    ``val_acc1``, ``train_loss`` and ``stages``: the record's stage figures
+    (:func:`stage_figures`). Raises ValueError when metrics.jsonl has no usable record,
     or when its training loss is not finite (diverged weights train at full speed too)."""
     records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
     if not records:
@@ -52,7 +55,34 @@ def read_speed(rundir: str) -> dict:
     return {"images_per_sec": last[key], "speed_key": key, "includes_warmup": key == FALLBACK,
             "data_time_fraction": last.get("data_time_fraction"),
             "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
-            "train_loss": loss}
+            "train_loss": loss, "stages": stage_figures(last)}
+
+
+def stage_figures(record: dict) -> dict:
+    """The ``stages_*`` keys of one main.py record (an epoch's ``metrics.jsonl`` line or
+    ``--benchmark-data``'s JSON line): ``engine.bounds``' stage figures (ms per image), the
+    bound (``stages_bound``) and the advice (``stages_advice``), which say why the row's
+    images/s is what it is; {} where main.py wrote none."""
+    return {k: v for k, v in record.items() if k.startswith("stages_")}
+
+
+def stage_lines(text: str) -> list[str]:
+    """The last stage table main.py printed in ``text`` (its output): from its first line
+    (``stages over ...``, or the training thread's line for a loader without stage figures)
+    through the bound line and its ``try`` lines, as printed; [] if there is none."""
+    lines = text.splitlines()
+    ends = [i for i, line in enumerate(lines) if _BOUND_LINE.match(line)]
+    if not ends:
+        return []
+    start = end = ends[-1]
+    while start > 0 and lines[start - 1].startswith("  ") \
+            and not _BOUND_LINE.match(lines[start - 1]):
+        start -= 1
+    if start > 0 and lines[start - 1].startswith("stages over "):
+        start -= 1
+    while end + 1 < len(lines) and lines[end + 1].startswith("  try "):
+        end += 1
+    return lines[start:end + 1]
 
 
 def last_json(text: str) -> dict | None:

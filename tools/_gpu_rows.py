@@ -47,7 +47,8 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
     ``workers``: ``-j`` instead of ``s.workers``; ``name``: the row's instead of the one made
     from model, loader, compile and res; ``timeout``: seconds instead of :data:`TIMEOUTS`);
     images/s from its ``metrics.jsonl`` (``steady_images_per_sec``, else
-    ``train_images_per_sec``)."""
+    ``train_images_per_sec``), and why: ``stages``, the last epoch's ``stages_*`` figures,
+    bound and advice, and ``stage_lines``, the stage table main.py printed for it."""
     name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
                     + (f"-{res}px" if res else ""))
     row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
@@ -71,6 +72,7 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
     row["device"] = device.group(1) if device else None
+    row["stage_lines"] = report_.stage_lines(runner.text(name))
     try:
         row.update(report_.read_speed(rundir))
     except ValueError as exc:
@@ -85,7 +87,10 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 def loader_row(runner: Runner, s, loader: str, flags: list[str], workers: str,
                name: str, timeout: float | None = None) -> dict:
     """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last:
-    a ``--train-crop-size`` there wins over the dry run's sizes)."""
+    a ``--train-crop-size`` there wins over the dry run's sizes): its JSON line's figures, the
+    ``stages_*`` ones as ``stages`` (:func:`~tools._gpu_report.stage_figures`), with
+    ``stage_lines``, the stage table it printed (the loader's side of why its images/s is what
+    it is)."""
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(s.steps), "--benchmark-warmup",
                             str(s.warmup), "-b", str(s.batch), "--channels-last", "--amp",
@@ -97,8 +102,10 @@ def loader_row(runner: Runner, s, loader: str, flags: list[str], workers: str,
         rec = fail(rec, "no JSON line with images_per_sec on stdout")
         runner.attach_tails(rec)
     if result and rec["status"] == "passed":  # its "seconds" is the timed part only
-        rec.update({k: v for k, v in result.items() if k != "seconds"},
-                   timed_seconds=result.get("seconds"), loader=loader)
+        stages = report_.stage_figures(result)
+        rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
+                   timed_seconds=result.get("seconds"), loader=loader, stages=stages,
+                   stage_lines=report_.stage_lines(runner.text(name)))
         if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
             rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
     return rec

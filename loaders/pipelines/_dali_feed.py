@@ -27,6 +27,7 @@ import numpy as np
 
 from decode import image_size
 
+from ..batch_stages import thread_cpu
 from ..transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 # Batches a feed prepares ahead of DALI's own queue, each a batch's encoded bytes (about 28 MB at
@@ -91,11 +92,14 @@ class BatchFeed:
     padded) batch. ``read(i) -> (bytes, label)`` is the reader's. The last ``keep`` batches
     returned stay referenced here, since DALI reads them without a copy (``no_copy``): at least
     the pipeline's prefetch queue depth plus one. :attr:`waited` sums the seconds the calls
-    waited for a batch."""
+    waited for a batch. ``log`` (a :class:`loaders.batch_stages.BatchStageLog` or None) gets
+    each prepared batch's per-image read seconds, its window draws' seconds and the thread's
+    wall and CPU seconds for it (queue waits apart)."""
 
     def __init__(self, read, train: bool, batch_size: int, seed: int, rank: int,
-                 sizes: bool = True, keep: int = 6, augment=None):
+                 sizes: bool = True, keep: int = 6, augment=None, log=None):
         self.read, self.train, self.batch_size = read, train, batch_size
+        self.log = log
         self.sizes = train and sizes
         self.augment = augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
@@ -151,20 +155,43 @@ class BatchFeed:
         indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             return None
-        samples = [self.read(i) for i in indices]
+        if self.log is not None:
+            started, cpu = time.perf_counter(), thread_cpu()
+            samples, reads = _timed_reads(self.read, indices)
+        else:
+            samples = [self.read(i) for i in indices]
         data = [encoded for encoded, _ in samples]
         out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
                np.array([label for _, label in samples], np.int32)]
+        window_started = time.perf_counter()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
             out += [*host_windows(data, draws), flips]
+        if self.log is not None:
+            self._log_batch(plan, data, reads, time.perf_counter() - window_started,
+                            started, cpu)
         if self.sizes:
             out.append(np.full(len(indices), plan.size, np.float32))
         if self.augment is not None:
             out.append(np.stack(self.augment.host_draws(self.seed, plan.epoch, self.rank,
                                                         plan.first_batch + batch, len(indices))))
         return out
+
+    def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
+                   started: float, cpu: float) -> None:
+        """Add one prepared batch to :attr:`log`: ``reads`` (seconds per image), ``window``
+        (seconds of the batch's draws, each image its share) and this thread's seconds since
+        ``started`` (wall) and ``cpu`` (its CPU clock then); the feed is reader
+        ``plan.index``. The packing of the other inputs is in the wall time, in no stage."""
+        log, count = self.log, len(data)
+        log.add("read", reads)
+        if self.train:
+            log.add_batch("window", window, count)
+        wall = time.perf_counter() - started
+        log.add_reader(plan.index, count, wall, thread_cpu() - cpu,
+                       sum(reads) + (window if self.train else 0.0),
+                       float(sum(len(d) for d in data)))
 
     def __call__(self, info):
         if self._ended:  # DALI may ask again past the end (its queue is deeper than the pass)
@@ -184,3 +211,13 @@ class BatchFeed:
             raise StopIteration
         self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
         return item
+
+
+def _timed_reads(read, indices) -> tuple[list, list]:
+    """``[read(i) for i in indices]`` and each read's wall seconds."""
+    samples, seconds = [], []
+    for i in indices:
+        started = time.perf_counter()
+        samples.append(read(i))
+        seconds.append(time.perf_counter() - started)
+    return samples, seconds

@@ -17,6 +17,7 @@ DALI is imported only inside functions, so this module imports without it.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,13 +190,18 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
     return None
 
 
-def finish_on_cpu(outputs, opts: GraphOptions,
-                  augment_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
+                  seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
     (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``); training
     crops then go through ``opts.augment``'s torch policy, its draws from torch's generator
-    seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs)."""
+    seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs).
+    ``seconds``, if given, gets the wall seconds of the resizes (``"resize"``), of the flips
+    and policy (``"augment"``) and of the rest (``"copy"``: the normalisation, the labels)."""
+    started = time.perf_counter()
+    spent = {"resize": 0.0, "augment": 0.0}
+    clock = time.perf_counter if seconds is not None else _no_clock
     images, *rest, labels = outputs
     size, interp = opts.crop_size, opts.interpolation
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
@@ -205,12 +211,18 @@ def finish_on_cpu(outputs, opts: GraphOptions,
         for i in range(len(images)):
             # A view of DALI's buffer, valid until the next run(); resizing copies it out.
             image = torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1)
+            began = clock()
             if opts.train:
                 out = resize(image, (size, size), interp)
+                resized = clock()
                 out = out.flip(-1) if flips[i] else out
-                yield out if policy is None else policy(out)
+                out = out if policy is None else policy(out)
+                spent["augment"] += clock() - resized
             else:
-                yield resize_center_crop(image, opts.resize_size, size, interp)
+                out = resize_center_crop(image, opts.resize_size, size, interp)
+                resized = clock()
+            spent["resize"] += resized - began
+            yield out
 
     # Each crop is normalised straight after its resize, while it is in cache.
     out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
@@ -218,7 +230,36 @@ def finish_on_cpu(outputs, opts: GraphOptions,
         if policy is not None:
             torch.default_generator.manual_seed(augment_seed)
         out = normalize_each(crops(), out, _MEAN_255, _STD_255)
-    return out, torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64)
+    labels = torch.from_numpy(np.array(labels.as_tensor())).reshape(-1).to(torch.int64)
+    if seconds is not None:
+        seconds.update(spent, copy=time.perf_counter() - started - sum(spent.values()))
+    return out, labels
+
+
+def _no_clock() -> float:
+    return 0.0
+
+
+def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_seed: int,
+                     seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's pipeline outputs as the loader yields them: CPU-only :func:`finish_on_cpu`
+    (``augment_seed``: its policy's); with CUDA ``opts.dtype`` images (channels-last NCHW
+    views of DALI's NHWC with ``opts.channels_last``) and int64 labels on ``device``, taken
+    without a copy (:func:`gpu_to_torch`) on torch's current stream. ``seconds``, if given,
+    gets ``"copy"``, the host's wall seconds of the hand-over (CPU-only also ``"resize"``
+    and ``"augment"``)."""
+    if not opts.cuda:
+        return finish_on_cpu(outputs, opts, augment_seed, seconds)
+    started = time.perf_counter()
+    images, labels = (gpu_to_torch(out, device) for out in (outputs[0], outputs[-1]))
+    if opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
+        images = images.to(torch.bfloat16)
+    if opts.channels_last:
+        images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
+    labels = labels.reshape(-1).to(torch.int64)
+    if seconds is not None:
+        seconds["copy"] = time.perf_counter() - started
+    return images, labels
 
 
 def source(feed):

@@ -35,6 +35,7 @@ DALI is imported only inside functions (``build_loaders`` names the wheel to ins
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Iterator
 
 import torch
@@ -42,15 +43,17 @@ import torch
 from decode import decode, release_freed_memory
 from decode.gpu import nvjpeg_pip_package
 
+from .. import stages
 from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..orders import Order, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
+from ..batch_stages import BatchStageLog, StagedLoader, thread_cpu
 from ..readers import Reader
 from ._dali_env import cuda_failure, gpu_decoding_problem, message_lines, require_dali
 from ._dali_feed import BatchFeed, FeedPass
-from ._dali_graph import (GraphOptions, augment, finish_on_cpu, gpu_to_torch, graph_options,
-                          source, window_mismatch)
+from ._dali_graph import (GraphOptions, augment, graph_options, outputs_to_torch, source,
+                          window_mismatch)
 from ._shared_batches import batch_seed
 
 # Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
@@ -58,7 +61,7 @@ from ._shared_batches import batch_seed
 CLOSE_WAIT_S = 5.0
 
 
-class DALILoader(PositionedLoader):
+class DALILoader(StagedLoader, PositionedLoader):
     """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
     the indices of ``order``, as a loader of the usual contract.
 
@@ -77,6 +80,10 @@ class DALILoader(PositionedLoader):
     With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
     producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
+
+    Training measures its stages (:mod:`loaders.batch_stages`; :meth:`stage_summary`): the
+    feed threads' reads and windows, the training thread's wait for DALI's output (DALI's
+    decode, unmeasured apart, is in it) and hand-over (CPU-only: torch's resize and flip).
     """
 
     def __init__(self, reader: Reader, order: Order, opts: GraphOptions, device: torch.device,
@@ -99,6 +106,11 @@ class DALILoader(PositionedLoader):
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
         # Samples found unreadable this run (main process only: the probes run here).
         self.unreadable = UnreadableSet(order.num_samples)
+        self.stage_log = self._waited = None
+        if opts.train and stages.enabled():  # torch resizes and flips CPU-only (_dali_graph)
+            names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
+            self.stage_log = BatchStageLog(names, "training thread (DALI's output)",
+                                           rated=False, readers_name="feed threads")
 
     @property
     def num_batches(self) -> int:
@@ -272,10 +284,16 @@ class DALILoader(PositionedLoader):
 
     def _run(self, pipe):
         """One batch of ``pipe``: with CUDA returned on torch's current stream (the host does
-        not wait for it; torch's next kernels do), CPU-only when ready."""
+        not wait for it; torch's next kernels do), CPU-only when ready (:attr:`_waited`: the
+        wait's wall and CPU seconds, for :meth:`_to_torch`)."""
+        started, cpu = time.perf_counter(), thread_cpu()
         if self.opts.cuda:
-            return pipe.run(torch.cuda.current_stream(self.device))
-        return pipe.run()
+            outputs = pipe.run(torch.cuda.current_stream(self.device))
+        else:
+            outputs = pipe.run()
+        if self.stage_log is not None:
+            self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
+        return outputs
 
     def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
         """The pipelines, built on first use (or when their number changes), fed ``order``:
@@ -319,7 +337,8 @@ class DALILoader(PositionedLoader):
         :attr:`pipeline_builds`."""
         self._feeds = [BatchFeed(self.reader.read, self.opts.train, self.batch_size, self.seed,
                                  self.rank, sizes=self.opts.cuda,
-                                 keep=self._queue_depth(n) + 1, augment=self.opts.augment)
+                                 keep=self._queue_depth(n) + 1, augment=self.opts.augment,
+                                 log=self.stage_log)
                        for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]
         for pipe in pipes:
@@ -347,16 +366,24 @@ class DALILoader(PositionedLoader):
                      device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
+    @property
+    def workers_configured(self) -> int:
+        """The DALI CPU threads (``-j``), for :meth:`stage_summary`."""
+        return self.num_threads
+
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.opts.cuda:  # batch: of the epoch, for the --auto-augment draws
-            return finish_on_cpu(outputs, self.opts,
-                                 batch_seed(self.seed, self.epoch, self.rank, batch))
-        images, labels = (gpu_to_torch(out, self.device) for out in (outputs[0], outputs[-1]))
-        if self.opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
-            images = images.to(torch.bfloat16)
-        if self.opts.channels_last:
-            images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
-        return images, labels.reshape(-1).to(torch.int64)
+        """``outputs`` as torch tensors (``batch``: of the epoch, for the ``--auto-augment``
+        draws), the hand-over and the wait before it added to :attr:`stage_log`."""
+        seed = batch_seed(self.seed, self.epoch, self.rank, batch)
+        log, waited = self.stage_log, self._waited
+        if log is None or waited is None:
+            return outputs_to_torch(outputs, self.opts, self.device, seed)
+        started, cpu, timing = time.perf_counter(), thread_cpu(), {}
+        images, labels = outputs_to_torch(outputs, self.opts, self.device, seed, timing)
+        log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter() - started,
+                          waited[1] + thread_cpu() - cpu, wait=waited[0])
+        self._waited = None
+        return images, labels
 
 
 def require(dist: DistInfo) -> None:

@@ -15,114 +15,39 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 import weakref
 from contextlib import nullcontext
 from typing import Iterator
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from decode import decode, image_size
 from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
 
+from .. import stages
 from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
+from ..batch_stages import BatchStageLog, StagedLoader, thread_cpu
 from ..readers import Reader
-from ..transforms import TrainTransform, center_crop_plan
 from ._ahead import run_ahead
 from ._closing import ClosingDataLoader
-from ._shared_batches import NumberedBatch, NumberedBatchSampler, PassPlan, keep_as_is
+from ._gpu_windows import BYTES, READ, WINDOW, Windows, WindowBatches
+from ._shared_batches import NumberedBatchSampler, PassPlan, keep_as_is
+
+# The stages this pipeline has (loaders.stages.STAGES' names): the workers read and draw
+# windows, the decode thread decodes, resizes and flips ("augment"); its hand-over
+# (normalisation, copies to the device) is the log's copy time. No slot write: none is measured.
+STAGES = ("read", "window", "decode", "resize", "augment")
 
 
-class _Windows(Dataset):
-    """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
-    RandomResizedCrop window drawn as the CPU loaders draw it (``frame`` None), or
-    validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
-    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
-    decoded only where no header parser reads it (which raises for bytes that are not an
-    image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`)."""
-
-    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None):
-        self.reader, self.val_sizes = reader, val_sizes
-        self.draw = TrainTransform()
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __getitem__(self, index: int):
-        data, label = self.reader.read(index)
-        if self.val_sizes is None:
-            window, flip, _ = self.draw.window(data, image_size)
-        else:
-            size = image_size(data)
-            if size is None:  # no header parser reads it: the whole decode raises, or sizes it
-                size = tuple(decode(data).shape[-2:])
-            window, frame = center_crop_plan(*size, *self.val_sizes)
-            return (data, window, False, index, frame), label
-        return (data, window, flip, index, None), label
-
-    def name_of(self, index: int) -> str:
-        return self.reader.name_of(index)
-
-
-class _WindowBatches(Dataset):
-    """For ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: a
-    :class:`~loaders.pipelines._shared_batches.NumberedBatch` -> a dict of tensors: ``data``
-    uint8 (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64
-    ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels`` and
-    ``indices`` int64 ``(N,)``, and the ints ``number`` and ``found`` (samples newly found
-    unreadable). Torch's CPU generator is seeded with the batch's seed for its draws and put
-    back after (as :class:`~loaders.pipelines._shared_batches.SlotWriter`)."""
-
-    def __init__(self, dataset: TolerantDataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        return self.dataset[index]
-
-    def __getitems__(self, batch: NumberedBatch) -> dict:
-        seed = batch.plan.seed(batch.number)
-        if seed is None:
-            return self._read(batch)
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            return self._read(batch)
-
-    def _read(self, batch: NumberedBatch) -> dict:
-        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
-        for index in batch:
-            (data, window, flip, used, frame), label, new_bad = self.dataset[index]
-            frames.append(frame or (-1,) * 6)
-            datas.append(data)
-            windows.append(window)
-            flips.append(flip)
-            labels.append(label)
-            indices.append(used)
-            found += new_bad
-        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
-        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
-        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
-        offsets[1:] = torch.from_numpy(np.cumsum(sizes))
-        return dict(number=batch.number, found=found, data=joined, offsets=offsets,
-                    windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
-                    flips=torch.tensor(flips, dtype=torch.bool),
-                    labels=torch.tensor(labels, dtype=torch.int64),
-                    indices=torch.tensor(indices, dtype=torch.int64),
-                    frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
-
-
-class BatchDecodeLoader(PositionedLoader):
+class BatchDecodeLoader(StagedLoader, PositionedLoader):
     """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
-    processes that read the bytes and draw the windows (:class:`_Windows`), and decodes each
-    batch's windows in this process with ``decoder`` (a :class:`decode.gpu.WindowDecoder`):
+    processes that read the bytes and draw the windows (:class:`._gpu_windows.Windows`), and
+    decodes each batch's windows in this process with ``decoder`` (a
+    :class:`decode.gpu.WindowDecoder`):
     with workers in a thread up to two batches ahead of the training thread (``_ahead``), on
     CUDA on a side stream, so the decode overlaps the model's step (``-j 0``: one batch
     ahead on the training thread).
@@ -139,6 +64,12 @@ class BatchDecodeLoader(PositionedLoader):
     one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
     never read it again), named once on stderr and replaced in its batch by another image of
     the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
+
+    A training loader measures its stages (:mod:`loaders.batch_stages`, unless
+    ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
+    decoded since the last reset (decoded ahead of the training thread: counted when
+    decoded). On CUDA the decode thread's figures are the host's seconds
+    (the kernels they launch run later on the side stream).
     """
 
     def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder, *, train: bool,
@@ -160,10 +91,14 @@ class BatchDecodeLoader(PositionedLoader):
         self.classes = list(reader.classes)
         mean, std = imagenet_mean_std(device)
         self.scale, self.shift = 1 / std, -mean / std
-        tolerant = TolerantDataset(_Windows(reader, None if train else val_sizes),
+        # The clock goes to the workers with the datasets; the log is this process's.
+        clock = stages.StageClock() if train and stages.enabled() else None
+        side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
+        self.stage_log = BatchStageLog(STAGES, side) if clock else None
+        tolerant = TolerantDataset(Windows(reader, None if train else val_sizes, clock),
                                    shared=workers > 0)
         self.unreadable = tolerant.unreadable
-        self._dataset = _WindowBatches(tolerant)
+        self._dataset = WindowBatches(tolerant, clock)
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
         self.loader = self._dataloader(workers)
@@ -215,6 +150,11 @@ class BatchDecodeLoader(PositionedLoader):
             raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
         self.crop_size = size
 
+    @property
+    def workers_configured(self) -> int:
+        """This loader's DataLoader workers (``-j``), for :meth:`stage_summary`."""
+        return self.loader.num_workers
+
     def close(self) -> None:
         """Stop this loader's workers (kept between passes, or of a pass left part-way: joined,
         or killed past :data:`~loaders.pipelines._closing.STOP_GRACE_S`), then the decode
@@ -262,7 +202,11 @@ class BatchDecodeLoader(PositionedLoader):
             if step == total:
                 return
             self._check_bad(item["found"])
-            images, labels = self._decode(item, stream)
+            timing = {} if self.stage_log is not None else None
+            started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
+            images, labels = self._decode(item, stream, timing)
+            if timing is not None:
+                self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
             done = None
             if stream is not None:
                 done = torch.cuda.Event()
@@ -275,8 +219,25 @@ class BatchDecodeLoader(PositionedLoader):
             if bad > self.max_bad_share * size:
                 raise too_many_unreadable(bad, self.max_bad_share, size)
 
-    def _decode(self, item: dict, stream) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA)."""
+    def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
+        """Add one batch's figures to :attr:`stage_log`: its workers' rows (``item``), the
+        decode thread's ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and
+        ``cpu`` seconds."""
+        log, count = self.stage_log, len(item["labels"])
+        rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
+        log.add("read", rows[:, READ])
+        log.add("window", rows[:, WINDOW])
+        log.add_reader(int(batch[stages.WORKER]), count, float(batch[stages.WALL]),
+                       float(batch[stages.CPU]), float(rows[:, [READ, WINDOW]].sum()),
+                       float(rows[:, BYTES].sum()))
+        log.add_hand_over(count, timing, wall, cpu)
+
+    def _decode(self, item: dict, stream,
+                timing: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA);
+        ``timing``, if given, gets the host's seconds of each (``"decode"``, ``"resize"``,
+        ``"augment"``: the flip, ``"copy"``: normalisation and copies to the device)."""
+        clock = time.perf_counter if timing is not None else _no_clock
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
         windows = [tuple(w) for w in item["windows"].tolist()]
@@ -287,22 +248,30 @@ class BatchDecodeLoader(PositionedLoader):
                 frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
                 out = self.decoder.decode(datas, windows, size,
                                           stream.cuda_stream if stream is not None else 0,
-                                          frames)
+                                          frames, timing)
             except torch.cuda.OutOfMemoryError as exc:
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
+            decoded = clock()
             self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
             images, labels = out.images, item["labels"]
             if out.failed:
                 images, labels = self._replace_failed(out, item)
+            replaced = clock()
             if images.device.type != self.device.type:  # cpu-nvimgcodec beside a GPU
                 images = to_device(images, self.device)
+            moved = clock()
             flips = item["flips"]
             if bool(flips.any()):  # a CPU tensor: no device sync; the copy does not block
                 where = to_device(flips.nonzero().flatten(), self.device)
                 images[where] = images[where].flip(-1)
+            flipped = clock()
             images = normalize_into(images, self.scale, self.shift, self.dtype,
                                     self.channels_last)
-            return images, to_device(labels, self.device)
+            labels = to_device(labels, self.device)
+            if timing is not None:  # a replaced sample's CPU decode counts as decode
+                timing["decode"] += replaced - decoded
+                timing.update(augment=flipped - moved, copy=clock() - flipped + moved - replaced)
+            return images, labels
 
     def _hand_over(self, ready, done):
         """``ready``'s tensors made usable on the current stream, which waits for the side
@@ -336,6 +305,10 @@ class BatchDecodeLoader(PositionedLoader):
             labels[i] = labels[good[0]]
         self._check_bad(found)
         return images, labels
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 def _one_ahead(items: Iterator) -> Iterator:

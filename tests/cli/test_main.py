@@ -247,3 +247,7 @@ def test_data_bound_epoch_is_warned_about(capsys):
     warn_if_data_bound({"data_time_fraction": 0.6, "stages_advice": [],
                         "stages_loader_images_per_sec": 700.0}, 3, print)
     assert "No flag change is estimated to help" in capsys.readouterr().out
+    # DALI: stage figures without a rate (its decode is not measured apart): no estimate
+    warn_if_data_bound({"data_time_fraction": 0.6, "stages_advice": [],
+                        "stages_loader_images_per_sec": None}, 3, print)
+    assert "Try more workers" in capsys.readouterr().out

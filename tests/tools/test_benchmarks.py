@@ -264,3 +264,10 @@ def test_bench_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path
     assert all(r["images_per_sec"] > 0 and r["cpu_ms_per_image"] is not None for r in results)
     assert bench_gpu_decode.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_top_stage_takes_a_batch_pipelines_own_stages():
+    """--decode-device and DALI write keys for their own stages only (no write stage)."""
+    assert bench_loaders.top_stage({"stages_read_ms_mean": 1.0, "stages_decode_ms_mean": 3.0}) \
+        == "decode 75%"
+    assert bench_loaders.top_stage({}) == "-"
