@@ -2,35 +2,31 @@
 pipeline, over any reader (``loaders.readers``), through one batched ``fn.external_source``
 fed by ``_dali_feed.BatchFeed``: a background thread per pipeline reads the encoded records of
 the batches ahead (``Reader.read``), draws their RandomResizedCrop windows on the host and
-packs them, so the training thread only hands ready batches over. Labels are the reader's, so
-they equal every other pipeline's.
+packs them, so the training thread only hands ready batches over. Labels are the reader's.
 
 With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
 ``--dali-hw-decoder-load``, its buffers sized once as NVIDIA's examples size them; the loader
 checks first that nvJPEG decodes on the GPU at all) and the rest, labels included, runs on the
 GPU; each batch is handed to torch without a copy (DLPack) on torch's current stream, four in
 flight. ``--dali-cpu`` decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's
-DeepLearningExamples RN50 does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI reads and decodes (only
-the RandomResizedCrop window of a training JPEG), and torch resizes, flips and normalises with
-the other backends' code, because DALI's CPU resize is the slow step there (``_dali_graph.augment``);
-``-j`` single-threaded pipelines take turns, one batch each (:meth:`DALILoader._num_pipelines`).
-EXIF orientation is not applied, in the window drawn from the header either: as in every loader
-here and pytorch/examples' ``ImageFolder`` + PIL, pixels are used as stored (docs/loaders.md,
-*Orientation*); a window off its image is an unreadable sample named on stderr.
+DeepLearningExamples RN50 does. Without CUDA the pipelines run CPU-only (``device_id=None``):
+DALI reads and decodes (only the RandomResizedCrop window of a training JPEG), and torch
+resizes, flips and normalises with the other backends' code, DALI's CPU resize being the slow
+step there (``_dali_graph.augment``); ``-j`` single-threaded pipelines take turns, one batch
+each (:meth:`DALILoader._num_pipelines`). EXIF orientation is not applied, as in every loader
+here and pytorch/examples' ``ImageFolder`` + PIL (docs/loaders.md, *Orientation*); a window
+off its image is an unreadable sample named on stderr.
 
-Order: the loader reads each epoch in the indices of the reader's epoch orders
-(``Reader.train_order``/``val_order``, the same objects every pipeline uses: e.g.
-:class:`~loaders.orders.BlockOrder` with ``--lmdb --lmdb-order block``), and hands DALI that
-exact list, not using DALI's shuffling and sharding. The graph and the source are in
-``_dali_graph.py``. Each pipeline is built once per run and reused by every pass (nvJPEG and hardware-decoder state,
-threads and buffers are made once, as in NVIDIA's DALI ResNet-50 example): each pass points
-its feed at the pass's order, crop side and epoch. RandomResizedCrop windows and flips are
-drawn on the host from (seed, epoch, rank, batch number), so an epoch's order and
-augmentation are a function of (seed, epoch, rank) alone, whatever ran before, and a resumed
-epoch draws what the uninterrupted one did. Pipelines are rebuilt only after a sample DALI
-could not decode (from that batch on) and after a pass left unfinished.
-
-DALI is imported only inside functions (``build_loaders`` names the wheel to install).
+Order: each epoch is read in the indices of the reader's epoch orders (``Reader.train_order``/
+``val_order``, as every pipeline, e.g. :class:`~loaders.orders.BlockOrder`), handed to DALI as
+that exact list (not DALI's shuffling and sharding). The graph and source are in
+``_dali_graph.py``. Each pipeline is built once per run and reused by every pass (nvJPEG and
+hardware-decoder state, threads and buffers made once, as in NVIDIA's DALI ResNet-50 example);
+each pass points its feed at the pass's order, crop side and epoch. Windows and flips are drawn
+on the host from (seed, epoch, rank, batch number), so a resumed epoch draws what the
+uninterrupted one did. Pipelines are rebuilt only after a sample DALI could not decode (from
+that batch on) and after a pass left unfinished. DALI is imported only inside functions
+(``build_loaders`` names the wheel to install).
 """
 from __future__ import annotations
 
@@ -40,20 +36,20 @@ from typing import Iterator
 
 import torch
 
-from decode import decode, release_freed_memory
+from decode import release_freed_memory
 from decode.gpu import nvjpeg_pip_package
 
 from .. import stages
-from .._bad_samples import DECODE_ERRORS, UnreadableSet, report_unreadable, too_many_unreadable
+from .._bad_samples import UnreadableSet, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..orders import Order, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
 from ..batch_stages import BatchStageLog, StagedLoader, thread_cpu
 from ..readers import Reader
-from ._dali_env import cuda_failure, gpu_decoding_problem, message_lines, require_dali
+from ._dali_env import cuda_failure, gpu_decoding_problem, require_dali
 from ._dali_feed import BatchFeed, FeedPass
-from ._dali_graph import (GraphOptions, augment, graph_options, outputs_to_torch, source,
-                          window_mismatch)
+from ._dali_graph import GraphOptions, augment, graph_options, outputs_to_torch, source
+from ._dali_unreadable import UnreadableSamples
 from ._shared_batches import batch_seed
 
 # Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
@@ -61,7 +57,7 @@ from ._shared_batches import batch_seed
 CLOSE_WAIT_S = 5.0
 
 
-class DALILoader(StagedLoader, PositionedLoader):
+class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
     the indices of ``order``, as a loader of the usual contract.
 
@@ -69,13 +65,13 @@ class DALILoader(StagedLoader, PositionedLoader):
     ``--amp`` on CUDA) on ``device``, normalised with the ImageNet mean/std, channels-last
     memory format with ``--channels-last``; ``labels``: int64 ``(N,)`` on ``device`` (with CUDA
     both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
-    ``len()`` is exact; the last validation batch may be smaller than ``batch_size`` and holds
-    no padding. ``classes`` lists the class names (index = label). ``set_epoch(epoch)`` selects
-    the order and the augmentation seed. A sample DALI cannot decode is found with our CPU
-    decoder, reported once on stderr, replaced by the next readable one and remembered
-    (``unreadable``), so later passes leave it out of their orders; iterating raises
-    :class:`DataError` when the distinct unreadable samples exceed ``max_bad_share`` of the
-    split or DALI fails for another reason, and :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
+    ``len()`` is exact; the last validation batch may be smaller and holds no padding.
+    ``classes``: class names (index = label). ``set_epoch(epoch)`` selects the order and the
+    augmentation seed. A sample DALI cannot decode is found with our CPU decoder, reported
+    once on stderr, replaced by the next readable one and remembered (``unreadable``), so
+    later passes leave it out; iterating raises :class:`DataError` when the unreadable samples
+    exceed ``max_bad_share`` of the split or DALI fails for another reason, and
+    :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
 
     With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
@@ -208,61 +204,6 @@ class DALILoader(StagedLoader, PositionedLoader):
     @property
     def _split(self) -> str:
         return "training" if self.opts.train else "validation"
-
-    def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
-                            lookahead: int) -> int:
-        """Probe the samples of batches ``step .. step + lookahead`` (DALI runs a few batches
-        ahead) with our CPU decoder; remember and report each unreadable one (once) and replace
-        it in ``order`` by the next readable dataset index. Returns how many were newly found
-        unreadable; raises :class:`DataError` with DALI's message if none of them is."""
-        batch = self.batch_size
-        window = range(step * batch, min(len(order), (step + lookahead) * batch))
-        found = 0
-        for position in window:
-            index = order[position]
-            while not self._readable(index):
-                index = self.unreadable.next_readable(index)
-                found += 1
-                if found > len(window):
-                    raise DataError(f"DALI: {found} unreadable samples near batch {step}: "
-                                    "is this dataset damaged?")
-            order[position] = index
-        if found == 0:
-            lines = message_lines(exc)
-            raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
-                            f"{step} of this pass: {lines[-1] if lines else exc}") from None
-        return found
-
-    def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
-        """A sample of batch ``step`` whose window :func:`~loaders._dali_graph.window_mismatch`
-        finds wrong is an unreadable sample (reported, remembered, replaced in ``order``; the
-        pipelines dropped): returns whether there was one. Raises :class:`DataError` past
-        ``max_bad_share``."""
-        found = window_mismatch(outputs)
-        if found is None:
-            return False
-        self._drop_pipelines()
-        position, reason = found
-        position += step * self.batch_size
-        index = order[position]
-        if self.unreadable.mark(index):
-            report_unreadable(self.reader.name_of(index), DataError(reason))
-        order[position] = self.unreadable.next_readable(index)
-        bad, size = self.unreadable.count(), self.sample_order.num_samples
-        if bad > self.max_bad_share * size:
-            raise too_many_unreadable(bad, self.max_bad_share, size) from None
-        return True
-
-    def _readable(self, index: int) -> bool:
-        """Decode sample ``index`` (never one known unreadable: the order skips those); if it
-        fails, remember it, report it and return False."""
-        try:
-            decode(self.reader.read(index)[0])
-        except DECODE_ERRORS as exc:
-            if self.unreadable.mark(index):
-                report_unreadable(self.reader.name_of(index), exc)
-            return False
-        return True
 
     def _num_pipelines(self, batches: int) -> int:
         """How many pipelines take turns over ``batches`` batches: 1 with CUDA; CPU-only,

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from engine import bounds
+from engine.advice import advise as advice_of
 from engine.bounds import Machine, Steps
 
 STAGES = ("read", "window", "decode", "resize", "augment", "write")
@@ -79,23 +80,23 @@ def test_bound_line_names_capacity_model_rate_and_top_stage():
 def test_one_worker_on_two_idle_cores_names_more_workers():
     loader = figures({"read": 0.1, "decode": 1.2, "resize": 0.4, "write": 0.1}, workers=1)
     machine = Machine(cores=2, workers=1, busy_cores=1.2)
-    advice = bounds.advise(loader, data_bound(), machine)
+    advice = advice_of(loader, data_bound(), machine)
     assert advice and advice[0].startswith("-j 2 (now 1): about 1,111 images/s (2.00x)")
     assert "kept 1.2 of the 2 cores busy, 0.8 idle" in advice[0]
 
 
 def test_more_workers_only_for_idle_cores_and_one_kept_on_a_gpu():
     loader = figures({"read": 0.1, "decode": 1.2, "resize": 0.4, "write": 0.1}, workers=1)
-    busy = bounds.advise(loader, data_bound(), Machine(cores=2, workers=1, busy_cores=1.9))
+    busy = advice_of(loader, data_bound(), Machine(cores=2, workers=1, busy_cores=1.9))
     assert not any(line.startswith("-j") for line in busy)
     gpu = Machine(cores=8, workers=4, device="cuda", busy_cores=4.2)
-    line = next(a for a in bounds.advise(loader, data_bound(), gpu) if a.startswith("-j"))
+    line = next(a for a in advice_of(loader, data_bound(), gpu) if a.startswith("-j"))
     assert line.startswith("-j 7 (now 4)") and "the training process keeps one" in line
     full = Machine(cores=8, workers=7, device="cuda", busy_cores=6.0)
-    assert not any(a.startswith("-j") for a in bounds.advise(loader, data_bound(), full))
+    assert not any(a.startswith("-j") for a in advice_of(loader, data_bound(), full))
     starved = figures({"read": 0.1, "decode": 1.2, "resize": 0.4, "write": 0.1}, workers=1,
                       cpu_share=0.3)
-    (line, *_) = bounds.advise(starved, data_bound(), Machine(cores=2, workers=1, busy_cores=1.0))
+    (line, *_) = advice_of(starved, data_bound(), Machine(cores=2, workers=1, busy_cores=1.0))
     assert line.startswith("-j 2") and "the workers got 30% of their cores" in line
 
 
@@ -103,7 +104,7 @@ def test_mostly_large_images_name_a_cap_or_raw_share():
     loader = figures({"read": 0.1, "window": 0.1, "decode": 6.0, "resize": 0.5, "write": 0.1},
                      gt512=0.7, big_decode=7.5)
     loader["sizes"]["le512"]["decode_ms"] = 2.5
-    advice = bounds.advise(loader, data_bound(), Machine(cores=2, workers=2, busy_cores=1.9))
+    advice = advice_of(loader, data_bound(), Machine(cores=2, workers=2, busy_cores=1.9))
     assert advice and ("MAX_SIDE=512" in advice[0] or "RAW_BUDGET" in advice[0])
     # the cap's estimate: 70% of the images 5 ms faster per image of 6.8 ms
     assert "MAX_SIDE=512" in advice[0] and f"({6.8 / (6.8 - 0.7 * 5.0):.2f}x)" in advice[0]
@@ -112,10 +113,10 @@ def test_mostly_large_images_name_a_cap_or_raw_share():
 
 def test_decode_bound_on_a_gpu_names_decode_device_cuda():
     loader = figures({"read": 0.1, "window": 0.1, "decode": 3.0, "resize": 0.6, "write": 0.2})
-    advice = bounds.advise(loader, data_bound(), Machine(cores=16, workers=16, device="cuda",
+    advice = advice_of(loader, data_bound(), Machine(cores=16, workers=16, device="cuda",
                                                          busy_cores=15.5))
     assert advice[0].startswith("--decode-device cuda")
-    cpu = bounds.advise(loader, data_bound(), Machine(cores=16, workers=16, busy_cores=15.5))
+    cpu = advice_of(loader, data_bound(), Machine(cores=16, workers=16, busy_cores=15.5))
     assert not any("--decode-device" in line for line in cpu)
 
 
@@ -125,7 +126,7 @@ def test_decode_bound_on_a_gpu_names_decode_device_cuda():
     ("lmdb", "block", "a copy of the LMDB on a local disk")])
 def test_read_bound_names_block_order_or_a_local_copy(source, order, expected):
     loader = figures({"read": 4.0, "decode": 1.0, "write": 0.1})
-    advice = bounds.advise(loader, data_bound(), Machine(cores=2, workers=2, source=source,
+    advice = advice_of(loader, data_bound(), Machine(cores=2, workers=2, source=source,
                                                          lmdb_order=order, busy_cores=1.9))
     assert advice and advice[0].startswith(expected)
 
@@ -133,18 +134,18 @@ def test_read_bound_names_block_order_or_a_local_copy(source, order, expected):
 def test_augment_bound_names_a_lighter_policy():
     loader = figures({"read": 0.1, "decode": 1.0, "augment": 2.0, "write": 0.1})
     machine = Machine(cores=2, workers=2, auto_augment="ta_wide", busy_cores=1.9)
-    assert bounds.advise(loader, data_bound(), machine)[0].startswith("drop --auto-augment ta_wide")
+    assert advice_of(loader, data_bound(), machine)[0].startswith("drop --auto-augment ta_wide")
     plain = Machine(cores=2, workers=2, busy_cores=1.9)  # the flip alone: nothing to drop
-    assert not any("--auto-augment" in line for line in bounds.advise(loader, data_bound(), plain))
+    assert not any("--auto-augment" in line for line in advice_of(loader, data_bound(), plain))
 
 
 def test_no_advice_when_not_data_bound_or_not_measured():
     loader = figures({"read": 0.1, "decode": 6.0, "write": 0.1}, workers=1, gt512=0.9,
                      big_decode=8.0)
     machine = Machine(cores=8, workers=1, device="cuda", busy_cores=1.0)
-    assert bounds.advise(loader, model_bound(), machine) == []
-    assert bounds.advise(None, data_bound(), machine) == []
-    assert len(bounds.advise(loader, data_bound(), machine)) == 2  # at most two lines
+    assert advice_of(loader, model_bound(), machine) == []
+    assert advice_of(None, data_bound(), machine) == []
+    assert len(advice_of(loader, data_bound(), machine)) == 2  # at most two lines
 
 
 def test_report_metrics_are_flat_json_and_numbers():
