@@ -19,6 +19,15 @@ from tools import datagen  # noqa: E402
 
 NUM_CLASSES = 4
 
+# Under pytest-xdist (`make test`: 2 processes on a 2-core machine) each process, and every
+# main.py it starts, computes on one torch thread: main.py gives a CPU model every core
+# (engine.settings.main_threads), and two processes of 2 OpenMP threads on 2 cores spin against
+# each other (the FFCV preset test took 890 s instead of 91). OMP_NUM_THREADS is what a user
+# sets for the same reason; main.py then keeps torch's setting.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
