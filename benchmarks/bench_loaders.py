@@ -21,7 +21,7 @@ untimed and then ``--batches`` timed ones (cycling epochs, ``loaders.measure_thr
 for all); ``--rounds`` interleaved repetitions, median reported. The sample is replicated
 ``--repeat`` times (symlinks) so timing sees steady state, and read once beforehand so all
 pipelines see a warm page cache. Writes ``OUT/report.json`` (every round, and the command of
-each of ours) and ``OUT/chart.png`` (images/s per core) and prints a table.
+each of ours) and ``OUT/chart.png`` (images/s side by side, ratios to stock) and prints a table.
 """
 from __future__ import annotations
 
@@ -190,6 +190,7 @@ def _run(args, tmp: str) -> dict:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "image_library": decode.image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
+                   "images": _image_count(os.path.join(args.data, "train")),
                    "batch_size": args.batch_size, "workers": args.workers,
                    "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
@@ -281,8 +282,18 @@ def _cpu_model() -> str:
         return platform.processor()
 
 
+def _image_count(train: str) -> int | None:
+    """JPEGs (files) under ``train``, the image set's size for the chart's title."""
+    if not os.path.isdir(train):
+        return None
+    return sum(len(files) for _, _, files in os.walk(train))
+
+
 def write_chart(report: dict, path: str) -> None:
-    """``chart.png``: each pipeline's median images/s per core (baselines in grey)."""
+    """``chart.png``: each pipeline's median images/s side by side (baselines in grey, ours in
+    blue), each bar labelled with its ratio to ``stock``; the title names the image set (its
+    folder, image count and replication), batch size, workers and cores. The README shows the
+    one made on the real sample (docs/performance.md, *The README's chart*)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -290,18 +301,24 @@ def write_chart(report: dict, path: str) -> None:
 
     results = report["results"]
     names = [r["loader"] for r in results]
-    values = [r["images_per_sec_per_core"] for r in results]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    bars = ax.bar(names, values, color=["#999999" if n.startswith(("stock", "decode-only")) else "#2a7ab9"
+    values = [r["images_per_sec"] for r in results]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    bars = ax.bar(names, values, color=["#999999" if n in BASELINES else "#2a7ab9"
                                         for n in names])
-    ax.bar_label(bars, fmt="%.0f")
+    ax.bar_label(bars, labels=[f"{v:.0f}" + (f"\n{r['ratio_vs_stock']:.2f}x"
+                                             if "ratio_vs_stock" in r else "")
+                               for v, r in zip(values, results)], fontsize=8)
+    ax.margins(y=0.18)
     ax.tick_params(axis="x", labelrotation=20)
-    machine = report["machine"]
-    ax.set_ylabel("images/s per core")
-    config = report["config"]
-    ax.set_title(f"Training loaders on {os.path.basename(config['data'].rstrip(os.sep))} "
-                 f"(x{config['repeat']}), batch {config['batch_size']}, "
-                 f"{config['workers']} workers, {machine['cpu_count']} cores", fontsize=10)
+    ax.set_ylabel("images/s (median of rounds)")
+    machine, config = report["machine"], report["config"]
+    images = config.get("images")
+    where = os.path.basename(config["data"].rstrip(os.sep))
+    shown = (f"{images} training JPEGs x{config['repeat']}" if images
+             else f"x{config['repeat']}")
+    ax.set_title(f"Training loaders on {where} ({shown}): -b {config['batch_size']} "
+                 f"-j {config['workers']}, {config['rounds']} rounds, "
+                 f"{machine['cpu_count']} cores ({machine['device']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
