@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.helpers.runs import main_cmd, only_record, run, run_cli
+from tests.helpers.runs import cli_in_process, main_cmd, only_record, run, run_cli
 from tests.helpers.traces import (epoch_order, kill_at_step, layout_flags, saved_position,
                                   step_lrs, traced_batches, traced_env)
 
@@ -84,9 +84,10 @@ def killed(tiny, tiny_shards, tmp_path_factory):
     return outs
 
 
-def resume_fails(data: list[str], checkpoint: str, *flags) -> str:
-    """Resume ``checkpoint``: it must fail with one ``main.py: error:`` line, returned."""
-    result = run_cli(*data, *flags, "--resume", checkpoint)
+def resume_fails(capfd, data: list[str], checkpoint: str, *flags) -> str:
+    """Resume ``checkpoint`` (in this process): it must fail with one ``main.py: error:`` line,
+    returned."""
+    result = cli_in_process([*data, *flags, "--resume", checkpoint], capfd)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1, result.stderr[-2000:]
     assert lines[0].startswith("main.py: error: --resume ")
@@ -104,14 +105,15 @@ def edited(out: str, tmp_path, edit) -> str:
     return path
 
 
-def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed, tmp_path):
+def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed, tmp_path,
+                                                                      capfd):
     """A mid-epoch checkpoint of before this change (no ``position``): refused in one line at
     another -b, resumed at its own."""
     old = edited(killed["lmdb"], tmp_path, lambda c: c.pop("position"))
     data = ["--lmdb", tiny.lmdb, "--output-dir", str(tmp_path / "out")]
-    line = resume_fails(data, old, *layout_flags(1, 8))
+    line = resume_fails(capfd, data, old, *layout_flags(1, 8))
     assert "before positions were recorded" in line and "-b 4" in line
-    result = run_cli(*data, *layout_flags(1, 4), "--resume", old)
+    result = cli_in_process([*data, *layout_flags(1, 4), "--resume", old], capfd)
     assert result.returncode == 0 and ", batch " in result.stdout, result.stderr[-2000:]
     assert only_record(str(tmp_path / "out"))["train_images"] == 32
 
@@ -122,14 +124,14 @@ def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed
     (lambda c: c["position"].update(consumed=60), ["-b", "8"], "does not fit"),
 ])
 def test_a_position_of_another_epoch_order_is_refused_in_one_line(tiny, killed, tmp_path, edit,
-                                                                  flags, words):
+                                                                  flags, words, capfd):
     path = edited(killed["lmdb"], tmp_path, edit)
-    line = resume_fails(["--lmdb", tiny.lmdb, *layout_flags(1, 4), *flags, "--output-dir",
+    line = resume_fails(capfd, ["--lmdb", tiny.lmdb, *layout_flags(1, 4), *flags, "--output-dir",
                          str(tmp_path / "out")], path)
     assert words in line
 
 
-def test_streamed_shards_resume_at_their_layout_only(tiny_shards, killed, tmp_path):
+def test_streamed_shards_resume_at_their_layout_only(tiny_shards, killed, tmp_path, capfd):
     """A stream cannot be dealt anew: at -b 8 refused in one line saying what to do; at the
     saved layout it resumes."""
     shards = sorted(glob.glob(os.path.join(tiny_shards, "train", "train-*.tar")))
@@ -138,8 +140,8 @@ def test_streamed_shards_resume_at_their_layout_only(tiny_shards, killed, tmp_pa
     data = ["--loader", "shards", tiny_shards, "--train", stream, "--output-dir",
             str(tmp_path / "out")]
     checkpoint = os.path.join(killed["shards"], "checkpoint.pth.tar")
-    line = resume_fails(data, checkpoint, *layout_flags(1, 8))
+    line = resume_fails(capfd, data, checkpoint, *layout_flags(1, 8))
     assert "streamed shards" in line and "resume with that layout" in line
-    result = run_cli(*data, *layout_flags(1, 4), "--resume", checkpoint)
+    result = cli_in_process([*data, *layout_flags(1, 4), "--resume", checkpoint], capfd)
     assert result.returncode == 0, result.stderr[-2000:]
     assert only_record(str(tmp_path / "out"))["train_images"] == 32
