@@ -202,14 +202,14 @@ def _p50_p90(seconds: list) -> dict:
 
 class StagedLoader:
     """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (a
-    :class:`BatchStageLog`, or None where nothing is measured) and a ``workers_configured``
-    count."""
+    :class:`BatchStageLog`, or the workers pipeline's :class:`loaders.stages.StageLog`; None
+    where nothing is measured) and a ``workers_configured`` count."""
 
     stage_log: BatchStageLog | None = None
     workers_configured = 0
 
     def stage_summary(self, reset: bool = True) -> dict | None:
-        """:meth:`BatchStageLog.summary` since the last reset (with ``workers_configured``),
+        """The log's ``summary()`` since the last reset (with ``workers_configured``),
         then reset if ``reset``; None where nothing is measured (validation,
         ``IMAGENET_FAST_STAGES=0``)."""
         if self.stage_log is None:

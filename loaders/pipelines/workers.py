@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import stages
+from ..batch_stages import StagedLoader
 from .._bad_samples import TolerantDataset, too_many_unreadable
 from ..contract import DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize
@@ -55,7 +56,7 @@ class _Transformed(Dataset):
         return self.reader.name_of(index)
 
 
-class DeviceLoader(PositionedLoader):
+class DeviceLoader(StagedLoader, PositionedLoader):
     """Reads ``reader``'s samples (a :class:`~loaders.readers.Reader`) in the indices of
     ``order`` (its training or validation :class:`~loaders.orders.Order`) with a DataLoader of
     ``workers`` processes, each sample's bytes turned by ``transform`` into uint8
@@ -201,21 +202,10 @@ class DeviceLoader(PositionedLoader):
         self.transform.size = (size, size)  # workers started from now on fork with it
         self.image_shape = (3, size, size)  # running ones take it from the batches
 
-    def stage_summary(self, reset: bool = True) -> dict | None:
-        """:meth:`loaders.stages.StageLog.summary` of the batches yielded since the last reset
-        (with ``workers``, this loader's worker count, added), then reset if ``reset``; None
-        where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
-        if self.stage_log is None:
-            return None
-        figures = {**self.stage_log.summary(), "workers_configured": self.loader.num_workers}
-        if reset:
-            self.stage_log.reset()
-        return figures
-
-    def reset_stages(self) -> None:
-        """Forget the stage figures so far (e.g. after a benchmark's warm-up batches)."""
-        if self.stage_log is not None:
-            self.stage_log.reset()
+    @property
+    def workers_configured(self) -> int:
+        """This loader's DataLoader worker count (``-j``), for :meth:`stage_summary`."""
+        return self.loader.num_workers
 
     def close(self) -> None:
         """Stop every worker this loader started: those kept between passes and those of a

@@ -52,3 +52,19 @@ def check_set_epoch_reproducible(build_train) -> list:
         assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
     assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(first, other))
     return first
+
+
+def batches_and_stages(settings, count: int) -> tuple[list, dict | None]:
+    """The first ``count`` training batches of epoch 1 of the loaders ``settings`` build (one
+    process), cloned, and the training loader's ``stage_summary()`` after them (None when the
+    stages are not measured); both loaders closed."""
+    import loaders
+
+    train, val = loaders.build_loaders(settings, loaders.DistInfo())
+    try:
+        train.set_epoch(1)
+        out = [(images.clone(), labels.clone()) for _, (images, labels) in zip(range(count), train)]
+        return out, train.stage_summary()
+    finally:
+        train.close()
+        val.close()

@@ -8,30 +8,18 @@ import pytest
 import torch
 
 import decode
-import loaders
 from decode import raw
 from loaders import stages
-from tests.helpers.loading import loader_settings
-
-
-def _batches(settings, count: int):
-    train, val = loaders.build_loaders(settings, loaders.DistInfo())
-    try:
-        train.set_epoch(1)
-        out = [(images.clone(), labels.clone()) for _, (images, labels) in zip(range(count), train)]
-        return out, train.stage_summary()
-    finally:
-        train.close()
-        val.close()
+from tests.helpers.loading import batches_and_stages, loader_settings
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_measuring_changes_no_pixel(tiny, monkeypatch, workers):
     settings = loader_settings("lmdb", tiny.lmdb, workers=workers, batch_size=4)
     monkeypatch.setenv("IMAGENET_FAST_STAGES", "0")
-    plain, none = _batches(settings, 5)
+    plain, none = batches_and_stages(settings, 5)
     monkeypatch.delenv("IMAGENET_FAST_STAGES")
-    timed, figures = _batches(settings, 5)
+    timed, figures = batches_and_stages(settings, 5)
     assert none is None and figures["images"] == 5 * 4
     for (a, la), (b, lb) in zip(plain, timed):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -40,7 +28,7 @@ def test_measuring_changes_no_pixel(tiny, monkeypatch, workers):
 def test_workers_stages_add_up_to_their_time(sample_lmdb):
     settings = loader_settings("lmdb", sample_lmdb, workers=2, batch_size=16,
                                train_crop_size=224)
-    _, figures = _batches(settings, 10)
+    _, figures = batches_and_stages(settings, 10)
     assert figures["images"] == 160 and figures["workers_configured"] == 2
     assert {w["id"] for w in figures["workers"]} == {0, 1}
     assert sum(w["images"] for w in figures["workers"]) == 160

@@ -6,30 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-import loaders
 from engine import bounds
 from loaders.batch_stages import BatchStageLog
-from tests.helpers.loading import loader_settings
-
-
-def _batches(settings, count: int):
-    train, val = loaders.build_loaders(settings, loaders.DistInfo())
-    try:
-        train.set_epoch(1)
-        out = [(images.clone(), labels.clone()) for _, (images, labels) in zip(range(count), train)]
-        return out, train.stage_summary()
-    finally:
-        train.close()
-        val.close()
+from tests.helpers.loading import batches_and_stages, loader_settings
 
 
 def _same_batches_and_figures(settings, monkeypatch, count: int) -> dict:
     """The figures of ``count`` batches, after checking that the batches equal those of a
     run with ``IMAGENET_FAST_STAGES=0``, which measures nothing."""
     monkeypatch.setenv("IMAGENET_FAST_STAGES", "0")
-    plain, none = _batches(settings, count)
+    plain, none = batches_and_stages(settings, count)
     monkeypatch.delenv("IMAGENET_FAST_STAGES")
-    timed, figures = _batches(settings, count)
+    timed, figures = batches_and_stages(settings, count)
     assert none is None
     for (a, la), (b, lb) in zip(plain, timed, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
