@@ -289,11 +289,46 @@ def _image_count(train: str) -> int | None:
     return sum(len(files) for _, _, files in os.walk(train))
 
 
-def write_chart(report: dict, path: str) -> None:
+def ffcv_beside(out: str, data: str) -> dict | None:
+    """``make bench-ffcv``'s report (``OUT/ffcv/report.json``) when it timed the same image
+    set (``--data``, all images) as this run, else None: FFCV's figures for the chart."""
+    path = os.path.join(out, "ffcv", "report.json")
+    try:
+        with open(path) as f:
+            ffcv = json.load(f)
+    except (OSError, ValueError):
+        return None
+    image_set = ffcv.get("image_set", {})
+    same = image_set.get("data") == os.path.abspath(data) and image_set.get("bucket") == "all"
+    return ffcv if same and not image_set.get("larger_than") else None
+
+
+def _ffcv_panel(ax, ffcv: dict) -> None:
+    """FFCV 1.0.2 beside ours on the same stored bytes (JPEGs capped at 512 px, q90) at the
+    largest size ``make bench-ffcv`` timed: its own image set, so its own panel."""
+    sizes = sorted(ffcv["median"], key=int)
+    size = sizes[-1]
+    med = ffcv["median"][size]
+    shown = [(name, med[key]) for name, key in (("ours, LMDB", "lmdb-512"),
+                                                ("FFCV, same bytes", "beton-512"),
+                                                ("FFCV example store", "beton-example"))
+             if med.get(key)]
+    bars = ax.bar([n for n, _ in shown], [v for _, v in shown],
+                  color=["#2a7ab9" if n.startswith("ours") else "#d08b2c" for n, _ in shown])
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.margins(y=0.18)
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.set_title(f"FFCV 1.0.2 (make bench-ffcv), 512-px store\n{size} px, "
+                 f"x{ffcv['repeat']}, {ffcv['rounds']} rounds", fontsize=9)
+
+
+def write_chart(report: dict, path: str, ffcv: dict | None = None) -> None:
     """``chart.png``: each pipeline's median images/s side by side (baselines in grey, ours in
     blue), each bar labelled with its ratio to ``stock``; the title names the image set (its
-    folder, image count and replication), batch size, workers and cores. The README shows the
-    one made on the real sample (docs/performance.md, *The README's chart*)."""
+    folder, image count and replication), batch size, workers and cores. With ``ffcv``
+    (:func:`ffcv_beside`: ``make bench-ffcv`` on the same ``DATA`` first), a second panel puts
+    FFCV beside ours on its capped store. The README shows the one made on the real sample
+    (docs/performance.md, *The README's chart*)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,7 +337,12 @@ def write_chart(report: dict, path: str) -> None:
     results = report["results"]
     names = [r["loader"] for r in results]
     values = [r["images_per_sec"] for r in results]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    if ffcv is None:
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+    else:
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(13, 4.2),
+                                        gridspec_kw={"width_ratios": [3, 1.2]})
+        _ffcv_panel(right, ffcv)
     bars = ax.bar(names, values, color=["#999999" if n in BASELINES else "#2a7ab9"
                                         for n in names])
     ax.bar_label(bars, labels=[f"{v:.0f}" + (f"\n{r['ratio_vs_stock']:.2f}x"
@@ -370,7 +410,7 @@ def main_cli(argv=None) -> int:
         return runner.error("bench_loaders.py", exc)
     os.makedirs(args.out, exist_ok=True)
     runner.write_json(os.path.join(args.out, "report.json"), report, indent=2)
-    write_chart(report, os.path.join(args.out, "chart.png"))
+    write_chart(report, os.path.join(args.out, "chart.png"), ffcv_beside(args.out, args.data))
     print_table(report)
     print(f"\nwrote {args.out}/report.json and {args.out}/chart.png")
     return 0

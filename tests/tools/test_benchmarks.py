@@ -271,3 +271,46 @@ def test_top_stage_takes_a_batch_pipelines_own_stages():
     assert bench_loaders.top_stage({"stages_read_ms_mean": 1.0, "stages_decode_ms_mean": 3.0}) \
         == "decode 75%"
     assert bench_loaders.top_stage({}) == "-"
+
+
+def test_chart_puts_ffcv_beside_ours_when_bench_ffcv_timed_the_same_images(tmp_path, monkeypatch):
+    """make bench's chart gains FFCV's panel only from a make bench-ffcv report of the same
+    DATA (all images): another image set, a bucket or --larger-than leave it out."""
+    data = str(tmp_path / "imagenet")
+    ffcv = {"image_set": {"data": data, "bucket": "all", "larger_than": None}, "repeat": 8,
+            "rounds": 3, "median": {"160": {"lmdb-512": 900.0, "beton-512": 700.0},
+                                    "224": {"lmdb-512": 600.0, "beton-512": 500.0,
+                                            "beton-example": 800.0}}}
+    (tmp_path / "out" / "ffcv").mkdir(parents=True)
+    path = tmp_path / "out" / "ffcv" / "report.json"
+    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) is None  # none written yet
+    path.write_text(json.dumps(ffcv))
+    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) == ffcv
+    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), str(tmp_path / "other")) is None
+    path.write_text(json.dumps({**ffcv, "image_set": {**ffcv["image_set"], "larger_than": 512}}))
+    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) is None
+    report = {"results": [{"loader": "stock", "images_per_sec": 300.0, "ratio_vs_stock": 1.0},
+                          {"loader": "lmdb", "images_per_sec": 650.0, "ratio_vs_stock": 2.17}],
+              "machine": {"cpu_count": 2, "device": "cpu"},
+              "config": {"data": data, "repeat": 16, "images": 250, "batch_size": 64,
+                         "workers": 2, "rounds": 5}}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = []
+    real_savefig = plt.Figure.savefig
+
+    def savefig(fig, target, **kwargs):
+        titles.append([ax.get_title() for ax in fig.axes])
+        return real_savefig(fig, target, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", savefig)
+    bench_loaders.write_chart(report, str(tmp_path / "alone.png"))
+    bench_loaders.write_chart(report, str(tmp_path / "both.png"), ffcv)
+    assert titles[0] == ["Training loaders on imagenet (250 training JPEGs x16): -b 64 -j 2, "
+                         "5 rounds, 2 cores (cpu)"]
+    assert len(titles[1]) == 2 and "224 px" in titles[1][1] and "FFCV 1.0.2" in titles[1][1]
+    for name in ("alone.png", "both.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
