@@ -125,8 +125,10 @@ print("exitcodes", *[p.exitcode for p in procs], flush=True)
 
 def test_every_process_on_the_node_is_accounted_for(tmp_path):
     """4 ranks x 2.25 MiB of slots on an 8 MiB /dev/shm: each rank alone fits and all pass the
-    free-space check together; the reservation leaves 3 with their slots and gives the fourth a
-    DataError naming the sizes and the fix, and no process dies of SIGBUS."""
+    free-space check together; the reservation gives a rank that does not fit a DataError
+    naming the sizes and the fix, and no process dies of SIGBUS. Usually 3 keep their slots;
+    ranks reserving at the same moment can each hold part of the last free pages, and then
+    more than one gets the error (the job ends on it either way)."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) not installed")
     script = tmp_path / "ranks.py"
@@ -140,10 +142,12 @@ def test_every_process_on_the_node_is_accounted_for(tmp_path):
         pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
     lines = result.stdout.splitlines()
     assert lines[-1] == "exitcodes 0 0 0 0", result.stdout + result.stderr
-    assert sorted(line.split(":")[0] for line in lines[:-1]) == ["DataError", "ok", "ok", "ok"]
-    (error,) = [line for line in lines if line.startswith("DataError")]
-    assert re.fullmatch(r"DataError: /dev/shm: cannot reserve 2\.2 MiB for this process's batch "
-                        r"slots \([\d.]+ MiB free now, shared by every loader of every process "
-                        r"on this node\): give the container more shared memory \(docker run "
-                        r"--shm-size=\.\.\. or --ipc=host\), or lower -j/--workers or "
-                        r"-b/--batch-size", error), error
+    kinds = [line.split(":")[0] for line in lines[:-1]]
+    assert len(kinds) == 4 and "DataError" in kinds and set(kinds) <= {"DataError", "ok"}, \
+        result.stdout
+    shortage = (r"DataError: /dev/shm: cannot reserve 2\.2 MiB for this process's batch slots "
+                r"\([\d.]+ MiB free now, shared by every loader of every process on this node\): "
+                r"give the container more shared memory \(docker run --shm-size=\.\.\. or "
+                r"--ipc=host\), or lower -j/--workers or -b/--batch-size")
+    for error in [line for line in lines if line.startswith("DataError")]:
+        assert re.fullmatch(shortage, error), error
