@@ -25,6 +25,7 @@ import torch
 
 from decode import resize
 
+from ..batch_stages import no_clock
 from ..contract import DataError, DistInfo, LoaderSettings
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
 from ..transforms import resize_center_crop
@@ -199,9 +200,9 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
     seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs).
     ``seconds``, if given, gets the wall seconds of the resizes (``"resize"``), of the flips
     and policy (``"augment"``) and of the rest (``"copy"``: the normalisation, the labels)."""
-    started = time.perf_counter()
+    clock = time.perf_counter if seconds is not None else no_clock
+    started = clock()
     spent = {"resize": 0.0, "augment": 0.0}
-    clock = time.perf_counter if seconds is not None else _no_clock
     images, *rest, labels = outputs
     size, interp = opts.crop_size, opts.interpolation
     flips = np.array(rest[0].as_tensor()).reshape(-1) if opts.train else None
@@ -234,10 +235,6 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
     if seconds is not None:
         seconds.update(spent, copy=time.perf_counter() - started - sum(spent.values()))
     return out, labels
-
-
-def _no_clock() -> float:
-    return 0.0
 
 
 def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_seed: int,

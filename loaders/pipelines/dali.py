@@ -44,7 +44,7 @@ from .._bad_samples import UnreadableSet, too_many_unreadable
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..orders import Order, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
-from ..batch_stages import BatchStageLog, StagedLoader, thread_cpu
+from ..batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
 from ..readers import Reader
 from ._dali_env import cuda_failure, gpu_decoding_problem, require_dali
 from ._dali_feed import BatchFeed, FeedPass
@@ -227,7 +227,9 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         """One batch of ``pipe``: with CUDA returned on torch's current stream (the host does
         not wait for it; torch's next kernels do), CPU-only when ready (:attr:`_waited`: the
         wait's wall and CPU seconds, for :meth:`_to_torch`)."""
-        started, cpu = time.perf_counter(), thread_cpu()
+        clock, cpu_clock = ((time.perf_counter, thread_cpu) if self.stage_log is not None
+                            else (no_clock, no_clock))
+        started, cpu = clock(), cpu_clock()
         if self.opts.cuda:
             outputs = pipe.run(torch.cuda.current_stream(self.device))
         else:

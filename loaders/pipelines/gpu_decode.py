@@ -30,7 +30,7 @@ from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, ep
 from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
 from ..positions import PositionedLoader, RestOfEpoch
-from ..batch_stages import BatchStageLog, StagedLoader, thread_cpu
+from ..batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
 from ..readers import Reader
 from ._ahead import run_ahead
 from ._closing import ClosingDataLoader
@@ -237,7 +237,7 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
         """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA);
         ``timing``, if given, gets the host's seconds of each (``"decode"``, ``"resize"``,
         ``"augment"``: the flip, ``"copy"``: normalisation and copies to the device)."""
-        clock = time.perf_counter if timing is not None else _no_clock
+        clock = time.perf_counter if timing is not None else no_clock
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
         windows = [tuple(w) for w in item["windows"].tolist()]
@@ -305,10 +305,6 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
             labels[i] = labels[good[0]]
         self._check_bad(found)
         return images, labels
-
-
-def _no_clock() -> float:
-    return 0.0
 
 
 def _one_ahead(items: Iterator) -> Iterator:
