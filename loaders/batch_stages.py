@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .stages import _EDGES_MS, _MIDDLES_MS, STAGES, _quantiles, read_event_pairs
+from .stages import _MIDDLES_MS, STAGES, _quantiles, ms_bins, read_event_pairs
 
 
 def no_clock() -> float:
@@ -79,8 +79,7 @@ class BatchStageLog:
     def add(self, stage: str, seconds) -> None:
         """Per-image seconds (array-like) of ``stage`` for a batch's images."""
         seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)
-        bins = np.clip(np.searchsorted(_EDGES_MS, seconds * 1e3, side="right") - 1,
-                       0, len(_MIDDLES_MS) - 1)
+        bins = ms_bins(seconds)
         with self._lock:
             self.hist[stage] += np.bincount(bins, minlength=len(_MIDDLES_MS))
             self.sums[stage] += float(seconds.sum())

@@ -110,6 +110,13 @@ def batch_rows(slots: int) -> torch.Tensor:
     return torch.zeros(slots, BATCH_COLUMNS, dtype=torch.float64)
 
 
+def ms_bins(seconds: np.ndarray) -> np.ndarray:
+    """The histogram bin (index into the log-spaced ms bins) of each of ``seconds`` (any
+    shape; values off the 1 us - 100 s range go to the end bins)."""
+    bins = np.searchsorted(_EDGES_MS, seconds * 1e3, side="right") - 1
+    return np.clip(bins, 0, len(_MIDDLES_MS) - 1)
+
+
 def _quantiles(counts: np.ndarray, qs=(0.5, 0.9)) -> list[float | None]:
     """The ``qs`` quantiles (ms) of one histogram row (bin middles); None if it is empty."""
     total = counts.sum()
@@ -156,9 +163,7 @@ class StageLog:
         values.append(total_s[None])
         seconds = np.concatenate(values)  # (_ROWS, count)
         present = ~np.isnan(seconds)
-        bins = np.searchsorted(_EDGES_MS, seconds * 1e3, side="right") - 1
-        bins = np.clip(bins, 0, len(_MIDDLES_MS) - 1)
-        flat = (np.arange(_ROWS)[:, None] * len(_MIDDLES_MS) + bins)[present]
+        flat = (np.arange(_ROWS)[:, None] * len(_MIDDLES_MS) + ms_bins(seconds))[present]
         self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
         self.sums += np.nansum(seconds, axis=1)
         self.kind_images += np.bincount(np.clip(kinds, 0, len(KINDS)), minlength=len(KINDS) + 1)
