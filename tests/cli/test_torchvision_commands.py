@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 import main
 from benchmarks.bench_recipes import TORCHVISION_R50_V2
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
 from tests.helpers.runs import SMALL, TRAINING_KEYS, read_metrics, run
@@ -36,7 +36,7 @@ def test_pytorch_examples_ci_line_on_one_image(sample, tmp_path):
     for split in ("train", "val"):
         os.makedirs(tmp_path / "sample" / split / "n")
         shutil.copy(image, tmp_path / "sample" / split / "n" / "Socks-clinton.jpg")
-    result = subprocess.run([sys.executable, os.path.join(REPO, "main.py"), "--epochs", "1",
+    result = warm.run([sys.executable, os.path.join(REPO, "main.py"), "--epochs", "1",
                              "sample/"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]

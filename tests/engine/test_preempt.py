@@ -15,6 +15,7 @@ import torch
 
 from engine.checkpoint import newest_checkpoint
 from engine.preempt import STOP_EXIT
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import cmdline, descendants, free_port
 from tests.helpers.runs import assert_same_training
@@ -28,7 +29,7 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
 
 
 def start(cmd, out):
-    return subprocess.Popen([*cmd, *RUN, "--output-dir", out, "--resume", "auto"], cwd=REPO,
+    return warm.Popen([*cmd, *RUN, "--output-dir", out, "--resume", "auto"], cwd=REPO,
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -134,7 +135,7 @@ def test_sigterm_to_every_process_with_loader_workers_is_a_clean_stop(tiny, tmp_
     """SLURM signals every process of a step, loader workers too: torch's workers die of
     SIGTERM (a crash for the training process) unless, as here, they block it."""
     out = str(tmp_path / "out")
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         [sys.executable, "main.py", tiny.root, "-j", "2", "-b", "4", "--epochs", "1",
          "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32",
          "-p", "1", "--seed", "0", "--output-dir", out], cwd=REPO, env=ENV,
@@ -147,7 +148,7 @@ def test_sigterm_to_every_process_with_loader_workers_is_a_clean_stop(tiny, tmp_
 
 
 def test_bench_stop_agreement_prints_its_costs():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.bench_stop_agreement", "--ranks",
+    result = warm.run([sys.executable, "-m", "benchmarks.bench_stop_agreement", "--ranks",
                              "2", "--steps", "5", "--step-ms", "1"], cwd=REPO, env=ENV,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

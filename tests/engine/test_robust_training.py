@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.runs import read_metrics as records, run_cli, small_run
 
@@ -58,7 +59,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny, tmp_pa
     rng = random.Random(7)
     for trial in range(2):
         out = str(tmp_path / f"killed{trial}")
-        proc = subprocess.Popen([sys.executable, "main.py", *args, "--output-dir", out],
+        proc = warm.Popen([sys.executable, "main.py", *args, "--output-dir", out],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True)
         steps, stop_after = 0, rng.randint(2, 12)  # 8 steps per epoch, 16 in all

@@ -2,7 +2,6 @@
 real srun/sbatch runs are in tests/engine/test_slurm.py."""
 import os
 import stat
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from engine import ConfigError
 from engine.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
                           rendezvous_port, slurm_step, tasks_on_node)
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 
 # What srun sets for task 5 of a 2-node step of 4 tasks per node (srun(1), OUTPUT ENVIRONMENT).
@@ -86,7 +86,7 @@ def test_gpu_per_task_or_one_line_on_a_mismatch():
 ])
 def test_bad_slurm_settings_are_one_line_errors(tmp_path, env, message):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "main.py", "--dummy", "--epochs", "1", "--output-dir", str(tmp_path),
          *(["--requeue"] if not env else [])],
         cwd=REPO, capture_output=True, text=True, timeout=300, env={**clean, **env})

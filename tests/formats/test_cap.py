@@ -3,7 +3,6 @@ larger ones area-averaged to the cap and re-encoded, the settings in the metadat
 index.json, --verify --dataset under the same cap, a resume under another cap refused."""
 import io
 import os
-import subprocess
 import sys
 
 import lmdb
@@ -21,6 +20,7 @@ from formats.lmdb import _codec as codec
 from formats.lmdb._writer import ResumeState
 from formats.shards import INDEX_NAME, ShardIndex
 from tools import datagen
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 
 
@@ -118,7 +118,7 @@ def test_lmdb_resume_under_another_cap_is_refused_in_one_line(mixed, tmp_path):
     db = str(tmp_path / "db")
     folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(100, 90))
     unfinished(db, {"max_side": 100, "quality": 90})
-    run = subprocess.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
+    run = warm.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
                           "--max-side", "120", "--quality", "90"], cwd=REPO,
                          capture_output=True, text=True)
     assert run.returncode == 1
@@ -154,7 +154,7 @@ def test_shards_record_their_cap_verify_and_refuse_another(mixed, tmp_path, monk
 def test_bad_flags_are_one_line_errors(mixed, tmp_path):
     for flags, text in ((["--max-side", "0"], "--max-side must be a positive"),
                         (["--quality", "0"], "--quality must be 1..100")):
-        run = subprocess.run([sys.executable, "folder2shards.py", "-d", mixed, "-o",
+        run = warm.run([sys.executable, "folder2shards.py", "-d", mixed, "-o",
                               str(tmp_path / "x"), *flags], cwd=REPO, capture_output=True,
                              text=True)
         assert run.returncode == 2
@@ -189,7 +189,7 @@ def test_reencode_all_reencodes_every_image_at_the_quality():
 
 def test_reencode_all_stores_record_it_verify_and_refuse_a_resume_without_it(mixed, tmp_path):
     db, shards = str(tmp_path / "db"), tmp_path / "shards"
-    run = subprocess.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
+    run = warm.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
                           "--quality", "90", "--reencode-all"], cwd=REPO, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr

@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 import lmdb
@@ -9,6 +8,7 @@ import folder2lmdb
 import formats.lmdb as codec
 from formats.lmdb._writer import Writer
 from tools import datagen
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.stores import check_db_matches_folder
 
@@ -71,7 +71,7 @@ def test_labels_follow_imagefolder_order_with_unsorted_names(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "folder2lmdb.py", *args], cwd=REPO,
+    return warm.run([sys.executable, "folder2lmdb.py", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

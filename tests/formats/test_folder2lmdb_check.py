@@ -4,7 +4,6 @@ and that a resume never mixes the two."""
 import io
 import os
 import random
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,7 @@ import folder2shards
 from formats import images as image_check
 from formats.sources import list_sources
 from formats.conversion import fingerprint
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 
 
@@ -122,7 +122,7 @@ def test_bad_check_is_one_line(tiny, tmp_path):
     with pytest.raises(folder2lmdb.ConversionError, match="check must be one of full, header"):
         folder2lmdb.convert(os.path.join(tiny.root, "train"), str(tmp_path / "db"),
                             progress=False, check="pixels")
-    done = subprocess.run([sys.executable, "folder2lmdb.py", "-d", tiny.root, "-o",
+    done = warm.run([sys.executable, "folder2lmdb.py", "-d", tiny.root, "-o",
                            str(tmp_path / "db"), "--check", "pixels"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "invalid choice: 'pixels'" in done.stderr

@@ -20,6 +20,7 @@ from formats import images as image_check
 from decode.libraries import decode_jpeg
 import formats.lmdb as codec
 from decode import decode
+from tests.helpers import warm
 from tests.helpers.badcorpus import make_bad_corpus
 from tests.helpers.paths import REPO
 
@@ -27,7 +28,7 @@ CLASSES = ["n01", "n02 empty", "n03"]
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "folder2lmdb.py", *args], cwd=REPO,
+    return warm.run([sys.executable, "folder2lmdb.py", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -3,7 +3,6 @@
 errors, and ``make convert-imagenet FORMAT=shards``."""
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -17,6 +16,7 @@ from formats.shards import INDEX_NAME, ShardIndex, idx_name
 from formats.shards.locations import resolve_split
 from loaders.readers.shards import ShardReader
 from tools import datagen
+from tests.helpers import warm
 from tests.helpers.badcorpus import make_bad_corpus
 from tests.helpers.paths import REPO
 from tests.helpers.runs import make
@@ -105,7 +105,7 @@ def test_idx_files_equal_dalis_wds2idx(tiny_shards, tmp_path):
     _, out, _ = tiny_shards
     for name in sorted(n for n in os.listdir(out) if n.endswith(".tar")):
         made = tmp_path / name.replace(".tar", ".idx")
-        subprocess.run([sys.executable, WDS2IDX, os.path.join(out, name), str(made)],
+        warm.run([sys.executable, WDS2IDX, os.path.join(out, name), str(made)],
                        check=True, capture_output=True, timeout=60)
         assert open(os.path.join(out, idx_name(name))).read() == made.read_text()
 
@@ -198,7 +198,7 @@ def bad(tmp_path_factory):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "folder2shards.py", *args], cwd=REPO,
+    return warm.run([sys.executable, "folder2shards.py", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -5,7 +5,6 @@ uninterrupted run); stores written without it byte for byte as before."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,12 +13,13 @@ import torch
 import folder2lmdb
 import formats.lmdb as codec
 from decode import decode
-from decode.raw import is_raw, raw_header
+from decode.raw import is_raw
 from formats import raw_share
 from formats.raw_share import Budget, CostModel, RawChoice, parse_budget
 from formats.images import check_image
 from formats.shards import convert as convert_shards, verify as verify_shards
 from formats.sources import list_sources
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.stores import raw_records, store_digest
 
@@ -200,7 +200,7 @@ def test_without_a_raw_share_nothing_of_it_is_written(tiny, tmp_path):
 
 
 def test_a_bad_budget_is_one_line(tiny, tmp_path):
-    run = subprocess.run([sys.executable, "folder2lmdb.py", "-d", os.path.join(tiny.root, "train"),
+    run = warm.run([sys.executable, "folder2lmdb.py", "-d", os.path.join(tiny.root, "train"),
                           "-o", str(tmp_path / "db"), "--raw-budget", "lots"],
                          cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 2

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
 
@@ -35,12 +36,6 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def _interruptible() -> None:
-    # A shell's background job ignores SIGINT, and a child inherits that: Python then never
-    # raises KeyboardInterrupt. The run gets Ctrl-C as a terminal's foreground job would.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class WatchedRun:
     """``python main.py *args`` from the repository root in a new session (its pid is its
     process group's id), stdout and stderr merged into :attr:`lines` as ``(seconds since
@@ -50,10 +45,10 @@ class WatchedRun:
         self.shm_before = set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
         self.started = time.monotonic()
         env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}  # lines as made
-        self.proc = subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True,
-                                     preexec_fn=_interruptible)
+        self.proc = warm.Popen([sys.executable, "main.py", *args], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True,
+                               preexec_fn=warm.default_sigint)
         self.lines: list[tuple[float, str]] = []
         self.seen: set[int] = {self.proc.pid}
         self._new: queue.Queue = queue.Queue()

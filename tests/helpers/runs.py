@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 
 
@@ -28,9 +29,10 @@ SMALL_DISTRIBUTED = small_run(batch=None, workers=1, seed=5, print_freq=1) + ["-
 
 
 def run_cli(*args, env=None, timeout=300):
-    """``python main.py ARGS`` from the repository root: the CompletedProcess (text)."""
-    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    """``python main.py ARGS`` from the repository root, started warm when it may
+    (:mod:`tests.helpers.warm`): the CompletedProcess (text)."""
+    return warm.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True,
+                    text=True, timeout=timeout, env=env)
 
 
 def cli_in_process(args, capfd) -> subprocess.CompletedProcess:
@@ -51,8 +53,8 @@ def main_cmd(*args) -> list[str]:
 
 
 def run(cmd, timeout=240):
-    """Run ``cmd`` from the repository root; it must succeed."""
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """Run ``cmd`` from the repository root (warm when it may); it must succeed."""
+    result = warm.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

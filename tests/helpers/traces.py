@@ -14,6 +14,7 @@ from loaders import DistInfo
 from loaders.positions import TRACE_ENV, Layout, global_order
 from loaders.readers import open_reader
 from tests.helpers.loading import loader_settings
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.runs import main_cmd, small_run
 
@@ -43,9 +44,9 @@ def traced_env(trace: str) -> dict:
 def kill_at_step(args: list[str], trace: str, step: int) -> None:
     """Run ``main.py ARGS`` (``-p 1``) and SIGKILL its process group once step ``step`` of
     epoch 0 was printed."""
-    proc = subprocess.Popen(main_cmd(*args), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env=traced_env(trace))
+    proc = warm.Popen(main_cmd(*args), cwd=REPO, stdout=subprocess.PIPE,
+                      stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                      env=traced_env(trace))
     for line in proc.stdout:
         if line.startswith(f"Epoch: [0][{step}/") or line.startswith(f"Epoch: [0][ {step}/"):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -2,8 +2,18 @@
 import json
 import os
 
-from benchmarks import bench_loaders, bench_stage_cost, profile_transforms
+import pytest
+
+from benchmarks import bench_loaders, bench_stage_cost, profile_transforms, runner
 from decode import jpeg_region
+from tests.helpers import warm
+
+
+@pytest.fixture(autouse=True)
+def warm_processes(monkeypatch):
+    """The benchmarks' ``main.py --benchmark-data`` and ``-m benchmarks...`` processes
+    (``runner.run_json_process``) start warm: tests.helpers.warm stands in for ``subprocess``."""
+    monkeypatch.setattr(runner, "subprocess", warm)
 
 
 def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):

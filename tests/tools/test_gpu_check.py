@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import fake_gpu_run, fake_wheel, gpu_check_cli, make_bundle
 from tools import _gpu_report, _gpu_runner, gpu_check
@@ -24,7 +25,10 @@ def dry_run(sample, tmp_path_factory):
     """One CPU dry run (tiny sizes: 32 px, -b 4, 1 + 2 steps) over a bundle of 8 classes."""
     root = tmp_path_factory.mktemp("gpu-check")
     bundle = make_bundle(sample, root / "bundle")
-    code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out", str(root / "out")])
+    with pytest.MonkeyPatch.context() as patch:  # its main.py processes start warm
+        patch.setattr(_gpu_runner, "subprocess", warm)
+        code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out",
+                                        str(root / "out")])
     report = json.loads((root / "out" / "report.json").read_text())
     return SimpleNamespace(code=code, stdout=out, stderr=err, out=root / "out", report=report,
                            sections=report["sections"])
