@@ -113,7 +113,8 @@ def free_port() -> int:
 
 def launch_processes(target: Callable, args, nproc: int) -> None:
     """``--multiprocessing-distributed``: run ``target(local_rank, args, nproc, dist_url)`` in
-    ``nproc`` spawned processes (``target`` must be a module-level function).
+    ``nproc`` processes forked from one multiprocessing forkserver that imported ``__main__``
+    (``target`` must be a module-level function).
 
     As pytorch/examples: ``--world-size`` counts nodes and ``--rank`` is this node's rank.
     Without ``--dist-url`` one node rendezvous on a free localhost port. SIGUSR1/SIGTERM sent
@@ -128,7 +129,12 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
     if max(args.world_size, 1) > 1 and not args.dist_url:
         raise ConfigError("--dist-url tcp://HOST:PORT is needed for more than one node")
     dist_url = args.dist_url or f"tcp://127.0.0.1:{free_port()}"
-    context = mp.spawn(target, args=(args, nproc, dist_url), nprocs=nproc, join=False)
+    # forkserver, not spawn: one new interpreter imports main.py (torch, torchvision: 3-7 s of
+    # CPU on a 2-core machine) once and forks every training process from it; spawn paid that
+    # import once per process. The server is a fresh interpreter that never touches CUDA, so its
+    # forks may (Python's multiprocessing docs; torch.multiprocessing accepts it for CUDA).
+    context = mp.start_processes(target, args=(args, nproc, dist_url), nprocs=nproc, join=False,
+                                 start_method="forkserver")
     try:
         with preempt.forward_stop_signals([p.pid for p in context.processes]):
             while not context.join():
@@ -144,10 +150,11 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
 def use_default_start_method() -> None:
     """In a process started by ``--multiprocessing-distributed``: start DataLoader workers as
     one process or torchrun does, with the platform's default start method (fork on Linux
-    before Python 3.14). ``torch.multiprocessing.spawn`` hands its processes ``spawn`` as their
-    default (CPython's spawn preparation data), so each loader worker would start a new
-    interpreter and import torch and the loaders again, for every pass's workers: on the H100
-    machine (16 cores, 8 workers) a 2-batch epoch waited 84 s for data."""
+    before Python 3.14). ``torch.multiprocessing`` hands its processes the start method that
+    started them as their default (CPython's preparation data): with spawn each loader worker
+    started a new interpreter and imported torch and the loaders again, for every pass's workers
+    (on the H100 machine, 16 cores, 8 workers, a 2-batch epoch waited 84 s for data); with
+    forkserver each worker's dataset would be pickled through the server."""
     multiprocessing.set_start_method(None, force=True)
 
 

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from engine.distributed import use_default_start_method
+from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.processes import cmdline, descendants, free_port
+from tests.helpers.processes import free_port, training_processes
 from tests.helpers.runs import SMALL_DISTRIBUTED, main_cmd, only_record, run
 
 # -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
@@ -66,7 +67,7 @@ def test_torchrun_two_cpu_processes(tiny, tmp_path, backend):
 def test_two_nodes_on_localhost_agree(tiny, tmp_path):
     url = f"tcp://127.0.0.1:{free_port()}"
     outs = [str(tmp_path / f"node{r}") for r in (0, 1)]
-    procs = [subprocess.Popen(
+    procs = [warm.Popen(
         main_cmd("--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
                  "--nproc-per-node", "1", "--world-size", "2", "--rank", str(r),
                  "--dist-url", url, "--output-dir", outs[r]),
@@ -79,7 +80,7 @@ def test_two_nodes_on_localhost_agree(tiny, tmp_path):
 
 
 def test_killed_rank_ends_the_job_quickly(tmp_path):
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         main_cmd("--dummy", *SMALL, "-b", "4", "--epochs", "1000", "--train-batches", "1000",
                  "--multiprocessing-distributed", "--nproc-per-node", "2", "-j", "0",
                  "--output-dir", str(tmp_path)),
@@ -88,7 +89,7 @@ def test_killed_rank_ends_the_job_quickly(tmp_path):
         for line in proc.stdout:  # wait until training runs
             if line.startswith("Epoch:"):
                 break
-        workers = sorted(p for p in descendants(proc.pid) if b"spawn_main" in cmdline(p))
+        workers = training_processes(proc.pid)
         assert len(workers) == 2
         killed_at = time.monotonic()
         os.kill(workers[1], signal.SIGKILL)  # spawned second: local rank 1
@@ -101,7 +102,7 @@ def test_killed_rank_ends_the_job_quickly(tmp_path):
 
 
 def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
-    result = subprocess.run(main_cmd(str(tmp_path / "missing"), *SMALL, "-b", "8",
+    result = warm.run(main_cmd(str(tmp_path / "missing"), *SMALL, "-b", "8",
                                      "--multiprocessing-distributed", "--nproc-per-node", "2"),
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
@@ -116,7 +117,7 @@ def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
     args = ["--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
             "--nproc-per-node", "2", "--save-every", "1", "--epochs", "1"]
     out = str(tmp_path / "out")
-    proc = subprocess.Popen(main_cmd(*args, "--output-dir", out), cwd=REPO,
+    proc = warm.Popen(main_cmd(*args, "--output-dir", out), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     for line in proc.stdout:  # 8 steps per epoch (2 ranks x 8 batches of 2)

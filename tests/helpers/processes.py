@@ -16,10 +16,8 @@ def free_port() -> int:
 def descendants(pid: int) -> list[int]:
     """The process ids of ``pid``'s children, theirs, and so on (from /proc)."""
     found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            for child in map(int, f.read().split()):
-                found += [child, *descendants(child)]
+    for child in children(pid):
+        found += [child, *descendants(child)]
     return found
 
 
@@ -27,3 +25,20 @@ def cmdline(pid: int) -> bytes:
     """``pid``'s command line, NUL-separated as /proc has it."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes (from /proc)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += map(int, f.read().split())
+    return found
+
+
+def training_processes(pid: int) -> list[int]:
+    """The training processes of ``main.py --multiprocessing-distributed`` running as ``pid``,
+    in the order they were started: the children of its multiprocessing forkserver (its child
+    that runs ``multiprocessing.forkserver``; the training processes are its forks)."""
+    servers = [p for p in children(pid) if b"multiprocessing.forkserver" in cmdline(p)]
+    return sorted(rank for server in servers for rank in children(server))
