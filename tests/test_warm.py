@@ -23,7 +23,8 @@ PROBE = textwrap.dedent('''
             "value": os.environ.get("WARM_PROBE"), "stdin": sys.stdin.read(),
             "line_buffered": sys.stdout.line_buffering, "write_through": sys.stdout.write_through,
             "stderr_line_buffered": sys.stderr.line_buffering,
-            "session_leader": os.getsid(0) == os.getpid()}))
+            "session_leader": os.getsid(0) == os.getpid(),
+            "tmp": __import__("tempfile").gettempdir()}))
         print("to stderr", file=sys.stderr)
     elif sys.argv[1] == "exit":
         sys.exit(int(sys.argv[2]))
@@ -67,7 +68,8 @@ def both(args, **kwargs):
 @pytest.mark.parametrize("unbuffered", ["", "1"])
 def test_a_warm_process_sees_what_a_cold_one_sees(probe, tmp_path, unbuffered):
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
-           "WARM_PROBE": "value", **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})}
+           "WARM_PROBE": "value", "TMPDIR": str(tmp_path),
+           **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})}
     cold, hot = both([sys.executable, probe, "report", "x y"], cwd=str(tmp_path), env=env,
                      input="from stdin")
     assert hot.returncode == cold.returncode == 0, (cold.stderr, hot.stderr)
@@ -75,6 +77,7 @@ def test_a_warm_process_sees_what_a_cold_one_sees(probe, tmp_path, unbuffered):
     report = json.loads(hot.stdout)
     assert report["name"] == "__main__" and report["argv"][1:] == ["report", "x y"]
     assert report["value"] == "value" and report["stdin"] == "from stdin"
+    assert report["tmp"] == str(tmp_path)
     assert (report["line_buffered"], report["stderr_line_buffered"],
             report["write_through"]) == ((False, False, True) if unbuffered else (False, True, False))
     assert hot.stderr == cold.stderr == "to stderr\n"

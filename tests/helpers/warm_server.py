@@ -21,6 +21,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 
 
@@ -133,6 +134,7 @@ def _child(request: dict, fds: list[int], started: int) -> None:
     try:
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # found again from this environment's TMPDIR, as at a cold start
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdin = sys.__stdin__ = _stdio(0, False, unbuffered, sys.__stdin__)
         sys.stdout = sys.__stdout__ = _stdio(1, True, unbuffered, sys.__stdout__)
