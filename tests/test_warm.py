@@ -131,3 +131,14 @@ def test_main_py_says_the_same_warm_and_cold():
         cold, hot = both([sys.executable, "main.py", *args], cwd=warm.REPO)
         assert (hot.returncode, hot.stdout, hot.stderr) == (cold.returncode, cold.stdout,
                                                             cold.stderr)
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_children(probe, tmp_path):
+    """A grandchild holding the output pipe does not keep ``warm.run`` waiting (a training
+    process that outlives its killed launcher)."""
+    script = tmp_path / "parent.py"
+    script.write_text("import subprocess, sys, time\n"
+                      f"subprocess.Popen([sys.executable, {probe!r}, 'sleep'])\n"
+                      "time.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run([sys.executable, str(script)], capture_output=True, text=True, timeout=5)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 # before it is killed: an idle worker leaves in milliseconds (it polls its index queue).
 STOP_GRACE_S = 2.0
 _KILL_JOIN_S = 5.0  # a SIGKILLed process is reaped at once; the bound only guards the join
+FEEDER_JOIN_S = 2.0  # a closed queue's feeder thread ends in milliseconds
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # every multi-process iterator made here
 _workers: weakref.WeakSet = weakref.WeakSet()  # and every worker process of those
@@ -39,6 +40,8 @@ class ClosingDataLoader(DataLoader):
         self._made: weakref.WeakSet = weakref.WeakSet()
 
     def _get_iterator(self):
+        if self.num_workers > 0:
+            join_exiting_feeders()  # before this iterator forks its workers
         iterator = super()._get_iterator()
         workers = getattr(iterator, "_workers", None)
         if workers:
@@ -83,6 +86,29 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
         kill_workers(getattr(iterator, "_workers", ()))
     for iterator in live:
         iterator._shutdown_workers()  # the queues' feeder threads; every join returns at once
+
+
+def join_exiting_feeders(timeout_s: float = FEEDER_JOIN_S) -> None:
+    """Wait (at most ``timeout_s`` seconds in all) for the queue feeder threads of every
+    iterator already shut down to end, so that no thread is ending while workers are forked.
+
+    Why: a thread that ends takes CPython's runtime lock (HEAD_LOCK) to remove its thread
+    state, and a ``fork()`` at that moment gave the child the lock held: before 3.11.8 and
+    3.12 the child deadlocked in ``PyOS_AfterFork_Child`` (CPython gh-112275, fixed by
+    GH-112336). torch's ``_shutdown_workers`` closes an iterator's queues without joining
+    their feeder threads (``cancel_join_thread``), so they end just as the next pass forks
+    its workers: a 2-process test run's validation worker hung so, in a fork that never
+    returned, on Python 3.11.7."""
+    deadline = time.monotonic() + timeout_s
+    for iterator in list(_iterators):
+        if not getattr(iterator, "_shutdown", False):
+            continue  # its queues are open: their feeder threads wait, they do not end
+        queues = [*getattr(iterator, "_index_queues", ()),
+                  getattr(iterator, "_worker_result_queue", None)]
+        for queue in queues:
+            thread = getattr(queue, "_thread", None)  # multiprocessing.Queue's feeder
+            if thread is not None and thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def kill_workers(workers) -> None:

@@ -41,6 +41,7 @@ from subprocess import (DEVNULL, PIPE, STDOUT, CalledProcessError, CompletedProc
                         TimeoutExpired)
 
 from tests.helpers.paths import REPO
+from tests.helpers.processes import descendants
 
 __all__ = ["Popen", "run", "default_sigint", "DEVNULL", "PIPE", "STDOUT", "CalledProcessError",
            "CompletedProcess", "TimeoutExpired"]
@@ -226,7 +227,8 @@ class Popen(subprocess.Popen):
 
 
 def run(args, *, input=None, capture_output=False, timeout=None, check=False, **kwargs):
-    """:func:`subprocess.run` through :class:`Popen` (warm when it may)."""
+    """:func:`subprocess.run` through :class:`Popen` (warm when it may); past ``timeout`` the
+    process and all its descendants are killed (SIGKILL) before TimeoutExpired is raised."""
     if capture_output:
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
     if input is not None:
@@ -235,7 +237,13 @@ def run(args, *, input=None, capture_output=False, timeout=None, check=False, **
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            proc.kill()
+            # the whole tree: a training process left alive would hold the output pipes open
+            # and the communicate below would wait for ever (subprocess.run kills only proc)
+            for pid in [*descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             exc.stdout, exc.stderr = proc.communicate()
             raise
         except BaseException:

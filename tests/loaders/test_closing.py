@@ -6,7 +6,7 @@ import signal
 import time
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from loaders.pipelines._closing import ClosingDataLoader
 
@@ -59,3 +59,27 @@ def test_a_pass_left_part_way_is_stopped_too():
     workers = list(batches._workers)
     loader.close()
     assert all(not w.is_alive() for w in workers)
+
+
+def test_no_queue_feeder_thread_is_ending_when_the_next_pass_forks_its_workers(monkeypatch):
+    """CPython before 3.11.8 (gh-112275): a fork while a thread ends can deadlock the child.
+    torch closes a finished pass's queues without joining their feeder threads; the next
+    ``iter()`` waits for them before torch forks its workers (``join_exiting_feeders``)."""
+    loader = ClosingDataLoader(list(range(8)), batch_size=2, num_workers=2)
+    first = iter(loader)
+    assert [b.tolist() for b in first] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert first._shutdown  # finished: its queues are closed
+    feeders = [q._thread for q in first._index_queues if q._thread is not None]
+    assert feeders  # the indices went through them
+    alive_at_fork = []
+    torch_get_iterator = DataLoader._get_iterator
+
+    def spy(self):  # where torch starts forking the workers
+        alive_at_fork.append([thread.is_alive() for thread in feeders])
+        return torch_get_iterator(self)
+
+    monkeypatch.setattr(DataLoader, "_get_iterator", spy)
+    second = iter(loader)
+    assert alive_at_fork == [[False] * len(feeders)]
+    assert [b.tolist() for b in second][0] == [0, 1]
+    loader.close()
