@@ -28,6 +28,7 @@ import atexit
 import builtins
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -71,6 +72,7 @@ class _Zygote:
         self.dir = tempfile.mkdtemp(prefix="warm-")
         self.path = os.path.join(self.dir, "socket")
         self.env = dict(os.environ)
+        self.startup = _startup_env(self.env)
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.warm_server",
                                       self.path, *PRELOAD],
                                      cwd=REPO, env=self.env, stdin=subprocess.PIPE,
@@ -82,7 +84,7 @@ class _Zygote:
         atexit.register(self.close)
 
     def accepts(self, env: dict) -> bool:
-        return self.proc.poll() is None and _startup_env(env) == _startup_env(self.env)
+        return self.proc.poll() is None and _startup_env(env) == self.startup
 
     def start(self, request: dict, fds: list[int]) -> tuple[socket.socket, int, bytes]:
         """Fork ``request``'s process: its connection (the exit status comes on it), its pid,
@@ -105,6 +107,7 @@ class _Zygote:
             self.proc.wait(10)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the socket's folder
 
 
 _zygote: _Zygote | None = None
