@@ -1,4 +1,4 @@
-"""The advice of a data-bound run (issue 49), and the stage shares it and ``engine.bounds``
+"""The advice of a data-bound run, and the stage shares it and ``engine.bounds``
 read. Each rule reads an epoch's stage figures (:func:`shares`), the run's
 :class:`~engine.bounds.Machine` ``m`` and the training thread's :class:`~engine.bounds.Steps`
 (None for ``--benchmark-data``) and returns ``(estimated gain, line)`` or None; :func:`advise`

@@ -1,11 +1,7 @@
-"""torchvision's data-augmentation flags (issue 39) and random erasing on the device batch.
-
-The flags, with ``references/classification/train.py``'s names, choices and defaults:
-``--auto-augment`` (the policies of ``loaders.auto_augment``, on each uint8 crop in the
-loader) with ``--ra-magnitude`` and ``--augmix-severity``, ``--interpolation``, ``--ra-sampler``
-with ``--ra-reps`` (``loaders.orders.RepeatedAugmentationOrder``) and ``--random-erase``, which
-is here: :class:`RandomErasing` on the normalised batch where the loader delivers it (on the
-GPU in a GPU run), through :class:`ErasingLoader`, so every pipeline gets it alike.
+"""``--random-erase``: torchvision's :class:`RandomErasing` on the normalised batch where the
+loader delivers it (on the GPU in a GPU run), through :class:`ErasingLoader`, so every pipeline
+gets it alike. torchvision's other augmentation flags act in the loaders
+(``loaders.auto_augment``, ``loaders.orders.RepeatedAugmentationOrder``).
 """
 from __future__ import annotations
 
@@ -14,48 +10,8 @@ import math
 import numpy as np
 import torch
 
-from engine import ConfigError
-from loaders.auto_augment import INTERPOLATIONS, POLICIES
-
 _TAG = 0x45524153  # "ERAS": random erasing's stream, apart from the loader's of a batch
 ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
-
-
-def add_augment_args(g) -> None:
-    """The augmentation flags, as torchvision's train.py spells them."""
-    g.add_argument("--auto-augment", choices=POLICIES, metavar="POLICY",
-                   help="augment each training crop with a policy: ta_wide (TrivialAugment "
-                   "Wide), ra (RandAugment), augmix, or AutoAugment's imagenet, cifar10, svhn")
-    g.add_argument("--ra-magnitude", type=int, default=9, metavar="M",
-                   help="--auto-augment ra: the magnitude bin (0-30)")
-    g.add_argument("--augmix-severity", type=int, default=3, metavar="S",
-                   help="--auto-augment augmix: severity (1-10)")
-    g.add_argument("--random-erase", type=float, default=0.0, metavar="P",
-                   help="erase a random box of each training image with probability P "
-                   "(torchvision's RandomErasing), on the device batch")
-    g.add_argument("--ra-sampler", action="store_true",
-                   help="repeated augmentation: torchvision's RASampler order (distributed runs "
-                   "only, as torchvision)")
-    g.add_argument("--ra-reps", type=int, default=3, metavar="N",
-                   help="--ra-sampler: copies of each image per epoch order")
-    g.add_argument("--interpolation", default="bilinear", choices=INTERPOLATIONS,
-                   help="resampling of every resize and of the policies' geometric ops")
-
-
-def check_augment_flags(args) -> None:
-    """Refuse augmentation flag values that cannot work, in one line (:class:`ConfigError`)."""
-    problems = [
-        (not 0 <= args.ra_magnitude <= 30, f"--ra-magnitude {args.ra_magnitude}: expected 0-30 "
-         "(a bin of RandAugment's 31)"),
-        (not 1 <= args.augmix_severity <= 10,
-         f"--augmix-severity {args.augmix_severity}: expected 1-10"),
-        (not 0 <= args.random_erase <= 1, f"--random-erase {args.random_erase}: expected "
-         "0 <= P <= 1"),
-        (args.ra_reps < 1, f"--ra-reps {args.ra_reps}: expected N >= 1"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(message)
 
 
 class RandomErasing:
@@ -123,7 +79,7 @@ class ErasingLoader:
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
         self.epoch, self.start_batch = epoch, start_batch
-        # ``rest`` only where given: a loader of the older contract takes two arguments
+        # ``rest`` only where given: a loader's set_epoch may take two arguments
         self.loader.set_epoch(epoch, start_batch, *([] if rest is None else [rest]))
 
     def __len__(self) -> int:

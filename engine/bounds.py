@@ -219,7 +219,7 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
         out["stages_loader_images_per_sec"] = loader["loader_images_per_sec"]
         cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
         out["stages_worker_cpu_share"] = sum(cpu) / len(cpu) if cpu else None
-        # per worker: its stages' sum over its measured wall time per image (issue 49: >= 95%)
+        # per worker: its stages' sum over its measured wall time per image (>= 95% measured)
         out["stages_worker_coverage"] = [w["stages_ms_per_image"] / w["ms_per_image"]
                                          for w in loader["workers"] if w["ms_per_image"] > 0]
         if loader["sizes"] is not None:

@@ -3,7 +3,7 @@ the position inside an epoch; written atomically, restored into a
 :class:`~engine.state.TrainState`.
 
 Also restored: pytorch/examples' own checkpoints (``module.`` keys from DDP, a tensor
-``best_acc1``, none of the newer keys, perhaps no ``scheduler``) and bare state_dicts
+``best_acc1``, none of our added keys, perhaps no ``scheduler``) and bare state_dicts
 (``torch.save(model.state_dict())``, torchvision's weights): see :func:`restore`.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from engine import ConfigError
 from engine.distributed import unwrap
 from engine.optim import fill_momentum_buffers, position_scheduler
+from engine.settings import RunSettings
 from loaders import DistInfo
 
 # Path components that wrappers put into state_dict keys: DataParallel / DDP (``module.``, also
@@ -31,8 +32,8 @@ IMPLEMENTATION_KEYS = ("foreach", "fused", "differentiable")
 
 
 def restore_rng(saved, dist: DistInfo) -> None:
-    """Restore this rank's RNG states from a checkpoint's ``rng``: a list by global rank, or (older
-    checkpoints) rank 0's states alone, whose ``cuda`` lists every visible device's.
+    """Restore this rank's RNG states from a checkpoint's ``rng``: a list by global rank, or a
+    dict of rank 0's states alone, whose ``cuda`` lists every visible device's.
 
     A rank the checkpoint has no state for (more ranks now) keeps its fresh ``seed + rank``
     streams; a CUDA state is restored only onto this rank's own device, and only if saved
@@ -46,17 +47,17 @@ def restore_rng(saved, dist: DistInfo) -> None:
     cuda = state.get("cuda")
     if dist.device.type != "cuda" or cuda is None:
         return
-    if isinstance(cuda, list):  # older checkpoints: every visible device's state, by index
+    if isinstance(cuda, list):  # a dict's: every visible device's state, by index
         if dist.device.index >= len(cuda):
             return
         cuda = cuda[dist.device.index]
     torch.cuda.set_rng_state(cuda, dist.device)
 
 
-def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: int,
-                     rng_states: list[dict], batch: int = 0, partial: dict | None = None,
+def checkpoint_state(state, s: RunSettings, epoch: int, best_acc1: float, rng_states: list[dict],
+                     batch: int = 0, partial: dict | None = None,
                      position: dict | None = None) -> dict:
-    """The checkpoint of ``state`` (a :class:`~engine.state.TrainState`).
+    """The checkpoint of ``state`` (a :class:`~engine.state.TrainState`) in the run of ``s``.
 
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
@@ -64,27 +65,19 @@ def checkpoint_state(state, epoch: int, best_acc1: float, config: dict, seed: in
     order consumed and the layouts, :func:`loaders.positions.position_record`, which a resume
     at another world size or batch size continues from, :mod:`engine.position`). ``config``:
     the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved
-    (drawn when ``--seed`` was not given); ``rng_states`` from
+    (drawn when ``--seed`` was not given); ``rng`` from
     :func:`~engine.distributed.gather_rng_states`. With an EMA (``state.ema``) also
     ``model_ema``: its state_dict, under torchvision's key and format."""
     ema = getattr(state, "ema", None)
+    config = s.output.config
     return {**({"model_ema": ema.state_dict()} if ema is not None else {}),
         "epoch": epoch, "batch": batch, "partial": partial,
         **({"position": position} if batch and position else {}),
         "arch": config["arch"], "state_dict": unwrap(state.model).state_dict(),
         "best_acc1": best_acc1, "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(),
-        "config": dict(config), "seed": seed, "rng": rng_states,
+        "config": dict(config), "seed": s.seed, "rng": rng_states,
     }
-
-
-def saved_seed(checkpoint: dict) -> int | None:
-    """The seed a checkpoint's run used: its ``seed`` key, or (older checkpoints, whose
-    ``config`` held the resolved per-process settings) ``config["seed"]``."""
-    if checkpoint.get("seed") is not None:
-        return int(checkpoint["seed"])
-    config = checkpoint.get("config")
-    return config.get("seed") if isinstance(config, dict) else None
 
 
 def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
@@ -253,29 +246,32 @@ def _saved_base_lrs(scheduler, saved) -> None:
         scheduler.base_lrs = [float(b) for b in base]
 
 
-def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
-            dist: DistInfo, *, evaluate: bool = False, start_epoch: int = 0, path: str = "",
-            log=None, steps_per_epoch: int = 1) -> tuple[int, float]:
-    """Load ``checkpoint`` (ours, pytorch/examples' or a bare state_dict) and this rank's RNG
-    states; return ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%)
-    so far; ``log`` (if given) gets one line saying what was resumed.
+def restore(checkpoint: dict | None, state, s: RunSettings, steps_per_epoch: int,
+            log=None) -> tuple[int, float]:
+    """Load ``checkpoint`` (ours, pytorch/examples' or a bare state_dict, from ``s.resume``)
+    into ``state`` (its model not wrapped yet) and this rank's RNG states; return
+    ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%) so far
+    (``(--start-epoch, 0.0)`` without a checkpoint); ``log`` gets what was resumed.
 
-    Weights always (any ``module.``/``_orig_mod.`` wrapper prefixes dropped); ``evaluate``
-    (``-e``): nothing else. Otherwise the optimizer, the scheduler at step ``epoch x
-    steps_per_epoch + batch`` with the saved base LRs (ours, pytorch/examples' epoch-wise
-    StepLR or none: :func:`~engine.optim.position_scheduler`), loss scale (where both runs
-    scale; else a fresh scale) and RNG states (without them: the fresh seed streams) as far as
-    saved. Without ``optimizer`` (a bare state_dict) training starts from the weights with a
-    fresh optimizer at ``epoch`` if saved, else at ``start_epoch`` (``--start-epoch``). A
-    tensor ``best_acc1`` (pytorch/examples) becomes a float; no ``arch``: ``arch`` is trusted.
-    Raises :class:`ConfigError` (one line) for another architecture, weights that do not fit,
-    or a non-SGD / mismatched optimizer state."""
+    Weights always (wrapper prefixes dropped); under ``-e`` nothing else (the EMA's weights
+    with ``--model-ema``: :func:`with_ema_weights`). Otherwise, as far as saved: the optimizer,
+    the scheduler at step ``epoch x steps_per_epoch + batch`` with the saved base LRs
+    (:func:`~engine.optim.position_scheduler`), the loss scale (where both runs scale) and RNG
+    states. A bare state_dict trains from its weights with a fresh optimizer at its ``epoch``
+    or ``--start-epoch``. Raises :class:`ConfigError` (one line) for another architecture,
+    weights that do not fit, or another optimizer's or a mismatched optimizer state."""
+    if not checkpoint:
+        return s.recipe.start_epoch, 0.0
+    arch, path, evaluate = s.model.arch, s.resume or "", s.mode == "evaluate"
+    if evaluate and s.recipe.model_ema:
+        checkpoint = with_ema_weights(checkpoint, path, log)
+    optimizer, scheduler, scaler = state.optimizer, state.scheduler, state.scaler
     checkpoint = as_checkpoint(checkpoint, path)
     where = f"--resume {path}".rstrip()
     if checkpoint.get("arch", arch) != arch:
         raise ConfigError(f"{where}: checkpoint is a {checkpoint['arch']}, not -a {arch}")
-    load_weights(model, checkpoint["state_dict"], arch, where)
-    start_epoch = int(checkpoint.get("epoch", start_epoch))
+    load_weights(state.model, checkpoint["state_dict"], arch, where)
+    start_epoch = int(checkpoint.get("epoch", s.recipe.start_epoch))
     best_acc1 = float(checkpoint.get("best_acc1", 0.0))
     weights_only = "optimizer" not in checkpoint
     if evaluate:
@@ -294,7 +290,7 @@ def restore(checkpoint: dict, model, optimizer, scheduler, scaler, arch: str,
         if scaler.is_enabled() and checkpoint.get("scaler"):
             scaler.load_state_dict(checkpoint["scaler"])
         if checkpoint.get("rng") is not None:
-            restore_rng(checkpoint["rng"], dist)
+            restore_rng(checkpoint["rng"], s.dist)
         message = f"resumed from {path} at epoch {start_epoch}" + (
             f", batch {checkpoint['batch']}" if checkpoint.get("batch") else "")
     if log:

@@ -177,9 +177,10 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,
     gpu = args.gpu
     if place.step is not None and use_cuda(args.no_accel) and gpu is None:
         gpu = gpu_for_task(place.step, torch.cuda.device_count())
+    spawned = local_rank is not None
     if not place.joins_group:
-        return Job(DistInfo(device=resolve_device(gpu, args.no_accel)), place.nproc,
-                   place.spawned, launcher=place.launcher)
+        return Job(DistInfo(device=resolve_device(gpu, args.no_accel)), place.nproc, spawned,
+                   launcher=place.launcher)
     if gpu is None and use_cuda(args.no_accel):
         gpu = place.local_rank
     device = resolve_device(gpu, args.no_accel)
@@ -191,7 +192,7 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,
         timeout=datetime.timedelta(seconds=args.dist_timeout))
     dist = DistInfo(rank=place.rank, world_size=place.world, local_rank=place.local_rank,
                     device=device, distributed=True)
-    return Job(dist, place.nproc, place.spawned, place.url, place.launcher)
+    return Job(dist, place.nproc, spawned, place.url, place.launcher)
 
 
 class _Place(NamedTuple):
@@ -205,7 +206,6 @@ class _Place(NamedTuple):
     url: str | None
     joins_group: bool
     launcher: str
-    spawned: bool = False
     step: SlurmStep | None = None
 
 
@@ -215,7 +215,7 @@ def _place(args, local_rank: int | None, nproc: int, dist_url: str | None) -> _P
     if local_rank is not None:
         return _Place(max(args.rank, 0) * nproc + local_rank, max(args.world_size, 1) * nproc,
                       local_rank, nproc, url, True,
-                      f"--multiprocessing-distributed ({nproc} processes on this node)", True)
+                      f"--multiprocessing-distributed ({nproc} processes on this node)")
     started_by = launcher(env)
     if started_by == "torchrun" and args.dist_url in (None, "env://"):
         return _Place(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),

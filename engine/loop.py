@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from engine import bounds
-from engine.distributed import reduce_sum, sync_buffers, unwrap
+from engine.distributed import StopAgreement, reduce_sum, sync_buffers, unwrap
 from engine.preempt import Stopped
-from engine.reporting import Progress, StepTimer, device_clock, epoch_line, memory_mib
+from engine.reporting import MetricsWriter, Progress, StepTimer, device_clock, memory_mib
 from engine.state import TrainState
 from loaders import DataError, DistInfo, tree_cpu_seconds
 
@@ -67,39 +67,53 @@ class EpochSums:
         return asdict(self)
 
 
-def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInfo,
-                    start_batch: int = 0, carried: EpochSums | None = None,
-                    warmup: int | None = None, save_every: int = 0, save_partial=None,
-                    epoch: int = 0, stop=None) -> dict:
-    """One pass over ``loader`` (epoch ``epoch``), which starts at batch ``start_batch``;
-    ``carried`` holds the sums over all ranks for the batches before it. Every ``save_every``
-    steps (not at the epoch's end) ``save_partial(next_batch, sums)`` checkpoints the
-    position, ``sums`` an :class:`EpochSums` over all ranks (every rank calls it: a
-    collective). ``stop`` (a :class:`~engine.distributed.StopAgreement`) is asked after every
-    step: when the ranks agree to stop before the epoch's last step, the position is
-    checkpointed the same way and :class:`~engine.preempt.Stopped` raised (at the last step
-    the epoch ends as usual and the caller stops after it). Returns mean ``loss``, ``acc1``
-    (%; with mixed labels against their argmax), ``images`` (all ranks), ``images_per_sec``
-    (summed over ranks), ``steady_images_per_sec`` (the same after the pass's first
-    ``warmup`` steps, which hold cuDNN autotuning and ``torch.compile``; None if the pass had
-    no more steps) and
-    ``data_time_fraction`` (share of wall time spent waiting for the next batch, mean over
-    ranks); ``timing``: this rank's :class:`~engine.bounds.Steps` of this pass (per-batch
-    waits and step times). The LR of every step goes to TensorBoard as ``step/lr`` (global
-    rank 0). Raises :class:`DataError` if the loader yields nothing."""
+@dataclass(frozen=True)
+class EpochPlan:
+    """How a run's passes go and report: ``dist`` (this rank and device); ``print_freq`` steps
+    between progress lines; ``warmup`` steps left out of ``steady_images_per_sec`` (None: no
+    such figure); ``save_every`` steps between mid-epoch checkpoints (0: none) and
+    ``save(epoch, batch, sums)``, which writes one (every rank calls it: a collective); the
+    ``writer`` on global rank 0 (None elsewhere); ``stop``, asked after every step (None: never
+    stop); ``machine``, the one the epoch's stage report and advice are for (None: no report).
+    """
+
+    dist: DistInfo
+    print_freq: int
+    warmup: int | None = None
+    save_every: int = 0
+    save: Callable[[int, int, EpochSums], None] | None = None
+    writer: MetricsWriter | None = None
+    stop: StopAgreement | None = None
+    machine: bounds.Machine | None = None
+
+
+def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
+                    resumed_from: dict | None = None) -> dict:
+    """One training pass over ``loader`` in epoch ``epoch``, from batch 0 or from where
+    ``resumed_from`` (a mid-epoch checkpoint, :func:`engine.position.place_resume`) stood.
+    Every ``plan.save_every`` steps, and when the ranks agree on ``plan.stop`` before the last
+    step, ``plan.save(epoch, next_batch, sums)`` checkpoints the position (then
+    :class:`~engine.preempt.Stopped` is raised for the stop). Each step's LR goes to
+    TensorBoard as ``step/lr``.
+
+    Returns, over all ranks: mean ``loss``, ``acc1`` (%; mixed labels scored by their argmax),
+    ``images``, ``images_per_sec`` (summed), ``steady_images_per_sec`` (after ``plan.warmup``
+    steps, which hold cuDNN autotuning and ``torch.compile``; None without more steps),
+    ``data_time_fraction`` (of wall time waiting for batches, mean); this rank's ``lr`` (the
+    first step's), ``started`` (``time.perf_counter()`` at the epoch's start, less a resumed
+    epoch's seconds) and ``stages`` (:func:`stage_report`; None without ``plan.machine``).
+    Raises :class:`DataError` if the loader yields nothing."""
     state.model.train()
-    carried = carried or EpochSums()
-    # A checkpoint's sums are global (all ranks): global rank 0 carries them, the others restart.
-    if not dist.is_main:
-        carried = EpochSums(seconds=carried.seconds)
+    dist, stop = plan.dist, plan.stop
+    progress, carried, start_batch, started = _start_pass(loader, epoch, plan, resumed_from)
     loss_sum = torch.full((), carried.loss_sum, device=dist.device)
     correct = torch.full((), carried.correct, device=dist.device, dtype=torch.int64)
-    progress.carry(carried.images, carried.data_time, carried.seconds)
-    lr = state.optimizer.param_groups[0]["lr"]  # the LR of the step just taken, for figures
+    first_lr = lr = state.optimizer.param_groups[0]["lr"]  # the step just taken's, for figures
     figures = lambda: {"loss": loss_sum.item() / progress.images,  # noqa: E731
                        "acc1": 100.0 * correct.item() / progress.images, "lr": lr}
     timer, pass_images, pass_start = StepTimer(dist.device), progress.images, time.perf_counter()
-    for step, (images, labels) in progress.log_every(loader, figures, start_batch, warmup,
+    cpu_start = tree_cpu_seconds()
+    for step, (images, labels) in progress.log_every(loader, figures, start_batch, plan.warmup,
                                                      dist.device):
         lr = state.optimizer.param_groups[0]["lr"]
         if progress.writer:
@@ -112,15 +126,42 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
         # The same steps on every rank, so the collectives here are safe.
         inside = step + 1 < progress.total
         stopping = stop is not None and stop.after_step() and inside
-        if save_partial and inside and (stopping or save_every and (step + 1) % save_every == 0):
-            save_partial(step + 1, _global_sums(loss_sum, correct, progress, dist))
+        if plan.save and inside and (stopping or plan.save_every
+                                     and (step + 1) % plan.save_every == 0):
+            plan.save(epoch, step + 1, _global_sums(loss_sum, correct, progress, dist))
         if stopping:
             raise Stopped(stop.agreed, epoch, step + 1)
     if progress.images == 0:
         raise DataError("the training loader yielded no batch")
-    now = device_clock(dist.device)
+    now, cpu_end = device_clock(dist.device), tree_cpu_seconds()
     timing = bounds.Steps(progress.images - pass_images, now - pass_start, progress.waits,
                           timer.seconds())
+    cpu = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+    stages = plan.machine and stage_report(loader, timing, plan.machine, cpu,
+                                           time.perf_counter() - pass_start)
+    return {**_pass_figures(loss_sum, correct, progress, now, dist), "lr": first_lr,
+            "started": started, "stages": stages}
+
+
+def _start_pass(loader, epoch: int, plan: EpochPlan, resumed_from: dict | None) -> tuple:
+    """``(progress, carried, start_batch, started)`` of a training pass: ``loader`` set to the
+    epoch and its first batch, the :class:`Progress` over the whole epoch, the sums carried
+    from a checkpoint (global rank 0's; the others restart theirs) and the epoch's start."""
+    start_batch = resumed_from["batch"] if resumed_from else 0
+    carried = EpochSums.from_dict(resumed_from["partial"] if resumed_from else None)
+    started = time.perf_counter() - carried.seconds
+    loader.set_epoch(epoch, start_batch, resumed_from.get("rest") if resumed_from else None)
+    total = start_batch + len(loader)
+    progress = Progress(total, f"Epoch: [{epoch}]", "train", plan.print_freq, plan.dist.is_main,
+                        plan.writer, epoch * total)
+    if not plan.dist.is_main:  # a checkpoint's sums are global: global rank 0 carries them
+        carried = EpochSums(seconds=carried.seconds)
+    progress.carry(carried.images, carried.data_time, carried.seconds)
+    return progress, carried, start_batch, started
+
+
+def _pass_figures(loss_sum, correct, progress: Progress, now: float, dist: DistInfo) -> dict:
+    """The pass's figures over all ranks (a collective); ``now``: a :func:`device_clock`."""
     seconds = now - progress.start
     loss_total, correct_total, images, speed, data_share, steady_speed = reduce_sum(
         [loss_sum.item(), correct.item(), progress.images, progress.images / seconds,
@@ -128,7 +169,7 @@ def train_one_epoch(state: TrainState, loader, progress: Progress, dist: DistInf
     return {"loss": loss_total / images, "acc1": 100.0 * correct_total / images,
             "images": int(images), "images_per_sec": speed,
             "steady_images_per_sec": steady_speed or None,
-            "data_time_fraction": data_share / dist.world_size, "timing": timing}
+            "data_time_fraction": data_share / dist.world_size}
 
 
 def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> EpochSums:
@@ -171,107 +212,52 @@ def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable
             "images": int(images)}
 
 
-@dataclass(frozen=True)
-class EpochPlan:
-    """How an epoch runs and reports: ``print_freq`` steps between progress lines, ``warmup``
-    steps left out of ``steady_images_per_sec``, ``save_every`` steps between mid-epoch
-    checkpoints (0: none), ``log`` (print on global rank 0, else a no-op) and
-    ``writer`` (a :class:`~engine.reporting.MetricsWriter` on global rank 0, else None);
-    ``resolution``: the training crop side per epoch
-    (:class:`~engine.resolution.ResolutionSchedule`; None: the loader's fixed size);
-    ``flip_tta``: validate with flip averaging (see :func:`evaluate`); ``stop``: the
-    :class:`~engine.distributed.StopAgreement` asked after every step (None: never stop);
-    ``machine``: the :class:`~engine.bounds.Machine` the epoch's stage report and advice are
-    for (None: no report)."""
-
-    print_freq: int
-    warmup: int
-    save_every: int
-    log: Callable
-    writer: object = None
-    resolution: object = None
-    flip_tta: bool = False
-    stop: object = None
-    machine: object = None
+def validate(state: TrainState, loader, plan: EpochPlan, flip_tta: bool = False
+             ) -> tuple[dict, dict]:
+    """:func:`evaluate` of ``state.model`` over ``loader`` (``Test:`` progress lines), and of
+    ``state.ema`` (``Test EMA:``) when there is one, else ``{}`` in its place."""
+    progress = Progress(len(loader), "Test: ", "val", plan.print_freq, plan.dist.is_main)
+    val = evaluate(state.model, loader, state.criterion, state.autocast, progress, plan.dist,
+                   flip_tta)
+    if state.ema is None:
+        return val, {}
+    progress = Progress(len(loader), "Test EMA: ", "val_ema", plan.print_freq, plan.dist.is_main)
+    return val, evaluate(state.ema, loader, state.criterion, state.autocast, progress,
+                         plan.dist, flip_tta)
 
 
-def run_epoch(epoch: int, state: TrainState, train_loader, val_loader, dist: DistInfo,
-              plan: EpochPlan, save_partial=None, resumed_from: dict | None = None) -> dict:
-    """Train one epoch (from a mid-epoch checkpoint's position if ``resumed_from``), validate
-    (the EMA too, as ``val_ema_loss``/``val_ema_acc1``/``val_ema_acc5``, with ``state.ema``),
-    log and write; returns the epoch's metrics (the ``metrics.jsonl`` object), all global:
-    losses and accuracies over all ranks, images/s summed over ranks. ``save_partial(epoch,
-    batch, sums)``: see :func:`train_one_epoch`."""
-    start_batch = resumed_from["batch"] if resumed_from else 0
-    carried = EpochSums.from_dict(resumed_from["partial"]) if resumed_from else None
-    start = time.perf_counter() - (carried.seconds if carried else 0.0)
-    if plan.resolution is not None and plan.resolution.progressive:
-        train_loader.set_resolution(plan.resolution.at(epoch))  # a function of the epoch alone
-    rest = resumed_from.get("rest") if resumed_from else None  # dealt anew: engine/position.py
-    train_loader.set_epoch(epoch, start_batch, rest)
-    lr = state.optimizer.param_groups[0]["lr"]
-    total = start_batch + len(train_loader)
-    progress = Progress(total, f"Epoch: [{epoch}]", "train", plan.print_freq, dist.is_main,
-                        plan.writer, epoch * total)
-    cpu_start, wall_start = tree_cpu_seconds(), time.perf_counter()
-    train = train_one_epoch(
-        state, train_loader, progress, dist, start_batch, carried, plan.warmup,
-        plan.save_every, save_partial and (lambda batch, sums: save_partial(epoch, batch, sums)),
-        epoch, plan.stop)
-    stages = _stage_report(train_loader, train["timing"], plan.machine, cpu_start, wall_start)
-    val_progress = Progress(len(val_loader), "Test: ", "val", plan.print_freq, dist.is_main)
-    val = evaluate(state.model, val_loader, state.criterion, state.autocast, val_progress, dist,
-                   plan.flip_tta)
-    ema = {}
-    if state.ema is not None:
-        ema_progress = Progress(len(val_loader), "Test EMA: ", "val_ema", plan.print_freq,
-                                dist.is_main)
-        ema = evaluate(state.ema, val_loader, state.criterion, state.autocast, ema_progress, dist,
-                       plan.flip_tta)
-    epoch_metrics = {
+def epoch_metrics(epoch: int, train: dict, val: dict, ema: dict, train_loader,
+                  device: torch.device) -> dict:
+    """The epoch's ``metrics.jsonl`` object, all figures global (losses and accuracies over
+    all ranks, images/s summed over ranks): ``train`` from :func:`train_one_epoch`, ``val``
+    and ``ema`` from :func:`validate` (the EMA's as ``val_ema_loss``/``val_ema_acc1``/
+    ``val_ema_acc5``), ``train_res`` the crop side ``train_loader`` trained at, ``epoch_seconds``
+    since the epoch started (until now), this process's memory (:func:`memory_mib`) and the
+    stage figures (``stages_*``)."""
+    stages = train["stages"]
+    return {
         "epoch": epoch, "train_res": getattr(train_loader, "resolution", None),
         "train_loss": train["loss"], "train_acc1": train["acc1"],
-        "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"], "lr": lr,
-        "train_images_per_sec": train["images_per_sec"], "train_images": train["images"],
+        "val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"],
+        "lr": train["lr"], "train_images_per_sec": train["images_per_sec"],
+        "train_images": train["images"],
         "steady_images_per_sec": train["steady_images_per_sec"],
         "val_images": val["images"],
         "data_time_fraction": train["data_time_fraction"],
-        "epoch_seconds": time.perf_counter() - start,
+        "epoch_seconds": time.perf_counter() - train["started"],
         **{f"val_ema_{key}": ema[key] for key in ("loss", "acc1", "acc5") if ema},
-        **memory_mib(dist.device),
+        **memory_mib(device),
         **(stages["metrics"] if stages else {}),
     }
-    plan.log(epoch_line(epoch_metrics))
-    for line in stages["lines"] if stages else ():
-        plan.log(line)
-    if plan.writer:
-        plan.writer.write(epoch_metrics)
-    return epoch_metrics
 
 
-def _stage_report(train_loader, timing, machine, cpu_start: float | None,
-                  wall_start: float) -> dict | None:
-    """:func:`engine.bounds.report` of the training pass just done on this rank: the loader's
-    stage figures (``stage_summary()``, None for loaders without), ``timing`` and ``machine``
-    with the cores this process and its workers kept busy over the pass; None without a
-    ``machine``."""
-    if machine is None:
-        return None
-    cpu_end, wall = tree_cpu_seconds(), time.perf_counter() - wall_start
-    busy = None if cpu_start is None or cpu_end is None or wall <= 0 else \
-        (cpu_end - cpu_start) / wall
-    summary = getattr(train_loader, "stage_summary", None)
-    return bounds.report(summary() if summary else None, timing,
-                         dataclasses.replace(machine, busy_cores=busy))
-
-
-def loader_stage_report(loader, machine, stats: dict) -> dict:
-    """:func:`engine.bounds.report` of ``--benchmark-data``: ``loader``'s stage figures (None
-    for loaders without), no training thread, ``machine`` with the cores busy over the timed
-    batches (``stats``: :func:`loaders.measure_throughput`'s ``cpu_seconds`` and
-    ``seconds``)."""
-    cpu = stats.get("cpu_seconds")
-    busy = cpu / stats["seconds"] if cpu is not None and stats["seconds"] > 0 else None
+def stage_report(loader, steps: bounds.Steps | None, machine: bounds.Machine,
+                 cpu_seconds: float | None, wall_seconds: float) -> dict:
+    """:func:`engine.bounds.report` of a pass over ``loader`` on this rank: its stage figures
+    (``stage_summary()``; None for loaders without), the training thread's ``steps`` (None for
+    ``--benchmark-data``) and ``machine`` with the cores this process and its workers kept busy
+    (``cpu_seconds`` of CPU, None if unknown, over ``wall_seconds``)."""
+    busy = cpu_seconds / wall_seconds if cpu_seconds is not None and wall_seconds > 0 else None
     summary = getattr(loader, "stage_summary", None)
-    return bounds.report(summary() if summary else None, None,
+    return bounds.report(summary() if summary else None, steps,
                          dataclasses.replace(machine, busy_cores=busy))

@@ -7,7 +7,7 @@ and the momentum buffers fused SGD needs from the start (:func:`fill_momentum_bu
 The groups follow torchvision's ``references/classification/utils.py`` (``set_weight_decay``);
 the schedules torchvision's ``train.py`` (StepLR, CosineAnnealingLR, LinearLR/ConstantLR
 warm-up) and FFCV's triangle (libffcv/ffcv-imagenet ``train_imagenet.py``, ``get_cyclic_lr``),
-computed per step in closed form. The flags that choose them are in :mod:`engine.recipes`.
+computed per step in closed form (:mod:`engine.recipes` resolves the flags that choose them).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay: float
                  embedding_decay: float | None = None) -> list:
     """Parameter groups as torchvision's ``utils.set_weight_decay``: with none of
     ``norm_weight_decay``, ``bias_weight_decay``, ``embedding_decay`` all parameters in one
-    group (pytorch/examples, and what older checkpoints hold); otherwise ``weight_decay`` for
+    group (pytorch/examples, and what one-group checkpoints hold); otherwise ``weight_decay`` for
     the rest, ``norm_weight_decay`` for the parameters of :data:`NORM_CLASSES` layers (BatchNorm
     weight and bias), ``bias_weight_decay`` for parameters named ``bias`` and
     ``embedding_decay`` (``--transformer-embedding-decay``) for those named one of
@@ -62,16 +62,26 @@ def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay: float
             for key, params in groups.items() if params]
 
 
+@dataclass(frozen=True)
+class DecayGroups:
+    """Weight decay of parameter kinds apart from ``--wd`` (:func:`param_groups`): ``norm``
+    (``--norm-weight-decay``), ``bias`` (``--bias-weight-decay``), ``embedding``
+    (``--transformer-embedding-decay``); None: ``--wd``."""
+
+    norm: float | None = None
+    bias: float | None = None
+    embedding: float | None = None
+
+
 def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
-                   device: torch.device, norm_weight_decay: float | None = None,
-                   bias_weight_decay: float | None = None, opt: str = "sgd",
-                   embedding_decay: float | None = None) -> torch.optim.Optimizer:
+                   device: torch.device, opt: str = "sgd",
+                   decays: DecayGroups = DecayGroups()) -> torch.optim.Optimizer:
     """The ``--opt`` optimizer over :func:`param_groups`: ``sgd``, pytorch/examples' SGD
-    (``--lr``, ``--momentum``, ``--wd``; one group unless ``--norm-weight-decay``,
-    ``--bias-weight-decay`` or ``--transformer-embedding-decay`` split them); and as torchvision's
-    ``train.py`` builds them, ``sgd_nesterov`` (SGD with Nesterov momentum), ``rmsprop``
-    (RMSprop with ``--momentum``, ``eps=0.0316``, ``alpha=0.9``, TF's EfficientNet/MobileNetV3
-    values) and ``adamw`` (AdamW, Loshchilov & Hutter 2019, torch's default betas and eps).
+    (``--lr``, ``--momentum``, ``--wd``; one group unless ``decays`` split them); and as
+    torchvision's ``train.py`` builds them, ``sgd_nesterov`` (SGD with Nesterov momentum),
+    ``rmsprop`` (RMSprop with ``--momentum``, ``eps=0.0316``, ``alpha=0.9``, TF's
+    EfficientNet/MobileNetV3 values) and ``adamw`` (AdamW, Loshchilov & Hutter 2019, torch's
+    default betas and eps).
 
     On CUDA SGD and AdamW use their fused implementations: one kernel for all parameters, and
     they take GradScaler's inverse scale and inf flag on the GPU, so a float16 ``--amp`` step
@@ -79,8 +89,7 @@ def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: f
     fused SGD ran 4910 against the foreach implementation's 4380-4460 images/s, side by side.
     SGD's momentum buffers start at zero (:func:`fill_momentum_buffers`). Raises ``ValueError``
     for an unknown ``opt``."""
-    params = param_groups(model, weight_decay, norm_weight_decay, bias_weight_decay,
-                          embedding_decay)
+    params = param_groups(model, weight_decay, decays.norm, decays.bias, decays.embedding)
     fused = device.type == "cuda" or None
     if opt in ("sgd", "sgd_nesterov"):
         optimizer = torch.optim.SGD(params, lr, momentum=momentum, weight_decay=weight_decay,

@@ -31,7 +31,7 @@ def memory_mib(device: torch.device) -> dict:
     where there is none); ``device_memory_mib``: on CUDA the device's memory in use (total less
     free, ``cudaMemGetInfo``: DALI's and other libraries' allocations too, not only torch's
     caching allocator's), else None. Recorded per epoch: memory growing epoch after epoch is
-    the most reported DALI problem (issue 37)."""
+    the most reported DALI problem."""
     rss = None
     try:
         with open("/proc/self/status") as f:
@@ -248,6 +248,18 @@ def epoch_line(m: dict) -> str:
             f"val loss {m['val_loss']:.4f} top-1 {m['val_acc1']:.2f} "
             f"top-5 {m['val_acc5']:.2f}{ema} | {m['train_images_per_sec']:.1f} images/s, "
             f"data {100 * m['data_time_fraction']:.0f}% | {m['epoch_seconds']:.1f} s")
+
+
+def report_epoch(epoch_metrics: dict, stages: dict | None, writer: MetricsWriter | None,
+                 workers: int, log: Callable) -> None:
+    """Say the epoch through ``log`` (:func:`epoch_line`, the lines of ``stages``, the data-bound
+    warning for ``workers`` per process) and record it with ``writer`` (if any)."""
+    log(epoch_line(epoch_metrics))
+    for line in stages["lines"] if stages else ():
+        log(line)
+    if writer:
+        writer.write(epoch_metrics)
+    warn_if_data_bound(epoch_metrics, workers, log)
 
 
 def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float = 0.25) -> None:

@@ -1,5 +1,5 @@
 """Progressive resizing (training resolution as a function of the epoch) and test-time flip
-averaging, as FFCV trains ImageNet (issue 17).
+averaging, as FFCV trains ImageNet.
 
 Both come from libffcv/ffcv-imagenet ``train_imagenet.py``: ``get_resolution`` (the crop side
 starts at ``min_res``, rises linearly between ``start_ramp`` and ``end_ramp`` in steps of 32 px,
@@ -48,25 +48,6 @@ class ResolutionSchedule:
         share = (epoch - self.start_ramp) / (self.end_ramp - self.start_ramp)
         size = round((self.min_res + share * (self.max_res - self.min_res)) / self.step) * self.step
         return min(self.max_res, max(self.min_res, size))
-
-
-def add_resolution_args(group) -> None:
-    """FFCV's resolution flags (``resolution.*`` in its configs) and test-time flip averaging."""
-    group.add_argument("--min-res", type=int, metavar="PX",
-                       help="progressive resizing: training crop side up to --start-ramp "
-                       "(default: --train-crop-size, which it replaces)")
-    group.add_argument("--max-res", type=int, metavar="PX",
-                       help="progressive resizing: training crop side from --end-ramp on "
-                       "(default: --min-res)")
-    group.add_argument("--start-ramp", type=float, default=0, metavar="E",
-                       help="last epoch (0-based) at --min-res")
-    group.add_argument("--end-ramp", type=float, metavar="E",
-                       help="first epoch at --max-res; in between the side rises linearly")
-    group.add_argument("--res-step", type=int, default=FFCV_RES_STEP, metavar="PX",
-                       help="sizes between --min-res and --max-res are multiples of this")
-    group.add_argument("--val-flip-tta", action="store_true",
-                       help="validation logits averaged with the mirrored image's "
-                       "(FFCV's lr_tta)")
 
 
 def resolution_schedule(args: argparse.Namespace) -> ResolutionSchedule:

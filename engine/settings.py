@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import loaders
 from engine import ConfigError
-from engine.checkpoint import saved_seed
 from engine.distributed import Job, broadcast_int
 from engine.recipes import RecipeSettings
 from engine.resolution import ResolutionSchedule, resolution_schedule
@@ -28,12 +27,10 @@ def node_cores() -> int:
 
 
 def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
-    """``auto`` -> the CPU cores this process may run on (its affinity mask,
-    ``os.sched_getaffinity``) divided among the node's training processes, at least 1 (was
-    ``min(8, ...)``: a node's every core now decodes). None is left for the training process:
-    on 2 cores ``main.py --benchmark-data`` measured no gain from leaving one
-    (docs/loaders.md, *Workers*; still to be measured on a GPU machine, where the training
-    process also launches the model's kernels)."""
+    """``-j``: a number as it is; ``auto`` -> the CPU cores this process may run on (its
+    affinity mask, ``os.sched_getaffinity``) divided among the node's training processes, at
+    least 1. None is left for the training process: on 2 cores ``main.py --benchmark-data``
+    measured no gain from leaving one (docs/loaders.md, *Workers*)."""
     if workers != "auto":
         return workers
     return max(1, node_cores() // max(1, processes_per_node))
@@ -45,8 +42,8 @@ def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1
 
     While the model runs on a GPU (or ``--benchmark-data`` runs none) this process only
     receives batches, normalises them and copies them: 1 thread, as its OpenMP threads
-    otherwise spin on the cores the loader workers decode on (issue 14 measured 776 vs 952
-    images/s for ``main.py --lmdb --benchmark-data`` on 2 cores; docs/performance.md, *Loader
+    otherwise spin on the cores the loader workers decode on (776 vs 952 images/s for
+    ``main.py --lmdb --benchmark-data`` on 2 cores; docs/performance.md, *Loader
     throughput*). A model on the CPU gets the node's cores divided among its training
     processes (the workers then share them: docs/performance.md, *Main-process threads*,
     measures both). A user's ``OMP_NUM_THREADS`` wins (None); torchrun sets it to 1 for
@@ -124,32 +121,46 @@ class OutputSettings:
 MODES = ("train", "evaluate", "benchmark")  # what run() does: train, -e, --benchmark-data
 
 
+def run_mode(args) -> str:
+    """The run's one of :data:`MODES`: ``--benchmark-data`` wins over ``-e``."""
+    return "benchmark" if args.benchmark_data else "evaluate" if args.evaluate else "train"
+
+
+def saved_seed(checkpoint: dict) -> int | None:
+    """The seed a checkpoint's run used: its ``seed`` key, or (a checkpoint whose ``config``
+    held the resolved per-process settings) ``config["seed"]``."""
+    if checkpoint.get("seed") is not None:
+        return int(checkpoint["seed"])
+    config = checkpoint.get("config")
+    return config.get("seed") if isinstance(config, dict) else None
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What one training process derives from the command line, once (:func:`resolve_settings`);
     nothing below ``main.run`` reads the command line's namespace.
 
     ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
-    resumed checkpoint, or drawn by global rank 0); ``loader``: backend, paths, per-process
-    batch size and workers, caps and image dtype; ``model``, ``recipe`` (optimisation and
-    training-recipe flags, :class:`~engine.recipes.RecipeSettings`) and ``output``: the flags
-    of their groups; ``mode``: one of :data:`MODES` (``--benchmark-data`` wins over ``-e``);
-    ``threads``: torch intra-op threads of this process (:func:`main_threads`; None: leave
-    torch's setting, e.g. ``OMP_NUM_THREADS``); ``resolution``: the training crop side per epoch
-    (``--min-res``... or the fixed ``--train-crop-size``); ``flip_tta``: validate with flip
-    averaging (``--val-flip-tta``); ``resume``: the checkpoint resumed from (``--resume``, with
-    ``auto`` resolved; None: a fresh start); ``random_erase``: ``--random-erase``'s probability
-    (:mod:`engine.augmentation`, on the training batches)."""
+    resumed checkpoint, or drawn by global rank 0); ``mode``: one of :data:`MODES`
+    (:func:`run_mode`); ``loader``: backend, paths, per-process batch size and workers, caps
+    and image dtype; ``model``, ``recipe`` (optimisation and training-recipe flags,
+    :class:`~engine.recipes.RecipeSettings`) and ``output``: the flags of their groups;
+    ``resolution``: the training crop side per epoch (``--min-res``... or the fixed
+    ``--train-crop-size``); ``threads``: torch intra-op threads of this process
+    (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``);
+    ``flip_tta``: validate with flip averaging (``--val-flip-tta``); ``resume``: the checkpoint
+    resumed from (``--resume``, with ``auto`` resolved; None: a fresh start); ``random_erase``:
+    ``--random-erase``'s probability (:mod:`engine.augmentation`, on the training batches)."""
 
     job: Job
     seed: int
+    mode: str
     loader: LoaderSettings
     model: ModelSettings
     recipe: RecipeSettings
     output: OutputSettings
-    mode: str = "train"
+    resolution: ResolutionSchedule
     threads: int | None = None
-    resolution: ResolutionSchedule | None = None
     flip_tta: bool = False
     resume: str | None = None
     random_erase: float = 0.0
@@ -173,7 +184,7 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
         seed = broadcast_int(random.randrange(2**31) if seed is None else seed, job.dist)
     resolution = resolution_schedule(args)
     loader = _loader_settings(args, job, backend, lmdb, seed, resolution)
-    mode = "benchmark" if args.benchmark_data else "evaluate" if args.evaluate else "train"
+    mode = run_mode(args)
     model = ModelSettings(
         arch=args.arch, pretrained=args.pretrained, blurpool=args.blurpool,
         channels_last=args.channels_last, compile=args.compile, amp=args.amp,
@@ -185,8 +196,11 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
         benchmark_batches=args.train_batches if mode == "benchmark" else None,
         config=dict(vars(args)))
     threads = main_threads(job.dist.device.type, mode != "benchmark", job.processes_per_node)
-    return RunSettings(job, seed, loader, model, RecipeSettings.from_args(args), output, mode,
-                       threads, resolution, args.val_flip_tta, resume, args.random_erase)
+    return RunSettings(
+        job=job, seed=seed, mode=mode, loader=loader, model=model,
+        recipe=RecipeSettings.from_args(args), output=output, resolution=resolution,
+        threads=threads, flip_tta=args.val_flip_tta, resume=resume,
+        random_erase=args.random_erase)
 
 
 def data_root(args) -> str | None:

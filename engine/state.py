@@ -1,23 +1,23 @@
 """The train state: what a training step touches and a checkpoint saves (:class:`TrainState`),
-the numerics it runs in (autocast, loss scaling, CUDA math modes), and how a run builds it from
-its settings, restored from a checkpoint (:func:`build_state`; torchvision's
-``references/classification/train.py`` does the same in its ``main``).
+the numerics it runs in (autocast, loss scaling, CUDA math modes, threads), and the pieces
+``main.run`` builds it from: :func:`make_model`, :func:`train_state`, :func:`make_ema`,
+:func:`wrap_model`.
 """
 from __future__ import annotations
 
 import functools
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
 from engine import ConfigError
-from engine.checkpoint import restore, restore_ema, with_ema_weights
+from engine.checkpoint import restore_ema
 from engine.distributed import wrap_parallel
-from engine.optim import make_optimizer, make_scheduler
-from engine.recipes import ModelEMA, make_mix, resolve_recipe
+from engine.optim import make_scheduler
+from engine.recipes import ModelEMA, Recipe, make_mix
 from engine.settings import RunSettings
 from models import build_model
 
@@ -57,13 +57,23 @@ def use_deterministic_algorithms() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def set_numerics(threads: int | None, deterministic: bool) -> None:
+    """This process's torch intra-op ``threads`` (None: torch's own) and, with
+    ``deterministic`` (``--use-deterministic-algorithms``), deterministic kernels only."""
+    if threads:
+        torch.set_num_threads(threads)
+    if deterministic:
+        use_deterministic_algorithms()
+
+
 @dataclass
 class TrainState:
     """What a training step touches and a checkpoint saves. ``autocast``: a factory of the
     step's autocast context (see :func:`autocast`); ``scheduler`` is stepped after every
     optimizer step; ``mix``: MixUp/CutMix of the device batch or None
-    (:func:`engine.recipes.make_mix`); ``ema``: the model's :class:`~engine.recipes.ModelEMA`
-    or None; ``clip_grad_norm``: ``--clip-grad-norm`` (None: no clipping)."""
+    (:func:`engine.recipes.make_mix`); ``clip_grad_norm``: ``--clip-grad-norm`` (None: no
+    clipping); ``ema``: the model's :class:`~engine.recipes.ModelEMA` or None, set once the
+    model is restored (:func:`make_ema`)."""
 
     model: nn.Module
     criterion: nn.Module
@@ -72,56 +82,55 @@ class TrainState:
     scaler: torch.amp.GradScaler
     autocast: Callable
     mix: Callable | None = None
-    ema: nn.Module | None = None
     clip_grad_norm: float | None = None
+    ema: nn.Module | None = field(default=None, init=False)
 
 
-def build_state(s: RunSettings, train_loader, checkpoint: dict | None,
-                log: Callable) -> tuple[TrainState, int, float]:
-    """The :class:`TrainState` of settings ``s``, with ``(start_epoch, best_acc1)``: the model
-    (restored from ``checkpoint``, wrapped for DDP, compiled), loss, SGD, the per-step LR
-    schedule, scaler, MixUp/CutMix and EMA as the recipe flags say. Steps per epoch and the
-    class count come from ``train_loader`` (``len()``, ``.classes``); ``log`` gets the lines
-    worth one (scaled LR, what was resumed). Raises :class:`~engine.ConfigError` for a
-    checkpoint that does not fit, :class:`~models.ModelError` for pretrained weights not on
-    disk."""
-    device, num_classes = s.dist.device, len(train_loader.classes)
-    m, flags, evaluating = s.model, s.recipe, s.mode == "evaluate"
-    recipe = resolve_recipe(flags, s.loader.batch_size * s.dist.world_size, len(train_loader))
-    if flags.lr_scale_batch:
-        log(f"lr {recipe.lr:.6g}: --lr {flags.lr:g} x global batch / {flags.lr_scale_batch}")
+def make_model(s: RunSettings, num_classes: int, log: Callable) -> nn.Module:
+    """``-a``'s model for ``num_classes`` classes on this process's device, as the model flags
+    say (:func:`sync_batch_norm`; on CUDA :func:`enable_fast_cuda_math`). Raises
+    :class:`~models.ModelError` for weights not on disk, :class:`~engine.ConfigError` for
+    ``--sync-bn`` on the CPU."""
+    m, device = s.model, s.dist.device
     model = build_model(m.arch, num_classes, m.pretrained, m.blurpool, m.weights).to(device)
     if m.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = sync_batch_norm(model, m.sync_bn, s.dist, log)
     if device.type == "cuda":
         enable_fast_cuda_math(m.deterministic)
-    optimizer = make_optimizer(model, recipe.lr, flags.momentum, flags.weight_decay, device,
-                               recipe.norm_weight_decay, recipe.bias_weight_decay, flags.opt,
-                               flags.transformer_embedding_decay)
-    state = TrainState(
-        model, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing).to(device), optimizer,
+    return model
+
+
+def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, s: RunSettings,
+                recipe: Recipe, num_classes: int) -> TrainState:
+    """The :class:`TrainState` around ``model`` and ``optimizer``: loss, ``recipe``'s LR
+    schedule, scaler, autocast, MixUp/CutMix over ``num_classes``, gradient clipping."""
+    m, flags, device = s.model, s.recipe, s.dist.device
+    return TrainState(
+        model, nn.CrossEntropyLoss(label_smoothing=flags.label_smoothing).to(device), optimizer,
         make_scheduler(optimizer, recipe.schedule),
         torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(m.amp, m.amp_dtype, device)),
         functools.partial(autocast, m.amp, m.amp_dtype, device),
-        make_mix(recipe.mixup_alpha, recipe.cutmix_alpha, num_classes),
-        clip_grad_norm=flags.clip_grad_norm)
-    start_epoch, best_acc1 = flags.start_epoch, 0.0
-    if checkpoint and evaluating and flags.model_ema:
-        checkpoint = with_ema_weights(checkpoint, s.resume, log)
-    if checkpoint:
-        start_epoch, best_acc1 = restore(  # ours, pytorch/examples' or a bare state_dict
-            checkpoint, model, state.optimizer, state.scheduler, state.scaler, m.arch, s.dist,
-            evaluate=evaluating, start_epoch=flags.start_epoch, path=s.resume, log=log,
-            steps_per_epoch=len(train_loader))
-    if recipe.ema_decay is not None and not evaluating:
-        state.ema = ModelEMA(model, recipe.ema_decay, recipe.ema_steps,
-                             recipe.schedule.warmup_epochs)
-        restore_ema(checkpoint, state.ema, m.arch, s.resume, log)
-    state.model = wrap_parallel(model, s.dist, m.gpu, log)
-    if m.compile:
-        state.model = torch.compile(state.model)
-    return state, start_epoch, best_acc1
+        make_mix(flags.mixup_alpha, flags.cutmix_alpha, num_classes), flags.clip_grad_norm)
+
+
+def make_ema(model: nn.Module, s: RunSettings, recipe: Recipe, checkpoint: dict | None,
+             log: Callable) -> ModelEMA | None:
+    """With ``--model-ema`` in training: the :class:`~engine.recipes.ModelEMA` of ``model``
+    (restored, not wrapped yet), ``checkpoint``'s ``model_ema`` loaded; else None."""
+    if recipe.ema_decay is None or s.mode != "train":
+        return None
+    ema = ModelEMA(model, recipe.ema_decay, s.recipe.model_ema_steps,
+                   recipe.schedule.warmup_epochs)
+    restore_ema(checkpoint, ema, s.model.arch, s.resume, log)
+    return ema
+
+
+def wrap_model(model: nn.Module, s: RunSettings, log: Callable) -> nn.Module:
+    """``model`` for the training step: DistributedDataParallel or DataParallel
+    (:func:`~engine.distributed.wrap_parallel`), then ``torch.compile`` with ``--compile``."""
+    model = wrap_parallel(model, s.dist, s.model.gpu, log)
+    return torch.compile(model) if s.model.compile else model
 
 
 def sync_batch_norm(model: nn.Module, sync_bn: bool, dist, log: Callable) -> nn.Module:

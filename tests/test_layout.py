@@ -176,3 +176,26 @@ def test_no_test_module_imports_another_and_no_code_imports_the_tests():
                 elif any(p.startswith("test_") for p in parts) or parts[-1] == "conftest":
                     found.append(f"{module} imports {dotted}")
     assert not found, "\n".join(found)
+
+
+MAX_PARAMETERS = 8  # a constructor or function taking more wants a settings object
+
+
+def test_engine_functions_take_few_parameters():
+    """The engine's functions and constructors take at most 8 parameters (``self``/``cls``
+    aside): what a run resolved travels as frozen settings objects, not as long lists."""
+    long = []
+    for path in _python_files(include_tests=False):
+        module = _module_name(path)
+        if module != "main" and not module.startswith("engine"):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
+                         if p.arg not in ("self", "cls")]
+                count = len(names) + bool(a.vararg) + bool(a.kwarg)
+                if count > MAX_PARAMETERS:
+                    long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}: "
+                                f"{count} parameters")
+    assert not long, "\n".join(long)

@@ -4,6 +4,7 @@ scaling are chosen as documented, AMP-free checkpoints resume under --amp, per-r
 states, torch.compile's wrapper is unwrapped, and steady-state images/s is recorded."""
 import random
 import warnings
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from engine.checkpoint import load_optimizer, restore, restore_rng
 from engine.distributed import check_cuda, check_gpu_flag, rng_state, unwrap
 from engine.optim import make_optimizer
 from engine.settings import resolve_workers
-from engine.state import autocast, needs_grad_scaler
+from engine.state import TrainState, autocast, needs_grad_scaler
 from loaders import DistInfo
 from models import build_model
 from tests.helpers.runs import read_metrics, SMALL
+from tests.helpers.states import settings_of
 
 
 def test_driver_too_old_stops_with_one_line(monkeypatch, capsys):
@@ -151,15 +153,15 @@ def test_amp_resume_of_a_checkpoint_made_without_amp(tiny, tmp_path):
     checkpoint = _checkpoint_without_amp(tiny, tmp_path)
     assert checkpoint["scaler"] == {}
     model = build_model("resnet18", 4, False)
-    args = main.parse_args(["-a", "resnet18", "--amp"])
-    optimizer = make_optimizer(model, args.lr, args.momentum, args.weight_decay,
+    s = settings_of(["--dummy", "-a", "resnet18", "--amp"])
+    optimizer = make_optimizer(model, s.recipe.lr, s.recipe.momentum, s.recipe.weight_decay,
                                torch.device("cpu"))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30)
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # stands in for CUDA's
-    start_epoch, best = restore(checkpoint, model, optimizer, scheduler, scaler, args.arch,
-                                DistInfo())
+    state = TrainState(model, nn.CrossEntropyLoss(), optimizer, scheduler, scaler, nullcontext)
+    start_epoch, best = restore(checkpoint, state, s, 1)
     assert start_epoch == 1 and best == checkpoint["best_acc1"]
-    assert args.start_epoch == 0  # the command line's namespace is not written
+    assert s.recipe.start_epoch == 0  # the settings are not written
     assert scaler.get_scale() == torch.amp.GradScaler("cpu").get_scale()
 
 

@@ -141,7 +141,7 @@ def _start_methods(_rank: int, path: str) -> None:
 
 def test_spawned_processes_start_loader_workers_as_one_process_does(tmp_path):
     """--multiprocessing-distributed's processes (torch.multiprocessing.spawn) inherit
-    ``spawn``; main.train_process resets it, so their DataLoader workers start the way one
+    ``spawn``; main.spawned_worker resets it, so their DataLoader workers start the way one
     process's do (fork on Linux) instead of importing torch again, each of them."""
     import torch.multiprocessing as mp
 

@@ -25,7 +25,7 @@ DUMMY = ["--dummy", "-b", "4", "--train-batches", "2", "--val-batches", "1",
 def test_a_run_never_writes_the_parsed_arguments(tmp_path):
     args = main.parse_args([*DUMMY, "--epochs", "1", "--output-dir", str(tmp_path)])
     before = copy.deepcopy(vars(args))
-    main.run_process(args)
+    main.main_worker(args)
     assert vars(args) == before and args.seed is None  # drawn, but not written back
     ckpt = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert ckpt["config"] == before  # what the user typed
@@ -121,10 +121,10 @@ def test_epoch_sums_keep_the_checkpoint_partial_keys():
 
 
 def test_small_flags_still_train(tiny, tmp_path):
-    """The shared SMALL flags through run_process: metrics written, args untouched."""
+    """The shared SMALL flags through main_worker: metrics written, args untouched."""
     args = main.parse_args([tiny.root, *SMALL, "--epochs", "1", "--output-dir", str(tmp_path)])
     before = copy.deepcopy(vars(args))
-    main.run_process(args)
+    main.main_worker(args)
     assert vars(args) == before and len(read_metrics(str(tmp_path))) == 1
 
 

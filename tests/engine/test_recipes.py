@@ -11,17 +11,14 @@ import torch
 from torch import nn
 
 import main
-from engine.checkpoint import restore_ema, with_ema_weights
-from engine.distributed import Job
-from engine.optim import (LRSchedule, make_optimizer, make_scheduler, param_groups,
+from engine.checkpoint import restore, restore_ema, with_ema_weights
+from engine.optim import (DecayGroups, LRSchedule, make_optimizer, make_scheduler, param_groups,
                           position_scheduler)
 from engine.recipes import ModelEMA, RecipeSettings, ema_decay, make_mix, resolve_recipe
-from engine.settings import resolve_settings
-from engine.state import build_state
-from loaders import DistInfo
 from models import build_model
 from tests.helpers.paths import REPO
 from tests.helpers.runs import read_metrics, SMALL
+from tests.helpers.states import settings_of as settings_of_flags, state_of
 
 RECIPE = ["--label-smoothing", "0.1", "--lr-scheduler", "cosine", "--lr-warmup-epochs", "1",
           "--model-ema", "--model-ema-steps", "1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0",
@@ -158,7 +155,8 @@ def test_norm_weight_decay_groups_as_torchvision():
     assert [g["weight_decay"] for g in with_bias] == [1e-4, 0.0, 0.5]
     assert {id(p) for p in with_bias[2]["params"]} == {id(model.fc.bias)} | {
         id(m.bias) for m in norms}
-    optimizer = make_optimizer(model, 0.1, 0.9, 1e-4, torch.device("cpu"), norm_weight_decay=0.0)
+    optimizer = make_optimizer(model, 0.1, 0.9, 1e-4, torch.device("cpu"),
+                               decays=DecayGroups(norm=0.0))
     assert [g["weight_decay"] for g in optimizer.param_groups] == [1e-4, 0.0]
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
 
@@ -172,21 +170,20 @@ class FakeLoader:
 
 def settings_of(argv):
     """The settings of a one-process run of ``argv`` (synthetic data, -b 8, seeded)."""
-    return resolve_settings(main.parse_args(["--dummy", "-b", "8", "--seed", "0", *argv]),
-                            Job(DistInfo()), None)
+    return settings_of_flags(["--dummy", "-b", "8", "--seed", "0", *argv])
 
 
 def test_flags_reach_the_training_state():
     """Label smoothing reaches the criterion, MixUp/CutMix the step, groups the optimizer."""
     s = settings_of([*RECIPE, "-a", "resnet18", "--model-ema-decay", "0.9"])
-    state, start, best = build_state(s, FakeLoader(), None, lambda *a: None)
-    assert state.criterion.label_smoothing == 0.1 and (start, best) == (0, 0.0)
+    state = state_of(s, FakeLoader())
+    assert state.criterion.label_smoothing == 0.1 and restore(None, state, s, 5) == (0, 0.0)
     assert len(state.optimizer.param_groups) == 2 and state.mix is not None
     assert isinstance(state.scheduler, torch.optim.lr_scheduler.LambdaLR)
     assert state.ema.every == 1 and state.ema.copy_epochs == 1
     assert state.ema.decay == pytest.approx(ema_decay(0.9, 1, 8, 90))
     assert state.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.01)  # constant warm-up
-    plain = build_state(settings_of([]), FakeLoader(), None, lambda *a: None)[0]
+    plain = state_of(settings_of([]), FakeLoader())
     assert plain.criterion.label_smoothing == 0.0 and plain.mix is None and plain.ema is None
     assert len(plain.optimizer.param_groups) == 1
 

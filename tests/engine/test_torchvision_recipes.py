@@ -13,13 +13,12 @@ import main
 from engine import ConfigError
 from engine.augmentation import ErasingLoader, RandomErasing
 from engine.checkpoint import load_optimizer
-from engine.distributed import Job
 from engine.loop import train_step
 from engine.optim import make_optimizer, param_groups
-from engine.settings import resolve_settings
-from engine.state import build_state, sync_batch_norm
+from engine.state import sync_batch_norm
 from loaders import DistInfo
 from tests.helpers.runs import SMALL
+from tests.helpers.states import settings_of, state_of
 
 
 def test_erasing_is_torchvisions_erase_of_the_drawn_box():
@@ -125,9 +124,8 @@ def test_another_optimizers_state_is_a_one_line_error():
 
 
 def _state(*flags):
-    args = main.parse_args(["--dummy", "-b", "4", "--seed", "0", "-a", "resnet18", *flags])
-    return build_state(resolve_settings(args, Job(DistInfo()), None), _Batches(), None,
-                       lambda *a: None)[0]
+    return state_of(settings_of(["--dummy", "-b", "4", "--seed", "0", "-a", "resnet18", *flags]),
+                    _Batches())
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
