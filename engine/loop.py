@@ -1,4 +1,5 @@
-"""The training and evaluation passes, and one epoch of both.
+"""The training and validation passes (:func:`train_one_epoch`, :func:`validate`), how they
+run (:class:`EpochPlan`) and the epoch's metrics (:func:`epoch_metrics`).
 
 Every number they return is global: sums over all ranks, each image counted once.
 """
