@@ -1,7 +1,7 @@
 """torchvision's data-augmentation flags (issue 39) and random erasing on the device batch.
 
 The flags, with ``references/classification/train.py``'s names, choices and defaults:
-``--auto-augment`` (the policies of ``loaders.auto_augment``, on each uint8 crop in the
+``--auto-augment`` (the policies of ``loaders.transforms.auto_augment``, on each uint8 crop in the
 loader) with ``--ra-magnitude`` and ``--augmix-severity``, ``--interpolation``, ``--ra-sampler``
 with ``--ra-reps`` (``loaders.orders.RepeatedAugmentationOrder``) and ``--random-erase``, which
 is here: :class:`RandomErasing` on the normalised batch where the loader delivers it (on the
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from engine import ConfigError
-from loaders.auto_augment import INTERPOLATIONS, POLICIES
+from loaders.transforms.auto_augment import INTERPOLATIONS, POLICIES
 
 _TAG = 0x45524153  # "ERAS": random erasing's stream, apart from the loader's of a batch
 ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes

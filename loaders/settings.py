@@ -1,37 +1,20 @@
-"""The loader contract: what every reader and pipeline of ``loaders/`` takes and raises, in one
-public module.
-
-* :class:`LoaderSettings`: what ``main.py`` resolves once per training process, the only thing
-  readers and pipelines read (never the argparse namespace);
-* :class:`DistInfo`: this process's place in the job (global rank, world size, device);
-* errors: :class:`DataError` (bad data input, one line for the user; defined in
-  ``formats.errors`` and raised there too) and :class:`AcceleratorError` (the GPU failed);
-* :func:`check_rank`, :func:`epoch_seed`, :func:`check_same_classes`, :func:`split_paths`,
-  :func:`input_dtype`: the checks and derivations every loader shares.
+"""What every reader and pipeline of ``loaders/`` is built from: :class:`LoaderSettings` (what
+``main.py`` resolves once per training process; never the argparse namespace), :class:`DistInfo`
+(this process's place in the job) and :func:`input_dtype` (the dtype of the delivered images).
 
 Every loader yields ``(images, labels)`` on ``DistInfo.device``: images ``settings.dtype``
-``(N, 3, H, W)`` normalised with the ImageNet mean/std (``loaders.normalize``), labels int64
-``(N,)``; it has an exact ``len()``, ``set_epoch(epoch, start_batch=0)`` (its order and its
-augmentation a function of (seed, epoch, rank, batch)), ``classes``, ``resolution`` /
-``set_resolution(px)`` and ``close()``.
+``(N, 3, H, W)`` normalised with the ImageNet mean/std (``loaders.transforms.normalize``),
+labels int64 ``(N,)``; it has an exact ``len()``, ``set_epoch(epoch, start_batch=0)`` (its
+order and its augmentation a function of (seed, epoch, rank, batch)), ``classes``,
+``resolution`` / ``set_resolution(px)`` and ``close()``.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from formats.errors import DataError
-
-__all__ = ["AcceleratorError", "DataError", "DistInfo", "LoaderSettings", "check_rank",
-           "check_same_classes", "epoch_seed", "input_dtype", "split_paths"]
-
-
-class AcceleratorError(Exception):
-    """The GPU or its driver failed (CUDA out of memory, a CUDA error inside a DALI pipeline):
-    not a data problem, so nothing is retried or skipped; a one-line message for the user."""
+__all__ = ["DistInfo", "LoaderSettings", "input_dtype"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +59,7 @@ class LoaderSettings:
     # Largest training crop side the run will ask for (progressive resizing, --max-res): batch
     # slots are sized for it once. 0: train_crop_size.
     train_max_crop_size: int = 0
-    # torchvision's recipe flags (loaders.auto_augment; loaders.orders): the training crops'
+    # torchvision's recipe flags (loaders.transforms.auto_augment; loaders.orders): the crops'
     # --auto-augment policy (None: none) with --ra-magnitude and --augmix-severity, every
     # resize's and geometric op's --interpolation, and --ra-sampler with --ra-reps.
     auto_augment: str | None = None
@@ -85,7 +68,7 @@ class LoaderSettings:
     interpolation: str = "bilinear"
     ra_sampler: bool = False
     ra_reps: int = 3
-    # --decode-device: "cpu" (the workers decode, today's path), "cuda" or "cpu-nvimgcodec"
+    # --decode-device: "cpu" (the workers decode), "cuda" or "cpu-nvimgcodec"
     # (the workers read and draw windows, this process decodes each batch: gpu_decode), and
     # --hw-decoder-load (the hardware JPEG decoder's share; None: decode.gpu's default).
     decode_device: str = "cpu"
@@ -119,6 +102,19 @@ class LoaderSettings:
             return self.backend
         return "lmdb" if self.lmdb else "shards" if self.shards else "folder"
 
+    def crop_size(self, train: bool) -> int:
+        """The side (px) of one split's images: ``train_crop_size`` or ``val_crop_size``."""
+        return self.train_crop_size if train else self.val_crop_size
+
+    def max_crop_size(self, train: bool) -> int:
+        """The largest side (px) one split's images take in this run (progressive resizing:
+        ``train_max_crop_size``); what batch memory is sized for."""
+        return max(self.train_crop_size, self.train_max_crop_size) if train else self.val_crop_size
+
+    def max_batches(self, train: bool) -> int | None:
+        """One split's batch cap per epoch (``--train-batches``/``--val-batches``; None: all)."""
+        return self.train_batches if train else self.val_batches
+
 
 @dataclass
 class DistInfo:
@@ -142,18 +138,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def check_rank(rank: int, world_size: int) -> None:
-    """Raise ``ValueError`` unless ``0 <= rank < world_size`` (and ``world_size >= 1``)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """One 63-bit seed from (seed, epoch, rank): the DataLoader workers' base seed and DALI's
-    pipeline seed (neither draws an augmentation: those are drawn per batch)."""
-    return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
-
-
 def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
     """dtype of the normalised images a loader delivers: the autocast dtype (``float16`` or
     ``bfloat16``, ``--amp-dtype``) under ``--amp`` on CUDA, where the model's first convolution
@@ -162,33 +146,3 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
     if amp and device.type == "cuda":
         return {"float16": torch.float16, "bfloat16": torch.bfloat16}[amp_dtype]
     return torch.float32
-
-
-def split_paths(data: str | None, train: str | None = None,
-                val: str | None = None) -> tuple[str, str]:
-    """The train and val roots: ``train``/``val`` (``--train``/``--val``) if given, else
-    ``data/train`` and ``data/val`` (``DIR``).
-
-    Raises :class:`DataError` if a root is unknown or does not exist (URLs, ``pipe:`` commands
-    and brace patterns of the shard reader are checked by it, not here).
-    """
-    paths = []
-    for split, given in (("train", train), ("val", val)):
-        path = given or (os.path.join(data, split) if data else None)
-        if path is None:
-            raise DataError(f"no {split} data: give DIR (holding train/ and val/) or --{split} PATH")
-        remote = "://" in path or path.startswith("pipe:") or "{" in path
-        if not remote and not os.path.exists(path):
-            raise DataError(f"{path}: no such file or directory")
-        paths.append(path)
-    return paths[0], paths[1]
-
-
-def check_same_classes(train_classes: Sequence[str], val_classes: Sequence[str]) -> None:
-    """Raise :class:`DataError` unless train and val list the same classes in the same order."""
-    if list(train_classes) != list(val_classes):
-        only_train = sorted(set(train_classes) - set(val_classes))[:3]
-        only_val = sorted(set(val_classes) - set(train_classes))[:3]
-        raise DataError(
-            f"train and val have different classes ({len(train_classes)} vs {len(val_classes)}; "
-            f"only in train: {only_train}, only in val: {only_val})")

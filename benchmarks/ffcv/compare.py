@@ -1,7 +1,7 @@
 """FFCV 1.0.2 beside ``main.py --benchmark-data`` on the same stored bytes, interleaved, in one run.
 
     make bench-ffcv [DATA=/path/to/imagenet]
-    python -m benchmarks.bench_ffcv --data /path/to/imagenet --ffcv-python \\
+    python -m benchmarks.ffcv --data /path/to/imagenet --ffcv-python \\
         .ffcv/bin/python --out bench-output/ffcv
 
 The sample's train images (with ``--larger-than PX`` only those whose longer side exceeds
@@ -10,7 +10,7 @@ distinct names (symlinks, ``runner.replicate``, as ``bench_loaders.py``) and sto
 
 * ``lmdb``: ``folder2lmdb.py`` as it is (original JPEGs, byte-exact);
 * ``lmdb-512``: ``folder2lmdb.py --max-side 512 --quality 90`` (FFCV's cap);
-* ``beton-512``: a ``.beton`` holding exactly the JPEG bytes of ``lmdb-512`` (``_ffcv_side.py``
+* ``beton-512``: a ``.beton`` holding exactly the JPEG bytes of ``lmdb-512`` (``side.py``
   ``same-bytes``: JPEG-only, ``max_resolution=512``);
 * ``beton-example``: a ``.beton`` written from the originals with FFCV's ImageNet example's
   settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``);
@@ -34,7 +34,7 @@ of one batch times each pass's start rather than the images (the sample's 14 ima
 Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and each store, one
 fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
 (its defaults otherwise: uint8 batches normalised in the main process), FFCV's through
-``_ffcv_side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
+``side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
 ``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios the
 issue targets (the ratio of the medians, and ours vs FFCV within each round, whose two runs see
 the same machine load), each figure with its spread (the lowest and highest of the rounds), the
@@ -50,12 +50,12 @@ import subprocess
 import sys
 
 from benchmarks import runner
-from benchmarks._ffcv_tables import print_table
+from benchmarks.ffcv.table import STORES, print_table
 from benchmarks.runner import REPO
 
+PROG = "benchmarks.ffcv"  # python -m benchmarks.ffcv
 # FFCV's side runs by path with the side environment's Python: it imports nothing of ours
-SIDE = os.path.join(REPO, "benchmarks", "_ffcv_side.py")
-STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
+SIDE = os.path.join(REPO, "benchmarks", "ffcv", "side.py")
 RAW_BUDGETS = ("1.5x", "2.7x")
 REENCODED_BUDGETS = ("jpeg", "2.7x")  # "jpeg": no raw share
 MIN_EPOCH_BATCHES = 10  # fewer training batches per epoch: the images are replicated more
@@ -101,7 +101,7 @@ def _lmdb_images(db: str) -> tuple[int, int]:
 
 def _export(db: str, folder: str) -> str:
     """Each record of ``db`` as ``folder/<index>.jpg`` (its stored bytes), and a
-    ``label<TAB>path`` list of them for ``_ffcv_side.py write``; returns the list's path."""
+    ``label<TAB>path`` list of them for ``side.py write``; returns the list's path."""
     from formats.lmdb import decode_record, open_readonly, read_meta, record_key
 
     os.makedirs(folder, exist_ok=True)
@@ -139,7 +139,7 @@ def longer_side_over(side: int, up_to: int | None = None):
             with Image.open(path) as image:
                 longer = max(image.size)
         except OSError as exc:
-            print(f"bench_ffcv.py: skipping {path}: {exc}", file=sys.stderr)
+            print(f"{PROG}: skipping {path}: {exc}", file=sys.stderr)
             return False
         return longer > side and (up_to is None or longer <= up_to)
 
@@ -284,7 +284,8 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
 
 def main(argv=None) -> int:
     """Command line: 0 when the report is written, 1 with one ``error:`` line otherwise."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("--ffcv-python", default=os.path.join(REPO, ".ffcv", "bin", "python"))
     runner.add_out_option(parser, "report.json goes here",
@@ -318,11 +319,11 @@ def main(argv=None) -> int:
                         help="also time the LMDBs through DIR/main.py (a checkout of other code)")
     args = parser.parse_args(argv)
     if not os.access(args.ffcv_python, os.X_OK):
-        return runner.error("bench_ffcv.py", f"{args.ffcv_python}: no FFCV environment "
+        return runner.error(PROG, f"{args.ffcv_python}: no FFCV environment "
                             "(make bench-ffcv creates it)")
     for split in ("train", "val"):
         if not os.path.isdir(os.path.join(args.data, split)):
-            return runner.error("bench_ffcv.py", f"{os.path.join(args.data, split)}: no such "
+            return runner.error(PROG, f"{os.path.join(args.data, split)}: no such "
                                 "folder (--data holds train/ and val/ class folders)")
     buckets = [*BUCKETS, "all"] if args.buckets else [args.bucket]
     for bucket in buckets:
@@ -332,7 +333,7 @@ def main(argv=None) -> int:
             rep = _run(args)
         except RuntimeError as exc:
             if not args.buckets:
-                return runner.error("bench_ffcv.py", exc)
+                return runner.error(PROG, exc)
             print(f"\nbucket {bucket}: not timed ({exc})", flush=True)
             continue
         os.makedirs(out, exist_ok=True)
@@ -352,7 +353,3 @@ def _run(args) -> dict:
             return report(args, paths, measure(args, paths), tmp)
     except (ConversionError, subprocess.CalledProcessError) as exc:
         raise RuntimeError(str(exc)) from None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

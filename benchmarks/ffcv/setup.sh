@@ -1,9 +1,9 @@
 #!/bin/sh
 # Install FFCV 1.0.2 into a side virtual environment (default .ffcv/, git-ignored), never the
-# project's .venv: `make bench-ffcv` runs this, then benchmarks/bench_ffcv.py times FFCV's loader
+# project's .venv: `make bench-ffcv` runs this, then benchmarks/ffcv/compare.py times FFCV's loader
 # with that environment's Python beside ours.
 #
-#   sh benchmarks/ffcv_setup.sh [FOLDER] [SHARED_PYTHON]
+#   sh benchmarks/ffcv/setup.sh [FOLDER] [SHARED_PYTHON]
 #
 # FFCV 1.0.2 builds a C extension against libturbojpeg and OpenCV found through pkg-config
 # (its setup.py), so Debian's libturbojpeg0-dev, libopencv-dev and pkg-config are installed
@@ -25,7 +25,7 @@ for pkg in libturbojpeg0-dev libopencv-dev pkg-config; do
 done
 if [ -n "$missing" ]; then
   if [ "$(id -u)" != 0 ]; then
-    echo "ffcv_setup.sh: FFCV 1.0.2 needs Debian packages:$missing; run as root or" \
+    echo "benchmarks/ffcv/setup.sh: FFCV 1.0.2 needs Debian packages:$missing; run as root or" \
          "'sudo apt-get install$missing' first" >&2
     exit 1
   fi

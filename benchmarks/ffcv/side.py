@@ -1,10 +1,10 @@
-"""FFCV's side of ``benchmarks/bench_ffcv.py``, run with the side environment's Python (``.ffcv/``,
-``benchmarks/ffcv_setup.sh``), never the project's: writes ``.beton`` files and times FFCV 1.0.2's
-loader. Imports nothing from this project.
+"""FFCV's side of ``benchmarks/ffcv/compare.py``, run with the side environment's Python
+(``.ffcv/``, ``benchmarks/ffcv/setup.sh``), never the project's: writes ``.beton`` files and
+times FFCV 1.0.2's loader. Imports nothing from this project.
 
-    .ffcv/bin/python benchmarks/_ffcv_side.py write --list FILE --out X.beton --mode same-bytes
-    .ffcv/bin/python benchmarks/_ffcv_side.py write --list FILE --out X.beton --mode example
-    .ffcv/bin/python benchmarks/_ffcv_side.py time --beton X.beton --size 160 -b 64 -j 2 \
+    .ffcv/bin/python benchmarks/ffcv/side.py write --list FILE --out X.beton --mode same-bytes
+    .ffcv/bin/python benchmarks/ffcv/side.py write --list FILE --out X.beton --mode example
+    .ffcv/bin/python benchmarks/ffcv/side.py time --beton X.beton --size 160 -b 64 -j 2 \
         --batches 100 --warmup 20
 
 ``--list`` is a text file of ``label<TAB>path`` lines. ``same-bytes`` stores each file's JPEG

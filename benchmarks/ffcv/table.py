@@ -1,11 +1,13 @@
-"""The tables ``benchmarks/bench_ffcv.py`` prints from its report (docs/ffcv-and-decode.md and
+"""The tables ``benchmarks/ffcv/compare.py`` prints from its report (docs/ffcv-and-decode.md and
 docs/raw-share.md quote them): every figure a median over the interleaved rounds with its spread,
 the lowest and highest round, beside it; the image set named above each table."""
 from __future__ import annotations
 
 from benchmarks import runner
 
-STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")  # bench_ffcv.STORES
+# The four stores every comparison times (compare.stores adds the raw-share ones).
+STORES = ("lmdb", "lmdb-512", "beton-512", "beton-example")
+
 
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     """``median [lowest-highest]`` of the rounds' values, e.g. ``1484 [1402-1530]``."""

@@ -2,7 +2,7 @@
 at another world size, batch size or worker count.
 
 Every training epoch has one global order of sample indices: position ``j x W + r`` is the
-``j``-th index of rank ``r``'s order (:mod:`loaders.orders`, :mod:`loaders.shard_orders`) at
+``j``-th index of rank ``r``'s order (:mod:`loaders.orders`) at
 the layout (:class:`Layout`: ``W`` processes, batch size, workers) the epoch began at, its
 *origin*. For :class:`~loaders.orders.RandomOrder` this is ``DistributedSampler``'s
 permutation of ``(seed, epoch)`` itself, cut to a multiple of ``W``. Since every rank trains
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .orders import RandomOrder
+from .random import RandomOrder
 
 TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
@@ -68,7 +68,7 @@ def order_depends_on(order, key: str) -> bool:
 
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
     """Whether ``order`` at ``now`` reads the epoch exactly as at ``origin`` (then a resumed
-    pass simply skips its first batches, as before positions were recorded)."""
+    pass simply skips its first batches)."""
     return (origin.world_size == now.world_size and origin.batch_size == now.batch_size
             and (origin.workers == now.workers or not order_depends_on(order, "workers")))
 

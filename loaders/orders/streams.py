@@ -14,8 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .contract import check_rank
-from .orders import batches_per_epoch
+from .base import batches_per_epoch, check_rank
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -88,7 +87,7 @@ class StreamTrainOrder:
     fewer than ``batch_size`` past a rank's last whole batch sit out this epoch (other ones
     next epoch, as the shard order changes). Raises ``ValueError`` for bad sizes or ranks."""
 
-    # The order changes with these besides the world size (loaders.positions.Layout).
+    # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
 
     def __init__(self, counts: Sequence[int], batch_size: int, workers: int, rank: int = 0,
@@ -107,7 +106,7 @@ class StreamTrainOrder:
         return self.batches * self.batch_size
 
     def at(self, rank: int, layout) -> "StreamTrainOrder":
-        """This order for ``rank`` of a :class:`~loaders.positions.Layout`."""
+        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
         return StreamTrainOrder(self.counts, layout.batch_size, layout.workers, rank,
                                 layout.world_size, self.seed, self.buffer)
 

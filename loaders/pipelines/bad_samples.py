@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .contract import DataError
+from ..errors import DataError
 
 # What decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
 # PIL (OSError incl. UnidentifiedImageError, ValueError), our LMDB codec (ValueError, KeyError).

@@ -1,8 +1,8 @@
-"""Where the time goes in the pipelines that decode a whole batch at once (issue 49):
+"""Where the time goes in the pipelines that decode a whole batch at once:
 ``--decode-device`` (``loaders.pipelines.gpu_decode``) and DALI (``loaders.pipelines.dali``).
 
 Their work is split between two sides, unlike the DataLoader-workers pipeline's
-(:mod:`loaders.stages`), where one worker does every stage of an image:
+(:mod:`loaders.timing.stages`), where one worker does every stage of an image:
 
 * the *readers*: DataLoader workers (``--decode-device``) or feed threads (DALI) that read each
   record and draw its window; per image the ``read`` and ``window`` seconds, per batch the
@@ -14,12 +14,12 @@ Their work is split between two sides, unlike the DataLoader-workers pipeline's
   training thread's wait for DALI's output (decode and, on CUDA, resize are inside DALI's graph
   and not measured apart) and, CPU-only, torch's resize, flip and policy and normalisation.
 
-:class:`BatchStageLog` keeps the same figures as :class:`loaders.stages.StageLog` where they
+:class:`BatchStageLog` keeps the same figures as :class:`loaders.timing.stages.StageLog` where they
 exist and gives a :meth:`~BatchStageLog.summary` of the same shape, so ``engine.bounds`` makes
 its table, bound and advice from either; a stage a pipeline does not have is None, never a
 zero. Batch-wide stages (one call for the batch) are counted as each image's equal share of the
 batch's seconds, so their p50/p90 are over batches. ``IMAGENET_FAST_STAGES=0``
-(:func:`loaders.stages.enabled`) switches them off: the pipelines then make no log.
+(:func:`loaders.timing.stages.enabled`) switches them off: the pipelines then make no log.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ import time
 
 import numpy as np
 
-from .stages import _MIDDLES_MS, STAGES, _quantiles, ms_bins, read_event_pairs
+from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
+from .stages import STAGES, read_event_pairs
 
 
 def no_clock() -> float:
@@ -45,7 +46,7 @@ def thread_cpu() -> float:
 
 class BatchStageLog:
     """An epoch's stage figures of a batch pipeline whose stages are ``stages`` (names of
-    :data:`loaders.stages.STAGES`); ``decoder_name`` says where the batch decoder side runs
+    :data:`loaders.timing.stages.STAGES`); ``decoder_name`` says where the batch decoder side runs
     (for the table), ``readers_name`` what its readers are (``"workers"``, ``"feed
     threads"``); ``rated``: whether the slower of the readers and the batch decoder side
     is the pipeline's rate (False for DALI, whose decode runs in its own threads, unmeasured:
@@ -66,7 +67,7 @@ class BatchStageLog:
     def reset(self) -> None:
         """Forget everything counted so far."""
         with self._lock:
-            self.hist = {s: np.zeros(len(_MIDDLES_MS), dtype=np.int64) for s in self.stages}
+            self.hist = {s: np.zeros(len(MIDDLES_MS), dtype=np.int64) for s in self.stages}
             self.sums = {s: 0.0 for s in self.stages}  # seconds
             self.counts = {s: 0 for s in self.stages}  # images
             # reader id -> batches, images, wall s, cpu s, the stages' sum s, bytes
@@ -81,7 +82,7 @@ class BatchStageLog:
         seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)
         bins = ms_bins(seconds)
         with self._lock:
-            self.hist[stage] += np.bincount(bins, minlength=len(_MIDDLES_MS))
+            self.hist[stage] += np.bincount(bins, minlength=len(MIDDLES_MS))
             self.sums[stage] += float(seconds.sum())
             self.counts[stage] += len(seconds)
 
@@ -137,11 +138,11 @@ class BatchStageLog:
     def _stage(self, name: str) -> dict | None:
         if name not in self.stages or not self.counts[name]:
             return None
-        p50, p90 = _quantiles(self.hist[name])
+        p50, p90 = quantiles(self.hist[name])
         return {"mean": 1e3 * self.sums[name] / self.counts[name], "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far, :meth:`loaders.stages.StageLog.summary`'s keys (ms per image
+        """The figures so far, :meth:`loaders.timing.stages.StageLog.summary`'s keys (ms per image
         unless named) with these differences: ``stages[name]`` is None for a stage this
         pipeline does not have (or has not measured yet); ``stages["total"]`` has the sum of
         the stages' means and no p50/p90 (the two sides time different images at different
@@ -177,8 +178,8 @@ class BatchStageLog:
                     "sizes": None,
                     "kb_per_image": sum(s[5] for s in self.readers.values())
                     / max(read_images, 1) / 1024,
-                    "copy_ms_per_batch": _p50_p90(self.copies),
-                    "wait_ms_per_batch": _p50_p90(self.waits) if self.waits else None}
+                    "copy_ms_per_batch": p50_p90(self.copies),
+                    "wait_ms_per_batch": p50_p90(self.waits) if self.waits else None}
 
     def _decoder(self) -> dict | None:
         images, wall, cpu = self.decoder
@@ -198,16 +199,9 @@ def _reader(rid: int, sums: np.ndarray) -> dict:
             "cpu_share": cpu / wall if wall > 0 else None, "slot_wait_ms": None}
 
 
-def _p50_p90(seconds: list) -> dict:
-    """``{"p50", "p90"}`` in ms of ``seconds``; None values when empty."""
-    ms = np.array(seconds) * 1e3
-    return {"p50": float(np.median(ms)) if len(ms) else None,
-            "p90": float(np.percentile(ms, 90)) if len(ms) else None}
-
-
 class StagedLoader:
     """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (a
-    :class:`BatchStageLog`, or the workers pipeline's :class:`loaders.stages.StageLog`; None
+    :class:`BatchStageLog`, or the workers pipeline's :class:`loaders.timing.stages.StageLog`; None
     where nothing is measured) and a ``workers_configured`` count."""
 
     stage_log: BatchStageLog | None = None

@@ -1,11 +1,11 @@
 """Where a DataLoader worker's time goes, image by image, at a cost of a few ``perf_counter``
-calls per image (issue 49).
+calls per image.
 
 Worker side (:class:`StageClock`): the reader's ``read``, the transform's window draw, its
 decode (by the decoder that took the image, ``decode.decode_window``'s ``marks``), the
 resize, the flip and ``--auto-augment`` policy, and the copy into the batch slot are summed
 into one reused list per image and written into the batch slot's stage rows
-(:class:`~loaders.pipelines._shared_batches.SharedBatches` ``stage_images``/``stage_batches``,
+(:class:`~loaders.pipelines.workers.slots.SharedBatches` ``stage_images``/``stage_batches``,
 shared memory beside the pixels): the figures travel with the batch, as the pixels do, with no
 message or Python object per image. Per batch the worker also writes its id, its wall time
 (the slot wait apart) and its process CPU time, so a worker on a shared or oversubscribed core
@@ -16,7 +16,7 @@ histograms (median and p90 per image over the epoch without keeping per-image va
 per-decoder and per-size sums and per-worker totals; :meth:`StageLog.summary` gives the
 epoch's figures as a plain dict, which ``engine.bounds`` turns into the table, the bound and
 the advice. ``IMAGENET_FAST_STAGES=0`` switches the whole measurement off (for measuring its
-cost: the loaders then run the code they ran before it existed).
+cost: the loaders then make no clock call).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 import torch
+
+from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
 
 # Per-image columns of a slot's stage rows: seconds per stage, then the decoder's code, the
 # record's bytes and the stored image's longer side (px).
@@ -44,10 +46,6 @@ BATCH_COLUMNS = 4
 SIZE_CLASSES = (256, 512)
 SIZE_NAMES = ("le256", "le512", "gt512")
 
-# Histogram bins (ms): 1 us to 100 s in steps of 10**(1/40), 5.9% wide, so a median or p90 read
-# from the bins (geometric middle of the bin) is within 3% of the exact one.
-_EDGES_MS = 10.0 ** np.arange(-3.0, 5.0 + 1e-9, 1 / 40)
-_MIDDLES_MS = np.sqrt(_EDGES_MS[:-1] * _EDGES_MS[1:])
 # Histogram rows: the stages, decode by decoder, the image's total.
 _ROWS = len(STAGES) + len(KINDS) + 1
 _TOTAL_ROW = _ROWS - 1
@@ -110,22 +108,6 @@ def batch_rows(slots: int) -> torch.Tensor:
     return torch.zeros(slots, BATCH_COLUMNS, dtype=torch.float64)
 
 
-def ms_bins(seconds: np.ndarray) -> np.ndarray:
-    """The histogram bin (index into the log-spaced ms bins) of each of ``seconds`` (any
-    shape; values off the 1 us - 100 s range go to the end bins)."""
-    bins = np.searchsorted(_EDGES_MS, seconds * 1e3, side="right") - 1
-    return np.clip(bins, 0, len(_MIDDLES_MS) - 1)
-
-
-def _quantiles(counts: np.ndarray, qs=(0.5, 0.9)) -> list[float | None]:
-    """The ``qs`` quantiles (ms) of one histogram row (bin middles); None if it is empty."""
-    total = counts.sum()
-    if total == 0:
-        return [None] * len(qs)
-    cumulative = np.cumsum(counts)
-    return [float(_MIDDLES_MS[np.searchsorted(cumulative, q * total, side="left")]) for q in qs]
-
-
 class StageLog:
     """The main process's sums of an epoch's stage rows (:meth:`add`, batch by batch) and of
     the copies to the device (:meth:`add_copy`: seconds, or a pair of CUDA timing events read
@@ -137,7 +119,7 @@ class StageLog:
 
     def reset(self) -> None:
         """Forget everything counted so far."""
-        self.hist = np.zeros((_ROWS, len(_MIDDLES_MS)), dtype=np.int64)
+        self.hist = np.zeros((_ROWS, len(MIDDLES_MS)), dtype=np.int64)
         self.sums = np.zeros(_ROWS)  # seconds
         self.kind_images = np.zeros(len(KINDS) + 1, dtype=np.int64)  # 0: unknown
         self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
@@ -163,7 +145,7 @@ class StageLog:
         values.append(total_s[None])
         seconds = np.concatenate(values)  # (_ROWS, count)
         present = ~np.isnan(seconds)
-        flat = (np.arange(_ROWS)[:, None] * len(_MIDDLES_MS) + ms_bins(seconds))[present]
+        flat = (np.arange(_ROWS)[:, None] * len(MIDDLES_MS) + ms_bins(seconds))[present]
         self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
         self.sums += np.nansum(seconds, axis=1)
         self.kind_images += np.bincount(np.clip(kinds, 0, len(KINDS)), minlength=len(KINDS) + 1)
@@ -211,13 +193,13 @@ class StageLog:
         stages = {}
         for row, name in enumerate((*STAGES, "total")):
             row = _TOTAL_ROW if name == "total" else row
-            p50, p90 = _quantiles(self.hist[row])
+            p50, p90 = quantiles(self.hist[row])
             stages[name] = {"mean": 1e3 * self.sums[row] / n, "p50": p50, "p90": p90}
         decoders = {}
         for k, kind in enumerate(KINDS):
             images = int(self.kind_images[k + 1])
             if images:
-                p50, p90 = _quantiles(self.hist[len(STAGES) + k])
+                p50, p90 = quantiles(self.hist[len(STAGES) + k])
                 decoders[kind] = {"share": images / n, "mean": 1e3 * self.sums[len(STAGES) + k]
                                   / images, "p50": p50, "p90": p90}
         workers = []
@@ -232,15 +214,12 @@ class StageLog:
         sizes = {name: {"share": images / n, "decode_ms": 1e3 * dec / images if images else None,
                         "ms": 1e3 * tot / images if images else None}
                  for name, (images, dec, tot) in zip(SIZE_NAMES, self.by_size)}
-        copies = np.array(self.copies) * 1e3
         return {"images": self.images, "stages": stages, "decoders": decoders,
                 "workers": workers,
                 "worker_ms_per_image": 1e3 * wall / n if self.images else None,
                 "loader_images_per_sec": sum(w["images_per_sec"] or 0 for w in workers) or None,
                 "sizes": sizes, "kb_per_image": self.bytes / n / 1024,
-                "copy_ms_per_batch": {"p50": float(np.median(copies)) if len(copies) else None,
-                                      "p90": float(np.percentile(copies, 90))
-                                      if len(copies) else None}}
+                "copy_ms_per_batch": p50_p90(self.copies)}
 
 
 def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:

@@ -1,4 +1,4 @@
-"""Loader throughput measurement shared by ``main.py --benchmark-data`` and ``benchmarks/``."""
+"""A loader's images/s and CPU seconds: ``main.py --benchmark-data`` and ``benchmarks/``."""
 from __future__ import annotations
 
 import glob
@@ -20,7 +20,7 @@ def _batches(loader, start_epoch: int = 0):
 def measure(loader, batches: int, warmup: int = 2) -> dict:
     """Iterate ``warmup`` batches untimed, then ``batches`` timed batches (cycling epochs if
     the loader is shorter), touching every batch so lazy work is done. A loader that measures
-    its stages (``reset_stages``, :mod:`loaders.stages`) forgets the warm-up's.
+    its stages (``reset_stages``, :mod:`loaders.timing.stages`) forgets the warm-up's.
 
     Returns ``images`` (timed), ``seconds`` (wall clock), ``images_per_sec`` and
     ``cpu_seconds``: CPU time (user + system) of this process and its live child processes

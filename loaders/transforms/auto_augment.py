@@ -7,12 +7,12 @@ the AutoAugment policies ``imagenet``, ``cifar10``, ``svhn`` (Cubuk et al. 2019)
 exactly what torchvision's ``transforms.v2`` class of the same name draws, from torch's global
 generator in the same order (``torch.randint`` for ops and magnitude bins, ``torch.rand`` for
 probabilities and signs, ``torch._sample_dirichlet`` for AugMix's weights), and applies the op
-with the pixels of torchvision's uint8 tensor kernels (``loaders._uint8_ops``), so seeding
-torch's generator alike and running torchvision's transform on the same crop gives the same
-image (``tests/loaders/test_auto_augment.py``), with the flags' semantics of torchvision's
+with the pixels of torchvision's uint8 tensor kernels (``_uint8_ops``), so seeding torch's
+generator alike and running torchvision's transform on the same crop gives the same image
+(``tests/loaders/test_auto_augment.py``), with the flags' semantics of torchvision's
 ``train.py`` (``--interpolation`` for the geometric ops, ``fill`` None: black).
 
-The DataLoader workers seed torch's generator per batch (``_shared_batches.batch_seed``), so
+The DataLoader workers seed torch's generator per batch (``pipelines.batches.batch_seed``), so
 every draw is a function of (seed, epoch, rank, batch, position in the batch): a resumed
 epoch or another ``-j`` draws the same. Spec: torchvision 0.29
 ``torchvision/transforms/v2/_auto_augment.py``.
@@ -76,7 +76,7 @@ AUGMIX_SPACE = {**_AUGMIX_PARTIAL, **{k: (_linspace(0.9), True)
 
 class _Policy:
     """Shared by the policies: magnitude tables cached per image size (torchvision rebuilds
-    them every call), ops applied with :data:`loaders._uint8_ops.OPS`."""
+    them every call), ops applied with :data:`loaders.transforms._uint8_ops.OPS`."""
 
     space: dict = {}
 

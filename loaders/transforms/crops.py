@@ -1,9 +1,10 @@
-"""CPU-side decode and augmentation to uint8: the DataLoader-workers pipeline's transforms.
+"""The crops: encoded bytes to a uint8 crop, decoded on the CPU (the DataLoader-workers pipeline's
+transforms; the other pipelines draw the same windows with :meth:`TrainTransform.window`).
 
 The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(224) (scale
 0.08-1, ratio 3/4-4/3, Szegedy et al. 2015) plus horizontal flip; validation Resize(256) +
 CenterCrop(224); torchvision's recipes add an ``--auto-augment`` policy on the training crop
-(``loaders.auto_augment``) and ``--interpolation``. Normalisation is left to the device
+(``loaders.transforms.auto_augment``) and ``--interpolation``. Normalisation is left to the device
 (``loaders.pipelines.workers``).
 
 Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
@@ -24,7 +25,9 @@ import torch
 import decode as decoding
 from decode import decode, jpeg_region, jpeg_scaled, resize
 
-from . import stages
+from ..settings import LoaderSettings
+from ..timing import stages
+from .auto_augment import make_auto_augment
 
 # RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision's defaults, also DALI's in
 # NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
@@ -66,7 +69,7 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5),
-    then ``augment`` if given (an ``--auto-augment`` policy, ``loaders.auto_augment``, on the
+    then ``augment`` if given (an ``--auto-augment`` policy, ``.auto_augment``, on the
     uint8 crop: torchvision's ``ClassificationPresetTrain`` order).
 
     The crop window is drawn from the JPEG header's size. A window at least twice the output
@@ -75,10 +78,10 @@ class TrainTransform:
     (``decode.jpeg_window``), else the whole image; resized with ``interpolation``
     (``--interpolation``: ``bilinear``, ``bicubic``, ``nearest``, antialiased but the last).
     Random draws come from torch's global RNG, which the loaders seed per batch
-    (``loaders.pipelines._shared_batches.SlotWriter``): the same draws, hence the same window,
+    (``loaders.pipelines.workers.slots.SlotWriter``): the same draws, hence the same window,
     whichever way it is decoded; the policy's draws follow the crop's.
 
-    ``clock`` (a :class:`loaders.stages.StageClock`, set by the pipeline; None: not measured)
+    ``clock`` (a :class:`loaders.timing.stages.StageClock`, set by the pipeline; None: not measured)
     gets each image's window draw, decode (and decoder), resize and flip + policy seconds and
     the stored image's longer side; the pixels and draws are the same either way.
     """
@@ -227,12 +230,13 @@ def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
     return out[:, top:top + crop_size, left:left + crop_size]
 
 
-def split_transform(train: bool, train_crop_size: int, val_resize_size: int,
-                    val_crop_size: int, augment=None, interpolation: str = "bilinear"):
-    """The transform for one split, sizes in pixels (``--train-crop-size``,
-    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags); ``augment``:
-    the training crops' ``--auto-augment`` policy or None; ``interpolation``: every resize's
-    filter (``--interpolation``)."""
+def split_transform(settings: LoaderSettings, train: bool):
+    """One split's transform at ``settings``' sizes in pixels (``--train-crop-size``,
+    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags) and
+    ``--interpolation``, training crops augmented by the ``--auto-augment`` policy."""
     if train:
-        return TrainTransform(train_crop_size, augment=augment, interpolation=interpolation)
-    return ValTransform(val_resize_size, val_crop_size, interpolation)
+        augment = make_auto_augment(settings.auto_augment, settings.interpolation,
+                                    settings.ra_magnitude, settings.augmix_severity)
+        return TrainTransform(settings.train_crop_size, augment=augment,
+                              interpolation=settings.interpolation)
+    return ValTransform(settings.val_resize_size, settings.val_crop_size, settings.interpolation)

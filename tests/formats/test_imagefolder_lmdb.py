@@ -1,4 +1,4 @@
-"""ImageFolderLMDB (loaders/imagefolder_lmdb.py, re-exported by folder2lmdb.py): the contract of
+"""ImageFolderLMDB (folder2lmdb.py): the contract of
 torchvision's ImageFolder over one of our LMDBs, as PyTorch-LMDB's README promises."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+import folder2lmdb
 from folder2lmdb import ImageFolderLMDB
-from loaders import DataError
-from loaders import imagefolder_lmdb
 from formats.lmdb import encode_record
+from loaders import DataError
 from tools.datagen import label_from_pixels
 
 
@@ -105,7 +105,7 @@ def test_targets_lazy_and_without_decoding(tiny, monkeypatch):
     def no_decode(data):
         raise AssertionError("targets decoded an image")
 
-    monkeypatch.setattr(imagefolder_lmdb, "pil_decode", no_decode)
+    monkeypatch.setattr(folder2lmdb, "pil_decode", no_decode)
     assert ours.targets == datasets.ImageFolder(os.path.join(tiny.root, "train")).targets
 
 
@@ -113,8 +113,8 @@ def test_targets_lazy_and_without_decoding(tiny, monkeypatch):
 @pytest.mark.parametrize("label", [0, 127, 999, 70_000])
 def test_label_of_matches_codec(size, label):
     value = encode_record(os.urandom(size), label)
-    assert imagefolder_lmdb._label_of(value) == label
-    assert imagefolder_lmdb._label_of(memoryview(value)) == label
+    assert folder2lmdb._label_of(value) == label
+    assert folder2lmdb._label_of(memoryview(value)) == label
 
 
 def test_bad_path_one_line_error(tiny, tmp_path):

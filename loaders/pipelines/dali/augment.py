@@ -1,16 +1,16 @@
 """``--auto-augment`` inside DALI pipelines (``--dali``): the policy's draws on the host, the
 ops with DALI's ``nvidia.dali.auto_aug`` operators.
 
-With a GPU the training graph (``_dali_graph.augment``) resizes, flips and then applies the
+With a GPU the training graph (``graph.augment``) resizes, flips and then applies the
 policy with DALI's operators (``auto_aug.augmentations``: ``fn.warp_affine``, ``fn.rotate``,
 ``fn.brightness``, ``fn.saturation``, ``fn.experimental.filter``, ``fn.experimental.equalize``...),
 selected per sample by ``auto_aug.core.select`` (the pipeline is built with conditionals).
 Which op, which magnitude bin, which sign, and for AutoAugment which sub-policy and whether each
 op applies, are drawn on the host by :meth:`DaliAugment.host_draws` from (seed, epoch, rank,
-batch), as the crops are (``_dali_feed.crop_draws``), not by DALI's random operators, whose
+batch), as the crops are (``feed.crop_draws``), not by DALI's random operators, whose
 state a resumed epoch or a rebuilt pipeline would not share: a resumed epoch draws what the
 uninterrupted one did. The suites carry torchvision's op lists, magnitude ranges and bins
-(``loaders.auto_augment``) and its black fill, not DALI's defaults (DALI's TrivialAugment
+(``loaders.transforms.auto_augment``) and its black fill, not DALI's defaults (DALI's TrivialAugment
 suite starts its enhancements at 0.01 and fills with 128, its RandAugment translates 100 px).
 All these operators also run on DALI's CPU backend (checked by
 ``tests/loaders/test_dali_augment.py``).
@@ -20,7 +20,7 @@ centre the unfloored weighted mean, its warps resample about pixel corners. Wher
 do a policy at all the run stops at start-up (:meth:`DaliAugment.check`): ``augmix`` (no DALI
 operator mixes chains) and ``--interpolation bicubic`` (DALI's warps are linear or nearest).
 CPU-only (no GPU, ``device_id=None``) the graph stops at the decoded window and torch finishes
-each crop (``_dali_graph.finish_on_cpu``); there the policy is ``loaders.auto_augment``'s, with
+each crop (``graph.finish_on_cpu``); there the policy is ``loaders.transforms.auto_augment``'s, with
 torchvision's pixels, seeded per batch as in the DataLoader workers.
 """
 from __future__ import annotations
@@ -30,16 +30,16 @@ from functools import cached_property
 
 import numpy as np
 
-from ..auto_augment import AA_SPACE, RA_SPACE, TA_WIDE_SPACE, make_auto_augment
-from ..contract import DataError
+from ...errors import DataError
+from ...transforms.auto_augment import AA_SPACE, RA_SPACE, TA_WIDE_SPACE, make_auto_augment
 
 _TAG = 0x41554741  # "AUGA": these draws' stream, apart from the crops' of the same batch
 
 
 @dataclass(frozen=True)
 class DaliAugment:
-    """One run's ``--auto-augment`` policy for DALI: ``policy`` (``loaders.auto_augment.POLICIES``),
-    ``interpolation`` (the warps'), ``ra_magnitude`` (RandAugment's bin) and
+    """One run's ``--auto-augment`` policy for DALI: ``policy`` (one of
+    ``loaders.transforms.auto_augment.POLICIES``), ``interpolation`` (the warps'), ``ra_magnitude`` (RandAugment's bin) and
     ``augmix_severity`` (only for the CPU-only finish)."""
 
     policy: str
@@ -61,7 +61,8 @@ class DaliAugment:
 
     @cached_property
     def torch_policy(self):
-        """The CPU-only finish's policy (``loaders.auto_augment``, torchvision's pixels)."""
+        """The CPU-only finish's policy (``loaders.transforms.auto_augment``: torchvision's
+        pixels)."""
         return make_auto_augment(self.policy, self.interpolation, self.ra_magnitude,
                                  self.augmix_severity)
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..contract import DataError
+from ...errors import DataError
 
 # Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
 # 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
@@ -65,7 +65,7 @@ def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
     decoders are built on) decodes a probe JPEG with its GPU backends only (nvJPEG's CUDA
     decoder and the hardware decoder) and must return device memory. nvImageCodec finds
     ``libnvjpeg`` only through its RUNPATH; installed elsewhere, DALI's mixed decoder falls back
-    to the CPU and a run still "passes", only slower (issue 37)."""
+    to the CPU and a run still "passes", only slower."""
     # nvImageCodec prints two coloured lines to stderr per failure unless told not to
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
     try:

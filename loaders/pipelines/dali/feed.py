@@ -1,9 +1,9 @@
-"""What the DALI pipeline is fed (``loaders/pipelines/dali.py``), prepared off the training thread.
+"""What the DALI pipeline is fed, prepared off the training thread.
 
 DALI 2.4 calls a non-parallel ``fn.external_source`` callback on the thread that calls
 ``run()``, the training thread. Reading each batch's records there put the reads (14.0 ms per
 256-image batch of LMDB records on 2 cores, plus 6.1 ms of per-sample feeding) in series with
-the training step (issue 37). Here a background thread per pipeline (:class:`BatchFeed`) reads
+the training step. Here a background thread per pipeline (:class:`BatchFeed`) reads
 the records of the batches ahead of DALI, parses each image's size from its header, draws the
 RandomResizedCrop window on the host with the CPU loaders' own function
 (:func:`loaders.transforms.random_resized_crop_params`, torchvision's algorithm, the same
@@ -27,8 +27,8 @@ import numpy as np
 
 from decode import image_size
 
-from ..batch_stages import thread_cpu
-from ..transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
+from ...timing.batch_stages import thread_cpu
+from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 # Batches a feed prepares ahead of DALI's own queue, each a batch's encoded bytes (about 28 MB at
 # -b 256 of ImageNet JPEGs): with one, the training thread still waited 5.7 ms per batch
@@ -85,23 +85,24 @@ class BatchFeed:
     :data:`AHEAD` batches ahead.
 
     Each call returns ``[encoded, labels]`` (a list of uint8 1-D arrays; int32 ``(N,)``) plus,
-    for training, float32 ``(N, 2)`` window anchors ``(x, y)``, ``(N, 2)`` shapes ``(w, h)``
-    and int32 ``(N,)`` flips, and, if ``sizes`` (the GPU graph resizes in DALI), float32
-    ``(N,)`` output sides, and with ``augment`` (a ``_dali_augment.DaliAugment``, GPU graph
-    only) int32 ``(N, slots, 3)`` ``--auto-augment`` draws; ``StopIteration`` after the pass's last (possibly partial, never
-    padded) batch. ``read(i) -> (bytes, label)`` is the reader's. The last ``keep`` batches
-    returned stay referenced here, since DALI reads them without a copy (``no_copy``): at least
-    the pipeline's prefetch queue depth plus one. :attr:`waited` sums the seconds the calls
-    waited for a batch. ``log`` (a :class:`loaders.batch_stages.BatchStageLog` or None) gets
-    each prepared batch's per-image read seconds, its window draws' seconds and the thread's
-    wall and CPU seconds for it (queue waits apart)."""
+    for training (``opts.train``, a :class:`~.graph.GraphOptions`), float32 ``(N, 2)`` window
+    anchors ``(x, y)``, ``(N, 2)`` shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU
+    graph (``opts.cuda``: it resizes in DALI) float32 ``(N,)`` output sides and, with
+    ``opts.augment``, int32 ``(N, slots, 3)`` ``--auto-augment`` draws; ``StopIteration``
+    after the pass's last (possibly partial, never padded) batch. ``read(i) -> (bytes,
+    label)`` is the reader's. The last ``keep`` batches returned stay referenced here, since
+    DALI reads them without a copy (``no_copy``): at least the pipeline's prefetch queue depth
+    plus one. :attr:`waited` sums the seconds the calls waited for a batch. ``log`` (a
+    :class:`loaders.timing.batch_stages.BatchStageLog` or None) gets each prepared batch's
+    per-image read seconds, its window draws' seconds and the thread's wall and CPU seconds for
+    it (queue waits apart)."""
 
-    def __init__(self, read, train: bool, batch_size: int, seed: int, rank: int,
-                 sizes: bool = True, keep: int = 6, augment=None, log=None):
-        self.read, self.train, self.batch_size = read, train, batch_size
+    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
+                 log=None):
+        self.read, self.train, self.batch_size = read, opts.train, batch_size
         self.log = log
-        self.sizes = train and sizes
-        self.augment = augment if self.sizes else None  # the GPU graph's policy draws
+        self.sizes = opts.train and opts.cuda
+        self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
         self.waited, self.calls = 0.0, 0
         self._fed: collections.deque = collections.deque(maxlen=keep)

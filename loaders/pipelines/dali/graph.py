@@ -1,8 +1,8 @@
-"""The DALI side of ``--dali`` (``loaders/pipelines/dali.py``): the graph's source, the
+"""The DALI side of ``--dali``: the graph's source, the
 decode/augment graph, and turning its outputs into torch tensors.
 
 Source (:func:`source`): one batched ``fn.external_source`` fed by a
-``_dali_feed.BatchFeed``, which the loader points at each pass's order, so a pipeline is built
+``feed.BatchFeed``, which the loader points at each pass's order, so a pipeline is built
 once per run and reused every epoch (as in NVIDIA's DALI ResNet-50 example): each batch's
 encoded images and labels and, for training, each sample's RandomResizedCrop window (drawn on
 the host from (seed, epoch, rank, batch number)), flip and output size, so an epoch's
@@ -25,12 +25,14 @@ import torch
 
 from decode import resize
 
-from ..batch_stages import no_clock
-from ..contract import DataError, DistInfo, LoaderSettings
-from ..normalize import IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std, normalize_each
-from ..transforms import resize_center_crop
-from ._dali_augment import DaliAugment
-from ._dali_env import default_hw_decoder_load
+from ...errors import DataError
+from ...settings import DistInfo, LoaderSettings
+from ...timing.batch_stages import no_clock
+from ...transforms import resize_center_crop
+from ...transforms.normalize import (IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std,
+                                     normalize_each)
+from .augment import DaliAugment
+from .environment import default_hw_decoder_load
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
@@ -84,9 +86,9 @@ class GraphOptions:
     cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
     decode_on_cpu: bool  # --dali-cpu, or no CUDA
     hw_decoder_load: float
-    dtype: torch.dtype  # of the delivered images (loaders.contract.input_dtype)
+    dtype: torch.dtype  # of the delivered images (loaders.settings.input_dtype)
     channels_last: bool
-    augment: object = None  # training's --auto-augment: a _dali_augment.DaliAugment, or None
+    augment: object = None  # training's --auto-augment: an augment.DaliAugment, or None
     interpolation: str = "bilinear"  # --interpolation of the resizes
     threads: int = 1  # the pipeline's CPU threads (-j): nvJPEG's buffers are per thread
 
@@ -95,7 +97,7 @@ def stored_shape(encoded):
     """Each image's ``(H, W, C)`` as stored, float64, from its header: the shape the decoder
     (``adjust_orientation=False``) decodes. ``fn.peek_image_shape`` applies EXIF orientation by
     default: an EXIF-rotated JPEG's window was drawn for the turned shape and left the stored
-    image, and DALI stopped on it, or crashed the process (issue 35)."""
+    image, and DALI stopped on it, or crashed the process."""
     from nvidia.dali import fn, types
 
     return fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False), dtype=types.FLOAT64)
@@ -105,7 +107,7 @@ def inside(anchor, shape, size):
     """``(anchor, shape)`` (float32 ``(x, y)``, ``(w, h)`` nodes) clamped into the image of
     ``size`` (:func:`stored_shape`): the same window for every window drawn from the size the
     host read from the same header, but one that leaves its image would stop DALI's decoder,
-    and DALI has crashed the process on that error (issue 35); :func:`window_mismatch` names
+    and DALI has crashed the process on that error; :func:`window_mismatch` names
     it instead."""
     from nvidia.dali import fn, math as dmath, types
 
@@ -117,7 +119,7 @@ def inside(anchor, shape, size):
 def augment(encoded, opts: GraphOptions, train_inputs=None):
     """DALI graph: encoded images -> list of outputs before the labels. ``train_inputs``
     (training): the external source's ``(anchors, shapes, flips, sizes or None)`` nodes (see
-    ``_dali_feed.BatchFeed``).
+    ``feed.BatchFeed``).
 
     With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
     if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
@@ -195,8 +197,8 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
                   seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
     crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders.transforms``) and normalisation (``loaders.normalize.normalize_each``); training
-    crops then go through ``opts.augment``'s torch policy, its draws from torch's generator
+    (``loaders.transforms``) and normalisation (``normalize.normalize_each``); training crops
+    then go through ``opts.augment``'s torch policy, its draws from torch's generator
     seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs).
     ``seconds``, if given, gets the wall seconds of the resizes (``"resize"``), of the flips
     and policy (``"augment"``) and of the rest (``"copy"``: the normalisation, the labels)."""
@@ -261,11 +263,11 @@ def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_
 
 def source(feed):
     """The graph's source: ``(encoded, labels, train_inputs or None)`` from one batched
-    ``fn.external_source`` calling ``feed`` (a ``_dali_feed.BatchFeed``) on the thread that runs
+    ``fn.external_source`` calling ``feed`` (a ``feed.BatchFeed``) on the thread that runs
     the pipeline; ``train_inputs``: ``(anchors, shapes, flips, sizes or None, the
     ``--auto-augment`` policy's draws or None)``. Uniform inputs
     come as one ``(N, ...)`` array each, which DALI takes in one piece (2.49 ms per batch as
-    per-sample lists vs 0.55 ms, issue 37), and nothing is copied (``no_copy``)."""
+    per-sample lists vs 0.55 ms), and nothing is copied (``no_copy``)."""
     from nvidia.dali import fn, types
 
     dtypes = ([types.UINT8, types.INT32]

@@ -1,32 +1,23 @@
-"""The NVIDIA DALI pipeline (``--dali``): JPEG decode, crop and normalisation inside a DALI
-pipeline, over any reader (``loaders.readers``), through one batched ``fn.external_source``
-fed by ``_dali_feed.BatchFeed``: a background thread per pipeline reads the encoded records of
-the batches ahead (``Reader.read``), draws their RandomResizedCrop windows on the host and
-packs them, so the training thread only hands ready batches over. Labels are the reader's.
+"""The NVIDIA DALI pipeline's loader (``--dali``): JPEG decode, crop and normalisation inside a
+DALI pipeline, over any random-access reader, through one batched ``fn.external_source`` fed by
+``feed.BatchFeed`` (a background thread per pipeline reads the records of the batches ahead and
+draws their windows on the host). Labels are the reader's.
 
 With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
-``--dali-hw-decoder-load``, its buffers sized once as NVIDIA's examples size them; the loader
-checks first that nvJPEG decodes on the GPU at all) and the rest, labels included, runs on the
-GPU; each batch is handed to torch without a copy (DLPack) on torch's current stream, four in
-flight. ``--dali-cpu`` decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's
-DeepLearningExamples RN50 does. Without CUDA the pipelines run CPU-only (``device_id=None``):
-DALI reads and decodes (only the RandomResizedCrop window of a training JPEG), and torch
-resizes, flips and normalises with the other backends' code, DALI's CPU resize being the slow
-step there (``_dali_graph.augment``); ``-j`` single-threaded pipelines take turns, one batch
-each (:meth:`DALILoader._num_pipelines`). EXIF orientation is not applied, as in every loader
-here and pytorch/examples' ``ImageFolder`` + PIL (docs/loaders.md, *Orientation*); a window
-off its image is an unreadable sample named on stderr.
+``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; each batch is handed
+to torch without a copy (DLPack) on torch's current stream, four in flight. ``--dali-cpu``
+decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50
+does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI decodes (only the
+RandomResizedCrop window of a training JPEG) and torch resizes, flips and normalises with the
+other pipelines' code (``graph.finish_on_cpu``); ``-j`` single-threaded pipelines take turns.
+EXIF orientation is not applied, as in every loader here (docs/loaders.md, *Orientation*).
 
-Order: each epoch is read in the indices of the reader's epoch orders (``Reader.train_order``/
-``val_order``, as every pipeline, e.g. :class:`~loaders.orders.BlockOrder`), handed to DALI as
-that exact list (not DALI's shuffling and sharding). The graph and source are in
-``_dali_graph.py``. Each pipeline is built once per run and reused by every pass (nvJPEG and
-hardware-decoder state, threads and buffers made once, as in NVIDIA's DALI ResNet-50 example);
-each pass points its feed at the pass's order, crop side and epoch. Windows and flips are drawn
-on the host from (seed, epoch, rank, batch number), so a resumed epoch draws what the
-uninterrupted one did. Pipelines are rebuilt only after a sample DALI could not decode (from
-that batch on) and after a pass left unfinished. DALI is imported only inside functions
-(``build_loaders`` names the wheel to install).
+Each epoch is read in the indices of the reader's epoch orders, handed to DALI as that exact
+list (not DALI's shuffling and sharding). Each pipeline is built once per run and reused by
+every pass (as in NVIDIA's DALI ResNet-50 example); each pass points its feed at the pass's
+order, crop side and epoch, and windows and flips are drawn on the host from (seed, epoch, rank,
+batch number), so a resumed epoch draws what the uninterrupted one did. Pipelines are rebuilt
+only after a sample DALI could not decode (from that batch on) and after a pass left unfinished.
 """
 from __future__ import annotations
 
@@ -37,20 +28,20 @@ from typing import Iterator
 import torch
 
 from decode import release_freed_memory
-from decode.gpu import nvjpeg_pip_package
 
-from .. import stages
-from .._bad_samples import UnreadableSet, too_many_unreadable
-from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
-from ..orders import Order, batches_per_epoch, train_batch_size
-from ..positions import PositionedLoader, RestOfEpoch
-from ..batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
-from ..readers import Reader
-from ._dali_env import cuda_failure, gpu_decoding_problem, require_dali
-from ._dali_feed import BatchFeed, FeedPass
-from ._dali_graph import GraphOptions, augment, graph_options, outputs_to_torch, source
-from ._dali_unreadable import UnreadableSamples
-from ._shared_batches import batch_seed
+from ...errors import AcceleratorError
+from ...orders import Order, batches_per_epoch, train_batch_size
+from ...orders.positions import PositionedLoader, RestOfEpoch
+from ...readers import Reader
+from ...settings import DistInfo, LoaderSettings
+from ...timing import stages
+from ...timing.batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
+from ..bad_samples import UnreadableSet, too_many_unreadable
+from ..batches import batch_seed, epoch_seed
+from .environment import cuda_failure
+from .feed import BatchFeed, FeedPass
+from .graph import GraphOptions, augment, outputs_to_torch, source
+from .unreadable import UnreadableSamples
 
 # Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
 # be retrying): past it the daemon thread is left behind, so a run's exit is never held.
@@ -62,8 +53,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     the indices of ``order``, as a loader of the usual contract.
 
     Yields ``images``: ``(N, 3, H, W)`` ``opts.dtype`` (float32, or the ``--amp-dtype`` under
-    ``--amp`` on CUDA) on ``device``, normalised with the ImageNet mean/std, channels-last
-    memory format with ``--channels-last``; ``labels``: int64 ``(N,)`` on ``device`` (with CUDA
+    ``--amp`` on CUDA) on ``dist.device``, normalised with the ImageNet mean/std, channels-last
+    memory format with ``--channels-last``; ``labels``: int64 ``(N,)`` on it (with CUDA
     both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
     ``len()`` is exact; the last validation batch may be smaller and holds no padding.
     ``classes``: class names (index = label). ``set_epoch(epoch)`` selects the order and the
@@ -73,28 +64,29 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     exceed ``max_bad_share`` of the split or DALI fails for another reason, and
     :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
 
-    With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
+    With CUDA one pipeline runs ``settings.workers`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
     producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
 
-    Training measures its stages (:mod:`loaders.batch_stages`; :meth:`stage_summary`): the
+    Training measures its stages (:mod:`loaders.timing.batch_stages`; :meth:`stage_summary`): the
     feed threads' reads and windows, the training thread's wait for DALI's output (DALI's
     decode, unmeasured apart, is in it) and hand-over (CPU-only: torch's resize and flip).
     """
 
-    def __init__(self, reader: Reader, order: Order, opts: GraphOptions, device: torch.device,
-                 *, batch_size: int, max_batches: int | None, num_threads: int, seed: int,
-                 rank: int, max_bad_share: float, cpu_pipelines: int | None = None):
+    cpu_pipelines: int | None = None  # CPU-only pipelines taking turns (None: one per thread)
+
+    def __init__(self, reader: Reader, order: Order, opts: GraphOptions,
+                 settings: LoaderSettings, dist: DistInfo):
+        batch_size = settings.batch_size
         if opts.train:
             batch_size = train_batch_size(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
         self.position_order, self._rest = order, None
-        self.batch_size, self.max_batches = batch_size, max_batches
-        self.opts, self.classes, self.device = opts, list(reader.classes), device
+        self.batch_size, self.max_batches = batch_size, settings.max_batches(opts.train)
+        self.opts, self.classes, self.device = opts, list(reader.classes), dist.device
         self.reader = reader
-        self.max_bad_share, self.seed, self.rank = max_bad_share, seed, rank
-        self.num_threads = max(1, num_threads)
-        self.cpu_pipelines = cpu_pipelines
+        self.max_bad_share, self.seed, self.rank = settings.max_bad_share, settings.seed, dist.rank
+        self.num_threads = max(1, settings.workers)
         self.epoch = self.start_batch = 0
         # Built pipelines and their feeds, reused while they are between passes.
         self._pipes: list = []
@@ -103,7 +95,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         # Samples found unreadable this run (main process only: the probes run here).
         self.unreadable = UnreadableSet(order.num_samples)
         self.stage_log = self._waited = None
-        if opts.train and stages.enabled():  # torch resizes and flips CPU-only (_dali_graph)
+        if opts.train and stages.enabled():  # torch resizes and flips CPU-only (graph.py)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
             self.stage_log = BatchStageLog(names, "training thread (DALI's output)",
                                            rated=False, readers_name="feed threads")
@@ -121,7 +113,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                   rest: RestOfEpoch | None = None) -> None:
         """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
         start it at batch ``start_batch`` (a resumed epoch; ``rest``: one dealt anew at this
-        layout, whose indices are read instead, :mod:`loaders.positions`). Hands the host
+        layout, whose indices are read instead, :mod:`loaders.orders.positions`). Hands the host
         heap's freed pages back to the kernel first (:func:`decode.release_freed_memory`):
         without it, the memory kept at each epoch's peaks grows resident memory epoch after
         epoch."""
@@ -278,10 +270,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
         :attr:`pipeline_builds`."""
-        self._feeds = [BatchFeed(self.reader.read, self.opts.train, self.batch_size, self.seed,
-                                 self.rank, sizes=self.opts.cuda,
-                                 keep=self._queue_depth(n) + 1, augment=self.opts.augment,
-                                 log=self.stage_log)
+        self._feeds = [BatchFeed(self.reader.read, self.opts, self.batch_size, self.seed,
+                                 self.rank, keep=self._queue_depth(n) + 1, log=self.stage_log)
                        for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]
         for pipe in pipes:
@@ -327,45 +317,3 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                           waited[1] + thread_cpu() - cpu, wait=waited[0])
         self._waited = None
         return images, labels
-
-
-def require(dist: DistInfo) -> None:
-    """Raise :class:`DataError` naming the wheel to install if DALI is missing or, on CUDA,
-    built for another CUDA major than torch (before any split is opened)."""
-    require_dali(dist.device)
-
-
-def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s over two readers, each in its own orders
-    (``Reader.train_order`` / ``val_order``).
-
-    Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
-    single-threaded pipelines). Records and file names are handed to DALI from the main
-    process (files are read in DALI's threads). Raises :class:`DataError` for a reader
-    without random access (streamed shards), bad block sizes, or a training order smaller
-    than one batch (:func:`require` first checks that DALI is usable).
-    """
-    built = []
-    for is_train, reader, path in ((True, train, settings.train_path),
-                                   (False, val, settings.val_path)):
-        if not reader.random_access:
-            raise DataError(f"{path}: --dali reads local shards only; stream them with "
-                            "--loader shards (without --dali)")
-        order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
-                                                                                     dist)
-        opts = graph_options(settings, dist, is_train)
-        if is_train and not opts.decode_on_cpu:
-            problem = gpu_decoding_problem(dist.device)
-            if problem:
-                cuda = (torch.version.cuda or "13").split(".")[0]
-                raise DataError(f"--dali: nvJPEG cannot decode on {dist.device} ({problem}), "
-                                f"so DALI would decode on the CPU: install "
-                                f"{nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}, "
-                                "or give --dali-cpu")
-        built.append(DALILoader(
-            reader, order, opts, dist.device,
-            batch_size=settings.batch_size,
-            max_batches=settings.train_batches if is_train else settings.val_batches,
-            num_threads=settings.workers, seed=settings.seed, rank=dist.rank,
-            max_bad_share=settings.max_bad_share))
-    return built[0], built[1]

@@ -1,16 +1,16 @@
 """What :class:`~loaders.pipelines.dali.DALILoader` does about a sample DALI cannot decode
 (a mixin): find it with our CPU decoder, report it once on stderr, remember it and replace it
 in the pass's order by the next readable sample, as the other pipelines do
-(``loaders._bad_samples``); past ``max_bad_share`` of the split, :class:`DataError`.
+(``loaders.pipelines.bad_samples``); past ``max_bad_share`` of the split, :class:`DataError`.
 """
 from __future__ import annotations
 
 from decode import decode
 
-from .._bad_samples import DECODE_ERRORS, report_unreadable, too_many_unreadable
-from ..contract import DataError
-from ._dali_env import message_lines
-from ._dali_graph import window_mismatch
+from ...errors import DataError
+from ..bad_samples import DECODE_ERRORS, report_unreadable, too_many_unreadable
+from .environment import message_lines
+from .graph import window_mismatch
 
 
 class UnreadableSamples:
@@ -42,8 +42,7 @@ class UnreadableSamples:
         return found
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
-        """A sample of batch ``step`` whose window :func:`~loaders._dali_graph.window_mismatch`
-        finds wrong is an unreadable sample (reported, remembered, replaced in ``order``; the
+        """A sample of batch ``step`` whose window :func:`~.graph.window_mismatch` finds wrong is an unreadable sample (reported, remembered, replaced in ``order``; the
         pipelines dropped): returns whether there was one. Raises :class:`DataError` past
         ``max_bad_share``."""
         found = window_mismatch(outputs)

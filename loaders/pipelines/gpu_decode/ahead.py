@@ -1,6 +1,6 @@
-"""An iterator run ahead in a background thread: what the batch-decode pipeline uses so that the
-training process decodes batch ``k + 1`` while its training thread runs step ``k``
-(``loaders.pipelines.gpu_decode``; DALI's feed, ``_dali_feed``, reads ahead the same way)."""
+"""Iterators run ahead: what the batch-decode pipeline uses so that the training process decodes
+batch ``k + 1`` while its training thread runs step ``k``, in a background thread
+(:func:`run_ahead`) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
 from __future__ import annotations
 
 import queue
@@ -62,3 +62,17 @@ def run_ahead(items: Iterator, depth: int = 2) -> Iterator:
     finally:
         stop.set()
         thread.join(_JOIN_S)
+
+
+def one_ahead(items: Iterator) -> Iterator:
+    """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
+    ahead = None
+    try:
+        for item in items:
+            if ahead is not None:
+                yield ahead
+            ahead = item
+        if ahead is not None:
+            yield ahead
+    finally:
+        items.close()

@@ -1,19 +1,18 @@
-"""The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): DataLoader
-workers only read each sample's encoded bytes and draw its window; the training process
-decodes each batch's windows at once (:class:`decode.gpu.WindowDecoder`: nvImageCodec on the
-GPU, its hardware JPEG decoder where there is one; or nvImageCodec's CPU backend, the same
-code on a machine without a GPU), resizes them, flips and normalises them into the model's
-dtype. Takes any reader.
+"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``):
+DataLoader workers only read each sample's encoded bytes and draw its window
+(``gpu_decode.windows``); the training process decodes each batch's windows at once
+(:class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, its hardware JPEG decoder where
+there is one; or nvImageCodec's CPU backend, the same code on a machine without a GPU), resizes
+them, flips and normalises them into the model's dtype. Takes any reader.
 
 The windows are the CPU loaders' (``loaders.transforms.TrainTransform.window``, seeded per
-batch by :func:`~loaders.pipelines._shared_batches.batch_seed` of (seed, epoch, rank, batch)),
-so resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
+batch by :func:`~loaders.pipelines.batches.batch_seed` of (seed, epoch, rank, batch)), so
+resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
 central crop's region (with the resize filter's reach) and resamples it as the whole image's
 resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
 """
 from __future__ import annotations
 
-import itertools
 import sys
 import time
 import weakref
@@ -22,119 +21,72 @@ from typing import Iterator
 
 import torch
 
-from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
+from decode.gpu import WindowDecoder, to_device
 
-from .. import stages
-from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
-from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
-from ..normalize import imagenet_mean_std, normalize_into
-from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
-from ..positions import PositionedLoader, RestOfEpoch
-from ..batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
-from ..readers import Reader
-from ._ahead import run_ahead
-from ._closing import ClosingDataLoader
-from ._gpu_windows import BYTES, READ, WINDOW, Windows, WindowBatches
-from ._shared_batches import NumberedBatchSampler, PassPlan, keep_as_is
+from ...errors import AcceleratorError, DataError
+from ...orders import Order
+from ...readers import Reader
+from ...settings import DistInfo, LoaderSettings
+from ...timing import stages
+from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
+from ...transforms.normalize import imagenet_mean_std, normalize_into
+from ..bad_samples import TolerantDataset, report_unreadable
+from ..batches import ReaderLoader
+from .ahead import one_ahead, run_ahead
+from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
 
-# The stages this pipeline has (loaders.stages.STAGES' names): the workers read and draw
+# The stages this pipeline has (loaders.timing.stages.STAGES' names): the workers read and draw
 # windows, the decode thread decodes, resizes and flips ("augment"); its hand-over
 # (normalisation, copies to the device) is the log's copy time. No slot write: none is measured.
 STAGES = ("read", "window", "decode", "resize", "augment")
 
 
-class BatchDecodeLoader(StagedLoader, PositionedLoader):
-    """Reads ``reader``'s samples in the indices of ``order`` with a DataLoader of ``workers``
-    processes that read the bytes and draw the windows (:class:`._gpu_windows.Windows`), and
-    decodes each batch's windows in this process with ``decoder`` (a
-    :class:`decode.gpu.WindowDecoder`):
-    with workers in a thread up to two batches ahead of the training thread (``_ahead``), on
-    CUDA on a side stream, so the decode overlaps the model's step (``-j 0``: one batch
-    ahead on the training thread).
+class BatchDecodeLoader(ReaderLoader):
+    """One split (``train``) of ``reader`` read in the indices of ``order`` by
+    ``settings.workers`` DataLoader processes that read the bytes and draw the windows
+    (:class:`~loaders.pipelines.batches.ReaderLoader`, :class:`.windows.Windows`), each batch's
+    windows decoded in this process by ``decoder`` (a :class:`decode.gpu.WindowDecoder`): with
+    workers in a thread up to two batches ahead of the training thread (``ahead``), on CUDA on a
+    side stream, so the decode overlaps the model's step (``-j 0``: one batch ahead on the
+    training thread).
 
-    Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images`` ``dtype``
-    ``(N, 3, H, W)`` on ``device`` normalised with the ImageNet mean/std (channels-last if
-    ``channels_last``; ``H = W = crop_size``, training flipped where drawn), ``labels`` int64
-    ``(N,)``; exact ``len()``, ``set_epoch(epoch, start_batch)``, ``set_resolution`` (training:
-    any side up to ``max_crop_size``: only this process resizes), ``classes``, ``close()``.
-    ``val_sizes``: validation's ``(resize, crop)``. Workers are kept from pass to pass, for
-    validation too, unless the reader plans each pass.
+    Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images``
+    ``settings.dtype`` ``(N, 3, H, W)`` on ``dist.device`` normalised with the ImageNet
+    mean/std (channels-last with ``settings.channels_last``; training flipped where drawn),
+    ``labels`` int64 ``(N,)``; ``set_resolution`` takes any side up to ``max_crop_size`` (only
+    this process resizes). Workers are kept from pass to pass unless the reader plans each pass.
 
     A sample the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them);
     one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
     never read it again), named once on stderr and replaced in its batch by another image of
     the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
 
-    A training loader measures its stages (:mod:`loaders.batch_stages`, unless
+    A training loader measures its stages (:mod:`loaders.timing.batch_stages`, unless
     ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
-    decoded since the last reset (decoded ahead of the training thread: counted when
-    decoded). On CUDA the decode thread's figures are the host's seconds
-    (the kernels they launch run later on the side stream).
+    decoded since the last reset (counted when decoded, ahead of the training thread). On CUDA
+    the decode thread's figures are the host's seconds (the kernels they launch run later on
+    the side stream).
     """
 
-    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder, *, train: bool,
-                 batch_size: int, workers: int, device: torch.device, crop_size: int,
-                 val_sizes: tuple[int, int], channels_last: bool, max_batches: int | None,
-                 seed: int, rank: int, max_bad_share: float, dtype: torch.dtype,
-                 max_crop_size: int | None = None):
-        if train:  # a split under one batch: one smaller batch (orders.train_batch_size)
-            batch_size = train_batch_size(order, batch_size)
-        self.reader, self.decoder, self.train = reader, decoder, train
-        self.sampler = ResumableSampler(order)
-        self.position_order = order
-        self.batch_size, self.device, self.dtype = batch_size, device, dtype
-        self.crop_size = crop_size
-        self.max_crop_size = max(crop_size, max_crop_size or 0)
-        self.channels_last, self.max_batches = channels_last, max_batches
-        self.seed, self.rank, self.max_bad_share = seed, rank, max_bad_share
-        self.start_batch = self.epoch = self.cpu_fallbacks = 0
-        self.classes = list(reader.classes)
-        mean, std = imagenet_mean_std(device)
+    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
+                 settings: LoaderSettings, dist: DistInfo, train: bool):
+        super().__init__(reader, order, settings, dist, train)
+        self.decoder, self.cpu_fallbacks = decoder, 0
+        self.crop_size = settings.crop_size(train)
+        mean, std = imagenet_mean_std(self.device)
         self.scale, self.shift = 1 / std, -mean / std
         # The clock goes to the workers with the datasets; the log is this process's.
+        workers = settings.workers
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
-        tolerant = TolerantDataset(Windows(reader, None if train else val_sizes, clock),
-                                   shared=workers > 0)
+        val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
+        tolerant = TolerantDataset(Windows(reader, val_sizes, clock), shared=workers > 0)
         self.unreadable = tolerant.unreadable
         self._dataset = WindowBatches(tolerant, clock)
-        self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
-        self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
-        self.loader = self._dataloader(workers)
+        self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
-
-    def _dataloader(self, workers: int) -> ClosingDataLoader:
-        return ClosingDataLoader(self._dataset, batch_sampler=self._batches, collate_fn=keep_as_is,
-                          num_workers=workers, generator=self._generator,
-                          prefetch_factor=4 if workers > 0 else None,
-                          persistent_workers=workers > 0 and not self.reader.plans_passes)
-
-    def __len__(self) -> int:
-        total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
-                                  self.max_batches)
-        return max(0, total - self.start_batch)
-
-    def set_epoch(self, epoch: int, start_batch: int = 0,
-                  rest: RestOfEpoch | None = None) -> None:
-        """This epoch's order and windows (a function of (seed, epoch, rank)), from batch
-        ``start_batch`` on (a resumed epoch); ``rest``: a resumed epoch dealt anew at this layout,
-        whose indices are read instead (:mod:`loaders.positions`)."""
-        self.sampler.set_epoch(epoch)
-        self.sampler.start = start_batch * self.batch_size
-        self.sampler.rest = self._take_rest(epoch, start_batch, rest)
-        self.start_batch, self.epoch = start_batch, epoch
-        if self.reader.plans_passes:
-            # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
-            resumed = start_batch and self.sampler.rest is None
-            self.reader.plan_pass(self.sampler.order, epoch,
-                                  list(self.sampler) if resumed else None)
-
-    def pass_indices(self) -> list[int]:
-        """The dataset indices the next pass yields, in order (before an unreadable sample's
-        replacement)."""
-        return list(itertools.islice(self.sampler, len(self) * self.batch_size))
 
     @property
     def resolution(self) -> int:
@@ -144,26 +96,18 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
     def set_resolution(self, size: int) -> None:
         """Training: windows resized to ``size`` px from the next batch decoded on. Raises
         ``ValueError`` for validation or a size outside ``1..max_crop_size``."""
-        if not self.train:
-            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
-        if not 0 < size <= self.max_crop_size:
-            raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
+        self._check_resolution(size)
         self.crop_size = size
-
-    @property
-    def workers_configured(self) -> int:
-        """This loader's DataLoader workers (``-j``), for :meth:`stage_summary`."""
-        return self.loader.num_workers
 
     def close(self) -> None:
         """Stop this loader's workers (kept between passes, or of a pass left part-way: joined,
-        or killed past :data:`~loaders.pipelines._closing.STOP_GRACE_S`), then the decode
+        or killed past :data:`~loaders.pipelines.closing.STOP_GRACE_S`), then the decode
         thread of a pass left part-way. Safe on any way out, more than once; a later pass
         starts new workers."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
-        self.loader = self._dataloader(self.loader.num_workers)
+        self.loader = self._dataloader(self._dataset, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = self._pass()
@@ -171,8 +115,7 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
         return batches
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        self._batches.plan = PassPlan(0, None, seed_key, len(self))
+        self._plan()
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         if cuda:  # scale/shift were written on the current stream
@@ -182,7 +125,7 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
         # -j 0 the reading (which seeds torch's global RNG per batch) stays on this thread,
         # one batch ahead.
         batches = self._decoded(stream, len(self))
-        batches = run_ahead(batches) if self.loader.num_workers > 0 else _one_ahead(batches)
+        batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
             for images, labels, done in batches:
                 yield self._hand_over((images, labels), done)
@@ -212,12 +155,6 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
                 done = torch.cuda.Event()
                 done.record(stream)
             yield images, labels, done
-
-    def _check_bad(self, found: int) -> None:
-        if found:
-            bad, size = self.unreadable.count(), len(self.reader)
-            if bad > self.max_bad_share * size:
-                raise too_many_unreadable(bad, self.max_bad_share, size)
 
     def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
         """Add one batch's figures to :attr:`stage_log`: its workers' rows (``item``), the
@@ -305,71 +242,3 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
             labels[i] = labels[good[0]]
         self._check_bad(found)
         return images, labels
-
-
-def _one_ahead(items: Iterator) -> Iterator:
-    """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
-    ahead = None
-    try:
-        for item in items:
-            if ahead is not None:
-                yield ahead
-            ahead = item
-        if ahead is not None:
-            yield ahead
-    finally:
-        items.close()
-
-
-def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device``: for ``cuda`` the
-    first GPU decoder that decodes a probe window into device memory
-    (:func:`decode.gpu.probe_cuda`: nvImageCodec, else torchvision's ``decode_jpeg``). Raises
-    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where no
-    GPU decoder decodes unless ``settings.allow_cpu_decode`` (``--allow-cpu-decode``: every
-    window then goes to the CPU fallback, and the run says so), and for the CPU backend
-    without nvImageCodec."""
-    kind = settings.decode_device
-    if kind == "cuda" and dist.device.type != "cuda":
-        raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
-                               "for the same pipeline on nvImageCodec's CPU backend)")
-    device = dist.device if kind == "cuda" else torch.device("cpu")
-    library = "default"
-    if kind == "cuda":
-        choice = probe_cuda(device, settings.hw_decoder_load)
-        if choice.library is None and not settings.allow_cpu_decode:
-            raise AcceleratorError(refusal(choice))
-        library = None if choice.library == "torchvision" else "default"
-    try:
-        return WindowDecoder(kind, device, settings.hw_decoder_load,
-                             threads=max(1, settings.workers), library=library)
-    except RuntimeError as exc:
-        raise AcceleratorError(str(exc).splitlines()[0]) from None
-
-
-def refusal(choice: CudaChoice) -> str:
-    """The one line ``--decode-device cuda`` stops with where no GPU decoder decodes."""
-    cuda = (torch.version.cuda or "13").split(".")[0]
-    return (f"--decode-device cuda: no GPU decoder decodes on {choice.device} "
-            f"({'; '.join(choice.problems)}): install {nvjpeg_pip_package(cuda)} beside "
-            f"nvidia-nvimgcodec-cu{cuda}, or pass --allow-cpu-decode to decode every window "
-            "on the CPU")
-
-
-def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`BatchDecodeLoader` s over two readers in their orders, one
-    decoder shared by both. Raises :class:`DataError` for a training order smaller than one
-    batch, :class:`AcceleratorError` where the decoder cannot run (:func:`make_decoder`)."""
-    decoder = make_decoder(settings, dist)
-    common = dict(batch_size=settings.batch_size, workers=settings.workers,
-                  device=dist.device, val_sizes=(settings.val_resize_size,
-                                                 settings.val_crop_size),
-                  channels_last=settings.channels_last, seed=settings.seed, rank=dist.rank,
-                  max_bad_share=settings.max_bad_share, dtype=settings.dtype)
-    return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, train=True,
-                              crop_size=settings.train_crop_size,
-                              max_batches=settings.train_batches,
-                              max_crop_size=settings.train_max_crop_size, **common),
-            BatchDecodeLoader(val, val.val_order(settings, dist), decoder, train=False,
-                              crop_size=settings.val_crop_size,
-                              max_batches=settings.val_batches, **common))

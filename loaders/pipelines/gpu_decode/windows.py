@@ -1,6 +1,6 @@
-"""The DataLoader workers' part of the batch-decode pipeline (``gpu_decode.py``): each sample's
+"""The DataLoader workers' part of the batch-decode pipeline: each sample's
 encoded bytes read and its window drawn (:class:`Windows`), a batch's packed as tensors
-(:class:`WindowBatches`). With a :class:`loaders.stages.StageClock` (training, unless
+(:class:`WindowBatches`). With a :class:`loaders.timing.stages.StageClock` (training, unless
 ``IMAGENET_FAST_STAGES=0``) each image's read and window seconds and each batch's wall and
 process CPU seconds travel with the batch (``stages``, ``stage_batch``), as the pixels do.
 """
@@ -14,11 +14,11 @@ from torch.utils.data import Dataset
 
 from decode import decode, image_size
 
-from .. import stages
-from .._bad_samples import TolerantDataset
-from ..readers import Reader
-from ..transforms import TrainTransform, center_crop_plan
-from ._shared_batches import NumberedBatch
+from ...readers import Reader
+from ...timing import stages
+from ...transforms import TrainTransform, center_crop_plan
+from ..bad_samples import TolerantDataset
+from ..batches import NumberedBatch, seeded
 
 # Columns of a batch's ``stages`` rows: read and window seconds, the record's bytes.
 READ, WINDOW, BYTES = range(3)
@@ -30,8 +30,8 @@ class Windows(Dataset):
     validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
     :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
     decoded only where no header parser reads it (which raises for bytes that are not an
-    image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`).
-    ``clock`` (a :class:`loaders.stages.StageClock` or None) gets each read's and window's
+    image: the bad-sample rules of :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
+    ``clock`` (a :class:`loaders.timing.stages.StageClock` or None) gets each read's and window's
     seconds (added: a replaced sample counts both tries) and the record's bytes."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None):
@@ -66,16 +66,15 @@ class Windows(Dataset):
 
 
 class WindowBatches(Dataset):
-    """For ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: a
-    :class:`~loaders.pipelines._shared_batches.NumberedBatch` -> a dict of tensors: ``data``
+    """For a DataLoader of numbered batches: a
+    :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict of tensors: ``data``
     uint8 (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64
     ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels`` and
     ``indices`` int64 ``(N,)``, and the ints ``number`` and ``found`` (samples newly found
     unreadable); with a ``clock`` also ``stages`` float64 ``(N, 3)`` (read s, window s,
     bytes: :data:`READ`, :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64
-    ``(loaders.stages.BATCH_COLUMNS,)`` (worker id, wall s, process CPU s, 0). Torch's CPU
-    generator is seeded with the batch's seed for its draws and put back after (as
-    :class:`~loaders.pipelines._shared_batches.SlotWriter`)."""
+    ``(stages.BATCH_COLUMNS,)`` (worker id, wall s, process CPU s, 0). The draws follow the
+    batch's seed (:func:`~loaders.pipelines.batches.seeded`)."""
 
     def __init__(self, dataset: TolerantDataset, clock=None):
         self.dataset, self.clock = dataset, clock
@@ -87,12 +86,7 @@ class WindowBatches(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, batch: NumberedBatch) -> dict:
-        seed = batch.plan.seed(batch.number)
-        if seed is None:
-            return self._read(batch)
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            return self._read(batch)
+        return seeded(batch, self._read)
 
     def _read(self, batch: NumberedBatch) -> dict:
         clock = self.clock

@@ -12,7 +12,7 @@ Two things keep the host-to-device copy off the training step's critical path:
 
 The uint8 batch travels (4x fewer bytes than float32) and is normalised on the GPU straight
 into the dtype the model consumes (float16/bfloat16 under ``--amp``, see
-:func:`loaders.contract.input_dtype`).
+:func:`loaders.settings.input_dtype`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..normalize import normalize_into
+from ...transforms.normalize import normalize_into
 
 # cudaHostRegister's flags: 0 is cudaHostRegisterDefault; the one that makes the memory pinned
 # for every CUDA context, not only the current one, is 1 (cudaHostRegisterPortable). Default is
@@ -67,8 +67,7 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers uint8 batches held in :class:`~loaders.pipelines._shared_batches.SharedBatches` slots to
-    ``device`` as normalised ``dtype`` batches, one batch ahead on a side stream.
+    """Delivers uint8 batches held in :class:`~.slots.SharedBatches` slots to ``device`` as normalised ``dtype`` batches, one batch ahead on a side stream.
 
     :meth:`batches` takes ``(number, slot, count)`` of each written slot in order and yields
     ``(images, labels)``: ``images`` ``dtype`` ``(count, 3, H, W)`` on ``device`` (channels-last
@@ -77,7 +76,7 @@ class CudaFeeder:
     is released to the DataLoader workers once its copy has finished (page-locked slots), or
     as soon as it was staged into pinned memory (slots that could not be page-locked).
 
-    ``timing`` (a :class:`loaders.stages.StageLog`, or None) gets each batch's copy and
+    ``timing`` (a :class:`loaders.timing.stages.StageLog`, or None) gets each batch's copy and
     normalisation time on the side stream as a pair of CUDA timing events.
     """
 
@@ -95,7 +94,7 @@ class CudaFeeder:
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
                 pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """See the class; ``pass_id``: the pass the slots are released for
-        (:meth:`~loaders.pipelines._shared_batches.SharedBatches.begin_pass`)."""
+        (:meth:`~loaders.pipelines.workers.slots.SharedBatches.begin_pass`)."""
         current = None
         try:
             for number, slot, count in filled:

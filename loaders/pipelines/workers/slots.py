@@ -2,15 +2,14 @@
 
 Why: PyTorch's default collate stacks every batch into a *new* shared-memory block. The worker
 page-faults it in as it writes, and the main process faults it in again as it reads, 4 KiB at
-a time. With this module and the other changes listed in docs/performance.md, the loaders went
-from 76-79% to 93-100% of the decode-only ceiling of ``benchmarks/bench_loaders.py``. Here the
-main process allocates ``slots`` batches of shared memory once. Workers copy each sample into
+a time (docs/performance.md measures the difference). Here the main process allocates
+``slots`` batches of shared memory once. Workers copy each sample into
 its place (no collate copy) and send back only ``(number, slot, count, found)``, and the
 main process reads the slot in place.
 
-Slot protocol: :class:`NumberedBatchSampler` numbers the batches of each pass from 0 and gives
-each pass a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k`` uses slot
-``k % slots``. A worker writes batch ``k`` only after the main process has released batch
+Slot protocol: ``loaders.pipelines.batches.NumberedBatchSampler`` numbers the batches of each
+pass from 0 and each pass has a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k``
+uses slot ``k % slots``. A worker writes batch ``k`` only after the main process has released batch
 ``k - slots`` of the same pass from that slot (:meth:`SharedBatches.release`). Releases are
 recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
 workers that outlive a pass (``persistent_workers``) finish the batches in flight of a pass
@@ -19,25 +18,20 @@ pass's), and a later pass's wait is never satisfied by an earlier pass's release
 dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
 workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
 waits, but the wait is there, so no batch is ever overwritten while it is read.
-
-Each batch also carries the seed of its augmentation (:func:`batch_seed`), so the random crops
-of a batch are a function of (seed, epoch, rank, batch number) whichever worker, and however
-many, draw them, and whether the workers were started for this pass or an earlier one.
 """
 from __future__ import annotations
 
 import errno
 import os
 import time
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from .. import stages
-from ..contract import DataError
+from ...errors import DataError
+from ...timing import stages
+from ..batches import NumberedBatch, PassPlan, seeded
 
 # A worker that waits this long for its slot means the main process stopped releasing them.
 _WAIT_LIMIT_S = 600.0
@@ -50,79 +44,6 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
     """Slots one loader needs: every batch DataLoader may have in flight, the one being read
     and one spare."""
     return (prefetch_factor * workers if workers > 0 else 0) + 2
-
-
-def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
-    """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
-    on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
-    so that no two tuples share a stream (as DALI's crops, ``loaders.pipelines._dali_feed.crop_draws``)."""
-    state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
-    return int(state.generate_state(1, np.uint64)[0])
-
-
-@dataclass(frozen=True)
-class PassPlan:
-    """What every batch of one pass carries to the workers: the pass number (``pass_id``, from
-    :meth:`SharedBatches.begin_pass`), the image shape ``(3, H, W)`` its slots hold (None: as
-    the slots were made), the seed key ``(seed, epoch, rank, first_batch)`` of its augmentation
-    (None: no random transform; ``first_batch`` is where a resumed epoch starts) and at most
-    ``limit`` batches (None: the whole epoch)."""
-
-    pass_id: int = 0
-    image_shape: tuple[int, int, int] | None = None
-    seed_key: tuple[int, int, int, int] | None = None
-    limit: int | None = None
-
-    def seed(self, number: int) -> int | None:
-        """:func:`batch_seed` of batch ``number`` of this pass, or None."""
-        if self.seed_key is None:
-            return None
-        seed, epoch, rank, first = self.seed_key
-        return batch_seed(seed, epoch, rank, first + number)
-
-
-class NumberedBatch(list):
-    """A batch of dataset indices that knows its position ``number`` in the pass (from 0) and
-    the pass's :class:`PassPlan` (``plan``)."""
-
-    def __init__(self, indices: Sequence[int], number: int, plan: PassPlan = PassPlan()):
-        super().__init__(indices)
-        self.number, self.plan = number, plan
-
-
-class NumberedBatchSampler(Sampler[NumberedBatch]):
-    """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
-    one shorter unless ``drop_last``), numbered 0, 1, ... in each pass, as
-    ``torch.utils.data.BatchSampler`` groups them, at most ``plan.limit`` of them.
-
-    ``plan`` (a :class:`PassPlan`) is what the next pass's batches carry; a pass takes it when
-    it starts, so setting it never changes a pass under way.
-    """
-
-    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
-        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
-        self.plan = PassPlan()
-
-    def __iter__(self) -> Iterator[NumberedBatch]:
-        return self._batches(self.plan)
-
-    def _batches(self, plan: PassPlan) -> Iterator[NumberedBatch]:
-        if plan.limit == 0:
-            return
-        batch, number = [], 0
-        for index in self.sampler:
-            batch.append(index)
-            if len(batch) == self.batch_size:
-                yield NumberedBatch(batch, number, plan)
-                batch, number = [], number + 1
-                if number == plan.limit:
-                    return
-        if batch and not self.drop_last:
-            yield NumberedBatch(batch, number, plan)
-
-    def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
 class SharedBatches:
@@ -160,7 +81,7 @@ class SharedBatches:
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
-        # Each image's and batch's stage figures, written with the pixels (loaders.stages).
+        # Each image's and batch's stage figures, written with the pixels (loaders.timing.stages).
         self.stage_images = stages.image_rows(slots, batch_size)
         self.stage_batches = stages.batch_rows(slots)
         if shared:
@@ -263,7 +184,7 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
             raise DataError(_shortage(nbytes)) from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENODEV, errno.ENOENT):
             raise
-        # a file system that cannot reserve (or no /dev/shm): as before, write on demand
+        # a file system that cannot reserve (or no /dev/shm): pages are taken as written
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
 
 
@@ -312,12 +233,12 @@ def _mib(nbytes: int) -> str:
 
 
 class SlotWriter(Dataset):
-    """Dataset wrapper for ``DataLoader(batch_sampler=NumberedBatchSampler(...))``: fetching a
+    """Dataset wrapper for a DataLoader of numbered batches: fetching a
     :class:`NumberedBatch` writes its samples into the slots given to :meth:`use` (before the
     workers start: they fork with them, or unpickle them) and
     returns ``(number, slot, count, found)`` (ints; ``found`` sums the third item of
     ``dataset``'s ``(image, label, found)`` samples, the samples newly found unreadable, see
-    :class:`~loaders._bad_samples.TolerantDataset`).
+    :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
 
     Each batch follows its :class:`PassPlan`: torch's CPU generator is seeded with the batch's
     seed before its first sample (the transforms draw from it) and put back as it was after its
@@ -325,7 +246,7 @@ class SlotWriter(Dataset):
     training transform, whose ``size`` it sets; progressive resizing in workers that outlive a
     pass).
 
-    ``clock`` (a :class:`loaders.stages.StageClock`; None: not measured) times each image's
+    ``clock`` (a :class:`loaders.timing.stages.StageClock`; None: not measured) times each image's
     copy into the slot and the batch, and writes the figures into the slot's stage rows.
 
     Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
@@ -356,14 +277,7 @@ class SlotWriter(Dataset):
         if self.pool is None:
             raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
         self._follow(batch.plan)
-        seed = batch.plan.seed(batch.number)
-        if seed is None:
-            return self._write(batch)
-        # Restored after the batch: with -j 0 this is the training process, whose own draws
-        # (MixUp, CutMix, its checkpointed RNG state) must not follow the crops' seeds.
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            return self._write(batch)
+        return seeded(batch, self._write)
 
     def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         pool, clock = self.pool, self.clock
@@ -392,8 +306,3 @@ class SlotWriter(Dataset):
         if clock is not None:
             clock.end_batch(pool.stage_batches[slot].numpy(), slot_wait)
         return batch.number, slot, len(batch), found
-
-
-def keep_as_is(batch):
-    """``collate_fn`` for :class:`SlotWriter`: the batch is already in its slot."""
-    return batch
