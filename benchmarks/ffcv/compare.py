@@ -35,8 +35,8 @@ Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and
 fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
 (its defaults otherwise: uint8 batches normalised in the main process), FFCV's through
 ``side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
-``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios the
-issue targets (the ratio of the medians, and ours vs FFCV within each round, whose two runs see
+``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios
+compared (the ratio of the medians, and ours vs FFCV within each round, whose two runs see
 the same machine load), each figure with its spread (the lowest and highest of the rounds), the
 disk each store takes (also per 1,000 images) and each raw store's chosen share, and writes
 ``OUT/report.json`` (``OUT/<bucket>/report.json`` with ``--buckets``).
@@ -59,7 +59,7 @@ SIDE = os.path.join(REPO, "benchmarks", "ffcv", "side.py")
 RAW_BUDGETS = ("1.5x", "2.7x")
 REENCODED_BUDGETS = ("jpeg", "2.7x")  # "jpeg": no raw share
 MIN_EPOCH_BATCHES = 10  # fewer training batches per epoch: the images are replicated more
-# longer side in pixels: (lowest excluded, highest included), the issue's three buckets
+# longer side in pixels: (lowest excluded, highest included), three size buckets
 BUCKETS = {"le256": (0, 256), "256-512": (256, 512), "gt512": (512, 1 << 30)}
 
 

@@ -2,9 +2,8 @@
 at another world size, batch size or worker count.
 
 Every training epoch has one global order of sample indices: position ``j x W + r`` is the
-``j``-th index of rank ``r``'s order (:mod:`loaders.orders`) at
-the layout (:class:`Layout`: ``W`` processes, batch size, workers) the epoch began at, its
-*origin*. For :class:`~loaders.orders.RandomOrder` this is ``DistributedSampler``'s
+``j``-th index of rank ``r``'s order (:mod:`loaders.orders`) at the layout (:class:`Layout`:
+``W`` processes, batch size, workers) the epoch began at, its *origin*. For :class:`~loaders.orders.RandomOrder` this is ``DistributedSampler``'s
 permutation of ``(seed, epoch)`` itself, cut to a multiple of ``W``. Since every rank trains
 its batches in step with the others, the samples trained after ``k`` steps of batch ``B`` are
 always the global order's first ``k x B x W``: the position of a mid-epoch checkpoint is that
