@@ -112,12 +112,12 @@ bench: install $(if $(DATA),,bench-data/train) ## loader images/s side by side (
 
 # FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
 # libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then
-# pinned numpy/numba/OpenCV and ffcv==1.0.2 (benchmarks/ffcv_setup.sh says why each).
+# pinned numpy/numba/OpenCV and ffcv==1.0.2 (benchmarks/ffcv/setup.sh says why each).
 FFCV_VENV ?= .ffcv
 bench-ffcv: install $(if $(DATA),,bench-data/train) ## FFCV 1.0.2 (in .ffcv/) beside main.py --benchmark-data on the same bytes, 160/192/224 px: DATA=/path/to/imagenet (default: generated JPEGs)
 	$(BENCH_NOTE)
-	sh benchmarks/ffcv_setup.sh $(FFCV_VENV) $(PY)
-	$(PY) -m benchmarks.bench_ffcv --data $(BENCH_DATA) \
+	sh benchmarks/ffcv/setup.sh $(FFCV_VENV) $(PY)
+	$(PY) -m benchmarks.ffcv --data $(BENCH_DATA) \
 	  --ffcv-python $(FFCV_VENV)/bin/python --out bench-output/ffcv
 
 # FORMAT=lmdb runs folder2lmdb.py, FORMAT=shards folder2shards.py (WebDataset tar shards); both

@@ -17,22 +17,154 @@ baseline JPEG is decoded completely once (``--check full``, the default) or, wit
 compressed data; ``formats.images`` describes both). Records
 follow ImageFolder's order (sorted by class) unless ``--shuffle-seed`` fixes a pseudo-random
 one, which block order (``main.py --lmdb-order block``) needs to mix classes within a batch.
+
+:class:`ImageFolderLMDB` reads such a database in users' own training scripts as torchvision's
+``ImageFolder`` reads a folder (PyTorch-LMDB's class, imported from here as there: ``from
+folder2lmdb import ImageFolderLMDB``). ``main.py`` does not use it: its own LMDB reader and
+pipelines are faster (uint8 crops decoded straight from the JPEG, batches in shared slots). It
+reuses that reader (:class:`~loaders.readers.lmdb_records.LMDBReader`: records by number, lazy
+per-process environment) and the shared codec, and decodes with PIL as ``ImageFolder``'s
+default loader does.
 """
 from __future__ import annotations
 
+import io
 import sys
 
 import lmdb
+import msgpack
+from PIL import Image
+from torch.utils.data import Dataset
 
 from formats.cli import converter_parser, run_cli
 from formats.conversion import ConversionError, Summary
+from formats.lmdb import convert, decode_record, record_key, verify
 from formats.sources import DatasetError
-from formats.lmdb import convert, verify
+from loaders import DataError
+from loaders.readers.lmdb_records import LMDBReader
 
-# PyTorch-LMDB's import path: `from folder2lmdb import ImageFolderLMDB` in users' scripts.
-from loaders.imagefolder_lmdb import ImageFolderLMDB
+__all__ = ["ConversionError", "ImageFolderLMDB", "Summary", "convert", "main", "pil_decode",
+           "verify"]
 
-__all__ = ["ConversionError", "ImageFolderLMDB", "Summary", "convert", "main", "verify"]
+
+# msgpack bin headers: marker -> size of the length field that follows it
+_BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+_FIXARRAY_2 = 0x92
+
+
+def pil_decode(data: bytes) -> Image.Image:
+    """Image bytes -> PIL RGB image, as ImageFolder's default loader (``pil_loader``) does."""
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+def _label_of(value) -> int:
+    """The label of a stored record value (``formats/lmdb/_codec.py``: msgpack
+    ``[jpeg_bytes, label]``) without copying the image bytes: skips the bin header's length
+    and unpacks only the trailing int. Falls back to :func:`decode_record` for any other
+    layout."""
+    view = memoryview(value)
+    if len(view) > 2 and view[0] == _FIXARRAY_2 and view[1] in _BIN_LENGTH_BYTES:
+        width = _BIN_LENGTH_BYTES[view[1]]
+        start = 2 + width
+        size = int.from_bytes(view[2:start], "big")
+        try:
+            label = msgpack.unpackb(view[start + size:], raw=False)
+        except (ValueError, TypeError, msgpack.exceptions.ExtraData):
+            label = None
+        if isinstance(label, int) and not isinstance(label, bool):
+            return label
+    return decode_record(bytes(view))[1]
+
+
+class ImageFolderLMDB(Dataset):
+    """``ImageFolder`` over an LMDB written by ``folder2lmdb.py`` (one split, e.g.
+    ``/data/imagenet-lmdb/train``).
+
+    ``dataset[i]`` is ``(transform(image), target_transform(label))`` with ``image`` a PIL RGB
+    image decoded from record ``i``'s stored bytes (the source file's bytes, so the same pixels
+    as ImageFolder's, or a baseline JPEG for the rare files ``folder2lmdb.py`` re-encodes) and
+    ``label`` ImageFolder's ``class_to_idx`` of its folder. Records are in the database's
+    order: ImageFolder's, unless written with ``folder2lmdb.py --shuffle-seed``. ``classes``
+    and ``class_to_idx`` come from the metadata record, ``len()`` from its count: no list of
+    keys or samples is built.
+
+    ``targets`` (one int per record, in record order, like ImageFolder's) is read lazily on
+    first access, by one sequential pass over the records that unpacks only each record's
+    label (the images' bytes are neither copied nor decoded; their pages are mostly not
+    touched); the list is then kept (and pickled with the dataset).
+
+    Safe with ``DataLoader(num_workers>0)`` under fork and spawn: the LMDB environment is
+    opened lazily in whichever process reads, reopened after a fork and never pickled (the
+    handling of :class:`~loaders.readers.lmdb_records.LMDBReader`, which this wraps). ``readahead``:
+    OS readahead, off by default (right for shuffled reading; see
+    :func:`~formats.lmdb.open_readonly`).
+
+    Raises :class:`~loaders.DataError` (one line) if ``root`` is not a complete LMDB written by
+    ``folder2lmdb.py``.
+    """
+
+    def __init__(self, root: str, transform=None, target_transform=None,
+                 readahead: bool = False):
+        self.root = root
+        self.transform = transform
+        self.target_transform = target_transform
+        self._records = LMDBReader(root, readahead=readahead)
+        self.classes = list(self._records.classes)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._targets = None
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, index: int):
+        if index < 0:
+            index += len(self)
+        data, label = self._records.read(index)
+        image = pil_decode(data)
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label
+
+    @property
+    def targets(self) -> list[int]:
+        """Label of every record (read on first access: one pass over the records' labels)."""
+        if self._targets is None:
+            self._targets = self._read_targets()
+        return self._targets
+
+    @targets.setter
+    def targets(self, value) -> None:
+        self._targets = list(value)
+
+    def _read_targets(self) -> list[int]:
+        count = len(self)
+        labels = []
+        # buffers=True: values are views into the memory map, so skipping the image bytes
+        # skips reading them; record keys sort in index order, before the "__...__" keys.
+        with self._records.env().begin(buffers=True) as txn:
+            cursor = txn.cursor()
+            found = cursor.set_key(record_key(0))
+            while found and len(labels) < count:
+                if bytes(cursor.key()) != record_key(len(labels)):
+                    break
+                labels.append(_label_of(cursor.value()))
+                found = cursor.next()
+        if len(labels) != count:
+            raise DataError(f"{self.root}: record {len(labels)} missing (the metadata says "
+                            f"{count}); run folder2lmdb.py --verify {self.root}")
+        return labels
+
+    def __repr__(self) -> str:
+        lines = [f"Dataset {type(self).__name__}", f"    Number of datapoints: {len(self)}",
+                 f"    Root location: {self.root}"]
+        if self.transform is not None:
+            lines.append(f"    Transform: {self.transform!r}".replace("\n", "\n    "))
+        if self.target_transform is not None:
+            lines.append(f"    Target transform: {self.target_transform!r}")
+        return "\n".join(lines)
 
 
 def get_args_parser():

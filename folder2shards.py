@@ -13,7 +13,7 @@ The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: 
 what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
 skipped and listed in ``OUT/skipped.tsv``; ``formats/images.py``, whose ``--check`` modes
 it takes too), with its ImageFolder label. The format is ``formats/shards/`` (shared with the
-reader ``loaders/shards.py``, and read by DALI's ``fn.readers.webdataset``):
+reader ``loaders/readers/shards.py``, and read by DALI's ``fn.readers.webdataset``):
 ``OUT/{prefix}-000000.tar, ...`` holding ``KEY.jpg`` + ``KEY.cls`` per record, DALI's index
 ``OUT/{prefix}-000000.idx`` of each, and
 ``OUT/index.json`` (classes, record count and bytes of each shard), written last.

@@ -7,8 +7,8 @@ under 300 bytes, labels in ImageFolder order over 1000 classes), of 10,000 and 1
 records (ImageNet's training set size), in a temporary directory that is removed at the end
 unless ``--keep``. For each database, in a fresh Python process (so nothing carries over from
 the other measurement), it builds the training loader as ``main.py --lmdb`` does
-(``loaders.build_loaders`` with the lmdb backend's ``LoaderSettings``), iterates ``--batches`` batches
-and samples, every ``--sample-every`` batches after ``--warmup``, the memory of the main
+(``loaders.build_loaders`` with the lmdb backend's ``LoaderSettings``), iterates ``--batches``
+batches and samples, every ``--sample-every`` batches after ``--warmup``, the memory of the main
 process and of each DataLoader worker from ``/proc/PID/smaps``:
 
 * ``rss``: resident set size, what ``top`` shows;
@@ -28,7 +28,7 @@ The criterion (issue 5): a worker's memory on 1.28 M records minus on 10 k recor
 ``--limit-mb`` (50 MB) for the worst worker; PASS/FAIL is printed for ``rss_excl_mdb`` and
 ``anon`` (memory that the process owns), and the ``rss`` difference is shown with it.
 ``--samplers stock lean`` measures with torch's ``DistributedSampler`` (patched in for the
-measurement only) and with ``loaders._lean_sampler.LeanDistributedSampler`` (what the loaders
+measurement only) and with ``loaders.orders.random.LeanDistributedSampler`` (what the loaders
 use), whose permutation is a tensor instead of a list of Python ints in the main process.
 """
 from __future__ import annotations
@@ -143,18 +143,18 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     ...]}}`` where each sample is :func:`proc_memory`'s dict plus ``"step"``. Epochs are
     cycled if one is shorter than ``batches`` (each epoch starts new workers).
     ``sampler="stock"`` swaps torch's ``DistributedSampler`` in for
-    :class:`loaders._lean_sampler.LeanDistributedSampler` (inside ``RandomOrder``).
+    :class:`loaders.orders.random.LeanDistributedSampler` (inside ``RandomOrder``).
     """
     import torch
 
     import loaders
-    import loaders.orders
+    import loaders.orders.random
 
     if sampler == "stock":
         from torch.utils.data import DistributedSampler
 
         # Measurement only: RandomOrder.order looks the name up at call time.
-        loaders.orders.LeanDistributedSampler = DistributedSampler
+        loaders.orders.random.LeanDistributedSampler = DistributedSampler
     settings = loaders.LoaderSettings(
         backend="lmdb", train_path=db, val_path=db, batch_size=batch_size, workers=workers,
         seed=0, lmdb=True, train_crop_size=32, val_resize_size=32, val_crop_size=32,

@@ -179,7 +179,7 @@ def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
 
     from loaders.orders import BlockOrder, RandomOrder
-    from loaders.shard_orders import StreamTrainOrder
+    from loaders.orders.streams import StreamTrainOrder
     from loaders.readers.lmdb_records import LMDBReader
     from loaders.readers.shards import SHUFFLE_BUFFER, ShardReader, resolve_split
 

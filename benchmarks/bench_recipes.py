@@ -78,7 +78,7 @@ def exact(data: str, args) -> dict:
     from torchvision.transforms.v2 import functional as F
 
     from engine.augmentation import RandomErasing
-    from loaders.auto_augment import POLICIES, make_auto_augment
+    from loaders.transforms.auto_augment import POLICIES, make_auto_augment
 
     crops = _crops(data, 50, args.crop)
     mode = v2.InterpolationMode.BILINEAR
@@ -119,7 +119,7 @@ def costs(data: str, args) -> dict:
     """Per-image CPU ms, one thread: each recipe's training transform, then each op."""
     from torchvision.transforms import v2
 
-    from loaders.auto_augment import OPS, make_auto_augment
+    from loaders.transforms.auto_augment import OPS, make_auto_augment
     from loaders.transforms import TrainTransform
 
     torch.set_num_threads(1)

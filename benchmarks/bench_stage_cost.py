@@ -19,7 +19,7 @@ once off, timed in N alternating blocks of ``--block-batches`` batches; the cost
 median of the blocks' paired ratios. ``--overhead`` times, in CPU seconds (which other jobs'
 load disturbs least), the bookkeeping the stages add: per image in a worker (the clock calls
 of the reader wrapper, the transform and the slot writer, none of the work they time) and per
-batch in the main process (:meth:`loaders.stages.StageLog.add`).
+batch in the main process (:meth:`loaders.timing.stages.StageLog.add`).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
     ``batch_size`` (``StageLog.add``)."""
     import numpy as np
 
-    from loaders import stages
+    from loaders.timing import stages
 
     clock, clock_ = stages.StageClock(), time.perf_counter
     rows = np.zeros(batch_size * stages.IMAGE_COLUMNS)

@@ -143,7 +143,7 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
     given, gets two items appended: the decoder that took the window (``"scaled"``, whose
     resample is part of its one call, ``"window"``, ``"whole"`` or ``"raw"``) and the
     ``time.perf_counter()`` at which its decode (a raw record's cut) ended and the resize
-    began (``loaders.stages``; the pixels are the same with or without). Raises what
+    began (``loaders.timing.stages``; the pixels are the same with or without). Raises what
     :func:`decode` raises for bytes that are not an image."""
     top, left, height, width = window
     if image is None and raw.is_raw(data):

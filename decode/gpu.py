@@ -35,10 +35,10 @@ from . import jpeg_window, raw
 
 # --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
 KINDS = ("cuda", "cpu-nvimgcodec")
-# DALI 2.4's default hw_decoder_load (fn.decoders.image); loaders.pipelines._dali_env keeps
+# DALI 2.4's default hw_decoder_load (fn.decoders.image); loaders.pipelines.dali.environment keeps
 # the per-GPU figures NVIDIA published.
 DEFAULT_HW_LOAD = 0.65
-# What decoders raise for bytes that are not a readable image (as loaders._bad_samples).
+# What decoders raise for bytes that are not a readable image (as loaders.pipelines.bad_samples).
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
 

@@ -1,7 +1,7 @@
 """``--random-erase``: torchvision's :class:`RandomErasing` on the normalised batch where the
 loader delivers it (on the GPU in a GPU run), through :class:`ErasingLoader`, so every pipeline
 gets it alike. torchvision's other augmentation flags act in the loaders
-(``loaders.auto_augment``, ``loaders.orders.RepeatedAugmentationOrder``).
+(``loaders.transforms.auto_augment``, ``loaders.orders.RepeatedAugmentationOrder``).
 """
 from __future__ import annotations
 

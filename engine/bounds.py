@@ -1,7 +1,7 @@
 """What bounds a run's speed, and what to change: pure functions over an epoch's figures.
 
-Input: the loader's stage figures (:meth:`loaders.stages.StageLog.summary`, or
-:meth:`loaders.batch_stages.BatchStageLog.summary` for ``--decode-device`` and DALI, whose
+Input: the loader's stage figures (:meth:`loaders.timing.stages.StageLog.summary`, or
+:meth:`loaders.timing.batch_stages.BatchStageLog.summary` for ``--decode-device`` and DALI, whose
 stages they do not have are None; None for a loader that does not measure them), the
 training thread's per-batch figures (:class:`Steps`; None for ``--benchmark-data``) and what
 the machine and the run are (:class:`Machine`). Output (:func:`report`): a plain dict with

@@ -62,7 +62,7 @@ def checkpoint_state(state, s: RunSettings, epoch: int, best_acc1: float, rng_st
     ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
     ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
     all ranks, :meth:`EpochSums.to_dict`, and ``position``: the samples of the epoch's global
-    order consumed and the layouts, :func:`loaders.positions.position_record`, which a resume
+    order consumed and the layouts, :func:`loaders.orders.positions.position_record`, which a resume
     at another world size or batch size continues from, :mod:`engine.position`). ``config``:
     the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved
     (drawn when ``--seed`` was not given); ``rng`` from

@@ -17,7 +17,7 @@ from engine import ConfigError
 from engine.optim import OPTIMIZERS, SCHEDULERS
 from engine.presets import preset_tokens
 from engine.resolution import FFCV_RES_STEP, resolution_schedule
-from loaders.auto_augment import INTERPOLATIONS, POLICIES
+from loaders.transforms.auto_augment import INTERPOLATIONS, POLICIES
 from models import check_arch, resolve_weights
 
 # torchvision's own spellings of the same schedules (its --lr-scheduler values)

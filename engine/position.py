@@ -3,10 +3,10 @@
 A ``--save-every`` (or stop) checkpoint records, besides ``batch`` (the next batch of the
 saving run's batching), ``position``: how many samples of the epoch's global order were
 trained, the layout that order is defined at, the layout saved at, and what the order is a
-function of (dataset size, seed, order kind): :func:`loaders.positions.position_record`.
+function of (dataset size, seed, order kind): :func:`loaders.orders.positions.position_record`.
 :func:`place_resume` turns it into the resuming run's start: at the same layout exactly the
 old ``batch`` (the run continues to the bit); at another world size, ``-b`` or ``-j`` the
-rest of the global order dealt out anew (:func:`loaders.positions.rest_of_epoch`), with
+rest of the global order dealt out anew (:func:`loaders.orders.positions.rest_of_epoch`), with
 ``batch`` the step the new batching stands at, so the per-step LR schedule, warmup, EMA steps
 and the resolution schedule continue at the fraction of the epoch consumed.
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Callable
 
 from engine import ConfigError
-from loaders.positions import Layout, same_global_order
+from loaders.orders.positions import Layout, same_global_order
 
 
 def place_resume(checkpoint: dict | None, train_loader, s, log: Callable) -> dict | None:
     """``checkpoint`` with a mid-epoch position placed at ``train_loader``'s layout: ``batch``
-    the step to start at and ``rest`` (a :class:`~loaders.positions.RestOfEpoch`) for
+    the step to start at and ``rest`` (a :class:`~loaders.orders.positions.RestOfEpoch`) for
     ``train_loader.set_epoch``; any other checkpoint as it is. ``s``: this run's
     :class:`~engine.settings.RunSettings` (its seed, command line and ``--resume``); ``log``
     gets one line when the layout changed (and one when the global batch did).

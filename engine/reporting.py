@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from engine import ConfigError
-from loaders.stages import read_event_pairs
+from loaders.timing.stages import read_event_pairs
 
 _FORMATS = {"loss": "loss {:.4f}", "acc1": "Acc@1 {:.2f}", "acc5": "Acc@5 {:.2f}",
             "lr": "lr {:.4g}", "images_per_sec": "{:.1f} images/s", "data_time_fraction": "data {:.0%}"}

@@ -2,37 +2,23 @@
 *pipelines* (how their bytes become device batches: ``loaders.pipelines``).
 
 ``build_loaders(settings, dist) -> (train, val)`` opens the two splits with the reader of
-``settings.source`` (:data:`READERS`: ``folder``, ``lmdb``, ``shards``) and hands them to the
-pipeline of ``settings.pipeline`` (:data:`PIPELINES`: ``workers``, DataLoader workers with
-shared batch slots and a side-stream feed; ``gpu_decode``, workers that read and a training
-process that decodes each batch (``--decode-device``); ``dali``; ``synthetic`` for ``--dummy``, which reads
-nothing). Each loader yields ``(images, labels)`` on ``dist.device`` (images ``settings.dtype``
-NCHW normalised with the ImageNet mean/std, labels int64), has an exact ``len()``,
-``set_epoch(epoch)``, ``classes`` and ``close()`` (stops the worker processes or pipelines it
-keeps between passes); the contract is ``loaders.contract``'s. A new on-disk format is
-``formats/X`` + one reader module + one line in :data:`READERS`, and every pipeline reads it.
-
-Public modules: ``contract`` (settings, ``DistInfo``, errors, seeds), ``normalize``,
-``orders`` and ``shard_orders`` (epoch orders: ``order(epoch) -> indices``), ``positions``
-(a pass's place in its epoch's global order, for resumes at another layout), ``transforms``
-(uint8 RandomResizedCrop + flip, resize + centre crop), ``auto_augment`` (torchvision's
-``--auto-augment`` policies on the uint8 crop), ``readers``, ``pipelines``,
-``imagefolder_lmdb`` (``ImageFolderLMDB`` for users' own scripts). Private: ``_bad_samples``
-(replacing and remembering undecodable samples, for every pipeline), ``_uint8_ops`` (the
-policies' ops), ``_lean_sampler``,
-``_throughput``. Decoding is ``decode/``'s; what is written to disk and read back (the LMDB and
-shard layouts, image checks) is ``formats/``'s.
+``settings.source`` (:data:`READERS`) and hands them to the pipeline of ``settings.pipeline``
+(:data:`PIPELINES`); what every loader yields and has is ``loaders.settings``' contract. A new
+on-disk format is ``formats/X`` + one reader module + one line in :data:`READERS`, and every
+pipeline reads it. The wings: ``orders/`` (epoch orders), ``transforms/`` (crops,
+``--auto-augment``, normalisation), ``timing/`` (stage tables, throughput). Decoding is
+``decode/``'s; what is written to disk and read back is ``formats/``'s.
 """
 from __future__ import annotations
 
 import importlib
 
-from ._throughput import measure as measure_throughput, tree_cpu_seconds
-from .contract import (AcceleratorError, DataError, DistInfo, LoaderSettings, check_same_classes,
-                       input_dtype, split_paths)
+from .errors import AcceleratorError, DataError
+from .orders.positions import SampleTrace, TracedLoader
 from .pipelines import PIPELINES
-from .positions import SampleTrace, TracedLoader
-from .readers import READERS, open_reader
+from .readers import READERS, check_same_classes, open_reader, split_paths
+from .settings import DistInfo, LoaderSettings, input_dtype
+from .timing.throughput import measure as measure_throughput, tree_cpu_seconds
 
 # The --loader choices: each names a (source, pipeline) pair (LoaderSettings.source/.pipeline);
 # dali reads the source --lmdb or --loader shards names, folders otherwise.
@@ -66,7 +52,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
 def close_all(*loaders) -> None:
     """``close()`` each of ``loaders`` (workers, kept validation workers, feed threads, DALI
     pipelines, batch slots), each even if one before it raised: for every way out of a run
-    (a worker a loader still left running is killed at exit, ``pipelines._closing``).
+    (a worker a loader still left running is killed at exit, ``pipelines.closing``).
     Then closes this process's read-only LMDB handles (``formats.lmdb.close_all_readonly``).
     Re-raises the first ``close()`` error after all were closed."""
     from formats.lmdb import close_all_readonly

@@ -1,7 +1,7 @@
 """Section ``dali`` of ``gpu_check.py``: DALI's GPU decoding proven and measured (issue 37).
 
 * ``dali-gpu-decode``: nvJPEG decodes a probe JPEG into device memory through nvImageCodec, the
-  library DALI's decoders are built on (``loaders.pipelines._dali_env.gpu_decoding_problem``):
+  library DALI's decoders are built on (``loaders.pipelines.dali.environment.gpu_decoding_problem``):
   a missing ``libnvjpeg`` would otherwise let DALI decode on the CPU and still "pass";
 * ``loader-dali-mixed-j1`` against ``loader-dali-cpu-j1``: the loader alone with one CPU thread, decoding on
   the GPU and on the CPU; a GPU decode that is not clearly faster did not happen on the GPU;
@@ -29,7 +29,8 @@ HW_LOADS = (0.65, 0.9, 1.0)
 WORKERS = ("2", "4", "8", "15")
 MEMORY_EPOCHS = 3
 GPU_OVER_CPU = 1.5  # the GPU decode with one CPU thread must beat the CPU decode by this much
-_PROBE = ("import json, torch; from loaders.pipelines._dali_env import gpu_decoding_problem; "
+_PROBE = ("import json, torch; "
+          "from loaders.pipelines.dali.environment import gpu_decoding_problem; "
           "print(json.dumps({'problem': gpu_decoding_problem(torch.device('cuda', 0))}))")
 
 

@@ -221,7 +221,7 @@ def wheel_is_missing(wheel: str) -> bool:
 
 def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
     """Why a DALI wheel of the bundle cannot serve this torch (built for CUDA ``cuda``), or
-    None: DALI's CUDA major must be torch's (``loaders.pipelines._dali_env.check_dali_wheel``)."""
+    None: DALI's CUDA major must be torch's (``loaders.pipelines.dali.environment.check_dali_wheel``)."""
     match = _DALI_WHEEL.match(os.path.basename(wheel).split("-")[0].lower())
     if not match or not cuda or cuda.split(".")[0] == match.group(1):
         return None

@@ -11,10 +11,11 @@ from contextlib import contextmanager
 
 import torch
 
-from ..contract import DataError, DistInfo, LoaderSettings
-from ..normalize import imagenet_mean_std, normalize
+from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
-from ..positions import PositionedLoader
+from ..orders.positions import PositionedLoader
+from ..settings import DistInfo, LoaderSettings
+from ..transforms.normalize import imagenet_mean_std, normalize
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
@@ -22,27 +23,28 @@ NUM_CLASSES = 1000
 
 
 class SyntheticLoader(PositionedLoader):
-    """Yields the same ``(images, labels)`` batch ``len()`` times.
+    """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader
+    over ``num_samples`` images of ``num_classes`` classes at ``settings`` and ``dist`` would.
 
-    ``images``: ``dtype`` ``(batch_size, 3, size, size)`` on ``device``,
-    uniform uint8 noise normalised as real data is; ``labels``: int64 ``(batch_size,)`` in
-    ``[0, num_classes)``.
+    ``images``: ``settings.dtype`` ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``:
+    the split's crop), uniform uint8 noise normalised as real data is; ``labels``: int64
+    ``(batch_size,)`` in ``[0, num_classes)``.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, size: int, dist: DistInfo,
-                 train: bool, channels_last: bool, max_batches: int | None, seed: int,
-                 dtype: torch.dtype, num_classes: int = NUM_CLASSES):
-        self.batch_size = batch_size
+    def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool,
+                 num_classes: int = NUM_CLASSES):
+        self.batch_size = batch_size = settings.batch_size
         self.classes = [f"class{i:04d}" for i in range(num_classes)]
         self.start_batch = 0
         # The batch count of a real loader over an epoch of this size (same order lengths).
         order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
                  else ShardOrder(num_samples, dist.rank, dist.world_size))
-        self._len = batches_per_epoch(len(order), batch_size, train, max_batches)
+        self._len = batches_per_epoch(len(order), batch_size, train, settings.max_batches(train))
         self.position_order, self.rank = order, dist.rank
-        self.train, self.seed, self.device = train, seed + dist.rank, dist.device
-        self.channels_last, self.dtype = channels_last, dtype
+        self.train, self.seed, self.device = train, settings.seed + dist.rank, dist.device
+        self.channels_last, self.dtype = settings.channels_last, settings.dtype
         gen = torch.Generator().manual_seed(self.seed)
+        size = settings.crop_size(train)
         with _allocating(batch_size, size, dist.device):
             self.labels = torch.randint(0, num_classes, (batch_size,),
                                         generator=gen).to(dist.device)
@@ -77,7 +79,7 @@ class SyntheticLoader(PositionedLoader):
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
         """Nothing to reshuffle; a resumed epoch yields only its remaining batches (``rest``,
-        a resumed epoch dealt anew, :mod:`loaders.positions`: as many as it holds)."""
+        a resumed epoch dealt anew, :mod:`loaders.orders.positions`: as many as it holds)."""
         self.start_batch = start_batch
         self._take_rest(epoch, start_batch, rest)
 
@@ -105,9 +107,5 @@ def _allocating(batch_size: int, size: int, device: torch.device):
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
     """``(train, val)`` synthetic loaders with the sizes of ImageNet-1k."""
-    common = dict(batch_size=settings.batch_size, dist=dist,
-                  channels_last=settings.channels_last, seed=settings.seed, dtype=settings.dtype)
-    return (SyntheticLoader(TRAIN_IMAGES, size=settings.train_crop_size, train=True,
-                            max_batches=settings.train_batches, **common),
-            SyntheticLoader(VAL_IMAGES, size=settings.val_crop_size, train=False,
-                            max_batches=settings.val_batches, **common))
+    return (SyntheticLoader(TRAIN_IMAGES, settings, dist, train=True),
+            SyntheticLoader(VAL_IMAGES, settings, dist, train=False))

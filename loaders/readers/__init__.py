@@ -8,17 +8,20 @@ A reader is one split: its ``classes``, ``len()`` samples numbered from 0, ``rea
 (``loaders.orders``: ``order(epoch) -> indices``). Optional abilities, with their defaults here:
 ``random_access`` (False for streamed shards: only pipelines that read each worker's records
 front to back can take them) and ``plan_pass`` (streamed shards learn each pass's reading plan
-before the workers start).
+before the workers start). :func:`split_paths` finds the two splits' roots,
+:func:`check_same_classes` checks that they agree.
 """
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Sequence
 
-from ..contract import DistInfo, LoaderSettings
-from ..orders import Order
+from ..errors import DataError
+from ..orders.base import Order
+from ..settings import DistInfo, LoaderSettings
 
-__all__ = ["READERS", "Reader", "open_reader"]
+__all__ = ["READERS", "Reader", "check_same_classes", "open_reader", "split_paths"]
 
 # source name (LoaderSettings.source) -> module whose open_reader(path, settings) makes one
 READERS = {
@@ -72,3 +75,33 @@ def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
     """The :class:`Reader` of ``source`` (a key of :data:`READERS`) over the split at ``path``.
     Raises ``KeyError`` for an unknown source, :class:`DataError` for a bad split."""
     return importlib.import_module(READERS[source]).open_reader(path, settings)
+
+
+def split_paths(data: str | None, train: str | None = None,
+                val: str | None = None) -> tuple[str, str]:
+    """The train and val roots: ``train``/``val`` (``--train``/``--val``) if given, else
+    ``data/train`` and ``data/val`` (``DIR``).
+
+    Raises :class:`DataError` if a root is unknown or does not exist (URLs, ``pipe:`` commands
+    and brace patterns of the shard reader are checked by it, not here).
+    """
+    paths = []
+    for split, given in (("train", train), ("val", val)):
+        path = given or (os.path.join(data, split) if data else None)
+        if path is None:
+            raise DataError(f"no {split} data: give DIR (holding train/ and val/) or --{split} PATH")
+        remote = "://" in path or path.startswith("pipe:") or "{" in path
+        if not remote and not os.path.exists(path):
+            raise DataError(f"{path}: no such file or directory")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def check_same_classes(train_classes: Sequence[str], val_classes: Sequence[str]) -> None:
+    """Raise :class:`DataError` unless train and val list the same classes in the same order."""
+    if list(train_classes) != list(val_classes):
+        only_train = sorted(set(train_classes) - set(val_classes))[:3]
+        only_val = sorted(set(val_classes) - set(train_classes))[:3]
+        raise DataError(
+            f"train and val have different classes ({len(train_classes)} vs {len(val_classes)}; "
+            f"only in train: {only_train}, only in val: {only_val})")

@@ -9,8 +9,9 @@ from torchvision import datasets
 
 from formats.lmdb import is_lmdb
 
-from ..contract import DataError, DistInfo, LoaderSettings
+from ..errors import DataError
 from ..orders import Order, ShardOrder, shuffled_order
+from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
 

@@ -10,8 +10,9 @@ import sys
 from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly, read_meta,
                           record_key)
 
-from ..contract import DataError, DistInfo, LoaderSettings
+from ..errors import DataError
 from ..orders import BlockOrder, Order, ShardOrder, shuffled_order
+from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
 

@@ -10,7 +10,7 @@ its ``.idx`` files lie beside it.
 
 Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
 epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
-the orders in ``loaders/shard_orders.py`` give each DataLoader worker its own shards read
+the orders in ``loaders/orders/streams.py`` give each DataLoader worker its own shards read
 front to back, so a map-style dataset can still stream. Local shards are read by offset
 (``pread`` at the member offsets of DALI's ``.idx`` files, one read per record); streams are
 read sequentially with the ``webdataset`` library's tar iterator and key grouping, each worker
@@ -31,8 +31,9 @@ from formats.shards import INDEX_NAME, ShardFormatError, ShardIndex, idx_name, r
 from formats.shards.locations import (Retries, StreamError, is_stream, open_stream, read_text,
                                       resolve_split, sibling)
 
-from ..contract import DataError, DistInfo, LoaderSettings
-from ..shard_orders import StreamTrainOrder, StreamValOrder
+from ..errors import DataError
+from ..orders.streams import StreamTrainOrder, StreamValOrder
+from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
 SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
@@ -325,8 +326,8 @@ def _label(data: bytes, url: str) -> int:
 
 def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dist: DistInfo):
     """The epoch order of one shard split, for every pipeline:
-    :class:`~loaders.shard_orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
-    training, :class:`~loaders.shard_orders.StreamValOrder` for validation, one piece per
+    :class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
+    training, :class:`~loaders.orders.StreamValOrder` for validation, one piece per
     ``settings.workers``."""
     if train:
         if settings.ra_sampler and dist.distributed:

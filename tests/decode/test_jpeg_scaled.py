@@ -121,7 +121,7 @@ def test_full_decode_switch_turns_it_off():
 
 
 def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
-    """So a sample is remembered as bad (loaders/_bad_samples.py) whichever path its window
+    """So a sample is remembered as bad (loaders/pipelines/bad_samples.py) whichever path its window
     takes: on 140 damaged variants of real JPEGs, the scaled decode declines (and the full
     decode, which then runs, raises) exactly the ones the full decode refuses."""
     from tests.helpers.badcorpus import damaged_variants

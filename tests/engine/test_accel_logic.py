@@ -242,7 +242,7 @@ def test_side_stream_waits_for_the_normalisation_constants(monkeypatch):
     """CudaFeeder computes scale/shift on the current stream; its side stream, which reads them
     in the first normalisation, must wait for that stream first (as timm's PrefetchLoader
     waits before each batch)."""
-    from loaders.pipelines import _cuda_feed
+    from loaders.pipelines.workers import cuda_feed
 
     events = []
 
@@ -256,7 +256,7 @@ def test_side_stream_waits_for_the_normalisation_constants(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current:{device}")
     device = torch.device("cuda", 3)
-    feeder = _cuda_feed.CudaFeeder(device, torch.float16, True, torch.full((1, 3, 1, 1), 2.0),
-                                   torch.full((1, 3, 1, 1), 4.0))
+    feeder = cuda_feed.CudaFeeder(device, torch.float16, True, torch.full((1, 3, 1, 1), 2.0),
+                                  torch.full((1, 3, 1, 1), 4.0))
     assert events == [("stream", device), ("wait", f"current:{device}")]
     assert feeder.scale.flatten().tolist() == [0.25] * 3

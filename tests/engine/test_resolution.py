@@ -13,7 +13,7 @@ import main
 from engine import ConfigError
 from engine.resolution import ResolutionSchedule, resolution_schedule
 from loaders import DistInfo
-from loaders.pipelines._shared_batches import SharedBatches
+from loaders.pipelines.workers.slots import SharedBatches
 from tests.helpers.loading import loader_settings, to_uint8
 from tests.helpers.paths import REPO
 from tests.helpers.runs import read_metrics, SMALL

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from loaders.positions import TRACE_ENV
+from loaders.orders.positions import TRACE_ENV
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
 from tests.helpers.runs import assert_same_training, read_metrics, small_run

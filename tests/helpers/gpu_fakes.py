@@ -89,7 +89,7 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
     with open(self.log(name, "out"), "w") as f:
         f.write(out)
     if "--decode-device" in cmd and getattr(self, "cpu_fallbacks", 0):
-        with open(self.log(name, "err"), "w") as f:  # loaders/pipelines/gpu_decode.py's note
+        with open(self.log(name, "err"), "w") as f:  # the batch-decode loader's note
             f.write(f"note: {self.cpu_fallbacks} samples decoded on the CPU this pass (cuda "
                     "batch decoder declined them)\n")
     return record

@@ -32,7 +32,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def to_uint8(images: torch.Tensor):
     """Normalised float ``(N, 3, H, W)`` batch -> the uint8 pixels it came from (numpy)."""
-    from loaders.normalize import imagenet_mean_std
+    from loaders.transforms.normalize import imagenet_mean_std
 
     mean, std = imagenet_mean_std()
     return (images * std + mean).round().clamp(0, 255).to(torch.uint8).numpy()

@@ -1,5 +1,5 @@
 """Runs killed mid-epoch and resumed, and the samples each rank trained in them (the
-``IMAGENET_FAST_TRACE_SAMPLES`` hook of :mod:`loaders.positions`)."""
+``IMAGENET_FAST_TRACE_SAMPLES`` hook of :mod:`loaders.orders.positions`)."""
 from __future__ import annotations
 
 import glob
@@ -11,7 +11,7 @@ import subprocess
 import torch
 
 from loaders import DistInfo
-from loaders.positions import TRACE_ENV, Layout, global_order
+from loaders.orders.positions import TRACE_ENV, Layout, global_order
 from loaders.readers import open_reader
 from tests.helpers.loading import loader_settings
 from tests.helpers import warm

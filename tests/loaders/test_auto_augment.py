@@ -1,4 +1,4 @@
-"""``--auto-augment`` on uint8 crops (loaders.auto_augment, loaders._uint8_ops): the same draws
+"""``--auto-augment`` on uint8 crops (loaders.transforms.auto_augment, loaders.transforms._uint8_ops): the same draws
 and the same pixels as torchvision's own ``transforms.v2`` policies on the same crops, every op
 alone too; the policy in the workers pipeline, a function of (seed, epoch, rank, batch) whatever
 ``-j``; ``--interpolation`` in the resizes."""
@@ -12,8 +12,8 @@ import torch
 from torchvision.transforms import v2
 
 from loaders import DistInfo, build_loaders
-from loaders._uint8_ops import OPS
-from loaders.auto_augment import POLICIES, make_auto_augment
+from loaders.transforms._uint8_ops import OPS
+from loaders.transforms.auto_augment import POLICIES, make_auto_augment
 from loaders.transforms import TrainTransform, ValTransform
 from tests.helpers.loading import loader_settings
 
@@ -75,7 +75,7 @@ def test_each_op_is_torchvisions_kernel(crops, op, interpolation):
 
 
 def test_bmm_grid_fallback_gives_the_same_pixels(crops, monkeypatch):
-    import loaders._uint8_ops as ops
+    import loaders.transforms._uint8_ops as ops
 
     fast = [ops.shear_x(c, 0.4, "bilinear") for c in crops[:4]]
     ops._separable_is_exact.cache_clear()

@@ -8,7 +8,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from loaders.pipelines._closing import ClosingDataLoader
+from loaders.pipelines.closing import ClosingDataLoader
 
 
 class _StuckAfterFirst(Dataset):

@@ -1,4 +1,4 @@
-"""The loader contract (``loaders.contract``), once for every reader x pipeline: shapes, dtypes,
+"""The loader contract (``loaders.settings``), once for every reader x pipeline: shapes, dtypes,
 device, exact ``len()``, labels that match the pixels, every validation image once,
 ``set_epoch`` reproducibility, ``close()``; a reader written here in a few lines plugs into
 every pipeline; then what the workers pipeline and the readers do beyond it."""
@@ -12,7 +12,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders.contract import split_paths
+from loaders.readers import split_paths
 from loaders.orders import RandomOrder, ShardOrder
 from loaders.readers import Reader, open_reader
 from loaders.readers.lmdb_records import LMDBReader

@@ -14,8 +14,8 @@ pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
 import loaders.pipelines.dali as dali  # noqa: E402
-import loaders.pipelines._dali_graph as graph  # noqa: E402
-import loaders.pipelines._dali_env as dali_env  # noqa: E402
+import loaders.pipelines.dali.graph as graph  # noqa: E402
+import loaders.pipelines.dali.environment as dali_env  # noqa: E402
 import main  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
 from loaders.orders import BlockOrder  # noqa: E402

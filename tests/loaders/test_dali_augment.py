@@ -1,4 +1,4 @@
-"""``--auto-augment`` with ``--dali`` (loaders.pipelines._dali_augment): the GPU graph's DALI
+"""``--auto-augment`` with ``--dali`` (loaders.pipelines.dali.augment): the GPU graph's DALI
 operators run here on DALI's CPU backend with host-drawn ops (which ops, identity and invert
 exact), the draws a function of (seed, epoch, rank, batch), the one-line refusals, and the
 CPU-only loader's torch policy seeded per batch."""
@@ -12,7 +12,7 @@ pytest.importorskip("nvidia.dali")
 
 import loaders  # noqa: E402
 from loaders import DataError, DistInfo  # noqa: E402
-from loaders.pipelines._dali_augment import DaliAugment  # noqa: E402
+from loaders.pipelines.dali.augment import DaliAugment  # noqa: E402
 from tests.helpers.loading import check_set_epoch_reproducible, loader_settings  # noqa: E402
 
 POLICIES = ("ta_wide", "ra", "imagenet", "cifar10", "svhn")

@@ -1,4 +1,4 @@
-"""What DALI is fed (``loaders/pipelines/_dali_feed.py``) and what it checks first on a GPU:
+"""What DALI is fed (``loaders/pipelines/dali/feed.py``) and what it checks first on a GPU:
 the host windows are the CPU loaders', the feed reads in a thread of its own in the order DALI
 asks, and the probe that nvJPEG decodes on the GPU says why not where it would not."""
 import os
@@ -21,7 +21,7 @@ def test_host_windows_are_the_cpu_loaders(tiny, sample):
     image but an exactly 4:3 one), so the central fallback is exercised."""
     import glob
 
-    from loaders.pipelines._dali_feed import crop_draws, host_windows
+    from loaders.pipelines.dali.feed import crop_draws, host_windows
     from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
     paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]
@@ -49,7 +49,7 @@ def test_the_feed_reads_off_the_training_thread_in_order(tiny):
     import threading
     from types import SimpleNamespace
 
-    from loaders.pipelines._dali_feed import BatchFeed, FeedPass
+    from loaders.pipelines.dali.feed import BatchFeed, FeedPass
 
     threads = []
 
@@ -59,7 +59,8 @@ def test_the_feed_reads_off_the_training_thread_in_order(tiny):
             raise DataError("record 99: gone")
         return bytes([255, 216, 255, index]), index % 4
 
-    feed = BatchFeed(read, train=False, batch_size=2, seed=0, rank=0)
+    opts = SimpleNamespace(train=False, cuda=False, augment=None)  # a GraphOptions' fields
+    feed = BatchFeed(read, opts, batch_size=2, seed=0, rank=0)
     feed.start(FeedPass(tuple(range(10)), 0, 0, 32, 1, 2))  # batches 1, 3
     got = [feed(SimpleNamespace(iteration=k)) for k in range(2)]
     assert [list(batch[1]) for batch in got] == [[2, 3], [2, 3]]  # indices 2, 3 and 6, 7
@@ -81,21 +82,22 @@ def test_the_gpu_feed_carries_the_auto_augment_draws(tiny):
     import glob
     from types import SimpleNamespace
 
-    from loaders.pipelines._dali_augment import DaliAugment
-    from loaders.pipelines._dali_feed import BatchFeed, FeedPass
+    from loaders.pipelines.dali.augment import DaliAugment
+    from loaders.pipelines.dali.feed import BatchFeed, FeedPass
 
     paths = sorted(glob.glob(os.path.join(tiny.root, "train", "*", "*")))[:6]
     blobs = [open(p, "rb").read() for p in paths]
     policy = DaliAugment("ra")
-    feed = BatchFeed(lambda i: (blobs[i], i % 2), train=True, batch_size=3, seed=5, rank=1,
-                     sizes=True, augment=policy)
+    gpu = SimpleNamespace(train=True, cuda=True, augment=policy)  # a GraphOptions' fields
+    feed = BatchFeed(lambda i: (blobs[i], i % 2), gpu, batch_size=3, seed=5, rank=1)
     feed.start(FeedPass(tuple(range(6)), 2, 7, 32, 1, 1))  # batch 1 of the pass = 8 of epoch 2
     batch = feed(SimpleNamespace(iteration=0))
     feed.close()
     assert len(batch) == 7 and batch[6].dtype == np.int32 and batch[6].shape == (3, 2, 3)
     assert np.array_equal(batch[6], np.stack(policy.host_draws(5, 2, 1, 8, 3)))
-    cpu = BatchFeed(lambda i: (blobs[i], 0), train=True, batch_size=3, seed=5, rank=1,
-                    sizes=False, augment=policy)
+    cpu = BatchFeed(lambda i: (blobs[i], 0), SimpleNamespace(train=True, cuda=False,
+                                                             augment=policy),
+                    batch_size=3, seed=5, rank=1)
     assert cpu.augment is None
 
 
@@ -105,7 +107,7 @@ def test_gpu_decoding_probe_says_why_it_would_not_happen(monkeypatch):
     line; an install whose GPU backends hand back host memory, or nothing, is caught too."""
     from types import SimpleNamespace
 
-    from loaders.pipelines._dali_env import gpu_decoding_problem
+    from loaders.pipelines.dali.environment import gpu_decoding_problem
 
     cuda = torch.device("cuda", 0)
     reason = gpu_decoding_problem(cuda)

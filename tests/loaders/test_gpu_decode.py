@@ -13,7 +13,7 @@ import torch
 import loaders
 from decode import jpeg_window
 from loaders import DataError, DistInfo
-from loaders.pipelines._shared_batches import NumberedBatch, PassPlan
+from loaders.pipelines.batches import NumberedBatch, PassPlan
 from loaders.transforms import TrainTransform
 from tests.helpers.loading import loader_settings, to_uint8
 from tests.helpers.runs import SMALL, read_metrics, run_cli

@@ -10,7 +10,8 @@ import torch
 import folder2lmdb
 import loaders
 from loaders import DistInfo
-from loaders.pipelines import _shared_batches as sb
+from loaders.pipelines import batches
+from loaders.pipelines.workers import slots as sb
 from tools import datagen
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels
@@ -122,8 +123,8 @@ def test_a_later_pass_waits_for_its_own_releases_only():
 
 
 def test_batch_seeds_are_a_function_of_the_four_numbers():
-    seeds = {sb.batch_seed(0, e, r, b) for e in range(3) for r in range(3) for b in range(3)}
+    seeds = {batches.batch_seed(0, e, r, b) for e in range(3) for r in range(3) for b in range(3)}
     assert len(seeds) == 27
-    assert sb.batch_seed(1, 2, 3, 4) == sb.batch_seed(1, 2, 3, 4)
-    plan = sb.PassPlan(seed_key=(1, 2, 3, 10))
-    assert plan.seed(4) == sb.batch_seed(1, 2, 3, 14) and sb.PassPlan().seed(4) is None
+    assert batches.batch_seed(1, 2, 3, 4) == batches.batch_seed(1, 2, 3, 4)
+    plan = batches.PassPlan(seed_key=(1, 2, 3, 10))
+    assert plan.seed(4) == batches.batch_seed(1, 2, 3, 14) and batches.PassPlan().seed(4) is None

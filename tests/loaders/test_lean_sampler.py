@@ -6,7 +6,7 @@ import tracemalloc
 import pytest
 from torch.utils.data import DistributedSampler
 
-from loaders._lean_sampler import LeanDistributedSampler
+from loaders.orders.random import LeanDistributedSampler
 
 
 class _Sized:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from loaders.normalize import float_batch, imagenet_mean_std, normalize, normalize_each
+from loaders.transforms.normalize import float_batch, imagenet_mean_std, normalize, normalize_each
 
 
 def reference(images):

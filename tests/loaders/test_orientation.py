@@ -18,7 +18,7 @@ import loaders
 from formats.cap import Cap
 from formats.shards import convert as shards_convert
 from loaders import DistInfo
-from loaders.pipelines._shared_batches import batch_seed
+from loaders.pipelines.batches import batch_seed
 from decode import decode, resize
 from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params, resize_center_crop
 from tests.helpers.loading import loader_settings, to_uint8
@@ -90,7 +90,7 @@ def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:
 def expected_batches(loader, pipeline, seed, epoch):
     """Per training batch: the reference uint8 images of its samples, in the loader's order,
     drawn as that pipeline draws them ((seed, epoch, rank, batch) either way)."""
-    from loaders.pipelines._dali_feed import crop_draws
+    from loaders.pipelines.dali.feed import crop_draws
 
     read, order = encoded(loader), order_of(loader)
     out = []
@@ -179,7 +179,7 @@ def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypa
 
     from PIL import Image, ImageOps
 
-    import loaders.pipelines._dali_feed as feed
+    import loaders.pipelines.dali.feed as feed
 
     def turned_size(data):  # what the window was drawn from before issue 35
         with Image.open(io.BytesIO(data)) as image:
@@ -212,7 +212,7 @@ def test_window_mismatch_reads_shapes_only():
     of another shape (fewer channels, other sides) -> the first such sample and why."""
     from nvidia.dali.tensors import TensorListCPU
 
-    from loaders.pipelines._dali_graph import window_mismatch
+    from loaders.pipelines.dali.graph import window_mismatch
 
     def outputs(decoded, anchors, shapes, sizes):
         return ["images", "mirror", *(TensorListCPU(np.array(a, dtype)) for a, dtype in (

@@ -1,10 +1,10 @@
-"""loaders.positions: an epoch's global order, and its rest dealt anew at another layout."""
+"""loaders.orders.positions: an epoch's global order, and its rest dealt anew at another layout."""
 import numpy as np
 import pytest
 
 from loaders.orders import BlockOrder, RandomOrder, RepeatedAugmentationOrder
-from loaders.positions import Layout, global_order, position_record, rest_of_epoch
-from loaders.shard_orders import StreamTrainOrder
+from loaders.orders.positions import Layout, global_order, position_record, rest_of_epoch
+from loaders.orders.streams import StreamTrainOrder
 
 N, SEED, EPOCH = 50, 5, 1
 

@@ -17,7 +17,7 @@ import loaders
 from loaders import DataError, DistInfo
 from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
                                   write_idx)
-from loaders.shard_orders import StreamTrainOrder, StreamValOrder, buffer_shuffle
+from loaders.orders.streams import StreamTrainOrder, StreamValOrder, buffer_shuffle
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels
 from tests.helpers.runs import main_cmd, only_record, run, SMALL_DISTRIBUTED

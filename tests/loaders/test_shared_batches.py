@@ -1,4 +1,4 @@
-"""Shared-memory batch slots (loaders/_shared_batches.py) and their use by DeviceLoader."""
+"""Shared-memory batch slots (loaders/pipelines/workers/slots.py) and their use by DeviceLoader."""
 import re
 import shlex
 import shutil
@@ -13,18 +13,19 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders.pipelines import _shared_batches as sb
+from loaders.pipelines import batches as nb
+from loaders.pipelines.workers import slots as sb
 from tests.helpers.loading import loader_settings
 from tests.helpers.paths import REPO
 
 
 def test_batches_are_numbered_per_pass():
-    sampler = sb.NumberedBatchSampler(range(10), 4, drop_last=False)
+    sampler = nb.NumberedBatchSampler(range(10), 4, drop_last=False)
     batches = list(sampler)
     assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and len(sampler) == 3
     assert [b.number for b in batches] == [0, 1, 2]
-    assert [b.number for b in sb.NumberedBatchSampler(range(10), 4, drop_last=True)] == [0, 1]
-    assert len(sb.NumberedBatchSampler(range(10), 4, drop_last=True)) == 2
+    assert [b.number for b in nb.NumberedBatchSampler(range(10), 4, drop_last=True)] == [0, 1]
+    assert len(nb.NumberedBatchSampler(range(10), 4, drop_last=True)) == 2
 
 
 def test_a_worker_waits_until_the_slot_is_released():
@@ -65,7 +66,7 @@ def test_a_transform_of_the_wrong_size_is_named():
     writer = sb.SlotWriter(Wrong())
     writer.use(sb.SharedBatches(2, 4, (3, 8, 8), shared=False))
     with pytest.raises(DataError, match=r"sample 0: .*\(3, 9, 8\), expected uint8 \(3, 8, 8\)"):
-        writer.__getitems__(sb.NumberedBatch([0, 1], 0))
+        writer.__getitems__(nb.NumberedBatch([0, 1], 0))
 
 
 def test_slots_are_reused_after_a_pass_and_not_shared_with_a_suspended_one(tiny):
@@ -94,7 +95,8 @@ RANKS_ON_ONE_NODE = r"""
 import multiprocessing as mp, os, sys
 sys.path.insert(0, sys.argv[1])
 from loaders import DataError
-from loaders.pipelines import _shared_batches as sb
+from loaders.pipelines import batches
+from loaders.pipelines.workers import slots as sb
 
 def rank(checked, done, ranks):
     real_check = sb._check_shm_space

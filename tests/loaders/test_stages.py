@@ -1,4 +1,4 @@
-"""loaders.stages: per-image stage times written beside the pixels by real DataLoader workers,
+"""loaders.timing.stages: per-image stage times written beside the pixels by real DataLoader workers,
 summed by the main process; the same pixels with or without them (issue 49)."""
 import glob
 import os
@@ -9,7 +9,7 @@ import torch
 
 import decode
 from decode import raw
-from loaders import stages
+from loaders.timing import stages
 from tests.helpers.loading import batches_and_stages, loader_settings
 
 

@@ -1,4 +1,4 @@
-"""loaders.batch_stages: the stages of the batch-decode pipeline (``--decode-device``, on
+"""loaders.timing.batch_stages: the stages of the batch-decode pipeline (``--decode-device``, on
 nvImageCodec's CPU backend here) and of DALI (CPU-only here): the stages each has, with
 positive figures that add up to the time measured around them, none it does not have, the
 same pixels with or without them, and none at all with ``IMAGENET_FAST_STAGES=0`` (issue 49)."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import bounds
-from loaders.batch_stages import BatchStageLog
+from loaders.timing.batch_stages import BatchStageLog
 from tests.helpers.loading import batches_and_stages, loader_settings
 
 

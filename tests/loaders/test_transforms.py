@@ -1,4 +1,4 @@
-"""RandomResizedCrop parameters and the uint8 transforms (loaders/transforms.py)."""
+"""RandomResizedCrop parameters and the uint8 transforms (loaders/transforms/crops.py)."""
 import math
 import random
 

@@ -9,7 +9,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders._bad_samples import TolerantDataset, UnreadableSet
+from loaders.pipelines.bad_samples import TolerantDataset, UnreadableSet
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels, make_split
 

@@ -1,0 +1,12 @@
+"""The loaders' errors, each a one-line message for the user: :class:`DataError` (bad data input;
+defined in ``formats.errors`` and raised there too) and :class:`AcceleratorError`."""
+from __future__ import annotations
+
+from formats.errors import DataError
+
+__all__ = ["AcceleratorError", "DataError"]
+
+
+class AcceleratorError(Exception):
+    """The GPU or its driver failed (CUDA out of memory, a CUDA error inside a DALI pipeline):
+    not a data problem, so nothing is retried or skipped."""

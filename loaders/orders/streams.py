@@ -1,0 +1,170 @@
+"""Epoch orders for sharded datasets: each DataLoader worker reads its own shards front to back.
+
+Records are numbered globally, shard after shard (shard ``s`` holds ``counts[s]`` of them).
+DataLoader hands batch ``k`` of a pass to worker ``k % W`` (round robin, from worker 0), so
+these orders cut a rank's records into ``W`` consecutive *pieces* of whole batches and
+interleave the pieces' batches in that rhythm: worker ``w`` then only ever asks for records of
+its piece, in reading order up to the shuffle buffer. A stream (HTTP, ``pipe:``) is thus read
+once, sequentially, by one worker. A pass resumed at batch ``s`` rotates the rhythm (worker
+``j`` gets piece ``(s + j) % W``), which keeps one piece per worker.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .base import batches_per_epoch, check_rank
+
+
+def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
+            total: int) -> list[list[tuple[int, int]]]:
+    """Cut the concatenation of ``runs`` (record ranges) into ``workers`` consecutive pieces:
+    piece ``w`` holds the records of batches ``w, w + W, ...`` of ``batches`` (the last batch
+    holding the rest of ``total`` records)."""
+    sizes = []
+    for w in range(workers):
+        mine = range(w, batches, workers)
+        size = len(mine) * batch_size
+        if batches and batches - 1 in mine:
+            size -= batches * batch_size - total
+        sizes.append(size)
+    pieces, run, offset = [], 0, 0
+    for size in sizes:
+        piece = []
+        while size > 0:
+            start, stop = runs[run]
+            take = min(size, stop - start - offset)
+            piece.append((start + offset, start + offset + take))
+            size, offset = size - take, offset + take
+            if start + offset == stop:
+                run, offset = run + 1, 0
+        pieces.append(piece)
+    return pieces
+
+
+def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[int]:
+    """Batch ``k`` is the next ``batch_size`` indices of piece ``k % W``."""
+    out, cursors = [], [0] * len(pieces)
+    for k in range(batches):
+        w = k % len(pieces)
+        out.extend(pieces[w][cursors[w]: cursors[w] + batch_size])
+        cursors[w] += batch_size
+    return out
+
+
+def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
+    """WebDataset's sample shuffle as a permutation: read ``indices`` in order into a buffer of
+    ``buffer`` records and emit a uniformly chosen one each time it is full, then drain it at
+    random. An index is never emitted before it is read, and at most ``buffer`` records read
+    but not yet emitted are held (what a streaming reader caches)."""
+    out, held = [], []
+    picks = iter(rng.random(len(indices)).tolist())
+    for index in indices:
+        held.append(index)
+        if len(held) >= buffer:
+            k = int(next(picks) * len(held))
+            held[k], held[-1] = held[-1], held[k]
+            out.append(held.pop())
+    while held:
+        k = int(next(picks) * len(held))
+        held[k], held[-1] = held[-1], held[k]
+        out.append(held.pop())
+    return out
+
+
+class StreamTrainOrder:
+    """Training order over shards, identical in length on every rank.
+
+    Per epoch, with a generator seeded from ``(seed, epoch)`` and identical on every rank, the
+    shards are permuted and their records concatenated; rank ``r`` takes the ``r``-th of
+    ``world_size`` consecutive segments of ``total // world_size`` records (whole shards plus at
+    most one part-shard at each end, as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps
+    its first ``len(self)`` = whole batches of them, cuts them into one piece per worker (module
+    docstring) and shuffles each piece through a ``buffer``-record sample buffer (seeded from
+    ``(seed, epoch, rank, worker)``). Every rank has the same number of batches, so DDP never
+    waits at an epoch's end; the ``total % world_size`` records past the last segment and the
+    fewer than ``batch_size`` past a rank's last whole batch sit out this epoch (other ones
+    next epoch, as the shard order changes). Raises ``ValueError`` for bad sizes or ranks."""
+
+    # The order changes with these besides the world size (loaders.orders.positions.Layout).
+    LAYOUT_KEYS = ("batch_size", "workers")
+
+    def __init__(self, counts: Sequence[int], batch_size: int, workers: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, buffer: int = 1000):
+        check_rank(rank, world_size)
+        if batch_size < 1 or buffer < 1:
+            raise ValueError(f"batch_size and buffer must be >= 1, got {batch_size}, {buffer}")
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self.batch_size, self.workers = batch_size, max(1, workers)
+        self.rank, self.world_size, self.seed, self.buffer = rank, world_size, seed, buffer
+        self.num_samples = int(self.counts.sum())
+        self.batches = self.num_samples // world_size // batch_size
+
+    def __len__(self) -> int:
+        return self.batches * self.batch_size
+
+    def at(self, rank: int, layout) -> "StreamTrainOrder":
+        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
+        return StreamTrainOrder(self.counts, layout.batch_size, layout.workers, rank,
+                                layout.world_size, self.seed, self.buffer)
+
+    def runs(self, epoch: int) -> list[tuple[int, int]]:
+        """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
+        shards = rng.permutation(len(self.counts))
+        lo = self.rank * (int(self.counts.sum()) // self.world_size)
+        hi, runs, at = lo + len(self), [], 0
+        for s in shards.tolist():
+            n = int(self.counts[s])
+            if at + n > lo and at < hi:
+                first = int(self.starts[s])
+                runs.append((first + max(lo - at, 0), first + min(hi - at, n)))
+            at += n
+            if at >= hi:
+                break
+        return runs
+
+    def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
+        """Each worker's record ranges of ``epoch``, in the order it reads them."""
+        return _pieces(self.runs(epoch), self.batches, self.batch_size, self.workers, len(self))
+
+    def order(self, epoch: int) -> list[int]:
+        shuffled = []
+        for w, piece in enumerate(self.pieces(epoch)):
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch, self.rank, w])
+            indices = [i for start, stop in piece for i in range(start, stop)]
+            shuffled.append(buffer_shuffle(indices, self.buffer, rng))
+        return _interleave(shuffled, self.batches, self.batch_size)
+
+
+class StreamValOrder:
+    """Validation order over shards: rank ``r`` reads records ``[r*N//R, (r+1)*N//R)`` of the
+    ``N`` in shard order, so every record is read exactly once across the ``R`` ranks (ranks
+    may differ by one record; the last batch may be partial), cut into one piece per worker
+    and interleaved (module docstring). Raises ``ValueError`` for a bad rank."""
+
+    def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
+                 world_size: int = 1):
+        check_rank(rank, world_size)
+        self.num_samples = num_samples
+        self.lo = rank * num_samples // world_size
+        self.hi = (rank + 1) * num_samples // world_size
+        self.batch_size, self.workers = batch_size, max(1, workers)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def _batches(self) -> int:
+        return batches_per_epoch(len(self), self.batch_size, drop_last=False)
+
+    def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
+        """Each worker's record ranges (the same every epoch), in the order it reads them."""
+        return _pieces([(self.lo, self.hi)], self._batches(), self.batch_size, self.workers,
+                       len(self))
+
+    def order(self, epoch: int) -> list[int]:
+        ranges = [[i for start, stop in piece for i in range(start, stop)]
+                  for piece in self.pieces(epoch)]
+        return _interleave(ranges, self._batches(), self.batch_size)

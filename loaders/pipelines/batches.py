@@ -1,0 +1,219 @@
+"""Numbered batches: what the two DataLoader pipelines (``workers``, ``gpu_decode``) share.
+
+:class:`NumberedBatchSampler` numbers the batches of each pass from 0 and hands each the
+pass's :class:`PassPlan`, so a batch's augmentation is seeded with :func:`batch_seed` of (seed,
+epoch, rank, batch number) whichever worker, and however many, draw it, and whether the
+workers were started for this pass or an earlier one. :class:`ReaderLoader` is such a loader's
+part that does not depend on how the batches are decoded: the order, resumed epochs, the
+DataLoader and the unreadable-sample budget.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
+from ..orders.positions import PositionedLoader, RestOfEpoch
+from ..readers import Reader
+from ..settings import DistInfo, LoaderSettings
+from ..timing.batch_stages import StagedLoader
+from .bad_samples import too_many_unreadable
+from .closing import ClosingDataLoader
+
+# DataLoader's batches in flight per worker.
+PREFETCH_FACTOR = 4
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """One 63-bit seed from (seed, epoch, rank): the DataLoader workers' base seed and DALI's
+    pipeline seed (neither draws an augmentation: those are drawn per batch)."""
+    return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
+    on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
+    so that no two tuples share a stream (as DALI's crops, ``dali.feed.crop_draws``)."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
+    return int(state.generate_state(1, np.uint64)[0])
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What every batch of one pass carries to the workers: the pass number (``pass_id``,
+    :meth:`~loaders.pipelines.workers.slots.SharedBatches.begin_pass`), the image shape
+    ``(3, H, W)`` its slots hold (None: as the slots were made), the seed key ``(seed, epoch,
+    rank, first_batch)`` of its augmentation (None: no random transform; ``first_batch`` is
+    where a resumed epoch starts) and at most ``limit`` batches (None: the whole epoch)."""
+
+    pass_id: int = 0
+    image_shape: tuple[int, int, int] | None = None
+    seed_key: tuple[int, int, int, int] | None = None
+    limit: int | None = None
+
+    def seed(self, number: int) -> int | None:
+        """:func:`batch_seed` of batch ``number`` of this pass, or None."""
+        if self.seed_key is None:
+            return None
+        seed, epoch, rank, first = self.seed_key
+        return batch_seed(seed, epoch, rank, first + number)
+
+
+class NumberedBatch(list):
+    """A batch of dataset indices that knows its position ``number`` in the pass (from 0) and
+    the pass's :class:`PassPlan` (``plan``)."""
+
+    def __init__(self, indices: Sequence[int], number: int, plan: PassPlan = PassPlan()):
+        super().__init__(indices)
+        self.number, self.plan = number, plan
+
+
+class NumberedBatchSampler(Sampler[NumberedBatch]):
+    """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
+    one shorter unless ``drop_last``), numbered 0, 1, ... in each pass, as
+    ``torch.utils.data.BatchSampler`` groups them, at most ``plan.limit`` of them.
+
+    ``plan`` (a :class:`PassPlan`) is what the next pass's batches carry; a pass takes it when
+    it starts, so setting it never changes a pass under way.
+    """
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+        self.plan = PassPlan()
+
+    def __iter__(self) -> Iterator[NumberedBatch]:
+        return self._batches(self.plan)  # the plan as the pass starts
+
+    def _batches(self, plan: PassPlan) -> Iterator[NumberedBatch]:
+        if plan.limit == 0:
+            return
+        batch, number = [], 0
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield NumberedBatch(batch, number, plan)
+                batch, number = [], number + 1
+                if number == plan.limit:
+                    return
+        if batch and not self.drop_last:
+            yield NumberedBatch(batch, number, plan)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def seeded(batch: NumberedBatch, fetch):
+    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (its plan's;
+    unseeded where it has none) and put back as it was after: with ``-j 0`` this is the training
+    process, whose own draws (MixUp, CutMix, its checkpointed RNG state) must not follow the
+    batches' seeds."""
+    seed = batch.plan.seed(batch.number)
+    if seed is None:
+        return fetch(batch)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return fetch(batch)
+
+
+def keep_as_is(batch):
+    """``collate_fn`` for a dataset whose ``__getitems__`` already made the batch."""
+    return batch
+
+
+class ReaderLoader(StagedLoader, PositionedLoader):
+    """One split of ``reader`` read in the indices of ``order`` (its training or validation
+    :class:`~loaders.orders.Order`) by a DataLoader of :class:`NumberedBatch` es: ``batch_size``
+    images per batch (training: whole batches only, and an order under one batch read as one
+    smaller batch, :func:`~loaders.orders.train_batch_size`; validation: the last batch may be
+    partial), at most ``settings.max_batches(train)`` per epoch. ``len()`` is exact: the
+    batches left after ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names
+    (index = label). Raises :class:`DataError` at construction for an empty training order.
+
+    A subclass makes ``self.loader`` (:meth:`_dataloader` over its dataset) and
+    ``self.unreadable`` (the split's :class:`~loaders.pipelines.bad_samples.UnreadableSet`)."""
+
+    def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
+                 train: bool):
+        batch_size = train_batch_size(order, settings.batch_size) if train else settings.batch_size
+        self.reader, self.train, self.batch_size = reader, train, batch_size
+        self.sampler = ResumableSampler(order)
+        self.position_order = order
+        self.classes = list(reader.classes)
+        self.device, self.rank = dist.device, dist.rank
+        self.dtype, self.channels_last = settings.dtype, settings.channels_last
+        self.seed, self.max_bad_share = settings.seed, settings.max_bad_share
+        self.max_batches = settings.max_batches(train)
+        self.max_crop_size = settings.max_crop_size(train)
+        self.start_batch = self.epoch = 0
+        self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
+        # The workers' base seed; augmentations are seeded per batch (PassPlan).
+        self._generator = torch.Generator().manual_seed(epoch_seed(self.seed, 0, self.rank))
+
+    def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
+        """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches, its
+        workers kept from pass to pass unless the reader plans each pass."""
+        return ClosingDataLoader(
+            dataset, batch_sampler=self._batches, collate_fn=keep_as_is, num_workers=workers,
+            generator=self._generator, prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
+            multiprocessing_context=context,
+            persistent_workers=workers > 0 and not self.reader.plans_passes)
+
+    def __len__(self) -> int:
+        total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0,
+                  rest: RestOfEpoch | None = None) -> None:
+        """This epoch's order and augmentation (a function of (seed, epoch, rank)), from batch
+        ``start_batch`` on (a resumed epoch; the batches before it are the ones already trained
+        on); ``rest``: a resumed epoch dealt anew at this layout, whose indices are read
+        instead (:mod:`loaders.orders.positions`)."""
+        self.sampler.set_epoch(epoch)
+        self.sampler.start = start_batch * self.batch_size
+        self.sampler.rest = self._take_rest(epoch, start_batch, rest)
+        self.start_batch, self.epoch = start_batch, epoch
+        if self.reader.plans_passes:
+            # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
+            resumed = start_batch and self.sampler.rest is None
+            self.reader.plan_pass(self.sampler.order, epoch,
+                                  list(self.sampler) if resumed else None)
+
+    def pass_indices(self) -> list[int]:
+        """The dataset indices the next pass yields, in order (before an unreadable sample's
+        replacement)."""
+        return list(itertools.islice(self.sampler, len(self) * self.batch_size))
+
+    def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
+        """The next pass's :class:`PassPlan`, handed to the batch sampler."""
+        seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
+        plan = PassPlan(pass_id, image_shape, seed_key, len(self))
+        self._batches.plan = plan  # taken by the pass that starts now
+        return plan
+
+    def _check_resolution(self, size: int) -> None:
+        """Raise ``ValueError`` unless a training loader can yield ``size`` px."""
+        if not self.train:
+            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
+        if not 0 < size <= self.max_crop_size:
+            raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
+
+    def _check_bad(self, found: int) -> None:
+        """After a batch that found ``found`` new unreadable samples: raise
+        :class:`DataError` once the split's distinct unreadable samples exceed
+        ``max_bad_share`` of its size."""
+        if found:
+            bad, size = self.unreadable.count(), len(self.reader)
+            if bad > self.max_bad_share * size:
+                raise too_many_unreadable(bad, self.max_bad_share, size)
+
+    @property
+    def workers_configured(self) -> int:
+        """This loader's DataLoader workers (``-j``), for :meth:`stage_summary`."""
+        return self.loader.num_workers

@@ -1,0 +1,56 @@
+"""The NVIDIA DALI pipeline (``--dali``): ``loader`` (:class:`DALILoader`), ``feed`` (what a
+background thread prepares for each pipeline: records, windows, draws), ``graph`` (the DALI
+graph and its outputs as torch tensors), ``augment`` (``--auto-augment`` with DALI's operators),
+``unreadable`` (a sample DALI cannot decode) and ``environment`` (the DALI wheel, nvJPEG, the
+hardware decoder's share, CUDA failures). DALI is imported only inside functions."""
+from __future__ import annotations
+
+import torch
+
+from decode.gpu import nvjpeg_pip_package
+
+from ...errors import DataError
+from ...readers import Reader
+from ...settings import DistInfo, LoaderSettings
+from .environment import gpu_decoding_problem, require_dali
+from .graph import graph_options
+from .loader import DALILoader
+
+__all__ = ["DALILoader", "build_loaders", "require"]
+
+
+def require(dist: DistInfo) -> None:
+    """Raise :class:`DataError` naming the wheel to install if DALI is missing or, on CUDA,
+    built for another CUDA major than torch (before any split is opened)."""
+    require_dali(dist.device)
+
+
+def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`DALILoader` s over two readers, each in its own orders
+    (``Reader.train_order`` / ``val_order``).
+
+    Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
+    single-threaded pipelines). Records and file names are handed to DALI from the main
+    process (files are read in DALI's threads). Raises :class:`DataError` for a reader
+    without random access (streamed shards), bad block sizes, or a training order smaller
+    than one batch (:func:`require` first checks that DALI is usable).
+    """
+    built = []
+    for is_train, reader, path in ((True, train, settings.train_path),
+                                   (False, val, settings.val_path)):
+        if not reader.random_access:
+            raise DataError(f"{path}: --dali reads local shards only; stream them with "
+                            "--loader shards (without --dali)")
+        order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
+                                                                                     dist)
+        opts = graph_options(settings, dist, is_train)
+        if is_train and not opts.decode_on_cpu:
+            problem = gpu_decoding_problem(dist.device)
+            if problem:
+                cuda = (torch.version.cuda or "13").split(".")[0]
+                raise DataError(f"--dali: nvJPEG cannot decode on {dist.device} ({problem}), "
+                                f"so DALI would decode on the CPU: install "
+                                f"{nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}, "
+                                "or give --dali-cpu")
+        built.append(DALILoader(reader, order, opts, settings, dist))
+    return built[0], built[1]

@@ -1,0 +1,160 @@
+"""``--auto-augment`` inside DALI pipelines (``--dali``): the policy's draws on the host, the
+ops with DALI's ``nvidia.dali.auto_aug`` operators.
+
+With a GPU the training graph (``graph.augment``) resizes, flips and then applies the
+policy with DALI's operators (``auto_aug.augmentations``: ``fn.warp_affine``, ``fn.rotate``,
+``fn.brightness``, ``fn.saturation``, ``fn.experimental.filter``, ``fn.experimental.equalize``...),
+selected per sample by ``auto_aug.core.select`` (the pipeline is built with conditionals).
+Which op, which magnitude bin, which sign, and for AutoAugment which sub-policy and whether each
+op applies, are drawn on the host by :meth:`DaliAugment.host_draws` from (seed, epoch, rank,
+batch), as the crops are (``feed.crop_draws``), not by DALI's random operators, whose
+state a resumed epoch or a rebuilt pipeline would not share: a resumed epoch draws what the
+uninterrupted one did. The suites carry torchvision's op lists, magnitude ranges and bins
+(``loaders.transforms.auto_augment``) and its black fill, not DALI's defaults (DALI's TrivialAugment
+suite starts its enhancements at 0.01 and fills with 128, its RandAugment translates 100 px).
+All these operators also run on DALI's CPU backend (checked by
+``tests/loaders/test_dali_augment.py``).
+
+The pixels are DALI's, not torchvision's: DALI's equalize is OpenCV's formula, its contrast
+centre the unfloored weighted mean, its warps resample about pixel corners. Where DALI cannot
+do a policy at all the run stops at start-up (:meth:`DaliAugment.check`): ``augmix`` (no DALI
+operator mixes chains) and ``--interpolation bicubic`` (DALI's warps are linear or nearest).
+CPU-only (no GPU, ``device_id=None``) the graph stops at the decoded window and torch finishes
+each crop (``graph.finish_on_cpu``); there the policy is ``loaders.transforms.auto_augment``'s, with
+torchvision's pixels, seeded per batch as in the DataLoader workers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ...errors import DataError
+from ...transforms.auto_augment import AA_SPACE, RA_SPACE, TA_WIDE_SPACE, make_auto_augment
+
+_TAG = 0x41554741  # "AUGA": these draws' stream, apart from the crops' of the same batch
+
+
+@dataclass(frozen=True)
+class DaliAugment:
+    """One run's ``--auto-augment`` policy for DALI: ``policy`` (one of
+    ``loaders.transforms.auto_augment.POLICIES``), ``interpolation`` (the warps'), ``ra_magnitude`` (RandAugment's bin) and
+    ``augmix_severity`` (only for the CPU-only finish)."""
+
+    policy: str
+    interpolation: str = "bilinear"
+    ra_magnitude: int = 9
+    augmix_severity: int = 3
+
+    def check(self, cuda: bool) -> None:
+        """Raise :class:`DataError` (one line) where DALI's operators cannot run the policy as
+        torchvision defines it: only the GPU graph uses them."""
+        if not cuda:
+            return
+        if self.policy == "augmix":
+            raise DataError("--auto-augment augmix: DALI has no AugMix; train it without "
+                            "--dali (DataLoader workers), or on DALI without a GPU")
+        if self.interpolation == "bicubic":
+            raise DataError("--interpolation bicubic with --auto-augment on DALI: its warps "
+                            "resample linear or nearest only; leave out --dali")
+
+    @cached_property
+    def torch_policy(self):
+        """The CPU-only finish's policy (``loaders.transforms.auto_augment``: torchvision's
+        pixels)."""
+        return make_auto_augment(self.policy, self.interpolation, self.ra_magnitude,
+                                 self.augmix_severity)
+
+    @property
+    def names(self) -> list[str]:
+        """The suite's torchvision op ids, index = the op number of :meth:`host_draws`."""
+        return ["Identity"] + [name for name in self._space if name != "Identity"]
+
+    @property
+    def bins(self) -> int:
+        return 10 if self.policy in ("imagenet", "cifar10", "svhn") else 31
+
+    def host_draws(self, seed: int, epoch: int, rank: int, batch: int, count: int) -> list:
+        """Batch ``batch``'s draws: per sample an int32 ``(slots, 3)`` array of (op number in
+        :attr:`names`, magnitude bin, negate 0/1), a function of (seed, epoch, rank, batch)
+        alone. ``ta_wide``: one slot, op, bin and sign uniform; ``ra``: two slots at bin
+        ``ra_magnitude``; AutoAugment: a uniform sub-policy of torchvision's 25, each of its
+        two ops kept with its probability (else Identity) at its bin. Signs only for signed
+        ops, as torchvision draws them."""
+        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch, _TAG])
+        space, names = self._space, self.names
+        ops = list(space)
+        out = []
+        for _ in range(count):
+            slots = []
+            if self.policy in ("ta_wide", "ra"):
+                for _ in range(1 if self.policy == "ta_wide" else 2):
+                    name = ops[int(rng.integers(len(ops)))]
+                    slots.append((name, int(rng.integers(self.bins))
+                                  if self.policy == "ta_wide" else self.ra_magnitude))
+            else:
+                for name, probability, bin_ in self._sub_policies[
+                        int(rng.integers(len(self._sub_policies)))]:
+                    kept = rng.random() <= probability
+                    slots.append((name, bin_ or 0) if kept else ("Identity", 0))
+            out.append(np.array([[names.index(name), bin_,
+                                  int(space.get(name, (None, False))[1] and rng.random() <= 0.5)]
+                                 for name, bin_ in slots], dtype=np.int32))
+        return out
+
+    @property
+    def _space(self) -> dict:
+        return {"ta_wide": TA_WIDE_SPACE, "ra": RA_SPACE}.get(self.policy, AA_SPACE)
+
+    @cached_property
+    def _sub_policies(self) -> list:
+        """torchvision's 25 sub-policies of this AutoAugment policy (``_get_policies``)."""
+        from torchvision.transforms import v2
+
+        return v2.AutoAugment(v2.AutoAugmentPolicy(self.policy))._policies
+
+    def graph(self, images, draws):
+        """DALI graph: uint8 HWC ``images`` (all of one square size) through the drawn ops
+        (``draws``: the external source node of :meth:`host_draws`). Needs a pipeline built
+        with ``enable_conditionals=True``."""
+        from nvidia.dali import types
+        from nvidia.dali.auto_aug.core import select, signed_bin
+
+        suite = self._suite()
+        interp = types.INTERP_NN if self.interpolation == "nearest" else types.INTERP_LINEAR
+        extra = {} if self.policy == "ta_wide" else {"shape": images.shape()}
+        for k in range(1 if self.policy == "ta_wide" else 2):
+            images = select(suite, draws[k, 0], data=images,
+                            magnitude_bin=signed_bin(draws[k, 1], draws[k, 2]),
+                            num_magnitude_bins=self.bins, fill_value=0, interp_type=interp,
+                            **extra)
+        return images
+
+    def _suite(self) -> list:
+        """DALI augmentations in :attr:`names` order with torchvision's magnitude ranges."""
+        from nvidia.dali.auto_aug import augmentations as a
+
+        wide = self.policy == "ta_wide"
+        shear, rotate, enhance = (0.99, 135, 0.99) if wide else (0.3, 30, 0.9)
+        if wide:  # whole pixels, 0..32
+            translate = [a.translate_x_no_shape.augmentation((0, 32), True),
+                         a.translate_y_no_shape.augmentation((0, 32), True)]
+        else:  # 150/331 of the side
+            translate = [a.translate_x.augmentation((0, 150 / 331), True),
+                         a.translate_y.augmentation((0, 150 / 331), True)]
+        ops = {
+            "Identity": a.identity, "ShearX": a.shear_x.augmentation((0, shear), True),
+            "ShearY": a.shear_y.augmentation((0, shear), True),
+            "TranslateX": translate[0], "TranslateY": translate[1],
+            "Rotate": a.rotate.augmentation((0, rotate), True),
+            "Brightness": a.brightness.augmentation((0, enhance), True, a.shift_enhance_range),
+            "Color": a.color.augmentation((0, enhance), True, a.shift_enhance_range),
+            "Contrast": a.contrast.augmentation((0, enhance), True, a.shift_enhance_range),
+            "Sharpness": a.sharpness.augmentation((0, enhance), True, a.sharpness_kernel),
+            "Posterize": a.posterize.augmentation((8, 2 if wide else 4), False,
+                                                  a.poster_mask_uint8),
+            "Solarize": a.solarize.augmentation((255, 0)), "AutoContrast": a.auto_contrast,
+            "Equalize": a.equalize, "Invert": a.invert,
+        }
+        return [ops[name] for name in self.names]

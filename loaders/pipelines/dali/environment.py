@@ -1,0 +1,118 @@
+"""What ``--dali`` needs from its environment: the DALI wheel that matches torch's CUDA major,
+nvJPEG loadable for GPU decoding, the hardware JPEG decoder's share for the GPU at hand, and
+telling a CUDA or driver failure inside DALI from a damaged file. Imports DALI only inside
+:func:`require_dali`."""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import io
+import os
+import re
+from typing import Sequence
+
+import torch
+
+from ...errors import DataError
+
+# Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
+# 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
+# the one per-GPU figure NVIDIA published, 0.75 on A100 (quoted in NVIDIA/DALI#5362):
+# https://developer.nvidia.com/blog/loading-data-fast-with-dali-and-new-jpeg-decoder-in-a100/
+# DeepLearningExamples RN50 and DALI's RN50 example keep the default. GPUs without a hardware
+# decoder ignore the value.
+DEFAULT_HW_DECODER_LOAD = 0.65
+A100_HW_DECODER_LOAD = 0.75
+# DALI's and CUDA's words for a failed GPU or driver ("CUDA runtime API error cudaErrorMemory
+# Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
+_CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
+                           r"out of memory", re.IGNORECASE)
+def dali_pip_package(cuda_version: str | None) -> str:
+    """The DALI wheel for torch's CUDA ``cuda_version`` ("12.8" -> ``nvidia-dali-cuda120``,
+    "13.0" -> ``nvidia-dali-cuda130``; None, a torch without CUDA -> the CUDA 13 wheel)."""
+    return f"nvidia-dali-cuda{(cuda_version or '13').split('.')[0]}0"
+
+
+def check_dali_wheel(cuda_version: str | None, installed: Sequence[str]) -> None:
+    """Raise :class:`DataError` if one of the distributions ``installed`` is a DALI wheel
+    (``nvidia-dali[-nightly]-cudaXY0``) for another CUDA major than ``cuda_version``. Both
+    wheels write ``nvidia/dali``, so the fix uninstalls both before installing the right one."""
+    wanted = dali_pip_package(cuda_version)
+    for name in (n.lower().replace("_", "-") for n in installed):
+        if (cuda_version and re.fullmatch(r"nvidia-dali(-[a-z]+)?-cuda\d+", name)
+                and not name.endswith(wanted[len("nvidia-dali-"):])):
+            raise DataError(f"--dali: {name} is built for another CUDA major than torch's "
+                            f"{cuda_version}: pip uninstall -y {name} {wanted} && "
+                            f"pip install {wanted}")
+
+
+def require_dali(device: torch.device):
+    """Import DALI or raise :class:`DataError` with the one line that says which wheel to
+    install: DALI is missing, or (on CUDA) built for another CUDA major than torch."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except (ImportError, OSError):
+        raise DataError(f"--dali needs NVIDIA DALI, which is not installed: "
+                        f"pip install {dali_pip_package(torch.version.cuda)}") from None
+    if device.type == "cuda":
+        check_dali_wheel(torch.version.cuda, [d.metadata["Name"] or ""
+                                              for d in importlib.metadata.distributions()])
+
+
+def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
+    """Why a JPEG would not be decoded on the GPU ``device`` in this process, in one phrase, or
+    None: nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``: the library DALI 2.4's
+    decoders are built on) decodes a probe JPEG with its GPU backends only (nvJPEG's CUDA
+    decoder and the hardware decoder) and must return device memory. nvImageCodec finds
+    ``libnvjpeg`` only through its RUNPATH; installed elsewhere, DALI's mixed decoder falls back
+    to the CPU and a run still "passes", only slower."""
+    # nvImageCodec prints two coloured lines to stderr per failure unless told not to
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    try:
+        n = nvimgcodec or importlib.import_module("nvidia.nvimgcodec")
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
+        return f"nvImageCodec not usable: {type(exc).__name__}: {exc}".splitlines()[0]
+    try:
+        decoder = n.Decoder(device_id=device.index if device.index is not None else 0,
+                            backends=[n.Backend(n.BackendKind.GPU_ONLY),
+                                      n.Backend(n.BackendKind.HW_GPU_ONLY)])
+        image = decoder.decode(_probe_jpeg())
+    except Exception as exc:  # noqa: BLE001 - no GPU backend could be created or run
+        return f"nvImageCodec's GPU decoders failed: {exc}".splitlines()[0]
+    if image is None:
+        return "nvImageCodec's GPU decoders declined a baseline JPEG (libnvjpeg not found?)"
+    if image.buffer_kind != n.ImageBufferKind.STRIDED_DEVICE:
+        return "nvImageCodec decoded into host memory, not the GPU's"
+    return None
+
+
+def _probe_jpeg() -> bytes:
+    """A 64 x 48 baseline 4:2:0 JPEG (what nvJPEG and the hardware decoder both take)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def default_hw_decoder_load(device: torch.device) -> float:
+    """``hw_decoder_load`` for the GPU ``device``: :data:`A100_HW_DECODER_LOAD` on an A100, else
+    DALI's default (the GPU's name is read only for a CUDA ``device``)."""
+    if device.type == "cuda" and "A100" in torch.cuda.get_device_name(device).upper():
+        return A100_HW_DECODER_LOAD
+    return DEFAULT_HW_DECODER_LOAD
+
+
+def message_lines(exc: Exception) -> list[str]:
+    """The lines of a DALI error that say something (no blanks, no "Current pipeline ...")."""
+    return [line.strip() for line in str(exc).splitlines()
+            if line.strip() and not line.startswith("Current pipeline")]
+
+
+def cuda_failure(exc: Exception) -> str | None:
+    """One line for a DALI error that names a CUDA / driver failure: the message from the last
+    line naming one on ("Error in thread 0: CUDA runtime API error cudaErrorInvalidValue (1):
+    invalid argument"); None if no line names one (a damaged file, say)."""
+    lines = message_lines(exc)
+    hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
+    return " ".join(lines[hits[-1]:]) if hits else None

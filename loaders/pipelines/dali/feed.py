@@ -1,0 +1,224 @@
+"""What the DALI pipeline is fed, prepared off the training thread.
+
+DALI 2.4 calls a non-parallel ``fn.external_source`` callback on the thread that calls
+``run()``, the training thread. Reading each batch's records there put the reads (14.0 ms per
+256-image batch of LMDB records on 2 cores, plus 6.1 ms of per-sample feeding) in series with
+the training step. Here a background thread per pipeline (:class:`BatchFeed`) reads
+the records of the batches ahead of DALI, parses each image's size from its header, draws the
+RandomResizedCrop window on the host with the CPU loaders' own function
+(:func:`loaders.transforms.random_resized_crop_params`, torchvision's algorithm, the same
+uniforms from (seed, epoch, rank, batch)), and packs uniform inputs as one array each; the
+callback only takes a ready batch. A window computed on the host replaces the ~30 DALI CPU
+operators that computed it in the graph (about 13 ms per batch on one DALI thread).
+
+Reads that fail (a missing shard) raise in the callback, on the training thread, as they did
+when the callback read them itself.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from decode import image_size
+
+from ...timing.batch_stages import thread_cpu
+from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
+
+# Batches a feed prepares ahead of DALI's own queue, each a batch's encoded bytes (about 28 MB at
+# -b 256 of ImageNet JPEGs): with one, the training thread still waited 5.7 ms per batch
+# (median, 2 cores, bench_dali_feed), with two 1.6 ms.
+AHEAD = 2
+_POLL_S = 0.1
+
+
+def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
+    """RandomResizedCrop uniforms and flips of batch ``batch`` of an epoch: float64
+    ``(count, 4 * RRC_ATTEMPTS)`` uniforms in [0, 1) (area share, aspect ratio, top, left per
+    attempt, as :func:`loaders.transforms.random_resized_crop_params` takes them) and int32
+    ``(count,)`` flips, a function of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a
+    resumed epoch draws the same."""
+    rng = np.random.default_rng([seed, epoch, rank, batch])
+    draws = rng.random((count, 4 * RRC_ATTEMPTS))
+    return draws, (rng.random(count) < 0.5).astype(np.int32)
+
+
+def host_windows(data: Sequence[bytes], draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RandomResizedCrop windows of each image: float32 ``(N, 2)`` anchors ``(x, y)`` and
+    ``(N, 2)`` shapes ``(w, h)`` in whole pixels, for ``fn.decoders.image_slice``; exactly the
+    CPU loaders' windows for the same uniforms. An image whose size cannot be read gets a 1x1
+    window (DALI then fails to decode it, and the loader's bad-sample rules take over)."""
+    anchors = np.zeros((len(data), 2), np.float32)
+    shapes = np.ones((len(data), 2), np.float32)
+    for j, encoded in enumerate(data):
+        size = image_size(encoded)
+        if size is None:
+            continue
+        top, left, h, w = random_resized_crop_params(*size, RRC_SCALE, RRC_RATIO,
+                                                     draws[j].tolist())
+        anchors[j], shapes[j] = (left, top), (w, h)
+    return anchors, shapes
+
+
+@dataclass(frozen=True)
+class FeedPass:
+    """One pass as a feed reads it: batch ``b`` of ``order`` (from the pass's first) is batch
+    ``first_batch + b`` of ``epoch`` for the draws, cropped to ``size`` px; this feed serves
+    batches ``index, index + pipelines, ...``."""
+
+    order: tuple[int, ...]
+    epoch: int
+    first_batch: int
+    size: int
+    index: int
+    pipelines: int
+
+
+class BatchFeed:
+    """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
+    pointed at a pass by :meth:`start`, whose batches a background thread prepares
+    :data:`AHEAD` batches ahead.
+
+    Each call returns ``[encoded, labels]`` (a list of uint8 1-D arrays; int32 ``(N,)``) plus,
+    for training (``opts.train``, a :class:`~.graph.GraphOptions`), float32 ``(N, 2)`` window
+    anchors ``(x, y)``, ``(N, 2)`` shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU
+    graph (``opts.cuda``: it resizes in DALI) float32 ``(N,)`` output sides and, with
+    ``opts.augment``, int32 ``(N, slots, 3)`` ``--auto-augment`` draws; ``StopIteration``
+    after the pass's last (possibly partial, never padded) batch. ``read(i) -> (bytes,
+    label)`` is the reader's. The last ``keep`` batches returned stay referenced here, since
+    DALI reads them without a copy (``no_copy``): at least the pipeline's prefetch queue depth
+    plus one. :attr:`waited` sums the seconds the calls waited for a batch. ``log`` (a
+    :class:`loaders.timing.batch_stages.BatchStageLog` or None) gets each prepared batch's
+    per-image read seconds, its window draws' seconds and the thread's wall and CPU seconds for
+    it (queue waits apart)."""
+
+    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
+                 log=None):
+        self.read, self.train, self.batch_size = read, opts.train, batch_size
+        self.log = log
+        self.sizes = opts.train and opts.cuda
+        self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
+        self.seed, self.rank = seed, rank
+        self.waited, self.calls = 0.0, 0
+        self._fed: collections.deque = collections.deque(maxlen=keep)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready: queue.Queue = queue.Queue(AHEAD)
+        self._ended = False
+        self.start(FeedPass((), 0, 0, 0, 0, 1))
+
+    def start(self, plan: FeedPass) -> None:
+        """Feed ``plan``'s batches from now on (the previous pass's thread is stopped)."""
+        self.close()
+        self.plan, self._ended = plan, not plan.order
+        self._stop = threading.Event()
+        self._ready = queue.Queue(AHEAD)
+        if plan.order:
+            self._thread = threading.Thread(target=self._produce, args=(plan, self._stop,
+                                                                        self._ready),
+                                            name="dali-feed", daemon=True)
+            self._thread.start()
+
+    def close(self, wait_s: float | None = None) -> None:
+        """Stop the background thread (its batches not yet taken are dropped): joined, or,
+        with ``wait_s``, left behind after ``wait_s`` seconds still in a read (a daemon, for
+        a run's exit: a stream retrying a shard must not hold it)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(wait_s)
+            self._thread = None
+
+    def _produce(self, plan: FeedPass, stop: threading.Event, ready: queue.Queue) -> None:
+        batch = plan.index
+        while not stop.is_set():
+            try:
+                item = self.prepare(plan, batch)
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread
+                item = exc
+            while not stop.is_set():
+                try:
+                    ready.put((batch, item), timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if item is None or isinstance(item, BaseException):
+                return
+            batch += plan.pipelines
+
+    def prepare(self, plan: FeedPass, batch: int) -> list | None:
+        """The external source's outputs for batch ``batch`` of ``plan`` (see the class), or
+        None past the pass's end."""
+        indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
+        if not indices:
+            return None
+        if self.log is not None:
+            started, cpu = time.perf_counter(), thread_cpu()
+            samples, reads = _timed_reads(self.read, indices)
+        else:
+            samples = [self.read(i) for i in indices]
+        data = [encoded for encoded, _ in samples]
+        out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
+               np.array([label for _, label in samples], np.int32)]
+        window_started = time.perf_counter()
+        if self.train:
+            draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
+                                      len(indices))
+            out += [*host_windows(data, draws), flips]
+        if self.log is not None:
+            self._log_batch(plan, data, reads, time.perf_counter() - window_started,
+                            started, cpu)
+        if self.sizes:
+            out.append(np.full(len(indices), plan.size, np.float32))
+        if self.augment is not None:
+            out.append(np.stack(self.augment.host_draws(self.seed, plan.epoch, self.rank,
+                                                        plan.first_batch + batch, len(indices))))
+        return out
+
+    def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
+                   started: float, cpu: float) -> None:
+        """Add one prepared batch to :attr:`log`: ``reads`` (seconds per image), ``window``
+        (seconds of the batch's draws, each image its share) and this thread's seconds since
+        ``started`` (wall) and ``cpu`` (its CPU clock then); the feed is reader
+        ``plan.index``. The packing of the other inputs is in the wall time, in no stage."""
+        log, count = self.log, len(data)
+        log.add("read", reads)
+        if self.train:
+            log.add_batch("window", window, count)
+        wall = time.perf_counter() - started
+        log.add_reader(plan.index, count, wall, thread_cpu() - cpu,
+                       sum(reads) + (window if self.train else 0.0),
+                       float(sum(len(d) for d in data)))
+
+    def __call__(self, info):
+        if self._ended:  # DALI may ask again past the end (its queue is deeper than the pass)
+            raise StopIteration
+        started = time.perf_counter()
+        expected = self.plan.index + info.iteration * self.plan.pipelines
+        batch, item = self._ready.get()
+        self.waited += time.perf_counter() - started
+        self.calls += 1
+        if batch != expected:  # DALI asks in iteration order; anything else is a bug here
+            raise RuntimeError(f"DALI feed: batch {batch} prepared, {expected} asked for")
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        if item is None:
+            self._ended = True
+            raise StopIteration
+        self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
+        return item
+
+
+def _timed_reads(read, indices) -> tuple[list, list]:
+    """``[read(i) for i in indices]`` and each read's wall seconds."""
+    samples, seconds = [], []
+    for i in indices:
+        started = time.perf_counter()
+        samples.append(read(i))
+        seconds.append(time.perf_counter() - started)
+    return samples, seconds

@@ -1,0 +1,290 @@
+"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``):
+DataLoader workers only read each sample's encoded bytes and draw its window
+(``gpu_decode.windows``); the training process decodes each batch's windows at once
+(:class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, its hardware JPEG decoder where
+there is one; or nvImageCodec's CPU backend, the same code on a machine without a GPU), resizes
+them, flips and normalises them into the model's dtype. Takes any reader.
+
+The windows are the CPU loaders' (``loaders.transforms.TrainTransform.window``, seeded per
+batch by :func:`~loaders.pipelines.batches.batch_seed` of (seed, epoch, rank, batch)), so
+resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
+central crop's region (with the resize filter's reach) and resamples it as the whole image's
+resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from contextlib import nullcontext
+from typing import Iterator
+
+import torch
+
+from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
+
+from ...errors import AcceleratorError, DataError
+from ...orders import Order
+from ...readers import Reader
+from ...settings import DistInfo, LoaderSettings
+from ...timing import stages
+from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
+from ...transforms.normalize import imagenet_mean_std, normalize_into
+from ..bad_samples import TolerantDataset, report_unreadable
+from ..batches import ReaderLoader
+from .ahead import one_ahead, run_ahead
+from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
+
+# The stages this pipeline has (loaders.timing.stages.STAGES' names): the workers read and draw
+# windows, the decode thread decodes, resizes and flips ("augment"); its hand-over
+# (normalisation, copies to the device) is the log's copy time. No slot write: none is measured.
+STAGES = ("read", "window", "decode", "resize", "augment")
+
+
+class BatchDecodeLoader(ReaderLoader):
+    """One split (``train``) of ``reader`` read in the indices of ``order`` by
+    ``settings.workers`` DataLoader processes that read the bytes and draw the windows
+    (:class:`~loaders.pipelines.batches.ReaderLoader`, :class:`.windows.Windows`), each batch's
+    windows decoded in this process by ``decoder`` (a :class:`decode.gpu.WindowDecoder`): with
+    workers in a thread up to two batches ahead of the training thread (``ahead``), on CUDA on a
+    side stream, so the decode overlaps the model's step (``-j 0``: one batch ahead on the
+    training thread).
+
+    Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images``
+    ``settings.dtype`` ``(N, 3, H, W)`` on ``dist.device`` normalised with the ImageNet
+    mean/std (channels-last with ``settings.channels_last``; training flipped where drawn),
+    ``labels`` int64 ``(N,)``; ``set_resolution`` takes any side up to ``max_crop_size`` (only
+    this process resizes). Workers are kept from pass to pass unless the reader plans each pass.
+
+    A sample the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them);
+    one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
+    never read it again), named once on stderr and replaced in its batch by another image of
+    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
+
+    A training loader measures its stages (:mod:`loaders.timing.batch_stages`, unless
+    ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
+    decoded since the last reset (counted when decoded, ahead of the training thread). On CUDA
+    the decode thread's figures are the host's seconds (the kernels they launch run later on
+    the side stream).
+    """
+
+    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
+                 settings: LoaderSettings, dist: DistInfo, train: bool):
+        super().__init__(reader, order, settings, dist, train)
+        self.decoder, self.cpu_fallbacks = decoder, 0
+        self.crop_size = settings.crop_size(train)
+        mean, std = imagenet_mean_std(self.device)
+        self.scale, self.shift = 1 / std, -mean / std
+        # The clock goes to the workers with the datasets; the log is this process's.
+        workers = settings.workers
+        clock = stages.StageClock() if train and stages.enabled() else None
+        side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
+        self.stage_log = BatchStageLog(STAGES, side) if clock else None
+        val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
+        tolerant = TolerantDataset(Windows(reader, val_sizes, clock), shared=workers > 0)
+        self.unreadable = tolerant.unreadable
+        self._dataset = WindowBatches(tolerant, clock)
+        self.loader = self._dataloader(self._dataset, workers)
+        self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
+        self.set_epoch(0)
+
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.crop_size
+
+    def set_resolution(self, size: int) -> None:
+        """Training: windows resized to ``size`` px from the next batch decoded on. Raises
+        ``ValueError`` for validation or a size outside ``1..max_crop_size``."""
+        self._check_resolution(size)
+        self.crop_size = size
+
+    def close(self) -> None:
+        """Stop this loader's workers (kept between passes, or of a pass left part-way: joined,
+        or killed past :data:`~loaders.pipelines.closing.STOP_GRACE_S`), then the decode
+        thread of a pass left part-way. Safe on any way out, more than once; a later pass
+        starts new workers."""
+        self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
+        for unfinished in list(self._passes):
+            unfinished.close()
+        self.loader = self._dataloader(self._dataset, self.loader.num_workers)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = self._pass()
+        self._passes.add(batches)
+        return batches
+
+    def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._plan()
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:  # scale/shift were written on the current stream
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        fallbacks = self.cpu_fallbacks
+        # With workers, a thread decodes up to 2 batches ahead of the training thread; with
+        # -j 0 the reading (which seeds torch's global RNG per batch) stays on this thread,
+        # one batch ahead.
+        batches = self._decoded(stream, len(self))
+        batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
+        try:
+            for images, labels, done in batches:
+                yield self._hand_over((images, labels), done)
+        finally:
+            batches.close()
+            if cuda:
+                stream.synchronize()  # the next pass may reuse what this one decodes into
+            if self.cpu_fallbacks > fallbacks:
+                print(f"note: {self.cpu_fallbacks - fallbacks} samples decoded on the CPU "
+                      f"this pass ({self.decoder.kind} batch decoder declined them)",
+                      file=sys.stderr, flush=True)
+
+    def _decoded(self, stream, total: int):
+        """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
+        normalised, and on CUDA ``done``, the side stream's event after them (else None)."""
+        for step, item in enumerate(self.loader):
+            if step == total:
+                return
+            self._check_bad(item["found"])
+            timing = {} if self.stage_log is not None else None
+            started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
+            images, labels = self._decode(item, stream, timing)
+            if timing is not None:
+                self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
+            done = None
+            if stream is not None:
+                done = torch.cuda.Event()
+                done.record(stream)
+            yield images, labels, done
+
+    def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
+        """Add one batch's figures to :attr:`stage_log`: its workers' rows (``item``), the
+        decode thread's ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and
+        ``cpu`` seconds."""
+        log, count = self.stage_log, len(item["labels"])
+        rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
+        log.add("read", rows[:, READ])
+        log.add("window", rows[:, WINDOW])
+        log.add_reader(int(batch[stages.WORKER]), count, float(batch[stages.WALL]),
+                       float(batch[stages.CPU]), float(rows[:, [READ, WINDOW]].sum()),
+                       float(rows[:, BYTES].sum()))
+        log.add_hand_over(count, timing, wall, cpu)
+
+    def _decode(self, item: dict, stream,
+                timing: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA);
+        ``timing``, if given, gets the host's seconds of each (``"decode"``, ``"resize"``,
+        ``"augment"``: the flip, ``"copy"``: normalisation and copies to the device)."""
+        clock = time.perf_counter if timing is not None else no_clock
+        data, offsets = item["data"].numpy(), item["offsets"].tolist()
+        datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+        windows = [tuple(w) for w in item["windows"].tolist()]
+        size = (self.crop_size, self.crop_size)
+        context = torch.cuda.stream(stream) if stream is not None else nullcontext()
+        with context:
+            try:
+                frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
+                out = self.decoder.decode(datas, windows, size,
+                                          stream.cuda_stream if stream is not None else 0,
+                                          frames, timing)
+            except torch.cuda.OutOfMemoryError as exc:
+                raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
+            decoded = clock()
+            self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
+            images, labels = out.images, item["labels"]
+            if out.failed:
+                images, labels = self._replace_failed(out, item)
+            replaced = clock()
+            if images.device.type != self.device.type:  # cpu-nvimgcodec beside a GPU
+                images = to_device(images, self.device)
+            moved = clock()
+            flips = item["flips"]
+            if bool(flips.any()):  # a CPU tensor: no device sync; the copy does not block
+                where = to_device(flips.nonzero().flatten(), self.device)
+                images[where] = images[where].flip(-1)
+            flipped = clock()
+            images = normalize_into(images, self.scale, self.shift, self.dtype,
+                                    self.channels_last)
+            labels = to_device(labels, self.device)
+            if timing is not None:  # a replaced sample's CPU decode counts as decode
+                timing["decode"] += replaced - decoded
+                timing.update(augment=flipped - moved, copy=clock() - flipped + moved - replaced)
+            return images, labels
+
+    def _hand_over(self, ready, done):
+        """``ready``'s tensors made usable on the current stream, which waits for the side
+        stream's event ``done`` (the allocator keeps their memory until the current stream is
+        done with them); as they are without CUDA."""
+        if done is None:
+            return ready
+        main = torch.cuda.current_stream(self.device)
+        main.wait_event(done)
+        for tensor in ready:
+            tensor.record_stream(main)
+        return ready
+
+    def _replace_failed(self, out, item):
+        """The batch with each undecodable sample marked, reported and replaced by the first
+        decoded image of the batch; raises :class:`DataError` if none decoded or too many of
+        the split are unreadable."""
+        failed = {i for i, _ in out.failed}
+        good = [i for i in range(len(out.images)) if i not in failed]
+        if not good:
+            raise DataError(f"no sample of a batch of {len(out.images)} decoded: is the "
+                            "data damaged?")
+        images, labels = out.images, item["labels"].clone()
+        found = 0
+        for i, exc in out.failed:
+            index = int(item["indices"][i])
+            if self.unreadable.mark(index):
+                found += 1
+                report_unreadable(self.reader.name_of(index), exc)
+            images[i] = images[good[0]]
+            labels[i] = labels[good[0]]
+        self._check_bad(found)
+        return images, labels
+
+
+def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
+    """The batch decoder of ``settings.decode_device`` on ``dist.device``: for ``cuda`` the
+    first GPU decoder that decodes a probe window into device memory
+    (:func:`decode.gpu.probe_cuda`: nvImageCodec, else torchvision's ``decode_jpeg``). Raises
+    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where no
+    GPU decoder decodes unless ``settings.allow_cpu_decode`` (``--allow-cpu-decode``: every
+    window then goes to the CPU fallback, and the run says so), and for the CPU backend
+    without nvImageCodec."""
+    kind = settings.decode_device
+    if kind == "cuda" and dist.device.type != "cuda":
+        raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
+                               "for the same pipeline on nvImageCodec's CPU backend)")
+    device = dist.device if kind == "cuda" else torch.device("cpu")
+    library = "default"
+    if kind == "cuda":
+        choice = probe_cuda(device, settings.hw_decoder_load)
+        if choice.library is None and not settings.allow_cpu_decode:
+            raise AcceleratorError(refusal(choice))
+        library = None if choice.library == "torchvision" else "default"
+    try:
+        return WindowDecoder(kind, device, settings.hw_decoder_load,
+                             threads=max(1, settings.workers), library=library)
+    except RuntimeError as exc:
+        raise AcceleratorError(str(exc).splitlines()[0]) from None
+
+
+def refusal(choice: CudaChoice) -> str:
+    """The one line ``--decode-device cuda`` stops with where no GPU decoder decodes."""
+    cuda = (torch.version.cuda or "13").split(".")[0]
+    return (f"--decode-device cuda: no GPU decoder decodes on {choice.device} "
+            f"({'; '.join(choice.problems)}): install {nvjpeg_pip_package(cuda)} beside "
+            f"nvidia-nvimgcodec-cu{cuda}, or pass --allow-cpu-decode to decode every window "
+            "on the CPU")
+
+
+def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`BatchDecodeLoader` s over two readers in their orders, one
+    decoder shared by both. Raises :class:`DataError` for a training order smaller than one
+    batch, :class:`AcceleratorError` where the decoder cannot run (:func:`make_decoder`)."""
+    decoder = make_decoder(settings, dist)
+    return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, settings, dist,
+                              train=True),
+            BatchDecodeLoader(val, val.val_order(settings, dist), decoder, settings, dist,
+                              train=False))

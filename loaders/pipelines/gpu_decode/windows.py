@@ -1,0 +1,131 @@
+"""The DataLoader workers' part of the batch-decode pipeline: each sample's
+encoded bytes read and its window drawn (:class:`Windows`), a batch's packed as tensors
+(:class:`WindowBatches`). With a :class:`loaders.timing.stages.StageClock` (training, unless
+``IMAGENET_FAST_STAGES=0``) each image's read and window seconds and each batch's wall and
+process CPU seconds travel with the batch (``stages``, ``stage_batch``), as the pixels do.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from decode import decode, image_size
+
+from ...readers import Reader
+from ...timing import stages
+from ...transforms import TrainTransform, center_crop_plan
+from ..bad_samples import TolerantDataset
+from ..batches import NumberedBatch, seeded
+
+# Columns of a batch's ``stages`` rows: read and window seconds, the record's bytes.
+READ, WINDOW, BYTES = range(3)
+
+
+class Windows(Dataset):
+    """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
+    RandomResizedCrop window drawn as the CPU loaders draw it (``frame`` None), or
+    validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
+    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
+    decoded only where no header parser reads it (which raises for bytes that are not an
+    image: the bad-sample rules of :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
+    ``clock`` (a :class:`loaders.timing.stages.StageClock` or None) gets each read's and window's
+    seconds (added: a replaced sample counts both tries) and the record's bytes."""
+
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None):
+        self.reader, self.val_sizes, self.clock = reader, val_sizes, clock
+        self.draw = TrainTransform()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):
+        clock = self.clock
+        started = time.perf_counter() if clock is not None else 0.0
+        data, label = self.reader.read(index)
+        if clock is not None:
+            read = time.perf_counter()
+            clock.t[stages.READ] += read - started
+            clock.t[stages.BYTES] = len(data)
+        if self.val_sizes is None:
+            window, flip, _ = self.draw.window(data, image_size)
+        else:
+            size = image_size(data)
+            if size is None:  # no header parser reads it: the whole decode raises, or sizes it
+                size = tuple(decode(data).shape[-2:])
+            window, frame = center_crop_plan(*size, *self.val_sizes)
+            return (data, window, False, index, frame), label
+        if clock is not None:
+            clock.t[stages.WINDOW] += time.perf_counter() - read
+        return (data, window, flip, index, None), label
+
+    def name_of(self, index: int) -> str:
+        return self.reader.name_of(index)
+
+
+class WindowBatches(Dataset):
+    """For a DataLoader of numbered batches: a
+    :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict of tensors: ``data``
+    uint8 (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64
+    ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels`` and
+    ``indices`` int64 ``(N,)``, and the ints ``number`` and ``found`` (samples newly found
+    unreadable); with a ``clock`` also ``stages`` float64 ``(N, 3)`` (read s, window s,
+    bytes: :data:`READ`, :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64
+    ``(stages.BATCH_COLUMNS,)`` (worker id, wall s, process CPU s, 0). The draws follow the
+    batch's seed (:func:`~loaders.pipelines.batches.seeded`)."""
+
+    def __init__(self, dataset: TolerantDataset, clock=None):
+        self.dataset, self.clock = dataset, clock
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __getitems__(self, batch: NumberedBatch) -> dict:
+        return seeded(batch, self._read)
+
+    def _read(self, batch: NumberedBatch) -> dict:
+        clock = self.clock
+        if clock is not None:
+            clock.begin_batch()
+            rows = np.zeros((len(batch), 3))
+        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
+        for i, index in enumerate(batch):
+            if clock is not None:
+                clock.begin_image()
+            (data, window, flip, used, frame), label, new_bad = self.dataset[index]
+            if clock is not None:
+                rows[i] = clock.t[stages.READ], clock.t[stages.WINDOW], clock.t[stages.BYTES]
+            frames.append(frame or (-1,) * 6)
+            datas.append(data)
+            windows.append(window)
+            flips.append(flip)
+            labels.append(label)
+            indices.append(used)
+            found += new_bad
+        out = _packed(datas, windows, flips, labels, indices, frames)
+        out.update(number=batch.number, found=found)
+        if clock is not None:  # the packing is inside the batch's wall time, outside a stage
+            row = np.zeros(stages.BATCH_COLUMNS)
+            clock.end_batch(row, 0.0)
+            out.update(stages=torch.from_numpy(rows), stage_batch=torch.from_numpy(row))
+        return out
+
+
+def _packed(datas, windows, flips, labels, indices, frames) -> dict:
+    """A batch's lists as :class:`WindowBatches`' tensors (``number`` and ``found`` apart)."""
+    sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
+    joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
+    offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
+    offsets[1:] = torch.from_numpy(np.cumsum(sizes))
+    return dict(data=joined, offsets=offsets,
+                windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
+                flips=torch.tensor(flips, dtype=torch.bool),
+                labels=torch.tensor(labels, dtype=torch.int64),
+                indices=torch.tensor(indices, dtype=torch.int64),
+                frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))

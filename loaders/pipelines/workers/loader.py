@@ -1,0 +1,232 @@
+"""The DataLoader-workers pipeline: any reader's samples decoded and cropped to uint8 in
+DataLoader worker processes, written straight into reused shared-memory batch slots
+(``slots``), then copied to the training device and normalised there (``cuda_feed``:
+page-locked slots and a side stream one batch ahead, as timm's PrefetchLoader and NVIDIA's
+DeepLearningExamples ConvNets do): a uint8 batch is 4x smaller to pass between processes, pin
+and copy than a float one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+from torch.utils.data import Dataset
+
+from ...orders import Order
+from ...readers import Reader
+from ...settings import DistInfo, LoaderSettings
+from ...timing import stages
+from ...transforms import split_transform
+from ...transforms.normalize import imagenet_mean_std, normalize
+from ..bad_samples import TolerantDataset
+from ..batches import ReaderLoader
+from ..closing import ClosingDataLoader
+from .cuda_feed import CudaFeeder, page_lock
+from .slots import SharedBatches, SlotWriter, slots_for
+
+
+class _Transformed(Dataset):
+    """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it
+    (what :class:`~loaders.pipelines.bad_samples.TolerantDataset` wraps); ``clock`` (a
+    :class:`loaders.timing.stages.StageClock` or None) gets each read's seconds and bytes."""
+
+    def __init__(self, reader: Reader, transform, clock=None):
+        self.reader, self.transform, self.clock = reader, transform, clock
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):
+        clock = self.clock
+        if clock is None:
+            data, label = self.reader.read(index)
+            return self.transform(data), label
+        start = time.perf_counter()
+        data, label = self.reader.read(index)
+        clock.t[stages.READ] += time.perf_counter() - start
+        clock.t[stages.BYTES] = len(data)
+        return self.transform(data), label
+
+    def name_of(self, index: int) -> str:
+        return self.reader.name_of(index)
+
+
+class DeviceLoader(ReaderLoader):
+    """One split (``train``) of ``reader`` read in the indices of ``order`` by ``settings.workers``
+    DataLoader worker processes (:class:`~loaders.pipelines.batches.ReaderLoader`), each
+    sample's bytes turned into a uint8 ``(3, H, W)`` crop by the split's transform
+    (:func:`loaders.transforms.split_transform`) and written into shared batch slots.
+
+    Yields ``images``: ``settings.dtype`` ``(N, 3, H, W)`` on ``dist.device`` (float32 on the
+    CPU), normalised with the ImageNet mean/std (channels-last memory format with
+    ``settings.channels_last``), and ``labels``: int64 ``(N,)`` on ``dist.device``.
+
+    The slots (``image_shape`` ``(3, H, W)``, sized once for ``settings.max_crop_size``) are
+    reused from pass to pass, and so are the workers (forking and starting them costs about
+    0.1 s per pass on 2 cores, docs/performance.md) unless the reader plans each pass
+    (streamed shards: the workers fork with the plan); :meth:`close` stops them. On the CPU
+    each batch is normalised out of its slot before it is yielded; on CUDA the slots are
+    page-locked and each batch is copied to the GPU and normalised there on a side stream one
+    batch ahead (:class:`~loaders.pipelines.workers.cuda_feed.CudaFeeder`). The crops of
+    training batch ``k`` are drawn from
+    :func:`~loaders.pipelines.batches.batch_seed` ``(seed, epoch, rank, k)``.
+
+    A sample that fails to decode is replaced by the next readable one, named once on stderr
+    and remembered for the loader's lifetime (``unreadable``, shared by the workers of every
+    pass, :class:`~loaders.pipelines.bad_samples.TolerantDataset`); past ``max_bad_share`` of
+    the split, iterating raises :class:`DataError`. A training loader measures where its
+    workers' time goes (:mod:`loaders.timing.stages`, unless ``IMAGENET_FAST_STAGES=0``):
+    :meth:`stage_summary` gives the figures of the batches yielded since the last reset.
+    """
+
+    def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
+                 train: bool):
+        super().__init__(reader, order, settings, dist, train)
+        self.transform = transform = split_transform(settings, train)
+        crop_size = settings.crop_size(train)
+        self.image_shape = (3, crop_size, crop_size)
+        self.mean, self.std = imagenet_mean_std(self.device)
+        # The clock goes to the workers with the reader wrapper, the transform and the slot
+        # writer; the log is this process's.
+        self._clock = stages.StageClock() if train and stages.enabled() else None
+        self.stage_log = stages.StageLog() if self._clock is not None else None
+        if self._clock is not None and hasattr(transform, "clock"):
+            transform.clock = self._clock
+        workers = settings.workers
+        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock),
+                                   shared=workers > 0)
+        # Flags made here, before any worker starts, and kept for the loader's lifetime.
+        self.unreadable = tolerant.unreadable
+        # Workers that outlive a pass learn a new resolution from the batches (set_resolution);
+        # each pass hands the writer its slots before the workers start.
+        self._writer = SlotWriter(tolerant, transform if train else None, self._clock)
+        self._made: list[ClosingDataLoader] = []  # every DataLoader a pass used: close() stops
+        self.loader = self._new_dataloader(workers)
+        # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
+        self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
+        self._feeder = None  # CudaFeeder, made at the first pass on CUDA
+        self._locked = False  # whether the current slots are page-locked
+        self.set_epoch(0)
+
+    def _new_dataloader(self, workers: int, context=None) -> ClosingDataLoader:
+        loader = self._dataloader(self._writer, workers, context)
+        self._made.append(loader)
+        return loader
+
+    @property
+    def resolution(self) -> int:
+        """The side in pixels of the images the next pass yields."""
+        return self.image_shape[-1]
+
+    def set_resolution(self, size: int) -> None:
+        """Training loaders: RandomResizedCrop to ``size`` px from the next pass on
+        (progressive resizing, :class:`engine.resolution.ResolutionSchedule`). The batch slots
+        were sized for ``max_crop_size`` and are reused: nothing is allocated or restarted.
+        Raises ``ValueError`` for a validation loader or a size above ``max_crop_size``."""
+        self._check_resolution(size)
+        self.transform.size = (size, size)  # workers started from now on fork with it
+        self.image_shape = (3, size, size)  # running ones take it from the batches
+
+    def close(self) -> None:
+        """Stop every worker this loader started: those kept between passes and those of a
+        pass left part-way (an error, Ctrl-C, a stop signal), joined, or killed when they do
+        not leave within :data:`~loaders.pipelines.closing.STOP_GRACE_S`; the batch slots
+        are let go (their shared memory is freed with the last mapping). Safe to call on
+        any way out, more than once; a later pass starts new workers and slots."""
+        made, self._made = self._made, []
+        for loader in made:
+            loader.close()
+        self.loader = self._fresh_dataloader()
+        self._idle = (self.loader, None)
+
+    def _fresh_dataloader(self) -> ClosingDataLoader:
+        """A DataLoader like ``self.loader`` (its workers and start method), none started."""
+        return self._new_dataloader(self.loader.num_workers, self.loader.multiprocessing_context)
+
+    def _take(self) -> tuple[ClosingDataLoader, SharedBatches]:
+        """The DataLoader (with its workers, if kept) and slots of the last finished pass, else
+        new ones: a pass left suspended keeps its own."""
+        pair, self._idle = self._idle, None
+        if pair is None:
+            pair = (self._fresh_dataloader(), None)
+        loader, pool = pair
+        if pool is None:
+            workers = loader.num_workers
+            pool = SharedBatches(
+                slots_for(workers, loader.prefetch_factor or 0), self.batch_size,
+                self.image_shape, channels_last=self.channels_last or self.device.type == "cuda",
+                shared=workers > 0, max_image_shape=(3, self.max_crop_size, self.max_crop_size))
+            if self.device.type == "cuda":
+                self._locked = page_lock((pool.memory, pool.labels), owner=pool)
+        pool.set_shape(self.image_shape)
+        return loader, pool
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        loader, pool = self._take()
+        self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
+        plan = self._plan(pool.begin_pass(), self.image_shape)
+        batches = iter(loader)
+        filled = self._filled(batches)
+        if self.stage_log is not None:
+            filled = self._logged(filled, pool)
+        try:
+            if self.device.type == "cuda":
+                if self._feeder is None:
+                    self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
+                                              self.mean, self.std)
+                    self._feeder.timing = self.stage_log
+                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id)
+            else:
+                yield from self._normalized(pool, filled, plan.pass_id)
+        finally:
+            # Workers of this pass that are not kept are shut down (joined) as the iterator
+            # goes; kept ones finish the batches in flight before the next pass starts.
+            filled.close()
+            del filled, batches
+            if any(loader is made for made in self._made):  # not one close() already stopped
+                self._idle = (loader, pool)
+
+    def _normalized(self, pool: SharedBatches, filled, pass_id: int):
+        """CPU: each written slot's batch normalised into new memory, the slot released."""
+        for number, slot, count in filled:
+            copy_started = time.perf_counter()
+            images, labels = pool.batch(slot, count)
+            # New memory: the slot is refilled by a later batch once released.
+            images = normalize(images, self.mean, self.std, self.channels_last)
+            labels = labels.clone()
+            if self.stage_log is not None:
+                self.stage_log.add_copy(time.perf_counter() - copy_started)
+            pool.release(slot, number, pass_id)
+            yield images, labels
+
+    def _logged(self, filled, pool) -> Iterator[tuple[int, int, int]]:
+        """``filled`` as it is, each batch's stage rows added to :attr:`stage_log` first (the
+        slot is not released before it is yielded)."""
+        images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
+        try:
+            for number, slot, count in filled:
+                self.stage_log.add(images[slot], batch[slot], count)
+                yield number, slot, count
+        finally:
+            filled.close()
+
+    def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
+        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;
+        raises :class:`DataError` once the distinct unreadable samples of the split exceed
+        ``max_bad_share`` of its size (counted only after a batch that found a new one)."""
+        total = len(self)
+        for step, (number, slot, count, found) in enumerate(batches):
+            if step == total:
+                return
+            self._check_bad(found)
+            yield number, slot, count
+
+
+def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
+    """``(train, val)`` :class:`DeviceLoader` s over two readers, each in its own orders
+    (``Reader.train_order`` / ``val_order``). Raises :class:`~loaders.DataError` for an empty
+    training order."""
+    orders = train.train_order(settings, dist), val.val_order(settings, dist)
+    return (DeviceLoader(train, orders[0], settings, dist, train=True),
+            DeviceLoader(val, orders[1], settings, dist, train=False))

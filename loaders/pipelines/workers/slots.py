@@ -1,0 +1,308 @@
+"""Batches that DataLoader workers write straight into reused shared-memory slots.
+
+Why: PyTorch's default collate stacks every batch into a *new* shared-memory block. The worker
+page-faults it in as it writes, and the main process faults it in again as it reads, 4 KiB at
+a time (docs/performance.md measures the difference). Here the main process allocates
+``slots`` batches of shared memory once. Workers copy each sample into
+its place (no collate copy) and send back only ``(number, slot, count, found)``, and the
+main process reads the slot in place.
+
+Slot protocol: ``loaders.pipelines.batches.NumberedBatchSampler`` numbers the batches of each
+pass from 0 and each pass has a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k``
+uses slot ``k % slots``. A worker writes batch ``k`` only after the main process has released batch
+``k - slots`` of the same pass from that slot (:meth:`SharedBatches.release`). Releases are
+recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
+workers that outlive a pass (``persistent_workers``) finish the batches in flight of a pass
+left early when the next pass starts (DataLoader drains them before it dispatches the next
+pass's), and a later pass's wait is never satisfied by an earlier pass's releases. DataLoader
+dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
+workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
+waits, but the wait is there, so no batch is ever overwritten while it is read.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from ...errors import DataError
+from ...timing import stages
+from ..batches import NumberedBatch, PassPlan, seeded
+
+# A worker that waits this long for its slot means the main process stopped releasing them.
+_WAIT_LIMIT_S = 600.0
+_POLL_S = 0.0005
+_PARENT_CHECK_S = 1.0  # how often a waiting worker checks that the training process lives
+_PASS_SHIFT = 32  # a release ticket is pass << 32 | batch number (batches per pass < 2**32)
+
+
+def slots_for(workers: int, prefetch_factor: int) -> int:
+    """Slots one loader needs: every batch DataLoader may have in flight, the one being read
+    and one spare."""
+    return (prefetch_factor * workers if workers > 0 else 0) + 2
+
+
+class SharedBatches:
+    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)``, with
+    int64 labels, in memory that forked or spawned DataLoader workers share.
+
+    ``images[s]`` is ``(batch_size, 3, H, W)``, laid out channels-last (NHWC in memory) if
+    ``channels_last``, else NCHW. The memory is sized once for ``max_image_shape`` (default
+    ``image_shape``): :meth:`set_shape` then serves any smaller image shape from the same
+    memory (progressive resizing changes the training resolution between epochs without
+    allocating, or page-locking, new slots). Memory: ``slots x batch_size x 3 x H x W`` bytes
+    of the largest shape, in shared memory (``/dev/shm``) when ``shared``, else ordinary memory
+    (``-j 0``).
+
+    The shared pages are reserved when the slots are made (:func:`shared_bytes`), so a
+    ``/dev/shm`` too small for every loader of every process on the node is a
+    :class:`DataError` in the process that comes short, not a SIGBUS in a worker later.
+
+    Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots (Docker's default is 64
+    MiB), ``ValueError`` for a shape larger than ``max_image_shape``.
+    """
+
+    def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
+                 channels_last: bool = False, shared: bool = True,
+                 max_image_shape: Sequence[int] | None = None):
+        self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
+        self.capacity = batch_size * _pixels(max_image_shape or image_shape)
+        if shared:
+            self.memory = shared_bytes(slots * self.capacity).view(slots, self.capacity)
+        else:
+            self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
+        self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
+        # released[s]: ticket (pass << 32 | batch number) of the last batch the main process
+        # released from slot s; tickets only grow.
+        self.released = torch.full((slots,), -1, dtype=torch.int64)
+        self.passes = 0  # passes begun (main process)
+        self.owner = os.getpid()  # the training process: a worker waits only while it lives
+        # Each image's and batch's stage figures, written with the pixels (loaders.timing.stages).
+        self.stage_images = stages.image_rows(slots, batch_size)
+        self.stage_batches = stages.batch_rows(slots)
+        if shared:
+            for tensor in (self.labels, self.released, self.stage_images, self.stage_batches):
+                tensor.share_memory_()
+        self.set_shape(image_shape)
+
+    def set_shape(self, image_shape: Sequence[int]) -> None:
+        """Serve images of ``image_shape`` ``(3, H, W)`` from now on; only between passes (the
+        workers fork or unpickle the slots with it)."""
+        channels, height, width = image_shape
+        size = self.batch_size * _pixels(image_shape)
+        if size > self.capacity:
+            raise ValueError(f"batch slots hold {self.capacity} bytes per batch, "
+                             f"{tuple(image_shape)} images need {size}")
+        memory = self.memory[:, :size]  # each slot's first bytes: no copy, no allocation
+        if self.channels_last:
+            images = memory.view(self.slots, self.batch_size, height, width, channels)
+            images = images.permute(0, 1, 4, 2, 3)
+        else:
+            images = memory.view(self.slots, self.batch_size, channels, height, width)
+        self.images = images
+        self.image_shape = tuple(image_shape)
+
+    def begin_pass(self) -> int:
+        """Main-process side: the number of a new pass (batch numbers from 0 again)."""
+        self.passes += 1
+        return self.passes - 1
+
+    def acquire(self, number: int, pass_id: int = 0) -> int:
+        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch of
+        that pass before it in the slot was released.
+
+        Raises :class:`DataError` after waiting 600 s (the main process stopped reading), or
+        within about a second of the training process's end (this worker's parent changed).
+        """
+        slot = number % self.slots
+        if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
+            return slot
+        needed = _ticket(pass_id, number - self.slots)
+        if int(self.released[slot]) < needed:
+            now = time.monotonic()
+            deadline, check = now + _WAIT_LIMIT_S, now + _PARENT_CHECK_S
+            while int(self.released[slot]) < needed:
+                now = time.monotonic()
+                if now > deadline:
+                    raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
+                                    f"{slot}: the main process stopped reading batches")
+                if now > check:
+                    check = now + _PARENT_CHECK_S
+                    if os.getpid() != self.owner and os.getppid() != self.owner:
+                        raise DataError("loader worker: the training process is gone")
+                time.sleep(_POLL_S)
+        return slot
+
+    def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of a written slot: uint8 images ``(count, 3, H, W)`` and int64 labels
+        ``(count,)``. Valid until :meth:`release`; copy what you keep."""
+        return self.images[slot, :count], self.labels[slot, :count]
+
+    def release(self, slot: int, number: int, pass_id: int = 0) -> None:
+        """Main-process side: batch ``number`` of pass ``pass_id`` has been copied out of
+        ``slot``."""
+        self.released[slot] = _ticket(pass_id, number)
+
+
+def _ticket(pass_id: int, number: int) -> int:
+    """The release ticket of batch ``number`` of pass ``pass_id``: larger for every later batch
+    of the pass, and for every batch of a later pass."""
+    return (pass_id << _PASS_SHIFT) | number
+
+
+def _pixels(shape: Sequence[int]) -> int:
+    channels, height, width = shape
+    return channels * height * width
+
+
+SHM = "/dev/shm"
+
+
+def shared_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 ``(nbytes,)`` tensor in shared memory (torch's sharing strategy, so forked and
+    spawned workers both map it), every page reserved now with ``posix_fallocate``.
+
+    Why reserve: tmpfs pages are only taken when first written, so without it every process
+    on the node passes a free-space check at once and the one whose worker writes past the
+    tmpfs size dies of SIGBUS. Reserved, the space is counted against ``/dev/shm`` at once and
+    a shortage is an error here. Raises :class:`DataError` (one line: sizes and the fix)."""
+    _check_shm_space(nbytes)  # the clear message early, before anything is allocated
+    try:
+        storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
+    except RuntimeError as exc:  # torch's own reservation (posix_fallocate where built with it)
+        if "No space left" in str(exc) or "(28)" in str(exc):
+            raise DataError(_shortage(nbytes)) from None
+        raise
+    try:
+        _reserve(storage, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise DataError(_shortage(nbytes)) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENODEV, errno.ENOENT):
+            raise
+        # a file system that cannot reserve (or no /dev/shm): pages are taken as written
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+
+
+def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """``posix_fallocate`` the shared-memory object behind ``storage``; raises ``OSError``."""
+    if not hasattr(os, "posix_fallocate"):
+        raise OSError(errno.EOPNOTSUPP, "no posix_fallocate")
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        _, name, _ = storage._share_filename_cpu_()
+        name = name.decode() if isinstance(name, bytes) else name
+        fd = os.open(os.path.join(SHM, name.lstrip("/")), os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        finally:
+            os.close(fd)
+    else:
+        fd, _ = storage._share_fd_cpu_()  # torch's own descriptor: not ours to close
+        os.posix_fallocate(fd, 0, nbytes)
+
+
+def _check_shm_space(nbytes: int, path: str = SHM) -> None:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return  # no /dev/shm (not Linux): torch picks its own sharing strategy
+    if nbytes > stat.f_bavail * stat.f_frsize:
+        raise DataError(_shortage(nbytes, path))
+
+
+def _shortage(nbytes: int, path: str = SHM) -> str:
+    """The one line for too little shared memory: what this process needs, what is free now
+    (shared by every process on the node), and the fixes."""
+    try:
+        stat = os.statvfs(path)
+        free = f"{_mib(stat.f_bavail * stat.f_frsize)} free now"
+    except OSError:
+        free = "free space unknown"
+    return (f"{path}: cannot reserve {_mib(nbytes)} for this process's batch slots ({free}, "
+            "shared by every loader of every process on this node): give the container more "
+            "shared memory (docker run --shm-size=... or --ipc=host), or lower -j/--workers "
+            "or -b/--batch-size")
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.{1 if nbytes < 10 * 2**20 else 0}f} MiB"
+
+
+class SlotWriter(Dataset):
+    """Dataset wrapper for a DataLoader of numbered batches: fetching a
+    :class:`NumberedBatch` writes its samples into the slots given to :meth:`use` (before the
+    workers start: they fork with them, or unpickle them) and
+    returns ``(number, slot, count, found)`` (ints; ``found`` sums the third item of
+    ``dataset``'s ``(image, label, found)`` samples, the samples newly found unreadable, see
+    :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
+
+    Each batch follows its :class:`PassPlan`: torch's CPU generator is seeded with the batch's
+    seed before its first sample (the transforms draw from it) and put back as it was after its
+    last, and a new image shape is taken by the slots and by ``transform`` (the dataset's
+    training transform, whose ``size`` it sets; progressive resizing in workers that outlive a
+    pass).
+
+    ``clock`` (a :class:`loaders.timing.stages.StageClock`; None: not measured) times each image's
+    copy into the slot and the batch, and writes the figures into the slot's stage rows.
+
+    Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
+    """
+
+    def __init__(self, dataset: Dataset, transform=None, clock=None):
+        self.dataset, self.transform, self.clock = dataset, transform, clock
+        self.pool: SharedBatches | None = None
+
+    def use(self, pool: SharedBatches) -> None:
+        """Write the next pass's batches into ``pool``'s slots."""
+        self.pool = pool
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def _follow(self, plan: PassPlan) -> None:
+        shape = plan.image_shape
+        if shape is not None and tuple(shape) != self.pool.image_shape:
+            self.pool.set_shape(shape)
+            if self.transform is not None:
+                self.transform.size = tuple(shape[1:])
+
+    def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+        if self.pool is None:
+            raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
+        self._follow(batch.plan)
+        return seeded(batch, self._write)
+
+    def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+        pool, clock = self.pool, self.clock
+        if clock is not None:
+            clock.begin_batch()
+        slot = pool.acquire(batch.number, batch.plan.pass_id)
+        if clock is not None:
+            slot_wait = time.perf_counter() - clock.started
+            rows = pool.stage_images[slot].numpy()
+        images, labels = pool.images[slot], pool.labels[slot]
+        found = 0
+        for i, index in enumerate(batch):
+            if clock is not None:
+                clock.begin_image()
+            image, label, new_bad = self.dataset[index]
+            if clock is not None:
+                write_started = time.perf_counter()
+            if image.shape != images.shape[1:] or image.dtype != torch.uint8:
+                raise DataError(f"sample {index}: transform gave {image.dtype} "
+                                f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
+            images[i].copy_(image)
+            labels[i] = label
+            found += new_bad
+            if clock is not None:
+                clock.end_image(rows, i, write_started)
+        if clock is not None:
+            clock.end_batch(pool.stage_batches[slot].numpy(), slot_wait)
+        return batch.number, slot, len(batch), found

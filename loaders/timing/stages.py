@@ -1,0 +1,238 @@
+"""Where a DataLoader worker's time goes, image by image, at a cost of a few ``perf_counter``
+calls per image.
+
+Worker side (:class:`StageClock`): the reader's ``read``, the transform's window draw, its
+decode (by the decoder that took the image, ``decode.decode_window``'s ``marks``), the
+resize, the flip and ``--auto-augment`` policy, and the copy into the batch slot are summed
+into one reused list per image and written into the batch slot's stage rows
+(:class:`~loaders.pipelines.workers.slots.SharedBatches` ``stage_images``/``stage_batches``,
+shared memory beside the pixels): the figures travel with the batch, as the pixels do, with no
+message or Python object per image. Per batch the worker also writes its id, its wall time
+(the slot wait apart) and its process CPU time, so a worker on a shared or oversubscribed core
+shows as CPU time below wall time.
+
+Main-process side (:class:`StageLog`): each batch's rows are added to fixed log-spaced
+histograms (median and p90 per image over the epoch without keeping per-image values),
+per-decoder and per-size sums and per-worker totals; :meth:`StageLog.summary` gives the
+epoch's figures as a plain dict, which ``engine.bounds`` turns into the table, the bound and
+the advice. ``IMAGENET_FAST_STAGES=0`` switches the whole measurement off (for measuring its
+cost: the loaders then make no clock call).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
+
+# Per-image columns of a slot's stage rows: seconds per stage, then the decoder's code, the
+# record's bytes and the stored image's longer side (px).
+STAGES = ("read", "window", "decode", "resize", "augment", "write")
+READ, WINDOW, DECODE, RESIZE, AUGMENT, WRITE = range(len(STAGES))
+KIND, BYTES, SIDE = 6, 7, 8
+IMAGE_COLUMNS = 9
+# decode.decode_window's decoders: scaled region (its resample included: one fused call),
+# crop window, whole image, raw record (no decode: the cut). The codes are 1-based (0: unknown).
+KINDS = ("scaled", "window", "whole", "raw")
+KIND_CODES = {kind: code for code, kind in enumerate(KINDS, start=1)}
+# Per-batch columns: worker id (-1: the main process, -j 0), wall seconds without the slot
+# wait, process CPU seconds, seconds waited for the slot.
+WORKER, WALL, CPU, SLOT_WAIT = range(4)
+BATCH_COLUMNS = 4
+# Stored sizes the advice tells apart (longer side, px): a 512 px cap is FFCV's and ours.
+SIZE_CLASSES = (256, 512)
+SIZE_NAMES = ("le256", "le512", "gt512")
+
+# Histogram rows: the stages, decode by decoder, the image's total.
+_ROWS = len(STAGES) + len(KINDS) + 1
+_TOTAL_ROW = _ROWS - 1
+
+
+def enabled() -> bool:
+    """Whether the stages are measured: on unless ``IMAGENET_FAST_STAGES=0``."""
+    return os.environ.get("IMAGENET_FAST_STAGES", "1") != "0"
+
+
+class StageClock:
+    """A worker's running figures for the image it is on: ``t``, one list of
+    ``IMAGE_COLUMNS`` floats reused for every image (stage seconds are added with ``+=``, so a
+    sample replaced after a failed decode counts both tries), and ``marks``, the list
+    ``decode.decode_window`` appends its decoder's name and the decode's end
+    (``perf_counter``) to. Handed to the reader wrapper, the transform and the slot writer of a
+    loader, and copied into each worker process with them."""
+
+    __slots__ = ("t", "marks", "started", "_cpu")
+
+    def __init__(self):
+        self.t = [0.0] * IMAGE_COLUMNS
+        self.marks: list = []
+        self.started = self._cpu = 0.0
+
+    def begin_batch(self) -> None:
+        """Start a batch's wall and CPU clocks."""
+        self.started, self._cpu = time.perf_counter(), time.process_time()
+
+    def begin_image(self) -> None:
+        """Zero the figures for the next image."""
+        t = self.t
+        for k in range(IMAGE_COLUMNS):
+            t[k] = 0.0
+
+    def end_image(self, rows: np.ndarray, i: int, write_started: float) -> None:
+        """Close image ``i`` of the batch (its slot copy began at ``write_started``) and store
+        its figures in ``rows`` (the slot's flat float64 stage rows)."""
+        t = self.t
+        t[WRITE] += time.perf_counter() - write_started
+        rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = t
+
+    def end_batch(self, row: np.ndarray, slot_wait: float) -> None:
+        """Store the batch's worker id, wall seconds less ``slot_wait``, CPU seconds and
+        ``slot_wait`` in ``row`` (the slot's float64 batch row)."""
+        info = torch.utils.data.get_worker_info()
+        row[WORKER] = -1 if info is None else info.id
+        row[WALL] = time.perf_counter() - self.started - slot_wait
+        row[CPU] = time.process_time() - self._cpu
+        row[SLOT_WAIT] = slot_wait
+
+
+def image_rows(slots: int, batch_size: int) -> torch.Tensor:
+    """Zeroed float64 ``(slots, batch_size * IMAGE_COLUMNS)`` per-image stage rows."""
+    return torch.zeros(slots, batch_size * IMAGE_COLUMNS, dtype=torch.float64)
+
+
+def batch_rows(slots: int) -> torch.Tensor:
+    """Zeroed float64 ``(slots, BATCH_COLUMNS)`` per-batch rows."""
+    return torch.zeros(slots, BATCH_COLUMNS, dtype=torch.float64)
+
+
+class StageLog:
+    """The main process's sums of an epoch's stage rows (:meth:`add`, batch by batch) and of
+    the copies to the device (:meth:`add_copy`: seconds, or a pair of CUDA timing events read
+    once they have completed). :meth:`summary` gives the figures, :meth:`reset` starts anew
+    (each epoch)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything counted so far."""
+        self.hist = np.zeros((_ROWS, len(MIDDLES_MS)), dtype=np.int64)
+        self.sums = np.zeros(_ROWS)  # seconds
+        self.kind_images = np.zeros(len(KINDS) + 1, dtype=np.int64)  # 0: unknown
+        self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
+        self.images = 0
+        self.bytes = 0.0
+        # id -> batches, images, wall, cpu, slot wait, the stages' sum (seconds)
+        self.workers: dict[int, np.ndarray] = {}
+        self.copies: list[float] = []  # seconds per batch
+        self._pending: list = []  # CUDA (start, end) event pairs not yet read
+
+    def add(self, images: np.ndarray, batch: np.ndarray, count: int) -> None:
+        """Add one batch: ``images`` its slot's flat stage rows (``count`` images used),
+        ``batch`` its batch row. Vectorised: a few numpy calls per batch, none per image."""
+        rows = images[:count * IMAGE_COLUMNS].reshape(count, IMAGE_COLUMNS)
+        stage_s = rows[:, :len(STAGES)]
+        total_s = stage_s.sum(axis=1)
+        kinds = rows[:, KIND].astype(np.int64)
+        decode_s = stage_s[:, DECODE]
+        values = [stage_s.T]
+        # decode by decoder: one row per kind, the images of other kinds left out (NaN)
+        for code in range(1, len(KINDS) + 1):
+            values.append(np.where(kinds == code, decode_s, np.nan)[None])
+        values.append(total_s[None])
+        seconds = np.concatenate(values)  # (_ROWS, count)
+        present = ~np.isnan(seconds)
+        flat = (np.arange(_ROWS)[:, None] * len(MIDDLES_MS) + ms_bins(seconds))[present]
+        self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
+        self.sums += np.nansum(seconds, axis=1)
+        self.kind_images += np.bincount(np.clip(kinds, 0, len(KINDS)), minlength=len(KINDS) + 1)
+        size_class = np.searchsorted(SIZE_CLASSES, rows[:, SIDE], side="left")
+        for c in range(len(SIZE_NAMES)):
+            mine = size_class == c
+            self.by_size[c] += (mine.sum(), decode_s[mine].sum(), total_s[mine].sum())
+        self.images += count
+        self.bytes += float(rows[:, BYTES].sum())
+        worker = int(batch[WORKER])
+        sums = self.workers.setdefault(worker, np.zeros(6))
+        sums += (1, count, batch[WALL], batch[CPU], batch[SLOT_WAIT], total_s.sum())
+
+    def add_copy(self, seconds: float | None = None, events=None) -> None:
+        """One batch's host-to-device copy: ``seconds`` of wall time (CPU: the copy out of the
+        slot and the normalisation), or ``events``, a ``(start, end)`` pair of CUDA events
+        made with ``enable_timing=True``, read once the end has completed."""
+        if events is not None:
+            self._pending.append(events)
+            if len(self._pending) >= 64:
+                self._read_events(wait=False)
+        else:
+            self.copies.append(seconds)
+
+    def _read_events(self, wait: bool) -> None:
+        self._pending = read_event_pairs(self._pending, self.copies, wait)
+
+    def summary(self) -> dict:
+        """The figures so far (ms per image unless named otherwise); JSON-able:
+
+        ``images``; ``stages``: ``{stage: {"mean", "p50", "p90"}}`` for every stage of
+        :data:`STAGES` and ``total`` (their sum per image); ``decoders``: ``{kind: {"share"
+        (of images), "mean", "p50", "p90"}}`` for the decoders that took any image;
+        ``workers``: per worker ``{"id", "images", "ms_per_image" (its wall time per image,
+        slot waits apart), "stages_ms_per_image" (its stages' sum per image),
+        "images_per_sec", "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``;
+        ``worker_ms_per_image`` (all workers' wall over all images),
+        ``loader_images_per_sec`` (the sum of the workers' images/s: what they can give when
+        never idle), ``sizes``: ``{class: {"share", "decode_ms", "ms"}}`` by the stored
+        image's longer side (``le256``, ``le512``, ``gt512``), ``kb_per_image``;
+        ``copy_ms_per_batch``: ``{"p50", "p90"}`` (None without copies). Raises nothing: an
+        empty log gives ``images`` 0 and empty figures."""
+        self._read_events(wait=True)
+        n = max(self.images, 1)
+        stages = {}
+        for row, name in enumerate((*STAGES, "total")):
+            row = _TOTAL_ROW if name == "total" else row
+            p50, p90 = quantiles(self.hist[row])
+            stages[name] = {"mean": 1e3 * self.sums[row] / n, "p50": p50, "p90": p90}
+        decoders = {}
+        for k, kind in enumerate(KINDS):
+            images = int(self.kind_images[k + 1])
+            if images:
+                p50, p90 = quantiles(self.hist[len(STAGES) + k])
+                decoders[kind] = {"share": images / n, "mean": 1e3 * self.sums[len(STAGES) + k]
+                                  / images, "p50": p50, "p90": p90}
+        workers = []
+        for wid, (batches, images, wall, cpu, wait, staged) in sorted(self.workers.items()):
+            workers.append({"id": wid, "images": int(images),
+                            "ms_per_image": 1e3 * wall / max(images, 1),
+                            "stages_ms_per_image": 1e3 * staged / max(images, 1),
+                            "images_per_sec": images / wall if wall > 0 else None,
+                            "cpu_share": cpu / wall if wall > 0 else None,
+                            "slot_wait_ms": 1e3 * wait / max(batches, 1)})
+        wall = sum(s[2] for s in self.workers.values())
+        sizes = {name: {"share": images / n, "decode_ms": 1e3 * dec / images if images else None,
+                        "ms": 1e3 * tot / images if images else None}
+                 for name, (images, dec, tot) in zip(SIZE_NAMES, self.by_size)}
+        return {"images": self.images, "stages": stages, "decoders": decoders,
+                "workers": workers,
+                "worker_ms_per_image": 1e3 * wall / n if self.images else None,
+                "loader_images_per_sec": sum(w["images_per_sec"] or 0 for w in workers) or None,
+                "sizes": sizes, "kb_per_image": self.bytes / n / 1024,
+                "copy_ms_per_batch": p50_p90(self.copies)}
+
+
+def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
+    """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
+    events in ``pending`` whose end has passed (all of them, waiting for each, if ``wait``);
+    return the pairs not read yet. Shared by the copy timing here and the training step's
+    (``engine.reporting.StepTimer``)."""
+    left = []
+    for start, end in pending:
+        if wait:
+            end.synchronize()
+        if wait or end.query():
+            seconds.append(start.elapsed_time(end) / 1e3)
+        else:
+            left.append((start, end))
+    return left

@@ -1,0 +1,76 @@
+"""A loader's images/s and CPU seconds: ``main.py --benchmark-data`` and ``benchmarks/``."""
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import time
+
+import torch
+
+
+def _batches(loader, start_epoch: int = 0):
+    """Batches of ``loader`` over as many epochs as asked for (``set_epoch`` between epochs)."""
+    for epoch in itertools.count(start_epoch):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        yield from loader
+
+
+def measure(loader, batches: int, warmup: int = 2) -> dict:
+    """Iterate ``warmup`` batches untimed, then ``batches`` timed batches (cycling epochs if
+    the loader is shorter), touching every batch so lazy work is done. A loader that measures
+    its stages (``reset_stages``, :mod:`loaders.timing.stages`) forgets the warm-up's.
+
+    Returns ``images`` (timed), ``seconds`` (wall clock), ``images_per_sec`` and
+    ``cpu_seconds``: CPU time (user + system) of this process and its live child processes
+    (the DataLoader workers) over the timed batches (:func:`tree_cpu_seconds`; None where
+    ``/proc`` is missing). On CUDA the clock stops after ``torch.cuda.synchronize()`` so
+    queued copies are counted.
+    Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch.
+    """
+    if batches < 1 or len(loader) == 0:
+        raise ValueError("need batches >= 1 and a loader with at least one batch")
+    it = _batches(loader)
+    for _ in range(warmup):
+        next(it)
+    if hasattr(loader, "reset_stages"):
+        loader.reset_stages()
+    cpu_start = tree_cpu_seconds()
+    images, start = 0, time.perf_counter()
+    for batch in itertools.islice(it, batches):
+        images += len(batch[1]) if isinstance(batch, (tuple, list)) else len(batch)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    cpu_end = tree_cpu_seconds()
+    cpu = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+    return {"images": images, "seconds": seconds, "images_per_sec": images / seconds,
+            "cpu_seconds": cpu}
+
+
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by this process and its live children (from
+    ``/proc/PID/stat``, clock ticks of ``SC_CLK_TCK``); None without ``/proc``. Workers kept
+    between passes are live for the whole measurement, so the difference over it counts
+    them."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        pids = {os.getpid()}
+        for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+            try:
+                with open(path) as f:
+                    pids.update(int(pid) for pid in f.read().split())
+            except OSError:  # a thread that ended meanwhile
+                pass
+        total = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # a child that ended meanwhile
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,224 @@
+"""torchvision's automatic augmentation policies (``--auto-augment``) on uint8 crops.
+
+The policies of torchvision's ``references/classification/presets.py``:
+``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
+2020, ``--ra-magnitude``), ``augmix`` (AugMix, Hendrycks et al. 2020, ``--augmix-severity``) and
+the AutoAugment policies ``imagenet``, ``cifar10``, ``svhn`` (Cubuk et al. 2019). Each draws
+exactly what torchvision's ``transforms.v2`` class of the same name draws, from torch's global
+generator in the same order (``torch.randint`` for ops and magnitude bins, ``torch.rand`` for
+probabilities and signs, ``torch._sample_dirichlet`` for AugMix's weights), and applies the op
+with the pixels of torchvision's uint8 tensor kernels (``_uint8_ops``), so seeding torch's
+generator alike and running torchvision's transform on the same crop gives the same image
+(``tests/loaders/test_auto_augment.py``), with the flags' semantics of torchvision's
+``train.py`` (``--interpolation`` for the geometric ops, ``fill`` None: black).
+
+The DataLoader workers seed torch's generator per batch (``pipelines.batches.batch_seed``), so
+every draw is a function of (seed, epoch, rank, batch, position in the batch): a resumed
+epoch or another ``-j`` draws the same. Spec: torchvision 0.29
+``torchvision/transforms/v2/_auto_augment.py``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._uint8_ops import OPS
+
+__all__ = ["AA_SPACE", "AUGMIX_SPACE", "AugMix", "AutoAugment", "INTERPOLATIONS", "OPS",
+           "POLICIES", "RA_SPACE", "RandAugment", "TA_WIDE_SPACE", "TrivialAugmentWide",
+           "make_auto_augment"]
+
+# --auto-augment values, as torchvision's presets.py accepts them (AutoAugmentPolicy's values too)
+POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
+# --interpolation values (torchvision's InterpolationMode names the flag takes)
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+
+def _linspace(stop: float, start: float = 0.0):
+    return lambda bins, height, width: torch.linspace(start, stop, bins)
+
+
+def _posterize(top: int, span: int):
+    return lambda bins, height, width: (top - (torch.arange(bins) / ((bins - 1) / span))
+                                        ).round().int()
+
+
+_NONE = (lambda bins, height, width: None, False)
+
+
+def _space(shear: float, translate, rotate: float, enhance: float, posterize) -> dict:
+    """torchvision's ``_AUGMENTATION_SPACE`` layout: op -> (magnitudes(bins, H, W), signed)."""
+    return {
+        "ShearX": (_linspace(shear), True), "ShearY": (_linspace(shear), True),
+        "TranslateX": (translate[0], True), "TranslateY": (translate[1], True),
+        "Rotate": (_linspace(rotate), True), "Brightness": (_linspace(enhance), True),
+        "Color": (_linspace(enhance), True), "Contrast": (_linspace(enhance), True),
+        "Sharpness": (_linspace(enhance), True), "Posterize": (posterize, False),
+        "Solarize": (_linspace(0.0, 1.0), False), "AutoContrast": _NONE, "Equalize": _NONE,
+    }
+
+
+_RELATIVE = (lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * width, bins),
+             lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * height, bins))
+# RandAugment.__init__'s and AutoAugment's spaces (AutoAugment's adds Invert, has no Identity)
+RA_SPACE = {"Identity": _NONE, **_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4))}
+AA_SPACE = {**_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4)), "Invert": _NONE}
+TA_WIDE_SPACE = {"Identity": _NONE, **_space(0.99, (_linspace(32.0), _linspace(32.0)), 135.0,
+                                            0.99, _posterize(8, 6))}
+_AUGMIX_PARTIAL = {k: v for k, v in _space(
+    0.3, (lambda b, h, w: torch.linspace(0.0, w / 3.0, b),
+          lambda b, h, w: torch.linspace(0.0, h / 3.0, b)), 30.0, 0.9, _posterize(4, 4)).items()
+    if k not in ("Brightness", "Color", "Contrast", "Sharpness")}
+AUGMIX_SPACE = {**_AUGMIX_PARTIAL, **{k: (_linspace(0.9), True)
+                                      for k in ("Brightness", "Color", "Contrast", "Sharpness")}}
+
+
+class _Policy:
+    """Shared by the policies: magnitude tables cached per image size (torchvision rebuilds
+    them every call), ops applied with :data:`loaders.transforms._uint8_ops.OPS`."""
+
+    space: dict = {}
+
+    def __init__(self, interpolation: str = "bilinear"):
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation {interpolation!r}: expected one of {INTERPOLATIONS}")
+        self.interpolation = interpolation
+        self._tables: dict = {}
+
+    def magnitudes(self, op: str, bins: int, height: int, width: int):
+        key = (op, bins, height, width)
+        if key not in self._tables:
+            values = self.space[op][0](bins, height, width)
+            self._tables[key] = None if values is None else values.tolist()
+        return self._tables[key]
+
+    def pick_op(self) -> str:
+        ops = tuple(self.space)
+        return ops[int(torch.randint(len(ops), ()))]
+
+    def signed(self, op: str, magnitude: float) -> float:
+        if self.space[op][1] and torch.rand(()) <= 0.5:
+            return -magnitude
+        return magnitude
+
+    def apply(self, image: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
+        return OPS[op](image, magnitude, self.interpolation)
+
+
+class TrivialAugmentWide(_Policy):
+    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
+    :data:`TA_WIDE_SPACE`, a uniform magnitude bin, a random sign. uint8 ``(3, H, W)`` in and
+    out."""
+
+    space = TA_WIDE_SPACE
+
+    def __init__(self, interpolation: str = "bilinear", num_magnitude_bins: int = 31):
+        super().__init__(interpolation)
+        self.bins = num_magnitude_bins
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        op = self.pick_op()
+        table = self.magnitudes(op, self.bins, *image.shape[-2:])
+        magnitude = 0.0
+        if table is not None:
+            magnitude = self.signed(op, float(table[int(torch.randint(self.bins, ()))]))
+        return self.apply(image, op, magnitude)
+
+
+class RandAugment(_Policy):
+    """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)``: ``num_ops``
+    ops of :data:`RA_SPACE` in a row at bin ``magnitude`` (``--ra-magnitude``), random signs."""
+
+    space = RA_SPACE
+
+    def __init__(self, interpolation: str = "bilinear", magnitude: int = 9, num_ops: int = 2,
+                 num_magnitude_bins: int = 31):
+        super().__init__(interpolation)
+        if not 0 <= magnitude < num_magnitude_bins:
+            raise ValueError(f"RandAugment magnitude {magnitude}: expected 0..{num_magnitude_bins - 1}")
+        self.magnitude, self.num_ops, self.bins = magnitude, num_ops, num_magnitude_bins
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.num_ops):
+            op = self.pick_op()
+            table = self.magnitudes(op, self.bins, *image.shape[-2:])
+            magnitude = 0.0 if table is None else self.signed(op, float(table[self.magnitude]))
+            image = self.apply(image, op, magnitude)
+        return image
+
+
+class AutoAugment(_Policy):
+    """torchvision's ``v2.AutoAugment(policy)``: one of the policy's 25 sub-policies, each of
+    its two ops applied with its probability at its magnitude bin (of 10), random signs. The
+    sub-policies are torchvision's (``AutoAugment._get_policies``)."""
+
+    space = AA_SPACE
+
+    def __init__(self, policy: str = "imagenet", interpolation: str = "bilinear"):
+        super().__init__(interpolation)
+        from torchvision.transforms import v2
+
+        self.policies = v2.AutoAugment(v2.AutoAugmentPolicy(policy))._policies
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        policy = self.policies[int(torch.randint(len(self.policies), ()))]
+        for op, probability, magnitude_idx in policy:
+            if not torch.rand(()) <= probability:
+                continue
+            table = self.magnitudes(op, 10, *image.shape[-2:])
+            magnitude = 0.0 if table is None else self.signed(op, float(table[magnitude_idx]))
+            image = self.apply(image, op, magnitude)
+        return image
+
+
+class AugMix(_Policy):
+    """torchvision's ``v2.AugMix(severity)`` (mixture width 3, depth 1-3, alpha 1, all ops):
+    the crop mixed with three chains of :data:`AUGMIX_SPACE` ops by Dirichlet weights, in float,
+    truncated to uint8. ``--augmix-severity`` is ``severity`` (1..10)."""
+
+    space = AUGMIX_SPACE
+
+    def __init__(self, interpolation: str = "bilinear", severity: int = 3,
+                 mixture_width: int = 3, alpha: float = 1.0):
+        super().__init__(interpolation)
+        if not 1 <= severity <= 10:
+            raise ValueError(f"AugMix severity {severity}: expected 1..10")
+        self.severity, self.width, self.alpha = severity, mixture_width, alpha
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        height, width = image.shape[-2:]
+        m = torch._sample_dirichlet(torch.tensor([self.alpha, self.alpha]).expand(1, -1))
+        weights = torch._sample_dirichlet(
+            torch.tensor([self.alpha] * self.width).expand(1, -1)) * m[:, 1].reshape([1, -1])
+        mix = m[:, 0].reshape([1, 1, 1, 1]) * image.unsqueeze(0)
+        for i in range(self.width):
+            aug = image
+            for _ in range(int(torch.randint(low=1, high=4, size=(1,)).item())):
+                op = self.pick_op()
+                table = self.magnitudes(op, 10, height, width)
+                magnitude = 0.0
+                if table is not None:
+                    magnitude = self.signed(op, float(table[int(torch.randint(self.severity, ()))]))
+                aug = self.apply(aug, op, magnitude)
+            mix.add_(weights[:, i].reshape([1, 1, 1, 1]) * aug.unsqueeze(0))
+        return mix[0].to(torch.uint8)
+
+
+def make_auto_augment(policy: str | None, interpolation: str = "bilinear",
+                      ra_magnitude: int = 9, augmix_severity: int = 3
+                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The ``--auto-augment`` policy as a callable on uint8 ``(3, H, W)`` crops (same dtype and
+    shape out), or None for no policy, as torchvision's ``ClassificationPresetTrain`` chooses
+    it. Raises ``ValueError`` for an unknown policy or out-of-range magnitude or severity."""
+    if policy is None:
+        return None
+    if policy == "ta_wide":
+        return TrivialAugmentWide(interpolation)
+    if policy == "ra":
+        return RandAugment(interpolation, ra_magnitude)
+    if policy == "augmix":
+        return AugMix(interpolation, augmix_severity)
+    if policy in ("imagenet", "cifar10", "svhn"):
+        return AutoAugment(policy, interpolation)
+    raise ValueError(f"--auto-augment {policy!r}: expected one of {', '.join(POLICIES)}")
