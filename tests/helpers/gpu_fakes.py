@@ -58,7 +58,7 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
                           "nvimgcodec_gpu": not on_cpu, "libraries": [] if on_cpu else [
                               "/site/nvidia/cu13/lib/libnvjpeg.so.13"]})
     elif name == "gpu-decode-probe":
-        out = json.dumps({"decoder": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
+        out = json.dumps({"decoder_line": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
                           "on_device": 2, "fallback": 0, "max_diff": 2.0, "torchvision": {
                               "on_device": 2, "fallback": 0, "max_diff": 2.0}})
     elif name == "gpu-decode-hardware":

@@ -49,7 +49,7 @@ def run(decoder):
     return {'on_device': decoder.on_device, 'fallback': len(out.fallback),
             'max_diff': float((out.images.cpu().float() - cpu).abs().max())}
 decoder = gpu.WindowDecoder('cuda' if on_gpu else 'cpu-nvimgcodec', dev)
-result = {'decoder': decoder.status(), **run(decoder)}
+result = {'decoder_line': decoder.status(), **run(decoder)}
 result['torchvision'] = run(gpu.WindowDecoder('cuda', dev, library=None))
 result['libraries'] = mapped_libraries()
 print(json.dumps(result))
@@ -166,7 +166,7 @@ def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
     placed = result["on_device"] if not s.dry_run else 2
     if placed < 2 or result["fallback"]:
         return fail(rec, f"{result['on_device']} of 2 windows decoded into GPU memory, "
-                         f"{result['fallback']} sent to the CPU ({result['decoder']}"
+                         f"{result['fallback']} sent to the CPU ({result['decoder_line']}"
                          f"{'; ' + result['error'] if result.get('error') else ''}; "
                          f"torchvision: {result['torchvision']['on_device']} of 2)")
     if result["max_diff"] > PROBE_MAX_DIFF:

@@ -13,7 +13,8 @@ machine's limits checked:
 * machine time, each row's work measured here (its processes' CPU seconds) and scaled to an
   H100 (:func:`tools.gpu_check.plan.gpu_seconds`): the start (and with ``--fallback-start`` a
   failed one before it), each call's upload, a 30 s gap before each later call, the closing
-  idle; call 1 back within 8 minutes with its set-up and rows within 7, the lease within 15.
+  idle; the lease within 15 minutes (a limit), call 1 back within 8 with its set-up and rows
+  within 7 (targets: reported, not judged).
   Each later call gets ``--lease-left`` as the lender would report it, and is made only when
   the previous call's last line says ``NEXT`` with a need the time left covers;
 * ``$OUT`` after each call: at most 8 files of at most 16 MiB, at most 2 folders deep. With
@@ -253,12 +254,13 @@ def judge(results: list[dict], rows: list[dict], clock: dict, args, fate: dict,
     start = plan.START_SECONDS + (plan.FALLBACK_SECONDS if args.fallback_start else 0)
     first = results[0]
     total = clock["used"] + plan.CLOSE_SECONDS
+    missed = []  # targets, not limits: reported, the verdict stands on the limits
     if first["back_at"] > plan.CALL1_DEADLINE and not args.fallback_start:
-        problems.append(f"call 1 back at {first['back_at']:.0f} s (at most "
-                        f"{plan.CALL1_DEADLINE:.0f}, start included)")
+        missed.append(f"call 1 back at {first['back_at']:.0f} s (target "
+                      f"{plan.CALL1_DEADLINE:.0f}, start included)")
     if first["gpu_seconds"] > plan.CALL1_WALL:
-        problems.append(f"call 1's set-up and rows: {first['gpu_seconds']:.0f} s (at most "
-                        f"{plan.CALL1_WALL:.0f})")
+        missed.append(f"call 1's set-up and rows: {first['gpu_seconds']:.0f} s (target "
+                      f"{plan.CALL1_WALL:.0f})")
     if total > plan.LEASE_SECONDS:
         problems.append(f"lease: {total:.0f} s (at most {plan.LEASE_SECONDS:.0f})")
     ran = {x["name"]: x for x in rows}
@@ -276,8 +278,7 @@ def judge(results: list[dict], rows: list[dict], clock: dict, args, fate: dict,
             "call1_seconds": first["gpu_seconds"], "total_gpu_seconds": round(total, 1),
             "dali": ("given up by the lease's time rule (rehearsed beyond it)" if stopped
                      else "ran within the lease" if "install-dali" in ran else "not carried"),
-            "wheels": fate,
-            "problems": problems, "ok": not problems}
+            "wheels": fate, "missed": missed, "problems": problems, "ok": not problems}
 
 
 def layout_problems(ran: dict, fate: dict, site: str) -> list[str]:
@@ -319,11 +320,12 @@ def summary_lines(results: list[dict], summary: dict, root: str) -> list[str]:
                  f"with this environment's copies hidden, {len(w['visible'])} left to the "
                  f"machine's own, {len(w['checked'])} checked by name and tag")
     lines.append(f"gpu-rehearse: start {summary['start_seconds']:.0f} s; call 1 back at "
-                 f"{summary['call1_back_at']:.0f} s (at most {plan.CALL1_DEADLINE:.0f}), its "
-                 f"set-up and rows {summary['call1_seconds']:.0f} s (at most "
+                 f"{summary['call1_back_at']:.0f} s (target {plan.CALL1_DEADLINE:.0f}), its "
+                 f"set-up and rows {summary['call1_seconds']:.0f} s (target "
                  f"{plan.CALL1_WALL:.0f}); DALI: {summary['dali']}; the lease ends at "
                  f"{summary['total_gpu_seconds']:.0f} s with {plan.CLOSE_SECONDS:.0f} s of "
                  f"closing idle (at most {plan.LEASE_SECONDS:.0f})")
+    lines += [f"gpu-rehearse: TARGET MISSED: {p}" for p in summary["missed"]]
     lines += [f"gpu-rehearse: PROBLEM: {p}" for p in summary["problems"]]
     lines.append(f"gpu-rehearse: {'the plan fits' if summary['ok'] else 'the plan does NOT fit'}"
                  f"; details in {os.path.join(root, 'rehearsal.json')}, each call's archive "
