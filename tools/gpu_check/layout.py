@@ -34,10 +34,10 @@ class InputError(Exception):
     """Bad --data / --images / --cuda, or a call 1 too large: one line, exit status 2."""
 
 
-def carried_bytes(repo: str) -> int:
-    """Bytes the device tool sends with every call besides what it carries: the repository's
-    tracked files and its untracked ones that git does not ignore (``git ls-files``). Raises
-    :class:`InputError` without git."""
+def sent_files(repo: str) -> list[str]:
+    """What the device tool sends with every call besides what it carries: the repository's
+    tracked files and its untracked ones that git does not ignore (``git ls-files``), relative
+    paths of those that exist. Raises :class:`InputError` without git."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                                  "--exclude-standard"], cwd=repo, capture_output=True,
@@ -45,8 +45,12 @@ def carried_bytes(repo: str) -> int:
     except (OSError, subprocess.CalledProcessError) as exc:
         raise InputError(f"git ls-files in {repo} failed ({exc}): the bytes per call are "
                          "counted from git's file list") from None
-    paths = (os.path.join(repo, p) for p in listed.decode().split("\0") if p)
-    return sum(os.lstat(p).st_size for p in paths if os.path.lexists(p))
+    return [p for p in listed.decode().split("\0") if p and os.path.lexists(os.path.join(repo, p))]
+
+
+def carried_bytes(repo: str) -> int:
+    """Bytes of :func:`sent_files`."""
+    return sum(os.lstat(os.path.join(repo, p)).st_size for p in sent_files(repo))
 
 
 def folder_bytes(path: str) -> int:

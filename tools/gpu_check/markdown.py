@@ -25,10 +25,9 @@ def write(out: str, report: dict) -> None:
 
 
 def markdown(report: dict) -> str:
-    parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
-             loaders_md(report), dali_md(report), gpu_decode_md(report), nccl_md(report), resolution_md(report),
-             stages_md(report), setup_md(report),
-             not_proven_md(report), failures_md(report), commands_md(report)]
+    parts = [md(report) for md in (
+        header_md, environment_md, pytest_md, training_md, loaders_md, dali_md, gpu_decode_md,
+        nccl_md, resolution_md, stages_md, setup_md, not_proven_md, failures_md, commands_md)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -220,7 +219,7 @@ def nccl_md(r: dict) -> str:
 
 def stages_md(r: dict) -> str:
     """Each main.py row's stage table, bound and advice as main.py printed them
-    (``stage_lines``: :func:`tools.gpu_check.report.stage_lines`): why its images/s is what it is."""
+    (:func:`tools.gpu_check.report.stage_lines`): why its images/s is what it is."""
     rows = [x for x in rows_of(r) if x.get("stage_lines")]
     if not rows:
         return ""

@@ -38,7 +38,7 @@ import time
 from . import plan
 from .calls import CALL_FILE, read_rows
 from .install import dist_name, wheel_module
-from .layout import carried_bytes, folder_bytes
+from .layout import carried_bytes, folder_bytes, sent_files
 from .runner import REPO
 
 CALL_BYTES, CALL_LIMIT, HERE_LIMIT = 64 << 20, 540.0, 3000.0
@@ -113,16 +113,12 @@ def rehearse_main(args) -> int:
 
 
 def copy_repository(target: str) -> str:
-    """The files the device tool sends (``git ls-files``), copied into ``target``."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=REPO, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    """The files the device tool sends (:func:`tools.gpu_check.layout.sent_files`), copied
+    into ``target``."""
     shutil.rmtree(target, ignore_errors=True)
-    for rel in filter(None, listed):
-        src, dst = os.path.join(REPO, rel), os.path.join(target, rel)
-        if os.path.lexists(src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copy2(src, dst, follow_symlinks=False)
+    for rel in sent_files(REPO):
+        os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+        shutil.copy2(os.path.join(REPO, rel), os.path.join(target, rel), follow_symlinks=False)
     return target
 
 
