@@ -116,7 +116,7 @@ def evidence(runner: Runner, s, machine: dict, flags: list[str]) -> list[dict]:
                      "loader-dali-cpu-j1", timed=PAIR_STEPS)
     mixed = gpu_over_cpu(mixed, cpu, GPU_OVER_CPU, s.dry_run, "GPU decode only {ratio:.2f}x "
                          "the CPU decode with one thread: did nvJPEG decode?")
-    return [announce(runner, {**mixed, "decoder": "DALI mixed"}),
+    return [announce(runner, {**mixed, "decoder": "DALI CPU" if s.dry_run else "DALI mixed"}),
             announce(runner, {**cpu, "decoder": "DALI CPU"})]
 
 

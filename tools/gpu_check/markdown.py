@@ -154,50 +154,39 @@ def loaders_md(r: dict) -> str:
 
 
 def dali_md(r: dict) -> str:
-    rows = r["sections"].get("dali")
-    if not rows:
-        return ""
-
-    def detail(x: dict) -> str:
-        if x.get("gpu_over_cpu"):
-            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one thread each"
-        if x.get("hw_decoder_load") is not None:
-            return f"hw_decoder_load {x['hw_decoder_load']}"
-        if x.get("device_memory_mib") or x.get("host_rss_mib"):
-            return (f"host RSS {x.get('host_rss_mib')} MiB, device "
-                    f"{x.get('device_memory_mib')} MiB per epoch")
-        return x.get("reason", "") if x.get("status") == "skipped" else ""
-
-    return loader_section_md("## 7. DALI's GPU decoding (`--dali --lmdb`)", rows, detail)
+    return decoding_md("## 7. DALI's GPU decoding (`--dali --lmdb`)",
+                       r["sections"].get("dali"))
 
 
 def gpu_decode_md(r: dict) -> str:
-    rows = r["sections"].get("gpudecode")
+    return decoding_md("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)",
+                       r["sections"].get("gpudecode"))
+
+
+def detail(x: dict) -> str:
+    """What a GPU-decode row shows beside its figure: the probe's windows, the hardware
+    decoder's answers, the GPU-over-CPU ratio, the hardware share, memory per epoch, the
+    model, or why it was skipped."""
+    if x.get("on_device") is not None:
+        return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
+                f"max diff {num(x.get('max_diff'))}")
+    if x.get("whole") is not None or x.get("window") is not None:
+        return f"hardware decoder: whole JPEG {x.get('whole')}, window (ROI) {x.get('window')}"
+    if x.get("gpu_over_cpu"):
+        return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one worker or thread each"
+    if x.get("hw_decoder_load") is not None:
+        return f"hardware decoder load {x['hw_decoder_load']}"
+    if x.get("device_memory_mib") or x.get("host_rss_mib"):
+        return (f"host RSS {x.get('host_rss_mib')} MiB, device {x.get('device_memory_mib')} "
+                "MiB per epoch")
+    return x.get("model") or (x.get("reason", "") if x.get("status") == "skipped" else "")
+
+
+def decoding_md(title: str, rows: list[dict] | None) -> str:
+    """A GPU-decode section's table under ``title``: one line per row (check, images/s,
+    workers, px, the decoder that did the work, :func:`detail`, status); "" without rows."""
     if not rows:
         return ""
-
-    def detail(x: dict) -> str:
-        if x.get("on_device") is not None:
-            return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
-                    f"max diff {num(x.get('max_diff'))}")
-        if x.get("whole") is not None or x.get("window") is not None:
-            return (f"hardware decoder: whole JPEG {x.get('whole')}, window (ROI) "
-                    f"{x.get('window')}")
-        if x.get("gpu_over_cpu"):
-            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU loaders, one worker each"
-        if x.get("hw_decoder_load") is not None:
-            return f"--hw-decoder-load {x['hw_decoder_load']}"
-        if x.get("model"):
-            return x["model"]
-        return x.get("reason", "") if x.get("status") == "skipped" else ""
-
-    return loader_section_md("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)",
-                             rows, detail)
-
-
-def loader_section_md(title: str, rows: list[dict], detail) -> str:
-    """A GPU-decode section's table: one line per row (check, images/s, workers, px, the
-    decoder that did the work, ``detail(row)``, status) under ``title``."""
     body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
              x.get("decoder", ""), detail(x), status_of(x)] for x in rows]
     return f"{title}\n\n" + table(["check", "images/s", "workers", "px", "decoder", "detail",
