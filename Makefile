@@ -160,16 +160,16 @@ PARTS ?=
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) + 100 images of DATA= (else generated), laid out per lease call; DALI=0: ~40 MiB
-	$(BUNDLE_PY) -m tools.gpu_bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+	$(BUNDLE_PY) -m tools.gpu_check.bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
-gpu-check: ## full check on a GPU machine with time (30-35 min): tests, images/s per loader, NCCL -> GPU_OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
+gpu-check: ## full check on a GPU machine with time (35-40 min): tests, images/s per loader, NCCL -> GPU_OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
 	$(GPU_PYTHON) -m tools.gpu_check --out $(GPU_OUT)$(if $(PARTS), --parts $(PARTS)) $(ARGS)
 
-gpu-lease: ## one call of the lease plan on a borrowed GPU (docs/gpu-check.md): rows to /tmp/gpu-check, one archive into the environment's OUT
+gpu-lease: ## one call of the lease plan on a borrowed GPU (docs/gpu-check.md; ARGS='--lease-left S' from call 2): rows to /tmp/gpu-check, one archive into OUT
 	$(GPU_PYTHON) -m tools.gpu_check --lease $(ARGS)
 
-gpu-rehearse: install ## the lease plan end to end here on CPU backends: bytes per call, seconds per row/call scaled, what OUT keeps
+gpu-rehearse: install ## the lease plan end to end here on CPU backends: bytes per call, a clean --target install, machine seconds scaled, what OUT keeps
 	$(PY) -m tools.gpu_check --rehearse $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)

@@ -1,5 +1,5 @@
 """What the GPU check's tests share: a bundle folder made from the real sample, its command line
-run in this process, and every command faked as on one H100 (``tools/gpu_check.py``)."""
+run in this process, and every command faked as on one H100 (:mod:`tools.gpu_check`)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +9,7 @@ import os
 import shutil
 import zipfile
 
-from tools import gpu_check
+from tools.gpu_check import cli
 
 
 def make_bundle(sample: str, root, classes: int = 8):
@@ -24,10 +24,10 @@ def make_bundle(sample: str, root, classes: int = 8):
 
 
 def gpu_check_cli(argv):
-    """``tools/gpu_check.py``'s command line in this process: ``(exit status, stdout, stderr)``."""
+    """``python -m tools.gpu_check`` in this process: ``(exit status, stdout, stderr)``."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = gpu_check.main_cli(argv)
+        code = cli.main_cli(argv)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -52,18 +52,23 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
         out = json.dumps(getattr(self, "machine", MACHINE))
     elif name.startswith("pytest"):
         out = getattr(self, "pytest_out", "...\n3 passed, 259 deselected in 5.01s\n")
-    elif name == "dali-gpu-decode":
-        out = json.dumps({"problem": getattr(self, "gpu_decode_problem", None)})
+    elif name == "dali-gpu-decode":  # on_cpu: nvJPEG not found, DALI decoded on the CPU
+        on_cpu = getattr(self, "dali_on_cpu", False)
+        out = json.dumps({"dali": "2.4.0", "output": "TensorListGPU", "shape": [48, 64, 3],
+                          "nvimgcodec_gpu": not on_cpu, "libraries": [] if on_cpu else [
+                              "/site/nvidia/cu13/lib/libnvjpeg.so.13"]})
     elif name == "gpu-decode-probe":
-        out = json.dumps({"decoder": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
-                          "on_device": 2, "fallback": 0, "max_diff": 2.0,
-                          "hardware_decoder": True, "torchvision": {
+        out = json.dumps({"decoder_line": "batch windows: nvImageCodec 0.9.0 on cuda:0 (...)",
+                          "on_device": 2, "fallback": 0, "max_diff": 2.0, "torchvision": {
                               "on_device": 2, "fallback": 0, "max_diff": 2.0}})
+    elif name == "gpu-decode-hardware":
+        out = json.dumps({"whole": True, "window": getattr(self, "hardware_windows", True)})
     elif "--benchmark-data" in cmd:  # decoding on the CPU with one thread: 1,000 images/s
         cpu = "--dali-cpu" in cmd or name == "loader-gpudecode-cpu-j1"
         speed = 1000.0 if cpu else 5120.0
         out = ("device: cuda:0; world size 1; decode: batch windows: nvImageCodec 0.9.0 on "
-               "cuda:0 (...); seed 0\n" if "--decode-device" in cmd else "")
+               "cuda:0 (hardware JPEG decoder where present, load 0.65, then CUDA); seed 0\n"
+               if "--decode-device" in cmd else "")
         out += json.dumps({"loader": name[7:], "images": 10240, "seconds": 2.0,
                           "images_per_sec": speed, "workers": int(cmd[cmd.index("-j") + 1])
                           if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
@@ -83,8 +88,8 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
                                     "device_memory_mib": 20000.0 + epoch * getattr(
                                         self, "memory_growth_mib", 0.0)}) + "\n")
         group = " (nccl process group)" if name == "distributed" else ""
-        batch = (" decode: batch windows: nvImageCodec 0.9.0 on cuda:0 (...);"
-                 if "--decode-device" in cmd else "")
+        batch = (" decode: batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG decoder "
+                 "where present, load 0.65, then CUDA);" if "--decode-device" in cmd else "")
         out = f"device: cuda:0; world size 1{group};{batch} seed 0\n"
     with open(self.log(name, "out"), "w") as f:
         f.write(out)

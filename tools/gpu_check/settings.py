@@ -1,4 +1,5 @@
-"""Command line and run settings of ``gpu_check.py`` (sizes, flags, the bundle's paths)."""
+"""The command line of ``python -m tools.gpu_check`` and the run settings it resolves to
+(sizes, flags, the bundle's paths)."""
 from __future__ import annotations
 
 import argparse
@@ -6,41 +7,49 @@ import glob
 import os
 from types import SimpleNamespace
 
-from ._gpu_runner import REPO, list_images
+from .data import list_images
+from .runner import REPO
 
 SECTIONS = ("pytest", "train", "loaders", "dali", "gpudecode", "nccl", "resolution",
             "compile")
 TARGET_MODEL = "resnet50"
+DESCRIPTION = ("Prove or disprove the GPU path (make gpu-check), or measure what matters most "
+               "in a borrowed GPU's 15 minutes (--lease; docs/gpu-check.md).")
 
 
 class InputError(Exception):
     """Bad --bundle / --data / sizes: one line, exit status 2."""
 
 
-def get_args_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description,
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=DESCRIPTION,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="gpu-check-output", help="report folder (created)")
     p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/); "
                    "default .gpu-bundle")
     p.add_argument("--data", help="image folder holding train/ (and val/) instead of BUNDLE/sample")
-    p.add_argument("--parts", help="folder of wheels carried in parts (tools/wheel_parts.py: "
-                   "NAME.partNN + SHA256SUMS), reassembled and installed with BUNDLE/wheels; "
-                   "default BUNDLE/parts")
+    p.add_argument("--parts", help="folder of wheels carried in parts (NAME.partNN + "
+                   "SHA256SUMS), reassembled and installed with BUNDLE/wheels; default "
+                   "BUNDLE/parts")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
     p.add_argument("--budget", type=float, default=3600.0, help="seconds; later checks are "
-                   "skipped (the full check takes 30-35 min on an H100 machine)")
-    p.add_argument("--steps", type=int, help="timed training steps per run (default 40; dry 2)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default 10; dry 1)")
+                   "skipped (the full check takes 35-40 min on an H100 machine)")
+    p.add_argument("--steps", type=int, help="timed steps per row, after a warm-up past "
+                   "every batch the pipeline holds ready (default 200; dry 2)")
+    p.add_argument("--warmup", type=int, help="warm-up steps beyond the pipeline's ready "
+                   "batches, for cuDNN's tuning (default 5; dry 1)")
     p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
     p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
     p.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     p.add_argument("--keep-data", action="store_true",
-                   help="keep OUT/data (the replicated sample and its LMDBs, ~1.5 GB)")
+                   help="keep OUT/data (the replicated sample and its LMDBs, ~8 GB)")
     lease = p.add_argument_group("lease plan (docs/gpu-check.md)")
     lease.add_argument("--lease", action="store_true", help="one call of the lease plan on a "
                        "borrowed GPU: the same command every call")
+    lease.add_argument("--lease-left", type=float, metavar="S", help="seconds of machine time "
+                       "the lender reported left after the previous call (budget_left_s): the "
+                       "call plans with it")
     lease.add_argument("--rehearse", action="store_true", help="the lease plan end to end on "
                        "this machine's CPU backends, with the borrowed machine's limits checked")
     lease.add_argument("--state", help="the lease's scratch folder, kept between calls "
@@ -49,6 +58,8 @@ def get_args_parser(description: str) -> argparse.ArgumentParser:
                        "else STATE/gpu-check.tar.gz)")
     lease.add_argument("--rows", nargs="+", metavar="PATTERN",
                        help="only the plan's rows matching these (fnmatch) patterns")
+    lease.add_argument("--fallback-start", action="store_true", help="--rehearse: as if the "
+                       "first start failed once before the machine came")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -58,10 +69,9 @@ def settings(args) -> SimpleNamespace:
     dry = args.dry_run
     s = SimpleNamespace(
         dry_run=dry, budget=args.budget, out=os.path.abspath(args.out),
-        steps=pick(args.steps, 2 if dry else 40), warmup=pick(args.warmup, 1 if dry else 10),
+        steps=pick(args.steps, 2 if dry else 200), warmup=pick(args.warmup, 1 if dry else 5),
         batch=pick(args.batch_size, 4 if dry else 256),
-        # dry run: in-process loading, as each worker process would import torch again (seconds
-        # on 2 cores); tests/loaders/test_contract.py covers the workers
+        # dry run: in-process loading, as each worker process would import torch again
         workers=args.workers or ("0" if dry else "auto"),
         models=["resnet18"] if dry else [TARGET_MODEL, "resnet18"],
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
@@ -101,8 +111,8 @@ def settings(args) -> SimpleNamespace:
 def check_not_in_out(path: str, flag: str) -> None:
     """Raise :class:`InputError` when ``path`` is the environment's ``$OUT`` or inside it: on a
     borrowed GPU machine ``$OUT`` is the folder that comes back (at most 8 files of 16 MiB, 2
-    folders deep), and the check's scratch (wheels, site-packages, a 1.5 GB LMDB, logs, runs)
-    written there would make the one try return nothing. Results go there as one archive
+    folders deep), and the check's scratch (wheels, a LMDB of gigabytes, logs, runs) written
+    there would make the one try return nothing. Results go there as one archive
     (``--archive``)."""
     out = os.environ.get("OUT")
     if not out:

@@ -1,14 +1,14 @@
-"""``report.md`` (and ``report.json``) for ``gpu_check.py``, from the report that
-``_gpu_report`` assembles: one Markdown section per check section, then what is not proven,
-the failures and every command. Speeds are images/s, ratios percentages, memory GiB.
+"""``report.md`` (and ``report.json``) of the full check, from the report that
+:mod:`tools.gpu_check.report` assembles: one Markdown section per check section, then what is
+not proven, the failures and every command. Speeds are images/s, ratios percentages, memory GiB.
 """
 from __future__ import annotations
 
 import json
 import os
 
-from ._gpu_report import (FALLBACK, STEADY, counts_text, find, loader_alone_share, pct,
-                         proof_text, ratio, rows_of, status_of, target_text)
+from .report import (FALLBACK, STEADY, capped, counts_text, find, loader_alone_share, pct,
+                     proof_text, ratio, rows_of, status_of, target_text)
 
 
 def num(x: float | None) -> str:
@@ -25,10 +25,9 @@ def write(out: str, report: dict) -> None:
 
 
 def markdown(report: dict) -> str:
-    parts = [header_md(report), environment_md(report), pytest_md(report), training_md(report),
-             loaders_md(report), dali_md(report), gpu_decode_md(report), nccl_md(report), resolution_md(report),
-             stages_md(report), setup_md(report),
-             not_proven_md(report), failures_md(report), commands_md(report)]
+    parts = [md(report) for md in (
+        header_md, environment_md, pytest_md, training_md, loaders_md, dali_md, gpu_decode_md,
+        nccl_md, resolution_md, stages_md, setup_md, not_proven_md, failures_md, commands_md)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -110,17 +109,18 @@ def training_md(r: dict) -> str:
                                 x) for x in rows]
     body = [[x["model"], x["loader"], "yes" if x.get("compile") else "",
              num(x.get("images_per_sec")) + ("*" if x.get("includes_warmup") else ""),
-             pct(x.get("ratio_to_synthetic")), pct(share), pct(x.get("speedup")),
+             pct(x.get("ratio_to_synthetic")), pct(share),
+             pct(capped(x.get("ratio_to_synthetic"), share) if x.get("loader") != "synthetic"
+                 and not x.get("compile") else None), pct(x.get("speedup")),
              pct(x.get("data_time_fraction")), status_of(x)] for x, share in zip(rows, alone)]
     text = ("## 3. Training images/s through main.py\n\n"
             + table(["model", "loader", "--compile", "images/s", "vs synthetic",
-                     "loader alone vs synthetic", "vs without --compile", "data wait",
-                     "status"], body))
+                     "loader alone vs synthetic", "share (capped)", "vs without --compile",
+                     "data wait", "status"], body))
     if any(share is not None for share in alone):
-        text += ("\n\nA training row's timed steps begin with the batches its loader queued "
-                 "while the model was set up (up to workers x 4), so a loader slower than the "
-                 "GPU can show near 100% of synthetic there; the same loader alone "
-                 "(section 4) bounds its steady share.")
+        text += ("\n\nEach row warms up past every batch its pipeline holds ready, then times "
+                 "its steps; whatever stays queued, the loader alone (section 4) bounds the "
+                 "share it can feed, and no share counts above 100%.")
     if any(x.get("includes_warmup") for x in rows):
         text += (f"\n\n\\* includes warm-up: main.py wrote no `{STEADY}`, so this is "
                  f"`{FALLBACK}` over the whole epoch")
@@ -154,52 +154,43 @@ def loaders_md(r: dict) -> str:
 
 
 def dali_md(r: dict) -> str:
-    rows = r["sections"].get("dali")
-    if not rows:
-        return ""
-
-    def detail(x: dict) -> str:
-        if x.get("gpu_over_cpu"):
-            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one thread each"
-        if x.get("hw_decoder_load") is not None:
-            return f"hw_decoder_load {x['hw_decoder_load']}"
-        if x.get("device_memory_mib") or x.get("host_rss_mib"):
-            return (f"host RSS {x.get('host_rss_mib')} MiB, device "
-                    f"{x.get('device_memory_mib')} MiB per epoch")
-        return x.get("reason", "") if x.get("status") == "skipped" else ""
-
-    return loader_section_md("## 7. DALI's GPU decoding (`--dali --lmdb`)", rows, detail)
+    return decoding_md("## 7. DALI's GPU decoding (`--dali --lmdb`)",
+                       r["sections"].get("dali"))
 
 
 def gpu_decode_md(r: dict) -> str:
-    rows = r["sections"].get("gpudecode")
+    return decoding_md("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)",
+                       r["sections"].get("gpudecode"))
+
+
+def detail(x: dict) -> str:
+    """What a GPU-decode row shows beside its figure: the probe's windows, the hardware
+    decoder's answers, the GPU-over-CPU ratio, the hardware share, memory per epoch, the
+    model, or why it was skipped."""
+    if x.get("on_device") is not None:
+        return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
+                f"max diff {num(x.get('max_diff'))}")
+    if x.get("whole") is not None or x.get("window") is not None:
+        return f"hardware decoder: whole JPEG {x.get('whole')}, window (ROI) {x.get('window')}"
+    if x.get("gpu_over_cpu"):
+        return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one worker or thread each"
+    if x.get("hw_decoder_load") is not None:
+        return f"hardware decoder load {x['hw_decoder_load']}"
+    if x.get("device_memory_mib") or x.get("host_rss_mib"):
+        return (f"host RSS {x.get('host_rss_mib')} MiB, device {x.get('device_memory_mib')} "
+                "MiB per epoch")
+    return x.get("model") or (x.get("reason", "") if x.get("status") == "skipped" else "")
+
+
+def decoding_md(title: str, rows: list[dict] | None) -> str:
+    """A GPU-decode section's table under ``title``: one line per row (check, images/s,
+    workers, px, the decoder that did the work, :func:`detail`, status); "" without rows."""
     if not rows:
         return ""
-
-    def detail(x: dict) -> str:
-        if x.get("on_device") is not None:
-            return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
-                    f"max diff {num(x.get('max_diff'))}, hardware decoder: "
-                    f"{x.get('hardware_decoder')}")
-        if x.get("gpu_over_cpu"):
-            return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU loaders, one worker each"
-        if x.get("hw_decoder_load") is not None:
-            return f"--hw-decoder-load {x['hw_decoder_load']}"
-        if x.get("model"):
-            return x["model"]
-        return x.get("reason", "") if x.get("status") == "skipped" else ""
-
-    return loader_section_md("## 8. GPU decoding without DALI (`--decode-device cuda --lmdb`)",
-                             rows, detail)
-
-
-def loader_section_md(title: str, rows: list[dict], detail) -> str:
-    """A GPU-decode section's table: one line per row (check, images/s, workers, px,
-    ``detail(row)``, status) under ``title``."""
     body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
-             detail(x), status_of(x)] for x in rows]
-    return f"{title}\n\n" + table(["check", "images/s", "workers", "px", "detail", "status"],
-                                    body)
+             x.get("decoder", ""), detail(x), status_of(x)] for x in rows]
+    return f"{title}\n\n" + table(["check", "images/s", "workers", "px", "decoder", "detail",
+                                     "status"], body)
 
 
 def nccl_md(r: dict) -> str:
@@ -217,7 +208,7 @@ def nccl_md(r: dict) -> str:
 
 def stages_md(r: dict) -> str:
     """Each main.py row's stage table, bound and advice as main.py printed them
-    (``stage_lines``: ``tools._gpu_report.stage_lines``): why its images/s is what it is."""
+    (:func:`tools.gpu_check.report.stage_lines`): why its images/s is what it is."""
     rows = [x for x in rows_of(r) if x.get("stage_lines")]
     if not rows:
         return ""

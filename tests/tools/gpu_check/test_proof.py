@@ -1,4 +1,4 @@
-"""``gpu_check.py`` never reports an unproven GPU path as passed, and always writes its report:
+"""The full check never reports an unproven GPU path as passed, and always writes its report:
 one GPU per single-process run on a many-GPU machine, skipped / timed-out checks as not proven
 (exit status 3), a timeout as "timed out", its own crash as a failed row, and a machine with
 no ``nvidia`` package at all (conda or source-built torch)."""
@@ -16,7 +16,10 @@ import pytest
 from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import (MACHINE, fake_gpu_run, fake_wheel, gpu_check_cli,
                                      make_bundle)
-from tools import _gpu_report, _gpu_runner, gpu_check
+from tools.gpu_check import data, full, install, machine
+from tools.gpu_check import report as gpu_report
+from tools.gpu_check import rows as gpu_rows
+from tools.gpu_check import runner as gpu_runner
 
 # A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
 HIDE_NVIDIA = textwrap.dedent("""\
@@ -36,14 +39,15 @@ HIDE_NVIDIA = textwrap.dedent("""\
 def fake_machine(monkeypatch):
     """Every command faked (:func:`tests.helpers.gpu_fakes.fake_gpu_run`); returns a function
     that sets the machine's facts and pytest's output."""
-    monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
-    monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
-    monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
+    monkeypatch.setattr(gpu_runner.Runner, "calls", [], raising=False)
+    monkeypatch.setattr(gpu_runner.Runner, "run", fake_gpu_run)
+    monkeypatch.setattr(machine.shutil, "which", lambda name: None)  # no nvidia-smi
+    monkeypatch.setattr(data, "data_batches", lambda s, m: 8)  # the commands are faked
 
     def configure(pytest_out=None, **facts):
-        monkeypatch.setattr(_gpu_runner.Runner, "machine", {**MACHINE, **facts}, raising=False)
+        monkeypatch.setattr(gpu_runner.Runner, "machine", {**MACHINE, **facts}, raising=False)
         if pytest_out:
-            monkeypatch.setattr(_gpu_runner.Runner, "pytest_out", pytest_out, raising=False)
+            monkeypatch.setattr(gpu_runner.Runner, "pytest_out", pytest_out, raising=False)
 
     return configure
 
@@ -61,7 +65,7 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
     fake_machine(gpu_count=8, gpus=[MACHINE["gpus"][0]] * 8)
     code, _, report = gpu_run(sample, tmp_path)
     assert code == 0, report["not_proven"]
-    runs = [c for c in _gpu_runner.Runner.calls if "main.py" in c]
+    runs = [c for c in gpu_runner.Runner.calls if "main.py" in c]
     single = [c for c in runs if "--multiprocessing-distributed" not in c]
     # training (5 loaders x 2 models), loader-only (2 of them with -j 15 too), resolution,
     # --compile, DALI's section (2 at -j 1, 3 hardware shares, 4 -j, 2 at 160 px, memory),
@@ -94,13 +98,13 @@ def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample, tmp_path, fake_ma
 
 
 def test_a_slow_check_is_timed_out_not_failed(tmp_path):
-    runner = _gpu_runner.Runner(str(tmp_path), budget=600)
+    runner = gpu_runner.Runner(str(tmp_path), budget=600)
     record = runner.run("slow", [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
     assert record["status"] == "timed out" and record["returncode"] is None
     assert record["reason"].startswith("still running after its 1 s limit (slow, not failed")
-    report = _gpu_report.finish({"dry_run": False, "sections": {"pytest": [record]}}, 1.0)
+    report = gpu_report.finish({"dry_run": False, "sections": {"pytest": [record]}}, 1.0)
     assert report["summary"]["timed_out"] == 1 and report["summary"]["failed"] == 0
-    assert _gpu_report.exit_status(report) == 3
+    assert gpu_report.exit_status(report) == 3
 
 
 def test_a_crash_of_the_script_still_writes_the_report(sample, tmp_path, fake_machine,
@@ -110,7 +114,7 @@ def test_a_crash_of_the_script_still_writes_the_report(sample, tmp_path, fake_ma
     def broken(*args):
         raise KeyError("lmdb")
 
-    monkeypatch.setattr(gpu_check, "prepare_data", broken)
+    monkeypatch.setattr(full, "prepare_data", broken)
     code, out, report = gpu_run(sample, tmp_path)
     assert code == 1
     (row,) = report["sections"]["internal"]
@@ -128,7 +132,7 @@ def hidden_nvidia_env(tmp_path) -> dict:
 
 
 def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
-    code = ("from tools import _gpu_runner as r; "
+    code = ("from tools.gpu_check import install as r; "
             "print(r.has_module('nvidia.nvimgcodec'), r.has_module('json'))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env=hidden_nvidia_env(tmp_path))
@@ -163,14 +167,14 @@ def dali_wheel(folder, cuda: str) -> str:
 def test_a_dali_wheel_for_another_cuda_major_is_left_out(tmp_path, monkeypatch):
     """The bundle's DALI must match torch's CUDA major: else it is not installed, and its
     record (skipped) makes the run not proven."""
-    monkeypatch.setattr(_gpu_runner, "torch_cuda", lambda: "12.8")
-    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    monkeypatch.setattr(install, "torch_cuda", lambda: "12.8")
+    runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheel = dali_wheel(str(tmp_path), "13")
-    assert _gpu_runner.wheel_module(wheel) == "nvidia.dali"
-    (record,) = _gpu_runner.install(runner, [wheel], str(tmp_path / "site"))
+    assert install.wheel_module(wheel) == "nvidia.dali"
+    (record,) = install.install(runner, [wheel], str(tmp_path / "site"))
     assert record["name"] == "dali-wheel" and record["status"] == "skipped"
     assert "is for CUDA 13, torch here for CUDA 12.8 (make gpu-bundle CUDA=12)" in record["reason"]
-    assert _gpu_runner.dali_wheel_mismatch(dali_wheel(str(tmp_path), "12"), "12.8") is None
+    assert install.dali_wheel_mismatch(dali_wheel(str(tmp_path), "12"), "12.8") is None
 
 
 def test_wheels_under_nvidia_are_judged_by_their_distribution(tmp_path, monkeypatch):
@@ -179,16 +183,16 @@ def test_wheels_under_nvidia_are_judged_by_their_distribution(tmp_path, monkeypa
     path = os.path.join(tmp_path, "nvidia_nvjpeg-13.0-py3-none-manylinux_2_28_x86_64.whl")
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("nvidia/cu13/lib/libnvjpeg.so.13", "")
-    monkeypatch.setattr(_gpu_runner, "has_module", lambda name: True)
-    monkeypatch.setattr(_gpu_runner, "has_distribution", lambda name: False)
-    assert _gpu_runner.wheel_module(path) == "nvidia.cu13" and _gpu_runner.wheel_is_missing(path)
-    monkeypatch.setattr(_gpu_runner, "has_distribution", lambda name: True)
-    assert not _gpu_runner.wheel_is_missing(path)
+    monkeypatch.setattr(install, "has_module", lambda name: True)
+    monkeypatch.setattr(install, "has_distribution", lambda name: False)
+    assert install.wheel_module(path) == "nvidia.cu13" and install.wheel_is_missing(path)
+    monkeypatch.setattr(install, "has_distribution", lambda name: True)
+    assert not install.wheel_is_missing(path)
 
 
 def test_driver_api_version_needs_no_torch_internals():
     """torch 2.14 has no torch._C._cuda_getDriverVersion; libcuda answers, or None here."""
-    version = _gpu_runner.cuda_driver_api()
+    version = machine.cuda_driver_api()
     assert version is None or version.count(".") == 1
 
 
@@ -197,14 +201,15 @@ def test_dali_section_fails_what_a_gpu_decode_must_prove(sample, tmp_path, fake_
     """A machine where nvJPEG does not decode on the GPU, and whose device memory grows epoch
     after epoch under DALI: both rows fail with the reason, and the check exits 1."""
     fake_machine()
-    monkeypatch.setattr(_gpu_runner.Runner, "gpu_decode_problem", "libnvjpeg not found",
-                        raising=False)
-    monkeypatch.setattr(_gpu_runner.Runner, "memory_growth_mib", 4000.0, raising=False)
+    monkeypatch.setattr(gpu_runner.Runner, "dali_on_cpu", True, raising=False)
+    monkeypatch.setattr(gpu_runner.Runner, "memory_growth_mib", 4000.0, raising=False)
     code, _, report = gpu_run(sample, tmp_path, "--only", "dali")
     rows = {r["name"]: r for r in report["sections"]["dali"]}
     assert code == 1
     assert rows["dali-gpu-decode"]["status"] == "failed"
-    assert rows["dali-gpu-decode"]["reason"] == "libnvjpeg not found"
+    assert rows["dali-gpu-decode"]["reason"] == (
+        "DALI's mixed decode gave TensorListGPU, nvImageCodec's GPU backends did not into device "
+        "memory, libnvjpeg mapped: none")
     assert rows["dali-memory"]["status"] == "failed"
     assert "device memory grew from 20000 to 28000 MiB" in rows["dali-memory"]["reason"]
     assert rows["loader-dali-mixed-j1"]["status"] == "passed"  # 5.12x the CPU decode
@@ -216,7 +221,7 @@ def test_gpu_tests_find_the_bundles_sample_and_batch_rows_fail_on_cpu_fallbacks(
     not travel): every pytest row gets the bundle's; and a ``--decode-device cuda`` row whose
     run sent samples to the CPU fallback fails, naming how many."""
     fake_machine()
-    monkeypatch.setattr(_gpu_runner.Runner, "cpu_fallbacks", 3, raising=False)
+    monkeypatch.setattr(gpu_runner.Runner, "cpu_fallbacks", 3, raising=False)
     code, _, report = gpu_run(sample, tmp_path, "--only", "pytest", "gpudecode")
     assert code == 1
     for row in report["sections"]["pytest"]:

@@ -1,7 +1,7 @@
-"""``tools/gpu_check.py`` (``make gpu-check``): its CPU dry run end to end on 8 real
-ImageNet classes, its one-line input errors, and what a GPU run relies on that the dry run
-cannot reach here: installing the bundle's wheels, a test file skipped at collection, the time
-budget and the Makefile targets (reading main.py's figures and the report: test_gpu_report.py)."""
+"""The full check (``make gpu-check``): its CPU dry run end to end on 8 real ImageNet classes,
+its one-line input errors, and what a GPU run relies on that the dry run cannot reach here:
+installing the bundle's wheels, a test file skipped at collection, the time budget and the
+Makefile targets (reading main.py's figures and the report: test_report.py)."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +17,10 @@ import pytest
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import fake_gpu_run, fake_wheel, gpu_check_cli, make_bundle
-from tools import _gpu_report, _gpu_runner, gpu_check
+from tools.gpu_check import data, full, install, machine
+from tools.gpu_check import report as gpu_report
+from tools.gpu_check import rows as gpu_rows
+from tools.gpu_check import runner as gpu_runner
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def dry_run(sample, tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-check")
     bundle = make_bundle(sample, root / "bundle")
     with pytest.MonkeyPatch.context() as patch:  # its main.py processes start warm
-        patch.setattr(_gpu_runner, "subprocess", warm)
+        patch.setattr(gpu_runner, "subprocess", warm)
         code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out",
                                         str(root / "out")])
     report = json.loads((root / "out" / "report.json").read_text())
@@ -35,7 +38,7 @@ def dry_run(sample, tmp_path_factory):
 
 
 def test_dry_run_passes_and_ends_with_a_summary(dry_run):
-    failed = [r for r in _gpu_report.rows_of(dry_run.report) if r["status"] == "failed"]
+    failed = [r for r in gpu_report.rows_of(dry_run.report) if r["status"] == "failed"]
     assert dry_run.code == 0, (failed, dry_run.stderr)
     summary = dry_run.report["summary"]
     assert summary["failed"] == 0 and summary["passed"] >= 10
@@ -82,7 +85,11 @@ def test_training_rows_through_main_py(dry_run):
         assert row["speed_key"] in ("steady_images_per_sec", "train_images_per_sec")
         assert row["includes_warmup"] == (row["speed_key"] == "train_images_per_sec")
         assert "main.py" in row["command"] and "--amp --channels-last -b 4" in row["command"]
-        assert "--train-batches 3 " in row["command"] and "--benchmark-warmup 1 " in row["command"]
+        # steady state: warmed up past every batch the pipeline holds ready, then 2 steps
+        warm = row["warmup_steps"]
+        assert row["timed_steps"] == 2 and warm == gpu_rows.ready_batches(row["loader"], 0) + 1
+        assert f"--train-batches {warm + 2} " in row["command"]
+        assert f"--benchmark-warmup {warm} " in row["command"]
     assert rows["synthetic"]["ratio_to_synthetic"] == 1.0
     (low, *_) = dry_run.sections["resolution"]
     assert low["status"] == "passed" and low["res"] == 16 and low["speedup"] > 0, low
@@ -107,32 +114,39 @@ def test_loader_only_rows(dry_run):
 
 
 def test_gpu_decode_section(dry_run):
-    """Issue 38's rows, run on nvImageCodec's CPU backend in a dry run: the GPU probe is not
-    proven here; the one-worker timing pair and ResNet-18 at a low side run the pipeline."""
+    """The batch decode's rows, run on nvImageCodec's CPU backend in a dry run: the GPU probe
+    is not proven here; the one-worker timing pair and ResNet-18 at a low side run the
+    pipeline, each naming the decoder that did the work."""
     rows = {r["name"]: r for r in dry_run.sections["gpudecode"]}
     # the probe runs on nvImageCodec's CPU backend and torchvision on the CPU: the code only
     assert rows["gpu-decode-probe"]["status"] == "passed", rows["gpu-decode-probe"]
     assert rows["gpu-decode-probe"]["torchvision"]["fallback"] == 0
+    assert any("libnvimgcodec" in p for p in rows["gpu-decode-probe"]["libraries"])
+    assert rows["gpu-decode-hardware"]["status"] == "skipped"  # no JPEG engine on a CPU
     for name in ("loader-gpudecode-cuda-j1", "loader-gpudecode-cpu-j1"):
         assert rows[name]["status"] == "passed" and rows[name]["images_per_sec"] > 0
         assert rows[name]["workers"] == 1
     assert "--decode-device cpu-nvimgcodec" in rows["loader-gpudecode-cuda-j1"]["command"]
     assert rows["loader-gpudecode-cpu-j1"]["decode_device"] == "cpu"
     assert rows["loader-gpudecode-cuda-j1"]["gpu_over_cpu"] > 0
+    assert rows["loader-gpudecode-cuda-j1"]["decoder"] == "nvImageCodec CPU"
     (low,) = [r for r in dry_run.sections["gpudecode"] if r.get("res") == 16]
     assert low["status"] == "passed" and low["loader"] == "gpudecode-lmdb"
+    assert low["decoder"] == "nvImageCodec CPU"
     assert "## 8. GPU decoding without DALI" in (dry_run.out / "report.md").read_text()
 
 
 def test_dali_section(dry_run):
-    """Issue 37's rows, run on DALI's CPU backend in a dry run: the GPU decode proof is not
-    proven here, the one-thread timing pair and ResNet-18 at a low side run, and the memory
-    row records host RSS after each of 3 epochs (no device memory off CUDA)."""
+    """DALI's rows, run on DALI's CPU backend in a dry run: the probe imports DALI first and
+    decodes (on the CPU), the one-thread timing pair and ResNet-18 at a low side run, and the
+    memory row records host RSS after each of 3 epochs (no device memory off CUDA)."""
     rows = {r["name"]: r for r in dry_run.sections["dali"]}
     if "dali" in rows:  # DALI not installed: one skipped row
         assert rows["dali"]["reason"] == "not installed"
         return
-    assert rows["dali-gpu-decode"]["status"] == "skipped"
+    probe = rows["dali-gpu-decode"]
+    assert probe["status"] == "passed" and probe["shape"] == [48, 64, 3], probe
+    assert probe["output"] == "TensorListCPU" and probe["dali_file"]
     for name in ("loader-dali-mixed-j1", "loader-dali-cpu-j1"):
         assert rows[name]["status"] == "passed" and rows[name]["images_per_sec"] > 0
         assert rows[name]["workers"] == 1
@@ -173,7 +187,7 @@ def test_report_md_has_the_tables_and_commands(dry_run):
 def test_bad_path_is_one_line(tmp_path, flag):
     code, out, err = gpu_check_cli([flag, str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith(f"gpu_check.py: error: {flag} ")
+    assert err.count("\n") == 1 and err.startswith(f"gpu_check: error: {flag} ")
 
 
 def test_bundle_without_sample_is_one_line(tmp_path):
@@ -194,24 +208,57 @@ def test_spent_budget_skips_every_command(sample, tmp_path):
     assert report["sections"]["nccl"][0]["reason"] == "time budget"
 
 
-def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
-    """The GPU mode's commands and decisions, with every command faked as on one H100: the
-    flags the brief fixes, --compile on the best loader after a 20% gain, the target judged."""
-    monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
-    monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
-    monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
-    # fewer steps than the default 10 + 40: each symlink costs ~0.5 ms on this disk
-    code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
-                            "--steps", "2", "--warmup", "1"])
-    report = json.loads((tmp_path / "o" / "report.json").read_text())
+@pytest.fixture(scope="module")
+def gpu_plan(sample, tmp_path_factory):
+    """The GPU mode with every command faked as on one H100: (exit status, stdout, the report,
+    the commands run, the output folder)."""
+    root = tmp_path_factory.mktemp("gpu-plan")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu_runner.Runner, "calls", [], raising=False)
+        patch.setattr(gpu_runner.Runner, "run", fake_gpu_run)
+        patch.setattr(machine.shutil, "which", lambda name: None)  # no nvidia-smi
+        # a short epoch: each symlink costs ~0.5 ms on this disk, and the commands are faked
+        patch.setattr(data, "data_batches", lambda s, m: 8)
+        bundle = make_bundle(sample, root / "bundle", classes=2)
+        code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(root / "o")])
+        calls = gpu_runner.Runner.calls
+    report = json.loads((root / "o" / "report.json").read_text())
+    return SimpleNamespace(code=code, out=out, report=report, calls=calls, root=root)
+
+
+def test_gpu_plan_decoders_named_and_swept(gpu_plan):
+    """Both GPU decoders' sections: the probes, the hardware decoder's share and -j swept,
+    the decoder named on every batch-decode row, DALI's proof rows and memory."""
+    report = gpu_plan.report
     gpudecode = {r["name"]: r for r in report["sections"]["gpudecode"]}
-    # 58 with gpu-decode-probe: its decoder line no longer overwrites the row's status
-    assert code == 0 and report["summary"] == {"passed": 58, "failed": 0, "timed_out": 0,
-                                               "skipped": 0, "not_proven": 0}
-    assert gpudecode["gpu-decode-probe"]["status"] == "passed"
+    assert gpu_plan.code == 0 and report["summary"] == {
+        "passed": 59, "failed": 0, "timed_out": 0, "skipped": 0, "not_proven": 0}
+    assert gpudecode["gpu-decode-probe"]["on_device"] == 2
+    assert gpudecode["gpu-decode-hardware"]["window"] is True
+    # the hardware decoder takes windows: every batch-decode row names it
+    assert {r.get("decoder") for r in report["sections"]["gpudecode"] if r.get("loader") ==
+            "gpudecode-lmdb"} == {"nvImageCodec hardware"}
+    assert gpudecode["loader-gpudecode-cuda-j1"]["gpu_over_cpu"] == 5.12
+    assert [gpudecode[f"loader-gpudecode-hw{x}"]["hw_decoder_load"] for x in (0.0, 0.65, 1.0)
+            ] == [0.0, 0.65, 1.0]
+    assert [gpudecode[f"loader-gpudecode-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [
+        2, 4, 8, 15]
+    assert "--decode-device" not in gpudecode["loader-lmdb-cpu-j8"]["command"]
+    dali = {r["name"]: r for r in report["sections"]["dali"]}
+    assert dali["dali-gpu-decode"]["status"] == "passed"
+    assert dali["loader-dali-mixed-j1"]["gpu_over_cpu"] == 5.12
+    assert [dali[f"loader-dali-hw{x}"]["hw_decoder_load"] for x in (0.65, 0.9, 1.0)] == [
+        0.65, 0.9, 1.0]
+    assert [dali[f"loader-dali-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [2, 4, 8, 15]
+    assert dali["dali-memory"]["device_memory_mib"] == [20000.0] * 3
+
+
+def test_gpu_plan_commands_compile_and_target(gpu_plan):
+    """The flags the brief fixes, steady-state sizes, --compile on the best loader after a 20%
+    gain, the target judged."""
+    report, out = gpu_plan.report, gpu_plan.out
     assert "GPU path proven: every check ran and passed" in out
-    train = [c for c in _gpu_runner.Runner.calls if "--epochs" in c and "-a" in c]
+    train = [c for c in gpu_plan.calls if "--epochs" in c and "-a" in c]
     # NCCL, ResNet-50 from 5 loaders, DALI's section (ResNet-18 at 160 px from synthetic data
     # and DALI, 3 epochs for memory), the batch decode's (ResNet-50 and -18 at 224 and 160
     # px), 160 px, ResNet-18 from 5 loaders, --compile
@@ -220,46 +267,34 @@ def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
         "resnet18"] * 5 + ["resnet50", "resnet50", "resnet18", "resnet18"]
     assert all(" ".join(c).endswith("--decode-device cuda") for c in train[9:13])
     assert ["--train-crop-size" in c for c in train[9:13]] == [False, True, False, True]
-    assert gpudecode["gpu-decode-probe"]["on_device"] == 2
-    assert gpudecode["loader-gpudecode-cuda-j1"]["gpu_over_cpu"] == 5.12
-    assert [gpudecode[f"loader-gpudecode-hw{x}"]["hw_decoder_load"] for x in (0.0, 0.65, 1.0)
-            ] == [0.0, 0.65, 1.0]
-    assert [gpudecode[f"loader-gpudecode-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [
-        2, 4, 8, 15]
-    assert "--decode-device" not in gpudecode["loader-lmdb-cpu-j8"]["command"]
     # progressive resizing's gain: ResNet-50 at 160 px on synthetic data, the best loader and
     # DALI reading the LMDB
     resolution = [(r["loader"], r["res"], r["speedup"]) for r in report["sections"]["resolution"]]
     assert resolution == [("synthetic", 160, 1.8), ("dali", 160, 1.8), ("dali-lmdb", 160, 1.8)]
     assert all(" ".join(c).endswith("--train-crop-size 160") for c in train[6:8] + train[13:16])
-    dali = {r["name"]: r for r in report["sections"]["dali"]}
-    assert dali["dali-gpu-decode"]["status"] == "passed"
-    assert dali["loader-dali-mixed-j1"]["gpu_over_cpu"] == 5.12
-    assert [dali[f"loader-dali-hw{x}"]["hw_decoder_load"] for x in (0.65, 0.9, 1.0)] == [
-        0.65, 0.9, 1.0]
-    assert [dali[f"loader-dali-j{j}"]["workers"] for j in (2, 4, 8, 15)] == [2, 4, 8, 15]
-    assert dali["dali-memory"]["device_memory_mib"] == [20000.0] * 3
     train = [c for c in train if "--epochs 3" not in " ".join(c)]  # the memory run
-    for cmd in train[1:]:
+    for cmd in train[1:]:  # 16 cores, -j auto: warmed up past 4 x 16 + 2 ready batches
         line = " ".join(cmd)
-        assert "--amp --channels-last -b 256 --epochs 1 --train-batches 3 " in line
-        assert "--benchmark-warmup 1 -j auto --gpu 0" in line and "--no-accel" not in line
+        warm = 5 + (0 if "--dummy" in cmd else 10 if "--dali" in cmd else 4 * 16 + 2 + (
+            3 if "--decode-device" in cmd else 0))
+        assert f"--amp --channels-last -b 256 --epochs 1 --train-batches {warm + 200} " in line
+        assert f"--benchmark-warmup {warm} -j auto --gpu 0" in line and "--no-accel" not in line
     assert "--dist-backend nccl" in " ".join(train[0]) and "-b 256" in " ".join(train[0])
     compiled = [(r["model"], r["loader"]) for r in report["sections"]["compile"]]
     assert compiled == [("resnet50", "synthetic"), ("resnet50", "dali"),
                         ("resnet18", "synthetic"), ("resnet18", "dali")]
     assert report["sections"]["compile"][0]["speedup"] == 1.2
     assert report["target"]["met"] is True and report["target"]["best_loader"] == "dali"
-    folder = _gpu_report.find(report["sections"]["training"], "resnet50", "folder")
+    folder = gpu_report.find(report["sections"]["training"], "resnet50", "folder")
     assert folder["ratio_to_synthetic"] == 0.7 and folder["device"] == "cuda:0"
     assert "target: resnet50 best loader >= 95% of synthetic: met (best: dali at 98%)" in out
-    text = (tmp_path / "o" / "report.md").read_text()
+    text = (gpu_plan.root / "o" / "report.md").read_text()
     assert "1x NVIDIA H100 80GB HBM3" in text and "| resnet50 | dali | yes |" in text
     assert "| resnet50 | dali | 160 |" in text
     assert report["sections"]["nccl"][0]["process_group"] is True
     # -j auto takes every core: the folder and LMDB loaders alone again with 15 of 16
     alone = [(r["name"], " ".join(c[c.index("-j"):c.index("-j") + 2]))
-             for r in report["sections"]["loaders"] for c in _gpu_runner.Runner.calls
+             for r in report["sections"]["loaders"] for c in gpu_plan.calls
              if r.get("command") == " ".join(c)]
     assert alone == [("loader-folder", "-j auto"), ("loader-folder-j15", "-j 15"),
                      ("loader-lmdb", "-j auto"), ("loader-lmdb-j15", "-j 15"),
@@ -271,9 +306,9 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
     """Only wheels of modules this interpreter lacks are installed, with pip or, without it,
     unpacked; every later command sees them through PYTHONPATH."""
     wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "json")]
-    monkeypatch.setattr(_gpu_runner, "has_pip", lambda: with_pip)
-    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    (record,) = _gpu_runner.install(runner, wheels, str(tmp_path / "site"))
+    monkeypatch.setattr(install, "has_pip", lambda: with_pip)
+    runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    (record,) = install.install(runner, wheels, str(tmp_path / "site"))
     assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
     assert ("-m pip install" in record["command"]) == with_pip
     result = subprocess.run([sys.executable, "-c", "import gpucheck_fake as m; print(m.VALUE)"],
@@ -285,8 +320,8 @@ def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
     """has_pip() must not import-probe pip: setuptools' _distutils_hack then turns its distutils
     shim off for the whole process, and torch.compile later in the suite failed with
     ``AssertionError: .../distutils/core.py``."""
-    probe = ("import sys; from tools import _gpu_runner; "
-             "_gpu_runner.has_pip() if sys.argv[1] == '1' else None; "
+    probe = ("import sys; from tools.gpu_check import install; "
+             "install.has_pip() if sys.argv[1] == '1' else None; "
              "import warnings; warnings.simplefilter('ignore'); import distutils; "
              "print(distutils.__file__)")
     where = [subprocess.run([sys.executable, "-c", probe, flag], cwd=REPO, capture_output=True,
@@ -297,9 +332,9 @@ def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
 
 
 def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
-    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheels = [fake_wheel(str(tmp_path), "json")]
-    assert _gpu_runner.install(runner, wheels, str(tmp_path / "s")) == []
+    assert install.install(runner, wheels, str(tmp_path / "s")) == []
     assert "PYTHONPATH" not in runner.env or str(tmp_path) not in runner.env["PYTHONPATH"]
 
 
@@ -314,14 +349,14 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
         return {"name": name, "command": " ".join(cmd), "returncode": code,
                 "status": "passed" if code == 0 else "failed", "reason": f"exit status {code}"}
 
-    monkeypatch.setattr(_gpu_runner.Runner, "run", run)
-    runner = _gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    row = gpu_check.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")
+    monkeypatch.setattr(gpu_runner.Runner, "run", run)
+    runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
+    row = gpu_rows.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
     out = out.replace("1 skipped", "1 failed, 1 skipped")
-    monkeypatch.setattr(_gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
-    assert gpu_check.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
+    monkeypatch.setattr(gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
+    assert gpu_rows.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
 
 
 def make_n(*args, **env_vars):
@@ -345,7 +380,7 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     parts = make_n("gpu-check", "PARTS=/tmp/gpu-parts")
     assert "-m tools.gpu_check --out gpu-check-output --parts /tmp/gpu-parts" in parts.stdout
     bundle = make_n("gpu-bundle").stdout
-    assert "-m tools.gpu_bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
+    assert "-m tools.gpu_check.bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom

@@ -1,20 +1,21 @@
-"""``tools/_gpu_report.py`` and ``_gpu_markdown.py``: what ``make gpu-check`` reads from
-main.py's runs and pytest's output, and how it judges and shows them, on made-up rows and
-files (the dry run end to end is ``test_gpu_check.py``)."""
+""":mod:`tools.gpu_check.report` and ``markdown``: what the check reads from main.py's runs and
+pytest's output, and how it judges and shows them, on made-up rows and files (the dry run end
+to end is ``test_full.py``)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from tools import _gpu_markdown, _gpu_report
+from tools.gpu_check import markdown
+from tools.gpu_check import report as gpu_report
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):
     def speed(**record):
         record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
         (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-        return _gpu_report.read_speed(str(tmp_path))
+        return gpu_report.read_speed(str(tmp_path))
 
     assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
     for missing in ({}, {"steady_images_per_sec": None}):
@@ -23,7 +24,7 @@ def test_speed_falls_back_to_the_whole_epoch(tmp_path):
         assert fallback["speed_key"] == "train_images_per_sec"
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError):
-        _gpu_report.read_speed(str(tmp_path))
+        gpu_report.read_speed(str(tmp_path))
 
 
 def test_a_run_whose_loss_is_nan_fails(tmp_path):
@@ -32,10 +33,10 @@ def test_a_run_whose_loss_is_nan_fails(tmp_path):
     record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
     with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
-        _gpu_report.read_speed(str(tmp_path))
+        gpu_report.read_speed(str(tmp_path))
     record["train_loss"] = 4.5
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    assert _gpu_report.read_speed(str(tmp_path))["train_loss"] == 4.5
+    assert gpu_report.read_speed(str(tmp_path))["train_loss"] == 4.5
 
 
 def test_pytest_summary_and_failing_tests_are_parsed():
@@ -44,12 +45,12 @@ def test_pytest_summary_and_failing_tests_are_parsed():
             "FAILED tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
             "ERROR tests/loaders/test_dali.py::test_contract[dali] - OSError\n"
             "1 failed, 3 passed, 1 skipped, 250 deselected, 1 error in 12.34s\n")
-    parsed = _gpu_report.parse_pytest(text)
+    parsed = gpu_report.parse_pytest(text)
     assert parsed["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1,
                                 "deselected": 250}
     assert parsed["failed_tests"] == ["tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu",
                                       "tests/loaders/test_dali.py::test_contract[dali]"]
-    assert _gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
+    assert gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
 
 
 def test_the_target_caps_a_training_share_by_the_loader_alone():
@@ -67,12 +68,12 @@ def test_the_target_caps_a_training_share_by_the_loader_alone():
               "images_per_sec": 4600.0},  # not main.py's default -j: does not count
              {"name": "loader-lmdb", "loader": "lmdb", "status": "passed",
               "images_per_sec": 2933.6}]
-    capped = _gpu_report.target(rows, "resnet50", 0.95, False, alone)
+    capped = gpu_report.target(rows, "resnet50", 0.95, False, alone)
     assert capped["met"] is False and capped["best_loader"] == "lmdb"
     assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
-    assert _gpu_report.target_text(capped) == (
+    assert gpu_report.target_text(capped) == (
         "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb at 64%)")
-    uncapped = _gpu_report.target(rows, "resnet50", 0.95, False)
+    uncapped = gpu_report.target(rows, "resnet50", 0.95, False)
     assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
     assert "no loader-only figure" in uncapped["note"]
 
@@ -94,15 +95,41 @@ def test_training_table_shows_the_loader_alone_bound():
                      "images_per_sec": 2859.6},
                     {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
                      "images_per_sec": 4600.0}]}}
-    lines = _gpu_markdown.training_md(report).splitlines()
+    lines = markdown.training_md(report).splitlines()
     cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[6].strip()
              for line in lines if line.startswith("| resnet")}
     assert cells[("resnet50", "folder", "")] == "62%"  # 2859.6 / 4575.5
     assert cells[("resnet18", "folder", "")] == "19%"  # 2859.6 / 14776
     assert cells[("resnet50", "synthetic", "")] == cells[("resnet50", "synthetic", "yes")] == "-"
-    assert "bounds its steady share" in lines[-1]
+    judged = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[7].strip()
+              for line in lines if line.startswith("| resnet")}
+    assert judged[("resnet50", "folder", "")] == "62%"  # capped by the loader alone
+    assert "bounds the share it can feed" in lines[-1]
     del report["sections"]["loaders"]
-    assert "bounds its steady share" not in _gpu_markdown.training_md(report)
+    assert "bounds the share" not in markdown.training_md(report)
+
+
+def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
+    """Data-fed training cannot beat synthetic data: a share above 100% by more than the
+    spread of either row's steps is a failed row, within it the share counts as 100%."""
+    def record(p50, p90):
+        return {"epoch": 0, "train_images_per_sec": 9.0, "steady_images_per_sec": 10.0,
+                "stages_step_ms_p50": p50, "stages_step_ms_p90": p90}
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record(50.0, 52.0)) + "\n")
+    assert gpu_report.read_speed(str(tmp_path))["spread"] == 0.04
+    synthetic = {"status": "passed", "loader": "synthetic", "images_per_sec": 4900.0,
+                 "spread": 0.04}
+    row = {"name": "train-resnet50-lmdb", "status": "passed", "loader": "lmdb",
+           "images_per_sec": 4900.0 * 1.48, "spread": 0.01}
+    failed = gpu_report.over_synthetic(dict(row), synthetic)
+    assert failed["status"] == "failed" and failed["ratio_to_synthetic"] == 1.48
+    assert failed["reason"] == ("148% of synthetic, beyond the steps' spread of 4%: not a "
+                                "steady-state figure")
+    within = gpu_report.over_synthetic({**row, "images_per_sec": 4900.0 * 1.03}, synthetic)
+    assert within["status"] == "passed" and gpu_report.capped(within["ratio_to_synthetic"],
+                                                              None) == 1.0
+    assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
 
 
 # main.py's output around a stage table (engine.bounds' lines), as a training run prints it
@@ -123,24 +150,24 @@ def test_stage_figures_and_lines_are_read_from_main_py():
     """A row carries why its images/s is what it is: the ``stages_*`` figures of its record
     and the stage table main.py printed (training: the last epoch's; --benchmark-data: the
     loader's, whose advice lines follow the bound)."""
-    lines = _gpu_report.stage_lines(_TRAINING_OUT)
+    lines = gpu_report.stage_lines(_TRAINING_OUT)
     assert lines[0].startswith("stages over 64 images") and len(lines) == 7
     assert lines[-2].startswith("  data-bound:") and lines[-1].startswith("  try -j 2")
     without = ("epoch 0: ...\n  training thread per batch: wait 1 ms\n"
                "  model-bound: the model takes 9\n")
-    assert _gpu_report.stage_lines(without) == ["  training thread per batch: wait 1 ms",
+    assert gpu_report.stage_lines(without) == ["  training thread per batch: wait 1 ms",
                                                 "  model-bound: the model takes 9"]
-    assert _gpu_report.stage_lines("no table here\n") == []
+    assert gpu_report.stage_lines("no table here\n") == []
     record = {"images_per_sec": 9.0, "stages_bound": "data", "stages_advice": ["-j 2"],
               "stages_decode_ms_p50": 0.34}
-    assert _gpu_report.stage_figures(record) == {"stages_bound": "data", "stages_advice": ["-j 2"],
+    assert gpu_report.stage_figures(record) == {"stages_bound": "data", "stages_advice": ["-j 2"],
                                                  "stages_decode_ms_p50": 0.34}
 
 
 def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
     from types import SimpleNamespace
 
-    from tools import _gpu_rows
+    from tools.gpu_check import rows as gpu_rows
 
     benchmark = {"loader": "lmdb", "images": 64, "seconds": 0.5, "images_per_sec": 128.0,
                  "device": "cpu", "stages_bound": None, "stages_read_ms_p50": 0.04,
@@ -159,7 +186,7 @@ def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
 
     s = SimpleNamespace(steps=2, warmup=1, batch=8, sizes=[], accel=[], dry_run=True,
                         out=str(tmp_path), workers="1")
-    row = _gpu_rows.loader_row(Runner(), s, "lmdb", [], "1", "loader-lmdb")
+    row = gpu_rows.loader_row(Runner(), s, {}, "lmdb", [], "1", "loader-lmdb")
     assert row["stages"] == {"stages_bound": None, "stages_read_ms_p50": 0.04,
                              "stages_advice": []}
     assert not any(k.startswith("stages_") for k in row) and row["images_per_sec"] == 128.0
@@ -175,9 +202,9 @@ def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
             return super().run(name, cmd, timeout, env)
 
     data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
-    row = _gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb")
+    row = gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb")
     assert row["status"] == "passed" and row["stages"]["stages_bound"] == "data"
     assert row["stages"]["stages_advice"] == record["stages_advice"]
     assert row["stage_lines"][0].startswith("stages over")
-    md = _gpu_markdown.stages_md({"sections": {"training": [row]}})
+    md = markdown.stages_md({"sections": {"training": [row]}})
     assert "### train-resnet18-lmdb" in md and "  try -j 2" in md

@@ -1,4 +1,4 @@
-"""A wheel too large for one transfer to a GPU machine, carried in parts (issue 37).
+"""A wheel too large for one transfer to a GPU machine, carried in parts.
 
 NVIDIA DALI's wheel (nvidia-dali-cuda130 2.4.0: 198,655,209 bytes) cannot cross in one call of
 a device tool that carries at most 64 MiB. :func:`split` cuts it into parts of at most
@@ -6,15 +6,11 @@ a device tool that carries at most 64 MiB. :func:`split` cuts it into parts of a
 :data:`MANIFEST`, in ``sha256sum``'s format: one line for each part and one for the whole
 wheel. :func:`reassemble` checks every part, joins them and checks the whole, so a part lost
 or damaged on the way is one line naming it, never a broken install.
-
-    python -m tools.wheel_parts split WHEEL DIR        # DIR/NAME.partNN + DIR/SHA256SUMS
-    python -m tools.wheel_parts reassemble DIR OUT     # OUT/NAME, checked
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from typing import Sequence
 
 PART_BYTES = 60 * 2**20  # under the 64 MiB a call carries, with room for the manifest
@@ -100,27 +96,3 @@ def reassemble(folder: str, out: str) -> list[str]:
             raise PartsError(f"{target}: reassembled, but its sha256 differs from {MANIFEST}")
         joined.append(target)
     return joined
-
-
-def main_cli(argv=None) -> int:
-    """``split WHEEL DIR`` or ``reassemble DIR OUT``: 0, or 2 with one line on error."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        if len(argv) == 3 and argv[0] == "split":
-            for part in split(argv[1], argv[2]):
-                print(part)
-            return 0
-        if len(argv) == 3 and argv[0] == "reassemble":
-            for wheel in reassemble(argv[1], argv[2]):
-                print(wheel)
-            return 0
-    except (PartsError, OSError, ValueError) as exc:
-        print(f"wheel_parts: error: {exc}", file=sys.stderr)
-        return 2
-    print("usage: python -m tools.wheel_parts split WHEEL DIR | reassemble DIR OUT",
-          file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main_cli())

@@ -1,78 +1,38 @@
-"""Prove or disprove the whole GPU path in one command (``make gpu-check``, 30-35 minutes on an
-H100 machine), or measure what matters most in a borrowed GPU's 15 minutes (``--lease``).
+"""The full check (``make gpu-check``, 35-40 minutes on an H100 machine; docs/gpu-check.md):
+every section in order of value per second, a row per command, the report always written.
 
-    python3 -m tools.gpu_check --out gpu-check-output              # on a GPU machine with time
-    python3 -m tools.gpu_check --out /tmp/gc --dry-run --data DIR   # CPU, tiny sizes (tests)
-    python3 -m tools.gpu_check --lease                  # each device call of a borrowed GPU
-    python3 -m tools.gpu_check --rehearse               # those calls here, limits checked
-
-``--lease`` and ``--rehearse``: ``_gpu_lease.py``, ``_gpu_plan.py`` (the rows, declared once)
-and ``_gpu_rehearse.py``; docs/gpu-check.md says which calls to make. The rest of this
-docstring is the full check.
-
-Needs the source tree, a Python with torch and torchvision, and ``.gpu-bundle/`` (``make
-gpu-bundle``: lmdb and pytest wheels, 100 real ImageNet images); no network and no venv. lmdb
-or pytest missing from this interpreter are installed from ``BUNDLE/wheels`` into ``OUT/site``,
-which goes on ``PYTHONPATH`` for every command. Every check is a subprocess run from the
-repository root with its own timeout, so one failure never stops the others:
-
-1. environment: GPU, driver, CUDA, torch, torchvision, DALI, CPU cores, Python;
-2. ``python -m pytest -m gpu tests/FILE`` for each file with GPU tests, each with its own
-   timeout: counts and failing tests;
-3. training images/s through ``main.py`` itself on one GPU (``--gpu 0``: never
-   DataParallel over the machine's GPUs; ResNet-50 and ResNet-18, ``--amp --channels-last
-   -b 256``) on synthetic, JPEG-folder, LMDB and DALI data, each loader as a
-   share of synthetic (target: ResNet-50's best loader >= 95%); ``--compile`` on synthetic,
-   and on the best loader when it gains more than 5%;
-4. loader-only images/s (``main.py --benchmark-data``);
-5. ``main.py --multiprocessing-distributed`` with NCCL on every GPU;
-6. progressive resizing's gain (issue 17): ResNet-50 trained at 160 px (FFCV's ``min_res``)
-   against 224 px, on synthetic data, the best loader and DALI reading the LMDB (half the
-   side in a dry run);
-7. DALI's GPU decoding (``_gpu_dali.py``, issue 37): proof that nvJPEG decodes on the GPU, the
-   hardware decoder's share and ``-j`` swept, ResNet-18 at 160 px, memory across epochs.
-8. GPU decoding without DALI (``_gpu_decode.py``, issue 38: ``--decode-device cuda``): proof
-   that nvImageCodec decodes windows into GPU memory, the hardware share and ``-j`` swept,
-   ResNet-50 and ResNet-18 at 224 and 160 px.
-
-DALI's wheel, too large for one transfer, may come in parts (``--parts``, ``make gpu-bundle``
-prints the calls): reassembled, checked and installed with the other wheels first.
-
-The sample is replicated with symlinks so no epoch ends inside the timed steps. Checks that
-would start after ``--budget`` seconds are reported as skipped, and one that is still running
-when the budget runs out is stopped (at the earliest 60 s after it started) and reported so.
-A check still running at its own time limit is reported as "timed out", not failed. Writes
-``OUT/report.json`` (everything), ``OUT/report.md`` (tables, commands, machine) and
-``OUT/logs/`` (each command's stdout and stderr), whatever fails (an error of this script
-itself becomes a failed ``gpu-check`` row). A GPU check that was skipped (not installed, time
-budget, GPU tests skipped by pytest) or timed out is listed as *not proven*, never as passed.
-Exit status 0 when every check ran and passed, 1 when one failed, 3 when none failed but
-some are not proven (a dry run: 0, it proves the script, not the GPU), 2 for bad input (one
-line on stderr), 130 when interrupted (the report so far is written).
+Sections: the environment; the ``gpu``-marked tests (one pytest run per file); ResNet-50 and
+ResNet-18 trained through ``main.py`` on one GPU (``--gpu 0``, ``--amp --channels-last -b
+256``) from synthetic data, the JPEG folder, the LMDB and DALI, each a share of synthetic
+(target: the best loader >= 95%, capped by the loader alone); each loader alone
+(``--benchmark-data``); ``--multiprocessing-distributed`` with NCCL on every GPU; ResNet-50 at
+160 px against 224 px; DALI's GPU decoding (:mod:`~tools.gpu_check.dali_rows`); the batch decode
+without DALI (:mod:`~tools.gpu_check.decode_rows`); ``--compile``. Every training and loader
+row is timed in steady state (:mod:`~tools.gpu_check.rows`). A check that was skipped (not
+installed, the time budget, GPU tests skipped by pytest) or timed out is *not proven*, never
+passed.
 """
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil
 import sys
 import time
-import traceback
 
-from . import _gpu_markdown
-from . import _gpu_report as report_
-from ._gpu_dali import dali_rows
-from ._gpu_decode import gpu_decode_rows
-from ._gpu_rows import (TIMEOUTS, announce, join_parts, loader_flags, loader_row, pytest_piece,
-                        train_row)
-from ._gpu_runner import (REPO, Runner, environment, fail, install, prepare_data, probe,
-                          skipped)
-from ._gpu_settings import InputError, get_args_parser, settings
+from . import markdown
+from . import report as report_
+from .dali_rows import dali_rows
+from .data import prepare_data
+from .decode_rows import gpu_decode_rows
+from .install import install, join_parts
+from .machine import environment
+from .rows import TIMEOUTS, announce, loader_flags, loader_row, pytest_piece, train_row
+from .runner import REPO, Runner, crashed, fail, skipped
 
-# synthetic first: the others are shares of it; dali-lmdb: DALI reading the LMDB (issue 37's
-# target pipeline), dali: DALI reading the JPEG folders
+# synthetic first: the others are shares of it; dali-lmdb: DALI reading the LMDB, dali: DALI
+# reading the JPEG folders
 LOADERS = ("synthetic", "folder", "lmdb", "dali", "dali-lmdb")
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
@@ -106,8 +66,7 @@ def training(runner: Runner, s, data, machine, models: list[str]) -> list[dict]:
         for loader in LOADERS:
             row = train_row(runner, s, data, machine, model, loader)
             synthetic = synthetic or row
-            row["ratio_to_synthetic"] = report_.ratio(row, synthetic)
-            rows.append(announce(runner, row))
+            rows.append(announce(runner, report_.over_synthetic(row, synthetic, s.dry_run)))
     return rows
 
 
@@ -146,11 +105,9 @@ def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[
 
 def loader_only(runner: Runner, s, data, machine) -> list[dict]:
     """Section 4: ``main.py --benchmark-data`` for each real loader (its last JSON line), with
-    ``-j`` as set; with ``-j auto`` on a machine of more than 9 cores the folder and LMDB
-    loaders again with one worker per core but one (``-j auto`` takes every core since issue
-    38, so this row measures leaving one to the training process; the first H100 run's 8
-    workers, then ``-j auto``'s cap, fed ResNet-50 at 62% of its synthetic images/s, 16
-    cores)."""
+    ``-j`` as set; with ``-j auto`` (every core) on a machine of more than 9 cores the folder
+    and LMDB loaders again with one worker per core but one: does the training process need a
+    core of its own?"""
     rows = []
     cores = machine.get("cpu_cores") or 0
     for loader in ("folder", "lmdb", "dali", "dali-lmdb"):
@@ -162,7 +119,8 @@ def loader_only(runner: Runner, s, data, machine) -> list[dict]:
                                and not loader.startswith("dali") and not s.dry_run else [])
         for workers in every:
             name = f"loader-{loader}" + ("" if workers == s.workers else f"-j{workers}")
-            rows.append(announce(runner, loader_row(runner, s, loader, flags, workers, name)))
+            rows.append(announce(runner, loader_row(runner, s, machine, loader, flags, workers,
+                                                    name)))
     return rows
 
 
@@ -200,14 +158,11 @@ def nccl(runner: Runner, s, data, machine) -> dict:
     return announce(runner, rec)
 
 
-
-
-
 def run_all(s) -> dict:
     """Every selected section (:func:`run_sections`); returns the report, finished even when
     this script itself fails (a failed ``gpu-check`` row with the traceback's tail) or is
     interrupted (``interrupted`` True; the caller re-raises nothing)."""
-    runner = Runner(s.out, s.budget)
+    runner = Runner(s.out, s.budget, dry_run=s.dry_run)
     report = {"tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
               "dry_run": s.dry_run, "budget_seconds": s.budget, "settings": report_.settings_of(s),
               "sections": {"environment": [], "setup": []}}
@@ -216,9 +171,7 @@ def run_all(s) -> dict:
     except KeyboardInterrupt:
         report["interrupted"] = True
     except Exception as exc:  # noqa: BLE001 -- whatever it is, the report must be written
-        report["sections"]["internal"] = [announce(runner, {
-            "name": "gpu-check", "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
-            "stderr_tail": traceback.format_exc()[-3000:]})]
+        report["sections"]["internal"] = [announce(runner, crashed("gpu-check", exc))]
     return report_.finish(report, runner.elapsed())
 
 
@@ -264,37 +217,16 @@ def run_sections(runner: Runner, s, report: dict) -> None:
         shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
 
 
-def main_cli(argv=None) -> int:
-    """Console entry: 0 when every check ran and passed, 1 when one failed, 3 when none failed
-    but some are not proven on a GPU (skipped or timed out; never in a dry run), 2 for bad
-    input, 130 when interrupted."""
-    args = get_args_parser(__doc__.splitlines()[0]).parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe()))
-        return 0
-    if args.lease:
-        from ._gpu_lease import lease_main
-        return lease_main(args)
-    if args.rehearse:
-        from ._gpu_rehearse import rehearse_main
-        return rehearse_main(args)
-    try:
-        s = settings(args)
-        os.makedirs(s.out, exist_ok=True)
-    except (InputError, OSError) as exc:
-        print(f"gpu_check.py: error: {exc}", file=sys.stderr)
-        return 2
+def full_main(s) -> int:
+    """Run the full check with settings ``s`` and write its report; returns the exit status
+    (:func:`tools.gpu_check.report.exit_status`, 130 when interrupted)."""
     print(f"gpu-check: {'dry run (CPU), ' if s.dry_run else ''}budget {s.budget:.0f} s, "
           f"report in {s.out}", flush=True)
     report = run_all(s)
-    _gpu_markdown.write(s.out, report)
+    markdown.write(s.out, report)
     print(report_.summary_text(report, s.out), flush=True)
     if report.get("interrupted"):
-        print("gpu_check.py: interrupted; the report holds the checks that finished",
+        print("gpu_check: interrupted; the report holds the checks that finished",
               file=sys.stderr)
         return 130
     return report_.exit_status(report)
-
-
-if __name__ == "__main__":
-    sys.exit(main_cli())

@@ -1,5 +1,5 @@
-"""Reading main.py's outputs and assembling the report of ``gpu_check.py`` (rows, ratios, the
-target, what is not proven, the exit status); ``_gpu_markdown`` writes it out.
+"""Reading main.py's outputs and judging them (rows, shares of synthetic, the target, what is
+not proven, the exit status); :mod:`tools.gpu_check.markdown` writes the report out.
 
 Speeds are images/s, times seconds, memory bytes (GiB in report.md); ratios are plain
 fractions in JSON and percentages in report.md. Nothing here runs a command.
@@ -41,9 +41,10 @@ def read_speed(rundir: str) -> dict:
     ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks) or, when
     that is missing or null, ``train_images_per_sec`` with ``includes_warmup`` True;
     ``speed_key`` names the key used. Also ``data_time_fraction``, ``epoch_seconds``,
-    ``val_acc1``, ``train_loss`` and ``stages``: the record's stage figures
-    (:func:`stage_figures`). Raises ValueError when metrics.jsonl has no usable record,
-    or when its training loss is not finite (diverged weights train at full speed too)."""
+    ``val_acc1``, ``train_loss``, ``spread`` (:func:`step_spread`) and ``stages``: the record's
+    stage figures (:func:`stage_figures`). Raises ValueError when metrics.jsonl has no usable
+    record, or when its training loss is not finite (diverged weights train at full speed
+    too)."""
     records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")
@@ -55,7 +56,45 @@ def read_speed(rundir: str) -> dict:
     return {"images_per_sec": last[key], "speed_key": key, "includes_warmup": key == FALLBACK,
             "data_time_fraction": last.get("data_time_fraction"),
             "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
-            "train_loss": loss, "stages": stage_figures(last)}
+            "train_loss": loss, "spread": step_spread(last), "stages": stage_figures(last)}
+
+
+def step_spread(record: dict) -> float | None:
+    """The spread of a run's training steps: (p90 - p50) / p50 of its step seconds (CUDA
+    events around each step on a GPU: the model's time, waits excluded; engine.bounds'
+    ``stages_step_ms_*``), None where main.py wrote none. A step's spread bounds how far two
+    runs' mean images/s can differ by chance, so a loader beating synthetic data by more is
+    not a steady-state figure."""
+    p50, p90 = record.get("stages_step_ms_p50"), record.get("stages_step_ms_p90")
+    return round((p90 - p50) / p50, 4) if p50 and p90 is not None else None
+
+
+def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
+    """``row`` (a training row) with ``ratio_to_synthetic`` (its images/s over ``synthetic``'s)
+    and ``share_spread`` (the larger of both rows' :func:`step_spread`, 0 where unknown);
+    failed when a real loader's ratio exceeds 1 by more than that spread: data-fed training
+    cannot be faster than synthetic, so such a figure timed batches queued before the clock.
+    In a dry run the row only gets a ``note``: on a few CPU cores shared with other jobs, two
+    runs' images/s differ by their load, not their loaders."""
+    row["ratio_to_synthetic"] = ratio(row, synthetic)
+    if row.get("loader") in (None, "synthetic") or row["ratio_to_synthetic"] is None:
+        return row
+    spread = max(row.get("spread") or 0.0, (synthetic or {}).get("spread") or 0.0)
+    row["share_spread"] = spread
+    if row["ratio_to_synthetic"] > 1 + spread:
+        why = (f"{pct(row['ratio_to_synthetic'])} of synthetic, beyond the steps' spread of "
+               f"{pct(spread)}: not a steady-state figure")
+        return {**row, "note": why + " (dry run: not judged)"} if dry_run else {
+            **row, "status": "failed", "reason": why}
+    return row
+
+
+def capped(share: float | None, alone: float | None) -> float | None:
+    """A loader's share of synthetic as judged: its training share, capped by its loader-alone
+    share (where known) and by 1."""
+    if share is None:
+        return None
+    return min(share, alone if alone is not None else share, 1.0)
 
 
 def stage_figures(record: dict) -> dict:
@@ -154,17 +193,17 @@ def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
     """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
     not measured or in a dry run, whose CPU figures say nothing about a GPU).
 
-    A loader's share is its training row's, capped by its ``--benchmark-data`` images/s over
-    synthetic training's where ``loader_rows`` has it: the timed steps start with up to
-    workers x 4 batches the DataLoader queued during start-up, so a loader slower than the
-    GPU can look as fast (the first H100 run: folder 99% of synthetic in training, 62% alone)."""
+    A loader's share is its training row's, capped (:func:`capped`) by its ``--benchmark-data``
+    images/s over synthetic training's where ``loader_rows`` has it: whatever a warm-up leaves
+    queued, the loader alone bounds what it can feed (the first H100 run, timed with the queue
+    full: folder at 99% of synthetic in training, 62% alone)."""
     shares = []
     for row in real_loader_rows(rows, model):
         if not row.get("ratio_to_synthetic"):
             continue
         alone_share = loader_alone_share(rows, loader_rows, row)
-        shares.append((min(row["ratio_to_synthetic"], alone_share or float("inf")),
-                       row["loader"], alone_share))
+        shares.append((capped(row["ratio_to_synthetic"], alone_share), row["loader"],
+                       alone_share))
     share, loader, alone_share = max(shares, default=(None, None, None))
     result = {"model": model, "min_ratio": min_ratio, "best_loader": loader,
               "best_ratio": share, "loader_only_ratio": alone_share,

@@ -1,0 +1,193 @@
+"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a bare GPU machine
+(its Python with torch and torchvision, no network) beside the source tree.
+
+    python -m tools.gpu_check.bundle                     # images generated (tools/datagen.py)
+    python -m tools.gpu_check.bundle --data ~/imagenet   # 100 images of DIR/train
+
+Writes ``OUT/sample/train/<class>/*`` (``--images`` files of ``--data DIR/train``, one per
+class in class order, then a second per class..., or generated ImageNet-sized JPEGs; one line
+says which), ``OUT/sample/val`` (a relative link to ``train``), ``OUT/wheels/`` (binary wheels
+for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest and its dependencies,
+nvImageCodec, nvJPEG) and ``OUT/wheels-dali/`` (NVIDIA DALI for torch's CUDA major, ``--cuda``,
+with what only it pulls in), less numpy (torch's machine has it) and less any distribution
+``wheels/`` already holds. The check installs only the wheels the machine lacks. Then the
+bundle is laid out as the lease's device calls (:mod:`tools.gpu_check.layout`). Exit status 0,
+1 when pip fails (its message is shown), 2 for bad input (one line).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from decode.gpu import nvjpeg_pip_package
+
+from .install import dist_name
+from .layout import (DALI_WHEELS, InputError, calls_text, carried_bytes, folder_bytes,
+                     lay_out_calls)
+from .runner import REPO
+
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# the GPU machine's torch brings numpy; the wheel would only add 16 MB
+ALREADY_THERE = ("numpy",)
+GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default=os.path.join(REPO, ".gpu-bundle"), help="bundle folder "
+                   "(replaced)")
+    p.add_argument("--data", help="image folder with train/<class>/ (default: generate images)")
+    p.add_argument("--images", type=int, default=100,
+                   help="files taken from --data (one per class first); generated: always "
+                   "10 classes x 10 images")
+    p.add_argument("--cuda", help="CUDA major of the GPU machine's torch (default: this torch's, "
+                   "else 13)")
+    p.add_argument("--no-dali", action="store_true", help="leave out DALI (~190 MiB)")
+    p.add_argument("--python-version", default="3.12", help="CPython of the GPU machine")
+    return p
+
+
+def pinned(name: str) -> str:
+    """``name==version`` of the distribution installed here, else ``name``."""
+    try:
+        return f"{name}=={importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return name
+
+
+def local_cuda_major() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "13"
+    return (torch.version.cuda or "13").split(".")[0]
+
+
+def wheel_specs(cuda: str, dali: bool) -> list[str]:
+    """Requirement strings to download: versions of this machine's packages where they are
+    for the same CUDA major, else pip's choice (DALI pins its own CUDA libraries)."""
+    same = cuda == local_cuda_major()
+    specs = [pinned("lmdb"), pinned("pytest")]
+    codec = f"nvidia-nvimgcodec-cu{cuda}"
+    specs.append(pinned(codec) if same else codec)
+    # nvImageCodec declares nvJPEG only as an optional extra: without it every GPU decode of
+    # --decode-device cuda falls back to the CPU, so it is always in the bundle
+    nvjpeg = nvjpeg_pip_package(cuda)
+    specs.append(pinned(nvjpeg) if same else nvjpeg)
+    if dali:
+        name = f"nvidia-dali-cuda{cuda}0"
+        installed = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")
+                     if "==" in pinned(d)]
+        version = installed[0].split("==")[1] if installed else None
+        specs.append(f"{name}=={version}" if version else name)
+    return specs
+
+
+def pip_command(specs: list[str], wheels: str, python_version: str) -> list[str]:
+    """``pip download`` of ``specs`` and their dependencies as binary wheels for CPython
+    ``python_version`` on manylinux x86_64, into ``wheels``."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+    for platform in PLATFORMS:
+        cmd += ["--platform", platform]
+    return cmd + ["-d", wheels, *specs]
+
+
+def copy_sample(data: str, train: str, images: int) -> str:
+    """Copy ``images`` files of ``DATA/train/<class>/`` into ``train``: the first file of each
+    class in sorted order, then the second of each, ...; returns the line that says so.
+    Raises :class:`InputError` when there is no such folder or image."""
+    source = os.path.join(data, "train")
+    if not os.path.isdir(source):
+        raise InputError(f"--data {data}: no train/ folder")
+    files = {}
+    for name in sorted(os.listdir(source)):
+        folder = os.path.join(source, name)
+        if not name.startswith(".") and os.path.isdir(folder):
+            files[name] = sorted(f for f in os.listdir(folder) if not f.startswith(".")
+                                 and os.path.isfile(os.path.join(folder, f)))
+    rounds = range(max(map(len, files.values()), default=0))
+    picked = list(itertools.islice(((name, names[k]) for k in rounds
+                                    for name, names in files.items() if k < len(names)), images))
+    if not picked:
+        raise InputError(f"--data {data}: no images in {source}/<class>/")
+    for name, file in picked:
+        os.makedirs(os.path.join(train, name), exist_ok=True)
+        shutil.copy2(os.path.join(source, name, file), os.path.join(train, name, file))
+    classes = len({name for name, _ in picked})
+    return f"gpu-bundle: images: {len(picked)} files in {classes} classes from {source}"
+
+
+def generate_sample(train: str) -> str:
+    """Generate ImageNet-sized JPEGs (``tools/datagen.py``) into ``train``; returns the line
+    that says so."""
+    from ..datagen import make_split
+
+    g = GENERATED
+    make_split(train, 10, g["per_class"], seed=0, min_size=g["min_size"],
+               max_size=g["max_size"], noise=g["noise"], shapes=g["shapes"])
+    return (f"gpu-bundle: images: {10 * g['per_class']} generated JPEGs ({g['min_size']}-"
+            f"{g['max_size']} px, tools/datagen.py; pass DATA=DIR for real images)")
+
+
+def build(args) -> int:
+    """Write the bundle; returns the exit status. Raises :class:`InputError`."""
+    if args.images < 1:
+        raise InputError(f"--images {args.images}: must be >= 1")
+    cuda = args.cuda or local_cuda_major()
+    if not re.fullmatch(r"1[1-9]", cuda):
+        raise InputError(f"--cuda {cuda}: expected a CUDA major such as 12 or 13")
+    if args.data and not os.path.isdir(args.data):
+        raise InputError(f"--data {args.data}: no such directory")
+    out = os.path.abspath(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    train, wheels = os.path.join(out, "sample", "train"), os.path.join(out, "wheels")
+    os.makedirs(train)
+    os.makedirs(wheels)
+    print(copy_sample(args.data, train, args.images) if args.data else generate_sample(train),
+          flush=True)
+    os.symlink("train", os.path.join(out, "sample", "val"))
+    specs = wheel_specs(cuda, not args.no_dali)
+    base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]
+    print(f"gpu-bundle: wheels for CPython {args.python_version}, CUDA {cuda}: "
+          f"{' '.join(specs)} and their dependencies", flush=True)
+    # DALI and what it alone pulls in (nvCOMP, nvTIFF, nvJPEG2000, ...) in wheels-dali/: the
+    # lease carries them in the calls after the first and installs them with DALI; one version
+    # of each distribution (two stop pip's install)
+    for wanted, folder in ((base, wheels), (dali, os.path.join(out, DALI_WHEELS))):
+        if not wanted:
+            continue
+        os.makedirs(folder, exist_ok=True)
+        if subprocess.run(pip_command(wanted, folder, args.python_version)).returncode != 0:
+            print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
+            return 1
+        have = {dist_name(n) for n in os.listdir(wheels)} if folder != wheels else set()
+        for name in os.listdir(folder):
+            if dist_name(name) in ALREADY_THERE or dist_name(name) in have:
+                os.remove(os.path.join(folder, name))
+    calls = lay_out_calls(out, carried_bytes(REPO))
+    print(f"gpu-bundle: {out}: {folder_bytes(wheels) / 2**20:.0f} MiB of wheels "
+          f"({len(os.listdir(wheels))}), {len(calls)} lease calls", flush=True)
+    print("\n".join(calls_text(out, calls)))
+    return 0
+
+
+def main_cli(argv=None) -> int:
+    """Console entry: 0 when the bundle is written, 1 when pip fails, 2 for bad input."""
+    args = get_args_parser().parse_args(argv)
+    try:
+        return build(args)
+    except (InputError, OSError) as exc:
+        print(f"gpu-bundle: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli())

@@ -1,0 +1,200 @@
+"""One row each: a ``main.py`` training run, a loader alone (``--benchmark-data``), a pytest
+file, the data flags of every loader, and how many steps a row warms up and times.
+
+Steady state: a row's timed window starts only after a warm-up longer than every batch its
+pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
+while the model was set up and cuDNN tuned; it then times ``s.steps`` steps (200 on a GPU:
+ResNet-50 at 224 px, about 10 s), a loader alone at least :data:`WAVES` batches per worker.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+from types import SimpleNamespace
+
+from . import report as report_
+from .runner import Runner, fail, skipped
+
+NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
+# seconds per command; a pytest file fits a cold machine: torch.compile's first compile,
+# three training runs and an NCCL spawn in tests/engine/test_gpu.py
+TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240, "compile": 420, "loaders": 180,
+            "nccl": 240, "resolution": 240}
+# What a pipeline holds ready, in batches: DataLoader(prefetch_factor=4) per worker
+# (loaders/pipelines/workers.py, gpu_decode.py) and 2 spare shared slots
+# (loaders/pipelines/_shared_batches.slots_for); the batch decode's thread runs 2 ahead plus the
+# one it decodes (gpu_decode.py, _ahead.run_ahead); DALI with CUDA: a prefetch queue of 4 per
+# pipeline and its feed's 5 read batches (loaders/pipelines/dali.py, _queue_depth + 1).
+PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
+WAVES = 10  # a loader alone times at least this many batches per worker
+
+
+def workers_count(workers: str, machine: dict) -> int:
+    """``-j`` as main.py resolves it: ``auto`` is every core of the machine."""
+    return machine.get("cpu_cores") or 1 if workers == "auto" else int(workers)
+
+
+def ready_batches(loader: str, workers: int) -> int:
+    """Batches the pipeline of ``loader`` with ``workers`` worker processes (DALI: threads) can
+    hold ready before a training step asks for one (the sources are named at the constants)."""
+    if loader == "synthetic":
+        return 0
+    if loader.startswith("dali"):
+        return DALI_READY
+    ahead = PREFETCH_FACTOR * workers + SPARE_SLOTS
+    return ahead + DECODE_AHEAD if "gpudecode" in loader else ahead
+
+
+def steady_sizes(s, loader: str, workers: int, alone: bool = False,
+                 timed: int | None = None) -> tuple[int, int]:
+    """``(warm-up, timed)`` batches of a row: warm-up = :func:`ready_batches` + ``s.warmup``
+    (the first steps' cuDNN tuning; a loader alone, which tunes nothing, at most 2), timed =
+    ``timed``, else ``s.steps`` for training and for a loader alone :data:`WAVES` batches per
+    worker, at least a quarter of ``s.steps``."""
+    if timed is None:
+        timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
+    return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
+
+
+def data_batches(s, machine: dict) -> int:
+    """Training batches the replicated sample must hold so that no row's epoch ends inside
+    its timed steps: the most workers a row uses (every core, or the full check's -j 15),
+    their warm-up and timed batches, and 4 spare."""
+    most = max(workers_count(s.workers, machine), 1 if s.dry_run else 15)
+    return max(sum(steady_sizes(s, "gpudecode", most, alone)) for alone in (False, True)) + 4
+
+
+def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
+    """main.py's data flags for ``loader``, or why it cannot run."""
+    if loader == "synthetic":
+        return ["--dummy"]
+    if loader.startswith("dali") and not machine.get("dali"):
+        return "not installed"
+    if data.reason:
+        return data.reason
+    if loader == "gpudecode-lmdb":  # the batch-decode pipeline's --decode-device is the caller's
+        loader = "lmdb"
+    if loader in ("lmdb", "dali-lmdb"):
+        return data.lmdb_reason or (["--dali"] if loader == "dali-lmdb" else []) + [
+            "--lmdb", "--train", os.path.join(data.lmdb, "train"), "--val",
+            os.path.join(data.lmdb, "val")]
+    return (["--dali"] if loader == "dali" else []) + ["--train", data.train, "--val", data.val]
+
+
+def train_row(runner: Runner, s, data, machine, model: str, loader: str,
+              compiled: bool = False, res: int | None = None, extra: list[str] = (),
+              name: str | None = None, workers: str | None = None,
+              timeout: float | None = None) -> dict:
+    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) with
+    ``model`` on ``loader`` (``res``: at ``--train-crop-size res``; ``extra``: more flags;
+    ``workers``: ``-j`` instead of ``s.workers``; ``name``: instead of the one made from model,
+    loader, compile and res; ``timeout``: seconds). Its images/s are main.py's
+    ``steady_images_per_sec`` (:func:`tools.gpu_check.report.read_speed`); ``stage_lines`` is
+    the stage table main.py printed. Fails off the GPU (not in a dry run)."""
+    name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
+                    + (f"-{res}px" if res else ""))
+    row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
+    flags = loader_flags(loader, data, machine)
+    if isinstance(flags, str):
+        return skipped(name, flags, **row)
+    j = workers or s.workers
+    warm, timed = steady_sizes(s, loader, workers_count(j, machine))
+    rundir = os.path.join(s.out, "runs", name)
+    shutil.rmtree(rundir, ignore_errors=True)
+    cmd = [sys.executable, "main.py", *flags, "-a", model, "--amp", "--channels-last",
+           "-b", str(s.batch), "--epochs", "1", "--train-batches", str(warm + timed),
+           "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(warm),
+           "-j", j, *s.sizes, *s.accel, "--output-dir", rundir]
+    cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
+    rec = runner.run(name, cmd + list(extra), timeout or TIMEOUTS[
+        "compile" if compiled else "resolution" if res else "train"])
+    row.update(rec, warmup_steps=warm, timed_steps=timed)
+    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
+        os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
+    if rec["status"] != "passed":
+        return row
+    device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
+    row["device"] = device.group(1) if device else None
+    row["stage_lines"] = report_.stage_lines(runner.text(name))
+    try:
+        row.update(report_.read_speed(rundir))
+    except ValueError as exc:
+        row = fail(row, str(exc))
+        runner.attach_tails(row)
+        return row
+    if not s.dry_run and not (row["device"] or "").startswith("cuda"):
+        return fail(row, f"ran on {row['device']}, not a GPU")
+    return row
+
+
+def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
+               name: str, timeout: float | None = None, timed: int | None = None) -> dict:
+    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last:
+    a ``--train-crop-size`` there wins over the dry run's sizes), warmed up past its ready
+    batches and timed over at least :data:`WAVES` batches per worker (or ``timed``): its JSON
+    line's figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
+    warm, steps = steady_sizes(s, loader, workers_count(workers, machine), alone=True,
+                               timed=timed)
+    rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
+                            "--train-batches", str(steps), "--benchmark-warmup", str(warm),
+                            "-b", str(s.batch), "--channels-last", "--amp",
+                            "-j", workers, *s.sizes, *s.accel, *flags],
+                     timeout or TIMEOUTS["loaders"])
+    rec.update(loader=loader, warmup_steps=warm, timed_steps=steps)
+    result = report_.last_json(runner.text(name)) if rec["status"] == "passed" else None
+    if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):
+        rec = fail(rec, "no JSON line with images_per_sec on stdout")
+        runner.attach_tails(rec)
+    if result and rec["status"] == "passed":  # its "seconds" is the timed part only
+        stages = report_.stage_figures(result)
+        rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
+                   timed_seconds=result.get("seconds"), loader=loader, stages=stages,
+                   stage_lines=report_.stage_lines(runner.text(name)))
+        if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
+            rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
+    return rec
+
+
+def announce(runner: Runner, record: dict) -> dict:
+    """Print one progress line for ``record``; returns it."""
+    print(report_.progress_line(runner.elapsed(), record), flush=True)
+    return record
+
+
+def gpu_over_cpu(gpu: dict, cpu: dict, minimum: float, dry_run: bool, failure: str) -> dict:
+    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s) where both rows have a
+    figure, failed with ``failure`` (formatted with ``{ratio:.2f}``) when the ratio is under
+    ``minimum``, except in a dry run (which decodes on the CPU both times)."""
+    if gpu.get("images_per_sec") and cpu.get("images_per_sec"):
+        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
+        if not dry_run and gpu["gpu_over_cpu"] < minimum:
+            gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
+    return gpu
+
+
+def pytest_piece(runner: Runner, path: str, sample: str | None = None,
+                 timeout: float | None = None) -> dict:
+    """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` (the bundle's
+    ``train/``+``val/`` folder) as ``IMAGENET_SAMPLE``, since ``../shared`` does not travel to
+    a GPU machine and the GPU-vs-CPU pixel tests would skip."""
+    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
+    rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
+                            "-p", "no:cacheprovider", path], timeout or TIMEOUTS["pytest"],
+                     env={"IMAGENET_SAMPLE": sample} if sample else {})
+    if rec["status"] in ("skipped", "timed out"):
+        return rec
+    parsed = report_.parse_pytest(runner.text(name))
+    rec.update(parsed)
+    counts = parsed["counts"]
+    if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
+            counts.get(k) for k in ("passed", "failed", "error")):
+        skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
+        return {**rec, "status": "skipped", "reason": skip.group(1) if skip else "skipped"}
+    if rec["status"] == "passed" and not counts:
+        rec = fail(rec, "no pytest summary line")
+    if rec["status"] != "passed" and "stdout_tail" not in rec:
+        runner.attach_tails(rec)
+    return rec

@@ -1,0 +1,127 @@
+"""Running the check's commands: each from the repository root with its own time limit, all
+within one budget, stdout and stderr to ``logs/NAME.out|.err``.
+
+A command's record is a dict: ``name``, ``command`` (shell-quoted), ``status`` (passed /
+failed / timed out / skipped), ``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds``
+(user + system of the command's whole process tree), ``returncode`` and, unless passed,
+``stdout_tail`` / ``stderr_tail``. "timed out" is its own status: a check slower than its
+limit (a cold ``torch.compile``, say) proves nothing either way, so it is not proven, not
+failed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Runner:
+    """Runs commands from the repository root, each with a timeout, all within ``budget``
+    seconds; a command started near the budget's end may still run ``grace`` seconds. A dry
+    run's commands get one OpenMP thread unless ``OMP_NUM_THREADS`` says otherwise."""
+
+    def __init__(self, out: str, budget: float, grace: float = 60.0, dry_run: bool = False):
+        self.logs, self.budget, self.grace = os.path.join(out, "logs"), budget, grace
+        os.makedirs(self.logs, exist_ok=True)
+        self.start = time.monotonic()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if dry_run:  # on a few shared cores torch's OpenMP threads wait for each other at
+            # every barrier: ResNet-18 at 32 px trained at 1.1 images/s with 2, 10 with 1
+            self.env.setdefault("OMP_NUM_THREADS", "1")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def add_path(self, folder: str) -> None:
+        """Put ``folder`` first on the commands' ``PYTHONPATH`` (once)."""
+        old = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
+        self.env["PYTHONPATH"] = os.pathsep.join([folder, *old])
+
+    def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+        """Run ``cmd`` (``env`` added to the environment) for at most ``timeout`` s, or less
+        when the budget runs out; returns its record (see the module)."""
+        record = {"name": name, "command": " ".join(shell_quote(c) for c in cmd)}
+        left = self.budget - self.elapsed()
+        if left <= 0:
+            return {**record, "status": "skipped", "reason": "time budget"}
+        limit = min(timeout, max(left, self.grace))
+        start, used = time.monotonic(), _children_cpu()
+        with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
+            # its own session: main.py's loader workers and spawned ranks end with it
+            proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(limit)
+            except BaseException:  # the timeout, or Ctrl-C in this process
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                if sys.exc_info()[0] is not subprocess.TimeoutExpired:
+                    raise
+                code = None
+        record.update(seconds=round(time.monotonic() - start, 2), returncode=code,
+                      cpu_seconds=round(_children_cpu() - used, 2),
+                      status="passed" if code == 0 else "failed")
+        if code is None and limit < timeout:
+            record.update(status="skipped", reason=f"time budget: stopped after {limit:.0f} s")
+        elif code is None:
+            record.update(status="timed out", reason=f"still running after its {limit:.0f} s "
+                          "limit (slow, not failed)")
+        elif code:
+            record["reason"] = f"exit status {code}"
+        if code != 0:
+            self.attach_tails(record)
+        return record
+
+    def log(self, name: str, stream: str) -> str:
+        return os.path.join(self.logs, f"{name}.{stream}")
+
+    def text(self, name: str, stream: str = "out") -> str:
+        try:
+            with open(self.log(name, stream), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def attach_tails(self, record: dict, chars: int = 3000) -> None:
+        record["stdout_tail"] = self.text(record["name"], "out")[-chars:]
+        record["stderr_tail"] = self.text(record["name"], "err")[-chars:]
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every finished child process tree so far: the delta
+    around one command is its work, whatever else shares the machine's cores."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def own_cpu() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def shell_quote(arg: str) -> str:
+    return arg if re.fullmatch(r"[\w@%+=:,./-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def fail(record: dict, reason: str) -> dict:
+    return {**record, "status": "failed", "reason": reason}
+
+
+def skipped(name: str, reason: str, **fields) -> dict:
+    return {"name": name, **fields, "status": "skipped", "reason": reason}
+
+
+def crashed(name: str, exc: BaseException) -> dict:
+    """A failed record for an exception of this script itself while making row ``name``:
+    its one-line reason and the traceback's last 3,000 characters."""
+    return {"name": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
+            "stderr_tail": traceback.format_exc()[-3000:]}
