@@ -23,8 +23,9 @@ MAX_PIXEL, MAX_OUTPUT_MEAN, MAX_SAMPLE_MEAN = 96, 8.0, 2.5
 
 
 @pytest.fixture(scope="module")
-def blobs(sample):
-    return [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:80]]
+def blobs(sample_images):
+    return [open(f, "rb").read()
+            for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:80]]
 
 
 def test_scale_factor_is_the_largest_that_keeps_the_output_covered():
@@ -75,7 +76,7 @@ def test_validation_within_the_bound(blobs):
         assert torch.equal(out, resize_center_crop(decode(data), 64, 56))
 
 
-def test_the_window_is_the_full_decodes_box(blobs):
+def test_the_window_is_the_full_decodes_box():
     """A flat-by-blocks image: the scaled window equals the full decode's crop where the
     content has no detail finer than the scale."""
     image = Image.new("RGB", (640, 480), (200, 30, 60))

@@ -1,4 +1,4 @@
-"""What the GPU check's tests share: a bundle folder made from the real sample, its command line
+"""What the GPU check's tests share: a bundle folder made from the sample, its command line
 run in this process, and every command faked as on one H100 (``tools/gpu_check.py``)."""
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from tools import gpu_check
 
 
 def make_bundle(sample: str, root, classes: int = 8):
-    """A ``make gpu-bundle``-like folder: ``sample/train/<wnid>/`` copied from the real sample,
-    ``sample/val`` a relative link to it, an empty ``wheels/``."""
+    """A ``make gpu-bundle``-like folder: ``sample/train/<wnid>/`` copied from ``sample`` (the
+    ``sample_images`` fixture: the real sample or its stand-in), ``sample/val`` a relative link
+    to it, an empty ``wheels/``."""
     train = root / "sample" / "train"
     for wnid in sorted(os.listdir(os.path.join(sample, "train")))[:classes]:
         shutil.copytree(os.path.join(sample, "train", wnid), train / wnid)

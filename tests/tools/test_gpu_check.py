@@ -21,10 +21,10 @@ from tools import _gpu_report, _gpu_runner, gpu_check
 
 
 @pytest.fixture(scope="module")
-def dry_run(sample, tmp_path_factory):
+def dry_run(sample_images, tmp_path_factory):
     """One CPU dry run (tiny sizes: 32 px, -b 4, 1 + 2 steps) over a bundle of 8 classes."""
     root = tmp_path_factory.mktemp("gpu-check")
-    bundle = make_bundle(sample, root / "bundle")
+    bundle = make_bundle(sample_images, root / "bundle")
     with pytest.MonkeyPatch.context() as patch:  # its main.py processes start warm
         patch.setattr(_gpu_runner, "subprocess", warm)
         code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out",
@@ -182,8 +182,8 @@ def test_bundle_without_sample_is_one_line(tmp_path):
     assert code == 2 and err.count("\n") == 1 and "make gpu-bundle" in err
 
 
-def test_spent_budget_skips_every_command(sample, tmp_path):
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+def test_spent_budget_skips_every_command(sample_images, tmp_path):
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     code, out, _ = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--budget", "0", "--only", "train", "nccl"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
@@ -194,13 +194,13 @@ def test_spent_budget_skips_every_command(sample, tmp_path):
     assert report["sections"]["nccl"][0]["reason"] == "time budget"
 
 
-def test_gpu_plan_commands_compile_and_target(sample, tmp_path, monkeypatch):
+def test_gpu_plan_commands_compile_and_target(sample_images, tmp_path, monkeypatch):
     """The GPU mode's commands and decisions, with every command faked as on one H100: the
     flags the brief fixes, --compile on the best loader after a 20% gain, the target judged."""
     monkeypatch.setattr(_gpu_runner.Runner, "calls", [], raising=False)
     monkeypatch.setattr(_gpu_runner.Runner, "run", fake_gpu_run)
     monkeypatch.setattr(_gpu_runner.shutil, "which", lambda name: None)  # no nvidia-smi
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     # fewer steps than the default 10 + 40: each symlink costs ~0.5 ms on this disk
     code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--steps", "2", "--warmup", "1"])

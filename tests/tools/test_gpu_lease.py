@@ -33,11 +33,11 @@ def test_rows_are_declared_once_in_the_issues_order_and_fit_13_minutes():
 
 
 @pytest.fixture(scope="module")
-def small_bundle(sample, tmp_path_factory):
+def small_bundle(sample_images, tmp_path_factory):
     """A bundle of 4 real images, a small wheel and a 3 MiB 'DALI' wheel, laid out for calls
     of (the repository + 2 MiB margin + the sample + 2 MiB): two calls, a part in each."""
     root = tmp_path_factory.mktemp("lease") / "bundle"
-    make_bundle(sample, root, classes=4)
+    make_bundle(sample_images, root, classes=4)
     fake_wheel(str(root / "wheels"), "leasefake")
     (root / "wheels-dali").mkdir()
     fake_wheel(str(root / "wheels-dali"), "leasedalidep")
