@@ -18,7 +18,8 @@ from loaders.transforms import (TrainTransform, ValTransform,
 from tests.helpers.paths import REPO
 
 # The documented bound (docs/ffcv-and-decode.md, measured on all 250 sample images at 32-224 px:
-# at most 76 levels at a pixel, 6.8 levels mean per output, 1.2-1.8 mean over the sample).
+# at most 76 levels at a pixel, 6.8 levels mean per output, 1.2-1.8 mean over the sample). The
+# stand-in's pictures (a clone without the sample) stay within it too.
 MAX_PIXEL, MAX_OUTPUT_MEAN, MAX_SAMPLE_MEAN = 96, 8.0, 2.5
 
 
@@ -123,7 +124,7 @@ def test_full_decode_switch_turns_it_off():
 
 def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
     """So a sample is remembered as bad (loaders/_bad_samples.py) whichever path its window
-    takes: on 140 damaged variants of real JPEGs, the scaled decode declines (and the full
+    takes: on 140 damaged variants of the sample's JPEGs, the scaled decode declines (and the full
     decode, which then runs, raises) exactly the ones the full decode refuses."""
     from tests.helpers.badcorpus import damaged_variants
 

@@ -1,6 +1,6 @@
-"""The one decoder module (decode/libraries.py): each library usable here decodes the real sample
-to the same pixels, keeps pixels as stored (no EXIF orientation), refuses bad bytes in one line,
-and falls back when TorchCodec is missing; and benchmarks/profile_decoders.py runs."""
+"""The one decoder module (decode/libraries.py): each library usable here decodes the sample's
+JPEGs to the same pixels, keeps pixels as stored (no EXIF orientation), refuses bad bytes in one
+line, and falls back when TorchCodec is missing; and benchmarks/profile_decoders.py runs."""
 import glob
 import io
 import os
@@ -260,7 +260,7 @@ def outcome(decode, data: bytes) -> str:
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_luma_decode_refuses_exactly_what_the_rgb_decode_refuses(sample_jpegs, backend):
-    """The converter's check decodes luma only (decode_jpeg_luma); on damaged real JPEGs it
+    """The converter's check decodes luma only (decode_jpeg_luma); on damaged JPEGs it
     refuses the same files, with the same message, as the loaders' RGB decode_jpeg."""
     blobs, _ = sample_jpegs
     refused = 0

@@ -73,9 +73,9 @@ def test_malformed_records_are_not_read_as_pixels(colour_jpeg):
 
 def test_the_loaders_transforms_give_the_same_crops_from_either_kind(sample_images,
                                                                     one_torch_thread):
-    """On the sample's JPEGs: the training crop of a raw record equals the JPEG's wherever the JPEG path
-    decodes the window at full scale (windows under twice the output), and validation equals
-    the whole-decode path."""
+    """On the sample's JPEGs: the training crop of a raw record equals the JPEG's wherever the
+    JPEG path decodes the window at full scale (windows under twice the output), and validation
+    equals the whole-decode path."""
     for path in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:12]:
         data = open(path, "rb").read()
         record = raw.encode_raw(decode.decode(data))

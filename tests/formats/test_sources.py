@@ -1,7 +1,8 @@
 """Every ImageNet download layout (:mod:`formats.sources`), as replicas of the sample (the real
-one where present, else the stand-in; ``tools/replicas.py``), converts to the same LMDB and the same shards, record for record and
-byte for byte, as the same images in class folders; ``--verify`` passes across layouts; and a
-damaged or incomplete download ends in one line naming the file, resumably."""
+one where present, else the stand-in; ``tools/replicas.py``), converts to the same LMDB and the
+same shards, record for record and byte for byte, as the same images in class folders;
+``--verify`` passes across layouts; and a damaged or incomplete download ends in one line naming
+the file, resumably."""
 from __future__ import annotations
 
 import hashlib
