@@ -1,6 +1,7 @@
-"""Shared fixtures: small generated datasets (pixels encode the label), their LMDBs, and the
-real ImageNet sample beside the checkout (``../shared/data/imagenet-sample``); helpers that are
-not fixtures are in ``tests/helpers``."""
+"""Shared fixtures: small generated datasets (pixels encode the label), their LMDBs, the real
+ImageNet sample beside the checkout (``../shared/data/imagenet-sample``) and, for tests that need
+JPEGs in its layout but not real photographs, the sample or a generated stand-in; helpers that
+are not fixtures are in ``tests/helpers``."""
 from __future__ import annotations
 
 import os
@@ -96,13 +97,37 @@ def sample():
     return os.path.abspath(SAMPLE)
 
 
+def _converted(folder: str, root: str) -> str:
+    for split in ("train", "val"):
+        folder2lmdb.convert(os.path.join(folder, split), os.path.join(root, split), progress=False)
+    return root
+
+
 @pytest.fixture(scope="session")
 def sample_lmdb(sample, tmp_path_factory):
     """The real sample converted with folder2lmdb: ``root/train``, ``root/val``."""
-    root = str(tmp_path_factory.mktemp("sample-lmdb"))
-    for split in ("train", "val"):
-        folder2lmdb.convert(os.path.join(sample, split), os.path.join(root, split), progress=False)
-    return root
+    return _converted(sample, str(tmp_path_factory.mktemp("sample-lmdb")))
+
+
+@pytest.fixture(scope="session")
+def sample_images(tmp_path_factory):
+    """JPEGs in the sample's layout (``train/<wnid>/<wnid>_<name>.JPEG``, ``val/`` the same
+    files): the real sample where present, else the generated stand-in of
+    :mod:`tests.helpers.standin` (64 classes), for tests that need no real photograph."""
+    if os.path.isdir(os.path.join(SAMPLE, "train")):
+        return os.path.abspath(SAMPLE)
+    from tests.helpers.standin import write_standin
+
+    return write_standin(str(tmp_path_factory.mktemp("standin")))
+
+
+@pytest.fixture(scope="session")
+def sample_images_lmdb(sample_images, tmp_path_factory, request):
+    """``sample_images`` converted with folder2lmdb: ``root/train``, ``root/val`` (the real
+    sample's: ``sample_lmdb``)."""
+    if sample_images == os.path.abspath(SAMPLE):
+        return request.getfixturevalue("sample_lmdb")
+    return _converted(sample_images, str(tmp_path_factory.mktemp("sample-images-lmdb")))
 
 
 @pytest.fixture

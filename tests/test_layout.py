@@ -222,3 +222,87 @@ def test_engine_functions_take_few_parameters():
                     long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}: "
                                 f"{count} parameters")
     assert not long, "\n".join(long)
+
+
+# What makes a test able to fail: an assert statement, pytest's raises/warns/fail, a raised
+# AssertionError, or a call to a function that has one (of its own module, or imported from
+# tests/helpers, followed through further calls). A check made only by an exception that a call
+# might raise (subprocess's check=True, warnings turned into errors) does not count: say it
+# with an assert.
+ASSERTING_PYTEST = {"raises", "warns", "fail", "deprecated_call"}
+
+
+def _asserts_itself(function: ast.AST) -> bool:
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assert):
+            return True
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(raised, ast.Name) and raised.id == "AssertionError":
+                return True
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "pytest"
+                and node.func.attr in ASSERTING_PYTEST):
+            return True
+    return False
+
+
+def _test_functions() -> tuple[dict, dict]:
+    """``(module, name) -> function`` for every function of ``tests/`` (methods as
+    ``Class.name``), and per module the names it imports from ``tests``: ``name ->
+    (module, attribute or None for a module)``."""
+    functions, imports = {}, {}
+    for path in _python_files():
+        module = _module_name(path)
+        if not module.startswith("tests."):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[(module, node.name)] = node
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        functions[(module, f"{node.name}.{item.name}")] = item
+        names = imports[module] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests"):
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    is_module = os.path.isfile(os.path.join(REPO, *whole.split(".")) + ".py")
+                    names[alias.asname or alias.name] = ((whole, None) if is_module
+                                                         else (node.module, alias.name))
+    return functions, imports
+
+
+def _callee(module: str, call: ast.Call, functions: dict, imports: dict):
+    func = call.func
+    if isinstance(func, ast.Name):
+        if (module, func.id) in functions:
+            return module, func.id
+        target, attribute = imports[module].get(func.id, (None, None))
+        return (target, attribute) if attribute else None
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        target, attribute = imports[module].get(func.value.id, (None, None))
+        return (target, func.attr) if target and attribute is None else None
+    return None
+
+
+def test_every_test_can_fail():
+    functions, imports = _test_functions()
+    asserting = {key for key, function in functions.items() if _asserts_itself(function)}
+    grown = True
+    while grown:  # through helpers that call helpers
+        grown = False
+        for key, function in functions.items():
+            if key not in asserting and any(
+                    _callee(key[0], node, functions, imports) in asserting
+                    for node in ast.walk(function) if isinstance(node, ast.Call)):
+                asserting.add(key)
+                grown = True
+    tests = [key for key in functions if key[1].split(".")[-1].startswith("test_")
+             and key[0].split(".")[-1].startswith("test_")]
+    assert len(tests) > 500  # the scan found the suite
+    hollow = [f"{module}.{name} (line {functions[module, name].lineno})"
+              for module, name in tests if (module, name) not in asserting]
+    assert not hollow, "tests that assert nothing:\n" + "\n".join(hollow)

@@ -210,7 +210,9 @@ def test_the_image_tree_trains_a_dummy_step(image_tree, tmp_path):
 
 def test_every_copied_path_exists_and_reaches_the_build_context():
     excluded = dockerignore_excludes()
-    for src in copy_sources():
+    sources = copy_sources()
+    assert {"requirements.txt", "."} <= set(sources)  # the pins first (a cached layer), then all
+    for src in sources:
         assert os.path.exists(os.path.join(REPO, src)), f"COPY {src}: not in the repository"
         assert src == "." or not excluded(posixpath.normpath(src)), \
             f"COPY {src}: excluded by .dockerignore"

@@ -18,13 +18,15 @@ from loaders.transforms import (TrainTransform, ValTransform,
 from tests.helpers.paths import REPO
 
 # The documented bound (docs/ffcv-and-decode.md, measured on all 250 sample images at 32-224 px:
-# at most 76 levels at a pixel, 6.8 levels mean per output, 1.2-1.8 mean over the sample).
+# at most 76 levels at a pixel, 6.8 levels mean per output, 1.2-1.8 mean over the sample). The
+# stand-in's pictures (a clone without the sample) stay within it too.
 MAX_PIXEL, MAX_OUTPUT_MEAN, MAX_SAMPLE_MEAN = 96, 8.0, 2.5
 
 
 @pytest.fixture(scope="module")
-def blobs(sample):
-    return [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:80]]
+def blobs(sample_images):
+    return [open(f, "rb").read()
+            for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:80]]
 
 
 def test_scale_factor_is_the_largest_that_keeps_the_output_covered():
@@ -75,7 +77,7 @@ def test_validation_within_the_bound(blobs):
         assert torch.equal(out, resize_center_crop(decode(data), 64, 56))
 
 
-def test_the_window_is_the_full_decodes_box(blobs):
+def test_the_window_is_the_full_decodes_box():
     """A flat-by-blocks image: the scaled window equals the full decode's crop where the
     content has no detail finer than the scale."""
     image = Image.new("RGB", (640, 480), (200, 30, 60))
@@ -122,7 +124,7 @@ def test_full_decode_switch_turns_it_off():
 
 def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
     """So a sample is remembered as bad (loaders/pipelines/bad_samples.py) whichever path its window
-    takes: on 140 damaged variants of real JPEGs, the scaled decode declines (and the full
+    takes: on 140 damaged variants of the sample's JPEGs, the scaled decode declines (and the full
     decode, which then runs, raises) exactly the ones the full decode refuses."""
     from tests.helpers.badcorpus import damaged_variants
 

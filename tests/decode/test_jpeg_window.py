@@ -79,8 +79,9 @@ def test_what_it_declines_falls_back_to_full_decoding():
         TrainTransform(32)(truncated)  # ... and the full decoders (libjpeg-turbo, PIL) refuse it
 
 
-def test_train_transform_draws_the_same_crop_either_way(sample):
-    blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:40]]
+def test_train_transform_draws_the_same_crop_either_way(sample_images):
+    blobs = [open(f, "rb").read()
+             for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:40]]
     transform = TrainTransform(64)
     jpeg_scaled.set_enabled(False)  # windows vs whole images here; scaled: test_jpeg_scaled.py
     try:
@@ -97,9 +98,10 @@ def test_train_transform_draws_the_same_crop_either_way(sample):
         assert max_abs_diff(a, b) <= 1
 
 
-def test_windows_decode_in_forked_workers(sample):
+def test_windows_decode_in_forked_workers(sample_images):
     """DataLoader workers fork after the parent decoded windows: each makes its own Decoder."""
-    blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))[:8]]
+    blobs = [open(f, "rb").read()
+             for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:8]]
     jpeg_window.decode_window(blobs[0], 0, 0, 16, 16)  # the parent's Decoder exists
     loader = torch.utils.data.DataLoader(blobs, batch_size=4, num_workers=2,
                                          multiprocessing_context="fork",

@@ -12,7 +12,9 @@ from engine.distributed import use_default_start_method
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port, training_processes
-from tests.helpers.runs import SMALL_DISTRIBUTED, main_cmd, only_record, run
+from tests.helpers.runs import (SMALL_DISTRIBUTED, assert_same_training, main_cmd, only_record,
+                                run, run_cli)
+from tests.helpers.traces import kill_at_step, saved_position, traced_batches, traced_env
 
 # -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
 SMALL = SMALL_DISTRIBUTED
@@ -113,23 +115,29 @@ def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
 
 def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
     """Kill a 2-process job mid-epoch; resuming from its --save-every checkpoint trains the
-    remaining batches only, and the epoch's global sums carry over (checkpointed by rank 0)."""
+    remaining batches only (the killed run's batches before its checkpoint and the resumed
+    run's are the uninterrupted run's samples, each once), the epoch's global sums carry over
+    (checkpointed by rank 0), and the weights end bit for bit as the uninterrupted run's."""
     args = ["--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
             "--nproc-per-node", "2", "--save-every", "1", "--epochs", "1"]
-    out = str(tmp_path / "out")
-    proc = warm.Popen(main_cmd(*args, "--output-dir", out), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    for line in proc.stdout:  # 8 steps per epoch (2 ranks x 8 batches of 2)
-        if line.startswith("Epoch: [0][5/"):
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
+    out, straight = str(tmp_path / "out"), str(tmp_path / "straight")
+    traces = {name: str(tmp_path / f"trace-{name}") for name in ("straight", "killed", "resumed")}
+    result = run_cli(*args, "--output-dir", straight, env=traced_env(traces["straight"]))
+    assert result.returncode == 0, result.stderr[-2000:]
+    kill_at_step([*args, "--output-dir", out], traces["killed"], 5)  # of 8 (2 ranks, -b 2 each)
+    position = saved_position(out)
     checkpoint = os.path.join(out, "checkpoint.pth.tar")
-    result = run(main_cmd(*args, "--output-dir", out, "--resume", checkpoint))
-    assert "resumed from" in result.stdout and ", batch " in result.stdout
-    record = only_record(out)
-    assert record["train_images"] == 32 and record["val_images"] == 16
+    result = run_cli(*args, "--output-dir", out, "--resume", checkpoint,
+                     env=traced_env(traces["resumed"]))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from {checkpoint} at epoch 0, batch {position['batch']}" in result.stdout
+    before = traced_batches(traces["killed"], before=position["batch"])
+    after = traced_batches(traces["resumed"])
+    whole = [i for batch in traced_batches(traces["straight"]) for i in batch]
+    trained = [i for batch in before + after for i in batch]
+    assert before and after and sorted(trained) == sorted(whole)
+    assert len(whole) == len(set(whole)) == 32
+    assert_same_training(out, straight)
 
 
 def _start_methods(_rank: int, path: str) -> None:

@@ -105,12 +105,22 @@ def test_older_checkpoint_with_per_process_config_resumes(tmp_path, capsys):
 
 
 def test_progress_counts_images_and_waiting_time(capsys):
-    batches = [(torch.zeros(3, 1), torch.zeros(3)), (torch.zeros(2, 1), torch.zeros(2))]
+    """The carried counts go on: images added, and the waits for each batch (a loader that
+    takes at least 0.05 s per batch) added to the carried 0.5 s, within the pass's time."""
+    import time
+
+    def batches():
+        for size in (3, 2):
+            time.sleep(0.05)
+            yield torch.zeros(size, 1), torch.zeros(size)
+
     progress = Progress(2, "Test: ", "val", 1, True)
     progress.carry(images=10, data_time=0.5, seconds=1.0)
-    steps = [step for step, _ in progress.log_every(batches, lambda: {"loss": 1.0}, 4)]
-    assert steps == [4, 5] and progress.images == 15 and progress.data_time >= 0.5
-    assert progress.elapsed() >= 1.0
+    steps = [step for step, _ in progress.log_every(batches(), lambda: {"loss": 1.0}, 4)]
+    assert steps == [4, 5] and progress.images == 15
+    assert len(progress.waits) == 2 and all(wait >= 0.05 for wait in progress.waits)
+    assert progress.data_time == pytest.approx(0.5 + sum(progress.waits))
+    assert 0.5 + 0.1 <= progress.data_time <= progress.elapsed() - 0.5
     assert capsys.readouterr().out.count("Test: [") == 2
 
 

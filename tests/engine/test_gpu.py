@@ -2,7 +2,9 @@
 channels-last, torch.compile, --gpu, per-rank RNG resume and NCCL. Skipped without a GPU;
 `make gpu-check` runs them on a GPU machine."""
 import json
+import math
 import os
+import threading
 
 import pytest
 import torch
@@ -60,11 +62,17 @@ def test_side_stream_copies_stay_correct_while_the_gpu_is_busy(tiny):
 
 @pytest.mark.parametrize("amp_dtype", ["float16", "bfloat16"])
 def test_amp_channels_last_training_on_gpu(tiny, tmp_path, amp_dtype):
+    """A finite loss; top-5 over 4 classes counts every image (top-min(5, classes)); the
+    weights trained and saved in channels-last; loss scaling for float16 only."""
     last = main.main(["--lmdb", tiny.lmdb, *TINY, "--epochs", "1", "--amp", "--amp-dtype",
                       amp_dtype, "--channels-last", "--output-dir", str(tmp_path)])
-    assert last["train_loss"] > 0 and last["val_acc5"] >= 0
-    scaler = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["scaler"]
-    assert bool(scaler) == (amp_dtype == "float16")  # bfloat16 needs no loss scaling
+    assert math.isfinite(last["train_loss"]) and last["train_loss"] > 0
+    assert last["val_acc5"] == 100.0 and last["val_images"] == 16
+    checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    convs = [t for t in checkpoint["state_dict"].values() if t.dim() == 4]
+    assert convs and all(t.is_contiguous(memory_format=torch.channels_last) for t in convs)
+    assert not all(t.is_contiguous() for t in convs)  # not merely both (1x1 kernels)
+    assert bool(checkpoint["scaler"]) == (amp_dtype == "float16")  # bfloat16: no loss scaling
 
 
 def test_compile_trains_and_checkpoints_bare_keys(tiny, tmp_path):
@@ -75,24 +83,54 @@ def test_compile_trains_and_checkpoints_bare_keys(tiny, tmp_path):
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in state)
 
 
-def test_gpu_flag_makes_that_device_current(tiny, tmp_path):
-    gpu = torch.cuda.device_count() - 1
+def test_gpu_flag_makes_that_device_current(tiny, tmp_path, monkeypatch):
+    """--gpu N: the training thread makes GPU N current (``torch.cuda.set_device``) and trains
+    there. With two GPUs or more N is one that is not current before the run, so the current
+    device after it shows the switch; on one GPU (N = 0, current from the start) the call does,
+    seen through a wrapper that records the main thread's calls and makes them."""
+    gpu = 1 if torch.cuda.device_count() > 1 and torch.cuda.current_device() == 0 else 0
+    assert torch.cuda.device_count() == 1 or torch.cuda.current_device() != gpu
+    calls, set_device = [], torch.cuda.set_device
+
+    def recorded(device):
+        if threading.current_thread() is threading.main_thread():
+            calls.append(torch.device("cuda", device) if isinstance(device, int)
+                         else torch.device(device))
+        set_device(device)
+
+    monkeypatch.setattr(torch.cuda, "set_device", recorded)
+    torch.cuda.reset_peak_memory_stats(gpu)
     main.main([tiny.root, *TINY, "--epochs", "1", "--gpu", str(gpu),
                "--output-dir", str(tmp_path)])
-    assert torch.cuda.current_device() == gpu
+    assert torch.device("cuda", gpu) in calls and torch.cuda.current_device() == gpu
+    assert torch.cuda.max_memory_allocated(gpu) > 0  # the model and batches went there
 
 
 def test_resume_restores_this_gpus_rng_state_and_amp_resume_without_scaler(tiny, tmp_path):
+    """The CUDA generator state saved for this rank is the one the resumed run goes on with
+    (a planted state, unlike the one ``--seed`` gives, read back after a resume with nothing
+    left to train); a checkpoint without AMP evaluates and trains on under --amp."""
     out = str(tmp_path / "run")
     main.main([tiny.root, *TINY, "--epochs", "1", "--output-dir", out])  # no AMP: empty scaler
-    checkpoint = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
-    saved = checkpoint["rng"][0]["cuda"]
-    assert isinstance(saved, torch.Tensor)
-    stats = main.main([tiny.root, *TINY, "-e", "--amp", "--resume",
-                       os.path.join(out, "checkpoint.pth.tar")])
-    assert stats["images"] > 0
-    main.main([tiny.root, *TINY, "--epochs", "2", "--amp", "--output-dir", out,
-               "--resume", os.path.join(out, "checkpoint.pth.tar")])
+    path = os.path.join(out, "checkpoint.pth.tar")
+    checkpoint = torch.load(path, weights_only=True)
+    assert isinstance(checkpoint["rng"][0]["cuda"], torch.Tensor) and not checkpoint["scaler"]
+    torch.cuda.manual_seed(12345)
+    planted = torch.cuda.get_rng_state()
+    checkpoint["rng"][0]["cuda"] = planted
+    torch.save(checkpoint, str(tmp_path / "planted.pth.tar"))
+    torch.cuda.manual_seed(0)  # what the run's --seed 0 sets, before it resumes
+    assert not torch.equal(torch.cuda.get_rng_state(), planted)
+    assert main.main([tiny.root, *TINY, "--epochs", "1", "--output-dir", str(tmp_path / "r"),
+                      "--resume", str(tmp_path / "planted.pth.tar")]) == {}  # epoch 1 of 1: done
+    assert torch.equal(torch.cuda.get_rng_state(), planted)
+    stats = main.main([tiny.root, *TINY, "-e", "--amp", "--resume", path])
+    assert stats["images"] == 16 and math.isfinite(stats["loss"])
+    last = main.main([tiny.root, *TINY, "--epochs", "2", "--amp", "--output-dir", out,
+                      "--resume", path])
+    assert last["epoch"] == 1 and math.isfinite(last["train_loss"])
+    resumed = torch.load(path, weights_only=True)
+    assert resumed["epoch"] == 2 and resumed["scaler"]  # float16 AMP: a loss scaler from here
 
 
 def test_nccl_multiprocessing_distributed_trains_and_validates(tiny, tmp_path):

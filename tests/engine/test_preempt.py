@@ -28,6 +28,15 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
        "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie (/proc/PID/stat's state)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def start(cmd, out):
     return warm.Popen([*cmd, *RUN, "--output-dir", out, "--resume", "auto"], cwd=REPO,
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -97,6 +106,7 @@ def test_stop_signals_until_the_process_has_gone_never_kill_it(tmp_path, at, sta
     the stop's checkpoint (exit 75) or a finished run's teardown (exit 0), until the process
     has gone. Neither may end as killed by the signal (status -10: a FAILED step for SLURM)."""
     proc = start([sys.executable, "main.py"], str(tmp_path / "out"))
+    delivered = []  # signals sent while the process was still running (not yet a zombie)
 
     def flood():
         while proc.poll() is None:
@@ -104,12 +114,15 @@ def test_stop_signals_until_the_process_has_gone_never_kill_it(tmp_path, at, sta
                 proc.send_signal(signal.SIGUSR1)
             except ProcessLookupError:
                 return
+            if running(proc.pid):
+                delivered.append(time.monotonic())
             time.sleep(0.01)
 
     thread = threading.Thread(target=flood, daemon=True)
     output = run_until(proc, at, thread.start)
     thread.join(timeout=60)
     assert proc.returncode == status, output[-3000:]
+    assert delivered, f"no signal reached the process after {at!r}"  # the flood took place
 
 
 def test_resume_auto_takes_the_newest_whole_checkpoint(tmp_path, capsys):

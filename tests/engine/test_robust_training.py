@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.runs import read_metrics as records, run_cli, small_run
+from tests.helpers.runs import assert_same_training, read_metrics as records, run_cli, small_run
 
 SMALL = small_run(batch=4, print_freq=None) + ["--lr", "0.01"]
 
@@ -73,9 +73,6 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tiny, tmp_pa
         torch.load(checkpoint, weights_only=True)  # the last checkpoint is whole
         result = cli(*args, "--output-dir", out, "--resume", checkpoint)
         assert result.returncode == 0, result.stderr[-2000:]
-        final = records(out)[-1]
-        expected = records(straight)[-1]
-        assert final["epoch"] == expected["epoch"] == 1
-        assert final["train_images"] == expected["train_images"]  # nothing repeated or skipped
-        assert final["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
-        assert final["val_acc1"] == expected["val_acc1"]
+        assert "resumed from" in result.stdout
+        # bit-identical weights; per epoch the samples trained (count) and the carried sums
+        assert_same_training(out, straight)

@@ -193,14 +193,22 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     args = ["-d", corpus.root, "-o", db, "-j", "1", "--batch-size", "4"]
     rng = random.Random(1234)
     seen = []
-    # The first kill at a random moment (often before any commit: imports take a while), the
-    # others once a random number of files is committed, further along each time.
+    # Each kill at a point of progress, however slow the machine: the first as soon as the
+    # database file exists (before or at its first commits), the others once a drawn number of
+    # files is committed, further along each time. Commits take 20 ms each (_SLOW_CLI), so the
+    # conversion is never over by the kill.
     targets = [None] + sorted(rng.sample(range(8, total - 16), 3))
     for target in targets:
         proc = subprocess.Popen([sys.executable, "-c", _SLOW_CLI, *args], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + (rng.uniform(0.2, 1.5) if target is None else 60)
-        while time.monotonic() < deadline and proc.poll() is None:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the conversion ended or stalled before the kill point {target}: "
+                            f"{proc.communicate()[1][-2000:]!r}")
+            if target is None and os.path.exists(os.path.join(db, "data.mdb")):
+                break
             done = progress_done(db)
             if target is not None and done is not None and done >= target:
                 break

@@ -1,4 +1,4 @@
-"""folder2shards.py: byte-for-byte round trips (generated data and the real sample), DALI's own
+"""folder2shards.py: byte-for-byte round trips (generated data and the sample), DALI's own
 ``wds2idx.py`` index, class mixing, shard limits, resume, damaged files, --verify, one-line
 errors, and ``make convert-imagenet FORMAT=shards``."""
 import os
@@ -89,15 +89,15 @@ def test_generated_folder_round_trips_byte_for_byte(tiny_shards):
         [(data, label) for _, rs in shards for _, data, label in rs]
 
 
-def test_real_sample_round_trips_byte_for_byte(sample, tmp_path):
+def test_sample_round_trips_byte_for_byte(sample_images, tmp_path):
     for split in ("train", "val"):
-        src = os.path.join(sample, split)
-        summary = convert(src, tmp_path / split, shard_size=4 << 20)
+        src = os.path.join(sample_images, split)
+        summary = convert(src, tmp_path / split, shard_size=1 << 20)
         index, _ = check_round_trip(src, str(tmp_path / split))
         assert summary.shards == len(index.shards) > 1 and summary.reencoded == 0
-        assert all(s["bytes"] <= 4 << 20 for s in index.shards)
+        assert all(s["bytes"] <= 1 << 20 for s in index.shards)
     assert folder2shards.main(["--verify", str(tmp_path / "val"), "--dataset",
-                               os.path.join(sample, "val")]) == 0
+                               os.path.join(sample_images, "val")]) == 0
 
 
 @pytest.mark.skipif(not os.path.isfile(WDS2IDX), reason="DALI's wds2idx.py not installed")

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import pytest
 
 import folder2shards
+import main
 from formats.shards import INDEX_NAME, ShardIndex
-from loaders import DistInfo, build_loaders
 from formats.shards.locations import resolve_split
 from loaders.readers.shards import ShardReader
 from tools import replicas
-from tests.helpers.loading import loader_settings
+from tests.helpers.runs import read_metrics, small_run
 
 
 def write_foreign(folder: str, sample: str, split: str) -> list[tuple[bytes, int]]:
@@ -54,20 +55,23 @@ def read_all(spec: str) -> list[tuple[bytes, int]]:
 
 
 @pytest.fixture(scope="session")
-def foreign(sample, tmp_path_factory):
+def foreign(sample_images, tmp_path_factory):
+    """``split -> (folder, written)`` of the sample's images (one per class)."""
     root = tmp_path_factory.mktemp("foreign")
-    return {split: (str(root / split), write_foreign(str(root / split), sample, split))
+    return {split: (str(root / split), write_foreign(str(root / split), sample_images, split))
             for split in ("train", "val")}
 
 
-def test_indexed_beside_the_shards_reads_every_record(foreign, sample, capsys):
+def test_indexed_beside_the_shards_reads_every_record(foreign, sample_images, capsys):
     folder, written = foreign["train"]
     before = digests(folder)
     assert folder2shards.main(["--index", folder]) == 0
-    assert capsys.readouterr().out.startswith("indexed 250 records of 4 shards (250 classes)")
+    n = len(written)
+    assert capsys.readouterr().out.startswith(
+        f"indexed {n} records of {-(-n // 64)} shards ({n} classes)")
     assert digests(folder) == before  # no shard rewritten
     index = ShardIndex.from_json(open(os.path.join(folder, INDEX_NAME)).read())
-    assert index.classes == sorted(replicas.class_names(sample))  # the sorted WNIDs
+    assert index.classes == sorted(replicas.class_names(sample_images))  # the sorted WNIDs
     assert index.names[0] == "tench" and all("url" not in s for s in index.shards)
     assert read_all(folder) == written
 
@@ -77,7 +81,7 @@ def test_index_folder_of_its_own_in_place_and_streamed(foreign, tmp_path):
     offset, and ``pipe:`` streams cut at the offsets of the index folder's ``.idx``."""
     folder, written = foreign["train"]
     local, streamed = str(tmp_path / "local"), str(tmp_path / "streamed")
-    pattern = os.path.join(folder, "imagenet1k-train-{0000..0003}.tar")
+    pattern = os.path.join(folder, "imagenet1k-train-{0000..%04d}.tar" % (len(digests(folder)) - 1))
     assert folder2shards.main(["--index", pattern, "-o", local]) == 0
     assert read_all(local) == written
     assert folder2shards.main(["--index", f"pipe:cat {pattern}", "-o", streamed]) == 0
@@ -102,21 +106,22 @@ def test_val_needs_classes_and_takes_the_train_index(foreign, tmp_path, capsys):
 
 
 def test_trains_with_the_shard_loader(foreign, tmp_path):
-    (train, _), (val, _) = foreign["train"], foreign["val"]
-    train_index, val_index = str(tmp_path / "train"), str(tmp_path / "val")
-    folder2shards.main(["--index", train, "-o", train_index])
-    folder2shards.main(["--index", val, "-o", val_index, "--classes",
-                        os.path.join(train_index, INDEX_NAME)])
-    settings = loader_settings("shards", train_path=train_index, val_path=val_index,
-                               train_batches=2, val_batches=2)
-    train_loader, val_loader = build_loaders(settings, DistInfo())
-    train_loader.set_epoch(0)
-    images, labels = next(iter(train_loader))
-    assert images.shape == (4, 3, 32, 32) and int(labels.max()) < 250
-    assert len(val_loader.reader) == 250
+    """``main.py --loader shards`` on the index folders (the shards read in place): two
+    training batches, then the whole validation split, labels from the records."""
+    (train, _), (val, written) = foreign["train"], foreign["val"]
+    data = tmp_path / "data"
+    train_index, val_index = str(data / "train"), str(data / "val")
+    assert folder2shards.main(["--index", train, "-o", train_index]) == 0
+    assert folder2shards.main(["--index", val, "-o", val_index, "--classes",
+                               os.path.join(train_index, INDEX_NAME)]) == 0
+    out = str(tmp_path / "out")
+    last = main.main(["--loader", "shards", str(data), *small_run(batch=4), "--epochs", "1",
+                      "--train-batches", "2", "--output-dir", out])
+    assert last["train_images"] == 8 and last["val_images"] == len(written)
+    assert math.isfinite(last["train_loss"]) and read_metrics(out)[0]["epoch"] == 0
 
 
-def test_records_without_jpg_or_with_unsorted_labels_are_one_line(sample, tmp_path, capsys):
+def test_records_without_jpg_or_with_unsorted_labels_are_one_line(tmp_path, capsys):
     import webdataset as wds
 
     folder = str(tmp_path / "odd")

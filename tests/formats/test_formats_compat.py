@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 
@@ -18,12 +19,14 @@ import torch
 
 import folder2lmdb
 import folder2shards
+import main
 import formats.lmdb
 import formats.shards
 from formats.shards.locations import resolve_split
 from loaders.readers.lmdb_records import LMDBReader
 from loaders.readers.shards import ShardReader
 from tests.helpers.paths import REPO
+from tests.helpers.runs import read_metrics, small_run
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "formats_v1")
 
@@ -67,11 +70,19 @@ def test_old_outputs_verify_against_their_source(legacy):
     assert folder2shards.main(["--verify", os.path.join(root, "shards"), "--dataset", src]) == 0
 
 
-def test_old_lmdb_trains_through_the_loader(legacy):
-    """The record bytes decode into the uint8 crops the loaders make of any database."""
-    root, _ = legacy
-    dataset = LMDBReader(os.path.join(root, "lmdb"))
-    from loaders.transforms import ValTransform
-
-    image = ValTransform(16, 8)(dataset.read(0)[0])
-    assert image.dtype == torch.uint8 and image.shape == (3, 8, 8)
+def test_old_lmdb_trains_through_the_loader(legacy, tmp_path):
+    """``main.py --lmdb`` trains an epoch on it (as train and val split) and validates every
+    record, labels as expected."""
+    root, expected = legacy
+    data = tmp_path / "data"
+    for split in ("train", "val"):
+        shutil.copytree(os.path.join(root, "lmdb"), data / split)
+    out = str(tmp_path / "out")
+    last = main.main(["--lmdb", str(data), *small_run(batch=4), "--epochs", "1",
+                      "--output-dir", out])
+    count = len(expected["lmdb_records"])
+    assert [r["epoch"] for r in read_metrics(out)] == [0]
+    assert last["train_images"] == count // 4 * 4
+    assert last["val_images"] == count and math.isfinite(last["train_loss"])
+    state = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
+    assert state["state_dict"]["fc.weight"].shape[0] == len(expected["classes"])

@@ -44,10 +44,10 @@ def test_tiny_matches_imagefolder(tiny, split):
         ours[len(ours)]
 
 
-def test_real_sample_pixel_identical(sample, sample_lmdb):
+def test_sample_pixel_identical(sample_images, sample_images_lmdb):
     for split in ("train", "val"):
-        ours = ImageFolderLMDB(os.path.join(sample_lmdb, split))
-        ref = datasets.ImageFolder(os.path.join(sample, split))
+        ours = ImageFolderLMDB(os.path.join(sample_images_lmdb, split))
+        ref = datasets.ImageFolder(os.path.join(sample_images, split))
         _same_metadata(ours, ref)
     # A few dozen training images across the classes: same JPEG bytes, same PIL decode.
     for i in np.linspace(0, len(ref) - 1, 36).round().astype(int).tolist():

@@ -1,7 +1,8 @@
-"""Every ImageNet download layout (:mod:`formats.sources`), as replicas of the real sample
-(``tools/replicas.py``), converts to the same LMDB and the same shards, record for record and
-byte for byte, as the same images in class folders; ``--verify`` passes across layouts; and a
-damaged or incomplete download ends in one line naming the file, resumably."""
+"""Every ImageNet download layout (:mod:`formats.sources`), as replicas of the sample (the real
+one where present, else the stand-in; ``tools/replicas.py``), converts to the same LMDB and the
+same shards, record for record and byte for byte, as the same images in class folders;
+``--verify`` passes across layouts; and a damaged or incomplete download ends in one line naming
+the file, resumably."""
 from __future__ import annotations
 
 import hashlib
@@ -28,13 +29,18 @@ SEED = {"train": 0, "val": None}  # as make convert-imagenet converts them
 
 
 @pytest.fixture(scope="session")
-def downloads(sample, tmp_path_factory):
+def downloads(sample_images, tmp_path_factory):
     """Each layout's replica, and the class folders they must equal: ``reference[split]``."""
     root = tmp_path_factory.mktemp("downloads")
-    built = {name: write(str(root / name), sample) for name, write in WRITERS.items()}
-    reference = {"train": os.path.join(sample, "train"),
-                 "val": replicas.write_valprep(str(root / "valprep"), sample)}
+    built = {name: write(str(root / name), sample_images) for name, write in WRITERS.items()}
+    reference = {"train": os.path.join(sample_images, "train"),
+                 "val": replicas.write_valprep(str(root / "valprep"), sample_images)}
     return built, reference
+
+
+def images(downloads) -> int:
+    """How many images each split of the replicas holds (one per class)."""
+    return len(os.listdir(downloads[1]["train"]))
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +87,7 @@ def test_layout_is_detected_and_converts_record_for_record(layout, split, downlo
     (meta, items), (ref_meta, ref_items) = lmdb_contents(db), lmdb_contents(ref_db)
     assert (meta.count, meta.classes, meta.shuffle_seed) == \
         (ref_meta.count, ref_meta.classes, ref_meta.shuffle_seed)
-    assert (meta.count, meta.shuffle_seed) == (250, SEED[split])
+    assert (meta.count, meta.shuffle_seed) == (images(downloads), SEED[split])
     assert meta.names[0] == "tench" and ref_meta.names is None  # names kept where known
     del items[codec.META_KEY], ref_items[codec.META_KEY]
     assert items == ref_items  # every record and the checksums, byte for byte
@@ -140,7 +146,7 @@ def test_truncated_train_tar_is_one_line_and_a_rerun_after_the_fix_resumes(
     shutil.copy2(tar, saved)
     db = str(tmp_path / "db")
     argv = ["-d", official, "--split", "train", "-o", db, "--allow-partial", "--shuffle-seed",
-            "0", "-j", "2", "--batch-size", "32"]
+            "0", "-j", "2", "--batch-size", "8"]
     commits = []
     real = folder2lmdb.convert.__globals__["_committed"]
 
@@ -162,8 +168,9 @@ def test_truncated_train_tar_is_one_line_and_a_rerun_after_the_fix_resumes(
         codec.read_meta(db)  # nothing left as if complete
     shutil.copy2(saved, tar)  # the download fixed: same bytes, same size and mtime
     summary = folder2lmdb.convert(official, db, workers=2, progress=False, shuffle_seed=0,
-                                  split="train", allow_partial=True, batch_size=32)
-    assert 96 <= summary.resumed_at < 250 and summary.images == 250
+                                  split="train", allow_partial=True, batch_size=8)
+    n = images(downloads)
+    assert 24 <= summary.resumed_at < n and summary.images == n
     items, ref_items = lmdb_contents(db)[1], lmdb_contents(reference_outputs["train"][0])[1]
     del items[codec.META_KEY], ref_items[codec.META_KEY]
     assert items == ref_items
@@ -181,7 +188,8 @@ def test_ground_truth_one_line_short_names_the_file(downloads, tmp_path, capsys)
     open(truth, "w").writelines(lines[:-1])
     argv = ["-d", official, "--split", "val", "-o", str(tmp_path / "db"), "--allow-partial"]
     line = _one_line_error(capsys, argv)
-    assert "ILSVRC2012_validation_ground_truth.txt has 249 labels for the 250 images" in line
+    n = images(downloads)
+    assert f"ILSVRC2012_validation_ground_truth.txt has {n - 1} labels for the {n} images" in line
     assert not os.path.exists(tmp_path / "db")
     open(truth, "w").writelines(lines)
     assert folder2lmdb.main(argv) == 0
@@ -212,23 +220,25 @@ def test_csv_naming_an_unknown_wnid_names_the_file_and_line(downloads, tmp_path,
     assert f"{csv}: line 6: n99999999 is not in LOC_synset_mapping.txt" in line
 
 
-def test_known_counts_name_what_is_missing(sample, downloads, tmp_path, capsys, monkeypatch):
+def test_known_counts_name_what_is_missing(sample_images, downloads, tmp_path, capsys,
+                                           monkeypatch):
     """Without --allow-partial a known layout must be all of ImageNet: the sample's replica is
-    250 of 1,281,167 images; with the counts declared as the replica's, a missing class tar is
-    named."""
+    250 (the stand-in's 64) of 1,281,167 images; with the counts declared as the replica's, a
+    missing class tar is named."""
     built, _ = downloads
+    n = images(downloads)
     line = _one_line_error(capsys, ["-d", built["official"], "--split", "train", "-o",
                                     str(tmp_path / "db")])
-    assert "250 classes, ImageNet has 1,000; 250 train images, ImageNet has 1,281,167" in line
-    monkeypatch.setitem(formats.sources.EXPECTED, "train", 250)
-    monkeypatch.setitem(formats.sources.EXPECTED, "classes", 250)
-    assert len(open_dataset(built["official"], "train").files) == 250
-    official = replicas.write_official(str(tmp_path / "official"), sample)
+    assert f"{n} classes, ImageNet has 1,000; {n} train images, ImageNet has 1,281,167" in line
+    monkeypatch.setitem(formats.sources.EXPECTED, "train", n)
+    monkeypatch.setitem(formats.sources.EXPECTED, "classes", n)
+    assert len(open_dataset(built["official"], "train").files) == n
+    official = replicas.write_official(str(tmp_path / "official"), sample_images)
     tar = os.path.join(official, "ILSVRC2012_img_train.tar")
     members = replicas.tar_members_of(tar)
     replicas.rewrite_tar(tar, [m for m in members if m[0] != "n01440764.tar"])
-    with pytest.raises(DatasetError, match=r"no images of class n01440764\.tar; 249 train "
-                                           r"images, ImageNet has 250"):
+    with pytest.raises(DatasetError, match=rf"no images of class n01440764\.tar; {n - 1} train "
+                                           rf"images, ImageNet has {n}"):
         open_dataset(official, "train")
 
 
@@ -262,7 +272,7 @@ def test_make_convert_imagenet_reads_each_download(layout, downloads, reference_
         assert items == ref_items
 
 
-def test_odd_files_inside_the_train_tar_are_reencoded_as_from_folders(sample, tmp_path):
+def test_odd_files_inside_the_train_tar_are_reencoded_as_from_folders(sample_images, tmp_path):
     """ImageNet's train has one PNG and 22 CMYK JPEGs named ``.JPEG``
     (``n02105855_2933.JPEG``, ``n01739381_1309.JPEG``, ...): read from inside the class tars
     they get the same content checks and re-encoding as from the extracted folders."""
@@ -271,10 +281,10 @@ def test_odd_files_inside_the_train_tar_are_reencoded_as_from_folders(sample, tm
     from PIL import Image
 
     odd = tmp_path / "odd"
-    for wnid, name, path in replicas.train_images(sample)[:6]:
+    for wnid, name, path in replicas.train_images(sample_images)[:6]:
         os.makedirs(odd / "train" / wnid, exist_ok=True)
         shutil.copy(path, odd / "train" / wnid / name)
-    first = replicas.train_images(sample)[0]
+    first = replicas.train_images(sample_images)[0]
     image = Image.open(first[2]).convert("RGB")
     png, cmyk = io.BytesIO(), io.BytesIO()
     image.save(png, format="PNG")

@@ -1,4 +1,4 @@
-"""What the GPU check's tests share: a bundle folder made from the real sample, its command line
+"""What the GPU check's tests share: a bundle folder made from the sample (or its stand-in), its command line
 run in this process, and every command faked as on one H100 (:mod:`tools.gpu_check`)."""
 from __future__ import annotations
 

@@ -3,8 +3,10 @@ orientation (1-8), CMYK, grayscale, a PNG named ``.JPEG``, 56-px and 2,400-px im
 3:1 aspect ratios, each of the odd ones also carrying an orientation tag.
 
 :func:`write_odd_folder` writes them in ImageNet layout (``train/`` and ``val/``, two classes);
-the pictures come from the real sample's JPEGs where it is given, else from generated
-gradients with noise (so a window turned by 90 degrees never looks like the stored one).
+the pictures come from the real sample's JPEGs where it is given, else from the stand-in's
+generated pictures (:func:`tests.helpers.standin.picture`: gradients in two directions with
+shapes, so a window turned by 90 degrees never looks like the stored one, and little noise, so
+a re-encoding changes them about as much as a photograph).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import os
 
 import numpy as np
 from PIL import Image
+
+from tests.helpers.standin import picture
 
 ORIENTATION_TAG = 0x0112  # EXIF (TIFF) tag 274
 # name -> (PIL mode, (width, height) or None for the picture's own size, orientation, format)
@@ -38,10 +42,7 @@ def _pictures(sample: str | None, count: int, seed: int) -> list[Image.Image]:
     out = []
     for _ in range(count):
         height, width = int(rng.integers(180, 360)), int(rng.integers(180, 480))
-        y, x = np.mgrid[0:height, 0:width]
-        pixels = np.stack([255 * x / width, 255 * y / height, 128 + 0 * x], axis=-1)
-        pixels += rng.normal(0, 20, pixels.shape)
-        out.append(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB"))
+        out.append(picture(rng, width, height))
     return out
 
 

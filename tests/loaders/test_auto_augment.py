@@ -16,14 +16,16 @@ from loaders.transforms._uint8_ops import OPS
 from loaders.transforms.auto_augment import POLICIES, make_auto_augment
 from loaders.transforms import TrainTransform, ValTransform
 from tests.helpers.loading import loader_settings
+from tests.helpers.standin import write_twins
 
 BILINEAR = v2.InterpolationMode.BILINEAR
 
 
 @pytest.fixture(scope="module")
-def crops(sample):
-    """RandomResizedCrop + flip outputs (uint8, 176 px, one channels-last) of real JPEGs."""
-    files = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:24]
+def crops(sample_images):
+    """RandomResizedCrop + flip outputs (uint8, 176 px, one channels-last) of the sample's
+    JPEGs."""
+    files = sorted(glob.glob(os.path.join(sample_images, "train", "*", "*")))[:24]
     torch.manual_seed(0)
     transform = TrainTransform(176)
     out = [transform(open(f, "rb").read()) for f in files]
@@ -89,11 +91,21 @@ def test_bmm_grid_fallback_gives_the_same_pixels(crops, monkeypatch):
 
 
 def test_bicubic_geometry_stays_in_range(crops):
+    """Bicubic resampling overshoots at hard edges (its kernel has negative lobes): on a
+    checkerboard of 0 and 255 the values beyond 0..255 must be clamped, not wrapped to the other
+    end of uint8, so every pixel stays near the bilinear one (bilinear never overshoots)."""
+    board = torch.zeros(3, 64, 64, dtype=torch.uint8)
+    for i in range(8):
+        for j in range(i % 2, 8, 2):
+            board[:, i * 8:(i + 1) * 8, j * 8:(j + 1) * 8] = 255
+    for op, magnitude in (("Rotate", 30.0), ("ShearX", 0.3), ("ShearY", -0.3)):
+        bicubic, bilinear = (OPS[op](board, magnitude, mode) for mode in ("bicubic", "bilinear"))
+        assert bicubic.dtype == torch.uint8 and bicubic.shape == board.shape
+        assert (bicubic.int() - bilinear.int()).abs().max() < 64, op  # a wrap is ~255 off
+        assert int(bicubic.max()) == 255 and int(bicubic.min()) == 0, op
     policy = make_auto_augment("ta_wide", "bicubic")
     torch.manual_seed(3)
     for crop in crops:
-        out = OPS["Rotate"](crop, 30.0, "bicubic")
-        assert out.dtype == torch.uint8 and out.shape == crop.shape
         assert policy(crop).shape == crop.shape
 
 
@@ -105,9 +117,9 @@ def test_bad_policy_values_raise():
     assert make_auto_augment(None) is None
 
 
-def test_interpolation_reaches_every_resize(sample):
+def test_interpolation_reaches_every_resize(sample_images):
     """bicubic and nearest crops differ from bilinear ones, drawn alike; validation too."""
-    data = open(sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[0], "rb").read()
+    data = open(sorted(glob.glob(os.path.join(sample_images, "train", "*", "*")))[0], "rb").read()
     crops = {}
     for mode in ("bilinear", "bicubic", "nearest"):
         torch.manual_seed(7)
@@ -119,21 +131,33 @@ def test_interpolation_reaches_every_resize(sample):
             assert (got.float() - base.float()).abs().mean() < 12  # the same window
 
 
-def _batches(data, workers, policy="ta_wide"):
-    settings = loader_settings("folder", data, batch_size=8, workers=workers, train_batches=3,
-                               auto_augment=policy)
-    train, _ = build_loaders(settings, DistInfo())
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    """16 copies of one picture: batches differ only in their draws."""
+    return write_twins(str(tmp_path_factory.mktemp("twins")))
+
+
+def _batches(data, workers, policy="ta_wide", seed=0, epoch=2, rank=0, world=1):
+    settings = loader_settings("folder", data, batch_size=4, workers=workers, train_batches=2,
+                               auto_augment=policy, seed=seed)
+    train, _ = build_loaders(settings, DistInfo(rank, world))
     try:
-        train.set_epoch(2)
+        train.set_epoch(epoch)
         return [images for images, _ in train]
     finally:
         train.close()
 
 
-def test_workers_augment_as_a_function_of_seed_epoch_rank_batch(sample):
-    """-j 0 and -j 2 give the same augmented batches; without the policy they differ."""
-    none, two = _batches(sample, 0), _batches(sample, 2)
-    assert len(none) == len(two) == 3
+def test_workers_augment_as_a_function_of_seed_epoch_rank_batch(twins):
+    """-j 0 and -j 2 give the same augmented batches; another seed, epoch, rank or batch
+    number draws others (every batch holds the same picture: only the draws differ); without
+    the policy they differ too."""
+    none, two = _batches(twins, 0), _batches(twins, 2)
+    assert len(none) == len(two) == 2
     assert all(torch.equal(a, b) for a, b in zip(none, two))
-    plain = _batches(sample, 0, policy=None)
-    assert not all(torch.equal(a, b) for a, b in zip(none, plain))
+    assert not torch.equal(none[0], none[1])  # the batch number
+    for other in (_batches(twins, 0, seed=1), _batches(twins, 0, epoch=3),
+                  _batches(twins, 0, rank=1, world=2)):
+        assert len(other) == 2 and not any(torch.equal(a, b) for a, b in zip(none, other))
+    plain = _batches(twins, 0, policy=None)
+    assert not any(torch.equal(a, b) for a, b in zip(none, plain))

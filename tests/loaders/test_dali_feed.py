@@ -13,10 +13,10 @@ pytest.importorskip("nvidia.dali")
 from loaders import DataError  # noqa: E402
 
 
-def test_host_windows_are_the_cpu_loaders(tiny, sample):
+def test_host_windows_are_the_cpu_loaders(tiny, sample_images):
     """The windows the feed hands DALI are the ones ``random_resized_crop_params`` (torchvision's
     algorithm: 10 attempts, then the central crop) gives for the same uniforms and the size PIL
-    reads (independently of the feed's header parse): on real and generated images; every
+    reads (independently of the feed's header parse): on the sample's and ``tiny``'s; every
     fourth image gets uniforms near 1 for every attempt (the whole area at ratio 4/3 fits no
     image but an exactly 4:3 one), so the central fallback is exercised."""
     import glob
@@ -24,7 +24,7 @@ def test_host_windows_are_the_cpu_loaders(tiny, sample):
     from loaders.pipelines.dali.feed import crop_draws, host_windows
     from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
-    paths = sorted(glob.glob(os.path.join(sample, "train", "*", "*")))[:48]
+    paths = sorted(glob.glob(os.path.join(sample_images, "train", "*", "*")))[:48]
     paths += sorted(glob.glob(os.path.join(tiny.root, "train", "*", "*")))[:16]
     blobs = [open(p, "rb").read() for p in paths]
     draws, _ = crop_draws(seed=3, epoch=1, rank=0, batch=0, count=len(blobs))

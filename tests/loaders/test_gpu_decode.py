@@ -42,8 +42,8 @@ def _uint8_epoch(loader, epoch=0, start_batch=0):
     return [(to_uint8(images), labels) for images, labels in loader]
 
 
-def test_workers_draw_the_cpu_loaders_windows(sample):
-    train, _ = _build(sample, "cpu-nvimgcodec", batch_size=8)
+def test_workers_draw_the_cpu_loaders_windows(sample_images):
+    train, _ = _build(sample_images, "cpu-nvimgcodec", batch_size=8)
     plan = PassPlan(0, None, (0, 2, 0, 0), None)
     batch = NumberedBatch(list(range(0, 64, 8)), 3, plan)
     item = train._dataset.__getitems__(batch)
@@ -183,17 +183,17 @@ def test_resumed_training_matches_the_uninterrupted_run(tiny, tmp_path):
     assert_same_training(parts, whole, resumed=False)
 
 
-def test_validation_is_exactly_resize_then_crop(sample):
+def test_validation_is_exactly_resize_then_crop(sample_images):
     """The central crop's region (with the filter's reach) decoded and resampled in its frame
     gives pytorch/examples' Resize + CenterCrop pixels exactly (torch's antialiased resize of
-    the whole decode), on the real sample's validation images."""
+    the whole decode), on the sample's validation images."""
     import glob
 
     from decode import decode, gpu
     from loaders.transforms import center_crop_plan, resize_center_crop
 
     decoder = gpu.WindowDecoder("cpu-nvimgcodec", torch.device("cpu"))
-    for path in sorted(glob.glob(os.path.join(sample, "val", "*", "*")))[::5]:
+    for path in sorted(glob.glob(os.path.join(sample_images, "val", "*", "*")))[::5]:
         data = open(path, "rb").read()
         whole = decode(data)
         region, frame = center_crop_plan(*whole.shape[-2:], 256, 224)

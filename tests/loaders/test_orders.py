@@ -11,6 +11,7 @@ from loaders.orders import (BlockOrder, RandomOrder, ResumableSampler, ShardOrde
                             batches_per_epoch)
 from loaders.readers.lmdb_records import LMDBReader
 from tests.helpers.loading import loader_settings
+from tests.helpers.processes import value_in_another_process
 from tests.helpers.runs import read_metrics, SMALL
 
 
@@ -28,7 +29,11 @@ def mean_run(indices):
 
 
 def test_deterministic_per_seed_and_epoch():
-    assert order(seed=3, epoch=2) == order(seed=3, epoch=2)
+    """The same order in another process (every rank computes its own: they must agree)."""
+    assert value_in_another_process(
+        "from loaders.orders import BlockOrder",
+        "[int(i) for i in BlockOrder(1000, block_size=16, buffer_blocks=4, rank=0, "
+        "world_size=1, seed=3).order(2)]") == order(seed=3, epoch=2)
     assert order(seed=3, epoch=2) != order(seed=3, epoch=3)
     assert order(seed=3, epoch=2) != order(seed=4, epoch=2)
     assert sorted(order()) == list(range(1000))  # one rank: a permutation
@@ -83,8 +88,7 @@ def test_invalid_parameters():
 @pytest.mark.parametrize("n", [1, 7, 10, 4096, 10_001])
 @pytest.mark.parametrize("world", [1, 3, 8])
 def test_random_order_is_distributed_samplers_permutation(n, world):
-    if n < world:
-        pytest.skip("no sample per rank")
+    """n < world: every rank's share is empty, as DistributedSampler's with drop_last."""
     for rank in range(world):
         stock = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True,
                                    seed=5, drop_last=True)

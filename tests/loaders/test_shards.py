@@ -182,18 +182,18 @@ def test_two_process_gloo_training_over_uneven_shards(shards, tmp_path):
     assert record["val_images"] == 16  # every validation record exactly once
 
 
-def test_real_sample_through_shards(sample, tmp_path):
+def test_sample_through_shards(sample_images, tmp_path):
     from torchvision import datasets
 
     for split in ("train", "val"):
-        n = len(datasets.ImageFolder(os.path.join(sample, split)))
-        write_split(os.path.join(sample, split), str(tmp_path / split), [n // 2, n - n // 2],
-                    split)
+        n = len(datasets.ImageFolder(os.path.join(sample_images, split)))
+        write_split(os.path.join(sample_images, split), str(tmp_path / split),
+                    [n // 2, n - n // 2], split)
     _, val = build(str(tmp_path), workers=2, batch_size=25, val_resize_size=64,
                    val_crop_size=56)
     labels = torch.cat([l for _, l in val])
     assert sorted(labels.tolist()) == sorted(datasets.ImageFolder(
-        os.path.join(sample, "val")).targets)
+        os.path.join(sample_images, "val")).targets)
 
 
 # --- bad input: one line naming the shard -------------------------------------------------

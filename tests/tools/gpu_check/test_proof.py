@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -52,18 +53,18 @@ def fake_machine(monkeypatch):
     return configure
 
 
-def gpu_run(sample, tmp_path, *extra):
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+def gpu_run(sample_images, tmp_path, *extra):
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     code, out, err = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
                               "--steps", "2", "--warmup", "1", *extra])
     return code, out, json.loads((tmp_path / "o" / "report.json").read_text())
 
 
-def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_path, fake_machine):
+def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample_images, tmp_path, fake_machine):
     """Without --gpu, main.py would wrap the model in DataParallel over the 8 GPUs: every
     single-process main.py command names GPU 0; the distributed run uses all 8."""
     fake_machine(gpu_count=8, gpus=[MACHINE["gpus"][0]] * 8)
-    code, _, report = gpu_run(sample, tmp_path)
+    code, _, report = gpu_run(sample_images, tmp_path)
     assert code == 0, report["not_proven"]
     runs = [c for c in gpu_runner.Runner.calls if "main.py" in c]
     single = [c for c in runs if "--multiprocessing-distributed" not in c]
@@ -86,10 +87,10 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample, tmp_pat
     ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
      {"pytest-test_gpu", "pytest-test_gpu_dali", "pytest-test_gpu_decode_cuda"}),
 ])
-def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample, tmp_path, fake_machine, facts,
+def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample_images, tmp_path, fake_machine, facts,
                                                        pytest_out, unproven):
     fake_machine(pytest_out, **facts)
-    code, out, report = gpu_run(sample, tmp_path)
+    code, out, report = gpu_run(sample_images, tmp_path)
     assert code == 3 and report["summary"]["failed"] == 0
     assert {x["name"] for x in report["not_proven"]} == unproven
     assert "GPU path NOT proven: " in out and "GPU path proven" not in out
@@ -107,7 +108,7 @@ def test_a_slow_check_is_timed_out_not_failed(tmp_path):
     assert gpu_report.exit_status(report) == 3
 
 
-def test_a_crash_of_the_script_still_writes_the_report(sample, tmp_path, fake_machine,
+def test_a_crash_of_the_script_still_writes_the_report(sample_images, tmp_path, fake_machine,
                                                        monkeypatch):
     fake_machine()
 
@@ -115,7 +116,7 @@ def test_a_crash_of_the_script_still_writes_the_report(sample, tmp_path, fake_ma
         raise KeyError("lmdb")
 
     monkeypatch.setattr(full, "prepare_data", broken)
-    code, out, report = gpu_run(sample, tmp_path)
+    code, out, report = gpu_run(sample_images, tmp_path)
     assert code == 1
     (row,) = report["sections"]["internal"]
     assert row["status"] == "failed" and row["reason"] == "KeyError: 'lmdb'"
@@ -139,8 +140,8 @@ def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
     assert result.stdout.split() == ["False", "True"], result.stderr
 
 
-def test_dry_run_without_any_nvidia_package_writes_both_reports(sample, tmp_path):
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=2)
+def test_dry_run_without_any_nvidia_package_writes_both_reports(sample_images, tmp_path):
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     fake_wheel(str(bundle / "wheels"), "nvidia_nvimgcodec_cu13")
     out = tmp_path / "o"
     result = subprocess.run(
@@ -190,20 +191,42 @@ def test_wheels_under_nvidia_are_judged_by_their_distribution(tmp_path, monkeypa
     assert not install.wheel_is_missing(path)
 
 
-def test_driver_api_version_needs_no_torch_internals():
-    """torch 2.14 has no torch._C._cuda_getDriverVersion; libcuda answers, or None here."""
-    version = machine.cuda_driver_api()
-    assert version is None or version.count(".") == 1
+def _driver_api_in_a_process(library_path) -> str:
+    """``cuda_driver_api()`` printed by a new process whose ``import torch`` fails and whose
+    dynamic loader looks in ``library_path`` first."""
+    code = (f"import sys; sys.modules['torch'] = None; from {machine.__name__} import "
+            "cuda_driver_api; print(cuda_driver_api())")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(library_path)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
 
 
-def test_dali_section_fails_what_a_gpu_decode_must_prove(sample, tmp_path, fake_machine,
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (as make install)")
+def test_driver_api_version_needs_no_torch_internals(tmp_path):
+    """torch 2.14 has no torch._C._cuda_getDriverVersion: the version comes from libcuda's
+    cuDriverGetVersion, here a stand-in libcuda.so.1 built with that one function, in a process
+    that cannot import torch. 13000 is "13.0", 12080 "12.8"; an error status or 0 is None."""
+    cases = ((13000, 0, "13.0"), (12080, 0, "12.8"), (13000, 100, "None"), (0, 0, "None"))
+    for version, status, expected in cases:
+        folder = tmp_path / f"{version}-{status}"
+        folder.mkdir()
+        (folder / "cuda.c").write_text(
+            f"int cuDriverGetVersion(int *v) {{ *v = {version}; return {status}; }}\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libcuda.so.1"),
+                        str(folder / "cuda.c")], check=True, timeout=60)
+        assert _driver_api_in_a_process(folder) == expected, (version, status)
+
+
+def test_dali_section_fails_what_a_gpu_decode_must_prove(sample_images, tmp_path, fake_machine,
                                                          monkeypatch):
     """A machine where nvJPEG does not decode on the GPU, and whose device memory grows epoch
     after epoch under DALI: both rows fail with the reason, and the check exits 1."""
     fake_machine()
     monkeypatch.setattr(gpu_runner.Runner, "dali_on_cpu", True, raising=False)
     monkeypatch.setattr(gpu_runner.Runner, "memory_growth_mib", 4000.0, raising=False)
-    code, _, report = gpu_run(sample, tmp_path, "--only", "dali")
+    code, _, report = gpu_run(sample_images, tmp_path, "--only", "dali")
     rows = {r["name"]: r for r in report["sections"]["dali"]}
     assert code == 1
     assert rows["dali-gpu-decode"]["status"] == "failed"
@@ -216,13 +239,13 @@ def test_dali_section_fails_what_a_gpu_decode_must_prove(sample, tmp_path, fake_
 
 
 def test_gpu_tests_find_the_bundles_sample_and_batch_rows_fail_on_cpu_fallbacks(
-        sample, tmp_path, fake_machine, monkeypatch):
+        sample_images, tmp_path, fake_machine, monkeypatch):
     """The GPU-vs-CPU pixel tests read the sample through IMAGENET_SAMPLE (``../shared`` does
     not travel): every pytest row gets the bundle's; and a ``--decode-device cuda`` row whose
     run sent samples to the CPU fallback fails, naming how many."""
     fake_machine()
     monkeypatch.setattr(gpu_runner.Runner, "cpu_fallbacks", 3, raising=False)
-    code, _, report = gpu_run(sample, tmp_path, "--only", "pytest", "gpudecode")
+    code, _, report = gpu_run(sample_images, tmp_path, "--only", "pytest", "gpudecode")
     assert code == 1
     for row in report["sections"]["pytest"]:
         assert row["env"] == {"IMAGENET_SAMPLE": str(tmp_path / "bundle" / "sample")}, row

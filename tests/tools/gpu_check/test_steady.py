@@ -43,8 +43,8 @@ CEILING = BATCH / (BATCH * READ_S)  # one worker: 2 images/s at most
 
 
 @pytest.mark.slow
-def test_a_training_row_times_the_loader_not_its_queue(sample, tmp_path):
-    bundle = make_bundle(sample, tmp_path / "bundle", classes=4)
+def test_a_training_row_times_the_loader_not_its_queue(sample_images, tmp_path):
+    bundle = make_bundle(sample_images, tmp_path / "bundle", classes=4)
     s = settings(get_args_parser().parse_args([
         "--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"), "-j", "1", "-b",
         str(BATCH), "--steps", "8", "--warmup", "6"]))
