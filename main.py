@@ -91,6 +91,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
+    d.add_argument("--max-image-pixels", type=non_negative_int, metavar="N",
+                   default=decode.acceptance.MAX_PIXELS, help="skip, undecoded, an image "
+                   "whose header claims more pixels, as the converters do (0: no limit)")
     add_reader_args(d)
     m = p.add_argument_group("model")
     m.add_argument("-a", "--arch", "--model", default="resnet18",

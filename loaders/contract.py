@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from decode.acceptance import MAX_PIXELS
 from formats.errors import DataError
 
 __all__ = ["AcceleratorError", "DataError", "DistInfo", "LoaderSettings", "check_rank",
@@ -97,6 +98,9 @@ class LoaderSettings:
     # the first after --shard-retry-delay seconds, doubled each time (formats.shards.Retries).
     shard_retries: int = 2
     shard_retry_delay: float = 10.0
+    # --max-image-pixels: an image whose header claims more pixels is refused before it is
+    # decoded, as the converters refuse it (decode.acceptance; 0: no limit).
+    max_image_pixels: int = MAX_PIXELS
 
     @property
     def pipeline(self) -> str:

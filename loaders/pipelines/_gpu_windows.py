@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from decode import decode, image_size
+from decode.acceptance import MAX_PIXELS, check
 
 from .. import stages
 from .._bad_samples import TolerantDataset
@@ -30,12 +31,17 @@ class Windows(Dataset):
     validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
     :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
     decoded only where no header parser reads it (which raises for bytes that are not an
-    image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`).
+    image: the bad-sample rules of :class:`~loaders._bad_samples.TolerantDataset`). The bytes
+    are judged first by the acceptance rule (:func:`decode.acceptance.check` with
+    ``max_pixels``), which raises ``decode.acceptance.Refused`` before the training process's
+    decoder ever sees them.
     ``clock`` (a :class:`loaders.stages.StageClock` or None) gets each read's and window's
     seconds (added: a replaced sample counts both tries) and the record's bytes."""
 
-    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None):
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None,
+                 max_pixels: int = MAX_PIXELS):
         self.reader, self.val_sizes, self.clock = reader, val_sizes, clock
+        self.max_pixels = max_pixels
         self.draw = TrainTransform()
 
     def __len__(self) -> int:
@@ -49,6 +55,7 @@ class Windows(Dataset):
             read = time.perf_counter()
             clock.t[stages.READ] += read - started
             clock.t[stages.BYTES] = len(data)
+        check(data, self.max_pixels)
         if self.val_sizes is None:
             window, flip, _ = self.draw.window(data, image_size)
         else:

@@ -37,7 +37,9 @@ from typing import Iterator
 import torch
 
 from decode import release_freed_memory
+from decode.acceptance import MAX_PIXELS
 from decode.gpu import nvjpeg_pip_package
+from decode.messages import capture
 
 from .. import stages
 from .._bad_samples import UnreadableSet, too_many_unreadable
@@ -67,11 +69,15 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
     ``len()`` is exact; the last validation batch may be smaller and holds no padding.
     ``classes``: class names (index = label). ``set_epoch(epoch)`` selects the order and the
-    augmentation seed. A sample DALI cannot decode is found with our CPU decoder, reported
-    once on stderr, replaced by the next readable one and remembered (``unreadable``), so
-    later passes leave it out; iterating raises :class:`DataError` when the unreadable samples
-    exceed ``max_bad_share`` of the split or DALI fails for another reason, and
-    :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
+    augmentation seed. A sample the acceptance rule refuses (``max_pixels``,
+    ``--max-image-pixels``: :mod:`decode.acceptance`) is never handed to DALI: the feed reads
+    the next readable one in its place; a sample DALI cannot decode is found with our CPU
+    decoder; either is reported once on stderr, replaced by the next readable one and
+    remembered (``unreadable``), so later passes leave it out; iterating raises
+    :class:`DataError` when the unreadable samples exceed ``max_bad_share`` of the split or
+    DALI fails for another reason, and :class:`AcceleratorError` at once for a CUDA failure
+    (out of memory...). What DALI's decoder prints during a pass is caught
+    (:mod:`decode.messages`): the sample a warning was about is named once (``warned``).
 
     With CUDA one pipeline runs ``num_threads`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
@@ -84,7 +90,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def __init__(self, reader: Reader, order: Order, opts: GraphOptions, device: torch.device,
                  *, batch_size: int, max_batches: int | None, num_threads: int, seed: int,
-                 rank: int, max_bad_share: float, cpu_pipelines: int | None = None):
+                 rank: int, max_bad_share: float, cpu_pipelines: int | None = None,
+                 max_pixels: int = MAX_PIXELS):
         if opts.train:
             batch_size = train_batch_size(order, batch_size)
         self.sample_order = order  # an Order; opts.train: whole batches only
@@ -100,8 +107,11 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         self._pipes: list = []
         self._feeds: list[BatchFeed] = []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
-        # Samples found unreadable this run (main process only: the probes run here).
+        # Samples found unreadable this run (main process only: the probes run here), those the
+        # feed refused (counted here by its threads), those named as damaged but kept.
         self.unreadable = UnreadableSet(order.num_samples)
+        self.warned = UnreadableSet(order.num_samples)
+        self.max_pixels, self.refused = max_pixels, 0
         self.stage_log = self._waited = None
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (_dali_graph)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
@@ -165,7 +175,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         batch = self.batch_size
         size = self.sample_order.num_samples
         allowed = self.max_bad_share * size
-        finished = False
+        finished, refused = False, self.refused
+        caught = capture().__enter__()  # what DALI's decoder prints, for the whole pass
         try:
             while step < len(self):
                 # DALI cannot skip a file it fails to decode: find it, swap it for a readable
@@ -189,6 +200,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                         if bad > allowed:
                             raise too_many_unreadable(bad, self.max_bad_share, size) from None
                         break
+                    refused = self._after_batch(order, step, caught, refused, len(pipes))
                     if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                         break
                     images, labels = self._to_torch(outputs, self.start_batch + step)
@@ -200,6 +212,20 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         finally:
             if not finished:  # left part-way: batches of this pass are still queued in DALI
                 self._drop_pipelines()
+            caught.__exit__(None, None, None)
+
+    def _after_batch(self, order: list[int], step: int, caught, refused: int,
+                     pipelines: int) -> int:
+        """After batch ``step`` ran: name the sample of a warning DALI's decoder printed
+        (:meth:`_name_damaged`), and stop past ``max_bad_share`` if the feed refused samples
+        since ``refused`` (the count then); returns the count now."""
+        lines = caught.take()
+        if lines:
+            self._name_damaged(order, step, lines,
+                               pipelines * (self._queue_depth(pipelines) + 1))
+        if self.refused != refused:
+            self._check_refused()
+        return self.refused
 
     @property
     def _split(self) -> str:
@@ -278,7 +304,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
         :attr:`pipeline_builds`."""
-        self._feeds = [BatchFeed(self.reader.read, self.opts.train, self.batch_size, self.seed,
+        self._feeds = [BatchFeed(self._read_accepted, self.opts.train, self.batch_size, self.seed,
                                  self.rank, sizes=self.opts.cuda,
                                  keep=self._queue_depth(n) + 1, augment=self.opts.augment,
                                  log=self.stage_log)
@@ -367,5 +393,5 @@ def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: Di
             batch_size=settings.batch_size,
             max_batches=settings.train_batches if is_train else settings.val_batches,
             num_threads=settings.workers, seed=settings.seed, rank=dist.rank,
-            max_bad_share=settings.max_bad_share))
+            max_bad_share=settings.max_bad_share, max_pixels=settings.max_image_pixels))
     return built[0], built[1]

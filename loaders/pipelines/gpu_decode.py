@@ -22,10 +22,12 @@ from typing import Iterator
 
 import torch
 
+from decode.acceptance import MAX_PIXELS
 from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
 
 from .. import stages
-from .._bad_samples import TolerantDataset, report_unreadable, too_many_unreadable
+from .._bad_samples import (TolerantDataset, UnreadableSet, report_damaged, report_unreadable,
+                            too_many_unreadable)
 from ..contract import AcceleratorError, DataError, DistInfo, LoaderSettings, epoch_seed
 from ..normalize import imagenet_mean_std, normalize_into
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
@@ -60,10 +62,14 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
     ``val_sizes``: validation's ``(resize, crop)``. Workers are kept from pass to pass, for
     validation too, unless the reader plans each pass.
 
-    A sample the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them);
-    one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
+    The workers refuse what the acceptance rule refuses (``max_pixels``, ``--max-image-pixels``:
+    :mod:`decode.acceptance`) before the decoder sees it, as the other pipelines do. A sample
+    the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them); one
+    nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
     never read it again), named once on stderr and replaced in its batch by another image of
-    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
+    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`. One
+    a native decoder warned about while decoding it (libjpeg's ``Corrupt JPEG data: ...``) is
+    kept and named once (:attr:`warned`).
 
     A training loader measures its stages (:mod:`loaders.batch_stages`, unless
     ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
@@ -76,7 +82,7 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
                  batch_size: int, workers: int, device: torch.device, crop_size: int,
                  val_sizes: tuple[int, int], channels_last: bool, max_batches: int | None,
                  seed: int, rank: int, max_bad_share: float, dtype: torch.dtype,
-                 max_crop_size: int | None = None):
+                 max_crop_size: int | None = None, max_pixels: int = MAX_PIXELS):
         if train:  # a split under one batch: one smaller batch (orders.train_batch_size)
             batch_size = train_batch_size(order, batch_size)
         self.reader, self.decoder, self.train = reader, decoder, train
@@ -95,9 +101,10 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
-        tolerant = TolerantDataset(Windows(reader, None if train else val_sizes, clock),
-                                   shared=workers > 0)
+        tolerant = TolerantDataset(Windows(reader, None if train else val_sizes, clock,
+                                           max_pixels), shared=workers > 0)
         self.unreadable = tolerant.unreadable
+        self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
         self._dataset = WindowBatches(tolerant, clock)
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         self._generator = torch.Generator().manual_seed(epoch_seed(seed, 0, rank))
@@ -253,6 +260,10 @@ class BatchDecodeLoader(StagedLoader, PositionedLoader):
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
             decoded = clock()
             self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
+            for position, lines in out.warnings:
+                index = int(item["indices"][position])
+                if self.warned.mark(index):
+                    report_damaged(self.reader.name_of(index), lines)
             images, labels = out.images, item["labels"]
             if out.failed:
                 images, labels = self._replace_failed(out, item)
@@ -365,7 +376,8 @@ def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: Di
                   device=dist.device, val_sizes=(settings.val_resize_size,
                                                  settings.val_crop_size),
                   channels_last=settings.channels_last, seed=settings.seed, rank=dist.rank,
-                  max_bad_share=settings.max_bad_share, dtype=settings.dtype)
+                  max_bad_share=settings.max_bad_share, dtype=settings.dtype,
+                  max_pixels=settings.max_image_pixels)
     return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, train=True,
                               crop_size=settings.train_crop_size,
                               max_batches=settings.train_batches,

@@ -14,6 +14,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import Dataset
 
+from decode.acceptance import MAX_PIXELS, check
+
 from .. import stages
 from ..batch_stages import StagedLoader
 from .._bad_samples import TolerantDataset, too_many_unreadable
@@ -32,11 +34,14 @@ from ._shared_batches import (NumberedBatchSampler, PassPlan, SharedBatches, Slo
 
 class _Transformed(Dataset):
     """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it
-    (what :class:`~loaders._bad_samples.TolerantDataset` wraps); ``clock`` (a
+    (what :class:`~loaders._bad_samples.TolerantDataset` wraps), the bytes first judged by the
+    acceptance rule (:func:`decode.acceptance.check` with ``max_pixels``; it raises
+    ``decode.acceptance.Refused``, a ``ValueError``, before any pixel is decoded); ``clock`` (a
     :class:`loaders.stages.StageClock` or None) gets each read's seconds and bytes."""
 
-    def __init__(self, reader: Reader, transform, clock=None):
+    def __init__(self, reader: Reader, transform, clock=None, max_pixels: int = MAX_PIXELS):
         self.reader, self.transform, self.clock = reader, transform, clock
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -45,11 +50,15 @@ class _Transformed(Dataset):
         clock = self.clock
         if clock is None:
             data, label = self.reader.read(index)
+            check(data, self.max_pixels)
             return self.transform(data), label
         start = time.perf_counter()
         data, label = self.reader.read(index)
-        clock.t[stages.READ] += time.perf_counter() - start
+        read = time.perf_counter()
+        clock.t[stages.READ] += read - start
         clock.t[stages.BYTES] = len(data)
+        check(data, self.max_pixels)
+        clock.t[stages.WINDOW] += time.perf_counter() - read  # a header parse, as the window's
         return self.transform(data), label
 
     def name_of(self, index: int) -> str:
@@ -82,7 +91,9 @@ class DeviceLoader(StagedLoader, PositionedLoader):
     :func:`~loaders.pipelines._shared_batches.batch_seed` ``(seed,
     epoch, rank, k)``, whichever worker draws them and however many there are, and a resumed
     epoch (``set_epoch(epoch, start_batch)``) draws those of the uninterrupted run.
-    A sample that fails to decode is replaced by the next readable one, named once on stderr
+    A sample that the acceptance rule refuses (``max_pixels``, ``--max-image-pixels``:
+    :mod:`decode.acceptance`) or that fails to decode is replaced by the next readable one,
+    named once on stderr
     and remembered for the loader's lifetime (``unreadable``, an
     :class:`~loaders._bad_samples.UnreadableSet` shared by the workers of every pass), so later
     epochs and passes never draw it again (:class:`~loaders._bad_samples.TolerantDataset`);
@@ -103,7 +114,8 @@ class DeviceLoader(StagedLoader, PositionedLoader):
     def __init__(self, reader: Reader, order: Order, transform, *, train: bool,
                  batch_size: int, workers: int, device: torch.device, crop_size: int,
                  channels_last: bool, max_batches: int | None, seed: int, rank: int,
-                 max_bad_share: float, dtype: torch.dtype, max_crop_size: int | None = None):
+                 max_bad_share: float, dtype: torch.dtype, max_crop_size: int | None = None,
+                 max_pixels: int = MAX_PIXELS):
         if train:
             batch_size = train_batch_size(order, batch_size)
         self.reader, self.transform = reader, transform
@@ -130,7 +142,7 @@ class DeviceLoader(StagedLoader, PositionedLoader):
         if self._clock is not None and hasattr(transform, "clock"):
             transform.clock = self._clock
         # Held here: each pass hands it the slots before the workers start.
-        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock),
+        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock, max_pixels),
                                    shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
         self.unreadable = tolerant.unreadable
@@ -333,4 +345,5 @@ def loader_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> dic
                 max_batches=settings.train_batches if train else settings.val_batches,
                 seed=settings.seed, rank=dist.rank, max_bad_share=settings.max_bad_share,
                 dtype=settings.dtype,
-                max_crop_size=settings.train_max_crop_size if train else None)
+                max_crop_size=settings.train_max_crop_size if train else None,
+                max_pixels=settings.max_image_pixels)
