@@ -86,14 +86,37 @@ def _torchvision() -> _Backend:
 
     def image(t: torch.Tensor) -> torch.Tensor:
         # torchvision 0.29's PNG decoder kills the process (SIGSEGV) when libpng reports an
-        # error (a bad CRC, a corrupt IDAT: found by tests/decode/test_fuzz.py); PIL decodes
-        # the PNG first and raises instead. The pixels stay torchvision's.
-        if bytes(t[:8].numpy()) == _PNG_MAGIC:
+        # error (a bad CRC, a corrupt IDAT: found by tests/decode/test_fuzz.py): the chunks'
+        # CRCs are checked here and PIL decodes the PNG first, raising instead (PIL does not
+        # check IDAT's CRC). The pixels stay torchvision's.
+        data = bytes(t.numpy())
+        if data[:8] == _PNG_MAGIC:
+            _check_png_chunks(data)
             _pil_decode(t)
         return any_image(t)
 
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
                     image, quiet(decode_jpeg, ImageReadMode.GRAY))
+
+
+def _check_png_chunks(data: bytes) -> None:
+    """Raise ``RuntimeError`` (one line) unless every chunk of the PNG ``data`` up to IEND is
+    whole and its CRC-32 (ISO 3309, over type and data) matches, as libpng requires."""
+    import zlib
+
+    pos = 8
+    while pos + 12 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        end = pos + 12 + length
+        kind = data[pos + 4:pos + 8]
+        if end > len(data):
+            raise RuntimeError(f"PNG chunk {kind!r}: truncated")
+        if zlib.crc32(data[pos + 4:end - 4]) != int.from_bytes(data[end - 4:end], "big"):
+            raise RuntimeError(f"PNG chunk {kind!r}: CRC error")
+        if kind == b"IEND":
+            return
+        pos = end
+    raise RuntimeError("PNG: no IEND chunk (truncated)")
 
 
 def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:

@@ -323,9 +323,10 @@ def check_files(paths: Sequence[str | Source], workers: int, check: str = "full"
                 max_pixels: int = MAX_PIXELS) -> Iterator[Checked | str]:
     """:func:`check_file` of each of ``paths`` under ``check``, ``cap`` and ``max_pixels``,
     yielded in the order of ``paths``, computed by ``workers`` threads in tasks of
-    :data:`TASK_FILES` files, at most ``ahead`` files ahead of the consumer (each holds its bytes until consumed); ``post``, if
-    given, maps each :class:`Checked` in the same threads (the raw share's decode). Closing the
-    generator cancels what has not started and waits for what has."""
+    :data:`TASK_FILES` files, at most ``ahead`` files ahead of the consumer (each holds its
+    bytes until consumed); ``post``, if given, maps each :class:`Checked` in the same threads
+    (the raw share's decode). Closing the generator cancels what has not started and waits for
+    what has."""
     def task(first: int) -> list[Checked | str]:
         found = [check_file(path, check, cap, max_pixels)
                  for path in paths[first:first + TASK_FILES]]
