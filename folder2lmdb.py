@@ -193,7 +193,7 @@ def main(argv=None) -> int:
                              batch_size=max(1, args.batch_size), strict=args.strict,
                              shuffle_seed=args.shuffle_seed, check=args.check, split=args.split,
                              allow_partial=args.allow_partial, cap=args.cap,
-                             raw_budget=args.raw),
+                             raw_budget=args.raw, max_pixels=args.max_image_pixels),
         (ConversionError, DatasetError, OSError, lmdb.Error))
 
 

@@ -75,7 +75,7 @@ def _convert_or_index(args):
                    shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
                    overwrite=args.overwrite, check=args.check, split=args.split,
                    allow_partial=args.allow_partial, cap=args.cap,
-                   raw_budget=args.raw)
+                   raw_budget=args.raw, max_pixels=args.max_image_pixels)
 
 
 def main(argv=None) -> int:

@@ -96,8 +96,8 @@ def make_db(data: str, repeat: int, tmp: str) -> str:
                                                             repeat)
     folder2lmdb.convert(os.path.join(copies, "train"), os.path.join(root, "train"),
                         shuffle_seed=0, progress=False, workers=2)
-    folder2lmdb.convert(os.path.join(data, "val"), os.path.join(root, "val"), progress=False,
-                        workers=2)
+    folder2lmdb.convert(runner.split_folder(data, "val"), os.path.join(root, "val"),
+                        progress=False, workers=2)
     return root
 
 

@@ -113,15 +113,29 @@ def run_json_process(name: str, cmd: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+def split_folder(data: str, split: str) -> str:
+    """``data/split``; where ``data`` has a ``train/`` but no ``val/``, ``data/train`` for
+    ``val`` too: a benchmark times reading, and what needs a validation split (``main.py``'s
+    two roots, a converted val store) reads the training images. Raises ``FileNotFoundError``
+    (one line) without ``data/train``."""
+    train = os.path.join(data, "train")
+    if not os.path.isdir(train):
+        raise FileNotFoundError(f"{data}: no train/ folder (an ImageNet-layout folder holds "
+                                "train/ and optionally val/ class folders)")
+    folder = os.path.join(data, split)
+    return folder if split == "train" or os.path.isdir(folder) else train
+
+
 def replicate(src: str, dst: str, copies: int, keep: Callable[[str], bool] | None = None) -> str:
     """``dst/{train,val}/<class>/`` with ``copies`` symlinks per image of ``src/{train,val}``
     (``NAME_K.EXT``), so that one epoch of a small sample outlasts the timed batches (worker
-    start-up excluded). With ``keep`` (a function of a file's absolute path), only the files
-    it accepts; every class folder is made either way, so both splits list the same classes.
-    Returns ``dst``."""
+    start-up excluded); ``src`` without ``val/`` lends its ``train/`` (:func:`split_folder`).
+    With ``keep`` (a function of a file's absolute path), only the files it accepts; every
+    class folder is made either way, so both splits list the same classes. Returns ``dst``."""
     for split in ("train", "val"):
-        for wnid in sorted(os.listdir(os.path.join(src, split))):
-            folder = os.path.join(src, split, wnid)
+        source = split_folder(src, split)
+        for wnid in sorted(os.listdir(source)):
+            folder = os.path.join(source, wnid)
             if not os.path.isdir(folder):
                 continue
             os.makedirs(os.path.join(dst, split, wnid), exist_ok=True)

@@ -18,7 +18,11 @@ Modules, named by what they decode (as ffcv keeps its native bindings below its 
 * :mod:`decode.memory`: glibc keeping freed decode buffers (``retain_freed_memory``), handed
   back once per epoch (``release_freed_memory``);
 * :mod:`decode.raw`: raw-pixel records (binary PPM/PGM, the converters' ``--raw-budget``), cut
-  and resized without a decode.
+  and resized without a decode;
+* :mod:`decode.acceptance`: the one rule of what an image may be, judged from its header
+  before any decoder runs (a pixel limit, a frame the file can hold), used by the converters
+  and every pipeline; :mod:`decode.messages`: the native decoders' stderr lines (libjpeg's
+  ``Corrupt JPEG data: ...``) caught, for the caller to name the file once.
 
 A record is turned into pixels or a window here, whatever it holds: :func:`decode`,
 :func:`decode_window`, :func:`window_size` and :func:`image_size` take raw records as well as
@@ -38,15 +42,15 @@ import time
 
 import torch
 
-from . import jpeg_region, jpeg_scaled, jpeg_window, raw
+from . import acceptance, jpeg_region, jpeg_scaled, jpeg_window, messages, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
-                        decoder_name, image_library, use)
+                        decoder_name, image_library, pil_errors, use)
 from .memory import release_freed_memory, retain_freed_memory
 from .resample import resize
 
-__all__ = ["backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
+__all__ = ["acceptance", "backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
            "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "image_size", "is_raw", "jpeg_size", "release_freed_memory", "resize",
+           "image_size", "is_raw", "jpeg_size", "messages", "release_freed_memory", "resize",
            "retain_freed_memory", "status_line",
            "use", "window_size"]
 
@@ -75,10 +79,17 @@ def decode(data: bytes) -> torch.Tensor:
 
 
 def _decode_with_pil(data: bytes) -> torch.Tensor:
+    """PIL's RGB decode; its refusals other than ``OSError`` (a broken PNG's ``SyntaxError``,
+    ...) raised as ``OSError`` with the same text, so callers catch one kind."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
-        rgb = img.convert("RGB")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            rgb = img.convert("RGB")
+    except OSError:
+        raise
+    except pil_errors() as exc:
+        raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
     return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
         rgb.height, rgb.width, 3).permute(2, 0, 1)
 

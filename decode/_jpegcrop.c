@@ -13,16 +13,19 @@
  * Exactness: libjpeg's fancy chroma upsampling replicates the edge sample at a cropped edge
  * instead of reading its neighbour, so the region is decoded with 2 x the horizontal sampling
  * factor pixels more on each side (where the image has them) and that margin dropped: the
- * pixels equal a decode of the whole image at the same scale (tests/test_jpeg_crop.py; without
+ * pixels equal a decode of the whole image at the same scale (tests/decode/test_jpeg_region.py; without
  * the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the upsampler's
  * context rows, so no margin is needed above.
  *
  * Damaged data: libjpeg turns most corruption into warnings and fills the rest with grey;
  * here any warning is an error (-3), so the caller decodes the whole file with the loaders'
- * decoder, which refuses it or not exactly as before.
+ * decoder, which refuses it or not exactly as before. The warning is printed to stderr first,
+ * as libjpeg's default handler and the libraries print theirs, so that the loaders, which
+ * catch those lines (decode/messages.py), name the damaged file once whichever decoder met
+ * the damage (the fallback, PIL's draft, prints nothing).
  *
  * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/_jpegcrop.so and
- * called through ctypes by loaders/jpeg_crop.py.
+ * called through ctypes by decode/jpeg_region.py.
  */
 #include <setjmp.h>
 #include <stdint.h>
@@ -39,27 +42,26 @@ static void on_error(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
-/* Level -1 is a warning about corrupt data (premature end, bad Huffman code, ...): stop. */
+/* Level -1 is a warning about corrupt data (premature end, bad Huffman code, ...): printed as
+   libjpeg prints it (output_message: "Corrupt JPEG data: ..." on stderr), then stop. */
 static void on_emit(j_common_ptr cinfo, int level) {
     struct err_mgr *err = (struct err_mgr *)cinfo->err;
     if (level < 0) {
+        (*cinfo->err->output_message)(cinfo);
         err->code = -3;
         longjmp(err->jump, 1);
     }
 }
 
-static void on_message(j_common_ptr cinfo) { (void)cinfo; }
-
 static void init_errors(struct jpeg_decompress_struct *cinfo, struct err_mgr *err) {
     cinfo->err = jpeg_std_error(&err->pub);
     err->pub.error_exit = on_error;
     err->pub.emit_message = on_emit;
-    err->pub.output_message = on_message;
     err->code = 0;
 }
 
-/* ABI version, checked by loaders/jpeg_crop.py so that a stale build is never called. */
-int jc_version(void) { return 3; }
+/* ABI version, checked by decode/jpeg_region.py so that a stale build is never called. */
+int jc_version(void) { return 4; }
 
 /* Size and number of components from the header. Returns 0, or -1 / -3 (error / warning). */
 int jc_header(const uint8_t *data, unsigned long size, int *width, int *height,

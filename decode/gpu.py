@@ -29,9 +29,10 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as nnf
 
 from . import jpeg_window, raw
+from .messages import capture, run_captured
+from .resample import resize_in_frame, resize_window
 
 # --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
 KINDS = ("cuda", "cpu-nvimgcodec")
@@ -48,11 +49,14 @@ class DecodedWindows:
     CPU, float32 0-255 on CUDA: resized from the decoded uint8 without rounding), in the
     order given; ``fallback``: positions decoded on the CPU because the batch decoder declined
     them; ``failed``: ``(position, exception)`` of those nothing decoded (their rows are
-    zeros)."""
+    zeros); ``warnings``: ``(position, lines)`` of those decoded while a native decoder printed
+    a warning about their data (libjpeg's ``Corrupt JPEG data: ...``, caught:
+    :mod:`decode.messages`)."""
 
     images: torch.Tensor
     fallback: list[int] = field(default_factory=list)
     failed: list[tuple[int, BaseException]] = field(default_factory=list)
+    warnings: list[tuple[int, list[str]]] = field(default_factory=list)
 
 
 class WindowDecoder:
@@ -132,19 +136,22 @@ class WindowDecoder:
         crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
         rest = [i for i, kind in enumerate(is_raw) if not kind]
         if rest:
-            decoded = (self._nvimgcodec if self.n is not None else self._torchvision)(
+            decoded, warned = (self._nvimgcodec if self.n is not None else self._torchvision)(
                 [datas[i] for i in rest], [regions[i] for i in rest], *((stream,) if self.n
                                                                        is not None else ()))
+            out.warnings += [(rest[i], lines) for i, lines in warned]
             for i, crop in zip(rest, decoded):
                 crops[i] = crop
         for i, crop in enumerate(crops):
             if crop is None:
                 out.fallback.append(i)
                 try:
-                    crop = self._on_cpu(datas[i], regions[i])
+                    crop, lines = run_captured(lambda: self._on_cpu(datas[i], regions[i]))
                 except DECODE_ERRORS as exc:
                     out.failed.append((i, exc))
                     continue
+                if lines:
+                    out.warnings.append((i, lines))
             resize_started = time.perf_counter() if seconds is not None else 0.0
             if frames is not None:
                 out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
@@ -166,9 +173,10 @@ class WindowDecoder:
             return None
         return to_device(raw.raw_crop(blob, region, header), self.device)
 
-    def _nvimgcodec(self, datas, regions, stream: int) -> list[torch.Tensor | None]:
+    def _nvimgcodec(self, datas, regions, stream: int):
         """Each region decoded by the batch decoder, ``(3, h, w)`` uint8 on the device, or None
-        where it declined (or the header did not parse)."""
+        where it declined (or the header did not parse); and ``(position, lines)`` of those
+        a native decoder warned about (:meth:`_warned`)."""
         n, streams, where = self.n, [], []
         for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
             try:
@@ -184,12 +192,24 @@ class WindowDecoder:
                 pass
         crops: list[torch.Tensor | None] = [None] * len(datas)
         if not streams:
-            return crops
-        images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
+            return crops, []
+        with capture() as caught:
+            images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         for i, image in zip(where, images):
             if image is not None:
                 crops[i] = self._tensor(image, regions[i])
-        return crops
+        return crops, self._warned(streams, where, stream) if caught.lines else []
+
+    def _warned(self, streams, where: list[int], stream: int) -> list[tuple[int, list[str]]]:
+        """``(position, lines)`` of the images of a batch whose decode made a native decoder
+        print: each decoded once more on its own (only after a batch that printed)."""
+        found = []
+        for i, code_stream in zip(where, streams):
+            with capture() as caught:
+                self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
+            if caught.lines:
+                found.append((i, caught.lines))
+        return found
 
     def _tensor(self, image, region) -> torch.Tensor | None:
         if self.device.type == "cuda":
@@ -201,18 +221,18 @@ class WindowDecoder:
             return None  # decoded only in part
         return pixels.permute(2, 0, 1)
 
-    def _torchvision(self, datas, regions) -> list[torch.Tensor | None]:
+    def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole JPEGs on the GPU, then each window; None for
         what it refuses and for what is not a 1- or 3-component JPEG by PIL's reading of its
         headers (CMYK, PNG, ...: the CPU loaders' rule, as for nvImageCodec), which the caller
-        decodes on the CPU."""
+        decodes on the CPU; no warnings (nvJPEG prints none), as :meth:`_nvimgcodec`."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
         usable = [i for i, d in enumerate(datas) if _plain_jpeg(d)]
         crops: list[torch.Tensor | None] = [None] * len(datas)
         if not usable:
-            return crops
+            return crops, []
         datas, regions = [datas[i] for i in usable], [regions[i] for i in usable]
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
@@ -230,7 +250,7 @@ class WindowDecoder:
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
         for i, whole, region in zip(usable, wholes, regions):
             crops[i] = None if whole is None else _crop(whole, region)
-        return crops
+        return crops, []
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """The CPU loaders' whole-image decode (:func:`decode.decode`'s cascade), cropped, on
@@ -271,36 +291,6 @@ def _plain_jpeg(data) -> bool:
 def _crop(image: torch.Tensor, region) -> torch.Tensor:
     top, left, height, width = region
     return image[:, top:top + height, left:left + width]
-
-
-def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> ``(3, *size)`` of ``dtype``, bilinear with antialiasing (PIL's
-    ``BILINEAR``, as the CPU loaders resize: :func:`decode.resize`). uint8 on the CPU runs
-    torch's channels-last uint8 kernel, the CPU loaders' own (equal pixels for equal crops);
-    float32 on CUDA (torch's antialiased kernels take floats there) keeps the unrounded
-    values, normalised next."""
-    if dtype == torch.uint8:
-        batch = crop.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    else:
-        batch = crop.unsqueeze(0).to(dtype)
-    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
-                           align_corners=False)[0]
-
-
-def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
-                    dtype: torch.dtype) -> torch.Tensor:
-    """uint8 ``(3, h, w)`` pixels of ``region`` = ``(top, left, h, w)`` -> ``(3, *size)`` of
-    ``dtype``: placed in a zero image of the full size ``frame[:2]``, resized to
-    ``frame[2:4]`` (:func:`resize_window`) and cropped at ``frame[4:6]`` = ``(top, left)``.
-    Where the region covers the filter's reach around the crop (``loaders.transforms.
-    center_crop_plan``), these are the whole image's resize-then-crop pixels, from a decode
-    of the region only."""
-    top, left, height, width = region
-    full_h, full_w, new_h, new_w, crop_top, crop_left = frame
-    canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
-    canvas[:, top:top + height, left:left + width] = crop
-    out = resize_window(canvas, (new_h, new_w), dtype)
-    return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ of a whole decode with libjpeg-turbo's accurate integer IDCT.
 Callers get ``None``, and take the library path (PIL's ``draft``, or a whole decode), where
 the library is not built (a wheel-only install), where ``IMAGENET_FAST_FULL_DECODE=1`` is set,
 where the bytes are not a 1- or 3-component JPEG, or where libjpeg reports any error or
-corrupt-data warning: the loaders' whole-image decoder then refuses the file or not exactly as
-before. :func:`status` says which, in one line.
+corrupt-data warning (a warning is printed to stderr first, as libjpeg prints it, for
+:mod:`decode.messages` to catch): the loaders' whole-image decoder then refuses the file or not
+exactly as before. :func:`status` says which, in one line.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import numpy as np
 from ._optional import OptionalLibrary
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
-_VERSION = 3  # jc_version() of the C this module calls
+_VERSION = 4  # jc_version() of the C this module calls
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 

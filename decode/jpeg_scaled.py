@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from . import jpeg_region
+from .libraries import pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
 _enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
@@ -134,7 +135,7 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             top, left, bottom, right = (v / scale for v in box)
             out = image.resize((size[1], size[0]), _pil_filter(resample),
                                box=(left, top, right, bottom))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+    except pil_errors():
         return None  # truncated or corrupt: the caller's decoder reports it
     if out.mode != "RGB":
         out = out.convert("RGB")

@@ -82,29 +82,78 @@ def _torchvision() -> _Backend:
                 return decode(t, mode=mode)
         return call
 
+    any_image = quiet(decode_image)
+
+    def image(t: torch.Tensor) -> torch.Tensor:
+        # torchvision 0.29's PNG decoder kills the process (SIGSEGV) when libpng reports an
+        # error (a bad CRC, a corrupt IDAT: found by tests/decode/test_fuzz.py): the chunks'
+        # CRCs are checked here and PIL decodes the PNG first, raising instead (PIL does not
+        # check IDAT's CRC). The pixels stay torchvision's.
+        data = bytes(t.numpy())
+        if data[:8] == _PNG_MAGIC:
+            _check_png_chunks(data)
+            _pil_decode(t)
+        return any_image(t)
+
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
-                    quiet(decode_image), quiet(decode_jpeg, ImageReadMode.GRAY))
+                    image, quiet(decode_jpeg, ImageReadMode.GRAY))
+
+
+def _check_png_chunks(data: bytes) -> None:
+    """Raise ``RuntimeError`` (one line) unless every chunk of the PNG ``data`` up to IEND is
+    whole and its CRC-32 (ISO 3309, over type and data) matches, as libpng requires."""
+    import zlib
+
+    pos = 8
+    while pos + 12 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        end = pos + 12 + length
+        kind = data[pos + 4:pos + 8]
+        if end > len(data):
+            raise RuntimeError(f"PNG chunk {kind!r}: truncated")
+        if zlib.crc32(data[pos + 4:end - 4]) != int.from_bytes(data[end - 4:end], "big"):
+            raise RuntimeError(f"PNG chunk {kind!r}: CRC error")
+        if kind == b"IEND":
+            return
+        pos = end
+    raise RuntimeError("PNG: no IEND chunk (truncated)")
+
+
+def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
+    """PIL's decode of the encoded bytes in ``t``: RGB (or with ``luma`` the luma plane) uint8
+    ``(C, H, W)``. Raises ``RuntimeError`` (one line) for bytes PIL does not decode."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(t.numpy().tobytes())) as img:
+            if luma and img.format == "JPEG" and img.mode != "L":
+                img.draft("L", img.size)  # libjpeg's grayscale output, full size
+            out = img.convert("L" if luma else "RGB")
+    except pil_errors() as exc:
+        # "cannot identify image file <_io.BytesIO object at 0x...>": no address in logs
+        raise RuntimeError(f"PIL: {str(exc).split(' <_io.BytesIO')[0]}") from None
+    channels = 1 if luma else 3
+    return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
+        out.height, out.width, channels).permute(2, 0, 1)
+
+
+def pil_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises for bytes it does not decode: ``OSError`` (``UnidentifiedImageError``,
+    truncated data), ``SyntaxError`` (a broken PNG chunk), ``ValueError``, ``EOFError``,
+    ``IndexError``, ``struct.error`` and its ``DecompressionBombError`` (found on damaged
+    images by tests/decode/test_fuzz.py)."""
+    import struct
+
+    from PIL import Image
+
+    return (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
+            Image.DecompressionBombError)
 
 
 def _pil() -> _Backend:
-    def decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
-        from PIL import Image
-
-        try:
-            with Image.open(io.BytesIO(t.numpy().tobytes())) as img:
-                if luma and img.format == "JPEG" and img.mode != "L":
-                    img.draft("L", img.size)  # libjpeg's grayscale output, full size
-                out = img.convert("L" if luma else "RGB")
-        except (OSError, ValueError, SyntaxError) as exc:  # PIL's ways of refusing bytes
-            # "cannot identify image file <_io.BytesIO object at 0x...>": no address in logs
-            raise RuntimeError(f"PIL: {str(exc).split(' <_io.BytesIO')[0]}") from None
-        channels = 1 if luma else 3
-        return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
-            out.height, out.width, channels).permute(2, 0, 1)
-
     simd = _version("Pillow-SIMD")
     name = f"Pillow-SIMD {simd}" if simd != "?" else f"Pillow {_version('Pillow')}"
-    return _Backend("PIL", name, decode, decode, lambda t: decode(t, luma=True))
+    return _Backend("PIL", name, _pil_decode, _pil_decode, lambda t: _pil_decode(t, luma=True))
 
 
 _FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pil}

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 import loaders
+from decode.acceptance import MAX_PIXELS
 from engine import ConfigError
 from engine.optim import OPTIMIZERS, SCHEDULERS
 from engine.presets import preset_tokens
@@ -111,6 +112,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-bad-share", type=float, default=0.01, metavar="F",
                    help="undecodable samples are reported once, never drawn again and "
                    "replaced; stop when more than this share of a split's samples fail")
+    d.add_argument("--max-image-pixels", type=non_negative_int, metavar="N",
+                   default=MAX_PIXELS, help="skip, undecoded, an image "
+                   "whose header claims more pixels, as the converters do (0: no limit)")
     d.add_argument("--shard-retries", type=non_negative_int, default=2, metavar="N",
                    help="streamed shards (HTTP, pipe:): a failed open or read is tried again "
                    "N times, reopened where it stopped, before the run stops (3 tries over "

@@ -250,7 +250,8 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
         interpolation=interpolation, ra_sampler=args.ra_sampler, ra_reps=args.ra_reps,
         decode_device=_decode_device(args, backend, interpolation),
         hw_decoder_load=args.hw_decoder_load, allow_cpu_decode=args.allow_cpu_decode,
-        shard_retries=args.shard_retries, shard_retry_delay=args.shard_retry_delay)
+        shard_retries=args.shard_retries, shard_retry_delay=args.shard_retry_delay,
+        max_image_pixels=args.max_image_pixels)
 
 
 def _decode_device(args, backend: str, interpolation: str) -> str:

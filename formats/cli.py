@@ -9,6 +9,7 @@ import sys
 import warnings
 from typing import Callable
 
+from decode.acceptance import MAX_PIXELS, limit_pil
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY
 from formats.raw_share import parse_budget
@@ -21,7 +22,8 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
     ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
     ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``, ``--max-side``,
-    ``--quality``, ``--reencode-all``, ``--raw-budget``); each converter adds its own."""
+    ``--quality``, ``--reencode-all``, ``--raw-budget``, ``--max-image-pixels``); each converter
+    adds its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
                         help="folder of class subfolders, e.g. /imagenet/train, or with --split "
@@ -63,7 +65,22 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
                              "BUDGET: Nx (the store at most N times the JPEG-only store, e.g. "
                              "1.5x, 2.7x) or a size (the store's images at most 200M, 30G); "
                              "prints the decode time it saves per epoch (docs/raw-share.md)")
+    parser.add_argument("--max-image-pixels", type=_pixels, default=MAX_PIXELS, metavar="N",
+                        help="skip an image whose header claims more pixels, before decoding "
+                             f"it, as main.py does (default: {MAX_PIXELS:,}, PIL's "
+                             "decompression-bomb limit; 0: no limit)")
     return parser
+
+
+def _pixels(text: str) -> int:
+    """``--max-image-pixels``: a whole number of pixels, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a pixel count (0 or more): {text!r}")
+    return value
 
 
 def cap_from_args(args) -> Cap:
@@ -95,6 +112,8 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     # As main.py: decode buffers and records come from a heap that keeps freed memory, rather
     # than fresh mmap()s faulted in page by page (halves the converter's system CPU time).
     retain_freed_memory()
+    # PIL (the re-encoder, and the header read of every verbatim JPEG) agrees with the rule
+    limit_pil(args.max_image_pixels)
     # PIL warns once per file it cannot identify; such files are either decoded by
     # decode.libraries or listed in the report, so the warning is noise on the console.
     warnings.filterwarnings("ignore", message="image file could not be identified")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from decode.acceptance import MAX_PIXELS
 from formats.images import REENCODE_QUALITY, RULES_VERSION
 from formats.sources import Listing
 from formats.sources import DatasetError, open_dataset
@@ -99,13 +100,15 @@ def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
         f"{Cap.from_record(wanted).describe()}; run it with those or pass --overwrite")
 
 
-def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None) -> bytes:
+def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
+                max_pixels: int = MAX_PIXELS) -> bytes:
     """SHA-256 of what decides a conversion's records: classes, each file's relative path,
     label, size and mtime (ns), and the image rules, ``check``, ``cap`` (a
     :class:`formats.cap.Cap`; the default adds nothing, so fingerprints from before it are
     unchanged) and library (:mod:`formats.images`); for an image inside an archive, the
     archive's size and mtime and the member's offset and size (Parquet, ``.tar.gz``: its row or
-    member number); ``raw_budget`` (:class:`formats.raw_share.Budget`), where given. About
+    member number); ``raw_budget`` (:class:`formats.raw_share.Budget`), where given;
+    ``max_pixels`` (``--max-image-pixels``) where not the default. About
     5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
     resume needs the same fingerprint."""
     from decode import decoder_name, image_library
@@ -116,6 +119,8 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
         settings.append(cap.record())
     if raw_budget is not None:
         settings.append({"raw_budget": raw_budget.text})
+    if max_pixels != MAX_PIXELS:
+        settings.append({"max_image_pixels": max_pixels})
     digest = hashlib.sha256(msgpack.packb(settings, use_bin_type=True))
     for src in listing.files:
         try:
@@ -164,6 +169,17 @@ def stage(listing: Listing, folder: str, progress: bool) -> None:
 def unstage(folder: str) -> None:
     """Delete a staging folder (after the conversion that needed it is complete)."""
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def report_damaged(prog: str, src, warning: str) -> None:
+    """One stderr line naming an image kept although libjpeg warned about its data while it was
+    checked (``warning``: its lines joined), above the progress bar: the loaders keep it too
+    (``decode.acceptance`` passed its header), and name it the same way."""
+    from tqdm import tqdm
+
+    tqdm.write(f"{prog}: warning: keeping damaged image {src.where()}: the decoder said "
+               f"\"{warning}\"; its header passed the acceptance rule, so it is stored as is "
+               "(the loaders keep it too)", file=sys.stderr)
 
 
 def _tsv_field(text: str) -> str:

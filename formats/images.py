@@ -23,10 +23,15 @@ file's *content* decides, never its name:
   applied (no decoder here applies it). With a cap (``--max-side``, :mod:`formats.cap`), a
   baseline JPEG larger than the cap is re-encoded too, scaled down to it, and every
   re-encoding is scaled down to it and uses its ``--quality``.
-* **not an image** (skipped): empty files, files neither PIL nor ``decode.libraries`` can
-  identify (text, HTML, random bytes) and images that do not decode completely (a truncated
-  JPEG that PIL would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo
-  calls incomplete).
+* **not an image** (skipped): empty files, files the acceptance rule refuses from their header
+  before anything is decoded (``decode.acceptance``, the loaders' own rule: more pixels than
+  ``--max-image-pixels``, "too large to decode safely", or a frame the file is too short to
+  hold, "damaged header"), files neither PIL nor ``decode.libraries`` can identify (text,
+  HTML, random bytes) and images that do not decode completely (a truncated JPEG that PIL
+  would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo calls
+  incomplete). An image that decodes while libjpeg warns about its data (``Corrupt JPEG data:
+  ...``, caught: ``decode.messages``) is kept, as the loaders keep it, and :attr:`Checked.
+  warning` says so for the converter to name it once.
 
 How completely a verbatim JPEG is decoded is the *check* (:data:`CHECKS`):
 
@@ -54,6 +59,7 @@ different rules.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from collections import deque
@@ -61,6 +67,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from decode.acceptance import MAX_PIXELS, Refused, check as accept
+from decode.messages import run_captured
 from formats.sources import Source, read_source
 
 REENCODE_QUALITY = 95
@@ -68,7 +76,7 @@ REENCODE_QUALITY = 95
 # hand-offs) cost the converter about 3% of its rate on 2 cores (8,000 real JPEGs, fresh
 # processes alternating, chunks of 2, 8 and 32 files against one per file).
 TASK_FILES = 8
-RULES_VERSION = 2  # 2: one complete decode (libjpeg-turbo) of a verbatim JPEG, not two
+RULES_VERSION = 3  # 3: decode.acceptance first; 2: one complete decode of a verbatim JPEG
 CHECKS = ("full", "header")  # how completely a verbatim JPEG is decoded (module docstring)
 
 _SOI = b"\xff\xd8"
@@ -157,17 +165,22 @@ def reencode_reason(data: bytes) -> str | None:
 class Checked:
     """A file accepted for the database: the bytes to store and, if re-encoded, why; with a
     raw-pixel share (:mod:`formats.raw_share`), ``raw``: its raw record where it is a candidate
-    (else None), and ``pixels``: its stored size in pixels (0 where not looked at)."""
+    (else None), and ``pixels``: its stored size in pixels (0 where not looked at);
+    ``warning``: what libjpeg printed about its data while it was checked, if anything (kept,
+    as the loaders keep it)."""
 
     data: bytes
     reencoded: str | None = None
     raw: bytes | None = None
     pixels: int = 0
+    warning: str | None = None
 
 
-def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
+def check_image(data: bytes, check: str = "full", cap=None,
+                max_pixels: int = MAX_PIXELS) -> Checked:
     """Decide what to store for a file's bytes (rules and ``check`` in the module docstring;
-    ``cap``: a :class:`formats.cap.Cap`, None for none).
+    ``cap``: a :class:`formats.cap.Cap`, None for none; ``max_pixels``: the acceptance rule's
+    pixel limit, ``--max-image-pixels``, 0 for none).
 
     Returns the bytes unchanged for a baseline RGB-decodable JPEG within the cap (unless
     ``cap.every``: ``--reencode-all``), else a deterministic RGB JPEG re-encoding
@@ -181,6 +194,16 @@ def check_image(data: bytes, check: str = "full", cap=None) -> Checked:
         raise ValueError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     if not data:
         raise NotAnImage("empty file")
+    try:
+        accept(data, max_pixels)  # the loaders' rule, from the header: nothing decoded yet
+    except Refused as exc:
+        raise NotAnImage(str(exc)) from None
+    checked, lines = run_captured(lambda: _checked(data, check, cap))
+    return dataclasses.replace(checked, warning="; ".join(lines)) if lines else checked
+
+
+def _checked(data: bytes, check: str, cap) -> Checked:
+    """:func:`check_image` once the acceptance rule passed ``data``."""
     reason = reencode_reason(data)
     if reason is None:
         size = _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg's
@@ -276,10 +299,11 @@ def _encode_rgb(image, quality: int = REENCODE_QUALITY) -> bytes:
     return out.getvalue()
 
 
-def check_file(source: str | Source, check: str = "full", cap=None) -> Checked | str:
+def check_file(source: str | Source, check: str = "full", cap=None,
+               max_pixels: int = MAX_PIXELS) -> Checked | str:
     """:func:`check_image` of the file at ``source`` (a path, or a :class:`Source`, whose bytes
-    may lie inside an archive) under ``check`` and ``cap``; instead of raising, the reason (str)
-    why the file is skipped (unreadable or not an image)."""
+    may lie inside an archive) under ``check``, ``cap`` and ``max_pixels``; instead of raising,
+    the reason (str) why the file is skipped (unreadable or not an image)."""
     try:
         if isinstance(source, Source):
             data = read_source(source)
@@ -289,20 +313,23 @@ def check_file(source: str | Source, check: str = "full", cap=None) -> Checked |
     except OSError as exc:
         return f"cannot read: {exc.strerror or exc}"
     try:
-        return check_image(data, check, cap)
+        return check_image(data, check, cap, max_pixels)
     except NotAnImage as exc:
         return str(exc)
 
 
 def check_files(paths: Sequence[str | Source], workers: int, check: str = "full",
-                ahead: int = 128, cap=None, post=None) -> Iterator[Checked | str]:
-    """:func:`check_file` of each of ``paths`` under ``check`` and ``cap``, yielded in the order
-    of ``paths``, computed by ``workers`` threads in tasks of :data:`TASK_FILES` files, at most
-    ``ahead`` files ahead of the consumer (each holds its bytes until consumed); ``post``, if
-    given, maps each :class:`Checked` in the same threads (the raw share's decode). Closing the
-    generator cancels what has not started and waits for what has."""
+                ahead: int = 128, cap=None, post=None,
+                max_pixels: int = MAX_PIXELS) -> Iterator[Checked | str]:
+    """:func:`check_file` of each of ``paths`` under ``check``, ``cap`` and ``max_pixels``,
+    yielded in the order of ``paths``, computed by ``workers`` threads in tasks of
+    :data:`TASK_FILES` files, at most ``ahead`` files ahead of the consumer (each holds its
+    bytes until consumed); ``post``, if given, maps each :class:`Checked` in the same threads
+    (the raw share's decode). Closing the generator cancels what has not started and waits for
+    what has."""
     def task(first: int) -> list[Checked | str]:
-        found = [check_file(path, check, cap) for path in paths[first:first + TASK_FILES]]
+        found = [check_file(path, check, cap, max_pixels)
+                 for path in paths[first:first + TASK_FILES]]
         if post is None:
             return found
         return [c if isinstance(c, str) else post(c) for c in found]

@@ -234,11 +234,13 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
     """``(raw record, pixels)`` of a stored JPEG: exactly the pixels the loaders' whole decode
     gives (:func:`decode.decode`), PGM for a 1-component JPEG."""
     from decode import decode
+    from decode.messages import capture
     from decode.raw import encode_raw
 
     from formats.images import parse_jpeg_header
 
-    image = decode(jpeg)
+    with capture():  # libjpeg's warnings: the checking thread named the image already
+        image = decode(jpeg)
     header = parse_jpeg_header(jpeg)
     gray = header is not None and len(header.component_ids) == 1
     return encode_raw(image, gray=gray), image.shape[1] * image.shape[2]

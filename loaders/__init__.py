@@ -34,8 +34,13 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
     ``READERS[settings.source]`` of ``settings.train_path`` and ``settings.val_path``.
 
     Raises ``KeyError`` for an unknown backend and :class:`DataError` for bad data input
-    (a bad split, train and val with different classes, too small a training split).
+    (a bad split, train and val with different classes, too small a training split). PIL's
+    own decompression-bomb limit is set to ``settings.max_image_pixels`` in this process (and
+    the workers it forks), so PIL, the decoders' last resort, agrees with the acceptance rule.
     """
+    from decode.acceptance import limit_pil
+
+    limit_pil(settings.max_image_pixels)
     pipeline = importlib.import_module(PIPELINES[settings.pipeline])
     if hasattr(pipeline, "require"):
         pipeline.require(dist)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from decode.acceptance import MAX_PIXELS
+
 __all__ = ["DistInfo", "LoaderSettings", "input_dtype"]
 
 
@@ -80,6 +82,9 @@ class LoaderSettings:
     # the first after --shard-retry-delay seconds, doubled each time (formats.shards.Retries).
     shard_retries: int = 2
     shard_retry_delay: float = 10.0
+    # --max-image-pixels: an image whose header claims more pixels is refused before it is
+    # decoded, as the converters refuse it (decode.acceptance; 0: no limit).
+    max_image_pixels: int = MAX_PIXELS
 
     @property
     def pipeline(self) -> str:

@@ -16,8 +16,9 @@ from itertools import islice
 import lmdb
 import msgpack
 
+from decode.acceptance import MAX_PIXELS
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
-                                stage, stage_folder, unstage, write_report)
+                                report_damaged, stage, stage_folder, unstage, write_report)
 from formats import raw_share
 from formats.images import CHECKS, check_files
 from formats.sources import Listing
@@ -43,7 +44,8 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             map_size: int = 1 << 30, batch_size: int = 256, progress: bool = True,
             strict: bool = False, shuffle_seed: int | None = None,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False, cap=None, raw_budget=None) -> Summary:
+            allow_partial: bool = False, cap=None, raw_budget=None,
+            max_pixels: int = MAX_PIXELS) -> Summary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into the LMDB directory ``output``.
@@ -76,7 +78,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
     cap_fields = cap.record() if cap is not None else {}
-    fp = fingerprint(listing, check, cap, raw_budget)
+    fp = fingerprint(listing, check, cap, raw_budget, max_pixels)
     try:
         state = prepare_output(output, overwrite, fp, cap_fields)
         writer = Writer(output, map_size)
@@ -94,7 +96,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         stage(listing, stage_folder(output), progress)
         choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
         _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
-                       check, cap, choice)
+                       check, cap, choice, max_pixels)
     finally:
         writer.close()
     unstage(stage_folder(output))
@@ -106,7 +108,8 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
 
 def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", output: str,
                    workers: int, batch_size: int, progress: bool, strict: bool,
-                   check: str = "full", cap=None, choice=None) -> None:
+                   check: str = "full", cap=None, choice=None,
+                   max_pixels: int = MAX_PIXELS) -> None:
     """Write the records of ``listing.files[state.done:]``, then the report and the last
     transaction; ``state`` is updated in place.
 
@@ -125,7 +128,7 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     pending = files[state.done:]
     post = raw_share.with_candidate(choice) if choice is not None else None
     with closing(check_files(pending, workers, check, ahead=2 * batch_size, cap=cap,
-                             post=post)) as results, \
+                             post=post, max_pixels=max_pixels)) as results, \
             ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):
@@ -172,6 +175,8 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
                 [os.fsencode(src.rel), result], use_bin_type=True)))
             state.skipped += 1
             continue
+        if result.warning:
+            report_damaged("folder2lmdb.py", src, result.warning)
         data = result.data
         if choice is not None and choice.take(len(data), result.raw and len(result.raw),
                                               result.pixels, done, files):

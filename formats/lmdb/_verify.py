@@ -110,6 +110,8 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
 
 def _check_record(job) -> list[str]:
     from decode import decode  # torch: imported only when checking
+    from decode.acceptance import Refused, check
+    from decode.messages import capture
 
     index, rel, value, crc, num_classes, version = job
     name = _name(index, rel)
@@ -131,7 +133,11 @@ def _check_record(job) -> list[str]:
             return found + [f"{name}: a malformed raw record (its header does not match its "
                             f"{len(data)} bytes)"]
     try:
-        decode(data)
+        check(data)  # the loaders' acceptance rule: a bomb is named, never decoded
+        with capture():  # libjpeg's warnings about a kept image: not a finding, not printed
+            decode(data)
+    except Refused as exc:
+        found.append(f"{name}: refused by the loaders ({exc})")
     except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
         found.append(f"{name}: does not decode ({str(exc).splitlines()[0] if str(exc) else exc!r})")
     return found

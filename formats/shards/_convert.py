@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from decode.acceptance import MAX_PIXELS
 from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
+                                report_damaged,
                                 refuse_other_cap, stage, stage_folder, unstage, write_report)
 from formats import raw_share
 from formats.images import CHECKS, RULES_VERSION, check_files
@@ -189,7 +191,8 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             check: str = "full", split: str | None = None,
-            allow_partial: bool = False, cap=None, raw_budget=None) -> ShardSummary:
+            allow_partial: bool = False, cap=None, raw_budget=None,
+            max_pixels: int = MAX_PIXELS) -> ShardSummary:
     """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
     ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
     ``allow_partial``) into shards in the folder ``output``.
@@ -207,7 +210,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     refused. ``raw_budget`` (a :class:`formats.raw_share.Budget`) stores the images that save
     the most decode time per extra byte as raw pixels (``KEY.ppm``, :mod:`formats.raw_share`);
     ``index.json`` is then version 2 and says what was chosen. Without it the shards are byte
-    for byte what they were before raw records existed."""
+    for byte what they were before raw records existed. ``max_pixels``: the acceptance rule's
+    pixel limit (``--max-image-pixels``, 0 for none; ``decode.acceptance``, the loaders'
+    rule)."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
@@ -224,7 +229,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
               file=sys.stderr)
     cap_fields = cap.record() if cap is not None else {}
     settings = _settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
-                         max_per_shard)
+                         max_per_shard, max_pixels)
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -235,7 +240,8 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     resumed_raw = state.shards[-1].get("raw") if state.shards else None
     choice = raw_share.start(raw_budget, listing, check, cap, resumed_raw)
     try:
-        _write_shards(listing, state, output, workers, strict, progress, check, cap, choice)
+        _write_shards(listing, state, output, workers, strict, progress, check, cap, choice,
+                      max_pixels)
         write_report(os.path.join(output, REPORT_NAME), [
             msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
             for s in state.shards for rel, why in s["skipped"]])
@@ -254,9 +260,9 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
 
 def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
-              shard_size: int, max_per_shard: int | None) -> dict:
+              shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS) -> dict:
     """``progress.json``'s settings: what a resume must share with the run it resumes."""
-    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget).hex(),
+    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget, max_pixels).hex(),
                 "prefix": prefix, "seed": seed, "shard_size": shard_size,
                 "max_per_shard": max_per_shard, "rules": RULES_VERSION}
     cap_fields = cap.record() if cap is not None else {}
@@ -269,7 +275,7 @@ def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: 
 
 def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int,
                   strict: bool, progress: bool, check: str = "full", cap=None,
-                  choice=None) -> None:
+                  choice=None, max_pixels: int = MAX_PIXELS) -> None:
     """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
     shard to ``state`` (and ``progress.json``, with ``choice``'s totals through it: a
     :class:`formats.raw_share.RawChoice` or None). Raises :class:`ConversionError` (``strict``,
@@ -284,7 +290,7 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
     pending = files[state.done:]
     post = raw_share.with_candidate(choice) if choice is not None else None
     with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers),
-                             cap=cap, post=post)) as results:
+                             cap=cap, post=post, max_pixels=max_pixels)) as results:
         for index, result in enumerate(results, state.done):
             src = files[index]
             bar.update(1)
@@ -293,6 +299,8 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
                     raise ConversionError(f"{src.where()}: {result} (--strict)")
                 (shard.skipped if shard else skipped).append([src.rel, result])
                 continue
+            if result.warning:
+                report_damaged("folder2shards.py", src, result.warning)
             before = choice.state() if choice is not None else None
             data, ext = _stored(choice, result, index + 1, len(files))
             if shard and not shard.fits(len(data), src.label, settings["shard_size"],

@@ -1,10 +1,13 @@
 """Keeping a run alive through damaged samples: :class:`TolerantDataset` replaces a sample that
-fails to decode by the next readable one, reports it once on stderr and remembers it for the
-rest of the run (a flag per sample in memory every DataLoader worker shares), so it is never
-drawn again; each item says how many samples it newly found unreadable, so the main process
-can stop the run when too many distinct samples of the split fail (``DeviceLoader``,
-``--max-bad-share``; DALI's loader uses :data:`DECODE_ERRORS`, :class:`UnreadableSet` and the
-messages here too).
+fails to decode, or that the acceptance rule refuses from its header (:mod:`decode.acceptance`:
+a decompression bomb, a frame the file cannot hold), by the next readable one, reports it once
+on stderr and remembers it for the rest of the run (a flag per sample in memory every DataLoader
+worker shares), so it is never drawn again; each item says how many samples it newly found
+unreadable, so the main process can stop the run when too many distinct samples of the split
+fail (``DeviceLoader``, ``--max-bad-share``; DALI's loader uses :data:`DECODE_ERRORS`,
+:class:`UnreadableSet` and the messages here too). A sample that decodes while a native decoder
+prints a warning (libjpeg's ``Corrupt JPEG data: ...``, caught by :mod:`decode.messages`) is
+kept and named once (:func:`report_damaged`), never printed raw.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import sys
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from decode.messages import capture
 
 from ..errors import DataError
 
@@ -26,6 +31,15 @@ def report_unreadable(name: str, exc: BaseException) -> None:
     reason = str(exc).splitlines()[0] if str(exc) else ""
     print(f"warning: skipping unreadable sample {name}: {type(exc).__name__}: {reason}",
           file=sys.stderr, flush=True)
+
+
+def report_damaged(name: str, lines: list[str]) -> None:
+    """One stderr line naming a sample that decoded while a native decoder warned about its
+    data (``lines``, e.g. ``["Corrupt JPEG data: premature end of data segment"]``): kept."""
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    print(f"warning: keeping damaged sample {name}: the decoder said \"{lines[0]}\"{more}; its "
+          "header passed the acceptance rule, so it is used as decoded", file=sys.stderr,
+          flush=True)
 
 
 def too_many_unreadable(bad: int, max_bad_share: float, size: int) -> DataError:
@@ -98,13 +112,17 @@ class TolerantDataset(Dataset):
     known unreadable are tried (at most ``max_tries`` failing decodes). A sample that fails is
     remembered, printed once on stderr with ``dataset.name_of(index)`` (a path or record) and the
     reason, and never decoded again; ``found`` counts the samples this item newly found
-    unreadable (int, 0 normally). Raises :class:`DataError` if ``max_tries`` samples in a row
-    fail, or every sample is known unreadable.
+    unreadable (int, 0 normally). What native decoders print while a sample is read and decoded
+    is caught (:class:`decode.messages.capture`): a sample they warned about is named once in
+    the run (:attr:`warned`, flags shared like :attr:`unreadable`) and kept. Raises
+    :class:`DataError` if ``max_tries`` samples in a row fail, or every sample is known
+    unreadable.
     """
 
     def __init__(self, dataset: Dataset, max_tries: int = 16, shared: bool = False):
         self.dataset, self.max_tries = dataset, max_tries
         self.unreadable = UnreadableSet(len(dataset), shared=shared)
+        self.warned = UnreadableSet(len(dataset), shared=shared)  # named once as damaged
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -116,13 +134,16 @@ class TolerantDataset(Dataset):
             if unreadable.view[j]:  # the one byte a healthy sample costs
                 j = unreadable.next_readable(j)
             try:
-                image, label = self.dataset[j]
+                with capture() as caught:
+                    image, label = self.dataset[j]
             except DECODE_ERRORS as exc:
                 if unreadable.mark(j):
                     found += 1
                     report_unreadable(getattr(self.dataset, "name_of", str)(j), exc)
                 j = (j + 1) % len(self.dataset)
                 continue
+            if caught.lines and self.warned.mark(j):
+                report_damaged(getattr(self.dataset, "name_of", str)(j), caught.lines)
             return image, label, found
         raise DataError(f"{self.max_tries} consecutive samples from index {index} failed to "
                         "decode: is this dataset damaged?")

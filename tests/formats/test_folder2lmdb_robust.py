@@ -126,8 +126,11 @@ def test_skipped_files_are_reported_and_counted(converted):
         assert corpus.skipped[path] in reason, (path, reason)
     line = result.stdout.strip()
     assert len(line.splitlines()) == 1
-    assert line.startswith("wrote 19 images") and "re-encoded 10, skipped 6" in line
-    assert result.stderr.count("warning") == 1 and "'n02 empty' is empty" in result.stderr
+    assert line.startswith("wrote 20 images") and "re-encoded 10, skipped 8" in line
+    # the empty class, and the image kept although libjpeg warned about it (named, not raw)
+    assert result.stderr.count("warning") == 2 and "'n02 empty' is empty" in result.stderr
+    assert "keeping damaged image" in result.stderr and "premature_end.JPEG" in result.stderr
+    assert "\nCorrupt JPEG data" not in "\n" + result.stderr
 
 
 def test_strict_fails_on_the_first_non_image(converted, tmp_path):
@@ -256,7 +259,7 @@ def test_verify_accepts_a_good_database_and_names_a_flipped_byte(converted, tmp_
     corpus, db, _ = converted
     result = run_cli("--verify", db, "--dataset", corpus.root)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"verified {db}: OK (19 records, 3 classes, checksums")
+    assert result.stdout.startswith(f"verified {db}: OK (20 records, 3 classes, checksums")
     copy = str(tmp_path / "copy")
     shutil.copytree(db, copy)
     index = list(corpus.kept).index("n01/name with spaces.JPEG")

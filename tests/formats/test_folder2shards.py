@@ -220,7 +220,7 @@ def test_damaged_files_are_skipped_and_listed(bad):
         checked = image_check.check_file(os.path.join(corpus.root, rel))
         assert (checked.data, label) in records.values(), rel
         assert (checked.reencoded is not None) == (rel in corpus.reencoded), rel
-    assert result.stdout.startswith("wrote 19 images") and "re-encoded 10, skipped 6" in \
+    assert result.stdout.startswith("wrote 20 images") and "re-encoded 10, skipped 8" in \
         result.stdout and result.stdout.strip().endswith("; 4 shards")
     assert "'n02 empty' is empty" in result.stderr
 
@@ -229,7 +229,7 @@ def test_verify_with_dataset_accepts_reencoded_and_skipped_files(bad):
     corpus, out, _ = bad
     result = run_cli("--verify", out, "--dataset", corpus.root, "-j", "2")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"verified {out}: OK (19 records in 4 shards")
+    assert result.stdout.startswith(f"verified {out}: OK (20 records in 4 shards")
     assert result.stderr == ""
 
 

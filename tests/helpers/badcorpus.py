@@ -2,7 +2,10 @@
 
 :func:`make_bad_corpus` writes it and returns what a conversion must produce: the kept files
 (relative path -> label) in record order, which of them are re-encoded, and the skipped files
-with a fragment of their reason.
+with a fragment of their reason. :func:`refused_images` are the files the acceptance rule
+(``decode.acceptance``) refuses from their header, made from an ImageNet-sized JPEG: a
+65,000 x 65,000 decompression bomb and a one-bit height flip, and one it keeps although its
+data ends early (a plausible premature end): in the corpus, and for every loader's tests.
 """
 from __future__ import annotations
 
@@ -44,6 +47,46 @@ def _encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
     out = io.BytesIO()
     image.save(out, format=fmt, **kwargs)
     return out.getvalue()
+
+
+def imagenet_sized_jpeg(seed: int = 0) -> bytes:
+    """A 500 x 375 baseline JPEG of a generated image with noise and shapes, about 33 KB:
+    the size and bytes per pixel of an ImageNet photograph (the real sample's median is
+    500 x 375)."""
+    from tools.datagen import make_image
+
+    image = make_image(1, 4, random.Random(seed), (500, 375), noise=8, shapes=3)
+    return _jpeg(image)
+
+
+def _sof(data: bytes) -> int:
+    """Offset of the first frame header's height field."""
+    return data.index(b"\xff\xc0") + 5
+
+
+def refused_images(seed: int = 0) -> dict[str, tuple[bytes, bytes, str]]:
+    """``{name: (original, damaged, reason fragment)}``: ImageNet-sized JPEGs
+    (:func:`imagenet_sized_jpeg`, a seed each) with their frame header edited, each its
+    original's length:
+    ``bomb`` claims 65,000 x 65,000 pixels (refused: "too large to decode safely"),
+    ``flipped_height`` has the height's high bit flipped, 375 -> 33,143 rows (refused:
+    "damaged header"), ``premature_end`` claims 40 rows more than its data holds (kept:
+    libjpeg's "premature end of data segment", named as a warning); the reason fragment is
+    None for a kept one."""
+    out = {}
+    for k, (name, reason) in enumerate((("bomb", "too large to decode safely"),
+                                        ("flipped_height", "damaged header"),
+                                        ("premature_end", None))):
+        original = imagenet_sized_jpeg(3 * seed + k)  # each its own: told apart by its bytes
+        at, damaged = _sof(original), bytearray(original)
+        if name == "bomb":
+            damaged[at:at + 4] = (65000).to_bytes(2, "big") * 2
+        elif name == "flipped_height":
+            damaged[at] ^= 0x80
+        else:
+            damaged[at:at + 2] = (375 + 40).to_bytes(2, "big")
+        out[name] = (original, bytes(damaged), reason)
+    return out
 
 
 def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: int = 0) -> Corpus:
@@ -90,6 +133,8 @@ def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: i
         skip="not an image format")
     add(f"{a}/random.JPEG", 0, bytes(rng.getrandbits(8) for _ in range(3000)),
         skip="not an image format")
+    for name, (_, damaged, reason) in refused_images(seed).items():
+        add(f"{a}/{name}.JPEG", 0, damaged, skip=reason)
     add("n03/a.JPEG", 2, _jpeg(rgb))
     add("n03/b_rgb_coded.JPEG", 2, _jpeg(rgb, keep_rgb=True), True)
     for i in range(extra_per_class):

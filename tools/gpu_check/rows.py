@@ -24,10 +24,10 @@ NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collecti
 TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240, "compile": 420, "loaders": 180,
             "nccl": 240, "resolution": 240}
 # What a pipeline holds ready, in batches: DataLoader(prefetch_factor=4) per worker
-# (loaders/pipelines/workers.py, gpu_decode.py) and 2 spare shared slots
-# (loaders/pipelines/_shared_batches.slots_for); the batch decode's thread runs 2 ahead plus the
-# one it decodes (gpu_decode.py, _ahead.run_ahead); DALI with CUDA: a prefetch queue of 4 per
-# pipeline and its feed's 5 read batches (loaders/pipelines/dali.py, _queue_depth + 1).
+# (loaders/pipelines/workers/, gpu_decode/) and 2 spare shared slots
+# (loaders/pipelines/workers/slots.slots_for); the batch decode's thread runs 2 ahead plus the
+# one it decodes (gpu_decode/ahead.run_ahead); DALI with CUDA: a prefetch queue of 4 per
+# pipeline and its feed's 5 read batches (loaders/pipelines/dali/loader.py, _queue_depth + 1).
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 WAVES = 10  # a loader alone times at least this many batches per worker
 

@@ -28,6 +28,7 @@ from typing import Iterator
 import torch
 
 from decode import release_freed_memory
+from decode.messages import capture
 
 from ...errors import AcceleratorError
 from ...orders import Order, batches_per_epoch, train_batch_size
@@ -58,11 +59,15 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
     ``len()`` is exact; the last validation batch may be smaller and holds no padding.
     ``classes``: class names (index = label). ``set_epoch(epoch)`` selects the order and the
-    augmentation seed. A sample DALI cannot decode is found with our CPU decoder, reported
-    once on stderr, replaced by the next readable one and remembered (``unreadable``), so
-    later passes leave it out; iterating raises :class:`DataError` when the unreadable samples
-    exceed ``max_bad_share`` of the split or DALI fails for another reason, and
-    :class:`AcceleratorError` at once for a CUDA failure (out of memory...).
+    augmentation seed. A sample the acceptance rule refuses (``max_pixels``,
+    ``--max-image-pixels``: :mod:`decode.acceptance`) is never handed to DALI: the feed reads
+    the next readable one in its place; a sample DALI cannot decode is found with our CPU
+    decoder; either is reported once on stderr, replaced by the next readable one and
+    remembered (``unreadable``), so later passes leave it out; iterating raises
+    :class:`DataError` when the unreadable samples exceed ``max_bad_share`` of the split or
+    DALI fails for another reason, and :class:`AcceleratorError` at once for a CUDA failure
+    (out of memory...). What DALI's decoder prints during a pass is caught
+    (:mod:`decode.messages`): the sample a warning was about is named once (``warned``).
 
     With CUDA one pipeline runs ``settings.workers`` CPU threads. CPU-only, ``cpu_pipelines``
     pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
@@ -92,8 +97,11 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         self._pipes: list = []
         self._feeds: list[BatchFeed] = []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
-        # Samples found unreadable this run (main process only: the probes run here).
+        # Samples found unreadable this run (main process only: the probes run here), those the
+        # feed refused (counted here by its threads), those named as damaged but kept.
         self.unreadable = UnreadableSet(order.num_samples)
+        self.warned = UnreadableSet(order.num_samples)
+        self.max_pixels, self.refused = settings.max_image_pixels, 0
         self.stage_log = self._waited = None
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (graph.py)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
@@ -157,7 +165,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         batch = self.batch_size
         size = self.sample_order.num_samples
         allowed = self.max_bad_share * size
-        finished = False
+        finished, refused = False, self.refused
+        caught = capture().__enter__()  # what DALI's decoder prints, for the whole pass
         try:
             while step < len(self):
                 # DALI cannot skip a file it fails to decode: find it, swap it for a readable
@@ -181,6 +190,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                         if bad > allowed:
                             raise too_many_unreadable(bad, self.max_bad_share, size) from None
                         break
+                    refused = self._after_batch(order, step, caught, refused, len(pipes))
                     if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                         break
                     images, labels = self._to_torch(outputs, self.start_batch + step)
@@ -192,6 +202,20 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         finally:
             if not finished:  # left part-way: batches of this pass are still queued in DALI
                 self._drop_pipelines()
+            caught.__exit__(None, None, None)
+
+    def _after_batch(self, order: list[int], step: int, caught, refused: int,
+                     pipelines: int) -> int:
+        """After batch ``step`` ran: name the sample of a warning DALI's decoder printed
+        (:meth:`_name_damaged`), and stop past ``max_bad_share`` if the feed refused samples
+        since ``refused`` (the count then); returns the count now."""
+        lines = caught.take()
+        if lines:
+            self._name_damaged(order, step, lines,
+                               pipelines * (self._queue_depth(pipelines) + 1))
+        if self.refused != refused:
+            self._check_refused()
+        return self.refused
 
     @property
     def _split(self) -> str:
@@ -270,7 +294,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
         :attr:`pipeline_builds`."""
-        self._feeds = [BatchFeed(self.reader.read, self.opts, self.batch_size, self.seed,
+        self._feeds = [BatchFeed(self._read_accepted, self.opts, self.batch_size, self.seed,
                                  self.rank, keep=self._queue_depth(n) + 1, log=self.stage_log)
                        for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]

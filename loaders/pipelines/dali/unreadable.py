@@ -6,16 +6,76 @@ in the pass's order by the next readable sample, as the other pipelines do
 from __future__ import annotations
 
 from decode import decode
+from decode.acceptance import Refused, check
+from decode.messages import capture
 
 from ...errors import DataError
-from ..bad_samples import DECODE_ERRORS, report_unreadable, too_many_unreadable
+from ..bad_samples import DECODE_ERRORS, report_damaged, report_unreadable, too_many_unreadable
 from .environment import message_lines
 from .graph import window_mismatch
 
 
 class UnreadableSamples:
-    """Needs ``batch_size``, ``reader``, ``unreadable`` (an ``UnreadableSet``),
-    ``sample_order``, ``max_bad_share``, ``_split`` and ``_drop_pipelines()`` of the loader."""
+    """Needs ``batch_size``, ``reader``, ``unreadable`` and ``warned`` (``UnreadableSet`` s),
+    ``refused`` (an int), ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split`` and
+    ``_drop_pipelines()`` of the loader."""
+
+    def _read_accepted(self, index: int) -> tuple[bytes, int]:
+        """``reader.read(index)``, or where the acceptance rule refuses those bytes (checked
+        with ``max_pixels`` from the header, before DALI sees them) the first readable
+        sample's after it, each refused one reported once, remembered and counted in
+        ``refused`` (the training thread compares it with ``max_bad_share``). Runs in the feed
+        threads. Raises :class:`DataError` if every sample of the split is unreadable."""
+        while True:
+            data, label = self.reader.read(index)
+            try:
+                check(data, self.max_pixels)
+                return data, label
+            except Refused as exc:
+                if self.unreadable.mark(index):
+                    self.refused += 1
+                    report_unreadable(self.reader.name_of(index), exc)
+                index = self.unreadable.next_readable(index)
+
+    def _check_refused(self) -> None:
+        """Raise :class:`DataError` once the unreadable samples (the feed's refusals too)
+        exceed ``max_bad_share`` of the split."""
+        bad, size = self.unreadable.count(), self.sample_order.num_samples
+        if bad > self.max_bad_share * size:
+            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+
+    def _name_damaged(self, order: list[int], step: int, lines: list[str],
+                      lookahead: int) -> None:
+        """DALI's decoder printed ``lines`` (caught when batch ``step`` was taken; its threads
+        decode up to ``lookahead`` batches ahead, and what they print may arrive a few batches
+        late): the sample of batches ``step - lookahead .. step + lookahead`` whose decode by
+        our CPU decoder prints them too is named once (``warned``). A sample named before takes
+        them without a probe; where no sample prints them, one line says so."""
+        batch = self.batch_size
+        first = max(0, step - lookahead)
+        window = [order[p] for p in range(first * batch, min(len(order), (step + lookahead)
+                                                             * batch))]
+        if any(self.warned.known(index) for index in window):
+            return
+        found = False
+        for index in window:
+            if self.unreadable.known(index):  # refused by the feed, never handed to DALI
+                continue
+            try:
+                data = self.reader.read(index)[0]
+                check(data, self.max_pixels)
+                with capture() as caught:
+                    decode(data)
+            except DECODE_ERRORS:
+                continue
+            if caught.lines:
+                found = True
+                if self.warned.mark(index):
+                    report_damaged(self.reader.name_of(index), caught.lines)
+        if not found:
+            report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
+                           f"{self._split} split; our CPU decoder decodes them without a "
+                           "warning)", lines)
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> int:
@@ -55,16 +115,17 @@ class UnreadableSamples:
         if self.unreadable.mark(index):
             report_unreadable(self.reader.name_of(index), DataError(reason))
         order[position] = self.unreadable.next_readable(index)
-        bad, size = self.unreadable.count(), self.sample_order.num_samples
-        if bad > self.max_bad_share * size:
-            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+        self._check_refused()
         return True
 
     def _readable(self, index: int) -> bool:
-        """Decode sample ``index`` (never one known unreadable: the order skips those); if it
-        fails, remember it, report it and return False."""
+        """Judge sample ``index`` by the acceptance rule and decode it (never one known
+        unreadable: the order skips those); if either fails, remember it, report it and
+        return False."""
         try:
-            decode(self.reader.read(index)[0])
+            data = self.reader.read(index)[0]
+            check(data, self.max_pixels)
+            decode(data)
         except DECODE_ERRORS as exc:
             if self.unreadable.mark(index):
                 report_unreadable(self.reader.name_of(index), exc)

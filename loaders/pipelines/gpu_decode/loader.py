@@ -30,7 +30,7 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
 from ...transforms.normalize import imagenet_mean_std, normalize_into
-from ..bad_samples import TolerantDataset, report_unreadable
+from ..bad_samples import TolerantDataset, UnreadableSet, report_damaged, report_unreadable
 from ..batches import ReaderLoader
 from .ahead import one_ahead, run_ahead
 from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
@@ -56,10 +56,14 @@ class BatchDecodeLoader(ReaderLoader):
     ``labels`` int64 ``(N,)``; ``set_resolution`` takes any side up to ``max_crop_size`` (only
     this process resizes). Workers are kept from pass to pass unless the reader plans each pass.
 
-    A sample the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them);
-    one nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
+    The workers refuse what the acceptance rule refuses (``max_pixels``, ``--max-image-pixels``:
+    :mod:`decode.acceptance`) before the decoder sees it, as the other pipelines do. A sample
+    the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them); one
+    nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
     never read it again), named once on stderr and replaced in its batch by another image of
-    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`.
+    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`. One
+    a native decoder warned about while decoding it (libjpeg's ``Corrupt JPEG data: ...``) is
+    kept and named once (:attr:`warned`).
 
     A training loader measures its stages (:mod:`loaders.timing.batch_stages`, unless
     ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
@@ -81,8 +85,10 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        tolerant = TolerantDataset(Windows(reader, val_sizes, clock), shared=workers > 0)
+        tolerant = TolerantDataset(Windows(reader, val_sizes, clock, settings.max_image_pixels),
+                                   shared=workers > 0)
         self.unreadable = tolerant.unreadable
+        self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
         self._dataset = WindowBatches(tolerant, clock)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
@@ -190,6 +196,10 @@ class BatchDecodeLoader(ReaderLoader):
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
             decoded = clock()
             self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
+            for position, lines in out.warnings:
+                index = int(item["indices"][position])
+                if self.warned.mark(index):
+                    report_damaged(self.reader.name_of(index), lines)
             images, labels = out.images, item["labels"]
             if out.failed:
                 images, labels = self._replace_failed(out, item)

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from decode import decode, image_size
+from decode.acceptance import MAX_PIXELS, check
 
 from ...readers import Reader
 from ...timing import stages
@@ -34,8 +35,10 @@ class Windows(Dataset):
     ``clock`` (a :class:`loaders.timing.stages.StageClock` or None) gets each read's and window's
     seconds (added: a replaced sample counts both tries) and the record's bytes."""
 
-    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None):
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None,
+                 max_pixels: int = MAX_PIXELS):
         self.reader, self.val_sizes, self.clock = reader, val_sizes, clock
+        self.max_pixels = max_pixels
         self.draw = TrainTransform()
 
     def __len__(self) -> int:
@@ -49,6 +52,7 @@ class Windows(Dataset):
             read = time.perf_counter()
             clock.t[stages.READ] += read - started
             clock.t[stages.BYTES] = len(data)
+        check(data, self.max_pixels)
         if self.val_sizes is None:
             window, flip, _ = self.draw.window(data, image_size)
         else:

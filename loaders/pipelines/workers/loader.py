@@ -13,6 +13,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import Dataset
 
+from decode.acceptance import MAX_PIXELS, check
+
 from ...orders import Order
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
@@ -31,8 +33,9 @@ class _Transformed(Dataset):
     (what :class:`~loaders.pipelines.bad_samples.TolerantDataset` wraps); ``clock`` (a
     :class:`loaders.timing.stages.StageClock` or None) gets each read's seconds and bytes."""
 
-    def __init__(self, reader: Reader, transform, clock=None):
+    def __init__(self, reader: Reader, transform, clock=None, max_pixels: int = MAX_PIXELS):
         self.reader, self.transform, self.clock = reader, transform, clock
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -41,11 +44,15 @@ class _Transformed(Dataset):
         clock = self.clock
         if clock is None:
             data, label = self.reader.read(index)
+            check(data, self.max_pixels)
             return self.transform(data), label
         start = time.perf_counter()
         data, label = self.reader.read(index)
-        clock.t[stages.READ] += time.perf_counter() - start
+        read = time.perf_counter()
+        clock.t[stages.READ] += read - start
         clock.t[stages.BYTES] = len(data)
+        check(data, self.max_pixels)
+        clock.t[stages.WINDOW] += time.perf_counter() - read  # a header parse, as the window's
         return self.transform(data), label
 
     def name_of(self, index: int) -> str:
@@ -94,7 +101,7 @@ class DeviceLoader(ReaderLoader):
         if self._clock is not None and hasattr(transform, "clock"):
             transform.clock = self._clock
         workers = settings.workers
-        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock),
+        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock, settings.max_image_pixels),
                                    shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
         self.unreadable = tolerant.unreadable

@@ -1,0 +1,227 @@
+"""What the native decoders print, caught and handed to the caller instead of the terminal.
+
+libjpeg-turbo (inside TorchCodec, torchvision, nvImageCodec and DALI) prints its warnings,
+e.g. ``Corrupt JPEG data: premature end of data segment``, with C's ``fprintf(stderr, ...)``
+to file descriptor 2, naming no file, once per decode, every epoch; libpng and nvImageCodec do
+the same. :func:`capture` points descriptor 2 at an anonymous file while a call runs, so the
+caller gets those lines (``capture().lines``) and can say once which file they were about;
+anything else written meanwhile (Python's own ``sys.stderr`` of another thread, a line no
+library here writes) is passed on to the real descriptor 2 as it was.
+
+Descriptor 2 is one per process, so captures overlap when threads decode at once (the
+converters' checking threads): all C output goes to the one file while any capture runs, each
+capture reads the part written during it, and its ``shared`` says another capture
+ran meanwhile. :func:`run_captured` then runs the call once more alone (``exclusive``) to know
+which lines are its own; that happens only when a library printed. A capture costs a few
+system calls (about 5 us on one core) and nothing while none runs; a process forked during one
+starts with its descriptor 2 put back.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from typing import Callable, TypeVar
+
+__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "run_captured"]
+
+T = TypeVar("T")
+
+# The lines the native decoders write: libjpeg(-turbo)'s warning messages (jerror.h, JWRN_*),
+# libpng's, and nvImageCodec's "[ERROR] [libjpeg_turbo_decoder] ..." (colour codes removed).
+LIBRARY_LINE = re.compile(
+    r"(Corrupt JPEG data|Premature end of JPEG file|Warning: |Invalid SOS parameters|"
+    r"Inconsistent progression sequence|Application transferred too many scanlines|"
+    r"Unsupported marker|libpng (warning|error)|\[(ERROR|WARNING|WARN)\] *\[[\w.]+\])")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_ENDS = re.compile(rb"[\r\n]")
+
+
+def is_library_line(line: str) -> bool:
+    """Whether ``line`` (colour codes removed) is one a native decoder writes."""
+    return LIBRARY_LINE.match(line) is not None
+
+
+class _Sink:
+    """The process's state: descriptor 2 points at ``file`` while ``active`` captures run; the
+    real one is kept in ``saved``; output up to ``forwarded`` was passed on."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.active = self.entered = self.forwarded = self.waiting = 0
+        self.exclusive = False
+        self.owner = 0  # the thread of the exclusive capture
+        self.file = self.saved = -1
+
+
+_sink = _Sink()
+_thread = threading.local()  # this thread's captures: ``depth`` running, ``entered`` in all
+
+
+def _after_fork() -> None:
+    """A forked child: descriptor 2 put back where it was if a thread of the parent was
+    capturing, and a sink of its own (the anonymous file is the parent's)."""
+    global _sink
+    if _sink.active and _sink.saved >= 0:
+        os.dup2(_sink.saved, 2)
+    for fd in (_sink.saved, _sink.file):
+        if fd >= 0:
+            os.close(fd)
+    _sink = _Sink()
+    _thread.depth = 0  # the forking thread, the child's only one, is in none of them
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class capture:
+    """``with capture() as caught:`` catches what native code writes to descriptor 2 while the
+    block runs: ``caught.lines``, the native decoders' lines (colour codes removed), set when
+    the block ends (also when it raises); ``caught.shared``, whether another capture ran
+    meanwhile (the lines may then be another call's). ``exclusive``: wait until no other
+    capture runs, and let none start meanwhile (inside another capture of the same thread, a
+    nested one is all there can be). Where descriptor 2 cannot be redirected (closed), nothing
+    is caught."""
+
+    def __init__(self, exclusive: bool = False):
+        self.exclusive = exclusive
+        self.lines: list[str] = []
+        self.shared = False
+        self._sink: _Sink | None = None
+        self._start = self._entered = self._pid = self._mine = 0
+
+    def __enter__(self) -> "capture":
+        sink, me = _sink, threading.get_ident()
+        depth = getattr(_thread, "depth", 0)
+        self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
+        with sink.cond:
+            while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
+                sink.waiting += 1
+                sink.cond.wait()
+                sink.waiting -= 1
+            if sink.active == 0 and not _install(sink):
+                return self
+            sink.active += 1
+            sink.entered += 1
+            if self.exclusive:
+                sink.exclusive, sink.owner = True, me
+            self._sink, self._pid = sink, os.getpid()
+            self._start, self._entered = os.lseek(sink.file, 0, os.SEEK_CUR), sink.entered
+            self.shared = sink.active > depth + 1  # another thread's capture is running
+        _thread.depth = depth + 1
+        _thread.entered = self._mine = getattr(_thread, "entered", 0) + 1
+        return self
+
+    def take(self) -> list[str]:
+        """The native decoders' lines written since the block began or the last ``take``
+        (for a capture held across many calls); what else was written is passed on now."""
+        sink = self._sink
+        if sink is None or self._pid != os.getpid():
+            return []
+        with sink.cond:
+            end = os.lseek(sink.file, 0, os.SEEK_CUR)
+            lines = _library_lines(sink.file, self._start, end)
+            self._start = end
+            _forward(sink, end, final=False)
+        return lines
+
+    def __exit__(self, *exc) -> None:
+        if self._sink is not None and self._pid == os.getpid():  # not a child forked inside
+            _thread.depth -= 1
+            _finish(self._sink, self, _thread.entered - self._mine)
+        self._sink = None
+
+
+def _install(sink: _Sink) -> bool:
+    """Point descriptor 2 at the sink's file (made once per process); False if it cannot."""
+    try:
+        sys.stderr.flush()  # Python's buffered output goes where it was meant to go first
+    except (AttributeError, OSError, ValueError):
+        pass
+    try:
+        if sink.file < 0:
+            sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
+        sink.saved = os.dup(2)
+        os.dup2(sink.file, 2)
+    except OSError:
+        return False
+    return True
+
+
+def _finish(sink: _Sink, captured: capture, nested: int) -> None:
+    """End ``captured``: its lines read, the rest passed on, descriptor 2 put back by the last
+    capture to end; ``nested``: captures this thread began inside it (not another's)."""
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+    with sink.cond:
+        end = os.lseek(sink.file, 0, os.SEEK_CUR)
+        captured.lines = _library_lines(sink.file, captured._start, end)
+        captured.shared = captured.shared or sink.entered - captured._entered > nested
+        sink.active -= 1
+        if captured.exclusive:
+            sink.exclusive = False
+        _forward(sink, end, final=sink.active == 0)
+        if sink.active == 0:
+            os.dup2(sink.saved, 2)
+            os.close(sink.saved)
+            sink.saved = -1
+            if end:
+                os.ftruncate(sink.file, 0)
+                os.lseek(sink.file, 0, os.SEEK_SET)
+            sink.forwarded = 0
+        if sink.waiting:
+            sink.cond.notify_all()
+
+
+def _forward(sink: _Sink, end: int, final: bool) -> None:
+    """Pass on to the real descriptor 2 what no native decoder wrote, from ``forwarded`` up to
+    ``end`` (only whole lines unless ``final``), byte for byte."""
+    if end <= sink.forwarded:
+        return
+    text = os.pread(sink.file, end - sink.forwarded, sink.forwarded)
+    if not final:
+        last = max(text.rfind(b"\n"), text.rfind(b"\r"))
+        text = text[:last + 1]
+    sink.forwarded += len(text)
+    kept = b"".join(piece for piece in _pieces(text)
+                    if not is_library_line(_COLOUR.sub("", piece.decode("utf-8", "replace"))))
+    if kept:
+        try:
+            os.write(sink.saved, kept)
+        except OSError:
+            pass
+
+
+def _pieces(text: bytes) -> list[bytes]:
+    """``text`` cut after each line end (``\\n`` or ``\\r``), the ends kept."""
+    pieces, at = [], 0
+    for match in _ENDS.finditer(text):
+        pieces.append(text[at:match.end()])
+        at = match.end()
+    if at < len(text):
+        pieces.append(text[at:])
+    return pieces
+
+
+def _library_lines(file: int, start: int, end: int) -> list[str]:
+    """The native decoders' lines among the bytes ``start..end`` of ``file``."""
+    if end <= start:
+        return []
+    lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
+             for piece in _pieces(os.pread(file, end - start, start)))
+    return [line for line in lines if line and is_library_line(line)]
+
+
+def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
+    """``call()``'s result and the native decoders' lines it wrote (colour codes removed); if
+    another capture ran meanwhile and lines were caught, ``call`` runs once more alone to tell
+    its own (a decode gives the same result and lines twice). Raises what ``call`` raises."""
+    with capture() as caught:
+        result = call()
+    if caught.lines and caught.shared:
+        with capture(exclusive=True) as caught:
+            call()
+    return result, caught.lines
