@@ -6,26 +6,9 @@
                           [--raw-budget 1.5x]
     python folder2lmdb.py --verify /lmdb/train [--dataset /imagenet/train]
 
-(the interface of PyTorch-LMDB's converter). Each image is stored with its ImageFolder label:
-baseline JPEGs byte for byte, other images re-encoded to JPEG, non-images skipped and listed in
-``OUTPUT/skipped.tsv`` (rules in ``formats/images.py``; the layout, writer and verifier in
-``formats/lmdb/``, shared with the reader). The LMDB map grows as needed, files are
-checked by several threads, and the metadata record is written last, so an interrupted
-conversion is never read as complete; running the same command again resumes it. Every
-baseline JPEG is decoded completely once (``--check full``, the default) or, with
-``--check header``, only when its markers do not end in EOI (faster, misses damage inside the
-compressed data; ``formats.images`` describes both). Records
-follow ImageFolder's order (sorted by class) unless ``--shuffle-seed`` fixes a pseudo-random
-one, which block order (``main.py --lmdb-order block``) needs to mix classes within a batch.
-
-:class:`ImageFolderLMDB` reads such a database in users' own training scripts as torchvision's
-``ImageFolder`` reads a folder (PyTorch-LMDB's class, imported from here as there: ``from
-folder2lmdb import ImageFolderLMDB``). ``main.py`` does not use it: its own LMDB reader and
-pipelines are faster (uint8 crops decoded straight from the JPEG, batches in shared slots). It
-reuses that reader (:class:`~loaders.readers.lmdb_records.LMDBReader`: records by number, lazy
-per-process environment) and the shared codec, and decodes with PIL as ``ImageFolder``'s
-default loader does.
-"""
+PyTorch-LMDB's converter interface (docs/formats.md#lmdb); run again, an interrupted conversion
+resumes. :class:`ImageFolderLMDB` reads the result as ``ImageFolder`` reads a folder (``from
+folder2lmdb import ImageFolderLMDB``, as in PyTorch-LMDB)."""
 from __future__ import annotations
 
 import io
@@ -59,10 +42,8 @@ def pil_decode(data: bytes) -> Image.Image:
 
 
 def _label_of(value) -> int:
-    """The label of a stored record value (``formats/lmdb/_codec.py``: msgpack
-    ``[jpeg_bytes, label]``) without copying the image bytes: skips the bin header's length
-    and unpacks only the trailing int. Falls back to :func:`decode_record` for any other
-    layout."""
+    """A record value's label without copying its image bytes (the bin header skipped); other
+    layouts through :func:`decode_record`."""
     view = memoryview(value)
     if len(view) > 2 and view[0] == _FIXARRAY_2 and view[1] in _BIN_LENGTH_BYTES:
         width = _BIN_LENGTH_BYTES[view[1]]
@@ -78,31 +59,12 @@ def _label_of(value) -> int:
 
 
 class ImageFolderLMDB(Dataset):
-    """``ImageFolder`` over an LMDB written by ``folder2lmdb.py`` (one split, e.g.
-    ``/data/imagenet-lmdb/train``).
-
-    ``dataset[i]`` is ``(transform(image), target_transform(label))`` with ``image`` a PIL RGB
-    image decoded from record ``i``'s stored bytes (the source file's bytes, so the same pixels
-    as ImageFolder's, or a baseline JPEG for the rare files ``folder2lmdb.py`` re-encodes) and
-    ``label`` ImageFolder's ``class_to_idx`` of its folder. Records are in the database's
-    order: ImageFolder's, unless written with ``folder2lmdb.py --shuffle-seed``. ``classes``
-    and ``class_to_idx`` come from the metadata record, ``len()`` from its count: no list of
-    keys or samples is built.
-
-    ``targets`` (one int per record, in record order, like ImageFolder's) is read lazily on
-    first access, by one sequential pass over the records that unpacks only each record's
-    label (the images' bytes are neither copied nor decoded; their pages are mostly not
-    touched); the list is then kept (and pickled with the dataset).
-
-    Safe with ``DataLoader(num_workers>0)`` under fork and spawn: the LMDB environment is
-    opened lazily in whichever process reads, reopened after a fork and never pickled (the
-    handling of :class:`~loaders.readers.lmdb_records.LMDBReader`, which this wraps). ``readahead``:
-    OS readahead, off by default (right for shuffled reading; see
-    :func:`~formats.lmdb.open_readonly`).
-
-    Raises :class:`~loaders.DataError` (one line) if ``root`` is not a complete LMDB written by
-    ``folder2lmdb.py``.
-    """
+    """``ImageFolder`` over one split written by ``folder2lmdb.py``
+    (docs/formats.md#in-your-own-scripts-imagefolderlmdb): ``dataset[i]`` is ``(transform(PIL RGB
+    image), target_transform(label))`` in record order; ``classes``, ``class_to_idx``, ``len()``
+    from the metadata; ``targets`` read on first access, labels only. Safe with
+    ``DataLoader(num_workers>0)``, fork or spawn. Raises :class:`~loaders.DataError` (one line) if
+    ``root`` is not a complete database."""
 
     def __init__(self, root: str, transform=None, target_transform=None,
                  readahead: bool = False):
@@ -130,7 +92,7 @@ class ImageFolderLMDB(Dataset):
 
     @property
     def targets(self) -> list[int]:
-        """Label of every record (read on first access: one pass over the records' labels)."""
+        """Label of every record, read on first access."""
         if self._targets is None:
             self._targets = self._read_targets()
         return self._targets
@@ -142,8 +104,7 @@ class ImageFolderLMDB(Dataset):
     def _read_targets(self) -> list[int]:
         count = len(self)
         labels = []
-        # buffers=True: values are views into the memory map, so skipping the image bytes
-        # skips reading them; record keys sort in index order, before the "__...__" keys.
+        # buffers=True: views into the map, so the image bytes are skipped, not read
         with self._records.env().begin(buffers=True) as txn:
             cursor = txn.cursor()
             found = cursor.set_key(record_key(0))

@@ -9,27 +9,10 @@
     python folder2shards.py --index /wds/imagenet1k-train-{0000..1023}.tar [-o INDEX_DIR]
         [--classes /shards/train/index.json]  # shards written by other tools, e.g. timm's
 
-The sibling of ``folder2lmdb.py``, sharing its listing, image rules and report: each record is
-what the LMDB would hold (baseline JPEGs byte for byte, other images re-encoded, non-images
-skipped and listed in ``OUT/skipped.tsv``; ``formats/images.py``, whose ``--check`` modes
-it takes too), with its ImageFolder label. The format is ``formats/shards/`` (shared with the
-reader ``loaders/readers/shards.py``, and read by DALI's ``fn.readers.webdataset``):
-``OUT/{prefix}-000000.tar, ...`` holding ``KEY.jpg`` + ``KEY.cls`` per record, DALI's index
-``OUT/{prefix}-000000.idx`` of each, and
-``OUT/index.json`` (classes, record count and bytes of each shard), written last.
-
-Records follow one global pseudo-random order (``--shuffle-seed``, default 0;
-``Listing.shuffled``), so every shard mixes all classes. The usual recipe, ``tar --sort=name``
-of the class folders piped through ``tarp`` with a shuffle buffer, only mixes records within a
-window of a few thousand of a class-sorted stream: each shard holds a few neighbouring classes,
-and a reader that shuffles shards and a small buffer gets batches of one or two classes (bad for
-batch norm and SGD). Here the files are read by path, so a global permutation costs nothing.
-
-Shard boundaries, resume and ``progress.json``: ``formats/shards/_convert.py``. ``--verify``
-checks the SHA-256 digests too. ``--index`` writes ``index.json`` and ``.idx`` files for
-WebDataset shards made by other tools, without rewriting them (``formats/shards/_foreign.py``),
-so that ``main.py --loader shards --train INDEX_DIR`` reads them.
-"""
+The sibling of ``folder2lmdb.py``: the same records in the layout of :mod:`formats.shards`, in one
+global pseudo-random order (``--shuffle-seed``), so that every shard mixes all classes (a streaming
+shuffle of a class-sorted tar leaves shards of a few classes; docs/formats.md). ``--index`` indexes
+shards made by other tools without rewriting them."""
 from __future__ import annotations
 
 import sys

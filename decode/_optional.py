@@ -6,10 +6,8 @@ from typing import Any, Callable
 
 
 class OptionalLibrary:
-    """What ``load() -> (library, None) | (None, why)`` gives, called once per process on first
-    use (and again after :meth:`set_enabled`). ``IMAGENET_FAST_FULL_DECODE=1`` keeps it off
-    without calling ``load``: both partial JPEG decoders (``decode.jpeg_window``'s nvImageCodec,
-    ``decode.jpeg_region``'s C) answer to it. ``reason`` says why it is off, else ``None``."""
+    """``load() -> (library, None) | (None, why)``, called once per process on first use;
+    ``IMAGENET_FAST_FULL_DECODE=1`` keeps it off. ``reason``: why it is off, else None."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load = load
@@ -28,7 +26,7 @@ class OptionalLibrary:
         return self._library
 
     def set_enabled(self, enabled: bool) -> None:
-        """Load it again (if present) or turn it off in this process, e.g. to compare both."""
+        """Load it again (if present) or turn it off in this process."""
         self._loaded, self._library = False, None
         if enabled:
             self.get()

@@ -1,30 +1,10 @@
-"""What an encoded image may be, judged from its header before any pixel is decoded: the one
-acceptance rule of every path (the converters' checks, the DataLoader workers, the batch
-decoder's workers, DALI's feed, validation).
+"""What an encoded image may be, judged from its header before any pixel is decoded: the one rule
+of the converters, the loaders and validation (docs/loaders.md#which-images-are-refused).
 
-Two rules, both read from the header alone (:func:`check`, a few microseconds per JPEG):
-
-* **Pixel limit**: ``height x width`` at most ``max_pixels`` (``--max-image-pixels``; 0 lifts
-  it). The default, :data:`MAX_PIXELS` = 178,956,970, is the number PIL refuses above
-  (``DecompressionBombError`` past twice ``PIL.Image.MAX_IMAGE_PIXELS``), which the converters
-  have always enforced through PIL; none of ImageNet's training images comes near it.
-* **The frame fits the file**: the entropy-coded data a complete image of the header's size
-  needs has a lower bound (:func:`read_frame`, :attr:`Frame.min_bytes`): a baseline or
-  extended JPEG codes every 8x8 block of every component with at least one DC and one AC
-  Huffman code, each at least as long as the shortest code of the tables the header defines
-  (ITU-T T.81 F.1.2); a progressive one every block at least once in a DC scan (1 bit or
-  more); a PNG's deflate stream cannot shrink its rows by more than 1032:1 (RFC 1951: a
-  length-258 match in 2 bits at best). A file shorter than that bound cannot hold the image its
-  header claims: its size field is corrupt (the one-bit height flip of a 37 KB photograph
-  claiming 33,143 rows needs 199 KB) and every decoder would fill the missing rows with grey.
-  No complete file is ever below its bound; measured figures and why no margin is added:
-  docs/loaders.md, *Which images are refused*.
-
-A file that passes but whose data still ends early (a premature end, a bad Huffman code) is
-decoded as the libraries decode it and named once as a warning (:mod:`decode.messages`).
-Arithmetic-coded and hierarchical JPEGs, and formats other than JPEG and PNG, get the pixel
-limit only (an arithmetic coder codes a flat block in well under a bit).
-"""
+Refused: more than ``max_pixels`` pixels (``--max-image-pixels``), or a frame the file is too short
+to hold (:attr:`Frame.min_bytes`: a JPEG's minimum Huffman codes per 8x8 block, ITU-T T.81 F.1.2; a
+PNG's deflate ratio, RFC 1951), i.e. a corrupt size field. Arithmetic-coded and hierarchical JPEGs
+and other formats get the pixel limit only."""
 from __future__ import annotations
 
 import io
@@ -36,8 +16,7 @@ from . import raw
 __all__ = ["MAX_PIXELS", "DAMAGED", "Frame", "Refused", "TOO_LARGE", "check", "limit_pil",
            "read_frame"]
 
-# PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (89,478,485, i.e.
-# 1024**3 // 4 // 3), what folder2lmdb.py and folder2shards.py refused through PIL.
+# PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (1024**3 // 4 // 3).
 MAX_PIXELS = 178_956_970
 # The reasons' first words, shared by the loaders' skip lines and the converters' skipped.tsv.
 TOO_LARGE = "too large to decode safely"
@@ -58,9 +37,8 @@ _LENGTH, _SIZE = struct.Struct(">H"), struct.Struct(">HH")
 
 
 class Refused(ValueError):
-    """The image is refused before decoding; ``str(exc)`` is the one-line reason, starting with
-    :data:`TOO_LARGE` or :data:`DAMAGED`; ``rule`` is ``"pixel limit"`` or ``"frame fits the
-    file"``."""
+    """Refused before decoding: ``str(exc)``, one line, starts with :data:`TOO_LARGE` or
+    :data:`DAMAGED`; ``rule``: ``"pixel limit"`` or ``"frame fits the file"``."""
 
     def __init__(self, reason: str, rule: str):
         super().__init__(reason)
@@ -69,11 +47,9 @@ class Refused(ValueError):
 
 @dataclass(frozen=True)
 class Frame:
-    """What a header says: ``kind`` (e.g. ``"baseline JPEG"``, ``"PNG"``, ``"raw"``, or PIL's
-    format name), ``height`` and ``width`` in pixels, and ``min_bytes``, a lower bound on the
-    bytes of coded data after the header a complete image of that size needs (0: no bound
-    known); ``available``: the bytes of the file after the header (where the coded data must
-    lie)."""
+    """A header's ``kind`` (e.g. ``"baseline JPEG"``), ``height`` and ``width`` in pixels,
+    ``min_bytes`` of coded data a complete image needs (0: unknown), ``available`` after the
+    header."""
 
     kind: str
     height: int
@@ -87,10 +63,8 @@ class Frame:
 
 
 def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
-    """Refuse ``data`` if its header claims more than ``max_pixels`` pixels (0: no limit) or a
-    frame the file is too short to hold; returns the :class:`Frame` read (None where no header
-    parser here reads it: the decoders then decide). Raises :class:`Refused` with the reason.
-    Costs a header parse: about 5-15 us for an ImageNet JPEG on one core, no pixel decoded."""
+    """The :class:`Frame` of ``data`` (None: no parser here reads it), ~5-15 us per JPEG. Raises
+    :class:`Refused` above ``max_pixels`` (0: no limit) or for a frame the file cannot hold."""
     frame = read_frame(data)
     if frame is None:
         return None
@@ -107,9 +81,8 @@ def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
 
 
 def read_frame(data: bytes) -> Frame | None:
-    """The :class:`Frame` of ``data``'s header: JPEG and PNG parsed here (with the coded-data
-    bound), a raw record (:mod:`decode.raw`) from its header, other formats from nvImageCodec's
-    or PIL's header parse (size only); None if none of them reads it."""
+    """The :class:`Frame` of ``data``: JPEG and PNG with the bound, a raw record, else
+    nvImageCodec's or PIL's parse (size only); None if none reads it."""
     if data[:2] == _JPEG_MAGIC:
         frame = _jpeg_frame(data)
         if frame is not None:
@@ -124,8 +97,7 @@ def read_frame(data: bytes) -> Frame | None:
 
 
 def _jpeg_frame(data: bytes) -> Frame | None:
-    """Walk the marker segments to the first SOS as libjpeg does (bytes between segments
-    skipped); None without a frame header before it."""
+    """The frame from the markers before the first SOS, walked as libjpeg does; or None."""
     sof = None
     tables: dict[int, int] = {}  # DHT's class/id byte -> shortest code length in bits
     pos, size, unpack = 2, len(data), _LENGTH.unpack_from
@@ -161,8 +133,7 @@ def _jpeg_frame(data: bytes) -> Frame | None:
 
 
 def _read_tables(data: bytes, at: int, end: int, tables: dict) -> None:
-    """Shortest code length of each Huffman table of the DHT segment ``data[at:end]`` (T.81
-    B.2.4.2): the first of its 16 code-length counts that is not zero."""
+    """Shortest code length of each Huffman table of a DHT segment (T.81 B.2.4.2)."""
     while at + 17 <= end:
         counts = data[at + 1:at + 17]
         tables[data[at]] = 17 - len(counts.lstrip(b"\x00")) if any(counts) else 16
@@ -170,9 +141,8 @@ def _read_tables(data: bytes, at: int, end: int, tables: dict) -> None:
 
 
 def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) -> Frame:
-    """The frame of SOF ``sof`` = ``(marker, segment body)`` and the coded-data bound, given the
-    first scan header ``scan`` and the Huffman tables defined before it (``tables``: by DHT's
-    class/id byte, 0x0N DC table N, 0x1N AC table N)."""
+    """The :class:`Frame` of ``sof`` = ``(marker, body)`` with its bound, from the first scan
+    header and the Huffman ``tables`` (DHT class/id byte: 0x0N DC, 0x1N AC table N)."""
     marker, body = sof
     height, width = _SIZE.unpack_from(body, 1)
     kind = _KINDS.get(marker, "unusual JPEG")
@@ -237,10 +207,7 @@ def _library_frame(data: bytes) -> Frame | None:
 
 
 def limit_pil(max_pixels: int) -> None:
-    """Make PIL's own decompression-bomb limit agree with ``max_pixels`` (0: none), so that PIL,
-    the decoders' last resort, never refuses or warns about an image :func:`check` accepted
-    (PIL warns above ``Image.MAX_IMAGE_PIXELS`` and raises above twice it). Process-wide:
-    workers forked later inherit it."""
+    """Set PIL's decompression-bomb limit to ``max_pixels`` (0: none), process-wide."""
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = max_pixels or None

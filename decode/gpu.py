@@ -1,24 +1,10 @@
-"""Batches of JPEG windows decoded in the training process: nvImageCodec on the GPU (its
-hardware JPEG decoder where the GPU has one, its CUDA decoder otherwise), or the same code on
-nvImageCodec's CPU backend (a machine without a GPU, and the tests), or torchvision's
-``decode_jpeg(device="cuda")`` where nvImageCodec is not installed.
+"""Batches of JPEG windows decoded in the training process (``--decode-device``,
+docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec on the GPU or on its CPU
+backend, or torchvision's ``decode_jpeg(device="cuda")`` without nvImageCodec.
 
-:class:`WindowDecoder` takes a batch of encoded images and one region each (a
-RandomResizedCrop window, or validation's central crop) and returns each region resized to the
-output size, antialiased as the CPU loaders resize (:func:`decode.resize`). nvImageCodec
-decodes only the region (``CodeStream.get_sub_code_stream(region=...)``), the whole batch in
-one call (``Decoder.decode(list, params, cuda_stream)``). A raw-pixel record (``decode.raw``,
-the converters' ``--raw-budget``) is not decoded: its region is cut on the host and copied to
-the device. A region a decoder declines (a CMYK
-or unsupported progressive JPEG, a PNG named ``.JPEG``, corrupt data) is decoded on the CPU
-with the CPU loaders' whole-image decoder (:func:`decode.decode`) and counted; one that nothing
-decodes is reported back to the caller with the exception (the loaders' bad-sample rules).
-
-The hardware decoder's share of each batch is nvImageCodec's ``load_hint`` of the
-``HW_GPU_ONLY`` backend, as DALI's ``hw_decoder_load`` (DALI passes its value to the same
-library). Pixels are as stored (EXIF orientation not applied, ``decode.jpeg_window``'s
-parameters: fancy chroma upsampling, RGB out).
-"""
+nvImageCodec decodes only each region, a batch per call; raw records are cut on the host; what a
+decoder declines goes to :func:`decode.decode` on the CPU. Pixels as stored, fancy upsampling,
+RGB."""
 from __future__ import annotations
 
 import io
@@ -36,8 +22,7 @@ from .resample import resize_in_frame, resize_window
 
 # --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
 KINDS = ("cuda", "cpu-nvimgcodec")
-# DALI 2.4's default hw_decoder_load (fn.decoders.image); loaders.pipelines.dali.environment keeps
-# the per-GPU figures NVIDIA published.
+# DALI 2.4's default hw_decoder_load (fn.decoders.image)
 DEFAULT_HW_LOAD = 0.65
 # What decoders raise for bytes that are not a readable image (as loaders.pipelines.bad_samples).
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
@@ -45,13 +30,10 @@ DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
 @dataclass
 class DecodedWindows:
-    """One batch's outcome: ``images`` ``(N, 3, H, W)`` on the decoder's device (uint8 on the
-    CPU, float32 0-255 on CUDA: resized from the decoded uint8 without rounding), in the
-    order given; ``fallback``: positions decoded on the CPU because the batch decoder declined
-    them; ``failed``: ``(position, exception)`` of those nothing decoded (their rows are
-    zeros); ``warnings``: ``(position, lines)`` of those decoded while a native decoder printed
-    a warning about their data (libjpeg's ``Corrupt JPEG data: ...``, caught:
-    :mod:`decode.messages`)."""
+    """One batch's ``images``, ``(N, 3, H, W)`` on the decoder's device in the order given (uint8
+    on the CPU, unrounded float32 0-255 on CUDA); ``fallback``: positions decoded on the CPU;
+    ``failed``: ``(position, exception)``, rows of zeros; ``warnings``: ``(position, lines)`` a
+    native decoder printed (:mod:`decode.messages`)."""
 
     images: torch.Tensor
     fallback: list[int] = field(default_factory=list)
@@ -60,18 +42,11 @@ class DecodedWindows:
 
 
 class WindowDecoder:
-    """Decodes a batch's regions and resizes each to ``size`` px on ``device``.
-
-    ``kind``: ``"cuda"`` (nvImageCodec's ``HW_GPU_ONLY`` backend with ``hw_load`` of each
-    batch, default :data:`DEFAULT_HW_LOAD`, and its ``GPU_ONLY`` CUDA backend for the rest
-    and where the GPU has no hardware decoder; torchvision's ``decode_jpeg(device="cuda")``
-    without nvImageCodec) or ``"cpu-nvimgcodec"`` (nvImageCodec's ``CPU_ONLY`` backend with
-    ``threads`` threads; ``device`` must be the CPU). ``library``: nvImageCodec's module to use
-    (default: :func:`decode.jpeg_window.library`; None forces torchvision on CUDA).
-
-    Raises ``ValueError`` for an unknown kind and ``RuntimeError`` for the CPU kind without
-    nvImageCodec (one line: why it is not usable).
-    """
+    """Decodes a batch's regions and resizes each to ``size`` on ``device``. ``kind``: ``"cuda"``
+    (nvImageCodec's hardware decoder at ``hw_load``, then CUDA; torchvision without nvImageCodec)
+    or ``"cpu-nvimgcodec"`` (``threads`` threads). ``library``: nvImageCodec's module (None:
+    torchvision). Raises ``ValueError`` for an unknown kind, ``RuntimeError`` for the CPU kind
+    without nvImageCodec."""
 
     def __init__(self, kind: str, device: torch.device, hw_load: float | None = None,
                  threads: int = 1, library: object = "default"):
@@ -106,9 +81,8 @@ class WindowDecoder:
         return decoder, params
 
     def status(self) -> str:
-        """One line for the run's first lines: which decoder and backends decode, e.g.
-        ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG decoder where present,
-        load 0.65, then CUDA)"``."""
+        """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
+        decoder where present, load 0.65, then CUDA)"``."""
         if self.n is None:
             return (f"batch windows: torchvision decode_jpeg on {self.device} (whole JPEGs, "
                     "then the window)")
@@ -117,21 +91,17 @@ class WindowDecoder:
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0,
                frames: Sequence | None = None, seconds: dict | None = None) -> DecodedWindows:
-        """``regions[i]`` = ``(top, left, height, width)`` in whole pixels of ``datas[i]``'s
-        stored image (encoded bytes, or a uint8 NumPy array of them), resized to ``size`` =
-        ``(height, width)``; see :class:`DecodedWindows`. ``stream``: the CUDA stream handle
-        the GPU work is ordered on (``torch.cuda.Stream.cuda_stream``; 0: the default).
-        ``frames[i]``, if given, resamples region ``i`` as part of a whole-image resize and
-        crop instead (:func:`resize_in_frame`: validation's resize-then-crop pixels).
-        ``seconds``, if given, gets the host's wall seconds of the call less the resizes
-        (``"decode"``) and of the resizes (``"resize"``); on CUDA the kernels they launch run
-        later on ``stream``."""
+        """``regions[i]`` = ``(top, left, height, width)`` in pixels of ``datas[i]`` (encoded bytes
+        or a uint8 NumPy array of them), resized to ``size`` = ``(height, width)``: a
+        :class:`DecodedWindows`. ``stream``: the CUDA stream handle to order GPU work on (0:
+        default). ``frames[i]``: resample region ``i`` as part of a whole-image resize and crop
+        (:func:`resize_in_frame`). ``seconds``: gets the host's wall seconds of the decode
+        (``"decode"``) and of the resizes (``"resize"``); CUDA kernels run later on ``stream``."""
         started = time.perf_counter() if seconds is not None else 0.0
         resized = 0.0
         count = len(datas)
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
-        # raw-pixel records (decode.raw, --raw-budget stores): cut on the host, no decode
         is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
         crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
         rest = [i for i, kind in enumerate(is_raw) if not kind]
@@ -164,8 +134,7 @@ class WindowDecoder:
         return out
 
     def _raw(self, data, region) -> torch.Tensor | None:
-        """A raw record's region, ``(3, h, w)`` uint8 on the device; None where the record is
-        malformed or the region leaves it (the CPU fallback then says why)."""
+        """A raw record's region, uint8 ``(3, h, w)`` on the device, or None."""
         blob = bytes(data)
         header = raw.raw_header(blob)
         if header is None or region[0] + region[2] > header.height \
@@ -174,15 +143,13 @@ class WindowDecoder:
         return to_device(raw.raw_crop(blob, region, header), self.device)
 
     def _nvimgcodec(self, datas, regions, stream: int):
-        """Each region decoded by the batch decoder, ``(3, h, w)`` uint8 on the device, or None
-        where it declined (or the header did not parse); and ``(position, lines)`` of those
-        a native decoder warned about (:meth:`_warned`)."""
+        """Each region, uint8 ``(3, h, w)`` on the device or None where declined, and ``(position,
+        lines)`` of those a native decoder warned about."""
         n, streams, where = self.n, [], []
         for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
             try:
                 whole = n.CodeStream(data)
-                # the CPU loaders' rule (decode.jpeg_size): 1- or 3-component JPEGs only; CMYK
-                # and other formats go to the CPU fallback
+                # the CPU loaders' rule (decode.jpeg_size); the rest go to the CPU fallback
                 if whole.codec_name != "jpeg" or whole.num_channels not in (1, 3):
                     continue
                 region = n.Region(top, left, top + height, left + width)
@@ -201,8 +168,7 @@ class WindowDecoder:
         return crops, self._warned(streams, where, stream) if caught.lines else []
 
     def _warned(self, streams, where: list[int], stream: int) -> list[tuple[int, list[str]]]:
-        """``(position, lines)`` of the images of a batch whose decode made a native decoder
-        print: each decoded once more on its own (only after a batch that printed)."""
+        """``(position, lines)`` of the images that printed, each decoded alone."""
         found = []
         for i, code_stream in zip(where, streams):
             with capture() as caught:
@@ -222,10 +188,8 @@ class WindowDecoder:
         return pixels.permute(2, 0, 1)
 
     def _torchvision(self, datas, regions):
-        """torchvision's nvJPEG decode of whole JPEGs on the GPU, then each window; None for
-        what it refuses and for what is not a 1- or 3-component JPEG by PIL's reading of its
-        headers (CMYK, PNG, ...: the CPU loaders' rule, as for nvImageCodec), which the caller
-        decodes on the CPU; no warnings (nvJPEG prints none), as :meth:`_nvimgcodec`."""
+        """torchvision's nvJPEG decode of whole JPEGs, then each window; None for what it refuses
+        and what PIL finds no 1- or 3-component JPEG. nvJPEG prints nothing."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
@@ -253,8 +217,7 @@ class WindowDecoder:
         return crops, []
 
     def _on_cpu(self, data, region) -> torch.Tensor:
-        """The CPU loaders' whole-image decode (:func:`decode.decode`'s cascade), cropped, on
-        the device. Raises what it raises for bytes that are not an image."""
+        """:func:`decode.decode`'s whole image, cropped, on the device. Raises what it raises."""
         from . import decode as whole_decode
 
         image = whole_decode(bytes(data))
@@ -265,11 +228,8 @@ class WindowDecoder:
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """CPU ``tensor`` on ``device``, same shape, dtype and values. On CUDA copied into
-    page-locked memory (keeping its strides where dense: one host copy) and from there to the
-    device without blocking, ordered on the current stream: a copy from pageable memory blocks
-    the host until it is done (CUDA stages it), once per batch or raw record in the decode
-    thread. Torch's page-locked allocator keeps the host block until that copy has run."""
+    """CPU ``tensor`` on ``device``; to CUDA through page-locked memory without blocking, on the
+    current stream (a pageable copy would block the decode thread)."""
     if torch.device(device).type != "cuda":
         return tensor.to(device)
     pinned = torch.empty_like(tensor, pin_memory=True)
@@ -278,7 +238,7 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _plain_jpeg(data) -> bool:
-    """Whether ``data`` is a JPEG PIL reads as grayscale or RGB (headers only, about 20 us)."""
+    """Whether PIL reads ``data`` as a grayscale or RGB JPEG (headers only, ~20 us)."""
     from PIL import Image
 
     try:
@@ -295,16 +255,15 @@ def _crop(image: torch.Tensor, region) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class CudaChoice:
-    """Which GPU decoder decodes windows into device memory on ``device``: ``library``
-    ``"nvimgcodec"``, ``"torchvision"`` or None (none does: every window would go to the CPU
-    fallback); ``problems``: why each decoder tried before did not, one phrase each."""
+    """The GPU decoder that decodes into ``device``'s memory (``library``: ``"nvimgcodec"``,
+    ``"torchvision"`` or None) and why each one tried before did not."""
 
     device: str
     library: str | None
     problems: tuple[str, ...] = ()
 
     def line(self, hw_load: float | None = None) -> str:
-        """The run's ``batch windows:`` line for this choice (its first lines)."""
+        """The run's ``batch windows:`` start-up line for this choice."""
         device = torch.device(self.device)
         if self.library == "nvimgcodec":
             return status_line("cuda", device, hw_load)
@@ -319,7 +278,7 @@ _CHOICES: dict[tuple[str, float | None], CudaChoice] = {}
 
 
 def probe_jpeg() -> bytes:
-    """A 64 x 48 baseline 4:2:0 JPEG (what nvJPEG's CUDA and hardware decoders both take)."""
+    """A 64 x 48 baseline 4:2:0 JPEG, which nvJPEG's CUDA and hardware decoders both take."""
     from PIL import Image
 
     buffer = io.BytesIO()
@@ -328,9 +287,7 @@ def probe_jpeg() -> bytes:
 
 
 def device_decode_problem(decoder: "WindowDecoder") -> str | None:
-    """Why ``decoder`` does not decode a window of :func:`probe_jpeg` into GPU memory, in one
-    phrase, or None when it does (its batch decoder returned device memory, no CPU fallback).
-    A decode that raises is reported, not raised."""
+    """Why ``decoder`` does not decode a probe window into GPU memory, or None; never raises."""
     before = decoder.on_device
     try:
         out = decoder.decode([probe_jpeg()], [(8, 8, 32, 48)], (16, 16))
@@ -344,11 +301,9 @@ def device_decode_problem(decoder: "WindowDecoder") -> str | None:
 
 
 def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice:
-    """The first of nvImageCodec (where installed) and torchvision's ``decode_jpeg`` that
-    decodes a probe window into ``device``'s memory (:func:`device_decode_problem`), once per
-    process for each (device, ``hw_load``): the run's first line and its loaders agree. nvJPEG
-    comes from the ``nvidia-nvjpeg`` wheel (:func:`nvjpeg_pip_package`); without it both
-    decline. Never raises for a decoder that cannot be made or run: its problem is listed."""
+    """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
+    memory, cached per process, device and ``hw_load`` (the start-up line and the loaders agree).
+    Both need the nvJPEG wheel (:func:`nvjpeg_pip_package`). Never raises."""
     key = (str(device), hw_load)
     if key in _CHOICES:
         return _CHOICES[key]
@@ -375,18 +330,15 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
 
 
 def nvjpeg_pip_package(cuda_version: str | None) -> str:
-    """The pip wheel that brings ``libnvjpeg`` for torch's CUDA ``cuda_version`` ("13.0" ->
-    ``nvidia-nvjpeg``, "12.8" -> ``nvidia-nvjpeg-cu12``; None -> CUDA 13's). nvImageCodec's
-    wheel declares it only as an optional extra and torch's CUDA wheels do not carry it, so
-    without it every nvImageCodec GPU decode (and DALI's mixed decode) declines. CUDA 13's
-    wheel has no suffix: ``nvidia-nvjpeg-cu13`` is a deprecated placeholder on PyPI."""
+    """The pip wheel with ``libnvjpeg`` for torch's CUDA ``cuda_version`` ("12.8" ->
+    ``nvidia-nvjpeg-cu12``; 13 and None -> ``nvidia-nvjpeg``, ``-cu13`` being a deprecated
+    placeholder); neither nvImageCodec's nor torch's wheels carry it."""
     major = (cuda_version or "13").split(".")[0]
     return "nvidia-nvjpeg" if int(major) >= 13 else f"nvidia-nvjpeg-cu{major}"
 
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
-    """What :meth:`WindowDecoder.status` will say for ``kind`` on ``device``, without making a
-    decoder (the run's first line is printed before the loaders are built)."""
+    """What :meth:`WindowDecoder.status` will say, without making a decoder."""
     library = jpeg_window.library()
     if library is None:
         if kind != "cuda":

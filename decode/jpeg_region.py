@@ -1,27 +1,12 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1, 1/2, 1/4 or 1/8: our C.
+"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8: our C, ``decode/_jpegcrop.c``
+(built by ``make install``; needs libjpeg-turbo's headers), through ctypes
+(docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decode_jpegcropc).
 
-``decode/_jpegcrop.c``, built by ``make install`` into ``decode/_jpegcrop.so`` (it needs a C
-compiler and the libjpeg-turbo headers: Debian's ``libjpeg-dev``, which Pillow-SIMD's build
-needs too), called through ctypes. It is the only decoder here that both crops and scales:
-libjpeg-turbo's partial decompression (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``) at
-``scale_denom`` k. A RandomResizedCrop window at least twice the output then costs the entropy
-decoding of the rows down to its last one plus the inverse DCT, upsampling and colour
-conversion of the window alone, at 1/k^2 of its pixels: 13-14% less than PIL's ``draft`` of
-the whole image on the real sample (``decode.jpeg_scaled`` uses it for those windows only;
-nvImageCodec keeps the others, within 10% of this). Measured side by side:
-docs/ffcv-and-decode.md ("Crop and scale in one decode").
-
-Pixels: those of the whole image decoded at the same scale (the C decodes a few pixels more on
-each side and drops them, so libjpeg's chroma upsampling has its neighbours), i.e. at 1/1 those
-of a whole decode with libjpeg-turbo's accurate integer IDCT.
-
-Callers get ``None``, and take the library path (PIL's ``draft``, or a whole decode), where
-the library is not built (a wheel-only install), where ``IMAGENET_FAST_FULL_DECODE=1`` is set,
-where the bytes are not a 1- or 3-component JPEG, or where libjpeg reports any error or
-corrupt-data warning (a warning is printed to stderr first, as libjpeg prints it, for
-:mod:`decode.messages` to catch): the loaders' whole-image decoder then refuses the file or not
-exactly as before. :func:`status` says which, in one line.
-"""
+It crops and scales in one decode (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``,
+``scale_denom``), with a margin so chroma upsampling has its neighbours: the pixels of the whole
+image at that scale. Callers get None where it is not built, under ``IMAGENET_FAST_FULL_DECODE=1``,
+for anything but a 1- or 3-component JPEG, or when libjpeg reports an error or a corrupt-data
+warning (printed to stderr for :mod:`decode.messages`)."""
 from __future__ import annotations
 
 import ctypes
@@ -55,7 +40,7 @@ _load = _library.get
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turn the C decoder on (if built) or off in this process, e.g. to compare both."""
+    """Turn the C decoder on (if built) or off in this process."""
     _library.set_enabled(enabled)
 
 
@@ -65,16 +50,14 @@ def available() -> bool:
 
 
 def status() -> str:
-    """One line for the start-up log: ``"crop + scale: libjpeg-turbo (decode/_jpegcrop.so)"``
-    or ``"crop + scale: off (decode/_jpegcrop.so not built (make install builds it))"``."""
+    """One start-up log line: ``"crop + scale: libjpeg-turbo (...)"`` or ``"...: off (why)"``."""
     if _load() is None:
         return f"crop + scale: off ({_library.reason})"
     return "crop + scale: libjpeg-turbo (decode/_jpegcrop.so)"
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` in pixels of a 1- or 3-component JPEG from its header; None for
-    anything else, a header libjpeg warns about, or if the C decoder is off."""
+    """``(height, width)`` of a 1- or 3-component JPEG from its header; else None."""
     lib = _load()
     if lib is None or data[:3] != _JPEG_MAGIC:
         return None
@@ -88,11 +71,9 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
                   width: int) -> np.ndarray | None:
-    """RGB pixels of rows ``top..top+height`` and columns ``left..left+width`` of the JPEG
-    decoded at ``1/denom`` (``denom`` in 1, 2, 4, 8; the scaled image is
-    ``ceil(H/denom) x ceil(W/denom)`` and coordinates are its pixels): uint8
-    ``(height, width, 3)``. ``None`` if the C decoder is off, the region is not inside the
-    scaled image, or libjpeg reports an error or a corrupt-data warning."""
+    """uint8 RGB ``(height, width, 3)`` at ``top``, ``left`` of the JPEG decoded at ``1/denom`` (1,
+    2, 4, 8; pixels of the ``ceil(H/denom) x ceil(W/denom)`` image). None if off, outside, or
+    libjpeg reports an error or corrupt-data warning."""
     lib = _load()
     if lib is None or data[:3] != _JPEG_MAGIC or height < 1 or width < 1:
         return None

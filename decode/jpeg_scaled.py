@@ -1,33 +1,13 @@
-"""Decode a JPEG at the scale its output needs: libjpeg-turbo's DCT scaling, cropped where built.
+"""Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8, where the window is at least
+twice the output (:func:`scale_factor`; docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale).
 
-libjpeg-turbo can run its inverse DCT on the 4x4, 2x2 or 1x1 low-frequency coefficients of each
-8x8 block, giving the image at 1/2, 1/4 or 1/8 of its size directly (``scale_denom``): the
-inverse DCT, chroma upsampling and colour conversion then touch 1/4, 1/16 or 1/64 of the pixels
-(the entropy decoding of every block stays). PIL exposes it as ``Image.draft`` (its decoder keeps
-libjpeg's accurate integer IDCT and fancy upsampling: ``decoderconfig`` draft flag 0); where
-``make install`` built it, ``decode.jpeg_region`` decodes only the window's region at that scale
-(the same pixels, without the IDCT of the rest or the rows below). PIL's
-``resize`` takes a fractional source box, so the RandomResizedCrop window, or validation's
-resize-then-center-crop, is resampled from the scaled image at the exact geometry of a full
-decode (box in scaled pixels = box in pixels / factor; pixel ``i`` of a 1/k decode covers pixels
-``k*i .. k*i+k-1``). The resampling is PIL's antialiased bilinear filter, the one
-``torch.nn.functional.interpolate(antialias=True)`` (:func:`decode.resize`) reimplements.
-
-Used only where the window is at least twice the output on both sides (:func:`scale_factor`);
-below that the loaders decode just the window (``decode.jpeg_window``) or the whole image.
-Measured side by side on the real sample, one thread (``benchmarks/profile_scaled_decode.py``;
-``docs/ffcv-and-decode.md``): the region decode takes 13-14% less than PIL's ``draft`` per
-scaled window (1.322 vs 1.512 ms at 160 px); ``draft`` beat simplejpeg's and PyTurboJPEG's
-scaled decodes (which need a new dependency, and crop and resize in torch at integer pixels),
-and nvImageCodec 0.9 has no scaled decode. The pixels differ from a full decode + resize by a
-bounded amount (the scaled IDCT is a DCT-domain low-pass, not the bilinear filter's triangle):
-on the sample, mean absolute difference under 1 level, the same on every run (no randomness, no
-threads).
-
-Callers get ``None``, and decode as before, where the bytes are not a JPEG PIL reads as RGB or
-grayscale, where the decode fails or is incomplete (truncated: PIL raises), or where scaled
-decoding is off (``IMAGENET_FAST_FULL_DECODE=1``, or :func:`set_enabled`).
-"""
+The scaled IDCT touches 1/4-1/64 of the pixels. Decoded by :mod:`decode.jpeg_region` (the region
+only) where built, else PIL's ``Image.draft``; PIL's ``resize`` with a fractional box then
+resamples the window at a full decode's geometry (pixel ``i`` at 1/k covers ``k*i .. k*i+k-1``)
+with the antialiased filter :func:`decode.resize` reimplements. The pixels differ from a full
+decode's by a bounded, deterministic amount (under 1 level on average). Callers get None, and
+decode otherwise, for anything but a JPEG PIL reads as RGB or grayscale, an incomplete decode, or
+scaled decoding off (``IMAGENET_FAST_FULL_DECODE=1``)."""
 from __future__ import annotations
 
 import io
@@ -45,7 +25,7 @@ _enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turn scaled decoding on or off in this process (e.g. to compare both)."""
+    """Turn scaled decoding on or off in this process."""
     global _enabled
     _enabled = bool(enabled)
 
@@ -66,8 +46,7 @@ def _pil_filter(resample: str):
 
 
 def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
-    """The largest of 8, 4, 2 such that a ``height x width`` window (pixels) decoded at 1/k is
-    still at least ``out_height x out_width``; 1 if none (or scaled decoding is off)."""
+    """Largest k of 8, 4, 2 keeping the window at 1/k at least the output; else 1."""
     if not _enabled:
         return 1
     for k in _FACTORS:
@@ -78,14 +57,11 @@ def scale_factor(height: int, width: int, out_height: int, out_width: int) -> in
 
 def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
                    size: tuple[int, int], resample: str = "bilinear") -> torch.Tensor | None:
-    """The window ``box`` = ``(top, left, bottom, right)`` (pixels of the full image, may be
-    fractional) of JPEG ``data`` resampled to ``size`` = ``(height, width)``: uint8
-    ``(3, height, width)``, channels-last. The JPEG is decoded at ``1/factor`` (1, 2, 4 or 8)
-    and the box resampled from there with PIL's antialiased bilinear filter (``resample``
-    ``"bicubic"``: its bicubic one, ``--interpolation bicubic``): only the box's
-    region through ``decode.jpeg_region`` where built, else the whole image through PIL's
-    ``draft`` (the same pixels within 1 level). ``None`` if the bytes are not an RGB or
-    grayscale JPEG that decodes completely."""
+    """The window ``box`` = ``(top, left, bottom, right)`` (full-image pixels, may be fractional)
+    of JPEG ``data`` at ``size``: uint8 ``(3, h, w)``, channels-last, decoded at ``1/factor`` and
+    resampled by PIL's antialiased ``resample`` filter (:func:`region_resized`, else
+    :func:`draft_resized`: within 1 level). None unless an RGB or grayscale JPEG decodes
+    completely."""
     out = region_resized(data, factor, box, size, resample)
     if out is None:
         out = draft_resized(data, factor, box, size, resample)
@@ -94,10 +70,9 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
 
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                    size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
-    """:func:`resized_window` through ``decode.jpeg_region`` as uint8 ``(height, width, 3)``, or
-    ``None`` where it is not built or declines: the box's region at 1/factor plus the
-    filter's reach (PIL's support is the downscale ratio in scaled pixels, twice that for
-    bicubic) on every side, so PIL resamples the same pixels as from the whole scaled image."""
+    """:func:`resized_window` through :mod:`decode.jpeg_region`: uint8 ``(h, w, 3)``, or None. The
+    box is decoded with the filter's reach around it (PIL's support), so PIL resamples the pixels
+    of the whole scaled image."""
     from PIL import Image
 
     shape = jpeg_region.jpeg_size(data)
@@ -120,8 +95,7 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
 
 def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                   size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
-    """:func:`resized_window` through PIL as uint8 ``(height, width, 3)``, or ``None``: the
-    whole image decoded at 1/factor by ``draft``."""
+    """:func:`resized_window` through PIL's ``draft``: uint8 ``(h, w, 3)`` or None."""
     from PIL import Image
 
     try:

@@ -1,22 +1,8 @@
-"""Decode just the RandomResizedCrop window of a JPEG: nvImageCodec's CPU backend.
-
-nvImageCodec (``nvidia-nvimgcodec-cu13``/``-cu12``, the wheel NVIDIA DALI installs) decodes a
-region of interest with libjpeg-turbo's partial decompression: rows below the window are never
-decoded and those above are skipped, so a training crop costs well under a whole decode.
-Measured on the real ImageNet sample, one thread (``benchmarks/profile_decoders.py``,
-docs/performance.md): 0.762 ms CPU per RandomResizedCrop window against 0.734 ms for the first
-version of our C (+4%, median of 9 interleaved rounds) and 0.985 ms for a whole decode; its
-pixels equal a whole decode's crop (that C's differed by up to 12 levels at the window's edges,
-where libjpeg's cropped chroma upsampling lacks neighbours). Today's C,
-``decode/_jpegcrop.c`` (``decode.jpeg_region``), decodes a margin around its region for exact
-pixels and serves the windows at least twice the output, at libjpeg-turbo's DCT scale
-(``decode.jpeg_scaled``); at 1/1 it is within 10% of this decoder, which keeps those windows.
-
-Callers get ``None``, and decode the whole image instead, where nvImageCodec is not installed,
-where the bytes are not a 1- or 3-component JPEG (CMYK, PNG inside ``.JPEG``, ...), where the
-window does not decode completely (truncated or corrupt data), or where
-``IMAGENET_FAST_FULL_DECODE=1`` is set. :func:`status` says which, in one line.
-"""
+"""Decode just the RandomResizedCrop window of a JPEG: nvImageCodec's CPU backend (libjpeg-turbo's
+partial decompression; rows below the window never decoded), the pixels of a whole decode's crop
+(docs/performance.md#image-decoders). Callers get None, and decode the whole image, without
+nvImageCodec, for anything but a 1- or 3-component JPEG, for a window that does not decode
+completely, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
 from __future__ import annotations
 
 import importlib
@@ -29,8 +15,7 @@ import torch
 from ._optional import OptionalLibrary
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-# Without this, nvImageCodec prints two coloured lines to stderr for every JPEG it cannot
-# decode; the loaders then decode the whole image and report the sample themselves.
+# else two lines per JPEG it declines; the loaders report such samples themselves
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 
 _local = threading.local()  # one Decoder per thread and process (see _decoder)
@@ -48,10 +33,8 @@ _load = _library.get
 
 
 def _decoder():
-    """``(decoder, params)`` of this thread in this process: a CPU-only nvImageCodec Decoder
-    with one thread (the caller's share of the cores; DataLoader runs one per worker), fancy
-    chroma upsampling (libjpeg's default, as every whole-image decoder here), EXIF orientation
-    not applied, RGB out. Made after a fork in the child, never inherited."""
+    """``(decoder, params)`` of this thread and process: nvImageCodec CPU-only, one thread (one per
+    DataLoader worker), fancy upsampling, RGB; made anew after a fork."""
     key = os.getpid()
     if getattr(_local, "pid", None) != key:
         n = _library.get()
@@ -65,13 +48,12 @@ def _decoder():
 
 
 def library():
-    """nvImageCodec's module where window decoding is installed and enabled in this process,
-    else None (for its header parser, ``decode.image_size``)."""
+    """nvImageCodec's module where window decoding is on in this process, else None."""
     return _load()
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turn window decoding on (if installed) or off in this process, e.g. to compare both."""
+    """Turn window decoding on (if installed) or off in this process."""
     _library.set_enabled(enabled)
 
 
@@ -81,9 +63,7 @@ def available() -> bool:
 
 
 def status() -> str:
-    """One line for the start-up log, e.g. ``"crop windows: nvImageCodec 0.9.0 (CPU,
-    libjpeg-turbo partial decompression)"`` or ``"crop windows: whole JPEGs decoded
-    (nvImageCodec not usable (ModuleNotFoundError: ...))"``."""
+    """One start-up log line: ``"crop windows: nvImageCodec 0.9.0 (...)"`` or why not."""
     module = _load()
     if module is None:
         return f"crop windows: whole JPEGs decoded ({_library.reason})"
@@ -92,8 +72,7 @@ def status() -> str:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` in pixels of a 1- or 3-component JPEG whose window can be decoded,
-    from its header; None for anything else (or if window decoding is off)."""
+    """``(height, width)`` of a JPEG whose window decodes here, else None."""
     module = _load()
     if module is None or data[:3] != _JPEG_MAGIC:
         return None
@@ -107,10 +86,8 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor | None:
-    """RGB pixels of rows ``top..top+height`` and columns ``left..left+width`` (pixels, inside
-    the image) of a JPEG: uint8 ``(3, height, width)``, a channels-last view. ``None`` if window
-    decoding is off or the window does not decode completely (the caller then decodes the whole
-    image, which reports the error)."""
+    """uint8 RGB ``(3, height, width)`` (a channels-last view) at ``top``, ``left`` of a JPEG; None
+    if off or incomplete (the caller's whole decode reports the error)."""
     module = _load()
     if module is None:
         return None

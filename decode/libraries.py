@@ -1,26 +1,11 @@
-"""The one place that picks the image decoders for the loaders, the image checks and benchmarks.
+"""The whole-image decoder library of the process (docs/loaders.md#image-decoders), chosen once:
+TorchCodec (``torchcodec.decoders`` >= 0.16) where it decodes a probe JPEG, else torchvision.io
+(deprecated in 0.29), else PIL; ``IMAGENET_FAST_DECODER`` (``torchcodec``, ``torchvision``,
+``PIL``) forces one. All give identical pixels.
 
-Whole images: TorchCodec's CPU decoders (``torchcodec.decoders``, >= 0.16: JPEG through its own
-libjpeg-turbo, PNG, WebP, GIF, AVIF; images need no FFmpeg, the wheel bundles these libraries)
-where it imports and decodes a probe JPEG, else torchvision.io's (deprecated since torchvision
-0.29, kept for environments without TorchCodec: NGC images, older torch), else PIL.
-``IMAGENET_FAST_DECODER=torchcodec|torchvision|PIL`` forces one. Measured on the real sample,
-one thread (``benchmarks/profile_decoders.py``, docs/performance.md): TorchCodec 0.983 and
-torchvision 0.978 ms CPU per JPEG (median of 9 interleaved rounds; which is ahead changes from
-run to run), PIL 1.241 ms, all to identical pixels; TorchCodec is the default because
-torchvision's decoders are deprecated and will be removed.
-
-Pixels are as stored: torchvision, PIL, DALI (``adjust_orientation=False``) and the crop-window
-decoder (``decode.jpeg_window``) ignore EXIF orientation, TorchCodec always applies it. So the
-APP1 (EXIF/XMP) segments of a JPEG and the eXIf chunks of a PNG are cut from the bytes handed to
-TorchCodec (decoding ignores both, so pixels do not change); WebP, AVIF and HEIC files with an
-EXIF orientation still come out oriented under TorchCodec (ImageNet has none).
-
-Crop windows of JPEGs (RandomResizedCrop) are decoded by ``decode.jpeg_window`` and
-``decode.jpeg_scaled``; the cascade over all of them is the ``decode`` package's. The converters'
-checks use :func:`decode_jpeg_luma`, the same library's luma-only decode, which refuses the same
-bytes.
-"""
+TorchCodec always applies EXIF orientation, so a JPEG's APP1 segments and a PNG's eXIf chunks are
+cut from the bytes it gets; WebP, AVIF and HEIC still come out oriented under it (ImageNet has
+none)."""
 from __future__ import annotations
 
 import io
@@ -44,9 +29,8 @@ _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of Tor
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library: ``jpeg`` / ``image`` map a 1-D uint8 tensor of encoded bytes to RGB,
-    ``luma`` a JPEG's to its luma plane (see :func:`decode_jpeg_luma`); ``prepare`` maps the
-    encoded bytes to those handed over."""
+    """A decoder library: ``jpeg``, ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes;
+    ``prepare`` maps the bytes handed over."""
 
     key: str  # "torchcodec", "torchvision" or "PIL"
     name: str  # with its version, for the log
@@ -75,8 +59,7 @@ def _torchvision() -> _Backend:
 
     def quiet(decode, mode=ImageReadMode.RGB):
         def call(t: torch.Tensor) -> torch.Tensor:
-            # torchvision 0.29 warns on every call; here it is the chosen fallback, and the
-            # warning would repeat for every image (scoped: other warnings still show).
+            # torchvision 0.29's deprecation warning, on every image; other warnings still show
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
                 return decode(t, mode=mode)
@@ -85,10 +68,7 @@ def _torchvision() -> _Backend:
     any_image = quiet(decode_image)
 
     def image(t: torch.Tensor) -> torch.Tensor:
-        # torchvision 0.29's PNG decoder kills the process (SIGSEGV) when libpng reports an
-        # error (a bad CRC, a corrupt IDAT: found by tests/decode/test_fuzz.py): the chunks'
-        # CRCs are checked here and PIL decodes the PNG first, raising instead (PIL does not
-        # check IDAT's CRC). The pixels stay torchvision's.
+        # torchvision 0.29's PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
         data = bytes(t.numpy())
         if data[:8] == _PNG_MAGIC:
             _check_png_chunks(data)
@@ -100,8 +80,7 @@ def _torchvision() -> _Backend:
 
 
 def _check_png_chunks(data: bytes) -> None:
-    """Raise ``RuntimeError`` (one line) unless every chunk of the PNG ``data`` up to IEND is
-    whole and its CRC-32 (ISO 3309, over type and data) matches, as libpng requires."""
+    """Raise ``RuntimeError`` unless every PNG chunk up to IEND is whole with a right CRC-32."""
     import zlib
 
     pos = 8
@@ -120,8 +99,7 @@ def _check_png_chunks(data: bytes) -> None:
 
 
 def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
-    """PIL's decode of the encoded bytes in ``t``: RGB (or with ``luma`` the luma plane) uint8
-    ``(C, H, W)``. Raises ``RuntimeError`` (one line) for bytes PIL does not decode."""
+    """PIL's uint8 ``(3, H, W)`` RGB (``luma``: ``(1, H, W)``); raises ``RuntimeError``."""
     from PIL import Image
 
     try:
@@ -138,10 +116,7 @@ def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
 
 
 def pil_errors() -> tuple[type[BaseException], ...]:
-    """What PIL raises for bytes it does not decode: ``OSError`` (``UnidentifiedImageError``,
-    truncated data), ``SyntaxError`` (a broken PNG chunk), ``ValueError``, ``EOFError``,
-    ``IndexError``, ``struct.error`` and its ``DecompressionBombError`` (found on damaged
-    images by tests/decode/test_fuzz.py)."""
+    """What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)."""
     import struct
 
     from PIL import Image
@@ -169,8 +144,7 @@ def _version(dist: str) -> str:
 
 
 def _load(key: str) -> _Backend:
-    """Import backend ``key`` and decode an 8 x 8 JPEG made by PIL with it; raises whatever
-    stops it (ImportError, OSError for a wheel built for another torch, RuntimeError)."""
+    """Backend ``key`` once it decoded a probe JPEG; raises whatever stops it."""
     from PIL import Image
 
     backend = _FACTORIES[key]()
@@ -183,8 +157,7 @@ def _load(key: str) -> _Backend:
 
 
 def _current() -> _Backend | None:
-    """The chosen backend: ``$IMAGENET_FAST_DECODER`` if set and usable, else the first of
-    TorchCodec, torchvision, PIL that loads (chosen once per process)."""
+    """The backend, chosen on first call: ``$IMAGENET_FAST_DECODER``'s, else the first usable."""
     global _backend
     if _backend is None:
         forced = os.environ.get(ENV_VAR, "").strip()
@@ -203,8 +176,7 @@ def _current() -> _Backend | None:
 
 
 def backends() -> list[str]:
-    """Keys of the decoder libraries usable in this process, e.g. ``["torchcodec",
-    "torchvision", "PIL"]`` (each loaded and probed; for tests and benchmarks)."""
+    """Keys of the decoder libraries usable in this process, each probed."""
     usable = []
     for key in _FACTORIES:
         try:
@@ -216,9 +188,8 @@ def backends() -> list[str]:
 
 
 def use(key: str) -> str:
-    """Switch this process to backend ``key`` (``"torchcodec"``, ``"torchvision"``, ``"PIL"``);
-    returns the previous key. Raises ``ValueError`` if unknown, ``RuntimeError`` if not usable
-    here. DataLoader workers started later by fork inherit it; spawned ones do not."""
+    """Switch this process to backend ``key`` and return the previous key (forked workers inherit
+    it). Raises ``ValueError`` if unknown, ``RuntimeError`` if not usable."""
     global _backend
     if key not in _FACTORIES:
         raise ValueError(f"unknown decoder {key!r} (choose from {', '.join(_FACTORIES)})")
@@ -231,15 +202,13 @@ def use(key: str) -> str:
 
 
 def decoder_key() -> str:
-    """``"torchcodec"``, ``"torchvision"`` or ``"PIL"``: the whole-image decoder in use."""
+    """``"torchcodec"``, ``"torchvision"``, ``"PIL"`` or ``"none"``: the decoder in use."""
     backend = _current()
     return backend.key if backend is not None else "none"
 
 
 def decoder_name() -> str:
-    """One phrase for the start-up log: the whole-image decoder, and why any preferred to it
-    was passed over, e.g. ``"TorchCodec 0.17.0"`` or ``"torchvision 0.29.2 (torchcodec: No
-    module named 'torchcodec')"``."""
+    """The whole-image decoder for the log, with why preferred ones were passed over."""
     backend = _current()
     passed = [f"{key}: {why}" for key, why in _skipped.items()
               if backend is None or key != backend.key]
@@ -264,9 +233,7 @@ def _as_bytes(data) -> bytes:
 
 
 def _uint8_frame(image: torch.Tensor) -> torch.Tensor:
-    """uint8 ``(C, H, W)`` (3 channels, or 1 for luma) from a decoder's output: the first
-    frame of an animation, 16-bit samples scaled to 8 bits (``round(v / 257)``, as TorchCodec
-    does)."""
+    """uint8 ``(C, H, W)``: first frame, 16-bit scaled by ``round(v / 257)`` (TorchCodec's)."""
     if image.dim() == 4:
         image = image[0]
     if image.dtype != torch.uint8:
@@ -275,7 +242,7 @@ def _uint8_frame(image: torch.Tensor) -> torch.Tensor:
 
 
 def _decode(data, kind: str) -> torch.Tensor:
-    """``backend.<kind>`` (``"jpeg"``, ``"image"`` or ``"luma"``) of ``data``, uint8."""
+    """``backend.<kind>`` of ``data``, uint8; raises ``RuntimeError`` (one line)."""
     backend = _current()
     if backend is None:
         raise RuntimeError(f"no image decoder usable here ({'; '.join(_skipped.values())})")
@@ -288,46 +255,34 @@ def _decode(data, kind: str) -> torch.Tensor:
 
 
 def decode_jpeg(data) -> torch.Tensor:
-    """A JPEG (``bytes``-like or 1-D uint8 tensor) to RGB uint8 ``(3, H, W)`` (often a
-    channels-last view); grayscale and CMYK converted, EXIF orientation not applied. Raises
-    ``RuntimeError`` (one line) if the bytes are not a JPEG that decodes completely."""
+    """A JPEG (bytes-like or 1-D uint8 tensor) to RGB uint8 ``(3, H, W)``, grayscale and CMYK
+    converted. Raises ``RuntimeError`` (one line) unless it decodes completely."""
     return _decode(data, "jpeg")
 
 
 def decode_jpeg_luma(data) -> torch.Tensor:
-    """The luma (Y) plane of a JPEG (``bytes``-like or 1-D uint8 tensor): uint8 ``(1, H, W)``.
-    Raises ``RuntimeError`` (one line) for exactly the bytes :func:`decode_jpeg` refuses.
-
-    For checking, not for pixels: libjpeg-turbo, asked for grayscale output, still reads every
-    marker and entropy-decodes every block of every component (its only error paths), but skips
-    the chroma components' inverse DCT, chroma upsampling and colour conversion (``jdcolor.c``:
-    ``component_needed = FALSE``), which cannot fail. So it refuses the same bytes as the RGB
-    decode at about 18% less CPU per ImageNet JPEG (0.761 vs 0.934 ms, one thread,
-    ``benchmarks/profile_decoders.py``; docs/performance.md, *Converters*);
-    ``tests/decode/test_libraries.py`` compares both on damaged real JPEGs for every library."""
+    """A JPEG's luma plane, uint8 ``(1, H, W)``. Raises ``RuntimeError`` for exactly what
+    :func:`decode_jpeg` refuses: only the chroma IDCT, upsampling and colour conversion, which
+    cannot fail, are skipped (~18% less CPU; docs/formats.md#how-completely-images-are-checked)."""
     return _decode(data, "luma")
 
 
 def decode_image(data) -> torch.Tensor:
-    """Any format the chosen library reads (JPEG, PNG, GIF, WebP; TorchCodec also AVIF) to RGB
-    uint8 ``(3, H, W)``: alpha dropped, 16-bit samples scaled to 8 bits, the first frame of an
-    animation. Raises ``RuntimeError`` (one line) if it cannot decode the bytes."""
+    """JPEG, PNG, GIF, WebP (TorchCodec: AVIF too) to RGB uint8 ``(3, H, W)``: alpha dropped,
+    16-bit scaled to 8, first frame. Raises ``RuntimeError`` (one line)."""
     return _decode(data, "image")
 
 
 def _one_line(exc: BaseException) -> str:
-    """The first line of ``exc`` without the ``function, file.cpp:line,`` prefix of torch ops."""
+    """The first line of ``exc`` without torch ops' ``function, file.cpp:line,`` prefix."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     parts = text.split(", ", 2)
     return parts[2] if len(parts) == 3 and ".cpp:" in parts[1] else text
 
 
 def _without_exif(data: bytes) -> bytes:
-    """``data`` without the metadata TorchCodec reads an orientation from (APP1 segments of a
-    JPEG before its first scan, eXIf chunks of a PNG); other bytes, and bytes without such
-    metadata, are returned as they are (no copy)."""
-    # Walking the segments (a few before the first scan) costs ~5 us; `b"\xff\xe1" in data`
-    # would scan the entropy-coded data too (80 us per ImageNet JPEG, 8% of a decode).
+    """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (TorchCodec's EXIF)."""
+    # walking the few segments before the scan: ~5 us; `b"\xff\xe1" in data`: ~80 us
     if data[:3] == _JPEG_MAGIC:
         return _cut(data, _jpeg_app1_spans(data))
     if data[:8] == _PNG_MAGIC:
@@ -347,8 +302,7 @@ def _cut(data: bytes, spans: list[tuple[int, int]]) -> bytes:
 
 
 def _jpeg_app1_spans(data: bytes) -> list[tuple[int, int]]:
-    """``[begin, end)`` byte spans of the APP1 marker segments before the first SOS, walking the
-    marker segments as libjpeg does (T.81 B.1.1; bytes between segments skipped)."""
+    """``[begin, end)`` of the APP1 segments before the first SOS (T.81 B.1.1)."""
     spans, pos, size = [], 2, len(data)
     while pos + 4 <= size:
         if data[pos] != 0xFF:
@@ -375,7 +329,7 @@ def _jpeg_app1_spans(data: bytes) -> list[tuple[int, int]]:
 
 
 def _png_exif_spans(data: bytes) -> list[tuple[int, int]]:
-    """``[begin, end)`` byte spans of the eXIf chunks of a PNG (length, type, data, CRC)."""
+    """``[begin, end)`` spans of a PNG's eXIf chunks (length, type, data, CRC)."""
     spans, pos, size = [], 8, len(data)
     while pos + 12 <= size:
         length = int.from_bytes(data[pos:pos + 4], "big")
@@ -389,8 +343,7 @@ def _png_exif_spans(data: bytes) -> list[tuple[int, int]]:
 
 
 def image_library() -> str:
-    """Name and version of the installed PIL distribution, e.g. ``"Pillow-SIMD 9.5.0.post2"``
-    (PIL is the last resort of :func:`decode.decode`, and what the converters re-encode with)."""
+    """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
     for dist in ("Pillow-SIMD", "Pillow"):
         try:
             return f"{dist} {metadata.version(dist)}"

@@ -1,21 +1,11 @@
-"""What the native decoders print, caught and handed to the caller instead of the terminal.
+"""What the native decoders print to descriptor 2 (libjpeg's ``Corrupt JPEG data: ...``, libpng's,
+nvImageCodec's; naming no file, every decode), caught for the caller to name the file once.
 
-libjpeg-turbo (inside TorchCodec, torchvision, nvImageCodec and DALI) prints its warnings,
-e.g. ``Corrupt JPEG data: premature end of data segment``, with C's ``fprintf(stderr, ...)``
-to file descriptor 2, naming no file, once per decode, every epoch; libpng and nvImageCodec do
-the same. :func:`capture` points descriptor 2 at an anonymous file while a call runs, so the
-caller gets those lines (``capture().lines``) and can say once which file they were about;
-anything else written meanwhile (Python's own ``sys.stderr`` of another thread, a line no
-library here writes) is passed on to the real descriptor 2 as it was.
-
-Descriptor 2 is one per process, so captures overlap when threads decode at once (the
-converters' checking threads): all C output goes to the one file while any capture runs, each
-capture reads the part written during it, and its ``shared`` says another capture
-ran meanwhile. :func:`run_captured` then runs the call once more alone (``exclusive``) to know
-which lines are its own; that happens only when a library printed. A capture costs a few
-system calls (about 5 us on one core) and nothing while none runs; a process forked during one
-starts with its descriptor 2 put back.
-"""
+:func:`capture` points descriptor 2 at an anonymous file while a call runs; other output is passed
+on unchanged. Descriptor 2 is one per process: concurrent captures share the file, each reads the
+part written during it and ``shared`` says another ran; :func:`run_captured` then repeats the call
+alone (only when a library printed). ~5 us per capture; a child forked during one gets descriptor 2
+back."""
 from __future__ import annotations
 
 import os
@@ -28,8 +18,7 @@ __all__ = ["LIBRARY_LINE", "capture", "is_library_line", "run_captured"]
 
 T = TypeVar("T")
 
-# The lines the native decoders write: libjpeg(-turbo)'s warning messages (jerror.h, JWRN_*),
-# libpng's, and nvImageCodec's "[ERROR] [libjpeg_turbo_decoder] ..." (colour codes removed).
+# libjpeg's warnings (jerror.h, JWRN_*), libpng's, nvImageCodec's "[ERROR] [libjpeg_turbo_...]"
 LIBRARY_LINE = re.compile(
     r"(Corrupt JPEG data|Premature end of JPEG file|Warning: |Invalid SOS parameters|"
     r"Inconsistent progression sequence|Application transferred too many scanlines|"
@@ -44,8 +33,8 @@ def is_library_line(line: str) -> bool:
 
 
 class _Sink:
-    """The process's state: descriptor 2 points at ``file`` while ``active`` captures run; the
-    real one is kept in ``saved``; output up to ``forwarded`` was passed on."""
+    """The process's state: descriptor 2 points at ``file`` while ``active`` captures run; the real
+    one is ``saved``; output up to ``forwarded`` was passed on."""
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -60,8 +49,7 @@ _thread = threading.local()  # this thread's captures: ``depth`` running, ``ente
 
 
 def _after_fork() -> None:
-    """A forked child: descriptor 2 put back where it was if a thread of the parent was
-    capturing, and a sink of its own (the anonymous file is the parent's)."""
+    """In a forked child: descriptor 2 put back, and a sink of its own."""
     global _sink
     if _sink.active and _sink.saved >= 0:
         os.dup2(_sink.saved, 2)
@@ -76,13 +64,11 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 class capture:
-    """``with capture() as caught:`` catches what native code writes to descriptor 2 while the
-    block runs: ``caught.lines``, the native decoders' lines (colour codes removed), set when
-    the block ends (also when it raises); ``caught.shared``, whether another capture ran
-    meanwhile (the lines may then be another call's). ``exclusive``: wait until no other
-    capture runs, and let none start meanwhile (inside another capture of the same thread, a
-    nested one is all there can be). Where descriptor 2 cannot be redirected (closed), nothing
-    is caught."""
+    """``with capture() as caught:`` catches what native code writes to descriptor 2 in the block.
+    ``caught.lines``: the native decoders' lines (colour codes removed), set when the block ends or
+    raises; ``caught.shared``: another capture ran meanwhile (the lines may be another call's).
+    ``exclusive``: wait until no other capture runs and let none start (nested in one of the same
+    thread's, it is not exclusive). Catches nothing where descriptor 2 cannot be redirected."""
 
     def __init__(self, exclusive: bool = False):
         self.exclusive = exclusive
@@ -114,8 +100,8 @@ class capture:
         return self
 
     def take(self) -> list[str]:
-        """The native decoders' lines written since the block began or the last ``take``
-        (for a capture held across many calls); what else was written is passed on now."""
+        """The native decoders' lines written since the block began or the last ``take`` (a capture
+        held across many calls); other output is passed on now."""
         sink = self._sink
         if sink is None or self._pid != os.getpid():
             return []
@@ -151,7 +137,7 @@ def _install(sink: _Sink) -> bool:
 
 def _finish(sink: _Sink, captured: capture, nested: int) -> None:
     """End ``captured``: its lines read, the rest passed on, descriptor 2 put back by the last
-    capture to end; ``nested``: captures this thread began inside it (not another's)."""
+    capture to end; ``nested``: captures this thread began inside it."""
     try:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
@@ -177,8 +163,7 @@ def _finish(sink: _Sink, captured: capture, nested: int) -> None:
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:
-    """Pass on to the real descriptor 2 what no native decoder wrote, from ``forwarded`` up to
-    ``end`` (only whole lines unless ``final``), byte for byte."""
+    """Pass on to descriptor 2 what no native decoder wrote (whole lines unless ``final``)."""
     if end <= sink.forwarded:
         return
     text = os.pread(sink.file, end - sink.forwarded, sink.forwarded)
@@ -216,9 +201,8 @@ def _library_lines(file: int, start: int, end: int) -> list[str]:
 
 
 def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
-    """``call()``'s result and the native decoders' lines it wrote (colour codes removed); if
-    another capture ran meanwhile and lines were caught, ``call`` runs once more alone to tell
-    its own (a decode gives the same result and lines twice). Raises what ``call`` raises."""
+    """``(call(), the native decoders' lines it wrote)``; where another capture ran meanwhile,
+    ``call`` repeats alone to tell its own. Raises what ``call`` raises."""
     with capture() as caught:
         result = call()
     if caught.lines and caught.shared:

@@ -1,18 +1,7 @@
-"""Raw-pixel records: images stored as uint8 pixels, not JPEG (the converters' ``--raw-budget``,
-docs/raw-share.md), read without a decode.
-
-A raw record is a binary PPM (``P6``, RGB) or PGM (``P5``, grayscale) file of the Netpbm formats
-(netpbm.sourceforge.net/doc/ppm.html): the ASCII header ``P6\\n<width> <height>\\n255\\n`` then
-``height x width x channels`` bytes in row order. It is a standard image format (PIL, OpenCV,
-DALI and WebDataset's decoders read it), it names its own size, and its pixels lie at a fixed
-offset, so a window is cut straight out of the stored bytes. The converters write exactly the
-pixels the loaders' whole decode (:func:`decode.decode`) gives for the JPEG they would store
-otherwise, so a raw record changes how fast an image is read, never what is trained on.
-
-This module is the one place that turns a raw record into pixels or a window
-(:func:`raw_image`, :func:`raw_window`); :func:`decode.decode`, :func:`decode.decode_window` and
-:func:`decode.image_size` call it for raw records, so every reader and pipeline reads both kinds.
-"""
+"""Raw-pixel records (``--raw-budget``, docs/raw-share.md#what-a-raw-record-is): binary PPM
+(``P6``, RGB) or PGM (``P5``, grayscale) of the Netpbm formats (netpbm.sourceforge.net), header
+``P6\\n<width> <height>\\n255\\n`` then ``height x width x channels`` bytes in row order; a window
+is cut from the stored bytes without a decode."""
 from __future__ import annotations
 
 import re
@@ -25,15 +14,13 @@ from .resample import resize
 __all__ = ["RawHeader", "encode_raw", "is_raw", "raw_header", "raw_image", "raw_size",
            "raw_window"]
 
-# Netpbm: magic, whitespace, width, whitespace, height, whitespace, maxval, one whitespace byte
-# (comments, allowed by the format, are not written by us; such files decode through PIL).
+# Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
 _HEAD_BYTES = 32
 
 
 class RawHeader(tuple):
-    """``(height, width, channels, offset)``: pixels, 1 or 3 channels, byte offset of the
-    first pixel."""
+    """``(height, width, channels, offset)``: pixels, 1 or 3, byte offset of the first pixel."""
 
     __slots__ = ()
 
@@ -55,15 +42,13 @@ class RawHeader(tuple):
 
 
 def is_raw(data: bytes) -> bool:
-    """Whether ``data`` starts like a binary PPM/PGM (``P6`` or ``P5``): 2 bytes compared."""
+    """Whether ``data`` starts like a binary PPM/PGM (``P6`` or ``P5``)."""
     return data[:2] in (b"P6", b"P5")
 
 
 def raw_header(data: bytes) -> RawHeader | None:
-    """The :class:`RawHeader` of a raw record, or None if ``data`` is not a binary PPM/PGM with
-    maxval 255 whose length is exactly its header plus ``height x width x channels`` bytes (a
-    truncated or padded record is not read as pixels; :func:`decode.decode` then hands it to PIL,
-    which refuses it: the loaders' bad-sample rules take over)."""
+    """The :class:`RawHeader` of a binary PPM/PGM, maxval 255, of exactly header plus pixel bytes;
+    else None (a truncated record then goes to PIL, which refuses it)."""
     if not is_raw(data):
         return None
     match = _HEADER.match(data[:_HEAD_BYTES])
@@ -83,15 +68,13 @@ def raw_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _pixels(data: bytes, header: RawHeader) -> np.ndarray:
-    """A read-only uint8 ``(H, W, C)`` view of the record's pixels (no copy)."""
+    """A read-only uint8 ``(H, W, C)`` view of the record's pixels."""
     return np.frombuffer(data, np.uint8, header.height * header.width * header.channels,
                          header.offset).reshape(header.height, header.width, header.channels)
 
 
 def _as_rgb(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 ``(h, w, C)`` (a view) -> a fresh uint8 ``(3, h, w)`` tensor (a channels-last
-    view: what the decoders give); a grayscale window is repeated to three channels, as
-    libjpeg-turbo's grayscale-to-RGB conversion does."""
+    """uint8 ``(h, w, C)`` view -> a fresh uint8 ``(3, h, w)``, grayscale repeated."""
     if pixels.shape[2] == 1:
         pixels = np.repeat(pixels, 3, axis=2)
     else:
@@ -100,8 +83,7 @@ def _as_rgb(pixels: np.ndarray) -> torch.Tensor:
 
 
 def raw_image(data: bytes) -> torch.Tensor:
-    """The whole image of a raw record: uint8 ``(3, H, W)`` (a channels-last view of a copy).
-    Raises ``ValueError`` if ``data`` is not a well-formed raw record (:func:`raw_header`)."""
+    """A raw record's uint8 ``(3, H, W)`` (a copy); ``ValueError`` if malformed."""
     header = raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")
@@ -111,19 +93,15 @@ def raw_image(data: bytes) -> torch.Tensor:
 def raw_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                header: RawHeader | None = None,
                interpolation: str = "bilinear") -> torch.Tensor:
-    """The ``window`` = ``(top, left, height, width)`` (whole pixels inside the image) of a raw
-    record resized to ``size`` = ``(height, width)``: uint8 ``(3, *size)``, bilinear with
-    antialiasing or ``interpolation`` (:func:`decode.resize`, the same resampling as the JPEG
-    path). Only the window's bytes are copied. Raises ``ValueError`` for a malformed record."""
+    """The ``window`` = ``(top, left, height, width)`` of a raw record resized to ``size`` by
+    :func:`decode.resize`: uint8 ``(3, *size)``; ``ValueError`` if malformed."""
     return resize(raw_crop(data, window, header), size, interpolation)
 
 
 def raw_crop(data: bytes, window: tuple[int, int, int, int],
              header: RawHeader | None = None) -> torch.Tensor:
-    """The ``window`` = ``(top, left, height, width)`` of a raw record's pixels, not resized:
-    uint8 ``(3, height, width)`` (a channels-last view of a copy of the window's bytes only;
-    the GPU-decode pipeline's raw path, ``decode.gpu``). Raises ``ValueError`` for a malformed
-    record."""
+    """The ``window`` of a raw record, uint8 ``(3, height, width)``, a channels-last copy of its
+    bytes only. ``ValueError`` if malformed."""
     header = header or raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")
@@ -132,9 +110,8 @@ def raw_crop(data: bytes, window: tuple[int, int, int, int],
 
 
 def encode_raw(image: torch.Tensor, gray: bool = False) -> bytes:
-    """A raw record of uint8 ``(3, H, W)`` pixels (any strides): binary PPM, or with ``gray``
-    (the three channels equal, e.g. a decoded grayscale JPEG) PGM of the first channel, a third
-    of the bytes. Size: ``len(header) + H x W x (1 or 3)`` bytes, the header 11-17 bytes."""
+    """uint8 ``(3, H, W)`` as binary PPM, or with ``gray`` (equal channels) PGM: an 11-17 byte
+    header plus ``H x W x (1 or 3)`` bytes. Raises ``ValueError`` for other input."""
     if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
         raise ValueError(f"encode_raw takes uint8 (3, H, W) pixels, not {image.dtype} "
                          f"{tuple(image.shape)}")

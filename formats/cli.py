@@ -19,11 +19,9 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def converter_parser(description: str, output_help: str, verify_metavar: str, verify_help: str,
                      overwrite_help: str) -> argparse.ArgumentParser:
-    """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's
-    ``-d/--dataset``, ``-o/--output``; ``--verify``, ``--strict``, ``--check``,
-    ``-j/--workers``, ``--overwrite``, ``--split``, ``--allow-partial``, ``--max-side``,
-    ``--quality``, ``--reencode-all``, ``--raw-budget``, ``--max-image-pixels``); each converter
-    adds its own."""
+    """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's ``-d/--dataset``,
+    ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ``--split``, ``--max-side``,
+    ``--raw-budget``, ...); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-d", "--dataset",
                         help="folder of class subfolders, e.g. /imagenet/train, or with --split "
@@ -84,14 +82,13 @@ def _pixels(text: str) -> int:
 
 
 def cap_from_args(args) -> Cap:
-    """The :class:`formats.cap.Cap` of ``--max-side`` / ``--quality`` / ``--reencode-all``.
-    Raises ValueError."""
+    """The :class:`Cap` of ``--max-side``/``--quality``/``--reencode-all``. Raises
+    ``ValueError``."""
     return Cap(args.max_side, args.quality, bool(getattr(args, "reencode_all", False)))
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``: a positive integer with an optional binary suffix (``512M`` = 512 MiB,
-    ``1G``, ``1GiB``). Raises :class:`ValueError` for anything else."""
+    """Bytes in ``text`` (``512M``, ``1G``, ``1GiB``: binary); ``ValueError`` otherwise."""
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.I)
     if not match or int(match[1]) <= 0:
         raise ValueError(f"--shard-size: not a size in bytes: {text!r} (e.g. 1073741824, 512M)")
@@ -100,22 +97,19 @@ def parse_size(text: str) -> int:
 
 def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
             verify_run: Callable, convert_run: Callable, errors: tuple) -> int:
-    """The command line of a converter: parse ``argv``, then ``verify_run(args)`` (a result with
-    ``line()``, ``problems`` and ``total``) with ``--verify``, else ``convert_run(args)`` (a
-    summary with ``line()``). Returns the exit status: 0 success, 1 for an error in ``errors``
-    (one ``PROG: error:`` line) or, with ``--verify``, 1 if a problem was found (one line each,
-    on stderr); argparse's 2 for bad flags. ``verified`` names what ``--verify`` checks, for
-    the message refusing ``-o`` beside it."""
+    """A converter's command line: parse ``argv``, then ``verify_run(args)`` (a result with
+    ``line()``, ``problems``, ``total``) under ``--verify``, else ``convert_run(args)`` (a summary
+    with ``line()``). Returns the exit status: 0; 1 for an error in ``errors`` (one ``PROG:
+    error:`` line) or a problem found by ``--verify`` (one stderr line each); 2 for bad flags.
+    ``verified`` names what ``--verify`` checks."""
     from decode import retain_freed_memory
 
     args = parser.parse_args(argv)
-    # As main.py: decode buffers and records come from a heap that keeps freed memory, rather
-    # than fresh mmap()s faulted in page by page (halves the converter's system CPU time).
+    # As main.py (decode.memory): halves the converter's system CPU time.
     retain_freed_memory()
     # PIL (the re-encoder, and the header read of every verbatim JPEG) agrees with the rule
     limit_pil(args.max_image_pixels)
-    # PIL warns once per file it cannot identify; such files are either decoded by
-    # decode.libraries or listed in the report, so the warning is noise on the console.
+    # such files are decoded by decode.libraries or listed in the report
     warnings.filterwarnings("ignore", message="image file could not be identified")
     if args.verify and args.output:
         parser.error(f"--verify checks {verified}: give no -o/--output")

@@ -1,5 +1,5 @@
-"""What both converters share: their error, summary, verification result, resume fingerprint
-and the report of skipped files (``OUTPUT/skipped.tsv``)."""
+"""What both converters share: their error, summary, verification result, resume fingerprint and
+``OUTPUT/skipped.tsv``."""
 from __future__ import annotations
 
 import hashlib
@@ -27,9 +27,8 @@ class ConversionError(Exception):
 
 @dataclass
 class Summary:
-    """What a conversion wrote: ``images`` records of ``bytes`` image bytes in ``seconds``,
-    ``reencoded`` of them re-encoded, ``skipped`` files not images (listed in ``report``);
-    ``resumed_at``: source files an earlier, interrupted run had already handled."""
+    """A conversion's ``images`` (records), ``bytes`` and ``seconds``, of them ``reencoded``,
+    ``skipped`` (listed in ``report``), ``resumed_at`` (files done before)."""
 
     images: int
     bytes: int
@@ -55,9 +54,8 @@ class Summary:
 
 @dataclass
 class Verification:
-    """What a ``verify`` found: ``problems`` (at most ``max_problems`` lines) of ``total``;
-    ``count`` records of ``classes`` classes, ``checksums`` whether stored checksums were
-    checked, ``dataset`` the source compared against (or None)."""
+    """``problems`` (the first ``max_problems``) of ``total`` over ``count`` records of
+    ``classes``; ``checksums``: checked; ``dataset``: compared against, or None."""
 
     path: str
     count: int = 0
@@ -88,9 +86,8 @@ class Verification:
 
 
 def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
-    """Raise :class:`ConversionError` if the unfinished conversion at ``output`` was made under
-    another cap than the one asked for (both as :meth:`formats.cap.Cap.record` fields): a
-    resume would mix two sizes of stored image, and replacing it is the user's call."""
+    """Raise :class:`ConversionError` if the unfinished conversion at ``output`` has another cap
+    than ``wanted``: a resume would mix two sizes."""
     if recorded == wanted:
         return
     from formats.cap import Cap
@@ -102,15 +99,10 @@ def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
 
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
                 max_pixels: int = MAX_PIXELS) -> bytes:
-    """SHA-256 of what decides a conversion's records: classes, each file's relative path,
-    label, size and mtime (ns), and the image rules, ``check``, ``cap`` (a
-    :class:`formats.cap.Cap`; the default adds nothing, so fingerprints from before it are
-    unchanged) and library (:mod:`formats.images`); for an image inside an archive, the
-    archive's size and mtime and the member's offset and size (Parquet, ``.tar.gz``: its row or
-    member number); ``raw_budget`` (:class:`formats.raw_share.Budget`), where given;
-    ``max_pixels`` (``--max-image-pixels``) where not the default. About
-    5 us per file (one ``os.stat``), 6 s for ImageNet's 1.28 M files. A
-    resume needs the same fingerprint."""
+    """SHA-256 of what decides a conversion's records: the rules and libraries, ``check``, the
+    classes, each file's relative path, label, size and mtime (in an archive: the archive's, and
+    the member's offset and size or row), and ``cap``, ``raw_budget`` and ``max_pixels`` where not
+    the default. ~5 us per file. A resume needs the same."""
     from decode import decoder_name, image_library
 
     settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder_name(),
@@ -135,9 +127,8 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
 
 def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
                 progress: bool) -> Listing:
-    """The listing of ``dataset`` (:func:`formats.sources.open_dataset`); prints which layout
-    it is (the converter's first line, on stderr with the progress bar, so stdout stays the one
-    summary line) unless ``progress`` is False. Raises :class:`ConversionError`."""
+    """The :class:`Listing` of ``dataset``, its layout printed to stderr with ``progress``. Raises
+    :class:`ConversionError`."""
     try:
         listing = open_dataset(dataset, split, allow_partial)
     except DatasetError as exc:
@@ -148,13 +139,12 @@ def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
 
 
 def stage_folder(output: str) -> str:
-    """Where a conversion to ``output`` stages images that can only be read front to back."""
+    """Where a conversion to ``output`` stages images readable only front to back."""
     return os.path.normpath(output) + ".staging"
 
 
 def stage(listing: Listing, folder: str, progress: bool) -> None:
-    """Stage ``listing``'s images in ``folder`` if its layout needs it
-    (:mod:`formats.sources._staging`). Raises :class:`ConversionError`."""
+    """Stage ``listing``'s images if its layout needs it; raises :class:`ConversionError`."""
     if listing.stage is None:
         return
     try:
@@ -167,14 +157,12 @@ def stage(listing: Listing, folder: str, progress: bool) -> None:
 
 
 def unstage(folder: str) -> None:
-    """Delete a staging folder (after the conversion that needed it is complete)."""
+    """Delete a staging folder."""
     shutil.rmtree(folder, ignore_errors=True)
 
 
 def report_damaged(prog: str, src, warning: str) -> None:
-    """One stderr line naming an image kept although libjpeg warned about its data while it was
-    checked (``warning``: its lines joined), above the progress bar: the loaders keep it too
-    (``decode.acceptance`` passed its header), and name it the same way."""
+    """Name on stderr an image kept although libjpeg warned while checking it."""
     from tqdm import tqdm
 
     tqdm.write(f"{prog}: warning: keeping damaged image {src.where()}: the decoder said "
@@ -188,9 +176,8 @@ def _tsv_field(text: str) -> str:
 
 
 def write_report(report: str, entries: list[bytes]) -> None:
-    """``path<TAB>reason`` per skipped file (dataset-relative path) under a ``path\\treason``
-    header, written atomically; ``entries`` are ``msgpack([os.fsencode(rel), reason])``.
-    Raises :class:`ConversionError` if the file cannot be written."""
+    """Write ``skipped.tsv`` atomically (``path\\treason`` lines; ``entries``:
+    ``msgpack([os.fsencode(rel), reason])``). Raises :class:`ConversionError`."""
     lines = ["path\treason\n"]
     for entry in entries:
         rel, reason = msgpack.unpackb(entry, raw=False)
@@ -205,10 +192,8 @@ def write_report(report: str, entries: list[bytes]) -> None:
 
 @contextmanager
 def source_to_compare(dataset: str, split: str | None, beside: str, seed: int | None):
-    """For ``--verify --dataset``: the listing of ``dataset`` (any layout, incomplete ones
-    too), in the order of ``seed`` (None: class order), its images staged in a temporary folder
-    beside ``beside`` if the layout needs it (deleted afterwards). Raises
-    :class:`~formats.sources.DatasetError`."""
+    """For ``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside
+    ``beside`` if needed (deleted after). Raises :class:`DatasetError`."""
     listing = open_dataset(dataset, split, allow_partial=True)
     if seed is not None:
         listing = listing.shuffled(seed)

@@ -1,62 +1,18 @@
-"""By their content (:func:`check_file`), which of the files a converter lists
-(:mod:`formats.sources`) it stores as they are, which it re-encodes, and which it skips.
+"""Which files a converter stores as they are, re-encodes or skips, by content, never by name, so
+that PIL, libjpeg-turbo (:mod:`decode.libraries`) and DALI's nvJPEG all read every record
+(docs/formats.md#kept-re-encoded-skipped).
 
-Every record must be readable by every decoder the loaders use: PIL (Pillow / Pillow-SIMD),
-the libjpeg-turbo decoder of ``decode.libraries`` (TorchCodec, or torchvision) and DALI's
-``decoders.image`` (nvJPEG on a GPU, whose hardware decoder takes only baseline JPEGs). A
-file's *content* decides, never its name:
+* **verbatim**: a baseline RGB-decodable JPEG: first frame header SOF0 or SOF1, 8-bit, 1 component
+  or 3 coded as YCbCr (ITU-T T.81 table B.1; libjpeg's heuristic, ``jdapimin.c``), that PIL's
+  header read and a complete libjpeg-turbo decode accept (:data:`CHECKS`).
+* **re-encoded** (PIL, baseline JPEG at :data:`REENCODE_QUALITY`, first frame, alpha dropped,
+  16-bit scaled to 8, no EXIF orientation): every other image that decodes completely, and with a
+  cap (:mod:`formats.cap`) larger JPEGs.
+* **skipped**: empty files, files :mod:`decode.acceptance` refuses, non-images, and images that do
+  not decode completely; one libjpeg merely warns about is kept (:attr:`Checked.warning`).
 
-* **verbatim** (bytes unchanged): a *baseline RGB-decodable JPEG*, i.e. bytes that start with
-  SOI (``FF D8``) whose first frame header is SOF0 (baseline DCT) or SOF1 (extended sequential
-  DCT, Huffman-coded) with 8-bit samples and either 1 component (grayscale) or 3 components
-  coded as YCbCr (not RGB: no Adobe APP14 marker with ``transform=0`` and component ids other
-  than ``'R','G','B'``), whose headers PIL reads and that the libjpeg-turbo of
-  ``decode.libraries`` decodes completely (see *check* below). Rules from ITU-T T.81 (JPEG)
-  table B.1 and libjpeg's colour-space heuristic (``jdapimin.c``).
-* **re-encoded** to a baseline RGB JPEG (PIL, quality :data:`REENCODE_QUALITY`): every other
-  image that PIL decodes completely (or ``decode.libraries``, for formats this PIL build
-  lacks, such as WebP in a Pillow-SIMD built without libwebp): progressive (SOF2), lossless or
-  hierarchical, arithmetic-coded (SOF9-SOF15), 4-component (CMYK/YCCK) or RGB-coded JPEGs, and
-  every other format (PNG, GIF, WebP, BMP, TIFF, ...) whatever the file's extension. Pixels are
-  taken as PIL decodes them: the first frame of an animation, alpha dropped (as
-  ``decode_image(mode=RGB)`` does), 16-bit samples scaled to 8 bits, EXIF orientation not
-  applied (no decoder here applies it). With a cap (``--max-side``, :mod:`formats.cap`), a
-  baseline JPEG larger than the cap is re-encoded too, scaled down to it, and every
-  re-encoding is scaled down to it and uses its ``--quality``.
-* **not an image** (skipped): empty files, files the acceptance rule refuses from their header
-  before anything is decoded (``decode.acceptance``, the loaders' own rule: more pixels than
-  ``--max-image-pixels``, "too large to decode safely", or a frame the file is too short to
-  hold, "damaged header"), files neither PIL nor ``decode.libraries`` can identify (text,
-  HTML, random bytes) and images that do not decode completely (a truncated JPEG that PIL
-  would only load with ``ImageFile.LOAD_TRUNCATED_IMAGES``, or that libjpeg-turbo calls
-  incomplete). An image that decodes while libjpeg warns about its data (``Corrupt JPEG data:
-  ...``, caught: ``decode.messages``) is kept, as the loaders keep it, and :attr:`Checked.
-  warning` says so for the converter to name it once.
-
-How completely a verbatim JPEG is decoded is the *check* (:data:`CHECKS`):
-
-* ``"full"`` (the default): decoded completely once, by the libjpeg-turbo of
-  ``decode.libraries`` (what the loaders use: TorchCodec, else torchvision), after PIL has
-  read its headers (``Image.open``: format, size, decompression-bomb limit). The decode is
-  ``decode_jpeg_luma``: every marker read and every block of every component entropy-decoded,
-  as the loaders' RGB ``decode_jpeg`` does, so it refuses exactly the same bytes (its docstring
-  says why; ``tests/decode/test_libraries.py`` compares both), but without the chroma inverse DCT,
-  upsampling and colour conversion, which cannot fail (18% less CPU). PIL's own complete
-  decode of the same libjpeg-turbo stream used to run as well and doubled the cost; on 659
-  damaged variants of real ImageNet JPEGs (truncations, byte flips, zeroed runs) it never
-  rejected a file that ``decode_jpeg`` accepted, while ``decode_jpeg`` rejected 3 that PIL
-  accepted (see ``tests/formats/test_folder2lmdb_check.py``). Every other image is decoded completely
-  by PIL, which its re-encoding needs anyway.
-* ``"header"``: a verbatim JPEG whose markers parse and whose last bytes are EOI (``FF D9``)
-  is stored without decoding its entropy-coded data; one without the EOI at its end (the mark
-  of a truncated file, or trailing bytes) is decoded completely as under ``"full"``. It
-  misses damage inside the compressed data (flipped bytes, a stray marker), which a loader
-  then meets as a decode error.
-
-:data:`RULES_VERSION` is part of the converter's resume fingerprint: bump it when these rules
-or the re-encoding settings change, so that an interrupted conversion is not resumed under
-different rules.
-"""
+:data:`RULES_VERSION` is part of the resume fingerprint: bump it when these rules or the
+re-encoding settings change."""
 from __future__ import annotations
 
 import dataclasses
@@ -72,11 +28,9 @@ from decode.messages import run_captured
 from formats.sources import Source, read_source
 
 REENCODE_QUALITY = 95
-# Files per task of check_files: a thread-pool Future per file (its Condition, lock and GIL
-# hand-offs) cost the converter about 3% of its rate on 2 cores (8,000 real JPEGs, fresh
-# processes alternating, chunks of 2, 8 and 32 files against one per file).
+# Files per check_files task: a Future per file cost ~3% of the converter's rate (2 cores).
 TASK_FILES = 8
-RULES_VERSION = 3  # 3: decode.acceptance first; 2: one complete decode of a verbatim JPEG
+RULES_VERSION = 3
 CHECKS = ("full", "header")  # how completely a verbatim JPEG is decoded (module docstring)
 
 _SOI = b"\xff\xd8"
@@ -97,7 +51,7 @@ class NotAnImage(Exception):
 
 @dataclass(frozen=True)
 class JpegHeader:
-    """What the JPEG markers before the first scan say (ITU-T T.81 B.2.2)."""
+    """The JPEG markers before the first scan (ITU-T T.81 B.2.2)."""
 
     sof: int                       # frame marker, 0xC0 = SOF0 ...
     precision: int                 # bits per sample
@@ -106,8 +60,7 @@ class JpegHeader:
 
 
 def parse_jpeg_header(data: bytes) -> JpegHeader | None:
-    """The frame header of JPEG ``data``, or None if ``data`` is not a JPEG or has no frame
-    header before its first scan (truncated or malformed). Reads only the marker segments."""
+    """The first frame header of JPEG ``data``, or None."""
     if not data.startswith(_SOI):
         return None
     pos, adobe = 2, None
@@ -140,9 +93,7 @@ def parse_jpeg_header(data: bytes) -> JpegHeader | None:
 
 
 def reencode_reason(data: bytes) -> str | None:
-    """None if ``data`` is a baseline RGB-decodable JPEG by its headers (see the module
-    docstring; whether it decodes completely is checked separately), else why it must be
-    re-encoded, e.g. ``"progressive JPEG"``, ``"CMYK JPEG"`` or ``"not a JPEG"``."""
+    """Why ``data`` must be re-encoded (e.g. ``"CMYK JPEG"``), or None if verbatim."""
     header = parse_jpeg_header(data)
     if header is None:
         return "not a JPEG"
@@ -163,11 +114,8 @@ def reencode_reason(data: bytes) -> str | None:
 
 @dataclass(frozen=True)
 class Checked:
-    """A file accepted for the database: the bytes to store and, if re-encoded, why; with a
-    raw-pixel share (:mod:`formats.raw_share`), ``raw``: its raw record where it is a candidate
-    (else None), and ``pixels``: its stored size in pixels (0 where not looked at);
-    ``warning``: what libjpeg printed about its data while it was checked, if anything (kept,
-    as the loaders keep it)."""
+    """An accepted file: ``data`` to store, ``reencoded`` (why, or None), ``raw`` (its raw record
+    if a candidate), ``pixels`` (0: not looked at), ``warning`` (libjpeg's lines, if any)."""
 
     data: bytes
     reencoded: str | None = None
@@ -178,18 +126,10 @@ class Checked:
 
 def check_image(data: bytes, check: str = "full", cap=None,
                 max_pixels: int = MAX_PIXELS) -> Checked:
-    """Decide what to store for a file's bytes (rules and ``check`` in the module docstring;
-    ``cap``: a :class:`formats.cap.Cap`, None for none; ``max_pixels``: the acceptance rule's
-    pixel limit, ``--max-image-pixels``, 0 for none).
-
-    Returns the bytes unchanged for a baseline RGB-decodable JPEG within the cap (unless
-    ``cap.every``: ``--reencode-all``), else a deterministic RGB JPEG re-encoding
-    (:func:`reencode`), scaled down to the cap. Raises
-    :class:`NotAnImage` with the reason if the bytes are not a completely decodable image
-    (under ``check="header"``: if their headers or a complete decode say so), ValueError for a
-    ``check`` not in :data:`CHECKS`. Decoding is CPU work that releases the GIL (PIL and
-    libjpeg-turbo), so callers run this in threads.
-    """
+    """The :class:`Checked` of a file's bytes under the module's rules, ``check``, ``cap`` (a
+    :class:`formats.cap.Cap` or None) and ``max_pixels`` (0: none): the bytes or their
+    :func:`reencode`. Raises :class:`NotAnImage` with the reason, ``ValueError`` for an unknown
+    ``check``. The decodes release the GIL: callers run this in threads."""
     if check not in CHECKS:
         raise ValueError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     if not data:
@@ -218,9 +158,7 @@ def _checked(data: bytes, check: str, cap) -> Checked:
 
 
 def _identify(data: bytes) -> tuple[int, int]:
-    """PIL reads the headers of ``data`` (format, size, decompression-bomb limit) without
-    decoding the pixels: about 20 us against 1 ms for a complete decode. Returns the size
-    (width, height). Raises NotAnImage."""
+    """``(width, height)`` from PIL's header read (~20 us); raises :class:`NotAnImage`."""
     from PIL import Image
 
     try:
@@ -234,9 +172,8 @@ def _identify(data: bytes) -> tuple[int, int]:
 
 
 def reencode(data: bytes, cap=None) -> bytes:
-    """The baseline RGB JPEG (quality :data:`REENCODE_QUALITY`, or ``cap.quality``; scaled
-    down to ``cap``, a :class:`formats.cap.Cap`) that ``check_image`` stores for a file it
-    re-encodes: same library, same bytes. Raises :class:`NotAnImage`."""
+    """The baseline RGB JPEG :func:`check_image` stores for a re-encoded file: at
+    :data:`REENCODE_QUALITY`, or scaled to ``cap`` at its quality. Raises :class:`NotAnImage`."""
     image = _decode(data)
     if cap is None:
         return _encode_rgb(image)
@@ -244,13 +181,11 @@ def reencode(data: bytes, cap=None) -> bytes:
 
 
 def _decode(data: bytes):
-    """``data`` decoded completely to a PIL image: by PIL, or by ``decode.libraries`` for the
-    formats this PIL build cannot read (Pillow-SIMD is often built without WebP). Raises
-    NotAnImage."""
+    """``data`` decoded completely to a PIL image, by PIL or, for formats this PIL build cannot
+    read (Pillow-SIMD often lacks WebP), by :mod:`decode.libraries`. Raises :class:`NotAnImage`."""
     from PIL import Image, ImageFile
 
-    # A truncated file must fail rather than load grey-padded: LOAD_TRUNCATED_IMAGES is a
-    # process-wide switch that some code sets; refuse to decide under it.
+    # Under the process-wide LOAD_TRUNCATED_IMAGES a truncated file would load grey-padded.
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; truncated images "
                            "would pass as valid")
@@ -301,9 +236,7 @@ def _encode_rgb(image, quality: int = REENCODE_QUALITY) -> bytes:
 
 def check_file(source: str | Source, check: str = "full", cap=None,
                max_pixels: int = MAX_PIXELS) -> Checked | str:
-    """:func:`check_image` of the file at ``source`` (a path, or a :class:`Source`, whose bytes
-    may lie inside an archive) under ``check``, ``cap`` and ``max_pixels``; instead of raising,
-    the reason (str) why the file is skipped (unreadable or not an image)."""
+    """:func:`check_image` of a path or :class:`Source`, or why it is skipped (str)."""
     try:
         if isinstance(source, Source):
             data = read_source(source)
@@ -321,12 +254,9 @@ def check_file(source: str | Source, check: str = "full", cap=None,
 def check_files(paths: Sequence[str | Source], workers: int, check: str = "full",
                 ahead: int = 128, cap=None, post=None,
                 max_pixels: int = MAX_PIXELS) -> Iterator[Checked | str]:
-    """:func:`check_file` of each of ``paths`` under ``check``, ``cap`` and ``max_pixels``,
-    yielded in the order of ``paths``, computed by ``workers`` threads in tasks of
-    :data:`TASK_FILES` files, at most ``ahead`` files ahead of the consumer (each holds its
-    bytes until consumed); ``post``, if given, maps each :class:`Checked` in the same threads
-    (the raw share's decode). Closing the generator cancels what has not started and waits for
-    what has."""
+    """:func:`check_file` of each of ``paths`` in order, by ``workers`` threads in tasks of
+    :data:`TASK_FILES`, at most ``ahead`` files ahead; ``post`` maps each :class:`Checked` in the
+    threads. Closing it cancels what has not started."""
     def task(first: int) -> list[Checked | str]:
         found = [check_file(path, check, cap, max_pixels)
                  for path in paths[first:first + TASK_FILES]]

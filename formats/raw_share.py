@@ -1,38 +1,11 @@
-"""The raw-pixel share of a store (``--raw-budget``, docs/raw-share.md): which images the
-converters store as raw uint8 pixels (:mod:`decode.raw`) instead of JPEG, under a disk budget.
+"""The raw-pixel share of a store (``--raw-budget``): which images the converters store as raw
+pixels (:mod:`decode.raw`) instead of JPEG, under a disk budget (docs/raw-share.md#what-is-chosen).
 
-FFCV's writer draws its raw images at random (``compress_probability``). Here they are chosen
-by **decode time saved per extra byte stored**: an image goes raw when its predicted saving
-(seconds per read) divided by the bytes it adds (raw size minus JPEG size) is at least a
-threshold, so the budget buys the largest saving it can (a greedy knapsack: costly-to-decode
-images for few extra bytes first).
-
-* **Budget** (:func:`parse_budget`): ``Nx`` (``1.5x``, ``2.7x``: the store may take N times
-  the JPEG-only store's image bytes) or a size (``200M``, ``30G``: the store's image bytes in
-  all). It holds at every point of the conversion: an image goes raw only if the store so
-  far stays within ``N`` times the JPEG-only store so far (``Nx``), or within the size's
-  share of the files converted so far (a size), so it holds at the end.
-* **Cost model** (:class:`CostModel`): fitted when a conversion starts, on
-  :data:`SAMPLE` images spread evenly over the listing, stored as the conversion would store
-  them (capped). Each one's saving is timed on this machine, one thread: the loaders'
-  training window decode (:func:`decode.decode_window`, the scaled/window/whole cascade) of
-  its JPEG minus the raw record's cut and resize (:func:`decode.raw.raw_window`), for
-  :data:`WINDOWS` RandomResizedCrop windows (torchvision's distribution: area share U(0.08, 1),
-  log aspect ratio U(log 3/4, log 4/3)) resized to :data:`OUTPUT_SIDE` px, the best of two
-  timings each. ``saved = a + b * pixels + c * jpeg_bytes`` is fitted to them by least
-  squares with non-negative coefficients (a term that fits negative is dropped): decode time
-  grows with pixels (inverse DCT, colour conversion) and with the JPEG's bytes (entropy
-  decoding). The threshold is set where the images of a larger sample (:data:`SIZE_SAMPLE`,
-  also spread evenly, stored as the conversion would store them but not timed: their sizes are
-  all the model needs) would fill the budget: 64 images set it too coarsely (one raw image is
-  about a tenth of a 2.7x budget's extra bytes) and too noisily (the sample's mix of sizes is
-  not the listing's): on the sample x8 re-encoded at quality 90, a 2.7x budget filled 2.32x.
-* **What it bought**: the predicted seconds saved per epoch (one read of each raw image, on one
-  core of the converting machine), in the converter's summary and the store's metadata.
-
-The model, threshold and running totals are kept in the resume state, so a resumed
-conversion chooses as the uninterrupted one would.
-"""
+An image goes raw when its predicted decode time saved per extra byte clears a threshold (a greedy
+knapsack; FFCV draws at random). :class:`CostModel` is fitted on :data:`SAMPLE` timed images, the
+threshold set where :data:`SIZE_SAMPLE` images would fill the :class:`Budget`, which holds pro rata
+at every point of the conversion. Model, threshold and totals travel in the resume state, so a
+resumed conversion chooses as an uninterrupted one."""
 from __future__ import annotations
 
 import math
@@ -53,25 +26,24 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 @dataclass(frozen=True)
 class Budget:
-    """A raw-share budget: ``share`` (the store's image bytes at most ``share`` times the
-    JPEG-only store's, > 1) or ``size`` (the store's image bytes at most this many);
-    ``text`` as given (recorded in the metadata)."""
+    """``share`` (times the JPEG-only store's image bytes, > 1) or ``size`` (bytes); ``text`` as
+    given."""
 
     text: str
     share: float | None = None
     size: int | None = None
 
     def allows(self, stored: int, jpeg: int, files_done: int, files: int) -> bool:
-        """Whether a store of ``stored`` image bytes (``jpeg``: the same images as JPEGs)
-        after ``files_done`` of ``files`` source files keeps within the budget pro rata."""
+        """Whether ``stored`` image bytes (``jpeg``: the same images as JPEGs) after ``files_done``
+        of ``files`` source files keep within the budget pro rata."""
         if self.share is not None:
             return stored <= self.share * jpeg
         return stored <= self.size * files_done / max(1, files)
 
 
 def parse_budget(text: str) -> Budget:
-    """``--raw-budget``: ``Nx`` (a decimal N > 1, e.g. ``1.5x``) or a size in bytes with an
-    optional binary suffix (``200M``, ``200MB`` = 200 MiB, ``30G``). Raises ``ValueError``."""
+    """``--raw-budget``: ``Nx`` (decimal N > 1, e.g. ``1.5x``) or bytes with an optional binary
+    suffix (``200M``, ``200MB`` = 200 MiB, ``30G``). Raises ``ValueError``."""
     share = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*x\s*", text, re.I)
     if share:
         value = float(share[1])
@@ -88,7 +60,7 @@ def parse_budget(text: str) -> Budget:
 @dataclass(frozen=True)
 class CostModel:
     """Seconds a read saves when an image of ``pixels`` (stored size) and ``jpeg_bytes`` is raw:
-    ``a + b * pixels + c * jpeg_bytes`` (coefficients >= 0), fitted on ``sampled`` images."""
+    ``a + b * pixels + c * jpeg_bytes``, fitted on ``sampled`` images."""
 
     a: float
     b: float
@@ -107,8 +79,8 @@ class CostModel:
 
     @classmethod
     def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
-        """Least squares with non-negative coefficients: terms fitting negative are dropped
-        and the rest refitted (an active set, at most three rounds)."""
+        """Least squares with non-negative coefficients: terms fitting negative are dropped and the
+        rest refitted (active set, at most three rounds)."""
         x = np.column_stack([np.ones(len(pixels)), np.asarray(pixels, float),
                              np.asarray(jpeg_bytes, float)])
         y = np.asarray(saved, float)
@@ -125,10 +97,8 @@ class CostModel:
 
 @dataclass
 class RawChoice:
-    """The running choice of one conversion: ``budget``, ``model``, ``threshold`` (seconds saved
-    per extra byte an image needs to go raw) and the totals so far: ``stored`` and ``jpeg``
-    image bytes (the second as if every image were JPEG), ``records`` raw images, ``saved``
-    predicted seconds per epoch."""
+    """One conversion's choice: ``threshold`` (seconds saved per extra byte) and totals: ``stored``
+    and ``jpeg`` bytes, ``records`` raw, ``saved`` seconds per epoch, ``extra`` bytes."""
 
     budget: Budget
     model: CostModel
@@ -140,14 +110,13 @@ class RawChoice:
     extra: int = field(default=0)
 
     def candidate(self, pixels: int, jpeg_bytes: int, raw_bytes: int) -> bool:
-        """Whether an image clears the threshold (decided in the checking threads, which then
-        make its raw record)."""
+        """Whether an image clears the threshold."""
         return ratio(self.model, pixels, jpeg_bytes, raw_bytes) >= self.threshold
 
     def take(self, jpeg_bytes: int, raw_bytes: int | None, pixels: int, files_done: int,
              files: int) -> bool:
-        """Count one record (``raw_bytes``: its raw size if a candidate, else None); returns
-        whether it is stored raw: a candidate the budget still allows."""
+        """Count one record (``raw_bytes``: its raw size if a candidate, else None); True if stored
+        raw: a candidate the budget still allows."""
         raw = raw_bytes is not None and self.budget.allows(
             self.stored + raw_bytes, self.jpeg + jpeg_bytes, files_done, files)
         self.jpeg += jpeg_bytes
@@ -159,7 +128,7 @@ class RawChoice:
         return raw
 
     def state(self) -> dict:
-        """What the resume state and the metadata keep (JSON and msgpack friendly)."""
+        """The resume state's and metadata's fields (JSON and msgpack friendly)."""
         return {"budget": self.budget.text, "model": self.model.record(),
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
                 "records": self.records, "saved_s": self.saved, "extra": self.extra}
@@ -196,7 +165,7 @@ def sample_indices(count: int, sample: int = SAMPLE) -> list[int]:
 
 def _windows(height: int, width: int, rng: np.random.Generator, count: int):
     """``count`` RandomResizedCrop windows ``(top, left, h, w)`` in a ``height x width`` image,
-    torchvision's distribution (the whole image where ten draws do not fit)."""
+    torchvision's distribution (the whole image where ten draws miss)."""
     out = []
     for _ in range(count):
         for _ in range(10):
@@ -213,8 +182,7 @@ def _windows(height: int, width: int, rng: np.random.Generator, count: int):
 
 
 def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
-    """Seconds one read of ``jpeg`` as a training window costs more than the same window cut
-    from its raw record (see the module docstring), on the calling thread."""
+    """Seconds a window read of ``jpeg`` costs over its raw record's, on this thread."""
     from decode import decode_window
     from decode.raw import raw_size, raw_window
 
@@ -231,8 +199,7 @@ def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
 
 
 def raw_record(jpeg: bytes) -> tuple[bytes, int]:
-    """``(raw record, pixels)`` of a stored JPEG: exactly the pixels the loaders' whole decode
-    gives (:func:`decode.decode`), PGM for a 1-component JPEG."""
+    """``(raw record, pixels)``: :func:`decode.decode`'s pixels, PGM if grayscale."""
     from decode import decode
     from decode.messages import capture
     from decode.raw import encode_raw
@@ -248,10 +215,8 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
 
 def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | None = None
          ) -> RawChoice:
-    """Fit the cost model on the images of ``stored`` (JPEGs, as the conversion stores them)
-    at the positions ``timed`` (default: all of them) and set the threshold at which all of
-    ``stored`` would fill ``budget`` (``files``: source files in the conversion, for a budget in
-    bytes). One thread; about 10 ms per timed image."""
+    """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed`` (default all), the threshold
+    where all of ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
     import torch
 
     timed = range(len(stored)) if timed is None else timed
@@ -273,8 +238,7 @@ def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | Non
 
 
 def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
-    """``(pixels, JPEG bytes, raw record bytes)`` of a stored JPEG from its headers (None if
-    they do not parse; such an image stays JPEG)."""
+    """``(pixels, JPEG bytes, raw bytes)`` from the headers; None if they do not parse."""
     from decode import image_size
     from decode.raw import raw_bytes
 
@@ -288,8 +252,8 @@ def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
 
 
 def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float:
-    """The lowest ratio (:func:`ratio`) at which the sample's images (``(pixels, jpeg bytes,
-    raw bytes, ...)``) stay within ``budget``, taken best first; infinite if none fits."""
+    """The lowest :func:`ratio` at which ``rows`` (``(pixels, jpeg bytes, raw bytes, ...)``), taken
+    best first, stay within ``budget``; infinite if none fits."""
     ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
     jpeg = sum(r[1] for r in rows)
     allowed = (budget.share * jpeg if budget.share is not None
@@ -304,9 +268,8 @@ def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float
 
 
 def candidate_record(choice: RawChoice, jpeg: bytes) -> tuple[bytes | None, int]:
-    """``(raw record or None, pixels)`` of a stored JPEG: its raw record if it clears
-    ``choice``'s threshold (run in the converters' checking threads: the decode is the cost).
-    A JPEG whose header does not parse stays JPEG."""
+    """``(raw record or None, pixels)`` of a stored JPEG: its raw record if it clears ``choice``'s
+    threshold; a JPEG whose header does not parse stays JPEG."""
     sizes = _sizes(jpeg)
     if sizes is None:
         return None, 0
@@ -316,8 +279,7 @@ def candidate_record(choice: RawChoice, jpeg: bytes) -> tuple[bytes | None, int]
 
 
 def with_candidate(choice: RawChoice):
-    """A ``post`` for :func:`formats.images.check_files`: each checked image with its raw
-    record attached where it is a candidate of ``choice``."""
+    """A ``post`` for ``check_files`` attaching the candidates' raw records."""
     import dataclasses
 
     def post(checked):
@@ -328,9 +290,8 @@ def with_candidate(choice: RawChoice):
 
 
 def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
-    """The :class:`RawChoice` of a conversion: ``saved`` (its resume state's) if resuming, else
-    planned on the sample of ``listing`` (checked under ``check`` and ``cap`` as the conversion
-    will store them); None without a ``budget``."""
+    """The :class:`RawChoice` of a conversion: ``saved`` if resuming, else planned on a sample of
+    ``listing``; None without ``budget``."""
     if budget is None:
         return None
     if saved:

@@ -1,7 +1,5 @@
-"""Model construction: torchvision classification models by name, plus our own registered ones.
-
-``build_model(arch, num_classes, pretrained)`` is the one entry point main.py uses.
-"""
+"""Model construction: torchvision classification models by name, plus our registered ones;
+:func:`build_model` is main.py's entry point."""
 from __future__ import annotations
 
 import os
@@ -39,16 +37,15 @@ def check_arch(arch: str) -> None:
 
 
 def cached_weights_path(arch: str, weights=None) -> str:
-    """Where torch.hub keeps ``arch``'s torchvision weights ``weights`` (a weights enum member;
-    default: the arch's ``DEFAULT``), in ``$TORCH_HOME/hub/checkpoints``."""
+    """Where torch.hub keeps ``arch``'s torchvision ``weights`` (an enum member; default the arch's
+    ``DEFAULT``): ``$TORCH_HOME/hub/checkpoints/<file>``."""
     weights = weights or torchvision.models.get_model_weights(arch).DEFAULT
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
 def resolve_weights(arch: str, name: str):
-    """The member of ``arch``'s torchvision weights enum named ``name`` (``IMAGENET1K_V2``,
-    ``ResNet50_Weights.IMAGENET1K_V2`` or ``DEFAULT``, as torchvision's ``--weights`` takes
-    it). Raises :class:`ModelError` for an architecture without weights or an unknown name."""
+    """``arch``'s torchvision weights named ``name`` (``IMAGENET1K_V2``,
+    ``ResNet50_Weights.IMAGENET1K_V2``, ``DEFAULT``). Raises :class:`ModelError`."""
     check_arch(arch)
     if arch in _REGISTRY:
         raise ModelError(f"--weights {name}: {arch} has no torchvision weights")
@@ -62,26 +59,19 @@ def resolve_weights(arch: str, name: str):
 
 
 def weights_eval_sizes(arch: str, name: str) -> tuple[int, int, str]:
-    """``(resize, crop, interpolation)`` of the validation preprocessing that comes with
-    ``arch``'s weights ``name`` (its ``transforms()``: sizes in pixels, an
-    ``--interpolation`` name). Raises :class:`ModelError` as :func:`resolve_weights`."""
+    """``(resize, crop, interpolation)`` of the weights' ``transforms()`` (pixels, an
+    ``--interpolation`` name). Raises :class:`ModelError`."""
     preset = resolve_weights(arch, name).transforms()
     return preset.resize_size[0], preset.crop_size[0], preset.interpolation.value
 
 
 def build_model(arch: str, num_classes: int, pretrained: bool = False,
                 blurpool: bool = False, weights: str | None = None) -> nn.Module:
-    """A classification model ``arch`` with a ``num_classes``-way output.
-
-    Input float ``(N, 3, H, W)``, output float logits ``(N, num_classes)``. With ``pretrained``,
-    torchvision's default ImageNet weights, with ``weights`` (``--weights``, see
-    :func:`resolve_weights`) the named ones, are loaded from the torch.hub cache only (never
-    downloaded at run time); if ``num_classes`` differs from the weights' 1000 classes, the
-    final linear layer is replaced by a freshly initialised one. With ``blurpool`` (FFCV's
-    ``use_blurpool``), strided convolutions get a blur in front (:mod:`models.blurpool`).
-
-    Raises :class:`ModelError` for an unknown ``arch`` or weights, or weights not on disk.
-    """
+    """Model ``arch``: float ``(N, 3, H, W)`` -> logits ``(N, num_classes)``. ``pretrained``
+    (torchvision's default) or ``weights`` (:func:`resolve_weights`) load from the torch.hub cache
+    only, never downloaded; another ``num_classes`` gets a new last linear layer. ``blurpool``:
+    FFCV's (:mod:`models.blurpool`). Raises :class:`ModelError` for an unknown ``arch`` or weights,
+    or weights not on disk."""
     model = _build(arch, num_classes, pretrained, weights)
     if blurpool:
         from models.blurpool import apply_blurpool
@@ -112,7 +102,7 @@ def _build(arch: str, num_classes: int, pretrained: bool, name: str | None = Non
 
 
 def _replace_classifier(model: nn.Module, num_classes: int) -> None:
-    """Swap the last ``nn.Linear`` (the classifier in torchvision's models) for a new one."""
+    """Swap the last ``nn.Linear`` (torchvision's classifier) for a new one."""
     name, last = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
     setattr(parent, name.rpartition(".")[2], nn.Linear(last.in_features, num_classes))

@@ -13,11 +13,9 @@ MIN_IN_CHANNELS = 16
 
 
 class BlurPoolConv2d(nn.Module):
-    """``conv`` after a depthwise blur: input ``(N, C, H, W)`` (any float dtype, any memory
-    format) is filtered with ``[1, 2, 1] x [1, 2, 1] / 16`` per channel (stride 1, padding 1,
-    so ``(N, C, H, W)`` again), then ``conv`` runs as before. The filter is the buffer
-    ``blur_filter`` ``(C, 1, 3, 3)`` (saved with the weights, as in FFCV); ``conv``'s weights
-    keep their place under ``<name>.conv``."""
+    """``conv`` after a per-channel ``[1, 2, 1] x [1, 2, 1] / 16`` blur of its ``(N, C, H, W)``
+    input (stride 1, padding 1). ``blur_filter`` ``(C, 1, 3, 3)`` is a saved buffer, as in FFCV;
+    the conv's weights move to ``<name>.conv``."""
 
     def __init__(self, conv: nn.Conv2d):
         super().__init__()

@@ -1,8 +1,5 @@
-"""Keys, values and the metadata of the LMDB layout (described in :mod:`formats.lmdb`), shared
-by the writer (:mod:`formats.lmdb._convert`), the verifier and the reader
-(``loaders.readers.lmdb_records``). Keys are derived from the index, so neither side stores or holds a
-list of all keys.
-"""
+"""Keys, values and metadata of the LMDB layout (:mod:`formats.lmdb`), shared by the writer, the
+verifier and the readers. Keys derive from the index: no side holds a list of keys."""
 from __future__ import annotations
 
 import os
@@ -17,7 +14,7 @@ from formats.cap import Cap
 
 FORMAT_NAME = "imagenet-lmdb"
 FORMAT_VERSION = 2  # the newest this code reads; it writes 1 unless the store has a raw share
-BASE_VERSION = 1  # a store of JPEG records only: unchanged since before raw records
+BASE_VERSION = 1  # a store of JPEG records only
 RAW_VERSION = 2  # records may be raw pixels (decode.raw); the metadata's "raw" says how chosen
 META_KEY = b"__meta__"
 CHECKSUMS_KEY = b"__checksums__"
@@ -32,14 +29,9 @@ class LMDBFormatError(ValueError):
 
 @dataclass(frozen=True)
 class Metadata:
-    """What the metadata record holds: ``count`` records labelled ``0..len(classes)-1``;
-    ``shuffle_seed``: the seed of the records' order (``folder2lmdb.py --shuffle-seed``), or
-    None for ImageFolder's class-sorted order (also what databases from before it read as);
-    ``names``: the classes' human-readable names (an optional key, absent where the source has
-    none and in databases written before it); ``cap``: the ``--max-side``/``--quality`` fields
-    (:meth:`formats.cap.Cap.record`), empty without a cap (and for databases from before it);
-    ``raw``: how the raw-pixel share was chosen and what it bought
-    (:meth:`formats.raw_share.RawChoice.state`), empty without one (version 1)."""
+    """The metadata record: ``count`` records labelled ``0..len(classes)-1``; ``shuffle_seed``
+    (None: class order); ``names`` (or None); ``cap`` (:meth:`formats.cap.Cap.record`) and ``raw``
+    (:meth:`formats.raw_share.RawChoice.state`), empty without."""
 
     count: int
     classes: tuple[str, ...]
@@ -56,11 +48,7 @@ def record_key(index: int) -> bytes:
 
 
 def last_record_index(txn) -> int:
-    """Index of the highest record key in the transaction's database, -1 if there is none.
-
-    Record keys are digits and sort before every ``__name__`` key (``"9" < "_"``), so the last
-    record is the key just before the first key ``>= b"_"``.
-    """
+    """Highest record index in ``txn`` (digits sort before ``_``), or -1."""
     cursor = txn.cursor()
     found = cursor.prev() if cursor.set_range(b"_") else cursor.last()
     if not found or not cursor.key().isdigit():
@@ -69,7 +57,7 @@ def last_record_index(txn) -> int:
 
 
 def encode_checksums(crcs) -> bytes:
-    """Pack CRC-32 values (ints, one per record in index order) as little-endian uint32s."""
+    """CRC-32 values, one per record in index order, as little-endian uint32s."""
     import array
 
     packed = array.array("I", crcs)
@@ -90,18 +78,17 @@ def decode_checksums(value: bytes) -> list[int]:
 
 
 def record_checksum(value: bytes) -> int:
-    """CRC-32 (zlib) of a record's stored value, as kept in the checksum record."""
+    """CRC-32 (zlib) of a record's stored value."""
     return zlib.crc32(value)
 
 
 def encode_record(jpeg_bytes: bytes, label: int) -> bytes:
-    """Pack one sample as msgpack ``[jpeg_bytes, label]`` (bytes stay binary, label an int);
-    in a version-2 database the bytes may be a raw record (:mod:`decode.raw`) instead."""
+    """msgpack ``[image_bytes, label]``: a JPEG, or in version 2 maybe a raw record."""
     return msgpack.packb([jpeg_bytes, int(label)], use_bin_type=True)
 
 
 def decode_record(value: bytes) -> tuple[bytes, int]:
-    """Inverse of :func:`encode_record`. Raises :class:`LMDBFormatError` on a malformed value."""
+    """``(image_bytes, label)``; raises :class:`LMDBFormatError` if malformed."""
     try:
         jpeg_bytes, label = msgpack.unpackb(value, raw=False)
     except (ValueError, TypeError, msgpack.exceptions.ExtraData) as exc:
@@ -122,11 +109,8 @@ def encode_meta(meta: Metadata) -> bytes:
 
 
 def decode_meta(value: bytes | None, path: str) -> Metadata:
-    """Parse the metadata record of the database at ``path``.
-
-    Raises :class:`LMDBFormatError` if it is missing (conversion unfinished or not our format)
-    or from a newer format version.
-    """
+    """Parse the metadata record of the database at ``path``. Raises :class:`LMDBFormatError` if it
+    is missing (an unfinished conversion or another format), from a newer version, or malformed."""
     if value is None:
         raise LMDBFormatError(
             f"{path}: no metadata record; the conversion did not finish or this LMDB was not "
@@ -151,36 +135,25 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
 
 
 def is_lmdb(path: str) -> bool:
-    """True if ``path`` is an LMDB environment (a directory with ``data.mdb`` or a data file)."""
+    """True if ``path`` is an LMDB environment (a directory with ``data.mdb``, or a data file)."""
     if os.path.isdir(path):
         return os.path.isfile(os.path.join(path, "data.mdb"))
     return os.path.isfile(path) and not path.endswith("-lock")
 
 
-# py-lmdb refuses to open one environment twice in a process, and an environment must not be
-# used across fork(): keep one read-only handle per (process, path), with its readahead setting;
-# threads that read at once (DALI's feeds) take it under one lock, or both would open it.
+# One read-only handle per (process, path) with its readahead: py-lmdb opens an environment once
+# per process, never to be used across fork(); the lock keeps threads from opening it twice.
 _READONLY: dict[tuple[int, str], tuple[object, bool]] = {}
 _READONLY_LOCK = threading.RLock()
-# id() of every handle in _READONLY: a holder that keeps its handle alive can test it cheaply
-# (the id cannot be reused while the holder's reference exists).
+# id() of every open handle: unique while its holder keeps a reference
 _OPEN_IDS: set[int] = set()
 
 
 def open_readonly(path: str, readahead: bool | None = None):
-    """The read-only LMDB environment at ``path`` for this process (opened once, then shared).
-
-    ``readahead``: ``False`` opens with OS readahead off (LMDB's ``MDB_NORDAHEAD``, i.e.
-    ``madvise(MADV_RANDOM)``), right for random order, where readahead would fill the page
-    cache with neighbours that are evicted before use; ``True`` leaves it on, right for
-    sequential or block order; ``None`` takes the handle already open, whatever its setting,
-    else opens with readahead off. A process has one handle per database (py-lmdb cannot open
-    it twice), so asking for the other setting closes the existing handle and reopens it:
-    holders that keep a handle should check :func:`is_open` before using it.
-    ``lock=False`` because the database is immutable while training; ``max_readers`` covers
-    many DataLoader workers. A forked child gets its own handle.
-    Raises :class:`LMDBFormatError` if ``path`` is not an LMDB.
-    """
+    """This process's read-only environment at ``path``, opened once (py-lmdb cannot open it twice;
+    a forked child gets its own), ``lock=False``, 512 readers. ``readahead``: False for random
+    order, True for sequential or block order, None: the open handle's; asking for the other
+    reopens it (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
     with _READONLY_LOCK:
         return _open_readonly(path, readahead)
 
@@ -219,14 +192,13 @@ def _close(env) -> None:
 
 
 def _close_inherited() -> None:
-    # A handle inherited through fork() must not be used in the child, and py-lmdb refuses to
-    # open its files again while it exists; closing the child's copy leaves the parent's intact.
+    # unusable in the child, and blocking a reopen; closing the child's copy spares the parent's
     for key in [k for k in _READONLY if k[0] != os.getpid()]:
         _close(_READONLY.pop(key)[0])
 
 
 def close_readonly(path: str) -> None:
-    """Close this process's read-only handle on ``path``, if any (before rewriting it)."""
+    """Close this process's read-only handle on ``path``, if any."""
     with _READONLY_LOCK:
         entry = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
         if entry is not None:
@@ -234,22 +206,16 @@ def close_readonly(path: str) -> None:
 
 
 def close_all_readonly() -> None:
-    """Close every read-only handle this process opened (:func:`open_readonly`): at the end of
-    a run, so that a process that runs again (``main(argv)`` in-process) holds no environment
-    on files that may since be deleted. py-lmdb (3.0) knows an open environment by the inode
-    of its ``data.mdb`` and ``lock.mdb``; a handle kept on a deleted database would make a new
-    database that reuses the freed inode of its lock file "already open in this process"."""
+    """Close this process's read-only handles at a run's end: py-lmdb 3.0 knows an environment by
+    inode, and a new database reusing a freed inode would be "already open"."""
     with _READONLY_LOCK:
         for key in [k for k in _READONLY if k[0] == os.getpid()]:
             _close(_READONLY.pop(key)[0])
 
 
 def read_meta(path: str) -> Metadata:
-    """The metadata record of the database at ``path``. Raises :class:`LMDBFormatError`.
-
-    Leaves no handle open that was not open before, so a process that only reads the metadata
-    (the main process of a DataLoader with workers) forks workers without an open environment.
-    """
+    """The :class:`Metadata` at ``path``, leaving no new handle open. Raises
+    :class:`LMDBFormatError`."""
     was_open = (os.getpid(), os.path.realpath(path)) in _READONLY
     try:
         with open_readonly(path).begin() as txn:

@@ -1,7 +1,5 @@
-"""Writing an LMDB (layout in :mod:`formats.lmdb`) from a listing of image files: records are
-checked by several threads, committed in batches with the resume state by one more thread, and
-the metadata record is written last, so an interrupted conversion is never read as complete and
-running it again resumes it."""
+"""Writing an LMDB (:mod:`formats.lmdb`) from a listing of image files: checked by several threads,
+committed in batches with the resume state by one more, the metadata last."""
 from __future__ import annotations
 
 import os
@@ -27,8 +25,7 @@ from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW
                      encode_checksums, encode_meta, encode_record, record_checksum, record_key)
 from ._writer import ResumeState, Writer, prepare_output
 
-# Batches whose transactions may wait for the disk while the next ones are checked: rides out
-# an fdatasync that stalls for a while (a disk shared with other writers) at ~30 MB a batch.
+# Commits that may wait for the disk: rides out a stalled fdatasync at ~30 MB a batch.
 COMMITS_IN_FLIGHT = 3
 
 
@@ -46,28 +43,18 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             check: str = "full", split: str | None = None,
             allow_partial: bool = False, cap=None, raw_budget=None,
             max_pixels: int = MAX_PIXELS) -> Summary:
-    """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
-    ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
-    ``allow_partial``) into the LMDB directory ``output``.
+    """Convert the image folder ``dataset`` (or ``split`` of the download in it; complete unless
+    ``allow_partial``) into the LMDB ``output`` and return its :class:`Summary`.
 
-    ``workers`` threads read and check the files (``formats.images.check_image`` under
-    ``check``, ``"full"`` or ``"header"``: see :mod:`formats.images`); every
-    ``batch_size`` source files are committed in one transaction together with the resume
-    state; ``map_size`` (bytes) is only the initial map size, doubled whenever it is full.
-    Files that are not images are skipped and listed in ``output/skipped.tsv`` (tab-separated
-    relative path and reason); with ``strict`` the first one is an error instead. An unfinished
-    conversion of the same files and settings at ``output`` is resumed where it stopped,
-    anything else unfinished replaced. Records are written in ImageFolder's order, or with
-    ``shuffle_seed`` in the order of :meth:`~formats.images.Listing.shuffled` (stored in
-    the metadata, so ``--verify`` recomputes it). Raises :class:`ConversionError` for a bad
-    source or ``check``, an existing complete output (unless ``overwrite``), an unwritable
-    output or a full disk. ``cap`` (a :class:`formats.cap.Cap`, None for none) bounds the
-    stored size (``--max-side``/``--quality``); it is kept in the metadata, and a resume under
-    another cap is refused. ``raw_budget`` (a :class:`formats.raw_share.Budget`, None for
-    none) stores the images that save the most decode time per extra byte as raw pixels
-    (:mod:`formats.raw_share`), up to the budget; the database is then format version 2. Without
-    it the database is byte for byte what it was before raw records existed.
-    """
+    ``workers`` threads check the files under ``check``; each ``batch_size`` files commit in one
+    transaction with the resume state; ``map_size`` (bytes) doubles when full. Non-images go to
+    ``skipped.tsv`` (an error with ``strict``). An unfinished conversion of the same files and
+    settings resumes; other unfinished ones are replaced. ``shuffle_seed``: the records'
+    :meth:`~formats.sources.Listing.shuffled` order (else ImageFolder's); ``cap``: a
+    :class:`formats.cap.Cap`; ``raw_budget``: a :class:`formats.raw_share.Budget` (version 2);
+    ``max_pixels``: ``--max-image-pixels``. Raises :class:`ConversionError` for a bad source or
+    ``check``, a complete output without ``overwrite``, another cap, or an unwritable or full
+    disk."""
     start = time.perf_counter()
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
@@ -110,16 +97,10 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
                    workers: int, batch_size: int, progress: bool, strict: bool,
                    check: str = "full", cap=None, choice=None,
                    max_pixels: int = MAX_PIXELS) -> None:
-    """Write the records of ``listing.files[state.done:]``, then the report and the last
-    transaction; ``state`` is updated in place.
-
-    Three stages overlap: ``workers`` threads check files up to two batches ahead
-    (:func:`~formats.images.check_files`) while this thread collects the current batch
-    and one more thread commits the previous ones, in order, up to :data:`COMMITS_IN_FLIGHT`
-    behind. Each commit ends in an ``fdatasync`` of the batch (about 0.25 s for 256 ImageNet
-    JPEGs on this machine's disk); made in this thread, it stalled the checking threads and
-    took 2/3 of the wall time. ``choice`` (a :class:`formats.raw_share.RawChoice`, or None)
-    picks the raw records; its totals travel in ``state.raw``."""
+    """Write ``listing.files[state.done:]``, the report and the last transaction, updating
+    ``state``. ``workers`` threads check up to two batches ahead while one more commits up to
+    :data:`COMMITS_IN_FLIGHT` batches behind, so each commit's ``fdatasync`` (~0.25 s per 256
+    JPEGs) does not stall the checks. ``choice``: the raw share, or None."""
     from tqdm import tqdm
 
     files = listing.files
@@ -162,10 +143,9 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
 
 def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bool,
                 choice=None, files: int = 0) -> list:
-    """The ``(key, value)`` pairs of one batch: its records, skip entries and checksums, in
-    source order, from each source's ``check_file`` result; ``state``'s counters (not ``done``)
-    are advanced, and ``choice``'s (raw records: :mod:`formats.raw_share`; ``files`` in the
-    conversion). Raises :class:`ConversionError` for the first non-image with ``strict``."""
+    """One batch's ``(key, value)`` pairs (records, skips, checksums) from its ``check_file``
+    results, advancing ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image
+    under ``strict``."""
     puts, crcs, first_record = [], [], state.records
     for done, (src, result) in enumerate(zip(sources, results), state.done + 1):
         if isinstance(result, str):  # not an image: the reason
@@ -195,15 +175,14 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
 
 
 def _commit_after(previous: Future | None, writer: "Writer", puts: list) -> None:
-    """``writer.commit(puts)`` unless the transaction before failed (then a later one would
-    record files as done whose records were never written). Runs in the committing thread,
-    after ``previous``."""
+    """In the committing thread, after ``previous``: ``writer.commit(puts)``, unless the
+    transaction before failed (a later one would record unwritten files as done)."""
     if previous is not None and previous.exception() is not None:
         raise ConversionError("an earlier transaction failed")
     writer.commit(puts)
 
 
 def _committed(commit: Future, bar) -> None:
-    """Wait for a batch's transaction (re-raising its error) and count its files as done."""
+    """Wait for a batch's transaction (re-raising its error) and count its files."""
     commit.result()
     bar.update(commit.files)

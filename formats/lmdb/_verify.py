@@ -22,20 +22,11 @@ from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, deco
 
 def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
            chunk: int = 256, split: str | None = None) -> Verification:
-    """Check the database ``db`` written by ``folder2lmdb.py``; see ``Verification.problems``.
-
-    Checks the metadata, that records ``0..count-1`` exist and nothing else (no resume state),
-    each record's CRC-32 against the checksum record, its label against the class count, and
-    that it decodes with ``decode.decode`` (the loaders' decoder); a raw record
-    (:mod:`decode.raw`, version 2) that its header matches its length. With
-    ``dataset``, also that the classes and every record equal what ``folder2lmdb.py`` would
-    store for that folder now (same bytes: verbatim or the deterministic re-encoding; same label;
-    same order, shuffled as the metadata's ``shuffle_seed`` says, capped as its ``max_side`` and
-    ``quality`` say; a raw record the pixels of that JPEG's whole decode); ``dataset`` may be any layout :mod:`formats.sources` reads (with
-    ``split`` for a download folder), so a database converted from the archives verifies
-    against the class folders and the other way round.
-    Raises :class:`~formats.images.DatasetError` for a bad ``dataset``; anything wrong
-    with ``db`` is a problem, not an exception."""
+    """Check the database ``db``: metadata, records ``0..count-1`` and nothing else, each record's
+    CRC-32, label and decode (a raw record's header); with ``dataset`` (any layout, ``split`` for a
+    download), also that every record equals what the converter would store now. Returns the
+    :class:`Verification`; raises :class:`~formats.sources.DatasetError` only for a bad
+    ``dataset``."""
     result = Verification(db, dataset=dataset, max_problems=max_problems)
     try:
         meta = read_meta(db)

@@ -1,5 +1,5 @@
-"""The writing side of ``folder2lmdb.py``: the output directory, the resume state of an
-unfinished conversion and the transactions (layout in :mod:`formats.lmdb`)."""
+"""The writing side of ``folder2lmdb.py``: the output directory, the resume state of an unfinished
+conversion and the transactions."""
 from __future__ import annotations
 
 import os
@@ -21,13 +21,10 @@ _MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
 @dataclass
 class ResumeState:
-    """What an interrupted conversion had committed, stored under ``PROGRESS_KEY`` in every
-    batch's transaction (so it always matches the records): ``fingerprint`` of the source
-    listing and settings (a resume needs the same), ``done`` source files handled, ``records``
-    written (``bytes`` of images, ``reencoded`` of them), ``skipped`` files, ``cap``: the
-    ``--max-side``/``--quality`` fields (:meth:`formats.cap.Cap.record`; absent from states
-    written before them: none), ``raw``: the raw share's model and totals
-    (:meth:`formats.raw_share.RawChoice.state`; absent without ``--raw-budget``); ``resumed_at``: ``done`` when this run started (not stored)."""
+    """What an interrupted conversion committed, under ``PROGRESS_KEY`` in every batch's
+    transaction: the ``fingerprint`` a resume needs, ``done`` source files, ``records`` (``bytes``,
+    ``reencoded``), ``skipped``, ``cap`` and ``raw`` (if any); ``resumed_at``: ``done`` when this
+    run started (not stored)."""
 
     fingerprint: bytes
     done: int = 0
@@ -52,10 +49,9 @@ class ResumeState:
 
 def prepare_output(output: str, overwrite: bool, fp: bytes,
                    cap: dict | None = None) -> ResumeState | None:
-    """Make ``output`` ready; return the resume state of an unfinished conversion of the same
-    source there, or None to start afresh (an unfinished conversion of anything else is
-    replaced, a complete one only with ``overwrite``). An unfinished conversion under another
-    ``cap`` (:meth:`formats.cap.Cap.record`) is refused unless ``overwrite``."""
+    """Make ``output`` ready; the resume state of an unfinished conversion of the same source, or
+    None to start afresh. Replaces other unfinished ones (another ``cap``, or a complete one, only
+    with ``overwrite``). Raises :class:`ConversionError`."""
     if os.path.exists(output) and (not os.path.isdir(output)
                                    or (os.listdir(output) and not is_lmdb(output))):
         raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
@@ -84,8 +80,7 @@ def prepare_output(output: str, overwrite: bool, fp: bytes,
 
 
 def _read_resume_state(output: str) -> ResumeState | None:
-    """The :class:`ResumeState` of the unfinished database ``output``, or None if it has none
-    or it does not match the records (another writer): then the conversion starts over."""
+    """The resume state of ``output`` if it matches the records, else None."""
     try:
         env = lmdb.open(output, subdir=True, readonly=True, lock=False)
     except lmdb.Error:
@@ -94,7 +89,7 @@ def _read_resume_state(output: str) -> ResumeState | None:
         with env.begin() as txn:
             value = txn.get(PROGRESS_KEY)
             state = ResumeState.decode(value) if value else None
-            # Records and state are committed together; a mismatch means another writer.
+            # committed together: a mismatch means another writer
             if state is not None and last_record_index(txn) + 1 != state.records:
                 return None
             return state
@@ -105,13 +100,12 @@ def _read_resume_state(output: str) -> ResumeState | None:
 
 
 class Writer:
-    """Writes batches of records in one transaction each, doubling ``map_size`` when full.
-    Raises :class:`ConversionError` if the disk has less than ``_MIN_FREE`` bytes free."""
+    """Writes batches of records in one transaction each, doubling ``map_size`` (bytes) when full.
+    Raises :class:`ConversionError` if the disk has under ``_MIN_FREE`` bytes free."""
 
     def __init__(self, output: str, map_size: int):
         self.output = output
-        # LMDB writes its lock file through a memory map: on a full disk that is a SIGBUS
-        # (the process dies without a word), where the data file's writes fail with ENOSPC.
+        # LMDB maps its lock file: a full disk is a silent SIGBUS there, not an ENOSPC
         free = shutil.disk_usage(output).free
         if free < _MIN_FREE:
             raise ConversionError(f"{output}: only {free / _MiB:.1f} MiB free on its disk")
@@ -119,7 +113,7 @@ class Writer:
                              map_async=True)
 
     def commit(self, puts, delete_prefix: bytes | None = None) -> None:
-        """Put ``(key, value)`` pairs (and delete keys starting with ``delete_prefix``) in one
+        """Put ``(key, value)`` pairs, and delete the keys starting with ``delete_prefix``, in one
         transaction. Raises :class:`ConversionError` if the disk or the map cannot take it."""
         while True:
             try:
@@ -133,7 +127,7 @@ class Writer:
                         txn.put(key, value)
                 return
             except lmdb.MapFullError:
-                # The aborted transaction left no trace: grow the map and write it again.
+                # the aborted transaction left no trace
                 self._grow()
             except (lmdb.Error, OSError) as exc:
                 raise ConversionError(f"{self.output}: cannot write the database ({exc}); "

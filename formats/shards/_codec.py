@@ -1,8 +1,5 @@
 """Names, the tar writer, DALI's ``.idx`` files and ``index.json`` of the shard layout
-(described in :mod:`formats.shards`), shared by the writer (:mod:`formats.shards._convert`), the
-verifier and the reader (``loaders.readers.shards``). Raises :class:`ShardFormatError` for anything that
-does not follow the layout.
-"""
+(:mod:`formats.shards`), shared by the writer, the verifier and the reader."""
 from __future__ import annotations
 
 import hashlib
@@ -25,21 +22,22 @@ _RECORD = 20 * _BLOCK  # tarfile.RECORDSIZE: an archive's size is a multiple of 
 
 
 class ShardFormatError(Exception):
-    """A shard, index or index.json that does not follow the layout above: one-line message."""
+    """A shard, index or index.json that does not follow the layout: one-line message."""
 
 
 def shard_name(prefix: str, number: int) -> str:
-    """``{prefix}-{number:06d}.tar``: the ``number``-th shard of a split."""
+    """``{prefix}-{number:06d}.tar``."""
     return f"{prefix}-{number:06d}.tar"
 
 
 def idx_name(tar_name: str) -> str:
-    """The DALI index file next to ``tar_name`` (``train-000000.tar`` -> ``train-000000.idx``)."""
+    """The DALI index beside ``tar_name`` (``train-000000.tar`` -> ``train-000000.idx``)."""
     return tar_name[: -len(".tar")] + ".idx" if tar_name.endswith(".tar") else tar_name + ".idx"
 
 
 def record_key(wnid: str, path: str) -> str:
-    """``<wnid>/<stem>`` of an image ``path``, dots in the stem replaced by ``_``."""
+    """``<wnid>/<stem>`` of ``path``, dots in the stem replaced by ``_`` (WebDataset splits a
+    member name at its first dot after the last ``/``)."""
     stem = os.path.splitext(os.path.basename(path))[0].replace(".", "_")
     return f"{wnid}/{stem}"
 
@@ -48,11 +46,9 @@ _KEY_BYTES = 88  # a ustar name holds 100 bytes: KEY + ".jpg", and room for a "_
 
 
 def source_keys(classes: list[str], files) -> dict[str, str]:
-    """The record key of each of ``files`` (objects with ``rel``, the path under the split's
-    folder, and ``label``), by ``rel``: :func:`record_key` with whitespace and unprintable
-    characters replaced by ``_`` (the ``.idx`` format splits lines at spaces), shortened with a
-    hash to fit a ustar name, and ``_2``, ``_3``... added to repeats (``a.b.JPEG`` and
-    ``a_b.JPEG``) in path order: unique within the split, and independent of the record order."""
+    """Each file's record key, by ``rel``: :func:`record_key`, spaces and unprintables ``_``
+    (``.idx`` splits at spaces), hashed to fit ustar, repeats ``_2``, ``_3``... in path order:
+    unique, independent of the record order."""
     keys, used = {}, set()
     for src in sorted(files, key=lambda s: s.rel):
         key = "".join(c if c.isprintable() and not c.isspace() and not "\ud800" <= c <= "\udfff"
@@ -72,8 +68,8 @@ def source_keys(classes: list[str], files) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RecordSpan:
-    """Where one record's members lie in its tar: byte offsets and sizes of the data of
-    ``KEY.jpg`` (``KEY.ppm`` for a raw record: ``ext``) and ``KEY.cls``."""
+    """Byte offsets and sizes of one record's member data in its tar: the image (``KEY.jpg``, or
+    ``KEY.ppm``: ``ext``) and ``KEY.cls``."""
 
     key: str
     image_offset: int
@@ -83,22 +79,16 @@ class RecordSpan:
     ext: str = IMAGE_EXT
 
     def idx_line(self) -> str:
-        """This record's line of the DALI index (``v1.2``)."""
+        """This record's line of the DALI index."""
         return (f"{self.ext} {self.image_offset} {self.image_size} {self.key}.{self.ext} "
                 f"{LABEL_EXT} {self.label_offset} {self.label_size} {self.key}.{LABEL_EXT}")
 
 
 class ShardWriter:
-    """Writes records to one tar file in the layout above and returns where each one lies.
-
-    Members carry fixed metadata (mtime 0, uid/gid 0, mode 0444), so the same records give the
-    same bytes: those ``tarfile`` writes (headers from ``TarInfo.tobuf``, data padded to 512
-    bytes, two zero blocks and padding to a 10,240-byte record at the end), but each member in
-    one ``os.writev`` call: ``tarfile.addfile`` copies in 16 KiB pieces, and each piece lets the
-    converter's 8 checking threads take the GIL from the one thread that writes, which made it
-    the bottleneck (docs/performance.md, *Converters*). ``tell()`` is the file size so far in bytes
-    (without the end-of-archive blocks until ``close()``). Raises :class:`ShardFormatError` for
-    a key too long for a ustar header (100 bytes), ``OSError`` if the file cannot be written."""
+    """Writes records to one tar: ``tarfile``'s bytes with fixed metadata (mtime 0, mode 0444: same
+    records, same bytes), each member in one ``os.writev`` (``addfile``'s 16 KiB pieces let the
+    checking threads starve the writer of the GIL; docs/performance.md#converters). ``tell()``:
+    bytes so far. Raises :class:`ShardFormatError` for a name over 100 bytes, ``OSError``."""
 
     def __init__(self, path: str):
         self.path = path
@@ -129,8 +119,7 @@ class ShardWriter:
         self._offset += size
 
     def write(self, key: str, image: bytes, label: int, ext: str = IMAGE_EXT) -> RecordSpan:
-        """Append ``KEY.jpg`` (``image`` bytes; ``KEY.ppm`` with ``ext`` :data:`RAW_EXT`) and
-        ``KEY.cls`` (``label``); their span."""
+        """Append ``KEY.<ext>`` (``image``) and ``KEY.cls`` (``label``); returns their span."""
         label_bytes = str(int(label)).encode()
         image_at = self._add(f"{key}.{ext}", image)
         label_at = self._add(f"{key}.{LABEL_EXT}", label_bytes)
@@ -140,8 +129,7 @@ class ShardWriter:
         return self._offset
 
     def close(self, sync: bool = False) -> None:
-        """Write the end-of-archive blocks and close the file; with ``sync``, ``fsync`` it
-        first. Raises ``OSError``."""
+        """Write the end blocks and close (``sync``: ``fsync`` first); ``OSError``."""
         end = self._offset + 2 * _BLOCK
         self._write([bytes(2 * _BLOCK + -end % _RECORD)])
         try:
@@ -151,12 +139,12 @@ class ShardWriter:
             os.close(self._fd)
 
     def sha256(self) -> str:
-        """Hex SHA-256 of the bytes written so far (of the whole shard once closed)."""
+        """Hex SHA-256 of the bytes written so far."""
         return self._sha256.hexdigest()
 
 
 def write_idx(path: str, spans: list[RecordSpan]) -> None:
-    """Write DALI's index of one shard (``v1.2``) to ``path`` (through a temporary name)."""
+    """Write DALI's index of one shard to ``path``, atomically."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(f"{IDX_VERSION} {len(spans)}\n")
@@ -166,9 +154,8 @@ def write_idx(path: str, spans: list[RecordSpan]) -> None:
 
 
 def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
-    """``(image_offset, image_size, label_offset, label_size)`` per record of a DALI index
-    (``v1.2``) whose records are ``jpg`` (or raw ``ppm``) + ``cls`` pairs. Raises
-    :class:`ShardFormatError`."""
+    """``(image_offset, image_size, label_offset, label_size)`` in bytes per record of a DALI
+    ``v1.2`` index of ``jpg`` (or ``ppm``) + ``cls`` records. Raises :class:`ShardFormatError`."""
     lines = text.splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isdigit():
@@ -189,14 +176,10 @@ def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A split's ``index.json``: class names (WNIDs; index = label), the shard files with their
-    record counts and bytes, the conversion's shuffle seed and image-check rules version;
-    optionally ``names`` (human-readable class names, an optional field version-1 readers
-    ignore), ``cap`` (the ``--max-side``/``--quality`` fields, :meth:`formats.cap.Cap.record`;
-    empty without a cap and in indexes from before it) and, per shard, ``url`` (where a shard
-    lives when not beside ``index.json``: a path relative to it, an absolute path or a URL;
-    :mod:`formats.shards._foreign`); ``raw``: the raw-pixel share's choice
-    (:meth:`formats.raw_share.RawChoice.state`; version 2, empty otherwise)."""
+    """A split's ``index.json``: ``classes`` (WNIDs; index = label), ``shards`` (``name``,
+    ``records``, ``bytes``, and ``url`` for one kept elsewhere, relative, absolute or a URL), the
+    shuffle ``seed``, the image ``rules`` version; optionally ``names``, ``cap`` and ``raw``
+    (version 2)."""
 
     classes: list[str]
     shards: list[dict]
@@ -247,7 +230,7 @@ class ShardIndex:
         return index
 
     def write(self, folder: str) -> None:
-        """Write ``folder/index.json`` atomically (the conversion's last step)."""
+        """Write ``folder/index.json`` atomically."""
         path = os.path.join(folder, INDEX_NAME)
         with open(path + ".tmp", "w") as f:
             f.write(self.to_json())

@@ -1,15 +1,9 @@
-"""Writing WebDataset shards (layout in :mod:`formats.shards`) from a listing of image files.
+"""Writing WebDataset shards (:mod:`formats.shards`) from a listing of image files.
 
-A shard ends before a record would make its file exceed ``shard_size`` bytes, or once it holds
-``max_per_shard`` records (at least one record each). A shard is finished once its ``.idx``
-exists (the tar is written and synced first) and ``OUT/progress.json`` lists it: that file keeps
-the settings, the listing's fingerprint (:func:`formats.conversion.fingerprint`) and each
-finished shard (records, bytes, SHA-256, source files consumed, files skipped). Boundaries depend
-on the checked records' sizes, so a rerun of the same conversion keeps the finished shards,
-skips the source files they consumed and continues from there: the output is identical to an
-uninterrupted run's. Anything after the last finished shard (a half-written tar) is written
-again.
-"""
+A shard ends before its file would exceed ``shard_size`` bytes or at ``max_per_shard`` records, and
+is finished once its tar is synced, its ``.idx`` written and ``progress.json`` lists it. Boundaries
+depend only on the records, so a rerun keeps the finished shards and writes the rest again: the
+output equals an uninterrupted run's."""
 from __future__ import annotations
 
 import json
@@ -44,18 +38,15 @@ def _member_bytes(size: int) -> int:
 
 
 def _closed_size(offset: int) -> int:
-    """File size in bytes of a tar closed at ``offset``: two zero blocks, then padding to
-    tarfile's record size (10 KiB)."""
+    """Bytes of a tar closed at ``offset``: two zero blocks, padded to tarfile's 10 KiB record."""
     return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
 @dataclass
 class ConversionProgress:
-    """``OUT/progress.json``: the conversion's ``settings`` (listing fingerprint, prefix, seed,
-    limits) and its finished ``shards``, each ``{name, records, bytes (tar file), sha256, done
-    (source files consumed through this shard), images (image bytes), reencoded, skipped
-    ([[rel, reason], ...]), raw (with a raw share: its totals through this shard)}``. Kept
-    after the conversion, for ``--verify`` and resuming."""
+    """``progress.json``, kept for ``--verify`` and resuming: ``settings`` and the finished
+    ``shards``, each ``{name, records, bytes (tar), sha256, done (source files through it), images
+    (image bytes), reencoded, skipped ([[rel, reason], ...]), raw (totals, if any)}``."""
 
     settings: dict
     shards: list[dict] = field(default_factory=list)
@@ -68,7 +59,7 @@ class ConversionProgress:
         return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
 
     def save(self, folder: str) -> None:
-        """Write ``folder/progress.json`` atomically (synced). Raises :class:`OSError`."""
+        """Write ``folder/progress.json`` atomically and synced. Raises ``OSError``."""
         path = os.path.join(folder, PROGRESS_NAME)
         with open(path + ".tmp", "w") as f:
             json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
@@ -78,7 +69,7 @@ class ConversionProgress:
 
     @classmethod
     def load(cls, folder: str) -> "ConversionProgress | None":
-        """The progress in ``folder``, or None if it has none or an unreadable one."""
+        """The progress in ``folder``; None if absent or unreadable."""
         try:
             with open(os.path.join(folder, PROGRESS_NAME)) as f:
                 data = json.load(f)
@@ -89,7 +80,7 @@ class ConversionProgress:
 
 @dataclass
 class ShardSummary(Summary):
-    """:class:`~formats.conversion.Summary` plus the number of ``shards`` written."""
+    """:class:`~formats.conversion.Summary` plus the ``shards`` written."""
 
     shards: int = 0
 
@@ -98,10 +89,9 @@ class ShardSummary(Summary):
 
 
 def _prepare_output(output: str, settings: dict, overwrite: bool) -> ConversionProgress:
-    """Make ``output`` ready and return its progress: the finished shards of an unfinished
-    conversion with the same ``settings`` (whatever follows them is deleted), else a new one.
-    Raises :class:`ConversionError` if ``output`` is a file or holds other files, or (unless
-    ``overwrite``, which deletes our files) a complete or different conversion; OSError."""
+    """Make ``output`` ready; its progress: the finished shards of an unfinished conversion with
+    these ``settings``, or a new one. Raises :class:`ConversionError` for a file, other files or
+    (without ``overwrite``) another conversion; ``OSError``."""
     if os.path.exists(output) and not os.path.isdir(output):
         raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
     names = sorted(os.listdir(output)) if os.path.isdir(output) else []
@@ -161,8 +151,8 @@ class _OpenShard:
         self.reencoded += checked.reencoded is not None
 
     def finish(self, done: int) -> dict:
-        """Close and sync the tar, then write its ``.idx``; return its progress entry
-        (``done``: source files consumed through it). Raises :class:`OSError`."""
+        """Close and sync the tar, write its ``.idx``, and return its progress entry (``done``:
+        source files consumed through it). Raises ``OSError``."""
         self.writer.close(sync=True)
         write_idx(idx_name(self.path), self.spans)
         return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
@@ -193,26 +183,15 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             check: str = "full", split: str | None = None,
             allow_partial: bool = False, cap=None, raw_budget=None,
             max_pixels: int = MAX_PIXELS) -> ShardSummary:
-    """Convert the image folder ``dataset`` (or ``split`` of the ImageNet download in
-    ``dataset``: :mod:`formats.sources`; a known layout must be complete unless
-    ``allow_partial``) into shards in the folder ``output``.
+    """Convert the image folder ``dataset`` (or ``split`` of the download in it) into shards in
+    ``output`` and return its :class:`ShardSummary`.
 
-    ``prefix`` names the shards (default: ``split``, else ``dataset``'s base name);
-    ``shard_size`` (bytes) and ``max_per_shard`` (records) bound each shard; ``shuffle_seed``
-    fixes the record order; ``workers`` threads check the files under ``check``
-    (``formats.images.CHECKS``). Non-images are skipped and listed in ``output/skipped.tsv``
-    (with ``strict`` the first is an error). An unfinished conversion of the same files and
-    settings resumes after its finished shards; archives read front to back only are staged
-    first (:mod:`formats.sources._staging`). Raises :class:`ConversionError` for bad settings,
-    a bad source, an output that is a file, holds other files or (without ``overwrite``)
-    another conversion, or cannot be written. ``cap`` (a :class:`formats.cap.Cap`, None for
-    none) bounds the stored size; ``index.json`` records it, and a resume under another cap is
-    refused. ``raw_budget`` (a :class:`formats.raw_share.Budget`) stores the images that save
-    the most decode time per extra byte as raw pixels (``KEY.ppm``, :mod:`formats.raw_share`);
-    ``index.json`` is then version 2 and says what was chosen. Without it the shards are byte
-    for byte what they were before raw records existed. ``max_pixels``: the acceptance rule's
-    pixel limit (``--max-image-pixels``, 0 for none; ``decode.acceptance``, the loaders'
-    rule)."""
+    ``prefix`` names the shards (default ``split``, else ``dataset``'s base name); ``shard_size``
+    (bytes) and ``max_per_shard`` (records) bound each; ``shuffle_seed`` fixes the order. An
+    unfinished conversion of the same files and settings resumes after its finished shards. The
+    other arguments as in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad
+    settings, a bad source, an output that is a file, holds other files or (without ``overwrite``)
+    another conversion, or cannot be written."""
     start = time.perf_counter()
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
@@ -261,14 +240,14 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
 def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
               shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS) -> dict:
-    """``progress.json``'s settings: what a resume must share with the run it resumes."""
+    """``progress.json``'s settings: what a resume must share with its run."""
     settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget, max_pixels).hex(),
                 "prefix": prefix, "seed": seed, "shard_size": shard_size,
                 "max_per_shard": max_per_shard, "rules": RULES_VERSION}
     cap_fields = cap.record() if cap is not None else {}
-    if cap_fields:  # absent without a cap, as in progress.json files from before it
+    if cap_fields:
         settings["cap"] = cap_fields
-    if raw_budget is not None:  # absent without a raw share, likewise
+    if raw_budget is not None:
         settings["raw_budget"] = raw_budget.text
     return settings
 
@@ -276,10 +255,8 @@ def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: 
 def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int,
                   strict: bool, progress: bool, check: str = "full", cap=None,
                   choice=None, max_pixels: int = MAX_PIXELS) -> None:
-    """Check ``listing.files[state.done:]`` and write them as shards, committing each finished
-    shard to ``state`` (and ``progress.json``, with ``choice``'s totals through it: a
-    :class:`formats.raw_share.RawChoice` or None). Raises :class:`ConversionError` (``strict``,
-    or no image at all)."""
+    """Check and write ``listing.files[state.done:]`` as shards, committing each to
+    ``progress.json``. Raises :class:`ConversionError` (``strict``, or no image)."""
     from tqdm import tqdm
 
     files, settings = listing.files, state.settings
@@ -319,8 +296,7 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
 
 
 def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
-    """``(bytes, member extension)`` a checked image is stored as: its raw record (``ppm``)
-    where ``choice`` takes it, else its JPEG (``jpg``)."""
+    """``(bytes, extension)``: the raw record (``ppm``) if ``choice`` takes it, else JPEG."""
     if choice is not None and choice.take(len(checked.data), checked.raw and len(checked.raw),
                                           checked.pixels, files_done, files):
         return checked.raw, RAW_EXT
@@ -328,7 +304,6 @@ def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:
-    """``{shard name: SHA-256 hex}`` of the finished shards in ``folder/progress.json`` (what
-    :func:`~formats.shards.verify` checks the tar files against), or None without one."""
+    """``{shard name: SHA-256 hex}`` from ``folder/progress.json``, or None."""
     state = ConversionProgress.load(folder)
     return {s["name"]: s["sha256"] for s in state.shards} if state else None

@@ -1,18 +1,10 @@
 """Indexing WebDataset shards written by other tools (``folder2shards.py --index``), e.g.
-``timm/imagenet-1k-wds`` (``imagenet1k-train-{0000..1023}.tar``; records ``KEY.jpg``,
-``KEY.cls``, ``KEY.json``; no ``index.json``), so that ``main.py --loader shards`` reads them
-as they are: one pass over each shard's tar headers (local shards are read by header, their
-image data skipped; remote ones streamed once) writes our ``index.json`` and a DALI ``.idx`` per
-shard, beside the shards or, when they are read-only or remote, in a folder of their own
-(``index.json`` then gives each shard's location in its ``url`` field). No shard is rewritten.
+``timm/imagenet-1k-wds``, unchanged: one pass over each tar's headers writes ``index.json`` and the
+``.idx`` files, beside the shards or elsewhere (each shard's ``url`` then says where).
 
-Labels are the records' ``.cls``; they must be indices into the sorted WNIDs (torchvision's,
-Hugging Face's and timm's order). The WNIDs come from the records' ``.json`` (a ``wnid`` /
-``synset`` field, or a ``filename`` / ``file_name`` / ``path`` or the key itself starting with
-one, e.g. ``n01440764_10026``) or from ``classes`` (an ``index.json`` or a file of WNIDs one a
-line in label order: the val shards' file names carry none). Images are not decoded here: the
-loaders meet a bad one as they meet any unreadable record.
-"""
+Labels are the records' ``.cls``, indices into the sorted WNIDs; the WNIDs come from the records'
+``.json`` (``wnid``, ``synset``, or a ``filename``/``path`` or key such as ``n01440764_10026``) or
+from ``classes`` (an ``index.json`` or one WNID a line: val names carry none)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +22,7 @@ _WNID_FIELDS, _NAME_FIELDS = ("wnid", "synset", "synset_id", "class_id"), ("file
 
 
 def _wnid_of(key: str, meta: dict) -> str | None:
-    """The WNID a record's ``.json`` (or key) names, or None."""
+    """The WNID a record's ``.json`` or key names, or None."""
     for field in _WNID_FIELDS:
         if isinstance(meta.get(field), str) and _WNID.fullmatch(meta[field]):
             return meta[field]
@@ -55,8 +47,7 @@ class _Counting:
 
 
 def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | None]], int]:
-    """``([(span, label, wnid, class name)], shard bytes)`` of one shard, its members grouped
-    by key (WebDataset's rule: the name up to the first dot of its last path component).
+    """``([(span, label, wnid, name)], shard bytes)``, members grouped by key as WebDataset does.
     Raises :class:`ShardFormatError` naming the shard."""
     local = not is_stream(url)
     stream = None if local else _Counting(open_stream(url))
@@ -117,7 +108,7 @@ def _read_classes(path: str) -> list[str]:
 
 
 def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str], list | None]:
-    """The sorted WNIDs (index = label) and names the records and ``classes_file`` give.
+    """The sorted WNIDs (index = label) and class names the records and ``classes_file`` give.
     Raises :class:`ShardFormatError` saying what is needed."""
     wnids, names = {}, {}
     for url, records in found:
@@ -155,10 +146,9 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
                  progress: bool = True) -> "IndexSummary":
     """Index the foreign shards ``spec`` (a folder of ``*.tar``, or a brace pattern of paths or
     URLs) into ``output`` (default: the shards' folder; required for remote shards): a DALI
-    ``.idx`` per shard and ``index.json`` (written last), shards referenced by ``url`` when they
-    live elsewhere. Raises :class:`ShardFormatError` (one line) for an unreadable shard, a
-    record without ``.jpg``/``.cls``, classes that cannot be told (module docstring), or an
-    output that cannot be written."""
+    ``.idx`` per shard and ``index.json``, written last. Raises :class:`ShardFormatError` (one
+    line) for an unreadable shard, a record without ``.jpg``/``.cls``, classes that cannot be told,
+    or an output that cannot be written."""
     from braceexpand import braceexpand
     from tqdm import tqdm
 

@@ -1,5 +1,5 @@
-"""``folder2shards.py --verify``: check a split's shards against ``index.json``, their DALI
-``.idx`` files, the converter's SHA-256 digests and, optionally, the folder they came from."""
+"""``folder2shards.py --verify``: check a split's shards against ``index.json``, their ``.idx``
+files, the converter's SHA-256 digests and, optionally, their source."""
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +23,7 @@ from ._codec import (IDX_VERSION, IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan,
                      ShardIndex, idx_name, read_idx, source_keys)
 
 def sha256_file(path: str) -> str:
-    """Hex SHA-256 of the file at ``path``, read 1 MiB at a time. Raises :class:`OSError`."""
+    """Hex SHA-256 of the file at ``path``. Raises ``OSError``."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -33,8 +33,8 @@ def sha256_file(path: str) -> str:
 
 @dataclass
 class ShardVerification(Verification):
-    """What :func:`verify` found (``problems``, ``total``), with the number of ``shards``;
-    ``checksums``: whether SHA-256 digests of the shards were given and checked."""
+    """:class:`Verification` with the number of ``shards``; ``checksums``: whether SHA-256 digests
+    of the shards were checked."""
 
     shards: int = 0
 
@@ -47,16 +47,11 @@ class ShardVerification(Verification):
 
 def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
            digests: dict[str, str] | None = None, split: str | None = None) -> ShardVerification:
-    """Check the shards in ``folder``: ``index.json`` parses; each listed shard exists with the
-    size it gives and (if ``digests`` maps its name) that SHA-256; its tar parses into
-    ``KEY.jpg`` (or raw ``KEY.ppm``) + ``KEY.cls`` pairs, as many as ``index.json`` says, at the offsets its ``.idx``
-    gives; labels in range; images baseline JPEGs by their headers; no unlisted ``.tar``. With
-    ``dataset``, also each record against the source file its key names (same bytes, or the
-    converter's re-encoding under the index's cap; same label; in the order of the index's
-    seed) and every source file either in the shards or in ``skipped.tsv``; ``dataset`` may be
-    any layout :mod:`formats.sources` reads (``split`` of a download folder). Anything wrong is
-    a problem, not an exception;
-    raises :class:`~formats.images.DatasetError` only for a bad ``dataset``."""
+    """Check the shards in ``folder``: ``index.json``, each shard's size and (``digests``) SHA-256,
+    its records and ``.idx`` offsets, labels, baseline JPEG headers, no unlisted ``.tar``; with
+    ``dataset``, each record against its source in the seed's order and cap, and every source
+    stored or in ``skipped.tsv``. Raises :class:`~formats.sources.DatasetError` only for a bad
+    ``dataset``."""
     result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:
@@ -96,8 +91,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
 
 def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: int,
                    result: ShardVerification, chunk: int = 256):
-    """Yield lists of ``(key, image bytes, label or None)`` of one shard while checking it
-    (see :func:`verify`); problems go to ``result``."""
+    """Yield lists of ``(key, image, label or None)`` while checking one shard."""
     name, path = shard["name"], os.path.join(folder, shard["name"])
     if not os.path.isfile(path):
         return result.problem(f"{name}: missing")
@@ -135,8 +129,8 @@ def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: in
 
 def _label(name: str, key: str, image: bytes, data: bytes, num_classes: int,
            result: ShardVerification) -> int | None:
-    """The label in a ``.cls`` member's ``data``, or None (a problem) if it is not one; also
-    reports an image that is not a baseline JPEG by its headers, or a malformed raw record."""
+    """The label in a ``.cls`` member's ``data``, or None (a problem); also reports an image that
+    is not a baseline JPEG by its headers or a malformed raw record."""
     why = reencode_reason(image) if not is_raw(image) else None
     if is_raw(image) and raw_header(image) is None:
         result.problem(f"{name} {key}: a malformed raw record (its header does not match its "
@@ -150,8 +144,7 @@ def _label(name: str, key: str, image: bytes, data: bytes, num_classes: int,
 
 
 def _check_idx(path: str, shard: dict, spans: list[RecordSpan], result) -> None:
-    """The record count of the tar, and its ``.idx`` equal to what ``write_idx`` gives for the
-    spans found in the tar."""
+    """The tar's record count, and its ``.idx`` as ``write_idx`` writes it."""
     name, idx = shard["name"], idx_name(path)
     if len(spans) != shard["records"]:
         result.problem(f"{name}: {len(spans)} records, {INDEX_NAME} says {shard['records']}")
@@ -182,7 +175,7 @@ class _Sources:
         self.cap = Cap.from_record(index.cap)  # the conversion's --max-side / --quality
 
     def note(self, records: list) -> None:
-        """Remember where the next ``records`` stand in the listing, for :meth:`finish`."""
+        """Remember where the next ``records`` stand in the listing."""
         self.seen += [self.by_key[r[0]][0] for r in records if r[0] in self.by_key]
 
     def compare(self, record: tuple) -> str | None:
@@ -218,7 +211,7 @@ class _Sources:
 
 
 def _read_report(path: str, result: ShardVerification) -> set[str]:
-    """The relative paths a ``skipped.tsv`` lists (its escapes undone)."""
+    """The relative paths a ``skipped.tsv`` lists, escapes undone."""
     unescape = {"t": "\t", "n": "\n", "\\": "\\"}
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:

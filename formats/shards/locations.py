@@ -1,10 +1,8 @@
-"""Where shards are and how they are opened, for the shard readers (``loaders``) and
-``folder2shards.py --index``: a split given as a folder or folder URL holding ``index.json``, a
-brace pattern or a single shard (local path, ``http(s)://`` or ``pipe:`` command), resolved to
-its index and the shards' locations; streams opened with a timeout (HTTP), through
-``webdataset.gopen`` (``pipe:``) or as local files; how a failed open or read of a stream is
-tried again (:class:`Retries`). Errors are one :class:`DataError` line naming the location
-(:class:`StreamError` for a stream's transport failures, which may pass)."""
+"""Where shards are and how they are opened, for the shard readers and ``folder2shards.py
+--index``: a split (a folder or folder URL holding ``index.json``, a brace pattern, or one shard as
+a path, ``http(s)://`` URL or ``pipe:`` command) resolved to its index and shard locations; streams
+opened and retried (:class:`Retries`). Errors are one :class:`DataError` line naming the
+location."""
 from __future__ import annotations
 
 import io
@@ -24,9 +22,8 @@ STREAM_BUFFER = 1 << 20  # bytes read ahead from a stream
 
 
 class StreamError(DataError):
-    """A stream's open or read failed in transport (connection refused or reset, a timeout,
-    an HTTP status worth retrying, a ``pipe:`` command that failed, a stream that ended
-    early): it may pass, so :class:`Retries` tries it again. One line naming the location."""
+    """A stream's open or read failed in transport (connection, timeout, retryable HTTP status,
+    failed ``pipe:``, early end): :class:`Retries` tries again. One line."""
 
 
 _PARENT_CHECK_S = 0.5  # how often a backoff's sleep checks that its parent process lives
@@ -36,31 +33,26 @@ _TRANSIENT_HTTP = (408, 429, 500, 502, 503, 504)
 
 @dataclass(frozen=True)
 class Retries:
-    """How a failed open or read of a streamed shard (HTTP, ``pipe:``) is tried again:
-    ``retries`` more tries after the first (``--shard-retries``), try ``k + 1`` after
-    ``delay * 2**(k - 1)`` seconds (``--shard-retry-delay``; exponential backoff, as curl's
-    ``--retry`` and urllib3's ``Retry``). Defaults: 2 retries after 10 and 20 s, 3 tries over
-    30 s. A try that reads a record before it fails starts the count again."""
+    """Retries of a streamed shard: ``retries`` more tries (``--shard-retries``), try ``k + 1``
+    after ``delay * 2**(k - 1)`` s (``--shard-retry-delay``; as curl's ``--retry``); a try that
+    reads a record resets the count."""
 
     retries: int = 2
     delay: float = 10.0
 
     def wait(self, failures: int) -> float | None:
-        """Seconds to wait after the ``failures``-th failure in a row (from 1) before the next
-        try, or None when no try is left."""
+        """Seconds to wait after the ``failures``-th failure in a row, or None."""
         return None if failures > self.retries else self.delay * 2 ** (failures - 1)
 
     def given_up(self, error: StreamError, failures: int, waited: float) -> DataError:
-        """The one-line error after ``failures`` failed tries that waited ``waited`` s."""
+        """The one-line error after ``failures`` failed tries that waited ``waited`` seconds."""
         return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
                          f"{waited:.3g} s (--shard-retries {self.retries}, "
                          f"--shard-retry-delay {self.delay:g})")
 
     def pause(self, error: StreamError, failures: int) -> float:
-        """After the ``failures``-th failure in a row: say so on stderr, sleep the backoff and
-        return it; raises :meth:`given_up`'s error (with the seconds waited) when no try is
-        left, or as soon as this process's parent is gone (a loader worker whose training
-        process ended does not wait out the backoff)."""
+        """Warn, sleep the backoff and return its seconds; raises :meth:`given_up`'s error when no
+        try is left or the parent process is gone."""
         waited = sum(self.wait(k) for k in range(1, failures))
         wait = self.wait(failures)
         if wait is None:
@@ -76,17 +68,15 @@ class Retries:
 
 
 def is_stream(location: str) -> bool:
-    """True for ``http(s)://`` and ``pipe:`` locations (read sequentially), False for paths."""
+    """True for ``http(s)://`` and ``pipe:`` locations (read sequentially)."""
     return location.startswith(("http://", "https://", "pipe:"))
 
 
 def open_stream(url: str):
-    """A readable binary stream of ``url``: HTTP(S) with a timeout, ``pipe:CMD`` through
-    ``webdataset.gopen`` (the command's stdout), else a local file. Raises :class:`DataError`
-    naming ``url`` if it cannot be opened."""
+    """A binary stream of ``url``: HTTP(S) with a timeout, ``pipe:CMD``'s stdout, a file. Raises
+    :class:`StreamError` (transient HTTP) or :class:`DataError`."""
     try:
-        # Buffered: tarfile's stream mode reads 10 KiB at a time; a 1 MiB buffer halves the
-        # cost of parsing a streamed shard (17 k -> 35 k tar members/s over loopback HTTP).
+        # tarfile's stream mode reads 10 KiB at a time: a 1 MiB buffer halves its parse cost
         if url.startswith(("http://", "https://")):
             return io.BufferedReader(urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S),
                                      STREAM_BUFFER)
@@ -110,7 +100,7 @@ def _transient(exc: Exception) -> bool:
 
 
 def read_text(url: str) -> str:
-    """The whole text at ``url`` (see :func:`open_stream`). Raises :class:`DataError`."""
+    """The whole text at ``url``. Raises :class:`DataError`."""
     stream = open_stream(url)
     try:
         data = stream.read()
@@ -131,10 +121,8 @@ def sibling(url: str, old: str, new: str) -> str:
 
 
 def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
-    """``(index, shard urls)`` of one split given as a folder / folder URL holding
-    ``index.json``, or as a brace pattern or single shard (local path, URL or ``pipe:``) whose
-    directory holds it. Raises :class:`DataError` for a missing or bad index, or a shard the
-    index does not list."""
+    """``(index, shard urls)`` of a split: a folder (URL) with ``index.json``, or shards whose
+    folder has it. Raises :class:`DataError`."""
     from braceexpand import braceexpand
 
     folder = spec.rstrip("/") if not spec.startswith("pipe:") else None
@@ -157,8 +145,8 @@ def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
 
 
 def _location(folder: str, shard: dict) -> str:
-    """Where a shard listed in ``folder``'s index lives: beside it, or at its ``url`` (a URL, an
-    absolute path, or a path relative to ``folder``)."""
+    """Where a shard of ``folder``'s index lives: beside it, or at its ``url`` (a URL, an absolute
+    path, or relative to ``folder``)."""
     url = shard.get("url")
     if url is None:
         return f"{folder}/{shard['name']}"

@@ -1,24 +1,8 @@
-"""Where the converters read images from: each ImageNet download as it is distributed, told
-apart by :func:`detect` and listed by :func:`open_dataset` into one :class:`Listing` of
-:class:`Source` s (the image's file, or its archive and byte offset; its class-folder path
-``rel``; its label).
-
-Layouts (one module each):
-
-- :mod:`~formats.sources.folder`: class folders ``<split>/<wnid>/*`` (the extracted layout;
-  what ``--dataset DIR/train`` has always read);
-- :mod:`~formats.sources.imagenet_tars`: image-net.org's ``ILSVRC2012_img_train.tar`` (read in
-  place), ``ILSVRC2012_img_val.tar`` (or its flat folder) and ``ILSVRC2012_devkit_t12``;
-- :mod:`~formats.sources.kaggle`: Kaggle's ``ILSVRC/Data/CLS-LOC`` tree and its CSV;
-- :mod:`~formats.sources.huggingface`: Hugging Face's Parquet files or ``.tar.gz`` revision
-  (staged to one seekable file first, :mod:`~formats.sources._staging`).
-
-Whatever the layout, ``classes`` are the sorted WNIDs (torchvision's and Hugging Face's order)
-and every source's ``rel`` is the path the extracted class folders give that image, so a
-shuffled conversion (``Listing.shuffled``) writes the same records in the same order from
-every layout. A known layout must hold all of ImageNet (:data:`EXPECTED`) unless
-``allow_partial``.
-"""
+"""Where the converters read images from: each ImageNet download as distributed (class folders,
+image-net.org's tars, Kaggle's tree, Hugging Face's files; one module each), told apart by
+:func:`detect` and listed by :func:`open_dataset`. In every layout ``classes`` are the sorted WNIDs
+and each ``rel`` the path in the extracted class folders, so a shuffled conversion writes the same
+records in the same order from any of them."""
 from __future__ import annotations
 
 import os
@@ -43,11 +27,9 @@ def _is_class_folders(path: str) -> bool:
 
 
 def detect(path: str, split: str | None = None) -> tuple[str, str]:
-    """``(layout, location)``: which download ``path`` holds for ``split`` (``"train"`` or
-    ``"val"``; None: ``path`` is the split itself, a folder of class folders or one archive)
-    and the file or folder to read it from. Layouts: ``"class folders"``, ``"imagenet
-    tars"``, ``"kaggle"``, ``"huggingface"``. Raises :class:`DatasetError` saying what was
-    looked for."""
+    """``(layout, location)`` of ``split`` in ``path`` (None: ``path`` is the split): ``"class
+    folders"``, ``"imagenet tars"``, ``"kaggle"`` or ``"huggingface"``, and what to read. Raises
+    :class:`DatasetError` saying what was looked for."""
     from . import huggingface, imagenet_tars as tars, kaggle
 
     if split is None:
@@ -85,10 +67,8 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
 
 
 def open_dataset(path: str, split: str | None = None, allow_partial: bool = False) -> Listing:
-    """The :class:`Listing` of ``split`` of the download at ``path`` (see :func:`detect`).
-    Unless ``allow_partial``, a known layout (not class folders) must hold :data:`EXPECTED`'s
-    images and classes. Raises :class:`DatasetError` (one line naming the file) for anything
-    missing, damaged or inconsistent."""
+    """The :class:`Listing` of ``split`` of ``path`` (:func:`detect`); archives must hold
+    :data:`EXPECTED` unless ``allow_partial``. Raises :class:`DatasetError` (one line)."""
     from . import huggingface, imagenet_tars as tars, kaggle
 
     layout, where = detect(path, split)
@@ -109,8 +89,7 @@ def open_dataset(path: str, split: str | None = None, allow_partial: bool = Fals
 
 
 def _check_counts(listing: Listing, split: str, layout: str) -> None:
-    """Raise :class:`DatasetError` naming what is missing if ``listing`` is not all of
-    ImageNet's ``split``."""
+    """Raise :class:`DatasetError` unless ``listing`` is all of ImageNet's ``split``."""
     problems = []
     if len(listing.classes) != EXPECTED["classes"]:
         problems.append(f"{len(listing.classes):,} classes, ImageNet has "

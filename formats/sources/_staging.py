@@ -1,13 +1,7 @@
-"""Staging: the images of archives that can only be read front to back (``.tar.gz``, Parquet)
-copied, in one sequential pass, into one seekable file, so the conversion can read them in its
-shuffled order with one ``pread`` each, like a tar read in place.
-
-A staging folder holds ``images.bin`` (the image bytes, archive after archive) and, once
-complete, ``manifest.msgpack`` (a key of the archives and items it holds, and each item's
-offset and size). A rerun of an interrupted conversion finds it complete and reuses it; the
-converter deletes it when the conversion is complete. It needs as much free disk as the images
-(about the size of the archives) for as long as the conversion runs.
-"""
+"""Staging: the images of archives readable only front to back (``.tar.gz``, Parquet) copied in one
+pass into ``images.bin``, so the shuffled conversion reads each with one ``pread``;
+``manifest.msgpack`` marks it complete for a rerun. Needs free disk for the images until the
+converter deletes it."""
 from __future__ import annotations
 
 import hashlib
@@ -35,12 +29,11 @@ def _key(files: list[Source]) -> bytes:
 
 def stage_sequential(files: list[Source], folder: str, progress: bool = True, *,
                      read_items: Callable[[str], Iterator[tuple[int, bytes]]]) -> None:
-    """Point each of ``files`` (``(archive, item number)`` sources, e.g. of
-    :mod:`formats.sources.huggingface`) at a copy of its bytes in ``folder/images.bin``,
-    copying them first unless ``folder`` already holds a complete staging of the same items;
-    ``read_items(archive)`` yields ``(item number, bytes)`` front to back (the source's own
-    reader). Raises :class:`DatasetError` for an unreadable archive or an item it no longer
-    holds, ``OSError`` if the folder cannot be written."""
+    """Point each of ``files`` (``(archive, item number)`` sources) at a copy of its bytes in
+    ``folder/images.bin``, copying them first unless ``folder`` holds a complete staging of the
+    same items; ``read_items(archive)`` yields ``(item number, bytes)`` front to back. Raises
+    :class:`DatasetError` for an unreadable archive or a lost item, ``OSError`` if the folder
+    cannot be written."""
     from tqdm import tqdm
 
     key, manifest = _key(files), os.path.join(folder, MANIFEST)

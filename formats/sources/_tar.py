@@ -1,6 +1,6 @@
-"""Indexing an uncompressed tar in place: where each member's data lies, in bytes from the start
-of the file, so a member is one ``pread`` and a tar inside a tar (ImageNet's train archive) is
-indexed without extracting anything. POSIX, GNU and pax headers as ``tarfile`` reads them."""
+"""Indexing an uncompressed tar in place: the byte offset of each member's data in the file, so a
+member is one ``pread`` and a tar inside a tar (ImageNet's train archive) needs no extraction.
+POSIX, GNU and pax headers, as ``tarfile`` reads them."""
 from __future__ import annotations
 
 import io
@@ -13,8 +13,7 @@ _BLOCK = tarfile.BLOCKSIZE
 
 
 class _Window(io.RawIOBase):
-    """``size`` bytes of the open file ``fd`` from ``start``, as a seekable read-only file
-    (read with ``pread``, so several windows share one descriptor)."""
+    """``size`` bytes of ``fd`` from ``start`` as a seekable file read by ``pread``."""
 
     def __init__(self, fd: int, start: int, size: int):
         super().__init__()
@@ -52,9 +51,8 @@ _REGULAR = frozenset(b"\x0007")
 
 def _fast_members(fd: int, start: int, size: int,
                   label: str) -> tuple[list[tuple[str, int, int]], int] | None:
-    """``(members, end)`` read straight from the 512-byte POSIX/GNU headers (about 5 us a
-    member against 40 us through ``tarfile``), or None for anything but plain headers (pax,
-    GNU long names, sparse files, base-256 sizes, a bad checksum): ``tarfile`` reads those."""
+    """``(members, end)`` from plain POSIX/GNU headers (~5 us a member, ``tarfile`` ~40 us); None
+    for any other kind."""
     members, pos = [], 0
     while pos + _BLOCK <= size:
         header = os.pread(fd, _BLOCK, start + pos)
@@ -84,11 +82,8 @@ def _fast_members(fd: int, start: int, size: int,
 
 def tar_members(path: str, fd: int, start: int = 0, size: int | None = None,
                 what: str | None = None) -> list[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of each regular file in the tar that lies ``size`` bytes
-    from ``start`` in the open file ``fd`` (``path``, for messages; ``what`` names a tar inside
-    it), offsets absolute in the file. Raises :class:`DatasetError` naming the file if the tar
-    is unreadable or ends inside a member or before its end-of-archive blocks (a truncated
-    download)."""
+    """``(name, data offset, size)`` of the tar's regular files at ``start`` in ``fd``, offsets
+    absolute. Raises :class:`DatasetError` if unreadable or truncated."""
     total = os.fstat(fd).st_size
     size = total - start if size is None else size
     label = f"{path}[{what}]" if what else path

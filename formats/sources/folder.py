@@ -1,5 +1,5 @@
-"""The extracted layout: a folder of class folders (``root/<wnid>/<image>``), as torchvision's
-``ImageFolder`` reads it."""
+"""The extracted layout: class folders ``root/<wnid>/<image>``, as torchvision's ``ImageFolder``
+reads them."""
 from __future__ import annotations
 
 import os
@@ -8,16 +8,10 @@ from ._listing import DatasetError, Listing, Source
 
 
 def list_sources(root: str) -> Listing:
-    """Classes and candidate files of the image folder ``root``.
-
-    Classes are the sorted names of ``root``'s non-hidden subdirectories, so labels equal
-    torchvision ``ImageFolder``'s ``class_to_idx`` except that ImageFolder also counts hidden
-    directories (``.ipynb_checkpoints``) as classes. Files are every non-hidden file below a
-    class folder, in ``make_dataset``'s order (directories sorted, then names sorted), whatever
-    their extension: content decides (:mod:`formats.images`). Hidden files and directories and
-    files directly in ``root`` are ignored. An empty class keeps its label (ImageFolder refuses
-    it). Raises :class:`DatasetError` if ``root`` is missing, has no class folder or no file.
-    """
+    """The :class:`Listing` of ``root``: classes its sorted non-hidden folders (ImageFolder's
+    ``class_to_idx``, which also counts hidden ones), files every non-hidden file below them in
+    ``make_dataset``'s order, empty classes kept. Raises :class:`DatasetError` if ``root`` is
+    missing or has no class folder or file."""
     if not os.path.isdir(root):
         raise DatasetError(f"{root}: no such directory")
     try:

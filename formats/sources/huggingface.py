@@ -1,19 +1,12 @@
-"""Hugging Face's ``ILSVRC/imagenet-1k``, as its repository folder is downloaded:
+"""Hugging Face's ``ILSVRC/imagenet-1k`` repository folder: Parquet (``data/train-*.parquet``,
+``data/validation-*.parquet``; columns ``image`` {``bytes``, ``path``} and ``label``, an index into
+``classes.py``'s sorted WNIDs) or, in earlier revisions, ``data/train_images_{0..4}.tar.gz`` and
+``data/val_images.tar.gz``.
 
-* Parquet (current revision): ``data/train-*.parquet``, ``data/validation-*.parquet`` with the
-  columns ``image`` (a struct of ``bytes`` and ``path``) and ``label`` (an index into the sorted
-  WNIDs of the repository's ``classes.py``); read with pyarrow, by row group.
-* ``.tar.gz`` (earlier revisions): ``data/train_images_{0..4}.tar.gz``,
-  ``data/val_images.tar.gz``, whose file names carry the WNID.
-
-File names in both are the dataset loading script's ``<IMAGE_FILENAME>_<SYNSET_ID>.JPEG``
-(``n01440764_10026_n01440764.JPEG``, ``ILSVRC2012_val_00000001_n01751748.JPEG``; the script
-takes the WNID after the last ``_``), so each image gets the ``rel`` the class-folder layout
-has (``n01440764/n01440764_10026.JPEG``, ``n01751748/ILSVRC2012_val_00000001.JPEG``).
-Neither is seekable per image (gzip streams; Parquet pages hold many images, compressed), so
-their bytes are copied to one seekable staging file, front to back, before the shuffled
-conversion reads them (:mod:`formats.sources._staging`).
-"""
+File names are the loading script's ``<IMAGE_FILENAME>_<SYNSET_ID>.JPEG``, mapped to the
+class-folder ``rel`` (``n01440764_10026_n01440764.JPEG`` -> ``n01440764/n01440764_10026.JPEG``).
+Neither format is seekable per image, so the images are staged first
+(:mod:`formats.sources._staging`)."""
 from __future__ import annotations
 
 import ast
@@ -33,8 +26,7 @@ _NAME = re.compile(r"(.+)_(n\d{8})(\.[A-Za-z]+)")
 
 
 def find_files(root: str, split: str) -> tuple[str, list[str]]:
-    """``("parquet" | "tar.gz", files)`` of ``split`` in the repository folder ``root``
-    (its ``data/`` folder or ``root`` itself), or ``("", [])``."""
+    """``("parquet" | "tar.gz", files)`` of ``split`` in ``root[/data]``, or ``("", [])``."""
     for kind, pattern in zip(("parquet", "tar.gz"), _SPLIT_FILES[split]):
         for folder in (os.path.join(root, "data"), root):
             found = sorted(glob.glob(os.path.join(folder, pattern)))
@@ -44,9 +36,8 @@ def find_files(root: str, split: str) -> tuple[str, list[str]]:
 
 
 def read_classes_py(root: str) -> tuple[list[str], list[str]] | None:
-    """Sorted WNIDs and names of ``IMAGENET2012_CLASSES`` in ``root/classes.py`` (its literal
-    read with ``ast``, never executed), or None without the file. Raises
-    :class:`DatasetError` if it holds no such literal or its WNIDs are not sorted."""
+    """Sorted WNIDs and names of ``IMAGENET2012_CLASSES`` in ``root/classes.py`` (parsed, never
+    run); None without it. Raises :class:`DatasetError`."""
     path = os.path.join(root, CLASSES_PY)
     if not os.path.isfile(path):
         return None
@@ -71,16 +62,14 @@ def read_classes_py(root: str) -> tuple[list[str], list[str]] | None:
 
 
 def class_rel(name: str) -> tuple[str, str] | None:
-    """``(wnid, rel)`` of a file name ``<IMAGE_FILENAME>_<WNID>.JPEG`` (any folder), or None."""
+    """``(wnid, rel)`` of a file name ``<IMAGE_FILENAME>_<WNID>.JPEG``, or None."""
     match = _NAME.fullmatch(os.path.basename(name))
     return (match[2], f"{match[2]}/{match[1]}{match[3]}") if match else None
 
 
 def list_huggingface(root: str, split: str) -> Listing:
-    """The ``split`` of the Hugging Face repository folder ``root``. Sources are
-    ``(file, item number)`` until staged (``offset``: the Parquet row or tar member number).
-    Raises :class:`DatasetError` for a file without Hugging Face's columns, an unreadable file,
-    a name without a WNID, a WNID outside ``classes.py`` or a label that disagrees with it."""
+    """The ``split`` in ``root``, sources ``(file, item number)`` until staged. Raises
+    :class:`DatasetError` for bad columns, files, names, WNIDs or labels."""
     kind, paths = find_files(root, split)
     if not paths:
         raise DatasetError(f"{root}: no Hugging Face {split} files (data/*.parquet or "
@@ -156,8 +145,8 @@ def _targz_items(path: str) -> list[tuple[str, int, str, None]]:
 
 
 def read_items(path: str):
-    """``(item number, bytes)`` of each image of a Parquet file or ``.tar.gz``, front to back
-    (Parquet: one row group at a time). Raises :class:`DatasetError` naming the file."""
+    """``(item number, bytes)`` of each image of a Parquet file (a row group at a time) or
+    ``.tar.gz``, front to back. Raises :class:`DatasetError` naming the file."""
     if path.endswith(".parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -1,22 +1,9 @@
-"""The official download from image-net.org, read where it lies (nothing is extracted):
-
-* ``ILSVRC2012_img_train.tar``: 1,000 inner tars ``n01440764.tar``, ... each holding
-  ``n01440764_10026.JPEG``, ...; both levels are uncompressed, so each JPEG is indexed by its
-  byte offset in the outer file (:mod:`formats.sources._tar`) and read with one ``pread``.
-  Also accepted: the outer tar extracted to a folder of the 1,000 inner tars.
-* ``ILSVRC2012_img_val.tar`` (50,000 ``ILSVRC2012_val_00000001.JPEG``, ... in one flat list) or
-  that list extracted to a flat folder; labels from the devkit.
-* ``ILSVRC2012_devkit_t12.tar.gz`` or its extracted folder: ``data/meta.mat`` (read with
-  ``scipy.io.loadmat`` as torchvision's ``datasets.ImageNet`` does: the synsets without
-  children are the 1,000 classes, ``ILSVRC2012_ID`` 1-1000 with their WNID and words) and
-  ``data/ILSVRC2012_validation_ground_truth.txt`` (one ILSVRC2012_ID per val image, in image
-  number order).
-
-The ILSVRC2012_ID order is not the sorted-WNID order: labels are always the index of the WNID
-among the sorted WNIDs (torchvision's ``ImageFolder`` on the extracted folders), and each
-source's ``rel`` is the path ``valprep.sh`` / the train extraction would give it
-(``n01440764/n01440764_10026.JPEG``, ``n01751748/ILSVRC2012_val_00000001.JPEG``).
-"""
+"""The official download from image-net.org, read in place: ``ILSVRC2012_img_train.tar`` (1,000
+uncompressed class tars, each JPEG indexed by byte offset; or their folder),
+``ILSVRC2012_img_val.tar`` (or its flat folder), and ``ILSVRC2012_devkit_t12[.tar.gz]``:
+``data/meta.mat`` read as torchvision's ``datasets.ImageNet`` does (synsets without children are
+the classes) and the val ground truth. Labels index the sorted WNIDs, not the ILSVRC2012_ID;
+``rel`` is the extracted path (``valprep.sh`` for val)."""
 from __future__ import annotations
 
 import io
@@ -58,9 +45,8 @@ def _devkit_file(devkit: str, member: str) -> bytes:
 
 
 def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
-    """``{ILSVRC2012_ID: (WNID, words)}`` of the devkit's classes (the synsets of
-    ``data/meta.mat`` without children, as torchvision's ``parse_meta_mat``). Raises
-    :class:`DatasetError`."""
+    """``{ILSVRC2012_ID: (WNID, words)}`` of the devkit's classes (as torchvision's
+    ``parse_meta_mat``). Raises :class:`DatasetError`."""
     from scipy.io import loadmat
 
     try:
@@ -89,9 +75,8 @@ def _classes(devkit: str | None) -> tuple[list[str], list[str] | None]:
 
 
 def list_train(train: str, devkit: str | None) -> Listing:
-    """The train split in ``train`` (the outer tar, or a folder of inner tars), classes from
-    ``devkit`` (else the inner tars' names). Raises :class:`DatasetError` for an unreadable or
-    truncated tar, or an inner tar that is not a devkit class."""
+    """The train split in ``train`` (outer tar, or a folder of class tars). Raises
+    :class:`DatasetError` for a bad tar or a class the devkit lacks."""
     classes, names = _classes(devkit)
     inner = _inner_tars(train)
     if not classes:
@@ -117,8 +102,7 @@ def list_train(train: str, devkit: str | None) -> Listing:
 
 
 def _inner_tars(train: str) -> list[tuple[str, str, int, int]]:
-    """``(wnid, file, data offset, size)`` of each class tar: members of the outer tar, or
-    files of a folder."""
+    """``(wnid, file, data offset, size)`` of each class tar."""
     if os.path.isdir(train):
         found = sorted(n for n in os.listdir(train) if _WNID_TAR.fullmatch(n))
         if not found:
@@ -140,9 +124,8 @@ def _inner_tars(train: str) -> list[tuple[str, str, int, int]]:
 
 
 def list_val(val: str, devkit: str | None) -> Listing:
-    """The val split in ``val`` (its tar, or the flat folder it extracts to), labels from the
-    devkit's ground truth. Raises :class:`DatasetError` for a missing devkit, a ground truth of
-    another length than the images, or a file that is not ``ILSVRC2012_val_NNNNNNNN.JPEG``."""
+    """The val split in ``val`` (tar or flat folder), labels from the devkit. Raises
+    :class:`DatasetError` for a missing devkit or a mismatched ground truth or name."""
     if devkit is None:
         raise DatasetError(f"{val}: the val labels are in the devkit: put {DEVKIT}.tar.gz "
                            "(or its extracted folder) beside it")

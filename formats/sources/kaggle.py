@@ -1,8 +1,7 @@
-"""Kaggle's copy (ImageNet Object Localization Challenge), as extracted from its zip:
-``ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG`` (class folders), ``ILSVRC/Data/CLS-LOC/val/``
-flat, with the labels in ``LOC_val_solution.csv`` (``ImageId,PredictionString``; the WNID is
-the first word of each box) and the class names in ``LOC_synset_mapping.txt``
-(``n01440764 tench, Tinca tinca``, one class a line)."""
+"""Kaggle's copy (ImageNet Object Localization Challenge), extracted:
+``ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG``, ``ILSVRC/Data/CLS-LOC/val/`` flat with labels in
+``LOC_val_solution.csv`` (the WNID is the first word of each box), class names in
+``LOC_synset_mapping.txt``."""
 from __future__ import annotations
 
 import csv
@@ -29,9 +28,8 @@ def _mapping(root: str) -> tuple[list[str], list[str]]:
 
 
 def list_kaggle(root: str, split: str) -> Listing:
-    """The ``split`` (``train`` or ``val``) of the Kaggle tree in ``root``. Raises
-    :class:`DatasetError` for a missing file, a class folder or CSV row naming a WNID that
-    ``LOC_synset_mapping.txt`` lacks, or a val image without a CSV row."""
+    """The ``split`` of the Kaggle tree in ``root``. Raises :class:`DatasetError` for a missing
+    file, a WNID ``LOC_synset_mapping.txt`` lacks, or a val image without a CSV row."""
     classes, names = _mapping(root)
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     folder = os.path.join(root, TREE, split)
