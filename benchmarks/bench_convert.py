@@ -1,36 +1,8 @@
 """How fast does folder2lmdb.py convert, against decoding alone, and how much memory does it take?
 
-    python -m benchmarks.bench_convert --data DIR/train [--copies 8]
-                                       [--rounds 5] [--checks full header] [--out report.json]
-                                       [--memory-records 10000 200000]
-
-**Speed.** The image folder ``--data`` is replicated ``--copies`` times with symlinks into a
-temporary folder (the 250 real ImageNet JPEGs of the sample become 2,000 files, the page cache
-holds them after the first round). Each round times, one after the other (A B C A B C ...):
-
-* ``decode-only``: read each file and decode it with the loaders' libjpeg-turbo
-  ``decode_jpeg`` (``decode.libraries``: TorchCodec, else torchvision; RGB), in a pool of as
-  many threads as the converter uses: the rate the issue's target (75%) is measured against;
-* ``decode-only, luma``: the same with ``decode_jpeg_luma``, the decode of ``--check full``
-  (it refuses the same bytes without the chroma IDCT and colour conversion): the most the
-  converter could do;
-* ``convert --check MODE`` for each of ``--checks``: ``folder2lmdb.convert`` itself with its
-  defaults (threads, batch size, map size), output on disk under ``--tmp``, ``--overwrite``,
-  in this process after ``retain_freed_memory()`` as the command line does. Its time is the
-  converter's own (:class:`folder2lmdb.Summary`: listing, fingerprint, checking, writing and
-  the final ``fsync``), not the Python start-up.
-
-Medians over ``--rounds`` are printed in images/s, per core (divided by the cores this process
-may run on, ``os.sched_getaffinity``), and as a share of decode-only.
-
-**Memory.** For each count of ``--memory-records`` a folder of that many tiny images (one 8x8
-JPEG of under 300 bytes, ``bench_memory.tiny_jpeg``, in 1,000 class folders, ImageNet-like
-names) is written on a tmpfs (``/dev/shm`` where there is one), converted by
-``folder2lmdb.py``'s CLI with its defaults in a fresh Python process, and that process's peak
-resident set size is read from ``/proc/self/status`` (``VmHWM``). What grows with the count is the
-listing (a path and a relative path per file) and the checksum list; tiny records make that
-the largest share. With two counts the growth per record is printed and, if the larger count
-is below ImageNet's 1,281,167, the peak extrapolated to it (linear in the count).
+Target: the converter at >= 75% of decode-only's images/s (:func:`speed`, on ``--data``
+replicated ``--copies`` times). :func:`memory` gives the peak RSS per record and extrapolated
+to ImageNet's 1,281,167 records.
 """
 from __future__ import annotations
 
@@ -46,10 +18,8 @@ from benchmarks.runner import REPO
 
 IMAGENET_TRAIN = 1_281_167
 _MiB = 1 << 20
-# Run in a fresh process from the repository's root (python -c puts the working directory on
-# sys.path): converts argv[1] to argv[2] with folder2lmdb.py's CLI defaults (and argv[3:]), then
-# prints its own peak RSS in bytes: VmHWM, the high-water mark of this address space. Not
-# getrusage's ru_maxrss: Linux carries that across exec from the forked parent.
+# Run from the repository's root: converts argv[1] to argv[2] with folder2lmdb.py's CLI, then
+# prints its peak RSS in bytes (VmHWM; not ru_maxrss, which Linux carries across exec).
 _CHILD = """
 import sys
 import folder2lmdb
@@ -67,11 +37,11 @@ def cores() -> int:
 
 
 def replicate(source: str, target: str, copies: int) -> int:
-    """Fill ``target`` with ``copies`` symlinks to every file of the class folders of
-    ``source`` (``name_K.ext``, same class folder) and return the number of links."""
+    """Fill ``target`` with ``copies`` symlinks (``name_K.ext``) to every file of ``source``'s
+    class folders; returns the number of links. Raises ``DatasetError`` for a bad folder."""
     from formats.sources import list_sources
 
-    listing = list_sources(source)  # raises DatasetError for a bad folder
+    listing = list_sources(source)
     for name in listing.classes:
         os.makedirs(os.path.join(target, name), exist_ok=True)
     for src in listing.files:
@@ -82,9 +52,8 @@ def replicate(source: str, target: str, copies: int) -> int:
 
 
 def decode_only(files: list[str], workers: int, luma: bool = False) -> float:
-    """Seconds to read and completely decode ``files`` (libjpeg-turbo through
-    ``decode.libraries.decode_jpeg``, RGB; with ``luma``, ``decode_jpeg_luma``, the decode of
-    the converter's check) in ``workers`` threads."""
+    """Seconds to read and decode ``files`` (``decode.libraries.decode_jpeg``, RGB; ``luma``:
+    ``decode_jpeg_luma``) in ``workers`` threads."""
     from decode.libraries import decode_jpeg, decode_jpeg_luma
 
     decode = decode_jpeg_luma if luma else decode_jpeg
@@ -109,7 +78,10 @@ def convert_once(data: str, output: str, check: str) -> tuple[int, float]:
 
 
 def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
-    """Interleaved rounds of decode-only and each converter check; medians in images/s."""
+    """Interleaved rounds of ``decode-only`` (the loaders' RGB decode in as many threads as the
+    converter uses), ``decode-only, luma`` (``--check full``'s decode: the most the converter
+    could do) and ``folder2lmdb.convert``'s own time for each of ``--checks``; medians in
+    images/s, per core and as a share of decode-only."""
     import inspect
 
     import folder2lmdb
@@ -141,8 +113,8 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
 
 
 def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:
-    """``count`` copies of one tiny JPEG in ``classes`` folders ``n%08d`` named like ImageNet's
-    (``n01440764_10026.JPEG``), ``i * classes // count`` the class of file ``i``."""
+    """``count`` copies of one tiny JPEG in ``classes`` folders ``n%08d``, named like ImageNet's
+    files; file ``i`` in class ``i * classes // count``."""
     from benchmarks.bench_memory import tiny_jpeg
 
     jpeg = tiny_jpeg()
@@ -167,7 +139,8 @@ def peak_rss(data: str, output: str, extra: list[str]) -> int:
 
 
 def memory(opts: argparse.Namespace) -> dict:
-    """Peak RSS of converting ``--memory-records`` tiny images; growth per record."""
+    """Peak RSS of a fresh ``folder2lmdb.py`` converting each of ``--memory-records`` tiny
+    images on a tmpfs (what grows is the listing and checksum list); growth per record."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     runs = []
     for count in opts.memory_records:
@@ -210,7 +183,7 @@ def print_report(report: dict) -> None:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command line (module docstring)."""
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "folder of class folders, e.g. an ImageNet train/")
     parser.add_argument("--copies", type=int, default=8,

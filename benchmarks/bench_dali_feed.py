@@ -1,22 +1,9 @@
 """DALI on the CPU through main.py's own code path: how long the training thread spends handing
-records to DALI, images/s, and host memory across epochs (issue 37's targets on this machine).
+records to DALI, images/s, and host memory across epochs.
 
-    python -m benchmarks.bench_dali_feed --data ../shared/data/imagenet-sample [--base DIR]
-
-Builds an LMDB of ``--data``'s train split replicated ``--repeat`` times (symlinks; default 16:
-4,000 records of the 250-image sample), then, in a fresh process per round and code: the
-training loader of ``main.py --dali --dali-cpu --lmdb DB -b 256 -j 2 --seed 0`` (main.py's
-parser and ``engine.settings.resolve_settings``), timed by ``--benchmark-data``'s own
-measurement (``loaders.measure_throughput``) over ``--batches`` batches after ``--warmup``; the
-seconds the training thread spends in DALI's input setup (``Pipeline._iter_setup``: the
-external source's callback and DALI's handling of what it returns) per call, one call per batch
-(median: the steady state; mean: with the first calls of each pass, which wait for the first
-batches' reads); then ``--epochs`` whole epochs with the process's resident memory (VmRSS) after
-each, glibc keeping freed memory as ``main.py`` sets it.
-``--base DIR`` (e.g. a ``git archive`` of the code before) runs the same in DIR, interleaved
-round by round, so both see the same machine load. Prints, per code, the medians over the
-rounds: images/s, ms per batch on the training thread, and RSS growth from the first epoch to
-the last; ``--json FILE`` keeps every round.
+Each round runs :func:`child` in a fresh process for this checkout and ``--base DIR`` (another,
+interleaved) over an LMDB of ``--data`` replicated ``--repeat`` times. Prints the medians over
+the rounds against the targets; ``--json FILE`` keeps every round.
 """
 from __future__ import annotations
 
@@ -27,13 +14,17 @@ import subprocess
 import sys
 import time
 
-TARGET_FEED_MS = 2.0  # issue 37: at most 2 ms per batch handing records to DALI
-TARGET_RSS_GROWTH = 0.05  # and host RSS over 5 epochs growing by less than 5%
+TARGET_FEED_MS = 2.0  # target: at most 2 ms per batch handing records to DALI
+TARGET_RSS_GROWTH = 0.05  # target: host RSS over 5 epochs growing by less than 5%
 
 
 def child(code: str, db: str, batch: int, workers: int, batches: int, warmup: int,
           epochs: int) -> dict:
-    """One measurement in this process, with ``code`` (a checkout) first on ``sys.path``."""
+    """One measurement in this process, with ``code`` (a checkout) first on ``sys.path``: the
+    training loader of ``main.py --dali --dali-cpu --lmdb DB``, its images/s
+    (``loaders.measure_throughput``), ms per batch in DALI's input setup
+    (``Pipeline._iter_setup``) on the training thread (median: steady state; mean: with each
+    pass's first, waiting calls) and VmRSS in MiB after each of ``epochs``."""
     sys.path.insert(0, code)
     os.chdir(code)
     import nvidia.dali.pipeline as dali_pipeline
@@ -77,7 +68,7 @@ def child(code: str, db: str, batch: int, workers: int, batches: int, warmup: in
 def _retain_freed_memory() -> None:
     try:
         from decode import retain_freed_memory
-    except ImportError:  # code from before decode/ (it was loaders')
+    except ImportError:  # an older --base checkout keeps it in loaders
         from loaders import retain_freed_memory
     retain_freed_memory()
 
@@ -102,8 +93,8 @@ def make_db(data: str, repeat: int, tmp: str) -> str:
 
 
 def measure(code: str, db: str, args) -> dict:
-    """:func:`child` in a fresh process (this file, run by path: it imports nothing of the
-    checkout at module level, so ``code`` may be another version)."""
+    """:func:`child` in a fresh process (this file run by path imports nothing of the checkout
+    at module level, so ``code`` may be another version)."""
     spec = json.dumps([code, db, args.batch_size, args.workers, args.batches, args.warmup,
                        args.epochs])
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],

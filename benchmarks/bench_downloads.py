@@ -1,25 +1,9 @@
 """Converting ImageNet as downloaded: the train tar read in place against the extracted class
 folders, and every layout's disk space and conversion time per 1,000 images.
 
-    python -m benchmarks.bench_downloads --sample DIR [--copies 8]
-                                         [--rounds 6] [--layouts folder official ...]
-                                         [--tmp DIR] [--out report.json]
-
-The sample's 250 real ImageNet JPEGs are copied ``--copies`` times under distinct names
-(``<wnid>_<name>_<k>.JPEG``: 2,000 files by default) into a class-folder tree, and each
-download layout is built from that tree with ``tools/replicas.py``: ``official`` (a train tar
-of per-class tars), ``kaggle``, ``hf-parquet``, ``hf-targz``; ``folder`` is the tree itself.
-Each round converts the train split of every layout, one after the other, in alternating order
-(A B C, C B A, ...: no layout always runs first or right after the same one),
-through ``folder2lmdb.convert`` with the converter's defaults and the flags of ``make
-convert-imagenet`` (``--split train --shuffle-seed 0``, ``--allow-partial`` since this is not
-all of ImageNet), output on disk under ``--tmp``, ``--overwrite``; its time is the converter's
-own (listing, indexing the tar, staging, fingerprint, checking, writing, the final sync). The
-page cache holds every layout after the first round (as it would a download smaller than
-memory). Medians over ``--rounds`` are printed in images/s, with each layout's ratio to
-``folder``, and per layout the disk space of its train files (allocated blocks) per 1,000
-images, the output's, and the extra disk the conversion needs beside the output (the staging
-copy of the Parquet and ``.tar.gz`` layouts; none for the others).
+The sample's train JPEGs, copied ``--copies`` times, are laid out as each download
+(:mod:`tools.replicas`; ``folder`` is the tree itself) and converted in alternating rounds by
+``folder2lmdb.convert`` with ``make convert-imagenet``'s flags, timed by its own clock.
 """
 from __future__ import annotations
 
@@ -36,8 +20,8 @@ _MiB = 1 << 20
 
 
 def replicate(sample: str, target: str, copies: int) -> int:
-    """A sample-like folder ``target/train/<wnid>/<wnid>_<name>_<k>.JPEG`` with ``copies``
-    real copies of every train image of ``sample``; returns the number of files."""
+    """``target/train/<wnid>/<wnid>_<name>_<k>.JPEG``: ``copies`` real copies of every train
+    image of ``sample``; returns the number of files."""
     from tools.replicas import train_images
 
     count = 0
@@ -77,7 +61,9 @@ def folder_bytes(folder: str) -> int:
 
 
 def run(opts: argparse.Namespace, tmp: str) -> dict:
-    """Interleaved rounds over ``opts.layouts``; medians, ratios and disk figures."""
+    """Interleaved rounds over ``opts.layouts``: median images/s, the ratio to the first
+    layout, and per 1,000 images the train files' allocated MiB, the output's and the staging
+    copy's (Parquet and ``.tar.gz`` only)."""
     import folder2lmdb
     from formats.conversion import stage_folder
     from decode import retain_freed_memory
@@ -129,8 +115,8 @@ def print_report(report: dict, first: str) -> None:
 
 
 def main(argv=None) -> int:
-    """Command line: 0 when the report is printed, 1 with one ``error:`` line otherwise (2 for
-    a ``--sample`` without ``train/``, argparse's usage error)."""
+    """Command line: 0 when the report is printed, 1 with one ``error:`` line, 2 for a
+    ``--sample`` without ``train/``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     runner.add_data_option(parser, "ImageNet-layout folder whose train/<wnid>/ JPEGs are "
                            "replicated", flag="--sample")

@@ -1,24 +1,11 @@
 """The batch-decode pipeline (``--decode-device``) beside the CPU loaders, from folder, LMDB and
-shards, through ``main.py --benchmark-data`` (issue 38's targets).
+shards, through ``main.py --benchmark-data`` (target: >= 10,000 images/s on one GPU at 224 px
+with <= 4 workers).
 
-    python -m benchmarks.bench_gpu_decode --data ../shared/data/imagenet-sample [--out FILE]
-
-Replicates ``--data`` ``--repeat`` times (symlinks), converts it to an LMDB and to shards, and
-times, each in a fresh process, ``python main.py SOURCE --benchmark-data -b B -j J
---decode-device D --train-crop-size PX --train-batches N --benchmark-warmup W --seed 0``:
-
-* on a machine without CUDA: ``--decode-device cpu`` (the workers decode) and
-  ``cpu-nvimgcodec`` (the workers read, the training process decodes each batch with
-  nvImageCodec's CPU backend: the GPU pipeline's code) at ``-j`` ``--workers`` (default 2), 224
-  px;
-* with CUDA also ``--decode-device cuda`` at ``-j 2`` and ``4``, 224 and 160 px, with the
-  target of >= 10,000 images/s at 224 px with at most 4 workers, and the CPU loaders at ``-j
-  8`` beside ``-j 15``.
-
-Each row: images/s (median of ``--rounds`` interleaved rounds), images/s per core (the cores
-the process had), and CPU ms per image: the training process and its workers over the timed
-batches (``main.py``'s ``cpu_ms_per_image``, read from ``/proc``), whose inverse is images per
-CPU-second. Prints a Markdown table; ``--out FILE`` keeps every round as JSON.
+Each row (:func:`rows`) is a fresh ``main.py SOURCE --benchmark-data --decode-device D``;
+``cpu-nvimgcodec`` runs the GPU pipeline's code on nvImageCodec's CPU backend. Prints images/s
+(median of the interleaved rounds), per core, and ``main.py``'s ``cpu_ms_per_image`` (the
+training process and its workers); ``--out FILE`` keeps every round as JSON.
 """
 from __future__ import annotations
 
@@ -31,7 +18,7 @@ import torch
 from benchmarks import runner
 
 PROG = "python -m benchmarks.bench_gpu_decode"
-TARGET_IMAGES_PER_SEC = 10_000  # issue 38: on one GPU, 224 px, at most 4 workers
+TARGET_IMAGES_PER_SEC = 10_000  # on one GPU, 224 px, at most 4 workers
 TARGET_MAX_WORKERS = 4
 SOURCES = ("folder", "lmdb", "shards")
 
@@ -101,7 +88,7 @@ def table(results: list[dict]) -> str:
 
 
 def targets(results: list[dict], has_cuda: bool) -> list[str]:
-    """The issue's target lines: met or not on a GPU, or why not measured here."""
+    """The target lines: met or not on a GPU, or why not measured here."""
     if not has_cuda:
         return ["GPU targets (>= 10,000 images/s at 224 px with <= 4 workers; CPU per image "
                 "vs the CPU loaders; -j 15 vs -j 8): not measured here (no CUDA)"]

@@ -1,27 +1,10 @@
 """Side-by-side training-loader throughput on the same JPEGs, each pipeline in its own process.
 
-    python -m benchmarks.bench_loaders --data DIR --out bench-output
-
-Runs, with the same batch size, workers, images and timing:
-
-* ``stock``: the pytorch/examples pipeline users have today (ImageFolder + PIL
-  RandomResizedCrop(224) + flip + ToTensor + Normalize in a DataLoader);
-* ``decode-only``: read and fully decode each file to RGB and nothing else, in the same
-  DataLoader setup, with libjpeg-turbo through ``decode.libraries`` (TorchCodec, else
-  torchvision: the decoding ceiling of these files on this CPU with the fastest decoder we have); ``decode-only-pil``: the same through PIL;
-* each of our training loaders **as users run them**: ``python main.py --benchmark-data DIR
-  [--lmdb | --dali ...] -b B -j J --train-batches N --benchmark-warmup W --seed 0``, i.e.
-  main.py's own parsing, settings (its main-process threads included), loaders, copy to the
-  device and normalisation there, and its JSON line. The ratio in the table is therefore the
-  one ``main.py --benchmark-data`` gives.
-
-Every pipeline runs in a fresh process (the baselines through this script's ``--baseline``
-mode, with torch's default threads, as pytorch/examples runs), iterating ``--warmup`` batches
-untimed and then ``--batches`` timed ones (cycling epochs, ``loaders.measure_throughput``
-for all); ``--rounds`` interleaved repetitions, median reported. The sample is replicated
-``--repeat`` times (symlinks) so timing sees steady state, and read once beforehand so all
-pipelines see a warm page cache. Writes ``OUT/report.json`` (every round, and the command of
-each of ours) and ``OUT/chart.png`` (images/s side by side, ratios to stock) and prints a table.
+Each pipeline runs in a fresh process with the same ``-b``, ``-j``, images and timing
+(``loaders.measure_throughput``): ``stock`` (:func:`stock_loader`), ``decode-only`` (the
+decoding ceiling on this CPU, :class:`_DecodeOnly`) and each of our loaders as users run them,
+``main.py --benchmark-data``. Writes ``OUT/report.json`` and ``OUT/chart.png`` (medians of the
+interleaved rounds, ratios to stock) and prints a table.
 """
 from __future__ import annotations
 
@@ -75,8 +58,8 @@ def stock_loader(root: str, batch_size: int, workers: int, device: torch.device)
 
 
 class _DecodeOnly(Dataset):
-    """Reads and fully decodes each file to RGB, returning only its label: with libjpeg-turbo
-    through ``decode.libraries`` (our CPU loaders' whole-image decoder) or through PIL."""
+    """Reads and fully decodes each file to RGB (``decode.decode``, or PIL), returning only
+    its label."""
 
     def __init__(self, root: str, use_pil: bool):
         self.samples, self.use_pil = datasets.ImageFolder(root).samples, use_pil
@@ -101,9 +84,8 @@ def decode_only_loader(root: str, batch_size: int, workers: int, use_pil: bool =
 
 
 def main_loader(argv: list[str]):
-    """The training loader ``main.py argv`` builds in a single process, through main.py's own
-    parser and :func:`engine.settings.resolve_settings` (profiling scripts use it in-process;
-    pass ``--seed`` so no seed is drawn)."""
+    """The training loader ``main.py argv`` builds in this process, through main.py's parser
+    and :func:`engine.settings.resolve_settings` (pass ``--seed`` so no seed is drawn)."""
     import main
     from engine.distributed import Job, resolve_device
     from engine.settings import resolve_settings
@@ -216,10 +198,8 @@ def serve_http(root: str):
 
 
 def summarise(name: str, stats: list[dict], cores: int) -> dict:
-    """Median images/s of one pipeline's rounds, per core, with every round kept, and the
-    median round's stage figures (``stages``: the ``stages_*`` keys ``main.py
-    --benchmark-data`` prints, ``engine.bounds``; empty for the baselines and loaders that do
-    not measure stages)."""
+    """Median images/s of one pipeline's rounds, per core, every round, and the median round's
+    ``stages_*`` figures (``stages``; empty where none were measured)."""
     speeds = sorted(r["images_per_sec"] for r in stats)
     median = runner.median_high(speeds)
     middle = next(r for r in stats if r["images_per_sec"] == median)
@@ -230,9 +210,8 @@ def summarise(name: str, stats: list[dict], cores: int) -> dict:
 
 
 def top_stage(stages: dict) -> str:
-    """The stage with the largest share of the measured stages' time in ``stages``
-    (``stages_*`` keys), e.g. ``"decode 69%"``; ``"-"`` without stage figures. A batch
-    pipeline (``--decode-device``, DALI) has keys for its own stages only."""
+    """The stage with the largest share of the measured stages' time, e.g. ``"decode 69%"``;
+    ``"-"`` without stage figures."""
     means = {name: stages.get(f"stages_{name}_ms_mean") for name in
              ("read", "window", "decode", "resize", "augment", "write")}
     means = {name: v for name, v in means.items() if v is not None}
@@ -251,10 +230,8 @@ def _shown(arg: str, tmp: str) -> str:
 
 
 def baseline(args) -> int:
-    """``--baseline NAME``: time one baseline pipeline in this process; print its JSON line.
-
-    glibc keeps freed memory here as in ``main.py`` (``decode/memory.py``), so the stock
-    pipeline is not slowed by page faults that ours avoid."""
+    """``--baseline NAME``: time one baseline in this process and print its JSON line; glibc
+    keeps freed memory as in ``main.py``, so the stock pipeline pays no page faults ours avoid."""
     decode.retain_freed_memory()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b, j = args.batch_size, args.workers
@@ -291,7 +268,7 @@ def _image_count(train: str) -> int | None:
 
 def ffcv_beside(out: str, data: str) -> dict | None:
     """``make bench-ffcv``'s report (``OUT/ffcv/report.json``) when it timed the same image
-    set (``--data``, all images) as this run, else None: FFCV's figures for the chart."""
+    set as this run, else None."""
     path = os.path.join(out, "ffcv", "report.json")
     try:
         with open(path) as f:
@@ -323,12 +300,9 @@ def _ffcv_panel(ax, ffcv: dict) -> None:
 
 
 def write_chart(report: dict, path: str, ffcv: dict | None = None) -> None:
-    """``chart.png``: each pipeline's median images/s side by side (baselines in grey, ours in
-    blue), each bar labelled with its ratio to ``stock``; the title names the image set (its
-    folder, image count and replication), batch size, workers and cores. With ``ffcv``
-    (:func:`ffcv_beside`: ``make bench-ffcv`` on the same ``DATA`` first), a second panel puts
-    FFCV beside ours on its capped store. The README shows the one made on the real sample
-    (docs/performance.md, *The README's chart*)."""
+    """``chart.png``: each pipeline's median images/s (baselines grey, ours blue) with its
+    ratio to ``stock``; with ``ffcv`` (:func:`ffcv_beside`), a second panel of FFCV beside ours
+    on its capped store (docs/performance.md, *The README's chart*)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,35 +1,12 @@
 """Does a DataLoader worker's memory grow with the number of LMDB records?
 
-    python -m benchmarks.bench_memory --out memory-report.json
+Target: the worst worker's memory on 1.28 M records minus on 10 k records stays under
+``--limit-mb`` (50 MB), judged on ``rss_excl_mdb`` and ``anon`` (memory the process owns).
 
-Writes two LMDBs in our format (``formats/lmdb/_codec.py``) of tiny records (one 8x8 JPEG of
-under 300 bytes, labels in ImageFolder order over 1000 classes), of 10,000 and 1,281,167
-records (ImageNet's training set size), in a temporary directory that is removed at the end
-unless ``--keep``. For each database, in a fresh Python process (so nothing carries over from
-the other measurement), it builds the training loader as ``main.py --lmdb`` does
-(``loaders.build_loaders`` with the lmdb backend's ``LoaderSettings``), iterates ``--batches``
-batches and samples, every ``--sample-every`` batches after ``--warmup``, the memory of the main
-process and of each DataLoader worker from ``/proc/PID/smaps``:
-
-* ``rss``: resident set size, what ``top`` shows;
-* ``mdb``: the part of ``rss`` that is ``data.mdb``'s memory map. LMDB reads records in
-  place, so every page a worker touched counts in its RSS until the kernel reclaims it; these
-  are clean page-cache pages shared with every other reader, not memory the worker owns;
-* ``rss_excl_mdb`` = ``rss - mdb``, and ``anon``: anonymous memory (heap, Python objects,
-  tensors), where a per-record index or list would show; after ``fork()`` it includes the
-  pages still shared with the main process;
-* ``uss`` (private pages) and ``pss`` (proportional share).
-
-``data.mdb``'s page-cache state is set before each run (``--cache warm``, the default: read it
-all, as in steady state when the database fits in RAM; ``--cache cold``: evicted), because it
-decides how much of the map a worker's reads make resident (see :func:`set_page_cache`).
-
-The criterion (issue 5): a worker's memory on 1.28 M records minus on 10 k records stays under
-``--limit-mb`` (50 MB) for the worst worker; PASS/FAIL is printed for ``rss_excl_mdb`` and
-``anon`` (memory that the process owns), and the ``rss`` difference is shown with it.
-``--samplers stock lean`` measures with torch's ``DistributedSampler`` (patched in for the
-measurement only) and with ``loaders.orders.random.LeanDistributedSampler`` (what the loaders
-use), whose permutation is a tensor instead of a list of Python ints in the main process.
+For each of ``--records`` (:func:`write_lmdb`) and ``--samplers`` (torch's
+``DistributedSampler``, or ``LeanDistributedSampler`` whose permutation is a tensor, not a list
+of Python ints), a fresh process runs :func:`measure` after :func:`set_page_cache`. Prints
+PASS/FAIL, with the ``rss`` difference beside it.
 """
 from __future__ import annotations
 
@@ -65,14 +42,10 @@ def tiny_jpeg() -> bytes:
 
 def write_lmdb(path: str, count: int, num_classes: int = NUM_CLASSES,
                txn_records: int = 200_000) -> int:
-    """Write a database of ``count`` tiny records at ``path`` in the format of
-    ``folder2lmdb.py`` and return the size of ``data.mdb`` in bytes.
-
-    Labels are in ImageFolder order (record ``i`` has label ``i * num_classes // count``) and
-    class names are ``n%08d``. Written straight with py-lmdb, in ``txn_records``-record
-    transactions with appending puts (keys are written in order), which is far faster than
-    ``folder2lmdb`` on a million records.
-    """
+    """Write ``count`` :func:`tiny_jpeg` records at ``path`` in ``folder2lmdb.py``'s format;
+    returns ``data.mdb``'s size in bytes. Record ``i`` has label ``i * num_classes // count``
+    (ImageFolder order), classes are ``n%08d``. Written with py-lmdb's appending puts in
+    ``txn_records``-record transactions, far faster than ``folder2lmdb`` on a million records."""
     import lmdb
 
     from formats.lmdb import META_KEY, Metadata, encode_meta, encode_record, record_key
@@ -99,11 +72,10 @@ def write_lmdb(path: str, count: int, num_classes: int = NUM_CLASSES,
 
 
 def proc_memory(pid: int) -> dict[str, int]:
-    """Memory of process ``pid`` in bytes from ``/proc/PID/smaps``: ``rss``, ``pss``, ``uss``,
-    ``anon``, ``mdb`` (RSS of ``data.mdb`` mappings) and ``rss_excl_mdb``.
-
-    Raises ``OSError`` if the process is gone.
-    """
+    """Memory of process ``pid`` in bytes from ``/proc/PID/smaps``: ``rss``, ``pss``, ``uss``
+    (private pages), ``anon`` (heap, objects, tensors; after ``fork()`` with pages still
+    shared), ``mdb`` (RSS of ``data.mdb``'s map: clean page-cache pages shared with every
+    reader, not owned) and ``rss_excl_mdb``. Raises ``OSError`` if the process is gone."""
     totals = dict.fromkeys(("rss", "pss", "uss", "anon", "mdb"), 0)
     in_mdb = False
     with open(f"/proc/{pid}/smaps") as f:
@@ -136,15 +108,12 @@ def child_pids() -> set[int]:
 
 def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: int,
             workers: int, sampler: str = "stock") -> dict:
-    """Iterate ``batches`` training batches of the LMDB loader over ``db`` in this process and
-    sample the memory of the main process and the DataLoader workers.
-
-    Returns ``{"records", "batches", "main": {"before", "samples"}, "workers": {pid: [sample,
-    ...]}}`` where each sample is :func:`proc_memory`'s dict plus ``"step"``. Epochs are
-    cycled if one is shorter than ``batches`` (each epoch starts new workers).
-    ``sampler="stock"`` swaps torch's ``DistributedSampler`` in for
-    :class:`loaders.orders.random.LeanDistributedSampler` (inside ``RandomOrder``).
-    """
+    """Iterate ``batches`` training batches of the LMDB loader over ``db`` in this process,
+    sampling the main process's and the workers' memory. Returns ``{"records", "batches",
+    "main": {"before", "samples"}, "workers": {pid: [sample, ...]}}``, each sample
+    :func:`proc_memory`'s dict plus ``"step"``; epochs cycle (each starts new workers).
+    ``sampler="stock"`` patches torch's ``DistributedSampler`` in for
+    :class:`loaders.orders.random.LeanDistributedSampler`. Raises RuntimeError without workers."""
     import torch
 
     import loaders
@@ -212,14 +181,10 @@ def summarise(run: dict) -> dict:
 
 
 def set_page_cache(db: str, state: str) -> None:
-    """Put ``db``'s ``data.mdb`` in the page cache (``"warm"``: read it all, the steady state of
-    a database that fits in RAM) or take it out (``"cold"``: ``POSIX_FADV_DONTNEED``).
-
-    Worker RSS depends on it: the kernel's fault-around maps up to 16 neighbouring pages that
-    are already cached at each page fault (``madvise(MADV_RANDOM)``, which py-lmdb sets with
-    ``readahead=False``, stops reading ahead but not this mapping), so a worker on a warm
-    database shows several times more ``data.mdb`` RSS than on a cold one for the same reads.
-    """
+    """Put ``db``'s ``data.mdb`` in the page cache (``"warm"``: read it all) or take it out
+    (``"cold"``: ``POSIX_FADV_DONTNEED``). Worker RSS depends on it: the kernel's fault-around
+    maps up to 16 cached neighbouring pages at each fault (``MADV_RANDOM`` does not stop it), so
+    a warm database shows several times more ``data.mdb`` RSS for the same reads."""
     path = os.path.join(db, "data.mdb")
     if state == "warm":
         with open(path, "rb") as f:
@@ -234,8 +199,7 @@ def set_page_cache(db: str, state: str) -> None:
 
 
 def measure_in_subprocess(db: str, opts: argparse.Namespace, sampler: str) -> dict:
-    """:func:`measure` in a fresh interpreter, so one database's run leaves nothing (heap,
-    page tables, imported state) in the other's main process or in the workers it forks."""
+    """:func:`measure` in a fresh interpreter, so one run leaves nothing in the next."""
     cmd = runner.module_command(
         "benchmarks.bench_memory", "--measure-db", db, "--batches", str(opts.batches),
         "--warmup", str(opts.warmup), "--sample-every", str(opts.sample_every),
@@ -270,8 +234,7 @@ def compare(summaries: list[dict], limit_bytes: float) -> dict:
 
 
 def print_table(summaries: list[dict], verdicts: dict, limit_bytes: float) -> None:
-    """The table of docs/performance.md's *Memory per loader worker* (MiB; worker figures are
-    the worst worker)."""
+    """The table of docs/performance.md's *Memory per loader worker* (MiB, worst worker)."""
     print("MiB; w = worst DataLoader worker (peak; mdb at the end); mdb = RSS of data.mdb's "
           "map; excl = RSS minus mdb; main + = main RSS growth while iterating")
     head = (f"{'sampler':8} {'records':>9} | {'wRSS pk':>8} {'wRSS end':>8} {'w mdb':>8} "
@@ -299,7 +262,7 @@ def print_table(summaries: list[dict], verdicts: dict, limit_bytes: float) -> No
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command line (module docstring); ``--measure-db`` is the child's."""
+    """The command line; ``--measure-db`` is the child's."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, nargs="+", default=[10_000, 1_281_167],
                         help="database sizes (default: 10000 1281167)")

@@ -1,24 +1,11 @@
 """Random vs block-shuffled LMDB read order, and the same records as WebDataset shards
 (``shards``: ``loaders.readers.shards`` in its stream order), on data larger than the page cache.
 
-Builds an LMDB in the ``folder2lmdb.py`` format (JPEG bytes of the ImageNet sample, cycled,
-written with ``formats.lmdb``) of ``--db-gib`` GiB under /tmp, or reuses ``--db PATH``.
-Then, for each order/readahead case, it drops the page cache (``sync; echo 3 >
-/proc/sys/vm/drop_caches``) and runs a child process in a cgroup-v1 memory group; once the
-child has imported torch (~0.5-0.7 GiB here) it limits the group to that usage plus
-``--limit-mib`` (page cache is charged to the cgroup, so it can cache at most that much of the
-database). The child reads ``--epochs`` epochs of raw records through
-``LMDBReader.read`` (no JPEG decode unless ``--decode``), at most ``--epoch-records`` records
-of each epoch's order, and reports per epoch: records/s, record MB/s, MB the kernel read from
-disk for it (``/proc/self/io`` ``read_bytes``) and major page faults.
-
-Needs root for drop_caches and the cgroup; without the cgroup it says so and runs unlimited
-(then the database must be larger than the free page cache for the comparison to mean anything).
-
-    python -m benchmarks.bench_pagecache --sample DIR           # 2 GiB DB, 512 MiB limit
-    python -m benchmarks.bench_pagecache --sample DIR --db /tmp/pc.lmdb --keep --json out.json
-
-The shards are written next to the database (``DB-shards``, 256 MiB each) from its records.
+For each case (:data:`CASES`) the page cache is dropped and a child process in a cgroup-v1
+memory group limited to its imports plus ``--limit-mib`` (page cache included) reads
+``--epochs`` epochs of raw records. Per epoch: records/s, record MB/s, MB read from disk
+(``/proc/self/io``) and major page faults. Needs root for drop_caches and the cgroup; without
+the cgroup it runs unlimited (then the database must exceed the free page cache).
 """
 from __future__ import annotations
 
@@ -73,7 +60,7 @@ def build_db(path: str, gib: float, sample: str) -> int:
 
 def build_shards(db: str, out: str, shard_mib: int = 256) -> int:
     """Write the LMDB ``db``'s records, in record order, as WebDataset shards of about
-    ``shard_mib`` MiB in ``out`` (``formats/shards/_codec.py``); returns the shard count."""
+    ``shard_mib`` MiB in ``out``; returns the shard count."""
     from formats.shards import ShardIndex, ShardWriter, idx_name, shard_name, write_idx
     from loaders.readers.lmdb_records import LMDBReader
 
@@ -177,7 +164,6 @@ def _write(cgroup: str, name: str, value: int) -> None:
 
 def child(args) -> None:
     """Read the epochs in this process and print one JSON line."""
-
     from loaders.orders import BlockOrder, RandomOrder
     from loaders.orders.streams import StreamTrainOrder
     from loaders.readers.lmdb_records import LMDBReader
@@ -193,8 +179,7 @@ def child(args) -> None:
     dataset.read(0)
     base_mib = None
     if args.cgroup:
-        # Importing torch costs ~0.5 GiB here (anonymous memory and its libraries' page cache);
-        # the limit is what is left for the database on top of that.
+        # the limit is what is left for the database on top of the imports' ~0.5 GiB
         with open(os.path.join(args.cgroup, "memory.usage_in_bytes")) as f:
             base = int(f.read())
         _write(args.cgroup, "memory.limit_in_bytes", base + (args.limit_mib << 20))
@@ -250,7 +235,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); ``--child`` and the hidden flags are a case's child."""
+    """Command line; ``--child`` and the hidden flags are a case's child."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--db", help="LMDB to reuse (built there, and kept, if missing)")
     p.add_argument("--db-gib", type=float, default=2.0, help="size of the database to build")
@@ -316,8 +301,7 @@ def main(argv=None) -> int:
 
 
 def _device_read_ahead_kb(path: str) -> int | None:
-    # The readahead window of the block device holding the database: with readahead on, a page
-    # fault reads up to this much around it.
+    # the block device's readahead window: with readahead on, a fault reads this much around it
     try:
         dev = os.stat(path).st_dev
         sysfs = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")

@@ -1,25 +1,10 @@
-"""torchvision's recipes through main.py (issue 39): the targets, measured and printed.
+"""torchvision's recipes through main.py: the targets, measured and printed.
 
-    python -m benchmarks.bench_recipes --data /work/shared/data/imagenet-sample
-
-Four parts (``--only`` picks some):
-
-* ``throughput``: ``main.py --benchmark-data`` at 176 px, without and with ``--auto-augment
-  ta_wide --random-erase 0.1`` (the ResNet-50 v2 recipe's), interleaved rounds, medians; target:
-  the augmented loader at >= 70% of the plain one's images/s.
-* ``exact``: torchvision's own ``transforms.v2`` policies and ``RandomErasing``'s erase on the
-  same crops with the same draws (torch's generator seeded alike; the same boxes): images
-  whose pixels are not identical; target: none.
-* ``costs``: per-image CPU milliseconds (one thread) of each recipe's training transform
-  (pytorch/examples, FFCV, torchvision v2) and of each op, ours against torchvision's kernel.
-* ``command``: torchvision's ResNet-50 IMAGENET1K_V2 command, verbatim, under ``torchrun
-  --nproc_per_node=2`` on the CPU (gloo), test-sized by flags after it (:func:`test_size`:
-  one epoch of RASampler's, ``-b 32`` per rank, one validation batch: two ranks of
-  ResNet-50 at ``-b 128`` need more memory than a small machine has); target: it trains (exit
-  status 0, a finite loss).
-
-The images are ``--data`` replicated ``--copies`` times (symlinks), so an epoch outlasts the
-timed batches and RASampler (256 images at least) has an epoch.
+Four parts (``--only`` picks some), each with its target: :func:`throughput` (the augmented
+loader at >= 70% of the plain one's images/s), :func:`exact` (no image whose pixels differ
+from torchvision's), :func:`costs` (figures only) and :func:`command` (it trains: exit status 0,
+a finite loss). ``--data`` is replicated ``--copies`` times, so that an epoch outlasts the timed
+batches and RASampler (256 images at least) has one.
 """
 from __future__ import annotations
 
@@ -47,7 +32,8 @@ PARTS = ("throughput", "exact", "costs", "command")
 
 
 def throughput(data: str, args) -> dict:
-    """Plain vs augmented ``--benchmark-data`` images/s, medians of interleaved rounds."""
+    """``main.py --benchmark-data`` images/s at ``--crop`` px without and with the ResNet-50
+    v2 recipe's ``--auto-augment ta_wide --random-erase 0.1``, medians of interleaved rounds."""
     base = ["main.py", data, "--benchmark-data", "--train-crop-size", str(args.crop), "-b",
             str(args.batch_size), "-j", str(args.workers), "--train-batches",
             str(args.batches), "--benchmark-warmup", str(args.warmup), "--seed", "0"]
@@ -73,7 +59,8 @@ def _crops(data: str, count: int, size: int) -> list:
 
 
 def exact(data: str, args) -> dict:
-    """Images (of ``draws`` per policy) where ours and torchvision's differ anywhere."""
+    """Images (of ``--draws`` per policy) where ours and torchvision's ``transforms.v2`` policy
+    or ``RandomErasing``'s erase differ anywhere, on the same crops with the same draws."""
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional as F
 
@@ -116,7 +103,8 @@ def _ms(fn, items, repeats: int = 2) -> float:
 
 
 def costs(data: str, args) -> dict:
-    """Per-image CPU ms, one thread: each recipe's training transform, then each op."""
+    """Per-image CPU ms, one thread: each recipe's training transform (pytorch/examples, FFCV,
+    torchvision v2), then each op, ours against torchvision's kernel."""
     from torchvision.transforms import v2
 
     from loaders.transforms.auto_augment import OPS, make_auto_augment
@@ -160,14 +148,16 @@ def _free_port() -> int:
 
 
 def test_size(args) -> list[str]:
-    """The flags after torchvision's command that make it a test: one epoch, ``-b
-    --command-batch`` per rank, one validation batch, one worker, then ``--command-extra``."""
+    """The flags after torchvision's command that make it a test (two ranks of ResNet-50 at
+    ``-b 128`` outgrow a small machine): one epoch, ``-b --command-batch`` per rank, one
+    validation batch, one worker, then ``--command-extra``."""
     return ["--epochs", "1", "-b", str(args.command_batch), "--val-batches", "1", "-j", "1",
             "--seed", "0", *args.command_extra.split()]
 
 
 def command(data: str, args) -> dict:
-    """torchvision's command verbatim under torchrun on 2 CPU ranks, test-sized after it."""
+    """torchvision's ResNet-50 IMAGENET1K_V2 command verbatim under torchrun on 2 CPU ranks
+    (gloo), test-sized after it."""
     import subprocess
 
     with runner.scratch("bench-recipes-run-") as out:

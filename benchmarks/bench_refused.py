@@ -1,18 +1,12 @@
 """The acceptance rule's targets, through ``main.py`` as users run it: a 65,000 x 65,000-claiming
-JPEG and a one-bit height flip (each made from an ImageNet-sized JPEG) among 1,000 good
-ImageNet-sized JPEGs, read by every loader: the folder, an LMDB and shards whose records were
-damaged after conversion (as on a failing disk: the converter's check never saw them), DALI on
-the CPU and ``--decode-device cpu-nvimgcodec``.
+JPEG and a one-bit height flip among 1,000 good ImageNet-sized JPEGs, read by every loader: the
+folder, an LMDB and shards damaged after conversion (as on a failing disk), DALI on the CPU and
+``--decode-device cpu-nvimgcodec``. Targets: each skipped in under a second with one line
+naming it (no raw libjpeg line), no process above its usual size plus 200 MB.
 
-    python -m benchmarks.bench_refused [--images 1000] [--rounds 3]
-
-Each loader runs ``main.py --benchmark-data`` over two epochs of the training split (every
-image drawn twice), interleaved with the same data without the two files, in fresh processes.
-Per row: the lines naming each damaged file (one each, with the converters' reason, and no
-raw libjpeg line), the two epochs' seconds with and without them (median of ``--rounds``), and
-the peak resident memory of the largest DataLoader worker and of the training process (VmHWM,
-polled every 20 ms; DALI and the batch decoder decode in the training process). The targets:
-each skipped in under a second, no process above its usual size plus 200 MB.
+Each row runs two epochs in a fresh process, interleaved with the same data without the two
+files: the lines naming each damaged file, the seconds with and without them (medians), and
+the peak RSS (VmHWM, polled every 20 ms) of the largest worker and of the training process.
 """
 from __future__ import annotations
 
@@ -56,9 +50,9 @@ def damaged_pair(seed: int) -> dict[str, tuple[bytes, bytes]]:
 
 
 def make_data(root: str, images: int, with_damaged: bool) -> dict[str, str]:
-    """``{loader: data argument}``: ``images`` generated ImageNet-sized JPEGs (300-500 px,
-    noise and shapes) in 10 classes, 100 in val, the damaged pair in class 1 of each split if
-    ``with_damaged``; the LMDB and shards converted from the originals, then edited."""
+    """``{loader: data argument}``: ``images`` generated JPEGs (300-500 px) in 10 classes, 100
+    in val, the damaged pair in class 1 of each split if ``with_damaged``; the LMDB and shards
+    converted from the originals, then edited."""
     import folder2lmdb
     import folder2shards
 
@@ -118,10 +112,9 @@ def _children(pid: int) -> list[int]:
 
 
 def run_once(loader: str, data: str, args) -> dict:
-    """One ``main.py --benchmark-data`` run of 12 batches (two epochs of the damaged data):
-    ``seconds`` (its JSON), ``err`` (its
-    stderr), ``main_mib`` and ``worker_mib`` (peak resident memory of the training process and
-    of its largest descendant). Raises RuntimeError if it fails."""
+    """One ``main.py --benchmark-data`` run of 12 batches (two epochs): ``seconds``, ``err``
+    (its stderr), ``main_mib`` and ``worker_mib`` (peak RSS of the training process and of its
+    largest descendant). Raises RuntimeError if it fails."""
     cmd = [sys.executable, "main.py", *LOADERS[loader], data, "--benchmark-data",
            "-b", str(args.batch), "-j", str(args.workers), "--train-batches", "12",
            "--benchmark-warmup", "0", "--seed", "0", "--max-bad-share", "0.05"]

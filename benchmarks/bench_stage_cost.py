@@ -1,25 +1,11 @@
-"""What measuring the stages costs (issue 49): ``main.py --benchmark-data`` images/s with the
-per-stage clocks on and off (``IMAGENET_FAST_STAGES=0``), interleaved rounds on the real
-sample, and how much of each worker's measured time per image the stages account for.
+"""What measuring the stages costs: ``main.py --benchmark-data`` images/s with the per-stage
+clocks on and off (``IMAGENET_FAST_STAGES=0``), and how much of each worker's time per image
+the stages account for (``stages_worker_coverage``). Target: cost (1 - on/off) <= 1%, coverage
+>= 95%.
 
-Usage::
-
-    python -m benchmarks.bench_stage_cost --data ../shared/data/imagenet-sample --rounds 5
-
-Each round runs both, in a fresh process each, order alternating (on, off / off, on), over
-symlinked copies of the sample's training images (``--copies``, so that one epoch outlasts
-the timed batches). Prints the rounds, the medians, the cost (1 - on/off) and per worker the
-stages' sum over its measured wall time per image (``stages_worker_coverage``); ``--out FILE``
-writes them as JSON. Target: cost <= 1%, coverage >= 95%.
-
-On a machine shared with other jobs, whole runs differ by far more than 1%; ``--blocks N``
-adds a measurement that such load disturbs less: the training loader built as ``main.py``
-builds it but with ``-j 0`` (the workers' code on this process), once with the stages on and
-once off, timed in N alternating blocks of ``--block-batches`` batches; the cost is the
-median of the blocks' paired ratios. ``--overhead`` times, in CPU seconds (which other jobs'
-load disturbs least), the bookkeeping the stages add: per image in a worker (the clock calls
-of the reader wrapper, the transform and the slot writer, none of the work they time) and per
-batch in the main process (:meth:`loaders.timing.stages.StageLog.add`).
+Each alternating round runs both in fresh processes over ``--copies`` symlinked copies of
+``--data``. On a shared machine whole runs differ by far more than 1%, so :func:`blocks` and
+:func:`overhead` add measurements that such load disturbs less.
 """
 from __future__ import annotations
 
@@ -62,8 +48,9 @@ def _loader(data: str, args, setting: str):
 
 
 def blocks(data: str, args) -> dict:
-    """``--blocks``: images/s of each setting in alternating blocks, in this process; the
-    cost is 1 - the median of the paired (on / off) ratios."""
+    """``--blocks``: images/s of ``main.py``'s training loader at ``-j 0`` (the workers' code
+    in this process) with each setting, in alternating blocks of ``--block-batches``; the cost
+    is 1 - the median of the paired (on / off) ratios."""
     from loaders import measure_throughput
 
     made = {s: _loader(data, args, s) for s in SETTINGS}
@@ -82,10 +69,9 @@ def blocks(data: str, args) -> dict:
 
 
 def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
-    """CPU microseconds the stages add per image in a worker (the timed path's clock calls
-    around work that takes no time: ``begin_image``, the read, window, decode, resize and
-    augment marks, ``end_image``; fastest of ``repeats``) and in the main process per batch of
-    ``batch_size`` (``StageLog.add``)."""
+    """``--overhead``: CPU microseconds (which other jobs disturb least) the stages add per
+    image in a worker (the clock calls around work that takes no time; fastest of ``repeats``)
+    and per batch of ``batch_size`` in the main process (``StageLog.add``)."""
     import numpy as np
 
     from loaders.timing import stages
@@ -127,7 +113,7 @@ def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
 
 
 def run(args) -> dict:
-    """The rounds and their summary (see the module docstring)."""
+    """The rounds, :func:`blocks` and :func:`overhead` as asked, and their summary."""
     with runner.scratch("bench-stage-cost-") as tmp:
         data = runner.replicate(args.data, tmp, args.copies)
         runner.warm_page_cache(data)

@@ -1,13 +1,9 @@
 """Host time per training step that the stop agreement costs (docs/slurm.md).
 
-Spawns ``--ranks`` gloo processes on 127.0.0.1; each runs ``--steps`` simulated steps of
-``--step-ms`` milliseconds in which the host waits (as for a GPU step) and, after each, times
-:meth:`engine.distributed.StopAgreement.after_step` (the all-reduce started after one step,
-read after the next) and, for comparison, :meth:`~engine.distributed.StopAgreement.settle`
-(a blocking all-reduce). Prints one JSON line: ``ranks``, ``step_ms``, ``steps``,
-``after_step_us`` and ``blocking_us`` (mean microseconds per step on rank 0).
-
-    python -m benchmarks.bench_stop_agreement --ranks 2 --steps 500
+``--ranks`` gloo processes on 127.0.0.1 each run ``--steps`` simulated steps (a host wait of
+``--step-ms``) and time :meth:`engine.distributed.StopAgreement.after_step` (the all-reduce
+read one step late) and, for comparison, the blocking ``settle``. Prints one JSON line:
+``ranks``, ``step_ms``, ``steps``, ``after_step_us``, ``blocking_us`` (mean µs per step, rank 0).
 """
 from __future__ import annotations
 

@@ -2,16 +2,9 @@
 re-encodings and generated images sit above the coded-data bound, where the damaged headers
 fall, and what the rule and the stderr capture cost per image, one thread.
 
-    python -m benchmarks.profile_acceptance --data ../shared/data/imagenet-sample
-
-For each corpus: bytes per pixel and the *bound ratio* (bytes after the header / the least a
-complete image of that frame needs), minimum and median. The real sample as stored, then
-re-encoded (quality 1 to 100, optimised Huffman tables, progressive, grayscale, 4:4:4, CMYK,
-56 and 2,400 px, PNG); ``tools.datagen`` images (flat colour: the tests' data, the nearest
-to the bound; with noise); a one-bit height flip and a 65,000 x 65,000 bomb of each of the
-first real JPEGs. Then the time per image of :func:`decode.acceptance.check`, of a
-:class:`decode.messages.capture` around nothing, and of the training transform they guard
-(``loaders.transforms.TrainTransform``, 224 px), median of ``--rounds`` interleaved rounds.
+Per corpus (:func:`corpora`): bytes per pixel and the *bound ratio* (bytes after the header /
+the least a complete image of that frame needs), minimum and median; then :func:`flip_sweep`
+and :func:`costs`.
 """
 from __future__ import annotations
 
@@ -35,7 +28,10 @@ def _save(image, fmt: str = "JPEG", **options) -> bytes:
 
 
 def corpora(data: str, count: int) -> dict[str, list[bytes]]:
-    """``{corpus name: encoded images}`` (the module docstring)."""
+    """``{corpus name: encoded images}``: the real sample as stored and re-encoded (quality 1
+    to 100, optimised, progressive, grayscale, 4:4:4, CMYK, 56 and 2,400 px, PNG),
+    ``tools.datagen`` images (flat colour, the nearest to the bound; with noise), and a
+    one-bit height flip and a 65,000 x 65,000 bomb of the first real JPEGs."""
     from PIL import Image
 
     from tools.datagen import make_image
@@ -141,8 +137,9 @@ def figures(blobs: list[bytes]) -> dict:
 
 
 def costs(blobs: list[bytes], rounds: int) -> dict:
-    """Microseconds per image of the rule, of an empty capture, and of the training transform,
-    medians over interleaved rounds (one thread)."""
+    """Microseconds per image of :func:`decode.acceptance.check`, an empty
+    :class:`decode.messages.capture` and the 224 px training transform they guard, medians
+    over interleaved rounds (one thread)."""
     import torch
 
     from decode.acceptance import check

@@ -1,16 +1,8 @@
 """Where DALI's CPU-only training pipeline spends its time: images/s of each stage alone.
 
-    python -m benchmarks.profile_dali_cpu --data DIR [-b 32] [-j 2]
-
-Each row is a DALI pipeline on the CPU (``device_id=None``, ``-j`` threads, batch ``-b``) over
-the sample's training JPEGs replicated 16 times, run for ``--batches`` batches after 10 warm-up
-ones: reading only, decoding whole images, decoding the RandomResizedCrop window
-(``decoders.image_random_crop``), and that window resized to 224 by DALI's ``fn.resize`` with and
-without antialiasing. The last rows are our ``--dali`` loader without CUDA (DALI decodes the
-window, torch resizes, flips and normalises: ``loaders/dali.py``), as it runs (``-j``
-single-threaded pipelines taking turns) and with one pipeline of ``-j`` threads, in
-``--rounds`` interleaved rounds (median). Every row gives the share of the cores the process
-kept busy; ``ms/image/thread`` is ``threads / (images/s)``.
+Each row runs ``--batches`` batches after 10 warm-up ones over the sample replicated 16 times:
+:func:`stage_rows`, then :func:`loader_rows`. Every row gives the cores the process kept busy;
+``ms/image/thread`` is ``threads / (images/s)``.
 """
 from __future__ import annotations
 
@@ -66,7 +58,9 @@ def images_per_sec(next_batch, batch_size: int, batches: int) -> tuple[float, fl
 
 
 def stage_rows(files: list[str], b: int, j: int, batches: int) -> None:
-    """Print one row per stage of DALI's CPU pipeline, each alone."""
+    """Print one row per stage of DALI's CPU pipeline (``device_id=None``, ``j`` threads), each
+    alone: reading, decoding whole images, decoding the RandomResizedCrop window, and that
+    window resized to 224 by ``fn.resize`` with and without antialiasing."""
     print(f"{len(files)} JPEGs, batch {b}, {j} DALI threads, CPU only")
     print(f"  {'stage':42} {'images/s':>9} {'ms/image/thread':>16} {'busy cores':>11}")
     for stage in ("read", "decode whole image", "decode crop window",
@@ -78,8 +72,9 @@ def stage_rows(files: list[str], b: int, j: int, batches: int) -> None:
 
 
 def loader_rows(data: str, b: int, j: int, batches: int, rounds: int) -> None:
-    """Print our ``--dali --dali-cpu`` loader two ways, interleaved rounds (median): as it
-    runs (``j`` single-threaded pipelines taking turns) and one pipeline of ``j`` threads."""
+    """Print our ``--dali --dali-cpu`` loader (DALI decodes the window, torch resizes, flips
+    and normalises) as it runs (``j`` single-threaded pipelines taking turns) and as one
+    pipeline of ``j`` threads, medians of interleaved rounds."""
     pipelines = {f"our --dali loader, {j} 1-thread pipelines": None,
                  f"our --dali loader, 1 pipeline of {j} threads": 1}
 

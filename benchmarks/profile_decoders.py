@@ -1,25 +1,8 @@
 """Image decoders side by side on the same JPEGs, one thread: whole images, then crop windows.
 
-    python -m benchmarks.profile_decoders --data DIR [--rounds 7]
-        [--repeats 2] [--jpegcrop-so PATH]
-
-*Whole images*: ``decode.libraries.decode_jpeg`` with each library usable here (TorchCodec,
-torchvision, PIL), encoded bytes -> RGB uint8 ``(3, H, W)``: ms per image and images/s per core;
-and a last row, ``decode_jpeg_luma`` (the converters' check) with the default library.
-*Crop windows*: the RandomResizedCrop(224) window of each image (our ``random_resized_crop_params``,
-torch seed 0; the same windows for every row) decoded by nvImageCodec's CPU backend
-(``decode.jpeg_window``, what the loaders use; header + window, as ``TrainTransform``), by
-the loaders' own ``decode/_jpegcrop.so`` at scale 1/1 where ``make install`` built it, by
-DALI's CPU ``fn.decoders.image_slice`` (one pipeline with 1 thread and the whole set as one
-batch, synchronous; per image = batch time / images), by a build of the former
-``decode/_jpegcrop.c`` if ``--jpegcrop-so`` names one (``git show 5256e47:decode/_jpegcrop.c >
-/tmp/jc.c && cc -O2 -shared -fPIC /tmp/jc.c -ljpeg -o /tmp/jc.so``), and by the loaders' fallback
-(whole decode, then crop). Each row gives ms per image in every round, the median, the ratio to
-the first row, and the largest and mean absolute difference (intensity levels, 0-255) from the
-crop of a whole decode and from the first row.
-
-Rounds are interleaved (each round times every row once, in reverse order on odd rounds) so that
-a busy neighbour slows all rows alike; torch runs 1 thread. Bad ``--data`` is one line, exit 1.
+Each row gives CPU ms per image in every interleaved round, the median, and the largest and
+mean absolute difference (levels, 0-255) from a reference: :func:`whole_rows`, then
+:func:`crop_rows`. Torch runs 1 thread.
 """
 from __future__ import annotations
 
@@ -41,8 +24,8 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def time_rows(rows: dict, run_row, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """``{name: [(wall, CPU) ms per image, one per round]}``; ``run_row(name)`` returns them.
-    Interleaved, in reverse order on odd rounds (:func:`benchmarks.runner.interleave`)."""
+    """``{name: [(wall, CPU) ms per image, one per round]}`` from ``run_row(name)``,
+    interleaved in reverse order on odd rounds."""
     return runner.interleave(rows, run_row, rounds, alternate=True)
 
 
@@ -80,8 +63,9 @@ def differences(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> t
 
 
 def load_jpegcrop(path: str):
-    """``(jpeg_size, decode_window)`` over a build of the former ``decode/_jpegcrop.c`` (ABI 2:
-    ``jc_header``, ``jc_decode_window``). Raises OSError / AttributeError / ValueError."""
+    """``(jpeg_size, decode_window)`` over a build of an ABI-2 ``decode/_jpegcrop.c``
+    (``git show 5256e47:decode/_jpegcrop.c``; ``jc_header``, ``jc_decode_window``). Raises
+    OSError / AttributeError / ValueError."""
     lib = ctypes.CDLL(os.path.abspath(path))
     lib.jc_header.restype = lib.jc_decode_window.restype = ctypes.c_int
     if lib.jc_version() != 2:
@@ -104,8 +88,8 @@ def load_jpegcrop(path: str):
 
 
 def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
-    """A function running DALI's CPU ``libraries.image_slice`` over every image once (one batch,
-    1 thread) and returning the windows as uint8 ``(3, h, w)`` tensors."""
+    """A function running DALI's CPU ``fn.decoders.image_slice`` over every image once (one
+    synchronous batch, 1 thread) and returning the windows as uint8 ``(3, h, w)`` tensors."""
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
 
@@ -134,7 +118,8 @@ def dali_slicer(blobs: list[bytes], boxes: list[tuple]):
 
 
 def whole_rows(blobs: list[bytes], args) -> None:
-    """Print the *Whole images* table: each usable library, then the luma decode."""
+    """Print the *Whole images* table: ``decode.libraries.decode_jpeg`` to RGB uint8
+    ``(3, H, W)`` with each usable library, then ``decode_jpeg_luma`` (the converters' check)."""
     keys = libraries.backends()
     items = [(b,) for b in blobs]
     default = libraries.use(keys[0])  # the process's own choice, restored below
@@ -197,7 +182,8 @@ def crop_functions(blobs, boxes, args) -> dict:
 
 
 def crop_rows(blobs: list[bytes], args) -> None:
-    """Print the *Crop windows* table: every crop decoder on the same seeded windows."""
+    """Print the *Crop windows* table: every crop decoder (:func:`crop_functions`) on the same
+    RandomResizedCrop(224) windows (seed 0), against the crop of a whole decode."""
     torch.manual_seed(0)
     boxes = []
     for data in blobs:
@@ -249,8 +235,7 @@ def pyturbojpeg_note() -> str:
 
 
 def main_cli(argv=None) -> int:
-    """Command line: 0 when both tables are printed, 1 with one ``error:`` line for bad
-    ``--data``."""
+    """Command line: 0 when both tables are printed, 1 with one ``error:`` line for bad data."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "a folder with train/CLASS/FILE images")
     runner.add_rounds_option(parser, 7)

@@ -1,38 +1,10 @@
 """Scaled JPEG decoders side by side, one thread: ms per window, pixel difference to a full decode.
 
-    python -m benchmarks.profile_scaled_decode --data /path/to/imagenet \\
-        [--sizes 160 192 224] [--draws 8] [--rounds 5] [--below] [--libturbojpeg PATH]
-
-For each output size, ``--draws`` RandomResizedCrop windows per real JPEG (the training
-transform's own ``random_resized_crop_params``, seeded) are kept where the window is at least
-twice the output on both sides (where ``decode.jpeg_scaled`` decodes at 1/2, 1/4 or 1/8).
-Each candidate turns such a window into the uint8 output:
-
-* ``window, full scale (nvImageCodec)``: the path below the threshold: nvImageCodec decodes
-  the window (``decode.jpeg_window``), torch's antialiased bilinear resize
-  (``decode.resize``);
-* ``PIL draft``: ``decode.jpeg_scaled.draft_resized``, the whole image at 1/k, PIL's
-  antialiased bilinear resize of the exact (fractional) box (the path without our C);
-* ``crop + scale (ours)``: ``decode.jpeg_scaled.region_resized``, only the box's region at
-  1/k through ``decode/_jpegcrop.so`` (where ``make install`` built it; the loaders' path
-  then), the same resize;
-* ``simplejpeg`` / ``PyTurboJPEG`` (where installed: ``pip install simplejpeg PyTurboJPEG``; the
-  latter needs Debian's ``libturbojpeg0``): the whole image at 1/k into a NumPy array, the box
-  rounded outwards to whole pixels, torch's resize. Neither crops while scaling (PyTurboJPEG's
-  ``crop`` is a lossless transform on MCU boundaries; simplejpeg has none).
-* ``tj3 crop + scale`` (with ``--libturbojpeg PATH``, a libturbojpeg of libjpeg-turbo >= 3.0;
-  Debian bookworm's is 2.1.5): ``tj3SetScalingFactor`` and ``tj3SetCroppingRegion``, so only
-  the window's region (left edge rounded down to the scaled iMCU) comes out, at 1/k; PIL
-  resizes the exact box from it.
-
-``--below`` profiles the windows *under* the threshold instead (decoded at full scale, k = 1),
-where the loaders' path is the first candidate (ours then decodes the region at 1/1).
-
-nvImageCodec 0.9 has no scaled decode (its ``DecodeParams`` carry orientation, colour and sample
-format only). Prints the median ms per window over ``--rounds`` interleaved rounds, and each
-candidate's max and mean absolute difference (levels of 0-255) to a full decode of the image,
-cropped and resized by torch (the reference ``TrainTransform`` with scaled decoding off), and
-whether a second pass gives identical pixels.
+Per output size, the seeded RandomResizedCrop windows at least twice the output on both sides
+(:func:`windows`; ``--below``: the others) are made by each :func:`candidates` entry. Prints
+the median ms per window over interleaved rounds, the max and mean absolute difference
+(levels, 0-255) to :func:`reference`, and whether a second pass gives identical pixels.
+nvImageCodec 0.9 has no scaled decode (its ``DecodeParams`` carry no scale).
 """
 from __future__ import annotations
 
@@ -80,8 +52,9 @@ _MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)
 
 
 def tj3_crop_scale(path: str):
-    """A candidate decoding only the window's scaled region through libturbojpeg >= 3.0 at
-    ``path`` (ctypes); raises OSError if it lacks the tj3 API."""
+    """A candidate decoding only the window's region at 1/k (left edge rounded down to the
+    scaled iMCU) through libturbojpeg >= 3.0 at ``path`` (``tj3SetScalingFactor``,
+    ``tj3SetCroppingRegion``), PIL resizing the exact box; raises OSError without tj3."""
     from PIL import Image
 
     lib = ctypes.CDLL(path)
@@ -119,7 +92,12 @@ def tj3_crop_scale(path: str):
 
 
 def candidates(libturbojpeg: str | None = None) -> dict:
-    """``{name: fn(data, k, box, size) -> uint8 (3, *size)}`` of what is installed here."""
+    """``{name: fn(data, k, box, size) -> uint8 (3, *size)}`` of what is installed here:
+    ``window, full scale`` (nvImageCodec's window, torch's antialiased resize: the path below
+    the threshold); ``PIL draft`` (the whole image at 1/k, PIL's resize of the exact box);
+    ``crop + scale`` (only the box's region at 1/k through ``decode/_jpegcrop.so``: the
+    loaders' path); ``simplejpeg`` and ``PyTurboJPEG`` (whole image at 1/k, as neither crops
+    while scaling); ``tj3 crop + scale`` (:func:`tj3_crop_scale`)."""
     def window(data, k, box, size):
         top, left, bottom, right = box
         return resize(jpeg_window.decode_window(data, top, left, bottom - top, right - left), size)

@@ -1,13 +1,9 @@
 """Per-image cost of each CPU step, one thread, no DataLoader: where a training sample's time goes.
 
-    python -m benchmarks.profile_transforms --data DIR
-
-Prints milliseconds per image for: PIL decode, libjpeg-turbo decode (``decode.libraries``:
-TorchCodec, else torchvision), decoding only the RandomResizedCrop window (nvImageCodec,
-``decode.jpeg_window``, when installed), PIL
-RandomResizedCrop(224) resize, the same crop resized as a uint8 tensor (ours), ToTensor +
-Normalize, and the whole stock and ours training transforms (ours also with full decoding, and
-at 160 and 224 px, and validation's, with and without ``decode/_jpegcrop.so``, alternating).
+Prints ms per image for: PIL and ``decode.libraries`` decodes, decoding only the
+RandomResizedCrop window (nvImageCodec), PIL's RandomResizedCrop(224) resize, the same crop
+resized as a uint8 tensor (ours), ToTensor + Normalize, and the whole stock and our training
+transforms (ours also with full decoding, and with and without ``decode/_jpegcrop.so``).
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """What the benchmarks share: their options, interleaved rounds and medians, the fresh
 processes they time, and their table and JSON output.
 
-Every benchmark runs from the repository's root as ``python -m benchmarks.NAME`` (the list:
-benchmarks/README.md); none edits ``sys.path``. A benchmark that times something in a fresh
-process starts it with :func:`module_command` and :func:`module_env`, which find this
-checkout from any working directory, so paths given on its command line keep meaning what
-they meant to the caller.
-
-Why rounds are interleaved: on a shared machine the speed of one pipeline drifts by up to about
-12% from minute to minute (docs/performance.md), so each round times every row once, one
-after the other, and a row's figure is its median over the rounds; drift then reaches every
-row alike instead of whichever ran last.
+Rounds are interleaved because on a shared machine a pipeline's speed drifts by up to ~12%
+from minute to minute (docs/performance.md): each round times every row once and a row's
+figure is its median over the rounds, so drift reaches every row alike.
 """
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def add_data_option(parser: argparse.ArgumentParser, help_text: str,
                     flag: str = "--data") -> None:
-    """The required image folder every benchmark reads (``--data``; ``--sample`` where a
-    benchmark builds larger data from it)."""
+    """The required image folder (``--data``; ``--sample`` where larger data is built from it)."""
     parser.add_argument(flag, required=True, help=help_text)
 
 
@@ -44,8 +36,7 @@ def add_rounds_option(parser: argparse.ArgumentParser, default: int,
 
 def add_out_option(parser: argparse.ArgumentParser, help_text: str,
                    default: str | None = None, flag: str = "--out") -> None:
-    """Where the JSON report goes: a folder with a default (``OUT/report.json`` and the
-    benchmark's other files), or, without one, an optional JSON file."""
+    """Where the JSON report goes: a folder with a default, else an optional JSON file."""
     parser.add_argument(flag, default=default, help=help_text)
 
 
@@ -53,12 +44,9 @@ def interleave(names: Iterable, measure: Callable, rounds: int, *, alternate: bo
                on_result: Callable | None = None,
                on_round: Callable | None = None) -> dict[object, list]:
     """``{name: [measure(name) of each round]}``: ``rounds`` rounds, each measuring every name
-    once, in the given order (``alternate``: reversed on odd rounds, A B C, C B A, ..., so that
-    no row always runs first or right after the same one).
-
-    ``on_result(round, name, result)`` is called after each measurement and
-    ``on_round(round, results)`` after each round (``round`` counts from 0), for progress
-    lines. Exceptions of ``measure`` propagate."""
+    once in order (``alternate``: reversed on odd rounds, so no row always runs first).
+    ``on_result(round, name, result)`` follows each measurement, ``on_round(round, results)``
+    each round (``round`` from 0). Exceptions of ``measure`` propagate."""
     names = list(names)
     results: dict[object, list] = {name: [] for name in names}
     for round_ in range(rounds):
@@ -73,26 +61,24 @@ def interleave(names: Iterable, measure: Callable, rounds: int, *, alternate: bo
 
 
 def median(values: Iterable[float]) -> float:
-    """The median of the rounds (the mean of the two middle values for an even count)."""
+    """The median (the mean of the two middle values for an even count)."""
     return statistics.median(values)
 
 
 def median_high(values: Iterable):
-    """The upper of the two middle values for an even count, else the middle one: always a
-    round's own result (a tuple compares by its first item). The benchmarks that report it
-    have done so since their first figures, which it keeps reproducible."""
+    """The upper of the two middle values for an even count: always a round's own result (a
+    tuple compares by its first item)."""
     return statistics.median_high(values)
 
 
 def module_command(module: str, *args: str) -> list[str]:
-    """``python -m MODULE ARGS`` with this interpreter: a benchmark's fresh process (of itself
-    or another module of this checkout); run it with ``env=module_env()`` or ``cwd=REPO``."""
+    """``python -m MODULE ARGS`` with this interpreter; run it with ``env=module_env()`` (paths
+    on the caller's command line keep their meaning) or ``cwd=REPO``."""
     return [sys.executable, "-m", module, *args]
 
 
 def module_env() -> dict[str, str]:
-    """This process's environment with the repository first on ``PYTHONPATH``, so that
-    :func:`module_command` finds this checkout's modules from any working directory."""
+    """This process's environment with the repository first on ``PYTHONPATH``."""
     old = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": REPO + (os.pathsep + old if old else "")}
 
@@ -114,10 +100,8 @@ def run_json_process(name: str, cmd: list[str], timeout: float) -> dict:
 
 
 def split_folder(data: str, split: str) -> str:
-    """``data/split``; where ``data`` has a ``train/`` but no ``val/``, ``data/train`` for
-    ``val`` too: a benchmark times reading, and what needs a validation split (``main.py``'s
-    two roots, a converted val store) reads the training images. Raises ``FileNotFoundError``
-    (one line) without ``data/train``."""
+    """``data/split``, or ``data/train`` for a missing ``val/`` (a benchmark times reading).
+    Raises ``FileNotFoundError`` without ``data/train``."""
     train = os.path.join(data, "train")
     if not os.path.isdir(train):
         raise FileNotFoundError(f"{data}: no train/ folder (an ImageNet-layout folder holds "
@@ -127,11 +111,9 @@ def split_folder(data: str, split: str) -> str:
 
 
 def replicate(src: str, dst: str, copies: int, keep: Callable[[str], bool] | None = None) -> str:
-    """``dst/{train,val}/<class>/`` with ``copies`` symlinks per image of ``src/{train,val}``
-    (``NAME_K.EXT``), so that one epoch of a small sample outlasts the timed batches (worker
-    start-up excluded); ``src`` without ``val/`` lends its ``train/`` (:func:`split_folder`).
-    With ``keep`` (a function of a file's absolute path), only the files it accepts; every
-    class folder is made either way, so both splits list the same classes. Returns ``dst``."""
+    """``dst/{train,val}/<class>/`` with ``copies`` symlinks (``NAME_K.EXT``) per image of
+    ``src`` (:func:`split_folder`), so that an epoch of a small sample outlasts the timed
+    batches; ``keep(abspath)`` filters files, while every class folder is made. Returns ``dst``."""
     for split in ("train", "val"):
         source = split_folder(src, split)
         for wnid in sorted(os.listdir(source)):
@@ -150,8 +132,7 @@ def replicate(src: str, dst: str, copies: int, keep: Callable[[str], bool] | Non
 
 
 def warm_page_cache(root: str) -> None:
-    """Read every file under ``root`` once, so that every timed pipeline finds it in the page
-    cache (none pays for the first read from disk)."""
+    """Read every file under ``root`` once, so that no timed pipeline pays the first disk read."""
     for folder, _, files in os.walk(root):
         for name in files:
             with open(os.path.join(folder, name), "rb") as f:
@@ -161,8 +142,7 @@ def warm_page_cache(root: str) -> None:
 
 @contextlib.contextmanager
 def scratch(prefix: str, dir: str | None = None) -> Iterator[str]:
-    """A new temporary folder (under ``dir``, else the system's), removed with everything in
-    it when the block ends, however it ends."""
+    """A new temporary folder (under ``dir``), removed with its contents however the block ends."""
     path = tempfile.mkdtemp(prefix=prefix, dir=dir)
     try:
         yield path
@@ -171,8 +151,7 @@ def scratch(prefix: str, dir: str | None = None) -> Iterator[str]:
 
 
 def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
-    """A Markdown table (``| a | b |`` lines under a ``|---|---|`` rule), as the docs quote
-    the benchmarks' output; cells are already formatted."""
+    """A Markdown table of formatted cells, as the docs quote it."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -184,7 +163,6 @@ def write_json(path: str, report: dict, indent: int = 1) -> None:
 
 
 def error(prog: str, message: object) -> int:
-    """Print ``PROG: error: MESSAGE`` as one line on stderr; returns 1, the exit status of a
-    benchmark that could not run."""
+    """Print ``PROG: error: MESSAGE`` on stderr; returns 1, the exit status of a failed run."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 1

@@ -1,17 +1,9 @@
 """Small ImageNet-layout JPEG datasets whose pixels encode the label (as ffcv's tests do).
 
-Class ``c`` of ``C`` has the colour :func:`class_color` ``(c, C)``; each image is that colour
-plus uniform noise of amplitude ``noise`` and a few random grey rectangles, at a random size.
-With ``noise=0`` and no rectangles a label can be read back from any crop's mean pixel
-(:func:`label_from_pixels`); with noise the task is still learnable in a few epochs.
-
-    python -m tools.datagen OUT --classes 10 --train-per-class 40 --val-per-class 10 \
-        [--min-size 64 --max-size 128]
-
-``make demo``'s dataset, ``make bench``'s ``bench-data/`` when no ``DATA=`` is given, and the
-images of ``make gpu-bundle`` without ``DATA=`` come from here; the tests use it through
-``tools/datagen.py``. A seed gives the same files byte for byte on the same Pillow and
-libjpeg.
+Each image is its class's :func:`class_color` plus uniform noise of amplitude ``noise`` and
+``shapes`` random grey rectangles, at a random size; with neither, :func:`label_from_pixels`
+reads the label back from any crop; with noise the task is still learnable in a few epochs. A
+seed gives the same files byte for byte on the same Pillow and libjpeg.
 """
 from __future__ import annotations
 
@@ -56,10 +48,7 @@ def make_image(label: int, num_classes: int, rng: random.Random, size: tuple[int
 def make_split(root: str, num_classes: int, per_class: int, seed: int, min_size: int = 64,
                max_size: int = 128, noise: int = 0, shapes: int = 0) -> list[tuple[str, int]]:
     """Write ``num_classes * per_class`` JPEGs under ``root/<wnid>/``; return (path, label)s.
-
-    Class folders are named like ImageNet wnids (``n00000000``, ``n00000001``, ...), so
-    sorted order equals label order.
-    """
+    Folders are named like wnids (``n00000000``, ...), so sorted order is label order."""
     rng = random.Random(seed)
     written = []
     for label in range(num_classes):
@@ -82,7 +71,6 @@ def make_dataset(root: str, num_classes: int = 4, train_per_class: int = 8,
 
 
 def main(argv=None) -> None:
-    """Command line: write ``ROOT/train`` and ``ROOT/val`` (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", help="output directory (gets train/ and val/)")
     parser.add_argument("--classes", type=int, default=10)

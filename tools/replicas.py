@@ -1,23 +1,7 @@
-"""Small replicas of each way ImageNet is distributed, built from the real images of the sample
-(``../shared/data/imagenet-sample/train``: one JPEG per class, ``<wnid>/<wnid>_<name>.JPEG``),
-for the tests and benchmarks of :mod:`formats.sources`:
-
-* :func:`write_official`: ``ILSVRC2012_img_train.tar`` (a tar of per-class tars),
-  ``ILSVRC2012_img_val.tar`` (flat ``ILSVRC2012_val_%08d.JPEG``), ``ILSVRC2012_devkit_t12.tar.gz``
-  (``data/meta.mat`` written by ``scipy.io.savemat`` in the devkit's ``synsets`` struct layout,
-  ILSVRC2012_IDs in an order other than the sorted WNIDs, plus one synset with children as the
-  real table has; ``data/ILSVRC2012_validation_ground_truth.txt``);
-* :func:`write_valprep`: the same val images in ``valprep.sh``'s class folders, the reference
-  the val replicas must convert identically to;
-* :func:`write_kaggle`: ``ILSVRC/Data/CLS-LOC/{train/<wnid>,val}``, ``LOC_val_solution.csv``,
-  ``LOC_synset_mapping.txt``;
-* :func:`write_hf_parquet` / :func:`write_hf_targz`: Hugging Face's ``classes.py`` and
-  ``data/{train,validation}-*.parquet`` (columns ``image`` {bytes, path}, ``label``; rows in
-  a shuffled order) or ``data/train_images_*.tar.gz`` / ``val_images.tar.gz``.
-
-The val split is the sample's images numbered in a fixed pseudo-random order. The class
-names are the ``<name>`` part of the sample's file names. ``python -m tools.replicas OUT``
-writes all of them (``OUT/{official,kaggle,hf-parquet,hf-targz}``).
+"""Small replicas of each way ImageNet is distributed (official tars, Kaggle, Hugging Face), built
+from the real sample's ``train/<wnid>/<wnid>_<name>.JPEG`` (one JPEG per class), for the tests
+and benchmarks of :mod:`formats.sources`. The val split is the sample's images in a fixed
+pseudo-random order; class names are the ``<name>`` part of the file names.
 """
 from __future__ import annotations
 
@@ -77,8 +61,9 @@ def ilsvrc_ids(wnids: list[str]) -> dict[str, int]:
 
 
 def meta_mat(names: dict[str, str]) -> bytes:
-    """``data/meta.mat`` of the devkit for the classes ``names``: a 1-column struct array
-    ``synsets`` with the devkit's fields, written by ``scipy.io.savemat``."""
+    """The devkit's ``data/meta.mat`` for ``names``: a 1-column struct array ``synsets`` with
+    the devkit's fields and IDs in an order other than the sorted WNIDs, plus one synset with
+    children as the real table has, written by ``scipy.io.savemat``."""
     import numpy as np
     from scipy.io import savemat
 
@@ -98,7 +83,9 @@ def meta_mat(names: dict[str, str]) -> bytes:
 
 
 def write_official(root: str, sample: str = SAMPLE) -> str:
-    """The three official files in ``root``; returns ``root``."""
+    """``ILSVRC2012_img_train.tar`` (a tar of per-class tars), ``ILSVRC2012_img_val.tar`` (flat
+    ``ILSVRC2012_val_%08d.JPEG``) and ``ILSVRC2012_devkit_t12.tar.gz`` (:func:`meta_mat` and
+    ``data/ILSVRC2012_validation_ground_truth.txt``) in ``root``; returns ``root``."""
     os.makedirs(root, exist_ok=True)
     by_class: dict[str, list] = {}
     for wnid, name, path in train_images(sample):
@@ -121,8 +108,8 @@ def write_official(root: str, sample: str = SAMPLE) -> str:
 
 
 def write_valprep(root: str, sample: str = SAMPLE) -> str:
-    """The val images in ``valprep.sh``'s layout ``root/<wnid>/ILSVRC2012_val_*.JPEG``
-    (symbolic links); returns ``root``."""
+    """The val images (symbolic links) in ``valprep.sh``'s layout
+    ``root/<wnid>/ILSVRC2012_val_*.JPEG``, the reference a val replica must convert to."""
     for wnid, name, path in val_images(sample):
         os.makedirs(os.path.join(root, wnid), exist_ok=True)
         os.symlink(path, os.path.join(root, wnid, name))
@@ -130,7 +117,8 @@ def write_valprep(root: str, sample: str = SAMPLE) -> str:
 
 
 def write_kaggle(root: str, sample: str = SAMPLE) -> str:
-    """Kaggle's extracted tree in ``root`` (images as symbolic links); returns ``root``."""
+    """Kaggle's tree in ``root``: ``ILSVRC/Data/CLS-LOC/{train/<wnid>,val}`` (symbolic links),
+    ``LOC_val_solution.csv``, ``LOC_synset_mapping.txt``; returns ``root``."""
     tree = os.path.join(root, "ILSVRC", "Data", "CLS-LOC")
     for wnid, name, path in train_images(sample):
         os.makedirs(os.path.join(tree, "train", wnid), exist_ok=True)
@@ -168,8 +156,9 @@ def hf_rows(sample: str, split: str) -> list[tuple[str, bytes, int]]:
 
 def write_hf_parquet(root: str, sample: str = SAMPLE, files: int = 2,
                      row_group: int = 40) -> str:
-    """Hugging Face's Parquet revision in ``root`` (``files`` files per split, row groups of
-    ``row_group`` rows); returns ``root``."""
+    """Hugging Face's Parquet revision in ``root``: ``classes.py`` and
+    ``data/{train,validation}-*.parquet`` (``files`` per split; columns ``image`` {bytes, path}
+    and ``label``; row groups of ``row_group`` rows); returns ``root``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -189,7 +178,8 @@ def write_hf_parquet(root: str, sample: str = SAMPLE, files: int = 2,
 
 
 def write_hf_targz(root: str, sample: str = SAMPLE, train_files: int = 2) -> str:
-    """Hugging Face's earlier ``.tar.gz`` revision in ``root``; returns ``root``."""
+    """Hugging Face's ``.tar.gz`` revision in ``root``: ``classes.py``,
+    ``data/train_images_*.tar.gz`` and ``val_images.tar.gz``; returns ``root``."""
     os.makedirs(os.path.join(root, "data"), exist_ok=True)
     write_classes_py(root, sample)
     rows = hf_rows(sample, "train")

@@ -1,45 +1,13 @@
 """FFCV 1.0.2 beside ``main.py --benchmark-data`` on the same stored bytes, interleaved, in one run.
 
-    make bench-ffcv [DATA=/path/to/imagenet]
-    python -m benchmarks.ffcv --data /path/to/imagenet --ffcv-python \\
-        .ffcv/bin/python --out bench-output/ffcv
-
-The sample's train images (with ``--larger-than PX`` only those whose longer side exceeds
-``PX``: where a cap of ``PX`` changes the stored image) are replicated ``--repeat`` times under
-distinct names (symlinks, ``runner.replicate``, as ``bench_loaders.py``) and stored four ways:
-
-* ``lmdb``: ``folder2lmdb.py`` as it is (original JPEGs, byte-exact);
-* ``lmdb-512``: ``folder2lmdb.py --max-side 512 --quality 90`` (FFCV's cap);
-* ``beton-512``: a ``.beton`` holding exactly the JPEG bytes of ``lmdb-512`` (``side.py``
-  ``same-bytes``: JPEG-only, ``max_resolution=512``);
-* ``beton-example``: a ``.beton`` written from the originals with FFCV's ImageNet example's
-  settings (half the images raw pixels, ``max_resolution=500``, ``jpeg_quality=90``);
-* ``lmdb-512-raw-B`` for each ``--raw-budgets`` B (default 1.5x and 2.7x, FFCV's example's disk):
-  ``folder2lmdb.py --max-side 512 --quality 90 --raw-budget B`` (docs/raw-share.md), the images
-  that save the most decode time per extra byte stored as raw pixels;
-* ``lmdb-512-reencoded`` and ``lmdb-512-reencoded-raw-B`` for each ``--reencoded-budgets`` entry
-  (``jpeg`` and 2.7x by default): the same with ``--reencode-all``, every image re-encoded at
-  quality 90 as FFCV's writer does (lossy, like FFCV's example store); B is a share of that
-  smaller JPEG store, and the disk table gives every store's size against ``lmdb-512``.
-
-``--bucket`` keeps only the images of one size bucket by their longer side (``le256``: <= 256
-px, ``256-512``, ``gt512``: > 512 px); ``--buckets`` runs the whole comparison for each bucket
-in turn and for all images, one table each (a bucket without ``--min-images`` images is
-reported as such). Where ``--repeat`` copies would give fewer than :data:`MIN_EPOCH_BATCHES`
-training batches per epoch, the images are copied more times (the report's ``repeat``): an epoch
-of one batch times each pass's start rather than the images (the sample's 14 images of at most
-256 px x8 made one batch of 64: 2,495 images/s here where x64 gives 4,901).
-``--data`` must hold ``train/`` and ``val/`` (one line otherwise).
-
-Then, for ``--rounds`` interleaved rounds, each crop size (160, 192, 224 px) and each store, one
-fresh process: ours through ``main.py --lmdb DIR --benchmark-data --train-crop-size S -b B -j J``
-(its defaults otherwise: uint8 batches normalised in the main process), FFCV's through
-``side.py time`` with the side environment's Python (uint8 out: FFCV's CPU
-``NormalizeImage`` is reported to hang here). Prints a table of median images/s, the ratios
-compared (the ratio of the medians, and ours vs FFCV within each round, whose two runs see
-the same machine load), each figure with its spread (the lowest and highest of the rounds), the
-disk each store takes (also per 1,000 images) and each raw store's chosen share, and writes
-``OUT/report.json`` (``OUT/<bucket>/report.json`` with ``--buckets``).
+``--data``'s train images are stored as ``lmdb`` (the original JPEGs), ``lmdb-512``
+(``--max-side 512 --quality 90``, FFCV's cap), ``beton-512`` (exactly ``lmdb-512``'s bytes),
+``beton-example`` (FFCV's ImageNet example's writer: half the images raw pixels),
+``lmdb-512-raw-B`` (``--raw-budget``, docs/raw-share.md) and ``lmdb-512-reencoded[-raw-B]``
+(``--reencode-all``: lossy like FFCV's example store). Each interleaved round times every crop
+size and store in a fresh process (ours: ``main.py --lmdb --benchmark-data``; FFCV's: ``side.py
+time``). Prints median images/s with spreads, the ratios, each store's disk and raw share, and
+writes ``OUT/report.json`` (``OUT/<bucket>/`` per bucket with ``--buckets``).
 """
 from __future__ import annotations
 
@@ -129,9 +97,9 @@ def _listing(root: str, out: str) -> str:
 
 
 def longer_side_over(side: int, up_to: int | None = None):
-    """A :func:`benchmarks.runner.replicate` filter: True for an image whose longer side exceeds
-    ``side`` pixels (and, with ``up_to``, is at most that; read from its header); a file that
-    is not an image is left out with one stderr line."""
+    """A :func:`benchmarks.runner.replicate` filter: True for an image whose longer side (from
+    its header) exceeds ``side`` px and, with ``up_to``, is at most that; a file that is not an
+    image is left out with one stderr line."""
     from PIL import Image
 
     def keep(path: str) -> bool:

@@ -1,19 +1,13 @@
 #!/bin/sh
 # Install FFCV 1.0.2 into a side virtual environment (default .ffcv/, git-ignored), never the
-# project's .venv: `make bench-ffcv` runs this, then benchmarks/ffcv/compare.py times FFCV's loader
-# with that environment's Python beside ours.
+# project's .venv, for `make bench-ffcv`:  sh benchmarks/ffcv/setup.sh [FOLDER] [SHARED_PYTHON]
 #
-#   sh benchmarks/ffcv/setup.sh [FOLDER] [SHARED_PYTHON]
-#
-# FFCV 1.0.2 builds a C extension against libturbojpeg and OpenCV found through pkg-config
-# (its setup.py), so Debian's libturbojpeg0-dev, libopencv-dev and pkg-config are installed
-# where missing (root only). Its own requirement list names opencv-python and an unpinned
-# numba/numpy, so it is installed with --no-deps after pinned versions that build on Python 3.11:
-# numpy 2.2 (opencv-python-headless 4.12 takes < 2.3), numba, opencv-python-headless and FFCV's small pure
-# Python requirements (not pytorch-pfn-extras: it pulls a second torch, and only FFCV's
-# NormalizeImage on a GPU imports it). torch is not downloaded again (a CUDA wheel of several GiB): a .pth file
-# appends the project venv's site-packages, so `import torch` finds the project's copy while
-# everything installed here takes precedence.
+# FFCV's C extension builds against libturbojpeg and OpenCV found through pkg-config, so those
+# Debian packages are installed where missing (root only). FFCV goes in with --no-deps after
+# pinned versions that build on Python 3.11 (its own list names opencv-python and an unpinned
+# numba/numpy; opencv-python-headless 4.12 takes numpy < 2.3; pytorch-pfn-extras is left out, as
+# it pulls a second torch and only FFCV's GPU NormalizeImage imports it). A .pth file appends
+# the project venv's site-packages, so torch is found there, not downloaded again.
 set -eu
 FOLDER=${1:-.ffcv}
 SHARED_PY=${2:-.venv/bin/python}

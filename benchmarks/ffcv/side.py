@@ -1,25 +1,6 @@
 """FFCV's side of ``benchmarks/ffcv/compare.py``, run with the side environment's Python
 (``.ffcv/``, ``benchmarks/ffcv/setup.sh``), never the project's: writes ``.beton`` files and
 times FFCV 1.0.2's loader. Imports nothing from this project.
-
-    .ffcv/bin/python benchmarks/ffcv/side.py write --list FILE --out X.beton --mode same-bytes
-    .ffcv/bin/python benchmarks/ffcv/side.py write --list FILE --out X.beton --mode example
-    .ffcv/bin/python benchmarks/ffcv/side.py time --beton X.beton --size 160 -b 64 -j 2 \
-        --batches 100 --warmup 20
-
-``--list`` is a text file of ``label<TAB>path`` lines. ``same-bytes`` stores each file's JPEG
-bytes unchanged (FFCV's ``RGBImageField(write_mode="jpg")`` always re-encodes with OpenCV; here
-its ``encode_jpeg`` is replaced, in the writer's processes, by one that returns the bytes of the
-sample being written, so FFCV reads exactly the bytes our LMDB holds; the images must already
-be within ``max_resolution``, 512). ``example`` is FFCV's ImageNet example's own writer settings:
-``write_mode="proportion"``, ``compress_probability=0.5`` (half the images as raw pixels),
-``max_resolution=500``, ``jpeg_quality=90``.
-
-``time`` prints one JSON line as ``main.py --benchmark-data`` does (``images``, ``seconds``,
-``images_per_sec``): RandomResizedCropRGBImageDecoder((size, size)) + RandomHorizontalFlip +
-ToTensor + ToTorchImage, uint8, random order, ``os_cache=True``, epochs cycled, ``warmup``
-batches untimed. FFCV's CPU ``NormalizeImage`` is reported to hang on this machine (not tried),
-so FFCV is timed to uint8 (ours to uint8 plus normalisation, a little more work).
 """
 from __future__ import annotations
 
@@ -64,6 +45,11 @@ def _same_bytes_encoder(image, quality):
 
 
 def write(args) -> None:
+    """Write ``--out`` from ``--list`` (``label<TAB>path`` lines). ``same-bytes`` stores each
+    file's bytes unchanged: FFCV's ``write_mode="jpg"`` always re-encodes, so its
+    ``encode_jpeg`` is replaced by one returning the sample's bytes (images must already be
+    within ``max_resolution``, 512). ``example``: FFCV's ImageNet example's writer settings
+    (``proportion``, half the images as raw pixels, ``max_resolution=500``, quality 90)."""
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields import rgb_image
     from ffcv.writer import DatasetWriter
@@ -81,6 +67,10 @@ def write(args) -> None:
 
 
 def time_loader(args) -> None:
+    """Print one JSON line as ``main.py --benchmark-data`` does (``images``, ``seconds``,
+    ``images_per_sec``) for RandomResizedCropRGBImageDecoder + flip + ToTensor + ToTorchImage,
+    uint8, random order, ``os_cache=True``, epochs cycled. FFCV's CPU ``NormalizeImage`` is
+    reported to hang, so FFCV is timed to uint8 (ours to uint8 plus normalisation)."""
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
@@ -102,9 +92,8 @@ def time_loader(args) -> None:
     print(json.dumps({"loader": "ffcv", "images": images, "seconds": seconds,
                       "images_per_sec": images / seconds, "size": size,
                       "shape": list(images_batch.shape)}), flush=True)
-    # FFCV's loader thread may still be filling the next epoch: tearing the interpreter down
-    # under it aborts ("terminate called without an active exception", seen with 2-batch runs).
-    # The result is printed and flushed; leave without the teardown.
+    # FFCV's loader thread may still be filling the next epoch, and tearing the interpreter
+    # down under it aborts ("terminate called without an active exception")
     os._exit(0)
 
 

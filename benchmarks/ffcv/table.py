@@ -1,6 +1,5 @@
-"""The tables ``benchmarks/ffcv/compare.py`` prints from its report (docs/ffcv-and-decode.md and
-docs/raw-share.md quote them): every figure a median over the interleaved rounds with its spread,
-the lowest and highest round, beside it; the image set named above each table."""
+"""The tables ``benchmarks/ffcv/compare.py`` prints from its report, as docs/ffcv-and-decode.md
+and docs/raw-share.md quote them: medians over the interleaved rounds, each with its spread."""
 from __future__ import annotations
 
 from benchmarks import runner

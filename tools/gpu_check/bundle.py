@@ -1,18 +1,11 @@
 """Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a bare GPU machine
 (its Python with torch and torchvision, no network) beside the source tree.
 
-    python -m tools.gpu_check.bundle                     # images generated (tools/datagen.py)
-    python -m tools.gpu_check.bundle --data ~/imagenet   # 100 images of DIR/train
-
-Writes ``OUT/sample/train/<class>/*`` (``--images`` files of ``--data DIR/train``, one per
-class in class order, then a second per class..., or generated ImageNet-sized JPEGs; one line
-says which), ``OUT/sample/val`` (a relative link to ``train``), ``OUT/wheels/`` (binary wheels
-for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest and its dependencies,
-nvImageCodec, nvJPEG) and ``OUT/wheels-dali/`` (NVIDIA DALI for torch's CUDA major, ``--cuda``,
-with what only it pulls in), less numpy (torch's machine has it) and less any distribution
-``wheels/`` already holds. The check installs only the wheels the machine lacks. Then the
-bundle is laid out as the lease's device calls (:mod:`tools.gpu_check.layout`). Exit status 0,
-1 when pip fails (its message is shown), 2 for bad input (one line).
+Writes ``OUT/sample/train/<class>/*`` (:func:`copy_sample` or :func:`generate_sample`),
+``OUT/sample/val`` (a link to ``train``), ``OUT/wheels/`` (binary wheels for CPython
+``--python-version`` on manylinux x86_64: lmdb, pytest, nvImageCodec, nvJPEG and their
+dependencies) and ``OUT/wheels-dali/`` (DALI for CUDA ``--cuda`` and what only it pulls in),
+less numpy and what ``wheels/`` holds; then lays it out as the lease's calls (:mod:`.layout`).
 """
 from __future__ import annotations
 
@@ -77,8 +70,8 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     specs = [pinned("lmdb"), pinned("pytest")]
     codec = f"nvidia-nvimgcodec-cu{cuda}"
     specs.append(pinned(codec) if same else codec)
-    # nvImageCodec declares nvJPEG only as an optional extra: without it every GPU decode of
-    # --decode-device cuda falls back to the CPU, so it is always in the bundle
+    # nvJPEG is only an optional extra of nvImageCodec, without which every GPU decode falls
+    # back to the CPU
     nvjpeg = nvjpeg_pip_package(cuda)
     specs.append(pinned(nvjpeg) if same else nvjpeg)
     if dali:
@@ -101,9 +94,9 @@ def pip_command(specs: list[str], wheels: str, python_version: str) -> list[str]
 
 
 def copy_sample(data: str, train: str, images: int) -> str:
-    """Copy ``images`` files of ``DATA/train/<class>/`` into ``train``: the first file of each
-    class in sorted order, then the second of each, ...; returns the line that says so.
-    Raises :class:`InputError` when there is no such folder or image."""
+    """Copy ``images`` files of ``DATA/train/<class>/`` into ``train``, the first of each class
+    in sorted order, then the second, ...; returns the line that says so. Raises
+    :class:`InputError` when there is no such folder or image."""
     source = os.path.join(data, "train")
     if not os.path.isdir(source):
         raise InputError(f"--data {data}: no train/ folder")
@@ -126,8 +119,7 @@ def copy_sample(data: str, train: str, images: int) -> str:
 
 
 def generate_sample(train: str) -> str:
-    """Generate ImageNet-sized JPEGs (``tools/datagen.py``) into ``train``; returns the line
-    that says so."""
+    """Generate ImageNet-sized JPEGs (:mod:`tools.datagen`) into ``train``; returns a line."""
     from ..datagen import make_split
 
     g = GENERATED
@@ -158,9 +150,8 @@ def build(args) -> int:
     base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]
     print(f"gpu-bundle: wheels for CPython {args.python_version}, CUDA {cuda}: "
           f"{' '.join(specs)} and their dependencies", flush=True)
-    # DALI and what it alone pulls in (nvCOMP, nvTIFF, nvJPEG2000, ...) in wheels-dali/: the
-    # lease carries them in the calls after the first and installs them with DALI; one version
-    # of each distribution (two stop pip's install)
+    # wheels-dali/ (DALI, nvCOMP, nvTIFF, ...) travels in the calls after the first; one
+    # version of each distribution, as two stop pip's install
     for wanted, folder in ((base, wheels), (dali, os.path.join(out, DALI_WHEELS))):
         if not wanted:
             continue

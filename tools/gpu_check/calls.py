@@ -1,7 +1,6 @@
-"""The lease's calls on the borrowed machine: which call this is (the ``CALL`` file every carried
-folder holds), what the earlier calls left in the state folder (``lease.json``; a machine lost
-between calls is a fresh one without it), what a call carried moved out of the way of the next
-carry, and the one archive of results that comes back under ``$OUT``."""
+"""The lease's calls on the borrowed machine: which call this is (the carried ``CALL`` file),
+what earlier calls left in the state folder (``lease.json``), and the one archive of results
+that comes back under ``$OUT``."""
 from __future__ import annotations
 
 import io
@@ -16,8 +15,7 @@ LOG_BYTES = 1 << 20  # of each log in the archive: its last MiB
 
 
 def carried_call(calls: str) -> dict | None:
-    """The ``CALL`` record of the folder this call carried into ``calls`` (the highest number
-    if several are there), or None when none carries one (a bundle without lease calls)."""
+    """The ``CALL`` record carried into ``calls`` (the highest number if several), or None."""
     found = []
     for number in os.listdir(calls) if os.path.isdir(calls) else []:
         path = os.path.join(calls, number, CALL_FILE)
@@ -29,11 +27,9 @@ def carried_call(calls: str) -> dict | None:
 
 def start_call(state: str, carried: dict | None, lease_left: float | None) -> dict:
     """Record this call in ``STATE/lease.json`` and return it: ``call`` (the carried number,
-    else one after the last recorded), ``calls`` (of the bundle), ``bundle`` (its id),
-    ``bytes`` (per call), ``started`` (wall seconds), ``lease_left`` (as given), ``first``
-    (when the lease's first call here started), ``new`` (no earlier call of this bundle ran
-    here) and ``lost``: None, or what earlier calls left that this machine does not hold
-    (:func:`lost_state`)."""
+    else one after the last recorded), ``calls``, ``bundle`` (its id), ``bytes`` (per call),
+    ``started`` (wall seconds), ``lease_left``, ``first`` (start of the lease's first call
+    here), ``new`` (no earlier call of this bundle ran here) and ``lost`` (:func:`lost_state`)."""
     path = os.path.join(state, "lease.json")
     calls = json.load(open(path)) if os.path.isfile(path) else []
     carried = carried or {"call": len(calls) + 1, "calls": 1, "bundle": None, "bytes": []}
@@ -49,9 +45,8 @@ def start_call(state: str, carried: dict | None, lease_left: float | None) -> di
 
 
 def lost_state(before: list[dict], call: dict) -> str | None:
-    """Why this machine lacks what calls 1 .. ``call`` - 1 of the same bundle left (``before``:
-    those it recorded), naming the calls and what they carried; None when every earlier call
-    ran here."""
+    """Why this machine lacks what calls 1 .. ``call`` - 1 of the bundle left (``before``: those
+    it recorded), or None when every earlier call ran here."""
     done = {c["call"] for c in before}
     missing = [k for k in range(1, call["call"]) if k not in done]
     if not missing:
@@ -64,8 +59,7 @@ def lost_state(before: list[dict], call: dict) -> str | None:
 
 
 def clear_state(state: str) -> None:
-    """Remove what an earlier lease left in ``state`` (its lease.json aside): the carried
-    files, the installed wheels, the data, the rows, reports, logs and runs."""
+    """Remove everything in ``state`` but ``lease.json``."""
     for name in os.listdir(state):
         path = os.path.join(state, name)
         if name == "lease.json":
@@ -104,9 +98,8 @@ def read_rows(path: str) -> list[dict]:
 
 
 def write_archive(state: str, target: str) -> None:
-    """One ``tar.gz`` of the results into ``target`` (written beside it, then renamed): the
-    rows, reports, lease calls, each log's last :data:`LOG_BYTES` and each run's
-    ``metrics.jsonl``."""
+    """One ``tar.gz`` at ``target`` (written beside it, then renamed): rows, reports, calls,
+    each log's last :data:`LOG_BYTES` and each run's ``metrics.jsonl``."""
     names = ["rows.jsonl", "report.json", "report.md", "lease.json"]
     for folder, sub in (("logs", ""), ("runs", "metrics.jsonl")):
         root = os.path.join(state, folder)

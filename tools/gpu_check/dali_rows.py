@@ -1,17 +1,5 @@
-"""DALI's GPU decoding (``--dali``) proven and measured, reading the LMDB.
-
-* ``dali-gpu-decode``: a fresh process imports DALI first (its libraries must find
-  nvImageCodec's by their own run paths, not because an earlier import loaded them), decodes a
-  probe JPEG with DALI's mixed decoder into GPU memory, nvImageCodec's GPU backends decode it
-  into device memory, and the nvJPEG, nvImageCodec and DALI libraries mapped are recorded: a
-  missing ``libnvjpeg`` would let DALI decode on the CPU and still "pass";
-* ``loader-dali-mixed-j1`` against ``loader-dali-cpu-j1``: the loader alone with one CPU
-  thread, decoding on the GPU and with ``--dali-cpu``; a GPU decode not clearly faster did not
-  happen on the GPU;
-* the full check also sweeps ``--dali-hw-decoder-load`` and ``-j``, trains ResNet-18 at 160 px
-  from synthetic data and DALI, and records memory across 3 epochs (``dali-memory``).
-
-A dry run decodes on DALI's CPU backend: this code and the install layout, not the GPU.
+"""DALI's GPU decoding (``--dali``) proven and measured, reading the LMDB. A dry run decodes on
+DALI's CPU backend: it proves this code and the install layout, not the GPU.
 """
 from __future__ import annotations
 
@@ -61,7 +49,8 @@ print(json.dumps(result))
 
 
 def dali_rows(runner: Runner, s, data, machine) -> list[dict]:
-    """The full check's section (announced as they finish)."""
+    """The full check's section: :func:`decode_probe`, :func:`evidence`, sweeps of
+    ``--dali-hw-decoder-load`` and ``-j``, ResNet-18 at 160 px, :func:`memory_row`."""
     flags = loader_flags("dali-lmdb", data, machine)
     if isinstance(flags, str):
         return [announce(runner, skipped("dali", flags))]
@@ -83,8 +72,10 @@ def dali_rows(runner: Runner, s, data, machine) -> list[dict]:
 
 
 def decode_probe(runner: Runner, s, timeout: float = 120) -> dict:
-    """``dali-gpu-decode`` (see the module); a dry run decodes on DALI's CPU backend and
-    checks only that DALI imported and decoded."""
+    """``dali-gpu-decode``: a fresh process imports DALI first (its libraries must find
+    nvImageCodec's by their own run paths), decodes a JPEG with the mixed decoder and with
+    nvImageCodec's GPU backends into device memory, and records the libraries mapped (without
+    ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's CPU backend."""
     name = "dali-gpu-decode"
     rec = runner.run(name, [sys.executable, "-c", _PROBE, "cpu" if s.dry_run else "mixed"],
                      timeout)
@@ -107,9 +98,9 @@ def decode_probe(runner: Runner, s, timeout: float = 120) -> dict:
 
 
 def evidence(runner: Runner, s, machine: dict, flags: list[str]) -> list[dict]:
-    """``loader-dali-mixed-j1`` and ``loader-dali-cpu-j1`` (:data:`PAIR_STEPS` timed batches):
-    with one CPU thread each, the GPU decode must reach :data:`GPU_OVER_CPU` times the CPU
-    decode's images/s (a dry run decodes on the CPU both times: the ratio only)."""
+    """``loader-dali-mixed-j1`` and ``loader-dali-cpu-j1`` (:data:`PAIR_STEPS` timed batches,
+    one CPU thread each): the GPU decode must reach :data:`GPU_OVER_CPU` times the CPU
+    decode's images/s (a dry run records the ratio only)."""
     mixed = loader_row(runner, s, machine, "dali-lmdb", flags, "1", "loader-dali-mixed-j1",
                        timed=PAIR_STEPS)
     cpu = loader_row(runner, s, machine, "dali-lmdb", [*flags, "--dali-cpu"], "1",

@@ -1,18 +1,6 @@
 """GPU decoding without DALI (``--decode-device cuda``, docs/loaders.md) proven and measured,
-reading the LMDB, and the name of the decoder that did each row's work.
-
-* ``gpu-decode-probe``: ``decode.gpu.WindowDecoder("cuda")`` decodes two windows of a sample
-  JPEG into device memory (none to the CPU fallback, within :data:`PROBE_MAX_DIFF` levels of the
-  CPU decode), and torchvision's ``decode_jpeg(device="cuda")`` the same way;
-* ``gpu-decode-hardware``, a process of its own so that an unreachable JPEG engine fails only
-  this row: whether nvImageCodec's hardware decoder alone takes the whole JPEG and a window of
-  it (ROI), as the loader asks;
-* the full check also times the loader with one worker decoding on the GPU against the CPU
-  loaders with one worker, sweeps ``--hw-decoder-load`` and ``-j``, and trains ResNet-50 and
-  ResNet-18 at 224 and 160 px from it.
-
-A dry run runs the pipeline and the probe on nvImageCodec's CPU backend (``--decode-device
-cpu-nvimgcodec``): this code, not the GPU.
+reading the LMDB, and the name of the decoder that did each row's work. A dry run decodes on
+nvImageCodec's CPU backend (``cpu-nvimgcodec``): it proves this code, not the GPU.
 """
 from __future__ import annotations
 
@@ -73,7 +61,8 @@ print(json.dumps({'whole': taken(whole), 'window': taken(window),
 
 
 def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
-    """The full check's section (announced as they finish)."""
+    """The full check's section: :func:`probe`, :func:`hardware`, :func:`evidence`, sweeps of
+    ``--hw-decoder-load`` and ``-j``, ResNet-50 and ResNet-18 at 224 and 160 px."""
     flags = loader_flags("lmdb", data, machine)
     if isinstance(flags, str):
         return [announce(runner, skipped("gpudecode", flags))]
@@ -105,9 +94,8 @@ def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
 
 def decoder_name(line: str, machine: dict) -> str:
     """Which decoder did a row's work, from main.py's ``device:`` line and the machine's
-    ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware`` (the hardware decoder
-    takes windows and gets a share), ``nvImageCodec CUDA``, ``nvImageCodec CPU`` (a dry run),
-    ``torchvision nvJPEG`` or ``CPU`` (the workers, or every window sent to the fallback)."""
+    ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware``, ``nvImageCodec CUDA``,
+    ``nvImageCodec CPU`` (a dry run), ``torchvision nvJPEG`` or ``CPU``."""
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
                       r"[ ;]", line)
     if not found or "no GPU decoder" in line:
@@ -126,7 +114,7 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
     """``rec`` (a passed ``--decode-device`` row) with ``decoder`` (:func:`decoder_name`) and
     ``cpu_fallbacks`` (main.py's ``note: N samples decoded on the CPU``); failed unless
     nvImageCodec decoded on the GPU (not judged in a dry run), or when any sample went to the
-    CPU fallback, whose figure would be partly the CPU's (the sample holds plain JPEGs)."""
+    CPU fallback (the figure would be partly the CPU's)."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -154,10 +142,9 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
 
 
 def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
-    """``gpu-decode-probe`` (see the module): failed if a window went to the CPU fallback or
-    host memory, or differs from the CPU decode by more than :data:`PROBE_MAX_DIFF`;
-    torchvision's result is recorded. A dry run probes nvImageCodec's CPU backend and
-    torchvision on the CPU."""
+    """``gpu-decode-probe``: ``WindowDecoder("cuda")`` decodes two windows of a sample JPEG;
+    failed if one went to the CPU fallback or host memory, or differs from the CPU decode by
+    more than :data:`PROBE_MAX_DIFF`; torchvision's ``decode_jpeg`` is recorded too."""
     rec, result = _json_row(runner, "gpu-decode-probe", [
         sys.executable, "-c", _PROBE, data.train, "cpu" if s.dry_run else "cuda"], timeout)
     if not result:
@@ -176,9 +163,9 @@ def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
 
 
 def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dict:
-    """``gpu-decode-hardware`` (see the module): passed when it ran, whatever the hardware
-    decoder took (``whole``, ``window``: recorded, and ``window`` copied to
-    ``machine["hardware_windows"]`` for :func:`decoder_name`); skipped in a dry run."""
+    """``gpu-decode-hardware``, a process of its own so that an unreachable JPEG engine fails
+    only this row: whether nvImageCodec's hardware decoder takes a whole JPEG and a window
+    (``whole``, ``window``; ``window`` also as ``machine["hardware_windows"]``). Skipped dry."""
     if s.dry_run:
         return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
     rec, result = _json_row(runner, "gpu-decode-hardware", [
@@ -190,9 +177,9 @@ def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dic
 
 def evidence(runner: Runner, s, machine: dict, flags: list[str],
              batched: list[str]) -> list[dict]:
-    """``loader-gpudecode-cuda-j1`` and ``loader-gpudecode-cpu-j1``, :data:`PAIR_STEPS` timed
-    batches each: with one worker each, the batch decode must reach :data:`GPU_OVER_CPU` times
-    the CPU loaders' images/s (a dry run decodes on the CPU both times: the ratio only)."""
+    """``loader-gpudecode-cuda-j1`` and ``loader-gpudecode-cpu-j1`` (:data:`PAIR_STEPS` timed
+    batches, one worker each): the batch decode must reach :data:`GPU_OVER_CPU` times the CPU
+    loader's images/s (a dry run records the ratio only)."""
     gpu = on_gpu(runner, s, machine, loader_row(runner, s, machine, "gpudecode-lmdb", batched,
                                                 "1", "loader-gpudecode-cuda-j1",
                                                 timed=PAIR_STEPS))

@@ -1,16 +1,9 @@
 """The full check (``make gpu-check``, 35-40 minutes on an H100 machine; docs/gpu-check.md):
 every section in order of value per second, a row per command, the report always written.
 
-Sections: the environment; the ``gpu``-marked tests (one pytest run per file); ResNet-50 and
-ResNet-18 trained through ``main.py`` on one GPU (``--gpu 0``, ``--amp --channels-last -b
-256``) from synthetic data, the JPEG folder, the LMDB and DALI, each a share of synthetic
-(target: the best loader >= 95%, capped by the loader alone); each loader alone
-(``--benchmark-data``); ``--multiprocessing-distributed`` with NCCL on every GPU; ResNet-50 at
-160 px against 224 px; DALI's GPU decoding (:mod:`~tools.gpu_check.dali_rows`); the batch decode
-without DALI (:mod:`~tools.gpu_check.decode_rows`); ``--compile``. Every training and loader
-row is timed in steady state (:mod:`~tools.gpu_check.rows`). A check that was skipped (not
-installed, the time budget, GPU tests skipped by pytest) or timed out is *not proven*, never
-passed.
+Target: the best loader's training at >= 95% of synthetic data's images/s (capped by the
+loader alone). A check skipped (not installed, the time budget, skipped by pytest) or timed
+out is *not proven*, never passed.
 """
 from __future__ import annotations
 
@@ -31,16 +24,14 @@ from .machine import environment
 from .rows import TIMEOUTS, announce, loader_flags, loader_row, pytest_piece, train_row
 from .runner import REPO, Runner, crashed, fail, skipped
 
-# synthetic first: the others are shares of it; dali-lmdb: DALI reading the LMDB, dali: DALI
-# reading the JPEG folders
+# synthetic first: the others are shares of it
 LOADERS = ("synthetic", "folder", "lmdb", "dali", "dali-lmdb")
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
 LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 
 
 def gpu_test_files() -> list[str]:
-    """``tests/**/test_*.py`` files (relative to the repository) that hold ``gpu``-marked
-    tests."""
+    """``tests/**/test_*.py`` files (relative to the repository) with ``gpu``-marked tests."""
     marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
     found = []
     for path in sorted(glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)):
@@ -51,15 +42,15 @@ def gpu_test_files() -> list[str]:
 
 
 def pytest_section(runner: Runner, machine: dict, sample: str | None = None) -> list[dict]:
-    """Section 2: the GPU-marked tests, one pytest run per file (each with its own timeout, so
-    a slow file is reported as timed out without taking the others down)."""
+    """The GPU-marked tests, one pytest run per file (each with its own timeout, so a slow
+    file times out alone)."""
     if not machine.get("pytest"):
         return [announce(runner, skipped("pytest", "not available: pytest not installed"))]
     return [announce(runner, pytest_piece(runner, path, sample)) for path in gpu_test_files()]
 
 
 def training(runner: Runner, s, data, machine, models: list[str]) -> list[dict]:
-    """Section 3 for ``models``: every loader, each as a share of synthetic."""
+    """Training rows of ``models`` on every loader, each as a share of synthetic."""
     rows = []
     for model in models:
         synthetic = None
@@ -90,8 +81,8 @@ def compile_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[dic
 
 
 def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[dict]:
-    """Section 6: the first model at :data:`LOW_RES` px against its 224 px rows (synthetic,
-    then the best loader), ``speedup`` = images/s at 160 px over images/s at 224 px."""
+    """The first model at :data:`LOW_RES` px against its 224 px rows (synthetic, the best
+    loader, DALI-LMDB), ``speedup`` = images/s at 160 px over images/s at 224 px."""
     model, out = s.models[0], []
     low = 16 if s.dry_run else LOW_RES  # the dry run trains at 32 px
     best = report_.best_loader(rows, model)
@@ -104,10 +95,8 @@ def resolution_rows(runner: Runner, s, data, machine, rows: list[dict]) -> list[
 
 
 def loader_only(runner: Runner, s, data, machine) -> list[dict]:
-    """Section 4: ``main.py --benchmark-data`` for each real loader (its last JSON line), with
-    ``-j`` as set; with ``-j auto`` (every core) on a machine of more than 9 cores the folder
-    and LMDB loaders again with one worker per core but one: does the training process need a
-    core of its own?"""
+    """``main.py --benchmark-data`` for each real loader; with ``-j auto`` on more than 9 cores
+    the CPU loaders again with a worker per core but one (does training need a core?)."""
     rows = []
     cores = machine.get("cpu_cores") or 0
     for loader in ("folder", "lmdb", "dali", "dali-lmdb"):
@@ -125,8 +114,8 @@ def loader_only(runner: Runner, s, data, machine) -> list[dict]:
 
 
 def nccl(runner: Runner, s, data, machine) -> dict:
-    """Section 5: a short ``--multiprocessing-distributed`` run on every GPU (gloo, 2 CPU
-    processes in a dry run); passes when it exits 0 with a val_acc1 in metrics.jsonl."""
+    """A short ``--multiprocessing-distributed`` run on every GPU (gloo, 2 CPU processes in a
+    dry run); passes when it exits 0 with a val_acc1 in metrics.jsonl."""
     if data.reason:
         return announce(runner, skipped("distributed", data.reason))
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
@@ -160,8 +149,7 @@ def nccl(runner: Runner, s, data, machine) -> dict:
 
 def run_all(s) -> dict:
     """Every selected section (:func:`run_sections`); returns the report, finished even when
-    this script itself fails (a failed ``gpu-check`` row with the traceback's tail) or is
-    interrupted (``interrupted`` True; the caller re-raises nothing)."""
+    this script fails (a failed ``gpu-check`` row) or is interrupted (``interrupted`` True)."""
     runner = Runner(s.out, s.budget, dry_run=s.dry_run)
     report = {"tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
               "dry_run": s.dry_run, "budget_seconds": s.budget, "settings": report_.settings_of(s),
@@ -177,7 +165,8 @@ def run_all(s) -> dict:
 
 def run_sections(runner: Runner, s, report: dict) -> None:
     """Every selected section in order of value per second (cheap proofs first, --compile
-    last), filling ``report`` as they finish."""
+    last: the environment, GPU tests, NCCL, training, loaders alone, DALI, the batch decode,
+    160 px), filling ``report`` as they finish."""
     sections = report["sections"]
     joined, records = join_parts(s.parts, os.path.join(s.out, "wheels-joined"))
     setup = sections["setup"] = [announce(runner, r) for r in records + install(
@@ -218,8 +207,8 @@ def run_sections(runner: Runner, s, report: dict) -> None:
 
 
 def full_main(s) -> int:
-    """Run the full check with settings ``s`` and write its report; returns the exit status
-    (:func:`tools.gpu_check.report.exit_status`, 130 when interrupted)."""
+    """Run the full check and write its report; returns :func:`.report.exit_status`, or 130
+    when interrupted."""
     print(f"gpu-check: {'dry run (CPU), ' if s.dry_run else ''}budget {s.budget:.0f} s, "
           f"report in {s.out}", flush=True)
     report = run_all(s)

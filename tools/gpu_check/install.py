@@ -1,7 +1,6 @@
-"""The bundle's wheels installed on a bare GPU machine: only what its Python lacks, all into one
-folder (``--target``) that goes first on every command's ``PYTHONPATH``, DALI and its
-dependencies into the same folder as nvImageCodec and nvJPEG, so that DALI's libraries find
-nvImageCodec's by their relative run paths, whatever was imported before."""
+"""The bundle's wheels that the machine's Python lacks, installed into one folder first on every
+command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that DALI's libraries find
+them by their relative run paths whatever was imported before."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -48,9 +47,8 @@ def wheel_module(wheel: str) -> str:
 
 
 def has_module(name: str) -> bool:
-    """Whether this interpreter can import ``name`` (without importing it); False, not an
-    exception, where a parent package is missing or broken (no ``nvidia`` package at all, as
-    with conda's or a source-built torch)."""
+    """Whether this interpreter can import ``name`` (without importing it); False also where a
+    parent package is missing or broken (no ``nvidia`` with conda's or a source-built torch)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -66,16 +64,14 @@ def has_distribution(name: str) -> bool:
 
 
 def has_pip() -> bool:
-    """Whether pip is installed, from its metadata, not by :func:`has_module`: setuptools'
-    ``_distutils_hack`` answers ``find_spec("pip")`` by switching its ``distutils`` shim off
-    for the rest of the process, which broke a later ``torch.compile`` in the same process."""
+    """Whether pip is installed, from its metadata: setuptools' ``_distutils_hack`` answers
+    ``find_spec("pip")`` by switching its shim off, which breaks a later ``torch.compile``."""
     return has_distribution("pip")
 
 
 def wheel_is_missing(wheel: str) -> bool:
-    """Whether this interpreter lacks what ``wheel`` provides: its distribution is not
-    installed and (outside ``nvidia/``) its module is not importable. Under ``nvidia/`` only
-    the distribution tells: ``nvidia-nvjpeg`` shares ``nvidia/cu13`` with torch's CUDA wheels."""
+    """Whether ``wheel``'s distribution is not installed and (outside ``nvidia/``, where
+    ``nvidia-nvjpeg`` shares ``nvidia/cu13`` with torch's wheels) its module not importable."""
     if has_distribution(os.path.basename(wheel).split("-")[0]):
         return False
     module = wheel_module(wheel)
@@ -83,8 +79,7 @@ def wheel_is_missing(wheel: str) -> bool:
 
 
 def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
-    """Why a DALI wheel cannot serve this torch (built for CUDA ``cuda``), or None: DALI's
-    CUDA major must be torch's."""
+    """Why a DALI wheel cannot serve a torch built for CUDA ``cuda`` (another major), or None."""
     match = DALI_WHEEL.match(dist_name(wheel))
     if not match or not cuda or cuda.split(".")[0] == match.group(1):
         return None
@@ -108,12 +103,10 @@ def installed_in(site: str) -> set[str]:
 
 
 def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
-    """Install into ``site`` each of ``wheels`` that this interpreter and ``site`` lack
-    (:func:`wheel_is_missing`), with pip (``--no-index --no-deps --no-compile --target``) into
-    a fresh folder that is then merged into ``site`` (so a second install adds to the first;
-    without pip the wheels are unpacked), and put ``site`` first on the commands'
-    ``PYTHONPATH``. A DALI wheel for another CUDA major than torch's is left out with a
-    skipped ``dali-wheel`` record. Returns the records, [] when nothing is missing."""
+    """Install into ``site`` the ``wheels`` that this interpreter and ``site`` lack, with pip
+    (else unpacked) into a fresh folder merged into ``site`` (so installs add up), and put
+    ``site`` first on the commands' ``PYTHONPATH``. A DALI wheel for another CUDA major than
+    torch's gets a skipped ``dali-wheel`` record. Returns the records, [] if nothing is missing."""
     records = []
     dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
@@ -162,11 +155,10 @@ def merge_tree(source: str, target: str) -> list[str]:
 
 
 def share_namespace(site: str, package: str) -> None:
-    """Make ``site/package`` extend its ``__path__`` with every other ``package`` folder on
-    ``sys.path`` (``pkgutil.extend_path``), so ``site``'s modules, first on ``PYTHONPATH``, are
-    imported while the machine's own ``nvidia/...`` (torch's CUDA libraries) stay visible:
-    some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package found anywhere
-    on the path hides every namespace portion of the same name."""
+    """Make ``site/package`` extend its ``__path__`` over every ``package`` on ``sys.path``
+    (``pkgutil.extend_path``), so the machine's own ``nvidia/...`` (torch's CUDA libraries)
+    stay visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package
+    hides every namespace portion of the same name."""
     folder = os.path.join(site, package)
     if os.path.isdir(folder):
         with open(os.path.join(folder, "__init__.py"), "w") as f:
@@ -174,10 +166,9 @@ def share_namespace(site: str, package: str) -> None:
 
 
 def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels carried in parts in ``folder`` (:mod:`tools.gpu_check.wheel_parts`: DALI's,
-    which no single 64 MiB transfer carries), reassembled and checked into ``out``, and the
-    ``parts`` record: passed, failed (a part missing or damaged: named) or none when
-    ``folder`` holds no manifest."""
+    """The wheels carried in parts in ``folder`` (:mod:`.wheel_parts`), reassembled and checked
+    into ``out``, and the ``parts`` record (failed names a missing or damaged part); ([], [])
+    when ``folder`` holds no manifest."""
     from .wheel_parts import MANIFEST, PartsError, reassemble
 
     if not os.path.isfile(os.path.join(folder, MANIFEST)):

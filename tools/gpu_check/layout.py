@@ -1,13 +1,11 @@
 """The bundle laid out as the lease's device calls (``.gpu-bundle/calls/N``, hard links of the
 bundle's files; docs/gpu-check.md), each at most 64 MiB with the repository's files.
 
-Call 1 carries ``wheels/`` (lmdb, pytest, nvImageCodec, nvJPEG) and the sample: everything rows
-1-4 need, nothing of DALI, so that it stands alone. The calls after it carry DALI: its
-dependencies (``wheels-dali/``) first fit, and its wheel (~190 MiB) cut into parts
-(:mod:`tools.gpu_check.wheel_parts`, sha256 manifest) filling each call's room in order; the
-first of them also carries the manifest and the list of DALI's whole wheels, which the lease
-waits for. Each call's folder holds a ``CALL`` file: its number, the number of calls, the
-bundle's id and every call's bytes, so that a call knows which it is and what the others cost.
+Call 1 carries ``wheels/`` and the sample, everything rows 1-4 need, so that it stands alone.
+Later calls carry DALI's dependencies (first fit) and its ~190 MiB wheel in parts
+(:mod:`.wheel_parts`); the first of them also the manifest and the list of DALI's whole wheels.
+Each call's ``CALL`` file holds its number, the number of calls, the bundle's id and every
+call's bytes.
 """
 from __future__ import annotations
 
@@ -20,13 +18,11 @@ from .calls import CALL_FILE
 from .runner import REPO
 from .wheel_parts import MANIFEST, split
 
-# The device tool sends at most 64 MiB per call, the repository's files included; the margin
-# leaves room for commits made after the bundle and the CALL file. A part smaller than MIN_PART
-# is not worth a place in a call; MANIFEST_ROOM: SHA256SUMS (one line per part and wheel).
+# 64 MiB per call with the repository's files; the margin leaves room for later commits and the
+# CALL file; a part under MIN_PART is not worth a place; MANIFEST_ROOM holds SHA256SUMS.
 CALL_BYTES, CALL_MARGIN, MIN_PART, MANIFEST_ROOM = 64 << 20, 2 << 20, 1 << 20, 4096
 LEASE_COMMAND = "python3 -m tools.gpu_check --lease"
-# DALI and the wheels only it needs, and the list of those that travel whole (the lease
-# installs DALI once every one of them and every part of its wheel has come)
+# DALI's wheels, and the list of those that travel whole (DALI is installed once all came)
 DALI_WHEELS, DALI_LIST = "wheels-dali", "WHEELS"
 
 
@@ -35,9 +31,8 @@ class InputError(Exception):
 
 
 def sent_files(repo: str) -> list[str]:
-    """What the device tool sends with every call besides what it carries: the repository's
-    tracked files and its untracked ones that git does not ignore (``git ls-files``), relative
-    paths of those that exist. Raises :class:`InputError` without git."""
+    """Relative paths of what the device tool sends with every call: the repository's tracked
+    files and untracked ones git does not ignore. Raises :class:`InputError` without git."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                                  "--exclude-standard"], cwd=repo, capture_output=True,
@@ -61,10 +56,9 @@ def folder_bytes(path: str) -> int:
 
 
 def lay_out_calls(out: str, repo_bytes: int, call_bytes: int = CALL_BYTES) -> list[dict]:
-    """Lay the bundle ``out`` out as ``OUT/calls/1``, ``OUT/calls/2``, ... (see the module),
-    every call at most ``call_bytes`` with ``repo_bytes`` and :data:`CALL_MARGIN`. Raises
-    :class:`InputError` when call 1 does not fit. Returns ``{"call", "bytes", "files"}`` per
-    call (bytes with the repository's)."""
+    """Lay ``out`` out as ``OUT/calls/1``, ``2``, ..., each at most ``call_bytes`` with
+    ``repo_bytes`` and :data:`CALL_MARGIN`; returns ``{"call", "bytes", "files"}`` per call.
+    Raises :class:`InputError` when call 1 does not fit."""
     room = call_bytes - CALL_MARGIN - repo_bytes
     first = [os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
     first.append("sample")
@@ -89,8 +83,8 @@ def lay_out_calls(out: str, repo_bytes: int, call_bytes: int = CALL_BYTES) -> li
 
 
 def dali_calls(out: str, room: int) -> list[list[str]]:
-    """The calls after the first: DALI's small wheels first fit, each wheel too large for a
-    call (DALI's) cut into parts filling the room left, call after call."""
+    """The calls after the first: small wheels first fit, a wheel too large for a call cut
+    into parts filling the room left, call after call."""
     later = os.path.join(out, DALI_WHEELS)
     names = sorted(n for n in os.listdir(later) if n.endswith(".whl")) \
         if os.path.isdir(later) else []
@@ -136,9 +130,7 @@ def link_tree(src: str, dst: str) -> None:
 
 
 def calls_text(out: str, calls: list[dict]) -> list[str]:
-    """The device calls a lead makes (docs/gpu-check.md): call 1 alone; each later call only
-    when the previous one's last line says ``NEXT``, right after it returns, with that reply's
-    ``budget_left_s`` as ``--lease-left``; ``give_back`` right after the last."""
+    """The device calls to make, as lines (docs/gpu-check.md)."""
     rel = os.path.relpath(out, REPO)
     lines = ["gpu-bundle: the lease's device calls (docs/gpu-check.md); each later one only if "
              "the previous call's last line says NEXT, at once (the machine goes back after "

@@ -1,23 +1,12 @@
 """One call of the lease plan (``python -m tools.gpu_check --lease [--lease-left S]``;
 docs/gpu-check.md says which calls to make).
 
-A call moves what it carried (``.gpu-bundle/calls/N``) into the state folder (``--state``,
-``/tmp/gpu-check``, kept while the machine stays warm), runs the set-up once per lease (the
-wheels the machine lacks installed into ``STATE/site``, the environment, the sample replicated
-and converted to LMDB), then the plan's rows (:mod:`tools.gpu_check.plan`) in order, each once,
-each appended to ``STATE/rows.jsonl`` the moment it ends. A row starts only when its expected
-seconds fit what is left of this call and of the lease: the machine time the lender reported
-after the previous call (``--lease-left``), less the idle gap, this call's upload and the
-closing idle. DALI's rows wait for its last part; the calls that bring it are worth making only
-while the time left covers them, which every call's last line says (``NEXT`` or ``DONE``). A
-call that finds the earlier calls' state gone (a machine lost between calls) says so in a row,
-probes the machine and stops. Every step is guarded: an error is a failed row with its last
-lines, and the archive of every row so far (``$OUT/gpu-check.tar.gz``) is written after each
-row and in a ``finally``.
-
-``--dry-run`` runs the same on the CPU backends (the rehearsal) and keeps the clock in the
-H100 seconds :func:`tools.gpu_check.plan.gpu_seconds` scales its rows to. Exit status 0 when no
-row failed, 1 when one did, 2 for bad input.
+A call runs the set-up once per lease (wheels, environment probe, data), then the plan's rows
+in order, each once and only when its expected seconds fit what is left of this call and of
+the lease, each appended to ``STATE/rows.jsonl`` and the archive (``$OUT/gpu-check.tar.gz``)
+as it ends; an error is a failed row. The last line says whether the next call is worth
+making (``NEXT`` or ``DONE``). Exit status 0 when no row failed, 1 when one did, 2 for bad
+input.
 """
 from __future__ import annotations
 
@@ -43,7 +32,7 @@ ARCHIVE = "gpu-check.tar.gz"
 
 
 def lease_main(args) -> int:
-    """One call: see the module. Returns the exit status."""
+    """One call; returns the exit status."""
     state = os.path.abspath(args.state or STATE)
     calls = os.path.join(REPO, ".gpu-bundle", "calls")
     try:
@@ -229,8 +218,8 @@ class Lease:
 
     def dali_ready(self) -> bool:
         """Whether DALI's rows can run: installed by this lease, none carried (the machine's
-        own, or "not installed"), or now installed when every part and listed wheel has
-        come (``install-dali``: reassembled, checked, installed into the same site)."""
+        own, or "not installed"), or installed now (``install-dali``) once every part and
+        listed wheel has come."""
         if "install-dali" in self.done:
             return self.done["install-dali"]["status"] == "passed"
         from .layout import DALI_LIST, DALI_WHEELS
@@ -291,6 +280,5 @@ class Lease:
 
 
 def _cpu(records: list[dict], since: float) -> float:
-    """CPU seconds of a row made of several steps: its commands' and this process's own since
-    ``since`` (:func:`tools.gpu_check.runner.own_cpu`)."""
+    """CPU seconds of a row of several steps: its commands' and this process's since ``since``."""
     return round(sum(r.get("cpu_seconds") or 0.0 for r in records) + own_cpu() - since, 2)

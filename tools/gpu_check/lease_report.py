@@ -20,9 +20,8 @@ def speed(rows: dict, name: str) -> float | None:
 
 
 def share_of(rows: dict, train: str, alone: str, synthetic: str) -> dict:
-    """One share: ``raw`` (training over synthetic), ``alone`` (the loader alone over
-    synthetic), ``share`` (:func:`tools.gpu_check.report.capped`), the row's ``spread`` and
-    ``status``."""
+    """One share: ``raw`` (training over synthetic), ``alone`` (loader alone over synthetic),
+    ``share`` (:func:`.report.capped`), the row's ``spread``, ``status``, ``decoder``, ``note``."""
     base = speed(rows, synthetic)
     raw = speed(rows, train) / base if speed(rows, train) and base else None
     solo = speed(rows, alone) / base if speed(rows, alone) and base else None

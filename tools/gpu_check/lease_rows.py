@@ -1,6 +1,6 @@
-"""What each row of the lease plan (:mod:`tools.gpu_check.plan`) runs: builders of ``run(ctx)``
-over the full check's row makers. ``ctx`` holds the runner, settings ``s``, the machine's facts,
-the data, the plan row being run (``row``) and its time box in seconds (``limit``)."""
+"""What each row of the lease plan (:mod:`.plan`) runs: builders of ``run(ctx)`` over the full
+check's row makers. ``ctx`` holds ``runner``, settings ``s``, ``machine``, ``data``, the plan
+``row`` and its time box ``limit`` (seconds)."""
 from __future__ import annotations
 
 from . import dali_rows, decode_rows
@@ -11,8 +11,8 @@ LOW_RES = 160  # px: FFCV's min_res, progressive resizing's first epochs
 
 
 def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (``1`` in a
-    dry run); a number is itself (``s.workers`` in a dry run, which loads in-process)."""
+    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (``1`` in a dry
+    run); a number is itself (``s.workers`` in a dry run, which loads in-process)."""
     if spec == "all":
         return s.workers
     if spec == "less":
@@ -30,8 +30,8 @@ def _low(ctx) -> int:
 
 
 def train(loader: str = "synthetic", res: bool = False, model: str | None = None):
-    """A training row of ``loader`` (``model``: the plan's model if None); GPU-decode rows get
-    their decoder named and checked (:func:`tools.gpu_check.decode_rows.on_gpu`)."""
+    """A training row of ``loader`` (``model`` None: the plan's); GPU-decode rows get their
+    decoder checked (:func:`.decode_rows.on_gpu`)."""
     def run(ctx):
         rec = train_row(ctx.runner, ctx.s, ctx.data, ctx.machine, model or ctx.model, loader,
                         res=_low(ctx) if res else None, extra=_decode_flags(loader, ctx),

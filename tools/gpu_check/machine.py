@@ -1,5 +1,5 @@
-"""What the machine is: the environment probe (``python -m tools.gpu_check --probe``, run in a
-subprocess so the check itself never holds a CUDA context) and nvidia-smi's driver line."""
+"""The environment probe (``python -m tools.gpu_check --probe``, in a subprocess so that the
+check never holds a CUDA context) and nvidia-smi's driver line."""
 from __future__ import annotations
 
 import ctypes
@@ -33,10 +33,9 @@ def mapped_libraries() -> list[str]:
 
 def probe() -> dict:
     """What this interpreter sees: versions; GPUs (name, memory in bytes); CPU cores; each of
-    :data:`ORIGINS`' version and file, or its import error (DALI imported first, so that its
-    libraries must find nvImageCodec's by themselves); the GPU decoder ``--decode-device cuda``
-    would take (``decoder``: nvImageCodec, torchvision or None, and why the others were not)
-    after a probe decode; then :func:`mapped_libraries`."""
+    :data:`ORIGINS`' version and file, or its import error (DALI first, so its libraries must
+    find nvImageCodec's by themselves); ``decoder``, the library ``--decode-device cuda`` takes
+    after a probe decode and why not the others; :func:`mapped_libraries`."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
     for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
@@ -69,9 +68,8 @@ def probe() -> dict:
 
 
 def cuda_driver_api() -> str | None:
-    """The CUDA version the installed driver supports ("13.0"), from ``cuDriverGetVersion``
-    in libcuda (needs no ``cuInit``; torch 2.14 exposes it only through the optional
-    ``cuda.bindings``); None without a driver."""
+    """The CUDA version the driver supports ("13.0"), None without one; from libcuda's
+    ``cuDriverGetVersion`` (no ``cuInit``; torch has it only in the optional ``cuda.bindings``)."""
     try:
         version = ctypes.c_int(0)
         if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:

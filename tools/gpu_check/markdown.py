@@ -1,6 +1,5 @@
-"""``report.md`` (and ``report.json``) of the full check, from the report that
-:mod:`tools.gpu_check.report` assembles: one Markdown section per check section, then what is
-not proven, the failures and every command. Speeds are images/s, ratios percentages, memory GiB.
+"""``report.md`` and ``report.json`` of the full check: a Markdown section per check section,
+then what is not proven, the failures and every command (images/s, percentages, GiB).
 """
 from __future__ import annotations
 
@@ -164,9 +163,7 @@ def gpu_decode_md(r: dict) -> str:
 
 
 def detail(x: dict) -> str:
-    """What a GPU-decode row shows beside its figure: the probe's windows, the hardware
-    decoder's answers, the GPU-over-CPU ratio, the hardware share, memory per epoch, the
-    model, or why it was skipped."""
+    """What a GPU-decode row shows beside its figure."""
     if x.get("on_device") is not None:
         return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
                 f"max diff {num(x.get('max_diff'))}")
@@ -183,8 +180,7 @@ def detail(x: dict) -> str:
 
 
 def decoding_md(title: str, rows: list[dict] | None) -> str:
-    """A GPU-decode section's table under ``title``: one line per row (check, images/s,
-    workers, px, the decoder that did the work, :func:`detail`, status); "" without rows."""
+    """A GPU-decode section's table under ``title``; "" without rows."""
     if not rows:
         return ""
     body = [[x["name"], num(x.get("images_per_sec")), x.get("workers", "-"), x.get("res", ""),
@@ -207,8 +203,7 @@ def nccl_md(r: dict) -> str:
 
 
 def stages_md(r: dict) -> str:
-    """Each main.py row's stage table, bound and advice as main.py printed them
-    (:func:`tools.gpu_check.report.stage_lines`): why its images/s is what it is."""
+    """Each main.py row's stage table, bound and advice as main.py printed them."""
     rows = [x for x in rows_of(r) if x.get("stage_lines")]
     if not rows:
         return ""

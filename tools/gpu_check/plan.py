@@ -1,16 +1,9 @@
-"""The lease plan (``python -m tools.gpu_check --lease``, docs/gpu-check.md): its rows, each
-declared once here (name, group, time box, what it runs), and the clock of a borrowed GPU.
+"""The lease plan (``python -m tools.gpu_check --lease``, docs/gpu-check.md): its rows (name,
+group, time box, what it runs) and the clock of a borrowed GPU, in seconds of machine time.
 
 Groups, in order and priority: 0 the set-up; 1 the decode probes; 2 the synthetic denominators;
 3 ``--decode-device cuda``; 4 the CPU loaders at every core and one less; 5 DALI (after its
-parts have come); 6 only if time remains, in the last call. Groups 1-4 run in call 1, which
-carries no part of DALI and stands alone.
-
-Times are seconds of machine time. A ``main.py`` row's expected seconds on one H100 are
-:data:`PROCESS_START` + :data:`CUDA_START` + its steady-state batches
-(:func:`tools.gpu_check.rows.steady_sizes` at -b 256, 16 cores) at :data:`RATES`; the
-rehearsal measures a row's own work here instead of :data:`PROCESS_START`
-(:func:`gpu_seconds`); on a GPU the measured wall seconds count.
+parts have come); 6 only if time remains, in the last call. Groups 1-4 run in call 1.
 """
 from __future__ import annotations
 
@@ -23,21 +16,18 @@ from . import lease_rows as r
 from .lease_rows import jobs
 from .rows import steady_sizes, workers_count
 
-# The borrowed machine (the device tool's limits): 15 minutes of machine time in all, a start
-# of 1-2 minutes (call 1's 8-minute target counts one), 1-2 more when a first start fails before
-# a second machine comes, at most 30 s idle between calls (then it is given back), the closing
-# idle until give_back.
+# The device tool's limits: 15 minutes of machine time, a start of 1-2 minutes (1-2 more when a
+# first start fails), at most 30 s idle between calls, the closing idle until give_back.
 LEASE_SECONDS, START_SECONDS, FALLBACK_SECONDS = 900.0, 60.0, 120.0
 GAP_SECONDS, CLOSE_SECONDS = 30.0, 30.0
-UPLOAD_RATE = 5 * 2**20  # bytes/s a call's files travel at: assumed, not yet measured
+UPLOAD_RATE = 5 * 2**20  # bytes/s a call's files travel at (assumed)
 CALL_OVERHEAD = 5.0  # a call's command without rows: Python's start, moving what it carried
 CALL_SECONDS = 520.0  # one command's own limit, under the device tool's 540 s timeout_s
 CALL1_DEADLINE, CALL1_WALL = 480.0, 420.0  # call 1: back within 8 min, start included; 7 min
-# One H100 host (16 cores), as the first H100 run measured it: images/s of ResNet-50 on
-# synthetic data at 224 and 160 px and of the CPU loaders with 8 workers, the floor assumed for
-# every loader; one thread decoding on the CPU (assumed: about 2 ms per image); a main.py
-# process's start, its CUDA context with cuDNN's tuning (a loader alone tunes nothing); the
-# LMDB written at DISK_RATE bytes/s; pip unpacking UNPACK_RATE bytes of wheel per second.
+# Measured on one H100 host (16 cores): images/s of ResNet-50 on synthetic data at 224 and
+# 160 px, and of the CPU loaders with 8 workers (the floor for every loader); assumed: one CPU
+# decode thread (~2 ms per image), a process's start, its CUDA context with cuDNN's tuning (a
+# loader alone tunes nothing), LMDB writes (bytes/s), pip unpacking (bytes of wheel/s).
 RATES = {"synthetic": 4909.0, "synthetic-160": 7987.0, "loader": 2900.0, "one-thread": 500.0}
 PROCESS_START, CUDA_START, CUDA_START_ALONE = 5.0, 10.0, 3.0
 DISK_RATE, UNPACK_RATE = 200e6, 10e6
@@ -48,11 +38,11 @@ SETUP_EXPECT = {"install": 10.0, "environment": 15.0, "data": 50.0, "install-dal
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the plan. ``run(ctx)`` returns its record; ``kind``: ``main`` (a main.py
-    run of ``loader`` with ``workers`` -- ``all``, ``less`` (every core but one), or a number
-    -- alone or training, ``timed`` batches if not the steady default, at ``rate``) or
-    ``plain`` (``expect`` seconds); ``needs_dali``: waits for DALI's parts; ``core``: DALI's
-    calls are worth making only when the time left covers this row."""
+    """One row of the plan; ``run(ctx)`` returns its record. ``kind``: ``main`` (a main.py run
+    of ``loader`` with ``workers``: ``all``, ``less`` or a number; alone or training; ``timed``
+    batches if not the steady default, at ``rate``) or ``plain`` (``expect_plain`` seconds);
+    ``needs_dali``: waits for DALI's parts; ``core``: DALI's calls are worth making only when
+    the time left covers this row."""
 
     name: str
     group: int
@@ -79,7 +69,8 @@ class Row:
 
     @property
     def expect(self) -> float:
-        """Seconds this row should take on one H100 host."""
+        """Seconds this row should take on one H100 host: process and CUDA start plus its
+    :meth:`gpu_batches` at :data:`RATES`."""
         if self.kind != "main":
             return self.expect_plain
         return PROCESS_START + self.cuda_start + self.gpu_batches() * GPU.batch / RATES[self.rate]
@@ -159,14 +150,11 @@ def select(rows: list[Row], names: list[str] | None) -> list[Row]:
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
-    """Seconds a row recorded here (``record``; ``row`` None for the set-up rows, which carry
-    ``bytes``) would take on an H100 host. On a GPU: its ``seconds`` as measured. In a
-    rehearsal (CPU backends, tiny sizes) the row's work is its ``cpu_seconds`` (user + system
-    of its processes: interpreter, torch and worker start-up, the tiny steps), not its wall
-    seconds, which here mostly wait for 2 cores shared with other jobs; then a ``main`` row
-    adds its CUDA start and its H100 batches at its rate, the data row writing
-    ``bytes`` (the H100's LMDB) at :data:`DISK_RATE`, an install unpacking ``bytes`` at
-    :data:`UNPACK_RATE`."""
+    """Seconds a row recorded here (``row`` None for the set-up rows, which carry ``bytes``)
+    would take on an H100 host: on a GPU its measured ``seconds``. In a rehearsal its
+    ``cpu_seconds`` (wall seconds mostly wait for shared cores), plus a ``main`` row's CUDA
+    start and H100 batches at its rate, or ``bytes`` at :data:`DISK_RATE` (the data row) or
+    :data:`UNPACK_RATE` (an install)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None
@@ -178,8 +166,8 @@ def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
 
 
 def gpu_lmdb_bytes(image_sizes: list[int]) -> int:
-    """Bytes of the LMDB an H100 host writes: the sample's mean file size times the images
-    of :func:`tools.gpu_check.rows.data_batches` batches of 256."""
+    """Bytes of the LMDB an H100 host writes: the mean of ``image_sizes`` times the images of
+    :func:`.rows.data_batches` batches of 256."""
     from .rows import data_batches
 
     mean = sum(image_sizes) / max(1, len(image_sizes))

@@ -1,27 +1,10 @@
-"""The lease plan rehearsed on this machine (``make gpu-rehearse``, ``python -m tools.gpu_check
---rehearse``; docs/gpu-check.md): the device calls of a borrowed GPU made here one after
-another, as a lead makes them, on the CPU backends (``--dry-run``: ``--no-accel``,
-nvImageCodec's CPU backend for ``--decode-device``, DALI's CPU backend), with the borrowed
-machine's limits checked:
-
-* bytes per call: the repository's files (tracked, and untracked ones git does not ignore)
-  plus what the call carries, at most 64 MiB;
-* the install: the bundle's wheels this Python can install (pure Python and ``py3-none``) go
-  into a clean ``--target`` with this environment's own copies of what the GPU machine lacks
-  hidden (:data:`HIDE`), and are imported from there; the others (``cp312``) are checked by
-  name and tag;
-* machine time, each row's work measured here (its processes' CPU seconds) and scaled to an
-  H100 (:func:`tools.gpu_check.plan.gpu_seconds`): the start (and with ``--fallback-start`` a
-  failed one before it), each call's upload, a 30 s gap before each later call, the closing
-  idle; the lease within 15 minutes (a limit), call 1 back within 8 with its set-up and rows
-  within 7 (targets: reported, not judged).
-  Each later call gets ``--lease-left`` as the lender would report it, and is made only when
-  the previous call's last line says ``NEXT`` with a need the time left covers;
-* ``$OUT`` after each call: at most 8 files of at most 16 MiB, at most 2 folders deep. With
-  ``OUT`` set in the environment the last call's files are left there.
-
-The machine is a temporary folder (``--state DIR`` to keep it). Exit status 0 when every limit
-holds and no row failed, 1 otherwise, 2 for bad input.
+"""The lease plan rehearsed on this machine (``make gpu-rehearse``, ``--rehearse``;
+docs/gpu-check.md): the device calls made one after another as a lead makes them, on the CPU
+backends (``--dry-run``), checking the borrowed machine's limits: at most 64 MiB per call; the
+install (:func:`hide_layer`); machine time scaled to an H100 (:func:`charge`): the lease within
+15 minutes, call 1 back within 8 with its set-up and rows within 7 (targets, reported); ``$OUT``
+after each call (:func:`check_out`). The machine is a temporary folder (``--state DIR`` keeps
+it). Exit status 0 when every limit holds and no row failed, 1 otherwise, 2 for bad input.
 """
 from __future__ import annotations
 
@@ -43,8 +26,7 @@ from .runner import REPO
 
 CALL_BYTES, CALL_LIMIT, HERE_LIMIT = 64 << 20, 540.0, 3000.0
 OUT_FILES, OUT_FILE_BYTES, OUT_DEPTH = 8, 16 << 20, 2
-# The bundle's distributions the GPU machine's image already holds (the device tool's package
-# list, KINDS.md): left visible here, as they are there; the rest are hidden and installed.
+# Distributions the GPU machine's image holds (the device tool's package list): left visible.
 MACHINE_HAS = {"numpy", "packaging", "pytest", "pluggy", "iniconfig", "pygments",
                "typing_extensions", "six", "wheel", "pyyaml"}
 # sitecustomize of the rehearsal's processes: the hidden modules and distributions are found
@@ -76,7 +58,7 @@ sys.meta_path.insert(0, _Hide())
 
 
 def rehearse_main(args) -> int:
-    """See the module; returns the exit status."""
+    """Returns the exit status."""
     bundle = os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle"))
     calls_dir = os.path.join(bundle, "calls")
     calls = sorted(int(n) for n in os.listdir(calls_dir) if n.isdigit()) \
@@ -113,8 +95,7 @@ def rehearse_main(args) -> int:
 
 
 def copy_repository(target: str) -> str:
-    """The files the device tool sends (:func:`tools.gpu_check.layout.sent_files`), copied
-    into ``target``."""
+    """The files the device tool sends (:func:`.layout.sent_files`) copied into ``target``."""
     shutil.rmtree(target, ignore_errors=True)
     for rel in sent_files(REPO):
         os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
@@ -123,10 +104,10 @@ def copy_repository(target: str) -> str:
 
 
 def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
-    """The environment of the rehearsal's calls (:data:`HIDE` as ``sitecustomize`` first on
-    ``PYTHONPATH``, hiding what the bundle would install here and the machine lacks) and the
-    bundle's wheels by fate: ``installed`` here, ``visible`` (:data:`MACHINE_HAS`) and
-    ``checked`` (another interpreter's: name and tag only, with any ``problem``)."""
+    """The calls' environment, with :data:`HIDE` as ``sitecustomize`` hiding this
+    environment's copies of what the bundle installs, and the bundle's wheels by fate:
+    ``installed`` here into a clean ``--target``, ``visible`` (:data:`MACHINE_HAS`) and
+    ``checked`` (another interpreter's, e.g. ``cp312``: name and tag, with any ``problem``)."""
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 
@@ -165,8 +146,7 @@ def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
 def rehearse_call(root: str, repo: str, carried: str, number: int, lease_left: float | None,
                   rows: list[str] | None, env: dict) -> dict:
     """One device call: carry ``carried`` into the copy, run the lease command with a fresh
-    ``$OUT``, ``--lease-left`` as the lender would report it, the device's limit; check what
-    it left in ``$OUT``."""
+    ``$OUT`` and ``--lease-left``; check what it left in ``$OUT``."""
     target = os.path.join(repo, ".gpu-bundle", "calls", str(number))
     shutil.copytree(carried, target, symlinks=True)
     out = os.path.join(root, f"out-{number}")
@@ -206,7 +186,7 @@ def lead_goes_on(previous: dict, lease_left: float) -> bool:
 
 def charge(result: dict, rows: list[dict], clock: dict) -> None:
     """Machine seconds of one call, scaled to an H100: a gap before each later call, its
-    upload, its command (:data:`tools.gpu_check.plan.CALL_OVERHEAD` and its rows)."""
+    upload, its command (:data:`.plan.CALL_OVERHEAD` and its rows)."""
     command = plan.CALL_OVERHEAD + sum(x.get("gpu_seconds") or 0 for x in rows
                                        if x.get("call") == result["call"])
     result["upload_seconds"] = round(plan.upload_seconds(result["bytes"]), 1)
@@ -217,7 +197,8 @@ def charge(result: dict, rows: list[dict], clock: dict) -> None:
 
 
 def check_out(folder: str) -> dict:
-    """What ``folder`` would send back, against the device tool's limits."""
+    """What ``folder`` would send back, against the device tool's limits (at most 8 files of
+    16 MiB, 2 folders deep)."""
     files, problems = [], []
     for d, dirs, names in os.walk(folder):
         depth = os.path.relpath(d, folder).count(os.sep) + (d != folder)

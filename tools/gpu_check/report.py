@@ -1,8 +1,6 @@
-"""Reading main.py's outputs and judging them (rows, shares of synthetic, the target, what is
-not proven, the exit status); :mod:`tools.gpu_check.markdown` writes the report out.
-
-Speeds are images/s, times seconds, memory bytes (GiB in report.md); ratios are plain
-fractions in JSON and percentages in report.md. Nothing here runs a command.
+"""Reading main.py's outputs and judging them (shares of synthetic, the target, what is not
+proven, the exit status); :mod:`.markdown` writes the report. Speeds are images/s, times
+seconds, memory bytes; ratios are fractions. Nothing here runs a command.
 """
 from __future__ import annotations
 
@@ -38,13 +36,11 @@ def read_metrics(rundir: str) -> list[dict]:
 
 def read_speed(rundir: str) -> dict:
     """Training images/s of the run's last epoch record: ``images_per_sec`` is main.py's
-    ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks) or, when
-    that is missing or null, ``train_images_per_sec`` with ``includes_warmup`` True;
-    ``speed_key`` names the key used. Also ``data_time_fraction``, ``epoch_seconds``,
-    ``val_acc1``, ``train_loss``, ``spread`` (:func:`step_spread`) and ``stages``: the record's
-    stage figures (:func:`stage_figures`). Raises ValueError when metrics.jsonl has no usable
-    record, or when its training loss is not finite (diverged weights train at full speed
-    too)."""
+    ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks), else
+    ``train_images_per_sec`` with ``includes_warmup`` True; ``speed_key`` names the key. Also
+    ``data_time_fraction``, ``epoch_seconds``, ``val_acc1``, ``train_loss``, ``spread`` and
+    ``stages``. Raises ValueError without a usable record or when the training loss is not
+    finite (diverged weights train at full speed too)."""
     records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")
@@ -60,22 +56,18 @@ def read_speed(rundir: str) -> dict:
 
 
 def step_spread(record: dict) -> float | None:
-    """The spread of a run's training steps: (p90 - p50) / p50 of its step seconds (CUDA
-    events around each step on a GPU: the model's time, waits excluded; engine.bounds'
-    ``stages_step_ms_*``), None where main.py wrote none. A step's spread bounds how far two
-    runs' mean images/s can differ by chance, so a loader beating synthetic data by more is
-    not a steady-state figure."""
+    """(p90 - p50) / p50 of a run's step times (engine.bounds' ``stages_step_ms_*``: CUDA
+    events on a GPU, waits excluded), None where main.py wrote none. It bounds how far two
+    runs' mean images/s differ by chance."""
     p50, p90 = record.get("stages_step_ms_p50"), record.get("stages_step_ms_p90")
     return round((p90 - p50) / p50, 4) if p50 and p90 is not None else None
 
 
 def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
-    """``row`` (a training row) with ``ratio_to_synthetic`` (its images/s over ``synthetic``'s)
-    and ``share_spread`` (the larger of both rows' :func:`step_spread`, 0 where unknown);
-    failed when a real loader's ratio exceeds 1 by more than that spread: data-fed training
-    cannot be faster than synthetic, so such a figure timed batches queued before the clock.
-    In a dry run the row only gets a ``note``: on a few CPU cores shared with other jobs, two
-    runs' images/s differ by their load, not their loaders."""
+    """``row`` (a training row) with ``ratio_to_synthetic`` and ``share_spread`` (the larger
+    :func:`step_spread` of the two, 0 where unknown); failed when a real loader's ratio exceeds
+    1 by more than that spread, since data-fed training cannot beat synthetic (it timed a
+    queue filled before the clock). A dry run (shared CPU cores) only gets a ``note``."""
     row["ratio_to_synthetic"] = ratio(row, synthetic)
     if row.get("loader") in (None, "synthetic") or row["ratio_to_synthetic"] is None:
         return row
@@ -98,17 +90,15 @@ def capped(share: float | None, alone: float | None) -> float | None:
 
 
 def stage_figures(record: dict) -> dict:
-    """The ``stages_*`` keys of one main.py record (an epoch's ``metrics.jsonl`` line or
-    ``--benchmark-data``'s JSON line): ``engine.bounds``' stage figures (ms per image), the
-    bound (``stages_bound``) and the advice (``stages_advice``), which say why the row's
-    images/s is what it is; {} where main.py wrote none."""
+    """The ``stages_*`` keys of one main.py record (``metrics.jsonl`` or ``--benchmark-data``'s
+    JSON line): ``engine.bounds``' stage figures (ms per image), ``stages_bound`` and
+    ``stages_advice``; {} where main.py wrote none."""
     return {k: v for k, v in record.items() if k.startswith("stages_")}
 
 
 def stage_lines(text: str) -> list[str]:
-    """The last stage table main.py printed in ``text`` (its output): from its first line
-    (``stages over ...``, or the training thread's line for a loader without stage figures)
-    through the bound line and its ``try`` lines, as printed; [] if there is none."""
+    """The last stage table main.py printed in ``text``, from its first line (``stages over
+    ...`` or the training thread's) through the bound line and its ``try`` lines; [] if none."""
     lines = text.splitlines()
     ends = [i for i, line in enumerate(lines) if _BOUND_LINE.match(line)]
     if not ends:
@@ -177,10 +167,9 @@ def best_loader(rows: list[dict], model: str) -> dict | None:
 
 def loader_alone_share(training: list[dict], loader_rows: list[dict] | None,
                        row: dict) -> float | None:
-    """The bound of a real loader's training ``row``: that loader's ``--benchmark-data`` row
-    in ``loader_rows`` (named ``loader-LOADER``: main.py's own ``-j``) over the images/s of
-    the row model's synthetic training in ``training``; None for synthetic data, ``--compile``
-    rows or where either figure is missing."""
+    """The bound of a real loader's training ``row``: its ``loader-LOADER`` row's images/s in
+    ``loader_rows`` over the model's synthetic training in ``training``; None for synthetic,
+    ``--compile`` rows or where either figure is missing."""
     if row.get("loader") in (None, "synthetic") or row.get("compile"):
         return None
     name = f"loader-{row['loader']}"
@@ -191,12 +180,9 @@ def loader_alone_share(training: list[dict], loader_rows: list[dict] | None,
 def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
            loader_rows: list[dict] | None = None) -> dict:
     """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
-    not measured or in a dry run, whose CPU figures say nothing about a GPU).
-
-    A loader's share is its training row's, capped (:func:`capped`) by its ``--benchmark-data``
-    images/s over synthetic training's where ``loader_rows`` has it: whatever a warm-up leaves
-    queued, the loader alone bounds what it can feed (the first H100 run, timed with the queue
-    full: folder at 99% of synthetic in training, 62% alone)."""
+    not measured or in a dry run). A share is the training row's, :func:`capped` by the loader
+    alone where ``loader_rows`` has it: whatever a warm-up leaves queued, the loader alone
+    bounds what it can feed."""
     shares = []
     for row in real_loader_rows(rows, model):
         if not row.get("ratio_to_synthetic"):
@@ -227,8 +213,8 @@ def rows_of(report: dict):
 
 
 def not_proven(report: dict) -> list[dict]:
-    """``{"name", "reason"}`` of each check that proves nothing: skipped (not installed, not
-    available, time budget), timed out, or passed with GPU tests that pytest skipped."""
+    """``{"name", "reason"}`` of each check that proves nothing: skipped, timed out, or passed
+    with GPU tests that pytest skipped."""
     out = []
     for row in rows_of(report):
         skipped_tests = (row.get("counts") or {}).get("skipped")
@@ -240,8 +226,8 @@ def not_proven(report: dict) -> list[dict]:
 
 
 def finish(report: dict, seconds: float) -> dict:
-    """Add ``seconds`` (the whole check), ``summary`` (counts per status, ``timed_out`` for
-    "timed out", and ``not_proven``) and ``not_proven`` (the rows, see :func:`not_proven`)."""
+    """Add ``seconds`` (the whole check), ``not_proven`` and ``summary`` (counts per status,
+    ``timed_out`` for "timed out", and ``not_proven``)."""
     statuses = [row["status"] for row in rows_of(report)]
     report["seconds"] = round(seconds, 1)
     report["not_proven"] = not_proven(report)
@@ -251,8 +237,7 @@ def finish(report: dict, seconds: float) -> dict:
 
 
 def exit_status(report: dict) -> int:
-    """1 when a check failed; else 3 when one is not proven on a GPU (never in a dry run,
-    which checks this script on the CPU); else 0."""
+    """1 when a check failed; else 3 when one is not proven on a GPU (not in a dry run); else 0."""
     if report["summary"]["failed"]:
         return 1
     return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0

@@ -3,8 +3,7 @@ file, the data flags of every loader, and how many steps a row warms up and time
 
 Steady state: a row's timed window starts only after a warm-up longer than every batch its
 pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
-while the model was set up and cuDNN tuned; it then times ``s.steps`` steps (200 on a GPU:
-ResNet-50 at 224 px, about 10 s), a loader alone at least :data:`WAVES` batches per worker.
+while the model was set up and cuDNN tuned.
 """
 from __future__ import annotations
 
@@ -23,11 +22,9 @@ NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collecti
 # three training runs and an NCCL spawn in tests/engine/test_gpu.py
 TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240, "compile": 420, "loaders": 180,
             "nccl": 240, "resolution": 240}
-# What a pipeline holds ready, in batches: DataLoader(prefetch_factor=4) per worker
-# (loaders/pipelines/workers/, gpu_decode/) and 2 spare shared slots
-# (loaders/pipelines/workers/slots.slots_for); the batch decode's thread runs 2 ahead plus the
-# one it decodes (gpu_decode/ahead.run_ahead); DALI with CUDA: a prefetch queue of 4 per
-# pipeline and its feed's 5 read batches (loaders/pipelines/dali/loader.py, _queue_depth + 1).
+# Batches a pipeline holds ready: prefetch_factor=4 per worker and 2 spare shared slots
+# (loaders/pipelines/workers/slots.slots_for); the batch decode runs 2 ahead plus the one it
+# decodes (gpu_decode/ahead.run_ahead); DALI: a prefetch queue of 4 and its feed's 5 batches.
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 WAVES = 10  # a loader alone times at least this many batches per worker
 
@@ -38,8 +35,8 @@ def workers_count(workers: str, machine: dict) -> int:
 
 
 def ready_batches(loader: str, workers: int) -> int:
-    """Batches the pipeline of ``loader`` with ``workers`` worker processes (DALI: threads) can
-    hold ready before a training step asks for one (the sources are named at the constants)."""
+    """Batches the pipeline of ``loader`` with ``workers`` workers can hold ready before a
+    training step asks for one."""
     if loader == "synthetic":
         return 0
     if loader.startswith("dali"):
@@ -61,8 +58,7 @@ def steady_sizes(s, loader: str, workers: int, alone: bool = False,
 
 def data_batches(s, machine: dict) -> int:
     """Training batches the replicated sample must hold so that no row's epoch ends inside
-    its timed steps: the most workers a row uses (every core, or the full check's -j 15),
-    their warm-up and timed batches, and 4 spare."""
+    its timed steps (the most workers a row uses, every core or 15; 4 spare)."""
     most = max(workers_count(s.workers, machine), 1 if s.dry_run else 15)
     return max(sum(steady_sizes(s, "gpudecode", most, alone)) for alone in (False, True)) + 4
 
@@ -89,11 +85,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               name: str | None = None, workers: str | None = None,
               timeout: float | None = None) -> dict:
     """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) with
-    ``model`` on ``loader`` (``res``: at ``--train-crop-size res``; ``extra``: more flags;
-    ``workers``: ``-j`` instead of ``s.workers``; ``name``: instead of the one made from model,
-    loader, compile and res; ``timeout``: seconds). Its images/s are main.py's
-    ``steady_images_per_sec`` (:func:`tools.gpu_check.report.read_speed`); ``stage_lines`` is
-    the stage table main.py printed. Fails off the GPU (not in a dry run)."""
+    ``model`` on ``loader`` (``res``: ``--train-crop-size``; ``workers``: ``-j`` instead of
+    ``s.workers``; ``timeout``: seconds). Its images/s are main.py's ``steady_images_per_sec``
+    (:func:`.report.read_speed`), ``stage_lines`` its stage table. Fails off the GPU unless dry."""
     name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
                     + (f"-{res}px" if res else ""))
     row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
@@ -132,10 +126,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 
 def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
                name: str, timeout: float | None = None, timed: int | None = None) -> dict:
-    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last:
-    a ``--train-crop-size`` there wins over the dry run's sizes), warmed up past its ready
-    batches and timed over at least :data:`WAVES` batches per worker (or ``timed``): its JSON
-    line's figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
+    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last,
+    so their ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's
+    figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
     warm, steps = steady_sizes(s, loader, workers_count(workers, machine), alone=True,
                                timed=timed)
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
@@ -177,9 +170,8 @@ def gpu_over_cpu(gpu: dict, cpu: dict, minimum: float, dry_run: bool, failure: s
 
 def pytest_piece(runner: Runner, path: str, sample: str | None = None,
                  timeout: float | None = None) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` (the bundle's
-    ``train/``+``val/`` folder) as ``IMAGENET_SAMPLE``, since ``../shared`` does not travel to
-    a GPU machine and the GPU-vs-CPU pixel tests would skip."""
+    """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
+    ``IMAGENET_SAMPLE``, as ``../shared`` does not travel to a GPU machine."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
                             "-p", "no:cacheprovider", path], timeout or TIMEOUTS["pytest"],

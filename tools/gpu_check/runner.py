@@ -1,12 +1,10 @@
-"""Running the check's commands: each from the repository root with its own time limit, all
-within one budget, stdout and stderr to ``logs/NAME.out|.err``.
+"""The check's commands, run from the repository root with output in ``logs/NAME.out|.err``.
 
-A command's record is a dict: ``name``, ``command`` (shell-quoted), ``status`` (passed /
-failed / timed out / skipped), ``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds``
-(user + system of the command's whole process tree), ``returncode`` and, unless passed,
-``stdout_tail`` / ``stderr_tail``. "timed out" is its own status: a check slower than its
-limit (a cold ``torch.compile``, say) proves nothing either way, so it is not proven, not
-failed.
+A record is a dict: ``name``, ``command`` (shell-quoted), ``status`` (passed / failed / timed
+out / skipped), ``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of
+the whole process tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``.
+"timed out" is not "failed": a check slower than its limit (a cold ``torch.compile``) proves
+nothing either way.
 """
 from __future__ import annotations
 
@@ -32,8 +30,8 @@ class Runner:
         os.makedirs(self.logs, exist_ok=True)
         self.start = time.monotonic()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if dry_run:  # on a few shared cores torch's OpenMP threads wait for each other at
-            # every barrier: ResNet-18 at 32 px trained at 1.1 images/s with 2, 10 with 1
+        if dry_run:  # on a few shared cores OpenMP threads wait at every barrier (ResNet-18
+            # at 32 px: 1.1 images/s with 2 threads, 10 with 1)
             self.env.setdefault("OMP_NUM_THREADS", "1")
 
     def elapsed(self) -> float:
@@ -46,7 +44,7 @@ class Runner:
 
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         """Run ``cmd`` (``env`` added to the environment) for at most ``timeout`` s, or less
-        when the budget runs out; returns its record (see the module)."""
+        when the budget runs out; returns its record."""
         record = {"name": name, "command": " ".join(shell_quote(c) for c in cmd)}
         left = self.budget - self.elapsed()
         if left <= 0:
@@ -96,8 +94,8 @@ class Runner:
 
 
 def _children_cpu() -> float:
-    """User + system CPU seconds of every finished child process tree so far: the delta
-    around one command is its work, whatever else shares the machine's cores."""
+    """User + system CPU seconds of every finished child process tree so far (the delta
+    around one command is its work, whatever else shares the cores)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -121,7 +119,7 @@ def skipped(name: str, reason: str, **fields) -> dict:
 
 
 def crashed(name: str, exc: BaseException) -> dict:
-    """A failed record for an exception of this script itself while making row ``name``:
-    its one-line reason and the traceback's last 3,000 characters."""
+    """A failed record for this script's own exception while making row ``name``, with the
+    traceback's last 3,000 characters."""
     return {"name": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
             "stderr_tail": traceback.format_exc()[-3000:]}

@@ -109,11 +109,9 @@ def settings(args) -> SimpleNamespace:
 
 
 def check_not_in_out(path: str, flag: str) -> None:
-    """Raise :class:`InputError` when ``path`` is the environment's ``$OUT`` or inside it: on a
-    borrowed GPU machine ``$OUT`` is the folder that comes back (at most 8 files of 16 MiB, 2
-    folders deep), and the check's scratch (wheels, a LMDB of gigabytes, logs, runs) written
-    there would make the one try return nothing. Results go there as one archive
-    (``--archive``)."""
+    """Raise :class:`InputError` when ``path`` is ``$OUT`` or inside it: on a borrowed machine
+    ``$OUT`` comes back (at most 8 files of 16 MiB), and scratch of gigabytes there would make
+    the try return nothing; results go there as one archive (``--archive``)."""
     out = os.environ.get("OUT")
     if not out:
         return

@@ -1,11 +1,6 @@
-"""A wheel too large for one transfer to a GPU machine, carried in parts.
-
-NVIDIA DALI's wheel (nvidia-dali-cuda130 2.4.0: 198,655,209 bytes) cannot cross in one call of
-a device tool that carries at most 64 MiB. :func:`split` cuts it into parts of at most
-:data:`PART_BYTES` (``NAME.part00``, ``NAME.part01``, ...) and writes a manifest,
-:data:`MANIFEST`, in ``sha256sum``'s format: one line for each part and one for the whole
-wheel. :func:`reassemble` checks every part, joins them and checks the whole, so a part lost
-or damaged on the way is one line naming it, never a broken install.
+"""A wheel too large for one 64 MiB transfer to a GPU machine (DALI's: 199 MB), carried in
+parts ``NAME.partNN`` with a ``sha256sum``-format manifest (a line per part and one for the
+whole), so that a part lost or damaged on the way is one line naming it, never a broken install.
 """
 from __future__ import annotations
 
@@ -32,10 +27,10 @@ def sha256_file(path: str) -> str:
 
 def split(wheel: str, folder: str, part_bytes: int = PART_BYTES,
           first: Sequence[int] = ()) -> list[str]:
-    """Cut ``wheel`` into ``folder/NAME.partNN`` files: the first ones at most ``first[k]``
-    bytes (the room left in transfers that carry other files too), the rest at most
-    ``part_bytes``, and add their lines and the wheel's to ``folder/SHA256SUMS``; returns the
-    parts' paths in order. Raises ``ValueError`` for a size under 1 byte."""
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files, the first at most ``first[k]`` bytes
+    (room left in transfers carrying other files), the rest at most ``part_bytes``, and append
+    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order.
+    Raises ``ValueError`` for a size under 1 byte."""
     if min([part_bytes, *first]) < 1:
         raise ValueError(f"part size {min([part_bytes, *first])}: must be at least 1 byte")
     os.makedirs(folder, exist_ok=True)
