@@ -2,14 +2,11 @@
 """Train or evaluate a torchvision classifier on ImageNet from JPEG folders, LMDB, WebDataset
 shards or synthetic data.
 
-The run, top to bottom, as pytorch/examples ``imagenet/main.py`` (``main -> main_worker``) and
-torchvision's ``references/classification/train.py`` (``main(args)``): :func:`cli` ->
-:func:`main` -> :func:`main_worker` (one training process) -> :func:`run` ->
-``engine.loop.train_one_epoch`` -> ``engine.loop.train_step``. Every flag is declared in
-:mod:`engine.cli` (its ``get_args_parser`` importable from here, as torchvision's); checkpoint
-keys follow pytorch/examples. The parsed ``args`` are only read, resolved once per training
-process into a frozen :class:`RunSettings`; nothing from :func:`run` down reads them.
-"""
+The run reads top to bottom, as pytorch/examples ``imagenet/main.py`` and torchvision's
+``train.py``: :func:`cli` -> :func:`main` -> :func:`main_worker` -> :func:`run` ->
+``engine.loop.train_one_epoch`` -> ``train_step``. Flags live in :mod:`engine.cli`; checkpoint
+keys follow pytorch/examples; ``args`` becomes a frozen :class:`RunSettings` once per process,
+and nothing from :func:`run` down reads it."""
 from __future__ import annotations
 
 import json
@@ -67,13 +64,11 @@ def cli(argv=None) -> int:
 
 
 def main(argv=None) -> dict:
-    """Run training (or ``-e`` evaluation, or ``--benchmark-data``) as ``argv`` says.
-
-    With ``--multiprocessing-distributed`` this process starts one training process per GPU
-    (or ``--nproc-per-node`` CPU processes) and returns ``{}``; otherwise it trains itself (one
-    process, or one rank under torchrun or srun) and returns :func:`run`'s metrics. Raises
-    :data:`ONE_LINE_ERRORS` for bad input, :class:`ProcessFailed` if a started process fails.
-    """
+    """Run training (or ``-e`` evaluation, or ``--benchmark-data``) as ``argv`` says: with
+    ``--multiprocessing-distributed`` start one training process per GPU (or
+    ``--nproc-per-node`` CPU processes) and return ``{}``, else train here (alone, or one rank
+    under torchrun or srun) and return :func:`run`'s metrics. Raises :data:`ONE_LINE_ERRORS`
+    for bad input, :class:`ProcessFailed` if a started process fails."""
     args = parse_args(argv)
     check_args(args)  # a typo or a bad value is the first error, before any data or device
     check_cuda(args.no_accel)
@@ -92,9 +87,8 @@ def main(argv=None) -> dict:
 
 
 def spawned_worker(local_rank: int, args, nproc: int, dist_url: str) -> None:
-    """A process started by ``--multiprocessing-distributed``: :func:`main_worker`, with bad
-    input ending in one line and exit status 1; a stop signal after the run is over is ignored
-    (:func:`~engine.preempt.ignore_stop_signals`)."""
+    """A ``--multiprocessing-distributed`` process: :func:`main_worker`; bad input ends in one
+    line and exit status 1; a stop signal after the run is ignored."""
     use_default_start_method()  # loader workers fork, as in one process
     try:
         main_worker(args, local_rank, nproc, dist_url)
@@ -109,11 +103,10 @@ def spawned_worker(local_rank: int, args, nproc: int, dist_url: str) -> None:
 
 def main_worker(args, local_rank: int | None = None, nproc: int = 1,
                 dist_url: str | None = None) -> dict:
-    """One training process (pytorch/examples' ``main_worker``): stop signals caught from the
-    start when it trains, the process group (``local_rank``, ``nproc`` processes on this node
-    and ``dist_url`` from :func:`main`'s launch; None under one process, torchrun or srun),
-    the checkpoint of ``--resume``, the settings, :func:`run`; after a stop's checkpoint the
-    SLURM requeue (:func:`~engine.preempt.finish_stop`). Returns :func:`run`'s metrics."""
+    """One training process (pytorch/examples' ``main_worker``): process group (``local_rank``,
+    ``nproc``, ``dist_url`` from :func:`main`'s launch, if any), ``--resume``, settings,
+    :func:`run` with stop signals caught when training, and after a stop's checkpoint the SLURM
+    requeue. Returns :func:`run`'s metrics."""
     decode.retain_freed_memory()  # before loader workers fork: they inherit it
     with stop_signals(training=run_mode(args) == "train"):
         job = setup_distributed(args, local_rank, nproc, dist_url)
@@ -136,10 +129,10 @@ def _silent(*_args, **_kwargs) -> None:
 
 
 def run(s: RunSettings, checkpoint: dict | None) -> dict:
-    """One process's run of settings ``s`` from ``checkpoint`` (None: a fresh start): seed,
-    data, model, optimizer, resume, then ``--benchmark-data`` (the loader alone), ``-e`` (one
-    validation) or the epochs, each trained, validated, reported and checkpointed. Returns the
-    benchmark's, the validation's or the last epoch's figures (``metrics.jsonl``'s object)."""
+    """One process's run of ``s`` from ``checkpoint`` (None: fresh): seed, data, model,
+    optimizer, resume, then ``--benchmark-data``, ``-e`` (one validation) or the epochs (train,
+    validate, report, checkpoint). Returns the benchmark's, the validation's or the last epoch's
+    figures (``metrics.jsonl``'s object)."""
     dist, log = s.dist, print if s.dist.is_main else _silent
     random.seed(s.seed + dist.rank)
     torch.manual_seed(s.seed + dist.rank)
@@ -213,9 +206,8 @@ def _device_line(s: RunSettings) -> str:
 
 
 def _say_data(s: RunSettings, train_loader, val_loader, log) -> None:
-    """Say the classes and batches, and a training epoch that is not the flags' plain reading:
-    one smaller batch (as pytorch/examples' DataLoader keeps a partial batch), or
-    ``--ra-sampler`` left out in one process (as torchvision)."""
+    """Log classes and batches, and an epoch that is not the flags' plain reading: one smaller
+    batch (as pytorch/examples), or ``--ra-sampler`` off in one process (as torchvision)."""
     log(f"{s.model.arch}: {len(train_loader.classes)} classes; {s.loader.backend} loader: "
         f"{len(train_loader)} train / {len(val_loader)} val batches of {s.loader.batch_size} "
         "per process")
@@ -229,15 +221,12 @@ def _say_data(s: RunSettings, train_loader, val_loader, log) -> None:
 
 
 def benchmark_data(s: RunSettings, log) -> dict:
-    """``--benchmark-data``: iterate the training loader alone (decode, augmentation, collation,
-    copy to the device and normalisation; no model) for ``--train-batches`` batches (default:
-    one epoch) after ``--benchmark-warmup`` (with ``--random-erase``'s erasing on the device
-    batch, as training sees it), and return/print its throughput as one JSON line:
-    ``loader``, ``decode_device``, ``images``, ``seconds``, ``images_per_sec`` (summed over
-    ranks), ``workers`` and ``batch_size`` (per process), ``cpu_ms_per_image`` (rank 0's
-    process and its workers over the timed batches), ``cpu_count``, ``world_size``,
-    ``device``, and rank 0's stage figures (``stages_*``, :func:`engine.bounds.report`, with
-    its table and advice printed before the JSON line)."""
+    """``--benchmark-data``: time the training loader alone (to the normalised device batch,
+    ``--random-erase`` included) for ``--train-batches`` batches (default: an epoch) after
+    ``--benchmark-warmup``. Returns and logs as one JSON line ``loader``, ``decode_device``,
+    ``images``, ``seconds``, ``images_per_sec`` (summed over ranks), ``workers``, ``batch_size``
+    (per process), ``cpu_ms_per_image`` (rank 0's tree), ``cpu_count``, ``world_size``,
+    ``device`` and rank 0's ``stages_*`` (:func:`engine.bounds.report`; its lines logged first)."""
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
     train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, s.dist.rank)
     try:

@@ -1,33 +1,16 @@
-"""The advice of a data-bound run, and the stage shares it and ``engine.bounds``
-read. Each rule reads an epoch's stage figures (:func:`shares`), the run's
-:class:`~engine.bounds.Machine` ``m`` and the training thread's :class:`~engine.bounds.Steps`
-(None for ``--benchmark-data``) and returns ``(estimated gain, line)`` or None; :func:`advise`
-keeps the largest gains. Each line is a command-line change the user can paste, its effect
-estimated from the measured stages (images/s and the ratio to the loader's measured rate).
-Pure functions; ``tests/engine/test_bounds.py`` checks each rule on constructed figures.
-"""
+"""Advice for a data-bound run: pure rules over an epoch's stage figures, the
+:class:`~engine.bounds.Machine` ``m`` and :class:`~engine.bounds.Steps` (None for
+``--benchmark-data``), each giving None or ``(gain, line)``: a command-line change to paste and
+its effect estimated from the measured stages (images/s, ratio to the loader's)."""
 from __future__ import annotations
 
-# Idle cores (of those this process may use, less what its process tree kept busy) that make
-# one more worker worth it.
-IDLE_FOR_WORKER = 0.5
-# Workers given less than this share of a core (process CPU / wall) waited for a core: the
-# advice says so (other processes share the cores; more workers then take a larger share).
-WORKER_CPU_SHARE = 0.6
-# Stored images above 512 px (longer side) from this share on make a cap the first advice:
-# 512 px is FFCV's and the converters' MAX_SIDE.
-CAP_SHARE = 0.3
-CAP_SIDE = 512
-# Share of the decode time a raw share at 1.5x the disk removes: docs/raw-share.md (the
-# converter's rule on the real sample: 16% of the images raw, 20% of the decode time).
-RAW_1_5X_DECODE_SAVED = 0.20
-
-
-# The training thread waiting this share of the epoch for data or more makes a run data-bound
-# (below it the model's step is what a faster loader would not change much).
-DATA_BOUND_WAIT = 0.10
-# A stage taking this share of a worker's time or more "dominates" (its advice applies).
-DOMINANT = 0.40
+IDLE_FOR_WORKER = 0.5  # idle cores (this process tree's share) that make one more worker pay
+WORKER_CPU_SHARE = 0.6  # workers below this CPU / wall share waited for a core
+CAP_SHARE = 0.3  # this share of images stored above CAP_SIDE makes a cap worth advising
+CAP_SIDE = 512  # FFCV's and the converters' MAX_SIDE
+RAW_1_5X_DECODE_SAVED = 0.20  # decode time a raw share at 1.5x the disk saves (docs/raw-share.md)
+DATA_BOUND_WAIT = 0.10  # waiting this share of the epoch for data makes a run data-bound
+DOMINANT = 0.40  # a stage taking this share of a worker's time "dominates": its advice applies
 
 _STAGE_NAMES = ("read", "window", "decode", "resize", "augment", "write")
 
@@ -42,8 +25,7 @@ def _present(loader: dict) -> list[str]:
 
 
 def shares(loader: dict) -> dict:
-    """Each stage's share of a worker's time per image (mean stage ms over the sum of the
-    stages' means); 0 for a stage the loader does not have."""
+    """Each stage's share of the stages' summed mean ms per image (0 for one the loader lacks)."""
     total = _per_image_ms(loader)
     return {s: loader["stages"][s]["mean"] / total if total > 0 and s in _present(loader)
             else 0.0 for s in _STAGE_NAMES}
@@ -64,9 +46,8 @@ def _effect(capacity: float, gain: float, steps) -> str:
 
 
 def _more_workers(loader, steps, m):
-    """Cores left idle by this process and its workers: one or more workers (``-j``), on a
-    GPU at most one fewer than the cores (the training thread keeps one: SPDL found a loader
-    taking the whole host slowing the training process's kernel launches)."""
+    """Idle cores: more workers (``-j``), on a GPU at most cores - 1 (SPDL found a loader taking
+    the whole host slowing the training process's kernel launches)."""
     limit = m.cores - 1 if m.device == "cuda" else m.cores
     if m.busy_cores is None or m.workers >= limit or m.pipeline == "dali":
         return None
@@ -174,9 +155,8 @@ MIN_GAIN = 1.05  # advice that would change the loader's rate by less is left ou
 
 def advise(loader: dict | None, steps, machine,
            limit: int = 2) -> list[str]:
-    """At most ``limit`` lines of advice, the largest estimated gain first, each a
-    command-line change and its estimated effect (:data:`RULES`); none when ``steps`` show a
-    run that is not data-bound (:func:`bound`), or without stage figures."""
+    """At most ``limit`` lines of :data:`RULES`' advice, largest estimated gain first; none
+    without stage figures or when ``steps`` show a run that is not data-bound."""
     if loader is None or not loader["images"] or not loader.get("loader_images_per_sec"):
         return []
     if steps is not None and steps.wait_share < DATA_BOUND_WAIT:

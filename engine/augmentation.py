@@ -1,8 +1,5 @@
-"""``--random-erase``: torchvision's :class:`RandomErasing` on the normalised batch where the
-loader delivers it (on the GPU in a GPU run), through :class:`ErasingLoader`, so every pipeline
-gets it alike. torchvision's other augmentation flags act in the loaders
-(``loaders.transforms.auto_augment``, ``loaders.orders.RepeatedAugmentationOrder``).
-"""
+"""``--random-erase`` on the normalised batch where the loader delivers it (the GPU in a GPU
+run), so every pipeline gets it alike; other augmentations act in ``loaders.transforms``."""
 from __future__ import annotations
 
 import math
@@ -16,15 +13,11 @@ ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
 
 class RandomErasing:
     """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``
-    (Zhong et al. 2020, ``torchvision/transforms/v2/_augment.py``) on every image of a batch.
-
-    Per image: with probability ``p``, up to 10 attempts at a box of area share uniform in
-    ``scale`` and aspect ratio log-uniform in ``ratio``, the first with both sides below the
-    image's placed uniformly and set to 0 in every channel (the normalised value torchvision
-    writes: ``value=0`` after ``Normalize``); none fitting, the image is left as it is. The
-    uniforms of image ``i`` of batch ``batch`` in epoch ``epoch`` come from NumPy's generator of
-    ``(seed, epoch, rank, batch)`` (41 per image, row ``i``), so a resumed epoch erases what
-    the uninterrupted one did, on any device."""
+    (Zhong et al. 2020, ``transforms/v2/_augment.py``) on every image of a batch: with
+    probability ``p``, up to 10 tries at a box of area share uniform in ``scale`` and aspect
+    log-uniform in ``ratio``; the first that fits is placed uniformly and zeroed (``value=0``
+    after ``Normalize``). Image ``i``'s 41 uniforms are row ``i`` of NumPy's generator of ``(seed,
+    epoch, rank, batch)``: a resumed epoch erases as the uninterrupted one did, on any device."""
 
     def __init__(self, p: float, seed: int, rank: int, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
         self.p, self.seed, self.rank, self.scale = p, seed, rank, scale
@@ -70,8 +63,8 @@ class RandomErasing:
 
 
 class ErasingLoader:
-    """A training loader whose batches go through :class:`RandomErasing` (numbered from the
-    epoch's start, a resumed epoch's first batch included); everything else is the loader's."""
+    """A training loader whose batches go through :class:`RandomErasing`, numbered from the
+    epoch's start (resumed or not); everything else is the loader's."""
 
     def __init__(self, loader, erasing: RandomErasing):
         self.loader, self.erasing = loader, erasing
@@ -94,6 +87,5 @@ class ErasingLoader:
 
 
 def with_random_erasing(loader, p: float, seed: int, rank: int):
-    """``loader`` itself for ``p == 0`` (``--random-erase`` off), else its
-    :class:`ErasingLoader`."""
+    """``loader`` itself for ``p == 0``, else its :class:`ErasingLoader`."""
     return ErasingLoader(loader, RandomErasing(p, seed, rank)) if p > 0 else loader

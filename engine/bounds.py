@@ -1,15 +1,7 @@
-"""What bounds a run's speed, and what to change: pure functions over an epoch's figures.
-
-Input: the loader's stage figures (:meth:`loaders.timing.stages.StageLog.summary`, or
-:meth:`loaders.timing.batch_stages.BatchStageLog.summary` for ``--decode-device`` and DALI, whose
-stages they do not have are None; None for a loader that does not measure them), the
-training thread's per-batch figures (:class:`Steps`; None for ``--benchmark-data``) and what
-the machine and the run are (:class:`Machine`). Output (:func:`report`): a plain dict with
-the table's lines, the bound, one or two lines of advice (:mod:`engine.advice`), each a
-command-line change with its effect estimated from the measured stages, and the flat
-``stages_*`` keys that ``metrics.jsonl`` and TensorBoard (``stages/...``) record. Nothing here
-measures or prints; ``tests/engine/test_bounds.py`` checks the rules on constructed figures.
-"""
+"""What bounds a run's speed, and what to change: pure functions over the loader's stage
+figures (``loaders.timing`` summaries, stages it lacks None; None if not measured), the training
+thread's :class:`Steps` (None for ``--benchmark-data``) and the :class:`Machine`, giving the
+table, the bound, advice (:mod:`engine.advice`) and the ``stages_*`` keys of ``metrics.jsonl``."""
 from __future__ import annotations
 
 import math
@@ -19,14 +11,11 @@ from dataclasses import dataclass
 from engine.advice import DATA_BOUND_WAIT, _per_image_ms, _present, _rate, advise, shares
 
 
-
 @dataclass(frozen=True)
 class Machine:
-    """What the advice may change: ``cores`` this process may use (``sched_getaffinity``),
-    ``workers`` (``-j`` per process), ``device`` type (``"cpu"``/``"cuda"``), ``source``
-    (``"folder"``, ``"lmdb"``, ``"shards"``, None), ``pipeline`` (``"workers"``, ...),
-    ``auto_augment`` (the policy or None), ``lmdb_order``; ``busy_cores``: CPU seconds of this
-    process and its workers over the epoch's wall seconds (None: not measured)."""
+    """What the advice may change: ``cores`` this process may use, ``workers`` (``-j``), ``device``
+    type, ``source`` (None: synthetic) and loader flags; ``busy_cores``: CPU seconds of this
+    process tree over the epoch's wall seconds (None: not measured)."""
 
     cores: int
     workers: int
@@ -39,9 +28,7 @@ class Machine:
 
 
 def machine_for(settings, device_type: str, busy_cores: float | None = None) -> Machine:
-    """The :class:`Machine` of a run with ``settings`` (a ``loaders.LoaderSettings``) on a
-    ``device_type`` device: the cores this process may use (``os.sched_getaffinity``, else
-    ``os.cpu_count()``)."""
+    """The :class:`Machine` of a run with ``settings`` (a ``loaders.LoaderSettings``)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -52,9 +39,8 @@ def machine_for(settings, device_type: str, busy_cores: float | None = None) -> 
 
 @dataclass(frozen=True)
 class Steps:
-    """The training thread's figures over an epoch: ``images``; ``seconds`` (wall); per batch
-    the ``waits`` for the next batch and the ``steps`` (the step's wall seconds on the CPU, its
-    CUDA-event seconds on a GPU), lists of seconds."""
+    """The training thread's epoch: ``images``, wall ``seconds``, and per batch (seconds) the
+    ``waits`` for data and the ``steps`` (wall on the CPU, CUDA-event time on a GPU)."""
 
     images: int
     seconds: float
@@ -85,8 +71,7 @@ def _workers(n: int) -> str:
 
 
 def _whose(loader: dict | None) -> str:
-    """Whose time the stages' shares are of: a worker's, or a batch pipeline's image's (its
-    stages run in workers or feed threads and in the training process)."""
+    """Whose time the stages' shares are of: a worker's, or a batch pipeline's image's."""
     if loader and loader.get("wait_ms_per_batch"):  # DALI: its decode is not among them
         return "the stages measured outside DALI"
     return "an image's measured stages" if loader and loader.get("batch_decoder") \
@@ -94,11 +79,9 @@ def _whose(loader: dict | None) -> str:
 
 
 def bound(loader: dict | None, steps: Steps | None, workers: int) -> tuple[str | None, str]:
-    """``(kind, line)``: kind ``"data"`` (the training thread waited at least
-    :data:`DATA_BOUND_WAIT` of the epoch), ``"model"``, or None without ``steps``
-    (``--benchmark-data``); the line says it with the figures, e.g. ``"data-bound: the 8
-    workers can give 2,900 images/s, the model takes 4,900; decode is 71% of a worker's
-    time"``."""
+    """``(kind, line)``: ``"data"`` (waited >= :data:`DATA_BOUND_WAIT` of the epoch),
+    ``"model"`` or None without ``steps``; e.g. ``"data-bound: the 8 workers can give 2,900
+    images/s, the model takes 4,900; ..."``."""
     capacity = loader and loader.get("loader_images_per_sec")
     top = ""
     if loader and loader["images"]:
@@ -122,9 +105,7 @@ def _ms(value: float | None) -> str:
 
 
 def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[str]:
-    """The short table for the log: one line per stage (ms per image, median / p90, share of
-    a worker's time; decode split by decoder), the workers' measured time per image against
-    the stages' sum, and the training thread's per-batch wait, copy and step."""
+    """The log's table: each stage's ms per image (p50 / p90) and share, then workers and steps."""
     lines = []
     if loader is not None and loader["images"]:
         share = shares(loader)
@@ -154,12 +135,10 @@ def table(loader: dict | None, steps: Steps | None, machine: Machine) -> list[st
 
 
 def _worker_lines(loader: dict, machine: Machine) -> list[str]:
-    """The workers' (or feed threads') stages' sum against their measured time per image,
-    their rate and CPU share; for a batch pipeline also its training-process side's."""
+    """The workers' (or feed threads') lines, and a batch pipeline's training-process side's."""
     measured = loader.get("worker_ms_per_image")
     workers = loader["workers"]
     images = sum(w["images"] for w in workers)
-    # the stages timed in the workers (all of them in the workers pipeline)
     stage_sum = (sum(w["stages_ms_per_image"] * w["images"] for w in workers) / images
                  if images else _per_image_ms(loader))
     cpu = [w["cpu_share"] for w in workers if w["cpu_share"] is not None]
@@ -192,11 +171,9 @@ def _worker_lines(loader: dict, machine: Machine) -> list[str]:
 
 
 def report(loader: dict | None, steps: Steps | None, machine: Machine) -> dict:
-    """Everything an epoch's end (or ``--benchmark-data``) shows: ``lines`` (the table and
-    the bound), ``bound`` (``"data"``, ``"model"`` or None), ``advice`` (lines) and
-    ``metrics``: flat ``stages_*`` keys (ms unless named; None where not measured) for
-    ``metrics.jsonl``, ``stages_bound`` and ``stages_advice`` among them. In a training run
-    (``steps`` given) the lines end with the advice, each as ``"  try ..."``."""
+    """What an epoch's end (or ``--benchmark-data``) shows: ``lines`` (table, bound and, with
+    ``steps``, ``"  try ..."`` advice), ``bound``, ``advice`` (lines) and ``metrics``: flat
+    ``stages_*`` keys (ms unless named; None where not measured)."""
     kind, line = bound(loader, steps, machine.workers)
     advice = advise(loader, steps, machine)
     tried = [f"  try {a}" for a in advice] if steps is not None else []
@@ -219,7 +196,7 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
         out["stages_loader_images_per_sec"] = loader["loader_images_per_sec"]
         cpu = [w["cpu_share"] for w in loader["workers"] if w["cpu_share"] is not None]
         out["stages_worker_cpu_share"] = sum(cpu) / len(cpu) if cpu else None
-        # per worker: its stages' sum over its measured wall time per image (>= 95% measured)
+        # per worker: stages' sum over measured wall time per image (>= 95% measured)
         out["stages_worker_coverage"] = [w["stages_ms_per_image"] / w["ms_per_image"]
                                          for w in loader["workers"] if w["ms_per_image"] > 0]
         if loader["sizes"] is not None:
@@ -238,8 +215,7 @@ def metrics(loader, steps, machine: Machine, kind, advice) -> dict:
 
 
 def _batch_metrics(loader: dict) -> dict:
-    """A batch pipeline's own ``stages_*`` keys: its training-process side
-    (``stages_decoder_*``) and DALI's output waits; {} for the workers pipeline."""
+    """A batch pipeline's ``stages_decoder_*`` and DALI's output waits; {} for workers."""
     out = {}
     side = loader.get("batch_decoder")
     if side:

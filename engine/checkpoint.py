@@ -1,11 +1,6 @@
-"""Checkpoints: the pytorch/examples keys plus AMP scaler, config, seed, per-rank RNG states and
-the position inside an epoch; written atomically, restored into a
-:class:`~engine.state.TrainState`.
-
-Also restored: pytorch/examples' own checkpoints (``module.`` keys from DDP, a tensor
-``best_acc1``, none of our added keys, perhaps no ``scheduler``) and bare state_dicts
-(``torch.save(model.state_dict())``, torchvision's weights): see :func:`restore`.
-"""
+"""Checkpoints: pytorch/examples' keys plus AMP scaler, config, seed, per-rank RNG states and the
+position inside an epoch; written atomically, restored into a :class:`~engine.state.TrainState`
+from ours, pytorch/examples', torchvision references' or a bare state_dict (:func:`restore`)."""
 from __future__ import annotations
 
 import os
@@ -19,25 +14,20 @@ from engine.optim import fill_momentum_buffers, position_scheduler
 from engine.settings import RunSettings
 from loaders import DistInfo
 
-# Path components that wrappers put into state_dict keys: DataParallel / DDP (``module.``, also
-# pytorch/examples' ``features.module.`` for AlexNet/VGG) and torch.compile (``_orig_mod.``).
+# Key parts wrappers add: DataParallel / DDP ``module.`` (pytorch/examples' AlexNet/VGG:
+# ``features.module.``) and torch.compile ``_orig_mod.``.
 WRAPPER_PARTS = {"module", "_orig_mod"}
-# What SGD's param groups hold (a state from another optimizer lacks some) and how this run
-# steps them (kept from this run: a fused state saved on a GPU resumes on the CPU, and the reverse).
+# Each optimizer's param-group hyper-parameters (another optimizer's state lacks some); the
+# IMPLEMENTATION_KEYS stay this run's, so a fused state saved on a GPU resumes on the CPU.
 SGD_KEYS = {"lr", "momentum", "dampening", "weight_decay", "nesterov"}
-# the same for the other --opt choices (torch's param-group hyper-parameters)
 OPTIMIZER_KEYS = {"SGD": SGD_KEYS, "AdamW": {"lr", "betas", "eps", "weight_decay", "amsgrad"},
                   "RMSprop": {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"}}
 IMPLEMENTATION_KEYS = ("foreach", "fused", "differentiable")
 
 
 def restore_rng(saved, dist: DistInfo) -> None:
-    """Restore this rank's RNG states from a checkpoint's ``rng``: a list by global rank, or a
-    dict of rank 0's states alone, whose ``cuda`` lists every visible device's.
-
-    A rank the checkpoint has no state for (more ranks now) keeps its fresh ``seed + rank``
-    streams; a CUDA state is restored only onto this rank's own device, and only if saved
-    for it (a checkpoint from 8 GPUs evaluates on 1)."""
+    """Restore this rank's RNG states from ``rng`` (a list by rank, or rank 0's dict with a list
+    of devices' ``cuda``) where saved for it; else it keeps its ``seed + rank`` streams."""
     states = saved if isinstance(saved, list) else [saved]
     if dist.rank >= len(states):
         return
@@ -57,17 +47,10 @@ def restore_rng(saved, dist: DistInfo) -> None:
 def checkpoint_state(state, s: RunSettings, epoch: int, best_acc1: float, rng_states: list[dict],
                      batch: int = 0, partial: dict | None = None,
                      position: dict | None = None) -> dict:
-    """The checkpoint of ``state`` (a :class:`~engine.state.TrainState`) in the run of ``s``.
-
-    ``epoch`` is the epoch to run next and ``batch`` the batch of it to start with (0 at epoch
-    ends; > 0 for a ``--save-every`` checkpoint, with ``partial``: the epoch's sums so far over
-    all ranks, :meth:`EpochSums.to_dict`, and ``position``: the samples of the epoch's global
-    order consumed and the layouts, :func:`loaders.orders.positions.position_record`, which a resume
-    at another world size or batch size continues from, :mod:`engine.position`). ``config``:
-    the command line as the user gave it (``vars(args)``); ``seed``: the seed the run resolved
-    (drawn when ``--seed`` was not given); ``rng`` from
-    :func:`~engine.distributed.gather_rng_states`. With an EMA (``state.ema``) also
-    ``model_ema``: its state_dict, under torchvision's key and format."""
+    """The checkpoint of ``state``: the ``epoch`` to run next and its ``batch`` to start with
+    (> 0 only for ``--save-every``, then with the epoch's global sums, ``partial``, and
+    ``position``: :func:`loaders.orders.positions.position_record`), ``config``
+    (``vars(args)``), the resolved ``seed``, every rank's ``rng`` and any ``model_ema``."""
     ema = getattr(state, "ema", None)
     config = s.output.config
     return {**({"model_ema": ema.state_dict()} if ema is not None else {}),
@@ -81,9 +64,8 @@ def checkpoint_state(state, s: RunSettings, epoch: int, best_acc1: float, rng_st
 
 
 def save_checkpoint(state: dict, is_best: bool, output_dir: str) -> None:
-    """Write ``checkpoint.pth.tar`` (and ``model_best.pth.tar`` if ``is_best``) atomically: a
-    temporary file in the same directory, then ``os.replace``, so a kill never leaves a torn
-    file. Raises :class:`ConfigError` if the write fails (the previous file is kept)."""
+    """Write ``checkpoint.pth.tar`` (and ``model_best.pth.tar``) through a temporary file and
+    ``os.replace``: never a torn file. Raises :class:`ConfigError` if it fails (old one kept)."""
     names = ["checkpoint.pth.tar"] + (["model_best.pth.tar"] if is_best else [])
     for name in names:
         path = os.path.join(output_dir, name)
@@ -104,11 +86,8 @@ CHECKPOINT_NAMES = ("checkpoint.pth.tar", "model_best.pth.tar")  # what save_che
 
 
 def newest_checkpoint(output_dir: str) -> tuple[str | None, list[str]]:
-    """``(path, skipped)``: the newest complete checkpoint :func:`save_checkpoint` wrote in
-    ``output_dir`` (by modification time; None if there is none) and the newer files passed
-    over because they are not whole. Temporary files of a write that was killed are never
-    candidates (written under another name, renamed when whole); a named file is whole if its
-    zip archive (torch.save's format) ends with its central directory."""
+    """``(path, skipped)``: the newest whole checkpoint in ``output_dir`` (a zip archive, as
+    torch.save writes) or None, and the newer files passed over."""
     import zipfile
 
     found = []
@@ -128,8 +107,7 @@ def newest_checkpoint(output_dir: str) -> tuple[str | None, list[str]]:
 
 def resume_path(resume: str, output_dir: str, log) -> str | None:
     """The checkpoint ``--resume`` names: ``auto`` -> :func:`newest_checkpoint` of
-    ``output_dir`` (None: start fresh), said in one line through ``log``; a path as it is;
-    ``""`` -> None."""
+    ``output_dir`` (None: fresh), logged; a path as it is; ``""`` -> None."""
     if resume != "auto":
         return resume or None
     path, skipped = newest_checkpoint(output_dir)
@@ -141,8 +119,8 @@ def resume_path(resume: str, output_dir: str, log) -> str | None:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Read a checkpoint onto the CPU, as :func:`as_checkpoint` gives it. Raises
-    :class:`ConfigError` if it is missing, unreadable, or neither a checkpoint nor a state_dict."""
+    """Read a checkpoint onto the CPU (:func:`as_checkpoint`). Raises :class:`ConfigError` if it
+    is missing, unreadable, or neither a checkpoint nor a state_dict."""
     if not os.path.isfile(path):
         raise ConfigError(f"--resume {path}: no such checkpoint file")
     try:
@@ -158,16 +136,14 @@ def _is_state_dict(saved) -> bool:
 
 
 def as_checkpoint(saved, path: str = "") -> dict:
-    """``saved`` as a checkpoint dict: a dict with a ``state_dict`` as it is (ours,
-    pytorch/examples'), torchvision references' ``{"model", "optimizer", "epoch", ...}`` as
-    ``{"state_dict", "optimizer", "model_ema", "epoch": epoch + 1}`` (those it has), a bare
-    state_dict (names to tensors) as ``{"state_dict": saved}``: weights only. Raises
-    :class:`ConfigError` naming what is missing for anything else."""
+    """``saved`` as a checkpoint dict: one with a ``state_dict`` as it is; torchvision
+    references' ``{"model", "optimizer", "epoch", ...}`` as ``{"state_dict", "optimizer",
+    "model_ema", "epoch": epoch + 1}`` (those it has); a bare state_dict as ``{"state_dict":
+    saved}``. Raises :class:`ConfigError` naming what is missing for anything else."""
     where = f"--resume {path}".rstrip()
     if isinstance(saved, dict) and "state_dict" not in saved and _is_state_dict(
             saved.get("model")):
-        # torchvision's references/classification: "model", and "epoch" is the last one done;
-        # its lr_scheduler may be another kind than ours: ours is placed at the epoch.
+        # torchvision's "epoch" is the last done; its lr_scheduler is dropped: ours is placed
         saved = {"state_dict": saved["model"],
                  **({"epoch": int(saved["epoch"]) + 1} if "epoch" in saved else {}),
                  **{key: saved[key] for key in ("optimizer", "model_ema") if key in saved}}
@@ -195,9 +171,8 @@ def _few(keys, n: int = 4) -> str:
 
 
 def load_weights(model, state_dict: dict, arch: str, where: str = "--resume") -> None:
-    """Load ``state_dict`` into ``model`` (bare), whatever wrappers it was saved from
-    (``module.``/``_orig_mod.`` in any order or place). Raises :class:`ConfigError` naming a few
-    missing, unexpected or differently shaped keys: never a partly loaded model that runs."""
+    """Load ``state_dict`` into the bare ``model``, whatever wrappers it was saved from. Raises
+    :class:`ConfigError` naming missing, unexpected or misshapen keys (never a partial load)."""
     model = unwrap(model)
     own = model.state_dict()
     bare = {_bare_key(k): k for k in own}
@@ -216,9 +191,8 @@ def load_weights(model, state_dict: dict, arch: str, where: str = "--resume") ->
 
 
 def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
-    """Load a state of this run's optimizer type (SGD, or the ``--opt`` choice; this run's
-    foreach/fused choice kept). Raises :class:`ConfigError` for another optimizer's state (one
-    lacking a hyper-parameter of :data:`OPTIMIZER_KEYS`) or one for other parameters."""
+    """Load a state of this run's optimizer type, keeping this run's foreach/fused choice.
+    Raises :class:`ConfigError` for another optimizer's state or other parameters'."""
     kind = type(optimizer).__name__
     needed = OPTIMIZER_KEYS.get(kind, SGD_KEYS)
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
@@ -239,8 +213,7 @@ def load_optimizer(optimizer, saved: dict, where: str = "--resume") -> None:
 
 
 def _saved_base_lrs(scheduler, saved) -> None:
-    """Keep the base LRs of a checkpoint's scheduler (any kind) when they fit this optimizer:
-    the resumed run goes on at the saved run's LR, as pytorch/examples' does."""
+    """Keep a saved scheduler's base LRs where they fit (pytorch/examples resumes at its LR)."""
     base = saved.get("base_lrs") if isinstance(saved, dict) else None
     if base and len(base) == len(scheduler.base_lrs):
         scheduler.base_lrs = [float(b) for b in base]
@@ -248,18 +221,11 @@ def _saved_base_lrs(scheduler, saved) -> None:
 
 def restore(checkpoint: dict | None, state, s: RunSettings, steps_per_epoch: int,
             log=None) -> tuple[int, float]:
-    """Load ``checkpoint`` (ours, pytorch/examples' or a bare state_dict, from ``s.resume``)
-    into ``state`` (its model not wrapped yet) and this rank's RNG states; return
-    ``(start_epoch, best_acc1)``: the epoch to run next and the best top-1 (%) so far
-    (``(--start-epoch, 0.0)`` without a checkpoint); ``log`` gets what was resumed.
-
-    Weights always (wrapper prefixes dropped); under ``-e`` nothing else (the EMA's weights
-    with ``--model-ema``: :func:`with_ema_weights`). Otherwise, as far as saved: the optimizer,
-    the scheduler at step ``epoch x steps_per_epoch + batch`` with the saved base LRs
-    (:func:`~engine.optim.position_scheduler`), the loss scale (where both runs scale) and RNG
-    states. A bare state_dict trains from its weights with a fresh optimizer at its ``epoch``
-    or ``--start-epoch``. Raises :class:`ConfigError` (one line) for another architecture,
-    weights that do not fit, or another optimizer's or a mismatched optimizer state."""
+    """Load ``checkpoint`` into ``state`` (model not wrapped yet); return ``(start_epoch,
+    best_acc1)``: the epoch to run next, the best top-1 (%), ``(--start-epoch, 0.0)`` without
+    one. Weights always; under ``-e`` only them (the EMA's with ``--model-ema``); else, as far
+    as saved, optimizer, scheduler at step ``epoch x steps_per_epoch + batch``, loss scale and
+    RNG states. Raises :class:`ConfigError` for another architecture or state that does not fit."""
     if not checkpoint:
         return s.recipe.start_epoch, 0.0
     arch, path, evaluate = s.model.arch, s.resume or "", s.mode == "evaluate"
@@ -299,9 +265,8 @@ def restore(checkpoint: dict | None, state, s: RunSettings, steps_per_epoch: int
 
 
 def restore_ema(checkpoint: dict | None, ema, arch: str, path: str = "", log=None) -> None:
-    """Load a checkpoint's ``model_ema`` (ours or torchvision's references') into ``ema`` (a
-    :class:`~engine.recipes.ModelEMA` made from the restored model); without one the EMA starts
-    from the model, said through ``log``. Raises :class:`ConfigError` if it does not fit."""
+    """Load a checkpoint's ``model_ema`` into ``ema`` (else it starts from the restored model).
+    Raises :class:`ConfigError` if it does not fit."""
     saved = (checkpoint or {}).get("model_ema")
     if not isinstance(saved, dict):
         if checkpoint and log:
@@ -314,8 +279,8 @@ def restore_ema(checkpoint: dict | None, ema, arch: str, path: str = "", log=Non
 
 
 def with_ema_weights(checkpoint: dict, path: str = "", log=None) -> dict:
-    """``-e --model-ema``: ``checkpoint`` with its ``model_ema`` weights as the ``state_dict``
-    to evaluate, or (none saved) as it is, said through ``log``."""
+    """``-e --model-ema``: ``checkpoint`` with its ``model_ema`` as the ``state_dict`` to
+    evaluate, or as it is if none is saved (logged)."""
     checkpoint = as_checkpoint(checkpoint, path)
     saved = checkpoint.get("model_ema")
     if not isinstance(saved, dict):

@@ -1,12 +1,7 @@
-"""``main.py``'s command line: every flag (:func:`get_args_parser`), the argparse types of its
-numbers, the checks of values argparse cannot judge alone (:func:`check_args`) and parsing with
-a ``-c`` preset (:func:`parse_args`: defaults < preset < command line).
-
-Flag names, defaults and choices follow torchvision's ``references/classification/train.py``
-and pytorch/examples ``imagenet/main.py``. A value a type or choice refuses is argparse's one
-``main.py: error: argument ...`` line (exit status 2), presets' values included; a value
-:func:`check_args` refuses is a :class:`~engine.ConfigError` (one line, exit status 1).
-"""
+"""``main.py``'s command line: every flag (as torchvision's ``train.py`` and pytorch/examples
+name them), its types, the checks argparse cannot make and ``-c`` presets. A bad type or choice
+is argparse's one line (exit status 2), presets' too; :func:`check_args` raises a one-line
+:class:`~engine.ConfigError` (exit status 1)."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +16,7 @@ from engine.resolution import FFCV_RES_STEP, resolution_schedule
 from loaders.transforms.auto_augment import INTERPOLATIONS, POLICIES
 from models import check_arch, resolve_weights
 
-# torchvision's own spellings of the same schedules (its --lr-scheduler values)
-SCHEDULER_ALIASES = {"steplr": "step", "cosineannealinglr": "cosine"}
+SCHEDULER_ALIASES = {"steplr": "step", "cosineannealinglr": "cosine"}  # torchvision's names
 
 
 def positive_int(value) -> int:
@@ -287,12 +281,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Parse ``argv`` (default ``sys.argv[1:]``) with defaults < ``-c`` preset < command line.
-
-    The preset becomes command-line tokens placed before ``argv``
-    (:func:`~engine.presets.preset_tokens`), so its values pass argparse's own type and choice
-    checks and later tokens win. Raises :class:`ConfigError` (naming the preset) for a
-    missing, malformed or invalid preset; argparse exits with status 2 for a bad flag."""
+    """Parse ``argv`` (default ``sys.argv[1:]``) with defaults < ``-c`` preset < command line
+    (the preset's tokens go first, so argparse checks them). Raises :class:`ConfigError` for a
+    bad preset; argparse exits with status 2 for a bad flag."""
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("-c", "--config")
@@ -306,11 +297,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Refuse flag values that cannot work, before any data or device is touched: an unknown
-    ``-a`` or ``--weights``, recipe and augmentation values out of range, and bad crop sizes
-    or resolution ramps (:func:`~engine.resolution.resolution_schedule`). Raises
-    :class:`ConfigError` (or :class:`~models.ModelError`) with one line; the first problem in
-    this order wins."""
+    """Refuse flag values that cannot work (unknown ``-a``/``--weights``, values out of range,
+    bad crop sizes or ramps) before any data or device is touched. Raises :class:`ConfigError`
+    (or :class:`~models.ModelError`) for the first problem."""
     check_arch(args.arch)
     if args.weights:
         resolve_weights(args.arch, args.weights)

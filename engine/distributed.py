@@ -1,9 +1,5 @@
-"""Process launch, the process group, and the collectives of a (possibly) distributed run.
-
-Nothing here writes to the command line's namespace: :func:`setup_distributed` returns this
-process's place in the job as a frozen :class:`Job`, and :func:`launch_processes` hands the
-values it resolves (processes per node, rendezvous URL) to each process as arguments.
-"""
+"""Process launch, the process group and the collectives of a (possibly) distributed run;
+resolved values travel as arguments and in a frozen :class:`Job`, never in ``args``."""
 from __future__ import annotations
 
 import datetime
@@ -29,14 +25,9 @@ class ProcessFailed(Exception):
 
 @dataclass(frozen=True)
 class Job:
-    """This training process's place in the job, resolved once by :func:`setup_distributed`.
-
-    ``dist``: global rank, world size, local rank, device, whether a process group was joined.
-    ``processes_per_node``: training processes sharing this node's cores (``-j auto``).
-    ``spawned``: started by ``--multiprocessing-distributed``, whose ``-b``/``-j`` are the
-    node's totals to divide among its processes. ``dist_url``: the rendezvous used (None
-    without a process group). ``launcher``: what started this process, in words (the run's
-    first log line)."""
+    """This training process's place in the job: ``processes_per_node`` share the node's cores
+    (``-j auto``); ``spawned`` by ``--multiprocessing-distributed``, whose ``-b``/``-j`` are node
+    totals; ``dist_url`` None without a group; ``launcher``: what started it, in words."""
 
     dist: DistInfo
     processes_per_node: int = 1
@@ -50,10 +41,8 @@ def use_cuda(no_accel: bool) -> bool:
 
 
 def check_cuda(no_accel: bool) -> None:
-    """Stop with one line when this machine's NVIDIA driver cannot run torch's CUDA build (too
-    old, or broken): torch would otherwise train on the CPU with only a warning. Must run
-    before anything else asks torch about CUDA (torch warns once per process). ``--no-accel``
-    trains on the CPU on purpose. Raises :class:`ConfigError`."""
+    """Raise :class:`ConfigError` when the driver cannot run torch's CUDA build (torch would
+    warn once and train on the CPU); call before anything else asks torch about CUDA."""
     if no_accel or torch.version.cuda is None:
         return
     with warnings.catch_warnings(record=True) as caught:
@@ -68,8 +57,8 @@ def check_cuda(no_accel: bool) -> None:
 
 
 def resolve_device(gpu: int | None, no_accel: bool) -> torch.device:
-    """CUDA (GPU ``gpu``, else the current device) unless ``no_accel`` or none exists; made
-    the current device. Raises :class:`ConfigError` for a GPU index that does not exist."""
+    """CUDA (GPU ``gpu``, else the current device) unless ``no_accel`` or none exists, made
+    current. Raises :class:`ConfigError` for a GPU index that does not exist."""
     if not use_cuda(no_accel):
         if gpu is not None:
             raise ConfigError(f"--gpu {gpu}: no CUDA device available")
@@ -77,16 +66,13 @@ def resolve_device(gpu: int | None, no_accel: bool) -> torch.device:
     if gpu is not None and gpu >= torch.cuda.device_count():
         raise ConfigError(f"--gpu {gpu}: only {torch.cuda.device_count()} CUDA device(s)")
     device = torch.device("cuda", gpu if gpu is not None else torch.cuda.current_device())
-    # Make it the current device: otherwise torch.cuda.synchronize(), new streams and events
-    # (the throughput timer, the side-stream copy) would act on GPU 0.
-    torch.cuda.set_device(device)
+    torch.cuda.set_device(device)  # else synchronize(), new streams and events act on GPU 0
     return device
 
 
 def check_gpu_flag(gpu: int | None, nproc: int) -> None:
-    """``--gpu N`` names one GPU; with several training processes per node each must use the GPU
-    of its local rank (pytorch/examples would put them all on GPU N: NCCL "Duplicate GPU
-    detected"). Raises :class:`ConfigError` for that combination."""
+    """Raise :class:`ConfigError` for ``--gpu`` with several processes per node: each uses its
+    local rank's GPU (pytorch/examples would put all on GPU N: NCCL "Duplicate GPU detected")."""
     if gpu is not None and nproc > 1:
         raise ConfigError(f"--gpu {gpu} with {nproc} processes per node would put every rank "
                           "on one GPU: each process uses the GPU of its local rank; drop --gpu "
@@ -112,27 +98,19 @@ def free_port() -> int:
 
 
 def launch_processes(target: Callable, args, nproc: int) -> None:
-    """``--multiprocessing-distributed``: run ``target(local_rank, args, nproc, dist_url)`` in
-    ``nproc`` processes forked from one multiprocessing forkserver that imported ``__main__``
-    (``target`` must be a module-level function).
-
-    As pytorch/examples: ``--world-size`` counts nodes and ``--rank`` is this node's rank.
-    Without ``--dist-url`` one node rendezvous on a free localhost port. SIGUSR1/SIGTERM sent
-    to this process are passed on to the training processes. If one process fails,
-    ``torch.multiprocessing`` ends the others and this raises :class:`ProcessFailed`, or
-    :class:`~engine.preempt.Stopped` where it exited with :data:`~engine.preempt.STOP_EXIT`;
-    :class:`ConfigError` for several nodes without ``--dist-url``.
-    """
+    """Run ``target(local_rank, args, nproc, dist_url)`` (module-level) in ``nproc`` forkserver
+    processes, passing on SIGUSR1/SIGTERM; as pytorch/examples, ``--world-size`` counts nodes and
+    ``--rank`` is this node's (one node meets on a free localhost port). If one fails, the others
+    are ended and this raises :class:`ProcessFailed` (:class:`~engine.preempt.Stopped` for
+    :data:`~engine.preempt.STOP_EXIT`); :class:`ConfigError` for nodes without ``--dist-url``."""
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
     if max(args.world_size, 1) > 1 and not args.dist_url:
         raise ConfigError("--dist-url tcp://HOST:PORT is needed for more than one node")
     dist_url = args.dist_url or f"tcp://127.0.0.1:{free_port()}"
-    # forkserver, not spawn: one new interpreter imports main.py (torch, torchvision: 3-7 s of
-    # CPU on a 2-core machine) once and forks every training process from it; spawn paid that
-    # import once per process. The server is a fresh interpreter that never touches CUDA, so its
-    # forks may (Python's multiprocessing docs; torch.multiprocessing accepts it for CUDA).
+    # forkserver, not spawn: main.py's imports (3-7 s of CPU) are paid once, not per process;
+    # the server never touches CUDA, so its forks may (Python's multiprocessing docs).
     context = mp.start_processes(target, args=(args, nproc, dist_url), nprocs=nproc, join=False,
                                  start_method="forkserver")
     try:
@@ -148,30 +126,17 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
 
 
 def use_default_start_method() -> None:
-    """In a process started by ``--multiprocessing-distributed``: start DataLoader workers as
-    one process or torchrun does, with the platform's default start method (fork on Linux
-    before Python 3.14). ``torch.multiprocessing`` hands its processes the start method that
-    started them as their default (CPython's preparation data): with spawn each loader worker
-    started a new interpreter and imported torch and the loaders again, for every pass's workers
-    (on the H100 machine, 16 cores, 8 workers, a 2-batch epoch waited 84 s for data); with
-    forkserver each worker's dataset would be pickled through the server."""
+    """Start this spawned process's DataLoader workers with the platform's default method, as
+    one process does: the inherited forkserver would pickle each worker's dataset."""
     multiprocessing.set_start_method(None, force=True)
 
 
 def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,
                       dist_url: str | None = None) -> Job:
     """Join the process group if this is a distributed run; return this process's :class:`Job`.
-
-    A spawned process (``local_rank`` given, ``dist_url`` from the launcher) has global rank
-    ``node_rank * nproc + local_rank``; under torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
-    set, ``--dist-url env://`` or none) the environment says; under ``srun`` (SLURM's variables
-    and no torchrun's) SLURM's task variables say (:func:`engine.slurm.slurm_step`; one task
-    trains alone, without a process group), and a CUDA task takes the GPU of its local rank
-    (:func:`engine.slurm.gpu_for_task`); a hand-launched process gives ``--world-size`` and
-    ``--rank``. As in pytorch/examples, a process started by ``--multiprocessing-distributed``
-    or torchrun joins a process group and trains with DDP even at world size 1. Raises
-    :class:`ConfigError` for unusable device or backend flags or SLURM variables.
-    """
+    Ranks come from the launch, torchrun's or srun's variables, or ``--world-size``/``--rank``;
+    as pytorch/examples, a spawned or torchrun process uses DDP even at world size 1. Raises
+    :class:`ConfigError` for unusable device, backend or SLURM values."""
     place = _place(args, local_rank, nproc, dist_url)
     check_gpu_flag(args.gpu, place.nproc)
     gpu = args.gpu
@@ -196,8 +161,7 @@ def setup_distributed(args, local_rank: int | None = None, nproc: int = 1,
 
 
 class _Place(NamedTuple):
-    """Where :func:`_place` puts a process: ``nproc`` training processes on its node, whether
-    it ``joins_group``, its ``launcher`` in words, its SLURM ``step`` (None outside srun)."""
+    """Where :func:`_place` puts a process; ``nproc``: training processes on its node."""
 
     rank: int
     world: int
@@ -237,15 +201,14 @@ def _place(args, local_rank: int | None, nproc: int, dist_url: str | None) -> _P
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The bare model inside ``torch.compile``'s wrapper and DataParallel /
-    DistributedDataParallel (state_dict keys without ``_orig_mod.`` or ``module.``)."""
+    """The bare model inside ``torch.compile``'s wrapper and (Distributed)DataParallel."""
     model = getattr(model, "_orig_mod", model)
     return getattr(model, "module", model)
 
 
 def wrap_parallel(model: nn.Module, dist: DistInfo, gpu: int | None, log) -> nn.Module:
-    """DistributedDataParallel in a distributed run; pytorch/examples' DataParallel fallback
-    when one process sees several GPUs and no ``--gpu`` was given; else the model itself."""
+    """DDP in a distributed run; pytorch/examples' DataParallel when one process sees several
+    GPUs and no ``--gpu`` was given; else the model itself."""
     if dist.distributed:
         ids = [dist.device.index] if dist.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -276,16 +239,14 @@ def broadcast_int(value: int, dist: DistInfo) -> int:
 
 
 def sync_buffers(model: nn.Module, dist: DistInfo) -> None:
-    """Give every rank global rank 0's buffers (BatchNorm running statistics) before
-    validation, so each shard is scored by exactly the model that rank 0 checkpoints."""
+    """Give every rank rank 0's buffers (BatchNorm statistics): all validate rank 0's model."""
     if dist.world_size > 1:
         for buffer in unwrap(model).buffers():
             torch.distributed.broadcast(buffer, src=0)
 
 
 def rng_state(device: torch.device) -> dict:
-    """This process's RNG states: Python's, torch's CPU generator, and its own CUDA device's
-    (None on the CPU)."""
+    """This process's Python, torch CPU and own CUDA device (None on the CPU) RNG states."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
@@ -301,15 +262,9 @@ def gather_rng_states(dist: DistInfo) -> list[dict]:
 
 
 class StopAgreement:
-    """Whether the ranks stop, agreed by all: the same answer on every rank after the same
-    step. Every rank must make the same calls (they are collectives).
-
-    One process: :meth:`after_step` answers :func:`engine.preempt.received` at once, with no
-    collective. A process group: an all-reduce (MAX) of each rank's signal on a gloo group of
-    its own (CPU tensors: no wait for the GPU, no interleaving with DDP's NCCL traffic),
-    started after one step and read after the next, so its latency hides behind a step; a
-    signal stops every rank one or two steps after it arrives
-    (benchmarks/bench_stop_agreement.py measures its cost)."""
+    """Whether the ranks stop, the same answer on every rank after the same step (all ranks make
+    the same calls): an all-reduce (MAX) of the signals on a gloo group of its own (no GPU wait,
+    no mixing with DDP's NCCL), read a step later to hide its latency (bench_stop_agreement.py)."""
 
     def __init__(self, world_size: int):
         self.agreed, self._pending = 0, None
@@ -329,8 +284,7 @@ class StopAgreement:
         return self.agreed
 
     def settle(self) -> int:
-        """The agreed stop signal now, including signals since the last step (a blocking
-        all-reduce): at an epoch's end, before the next epoch starts."""
+        """The agreed stop signal now, signals since the last step included (blocking)."""
         if self.group is None:
             return self.after_step()
         self._read_pending()

@@ -1,8 +1,5 @@
-"""The training and validation passes (:func:`train_one_epoch`, :func:`validate`), how they
-run (:class:`EpochPlan`) and the epoch's metrics (:func:`epoch_metrics`).
-
-Every number they return is global: sums over all ranks, each image counted once.
-"""
+"""The training and validation passes and the epoch's metrics. Every number they return is
+global: sums over all ranks, each image counted once."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,12 +20,10 @@ from loaders import DataError, DistInfo, tree_cpu_seconds
 
 def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,
                step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step on a device batch (float ``(N, 3, H, W)``, int64 ``(N,)``): mix it
-    (``state.mix``), forward under autocast, backward, gradient clipping
-    (``state.clip_grad_norm``), the optimizer step through the scaler, then the LR
-    scheduler and the EMA (step ``step`` of epoch ``epoch``). Returns the logits ``(N, C)``,
-    the batch's mean loss (0-dim, detached) and the labels top-1 is scored against: ``labels``,
-    or the argmax of the mixed soft labels."""
+    """One optimizer step on a device batch (float ``(N, 3, H, W)``, int64 ``(N,)``): MixUp/CutMix,
+    forward under autocast, backward, clipping, the scaler's optimizer step, the LR scheduler and
+    the EMA (step ``step`` of ``epoch``). Returns the logits ``(N, C)``, the mean loss (0-dim,
+    detached) and the labels top-1 is scored against (the mixed soft labels' argmax)."""
     targets = labels
     if state.mix is not None:
         images, targets = state.mix(images, labels)
@@ -50,9 +45,8 @@ def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, ep
 
 @dataclass
 class EpochSums:
-    """An epoch's running sums over all ranks, as a ``--save-every`` checkpoint's ``partial``
-    holds them: summed loss (per-image loss x images), top-1 hits, images, seconds waited for
-    data (summed over ranks) and wall seconds so far."""
+    """An epoch's running sums over all ranks (a ``--save-every`` checkpoint's ``partial``):
+    loss x images, top-1 hits, images, seconds waited for data, wall seconds so far."""
 
     loss_sum: float = 0.0
     correct: int = 0
@@ -70,13 +64,9 @@ class EpochSums:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """How a run's passes go and report: ``dist`` (this rank and device); ``print_freq`` steps
-    between progress lines; ``warmup`` steps left out of ``steady_images_per_sec`` (None: no
-    such figure); ``save_every`` steps between mid-epoch checkpoints (0: none) and
-    ``save(epoch, batch, sums)``, which writes one (every rank calls it: a collective); the
-    ``writer`` on global rank 0 (None elsewhere); ``stop``, asked after every step (None: never
-    stop); ``machine``, the one the epoch's stage report and advice are for (None: no report).
-    """
+    """How a run's passes go and report: ``warmup`` steps left out of ``steady_images_per_sec``
+    (None: no such figure); ``save(epoch, batch, sums)`` (a collective) every ``save_every`` steps
+    (0: never); ``writer`` None off rank 0; ``machine`` for the stage report (None: none)."""
 
     dist: DistInfo
     print_freq: int
@@ -90,20 +80,15 @@ class EpochPlan:
 
 def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
                     resumed_from: dict | None = None) -> dict:
-    """One training pass over ``loader`` in epoch ``epoch``, from batch 0 or from where
-    ``resumed_from`` (a mid-epoch checkpoint, :func:`engine.position.place_resume`) stood.
-    Every ``plan.save_every`` steps, and when the ranks agree on ``plan.stop`` before the last
-    step, ``plan.save(epoch, next_batch, sums)`` checkpoints the position (then
-    :class:`~engine.preempt.Stopped` is raised for the stop). Each step's LR goes to
-    TensorBoard as ``step/lr``.
-
-    Returns, over all ranks: mean ``loss``, ``acc1`` (%; mixed labels scored by their argmax),
-    ``images``, ``images_per_sec`` (summed), ``steady_images_per_sec`` (after ``plan.warmup``
-    steps, which hold cuDNN autotuning and ``torch.compile``; None without more steps),
-    ``data_time_fraction`` (of wall time waiting for batches, mean); this rank's ``lr`` (the
-    first step's), ``started`` (``time.perf_counter()`` at the epoch's start, less a resumed
-    epoch's seconds) and ``stages`` (:func:`stage_report`; None without ``plan.machine``).
-    Raises :class:`DataError` if the loader yields nothing."""
+    """One training pass over ``loader`` in ``epoch``, from batch 0 or where ``resumed_from`` (a
+    mid-epoch checkpoint) stood. Every ``plan.save_every`` steps, and when the ranks agree on
+    ``plan.stop`` before the last step, ``plan.save`` checkpoints the position (then raises
+    :class:`~engine.preempt.Stopped` for the stop). Each step's LR goes to TensorBoard. Returns,
+    over all ranks: mean ``loss``, ``acc1`` (%), ``images``, ``images_per_sec`` (summed),
+    ``steady_images_per_sec`` (after ``plan.warmup`` steps of cuDNN autotuning and
+    ``torch.compile``; None without more steps), ``data_time_fraction`` (mean); this rank's
+    first ``lr``, ``started`` (``time.perf_counter()`` at the epoch's start, less a resumed
+    epoch's seconds) and ``stages``. Raises :class:`DataError` if the loader yields nothing."""
     state.model.train()
     dist, stop = plan.dist, plan.stop
     progress, carried, start_batch, started = _start_pass(loader, epoch, plan, resumed_from)
@@ -124,7 +109,7 @@ def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
         timer.stop()
         loss_sum += loss * labels.size(0)
         correct += (output.argmax(1) == truth).sum()
-        # The same steps on every rank, so the collectives here are safe.
+        # the same steps on every rank: the collectives here are safe
         inside = step + 1 < progress.total
         stopping = stop is not None and stop.after_step() and inside
         if plan.save and inside and (stopping or plan.save_every
@@ -145,9 +130,7 @@ def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
 
 
 def _start_pass(loader, epoch: int, plan: EpochPlan, resumed_from: dict | None) -> tuple:
-    """``(progress, carried, start_batch, started)`` of a training pass: ``loader`` set to the
-    epoch and its first batch, the :class:`Progress` over the whole epoch, the sums carried
-    from a checkpoint (global rank 0's; the others restart theirs) and the epoch's start."""
+    """Set ``loader`` to the epoch; return ``(progress, carried, start_batch, started)``."""
     start_batch = resumed_from["batch"] if resumed_from else 0
     carried = EpochSums.from_dict(resumed_from["partial"] if resumed_from else None)
     started = time.perf_counter() - carried.seconds
@@ -183,11 +166,9 @@ def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> Epoch
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable,
              progress: Progress, dist: DistInfo, flip_tta: bool = False) -> dict:
-    """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images,
-    summed over all ranks' shards (each image counted once). Rank 0's BatchNorm buffers are
-    used on every rank. ``autocast_``: a factory of the autocast context. ``flip_tta``
-    (``--val-flip-tta``): the logits are the mean of the image's and its horizontal mirror's,
-    as FFCV's ``lr_tta`` (which sums them: the same ranking)."""
+    """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images of
+    all ranks, each with rank 0's BatchNorm buffers. ``flip_tta``: logits averaged with the
+    horizontal mirror's, as FFCV's ``lr_tta`` (which sums them: the same ranking)."""
     sync_buffers(model, dist)
     model = unwrap(model)  # no DDP collectives: ranks may hold different batch counts
     model.eval()
@@ -215,8 +196,7 @@ def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable
 
 def validate(state: TrainState, loader, plan: EpochPlan, flip_tta: bool = False
              ) -> tuple[dict, dict]:
-    """:func:`evaluate` of ``state.model`` over ``loader`` (``Test:`` progress lines), and of
-    ``state.ema`` (``Test EMA:``) when there is one, else ``{}`` in its place."""
+    """``(val, ema)``: :func:`evaluate` of ``state.model`` and ``state.ema`` (``{}``: none)."""
     progress = Progress(len(loader), "Test: ", "val", plan.print_freq, plan.dist.is_main)
     val = evaluate(state.model, loader, state.criterion, state.autocast, progress, plan.dist,
                    flip_tta)
@@ -229,12 +209,8 @@ def validate(state: TrainState, loader, plan: EpochPlan, flip_tta: bool = False
 
 def epoch_metrics(epoch: int, train: dict, val: dict, ema: dict, train_loader,
                   device: torch.device) -> dict:
-    """The epoch's ``metrics.jsonl`` object, all figures global (losses and accuracies over
-    all ranks, images/s summed over ranks): ``train`` from :func:`train_one_epoch`, ``val``
-    and ``ema`` from :func:`validate` (the EMA's as ``val_ema_loss``/``val_ema_acc1``/
-    ``val_ema_acc5``), ``train_res`` the crop side ``train_loader`` trained at, ``epoch_seconds``
-    since the epoch started (until now), this process's memory (:func:`memory_mib`) and the
-    stage figures (``stages_*``)."""
+    """The epoch's ``metrics.jsonl`` object (global figures) from the passes' (the EMA's as
+    ``val_ema_*``), with ``train_res``, ``epoch_seconds``, :func:`memory_mib` and ``stages_*``."""
     stages = train["stages"]
     return {
         "epoch": epoch, "train_res": getattr(train_loader, "resolution", None),
@@ -254,10 +230,8 @@ def epoch_metrics(epoch: int, train: dict, val: dict, ema: dict, train_loader,
 
 def stage_report(loader, steps: bounds.Steps | None, machine: bounds.Machine,
                  cpu_seconds: float | None, wall_seconds: float) -> dict:
-    """:func:`engine.bounds.report` of a pass over ``loader`` on this rank: its stage figures
-    (``stage_summary()``; None for loaders without), the training thread's ``steps`` (None for
-    ``--benchmark-data``) and ``machine`` with the cores this process and its workers kept busy
-    (``cpu_seconds`` of CPU, None if unknown, over ``wall_seconds``)."""
+    """:func:`engine.bounds.report` of a pass over ``loader`` on this rank, ``machine``'s busy
+    cores being ``cpu_seconds`` (None: unknown) of this process tree over ``wall_seconds``."""
     busy = cpu_seconds / wall_seconds if cpu_seconds is not None and wall_seconds > 0 else None
     summary = getattr(loader, "stage_summary", None)
     return bounds.report(summary() if summary else None, steps,

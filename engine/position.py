@@ -1,20 +1,10 @@
-"""A mid-epoch checkpoint's position, placed at the resuming run's layout.
-
-A ``--save-every`` (or stop) checkpoint records, besides ``batch`` (the next batch of the
-saving run's batching), ``position``: how many samples of the epoch's global order were
-trained, the layout that order is defined at, the layout saved at, and what the order is a
-function of (dataset size, seed, order kind): :func:`loaders.orders.positions.position_record`.
-:func:`place_resume` turns it into the resuming run's start: at the same layout exactly the
-old ``batch`` (the run continues to the bit); at another world size, ``-b`` or ``-j`` the
-rest of the global order dealt out anew (:func:`loaders.orders.positions.rest_of_epoch`), with
-``batch`` the step the new batching stands at, so the per-step LR schedule, warmup, EMA steps
-and the resolution schedule continue at the fraction of the epoch consumed.
-
-What cannot be continued exactly is refused in one line (:class:`~engine.ConfigError`): a
-checkpoint of another dataset size, seed or order kind; one saved before positions were
-recorded, resumed at another world size or ``-b``; a re-dealt epoch over streamed shards,
-which are read front to back by fixed workers.
-"""
+"""A mid-epoch checkpoint's position (:func:`loaders.orders.positions.position_record`), placed
+at the resuming run's layout: at the same layout the run resumes at ``batch``, to the bit; at
+another world size, ``-b`` or ``-j`` the rest of the epoch's global order is dealt anew and the
+per-step schedules (LR, warm-up, EMA, resolution) go on at the fraction of the epoch consumed.
+What cannot go on exactly is a one-line :class:`~engine.ConfigError`: another dataset size, seed
+or order kind; a checkpoint without a position at another world size or ``-b``; streamed shards
+(read front to back by fixed workers) dealt anew."""
 from __future__ import annotations
 
 from typing import Callable
@@ -26,10 +16,7 @@ from loaders.orders.positions import Layout, same_global_order
 def place_resume(checkpoint: dict | None, train_loader, s, log: Callable) -> dict | None:
     """``checkpoint`` with a mid-epoch position placed at ``train_loader``'s layout: ``batch``
     the step to start at and ``rest`` (a :class:`~loaders.orders.positions.RestOfEpoch`) for
-    ``train_loader.set_epoch``; any other checkpoint as it is. ``s``: this run's
-    :class:`~engine.settings.RunSettings` (its seed, command line and ``--resume``); ``log``
-    gets one line when the layout changed (and one when the global batch did).
-    Raises :class:`ConfigError` (one line) for what cannot be continued exactly."""
+    ``set_epoch``; any other checkpoint as it is. Raises :class:`ConfigError` (see above)."""
     if not checkpoint or not checkpoint.get("batch") or "optimizer" not in checkpoint:
         return checkpoint
     epoch, batch = int(checkpoint.get("epoch", 0)), int(checkpoint["batch"])
@@ -64,8 +51,8 @@ def place_resume(checkpoint: dict | None, train_loader, s, log: Callable) -> dic
 
 def _legacy_position(checkpoint: dict, batch: int, now: Layout, config: dict,
                      where: str) -> dict:
-    """The position of a checkpoint written before positions were recorded: its ``batch``
-    at this layout, if it was saved at this world size and ``-b`` (else refused)."""
+    """The position of a checkpoint without one: its ``batch`` at this layout, if saved at
+    this world size and ``-b`` (else refused)."""
     rng = checkpoint.get("rng")
     world = len(rng) if isinstance(rng, list) else None
     saved_b = (checkpoint.get("config") or {}).get("batch_size")
@@ -80,8 +67,7 @@ def _legacy_position(checkpoint: dict, batch: int, now: Layout, config: dict,
 
 
 def _check_same_epoch_order(saved: dict, order, seed: int, where: str) -> None:
-    """Refuse a position whose global order this run cannot rebuild: another dataset size,
-    seed or order kind (``--ra-sampler``/``--lmdb-order``/shards)."""
+    """Refuse a position of another dataset size, seed or order kind than this run's."""
     if saved.get("num_samples") != order.num_samples:
         raise ConfigError(f"{where}: its epoch was over {saved.get('num_samples')} training "
                           f"images, this training set has {order.num_samples}: resume on the "

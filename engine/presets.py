@@ -1,10 +1,6 @@
-"""``-c/--config`` YAML presets read as command-line tokens (see :func:`preset_tokens`).
-
-A preset maps flag names (``batch_size`` or ``batch-size``; an alias too: ``model`` for
-``arch``, ``test_only`` for ``evaluate``) to values and is read as if its
-flags came first on the command line, so argparse checks every value and the command line
-overrides it. ``main.parse_args`` places the tokens before ``argv``.
-"""
+"""``-c/--config`` YAML presets: a mapping of flag names (``batch_size`` or ``batch-size``, or
+an alias: ``model`` for ``arch``) to values, read as if its flags came first on the command
+line, so argparse checks every value and the command line overrides it."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +8,7 @@ from typing import Callable
 
 from engine import ConfigError
 
-# Preset keys that select a backend on the command line only: a preset names it with `loader:`.
-PRESET_BACKEND_KEYS = {"dali": "dali", "dummy": "synthetic"}
+PRESET_BACKEND_KEYS = {"dali": "dali", "dummy": "synthetic"}  # a preset says `loader:`
 
 
 def read_preset(path: str) -> dict:
@@ -41,12 +36,8 @@ def _refuse(message: str):
 def preset_tokens(path: str, make_parser: Callable[[], argparse.ArgumentParser]
                   ) -> tuple[list[str], dict]:
     """A preset as ``(["--flag=value", ...], positionals)``: ``true`` booleans become their flag,
-    ``false`` and null values are left out; the positional ``data`` is returned apart.
-    ``make_parser()`` builds the command line's parser (called twice: to look the flags up and
-    to check the tokens).
-
-    Raises :class:`ConfigError` for an unknown key, ``dali:``/``dummy:`` (a preset selects the
-    backend with ``loader:``) or a value the flag would refuse on the command line."""
+    ``false`` and null are left out; ``make_parser()`` builds the parser. Raises
+    :class:`ConfigError` for an unknown key, ``dali:``/``dummy:`` or a value the flag refuses."""
     preset = read_preset(path)
     actions = {}
     for action in make_parser()._actions:

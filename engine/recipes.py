@@ -1,12 +1,5 @@
 """Training recipes of torchvision's ``references/classification/train.py``: MixUp/CutMix on
-the device batch (:func:`make_mix`), the model EMA (:class:`ModelEMA`, with its decay adjusted as
-:func:`ema_decay`), the recipe flags as given (:class:`RecipeSettings`) and resolved once per
-process (:func:`resolve_recipe` -> :class:`Recipe`: the LR, its per-step schedule, the weight
-decay groups and the EMA's decay; the schedule and the groups are :mod:`engine.optim`'s).
-
-The ``linear`` schedule with ``--lr-peak-epoch`` is FFCV's triangular ("cyclic") one from
-libffcv/ffcv-imagenet ``train_imagenet.py`` (``get_cyclic_lr``).
-"""
+the device batch, the model EMA, and the recipe flags resolved once per process."""
 from __future__ import annotations
 
 import argparse
@@ -19,16 +12,14 @@ from torch.optim.swa_utils import AveragedModel
 
 from engine.optim import DecayGroups, LRSchedule
 
-# ffcv-imagenet get_cyclic_lr: the LR starts at 1e-4 x lr and rises linearly to lr at the peak
-FFCV_START_FACTOR = 1e-4
+FFCV_START_FACTOR = 1e-4  # ffcv-imagenet get_cyclic_lr rises from 1e-4 x lr to lr
 
 
 def make_mix(mixup_alpha: float, cutmix_alpha: float, num_classes: int):
     """torchvision's ``get_mixup_cutmix``: ``v2.RandomChoice`` of ``v2.MixUp``/``v2.CutMix``
-    (those with alpha > 0), or None. Called as ``mix(images, labels)`` on a device batch
-    (float ``(N, 3, H, W)``, int64 ``(N,)``), it returns the mixed images (same dtype and memory
-    format) and float32 soft labels ``(N, num_classes)`` whose rows sum to 1. Its draws come
-    from torch's CPU generator, which checkpoints save per rank."""
+    (those with alpha > 0), or None. ``mix(images, labels)`` on a device batch (float ``(N, 3, H,
+    W)``, int64 ``(N,)``) returns the mixed images (same dtype and memory format) and float32
+    soft labels ``(N, num_classes)``; its draws come from torch's CPU generator."""
     from torchvision.transforms import v2
 
     choices = []
@@ -40,23 +31,17 @@ def make_mix(mixup_alpha: float, cutmix_alpha: float, num_classes: int):
 
 
 def ema_decay(decay: float, ema_steps: int, global_batch: int, epochs: int) -> float:
-    """torchvision train.py's decay adjustment (from pycls): ``adjust = world_size x batch_size
-    x model_ema_steps / epochs``, ``alpha = min(1, (1 - decay) x adjust)``; returns ``1 - alpha``,
-    so the EMA's horizon in images is independent of batch, GPUs and update interval."""
+    """torchvision train.py's decay adjustment (from pycls), which keeps the EMA's horizon in
+    images apart from batch, GPUs and update interval."""
     alpha = min(1.0, (1.0 - decay) * global_batch * ema_steps / epochs)
     return 1.0 - alpha
 
 
 class ModelEMA(AveragedModel):
-    """torchvision's ``ExponentialMovingAverage`` (``utils.py``): an ``AveragedModel`` of the
-    parameters and buffers, ``ema = decay x ema + (1 - decay) x model`` (as one ``lerp`` per
-    tensor), the first update (``n_averaged == 0``) a copy. Its state_dict is torchvision's
-    (``module.<name>`` keys and ``n_averaged``), saved under the checkpoint key ``model_ema``.
-
-    :meth:`after_step` updates every ``every`` steps of an epoch (torchvision: ``i %
-    model_ema_steps == 0``) and, during the first ``copy_epochs`` (the LR warm-up), resets
-    ``n_averaged`` so the EMA keeps copying the model. ``n_averaged`` stays on the CPU so
-    reading it never waits for the GPU; integer buffers (BatchNorm's batch counts) are copied."""
+    """torchvision's ``ExponentialMovingAverage`` (``utils.py``, same state_dict):
+    ``ema = decay x ema + (1 - decay) x model`` over parameters and buffers every ``every``
+    steps, a copy at first and during the first ``copy_epochs`` (the LR warm-up); integer
+    buffers are copied. ``n_averaged`` stays on the CPU: reading it never waits for the GPU."""
 
     def __init__(self, model: nn.Module, decay: float, every: int = 1, copy_epochs: float = 0):
         super().__init__(model, use_buffers=True)
@@ -64,7 +49,7 @@ class ModelEMA(AveragedModel):
 
     @torch.no_grad()
     def update_parameters(self, model: nn.Module) -> None:
-        """Average ``model``'s (bare: no DDP/compile wrapper) parameters and buffers in."""
+        """Average the bare ``model``'s parameters and buffers in."""
         ema = [*self.module.parameters(), *self.module.buffers()]
         new = [t.detach() for t in (*model.parameters(), *model.buffers())]
         first = int(self.n_averaged) == 0
@@ -78,7 +63,7 @@ class ModelEMA(AveragedModel):
         self.n_averaged += 1
 
     def after_step(self, model: nn.Module, epoch: int, step: int) -> None:
-        """The EMA's part of training step ``step`` (of the epoch) in epoch ``epoch``."""
+        """The EMA's part of training step ``step`` of ``epoch``."""
         if step % self.every:
             return
         self.update_parameters(model)
@@ -88,11 +73,7 @@ class ModelEMA(AveragedModel):
 
 @dataclass(frozen=True)
 class RecipeSettings:
-    """The optimisation and training-recipe flags as given, read once from the command line
-    (:meth:`from_args`; each field is its flag's argparse name): ``epochs``, ``start_epoch``,
-    SGD's ``lr``, ``momentum`` and ``weight_decay`` (``--wd``), and the "training recipe"
-    flags of :func:`engine.cli.get_args_parser`. :func:`resolve_recipe` turns them into a :class:`Recipe` once the
-    global batch and the steps per epoch are known."""
+    """The optimisation and training-recipe flags as given, by argparse name."""
 
     epochs: int
     start_epoch: int
@@ -122,16 +103,14 @@ class RecipeSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RecipeSettings":
-        """The fields' values from the parsed command line (which is only read)."""
+        """The fields' values from the parsed command line."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """The recipe flags resolved for one process (:func:`resolve_recipe`): ``lr`` (``--lr``,
-    times global batch / ``--lr-scale-batch`` if given), the per-step ``schedule``, the weight
-    decay ``decays`` of norm layers, biases and embeddings, and the EMA's adjusted
-    ``ema_decay`` (None without ``--model-ema``)."""
+    """The recipe flags resolved for one process: ``lr`` (scaled by ``--lr-scale-batch``), the
+    per-step ``schedule``, the weight ``decays`` and the EMA's ``ema_decay`` (None: no EMA)."""
 
     lr: float
     schedule: LRSchedule
@@ -141,10 +120,8 @@ class Recipe:
 
 def resolve_recipe(flags: RecipeSettings, global_batch: int, steps_per_epoch: int,
                    log: Callable | None = None) -> Recipe:
-    """The :class:`Recipe` of ``flags`` for ``global_batch`` images per optimizer step over all
-    ranks and ``steps_per_epoch`` steps (``len(train_loader)``, exact); ``log`` (if given) gets
-    the scaled LR of ``--lr-scale-batch``. ``--lr-peak-epoch P`` is FFCV's rise:
-    ``--lr-warmup-epochs P --lr-warmup-method linear --lr-warmup-decay 1e-4``."""
+    """The :class:`Recipe` of ``flags`` for ``global_batch`` images per step; ``--lr-peak-epoch P``
+    is ``--lr-warmup-epochs P --lr-warmup-method linear --lr-warmup-decay 1e-4``."""
     lr = flags.lr * global_batch / flags.lr_scale_batch if flags.lr_scale_batch else flags.lr
     if flags.lr_scale_batch and log:
         log(f"lr {lr:.6g}: --lr {flags.lr:g} x global batch / {flags.lr_scale_batch}")

@@ -1,6 +1,5 @@
-"""What a run shows and records: per-step progress (:class:`Progress`, which also keeps the
-pass's timing), the epoch's metrics (:class:`MetricsWriter`: ``metrics.jsonl`` and TensorBoard)
-and the data-bound warning."""
+"""What a run shows and records: per-step progress and timing, the epoch's metrics
+(``metrics.jsonl`` and TensorBoard) and the data-bound warning."""
 from __future__ import annotations
 
 import json
@@ -27,11 +26,8 @@ def device_clock(device: torch.device) -> float:
 
 
 def memory_mib(device: torch.device) -> dict:
-    """``host_rss_mib``: this process's resident memory now (MiB, ``/proc/self/status``; None
-    where there is none); ``device_memory_mib``: on CUDA the device's memory in use (total less
-    free, ``cudaMemGetInfo``: DALI's and other libraries' allocations too, not only torch's
-    caching allocator's), else None. Recorded per epoch: memory growing epoch after epoch is
-    the most reported DALI problem."""
+    """``host_rss_mib`` (this process's RSS) and ``device_memory_mib`` (the CUDA device's use,
+    DALI's included: growing memory is its most reported problem), MiB or None."""
     rss = None
     try:
         with open("/proc/self/status") as f:
@@ -46,15 +42,9 @@ def memory_mib(device: torch.device) -> dict:
 
 
 class Progress:
-    """One pass over a loader: its timing, and per-step progress shown by global rank 0 only.
-
-    :meth:`log_every` wraps the loader (as torchvision's ``MetricLogger.log_every``): it
-    counts the images delivered and the seconds spent waiting for them, and every
-    ``print_freq`` steps (and at the last) asks ``figures()`` for the running numbers (they cost
-    a device sync) and shows them: on a terminal a tqdm bar, otherwise (logs, CI)
-    pytorch/examples ``ProgressMeter``-style lines. The same figures go to TensorBoard under
-    ``step/<tag>_*`` at step ``first_step + step``.
-    """
+    """One pass over a loader (as torchvision's ``MetricLogger.log_every``): its timing, and
+    every ``print_freq`` steps ``figures()`` (a device sync) shown on rank 0, as a tqdm bar on a
+    terminal, else pytorch/examples' ``ProgressMeter`` lines, and sent to TensorBoard."""
 
     def __init__(self, total: int, header: str, tag: str, print_freq: int, enabled: bool,
                  writer=None, first_step: int = 0):
@@ -76,9 +66,7 @@ class Progress:
 
     def log_every(self, iterable: Iterable, figures: Callable[[], dict], start_step: int = 0,
                   warmup: int | None = None, device: torch.device | None = None) -> Iterator:
-        """Yield ``(step, (images, labels))`` from ``iterable``, steps counted from
-        ``start_step``. After ``warmup`` steps of this pass the device clock is read for
-        :meth:`steady_images_per_sec` (None: no steady-state figure)."""
+        """Yield ``(step, batch)`` from ``start_step``; start the steady clock after ``warmup``."""
         bar = None
         if self.enabled and sys.stdout.isatty():
             from tqdm import tqdm
@@ -106,8 +94,7 @@ class Progress:
                 bar.close()
 
     def steady_images_per_sec(self, now: float) -> float:
-        """Images/s after the warm-up steps up to ``now`` (a :func:`device_clock` reading); 0.0
-        if the pass had no steps after them."""
+        """Images/s from the warm-up's end to ``now`` (:func:`device_clock`), else 0.0."""
         if self.steady_from is None or self.images <= self.steady_from[1]:
             return 0.0
         return (self.images - self.steady_from[1]) / (now - self.steady_from[0])
@@ -128,10 +115,8 @@ class Progress:
 
 
 class StepTimer:
-    """Seconds of each training step: wall time on the CPU; on a GPU the time between two
-    CUDA timing events recorded on the current stream around it (no synchronisation: pairs are
-    read once done, the rest by :meth:`seconds`). Call :meth:`start` and :meth:`stop` around
-    each step."""
+    """Seconds of each training step between :meth:`start` and :meth:`stop`: wall time on the
+    CPU, CUDA events on the current stream on a GPU (no synchronisation: read once done)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -166,14 +151,9 @@ class StepTimer:
 
 
 class EventFile:
-    """A TensorBoard event file of scalars, written in the calling thread.
-
-    torch's ``SummaryWriter`` writes from a background thread; DataLoader workers are forked
-    from this process every epoch, and a fork while another thread holds a lock can leave the
-    child waiting on it forever (a hang seen once in ``tests/engine/test_distributed.py``). So the
-    records are framed by TensorBoard's own ``RecordWriter`` (length, masked CRC-32C) here,
-    buffered, and flushed at most every ``flush_secs`` seconds and on :meth:`flush`. Raises
-    ``OSError`` if ``logdir`` cannot be written."""
+    """A TensorBoard event file of scalars, written in the calling thread (a DataLoader worker
+    forked while ``SummaryWriter``'s thread holds a lock can hang), flushed at most every
+    ``flush_secs``. Raises ``OSError`` if ``logdir`` cannot be written."""
 
     def __init__(self, logdir: str, flush_secs: float = 10.0):
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -205,9 +185,8 @@ class EventFile:
 
 
 class MetricsWriter:
-    """Appends one JSON object per epoch to ``OUTPUT/metrics.jsonl`` and mirrors every number
-    to TensorBoard under ``OUTPUT/tensorboard``. Raises :class:`ConfigError` if ``OUTPUT``
-    cannot be written."""
+    """One JSON object per epoch appended to ``OUTPUT/metrics.jsonl``, its numbers mirrored to
+    ``OUTPUT/tensorboard``. Raises :class:`ConfigError` if ``OUTPUT`` cannot be written."""
 
     def __init__(self, output_dir: str):
         try:
@@ -218,9 +197,8 @@ class MetricsWriter:
         self.tb = EventFile(os.path.join(output_dir, "tensorboard"))
 
     def write(self, epoch_metrics: dict) -> None:
-        """Append ``epoch_metrics`` (keyed by name, ``epoch`` the TensorBoard step); its
-        numbers go to TensorBoard, ``stages_X`` as ``stages/X`` (``engine.bounds``), the rest
-        as ``epoch/KEY``."""
+        """Append ``epoch_metrics``; TensorBoard gets its numbers at step ``epoch``,
+        ``stages_X`` as ``stages/X``, the rest as ``epoch/KEY``."""
         self.file.write(json.dumps(epoch_metrics) + "\n")
         self.file.flush()
         for key, value in epoch_metrics.items():
@@ -239,8 +217,7 @@ class MetricsWriter:
 
 
 def epoch_line(m: dict) -> str:
-    """The one line printed per epoch from its ``metrics.jsonl`` object ``m`` (with the training
-    resolution when ``m`` has ``train_res``, the EMA's top-1 when it has ``val_ema_acc1``)."""
+    """The line printed per epoch from its ``metrics.jsonl`` object ``m``."""
     ema = f" EMA top-1 {m['val_ema_acc1']:.2f}" if "val_ema_acc1" in m else ""
     res = f" at {m['train_res']} px" if m.get("train_res") else ""
     return (f"epoch {m['epoch']}: train{res} loss {m['train_loss']:.4f} "
@@ -252,8 +229,7 @@ def epoch_line(m: dict) -> str:
 
 def report_epoch(epoch_metrics: dict, stages: dict | None, writer: MetricsWriter | None,
                  workers: int, log: Callable) -> None:
-    """Say the epoch through ``log`` (:func:`epoch_line`, the lines of ``stages``, the data-bound
-    warning for ``workers`` per process) and record it with ``writer`` (if any)."""
+    """Log the epoch and its ``stages`` and record it with ``writer`` (if any)."""
     log(epoch_line(epoch_metrics))
     for line in stages["lines"] if stages else ():
         log(line)
@@ -263,12 +239,8 @@ def report_epoch(epoch_metrics: dict, stages: dict | None, writer: MetricsWriter
 
 
 def warn_if_data_bound(epoch_metrics: dict, workers: int, log, threshold: float = 0.25) -> None:
-    """Say so (through ``log``) when the epoch's training waited on data for more than
-    ``threshold`` of its wall time, pointing at the epoch's advice (``stages_advice``, from
-    the measured stages, printed with the stage table: ``engine.bounds``) when it has any;
-    ``workers`` is this process's loader worker count. A loader without stage figures, or
-    without a rate estimated from them (DALI, whose decode is not measured apart), gets the
-    general suggestions."""
+    """Warn when the epoch waited on data for more than ``threshold`` of its wall time,
+    pointing at the ``stages_advice``, or general suggestions without a stage rate (DALI)."""
     share = epoch_metrics["data_time_fraction"]
     if share <= threshold:
         return

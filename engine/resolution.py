@@ -1,13 +1,7 @@
-"""Progressive resizing (training resolution as a function of the epoch) and test-time flip
-averaging, as FFCV trains ImageNet.
-
-Both come from libffcv/ffcv-imagenet ``train_imagenet.py``: ``get_resolution`` (the crop side
-starts at ``min_res``, rises linearly between ``start_ramp`` and ``end_ramp`` in steps of 32 px,
-then stays at ``max_res``) and ``lr_tta`` (validation logits of each image and of its
-horizontal mirror). Low-resolution epochs cost fewer FLOPs and decode into smaller crops; the
-final epochs at a higher resolution, and testing above it, recover the accuracy (Touvron et al.
-2019, "Fixing the train-test resolution discrepancy").
-"""
+"""Progressive resizing, as FFCV trains ImageNet (ffcv-imagenet ``train_imagenet.py``,
+``get_resolution``): low-resolution epochs cost fewer FLOPs and decode smaller crops; the last
+epochs at a higher resolution, and testing above it, recover the accuracy (Touvron et al. 2019,
+"Fixing the train-test resolution discrepancy")."""
 from __future__ import annotations
 
 import argparse
@@ -15,19 +9,15 @@ from dataclasses import dataclass
 
 from engine import ConfigError
 
-# ffcv-imagenet get_resolution: interpolated sizes are rounded to a multiple of 32 px
-FFCV_RES_STEP = 32
+FFCV_RES_STEP = 32  # ffcv-imagenet get_resolution rounds sizes to a multiple of 32 px
 
 
 @dataclass(frozen=True)
 class ResolutionSchedule:
-    """The RandomResizedCrop side (pixels) of every training epoch (:meth:`at`).
-
-    FFCV's ``get_resolution``: ``min_res`` up to epoch ``start_ramp`` (0-based epochs, as here),
-    ``max_res`` from ``end_ramp`` on, in between the linear interpolation rounded to the nearest
-    multiple of ``step``, clamped to ``[min_res, max_res]`` (FFCV does not clamp; its configs'
-    160 and 192 are multiples of 32, where clamping changes nothing, and the loaders' batch slots
-    are sized for ``max_res``). ``min_res == max_res``: a fixed size (``--train-crop-size``)."""
+    """The RandomResizedCrop side (px) of every training epoch, as FFCV's ``get_resolution``:
+    ``min_res`` up to epoch ``start_ramp`` (0-based), ``max_res`` from ``end_ramp`` on, in between
+    linear, rounded to a multiple of ``step`` and clamped to ``[min_res, max_res]`` (FFCV does
+    not clamp; the loaders' batch slots are sized for ``max_res``)."""
 
     min_res: int
     max_res: int
@@ -40,7 +30,7 @@ class ResolutionSchedule:
         return self.min_res != self.max_res
 
     def at(self, epoch: int) -> int:
-        """The training crop side in pixels for epoch ``epoch`` (0-based)."""
+        """The training crop side (px) of ``epoch`` (0-based)."""
         if not self.progressive or epoch <= self.start_ramp:
             return self.min_res
         if epoch >= self.end_ramp:
@@ -51,9 +41,8 @@ class ResolutionSchedule:
 
 
 def resolution_schedule(args: argparse.Namespace) -> ResolutionSchedule:
-    """The run's :class:`ResolutionSchedule`; raises :class:`ConfigError` (one line) for sizes
-    below 1 px, a validation crop larger than its resize, ``--max-res`` below ``--min-res``, or a ramp that is missing or ends before it
-    starts (one ending after ``--epochs`` never reaches ``--max-res``, as the user chose)."""
+    """The run's :class:`ResolutionSchedule`. Raises :class:`ConfigError` for sizes below 1 px,
+    a validation crop above its resize, ``--max-res`` below ``--min-res``, or a bad ramp."""
     low = args.min_res if args.min_res is not None else args.train_crop_size
     high = args.max_res if args.max_res is not None else low
     schedule = ResolutionSchedule(low, high, args.start_ramp,

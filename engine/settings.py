@@ -1,9 +1,5 @@
-"""What one training process derives from the command line, once: :class:`RunSettings`.
-
-The argparse namespace is only read here (and in ``main.py`` above ``run``), never written: the
-per-process batch size and workers, the seed, the backend and the mode are resolved, and the
-flags of the loaders, the model, the recipe and the output are gathered, into frozen values.
-"""
+"""What one training process derives from the command line, once: :class:`RunSettings`. The
+argparse namespace is only read here (and in ``main.py`` above ``run``), never written."""
 from __future__ import annotations
 
 import os
@@ -27,10 +23,8 @@ def node_cores() -> int:
 
 
 def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
-    """``-j``: a number as it is; ``auto`` -> the CPU cores this process may run on (its
-    affinity mask, ``os.sched_getaffinity``) divided among the node's training processes, at
-    least 1. None is left for the training process: on 2 cores ``main.py --benchmark-data``
-    measured no gain from leaving one (docs/loaders.md, *Workers*)."""
+    """``-j``: a number as it is; ``auto`` -> :func:`node_cores` over the node's processes, at
+    least 1 (none left for the training process: docs/loaders.md, *Workers*)."""
     if workers != "auto":
         return workers
     return max(1, node_cores() // max(1, processes_per_node))
@@ -38,16 +32,10 @@ def resolve_workers(workers: int | str, processes_per_node: int = 1) -> int:
 
 def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1,
                  environ=os.environ) -> int | None:
-    """Torch intra-op threads for a training process's main thread, or None to keep torch's.
-
-    While the model runs on a GPU (or ``--benchmark-data`` runs none) this process only
-    receives batches, normalises them and copies them: 1 thread, as its OpenMP threads
-    otherwise spin on the cores the loader workers decode on (776 vs 952 images/s for
-    ``main.py --lmdb --benchmark-data`` on 2 cores; docs/performance.md, *Loader
-    throughput*). A model on the CPU gets the node's cores divided among its training
-    processes (the workers then share them: docs/performance.md, *Main-process threads*,
-    measures both). A user's ``OMP_NUM_THREADS`` wins (None); torchrun sets it to 1 for
-    several processes per node."""
+    """Torch intra-op threads for a training process's main thread, or None to keep torch's
+    (``OMP_NUM_THREADS`` set, as torchrun does). With the model on a GPU, or none, 1: more
+    OpenMP threads spin on the workers' cores (docs/performance.md, *Loader throughput*); a
+    model on the CPU gets the node's cores over its processes (*Main-process threads*)."""
     if environ.get("OMP_NUM_THREADS"):
         return None
     if device_type != "cpu" or not runs_model:
@@ -57,13 +45,8 @@ def main_threads(device_type: str, runs_model: bool, processes_per_node: int = 1
 
 
 def resolve_backend(args) -> tuple[str, bool]:
-    """``(backend, lmdb)``: the :data:`loaders.BACKENDS` key and whether the splits are LMDBs.
-
-    ``--dummy`` -> synthetic; ``--dali`` or ``--loader dali`` -> dali; ``--lmdb`` -> lmdb; else
-    ``--loader``. The splits are LMDBs with ``--lmdb`` or ``--loader lmdb``, so DALI reads
-    LMDBs given ``--dali --lmdb`` (or a preset's ``loader: lmdb`` with ``--dali``, or
-    ``loader: dali`` with ``lmdb: true``). Raises :class:`ConfigError` for ``--lmdb`` with a
-    backend that cannot read LMDBs."""
+    """``(backend, lmdb)``: the :data:`loaders.BACKENDS` key and whether the splits are LMDBs
+    (DALI reads them too). Raises :class:`ConfigError` for ``--lmdb`` with another backend."""
     lmdb = args.lmdb or args.loader == "lmdb"
     if args.dummy:
         return "synthetic", False
@@ -76,15 +59,8 @@ def resolve_backend(args) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The model and how it runs (the "model" flags, and ``--gpu``): ``arch`` (``-a``: a
-    torchvision or :mod:`models` name), ``pretrained`` (torchvision's ImageNet weights, from the
-    torch.hub cache), ``blurpool`` (FFCV's BlurPool), ``channels_last`` (memory format),
-    ``compile`` (``torch.compile``), ``amp`` and ``amp_dtype`` (autocast to ``float16`` or
-    ``bfloat16`` on CUDA, bfloat16 on the CPU; loss scaling for float16), ``gpu``: ``--gpu`` as
-    given (None lets one process that sees several GPUs use them all through DataParallel);
-    torchvision's ``weights`` (``--weights``: a weights enum name, from the torch.hub cache),
-    ``sync_bn`` (``--sync-bn``: SyncBatchNorm in a distributed run) and ``deterministic``
-    (``--use-deterministic-algorithms``)."""
+    """The "model" flags and ``--gpu`` (None lets one process that sees several GPUs use
+    them all through DataParallel); ``deterministic`` is ``--use-deterministic-algorithms``."""
 
     arch: str
     pretrained: bool = False
@@ -101,14 +77,8 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class OutputSettings:
-    """What the run shows and writes (the "output" flags): ``output_dir`` (checkpoints,
-    ``metrics.jsonl``, TensorBoard logs), ``print_freq`` (steps between progress lines; 0: none),
-    ``save_every`` (steps between mid-epoch checkpoints; 0: at epoch ends only), ``warmup``
-    (``--benchmark-warmup``: untimed steps before ``--benchmark-data``'s clock starts, and
-    steps of each epoch left out of its ``steady_images_per_sec``), ``benchmark_batches``
-    (``--benchmark-data``: batches to time, from ``--train-batches``, which then does not cap
-    the loader; None: one epoch) and ``config``: the command line as the user gave it
-    (``vars(args)``, a copy), which checkpoints record."""
+    """The "output" flags; ``benchmark_batches``: ``--benchmark-data``'s ``--train-batches``;
+    ``config``: a copy of ``vars(args)``, which checkpoints record."""
 
     output_dir: str
     print_freq: int
@@ -127,8 +97,7 @@ def run_mode(args) -> str:
 
 
 def saved_seed(checkpoint: dict) -> int | None:
-    """The seed a checkpoint's run used: its ``seed`` key, or (a checkpoint whose ``config``
-    held the resolved per-process settings) ``config["seed"]``."""
+    """The seed a checkpoint's run used: its ``seed`` key, else ``config["seed"]``, else None."""
     if checkpoint.get("seed") is not None:
         return int(checkpoint["seed"])
     config = checkpoint.get("config")
@@ -137,20 +106,9 @@ def saved_seed(checkpoint: dict) -> int | None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What one training process derives from the command line, once (:func:`resolve_settings`);
-    nothing below ``main.run`` reads the command line's namespace.
-
-    ``job``: its place in the job and device; ``seed``: the run's seed (given, saved in the
-    resumed checkpoint, or drawn by global rank 0); ``mode``: one of :data:`MODES`
-    (:func:`run_mode`); ``loader``: backend, paths, per-process batch size and workers, caps
-    and image dtype; ``model``, ``recipe`` (optimisation and training-recipe flags,
-    :class:`~engine.recipes.RecipeSettings`) and ``output``: the flags of their groups;
-    ``resolution``: the training crop side per epoch (``--min-res``... or the fixed
-    ``--train-crop-size``); ``threads``: torch intra-op threads of this process
-    (:func:`main_threads`; None: leave torch's setting, e.g. ``OMP_NUM_THREADS``);
-    ``flip_tta``: validate with flip averaging (``--val-flip-tta``); ``resume``: the checkpoint
-    resumed from (``--resume``, with ``auto`` resolved; None: a fresh start); ``random_erase``:
-    ``--random-erase``'s probability (:mod:`engine.augmentation`, on the training batches)."""
+    """What one training process derives from the command line. ``seed``: given, saved in the
+    resumed checkpoint, or drawn by rank 0; ``loader``: per-process ``-b`` and ``-j``;
+    ``resume``: the checkpoint path (``auto`` resolved; None: fresh)."""
 
     job: Job
     seed: int
@@ -172,11 +130,8 @@ class RunSettings:
 
 def resolve_settings(args, job: Job, checkpoint: dict | None,
                      resume: str | None = None) -> RunSettings:
-    """This process's :class:`RunSettings`; ``checkpoint``: the one read from ``resume``.
-    ``-b``/``-j`` of ``--multiprocessing-distributed`` are the node's totals, divided among its
-    processes; ``-j auto`` shares the node's cores. A collective when no ``--seed`` is given
-    (every rank must shuffle alike). ``args`` is only read. Raises :class:`ConfigError` or
-    :class:`~loaders.DataError` (missing split)."""
+    """This process's :class:`RunSettings` (``checkpoint``: the one read from ``resume``); a
+    collective without ``--seed``. Raises :class:`ConfigError` or :class:`~loaders.DataError`."""
     backend, lmdb = resolve_backend(args)
     seed = args.seed
     if seed is None:
@@ -212,9 +167,8 @@ def data_root(args) -> str | None:
 
 
 def val_transform_sizes(args) -> tuple[int, int, str]:
-    """``(val resize, val crop, interpolation)``: the flags', or with ``--weights`` and
-    ``-e``/``--test-only`` those of the weights' own ``transforms()`` (torchvision's
-    ``train.py`` evaluates published weights with their preprocessing)."""
+    """``(val resize, val crop, interpolation)``: the flags', or with ``--weights`` and ``-e``
+    the weights' own ``transforms()``' (as torchvision's ``train.py``)."""
     if args.weights and args.evaluate:
         return weights_eval_sizes(args.arch, args.weights)
     return args.val_resize_size, args.val_crop_size, args.interpolation
@@ -234,7 +188,7 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
     return LoaderSettings(
         backend=backend, train_path=paths[0], val_path=paths[1], batch_size=batch_size,
         workers=resolve_workers(workers, nproc), seed=seed, lmdb=lmdb,
-        # Batch slots are sized once for the largest side; each epoch sets its own.
+        # batch slots are sized once for the largest side; each epoch sets its own
         train_crop_size=resolution.min_res, train_max_crop_size=resolution.max_res,
         val_resize_size=val_resize, val_crop_size=val_crop,
         # --benchmark-data's timed batches run on past a capped epoch's end
@@ -255,10 +209,7 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
 
 
 def _decode_device(args, backend: str, interpolation: str) -> str:
-    """``--decode-device``, checked: only the workers' readers (folder, LMDB, shards) take
-    one other than ``cpu``, and the batch decoder resizes bilinear without a policy (no
-    ``--auto-augment``, ``--interpolation`` bilinear); ``--hw-decoder-load`` is a share in
-    [0, 1]. Raises :class:`ConfigError`."""
+    """``--decode-device``, checked against the flags it conflicts with (:class:`ConfigError`)."""
     device = args.decode_device
     if device != "cpu" and backend in ("dali", "synthetic"):
         raise ConfigError(f"--decode-device {device} conflicts with "

@@ -1,13 +1,7 @@
-"""SLURM: a training process's place in an ``srun`` step, and requeueing the job.
-
-``srun python main.py ...`` starts one task per GPU; each task reads its place from the
-variables SLURM sets (https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES),
-as torchvision's references (``references/classification/utils.py: init_distributed_mode``)
-and timm do: global rank ``SLURM_PROCID``, world size ``SLURM_NTASKS``, local rank
-``SLURM_LOCALID``. The rendezvous is the first host of the step (``SLURM_STEP_NODELIST``, else
-``SLURM_JOB_NODELIST``), on which task 0 runs, at a port derived from the job id. torchrun's
-variables, where set (``srun torchrun ...``, torchrun inside an allocation), win.
-"""
+"""SLURM: a training process's place in an ``srun`` step, and requeueing the job. Each task
+reads its place from SLURM's variables (https://slurm.schedmd.com/srun.html), as torchvision's
+``init_distributed_mode`` and timm do; the rendezvous is the step's first host at a port
+derived from the job id. torchrun's variables, where set, win."""
 from __future__ import annotations
 
 import os
@@ -22,10 +16,7 @@ PORT_BASE, PORT_SPAN = 15000, 16384  # 15000-31383: below Linux's ephemeral port
 
 @dataclass(frozen=True)
 class SlurmStep:
-    """This task's place in an ``srun`` step: ``rank``/``world_size``/``local_rank`` as torchrun
-    would give them, ``tasks_on_node`` (the step's tasks on this node), the rendezvous
-    ``master_addr``:``master_port``, and the ``job_id``/``step_id`` (strings, as SLURM sets
-    them)."""
+    """This task's place in an ``srun`` step, ranks as torchrun would give them."""
 
     rank: int
     world_size: int
@@ -48,9 +39,7 @@ class SlurmStep:
 
 
 def launcher(environ=os.environ) -> str:
-    """``torchrun`` (``RANK`` and ``WORLD_SIZE`` set), ``srun`` (inside a step: ``SLURM_STEP_ID``
-    and ``SLURM_PROCID``), ``sbatch`` (a job's batch script, not a step: one process) or
-    ``none``."""
+    """``torchrun``, ``srun`` (in a step), ``sbatch`` (a batch script: one process) or ``none``."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return "torchrun"
     if "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
@@ -59,9 +48,8 @@ def launcher(environ=os.environ) -> str:
 
 
 def slurm_step(environ=os.environ) -> SlurmStep | None:
-    """This task's :class:`SlurmStep` under ``srun``, else None. ``MASTER_ADDR``/``MASTER_PORT``
-    override the derived rendezvous. Raises :class:`ConfigError` (one line) for variables that
-    are not numbers or a node list that cannot be expanded."""
+    """This task's :class:`SlurmStep` under ``srun``, else None; ``MASTER_ADDR``/``MASTER_PORT``
+    win. Raises :class:`ConfigError` for variables that are not numbers or a bad node list."""
     if launcher(environ) != "srun":
         return None
     try:
@@ -81,17 +69,15 @@ def slurm_step(environ=os.environ) -> SlurmStep | None:
 
 
 def rendezvous_port(job_id: str, step_id: str) -> int:
-    """A TCP port for the step's rendezvous, the same on every task: ``15000 + (job id + step
-    id) mod 16384`` (below the ephemeral range; two steps of one job running at once get
-    different ports). Raises ``ValueError`` for a non-numeric id."""
+    """The step's rendezvous port, the same on every task and apart for two steps of one job:
+    ``15000 + (job id + step id) mod 16384``. Raises ``ValueError`` for a non-numeric job id."""
     step = int(step_id) if step_id.isdigit() else 0  # "batch"/"extern" steps run no srun tasks
     return PORT_BASE + (int(job_id) + step) % PORT_SPAN
 
 
 def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
-    """This node's task count from SLURM's ``SLURM_STEP_TASKS_PER_NODE`` (``"4(x2),3"``: 4 tasks on
-    each of the first two nodes, 3 on the third) for node ``node_id`` (``SLURM_NODEID``).
-    Raises ``ValueError`` for another syntax or a node beyond the list."""
+    """Node ``node_id``'s task count from ``SLURM_STEP_TASKS_PER_NODE`` (``"4(x2),3"``). Raises
+    ``ValueError`` for another syntax or a node beyond the list."""
     counts = []
     for item in tasks_per_node.split(","):
         count, _, repeat = item.partition("(x")
@@ -102,9 +88,8 @@ def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
 
 
 def first_host(nodelist: str) -> str:
-    """The first host of a SLURM host list (``gpu[01-04,07],cpu1`` -> ``gpu01``), expanded by
-    ``scontrol show hostnames`` (which comes with srun), else by python-hostlist where it is
-    installed. Raises :class:`ConfigError` (one line) if neither can, or the list is empty."""
+    """The first host of a SLURM host list (``gpu[01-04,07],cpu1`` -> ``gpu01``), by scontrol or
+    python-hostlist. Raises :class:`ConfigError` if neither can, or the list is empty."""
     if not nodelist:
         raise ConfigError("srun set no SLURM_STEP_NODELIST/SLURM_JOB_NODELIST: set MASTER_ADDR")
     if not any(c in nodelist for c in "[],"):
@@ -128,11 +113,9 @@ def first_host(nodelist: str) -> str:
 
 
 def gpu_for_task(step: SlurmStep, visible_gpus: int) -> int:
-    """The CUDA device index of this task: its local rank when the node's GPUs are visible to
-    every task (``--gpus-per-node``, ``--gres=gpu:N``), 0 when SLURM bound one GPU to each task
-    (``--gpus-per-task=1``, ``--gpu-bind``). Raises :class:`ConfigError` (one line, from local
-    rank 0 of the node; the node's other tasks exit with status 1 and say nothing) when the
-    node's tasks and GPUs disagree."""
+    """This task's CUDA device index: its local rank when every task sees the node's GPUs, 0
+    when SLURM bound one to each. When the node's tasks and GPUs disagree, local rank 0 raises
+    :class:`ConfigError` and the others exit with status 1, silent."""
     if visible_gpus == 1 or visible_gpus == step.tasks_on_node:
         return 0 if visible_gpus == 1 else step.local_rank
     if step.local_rank != 0:
@@ -143,16 +126,15 @@ def gpu_for_task(step: SlurmStep, visible_gpus: int) -> int:
 
 
 def check_requeue_flag(requeue_flag: bool, environ=os.environ) -> None:
-    """``--requeue`` needs a SLURM job to requeue. Raises :class:`ConfigError` outside one."""
+    """Raise :class:`ConfigError` for ``--requeue`` outside a SLURM job."""
     if requeue_flag and "SLURM_JOB_ID" not in environ:
         raise ConfigError("--requeue: not in a SLURM job (SLURM_JOB_ID is not set); it asks "
                           "SLURM to restart the job after a stop signal")
 
 
 def requeue(job_id: str | None, log) -> bool:
-    """Ask SLURM to requeue job ``job_id`` (``scontrol requeue``, the job then starts again
-    from its batch script; https://slurm.schedmd.com/scontrol.html#OPT_requeue); says through
-    ``log`` what happened, in one line. Returns whether SLURM accepted."""
+    """``scontrol requeue job_id`` (https://slurm.schedmd.com/scontrol.html#OPT_requeue: the job
+    restarts from its batch script), logged in one line. Returns whether SLURM accepted."""
     if not job_id:
         log("--requeue: not in a SLURM job (no SLURM_JOB_ID): nothing to requeue")
         return False

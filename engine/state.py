@@ -1,8 +1,5 @@
-"""The train state: what a training step touches and a checkpoint saves (:class:`TrainState`),
-the numerics it runs in (autocast, loss scaling, CUDA math modes, threads), and the pieces
-``main.run`` builds it from: :func:`make_model`, :func:`train_state`, :func:`make_ema`,
-:func:`wrap_model`.
-"""
+"""The train state (what a training step touches and a checkpoint saves), its numerics
+(autocast, loss scaling, CUDA math modes, threads) and the pieces ``main.run`` builds it from."""
 from __future__ import annotations
 
 import functools
@@ -23,8 +20,7 @@ from models import build_model
 
 
 def autocast(amp: bool, amp_dtype: str, device: torch.device):
-    """With ``--amp``: autocast to ``amp_dtype`` (``float16``/``bfloat16``) on CUDA, to
-    bfloat16 on the CPU; without it a no-op context."""
+    """With ``amp``, autocast to ``amp_dtype`` on CUDA, bfloat16 on the CPU; else a no-op."""
     if not amp:
         return nullcontext()
     dtype = getattr(torch, amp_dtype) if device.type == "cuda" else torch.bfloat16
@@ -37,19 +33,15 @@ def needs_grad_scaler(amp: bool, amp_dtype: str, device: torch.device) -> bool:
 
 
 def enable_fast_cuda_math(deterministic: bool = False) -> None:
-    """cuDNN autotuning for the fixed input size (not with ``--use-deterministic-algorithms``,
-    as torchvision's train.py), and TF32 tensor cores for float32 matrix multiplies as for
-    convolutions (torch leaves matmuls in full FP32 by default; the classifier's Linear and
-    everything outside autocast profit)."""
+    """cuDNN autotuning unless ``deterministic`` (as torchvision's train.py), and TF32 for
+    float32 matmuls as for convolutions (torch's default keeps them FP32)."""
     torch.backends.cudnn.benchmark = not deterministic
     torch.set_float32_matmul_precision("high")
 
 
 def use_deterministic_algorithms() -> None:
-    """``--use-deterministic-algorithms``: torch's deterministic kernels only (an op without
-    one raises), cuDNN autotuning off; cuBLAS's deterministic workspace
-    (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which torch requires on CUDA) unless the user set
-    one. Call before the first CUDA matrix multiply."""
+    """Torch's deterministic kernels only, cuDNN autotuning off, ``CUBLAS_WORKSPACE_CONFIG``
+    (torch requires it on CUDA) unless set. Call before the first CUDA matrix multiply."""
     import os
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -58,8 +50,7 @@ def use_deterministic_algorithms() -> None:
 
 
 def set_numerics(threads: int | None, deterministic: bool) -> None:
-    """This process's torch intra-op ``threads`` (None: torch's own) and, with
-    ``deterministic`` (``--use-deterministic-algorithms``), deterministic kernels only."""
+    """Set torch's intra-op ``threads`` (None: keep) and ``deterministic`` kernels."""
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
@@ -68,12 +59,7 @@ def set_numerics(threads: int | None, deterministic: bool) -> None:
 
 @dataclass
 class TrainState:
-    """What a training step touches and a checkpoint saves. ``autocast``: a factory of the
-    step's autocast context (see :func:`autocast`); ``scheduler`` is stepped after every
-    optimizer step; ``mix``: MixUp/CutMix of the device batch or None
-    (:func:`engine.recipes.make_mix`); ``clip_grad_norm``: ``--clip-grad-norm`` (None: no
-    clipping); ``ema``: the model's :class:`~engine.recipes.ModelEMA` or None, set once the
-    model is restored (:func:`make_ema`)."""
+    """What a training step touches and a checkpoint saves; ``ema`` is set after the restore."""
 
     model: nn.Module
     criterion: nn.Module
@@ -87,10 +73,8 @@ class TrainState:
 
 
 def make_model(s: RunSettings, num_classes: int, log: Callable) -> nn.Module:
-    """``-a``'s model for ``num_classes`` classes on this process's device, as the model flags
-    say (:func:`sync_batch_norm`; on CUDA :func:`enable_fast_cuda_math`). Raises
-    :class:`~models.ModelError` for weights not on disk, :class:`~engine.ConfigError` for
-    ``--sync-bn`` on the CPU."""
+    """``-a``'s model for ``num_classes`` classes on this device, as the model flags say. Raises
+    :class:`~models.ModelError` or :class:`~engine.ConfigError` (``--sync-bn`` on the CPU)."""
     m, device = s.model, s.dist.device
     model = build_model(m.arch, num_classes, m.pretrained, m.blurpool, m.weights).to(device)
     if m.channels_last:
@@ -103,8 +87,7 @@ def make_model(s: RunSettings, num_classes: int, log: Callable) -> nn.Module:
 
 def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, s: RunSettings,
                 recipe: Recipe, num_classes: int) -> TrainState:
-    """The :class:`TrainState` around ``model`` and ``optimizer``: loss, ``recipe``'s LR
-    schedule, scaler, autocast, MixUp/CutMix over ``num_classes``, gradient clipping."""
+    """The :class:`TrainState` around ``model`` and ``optimizer``."""
     m, flags, device = s.model, s.recipe, s.dist.device
     return TrainState(
         model, nn.CrossEntropyLoss(label_smoothing=flags.label_smoothing).to(device), optimizer,
@@ -116,8 +99,8 @@ def train_state(model: nn.Module, optimizer: torch.optim.Optimizer, s: RunSettin
 
 def make_ema(model: nn.Module, s: RunSettings, recipe: Recipe, checkpoint: dict | None,
              log: Callable) -> ModelEMA | None:
-    """With ``--model-ema`` in training: the :class:`~engine.recipes.ModelEMA` of ``model``
-    (restored, not wrapped yet), ``checkpoint``'s ``model_ema`` loaded; else None."""
+    """With ``--model-ema`` in training, the EMA of ``model`` (restored, not wrapped), its
+    checkpoint loaded; else None."""
     if recipe.ema_decay is None or s.mode != "train":
         return None
     ema = ModelEMA(model, recipe.ema_decay, s.recipe.model_ema_steps,
@@ -127,17 +110,14 @@ def make_ema(model: nn.Module, s: RunSettings, recipe: Recipe, checkpoint: dict 
 
 
 def wrap_model(model: nn.Module, s: RunSettings, log: Callable) -> nn.Module:
-    """``model`` for the training step: DistributedDataParallel or DataParallel
-    (:func:`~engine.distributed.wrap_parallel`), then ``torch.compile`` with ``--compile``."""
+    """``model`` in (Distributed)DataParallel, then ``torch.compile``d with ``--compile``."""
     model = wrap_parallel(model, s.dist, s.model.gpu, log)
     return torch.compile(model) if s.model.compile else model
 
 
 def sync_batch_norm(model: nn.Module, sync_bn: bool, dist, log: Callable) -> nn.Module:
-    """``--sync-bn``: BatchNorm layers as ``nn.SyncBatchNorm`` (statistics over the whole global
-    batch) in a distributed run, as torchvision's train.py (in one process it does nothing;
-    said once). The parameters stay the same tensors, and checkpoints the same keys. Raises
-    :class:`~engine.ConfigError` on the CPU, where torch's SyncBatchNorm does not run."""
+    """``--sync-bn``: BatchNorm as ``nn.SyncBatchNorm`` in a distributed run, as torchvision's
+    train.py. Raises :class:`~engine.ConfigError` on the CPU, where it does not run."""
     if not sync_bn:
         return model
     if not dist.distributed:
