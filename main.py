@@ -15,7 +15,7 @@ import random
 import sys
 
 if __name__ == "__main__":  # first, before torch loads: SLURM's stop signals meanwhile are kept
-    from engine.preempt import hold_stop_signals
+    from engine.distributed.preempt import hold_stop_signals
     hold_stop_signals()
 
 import torch
@@ -23,22 +23,22 @@ import torch
 import decode
 import loaders
 from engine import ConfigError
-from engine.augmentation import with_random_erasing
-from engine.bounds import machine_for
+from engine.recipe.erasing import with_random_erasing
+from engine.report.bounds import machine_for
 from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, resume_path,
                                save_checkpoint)
 from engine.cli import check_args, get_args_parser, parse_args
-from engine.distributed import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
+from engine.distributed.processes import (ProcessFailed, StopAgreement, check_cuda, check_gpu_flag,
                                 dist_backend, gather_rng_states, launch_processes, reduce_sum,
                                 setup_distributed, use_cuda, use_default_start_method)
 from engine.loop import EpochPlan, epoch_metrics, stage_report, train_one_epoch, validate
-from engine.optim import make_optimizer
+from engine.recipe.optim import make_optimizer
 from engine.position import place_resume
-from engine.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
-from engine.recipes import resolve_recipe
-from engine.reporting import MetricsWriter, report_epoch
+from engine.distributed.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
+from engine.recipe.reference import resolve_recipe
+from engine.report.progress import MetricsWriter, report_epoch
 from engine.settings import RunSettings, data_root, resolve_backend, resolve_settings, run_mode
-from engine.slurm import check_requeue_flag
+from engine.distributed.slurm import check_requeue_flag
 from engine.state import make_ema, make_model, set_numerics, train_state, wrap_model
 from loaders import AcceleratorError, DataError
 from models import ModelError
@@ -226,7 +226,7 @@ def benchmark_data(s: RunSettings, log) -> dict:
     ``--benchmark-warmup``. Returns and logs as one JSON line ``loader``, ``decode_device``,
     ``images``, ``seconds``, ``images_per_sec`` (summed over ranks), ``workers``, ``batch_size``
     (per process), ``cpu_ms_per_image`` (rank 0's tree), ``cpu_count``, ``world_size``,
-    ``device`` and rank 0's ``stages_*`` (:func:`engine.bounds.report`; its lines logged first)."""
+    ``device`` and rank 0's ``stages_*`` (:func:`engine.report.bounds.report`; its lines logged first)."""
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
     train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, s.dist.rank)
     try:

@@ -31,7 +31,7 @@ def child(code: str, db: str, batch: int, workers: int, batches: int, warmup: in
 
     import loaders
     import main
-    from engine.distributed import Job, resolve_device
+    from engine.distributed.processes import Job, resolve_device
     from engine.settings import resolve_settings
 
     calls = []

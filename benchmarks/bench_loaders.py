@@ -87,7 +87,7 @@ def main_loader(argv: list[str]):
     """The training loader ``main.py argv`` builds in this process, through main.py's parser
     and :func:`engine.settings.resolve_settings` (pass ``--seed`` so no seed is drawn)."""
     import main
-    from engine.distributed import Job, resolve_device
+    from engine.distributed.processes import Job, resolve_device
     from engine.settings import resolve_settings
 
     args = main.parse_args(argv)

@@ -1,7 +1,7 @@
 """Host time per training step that the stop agreement costs (docs/slurm.md).
 
 ``--ranks`` gloo processes on 127.0.0.1 each run ``--steps`` simulated steps (a host wait of
-``--step-ms``) and time :meth:`engine.distributed.StopAgreement.after_step` (the all-reduce
+``--step-ms``) and time :meth:`engine.distributed.processes.StopAgreement.after_step` (the all-reduce
 read one step late) and, for comparison, the blocking ``settle``. Prints one JSON line:
 ``ranks``, ``step_ms``, ``steps``, ``after_step_us``, ``blocking_us`` (mean µs per step, rank 0).
 """
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from engine.distributed import StopAgreement, free_port
+from engine.distributed.processes import StopAgreement, free_port
 
 
 def _timed(call, steps: int, step_s: float) -> float:

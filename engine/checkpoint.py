@@ -9,8 +9,8 @@ import random
 import torch
 
 from engine import ConfigError
-from engine.distributed import unwrap
-from engine.optim import fill_momentum_buffers, position_scheduler
+from engine.distributed.processes import unwrap
+from engine.recipe.optim import fill_momentum_buffers, position_scheduler
 from engine.settings import RunSettings
 from loaders import DistInfo
 

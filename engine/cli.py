@@ -10,9 +10,9 @@ import sys
 import loaders
 from decode.acceptance import MAX_PIXELS
 from engine import ConfigError
-from engine.optim import OPTIMIZERS, SCHEDULERS
+from engine.recipe.optim import OPTIMIZERS, SCHEDULERS
 from engine.presets import preset_tokens
-from engine.resolution import FFCV_RES_STEP, resolution_schedule
+from engine.recipe.resolution import FFCV_RES_STEP, resolution_schedule
 from loaders.transforms.auto_augment import INTERPOLATIONS, POLICIES
 from models import check_arch, resolve_weights
 

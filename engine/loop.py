@@ -10,10 +10,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from engine import bounds
-from engine.distributed import StopAgreement, reduce_sum, sync_buffers, unwrap
-from engine.preempt import Stopped
-from engine.reporting import MetricsWriter, Progress, StepTimer, device_clock, memory_mib
+from engine.report import bounds
+from engine.distributed.processes import StopAgreement, reduce_sum, sync_buffers, unwrap
+from engine.distributed.preempt import Stopped
+from engine.report.progress import MetricsWriter, Progress, StepTimer, device_clock, memory_mib
 from engine.state import TrainState
 from loaders import DataError, DistInfo, tree_cpu_seconds
 
@@ -83,7 +83,7 @@ def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
     """One training pass over ``loader`` in ``epoch``, from batch 0 or where ``resumed_from`` (a
     mid-epoch checkpoint) stood. Every ``plan.save_every`` steps, and when the ranks agree on
     ``plan.stop`` before the last step, ``plan.save`` checkpoints the position (then raises
-    :class:`~engine.preempt.Stopped` for the stop). Each step's LR goes to TensorBoard. Returns,
+    :class:`~engine.distributed.preempt.Stopped` for the stop). Each step's LR goes to TensorBoard. Returns,
     over all ranks: mean ``loss``, ``acc1`` (%), ``images``, ``images_per_sec`` (summed),
     ``steady_images_per_sec`` (after ``plan.warmup`` steps of cuDNN autotuning and
     ``torch.compile``; None without more steps), ``data_time_fraction`` (mean); this rank's
@@ -230,7 +230,7 @@ def epoch_metrics(epoch: int, train: dict, val: dict, ema: dict, train_loader,
 
 def stage_report(loader, steps: bounds.Steps | None, machine: bounds.Machine,
                  cpu_seconds: float | None, wall_seconds: float) -> dict:
-    """:func:`engine.bounds.report` of a pass over ``loader`` on this rank, ``machine``'s busy
+    """:func:`engine.report.bounds.report` of a pass over ``loader`` on this rank, ``machine``'s busy
     cores being ``cpu_seconds`` (None: unknown) of this process tree over ``wall_seconds``."""
     busy = cpu_seconds / wall_seconds if cpu_seconds is not None and wall_seconds > 0 else None
     summary = getattr(loader, "stage_summary", None)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import loaders
 from engine import ConfigError
-from engine.distributed import Job, broadcast_int
-from engine.recipes import RecipeSettings
-from engine.resolution import ResolutionSchedule, resolution_schedule
+from engine.distributed.processes import Job, broadcast_int
+from engine.recipe.reference import RecipeSettings
+from engine.recipe.resolution import ResolutionSchedule, resolution_schedule
 from loaders import LoaderSettings
 from models import weights_eval_sizes
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from engine import ConfigError
 from engine.checkpoint import restore_ema
-from engine.distributed import wrap_parallel
-from engine.optim import make_scheduler
-from engine.recipes import ModelEMA, Recipe, make_mix
+from engine.distributed.processes import wrap_parallel
+from engine.recipe.optim import make_scheduler
+from engine.recipe.reference import ModelEMA, Recipe, make_mix
 from engine.settings import RunSettings
 from models import build_model
 

@@ -1,9 +1,10 @@
-"""The house rules a newcomer relies on (issue 24): packages keep their private modules to
+"""The house rules a newcomer relies on: packages keep their private modules to
 themselves, files are readable in one sitting and functions do one thing."""
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 from tests.helpers.paths import REPO
 
@@ -94,7 +95,7 @@ def test_functions_do_one_thing():
 
 # Packages whose constructors and functions take settings objects (LoaderSettings, DistInfo)
 # rather than long argument lists (timm's PrefetchLoader as the model of size).
-SMALL_SIGNATURE_PACKAGES = ("loaders",)
+SMALL_SIGNATURE_PACKAGES = ("loaders", "engine", "main")
 MAX_PARAMETERS = 8  # self and cls apart
 
 
@@ -115,7 +116,7 @@ def test_constructors_take_settings_objects_not_long_argument_lists():
     assert not long, "\n".join(long)
 
 
-# Packages by layer (issue 36): a module imports only from its own layer or those below;
+# Packages by layer: a module imports only from its own layer or those below;
 # models/ needs nothing of ours, so it sits beside loaders/. Tools and benchmarks are on top.
 LAYERS = {"decode": 0, "formats": 1, "loaders": 2, "models": 2, "engine": 3, "main": 4}
 TOP = 5  # benchmarks, tools, the converters' command lines (folder2lmdb.py, folder2shards.py)
@@ -201,29 +202,6 @@ def test_no_test_module_imports_another_and_no_code_imports_the_tests():
     assert not found, "\n".join(found)
 
 
-MAX_PARAMETERS = 8  # a constructor or function taking more wants a settings object
-
-
-def test_engine_functions_take_few_parameters():
-    """The engine's functions and constructors take at most 8 parameters (``self``/``cls``
-    aside): what a run resolved travels as frozen settings objects, not as long lists."""
-    long = []
-    for path in _python_files(include_tests=False):
-        module = _module_name(path)
-        if module != "main" and not module.startswith("engine"):
-            continue
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                a = node.args
-                names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
-                         if p.arg not in ("self", "cls")]
-                count = len(names) + bool(a.vararg) + bool(a.kwarg)
-                if count > MAX_PARAMETERS:
-                    long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}: "
-                                f"{count} parameters")
-    assert not long, "\n".join(long)
-
-
 # What makes a test able to fail: an assert statement, pytest's raises/warns/fail, a raised
 # AssertionError, or a call to a function that has one (of its own module, or imported from
 # tests/helpers, followed through further calls). A check made only by an exception that a call
@@ -306,3 +284,73 @@ def test_every_test_can_fail():
     hollow = [f"{module}.{name} (line {functions[module, name].lineno})"
               for module, name in tests if (module, name) not in asserting]
     assert not hollow, "tests that assert nothing:\n" + "\n".join(hollow)
+
+
+# A package shows its concerns as sub-packages (wings); a few modules stand loose beside them.
+MAX_LOOSE_MODULES = 7  # "about 6"
+# Flat by design: one module per command (python -m benchmarks.X) and one per decoder of the
+# cascade with the checks every decoder shares.
+FLAT_PACKAGES = {"benchmarks", "decode"}
+
+
+def test_packages_keep_few_loose_modules():
+    crowded = []
+    for dirpath, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                   and d != "tests"]
+        package = os.path.relpath(dirpath, REPO).replace(os.sep, ".")
+        if "__init__.py" not in files or package in FLAT_PACKAGES:
+            continue
+        loose = [f for f in files if f.endswith(".py") and f not in ("__init__.py", "__main__.py")]
+        if len(loose) > MAX_LOOSE_MODULES:
+            crowded.append(f"{package}: {len(loose)} loose modules ({', '.join(sorted(loose))})")
+    assert not crowded, "\n".join(crowded)
+
+
+def test_no_folder_spelled_as_a_file_name_prefix():
+    """``_gpu_a.py``, ``_gpu_b.py`` beside each other want a ``gpu/`` package."""
+    found = []
+    for dirpath, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                   and d != "tests"]
+        prefixes: dict[str, list[str]] = {}
+        for f in files:
+            if f.endswith(".py") and f.startswith("_") and not f.startswith("__"):
+                prefixes.setdefault(f[1:].split("_")[0], []).append(f)
+        found += [f"{os.path.relpath(dirpath, REPO)}: {sorted(group)}"
+                  for group in prefixes.values() if len(group) > 1]
+    assert not found, "\n".join(found)
+
+
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+|\bround \d+\b")
+
+
+def test_the_code_tells_what_it_is_not_its_history():
+    """No issue numbers in the product's code, tools or benchmarks: the history is git log's."""
+    found = []
+    for dirpath, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                   and d not in ("tests", "docs")]
+        for f in files:
+            if f.endswith((".py", ".c", ".sh")) or f in ("Makefile", "Dockerfile"):
+                path = os.path.join(dirpath, f)
+                for number, line in enumerate(open(path, encoding="utf-8"), 1):
+                    if ISSUE_NUMBER.search(line):
+                        found.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_one_module_declares_every_flag_of_main_py():
+    """``main.py --help``'s source is engine/cli.py alone (as torchvision's ``get_args_parser``);
+    the converters share formats/cli.py."""
+    found = []
+    for path in _python_files(include_tests=False):
+        module = _module_name(path)
+        if module == "engine.cli" or not (module == "main" or module.split(".")[0] in (
+                "engine", "loaders", "models", "decode")):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("add_argument", "add_argument_group")):
+                found.append(f"{os.path.relpath(path, REPO)}:{node.lineno}")
+    assert not found, "flags declared outside engine/cli.py:\n" + "\n".join(found)

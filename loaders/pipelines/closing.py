@@ -1,7 +1,7 @@
 """Stopping the DataLoader workers a loader started, on every way out of a run.
 
 Why not torch's own shutdown alone: our workers block SIGTERM and SIGUSR1 (forked while the
-training process catches SLURM's stop signals, ``engine.preempt``), so ``Process.terminate``
+training process catches SLURM's stop signals, ``engine.distributed.preempt``), so ``Process.terminate``
 does nothing to them, and a worker can be busy where torch's shutdown message never reaches it
 (waiting for a batch slot the training process will not release, ``workers.slots``; a
 streamed shard's read). torch then joins it for 5 s and leaves it running, and at exit

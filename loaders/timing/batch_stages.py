@@ -15,7 +15,7 @@ Their work is split between two sides, unlike the DataLoader-workers pipeline's
   and not measured apart) and, CPU-only, torch's resize, flip and policy and normalisation.
 
 :class:`BatchStageLog` keeps the same figures as :class:`loaders.timing.stages.StageLog` where they
-exist and gives a :meth:`~BatchStageLog.summary` of the same shape, so ``engine.bounds`` makes
+exist and gives a :meth:`~BatchStageLog.summary` of the same shape, so ``engine.report.bounds`` makes
 its table, bound and advice from either; a stage a pipeline does not have is None, never a
 zero. Batch-wide stages (one call for the batch) are counted as each image's equal share of the
 batch's seconds, so their p50/p90 are over batches. ``IMAGENET_FAST_STAGES=0``

@@ -14,7 +14,7 @@ shows as CPU time below wall time.
 Main-process side (:class:`StageLog`): each batch's rows are added to fixed log-spaced
 histograms (median and p90 per image over the epoch without keeping per-image values),
 per-decoder and per-size sums and per-worker totals; :meth:`StageLog.summary` gives the
-epoch's figures as a plain dict, which ``engine.bounds`` turns into the table, the bound and
+epoch's figures as a plain dict, which ``engine.report.bounds`` turns into the table, the bound and
 the advice. ``IMAGENET_FAST_STAGES=0`` switches the whole measurement off (for measuring its
 cost: the loaders then make no clock call).
 """
@@ -226,7 +226,7 @@ def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
     """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
     events in ``pending`` whose end has passed (all of them, waiting for each, if ``wait``);
     return the pairs not read yet. Shared by the copy timing here and the training step's
-    (``engine.reporting.StepTimer``)."""
+    (``engine.report.progress.StepTimer``)."""
     left = []
     for start, end in pending:
         if wait:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import main
-from engine.reporting import warn_if_data_bound
+from engine.report.progress import warn_if_data_bound
 from tests.helpers.paths import REPO
 from tests.helpers.runs import SMALL, assert_same_training, cli_in_process, read_metrics, run_cli
 

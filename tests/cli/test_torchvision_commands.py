@@ -118,7 +118,7 @@ def test_test_only_with_weights_validates_with_their_preprocessing(tiny, tmp_pat
     """--weights NAME --test-only: the weights from the cache, validation at their resize."""
     import torchvision
 
-    from engine.distributed import Job
+    from engine.distributed.processes import Job
     from engine.settings import resolve_settings
     from loaders import DistInfo
     from models import cached_weights_path, resolve_weights

@@ -13,8 +13,8 @@ from torch import nn
 import main
 from engine import settings
 from engine.checkpoint import load_optimizer, restore, restore_rng
-from engine.distributed import check_cuda, check_gpu_flag, rng_state, unwrap
-from engine.optim import make_optimizer
+from engine.distributed.processes import check_cuda, check_gpu_flag, rng_state, unwrap
+from engine.recipe.optim import make_optimizer
 from engine.settings import resolve_workers
 from engine.state import TrainState, autocast, needs_grad_scaler
 from loaders import DistInfo

@@ -1,13 +1,13 @@
-"""engine.bounds on constructed stage figures: the table's fields, the bound line and each
+"""engine.report.bounds on constructed stage figures: the table's fields, the bound line and each
 advice rule (issue 49's targets: -j 1 on 2 cores names more workers; mostly >512 px images
 name a cap or a raw share; nothing when the run is not data-bound)."""
 import json
 
 import pytest
 
-from engine import bounds
-from engine.advice import advise as advice_of
-from engine.bounds import Machine, Steps
+from engine.report import bounds
+from engine.report.advice import advise as advice_of
+from engine.report.bounds import Machine, Steps
 
 STAGES = ("read", "window", "decode", "resize", "augment", "write")
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.distributed import use_default_start_method
+from engine.distributed.processes import use_default_start_method
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port, training_processes

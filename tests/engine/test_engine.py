@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import main
-from engine.distributed import Job
+from engine.distributed.processes import Job
 from engine.loop import EpochSums
-from engine.reporting import Progress
+from engine.report.progress import Progress
 from engine.settings import resolve_backend, resolve_settings
 from loaders import DistInfo
 from tests.helpers.runs import read_metrics, run_cli, SMALL
@@ -140,12 +140,12 @@ def test_small_flags_still_train(tiny, tmp_path):
 
 def test_metrics_writer_tensorboard_without_threads(tmp_path):
     """Scalars reach a TensorBoard event file that TensorBoard reads back, and no writer thread
-    runs (DataLoader workers fork from this process: see engine.reporting.EventFile)."""
+    runs (DataLoader workers fork from this process: see engine.report.progress.EventFile)."""
     import threading
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from engine.reporting import MetricsWriter
+    from engine.report.progress import MetricsWriter
 
     before = threading.active_count()
     writer = MetricsWriter(str(tmp_path))

@@ -1,6 +1,6 @@
 """SIGUSR1/SIGTERM mid-epoch: the ranks agree on a step, rank 0 checkpoints it, the run exits
 with status 75, and ``--resume auto`` goes on from there as if nothing happened
-(engine/preempt.py, StopAgreement in engine/distributed.py). Under a real SLURM:
+(engine/distributed/preempt.py, StopAgreement in engine/distributed/processes.py). Under a real SLURM:
 tests/engine/test_slurm.py."""
 import json
 import os
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.checkpoint import newest_checkpoint
-from engine.preempt import STOP_EXIT
+from engine.distributed.preempt import STOP_EXIT
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.processes import cmdline, descendants, free_port

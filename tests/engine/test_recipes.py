@@ -12,9 +12,9 @@ from torch import nn
 
 import main
 from engine.checkpoint import restore, restore_ema, with_ema_weights
-from engine.optim import (DecayGroups, LRSchedule, make_optimizer, make_scheduler, param_groups,
+from engine.recipe.optim import (DecayGroups, LRSchedule, make_optimizer, make_scheduler, param_groups,
                           position_scheduler)
-from engine.recipes import ModelEMA, RecipeSettings, ema_decay, make_mix, resolve_recipe
+from engine.recipe.reference import ModelEMA, RecipeSettings, ema_decay, make_mix, resolve_recipe
 from models import build_model
 from tests.helpers.paths import REPO
 from tests.helpers.runs import read_metrics, SMALL

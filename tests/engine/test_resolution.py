@@ -11,7 +11,7 @@ import folder2shards
 import loaders
 import main
 from engine import ConfigError
-from engine.resolution import ResolutionSchedule, resolution_schedule
+from engine.recipe.resolution import ResolutionSchedule, resolution_schedule
 from loaders import DistInfo
 from loaders.pipelines.workers.slots import SharedBatches
 from tests.helpers.loading import loader_settings, to_uint8
@@ -178,7 +178,7 @@ def test_progressive_run_records_resolution_and_resumes_it(tiny, tmp_path, capsy
 
 def test_flip_tta_averages_the_mirrored_logits():
     from engine.loop import evaluate
-    from engine.reporting import Progress
+    from engine.report.progress import Progress
 
     class Left(torch.nn.Module):  # logits: the mean of each image's left and right halves
         def forward(self, x):

@@ -1,4 +1,4 @@
-"""SLURM's task variables, host lists and GPU checks (engine/slurm.py), without a cluster; the
+"""SLURM's task variables, host lists and GPU checks (engine/distributed/slurm.py), without a cluster; the
 real srun/sbatch runs are in tests/engine/test_slurm.py."""
 import os
 import stat
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from engine import ConfigError
-from engine.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
+from engine.distributed.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
                           rendezvous_port, slurm_step, tasks_on_node)
 from tests.helpers import warm
 from tests.helpers.paths import REPO

@@ -11,10 +11,10 @@ from torchvision.transforms.v2 import functional as F
 
 import main
 from engine import ConfigError
-from engine.augmentation import ErasingLoader, RandomErasing
+from engine.recipe.erasing import ErasingLoader, RandomErasing
 from engine.checkpoint import load_optimizer
 from engine.loop import train_step
-from engine.optim import make_optimizer, param_groups
+from engine.recipe.optim import make_optimizer, param_groups
 from engine.state import sync_batch_norm
 from loaders import DistInfo
 from tests.helpers.processes import value_in_another_process
@@ -42,7 +42,7 @@ def test_erasing_draws_are_a_function_of_seed_epoch_rank_batch():
     boxes = RandomErasing(1.0, seed=7, rank=0).boxes
     # the same in another process: a resumed run, or another rank's view, draws these boxes
     assert value_in_another_process(
-        "from engine.augmentation import RandomErasing",
+        "from engine.recipe.erasing import RandomErasing",
         "[list(map(int, b)) for b in RandomErasing(1.0, seed=7, rank=0).boxes(1, 2, 8, 32, 32)]"
     ) == [list(map(int, b)) for b in boxes(1, 2, 8, 32, 32)]
     assert boxes(1, 2, 8, 32, 32) != boxes(1, 3, 8, 32, 32) != boxes(2, 2, 8, 32, 32)

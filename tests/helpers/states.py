@@ -6,7 +6,7 @@ def settings_of(argv):
     """The :class:`engine.settings.RunSettings` of one process running ``argv`` (parsed as
     ``main.py`` parses it; no process group)."""
     import main
-    from engine.distributed import Job
+    from engine.distributed.processes import Job
     from engine.settings import resolve_settings
     from loaders import DistInfo
 
@@ -16,8 +16,8 @@ def settings_of(argv):
 def state_of(s, loader):
     """The :class:`engine.state.TrainState` ``main.run`` builds for settings ``s`` over
     ``loader`` (its ``len()`` and ``classes``), without a checkpoint, EMA included."""
-    from engine.optim import make_optimizer
-    from engine.recipes import resolve_recipe
+    from engine.recipe.optim import make_optimizer
+    from engine.recipe.reference import resolve_recipe
     from engine.state import make_ema, make_model, train_state
 
     def log(*_args):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import bounds
+from engine.report import bounds
 from loaders.timing.batch_stages import BatchStageLog
 from tests.helpers.loading import batches_and_stages, loader_settings
 
@@ -122,7 +122,7 @@ def test_batch_stage_log_sums_and_absent_stages():
 
 
 def test_bounds_report_a_batch_pipeline():
-    """engine.bounds takes a batch pipeline's figures: only its stages in the table and the
+    """engine.report.bounds takes a batch pipeline's figures: only its stages in the table and the
     stages_* keys, its decode thread's line, and advice that holds for it."""
     log = BatchStageLog(("read", "window", "decode", "resize", "augment"), "decode thread")
     log.add("read", np.full(64, 0.0002))

@@ -13,7 +13,7 @@ STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
 SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "dali",
                  "gpudecode", "nccl", "resolution", "internal")
 STATUSES = ("passed", "failed", "timed out", "skipped")
-# The bound line engine.bounds ends main.py's stage table with (then its "  try" lines).
+# The bound line engine.report.bounds ends main.py's stage table with (then its "  try" lines).
 _BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
@@ -56,7 +56,7 @@ def read_speed(rundir: str) -> dict:
 
 
 def step_spread(record: dict) -> float | None:
-    """(p90 - p50) / p50 of a run's step times (engine.bounds' ``stages_step_ms_*``: CUDA
+    """(p90 - p50) / p50 of a run's step times (engine.report.bounds' ``stages_step_ms_*``: CUDA
     events on a GPU, waits excluded), None where main.py wrote none. It bounds how far two
     runs' mean images/s differ by chance."""
     p50, p90 = record.get("stages_step_ms_p50"), record.get("stages_step_ms_p90")
@@ -91,7 +91,7 @@ def capped(share: float | None, alone: float | None) -> float | None:
 
 def stage_figures(record: dict) -> dict:
     """The ``stages_*`` keys of one main.py record (``metrics.jsonl`` or ``--benchmark-data``'s
-    JSON line): ``engine.bounds``' stage figures (ms per image), ``stages_bound`` and
+    JSON line): ``engine.report.bounds``' stage figures (ms per image), ``stages_bound`` and
     ``stages_advice``; {} where main.py wrote none."""
     return {k: v for k, v in record.items() if k.startswith("stages_")}
 

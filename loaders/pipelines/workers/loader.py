@@ -128,7 +128,7 @@ class DeviceLoader(ReaderLoader):
 
     def set_resolution(self, size: int) -> None:
         """Training loaders: RandomResizedCrop to ``size`` px from the next pass on
-        (progressive resizing, :class:`engine.resolution.ResolutionSchedule`). The batch slots
+        (progressive resizing, :class:`engine.recipe.resolution.ResolutionSchedule`). The batch slots
         were sized for ``max_crop_size`` and are reused: nothing is allocated or restarted.
         Raises ``ValueError`` for a validation loader or a size above ``max_crop_size``."""
         self._check_resolution(size)

@@ -132,7 +132,7 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
     assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
 
 
-# main.py's output around a stage table (engine.bounds' lines), as a training run prints it
+# main.py's output around a stage table (engine.report.bounds' lines), as a training run prints it
 _TRAINING_OUT = """Epoch: [0][8/8]  loss 2.1  Acc@1 12.50  lr 0.1  20.0 images/s  data 2%
 epoch 0: train at 64 px loss 9.1347 top-1 45.31 | val loss 59.1613 top-1 25.00 | 19.1 images/s
 stages over 64 images (ms per image, median / p90, share of an image's measured stages):

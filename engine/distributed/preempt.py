@@ -1,7 +1,7 @@
 """Stopping on the scheduler's signal with nothing lost. SLURM sends SIGUSR1 ahead of a time
 limit if asked (``#SBATCH --signal=B:USR1@120``) and SIGTERM at a time limit or on preemption,
 SIGKILL ``KillWait`` later (https://slurm.schedmd.com/sbatch.html#OPT_signal). The handler only
-records the signal; :class:`engine.distributed.StopAgreement` stops every rank after the same
+records the signal; :class:`engine.distributed.processes.StopAgreement` stops every rank after the same
 step, then rank 0 checkpoints, requeues and exits with :data:`STOP_EXIT`. No torch import here:
 ``main.py`` holds the signals before torch loads."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import signal
 import threading
 from contextlib import contextmanager
 
-from engine.slurm import requeue
+from engine.distributed.slurm import requeue
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from engine import ConfigError
-from engine import preempt
-from engine.slurm import SlurmStep, gpu_for_task, launcher, slurm_step
+from engine.distributed import preempt
+from engine.distributed.slurm import SlurmStep, gpu_for_task, launcher, slurm_step
 from loaders import DistInfo
 
 
@@ -101,8 +101,8 @@ def launch_processes(target: Callable, args, nproc: int) -> None:
     """Run ``target(local_rank, args, nproc, dist_url)`` (module-level) in ``nproc`` forkserver
     processes, passing on SIGUSR1/SIGTERM; as pytorch/examples, ``--world-size`` counts nodes and
     ``--rank`` is this node's (one node meets on a free localhost port). If one fails, the others
-    are ended and this raises :class:`ProcessFailed` (:class:`~engine.preempt.Stopped` for
-    :data:`~engine.preempt.STOP_EXIT`); :class:`ConfigError` for nodes without ``--dist-url``."""
+    are ended and this raises :class:`ProcessFailed` (:class:`~engine.distributed.preempt.Stopped` for
+    :data:`~engine.distributed.preempt.STOP_EXIT`); :class:`ConfigError` for nodes without ``--dist-url``."""
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 

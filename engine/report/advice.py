@@ -1,5 +1,5 @@
 """Advice for a data-bound run: pure rules over an epoch's stage figures, the
-:class:`~engine.bounds.Machine` ``m`` and :class:`~engine.bounds.Steps` (None for
+:class:`~engine.report.bounds.Machine` ``m`` and :class:`~engine.report.bounds.Steps` (None for
 ``--benchmark-data``), each giving None or ``(gain, line)``: a command-line change to paste and
 its effect estimated from the measured stages (images/s, ratio to the loader's)."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from engine.optim import DecayGroups, LRSchedule
+from engine.recipe.optim import DecayGroups, LRSchedule
 
 FFCV_START_FACTOR = 1e-4  # ffcv-imagenet get_cyclic_lr rises from 1e-4 x lr to lr
 

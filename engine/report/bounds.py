@@ -1,14 +1,14 @@
 """What bounds a run's speed, and what to change: pure functions over the loader's stage
 figures (``loaders.timing`` summaries, stages it lacks None; None if not measured), the training
 thread's :class:`Steps` (None for ``--benchmark-data``) and the :class:`Machine`, giving the
-table, the bound, advice (:mod:`engine.advice`) and the ``stages_*`` keys of ``metrics.jsonl``."""
+table, the bound, advice (:mod:`engine.report.advice`) and the ``stages_*`` keys of ``metrics.jsonl``."""
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
 
-from engine.advice import DATA_BOUND_WAIT, _per_image_ms, _present, _rate, advise, shares
+from engine.report.advice import DATA_BOUND_WAIT, _per_image_ms, _present, _rate, advise, shares
 
 
 @dataclass(frozen=True)

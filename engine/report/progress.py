@@ -51,7 +51,7 @@ class Progress:
         self.total, self.header, self.tag, self.print_freq = total, header, tag, print_freq
         self.enabled, self.writer, self.first_step = enabled, writer, first_step
         self.images, self.data_time = 0, 0.0  # images delivered; seconds waited for them
-        self.waits: list[float] = []  # this pass's seconds waited per batch (engine.bounds)
+        self.waits: list[float] = []  # this pass's seconds waited per batch (engine.report.bounds)
         self.start = time.perf_counter()
         self.steady_from = None  # (device clock, images) once the warm-up steps are done
 
