@@ -160,7 +160,7 @@ PARTS ?=
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) + 100 images of DATA= (else generated), laid out per lease call; DALI=0: ~40 MiB
-	$(BUNDLE_PY) -m tools.gpu_check.bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+	$(BUNDLE_PY) -m tools.gpu_check.machine.bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
 
 gpu-check: ## full check on a GPU machine with time (35-40 min): tests, images/s per loader, NCCL -> GPU_OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven

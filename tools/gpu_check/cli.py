@@ -15,15 +15,15 @@ def main_cli(argv=None) -> int:
     130 when interrupted. ``--lease`` and ``--rehearse``: see their modules."""
     args = get_args_parser().parse_args(argv)
     if args.probe:
-        from .machine import probe
+        from .machine.environment import probe
 
         print(json.dumps(probe()))
         return 0
     if args.lease:
-        from .lease import lease_main
+        from .lease.run import lease_main
         return lease_main(args)
     if args.rehearse:
-        from .rehearse import rehearse_main
+        from .lease.rehearse import rehearse_main
         return rehearse_main(args)
     from .full import full_main
 

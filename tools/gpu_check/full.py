@@ -16,12 +16,12 @@ import time
 
 from . import markdown
 from . import report as report_
-from .dali_rows import dali_rows
-from .data import prepare_data
-from .decode_rows import gpu_decode_rows
-from .install import install, join_parts
-from .machine import environment
-from .rows import TIMEOUTS, announce, loader_flags, loader_row, pytest_piece, train_row
+from .rows.dali import dali_rows
+from .machine.data import prepare_data
+from .rows.gpu_decode import gpu_decode_rows
+from .machine.install import install, join_parts
+from .machine.environment import environment
+from .rows.base import TIMEOUTS, announce, loader_flags, loader_row, pytest_piece, train_row
 from .runner import REPO, Runner, crashed, fail, skipped
 
 # synthetic first: the others are shares of it

@@ -7,7 +7,7 @@ import glob
 import os
 from types import SimpleNamespace
 
-from .data import list_images
+from .machine.data import list_images
 from .runner import REPO
 
 SECTIONS = ("pytest", "train", "loaders", "dali", "gpudecode", "nccl", "resolution",

@@ -1,4 +1,4 @@
-"""``make gpu-bundle`` (:mod:`tools.gpu_check.bundle`): the sample from ``--data`` or generated,
+"""``make gpu-bundle`` (:mod:`tools.gpu_check.machine.bundle`): the sample from ``--data`` or generated,
 the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), and its one-line errors.
 pip itself is replaced by a stand-in here: downloading needs the network."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from decode.gpu import nvjpeg_pip_package
-from tools.gpu_check import bundle as gpu_bundle
-from tools.gpu_check import layout
+from tools.gpu_check.machine import bundle as gpu_bundle
+from tools.gpu_check.machine import layout
 
 
 @pytest.fixture

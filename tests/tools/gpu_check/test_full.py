@@ -17,9 +17,11 @@ import pytest
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import fake_gpu_run, fake_wheel, gpu_check_cli, make_bundle
-from tools.gpu_check import data, full, install, machine
+from tools.gpu_check import full
+from tools.gpu_check.machine import data, install
+from tools.gpu_check.machine import environment as machine
 from tools.gpu_check import report as gpu_report
-from tools.gpu_check import rows as gpu_rows
+from tools.gpu_check.rows import base as gpu_rows
 from tools.gpu_check import runner as gpu_runner
 
 
@@ -320,7 +322,7 @@ def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
     """has_pip() must not import-probe pip: setuptools' _distutils_hack then turns its distutils
     shim off for the whole process, and torch.compile later in the suite failed with
     ``AssertionError: .../distutils/core.py``."""
-    probe = ("import sys; from tools.gpu_check import install; "
+    probe = ("import sys; from tools.gpu_check.machine import install; "
              "install.has_pip() if sys.argv[1] == '1' else None; "
              "import warnings; warnings.simplefilter('ignore'); import distutils; "
              "print(distutils.__file__)")
@@ -380,7 +382,7 @@ def test_make_targets_need_no_venv_on_the_gpu_machine():
     parts = make_n("gpu-check", "PARTS=/tmp/gpu-parts")
     assert "-m tools.gpu_check --out gpu-check-output --parts /tmp/gpu-parts" in parts.stdout
     bundle = make_n("gpu-bundle").stdout
-    assert "-m tools.gpu_check.bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
+    assert "-m tools.gpu_check.machine.bundle --out .gpu-bundle" in bundle and "../shared" not in bundle
     assert "--data" not in bundle and "--no-dali" not in bundle
     custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0").stdout
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom

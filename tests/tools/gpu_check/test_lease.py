@@ -12,8 +12,10 @@ import tarfile
 import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
-from tools.gpu_check import calls, layout, lease_rows, plan
-from tools.gpu_check.wheel_parts import reassemble
+from tools.gpu_check.lease import calls, plan
+from tools.gpu_check.machine import layout
+from tools.gpu_check.rows import lease as lease_rows
+from tools.gpu_check.machine.wheel_parts import reassemble
 
 
 def test_rows_are_declared_once_and_call_1_stands_alone():
@@ -115,7 +117,7 @@ def lease_call(tmp_path, monkeypatch, carried: dict, *argv):
     folder = repo / ".gpu-bundle" / "calls" / str(carried["call"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / calls.CALL_FILE).write_text(json.dumps(carried))
-    monkeypatch.setattr("tools.gpu_check.lease.REPO", str(repo))
+    monkeypatch.setattr("tools.gpu_check.lease.run.REPO", str(repo))
     monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
     code, out, err = gpu_check_cli(["--lease", "--dry-run", "--state", str(tmp_path / "s"),
                                     *argv])

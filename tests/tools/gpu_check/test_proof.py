@@ -17,9 +17,11 @@ import pytest
 from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import (MACHINE, fake_gpu_run, fake_wheel, gpu_check_cli,
                                      make_bundle)
-from tools.gpu_check import data, full, install, machine
+from tools.gpu_check import full
+from tools.gpu_check.machine import data, install
+from tools.gpu_check.machine import environment as machine
 from tools.gpu_check import report as gpu_report
-from tools.gpu_check import rows as gpu_rows
+from tools.gpu_check.rows import base as gpu_rows
 from tools.gpu_check import runner as gpu_runner
 
 # A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
@@ -133,7 +135,7 @@ def hidden_nvidia_env(tmp_path) -> dict:
 
 
 def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
-    code = ("from tools.gpu_check import install as r; "
+    code = ("from tools.gpu_check.machine import install as r; "
             "print(r.has_module('nvidia.nvimgcodec'), r.has_module('json'))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env=hidden_nvidia_env(tmp_path))

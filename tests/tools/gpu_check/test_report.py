@@ -167,7 +167,7 @@ def test_stage_figures_and_lines_are_read_from_main_py():
 def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
     from types import SimpleNamespace
 
-    from tools.gpu_check import rows as gpu_rows
+    from tools.gpu_check.rows import base as gpu_rows
 
     benchmark = {"loader": "lmdb", "images": 64, "seconds": 0.5, "images_per_sec": 128.0,
                  "device": "cpu", "stages_bound": None, "stages_read_ms_p50": 0.04,

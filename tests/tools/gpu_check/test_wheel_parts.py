@@ -1,4 +1,4 @@
-"""DALI carried to a GPU machine in parts (:mod:`tools.gpu_check.wheel_parts`, ``make gpu-bundle``,
+"""DALI carried to a GPU machine in parts (:mod:`tools.gpu_check.machine.wheel_parts`, ``make gpu-bundle``,
 ``make gpu-check PARTS=DIR``): parts reassemble byte for byte, a missing or damaged part is one
 line naming it, and DALI installed from parts of its real wheel decodes on its CPU backend."""
 import importlib.metadata
@@ -10,8 +10,8 @@ import zipfile
 import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
-from tools.gpu_check.install import join_parts, share_namespace
-from tools.gpu_check.wheel_parts import MANIFEST, PartsError, read_manifest, reassemble, split
+from tools.gpu_check.machine.install import join_parts, share_namespace
+from tools.gpu_check.machine.wheel_parts import MANIFEST, PartsError, read_manifest, reassemble, split
 
 
 def test_parts_reassemble_byte_for_byte(tmp_path):

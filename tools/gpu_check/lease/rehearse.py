@@ -20,9 +20,9 @@ import time
 
 from . import plan
 from .calls import CALL_FILE, read_rows
-from .install import dist_name, wheel_module
-from .layout import carried_bytes, folder_bytes, sent_files
-from .runner import REPO
+from ..machine.install import dist_name, wheel_module
+from ..machine.layout import carried_bytes, folder_bytes, sent_files
+from ..runner import REPO
 
 CALL_BYTES, CALL_LIMIT, HERE_LIMIT = 64 << 20, 540.0, 3000.0
 OUT_FILES, OUT_FILE_BYTES, OUT_DEPTH = 8, 16 << 20, 2
@@ -261,7 +261,7 @@ def judge(results: list[dict], rows: list[dict], clock: dict, args, fate: dict,
 def layout_problems(ran: dict, fate: dict, site: str) -> list[str]:
     """What the install got wrong: a wheel installable here missing from ``site`` after the
     calls that carried it, or nvImageCodec and DALI imported from anywhere but ``site``."""
-    from .install import installed_in
+    from ..machine.install import installed_in
 
     there, problems = installed_in(site), []
     for wheel in fate["installed"]:  # call 1's wheels/, and DALI's once its calls came

@@ -8,9 +8,9 @@ import os
 import shutil
 import sys
 
-from .report import last_json
-from .rows import announce, gpu_over_cpu, loader_flags, loader_row, train_row
-from .runner import Runner, fail, skipped
+from ..report import last_json
+from .base import announce, gpu_over_cpu, loader_flags, loader_row, train_row
+from ..runner import Runner, fail, skipped
 
 HW_LOADS = (0.65, 0.9, 1.0)
 WORKERS = ("2", "4", "8", "15")
@@ -23,7 +23,7 @@ import nvidia.dali as dali
 from nvidia.dali import fn, pipeline_def
 import numpy as np
 from PIL import Image
-from tools.gpu_check.machine import mapped_libraries
+from tools.gpu_check.machine.environment import mapped_libraries
 buf = io.BytesIO()
 Image.new('RGB', (64, 48), (200, 100, 50)).save(buf, 'JPEG', quality=90)
 jpeg = np.frombuffer(buf.getvalue(), np.uint8)

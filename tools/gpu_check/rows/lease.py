@@ -1,11 +1,12 @@
-"""What each row of the lease plan (:mod:`.plan`) runs: builders of ``run(ctx)`` over the full
+"""What each row of the lease plan (:mod:`tools.gpu_check.lease.plan`) runs: builders of ``run(ctx)`` over the full
 check's row makers. ``ctx`` holds ``runner``, settings ``s``, ``machine``, ``data``, the plan
 ``row`` and its time box ``limit`` (seconds)."""
 from __future__ import annotations
 
-from . import dali_rows, decode_rows
-from .rows import loader_flags, loader_row, pytest_piece, train_row
-from .runner import skipped
+from . import dali as dali_rows
+from . import gpu_decode as decode_rows
+from .base import loader_flags, loader_row, pytest_piece, train_row
+from ..runner import skipped
 
 LOW_RES = 160  # px: FFCV's min_res, progressive resizing's first epochs
 

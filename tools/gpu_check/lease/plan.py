@@ -12,9 +12,9 @@ from fnmatch import fnmatch
 from types import SimpleNamespace
 from typing import Callable
 
-from . import lease_rows as r
-from .lease_rows import jobs
-from .rows import steady_sizes, workers_count
+from ..rows import lease as r
+from ..rows.lease import jobs
+from ..rows.base import steady_sizes, workers_count
 
 # The device tool's limits: 15 minutes of machine time, a start of 1-2 minutes (1-2 more when a
 # first start fails), at most 30 s idle between calls, the closing idle until give_back.
@@ -168,7 +168,7 @@ def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
 def gpu_lmdb_bytes(image_sizes: list[int]) -> int:
     """Bytes of the LMDB an H100 host writes: the mean of ``image_sizes`` times the images of
     :func:`.rows.data_batches` batches of 256."""
-    from .rows import data_batches
+    from ..rows.base import data_batches
 
     mean = sum(image_sizes) / max(1, len(image_sizes))
     return int(mean * data_batches(GPU, GPU_MACHINE) * GPU.batch)

@@ -19,13 +19,13 @@ from types import SimpleNamespace
 from . import plan
 from .calls import (carried_call, clear_state, read_rows, start_call, stash,
                     write_archive)
-from .settings import InputError, check_not_in_out, settings
-from .data import prepare_data
-from .install import install, join_parts
-from .lease_report import lease_report, report_md
-from .machine import environment
-from .report import over_synthetic, progress_line
-from .runner import REPO, Runner, crashed, own_cpu, skipped
+from ..settings import InputError, check_not_in_out, settings
+from ..machine.data import prepare_data
+from ..machine.install import install, join_parts
+from .report import lease_report, report_md
+from ..machine.environment import environment
+from ..report import over_synthetic, progress_line
+from ..runner import REPO, Runner, crashed, own_cpu, skipped
 
 STATE = "/tmp/gpu-check"
 ARCHIVE = "gpu-check.tar.gz"
@@ -222,8 +222,8 @@ class Lease:
         listed wheel has come."""
         if "install-dali" in self.done:
             return self.done["install-dali"]["status"] == "passed"
-        from .layout import DALI_LIST, DALI_WHEELS
-        from .wheel_parts import MANIFEST, read_manifest
+        from ..machine.layout import DALI_LIST, DALI_WHEELS
+        from ..machine.wheel_parts import MANIFEST, read_manifest
 
         parts = os.path.join(self.state, "bundle", "parts")
         listed = os.path.join(self.state, "bundle", DALI_WHEELS, DALI_LIST)

@@ -12,7 +12,7 @@ import sys
 import time
 import zipfile
 
-from .runner import Runner, skipped
+from ..runner import Runner, skipped
 
 INSTALL_TIMEOUT = 300  # s: DALI's 199 MB wheel unpacks in well under a minute
 # Top-level folders that several distributions share (nvidia/dali, nvidia/nvimgcodec): the

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import sys
 
-from .report import last_json
-from .rows import announce, gpu_over_cpu, loader_flags, loader_row, train_row
-from .runner import Runner, fail, skipped
+from ..report import last_json
+from .base import announce, gpu_over_cpu, loader_flags, loader_row, train_row
+from ..runner import Runner, fail, skipped
 
 HW_LOADS = (0.0, 0.65, 1.0)
 WORKERS = ("2", "4", "8", "15")
@@ -19,7 +19,7 @@ PROBE_MAX_DIFF = 8  # levels: nvJPEG's IDCT and upsampling against libjpeg-turbo
 _PROBE = """\
 import glob, json, os, sys, torch
 from decode import decode, gpu
-from tools.gpu_check.machine import mapped_libraries
+from tools.gpu_check.machine.environment import mapped_libraries
 path = sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0]
 data = open(path, 'rb').read()
 whole = decode(data)
@@ -45,7 +45,7 @@ print(json.dumps(result))
 _HARDWARE = """\
 import glob, json, os, sys
 import nvidia.nvimgcodec as n
-from tools.gpu_check.machine import mapped_libraries
+from tools.gpu_check.machine.environment import mapped_libraries
 data = open(sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0], 'rb').read()
 whole = n.CodeStream(data)
 h, w = whole.height, whole.width

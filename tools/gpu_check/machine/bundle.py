@@ -23,7 +23,7 @@ from decode.gpu import nvjpeg_pip_package
 from .install import dist_name
 from .layout import (DALI_WHEELS, InputError, calls_text, carried_bytes, folder_bytes,
                      lay_out_calls)
-from .runner import REPO
+from ..runner import REPO
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU machine's torch brings numpy; the wheel would only add 16 MB
@@ -120,7 +120,7 @@ def copy_sample(data: str, train: str, images: int) -> str:
 
 def generate_sample(train: str) -> str:
     """Generate ImageNet-sized JPEGs (:mod:`tools.datagen`) into ``train``; returns a line."""
-    from ..datagen import make_split
+    from ...datagen import make_split
 
     g = GENERATED
     make_split(train, 10, g["per_class"], seed=0, min_size=g["min_size"],

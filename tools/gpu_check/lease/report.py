@@ -3,8 +3,8 @@ synthetic training capped by the loader alone and by 100%, the decoder that did 
 row's work, then every row. Speeds are images/s, times seconds."""
 from __future__ import annotations
 
-from .markdown import num, table
-from .report import capped, pct
+from ..markdown import num, table
+from ..report import capped, pct
 
 TARGETS = {"gpudecode_loader": 10000.0, "dali_loader": 15000.0, "share": 0.95}
 # (training row, loader-alone row, synthetic row) of each share the targets judge

@@ -14,8 +14,8 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from . import report as report_
-from .runner import Runner, fail, skipped
+from .. import report as report_
+from ..runner import Runner, fail, skipped
 
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 # seconds per command; a pytest file fits a cold machine: torch.compile's first compile,

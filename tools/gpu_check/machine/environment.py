@@ -10,8 +10,8 @@ import re
 import shutil
 import sys
 
-from .report import last_json
-from .runner import Runner, fail
+from ..report import last_json
+from ..runner import Runner, fail
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The shared libraries whose file says which decoder build a process really uses.

@@ -14,8 +14,8 @@ import os
 import shutil
 import subprocess
 
-from .calls import CALL_FILE
-from .runner import REPO
+from ..lease.calls import CALL_FILE
+from ..runner import REPO
 from .wheel_parts import MANIFEST, split
 
 # 64 MiB per call with the repository's files; the margin leaves room for later commits and the
