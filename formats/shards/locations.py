@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import DataError
 from ._codec import INDEX_NAME, ShardFormatError, ShardIndex, idx_name
@@ -141,7 +141,8 @@ def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
     missing = [n for n in names if n not in listed]
     if missing:
         raise DataError(f"{spec}: {missing[0]} is not in its {INDEX_NAME}")
-    return ShardIndex(index.classes, [listed[n] for n in names], index.seed, index.rules), urls
+    # the shards named, in their order; class names, cap and raw fields as the index has them
+    return replace(index, shards=[listed[n] for n in names]), urls
 
 
 def _location(folder: str, shard: dict) -> str:

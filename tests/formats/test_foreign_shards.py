@@ -135,3 +135,22 @@ def test_records_without_jpg_or_with_unsorted_labels_are_one_line(tmp_path, caps
         sink.write({"__key__": "n01000000_1", "jpg": b"x", "cls": 1})
     assert folder2shards.main(["--index", folder]) == 1
     assert "labels are not indices into the sorted WNIDs" in capsys.readouterr().err
+
+
+def test_shards_named_by_a_brace_pattern_keep_the_index_fields(tmp_path):
+    """A split given as a brace pattern of some of its shards reads the index as the folder
+    does: those shards, in the pattern's order, with the class names and the raw share's
+    fields (a raw-share store read without its ``raw`` record would misread raw records)."""
+    from formats.shards._codec import ShardIndex
+
+    shards = [{"name": f"shard-{i:06d}.tar", "records": 3, "bytes": 100 + i} for i in range(3)]
+    written = ShardIndex(["n01440764", "n01443537"], shards, seed=7, rules=3,
+                         names=["tench", "goldfish"], raw={"threshold": 2.5, "bytes": 99})
+    written.write(str(tmp_path))
+    whole, _ = resolve_split(str(tmp_path))
+    index, urls = resolve_split(str(tmp_path / "shard-{000002,000000}.tar"))
+    assert [s["name"] for s in index.shards] == ["shard-000002.tar", "shard-000000.tar"]
+    assert urls == [str(tmp_path / "shard-000002.tar"), str(tmp_path / "shard-000000.tar")]
+    assert (index.classes, index.names, index.raw, index.cap, index.seed, index.rules) == (
+        whole.classes, whole.names, whole.raw, whole.cap, whole.seed, whole.rules)
+    assert index.names == ["tench", "goldfish"] and index.raw == {"threshold": 2.5, "bytes": 99}
