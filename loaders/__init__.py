@@ -1,14 +1,7 @@
-"""The data-loading runtime, on two axes: *readers* (where samples are: ``loaders.readers``) and
-*pipelines* (how their bytes become device batches: ``loaders.pipelines``).
-
-``build_loaders(settings, dist) -> (train, val)`` opens the two splits with the reader of
-``settings.source`` (:data:`READERS`) and hands them to the pipeline of ``settings.pipeline``
-(:data:`PIPELINES`); what every loader yields and has is ``loaders.settings``' contract. A new
-on-disk format is ``formats/X`` + one reader module + one line in :data:`READERS`, and every
-pipeline reads it. The wings: ``orders/`` (epoch orders), ``transforms/`` (crops,
-``--auto-augment``, normalisation), ``timing/`` (stage tables, throughput). Decoding is
-``decode/``'s; what is written to disk and read back is ``formats/``'s.
-"""
+"""The data-loading runtime: *readers* (where samples are, ``loaders.readers``) and *pipelines*
+(how their bytes become device batches, ``loaders.pipelines``), with the wings ``orders/``,
+``transforms/`` and ``timing/``; what every loader yields and has is ``loaders.settings``'. A new
+on-disk format is ``formats/X`` + one reader module + one line in :data:`READERS`."""
 from __future__ import annotations
 
 import importlib
@@ -30,14 +23,11 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSetti
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` loaders: ``PIPELINES[settings.pipeline]`` over the readers
-    ``READERS[settings.source]`` of ``settings.train_path`` and ``settings.val_path``.
-
-    Raises ``KeyError`` for an unknown backend and :class:`DataError` for bad data input
-    (a bad split, train and val with different classes, too small a training split). PIL's
-    own decompression-bomb limit is set to ``settings.max_image_pixels`` in this process (and
-    the workers it forks), so PIL, the decoders' last resort, agrees with the acceptance rule.
-    """
+    """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
+    readers of ``settings.train_path`` and ``settings.val_path``. Raises ``KeyError`` for an
+    unknown backend, :class:`DataError` for bad data (a bad split, train and val with different
+    classes, too small a training split). Sets PIL's decompression-bomb limit (the decoders' last
+    resort) to ``settings.max_image_pixels`` here and in forks, as the acceptance rule has it."""
     from decode.acceptance import limit_pil
 
     limit_pil(settings.max_image_pixels)
@@ -55,11 +45,8 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo):
 
 
 def close_all(*loaders) -> None:
-    """``close()`` each of ``loaders`` (workers, kept validation workers, feed threads, DALI
-    pipelines, batch slots), each even if one before it raised: for every way out of a run
-    (a worker a loader still left running is killed at exit, ``pipelines.closing``).
-    Then closes this process's read-only LMDB handles (``formats.lmdb.close_all_readonly``).
-    Re-raises the first ``close()`` error after all were closed."""
+    """``close()`` each of ``loaders`` (each even if one before it raised), then this process's
+    read-only LMDB handles; re-raises the first ``close()`` error after all were closed."""
     from formats.lmdb import close_all_readonly
 
     failure = None
@@ -75,8 +62,7 @@ def close_all(*loaders) -> None:
 
 def decoders_line(settings: LoaderSettings, device) -> str:
     """The decoders a run with ``settings`` uses on ``device``, for its first lines: the batch
-    decoder of ``--decode-device cuda``/``cpu-nvimgcodec`` and its backend
-    (``decode.gpu.status_line``), else the workers' decoders (``decode.status_line``)."""
+    decoder of ``--decode-device cuda``/``cpu-nvimgcodec`` and its backend, else the workers'."""
     import decode
 
     if settings.pipeline != "gpu_decode":
@@ -85,8 +71,7 @@ def decoders_line(settings: LoaderSettings, device) -> str:
 
     from decode.gpu import probe_cuda, status_line
     if settings.decode_device == "cuda" and torch.device(device).type == "cuda":
-        # the decoder the loaders will take (probed once per process): never a line naming
-        # nvImageCodec on CUDA while every window goes to the CPU
+        # the decoder the loaders will take (probed once per process), not merely one installed
         line = probe_cuda(device, settings.hw_decoder_load).line(settings.hw_decoder_load)
     else:
         line = status_line(settings.decode_device, device, settings.hw_decoder_load)

@@ -1,10 +1,6 @@
-"""Epoch orders, one module per order (as FFCV's ``traversal_order/``): ``base`` (the
-:class:`Order` interface, batch counts, :class:`ResumableSampler`), ``random`` (training's
-:class:`RandomOrder` and ``--ra-sampler``'s :class:`RepeatedAugmentationOrder`), ``sequential``
-(validation's :class:`ShardOrder`), ``block`` (``--lmdb-order block``'s :class:`BlockOrder`),
-``streams`` (the shard reader's :class:`StreamTrainOrder` and :class:`StreamValOrder`) and
-``positions`` (where a pass stands in its epoch's global order, for resumes at another layout).
-"""
+"""Epoch orders, one module per order (as FFCV's ``traversal_order/``): the interface in
+``base``; training's in ``random``, ``block`` and ``streams``, validation's in ``sequential``
+and ``streams``; ``positions`` places a pass in its epoch's global order (for resumes)."""
 from __future__ import annotations
 
 from .base import Order, ResumableSampler, batches_per_epoch, check_rank, train_batch_size

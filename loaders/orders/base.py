@@ -1,15 +1,6 @@
 """The epoch-order interface (as FFCV's ``TraversalOrder``, ``ffcv/traversal_order/base.py``):
-which dataset indices one rank reads in an epoch, and in which order.
-
-An order has ``num_samples`` (the dataset's size), ``len()`` (indices per epoch on this rank)
-and ``order(epoch)`` (those indices, an iterable of Python ints, a pure function of the
-constructor's arguments and ``epoch``); a training order also has ``at(rank, layout)``, itself
-for another rank of a :class:`~loaders.orders.positions.Layout`. Every pipeline reads orders:
-the DataLoader ones through :class:`ResumableSampler`, DALI as a list.
-
-:func:`batches_per_epoch` is the one place the batch count of an epoch is computed,
-:func:`train_batch_size` the one place a training batch is sized.
-"""
+which dataset indices one rank reads in an epoch, and in which order. DataLoader pipelines read
+an order through :class:`ResumableSampler`, DALI as a list."""
 from __future__ import annotations
 
 import itertools
@@ -21,7 +12,9 @@ from ..errors import DataError
 
 
 class Order(Protocol):
-    """What every epoch order provides (see the module docstring)."""
+    """What every epoch order has; ``order(epoch)`` is a pure function of the constructor's
+    arguments and ``epoch``. A training order also has ``at(rank, layout)``: itself for another
+    rank of a :class:`~loaders.orders.positions.Layout`."""
 
     num_samples: int  # the dataset's size; indices are in 0..num_samples-1
 
@@ -48,11 +41,9 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
 
 
 def train_batch_size(order: Order, batch_size: int) -> int:
-    """The batch size of a training loader over ``order``: ``batch_size``, or all of an epoch's
-    indices in one smaller batch when the order holds fewer (a training split smaller than one
-    global batch trains as pytorch/examples' DataLoader does, which keeps the partial batch;
-    every rank's order has the same length, so the batches stay equal). Raises
-    :class:`DataError` if the order is empty (fewer images than processes)."""
+    """``batch_size``, or all of an epoch's indices in one smaller batch when ``order`` holds
+    fewer (as pytorch/examples' DataLoader keeps a partial batch; every rank's order is as long).
+    Raises :class:`DataError` for an empty order (fewer images than processes)."""
     if len(order) == 0:
         raise DataError(f"training set has no image for this process ({order.num_samples} "
                         "images in all): use fewer processes or more images")
@@ -60,12 +51,9 @@ def train_batch_size(order: Order, batch_size: int) -> int:
 
 
 class ResumableSampler(Sampler[int]):
-    """The DataLoader face of an :class:`Order`: yields ``order.order(epoch)`` from position
-    ``start`` on (``start`` = batches already trained on x batch size, for a run resumed from a
-    mid-epoch checkpoint, ``--save-every``: none repeated, none skipped), or, when ``rest`` is
-    set, those indices instead (a resumed epoch dealt anew from its global order at another
-    layout, :func:`loaders.orders.positions.rest_of_epoch`). ``set_epoch`` selects the epoch;
-    ``len()`` counts only what is left."""
+    """The DataLoader face of an :class:`Order`: ``order.order(epoch)`` from position ``start``
+    on (batches trained x batch size, for a mid-epoch resume), or ``rest`` when set (an epoch
+    dealt anew at another layout); ``len()`` counts only what is left."""
 
     def __init__(self, order: Order):
         self.order, self.epoch, self.start = order, 0, 0

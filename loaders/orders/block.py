@@ -1,14 +1,9 @@
 """Block order (``--lmdb-order block``): training over record stores larger than the page cache.
-
-The algorithm follows FFCV's ``QuasiRandom`` traversal order (https://github.com/libffcv/ffcv,
-``ffcv/traversal_order/quasi_random.py``): shuffle *blocks* of consecutive records, shuffle the
-records inside each block, and emit samples by drawing from a small buffer of open blocks. The
-code here is written independently and differs in two ways: blocks are cut from the record
-index (an LMDB written by ``folder2lmdb.py`` stores record ``i`` after record ``i-1``, so a
-block is a contiguous byte range of ``data.mdb``), and the sharding over ranks happens on the
-block sequence *before* the buffer shuffle, so that each rank reads whole blocks instead of
-every ``world_size``-th sample of everyone's blocks.
-"""
+After FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
+independently): shuffle blocks of consecutive records, shuffle within each block, and emit from a
+small buffer of open blocks. Unlike it, blocks are cut from the record index (``folder2lmdb.py``
+writes record ``i`` after ``i-1``, so a block is a contiguous byte range of ``data.mdb``), and
+ranks are sharded on the block sequence before the buffer shuffle, so each reads whole blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,35 +12,17 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Training order that reads contiguous blocks of records in a shuffled order.
-
-    Per epoch, with one generator seeded from ``(seed, epoch)`` and identical on every rank:
-
-    1. the ``ceil(num_samples / block_size)`` blocks ``[b*block_size, (b+1)*block_size)`` are
-       permuted, and their records concatenated in that order;
-    2. the concatenation is cut into ``world_size`` consecutive segments of
-       ``num_samples // world_size`` records, rank ``r`` taking segment ``r``; the last
-       ``num_samples % world_size`` records are dropped for this epoch (as
-       ``DistributedSampler(drop_last=True)`` does), so a segment is whole blocks plus at most
-       one partial block at each end;
-    3. each rank shuffles the records within each of its blocks and emits them by repeatedly
-       picking one of ``buffer_blocks`` open blocks uniformly at random and taking its next
-       record; an exhausted block is replaced by the rank's next block.
-
-    Guarantees: the order is a pure function of ``(num_samples, block_size, buffer_blocks,
-    seed, epoch, rank, world_size)``; within one epoch the ranks' shards are disjoint, each has
-    exactly ``len(self) == num_samples // world_size`` indices, and no index occurs twice; at
-    any moment a rank reads from at most ``buffer_blocks`` blocks, i.e. its page-cache working
-    set is about ``buffer_blocks * block_size`` records.
-
-    Trade-off: a batch only mixes records from the open blocks, so this is less random than a
-    full permutation; if the records are stored sorted by class (``folder2lmdb.py`` without
-    ``--shuffle-seed`` writes ImageFolder order), a batch sees few classes unless
-    ``buffer_blocks * block_size`` spans many classes (``lmdb_records.warn_if_class_sorted``).
-
-    Raises ``ValueError`` for ``block_size`` or ``buffer_blocks`` < 1, ``world_size`` < 1 or a
-    ``rank`` outside ``0..world_size-1``.
-    """
+    """Training order reading contiguous blocks of records in a shuffled order. Per epoch, with one
+    generator seeded from ``(seed, epoch)`` on every rank: (1) the ``ceil(num_samples /
+    block_size)`` blocks are permuted and their records concatenated; (2) rank ``r`` takes the
+    ``r``-th of ``world_size`` consecutive segments of ``num_samples // world_size`` records (the
+    rest dropped this epoch, as ``DistributedSampler(drop_last=True)``), whole blocks plus at most
+    a part-block at each end; (3) it shuffles the records within each of its blocks and emits them
+    by picking one of ``buffer_blocks`` open blocks uniformly and taking its next record, an
+    exhausted block replaced by its next. The ranks' shards are disjoint, without repeats; a rank's
+    page-cache working set is about ``buffer_blocks * block_size`` records. A batch mixes only the
+    open blocks' records: few classes where records are sorted by class (``folder2lmdb.py``
+    without ``--shuffle-seed``). Raises ``ValueError`` for sizes below 1 or a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):
@@ -64,13 +41,11 @@ class BlockOrder:
         return self.num_samples // self.world_size
 
     def at(self, rank: int, layout) -> "BlockOrder":
-        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
         return BlockOrder(self.num_samples, self.block_size, self.buffer_blocks, rank,
                           layout.world_size, self.seed)
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
-        """This rank's ``(start, stop)`` record ranges of ``epoch``, in reading order (before
-        the within-block and buffer shuffles)."""
+        """This rank's ``(start, stop)`` record ranges of ``epoch``, unshuffled, in order."""
         return self._runs(self._rng(epoch))
 
     def order(self, epoch: int) -> list[int]:

@@ -1,28 +1,12 @@
-"""Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on
-at another world size, batch size or worker count.
-
-Every training epoch has one global order of sample indices: position ``j x W + r`` is the
-``j``-th index of rank ``r``'s order (:mod:`loaders.orders`) at the layout (:class:`Layout`:
-``W`` processes, batch size, workers) the epoch began at, its *origin*. For :class:`~loaders.orders.RandomOrder` this is ``DistributedSampler``'s
-permutation of ``(seed, epoch)`` itself, cut to a multiple of ``W``. Since every rank trains
-its batches in step with the others, the samples trained after ``k`` steps of batch ``B`` are
-always the global order's first ``k x B x W``: the position of a mid-epoch checkpoint is that
-count (``consumed``), whatever the layout.
-
-A resume at another layout deals the rest of the global order out again
-(:func:`rest_of_epoch`): rank ``r'`` of ``W'`` takes positions ``consumed + r', consumed + r' +
-W', ...``, the same count on every rank, in whole batches of the new size; what is left over
-(fewer than ``W' x B'`` samples) sits out the epoch, as an uninterrupted epoch's tail does.
-The trained samples stay a prefix of the global order, so none is trained twice and none is
-skipped before that tail, after any number of such resumes. The pass numbers its first
-batch ``start_batch = full - rest`` (``full``: the new layout's batches per epoch; ``rest``:
-its batches left), so a resumed epoch ends at the same step count as an uninterrupted one at
-the new layout and step-based schedules stand at the fraction of the epoch consumed (to
-within one step).
-
-``TRACE_ENV`` (a test hook): when set to a path, each training loader appends the dataset
-indices of every batch it hands out to ``PATH.rankR`` (:class:`SampleTrace`).
-"""
+"""Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
+another world size, batch size or worker count. The global order interleaves the ranks' orders at
+the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
+``r``'s ``j``-th index. Ranks train in step, so after ``k`` steps of batch ``B`` its first
+``k x B x W`` were trained, at any layout: a checkpoint's position is that count (``consumed``). A
+resume at another layout (:func:`rest_of_epoch`) deals the rest out again, rank ``r'`` of ``W'``
+taking positions ``consumed + r', consumed + r' + W', ...`` in whole batches and the leftover
+sitting out as an epoch's tail does: no sample is trained twice or skipped before that tail, and
+the epoch ends at the same step count (schedules stay within one step)."""
 from __future__ import annotations
 
 import json
@@ -39,9 +23,8 @@ TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
 @dataclass(frozen=True)
 class Layout:
-    """How a training epoch is cut: ``world_size`` processes, ``batch_size`` samples per
-    process and step, ``workers`` loader workers per process (orders over streamed shards
-    depend on it, ``StreamTrainOrder``)."""
+    """How a training epoch is cut: ``world_size`` processes, ``batch_size`` samples per process
+    and step, ``workers`` loader workers per process (streamed shards' orders depend on it)."""
 
     world_size: int
     batch_size: int
@@ -66,18 +49,14 @@ def order_depends_on(order, key: str) -> bool:
 
 
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
-    """Whether ``order`` at ``now`` reads the epoch exactly as at ``origin`` (then a resumed
-    pass simply skips its first batches)."""
+    """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches)."""
     return (origin.world_size == now.world_size and origin.batch_size == now.batch_size
             and (origin.workers == now.workers or not order_depends_on(order, "workers")))
 
 
 def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
-    """The global order (int64 ``(W x len(order at W),)``) of ``epoch`` for ``order``'s kind at
-    ``origin``: rank orders interleaved, position ``j x W + r`` = rank ``r``'s ``j``-th index.
-    :class:`~loaders.orders.RandomOrder`'s is drawn directly (``LeanDistributedSampler``'s
-    permutation, cut to a multiple of ``W``); the others are rebuilt rank by rank
-    (``order.at(rank, layout)``), about one epoch's order of work in all."""
+    """``epoch``'s global order (int64 ``(W x len(order at W),)``) for ``order``'s kind at
+    ``origin``: ``RandomOrder``'s drawn directly, the others rebuilt rank by rank."""
     w = origin.world_size
     if type(order) is RandomOrder:
         n = order.num_samples
@@ -92,11 +71,9 @@ def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RestOfEpoch:
-    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` (numbered as an
-    uninterrupted pass at this layout would end at the same step) and reads ``indices``
-    (dataset indices, whole batches; None: the order's own from ``start_batch`` on, the
-    origin's layout being this one). ``consumed``: samples of the global order trained
-    before; ``origin``: the layout that defines the epoch's global order."""
+    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads
+    ``indices`` (whole batches; None: the order's own, at the origin's layout); ``consumed``:
+    samples of the global order trained before, at layout ``origin``."""
 
     epoch: int
     start_batch: int
@@ -107,10 +84,9 @@ class RestOfEpoch:
 
 def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
                   rank: int) -> RestOfEpoch:
-    """This rank's :class:`RestOfEpoch` after ``consumed`` samples of ``epoch``'s global order
-    at ``origin``, for the layout ``now`` (``now.batch_size``: the loader's batch; ``order``:
-    this rank's order at ``now``). Raises ``ValueError`` when ``consumed`` is not a count of
-    that global order (another dataset or layout record)."""
+    """This rank's :class:`RestOfEpoch` after ``consumed`` samples of ``epoch``'s global order at
+    ``origin``, for the layout ``now`` (``order``: this rank's at ``now``). Raises ``ValueError``
+    when ``consumed`` is not a count of that global order (another dataset or layout record)."""
     if same_global_order(order, origin, now):
         per_step = now.world_size * now.batch_size
         if consumed % per_step:
@@ -142,30 +118,25 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """What a training loader adds to place its passes in the epoch's global order (mixed
-    into every pipeline's loader). The loader sets ``position_order`` (its
-    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``; its ``set_epoch(epoch,
-    start_batch, rest)`` calls :meth:`_take_rest` and reads the indices it returns when not
-    None; :meth:`pass_indices` is the loader's."""
+    """Mixed into every pipeline's training loader: the loader sets ``position_order`` (its
+    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, and its ``set_epoch(epoch,
+    start_batch, rest)`` reads the indices :meth:`_take_rest` returns where not None."""
 
     rest: RestOfEpoch | None = None
 
     @property
     def layout(self) -> Layout:
-        """This loader's :class:`Layout` (``workers``: the order's own count of worker pieces,
-        0 for orders that do not depend on it)."""
+        """This loader's :class:`Layout` (``workers`` 0 for orders that do not depend on it)."""
         order = self.position_order
         return Layout(order.world_size, self.batch_size, getattr(order, "workers", 0))
 
     def rest_of_epoch(self, epoch: int, consumed: int, origin: Layout) -> RestOfEpoch:
-        """This rank's part of ``epoch`` after ``consumed`` samples of its global order at
-        ``origin`` (:func:`rest_of_epoch`); raises ``ValueError`` as that does."""
+        """:func:`rest_of_epoch` for this loader's order, layout and rank (raises as it does)."""
         return rest_of_epoch(self.position_order, epoch, consumed, origin, self.layout,
                              self.rank)
 
     def position(self, epoch: int, batch: int) -> dict:
-        """The checkpoint record of the position before batch ``batch`` of ``epoch``
-        (:func:`position_record`)."""
+        """:func:`position_record` before batch ``batch`` of ``epoch``."""
         return position_record(self.position_order, self.layout, self.rest, epoch, batch)
 
     def _take_rest(self, epoch: int, start_batch: int, rest: RestOfEpoch | None):
@@ -177,9 +148,7 @@ class PositionedLoader:
 
 
 class TracedLoader:
-    """A training loader whose batches' dataset indices go to a :class:`SampleTrace` as
-    they are handed out; everything else is the loader's (``loader.pass_indices()`` gives a
-    pass's indices)."""
+    """A training loader that hands each batch's dataset indices to a :class:`SampleTrace`."""
 
     def __init__(self, loader, trace: "SampleTrace"):
         self.loader, self.trace = loader, trace
@@ -204,10 +173,9 @@ class TracedLoader:
 
 
 class SampleTrace:
-    """Test hook (:data:`TRACE_ENV`): appends one JSON line ``{"epoch", "batch", "indices"}``
-    per training batch handed out (before it is trained) to ``PATH.rankR``, flushed at once so
-    a SIGKILLed run keeps its lines. ``indices``: the dataset indices of the batch as the
-    order gives them (before an unreadable sample's replacement)."""
+    """Test hook (:data:`TRACE_ENV`): one JSON line ``{"epoch", "batch", "indices"}`` per training
+    batch handed out, appended to ``PATH.rankR`` and flushed at once (a SIGKILLed run keeps it);
+    ``indices`` as the order gives them (before an unreadable sample's replacement)."""
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"

@@ -1,16 +1,6 @@
 """The shuffled training orders of random-access readers: :class:`RandomOrder` (torch's
 ``DistributedSampler``'s indices) and :class:`RepeatedAugmentationOrder` (torchvision's
-``RASampler``'s, ``--ra-sampler``); :func:`shuffled_order` picks one.
-
-Memory: torch's ``DistributedSampler.__iter__`` turns the permutation into a Python list
-(``torch.randperm(n).tolist()``), then copies it twice more while padding or trimming and
-sharding; the main process holds that list for the whole epoch. On ImageNet (n = 1,281,167)
-that is about 50 MB of int objects and pointers per training process (``benchmarks/
-bench_memory.py`` measures it). :class:`LeanDistributedSampler` draws the same permutation as
-an int32 tensor (4 bytes per index, 5 MB on ImageNet), pads/trims/shards with tensor views and
-converts to Python ints one small chunk at a time, yielding exactly the same indices in the
-same order as ``DistributedSampler`` with the same arguments, seed and epoch.
-"""
+``RASampler``'s, ``--ra-sampler``); :func:`shuffled_order` picks one."""
 from __future__ import annotations
 
 import math
@@ -23,18 +13,15 @@ from ..errors import DataError
 from ..settings import DistInfo, LoaderSettings
 from .base import Order, check_rank
 
-# Indices converted to Python ints at a time: small enough to be negligible memory, large
-# enough that the per-chunk overhead does not matter next to loading a sample.
+# Indices turned into Python ints at a time: negligible memory, negligible per-chunk cost
 _CHUNK = 4096
 
 
 class LeanDistributedSampler(DistributedSampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` (same constructor, ``set_epoch``,
-    ``len()`` and index sequence) that keeps the epoch's permutation as a tensor.
-
-    Memory in the process iterating it: 4 bytes per dataset index (8 above 2**31 - 1 records)
-    instead of a list of Python ints (about 36 bytes per index).
-    """
+    ``len()`` and indices in the same order) that keeps the permutation as an int32 tensor (int64
+    from 2**31 records), converted in small chunks: 4 bytes per index instead of ``tolist()``'s
+    ~36 (about 50 MB per process on ImageNet, ``benchmarks/bench_memory.py``)."""
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
@@ -57,17 +44,12 @@ class LeanDistributedSampler(DistributedSampler):
 
 
 class RandomOrder:
-    """Training order: for each epoch, exactly the indices (and their order) of
-    ``DistributedSampler(range(num_samples), world_size, rank, shuffle=True, seed,
-    drop_last=True)`` after ``set_epoch(epoch)``: a permutation drawn from ``seed + epoch``,
-    trimmed to a multiple of ``world_size``, rank ``r`` taking every ``world_size``-th index
-    from ``r``. ``len()`` is ``num_samples // world_size`` on every rank.
-
-    Memory: the permutation is an int32 tensor while an epoch is read (4 bytes per index,
-    :class:`LeanDistributedSampler`), never a list of Python ints (~50
-    MB per process on ImageNet). Raises ``ValueError`` for a ``rank`` outside
-    ``0..world_size-1``.
-    """
+    """Training order: per epoch exactly the indices, in order, of ``DistributedSampler(
+    range(num_samples), world_size, rank, shuffle=True, seed, drop_last=True)`` after
+    ``set_epoch(epoch)``, drawn by :class:`LeanDistributedSampler`: a permutation from
+    ``seed + epoch`` trimmed to a multiple of ``world_size``, rank ``r`` taking every
+    ``world_size``-th from ``r``; ``len()`` is ``num_samples // world_size``. Raises
+    ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         check_rank(rank, world_size)
@@ -78,7 +60,6 @@ class RandomOrder:
         return self.num_samples // self.world_size
 
     def at(self, rank: int, layout) -> "RandomOrder":
-        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
         return RandomOrder(self.num_samples, rank, layout.world_size, self.seed)
 
     def order(self, epoch: int) -> Iterator[int]:
@@ -92,18 +73,14 @@ class RandomOrder:
 
 class RepeatedAugmentationOrder:
     """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
-    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT's
-    ``samplers.py``) at ``set_epoch(epoch)``, with this run's seed (torchvision's is 0).
-
-    Per epoch: a permutation of ``range(num_samples)`` from a torch generator seeded with
-    ``seed + epoch`` (as ``DistributedSampler``), each index repeated ``repetitions`` times in a
-    row, padded from its start to ``ceil(num_samples x repetitions / world_size) x
-    world_size``; rank ``r`` takes every ``world_size``-th from ``r`` (so the copies of an image
-    go to different ranks) and keeps the first ``len(self) = floor(num_samples // 256 x 256 /
-    world_size)``: RASampler's epoch, about one pass over the dataset in all, not
-    ``repetitions`` passes (DeiT's 256 is a constant of the sampler, not the batch). The same
-    length on every rank. Raises :class:`DataError` when that length is 0 (fewer than 256
-    images), ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
+    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT) at
+    ``set_epoch(epoch)``, with this run's seed (torchvision's is 0). Per epoch: a permutation from
+    ``seed + epoch`` (as ``DistributedSampler``), each index repeated ``repetitions`` times, padded
+    from its start to a multiple of ``world_size``; rank ``r`` takes every ``world_size``-th from
+    ``r`` (an image's copies go to different ranks) and keeps the first ``len(self) =
+    floor(num_samples // 256 x 256 / world_size)``, about one pass over the dataset in all (DeiT's
+    256 is the sampler's constant, not the batch). Raises :class:`DataError` when that is 0 (under
+    256 images), ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):
@@ -123,7 +100,6 @@ class RepeatedAugmentationOrder:
         return self.selected
 
     def at(self, rank: int, layout) -> "RepeatedAugmentationOrder":
-        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
         return RepeatedAugmentationOrder(self.num_samples, self.repetitions, rank,
                                          layout.world_size, self.seed)
 
@@ -140,10 +116,8 @@ class RepeatedAugmentationOrder:
 
 
 def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """A random-access reader's shuffled training order: :class:`RandomOrder`, or with
-    ``--ra-sampler`` in a distributed run :class:`RepeatedAugmentationOrder` (torchvision's
-    ``train.py`` samples with its ``RASampler`` only when distributed; one process reads
-    :class:`RandomOrder`)."""
+    """A random-access reader's training order: with ``--ra-sampler`` in a distributed run (as
+    torchvision's ``train.py``) :class:`RepeatedAugmentationOrder`, else :class:`RandomOrder`."""
     if settings.ra_sampler and dist.distributed:
         return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
                                          dist.world_size, settings.seed)

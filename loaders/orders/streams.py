@@ -1,13 +1,9 @@
 """Epoch orders for sharded datasets: each DataLoader worker reads its own shards front to back.
-
-Records are numbered globally, shard after shard (shard ``s`` holds ``counts[s]`` of them).
-DataLoader hands batch ``k`` of a pass to worker ``k % W`` (round robin, from worker 0), so
-these orders cut a rank's records into ``W`` consecutive *pieces* of whole batches and
-interleave the pieces' batches in that rhythm: worker ``w`` then only ever asks for records of
-its piece, in reading order up to the shuffle buffer. A stream (HTTP, ``pipe:``) is thus read
-once, sequentially, by one worker. A pass resumed at batch ``s`` rotates the rhythm (worker
-``j`` gets piece ``(s + j) % W``), which keeps one piece per worker.
-"""
+Records are numbered shard after shard (shard ``s`` holds ``counts[s]``). DataLoader hands batch
+``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
+*pieces* of whole batches and interleave their batches in that rhythm: worker ``w`` only asks for
+its piece's records, in order up to the shuffle buffer, so a stream (HTTP, ``pipe:``) is read once,
+by one worker. A pass resumed at batch ``s`` gives worker ``j`` piece ``(s + j) % W``."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -19,9 +15,8 @@ from .base import batches_per_epoch, check_rank
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
             total: int) -> list[list[tuple[int, int]]]:
-    """Cut the concatenation of ``runs`` (record ranges) into ``workers`` consecutive pieces:
-    piece ``w`` holds the records of batches ``w, w + W, ...`` of ``batches`` (the last batch
-    holding the rest of ``total`` records)."""
+    """Cut the concatenated ``runs`` (record ranges) into ``workers`` consecutive pieces: piece
+    ``w`` holds batches ``w, w + W, ...`` of ``batches`` (the last one the rest of ``total``)."""
     sizes = []
     for w in range(workers):
         mine = range(w, batches, workers)
@@ -54,10 +49,9 @@ def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[
 
 
 def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
-    """WebDataset's sample shuffle as a permutation: read ``indices`` in order into a buffer of
-    ``buffer`` records and emit a uniformly chosen one each time it is full, then drain it at
-    random. An index is never emitted before it is read, and at most ``buffer`` records read
-    but not yet emitted are held (what a streaming reader caches)."""
+    """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
+    of records, a uniformly chosen one emitted each time it is full, then drained at random. At
+    most ``buffer`` records read but not yet emitted are held (what a streaming reader caches)."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
     for index in indices:
@@ -74,18 +68,14 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 
 class StreamTrainOrder:
-    """Training order over shards, identical in length on every rank.
-
-    Per epoch, with a generator seeded from ``(seed, epoch)`` and identical on every rank, the
-    shards are permuted and their records concatenated; rank ``r`` takes the ``r``-th of
-    ``world_size`` consecutive segments of ``total // world_size`` records (whole shards plus at
-    most one part-shard at each end, as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps
-    its first ``len(self)`` = whole batches of them, cuts them into one piece per worker (module
-    docstring) and shuffles each piece through a ``buffer``-record sample buffer (seeded from
-    ``(seed, epoch, rank, worker)``). Every rank has the same number of batches, so DDP never
-    waits at an epoch's end; the ``total % world_size`` records past the last segment and the
-    fewer than ``batch_size`` past a rank's last whole batch sit out this epoch (other ones
-    next epoch, as the shard order changes). Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards, of equal length on every rank. Per epoch, with a generator
+    seeded from ``(seed, epoch)`` on every rank, the shards are permuted and their records
+    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of
+    ``total // world_size`` records (as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps its
+    whole batches (``len(self)``), cuts them into one piece per worker and shuffles each piece
+    through a ``buffer``-record sample buffer (seeded from ``(seed, epoch, rank, worker)``). Equal
+    batch counts keep DDP from waiting at an epoch's end; records past the last segment or a rank's
+    last whole batch sit out this epoch. Raises ``ValueError`` for bad sizes or ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
@@ -106,7 +96,6 @@ class StreamTrainOrder:
         return self.batches * self.batch_size
 
     def at(self, rank: int, layout) -> "StreamTrainOrder":
-        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
         return StreamTrainOrder(self.counts, layout.batch_size, layout.workers, rank,
                                 layout.world_size, self.seed, self.buffer)
 
@@ -140,10 +129,9 @@ class StreamTrainOrder:
 
 
 class StreamValOrder:
-    """Validation order over shards: rank ``r`` reads records ``[r*N//R, (r+1)*N//R)`` of the
-    ``N`` in shard order, so every record is read exactly once across the ``R`` ranks (ranks
-    may differ by one record; the last batch may be partial), cut into one piece per worker
-    and interleaved (module docstring). Raises ``ValueError`` for a bad rank."""
+    """Validation order over shards: rank ``r`` reads records ``[r*N//R, (r+1)*N//R)`` in shard
+    order (every record once across the ``R`` ranks; the last batch may be partial), cut into one
+    piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):

@@ -1,14 +1,8 @@
-"""Keeping a run alive through damaged samples: :class:`TolerantDataset` replaces a sample that
-fails to decode, or that the acceptance rule refuses from its header (:mod:`decode.acceptance`:
-a decompression bomb, a frame the file cannot hold), by the next readable one, reports it once
-on stderr and remembers it for the rest of the run (a flag per sample in memory every DataLoader
-worker shares), so it is never drawn again; each item says how many samples it newly found
-unreadable, so the main process can stop the run when too many distinct samples of the split
-fail (``DeviceLoader``, ``--max-bad-share``; DALI's loader uses :data:`DECODE_ERRORS`,
-:class:`UnreadableSet` and the messages here too). A sample that decodes while a native decoder
-prints a warning (libjpeg's ``Corrupt JPEG data: ...``, caught by :mod:`decode.messages`) is
-kept and named once (:func:`report_damaged`), never printed raw.
-"""
+"""Keeping a run alive through damaged samples (``--max-bad-share``): a sample that fails to
+decode, or that the acceptance rule refuses from its header (:mod:`decode.acceptance`), is
+replaced by a readable one, named once on stderr and remembered for the run (flags every worker
+shares), so it is never drawn again; one that decodes while a native decoder warns (libjpeg's
+``Corrupt JPEG data``, :mod:`decode.messages`) is kept and named once."""
 from __future__ import annotations
 
 import sys
@@ -51,13 +45,9 @@ def too_many_unreadable(bad: int, max_bad_share: float, size: int) -> DataError:
 
 class UnreadableSet:
     """Which samples of a dataset of ``size`` were found unreadable this run: one uint8 flag per
-    sample (``size`` bytes), in shared memory if ``shared`` (made before the DataLoader workers
-    start: forked workers inherit it, spawned ones unpickle it as they do the batch slots).
-
-    :meth:`mark` sets a flag and says whether it was new. Check and set are two steps, not an
-    atomic compare-and-set: two workers failing on the same sample within the same few
-    nanoseconds could both see it as new (a duplicate stderr line; :meth:`count` stays exact).
-    """
+    sample, in shared memory if ``shared`` (made before the workers start: forked ones inherit
+    it, spawned ones unpickle it). :meth:`mark`'s check and set are two steps, not atomic: two
+    workers failing on one sample at once may both report it; :meth:`count` stays exact."""
 
     def __init__(self, size: int, shared: bool = False):
         self.flags = torch.zeros(size, dtype=torch.uint8)
@@ -91,8 +81,7 @@ class UnreadableSet:
         return int(self.flags.sum())
 
     def next_readable(self, index: int) -> int:
-        """``index`` or the first index after it (wrapping) not known to be unreadable.
-        Raises :class:`DataError` if every sample is."""
+        """``index`` or the next (wrapping) not known unreadable; :class:`DataError` if none."""
         view, size = self.view, len(self.flags)
         for step in range(size):
             j = (index + step) % size
@@ -105,19 +94,13 @@ class UnreadableSet:
 
 
 class TolerantDataset(Dataset):
-    """Wraps a dataset of ``(image, label)``; item ``i`` is ``(image, label, found)``.
-
-    If sample ``i`` is known unreadable (:attr:`unreadable`, an :class:`UnreadableSet` shared by
-    the workers, ``shared``), or raises one of :data:`DECODE_ERRORS`, the next samples not
-    known unreadable are tried (at most ``max_tries`` failing decodes). A sample that fails is
-    remembered, printed once on stderr with ``dataset.name_of(index)`` (a path or record) and the
-    reason, and never decoded again; ``found`` counts the samples this item newly found
-    unreadable (int, 0 normally). What native decoders print while a sample is read and decoded
-    is caught (:class:`decode.messages.capture`): a sample they warned about is named once in
-    the run (:attr:`warned`, flags shared like :attr:`unreadable`) and kept. Raises
-    :class:`DataError` if ``max_tries`` samples in a row fail, or every sample is known
-    unreadable.
-    """
+    """Wraps a dataset of ``(image, label)``; item ``i`` is ``(image, label, found)``. A sample
+    known unreadable (:attr:`unreadable`, flags the workers share with ``shared``) or raising one
+    of :data:`DECODE_ERRORS` is replaced by the next ones not known unreadable (at most
+    ``max_tries`` failing decodes), remembered and named once on stderr (``dataset.name_of(index)``
+    and why); ``found`` counts the samples newly found unreadable. A sample native decoders warn
+    about (:class:`decode.messages.capture`) is kept and named once (:attr:`warned`). Raises
+    :class:`DataError` if ``max_tries`` samples in a row fail or all are unreadable."""
 
     def __init__(self, dataset: Dataset, max_tries: int = 16, shared: bool = False):
         self.dataset, self.max_tries = dataset, max_tries

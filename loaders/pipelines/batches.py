@@ -1,12 +1,6 @@
-"""Numbered batches: what the two DataLoader pipelines (``workers``, ``gpu_decode``) share.
-
-:class:`NumberedBatchSampler` numbers the batches of each pass from 0 and hands each the
-pass's :class:`PassPlan`, so a batch's augmentation is seeded with :func:`batch_seed` of (seed,
-epoch, rank, batch number) whichever worker, and however many, draw it, and whether the
-workers were started for this pass or an earlier one. :class:`ReaderLoader` is such a loader's
-part that does not depend on how the batches are decoded: the order, resumed epochs, the
-DataLoader and the unreadable-sample budget.
-"""
+"""What the two DataLoader pipelines (``workers``, ``gpu_decode``) share: batches numbered per pass
+and seeded by :func:`batch_seed` of (seed, epoch, rank, batch), whichever worker draws them
+(:class:`NumberedBatchSampler`), and :class:`ReaderLoader`, a loader's decoding-free part."""
 from __future__ import annotations
 
 import itertools
@@ -25,8 +19,7 @@ from ..timing.batch_stages import StagedLoader
 from .bad_samples import too_many_unreadable
 from .closing import ClosingDataLoader
 
-# DataLoader's batches in flight per worker.
-PREFETCH_FACTOR = 4
+PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -45,11 +38,10 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: the pass number (``pass_id``,
-    :meth:`~loaders.pipelines.workers.slots.SharedBatches.begin_pass`), the image shape
-    ``(3, H, W)`` its slots hold (None: as the slots were made), the seed key ``(seed, epoch,
-    rank, first_batch)`` of its augmentation (None: no random transform; ``first_batch`` is
-    where a resumed epoch starts) and at most ``limit`` batches (None: the whole epoch)."""
+    """What every batch of one pass carries to the workers: the pass number ``pass_id``
+    (``SharedBatches.begin_pass``), the slots' image shape ``(3, H, W)`` (None: as made), the
+    augmentation's seed key ``(seed, epoch, rank, first_batch)`` (None: no random transform;
+    ``first_batch``: where a resumed epoch starts) and at most ``limit`` batches (None: all)."""
 
     pass_id: int = 0
     image_shape: tuple[int, int, int] | None = None
@@ -65,8 +57,7 @@ class PassPlan:
 
 
 class NumberedBatch(list):
-    """A batch of dataset indices that knows its position ``number`` in the pass (from 0) and
-    the pass's :class:`PassPlan` (``plan``)."""
+    """Dataset indices that know their ``number`` in the pass (from 0) and the pass's ``plan``."""
 
     def __init__(self, indices: Sequence[int], number: int, plan: PassPlan = PassPlan()):
         super().__init__(indices)
@@ -75,12 +66,8 @@ class NumberedBatch(list):
 
 class NumberedBatchSampler(Sampler[NumberedBatch]):
     """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
-    one shorter unless ``drop_last``), numbered 0, 1, ... in each pass, as
-    ``torch.utils.data.BatchSampler`` groups them, at most ``plan.limit`` of them.
-
-    ``plan`` (a :class:`PassPlan`) is what the next pass's batches carry; a pass takes it when
-    it starts, so setting it never changes a pass under way.
-    """
+    shorter unless ``drop_last``), numbered from 0 per pass, at most ``plan.limit``; ``plan`` is
+    taken when a pass starts, so setting it never changes a pass under way."""
 
     def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
@@ -109,10 +96,9 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
 
 
 def seeded(batch: NumberedBatch, fetch):
-    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (its plan's;
-    unseeded where it has none) and put back as it was after: with ``-j 0`` this is the training
-    process, whose own draws (MixUp, CutMix, its checkpointed RNG state) must not follow the
-    batches' seeds."""
+    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (unseeded where it
+    has none) and put back after: with ``-j 0`` this is the training process, whose own draws
+    (MixUp, CutMix, its checkpointed RNG state) must not follow the batches' seeds."""
     seed = batch.plan.seed(batch.number)
     if seed is None:
         return fetch(batch)
@@ -127,16 +113,12 @@ def keep_as_is(batch):
 
 
 class ReaderLoader(StagedLoader, PositionedLoader):
-    """One split of ``reader`` read in the indices of ``order`` (its training or validation
-    :class:`~loaders.orders.Order`) by a DataLoader of :class:`NumberedBatch` es: ``batch_size``
-    images per batch (training: whole batches only, and an order under one batch read as one
-    smaller batch, :func:`~loaders.orders.train_batch_size`; validation: the last batch may be
-    partial), at most ``settings.max_batches(train)`` per epoch. ``len()`` is exact: the
-    batches left after ``set_epoch(epoch, start_batch)``. ``classes`` lists the class names
-    (index = label). Raises :class:`DataError` at construction for an empty training order.
-
-    A subclass makes ``self.loader`` (:meth:`_dataloader` over its dataset) and
-    ``self.unreadable`` (the split's :class:`~loaders.pipelines.bad_samples.UnreadableSet`)."""
+    """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
+    :class:`NumberedBatch` es of ``batch_size`` images (training: whole batches,
+    :func:`~loaders.orders.train_batch_size`; validation: the last may be partial), at most
+    ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after ``set_epoch(epoch,
+    start_batch)``. Raises :class:`DataError` for an empty training order. A subclass makes
+    ``self.loader`` (:meth:`_dataloader`) and ``self.unreadable`` (an ``UnreadableSet``)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -171,10 +153,8 @@ class ReaderLoader(StagedLoader, PositionedLoader):
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """This epoch's order and augmentation (a function of (seed, epoch, rank)), from batch
-        ``start_batch`` on (a resumed epoch; the batches before it are the ones already trained
-        on); ``rest``: a resumed epoch dealt anew at this layout, whose indices are read
-        instead (:mod:`loaders.orders.positions`)."""
+        """The order and augmentation of ``epoch`` from batch ``start_batch`` on (a resumed
+        epoch); ``rest``: one dealt anew at this layout, whose indices are read instead."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
         self.sampler.rest = self._take_rest(epoch, start_batch, rest)
@@ -186,8 +166,7 @@ class ReaderLoader(StagedLoader, PositionedLoader):
                                   list(self.sampler) if resumed else None)
 
     def pass_indices(self) -> list[int]:
-        """The dataset indices the next pass yields, in order (before an unreadable sample's
-        replacement)."""
+        """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
         return list(itertools.islice(self.sampler, len(self) * self.batch_size))
 
     def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
@@ -205,9 +184,8 @@ class ReaderLoader(StagedLoader, PositionedLoader):
             raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
 
     def _check_bad(self, found: int) -> None:
-        """After a batch that found ``found`` new unreadable samples: raise
-        :class:`DataError` once the split's distinct unreadable samples exceed
-        ``max_bad_share`` of its size."""
+        """Raise :class:`DataError` once the split's distinct unreadable samples exceed
+        ``max_bad_share`` of it (checked after a batch that found ``found`` new ones)."""
         if found:
             bad, size = self.unreadable.count(), len(self.reader)
             if bad > self.max_bad_share * size:

@@ -1,16 +1,10 @@
-"""Stopping the DataLoader workers a loader started, on every way out of a run.
-
-Why not torch's own shutdown alone: our workers block SIGTERM and SIGUSR1 (forked while the
-training process catches SLURM's stop signals, ``engine.distributed.preempt``), so ``Process.terminate``
-does nothing to them, and a worker can be busy where torch's shutdown message never reaches it
-(waiting for a batch slot the training process will not release, ``workers.slots``; a
-streamed shard's read). torch then joins it for 5 s and leaves it running, and at exit
-``multiprocessing`` joins it forever: a run that failed with one line never exited. Here a
-loader's :meth:`ClosingDataLoader.close` asks every worker of every iterator it made to stop,
-waits :data:`STOP_GRACE_S` for all of them together, and kills (SIGKILL) those still alive;
-an ``atexit`` hook, run before torch's and ``multiprocessing``'s, does the same for any worker
-a loader left behind, so no worker outlives the training process's exit.
-"""
+"""Stopping the DataLoader workers a loader started, on every way out of a run. torch's shutdown
+alone is not enough: our workers block SIGTERM and SIGUSR1 (forked while the training process
+catches SLURM's stop signals, ``engine.distributed.preempt``), so ``terminate`` does nothing, and a worker
+waiting for a batch slot or a streamed shard never reads the shutdown message; torch then leaves it
+running after 5 s and ``multiprocessing`` joins it forever at exit. :meth:`ClosingDataLoader.close`
+asks every worker to stop, waits :data:`STOP_GRACE_S` for all together and SIGKILLs the rest; an
+``atexit`` hook run before torch's does the same for any worker a loader left behind."""
 from __future__ import annotations
 
 import atexit
@@ -20,8 +14,7 @@ import weakref
 import torch
 from torch.utils.data import DataLoader
 
-# Seconds every worker of an iterator is given to leave its loop on the shutdown message
-# before it is killed: an idle worker leaves in milliseconds (it polls its index queue).
+# Seconds an iterator's workers get to leave on the shutdown message (an idle one: ms)
 STOP_GRACE_S = 2.0
 _KILL_JOIN_S = 5.0  # a SIGKILLed process is reaped at once; the bound only guards the join
 FEEDER_JOIN_S = 2.0  # a closed queue's feeder thread ends in milliseconds
@@ -78,8 +71,7 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
         for worker in iterator._workers:
             worker.join(max(0.0, deadline - time.monotonic()))
     for iterator in iterators:
-        # Out of torch's SIGCHLD watch before anything is killed: a killed worker is not a
-        # crash to report in the middle of closing.
+        # out of torch's SIGCHLD watch first: a worker killed here is no crash to report
         if getattr(iterator, "_worker_pids_set", False):
             torch._C._remove_worker_pids(id(iterator))  # as torch's _shutdown_workers does
             iterator._worker_pids_set = False
@@ -89,16 +81,11 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def join_exiting_feeders(timeout_s: float = FEEDER_JOIN_S) -> None:
-    """Wait (at most ``timeout_s`` seconds in all) for the queue feeder threads of every
-    iterator already shut down to end, so that no thread is ending while workers are forked.
-
-    Why: a thread that ends takes CPython's runtime lock (HEAD_LOCK) to remove its thread
-    state, and a ``fork()`` at that moment gave the child the lock held: before 3.11.8 and
-    3.12 the child deadlocked in ``PyOS_AfterFork_Child`` (CPython gh-112275, fixed by
-    GH-112336). torch's ``_shutdown_workers`` closes an iterator's queues without joining
-    their feeder threads (``cancel_join_thread``), so they end just as the next pass forks
-    its workers: a 2-process test run's validation worker hung so, in a fork that never
-    returned, on Python 3.11.7."""
+    """Wait (at most ``timeout_s`` in all) for the queue feeder threads of every iterator already
+    shut down to end, so that no thread ends while workers are forked: an ending thread takes
+    CPython's HEAD_LOCK, and a ``fork()`` then gives the child the lock held, deadlocking it in
+    ``PyOS_AfterFork_Child`` before Python 3.11.8/3.12 (CPython gh-112275); torch's
+    ``_shutdown_workers`` leaves them ending (``cancel_join_thread``) as the next pass forks."""
     deadline = time.monotonic() + timeout_s
     for iterator in list(_iterators):
         if not getattr(iterator, "_shutdown", False):
@@ -121,9 +108,8 @@ def kill_workers(workers) -> None:
 
 
 def stop_all_workers() -> None:
-    """Every worker a :class:`ClosingDataLoader` started and no loader stopped: stopped as
-    :func:`stop_iterators` does, and any left alive killed (``atexit``; also safe to call
-    any time from the training thread). Never raises: it runs on the way out."""
+    """Stop, as :func:`stop_iterators` does, every worker a :class:`ClosingDataLoader` started and
+    no loader stopped, then kill any left (``atexit``; safe any time). Never raises."""
     try:
         stop_iterators(list(_iterators))
     except Exception:  # noqa: BLE001 - a half-closed iterator: its workers are killed below

@@ -1,10 +1,6 @@
-"""The synthetic pipeline behind ``--dummy``: random batches generated once on the device, no
-reader.
-
-Sizes follow pytorch/examples' ``--dummy`` (``FakeData`` with 1,281,167 training and 50,000
-validation images of 1000 classes), but no image is decoded or copied per step, so training
-speed on it is the model's ceiling with a free data pipeline.
-"""
+"""The synthetic pipeline behind ``--dummy``: random batches made once on the device, no reader.
+Sizes follow pytorch/examples' ``--dummy`` (``FakeData``: 1,281,167 training and 50,000 validation
+images, 1000 classes), but nothing is decoded or copied per step: the model's ceiling."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -23,13 +19,10 @@ NUM_CLASSES = 1000
 
 
 class SyntheticLoader(PositionedLoader):
-    """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader
-    over ``num_samples`` images of ``num_classes`` classes at ``settings`` and ``dist`` would.
-
-    ``images``: ``settings.dtype`` ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``:
-    the split's crop), uniform uint8 noise normalised as real data is; ``labels``: int64
-    ``(batch_size,)`` in ``[0, num_classes)``.
-    """
+    """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader over
+    ``num_samples`` images at ``settings`` and ``dist`` would: ``images`` ``settings.dtype``
+    ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``: the split's crop), uniform uint8
+    noise normalised as real data; ``labels`` int64 ``(batch_size,)`` in ``[0, num_classes)``."""
 
     def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool,
                  num_classes: int = NUM_CLASSES):
@@ -53,7 +46,6 @@ class SyntheticLoader(PositionedLoader):
 
     @property
     def resolution(self) -> int:
-        """The side in pixels of the images the next pass yields."""
         return self.images.shape[-1]
 
     def set_resolution(self, size: int) -> None:
@@ -78,8 +70,7 @@ class SyntheticLoader(PositionedLoader):
         return max(0, self._len - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        """Nothing to reshuffle; a resumed epoch yields only its remaining batches (``rest``,
-        a resumed epoch dealt anew, :mod:`loaders.orders.positions`: as many as it holds)."""
+        """Nothing to reshuffle: a resumed epoch (``rest`` too) yields only its batches left."""
         self.start_batch = start_batch
         self._take_rest(epoch, start_batch, rest)
 

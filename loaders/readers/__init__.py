@@ -1,16 +1,6 @@
-"""Readers: one per on-disk source, behind one interface (:class:`Reader`, as timm's
-``readers/reader.py`` + ``reader_factory.py``), so that every pipeline (``loaders.pipelines``)
-reads every source and a new format is ``formats/X`` + one reader module + one line in
-:data:`READERS`.
-
-A reader is one split: its ``classes``, ``len()`` samples numbered from 0, ``read(i) ->
-(encoded bytes, label)``, ``name_of(i)`` for messages, and the split's epoch orders
-(``loaders.orders``: ``order(epoch) -> indices``). Optional abilities, with their defaults here:
-``random_access`` (False for streamed shards: only pipelines that read each worker's records
-front to back can take them) and ``plan_pass`` (streamed shards learn each pass's reading plan
-before the workers start). :func:`split_paths` finds the two splits' roots,
-:func:`check_same_classes` checks that they agree.
-"""
+"""Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's
+``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source; a new
+format is ``formats/X`` + one reader module + one line in :data:`READERS`."""
 from __future__ import annotations
 
 import importlib
@@ -32,11 +22,13 @@ READERS = {
 
 
 class Reader:
-    """One split of an on-disk source (subclasses implement the first five members).
-
-    Readers are pickled into spawned DataLoader workers and reopen their files lazily in each
-    process; ``read`` may be called from several threads at once (DALI's feeds), and raises :class:`DataError` (one line naming the location) for a damaged
-    store, ``IndexError`` for an index outside ``0..len-1``."""
+    """One split of an on-disk source: ``classes`` (index = label), ``len()`` samples numbered from
+    0, ``read(i) -> (encoded bytes, label)``, ``name_of(i)`` for messages and the split's epoch
+    orders (subclasses implement these). ``random_access`` is False for streamed shards (only
+    pipelines reading each worker's records front to back take them), which plan each pass
+    (:meth:`plan_pass`). Readers are pickled into spawned workers, reopening files lazily; ``read``
+    may run in several threads (DALI's feeds) and raises :class:`DataError` (one line naming the
+    location) for a damaged store, ``IndexError`` for an index outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
     random_access: bool = True  # read(i) in any order costs about the same
@@ -62,8 +54,7 @@ class Reader:
 
     @property
     def plans_passes(self) -> bool:
-        """Whether :meth:`plan_pass` must run before each pass's workers start (which then
-        cannot outlive a pass)."""
+        """Whether :meth:`plan_pass` runs before each pass's workers start (which then end)."""
         return False
 
     def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> None:
@@ -79,12 +70,9 @@ def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
 
 def split_paths(data: str | None, train: str | None = None,
                 val: str | None = None) -> tuple[str, str]:
-    """The train and val roots: ``train``/``val`` (``--train``/``--val``) if given, else
-    ``data/train`` and ``data/val`` (``DIR``).
-
-    Raises :class:`DataError` if a root is unknown or does not exist (URLs, ``pipe:`` commands
-    and brace patterns of the shard reader are checked by it, not here).
-    """
+    """The train and val roots: ``train``/``val`` (``--train``/``--val``), else ``data/train``
+    and ``data/val``. Raises :class:`DataError` if a root is missing or does not exist (URLs,
+    ``pipe:`` commands and brace patterns are the shard reader's to check)."""
     paths = []
     for split, given in (("train", train), ("val", val)):
         path = given or (os.path.join(data, split) if data else None)

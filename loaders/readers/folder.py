@@ -1,6 +1,5 @@
-"""JPEG class folders (ImageNet layout, ``root/<wnid>/<image>.JPEG``) read with torchvision's
-``ImageFolder`` scan, so labels are ``ImageFolder.class_to_idx`` by construction (as
-pytorch/examples imagenet/main.py reads them)."""
+"""JPEG class folders (``root/<wnid>/<image>.JPEG``) by torchvision's ``ImageFolder`` scan, so
+labels are its ``class_to_idx``, as pytorch/examples imagenet/main.py reads them."""
 from __future__ import annotations
 
 import os
@@ -22,11 +21,9 @@ def read_file(path: str) -> bytes:
 
 
 class FolderReader(datasets.ImageFolder, Reader):
-    """:class:`~loaders.readers.Reader` over one split's class folders: ``ImageFolder``'s scan
-    (``samples``: ``(path, label)`` in its order), ignoring hidden class folders
-    (``.ipynb_checkpoints``: not a class, as ``folder2lmdb.py`` sees it too) and keeping empty
-    class folders as classes, so labels match the converter's. Items (``dataset[i]``) are the
-    file's bytes and label."""
+    """:class:`~loaders.readers.Reader` over one split's class folders by ``ImageFolder``'s scan
+    (``samples``: ``(path, label)``), hidden folders (``.ipynb_checkpoints``) not classes and empty
+    ones kept, as ``folder2lmdb.py`` sees them; ``dataset[i]``: the file's bytes and label."""
 
     def __init__(self, root: str):
         super().__init__(root, loader=read_file, allow_empty=True)
@@ -54,8 +51,7 @@ class FolderReader(datasets.ImageFolder, Reader):
 
 
 def open_image_folder(root: str) -> FolderReader:
-    """The :class:`FolderReader` of ``root``. Raises :class:`DataError` if ``root`` is an LMDB,
-    not a directory, or holds no images."""
+    """``root``'s :class:`FolderReader`. :class:`DataError`: an LMDB, not a folder, no image."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
     if not os.path.isdir(root):

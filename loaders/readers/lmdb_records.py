@@ -1,7 +1,5 @@
-"""LMDB databases written by ``folder2lmdb.py`` (layout in ``formats.lmdb``): records by number.
-
-Named ``lmdb_records`` rather than ``lmdb`` so it can never shadow the ``lmdb`` package.
-"""
+"""LMDB databases written by ``folder2lmdb.py`` (layout in ``formats.lmdb``), read by record
+number. Named ``lmdb_records`` so that it never shadows the ``lmdb`` package."""
 from __future__ import annotations
 
 import os
@@ -18,19 +16,11 @@ from . import Reader
 
 class LMDBReader(Reader):
     """:class:`~loaders.readers.Reader` over one LMDB: sample ``i`` is record ``i``'s stored
-    ``(jpeg_bytes, label)``.
-
-    The environment is opened lazily in whichever process reads first and reopened after a
-    fork (py-lmdb: an environment must not cross ``fork()``), and it is dropped when pickled,
-    so the reader works under both the fork and the spawn start methods. The length and class
-    names come from the metadata record; no per-sample list is held.
-
-    ``readahead`` opens the environment with OS readahead on (see
-    :func:`~formats.lmdb.open_readonly`); leave it off for random order.
-
-    Raises :class:`~loaders.DataError` at construction if ``path`` is not a complete
-    database, and ``KeyError`` for a missing record.
-    """
+    ``(jpeg_bytes, label)``; length and classes from the metadata record. The environment opens
+    lazily in each process, again after a fork (py-lmdb: it must not cross ``fork()``), and is
+    dropped when pickled, so fork and spawn both work; ``readahead``: OS readahead
+    (:func:`~formats.lmdb.open_readonly`). Raises :class:`~loaders.DataError` at construction if
+    ``path`` is not a complete database, ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path
@@ -49,9 +39,8 @@ class LMDBReader(Reader):
         return self._len
 
     def env(self):
-        """This process's read-only LMDB environment (opened on first use, after a fork, and
-        when another reader of the same file reopened it with the other readahead setting,
-        which closes this one's handle)."""
+        """This process's read-only environment, (re)opened on first use, after a fork, and
+        after another reader of the file reopened it with the other readahead setting."""
         if self._env is None or self._pid != os.getpid() or not is_open(self._env):
             self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
@@ -86,14 +75,9 @@ class LMDBReader(Reader):
 
 def readahead_for(path: str, choice) -> bool:
     """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
-    ``"auto"``: on when the database is at most half of the memory available now.
-
-    Measured (docs/performance.md, *Loader throughput* and *Larger than the page cache*): on a
-    database the page cache can hold, readahead makes random reads faster (fewer page faults:
-    ~20% more images/s on the sample); on one larger than memory it makes them several times
-    slower (each fault reads megabytes that are evicted before use), so ``auto`` stays off
-    when in doubt.
-    """
+    ``"auto"``: on when the database is at most half the memory available now. It speeds random
+    reads of a cached database (~20% more images/s) and slows them several times on one larger
+    than memory (docs/performance.md, *Larger than the page cache*): off when in doubt."""
     if choice in (True, "on"):
         return True
     if choice != "auto":
@@ -124,12 +108,10 @@ def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> N
 
 
 def training_order(dataset: LMDBReader, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """The training order over ``dataset`` (an LMDB; also DALI's with ``--lmdb``):
-    ``settings.lmdb_order`` ``"block"`` -> :class:`~loaders.orders.BlockOrder`
-    (``lmdb_block_size`` records per block, ``lmdb_buffer_blocks`` open blocks; warns on rank 0
-    if the records are sorted by class), ``"random"`` -> :func:`~loaders.orders.shuffled_order`
-    (:class:`~loaders.orders.RandomOrder`, or with ``--ra-sampler`` repeated augmentation).
-    Raises :class:`DataError` for an unknown order or block sizes below 1."""
+    """The training order over ``dataset`` (also DALI's with ``--lmdb``): ``--lmdb-order block``
+    -> :class:`~loaders.orders.BlockOrder` (warning on rank 0 if the records are sorted by
+    class), ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for
+    an unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
     if settings.lmdb_order == "random":
         return shuffled_order(len(dataset), settings, dist)
     if settings.lmdb_order != "block":

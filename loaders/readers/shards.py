@@ -1,22 +1,11 @@
-"""WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster
-file system, over HTTP(S), or from any command (``pipe:aws s3 cp s3://... -``).
-
-A split is given as a folder (or ``http(s)://`` folder URL) holding ``index.json``, or as a
-brace pattern / shard URL (``.../train-{000000..000146}.tar``, ``pipe:...``) whose directory
-holds it (``formats.shards``; resolved in ``formats/shards/locations.py``). The index gives every shard's record count, so ``len()``
-is exact before anything is read. Shards written by other tools are read through an index folder
-of their own (``folder2shards.py --index``): its ``index.json`` gives each shard's ``url`` and
-its ``.idx`` files lie beside it.
-
-Why this design and not ``webdataset.WebDataset`` / ``wids``: our loaders are map-style (the
-epoch order, shared uint8 slots, the remembered-unreadable flags, exact mid-epoch resume), and
-the orders in ``loaders/orders/streams.py`` give each DataLoader worker its own shards read
-front to back, so a map-style dataset can still stream. Local shards are read by offset
-(``pread`` at the member offsets of DALI's ``.idx`` files, one read per record); streams are
-read sequentially with the ``webdataset`` library's tar iterator and key grouping, each worker
-holding only the records its sample buffer has read ahead. ``wids`` would download whole
-shards to a cache before reading, and ``WebDataset`` cannot give exact, equal epochs per rank.
-"""
+"""WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster file
+system, over HTTP(S) or from a command (``pipe:aws s3 cp s3://... -``). A split is a folder (or
+folder URL) holding ``index.json``, or a brace pattern / shard URL whose directory holds it
+(``formats.shards.locations``; other tools' shards: an index folder of their own,
+``folder2shards.py --index``); its record counts make ``len()`` exact before any read. Not
+``webdataset.WebDataset`` / ``wids``: our loaders are map-style (epoch orders, shared slots,
+unreadable flags, exact resume) and ``loaders/orders/streams.py`` gives each worker its own shards
+front to back; ``wids`` downloads whole shards, ``WebDataset`` has no exact, equal epochs."""
 from __future__ import annotations
 
 import bisect
@@ -40,18 +29,14 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
 class ShardReader(Reader):
-    """:class:`~loaders.readers.Reader` over a split's shards: sample ``i`` (records numbered
-    shard after shard) is its stored ``(jpeg_bytes, label)``.
-
-    Local shards: each record is one ``pread`` at the offsets of the shard's DALI ``.idx``
-    (checked at construction: present, record count as ``index.json`` says, the tar long
-    enough). Streams (``random_access`` False): each worker keeps one open shard and the
-    records it read ahead (``cache`` records at most); asking for a record behind the stream
-    reopens the shard; each pass's reading plan comes first (:meth:`plan_pass`); a failed
-    open or read of a stream is tried again as ``retries`` says, reopened at the record where
-    it stopped (the same records as without the failure). Raises :class:`DataError` (one line
-    naming the shard) for a missing, truncated or malformed shard, also when found while
-    streaming, and for a stream that failed every try (saying how many)."""
+    """:class:`~loaders.readers.Reader` over a split's shards: sample ``i`` (records numbered shard
+    after shard) is its stored ``(jpeg_bytes, label)``. Local shards: one ``pread`` per record at
+    the offsets of the shard's DALI ``.idx`` (checked at construction against ``index.json`` and
+    the tar's size). Streams (``random_access`` False): read front to back, each worker keeping one
+    open shard and at most ``cache`` records read ahead (a record behind the stream reopens it),
+    each pass planned first (:meth:`plan_pass`); a failed open or read is retried as ``retries``
+    says, from the record where it stopped. Raises :class:`DataError` (one line naming the shard)
+    for a missing, truncated or malformed shard, and for a stream that failed every try."""
 
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
@@ -128,9 +113,8 @@ class ShardReader(Reader):
 
     def set_plan(self, pieces: list[list[tuple[int, int]]], remaining=None) -> None:
         """This pass's reading plan: each worker's record ranges in reading order (the order's
-        ``pieces(epoch)``); a stream reads a worker's ranges front to back, once. For a resumed
-        pass, ``remaining`` (the indices still to come) lets each stream start at the first
-        record still needed instead of its piece's beginning."""
+        ``pieces(epoch)``), each read front to back once by a stream; ``remaining`` (a resumed
+        pass's indices still to come) lets each stream start at the first record still needed."""
         self._plan = sorted((start, stop, p, r) for p, runs in enumerate(pieces)
                             for r, (start, stop) in enumerate(runs))
         self._pieces = pieces
@@ -198,11 +182,9 @@ class ShardReader(Reader):
                 start = end
 
     def _records(self, shard: int):
-        """``(jpeg_bytes, label)`` of shard ``shard``'s records, streamed front to back: cut at
-        the offsets of its ``.idx`` when one is found beside it, else (shards indexed by other
-        tools, or none) through the ``webdataset`` library's tar iterator and key grouping.
-        A failed open or read is tried again (:attr:`retries`), reopened past the records
-        already given. Raises :class:`DataError` naming the shard."""
+        """``(jpeg_bytes, label)`` of shard ``shard``'s records, front to back: cut at its
+        ``.idx`` offsets where one is served, else by the ``webdataset`` tar iterator; a failed
+        open or read is retried past the records given. Raises :class:`DataError`."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:
@@ -216,9 +198,8 @@ class ShardReader(Reader):
                 self.retries.pause(exc, failures)  # raises DataError past the last try
 
     def _stream_spans(self, shard: int) -> list | None:
-        """The shard's ``.idx`` rows if its location serves one that matches ``index.json``.
-        Parsing tar headers in Python costs about 57 us per record (28 us with a 1 MiB
-        buffer) against about 2 us for cutting at known offsets: a few % of the cores."""
+        """The shard's ``.idx`` rows if its location serves one matching ``index.json``: cutting
+        at offsets costs ~2 us per record against ~57 us to parse tar headers in Python."""
         url, name = self.urls[shard], self.index.shards[shard]["name"]
         idx = self.index.shards[shard].get("idx") or sibling(url, name, idx_name(name))
         if idx.startswith("pipe:"):
@@ -240,8 +221,7 @@ class ShardReader(Reader):
         return True  # the workers fork with each pass's plan
 
     def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
-        """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``), see
-        :meth:`set_plan`."""
+        """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``): :meth:`set_plan`."""
         self.set_plan(order.pieces(epoch), remaining)
 
     def __getstate__(self):
@@ -280,8 +260,7 @@ def _opened_records(url: str, spans, skip: int):
 
 
 def _cut_at_offsets(stream, spans, url: str, first: int = 0):
-    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading ``stream`` (a
-    tar) front to back."""
+    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading the tar once."""
     at = 0
     for number, (image_at, image_size, label_at, label_size) in enumerate(spans[first:], first):
         parts = {}
@@ -325,10 +304,9 @@ def _label(data: bytes, url: str) -> int:
 
 
 def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """The epoch order of one shard split, for every pipeline:
-    :class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records) for
-    training, :class:`~loaders.orders.StreamValOrder` for validation, one piece per
-    ``settings.workers``."""
+    """The epoch order of one shard split, for every pipeline: training's
+    :class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), validation's
+    :class:`~loaders.orders.StreamValOrder`, one piece per ``settings.workers``."""
     if train:
         if settings.ra_sampler and dist.distributed:
             raise DataError("--ra-sampler needs random access: not with --loader shards")
@@ -342,10 +320,8 @@ def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dis
 
 
 def open_reader(path: str, settings: LoaderSettings | None) -> ShardReader:
-    """This source's entry of ``loaders.readers.READERS``: the split given as a folder (or
-    folder URL) holding ``index.json``, a brace pattern or one shard (see
-    :func:`~formats.shards.locations.resolve_split`); a stream's retries as ``settings`` say
-    (None, as for the other readers' callers that read records only: the defaults)."""
+    """This source's entry of ``loaders.readers.READERS``: the split at ``path``
+    (``resolve_split``), a stream's retries as ``settings`` say (None: the defaults)."""
     retries = Retries() if settings is None else Retries(settings.shard_retries,
                                                           settings.shard_retry_delay)
     return ShardReader(*resolve_split(path), retries=retries)

@@ -1,26 +1,9 @@
-"""Where the time goes in the pipelines that decode a whole batch at once:
-``--decode-device`` (``loaders.pipelines.gpu_decode``) and DALI (``loaders.pipelines.dali``).
-
-Their work is split between two sides, unlike the DataLoader-workers pipeline's
-(:mod:`loaders.timing.stages`), where one worker does every stage of an image:
-
-* the *readers*: DataLoader workers (``--decode-device``) or feed threads (DALI) that read each
-  record and draw its window; per image the ``read`` and ``window`` seconds, per batch the
-  reader's wall and CPU seconds (a worker's process CPU time; a feed thread's own thread CPU
-  time);
-* the *batch decoder*: the training process's side that turns a batch into the model's
-  tensor: the decode thread's ``decode`` call, ``resize``, flip (``augment``) and hand-over
-  (normalisation and copy, ``copy_ms_per_batch``) for ``--decode-device``; for DALI the
-  training thread's wait for DALI's output (decode and, on CUDA, resize are inside DALI's graph
-  and not measured apart) and, CPU-only, torch's resize, flip and policy and normalisation.
-
-:class:`BatchStageLog` keeps the same figures as :class:`loaders.timing.stages.StageLog` where they
-exist and gives a :meth:`~BatchStageLog.summary` of the same shape, so ``engine.report.bounds`` makes
-its table, bound and advice from either; a stage a pipeline does not have is None, never a
-zero. Batch-wide stages (one call for the batch) are counted as each image's equal share of the
-batch's seconds, so their p50/p90 are over batches. ``IMAGENET_FAST_STAGES=0``
-(:func:`loaders.timing.stages.enabled`) switches them off: the pipelines then make no log.
-"""
+"""Where the time goes in the pipelines that decode whole batches (``--decode-device``, DALI): the
+*readers* (DataLoader workers, or DALI's feed threads) read and draw windows, the *batch decoder*
+(the training process) decodes, resizes, flips and hands over, or for DALI waits for its output
+(its decode inside) and, CPU-only, resizes, flips and normalises. :class:`BatchStageLog` gives a
+summary of :class:`~loaders.timing.stages.StageLog`'s shape, for ``engine.report.bounds``: a stage a
+pipeline lacks is None; a batch-wide stage counts as equal shares, its p50/p90 over batches."""
 from __future__ import annotations
 
 import threading
@@ -33,26 +16,22 @@ from .stages import STAGES, read_event_pairs
 
 
 def no_clock() -> float:
-    """A clock that always reads 0.0: a pipeline's stand-in for ``time.perf_counter`` while its
-    stages are not measured, so its timed code runs unchanged without the clock calls."""
+    """Reads 0.0: a stand-in for ``time.perf_counter`` while a pipeline's stages go unmeasured."""
     return 0.0
 
 
 def thread_cpu() -> float:
-    """This thread's CPU seconds so far (``time.thread_time``): a feed or decode thread's own
-    CPU time, which the process's CPU time would mix with the training thread's."""
+    """This thread's CPU seconds (``time.thread_time``): a feed or decode thread's own, which the
+    process's CPU time would mix with the training thread's."""
     return time.thread_time()
 
 
 class BatchStageLog:
-    """An epoch's stage figures of a batch pipeline whose stages are ``stages`` (names of
-    :data:`loaders.timing.stages.STAGES`); ``decoder_name`` says where the batch decoder side runs
-    (for the table), ``readers_name`` what its readers are (``"workers"``, ``"feed
-    threads"``); ``rated``: whether the slower of the readers and the batch decoder side
-    is the pipeline's rate (False for DALI, whose decode runs in its own threads, unmeasured:
-    ``loader_images_per_sec`` is then None rather than a rate that leaves it out).
-    Thread-safe: feed threads add while the training thread adds and reads. :meth:`reset`
-    starts anew (each epoch)."""
+    """An epoch's stage figures of a batch pipeline with ``stages`` (names of
+    :data:`loaders.timing.stages.STAGES`; others raise ``ValueError``); ``decoder_name`` says
+    where the batch decoder runs, ``readers_name`` what the readers are; ``rated``: whether the
+    slower side is the pipeline's rate (False for DALI, whose decode is unmeasured). Thread-safe
+    (feed threads add while the training thread adds and reads)."""
 
     def __init__(self, stages: tuple[str, ...], decoder_name: str, rated: bool = True,
                  readers_name: str = "workers"):
@@ -87,32 +66,28 @@ class BatchStageLog:
             self.counts[stage] += len(seconds)
 
     def add_batch(self, stage: str, seconds: float, count: int) -> None:
-        """A batch-wide ``stage`` (one call for ``count`` images) that took ``seconds``:
-        counted as ``count`` equal shares."""
+        """A batch-wide ``stage`` (one call, ``count`` images) of ``seconds``, as equal shares."""
         if count > 0:
             self.add(stage, np.full(count, seconds / count))
 
     def add_reader(self, reader: int, images: int, wall: float, cpu: float, staged: float,
                    nbytes: float = 0.0) -> None:
-        """One batch read by reader ``reader`` (worker id, or feed number): its ``images``,
-        ``wall`` and ``cpu`` seconds, ``staged`` (its per-image stages' seconds summed) and
-        the records' ``nbytes``."""
+        """One batch read by reader ``reader`` (worker id, or feed number): ``images``, ``wall``
+        and ``cpu`` seconds, ``staged`` (its per-image stages' sum) and the records' ``nbytes``."""
         with self._lock:
             sums = self.readers.setdefault(reader, np.zeros(6))
             sums += (1, images, wall, cpu, staged, nbytes)
 
     def add_decoder(self, images: int, wall: float, cpu: float) -> None:
-        """One batch of ``images`` through the batch decoder side: ``wall`` and this thread's
-        ``cpu`` seconds."""
+        """One batch of ``images`` through the batch decoder: ``wall`` and thread ``cpu`` s."""
         with self._lock:
             self.decoder += (images, wall, cpu)
 
     def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
                       wait: float | None = None) -> None:
-        """One batch of ``count`` images through the batch decoder side: ``timing``'s
-        batch-wide stages (seconds by stage name, ``"copy"`` the hand-over's), the side's
-        ``wall`` and thread ``cpu`` seconds, and ``wait``, the training thread's wait for it
-        (DALI)."""
+        """One batch of ``count`` images through the batch decoder: ``timing``'s batch-wide
+        stages (seconds by name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu``
+        seconds, and ``wait``, the training thread's wait for it (DALI)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
@@ -127,8 +102,7 @@ class BatchStageLog:
             self.waits.append(seconds)
 
     def add_copy(self, seconds: float | None = None, events=None) -> None:
-        """One batch's hand-over: ``seconds`` of wall time, or a ``(start, end)`` pair of
-        CUDA events (``enable_timing=True``) read once the end has completed."""
+        """One batch's hand-over: ``seconds``, or a timed CUDA ``(start, end)`` event pair."""
         with self._lock:
             if events is not None:
                 self._pending.append(events)
@@ -142,20 +116,14 @@ class BatchStageLog:
         return {"mean": 1e3 * self.sums[name] / self.counts[name], "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far, :meth:`loaders.timing.stages.StageLog.summary`'s keys (ms per image
-        unless named) with these differences: ``stages[name]`` is None for a stage this
-        pipeline does not have (or has not measured yet); ``stages["total"]`` has the sum of
-        the stages' means and no p50/p90 (the two sides time different images at different
-        moments); ``decoders`` is empty and ``sizes`` None (no per-image decode time);
-        ``workers`` are the readers, named by ``readers`` (``slot_wait_ms`` None: no slots;
-        empty when they read everything before the last reset), ``cpu_share`` being a
-        feed thread's own CPU time where the readers are threads; ``batch_decoder``:
-        ``{"where", "images", "ms_per_image" (wall), "images_per_sec", "thread_cpu_share"
-        (that thread's own CPU time over its wall time; the decoding libraries' and torch's
-        pool threads are not counted)}`` or None; ``loader_images_per_sec``: the slower of the
-        readers (summed) and the batch decoder (None unless ``rated``);
-        ``wait_ms_per_batch``: ``{"p50", "p90"}`` of the training thread's waits for DALI's
-        output (None elsewhere)."""
+        """The figures so far with :meth:`loaders.timing.stages.StageLog.summary`'s keys, except:
+        ``stages[name]`` is None for a stage not had or not yet measured; ``stages["total"]`` is
+        the sum of the means, without p50/p90 (the sides time different images); ``decoders`` is
+        empty and ``sizes`` None; ``workers`` are the readers (named by ``readers``;
+        ``slot_wait_ms`` None; a feed thread's ``cpu_share`` is its own); ``batch_decoder``:
+        ``{"where", "images", "ms_per_image", "images_per_sec", "thread_cpu_share"}`` or None;
+        ``loader_images_per_sec``: the slower side (None unless ``rated``); ``wait_ms_per_batch``:
+        ``{"p50", "p90"}`` of waits for DALI, or None."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._stage(name) for name in STAGES}
@@ -208,9 +176,8 @@ class StagedLoader:
     workers_configured = 0
 
     def stage_summary(self, reset: bool = True) -> dict | None:
-        """The log's ``summary()`` since the last reset (with ``workers_configured``),
-        then reset if ``reset``; None where nothing is measured (validation,
-        ``IMAGENET_FAST_STAGES=0``)."""
+        """The log's ``summary()`` since the last reset (with ``workers_configured``), then reset
+        if ``reset``; None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
         if self.stage_log is None:
             return None
         figures = {**self.stage_log.summary(), "workers_configured": self.workers_configured}

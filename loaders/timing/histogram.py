@@ -11,8 +11,7 @@ MIDDLES_MS = np.sqrt(EDGES_MS[:-1] * EDGES_MS[1:])
 
 
 def ms_bins(seconds: np.ndarray) -> np.ndarray:
-    """The histogram bin (index into the log-spaced ms bins) of each of ``seconds`` (any
-    shape; values off the 1 us - 100 s range go to the end bins)."""
+    """The histogram bin of each of ``seconds`` (any shape; off 1 us - 100 s: the end bins)."""
     bins = np.searchsorted(EDGES_MS, seconds * 1e3, side="right") - 1
     return np.clip(bins, 0, len(MIDDLES_MS) - 1)
 

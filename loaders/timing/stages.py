@@ -1,23 +1,10 @@
-"""Where a DataLoader worker's time goes, image by image, at a cost of a few ``perf_counter``
-calls per image.
-
-Worker side (:class:`StageClock`): the reader's ``read``, the transform's window draw, its
-decode (by the decoder that took the image, ``decode.decode_window``'s ``marks``), the
-resize, the flip and ``--auto-augment`` policy, and the copy into the batch slot are summed
-into one reused list per image and written into the batch slot's stage rows
-(:class:`~loaders.pipelines.workers.slots.SharedBatches` ``stage_images``/``stage_batches``,
-shared memory beside the pixels): the figures travel with the batch, as the pixels do, with no
-message or Python object per image. Per batch the worker also writes its id, its wall time
-(the slot wait apart) and its process CPU time, so a worker on a shared or oversubscribed core
-shows as CPU time below wall time.
-
-Main-process side (:class:`StageLog`): each batch's rows are added to fixed log-spaced
-histograms (median and p90 per image over the epoch without keeping per-image values),
-per-decoder and per-size sums and per-worker totals; :meth:`StageLog.summary` gives the
-epoch's figures as a plain dict, which ``engine.report.bounds`` turns into the table, the bound and
-the advice. ``IMAGENET_FAST_STAGES=0`` switches the whole measurement off (for measuring its
-cost: the loaders then make no clock call).
-"""
+"""Where a DataLoader worker's time goes, image by image, for a few ``perf_counter`` calls each.
+Worker side (:class:`StageClock`): each image's read, window draw, decode (and decoder), resize,
+flip + policy and slot copy, and each batch's worker id, wall time (slot wait apart) and process
+CPU time, written into the slot's stage rows beside the pixels: no message or object per image.
+Main process (:class:`StageLog`): histograms (median, p90), per-decoder and per-size sums and
+per-worker totals; :meth:`StageLog.summary` feeds ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``
+switches it all off (no clock call is made)."""
 from __future__ import annotations
 
 import os
@@ -28,8 +15,7 @@ import torch
 
 from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
 
-# Per-image columns of a slot's stage rows: seconds per stage, then the decoder's code, the
-# record's bytes and the stored image's longer side (px).
+# A slot's per-image columns: seconds per stage, decoder code, record bytes, longer side (px)
 STAGES = ("read", "window", "decode", "resize", "augment", "write")
 READ, WINDOW, DECODE, RESIZE, AUGMENT, WRITE = range(len(STAGES))
 KIND, BYTES, SIDE = 6, 7, 8
@@ -38,8 +24,7 @@ IMAGE_COLUMNS = 9
 # crop window, whole image, raw record (no decode: the cut). The codes are 1-based (0: unknown).
 KINDS = ("scaled", "window", "whole", "raw")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS, start=1)}
-# Per-batch columns: worker id (-1: the main process, -j 0), wall seconds without the slot
-# wait, process CPU seconds, seconds waited for the slot.
+# Per-batch columns: worker id (-1: -j 0), wall s less the slot wait, process CPU s, slot wait s
 WORKER, WALL, CPU, SLOT_WAIT = range(4)
 BATCH_COLUMNS = 4
 # Stored sizes the advice tells apart (longer side, px): a 512 px cap is FFCV's and ours.
@@ -57,12 +42,10 @@ def enabled() -> bool:
 
 
 class StageClock:
-    """A worker's running figures for the image it is on: ``t``, one list of
-    ``IMAGE_COLUMNS`` floats reused for every image (stage seconds are added with ``+=``, so a
-    sample replaced after a failed decode counts both tries), and ``marks``, the list
-    ``decode.decode_window`` appends its decoder's name and the decode's end
-    (``perf_counter``) to. Handed to the reader wrapper, the transform and the slot writer of a
-    loader, and copied into each worker process with them."""
+    """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
+    image (stage seconds added with ``+=``, so a replaced sample counts both tries), and
+    ``marks``, where ``decode.decode_window`` appends its decoder's name and end time. Copied
+    into each worker with the reader wrapper, the transform and the slot writer."""
 
     __slots__ = ("t", "marks", "started", "_cpu")
 
@@ -82,15 +65,13 @@ class StageClock:
             t[k] = 0.0
 
     def end_image(self, rows: np.ndarray, i: int, write_started: float) -> None:
-        """Close image ``i`` of the batch (its slot copy began at ``write_started``) and store
-        its figures in ``rows`` (the slot's flat float64 stage rows)."""
+        """Close image ``i`` (slot copy begun at ``write_started``) into the slot's ``rows``."""
         t = self.t
         t[WRITE] += time.perf_counter() - write_started
         rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = t
 
     def end_batch(self, row: np.ndarray, slot_wait: float) -> None:
-        """Store the batch's worker id, wall seconds less ``slot_wait``, CPU seconds and
-        ``slot_wait`` in ``row`` (the slot's float64 batch row)."""
+        """Store worker id, wall s less ``slot_wait``, CPU s and ``slot_wait`` in batch ``row``."""
         info = torch.utils.data.get_worker_info()
         row[WORKER] = -1 if info is None else info.id
         row[WALL] = time.perf_counter() - self.started - slot_wait
@@ -109,10 +90,8 @@ def batch_rows(slots: int) -> torch.Tensor:
 
 
 class StageLog:
-    """The main process's sums of an epoch's stage rows (:meth:`add`, batch by batch) and of
-    the copies to the device (:meth:`add_copy`: seconds, or a pair of CUDA timing events read
-    once they have completed). :meth:`summary` gives the figures, :meth:`reset` starts anew
-    (each epoch)."""
+    """The main process's sums of an epoch's stage rows (:meth:`add`) and of the copies to the
+    device (:meth:`add_copy`: seconds, or CUDA timing events read once completed)."""
 
     def __init__(self):
         self.reset()
@@ -160,9 +139,8 @@ class StageLog:
         sums += (1, count, batch[WALL], batch[CPU], batch[SLOT_WAIT], total_s.sum())
 
     def add_copy(self, seconds: float | None = None, events=None) -> None:
-        """One batch's host-to-device copy: ``seconds`` of wall time (CPU: the copy out of the
-        slot and the normalisation), or ``events``, a ``(start, end)`` pair of CUDA events
-        made with ``enable_timing=True``, read once the end has completed."""
+        """One batch's host-to-device copy: ``seconds`` (CPU: the copy out of the slot and the
+        normalisation), or ``events``, a timed CUDA ``(start, end)`` pair read once completed."""
         if events is not None:
             self._pending.append(events)
             if len(self._pending) >= 64:
@@ -174,20 +152,16 @@ class StageLog:
         self._pending = read_event_pairs(self._pending, self.copies, wait)
 
     def summary(self) -> dict:
-        """The figures so far (ms per image unless named otherwise); JSON-able:
-
-        ``images``; ``stages``: ``{stage: {"mean", "p50", "p90"}}`` for every stage of
-        :data:`STAGES` and ``total`` (their sum per image); ``decoders``: ``{kind: {"share"
-        (of images), "mean", "p50", "p90"}}`` for the decoders that took any image;
-        ``workers``: per worker ``{"id", "images", "ms_per_image" (its wall time per image,
-        slot waits apart), "stages_ms_per_image" (its stages' sum per image),
-        "images_per_sec", "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``;
-        ``worker_ms_per_image`` (all workers' wall over all images),
-        ``loader_images_per_sec`` (the sum of the workers' images/s: what they can give when
-        never idle), ``sizes``: ``{class: {"share", "decode_ms", "ms"}}`` by the stored
-        image's longer side (``le256``, ``le512``, ``gt512``), ``kb_per_image``;
-        ``copy_ms_per_batch``: ``{"p50", "p90"}`` (None without copies). Raises nothing: an
-        empty log gives ``images`` 0 and empty figures."""
+        """The figures so far (ms per image unless named otherwise), JSON-able: ``images``;
+        ``stages``: ``{stage: {"mean", "p50", "p90"}}`` for every stage of :data:`STAGES` and
+        ``total`` (their sum per image); ``decoders``: ``{kind: {"share" (of images), "mean",
+        "p50", "p90"}}`` for the decoders used; ``workers``: per worker ``{"id", "images",
+        "ms_per_image" (wall, slot waits apart), "stages_ms_per_image", "images_per_sec",
+        "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``; ``worker_ms_per_image``
+        (all workers' wall over all images), ``loader_images_per_sec`` (the workers' images/s
+        summed: their rate never idle), ``sizes``: ``{"le256"|"le512"|"gt512": {"share",
+        "decode_ms", "ms"}}`` by stored longer side, ``kb_per_image``; ``copy_ms_per_batch``:
+        ``{"p50", "p90"}`` (None without copies). An empty log gives ``images`` 0."""
         self._read_events(wait=True)
         n = max(self.images, 1)
         stages = {}
@@ -224,9 +198,8 @@ class StageLog:
 
 def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
     """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
-    events in ``pending`` whose end has passed (all of them, waiting for each, if ``wait``);
-    return the pairs not read yet. Shared by the copy timing here and the training step's
-    (``engine.report.progress.StepTimer``)."""
+    events in ``pending`` whose end has passed (all, waiting for each, if ``wait``); returns the
+    pairs not read yet (also ``engine.report.progress.StepTimer``'s reader)."""
     left = []
     for start, end in pending:
         if wait:

@@ -18,17 +18,11 @@ def _batches(loader, start_epoch: int = 0):
 
 
 def measure(loader, batches: int, warmup: int = 2) -> dict:
-    """Iterate ``warmup`` batches untimed, then ``batches`` timed batches (cycling epochs if
-    the loader is shorter), touching every batch so lazy work is done. A loader that measures
-    its stages (``reset_stages``, :mod:`loaders.timing.stages`) forgets the warm-up's.
-
-    Returns ``images`` (timed), ``seconds`` (wall clock), ``images_per_sec`` and
-    ``cpu_seconds``: CPU time (user + system) of this process and its live child processes
-    (the DataLoader workers) over the timed batches (:func:`tree_cpu_seconds`; None where
-    ``/proc`` is missing). On CUDA the clock stops after ``torch.cuda.synchronize()`` so
-    queued copies are counted.
-    Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch.
-    """
+    """Iterate ``warmup`` batches untimed, then ``batches`` timed ones (cycling epochs), touching
+    every batch; a loader's stage figures (``reset_stages``) forget the warm-up's. Returns
+    ``images``, ``seconds`` (wall; on CUDA after ``torch.cuda.synchronize()``), ``images_per_sec``
+    and ``cpu_seconds`` of this process and its live children (:func:`tree_cpu_seconds`; None
+    without ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
     if batches < 1 or len(loader) == 0:
         raise ValueError("need batches >= 1 and a loader with at least one batch")
     it = _batches(loader)
@@ -50,10 +44,8 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
 
 
 def tree_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) used so far by this process and its live children (from
-    ``/proc/PID/stat``, clock ticks of ``SC_CLK_TCK``); None without ``/proc``. Workers kept
-    between passes are live for the whole measurement, so the difference over it counts
-    them."""
+    """CPU seconds (user + system) so far of this process and its live children (``/proc``;
+    None without it): workers kept between passes live through a measurement, so count."""
     try:
         tick = os.sysconf("SC_CLK_TCK")
         pids = {os.getpid()}

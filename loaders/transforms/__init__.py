@@ -1,9 +1,5 @@
-"""Transforms on uint8 images: ``crops`` (encoded bytes -> a uint8 crop: training's
-RandomResizedCrop + flip, validation's resize + centre crop, and the windows other pipelines
-decode), ``auto_augment`` (torchvision's ``--auto-augment`` policies on the uint8 crop, their
-ops in ``_uint8_ops``) and ``normalize`` (uint8 batches to model inputs with the ImageNet
-mean/std), as timm's and FFCV's transforms packages.
-"""
+"""Transforms on uint8 images, as timm's and FFCV's packages: ``crops`` (bytes -> a uint8 crop),
+``auto_augment`` (its ops in ``_uint8_ops``) and ``normalize`` (uint8 batches to model inputs)."""
 from __future__ import annotations
 
 from .crops import (RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, TrainTransform, ValTransform,

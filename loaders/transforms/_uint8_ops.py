@@ -1,27 +1,12 @@
-"""The image operations of the auto-augment policies on uint8 ``(3, H, W)`` tensors, with the
-pixels of torchvision's tensor kernels (``torchvision/transforms/v2/functional/_color.py`` and
-``_geometry.py``, torchvision 0.29) at a fraction of their cost.
-
-Each :data:`OPS` entry is ``op(image, magnitude, interpolation) -> image``, ``magnitude`` as
-torchvision's ``_AutoAugmentBase._apply_image_or_video_transform`` receives it (the op's own
-units: a shear factor, pixels, degrees, an enhancement offset, bits, a threshold share).
-Where torchvision's result is a function of integer arithmetic (posterize, solarize, invert,
-equalize, autocontrast's range) the same integers are computed faster; where it is a float
-expression (brightness, color, contrast, sharpness's blend, the affine grid), the same float
-operations are run in the same order, so the results agree bit for bit
-(``tests/loaders/test_auto_augment.py`` checks every op against torchvision's on real crops).
-
-Where the time goes (176 px crops of the real sample, 1 thread, ``benchmarks/bench_recipes.py``):
-torchvision's tensor kernels spend 2.1 ms in sharpness's grouped ``conv2d`` (here: the blur as
-integer sums of shifted views, exact since a 3x3 sum over 13 never lies within 1/26 of a
-rounding boundary), 0.3 ms per affine op rebuilding the sampling grid's base (here: cached per
-image size), 0.4 ms in solarize comparing uint8 with a float (here: against its integer
-ceiling) and 0.45 ms in equalize's scatter histogram (here: ``torch.bincount``).
-
-``interpolation`` (``"nearest"``, ``"bilinear"``, ``"bicubic"``) is the geometric ops'
-resampling; torchvision's tensor kernels refuse ``bicubic`` (only its PIL backend has it), so
-``bicubic`` here is ``grid_sample``'s bicubic mode, clamped to 0..255: not torchvision's pixels.
-"""
+"""The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
+torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_geometry.py``) at a
+fraction of their cost (``benchmarks/bench_recipes.py``). Each :data:`OPS` entry is ``op(image,
+magnitude, interpolation) -> image``, ``magnitude`` in the op's own units as torchvision's
+``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Integer results (posterize, solarize,
+invert, equalize, autocontrast's range) are computed by faster integer means; float ones
+(brightness, color, contrast, sharpness's blend, the affine grid) by the same float operations in
+the same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``). ``bicubic``
+is ``grid_sample``'s, clamped: not torchvision's pixels (its tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math
@@ -35,8 +20,7 @@ _GRAY = (0.2989, 0.587, 0.114)  # torchvision's _rgb_to_grayscale_image weights 
 
 
 def _blend(image: torch.Tensor, other, ratio: float) -> torch.Tensor:
-    """torchvision's ``_blend`` for uint8: ``image x ratio + other x (1 - ratio)``, clamped,
-    truncated to uint8."""
+    """torchvision's ``_blend`` for uint8: ``image x ratio + other x (1 - ratio)``, truncated."""
     ratio = float(ratio)
     return image.mul(ratio).add_(other, alpha=(1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
 
@@ -62,8 +46,7 @@ def _lut(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def brightness(image, magnitude, interpolation=None):
-    """torchvision's ``adjust_brightness_image``: ``x x (1 + magnitude)``, clamped, truncated;
-    its map of each of the 256 values, looked up."""
+    """torchvision's ``adjust_brightness_image``: ``x x (1 + magnitude)``, truncated; a lookup."""
     return _lut(image, _LEVELS.mul(1.0 + magnitude).clamp_(0, 255).to(torch.uint8))
 
 
@@ -77,8 +60,8 @@ def contrast(image, magnitude, interpolation=None):
 
 
 def sharpness(image, magnitude, interpolation=None):
-    """torchvision's ``adjust_sharpness_image``: the inner pixels blended with their 3x3 blur
-    (weights 1, centre 5, over 13, rounded), the one-pixel border kept."""
+    """torchvision's ``adjust_sharpness_image``: inner pixels blended with their 3x3 blur (weights
+    1, centre 5, /13, rounded: exact, as no such sum is within 1/26 of a rounding edge)."""
     factor = 1.0 + magnitude
     height, width = image.shape[-2:]
     if height <= 2 or width <= 2:
@@ -112,9 +95,8 @@ def invert(image, magnitude=0.0, interpolation=None):
 
 
 def autocontrast(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``autocontrast_image``: each channel stretched from its min..max to
-    0..255 (float, truncated); a flat channel left as it is. Per channel a lookup of that
-    float map of its 256 values."""
+    """torchvision's ``autocontrast_image``: each channel stretched from its min..max to 0..255
+    (float, truncated; a flat channel kept), by a lookup per channel."""
     low, high = torch.aminmax(image.reshape(3, -1), dim=1)
     minimum, maximum = low.to(torch.float32).view(3, 1), high.to(torch.float32).view(3, 1)
     flat = maximum == minimum
@@ -127,10 +109,9 @@ def autocontrast(image, magnitude=0.0, interpolation=None):
 
 
 def equalize(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the
-    LUT ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's
-    largest value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in
-    NumPy."""
+    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the LUT
+    ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
+    value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in NumPy."""
     pixels = image.numpy()
     tables = []
     for c in range(3):
@@ -151,8 +132,7 @@ def identity(image, magnitude=0.0, interpolation=None):
 
 @lru_cache(maxsize=8)
 def _base_grid(height: int, width: int) -> torch.Tensor:
-    """torchvision's ``_affine_grid`` base: ``(1, H x W, 3)`` float32 pixel centres relative
-    to the image centre, and ones."""
+    """torchvision's ``_affine_grid`` base: float32 ``(1, H x W, 3)`` of ``(x, y, 1)``, centred."""
     base = torch.empty(1, height, width, 3)
     base[..., 0].copy_(torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width))
     base[..., 1].copy_(torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5,
@@ -183,13 +163,9 @@ def inverse_affine_matrix(center, angle: float, translate, shear) -> list[float]
 
 def _grid(matrix: list[float], height: int, width: int) -> torch.Tensor:
     """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
-    sampling points, the base grid times the matrix rescaled to ``[-1, 1]``.
-
-    torchvision multiplies with ``bmm`` (0.4 ms at 176 px: a (H x W, 3) by (3, 2) product is
-    a slow case for BLAS); the map is separable, ``x * m0 + y * m1 + m2``, so here it is two
-    outer sums of float32 products, 0.03 ms. That is bmm's rounding where BLAS adds the three
-    products left to right without fusing them (MKL here); :func:`_separable_is_exact` checks
-    it once per process and the grid is taken from ``bmm`` otherwise."""
+    sampling points, as two outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms):
+    ``bmm``'s rounding where BLAS adds the products left to right unfused, as
+    :func:`_separable_is_exact` checks once per process; else by ``bmm``."""
     theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
     scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
     rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
@@ -257,9 +233,8 @@ def shear_y(image, magnitude, interpolation="bilinear"):
 
 
 def _translate(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
-    """``image`` moved ``dx`` pixels right and ``dy`` down, zeros where it left: what
-    torchvision's grid resampling gives at whole-pixel offsets (the grid points land on pixel
-    centres up to float rounding, far from a rounding boundary)."""
+    """``image`` moved ``dx`` px right and ``dy`` down, zero-filled: torchvision's grid resampling
+    at whole-pixel offsets (its points land on pixel centres, far from a rounding boundary)."""
     height, width = image.shape[-2:]
     out = torch.zeros_like(image)
     if abs(dx) >= width or abs(dy) >= height:
@@ -292,8 +267,7 @@ def rotate(image, magnitude, interpolation="bilinear"):
     return warp(image, matrix, interpolation)
 
 
-# torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_transform) -> op
-OPS = {
+OPS = {  # torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_transform) -> op
     "Identity": identity, "ShearX": shear_x, "ShearY": shear_y, "TranslateX": translate_x,
     "TranslateY": translate_y, "Rotate": rotate, "Brightness": brightness, "Color": color,
     "Contrast": contrast, "Sharpness": sharpness, "Posterize": posterize, "Solarize": solarize,

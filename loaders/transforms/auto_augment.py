@@ -1,22 +1,11 @@
-"""torchvision's automatic augmentation policies (``--auto-augment``) on uint8 crops.
-
-The policies of torchvision's ``references/classification/presets.py``:
-``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
-2020, ``--ra-magnitude``), ``augmix`` (AugMix, Hendrycks et al. 2020, ``--augmix-severity``) and
-the AutoAugment policies ``imagenet``, ``cifar10``, ``svhn`` (Cubuk et al. 2019). Each draws
-exactly what torchvision's ``transforms.v2`` class of the same name draws, from torch's global
-generator in the same order (``torch.randint`` for ops and magnitude bins, ``torch.rand`` for
-probabilities and signs, ``torch._sample_dirichlet`` for AugMix's weights), and applies the op
-with the pixels of torchvision's uint8 tensor kernels (``_uint8_ops``), so seeding torch's
-generator alike and running torchvision's transform on the same crop gives the same image
-(``tests/loaders/test_auto_augment.py``), with the flags' semantics of torchvision's
-``train.py`` (``--interpolation`` for the geometric ops, ``fill`` None: black).
-
-The DataLoader workers seed torch's generator per batch (``pipelines.batches.batch_seed``), so
-every draw is a function of (seed, epoch, rank, batch, position in the batch): a resumed
-epoch or another ``-j`` draws the same. Spec: torchvision 0.29
-``torchvision/transforms/v2/_auto_augment.py``.
-"""
+"""torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
+crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
+2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
+``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name
+(``transforms/v2/_auto_augment.py``) draws, from torch's global generator in the same order, and
+applies the op with the pixels of its uint8 tensor kernels (``_uint8_ops``), so seeding alike gives
+torchvision's image; fill is black. The workers seed the generator per batch
+(``pipelines.batches.batch_seed``), so a resumed epoch or another ``-j`` draws the same."""
 from __future__ import annotations
 
 from typing import Callable
@@ -108,8 +97,7 @@ class _Policy:
 
 class TrivialAugmentWide(_Policy):
     """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
-    :data:`TA_WIDE_SPACE`, a uniform magnitude bin, a random sign. uint8 ``(3, H, W)`` in and
-    out."""
+    :data:`TA_WIDE_SPACE`, a uniform magnitude bin, a random sign (uint8 ``(3, H, W)`` in, out)."""
 
     space = TA_WIDE_SPACE
 
@@ -149,9 +137,8 @@ class RandAugment(_Policy):
 
 
 class AutoAugment(_Policy):
-    """torchvision's ``v2.AutoAugment(policy)``: one of the policy's 25 sub-policies, each of
-    its two ops applied with its probability at its magnitude bin (of 10), random signs. The
-    sub-policies are torchvision's (``AutoAugment._get_policies``)."""
+    """torchvision's ``v2.AutoAugment(policy)``: one of the policy's 25 sub-policies
+    (``_get_policies``), each op applied with its probability at its bin (of 10), random signs."""
 
     space = AA_SPACE
 

@@ -1,20 +1,8 @@
-"""The crops: encoded bytes to a uint8 crop, decoded on the CPU (the DataLoader-workers pipeline's
-transforms; the other pipelines draw the same windows with :meth:`TrainTransform.window`).
-
-The recipe is pytorch/examples imagenet/main.py's: training RandomResizedCrop(224) (scale
-0.08-1, ratio 3/4-4/3, Szegedy et al. 2015) plus horizontal flip; validation Resize(256) +
-CenterCrop(224); torchvision's recipes add an ``--auto-augment`` policy on the training crop
-(``loaders.transforms.auto_augment``) and ``--interpolation``. Normalisation is left to the device
-(``loaders.pipelines.workers``).
-
-Each transform takes the encoded file bytes and returns a uint8 ``(3, H, W)`` tensor. Measured
-on real ImageNet JPEGs (``benchmarks/profile_transforms.py``, docs/performance.md): decoding only
-the crop window (``decode.jpeg_window``, the cascade of :func:`decode.decode_window`), or else
-the whole image with libjpeg-turbo (``decode.libraries``), and resizing the uint8 crop with torch's antialiased bilinear kernel
-(channels-last) takes 1.27 ms per training image against 2.41 ms for PIL's decode + crop +
-resize + ToTensor + Normalize, with the same random crop parameters (torchvision's
-``RandomResizedCrop.get_params``).
-"""
+"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's transforms; the
+other pipelines draw the same windows, :meth:`TrainTransform.window`), after pytorch/examples
+imagenet/main.py's recipe: RandomResizedCrop(224) + flip for training, Resize(256) +
+CenterCrop(224) for validation, plus torchvision's ``--auto-augment`` and ``--interpolation``.
+Decoding only the crop window: 1.27 ms per image, PIL 2.41 ms (``profile_transforms.py``)."""
 from __future__ import annotations
 
 import math
@@ -29,8 +17,7 @@ from ..settings import LoaderSettings
 from ..timing import stages
 from .auto_augment import make_auto_augment
 
-# RandomResizedCrop's ranges (Szegedy et al. 2015; torchvision's defaults, also DALI's in
-# NVIDIA DeepLearningExamples RN50): area share of the image, and aspect ratio of the window.
+# RandomResizedCrop's area-share and aspect-ratio ranges: torchvision's (Szegedy et al. 2015)
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
 RRC_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 random windows
@@ -39,14 +26,10 @@ _DRAWS = 4 * RRC_ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 
 def random_resized_crop_params(height: int, width: int, scale: tuple[float, float],
                                ratio: tuple[float, float], draws: list[float]):
-    """``(top, left, h, w)`` of a RandomResizedCrop window in a ``height x width`` image.
-
-    torchvision's ``RandomResizedCrop.get_params`` algorithm (Szegedy et al. 2015): up to 10
-    attempts at an area share uniform in ``scale`` and an aspect ratio log-uniform in
-    ``ratio``, the window placed uniformly; if none fits, the central crop with the ratio
-    clamped to ``ratio``. The uniforms in [0, 1) come from ``draws`` (four per attempt), not
-    five torch RNG calls per attempt, which cost 0.08 ms per image (about 6% of a sample).
-    """
+    """``(top, left, h, w)`` of a RandomResizedCrop window in a ``height x width`` image, by
+    torchvision's ``RandomResizedCrop.get_params`` (up to 10 attempts at an area share uniform in
+    ``scale`` and a log-uniform aspect ratio in ``ratio``, else the central crop, ratio clamped);
+    the [0, 1) uniforms come from ``draws`` (four per attempt), not torch RNG calls (0.08 ms)."""
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for k in range(RRC_ATTEMPTS):
@@ -68,23 +51,12 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 
 class TrainTransform:
-    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5),
-    then ``augment`` if given (an ``--auto-augment`` policy, ``.auto_augment``, on the
-    uint8 crop: torchvision's ``ClassificationPresetTrain`` order).
-
-    The crop window is drawn from the JPEG header's size. A window at least twice the output
-    on both sides is decoded at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 and resampled from
-    there (``decode.jpeg_scaled``); otherwise only that window is decoded
-    (``decode.jpeg_window``), else the whole image; resized with ``interpolation``
-    (``--interpolation``: ``bilinear``, ``bicubic``, ``nearest``, antialiased but the last).
-    Random draws come from torch's global RNG, which the loaders seed per batch
-    (``loaders.pipelines.workers.slots.SlotWriter``): the same draws, hence the same window,
-    whichever way it is decoded; the policy's draws follow the crop's.
-
-    ``clock`` (a :class:`loaders.timing.stages.StageClock`, set by the pipeline; None: not measured)
-    gets each image's window draw, decode (and decoder), resize and flip + policy seconds and
-    the stored image's longer side; the pixels and draws are the same either way.
-    """
+    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
+    ``augment`` (an ``--auto-augment`` policy; torchvision's ``ClassificationPresetTrain`` order).
+    The window is decoded alone or at libjpeg-turbo's DCT scale where it can be
+    (:func:`decode.decode_window`) and resized with ``interpolation`` (antialiased but
+    ``nearest``); draws come from torch's global RNG, seeded per batch by the loaders. ``clock`` (a
+    ``StageClock``, or None) gets each stage's seconds."""
 
     clock = None
 
@@ -129,14 +101,10 @@ class TrainTransform:
         return out
 
     def window(self, data: bytes, size_of=None):
-        """``(window, flip, image)``: this sample's RandomResizedCrop window ``(top, left,
-        height, width)`` in pixels of the stored image, whether to flip it, and the whole
-        decode where it was needed for the size (else None). The draws (``_DRAWS`` uniforms
-        from torch's global RNG) are taken first, so every pipeline that calls this draws the
-        same window for the same seed (``loaders.pipelines.gpu_decode``'s workers too).
-        ``size_of(data) -> (height, width) | None`` reads the size of what ``jpeg_size`` does
-        not (e.g. ``decode.image_size``) before the whole image is decoded for it. Raises what
-        :func:`decode.decode` raises for bytes that are not an image."""
+        """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``
+        in stored pixels, whether to flip, and the whole decode if the size needed it (raising as
+        :func:`decode.decode`). Its ``_DRAWS`` uniforms (torch's global RNG) come first, as in
+        every pipeline; ``size_of(data)`` sizes what headers do not."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.window_size(data)  # a JPEG's or a raw record's header
         if size is None and size_of is not None:
@@ -150,12 +118,10 @@ class TrainTransform:
 
 class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
-    (the longer scaled alike, truncated, as torchvision's ``Resize``), then the central square.
-    A JPEG whose shorter side is at least twice ``resize_size`` is decoded at libjpeg-turbo's
-    DCT scale and only the central square resampled (``decode.jpeg_scaled``); where
-    ``decode/_jpegcrop.so`` is built, any JPEG is decoded only down to the square's last row
-    and across its columns, at 1/1 or that scale, and PIL resamples the square from there
-    (within 2 levels of resize-then-crop, mean under 0.003 on the sample)."""
+    (the longer scaled alike and truncated, as torchvision's ``Resize``), then the central
+    square. A JPEG is decoded at libjpeg-turbo's DCT scale where its shorter side is at least
+    twice ``resize_size``, and with ``decode/_jpegcrop.so`` only down to the square's last row;
+    the square is then resampled from there (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
                  interpolation: str = "bilinear"):
@@ -167,8 +133,7 @@ class ValTransform:
         if size is not None:
             short = min(size)
             factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
-            # at 1/1 too where our C decodes just the region: 1.29 vs 1.58 ms per image on the
-            # sample (profile_transforms.py), within 2 levels
+            # at 1/1 too where our C decodes just the region: 1.29 vs 1.58 ms, within 2 levels
             if factor > 1 or (jpeg_scaled.enabled() and jpeg_region.available()):
                 out = jpeg_scaled.resized_window(data, factor, center_crop_box(
                     *size, self.resize_size, self.crop_size), (self.crop_size,) * 2,
@@ -180,8 +145,7 @@ class ValTransform:
 
 
 def _resized_shape(height: int, width: int, resize_size: int) -> tuple[int, int]:
-    """torchvision ``Resize(resize_size)``'s output size: the shorter side ``resize_size``, the
-    longer scaled alike and truncated."""
+    """torchvision ``Resize(resize_size)``'s output ``(h, w)`` (the longer side truncated)."""
     short, long = sorted((height, width))
     new_long = int(resize_size * long / short)
     return (resize_size, new_long) if height <= width else (new_long, resize_size)
@@ -199,13 +163,10 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
 
 def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
     """``(region, frame)`` for a decoder that decodes an integer region of a ``height x width``
-    image and then resamples it as :func:`resize_center_crop` would the whole image
-    (``loaders.pipelines.gpu_decode``): ``region`` = ``(top, left, height, width)`` in whole
-    pixels, :func:`center_crop_box` widened by the bilinear filter's reach (the scale + 2
-    pixels) on each side, clamped to the image; ``frame`` = ``(height, width, resized height,
-    resized width, crop top, crop left)``: the region placed in an image of the full size,
-    resized to torchvision ``Resize``'s size and cropped at the central square gives
-    :func:`resize_center_crop`'s pixels."""
+    image and resamples it as :func:`resize_center_crop` would the whole image: ``region`` =
+    ``(top, left, height, width)``, :func:`center_crop_box` widened by the bilinear filter's reach
+    (scale + 2 px) each side, clamped; ``frame`` = ``(height, width, resized height, resized
+    width, crop top, crop left)``: the image's size, ``Resize``'s and the crop's corner in it."""
     size = _resized_shape(height, width, resize_size)
     crop_top = int(round((size[0] - crop_size) / 2.0))
     crop_left = int(round((size[1] - crop_size) / 2.0))
@@ -219,10 +180,8 @@ def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
 
 def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
                        interpolation: str = "bilinear") -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` of
-    the shorter side to ``resize_size`` (the longer side scaled alike, truncated) and
-    ``CenterCrop``, as pytorch/examples' validation transform (``interpolation``: the resize's
-    filter, :func:`decode.resize`)."""
+    """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` and
+    ``CenterCrop``, pytorch/examples' validation (``interpolation``: :func:`decode.resize`'s)."""
     size = _resized_shape(*image.shape[-2:], resize_size)
     out = resize(image, size, interpolation)
     top = int(round((size[0] - crop_size) / 2.0))
@@ -231,9 +190,7 @@ def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
 
 
 def split_transform(settings: LoaderSettings, train: bool):
-    """One split's transform at ``settings``' sizes in pixels (``--train-crop-size``,
-    ``--val-resize-size``, ``--val-crop-size``: torchvision references' flags) and
-    ``--interpolation``, training crops augmented by the ``--auto-augment`` policy."""
+    """One split's transform: ``settings``' sizes, ``--interpolation``, ``--auto-augment``."""
     if train:
         augment = make_auto_augment(settings.auto_augment, settings.interpolation,
                                     settings.ra_magnitude, settings.augmix_severity)

@@ -1,8 +1,6 @@
 """Normalisation with the ImageNet mean/std, on the CPU and on the device: the one place every
 pipeline turns uint8 pixels into model inputs (pytorch/examples imagenet/main.py's
-``Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])``, applied to uint8 batches
-after they reach the device, as timm's PrefetchLoader and NVIDIA DeepLearningExamples do: a
-uint8 batch is 4x smaller to pass between processes, pin and copy than a float one)."""
+``Normalize``, applied after the uint8 batch reaches the device, as timm's PrefetchLoader)."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -23,9 +21,8 @@ def imagenet_mean_std(device: torch.device | str = "cpu") -> tuple[torch.Tensor,
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
               channels_last: bool = False) -> torch.Tensor:
-    """uint8 ``(N, 3, H, W)`` -> new float32 ``(N, 3, H, W)`` ``(images - mean) / std`` on the
-    images' device, NCHW or channels-last memory format. ``mean``/``std``: float32
-    ``(1, 3, 1, 1)`` on the 0-255 scale."""
+    """uint8 ``(N, 3, H, W)`` -> new float32 ``(images - mean) / std`` on the images' device, NCHW
+    or channels-last; ``mean``/``std``: float32 ``(1, 3, 1, 1)`` on the 0-255 scale."""
     if images.device.type != "cpu":
         return normalize_into(images, 1 / std, -mean / std, torch.float32, channels_last)
     return normalize_each(images, float_batch(images.shape, images.device, channels_last),
@@ -40,18 +37,11 @@ def float_batch(shape, device: torch.device, channels_last: bool = False) -> tor
 
 def normalize_each(images: Iterable[torch.Tensor], out: torch.Tensor, mean: torch.Tensor,
                    std: torch.Tensor) -> torch.Tensor:
-    """CPU: write ``(image - mean) / std`` of each uint8 ``(3, H, W)`` image (any iterable, a
-    generator included) into ``out[i]``, float32 ``(N, 3, H, W)``; returns ``out``.
-
-    Computed as ``image * (1/std) - mean/std`` (within 2.4e-7 of the quotient), image by image
-    so that its float copy (0.6 MB at 224 px) stays in cache for the multiply and the add,
-    where passes over a whole float batch stream it through memory each time. A uint8 ->
-    float32 ``copy_`` then in-place ``mul_``/``add_`` takes 2.0 ms for 64 images at 224 px on
-    one core (AMD EPYC, torch 2.14), against 5.5 ms for one mixed-dtype ``addcmul`` (which
-    PyTorch does not vectorise) and 2.9 ms for the same three ops over the whole batch: the
-    main process normalises here while the loader workers decode on the same cores. Raises
-    ``ValueError`` if the counts differ.
-    """
+    """CPU: write ``(image - mean) / std`` of each uint8 ``(3, H, W)`` image (any iterable) into
+    ``out[i]``, float32 ``(N, 3, H, W)``; returns ``out``. Raises ``ValueError`` if the counts
+    differ. Computed as ``image * (1/std) - mean/std`` (within 2.4e-7), image by image so each
+    float copy stays in cache: 2.0 ms for 64 images at 224 px on one core against 5.5 ms for one
+    mixed-dtype ``addcmul`` and 2.9 ms for the same ops over the whole batch."""
     scale, shift = 1 / std[0], -mean[0] / std[0]
     images = iter(images)
     for count, target in enumerate(out):
@@ -66,10 +56,9 @@ def normalize_each(images: Iterable[torch.Tensor], out: torch.Tensor, mean: torc
 
 def normalize_into(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
                    dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """uint8 ``(N, 3, H, W)`` -> new ``dtype`` ``images * scale + shift`` on the images' device
-    in one pass (computed in float32, rounded once to ``dtype``); ``scale = 1/std`` and
-    ``shift = -mean/std``, float32 ``(1, 3, 1, 1)``. Within 2.4e-7 of ``(images - mean) / std``
-    in float32 (``tests/loaders/test_normalize.py``)."""
+    """uint8 ``(N, 3, H, W)`` -> new ``dtype`` ``images * scale + shift`` on the images' device,
+    in one pass (float32, rounded once to ``dtype``); ``scale = 1/std``, ``shift = -mean/std``,
+    float32 ``(1, 3, 1, 1)``: within 2.4e-7 of ``(images - mean) / std``."""
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty(images.shape, dtype=dtype, device=images.device,
                       memory_format=memory_format)

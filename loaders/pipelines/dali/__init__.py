@@ -1,8 +1,5 @@
-"""The NVIDIA DALI pipeline (``--dali``): ``loader`` (:class:`DALILoader`), ``feed`` (what a
-background thread prepares for each pipeline: records, windows, draws), ``graph`` (the DALI
-graph and its outputs as torch tensors), ``augment`` (``--auto-augment`` with DALI's operators),
-``unreadable`` (a sample DALI cannot decode) and ``environment`` (the DALI wheel, nvJPEG, the
-hardware decoder's share, CUDA failures). DALI is imported only inside functions."""
+"""The NVIDIA DALI pipeline (``--dali``): :class:`DALILoader` with its feed threads, graph,
+``--auto-augment`` ops, bad samples and environment checks; DALI is imported inside functions."""
 from __future__ import annotations
 
 import torch
@@ -26,15 +23,10 @@ def require(dist: DistInfo) -> None:
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s over two readers, each in its own orders
-    (``Reader.train_order`` / ``val_order``).
-
-    Threads: ``settings.workers`` DALI CPU threads (at least 1; CPU-only, as many
-    single-threaded pipelines). Records and file names are handed to DALI from the main
-    process (files are read in DALI's threads). Raises :class:`DataError` for a reader
-    without random access (streamed shards), bad block sizes, or a training order smaller
-    than one batch (:func:`require` first checks that DALI is usable).
-    """
+    """``(train, val)`` :class:`DALILoader` s over two readers in their own orders, with
+    ``settings.workers`` DALI CPU threads (at least 1). Raises :class:`DataError` for a reader
+    without random access (streamed shards), bad order settings, nvJPEG unable to decode on the
+    GPU (without ``--dali-cpu``), or a training order smaller than one batch."""
     built = []
     for is_train, reader, path in ((True, train, settings.train_path),
                                    (False, val, settings.val_path)):

@@ -1,28 +1,11 @@
-"""``--auto-augment`` inside DALI pipelines (``--dali``): the policy's draws on the host, the
-ops with DALI's ``nvidia.dali.auto_aug`` operators.
-
-With a GPU the training graph (``graph.augment``) resizes, flips and then applies the
-policy with DALI's operators (``auto_aug.augmentations``: ``fn.warp_affine``, ``fn.rotate``,
-``fn.brightness``, ``fn.saturation``, ``fn.experimental.filter``, ``fn.experimental.equalize``...),
-selected per sample by ``auto_aug.core.select`` (the pipeline is built with conditionals).
-Which op, which magnitude bin, which sign, and for AutoAugment which sub-policy and whether each
-op applies, are drawn on the host by :meth:`DaliAugment.host_draws` from (seed, epoch, rank,
-batch), as the crops are (``feed.crop_draws``), not by DALI's random operators, whose
-state a resumed epoch or a rebuilt pipeline would not share: a resumed epoch draws what the
-uninterrupted one did. The suites carry torchvision's op lists, magnitude ranges and bins
-(``loaders.transforms.auto_augment``) and its black fill, not DALI's defaults (DALI's TrivialAugment
-suite starts its enhancements at 0.01 and fills with 128, its RandAugment translates 100 px).
-All these operators also run on DALI's CPU backend (checked by
-``tests/loaders/test_dali_augment.py``).
-
-The pixels are DALI's, not torchvision's: DALI's equalize is OpenCV's formula, its contrast
-centre the unfloored weighted mean, its warps resample about pixel corners. Where DALI cannot
-do a policy at all the run stops at start-up (:meth:`DaliAugment.check`): ``augmix`` (no DALI
-operator mixes chains) and ``--interpolation bicubic`` (DALI's warps are linear or nearest).
-CPU-only (no GPU, ``device_id=None``) the graph stops at the decoded window and torch finishes
-each crop (``graph.finish_on_cpu``); there the policy is ``loaders.transforms.auto_augment``'s, with
-torchvision's pixels, seeded per batch as in the DataLoader workers.
-"""
+"""``--auto-augment`` inside DALI pipelines: ops as DALI's ``nvidia.dali.auto_aug`` operators
+(``auto_aug.augmentations``, selected per sample by ``auto_aug.core.select``) after the GPU graph's
+resize and flip, every draw made on the host by :meth:`DaliAugment.host_draws` from (seed, epoch,
+rank, batch): the state of DALI's random operators would not survive a resumed epoch or a rebuilt
+pipeline. The suites carry torchvision's op lists, magnitude ranges, bins and black fill
+(``loaders.transforms.auto_augment``), not DALI's defaults (TrivialAugment's enhancements from
+0.01, fill 128, RandAugment translating 100 px); the pixels are DALI's (equalize as OpenCV's,
+contrast about the unfloored mean, warps about pixel corners). CPU-only, torch finishes crops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,9 +21,9 @@ _TAG = 0x41554741  # "AUGA": these draws' stream, apart from the crops' of the s
 
 @dataclass(frozen=True)
 class DaliAugment:
-    """One run's ``--auto-augment`` policy for DALI: ``policy`` (one of
-    ``loaders.transforms.auto_augment.POLICIES``), ``interpolation`` (the warps'), ``ra_magnitude`` (RandAugment's bin) and
-    ``augmix_severity`` (only for the CPU-only finish)."""
+    """One run's ``--auto-augment`` policy for DALI: ``policy`` (of
+    ``loaders.transforms.auto_augment.POLICIES``), ``interpolation`` (the warps'),
+    ``ra_magnitude`` (RandAugment's bin) and ``augmix_severity`` (the CPU-only finish's)."""
 
     policy: str
     interpolation: str = "bilinear"
@@ -61,8 +44,7 @@ class DaliAugment:
 
     @cached_property
     def torch_policy(self):
-        """The CPU-only finish's policy (``loaders.transforms.auto_augment``: torchvision's
-        pixels)."""
+        """The CPU-only finish's policy (torchvision's pixels)."""
         return make_auto_augment(self.policy, self.interpolation, self.ra_magnitude,
                                  self.augmix_severity)
 
@@ -77,11 +59,10 @@ class DaliAugment:
 
     def host_draws(self, seed: int, epoch: int, rank: int, batch: int, count: int) -> list:
         """Batch ``batch``'s draws: per sample an int32 ``(slots, 3)`` array of (op number in
-        :attr:`names`, magnitude bin, negate 0/1), a function of (seed, epoch, rank, batch)
-        alone. ``ta_wide``: one slot, op, bin and sign uniform; ``ra``: two slots at bin
-        ``ra_magnitude``; AutoAugment: a uniform sub-policy of torchvision's 25, each of its
-        two ops kept with its probability (else Identity) at its bin. Signs only for signed
-        ops, as torchvision draws them."""
+        :attr:`names`, magnitude bin, negate 0/1), a function of (seed, epoch, rank, batch) alone.
+        ``ta_wide``: one slot, op, bin and sign uniform; ``ra``: two slots at bin ``ra_magnitude``;
+        AutoAugment: a uniform one of torchvision's 25 sub-policies, each op kept with its
+        probability (else Identity) at its bin. Signs only for signed ops, as torchvision."""
         rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch, _TAG])
         space, names = self._space, self.names
         ops = list(space)
@@ -115,9 +96,8 @@ class DaliAugment:
         return v2.AutoAugment(v2.AutoAugmentPolicy(self.policy))._policies
 
     def graph(self, images, draws):
-        """DALI graph: uint8 HWC ``images`` (all of one square size) through the drawn ops
-        (``draws``: the external source node of :meth:`host_draws`). Needs a pipeline built
-        with ``enable_conditionals=True``."""
+        """DALI graph: uint8 HWC ``images`` (one square size) through the ops drawn in ``draws``
+        (the :meth:`host_draws` source node); needs ``enable_conditionals=True``."""
         from nvidia.dali import types
         from nvidia.dali.auto_aug.core import select, signed_bin
 

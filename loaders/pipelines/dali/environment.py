@@ -1,7 +1,6 @@
-"""What ``--dali`` needs from its environment: the DALI wheel that matches torch's CUDA major,
-nvJPEG loadable for GPU decoding, the hardware JPEG decoder's share for the GPU at hand, and
-telling a CUDA or driver failure inside DALI from a damaged file. Imports DALI only inside
-:func:`require_dali`."""
+"""What ``--dali`` needs from its environment: the DALI wheel for torch's CUDA major, nvJPEG for
+GPU decoding, the hardware JPEG decoder's share, and telling a CUDA failure inside DALI from a
+damaged file. DALI is imported only in :func:`require_dali`."""
 from __future__ import annotations
 
 import importlib
@@ -15,12 +14,9 @@ import torch
 
 from ...errors import DataError
 
-# Share of JPEGs for the hardware JPEG decoder (fn.decoders.image ``hw_decoder_load``). DALI
-# 2.4's default is 0.65; its doc says the best value "should be found empirically" and links
-# the one per-GPU figure NVIDIA published, 0.75 on A100 (quoted in NVIDIA/DALI#5362):
+# hw_decoder_load (the hardware JPEG decoder's share; GPUs without one ignore it): DALI 2.4's
+# default, and on A100 the one per-GPU figure NVIDIA published (quoted in NVIDIA/DALI#5362):
 # https://developer.nvidia.com/blog/loading-data-fast-with-dali-and-new-jpeg-decoder-in-a100/
-# DeepLearningExamples RN50 and DALI's RN50 example keep the default. GPUs without a hardware
-# decoder ignore the value.
 DEFAULT_HW_DECODER_LOAD = 0.65
 A100_HW_DECODER_LOAD = 0.75
 # DALI's and CUDA's words for a failed GPU or driver ("CUDA runtime API error cudaErrorMemory
@@ -61,11 +57,9 @@ def require_dali(device: torch.device):
 
 def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
     """Why a JPEG would not be decoded on the GPU ``device`` in this process, in one phrase, or
-    None: nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``: the library DALI 2.4's
-    decoders are built on) decodes a probe JPEG with its GPU backends only (nvJPEG's CUDA
-    decoder and the hardware decoder) and must return device memory. nvImageCodec finds
-    ``libnvjpeg`` only through its RUNPATH; installed elsewhere, DALI's mixed decoder falls back
-    to the CPU and a run still "passes", only slower."""
+    None: nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``, which DALI 2.4's decoders
+    are built on) must decode a probe JPEG with its GPU backends only, into device memory (it
+    finds ``libnvjpeg`` only by its RUNPATH; elsewhere DALI silently decodes on the CPU)."""
     # nvImageCodec prints two coloured lines to stderr per failure unless told not to
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
     try:
@@ -96,8 +90,7 @@ def _probe_jpeg() -> bytes:
 
 
 def default_hw_decoder_load(device: torch.device) -> float:
-    """``hw_decoder_load`` for the GPU ``device``: :data:`A100_HW_DECODER_LOAD` on an A100, else
-    DALI's default (the GPU's name is read only for a CUDA ``device``)."""
+    """``hw_decoder_load`` for ``device``: :data:`A100_HW_DECODER_LOAD` on an A100, else DALI's."""
     if device.type == "cuda" and "A100" in torch.cuda.get_device_name(device).upper():
         return A100_HW_DECODER_LOAD
     return DEFAULT_HW_DECODER_LOAD
@@ -110,9 +103,8 @@ def message_lines(exc: Exception) -> list[str]:
 
 
 def cuda_failure(exc: Exception) -> str | None:
-    """One line for a DALI error that names a CUDA / driver failure: the message from the last
-    line naming one on ("Error in thread 0: CUDA runtime API error cudaErrorInvalidValue (1):
-    invalid argument"); None if no line names one (a damaged file, say)."""
+    """One line for a DALI error naming a CUDA / driver failure (from the last line naming one
+    on, e.g. "CUDA runtime API error cudaErrorInvalidValue (1)"); None for other errors."""
     lines = message_lines(exc)
     hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
     return " ".join(lines[hits[-1]:]) if hits else None

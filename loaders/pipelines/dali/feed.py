@@ -1,19 +1,9 @@
-"""What the DALI pipeline is fed, prepared off the training thread.
-
-DALI 2.4 calls a non-parallel ``fn.external_source`` callback on the thread that calls
-``run()``, the training thread. Reading each batch's records there put the reads (14.0 ms per
-256-image batch of LMDB records on 2 cores, plus 6.1 ms of per-sample feeding) in series with
-the training step. Here a background thread per pipeline (:class:`BatchFeed`) reads
-the records of the batches ahead of DALI, parses each image's size from its header, draws the
-RandomResizedCrop window on the host with the CPU loaders' own function
-(:func:`loaders.transforms.random_resized_crop_params`, torchvision's algorithm, the same
-uniforms from (seed, epoch, rank, batch)), and packs uniform inputs as one array each; the
-callback only takes a ready batch. A window computed on the host replaces the ~30 DALI CPU
-operators that computed it in the graph (about 13 ms per batch on one DALI thread).
-
-Reads that fail (a missing shard) raise in the callback, on the training thread, as they did
-when the callback read them itself.
-"""
+"""What the DALI pipeline is fed, prepared off the training thread: DALI 2.4 calls a non-parallel
+``fn.external_source`` callback on the thread that calls ``run()``, where reads would be in
+series with the step (14 ms per 256-image LMDB batch on 2 cores). A thread per pipeline
+(:class:`BatchFeed`) reads the batches ahead, draws each RandomResizedCrop window from the
+header's size with :func:`~loaders.transforms.random_resized_crop_params` (instead of ~30 DALI
+CPU operators, about 13 ms per batch) and packs uniform inputs as one array each."""
 from __future__ import annotations
 
 import collections
@@ -30,29 +20,25 @@ from decode import image_size
 from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
-# Batches a feed prepares ahead of DALI's own queue, each a batch's encoded bytes (about 28 MB at
-# -b 256 of ImageNet JPEGs): with one, the training thread still waited 5.7 ms per batch
-# (median, 2 cores, bench_dali_feed), with two 1.6 ms.
+# Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
+# waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores, bench_dali_feed).
 AHEAD = 2
 _POLL_S = 0.1
 
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
-    """RandomResizedCrop uniforms and flips of batch ``batch`` of an epoch: float64
-    ``(count, 4 * RRC_ATTEMPTS)`` uniforms in [0, 1) (area share, aspect ratio, top, left per
-    attempt, as :func:`loaders.transforms.random_resized_crop_params` takes them) and int32
-    ``(count,)`` flips, a function of (seed, epoch, rank, batch) alone: a rebuilt pipeline or a
-    resumed epoch draws the same."""
+    """RandomResizedCrop uniforms of batch ``batch``, float64 ``(count, 4 * RRC_ATTEMPTS)`` in
+    [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips: a
+    function of (seed, epoch, rank, batch) alone, so a rebuilt pipeline or resumed epoch agrees."""
     rng = np.random.default_rng([seed, epoch, rank, batch])
     draws = rng.random((count, 4 * RRC_ATTEMPTS))
     return draws, (rng.random(count) < 0.5).astype(np.int32)
 
 
 def host_windows(data: Sequence[bytes], draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RandomResizedCrop windows of each image: float32 ``(N, 2)`` anchors ``(x, y)`` and
-    ``(N, 2)`` shapes ``(w, h)`` in whole pixels, for ``fn.decoders.image_slice``; exactly the
-    CPU loaders' windows for the same uniforms. An image whose size cannot be read gets a 1x1
-    window (DALI then fails to decode it, and the loader's bad-sample rules take over)."""
+    """RandomResizedCrop windows: float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` in
+    whole pixels (``fn.decoders.image_slice``'s), the CPU loaders' for the same uniforms; an
+    image of unreadable size gets 1x1 (DALI then fails on it: the bad-sample rules apply)."""
     anchors = np.zeros((len(data), 2), np.float32)
     shapes = np.ones((len(data), 2), np.float32)
     for j, encoded in enumerate(data):
@@ -67,9 +53,9 @@ def host_windows(data: Sequence[bytes], draws: np.ndarray) -> tuple[np.ndarray, 
 
 @dataclass(frozen=True)
 class FeedPass:
-    """One pass as a feed reads it: batch ``b`` of ``order`` (from the pass's first) is batch
-    ``first_batch + b`` of ``epoch`` for the draws, cropped to ``size`` px; this feed serves
-    batches ``index, index + pipelines, ...``."""
+    """One pass as a feed reads it: batch ``b`` of ``order`` is the epoch's batch
+    ``first_batch + b`` (for draws), cropped to ``size`` px; the feed serves batches ``index``,
+    ``index + pipelines``, ..."""
 
     order: tuple[int, ...]
     epoch: int
@@ -81,21 +67,15 @@ class FeedPass:
 
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
-    pointed at a pass by :meth:`start`, whose batches a background thread prepares
-    :data:`AHEAD` batches ahead.
-
-    Each call returns ``[encoded, labels]`` (a list of uint8 1-D arrays; int32 ``(N,)``) plus,
-    for training (``opts.train``, a :class:`~.graph.GraphOptions`), float32 ``(N, 2)`` window
-    anchors ``(x, y)``, ``(N, 2)`` shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU
-    graph (``opts.cuda``: it resizes in DALI) float32 ``(N,)`` output sides and, with
-    ``opts.augment``, int32 ``(N, slots, 3)`` ``--auto-augment`` draws; ``StopIteration``
-    after the pass's last (possibly partial, never padded) batch. ``read(i) -> (bytes,
-    label)`` is the reader's. The last ``keep`` batches returned stay referenced here, since
-    DALI reads them without a copy (``no_copy``): at least the pipeline's prefetch queue depth
-    plus one. :attr:`waited` sums the seconds the calls waited for a batch. ``log`` (a
-    :class:`loaders.timing.batch_stages.BatchStageLog` or None) gets each prepared batch's
-    per-image read seconds, its window draws' seconds and the thread's wall and CPU seconds for
-    it (queue waits apart)."""
+    pointed at a pass by :meth:`start`; a background thread prepares :data:`AHEAD` batches.
+    Each call returns ``[encoded, labels]`` (uint8 1-D arrays; int32 ``(N,)``) plus, for
+    training, float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` and int32 ``(N,)``
+    flips, and for the GPU graph (``opts.cuda``) float32 ``(N,)`` output sides and, with
+    ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` after the pass's
+    last (possibly partial) batch; a failed read raises in the call. The last ``keep`` batches
+    stay referenced, as DALI reads them in place (``no_copy``): at least its prefetch depth + 1.
+    :attr:`waited`: seconds the calls waited. ``log`` (a ``BatchStageLog``, or None) gets each
+    batch's per-image reads, its draws' seconds and the thread's wall and CPU seconds."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
@@ -125,9 +105,8 @@ class BatchFeed:
             self._thread.start()
 
     def close(self, wait_s: float | None = None) -> None:
-        """Stop the background thread (its batches not yet taken are dropped): joined, or,
-        with ``wait_s``, left behind after ``wait_s`` seconds still in a read (a daemon, for
-        a run's exit: a stream retrying a shard must not hold it)."""
+        """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
+        left behind in a read (a daemon: a stream retrying a shard must not hold a run's exit)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(wait_s)
@@ -151,8 +130,7 @@ class BatchFeed:
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
-        """The external source's outputs for batch ``batch`` of ``plan`` (see the class), or
-        None past the pass's end."""
+        """The external source's outputs for batch ``batch`` of ``plan``; None past its end."""
         indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             return None
@@ -181,10 +159,8 @@ class BatchFeed:
 
     def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
                    started: float, cpu: float) -> None:
-        """Add one prepared batch to :attr:`log`: ``reads`` (seconds per image), ``window``
-        (seconds of the batch's draws, each image its share) and this thread's seconds since
-        ``started`` (wall) and ``cpu`` (its CPU clock then); the feed is reader
-        ``plan.index``. The packing of the other inputs is in the wall time, in no stage."""
+        """Add one prepared batch of reader ``plan.index`` to :attr:`log`: ``reads`` (s per
+        image), ``window`` (the draws' s) and this thread's wall and CPU s since ``started``."""
         log, count = self.log, len(data)
         log.add("read", reads)
         if self.train:

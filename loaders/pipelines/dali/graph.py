@@ -1,20 +1,6 @@
-"""The DALI side of ``--dali``: the graph's source, the
-decode/augment graph, and turning its outputs into torch tensors.
-
-Source (:func:`source`): one batched ``fn.external_source`` fed by a
-``feed.BatchFeed``, which the loader points at each pass's order, so a pipeline is built
-once per run and reused every epoch (as in NVIDIA's DALI ResNet-50 example): each batch's
-encoded images and labels and, for training, each sample's RandomResizedCrop window (drawn on
-the host from (seed, epoch, rank, batch number)), flip and output size, so an epoch's
-augmentation does not depend on what the pipeline ran before.
-
-Graph (:func:`augment`): with a GPU, decode (nvJPEG and the hardware decoder, or the CPU with
-``--dali-cpu``), resize, crop, flip and normalise in DALI; CPU-only, DALI decodes (a training
-JPEG's RandomResizedCrop window only) and :func:`finish_on_cpu` resizes, flips and normalises
-with the other pipelines' torch code, because DALI's CPU resize is the slow step there.
-
-DALI is imported only inside functions, so this module imports without it.
-"""
+"""The DALI side of ``--dali``: the graph's source (one batched ``fn.external_source`` fed by a
+``feed.BatchFeed``), the decode/augment graph (:func:`augment`; CPU-only finished in torch by
+:func:`finish_on_cpu`) and its outputs as torch tensors. DALI is imported only inside functions."""
 from __future__ import annotations
 
 import time
@@ -38,34 +24,27 @@ _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
 
 
-# nvJPEG's buffers sized for the largest ImageNet JPEGs, as NVIDIA's DeepLearningExamples RN50
-# (image_classification/dali.py) and DALI's ResNet-50 example set them "to avoid reallocations
-# in runtime" (DALI 2.4's defaults: 16 MiB device / 8 MiB host padding, no hints). The paddings
-# are per decoding thread (DALI's nvJPEG decoder keeps a device buffer and pinned host buffers
-# per thread), and those examples run 4 threads: :func:`nvjpeg_memory` keeps their total,
-# each of ``threads`` threads getting a share, so -j 16 does not pin 16 x 134 MiB of host memory
-# and take 16 x 201 MiB of the GPU's (a larger image grows its thread's buffer once).
+# nvJPEG's buffers sized for the largest ImageNet JPEGs "to avoid reallocations in runtime", as
+# NVIDIA's DeepLearningExamples RN50 (image_classification/dali.py) and DALI's ResNet-50 example
+# set them (DALI 2.4: 16 MiB device / 8 MiB host). They are per decoding thread and the examples
+# run 4: :func:`nvjpeg_memory` splits that total beyond, so -j 16 does not pin 16 x 134 MiB.
 NVJPEG_PADDING = dict(device_memory_padding=211025920, host_memory_padding=140544512)
 NVJPEG_HINTS = dict(preallocate_width_hint=5980, preallocate_height_hint=6430)
 NVJPEG_EXAMPLE_THREADS = 4
 
 
 def nvjpeg_memory(threads: int) -> dict:
-    """``fn.decoders.*`` arguments for the mixed (nvJPEG) decode on ``threads`` CPU threads:
-    the examples' paddings in bytes per thread for up to :data:`NVJPEG_EXAMPLE_THREADS`
-    threads, their 4-thread total split evenly beyond, and the hardware decoder's size hints
-    (pixels; one decoder, not per thread)."""
+    """``fn.decoders.*`` arguments for the mixed decode on ``threads`` CPU threads: the examples'
+    paddings (bytes per thread) up to :data:`NVJPEG_EXAMPLE_THREADS` threads, their total split
+    evenly beyond, and the hardware decoder's size hints (pixels)."""
     share = NVJPEG_EXAMPLE_THREADS / max(NVJPEG_EXAMPLE_THREADS, threads)
     return {**{k: int(v * share) for k, v in NVJPEG_PADDING.items()}, **NVJPEG_HINTS}
 
 
 def decode_args(opts: "GraphOptions") -> dict:
-    """The decoder's arguments for ``opts``: RGB pixels as stored (no EXIF orientation, as the
-    other loaders), on the CPU or mixed; mixed adds :func:`nvjpeg_memory` for
-    ``opts.threads``, ``hw_decoder_load`` and ``jpeg_fancy_upsampling=True``: nvJPEG's default
-    chroma upsampling differs from libjpeg-turbo's "fancy" one, which DALI's CPU backend, the
-    CPU loaders and nvImageCodec (``decode.gpu``) use, so the same image would train on other
-    pixels under ``--dali``."""
+    """The decoder's arguments: RGB pixels as stored (no EXIF orientation, as every loader), CPU
+    or mixed; mixed adds :func:`nvjpeg_memory`, ``hw_decoder_load`` and ``jpeg_fancy_upsampling``
+    (libjpeg-turbo's chroma upsampling, as the other loaders decode: nvJPEG's differs)."""
     from nvidia.dali import types
 
     args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
@@ -94,10 +73,9 @@ class GraphOptions:
 
 
 def stored_shape(encoded):
-    """Each image's ``(H, W, C)`` as stored, float64, from its header: the shape the decoder
-    (``adjust_orientation=False``) decodes. ``fn.peek_image_shape`` applies EXIF orientation by
-    default: an EXIF-rotated JPEG's window was drawn for the turned shape and left the stored
-    image, and DALI stopped on it, or crashed the process."""
+    """Each image's ``(H, W, C)`` as stored (float64, from its header), as the decoder
+    (``adjust_orientation=False``) decodes it; ``fn.peek_image_shape``'s default turns it by
+    EXIF, and windows drawn for the turned shape left the image and stopped (or crashed) DALI."""
     from nvidia.dali import fn, types
 
     return fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False), dtype=types.FLOAT64)
@@ -105,10 +83,8 @@ def stored_shape(encoded):
 
 def inside(anchor, shape, size):
     """``(anchor, shape)`` (float32 ``(x, y)``, ``(w, h)`` nodes) clamped into the image of
-    ``size`` (:func:`stored_shape`): the same window for every window drawn from the size the
-    host read from the same header, but one that leaves its image would stop DALI's decoder,
-    and DALI has crashed the process on that error; :func:`window_mismatch` names
-    it instead."""
+    ``size`` (:func:`stored_shape`): a no-op for a window drawn from the same header, but one that
+    left its image would stop (or crash) DALI's decoder; :func:`window_mismatch` names it."""
     from nvidia.dali import fn, math as dmath, types
 
     limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
@@ -117,21 +93,14 @@ def inside(anchor, shape, size):
 
 
 def augment(encoded, opts: GraphOptions, train_inputs=None):
-    """DALI graph: encoded images -> list of outputs before the labels. ``train_inputs``
-    (training): the external source's ``(anchors, shapes, flips, sizes or None)`` nodes (see
-    ``feed.BatchFeed``).
-
-    With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with channels-last), float16
-    if ``opts.dtype`` is, else float32 (no bfloat16 in DALI: ``_to_torch`` converts). CPU-only:
-    ``[crops, mirror]`` for training (uint8 HWC RandomResizedCrop windows of varied size, int32
-    flip flags) or ``[images]`` for validation (whole uint8 HWC images), which
-    :func:`finish_on_cpu` resizes, flips and normalises: DALI's CPU ``fn.resize`` is the slow
-    stage there, its region-of-interest JPEG decoding fast (``benchmarks/profile_dali_cpu.py``).
-    Training lists end with the :data:`WINDOW_CHECKS` outputs that :func:`window_mismatch`
-    reads. Grayscale and CMYK JPEGs come out as RGB (``output_type=RGB``), as PIL's
-    ``convert("RGB")``; EXIF orientation is not applied, in the window either (pixels as stored,
-    as every loader here: docs/loaders.md, *Orientation*).
-    """
+    """DALI graph: encoded images -> the outputs before the labels (``train_inputs``: the source's
+    training nodes). With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with
+    channels-last), float16 if ``opts.dtype`` is, else float32 (DALI has no bfloat16). CPU-only,
+    for :func:`finish_on_cpu` (DALI's CPU resize is slow, its region decode fast:
+    ``benchmarks/profile_dali_cpu.py``): training's ``[crops, mirror]`` (uint8 HWC windows, int32
+    flips), validation's ``[images]`` (whole uint8 HWC). Training lists end with the
+    :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, as PIL's ``convert("RGB")``;
+    EXIF orientation is not applied (docs/loaders.md, *Orientation*)."""
     from nvidia.dali import fn, types
 
     decode = decode_args(opts)
@@ -168,17 +137,15 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD]), *checks]
 
 
-# The last outputs of a training graph before the labels: the decoded windows' shapes (int64
-# (H, W, C) each), the drawn windows' anchors (x, y) and shapes (w, h) (float32), and the
-# images' stored shapes (float64 (H, W, C)).
+# A training graph's last outputs before the labels: decoded window shapes (int64 HWC), drawn
+# anchors and shapes (float32 (x, y), (w, h)) and stored shapes (float64 HWC).
 WINDOW_CHECKS = 4
 
 
 def window_mismatch(outputs) -> tuple[int, str] | None:
-    """``(position in the batch, one-line reason)`` of the first sample of a training batch
-    (the pipeline's outputs, labels last) whose RandomResizedCrop window leaves its stored
-    image, or whose decoded window is not that ``h x w x 3``; None if every sample is right.
-    Reads shape metadata only, never pixels, so it runs before anything reads a buffer."""
+    """``(position, one-line reason)`` of the first sample of a training batch's outputs whose
+    window leaves its stored image or decoded to other than ``h x w x 3``; None if all are right.
+    Reads shape metadata only, so it runs before anything reads a buffer."""
     decoded, anchors, shapes, sizes = (np.array(out.as_tensor()).reshape(len(out), -1)
                                        for out in outputs[-1 - WINDOW_CHECKS:-1])
     for position in range(len(decoded)):
@@ -195,13 +162,10 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
 
 def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
                   seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU-only pipeline outputs (see :func:`augment`) -> normalised float32 ``(N, 3, crop,
-    crop)`` images and int64 ``(N,)`` labels, with the other backends' torch resize
-    (``loaders.transforms``) and normalisation (``normalize.normalize_each``); training crops
-    then go through ``opts.augment``'s torch policy, its draws from torch's generator
-    seeded with ``augment_seed`` (the batch's, as the DataLoader workers seed theirs).
-    ``seconds``, if given, gets the wall seconds of the resizes (``"resize"``), of the flips
-    and policy (``"augment"``) and of the rest (``"copy"``: the normalisation, the labels)."""
+    """CPU-only outputs -> normalised float32 ``(N, 3, crop, crop)`` images and int64 ``(N,)``
+    labels by the other pipelines' torch resize and normalisation, training crops through
+    ``opts.augment``'s torch policy seeded with ``augment_seed``. ``seconds``, if given, gets the
+    wall seconds of ``"resize"``, ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
     clock = time.perf_counter if seconds is not None else no_clock
     started = clock()
     spent = {"resize": 0.0, "augment": 0.0}
@@ -241,12 +205,10 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
 
 def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_seed: int,
                      seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch's pipeline outputs as the loader yields them: CPU-only :func:`finish_on_cpu`
-    (``augment_seed``: its policy's); with CUDA ``opts.dtype`` images (channels-last NCHW
-    views of DALI's NHWC with ``opts.channels_last``) and int64 labels on ``device``, taken
-    without a copy (:func:`gpu_to_torch`) on torch's current stream. ``seconds``, if given,
-    gets ``"copy"``, the host's wall seconds of the hand-over (CPU-only also ``"resize"``
-    and ``"augment"``)."""
+    """A batch's outputs as the loader yields them: CPU-only :func:`finish_on_cpu`; with CUDA
+    ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels on
+    ``device``, without a copy (:func:`gpu_to_torch`). ``seconds``, if given, gets the
+    hand-over's ``"copy"`` (CPU-only also ``"resize"`` and ``"augment"``)."""
     if not opts.cuda:
         return finish_on_cpu(outputs, opts, augment_seed, seconds)
     started = time.perf_counter()
@@ -262,19 +224,15 @@ def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_
 
 
 def source(feed):
-    """The graph's source: ``(encoded, labels, train_inputs or None)`` from one batched
-    ``fn.external_source`` calling ``feed`` (a ``feed.BatchFeed``) on the thread that runs
-    the pipeline; ``train_inputs``: ``(anchors, shapes, flips, sizes or None, the
-    ``--auto-augment`` policy's draws or None)``. Uniform inputs
-    come as one ``(N, ...)`` array each, which DALI takes in one piece (2.49 ms per batch as
-    per-sample lists vs 0.55 ms), and nothing is copied (``no_copy``)."""
+    """``(encoded, labels, train_inputs or None)`` from one batched ``fn.external_source`` calling
+    ``feed`` on the pipeline's thread (``train_inputs``: anchors, shapes, flips, sizes or None,
+    draws or None); uniform inputs come as one array each (0.55 ms per batch; 2.49 as lists)."""
     from nvidia.dali import fn, types
 
     dtypes = ([types.UINT8, types.INT32]
               + ([types.FLOAT, types.FLOAT, types.INT32] if feed.train else [])
               + ([types.FLOAT] if feed.sizes else []) + ([types.INT32] if feed.augment else []))
-    # no_copy: DALI reads the feed's arrays in place (the feed keeps them alive until then)
-    # instead of copying each batch on the training thread (5-8 ms per 256 images here)
+    # no_copy: DALI reads the feed's arrays in place, not copying 256 images (5-8 ms) here
     outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
                               batch_info=True, parallel=False, dtype=dtypes, no_copy=True)
     train = (*outs[2:], None, None)[:5] if feed.train else None

@@ -1,24 +1,10 @@
-"""The NVIDIA DALI pipeline's loader (``--dali``): JPEG decode, crop and normalisation inside a
-DALI pipeline, over any random-access reader, through one batched ``fn.external_source`` fed by
-``feed.BatchFeed`` (a background thread per pipeline reads the records of the batches ahead and
-draws their windows on the host). Labels are the reader's.
-
-With CUDA, decoding is nvJPEG (``device="mixed"``, hardware decoder share
-``--dali-hw-decoder-load``) and the rest, labels included, runs on the GPU; each batch is handed
-to torch without a copy (DLPack) on torch's current stream, four in flight. ``--dali-cpu``
-decodes on the CPU and resizes and normalises on the GPU, as NVIDIA's DeepLearningExamples RN50
-does. Without CUDA the pipelines run CPU-only (``device_id=None``): DALI decodes (only the
-RandomResizedCrop window of a training JPEG) and torch resizes, flips and normalises with the
-other pipelines' code (``graph.finish_on_cpu``); ``-j`` single-threaded pipelines take turns.
-EXIF orientation is not applied, as in every loader here (docs/loaders.md, *Orientation*).
-
-Each epoch is read in the indices of the reader's epoch orders, handed to DALI as that exact
-list (not DALI's shuffling and sharding). Each pipeline is built once per run and reused by
-every pass (as in NVIDIA's DALI ResNet-50 example); each pass points its feed at the pass's
-order, crop side and epoch, and windows and flips are drawn on the host from (seed, epoch, rank,
-batch number), so a resumed epoch draws what the uninterrupted one did. Pipelines are rebuilt
-only after a sample DALI could not decode (from that batch on) and after a pass left unfinished.
-"""
+"""The NVIDIA DALI pipeline's loader (``--dali``) over any random-access reader, fed by
+``feed.BatchFeed`` threads. With CUDA, nvJPEG decodes (``--dali-hw-decoder-load``) and the rest
+runs on the GPU, four batches in flight (``--dali-cpu``: decode on the CPU, as NVIDIA's
+DeepLearningExamples RN50); without, single-threaded CPU pipelines take turns and torch finishes
+each crop. Each epoch is read in the reader's orders, handed to DALI as a list (not its
+shuffling or sharding); pipelines are built once per run (as NVIDIA's DALI ResNet-50 example),
+rebuilt only after a sample DALI could not decode or a pass left unfinished."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,39 +30,21 @@ from .feed import BatchFeed, FeedPass
 from .graph import GraphOptions, augment, outputs_to_torch, source
 from .unreadable import UnreadableSamples
 
-# Seconds close() waits for each feed thread to leave the read it is in (a streamed shard may
-# be retrying): past it the daemon thread is left behind, so a run's exit is never held.
+# Seconds close() gives a feed thread to leave its read (a shard retrying): then left behind
 CLOSE_WAIT_S = 5.0
 
 
 class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
-    """One split's DALI pipelines, built once and fed each pass with ``reader``'s samples in
-    the indices of ``order``, as a loader of the usual contract.
-
-    Yields ``images``: ``(N, 3, H, W)`` ``opts.dtype`` (float32, or the ``--amp-dtype`` under
-    ``--amp`` on CUDA) on ``dist.device``, normalised with the ImageNet mean/std, channels-last
-    memory format with ``--channels-last``; ``labels``: int64 ``(N,)`` on it (with CUDA
-    both are copied out of DALI's GPU buffers on torch's current stream, not blocking the host).
-    ``len()`` is exact; the last validation batch may be smaller and holds no padding.
-    ``classes``: class names (index = label). ``set_epoch(epoch)`` selects the order and the
-    augmentation seed. A sample the acceptance rule refuses (``max_pixels``,
-    ``--max-image-pixels``: :mod:`decode.acceptance`) is never handed to DALI: the feed reads
-    the next readable one in its place; a sample DALI cannot decode is found with our CPU
-    decoder; either is reported once on stderr, replaced by the next readable one and
-    remembered (``unreadable``), so later passes leave it out; iterating raises
-    :class:`DataError` when the unreadable samples exceed ``max_bad_share`` of the split or
-    DALI fails for another reason, and :class:`AcceleratorError` at once for a CUDA failure
-    (out of memory...). What DALI's decoder prints during a pass is caught
-    (:mod:`decode.messages`): the sample a warning was about is named once (``warned``).
-
-    With CUDA one pipeline runs ``settings.workers`` CPU threads. CPU-only, ``cpu_pipelines``
-    pipelines (default: one per thread, each single-threaded) take turns, pipeline ``p``
-    producing batches ``p, p + n, ...`` (see :meth:`_num_pipelines`).
-
-    Training measures its stages (:mod:`loaders.timing.batch_stages`; :meth:`stage_summary`): the
-    feed threads' reads and windows, the training thread's wait for DALI's output (DALI's
-    decode, unmeasured apart, is in it) and hand-over (CPU-only: torch's resize and flip).
-    """
+    """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
+    ``order``, yielding the batches of ``loaders.settings``' contract (with CUDA taken from DALI's
+    GPU buffers on torch's current stream; the last validation batch smaller, never padded). A
+    sample the acceptance rule refuses never reaches DALI (the feed reads the next one); one DALI
+    cannot decode is found with our CPU decoder; either is reported, replaced and remembered
+    (``unreadable``). Past ``max_bad_share``, or on another DALI failure, iterating raises
+    :class:`DataError`; on a CUDA failure :class:`AcceleratorError`. A sample DALI's decoder warned
+    about is named once (``warned``). CPU-only, ``cpu_pipelines`` single-threaded pipelines
+    (default: one per thread) take turns. Training measures the feed threads' reads and windows and
+    the training thread's wait and hand-over (``timing.batch_stages``)."""
 
     cpu_pipelines: int | None = None  # CPU-only pipelines taking turns (None: one per thread)
 
@@ -93,12 +61,10 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         self.max_bad_share, self.seed, self.rank = settings.max_bad_share, settings.seed, dist.rank
         self.num_threads = max(1, settings.workers)
         self.epoch = self.start_batch = 0
-        # Built pipelines and their feeds, reused while they are between passes.
         self._pipes: list = []
         self._feeds: list[BatchFeed] = []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
-        # Samples found unreadable this run (main process only: the probes run here), those the
-        # feed refused (counted here by its threads), those named as damaged but kept.
+        # found unreadable (the probes run here) or refused by the feed; named as damaged, kept
         self.unreadable = UnreadableSet(order.num_samples)
         self.warned = UnreadableSet(order.num_samples)
         self.max_pixels, self.refused = settings.max_image_pixels, 0
@@ -119,25 +85,20 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """Make the next pass's order and augmentation a function of (seed, epoch, rank), and
-        start it at batch ``start_batch`` (a resumed epoch; ``rest``: one dealt anew at this
-        layout, whose indices are read instead, :mod:`loaders.orders.positions`). Hands the host
-        heap's freed pages back to the kernel first (:func:`decode.release_freed_memory`):
-        without it, the memory kept at each epoch's peaks grows resident memory epoch after
-        epoch."""
+        """The next pass's order and augmentation as a function of (seed, epoch, rank), from
+        batch ``start_batch`` (``rest``: a resumed epoch dealt anew). Hands the heap's freed pages
+        back first (:func:`decode.release_freed_memory`): else resident memory grows by epoch."""
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
         self._rest = self._take_rest(epoch, start_batch, rest)
 
     @property
     def resolution(self) -> int:
-        """The side in pixels of the images the next pass yields."""
         return self.opts.crop_size
 
     def set_resolution(self, size: int) -> None:
-        """Training: RandomResizedCrop to ``size`` px from the next pass on (progressive
-        resizing): the side reaches the built pipelines as an input. Raises ``ValueError``
-        for a validation loader or a size below 1."""
+        """Training: RandomResizedCrop to ``size`` px from the next pass on, an input of the built
+        pipelines. Raises ``ValueError`` for a validation loader or a size below 1."""
         if not self.opts.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
         if size < 1:
@@ -145,9 +106,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
     def order(self) -> list[int]:
-        """Dataset indices the next pass yields, in order (the epoch order's, cut to
-        :attr:`num_batches` batches, from ``start_batch`` on; a pass dealt anew: its
-        ``rest``'s)."""
+        """Dataset indices the next pass yields: the epoch order's, cut to :attr:`num_batches`
+        batches, from ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
         if self._rest is not None:
             return self._rest[:len(self) * self.batch_size]
         indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
@@ -206,9 +166,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def _after_batch(self, order: list[int], step: int, caught, refused: int,
                      pipelines: int) -> int:
-        """After batch ``step`` ran: name the sample of a warning DALI's decoder printed
-        (:meth:`_name_damaged`), and stop past ``max_bad_share`` if the feed refused samples
-        since ``refused`` (the count then); returns the count now."""
+        """After batch ``step``: name the sample of a warning DALI's decoder printed, and check
+        ``max_bad_share`` if the feed refused samples since ``refused``; returns the count now."""
         lines = caught.take()
         if lines:
             self._name_damaged(order, step, lines,
@@ -222,27 +181,24 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         return "training" if self.opts.train else "validation"
 
     def _num_pipelines(self, batches: int) -> int:
-        """How many pipelines take turns over ``batches`` batches: 1 with CUDA; CPU-only,
-        ``cpu_pipelines`` or one per thread. A multi-threaded DALI operator finishes a batch
-        before it starts the next, so its threads idle while a batch's last images decode, and
-        more so while the main thread resizes on the same cores; single-threaded pipelines
-        taking turns have no such barrier (``profile_dali_cpu.py``, docs/performance.md)."""
+        """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
+        ``cpu_pipelines`` or one per thread: a multi-threaded DALI operator finishes a batch
+        before the next, idling its threads on a batch's last images, where single-threaded
+        pipelines taking turns do not (``profile_dali_cpu.py``, docs/performance.md)."""
         if self.opts.cuda:
             return 1
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))
 
     def _queue_depth(self, pipelines: int) -> int:
-        # With CUDA, 4 batches in flight: DALI PR #6366 measured the mixed decoder's p99 at
-        # 24-34 ms and its maximum at 31-73 ms per batch, longer than ResNet-18's 17 ms step on
-        # an H100, which depth 2 exposed. CPU-only, the main thread resizes while DALI decodes
-        # ahead: deeper queues keep both busy (two pipelines on 2 cores: +5-8% images/s at depth
-        # 4 over DALI's default 2); at most 8 queued batches in all bound their memory.
+        # CUDA: 4 batches in flight, as the mixed decoder's p99 (24-34 ms per batch, DALI PR
+        # #6366) exceeds ResNet-18's 17 ms H100 step, which depth 2 exposed. CPU-only: deeper
+        # queues keep DALI decoding while the main thread resizes (+5-8% images/s at 4 on 2
+        # cores), at most 8 batches queued in all.
         return 4 if self.opts.cuda else max(1, min(4, 8 // pipelines))
 
     def _run(self, pipe):
-        """One batch of ``pipe``: with CUDA returned on torch's current stream (the host does
-        not wait for it; torch's next kernels do), CPU-only when ready (:attr:`_waited`: the
-        wait's wall and CPU seconds, for :meth:`_to_torch`)."""
+        """One batch of ``pipe``: with CUDA on torch's current stream (the host does not wait),
+        else when ready; :attr:`_waited` gets the wait's wall and CPU seconds."""
         clock, cpu_clock = ((time.perf_counter, thread_cpu) if self.stage_log is not None
                             else (no_clock, no_clock))
         started, cpu = clock(), cpu_clock()
@@ -255,9 +211,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         return outputs
 
     def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
-        """The pipelines, built on first use (or when their number changes), fed ``order``:
-        pipeline ``p`` of ``n`` reads its batches ``p, p + n, p + 2n, ...``, the first being
-        batch ``first_batch`` of the epoch."""
+        """The pipelines (built on first use or when their number changes) fed ``order``:
+        pipeline ``p`` of ``n`` reads batches ``p, p + n, ...``, the first ``first_batch``."""
         n = self._num_pipelines(batches)
         if len(self._pipes) != n:
             self._drop_pipelines()
@@ -268,9 +223,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         return self._pipes
 
     def _end_pass(self) -> bool:
-        """After a pass's last batch: let each pipeline see its source end (StopIteration)
-        and reset it for the next pass. Returns False (pipelines dropped) if one still had
-        data, which a complete pass never leaves."""
+        """After a pass's last batch, let each pipeline see its source end and reset it; False
+        (pipelines dropped) if one still had data, which a complete pass never leaves."""
         for pipe in self._pipes:
             try:
                 self._run(pipe)
@@ -281,9 +235,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         return True
 
     def close(self) -> None:
-        """Free the pipelines and stop their feed threads (each given
-        :data:`CLOSE_WAIT_S` to leave a read); on any way out, more than once; a later pass
-        builds new ones."""
+        """Free the pipelines, stop their feeds (each given :data:`CLOSE_WAIT_S`); idempotent."""
         self._drop_pipelines(CLOSE_WAIT_S)
 
     def _drop_pipelines(self, wait_s: float | None = None) -> None:
@@ -292,8 +244,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         self._pipes, self._feeds = [], []  # freed (with their GPU memory) when collected
 
     def _build_pipelines(self, n: int) -> list:
-        """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in
-        :attr:`pipeline_builds`."""
+        """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in pipeline_builds."""
         self._feeds = [BatchFeed(self._read_accepted, self.opts, self.batch_size, self.seed,
                                  self.rank, keep=self._queue_depth(n) + 1, log=self.stage_log)
                        for _ in range(n)]

@@ -1,8 +1,6 @@
-"""What :class:`~loaders.pipelines.dali.DALILoader` does about a sample DALI cannot decode
-(a mixin): find it with our CPU decoder, report it once on stderr, remember it and replace it
-in the pass's order by the next readable sample, as the other pipelines do
-(``loaders.pipelines.bad_samples``); past ``max_bad_share`` of the split, :class:`DataError`.
-"""
+"""What :class:`~loaders.pipelines.dali.DALILoader` does about a sample DALI cannot decode (a
+mixin): find it with our CPU decoder, then report, remember and replace it as the other pipelines
+do (``loaders.pipelines.bad_samples``); past ``max_bad_share`` of the split, :class:`DataError`."""
 from __future__ import annotations
 
 from decode import decode
@@ -16,16 +14,14 @@ from .graph import window_mismatch
 
 
 class UnreadableSamples:
-    """Needs ``batch_size``, ``reader``, ``unreadable`` and ``warned`` (``UnreadableSet`` s),
-    ``refused`` (an int), ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split`` and
-    ``_drop_pipelines()`` of the loader."""
+    """Needs the loader's ``batch_size``, ``reader``, ``unreadable``, ``warned``, ``refused``,
+    ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
 
     def _read_accepted(self, index: int) -> tuple[bytes, int]:
-        """``reader.read(index)``, or where the acceptance rule refuses those bytes (checked
-        with ``max_pixels`` from the header, before DALI sees them) the first readable
-        sample's after it, each refused one reported once, remembered and counted in
-        ``refused`` (the training thread compares it with ``max_bad_share``). Runs in the feed
-        threads. Raises :class:`DataError` if every sample of the split is unreadable."""
+        """``reader.read(index)``, or where the acceptance rule (``max_pixels``) refuses those
+        bytes the next readable sample's, each refused one reported once, remembered and counted
+        in ``refused``. Runs in the feed threads, before DALI sees the bytes. Raises
+        :class:`DataError` if every sample of the split is unreadable."""
         while True:
             data, label = self.reader.read(index)
             try:
@@ -38,19 +34,16 @@ class UnreadableSamples:
                 index = self.unreadable.next_readable(index)
 
     def _check_refused(self) -> None:
-        """Raise :class:`DataError` once the unreadable samples (the feed's refusals too)
-        exceed ``max_bad_share`` of the split."""
+        """Raise :class:`DataError` once the unreadable (refused too) exceed ``max_bad_share``."""
         bad, size = self.unreadable.count(), self.sample_order.num_samples
         if bad > self.max_bad_share * size:
             raise too_many_unreadable(bad, self.max_bad_share, size) from None
 
     def _name_damaged(self, order: list[int], step: int, lines: list[str],
                       lookahead: int) -> None:
-        """DALI's decoder printed ``lines`` (caught when batch ``step`` was taken; its threads
-        decode up to ``lookahead`` batches ahead, and what they print may arrive a few batches
-        late): the sample of batches ``step - lookahead .. step + lookahead`` whose decode by
-        our CPU decoder prints them too is named once (``warned``). A sample named before takes
-        them without a probe; where no sample prints them, one line says so."""
+        """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
+        ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
+        may arrive late); a sample named before takes them unprobed; none: one line says so."""
         batch = self.batch_size
         first = max(0, step - lookahead)
         window = [order[p] for p in range(first * batch, min(len(order), (step + lookahead)
@@ -79,10 +72,9 @@ class UnreadableSamples:
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> int:
-        """Probe the samples of batches ``step .. step + lookahead`` (DALI runs a few batches
-        ahead) with our CPU decoder; remember and report each unreadable one (once) and replace
-        it in ``order`` by the next readable dataset index. Returns how many were newly found
-        unreadable; raises :class:`DataError` with DALI's message if none of them is."""
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) with our CPU decoder;
+        report, remember and replace in ``order`` (by the next readable index) each unreadable
+        sample. Returns the count newly found; :class:`DataError` (DALI's message) if none."""
         batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
         found = 0
@@ -102,9 +94,9 @@ class UnreadableSamples:
         return found
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
-        """A sample of batch ``step`` whose window :func:`~.graph.window_mismatch` finds wrong is an unreadable sample (reported, remembered, replaced in ``order``; the
-        pipelines dropped): returns whether there was one. Raises :class:`DataError` past
-        ``max_bad_share``."""
+        """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
+        it is then reported, remembered and replaced in ``order``, and the pipelines dropped.
+        Raises :class:`DataError` past ``max_bad_share``."""
         found = window_mismatch(outputs)
         if found is None:
             return False
@@ -119,9 +111,8 @@ class UnreadableSamples:
         return True
 
     def _readable(self, index: int) -> bool:
-        """Judge sample ``index`` by the acceptance rule and decode it (never one known
-        unreadable: the order skips those); if either fails, remember it, report it and
-        return False."""
+        """Judge sample ``index`` by the acceptance rule and decode it (never one known unreadable:
+        the order skips those); if either fails, remember it, report it and return False."""
         try:
             data = self.reader.read(index)[0]
             check(data, self.max_pixels)

@@ -1,6 +1,5 @@
-"""Iterators run ahead: what the batch-decode pipeline uses so that the training process decodes
-batch ``k + 1`` while its training thread runs step ``k``, in a background thread
-(:func:`run_ahead`) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
+"""Iterators run ahead, so the training process decodes batch ``k + 1`` during step ``k``: in a
+thread (:func:`run_ahead`) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
 from __future__ import annotations
 
 import queue
@@ -9,8 +8,7 @@ from typing import Iterator
 
 _END = object()
 _POLL_S = 0.1
-# How long leaving early waits for the thread: it stops at its next item, unless ``items`` is
-# stuck (a DataLoader whose workers were stopped under it); a daemon thread is then left.
+# Seconds leaving early waits for the thread; one stuck in ``items`` is left behind (a daemon)
 _JOIN_S = 5.0
 
 
@@ -20,12 +18,10 @@ class _Failed:
 
 
 def run_ahead(items: Iterator, depth: int = 2) -> Iterator:
-    """The items of ``items`` (a generator), computed in a daemon thread up to ``depth`` ahead
-    of the caller, in order. An exception raised by ``items`` is raised here, at its place in
-    the sequence. Closing this iterator (or leaving it early) stops the thread and closes
-    ``items`` in it (its ``finally`` runs there) before it returns, or after at most 5 s
-    leaves the thread behind, stuck in ``items`` (a daemon: it never blocks the exit). ``items`` must not draw
-    from torch's global RNG (it runs beside the training thread)."""
+    """The items of ``items`` (a generator), computed in a daemon thread up to ``depth`` ahead, in
+    order; an exception from ``items`` is raised here, in its place. Closing this iterator stops
+    the thread and closes ``items`` in it, or after :data:`_JOIN_S` leaves it stuck in ``items``
+    (a daemon never blocks the exit). ``items`` must not draw from torch's global RNG."""
     ready: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
 

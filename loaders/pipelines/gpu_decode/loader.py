@@ -1,16 +1,7 @@
-"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``):
-DataLoader workers only read each sample's encoded bytes and draw its window
-(``gpu_decode.windows``); the training process decodes each batch's windows at once
-(:class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, its hardware JPEG decoder where
-there is one; or nvImageCodec's CPU backend, the same code on a machine without a GPU), resizes
-them, flips and normalises them into the model's dtype. Takes any reader.
-
-The windows are the CPU loaders' (``loaders.transforms.TrainTransform.window``, seeded per
-batch by :func:`~loaders.pipelines.batches.batch_seed` of (seed, epoch, rank, batch)), so
-resume is exact and a run draws what ``--decode-device cpu`` draws. Validation decodes the
-central crop's region (with the resize filter's reach) and resamples it as the whole image's
-resize-then-crop would (:func:`loaders.transforms.center_crop_plan`).
-"""
+"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``). Its
+windows are the CPU loaders' (``TrainTransform.window``, seeded per batch), so resume is exact
+and a run draws what ``--decode-device cpu`` draws; validation decodes the central crop's region
+and resamples it as resize-then-crop would (:func:`loaders.transforms.center_crop_plan`)."""
 from __future__ import annotations
 
 import sys
@@ -35,42 +26,23 @@ from ..batches import ReaderLoader
 from .ahead import one_ahead, run_ahead
 from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
 
-# The stages this pipeline has (loaders.timing.stages.STAGES' names): the workers read and draw
-# windows, the decode thread decodes, resizes and flips ("augment"); its hand-over
-# (normalisation, copies to the device) is the log's copy time. No slot write: none is measured.
+# This pipeline's stages (loaders.timing.stages.STAGES' names): workers read and draw windows,
+# the decode thread decodes, resizes and flips ("augment"); its hand-over is the log's copy.
 STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """One split (``train``) of ``reader`` read in the indices of ``order`` by
-    ``settings.workers`` DataLoader processes that read the bytes and draw the windows
-    (:class:`~loaders.pipelines.batches.ReaderLoader`, :class:`.windows.Windows`), each batch's
-    windows decoded in this process by ``decoder`` (a :class:`decode.gpu.WindowDecoder`): with
-    workers in a thread up to two batches ahead of the training thread (``ahead``), on CUDA on a
-    side stream, so the decode overlaps the model's step (``-j 0``: one batch ahead on the
-    training thread).
-
-    Yields what :class:`~loaders.pipelines.workers.DeviceLoader` yields: ``images``
-    ``settings.dtype`` ``(N, 3, H, W)`` on ``dist.device`` normalised with the ImageNet
-    mean/std (channels-last with ``settings.channels_last``; training flipped where drawn),
-    ``labels`` int64 ``(N,)``; ``set_resolution`` takes any side up to ``max_crop_size`` (only
-    this process resizes). Workers are kept from pass to pass unless the reader plans each pass.
-
-    The workers refuse what the acceptance rule refuses (``max_pixels``, ``--max-image-pixels``:
-    :mod:`decode.acceptance`) before the decoder sees it, as the other pipelines do. A sample
-    the decoder declines is decoded on the CPU (:attr:`cpu_fallbacks` counts them); one
-    nothing decodes is marked in :attr:`unreadable` (shared with the workers, which then
-    never read it again), named once on stderr and replaced in its batch by another image of
-    the batch (with its label); beyond ``max_bad_share`` of the split, :class:`DataError`. One
-    a native decoder warned about while decoding it (libjpeg's ``Corrupt JPEG data: ...``) is
-    kept and named once (:attr:`warned`).
-
-    A training loader measures its stages (:mod:`loaders.timing.batch_stages`, unless
-    ``IMAGENET_FAST_STAGES=0``): :meth:`stage_summary` gives the figures of the batches
-    decoded since the last reset (counted when decoded, ahead of the training thread). On CUDA
-    the decode thread's figures are the host's seconds (the kernels they launch run later on
-    the side stream).
-    """
+    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
+    processes read the bytes and draw the windows (:class:`.windows.Windows`); ``decoder`` (a
+    :class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, or its CPU backend) decodes,
+    resizes, flips and normalises each batch here, in a thread up to two batches ahead of the
+    training thread (``-j 0``: one ahead, on it), on CUDA on a side stream. Yields the batches of
+    ``loaders.settings``' contract; ``set_resolution`` takes any side up to ``max_crop_size``.
+    The workers refuse what :mod:`decode.acceptance` refuses; a sample the decoder declines is
+    decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is marked (:attr:`unreadable`),
+    named once and replaced by another of its batch (with its label), :class:`DataError` past
+    ``max_bad_share``; one a native decoder warned about is kept and named once (:attr:`warned`).
+    Training measures its stages as decoded (``timing.batch_stages``; CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
                  settings: LoaderSettings, dist: DistInfo, train: bool):
@@ -96,7 +68,6 @@ class BatchDecodeLoader(ReaderLoader):
 
     @property
     def resolution(self) -> int:
-        """The side in pixels of the images the next pass yields."""
         return self.crop_size
 
     def set_resolution(self, size: int) -> None:
@@ -106,10 +77,8 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop this loader's workers (kept between passes, or of a pass left part-way: joined,
-        or killed past :data:`~loaders.pipelines.closing.STOP_GRACE_S`), then the decode
-        thread of a pass left part-way. Safe on any way out, more than once; a later pass
-        starts new workers."""
+        """Stop this loader's workers (as :class:`~loaders.pipelines.workers.DeviceLoader`'s
+        ``close``), then the decode thread of a pass left part-way; a later pass starts anew."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
@@ -127,9 +96,8 @@ class BatchDecodeLoader(ReaderLoader):
         if cuda:  # scale/shift were written on the current stream
             stream.wait_stream(torch.cuda.current_stream(self.device))
         fallbacks = self.cpu_fallbacks
-        # With workers, a thread decodes up to 2 batches ahead of the training thread; with
-        # -j 0 the reading (which seeds torch's global RNG per batch) stays on this thread,
-        # one batch ahead.
+        # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
+        # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
         batches = self._decoded(stream, len(self))
         batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
@@ -163,9 +131,8 @@ class BatchDecodeLoader(ReaderLoader):
             yield images, labels, done
 
     def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
-        """Add one batch's figures to :attr:`stage_log`: its workers' rows (``item``), the
-        decode thread's ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and
-        ``cpu`` seconds."""
+        """Add one batch to :attr:`stage_log`: its workers' rows (``item``), the decode thread's
+        ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and ``cpu`` seconds."""
         log, count = self.stage_log, len(item["labels"])
         rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
         log.add("read", rows[:, READ])
@@ -177,9 +144,8 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _decode(self, item: dict, stream,
                 timing: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA);
-        ``timing``, if given, gets the host's seconds of each (``"decode"``, ``"resize"``,
-        ``"augment"``: the flip, ``"copy"``: normalisation and copies to the device)."""
+        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA); ``timing``
+        gets the host seconds of ``"decode"``, ``"resize"``, ``"augment"`` (flip), ``"copy"``."""
         clock = time.perf_counter if timing is not None else no_clock
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
@@ -221,9 +187,8 @@ class BatchDecodeLoader(ReaderLoader):
             return images, labels
 
     def _hand_over(self, ready, done):
-        """``ready``'s tensors made usable on the current stream, which waits for the side
-        stream's event ``done`` (the allocator keeps their memory until the current stream is
-        done with them); as they are without CUDA."""
+        """``ready``'s tensors made usable on the current stream after the side stream's event
+        ``done`` (``record_stream``: kept until the current stream is done with them)."""
         if done is None:
             return ready
         main = torch.cuda.current_stream(self.device)
@@ -233,9 +198,8 @@ class BatchDecodeLoader(ReaderLoader):
         return ready
 
     def _replace_failed(self, out, item):
-        """The batch with each undecodable sample marked, reported and replaced by the first
-        decoded image of the batch; raises :class:`DataError` if none decoded or too many of
-        the split are unreadable."""
+        """The batch with each undecodable sample marked, reported and replaced by its first
+        decoded image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
         good = [i for i in range(len(out.images)) if i not in failed]
         if not good:
@@ -255,13 +219,10 @@ class BatchDecodeLoader(ReaderLoader):
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device``: for ``cuda`` the
-    first GPU decoder that decodes a probe window into device memory
-    (:func:`decode.gpu.probe_cuda`: nvImageCodec, else torchvision's ``decode_jpeg``). Raises
-    :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where no
-    GPU decoder decodes unless ``settings.allow_cpu_decode`` (``--allow-cpu-decode``: every
-    window then goes to the CPU fallback, and the run says so), and for the CPU backend
-    without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` on ``dist.device``; for ``cuda`` the first
+    GPU decoder that decodes a probe window into device memory (:func:`decode.gpu.probe_cuda`).
+    Raises :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where
+    no GPU decoder decodes (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "

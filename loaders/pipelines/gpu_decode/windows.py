@@ -1,9 +1,6 @@
-"""The DataLoader workers' part of the batch-decode pipeline: each sample's
-encoded bytes read and its window drawn (:class:`Windows`), a batch's packed as tensors
-(:class:`WindowBatches`). With a :class:`loaders.timing.stages.StageClock` (training, unless
-``IMAGENET_FAST_STAGES=0``) each image's read and window seconds and each batch's wall and
-process CPU seconds travel with the batch (``stages``, ``stage_batch``), as the pixels do.
-"""
+"""The DataLoader workers' part of the batch-decode pipeline: each sample's bytes read and its
+window drawn (:class:`Windows`), a batch's packed as tensors (:class:`WindowBatches`), with the
+stage figures travelling with the batch as the pixels do."""
 from __future__ import annotations
 
 import time
@@ -27,13 +24,12 @@ READ, WINDOW, BYTES = range(3)
 
 class Windows(Dataset):
     """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
-    RandomResizedCrop window drawn as the CPU loaders draw it (``frame`` None), or
-    validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``,
-    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, the whole image
-    decoded only where no header parser reads it (which raises for bytes that are not an
-    image: the bad-sample rules of :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
-    ``clock`` (a :class:`loaders.timing.stages.StageClock` or None) gets each read's and window's
-    seconds (added: a replaced sample counts both tries) and the record's bytes."""
+    RandomResizedCrop window as the CPU loaders draw it (``frame`` None), or validation's central
+    crop region and frame (``val_sizes`` = ``(resize, crop)``,
+    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, else a whole decode
+    (which raises for non-images, for :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
+    ``clock`` (a :class:`loaders.timing.stages.StageClock`, or None) gets each read's and
+    window's seconds (added over a replaced sample's tries) and the record's bytes."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None,
                  max_pixels: int = MAX_PIXELS):
@@ -70,15 +66,12 @@ class Windows(Dataset):
 
 
 class WindowBatches(Dataset):
-    """For a DataLoader of numbered batches: a
-    :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict of tensors: ``data``
-    uint8 (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64
-    ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels`` and
-    ``indices`` int64 ``(N,)``, and the ints ``number`` and ``found`` (samples newly found
-    unreadable); with a ``clock`` also ``stages`` float64 ``(N, 3)`` (read s, window s,
-    bytes: :data:`READ`, :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64
-    ``(stages.BATCH_COLUMNS,)`` (worker id, wall s, process CPU s, 0). The draws follow the
-    batch's seed (:func:`~loaders.pipelines.batches.seeded`)."""
+    """A :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict of tensors: ``data`` uint8
+    (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
+    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
+    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
+    ``clock`` also ``stages`` float64 ``(N, 3)`` (:data:`READ`, :data:`WINDOW`, :data:`BYTES`)
+    and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed."""
 
     def __init__(self, dataset: TolerantDataset, clock=None):
         self.dataset, self.clock = dataset, clock

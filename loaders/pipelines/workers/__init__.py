@@ -1,6 +1,5 @@
-"""The DataLoader-workers pipeline (``--loader folder|lmdb|shards``, ``--decode-device cpu``):
-``loader`` (:class:`DeviceLoader`), ``slots`` (the shared-memory batch slots the workers write
-into) and ``cuda_feed`` (page-locked slots and the side-stream copy to a GPU)."""
+"""The DataLoader-workers pipeline (``--decode-device cpu``): :class:`DeviceLoader` (``loader``),
+its shared-memory batch slots (``slots``) and the side-stream copy to a GPU (``cuda_feed``)."""
 from __future__ import annotations
 
 from .loader import DeviceLoader, build_loaders

@@ -1,19 +1,10 @@
-"""Feeding a GPU from the shared batch slots without stalling it.
-
-Two things keep the host-to-device copy off the training step's critical path:
-
-* **Page-locked slots.** :func:`page_lock` registers the slots' shared memory with
-  ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy from a slot is a DMA
-  transfer that returns at once. Without it every batch first needs ``pin_memory()``: a copy of
-  the whole uint8 batch (about 38 MB at ``-b 256``, 224 px) on the main thread per step.
-* **A side stream one batch ahead** (:class:`CudaFeeder`): batch ``k + 1`` is copied and
-  normalised on its own CUDA stream while the model runs batch ``k`` on the current stream, as
-  timm's ``PrefetchLoader`` and NVIDIA Apex's ``data_prefetcher`` do.
-
-The uint8 batch travels (4x fewer bytes than float32) and is normalised on the GPU straight
-into the dtype the model consumes (float16/bfloat16 under ``--amp``, see
-:func:`loaders.settings.input_dtype`).
-"""
+"""Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
+the slots with ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy is a DMA that
+returns at once (else each batch needs ``pin_memory()``, a copy of about 38 MB at ``-b 256``,
+224 px, on the main thread), and :class:`CudaFeeder` copies and normalises batch ``k + 1`` on a
+side stream while the model runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's
+``data_prefetcher`` do. The uint8 batch travels (4x fewer bytes than float32) and is normalised
+on the GPU into the model's dtype (:func:`loaders.settings.input_dtype`)."""
 from __future__ import annotations
 
 import weakref
@@ -23,19 +14,15 @@ import torch
 
 from ...transforms.normalize import normalize_into
 
-# cudaHostRegister's flags: 0 is cudaHostRegisterDefault; the one that makes the memory pinned
-# for every CUDA context, not only the current one, is 1 (cudaHostRegisterPortable). Default is
-# enough here: a process copies its slots to its one device, and under unified virtual
-# addressing (every 64-bit Linux build) CUDA's documentation says Default memory is portable
-# and mapped as well.
+# cudaHostRegisterDefault: a process copies its slots to its one device, and under unified
+# virtual addressing (every 64-bit Linux build) CUDA documents Default memory as portable too.
 _REGISTER_DEFAULT = 0
 
 
 def page_lock(tensors: Iterable[torch.Tensor], owner: object) -> bool:
-    """Page-lock the storages of ``tensors`` in place (``cudaHostRegister``) for as long as
-    ``owner`` lives (unregistered when it is collected). Returns False, with nothing left
-    registered, where CUDA refuses (e.g. a locked-memory limit); the caller then stages each
-    batch through ``pin_memory()``. Needs an initialised CUDA device."""
+    """Page-lock the storages of ``tensors`` in place (``cudaHostRegister``) while ``owner`` lives.
+    Returns False, with nothing registered, where CUDA refuses (a locked-memory limit): the caller
+    then stages each batch through ``pin_memory()``. Needs an initialised CUDA device."""
     cudart = torch.cuda.cudart()
     done: list[int] = []
     for tensor in tensors:
@@ -67,18 +54,13 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers uint8 batches held in :class:`~.slots.SharedBatches` slots to ``device`` as normalised ``dtype`` batches, one batch ahead on a side stream.
-
-    :meth:`batches` takes ``(number, slot, count)`` of each written slot in order and yields
-    ``(images, labels)``: ``images`` ``dtype`` ``(count, 3, H, W)`` on ``device`` (channels-last
-    memory format if ``channels_last``), ``(x - mean) / std`` with ``mean``/``std`` float32
-    ``(1, 3, 1, 1)`` on the 0-255 scale; ``labels`` int64 ``(count,)`` on ``device``. Each slot
-    is released to the DataLoader workers once its copy has finished (page-locked slots), or
-    as soon as it was staged into pinned memory (slots that could not be page-locked).
-
-    ``timing`` (a :class:`loaders.timing.stages.StageLog`, or None) gets each batch's copy and
-    normalisation time on the side stream as a pair of CUDA timing events.
-    """
+    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` as
+    normalised ``dtype`` batches, one batch ahead on a side stream: :meth:`batches` takes
+    ``(number, slot, count)`` of each written slot in order and yields ``images`` ``dtype``
+    ``(count, 3, H, W)`` (channels-last if ``channels_last``), ``(x - mean) / std`` with float32
+    ``(1, 3, 1, 1)`` ``mean``/``std`` on the 0-255 scale, and ``labels`` int64 ``(count,)``, on
+    ``device``. A slot is released once its copy finished (page-locked) or was staged into pinned
+    memory. ``timing`` (a ``StageLog``, or None) gets each batch's side-stream time."""
 
     timing = None
 
@@ -87,24 +69,20 @@ class CudaFeeder:
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
         self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
         self.stream = torch.cuda.Stream(device)
-        # The side stream reads scale/shift in its first normalisation: it must not start
-        # before the current stream has written them (mean/std may be on the GPU already).
+        # the side stream must not read scale/shift before the current stream wrote them
         self.stream.wait_stream(torch.cuda.current_stream(device))
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
                 pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """See the class; ``pass_id``: the pass the slots are released for
-        (:meth:`~loaders.pipelines.workers.slots.SharedBatches.begin_pass`)."""
+        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``)."""
         current = None
         try:
             for number, slot, count in filled:
                 upcoming = self._upload(pool, number, slot, count, locked, pass_id)
                 if current is not None:
                     yield current[0], current[1]
-                # The model's next step (on the current stream) must wait for the upload;
-                # tensors made on the side stream are then in use on the current one
-                # (record_stream keeps the caching allocator from giving their memory to the
-                # next upload too early).
+                # The model's next step waits for the upload; record_stream keeps the allocator
+                # from handing these tensors' memory to the next upload while they are in use.
                 main = torch.cuda.current_stream(self.device)
                 main.wait_stream(self.stream)
                 for tensor in upcoming[:2]:
@@ -116,8 +94,7 @@ class CudaFeeder:
                 yield current[0], current[1]
                 self._release(pool, *current[2:])
         finally:
-            # A pass left early may still be copying from a slot that the next pass's
-            # workers will refill.
+            # a pass left early may still be copying from a slot the next pass's workers refill
             self.stream.synchronize()
 
     def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int):

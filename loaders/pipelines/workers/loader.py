@@ -1,10 +1,5 @@
-"""The DataLoader-workers pipeline: any reader's samples decoded and cropped to uint8 in
-DataLoader worker processes, written straight into reused shared-memory batch slots
-(``slots``), then copied to the training device and normalised there (``cuda_feed``:
-page-locked slots and a side stream one batch ahead, as timm's PrefetchLoader and NVIDIA's
-DeepLearningExamples ConvNets do): a uint8 batch is 4x smaller to pass between processes, pin
-and copy than a float one.
-"""
+"""The DataLoader-workers pipeline (:class:`DeviceLoader`): workers decode and crop to uint8 into
+shared batch slots; this process normalises each batch on the device."""
 from __future__ import annotations
 
 import time
@@ -29,9 +24,8 @@ from .slots import SharedBatches, SlotWriter, slots_for
 
 
 class _Transformed(Dataset):
-    """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it
-    (what :class:`~loaders.pipelines.bad_samples.TolerantDataset` wraps); ``clock`` (a
-    :class:`loaders.timing.stages.StageClock` or None) gets each read's seconds and bytes."""
+    """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it;
+    ``clock`` (a ``StageClock``, or None) gets each read's seconds and bytes."""
 
     def __init__(self, reader: Reader, transform, clock=None, max_pixels: int = MAX_PIXELS):
         self.reader, self.transform, self.clock = reader, transform, clock
@@ -60,32 +54,19 @@ class _Transformed(Dataset):
 
 
 class DeviceLoader(ReaderLoader):
-    """One split (``train``) of ``reader`` read in the indices of ``order`` by ``settings.workers``
-    DataLoader worker processes (:class:`~loaders.pipelines.batches.ReaderLoader`), each
-    sample's bytes turned into a uint8 ``(3, H, W)`` crop by the split's transform
-    (:func:`loaders.transforms.split_transform`) and written into shared batch slots.
-
-    Yields ``images``: ``settings.dtype`` ``(N, 3, H, W)`` on ``dist.device`` (float32 on the
-    CPU), normalised with the ImageNet mean/std (channels-last memory format with
-    ``settings.channels_last``), and ``labels``: int64 ``(N,)`` on ``dist.device``.
-
-    The slots (``image_shape`` ``(3, H, W)``, sized once for ``settings.max_crop_size``) are
-    reused from pass to pass, and so are the workers (forking and starting them costs about
-    0.1 s per pass on 2 cores, docs/performance.md) unless the reader plans each pass
-    (streamed shards: the workers fork with the plan); :meth:`close` stops them. On the CPU
-    each batch is normalised out of its slot before it is yielded; on CUDA the slots are
-    page-locked and each batch is copied to the GPU and normalised there on a side stream one
-    batch ahead (:class:`~loaders.pipelines.workers.cuda_feed.CudaFeeder`). The crops of
-    training batch ``k`` are drawn from
-    :func:`~loaders.pipelines.batches.batch_seed` ``(seed, epoch, rank, k)``.
-
-    A sample that fails to decode is replaced by the next readable one, named once on stderr
-    and remembered for the loader's lifetime (``unreadable``, shared by the workers of every
-    pass, :class:`~loaders.pipelines.bad_samples.TolerantDataset`); past ``max_bad_share`` of
-    the split, iterating raises :class:`DataError`. A training loader measures where its
-    workers' time goes (:mod:`loaders.timing.stages`, unless ``IMAGENET_FAST_STAGES=0``):
-    :meth:`stage_summary` gives the figures of the batches yielded since the last reset.
-    """
+    """One split of ``reader`` in the indices of ``order`` (a
+    :class:`~loaders.pipelines.batches.ReaderLoader`): ``settings.workers`` DataLoader workers
+    crop each sample to uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`) into
+    shared batch slots, and this process yields the batches of ``loaders.settings``' contract,
+    normalised on the device (a uint8 batch is 4x smaller to pass, pin and copy than a float
+    one). The slots (sized once for ``settings.max_crop_size``) and the workers are reused from
+    pass to pass (forking costs about 0.1 s per pass on 2 cores) unless the reader plans each
+    pass; :meth:`close` stops them. On CUDA the slots are page-locked and each batch is copied
+    and normalised on a side stream one batch ahead (:class:`.cuda_feed.CudaFeeder`). Training
+    batch ``k``'s crops are drawn from :func:`~loaders.pipelines.batches.batch_seed` ``(seed,
+    epoch, rank, k)``. Unreadable samples follow :mod:`~loaders.pipelines.bad_samples`
+    (``unreadable``, shared by every pass's workers; past ``max_bad_share`` iterating raises
+    :class:`DataError`). A training loader measures its workers' stages (``timing.stages``)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -94,8 +75,7 @@ class DeviceLoader(ReaderLoader):
         crop_size = settings.crop_size(train)
         self.image_shape = (3, crop_size, crop_size)
         self.mean, self.std = imagenet_mean_std(self.device)
-        # The clock goes to the workers with the reader wrapper, the transform and the slot
-        # writer; the log is this process's.
+        # the clock travels to the workers with the reader wrapper, transform and slot writer
         self._clock = stages.StageClock() if train and stages.enabled() else None
         self.stage_log = stages.StageLog() if self._clock is not None else None
         if self._clock is not None and hasattr(transform, "clock"):
@@ -105,8 +85,7 @@ class DeviceLoader(ReaderLoader):
                                    shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
         self.unreadable = tolerant.unreadable
-        # Workers that outlive a pass learn a new resolution from the batches (set_resolution);
-        # each pass hands the writer its slots before the workers start.
+        # kept workers learn a new resolution from the batches; each pass hands over its slots
         self._writer = SlotWriter(tolerant, transform if train else None, self._clock)
         self._made: list[ClosingDataLoader] = []  # every DataLoader a pass used: close() stops
         self.loader = self._new_dataloader(workers)
@@ -123,24 +102,19 @@ class DeviceLoader(ReaderLoader):
 
     @property
     def resolution(self) -> int:
-        """The side in pixels of the images the next pass yields."""
         return self.image_shape[-1]
 
     def set_resolution(self, size: int) -> None:
-        """Training loaders: RandomResizedCrop to ``size`` px from the next pass on
-        (progressive resizing, :class:`engine.recipe.resolution.ResolutionSchedule`). The batch slots
-        were sized for ``max_crop_size`` and are reused: nothing is allocated or restarted.
-        Raises ``ValueError`` for a validation loader or a size above ``max_crop_size``."""
+        """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
+        workers. Raises ``ValueError`` for validation or a size above ``max_crop_size``."""
         self._check_resolution(size)
         self.transform.size = (size, size)  # workers started from now on fork with it
         self.image_shape = (3, size, size)  # running ones take it from the batches
 
     def close(self) -> None:
-        """Stop every worker this loader started: those kept between passes and those of a
-        pass left part-way (an error, Ctrl-C, a stop signal), joined, or killed when they do
-        not leave within :data:`~loaders.pipelines.closing.STOP_GRACE_S`; the batch slots
-        are let go (their shared memory is freed with the last mapping). Safe to call on
-        any way out, more than once; a later pass starts new workers and slots."""
+        """Stop every worker this loader started (kept ones and those of a pass left part-way:
+        joined, else killed after :data:`~loaders.pipelines.closing.STOP_GRACE_S`) and let the
+        slots go. Safe on any way out, more than once; a later pass starts new ones."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()
@@ -152,8 +126,7 @@ class DeviceLoader(ReaderLoader):
         return self._new_dataloader(self.loader.num_workers, self.loader.multiprocessing_context)
 
     def _take(self) -> tuple[ClosingDataLoader, SharedBatches]:
-        """The DataLoader (with its workers, if kept) and slots of the last finished pass, else
-        new ones: a pass left suspended keeps its own."""
+        """The last finished pass's DataLoader (with its workers, if kept) and slots, else new."""
         pair, self._idle = self._idle, None
         if pair is None:
             pair = (self._fresh_dataloader(), None)
@@ -187,8 +160,7 @@ class DeviceLoader(ReaderLoader):
             else:
                 yield from self._normalized(pool, filled, plan.pass_id)
         finally:
-            # Workers of this pass that are not kept are shut down (joined) as the iterator
-            # goes; kept ones finish the batches in flight before the next pass starts.
+            # unkept workers are joined as the iterator goes; kept ones finish in-flight batches
             filled.close()
             del filled, batches
             if any(loader is made for made in self._made):  # not one close() already stopped
@@ -208,8 +180,7 @@ class DeviceLoader(ReaderLoader):
             yield images, labels
 
     def _logged(self, filled, pool) -> Iterator[tuple[int, int, int]]:
-        """``filled`` as it is, each batch's stage rows added to :attr:`stage_log` first (the
-        slot is not released before it is yielded)."""
+        """``filled``, each batch's stage rows added to :attr:`stage_log` before it is yielded."""
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
         try:
             for number, slot, count in filled:
@@ -219,9 +190,8 @@ class DeviceLoader(ReaderLoader):
             filled.close()
 
     def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
-        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them;
-        raises :class:`DataError` once the distinct unreadable samples of the split exceed
-        ``max_bad_share`` of its size (counted only after a batch that found a new one)."""
+        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them; raises
+        :class:`DataError` past ``max_bad_share`` (:meth:`_check_bad`)."""
         total = len(self)
         for step, (number, slot, count, found) in enumerate(batches):
             if step == total:
@@ -231,9 +201,8 @@ class DeviceLoader(ReaderLoader):
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DeviceLoader` s over two readers, each in its own orders
-    (``Reader.train_order`` / ``val_order``). Raises :class:`~loaders.DataError` for an empty
-    training order."""
+    """``(train, val)`` :class:`DeviceLoader` s over two readers in their own orders. Raises
+    :class:`~loaders.DataError` for an empty training order."""
     orders = train.train_order(settings, dist), val.val_order(settings, dist)
     return (DeviceLoader(train, orders[0], settings, dist, train=True),
             DeviceLoader(val, orders[1], settings, dist, train=False))

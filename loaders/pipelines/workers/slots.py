@@ -1,24 +1,11 @@
-"""Batches that DataLoader workers write straight into reused shared-memory slots.
-
-Why: PyTorch's default collate stacks every batch into a *new* shared-memory block. The worker
-page-faults it in as it writes, and the main process faults it in again as it reads, 4 KiB at
-a time (docs/performance.md measures the difference). Here the main process allocates
-``slots`` batches of shared memory once. Workers copy each sample into
-its place (no collate copy) and send back only ``(number, slot, count, found)``, and the
-main process reads the slot in place.
-
-Slot protocol: ``loaders.pipelines.batches.NumberedBatchSampler`` numbers the batches of each
-pass from 0 and each pass has a new pass number (:meth:`SharedBatches.begin_pass`); batch ``k``
-uses slot ``k % slots``. A worker writes batch ``k`` only after the main process has released batch
-``k - slots`` of the same pass from that slot (:meth:`SharedBatches.release`). Releases are
-recorded as ``(pass, batch)`` tickets that only grow, so nothing is reset between passes:
-workers that outlive a pass (``persistent_workers``) finish the batches in flight of a pass
-left early when the next pass starts (DataLoader drains them before it dispatches the next
-pass's), and a later pass's wait is never satisfied by an earlier pass's releases. DataLoader
-dispatches a batch only when it hands one to the main process, so at most ``prefetch_factor x
-workers`` batches are ahead of the one being read. With :func:`slots_for` slots a worker never
-waits, but the wait is there, so no batch is ever overwritten while it is read.
-"""
+"""Batches that DataLoader workers write straight into reused shared-memory slots: PyTorch's
+default collate stacks every batch into a new shared-memory block, which the worker and then the
+main process page-fault in 4 KiB at a time (docs/performance.md); here workers copy each sample
+into slots allocated once and send back only ``(number, slot, count, found)``. Batch ``k`` of a
+pass uses slot ``k % slots``, written once the main process released batch ``k - slots`` of the
+same pass from it; releases are ``(pass, batch)`` tickets that only grow, so nothing is reset
+between passes and a pass left early never satisfies a later pass's wait. With :func:`slots_for`
+slots a worker never waits, but no batch is ever overwritten while read."""
 from __future__ import annotations
 
 import errno
@@ -41,30 +28,19 @@ _PASS_SHIFT = 32  # a release ticket is pass << 32 | batch number (batches per p
 
 
 def slots_for(workers: int, prefetch_factor: int) -> int:
-    """Slots one loader needs: every batch DataLoader may have in flight, the one being read
-    and one spare."""
+    """Slots one loader needs: every batch DataLoader may have in flight, the one read, a spare."""
     return (prefetch_factor * workers if workers > 0 else 0) + 2
 
 
 class SharedBatches:
-    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)``, with
-    int64 labels, in memory that forked or spawned DataLoader workers share.
-
-    ``images[s]`` is ``(batch_size, 3, H, W)``, laid out channels-last (NHWC in memory) if
-    ``channels_last``, else NCHW. The memory is sized once for ``max_image_shape`` (default
-    ``image_shape``): :meth:`set_shape` then serves any smaller image shape from the same
-    memory (progressive resizing changes the training resolution between epochs without
-    allocating, or page-locking, new slots). Memory: ``slots x batch_size x 3 x H x W`` bytes
-    of the largest shape, in shared memory (``/dev/shm``) when ``shared``, else ordinary memory
-    (``-j 0``).
-
-    The shared pages are reserved when the slots are made (:func:`shared_bytes`), so a
-    ``/dev/shm`` too small for every loader of every process on the node is a
-    :class:`DataError` in the process that comes short, not a SIGBUS in a worker later.
-
-    Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots (Docker's default is 64
-    MiB), ``ValueError`` for a shape larger than ``max_image_shape``.
-    """
+    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)`` and
+    their int64 labels, in memory that forked or spawned DataLoader workers share.
+    ``images[s]`` is ``(batch_size, 3, H, W)``, NHWC in memory if ``channels_last``. The memory
+    (``slots x batch_size x 3 x H x W`` bytes) is sized once for ``max_image_shape`` (default
+    ``image_shape``), so :meth:`set_shape` serves any smaller shape without allocating (or
+    page-locking) anew; it is in ``/dev/shm`` when ``shared``, else ordinary memory (``-j 0``).
+    Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots (:func:`shared_bytes`;
+    Docker's default is 64 MiB), ``ValueError`` for a shape above ``max_image_shape``."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
                  channels_last: bool = False, shared: bool = True,
@@ -76,8 +52,7 @@ class SharedBatches:
         else:
             self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
-        # released[s]: ticket (pass << 32 | batch number) of the last batch the main process
-        # released from slot s; tickets only grow.
+        # released[s]: the ticket of the last batch released from slot s
         self.released = torch.full((slots,), -1, dtype=torch.int64)
         self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
@@ -90,8 +65,7 @@ class SharedBatches:
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
-        """Serve images of ``image_shape`` ``(3, H, W)`` from now on; only between passes (the
-        workers fork or unpickle the slots with it)."""
+        """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only)."""
         channels, height, width = image_shape
         size = self.batch_size * _pixels(image_shape)
         if size > self.capacity:
@@ -112,12 +86,9 @@ class SharedBatches:
         return self.passes - 1
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
-        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch of
-        that pass before it in the slot was released.
-
-        Raises :class:`DataError` after waiting 600 s (the main process stopped reading), or
-        within about a second of the training process's end (this worker's parent changed).
-        """
+        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch before
+        it in that slot was released. Raises :class:`DataError` after 600 s (the main process
+        stopped reading), or within about a second of the training process's end."""
         slot = number % self.slots
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
@@ -143,14 +114,12 @@ class SharedBatches:
         return self.images[slot, :count], self.labels[slot, :count]
 
     def release(self, slot: int, number: int, pass_id: int = 0) -> None:
-        """Main-process side: batch ``number`` of pass ``pass_id`` has been copied out of
-        ``slot``."""
+        """Main-process side: batch ``number`` of pass ``pass_id`` is out of ``slot``."""
         self.released[slot] = _ticket(pass_id, number)
 
 
 def _ticket(pass_id: int, number: int) -> int:
-    """The release ticket of batch ``number`` of pass ``pass_id``: larger for every later batch
-    of the pass, and for every batch of a later pass."""
+    """Batch ``number`` of pass ``pass_id``'s ticket: larger for every later batch or pass."""
     return (pass_id << _PASS_SHIFT) | number
 
 
@@ -163,13 +132,10 @@ SHM = "/dev/shm"
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 ``(nbytes,)`` tensor in shared memory (torch's sharing strategy, so forked and
-    spawned workers both map it), every page reserved now with ``posix_fallocate``.
-
-    Why reserve: tmpfs pages are only taken when first written, so without it every process
-    on the node passes a free-space check at once and the one whose worker writes past the
-    tmpfs size dies of SIGBUS. Reserved, the space is counted against ``/dev/shm`` at once and
-    a shortage is an error here. Raises :class:`DataError` (one line: sizes and the fix)."""
+    """A uint8 ``(nbytes,)`` tensor in shared memory (torch's sharing strategy: forked and spawned
+    workers map it), every page reserved now by ``posix_fallocate``: tmpfs takes pages when first
+    written, so every process on the node would pass a free-space check and the one writing past
+    the size die of SIGBUS. Raises :class:`DataError` (one line: sizes and the fix)."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
@@ -215,8 +181,7 @@ def _check_shm_space(nbytes: int, path: str = SHM) -> None:
 
 
 def _shortage(nbytes: int, path: str = SHM) -> str:
-    """The one line for too little shared memory: what this process needs, what is free now
-    (shared by every process on the node), and the fixes."""
+    """The one line for too little shared memory: needed, free now (node-wide), the fixes."""
     try:
         stat = os.statvfs(path)
         free = f"{_mib(stat.f_bavail * stat.f_frsize)} free now"
@@ -233,24 +198,13 @@ def _mib(nbytes: int) -> str:
 
 
 class SlotWriter(Dataset):
-    """Dataset wrapper for a DataLoader of numbered batches: fetching a
-    :class:`NumberedBatch` writes its samples into the slots given to :meth:`use` (before the
-    workers start: they fork with them, or unpickle them) and
-    returns ``(number, slot, count, found)`` (ints; ``found`` sums the third item of
-    ``dataset``'s ``(image, label, found)`` samples, the samples newly found unreadable, see
-    :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
-
-    Each batch follows its :class:`PassPlan`: torch's CPU generator is seeded with the batch's
-    seed before its first sample (the transforms draw from it) and put back as it was after its
-    last, and a new image shape is taken by the slots and by ``transform`` (the dataset's
-    training transform, whose ``size`` it sets; progressive resizing in workers that outlive a
-    pass).
-
-    ``clock`` (a :class:`loaders.timing.stages.StageClock`; None: not measured) times each image's
-    copy into the slot and the batch, and writes the figures into the slot's stage rows.
-
-    Raises :class:`DataError` if an image is not uint8 of the slots' ``(3, H, W)``.
-    """
+    """Dataset for a DataLoader of :class:`NumberedBatch` es: fetching one writes its samples into
+    the slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
+    returns ``(number, slot, count, found)``, ``found`` summing the samples newly found unreadable
+    (``dataset`` yields ``(image, label, found)``). Each batch is :func:`seeded`; a new image shape
+    in its :class:`PassPlan` goes to the slots and ``transform.size`` (progressive resizing).
+    ``clock`` (a ``StageClock``, or None) times each image's copy and the batch. Raises
+    :class:`DataError` for an image not uint8 of the slots' shape."""
 
     def __init__(self, dataset: Dataset, transform=None, clock=None):
         self.dataset, self.transform, self.clock = dataset, transform, clock
