@@ -12,8 +12,8 @@ from torch import nn
 
 import main
 from engine.checkpoint import restore, restore_ema, with_ema_weights
-from engine.recipe.optim import (DecayGroups, LRSchedule, make_optimizer, make_scheduler, param_groups,
-                          position_scheduler)
+from engine.recipe.optim import (DecayGroups, LRSchedule, make_optimizer, make_scheduler,
+                                 param_groups, position_scheduler)
 from engine.recipe.reference import ModelEMA, RecipeSettings, ema_decay, make_mix, resolve_recipe
 from models import build_model
 from tests.helpers.paths import REPO

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from engine import ConfigError
-from engine.distributed.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task, launcher,
-                          rendezvous_port, slurm_step, tasks_on_node)
+from engine.distributed.slurm import (PORT_BASE, PORT_SPAN, SlurmStep, first_host, gpu_for_task,
+                                      launcher, rendezvous_port, slurm_step, tasks_on_node)
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 

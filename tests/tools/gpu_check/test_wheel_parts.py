@@ -11,7 +11,8 @@ import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
 from tools.gpu_check.machine.install import join_parts, share_namespace
-from tools.gpu_check.machine.wheel_parts import MANIFEST, PartsError, read_manifest, reassemble, split
+from tools.gpu_check.machine.wheel_parts import (MANIFEST, PartsError, read_manifest, reassemble,
+                                                 split)
 
 
 def test_parts_reassemble_byte_for_byte(tmp_path):
