@@ -130,3 +130,15 @@ def test_gpu_decoding_probe_says_why_it_would_not_happen(monkeypatch):
     assert "host memory" in gpu_decoding_problem(cuda, library(
         SimpleNamespace(buffer_kind="host")))
     assert "libnvjpeg" in gpu_decoding_problem(cuda, library(None))
+
+
+def test_crop_draws_take_any_seed_as_the_other_pipelines_do():
+    """``--seed`` is any int: a negative one is taken modulo 2**64, as ``batch_seed`` and the
+    epoch orders take it (NumPy refuses negative entropy), and a non-negative one unchanged."""
+    from loaders.pipelines.dali.feed import crop_draws
+
+    negative, flips = crop_draws(seed=-1, epoch=2, rank=1, batch=3, count=4)
+    wrapped, wrapped_flips = crop_draws(seed=2**64 - 1, epoch=2, rank=1, batch=3, count=4)
+    assert np.array_equal(negative, wrapped) and np.array_equal(flips, wrapped_flips)
+    plain, _ = crop_draws(seed=5, epoch=2, rank=1, batch=3, count=4)
+    assert np.array_equal(plain, np.random.default_rng([5, 2, 1, 3]).random((4, plain.shape[1])))
