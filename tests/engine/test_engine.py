@@ -15,7 +15,7 @@ from engine.loop import EpochSums
 from engine.report.progress import Progress
 from engine.settings import resolve_backend, resolve_settings
 from loaders import DistInfo
-from tests.helpers.runs import read_metrics, run_cli, SMALL
+from tests.helpers.runs import SMALL, cli_in_process, read_metrics
 
 DUMMY = ["--dummy", "-b", "4", "--train-batches", "2", "--val-batches", "1",
          "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "0",
@@ -52,10 +52,10 @@ def test_spawned_process_settings_divide_the_node_totals_once(tmp_path):
     ("dali: true\n", "dali: write loader: dali"),
     ("learning_rat: 0.1\n", "unknown key(s) learning_rat"),
 ])
-def test_bad_preset_value_is_one_line_naming_the_file(tmp_path, text, message):
+def test_bad_preset_value_is_one_line_naming_the_file(tmp_path, text, message, capfd):
     preset = tmp_path / "p.yaml"
     preset.write_text(text)
-    result = run_cli("-c", str(preset), "--dummy", "--epochs", "1")
+    result = cli_in_process(["-c", str(preset), "--dummy", "--epochs", "1"], capfd)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines == [f"main.py: error: --config {preset}: {lines[0].split(': ', 3)[-1]}"]

@@ -16,7 +16,7 @@ from loaders import DataError, DistInfo
 from loaders.pipelines.batches import NumberedBatch, PassPlan
 from loaders.transforms import TrainTransform
 from tests.helpers.loading import loader_settings, to_uint8
-from tests.helpers.runs import SMALL, read_metrics, run_cli
+from tests.helpers.runs import SMALL, cli_in_process, read_metrics, run_cli
 
 pytestmark = pytest.mark.skipif(not jpeg_window.available(), reason="nvImageCodec not installed")
 
@@ -139,10 +139,10 @@ def test_declined_samples_decode_on_the_cpu_and_undecodable_ones_are_replaced(ti
         strict.close()
 
 
-def test_main_trains_with_the_batch_decoder_and_names_it_first(tiny, tmp_path):
+def test_main_trains_with_the_batch_decoder_and_names_it_first(tiny, tmp_path, capfd):
     out = str(tmp_path / "run")
-    result = run_cli(tiny.root, *SMALL, "--epochs", "1", "--decode-device", "cpu-nvimgcodec",
-                     "--output-dir", out)
+    result = cli_in_process([tiny.root, *SMALL, "--epochs", "1", "--decode-device",
+                             "cpu-nvimgcodec", "--output-dir", out], capfd)
     assert result.returncode == 0, result.stderr[-2000:]
     device_line = next(line for line in result.stdout.splitlines()
                        if line.startswith("device:"))
@@ -158,9 +158,9 @@ def test_main_trains_with_the_batch_decoder_and_names_it_first(tiny, tmp_path):
     (["--decode-device", "cpu-nvimgcodec", "--interpolation", "bicubic"],
      "not --interpolation bicubic"),
 ])
-def test_bad_decode_flags_end_in_one_line(tiny, tmp_path, flags, message):
-    result = run_cli(tiny.root, *SMALL, "--epochs", "1", *flags,
-                     "--output-dir", str(tmp_path))
+def test_bad_decode_flags_end_in_one_line(tiny, tmp_path, flags, message, capfd):
+    result = cli_in_process([tiny.root, *SMALL, "--epochs", "1", *flags,
+                             "--output-dir", str(tmp_path)], capfd)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("main.py: error:") and message in lines[-1], result.stderr
