@@ -8,6 +8,7 @@ asks every worker to stop, waits :data:`STOP_GRACE_S` for all together and SIGKI
 from __future__ import annotations
 
 import atexit
+import gc
 import time
 import weakref
 
@@ -35,6 +36,10 @@ class ClosingDataLoader(DataLoader):
     def _get_iterator(self):
         if self.num_workers > 0:
             join_exiting_feeders()  # before this iterator forks its workers
+            # Garbage left in cycles (a DALI pipeline among it) is freed here, where its
+            # threads live: freed in a forked worker, DALI's shutdown waits for threads the
+            # worker does not have, and the worker hangs (seen in a worker's manual_seed).
+            gc.collect()
         iterator = super()._get_iterator()
         workers = getattr(iterator, "_workers", None)
         if workers:

@@ -366,3 +366,51 @@ def test_mixed_decode_upsamples_chroma_fancy_with_paddings_for_its_threads(monke
     for schema in ("decoders__ImageSlice", "decoders__Image"):
         assert all(backend.GetSchema(schema).HasArgument(k) for k in mixed
                    if k not in ("device",)), schema
+
+
+# A DALI pipeline left in a reference cycle when a DataLoader forks its workers; the worker
+# collects garbage at once (as torch.manual_seed in a worker can, through a stack extraction).
+GARBAGE_PIPELINE_THEN_WORKERS = r"""
+import gc, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from nvidia.dali import fn, pipeline_def
+from loaders.pipelines.closing import ClosingDataLoader
+
+@pipeline_def(batch_size=2, num_threads=2, device_id=None)
+def graph():
+    return fn.random.uniform(range=[0.0, 1.0], shape=[4])
+
+pipe = graph()
+pipe.build()
+pipe.run()
+pipe.cycle = pipe
+gc.disable()
+del pipe
+
+def collect(worker):
+    gc.enable()
+    gc.collect()
+
+loader = ClosingDataLoader(list(range(4)), batch_size=2, num_workers=1, worker_init_fn=collect)
+print(sum(int(batch.sum()) for batch in loader))
+loader.close()
+"""
+
+
+def test_a_dali_pipeline_left_as_garbage_does_not_hang_a_forked_worker(tmp_path):
+    """Freed in a forked worker, a DALI pipeline's shutdown waits for threads that exist only
+    in the parent: the worker hung for good. The loader collects garbage before it forks."""
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import REPO
+
+    script = tmp_path / "garbage.py"
+    script.write_text(GARBAGE_PIPELINE_THEN_WORKERS)
+    try:
+        result = subprocess.run([sys.executable, str(script), REPO], capture_output=True,
+                                text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the DataLoader worker hung freeing the DALI pipeline")
+    assert result.returncode == 0 and result.stdout.split() == ["6"], result.stderr[-2000:]
