@@ -49,6 +49,18 @@ def _no_lmdb_handle_outlives_a_test():
     close_all_readonly()
 
 
+@pytest.fixture(autouse=True)
+def _pil_limit_restored():
+    """PIL's decompression-bomb limit as it was before the test: ``main`` and the converters set
+    it process-wide from ``--max-image-pixels`` (``decode.acceptance.limit_pil``), and one run
+    in-process with a small limit would refuse every later test's images."""
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    yield
+    Image.MAX_IMAGE_PIXELS = before
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """Flat-colour images (label readable from pixels): ``root/{train,val}`` JPEG folders and

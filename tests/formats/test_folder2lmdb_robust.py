@@ -65,7 +65,7 @@ def test_kept_records_labels_and_bytes(converted):
     corpus, db, _ = converted
     meta, records, checksums, keys = read_all(db)
     assert list(meta.classes) == CLASSES  # the empty class keeps label 1; hidden dirs ignored
-    assert meta.count == len(corpus.kept) == 19
+    assert meta.count == len(corpus.kept) == 20
     assert keys == [codec.CHECKSUMS_KEY, codec.META_KEY]  # no resume state left behind
     assert codec.decode_checksums(checksums) == [
         codec.record_checksum(codec.encode_record(d, label)) for d, label in records]
@@ -77,7 +77,7 @@ def test_kept_records_labels_and_bytes(converted):
             assert image_check.reencode_reason(data) is None, rel  # now baseline YCbCr
         else:
             assert data == original, rel
-    assert sorted(label for _, label in records) == [0] * 17 + [2] * 2
+    assert sorted(label for _, label in records) == [0] * 18 + [2] * 2
 
 
 def test_every_record_decodes_with_pil_and_the_loaders_library(converted):
@@ -138,7 +138,10 @@ def test_strict_fails_on_the_first_non_image(converted, tmp_path):
     result = run_cli("-d", corpus.root, "-o", str(tmp_path / "db"), "--strict")
     assert result.returncode == 1
     error = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(error) == 1 and "error_page.JPEG" in error[0] and "--strict" in error[0]
+    first = next(iter(corpus.skipped))  # in the converter's order: the bomb comes first
+    assert first == "n01/bomb.JPEG"
+    assert len(error) == 1 and first in error[0] and corpus.skipped[first] in error[0]
+    assert "--strict" in error[0]
     assert "Traceback" not in result.stderr
 
 

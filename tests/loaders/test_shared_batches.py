@@ -116,7 +116,8 @@ def rank(checked, done, ranks):
 
 ctx = mp.get_context("fork")
 ranks = int(sys.argv[2])
-checked, done = ctx.Barrier(ranks), ctx.Barrier(ranks)
+# bounded waits: a rank that died leaves the others a BrokenBarrierError, not a hang
+checked, done = ctx.Barrier(ranks, timeout=60), ctx.Barrier(ranks, timeout=60)
 procs = [ctx.Process(target=rank, args=(checked, done, ranks)) for _ in range(ranks)]
 for p in procs:
     p.start()

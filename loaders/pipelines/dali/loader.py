@@ -28,7 +28,7 @@ from ..batches import batch_seed, epoch_seed
 from .environment import cuda_failure
 from .feed import BatchFeed, FeedPass
 from .graph import GraphOptions, augment, outputs_to_torch, source
-from .unreadable import UnreadableSamples
+from .unreadable import AcceptedReads, UnreadableSamples
 
 # Seconds close() gives a feed thread to leave its read (a shard retrying): then left behind
 CLOSE_WAIT_S = 5.0
@@ -67,7 +67,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         # found unreadable (the probes run here) or refused by the feed; named as damaged, kept
         self.unreadable = UnreadableSet(order.num_samples)
         self.warned = UnreadableSet(order.num_samples)
-        self.max_pixels, self.refused = settings.max_image_pixels, 0
+        self.max_pixels = settings.max_image_pixels
+        self._accepted = AcceptedReads(reader, self.unreadable, self.max_pixels)
         self.stage_log = self._waited = None
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (graph.py)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
@@ -91,6 +92,11 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
         self._rest = self._take_rest(epoch, start_batch, rest)
+
+    @property
+    def refused(self) -> int:
+        """Samples the feed refused so far (the acceptance rule)."""
+        return self._accepted.refused
 
     @property
     def resolution(self) -> int:
@@ -245,7 +251,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in pipeline_builds."""
-        self._feeds = [BatchFeed(self._read_accepted, self.opts, self.batch_size, self.seed,
+        self._feeds = [BatchFeed(self._accepted, self.opts, self.batch_size, self.seed,
                                  self.rank, keep=self._queue_depth(n) + 1, log=self.stage_log)
                        for _ in range(n)]
         pipes = [self._pipeline(feed, n) for feed in self._feeds]

@@ -13,15 +13,20 @@ from .environment import message_lines
 from .graph import window_mismatch
 
 
-class UnreadableSamples:
-    """Needs the loader's ``batch_size``, ``reader``, ``unreadable``, ``warned``, ``refused``,
-    ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
+class AcceptedReads:
+    """``read(index) -> (bytes, label)`` for the feed threads: ``reader.read(index)``, or where
+    the acceptance rule (``max_pixels``) refuses those bytes the next readable sample's, each
+    refused one reported once, marked in ``unreadable`` (an ``UnreadableSet``) and counted in
+    :attr:`refused`, before DALI sees the bytes. Raises :class:`DataError` if every sample of
+    the split is unreadable. It holds no reference to the loader: a running feed thread holds
+    it, and a loader (its DALI pipelines with it) freed in a process forked meanwhile would hang
+    there, waiting for DALI threads that only the parent has."""
 
-    def _read_accepted(self, index: int) -> tuple[bytes, int]:
-        """``reader.read(index)``, or where the acceptance rule (``max_pixels``) refuses those
-        bytes the next readable sample's, each refused one reported once, remembered and counted
-        in ``refused``. Runs in the feed threads, before DALI sees the bytes. Raises
-        :class:`DataError` if every sample of the split is unreadable."""
+    def __init__(self, reader, unreadable, max_pixels: int):
+        self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
+        self.refused = 0
+
+    def __call__(self, index: int) -> tuple[bytes, int]:
         while True:
             data, label = self.reader.read(index)
             try:
@@ -32,6 +37,11 @@ class UnreadableSamples:
                     self.refused += 1
                     report_unreadable(self.reader.name_of(index), exc)
                 index = self.unreadable.next_readable(index)
+
+
+class UnreadableSamples:
+    """Needs the loader's ``batch_size``, ``reader``, ``unreadable``, ``warned``, ``refused``,
+    ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
 
     def _check_refused(self) -> None:
         """Raise :class:`DataError` once the unreadable (refused too) exceed ``max_bad_share``."""

@@ -60,8 +60,14 @@ class SharedBatches:
         self.stage_images = stages.image_rows(slots, batch_size)
         self.stage_batches = stages.batch_rows(slots)
         if shared:
-            for tensor in (self.labels, self.released, self.stage_images, self.stage_batches):
-                tensor.share_memory_()
+            small = (self.labels, self.released, self.stage_images, self.stage_batches)
+            try:
+                for tensor in small:
+                    tensor.share_memory_()
+            except RuntimeError as exc:  # the node's last pages taken since the slots' reservation
+                if not _no_space(exc):
+                    raise
+                raise DataError(_shortage(slots * self.capacity)) from None
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
@@ -140,7 +146,7 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
     except RuntimeError as exc:  # torch's own reservation (posix_fallocate where built with it)
-        if "No space left" in str(exc) or "(28)" in str(exc):
+        if _no_space(exc):
             raise DataError(_shortage(nbytes)) from None
         raise
     try:
@@ -152,6 +158,11 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
             raise
         # a file system that cannot reserve (or no /dev/shm): pages are taken as written
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+
+
+def _no_space(exc: RuntimeError) -> bool:
+    """torch's error for a shared-memory object the file system has no room for (ENOSPC)."""
+    return "No space left" in str(exc) or "(28)" in str(exc)
 
 
 def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
