@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Callable, TypeVar
 
-__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "run_captured"]
+__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "run_captured", "say_now"]
 
 T = TypeVar("T")
 
@@ -209,3 +209,20 @@ def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
         with capture(exclusive=True) as caught:
             call()
     return result, caught.lines
+
+
+def say_now(line: str) -> None:
+    """Write ``line`` (and a newline) to the process's standard error at once, also while a
+    capture holds descriptor 2 (a capture passes other output on only when it ends: a warning
+    printed inside one, such as a stream's retry, would reach the user after the retries)."""
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+    data = (line + "\n").encode("utf-8", "replace")
+    sink = _sink
+    with sink.cond:
+        if sink.active and sink.saved >= 0:
+            os.write(sink.saved, data)
+            return
+    print(line, file=sys.stderr, flush=True)

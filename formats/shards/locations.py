@@ -8,11 +8,12 @@ from __future__ import annotations
 import io
 import os
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
+
+from decode.messages import say_now
 
 from ..errors import DataError
 from ._codec import INDEX_NAME, ShardFormatError, ShardIndex, idx_name
@@ -57,8 +58,7 @@ class Retries:
         wait = self.wait(failures)
         if wait is None:
             raise self.given_up(error, failures, waited) from None
-        print(f"warning: {error}; try {failures + 1} of {self.retries + 1} in {wait:g} s",
-              file=sys.stderr, flush=True)
+        say_now(f"warning: {error}; try {failures + 1} of {self.retries + 1} in {wait:g} s")
         parent, end = os.getppid(), time.monotonic() + wait
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(left, _PARENT_CHECK_S))

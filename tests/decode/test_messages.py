@@ -12,7 +12,7 @@ import pytest
 
 import decode
 from decode import jpeg_region, jpeg_window, libraries
-from decode.messages import capture, is_library_line, run_captured
+from decode.messages import capture, is_library_line, run_captured, say_now
 from tests.helpers.badcorpus import imagenet_sized_jpeg, refused_images
 
 PREMATURE = "Corrupt JPEG data: premature end of data segment"
@@ -96,3 +96,18 @@ def test_library_lines_are_told_from_others():
     assert is_library_line("libpng warning: iCCP: known incorrect sRGB profile")
     assert not is_library_line("warning: skipping unreadable sample x.JPEG: ...")
     assert not is_library_line("Epoch: [0][ 10/100]")
+
+
+def test_say_now_reaches_stderr_during_a_capture(capfd):
+    """A warning written inside a capture (a stream's retry, in a loader worker's read) is on
+    standard error at once, not when the capture ends; other output waits for the end."""
+    capfd.readouterr()
+    with capture() as caught:
+        os.write(2, b"held until the end\n")
+        say_now("warning: try 2 of 5 in 1 s")
+        during = capfd.readouterr().err
+    after = capfd.readouterr().err
+    assert during == "warning: try 2 of 5 in 1 s\n"
+    assert after == "held until the end\n" and caught.lines == []
+    say_now("outside")
+    assert capfd.readouterr().err == "outside\n"
