@@ -78,7 +78,7 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: install ## run the test suite (generated data; also the real sample in ../shared/data/imagenet-sample where present; not the SLURM or heavy tests)
 	$(PY) -m pytest -q -rs $(XDIST)
 
-test-heavy: install ## the opt-in full-size tests (DALI's 476 MB wheel installed from parts), which CI also runs
+test-heavy: install ## the opt-in full-size and long tests (DALI's 476 MB wheel from parts, the GPU check's dry runs), which CI also runs
 	$(PY) -m pytest -q -rs -m heavy
 
 test-durations: install ## make test's suite in one process with its 40 slowest tests (pytest --durations)

@@ -200,6 +200,7 @@ def test_flip_tta_averages_the_mirrored_logits():
     assert tta["loss"] == pytest.approx(float(np.log(2)))
 
 
+@pytest.mark.heavy
 def test_ffcv_preset_scaled_down_trains_on_the_real_sample(sample, tmp_path):
     """FFCV's ResNet-18 16-epoch preset with every feature on (triangular LR, label smoothing,
     no BatchNorm weight decay, BlurPool, AMP, channels-last, test-time resolution and flip

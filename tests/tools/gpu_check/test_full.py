@@ -39,6 +39,7 @@ def dry_run(sample_images, tmp_path_factory):
                            sections=report["sections"])
 
 
+@pytest.mark.heavy
 def test_dry_run_passes_and_ends_with_a_summary(dry_run):
     failed = [r for r in gpu_report.rows_of(dry_run.report) if r["status"] == "failed"]
     assert dry_run.code == 0, (failed, dry_run.stderr)
@@ -53,6 +54,7 @@ def test_dry_run_passes_and_ends_with_a_summary(dry_run):
     assert (dry_run.out / "logs" / "pytest-test_gpu.out").exists()
 
 
+@pytest.mark.heavy
 def test_environment_is_reported(dry_run):
     machine = dry_run.report["machine"]
     for key in ("python", "cpu_cores", "torch", "torchvision", "cuda", "gpus", "gpu_count",
@@ -62,6 +64,7 @@ def test_environment_is_reported(dry_run):
     assert [r["status"] for r in dry_run.sections["environment"]] == ["passed"]
 
 
+@pytest.mark.heavy
 def test_pytest_section_runs_each_gpu_test_file_and_parses_the_skipped_tests(dry_run):
     rows = dry_run.sections["pytest"]
     assert [r["name"] for r in rows] == ["pytest-test_gpu", "pytest-test_gpu_dali",
@@ -75,6 +78,7 @@ def test_pytest_section_runs_each_gpu_test_file_and_parses_the_skipped_tests(dry
     assert all(not_proven[r["name"]].endswith("GPU tests skipped") for r in rows)
 
 
+@pytest.mark.heavy
 def test_training_rows_through_main_py(dry_run):
     rows = {r["loader"]: r for r in dry_run.sections["training"]}
     assert list(rows) == ["synthetic", "folder", "lmdb", "dali", "dali-lmdb"]
@@ -102,6 +106,7 @@ def test_training_rows_through_main_py(dry_run):
     assert target["min_ratio"] == 0.95 and target["met"] is None and target["best_loader"]
 
 
+@pytest.mark.heavy
 def test_loader_only_rows(dry_run):
     rows = {r["loader"]: r for r in dry_run.sections["loaders"]}
     assert list(rows) == ["folder", "lmdb", "dali", "dali-lmdb"]
@@ -115,6 +120,7 @@ def test_loader_only_rows(dry_run):
     assert "--dali --lmdb --train" in rows["dali-lmdb"]["command"]
 
 
+@pytest.mark.heavy
 def test_gpu_decode_section(dry_run):
     """The batch decode's rows, run on nvImageCodec's CPU backend in a dry run: the GPU probe
     is not proven here; the one-worker timing pair and ResNet-18 at a low side run the
@@ -138,6 +144,7 @@ def test_gpu_decode_section(dry_run):
     assert "## 8. GPU decoding without DALI" in (dry_run.out / "report.md").read_text()
 
 
+@pytest.mark.heavy
 def test_dali_section(dry_run):
     """DALI's rows, run on DALI's CPU backend in a dry run: the probe imports DALI first and
     decodes (on the CPU), the one-thread timing pair and ResNet-18 at a low side run, and the
@@ -164,6 +171,7 @@ def test_dali_section(dry_run):
     assert "## 7. DALI's GPU decoding" in (dry_run.out / "report.md").read_text()
 
 
+@pytest.mark.heavy
 def test_distributed_row(dry_run):
     (row,) = dry_run.sections["nccl"]
     assert row["status"] == "passed", row
@@ -172,6 +180,7 @@ def test_distributed_row(dry_run):
     assert "--multiprocessing-distributed" in row["command"]
 
 
+@pytest.mark.heavy
 def test_report_md_has_the_tables_and_commands(dry_run):
     text = (dry_run.out / "report.md").read_text()
     assert text.startswith("# GPU check (dry run on CPU)")

@@ -71,6 +71,7 @@ def test_call_1_carries_nothing_of_dali_and_every_call_names_itself(small_bundle
     assert os.path.getsize(joined) == 3 << 20
 
 
+@pytest.mark.heavy
 def test_rehearsal_of_a_short_row_set_fits_and_leaves_one_archive(small_bundle, tmp_path,
                                                                     monkeypatch):
     root, _, _ = small_bundle

@@ -142,6 +142,7 @@ def test_no_nvidia_package_is_a_missing_module_not_an_exception(tmp_path):
     assert result.stdout.split() == ["False", "True"], result.stderr
 
 
+@pytest.mark.heavy
 def test_dry_run_without_any_nvidia_package_writes_both_reports(sample_images, tmp_path):
     bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     fake_wheel(str(bundle / "wheels"), "nvidia_nvimgcodec_cu13")

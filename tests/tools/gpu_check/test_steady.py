@@ -42,6 +42,7 @@ READ_S, BATCH = 0.5, 2
 CEILING = BATCH / (BATCH * READ_S)  # one worker: 2 images/s at most
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_training_row_times_the_loader_not_its_queue(sample_images, tmp_path):
     bundle = make_bundle(sample_images, tmp_path / "bundle", classes=4)
