@@ -13,13 +13,19 @@ MAX_FUNCTION_LINES = 70  # "about 60"; argument-parser declarations aside
 _SKIP_DIRS = {".git", ".venv", "__pycache__", "fixtures", "node_modules"}
 
 
-def _python_files(include_tests: bool = True) -> list[str]:
-    found = []
+def _folders(leave_out: tuple[str, ...] = ()):
+    """``(folder, its file names)`` for the repository's folders, sorted; hidden, built and
+    vendored ones aside, and those named in ``leave_out`` wherever they are."""
     for dirpath, dirs, files in os.walk(REPO):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
-                         and (include_tests or d != "tests"))
-        found += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(".py")]
-    return found
+                         and d not in leave_out)
+        yield dirpath, sorted(files)
+
+
+def _python_files(include_tests: bool = True) -> list[str]:
+    return [os.path.join(dirpath, f)
+            for dirpath, files in _folders(() if include_tests else ("tests",))
+            for f in files if f.endswith(".py")]
 
 
 def _module_name(path: str) -> str:
@@ -295,9 +301,7 @@ FLAT_PACKAGES = {"benchmarks", "decode"}
 
 def test_packages_keep_few_loose_modules():
     crowded = []
-    for dirpath, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
-                   and d != "tests"]
+    for dirpath, files in _folders(("tests",)):
         package = os.path.relpath(dirpath, REPO).replace(os.sep, ".")
         if "__init__.py" not in files or package in FLAT_PACKAGES:
             continue
@@ -310,9 +314,7 @@ def test_packages_keep_few_loose_modules():
 def test_no_folder_spelled_as_a_file_name_prefix():
     """``_gpu_a.py``, ``_gpu_b.py`` beside each other want a ``gpu/`` package."""
     found = []
-    for dirpath, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
-                   and d != "tests"]
+    for dirpath, files in _folders(("tests",)):
         prefixes: dict[str, list[str]] = {}
         for f in files:
             if f.endswith(".py") and f.startswith("_") and not f.startswith("__"):
@@ -328,9 +330,7 @@ ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+|\bround \d+\b")
 def test_the_code_tells_what_it_is_not_its_history():
     """No issue numbers in the product's code, tools or benchmarks: the history is git log's."""
     found = []
-    for dirpath, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
-                   and d not in ("tests", "docs")]
+    for dirpath, files in _folders(("tests", "docs")):
         for f in files:
             if f.endswith((".py", ".c", ".sh")) or f in ("Makefile", "Dockerfile"):
                 path = os.path.join(dirpath, f)
