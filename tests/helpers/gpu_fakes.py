@@ -23,12 +23,17 @@ def make_bundle(sample: str, root, classes: int = 8):
     return root
 
 
-def gpu_check_cli(argv):
-    """``python -m tools.gpu_check`` in this process: ``(exit status, stdout, stderr)``."""
+def in_process(main_cli, argv):
+    """A tool's ``main_cli(argv)`` in this process: ``(exit status, stdout, stderr)``."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main_cli(argv)
+        code = main_cli(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+def gpu_check_cli(argv):
+    """``python -m tools.gpu_check`` in this process: ``(exit status, stdout, stderr)``."""
+    return in_process(cli.main_cli, argv)
 
 
 SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0,

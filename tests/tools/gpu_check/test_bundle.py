@@ -3,8 +3,6 @@ the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), and its one-
 pip itself is replaced by a stand-in here: downloading needs the network."""
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 from types import SimpleNamespace
@@ -14,7 +12,7 @@ from PIL import Image
 
 from decode.gpu import nvjpeg_pip_package
 from tools.gpu_check.machine import bundle as gpu_bundle
-from tools.gpu_check.machine import layout
+from tests.helpers.gpu_fakes import in_process
 
 
 @pytest.fixture
@@ -39,10 +37,7 @@ def fake_pip(monkeypatch):
 
 
 def bundle(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = gpu_bundle.main_cli(argv)
-    return code, out.getvalue(), err.getvalue()
+    return in_process(gpu_bundle.main_cli, argv)
 
 
 def test_images_from_data_one_per_class_first(sample_images, tmp_path, fake_pip):
