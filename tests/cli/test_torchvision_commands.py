@@ -17,8 +17,8 @@ import main
 from benchmarks.bench_recipes import TORCHVISION_R50_V2
 from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.processes import free_port
-from tests.helpers.runs import SMALL, TRAINING_KEYS, read_metrics, run
+from tests.helpers.ranks import run_ranks
+from tests.helpers.runs import SMALL, TRAINING_KEYS, read_metrics
 from tools import datagen
 
 # torchvision's ConvNeXt command for convnext_tiny
@@ -58,15 +58,14 @@ def data_300(tmp_path_factory):
 
 
 def test_torchvision_resnet50_v2_command_on_two_cpu_ranks(data_300, tmp_path):
-    """The command verbatim under torchrun (2 gloo ranks), made test-sized by flags after it:
-    every recipe feature on, RASampler's 256 // 2 images per rank, the EMA validated."""
+    """The command verbatim on 2 gloo ranks with torchrun's variables (tests.helpers.ranks;
+    torchrun itself: test_distributed.py), made test-sized by flags after it: every recipe
+    feature on, RASampler's 256 // 2 images per rank, the EMA validated."""
     out = str(tmp_path / "out")
     test_size = ["--data-path", data_300, "--epochs", "1", "-b", "32", "-j", "1",
                  "--train-crop-size", "32", "--val-resize-size", "36", "--val-crop-size", "32",
                  "--model", "resnet18", "--output-dir", out, "--seed", "0"]
-    result = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                  "--master-port", str(free_port()), "main.py", *TORCHVISION_R50_V2,
-                  *test_size], timeout=900)
+    result = run_ranks([*TORCHVISION_R50_V2, *test_size], 2, timeout=900)
     assert "world size 2 (gloo process group)" in result.stdout
     (record,) = read_metrics(out)
     assert record["train_images"] == 256  # RASampler: floor(300 // 256 * 256 / 2) per rank

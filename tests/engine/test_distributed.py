@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -30,20 +31,39 @@ def single_process_top1(data, out):
 def check_distributed_run(data, out):
     record = only_record(out)
     assert record["val_images"] == 16  # each validation image exactly once, none padded
-    assert record["train_images"] == 32  # 2 ranks x 4 batches x 4: disjoint shards covering all
+    assert record["train_images"] == 32  # 2 ranks x 8 batches x 2: disjoint shards covering all
     top1, images = single_process_top1(data, out)
     assert images == 16 and top1 == pytest.approx(record["val_acc1"], abs=1e-9)
 
 
+TWO = ["--multiprocessing-distributed", "--nproc-per-node", "2"]
+# 2 spawned processes of -b 2 (8 steps of the 32 images), a checkpoint at every step
+MPD = [*SMALL, "-b", "4", *TWO, "--save-every", "1"]
+
+
+def mpd_run(data: list[str], root, flags: list[str] = MPD) -> SimpleNamespace:
+    """A ``--multiprocessing-distributed`` run of ``flags`` under ``root``: its ``out``
+    folder, sample ``trace`` and ``stdout``."""
+    out, trace = str(root / "out"), str(root / "trace")
+    result = run_cli(*data, *flags, "--output-dir", out, env=traced_env(trace))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return SimpleNamespace(out=out, trace=trace, stdout=result.stdout)
+
+
+@pytest.fixture(scope="module")
+def mpd_lmdb(tiny, tmp_path_factory):
+    """The LMDB run of :func:`mpd_run`, uninterrupted: the resume test's reference too."""
+    return mpd_run(["--lmdb", tiny.lmdb], tmp_path_factory.mktemp("mpd-lmdb"))
+
+
 @pytest.mark.parametrize("backend", ["lmdb", "folder"])
-def test_multiprocessing_distributed_two_cpu_processes(tiny, tmp_path, backend):
+def test_multiprocessing_distributed_two_cpu_processes(tiny, tmp_path, backend, request):
     data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
-    out = str(tmp_path / "out")
-    result = run(main_cmd(*data, *SMALL, "-b", "8", "--multiprocessing-distributed",
-                          "--nproc-per-node", "2", "--output-dir", out))
-    assert "world size 2" in result.stdout
-    assert result.stdout.count("epoch 0:") == 1  # only global rank 0 prints
-    check_distributed_run(data, out)
+    done = (request.getfixturevalue("mpd_lmdb") if backend == "lmdb" else  # 4 steps of -b 8
+            mpd_run(data, tmp_path, [*SMALL, "-b", "8", *TWO]))
+    assert "world size 2" in done.stdout
+    assert done.stdout.count("epoch 0:") == 1  # only global rank 0 prints
+    check_distributed_run(data, done.out)
 
 
 def test_one_launched_process_still_joins_a_process_group(tiny, tmp_path):
@@ -56,9 +76,10 @@ def test_one_launched_process_still_joins_a_process_group(tiny, tmp_path):
     assert only_record(out)["val_images"] == 16
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "folder"])
-def test_torchrun_two_cpu_processes(tiny, tmp_path, backend):
-    data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
+def test_torchrun_two_cpu_processes(tiny, tmp_path):
+    """torchrun itself (its ranks start cold); the readers under torchrun's variables are
+    tested at several world sizes through tests.helpers.ranks (test_resume_layouts.py)."""
+    data = ["--lmdb", tiny.lmdb]
     out = str(tmp_path / "out")
     run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(free_port()), "main.py", *data, *SMALL, "-b", "4",
@@ -113,17 +134,14 @@ def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
         f"main.py: error: {tmp_path / 'missing' / 'train'}: no such file or directory"]
 
 
-def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
+def test_mid_epoch_resume_in_a_distributed_run(tiny, mpd_lmdb, tmp_path):
     """Kill a 2-process job mid-epoch; resuming from its --save-every checkpoint trains the
     remaining batches only (the killed run's batches before its checkpoint and the resumed
     run's are the uninterrupted run's samples, each once), the epoch's global sums carry over
     (checkpointed by rank 0), and the weights end bit for bit as the uninterrupted run's."""
-    args = ["--lmdb", tiny.lmdb, *SMALL, "-b", "4", "--multiprocessing-distributed",
-            "--nproc-per-node", "2", "--save-every", "1", "--epochs", "1"]
-    out, straight = str(tmp_path / "out"), str(tmp_path / "straight")
-    traces = {name: str(tmp_path / f"trace-{name}") for name in ("straight", "killed", "resumed")}
-    result = run_cli(*args, "--output-dir", straight, env=traced_env(traces["straight"]))
-    assert result.returncode == 0, result.stderr[-2000:]
+    args = ["--lmdb", tiny.lmdb, *MPD]
+    out = str(tmp_path / "out")
+    traces = {name: str(tmp_path / f"trace-{name}") for name in ("killed", "resumed")}
     kill_at_step([*args, "--output-dir", out], traces["killed"], 5)  # of 8 (2 ranks, -b 2 each)
     position = saved_position(out)
     checkpoint = os.path.join(out, "checkpoint.pth.tar")
@@ -133,11 +151,11 @@ def test_mid_epoch_resume_in_a_distributed_run(tiny, tmp_path):
     assert f"resumed from {checkpoint} at epoch 0, batch {position['batch']}" in result.stdout
     before = traced_batches(traces["killed"], before=position["batch"])
     after = traced_batches(traces["resumed"])
-    whole = [i for batch in traced_batches(traces["straight"]) for i in batch]
+    whole = [i for batch in traced_batches(mpd_lmdb.trace) for i in batch]
     trained = [i for batch in before + after for i in batch]
     assert before and after and sorted(trained) == sorted(whole)
     assert len(whole) == len(set(whole)) == 32
-    assert_same_training(out, straight)
+    assert_same_training(out, mpd_lmdb.out)
 
 
 def _start_methods(_rank: int, path: str) -> None:

@@ -1,5 +1,5 @@
-"""A run SIGKILLed mid-epoch and resumed at another world size or batch size (gloo on CPU, the
-``tiny`` set's 32 training images): the epoch's global order goes on, each sample trained at
+"""A run SIGKILLed mid-epoch and resumed at another world size or batch size (gloo on CPU, ranks
+started as torchrun starts them: tests.helpers.ranks; the ``tiny`` set's 32 training images): the epoch's global order goes on, each sample trained at
 most once, the trained samples the global order's first (less a tail under one new global
 batch), ``train_images`` the count, the LR at the first resumed step the uninterrupted run's
 at that step of the new batching; what cannot continue exactly is refused in one line."""
@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from tests.helpers.runs import cli_in_process, main_cmd, only_record, run, run_cli
+from tests.helpers.ranks import run_ranks
+from tests.helpers.runs import cli_in_process, only_record
 from tests.helpers.traces import (epoch_order, kill_at_step, layout_flags, saved_position,
                                   step_lrs, traced_batches, traced_env)
 
@@ -42,13 +43,13 @@ def test_resume_at_another_layout_continues_the_global_order(tiny, tiny_shards, 
     data, source, train = data_flags(kind, tiny, tiny_shards)
     schedule = ["--lr-scheduler", "cosine", "--lr", "0.05"]
     killed, out = str(tmp_path / "killed"), str(tmp_path / "resumed")
-    kill_at_step([*data, *layout_flags(*saved), *schedule, "--output-dir", killed],
-                 str(tmp_path / "trace-killed"), 3)
+    kill_at_step([*data, *layout_flags(saved[1]), *schedule, "--output-dir", killed],
+                 str(tmp_path / "trace-killed"), 3, world=saved[0])
     position = saved_position(killed)
     trace = str(tmp_path / "trace-resumed")
-    result = run_cli(*data, *layout_flags(*resumed), *schedule, "--output-dir", out, "--resume",
-                     os.path.join(killed, "checkpoint.pth.tar"), env=traced_env(trace))
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_ranks([*data, *layout_flags(resumed[1]), *schedule, "--output-dir", out,
+                        "--resume", os.path.join(killed, "checkpoint.pth.tar")], resumed[0],
+                       env=traced_env(trace))
     assert "resume: epoch 0 goes on after" in result.stdout
     before = traced_batches(str(tmp_path / "trace-killed"), before=position["batch"])
     after = traced_batches(trace)
@@ -62,7 +63,8 @@ def test_resume_at_another_layout_continues_the_global_order(tiny, tiny_shards, 
     assert only_record(out)["train_images"] == len(trained)
     if check_lr:
         reference = str(tmp_path / "uninterrupted")
-        run(main_cmd(*data, *layout_flags(*resumed), *schedule, "--output-dir", reference))
+        run_ranks([*data, *layout_flags(resumed[1]), *schedule, "--output-dir", reference],
+                  resumed[0])
         lrs, expected = step_lrs(out), step_lrs(reference)
         first = min(lrs)
         assert lrs[first] == pytest.approx(expected[first], rel=1e-6)
@@ -79,7 +81,7 @@ def killed(tiny, tiny_shards, tmp_path_factory):
     for kind in ("lmdb", "shards"):
         data, _, _ = data_flags(kind, tiny, tiny_shards)
         outs[kind] = str(root / kind)
-        kill_at_step([*data, *layout_flags(1, 4), "--output-dir", outs[kind]],
+        kill_at_step([*data, *layout_flags(4), "--output-dir", outs[kind]],
                      str(root / f"trace-{kind}"), 3)
     return outs
 
@@ -111,9 +113,9 @@ def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed
     another -b, resumed at its own."""
     old = edited(killed["lmdb"], tmp_path, lambda c: c.pop("position"))
     data = ["--lmdb", tiny.lmdb, "--output-dir", str(tmp_path / "out")]
-    line = resume_fails(capfd, data, old, *layout_flags(1, 8))
+    line = resume_fails(capfd, data, old, *layout_flags(8))
     assert "before positions were recorded" in line and "-b 4" in line
-    result = cli_in_process([*data, *layout_flags(1, 4), "--resume", old], capfd)
+    result = cli_in_process([*data, *layout_flags(4), "--resume", old], capfd)
     assert result.returncode == 0 and ", batch " in result.stdout, result.stderr[-2000:]
     assert only_record(str(tmp_path / "out"))["train_images"] == 32
 
@@ -126,7 +128,7 @@ def test_a_checkpoint_without_a_position_resumes_only_at_its_layout(tiny, killed
 def test_a_position_of_another_epoch_order_is_refused_in_one_line(tiny, killed, tmp_path, edit,
                                                                   flags, words, capfd):
     path = edited(killed["lmdb"], tmp_path, edit)
-    line = resume_fails(capfd, ["--lmdb", tiny.lmdb, *layout_flags(1, 4), *flags, "--output-dir",
+    line = resume_fails(capfd, ["--lmdb", tiny.lmdb, *layout_flags(4), *flags, "--output-dir",
                          str(tmp_path / "out")], path)
     assert words in line
 
@@ -140,8 +142,8 @@ def test_streamed_shards_resume_at_their_layout_only(tiny_shards, killed, tmp_pa
     data = ["--loader", "shards", tiny_shards, "--train", stream, "--output-dir",
             str(tmp_path / "out")]
     checkpoint = os.path.join(killed["shards"], "checkpoint.pth.tar")
-    line = resume_fails(capfd, data, checkpoint, *layout_flags(1, 8))
+    line = resume_fails(capfd, data, checkpoint, *layout_flags(8))
     assert "streamed shards" in line and "resume with that layout" in line
-    result = cli_in_process([*data, *layout_flags(1, 4), "--resume", checkpoint], capfd)
+    result = cli_in_process([*data, *layout_flags(4), "--resume", checkpoint], capfd)
     assert result.returncode == 0, result.stderr[-2000:]
     assert only_record(str(tmp_path / "out"))["train_images"] == 32

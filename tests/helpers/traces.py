@@ -5,8 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
-import subprocess
 
 import torch
 
@@ -14,17 +12,15 @@ from loaders import DistInfo
 from loaders.orders.positions import TRACE_ENV, Layout, global_order
 from loaders.readers import open_reader
 from tests.helpers.loading import loader_settings
-from tests.helpers import warm
-from tests.helpers.paths import REPO
-from tests.helpers.runs import main_cmd, small_run
+from tests.helpers.ranks import Ranks
+from tests.helpers.runs import small_run
 
 
-def layout_flags(nproc: int, batch: int, workers: int = 0) -> list[str]:
-    """``main.py`` flags of ``nproc`` spawned CPU processes of ``batch`` images each (``-b``
-    is the global batch under ``--multiprocessing-distributed``), ``workers`` each."""
-    flags = small_run(batch=batch * nproc, workers=workers * nproc, seed=3, print_freq=1)
-    if nproc > 1:
-        flags += ["--multiprocessing-distributed", "--nproc-per-node", str(nproc)]
+def layout_flags(batch: int, workers: int = 0) -> list[str]:
+    """``main.py`` flags of one epoch at ``batch`` images and ``workers`` DataLoader workers per
+    process (as torchrun's ranks take them: :mod:`tests.helpers.ranks`), checkpointed at every
+    step."""
+    flags = small_run(batch=batch, workers=workers, seed=3, print_freq=1)
     return flags + ["--epochs", "1", "--save-every", "1"]
 
 
@@ -41,18 +37,15 @@ def traced_env(trace: str) -> dict:
     return {**os.environ, TRACE_ENV: trace}
 
 
-def kill_at_step(args: list[str], trace: str, step: int) -> None:
-    """Run ``main.py ARGS`` (``-p 1``) and SIGKILL its process group once step ``step`` of
-    epoch 0 was printed."""
-    proc = warm.Popen(main_cmd(*args), cwd=REPO, stdout=subprocess.PIPE,
-                      stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                      env=traced_env(trace))
-    for line in proc.stdout:
-        if line.startswith(f"Epoch: [0][{step}/") or line.startswith(f"Epoch: [0][ {step}/"):
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    proc.stdout.close()
+def kill_at_step(args: list[str], trace: str, step: int, world: int = 0) -> None:
+    """Run ``main.py ARGS`` (``-p 1``) and SIGKILL it, workers and ranks, once step ``step``
+    of epoch 0 was printed: ``world`` 0 one process (``--multiprocessing-distributed`` in
+    ``args`` starts its own), else that many ranks as torchrun starts them
+    (:class:`tests.helpers.ranks.Ranks`)."""
+    with Ranks(args, max(world, 1), traced_env(trace)) as ranks:
+        printed = ranks.wait_for_line((f"Epoch: [0][{step}/", f"Epoch: [0][ {step}/"))
+        ranks.kill()
+        assert printed, ranks.output(0, "err")[-2000:]
 
 
 def traced_batches(trace: str, epoch: int = 0, before: int | None = None) -> list[list[int]]:

@@ -20,7 +20,8 @@ from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard
 from loaders.orders.streams import StreamTrainOrder, StreamValOrder, buffer_shuffle
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels
-from tests.helpers.runs import main_cmd, only_record, run, SMALL_DISTRIBUTED
+from tests.helpers.ranks import run_ranks
+from tests.helpers.runs import only_record, SMALL_DISTRIBUTED
 
 UNEVEN = [5, 13, 2, 9, 3]  # 32 training records in shards of unequal size
 
@@ -173,9 +174,8 @@ def test_pipe_and_brace_pattern(shards):
 
 def test_two_process_gloo_training_over_uneven_shards(shards, tmp_path):
     out = str(tmp_path / "out")
-    result = run(main_cmd("--loader", "shards", shards, *SMALL_DISTRIBUTED, "-b", "8",
-                          "--multiprocessing-distributed", "--nproc-per-node", "2",
-                          "--output-dir", out))
+    result = run_ranks(["--loader", "shards", shards, *SMALL_DISTRIBUTED, "-b", "4",
+                        "--output-dir", out], 2)
     assert "world size 2" in result.stdout
     record = only_record(out)
     assert record["train_images"] == 32  # 2 ranks x 4 equal batches of 4, no hang
