@@ -31,6 +31,12 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Files holding a ``slow`` test first (pytest-xdist's ``--dist loadfile`` hands out whole
+    files in this order: the long ones start early and the processes end together, rather than
+    one finishing a long file alone), in their order otherwise; ``gpu`` tests skipped without
+    CUDA."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -126,6 +126,7 @@ def test_code_and_other_programs_start_cold():
         assert not proc.warm and proc.wait(60) == 0
 
 
+@pytest.mark.slow
 def test_main_py_says_the_same_warm_and_cold():
     for args in (["--help"], ["--epochs", "x"]):
         cold, hot = both([sys.executable, "main.py", *args], cwd=warm.REPO)

@@ -40,6 +40,7 @@ def _fuzz(folder: str, count: int, seed: int) -> None:
           f"largest peak {max(p for p, _ in result.peaks.values()):.0f} MiB")
 
 
+@pytest.mark.slow
 def test_every_decoder_decodes_or_refuses_each_mutated_image(tmp_path):
     _fuzz(str(tmp_path / "corpus"), CASES, SEED)
 

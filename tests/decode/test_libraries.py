@@ -165,6 +165,7 @@ def run_python(code: str, **env) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_environment_variables_choose_the_decoders():
     code = ("import decode as d; print(d.decoder_name()); "
             "print(d.crop_decoder_status())")

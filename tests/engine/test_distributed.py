@@ -17,7 +17,7 @@ from tests.helpers.runs import (SMALL_DISTRIBUTED, assert_same_training, main_cm
                                 run, run_cli)
 from tests.helpers.traces import kill_at_step, saved_position, traced_batches, traced_env
 
-# -b 8 is split into 4 per process by --multiprocessing-distributed (as pytorch/examples).
+# -b is split among the processes by --multiprocessing-distributed (as pytorch/examples).
 SMALL = SMALL_DISTRIBUTED
 
 
@@ -31,39 +31,33 @@ def single_process_top1(data, out):
 def check_distributed_run(data, out):
     record = only_record(out)
     assert record["val_images"] == 16  # each validation image exactly once, none padded
-    assert record["train_images"] == 32  # 2 ranks x 8 batches x 2: disjoint shards covering all
+    assert record["train_images"] == 32  # the ranks' disjoint shards cover all 32
     top1, images = single_process_top1(data, out)
     assert images == 16 and top1 == pytest.approx(record["val_acc1"], abs=1e-9)
 
 
-TWO = ["--multiprocessing-distributed", "--nproc-per-node", "2"]
 # 2 spawned processes of -b 2 (8 steps of the 32 images), a checkpoint at every step
-MPD = [*SMALL, "-b", "4", *TWO, "--save-every", "1"]
-
-
-def mpd_run(data: list[str], root, flags: list[str] = MPD) -> SimpleNamespace:
-    """A ``--multiprocessing-distributed`` run of ``flags`` under ``root``: its ``out``
-    folder, sample ``trace`` and ``stdout``."""
-    out, trace = str(root / "out"), str(root / "trace")
-    result = run_cli(*data, *flags, "--output-dir", out, env=traced_env(trace))
-    assert result.returncode == 0, result.stderr[-2000:]
-    return SimpleNamespace(out=out, trace=trace, stdout=result.stdout)
+MPD = [*SMALL, "-b", "4", "--multiprocessing-distributed", "--nproc-per-node", "2",
+       "--save-every", "1"]
 
 
 @pytest.fixture(scope="module")
 def mpd_lmdb(tiny, tmp_path_factory):
-    """The LMDB run of :func:`mpd_run`, uninterrupted: the resume test's reference too."""
-    return mpd_run(["--lmdb", tiny.lmdb], tmp_path_factory.mktemp("mpd-lmdb"))
+    """An uninterrupted LMDB run of :data:`MPD` (the resume test's reference too): its ``out``
+    folder, sample ``trace`` and ``stdout``."""
+    root = tmp_path_factory.mktemp("mpd-lmdb")
+    out, trace = str(root / "out"), str(root / "trace")
+    result = run_cli("--lmdb", tiny.lmdb, *MPD, "--output-dir", out, env=traced_env(trace))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return SimpleNamespace(out=out, trace=trace, stdout=result.stdout)
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "folder"])
-def test_multiprocessing_distributed_two_cpu_processes(tiny, tmp_path, backend, request):
-    data = ["--lmdb", tiny.lmdb] if backend == "lmdb" else [tiny.root]
-    done = (request.getfixturevalue("mpd_lmdb") if backend == "lmdb" else  # 4 steps of -b 8
-            mpd_run(data, tmp_path, [*SMALL, "-b", "8", *TWO]))
-    assert "world size 2" in done.stdout
-    assert done.stdout.count("epoch 0:") == 1  # only global rank 0 prints
-    check_distributed_run(data, done.out)
+def test_multiprocessing_distributed_two_cpu_processes(tiny, mpd_lmdb):
+    """The launcher (one reader: every reader's world-size behaviour is tested through
+    tests.helpers.ranks in test_resume_layouts.py)."""
+    assert "world size 2" in mpd_lmdb.stdout
+    assert mpd_lmdb.stdout.count("epoch 0:") == 1  # only global rank 0 prints
+    check_distributed_run(["--lmdb", tiny.lmdb], mpd_lmdb.out)
 
 
 def test_one_launched_process_still_joins_a_process_group(tiny, tmp_path):
@@ -134,6 +128,7 @@ def test_bad_path_in_distributed_run_is_reported_once(tmp_path):
         f"main.py: error: {tmp_path / 'missing' / 'train'}: no such file or directory"]
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_in_a_distributed_run(tiny, mpd_lmdb, tmp_path):
     """Kill a 2-process job mid-epoch; resuming from its --save-every checkpoint trains the
     remaining batches only (the killed run's batches before its checkpoint and the resumed

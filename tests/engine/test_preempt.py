@@ -78,6 +78,7 @@ def test_sigusr1_mid_epoch_saves_exits_75_and_resume_auto_matches(uninterrupted,
     assert_same_training(out, uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     """torchrun, 2 processes: SIGTERM to rank 1 alone; rank 0 stops after the same step (the
     all-reduce of the signal), saves it and exits with status 75 (rank 1 with 0)."""

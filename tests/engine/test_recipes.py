@@ -315,6 +315,7 @@ def test_ffcv_presets_give_ffcvs_recipe(name, arch, lr, batch, wd):
     assert args.blurpool  # FFCV use_blurpool: 1
 
 
+@pytest.mark.slow
 def test_a_run_with_every_recipe_flag_learns_and_records_them(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -153,6 +153,7 @@ def test_labels_follow_pixels_at_every_resolution(tiny):
             assert [label_from_pixels(p, tiny.num_classes) for p in pixels] == labels.tolist()
 
 
+@pytest.mark.slow
 def test_progressive_run_records_resolution_and_resumes_it(tiny, tmp_path, capsys):
     """--min-res 16 --max-res 48 over epochs 0..3 (ramp 0 -> 2, step 16): the training crop of
     each epoch in metrics.jsonl, the epoch line and TensorBoard; flip TTA at validation; a run

@@ -32,6 +32,7 @@ CASES = [  # reader, (processes, batch) saved, (processes, batch) resumed, check
     ("dali", (1, 4), (2, 2), False), ("decode", (2, 2), (1, 2), False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,saved,resumed,check_lr", CASES,
                          ids=[f"{c[0]}-{c[1][0]}x{c[1][1]}-to-{c[2][0]}x{c[2][1]}" for c in CASES])
 def test_resume_at_another_layout_continues_the_global_order(tiny, tiny_shards, tmp_path, kind,

@@ -190,6 +190,7 @@ sys.exit(folder2lmdb.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     corpus = make_bad_corpus(str(tmp_path / "src"), size=160, extra_per_class=60)
     total = len(corpus.kept) + len(corpus.skipped)

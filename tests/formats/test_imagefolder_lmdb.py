@@ -71,6 +71,7 @@ def _plus_ten(label):  # module level: picklable for spawned workers
     return label + 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers(tiny, context):
     transform = transforms.Compose([transforms.Resize(32), transforms.CenterCrop(32),

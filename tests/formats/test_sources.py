@@ -251,6 +251,7 @@ def test_a_download_folder_without_a_split_is_one_line(downloads, tmp_path, caps
     assert "found no val split" in line
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="GNU make not installed")
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_make_convert_imagenet_reads_each_download(layout, downloads, reference_outputs,

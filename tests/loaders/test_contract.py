@@ -150,6 +150,7 @@ def test_lmdb_reader_opens_lazily_and_pickles_without_environment(tiny):
         dataset.read(16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["lmdb", "folder"])
 def test_loader_works_in_spawned_workers(tiny, backend):
     """Spawned workers get the dataset and the shared batch slots by pickling, not fork."""

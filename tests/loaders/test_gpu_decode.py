@@ -167,6 +167,7 @@ def test_bad_decode_flags_end_in_one_line(tiny, tmp_path, flags, message, capfd)
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_resumed_training_matches_the_uninterrupted_run(tiny, tmp_path):
     """Two epochs in one run against one epoch, then ``--resume auto`` for the second: the
     same weights bit for bit and the same figures (the windows are a function of (seed,

@@ -172,6 +172,7 @@ def test_pipe_and_brace_pattern(shards):
     assert len(list(train)) == 8 and sum(len(l) for _, l in val) == 16
 
 
+@pytest.mark.slow
 def test_two_process_gloo_training_over_uneven_shards(shards, tmp_path):
     out = str(tmp_path / "out")
     result = run_ranks(["--loader", "shards", shards, *SMALL_DISTRIBUTED, "-b", "4",

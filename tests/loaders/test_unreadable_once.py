@@ -76,6 +76,7 @@ def _assert_reported_once(err, names):
     assert err.count("skipping unreadable sample") == len(names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_folder_bad_files_are_reported_once_and_counted_once(damaged, capfd, context):
     root, train_bad, val_bad = damaged
@@ -84,10 +85,13 @@ def test_folder_bad_files_are_reported_once_and_counted_once(damaged, capfd, con
         "folder", data=root, workers=2, batch_size=4, max_bad_share=0.3), DistInfo())
     for loader in (train, val):
         loader.loader.multiprocessing_context = context
-    assert _run(train, val) == 3 * 5 * 4
-    _assert_reported_once(capfd.readouterr().err, train_bad + val_bad)
+    # spawned workers import torch anew (seconds each): training's only, validation's flags
+    # being the same shared memory
+    val_passes = 2 if context == "fork" else 0
+    assert _run(train, val, val_passes=val_passes) == 3 * 5 * 4
+    _assert_reported_once(capfd.readouterr().err, train_bad + (val_bad if val_passes else []))
     assert train.unreadable.count() == len(train_bad) == 6
-    assert val.unreadable.count() == len(val_bad) == 3
+    assert val.unreadable.count() == (len(val_bad) if val_passes else 0)
 
 
 def test_max_bad_share_counts_distinct_samples_of_the_split(damaged, capfd):

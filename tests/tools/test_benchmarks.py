@@ -172,6 +172,7 @@ def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, cap
     assert "max |diff|   0" in window_rows[-1]
 
 
+@pytest.mark.slow
 def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):
     """Issue 37's CPU figures through main.py's own loader, against a base checkout (this
     one): per-batch time on the training thread, images/s and RSS per epoch, every round."""
@@ -197,6 +198,7 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
     """Every part on tiny data: the throughput pair, torchvision's pixels, the costs table,
     and torchvision's command on 2 ranks (test-sized further by --command-extra)."""
