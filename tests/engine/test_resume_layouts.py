@@ -1,8 +1,9 @@
 """A run SIGKILLed mid-epoch and resumed at another world size or batch size (gloo on CPU, ranks
-started as torchrun starts them: tests.helpers.ranks; the ``tiny`` set's 32 training images): the epoch's global order goes on, each sample trained at
-most once, the trained samples the global order's first (less a tail under one new global
-batch), ``train_images`` the count, the LR at the first resumed step the uninterrupted run's
-at that step of the new batching; what cannot continue exactly is refused in one line."""
+started as torchrun starts them: tests.helpers.ranks; the ``tiny`` set's 32 training images):
+the epoch's global order goes on, each sample trained at most once, the trained samples the
+global order's first (less a tail under one new global batch), ``train_images`` the count, the
+LR at the first resumed step the uninterrupted run's at that step of the new batching; what
+cannot continue exactly is refused in one line."""
 import glob
 import os
 

@@ -37,12 +37,12 @@ def traced_env(trace: str) -> dict:
     return {**os.environ, TRACE_ENV: trace}
 
 
-def kill_at_step(args: list[str], trace: str, step: int, world: int = 0) -> None:
+def kill_at_step(args: list[str], trace: str, step: int, world: int = 1) -> None:
     """Run ``main.py ARGS`` (``-p 1``) and SIGKILL it, workers and ranks, once step ``step``
-    of epoch 0 was printed: ``world`` 0 one process (``--multiprocessing-distributed`` in
-    ``args`` starts its own), else that many ranks as torchrun starts them
-    (:class:`tests.helpers.ranks.Ranks`)."""
-    with Ranks(args, max(world, 1), traced_env(trace)) as ranks:
+    of epoch 0 was printed: in ``world`` ranks as torchrun starts them
+    (:class:`tests.helpers.ranks.Ranks`; 1: one process, whose ``--multiprocessing-distributed``
+    in ``args`` starts its own)."""
+    with Ranks(args, world, traced_env(trace)) as ranks:
         printed = ranks.wait_for_line((f"Epoch: [0][{step}/", f"Epoch: [0][ {step}/"))
         ranks.kill()
         assert printed, ranks.output(0, "err")[-2000:]

@@ -91,7 +91,7 @@ def test_folder_bad_files_are_reported_once_and_counted_once(damaged, capfd, con
     assert _run(train, val, val_passes=val_passes) == 3 * 5 * 4
     _assert_reported_once(capfd.readouterr().err, train_bad + (val_bad if val_passes else []))
     assert train.unreadable.count() == len(train_bad) == 6
-    assert val.unreadable.count() == (len(val_bad) if val_passes else 0)
+    assert val.unreadable.count() == (len(val_bad) if val_passes else 0) and len(val_bad) == 3
 
 
 def test_max_bad_share_counts_distinct_samples_of_the_split(damaged, capfd):

@@ -40,8 +40,8 @@ class AcceptedReads:
 
 
 class UnreadableSamples:
-    """Needs the loader's ``batch_size``, ``reader``, ``unreadable``, ``warned``, ``refused``,
-    ``max_pixels``, ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
+    """Needs the loader's ``batch_size``, ``reader``, ``unreadable``, ``warned``, ``max_pixels``,
+    ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
 
     def _check_refused(self) -> None:
         """Raise :class:`DataError` once the unreadable (refused too) exceed ``max_bad_share``."""
