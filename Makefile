@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-JPEGCROP := decode/_jpegcrop.so
+JPEGCROP := decode/jpeg/_jpegcrop.so
 DEMO ?= demo
 IMAGENET ?=
 OUT ?=
@@ -41,7 +41,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-install: $(STAMP) $(JPEGCROP) ## create .venv with torch, torchvision, TorchCodec, nvImageCodec, lmdb, ... and Pillow-SIMD (falls back to Pillow); build decode/_jpegcrop.so
+install: $(STAMP) $(JPEGCROP) ## create .venv with torch, torchvision, TorchCodec, nvImageCodec, lmdb, ... and Pillow-SIMD (falls back to Pillow); build decode/jpeg/_jpegcrop.so
 
 $(STAMP): requirements.txt docker/install-pillow-simd.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,7 +56,7 @@ $(STAMP): requirements.txt docker/install-pillow-simd.sh
 
 # Our crop + scale decoder (docs/ffcv-and-decode.md). Without a C compiler or libjpeg-dev it is
 # not built and the loaders say so at start-up (nvImageCodec windows, PIL draft scaling).
-$(JPEGCROP): decode/_jpegcrop.c
+$(JPEGCROP): decode/jpeg/_jpegcrop.c
 	$(CC) -O2 -shared -fPIC -Wall -Wextra -Werror -o $@ $< -ljpeg \
 	  || echo "$@ not built (needs a C compiler and libjpeg-dev): crop windows through nvImageCodec, scaled ones through PIL"
 

@@ -17,7 +17,7 @@ import torch
 
 import decode
 from benchmarks import runner
-from decode import jpeg_region, jpeg_window, libraries
+from decode import jpeg, libraries
 from loaders.transforms import random_resized_crop_params
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -63,7 +63,7 @@ def differences(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> t
 
 
 def load_jpegcrop(path: str):
-    """``(jpeg_size, decode_window)`` over a build of an ABI-2 ``decode/_jpegcrop.c``
+    """``(jpeg_size, decode_window)`` over a build of an ABI-2 ``decode/jpeg/_jpegcrop.c``
     (``git show 5256e47:decode/_jpegcrop.c``; ``jc_header``, ``jc_decode_window``). Raises
     OSError / AttributeError / ValueError."""
     lib = ctypes.CDLL(os.path.abspath(path))
@@ -151,8 +151,8 @@ def whole_rows(blobs: list[bytes], args) -> None:
 
 
 def _region(data: bytes, top: int, left: int, height: int, width: int):
-    """The window through ``decode.jpeg_region`` at scale 1/1, as uint8 ``(3, h, w)``."""
-    pixels = jpeg_region.decode_region(data, 1, top, left, height, width)
+    """The window through ``decode.jpeg.region`` at scale 1/1, as uint8 ``(3, h, w)``."""
+    pixels = jpeg.region.decode_region(data, 1, top, left, height, width)
     return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
 
 
@@ -167,11 +167,11 @@ def crop_functions(blobs, boxes, args) -> dict:
         except (OSError, AttributeError, ValueError) as exc:
             rows["_jpegcrop.c (former)"] = f"not loaded: {exc}"
     rows["nvImageCodec CPU (loaders)"] = (
-        (lambda d, *box: (jpeg_window.jpeg_size(d), jpeg_window.decode_window(d, *box))[1])
-        if jpeg_window.available() else jpeg_window.status())
+        (lambda d, *box: (jpeg.window.jpeg_size(d), jpeg.window.decode_window(d, *box))[1])
+        if jpeg.window.available() else jpeg.window.status())
     rows["_jpegcrop.so at 1/1"] = (  # the loaders' C, which they use for scaled windows
-        (lambda d, *box: (jpeg_region.jpeg_size(d), _region(d, *box))[1])
-        if jpeg_region.available() else jpeg_region.status())
+        (lambda d, *box: (jpeg.region.jpeg_size(d), _region(d, *box))[1])
+        if jpeg.region.available() else jpeg.region.status())
     try:
         rows["DALI CPU image_slice"] = dali_slicer(blobs, boxes)
     except Exception as exc:  # noqa: BLE001 - DALI missing or refusing: report, go on
@@ -240,7 +240,7 @@ def main_cli(argv=None) -> int:
     runner.add_data_option(parser, "a folder with train/CLASS/FILE images")
     runner.add_rounds_option(parser, 7)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the images a round")
-    parser.add_argument("--jpegcrop-so", help="a build of the former decode/_jpegcrop.c")
+    parser.add_argument("--jpegcrop-so", help="a build of the former decode/jpeg/_jpegcrop.c")
     args = parser.parse_args(argv)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
     blobs = []

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks import runner
-from decode import decode, jpeg_region, jpeg_scaled, jpeg_window, resize
+from decode import decode, jpeg, resize
 from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 
@@ -95,22 +95,22 @@ def candidates(libturbojpeg: str | None = None) -> dict:
     """``{name: fn(data, k, box, size) -> uint8 (3, *size)}`` of what is installed here:
     ``window, full scale`` (nvImageCodec's window, torch's antialiased resize: the path below
     the threshold); ``PIL draft`` (the whole image at 1/k, PIL's resize of the exact box);
-    ``crop + scale`` (only the box's region at 1/k through ``decode/_jpegcrop.so``: the
+    ``crop + scale`` (only the box's region at 1/k through ``decode/jpeg/_jpegcrop.so``: the
     loaders' path); ``simplejpeg`` and ``PyTurboJPEG`` (whole image at 1/k, as neither crops
     while scaling); ``tj3 crop + scale`` (:func:`tj3_crop_scale`)."""
     def window(data, k, box, size):
         top, left, bottom, right = box
-        return resize(jpeg_window.decode_window(data, top, left, bottom - top, right - left), size)
+        return resize(jpeg.window.decode_window(data, top, left, bottom - top, right - left), size)
 
     def array_out(decoder):
         return lambda *item: torch.from_numpy(decoder(*item)).permute(2, 0, 1)
 
     found = {"window, full scale (nvImageCodec)": window,
-             "PIL draft": array_out(jpeg_scaled.draft_resized)}
-    if jpeg_region.available():
-        found["crop + scale (ours, _jpegcrop.so)"] = array_out(jpeg_scaled.region_resized)
+             "PIL draft": array_out(jpeg.scaled.draft_resized)}
+    if jpeg.region.available():
+        found["crop + scale (ours, _jpegcrop.so)"] = array_out(jpeg.scaled.region_resized)
     else:
-        print(jpeg_region.status())
+        print(jpeg.region.status())
     try:
         import simplejpeg
 
@@ -144,13 +144,13 @@ def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0,
     ``below``: those that are not, k = 1)."""
     rng, found = random.Random(seed), []
     for data in blobs:
-        shape = jpeg_window.jpeg_size(data)
+        shape = jpeg.window.jpeg_size(data)
         if shape is None:
             continue
         for _ in range(draws):
             top, left, h, w = random_resized_crop_params(
                 *shape, RRC_SCALE, RRC_RATIO, [rng.random() for _ in range(41)])
-            k = jpeg_scaled.scale_factor(h, w, size, size)
+            k = jpeg.scaled.scale_factor(h, w, size, size)
             if (k == 1) == below:
                 found.append((data, k, (top, left, top + h, left + w), (size, size)))
     return found
@@ -207,9 +207,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
-    if not files or not jpeg_window.available():
+    if not files or not jpeg.window.available():
         return runner.error("profile_scaled_decode.py", f"no images under {args.data}/train, "
-                            f"or {jpeg_window.status()}")
+                            f"or {jpeg.window.status()}")
     blobs = [open(f, "rb").read() for f in files]
     found = candidates(args.libturbojpeg)
     print(f"{len(files)} images from {args.data}/train, 1 thread, median of {args.rounds} "

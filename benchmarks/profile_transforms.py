@@ -3,7 +3,7 @@
 Prints ms per image for: PIL and ``decode.libraries`` decodes, decoding only the
 RandomResizedCrop window (nvImageCodec), PIL's RandomResizedCrop(224) resize, the same crop
 resized as a uint8 tensor (ours), ToTensor + Normalize, and the whole stock and our training
-transforms (ours also with full decoding, and with and without ``decode/_jpegcrop.so``).
+transforms (ours also with full decoding, and with and without ``decode/jpeg/_jpegcrop.so``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from PIL import Image
 from torchvision import transforms
 
 from benchmarks import runner
-from decode import decode, jpeg_region, jpeg_window, libraries, resize
+from decode import decode, jpeg, libraries, resize
 from loaders.transforms import TrainTransform, ValTransform
 
 
@@ -64,27 +64,27 @@ def main(argv=None) -> None:
             lambda i: stock(Image.open(io.BytesIO(blobs[i])).convert("RGB")), k)),
         ("whole training transform, ours", per_image_ms(lambda i: TrainTransform()(blobs[i]), k)),
     ]
-    if jpeg_window.available():
+    if jpeg.window.available():
         rows.insert(2, ("decode the crop window only (nvImageCodec)", per_image_ms(
-            lambda i: jpeg_window.decode_window(blobs[i], *boxes[i]), k)))
-        jpeg_window.set_enabled(False)
+            lambda i: jpeg.window.decode_window(blobs[i], *boxes[i]), k)))
+        jpeg.window.set_enabled(False)
         rows.append(("whole training transform, ours, full decode",
                      per_image_ms(lambda i: TrainTransform()(blobs[i]), k)))
-        jpeg_window.set_enabled(True)
-    if jpeg_region.available():  # alternating, so both see the same machine
+        jpeg.window.set_enabled(True)
+    if jpeg.region.available():  # alternating, so both see the same machine
         for name, transform in (("train transform 160 px", TrainTransform(160)),
                                 ("train transform 224 px", TrainTransform(224)),
                                 ("val transform 256/224", ValTransform(256, 224))):
             ours, off = [], []
             for _ in range(3):
                 ours.append(per_image_ms(lambda i: transform(blobs[i]), k))
-                jpeg_region.set_enabled(False)
+                jpeg.region.set_enabled(False)
                 off.append(per_image_ms(lambda i: transform(blobs[i]), k))
-                jpeg_region.set_enabled(True)
+                jpeg.region.set_enabled(True)
             rows.append((f"{name}, ours (median of 3)", runner.median(ours)))
             rows.append(("  the same, crop + scale off", runner.median(off)))
     else:
-        print(jpeg_region.status())
+        print(jpeg.region.status())
     print(f"{len(files)} images from {args.data}/train, 1 thread, ms per image")
     for name, ms in rows:
         print(f"  {name:<44} {ms:6.2f}")

@@ -2,8 +2,8 @@
 other package of the project.
 
 The cascade for a training window (:func:`decode_window`): at libjpeg-turbo's DCT scale where the
-window is at least twice the output (:mod:`decode.jpeg_scaled`), else the window alone
-(:mod:`decode.jpeg_window`), else the whole image (:mod:`decode.libraries`), cropped; a step that
+window is at least twice the output (:mod:`decode.jpeg.scaled`), else the window alone
+(:mod:`decode.jpeg.window`), else the whole image (:mod:`decode.libraries`), cropped; a step that
 declines returns None and the next takes the image. No decoder here applies EXIF orientation
 (docs/loaders.md#orientation)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from . import acceptance, jpeg_region, jpeg_scaled, jpeg_window, messages, raw
+from . import acceptance, jpeg, messages, raw
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, pil_errors, use)
 from .memory import release_freed_memory, retain_freed_memory
@@ -62,7 +62,7 @@ def _decode_with_pil(data: bytes) -> torch.Tensor:
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` of a JPEG whose window :func:`decode_window` decodes, else None."""
-    return jpeg_window.jpeg_size(data)
+    return jpeg.window.jpeg_size(data)
 
 
 def window_size(data: bytes) -> tuple[int, int] | None:
@@ -70,7 +70,7 @@ def window_size(data: bytes) -> tuple[int, int] | None:
     None."""
     if raw.is_raw(data):
         return raw.raw_size(data)
-    return jpeg_window.jpeg_size(data)
+    return jpeg.window.jpeg_size(data)
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -79,7 +79,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         size = raw.raw_size(data)
         if size is not None:
             return size
-    module = jpeg_window.library()
+    module = jpeg.window.library()
     if module is not None:
         try:
             stream = module.CodeStream(data)
@@ -114,11 +114,11 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
             marks += ("raw", time.perf_counter())
             return resize(crop, size, interpolation)
     if image is None:
-        factor = jpeg_scaled.scale_factor(height, width, *size)
+        factor = jpeg.scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation == "nearest":
             factor = 1
         if factor > 1:
-            out = jpeg_scaled.resized_window(data, factor, (top, left, top + height,
+            out = jpeg.scaled.resized_window(data, factor, (top, left, top + height,
                                                             left + width), size, interpolation)
             if out is not None:
                 if marks is not None:
@@ -127,15 +127,15 @@ def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[in
             _note(reasons, f"scaled 1/{factor}: declined (not an RGB or grayscale JPEG that "
                            "decodes completely)")
         else:
-            _note(reasons, "scaled: off" if not jpeg_scaled.enabled() else
+            _note(reasons, "scaled: off" if not jpeg.scaled.enabled() else
                   "scaled: not for nearest-neighbour resizing" if interpolation == "nearest"
                   else f"scaled: a {height}x{width} window is under twice the output")
-        crop = jpeg_window.decode_window(data, top, left, height, width)
+        crop = jpeg.window.decode_window(data, top, left, height, width)
         if crop is not None:
             if marks is not None:
                 marks += ("window", time.perf_counter())
             return resize(crop, size, interpolation)
-        _note(reasons, "window: declined (" + (jpeg_window.status() if not jpeg_window.available()
+        _note(reasons, "window: declined (" + (jpeg.window.status() if not jpeg.window.available()
                                                else "the window did not decode completely") + ")")
         image = decode(data)
     else:
@@ -153,10 +153,10 @@ def _note(reasons: list[str] | None, line: str) -> None:
 
 def crop_decoder_status() -> str:
     """One start-up log line: how training crops are decoded."""
-    scaled = jpeg_window.available() and jpeg_scaled.enabled()
-    how = ("crop + scale in one decode, decode/_jpegcrop.so" if jpeg_region.available()
-           else f"PIL draft; {jpeg_region.status()}")
-    return jpeg_window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
+    scaled = jpeg.window.available() and jpeg.scaled.enabled()
+    how = ("crop + scale in one decode, decode/jpeg/_jpegcrop.so" if jpeg.region.available()
+           else f"PIL draft; {jpeg.region.status()}")
+    return jpeg.window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
                                    f"({how})" if scaled else "")
 
 

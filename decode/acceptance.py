@@ -185,9 +185,9 @@ def _png_frame(data: bytes) -> Frame | None:
 
 def _library_frame(data: bytes) -> Frame | None:
     """Size only, from nvImageCodec's header parse where installed, else PIL's."""
-    from . import jpeg_window
+    from . import jpeg
 
-    module = jpeg_window.library()
+    module = jpeg.window.library()
     if module is not None:
         try:
             stream = module.CodeStream(data)

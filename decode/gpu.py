@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import jpeg_window, raw
+from . import jpeg, raw
 from .messages import capture, run_captured
 from .resample import resize_in_frame, resize_window
 
@@ -54,10 +54,10 @@ class WindowDecoder:
             raise ValueError(f"decode device {kind!r}: one of {', '.join(KINDS)}")
         self.kind, self.device = kind, torch.device(device)
         self.hw_load = DEFAULT_HW_LOAD if hw_load is None else hw_load
-        self.n = jpeg_window.library() if library == "default" else library
+        self.n = jpeg.window.library() if library == "default" else library
         if self.n is None and kind != "cuda":
             raise RuntimeError(f"--decode-device {kind} needs nvImageCodec: "
-                               f"{jpeg_window.status()}")
+                               f"{jpeg.window.status()}")
         self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
         if self.n is not None:
@@ -308,9 +308,9 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
     if key in _CHOICES:
         return _CHOICES[key]
     problems = []
-    candidates = [("nvimgcodec", "default")] if jpeg_window.library() is not None else []
+    candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
     if not candidates:
-        problems.append(f"nvImageCodec: {jpeg_window.status()}")
+        problems.append(f"nvImageCodec: {jpeg.window.status()}")
     for name, library in candidates + [("torchvision", None)]:
         label = "nvImageCodec" if name == "nvimgcodec" else "torchvision decode_jpeg"
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -339,12 +339,12 @@ def nvjpeg_pip_package(cuda_version: str | None) -> str:
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
     """What :meth:`WindowDecoder.status` will say, without making a decoder."""
-    library = jpeg_window.library()
+    library = jpeg.window.library()
     if library is None:
         if kind != "cuda":
-            return f"batch windows: not usable ({jpeg_window.status()})"
+            return f"batch windows: not usable ({jpeg.window.status()})"
         return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
-                f"window; {jpeg_window.status()})")
+                f"window; {jpeg.window.status()})")
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
     how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
            f"hardware JPEG decoder where present, load {load:g}, then CUDA")

@@ -11,7 +11,7 @@ import time
 import torch
 
 import decode as decoding
-from decode import decode, jpeg_region, jpeg_scaled, resize
+from decode import decode, jpeg, resize
 
 from ..settings import LoaderSettings
 from ..timing import stages
@@ -120,7 +120,7 @@ class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
     (the longer scaled alike and truncated, as torchvision's ``Resize``), then the central
     square. A JPEG is decoded at libjpeg-turbo's DCT scale where its shorter side is at least
-    twice ``resize_size``, and with ``decode/_jpegcrop.so`` only down to the square's last row;
+    twice ``resize_size``, and with ``decode/jpeg/_jpegcrop.so`` only down to the square's last row;
     the square is then resampled from there (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
@@ -132,10 +132,10 @@ class ValTransform:
         size = decoding.jpeg_size(data) if self.interpolation != "nearest" else None
         if size is not None:
             short = min(size)
-            factor = jpeg_scaled.scale_factor(short, short, self.resize_size, self.resize_size)
+            factor = jpeg.scaled.scale_factor(short, short, self.resize_size, self.resize_size)
             # at 1/1 too where our C decodes just the region: 1.29 vs 1.58 ms, within 2 levels
-            if factor > 1 or (jpeg_scaled.enabled() and jpeg_region.available()):
-                out = jpeg_scaled.resized_window(data, factor, center_crop_box(
+            if factor > 1 or (jpeg.scaled.enabled() and jpeg.region.available()):
+                out = jpeg.scaled.resized_window(data, factor, center_crop_box(
                     *size, self.resize_size, self.crop_size), (self.crop_size,) * 2,
                     self.interpolation)
                 if out is not None:

@@ -230,10 +230,10 @@ def test_the_image_compiles_its_own_jpegcrop():
     """The host's build (against another libjpeg ABI) stays out; the image compiles the C and
     its build check fails unless the loaders use it."""
     excluded = dockerignore_excludes()
-    assert excluded("decode/_jpegcrop.so") and not excluded("decode/_jpegcrop.c")
+    assert excluded("decode/jpeg/_jpegcrop.so") and not excluded("decode/jpeg/_jpegcrop.c")
     runs = [rest for keyword, rest in instructions() if keyword == "RUN"]
-    build = [i for i, r in enumerate(runs) if "decode/_jpegcrop.c" in r and "-ljpeg" in r]
-    check = [i for i, r in enumerate(runs) if "assert jpeg_region.available()" in r]
+    build = [i for i, r in enumerate(runs) if "decode/jpeg/_jpegcrop.c" in r and "-ljpeg" in r]
+    check = [i for i, r in enumerate(runs) if "assert jpeg.region.available()" in r]
     assert build and check and build[0] < check[0]
 
 

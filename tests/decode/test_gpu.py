@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import decode
-from decode import gpu, jpeg_window
+from decode import gpu, jpeg
 from tests.helpers.badcorpus import make_bad_corpus
 
-pytestmark = pytest.mark.skipif(not jpeg_window.available(), reason="nvImageCodec not installed")
+pytestmark = pytest.mark.skipif(not jpeg.window.available(), reason="nvImageCodec not installed")
 
 
 def _files(sample, count=24):
@@ -39,7 +39,7 @@ def test_batch_windows_equal_the_cpu_window_decode(sample):
     assert out.images.dtype == torch.uint8 and out.images.shape == (len(datas), 3, 64, 48)
     assert not out.fallback and not out.failed
     for data, window, image in zip(datas, windows, out.images):
-        expected = decode.resize(jpeg_window.decode_window(data, *window), (64, 48))
+        expected = decode.resize(jpeg.window.decode_window(data, *window), (64, 48))
         assert torch.equal(image, expected)
 
 
@@ -62,7 +62,7 @@ def test_raw_records_are_cut_not_decoded(sample):
     assert not out.fallback and not out.failed
     for data, window, image in zip(datas, windows, out.images):
         expected = (decode.decode_window(data, window, (40, 56)) if raw.is_raw(data)
-                    else decode.resize(jpeg_window.decode_window(data, *window), (40, 56)))
+                    else decode.resize(jpeg.window.decode_window(data, *window), (40, 56)))
         assert torch.equal(image, expected)
     broken = decoder.decode([records[0][:-7]], windows[3:4], (40, 56))
     assert broken.fallback == [0] and [i for i, _ in broken.failed] == [0]

@@ -14,7 +14,7 @@ from PIL import Image
 
 import decode
 from decode import libraries
-from decode import jpeg_region, jpeg_window
+from decode import jpeg
 from loaders.transforms import TrainTransform
 from tests.helpers.badcorpus import damaged_variants
 from tests.helpers.loading import max_abs_diff
@@ -182,28 +182,28 @@ def test_environment_variables_choose_the_decoders():
 def test_crop_decoder_status_is_one_line():
     status = decode.crop_decoder_status()
     assert "\n" not in status and status.startswith("crop windows: ")
-    if jpeg_window.available():
+    if jpeg.window.available():
         assert "nvImageCodec" in status
-        assert status.endswith("(crop + scale in one decode, decode/_jpegcrop.so)"
-                               if jpeg_region.available() else
-                               "(PIL draft; crop + scale: off (decode/_jpegcrop.so not built "
+        assert status.endswith("(crop + scale in one decode, decode/jpeg/_jpegcrop.so)"
+                               if jpeg.region.available() else
+                               "(PIL draft; crop + scale: off (decode/jpeg/_jpegcrop.so not built "
                                "(make install builds it)))")
 
 
 def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample_images):
     """A wheel-only install without nvImageCodec: one status line, same training crops."""
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails
-    jpeg_window.set_enabled(True)
+    jpeg.window.set_enabled(True)
     try:
-        assert not jpeg_window.available()
+        assert not jpeg.window.available()
         assert decode.crop_decoder_status().startswith(
             "crop windows: whole JPEGs decoded (nvImageCodec not usable (")
         data = open(sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[0], "rb").read()
-        assert jpeg_window.jpeg_size(data) is None
+        assert jpeg.window.jpeg_size(data) is None
         assert TrainTransform(64)(data).shape == (3, 64, 64)
     finally:
         monkeypatch.undo()
-        jpeg_window.set_enabled(True)
+        jpeg.window.set_enabled(True)
 
 
 def test_profile_decoders_prints_both_tables(tiny, capsys):
@@ -216,10 +216,10 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
         assert row in out
     luma = next(line for line in out.splitlines() if " luma " in line)
     assert float(luma.split()[-6]) > 0  # decode_jpeg_luma's median CPU ms per image
-    if jpeg_window.available():
+    if jpeg.window.available():
         line = next(line for line in out.splitlines() if "nvImageCodec CPU" in line)
         assert float(line.split()[-7]) > 0  # its median CPU ms per image
-    if jpeg_region.available():  # the same pixels as a whole decode's crop
+    if jpeg.region.available():  # the same pixels as a whole decode's crop
         line = next(line for line in out.splitlines() if "_jpegcrop.so at 1/1" in line)
         assert line.split()[-4:-1] == ["0", "|", "0.0000"], line
 
@@ -236,7 +236,7 @@ def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
     from loaders.transforms import ValTransform
 
     blobs, _ = sample_jpegs
-    jpeg_window.set_enabled(False)
+    jpeg.window.set_enabled(False)
     try:
         outputs = []
         for use in ("torchvision", backend):
@@ -244,7 +244,7 @@ def test_loader_transforms_match_across_decoders(sample_jpegs, backend):
             torch.manual_seed(0)
             outputs.append([(TrainTransform(96)(b), ValTransform(128, 112)(b)) for b in blobs[:60]])
     finally:
-        jpeg_window.set_enabled(True)
+        jpeg.window.set_enabled(True)
     for (train_a, val_a), (train_b, val_b) in zip(*outputs):
         assert_close(train_a, train_b)
         assert_close(val_a, val_b)

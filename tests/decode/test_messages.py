@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import decode
-from decode import jpeg_region, jpeg_window, libraries
+from decode import jpeg, libraries
 from decode.messages import capture, is_library_line, run_captured, say_now
 from tests.helpers.badcorpus import imagenet_sized_jpeg, refused_images
 
@@ -28,10 +28,10 @@ def test_each_library_warning_is_caught_not_printed(short, capfd):
     calls = {f"{key} whole decode": (lambda key=key: (libraries.use(key),
                                                       libraries.decode_jpeg(short)))
              for key in ("torchcodec", "torchvision") if key in libraries.backends()}
-    if jpeg_window.available():  # nvImageCodec's window of the missing rows
-        calls["window"] = lambda: jpeg_window.decode_window(short, 380, 0, 30, 100)
-    if jpeg_region.available():  # our C: declines, after printing what libjpeg said
-        calls["region"] = lambda: jpeg_region.decode_region(short, 1, 380, 0, 30, 100)
+    if jpeg.window.available():  # nvImageCodec's window of the missing rows
+        calls["window"] = lambda: jpeg.window.decode_window(short, 380, 0, 30, 100)
+    if jpeg.region.available():  # our C: declines, after printing what libjpeg said
+        calls["region"] = lambda: jpeg.region.decode_region(short, 1, 380, 0, 30, 100)
     previous = libraries.decoder_key()
     try:
         for name, call in calls.items():

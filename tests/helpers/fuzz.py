@@ -255,11 +255,11 @@ def _decoders():
     import torch
 
     import decode
-    from decode import jpeg_region, jpeg_scaled, jpeg_window, libraries
+    from decode import jpeg, libraries
     from decode.gpu import WindowDecoder
 
     batch = WindowDecoder("cpu-nvimgcodec", torch.device("cpu")) \
-        if jpeg_window.available() else None
+        if jpeg.window.available() else None
 
     def window(frame):
         h, w = frame
@@ -273,10 +273,10 @@ def _decoders():
 
     calls = [("decode", lambda d, f: decode.decode(d)),
              ("decode_window", lambda d, f: decode.decode_window(d, window(f), (32, 32))),
-             ("jpeg_window", lambda d, f: jpeg_window.decode_window(d, *window(f))),
-             ("jpeg_region", lambda d, f: jpeg_region.decode_region(d, 2, *window(
+             ("jpeg.window", lambda d, f: jpeg.window.decode_window(d, *window(f))),
+             ("jpeg.region", lambda d, f: jpeg.region.decode_region(d, 2, *window(
                  (-(-f[0] // 2), -(-f[1] // 2))))),
-             ("draft", lambda d, f: jpeg_scaled.draft_resized(
+             ("draft", lambda d, f: jpeg.scaled.draft_resized(
                  d, 2, tuple(float(v) for v in (0, 0, f[0], f[1])), (32, 32)))]
     for key in libraries.backends():
         calls.append((f"{key}-jpeg", lambda d, f, key=key: _with(libraries, key,

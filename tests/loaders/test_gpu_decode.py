@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import loaders
-from decode import jpeg_window
+from decode import jpeg
 from loaders import DataError, DistInfo
 from loaders.pipelines.batches import NumberedBatch, PassPlan
 from loaders.transforms import TrainTransform
 from tests.helpers.loading import loader_settings, to_uint8
 from tests.helpers.runs import SMALL, cli_in_process, read_metrics, run_cli
 
-pytestmark = pytest.mark.skipif(not jpeg_window.available(), reason="nvImageCodec not installed")
+pytestmark = pytest.mark.skipif(not jpeg.window.available(), reason="nvImageCodec not installed")
 
 # Measured on the real sample (250 JPEGs, folder, -b 25, seed 0, 224 px; the CPU loaders
 # against cpu-nvimgcodec, after normalisation rounded back to uint8). Training crops, epoch 1:

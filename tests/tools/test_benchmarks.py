@@ -5,7 +5,7 @@ import os
 import pytest
 
 from benchmarks import bench_loaders, bench_stage_cost, profile_transforms, runner
-from decode import jpeg_region
+from decode import jpeg
 from tests.helpers import warm
 
 
@@ -73,13 +73,13 @@ def test_profile_transforms_prints_each_step(tiny, capsys):
     profile_transforms.main(["--data", tiny.root])
     out = capsys.readouterr().out
     assert "whole training transform, ours" in out and "decode, PIL" in out
-    if jpeg_region.available():  # both sides of the crop + scale comparison, with figures
+    if jpeg.region.available():  # both sides of the crop + scale comparison, with figures
         for name in ("train transform 160 px", "train transform 224 px", "val transform 256/224"):
             line = next(x for x in out.splitlines() if f"{name}, ours" in x)
             assert float(line.split()[-1]) > 0
         assert out.count("the same, crop + scale off") == 3
     else:
-        assert jpeg_region.status() in out
+        assert jpeg.region.status() in out
 
 
 def test_profile_dali_cpu_prints_each_stage(tiny, capsys):

@@ -1,7 +1,7 @@
 """Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8, where the window is at least
 twice the output (:func:`scale_factor`; docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale).
 
-The scaled IDCT touches 1/4-1/64 of the pixels. Decoded by :mod:`decode.jpeg_region` (the region
+The scaled IDCT touches 1/4-1/64 of the pixels. Decoded by :mod:`decode.jpeg.region` (the region
 only) where built, else PIL's ``Image.draft``; PIL's ``resize`` with a fractional box then
 resamples the window at a full decode's geometry (pixel ``i`` at 1/k covers ``k*i .. k*i+k-1``)
 with the antialiased filter :func:`decode.resize` reimplements. The pixels differ from a full
@@ -17,8 +17,8 @@ import os
 import numpy as np
 import torch
 
-from . import jpeg_region
-from .libraries import pil_errors
+from . import region
+from ..libraries import pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
 _enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
@@ -70,12 +70,12 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
 
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                    size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
-    """:func:`resized_window` through :mod:`decode.jpeg_region`: uint8 ``(h, w, 3)``, or None. The
+    """:func:`resized_window` through :mod:`decode.jpeg.region`: uint8 ``(h, w, 3)``, or None. The
     box is decoded with the filter's reach around it (PIL's support), so PIL resamples the pixels
     of the whole scaled image."""
     from PIL import Image
 
-    shape = jpeg_region.jpeg_size(data)
+    shape = region.jpeg_size(data)
     if shape is None:
         return None
     top, left, bottom, right = (v / factor for v in box)
@@ -85,7 +85,7 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     y0, x0 = max(0, int(top) - reach), max(0, int(left) - reach)
     y1 = min(height, math.ceil(bottom) + reach)
     x1 = min(width, math.ceil(right) + reach)
-    pixels = jpeg_region.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
+    pixels = region.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
     if pixels is None:
         return None
     image = Image.fromarray(pixels).resize((size[1], size[0]), _pil_filter(resample),

@@ -1,4 +1,4 @@
-"""Crop-window JPEG decoding (nvImageCodec, decode/jpeg_window.py) against full decoding."""
+"""Crop-window JPEG decoding (nvImageCodec, decode/jpeg/window.py) against full decoding."""
 import glob
 import io
 import random
@@ -8,19 +8,19 @@ import torch
 from PIL import Image
 
 from decode import libraries
-from decode import jpeg_scaled, jpeg_window
+from decode import jpeg
 from decode import decode
 from loaders.transforms import TrainTransform
 from tests.helpers.loading import max_abs_diff
 
 pytestmark = [pytest.mark.skipif(
-    not jpeg_window.available(),
-    reason=f"{jpeg_window.status()}: pip install nvidia-nvimgcodec-cu13 (requirements.txt)"),
+    not jpeg.window.available(),
+    reason=f"{jpeg.window.status()}: pip install nvidia-nvimgcodec-cu13 (requirements.txt)"),
     pytest.mark.usefixtures("one_torch_thread")]
 
 
 def windows(data, count, rng):
-    height, width = jpeg_window.jpeg_size(data)
+    height, width = jpeg.window.jpeg_size(data)
     for _ in range(count):
         h, w = rng.randint(1, height), rng.randint(1, width)
         yield rng.randint(0, height - h), rng.randint(0, width - w), h, w
@@ -33,7 +33,7 @@ def check_matches_full_decode(blobs, rng, per_image=3):
     for data in blobs:
         full = decode(data)
         for top, left, h, w in windows(data, per_image, rng):
-            window = jpeg_window.decode_window(data, top, left, h, w)
+            window = jpeg.window.decode_window(data, top, left, h, w)
             assert window.shape == (3, h, w) and window.dtype == torch.uint8
             assert max_abs_diff(window, full[:, top:top + h, left:left + w]) <= 1
 
@@ -68,13 +68,13 @@ def test_what_it_declines_falls_back_to_full_decoding():
     Image.new("RGB", (8, 8)).save(png, "PNG")
     cmyk = io.BytesIO()
     Image.new("CMYK", (8, 8), (1, 2, 3, 4)).save(cmyk, "JPEG")
-    assert jpeg_window.jpeg_size(png.getvalue()) is None
-    assert jpeg_window.jpeg_size(cmyk.getvalue()) is None  # 4 components
+    assert jpeg.window.jpeg_size(png.getvalue()) is None
+    assert jpeg.window.jpeg_size(cmyk.getvalue()) is None  # 4 components
     good = io.BytesIO()
     Image.effect_noise((64, 64), 64).convert("RGB").save(good, "JPEG")
     truncated = good.getvalue()[:len(good.getvalue()) // 2]
-    assert jpeg_window.jpeg_size(truncated) == (64, 64)
-    assert jpeg_window.decode_window(truncated, 0, 0, 64, 64) is None  # corrupt data: decline
+    assert jpeg.window.jpeg_size(truncated) == (64, 64)
+    assert jpeg.window.decode_window(truncated, 0, 0, 64, 64) is None  # corrupt data: decline
     with pytest.raises(OSError):
         TrainTransform(32)(truncated)  # ... and the full decoders (libjpeg-turbo, PIL) refuse it
 
@@ -83,16 +83,16 @@ def test_train_transform_draws_the_same_crop_either_way(sample_images):
     blobs = [open(f, "rb").read()
              for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:40]]
     transform = TrainTransform(64)
-    jpeg_scaled.set_enabled(False)  # windows vs whole images here; scaled: test_jpeg_scaled.py
+    jpeg.scaled.set_enabled(False)  # windows vs whole images here; scaled: test_jpeg_scaled.py
     try:
         torch.manual_seed(3)
         windowed = [transform(b) for b in blobs]
-        jpeg_window.set_enabled(False)
+        jpeg.window.set_enabled(False)
         torch.manual_seed(3)
         whole = [transform(b) for b in blobs]
     finally:
-        jpeg_window.set_enabled(True)
-        jpeg_scaled.set_enabled(True)
+        jpeg.window.set_enabled(True)
+        jpeg.scaled.set_enabled(True)
     for a, b in zip(windowed, whole):
         assert a.shape == b.shape == (3, 64, 64)
         assert max_abs_diff(a, b) <= 1
@@ -102,10 +102,10 @@ def test_windows_decode_in_forked_workers(sample_images):
     """DataLoader workers fork after the parent decoded windows: each makes its own Decoder."""
     blobs = [open(f, "rb").read()
              for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:8]]
-    jpeg_window.decode_window(blobs[0], 0, 0, 16, 16)  # the parent's Decoder exists
+    jpeg.window.decode_window(blobs[0], 0, 0, 16, 16)  # the parent's Decoder exists
     loader = torch.utils.data.DataLoader(blobs, batch_size=4, num_workers=2,
                                          multiprocessing_context="fork",
                                          collate_fn=lambda items: [
-                                             tuple(jpeg_window.decode_window(b, 1, 2, 30, 40).shape)
+                                             tuple(jpeg.window.decode_window(b, 1, 2, 30, 40).shape)
                                              for b in items])
     assert [shape for batch in loader for shape in batch] == [(3, 30, 40)] * 8

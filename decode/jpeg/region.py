@@ -1,6 +1,6 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8: our C, ``decode/_jpegcrop.c``
-(built by ``make install``; needs libjpeg-turbo's headers), through ctypes
-(docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decode_jpegcropc).
+"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8: our C,
+``decode/jpeg/_jpegcrop.c`` (built by ``make install``; needs libjpeg-turbo's headers), through
+ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
 
 It crops and scales in one decode (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``,
 ``scale_denom``), with a margin so chroma upsampling has its neighbours: the pixels of the whole
@@ -26,9 +26,9 @@ def _open():
     try:
         lib = ctypes.CDLL(_LIBRARY)
     except OSError:
-        return None, "decode/_jpegcrop.so not built (make install builds it)"
+        return None, "decode/jpeg/_jpegcrop.so not built (make install builds it)"
     if lib.jc_version() != _VERSION:
-        return None, "decode/_jpegcrop.so is stale (make install rebuilds it)"
+        return None, "decode/jpeg/_jpegcrop.so is stale (make install rebuilds it)"
     lib.jc_header.argtypes = [ctypes.c_char_p, ctypes.c_ulong, _c_int_p, _c_int_p, _c_int_p]
     lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -53,7 +53,7 @@ def status() -> str:
     """One start-up log line: ``"crop + scale: libjpeg-turbo (...)"`` or ``"...: off (why)"``."""
     if _load() is None:
         return f"crop + scale: off ({_library.reason})"
-    return "crop + scale: libjpeg-turbo (decode/_jpegcrop.so)"
+    return "crop + scale: libjpeg-turbo (decode/jpeg/_jpegcrop.so)"
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:

@@ -13,8 +13,8 @@
  * Exactness: libjpeg's fancy chroma upsampling replicates the edge sample at a cropped edge
  * instead of reading its neighbour, so the region is decoded with 2 x the horizontal sampling
  * factor pixels more on each side (where the image has them) and that margin dropped: the
- * pixels equal a decode of the whole image at the same scale (tests/decode/test_jpeg_region.py; without
- * the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the upsampler's
+ * pixels equal a decode of the whole image at the same scale (tests/decode/jpeg/test_region.py;
+ * without the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the upsampler's
  * context rows, so no margin is needed above.
  *
  * Damaged data: libjpeg turns most corruption into warnings and fills the rest with grey;
@@ -24,8 +24,8 @@
  * catch those lines (decode/messages.py), name the damaged file once whichever decoder met
  * the damage (the fallback, PIL's draft, prints nothing).
  *
- * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/_jpegcrop.so and
- * called through ctypes by decode/jpeg_region.py.
+ * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/jpeg/_jpegcrop.so and
+ * called through ctypes by decode/jpeg/region.py.
  */
 #include <setjmp.h>
 #include <stdint.h>
@@ -60,7 +60,7 @@ static void init_errors(struct jpeg_decompress_struct *cinfo, struct err_mgr *er
     err->code = 0;
 }
 
-/* ABI version, checked by decode/jpeg_region.py so that a stale build is never called. */
+/* ABI version, checked by decode/jpeg/region.py so that a stale build is never called. */
 int jc_version(void) { return 4; }
 
 /* Size and number of components from the header. Returns 0, or -1 / -3 (error / warning). */

@@ -1,4 +1,4 @@
-"""Our crop + scale decode (decode/_jpegcrop.c through decode/jpeg_region.py): every region at
+"""Our crop + scale decode (decode/jpeg/_jpegcrop.c through decode/jpeg/region.py): every region at
 every scale equals the whole image decoded at that scale, damaged data is declined, the
 transforms give the pixels they gave without it, and an install without it says so."""
 import glob
@@ -11,17 +11,17 @@ import torch
 from PIL import Image
 
 import decode as decoding
-from decode import jpeg_region, jpeg_scaled, jpeg_window
+from decode import jpeg
 from decode import decode
 from loaders.transforms import TrainTransform, ValTransform
 from tests.helpers.badcorpus import damaged_variants
 
-pytestmark = [pytest.mark.skipif(not jpeg_region.available(),
-                                 reason=f"{jpeg_region.status()}: needs cc and libjpeg-dev"),
+pytestmark = [pytest.mark.skipif(not jpeg.region.available(),
+                                 reason=f"{jpeg.region.status()}: needs cc and libjpeg-dev"),
               pytest.mark.usefixtures("one_torch_thread")]
 
 
-def jpeg(image: Image.Image, **kwargs) -> bytes:
+def to_jpeg(image: Image.Image, **kwargs) -> bytes:
     out = io.BytesIO()
     image.save(out, "JPEG", **kwargs)
     return out.getvalue()
@@ -34,9 +34,9 @@ def generated() -> list[bytes]:
         for progressive in (False, True):
             for size in ((1, 1), (7, 300), (513, 17), (200, 150), (640, 480)):
                 image = Image.effect_noise(size, 64).convert("RGB")
-                blobs.append(jpeg(image, quality=90, subsampling=subsampling,
+                blobs.append(to_jpeg(image, quality=90, subsampling=subsampling,
                                   progressive=progressive))
-    blobs.append(jpeg(Image.effect_noise((301, 203), 64).convert("L")))
+    blobs.append(to_jpeg(Image.effect_noise((301, 203), 64).convert("L")))
     return blobs
 
 
@@ -44,7 +44,7 @@ def whole_at_scale(data: bytes, denom: int) -> np.ndarray | None:
     """The whole image at 1/denom: PIL's ``draft`` (libjpeg's scale_denom), RGB; None where
     ``draft`` picks another scale (a side under ``denom`` pixels)."""
     image = Image.open(io.BytesIO(data))
-    height, width = jpeg_region.jpeg_size(data)
+    height, width = jpeg.region.jpeg_size(data)
     if denom > 1:
         image.draft(None, (max(1, width // denom), max(1, height // denom)))
     if image.size != (-(-width // denom), -(-height // denom)):
@@ -66,7 +66,7 @@ def check_regions(blobs, rng, per_scale=4):
             for _ in range(per_scale):
                 h, w = rng.randint(1, rows), rng.randint(1, cols)
                 top, left = rng.randint(0, rows - h), rng.randint(0, cols - w)
-                region = jpeg_region.decode_region(data, denom, top, left, h, w)
+                region = jpeg.region.decode_region(data, denom, top, left, h, w)
                 assert region.shape == (h, w, 3) and region.dtype == np.uint8
                 assert np.array_equal(region, whole[top:top + h, left:left + w]), (denom, top,
                                                                                    left, h, w)
@@ -82,35 +82,35 @@ def test_regions_of_real_imagenet_jpegs(sample):
     blobs = [open(f, "rb").read() for f in sorted(glob.glob(f"{sample}/train/*/*.JPEG"))]
     check_regions(blobs, random.Random(1), per_scale=2)
     for data in blobs[:20]:  # at 1/1 also the loaders' own whole decode (TorchCodec)
-        assert torch.equal(torch.from_numpy(jpeg_region.decode_region(data, 1, 0, 0,
-                                                                    *jpeg_region.jpeg_size(data))),
+        assert torch.equal(torch.from_numpy(jpeg.region.decode_region(data, 1, 0, 0,
+                                                                    *jpeg.region.jpeg_size(data))),
                            decode(data).permute(1, 2, 0))
 
 
 def test_what_it_declines():
-    good = jpeg(Image.effect_noise((64, 48), 64).convert("RGB"))
+    good = to_jpeg(Image.effect_noise((64, 48), 64).convert("RGB"))
     png = io.BytesIO()
     Image.new("RGB", (8, 8)).save(png, "PNG")
-    cmyk = jpeg(Image.new("CMYK", (8, 8), (1, 2, 3, 4)))
-    assert jpeg_region.jpeg_size(good) == (48, 64)
+    cmyk = to_jpeg(Image.new("CMYK", (8, 8), (1, 2, 3, 4)))
+    assert jpeg.region.jpeg_size(good) == (48, 64)
     for data in (png.getvalue(), cmyk, b"not an image", good[:2]):
-        assert jpeg_region.jpeg_size(data) is None
-    assert jpeg_region.decode_region(png.getvalue(), 1, 0, 0, 8, 8) is None
-    assert jpeg_region.decode_region(good, 3, 0, 0, 8, 8) is None  # not a libjpeg-turbo scale
-    assert jpeg_region.decode_region(good, 2, 0, 0, 25, 32) is None  # outside the 24 x 32 image
-    assert jpeg_region.decode_region(good, 1, 40, 60, 9, 5) is None
-    assert jpeg_region.decode_region(good, 1, 0, 0, 0, 5) is None
+        assert jpeg.region.jpeg_size(data) is None
+    assert jpeg.region.decode_region(png.getvalue(), 1, 0, 0, 8, 8) is None
+    assert jpeg.region.decode_region(good, 3, 0, 0, 8, 8) is None  # not a libjpeg-turbo scale
+    assert jpeg.region.decode_region(good, 2, 0, 0, 25, 32) is None  # outside the 24 x 32 image
+    assert jpeg.region.decode_region(good, 1, 40, 60, 9, 5) is None
+    assert jpeg.region.decode_region(good, 1, 0, 0, 0, 5) is None
 
 
 def test_region_decode_reads_down_to_the_window():
     """Rows below the region are never decoded (that is the saving): a region above a
     truncation decodes, one reaching into it is declined (libjpeg's warning is an error)."""
-    data = jpeg(Image.effect_noise((256, 256), 64).convert("RGB"), quality=95)
+    data = to_jpeg(Image.effect_noise((256, 256), 64).convert("RGB"), quality=95)
     truncated = data[:len(data) // 2]
-    top = jpeg_region.decode_region(truncated, 1, 0, 0, 32, 256)
-    assert np.array_equal(top, jpeg_region.decode_region(data, 1, 0, 0, 32, 256))
-    assert jpeg_region.decode_region(truncated, 1, 0, 0, 256, 256) is None
-    assert jpeg_region.decode_region(truncated, 2, 100, 0, 28, 128) is None
+    top = jpeg.region.decode_region(truncated, 1, 0, 0, 32, 256)
+    assert np.array_equal(top, jpeg.region.decode_region(data, 1, 0, 0, 32, 256))
+    assert jpeg.region.decode_region(truncated, 1, 0, 0, 256, 256) is None
+    assert jpeg.region.decode_region(truncated, 2, 100, 0, 28, 128) is None
 
 
 def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample_images):
@@ -120,11 +120,11 @@ def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample_images)
     blobs = [open(f, "rb").read()
              for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:20]]
     for data in blobs:
-        assert jpeg_region.decode_region(data, 1, 0, 0, *jpeg_region.jpeg_size(data)) is not None
+        assert jpeg.region.decode_region(data, 1, 0, 0, *jpeg.region.jpeg_size(data)) is not None
     declined = decoded = 0
     for data in damaged_variants(blobs):
-        shape = jpeg_region.jpeg_size(data)
-        region = None if shape is None else jpeg_region.decode_region(data, 1, 0, 0, *shape)
+        shape = jpeg.region.jpeg_size(data)
+        region = None if shape is None else jpeg.region.decode_region(data, 1, 0, 0, *shape)
         try:
             full = decode(data)
         except (RuntimeError, OSError):
@@ -139,12 +139,12 @@ def test_damaged_jpegs_never_decode_where_the_full_decode_refuses(sample_images)
 
 
 def outputs(transform, blobs, crop: bool, seed=3):
-    jpeg_region.set_enabled(crop)
+    jpeg.region.set_enabled(crop)
     try:
         torch.manual_seed(seed)
         return [transform(b) for b in blobs]
     finally:
-        jpeg_region.set_enabled(True)
+        jpeg.region.set_enabled(True)
 
 
 @pytest.mark.parametrize("size", [64, 160])
@@ -166,11 +166,11 @@ def test_transforms_give_the_pixels_they_gave_without_it(sample_images, size):
 def test_scaled_windows_are_cropped_regions(sample_images, monkeypatch):
     """The scaled path decodes a region, not the whole image, where the C is built."""
     calls = []
-    real = jpeg_region.decode_region
-    monkeypatch.setattr(jpeg_region, "decode_region", lambda *a: calls.append(a) or real(*a))
+    real = jpeg.region.decode_region
+    monkeypatch.setattr(jpeg.region, "decode_region", lambda *a: calls.append(a) or real(*a))
     data = open(sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[0], "rb").read()
-    height, width = jpeg_region.jpeg_size(data)
-    out = jpeg_scaled.resized_window(data, 2, (10, 20, 10 + height // 2, 20 + width // 2),
+    height, width = jpeg.region.jpeg_size(data)
+    out = jpeg.scaled.resized_window(data, 2, (10, 20, 10 + height // 2, 20 + width // 2),
                                      (40, 40))
     assert out.shape == (3, 40, 40)
     (_, denom, top, left, h, w), = calls
@@ -178,17 +178,17 @@ def test_scaled_windows_are_cropped_regions(sample_images, monkeypatch):
 
 
 def test_not_built_is_one_status_line(monkeypatch):
-    monkeypatch.setattr(jpeg_region, "_LIBRARY", "/nonexistent/_jpegcrop.so")
-    jpeg_region.set_enabled(True)
+    monkeypatch.setattr(jpeg.region, "_LIBRARY", "/nonexistent/_jpegcrop.so")
+    jpeg.region.set_enabled(True)
     try:
-        assert not jpeg_region.available()
-        assert jpeg_region.status() == ("crop + scale: off (decode/_jpegcrop.so not built "
+        assert not jpeg.region.available()
+        assert jpeg.region.status() == ("crop + scale: off (decode/jpeg/_jpegcrop.so not built "
                                       "(make install builds it))")
-        assert jpeg_region.decode_region(b"\xff\xd8\xff", 1, 0, 0, 1, 1) is None
-        if jpeg_window.available():  # the scaled windows then go through PIL's draft
+        assert jpeg.region.decode_region(b"\xff\xd8\xff", 1, 0, 0, 1, 1) is None
+        if jpeg.window.available():  # the scaled windows then go through PIL's draft
             assert decoding.crop_decoder_status().endswith(
-                "(PIL draft; crop + scale: off (decode/_jpegcrop.so not built (make install "
+                "(PIL draft; crop + scale: off (decode/jpeg/_jpegcrop.so not built (make install "
                 "builds it)))")
     finally:
         monkeypatch.undo()
-        jpeg_region.set_enabled(True)
+        jpeg.region.set_enabled(True)

@@ -1,4 +1,4 @@
-"""Decoding at the crop's scale (decode/jpeg_scaled.py): where it applies, the pixel difference
+"""Decoding at the crop's scale (decode/jpeg/scaled.py): where it applies, the pixel difference
 to a full decode within the bound docs/ffcv-and-decode.md gives, the same on every run, the same
 random windows, and the same refusals as before."""
 import glob
@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from decode import jpeg_scaled, jpeg_window
+from decode import jpeg
 from decode import decode, resize
 from loaders.transforms import (TrainTransform, ValTransform,
                                 resize_center_crop)
@@ -30,25 +30,25 @@ def blobs(sample_images):
 
 
 def test_scale_factor_is_the_largest_that_keeps_the_output_covered():
-    assert jpeg_scaled.scale_factor(447, 1000, 224, 224) == 1
-    assert jpeg_scaled.scale_factor(448, 448, 224, 224) == 2
-    assert jpeg_scaled.scale_factor(1600, 2400, 160, 160) == 8
-    assert jpeg_scaled.scale_factor(1279, 2400, 160, 160) == 4
-    jpeg_scaled.set_enabled(False)
+    assert jpeg.scaled.scale_factor(447, 1000, 224, 224) == 1
+    assert jpeg.scaled.scale_factor(448, 448, 224, 224) == 2
+    assert jpeg.scaled.scale_factor(1600, 2400, 160, 160) == 8
+    assert jpeg.scaled.scale_factor(1279, 2400, 160, 160) == 4
+    jpeg.scaled.set_enabled(False)
     try:
-        assert jpeg_scaled.scale_factor(1600, 2400, 160, 160) == 1
+        assert jpeg.scaled.scale_factor(1600, 2400, 160, 160) == 1
     finally:
-        jpeg_scaled.set_enabled(True)
+        jpeg.scaled.set_enabled(True)
 
 
 def run_both(transform, blobs, seed=5):
     """The transform's outputs with scaled decoding on, again on, and off (same seeds)."""
     outs = []
     for on in (True, True, False):
-        jpeg_scaled.set_enabled(on)
+        jpeg.scaled.set_enabled(on)
         torch.manual_seed(seed)
         outs.append([transform(b) for b in blobs])
-    jpeg_scaled.set_enabled(True)
+    jpeg.scaled.set_enabled(True)
     return outs
 
 
@@ -86,22 +86,22 @@ def test_the_window_is_the_full_decodes_box():
     image.save(out, "JPEG", quality=95)
     data = out.getvalue()
     box = (16, 40, 16 + 320, 40 + 400)
-    scaled = jpeg_scaled.resized_window(data, 2, box, (100, 80))
+    scaled = jpeg.scaled.resized_window(data, 2, box, (100, 80))
     reference = resize(decode(data)[:, 16:336, 40:440], (100, 80))
     assert (scaled.int() - reference.int()).abs().max() <= 8
 
 
 def test_what_it_declines_is_decoded_as_before(blobs):
     """A window reaching into the missing rows of a truncated JPEG is declined. (With
-    decode/_jpegcrop.so, as with the full-scale window decode, rows below a window are never
+    decode/jpeg/_jpegcrop.so, as with the full-scale window decode, rows below a window are never
     read, so a window above the damage decodes: test_region_decode_reads_down_to_the_window.)"""
     truncated = blobs[0][:len(blobs[0]) // 2]
-    height, width = jpeg_window.jpeg_size(truncated)
-    assert jpeg_scaled.resized_window(truncated, 2, (0, 0, height, width), (32, 32)) is None
-    assert jpeg_scaled.resized_window(b"not an image", 2, (0, 0, 9, 9), (4, 4)) is None
+    height, width = jpeg.window.jpeg_size(truncated)
+    assert jpeg.scaled.resized_window(truncated, 2, (0, 0, height, width), (32, 32)) is None
+    assert jpeg.scaled.resized_window(b"not an image", 2, (0, 0, 9, 9), (4, 4)) is None
     png = io.BytesIO()
     Image.new("RGB", (600, 600)).save(png, "PNG")
-    assert jpeg_scaled.resized_window(png.getvalue(), 2, (0, 0, 600, 600), (64, 64)) is None
+    assert jpeg.scaled.resized_window(png.getvalue(), 2, (0, 0, 600, 600), (64, 64)) is None
     with pytest.raises((OSError, RuntimeError)):
         TrainTransform(8)(truncated)  # refused as the full decoders refuse it
 
@@ -109,13 +109,13 @@ def test_what_it_declines_is_decoded_as_before(blobs):
 def test_grayscale_comes_out_rgb():
     out = io.BytesIO()
     Image.new("L", (800, 600), 77).save(out, "JPEG")
-    image = jpeg_scaled.resized_window(out.getvalue(), 4, (0, 0, 600, 800), (48, 64))
+    image = jpeg.scaled.resized_window(out.getvalue(), 4, (0, 0, 600, 800), (48, 64))
     assert image.shape == (3, 48, 64) and int(image.float().mean().round()) == 77
 
 
 def test_full_decode_switch_turns_it_off():
-    code = ("from decode import jpeg_scaled, jpeg_window; "
-            "print(jpeg_scaled.enabled(), jpeg_window.available())")
+    code = ("from decode import jpeg; "
+            "print(jpeg.scaled.enabled(), jpeg.window.available())")
     env = dict(os.environ, IMAGENET_FAST_FULL_DECODE="1")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                          text=True, check=True).stdout
@@ -129,7 +129,7 @@ def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
     from tests.helpers.badcorpus import damaged_variants
 
     for data in damaged_variants(blobs[:20]):
-        shape = jpeg_window.jpeg_size(data)
+        shape = jpeg.window.jpeg_size(data)
         if shape is None:
             continue
         try:
@@ -137,6 +137,6 @@ def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
             full = True
         except (RuntimeError, OSError):
             full = False
-        scaled = jpeg_scaled.resized_window(data, 2, (0, 0, *shape), (shape[0] // 2,
+        scaled = jpeg.scaled.resized_window(data, 2, (0, 0, *shape), (shape[0] // 2,
                                                                      shape[1] // 2))
         assert (scaled is not None) == full
