@@ -108,7 +108,7 @@ bench-data/train:
 
 bench: install $(if $(DATA),,bench-data/train) ## loader images/s side by side (stock, decode-only, ours): DATA=/path/to/imagenet (default: generated JPEGs)
 	$(BENCH_NOTE)
-	$(PY) -m benchmarks.bench_loaders --data $(BENCH_DATA) --out bench-output
+	$(PY) -m benchmarks.loading.throughput --data $(BENCH_DATA) --out bench-output
 
 # FFCV 1.0.2 lives in its own environment (.ffcv/, git-ignored), never in .venv: Debian's
 # libturbojpeg0-dev, libopencv-dev and pkg-config (installed where missing, as root), then

@@ -264,7 +264,8 @@ def gather_rng_states(dist: DistInfo) -> list[dict]:
 class StopAgreement:
     """Whether the ranks stop, the same answer on every rank after the same step (all ranks make
     the same calls): an all-reduce (MAX) of the signals on a gloo group of its own (no GPU wait,
-    no mixing with DDP's NCCL), read a step later to hide its latency (bench_stop_agreement.py)."""
+    no mixing with DDP's NCCL), read a step later to hide its latency
+    (benchmarks.training.stop_agreement)."""
 
     def __init__(self, world_size: int):
         self.agreed, self._pending = 0, None

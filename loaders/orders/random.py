@@ -21,7 +21,7 @@ class LeanDistributedSampler(DistributedSampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` (same constructor, ``set_epoch``,
     ``len()`` and indices in the same order) that keeps the permutation as an int32 tensor (int64
     from 2**31 records), converted in small chunks: 4 bytes per index instead of ``tolist()``'s
-    ~36 (about 50 MB per process on ImageNet, ``benchmarks/bench_memory.py``)."""
+    ~36 (about 50 MB per process on ImageNet, ``benchmarks/loading/memory.py``)."""
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
@@ -63,7 +63,7 @@ class RandomOrder:
         return RandomOrder(self.num_samples, rank, layout.world_size, self.seed)
 
     def order(self, epoch: int) -> Iterator[int]:
-        # Looked up at call time: benchmarks/bench_memory.py swaps in the stock sampler.
+        # Looked up at call time: benchmarks/loading/memory.py swaps in the stock sampler.
         sampler = LeanDistributedSampler(range(self.num_samples), num_replicas=self.world_size,
                                          rank=self.rank, shuffle=True, seed=self.seed,
                                          drop_last=True)

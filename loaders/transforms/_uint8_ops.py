@@ -1,6 +1,6 @@
 """The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
 torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_geometry.py``) at a
-fraction of their cost (``benchmarks/bench_recipes.py``). Each :data:`OPS` entry is ``op(image,
+fraction of their cost (``benchmarks/training/recipes.py``). Each :data:`OPS` entry is ``op(image,
 magnitude, interpolation) -> image``, ``magnitude`` in the op's own units as torchvision's
 ``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Integer results (posterize, solarize,
 invert, equalize, autocontrast's range) are computed by faster integer means; float ones

@@ -2,7 +2,8 @@
 other pipelines draw the same windows, :meth:`TrainTransform.window`), after pytorch/examples
 imagenet/main.py's recipe: RandomResizedCrop(224) + flip for training, Resize(256) +
 CenterCrop(224) for validation, plus torchvision's ``--auto-augment`` and ``--interpolation``.
-Decoding only the crop window: 1.27 ms per image, PIL 2.41 ms (``profile_transforms.py``)."""
+Decoding only the crop window: 1.27 ms per image, PIL 2.41 ms
+(``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import main
-from benchmarks.bench_recipes import TORCHVISION_R50_V2
+from benchmarks.training.recipes import TORCHVISION_R50_V2
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from tests.helpers.ranks import run_ranks

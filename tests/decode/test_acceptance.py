@@ -2,7 +2,7 @@
 image is accepted, with the size the decoders give; a decompression bomb, a frame header its
 file cannot hold (a one-bit height flip) and their PNG twins are refused from the header; a
 premature end that leaves a plausible image is accepted (its warning is the loaders' to name).
-The measured margins behind the rule: ``benchmarks/profile_acceptance.py``."""
+The measured margins behind the rule: ``benchmarks/decoders/acceptance.py``."""
 import glob
 import io
 import os

@@ -1,6 +1,6 @@
 """The one decoder module (decode/libraries.py): each library usable here decodes the sample's
 JPEGs to the same pixels, keeps pixels as stored (no EXIF orientation), refuses bad bytes in one
-line, and falls back when TorchCodec is missing; and benchmarks/profile_decoders.py runs."""
+line, and falls back when TorchCodec is missing; and benchmarks/decoders/compared.py runs."""
 import glob
 import io
 import os
@@ -13,16 +13,12 @@ import torch
 from PIL import Image
 
 import decode
-from decode import libraries
-from decode import jpeg
+from benchmarks.decoders import compared
+from decode import jpeg, libraries
 from loaders.transforms import TrainTransform
 from tests.helpers.badcorpus import damaged_variants
 from tests.helpers.loading import max_abs_diff
 from tests.helpers.paths import REPO
-
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import profile_decoders  # noqa: E402
 
 BACKENDS = libraries.backends()
 
@@ -207,7 +203,7 @@ def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample_im
 
 
 def test_profile_decoders_prints_both_tables(tiny, capsys):
-    assert profile_decoders.main_cli(["--data", tiny.root, "--rounds", "1", "--repeats", "1",
+    assert compared.main_cli(["--data", tiny.root, "--rounds", "1", "--repeats", "1",
                                       "--jpegcrop-so", os.path.join(tiny.root, "missing.so")]) == 0
     out = capsys.readouterr().out
     assert "Whole images" in out and "Crop windows" in out
@@ -225,7 +221,7 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
 
 
 def test_profile_decoders_bad_data_is_one_line(tmp_path, capsys):
-    assert profile_decoders.main_cli(["--data", str(tmp_path)]) == 1
+    assert compared.main_cli(["--data", str(tmp_path)]) == 1
     assert capsys.readouterr().err.count("\n") == 1
 
 

@@ -1,6 +1,6 @@
 """Issue 5, "Memory": a DataLoader worker of the LMDB loader must not grow with the record count.
 
-A scaled-down ``benchmarks/bench_memory.py``: the training loader over 2,000 and over 200,000
+A scaled-down ``benchmarks/loading/memory.py``: the training loader over 2,000 and over 200,000
 tiny records, each measured in a fresh process, and the worst worker's memory compared.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ IMAGENET, IMAGENET_SMALL = 1_281_167, 10_000
 
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "bench_memory", os.path.join(REPO, "benchmarks", "bench_memory.py"))
+        "bench_memory", os.path.join(REPO, "benchmarks", "loading", "memory.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

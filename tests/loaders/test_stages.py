@@ -29,7 +29,7 @@ def test_workers_stages_add_up_to_their_time(sample_images_lmdb):
     """Every stage measured, and the figures consistent with one another: the stages sum to
     the total, per decoder and per size class to the decode and the total, per worker to all
     workers', and lie inside the workers' wall time (measured around them by the same clock).
-    How much of the wall time they cover is a ratio for benchmarks/bench_stage_cost.py, not a
+    How much of the wall time they cover is a ratio for benchmarks/loading/stage_cost.py, not a
     unit test: a busy machine takes a worker off its core between two stages."""
     settings = loader_settings("lmdb", sample_images_lmdb, workers=2, batch_size=16,
                                train_crop_size=224)

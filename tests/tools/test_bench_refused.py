@@ -1,12 +1,14 @@
-"""The acceptance rule's benchmarks (``profile_acceptance``: the measured margins and costs;
-``bench_refused``: the targets through main.py) on small data, and the benchmarks' use of
-``train/`` where a folder has no ``val/``."""
+"""The acceptance rule's benchmarks (``benchmarks.decoders.acceptance``: the measured margins and
+costs; ``benchmarks.loading.refused``: the targets through main.py) on small data, and the
+benchmarks' use of ``train/`` where a folder has no ``val/``."""
 import json
 import os
 
 import pytest
 
-from benchmarks import bench_refused, profile_acceptance, runner
+from benchmarks import runner
+from benchmarks.decoders import acceptance
+from benchmarks.loading import refused
 from tests.helpers import warm
 
 
@@ -18,7 +20,7 @@ def warm_processes(monkeypatch):
 
 def test_profile_acceptance_prints_every_corpus_and_the_costs(tiny, tmp_path, capsys):
     out = tmp_path / "acceptance.json"
-    assert profile_acceptance.main(["--data", tiny.root, "--images", "8", "--rounds", "1",
+    assert acceptance.main(["--data", tiny.root, "--images", "8", "--rounds", "1",
                                     "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| real, as stored | 8 |" in printed and "per image, one thread: check" in printed
@@ -34,7 +36,7 @@ def test_profile_acceptance_prints_every_corpus_and_the_costs(tiny, tmp_path, ca
 
 def test_bench_refused_names_each_refusal_once(tmp_path, capsys):
     out = tmp_path / "refused.json"
-    assert bench_refused.main(["--images", "40", "-b", "7", "--rounds", "1", "--only", "folder",
+    assert refused.main(["--images", "40", "-b", "7", "--rounds", "1", "--only", "folder",
                                "lmdb", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["loader"] for r in rows] == ["folder", "lmdb"]

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from benchmarks import bench_loaders, bench_stage_cost, profile_transforms, runner
+from benchmarks import runner
+from benchmarks.loading import stage_cost, throughput, transforms
 from decode import jpeg
 from tests.helpers import warm
 
@@ -18,7 +19,7 @@ def warm_processes(monkeypatch):
 
 def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     out = tmp_path / "bench"
-    assert bench_loaders.main_cli(["--data", tiny.root, "--out", str(out), "-b", "4", "-j", "1",
+    assert throughput.main_cli(["--data", tiny.root, "--out", str(out), "-b", "4", "-j", "1",
                                    "--repeat", "2", "--batches", "3", "--warmup", "1",
                                    "--rounds", "1", "--only", "stock", "decode-only", "folder",
                                    "lmdb", "shards", "shards-http"]) == 0
@@ -33,7 +34,7 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
             assert result["stages"] == {}
         else:
             assert result["stages"]["stages_decode_ms_p50"] > 0
-            assert bench_loaders.top_stage(result["stages"]).split()[0] in (
+            assert throughput.top_stage(result["stages"]).split()[0] in (
                 "read", "window", "decode", "resize", "augment", "write")
     # ours are timed through main.py itself, so docs/performance.md can quote the command
     commands = {r["loader"]: r.get("command") for r in report["results"]}
@@ -47,7 +48,7 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
 
 def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, capsys):
     out = tmp_path / "cost.json"
-    assert bench_stage_cost.main_cli(["--data", tiny.root, "--rounds", "1", "--copies", "2",
+    assert stage_cost.main_cli(["--data", tiny.root, "--rounds", "1", "--copies", "2",
                                       "-b", "4", "-j", "1", "--batches", "2", "--warmup", "1",
                                       "--blocks", "2", "--block-batches", "1", "--overhead",
                                       "--out", str(out)]) == 0
@@ -65,12 +66,12 @@ def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, c
 
 
 def test_bench_loaders_bad_data_is_one_line(tmp_path, capsys):
-    assert bench_loaders.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert throughput.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
 def test_profile_transforms_prints_each_step(tiny, capsys):
-    profile_transforms.main(["--data", tiny.root])
+    transforms.main(["--data", tiny.root])
     out = capsys.readouterr().out
     assert "whole training transform, ours" in out and "decode, PIL" in out
     if jpeg.region.available():  # both sides of the crop + scale comparison, with figures
@@ -86,9 +87,9 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
     import pytest
 
     pytest.importorskip("nvidia.dali")
-    from benchmarks import profile_dali_cpu
+    from benchmarks.pipelines import dali_cpu
 
-    assert profile_dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "2",
+    assert dali_cpu.main_cli(["--data", tiny.root, "-b", "8", "-j", "2",
                                       "--batches", "2", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     for stage in ("read", "decode whole image", "decode crop window", "antialiased",
@@ -100,17 +101,17 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
 
 
 def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
-    from benchmarks import profile_dali_cpu
+    from benchmarks.pipelines import dali_cpu
 
-    assert profile_dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
 def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, capsys):
-    from benchmarks import bench_convert
+    from benchmarks.converters import speed
 
     out = tmp_path / "convert.json"
-    assert bench_convert.main_cli(["--data", os.path.join(tiny.root, "train"), "--copies", "2",
+    assert speed.main_cli(["--data", os.path.join(tiny.root, "train"), "--copies", "2",
                                    "--rounds", "1", "--memory-records", "40", "80",
                                    "--tmp", str(tmp_path), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -128,19 +129,19 @@ def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, c
 
 
 def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
-    from benchmarks import bench_convert
+    from benchmarks.converters import speed
 
-    assert bench_convert.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
+    assert speed.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
                                    "--tmp", str(tmp_path)]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
 def test_bench_downloads_times_every_layout_against_the_folder(sample_images, tmp_path, capsys):
-    from benchmarks import bench_downloads
+    from benchmarks.converters import downloads
 
     out = tmp_path / "report.json"
     images = len(os.listdir(os.path.join(sample_images, "train")))  # one per class
-    assert bench_downloads.main(["--sample", sample_images, "--copies", "1", "--rounds", "1",
+    assert downloads.main(["--sample", sample_images, "--copies", "1", "--rounds", "1",
                                  "--layouts", "folder", "official", "hf-parquet",
                                  "--tmp", str(tmp_path), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -156,12 +157,12 @@ def test_bench_downloads_times_every_layout_against_the_folder(sample_images, tm
 
 
 def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, capsys):
-    from benchmarks import profile_scaled_decode
+    from benchmarks.decoders import scaled
 
     args = ["--data", tiny.root, "--sizes", "16", "--draws", "2", "--rounds", "1",
             "--libturbojpeg", str(tmp_path / "missing.so")]
-    assert profile_scaled_decode.main(args) == 0
-    assert profile_scaled_decode.main(args + ["--below"]) == 0
+    assert scaled.main(args) == 0
+    assert scaled.main(args + ["--below"]) == 0
     out = capsys.readouterr().out
     assert "tj3: not usable (" in out  # one line, and the other candidates still run
     assert "windows decoded scaled (1/2:" in out and "windows under the threshold" in out
@@ -179,10 +180,10 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
     import pytest
 
     pytest.importorskip("nvidia.dali")
-    from benchmarks import bench_dali_feed
+    from benchmarks.pipelines import dali_feed
 
     out = tmp_path / "rounds.json"
-    assert bench_dali_feed.main_cli(["--data", tiny.root, "--base", bench_dali_feed.__file__
+    assert dali_feed.main_cli(["--data", tiny.root, "--base", dali_feed.__file__
                                      .rsplit("/benchmarks/", 1)[0], "--repeat", "4", "-b", "16",
                                      "--batches", "2", "--warmup", "1", "--epochs", "2",
                                      "--rounds", "1", "--json", str(out)]) == 0
@@ -194,7 +195,7 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
         (row,) = rounds[code]
         assert row["images_per_sec"] > 0 and 0 < row["feed_ms_median"] <= row["feed_ms_mean"] * 4
         assert len(row["rss_mib"]) == 2 and all(m > 0 for m in row["rss_mib"])
-    assert bench_dali_feed.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert dali_feed.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -202,12 +203,12 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
 def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
     """Every part on tiny data: the throughput pair, torchvision's pixels, the costs table,
     and torchvision's command on 2 ranks (test-sized further by --command-extra)."""
-    from benchmarks import bench_recipes
+    from benchmarks.training import recipes
 
     out = tmp_path / "recipes.json"
     extra = ("--model resnet18 --train-batches 2 --train-crop-size 32 --val-resize-size 32 "
              "--val-crop-size 32")
-    assert bench_recipes.main_cli([
+    assert recipes.main_cli([
         "--data", tiny.root, "--copies", "8", "--crop", "32", "-b", "4", "-j", "1",
         "--batches", "2", "--warmup", "1", "--rounds", "1", "--draws", "3", "--images", "4",
         "--command-batch", "8", "--command-extra", extra, "--out", str(out)]) == 0
@@ -221,9 +222,9 @@ def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
 
 
 def test_bench_recipes_bad_data_is_one_line(tmp_path, capsys):
-    from benchmarks import bench_recipes
+    from benchmarks.training import recipes
 
-    assert bench_recipes.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert recipes.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
@@ -233,10 +234,10 @@ def test_bench_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path
     import pytest
 
     pytest.importorskip("nvidia.nvimgcodec")
-    from benchmarks import bench_gpu_decode
+    from benchmarks.pipelines import gpu_decode
 
     out = tmp_path / "rounds.json"
-    assert bench_gpu_decode.main_cli(["--data", tiny.root, "--repeat", "2", "-b", "8",
+    assert gpu_decode.main_cli(["--data", tiny.root, "--repeat", "2", "-b", "8",
                                       "--batches", "2", "--warmup", "1", "--rounds", "1",
                                       "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -245,15 +246,15 @@ def test_bench_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path
     assert {(r["source"], r["decode_device"]) for r in results} == {
         (s, d) for s in ("folder", "lmdb", "shards") for d in ("cpu", "cpu-nvimgcodec")}
     assert all(r["images_per_sec"] > 0 and r["cpu_ms_per_image"] is not None for r in results)
-    assert bench_gpu_decode.main_cli(["--data", str(tmp_path / "nope")]) == 1
+    assert gpu_decode.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_top_stage_takes_a_batch_pipelines_own_stages():
     """--decode-device and DALI write keys for their own stages only (no write stage)."""
-    assert bench_loaders.top_stage({"stages_read_ms_mean": 1.0, "stages_decode_ms_mean": 3.0}) \
+    assert throughput.top_stage({"stages_read_ms_mean": 1.0, "stages_decode_ms_mean": 3.0}) \
         == "decode 75%"
-    assert bench_loaders.top_stage({}) == "-"
+    assert throughput.top_stage({}) == "-"
 
 
 def test_chart_puts_ffcv_beside_ours_when_bench_ffcv_timed_the_same_images(tmp_path, monkeypatch):
@@ -266,12 +267,12 @@ def test_chart_puts_ffcv_beside_ours_when_bench_ffcv_timed_the_same_images(tmp_p
                                             "beton-example": 800.0}}}
     (tmp_path / "out" / "ffcv").mkdir(parents=True)
     path = tmp_path / "out" / "ffcv" / "report.json"
-    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) is None  # none written yet
+    assert throughput.ffcv_beside(str(tmp_path / "out"), data) is None  # none written yet
     path.write_text(json.dumps(ffcv))
-    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) == ffcv
-    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), str(tmp_path / "other")) is None
+    assert throughput.ffcv_beside(str(tmp_path / "out"), data) == ffcv
+    assert throughput.ffcv_beside(str(tmp_path / "out"), str(tmp_path / "other")) is None
     path.write_text(json.dumps({**ffcv, "image_set": {**ffcv["image_set"], "larger_than": 512}}))
-    assert bench_loaders.ffcv_beside(str(tmp_path / "out"), data) is None
+    assert throughput.ffcv_beside(str(tmp_path / "out"), data) is None
     report = {"results": [{"loader": "stock", "images_per_sec": 300.0, "ratio_vs_stock": 1.0},
                           {"loader": "lmdb", "images_per_sec": 650.0, "ratio_vs_stock": 2.17}],
               "machine": {"cpu_count": 2, "device": "cpu"},
@@ -290,8 +291,8 @@ def test_chart_puts_ffcv_beside_ours_when_bench_ffcv_timed_the_same_images(tmp_p
         return real_savefig(fig, target, **kwargs)
 
     monkeypatch.setattr(plt.Figure, "savefig", savefig)
-    bench_loaders.write_chart(report, str(tmp_path / "alone.png"))
-    bench_loaders.write_chart(report, str(tmp_path / "both.png"), ffcv)
+    throughput.write_chart(report, str(tmp_path / "alone.png"))
+    throughput.write_chart(report, str(tmp_path / "both.png"), ffcv)
     assert titles[0] == ["Training loaders on imagenet (250 training JPEGs x16): -b 64 -j 2, "
                          "5 rounds, 2 cores (cpu)"]
     assert len(titles[1]) == 2 and "224 px" in titles[1][1] and "FFCV 1.0.2" in titles[1][1]

@@ -21,7 +21,8 @@ from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 # Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
-# waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores, bench_dali_feed).
+# waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores,
+# benchmarks.pipelines.dali_feed).
 AHEAD = 2
 _POLL_S = 0.1
 

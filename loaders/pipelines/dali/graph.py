@@ -97,7 +97,7 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     training nodes). With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with
     channels-last), float16 if ``opts.dtype`` is, else float32 (DALI has no bfloat16). CPU-only,
     for :func:`finish_on_cpu` (DALI's CPU resize is slow, its region decode fast:
-    ``benchmarks/profile_dali_cpu.py``): training's ``[crops, mirror]`` (uint8 HWC windows, int32
+    ``benchmarks/pipelines/dali_cpu.py``): training's ``[crops, mirror]`` (uint8 HWC windows, int32
     flips), validation's ``[images]`` (whole uint8 HWC). Training lists end with the
     :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, as PIL's ``convert("RGB")``;
     EXIF orientation is not applied (docs/loaders.md, *Orientation*)."""

@@ -190,7 +190,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
         ``cpu_pipelines`` or one per thread: a multi-threaded DALI operator finishes a batch
         before the next, idling its threads on a batch's last images, where single-threaded
-        pipelines taking turns do not (``profile_dali_cpu.py``, docs/performance.md)."""
+        pipelines taking turns do not (``benchmarks.pipelines.dali_cpu``, docs/performance.md)."""
         if self.opts.cuda:
             return 1
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))

@@ -37,7 +37,7 @@ def measure(data: str, args, setting: str) -> dict:
 
 def _loader(data: str, args, setting: str):
     """The training loader of ``main.py data -j 0`` with the stages ``setting`` (on/off)."""
-    from benchmarks.bench_loaders import main_loader
+    from benchmarks.loading.throughput import main_loader
 
     os.environ["IMAGENET_FAST_STAGES"] = "1" if setting == "on" else "0"
     try:
@@ -156,7 +156,8 @@ def main_cli(argv=None) -> int:
     runner.add_out_option(parser, "write the report as JSON to this file")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        return runner.error("bench_stage_cost", f"--data {args.data}: no train/ folder")
+        return runner.error("benchmarks.loading.stage_cost",
+                            f"--data {args.data}: no train/ folder")
     report = run(args)
     if args.rounds:
         _print_rounds(report, args)

@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
     if not files or not jpeg.window.available():
-        return runner.error("profile_scaled_decode.py", f"no images under {args.data}/train, "
+        return runner.error("benchmarks.decoders.scaled", f"no images under {args.data}/train, "
                             f"or {jpeg.window.status()}")
     blobs = [open(f, "rb").read() for f in files]
     found = candidates(args.libturbojpeg)

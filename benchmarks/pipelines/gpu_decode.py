@@ -17,7 +17,7 @@ import torch
 
 from benchmarks import runner
 
-PROG = "python -m benchmarks.bench_gpu_decode"
+PROG = "python -m benchmarks.pipelines.gpu_decode"
 TARGET_IMAGES_PER_SEC = 10_000  # on one GPU, 224 px, at most 4 workers
 TARGET_MAX_WORKERS = 4
 SOURCES = ("folder", "lmdb", "shards")

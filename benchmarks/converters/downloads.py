@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         with runner.scratch("bench_downloads_", dir=opts.tmp) as tmp:
             report = run(opts, tmp)
     except (ConversionError, DatasetError, OSError) as exc:
-        return runner.error("bench_downloads.py", exc)
+        return runner.error("benchmarks.converters.downloads", exc)
     print_report(report, opts.layouts[0])
     if opts.out:
         runner.write_json(opts.out, report)

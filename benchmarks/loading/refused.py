@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     try:
         rows = measure(names, args)
     except RuntimeError as exc:
-        return runner.error("bench_refused", exc)
+        return runner.error("benchmarks.loading.refused", exc)
     print("\n" + runner.markdown_table(
         ["loader", "lines (bomb, flip)", "raw libjpeg lines", "2 epochs s: damaged / clean",
          "largest worker MiB: damaged / clean", "training process MiB: damaged / clean"],

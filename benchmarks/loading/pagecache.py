@@ -129,7 +129,7 @@ def run_case(args, name: str, cgroup: str | None) -> dict:
     order, readahead = CASES[name]
     dropped = drop_caches()
     cmd = runner.module_command(
-        "benchmarks.bench_pagecache", "--child", "--sample", args.sample, "--db", args.db,
+        "benchmarks.loading.pagecache", "--child", "--sample", args.sample, "--db", args.db,
         "--order", order, "--epochs", str(args.epochs),
         "--epoch-records", str(args.epoch_records), "--block-size", str(args.block_size),
         "--buffer-blocks", str(args.buffer_blocks))

@@ -115,7 +115,7 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
 def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:
     """``count`` copies of one tiny JPEG in ``classes`` folders ``n%08d``, named like ImageNet's
     files; file ``i`` in class ``i * classes // count``."""
-    from benchmarks.bench_memory import tiny_jpeg
+    from benchmarks.loading.memory import tiny_jpeg
 
     jpeg = tiny_jpeg()
     for c in range(classes):
@@ -203,7 +203,8 @@ def main_cli(argv=None) -> int:
     """Run the benchmark; 0 on success, 1 with one ``error:`` line on bad input."""
     opts = get_args_parser().parse_args(argv)
     if opts.rounds < 1 or opts.copies < 1:
-        return runner.error("bench_convert.py", "--rounds and --copies must be at least 1")
+        return runner.error("benchmarks.converters.speed",
+                            "--rounds and --copies must be at least 1")
     from decode import retain_freed_memory
     from formats.sources import DatasetError
 
@@ -216,7 +217,7 @@ def main_cli(argv=None) -> int:
             if opts.memory_records:
                 report["memory"] = memory(opts)
     except (DatasetError, RuntimeError, OSError) as exc:
-        return runner.error("bench_convert.py", exc)
+        return runner.error("benchmarks.converters.speed", exc)
     print_report(report)
     if opts.out:
         runner.write_json(opts.out, report)

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     runner.add_out_option(parser, "also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if not glob.glob(os.path.join(args.data, "train", "*", "*")):
-        return runner.error("profile_acceptance", f"{args.data}/train: no images")
+        return runner.error("benchmarks.decoders.acceptance", f"{args.data}/train: no images")
     found = {name: figures(blobs) for name, blobs in corpora(args.data, args.images).items()}
     rows = [[name, str(f["images"]), f"{f['bytes_per_pixel'][0]:.4f}",
              f"{f['bytes_per_pixel'][1]:.3f}",

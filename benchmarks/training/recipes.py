@@ -236,7 +236,7 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--command-timeout", type=float, default=1800)
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        return runner.error("bench_recipes", f"{args.data}/train: no such directory")
+        return runner.error("benchmarks.training.recipes", f"{args.data}/train: no such directory")
     results = {}
     with runner.scratch("bench-recipes-") as tmp:
         data = runner.replicate(args.data, os.path.join(tmp, "data"), args.copies)

@@ -201,7 +201,7 @@ def set_page_cache(db: str, state: str) -> None:
 def measure_in_subprocess(db: str, opts: argparse.Namespace, sampler: str) -> dict:
     """:func:`measure` in a fresh interpreter, so one run leaves nothing in the next."""
     cmd = runner.module_command(
-        "benchmarks.bench_memory", "--measure-db", db, "--batches", str(opts.batches),
+        "benchmarks.loading.memory", "--measure-db", db, "--batches", str(opts.batches),
         "--warmup", str(opts.warmup), "--sample-every", str(opts.sample_every),
         "-b", str(opts.batch_size), "-j", str(opts.workers), "--samplers", sampler)
     set_page_cache(db, getattr(opts, "cache", "warm"))

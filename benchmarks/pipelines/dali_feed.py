@@ -152,7 +152,7 @@ def main_cli(argv=None) -> int:
 
     args = get_args_parser().parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        return runner.error("bench_dali_feed.py", f"{args.data}: no train/ folder")
+        return runner.error("benchmarks.pipelines.dali_feed", f"{args.data}: no train/ folder")
     codes = {"new": runner.REPO, **({"base": os.path.abspath(args.base)} if args.base else {})}
     with runner.scratch("bench-dali-feed-") as tmp:
         db = make_db(args.data, args.repeat, tmp)

@@ -107,7 +107,7 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
     """Each pipeline's command line: this script's ``--baseline`` mode for the baselines,
     ``main.py --benchmark-data`` for ours, all with the same ``-b``, ``-j`` and timing."""
     timing = ["-b", str(args.batch_size), "-j", str(args.workers)]
-    base = runner.module_command("benchmarks.bench_loaders", *timing, "--batches",
+    base = runner.module_command("benchmarks.loading.throughput", *timing, "--batches",
                                  str(args.batches), "--warmup", str(args.warmup), "--data",
                                  os.path.join(data, "train"), "--baseline")
     tail = [*timing, "--train-batches", str(args.batches), "--benchmark-warmup",
@@ -377,11 +377,12 @@ def main_cli(argv=None) -> int:
     if args.baseline:
         return baseline(args)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        return runner.error("bench_loaders.py", f"{args.data}/train: no such directory")
+        return runner.error("benchmarks.loading.throughput",
+                            f"{args.data}/train: no such directory")
     try:
         report = run(args)
     except RuntimeError as exc:
-        return runner.error("bench_loaders.py", exc)
+        return runner.error("benchmarks.loading.throughput", exc)
     os.makedirs(args.out, exist_ok=True)
     runner.write_json(os.path.join(args.out, "report.json"), report, indent=2)
     write_chart(report, os.path.join(args.out, "chart.png"), ffcv_beside(args.out, args.data))

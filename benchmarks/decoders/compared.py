@@ -250,7 +250,7 @@ def main_cli(argv=None) -> int:
         if data[:3] == _JPEG_MAGIC:
             blobs.append(data)
     if not blobs:
-        return runner.error("profile_decoders.py", f"no JPEGs under {args.data}/train/*/")
+        return runner.error("benchmarks.decoders.compared", f"no JPEGs under {args.data}/train/*/")
     torch.set_num_threads(1)
     print(f"whole-image decoder: {libraries.decoder_name()}; {decode.crop_decoder_status()}")
     whole_rows(blobs, args)

@@ -15,7 +15,7 @@ import torch
 
 import decode
 from benchmarks import runner
-from benchmarks.bench_loaders import main_loader
+from benchmarks.loading.throughput import main_loader
 from loaders.readers.folder import open_image_folder
 from loaders.transforms import RRC_RATIO, RRC_SCALE
 
@@ -101,11 +101,12 @@ def main_cli(argv=None) -> int:
                              "is printed")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.data, "train")):
-        return runner.error("profile_dali_cpu.py", f"{args.data}/train: no such directory")
+        return runner.error("benchmarks.pipelines.dali_cpu",
+                            f"{args.data}/train: no such directory")
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        return runner.error("profile_dali_cpu.py", "needs NVIDIA DALI (make install)")
+        return runner.error("benchmarks.pipelines.dali_cpu", "needs NVIDIA DALI (make install)")
     torch.set_num_threads(1)
     decode.retain_freed_memory()
     with runner.scratch("profile-dali-") as tmp:

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     files = sorted(glob.glob(os.path.join(args.data, "train", "*", "*")))
     if not files:
-        sys.exit(f"profile_transforms.py: error: no images under {args.data}/train")
+        sys.exit(f"benchmarks.loading.transforms: error: no images under {args.data}/train")
     blobs = [open(f, "rb").read() for f in files]
     pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
     tensors = [decode(b) for b in blobs]
