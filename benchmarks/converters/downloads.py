@@ -117,7 +117,8 @@ def print_report(report: dict, first: str) -> None:
 def main(argv=None) -> int:
     """Command line: 0 when the report is printed, 1 with one ``error:`` line, 2 for a
     ``--sample`` without ``train/``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.converters.downloads",
+                                     description=__doc__.split("\n\n")[0])
     runner.add_data_option(parser, "ImageNet-layout folder whose train/<wnid>/ JPEGs are "
                            "replicated", flag="--sample")
     parser.add_argument("--copies", type=int, default=8, help="copies of each image (default 8)")

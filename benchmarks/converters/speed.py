@@ -184,7 +184,8 @@ def print_report(report: dict) -> None:
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.converters.speed",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "folder of class folders, e.g. an ImageNet train/")
     parser.add_argument("--copies", type=int, default=8,
                         help="symlinks per file, so a round lasts seconds (default: 8)")

@@ -166,7 +166,8 @@ def costs(blobs: list[bytes], rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decoders.acceptance",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder whose train/ JPEGs are measured")
     parser.add_argument("--images", type=int, default=250, help="real JPEGs read (default 250)")
     runner.add_rounds_option(parser, 5)

@@ -236,7 +236,8 @@ def pyturbojpeg_note() -> str:
 
 def main_cli(argv=None) -> int:
     """Command line: 0 when both tables are printed, 1 with one ``error:`` line for bad data."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decoders.compared",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "a folder with train/CLASS/FILE images")
     runner.add_rounds_option(parser, 7)
     parser.add_argument("--repeats", type=int, default=2, help="passes over the images a round")

@@ -195,7 +195,8 @@ def profile_size(blobs, size: int, draws: int, rounds: int, found: dict,
 
 def main(argv=None) -> int:
     """Command line: 0 when every size is profiled, 1 with one ``error:`` line otherwise."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decoders.scaled",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder whose train/<wnid>/ JPEGs are decoded")
     parser.add_argument("--sizes", type=int, nargs="+", default=[160, 192, 224])
     parser.add_argument("--draws", type=int, default=8, help="windows drawn per image")

@@ -263,7 +263,8 @@ def print_table(summaries: list[dict], verdicts: dict, limit_bytes: float) -> No
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command line; ``--measure-db`` is the child's."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loading.memory",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, nargs="+", default=[10_000, 1_281_167],
                         help="database sizes (default: 10000 1281167)")
     parser.add_argument("--batches", type=int, default=300, help="batches iterated (300)")

@@ -236,7 +236,8 @@ def print_table(results: list[dict]) -> None:
 
 def main(argv=None) -> int:
     """Command line; ``--child`` and the hidden flags are a case's child."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loading.pagecache",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--db", help="LMDB to reuse (built there, and kept, if missing)")
     p.add_argument("--db-gib", type=float, default=2.0, help="size of the database to build")
     runner.add_data_option(p, "ImageNet-layout folder whose train/ JPEGs fill the database",

@@ -178,7 +178,8 @@ def measure(names: list[str], args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loading.refused",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="good training images")
     parser.add_argument("-b", "--batch", type=int, default=167,
                         help="batch size (1,002 images: 6 batches an epoch, none left out)")

@@ -140,7 +140,8 @@ def run(args) -> dict:
 
 
 def main_cli(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loading.stage_cost",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "the image folder (train/ and val/), e.g. the real sample")
     runner.add_rounds_option(parser, 5)
     parser.add_argument("--copies", type=int, default=8, help="symlinked copies per image")

@@ -352,7 +352,8 @@ def print_table(report: dict) -> None:
 
 def main_cli(argv=None) -> int:
     """Command line: 0 when the report is written, 1 with one ``error:`` line otherwise."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loading.throughput",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout root with train/ and val/")
     runner.add_out_option(parser, "report.json and chart.png go here", default="bench-output")
     parser.add_argument("-b", "--batch-size", type=int, default=64)

@@ -34,7 +34,8 @@ def per_image_ms(fn, items, repeats: int = 2) -> float:
 
 def main(argv=None) -> None:
     """Command line: prints the table; exits with one ``error:`` line without images."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loading.transforms",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -92,7 +92,8 @@ def loader_rows(data: str, b: int, j: int, batches: int, rounds: int) -> None:
 
 def main_cli(argv=None) -> int:
     """Command line: 0 when every row is printed, 1 with one ``error:`` line otherwise."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipelines.dali_cpu",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))

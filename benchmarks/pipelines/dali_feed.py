@@ -129,7 +129,8 @@ def report(results: dict) -> list[str]:
 def get_args_parser() -> argparse.ArgumentParser:
     from benchmarks import runner
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pipelines.dali_feed",
+                                description=__doc__.splitlines()[0])
     runner.add_data_option(p, "ImageNet-layout root with train/ and val/")
     p.add_argument("--base", help="a checkout of the code to compare with (interleaved)")
     p.add_argument("--repeat", type=int, default=16, help="copies of each training image")

@@ -217,7 +217,8 @@ def report(results: dict, args) -> None:
 
 def main_cli(argv=None) -> int:
     """Command line: prints the parts' tables; 1 with one error line for bad data."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.recipes",
+                                     description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder (the real sample)")
     runner.add_rounds_option(parser, 3)
     runner.add_out_option(parser, "JSON report file")

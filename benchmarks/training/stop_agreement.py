@@ -45,7 +45,8 @@ def _rank(rank: int, ranks: int, port: int, steps: int, step_ms: float, results)
 
 def main(argv=None) -> dict:
     """Run the measurement; return (and print) its JSON object."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.stop_agreement",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2, help="gloo processes on this machine")
     parser.add_argument("--steps", type=int, default=500, help="timed steps")
     parser.add_argument("--step-ms", type=float, default=5.0, help="host wait per step (ms)")
