@@ -55,7 +55,7 @@ def probe(tmp_path):
 
 
 def both(args, **kwargs):
-    """The same command cold (subprocess.run) and warm (warm.run)."""
+    """The same command cold (subprocess.run) and warm (warm.Popen)."""
     cold = subprocess.run(args, capture_output=True, text=True, timeout=60, **kwargs)
     warm_run = warm.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           stdin=subprocess.PIPE if "input" in kwargs else None,
@@ -71,12 +71,12 @@ def test_a_warm_process_sees_what_a_cold_one_sees(probe, tmp_path, unbuffered):
            "WARM_PROBE": "value", "TMPDIR": str(tmp_path),
            **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})}
     cold, hot = both([sys.executable, probe, "report", "x y"], cwd=str(tmp_path), env=env,
-                     input="from stdin")
+                     input="from\r\nstdin")
     assert hot.returncode == cold.returncode == 0, (cold.stderr, hot.stderr)
     assert json.loads(hot.stdout) == json.loads(cold.stdout)
     report = json.loads(hot.stdout)
     assert report["name"] == "__main__" and report["argv"][1:] == ["report", "x y"]
-    assert report["value"] == "value" and report["stdin"] == "from stdin"
+    assert report["value"] == "value" and report["stdin"] == "from\r\nstdin"
     assert report["tmp"] == str(tmp_path)
     assert (report["line_buffered"], report["stderr_line_buffered"],
             report["write_through"]) == ((False, False, True) if unbuffered else (False, True, False))
@@ -84,9 +84,9 @@ def test_a_warm_process_sees_what_a_cold_one_sees(probe, tmp_path, unbuffered):
 
 
 @pytest.mark.parametrize("how, code, stderr", [
-    (["exit", "3"], 3, ""), (["exit", "0"], 0, ""), (["message"], 1, "a message\n"),
-    (["raise"], 1, "ValueError: raised\n"), (["interrupt"], -signal.SIGINT, "KeyboardInterrupt\n"),
-    (["atexit"], 0, "")])
+    (["exit", "3"], 3, ""), (["exit", "0"], 0, ""), (["exit", "-2"], 254, ""),
+    (["message"], 1, "a message\n"), (["raise"], 1, "ValueError: raised\n"),
+    (["interrupt"], -signal.SIGINT, "KeyboardInterrupt\n"), (["atexit"], 0, "")])
 def test_exit_status_and_output_at_exit_are_a_cold_process_s(probe, how, code, stderr):
     cold, hot = both([sys.executable, probe, *how])
     assert hot.returncode == cold.returncode == code
