@@ -202,7 +202,7 @@ def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample_im
         jpeg.window.set_enabled(True)
 
 
-def test_profile_decoders_prints_both_tables(tiny, capsys):
+def test_decoders_compared_prints_both_tables(tiny, capsys):
     assert compared.main_cli(["--data", tiny.root, "--rounds", "1", "--repeats", "1",
                                       "--jpegcrop-so", os.path.join(tiny.root, "missing.so")]) == 0
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_profile_decoders_prints_both_tables(tiny, capsys):
         assert line.split()[-4:-1] == ["0", "|", "0.0000"], line
 
 
-def test_profile_decoders_bad_data_is_one_line(tmp_path, capsys):
+def test_decoders_compared_bad_data_is_one_line(tmp_path, capsys):
     assert compared.main_cli(["--data", str(tmp_path)]) == 1
     assert capsys.readouterr().err.count("\n") == 1
 

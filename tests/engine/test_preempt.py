@@ -161,7 +161,7 @@ def test_sigterm_to_every_process_with_loader_workers_is_a_clean_stop(tiny, tmp_
     assert saved["epoch"] == 0 and 4 <= saved["batch"] < 8
 
 
-def test_bench_stop_agreement_prints_its_costs():
+def test_training_stop_agreement_prints_its_costs():
     result = warm.run([sys.executable, "-m", "benchmarks.training.stop_agreement", "--ranks",
                              "2", "--steps", "5", "--step-ms", "1"], cwd=REPO, env=ENV,
                             capture_output=True, text=True, timeout=300)

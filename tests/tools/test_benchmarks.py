@@ -17,7 +17,7 @@ def warm_processes(monkeypatch):
     monkeypatch.setattr(runner, "subprocess", warm)
 
 
-def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
+def test_loading_throughput_writes_report_and_chart(tiny, tmp_path, capsys):
     out = tmp_path / "bench"
     assert throughput.main_cli(["--data", tiny.root, "--out", str(out), "-b", "4", "-j", "1",
                                    "--repeat", "2", "--batches", "3", "--warmup", "1",
@@ -46,7 +46,7 @@ def test_bench_loaders_writes_report_and_chart(tiny, tmp_path, capsys):
     assert "| folder |" in capsys.readouterr().out
 
 
-def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, capsys):
+def test_loading_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, capsys):
     out = tmp_path / "cost.json"
     assert stage_cost.main_cli(["--data", tiny.root, "--rounds", "1", "--copies", "2",
                                       "-b", "4", "-j", "1", "--batches", "2", "--warmup", "1",
@@ -65,12 +65,12 @@ def test_bench_stage_cost_times_both_settings_and_the_coverage(tiny, tmp_path, c
     assert "us of CPU per image in a worker" in printed
 
 
-def test_bench_loaders_bad_data_is_one_line(tmp_path, capsys):
+def test_loading_throughput_bad_data_is_one_line(tmp_path, capsys):
     assert throughput.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_profile_transforms_prints_each_step(tiny, capsys):
+def test_loading_transforms_prints_each_step(tiny, capsys):
     transforms.main(["--data", tiny.root])
     out = capsys.readouterr().out
     assert "whole training transform, ours" in out and "decode, PIL" in out
@@ -83,7 +83,7 @@ def test_profile_transforms_prints_each_step(tiny, capsys):
         assert jpeg.region.status() in out
 
 
-def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
+def test_pipelines_dali_cpu_prints_each_stage(tiny, capsys):
     import pytest
 
     pytest.importorskip("nvidia.dali")
@@ -100,14 +100,14 @@ def test_profile_dali_cpu_prints_each_stage(tiny, capsys):
     assert len(speeds) == 2 and all(speed > 0 for speed in speeds)
 
 
-def test_profile_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
+def test_pipelines_dali_cpu_bad_data_is_one_line(tmp_path, capsys):
     from benchmarks.pipelines import dali_cpu
 
     assert dali_cpu.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, capsys):
+def test_converters_speed_times_the_converter_against_decode_only(tiny, tmp_path, capsys):
     from benchmarks.converters import speed
 
     out = tmp_path / "convert.json"
@@ -128,7 +128,7 @@ def test_bench_convert_times_the_converter_against_decode_only(tiny, tmp_path, c
     assert "convert --check full" in printed and "1281167 records" in printed
 
 
-def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
+def test_converters_speed_bad_data_is_one_line(tmp_path, capsys):
     from benchmarks.converters import speed
 
     assert speed.main_cli(["--data", str(tmp_path / "nope"), "--rounds", "1",
@@ -136,7 +136,8 @@ def test_bench_convert_bad_data_is_one_line(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_bench_downloads_times_every_layout_against_the_folder(sample_images, tmp_path, capsys):
+def test_converters_downloads_times_every_layout_against_the_folder(sample_images, tmp_path,
+                                                                   capsys):
     from benchmarks.converters import downloads
 
     out = tmp_path / "report.json"
@@ -156,7 +157,7 @@ def test_bench_downloads_times_every_layout_against_the_folder(sample_images, tm
     assert "vs folder" in capsys.readouterr().out
 
 
-def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, capsys):
+def test_decoders_scaled_above_and_below_the_threshold(tiny, tmp_path, capsys):
     from benchmarks.decoders import scaled
 
     args = ["--data", tiny.root, "--sizes", "16", "--draws", "2", "--rounds", "1",
@@ -174,7 +175,7 @@ def test_profile_scaled_decode_above_and_below_the_threshold(tiny, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):
+def test_pipelines_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):
     """Issue 37's CPU figures through main.py's own loader, against a base checkout (this
     one): per-batch time on the training thread, images/s and RSS per epoch, every round."""
     import pytest
@@ -200,7 +201,7 @@ def test_bench_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
+def test_training_recipes_prints_every_target(tiny, tmp_path, capsys):
     """Every part on tiny data: the throughput pair, torchvision's pixels, the costs table,
     and torchvision's command on 2 ranks (test-sized further by --command-extra)."""
     from benchmarks.training import recipes
@@ -221,14 +222,14 @@ def test_bench_recipes_prints_every_target(tiny, tmp_path, capsys):
     assert report["command"]["met"] and report["command"]["train_images"] == 2 * 2 * 8
 
 
-def test_bench_recipes_bad_data_is_one_line(tmp_path, capsys):
+def test_training_recipes_bad_data_is_one_line(tmp_path, capsys):
     from benchmarks.training import recipes
 
     assert recipes.main_cli(["--data", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_bench_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path, capsys):
+def test_pipelines_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path, capsys):
     """Issue 38's figures here: the CPU loaders beside the batch-decode pipeline on
     nvImageCodec's CPU backend, from folder, LMDB and shards, through main.py."""
     import pytest

@@ -83,7 +83,7 @@ def test_train_transform_draws_the_same_crop_either_way(sample_images):
     blobs = [open(f, "rb").read()
              for f in sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[:40]]
     transform = TrainTransform(64)
-    jpeg.scaled.set_enabled(False)  # windows vs whole images here; scaled: test_jpeg_scaled.py
+    jpeg.scaled.set_enabled(False)  # windows vs whole images here; scaled: test_scaled.py
     try:
         torch.manual_seed(3)
         windowed = [transform(b) for b in blobs]

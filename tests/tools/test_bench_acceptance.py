@@ -18,7 +18,7 @@ def warm_processes(monkeypatch):
     monkeypatch.setattr(runner, "subprocess", warm)
 
 
-def test_profile_acceptance_prints_every_corpus_and_the_costs(tiny, tmp_path, capsys):
+def test_decoders_acceptance_prints_every_corpus_and_the_costs(tiny, tmp_path, capsys):
     out = tmp_path / "acceptance.json"
     assert acceptance.main(["--data", tiny.root, "--images", "8", "--rounds", "1",
                                     "--out", str(out)]) == 0
@@ -34,7 +34,7 @@ def test_profile_acceptance_prints_every_corpus_and_the_costs(tiny, tmp_path, ca
     assert all(report["microseconds"][k] > 0 for k in ("check", "capture", "transform"))
 
 
-def test_bench_refused_names_each_refusal_once(tmp_path, capsys):
+def test_loading_refused_names_each_refusal_once(tmp_path, capsys):
     out = tmp_path / "refused.json"
     assert refused.main(["--images", "40", "-b", "7", "--rounds", "1", "--only", "folder",
                                "lmdb", "--out", str(out)]) == 0
