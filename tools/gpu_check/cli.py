@@ -22,12 +22,12 @@ def main_cli(argv=None) -> int:
     if args.lease:
         from .lease.run import lease_main
         return lease_main(args)
-    if args.rehearse:
-        from .lease.rehearse import rehearse_main
-        return rehearse_main(args)
     from .full import full_main
 
     try:
+        if args.rehearse:
+            from .lease.rehearse import rehearse_main
+            return rehearse_main(args)
         s = settings(args)
         os.makedirs(s.out, exist_ok=True)
     except (InputError, OSError) as exc:

@@ -21,13 +21,13 @@ from .machine.data import prepare_data
 from .rows.gpu_decode import gpu_decode_rows
 from .machine.install import install, join_parts
 from .machine.environment import environment
-from .rows.base import TIMEOUTS, announce, loader_flags, loader_row, pytest_piece, train_row
+from .rows.base import (LOW_RES, TIMEOUTS, announce, loader_flags, loader_row, pytest_piece,
+                        train_row)
 from .runner import REPO, Runner, crashed, fail, skipped
 
 # synthetic first: the others are shares of it
 LOADERS = ("synthetic", "folder", "lmdb", "dali", "dali-lmdb")
 TARGET_RATIO, COMPILE_GAIN = 0.95, 1.05
-LOW_RES = 160  # FFCV's min_res: the side of a progressive run's first epochs
 
 
 def gpu_test_files() -> list[str]:

@@ -18,7 +18,8 @@ DESCRIPTION = ("Prove or disprove the GPU path (make gpu-check), or measure what
 
 
 class InputError(Exception):
-    """Bad --bundle / --data / sizes: one line, exit status 2."""
+    """Bad input to the check, the bundle or the rehearsal (--bundle, --data, --images, --cuda, a
+    call 1 too large, no git to list the files sent): one line, exit status 2."""
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -164,3 +164,12 @@ def test_lease_state_inside_out_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     code, _, err = gpu_check_cli(["--lease", "--dry-run", "--state", str(tmp_path / "s")])
     assert code == 2 and err.count("\n") == 1 and "is inside $OUT" in err
+
+
+def test_a_rehearsal_without_git_is_one_line(tmp_path, monkeypatch):
+    """The files a call sends are git's list: without git the rehearsal says so in one line."""
+    os.makedirs(tmp_path / "bundle" / "calls" / "1")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, _, err = gpu_check_cli(["--rehearse", "--bundle", str(tmp_path / "bundle"),
+                                  "--state", str(tmp_path / "state")])
+    assert code == 2 and err.count("\n") == 1 and "git ls-files" in err, err

@@ -16,6 +16,7 @@ import subprocess
 
 from ..lease.calls import CALL_FILE
 from ..runner import REPO
+from ..settings import InputError
 from .wheel_parts import MANIFEST, split
 
 # 64 MiB per call with the repository's files; the margin leaves room for later commits and the
@@ -24,10 +25,6 @@ CALL_BYTES, CALL_MARGIN, MIN_PART, MANIFEST_ROOM = 64 << 20, 2 << 20, 1 << 20, 4
 LEASE_COMMAND = "python3 -m tools.gpu_check --lease"
 # DALI's wheels, and the list of those that travel whole (DALI is installed once all came)
 DALI_WHEELS, DALI_LIST = "wheels-dali", "WHEELS"
-
-
-class InputError(Exception):
-    """Bad --data / --images / --cuda, or a call 1 too large: one line, exit status 2."""
 
 
 def sent_files(repo: str) -> list[str]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from . import dali as dali_rows
 from . import gpu_decode as decode_rows
-from .base import loader_flags, loader_row, pytest_piece, train_row
+from .base import LOW_RES, loader_flags, loader_row, pytest_piece, train_row
 from ..runner import skipped
-
-LOW_RES = 160  # px: FFCV's min_res, progressive resizing's first epochs
 
 
 def jobs(spec: str, s, machine: dict) -> str:
