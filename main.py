@@ -10,7 +10,6 @@ and nothing from :func:`run` down reads it."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 
@@ -37,7 +36,8 @@ from engine.position import place_resume
 from engine.distributed.preempt import Stopped, finish_stop, ignore_stop_signals, stop_signals
 from engine.recipe.reference import resolve_recipe
 from engine.report.progress import MetricsWriter, report_epoch
-from engine.settings import RunSettings, data_root, resolve_backend, resolve_settings, run_mode
+from engine.settings import (RunSettings, data_root, node_cores, resolve_backend,
+                             resolve_settings, run_mode)
 from engine.distributed.slurm import check_requeue_flag
 from engine.state import make_ema, make_model, set_numerics, train_state, wrap_model
 from loaders import AcceleratorError, DataError
@@ -244,7 +244,7 @@ def benchmark_data(s: RunSettings, log) -> dict:
               "workers": s.loader.workers, "batch_size": s.loader.batch_size,
               "cpu_ms_per_image": (None if stats["cpu_seconds"] is None else
                                    1000 * stats["cpu_seconds"] / max(1, stats["images"])),
-              "cpu_count": len(os.sched_getaffinity(0)), "world_size": s.dist.world_size,
+              "cpu_count": node_cores(), "world_size": s.dist.world_size,
               "device": str(s.dist.device), **stages["metrics"]}
     log("\n".join(stages["lines"] + [f"  try {line}" for line in stages["advice"]]))
     log(json.dumps(result))

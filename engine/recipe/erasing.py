@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
+
+from loaders.draws import keyed_rng
 
 _TAG = 0x45524153  # "ERAS": random erasing's stream, apart from the loader's of a batch
 ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
@@ -25,8 +26,7 @@ class RandomErasing:
 
     def boxes(self, epoch: int, batch: int, count: int, height: int, width: int) -> list:
         """``(top, left, h, w)`` per image (pixels), or None where nothing is erased."""
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch, self.rank, batch,
-                                     _TAG])
+        rng = keyed_rng(self.seed, epoch, self.rank, batch, _TAG)
         draws = rng.random((count, 1 + 4 * ERASE_ATTEMPTS)).tolist()
         return [self._box(row, height, width) for row in draws]
 

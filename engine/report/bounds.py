@@ -5,10 +5,10 @@ table, the bound, advice (:mod:`engine.report.advice`) and the ``stages_*`` keys
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from engine.report.advice import DATA_BOUND_WAIT, _per_image_ms, _present, _rate, advise, shares
+from engine.settings import node_cores
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,7 @@ class Machine:
 
 def machine_for(settings, device_type: str, busy_cores: float | None = None) -> Machine:
     """The :class:`Machine` of a run with ``settings`` (a ``loaders.LoaderSettings``)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return Machine(cores, settings.workers, device_type, settings.source, settings.pipeline,
+    return Machine(node_cores(), settings.workers, device_type, settings.source, settings.pipeline,
                    settings.auto_augment, settings.lmdb_order, busy_cores)
 
 

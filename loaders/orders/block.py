@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..draws import keyed_rng
 from .base import check_rank
 
 
@@ -54,8 +55,7 @@ class BlockOrder:
         return self._interleave(runs, rng)
 
     def _rng(self, epoch: int) -> np.random.Generator:
-        # SeedSequence mixes the pair properly; seed*K+epoch schemes collide across seeds.
-        return np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
+        return keyed_rng(self.seed, epoch)
 
     def _runs(self, rng: np.random.Generator) -> list[tuple[int, int]]:
         n, size = self.num_samples, self.block_size

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..draws import keyed_rng
 from .base import batches_per_epoch, check_rank
 
 
@@ -101,7 +102,7 @@ class StreamTrainOrder:
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
+        rng = keyed_rng(self.seed, epoch)
         shards = rng.permutation(len(self.counts))
         lo = self.rank * (int(self.counts.sum()) // self.world_size)
         hi, runs, at = lo + len(self), [], 0
@@ -122,7 +123,7 @@ class StreamTrainOrder:
     def order(self, epoch: int) -> list[int]:
         shuffled = []
         for w, piece in enumerate(self.pieces(epoch)):
-            rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch, self.rank, w])
+            rng = keyed_rng(self.seed, epoch, self.rank, w)
             indices = [i for start, stop in piece for i in range(start, stop)]
             shuffled.append(buffer_shuffle(indices, self.buffer, rng))
         return _interleave(shuffled, self.batches, self.batch_size)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ..draws import seed_sequence
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
 from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
@@ -32,7 +33,7 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
     on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
     so that no two tuples share a stream (as DALI's crops, ``dali.feed.crop_draws``)."""
-    state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
+    state = seed_sequence(seed, epoch, rank, batch)
     return int(state.generate_state(1, np.uint64)[0])
 
 

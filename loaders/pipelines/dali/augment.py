@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ...draws import keyed_rng
 from ...errors import DataError
 from ...transforms.auto_augment import AA_SPACE, RA_SPACE, TA_WIDE_SPACE, make_auto_augment
 
@@ -63,7 +64,7 @@ class DaliAugment:
         ``ta_wide``: one slot, op, bin and sign uniform; ``ra``: two slots at bin ``ra_magnitude``;
         AutoAugment: a uniform one of torchvision's 25 sub-policies, each op kept with its
         probability (else Identity) at its bin. Signs only for signed ops, as torchvision."""
-        rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch, _TAG])
+        rng = keyed_rng(seed, epoch, rank, batch, _TAG)
         space, names = self._space, self.names
         ops = list(space)
         out = []

@@ -17,6 +17,7 @@ import numpy as np
 
 from decode import image_size
 
+from ...draws import keyed_rng
 from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
@@ -31,7 +32,7 @@ def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
     """RandomResizedCrop uniforms of batch ``batch``, float64 ``(count, 4 * RRC_ATTEMPTS)`` in
     [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips: a
     function of (seed, epoch, rank, batch) alone, so a rebuilt pipeline or resumed epoch agrees."""
-    rng = np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, epoch, rank, batch])
+    rng = keyed_rng(seed, epoch, rank, batch)
     draws = rng.random((count, 4 * RRC_ATTEMPTS))
     return draws, (rng.random(count) < 0.5).astype(np.int32)
 

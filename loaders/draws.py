@@ -1,0 +1,21 @@
+"""Random draws as functions of their keys: every random number the loaders and the recipes draw
+comes from NumPy's ``SeedSequence`` of (seed, epoch, rank, batch, ...), which mixes the keys so
+that no two key tuples share a stream (``seed * K + epoch`` schemes collide across seeds). So an
+epoch resumed, a pipeline rebuilt or another ``-j`` draws the same numbers."""
+from __future__ import annotations
+
+import numpy as np
+
+# SeedSequence takes non-negative integers: a negative --seed enters as its 64-bit two's complement
+_WORD = 0xFFFFFFFFFFFFFFFF
+
+
+def seed_sequence(seed: int, *keys: int) -> np.random.SeedSequence:
+    """``SeedSequence([seed mod 2**64, *keys])``; ``keys`` are non-negative integers."""
+    return np.random.SeedSequence([seed & _WORD, *keys])
+
+
+def keyed_rng(seed: int, *keys: int) -> np.random.Generator:
+    """NumPy's default generator (PCG64) seeded by :func:`seed_sequence` of ``seed`` and
+    ``keys``: the same numbers as ``np.random.default_rng([seed mod 2**64, *keys])``."""
+    return np.random.default_rng(seed_sequence(seed, *keys))
