@@ -14,8 +14,8 @@
  * instead of reading its neighbour, so the region is decoded with 2 x the horizontal sampling
  * factor pixels more on each side (where the image has them) and that margin dropped: the
  * pixels equal a decode of the whole image at the same scale (tests/decode/jpeg/test_region.py;
- * without the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the upsampler's
- * context rows, so no margin is needed above.
+ * without the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the
+ * upsampler's context rows, so no margin is needed above.
  *
  * Damaged data: libjpeg turns most corruption into warnings and fills the rest with grey;
  * here any warning is an error (-3), so the caller decodes the whole file with the loaders'

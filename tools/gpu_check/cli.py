@@ -22,8 +22,6 @@ def main_cli(argv=None) -> int:
     if args.lease:
         from .lease.run import lease_main
         return lease_main(args)
-    from .full import full_main
-
     try:
         if args.rehearse:
             from .lease.rehearse import rehearse_main
@@ -33,4 +31,6 @@ def main_cli(argv=None) -> int:
     except (InputError, OSError) as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)
         return 2
+    from .full import full_main
+
     return full_main(s)
