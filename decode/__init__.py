@@ -52,6 +52,8 @@ def _decode_with_pil(data: bytes) -> torch.Tensor:
     try:
         with Image.open(io.BytesIO(data)) as img:
             rgb = img.convert("RGB")
+    except Image.UnidentifiedImageError:  # its text names the BytesIO object, not the bytes
+        raise Image.UnidentifiedImageError(messages.not_an_image(data)) from None
     except OSError:
         raise
     except pil_errors() as exc:

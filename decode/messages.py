@@ -14,7 +14,8 @@ import sys
 import threading
 from typing import Callable, TypeVar
 
-__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "run_captured", "say_now"]
+__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "not_an_image", "run_captured",
+           "say_now"]
 
 T = TypeVar("T")
 
@@ -226,3 +227,29 @@ def say_now(line: str) -> None:
             os.write(sink.saved, data)
             return
     print(line, file=sys.stderr, flush=True)
+
+
+# What else lands in a class folder, by its first bytes (the formats' own specifications):
+# AppleDouble/AppleSingle (RFC 1740), a Finder .DS_Store ("Bud1" after a 4-byte 1), Windows'
+# Thumbs.db (an OLE2 compound file), archives (PKZIP, gzip RFC 1952), PDF.
+_NOT_IMAGES = ((b"\x00\x05\x16\x07", "a macOS AppleDouble file (what Finder writes as ._NAME)"),
+               (b"\x00\x05\x16\x00", "a macOS AppleSingle file"),
+               (b"\x00\x00\x00\x01Bud1", "a macOS .DS_Store file"),
+               (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an OLE2 file (Windows' Thumbs.db)"),
+               (b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b", "a gzip file"),
+               (b"%PDF", "a PDF document"))
+
+
+def not_an_image(data: bytes) -> str:
+    """One line naming bytes no decoder identified as an image, e.g. ``"not an image: starts with
+    00 05 16 07, a macOS AppleDouble file (what Finder writes as ._NAME)"``."""
+    if not data:
+        return "not an image: an empty file"
+    head = data[:512].lstrip()
+    what = next((name for magic, name in _NOT_IMAGES if data.startswith(magic)), None)
+    if what is None and head[:1] == b"<" and b"html" in head[:64].lower():
+        what = "an HTML page"
+    elif what is None and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        what = "text"
+    first = " ".join(f"{b:02X}" for b in data[:4])
+    return f"not an image: starts with {first}" + (f", {what}" if what else "")

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS, Refused, check as accept
-from decode.messages import run_captured
+from decode.messages import not_an_image, run_captured
 from formats.sources import Source, read_source
 
 REENCODE_QUALITY = 95
@@ -205,7 +205,8 @@ def _decode(data: bytes):
     try:
         pixels = decode_image(data)
     except RuntimeError:
-        raise NotAnImage(f"not an image format PIL or {decoder_key()} knows") from None
+        raise NotAnImage(f"{not_an_image(data)} (neither PIL nor {decoder_key()} reads it)") \
+            from None
     return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
 
 

@@ -1,12 +1,14 @@
-"""JPEG class folders (``root/<wnid>/<image>.JPEG``) by torchvision's ``ImageFolder`` scan, so
-labels are its ``class_to_idx``, as pytorch/examples imagenet/main.py reads them."""
+"""JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
+(:func:`formats.sources.list_sources`): classes the sorted non-hidden folders, so labels are
+torchvision ``ImageFolder``'s ``class_to_idx`` as pytorch/examples imagenet/main.py reads them;
+samples every non-hidden file below them in ``ImageFolder``'s order, so ``main.py`` and
+``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
 from __future__ import annotations
 
 import os
 
-from torchvision import datasets
-
 from formats.lmdb import is_lmdb
+from formats.sources import DatasetError, list_sources
 
 from ..errors import DataError
 from ..orders import Order, ShardOrder, shuffled_order
@@ -20,20 +22,22 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
-class FolderReader(datasets.ImageFolder, Reader):
-    """:class:`~loaders.readers.Reader` over one split's class folders by ``ImageFolder``'s scan
-    (``samples``: ``(path, label)``), hidden folders (``.ipynb_checkpoints``) not classes and empty
-    ones kept, as ``folder2lmdb.py`` sees them; ``dataset[i]``: the file's bytes and label."""
+class FolderReader(Reader):
+    """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
+    ``class_to_idx`` as ``ImageFolder``'s (hidden folders such as ``.ipynb_checkpoints`` not
+    classes, empty ones kept), ``samples`` its ``(path, label)`` list without hidden files and
+    folders and whatever a file's extension (its content decides, as in the converters). Raises
+    :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
-        super().__init__(root, loader=read_file, allow_empty=True)
+        listing = list_sources(root)
+        self.root = root
+        self.classes = listing.classes
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.samples = [(src.path, src.label) for src in listing.files]
 
-    def find_classes(self, directory: str):
-        classes = sorted(e.name for e in os.scandir(directory)
-                         if e.is_dir() and not e.name.startswith("."))
-        if not classes:
-            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
-        return classes, {name: i for i, name in enumerate(classes)}
+    def __len__(self) -> int:
+        return len(self.samples)
 
     def read(self, index: int) -> tuple[bytes, int]:
         path, label = self.samples[index]
@@ -57,12 +61,9 @@ def open_image_folder(root: str) -> FolderReader:
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a directory of class folders")
     try:
-        reader = FolderReader(root)
-    except (FileNotFoundError, OSError) as exc:
-        raise DataError(f"{root}: {exc}") from None
-    if not reader.samples:
-        raise DataError(f"{root}: no images in its class folders")
-    return reader
+        return FolderReader(root)
+    except DatasetError as exc:
+        raise DataError(str(exc)) from None
 
 
 def open_reader(path: str, settings: LoaderSettings) -> FolderReader:

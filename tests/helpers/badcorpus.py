@@ -128,11 +128,12 @@ def make_bad_corpus(root: str, seed: int = 0, size: int = 48, extra_per_class: i
     add(f"{a}/truncated.JPEG", 0, full[:len(full) * 2 // 3], skip="truncated")
     add(f"{a}/truncated_progressive.JPEG", 0,
         _jpeg(rgb, progressive=True)[:len(full) // 2], skip="truncated")
-    add(f"{a}/text.JPEG", 0, b"just some text\n" * 20, skip="not an image format")
+    add(f"{a}/text.JPEG", 0, b"just some text\n" * 20,
+        skip="not an image: starts with 6A 75 73 74, text")
     add(f"{a}/error_page.JPEG", 0, b"<!DOCTYPE html><html><body>404 Not Found</body></html>\n",
-        skip="not an image format")
+        skip="not an image: starts with 3C 21 44 4F, an HTML page")
     add(f"{a}/random.JPEG", 0, bytes(rng.getrandbits(8) for _ in range(3000)),
-        skip="not an image format")
+        skip="not an image: starts with")
     for name, (_, damaged, reason) in refused_images(seed).items():
         add(f"{a}/{name}.JPEG", 0, damaged, skip=reason)
     add("n03/a.JPEG", 2, _jpeg(rgb))
