@@ -26,6 +26,7 @@ import folder2shards
 import loaders
 from benchmarks import runner
 from benchmarks.runner import REPO
+from engine.settings import node_cores
 from loaders.readers.folder import read_file
 
 BASELINES = ("stock", "decode-only", "decode-only-pil")
@@ -132,7 +133,7 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
 
 def _run(args, tmp: str) -> dict:
     has_cuda = torch.cuda.is_available()
-    cores = len(os.sched_getaffinity(0))
+    cores = node_cores()
     data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
     runner.warm_page_cache(os.path.join(data, "train"))
     lmdb_root, shard_root = os.path.join(tmp, "lmdb"), os.path.join(tmp, "shards")
@@ -182,7 +183,10 @@ def _run(args, tmp: str) -> dict:
 
 def serve_http(root: str):
     """A thread serving ``root`` over HTTP on 127.0.0.1 (``python -m http.server``'s handler)
-    for the ``shards-http`` pipeline; call ``shutdown()`` when done."""
+    for the ``shards-http`` pipeline; call ``shutdown()`` when done. Silent: no access log, and
+    a client that closes its connection early (a loader's stream at the end of its batches:
+    ``ConnectionResetError``, ``BrokenPipeError``) is no error; any other failure of a request
+    is one stderr line, never socketserver's traceback."""
     import functools
     import http.server
     import threading
@@ -191,8 +195,13 @@ def serve_http(root: str):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            exc = sys.exc_info()[1]
+            if not isinstance(exc, ConnectionError):
+                print(f"benchmark HTTP server: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    server = Server(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -357,7 +366,7 @@ def main_cli(argv=None) -> int:
     runner.add_data_option(parser, "ImageNet-layout root with train/ and val/")
     runner.add_out_option(parser, "report.json and chart.png go here", default="bench-output")
     parser.add_argument("-b", "--batch-size", type=int, default=64)
-    parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("-j", "--workers", type=int, default=node_cores())
     parser.add_argument("--batches", type=int, default=100, help="timed batches per pipeline")
     parser.add_argument("--warmup", type=int, default=20,
                         help="untimed batches first: worker start-up and the first touch of "

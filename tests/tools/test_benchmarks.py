@@ -299,3 +299,30 @@ def test_chart_puts_ffcv_beside_ours_when_bench_ffcv_timed_the_same_images(tmp_p
     assert len(titles[1]) == 2 and "224 px" in titles[1][1] and "FFCV 1.0.2" in titles[1][1]
     for name in ("alone.png", "both.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_loading_throughput_http_server_is_quiet_when_a_client_closes_early(tmp_path, capfd):
+    import socket
+    import struct
+    import threading
+    import time
+
+    (tmp_path / "shard.tar").write_bytes(bytes(16 << 20))
+    before = set(threading.enumerate())
+    server = throughput.serve_http(str(tmp_path))
+    try:
+        for _ in range(8):  # as a loader's stream closes at the end of its batches
+            client = socket.create_connection(server.server_address)
+            client.sendall(b"GET /shard.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            client.recv(4096)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()  # a reset, not a FIN: the server's next write fails
+        deadline = time.monotonic() + 30
+        while len(set(threading.enumerate()) - before) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # every request's thread has ended (the serving thread remains)
+        assert len(set(threading.enumerate()) - before) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err[-2000:]
