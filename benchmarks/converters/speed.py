@@ -31,11 +31,6 @@ sys.exit(status)
 """
 
 
-def cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0))
-
-
 def replicate(source: str, target: str, copies: int) -> int:
     """Fill ``target`` with ``copies`` symlinks (``name_K.ext``) to every file of ``source``'s
     class folders; returns the number of links. Raises ``DatasetError`` for a bad folder."""
@@ -82,6 +77,8 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
     converter uses), ``decode-only, luma`` (``--check full``'s decode: the most the converter
     could do) and ``folder2lmdb.convert``'s own time for each of ``--checks``; medians in
     images/s, per core and as a share of decode-only."""
+    from engine.settings import node_cores
+
     import inspect
 
     import folder2lmdb
@@ -106,10 +103,10 @@ def speed(opts: argparse.Namespace, data: str, out_root: str) -> dict:
                               on_round=progress)
     decode = runner.median(rates["decode-only"])
     results = [{"name": name, "images_per_sec": runner.median(values),
-                "per_core": runner.median(values) / cores(),
+                "per_core": runner.median(values) / node_cores(),
                 "share_of_decode_only": runner.median(values) / decode, "rounds": values}
                for name, values in rates.items()]
-    return {"files": len(files), "workers": workers, "cores": cores(), "results": results}
+    return {"files": len(files), "workers": workers, "cores": node_cores(), "results": results}
 
 
 def write_tiny_folder(root: str, count: int, classes: int = 1000) -> None:

@@ -217,6 +217,8 @@ def measure(args, paths: dict[str, str]) -> dict:
 
 def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
     """Medians, ratios, disk per store and the commands (temporary paths as names)."""
+    from engine.settings import node_cores  # torch's import: only once the rounds are done
+
     med = {size: {s: runner.median_high(v) for s, v in by.items()} for size, by in runs.items()}
     # a round runs each store once, back to back: their ratio sees the same machine load
     per_round = {size: [ours / ffcv for ours, ffcv in zip(by.get("lmdb-512", []),
@@ -247,7 +249,7 @@ def report(args, paths: dict[str, str], runs: dict, tmp: str) -> dict:
             "image_bytes": images, "raw": raw, "commands_224": shown,
             "config": {"batch_size": args.batch_size, "workers": args.workers,
                        "batches": args.batches, "warmup": args.warmup,
-                       "cpu_count": len(os.sched_getaffinity(0))}}
+                       "cpu_count": node_cores()}}
 
 
 def main(argv=None) -> int:

@@ -323,8 +323,10 @@ def main(argv=None) -> int:
     verdicts = compare(summaries, limit)
     print_table(summaries, verdicts, limit)
     if opts.out:
+        from engine.settings import node_cores  # not before the children are measured
+
         report = {"settings": {k: v for k, v in vars(opts).items() if k != "measure_db"},
-                  "cpu_count": os.cpu_count(), "databases": databases,
+                  "cpu_count": node_cores(), "databases": databases,
                   "summaries": summaries, "verdicts": verdicts, "runs": runs}
         runner.write_json(opts.out, report)
         print(f"wrote {opts.out}")

@@ -16,6 +16,7 @@ import torch
 import decode
 from benchmarks import runner
 from benchmarks.loading.throughput import main_loader
+from engine.settings import node_cores
 from loaders.readers.folder import open_image_folder
 from loaders.transforms import RRC_RATIO, RRC_SCALE
 
@@ -96,7 +97,7 @@ def main_cli(argv=None) -> int:
                                      description=__doc__.splitlines()[0])
     runner.add_data_option(parser, "ImageNet-layout folder (train/<wnid>/*.JPEG)")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
-    parser.add_argument("-j", "--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("-j", "--workers", type=int, default=node_cores())
     parser.add_argument("--batches", type=int, default=80)
     runner.add_rounds_option(parser, 3, "interleaved rounds of the two loader rows; the median "
                              "is printed")

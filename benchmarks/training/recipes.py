@@ -19,6 +19,8 @@ import time
 import torch
 
 from benchmarks import runner
+from engine.distributed.processes import free_port
+from engine.settings import node_cores
 
 # torchvision's ResNet-50 IMAGENET1K_V2 command (its weights' recipe), train.py -> main.py
 TORCHVISION_R50_V2 = (
@@ -139,14 +141,6 @@ def costs(data: str, args) -> dict:
     return {"recipes": table, "ops": ops, "images": len(blobs), "crop": args.crop}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_size(args) -> list[str]:
     """The flags after torchvision's command that make it a test (two ranks of ResNet-50 at
     ``-b 128`` outgrow a small machine): one epoch, ``-b --command-batch`` per rank, one
@@ -162,7 +156,7 @@ def command(data: str, args) -> dict:
 
     with runner.scratch("bench-recipes-run-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               "--master-port", str(_free_port()), "main.py", *TORCHVISION_R50_V2,
+               "--master-port", str(free_port()), "main.py", *TORCHVISION_R50_V2,
                "--data-path", data, *test_size(args), "--output-dir", out]
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=runner.REPO, capture_output=True, text=True,
@@ -188,7 +182,7 @@ def report(results: dict, args) -> None:
     if "throughput" in results:
         t = results["throughput"]
         print(f"\n--benchmark-data at {args.crop} px, -b {args.batch_size} -j {args.workers}, "
-              f"{os.cpu_count()} CPUs, median of {args.rounds} interleaved rounds:")
+              f"{node_cores()} CPUs, median of {args.rounds} interleaved rounds:")
         print(runner.markdown_table(["loader", "images/s"], [
             ["plain", f"{t['plain']:.1f}"],
             ["--auto-augment ta_wide --random-erase 0.1", f"{t['augmented']:.1f}"]]))
@@ -249,7 +243,7 @@ def main_cli(argv=None) -> int:
     report(results, args)
     if args.out:
         runner.write_json(args.out, {"data": args.data, "copies": args.copies,
-                                     "cpu_count": os.cpu_count(), **results})
+                                     "cpu_count": node_cores(), **results})
     return 0
 
 

@@ -12,7 +12,8 @@ import pytest
 from engine.distributed.processes import use_default_start_method
 from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.processes import free_port, training_processes
+from engine.distributed.processes import free_port
+from tests.helpers.processes import training_processes
 from tests.helpers.runs import (SMALL_DISTRIBUTED, assert_same_training, main_cmd, only_record,
                                 run, run_cli)
 from tests.helpers.traces import kill_at_step, saved_position, traced_batches, traced_env

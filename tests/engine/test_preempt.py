@@ -17,7 +17,8 @@ from engine.checkpoint import newest_checkpoint
 from engine.distributed.preempt import STOP_EXIT
 from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.processes import cmdline, descendants, free_port
+from engine.distributed.processes import free_port
+from tests.helpers.processes import cmdline, descendants
 from tests.helpers.runs import assert_same_training
 
 # Synthetic data, 2 epochs of 6 steps; one torch thread: the same run is the same bits.

@@ -18,7 +18,7 @@ import torch
 
 from loaders.orders.positions import TRACE_ENV
 from tests.helpers.paths import REPO
-from tests.helpers.processes import free_port
+from engine.distributed.processes import free_port
 from tests.helpers.runs import assert_same_training, read_metrics, small_run
 from tests.helpers.slurm_cluster import PACKAGES, SlurmCluster, missing_commands
 from tests.helpers.traces import epoch_order, traced_batches

@@ -14,7 +14,7 @@ import time
 
 from tests.helpers import warm
 from tests.helpers.paths import REPO
-from tests.helpers.processes import free_port
+from engine.distributed.processes import free_port
 
 SHM = "/dev/shm"
 

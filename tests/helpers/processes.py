@@ -1,16 +1,7 @@
-"""Ports and process trees, for tests that start servers and kill processes."""
+"""Process trees, for tests that kill processes and count the training ones."""
 from __future__ import annotations
 
 import os
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def descendants(pid: int) -> list[int]:

@@ -20,6 +20,8 @@ import socket
 import subprocess
 import time
 
+from engine.distributed.processes import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "scontrol", "scancel", "squeue", "sinfo")
 PACKAGES = "slurmctld slurmd slurm-client munge"
@@ -30,12 +32,6 @@ def missing_commands() -> list[str]:
     """The SLURM and munge commands not on ``PATH`` (daemons are looked up in sbin too)."""
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     return [cmd for cmd in DAEMONS + CLIENTS if shutil.which(cmd, path=path) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -127,7 +123,7 @@ class SlurmCluster:
             time.sleep(0.1)
 
     def _write_conf(self) -> None:
-        ctld_port, slurmd_port = _free_port(), _free_port()
+        ctld_port, slurmd_port = free_port(), free_port()
         settings = {
             "ClusterName": f"ifast{os.getpid()}",
             "SlurmctldHost": f"{self.hostname}(127.0.0.1)",

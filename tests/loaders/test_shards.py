@@ -5,7 +5,6 @@ import hashlib
 import http.server
 import io
 import os
-import socket
 import tarfile
 import threading
 
@@ -15,6 +14,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
+from engine.distributed.processes import free_port
 from formats.shards import (ShardIndex, ShardWriter, idx_name, record_key, shard_name,
                                   write_idx)
 from loaders.orders.streams import StreamTrainOrder, StreamValOrder, buffer_shuffle
@@ -251,9 +251,7 @@ def test_record_without_cls(shards, tmp_path):
 
 
 def test_unreachable_url_and_missing_index(shards, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    port = free_port()  # closed once found: nothing listens there
     with pytest.raises(DataError, match="cannot open"):
         build(None, train_path=f"http://127.0.0.1:{port}/train", val_path=f"{shards}/val")
     os.makedirs(tmp_path / "train")
