@@ -4,7 +4,6 @@ error into one ``PROG: error:`` line and an exit status."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 from typing import Callable
@@ -12,9 +11,7 @@ from typing import Callable
 from decode.acceptance import MAX_PIXELS, limit_pil
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY
-from formats.raw_share import parse_budget
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+from formats.raw_share import parse_budget, size_in_bytes
 
 
 def converter_parser(description: str, output_help: str, verify_metavar: str, verify_help: str,
@@ -88,11 +85,11 @@ def cap_from_args(args) -> Cap:
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text`` (``512M``, ``1G``, ``1GiB``: binary); ``ValueError`` otherwise."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", text, re.I)
-    if not match or int(match[1]) <= 0:
+    """``--shard-size``: :func:`~formats.raw_share.size_in_bytes`; ``ValueError`` if none."""
+    size = size_in_bytes(text)
+    if size is None:
         raise ValueError(f"--shard-size: not a size in bytes: {text!r} (e.g. 1073741824, 512M)")
-    return int(match[1]) * _UNITS[match[2].lower()]
+    return size
 
 
 def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,

@@ -21,7 +21,6 @@ SAMPLE = 64  # images timed to fit the cost model (evenly spaced over the listin
 SIZE_SAMPLE = 1024  # images whose sizes set the threshold (evenly spaced; SAMPLE among them)
 WINDOWS = 3  # RandomResizedCrop windows timed per image
 OUTPUT_SIDE = 224  # training crop side the windows are resized to (pytorch/examples' default)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,21 @@ def parse_budget(text: str) -> Budget:
         if not value > 1:
             raise ValueError(f"--raw-budget {text}: a share must exceed 1x (1x: no raw images)")
         return Budget(text.strip(), share=value)
-    size = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text, re.I)
-    if not size or float(size[1]) <= 0:
+    size = size_in_bytes(text)
+    if size is None:
         raise ValueError(f"--raw-budget {text!r}: give a share of the JPEG store (1.5x) or the "
                          "store's size in bytes (200M, 30G)")
-    return Budget(text.strip(), size=int(float(size[1]) * _UNITS[size[2].lower()]))
+    return Budget(text.strip(), size=size)
+
+
+def size_in_bytes(text: str) -> int | None:
+    """Bytes in ``text``: a number with an optional binary suffix (``4096``, ``512M``, ``1.5G``,
+    ``1GiB``, ``200MB`` = 200 MiB, up to T); None unless a whole positive number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text, re.I)
+    if not match:
+        return None
+    size = int(float(match[1]) * (1 << 10 * " kmgt".index(match[2].lower() or " ")))
+    return size if size > 0 else None
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,8 @@ from ._codec import (IDX_VERSION, IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan,
 
 def sha256_file(path: str) -> str:
     """Hex SHA-256 of the file at ``path``. Raises ``OSError``."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass
