@@ -84,3 +84,18 @@ def test_a_file_that_is_no_image_is_named_in_words(tiny, tmp_path, capfd):
     assert folder2lmdb.convert(train, out, progress=False).images == 32
     with open(os.path.join(out, REPORT_NAME)) as f:
         assert words in f.read()
+
+
+def test_what_else_lands_in_a_class_folder_is_named_by_its_first_bytes():
+    from decode.messages import not_an_image
+
+    named = {b"\0\0\0\1Bud1" + bytes(60): "00 00 00 01, a macOS .DS_Store file",
+             bytes.fromhex("d0cf11e0a1b11ae1") + bytes(60): "D0 CF 11 E0, an OLE2 file (Windows'",
+             b"PK\3\4" + bytes(60): "50 4B 03 04, a zip archive",
+             b"  <html><body>Not found</body></html>": "20 20 3C 68, an HTML page",
+             b"n01440764 tench\n": "6E 30 31 34, text",
+             bytes(range(7, 70)): "07 08 09 0A"}
+    for data, words in named.items():
+        assert not_an_image(data).startswith(f"not an image: starts with {words}"), data[:8]
+    assert not_an_image(bytes(range(7, 70))) == "not an image: starts with 07 08 09 0A"
+    assert not_an_image(b"") == "not an image: an empty file"
