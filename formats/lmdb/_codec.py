@@ -3,12 +3,12 @@ verifier and the readers. Keys derive from the index: no side holds a list of ke
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import zlib
 from dataclasses import dataclass, field
 
 import msgpack
+import numpy as np
 
 from formats.cap import Cap
 
@@ -58,23 +58,12 @@ def last_record_index(txn) -> int:
 
 def encode_checksums(crcs) -> bytes:
     """CRC-32 values, one per record in index order, as little-endian uint32s."""
-    import array
-
-    packed = array.array("I", crcs)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
+    return np.asarray(crcs, dtype="<u4").tobytes()
 
 
 def decode_checksums(value: bytes) -> list[int]:
-    """Inverse of :func:`encode_checksums`."""
-    import array
-
-    packed = array.array("I")
-    packed.frombytes(value)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tolist()
+    """Inverse of :func:`encode_checksums`; ``ValueError`` if not a whole number of them."""
+    return np.frombuffer(value, dtype="<u4").tolist()
 
 
 def record_checksum(value: bytes) -> int:
