@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 
 from ._listing import DatasetError, Listing, Source, read_source
-from .folder import list_sources
+from .folder import class_files, class_folders, list_sources
 
-__all__ = ["DatasetError", "EXPECTED", "Listing", "Source", "SPLITS", "detect",
+__all__ = ["DatasetError", "EXPECTED", "Listing", "Source", "SPLITS", "class_files", "detect",
            "list_sources", "open_dataset", "read_source"]
 
 SPLITS = ("train", "val")
@@ -20,8 +20,7 @@ EXPECTED = {"train": 1_281_167, "val": 50_000, "classes": 1_000}
 
 def _is_class_folders(path: str) -> bool:
     try:
-        return os.path.isdir(path) and any(
-            e.is_dir() and not e.name.startswith(".") for e in os.scandir(path))
+        return os.path.isdir(path) and bool(class_folders(path))
     except OSError:
         return False
 

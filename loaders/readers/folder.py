@@ -1,5 +1,5 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.list_sources`): classes the sorted non-hidden folders, so labels are
+(:func:`formats.sources.class_files`): classes the sorted non-hidden folders, so labels are
 torchvision ``ImageFolder``'s ``class_to_idx`` as pytorch/examples imagenet/main.py reads them;
 samples every non-hidden file below them in ``ImageFolder``'s order, so ``main.py`` and
 ``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from formats.lmdb import is_lmdb
-from formats.sources import DatasetError, list_sources
+from formats.sources import DatasetError, class_files
 
 from ..errors import DataError
 from ..orders import Order, ShardOrder, shuffled_order
@@ -30,11 +30,10 @@ class FolderReader(Reader):
     :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
-        listing = list_sources(root)
         self.root = root
-        self.classes = listing.classes
+        self.classes, files = class_files(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.samples = [(src.path, src.label) for src in listing.files]
+        self.samples = [(path, label) for path, _, label in files]
 
     def __len__(self) -> int:
         return len(self.samples)
