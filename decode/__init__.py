@@ -9,25 +9,23 @@ declines returns None and the next takes the image. No decoder here applies EXIF
 from __future__ import annotations
 
 import io
-import time
 
 import torch
 
-from . import acceptance, jpeg, messages, raw
+from . import acceptance, headers, jpeg, messages, raw
+from .acceptance import Frame, Refused, read_frame
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, pil_errors, use)
 from .memory import release_freed_memory, retain_freed_memory
 from .resample import resize
 
-__all__ = ["acceptance", "backends", "crop_decoder_status", "decode", "decode_image", "decode_jpeg",
-           "decode_jpeg_luma", "decode_window", "decoder_key", "decoder_name", "image_library",
-           "image_size", "is_raw", "jpeg_size", "messages", "release_freed_memory", "resize",
-           "retain_freed_memory", "status_line",
-           "use", "window_size"]
+__all__ = ["Frame", "acceptance", "backends", "crop_decoder_status", "decode", "decode_crop",
+           "decode_image", "decode_jpeg", "decode_jpeg_luma", "decode_window", "decoder_key",
+           "decoder_name", "headers", "image_library", "image_size", "is_raw", "messages",
+           "release_freed_memory", "resize", "retain_freed_memory", "status_line", "use",
+           "window_size"]
 
 is_raw = raw.is_raw
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def decode(data: bytes) -> torch.Tensor:
@@ -38,7 +36,7 @@ def decode(data: bytes) -> torch.Tensor:
     if raw.is_raw(data) and raw.raw_header(data) is not None:
         return raw.raw_image(data)
     try:
-        if data[:3] == _JPEG_MAGIC:
+        if data[:3] == headers.JPEG_MAGIC:
             return decode_jpeg(data)
         return decode_image(data)
     except RuntimeError:
@@ -62,95 +60,69 @@ def _decode_with_pil(data: bytes) -> torch.Tensor:
         rgb.height, rgb.width, 3).permute(2, 0, 1)
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a JPEG whose window :func:`decode_window` decodes, else None."""
-    return jpeg.window.jpeg_size(data)
+def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
+    """``(height, width)`` as stored of any image or raw record, from its header
+    (:func:`decode.acceptance.read_frame`, or ``frame``, what it read); None if unreadable."""
+    if frame is None:
+        try:
+            frame = read_frame(data)
+        except Refused:  # PIL's bomb refusal: a size all the same, but not one to decode
+            return None
+    return None if frame is None else (frame.height, frame.width)
 
 
-def window_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a record :func:`decode_window` cuts without a whole decode, else
-    None."""
+def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
+    """``(height, width)`` of a record :func:`decode_window` cuts without a whole decode (a raw
+    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``: the
+    :class:`Frame` :func:`decode.acceptance.check` read from ``data`` (read here if None)."""
     if raw.is_raw(data):
         return raw.raw_size(data)
-    return jpeg.window.jpeg_size(data)
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` as stored of any image or raw record; None if unreadable."""
-    if raw.is_raw(data):
-        size = raw.raw_size(data)
-        if size is not None:
-            return size
-    module = jpeg.window.library()
-    if module is not None:
-        try:
-            stream = module.CodeStream(data)
-            return stream.height, stream.width
-        except (RuntimeError, ValueError):
-            pass
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size[1], image.size[0]
-    except Exception:  # noqa: BLE001 - PIL's many ways of refusing bytes: not an image
+    if not jpeg.window.available() or not headers.is_jpeg(data):
         return None
+    frame = frame or read_frame(data)
+    return (frame.height, frame.width) if frame is not None and frame.plain_jpeg else None
 
 
-def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
-                  image: torch.Tensor | None = None,
-                  reasons: list[str] | None = None,
-                  interpolation: str = "bilinear", marks: list | None = None) -> torch.Tensor:
-    """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` of ``data`` resized to
-    ``size``: uint8 ``(3, *size)``. ``image``: the whole decode where :func:`window_size` was None.
-    ``reasons``: gets a line per decoder that declined. ``interpolation``: :func:`resize`'s
-    (``"nearest"`` never DCT-scales, which averages). ``marks``: gets the decoder that took it and
-    the ``perf_counter()`` its resize began. Raises what :func:`decode` raises."""
+def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
+                image: torch.Tensor | None = None, interpolation: str = "bilinear",
+                frame: Frame | None = None) -> tuple[str, torch.Tensor]:
+    """``(decoder, pixels)``: the RandomResizedCrop ``window`` = ``(top, left, height, width)``
+    of ``data``, uint8 ``(3, h, w)``, by the first decoder of the cascade that takes it:
+    ``"scaled"`` (already resized to ``size``), else ``"window"``, ``"raw"`` or ``"whole"`` (the
+    window's pixels, for :func:`resize`). ``image``: the whole decode where :func:`window_size`
+    was None; ``frame``: ``data``'s :class:`Frame`, if read (the scaled decoder then reads no
+    header). ``interpolation``: :func:`resize`'s (``"nearest"`` never DCT-scales, which
+    averages). Raises what :func:`decode` raises."""
     top, left, height, width = window
     if image is None and raw.is_raw(data):
         header = raw.raw_header(data)
         if header is not None:
-            if marks is None:
-                return raw.raw_window(data, window, size, header, interpolation)
-            crop = raw.raw_crop(data, window, header)  # raw_window is this crop, resized
-            marks += ("raw", time.perf_counter())
-            return resize(crop, size, interpolation)
+            return "raw", raw.raw_crop(data, window, header)
     if image is None:
         factor = jpeg.scaled.scale_factor(height, width, *size)
-        if factor > 1 and interpolation == "nearest":
-            factor = 1
-        if factor > 1:
+        if factor > 1 and interpolation != "nearest":
+            shape = (frame.height, frame.width) if frame is not None and frame.plain_jpeg \
+                else None
             out = jpeg.scaled.resized_window(data, factor, (top, left, top + height,
-                                                            left + width), size, interpolation)
+                                                            left + width), size, interpolation,
+                                             shape)
             if out is not None:
-                if marks is not None:
-                    marks += ("scaled", time.perf_counter())
-                return out
-            _note(reasons, f"scaled 1/{factor}: declined (not an RGB or grayscale JPEG that "
-                           "decodes completely)")
-        else:
-            _note(reasons, "scaled: off" if not jpeg.scaled.enabled() else
-                  "scaled: not for nearest-neighbour resizing" if interpolation == "nearest"
-                  else f"scaled: a {height}x{width} window is under twice the output")
+                return "scaled", out
         crop = jpeg.window.decode_window(data, top, left, height, width)
         if crop is not None:
-            if marks is not None:
-                marks += ("window", time.perf_counter())
-            return resize(crop, size, interpolation)
-        _note(reasons, "window: declined (" + (jpeg.window.status() if not jpeg.window.available()
-                                               else "the window did not decode completely") + ")")
+            return "window", crop
         image = decode(data)
-    else:
-        _note(reasons, "header: not a 1- or 3-component JPEG nvImageCodec reads (or window "
-                       "decoding off): decoded whole")
-    if marks is not None:
-        marks += ("whole", time.perf_counter())
-    return resize(image[:, top:top + height, left:left + width], size, interpolation)
+    return "whole", image[:, top:top + height, left:left + width]
 
 
-def _note(reasons: list[str] | None, line: str) -> None:
-    if reasons is not None:
-        reasons.append(line)
+def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
+                  image: torch.Tensor | None = None, interpolation: str = "bilinear",
+                  frame: Frame | None = None) -> torch.Tensor:
+    """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` of ``data`` resized to
+    ``size``: uint8 ``(3, *size)`` (:func:`decode_crop`, then :func:`resize`). Raises what
+    :func:`decode` raises."""
+    kind, pixels = decode_crop(data, window, size, image, interpolation, frame)
+    return pixels if kind == "scaled" else resize(pixels, size, interpolation)
 
 
 def crop_decoder_status() -> str:

@@ -12,8 +12,9 @@ import struct
 from dataclasses import dataclass
 
 from . import raw
+from .headers import PNG_MAGIC, SOS, is_jpeg, jpeg_segments, png_chunks
 
-__all__ = ["MAX_PIXELS", "DAMAGED", "Frame", "Refused", "TOO_LARGE", "check", "limit_pil",
+__all__ = ["MAX_PIXELS", "DAMAGED", "DCT_JPEGS", "Frame", "Refused", "TOO_LARGE", "check", "limit_pil",
            "read_frame"]
 
 # PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (1024**3 // 4 // 3).
@@ -23,17 +24,15 @@ TOO_LARGE = "too large to decode safely"
 DAMAGED = "damaged header"
 # RFC 1951: at best a length-258 match costs 2 bits (1-bit literal/length and distance codes).
 _DEFLATE_MAX_RATIO = 1032
-_JPEG_MAGIC = b"\xff\xd8"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _PROGRESSIVE = frozenset({0xC2})
 # Frame markers without a bound here: lossless, hierarchical, arithmetic-coded.
 _OTHER_SOF = frozenset({0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _FRAMES = frozenset({0xC0, 0xC1, 0xC2}) | _OTHER_SOF
 _KINDS = {0xC0: "baseline JPEG", 0xC1: "extended sequential JPEG", 0xC2: "progressive JPEG"}
-# RSTn, SOI, TEM: no length field; FF 00 outside a scan is skipped as libjpeg skips it
-_STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x00, 0x01}
-_LENGTH, _SIZE = struct.Struct(">H"), struct.Struct(">HH")
+# The kinds whose frame the decoders here take as read (DCT, Huffman-coded)
+DCT_JPEGS = frozenset(_KINDS.values())
+_SIZE = struct.Struct(">HH")
 
 
 class Refused(ValueError):
@@ -49,17 +48,29 @@ class Refused(ValueError):
 class Frame:
     """A header's ``kind`` (e.g. ``"baseline JPEG"``), ``height`` and ``width`` in pixels,
     ``min_bytes`` of coded data a complete image needs (0: unknown), ``available`` after the
-    header."""
+    header, ``components`` (colour channels as stored: 1 grayscale, 3 YCbCr/RGB, 4 CMYK; 0:
+    unknown)."""
 
     kind: str
     height: int
     width: int
     min_bytes: int = 0
     available: int = 0
+    components: int = 0
 
     @property
     def pixels(self) -> int:
         return self.height * self.width
+
+    @property
+    def progressive(self) -> bool:
+        return self.kind == "progressive JPEG"
+
+    @property
+    def plain_jpeg(self) -> bool:
+        """A DCT, Huffman-coded JPEG of 1 or 3 components and a size: what the window decoders
+        (:mod:`decode.jpeg`) decode."""
+        return self.kind in DCT_JPEGS and self.components in (1, 3) and self.pixels > 0
 
 
 def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
@@ -83,11 +94,11 @@ def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
 def read_frame(data: bytes) -> Frame | None:
     """The :class:`Frame` of ``data``: JPEG and PNG with the bound, a raw record, else
     nvImageCodec's or PIL's parse (size only); None if none reads it."""
-    if data[:2] == _JPEG_MAGIC:
+    if is_jpeg(data):
         frame = _jpeg_frame(data)
         if frame is not None:
             return frame
-    elif data[:8] == _PNG_MAGIC:
+    elif data[:8] == PNG_MAGIC:
         return _png_frame(data)
     elif raw.is_raw(data):
         size = raw.raw_size(data)
@@ -100,35 +111,16 @@ def _jpeg_frame(data: bytes) -> Frame | None:
     """The frame from the markers before the first SOS, walked as libjpeg does; or None."""
     sof = None
     tables: dict[int, int] = {}  # DHT's class/id byte -> shortest code length in bits
-    pos, size, unpack = 2, len(data), _LENGTH.unpack_from
-    while pos + 4 <= size:
-        if data[pos] != 0xFF:  # libjpeg skips to the next 0xFF ("extraneous bytes")
-            pos = data.find(b"\xff", pos)
-            if pos < 0:
-                return None
-            continue
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in _STANDALONE:
-            pos += 2
-            continue
-        if marker == 0xD9:
-            return None
-        (length,) = unpack(data, pos + 2)
-        if length < 2:
-            return None
-        end = pos + 2 + length
+    size = len(data)
+    for marker, pos, end in jpeg_segments(data):
         if marker == 0xC4:
             _read_tables(data, pos + 4, min(end, size), tables)
-        elif marker == 0xDA:
+        elif marker == SOS:
             return None if sof is None else _bound(sof, data[pos + 4:end], tables, size - end)
         elif marker in _FRAMES:
-            if sof is not None or length < 8:
+            if sof is not None or end - pos < 10:
                 return None
             sof = (marker, data[pos + 4:end])
-        pos = end
     return None
 
 
@@ -148,7 +140,7 @@ def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) ->
     kind = _KINDS.get(marker, "unusual JPEG")
     count = min(body[5], (len(body) - 6) // 3)
     if marker in _OTHER_SOF or not count or not height or not width:
-        return Frame(kind, height, width, 0, available)
+        return Frame(kind, height, width, 0, available, count)
     sampling = body[7:6 + 3 * count:3]
     hmax, vmax = max(s >> 4 for s in sampling) or 1, max(s & 15 for s in sampling) or 1
     selectors = {}  # component id -> the first scan's DC/AC table byte
@@ -156,7 +148,7 @@ def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) ->
         selectors[scan[1 + 2 * i]] = scan[2 + 2 * i]
     progressive = marker in _PROGRESSIVE
     if progressive and (len(scan) <= 1 + 2 * len(selectors) or scan[1 + 2 * len(selectors)]):
-        return Frame(kind, height, width, 0, available)  # the first scan is not a DC scan
+        return Frame(kind, height, width, 0, available, count)  # the first scan: not DC
     bits = 0
     for i, factors in enumerate(sampling):
         h, v = factors >> 4, factors & 15
@@ -168,19 +160,21 @@ def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) ->
         else:  # every block: a DC code and an AC code (EOB at least)
             bits += blocks * (2 if selector is None else tables.get(selector >> 4, 1)
                               + tables.get(0x10 | (selector & 15), 1))
-    return Frame(kind, height, width, bits // 8, available)
+    return Frame(kind, height, width, bits // 8, available, count)
 
 
 def _png_frame(data: bytes) -> Frame | None:
     """A PNG's IHDR size and the bound of its deflate-coded rows (filter byte + samples)."""
-    if len(data) < 33 or data[12:16] != b"IHDR":
+    kind, pos, _ = next(png_chunks(data), (None, 0, 0))
+    if len(data) < 33 or kind != b"IHDR":
         return None
-    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
+    width, height, depth, colour = struct.unpack_from(">IIBB", data, pos + 8)
     channels = _PNG_CHANNELS.get(colour)
     if channels is None or not depth:
         return Frame("PNG", height, width, 0, len(data) - 33)
     row = 1 + -(-width * depth * channels // 8)
-    return Frame("PNG", height, width, height * row // _DEFLATE_MAX_RATIO, len(data) - 33)
+    return Frame("PNG", height, width, height * row // _DEFLATE_MAX_RATIO, len(data) - 33,
+                 channels)
 
 
 def _library_frame(data: bytes) -> Frame | None:
@@ -191,7 +185,8 @@ def _library_frame(data: bytes) -> Frame | None:
     if module is not None:
         try:
             stream = module.CodeStream(data)
-            return Frame(stream.codec_name, stream.height, stream.width)
+            return Frame(stream.codec_name, stream.height, stream.width,
+                         components=stream.num_channels)
         except (RuntimeError, ValueError):
             pass
     from PIL import Image

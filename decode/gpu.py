@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import jpeg, raw
+from .headers import probe_jpeg
 from .messages import capture, run_captured
 from .resample import resize_in_frame, resize_window
 
@@ -275,15 +276,6 @@ class CudaChoice:
 
 
 _CHOICES: dict[tuple[str, float | None], CudaChoice] = {}
-
-
-def probe_jpeg() -> bytes:
-    """A 64 x 48 baseline 4:2:0 JPEG, which nvJPEG's CUDA and hardware decoders both take."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def device_decode_problem(decoder: "WindowDecoder") -> str | None:

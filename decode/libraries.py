@@ -17,11 +17,9 @@ from typing import Callable
 
 import torch
 
+from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpeg
+
 ENV_VAR = "IMAGENET_FAST_DECODER"
-_JPEG_MAGIC = b"\xff\xd8\xff"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Markers without a length field (ITU-T T.81 B.1.1.3): RST0-7, SOI, EOI, TEM.
-_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01, 0xD8}
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
 _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
                             "deprecated")
@@ -70,7 +68,7 @@ def _torchvision() -> _Backend:
     def image(t: torch.Tensor) -> torch.Tensor:
         # torchvision 0.29's PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
         data = bytes(t.numpy())
-        if data[:8] == _PNG_MAGIC:
+        if data[:8] == PNG_MAGIC:
             _check_png_chunks(data)
             _pil_decode(t)
         return any_image(t)
@@ -83,18 +81,13 @@ def _check_png_chunks(data: bytes) -> None:
     """Raise ``RuntimeError`` unless every PNG chunk up to IEND is whole with a right CRC-32."""
     import zlib
 
-    pos = 8
-    while pos + 12 <= len(data):
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        end = pos + 12 + length
-        kind = data[pos + 4:pos + 8]
+    for kind, pos, end in png_chunks(data):
         if end > len(data):
             raise RuntimeError(f"PNG chunk {kind!r}: truncated")
         if zlib.crc32(data[pos + 4:end - 4]) != int.from_bytes(data[end - 4:end], "big"):
             raise RuntimeError(f"PNG chunk {kind!r}: CRC error")
         if kind == b"IEND":
             return
-        pos = end
     raise RuntimeError("PNG: no IEND chunk (truncated)")
 
 
@@ -145,13 +138,9 @@ def _version(dist: str) -> str:
 
 def _load(key: str) -> _Backend:
     """Backend ``key`` once it decoded a probe JPEG; raises whatever stops it."""
-    from PIL import Image
-
     backend = _FACTORIES[key]()
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, "JPEG")
-    out = backend.jpeg(_tensor(buffer.getvalue()))
-    if tuple(out.shape) != (3, 8, 8) or out.dtype != torch.uint8:
+    out = backend.jpeg(_tensor(probe_jpeg()))
+    if tuple(out.shape) != (3, 48, 64) or out.dtype != torch.uint8:
         raise RuntimeError(f"probe JPEG decoded to {tuple(out.shape)} {out.dtype}")
     return backend
 
@@ -283,63 +272,20 @@ def _one_line(exc: BaseException) -> str:
 def _without_exif(data: bytes) -> bytes:
     """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (TorchCodec's EXIF)."""
     # walking the few segments before the scan: ~5 us; `b"\xff\xe1" in data`: ~80 us
-    if data[:3] == _JPEG_MAGIC:
-        return _cut(data, _jpeg_app1_spans(data))
-    if data[:8] == _PNG_MAGIC:
-        return _cut(data, _png_exif_spans(data))
-    return data
-
-
-def _cut(data: bytes, spans: list[tuple[int, int]]) -> bytes:
+    if data[:3] == JPEG_MAGIC:
+        spans = [(pos, end) for marker, pos, end in jpeg_segments(data) if marker == 0xE1]
+    elif data[:8] == PNG_MAGIC:
+        spans = [(pos, end) for kind, pos, end in png_chunks(data) if kind == b"eXIf"]
+    else:
+        return data
     if not spans:
         return data
     pieces, start = [], 0
     for begin, end in spans:
         pieces.append(data[start:begin])
-        start = end
+        start = min(end, len(data))
     pieces.append(data[start:])
     return b"".join(pieces)
-
-
-def _jpeg_app1_spans(data: bytes) -> list[tuple[int, int]]:
-    """``[begin, end)`` of the APP1 segments before the first SOS (T.81 B.1.1)."""
-    spans, pos, size = [], 2, len(data)
-    while pos + 4 <= size:
-        if data[pos] != 0xFF:
-            pos = data.find(b"\xff", pos)
-            if pos < 0:
-                break
-            continue
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        if marker in _STANDALONE:
-            pos += 2
-            continue
-        if marker in (0xDA, 0xD9):  # the first scan, or the end
-            break
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        if length < 2:
-            break
-        if marker == 0xE1:
-            spans.append((pos, min(pos + 2 + length, size)))
-        pos += 2 + length
-    return spans
-
-
-def _png_exif_spans(data: bytes) -> list[tuple[int, int]]:
-    """``[begin, end)`` spans of a PNG's eXIf chunks (length, type, data, CRC)."""
-    spans, pos, size = [], 8, len(data)
-    while pos + 12 <= size:
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        kind, end = data[pos + 4:pos + 8], pos + 12 + length
-        if kind == b"eXIf":
-            spans.append((pos, min(end, size)))
-        if kind == b"IEND":
-            break
-        pos = end
-    return spans
 
 
 def image_library() -> str:

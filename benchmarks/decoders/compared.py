@@ -167,7 +167,7 @@ def crop_functions(blobs, boxes, args) -> dict:
         except (OSError, AttributeError, ValueError) as exc:
             rows["_jpegcrop.c (former)"] = f"not loaded: {exc}"
     rows["nvImageCodec CPU (loaders)"] = (
-        (lambda d, *box: (jpeg.window.jpeg_size(d), jpeg.window.decode_window(d, *box))[1])
+        (lambda d, *box: (decode.window_size(d), jpeg.window.decode_window(d, *box))[1])
         if jpeg.window.available() else jpeg.window.status())
     rows["_jpegcrop.so at 1/1"] = (  # the loaders' C, which they use for scaled windows
         (lambda d, *box: (jpeg.region.jpeg_size(d), _region(d, *box))[1])

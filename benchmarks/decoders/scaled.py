@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks import runner
-from decode import decode, jpeg, resize
+from decode import decode, jpeg, resize, window_size
 from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
 
@@ -144,7 +144,7 @@ def windows(blobs: list[bytes], size: int, draws: int, seed: int = 0,
     ``below``: those that are not, k = 1)."""
     rng, found = random.Random(seed), []
     for data in blobs:
-        shape = jpeg.window.jpeg_size(data)
+        shape = window_size(data)
         if shape is None:
             continue
         for _ in range(draws):

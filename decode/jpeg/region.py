@@ -14,11 +14,11 @@ import os
 
 import numpy as np
 
+from ..headers import JPEG_MAGIC
 from ._optional import OptionalLibrary
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
 _VERSION = 4  # jc_version() of the C this module calls
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 
 
@@ -59,7 +59,7 @@ def status() -> str:
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` of a 1- or 3-component JPEG from its header; else None."""
     lib = _load()
-    if lib is None or data[:3] != _JPEG_MAGIC:
+    if lib is None or data[:3] != JPEG_MAGIC:
         return None
     width, height, components = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     if lib.jc_header(data, len(data), width, height, components) != 0:
@@ -75,7 +75,7 @@ def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
     2, 4, 8; pixels of the ``ceil(H/denom) x ceil(W/denom)`` image). None if off, outside, or
     libjpeg reports an error or corrupt-data warning."""
     lib = _load()
-    if lib is None or data[:3] != _JPEG_MAGIC or height < 1 or width < 1:
+    if lib is None or data[:3] != JPEG_MAGIC or height < 1 or width < 1:
         return None
     out = np.empty((height, width, 3), np.uint8)
     if lib.jc_decode(data, len(data), denom, left, top, width, height, out.ctypes.data) != 0:

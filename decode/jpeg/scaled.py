@@ -56,26 +56,30 @@ def scale_factor(height: int, width: int, out_height: int, out_width: int) -> in
 
 
 def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
-                   size: tuple[int, int], resample: str = "bilinear") -> torch.Tensor | None:
+                   size: tuple[int, int], resample: str = "bilinear",
+                   shape: tuple[int, int] | None = None) -> torch.Tensor | None:
     """The window ``box`` = ``(top, left, bottom, right)`` (full-image pixels, may be fractional)
     of JPEG ``data`` at ``size``: uint8 ``(3, h, w)``, channels-last, decoded at ``1/factor`` and
     resampled by PIL's antialiased ``resample`` filter (:func:`region_resized`, else
-    :func:`draft_resized`: within 1 level). None unless an RGB or grayscale JPEG decodes
-    completely."""
-    out = region_resized(data, factor, box, size, resample)
+    :func:`draft_resized`: within 1 level). ``shape``: the JPEG's ``(height, width)`` where its
+    header was read (a 1- or 3-component JPEG; else the C reads it). None unless an RGB or
+    grayscale JPEG decodes completely."""
+    out = region_resized(data, factor, box, size, resample, shape)
     if out is None:
         out = draft_resized(data, factor, box, size, resample)
     return None if out is None else torch.from_numpy(out).permute(2, 0, 1)  # a writable copy
 
 
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
-                   size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
+                   size: tuple[int, int], resample: str = "bilinear",
+                   shape: tuple[int, int] | None = None) -> np.ndarray | None:
     """:func:`resized_window` through :mod:`decode.jpeg.region`: uint8 ``(h, w, 3)``, or None. The
     box is decoded with the filter's reach around it (PIL's support), so PIL resamples the pixels
     of the whole scaled image."""
     from PIL import Image
 
-    shape = region.jpeg_size(data)
+    if shape is None or not region.available():
+        shape = region.jpeg_size(data)
     if shape is None:
         return None
     top, left, bottom, right = (v / factor for v in box)

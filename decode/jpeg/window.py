@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import torch
 
+from ..headers import JPEG_MAGIC
 from ._optional import OptionalLibrary
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
 # else two lines per JPEG it declines; the loaders report such samples themselves
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 
@@ -69,20 +69,6 @@ def status() -> str:
         return f"crop windows: whole JPEGs decoded ({_library.reason})"
     return (f"crop windows: nvImageCodec {module.__version__} (CPU, libjpeg-turbo partial "
             "decompression)")
-
-
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a JPEG whose window decodes here, else None."""
-    module = _load()
-    if module is None or data[:3] != _JPEG_MAGIC:
-        return None
-    try:
-        stream = module.CodeStream(data)
-        if stream.codec_name != "jpeg" or stream.num_channels not in (1, 3):
-            return None
-        return stream.height, stream.width
-    except RuntimeError:  # "Failed to get image info": no valid header
-        return None
 
 
 def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ STAGES = ("read", "window", "decode", "resize", "augment", "write")
 READ, WINDOW, DECODE, RESIZE, AUGMENT, WRITE = range(len(STAGES))
 KIND, BYTES, SIDE = 6, 7, 8
 IMAGE_COLUMNS = 9
-# decode.decode_window's decoders: scaled region (its resample included: one fused call),
+# decode.decode_crop's decoders: scaled region (its resample included: one fused call),
 # crop window, whole image, raw record (no decode: the cut). The codes are 1-based (0: unknown).
 KINDS = ("scaled", "window", "whole", "raw")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS, start=1)}
@@ -43,15 +43,12 @@ def enabled() -> bool:
 
 class StageClock:
     """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
-    image (stage seconds added with ``+=``, so a replaced sample counts both tries), and
-    ``marks``, where ``decode.decode_window`` appends its decoder's name and end time. Copied
-    into each worker with the reader wrapper, the transform and the slot writer."""
+    image (stage seconds added with ``+=``, so a replaced sample counts both tries)."""
 
-    __slots__ = ("t", "marks", "started", "_cpu")
+    __slots__ = ("t", "started", "_cpu")
 
     def __init__(self):
         self.t = [0.0] * IMAGE_COLUMNS
-        self.marks: list = []
         self.started = self._cpu = 0.0
 
     def begin_batch(self) -> None:
@@ -77,6 +74,29 @@ class StageClock:
         row[WALL] = time.perf_counter() - self.started - slot_wait
         row[CPU] = time.process_time() - self._cpu
         row[SLOT_WAIT] = slot_wait
+
+
+def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
+    """``transform(data, frame)`` of a ``loaders.transforms.TrainTransform``, each stage's seconds
+    added to the image's figures ``t``: the window draw (or the whole decode where the header
+    gave no size), the decode (:func:`decode.decode_crop`), the resize, the flip and policy."""
+    import decode
+
+    start = time.perf_counter()
+    window, flip, image = transform.window(data, frame=frame)
+    drawn = time.perf_counter()
+    kind, pixels = decode.decode_crop(data, window, transform.size, image,
+                                      transform.interpolation, frame)
+    decoded = time.perf_counter()
+    out = transform.resized(kind, pixels)
+    resized = time.perf_counter()
+    out = transform.augmented(out, flip)
+    t[DECODE if image is not None else WINDOW] += drawn - start
+    t[DECODE] += decoded - drawn
+    t[RESIZE] += resized - decoded
+    t[AUGMENT] += time.perf_counter() - resized
+    t[KIND], t[SIDE] = KIND_CODES[kind], transform.side
+    return out
 
 
 def image_rows(slots: int, batch_size: int) -> torch.Tensor:

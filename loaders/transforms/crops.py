@@ -56,63 +56,46 @@ class TrainTransform:
     ``augment`` (an ``--auto-augment`` policy; torchvision's ``ClassificationPresetTrain`` order).
     The window is decoded alone or at libjpeg-turbo's DCT scale where it can be
     (:func:`decode.decode_window`) and resized with ``interpolation`` (antialiased but
-    ``nearest``); draws come from torch's global RNG, seeded per batch by the loaders. ``clock`` (a
-    ``StageClock``, or None) gets each stage's seconds."""
-
-    clock = None
+    ``nearest``); draws come from torch's global RNG, seeded per batch by the loaders. Its stages
+    (:meth:`window`, :func:`decode.decode_crop`, :meth:`resized`, :meth:`augmented`) are what
+    ``loaders.timing.stages.timed_transform`` times."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
         self.size, self.scale, self.ratio = (crop_size, crop_size), scale, ratio
         self.augment, self.interpolation = augment, interpolation
-        self._side = 0  # the last image's longer side (px), for the clock
+        self.side = 0  # the last image's longer side (px), for the stage figures
 
-    def __call__(self, data: bytes) -> torch.Tensor:
-        if self.clock is not None:
-            return self._timed(data, self.clock)
-        window, flip, image = self.window(data)
-        out = decoding.decode_window(data, window, self.size, image,
-                                     interpolation=self.interpolation)
+    def __call__(self, data: bytes, frame=None) -> torch.Tensor:
+        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read (none is read
+        again)."""
+        window, flip, image = self.window(data, frame=frame)
+        kind, pixels = decoding.decode_crop(data, window, self.size, image, self.interpolation,
+                                            frame)
+        return self.augmented(self.resized(kind, pixels), flip)
+
+    def resized(self, kind: str, pixels: torch.Tensor) -> torch.Tensor:
+        """:func:`decode.decode_crop`'s ``pixels`` at the crop size (the scaled decoder's are)."""
+        return pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
+
+    def augmented(self, out: torch.Tensor, flip: bool) -> torch.Tensor:
+        """The horizontal flip drawn, then the ``--auto-augment`` policy."""
         out = out.flip(-1) if flip else out
         return out if self.augment is None else self.augment(out)
 
-    def _timed(self, data: bytes, clock) -> torch.Tensor:
-        """:meth:`__call__` with each stage's seconds added to ``clock.t``."""
-        t, marks = clock.t, clock.marks
-        start = time.perf_counter()
-        window, flip, image = self.window(data)
-        drawn = time.perf_counter()
-        marks.clear()
-        out = decoding.decode_window(data, window, self.size, image,
-                                     interpolation=self.interpolation, marks=marks)
-        resized = time.perf_counter()
-        if image is not None:  # decoded whole in window(), for its size: that is the decode
-            t[stages.DECODE] += drawn - start
-            decoded = drawn
-        else:
-            t[stages.WINDOW] += drawn - start
-            decoded = marks[1]
-            t[stages.DECODE] += decoded - drawn
-        t[stages.RESIZE] += resized - decoded
-        t[stages.KIND] = stages.KIND_CODES[marks[0]]
-        t[stages.SIDE] = self._side
-        out = out.flip(-1) if flip else out
-        out = out if self.augment is None else self.augment(out)
-        t[stages.AUGMENT] += time.perf_counter() - resized
-        return out
-
-    def window(self, data: bytes, size_of=None):
+    def window(self, data: bytes, size_of=None, frame=None):
         """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``
         in stored pixels, whether to flip, and the whole decode if the size needed it (raising as
         :func:`decode.decode`). Its ``_DRAWS`` uniforms (torch's global RNG) come first, as in
-        every pipeline; ``size_of(data)`` sizes what headers do not."""
+        every pipeline; the size is ``frame``'s (:func:`decode.window_size`), else
+        ``size_of(data)``'s, else the whole decode's."""
         draws = torch.rand(_DRAWS).tolist()
-        size = decoding.window_size(data)  # a JPEG's or a raw record's header
+        size = decoding.window_size(data, frame)
         if size is None and size_of is not None:
             size = size_of(data)
         image = decode(data) if size is None else None
         height, width = size if size is not None else image.shape[-2:]
-        self._side = max(height, width)
+        self.side = max(height, width)
         window = random_resized_crop_params(height, width, self.scale, self.ratio, draws)
         return window, draws[-1] < 0.5, image
 
@@ -129,8 +112,9 @@ class ValTransform:
         self.resize_size, self.crop_size = resize_size, crop_size
         self.interpolation = interpolation
 
-    def __call__(self, data: bytes) -> torch.Tensor:
-        size = decoding.jpeg_size(data) if self.interpolation != "nearest" else None
+    def __call__(self, data: bytes, frame=None) -> torch.Tensor:
+        size = None if self.interpolation == "nearest" or decoding.is_raw(data) else \
+            decoding.window_size(data, frame)
         if size is not None:
             short = min(size)
             factor = jpeg.scaled.scale_factor(short, short, self.resize_size, self.resize_size)
@@ -138,7 +122,7 @@ class ValTransform:
             if factor > 1 or (jpeg.scaled.enabled() and jpeg.region.available()):
                 out = jpeg.scaled.resized_window(data, factor, center_crop_box(
                     *size, self.resize_size, self.crop_size), (self.crop_size,) * 2,
-                    self.interpolation)
+                    self.interpolation, size)
                 if out is not None:
                     return out
         return resize_center_crop(decode(data), self.resize_size, self.crop_size,

@@ -195,7 +195,7 @@ def test_without_nvimgcodec_training_decodes_whole_images(monkeypatch, sample_im
         assert decode.crop_decoder_status().startswith(
             "crop windows: whole JPEGs decoded (nvImageCodec not usable (")
         data = open(sorted(glob.glob(f"{sample_images}/train/*/*.JPEG"))[0], "rb").read()
-        assert jpeg.window.jpeg_size(data) is None
+        assert decode.window_size(data) is None
         assert TrainTransform(64)(data).shape == (3, 64, 64)
     finally:
         monkeypatch.undo()

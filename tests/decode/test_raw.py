@@ -36,7 +36,7 @@ def test_a_raw_record_is_a_ppm_holding_the_jpegs_decoded_pixels(colour_jpeg):
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(record))),
                           image.permute(1, 2, 0).numpy())
     assert decode.image_size(record) == decode.window_size(record) == (75, 120)
-    assert decode.jpeg_size(record) is None  # not a JPEG: nothing JPEG-only is asked of it
+    assert decode.jpeg.region.jpeg_size(record) is None  # not a JPEG: nothing JPEG-only is asked of it
 
 
 def test_a_window_is_cut_from_the_pixels_as_from_the_whole_decode(colour_jpeg):

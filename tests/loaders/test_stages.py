@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import decode
-from decode import raw
+from decode import acceptance, raw
 from loaders.timing import stages
 from tests.helpers.loading import batches_and_stages, loader_settings
 
@@ -69,19 +69,24 @@ def _sample_jpeg(sample) -> bytes:
         return f.read()
 
 
-def test_decode_window_marks_name_the_decoder_and_keep_the_pixels(sample_images):
+def test_decode_crop_names_the_decoder_and_keeps_the_pixels(sample_images):
     data = _sample_jpeg(sample_images)
-    height, width = decode.jpeg_size(data)
+    frame = acceptance.check(data)
+    height, width = decode.image_size(data)
+    assert (frame.height, frame.width) == (height, width) and frame.components == 3
     whole = decode.decode(data)
     cases = {"scaled": (data, (0, 0, height, width), None),
              "window": (data, (10, 20, 40, 40), None),
              "whole": (data, (10, 20, 40, 40), whole),
              "raw": (raw.encode_raw(whole), (5, 6, 50, 60), None)}
     for kind, (record, window, image) in cases.items():
-        marks = []
-        got = decode.decode_window(record, window, (32, 32), image, marks=marks)
-        assert marks[0] == kind and isinstance(marks[1], float)
-        assert torch.equal(got, decode.decode_window(record, window, (32, 32), image)), kind
+        got, pixels = decode.decode_crop(record, window, (32, 32), image)
+        assert got == kind
+        resized = pixels if kind == "scaled" else decode.resize(pixels, (32, 32))
+        assert torch.equal(resized, decode.decode_window(record, window, (32, 32), image)), kind
+        if kind != "raw":  # the frame check() read gives the same pixels as none
+            assert torch.equal(resized, decode.decode_window(record, window, (32, 32), image,
+                                                             frame=frame)), kind
 
 
 def test_stage_log_sums_and_quantiles():

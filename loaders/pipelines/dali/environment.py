@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import io
 import os
 import re
 from typing import Sequence
 
 import torch
+
+from decode.headers import probe_jpeg
 
 from ...errors import DataError
 
@@ -70,7 +71,7 @@ def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
         decoder = n.Decoder(device_id=device.index if device.index is not None else 0,
                             backends=[n.Backend(n.BackendKind.GPU_ONLY),
                                       n.Backend(n.BackendKind.HW_GPU_ONLY)])
-        image = decoder.decode(_probe_jpeg())
+        image = decoder.decode(probe_jpeg())
     except Exception as exc:  # noqa: BLE001 - no GPU backend could be created or run
         return f"nvImageCodec's GPU decoders failed: {exc}".splitlines()[0]
     if image is None:
@@ -78,15 +79,6 @@ def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
     if image.buffer_kind != n.ImageBufferKind.STRIDED_DEVICE:
         return "nvImageCodec decoded into host memory, not the GPU's"
     return None
-
-
-def _probe_jpeg() -> bytes:
-    """A 64 x 48 baseline 4:2:0 JPEG (what nvJPEG and the hardware decoder both take)."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def default_hw_decoder_load(device: torch.device) -> float:

@@ -48,11 +48,11 @@ class Windows(Dataset):
             read = time.perf_counter()
             clock.t[stages.READ] += read - started
             clock.t[stages.BYTES] = len(data)
-        check(data, self.max_pixels)
+        frame = check(data, self.max_pixels)
         if self.val_sizes is None:
-            window, flip, _ = self.draw.window(data, image_size)
+            window, flip, _ = self.draw.window(data, lambda d: image_size(d, frame), frame)
         else:
-            size = image_size(data)
+            size = image_size(data, frame)
             if size is None:  # no header parser reads it: the whole decode raises, or sizes it
                 size = tuple(decode(data).shape[-2:])
             window, frame = center_crop_plan(*size, *self.val_sizes)

@@ -38,16 +38,17 @@ class _Transformed(Dataset):
         clock = self.clock
         if clock is None:
             data, label = self.reader.read(index)
-            check(data, self.max_pixels)
-            return self.transform(data), label
+            return self.transform(data, check(data, self.max_pixels)), label
         start = time.perf_counter()
         data, label = self.reader.read(index)
         read = time.perf_counter()
         clock.t[stages.READ] += read - start
         clock.t[stages.BYTES] = len(data)
-        check(data, self.max_pixels)
+        frame = check(data, self.max_pixels)
         clock.t[stages.WINDOW] += time.perf_counter() - read  # a header parse, as the window's
-        return self.transform(data), label
+        if hasattr(self.transform, "window"):
+            return stages.timed_transform(self.transform, data, frame, clock.t), label
+        return self.transform(data, frame), label
 
     def name_of(self, index: int) -> str:
         return self.reader.name_of(index)
@@ -78,8 +79,6 @@ class DeviceLoader(ReaderLoader):
         # the clock travels to the workers with the reader wrapper, transform and slot writer
         self._clock = stages.StageClock() if train and stages.enabled() else None
         self.stage_log = stages.StageLog() if self._clock is not None else None
-        if self._clock is not None and hasattr(transform, "clock"):
-            transform.clock = self._clock
         workers = settings.workers
         tolerant = TolerantDataset(_Transformed(reader, transform, self._clock, settings.max_image_pixels),
                                    shared=workers > 0)

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from decode import jpeg
-from decode import decode, resize
+from decode import decode, resize, window_size
 from loaders.transforms import (TrainTransform, ValTransform,
                                 resize_center_crop)
 from tests.helpers.paths import REPO
@@ -96,7 +96,7 @@ def test_what_it_declines_is_decoded_as_before(blobs):
     decode/jpeg/_jpegcrop.so, as with the full-scale window decode, rows below a window are never
     read, so a window above the damage decodes: test_region_decode_reads_down_to_the_window.)"""
     truncated = blobs[0][:len(blobs[0]) // 2]
-    height, width = jpeg.window.jpeg_size(truncated)
+    height, width = window_size(truncated)
     assert jpeg.scaled.resized_window(truncated, 2, (0, 0, height, width), (32, 32)) is None
     assert jpeg.scaled.resized_window(b"not an image", 2, (0, 0, 9, 9), (4, 4)) is None
     png = io.BytesIO()
@@ -129,7 +129,7 @@ def test_damaged_jpegs_declined_exactly_where_the_full_decode_refuses(blobs):
     from tests.helpers.badcorpus import damaged_variants
 
     for data in damaged_variants(blobs[:20]):
-        shape = jpeg.window.jpeg_size(data)
+        shape = window_size(data)
         if shape is None:
             continue
         try:

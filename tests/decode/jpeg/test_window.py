@@ -9,7 +9,7 @@ from PIL import Image
 
 from decode import libraries
 from decode import jpeg
-from decode import decode
+from decode import decode, window_size
 from loaders.transforms import TrainTransform
 from tests.helpers.loading import max_abs_diff
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.skipif(
 
 
 def windows(data, count, rng):
-    height, width = jpeg.window.jpeg_size(data)
+    height, width = window_size(data)
     for _ in range(count):
         h, w = rng.randint(1, height), rng.randint(1, width)
         yield rng.randint(0, height - h), rng.randint(0, width - w), h, w
@@ -68,12 +68,12 @@ def test_what_it_declines_falls_back_to_full_decoding():
     Image.new("RGB", (8, 8)).save(png, "PNG")
     cmyk = io.BytesIO()
     Image.new("CMYK", (8, 8), (1, 2, 3, 4)).save(cmyk, "JPEG")
-    assert jpeg.window.jpeg_size(png.getvalue()) is None
-    assert jpeg.window.jpeg_size(cmyk.getvalue()) is None  # 4 components
+    assert window_size(png.getvalue()) is None
+    assert window_size(cmyk.getvalue()) is None  # 4 components
     good = io.BytesIO()
     Image.effect_noise((64, 64), 64).convert("RGB").save(good, "JPEG")
     truncated = good.getvalue()[:len(good.getvalue()) // 2]
-    assert jpeg.window.jpeg_size(truncated) == (64, 64)
+    assert window_size(truncated) == (64, 64)
     assert jpeg.window.decode_window(truncated, 0, 0, 64, 64) is None  # corrupt data: decline
     with pytest.raises(OSError):
         TrainTransform(32)(truncated)  # ... and the full decoders (libjpeg-turbo, PIL) refuse it
