@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import struct
+import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS, Refused, check as accept
+from decode.headers import EOI, is_jpeg, jpeg_segments
 from decode.messages import not_an_image, run_captured
 from formats.sources import Source, read_source
 
@@ -33,8 +34,7 @@ TASK_FILES = 8
 RULES_VERSION = 3
 CHECKS = ("full", "header")  # how completely a verbatim JPEG is decoded (module docstring)
 
-_SOI = b"\xff\xd8"
-_EOI = b"\xff\xd9"
+_EOI = bytes((0xFF, EOI))
 # Frame markers SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC), which share the range.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _VERBATIM_SOF = {0xC0: "baseline", 0xC1: "extended sequential"}
@@ -42,7 +42,9 @@ _SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical", 0xC6:
               0xC7: "hierarchical", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded",
               0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded", 0xCE: "arithmetic-coded",
               0xCF: "arithmetic-coded"}
-_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length field
+# What may stand between two segments of a verbatim JPEG: fill bytes, RSTn and TEM (no length
+# field). Bytes libjpeg skips with a warning ("extraneous bytes") make the header unparsed here.
+_GAP = re.compile(rb"(?:\xff+[\xd0-\xd7\x01])*\xff*")
 
 
 class NotAnImage(Exception):
@@ -60,24 +62,15 @@ class JpegHeader:
 
 
 def parse_jpeg_header(data: bytes) -> JpegHeader | None:
-    """The first frame header of JPEG ``data``, or None."""
-    if not data.startswith(_SOI):
+    """The first frame header of JPEG ``data`` (:func:`decode.headers.jpeg_segments`' walk, every
+    segment whole and nothing but :data:`_GAP` between them), or None."""
+    if not is_jpeg(data):
         return None
-    pos, adobe = 2, None
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
+    at, adobe = 2, None
+    for marker, begin, end in jpeg_segments(data):
+        if end > len(data) or not _GAP.fullmatch(data, at, begin):
             return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            pos += 1
-            continue
-        if marker in _STANDALONE:
-            pos += 2
-            continue
-        (length,) = struct.unpack_from(">H", data, pos + 2)
-        segment = data[pos + 4:pos + 2 + length]
-        if length < 2 or len(segment) != length - 2:
-            return None
+        segment, at = data[begin + 4:end], end
         if marker == 0xEE and segment.startswith(b"Adobe") and len(segment) >= 12:
             adobe = segment[11]
         elif marker in _SOF_MARKERS:
@@ -86,10 +79,7 @@ def parse_jpeg_header(data: bytes) -> JpegHeader | None:
             precision, count = segment[0], segment[5]
             ids = tuple(segment[6 + 3 * i] for i in range(count) if 6 + 3 * i < len(segment))
             return JpegHeader(marker, precision, ids, adobe)
-        elif marker in (0xDA, 0xD9):  # a scan or the end before any frame header
-            return None
-        pos += 2 + length
-    return None
+    return None  # a scan, the end or a broken segment before any frame header
 
 
 def reencode_reason(data: bytes) -> str | None:

@@ -210,15 +210,14 @@ def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
 def raw_record(jpeg: bytes) -> tuple[bytes, int]:
     """``(raw record, pixels)``: :func:`decode.decode`'s pixels, PGM if grayscale."""
     from decode import decode
+    from decode.acceptance import read_frame
     from decode.messages import capture
     from decode.raw import encode_raw
 
-    from formats.images import parse_jpeg_header
-
     with capture():  # libjpeg's warnings: the checking thread named the image already
         image = decode(jpeg)
-    header = parse_jpeg_header(jpeg)
-    gray = header is not None and len(header.component_ids) == 1
+    frame = read_frame(jpeg)
+    gray = frame is not None and frame.components == 1
     return encode_raw(image, gray=gray), image.shape[1] * image.shape[2]
 
 
@@ -247,17 +246,15 @@ def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | Non
 
 
 def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
-    """``(pixels, JPEG bytes, raw bytes)`` from the headers; None if they do not parse."""
-    from decode import image_size
+    """``(pixels, JPEG bytes, raw bytes)`` from the header; None if it does not parse."""
+    from decode.acceptance import read_frame
     from decode.raw import raw_bytes
 
-    from formats.images import parse_jpeg_header
-
-    size, header = image_size(jpeg), parse_jpeg_header(jpeg)
-    if size is None or header is None:
+    frame = read_frame(jpeg)
+    if frame is None or not frame.components:
         return None
-    channels = 1 if len(header.component_ids) == 1 else 3
-    return size[0] * size[1], len(jpeg), raw_bytes(*size, channels)
+    channels = 1 if frame.components == 1 else 3
+    return frame.pixels, len(jpeg), raw_bytes(frame.height, frame.width, channels)
 
 
 def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float:

@@ -72,10 +72,10 @@ def corpora(data: str, count: int) -> dict[str, list[bytes]]:
 def frame_at(data: bytes) -> int:
     """Offset of the height field of a JPEG's frame header (SOF0-2), walking the marker
     segments (an EXIF thumbnail inside APP1 has a SOF of its own)."""
-    pos = 2
-    while data[pos + 1] not in (0xC0, 0xC1, 0xC2):
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-    return pos + 5
+    from decode.headers import jpeg_segments
+
+    return next(begin for marker, begin, _ in jpeg_segments(data)
+                if marker in (0xC0, 0xC1, 0xC2)) + 5
 
 
 def _edited(data: bytes, how: str, bit: int = 15) -> bytes:

@@ -17,11 +17,8 @@ import torch
 
 import decode
 from benchmarks import runner
-from decode import jpeg, libraries
+from decode import headers, jpeg, libraries
 from loaders.transforms import random_resized_crop_params
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
-
 
 def time_rows(rows: dict, run_row, rounds: int) -> dict[str, list[tuple[float, float]]]:
     """``{name: [(wall, CPU) ms per image, one per round]}`` from ``run_row(name)``,
@@ -248,7 +245,7 @@ def main_cli(argv=None) -> int:
     for path in files:
         with open(path, "rb") as f:
             data = f.read()
-        if data[:3] == _JPEG_MAGIC:
+        if data[:3] == headers.JPEG_MAGIC:
             blobs.append(data)
     if not blobs:
         return runner.error("benchmarks.decoders.compared", f"no JPEGs under {args.data}/train/*/")
