@@ -154,11 +154,20 @@ def _identify(data: bytes) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data)) as image:
             return image.size
-    except Image.DecompressionBombError as exc:
-        raise NotAnImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise NotAnImage(f"not a decodable image: {message}") from None
+        raise _pil_refusal(exc) from None
+
+
+def _pil_refusal(exc: Exception) -> NotAnImage:
+    """PIL's refusal as one line: a decompression bomb, else PIL's first line without the object
+    ``UnidentifiedImageError`` names (``<_io.BytesIO object at 0x...>``)."""
+    from PIL import Image
+
+    if isinstance(exc, Image.DecompressionBombError):
+        return NotAnImage(f"too large to decode safely ({exc})")
+    message = str(exc).splitlines()[0].split(" <_io.BytesIO")[0] if str(exc) else \
+        type(exc).__name__
+    return NotAnImage(f"not a decodable image: {message}")
 
 
 def reencode(data: bytes, cap=None) -> bytes:
@@ -185,11 +194,8 @@ def _decode(data: bytes):
         return image
     except Image.UnidentifiedImageError:
         pass  # maybe a format only decode.libraries reads; below
-    except Image.DecompressionBombError as exc:
-        raise NotAnImage(f"too large to decode safely ({exc})") from None
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error...
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise NotAnImage(f"not a decodable image: {message}") from None
+    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, struct.error...
+        raise _pil_refusal(exc) from None
     from decode.libraries import decode_image, decoder_key
 
     try:
