@@ -80,18 +80,17 @@ def _fast_members(fd: int, start: int, size: int,
     return members, pos
 
 
-def tar_members(path: str, fd: int, start: int = 0, size: int | None = None,
+def tar_members(path: str, start: int = 0, size: int | None = None,
                 what: str | None = None) -> list[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of the tar's regular files at ``start`` in ``fd``, offsets
-    absolute. Raises :class:`DatasetError` if unreadable or truncated."""
-    total = os.fstat(fd).st_size
-    size = total - start if size is None else size
+    """``(name, data offset, size)`` of the regular files of the tar at ``start`` in ``path``
+    (``size`` bytes, default the rest; ``what``: its name in messages), offsets absolute. Raises
+    :class:`DatasetError` if unreadable or truncated, ``OSError`` if ``path`` cannot be opened."""
     label = f"{path}[{what}]" if what else path
-    fast = _fast_members(fd, start, size, label)
-    if fast is not None:
-        members, end = fast
-    else:
-        members, end = _tarfile_members(fd, start, size, label)
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size - start if size is None else size
+        fast = _fast_members(fd, start, size, label)
+        members, end = fast if fast is not None else _tarfile_members(fd, start, size, label)
     if what is None and end + 2 * _BLOCK > size:  # no end-of-archive blocks: cut at a member
         raise DatasetError(f"{label}: truncated (no end-of-archive marker after "
                            f"{len(members)} members, {size} bytes)")

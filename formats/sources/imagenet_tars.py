@@ -87,11 +87,7 @@ def list_train(train: str, devkit: str | None) -> Listing:
         if wnid not in label_of:
             raise DatasetError(f"{train}: {wnid}.tar is not one of the {len(classes)} classes "
                                f"of {devkit}")
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            members = tar_members(path, fd, start, size, what=f"{wnid}.tar")
-        finally:
-            os.close(fd)
+        members = tar_members(path, start, size, what=f"{wnid}.tar")
         files += [Source(path, f"{wnid}/{os.path.basename(name)}", label_of[wnid], at, n)
                   for name, at, n in members]
     if not files:
@@ -109,13 +105,8 @@ def _inner_tars(train: str) -> list[tuple[str, str, int, int]]:
             raise DatasetError(f"{train}: no class tars (n01440764.tar, ...) in it")
         return [(n[:-4], os.path.join(train, n), 0, os.path.getsize(os.path.join(train, n)))
                 for n in found]
-    fd = os.open(train, os.O_RDONLY)
-    try:
-        members = tar_members(train, fd)
-    finally:
-        os.close(fd)
     inner = []
-    for name, at, size in members:
+    for name, at, size in tar_members(train):
         match = _WNID_TAR.fullmatch(os.path.basename(name))
         if not match:
             raise DatasetError(f"{train}: {name} is not a class tar (n01440764.tar, ...)")
@@ -133,12 +124,7 @@ def list_val(val: str, devkit: str | None) -> Listing:
         names = sorted(n for n in os.listdir(val) if not n.startswith("."))
         images = [(n, os.path.join(val, n), -1, -1) for n in names]
     else:
-        fd = os.open(val, os.O_RDONLY)
-        try:
-            images = [(os.path.basename(n), val, at, size)
-                      for n, at, size in tar_members(val, fd)]
-        finally:
-            os.close(fd)
+        images = [(os.path.basename(n), val, at, size) for n, at, size in tar_members(val)]
     meta, truth = read_meta(devkit), _ground_truth(devkit)
     classes = sorted(wnid for wnid, _ in meta.values())
     label_of = {wnid: label for label, wnid in enumerate(classes)}
