@@ -1,5 +1,6 @@
-"""What the GPU check's tests share: a bundle folder made from the sample (or its stand-in), its command line
-run in this process, and every command faked as on one H100 (:mod:`tools.gpu_check`)."""
+"""What the GPU check's tests share: a bundle folder made from the sample (or its stand-in),
+its command line run in this process, and every command faked as on one H100
+(:mod:`tools.gpu_check`)."""
 from __future__ import annotations
 
 import contextlib
@@ -79,8 +80,9 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
                           if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
     elif "--output-dir" in cmd:
-        loader = (name.split("-")[2] + ("-lmdb" if "-dali-lmdb" in name else "")
-                  if name.startswith("train-") else "folder")
+        loader = ("synthetic" if "--dummy" in cmd else "gpudecode" if "--decode-device" in cmd
+                  else ("dali-lmdb" if "--lmdb" in cmd else "dali") if "--dali" in cmd
+                  else "lmdb" if "--lmdb" in cmd else "folder")
         speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
             1.8 if "--train-crop-size" in cmd else 1.0)
         rundir = cmd[cmd.index("--output-dir") + 1]

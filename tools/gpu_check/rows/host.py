@@ -10,7 +10,7 @@ import re
 import shutil
 import sys
 
-from ..report import last_json
+from ..judge import last_json
 from ..runner import Runner, fail
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30

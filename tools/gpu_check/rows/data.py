@@ -9,7 +9,7 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from ..rows.base import data_batches
+from .measure import data_batches
 from ..runner import Runner, fail, skipped
 
 
