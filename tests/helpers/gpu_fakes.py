@@ -107,11 +107,25 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
     return record
 
 
-def fake_wheel(folder, name: str) -> str:
+def fake_host(monkeypatch) -> None:
+    """Every command of the check faked as on one H100 host (:func:`fake_gpu_run`), no
+    nvidia-smi, and a short epoch (each symlink costs ~0.5 ms here)."""
+    from tools.gpu_check import runner
+    from tools.gpu_check.rows import data, host
+
+    monkeypatch.setattr(runner.Runner, "calls", [], raising=False)
+    monkeypatch.setattr(runner.Runner, "run", fake_gpu_run)
+    monkeypatch.setattr(host.shutil, "which", lambda name: None)
+    monkeypatch.setattr(data, "data_batches", lambda s, m: 8)
+
+
+def fake_wheel(folder, name: str, blob: int = 0) -> str:
     path = os.path.join(folder, f"{name}-1.0-py3-none-any.whl")
     info = f"{name}-1.0.dist-info"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}/__init__.py", "VALUE = 42\n")
+        zf.writestr(f"{name.replace('_', '/', 1) if blob else name}/__init__.py", "VALUE = 42\n")
+        if blob:  # a large wheel, stored: its bytes as they are
+            zf.writestr(f"{name}.blob", os.urandom(blob), zipfile.ZIP_STORED)
         zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
                     "Root-Is-Purelib: true\nTag: py3-none-any\n")

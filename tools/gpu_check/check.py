@@ -17,6 +17,7 @@ from . import judge, plan, report
 from .bundle.install import install, join_parts
 from .bundle.steps import missing_files
 from .cli import InputError, bundle_paths, step_folder
+from .rows import probes
 from .rows.data import prepare_data
 from .rows.host import environment
 from .runner import Runner, crashed, own_cpu, skipped
@@ -194,6 +195,10 @@ class Check:
             rec = crashed(row.name, exc)
         if rec is not None:
             self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
+        gpu, failure = plan.PAIRS.get(row.name, (None, None))
+        if gpu in self.done and rec is not None:  # the GPU row of the pair, judged again
+            self.record(probes.gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
+                        next(r for r in self.s.plan + plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
         """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
@@ -202,7 +207,8 @@ class Check:
         rec["gpu_seconds"] = round(plan.gpu_seconds(row, rec, self.s.dry_run), 2)
         with open(self.rows_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        self.done.pop(rec["name"], None)
+        if self.done.get(rec["name"], {}).get("left_out"):
+            del self.done[rec["name"]]  # run now: listed in the order run
         self.done[rec["name"]] = rec
         print(judge.progress_line(self.runner.elapsed(), rec), flush=True)
         self.save()

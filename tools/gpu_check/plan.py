@@ -33,6 +33,12 @@ GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=Fa
 GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
 COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
+# Each one-worker pair: the CPU row, then the GPU row it judges (GPU over CPU >= 1.5x on a GPU)
+PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:.2f}x the CPU "
+                                "decode with one thread: did nvJPEG decode?"),
+         "loader-gpudecode-cpu-j1": ("loader-gpudecode-cuda-j1", "batch decode only "
+                                     "{ratio:.2f}x the CPU loaders with one worker: did the GPU "
+                                     "decode?")}
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,8 @@ def run_main(ctx, row: Row, limit: float) -> dict:
     decode = _decode(ctx, row.loader)
     res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
     workers = jobs(row.workers, s, machine)
+    if row.compiled and s.dry_run:
+        return skipped(row.name, "dry run: no torch.compile timing on the CPU")
     if row.kind == "train":
         rec = measure.train_row(ctx.runner, s, ctx.data, machine, arch(s, row.model),
                                 row.loader, row.compiled, res, [*row.extra, *decode], row.name,
@@ -335,7 +343,8 @@ def run_compile_best(ctx, row: Row, limit: float) -> dict | None:
                             best.get("jobs", ctx.s.workers), limit)
     rec.update(model=model, speedup=judge.ratio(rec, best),
                ratio_to_synthetic=judge.ratio(rec, compiled))
-    return rec
+    return probes.on_gpu(ctx.runner, ctx.s, ctx.machine, rec) if _decode(ctx, best["loader"]) \
+        else rec
 
 
 def run_best_low(ctx, row: Row, limit: float) -> dict | None:
@@ -349,4 +358,5 @@ def run_best_low(ctx, row: Row, limit: float) -> dict | None:
                             best["loader"], False, res, _decode(ctx, best["loader"]), row.name,
                             best.get("jobs", ctx.s.workers), limit)
     rec.update(model="resnet50", base="train-resnet50-synthetic-160px")
-    return rec
+    return probes.on_gpu(ctx.runner, ctx.s, ctx.machine, rec) if _decode(ctx, best["loader"]) \
+        else rec
