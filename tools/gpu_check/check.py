@@ -22,81 +22,80 @@ from .rows.data import prepare_data
 from .rows.host import environment
 from .runner import Runner, crashed, own_cpu, skipped
 
-STATE_FILES = ("rows.jsonl", "steps.json", "report.json", "report.md")
-STATE_FOLDERS = ("logs", "runs", "data", "site", "bundle", "wheels-joined")
+STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
+         "bundle", "wheels-joined")
 OVERHEAD = 5.0  # s of a step without rows on a GPU host: Python's start, linking its files
 GRACE = 10.0  # s a row started within the budget may run past it
 
 
 class Check:
-    """One run of the check: its records (``OUT/rows.jsonl``, every step's), its clock and
-    its archive."""
+    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive."""
 
     def __init__(self, s):
-        self.s, self.step = s, s.step_info
+        self.s, self.step, self.number = s, s.step_info, s.step
+        name = f"gpu-check-step{s.step}.tar.gz" if s.step else "gpu-check.tar.gz"
+        self.archive = os.path.abspath(os.path.join(s.archive, name) if s.archive and
+                                       os.path.isdir(s.archive) else s.archive
+                                       or os.path.join(s.out, name))
+        if not self.step or self.number == 1:  # a new run: nothing of an earlier one counts
+            for path in [os.path.join(s.out, n) for n in os.listdir(s.out) if n in STATE
+                         or n.startswith("gpu-check") and n.endswith(".tar.gz")]:
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
+                    else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
-        self.archive = archive_path(s)
-        if not self.step or self.step["step"] == 1:
-            clear_state(s.out)
-        self.done = {r["name"]: r for r in read_jsonl(self.rows_path)}
+        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
         budget = s.budget if s.budget is not None and not s.dry_run else float("inf")
         self.runner = Runner(s.out, budget, grace=GRACE, dry_run=s.dry_run)
         if os.path.isdir(os.path.join(s.out, "site")):
             self.runner.add_path(os.path.join(s.out, "site"))
-        self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None, done=self.done,
-                                   sample=None)
-        self.number = self.step["step"] if self.step else None
+        self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
+                                   done=self.done, sample=None)
         self.interrupted, self.started, self.report = False, time.time(), None
 
-    def used(self) -> float:
-        """Seconds of the budget used: wall seconds on a GPU host; in a dry run the H100
-        seconds of this run's records (:func:`.plan.gpu_seconds`)."""
-        if not self.s.dry_run:
-            return self.runner.elapsed()
-        return OVERHEAD + sum(r.get("gpu_seconds") or 0.0 for r in self.done.values()
-                              if r.get("step") == self.number and r.get("run") == self.started)
-
     def left(self) -> float:
-        return float("inf") if self.s.budget is None else self.s.budget - self.used()
+        """Seconds left in the time budget: by the wall clock on a GPU host; in a dry run by this
+        run's records' H100 seconds (:func:`.plan.gpu_seconds`)."""
+        if self.s.budget is None:
+            return float("inf")
+        if not self.s.dry_run:
+            return self.s.budget - self.runner.elapsed()
+        return self.s.budget - OVERHEAD - sum(r.get("gpu_seconds") or 0.0 for r in
+                                              self.done.values() if r.get("run") == self.started)
 
     def run(self) -> None:
         """The lost-state row, or the set-up and every row of this run that fits."""
-        if self.step and not self.begin_step():
+        if self.step and not self.begin_step() or not self.set_up():
             return
-        self.ctx.sample = os.path.dirname(self.s.train_src)
-        if not self.set_up():
-            return
-        first = [r for r in self.s.plan if r.group <= 4]
-        later = [r for r in self.s.plan if r.group > 4]
-        for row in first:
+        for row in [r for r in self.s.plan if r.group <= 4]:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return  # DALI's files are not all here yet: its rows run in the last step
+        later = [r for r in self.s.plan if r.group > 4]
         if any(r.dali for r in later) and self.guarded("install-dali", self.install_dali):
-            self.guarded("environment-dali", self.environment_dali)
+            self.guarded("environment-dali", lambda: self.environment("environment-dali"))
         for row in later:
             self.row(row)
 
     def begin_step(self) -> bool:
-        """Record this step; link its files into ``OUT/bundle``. False (a failed row says
+        """Record this step and link its files into ``OUT/bundle``. False (a failed row says
         why) when an earlier step's state is not in ``--out``."""
-        steps_path = os.path.join(self.s.out, "steps.json")
-        steps = read_json(steps_path, [])
+        steps_path, stash = os.path.join(self.s.out, "steps.json"), os.path.join(self.s.out,
+                                                                                  "bundle")
+        steps = read_json(steps_path)
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
         missing = [k for k in range(1, self.number) if k not in ran]
-        link_tree(step_folder(self.s.bundle, self.number), os.path.join(self.s.out, "bundle"))
+        link_tree(step_folder(self.s.bundle, self.number), stash)
         with open(steps_path, "w") as f:
             json.dump(steps + [{**self.step, "started": self.started}], f)
         if missing:
             self.record({"name": f"state-lost-step{self.number}", "status": "failed",
                          "reason": f"step {self.number} found no state of step"
-                         f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} in "
+                         f"{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} in "
                          f"{self.s.out}: their wheels, data, rows and DALI's parts are gone "
                          "(another host, or the folder was removed); run the bundle's steps "
                          "again from step 1, on one host, with the same --out"})
-            self.guarded("environment", lambda: self.environment(lost=True))
+            self.guarded("environment", self.environment)
             return False
-        stash = os.path.join(self.s.out, "bundle")
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
             self.record({"name": f"bundle-step{self.number}", "status": "failed",
@@ -109,16 +108,16 @@ class Check:
         return True
 
     def set_up(self) -> bool:
-        """The set-up, each once per run of the steps (wheels, environment, data); False when
-        nothing else can run (no GPU, or a step failed)."""
+        """Wheels, environment, data, each once per run of the steps; False when nothing else
+        can run (no GPU, or a step failed)."""
+        self.ctx.sample = os.path.dirname(self.s.train_src)
         if "install" not in self.done:
             self.guarded("install", lambda: self.install("install", self.s.wheels))
         if "environment" not in self.done and not self.guarded("environment", self.environment):
             return False
         env = self.done["environment"]
-        self.ctx.machine = dict(env.get("machine") or {})
-        self.ctx.machine["hardware_windows"] = self.done.get("gpu-decode-hardware", {}).get(
-            "window")
+        self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
+            "gpu-decode-hardware", {}).get("window")}
         if "environment-dali" in self.done:
             self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
         if env["status"] != "passed" and not self.s.dry_run:
@@ -141,46 +140,41 @@ class Check:
         started, cpu = time.monotonic(), own_cpu()
         recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
                                        name=name) if wheels else [])
-        status = "failed" if any(r["status"] == "failed" for r in recs) else "passed"
         done = [r for r in recs if r["name"] == name]
-        self.record({"name": name, "status": status, "parts": recs, **({} if done else {
-                     "reason": "nothing missing"}), "installed": sum(
-                     (r.get("installed", []) for r in done), []),
+        self.record({"name": name, "status": "failed" if any(
+                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
+                     **({} if done else {"reason": "nothing missing"}),
+                     "installed": sum((r.get("installed", []) for r in done), []),
                      "seconds": round(time.monotonic() - started, 2),
-                     "cpu_seconds": _cpu(recs, cpu)},
-                    group=5 if name == "install-dali" else 0,
+                     "cpu_seconds": _cpu(recs, cpu)}, group=5 if name == "install-dali" else 0,
                     bytes=sum(os.path.getsize(w) for w in wheels))
 
     def install_dali(self) -> None:
         """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
         nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        if "install-dali" in self.done:
-            return
-        joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
-        self.install("install-dali", self.s.dali_wheels + joined, recs)
+        if "install-dali" not in self.done:
+            joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
+            self.install("install-dali", self.s.dali_wheels + joined, recs)
 
-    def environment(self, lost: bool = False) -> None:
-        machine, rec = environment(self.runner, self.s)
-        self.record({**rec, "machine": machine})
-
-    def environment_dali(self) -> None:
-        if "environment-dali" in self.done:
-            return
-        machine, rec = environment(self.runner, self.s)
-        self.ctx.machine["dali"] = machine.get("dali")
-        self.record({**rec, "name": "environment-dali", "machine": machine}, group=5)
+    def environment(self, name: str = "environment") -> None:
+        if name not in self.done:
+            machine, rec = environment(self.runner, self.s)
+            self.ctx.machine["dali"] = machine.get("dali")
+            self.record({**rec, "name": name, "machine": machine},
+                        group=5 * (name != "environment"))
 
     def data(self) -> None:
         started, cpu = time.monotonic(), own_cpu()
         data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
-        status = "failed" if any(r["status"] == "failed" for r in recs) else "passed"
-        self.record({"name": "data", "status": status, "parts": recs,
+        self.record({"name": "data", "status": "failed" if any(
+                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
                      "seconds": round(time.monotonic() - started, 2),
                      "cpu_seconds": _cpu(recs, cpu), "paths": vars(data)},
                     bytes=plan.gpu_lmdb_bytes([os.path.getsize(p) for _, p in self.s.images]))
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done, left out of a dry run, or longer than the time left in the budget."""
+        """Run ``row`` unless done, left out of a dry run, or longer than the time left in the
+        budget; a pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
             return
@@ -196,9 +190,9 @@ class Check:
         if rec is not None:
             self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
-        if gpu in self.done and rec is not None:  # the GPU row of the pair, judged again
+        if gpu in self.done and rec is not None:
             self.record(probes.gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
-                        next(r for r in self.s.plan + plan.all_rows() if r.name == gpu))
+                        next(r for r in plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
         """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
@@ -214,55 +208,37 @@ class Check:
         self.save()
 
     def save(self) -> None:
-        self.report = report.build(self.s, list(self.done.values()), self.step,
-                                   self.interrupted)
+        self.report = report.build(self.s, list(self.done.values()), self.step, self.interrupted)
         report.write(self.s.out, self.report, self.archive)
 
 
 def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
     """``rec`` with its share of synthetic (a real loader's training row: ``base``, ``bound``,
-    judged by :func:`.judge.over_synthetic`) or ``speedup`` (a ``--compile`` row over eager,
-    a 160 px row over 224 px)."""
+    :func:`.judge.over_synthetic`) or ``speedup`` (``--compile`` over eager, 160 over 224 px)."""
     if rec.get("status") != "passed" or not rec.get("model"):
         return rec
     px = "-160px" if rec.get("res") else ""
-    if rec.get("compile") and rec.get("loader") == "synthetic":
-        rec["speedup"] = judge.ratio(rec, done.get(row.name.replace("-compile", "")))
+    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
+        compiled = done.get(f"train-{rec['model']}-synthetic-compile")
+        rec.setdefault("speedup", judge.ratio(rec, done.get(row.name.replace("-compile", ""))))
+        rec.update({"ratio_to_synthetic": judge.ratio(rec, compiled)} if rec.get(
+            "loader") != "synthetic" else {})
     elif rec.get("loader") != "synthetic" and not rec.get("compile"):
         rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
-        if row.bound:
-            rec["bound"] = row.bound
+        rec.update({"bound": row.bound} if row.bound else {})
         rec = judge.over_synthetic(rec, done.get(rec["base"]), dry_run)
-    if px and row.name.endswith(px):
+    if px and row.name[:-len(px)] in done:
         rec["speedup"] = judge.ratio(rec, done.get(row.name[:-len(px)]))
     return rec
-
-
-def archive_path(s) -> str:
-    name = f"gpu-check-step{s.step}.tar.gz" if s.step else "gpu-check.tar.gz"
-    if s.archive and os.path.isdir(s.archive):
-        return os.path.join(s.archive, name)
-    return os.path.abspath(s.archive or os.path.join(s.out, name))
-
-
-def clear_state(out: str) -> None:
-    """Remove what an earlier run left in ``out`` (only the check's own files and folders)."""
-    for name in os.listdir(out):
-        path = os.path.join(out, name)
-        if name in STATE_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif name in STATE_FILES or name.startswith("gpu-check") and name.endswith(".tar.gz"):
-            os.remove(path)
 
 
 def link_tree(src: str, dst: str) -> None:
     """Every file under ``src`` hard-linked (else copied) into ``dst`` at the same relative
     path, replacing what is there; symlinks stay links."""
     for folder, _, files in os.walk(src):
-        target = os.path.join(dst, os.path.relpath(folder, src))
-        os.makedirs(target, exist_ok=True)
-        for name in files:
-            a, b = os.path.join(folder, name), os.path.join(target, name)
+        os.makedirs(os.path.join(dst, os.path.relpath(folder, src)), exist_ok=True)
+        for a in [os.path.join(folder, n) for n in files]:
+            b = os.path.join(dst, os.path.relpath(a, src))
             if os.path.lexists(b):
                 os.remove(b)
             if os.path.islink(a):
@@ -274,25 +250,17 @@ def link_tree(src: str, dst: str) -> None:
                 shutil.copy2(a, b)
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_json(path: str, lines: bool = False) -> list:
+    """The list in a JSON file, or its JSON lines; [] when missing or damaged."""
     try:
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
     except (OSError, ValueError):
         return []
 
 
-def read_json(path: str, default):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
-
-
 def _cpu(records: list[dict], since: float) -> float:
-    """CPU seconds of a set-up row of several commands: theirs and this process's since
-    ``since``."""
+    """CPU seconds of a set-up row: its commands' and this process's since ``since``."""
     return round(sum(r.get("cpu_seconds") or 0.0 for r in records) + own_cpu() - since, 2)
 
 
@@ -311,10 +279,8 @@ def check_main(s) -> int:
     except Exception as exc:  # noqa: BLE001 -- whatever it is, the report must be written
         check.record(crashed("gpu-check", exc))
     finally:
-        data = os.path.join(s.out, "data")
-        last = not s.step or s.step >= s.step_info["steps"]
-        if last and not s.keep_data and os.path.isdir(data):
-            shutil.rmtree(data, ignore_errors=True)
+        if (not s.step or s.step >= s.step_info["steps"]) and not s.keep_data:
+            shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
         check.save()
     print(report.summary_text(check.report, check.archive), flush=True)
     if check.interrupted:

@@ -29,13 +29,14 @@ def read_metrics(rundir: str) -> list[dict]:
             lines = f.read().splitlines()
     except OSError:
         return []
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return [r for r in records if isinstance(r, dict)]
+    return [r for r in map(_json, lines) if isinstance(r, dict)]
+
+
+def _json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def read_speed(rundir: str) -> dict:
@@ -129,16 +130,8 @@ def stage_lines(text: str) -> list[str]:
 
 def last_json(text: str) -> dict | None:
     """The last line of ``text`` that is a JSON object, or None."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
+    found = [_json(x) for x in text.splitlines() if x.strip().startswith("{")]
+    return next((x for x in reversed(found) if isinstance(x, dict)), None)
 
 
 def parse_pytest(text: str) -> dict:
@@ -207,9 +200,8 @@ def not_proven(rows: list[dict]) -> list[dict]:
 def summary(rows: list[dict]) -> dict:
     """Counts per status (``timed_out`` for "timed out") and ``not_proven``."""
     statuses = [row["status"] for row in rows]
-    counts = {k.replace(" ", "_"): statuses.count(k) for k in STATUSES}
-    counts["not_proven"] = len(not_proven(rows))
-    return counts
+    return {**{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
+            "not_proven": len(not_proven(rows))}
 
 
 def exit_status(report: dict) -> int:
@@ -217,11 +209,6 @@ def exit_status(report: dict) -> int:
     if report["summary"]["failed"]:
         return 1
     return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
-
-
-def counts_text(c: dict) -> str:
-    return (f"{c['passed']} checks passed, {c['failed']} failed, {c['timed_out']} timed out, "
-            f"{c['skipped']} not run")
 
 
 def proof_text(report: dict) -> str:
@@ -248,13 +235,12 @@ def target_text(t: dict) -> str:
 
 
 def progress_line(elapsed: float, row: dict) -> str:
-    what = row["name"]
     detail = row.get("reason", "")
     if row.get("images_per_sec"):
         detail = f"{row['images_per_sec']:.1f} images/s" + (
             f", {pct(row['ratio_to_synthetic'])} of synthetic"
             if row.get("ratio_to_synthetic") is not None else "")
-    return f"[{elapsed:5.0f} s] {what}: {row['status']}" + (f" ({detail})" if detail else "")
+    return f"[{elapsed:5.0f} s] {row['name']}: {row['status']}" + (f" ({detail})" * bool(detail))
 
 
 def pct(x: float | None) -> str:

@@ -126,8 +126,10 @@ def plain(name: str, group: int, box: float, run: Callable, expect: float, **kw)
 def first_rows() -> list[Row]:
     """Groups 1-4: what a GPU host must bring back first, and an offline bundle's step 1."""
     gd, rows = "gpudecode-lmdb", []
-    rows += [plain("gpu-decode-probe", 1, 120, run_decode_probe, 12),
-             plain("gpu-decode-hardware", 1, 60, run_hardware, 5)]
+    rows += [plain("gpu-decode-probe", 1, 120, lambda c, r, t: probes.probe(
+                 c.runner, c.s, c.data, t), 12),
+             plain("gpu-decode-hardware", 1, 60, lambda c, r, t: probes.hardware(
+                 c.runner, c.s, c.data, c.machine, t), 5)]
     rows += [train(f"train-resnet50-synthetic{_px(r)}", 2, res=r) for r in (False, True)]
     rows += [alone(f"loader-gpudecode-j4{_px(r)}", 3, gd, workers="4", res=r)
              for r in (False, True)]
@@ -156,12 +158,13 @@ def dali_rows() -> list[Row]:
 def extra_rows(test_files: list[str]) -> list[Row]:
     """Group 6: the GPU-marked tests, NCCL, ``--compile``, DALI's memory across epochs."""
     rows = [plain("pytest-" + os.path.splitext(os.path.basename(p))[0], 6, 600,
-                  run_pytest(p), 120) for p in test_files]
-    rows += [plain("distributed", 6, 240, run_nccl, 40),
-             train("train-resnet50-synthetic-compile", 6, box=420, compiled=True),
-             plain("train-resnet50-best-compile", 6, 420, run_compile_best, 150),
-             plain("dali-memory", 6, 300, run_memory, 60, dali=True)]
-    return rows
+                  lambda c, r, t, p=p: measure.pytest_piece(c.runner, p, c.sample, t), 120)
+            for p in test_files]
+    return rows + [plain("distributed", 6, 240, lambda c, r, t: measure.nccl_row(
+                       c.runner, c.s, c.data, c.machine, t), 40),
+                   train("train-resnet50-synthetic-compile", 6, box=420, compiled=True),
+                   train("train-resnet50-best-compile", 6, "best", box=420, compiled=True),
+                   plain("dali-memory", 6, 300, run_memory, 60, dali=True)]
 
 
 def sweep_rows() -> list[Row]:
@@ -187,7 +190,7 @@ def sweep_rows() -> list[Row]:
                    extra=("--dali-hw-decoder-load", str(x))) for x in (0.65, 0.9, 1.0)]
     rows += [alone(f"loader-dali-j{j}", g, dl, workers=j, dali=True, gpu_only=True)
              for j in ("2", "4", "8", "15")]
-    rows += [plain("train-resnet50-best-160px", g, 150, run_best_low, 35)]
+    rows += [train("train-resnet50-best-160px", g, "best", res=True)]
     return rows + resnet18_rows()
 
 
@@ -204,7 +207,7 @@ def resnet18_rows() -> list[Row]:
              train("train-resnet18-dali-lmdb-160px", g, dl, model=m, res=True, dali=True,
                    bound="loader-dali-lmdb-160px"),
              train("train-resnet18-synthetic-compile", g, model=m, box=420, compiled=True),
-             plain("train-resnet18-best-compile", g, 420, run_compile_best, 100)]
+             train("train-resnet18-best-compile", g, "best", model=m, box=420, compiled=True)]
     return rows
 
 
@@ -259,51 +262,44 @@ def gpu_lmdb_bytes(image_sizes: list[int]) -> int:
 
 
 # What the rows run: ctx holds runner, settings s, machine, data, done (records by name), sample.
-def run_main(ctx, row: Row, limit: float) -> dict:
+def run_main(ctx, row: Row, limit: float) -> dict | None:
     """A ``train`` or ``alone`` row; batch-decode rows get their decoder checked
-    (:func:`.probes.on_gpu`), DALI's their decoder named."""
-    s, machine = ctx.s, ctx.machine
-    decode = _decode(ctx, row.loader)
+    (:func:`.probes.on_gpu`), DALI's their decoder named. A ``best`` row trains from the
+    model's fastest loader at 224 px (None where not worth a row: ``--compile`` gained 5% or
+    less on synthetic data, or that loader has its own 160 px row)."""
+    s, machine, loader, workers = ctx.s, ctx.machine, row.loader, jobs(row.workers, ctx.s,
+                                                                       ctx.machine)
     res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
-    workers = jobs(row.workers, s, machine)
     if row.compiled and s.dry_run:
         return skipped(row.name, "dry run: no torch.compile timing on the CPU")
+    best = judge.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
+    if loader == "best":
+        gain = judge.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
+                           ctx.done.get(f"train-{row.model}-synthetic"))
+        if not best or row.compiled and (gain or 0) <= COMPILE_GAIN or row.res and any(
+                r.get("loader") == best["loader"] and r.get("res") for r in ctx.done.values()):
+            return None
+        loader, workers = best["loader"], best.get("jobs", workers)
+    decode = ["--decode-device", "cpu-nvimgcodec" if s.dry_run else "cuda"] \
+        if "gpudecode" in loader else []
     if row.kind == "train":
-        rec = measure.train_row(ctx.runner, s, ctx.data, machine, arch(s, row.model),
-                                row.loader, row.compiled, res, [*row.extra, *decode], row.name,
-                                workers, limit)
-        rec.update(model=row.model, arch=arch(s, row.model))
+        model = "resnet18" if s.dry_run else row.model  # standing in on the CPU
+        rec = measure.train_row(ctx.runner, s, ctx.data, machine, model, loader, row.compiled,
+                                res, [*row.extra, *decode], row.name, workers, limit)
+        rec.update(model=row.model, arch=model, **({"speedup": judge.ratio(rec, best)}
+                                                   if best else {}))
     else:
-        flags = measure.loader_flags(row.loader, ctx.data, machine)
+        flags = measure.loader_flags(loader, ctx.data, machine)
         if isinstance(flags, str):
-            return skipped(row.name, flags, loader=row.loader)
+            return skipped(row.name, flags, loader=loader)
         flags = [*flags, *row.extra, *decode] + (["--train-crop-size", str(res)] if res else [])
-        rec = measure.loader_row(ctx.runner, s, machine, row.loader, flags, workers, row.name,
+        rec = measure.loader_row(ctx.runner, s, machine, loader, flags, workers, row.name,
                                  limit, row.timed)
     if decode:
         rec = probes.on_gpu(ctx.runner, s, machine, rec)
-    if row.loader.startswith("dali") and rec.get("status") == "passed":
+    if loader.startswith("dali") and rec.get("status") == "passed":
         rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec
-
-
-def arch(s, model: str) -> str:
-    """The model a row named for ``model`` trains: ResNet-18 stands in for ResNet-50 in a dry
-    run (on the CPU, ResNet-50 would take minutes a row)."""
-    return "resnet18" if s.dry_run else model
-
-
-def _decode(ctx, loader: str) -> list[str]:
-    return ["--decode-device", "cpu-nvimgcodec" if ctx.s.dry_run else "cuda"] \
-        if "gpudecode" in loader else []
-
-
-def run_decode_probe(ctx, row: Row, limit: float) -> dict:
-    return probes.probe(ctx.runner, ctx.s, ctx.data, limit)
-
-
-def run_hardware(ctx, row: Row, limit: float) -> dict:
-    return probes.hardware(ctx.runner, ctx.s, ctx.data, ctx.machine, limit)
 
 
 def run_dali_probe(ctx, row: Row, limit: float) -> dict:
@@ -312,51 +308,8 @@ def run_dali_probe(ctx, row: Row, limit: float) -> dict:
     return probes.dali_probe(ctx.runner, ctx.s, limit)
 
 
-def run_pytest(path: str) -> Callable:
-    def run(ctx, row: Row, limit: float) -> dict:
-        return measure.pytest_piece(ctx.runner, path, ctx.sample, limit)
-    return run
-
-
-def run_nccl(ctx, row: Row, limit: float) -> dict:
-    return measure.nccl_row(ctx.runner, ctx.s, ctx.data, ctx.machine, limit)
-
-
 def run_memory(ctx, row: Row, limit: float) -> dict:
     flags = measure.loader_flags("dali-lmdb", ctx.data, ctx.machine)
     if isinstance(flags, str):
         return skipped(row.name, flags)
     return measure.memory_row(ctx.runner, ctx.s, flags, limit)
-
-
-def run_compile_best(ctx, row: Row, limit: float) -> dict | None:
-    """``--compile`` on the model's best loader, only when it gained more than 5% on synthetic
-    data (None: not worth a row)."""
-    model = row.name.split("-")[1]
-    compiled = ctx.done.get(f"train-{model}-synthetic-compile") or {}
-    gain = judge.ratio(compiled, ctx.done.get(f"train-{model}-synthetic"))
-    best = judge.best_loader(list(ctx.done.values()), model)
-    if ctx.s.dry_run or not gain or gain <= COMPILE_GAIN or not best:
-        return None
-    rec = measure.train_row(ctx.runner, ctx.s, ctx.data, ctx.machine, arch(ctx.s, model),
-                            best["loader"], True, None, _decode(ctx, best["loader"]), row.name,
-                            best.get("jobs", ctx.s.workers), limit)
-    rec.update(model=model, speedup=judge.ratio(rec, best),
-               ratio_to_synthetic=judge.ratio(rec, compiled))
-    return probes.on_gpu(ctx.runner, ctx.s, ctx.machine, rec) if _decode(ctx, best["loader"]) \
-        else rec
-
-
-def run_best_low(ctx, row: Row, limit: float) -> dict | None:
-    """ResNet-50 at 160 px from its best loader at 224 px, where no row of the list has it."""
-    best = judge.best_loader(list(ctx.done.values()), "resnet50")
-    if not best or ctx.done.get(best["name"] + "-160px") or best["loader"] in (
-            "gpudecode-lmdb", "dali-lmdb"):
-        return None
-    res = 16 if ctx.s.dry_run else LOW_RES
-    rec = measure.train_row(ctx.runner, ctx.s, ctx.data, ctx.machine, arch(ctx.s, "resnet50"),
-                            best["loader"], False, res, _decode(ctx, best["loader"]), row.name,
-                            best.get("jobs", ctx.s.workers), limit)
-    rec.update(model="resnet50", base="train-resnet50-synthetic-160px")
-    return probes.on_gpu(ctx.runner, ctx.s, ctx.machine, rec) if _decode(ctx, best["loader"]) \
-        else rec

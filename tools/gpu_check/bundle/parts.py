@@ -82,7 +82,8 @@ def reassemble(folder: str, out: str) -> list[str]:
             for part in parts:
                 path = os.path.join(folder, part)
                 if not os.path.isfile(path):
-                    raise PartsError(f"{path}: missing (copy every step's files to the host before the last step)")
+                    raise PartsError(f"{path}: missing (copy every step's files to the "
+                                     "host before the last step)")
                 if sha256_file(path) != manifest[part]:
                     raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
                 with open(path, "rb") as src:
