@@ -10,7 +10,7 @@ import os
 import shutil
 import zipfile
 
-from tools.gpu_check import cli
+from tools.gpu_check import check
 
 
 def make_bundle(sample: str, root, classes: int = 8):
@@ -34,7 +34,7 @@ def in_process(main_cli, argv):
 
 def gpu_check_cli(argv):
     """``python -m tools.gpu_check`` in this process: ``(exit status, stdout, stderr)``."""
-    return in_process(cli.main_cli, argv)
+    return in_process(check.main_cli, argv)
 
 
 SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0,

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 from . import judge, plan, report
 from .bundle.install import install, join_parts
 from .bundle.steps import missing_files
-from .cli import InputError, bundle_paths, step_folder
+from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
 from .rows import probes
 from .rows.data import prepare_data
-from .rows.host import environment
+from .rows.host import environment, probe
 from .runner import Runner, crashed, own_cpu, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -287,3 +287,21 @@ def check_main(s) -> int:
         print("gpu_check: interrupted; the report holds the rows that finished", file=sys.stderr)
         return 130
     return judge.exit_status(check.report)
+
+
+def main_cli(argv=None) -> int:
+    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
+    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
+    interrupted."""
+    args = get_args_parser().parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe()))
+        return 0
+    try:
+        s = settings(args)
+        s.plan = plan.select(plan.all_rows(), s.rows)
+        os.makedirs(s.out, exist_ok=True)
+    except (InputError, OSError, ValueError) as exc:
+        print(f"gpu_check: error: {exc}", file=sys.stderr)
+        return 2
+    return check_main(s)

@@ -1,5 +1,5 @@
-"""``python -m tools.gpu_check``: the command line and the run settings it resolves to (sizes,
-flags, the bundle's paths); the check itself is :mod:`.check`."""
+"""The command line of ``python -m tools.gpu_check`` and the run settings it resolves to
+(sizes, flags, the bundle's paths); the check itself and its entry are :mod:`.check`."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import re
-import sys
 from types import SimpleNamespace
 
 from .runner import REPO
@@ -135,27 +134,3 @@ def bundle_paths(s, bundle: str) -> None:
 
 def pick(value, default):
     return default if value is None else value
-
-
-def main_cli(argv=None) -> int:
-    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
-    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
-    interrupted."""
-    args = get_args_parser().parse_args(argv)
-    if args.probe:
-        from .rows.host import probe
-
-        print(json.dumps(probe()))
-        return 0
-    try:
-        s = settings(args)
-        from .plan import all_rows, select
-
-        s.plan = select(all_rows(), s.rows)
-        os.makedirs(s.out, exist_ok=True)
-    except (InputError, OSError, ValueError) as exc:
-        print(f"gpu_check: error: {exc}", file=sys.stderr)
-        return 2
-    from .check import check_main
-
-    return check_main(s)

@@ -20,7 +20,8 @@ from tests.helpers.gpu_fakes import fake_host as fake
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tests.helpers.paths import REPO
 from tools.gpu_check import judge, plan
-from tools.gpu_check.cli import duration, main_cli
+from tools.gpu_check.check import main_cli
+from tools.gpu_check.cli import duration
 from tools.gpu_check import runner as gpu_runner
 from tools.gpu_check.bundle import install
 from tools.gpu_check.rows import measure

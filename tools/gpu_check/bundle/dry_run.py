@@ -20,6 +20,7 @@ import sysconfig
 import tempfile
 import time
 
+from ..check import read_json
 from ..cli import InputError, duration
 from ..runner import REPO
 from .install import dist_name, installed_in, wheel_module
@@ -57,21 +58,16 @@ sys.meta_path.insert(0, _Hide())
 HERE_LIMIT = 3600.0  # s of one step here, on shared CPU cores
 
 
-def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def main_cli(argv=None) -> int:
+    """Every step in order; 0 when all holds, 1 otherwise, 2 for bad input."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", default=os.path.join(REPO, ".gpu-bundle"), help="the bundle")
-    p.add_argument("--budget", type=duration, help="time budget of all steps together, "
-                   "on an H100 host (15m); default: every row")
+    p.add_argument("--budget", type=duration, help="time budget of all steps together, on an "
+                   "H100 host (15m); default: every row")
     p.add_argument("--host", help="the host's folder (kept; default: a temporary one)")
     p.add_argument("--rows", nargs="+", metavar="PATTERN", help="only these rows")
-    return p
-
-
-def main_cli(argv=None) -> int:
-    args = get_args_parser().parse_args(argv)
     try:
-        return dry_run(args)
+        return dry_run(p.parse_args(argv))
     except (InputError, OSError) as exc:
         print(f"gpu-dry-run: error: {exc}", file=sys.stderr)
         return 2
@@ -86,7 +82,11 @@ def dry_run(args) -> int:
     if not os.path.isdir(bundle):
         raise InputError(f"--bundle {args.bundle}: no such directory (make gpu-bundle writes it)")
     root = os.path.abspath(args.host) if args.host else tempfile.mkdtemp(prefix="gpu-dry-run-")
-    repo = copy_repository(os.path.join(root, "repo"))
+    repo = os.path.join(root, "repo")  # the repository's files, as a copy to the host holds
+    shutil.rmtree(repo, ignore_errors=True)
+    for rel in repository_files(REPO):
+        os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
+        shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     env, fate = hide_layer(root, bundle)
     results, used = [], 0.0
     for number in numbers:
@@ -101,15 +101,6 @@ def dry_run(args) -> int:
         json.dump({"steps": results, "problems": problems, "wheels": fate}, f, indent=1)
     print("\n".join(summary_lines(results, problems, fate, root, used)), flush=True)
     return 1 if problems else 0
-
-
-def copy_repository(target: str) -> str:
-    """The repository's files as a copy to the host holds them, in ``target``."""
-    shutil.rmtree(target, ignore_errors=True)
-    for rel in repository_files(REPO):
-        os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
-        shutil.copy2(os.path.join(REPO, rel), os.path.join(target, rel), follow_symlinks=False)
-    return target
 
 
 def run_step(root: str, repo: str, bundle: str, number: int | None, left: float | None,
@@ -133,9 +124,8 @@ def run_step(root: str, repo: str, bundle: str, number: int | None, left: float 
                                   stderr=subprocess.STDOUT, timeout=HERE_LIMIT).returncode
         except subprocess.TimeoutExpired:
             code = None
-    records = [json.loads(x) for x in open(os.path.join(root, "state", "rows.jsonl"))
-               if x.strip()] if os.path.isfile(os.path.join(root, "state", "rows.jsonl")) else []
-    mine = [r for r in records if r.get("step") == number]
+    mine = [r for r in read_json(os.path.join(root, "state", "rows.jsonl"), lines=True)
+            if r.get("step") == number]
     name = f"gpu-check-step{number}.tar.gz" if number else "gpu-check.tar.gz"
     return {"step": number, "steps": info.get("steps", 1), "returncode": code,
             "bytes": repository_bytes(REPO) + folder_bytes(src) if number else None,
@@ -237,12 +227,12 @@ def summary_lines(results: list[dict], problems: list[str], fate: dict, root: st
     lines = ["gpu-dry-run: step | MiB with the repository (at most) | --budget | seconds "
              "here | GPU-host seconds | rows run, left out | archive"]
     for r in results:
-        size = f"{r['bytes'] / 2**20:.1f} ({r['size'] / 2**20:.0f})" if r["size"] else "-"
-        budget = "-" if r["budget"] is None else f"{r['budget']:.0f}"
         ran = sum(1 for *_, out in r["rows"] if not out)
-        lines.append(f"  {r['step'] or 'all'} | {size} | {budget} | {r['seconds']:.0f} | "
-                     f"{r['gpu_seconds']:.0f} | {ran}, {len(r['rows']) - ran} | "
-                     f"{os.path.basename(r['archive'] or '-')}")
+        lines.append(" | ".join(str(x) for x in (
+            f"  {r['step'] or 'all'}", f"{r['bytes'] / 2**20:.1f} ({r['size'] / 2**20:.0f})"
+            if r["size"] else "-", "-" if r["budget"] is None else f"{r['budget']:.0f}",
+            f"{r['seconds']:.0f}", f"{r['gpu_seconds']:.0f}", f"{ran}, {len(r['rows']) - ran}",
+            os.path.basename(r["archive"] or "-"))))
     lines.append(f"gpu-dry-run: install: {len(fate['installed'])} wheels into a clean --target "
                  f"with this environment's copies hidden, {len(fate['visible'])} left to the "
                  f"host's own, {len(fate['checked'])} checked by name and tag; GPU-host "
