@@ -158,10 +158,11 @@ DALI ?= 1
 BUDGET ?=
 STEP ?=
 STEP_SIZE ?=
+HOST_PYTHON ?= 3.12
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
-gpu-bundle: ## offline bundle .gpu-bundle/ for a GPU host: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) + 100 images of DATA= (else generated); STEP_SIZE=64M: also in steps that each fit a transfer of 64 MiB; DALI=0: ~40 MiB
-	$(BUNDLE_PY) -m tools.gpu_check.bundle.build --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
+gpu-bundle: ## offline bundle .gpu-bundle/ for a GPU host: wheels (lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) for its CPython HOST_PYTHON=3.12 + 100 images of DATA= (else generated); STEP_SIZE=64M: also in steps that each fit a transfer of 64 MiB; DALI=0: ~40 MiB
+	$(BUNDLE_PY) -m tools.gpu_check.bundle.build --out .gpu-bundle --python-version $(HOST_PYTHON) $(if $(DATA),--data $(DATA)) \
 	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali) $(if $(STEP_SIZE),--step-size $(STEP_SIZE))
 
 gpu-check: ## on a GPU host: every row, most important first (35-40 min on an H100); BUDGET=15m: what fits; STEP=N: step N of the bundle -> GPU_OUT (gpu-check-output): report.md, report.json, an archive; exit 3: not proven

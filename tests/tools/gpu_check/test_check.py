@@ -247,7 +247,7 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
 def make_n(*args, **env_vars):
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "OUT", "ARGS", "GPU_PYTHON",
-                        "BUDGET", "STEP", "STEP_SIZE")}
+                        "BUDGET", "STEP", "STEP_SIZE", "HOST_PYTHON")}
     return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env={**env, **env_vars})
 
@@ -261,9 +261,11 @@ def test_make_targets_need_no_venv_on_the_gpu_host():
     custom = make_n("gpu-check", "GPU_OUT=/x", "GPU_PYTHON=py", "BUDGET=15m", "STEP=2")
     assert "py -m tools.gpu_check --out /x --budget 15m --step 2" in custom.stdout
     bundle = make_n("gpu-bundle").stdout
-    assert "-m tools.gpu_check.bundle.build --out .gpu-bundle" in bundle
+    assert "-m tools.gpu_check.bundle.build --out .gpu-bundle --python-version 3.12" in bundle
     assert "--data" not in bundle and "--no-dali" not in bundle and "--step-size" not in bundle
-    custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0", "STEP_SIZE=64M").stdout
+    custom = make_n("gpu-bundle", "DATA=/imgs", "CUDA=12", "DALI=0", "STEP_SIZE=64M",
+                    "HOST_PYTHON=3.10").stdout
+    assert "--python-version 3.10" in custom
     assert "--data /imgs" in custom and "--cuda 12" in custom and "--no-dali" in custom
     assert "--step-size 64M" in custom
     assert "-m tools.gpu_check.bundle.dry_run --budget 15m" in make_n(

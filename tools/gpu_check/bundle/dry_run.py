@@ -187,9 +187,9 @@ def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
             modules.append(wheel_module(os.path.join(bundle, name)))
         else:
             fate["checked"].append({"wheel": name, "problem": next(
-                (None for t in tags if t.interpreter in ("cp312", "py3") and
+                (None for t in tags if t.interpreter.startswith(("cp3", "py3")) and
                  t.platform.startswith("manylinux") and t.platform.endswith("x86_64")),
-                "not a CPython 3.12 manylinux x86_64 wheel")})
+                "not a CPython manylinux x86_64 wheel")})
     folder = os.path.join(root, "hide")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
