@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from . import judge, plan, report
 from .bundle.install import install, join_parts
-from .bundle.steps import missing_files
+from .bundle.steps import link_tree, missing_files
 from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
 from .rows import probes
 from .rows.data import prepare_data
@@ -230,24 +230,6 @@ def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
     if px and row.name[:-len(px)] in done:
         rec["speedup"] = judge.ratio(rec, done.get(row.name[:-len(px)]))
     return rec
-
-
-def link_tree(src: str, dst: str) -> None:
-    """Every file under ``src`` hard-linked (else copied) into ``dst`` at the same relative
-    path, replacing what is there; symlinks stay links."""
-    for folder, _, files in os.walk(src):
-        os.makedirs(os.path.join(dst, os.path.relpath(folder, src)), exist_ok=True)
-        for a in [os.path.join(folder, n) for n in files]:
-            b = os.path.join(dst, os.path.relpath(a, src))
-            if os.path.lexists(b):
-                os.remove(b)
-            if os.path.islink(a):
-                os.symlink(os.readlink(a), b)
-                continue
-            try:
-                os.link(a, b)
-            except OSError:
-                shutil.copy2(a, b)
 
 
 def read_json(path: str, lines: bool = False) -> list:

@@ -15,7 +15,7 @@ from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tools.gpu_check import plan
 from tools.gpu_check.bundle import dry_run, steps
 from tools.gpu_check.bundle.parts import PartsError, reassemble
-from tools.gpu_check.check import link_tree
+from tools.gpu_check.bundle.steps import link_tree
 from tools.gpu_check.runner import REPO
 
 
@@ -59,6 +59,7 @@ def test_the_parts_of_every_step_make_the_wheel(small_bundle, tmp_path):
         joined)).read_bytes()
     info = json.loads((stash / "STEP.json").read_text())
     assert steps.missing_files(str(stash), info, 3) == []
+    assert os.readlink(stash / "sample" / "val") == "train"  # a link to a folder stays one
     assert steps.missing_files(str(tmp_path), info, 1) == [
         "wheels/stepfake-1.0-py3-none-any.whl (step 1)", "sample (step 1)"]
 

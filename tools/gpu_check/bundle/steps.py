@@ -70,7 +70,7 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
     steps = [first] + dali_steps(out, room)
     for number, files in enumerate(steps, 1):
         for rel in files:
-            link(os.path.join(out, rel), os.path.join(out, "steps", str(number), rel))
+            link_tree(os.path.join(out, rel), os.path.join(out, "steps", str(number), rel))
     shutil.rmtree(os.path.join(out, "parts"), ignore_errors=True)  # the parts live in steps/
     sizes = [repo_bytes + folder_bytes(os.path.join(out, "steps", str(n))) + 1024
              for n in range(1, len(steps) + 1)]
@@ -114,15 +114,24 @@ def dali_steps(out: str, room: int) -> list[list[str]]:
     return steps
 
 
-def link(src: str, dst: str) -> None:
-    """``dst`` as a hard-linked copy of the file or folder ``src`` (symlinks kept as links)."""
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    if os.path.isdir(src) and not os.path.islink(src):
-        shutil.copytree(src, dst, symlinks=True, copy_function=os.link)
-    elif os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
-    else:
-        os.link(src, dst)
+def link_tree(src: str, dst: str) -> None:
+    """``dst`` as a hard-linked (else copied) copy of the file or folder ``src``, merged into
+    what is there (a file there is replaced); symlinks, to folders too, stay links."""
+    pairs = [(src, dst)] if not os.path.isdir(src) or os.path.islink(src) else [
+        (os.path.join(d, n), os.path.join(dst, os.path.relpath(os.path.join(d, n), src)))
+        for d, dirs, names in os.walk(src)
+        for n in names + [x for x in dirs if os.path.islink(os.path.join(d, x))]]
+    for a, b in pairs:
+        os.makedirs(os.path.dirname(b), exist_ok=True)
+        if os.path.lexists(b):
+            os.remove(b)
+        if os.path.islink(a):
+            os.symlink(os.readlink(a), b)
+            continue
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
 
 
 def missing_files(stash: str, info: dict, upto: int) -> list[str]:

@@ -175,14 +175,10 @@ def dali_probe(runner: Runner, s, timeout: float = 120) -> dict:
     nvImageCodec's by their own run paths), decodes a JPEG with the mixed decoder and with
     nvImageCodec's GPU backends into device memory, and records the libraries mapped (without
     ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's CPU backend."""
-    name = "dali-gpu-decode"
-    rec = runner.run(name, [sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"],
-                     timeout)
-    result = last_json(runner.text(name)) if rec["status"] == "passed" else None
-    if rec["status"] != "passed":
+    rec, result = _json_row(runner, "dali-gpu-decode", [
+        sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
+    if not result:
         return rec
-    if result is None:
-        return fail(rec, "no JSON line from the probe")
     rec.update(result)
     if result["shape"] != [48, 64, 3]:
         return fail(rec, f"decoded to shape {result['shape']}, not [48, 64, 3]")
