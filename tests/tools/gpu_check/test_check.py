@@ -124,7 +124,8 @@ def test_a_time_budget_runs_what_fits_in_order_and_names_the_rest(sample_images,
     result = run_check(sample_images, tmp_path, "--budget", "1m")
     left = result.report["left_out"]
     assert result.code == 3 and set(left) == {r.name for r in plan.all_rows()
-                                              if r.expect > 60 - 5}
+                                              if r.expect > 60 - 5} | {"install-dali"}
+    # DALI's install and its first row (60 + 10 s) did not fit: the host's own DALI serves
     assert all(result.rows[n]["reason"].startswith("time budget: ") for n in left)
     assert "pytest-test_gpu" in left and "train-resnet50-synthetic-compile" in left
     assert result.rows["train-resnet50-lmdb-jall"]["status"] == "passed"
