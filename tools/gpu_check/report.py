@@ -103,14 +103,15 @@ def markdown(r: dict) -> str:
 
 def header_md(r: dict) -> str:
     s, m, step = r["settings"], r.get("machine") or {}, r.get("step")
-    gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} GiB)"
-                     for g in m.get("gpus") or []) or "no GPU"
+    gpus = (f"{len(m['gpus'])}x " + ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} "
+                                              "GiB)" for g in m["gpus"])) if m.get("gpus") \
+        else "no GPU"
     libs = ", ".join(f"{k} {m.get(k) or 'not installed'}" for k in (
         "torch", "torchvision", "dali", "nvimgcodec", "lmdb", "pytest"))
     dry = " (dry run on the CPU: proves this script, not a GPU)" if r["dry_run"] else ""
     scaled = " (H100, scaled from CPU seconds)" if r["dry_run"] else ""
     lines = [f"# GPU check{dry}",
-             "", f"- Host: {len(m.get('gpus') or [])}x {gpus}; driver {m.get('driver') or '-'} "
+             "", f"- Host: {gpus}; driver {m.get('driver') or '-'} "
              f"(CUDA {m.get('cuda_driver_api') or '-'}), CUDA {m.get('cuda') or '-'}, cuDNN "
              f"{m.get('cudnn') or '-'}; {libs}; GPU decoder "
              f"{(m.get('decoder') or {}).get('library') or '-'}; {m.get('cpu_cores', '-')} CPU "

@@ -113,6 +113,7 @@ def test_steady_state_sizes_flags_shares_and_targets(every_row):
     assert report["loaders"]["loader-gpudecode-j4"] == {"images_per_sec": 5120.0,
                                                         "target": 10000.0}
     text = (every_row.root / "o" / "report.md").read_text()
+    assert "- Host: 1x NVIDIA H100 80GB HBM3 (79.2 GiB); driver -" in text
     assert "## Figures against the targets" in text and "| loader-dali-lmdb | 5,120.0 | >= 15,000 |" in text
     assert "| train-resnet50-gpudecode-lmdb | 98% | 512% | 98% |" in text
 
