@@ -194,6 +194,10 @@ class Check:
             rec = (row.run or plan.run_main)(self.ctx, row, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
+        if rec is not None and self.s.dry_run and self.s.budget is not None and \
+                plan.gpu_seconds(row, rec, True) > limit:  # what the host's clock would do
+            rec = {**rec, "status": "skipped", "gpu_seconds": limit, "reason": "time budget: "
+                   f"stopped after {limit:.0f} s, as on a GPU host (GPU-host seconds)"}
         if rec is not None:
             self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
@@ -205,7 +209,8 @@ class Check:
         """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
         rec = {**rec, **fields, "group": row.group if row else group, "step": self.number,
                "run": self.started}
-        rec["gpu_seconds"] = round(plan.gpu_seconds(row, rec, self.s.dry_run), 2)
+        rec["gpu_seconds"] = round(rec.get("gpu_seconds") or plan.gpu_seconds(
+            row, rec, self.s.dry_run), 2)
         with open(self.rows_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.done.get(rec["name"], {}).get("left_out"):
