@@ -156,7 +156,7 @@ def merge_tree(source: str, target: str) -> list[str]:
 
 def share_namespace(site: str, package: str) -> None:
     """Make ``site/package`` extend its ``__path__`` over every ``package`` on ``sys.path``
-    (``pkgutil.extend_path``), so the machine's own ``nvidia/...`` (torch's CUDA libraries)
+    (``pkgutil.extend_path``), so the host's own ``nvidia/...`` (torch's CUDA libraries)
     stay visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package
     hides every namespace portion of the same name."""
     folder = os.path.join(site, package)

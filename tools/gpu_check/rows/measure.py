@@ -153,7 +153,7 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
 def pytest_piece(runner: Runner, path: str, sample: str | None = None,
                  timeout: float | None = None) -> dict:
     """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
-    ``IMAGENET_SAMPLE``, as ``../shared`` does not travel to a GPU machine."""
+    ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
                             "-p", "no:cacheprovider", path], timeout or 600,

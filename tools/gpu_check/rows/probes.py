@@ -88,7 +88,7 @@ print(json.dumps(result))
 
 
 def decoder_name(line: str, machine: dict) -> str:
-    """Which decoder did a row's work, from main.py's ``device:`` line and the machine's
+    """Which decoder did a row's work, from main.py's ``device:`` line and the host's
     ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware``, ``nvImageCodec CUDA``,
     ``nvImageCodec CPU`` (a dry run), ``torchvision nvJPEG`` or ``CPU``."""
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
