@@ -124,8 +124,9 @@ def run_step(root: str, repo: str, bundle: str, number: int | None, left: float 
                                   stderr=subprocess.STDOUT, timeout=HERE_LIMIT).returncode
         except subprocess.TimeoutExpired:
             code = None
-    mine = [r for r in read_json(os.path.join(root, "state", "rows.jsonl"), lines=True)
-            if r.get("step") == number]
+    mine = list({r["name"]: r for r in read_json(os.path.join(root, "state", "rows.jsonl"),
+                                                 lines=True) if r.get("step") == number}.values())
+    # (a row recorded again, a pair's GPU row judged by its CPU row, counts once)
     name = f"gpu-check-step{number}.tar.gz" if number else "gpu-check.tar.gz"
     return {"step": number, "steps": info.get("steps", 1), "returncode": code,
             "bytes": repository_bytes(REPO) + folder_bytes(src) if number else None,
