@@ -35,8 +35,8 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-heavy test-durations test-slurm bench bench-ffcv \
-  convert-imagenet train tensorboard docker-build docker-run clean gpu-bundle gpu-check gpu-lease \
-  gpu-rehearse
+  convert-imagenet train tensorboard docker-build docker-run clean gpu-bundle gpu-check \
+  gpu-dry-run
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -149,28 +149,27 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
 	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
 
-# gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs.
-# Its folder is GPU_OUT, never OUT: on a borrowed machine $$OUT is the folder that comes back
-# (at most 8 files), and the scratch (wheels, data, runs) must not land there.
+# gpu-check runs on a GPU host with its own Python (torch, torchvision; no venv, no internet
+# needed) and what gpu-bundle packs; the report and the state between steps go to GPU_OUT.
 GPU_PYTHON ?= python3
 GPU_OUT ?= gpu-check-output
 CUDA ?=
 DALI ?= 1
-PARTS ?=
+BUDGET ?=
+STEP ?=
+STEP_SIZE ?=
+HOST_PYTHON ?= 3.12
 BUNDLE_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
-gpu-bundle: ## .gpu-bundle/ for gpu-check: wheels (CPython 3.12: lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) + 100 images of DATA= (else generated), laid out per lease call; DALI=0: ~40 MiB
-	$(BUNDLE_PY) -m tools.gpu_check.machine.bundle --out .gpu-bundle $(if $(DATA),--data $(DATA)) \
-	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali)
+gpu-bundle: ## offline bundle .gpu-bundle/ for a GPU host: wheels (lmdb, pytest, nvImageCodec, nvJPEG, DALI for CUDA=13) for its CPython HOST_PYTHON=3.12 + 100 images of DATA= (else generated); STEP_SIZE=64M: also in steps that each fit a transfer of 64 MiB; DALI=0: ~40 MiB
+	$(BUNDLE_PY) -m tools.gpu_check.bundle.build --out .gpu-bundle --python-version $(HOST_PYTHON) $(if $(DATA),--data $(DATA)) \
+	  $(if $(CUDA),--cuda $(CUDA)) $(if $(filter 0,$(DALI)),--no-dali) $(if $(STEP_SIZE),--step-size $(STEP_SIZE))
 
-gpu-check: ## full check on a GPU machine with time (35-40 min): tests, images/s per loader, NCCL -> GPU_OUT (gpu-check-output); PARTS=DIR: DALI carried in parts; exit 3: not proven
-	$(GPU_PYTHON) -m tools.gpu_check --out $(GPU_OUT)$(if $(PARTS), --parts $(PARTS)) $(ARGS)
+gpu-check: ## on a GPU host: every row, most important first (35-40 min on an H100); BUDGET=15m: what fits; STEP=N: step N of the bundle -> GPU_OUT (gpu-check-output): report.md, report.json, an archive; exit 3: not proven
+	$(GPU_PYTHON) -m tools.gpu_check --out $(GPU_OUT)$(if $(BUDGET), --budget $(BUDGET))$(if $(STEP), --step $(STEP)) $(ARGS)
 
-gpu-lease: ## one call of the lease plan on a borrowed GPU (docs/gpu-check.md; ARGS='--lease-left S' from call 2): rows to /tmp/gpu-check, one archive into OUT
-	$(GPU_PYTHON) -m tools.gpu_check --lease $(ARGS)
-
-gpu-rehearse: install ## the lease plan end to end here on CPU backends: bytes per call, a clean --target install, machine seconds scaled, what OUT keeps
-	$(PY) -m tools.gpu_check --rehearse $(ARGS)
+gpu-dry-run: install ## the bundle's steps (or the whole bundle) run here on CPU backends as on a GPU host: bytes and seconds per step, the install, one archive per step; BUDGET=15m as there
+	$(PY) -m tools.gpu_check.bundle.dry_run$(if $(BUDGET), --budget $(BUDGET)) $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

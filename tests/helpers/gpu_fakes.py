@@ -1,5 +1,6 @@
-"""What the GPU check's tests share: a bundle folder made from the sample (or its stand-in), its command line
-run in this process, and every command faked as on one H100 (:mod:`tools.gpu_check`)."""
+"""What the GPU check's tests share: a bundle folder made from the sample (or its stand-in),
+its command line run in this process, and every command faked as on one H100
+(:mod:`tools.gpu_check`)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +10,7 @@ import os
 import shutil
 import zipfile
 
-from tools.gpu_check import cli
+from tools.gpu_check import check
 
 
 def make_bundle(sample: str, root, classes: int = 8):
@@ -33,7 +34,7 @@ def in_process(main_cli, argv):
 
 def gpu_check_cli(argv):
     """``python -m tools.gpu_check`` in this process: ``(exit status, stdout, stderr)``."""
-    return in_process(cli.main_cli, argv)
+    return in_process(check.main_cli, argv)
 
 
 SPEEDS = {"synthetic": 1000.0, "folder": 700.0, "lmdb": 960.0, "dali": 980.0,
@@ -79,8 +80,9 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
                           if cmd[cmd.index("-j") + 1].isdigit() else 8, "batch_size": 256,
                           "cpu_count": 16, "world_size": 1, "device": "cuda:0"})
     elif "--output-dir" in cmd:
-        loader = (name.split("-")[2] + ("-lmdb" if "-dali-lmdb" in name else "")
-                  if name.startswith("train-") else "folder")
+        loader = ("synthetic" if "--dummy" in cmd else "gpudecode" if "--decode-device" in cmd
+                  else ("dali-lmdb" if "--lmdb" in cmd else "dali") if "--dali" in cmd
+                  else "lmdb" if "--lmdb" in cmd else "folder")
         speed = SPEEDS[loader] * (1.2 if "--compile" in cmd else 1.0) * (
             1.8 if "--train-crop-size" in cmd else 1.0)
         rundir = cmd[cmd.index("--output-dir") + 1]
@@ -105,11 +107,25 @@ def fake_gpu_run(self, name, cmd, timeout, env=None):
     return record
 
 
-def fake_wheel(folder, name: str) -> str:
+def fake_host(monkeypatch) -> None:
+    """Every command of the check faked as on one H100 host (:func:`fake_gpu_run`), no
+    nvidia-smi, and a short epoch (each symlink costs ~0.5 ms here)."""
+    from tools.gpu_check import runner
+    from tools.gpu_check.rows import data, host
+
+    monkeypatch.setattr(runner.Runner, "calls", [], raising=False)
+    monkeypatch.setattr(runner.Runner, "run", fake_gpu_run)
+    monkeypatch.setattr(host.shutil, "which", lambda name: None)
+    monkeypatch.setattr(data, "data_batches", lambda s, m: 8)
+
+
+def fake_wheel(folder, name: str, blob: int = 0) -> str:
     path = os.path.join(folder, f"{name}-1.0-py3-none-any.whl")
     info = f"{name}-1.0.dist-info"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}/__init__.py", "VALUE = 42\n")
+        zf.writestr(f"{name.replace('_', '/', 1) if blob else name}/__init__.py", "VALUE = 42\n")
+        if blob:  # a large wheel, stored: its bytes as they are
+            zf.writestr(f"{name}.blob", os.urandom(blob), zipfile.ZIP_STORED)
         zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
                     "Root-Is-Purelib: true\nTag: py3-none-any\n")

@@ -1,4 +1,4 @@
-"""The GPU check (docs/gpu-check.md), ``python -m tools.gpu_check``: the full check (``make
-gpu-check``, :mod:`.full`), the lease plan for a borrowed GPU's 15 minutes (``--lease``,
-:mod:`.plan`, :mod:`.lease`; rehearsed by :mod:`.rehearse`) and the bundle they run from
-(``make gpu-bundle``, :mod:`.bundle`)."""
+"""The GPU check (docs/gpu-check.md), ``python -m tools.gpu_check``: one row list in priority
+order (:mod:`.plan`), one runner (:mod:`.check`), one report (:mod:`.report`, judged by
+:mod:`.judge`); the rows' commands in :mod:`.rows`; the offline bundle, its steps, the install
+and the dry run of the steps in :mod:`.bundle`."""

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main_cli
+from .check import main_cli
 
 sys.exit(main_cli())

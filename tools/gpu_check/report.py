@@ -1,246 +1,71 @@
-"""Reading main.py's outputs and judging them (shares of synthetic, the target, what is not
-proven, the exit status); :mod:`.markdown` writes the report. Speeds are images/s, times
-seconds, memory bytes; ratios are fractions. Nothing here runs a command.
-"""
+"""The check's one report: ``report.json`` and ``report.md`` (the figures against the targets,
+every row, main.py's stage tables, what a time budget did not fit, what is not proven, the
+failures, every command), archived with the logs after every row. Speeds are images/s."""
 from __future__ import annotations
 
+import io
 import json
-import math
 import os
-import re
+import tarfile
+import time
 
-STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
-SECTION_ORDER = ("environment", "setup", "pytest", "training", "compile", "loaders", "dali",
-                 "gpudecode", "nccl", "resolution", "internal")
-STATUSES = ("passed", "failed", "timed out", "skipped")
-# The bound line engine.report.bounds ends main.py's stage table with (then its "  try" lines).
-_BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
-_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
+from . import judge
+from .judge import pct, proof_text, status_of, target_text
+
+LOG_BYTES = 1 << 20  # of each log in the archive: its last MiB
 
 
-def read_metrics(rundir: str) -> list[dict]:
-    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing (unparsable lines skipped)."""
-    try:
-        with open(os.path.join(rundir, "metrics.jsonl")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return [r for r in records if isinstance(r, dict)]
+def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> dict:
+    """The report of ``rows`` (every record so far, this step's and earlier ones')."""
+    by = {r["name"]: r for r in rows}
+    machine = dict((by.get("environment") or {}).get("machine") or {})
+    machine.update({k: v for k, v in ((by.get("environment-dali") or {}).get("machine") or {})
+                    .items() if k.startswith("dali")})
+    pending = step and step["step"] < step["steps"]
+    return {
+        "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "dry_run": s.dry_run, "budget_seconds": s.budget, "interrupted": interrupted,
+        "step": step and {k: step.get(k) for k in ("step", "steps", "bundle", "bytes", "size")},
+        "settings": {"batch_size": s.batch, "warmup_steps": s.warmup, "timed_steps": s.steps,
+                     "workers": s.workers, "rows": s.rows, "extra_flags": s.sizes + s.accel},
+        "machine": machine, "rows": rows,
+        "left_out": [r["name"] for r in rows if r.get("left_out")],
+        "not_run": [r.name for r in s.plan if r.name not in by and r.group > 4
+                    and not (r.gpu_only and s.dry_run)] if pending else [],
+        "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),
+        "loaders": {name: {"images_per_sec": (by.get(name) or {}).get("images_per_sec")
+                           if (by.get(name) or {}).get("status") == "passed" else None,
+                           "target": target} for name, target in judge.LOADER_TARGETS.items()},
+        "shares": {r["name"]: {**judge.share_of(by, r), "spread": r.get("share_spread"),
+                               "decoder": r.get("decoder"), "status": r["status"]}
+                   for r in rows if r.get("base") and not r.get("compile")},
+        "target": judge.target(rows, "resnet50", s.dry_run),
+        "not_proven": judge.not_proven(rows), "summary": judge.summary(rows)}
 
 
-def read_speed(rundir: str) -> dict:
-    """Training images/s of the run's last epoch record: ``images_per_sec`` is main.py's
-    ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks), else
-    ``train_images_per_sec`` with ``includes_warmup`` True; ``speed_key`` names the key. Also
-    ``data_time_fraction``, ``epoch_seconds``, ``val_acc1``, ``train_loss``, ``spread`` and
-    ``stages``. Raises ValueError without a usable record or when the training loss is not
-    finite (diverged weights train at full speed too)."""
-    records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
-    if not records:
-        raise ValueError("no epoch record with images/s in metrics.jsonl")
-    last = records[-1]
-    key = STEADY if last.get(STEADY) is not None else FALLBACK
-    loss = last.get("train_loss")
-    if loss is not None and not math.isfinite(loss):
-        raise ValueError(f"train loss {loss}: the weights diverged")
-    return {"images_per_sec": last[key], "speed_key": key, "includes_warmup": key == FALLBACK,
-            "data_time_fraction": last.get("data_time_fraction"),
-            "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
-            "train_loss": loss, "spread": step_spread(last), "stages": stage_figures(last)}
-
-
-def step_spread(record: dict) -> float | None:
-    """(p90 - p50) / p50 of a run's step times (engine.report.bounds' ``stages_step_ms_*``: CUDA
-    events on a GPU, waits excluded), None where main.py wrote none. It bounds how far two
-    runs' mean images/s differ by chance."""
-    p50, p90 = record.get("stages_step_ms_p50"), record.get("stages_step_ms_p90")
-    return round((p90 - p50) / p50, 4) if p50 and p90 is not None else None
-
-
-def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
-    """``row`` (a training row) with ``ratio_to_synthetic`` and ``share_spread`` (the larger
-    :func:`step_spread` of the two, 0 where unknown); failed when a real loader's ratio exceeds
-    1 by more than that spread, since data-fed training cannot beat synthetic (it timed a
-    queue filled before the clock). A dry run (shared CPU cores) only gets a ``note``."""
-    row["ratio_to_synthetic"] = ratio(row, synthetic)
-    if row.get("loader") in (None, "synthetic") or row["ratio_to_synthetic"] is None:
-        return row
-    spread = max(row.get("spread") or 0.0, (synthetic or {}).get("spread") or 0.0)
-    row["share_spread"] = spread
-    if row["ratio_to_synthetic"] > 1 + spread:
-        why = (f"{pct(row['ratio_to_synthetic'])} of synthetic, beyond the steps' spread of "
-               f"{pct(spread)}: not a steady-state figure")
-        return {**row, "note": why + " (dry run: not judged)"} if dry_run else {
-            **row, "status": "failed", "reason": why}
-    return row
-
-
-def capped(share: float | None, alone: float | None) -> float | None:
-    """A loader's share of synthetic as judged: its training share, capped by its loader-alone
-    share (where known) and by 1."""
-    if share is None:
-        return None
-    return min(share, alone if alone is not None else share, 1.0)
-
-
-def stage_figures(record: dict) -> dict:
-    """The ``stages_*`` keys of one main.py record (``metrics.jsonl`` or ``--benchmark-data``'s
-    JSON line): ``engine.report.bounds``' stage figures (ms per image), ``stages_bound`` and
-    ``stages_advice``; {} where main.py wrote none."""
-    return {k: v for k, v in record.items() if k.startswith("stages_")}
-
-
-def stage_lines(text: str) -> list[str]:
-    """The last stage table main.py printed in ``text``, from its first line (``stages over
-    ...`` or the training thread's) through the bound line and its ``try`` lines; [] if none."""
-    lines = text.splitlines()
-    ends = [i for i, line in enumerate(lines) if _BOUND_LINE.match(line)]
-    if not ends:
-        return []
-    start = end = ends[-1]
-    while start > 0 and lines[start - 1].startswith("  ") \
-            and not _BOUND_LINE.match(lines[start - 1]):
-        start -= 1
-    if start > 0 and lines[start - 1].startswith("stages over "):
-        start -= 1
-    while end + 1 < len(lines) and lines[end + 1].startswith("  try "):
-        end += 1
-    return lines[start:end + 1]
-
-
-def last_json(text: str) -> dict | None:
-    """The last line of ``text`` that is a JSON object, or None."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
-
-
-def parse_pytest(text: str) -> dict:
-    """``counts`` (passed, failed, skipped, deselected, error, ...) from pytest's final summary
-    line, ``failed_tests`` (node ids of FAILED/ERROR lines) and ``summary_line``."""
-    summary = next((line.strip(" =") for line in reversed(text.splitlines())
-                    if _PYTEST_COUNT.search(line) and re.search(r"\bin [\d.]+s", line)), "")
-    counts = dict.fromkeys(("passed", "failed", "skipped", "error"), 0) if summary else {}
-    counts.update({("error" if word.startswith("error") else word): int(n)
-                   for n, word in _PYTEST_COUNT.findall(summary)})
-    failed = [m.group(2) for m in re.finditer(r"^(FAILED|ERROR) (\S+)", text, re.M)]
-    return {"counts": counts, "failed_tests": failed, "summary_line": summary}
-
-
-def ratio(row: dict | None, base: dict | None) -> float | None:
-    """``row``'s images/s over ``base``'s (both passed), to 3 decimals; else None."""
-    if not row or not base or row.get("status") != "passed" or base.get("status") != "passed":
-        return None
-    if not row.get("images_per_sec") or not base.get("images_per_sec"):
-        return None
-    return round(row["images_per_sec"] / base["images_per_sec"], 3)
-
-
-def find(rows: list[dict], model: str, loader: str, compiled: bool = False) -> dict | None:
-    return next((r for r in rows if r.get("model") == model and r.get("loader") == loader
-                 and r.get("compile", False) == compiled), None)
-
-
-def real_loader_rows(rows: list[dict], model: str) -> list[dict]:
-    """The passed real (not synthetic) loader rows of ``model`` without --compile."""
-    return [r for r in rows if r.get("model") == model and r.get("loader") != "synthetic"
-            and not r.get("compile") and r.get("status") == "passed" and r.get("images_per_sec")]
-
-
-def best_loader(rows: list[dict], model: str) -> dict | None:
-    """The fastest passed real (not synthetic) loader row of ``model`` without --compile."""
-    return max(real_loader_rows(rows, model), key=lambda r: r["images_per_sec"], default=None)
-
-
-def loader_alone_share(training: list[dict], loader_rows: list[dict] | None,
-                       row: dict) -> float | None:
-    """The bound of a real loader's training ``row``: its ``loader-LOADER`` row's images/s in
-    ``loader_rows`` over the model's synthetic training in ``training``; None for synthetic,
-    ``--compile`` rows or where either figure is missing."""
-    if row.get("loader") in (None, "synthetic") or row.get("compile"):
-        return None
-    name = f"loader-{row['loader']}"
-    alone = next((x for x in loader_rows or [] if x.get("name") == name), None)
-    return ratio(alone, find(training, row.get("model"), "synthetic"))
-
-
-def target(rows: list[dict], model: str, min_ratio: float, dry_run: bool,
-           loader_rows: list[dict] | None = None) -> dict:
-    """Whether ``model``'s best loader reaches ``min_ratio`` of synthetic (``met``: None when
-    not measured or in a dry run). A share is the training row's, :func:`capped` by the loader
-    alone where ``loader_rows`` has it: whatever a warm-up leaves queued, the loader alone
-    bounds what it can feed."""
-    shares = []
-    for row in real_loader_rows(rows, model):
-        if not row.get("ratio_to_synthetic"):
-            continue
-        alone_share = loader_alone_share(rows, loader_rows, row)
-        shares.append((capped(row["ratio_to_synthetic"], alone_share), row["loader"],
-                       alone_share))
-    share, loader, alone_share = max(shares, default=(None, None, None))
-    result = {"model": model, "min_ratio": min_ratio, "best_loader": loader,
-              "best_ratio": share, "loader_only_ratio": alone_share,
-              "met": None if share is None or dry_run else share >= min_ratio}
-    if dry_run:
-        result["note"] = "not judged in a dry run (CPU)"
-    elif share is not None and alone_share is None:
-        result["note"] = "training rows only (no loader-only figure to cap them)"
-    return result
-
-
-def settings_of(s) -> dict:
-    return {"batch_size": s.batch, "warmup_steps": s.warmup, "timed_steps": s.steps,
-            "workers": s.workers, "models": s.models, "sections": sorted(s.only),
-            "extra_flags": s.sizes + s.accel}
-
-
-def rows_of(report: dict):
-    for name in SECTION_ORDER:
-        yield from report["sections"].get(name, [])
-
-
-def not_proven(report: dict) -> list[dict]:
-    """``{"name", "reason"}`` of each check that proves nothing: skipped, timed out, or passed
-    with GPU tests that pytest skipped."""
-    out = []
-    for row in rows_of(report):
-        skipped_tests = (row.get("counts") or {}).get("skipped")
-        if row["status"] in ("skipped", "timed out"):
-            out.append({"name": row["name"], "reason": status_of(row)})
-        elif row["status"] == "passed" and skipped_tests:
-            out.append({"name": row["name"], "reason": f"{skipped_tests} GPU tests skipped"})
-    return out
-
-
-def finish(report: dict, seconds: float) -> dict:
-    """Add ``seconds`` (the whole check), ``not_proven`` and ``summary`` (counts per status,
-    ``timed_out`` for "timed out", and ``not_proven``)."""
-    statuses = [row["status"] for row in rows_of(report)]
-    report["seconds"] = round(seconds, 1)
-    report["not_proven"] = not_proven(report)
-    report["summary"] = {k.replace(" ", "_"): statuses.count(k) for k in STATUSES}
-    report["summary"]["not_proven"] = len(report["not_proven"])
-    return report
-
-
-def exit_status(report: dict) -> int:
-    """1 when a check failed; else 3 when one is not proven on a GPU (not in a dry run); else 0."""
-    if report["summary"]["failed"]:
-        return 1
-    return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
+def write(out: str, report: dict, archive: str) -> None:
+    """``OUT/report.json``, ``OUT/report.md``, then the archive at ``archive`` (written beside
+    it, then renamed): the reports, the rows, the steps, each log's last :data:`LOG_BYTES` and
+    each run's ``metrics.jsonl``."""
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(markdown(report))
+    names = ["rows.jsonl", "report.json", "report.md", "steps.json"]
+    for folder, only in (("logs", ""), ("runs", "metrics.jsonl")):
+        for d, _, files in sorted(os.walk(os.path.join(out, folder))):
+            names += [os.path.relpath(os.path.join(d, f), out) for f in sorted(files)
+                      if not only or f == only]
+    os.makedirs(os.path.dirname(os.path.abspath(archive)), exist_ok=True)
+    with tarfile.open(archive + ".partial", "w:gz") as tar:
+        for path in [os.path.join(out, n) for n in names if os.path.isfile(os.path.join(out, n))]:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - LOG_BYTES))
+                data = f.read()
+            info = tarfile.TarInfo(os.path.join("gpu-check", os.path.relpath(path, out)))
+            info.size, info.mtime = len(data), int(os.path.getmtime(path))
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(archive + ".partial", archive)
 
 
 def counts_text(c: dict) -> str:
@@ -248,47 +73,145 @@ def counts_text(c: dict) -> str:
             f"{c['skipped']} not run")
 
 
-def proof_text(report: dict) -> str:
-    """One line: whether the run proves the GPU path, and what it leaves unproven."""
-    missing = report.get("not_proven") or []
-    names = ", ".join(f"{x['name']} ({x['reason']})" for x in missing[:6]) + (
-        f", and {len(missing) - 6} more" if len(missing) > 6 else "")
-    if report["dry_run"]:
-        return "dry run on the CPU: checks this script, proves nothing about a GPU"
-    if report["summary"]["failed"]:
-        return "GPU path NOT proven: a check failed" + (f"; also not run: {names}" if names else "")
-    if missing:
-        return f"GPU path NOT proven: {len(missing)} checks skipped or timed out: {names}"
-    return "GPU path proven: every check ran and passed"
+def summary_text(report: dict, archive: str) -> str:
+    step = report.get("step")
+    where = f"step {step['step']} of {step['steps']}: " if step else ""
+    lines = [f"gpu-check: {where}{counts_text(report['summary'])}; report {archive}",
+             proof_text(report)]
+    if report["left_out"]:
+        lines.append(f"left out by the time budget: {', '.join(report['left_out'])}")
+    if step and step["step"] < step["steps"]:
+        lines.append(f"next: step {step['step'] + 1} (python -m tools.gpu_check --step "
+                     f"{step['step'] + 1}, the same --out); DALI's rows run in step "
+                     f"{step['steps']}")
+    return "\n".join(lines + [target_text(report["target"])])
 
 
-def summary_text(report: dict, out: str) -> str:
-    c, t = report["summary"], report.get("target") or {}
-    line = (f"gpu-check: {counts_text(c)} in {report['seconds']:.0f} s; "
-            f"report: {os.path.join(out, 'report.md')}\n{proof_text(report)}")
-    return line + ("\n" + target_text(t) if t else "")
+def num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
 
 
-def target_text(t: dict) -> str:
-    verdict = {True: "met", False: "NOT met", None: t.get("note", "not measured")}[t.get("met")]
-    best = f" (best: {t['best_loader']} at {pct(t['best_ratio'])})" if t.get("best_loader") else ""
-    return (f"target: {t['model']} best loader >= {pct(t['min_ratio'])} of synthetic: "
-            f"{verdict}{best}")
+def table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
-def progress_line(elapsed: float, row: dict) -> str:
-    what = row["name"]
-    detail = row.get("reason", "")
-    if row.get("images_per_sec"):
-        detail = f"{row['images_per_sec']:.1f} images/s" + (
-            f", {pct(row['ratio_to_synthetic'])} of synthetic"
-            if row.get("ratio_to_synthetic") is not None else "")
-    return f"[{elapsed:5.0f} s] {what}: {row['status']}" + (f" ({detail})" if detail else "")
+def markdown(r: dict) -> str:
+    parts = [md(r) for md in (header_md, figures_md, rows_md, stages_md, left_md, failures_md)]
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
+def header_md(r: dict) -> str:
+    s, m, step = r["settings"], r.get("machine") or {}, r.get("step")
+    gpus = (f"{len(m['gpus'])}x " + ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} "
+                                              "GiB)" for g in m["gpus"])) if m.get("gpus") \
+        else "no GPU"
+    libs = ", ".join(f"{k} {m.get(k) or 'not installed'}" for k in (
+        "torch", "torchvision", "dali", "nvimgcodec", "lmdb", "pytest"))
+    dry = " (dry run on the CPU: proves this script, not a GPU)" if r["dry_run"] else ""
+    scaled = " (H100, scaled from CPU seconds)" if r["dry_run"] else ""
+    lines = [f"# GPU check{dry}",
+             "", f"- Host: {gpus}; driver {m.get('driver') or '-'} "
+             f"(CUDA {m.get('cuda_driver_api') or '-'}), CUDA {m.get('cuda') or '-'}, cuDNN "
+             f"{m.get('cudnn') or '-'}; {libs}; GPU decoder "
+             f"{(m.get('decoder') or {}).get('library') or '-'}; {m.get('cpu_cores', '-')} CPU "
+             f"cores; Python {m.get('python', '-')} on {m.get('platform', '-')}",
+             f"- Run: {r['started']}" + (f", step {step['step']} of {step['steps']}" if step
+                                          else "")
+             + (f", time budget {r['budget_seconds']:.0f} s" if r["budget_seconds"] else "")
+             + f"; the rows' seconds on the GPU host{scaled}: {r['gpu_seconds']:.0f}",
+             f"- Settings: -b {s['batch_size']}, {s['warmup_steps']} warm-up + "
+             f"{s['timed_steps']} timed steps past the pipeline's ready batches, -j "
+             f"{s['workers']} {' '.join(s['extra_flags'])}",
+             f"- Result: {counts_text(r['summary'])}", f"- {proof_text(r)}",
+             f"- {target_text(r['target'])}"]
+    return "\n".join(lines + ["- Interrupted: the rows below are those that finished"]
+                     * bool(r.get("interrupted")))
 
 
-def status_of(row: dict) -> str:
-    return row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+def figures_md(r: dict) -> str:
+    text = "## Figures against the targets\n\n" + table(
+        ["loader alone", "images/s", "target"],
+        [[n, num(x["images_per_sec"]), f">= {x['target']:,.0f}"] for n, x in r["loaders"].items()])
+    body = [[name, pct(x["raw"]), pct(x["alone"]), pct(x["judged"]), pct(x["spread"]),
+             x["decoder"] or "-", x["status"], f">= {pct(judge.TARGET_SHARE)}"]
+            for name, x in r["shares"].items()]
+    if body:
+        text += ("\n\nEach training row's share of synthetic training: judged = the training "
+                 "share capped by the loader alone's share (which no queue biases) and by "
+                 "100%; a training share above 100% by more than the rows' step spread "
+                 "fails on a GPU.\n\n" + table(["training row", "vs synthetic", "loader alone",
+                                                "judged", "spread", "decoder", "status",
+                                                "target"], body))
+    return text + ("\n\nDry run: CPU figures on shared cores, whose load moves each run's "
+                   "images/s; a share above 100% is noted, not judged." if r["dry_run"] else "")
+
+
+def detail(x: dict) -> str:
+    """What a row shows beside its figure."""
+    if x.get("on_device") is not None:
+        return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
+                f"max diff {num(x.get('max_diff'))}")
+    if x.get("whole") is not None or x.get("window") is not None:
+        return f"hardware decoder: whole JPEG {x.get('whole')}, window (ROI) {x.get('window')}"
+    if x.get("gpu_over_cpu"):
+        return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one worker or thread each"
+    if x.get("speedup"):
+        return f"{pct(x['speedup'])} of " + ("eager" if x.get("compile") else "224 px")
+    if x.get("device_memory_mib") or x.get("host_rss_mib"):
+        return (f"host RSS {x.get('host_rss_mib')} MiB, device {x.get('device_memory_mib')} "
+                "MiB per epoch")
+    if x.get("world_size"):
+        return (f"world size {x['world_size']}, {x.get('backend')}, process group "
+                f"{'joined' if x.get('process_group') else '-'}, top-1 {num(x.get('val_acc1'))}")
+    return f"pytest: {x['summary_line']}" if x.get("summary_line") else x.get("note", "")
+
+
+def rows_md(r: dict) -> str:
+    body = [[x["name"], x.get("group", "-"), x.get("step") or "-", status_of(x)[:160],
+             num(x.get("images_per_sec")) + ("*" if x.get("includes_warmup") else ""),
+             pct(x.get("ratio_to_synthetic")), x.get("workers", x.get("jobs", "-")),
+             x.get("res", ""), x.get("decoder", ""), detail(x), num(x.get("seconds")),
+             num(x.get("gpu_seconds"))] for x in r["rows"]]
+    return ("## Every row, in the order run\n\n" + table(
+        ["row", "group", "step", "status", "images/s", "vs synthetic", "-j", "px", "decoder",
+         "detail", "seconds", "GPU-host seconds"], body)
+        + (f"\n\n\\* includes warm-up: main.py wrote no `{judge.STEADY}`, so this is "
+           f"`{judge.FALLBACK}` over the whole epoch" if any(
+               x.get("includes_warmup") for x in r["rows"]) else ""))
+
+
+def stages_md(r: dict) -> str:
+    """Each main.py row's stage table, bound and advice as main.py printed them."""
+    rows = [x for x in r["rows"] if x.get("stage_lines")]
+    return "## Why each figure (main.py's stage tables)\n\n" + "\n\n".join(
+        f"### {x['name']}\n\n```\n" + "\n".join(x["stage_lines"]) + "\n```"
+        for x in rows) if rows else ""
+
+
+def left_md(r: dict) -> str:
+    parts = []
+    if r["left_out"]:
+        parts.append("## Left out by the time budget\n\nIn order, each longer than the time "
+                     "left when its turn came: " + ", ".join(r["left_out"]))
+    if r["not_run"]:
+        parts.append("## Waiting for the later steps\n\n" + ", ".join(r["not_run"]))
+    if r["not_proven"]:
+        parts.append("## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
+                     + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for "
+                     "these:\n\n" + "\n".join(f"- {x['name']}: {x['reason']}"
+                                              for x in r["not_proven"]))
+    return "\n\n".join(parts)
+
+
+def failures_md(r: dict) -> str:
+    parts = []
+    for x in [x for x in r["rows"] if x["status"] == "failed"]:
+        tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
+        parts.append(f"### {x['name']}: {x.get('reason', '')}"
+                     + (f"\n\n```\n{tail}\n```" if tail.strip() else ""))
+    commands = "## Commands (run from the repository root)\n\n" + "\n".join(
+        f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
+        for x in r["rows"] if x.get("command"))
+    return "\n\n".join(["## Failures (full output in logs/)"] + parts + [commands]) if parts \
+        else commands

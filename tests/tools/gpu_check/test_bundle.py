@@ -1,6 +1,7 @@
-"""``make gpu-bundle`` (:mod:`tools.gpu_check.machine.bundle`): the sample from ``--data`` or generated,
-the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), and its one-line errors.
-pip itself is replaced by a stand-in here: downloading needs the network."""
+"""``make gpu-bundle`` (:mod:`tools.gpu_check.bundle.build`): the sample from ``--data`` or
+generated, the wheels it asks pip for (CPython 3.12, DALI for the CUDA major), its steps with
+``--step-size``, and its one-line errors. pip itself is replaced by a stand-in here:
+downloading needs the network."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import pytest
 from PIL import Image
 
 from decode.gpu import nvjpeg_pip_package
-from tools.gpu_check.machine import bundle as gpu_bundle
+from tools.gpu_check.bundle import build as gpu_bundle
 from tests.helpers.gpu_fakes import in_process
 
 
@@ -19,13 +20,13 @@ from tests.helpers.gpu_fakes import in_process
 def fake_pip(monkeypatch):
     """``subprocess.run`` of gpu_bundle: records the pip command and 'downloads' a numpy and
     an lmdb wheel into its ``-d`` folder (other commands, git's file list, run as they are)."""
-    calls = []
+    commands = []
     real = subprocess.run
 
     def run(cmd, **kwargs):
         if "pip" not in cmd:
             return real(cmd, **kwargs)
-        calls.append(cmd)
+        commands.append(cmd)
         folder = cmd[cmd.index("-d") + 1]
         for name in ("numpy-2.0-cp312-cp312-x.whl", "lmdb-3.0.0-cp312-cp312-x.whl"):
             with open(os.path.join(folder, name), "wb") as f:
@@ -33,7 +34,7 @@ def fake_pip(monkeypatch):
         return SimpleNamespace(returncode=0)
 
     monkeypatch.setattr(gpu_bundle.subprocess, "run", run)
-    return calls
+    return commands
 
 
 def bundle(argv):
@@ -42,7 +43,7 @@ def bundle(argv):
 
 def test_images_from_data_one_per_class_first(sample_images, tmp_path, fake_pip):
     code, out, _ = bundle(["--data", sample_images, "--out", str(tmp_path / "b"),
-                           "--images", "5"])
+                           "--images", "5", "--step-size", "64M"])
     assert code == 0
     train = tmp_path / "b" / "sample" / "train"
     classes = sorted(os.listdir(train))
@@ -56,12 +57,12 @@ def test_images_from_data_one_per_class_first(sample_images, tmp_path, fake_pip)
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--no-deps" not in cmd
     assert not any("dali" in x for x in cmd) and any(x.startswith("nvidia-dali") for x in dali)
     assert dali[dali.index("-d") + 1].endswith("wheels-dali")
-    # one call carries it all (lmdb, fetched twice, kept once), printed with its bytes
-    assert sorted(os.listdir(tmp_path / "b" / "calls")) == ["1"]
+    # one step holds it all (lmdb, fetched twice, kept once), printed with its bytes
+    assert sorted(os.listdir(tmp_path / "b" / "steps")) == ["1"]
     assert not os.listdir(tmp_path / "b" / "wheels-dali")
     rel = os.path.relpath(tmp_path / "b", gpu_bundle.REPO)
-    assert f'1. carry ["{rel}/calls/1"]' in out
-    assert "command: python3 -m tools.gpu_check --lease" in out
+    assert f"step 1: copy {rel}/steps/1 (" in out
+    assert "then: python3 -m tools.gpu_check --step 1 [--budget T]" in out
 
 
 def test_images_are_generated_without_data(tmp_path, fake_pip):
@@ -92,6 +93,7 @@ def test_dali_wheel_follows_the_cuda_major():
     (["--data", "/nonexistent"], "--data /nonexistent: no such directory"),
     (["--cuda", "9"], "--cuda 9: expected a CUDA major"),
     (["--images", "0"], "--images 0: must be >= 1"),
+    (["--step-size", "big"], "--step-size big: expected a size such as 64M"),
 ])
 def test_bad_input_is_one_line(tmp_path, fake_pip, argv, message):
     code, out, err = bundle([*argv, "--out", str(tmp_path / "b")])
@@ -102,3 +104,9 @@ def test_data_without_images_is_one_line(tmp_path, fake_pip):
     (tmp_path / "d" / "train" / "n0").mkdir(parents=True)
     code, _, err = bundle(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "b")])
     assert code == 2 and err.count("\n") == 1 and "no images in" in err
+
+
+def test_a_step_size_step_1_cannot_fit_is_one_line(tmp_path, fake_pip):
+    code, _, err = bundle(["--out", str(tmp_path / "b"), "--step-size", "1M"])
+    assert code == 2 and err.count("\n") == 1
+    assert "step 1 needs" in err and "a larger --step-size or fewer --images" in err

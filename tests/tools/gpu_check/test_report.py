@@ -1,14 +1,15 @@
-""":mod:`tools.gpu_check.report` and ``markdown``: what the check reads from main.py's runs and
+""":mod:`tools.gpu_check.judge` and ``report``: what the check reads from main.py's runs and
 pytest's output, and how it judges and shows them, on made-up rows and files (the dry run end
-to end is ``test_full.py``)."""
+to end is ``test_check.py``)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from tools.gpu_check import markdown
-from tools.gpu_check import report as gpu_report
+from tools.gpu_check import judge as gpu_report
+from tools.gpu_check import report as markdown
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):
@@ -56,57 +57,52 @@ def test_pytest_summary_and_failing_tests_are_parsed():
 def test_the_target_caps_a_training_share_by_the_loader_alone():
     """As on the first H100 run: folder trains at 99% of synthetic (the timed steps began with
     the batches queued during start-up), but alone it gives 62% of synthetic's images/s."""
-    def row(loader, speed, share):
-        return {"model": "resnet50", "loader": loader, "status": "passed",
-                "images_per_sec": speed, "ratio_to_synthetic": share}
+    def row(loader, speed, bound=None):
+        return {"name": f"train-resnet50-{loader}", "model": "resnet50",
+                "loader": loader.split("-")[0],
+                "status": "passed", "images_per_sec": speed,
+                **({"base": "train-resnet50-synthetic", "bound": bound} if bound else {})}
 
-    rows = [row("synthetic", 4575.5, 1.0), row("folder", 4525.8, 0.989),
-            row("lmdb", 4469.7, 0.977)]
-    alone = [{"name": "loader-folder", "loader": "folder", "status": "passed",
-              "images_per_sec": 2859.6},
-             {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
-              "images_per_sec": 4600.0},  # not main.py's default -j: does not count
-             {"name": "loader-lmdb", "loader": "lmdb", "status": "passed",
-              "images_per_sec": 2933.6}]
-    capped = gpu_report.target(rows, "resnet50", 0.95, False, alone)
-    assert capped["met"] is False and capped["best_loader"] == "lmdb"
+    def alone(name, speed):
+        return {"name": name, "status": "passed", "images_per_sec": speed}
+
+    rows = [row("synthetic", 4575.5), row("folder", 4525.8, "loader-folder"),
+            row("lmdb-jall", 4469.7, "loader-lmdb-jall"), alone("loader-folder", 2859.6),
+            alone("loader-folder-jless", 4600.0),  # bounds no row: does not count
+            alone("loader-lmdb-jall", 2933.6)]
+    capped = gpu_report.target(rows, "resnet50", False)
+    assert capped["met"] is False and capped["best_loader"] == "lmdb-jall"
     assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
     assert gpu_report.target_text(capped) == (
-        "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb at 64%)")
-    uncapped = gpu_report.target(rows, "resnet50", 0.95, False)
+        "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb-jall at 64%)")
+    uncapped = gpu_report.target([r for r in rows if not r["name"].startswith("loader")],
+                                 "resnet50", False)
     assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
     assert "no loader-only figure" in uncapped["note"]
+    assert gpu_report.target(rows, "resnet50", True)["met"] is None  # a dry run judges nothing
 
 
-def test_training_table_shows_the_loader_alone_bound():
-    """The first H100 run's training table showed folder at 99% of synthetic (batches queued
-    during start-up); the row now also shows the loader alone over that model's synthetic."""
-    def row(model, loader, speed, **more):
-        return {"model": model, "loader": loader, "status": "passed", "images_per_sec": speed,
-                **more}
-
-    report = {"sections": {
-        "training": [row("resnet50", "synthetic", 4575.5, ratio_to_synthetic=1.0),
-                     row("resnet50", "folder", 4525.8, ratio_to_synthetic=0.989),
-                     row("resnet18", "synthetic", 14776.0, ratio_to_synthetic=1.0),
-                     row("resnet18", "folder", 5000.0, ratio_to_synthetic=0.338)],
-        "compile": [row("resnet50", "synthetic", 5088.0, compile=True, speedup=1.112)],
-        "loaders": [{"name": "loader-folder", "loader": "folder", "status": "passed",
-                     "images_per_sec": 2859.6},
-                    {"name": "loader-folder-j15", "loader": "folder", "status": "passed",
-                     "images_per_sec": 4600.0}]}}
-    lines = markdown.training_md(report).splitlines()
-    cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[6].strip()
-             for line in lines if line.startswith("| resnet")}
-    assert cells[("resnet50", "folder", "")] == "62%"  # 2859.6 / 4575.5
-    assert cells[("resnet18", "folder", "")] == "19%"  # 2859.6 / 14776
-    assert cells[("resnet50", "synthetic", "")] == cells[("resnet50", "synthetic", "yes")] == "-"
-    judged = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[7].strip()
-              for line in lines if line.startswith("| resnet")}
-    assert judged[("resnet50", "folder", "")] == "62%"  # capped by the loader alone
-    assert "bounds the share it can feed" in lines[-1]
-    del report["sections"]["loaders"]
-    assert "bounds the share" not in markdown.training_md(report)
+def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
+    """The report's shares: the training row's share of synthetic, the loader alone's, and
+    the judged one (capped by both and by 100%), beside each loader alone's target."""
+    by = [{"name": "train-resnet50-synthetic", "model": "resnet50", "loader": "synthetic",
+           "status": "passed", "images_per_sec": 4575.5},
+          {"name": "train-resnet50-lmdb-jall", "model": "resnet50", "loader": "lmdb",
+           "status": "passed", "images_per_sec": 4525.8, "base": "train-resnet50-synthetic",
+           "bound": "loader-lmdb-jall", "share_spread": 0.02},
+          {"name": "loader-lmdb-jall", "status": "passed", "images_per_sec": 2859.6},
+          {"name": "loader-gpudecode-j4", "status": "passed", "images_per_sec": 12000.0}]
+    s = SimpleNamespace(batch=256, warmup=5, steps=200, workers="auto", models=["resnet50"],
+                        rows=None, sizes=[], accel=["--gpu", "0"], dry_run=False, budget=None,
+                        plan=[])
+    report = markdown.build(s, by, None)
+    share = report["shares"]["train-resnet50-lmdb-jall"]
+    assert (share["raw"], share["alone"], share["judged"]) == (0.989, 0.625, 0.625)
+    assert report["loaders"]["loader-gpudecode-j4"] == {"images_per_sec": 12000.0,
+                                                        "target": 10000.0}
+    text = markdown.figures_md(report)
+    assert "| train-resnet50-lmdb-jall | 99% | 62% | 62% | 2% | - | passed | >= 95% |" in text
+    assert "| loader-gpudecode-j4 | 12,000.0 | >= 10,000 |" in text
 
 
 def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
@@ -167,7 +163,7 @@ def test_stage_figures_and_lines_are_read_from_main_py():
 def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
     from types import SimpleNamespace
 
-    from tools.gpu_check.rows import base as gpu_rows
+    from tools.gpu_check.rows import measure as gpu_rows
 
     benchmark = {"loader": "lmdb", "images": 64, "seconds": 0.5, "images_per_sec": 128.0,
                  "device": "cpu", "stages_bound": None, "stages_read_ms_p50": 0.04,
@@ -202,9 +198,10 @@ def test_training_and_loader_rows_carry_the_stage_table(tmp_path):
             return super().run(name, cmd, timeout, env)
 
     data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
-    row = gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb")
+    row = gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb",
+                             name="train-resnet18-lmdb")
     assert row["status"] == "passed" and row["stages"]["stages_bound"] == "data"
     assert row["stages"]["stages_advice"] == record["stages_advice"]
     assert row["stage_lines"][0].startswith("stages over")
-    md = markdown.stages_md({"sections": {"training": [row]}})
+    md = markdown.stages_md({"rows": [row]})
     assert "### train-resnet18-lmdb" in md and "  try -j 2" in md

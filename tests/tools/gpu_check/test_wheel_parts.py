@@ -1,5 +1,5 @@
-"""DALI carried to a GPU machine in parts (:mod:`tools.gpu_check.machine.wheel_parts`, ``make gpu-bundle``,
-``make gpu-check PARTS=DIR``): parts reassemble byte for byte, a missing or damaged part is one
+"""DALI's wheel cut into parts for an offline bundle's steps (:mod:`tools.gpu_check.bundle.parts`,
+``make gpu-bundle STEP_SIZE=64M``): parts reassemble byte for byte, a missing or damaged part is one
 line naming it, and DALI installed from parts of its real wheel decodes on its CPU backend."""
 import importlib.metadata
 import os
@@ -10,9 +10,9 @@ import zipfile
 import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
-from tools.gpu_check.machine.install import join_parts, share_namespace
-from tools.gpu_check.machine.wheel_parts import (MANIFEST, PartsError, read_manifest, reassemble,
-                                                 split)
+from tools.gpu_check.bundle.install import join_parts, share_namespace
+from tools.gpu_check.bundle.parts import (MANIFEST, PartsError, read_manifest, reassemble,
+                                          split)
 
 
 def test_parts_reassemble_byte_for_byte(tmp_path):

@@ -1,2 +1,3 @@
-"""The rows a check runs: a loader alone and ResNet-50 from it (base), DALI's (dali), the batch
-decoder's (gpu_decode) and the lease plan's list of them (lease)."""
+"""What the rows run: main.py's training and loader-alone runs, pytest, NCCL and DALI's memory
+(measure), the GPU decoders' probes and the decoder named (probes), the host's environment
+(host) and the data the rows read (data)."""

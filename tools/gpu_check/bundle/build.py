@@ -1,11 +1,12 @@
-"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a bare GPU machine
-(its Python with torch and torchvision, no network) beside the source tree.
+"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a GPU host without
+internet (its Python with torch and torchvision) beside the repository.
 
 Writes ``OUT/sample/train/<class>/*`` (:func:`copy_sample` or :func:`generate_sample`),
 ``OUT/sample/val`` (a link to ``train``), ``OUT/wheels/`` (binary wheels for CPython
 ``--python-version`` on manylinux x86_64: lmdb, pytest, nvImageCodec, nvJPEG and their
 dependencies) and ``OUT/wheels-dali/`` (DALI for CUDA ``--cuda`` and what only it pulls in),
-less numpy and what ``wheels/`` holds; then lays it out as the lease's calls (:mod:`.layout`).
+less numpy and what ``wheels/`` holds; with ``--step-size``, also split into steps
+(:mod:`.steps`).
 """
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ import sys
 from decode.gpu import nvjpeg_pip_package
 
 from .install import dist_name
-from .layout import (DALI_WHEELS, InputError, calls_text, carried_bytes, folder_bytes,
-                     lay_out_calls)
+from ..cli import InputError
+from .steps import (DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes, size,
+                    steps_text)
 from ..runner import REPO
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-# the GPU machine's torch brings numpy; the wheel would only add 16 MB
+# the GPU host's torch brings numpy; the wheel would only add 16 MB
 ALREADY_THERE = ("numpy",)
 GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
 
@@ -40,10 +42,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=int, default=100,
                    help="files taken from --data (one per class first); generated: always "
                    "10 classes x 10 images")
-    p.add_argument("--cuda", help="CUDA major of the GPU machine's torch (default: this torch's, "
+    p.add_argument("--cuda", help="CUDA major of the GPU host's torch (default: this torch's, "
                    "else 13)")
     p.add_argument("--no-dali", action="store_true", help="leave out DALI (~190 MiB)")
-    p.add_argument("--python-version", default="3.12", help="CPython of the GPU machine")
+    p.add_argument("--python-version", default="3.12", help="CPython of the GPU host")
+    p.add_argument("--step-size", help="also split the bundle into steps that each fit, with "
+                   "the repository's files, a transfer of this size (64M)")
     return p
 
 
@@ -131,6 +135,7 @@ def generate_sample(train: str) -> str:
 
 def build(args) -> int:
     """Write the bundle; returns the exit status. Raises :class:`InputError`."""
+    step_bytes = size(args.step_size) if args.step_size else None
     if args.images < 1:
         raise InputError(f"--images {args.images}: must be >= 1")
     cuda = args.cuda or local_cuda_major()
@@ -150,7 +155,7 @@ def build(args) -> int:
     base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]
     print(f"gpu-bundle: wheels for CPython {args.python_version}, CUDA {cuda}: "
           f"{' '.join(specs)} and their dependencies", flush=True)
-    # wheels-dali/ (DALI, nvCOMP, nvTIFF, ...) travels in the calls after the first; one
+    # wheels-dali/ (DALI, nvCOMP, nvTIFF, ...) goes in the steps after the first; one
     # version of each distribution, as two stop pip's install
     for wanted, folder in ((base, wheels), (dali, os.path.join(out, DALI_WHEELS))):
         if not wanted:
@@ -163,10 +168,14 @@ def build(args) -> int:
         for name in os.listdir(folder):
             if dist_name(name) in ALREADY_THERE or dist_name(name) in have:
                 os.remove(os.path.join(folder, name))
-    calls = lay_out_calls(out, carried_bytes(REPO))
+    dali_dir = os.path.join(out, DALI_WHEELS)
+    dali_mib = folder_bytes(dali_dir) / 2**20 if os.path.isdir(dali_dir) else 0
     print(f"gpu-bundle: {out}: {folder_bytes(wheels) / 2**20:.0f} MiB of wheels "
-          f"({len(os.listdir(wheels))}), {len(calls)} lease calls", flush=True)
-    print("\n".join(calls_text(out, calls)))
+          f"({len(os.listdir(wheels))}), {dali_mib:.0f} MiB of DALI's; on the GPU host: "
+          "python3 -m tools.gpu_check [--budget T]", flush=True)
+    if step_bytes:
+        steps = lay_out_steps(out, repository_bytes(REPO), step_bytes)
+        print("\n".join(steps_text(out, steps, REPO)))
     return 0
 
 

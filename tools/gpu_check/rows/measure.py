@@ -1,5 +1,6 @@
-"""One row each: a ``main.py`` training run, a loader alone (``--benchmark-data``), a pytest
-file, the data flags of every loader, and how many steps a row warms up and times.
+"""The measuring rows: a ``main.py`` training run, a loader alone (``--benchmark-data``), a
+pytest file, the distributed run and DALI's memory across epochs; the data flags of every
+loader, and how many steps a row warms up and times.
 
 Steady state: a row's timed window starts only after a warm-up longer than every batch its
 pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
@@ -14,14 +15,11 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from .. import report as report_
+from .. import judge
 from ..runner import Runner, fail, skipped
 
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
-# seconds per command; a pytest file fits a cold machine: torch.compile's first compile,
-# three training runs and an NCCL spawn in tests/engine/test_gpu.py
-TIMEOUTS = {"lmdb": 600, "pytest": 600, "train": 240, "compile": 420, "loaders": 180,
-            "nccl": 240, "resolution": 240}
+MEMORY_EPOCHS = 3
 # Batches a pipeline holds ready: prefetch_factor=4 per worker and 2 spare shared slots
 # (loaders/pipelines/workers/slots.slots_for); the batch decode runs 2 ahead plus the one it
 # decodes (gpu_decode/ahead.run_ahead); DALI: a prefetch queue of 4 and its feed's 5 batches.
@@ -91,7 +89,8 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
     (:func:`.report.read_speed`), ``stage_lines`` its stage table. Fails off the GPU unless dry."""
     name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
                     + (f"-{res}px" if res else ""))
-    row = {"model": model, "loader": loader, "compile": compiled, **({"res": res} if res else {})}
+    row = {"model": model, "loader": loader, "compile": compiled, "jobs": workers or s.workers,
+           **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
     if isinstance(flags, str):
         return skipped(name, flags, **row)
@@ -104,8 +103,7 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
            "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(warm),
            "-j", j, *s.sizes, *s.accel, "--output-dir", rundir]
     cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
-    rec = runner.run(name, cmd + list(extra), timeout or TIMEOUTS[
-        "compile" if compiled else "resolution" if res else "train"])
+    rec = runner.run(name, cmd + list(extra), timeout or 240)
     row.update(rec, warmup_steps=warm, timed_steps=timed)
     for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
         os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
@@ -113,9 +111,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
     row["device"] = device.group(1) if device else None
-    row["stage_lines"] = report_.stage_lines(runner.text(name))
+    row["stage_lines"] = judge.stage_lines(runner.text(name))
     try:
-        row.update(report_.read_speed(rundir))
+        row.update(judge.read_speed(rundir))
     except ValueError as exc:
         row = fail(row, str(exc))
         runner.attach_tails(row)
@@ -136,50 +134,33 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
                             "--train-batches", str(steps), "--benchmark-warmup", str(warm),
                             "-b", str(s.batch), "--channels-last", "--amp",
                             "-j", workers, *s.sizes, *s.accel, *flags],
-                     timeout or TIMEOUTS["loaders"])
+                     timeout or 180)
     rec.update(loader=loader, warmup_steps=warm, timed_steps=steps)
-    result = report_.last_json(runner.text(name)) if rec["status"] == "passed" else None
+    result = judge.last_json(runner.text(name)) if rec["status"] == "passed" else None
     if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):
         rec = fail(rec, "no JSON line with images_per_sec on stdout")
         runner.attach_tails(rec)
     if result and rec["status"] == "passed":  # its "seconds" is the timed part only
-        stages = report_.stage_figures(result)
+        stages = judge.stage_figures(result)
         rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
                    timed_seconds=result.get("seconds"), loader=loader, stages=stages,
-                   stage_lines=report_.stage_lines(runner.text(name)))
+                   stage_lines=judge.stage_lines(runner.text(name)))
         if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
             rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
     return rec
 
 
-def announce(runner: Runner, record: dict) -> dict:
-    """Print one progress line for ``record``; returns it."""
-    print(report_.progress_line(runner.elapsed(), record), flush=True)
-    return record
-
-
-def gpu_over_cpu(gpu: dict, cpu: dict, minimum: float, dry_run: bool, failure: str) -> dict:
-    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s) where both rows have a
-    figure, failed with ``failure`` (formatted with ``{ratio:.2f}``) when the ratio is under
-    ``minimum``, except in a dry run (which decodes on the CPU both times)."""
-    if gpu.get("images_per_sec") and cpu.get("images_per_sec"):
-        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
-        if not dry_run and gpu["gpu_over_cpu"] < minimum:
-            gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
-    return gpu
-
-
 def pytest_piece(runner: Runner, path: str, sample: str | None = None,
                  timeout: float | None = None) -> dict:
     """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
-    ``IMAGENET_SAMPLE``, as ``../shared`` does not travel to a GPU machine."""
+    ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], timeout or TIMEOUTS["pytest"],
+                            "-p", "no:cacheprovider", path], timeout or 600,
                      env={"IMAGENET_SAMPLE": sample} if sample else {})
     if rec["status"] in ("skipped", "timed out"):
         return rec
-    parsed = report_.parse_pytest(runner.text(name))
+    parsed = judge.parse_pytest(runner.text(name))
     rec.update(parsed)
     counts = parsed["counts"]
     if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
@@ -190,4 +171,62 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
         rec = fail(rec, "no pytest summary line")
     if rec["status"] != "passed" and "stdout_tail" not in rec:
         runner.attach_tails(rec)
+    return rec
+
+
+def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
+    """``distributed``: a short ``--multiprocessing-distributed`` run on every GPU (gloo, 2 CPU
+    processes in a dry run); passes when it exits 0, main.py's device line says it joined the
+    process group, and metrics.jsonl has a val_acc1."""
+    if data.reason:
+        return skipped("distributed", data.reason)
+    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    backend = "gloo" if s.dry_run else "nccl"
+    flags = ["--no-accel", "--nproc-per-node", "2"] if s.dry_run else []
+    rundir = os.path.join(s.out, "runs", "distributed")
+    shutil.rmtree(rundir, ignore_errors=True)
+    rec = runner.run("distributed", [
+        sys.executable, "main.py", "--multiprocessing-distributed", "-a", "resnet18", "--amp",
+        "--channels-last", "--train", data.train, "--val", data.val, "-b", str(s.batch * world),
+        "--epochs", "1", "--train-batches", "2", "--val-batches", "2", "-p", "0", "--seed", "0",
+        "-j", s.workers, *s.sizes, *flags, "--dist-backend", backend, "--output-dir", rundir],
+        timeout)
+    # A launched process joins a process group even alone (main.py says so on its device line),
+    # so one GPU still runs DDP over NCCL.
+    rec.update(world_size=world, backend=backend,
+               process_group=f"({backend} process group)" in runner.text("distributed"))
+    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
+        os.remove(checkpoint)
+    if rec["status"] == "passed":
+        records = judge.read_metrics(rundir)
+        if not rec["process_group"]:
+            rec = fail(rec, f"main.py did not report joining a {backend} process group")
+        elif not any(r.get("val_acc1") is not None for r in records):
+            rec = fail(rec, "no metrics.jsonl record with val_acc1")
+        else:
+            rec["val_acc1"] = records[-1]["val_acc1"]
+    return rec
+
+
+def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dict:
+    """``dali-memory``: ResNet-18 from DALI for :data:`MEMORY_EPOCHS` short epochs; host RSS
+    and device memory after each (``host_rss_mib``, ``device_memory_mib`` of
+    ``metrics.jsonl``, MiB). Fails when device memory grows by more than 5% after epoch 1."""
+    name = "dali-memory"
+    rundir = os.path.join(s.out, "runs", name)
+    shutil.rmtree(rundir, ignore_errors=True)
+    rec = runner.run(name, [sys.executable, "main.py", *flags, "-a", "resnet18", "--amp",
+                            "--channels-last", "-b", str(s.batch), "--epochs",
+                            str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)),
+                            "--val-batches", "2", "-p", "0", "--seed", "0", "-j", s.workers,
+                            *s.sizes, *s.accel, "--output-dir", rundir], timeout)
+    if rec["status"] != "passed":
+        return rec
+    records = judge.read_metrics(rundir)
+    rec["host_rss_mib"] = [r.get("host_rss_mib") for r in records]
+    rec["device_memory_mib"] = [r.get("device_memory_mib") for r in records]
+    device = [m for m in rec["device_memory_mib"] if m is not None]
+    if len(device) >= 2 and device[-1] > 1.05 * device[0]:
+        return fail(rec, f"device memory grew from {device[0]:.0f} to {device[-1]:.0f} MiB "
+                         "after the first epoch")
     return rec

@@ -1,4 +1,4 @@
-"""The bundle's wheels that the machine's Python lacks, installed into one folder first on every
+"""The bundle's wheels that the host's Python lacks, installed into one folder first on every
 command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that DALI's libraries find
 them by their relative run paths whatever was imported before."""
 from __future__ import annotations
@@ -119,7 +119,7 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
         return records
     fresh = site + ".new"
     shutil.rmtree(fresh, ignore_errors=True)
-    if has_pip():  # --no-compile: byte-compiling DALI costs a minute of a borrowed machine
+    if has_pip():  # --no-compile: byte-compiling DALI costs a minute of the host's time
         record = runner.run(name, [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--no-compile", "--disable-pip-version-check", "--target", fresh, *wanted],
@@ -156,7 +156,7 @@ def merge_tree(source: str, target: str) -> list[str]:
 
 def share_namespace(site: str, package: str) -> None:
     """Make ``site/package`` extend its ``__path__`` over every ``package`` on ``sys.path``
-    (``pkgutil.extend_path``), so the machine's own ``nvidia/...`` (torch's CUDA libraries)
+    (``pkgutil.extend_path``), so the host's own ``nvidia/...`` (torch's CUDA libraries)
     stay visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package
     hides every namespace portion of the same name."""
     folder = os.path.join(site, package)
@@ -166,10 +166,10 @@ def share_namespace(site: str, package: str) -> None:
 
 
 def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels carried in parts in ``folder`` (:mod:`.wheel_parts`), reassembled and checked
+    """The wheels cut into parts in ``folder`` (:mod:`.parts`), reassembled and checked
     into ``out``, and the ``parts`` record (failed names a missing or damaged part); ([], [])
     when ``folder`` holds no manifest."""
-    from .wheel_parts import MANIFEST, PartsError, reassemble
+    from .parts import MANIFEST, PartsError, reassemble
 
     if not os.path.isfile(os.path.join(folder, MANIFEST)):
         return [], []

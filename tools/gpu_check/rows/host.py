@@ -10,13 +10,13 @@ import re
 import shutil
 import sys
 
-from ..report import last_json
+from ..judge import last_json
 from ..runner import Runner, fail
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The shared libraries whose file says which decoder build a process really uses.
 MAPPED = re.compile(r"/lib(nvjpeg|nvimgcodec|dali)[^/]*\.so[^/]*$")
-# The modules whose origin says which install a process imports (the bundle's or the machine's).
+# The modules whose origin says which install a process imports (the bundle's or the host's).
 ORIGINS = ("nvidia.dali", "nvidia.nvimgcodec", "lmdb", "pytest")
 
 
@@ -80,7 +80,7 @@ def cuda_driver_api() -> str | None:
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`probe` in a subprocess and nvidia-smi's driver version. Returns (machine facts,
+    """:func:`probe` in a subprocess and nvidia-smi's driver version. Returns (the host's facts,
     the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
     rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
                      PROBE_TIMEOUT)

@@ -1,6 +1,7 @@
-"""A wheel too large for one 64 MiB transfer to a GPU machine (DALI's: 199 MB), carried in
-parts ``NAME.partNN`` with a ``sha256sum``-format manifest (a line per part and one for the
-whole), so that a part lost or damaged on the way is one line naming it, never a broken install.
+"""A wheel too large for one step of an offline bundle (DALI's: 199 MB against a 64 MiB
+transfer), cut into parts ``NAME.partNN`` with a ``sha256sum``-format manifest (a line per part
+and one for the whole), so that a part lost or damaged on the way is one line naming it, never
+a broken install.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import os
 from typing import Sequence
 
-PART_BYTES = 60 * 2**20  # under the 64 MiB a call carries, with room for the manifest
+PART_BYTES = 60 * 2**20  # under a 64 MiB step, with room for the manifest
 MANIFEST = "SHA256SUMS"
 _CHUNK = 1 << 20
 
@@ -28,7 +29,7 @@ def sha256_file(path: str) -> str:
 def split(wheel: str, folder: str, part_bytes: int = PART_BYTES,
           first: Sequence[int] = ()) -> list[str]:
     """Cut ``wheel`` into ``folder/NAME.partNN`` files, the first at most ``first[k]`` bytes
-    (room left in transfers carrying other files), the rest at most ``part_bytes``, and append
+    (room left in steps holding other files), the rest at most ``part_bytes``, and append
     their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order.
     Raises ``ValueError`` for a size under 1 byte."""
     if min([part_bytes, *first]) < 1:
@@ -81,7 +82,8 @@ def reassemble(folder: str, out: str) -> list[str]:
             for part in parts:
                 path = os.path.join(folder, part)
                 if not os.path.isfile(path):
-                    raise PartsError(f"{path}: missing (carry every part before this call)")
+                    raise PartsError(f"{path}: missing (copy every step's files to the "
+                                     "host before the last step)")
                 if sha256_file(path) != manifest[part]:
                     raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
                 with open(path, "rb") as src:

@@ -1,25 +1,22 @@
-"""GPU decoding without DALI (``--decode-device cuda``, docs/loaders.md) proven and measured,
-reading the LMDB, and the name of the decoder that did each row's work. A dry run decodes on
-nvImageCodec's CPU backend (``cpu-nvimgcodec``): it proves this code, not the GPU.
+"""The probes of both GPU decoders (``--decode-device cuda``, docs/loaders.md, and DALI's mixed
+decoder), the name of the decoder that did each batch-decode row's work, and the GPU-over-CPU
+ratio of a one-worker pair. A dry run decodes on nvImageCodec's and DALI's CPU backends: it
+proves this code, not the GPU.
 """
 from __future__ import annotations
 
 import re
 import sys
 
-from ..report import last_json
-from .base import announce, gpu_over_cpu, loader_flags, loader_row, train_row
+from ..judge import last_json
 from ..runner import Runner, fail, skipped
 
-HW_LOADS = (0.0, 0.65, 1.0)
-WORKERS = ("2", "4", "8", "15")
-GPU_OVER_CPU = 1.5  # one worker: decoding on the GPU must beat the worker's CPU decode by this
-PAIR_STEPS = 10  # timed batches of each one-worker row: a ratio, not a figure
+GPU_OVER_CPU = 1.5  # one worker or thread: decoding on the GPU must beat the CPU by this much
 PROBE_MAX_DIFF = 8  # levels: nvJPEG's IDCT and upsampling against libjpeg-turbo's
 _PROBE = """\
 import glob, json, os, sys, torch
 from decode import decode, gpu
-from tools.gpu_check.machine.environment import mapped_libraries
+from tools.gpu_check.rows.host import mapped_libraries
 path = sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0]
 data = open(path, 'rb').read()
 whole = decode(data)
@@ -45,7 +42,7 @@ print(json.dumps(result))
 _HARDWARE = """\
 import glob, json, os, sys
 import nvidia.nvimgcodec as n
-from tools.gpu_check.machine.environment import mapped_libraries
+from tools.gpu_check.rows.host import mapped_libraries
 data = open(sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0], 'rb').read()
 whole = n.CodeStream(data)
 h, w = whole.height, whole.width
@@ -59,41 +56,39 @@ print(json.dumps({'whole': taken(whole), 'window': taken(window),
                   'libraries': mapped_libraries()}))
 """
 
-
-def gpu_decode_rows(runner: Runner, s, data, machine) -> list[dict]:
-    """The full check's section: :func:`probe`, :func:`hardware`, :func:`evidence`, sweeps of
-    ``--hw-decoder-load`` and ``-j``, ResNet-50 and ResNet-18 at 224 and 160 px."""
-    flags = loader_flags("lmdb", data, machine)
-    if isinstance(flags, str):
-        return [announce(runner, skipped("gpudecode", flags))]
-    device = "cpu-nvimgcodec" if s.dry_run else "cuda"
-    batched = [*flags, "--decode-device", device]
-    rows = [announce(runner, probe(runner, s, data)),
-            announce(runner, hardware(runner, s, data, machine))]
-    rows += evidence(runner, s, machine, flags, batched)
-    if not s.dry_run:
-        for load in HW_LOADS:
-            rows.append(announce(runner, on_gpu(runner, s, machine, {**loader_row(
-                runner, s, machine, "gpudecode-lmdb", [*batched, "--hw-decoder-load",
-                                                       str(load)],
-                s.workers, f"loader-gpudecode-hw{load}"), "hw_decoder_load": load})))
-        for workers in WORKERS:
-            rows.append(announce(runner, on_gpu(runner, s, machine, loader_row(
-                runner, s, machine, "gpudecode-lmdb", batched, workers,
-                f"loader-gpudecode-j{workers}"))))
-        # the CPU loaders at -j 8, beside section 4's every core and one per core but one
-        rows.append(announce(runner, loader_row(runner, s, machine, "lmdb", flags, "8",
-                                                "loader-lmdb-cpu-j8")))
-    for model in ("resnet18",) if s.dry_run else ("resnet50", "resnet18"):
-        for res in (16,) if s.dry_run else (None, 160):
-            rows.append(announce(runner, on_gpu(runner, s, machine, train_row(
-                runner, s, data, machine, model, "gpudecode-lmdb", res=res,
-                extra=["--decode-device", device]))))
-    return rows
+_DALI_PROBE = """\
+import io, json, sys
+import nvidia.dali as dali
+from nvidia.dali import fn, pipeline_def
+import numpy as np
+from PIL import Image
+from tools.gpu_check.rows.host import mapped_libraries
+buf = io.BytesIO()
+Image.new('RGB', (64, 48), (200, 100, 50)).save(buf, 'JPEG', quality=90)
+jpeg = np.frombuffer(buf.getvalue(), np.uint8)
+device = sys.argv[1]
+@pipeline_def(batch_size=1, num_threads=1, device_id=0 if device == 'mixed' else None)
+def pipe():
+    return fn.decoders.image(fn.external_source(source=lambda: [jpeg], batch=True),
+                             device=device)
+p = pipe()
+p.build()
+(out,) = p.run()
+result = {'dali': dali.__version__, 'dali_file': dali.__file__, 'output': type(out).__name__,
+          'shape': list(np.asarray((out.as_cpu() if device == 'mixed' else out)[0]).shape)}
+if device == 'mixed':
+    import nvidia.nvimgcodec as n
+    image = n.Decoder(device_id=0, backends=[n.Backend(n.BackendKind.GPU_ONLY)]).decode(
+        buf.getvalue())
+    result['nvimgcodec_gpu'] = (image is not None
+                                and image.buffer_kind == n.ImageBufferKind.STRIDED_DEVICE)
+result['libraries'] = mapped_libraries()
+print(json.dumps(result))
+"""
 
 
 def decoder_name(line: str, machine: dict) -> str:
-    """Which decoder did a row's work, from main.py's ``device:`` line and the machine's
+    """Which decoder did a row's work, from main.py's ``device:`` line and the host's
     ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware``, ``nvImageCodec CUDA``,
     ``nvImageCodec CPU`` (a dry run), ``torchvision nvJPEG`` or ``CPU``."""
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
@@ -175,16 +170,34 @@ def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dic
     return rec
 
 
-def evidence(runner: Runner, s, machine: dict, flags: list[str],
-             batched: list[str]) -> list[dict]:
-    """``loader-gpudecode-cuda-j1`` and ``loader-gpudecode-cpu-j1`` (:data:`PAIR_STEPS` timed
-    batches, one worker each): the batch decode must reach :data:`GPU_OVER_CPU` times the CPU
-    loader's images/s (a dry run records the ratio only)."""
-    gpu = on_gpu(runner, s, machine, loader_row(runner, s, machine, "gpudecode-lmdb", batched,
-                                                "1", "loader-gpudecode-cuda-j1",
-                                                timed=PAIR_STEPS))
-    cpu = loader_row(runner, s, machine, "lmdb", flags, "1", "loader-gpudecode-cpu-j1",
-                     timed=PAIR_STEPS)
-    gpu = gpu_over_cpu(gpu, cpu, GPU_OVER_CPU, s.dry_run, "batch decode only {ratio:.2f}x the "
-                       "CPU loaders with one worker: did the GPU decode?")
-    return [announce(runner, gpu), announce(runner, cpu)]
+def dali_probe(runner: Runner, s, timeout: float = 120) -> dict:
+    """``dali-gpu-decode``: a fresh process imports DALI first (its libraries must find
+    nvImageCodec's by their own run paths), decodes a JPEG with the mixed decoder and with
+    nvImageCodec's GPU backends into device memory, and records the libraries mapped (without
+    ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's CPU backend."""
+    rec, result = _json_row(runner, "dali-gpu-decode", [
+        sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
+    if not result:
+        return rec
+    rec.update(result)
+    if result["shape"] != [48, 64, 3]:
+        return fail(rec, f"decoded to shape {result['shape']}, not [48, 64, 3]")
+    if s.dry_run:
+        return rec
+    nvjpeg = [p for p in result["libraries"] if "/libnvjpeg." in p]
+    if result["output"] != "TensorListGPU" or not result.get("nvimgcodec_gpu") or not nvjpeg:
+        return fail(rec, f"DALI's mixed decode gave {result['output']}, nvImageCodec's GPU "
+                         f"backends {'decoded' if result.get('nvimgcodec_gpu') else 'did not'}"
+                         f" into device memory, libnvjpeg mapped: {nvjpeg or 'none'}")
+    return rec
+
+
+def gpu_over_cpu(gpu: dict, cpu: dict | None, dry_run: bool, failure: str) -> dict:
+    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s) where both rows have a
+    figure, failed with ``failure`` (formatted with ``{ratio:.2f}``) when the ratio is under
+    :data:`GPU_OVER_CPU`, except in a dry run (which decodes on the CPU both times)."""
+    if gpu.get("images_per_sec") and (cpu or {}).get("images_per_sec"):
+        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
+        if not dry_run and gpu["gpu_over_cpu"] < GPU_OVER_CPU:
+            gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
+    return gpu

@@ -9,7 +9,7 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from ..rows.base import data_batches
+from .measure import data_batches
 from ..runner import Runner, fail, skipped
 
 
@@ -28,7 +28,7 @@ def list_images(root: str) -> list[tuple[str, str]]:
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
     """Link each sample image k times into ``OUT/data/train`` so that one epoch holds
-    :func:`~tools.gpu_check.rows.base.data_batches` batches (and the distributed run's), then
+    :func:`~tools.gpu_check.rows.measure.data_batches` batches (and the distributed run's), then
     convert it and val to LMDB (header checks only: the same files again and again). Returns
     (paths and why a source is not available, the records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)

@@ -1,0 +1,301 @@
+"""The check's one runner (``python -m tools.gpu_check``, docs/gpu-check.md): the set-up once
+(wheels, environment, data), then the rows of :mod:`.plan` in order, each guarded (an error is
+a failed row) and each only when its expected seconds fit the time budget; after every row the
+report and its archive are rewritten. The same code runs every row, what fits ``--budget``,
+or one step of an offline bundle (``--step N``), whose state stays in ``--out`` for the next.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from types import SimpleNamespace
+
+from . import judge, plan, report
+from .bundle.install import install, join_parts
+from .bundle.steps import link_tree, missing_files
+from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
+from .rows import probes
+from .rows.data import prepare_data
+from .rows.host import environment, probe
+from .runner import Runner, crashed, own_cpu, skipped
+
+STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
+         "bundle", "wheels-joined")
+OVERHEAD = 5.0  # s of a step without rows on a GPU host: Python's start, linking its files
+GRACE = 10.0  # s a row started within the budget may run past it
+DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU host
+
+
+class Check:
+    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive."""
+
+    def __init__(self, s):
+        self.s, self.step, self.number = s, s.step_info, s.step
+        name = f"gpu-check-step{s.step}.tar.gz" if s.step else "gpu-check.tar.gz"
+        self.archive = os.path.abspath(os.path.join(s.archive, name) if s.archive and
+                                       os.path.isdir(s.archive) else s.archive
+                                       or os.path.join(s.out, name))
+        if not self.step or self.number == 1:  # a new run: nothing of an earlier one counts
+            for path in [os.path.join(s.out, n) for n in os.listdir(s.out) if n in STATE
+                         or n.startswith("gpu-check") and n.endswith(".tar.gz")]:
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
+                    else os.remove(path)
+        self.rows_path = os.path.join(s.out, "rows.jsonl")
+        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
+        budget = s.budget if s.budget is not None and not s.dry_run else float("inf")
+        self.runner = Runner(s.out, budget, grace=GRACE, dry_run=s.dry_run)
+        if os.path.isdir(os.path.join(s.out, "site")):
+            self.runner.add_path(os.path.join(s.out, "site"))
+        self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
+                                   done=self.done, sample=None)
+        self.interrupted, self.started, self.report = False, time.time(), None
+
+    def left(self) -> float:
+        """Seconds left in the time budget: by the wall clock on a GPU host; in a dry run by this
+        run's records' H100 seconds (:func:`.plan.gpu_seconds`)."""
+        if self.s.budget is None:
+            return float("inf")
+        if not self.s.dry_run:
+            return self.s.budget - self.runner.elapsed()
+        return self.s.budget - OVERHEAD - sum(r.get("gpu_seconds") or 0.0 for r in
+                                              self.done.values() if r.get("run") == self.started)
+
+    def run(self) -> None:
+        """The lost-state row, or the set-up and every row of this run that fits."""
+        if self.step and not self.begin_step() or not self.set_up():
+            return
+        for row in [r for r in self.s.plan if r.group <= 4]:
+            self.row(row)
+        if self.step and self.number < self.step["steps"]:
+            return  # DALI's files are not all here yet: its rows run in the last step
+        later = [r for r in self.s.plan if r.group > 4]
+        need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
+        todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
+        if todo and any(r.dali for r in later) and need > self.left():
+            self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
+                                f"DALI's first row, {max(self.left(), 0):.0f} s left"),
+                        group=5, left_out=True)
+        elif any(r.dali for r in later) and self.guarded("install-dali", self.install_dali):
+            self.guarded("environment-dali", lambda: self.environment("environment-dali"))
+        for row in later:
+            self.row(row)
+
+    def begin_step(self) -> bool:
+        """Record this step and link its files into ``OUT/bundle``. False (a failed row says
+        why) when an earlier step's state is not in ``--out``."""
+        steps_path, stash = os.path.join(self.s.out, "steps.json"), os.path.join(self.s.out,
+                                                                                  "bundle")
+        steps = read_json(steps_path)
+        ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
+        missing = [k for k in range(1, self.number) if k not in ran]
+        link_tree(step_folder(self.s.bundle, self.number), stash)
+        with open(steps_path, "w") as f:
+            json.dump(steps + [{**self.step, "started": self.started}], f)
+        if missing:
+            self.record({"name": f"state-lost-step{self.number}", "status": "failed",
+                         "reason": f"step {self.number} found no state of step"
+                         f"{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} in "
+                         f"{self.s.out}: their wheels, data, rows and DALI's parts are gone "
+                         "(another host, or the folder was removed); run the bundle's steps "
+                         "again from step 1, on one host, with the same --out"})
+            self.guarded("environment", self.environment)
+            return False
+        gone = missing_files(stash, self.step, self.number)
+        if gone:  # DALI's rows then fail on the install, the others run
+            self.record({"name": f"bundle-step{self.number}", "status": "failed",
+                         "reason": f"files of the bundle's steps not here: {', '.join(gone)}"})
+        try:
+            bundle_paths(self.s, stash)
+        except InputError as exc:
+            self.record({"name": "bundle", "status": "failed", "reason": str(exc)})
+            return False
+        return True
+
+    def set_up(self) -> bool:
+        """Wheels, environment, data, each once per run of the steps; False when nothing else
+        can run (no GPU, or a step failed)."""
+        self.ctx.sample = os.path.dirname(self.s.train_src)
+        if "install" not in self.done:
+            self.guarded("install", lambda: self.install("install", self.s.wheels))
+        if "environment" not in self.done and not self.guarded("environment", self.environment):
+            return False
+        env = self.done["environment"]
+        self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
+            "gpu-decode-hardware", {}).get("window")}
+        if "environment-dali" in self.done:
+            self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
+        if env["status"] != "passed" and not self.s.dry_run:
+            return False  # without a GPU nothing else means anything
+        if "data" not in self.done and not self.guarded("data", self.data):
+            return False
+        self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
+        return True
+
+    def guarded(self, name: str, step) -> bool:
+        """Run set-up ``step``; an exception is a failed row ``name``. True when it ran."""
+        try:
+            step()
+            return True
+        except Exception as exc:  # noqa: BLE001 -- a failed row, never a lost report
+            self.record(crashed(name, exc))
+            return False
+
+    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> None:
+        started, cpu = time.monotonic(), own_cpu()
+        recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
+                                       name=name) if wheels else [])
+        done = [r for r in recs if r["name"] == name]
+        self.record({"name": name, "status": "failed" if any(
+                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
+                     **({} if done else {"reason": "nothing missing"}),
+                     "installed": sum((r.get("installed", []) for r in done), []),
+                     "seconds": round(time.monotonic() - started, 2),
+                     "cpu_seconds": _cpu(recs, cpu)}, group=5 if name == "install-dali" else 0,
+                    bytes=sum(os.path.getsize(w) for w in wheels))
+
+    def install_dali(self) -> None:
+        """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
+        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
+        if "install-dali" not in self.done or self.done["install-dali"].get("left_out"):
+            joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
+            self.install("install-dali", self.s.dali_wheels + joined, recs)
+
+    def environment(self, name: str = "environment") -> None:
+        if name not in self.done:
+            machine, rec = environment(self.runner, self.s)
+            self.ctx.machine["dali"] = machine.get("dali")
+            self.record({**rec, "name": name, "machine": machine},
+                        group=5 * (name != "environment"))
+
+    def data(self) -> None:
+        started, cpu = time.monotonic(), own_cpu()
+        data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
+        self.record({"name": "data", "status": "failed" if any(
+                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
+                     "seconds": round(time.monotonic() - started, 2),
+                     "cpu_seconds": _cpu(recs, cpu), "paths": vars(data)},
+                    bytes=plan.gpu_lmdb_bytes([os.path.getsize(p) for _, p in self.s.images]))
+
+    def row(self, row: plan.Row) -> None:
+        """Run ``row`` unless done, left out of a dry run, or longer than the time left in the
+        budget; a pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        earlier = self.done.get(row.name)
+        if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
+            return
+        if row.expect > self.left():
+            self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "
+                                f"{max(self.left(), 0):.0f} s left"), row, left_out=True)
+            return
+        limit = row.box if self.s.budget is None else min(row.box, max(self.left(), GRACE))
+        try:
+            rec = (row.run or plan.run_main)(self.ctx, row, limit)
+        except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
+            rec = crashed(row.name, exc)
+        if rec is not None and self.s.dry_run and self.s.budget is not None and \
+                plan.gpu_seconds(row, rec, True) > limit:  # what the host's clock would do
+            rec = {**rec, "status": "skipped", "gpu_seconds": limit, "reason": "time budget: "
+                   f"stopped after {limit:.0f} s, as on a GPU host (GPU-host seconds)"}
+        if rec is not None:
+            self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
+        gpu, failure = plan.PAIRS.get(row.name, (None, None))
+        if gpu in self.done and rec is not None:
+            self.record(probes.gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
+                        next(r for r in plan.all_rows() if r.name == gpu))
+
+    def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
+        """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
+        rec = {**rec, **fields, "group": row.group if row else group, "step": self.number,
+               "run": self.started}
+        rec["gpu_seconds"] = round(rec.get("gpu_seconds") or plan.gpu_seconds(
+            row, rec, self.s.dry_run), 2)
+        with open(self.rows_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.done.get(rec["name"], {}).get("left_out"):
+            del self.done[rec["name"]]  # run now: listed in the order run
+        self.done[rec["name"]] = rec
+        print(judge.progress_line(self.runner.elapsed(), rec), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        self.report = report.build(self.s, list(self.done.values()), self.step, self.interrupted)
+        report.write(self.s.out, self.report, self.archive)
+
+
+def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
+    """``rec`` with its share of synthetic (a real loader's training row: ``base``, ``bound``,
+    :func:`.judge.over_synthetic`) or ``speedup`` (``--compile`` over eager, 160 over 224 px)."""
+    if rec.get("status") != "passed" or not rec.get("model"):
+        return rec
+    px = "-160px" if rec.get("res") else ""
+    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
+        compiled = done.get(f"train-{rec['model']}-synthetic-compile")
+        rec.setdefault("speedup", judge.ratio(rec, done.get(row.name.replace("-compile", ""))))
+        rec.update({"ratio_to_synthetic": judge.ratio(rec, compiled)} if rec.get(
+            "loader") != "synthetic" else {})
+    elif rec.get("loader") != "synthetic" and not rec.get("compile"):
+        rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
+        rec.update({"bound": row.bound} if row.bound else {})
+        rec = judge.over_synthetic(rec, done.get(rec["base"]), dry_run)
+    if px and row.name[:-len(px)] in done:
+        rec["speedup"] = judge.ratio(rec, done.get(row.name[:-len(px)]))
+    return rec
+
+
+def read_json(path: str, lines: bool = False) -> list:
+    """The list in a JSON file, or its JSON lines; [] when missing or damaged."""
+    try:
+        with open(path) as f:
+            return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
+    except (OSError, ValueError):
+        return []
+
+
+def _cpu(records: list[dict], since: float) -> float:
+    """CPU seconds of a set-up row: its commands' and this process's since ``since``."""
+    return round(sum(r.get("cpu_seconds") or 0.0 for r in records) + own_cpu() - since, 2)
+
+
+def check_main(s) -> int:
+    """Run the check and write its report; returns :func:`.judge.exit_status`, or 130 when
+    interrupted."""
+    what = f"step {s.step} of {s.step_info['steps']}" if s.step else "every row"
+    print(f"gpu-check: {what}{', dry run (CPU)' if s.dry_run else ''}"
+          + (f", time budget {s.budget:.0f} s" if s.budget is not None else "")
+          + f"; report in {s.out}", flush=True)
+    check = Check(s)
+    try:
+        check.run()
+    except KeyboardInterrupt:
+        check.interrupted = True
+    except Exception as exc:  # noqa: BLE001 -- whatever it is, the report must be written
+        check.record(crashed("gpu-check", exc))
+    finally:
+        if (not s.step or s.step >= s.step_info["steps"]) and not s.keep_data:
+            shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
+        check.save()
+    print(report.summary_text(check.report, check.archive), flush=True)
+    if check.interrupted:
+        print("gpu_check: interrupted; the report holds the rows that finished", file=sys.stderr)
+        return 130
+    return judge.exit_status(check.report)
+
+
+def main_cli(argv=None) -> int:
+    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
+    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
+    interrupted."""
+    args = get_args_parser().parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe()))
+        return 0
+    try:
+        s = settings(args)
+        s.plan = plan.select(plan.all_rows(), s.rows)
+        os.makedirs(s.out, exist_ok=True)
+    except (InputError, OSError, ValueError) as exc:
+        print(f"gpu_check: error: {exc}", file=sys.stderr)
+        return 2
+    return check_main(s)
