@@ -103,8 +103,7 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
     start = time.perf_counter()
     try:
         settings = share_settings(output, settings,
-                                  lambda: raw_share.start(raw_budget, listing, check, cap, None),
-                                  complete_ok=finish)
+                                  lambda: raw_share.start(raw_budget, listing, check, cap, None))
         if not finish:
             return run_task(listing, output, settings, task, tasks, records, progress)
         finish_index(listing, output, settings)
@@ -129,16 +128,13 @@ class Finished:
                 f"skipped {self.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
-def share_settings(output: str, settings: dict, start_raw, complete_ok: bool = False) -> dict:
+def share_settings(output: str, settings: dict, start_raw) -> dict:
     """The array's settings in ``output/progress.json``: ``settings`` plus the raw share's choice
     (``start_raw()``, made once for the whole set) if this task comes first, else the first
-    task's, which must match (a complete folder's too, with ``complete_ok``). Raises :class:`ConversionError`."""
+    task's, which must match (a task started late finds its blocks done). Raises :class:`ConversionError`."""
     path = os.path.join(output, PROGRESS_NAME)
     os.makedirs(output, exist_ok=True)
     names = os.listdir(output)
-    if INDEX_NAME in names and not complete_ok:
-        raise ConversionError(f"{output}: already holds a complete conversion (delete it to "
-                              "convert again)")
     if PROGRESS_NAME not in names:
         choice = start_raw()
         mine = dict(settings, raw_choice=choice.state()) if choice is not None else settings
@@ -171,8 +167,9 @@ def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: in
     todo = [b for b in mine if _load_done(output, prefix, b) is None]
     pending = [s for b in todo for s in files[b * block:(b + 1) * block]]
     if progress:
-        print(f"folder2shards.py: task {task} of {tasks}: blocks {mine.start}-{mine.stop - 1}, "
-              f"{len(mine) - len(todo)} already done, {len(pending)} files to convert",
+        blocks = f"blocks {mine.start}-{mine.stop - 1}" if mine else "no block (N > shards)"
+        print(f"folder2shards.py: task {task} of {tasks}: {blocks}, {len(mine) - len(todo)} "
+              f"already done, {len(pending)} files to convert (-j {records.workers})",
               file=sys.stderr, flush=True)
     folder = f"{stage_folder(output)}-{task}-of-{tasks}"
     stage(replace(listing, files=pending), folder, progress)
@@ -208,7 +205,7 @@ def _write_block(records: Records, listing: Listing, output: str, prefix: str, b
 
     first = b * block
     loose = records.write(listing.files[first:first + block], first, None,
-                          lambda: block_shard(prefix, b, len(shards)), commit, choice)
+                          lambda: block_shard(prefix, b, len(shards)), commit, choice, first)
     _save_json(_done_path(output, prefix, b),
                {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}})
     return shards

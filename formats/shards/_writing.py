@@ -145,12 +145,13 @@ class Records:
     bar: object = None
 
     def write(self, files: list, first: int, max_records: int | None, name_of, commit,
-              choice=None) -> list:
+              choice=None, budget_from: int = 0) -> list:
         """Check ``files`` (source ``first`` on) and write their records as shards named
         ``name_of()``, each ended at ``max_records`` or the byte limit and passed to
         ``commit(shard, done, raw)`` (``done``: source files through it; ``raw``: the raw share's
-        totals through it). Returns the skips no shard took (``[[rel, reason]]``: files without
-        one image). Raises :class:`ConversionError` (``strict``)."""
+        totals through it, its budget pro rata of the files from source ``budget_from`` on).
+        Returns the skips no shard took (``[[rel, reason]]``: files without one image). Raises
+        :class:`ConversionError` (``strict``)."""
         shard, skipped = None, []
         post = raw_share.with_candidate(choice) if choice is not None else None
         with closing(check_files(files, self.workers, self.check,
@@ -168,7 +169,7 @@ class Records:
                 if result.warning:
                     report_damaged("folder2shards.py", src, result.warning)
                 before = choice.state() if choice is not None else None
-                data, ext = _stored(choice, result, index + 1, self.total)
+                data, ext = _stored(choice, result, index + 1 - budget_from, self.total)
                 if shard and not shard.fits(len(data), src.label, self.shard_size, max_records):
                     commit(shard, index, before)
                     shard = None
