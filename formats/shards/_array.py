@@ -131,7 +131,8 @@ class Finished:
 def share_settings(output: str, settings: dict, start_raw) -> dict:
     """The array's settings in ``output/progress.json``: ``settings`` plus the raw share's choice
     (``start_raw()``, made once for the whole set) if this task comes first, else the first
-    task's, which must match (a task started late finds its blocks done). Raises :class:`ConversionError`."""
+    task's, which must match (a task started late finds its blocks done). Raises
+    :class:`ConversionError`."""
     path = os.path.join(output, PROGRESS_NAME)
     os.makedirs(output, exist_ok=True)
     names = os.listdir(output)
