@@ -116,3 +116,20 @@ def test_a_raw_share_is_chosen_once_for_the_whole_array(source, tmp_path):
         raw = json.load(f)["raw"]
     assert raw["threshold"] == choice["threshold"] and raw["records"] > 0
     assert run("--verify", out) == 0
+
+
+@pytest.mark.parametrize("layout", ["official", "kaggle", "hf-parquet", "hf-targz"])
+def test_each_download_layout_splits_over_tasks(layout, sample_images, tmp_path):
+    """Each task reads its own images: of archives with member offsets in place, of Hugging
+    Face's front-to-back archives through a staging of its own, deleted after."""
+    from tools import replicas
+
+    writer = {"official": replicas.write_official, "kaggle": replicas.write_kaggle,
+              "hf-parquet": replicas.write_hf_parquet, "hf-targz": replicas.write_hf_targz}
+    download = writer[layout](str(tmp_path / "download"), sample_images)
+    one, out = str(tmp_path / "one"), str(tmp_path / "out")
+    assert run("-d", download, "--split", "train", "--allow-partial", "-o", one,
+               "--max-per-shard", 7) == 0
+    array(download, out, 3, "--split", "train", "--allow-partial")
+    assert contents(out) == contents(one)
+    assert not [n for n in os.listdir(tmp_path) if "staging" in n]
