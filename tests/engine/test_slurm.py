@@ -20,7 +20,8 @@ from loaders.orders.positions import TRACE_ENV
 from tests.helpers.paths import REPO
 from tests.helpers.processes import free_port
 from tests.helpers.runs import assert_same_training, read_metrics, small_run
-from tests.helpers.slurm_cluster import job_fields, module_cluster, read, wait_until_done
+from tests.helpers.slurm_cluster import (SlurmCluster, job_fields, missing_commands, module_cluster,
+                                         read, wait_until_done)
 from tests.helpers.traces import epoch_order, traced_batches
 
 pytestmark = pytest.mark.slurm
