@@ -133,3 +133,15 @@ def test_each_download_layout_splits_over_tasks(layout, sample_images, tmp_path)
     array(download, out, 3, "--split", "train", "--allow-partial")
     assert contents(out) == contents(one)
     assert not [n for n in os.listdir(tmp_path) if "staging" in n]
+
+
+def test_a_block_over_the_byte_limit_goes_on_in_shards_of_its_own_whatever_the_task_count(
+        source, tmp_path):
+    outs = []
+    for tasks in (1, 3):
+        outs.append(str(tmp_path / f"array{tasks}"))
+        array(source, outs[-1], tasks, "--shard-size", "6K")
+    assert contents(outs[0]) == contents(outs[1])
+    names = [n for n in contents(outs[1]) if n.endswith(".tar")]
+    assert "train-000000-000001.tar" in names and len(names) > 15
+    assert run("--verify", outs[1]) == 0
