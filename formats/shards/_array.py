@@ -193,10 +193,8 @@ def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: in
 
 def _write_block(records: Records, listing: Listing, output: str, prefix: str, b: int,
                  block: int, raw_choice: dict | None) -> list[dict]:
-    """Write block ``b`` (its shards, then its ``.done``) and return its shards' entries."""
-    for name in os.listdir(output):  # a killed run's leftovers of this block
-        if name.startswith(f"{prefix}-{b:06d}") and name.endswith(".tmp"):
-            os.remove(os.path.join(output, name))
+    """Write block ``b`` (its shards, then its ``.done``) and return its shards' entries. A killed
+    run's ``.tmp`` of the block are written over (the same names), the rest go with the index."""
     shards = []
     # the raw share: the set's one choice, its budget held by each block on its own
     choice = raw_share.RawChoice.from_state(raw_choice) if raw_choice else None
@@ -255,6 +253,9 @@ def _write_index(listing: Listing, output: str, settings: dict, dones: list[dict
         for key in ("stored", "jpeg", "records", "saved_s", "extra"):
             raw[key] = sum(d["raw"][key] for d in dones)
     ConversionProgress(settings, shards).save(output)
+    for name in os.listdir(output):  # killed tasks' leftovers: every block is done
+        if name.endswith(".tmp"):
+            os.remove(os.path.join(output, name))
     entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in shards]
     ShardIndex(listing.classes, entries, settings["seed"], RULES_VERSION, names=listing.names,
                cap=settings.get("cap", {}), raw=raw).write(output)  # last
