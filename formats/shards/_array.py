@@ -66,14 +66,18 @@ def _load_done(output: str, prefix: str, block: int) -> dict | None:
         return None
 
 
-def _save_json(path: str, data) -> None:
-    """Write ``data`` to ``path`` atomically and synced, through a name of this process's own."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+def _write_json(path: str, data) -> None:
+    """Write ``data`` to ``path``, synced."""
+    with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+
+def _save_json(path: str, data) -> None:
+    """Write ``data`` to ``path`` atomically, through a name of this process's own."""
+    _write_json(f"{path}.{os.getpid()}.tmp", data)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
 
 
 def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None = 0,
@@ -140,7 +144,7 @@ def share_settings(output: str, settings: dict, start_raw) -> dict:
         choice = start_raw()
         mine = dict(settings, raw_choice=choice.state()) if choice is not None else settings
         tmp = f"{path}.{os.getpid()}.tmp"
-        _save_json(tmp, {"settings": mine, "shards": []})
+        _write_json(tmp, {"settings": mine, "shards": []})
         try:
             os.link(tmp, path)  # fails if another task made it first: its settings count
         except FileExistsError:
@@ -185,9 +189,11 @@ def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: in
                            sum(len(s["skipped"]) for s in written),
                            os.path.join(output, REPORT_NAME),
                            (len(mine) - len(todo)) * block, shards=len(written))
-    summary.array = (f"task {task} of {tasks} done; " + (
-        f"every block done: wrote {INDEX_NAME}" if finish_index(listing, output, settings, True)
-        else "other tasks' blocks still to do (the last task writes the index)"))
+    summary.array = f"task {task} of {tasks} done; " + {
+        "written": f"every block done: wrote {INDEX_NAME}",
+        "there": f"every block done, {INDEX_NAME} written by another task",
+        "": "other tasks' blocks still to do (the last task writes the index)",
+    }[finish_index(listing, output, settings, True)]
     return summary
 
 
@@ -210,8 +216,9 @@ def _write_block(records: Records, listing: Listing, output: str, prefix: str, b
     return shards
 
 
-def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool = False) -> bool:
-    """Write the index of ``output`` if every block is done; True if the folder is complete.
+def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool = False) -> str:
+    """Write the index of ``output`` if every block is done; what became of it: ``"written"``,
+    ``"there"`` (by another task before) or ``""`` (blocks still to do, with ``missing_ok``).
     Checks that written + skipped = the listing's files, block by block. Raises
     :class:`ConversionError` if a block is not done (unless ``missing_ok``) or miscounted."""
     prefix, block = settings["prefix"], settings["max_per_shard"]
@@ -219,13 +226,13 @@ def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool
     with open(os.path.join(output, LOCK_NAME), "a") as lock:
         fcntl.lockf(lock, fcntl.LOCK_EX)  # one writer of the index at a time, also over NFS
         if os.path.exists(os.path.join(output, INDEX_NAME)):
-            return True
+            return "there"
         dones = []
         for b in range(-(-len(files) // block)):
             done = _load_done(output, prefix, b)
             if done is None:
                 if missing_ok:
-                    return False
+                    return ""
                 raise ConversionError(f"{output}: block {b} ({shard_name(prefix, b)}) is not "
                                       "done yet: run the array's missing tasks first")
             count = sum(s["records"] + len(s["skipped"]) for s in done["shards"])
@@ -234,7 +241,7 @@ def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool
                                       f"{len(files[b * block:(b + 1) * block])}")
             dones.append(done)
         _write_index(listing, output, settings, dones)
-    return True
+    return "written"
 
 
 def _write_index(listing: Listing, output: str, settings: dict, dones: list[dict]) -> None:

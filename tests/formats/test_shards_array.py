@@ -4,12 +4,15 @@ one-process run's where nothing is skipped, per-sample accounting, resume after 
 another N, the settings shared, and the refusals."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import folder2shards
 from formats.shards._array import task_blocks
 from tests.helpers.badcorpus import make_bad_corpus
+from tests.helpers.paths import REPO
 from tools import datagen
 
 
@@ -145,3 +148,18 @@ def test_a_block_over_the_byte_limit_goes_on_in_shards_of_its_own_whatever_the_t
     names = [n for n in contents(outs[1]) if n.endswith(".tar")]
     assert "train-000000-000001.tar" in names and len(names) > 15
     assert run("--verify", outs[1]) == 0
+
+
+def test_tasks_started_together_share_one_folder(source, tmp_path):
+    """As an array's tasks start: at once, each creating the settings and writing its blocks
+    beside the others' temporary files; one of them writes the index."""
+    one, out = str(tmp_path / "one"), str(tmp_path / "out")
+    assert run("-d", source, "-o", one, "--max-per-shard", 3) == 0
+    tasks = [subprocess.Popen([sys.executable, "folder2shards.py", "-d", source, "-o", out,
+                               "--max-per-shard", "3", "-j", "1", "--task", str(i), "--tasks",
+                               "4"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    results = [task.communicate(timeout=300) for task in tasks]
+    assert [task.returncode for task in tasks] == [0] * 4, [err for _, err in results]
+    assert sum("wrote index.json" in stdout for stdout, _ in results) == 1
+    assert contents(out) == contents(one)
