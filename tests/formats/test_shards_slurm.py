@@ -158,16 +158,19 @@ def test_a_task_requeued_mid_shard_resumes_after_its_last_finished_shard(
         assert time.monotonic() < deadline, done
         time.sleep(0.05)
     task = partial[0] // 10  # 40 shards, 10 per task
-    # not waited for: this scancel returns only after the array's pending tasks have started
-    # (seen with SLURM 22.05 when the signalled task requeues itself)
+    # ended once the signal has landed: with tasks of the array pending, this scancel (SLURM
+    # 22.05) does not return, and signals the task again when it comes back
     signal = subprocess.Popen(["scancel", "--batch", "--signal=USR1", f"{job}_{task}"],
                               env=cluster.env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        wait_for_tasks(cluster, job, out, 4)
+        while "time limit near: requeued" not in read(f"{out}.log/{task}"):
+            assert time.monotonic() < deadline and signal.poll() in (None, 0)
+            time.sleep(0.05)
     finally:
         signal.kill()
         signal.wait()
+    wait_for_tasks(cluster, job, out, 4)
     log = read(f"{out}.log/{task}")
     assert "time limit near: requeued" in log and "restart 1" in log, log[-3000:]
     resumed = int(re.findall(r"blocks \d+-\d+, (\d+) already done", log)[-1])
