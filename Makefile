@@ -97,7 +97,7 @@ test-slurm: install ## srun/sbatch/requeue tests against a real SLURM on 127.0.0
 	  echo "make test-slurm: installing $(SLURM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; \
 	fi
-	$(PY) -m pytest -q -rs -m slurm tests/engine/test_slurm.py
+	$(PY) -m pytest -q -rs -m slurm tests/engine/test_slurm.py tests/formats/test_shards_slurm.py
 
 # Benchmarks time DATA= (an ImageNet-layout folder); without it, 400 generated ImageNet-sized JPEGs.
 BENCH_DATA = $(or $(DATA),bench-data)
@@ -126,12 +126,25 @@ bench-ffcv: install $(if $(DATA),,bench-data/train) ## FFCV 1.0.2 (in .ffcv/) be
 # Kaggle's ILSVRC tree, Hugging Face's repository folder, or train/ and val/ class folders
 # (formats/sources detects which; ALLOW_PARTIAL=1 converts an incomplete one).
 ALLOW_PARTIAL ?=
+# convert-imagenet: ARRAY=N submits a SLURM job array of N tasks (slurm/convert.sbatch; shards of
+# MAX_PER_SHARD records, the same files for any N; docs/slurm.md#converting-on-the-cluster)
+ARRAY ?=
+MAX_PER_SHARD ?= 1000
 CONVERT_FLAGS = -j $(JOBS)$(if $(ALLOW_PARTIAL), --allow-partial)$(CAP_FLAGS)$(RAW_FLAGS)
-convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards] [MAX_SIDE=512 QUALITY=90] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]: train and val to LMDB (default) or shards
+convert-imagenet: install ## IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=shards [ARRAY=N]] [MAX_SIDE=512 QUALITY=90] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]: train and val to LMDB (default) or shards (ARRAY: by a SLURM job array)
 	@test -n "$(IMAGENET)" -a -n "$(OUT)" -a '(' "$(FORMAT)" = lmdb -o "$(FORMAT)" = shards ')' \
-	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards] [ALLOW_PARTIAL=1] [MAX_SIDE=N QUALITY=Q] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]"; exit 2; }
+	  || { echo "usage: make convert-imagenet IMAGENET=/path/to/download OUT=/path/to/out [FORMAT=lmdb|shards [ARRAY=N]] [ALLOW_PARTIAL=1] [MAX_SIDE=N QUALITY=Q] [REENCODE_ALL=1] [RAW_BUDGET=1.5x]"; exit 2; }
+ifeq ($(ARRAY),)
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split train -o $(OUT)/train $(CONVERT_FLAGS) --shuffle-seed 0
 	$(PY) folder2$(FORMAT).py --dataset $(IMAGENET) --split val -o $(OUT)/val $(CONVERT_FLAGS)
+else
+	@test "$(FORMAT)" = shards || { echo "make convert-imagenet: ARRAY=N converts to shards: add FORMAT=shards"; exit 2; }
+	@mkdir -p logs; for split in train val; do \
+	  args="--dataset $(IMAGENET) --split $$split -o $(OUT)/$$split --max-per-shard $(MAX_PER_SHARD)$(if $(ALLOW_PARTIAL), --allow-partial)$(CAP_FLAGS)$(RAW_FLAGS)"; \
+	  job=$$(sbatch --parsable --array=0-$$(($(ARRAY) - 1)) slurm/convert.sbatch $$args) || exit 1; \
+	  fin=$$(sbatch --parsable --dependency=afterok:$$job --cpus-per-task=2 slurm/convert.sbatch $$args --finish) || exit 1; \
+	  echo "$$split: array job $$job ($(ARRAY) tasks), index step $$fin; logs in logs/"; done
+endif
 
 train: install ## CONFIG=configs/resnet50.yaml DATA=/path/to/lmdb ARGS='--lmdb ...': train with a preset
 	@test -n "$(DATA)" || { echo "usage: make train CONFIG=configs/resnet18.yaml DATA=/path/to/data [ARGS='--lmdb']"; exit 2; }

@@ -6,6 +6,8 @@
         [--check {full,header}]
     python folder2shards.py --verify /shards/train [--dataset /imagenet/train]
     python folder2shards.py --dataset /imagenet --split train -o /shards/train  # any download
+    python folder2shards.py --dataset /imagenet/train -o /shards/train --max-per-shard 1000 \
+        --task I --tasks N  # task I of a job array of N (slurm/convert.sbatch), then --finish
     python folder2shards.py --index /wds/imagenet1k-train-{0000..1023}.tar [-o INDEX_DIR]
         [--classes /shards/train/index.json]  # shards written by other tools, e.g. timm's
 
@@ -15,13 +17,14 @@ shuffle of a class-sorted tar leaves shards of a few classes; docs/formats.md). 
 shards made by other tools without rewriting them."""
 from __future__ import annotations
 
+import os
 import sys
 
 from formats.cli import converter_parser, parse_size, run_cli
 from formats.conversion import ConversionError
 from formats.sources import DatasetError
-from formats.shards import (ConversionProgress, ShardFormatError, convert, index_shards,
-                            shard_digests, verify)
+from formats.shards import (ConversionProgress, ShardFormatError, convert, convert_task,
+                            index_shards, shard_digests, verify)
 
 __all__ = ["ConversionError", "ConversionProgress", "convert", "main", "parse_size", "verify"]
 
@@ -47,18 +50,36 @@ def get_args_parser():
     parser.add_argument("--classes", metavar="FILE",
                         help="with --index: the WNIDs in label order (an index.json, or one WNID "
                              "a line), for shards whose records name none (e.g. val)")
+    parser.add_argument("--task", type=int, metavar="I",
+                        help="convert task I's part (0-based) of a job array of --tasks N: whole "
+                             "shards of the one shuffled order, the same files for any N; needs "
+                             "--max-per-shard (slurm/convert.sbatch passes SLURM's array "
+                             "variables; docs/slurm.md)")
+    parser.add_argument("--tasks", type=int, metavar="N", help="tasks in the job array")
+    parser.add_argument("--finish", action="store_true",
+                        help="write the index of a job array's output once all its tasks are "
+                             "done (the last task does it too; for a dependent job step)")
+    # a task's threads: the cores SLURM gave it, not the node's
+    parser.set_defaults(workers=int(os.environ.get("SLURM_CPUS_PER_TASK") or 8))
     return parser
 
 
 def _convert_or_index(args):
     if args.index:
         return index_shards(args.index, args.output, args.classes)
-    return convert(args.dataset, args.output, prefix=args.prefix,
-                   shard_size=parse_size(args.shard_size), max_per_shard=args.max_per_shard,
-                   shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
-                   overwrite=args.overwrite, check=args.check, split=args.split,
-                   allow_partial=args.allow_partial, cap=args.cap,
-                   raw_budget=args.raw, max_pixels=args.max_image_pixels)
+    if (args.task is None) != (args.tasks is None):
+        raise ConversionError("--task I and --tasks N go together")
+    common = dict(prefix=args.prefix, shard_size=parse_size(args.shard_size),
+                  shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
+                  check=args.check, split=args.split, allow_partial=args.allow_partial,
+                  cap=args.cap, raw_budget=args.raw, max_pixels=args.max_image_pixels)
+    if args.tasks is not None or args.finish:
+        if args.overwrite:
+            raise ConversionError("--overwrite is not split over tasks: delete the folder first")
+        return convert_task(args.dataset, args.output, args.max_per_shard, args.task,
+                            args.tasks, args.finish, **common)
+    return convert(args.dataset, args.output, max_per_shard=args.max_per_shard,
+                   overwrite=args.overwrite, **common)
 
 
 def main(argv=None) -> int:

@@ -105,8 +105,10 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
     the default. ~5 us per file. A resume needs the same."""
     from decode import decoder_name, image_library
 
-    settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder_name(),
-                listing.classes, check]
+    # the decoder in use, not why others were passed over: that text (an exception's) may change
+    # from one run to the next while the records do not
+    decoder = decoder_name().split(" (", 1)[0]
+    settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder, listing.classes, check]
     if cap is not None and cap.record():
         settings.append(cap.record())
     if raw_budget is not None:

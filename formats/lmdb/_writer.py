@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import lmdb
 import msgpack
 
-from formats.conversion import ConversionError, refuse_other_cap
+from formats.conversion import REPORT_NAME, ConversionError, refuse_other_cap
 
 from ._codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb, last_record_index,
                      read_meta)
@@ -71,12 +71,24 @@ def prepare_output(output: str, overwrite: bool, fp: bytes,
                 return state
             if state is not None and not overwrite:
                 refuse_other_cap(output, state.cap, cap or {})
-            if state is not None:
-                print(f"folder2lmdb.py: {output}: the files or settings changed since this "
-                      "conversion was interrupted; starting over", file=sys.stderr)
-        shutil.rmtree(output)
+            why = ("the files or settings changed since this conversion was interrupted"
+                   if state is not None else "no resume state (interrupted before its first "
+                   "commit)")
+            print(f"folder2lmdb.py: {output}: {why}; starting over", file=sys.stderr)
+        _remove_database(output)
     os.makedirs(output, exist_ok=True)
     return None
+
+
+def _remove_database(output: str) -> None:
+    """Delete the LMDB's files in ``output``, keeping the folder: another process opening the
+    database meanwhile (a reader creates ``lock.mdb``) made removing the folder itself fail with
+    "Directory not empty". Raises ``OSError``."""
+    for name in ("data.mdb", "lock.mdb", REPORT_NAME, REPORT_NAME + ".tmp"):
+        try:
+            os.remove(os.path.join(output, name))
+        except FileNotFoundError:
+            pass
 
 
 def _read_resume_state(output: str) -> ResumeState | None:

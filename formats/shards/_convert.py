@@ -6,99 +6,29 @@ depend only on the records, so a rerun keeps the finished shards and writes the 
 output equals an uninterrupted run's."""
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
-import tarfile
 import time
-from contextlib import closing
-from dataclasses import dataclass, field
 
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
-                                report_damaged,
+from formats.conversion import (REPORT_NAME, ConversionError, fingerprint, open_source,
                                 refuse_other_cap, stage, stage_folder, unstage, write_report)
 from formats import raw_share
-from formats.images import CHECKS, RULES_VERSION, check_files
+from formats.images import CHECKS, RULES_VERSION
 from formats.sources import Listing
 
-from ._codec import (IMAGE_EXT, INDEX_NAME, RAW_EXT, ShardIndex, ShardWriter, idx_name,
-                     shard_name, source_keys, write_idx)
-
-PROGRESS_NAME = "progress.json"
-_OURS = re.compile(r"(.+-\d{6}\.(tar|idx)|index\.json|progress\.json|skipped\.tsv)(\.tmp)?")
-
-
-def _member_bytes(size: int) -> int:
-    """Bytes a tar member of ``size`` data bytes takes: header plus data padded to 512."""
-    return tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE))
-
-
-def _closed_size(offset: int) -> int:
-    """Bytes of a tar closed at ``offset``: two zero blocks, padded to tarfile's 10 KiB record."""
-    return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
-
-
-@dataclass
-class ConversionProgress:
-    """``progress.json``, kept for ``--verify`` and resuming: ``settings`` and the finished
-    ``shards``, each ``{name, records, bytes (tar), sha256, done (source files through it), images
-    (image bytes), reencoded, skipped ([[rel, reason], ...]), raw (totals, if any)}``."""
-
-    settings: dict
-    shards: list[dict] = field(default_factory=list)
-
-    @property
-    def done(self) -> int:
-        return self.shards[-1]["done"] if self.shards else 0
-
-    def total(self, key: str) -> int:
-        return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
-
-    def save(self, folder: str) -> None:
-        """Write ``folder/progress.json`` atomically and synced. Raises ``OSError``."""
-        path = os.path.join(folder, PROGRESS_NAME)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-
-    @classmethod
-    def load(cls, folder: str) -> "ConversionProgress | None":
-        """The progress in ``folder``; None if absent or unreadable."""
-        try:
-            with open(os.path.join(folder, PROGRESS_NAME)) as f:
-                data = json.load(f)
-            return cls(dict(data["settings"]), list(data["shards"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-
-@dataclass
-class ShardSummary(Summary):
-    """:class:`~formats.conversion.Summary` plus the ``shards`` written."""
-
-    shards: int = 0
-
-    def line(self) -> str:
-        return f"{super().line()}; {self.shards} shards"
+from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
+from ._writing import (PROGRESS_NAME, ConversionProgress, Records, ShardSummary,
+                       refuse_foreign)
 
 
 def _prepare_output(output: str, settings: dict, overwrite: bool) -> ConversionProgress:
     """Make ``output`` ready; its progress: the finished shards of an unfinished conversion with
     these ``settings``, or a new one. Raises :class:`ConversionError` for a file, other files or
     (without ``overwrite``) another conversion; ``OSError``."""
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
-    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
-    foreign = [n for n in names if not _OURS.fullmatch(n)]
-    if foreign:
-        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
-                              "choose another -o")
+    names = refuse_foreign(output)
     progress = ConversionProgress.load(output) if names and not overwrite else None
     if names and not overwrite:
         if INDEX_NAME in names:
@@ -127,40 +57,7 @@ def _prepare_output(output: str, settings: dict, overwrite: bool) -> ConversionP
     return progress
 
 
-class _OpenShard:
-    """The shard being written: its tar writer, record spans and progress entry fields."""
-
-    def __init__(self, output: str, name: str, skipped: list):
-        self.name, self.path = name, os.path.join(output, name)
-        self.writer, self.spans, self.skipped = ShardWriter(self.path), [], skipped
-        self.images = self.reencoded = 0
-
-    def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
-        """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
-        if not self.spans:
-            return True
-        if max_records and len(self.spans) >= max_records:
-            return False
-        grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
-        return _closed_size(grown) <= max_bytes
-
-    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
-        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
-        self.spans.append(self.writer.write(key, data, label, ext))
-        self.images += len(data)
-        self.reencoded += checked.reencoded is not None
-
-    def finish(self, done: int) -> dict:
-        """Close and sync the tar, write its ``.idx``, and return its progress entry (``done``:
-        source files consumed through it). Raises ``OSError``."""
-        self.writer.close(sync=True)
-        write_idx(idx_name(self.path), self.spans)
-        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
-                "sha256": self.writer.sha256(), "done": done, "images": self.images,
-                "reencoded": self.reencoded, "skipped": self.skipped}
-
-
-def _commit(shard: _OpenShard, done: int, progress: ConversionProgress, output: str,
+def _commit(shard, done: int, progress: ConversionProgress, output: str,
             raw: dict | None = None) -> None:
     entry = shard.finish(done)
     if raw is not None:  # the raw share's totals through this shard (resumed from there)
@@ -177,6 +74,27 @@ def _check_outside(listing: Listing, dataset: str, output: str) -> None:
         raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
 
 
+def open_shard_source(dataset: str, output: str, prefix: str | None, split: str | None,
+                      seed: int, shard_size: int, max_per_shard: int | None, check: str,
+                      allow_partial: bool, progress: bool) -> tuple[Listing, str]:
+    """The shuffled listing of ``dataset`` and the shards' prefix, the settings checked. Raises
+    :class:`ConversionError`."""
+    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
+        raise ConversionError("--shard-size and --max-per-shard must be positive")
+    if check not in CHECKS:
+        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
+    prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
+    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
+        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
+    listing = open_source("folder2shards.py", dataset, split, allow_partial,
+                          progress).shuffled(seed)
+    _check_outside(listing, dataset, output)
+    for name in listing.empty_classes:
+        print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
+              file=sys.stderr)
+    return listing, prefix
+
+
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
@@ -191,24 +109,13 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     unfinished conversion of the same files and settings resumes after its finished shards. The
     other arguments as in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad
     settings, a bad source, an output that is a file, holds other files or (without ``overwrite``)
-    another conversion, or cannot be written."""
+    another conversion, or cannot be written. (A job array's task: :func:`convert_task`.)"""
     start = time.perf_counter()
-    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
-        raise ConversionError("--shard-size and --max-per-shard must be positive")
-    if check not in CHECKS:
-        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
-    prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
-    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
-        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    listing = open_source("folder2shards.py", dataset, split, allow_partial,
-                          progress).shuffled(shuffle_seed)
-    _check_outside(listing, dataset, output)
-    for name in listing.empty_classes:
-        print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
-              file=sys.stderr)
+    listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
+                                        max_per_shard, check, allow_partial, progress)
     cap_fields = cap.record() if cap is not None else {}
-    settings = _settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
-                         max_per_shard, max_pixels)
+    settings = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
+                              max_per_shard, max_pixels)
     try:
         state = _prepare_output(output, settings, overwrite)
     except OSError as exc:
@@ -238,7 +145,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
                         shards=len(state.shards))
 
 
-def _settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
+def shard_settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
               shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS) -> dict:
     """``progress.json``'s settings: what a resume must share with its run."""
     settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget, max_pixels).hex(),
@@ -260,47 +167,16 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
     from tqdm import tqdm
 
     files, settings = listing.files, state.settings
-    keys = source_keys(listing.classes, files)
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    shard, skipped = None, []
-    pending = files[state.done:]
-    post = raw_share.with_candidate(choice) if choice is not None else None
-    with closing(check_files(pending, workers, check, ahead=max(32, 16 * workers),
-                             cap=cap, post=post, max_pixels=max_pixels)) as results:
-        for index, result in enumerate(results, state.done):
-            src = files[index]
-            bar.update(1)
-            if isinstance(result, str):  # not an image: the reason
-                if strict:
-                    raise ConversionError(f"{src.where()}: {result} (--strict)")
-                (shard.skipped if shard else skipped).append([src.rel, result])
-                continue
-            if result.warning:
-                report_damaged("folder2shards.py", src, result.warning)
-            before = choice.state() if choice is not None else None
-            data, ext = _stored(choice, result, index + 1, len(files))
-            if shard and not shard.fits(len(data), src.label, settings["shard_size"],
-                                        settings["max_per_shard"]):
-                _commit(shard, index, state, output, before)
-                shard = None
-            if shard is None:
-                name = shard_name(settings["prefix"], len(state.shards))
-                shard, skipped = _OpenShard(output, name, skipped), []
-            shard.add(keys[src.rel], result, src.label, data, ext)
-    if shard is not None:
-        _commit(shard, len(files), state, output, choice.state() if choice else None)
+    records = Records(output, source_keys(listing.classes, files), settings["shard_size"],
+                      workers, strict, check, cap, max_pixels, len(files), bar)
+    records.write(files[state.done:], state.done, settings["max_per_shard"],
+                  lambda: shard_name(settings["prefix"], len(state.shards)),
+                  lambda shard, done, raw: _commit(shard, done, state, output, raw), choice)
     bar.close()
     if not state.shards:
         raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
-
-
-def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
-    """``(bytes, extension)``: the raw record (``ppm``) if ``choice`` takes it, else JPEG."""
-    if choice is not None and choice.take(len(checked.data), checked.raw and len(checked.raw),
-                                          checked.pixels, files_done, files):
-        return checked.raw, RAW_EXT
-    return checked.data, IMAGE_EXT
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:

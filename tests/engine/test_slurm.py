@@ -20,7 +20,8 @@ from loaders.orders.positions import TRACE_ENV
 from tests.helpers.paths import REPO
 from engine.distributed.processes import free_port
 from tests.helpers.runs import assert_same_training, read_metrics, small_run
-from tests.helpers.slurm_cluster import PACKAGES, SlurmCluster, missing_commands
+from tests.helpers.slurm_cluster import (SlurmCluster, job_fields, missing_commands, module_cluster,
+                                         read, wait_until_done)
 from tests.helpers.traces import epoch_order, traced_batches
 
 pytestmark = pytest.mark.slurm
@@ -39,13 +40,7 @@ SCRIPT = os.path.join(REPO, "slurm", "train.sbatch")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_commands()
-    if missing:
-        pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): `make test-slurm` "
-                    f"installs Debian's {PACKAGES} as root")
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as started:
-        started.env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
-        yield started
+    yield from module_cluster(tmp_path_factory)
 
 
 def uninterrupted(cluster, out: str, run: list) -> str:
@@ -90,31 +85,6 @@ def wait_for(log: str, text: str, timeout: float = 300) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"no {text!r} in {log} after {timeout} s:\n" + read(log)[-3000:])
-
-
-def read(path: str) -> str:
-    return open(path).read() if os.path.exists(path) else ""
-
-
-def job_fields(cluster, job: str) -> dict:
-    """``scontrol show job`` as a dict (JobState, Reason, Restarts, ExitCode...)."""
-    shown = cluster.run(["scontrol", "show", "job", "-o", job]).stdout.split()
-    return dict(item.split("=", 1) for item in shown if "=" in item)
-
-
-def wait_until_done(cluster, job: str, log: str, timeout: float = 480) -> dict:
-    """Wait for ``job`` to end, restarting each requeued incarnation at once: SLURM holds a
-    requeued batch job about two minutes (Reason=BeginTime) before it may start again."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fields = job_fields(cluster, job)
-        if fields["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            return fields
-        if fields["JobState"] == "PENDING" and fields.get("Reason") == "BeginTime":
-            cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-        time.sleep(0.5)
-    raise AssertionError(f"job {job} still {fields['JobState']} after {timeout} s:\n"
-                         + read(log)[-3000:])
 
 
 def test_srun_tasks_train_as_one_job_equal_to_torchrun(cluster, reference, tmp_path):

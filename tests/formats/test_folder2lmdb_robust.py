@@ -235,6 +235,35 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
             assert a.read() == b.read()
 
 
+def test_a_start_over_keeps_the_folder_while_another_process_opens_it(tmp_path):
+    """Starting over used to remove the folder, which failed ("Directory not empty") when a
+    reader opened the database meanwhile and so created lock.mdb in it."""
+    corpus = make_bad_corpus(str(tmp_path / "src"))
+    db = str(tmp_path / "db")
+    os.makedirs(db)
+    lmdb.open(db, subdir=True).close()  # as if killed before its first commit
+    reader = lmdb.open(db, subdir=True, readonly=True)  # another process's handle, lock.mdb in use
+    inode = os.stat(db).st_ino
+    result = run_cli("-d", corpus.root, "-o", db, "-j", "1")
+    reader.close()
+    assert result.returncode == 0, result.stderr
+    assert "no resume state (interrupted before its first commit); starting over" in result.stderr
+    assert os.stat(db).st_ino == inode and read_all(db)[0].count == len(corpus.kept)
+
+
+def test_why_a_decoder_was_passed_over_does_not_change_the_resume_fingerprint(tmp_path,
+                                                                              monkeypatch):
+    from decode import libraries
+    from formats.conversion import fingerprint
+    from formats.sources import list_sources
+
+    listing = list_sources(make_bad_corpus(str(tmp_path / "src")).root)
+    before = fingerprint(listing)
+    monkeypatch.setitem(libraries._skipped, "elsewhere", "probe failed at 0x7f3a2c (errno 12)")
+    assert libraries.decoder_name().endswith("(elsewhere: probe failed at 0x7f3a2c (errno 12))")
+    assert fingerprint(listing) == before
+
+
 def test_changed_source_restarts_instead_of_resuming(tmp_path):
     corpus = make_bad_corpus(str(tmp_path / "src"))
     db = str(tmp_path / "db")

@@ -245,3 +245,45 @@ if __name__ == "__main__":
         print(cluster.run(["sinfo"]).stdout, end="")
         args = sys.argv[1:] or ["srun", "-n", "2", "hostname"]
         print(cluster.run(args, check=False).stdout, end="")
+
+
+def module_cluster(tmp_path_factory):
+    """A test module's cluster fixture's body: a started :class:`SlurmCluster` whose jobs run
+    one torch thread each, unbuffered, with ``$PYTHON`` this interpreter (skips the module
+    where SLURM is missing)."""
+    import sys
+
+    import pytest
+
+    missing = missing_commands()
+    if missing:
+        pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): `make test-slurm` "
+                    f"installs Debian's {PACKAGES} as root")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as started:
+        started.env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+        yield started
+
+
+def read(path: str) -> str:
+    return open(path).read() if os.path.exists(path) else ""
+
+
+def job_fields(cluster, job: str) -> dict:
+    """``scontrol show job`` as a dict (JobState, Reason, Restarts, ExitCode...)."""
+    shown = cluster.run(["scontrol", "show", "job", "-o", job]).stdout.split()
+    return dict(item.split("=", 1) for item in shown if "=" in item)
+
+
+def wait_until_done(cluster, job: str, log: str, timeout: float = 480) -> dict:
+    """Wait for ``job`` to end, restarting each requeued incarnation at once: SLURM holds a
+    requeued batch job about two minutes (Reason=BeginTime) before it may start again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = job_fields(cluster, job)
+        if fields["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return fields
+        if fields["JobState"] == "PENDING" and fields.get("Reason") == "BeginTime":
+            cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still {fields['JobState']} after {timeout} s:\n"
+                         + read(log)[-3000:])

@@ -1,0 +1,268 @@
+"""One conversion split over the tasks of a job array (``folder2shards.py --task I --tasks N``;
+docs/slurm.md#converting-on-the-cluster).
+
+The shuffled listing is cut into blocks of ``--max-per-shard`` source files; block ``b`` is
+written as shard ``PREFIX-b.tar`` (its images; a block that outgrows ``--shard-size`` goes on in
+``PREFIX-b-000001.tar``, ...). Task ``i`` of ``n`` takes blocks ``[i*K//n, (i+1)*K//n)`` of the
+``K``: which files make which shard depends on the listing, the seed and the limits only, so
+any ``n`` writes the same files. A block is finished once its shards are in place and
+``PREFIX-b.done`` (their progress entries, written atomically) lists them: a task killed,
+requeued or started again with another ``n`` redoes only unfinished blocks, and touches no
+other block's files. ``progress.json`` holds the settings (and the raw share's choice), created
+once by whichever task comes first (``os.link`` lets one win). The task that finds every block
+done writes ``skipped.tsv``, ``progress.json`` (every shard) and ``index.json`` (last), under a
+lock (``index.json.lock``); ``--finish`` does the same as a dependent step."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import msgpack
+
+from decode.acceptance import MAX_PIXELS
+from formats import raw_share
+from formats.conversion import REPORT_NAME, ConversionError, stage, stage_folder, unstage, \
+    write_report
+from formats.images import RULES_VERSION
+from formats.sources import Listing
+
+from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
+from ._convert import open_shard_source, shard_settings
+from ._writing import PROGRESS_NAME, ConversionProgress, Records, ShardSummary, refuse_foreign
+
+LOCK_NAME = "index.json.lock"  # held while the index is written
+
+
+def block_shard(prefix: str, block: int, part: int) -> str:
+    """The name of the ``part``-th shard of ``block``: ``PREFIX-b.tar``, then ``PREFIX-b-p.tar``."""
+    return shard_name(prefix, block) if part == 0 else f"{prefix}-{block:06d}-{part:06d}.tar"
+
+
+def task_blocks(blocks: int, task: int, tasks: int) -> range:
+    """The blocks task ``task`` (0-based) of ``tasks`` converts: a contiguous run, all ``blocks``
+    covered once by the tasks together."""
+    return range(task * blocks // tasks, (task + 1) * blocks // tasks)
+
+
+def _done_path(output: str, prefix: str, block: int) -> str:
+    return os.path.join(output, f"{prefix}-{block:06d}.done")
+
+
+def _load_done(output: str, prefix: str, block: int) -> dict | None:
+    """Block ``block``'s record if it is finished: its shards there at their recorded sizes."""
+    try:
+        with open(_done_path(output, prefix, block)) as f:
+            done = json.load(f)
+        for shard in done["shards"]:
+            tar = os.path.join(output, shard["name"])
+            if os.path.getsize(tar) != shard["bytes"] or not os.path.isfile(idx_name(tar)):
+                return None
+        return done
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_json(path: str, data) -> None:
+    """Write ``data`` to ``path``, synced."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _save_json(path: str, data) -> None:
+    """Write ``data`` to ``path`` atomically, through a name of this process's own."""
+    _write_json(f"{path}.{os.getpid()}.tmp", data)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
+def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None = 0,
+                 tasks: int | None = 1, finish: bool = False, prefix: str | None = None,
+                 shard_size: int = 1 << 30, shuffle_seed: int = 0, workers: int = 8,
+                 strict: bool = False, progress: bool = True, check: str = "full",
+                 split: str | None = None, allow_partial: bool = False, cap=None,
+                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> "ShardSummary | Finished":
+    """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``dataset`` into ``output`` and
+    return what it wrote; the last task to finish writes the index. ``finish``: only write the
+    index (every block must be done). The other arguments as in
+    :func:`formats.shards.convert`. Raises :class:`ConversionError` for bad settings or source,
+    an output holding other files or another conversion, or a write error."""
+    if not max_per_shard:
+        raise ConversionError("--tasks and --finish need --max-per-shard: a job array cuts its "
+                              "shards by record count (docs/slurm.md)")
+    if not finish and not (tasks and 0 <= task < tasks):
+        raise ConversionError(f"--task {task} of --tasks {tasks}: 0 <= task < tasks")
+    listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
+                                        max_per_shard, check, allow_partial, progress)
+    # not resumable by a one-process run, nor it by an array
+    settings = dict(shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed,
+                                   shard_size, max_per_shard, max_pixels), array=True)
+    records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
+                      strict, check, cap, max_pixels, len(listing.files))
+    refuse_foreign(output)
+    start = time.perf_counter()
+    try:
+        settings = share_settings(output, settings,
+                                  lambda: raw_share.start(raw_budget, listing, check, cap, None))
+        if not finish:
+            return run_task(listing, output, settings, task, tasks, records, progress)
+        finish_index(listing, output, settings)
+    except OSError as exc:
+        raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
+                              "is the disk full?") from None
+    state = ConversionProgress.load(output)
+    return Finished(output, state.total("records"), state.total("skipped"), len(state.shards))
+
+
+@dataclass
+class Finished:
+    """What ``--finish`` found: an array's complete output."""
+
+    output: str
+    records: int
+    skipped: int
+    shards: int
+
+    def line(self) -> str:
+        return (f"{self.output}: complete: {self.records} images in {self.shards} shards, "
+                f"skipped {self.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
+
+
+def share_settings(output: str, settings: dict, start_raw) -> dict:
+    """The array's settings in ``output/progress.json``: ``settings`` plus the raw share's choice
+    (``start_raw()``, made once for the whole set) if this task comes first, else the first
+    task's, which must match (a task started late finds its blocks done). Raises
+    :class:`ConversionError`."""
+    path = os.path.join(output, PROGRESS_NAME)
+    os.makedirs(output, exist_ok=True)
+    names = os.listdir(output)
+    if PROGRESS_NAME not in names:
+        choice = start_raw()
+        mine = dict(settings, raw_choice=choice.state()) if choice is not None else settings
+        tmp = f"{path}.{os.getpid()}.tmp"
+        _write_json(tmp, {"settings": mine, "shards": []})
+        try:
+            os.link(tmp, path)  # fails if another task made it first: its settings count
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(tmp)
+    recorded = ConversionProgress.load(output)
+    if recorded is None or {k: v for k, v in recorded.settings.items()
+                            if k != "raw_choice"} != settings:
+        raise ConversionError(f"{output}: holds a conversion of other files or settings (a "
+                              "resumed array needs the same source, flags and version; or "
+                              "delete the folder)")
+    return recorded.settings
+
+
+def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: int,
+             records: Records, progress: bool) -> ShardSummary:
+    """Convert task ``task``'s blocks of ``listing`` into ``output`` (``records``: the shared
+    writing settings), then write the index if every block is done. Returns what this task
+    wrote. Raises :class:`ConversionError`."""
+    start = time.perf_counter()
+    prefix, block = settings["prefix"], settings["max_per_shard"]
+    files = listing.files
+    mine = task_blocks(-(-len(files) // block), task, tasks)
+    todo = [b for b in mine if _load_done(output, prefix, b) is None]
+    pending = [s for b in todo for s in files[b * block:(b + 1) * block]]
+    if progress:
+        blocks = f"blocks {mine.start}-{mine.stop - 1}" if mine else "no block (N > shards)"
+        print(f"folder2shards.py: task {task} of {tasks}: {blocks}, {len(mine) - len(todo)} "
+              f"already done, {len(pending)} files to convert (-j {records.workers})",
+              file=sys.stderr, flush=True)
+    folder = f"{stage_folder(output)}-{task}-of-{tasks}"
+    stage(replace(listing, files=pending), folder, progress)
+    written = []
+    for b in todo:
+        written += _write_block(records, listing, output, prefix, b, block,
+                                settings.get("raw_choice"))
+    unstage(folder)
+    summary = ShardSummary(sum(s["records"] for s in written), sum(s["images"] for s in written),
+                           time.perf_counter() - start, output,
+                           sum(s["reencoded"] for s in written),
+                           sum(len(s["skipped"]) for s in written),
+                           os.path.join(output, REPORT_NAME),
+                           (len(mine) - len(todo)) * block, shards=len(written))
+    summary.array = f"task {task} of {tasks} done; " + {
+        "written": f"every block done: wrote {INDEX_NAME}",
+        "there": f"every block done, {INDEX_NAME} written by another task",
+        "": "other tasks' blocks still to do (the last task writes the index)",
+    }[finish_index(listing, output, settings, True)]
+    return summary
+
+
+def _write_block(records: Records, listing: Listing, output: str, prefix: str, b: int,
+                 block: int, raw_choice: dict | None) -> list[dict]:
+    """Write block ``b`` (its shards, then its ``.done``) and return its shards' entries. A killed
+    run's ``.tmp`` of the block are written over (the same names), the rest go with the index."""
+    shards = []
+    # the raw share: the set's one choice, its budget held by each block on its own
+    choice = raw_share.RawChoice.from_state(raw_choice) if raw_choice else None
+
+    def commit(shard, done, raw):
+        shards.append(shard.finish(done))
+
+    first = b * block
+    loose = records.write(listing.files[first:first + block], first, None,
+                          lambda: block_shard(prefix, b, len(shards)), commit, choice, first)
+    _save_json(_done_path(output, prefix, b),
+               {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}})
+    return shards
+
+
+def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool = False) -> str:
+    """Write the index of ``output`` if every block is done; what became of it: ``"written"``,
+    ``"there"`` (by another task before) or ``""`` (blocks still to do, with ``missing_ok``).
+    Checks that written + skipped = the listing's files, block by block. Raises
+    :class:`ConversionError` if a block is not done (unless ``missing_ok``) or miscounted."""
+    prefix, block = settings["prefix"], settings["max_per_shard"]
+    files = listing.files
+    with open(os.path.join(output, LOCK_NAME), "a") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)  # one writer of the index at a time, also over NFS
+        if os.path.exists(os.path.join(output, INDEX_NAME)):
+            return "there"
+        dones = []
+        for b in range(-(-len(files) // block)):
+            done = _load_done(output, prefix, b)
+            if done is None:
+                if missing_ok:
+                    return ""
+                raise ConversionError(f"{output}: block {b} ({shard_name(prefix, b)}) is not "
+                                      "done yet: run the array's missing tasks first")
+            count = sum(s["records"] + len(s["skipped"]) for s in done["shards"])
+            if count + len(done["skipped"]) != len(files[b * block:(b + 1) * block]):
+                raise ConversionError(f"{output}: block {b} accounts for {count} files, not "
+                                      f"{len(files[b * block:(b + 1) * block])}")
+            dones.append(done)
+        _write_index(listing, output, settings, dones)
+    return "written"
+
+
+def _write_index(listing: Listing, output: str, settings: dict, dones: list[dict]) -> None:
+    """``skipped.tsv``, ``progress.json`` with every shard, then ``index.json``."""
+    shards = [s for d in dones for s in d["shards"]]
+    skips = [r for d in dones for r in [x for s in d["shards"] for x in s["skipped"]]
+             + d["skipped"]]
+    if not shards:
+        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
+                              "image")
+    write_report(os.path.join(output, REPORT_NAME), [
+        msgpack.packb([os.fsencode(rel), why], use_bin_type=True) for rel, why in skips])
+    raw = {}
+    if settings.get("raw_choice"):
+        raw = dict(settings["raw_choice"])
+        for key in ("stored", "jpeg", "records", "saved_s", "extra"):
+            raw[key] = sum(d["raw"][key] for d in dones)
+    ConversionProgress(settings, shards).save(output)
+    for name in os.listdir(output):  # killed tasks' leftovers: every block is done
+        if name.endswith(".tmp"):
+            os.remove(os.path.join(output, name))
+    entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in shards]
+    ShardIndex(listing.classes, entries, settings["seed"], RULES_VERSION, names=listing.names,
+               cap=settings.get("cap", {}), raw=raw).write(output)  # last

@@ -1,0 +1,191 @@
+"""What both ways of writing shards share (one process, :mod:`._convert`; a job array's task,
+:mod:`._array`): ``progress.json``, the summary, the shard being written and the loop that checks
+source files and writes their records."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+from contextlib import closing
+from dataclasses import dataclass, field
+
+from decode.acceptance import MAX_PIXELS
+from formats import raw_share
+from formats.conversion import ConversionError, Summary, report_damaged
+from formats.images import check_files
+
+from ._codec import IMAGE_EXT, RAW_EXT, ShardWriter, idx_name, write_idx
+
+PROGRESS_NAME = "progress.json"
+_OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skipped\.tsv)"
+                   r"(\.lock|(\.\d+)?\.tmp)?")
+
+
+def _member_bytes(size: int) -> int:
+    """Bytes a tar member of ``size`` data bytes takes: header plus data padded to 512."""
+    return tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE))
+
+
+def _closed_size(offset: int) -> int:
+    """Bytes of a tar closed at ``offset``: two zero blocks, padded to tarfile's 10 KiB record."""
+    return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
+@dataclass
+class ConversionProgress:
+    """``progress.json``, kept for ``--verify`` and resuming: ``settings`` and the finished
+    ``shards``, each ``{name, records, bytes (tar), sha256, done (source files through it), images
+    (image bytes), reencoded, skipped ([[rel, reason], ...]), raw (totals, if any)}``."""
+
+    settings: dict
+    shards: list[dict] = field(default_factory=list)
+
+    @property
+    def done(self) -> int:
+        return self.shards[-1]["done"] if self.shards else 0
+
+    def total(self, key: str) -> int:
+        return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
+
+    def save(self, folder: str) -> None:
+        """Write ``folder/progress.json`` atomically and synced. Raises ``OSError``."""
+        path = os.path.join(folder, PROGRESS_NAME)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def load(cls, folder: str) -> "ConversionProgress | None":
+        """The progress in ``folder``; None if absent or unreadable."""
+        try:
+            with open(os.path.join(folder, PROGRESS_NAME)) as f:
+                data = json.load(f)
+            return cls(dict(data["settings"]), list(data["shards"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class ShardSummary(Summary):
+    """:class:`~formats.conversion.Summary` plus the ``shards`` written."""
+
+    shards: int = 0
+    array: str = ""  # a job array's task: whether the folder is complete
+
+    def line(self) -> str:
+        return f"{super().line()}; {self.shards} shards" + (f"; {self.array}" if self.array else "")
+
+
+class _OpenShard:
+    """The shard being written: its tar writer, record spans and progress entry fields."""
+
+    def __init__(self, output: str, name: str, skipped: list):
+        self.name, self.path = name, os.path.join(output, name)
+        # under a temporary name until complete: no reader sees half a shard as a shard
+        self.writer, self.spans, self.skipped = ShardWriter(self.path + ".tmp"), [], skipped
+        self.images = self.reencoded = 0
+
+    def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
+        """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
+        if not self.spans:
+            return True
+        if max_records and len(self.spans) >= max_records:
+            return False
+        grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
+        return _closed_size(grown) <= max_bytes
+
+    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
+        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
+        self.spans.append(self.writer.write(key, data, label, ext))
+        self.images += len(data)
+        self.reencoded += checked.reencoded is not None
+
+    def finish(self, done: int) -> dict:
+        """Close and sync the tar, write its ``.idx``, and return its progress entry (``done``:
+        source files consumed through it). Raises ``OSError``."""
+        self.writer.close(sync=True)
+        write_idx(idx_name(self.path), self.spans)
+        os.replace(self.path + ".tmp", self.path)
+        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
+                "sha256": self.writer.sha256(), "done": done, "images": self.images,
+                "reencoded": self.reencoded, "skipped": self.skipped}
+
+
+def refuse_foreign(output: str) -> list[str]:
+    """The names in ``output`` (none if absent). Raises :class:`ConversionError` for a file or a
+    folder holding files other than a conversion's."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    foreign = [n for n in names if not _OURS.fullmatch(n)]
+    if foreign:
+        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
+                              "choose another -o")
+    return names
+
+
+@dataclass
+class Records:
+    """What every shard of one conversion shares: the ``output`` folder, record ``keys``, the byte
+    limit and how the files are checked; ``total``: the listing's file count (the raw share's pro
+    rata); ``bar``: the progress bar, or None."""
+
+    output: str
+    keys: dict
+    shard_size: int
+    workers: int
+    strict: bool
+    check: str = "full"
+    cap: object = None
+    max_pixels: int = MAX_PIXELS
+    total: int = 0
+    bar: object = None
+
+    def write(self, files: list, first: int, max_records: int | None, name_of, commit,
+              choice=None, budget_from: int = 0) -> list:
+        """Check ``files`` (source ``first`` on) and write their records as shards named
+        ``name_of()``, each ended at ``max_records`` or the byte limit and passed to
+        ``commit(shard, done, raw)`` (``done``: source files through it; ``raw``: the raw share's
+        totals through it, its budget pro rata of the files from source ``budget_from`` on).
+        Returns the skips no shard took (``[[rel, reason]]``: files without one image). Raises
+        :class:`ConversionError` (``strict``)."""
+        shard, skipped = None, []
+        post = raw_share.with_candidate(choice) if choice is not None else None
+        with closing(check_files(files, self.workers, self.check,
+                                 ahead=max(32, 16 * self.workers), cap=self.cap, post=post,
+                                 max_pixels=self.max_pixels)) as results:
+            for index, result in enumerate(results, first):
+                src = files[index - first]
+                if self.bar is not None:
+                    self.bar.update(1)
+                if isinstance(result, str):  # not an image: the reason
+                    if self.strict:
+                        raise ConversionError(f"{src.where()}: {result} (--strict)")
+                    (shard.skipped if shard else skipped).append([src.rel, result])
+                    continue
+                if result.warning:
+                    report_damaged("folder2shards.py", src, result.warning)
+                before = choice.state() if choice is not None else None
+                data, ext = _stored(choice, result, index + 1 - budget_from, self.total)
+                if shard and not shard.fits(len(data), src.label, self.shard_size, max_records):
+                    commit(shard, index, before)
+                    shard = None
+                if shard is None:
+                    shard, skipped = _OpenShard(self.output, name_of(), skipped), []
+                shard.add(self.keys[src.rel], result, src.label, data, ext)
+        if shard is not None:
+            commit(shard, first + len(files), choice.state() if choice else None)
+        return skipped
+
+
+def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
+    """``(bytes, extension)``: the raw record (``ppm``) if ``choice`` takes it, else JPEG."""
+    if choice is not None and choice.take(len(checked.data), checked.raw and len(checked.raw),
+                                          checked.pixels, files_done, files):
+        return checked.raw, RAW_EXT
+    return checked.data, IMAGE_EXT
+
+
