@@ -35,7 +35,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-heavy test-durations test-slurm bench bench-ffcv \
-  convert-imagenet train tensorboard docker-build docker-run clean gpu-bundle gpu-check gpu-lease \
+  convert-imagenet train tensorboard docker-build docker-run test-docker clean gpu-bundle gpu-check gpu-lease \
   gpu-rehearse
 
 help: ## list the targets
@@ -148,6 +148,13 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 	mkdir -p $(OUTPUT)
 	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
 	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
+
+# test-docker needs no registry, Docker engine or GPU: docker/test-image.sh builds a stand-in for
+# the NGC base from Debian's packages and PyPI (installing buildah and debootstrap from Debian
+# where missing, as root), builds docker/Dockerfile unmodified on it, runs the project in the
+# image and removes its storage. Opt-in, not part of make test (docs/docker.md).
+test-docker: ## build docker/Dockerfile on a stand-in NGC base (no registry, no GPU; as root: installs buildah, debootstrap) and run the project in it
+	bash docker/test-image.sh
 
 # gpu-check runs on a bare GPU machine: its Python (no venv, no network) plus what gpu-bundle packs.
 # Its folder is GPU_OUT, never OUT: on a borrowed machine $$OUT is the folder that comes back
