@@ -4,7 +4,8 @@
 #   1. debootstrap: Debian 13 minbase -> rootfs.tar (docker/standin/Dockerfile says why 13)
 #   2. stand-in:    docker/standin/Dockerfile (FROM scratch + ADD rootfs.tar) tagged
 #                   nvcr.io/nvidia/pytorch:standin, in a storage of its own under WORK
-#   3. image:       docker/Dockerfile with --build-arg NGC_TAG=standin, docker format
+#   3. image:       docker/Dockerfile with --build-arg NGC_TAG=standin, docker format; then in OCI
+#                   format, where it must stop at its first RUN (SHELL ignored)
 #   4. in the image: the self-check, main.py --help, a short run from an LMDB that the image's
 #                   folder2lmdb.py writes, a folder run with 2 workers, Pillow-SIMD held
 # Each step prints its seconds. WORK (default: a new folder under TMPDIR) and everything in it,
@@ -113,6 +114,16 @@ build --build-arg NGC_TAG=standin -f docker/Dockerfile -t "$IMAGE" . >"$WORK/ima
   || { tail -30 "$WORK/image.log"; say "docker/Dockerfile failed on the stand-in (log above)"; exit 1; }
 grep -E '^(STEP|self-check:|pillow-simd)' "$WORK/image.log" | grep -v '^STEP' || true
 grep -c '^STEP' "$WORK/image.log" | xargs -I{} echo "make test-docker: {} build steps passed"
+done_step
+
+step "docker/Dockerfile in OCI format stops at its first RUN"
+if store bud --isolation chroot --format oci --pull=never --build-arg NGC_TAG=standin \
+     -f docker/Dockerfile -t localhost/imagenet-fast:oci-test . >"$WORK/oci.log" 2>&1; then
+  say "an OCI-format build (SHELL ignored, no pipefail) passed"; exit 1
+fi
+grep -q 'SHELL was ignored (an OCI-format build): build with --format docker' "$WORK/oci.log" \
+  || { tail -10 "$WORK/oci.log"; say "the OCI-format build failed for another reason"; exit 1; }
+grep -m1 'SHELL was ignored' "$WORK/oci.log"
 done_step
 
 # -- 4. in the image ----------------------------------------------------------------------------
