@@ -56,8 +56,10 @@ def test_the_dockerfile_is_built_unmodified_in_docker_format():
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to run the script as another user")
 def test_without_root_it_says_what_to_do_in_one_line():
+    # the script on standard input from /: the checkout may be in a folder nobody cannot enter
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                             "bash", SCRIPT], capture_output=True, text=True, timeout=60,
+                             "bash", "-s"], input=read(SCRIPT), cwd="/", capture_output=True,
+                            text=True, timeout=60,
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, lines
