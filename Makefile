@@ -152,7 +152,7 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 # test-docker needs no registry, Docker engine or GPU: docker/test-image.sh builds a stand-in for
 # the NGC base from Debian's packages and PyPI (installing buildah and debootstrap from Debian
 # where missing, as root), builds docker/Dockerfile unmodified on it, runs the project in the
-# image and removes its storage. Opt-in, not part of make test (docs/docker.md).
+# image and removes its storage. Not part of make test; .ci/run runs it (docs/docker.md).
 test-docker: ## build docker/Dockerfile on a stand-in NGC base (no registry, no GPU; as root: installs buildah, debootstrap) and run the project in it
 	bash docker/test-image.sh
 
