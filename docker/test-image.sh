@@ -8,8 +8,8 @@
 #                   format, where it must stop at its first RUN (SHELL ignored)
 #   4. in the image: the self-check, main.py --help, a short run from an LMDB that the image's
 #                   folder2lmdb.py writes, a folder run with 2 workers, Pillow-SIMD held
-# Each step prints its seconds. WORK (default: a new folder under TMPDIR) and everything in it,
-# images included, is removed at the end unless KEEP=1.
+# Each step prints its seconds. WORK, a new folder under TMPDIR, and everything in it, images
+# included, is removed at the end unless KEEP=1.
 # Needs root, buildah (podman's build engine, with the same build flags) and debootstrap; as root on Debian/Ubuntu the two programs are
 # installed from Debian's packages where missing. STORAGE_DRIVER=vfs forces the slow, large but
 # always-working storage driver (default: overlay where this kernel mounts it, else vfs).
@@ -44,19 +44,21 @@ if [ "$(id -u)" != 0 ]; then
 fi
 ENGINE=buildah
 
-WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/imagenet-fast-docker.XXXXXX")}
-mkdir -p "$WORK"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/imagenet-fast-docker.XXXXXX")
 # A storage of our own (never the machine's /var/lib/containers), removed at the end.
 store() { "$ENGINE" --root "$WORK/storage" --runroot "$WORK/run" --storage-driver "$DRIVER" "$@"; }
 CONTAINER=""
 cleanup() {
   local rc=$?
+  set +e
   if [ "$KEEP" = 1 ]; then
     say "kept $WORK (KEEP=1; images $BASE and $IMAGE in its storage)"
   else
     [ -n "$CONTAINER" ] && store rm "$CONTAINER" >/dev/null 2>&1
     [ -n "${DRIVER:-}" ] && store rmi -a -f >/dev/null 2>&1
-    rm -rf "$WORK" || say "could not remove $WORK"
+    # what is still mounted under WORK is ours (a failed debootstrap's /proc, the storage's own)
+    findmnt -rn -o TARGET | grep -F "$WORK/" | sort -r | xargs -r umount -l 2>/dev/null
+    rm -rf --one-file-system "$WORK" || say "could not remove $WORK"
   fi
   [ "$rc" = 0 ] && say "passed in $(( $(date +%s) - T0 )) s" || say "FAILED (exit $rc)"
 }

@@ -51,7 +51,8 @@ def test_the_dockerfile_is_built_unmodified_in_docker_format():
     assert re.search(r"--build-arg NGC_TAG=standin \\?\s*-f docker/Dockerfile", script)
     assert not re.search(r"(sed -i|>\s*|cp [^\n]* )docker/Dockerfile", script), \
         "the script must not write docker/Dockerfile"
-    assert 'rm -rf "$WORK"' in script  # its storage goes at the end
+    # its storage goes at the end, from a folder of its own
+    assert 'WORK=$(mktemp -d ' in script and 'rm -rf --one-file-system "$WORK"' in script
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
