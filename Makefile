@@ -35,7 +35,7 @@ DOCKER_CMD = $(if $(CMD),$(CMD),$(if $(ARGS),python3 main.py $(ARGS)))
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-heavy test-durations test-slurm bench bench-ffcv \
-  convert-imagenet train tensorboard docker-build docker-run clean gpu-bundle gpu-check \
+  convert-imagenet train tensorboard docker-build docker-run test-docker clean gpu-bundle gpu-check \
   gpu-dry-run
 
 help: ## list the targets
@@ -161,6 +161,13 @@ docker-run: ## DATA=/imagenet [ARGS='...' or CMD='...']: run IMAGE on all GPUs, 
 	mkdir -p $(OUTPUT)
 	docker run --rm $(DOCKER_TTY) --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
 	  -v $(abspath $(DATA)):/data:ro -v $(abspath $(OUTPUT)):/output $(IMAGE) $(DOCKER_CMD)
+
+# test-docker needs no registry, Docker engine or GPU: docker/test-image.sh builds a stand-in for
+# the NGC base from Debian's packages and PyPI (installing buildah and debootstrap from Debian
+# where missing, as root), builds docker/Dockerfile unmodified on it, runs the project in the
+# image and removes its storage. Not part of make test; .ci/run runs it (docs/docker.md).
+test-docker: ## build docker/Dockerfile on a stand-in NGC base (no registry, no GPU; as root: installs buildah, debootstrap) and run the project in it
+	bash docker/test-image.sh
 
 # gpu-check runs on a GPU host with its own Python (torch, torchvision; no venv, no internet
 # needed) and what gpu-bundle packs; the report and the state between steps go to GPU_OUT.

@@ -2,8 +2,10 @@
 from its COPY lines and .dockerignore in a temporary directory, hold every top-level module and
 package and run main.py, folder2lmdb.py and folder2shards.py (``--help`` and a ``--dummy``
 step); every COPY source exists and reaches the build context; the base is an NGC PyTorch
-release tag; torch is never reinstalled; hadolint passes. The NGC base image itself (CUDA,
-torch, DALI) is not built here."""
+release tag; torch is never reinstalled; hadolint passes; an OCI-format build stops at its first
+RUN; Pillow-SIMD is built for any x86-64 CPU unless asked and held as Pillow; the image's
+self-check fails, naming it, without the crop-window decoder. The image itself is built and run
+by the opt-in `make test-docker` (tests/cli/test_docker_image.py checks its files)."""
 from __future__ import annotations
 
 import os
@@ -233,7 +235,7 @@ def test_the_image_compiles_its_own_jpegcrop():
     assert excluded("decode/jpeg/_jpegcrop.so") and not excluded("decode/jpeg/_jpegcrop.c")
     runs = [rest for keyword, rest in instructions() if keyword == "RUN"]
     build = [i for i, r in enumerate(runs) if "decode/jpeg/_jpegcrop.c" in r and "-ljpeg" in r]
-    check = [i for i, r in enumerate(runs) if "assert jpeg.region.available()" in r]
+    check = [i for i, r in enumerate(runs) if "python3 docker/self_check.py" in r]
     assert build and check and build[0] < check[0]
 
 
@@ -273,3 +275,92 @@ def test_hadolint_passes():
     result = subprocess.run([binary, "--no-color", "--failure-threshold", "warning", *ignores,
                              DOCKERFILE], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def build_args():
+    return {rest.partition("=")[0]: rest.partition("=")[2] for keyword, rest in instructions()
+            if keyword == "ARG"}
+
+
+def test_an_oci_format_build_stops_at_the_first_run():
+    """buildah and podman ignore SHELL in OCI format; the first RUN fails there, saying how."""
+    shells = [rest for keyword, rest in instructions() if keyword == "SHELL"]
+    assert shells == ['["/bin/bash", "-o", "pipefail", "-c"]']
+    first_run = next(rest for keyword, rest in instructions() if keyword == "RUN")
+    assert "set -o | grep -Eq '^pipefail[[:space:]]+on$'" in first_run
+    assert "--format docker" in first_run and "exit 1" in first_run
+    for shell, expect in (("bash -o pipefail -c", 0), ("sh -c", 1)):
+        result = subprocess.run(shell.split() + [first_run.replace("RUN ", "", 1)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, (shell, result.stdout, result.stderr)
+
+
+def test_pillow_simd_is_portable_unless_asked_and_held():
+    args = build_args()
+    assert args["PILLOW_SIMD_AVX2"] == "0" and args["ACCEPT_WHOLE_JPEG"] == "0"
+    runs = [rest for keyword, rest in instructions() if keyword == "RUN"]
+    simd = [r for r in runs if "docker/install-pillow-simd.sh" in r]
+    assert len(simd) == 1 and '--hold "$constraint"' in simd[0]
+    assert 'constraint="${PIP_CONSTRAINT:-}"' in simd[0]
+    with open(os.path.join(REPO, "docker", "install-pillow-simd.sh")) as f:
+        script = f.read()
+    avx2 = [line for line in script.splitlines() if "-mavx2" in line and "CC=" in line]
+    assert len(avx2) == 1  # set in one place, under the PILLOW_SIMD_AVX2 test just above it
+    guard = script.splitlines()[script.splitlines().index(avx2[0]) - 1]
+    assert '"$AVX2" = 1' in guard and '"$AVX2" = auto' in guard
+
+
+def test_install_pillow_simd_rejects_an_unknown_instruction_set():
+    result = subprocess.run(["sh", os.path.join(REPO, "docker", "install-pillow-simd.sh"),
+                             sys.executable], env={**os.environ, "PILLOW_SIMD_AVX2": "yes"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "expected auto, 0 or 1" in result.stdout
+
+
+def self_check(code):
+    """Run ``code`` with docker/self_check.py imported as ``sc``, in the repository."""
+    return subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = ['docker', '.']; "
+                           "import self_check as sc; " + code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+# nvImageCodec turned off in the process, as on a base without it
+NO_WINDOWS = "from decode import jpeg; jpeg.window.set_enabled(False); "
+
+
+@pytest.fixture
+def jpegcrop():
+    from decode import jpeg
+
+    if not jpeg.region.available():
+        pytest.skip(f"decode/jpeg/_jpegcrop.so not built here ({jpeg.region.status()})")
+
+
+def test_self_check_fails_naming_the_missing_crop_window_decoder(jpegcrop):
+    result = self_check(NO_WINDOWS + "sc.check_decoders(accept_whole_jpeg=False)")
+    assert result.returncode == 1
+    line = result.stderr.strip()
+    assert line.startswith("self-check: FAILED: the crop-window decoder is missing")
+    assert "nvImageCodec" in line and "ACCEPT_WHOLE_JPEG=1" in line and "\n" not in line
+
+
+def test_self_check_accepts_whole_jpegs_only_when_asked(jpegcrop):
+    result = self_check(NO_WINDOWS + "print(sc.check_decoders(accept_whole_jpeg=True))")
+    assert result.returncode == 0, result.stderr
+    assert "whole JPEGs decoded" in result.stdout and "accepted by ACCEPT_WHOLE_JPEG=1" in result.stdout
+
+
+def test_self_check_decodes_a_window_where_nvimgcodec_is_installed(jpegcrop):
+    from decode import jpeg
+
+    if not jpeg.window.available():
+        pytest.skip(f"nvImageCodec not installed here ({jpeg.window.status()})")
+    result = self_check("print(sc.check_decoders(accept_whole_jpeg=False))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("crop windows: nvImageCodec")
+
+
+def test_self_check_reads_accept_whole_jpeg_from_the_build_argument():
+    """The Dockerfile's ARG reaches the RUN as an environment variable of the same name."""
+    with open(os.path.join(REPO, "docker", "self_check.py")) as f:
+        assert 'os.environ.get("ACCEPT_WHOLE_JPEG", "0") == "1"' in f.read()
