@@ -18,8 +18,8 @@ from .bundle.install import install, join_parts
 from .bundle.steps import link_tree, missing_files
 from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
 from .rows import probes
-from .rows.data import prepare_data
-from .rows.host import environment, probe
+from .rows.measure import prepare_data
+from .rows.probes import environment, probe
 from .runner import Runner, crashed, own_cpu, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -191,7 +191,7 @@ class Check:
             return
         limit = row.box if self.s.budget is None else min(row.box, max(self.left(), GRACE))
         try:
-            rec = (row.run or plan.run_main)(self.ctx, row, limit)
+            rec = row.run(self.ctx, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
         if rec is not None and self.s.dry_run and self.s.budget is not None and \

@@ -114,7 +114,7 @@ def step_folder(bundle: str, number: int) -> str:
 def bundle_paths(s, bundle: str) -> None:
     """The wheels and images of ``bundle`` (or ``s.data``) into ``s``. Raises
     :class:`InputError` without a train/ folder of images."""
-    from .rows.data import list_images
+    from .rows.measure import list_images
 
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
     s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
