@@ -19,7 +19,7 @@ from .bundle.steps import link_tree, missing_files
 from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
 from .rows import probes
 from .rows.measure import prepare_data
-from .rows.probes import environment, probe
+from .rows.probes import environment, host_facts
 from .runner import Runner, crashed, own_cpu, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -262,7 +262,7 @@ def main_cli(argv=None) -> int:
     interrupted."""
     args = get_args_parser().parse_args(argv)
     if args.probe:
-        print(json.dumps(probe()))
+        print(json.dumps(host_facts()))
         return 0
     try:
         s = settings(args)

@@ -220,10 +220,9 @@ def gpu_test_files() -> list[str]:
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
-    """Seconds a row recorded here (``row`` None for the set-up, whose records hold
-    ``bytes``) takes on one H100 host: on a GPU its measured ``seconds``. In a dry run its
-    ``cpu_seconds`` (wall seconds mostly wait for shared cores), plus a main.py row's CUDA
-    start and H100 batches at its rate, or ``bytes`` written (the data) or unpacked (wheels)."""
+    """Seconds a record (``row`` None for the set-up) takes on one H100 host: its ``seconds``; in
+    a dry run its ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA
+    start and H100 batches, or the set-up's ``bytes`` written (data) or unpacked (wheels)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None

@@ -1,10 +1,9 @@
 """The check's commands, run from the repository root with output in ``logs/NAME.out|.err``.
 
-A record is a dict: ``name``, ``command`` (shell-quoted), ``status`` (passed / failed / timed
-out / skipped), ``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of
-the whole process tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``.
-"timed out" is not "failed": a check slower than its limit (a cold ``torch.compile``) proves
-nothing either way.
+A record is a dict: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped),
+``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of the process
+tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``. "timed out" is not
+"failed": a check slower than its limit (a cold ``torch.compile``) proves nothing either way.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a GPU host without
-internet (its Python with torch and torchvision) beside the repository.
-
-Writes ``OUT/sample/train/<class>/*`` (:func:`copy_sample` or :func:`generate_sample`),
-``OUT/sample/val`` (a link to ``train``), ``OUT/wheels/`` (binary wheels for CPython
-``--python-version`` on manylinux x86_64: lmdb, pytest, nvImageCodec, nvJPEG and their
-dependencies) and ``OUT/wheels-dali/`` (DALI for CUDA ``--cuda`` and what only it pulls in),
-less numpy and what ``wheels/`` holds; with ``--step-size``, also split into steps
-(:mod:`.steps`).
+"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``), what the check needs on a GPU host without
+internet beside the repository: ``sample/train/<class>/*`` (``sample/val`` a link to it),
+``wheels/`` (binary wheels for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest,
+nvImageCodec, nvJPEG and their dependencies) and ``wheels-dali/`` (DALI for CUDA ``--cuda`` and
+what only it pulls in), less numpy; with ``--step-size``, also in steps (:mod:`.steps`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The measuring rows: a ``main.py`` training run, a loader alone (``--benchmark-data``), a
-pytest file, the distributed run and DALI's memory across epochs; the data they read (the
-sample linked enough times, and its LMDB), every loader's data flags, and how many steps a row
-warms up and times.
+"""The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
+DALI's memory), the data they read, every loader's data flags and each row's steps.
 
 Steady state: a row's timed window starts only after a warm-up longer than every batch its
 pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
@@ -73,11 +71,9 @@ def list_images(root: str) -> list[tuple[str, str]]:
 
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
-    """Link each sample image k times into ``OUT/data/train`` so that one epoch holds
-    :func:`data_batches` batches (and the distributed run's), then convert it and val to LMDB
-    (header checks only: the same files again and again). The links stay in the page cache, so
-    the rows measure decoding, not disk reads. Returns (paths and why a source is not
-    available, the records)."""
+    """Link each sample image k times into ``OUT/data/train`` (in the page cache: the rows
+    measure decoding, not disk reads) for :func:`data_batches` batches, then convert it and val
+    to LMDB. Returns (paths and why a source is not available, the records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -145,10 +141,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
               timeout: float | None = None) -> dict:
-    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) with
-    ``model`` on ``loader`` (``res``: ``--train-crop-size``; ``workers``: ``-j`` instead of
-    ``s.workers``; ``timeout``: seconds). Its images/s are main.py's ``steady_images_per_sec``
-    (:func:`.judge.read_speed`), ``stage_lines`` its stage table. Fails off the GPU unless dry."""
+    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) of ``model``
+    on ``loader`` (``res``: ``--train-crop-size``), read by :func:`.judge.read_speed`, with its
+    stage table (``stage_lines``); failed off the GPU unless dry."""
     name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
                     + (f"-{res}px" if res else ""))
     j = workers or s.workers

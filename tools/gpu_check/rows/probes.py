@@ -35,7 +35,7 @@ def mapped_libraries() -> list[str]:
     return sorted(p for p in paths if MAPPED.search(p))
 
 
-def probe() -> dict:
+def host_facts() -> dict:
     """What this interpreter sees: versions; GPUs (name, memory in bytes); CPU cores; each of
     :data:`ORIGINS`' version and file, or its import error (DALI first, so its libraries must
     find nvImageCodec's by themselves); ``decoder``, the library ``--decode-device cuda`` takes
@@ -84,7 +84,7 @@ def cuda_driver_api() -> str | None:
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`probe` in a subprocess and nvidia-smi's driver version. Returns (the host's facts,
+    """:func:`host_facts` in a subprocess and nvidia-smi's driver version. Returns (the host's facts,
     the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
     rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
                      PROBE_TIMEOUT)
