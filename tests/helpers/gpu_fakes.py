@@ -111,12 +111,12 @@ def fake_host(monkeypatch) -> None:
     """Every command of the check faked as on one H100 host (:func:`fake_gpu_run`), no
     nvidia-smi, and a short epoch (each symlink costs ~0.5 ms here)."""
     from tools.gpu_check import runner
-    from tools.gpu_check.rows import data, host
+    from tools.gpu_check.rows import measure
 
     monkeypatch.setattr(runner.Runner, "calls", [], raising=False)
     monkeypatch.setattr(runner.Runner, "run", fake_gpu_run)
-    monkeypatch.setattr(host.shutil, "which", lambda name: None)
-    monkeypatch.setattr(data, "data_batches", lambda s, m: 8)
+    monkeypatch.setattr(measure.shutil, "which", lambda name: None)
+    monkeypatch.setattr(measure, "data_batches", lambda s, m: 8)
 
 
 def fake_wheel(folder, name: str, blob: int = 0) -> str:

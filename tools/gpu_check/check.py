@@ -18,8 +18,8 @@ from .bundle.install import install, join_parts
 from .bundle.steps import link_tree, missing_files
 from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
 from .rows import probes
-from .rows.data import prepare_data
-from .rows.host import environment, probe
+from .rows.measure import prepare_data
+from .rows.probes import environment, host_facts
 from .runner import Runner, crashed, own_cpu, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -86,21 +86,20 @@ class Check:
     def begin_step(self) -> bool:
         """Record this step and link its files into ``OUT/bundle``. False (a failed row says
         why) when an earlier step's state is not in ``--out``."""
-        steps_path, stash = os.path.join(self.s.out, "steps.json"), os.path.join(self.s.out,
-                                                                                  "bundle")
+        steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
         steps = read_json(steps_path)
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
-        missing = [k for k in range(1, self.number) if k not in ran]
+        missing = [str(k) for k in range(1, self.number) if k not in ran]
         link_tree(step_folder(self.s.bundle, self.number), stash)
         with open(steps_path, "w") as f:
             json.dump(steps + [{**self.step, "started": self.started}], f)
         if missing:
             self.record({"name": f"state-lost-step{self.number}", "status": "failed",
                          "reason": f"step {self.number} found no state of step"
-                         f"{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} in "
-                         f"{self.s.out}: their wheels, data, rows and DALI's parts are gone "
-                         "(another host, or the folder was removed); run the bundle's steps "
-                         "again from step 1, on one host, with the same --out"})
+                         f"{'s' * (len(missing) > 1)} {', '.join(missing)} in {self.s.out}: "
+                         "their wheels, data, rows and DALI's parts are gone (another host, or "
+                         "the folder was removed); run the bundle's steps again from step 1, "
+                         "on one host, with the same --out"})
             self.guarded("environment", self.environment)
             return False
         gone = missing_files(stash, self.step, self.number)
@@ -143,18 +142,24 @@ class Check:
             self.record(crashed(name, exc))
             return False
 
+    def set_up_record(self, name: str, recs: list[dict], since: tuple, **fields) -> None:
+        """Record set-up row ``name`` made of the commands ``recs``, begun at ``since`` (wall
+        and this process's CPU seconds): failed when one of them failed."""
+        cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + own_cpu() - since[1]
+        self.record({"name": name, "status": "failed" if any(r["status"] == "failed" for r in
+                                                               recs) else "passed",
+                     "parts": recs, "seconds": round(time.monotonic() - since[0], 2),
+                     "cpu_seconds": round(cpu, 2), **fields},
+                    group=5 if name == "install-dali" else 0)
+
     def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> None:
-        started, cpu = time.monotonic(), own_cpu()
+        since = time.monotonic(), own_cpu()
         recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
                                        name=name) if wheels else [])
         done = [r for r in recs if r["name"] == name]
-        self.record({"name": name, "status": "failed" if any(
-                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
-                     **({} if done else {"reason": "nothing missing"}),
-                     "installed": sum((r.get("installed", []) for r in done), []),
-                     "seconds": round(time.monotonic() - started, 2),
-                     "cpu_seconds": _cpu(recs, cpu)}, group=5 if name == "install-dali" else 0,
-                    bytes=sum(os.path.getsize(w) for w in wheels))
+        self.set_up_record(name, recs, since, **({} if done else {"reason": "nothing missing"}),
+                           installed=sum((r.get("installed", []) for r in done), []),
+                           bytes=sum(os.path.getsize(w) for w in wheels))
 
     def install_dali(self) -> None:
         """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
@@ -171,13 +176,10 @@ class Check:
                         group=5 * (name != "environment"))
 
     def data(self) -> None:
-        started, cpu = time.monotonic(), own_cpu()
+        since = time.monotonic(), own_cpu()
         data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
-        self.record({"name": "data", "status": "failed" if any(
-                     r["status"] == "failed" for r in recs) else "passed", "parts": recs,
-                     "seconds": round(time.monotonic() - started, 2),
-                     "cpu_seconds": _cpu(recs, cpu), "paths": vars(data)},
-                    bytes=plan.gpu_lmdb_bytes([os.path.getsize(p) for _, p in self.s.images]))
+        self.set_up_record("data", recs, since, paths=vars(data), bytes=plan.gpu_lmdb_bytes(
+            [os.path.getsize(p) for _, p in self.s.images]))
 
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done, left out of a dry run, or longer than the time left in the
@@ -191,17 +193,18 @@ class Check:
             return
         limit = row.box if self.s.budget is None else min(row.box, max(self.left(), GRACE))
         try:
-            rec = (row.run or plan.run_main)(self.ctx, row, limit)
+            rec = row.run(self.ctx, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
-        if rec is not None and self.s.dry_run and self.s.budget is not None and \
+        if rec is None:
+            return
+        if self.s.dry_run and self.s.budget is not None and \
                 plan.gpu_seconds(row, rec, True) > limit:  # what the host's clock would do
             rec = {**rec, "status": "skipped", "gpu_seconds": limit, "reason": "time budget: "
                    f"stopped after {limit:.0f} s, as on a GPU host (GPU-host seconds)"}
-        if rec is not None:
-            self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
+        self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
-        if gpu in self.done and rec is not None:
+        if gpu in self.done:
             self.record(probes.gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
                         next(r for r in plan.all_rows() if r.name == gpu))
 
@@ -231,11 +234,11 @@ def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
         return rec
     px = "-160px" if rec.get("res") else ""
     if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
-        compiled = done.get(f"train-{rec['model']}-synthetic-compile")
         rec.setdefault("speedup", judge.ratio(rec, done.get(row.name.replace("-compile", ""))))
-        rec.update({"ratio_to_synthetic": judge.ratio(rec, compiled)} if rec.get(
-            "loader") != "synthetic" else {})
-    elif rec.get("loader") != "synthetic" and not rec.get("compile"):
+        if rec.get("loader") != "synthetic":
+            rec["ratio_to_synthetic"] = judge.ratio(rec, done.get(
+                f"train-{rec['model']}-synthetic-compile"))
+    elif rec.get("loader") != "synthetic":
         rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
         rec.update({"bound": row.bound} if row.bound else {})
         rec = judge.over_synthetic(rec, done.get(rec["base"]), dry_run)
@@ -253,14 +256,21 @@ def read_json(path: str, lines: bool = False) -> list:
         return []
 
 
-def _cpu(records: list[dict], since: float) -> float:
-    """CPU seconds of a set-up row: its commands' and this process's since ``since``."""
-    return round(sum(r.get("cpu_seconds") or 0.0 for r in records) + own_cpu() - since, 2)
-
-
-def check_main(s) -> int:
-    """Run the check and write its report; returns :func:`.judge.exit_status`, or 130 when
+def main_cli(argv=None) -> int:
+    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
+    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
     interrupted."""
+    args = get_args_parser().parse_args(argv)
+    if args.probe:
+        print(json.dumps(host_facts()))
+        return 0
+    try:
+        s = settings(args)
+        s.plan = plan.select(plan.all_rows(), s.rows)
+        os.makedirs(s.out, exist_ok=True)
+    except (InputError, OSError, ValueError) as exc:
+        print(f"gpu_check: error: {exc}", file=sys.stderr)
+        return 2
     what = f"step {s.step} of {s.step_info['steps']}" if s.step else "every row"
     print(f"gpu-check: {what}{', dry run (CPU)' if s.dry_run else ''}"
           + (f", time budget {s.budget:.0f} s" if s.budget is not None else "")
@@ -281,21 +291,3 @@ def check_main(s) -> int:
         print("gpu_check: interrupted; the report holds the rows that finished", file=sys.stderr)
         return 130
     return judge.exit_status(check.report)
-
-
-def main_cli(argv=None) -> int:
-    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
-    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
-    interrupted."""
-    args = get_args_parser().parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe()))
-        return 0
-    try:
-        s = settings(args)
-        s.plan = plan.select(plan.all_rows(), s.rows)
-        os.makedirs(s.out, exist_ok=True)
-    except (InputError, OSError, ValueError) as exc:
-        print(f"gpu_check: error: {exc}", file=sys.stderr)
-        return 2
-    return check_main(s)

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 from .runner import REPO
 
-TARGET_MODEL = "resnet50"
 DESCRIPTION = ("Check and measure the GPU path on a GPU host, most important rows first "
                "(docs/gpu-check.md): all rows, or what fits a time budget, or one step of an "
                "offline bundle.")
@@ -74,7 +73,6 @@ def settings(args) -> SimpleNamespace:
         batch=pick(args.batch_size, 4 if dry else 256),
         # dry run: in-process loading, as each worker process would import torch again
         workers=args.workers or ("0" if dry else "auto"),
-        models=["resnet18"] if dry else [TARGET_MODEL, "resnet18"],
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
@@ -114,7 +112,7 @@ def step_folder(bundle: str, number: int) -> str:
 def bundle_paths(s, bundle: str) -> None:
     """The wheels and images of ``bundle`` (or ``s.data``) into ``s``. Raises
     :class:`InputError` without a train/ folder of images."""
-    from .rows.data import list_images
+    from .rows.measure import list_images
 
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
     s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))

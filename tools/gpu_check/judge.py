@@ -40,12 +40,10 @@ def _json(line: str):
 
 
 def read_speed(rundir: str) -> dict:
-    """Training images/s of the run's last epoch record: ``images_per_sec`` is main.py's
-    ``steady_images_per_sec`` (after ``--benchmark-warmup`` steps, summed over ranks), else
-    ``train_images_per_sec`` with ``includes_warmup`` True; ``speed_key`` names the key. Also
-    ``data_time_fraction``, ``epoch_seconds``, ``val_acc1``, ``train_loss``, ``spread`` and
-    ``stages``. Raises ValueError without a usable record or when the training loss is not
-    finite (diverged weights train at full speed too)."""
+    """The last epoch record's figures: ``images_per_sec`` is main.py's ``steady_images_per_sec``
+    (past ``--benchmark-warmup``, summed over ranks), else ``train_images_per_sec`` with
+    ``includes_warmup``; with ``spread`` and ``stages``. Raises ValueError without such a record
+    or for a loss that is not finite (diverged weights train at full speed too)."""
     records = [r for r in read_metrics(rundir) if r.get(FALLBACK) is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")

@@ -1,5 +1,5 @@
-"""The check's one row list, in priority order, and what each row is expected to take on a GPU
-host (seconds), by which a time budget (``--budget``) decides what fits.
+"""The check's one row list, in priority order (:data:`TABLE`), and what each row is expected
+to take on a GPU host (seconds), by which a time budget (``--budget``) decides what fits.
 
 Groups: 0 the set-up (:mod:`.check`); 1 the decode probes; 2 the synthetic denominators; 3
 ``--decode-device cuda``; 4 the CPU loaders at every core and one less; 5 DALI; 6 the extras
@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from types import SimpleNamespace
-from typing import Callable
 
 from . import judge
 from .rows import measure, probes
@@ -39,33 +38,102 @@ PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:
          "loader-gpudecode-cpu-j1": ("loader-gpudecode-cuda-j1", "batch decode only "
                                      "{ratio:.2f}x the CPU loaders with one worker: did the GPU "
                                      "decode?")}
+PX = ("", "-160px")  # a 224 px row and a 160 px one
+GD, DL = "gpudecode-lmdb", "dali-lmdb"
+# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name (and in
+# its bound and extra flags) stands for each of ``each``; ``pytest-*`` for each GPU-marked test
+# file. A name says its model (resnet18), its 160 px and ``--compile``; a ``plain`` row's box
+# and seconds are in :data:`PLAIN`.
+TABLE = [
+    ("gpu-decode-probe", 1, "plain", None, None, {}),
+    ("gpu-decode-hardware", 1, "plain", None, None, {}),
+    ("train-resnet50-synthetic{x}", 2, "train", "synthetic", "all", {"each": PX}),
+    ("loader-gpudecode-j4{x}", 3, "alone", GD, "4", {"each": PX}),
+    ("train-resnet50-gpudecode-lmdb{x}", 3, "train", GD, "4",
+     {"each": PX, "bound": "loader-gpudecode-j4{x}"}),
+    ("loader-lmdb-j{x}", 4, "alone", "lmdb", "{x}", {"each": ("all", "less")}),
+    ("train-resnet50-lmdb-j{x}", 4, "train", "lmdb", "{x}",
+     {"each": ("all", "less"), "bound": "loader-lmdb-j{x}"}),
+    ("dali-gpu-decode", 5, "plain", DL, None, {}),
+    ("loader-dali-mixed-j1", 5, "alone", DL, "1", {}),
+    ("loader-dali-cpu-j1", 5, "alone", DL, "1", {"extra": ("--dali-cpu",)}),
+    ("loader-dali-lmdb", 5, "alone", DL, "all", {}),
+    ("train-resnet50-dali-lmdb", 5, "train", DL, "all", {"bound": "loader-dali-lmdb"}),
+    ("loader-dali-lmdb-160px", 5, "alone", DL, "all", {}),
+    ("train-resnet50-dali-lmdb-160px", 5, "train", DL, "all",
+     {"bound": "loader-dali-lmdb-160px"}),
+    ("pytest-*", 6, "plain", None, None, {}),
+    ("distributed", 6, "plain", None, None, {}),
+    ("train-resnet50-synthetic-compile", 6, "train", "synthetic", "all", {}),
+    ("train-resnet50-best-compile", 6, "train", "best", "all", {}),
+    ("dali-memory", 6, "plain", DL, None, {}),
+    ("loader-gpudecode-cuda-j1", 7, "alone", GD, "1", {}),
+    ("loader-gpudecode-cpu-j1", 7, "alone", "lmdb", "1", {}),
+    ("loader-gpudecode-hw{x}", 7, "alone", GD, "4", {"each": ("0.0", "0.65", "0.9", "1.0"),
+     "extra": ("--hw-decoder-load", "{x}"), "gpu_only": True}),
+    ("loader-gpudecode-j{x}", 7, "alone", GD, "{x}", {"each": ("2", "8", "15"),
+                                                      "gpu_only": True}),
+    ("loader-lmdb-cpu-j8", 7, "alone", "lmdb", "8", {"gpu_only": True}),
+    ("train-resnet50-gpudecode-lmdb-jall{x}", 7, "train", GD, "all",
+     {"each": PX, "bound": "loader-gpudecode-j4{x}", "gpu_only": True}),
+    ("loader-folder", 7, "alone", "folder", "all", {}),
+    ("loader-folder-jless", 7, "alone", "folder", "less", {}),
+    ("loader-dali", 7, "alone", "dali", "all", {}),
+    ("train-resnet50-folder", 7, "train", "folder", "all", {"bound": "loader-folder"}),
+    ("train-resnet50-dali", 7, "train", "dali", "all", {"bound": "loader-dali"}),
+    ("loader-dali-hw{x}", 7, "alone", DL, "all", {"each": ("0.65", "0.9", "1.0"),
+     "extra": ("--dali-hw-decoder-load", "{x}"), "gpu_only": True}),
+    ("loader-dali-j{x}", 7, "alone", DL, "{x}", {"each": ("2", "4", "8", "15"),
+                                                 "gpu_only": True}),
+    ("train-resnet50-best-160px", 7, "train", "best", "all", {}),
+    ("train-resnet18-synthetic{x}", 7, "train", "synthetic", "all", {"each": PX}),
+    ("train-resnet18-gpudecode-lmdb{x}", 7, "train", GD, "4",
+     {"each": PX, "bound": "loader-gpudecode-j4{x}"}),
+    ("train-resnet18-folder", 7, "train", "folder", "all", {"bound": "loader-folder"}),
+    ("train-resnet18-lmdb-jall", 7, "train", "lmdb", "all", {"bound": "loader-lmdb-jall"}),
+    ("train-resnet18-dali", 7, "train", "dali", "all", {"bound": "loader-dali"}),
+    ("train-resnet18-dali-lmdb", 7, "train", DL, "all", {"bound": "loader-dali-lmdb"}),
+    ("train-resnet18-dali-lmdb-160px", 7, "train", DL, "all",
+     {"bound": "loader-dali-lmdb-160px"}),
+    ("train-resnet18-synthetic-compile", 7, "train", "synthetic", "all", {}),
+    ("train-resnet18-best-compile", 7, "train", "best", "all", {}),
+]
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row. ``kind``: ``train`` (a main.py training epoch of ``model`` from ``loader``),
-    ``alone`` (the loader alone, ``--benchmark-data``) or ``plain`` (``run(ctx, row, limit)``,
-    ``expect_plain`` seconds). ``workers``: ``all`` (``-j``), ``less`` (every core but one) or
-    a number; ``res``: at :data:`LOW_RES` px; ``bound``: the loader-alone row capping a
-    training row's share; ``dali``: needs DALI; ``gpu_only``: a sweep a dry run leaves out."""
+    """One row. ``kind``: ``train`` (a main.py training epoch from ``loader``), ``alone`` (the
+    loader alone, ``--benchmark-data``) or ``plain`` (:data:`PLAIN`). ``workers``: ``all``
+    (``-j``), ``less`` (every core but one) or a number; ``bound``: the loader-alone row capping
+    a training row's share; ``gpu_only``: a sweep a dry run leaves out."""
 
     name: str
     group: int
-    box: float
-    kind: str = "train"
-    loader: str = "synthetic"
-    model: str = "resnet50"
-    workers: str = "all"
-    res: bool = False
-    timed: int | None = None
-    extra: tuple = ()
+    kind: str
+    loader: str | None
+    workers: str | None
     bound: str | None = None
-    one_thread: bool = False
-    run: Callable | None = None
-    expect_plain: float = 0.0
-    dali: bool = False
+    extra: tuple = ()
     gpu_only: bool = False
-    compiled: bool = False
+
+    model = property(lambda self: "resnet18" if "-resnet18-" in self.name else "resnet50")
+    res = property(lambda self: self.name.endswith("-160px"))
+    compiled = property(lambda self: self.name.endswith("-compile"))
+    dali = property(lambda self: (self.loader or "").startswith("dali"))
+    one_thread = property(lambda self: self.name in PAIRS)  # a pair's CPU row
+    timed = property(lambda self: PAIR_STEPS if self.name in PAIRS or self.name in [
+        gpu for gpu, _ in PAIRS.values()] else None)
+    cuda_start = property(lambda self: CUDA_START_ALONE if self.kind == "alone" else CUDA_START)
+    plain = property(lambda self: PLAIN["pytest" if self.name.startswith("pytest-") else
+                                        self.name])  # (box, expected seconds, run)
+
+    @property
+    def box(self) -> float:
+        """Seconds this row may run at most."""
+        if self.kind == "plain":
+            return self.plain[0]
+        return 420 if self.compiled else 150 if self.kind == "train" and self.loader != \
+            "synthetic" else 120
 
     def gpu_batches(self) -> int:
         """Batches this row reads on one H100 host (warm-up + timed)."""
@@ -82,18 +150,20 @@ class Row:
             synthetic, LOADER_RATE)
 
     @property
-    def cuda_start(self) -> float:
-        return CUDA_START_ALONE if self.kind == "alone" else CUDA_START
-
-    @property
     def expect(self) -> float:
         """Seconds this row should take on one H100 host: its process and CUDA start, then
         :meth:`gpu_batches` at :attr:`rate`."""
         if self.kind == "plain":
-            return self.expect_plain
+            return self.plain[1]
         if self.compiled:  # a cold torch.compile
             return 150.0 if self.model == "resnet50" else 100.0
         return PROCESS_START + self.cuda_start + self.gpu_batches() * GPU.batch / self.rate
+
+    def run(self, ctx, limit: float) -> dict | None:
+        """This row's record (None: not worth a row), run within ``limit`` seconds."""
+        if self.kind != "plain":
+            return run_main(ctx, self, limit)
+        return self.plain[2](ctx, self, limit)
 
 
 def jobs(spec: str, s, machine: dict) -> str:
@@ -106,114 +176,24 @@ def jobs(spec: str, s, machine: dict) -> str:
     return s.workers if s.dry_run and spec != "1" else spec
 
 
-def _px(res: bool) -> str:
-    return "-160px" if res else ""
-
-
-def train(name: str, group: int, loader: str = "synthetic", **kw) -> Row:
-    return Row(name, group, kw.pop("box", 150 if loader != "synthetic" else 120), "train",
-               loader, **kw)
-
-
-def alone(name: str, group: int, loader: str, **kw) -> Row:
-    return Row(name, group, kw.pop("box", 120), "alone", loader, **kw)
-
-
-def plain(name: str, group: int, box: float, run: Callable, expect: float, **kw) -> Row:
-    return Row(name, group, box, "plain", run=run, expect_plain=expect, **kw)
+def all_rows() -> list[Row]:
+    """Every row of :data:`TABLE` in priority order (the set-up apart)."""
+    rows = []
+    for name, group, kind, loader, workers, opts in TABLE:
+        if name == "pytest-*":
+            rows += [Row("pytest-" + os.path.splitext(os.path.basename(p))[0], group, kind,
+                         None, None, extra=(p,)) for p in gpu_test_files()]
+            continue
+        for x in opts.get("each", ("",)):
+            sub = lambda text: text and text.replace("{x}", x)  # noqa: E731
+            rows.append(Row(sub(name), group, kind, loader, sub(workers), sub(opts.get(
+                "bound")), tuple(map(sub, opts.get("extra", ()))), opts.get("gpu_only", False)))
+    return rows
 
 
 def first_rows() -> list[Row]:
     """Groups 1-4: what a GPU host must bring back first, and an offline bundle's step 1."""
-    gd, rows = "gpudecode-lmdb", []
-    rows += [plain("gpu-decode-probe", 1, 120, lambda c, r, t: probes.probe(
-                 c.runner, c.s, c.data, t), 12),
-             plain("gpu-decode-hardware", 1, 60, lambda c, r, t: probes.hardware(
-                 c.runner, c.s, c.data, c.machine, t), 5)]
-    rows += [train(f"train-resnet50-synthetic{_px(r)}", 2, res=r) for r in (False, True)]
-    rows += [alone(f"loader-gpudecode-j4{_px(r)}", 3, gd, workers="4", res=r)
-             for r in (False, True)]
-    rows += [train(f"train-resnet50-gpudecode-lmdb{_px(r)}", 3, gd, workers="4", res=r,
-                   bound=f"loader-gpudecode-j4{_px(r)}") for r in (False, True)]
-    rows += [alone(f"loader-lmdb-j{w}", 4, "lmdb", workers=w) for w in ("all", "less")]
-    rows += [train(f"train-resnet50-lmdb-j{w}", 4, "lmdb", workers=w, bound=f"loader-lmdb-j{w}")
-             for w in ("all", "less")]
-    return rows
-
-
-def dali_rows() -> list[Row]:
-    """Group 5: DALI's probe, its one-thread GPU/CPU pair, the loader alone and ResNet-50."""
-    dl = "dali-lmdb"
-    rows = [plain("dali-gpu-decode", 5, 60, run_dali_probe, 10, dali=True),
-            alone("loader-dali-mixed-j1", 5, dl, workers="1", timed=PAIR_STEPS, dali=True),
-            alone("loader-dali-cpu-j1", 5, dl, workers="1", timed=PAIR_STEPS, dali=True,
-                  extra=("--dali-cpu",), one_thread=True)]
-    for r in (False, True):
-        rows += [alone(f"loader-dali-lmdb{_px(r)}", 5, dl, res=r, dali=True),
-                 train(f"train-resnet50-dali-lmdb{_px(r)}", 5, dl, res=r, dali=True,
-                       bound=f"loader-dali-lmdb{_px(r)}")]
-    return rows
-
-
-def extra_rows(test_files: list[str]) -> list[Row]:
-    """Group 6: the GPU-marked tests, NCCL, ``--compile``, DALI's memory across epochs."""
-    rows = [plain("pytest-" + os.path.splitext(os.path.basename(p))[0], 6, 600,
-                  lambda c, r, t, p=p: measure.pytest_piece(c.runner, p, c.sample, t), 120)
-            for p in test_files]
-    return rows + [plain("distributed", 6, 240, lambda c, r, t: measure.nccl_row(
-                       c.runner, c.s, c.data, c.machine, t), 40),
-                   train("train-resnet50-synthetic-compile", 6, box=420, compiled=True),
-                   train("train-resnet50-best-compile", 6, "best", box=420, compiled=True),
-                   plain("dali-memory", 6, 300, run_memory, 60, dali=True)]
-
-
-def sweep_rows() -> list[Row]:
-    """Group 7: the GPU/CPU pair of the batch decode, the hardware decoder's share and ``-j``
-    swept for both GPU decoders, the folder and DALI-folder loaders, ResNet-18, 160 px."""
-    gd, dl, g = "gpudecode-lmdb", "dali-lmdb", 7
-    rows = [alone("loader-gpudecode-cuda-j1", g, gd, workers="1", timed=PAIR_STEPS),
-            alone("loader-gpudecode-cpu-j1", g, "lmdb", workers="1", timed=PAIR_STEPS,
-                  one_thread=True)]
-    rows += [alone(f"loader-gpudecode-hw{x}", g, gd, workers="4", gpu_only=True,
-                   extra=("--hw-decoder-load", str(x))) for x in (0.0, 0.65, 0.9, 1.0)]
-    rows += [alone(f"loader-gpudecode-j{j}", g, gd, workers=j, gpu_only=True)
-             for j in ("2", "8", "15")]
-    rows += [alone("loader-lmdb-cpu-j8", g, "lmdb", workers="8", gpu_only=True)]
-    rows += [train(f"train-resnet50-gpudecode-lmdb-jall{_px(r)}", g, gd, res=r, gpu_only=True,
-                   bound=f"loader-gpudecode-j4{_px(r)}") for r in (False, True)]
-    rows += [alone(f"loader-folder{s}", g, "folder", workers=w) for s, w in (("", "all"),
-                                                                             ("-jless", "less"))]
-    rows += [alone("loader-dali", g, "dali", dali=True),
-             train("train-resnet50-folder", g, "folder", bound="loader-folder"),
-             train("train-resnet50-dali", g, "dali", dali=True, bound="loader-dali")]
-    rows += [alone(f"loader-dali-hw{x}", g, dl, dali=True, gpu_only=True,
-                   extra=("--dali-hw-decoder-load", str(x))) for x in (0.65, 0.9, 1.0)]
-    rows += [alone(f"loader-dali-j{j}", g, dl, workers=j, dali=True, gpu_only=True)
-             for j in ("2", "4", "8", "15")]
-    rows += [train("train-resnet50-best-160px", g, "best", res=True)]
-    return rows + resnet18_rows()
-
-
-def resnet18_rows() -> list[Row]:
-    gd, dl, g, m = "gpudecode-lmdb", "dali-lmdb", 7, "resnet18"
-    rows = [train(f"train-resnet18-synthetic{_px(r)}", g, model=m, res=r) for r in (False, True)]
-    rows += [train(f"train-resnet18-gpudecode-lmdb{_px(r)}", g, gd, model=m, workers="4", res=r,
-                   bound=f"loader-gpudecode-j4{_px(r)}") for r in (False, True)]
-    rows += [train("train-resnet18-folder", g, "folder", model=m, bound="loader-folder"),
-             train("train-resnet18-lmdb-jall", g, "lmdb", model=m, bound="loader-lmdb-jall"),
-             train("train-resnet18-dali", g, "dali", model=m, dali=True, bound="loader-dali"),
-             train("train-resnet18-dali-lmdb", g, dl, model=m, dali=True,
-                   bound="loader-dali-lmdb"),
-             train("train-resnet18-dali-lmdb-160px", g, dl, model=m, res=True, dali=True,
-                   bound="loader-dali-lmdb-160px"),
-             train("train-resnet18-synthetic-compile", g, model=m, box=420, compiled=True),
-             train("train-resnet18-best-compile", g, "best", model=m, box=420, compiled=True)]
-    return rows
-
-
-def all_rows() -> list[Row]:
-    """Every row in priority order (the set-up apart)."""
-    return first_rows() + dali_rows() + extra_rows(gpu_test_files()) + sweep_rows()
+    return [r for r in all_rows() if r.group <= 4]
 
 
 def select(rows: list[Row], patterns: list[str] | None) -> list[Row]:
@@ -240,10 +220,9 @@ def gpu_test_files() -> list[str]:
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
-    """Seconds a row recorded here (``row`` None for the set-up, whose records hold
-    ``bytes``) takes on one H100 host: on a GPU its measured ``seconds``. In a dry run its
-    ``cpu_seconds`` (wall seconds mostly wait for shared cores), plus a main.py row's CUDA
-    start and H100 batches at its rate, or ``bytes`` written (the data) or unpacked (wheels)."""
+    """Seconds a record (``row`` None for the set-up) takes on one H100 host: its ``seconds``; in
+    a dry run its ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA
+    start and H100 batches, or the set-up's ``bytes`` written (data) or unpacked (wheels)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None
@@ -313,3 +292,17 @@ def run_memory(ctx, row: Row, limit: float) -> dict:
     if isinstance(flags, str):
         return skipped(row.name, flags)
     return measure.memory_row(ctx.runner, ctx.s, flags, limit)
+
+
+# A plain row's box (s), expected seconds on one H100 host, and what it runs
+PLAIN = {
+    "gpu-decode-probe": (120, 12, lambda c, r, t: probes.probe(c.runner, c.s, c.data, t)),
+    "gpu-decode-hardware": (60, 5, lambda c, r, t: probes.hardware(c.runner, c.s, c.data,
+                                                                   c.machine, t)),
+    "dali-gpu-decode": (60, 10, run_dali_probe),
+    "pytest": (600, 120, lambda c, r, t: measure.pytest_piece(c.runner, r.extra[0], c.sample,
+                                                              t)),
+    "distributed": (240, 40, lambda c, r, t: measure.nccl_row(c.runner, c.s, c.data, c.machine,
+                                                              t)),
+    "dali-memory": (300, 60, run_memory),
+}

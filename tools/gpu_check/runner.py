@@ -1,16 +1,16 @@
 """The check's commands, run from the repository root with output in ``logs/NAME.out|.err``.
 
-A record is a dict: ``name``, ``command`` (shell-quoted), ``status`` (passed / failed / timed
-out / skipped), ``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of
-the whole process tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``.
-"timed out" is not "failed": a check slower than its limit (a cold ``torch.compile``) proves
-nothing either way.
+A record is a dict: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped),
+``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of the process
+tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``. "timed out" is not
+"failed": a check slower than its limit (a cold ``torch.compile``) proves nothing either way.
 """
 from __future__ import annotations
 
 import os
-import re
+import pathlib
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -45,7 +45,7 @@ class Runner:
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         """Run ``cmd`` (``env`` added to the environment) for at most ``timeout`` s, or less
         when the budget runs out; returns its record."""
-        record = {"name": name, "command": " ".join(shell_quote(c) for c in cmd)}
+        record = {"name": name, "command": shlex.join(cmd)}
         left = self.budget - self.elapsed()
         if left <= 0:
             return {**record, "status": "skipped", "reason": "time budget"}
@@ -82,11 +82,8 @@ class Runner:
         return os.path.join(self.logs, f"{name}.{stream}")
 
     def text(self, name: str, stream: str = "out") -> str:
-        try:
-            with open(self.log(name, stream), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        path = pathlib.Path(self.log(name, stream))
+        return path.read_text(errors="replace") if path.is_file() else ""
 
     def attach_tails(self, record: dict, chars: int = 3000) -> None:
         record["stdout_tail"] = self.text(record["name"], "out")[-chars:]
@@ -104,10 +101,6 @@ def own_cpu() -> float:
     """User + system CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def shell_quote(arg: str) -> str:
-    return arg if re.fullmatch(r"[\w@%+=:,./-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
 
 
 def fail(record: dict, reason: str) -> dict:

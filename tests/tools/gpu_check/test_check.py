@@ -217,6 +217,14 @@ def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
     assert where[1] == where[0]
 
 
+def test_the_environment_probe_prints_the_hosts_facts():
+    """``--probe`` (the environment row's command, faked in the other tests) runs for real."""
+    result = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--probe"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    facts = json.loads(result.stdout)
+    assert result.returncode == 0 and facts["cpu_cores"] >= 1 and "gpu_count" in facts
+
+
 def test_nothing_is_installed_when_nothing_is_missing(tmp_path):
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheels = [fake_wheel(str(tmp_path), "json")]

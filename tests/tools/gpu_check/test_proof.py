@@ -22,8 +22,8 @@ from tools.gpu_check import judge as gpu_report
 from tools.gpu_check import plan
 from tools.gpu_check import runner as gpu_runner
 from tools.gpu_check.bundle import install
-from tools.gpu_check.rows import data
-from tools.gpu_check.rows import host as machine
+from tools.gpu_check.rows import measure, probes
+
 
 # A sitecustomize that makes every ``nvidia`` import fail as where no such package exists.
 HIDE_NVIDIA = textwrap.dedent("""\
@@ -45,8 +45,8 @@ def fake_machine(monkeypatch):
     that sets the machine's facts and pytest's output."""
     monkeypatch.setattr(gpu_runner.Runner, "calls", [], raising=False)
     monkeypatch.setattr(gpu_runner.Runner, "run", fake_gpu_run)
-    monkeypatch.setattr(machine.shutil, "which", lambda name: None)  # no nvidia-smi
-    monkeypatch.setattr(data, "data_batches", lambda s, m: 8)  # the commands are faked
+    monkeypatch.setattr(measure.shutil, "which", lambda name: None)  # no nvidia-smi
+    monkeypatch.setattr(measure, "data_batches", lambda s, m: 8)  # the commands are faked
 
     def configure(pytest_out=None, **facts):
         monkeypatch.setattr(gpu_runner.Runner, "machine", {**MACHINE, **facts}, raising=False)
@@ -198,7 +198,7 @@ def test_wheels_under_nvidia_are_judged_by_their_distribution(tmp_path, monkeypa
 def _driver_api_in_a_process(library_path) -> str:
     """``cuda_driver_api()`` printed by a new process whose ``import torch`` fails and whose
     dynamic loader looks in ``library_path`` first."""
-    code = (f"import sys; sys.modules['torch'] = None; from {machine.__name__} import "
+    code = (f"import sys; sys.modules['torch'] = None; from {probes.__name__} import "
             "cuda_driver_api; print(cuda_driver_api())")
     env = {**os.environ, "LD_LIBRARY_PATH": str(library_path)}
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,

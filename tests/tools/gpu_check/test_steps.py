@@ -14,8 +14,7 @@ from tests.helpers.gpu_fakes import fake_host as fake
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tools.gpu_check import plan
 from tools.gpu_check.bundle import dry_run, steps
-from tools.gpu_check.bundle.parts import PartsError, reassemble
-from tools.gpu_check.bundle.steps import link_tree
+from tools.gpu_check.bundle.steps import PartsError, link_tree, reassemble
 from tools.gpu_check.runner import REPO
 
 

@@ -1,4 +1,4 @@
-"""DALI's wheel cut into parts for an offline bundle's steps (:mod:`tools.gpu_check.bundle.parts`,
+"""DALI's wheel cut into parts for an offline bundle's steps (:mod:`tools.gpu_check.bundle.steps`,
 ``make gpu-bundle STEP_SIZE=64M``): parts reassemble byte for byte, a missing or damaged part is one
 line naming it, and DALI installed from parts of its real wheel decodes on its CPU backend."""
 import importlib.metadata
@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
 from tools.gpu_check.bundle.install import join_parts, share_namespace
-from tools.gpu_check.bundle.parts import (MANIFEST, PartsError, read_manifest, reassemble,
+from tools.gpu_check.bundle.steps import (MANIFEST, PartsError, read_manifest, reassemble,
                                           split)
 
 

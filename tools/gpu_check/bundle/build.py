@@ -1,12 +1,8 @@
-"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``): what the check needs on a GPU host without
-internet (its Python with torch and torchvision) beside the repository.
-
-Writes ``OUT/sample/train/<class>/*`` (:func:`copy_sample` or :func:`generate_sample`),
-``OUT/sample/val`` (a link to ``train``), ``OUT/wheels/`` (binary wheels for CPython
-``--python-version`` on manylinux x86_64: lmdb, pytest, nvImageCodec, nvJPEG and their
-dependencies) and ``OUT/wheels-dali/`` (DALI for CUDA ``--cuda`` and what only it pulls in),
-less numpy and what ``wheels/`` holds; with ``--step-size``, also split into steps
-(:mod:`.steps`).
+"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``), what the check needs on a GPU host without
+internet beside the repository: ``sample/train/<class>/*`` (``sample/val`` a link to it),
+``wheels/`` (binary wheels for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest,
+nvImageCodec, nvJPEG and their dependencies) and ``wheels-dali/`` (DALI for CUDA ``--cuda`` and
+what only it pulls in), less numpy; with ``--step-size``, also in steps (:mod:`.steps`).
 """
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ import sys
 from decode.gpu import nvjpeg_pip_package
 
 from .install import dist_name
+from ..rows.measure import list_images
 from ..cli import InputError
 from .steps import (DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes, size,
                     steps_text)
@@ -30,7 +27,6 @@ from ..runner import REPO
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
 ALREADY_THERE = ("numpy",)
-GENERATED = dict(per_class=10, min_size=320, max_size=500, noise=60, shapes=3)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -104,33 +100,25 @@ def copy_sample(data: str, train: str, images: int) -> str:
     source = os.path.join(data, "train")
     if not os.path.isdir(source):
         raise InputError(f"--data {data}: no train/ folder")
-    files = {}
-    for name in sorted(os.listdir(source)):
-        folder = os.path.join(source, name)
-        if not name.startswith(".") and os.path.isdir(folder):
-            files[name] = sorted(f for f in os.listdir(folder) if not f.startswith(".")
-                                 and os.path.isfile(os.path.join(folder, f)))
-    rounds = range(max(map(len, files.values()), default=0))
-    picked = list(itertools.islice(((name, names[k]) for k in rounds
-                                    for name, names in files.items() if k < len(names)), images))
-    if not picked:
+    ranked = sorted((k, cls, path) for cls, group in itertools.groupby(
+        list_images(source), key=lambda x: x[0]) for k, (_, path) in enumerate(group))
+    if not ranked:
         raise InputError(f"--data {data}: no images in {source}/<class>/")
-    for name, file in picked:
-        os.makedirs(os.path.join(train, name), exist_ok=True)
-        shutil.copy2(os.path.join(source, name, file), os.path.join(train, name, file))
-    classes = len({name for name, _ in picked})
-    return f"gpu-bundle: images: {len(picked)} files in {classes} classes from {source}"
+    for _, cls, path in ranked[:images]:
+        os.makedirs(os.path.join(train, cls), exist_ok=True)
+        shutil.copy2(path, os.path.join(train, cls))
+    classes = len({cls for _, cls, _ in ranked[:images]})
+    return (f"gpu-bundle: images: {min(images, len(ranked))} files in {classes} classes from "
+            f"{source}")
 
 
 def generate_sample(train: str) -> str:
     """Generate ImageNet-sized JPEGs (:mod:`tools.datagen`) into ``train``; returns a line."""
     from ...datagen import make_split
 
-    g = GENERATED
-    make_split(train, 10, g["per_class"], seed=0, min_size=g["min_size"],
-               max_size=g["max_size"], noise=g["noise"], shapes=g["shapes"])
-    return (f"gpu-bundle: images: {10 * g['per_class']} generated JPEGs ({g['min_size']}-"
-            f"{g['max_size']} px, tools/datagen.py; pass DATA=DIR for real images)")
+    make_split(train, 10, 10, seed=0, min_size=320, max_size=500, noise=60, shapes=3)
+    return ("gpu-bundle: images: 100 generated JPEGs (320-500 px, tools/datagen.py; pass "
+            "DATA=DIR for real images)")
 
 
 def build(args) -> int:

@@ -3,6 +3,7 @@ command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that DALI's li
 them by their relative run paths whatever was imported before."""
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -48,7 +49,7 @@ def wheel_module(wheel: str) -> str:
 
 def has_module(name: str) -> bool:
     """Whether this interpreter can import ``name`` (without importing it); False also where a
-    parent package is missing or broken (no ``nvidia`` with conda's or a source-built torch)."""
+    parent package is missing or broken (no ``nvidia`` with conda's torch)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -56,6 +57,9 @@ def has_module(name: str) -> bool:
 
 
 def has_distribution(name: str) -> bool:
+    """Whether distribution ``name`` is installed, from its metadata (setuptools'
+    ``_distutils_hack`` answers ``find_spec("pip")`` by switching its shim off, which breaks a
+    later ``torch.compile``)."""
     try:
         importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
@@ -64,8 +68,6 @@ def has_distribution(name: str) -> bool:
 
 
 def has_pip() -> bool:
-    """Whether pip is installed, from its metadata: setuptools' ``_distutils_hack`` answers
-    ``find_spec("pip")`` by switching its shim off, which breaks a later ``torch.compile``."""
     return has_distribution("pip")
 
 
@@ -90,16 +92,14 @@ def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
 def torch_cuda() -> str | None:
     """``torch.version.cuda`` of this interpreter, None without torch or a CUDA build."""
     try:
-        import torch
+        return __import__("torch").version.cuda
     except Exception:  # a broken torch is reported by the environment probe
         return None
-    return torch.version.cuda
 
 
 def installed_in(site: str) -> set[str]:
     """Normalised names of the distributions installed in ``site`` (its ``*.dist-info``)."""
-    names = os.listdir(site) if os.path.isdir(site) else []
-    return {dist_name(n) for n in names if n.endswith(".dist-info")}
+    return {dist_name(n) for n in glob.glob(os.path.join(site, "*.dist-info"))}
 
 
 def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
@@ -166,18 +166,17 @@ def share_namespace(site: str, package: str) -> None:
 
 
 def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels cut into parts in ``folder`` (:mod:`.parts`), reassembled and checked
+    """The wheels cut into parts in ``folder`` (:mod:`.steps`), reassembled and checked
     into ``out``, and the ``parts`` record (failed names a missing or damaged part); ([], [])
     when ``folder`` holds no manifest."""
-    from .parts import MANIFEST, PartsError, reassemble
+    from .steps import MANIFEST, PartsError, reassemble
 
     if not os.path.isfile(os.path.join(folder, MANIFEST)):
         return [], []
-    started = time.perf_counter()
+    started, wheels = time.perf_counter(), []
     try:
         wheels = reassemble(folder, out)
+        rec = {"status": "passed", "joined": [os.path.basename(w) for w in wheels]}
     except (PartsError, OSError) as exc:
-        return [], [{"name": "parts", "status": "failed", "reason": str(exc),
-                     "seconds": time.perf_counter() - started}]
-    return wheels, [{"name": "parts", "status": "passed", "seconds": time.perf_counter() - started,
-                     "joined": [os.path.basename(w) for w in wheels]}]
+        rec = {"status": "failed", "reason": str(exc)}
+    return wheels, [{"name": "parts", **rec, "seconds": time.perf_counter() - started}]

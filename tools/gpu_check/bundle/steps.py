@@ -3,31 +3,39 @@ with the repository's files, one transfer of that size: ``BUNDLE/steps/N`` (hard
 bundle's files) and its ``STEP.json``.
 
 Step 1 holds ``wheels/`` and the sample, everything rows 1-4 need and nothing of DALI, so it
-stands alone. The later steps hold DALI's wheels (first fit) and its ~190 MiB wheel in parts
-(:mod:`.parts`) filling the room left; the last step installs DALI and runs the rest.
+stands alone. The later steps hold DALI's wheels (first fit) and its ~190 MiB wheel cut into
+parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest (a line per
+part and one for the whole), so that a part lost or damaged on the way is one line naming it,
+never a broken install; the last step installs DALI and runs the rest.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 
+from formats.cli import parse_size
+
 from ..cli import InputError
-from .parts import MANIFEST, split
 
 MARGIN, MIN_PART, MANIFEST_ROOM = 2 << 20, 1 << 20, 4096  # bytes: for later commits, STEP.json
-DALI_WHEELS = "wheels-dali"
+DALI_WHEELS, MANIFEST = "wheels-dali", "SHA256SUMS"
+PART_BYTES = 60 * 2**20  # under a 64 MiB step, with room for the manifest
+
+
+class PartsError(Exception):
+    """A missing or damaged part, or a manifest that does not match: one line."""
 
 
 def size(text: str) -> int:
-    """Bytes of ``64M``, ``64MiB``, ``1G``, ``500K`` or a plain number (K, M, G: powers of
-    1024). Raises :class:`InputError`."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*", text or "", re.I)
-    if not found:
-        raise InputError(f"--step-size {text}: expected a size such as 64M")
-    return int(float(found.group(1)) * 1024 ** " KMG".index(found.group(2).upper() or " "))
+    """Bytes of ``64M``, ``64MiB``, ``1G`` or a plain number (binary units). Raises
+    :class:`InputError`."""
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise InputError(f"--step-size {text}: expected a size such as 64M") from None
 
 
 def repository_files(repo: str) -> list[str]:
@@ -149,3 +157,65 @@ def steps_text(out: str, steps: list[dict], repo: str) -> list[str]:
               f"with the repository), then: python3 -m tools.gpu_check --step {s['step']} "
               "[--budget T]" for s in steps]
     return lines
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def split(wheel: str, folder: str, part_bytes: int = PART_BYTES, first: list[int] = ()) -> list[str]:
+    """Cut ``wheel`` into ``folder/NAME.partNN`` files, the first at most ``first[k]`` bytes
+    (room left in steps holding other files), the rest at most ``part_bytes``, and append
+    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
+    os.makedirs(folder, exist_ok=True)
+    name, parts, lines = os.path.basename(wheel), [], []
+    with open(wheel, "rb") as src:
+        while data := src.read(first[len(parts)] if len(parts) < len(first) else part_bytes):
+            parts.append(os.path.join(folder, f"{name}.part{len(parts):02d}"))
+            with open(parts[-1], "wb") as out:
+                out.write(data)
+            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(parts[-1])}")
+    with open(os.path.join(folder, MANIFEST), "a") as f:
+        f.write("".join(line + "\n" for line in lines + [f"{sha256_file(wheel)}  {name}"]))
+    return parts
+
+
+def read_manifest(folder: str) -> dict[str, str]:
+    """File name -> sha256 of ``folder/SHA256SUMS``. Raises :class:`PartsError`."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f if line.strip()]
+    except OSError as exc:
+        raise PartsError(f"{path}: {exc.strerror or exc}") from None
+    if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
+        raise PartsError(f"{path}: not a sha256sum listing")
+    return {name.lstrip("*"): digest for digest, name in rows}
+
+
+def reassemble(folder: str, out: str) -> list[str]:
+    """Join each wheel listed in ``folder/SHA256SUMS`` from its parts into ``out`` and check
+    it; returns the wheels' paths. Raises :class:`PartsError` naming the first part missing or
+    damaged, or a whole that does not match."""
+    manifest = read_manifest(folder)
+    os.makedirs(out, exist_ok=True)
+    joined = []
+    for wheel in sorted(name for name in manifest if ".part" not in name):
+        parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
+        if not parts:
+            raise PartsError(f"{folder}: no parts of {wheel} in {MANIFEST}")
+        joined.append(os.path.join(out, wheel))
+        with open(joined[-1], "wb") as dst:
+            for path in [os.path.join(folder, part) for part in parts]:
+                if not os.path.isfile(path):
+                    raise PartsError(f"{path}: missing (copy every step's files to the "
+                                     "host before the last step)")
+                if sha256_file(path) != manifest[os.path.basename(path)]:
+                    raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
+                with open(path, "rb") as src:
+                    shutil.copyfileobj(src, dst)
+        if sha256_file(joined[-1]) != manifest[wheel]:
+            raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
+                             f"{MANIFEST}")
+    return joined

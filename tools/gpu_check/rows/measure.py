@@ -1,6 +1,5 @@
-"""The measuring rows: a ``main.py`` training run, a loader alone (``--benchmark-data``), a
-pytest file, the distributed run and DALI's memory across epochs; the data flags of every
-loader, and how many steps a row warms up and times.
+"""The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
+DALI's memory), the data they read, every loader's data flags and each row's steps.
 
 Steady state: a row's timed window starts only after a warm-up longer than every batch its
 pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
@@ -9,6 +8,7 @@ while the model was set up and cuDNN tuned.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import shutil
@@ -47,9 +47,9 @@ def ready_batches(loader: str, workers: int) -> int:
 def steady_sizes(s, loader: str, workers: int, alone: bool = False,
                  timed: int | None = None) -> tuple[int, int]:
     """``(warm-up, timed)`` batches of a row: warm-up = :func:`ready_batches` + ``s.warmup``
-    (the first steps' cuDNN tuning; a loader alone, which tunes nothing, at most 2), timed =
-    ``timed``, else ``s.steps`` for training and for a loader alone :data:`WAVES` batches per
-    worker, at least a quarter of ``s.steps``."""
+    (a loader alone, which tunes nothing, at most 2), timed = ``timed``, else ``s.steps`` for
+    training and for a loader alone :data:`WAVES` batches per worker, at least a quarter of
+    ``s.steps``."""
     if timed is None:
         timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
     return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
@@ -62,6 +62,54 @@ def data_batches(s, machine: dict) -> int:
     return max(sum(steady_sizes(s, "gpudecode", most, alone)) for alone in (False, True)) + 4
 
 
+def list_images(root: str) -> list[tuple[str, str]]:
+    """(class, file path) of every non-hidden file one level below ``root``'s class folders."""
+    return [(cls, path) for cls in sorted(os.listdir(root)) if not cls.startswith(".")
+            and os.path.isdir(os.path.join(root, cls))
+            for path in sorted(glob.glob(os.path.join(root, cls, "*"))) if os.path.isfile(path)]
+
+
+def prepare_data(runner: Runner, s, machine: dict,
+                 lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
+    """Link each sample image k times into ``OUT/data/train`` (in the page cache: the rows
+    measure decoding, not disk reads) for :func:`data_batches` batches, then convert it and val
+    to LMDB. Returns (paths and why a source is not available, the records)."""
+    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
+    root = os.path.join(s.out, "data")
+    shutil.rmtree(root, ignore_errors=True)
+    data = SimpleNamespace(train=os.path.join(root, "train"), val=s.val_src, lmdb=None,
+                           reason=None, lmdb_reason=None)
+    records = [{"name": "replicate", "status": "passed", "images": copies * len(s.images),
+                "copies": copies, "sample_images": len(s.images), "train": data.train}]
+    try:
+        for cls, path in s.images:
+            os.makedirs(os.path.join(data.train, cls), exist_ok=True)
+            stem, ext = os.path.splitext(os.path.basename(path))
+            for k in range(copies):
+                os.symlink(path, os.path.join(data.train, cls, f"{stem}_{k:04d}{ext}"))
+    except OSError as exc:
+        data.reason = data.lmdb_reason = "not available: the sample could not be linked"
+        return data, [fail(records[0], f"cannot link {path}: {exc.strerror or exc}")]
+    if not machine.get("lmdb"):
+        data.lmdb_reason = "not available: lmdb not installed"
+        return data, records + [skipped("lmdb-convert", data.lmdb_reason)]
+    lmdb = os.path.join(root, "lmdb")
+    sample_bytes = sum(os.path.getsize(p) for _, p in s.images)  # map_size: no remapping
+    code = ("import sys; from formats.lmdb import convert; [convert(a, b, workers=%d, "
+            "progress=False, check='header', map_size=%d) for a, b in "
+            "zip(sys.argv[1::2], sys.argv[2::2])]" % (machine.get("cpu_cores") or 1,
+                                                     2 * copies * sample_bytes + (1 << 26)))
+    rec = runner.run("lmdb-convert", [sys.executable, "-c", code, data.train,
+                                      os.path.join(lmdb, "train"), data.val,
+                                      os.path.join(lmdb, "val")], lmdb_timeout)
+    if rec["status"] == "passed":
+        data.lmdb = lmdb
+    else:
+        data.lmdb_reason = f"not available: LMDB conversion {rec['status']}"
+    return data, records + [rec]
+
+
 def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
     """main.py's data flags for ``loader``, or why it cannot run."""
     if loader == "synthetic":
@@ -70,43 +118,47 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
         return "not installed"
     if data.reason:
         return data.reason
-    if loader == "gpudecode-lmdb":  # the batch-decode pipeline's --decode-device is the caller's
-        loader = "lmdb"
-    if loader in ("lmdb", "dali-lmdb"):
-        return data.lmdb_reason or (["--dali"] if loader == "dali-lmdb" else []) + [
-            "--lmdb", "--train", os.path.join(data.lmdb, "train"), "--val",
-            os.path.join(data.lmdb, "val")]
-    return (["--dali"] if loader == "dali" else []) + ["--train", data.train, "--val", data.val]
+    dali = ["--dali"] if loader.startswith("dali") else []
+    if loader in ("lmdb", "dali-lmdb", "gpudecode-lmdb"):  # --decode-device is the caller's
+        return data.lmdb_reason or dali + ["--lmdb", "--train", os.path.join(data.lmdb, "train"),
+                                           "--val", os.path.join(data.lmdb, "val")]
+    return dali + ["--train", data.train, "--val", data.val]
+
+
+def run_main(runner: Runner, s, name: str, args: list[str], timeout: float) -> tuple[dict, str]:
+    """``main.py ARGS --seed 0 -p 0 --output-dir OUT/runs/NAME`` (emptied first; its
+    checkpoints removed after: a ResNet-50's is 100 MB, and only speed is wanted here)."""
+    rundir = os.path.join(s.out, "runs", name)
+    shutil.rmtree(rundir, ignore_errors=True)
+    rec = runner.run(name, [sys.executable, "main.py", *args, "-p", "0",
+                            "--seed", "0", "--output-dir", rundir], timeout)
+    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
+        os.remove(checkpoint)
+    return rec, rundir
 
 
 def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
               timeout: float | None = None) -> dict:
-    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) with
-    ``model`` on ``loader`` (``res``: ``--train-crop-size``; ``workers``: ``-j`` instead of
-    ``s.workers``; ``timeout``: seconds). Its images/s are main.py's ``steady_images_per_sec``
-    (:func:`.report.read_speed`), ``stage_lines`` its stage table. Fails off the GPU unless dry."""
+    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) of ``model``
+    on ``loader`` (``res``: ``--train-crop-size``), read by :func:`.judge.read_speed`, with its
+    stage table (``stage_lines``); failed off the GPU unless dry."""
     name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
                     + (f"-{res}px" if res else ""))
-    row = {"model": model, "loader": loader, "compile": compiled, "jobs": workers or s.workers,
+    j = workers or s.workers
+    row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
            **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
     if isinstance(flags, str):
         return skipped(name, flags, **row)
-    j = workers or s.workers
     warm, timed = steady_sizes(s, loader, workers_count(j, machine))
-    rundir = os.path.join(s.out, "runs", name)
-    shutil.rmtree(rundir, ignore_errors=True)
-    cmd = [sys.executable, "main.py", *flags, "-a", model, "--amp", "--channels-last",
-           "-b", str(s.batch), "--epochs", "1", "--train-batches", str(warm + timed),
-           "--val-batches", "1", "-p", "0", "--seed", "0", "--benchmark-warmup", str(warm),
-           "-j", j, *s.sizes, *s.accel, "--output-dir", rundir]
-    cmd += (["--compile"] if compiled else []) + (["--train-crop-size", str(res)] if res else [])
-    rec = runner.run(name, cmd + list(extra), timeout or 240)
+    rec, rundir = run_main(runner, s, name, [
+        *flags, "-a", model, "--amp", "--channels-last", "-b", str(s.batch), "--epochs", "1",
+        "--train-batches", str(warm + timed), "--val-batches", "1", "--benchmark-warmup",
+        str(warm), "-j", j, *s.sizes, *s.accel, *(["--compile"] if compiled else []),
+        *(["--train-crop-size", str(res)] if res else []), *extra], timeout or 240)
     row.update(rec, warmup_steps=warm, timed_steps=timed)
-    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
-        os.remove(checkpoint)  # a ResNet-50 checkpoint is 100 MB, and only speed is wanted here
     if rec["status"] != "passed":
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
@@ -160,9 +212,8 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
                      env={"IMAGENET_SAMPLE": sample} if sample else {})
     if rec["status"] in ("skipped", "timed out"):
         return rec
-    parsed = judge.parse_pytest(runner.text(name))
-    rec.update(parsed)
-    counts = parsed["counts"]
+    rec.update(judge.parse_pytest(runner.text(name)))
+    counts = rec["counts"]
     if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
             counts.get(k) for k in ("passed", "failed", "error")):
         skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
@@ -182,44 +233,34 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
         return skipped("distributed", data.reason)
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     backend = "gloo" if s.dry_run else "nccl"
-    flags = ["--no-accel", "--nproc-per-node", "2"] if s.dry_run else []
-    rundir = os.path.join(s.out, "runs", "distributed")
-    shutil.rmtree(rundir, ignore_errors=True)
-    rec = runner.run("distributed", [
-        sys.executable, "main.py", "--multiprocessing-distributed", "-a", "resnet18", "--amp",
-        "--channels-last", "--train", data.train, "--val", data.val, "-b", str(s.batch * world),
-        "--epochs", "1", "--train-batches", "2", "--val-batches", "2", "-p", "0", "--seed", "0",
-        "-j", s.workers, *s.sizes, *flags, "--dist-backend", backend, "--output-dir", rundir],
-        timeout)
+    rec, rundir = run_main(runner, s, "distributed", [
+        "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
+        "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
+        "--train-batches", "2", "--val-batches", "2", "-j", s.workers, *s.sizes,
+        *(["--no-accel", "--nproc-per-node", "2"] if s.dry_run else []), "--dist-backend",
+        backend], timeout)
     # A launched process joins a process group even alone (main.py says so on its device line),
     # so one GPU still runs DDP over NCCL.
     rec.update(world_size=world, backend=backend,
                process_group=f"({backend} process group)" in runner.text("distributed"))
-    for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
-        os.remove(checkpoint)
-    if rec["status"] == "passed":
-        records = judge.read_metrics(rundir)
-        if not rec["process_group"]:
-            rec = fail(rec, f"main.py did not report joining a {backend} process group")
-        elif not any(r.get("val_acc1") is not None for r in records):
-            rec = fail(rec, "no metrics.jsonl record with val_acc1")
-        else:
-            rec["val_acc1"] = records[-1]["val_acc1"]
-    return rec
+    if rec["status"] != "passed":
+        return rec
+    records = judge.read_metrics(rundir)
+    if not rec["process_group"]:
+        return fail(rec, f"main.py did not report joining a {backend} process group")
+    if not any(r.get("val_acc1") is not None for r in records):
+        return fail(rec, "no metrics.jsonl record with val_acc1")
+    return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
 def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dict:
     """``dali-memory``: ResNet-18 from DALI for :data:`MEMORY_EPOCHS` short epochs; host RSS
     and device memory after each (``host_rss_mib``, ``device_memory_mib`` of
     ``metrics.jsonl``, MiB). Fails when device memory grows by more than 5% after epoch 1."""
-    name = "dali-memory"
-    rundir = os.path.join(s.out, "runs", name)
-    shutil.rmtree(rundir, ignore_errors=True)
-    rec = runner.run(name, [sys.executable, "main.py", *flags, "-a", "resnet18", "--amp",
-                            "--channels-last", "-b", str(s.batch), "--epochs",
-                            str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)),
-                            "--val-batches", "2", "-p", "0", "--seed", "0", "-j", s.workers,
-                            *s.sizes, *s.accel, "--output-dir", rundir], timeout)
+    rec, rundir = run_main(runner, s, "dali-memory", [
+        *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
+        str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",
+        "-j", s.workers, *s.sizes, *s.accel], timeout)
     if rec["status"] != "passed":
         return rec
     records = judge.read_metrics(rundir)
