@@ -87,7 +87,7 @@ class BatchDecodeLoader(ReaderLoader):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = self._pass()
         self._passes.add(batches)
-        return batches
+        return self._delivered(batches)
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._plan()
