@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from decode.messages import capture
 
@@ -129,21 +128,3 @@ def fetch_readable(fetch, index: int, bad: BadSamples):
         return item, found
     raise DataError(f"{bad.max_tries} consecutive samples from index {index} failed to "
                     "decode: is this dataset damaged?")
-
-
-class TolerantDataset(Dataset):
-    """A dataset of ``(image, label)`` whose item ``i`` is ``(image, label, found)`` by
-    :func:`fetch_readable` (its :class:`BadSamples` in :attr:`bad`; flags the workers share with
-    ``shared``); ``dataset.name_of(index)`` names a sample where it has one."""
-
-    def __init__(self, dataset: Dataset, max_tries: int = 16, shared: bool = False):
-        self.dataset = dataset
-        self.bad = BadSamples(len(dataset), getattr(dataset, "name_of", str), shared, max_tries)
-        self.unreadable = self.bad.unreadable
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        (image, label), found = fetch_readable(self.dataset.__getitem__, index, self.bad)
-        return image, label, found
