@@ -22,7 +22,6 @@ import torch
 import decode
 import loaders
 from engine import ConfigError
-from engine.recipe.erasing import with_random_erasing
 from engine.report.bounds import machine_for
 from engine.checkpoint import (checkpoint_state, load_checkpoint, restore, resume_path,
                                save_checkpoint)
@@ -141,7 +140,6 @@ def run(s: RunSettings, checkpoint: dict | None) -> dict:
     if s.mode == "benchmark":
         return benchmark_data(s, log)
     train_loader, val_loader = loaders.build_loaders(s.loader, dist)
-    train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, dist.rank)
     writer = None
     try:
         if s.mode == "train":  # a mid-epoch position, placed at this run's world size and -b
@@ -228,7 +226,6 @@ def benchmark_data(s: RunSettings, log) -> dict:
     (per process), ``cpu_ms_per_image`` (rank 0's tree), ``cpu_count``, ``world_size``,
     ``device`` and rank 0's ``stages_*`` (:func:`engine.report.bounds.report`; its lines logged first)."""
     train_loader, val_loader = loaders.build_loaders(s.loader, s.dist)
-    train_loader = with_random_erasing(train_loader, s.random_erase, s.seed, s.dist.rank)
     try:
         stats = loaders.measure_throughput(
             train_loader, s.output.benchmark_batches or len(train_loader), s.output.warmup)

@@ -7,7 +7,6 @@ decoder declines goes to :func:`decode.decode` on the CPU. Pixels as stored, fan
 RGB."""
 from __future__ import annotations
 
-import io
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from . import jpeg, raw
+from .acceptance import read_frame
 from .headers import probe_jpeg
 from .messages import capture, run_captured
 from .resample import resize_in_frame, resize_window
@@ -190,7 +190,7 @@ class WindowDecoder:
 
     def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole JPEGs, then each window; None for what it refuses
-        and what PIL finds no 1- or 3-component JPEG. nvJPEG prints nothing."""
+        and what is no 1- or 3-component JPEG. nvJPEG prints nothing."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
@@ -239,14 +239,10 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _plain_jpeg(data) -> bool:
-    """Whether PIL reads ``data`` as a grayscale or RGB JPEG (headers only, ~20 us)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as image:
-            return image.format == "JPEG" and image.mode in ("L", "RGB")
-    except Exception:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        return False
+    """Whether ``data``'s header (:func:`decode.acceptance.read_frame`) is a 1- or 3-component DCT
+    JPEG, what nvJPEG decodes to RGB."""
+    frame = read_frame(bytes(data))
+    return frame is not None and frame.plain_jpeg
 
 
 def _crop(image: torch.Tensor, region) -> torch.Tensor:

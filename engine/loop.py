@@ -15,7 +15,7 @@ from engine.distributed.processes import StopAgreement, reduce_sum, sync_buffers
 from engine.distributed.preempt import Stopped
 from engine.report.progress import MetricsWriter, Progress, StepTimer, device_clock, memory_mib
 from engine.state import TrainState
-from loaders import DataError, DistInfo, tree_cpu_seconds
+from loaders import DataError, DistInfo, Loader, tree_cpu_seconds
 
 
 def train_step(state: TrainState, images: torch.Tensor, labels: torch.Tensor, epoch: int,
@@ -78,7 +78,7 @@ class EpochPlan:
     machine: bounds.Machine | None = None
 
 
-def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
+def train_one_epoch(state: TrainState, loader: Loader, epoch: int, plan: EpochPlan,
                     resumed_from: dict | None = None) -> dict:
     """One training pass over ``loader`` in ``epoch``, from batch 0 or where ``resumed_from`` (a
     mid-epoch checkpoint) stood. Every ``plan.save_every`` steps, and when the ranks agree on
@@ -129,7 +129,8 @@ def train_one_epoch(state: TrainState, loader, epoch: int, plan: EpochPlan,
             "started": started, "stages": stages}
 
 
-def _start_pass(loader, epoch: int, plan: EpochPlan, resumed_from: dict | None) -> tuple:
+def _start_pass(loader: Loader, epoch: int, plan: EpochPlan,
+                resumed_from: dict | None) -> tuple:
     """Set ``loader`` to the epoch; return ``(progress, carried, start_batch, started)``."""
     start_batch = resumed_from["batch"] if resumed_from else 0
     carried = EpochSums.from_dict(resumed_from["partial"] if resumed_from else None)
@@ -164,7 +165,7 @@ def _global_sums(loss_sum, correct, progress: Progress, dist: DistInfo) -> Epoch
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable,
+def evaluate(model: nn.Module, loader: Loader, criterion: nn.Module, autocast_: Callable,
              progress: Progress, dist: DistInfo, flip_tta: bool = False) -> dict:
     """Mean ``loss``, top-1 ``acc1`` and top-5 ``acc5`` (%) over ``images`` validation images of
     all ranks, each with rank 0's BatchNorm buffers. ``flip_tta``: logits averaged with the
@@ -194,7 +195,7 @@ def evaluate(model: nn.Module, loader, criterion: nn.Module, autocast_: Callable
             "images": int(images)}
 
 
-def validate(state: TrainState, loader, plan: EpochPlan, flip_tta: bool = False
+def validate(state: TrainState, loader: Loader, plan: EpochPlan, flip_tta: bool = False
              ) -> tuple[dict, dict]:
     """``(val, ema)``: :func:`evaluate` of ``state.model`` and ``state.ema`` (``{}``: none)."""
     progress = Progress(len(loader), "Test: ", "val", plan.print_freq, plan.dist.is_main)

@@ -121,7 +121,6 @@ class RunSettings:
     threads: int | None = None
     flip_tta: bool = False
     resume: str | None = None
-    random_erase: float = 0.0
 
     @property
     def dist(self) -> loaders.DistInfo:
@@ -154,8 +153,7 @@ def resolve_settings(args, job: Job, checkpoint: dict | None,
     return RunSettings(
         job=job, seed=seed, mode=mode, loader=loader, model=model,
         recipe=RecipeSettings.from_args(args), output=output, resolution=resolution,
-        threads=threads, flip_tta=args.val_flip_tta, resume=resume,
-        random_erase=args.random_erase)
+        threads=threads, flip_tta=args.val_flip_tta, resume=resume)
 
 
 def data_root(args) -> str | None:
@@ -202,6 +200,7 @@ def _loader_settings(args, job: Job, backend: str, lmdb: bool, seed: int,
         shards=args.loader == "shards", auto_augment=args.auto_augment,
         ra_magnitude=args.ra_magnitude, augmix_severity=args.augmix_severity,
         interpolation=interpolation, ra_sampler=args.ra_sampler, ra_reps=args.ra_reps,
+        random_erase=args.random_erase,
         decode_device=_decode_device(args, backend, interpolation),
         hw_decoder_load=args.hw_decoder_load, allow_cpu_decode=args.allow_cpu_decode,
         shard_retries=args.shard_retries, shard_retry_delay=args.shard_retry_delay,

@@ -7,41 +7,47 @@ from __future__ import annotations
 import importlib
 
 from .errors import AcceleratorError, DataError
-from .orders.positions import SampleTrace, TracedLoader
+from .orders.positions import SampleTrace
 from .pipelines import PIPELINES
 from .readers import READERS, check_same_classes, open_reader, split_paths
-from .settings import DistInfo, LoaderSettings, input_dtype
+from .settings import DistInfo, Loader, LoaderSettings, input_dtype
 from .timing.throughput import measure as measure_throughput, tree_cpu_seconds
 
 # The --loader choices: each names a (source, pipeline) pair (LoaderSettings.source/.pipeline);
 # dali reads the source --lmdb or --loader shards names, folders otherwise.
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
-__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "LoaderSettings",
+__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "LoaderSettings",
            "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype",
            "measure_throughput", "split_paths", "tree_cpu_seconds"]
 
 
-def build_loaders(settings: LoaderSettings, dist: DistInfo):
+def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
     """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
     readers of ``settings.train_path`` and ``settings.val_path``. Raises ``KeyError`` for an
     unknown backend, :class:`DataError` for bad data (a bad split, train and val with different
-    classes, too small a training split). Sets PIL's decompression-bomb limit (the decoders' last
-    resort) to ``settings.max_image_pixels`` here and in forks, as the acceptance rule has it."""
+    classes, too small a training split). The training loader erases (``--random-erase``) and,
+    under the tests' trace variable, records its samples (``orders.positions.PositionedLoader``).
+    Sets PIL's decompression-bomb limit (the decoders' last resort) to
+    ``settings.max_image_pixels`` here and in forks, as the acceptance rule has it."""
     from decode.acceptance import limit_pil
+
+    from .transforms.erasing import random_erasing
 
     limit_pil(settings.max_image_pixels)
     pipeline = importlib.import_module(PIPELINES[settings.pipeline])
     if hasattr(pipeline, "require"):
         pipeline.require(dist)
     if settings.source is None:
-        return pipeline.build_loaders(settings, dist)
-    train, val = (open_reader(settings.source, path, settings)
-                  for path in (settings.train_path, settings.val_path))
-    check_same_classes(train.classes, val.classes)
-    train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
-    trace = SampleTrace.from_env(dist.rank)  # tests: the samples each rank trained
-    return (TracedLoader(train_loader, trace) if trace else train_loader), val_loader
+        train_loader, val_loader = pipeline.build_loaders(settings, dist)
+    else:
+        train, val = (open_reader(settings.source, path, settings)
+                      for path in (settings.train_path, settings.val_path))
+        check_same_classes(train.classes, val.classes)
+        train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
+        train_loader.trace = SampleTrace.from_env(dist.rank)  # tests: what each rank trained
+    train_loader.erasing = random_erasing(settings.random_erase, settings.seed, dist.rank)
+    return train_loader, val_loader
 
 
 def close_all(*loaders) -> None:

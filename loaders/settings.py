@@ -1,18 +1,17 @@
 """What every reader and pipeline is built from: :class:`LoaderSettings`, :class:`DistInfo` and
-:func:`input_dtype`. Every loader yields ``(images, labels)`` on ``DistInfo.device``: images
-``settings.dtype`` ``(N, 3, H, W)`` normalised with the ImageNet mean/std
-(``loaders.transforms.normalize``), labels int64 ``(N,)``; it has an exact ``len()``,
-``set_epoch(epoch, start_batch=0)`` (order and augmentation a function of (seed, epoch, rank,
-batch)), ``classes``, ``resolution`` / ``set_resolution(px)`` and ``close()``."""
+:func:`input_dtype`; and what every loader is, the :class:`Loader` protocol: ``(images, labels)``
+on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H, W)`` normalised with the ImageNet
+mean/std (``loaders.transforms.normalize``), labels int64 ``(N,)``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
 from decode.acceptance import MAX_PIXELS
 
-__all__ = ["DistInfo", "LoaderSettings", "input_dtype"]
+__all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,8 @@ class LoaderSettings:
     interpolation: str = "bilinear"
     ra_sampler: bool = False
     ra_reps: int = 3
+    # --random-erase: the share of training images erased on the device batch (0: none)
+    random_erase: float = 0.0
     # --decode-device: "cpu" (the workers decode), or "cuda"/"cpu-nvimgcodec" (this process
     # decodes each batch: gpu_decode); --hw-decoder-load (None: decode.gpu's default).
     decode_device: str = "cpu"
@@ -124,3 +125,37 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
     if amp and device.type == "cuda":
         return {"float16": torch.float16, "bfloat16": torch.bfloat16}[amp_dtype]
     return torch.float32
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What every loader ``loaders.build_loaders`` returns is (each pipeline's, for any reader;
+    ``tests/loaders/test_contract.py`` checks it): ``(images, labels)`` batches on the device
+    (images ``settings.dtype`` NCHW, normalised; labels int64), an exact ``len()`` after
+    :meth:`set_epoch`, the split's ``classes``, :meth:`close` (every worker, thread and pipeline
+    it started stopped; safe more than once), the stage figures where measured. Training
+    loaders also place a mid-epoch checkpoint (``loaders.orders.positions.PositionedLoader``)."""
+
+    classes: list[str]
+    batch_size: int
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
+        """The order and augmentation of ``epoch`` (a function of seed, epoch and rank), from
+        batch ``start_batch``; ``rest``: a resumed epoch's indices dealt anew."""
+
+    @property
+    def resolution(self) -> int:
+        """The side (px) of the images yielded."""
+
+    def set_resolution(self, size: int) -> None:
+        """Training: images of ``size`` px from the next pass on (progressive resizing)."""
+
+    def close(self) -> None: ...
+
+    def stage_summary(self, reset: bool = True) -> dict | None: ...
+
+    def reset_stages(self) -> None: ...

@@ -79,23 +79,25 @@ def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
     clock, clock_ = stages.StageClock(), time.perf_counter
     rows = np.zeros(batch_size * stages.IMAGE_COLUMNS)
 
-    def one(i: int) -> None:  # the calls workers.py, transforms.py and SlotWriter make
-        t, marks = clock.t, clock.marks
+    def one(i: int) -> None:  # the clock calls of TimedSlotWriter and stages.timed_transform
+        t = clock.t
         clock.begin_image()
         start = clock_()
-        t[stages.READ] += clock_() - start
+        read = clock_()
+        t[stages.WINDOW] += clock_() - read
+        t[stages.READ] += read - start
         t[stages.BYTES] = 1000
         start = clock_()
         drawn = clock_()
-        marks.clear()
-        marks += ("window", clock_())
+        decoded = clock_()
         resized = clock_()
         t[stages.WINDOW] += drawn - start
-        t[stages.DECODE] += marks[1] - drawn
-        t[stages.RESIZE] += resized - marks[1]
-        t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[marks[0]], 500
+        t[stages.DECODE] += decoded - drawn
+        t[stages.RESIZE] += resized - decoded
         t[stages.AUGMENT] += clock_() - resized
-        clock.end_image(rows, i % batch_size, clock_())
+        t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES["window"], 500
+        clock.sampled = clock_()
+        clock.end_image(rows, i % batch_size)
 
     worker = []
     for _ in range(repeats):

@@ -66,7 +66,7 @@ def exact(data: str, args) -> dict:
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional as F
 
-    from engine.recipe.erasing import RandomErasing
+    from loaders.transforms.erasing import RandomErasing
     from loaders.transforms.auto_augment import POLICIES, make_auto_augment
 
     crops = _crops(data, 50, args.crop)

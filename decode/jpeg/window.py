@@ -12,7 +12,6 @@ import threading
 import numpy as np
 import torch
 
-from ..headers import JPEG_MAGIC
 from ._optional import OptionalLibrary
 
 # else two lines per JPEG it declines; the loaders report such samples themselves

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -120,9 +121,36 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 class PositionedLoader:
     """Mixed into every pipeline's training loader: the loader sets ``position_order`` (its
     :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, and its ``set_epoch(epoch,
-    start_batch, rest)`` reads the indices :meth:`_take_rest` returns where not None."""
+    start_batch, rest)`` reads the indices :meth:`_take_rest` returns where not None. Every pass
+    it yields goes through :meth:`_delivered`: ``erasing`` (``--random-erase``'s
+    ``loaders.transforms.erasing.RandomErasing``) and ``trace`` (a :class:`SampleTrace`), each None
+    where off, are set on a training loader by ``loaders.build_loaders``."""
 
     rest: RestOfEpoch | None = None
+    erasing = None
+    trace: "SampleTrace | None" = None
+    epoch = start_batch = 0
+
+    def _delivered(self, batches: Iterator) -> Iterator:
+        """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them:
+        batch ``start_batch + k`` erased (``erasing``) and its indices traced (``trace``)."""
+        if self.erasing is None and self.trace is None:
+            return batches
+        return self._finished(batches)
+
+    def _finished(self, batches: Iterator) -> Iterator:
+        erasing, trace = self.erasing, self.trace
+        indices = self.pass_indices() if trace is not None else None
+        try:
+            for step, (images, labels) in enumerate(batches):
+                if erasing is not None:
+                    images = erasing(images, self.epoch, self.start_batch + step)
+                if trace is not None:
+                    trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
+                yield images, labels
+        finally:
+            if hasattr(batches, "close"):
+                batches.close()
 
     @property
     def layout(self) -> Layout:
@@ -145,31 +173,6 @@ class PositionedLoader:
         fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
         self.rest = rest if fits else None
         return self.rest.indices if self.rest is not None else None
-
-
-class TracedLoader:
-    """A training loader that hands each batch's dataset indices to a :class:`SampleTrace`."""
-
-    def __init__(self, loader, trace: "SampleTrace"):
-        self.loader, self.trace = loader, trace
-        self.epoch, self.start_batch = 0, 0
-
-    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
-        self.loader.set_epoch(epoch, start_batch, rest)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        indices = self.loader.pass_indices()
-        for step, batch in enumerate(self.loader):
-            self.trace.record(self.epoch, self.start_batch, indices, self.loader.batch_size,
-                              step)
-            yield batch
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
 
 
 class SampleTrace:

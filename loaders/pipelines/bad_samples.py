@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from decode.messages import capture
 
@@ -93,40 +92,39 @@ class UnreadableSet:
         return {"flags": self.flags, "_view": None}
 
 
-class TolerantDataset(Dataset):
-    """Wraps a dataset of ``(image, label)``; item ``i`` is ``(image, label, found)``. A sample
-    known unreadable (:attr:`unreadable`, flags the workers share with ``shared``) or raising one
-    of :data:`DECODE_ERRORS` is replaced by the next ones not known unreadable (at most
-    ``max_tries`` failing decodes), remembered and named once on stderr (``dataset.name_of(index)``
-    and why); ``found`` counts the samples newly found unreadable. A sample native decoders warn
-    about (:class:`decode.messages.capture`) is kept and named once (:attr:`warned`). Raises
-    :class:`DataError` if ``max_tries`` samples in a row fail or all are unreadable."""
+class BadSamples:
+    """A split's record of damaged samples, made before the workers start: :attr:`unreadable`
+    (replaced, never drawn again) and :attr:`warned` (kept, named once), one flag per sample each,
+    in shared memory if ``shared``; ``name_of(index)`` names a sample in the warnings; at most
+    ``max_tries`` failing samples in a row (:func:`fetch_readable`)."""
 
-    def __init__(self, dataset: Dataset, max_tries: int = 16, shared: bool = False):
-        self.dataset, self.max_tries = dataset, max_tries
-        self.unreadable = UnreadableSet(len(dataset), shared=shared)
-        self.warned = UnreadableSet(len(dataset), shared=shared)  # named once as damaged
+    def __init__(self, size: int, name_of=str, shared: bool = False, max_tries: int = 16):
+        self.unreadable = UnreadableSet(size, shared=shared)
+        self.warned = UnreadableSet(size, shared=shared)
+        self.name_of, self.max_tries = name_of, max_tries
 
-    def __len__(self) -> int:
-        return len(self.dataset)
 
-    def __getitem__(self, index: int):
-        unreadable, found = self.unreadable, 0
-        j = index
-        for _ in range(self.max_tries):
-            if unreadable.view[j]:  # the one byte a healthy sample costs
-                j = unreadable.next_readable(j)
-            try:
-                with capture() as caught:
-                    image, label = self.dataset[j]
-            except DECODE_ERRORS as exc:
-                if unreadable.mark(j):
-                    found += 1
-                    report_unreadable(getattr(self.dataset, "name_of", str)(j), exc)
-                j = (j + 1) % len(self.dataset)
-                continue
-            if caught.lines and self.warned.mark(j):
-                report_damaged(getattr(self.dataset, "name_of", str)(j), caught.lines)
-            return image, label, found
-        raise DataError(f"{self.max_tries} consecutive samples from index {index} failed to "
-                        "decode: is this dataset damaged?")
+def fetch_readable(fetch, index: int, bad: BadSamples):
+    """``(fetch(j), found)``: ``j`` is ``index`` or, where that sample is known unreadable or
+    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable;
+    each newly failing sample is remembered and named once on stderr, ``found`` counts them. A
+    sample native decoders warn about (:class:`decode.messages.capture`) is kept and named once.
+    Raises :class:`DataError` if ``bad.max_tries`` samples in a row fail or all are unreadable."""
+    unreadable, found, j = bad.unreadable, 0, index
+    for _ in range(bad.max_tries):
+        if unreadable.view[j]:  # the one byte a healthy sample costs
+            j = unreadable.next_readable(j)
+        try:
+            with capture() as caught:
+                item = fetch(j)
+        except DECODE_ERRORS as exc:
+            if unreadable.mark(j):
+                found += 1
+                report_unreadable(bad.name_of(j), exc)
+            j = (j + 1) % len(unreadable)
+            continue
+        if caught.lines and bad.warned.mark(j):
+            report_damaged(bad.name_of(j), caught.lines)
+        return item, found
+    raise DataError(f"{bad.max_tries} consecutive samples from index {index} failed to "
+                    "decode: is this dataset damaged?")

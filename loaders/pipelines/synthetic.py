@@ -11,6 +11,7 @@ from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
 from ..orders.positions import PositionedLoader
 from ..settings import DistInfo, LoaderSettings
+from ..timing.batch_stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
@@ -18,7 +19,7 @@ VAL_IMAGES = 50_000
 NUM_CLASSES = 1000
 
 
-class SyntheticLoader(PositionedLoader):
+class SyntheticLoader(StagedLoader, PositionedLoader):
     """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader over
     ``num_samples`` images at ``settings`` and ``dist`` would: ``images`` ``settings.dtype``
     ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``: the split's crop), uniform uint8
@@ -71,15 +72,18 @@ class SyntheticLoader(PositionedLoader):
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
         """Nothing to reshuffle: a resumed epoch (``rest`` too) yields only its batches left."""
-        self.start_batch = start_batch
+        self.epoch, self.start_batch = epoch, start_batch
         self._take_rest(epoch, start_batch, rest)
 
     def close(self) -> None:
         """Nothing to stop (no workers); here as every loader has it."""
 
     def __iter__(self):
-        for _ in range(len(self)):
-            yield self.images, self.labels
+        return self._delivered(self._batches_left())
+
+    def _batches_left(self):
+        for _ in range(len(self)):  # erased in place: a copy, else the erasures add up
+            yield self.images if self.erasing is None else self.images.clone(), self.labels
 
 
 @contextmanager

@@ -45,11 +45,11 @@ class StageClock:
     """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
     image (stage seconds added with ``+=``, so a replaced sample counts both tries)."""
 
-    __slots__ = ("t", "started", "_cpu")
+    __slots__ = ("t", "started", "sampled", "_cpu")
 
     def __init__(self):
         self.t = [0.0] * IMAGE_COLUMNS
-        self.started = self._cpu = 0.0
+        self.started = self.sampled = self._cpu = 0.0  # sampled: when the slot copy began
 
     def begin_batch(self) -> None:
         """Start a batch's wall and CPU clocks."""
@@ -61,10 +61,10 @@ class StageClock:
         for k in range(IMAGE_COLUMNS):
             t[k] = 0.0
 
-    def end_image(self, rows: np.ndarray, i: int, write_started: float) -> None:
-        """Close image ``i`` (slot copy begun at ``write_started``) into the slot's ``rows``."""
+    def end_image(self, rows: np.ndarray, i: int) -> None:
+        """Close image ``i`` (its slot copy begun at :attr:`sampled`) into the slot's ``rows``."""
         t = self.t
-        t[WRITE] += time.perf_counter() - write_started
+        t[WRITE] += time.perf_counter() - self.sampled
         rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = t
 
     def end_batch(self, row: np.ndarray, slot_wait: float) -> None:

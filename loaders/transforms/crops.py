@@ -7,7 +7,6 @@ Decoding only the crop window: 1.27 ms per image, PIL 2.41 ms
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
@@ -15,7 +14,6 @@ import decode as decoding
 from decode import decode, jpeg, resize
 
 from ..settings import LoaderSettings
-from ..timing import stages
 from .auto_augment import make_auto_augment
 
 # RandomResizedCrop's area-share and aspect-ratio ranges: torchvision's (Szegedy et al. 2015)

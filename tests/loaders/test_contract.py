@@ -57,6 +57,7 @@ _DECODE_DEVICE = {"workers": "cpu", "gpu_decode": "cpu-nvimgcodec", "dali": "cpu
 
 def check_contract(train, val, num_classes: int) -> None:
     assert train.classes == val.classes == [f"n{c:08d}" for c in range(num_classes)]
+    assert isinstance(train, loaders.Loader) and isinstance(val, loaders.Loader)
     for loader, images_total in ((train, 32), (val, 16)):
         batches = list(loader)
         assert len(batches) == len(loader) == images_total // 4  # exact len()

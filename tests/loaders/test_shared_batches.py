@@ -13,7 +13,9 @@ import torch
 import loaders
 from loaders import DataError, DistInfo
 from loaders.pipelines import batches as nb
+from loaders.pipelines.bad_samples import BadSamples
 from loaders.pipelines.workers import slots as sb
+from loaders.pipelines.workers import step
 from tests.helpers.loading import loader_settings
 from tests.helpers.paths import REPO
 
@@ -57,14 +59,17 @@ def test_too_little_shared_memory_is_one_clear_error(monkeypatch):
 
 
 def test_a_transform_of_the_wrong_size_is_named():
-    class Wrong(torch.utils.data.Dataset):
+    class Reader:
         def __len__(self):
             return 4
 
-        def __getitem__(self, index):
-            return torch.zeros(3, 9, 8, dtype=torch.uint8), 0, 0
+        def read(self, index):
+            return b"not an image", 0
 
-    writer = sb.SlotWriter(Wrong())
+    def wrong(data, frame):
+        return torch.zeros(3, 9, 8, dtype=torch.uint8)
+
+    writer = step.SlotWriter(Reader(), wrong, BadSamples(4), 0)
     writer.use(sb.SharedBatches(2, 4, (3, 8, 8), shared=False))
     with pytest.raises(DataError, match=r"sample 0: .*\(3, 9, 8\), expected uint8 \(3, 8, 8\)"):
         writer.__getitems__(nb.NumberedBatch([0, 1], 0))
@@ -97,7 +102,9 @@ import multiprocessing as mp, os, sys
 sys.path.insert(0, sys.argv[1])
 from loaders import DataError
 from loaders.pipelines import batches
+from loaders.pipelines.bad_samples import BadSamples
 from loaders.pipelines.workers import slots as sb
+from loaders.pipelines.workers import step
 
 def rank(checked, done, ranks):
     real_check = sb._check_shm_space

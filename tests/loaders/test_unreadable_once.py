@@ -9,7 +9,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
-from loaders.pipelines.bad_samples import TolerantDataset, UnreadableSet
+from loaders.pipelines.bad_samples import BadSamples, UnreadableSet, fetch_readable
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels, make_split
 
@@ -127,20 +127,24 @@ class Counting(torch.utils.data.Dataset):
         return f"sample{index:03d}"
 
 
-def test_tolerant_dataset_decodes_a_bad_sample_once(capfd):
+def test_a_bad_sample_is_decoded_once_and_replaced(capfd):
     data = Counting(20, bad=[3, 4, 5, 19])
-    tolerant = TolerantDataset(data)
+    bad = BadSamples(20, data.name_of)
+
+    def fetch(index, bad=bad):
+        return fetch_readable(data.__getitem__, index, bad)
+
     for _ in range(3):
-        items = [tolerant[i] for i in range(20)]
-        assert all(image not in data.bad for image, _, _ in items)
+        items = [fetch(i) for i in range(20)]
+        assert all(image not in data.bad for (image, _), _ in items)
     assert [data.tries[i] for i in (3, 4, 5, 19)] == [1, 1, 1, 1]
-    assert tolerant[3][:2] == (6, 6) and tolerant[19][:2] == (0, 0)  # next readable, wrapping
-    assert tolerant.unreadable.count() == 4
+    assert fetch(3)[0] == (6, 6) and fetch(19)[0] == (0, 0)  # next readable, wrapping
+    assert bad.unreadable.count() == 4
     err = capfd.readouterr().err
     for name in ("sample003", "sample004", "sample005", "sample019"):
         assert err.count(name) == 1
     # found counts only the samples an item newly found unreadable (fresh flags: 3, 4, 5).
-    assert TolerantDataset(data)[3][2] == 3 and tolerant[3][2] == 0
+    assert fetch(3, BadSamples(20, data.name_of))[1] == 3 and fetch(3)[1] == 0
     capfd.readouterr()
 
 

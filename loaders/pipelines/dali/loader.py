@@ -124,6 +124,9 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         return self.order()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._delivered(self._pass())
+
+    def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order, step = self.order(), 0
         unreadable = self.unreadable
         if unreadable.count():  # known-bad samples: their replacements, as when found

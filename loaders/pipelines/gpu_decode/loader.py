@@ -21,7 +21,7 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
 from ...transforms.normalize import imagenet_mean_std, normalize_into
-from ..bad_samples import TolerantDataset, UnreadableSet, report_damaged, report_unreadable
+from ..bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
 from ..batches import ReaderLoader
 from .ahead import one_ahead, run_ahead
 from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
@@ -57,11 +57,11 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        tolerant = TolerantDataset(Windows(reader, val_sizes, clock, settings.max_image_pixels),
-                                   shared=workers > 0)
-        self.unreadable = tolerant.unreadable
+        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
+        self.unreadable = bad.unreadable
         self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
-        self._dataset = WindowBatches(tolerant, clock)
+        self._dataset = WindowBatches(Windows(reader, val_sizes, clock, settings.max_image_pixels),
+                                      bad, clock)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -87,7 +87,7 @@ class BatchDecodeLoader(ReaderLoader):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = self._pass()
         self._passes.add(batches)
-        return batches
+        return self._delivered(batches)
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._plan()

@@ -15,7 +15,7 @@ from decode.acceptance import MAX_PIXELS, check
 from ...readers import Reader
 from ...timing import stages
 from ...transforms import TrainTransform, center_crop_plan
-from ..bad_samples import TolerantDataset
+from ..bad_samples import BadSamples, fetch_readable
 from ..batches import NumberedBatch, seeded
 
 # Columns of a batch's ``stages`` rows: read and window seconds, the record's bytes.
@@ -27,7 +27,7 @@ class Windows(Dataset):
     RandomResizedCrop window as the CPU loaders draw it (``frame`` None), or validation's central
     crop region and frame (``val_sizes`` = ``(resize, crop)``,
     :func:`~loaders.transforms.center_crop_plan`); sizes from the header, else a whole decode
-    (which raises for non-images, for :class:`~loaders.pipelines.bad_samples.TolerantDataset`).
+    (which raises for non-images, for :func:`~loaders.pipelines.bad_samples.fetch_readable`).
     ``clock`` (a :class:`loaders.timing.stages.StageClock`, or None) gets each read's and
     window's seconds (added over a replaced sample's tries) and the record's bytes."""
 
@@ -71,16 +71,17 @@ class WindowBatches(Dataset):
     (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
     ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
     ``clock`` also ``stages`` float64 ``(N, 3)`` (:data:`READ`, :data:`WINDOW`, :data:`BYTES`)
-    and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed."""
+    and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed;
+    damaged samples are replaced as ``bad`` has it (:func:`fetch_readable`)."""
 
-    def __init__(self, dataset: TolerantDataset, clock=None):
-        self.dataset, self.clock = dataset, clock
+    def __init__(self, windows: Windows, bad: BadSamples, clock=None):
+        self.windows, self.bad, self.clock = windows, bad, clock
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.windows)
 
     def __getitem__(self, index: int):
-        return self.dataset[index]
+        return fetch_readable(self.windows.__getitem__, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch) -> dict:
         return seeded(batch, self._read)
@@ -94,7 +95,7 @@ class WindowBatches(Dataset):
         for i, index in enumerate(batch):
             if clock is not None:
                 clock.begin_image()
-            (data, window, flip, used, frame), label, new_bad = self.dataset[index]
+            ((data, window, flip, used, frame), label), new_bad = self[index]
             if clock is not None:
                 rows[i] = clock.t[stages.READ], clock.t[stages.WINDOW], clock.t[stages.BYTES]
             frames.append(frame or (-1,) * 6)

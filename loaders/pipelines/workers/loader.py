@@ -6,9 +6,6 @@ import time
 from typing import Iterator
 
 import torch
-from torch.utils.data import Dataset
-
-from decode.acceptance import MAX_PIXELS, check
 
 from ...orders import Order
 from ...readers import Reader
@@ -16,42 +13,12 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...transforms import split_transform
 from ...transforms.normalize import imagenet_mean_std, normalize
-from ..bad_samples import TolerantDataset
+from ..bad_samples import BadSamples
 from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
-from .slots import SharedBatches, SlotWriter, slots_for
-
-
-class _Transformed(Dataset):
-    """``reader``'s sample ``i`` as ``(transform(bytes), label)``, named as the reader names it;
-    ``clock`` (a ``StageClock``, or None) gets each read's seconds and bytes."""
-
-    def __init__(self, reader: Reader, transform, clock=None, max_pixels: int = MAX_PIXELS):
-        self.reader, self.transform, self.clock = reader, transform, clock
-        self.max_pixels = max_pixels
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __getitem__(self, index: int):
-        clock = self.clock
-        if clock is None:
-            data, label = self.reader.read(index)
-            return self.transform(data, check(data, self.max_pixels)), label
-        start = time.perf_counter()
-        data, label = self.reader.read(index)
-        read = time.perf_counter()
-        clock.t[stages.READ] += read - start
-        clock.t[stages.BYTES] = len(data)
-        frame = check(data, self.max_pixels)
-        clock.t[stages.WINDOW] += time.perf_counter() - read  # a header parse, as the window's
-        if hasattr(self.transform, "window"):
-            return stages.timed_transform(self.transform, data, frame, clock.t), label
-        return self.transform(data, frame), label
-
-    def name_of(self, index: int) -> str:
-        return self.reader.name_of(index)
+from .slots import SharedBatches, slots_for
+from .step import SlotWriter, TimedSlotWriter
 
 
 class DeviceLoader(ReaderLoader):
@@ -72,20 +39,17 @@ class DeviceLoader(ReaderLoader):
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
         super().__init__(reader, order, settings, dist, train)
-        self.transform = transform = split_transform(settings, train)
-        crop_size = settings.crop_size(train)
-        self.image_shape = (3, crop_size, crop_size)
+        self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
-        # the clock travels to the workers with the reader wrapper, transform and slot writer
-        self._clock = stages.StageClock() if train and stages.enabled() else None
-        self.stage_log = stages.StageLog() if self._clock is not None else None
         workers = settings.workers
-        tolerant = TolerantDataset(_Transformed(reader, transform, self._clock, settings.max_image_pixels),
-                                   shared=workers > 0)
         # Flags made here, before any worker starts, and kept for the loader's lifetime.
-        self.unreadable = tolerant.unreadable
+        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
+        self.unreadable = bad.unreadable
         # kept workers learn a new resolution from the batches; each pass hands over its slots
-        self._writer = SlotWriter(tolerant, transform if train else None, self._clock)
+        timed = train and stages.enabled()
+        self._writer = (TimedSlotWriter if timed else SlotWriter)(
+            reader, self.transform, bad, settings.max_image_pixels)
+        self.stage_log = stages.StageLog() if timed else None
         self._made: list[ClosingDataLoader] = []  # every DataLoader a pass used: close() stops
         self.loader = self._new_dataloader(workers)
         # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
@@ -101,14 +65,24 @@ class DeviceLoader(ReaderLoader):
 
     @property
     def resolution(self) -> int:
-        return self.image_shape[-1]
+        return self.crop_size
+
+    @property
+    def crop_size(self) -> int:
+        """The side (px) of this loader's images: its transform's, the one place it is kept."""
+        transform = self.transform
+        return transform.size[0] if hasattr(transform, "size") else transform.crop_size
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (3, self.crop_size, self.crop_size)
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
         workers. Raises ``ValueError`` for validation or a size above ``max_crop_size``."""
         self._check_resolution(size)
-        self.transform.size = (size, size)  # workers started from now on fork with it
-        self.image_shape = (3, size, size)  # running ones take it from the batches
+        # workers started from now on fork with it; running ones take it from the batches
+        self.transform.size = (size, size)
 
     def close(self) -> None:
         """Stop every worker this loader started (kept ones and those of a pass left part-way:
@@ -142,13 +116,14 @@ class DeviceLoader(ReaderLoader):
         return loader, pool
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._delivered(self._pass())
+
+    def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader, pool = self._take()
         self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
         plan = self._plan(pool.begin_pass(), self.image_shape)
         batches = iter(loader)
-        filled = self._filled(batches)
-        if self.stage_log is not None:
-            filled = self._logged(filled, pool)
+        filled = self._filled(batches, pool)
         try:
             if self.device.type == "cuda":
                 if self._feeder is None:
@@ -178,24 +153,18 @@ class DeviceLoader(ReaderLoader):
             pool.release(slot, number, pass_id)
             yield images, labels
 
-    def _logged(self, filled, pool) -> Iterator[tuple[int, int, int]]:
-        """``filled``, each batch's stage rows added to :attr:`stage_log` before it is yielded."""
+    def _filled(self, batches, pool: SharedBatches) -> Iterator[tuple[int, int, int]]:
+        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them, each
+        batch's stage rows added to :attr:`stage_log` (if measured); raises :class:`DataError`
+        past ``max_bad_share`` (:meth:`_check_bad`)."""
+        log, total = self.stage_log, len(self)
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
-        try:
-            for number, slot, count in filled:
-                self.stage_log.add(images[slot], batch[slot], count)
-                yield number, slot, count
-        finally:
-            filled.close()
-
-    def _filled(self, batches) -> Iterator[tuple[int, int, int]]:
-        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them; raises
-        :class:`DataError` past ``max_bad_share`` (:meth:`_check_bad`)."""
-        total = len(self)
         for step, (number, slot, count, found) in enumerate(batches):
             if step == total:
                 return
             self._check_bad(found)
+            if log is not None:
+                log.add(images[slot], batch[slot], count)
             yield number, slot, count
 
 

@@ -14,11 +14,9 @@ import time
 from typing import Sequence
 
 import torch
-from torch.utils.data import Dataset
 
 from ...errors import DataError
 from ...timing import stages
-from ..batches import NumberedBatch, PassPlan, seeded
 
 # A worker that waits this long for its slot means the main process stopped releasing them.
 _WAIT_LIMIT_S = 600.0
@@ -206,68 +204,3 @@ def _shortage(nbytes: int, path: str = SHM) -> str:
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.{1 if nbytes < 10 * 2**20 else 0}f} MiB"
-
-
-class SlotWriter(Dataset):
-    """Dataset for a DataLoader of :class:`NumberedBatch` es: fetching one writes its samples into
-    the slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
-    returns ``(number, slot, count, found)``, ``found`` summing the samples newly found unreadable
-    (``dataset`` yields ``(image, label, found)``). Each batch is :func:`seeded`; a new image shape
-    in its :class:`PassPlan` goes to the slots and ``transform.size`` (progressive resizing).
-    ``clock`` (a ``StageClock``, or None) times each image's copy and the batch. Raises
-    :class:`DataError` for an image not uint8 of the slots' shape."""
-
-    def __init__(self, dataset: Dataset, transform=None, clock=None):
-        self.dataset, self.transform, self.clock = dataset, transform, clock
-        self.pool: SharedBatches | None = None
-
-    def use(self, pool: SharedBatches) -> None:
-        """Write the next pass's batches into ``pool``'s slots."""
-        self.pool = pool
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int):
-        return self.dataset[index]
-
-    def _follow(self, plan: PassPlan) -> None:
-        shape = plan.image_shape
-        if shape is not None and tuple(shape) != self.pool.image_shape:
-            self.pool.set_shape(shape)
-            if self.transform is not None:
-                self.transform.size = tuple(shape[1:])
-
-    def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
-        if self.pool is None:
-            raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
-        self._follow(batch.plan)
-        return seeded(batch, self._write)
-
-    def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
-        pool, clock = self.pool, self.clock
-        if clock is not None:
-            clock.begin_batch()
-        slot = pool.acquire(batch.number, batch.plan.pass_id)
-        if clock is not None:
-            slot_wait = time.perf_counter() - clock.started
-            rows = pool.stage_images[slot].numpy()
-        images, labels = pool.images[slot], pool.labels[slot]
-        found = 0
-        for i, index in enumerate(batch):
-            if clock is not None:
-                clock.begin_image()
-            image, label, new_bad = self.dataset[index]
-            if clock is not None:
-                write_started = time.perf_counter()
-            if image.shape != images.shape[1:] or image.dtype != torch.uint8:
-                raise DataError(f"sample {index}: transform gave {image.dtype} "
-                                f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
-            images[i].copy_(image)
-            labels[i] = label
-            found += new_bad
-            if clock is not None:
-                clock.end_image(rows, i, write_started)
-        if clock is not None:
-            clock.end_batch(pool.stage_batches[slot].numpy(), slot_wait)
-        return batch.number, slot, len(batch), found

@@ -1,12 +1,13 @@
-"""``--random-erase`` on the normalised batch where the loader delivers it (the GPU in a GPU
-run), so every pipeline gets it alike; other augmentations act in ``loaders.transforms``."""
+"""``--random-erase`` on the normalised batch where a training loader delivers it (on the GPU in a
+GPU run, as timm's ``PrefetchLoader`` erases), so every pipeline erases alike; the other
+augmentations act on each image in ``loaders.transforms``."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from loaders.draws import keyed_rng
+from ..draws import keyed_rng
 
 _TAG = 0x45524153  # "ERAS": random erasing's stream, apart from the loader's of a batch
 ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
@@ -62,30 +63,6 @@ class RandomErasing:
         return images.masked_fill_(mask[:, None], 0)
 
 
-class ErasingLoader:
-    """A training loader whose batches go through :class:`RandomErasing`, numbered from the
-    epoch's start (resumed or not); everything else is the loader's."""
-
-    def __init__(self, loader, erasing: RandomErasing):
-        self.loader, self.erasing = loader, erasing
-        self.epoch, self.start_batch = 0, 0
-
-    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
-        # ``rest`` only where given: a loader's set_epoch may take two arguments
-        self.loader.set_epoch(epoch, start_batch, *([] if rest is None else [rest]))
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        for batch, (images, labels) in enumerate(self.loader, self.start_batch):
-            yield self.erasing(images, self.epoch, batch), labels
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-
-def with_random_erasing(loader, p: float, seed: int, rank: int):
-    """``loader`` itself for ``p == 0``, else its :class:`ErasingLoader`."""
-    return ErasingLoader(loader, RandomErasing(p, seed, rank)) if p > 0 else loader
+def random_erasing(p: float, seed: int, rank: int) -> RandomErasing | None:
+    """``--random-erase``'s :class:`RandomErasing` for global rank ``rank``, None for ``p == 0``."""
+    return RandomErasing(p, seed, rank) if p > 0 else None
