@@ -32,7 +32,8 @@ from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
 from ._convert import open_shard_source, shard_settings
-from ._writing import PROGRESS_NAME, ConversionProgress, Records, ShardSummary, refuse_foreign
+from ._writing import PROGRESS_NAME, ConversionProgress, Records, ShardSummary, refuse_foreign, \
+    save_json, write_json
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -64,20 +65,6 @@ def _load_done(output: str, prefix: str, block: int) -> dict | None:
         return done
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _write_json(path: str, data) -> None:
-    """Write ``data`` to ``path``, synced."""
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _save_json(path: str, data) -> None:
-    """Write ``data`` to ``path`` atomically, through a name of this process's own."""
-    _write_json(f"{path}.{os.getpid()}.tmp", data)
-    os.replace(f"{path}.{os.getpid()}.tmp", path)
 
 
 def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None = 0,
@@ -144,7 +131,7 @@ def share_settings(output: str, settings: dict, start_raw) -> dict:
         choice = start_raw()
         mine = dict(settings, raw_choice=choice.state()) if choice is not None else settings
         tmp = f"{path}.{os.getpid()}.tmp"
-        _write_json(tmp, {"settings": mine, "shards": []})
+        write_json(tmp, {"settings": mine, "shards": []})
         try:
             os.link(tmp, path)  # fails if another task made it first: its settings count
         except FileExistsError:
@@ -211,8 +198,9 @@ def _write_block(records: Records, listing: Listing, output: str, prefix: str, b
     first = b * block
     loose = records.write(listing.files[first:first + block], first, None,
                           lambda: block_shard(prefix, b, len(shards)), commit, choice, first)
-    _save_json(_done_path(output, prefix, b),
-               {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}})
+    done = _done_path(output, prefix, b)
+    save_json(done, {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}},
+              f"{done}.{os.getpid()}.tmp")  # a name of this process's own
     return shards
 
 

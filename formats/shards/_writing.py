@@ -32,6 +32,20 @@ def _closed_size(offset: int) -> int:
     return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
+def write_json(path: str, data) -> None:
+    """Write ``data`` to ``path`` as JSON, synced. Raises ``OSError``."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_json(path: str, data, tmp: str) -> None:
+    """Write ``data`` to ``path`` atomically: synced under the name ``tmp``, then renamed."""
+    write_json(tmp, data)
+    os.replace(tmp, path)
+
+
 @dataclass
 class ConversionProgress:
     """``progress.json``, kept for ``--verify`` and resuming: ``settings`` and the finished
@@ -51,11 +65,7 @@ class ConversionProgress:
     def save(self, folder: str) -> None:
         """Write ``folder/progress.json`` atomically and synced. Raises ``OSError``."""
         path = os.path.join(folder, PROGRESS_NAME)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"settings": self.settings, "shards": self.shards}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        save_json(path, {"settings": self.settings, "shards": self.shards}, path + ".tmp")
 
     @classmethod
     def load(cls, folder: str) -> "ConversionProgress | None":
