@@ -133,7 +133,8 @@ def get_args_parser():
         "Convert an image folder to an LMDB for main.py --lmdb, or check one.",
         output_help="LMDB directory to create (or resume)", verify_metavar="DB",
         verify_help="check the database DB instead",
-        overwrite_help="replace an existing complete database at --output")
+        overwrite_help="replace a complete database at --output, or start an unfinished one "
+                       "over")
     parser.add_argument("--batch-size", type=int, default=256,
                         help="source files per LMDB transaction (default: 256)")
     parser.add_argument("--map-size", type=int, default=1 << 30,

@@ -21,12 +21,12 @@ import os
 import sys
 
 from formats.cli import converter_parser, parse_size, run_cli
-from formats.conversion import ConversionError
+from formats.conversion import ConversionError, ResumeState
 from formats.sources import DatasetError
-from formats.shards import (ConversionProgress, ShardFormatError, convert, convert_task,
+from formats.shards import (ShardFormatError, convert, convert_task,
                             index_shards, shard_digests, verify)
 
-__all__ = ["ConversionError", "ConversionProgress", "convert", "main", "parse_size", "verify"]
+__all__ = ["ConversionError", "ResumeState", "convert", "main", "parse_size", "verify"]
 
 
 def get_args_parser():

@@ -1,14 +1,15 @@
-"""What both converters share: their error, summary, verification result, resume fingerprint and
+"""What both converters share: their error, summary, verification result, resume state and
 ``OUTPUT/skipped.tsv``."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import msgpack
 
@@ -85,37 +86,136 @@ class Verification:
         return f"verified {self.path}: {self.total} problems ({self.what()}{shown})"
 
 
-def refuse_other_cap(output: str, recorded: dict, wanted: dict) -> None:
-    """Raise :class:`ConversionError` if the unfinished conversion at ``output`` has another cap
-    than ``wanted``: a resume would mix two sizes."""
-    if recorded == wanted:
-        return
-    from formats.cap import Cap
+RESUME_VERSION = 1  # the layout of ResumeState's JSON; another one is refused, not guessed at
+# how a setting reads in a refusal (the converters' flags, where a flag sets it)
+_SETTING_NAMES = {"check": "--check", "raw_budget": "--raw-budget",
+                  "max_pixels": "--max-image-pixels", "shuffle_seed": "--shuffle-seed",
+                  "prefix": "--prefix", "shard_size": "--shard-size",
+                  "max_per_shard": "--max-per-shard", "array": "--tasks",
+                  "rules": "image rules version", "quality": "re-encoding quality",
+                  "library": "image library", "decoder": "decoder"}
 
-    raise ConversionError(
-        f"{output}: an unfinished conversion with {Cap.from_record(recorded).describe()}, not "
-        f"{Cap.from_record(wanted).describe()}; run it with those or pass --overwrite")
+
+@dataclass
+class ResumeState:
+    """An unfinished conversion's resume state, one JSON object (:meth:`encode`): committed by
+    ``folder2lmdb.py`` with every batch (the LMDB's progress key), saved by ``folder2shards.py``
+    as ``progress.json`` after every shard. What it was made from: the source listing's ``files``
+    (count) and ``listing`` (hex SHA-256) and the ``settings``; what is done: ``done`` source files
+    (whole batches; through the last of the finished ``shards``' entries), with ``records``,
+    ``bytes`` (image bytes), ``reencoded`` and ``skipped`` among them and ``raw``, the raw share's
+    :meth:`~formats.raw_share.RawChoice.state` so far. ``resumed_at``: ``done`` when this run
+    started (not stored)."""
+
+    files: int
+    listing: str
+    settings: dict
+    done: int = 0
+    records: int = 0
+    bytes: int = 0
+    reencoded: int = 0
+    skipped: int = 0
+    raw: dict = field(default_factory=dict)
+    shards: list = field(default_factory=list)
+    resumed_at: int = field(default=0, compare=False)
+
+    def encode(self) -> bytes:
+        fields = {k: v for k, v in asdict(self).items() if k != "resumed_at"}
+        return json.dumps({"version": RESUME_VERSION, **fields}, indent=1).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ResumeState":
+        """Inverse of :meth:`encode`. Raises ``ValueError`` for another layout (an older
+        converter's) or damaged data."""
+        try:
+            fields = json.loads(data)
+            if fields.pop("version") == RESUME_VERSION:
+                return cls(**fields)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+        raise ValueError("not a resume state of this version")
+
+    @classmethod
+    def load(cls, path: str) -> "ResumeState | None":
+        """The state saved at ``path``, None if there is none. Raises ``ValueError`` as
+        :meth:`decode`, ``OSError``."""
+        try:
+            with open(path, "rb") as f:
+                return cls.decode(f.read())
+        except FileNotFoundError:
+            return None
+
+    def save(self, path: str, tmp: str | None = None) -> None:
+        """Write to ``path`` atomically: synced under the name ``tmp``, then renamed."""
+        write_synced(tmp or path + ".tmp", self.encode())
+        os.replace(tmp or path + ".tmp", path)
+
+    def tally(self) -> None:
+        """``done`` and the counts from the finished ``shards``' entries."""
+        self.done = self.shards[-1]["done"] if self.shards else 0
+        self.records = sum(s["records"] for s in self.shards)
+        self.bytes = sum(s["images"] for s in self.shards)
+        self.reencoded = sum(s["reencoded"] for s in self.shards)
+        self.skipped = sum(len(s["skipped"]) for s in self.shards)
+
+    def refuse_other(self, output: str, recorded: "ResumeState | None",
+                     remedy: str = "pass --overwrite to start over") -> None:
+        """Raise :class:`ConversionError` in one line naming what differs between this run and the
+        unfinished conversion at ``output`` (``recorded``; None: its state is missing or
+        unreadable): a resume would mix two conversions, and starting over would throw away the
+        work done."""
+        if recorded is None:
+            why = "whose resume state is missing or unreadable (an older converter's?)"
+        elif recorded.settings != self.settings:
+            then, now = recorded.settings, self.settings
+            why = "with other settings (" + "; ".join(
+                f"{_setting(k, then.get(k))} then, {_setting(k, now.get(k))} now"
+                for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)) + ")"
+        elif recorded.listing != self.listing:
+            counts = (f"{recorded.files:,} files then, {self.files:,} now"
+                      if recorded.files != self.files else
+                      f"{self.files:,} files, other names, labels, sizes or dates")
+            why = f"of other files (the listing differs: {counts})"
+        else:
+            return
+        raise ConversionError(f"{output}: holds an unfinished conversion {why}; {remedy}")
+
+
+def _setting(key: str, value) -> str:
+    """A setting as a refusal names it, e.g. ``"--check header"``, ``"no --raw-budget"``."""
+    if key == "cap":
+        from formats.cap import Cap
+
+        return Cap.from_record(value or {}).describe()
+    name = _SETTING_NAMES.get(key, key)
+    return f"no {name}" if value in (None, False) else name if value is True else f"{name} {value}"
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``, synced. Raises ``OSError``."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
-                max_pixels: int = MAX_PIXELS) -> bytes:
-    """SHA-256 of what decides a conversion's records: the rules and libraries, ``check``, the
-    classes, each file's relative path, label, size and mtime (in an archive: the archive's, and
-    the member's offset and size or row), and ``cap``, ``raw_budget`` and ``max_pixels`` where not
-    the default. ~5 us per file. A resume needs the same."""
+                max_pixels: int = MAX_PIXELS, **more) -> ResumeState:
+    """A new :class:`ResumeState` of ``listing``: ``listing``, the SHA-256 of the classes and each
+    file's relative path, label, size and mtime (in an archive: the archive's, and the member's
+    offset and size or row), in the listing's order, ~5 us per file; ``settings``, the rules and
+    libraries, ``check``, ``cap``, ``raw_budget``, ``max_pixels`` and ``more`` (a converter's
+    own). A resume needs both the same."""
     from decode import decoder_name, image_library
 
     # the decoder in use, not why others were passed over: that text (an exception's) may change
     # from one run to the next while the records do not
-    decoder = decoder_name().split(" (", 1)[0]
-    settings = [RULES_VERSION, REENCODE_QUALITY, image_library(), decoder, listing.classes, check]
-    if cap is not None and cap.record():
-        settings.append(cap.record())
-    if raw_budget is not None:
-        settings.append({"raw_budget": raw_budget.text})
-    if max_pixels != MAX_PIXELS:
-        settings.append({"max_image_pixels": max_pixels})
-    digest = hashlib.sha256(msgpack.packb(settings, use_bin_type=True))
+    settings = {"rules": RULES_VERSION, "quality": REENCODE_QUALITY, "library": image_library(),
+                "decoder": decoder_name().split(" (", 1)[0], "check": check,
+                "cap": cap.record() if cap is not None else {},
+                "raw_budget": raw_budget.text if raw_budget is not None else None,
+                "max_pixels": max_pixels, **more}
+    digest = hashlib.sha256(msgpack.packb(listing.classes, use_bin_type=True))
     for src in listing.files:
         try:
             st = os.stat(src.path)
@@ -124,7 +224,7 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
             size, mtime = -1, -1
         entry = [os.fsencode(src.rel), src.label, size, mtime]
         digest.update(msgpack.packb(entry if src.offset < 0 else entry + [src.offset, src.size]))
-    return digest.digest()
+    return ResumeState(len(listing.files), digest.hexdigest(), settings)
 
 
 def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,

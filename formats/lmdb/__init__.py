@@ -16,10 +16,9 @@ from ._codec import (BASE_VERSION, CHECKSUMS_KEY, FORMAT_NAME, FORMAT_VERSION, M
                      record_checksum, record_key)
 from ._convert import convert
 from ._verify import verify
-from ._writer import ResumeState
 
 __all__ = ["BASE_VERSION", "CHECKSUMS_KEY", "FORMAT_NAME", "FORMAT_VERSION", "META_KEY",
-           "PROGRESS_KEY", "PROGRESS_PREFIX", "RAW_VERSION", "LMDBFormatError", "Metadata", "ResumeState", "close_all_readonly", "close_readonly",
+           "PROGRESS_KEY", "PROGRESS_PREFIX", "RAW_VERSION", "LMDBFormatError", "Metadata", "close_all_readonly", "close_readonly",
            "convert", "decode_checksums", "decode_meta", "decode_record", "encode_checksums",
            "encode_meta", "encode_record", "is_lmdb", "is_open", "last_record_index",
            "open_readonly", "read_meta", "record_checksum", "record_key", "verify"]

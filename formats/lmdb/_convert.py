@@ -15,15 +15,16 @@ import lmdb
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (REPORT_NAME, ConversionError, Summary, fingerprint, open_source,
-                                report_damaged, stage, stage_folder, unstage, write_report)
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, fingerprint,
+                                open_source, report_damaged, stage, stage_folder, unstage,
+                                write_report)
 from formats import raw_share
 from formats.images import CHECKS, check_files
 from formats.sources import Listing
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW_VERSION, Metadata,
                      encode_checksums, encode_meta, encode_record, record_checksum, record_key)
-from ._writer import ResumeState, Writer, prepare_output
+from ._writer import Writer, prepare_output
 
 # Commits that may wait for the disk: rides out a stalled fdatasync at ~30 MB a batch.
 COMMITS_IN_FLIGHT = 3
@@ -49,12 +50,12 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     ``workers`` threads check the files under ``check``; each ``batch_size`` files commit in one
     transaction with the resume state; ``map_size`` (bytes) doubles when full. Non-images go to
     ``skipped.tsv`` (an error with ``strict``). An unfinished conversion of the same files and
-    settings resumes; other unfinished ones are replaced. ``shuffle_seed``: the records'
+    settings resumes; another is refused, naming what differs (``overwrite``: start over). ``shuffle_seed``: the records'
     :meth:`~formats.sources.Listing.shuffled` order (else ImageFolder's); ``cap``: a
     :class:`formats.cap.Cap`; ``raw_budget``: a :class:`formats.raw_share.Budget` (version 2);
     ``max_pixels``: ``--max-image-pixels``. Raises :class:`ConversionError` for a bad source or
-    ``check``, a complete output without ``overwrite``, another cap, or an unwritable or full
-    disk."""
+    ``check``, a complete or another unfinished output without ``overwrite``, or an unwritable
+    or full disk."""
     start = time.perf_counter()
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
@@ -64,10 +65,10 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     for name in listing.empty_classes:
         print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
               file=sys.stderr)
-    cap_fields = cap.record() if cap is not None else {}
-    fp = fingerprint(listing, check, cap, raw_budget, max_pixels)
+    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels,
+                         shuffle_seed=listing.shuffle_seed)
     try:
-        state = prepare_output(output, overwrite, fp, cap_fields)
+        state = prepare_output(output, overwrite, wanted)
         writer = Writer(output, map_size)
     except OSError as exc:
         raise ConversionError(f"{output}: cannot create the database ({exc.strerror or exc})") \
@@ -76,7 +77,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         raise ConversionError(f"{output}: cannot create the database ({exc})") from None
     try:
         if state is None:
-            state = ResumeState(fp, cap=cap_fields)
+            state = wanted
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         else:
             state.resumed_at = state.done
@@ -136,7 +137,7 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
     raw = {} if choice is None else {"version": RAW_VERSION, "raw": choice.state()}
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
                     names=tuple(listing.names) if listing.names is not None else None,
-                    cap=state.cap, **raw)
+                    cap=state.settings["cap"], **raw)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
 

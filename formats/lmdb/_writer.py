@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
 
 import lmdb
-import msgpack
 
-from formats.conversion import REPORT_NAME, ConversionError, refuse_other_cap
+from formats.conversion import REPORT_NAME, ConversionError, ResumeState
 
 from ._codec import (PROGRESS_KEY, LMDBFormatError, close_readonly, is_lmdb, last_record_index,
                      read_meta)
@@ -19,39 +17,11 @@ _MiB = 1 << 20
 _MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
 
-@dataclass
-class ResumeState:
-    """What an interrupted conversion committed, under ``PROGRESS_KEY`` in every batch's
-    transaction: the ``fingerprint`` a resume needs, ``done`` source files, ``records`` (``bytes``,
-    ``reencoded``), ``skipped``, ``cap`` and ``raw`` (if any); ``resumed_at``: ``done`` when this
-    run started (not stored)."""
-
-    fingerprint: bytes
-    done: int = 0
-    records: int = 0
-    bytes: int = 0
-    reencoded: int = 0
-    skipped: int = 0
-    cap: dict = field(default_factory=dict)
-    raw: dict = field(default_factory=dict)  # the raw share's RawChoice.state(), if any
-    resumed_at: int = field(default=0, compare=False)
-
-    def encode(self) -> bytes:
-        values = [self.fingerprint, self.done, self.records, self.bytes, self.reencoded,
-                  self.skipped, self.cap]
-        return msgpack.packb(values + [self.raw] if self.raw else values, use_bin_type=True)
-
-    @classmethod
-    def decode(cls, value: bytes) -> "ResumeState":
-        return cls(*msgpack.unpackb(value, raw=False))
-
-
-
-def prepare_output(output: str, overwrite: bool, fp: bytes,
-                   cap: dict | None = None) -> ResumeState | None:
-    """Make ``output`` ready; the resume state of an unfinished conversion of the same source, or
-    None to start afresh. Replaces other unfinished ones (another ``cap``, or a complete one, only
-    with ``overwrite``). Raises :class:`ConversionError`."""
+def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeState | None:
+    """Make ``output`` ready; the recorded state of an unfinished conversion of the same source
+    and settings (``wanted``'s), or None to start afresh. Raises :class:`ConversionError` for
+    another unfinished conversion or a complete one (unless ``overwrite``: start over), or a
+    folder of other files; ``lmdb.Error``, ``OSError``."""
     if os.path.exists(output) and (not os.path.isdir(output)
                                    or (os.listdir(output) and not is_lmdb(output))):
         raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
@@ -59,22 +29,25 @@ def prepare_output(output: str, overwrite: bool, fp: bytes,
         try:
             meta = read_meta(output)
         except LMDBFormatError:
-            meta = None  # an unfinished conversion: resume it or start again
+            meta = None  # an unfinished conversion: resume it or refuse
         if meta is not None and not overwrite:
             raise ConversionError(
                 f"{output}: already holds a complete database of {meta.count} images "
                 "(pass --overwrite to replace it)")
         close_readonly(output)
-        if meta is None:
-            state = _read_resume_state(output)
-            if state is not None and state.fingerprint == fp:
-                return state
-            if state is not None and not overwrite:
-                refuse_other_cap(output, state.cap, cap or {})
-            why = ("the files or settings changed since this conversion was interrupted"
-                   if state is not None else "no resume state (interrupted before its first "
-                   "commit)")
-            print(f"folder2lmdb.py: {output}: {why}; starting over", file=sys.stderr)
+        if meta is None and not overwrite:
+            value, records = _recorded(output)
+            if value is not None or records:
+                try:
+                    recorded = ResumeState.decode(value or b"")
+                except ValueError:
+                    recorded = None
+                if recorded is not None and recorded.records != records:
+                    recorded = None  # committed together: a mismatch means another writer
+                wanted.refuse_other(output, recorded)
+                return recorded
+            print(f"folder2lmdb.py: {output}: no resume state (interrupted before its first "
+                  "commit); starting over", file=sys.stderr)
         _remove_database(output)
     os.makedirs(output, exist_ok=True)
     return None
@@ -91,22 +64,13 @@ def _remove_database(output: str) -> None:
             pass
 
 
-def _read_resume_state(output: str) -> ResumeState | None:
-    """The resume state of ``output`` if it matches the records, else None."""
-    try:
-        env = lmdb.open(output, subdir=True, readonly=True, lock=False)
-    except lmdb.Error:
-        return None
+def _recorded(output: str) -> tuple[bytes | None, int]:
+    """The resume state stored in ``output`` (None if none) and its record count. Raises
+    ``lmdb.Error``."""
+    env = lmdb.open(output, subdir=True, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            value = txn.get(PROGRESS_KEY)
-            state = ResumeState.decode(value) if value else None
-            # committed together: a mismatch means another writer
-            if state is not None and last_record_index(txn) + 1 != state.records:
-                return None
-            return state
-    except Exception:  # noqa: BLE001 - unreadable state of any kind: start over
-        return None
+            return txn.get(PROGRESS_KEY), last_record_index(txn) + 1
     finally:
         env.close()
 

@@ -8,8 +8,8 @@ written as shard ``PREFIX-b.tar`` (its images; a block that outgrows ``--shard-s
 any ``n`` writes the same files. A block is finished once its shards are in place and
 ``PREFIX-b.done`` (their progress entries, written atomically) lists them: a task killed,
 requeued or started again with another ``n`` redoes only unfinished blocks, and touches no
-other block's files. ``progress.json`` holds the settings (and the raw share's choice), created
-once by whichever task comes first (``os.link`` lets one win). The task that finds every block
+other block's files. ``progress.json`` holds the resume state (its settings and the raw
+share's choice), created once by whichever task comes first (``os.link`` lets one win). The task that finds every block
 done writes ``skipped.tsv``, ``progress.json`` (every shard) and ``index.json`` (last), under a
 lock (``index.json.lock``); ``--finish`` does the same as a dependent step."""
 from __future__ import annotations
@@ -25,15 +25,14 @@ import msgpack
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import REPORT_NAME, ConversionError, stage, stage_folder, unstage, \
-    write_report
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, stage, stage_folder,
+                                unstage, write_report, write_synced)
 from formats.images import RULES_VERSION
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
 from ._convert import open_shard_source, shard_settings
-from ._writing import PROGRESS_NAME, ConversionProgress, Records, ShardSummary, refuse_foreign, \
-    save_json, write_json
+from ._writing import PROGRESS_NAME, Records, ShardSummary, refuse_foreign, save_json
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -85,24 +84,23 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
         raise ConversionError(f"--task {task} of --tasks {tasks}: 0 <= task < tasks")
     listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
                                         max_per_shard, check, allow_partial, progress)
-    # not resumable by a one-process run, nor it by an array
-    settings = dict(shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed,
-                                   shard_size, max_per_shard, max_pixels), array=True)
+    wanted = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
+                            max_per_shard, max_pixels, array=True)
     records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
                       strict, check, cap, max_pixels, len(listing.files))
     refuse_foreign(output)
     start = time.perf_counter()
     try:
-        settings = share_settings(output, settings,
-                                  lambda: raw_share.start(raw_budget, listing, check, cap, None))
+        state = share_state(output, wanted,
+                            lambda: raw_share.start(raw_budget, listing, check, cap, None))
         if not finish:
-            return run_task(listing, output, settings, task, tasks, records, progress)
-        finish_index(listing, output, settings)
+            return run_task(listing, output, state, task, tasks, records, progress)
+        finish_index(listing, output, state)
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
-    state = ConversionProgress.load(output)
-    return Finished(output, state.total("records"), state.total("skipped"), len(state.shards))
+    state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
+    return Finished(output, state.records, state.skipped, len(state.shards))
 
 
 @dataclass
@@ -119,41 +117,39 @@ class Finished:
                 f"skipped {self.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
-def share_settings(output: str, settings: dict, start_raw) -> dict:
-    """The array's settings in ``output/progress.json``: ``settings`` plus the raw share's choice
+def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
+    """The array's state in ``output/progress.json``: ``wanted`` with the raw share's choice
     (``start_raw()``, made once for the whole set) if this task comes first, else the first
-    task's, which must match (a task started late finds its blocks done). Raises
-    :class:`ConversionError`."""
+    task's, which must be made from the same source and settings (a task started late finds its
+    blocks done). Raises :class:`ConversionError`."""
     path = os.path.join(output, PROGRESS_NAME)
     os.makedirs(output, exist_ok=True)
-    names = os.listdir(output)
-    if PROGRESS_NAME not in names:
+    if PROGRESS_NAME not in os.listdir(output):
         choice = start_raw()
-        mine = dict(settings, raw_choice=choice.state()) if choice is not None else settings
         tmp = f"{path}.{os.getpid()}.tmp"
-        write_json(tmp, {"settings": mine, "shards": []})
+        write_synced(tmp, replace(wanted, raw=choice.state() if choice else {}).encode())
         try:
-            os.link(tmp, path)  # fails if another task made it first: its settings count
+            os.link(tmp, path)  # fails if another task made it first: its state counts
         except FileExistsError:
             pass
         finally:
             os.remove(tmp)
-    recorded = ConversionProgress.load(output)
-    if recorded is None or {k: v for k, v in recorded.settings.items()
-                            if k != "raw_choice"} != settings:
-        raise ConversionError(f"{output}: holds a conversion of other files or settings (a "
-                              "resumed array needs the same source, flags and version; or "
-                              "delete the folder)")
-    return recorded.settings
+    try:
+        recorded = ResumeState.load(path)
+    except ValueError:
+        recorded = None
+    wanted.refuse_other(output, recorded, "a resumed array needs the same source, flags and "
+                        "version; or delete the folder")
+    return recorded
 
 
-def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: int,
+def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks: int,
              records: Records, progress: bool) -> ShardSummary:
     """Convert task ``task``'s blocks of ``listing`` into ``output`` (``records``: the shared
     writing settings), then write the index if every block is done. Returns what this task
     wrote. Raises :class:`ConversionError`."""
     start = time.perf_counter()
-    prefix, block = settings["prefix"], settings["max_per_shard"]
+    prefix, block = state.settings["prefix"], state.settings["max_per_shard"]
     files = listing.files
     mine = task_blocks(-(-len(files) // block), task, tasks)
     todo = [b for b in mine if _load_done(output, prefix, b) is None]
@@ -167,8 +163,7 @@ def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: in
     stage(replace(listing, files=pending), folder, progress)
     written = []
     for b in todo:
-        written += _write_block(records, listing, output, prefix, b, block,
-                                settings.get("raw_choice"))
+        written += _write_block(records, listing, output, prefix, b, block, state.raw)
     unstage(folder)
     summary = ShardSummary(sum(s["records"] for s in written), sum(s["images"] for s in written),
                            time.perf_counter() - start, output,
@@ -180,7 +175,7 @@ def run_task(listing: Listing, output: str, settings: dict, task: int, tasks: in
         "written": f"every block done: wrote {INDEX_NAME}",
         "there": f"every block done, {INDEX_NAME} written by another task",
         "": "other tasks' blocks still to do (the last task writes the index)",
-    }[finish_index(listing, output, settings, True)]
+    }[finish_index(listing, output, state, True)]
     return summary
 
 
@@ -204,12 +199,13 @@ def _write_block(records: Records, listing: Listing, output: str, prefix: str, b
     return shards
 
 
-def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool = False) -> str:
+def finish_index(listing: Listing, output: str, state: ResumeState,
+                 missing_ok: bool = False) -> str:
     """Write the index of ``output`` if every block is done; what became of it: ``"written"``,
     ``"there"`` (by another task before) or ``""`` (blocks still to do, with ``missing_ok``).
     Checks that written + skipped = the listing's files, block by block. Raises
     :class:`ConversionError` if a block is not done (unless ``missing_ok``) or miscounted."""
-    prefix, block = settings["prefix"], settings["max_per_shard"]
+    prefix, block = state.settings["prefix"], state.settings["max_per_shard"]
     files = listing.files
     with open(os.path.join(output, LOCK_NAME), "a") as lock:
         fcntl.lockf(lock, fcntl.LOCK_EX)  # one writer of the index at a time, also over NFS
@@ -228,11 +224,11 @@ def finish_index(listing: Listing, output: str, settings: dict, missing_ok: bool
                 raise ConversionError(f"{output}: block {b} accounts for {count} files, not "
                                       f"{len(files[b * block:(b + 1) * block])}")
             dones.append(done)
-        _write_index(listing, output, settings, dones)
+        _write_index(listing, output, state, dones)
     return "written"
 
 
-def _write_index(listing: Listing, output: str, settings: dict, dones: list[dict]) -> None:
+def _write_index(listing: Listing, output: str, state: ResumeState, dones: list[dict]) -> None:
     """``skipped.tsv``, ``progress.json`` with every shard, then ``index.json``."""
     shards = [s for d in dones for s in d["shards"]]
     skips = [r for d in dones for r in [x for s in d["shards"] for x in s["skipped"]]
@@ -242,15 +238,16 @@ def _write_index(listing: Listing, output: str, settings: dict, dones: list[dict
                               "image")
     write_report(os.path.join(output, REPORT_NAME), [
         msgpack.packb([os.fsencode(rel), why], use_bin_type=True) for rel, why in skips])
-    raw = {}
-    if settings.get("raw_choice"):
-        raw = dict(settings["raw_choice"])
+    raw = dict(state.raw)
+    if raw:
         for key in ("stored", "jpeg", "records", "saved_s", "extra"):
             raw[key] = sum(d["raw"][key] for d in dones)
-    ConversionProgress(settings, shards).save(output)
+    final = replace(state, shards=shards)  # its raw: the set's choice, as the blocks had it
+    final.tally()
+    final.save(os.path.join(output, PROGRESS_NAME))
     for name in os.listdir(output):  # killed tasks' leftovers: every block is done
         if name.endswith(".tmp"):
             os.remove(os.path.join(output, name))
     entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in shards]
-    ShardIndex(listing.classes, entries, settings["seed"], RULES_VERSION, names=listing.names,
-               cap=settings.get("cap", {}), raw=raw).write(output)  # last
+    ShardIndex(listing.classes, entries, state.settings["shuffle_seed"], RULES_VERSION,
+               names=listing.names, cap=state.settings["cap"], raw=raw).write(output)  # last

@@ -6,6 +6,7 @@ depend only on the records, so a rerun keeps the finished shards and writes the 
 output equals an uninterrupted run's."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -13,57 +14,57 @@ import time
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (REPORT_NAME, ConversionError, fingerprint, open_source,
-                                refuse_other_cap, stage, stage_folder, unstage, write_report)
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, fingerprint,
+                                open_source, stage, stage_folder, unstage, write_report)
 from formats import raw_share
 from formats.images import CHECKS, RULES_VERSION
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
-from ._writing import (PROGRESS_NAME, ConversionProgress, Records, ShardSummary,
-                       refuse_foreign)
+from ._writing import PROGRESS_NAME, Records, ShardSummary, refuse_foreign
 
 
-def _prepare_output(output: str, settings: dict, overwrite: bool) -> ConversionProgress:
-    """Make ``output`` ready; its progress: the finished shards of an unfinished conversion with
-    these ``settings``, or a new one. Raises :class:`ConversionError` for a file, other files or
-    (without ``overwrite``) another conversion; ``OSError``."""
+def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> ResumeState:
+    """Make ``output`` ready; its state: the finished shards of an unfinished conversion of the
+    same source and settings (``wanted``'s), or ``wanted``. Raises :class:`ConversionError` for a
+    file, other files or (without ``overwrite``: start over) another conversion; ``OSError``."""
     names = refuse_foreign(output)
-    progress = ConversionProgress.load(output) if names and not overwrite else None
+    path, state = os.path.join(output, PROGRESS_NAME), wanted
     if names and not overwrite:
         if INDEX_NAME in names:
             raise ConversionError(f"{output}: already holds a complete conversion "
                                   "(pass --overwrite to replace it)")
-        if progress is not None:
-            refuse_other_cap(output, progress.settings.get("cap", {}), settings.get("cap", {}))
-        if progress is None or progress.settings != settings:
-            raise ConversionError(f"{output}: holds an unfinished conversion of other files or "
-                                  "settings (pass --overwrite to start over)")
+        try:
+            state = ResumeState.load(path)
+        except ValueError:
+            state = None
+        wanted.refuse_other(output, state)
         keep = 0
-        for shard in progress.shards:  # finished: tar of the recorded size, then its .idx
+        for shard in state.shards:  # finished: tar of the recorded size, then its .idx
             tar = os.path.join(output, shard["name"])
             if not (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
                     and os.path.isfile(idx_name(tar))):
                 break
             keep += 1
-        del progress.shards[keep:]
-    progress = progress or ConversionProgress(settings)
-    kept = {n for s in progress.shards for n in (s["name"], idx_name(s["name"]))}
+        del state.shards[keep:]
+        state.tally()
+        state.raw = state.shards[-1].get("raw", {}) if state.shards else {}
+    kept = {n for s in state.shards for n in (s["name"], idx_name(s["name"]))}
     for name in names:
         if name not in kept and name != PROGRESS_NAME:
             os.remove(os.path.join(output, name))
     os.makedirs(output, exist_ok=True)
-    progress.save(output)
-    return progress
+    state.save(path)
+    return state
 
 
-def _commit(shard, done: int, progress: ConversionProgress, output: str,
-            raw: dict | None = None) -> None:
+def _commit(shard, done: int, state: ResumeState, output: str, raw: dict | None) -> None:
     entry = shard.finish(done)
     if raw is not None:  # the raw share's totals through this shard (resumed from there)
-        entry["raw"] = raw
-    progress.shards.append(entry)
-    progress.save(output)
+        entry["raw"] = state.raw = raw
+    state.shards.append(entry)
+    state.tally()
+    state.save(os.path.join(output, PROGRESS_NAME))
 
 
 def _check_outside(listing: Listing, dataset: str, output: str) -> None:
@@ -106,25 +107,23 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
 
     ``prefix`` names the shards (default ``split``, else ``dataset``'s base name); ``shard_size``
     (bytes) and ``max_per_shard`` (records) bound each; ``shuffle_seed`` fixes the order. An
-    unfinished conversion of the same files and settings resumes after its finished shards. The
-    other arguments as in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad
+    unfinished conversion of the same files and settings resumes after its finished shards;
+    another is refused, naming what differs (``overwrite``: start over). The other arguments as in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad
     settings, a bad source, an output that is a file, holds other files or (without ``overwrite``)
     another conversion, or cannot be written. (A job array's task: :func:`convert_task`.)"""
     start = time.perf_counter()
     listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
                                         max_per_shard, check, allow_partial, progress)
-    cap_fields = cap.record() if cap is not None else {}
-    settings = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
-                              max_per_shard, max_pixels)
+    wanted = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
+                            max_per_shard, max_pixels)
     try:
-        state = _prepare_output(output, settings, overwrite)
+        state = _prepare_output(output, wanted, overwrite)
     except OSError as exc:
         raise ConversionError(f"{output}: cannot create the output ({exc.strerror or exc})") \
             from None
-    resumed_at = state.done
+    state.resumed_at = state.done
     stage(listing, stage_folder(output), progress)
-    resumed_raw = state.shards[-1].get("raw") if state.shards else None
-    choice = raw_share.start(raw_budget, listing, check, cap, resumed_raw)
+    choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None)
     try:
         _write_shards(listing, state, output, workers, strict, progress, check, cap, choice,
                       max_pixels)
@@ -133,33 +132,29 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             for s in state.shards for rel, why in s["skipped"]])
         entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
         ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION, names=listing.names,
-                   cap=cap_fields, raw=choice.state() if choice else {}).write(output)  # last
+                   cap=state.settings["cap"],
+                   raw=choice.state() if choice else {}).write(output)  # last
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     unstage(stage_folder(output))
-    return ShardSummary(state.total("records"), state.total("images"),
-                        time.perf_counter() - start, output, state.total("reencoded"),
-                        state.total("skipped"), os.path.join(output, REPORT_NAME), resumed_at,
-                        raw=choice.line(state.total("records")) if choice else "",
+    return ShardSummary(state.records, state.bytes, time.perf_counter() - start, output,
+                        state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
+                        state.resumed_at, raw=choice.line(state.records) if choice else "",
                         shards=len(state.shards))
 
 
 def shard_settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
-              shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS) -> dict:
-    """``progress.json``'s settings: what a resume must share with its run."""
-    settings = {"fingerprint": fingerprint(listing, check, cap, raw_budget, max_pixels).hex(),
-                "prefix": prefix, "seed": seed, "shard_size": shard_size,
-                "max_per_shard": max_per_shard, "rules": RULES_VERSION}
-    cap_fields = cap.record() if cap is not None else {}
-    if cap_fields:
-        settings["cap"] = cap_fields
-    if raw_budget is not None:
-        settings["raw_budget"] = raw_budget.text
-    return settings
+                   shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS,
+                   array: bool = False) -> ResumeState:
+    """A new :class:`~formats.conversion.ResumeState` of a shard conversion (``array``: a job
+    array's, which a one-process run does not resume, nor it one's)."""
+    return fingerprint(listing, check, cap, raw_budget, max_pixels, prefix=prefix,
+                       shuffle_seed=seed, shard_size=shard_size, max_per_shard=max_per_shard,
+                       array=array)
 
 
-def _write_shards(listing: Listing, state: ConversionProgress, output: str, workers: int,
+def _write_shards(listing: Listing, state: ResumeState, output: str, workers: int,
                   strict: bool, progress: bool, check: str = "full", cap=None,
                   choice=None, max_pixels: int = MAX_PIXELS) -> None:
     """Check and write ``listing.files[state.done:]`` as shards, committing each to
@@ -180,6 +175,10 @@ def _write_shards(listing: Listing, state: ConversionProgress, output: str, work
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:
-    """``{shard name: SHA-256 hex}`` from ``folder/progress.json``, or None."""
-    state = ConversionProgress.load(folder)
-    return {s["name"]: s["sha256"] for s in state.shards} if state else None
+    """``{shard name: SHA-256 hex}`` from ``folder/progress.json`` (also an older converter's),
+    or None."""
+    try:
+        with open(os.path.join(folder, PROGRESS_NAME)) as f:
+            return {s["name"]: s["sha256"] for s in json.load(f)["shards"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

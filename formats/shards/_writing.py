@@ -1,5 +1,6 @@
 """What both ways of writing shards share (one process, :mod:`._convert`; a job array's task,
-:mod:`._array`): ``progress.json``, the summary, the shard being written and the loop that checks
+:mod:`._array`): the name of ``progress.json`` (a :class:`~formats.conversion.ResumeState`
+with the finished shards' entries), the summary, the shard being written and the loop that checks
 source files and writes their records."""
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import os
 import re
 import tarfile
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import ConversionError, Summary, report_damaged
+from formats.conversion import ConversionError, Summary, report_damaged, write_synced
 from formats.images import check_files
 
 from ._codec import IMAGE_EXT, RAW_EXT, ShardWriter, idx_name, write_idx
@@ -32,50 +33,11 @@ def _closed_size(offset: int) -> int:
     return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
-def write_json(path: str, data) -> None:
-    """Write ``data`` to ``path`` as JSON, synced. Raises ``OSError``."""
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def save_json(path: str, data, tmp: str) -> None:
-    """Write ``data`` to ``path`` atomically: synced under the name ``tmp``, then renamed."""
-    write_json(tmp, data)
+    """Write ``data`` to ``path`` as JSON atomically: synced under the name ``tmp``, then
+    renamed. Raises ``OSError``."""
+    write_synced(tmp, json.dumps(data, indent=1).encode())
     os.replace(tmp, path)
-
-
-@dataclass
-class ConversionProgress:
-    """``progress.json``, kept for ``--verify`` and resuming: ``settings`` and the finished
-    ``shards``, each ``{name, records, bytes (tar), sha256, done (source files through it), images
-    (image bytes), reencoded, skipped ([[rel, reason], ...]), raw (totals, if any)}``."""
-
-    settings: dict
-    shards: list[dict] = field(default_factory=list)
-
-    @property
-    def done(self) -> int:
-        return self.shards[-1]["done"] if self.shards else 0
-
-    def total(self, key: str) -> int:
-        return sum(len(s[key]) if key == "skipped" else s[key] for s in self.shards)
-
-    def save(self, folder: str) -> None:
-        """Write ``folder/progress.json`` atomically and synced. Raises ``OSError``."""
-        path = os.path.join(folder, PROGRESS_NAME)
-        save_json(path, {"settings": self.settings, "shards": self.shards}, path + ".tmp")
-
-    @classmethod
-    def load(cls, folder: str) -> "ConversionProgress | None":
-        """The progress in ``folder``; None if absent or unreadable."""
-        try:
-            with open(os.path.join(folder, PROGRESS_NAME)) as f:
-                data = json.load(f)
-            return cls(dict(data["settings"]), list(data["shards"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
 
 
 @dataclass
@@ -114,8 +76,9 @@ class _OpenShard:
         self.reencoded += checked.reencoded is not None
 
     def finish(self, done: int) -> dict:
-        """Close and sync the tar, write its ``.idx``, and return its progress entry (``done``:
-        source files consumed through it). Raises ``OSError``."""
+        """Close and sync the tar, write its ``.idx``, and return its progress entry ``{name,
+        records, bytes (tar), sha256, done (source files through it), images (image bytes),
+        reencoded, skipped ([[rel, reason], ...])}``. Raises ``OSError``."""
         self.writer.close(sync=True)
         write_idx(idx_name(self.path), self.spans)
         os.replace(self.path + ".tmp", self.path)

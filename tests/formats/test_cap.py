@@ -17,7 +17,6 @@ from formats.cap import Cap
 from formats.images import check_image
 from formats.sources import list_sources
 from formats.lmdb import _codec as codec
-from formats.lmdb._writer import ResumeState
 from formats.shards import INDEX_NAME, ShardIndex
 from tools import datagen
 from tests.helpers import warm
@@ -106,28 +105,36 @@ def test_lmdb_records_its_cap_and_verifies_against_it(mixed, tmp_path):
     assert folder2lmdb.verify(plain, mixed, workers=2).total >= 1
 
 
-def unfinished(db: str, cap: dict) -> None:
+def unfinished(db: str, source: str, cap: dict) -> None:
+    """Make ``db`` an unfinished conversion of ``source`` under ``cap`` (its 14 files done)."""
+    state = conversion.fingerprint(list_sources(source), cap=Cap.from_record(cap),
+                                   shuffle_seed=None)
+    state.done = state.records = 14
     env = lmdb.open(db, subdir=True)
     with env.begin(write=True) as txn:  # as if killed before the last transaction
         txn.delete(codec.META_KEY)
-        txn.put(codec.PROGRESS_KEY, ResumeState(b"fingerprint", 14, 14, cap=cap).encode())
+        txn.put(codec.PROGRESS_KEY, state.encode())
     env.close()
 
 
 def test_lmdb_resume_under_another_cap_is_refused_in_one_line(mixed, tmp_path):
     db = str(tmp_path / "db")
     folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(100, 90))
-    unfinished(db, {"max_side": 100, "quality": 90})
+    unfinished(db, mixed, {"max_side": 100, "quality": 90})
     run = warm.run([sys.executable, "folder2lmdb.py", "-d", mixed, "-o", db, "-j", "2",
                           "--max-side", "120", "--quality", "90"], cwd=REPO,
                          capture_output=True, text=True)
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[1:] == [  # after the first line, naming the source
-        f"folder2lmdb.py: error: {db}: an unfinished conversion with --max-side 100 --quality "
-        "90, not --max-side 120 --quality 90; run it with those or pass --overwrite"]
-    unfinished(db, {})  # a state from before the cap: read as none
-    with pytest.raises(conversion.ConversionError, match="with no --max-side --quality 95"):
+        f"folder2lmdb.py: error: {db}: holds an unfinished conversion with other settings "
+        "(--max-side 100 --quality 90 then, --max-side 120 --quality 90 now); pass --overwrite "
+        "to start over"]
+    unfinished(db, mixed, {})
+    with pytest.raises(conversion.ConversionError,
+                       match="no --max-side --quality 95 then, --max-side 120 --quality 90 now"):
         folder2lmdb.convert(mixed, db, workers=2, progress=False, cap=Cap(120, 90))
+    resumed = folder2lmdb.convert(mixed, db, workers=2, progress=False)
+    assert resumed.resumed_at == 14 and codec.read_meta(db).cap == {}
     summary = folder2lmdb.convert(mixed, db, workers=2, progress=False, overwrite=True,
                                   cap=Cap(120, 90))
     assert summary.images == 14 and codec.read_meta(db).cap["max_side"] == 120
@@ -142,8 +149,8 @@ def test_shards_record_their_cap_verify_and_refuse_another(mixed, tmp_path, monk
     assert folder2shards.verify(str(out), mixed, workers=2).total == 0
     os.remove(out / INDEX_NAME)  # unfinished: a resume must keep the cap
     with pytest.raises(conversion.ConversionError,
-                       match="unfinished conversion with --max-side 100 --quality 90, not "
-                             "no --max-side --quality 95"):
+                       match="with other settings \\(--max-side 100 --quality 90 then, no "
+                             "--max-side --quality 95 now\\)"):
         folder2shards.convert(mixed, str(out), workers=2, progress=False, max_per_shard=5)
     summary = folder2shards.convert(mixed, str(out), workers=2, progress=False, max_per_shard=5,
                                     cap=Cap(100, 90))
@@ -202,10 +209,10 @@ def test_reencode_all_stores_record_it_verify_and_refuse_a_resume_without_it(mix
                                 cap=Cap(None, 90, every=True)).data
     again = str(tmp_path / "again")  # db stays open read-only in this process
     folder2lmdb.convert(mixed, again, workers=2, progress=False, cap=Cap(None, 90, every=True))
-    unfinished(again, {"max_side": None, "quality": 90, "reencode": "all"})
+    unfinished(again, mixed, {"max_side": None, "quality": 90, "reencode": "all"})
     with pytest.raises(conversion.ConversionError,
-                       match="with no --max-side --quality 90 --reencode-all, not no "
-                             "--max-side --quality 90;"):
+                       match="no --max-side --quality 90 --reencode-all then, no "
+                             "--max-side --quality 90 now"):
         folder2lmdb.convert(mixed, again, workers=2, progress=False, cap=Cap(None, 90))
     folder2shards.convert(mixed, str(shards), workers=2, progress=False, max_per_shard=5,
                           cap=Cap(None, 90, every=True))

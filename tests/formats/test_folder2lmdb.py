@@ -2,6 +2,7 @@ import os
 import sys
 
 import lmdb
+import msgpack
 import pytest
 
 import folder2lmdb
@@ -46,18 +47,25 @@ def test_complete_database_is_not_overwritten_silently(tiny, tmp_path):
     assert folder2lmdb.convert(train, out, overwrite=True, progress=False).images == 32
 
 
-def test_unfinished_database_is_refused_by_reader_and_replaced_by_writer(tiny, tmp_path):
+def test_unfinished_database_without_a_resume_state_is_refused_until_overwrite(tiny, tmp_path):
     out = str(tmp_path / "db")
     train = os.path.join(tiny.root, "train")
     folder2lmdb.convert(train, out, progress=False)
     codec.close_readonly(out)
-    env = lmdb.open(out, subdir=True)
-    with env.begin(write=True) as txn:
-        txn.delete(codec.META_KEY)  # as if killed before the last transaction
-    env.close()
-    with pytest.raises(codec.LMDBFormatError, match="did not finish"):
-        codec.read_meta(out)
-    folder2lmdb.convert(train, out, progress=False)  # same command again: starts over
+    # records without a resume state, then an older converter's (msgpack) state
+    for state in (None, msgpack.packb([b"fingerprint", 8, 8, 0, 0, 0, {}], use_bin_type=True)):
+        env = lmdb.open(out, subdir=True)
+        with env.begin(write=True) as txn:
+            txn.delete(codec.META_KEY)  # as if killed before the last transaction
+            if state is not None:
+                txn.put(codec.PROGRESS_KEY, state)
+        env.close()
+        with pytest.raises(codec.LMDBFormatError, match="did not finish"):
+            codec.read_meta(out)
+        with pytest.raises(folder2lmdb.ConversionError,  # never deleted unasked
+                           match="resume state is missing or unreadable .*; pass --overwrite"):
+            folder2lmdb.convert(train, out, progress=False)
+    assert folder2lmdb.convert(train, out, progress=False, overwrite=True).resumed_at == 0
     check_db_matches_folder(out, train)
 
 
@@ -150,8 +158,14 @@ def test_shuffled_database_verifies_and_resumes_in_its_order(tiny, tmp_path, mon
         with pytest.raises(KeyboardInterrupt):
             folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=5)
         monkeypatch.setattr(Writer, "commit", commit)
-        # The same seed resumes after 12 files; another seed is another order: start over.
-        summary = folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=seed)
+        # The same seed resumes after 12 files; another seed is another order: refused, naming
+        # it, and started over with --overwrite.
+        if seed == 6:
+            with pytest.raises(folder2lmdb.ConversionError, match=r"with other settings "
+                               r"\(--shuffle-seed 5 then, --shuffle-seed 6 now\)"):
+                folder2lmdb.convert(train, db, progress=False, shuffle_seed=seed)
+        summary = folder2lmdb.convert(train, db, progress=False, batch_size=4, shuffle_seed=seed,
+                                      overwrite=seed == 6)
         assert summary.resumed_at == resumed_at and summary.images == 32
         assert (read_records(db) == read_records(reference)) == (seed == 5)
         assert folder2lmdb.verify(db, train).total == 0

@@ -19,7 +19,9 @@ import folder2lmdb
 from formats import images as image_check
 from decode.libraries import decode_jpeg
 import formats.lmdb as codec
+from formats.conversion import ResumeState, fingerprint
 from decode import decode
+from formats.sources import list_sources
 from tests.helpers import warm
 from tests.helpers.badcorpus import make_bad_corpus
 from tests.helpers.paths import REPO
@@ -173,7 +175,7 @@ def progress_done(db):
     try:
         with env.begin() as txn:
             value = txn.get(codec.PROGRESS_KEY)
-            return codec.ResumeState.decode(value).done if value else None
+            return ResumeState.decode(value).done if value else None
     finally:
         env.close()
 
@@ -254,7 +256,6 @@ def test_a_start_over_keeps_the_folder_while_another_process_opens_it(tmp_path):
 def test_why_a_decoder_was_passed_over_does_not_change_the_resume_fingerprint(tmp_path,
                                                                               monkeypatch):
     from decode import libraries
-    from formats.conversion import fingerprint
     from formats.sources import list_sources
 
     listing = list_sources(make_bad_corpus(str(tmp_path / "src")).root)
@@ -264,18 +265,31 @@ def test_why_a_decoder_was_passed_over_does_not_change_the_resume_fingerprint(tm
     assert fingerprint(listing) == before
 
 
-def test_changed_source_restarts_instead_of_resuming(tmp_path):
+def test_changed_source_or_settings_are_refused_in_one_line_and_overwrite_starts_over(tmp_path):
     corpus = make_bad_corpus(str(tmp_path / "src"))
     db = str(tmp_path / "db")
     folder2lmdb.convert(corpus.root, db, progress=False, batch_size=4)
+    before = fingerprint(list_sources(corpus.root), shuffle_seed=None)
+    before.done = before.records = read_all(db)[0].count
     env = lmdb.open(db, subdir=True)
     with env.begin(write=True) as txn:  # as if killed before the last transaction
         txn.delete(codec.META_KEY)
-        txn.put(codec.PROGRESS_KEY, codec.ResumeState(b"other source", 8, 5).encode())
+        txn.put(codec.PROGRESS_KEY, before.encode())
     env.close()
-    summary = folder2lmdb.convert(corpus.root, db, progress=False)
-    assert summary.resumed_at == 0 and summary.images == len(corpus.kept)
-    assert read_all(db)[0].count == len(corpus.kept)
+    with open(os.path.join(corpus.root, "n01", "added.JPEG"), "wb") as f:
+        f.write(source_bytes(corpus, next(iter(corpus.kept))))
+    for flags, why in (([], f"of other files (the listing differs: {before.files} files then, "
+                            f"{before.files + 1} now)"),
+                       (["--check", "header"], "with other settings (--check full then, "
+                                               "--check header now)")):
+        result = run_cli("-d", corpus.root, "-o", db, "-j", "1", *flags)
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+            f"folder2lmdb.py: error: {db}: holds an unfinished conversion {why}; pass "
+            "--overwrite to start over")
+    assert progress_done(db) == before.done  # nothing deleted
+    summary = folder2lmdb.convert(corpus.root, db, progress=False, overwrite=True)
+    assert summary.resumed_at == 0 and summary.images == len(corpus.kept) + 1
+    assert read_all(db)[0].count == len(corpus.kept) + 1
 
 
 def flip_byte(db, index):

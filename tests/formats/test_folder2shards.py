@@ -1,6 +1,8 @@
 """folder2shards.py: byte-for-byte round trips (generated data and the sample), DALI's own
 ``wds2idx.py`` index, class mixing, shard limits, resume, damaged files, --verify, one-line
 errors, and ``make convert-imagenet FORMAT=shards``."""
+import glob
+import json
 import os
 import shutil
 import sys
@@ -149,17 +151,17 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tiny_shards, t
                                                                   monkeypatch):
     src, reference, _ = tiny_shards
     out = tmp_path / "train"
-    save = folder2shards.ConversionProgress.save
+    save = folder2shards.ResumeState.save
 
-    def interrupted_after_first_shard(self, folder):
-        save(self, folder)
+    def interrupted_after_first_shard(self, path, tmp=None):
+        save(self, path, tmp)
         if len(self.shards) == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(folder2shards.ConversionProgress, "save", interrupted_after_first_shard)
+    monkeypatch.setattr(folder2shards.ResumeState, "save", interrupted_after_first_shard)
     with pytest.raises(KeyboardInterrupt):
         convert(src, out, max_per_shard=10)
-    monkeypatch.setattr(folder2shards.ConversionProgress, "save", save)
+    monkeypatch.setattr(folder2shards.ResumeState, "save", save)
     assert INDEX_NAME not in os.listdir(out)
     first = os.stat(out / "train-000000.tar").st_mtime_ns
     (out / "train-000001.tar").write_bytes(b"an unfinished shard")  # no .idx: rewritten
@@ -175,16 +177,30 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tiny_shards, t
 
 
 def test_existing_output_needs_overwrite(tiny_shards, tmp_path, capsys):
-    src, _, _ = tiny_shards
+    src = str(tmp_path / "src")
+    shutil.copytree(tiny_shards[0], src)
     out = str(tmp_path / "train")
     convert(src, out, max_per_shard=10)
     with pytest.raises(folder2shards.ConversionError, match="complete conversion.*--overwrite"):
         convert(src, out, max_per_shard=10)
     os.remove(os.path.join(out, INDEX_NAME))  # unfinished, and other settings
-    with pytest.raises(folder2shards.ConversionError, match="other files or settings"):
+    with pytest.raises(folder2shards.ConversionError,
+                       match=r"with other settings \(--max-per-shard 10 then, --max-per-shard 12 "
+                             r"now\); pass --overwrite to start over"):
         convert(src, out, max_per_shard=12)
     assert convert(src, out, max_per_shard=12, overwrite=True).shards == 3
     assert not os.path.exists(os.path.join(out, "train-000003.tar"))
+    os.remove(os.path.join(out, INDEX_NAME))
+    first = sorted(glob.glob(os.path.join(src, "*", "*")))[0]
+    os.remove(first)  # another source: refused, naming it
+    with pytest.raises(folder2shards.ConversionError, match=r"of other files \(the listing "
+                       r"differs: 32 files then, 31 now\)"):
+        convert(src, out, max_per_shard=12)
+    with open(os.path.join(out, "progress.json"), "w") as f:  # an older converter's
+        json.dump({"settings": {"fingerprint": "00"}, "shards": []}, f)
+    with pytest.raises(folder2shards.ConversionError, match="resume state is missing or "
+                       "unreadable .*; pass --overwrite to start over"):
+        convert(src, out, max_per_shard=12)
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,8 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 6 and "--max-per-shard" in errors[0], errors
     assert "0 <= task < tasks" in errors[1] and "go together" in errors[2]
-    assert "other files or settings" in errors[3] and "is not done yet" in errors[5]
+    assert "with other settings (--max-per-shard 7 then, --max-per-shard 8 now)" in errors[3]
+    assert "(--tasks then, no --tasks now)" in errors[4] and "is not done yet" in errors[5]
     array(source, out, 2, order=[1])
     assert run("-d", source, "-o", out, "--max-per-shard", 7, "--finish") == 0  # idempotent
 
@@ -109,12 +110,12 @@ def test_a_raw_share_is_chosen_once_for_the_whole_array(source, tmp_path):
     out = str(tmp_path / "out")
     array(source, out, 3, "--raw-budget", "8x", order=[1])
     with open(os.path.join(out, "progress.json")) as f:
-        choice = json.load(f)["settings"]["raw_choice"]
+        choice = json.load(f)["raw"]
     array(source, out, 3, "--raw-budget", "8x", order=[0, 2])
     assert run("-d", source, "-o", out, "--max-per-shard", 7, "--raw-budget", "8x",
                "--finish") == 0
     with open(os.path.join(out, "progress.json")) as f:
-        assert json.load(f)["settings"]["raw_choice"] == choice
+        assert json.load(f)["raw"] == choice
     with open(os.path.join(out, "index.json")) as f:
         raw = json.load(f)["raw"]
     assert raw["threshold"] == choice["threshold"] and raw["records"] > 0
