@@ -8,15 +8,15 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.images import REENCODE_QUALITY, RULES_VERSION
-from formats.sources import Listing
-from formats.sources import DatasetError, open_dataset
+from formats.images import CHECKS, REENCODE_QUALITY, RULES_VERSION
+from formats.sources import DatasetError, Listing, open_dataset
 
 REPORT_NAME = "skipped.tsv"  # inside the output (beside data.mdb, or beside the shards)
 _MiB = 1 << 20
@@ -29,7 +29,9 @@ class ConversionError(Exception):
 @dataclass
 class Summary:
     """A conversion's ``images`` (records), ``bytes`` and ``seconds``, of them ``reencoded``,
-    ``skipped`` (listed in ``report``), ``resumed_at`` (files done before)."""
+    ``skipped`` (listed in ``report``), ``resumed_at`` (files done before); ``raw``: what a raw
+    share bought (:meth:`~formats.raw_share.RawChoice.line`); ``shards`` written; ``array``: a job
+    array's task's state."""
 
     images: int
     bytes: int
@@ -39,7 +41,17 @@ class Summary:
     skipped: int = 0
     report: str = ""
     resumed_at: int = 0
-    raw: str = ""  # what a raw-pixel share bought (formats.raw_share.RawChoice.line)
+    raw: str = ""
+    shards: int = 0
+    array: str = ""
+
+    @classmethod
+    def of(cls, state: "ResumeState", start: float, output: str, choice=None) -> "Summary":
+        """What ``state`` holds, converted since ``start`` (``time.perf_counter()``)."""
+        return cls(state.records, state.bytes, time.perf_counter() - start, output,
+                   state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
+                   state.resumed_at, choice.line(state.records) if choice else "",
+                   len(state.shards))
 
     @property
     def images_per_sec(self) -> float:
@@ -50,7 +62,8 @@ class Summary:
         return (f"wrote {self.images} images ({self.bytes / _MiB:.1f} MiB) to {self.output} "
                 f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s{resumed}); "
                 f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})"
-                + (f"; {self.raw}" if self.raw else ""))
+                + "".join(f"; {part}" for part in (self.raw, self.shards and
+                                                   f"{self.shards} shards", self.array) if part))
 
 
 @dataclass
@@ -98,14 +111,13 @@ _SETTING_NAMES = {"check": "--check", "raw_budget": "--raw-budget",
 
 @dataclass
 class ResumeState:
-    """An unfinished conversion's resume state, one JSON object (:meth:`encode`): committed by
-    ``folder2lmdb.py`` with every batch (the LMDB's progress key), saved by ``folder2shards.py``
-    as ``progress.json`` after every shard. What it was made from: the source listing's ``files``
-    (count) and ``listing`` (hex SHA-256) and the ``settings``; what is done: ``done`` source files
-    (whole batches; through the last of the finished ``shards``' entries), with ``records``,
-    ``bytes`` (image bytes), ``reencoded`` and ``skipped`` among them and ``raw``, the raw share's
-    :meth:`~formats.raw_share.RawChoice.state` so far. ``resumed_at``: ``done`` when this run
-    started (not stored)."""
+    """A conversion's resume state, one JSON object: committed with every batch of an LMDB, saved
+    as ``progress.json`` after every shard. Made from: the listing's ``files`` (count) and
+    ``listing`` (hex SHA-256), the ``settings`` (:func:`fingerprint`); done: ``done`` source
+    files (through the last batch or finished shard of ``shards``), of them ``records`` (with
+    ``bytes`` of images, ``reencoded``) and ``skipped``; ``raw``: the raw share's
+    :meth:`~formats.raw_share.RawChoice.state` so far. ``resumed_at``: ``done`` at this run's
+    start (not stored)."""
 
     files: int
     listing: str
@@ -124,21 +136,19 @@ class ResumeState:
         return json.dumps({"version": RESUME_VERSION, **fields}, indent=1).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> "ResumeState":
-        """Inverse of :meth:`encode`. Raises ``ValueError`` for another layout (an older
+    def decode(cls, data: bytes | None) -> "ResumeState | None":
+        """Inverse of :meth:`encode`; None for no ``data``, another layout (an older
         converter's) or damaged data."""
         try:
             fields = json.loads(data)
-            if fields.pop("version") == RESUME_VERSION:
-                return cls(**fields)
+            return cls(**fields) if fields.pop("version") == RESUME_VERSION else None
         except (ValueError, KeyError, TypeError, AttributeError):
-            pass
-        raise ValueError("not a resume state of this version")
+            return None
 
     @classmethod
     def load(cls, path: str) -> "ResumeState | None":
-        """The state saved at ``path``, None if there is none. Raises ``ValueError`` as
-        :meth:`decode`, ``OSError``."""
+        """The state saved at ``path``; None as :meth:`decode` or if there is none. Raises
+        ``OSError``."""
         try:
             with open(path, "rb") as f:
                 return cls.decode(f.read())
@@ -161,9 +171,8 @@ class ResumeState:
     def refuse_other(self, output: str, recorded: "ResumeState | None",
                      remedy: str = "pass --overwrite to start over") -> None:
         """Raise :class:`ConversionError` in one line naming what differs between this run and the
-        unfinished conversion at ``output`` (``recorded``; None: its state is missing or
-        unreadable): a resume would mix two conversions, and starting over would throw away the
-        work done."""
+        unfinished conversion at ``output`` (``recorded``; None: missing or unreadable): resuming
+        would mix two conversions, starting over unasked would throw work away."""
         if recorded is None:
             why = "whose resume state is missing or unreadable (an older converter's?)"
         elif recorded.settings != self.settings:
@@ -228,16 +237,22 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
 
 
 def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
-                progress: bool) -> Listing:
-    """The :class:`Listing` of ``dataset``, its layout printed to stderr with ``progress``. Raises
-    :class:`ConversionError`."""
+                progress: bool, check: str, seed: int | None) -> Listing:
+    """The :class:`Listing` of ``dataset`` (in ``seed``'s order), its layout printed to stderr
+    with ``progress`` and its empty classes named. Raises :class:`ConversionError` (also for a
+    ``check`` not in :data:`~formats.images.CHECKS`)."""
+    if check not in CHECKS:
+        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     try:
         listing = open_dataset(dataset, split, allow_partial)
     except DatasetError as exc:
         raise ConversionError(str(exc)) from None
     if progress:
         print(f"{prog}: source: {listing.layout}", file=sys.stderr, flush=True)
-    return listing
+    for name in listing.empty_classes:
+        print(f"{prog}: warning: class folder {name!r} is empty; its label is kept",
+              file=sys.stderr)
+    return listing.shuffled(seed) if seed is not None else listing
 
 
 def stage_folder(output: str) -> str:
@@ -277,13 +292,12 @@ def _tsv_field(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
-def write_report(report: str, entries: list[bytes]) -> None:
-    """Write ``skipped.tsv`` atomically (``path\\treason`` lines; ``entries``:
-    ``msgpack([os.fsencode(rel), reason])``). Raises :class:`ConversionError`."""
-    lines = ["path\treason\n"]
-    for entry in entries:
-        rel, reason = msgpack.unpackb(entry, raw=False)
-        lines.append(f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n")
+def write_report(output: str, skips) -> None:
+    """Write ``output/skipped.tsv`` atomically: ``path\treason`` lines of ``skips``, ``(rel,
+    reason)`` pairs (``rel``: str or bytes). Raises :class:`ConversionError`."""
+    report = os.path.join(output, REPORT_NAME)
+    lines = ["path\treason\n"] + [f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n"
+                                  for rel, reason in skips]
     try:
         with open(report + ".tmp", "w", encoding="utf-8", errors="surrogateescape") as f:
             f.writelines(lines)

@@ -3,11 +3,9 @@ committed in batches with the resume state by one more, the metadata last."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import deque
-from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from itertools import islice
 
@@ -15,11 +13,10 @@ import lmdb
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, fingerprint,
-                                open_source, report_damaged, stage, stage_folder, unstage,
-                                write_report)
+from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
+                                report_damaged, stage, stage_folder, unstage, write_report)
 from formats import raw_share
-from formats.images import CHECKS, check_files
+from formats.images import check_files
 from formats.sources import Listing
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW_VERSION, Metadata,
@@ -28,14 +25,7 @@ from ._writer import Writer, prepare_output
 
 # Commits that may wait for the disk: rides out a stalled fdatasync at ~30 MB a batch.
 COMMITS_IN_FLIGHT = 3
-
-
-def _skip_key(n: int) -> bytes:
-    return PROGRESS_PREFIX + b"/skip/" + record_key(n)
-
-
-def _crc_key(first_record: int) -> bytes:
-    return PROGRESS_PREFIX + b"/crc/" + record_key(first_record)
+_SKIPS, _CRCS = PROGRESS_PREFIX + b"/skip/", PROGRESS_PREFIX + b"/crc/"  # per-batch entries
 
 
 def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False,
@@ -50,68 +40,51 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
     ``workers`` threads check the files under ``check``; each ``batch_size`` files commit in one
     transaction with the resume state; ``map_size`` (bytes) doubles when full. Non-images go to
     ``skipped.tsv`` (an error with ``strict``). An unfinished conversion of the same files and
-    settings resumes; another is refused, naming what differs (``overwrite``: start over). ``shuffle_seed``: the records'
-    :meth:`~formats.sources.Listing.shuffled` order (else ImageFolder's); ``cap``: a
-    :class:`formats.cap.Cap`; ``raw_budget``: a :class:`formats.raw_share.Budget` (version 2);
-    ``max_pixels``: ``--max-image-pixels``. Raises :class:`ConversionError` for a bad source or
-    ``check``, a complete or another unfinished output without ``overwrite``, or an unwritable
-    or full disk."""
+    settings resumes; another is refused, naming what differs (``overwrite``: start over).
+    ``shuffle_seed``: the records' :meth:`~formats.sources.Listing.shuffled` order (else
+    ImageFolder's); ``cap``: a :class:`formats.cap.Cap`; ``raw_budget``: a
+    :class:`formats.raw_share.Budget` (version 2); ``max_pixels``: ``--max-image-pixels``.
+    Raises :class:`ConversionError` for a bad source or ``check``, a complete or another
+    unfinished output without ``overwrite``, or an unwritable or full disk."""
     start = time.perf_counter()
-    if check not in CHECKS:
-        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
-    listing = open_source("folder2lmdb.py", dataset, split, allow_partial, progress)
-    if shuffle_seed is not None:
-        listing = listing.shuffled(shuffle_seed)  # the fingerprint below covers the order
-    for name in listing.empty_classes:
-        print(f"folder2lmdb.py: warning: class folder {name!r} is empty; its label is kept",
-              file=sys.stderr)
-    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels,
-                         shuffle_seed=listing.shuffle_seed)
+    listing = open_source("folder2lmdb.py", dataset, split, allow_partial, progress, check,
+                          shuffle_seed)
+    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels, shuffle_seed=shuffle_seed)
     try:
         state = prepare_output(output, overwrite, wanted)
         writer = Writer(output, map_size)
-    except OSError as exc:
-        raise ConversionError(f"{output}: cannot create the database ({exc.strerror or exc})") \
-            from None
-    except lmdb.Error as exc:
-        raise ConversionError(f"{output}: cannot create the database ({exc})") from None
+    except (OSError, lmdb.Error) as exc:
+        raise ConversionError(f"{output}: cannot create the database "
+                              f"({getattr(exc, 'strerror', None) or exc})") from None
     try:
-        if state is None:
-            state = wanted
+        if state is wanted:
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
-        else:
-            state.resumed_at = state.done
+        state.resumed_at = state.done
         stage(listing, stage_folder(output), progress)
         choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
-        _convert_files(listing, state, writer, output, workers, batch_size, progress, strict,
-                       check, cap, choice, max_pixels)
+        post = raw_share.with_candidate(choice) if choice is not None else None
+        with closing(check_files(listing.files[state.done:], workers, check,
+                                 ahead=2 * batch_size, cap=cap, post=post,
+                                 max_pixels=max_pixels)) as results:
+            _write_batches(listing, results, state, writer, batch_size, progress, strict, choice)
+        _finish(listing, state, writer, output, choice)
     finally:
         writer.close()
     unstage(stage_folder(output))
-    return Summary(state.records, state.bytes, time.perf_counter() - start, output,
-                   state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
-                   state.resumed_at,
-                   raw=choice.line(state.records) if choice is not None else "")
+    return Summary.of(state, start, output, choice)
 
 
-def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", output: str,
-                   workers: int, batch_size: int, progress: bool, strict: bool,
-                   check: str = "full", cap=None, choice=None,
-                   max_pixels: int = MAX_PIXELS) -> None:
-    """Write ``listing.files[state.done:]``, the report and the last transaction, updating
-    ``state``. ``workers`` threads check up to two batches ahead while one more commits up to
-    :data:`COMMITS_IN_FLIGHT` batches behind, so each commit's ``fdatasync`` (~0.25 s per 256
-    JPEGs) does not stall the checks. ``choice``: the raw share, or None."""
+def _write_batches(listing: Listing, results, state: ResumeState, writer: Writer,
+                   batch_size: int, progress: bool, strict: bool, choice) -> None:
+    """Write ``listing.files[state.done:]`` (``results``: their checks) in batches, updating
+    ``state``. One thread commits up to :data:`COMMITS_IN_FLIGHT` batches behind the checks, so
+    each commit's ``fdatasync`` (~0.25 s per 256 JPEGs) does not stall them."""
     from tqdm import tqdm
 
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
-               desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    pending = files[state.done:]
-    post = raw_share.with_candidate(choice) if choice is not None else None
-    with closing(check_files(pending, workers, check, ahead=2 * batch_size, cap=cap,
-                             post=post, max_pixels=max_pixels)) as results, \
-            ThreadPoolExecutor(max_workers=1) as committer:
+               desc=os.path.basename(writer.output.rstrip("/")), disable=not progress or None)
+    with ThreadPoolExecutor(max_workers=1) as committer:
         committing = deque()
         while state.done < len(files):
             batch = files[state.done:state.done + batch_size]
@@ -119,31 +92,35 @@ def _convert_files(listing: Listing, state: ResumeState, writer: "Writer", outpu
                                len(files))
             state.done += len(batch)
             while len(committing) >= COMMITS_IN_FLIGHT:
-                _committed(committing.popleft(), bar)
+                bar.update(committing.popleft().result())
             # Records, skips, checksums and resume state commit together: all of a batch or none.
             committing.append(committer.submit(
                 _commit_after, committing[-1] if committing else None, writer,
-                puts + [(PROGRESS_KEY, state.encode())]))
-            committing[-1].files = len(batch)
+                puts + [(PROGRESS_KEY, state.encode())], len(batch)))
         while committing:
-            _committed(committing.popleft(), bar)
+            bar.update(committing.popleft().result())
     bar.close()
+
+
+def _finish(listing: Listing, state: ResumeState, writer: Writer, output: str, choice) -> None:
+    """The report, then the last transaction: the metadata (none means unfinished: never
+    opened) and checksums, the resume state deleted."""
     if state.records == 0:
-        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
-    write_report(os.path.join(output, REPORT_NAME),
-                  writer.read_prefix(PROGRESS_PREFIX + b"/skip/"))
-    checksums = b"".join(writer.read_prefix(PROGRESS_PREFIX + b"/crc/"))
-    # Last transaction: metadata (none means unfinished: never opened), checksums, no resume state.
+        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
+                              "image")
+    write_report(output, (msgpack.unpackb(entry, raw=False)
+                          for entry in writer.read_prefix(_SKIPS)))
     raw = {} if choice is None else {"version": RAW_VERSION, "raw": choice.state()}
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
                     names=tuple(listing.names) if listing.names is not None else None,
                     cap=state.settings["cap"], **raw)
     writer.commit([(META_KEY, encode_meta(meta)),
-                   (CHECKSUMS_KEY, checksums)], delete_prefix=PROGRESS_PREFIX)
+                   (CHECKSUMS_KEY, b"".join(writer.read_prefix(_CRCS)))],
+                  delete_prefix=PROGRESS_PREFIX)
 
 
-def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bool,
-                choice=None, files: int = 0) -> list:
+def _batch_puts(sources: list, results, state: ResumeState, strict: bool, choice,
+                files: int) -> list:
     """One batch's ``(key, value)`` pairs (records, skips, checksums) from its ``check_file``
     results, advancing ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image
     under ``strict``."""
@@ -152,7 +129,7 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
         if isinstance(result, str):  # not an image: the reason
             if strict:
                 raise ConversionError(f"{src.where()}: {result} (--strict)")
-            puts.append((_skip_key(state.skipped), msgpack.packb(
+            puts.append((_SKIPS + record_key(state.skipped), msgpack.packb(
                 [os.fsencode(src.rel), result], use_bin_type=True)))
             state.skipped += 1
             continue
@@ -169,21 +146,16 @@ def _batch_puts(sources: list, results: Iterable, state: ResumeState, strict: bo
         state.bytes += len(data)
         state.reencoded += result.reencoded is not None
     if crcs:
-        puts.append((_crc_key(first_record), encode_checksums(crcs)))
+        puts.append((_CRCS + record_key(first_record), encode_checksums(crcs)))
     if choice is not None:
         state.raw = choice.state()
     return puts
 
 
-def _commit_after(previous: Future | None, writer: "Writer", puts: list) -> None:
+def _commit_after(previous, writer: Writer, puts: list, files: int) -> int:
     """In the committing thread, after ``previous``: ``writer.commit(puts)``, unless the
-    transaction before failed (a later one would record unwritten files as done)."""
+    transaction before failed (a later one would record unwritten files as done); ``files``."""
     if previous is not None and previous.exception() is not None:
         raise ConversionError("an earlier transaction failed")
     writer.commit(puts)
-
-
-def _committed(commit: Future, bar) -> None:
-    """Wait for a batch's transaction (re-raising its error) and count its files."""
-    commit.result()
-    bar.update(commit.files)
+    return files

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from itertools import takewhile
 
 import lmdb
 
@@ -17,9 +18,9 @@ _MiB = 1 << 20
 _MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
 
-def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeState | None:
+def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeState:
     """Make ``output`` ready; the recorded state of an unfinished conversion of the same source
-    and settings (``wanted``'s), or None to start afresh. Raises :class:`ConversionError` for
+    and settings (``wanted``'s), or ``wanted`` to start afresh. Raises :class:`ConversionError` for
     another unfinished conversion or a complete one (unless ``overwrite``: start over), or a
     folder of other files; ``lmdb.Error``, ``OSError``."""
     if os.path.exists(output) and (not os.path.isdir(output)
@@ -38,10 +39,7 @@ def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeS
         if meta is None and not overwrite:
             value, records = _recorded(output)
             if value is not None or records:
-                try:
-                    recorded = ResumeState.decode(value or b"")
-                except ValueError:
-                    recorded = None
+                recorded = ResumeState.decode(value)
                 if recorded is not None and recorded.records != records:
                     recorded = None  # committed together: a mismatch means another writer
                 wanted.refuse_other(output, recorded)
@@ -50,7 +48,7 @@ def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeS
                   "commit); starting over", file=sys.stderr)
         _remove_database(output)
     os.makedirs(output, exist_ok=True)
-    return None
+    return wanted
 
 
 def _remove_database(output: str) -> None:
@@ -65,8 +63,7 @@ def _remove_database(output: str) -> None:
 
 
 def _recorded(output: str) -> tuple[bytes | None, int]:
-    """The resume state stored in ``output`` (None if none) and its record count. Raises
-    ``lmdb.Error``."""
+    """``output``'s resume state (None if none) and record count. Raises ``lmdb.Error``."""
     env = lmdb.open(output, subdir=True, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -102,33 +99,23 @@ class Writer:
                     for key, value in puts:
                         txn.put(key, value)
                 return
-            except lmdb.MapFullError:
-                # the aborted transaction left no trace
-                self._grow()
+            except lmdb.MapFullError:  # the aborted transaction left no trace: grow the map
+                size = self.env.info()["map_size"] * 2
+                try:
+                    self.env.set_mapsize(size)
+                except (lmdb.Error, OSError, OverflowError) as exc:
+                    raise ConversionError(f"{self.output}: cannot grow the LMDB map to "
+                                          f"{size / _MiB:.0f} MiB ({exc})") from None
             except (lmdb.Error, OSError) as exc:
                 raise ConversionError(f"{self.output}: cannot write the database ({exc}); "
                                       "is the disk full?") from None
-
-    def _grow(self) -> None:
-        size = self.env.info()["map_size"] * 2
-        try:
-            self.env.set_mapsize(size)
-        except (lmdb.Error, OSError, OverflowError) as exc:
-            raise ConversionError(f"{self.output}: cannot grow the LMDB map to "
-                                  f"{size / _MiB:.0f} MiB ({exc})") from None
 
     def read_prefix(self, prefix: bytes) -> list[bytes]:
         """Values of the keys starting with ``prefix``, in key order."""
         with self.env.begin() as txn:
             cursor = txn.cursor()
-            if not cursor.set_range(prefix):
-                return []
-            values = []
-            for key, value in cursor:
-                if not key.startswith(prefix):
-                    break
-                values.append(value)
-            return values
+            cursor.set_range(prefix)  # unpositioned if none: from the first key, a record
+            return [v for _, v in takewhile(lambda item: item[0].startswith(prefix), cursor)]
 
     def close(self) -> None:
         self.env.sync(True)

@@ -14,13 +14,13 @@ from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMA
                      RecordSpan, ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx,
                      record_key, shard_name, source_keys, write_idx)
 from ._convert import convert, shard_digests
-from ._writing import PROGRESS_NAME, ShardSummary
+from ._writing import PROGRESS_NAME
 from ._array import convert_task
 from ._foreign import IndexSummary, index_shards
 from ._verify import ShardVerification, sha256_file, verify
 
 __all__ = ["BASE_VERSION", "IMAGE_EXTS", "RAW_EXT", "RAW_VERSION", "FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
            "IndexSummary", "PROGRESS_NAME", "RecordSpan", "ShardFormatError",
-           "ShardIndex", "ShardSummary", "ShardVerification", "ShardWriter", "convert",
+           "ShardIndex", "ShardVerification", "ShardWriter", "convert",
            "convert_task", "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",
            "shard_name", "source_keys", "verify", "write_idx"]

@@ -21,18 +21,15 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-import msgpack
-
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, stage, stage_folder,
-                                unstage, write_report, write_synced)
-from formats.images import RULES_VERSION
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, stage,
+                                stage_folder, unstage, write_synced)
 from formats.sources import Listing
 
-from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
-from ._convert import open_shard_source, shard_settings
-from ._writing import PROGRESS_NAME, Records, ShardSummary, refuse_foreign, save_json
+from ._codec import INDEX_NAME, idx_name, shard_name
+from ._convert import open_shard_source, write_index
+from ._writing import PROGRESS_NAME, Records, refuse_foreign, save_json
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -71,7 +68,7 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
                  shard_size: int = 1 << 30, shuffle_seed: int = 0, workers: int = 8,
                  strict: bool = False, progress: bool = True, check: str = "full",
                  split: str | None = None, allow_partial: bool = False, cap=None,
-                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> "ShardSummary | Finished":
+                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> "Summary | Finished":
     """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``dataset`` into ``output`` and
     return what it wrote; the last task to finish writes the index. ``finish``: only write the
     index (every block must be done). The other arguments as in
@@ -82,14 +79,10 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
                               "shards by record count (docs/slurm.md)")
     if not finish and not (tasks and 0 <= task < tasks):
         raise ConversionError(f"--task {task} of --tasks {tasks}: 0 <= task < tasks")
-    listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
-                                        max_per_shard, check, allow_partial, progress)
-    wanted = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
-                            max_per_shard, max_pixels, array=True)
-    records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
-                      strict, check, cap, max_pixels, len(listing.files))
+    listing, wanted, records = open_shard_source(
+        dataset, output, prefix, split, shuffle_seed, shard_size, max_per_shard, workers, strict,
+        check, allow_partial, progress, cap, raw_budget, max_pixels, array=True)
     refuse_foreign(output)
-    start = time.perf_counter()
     try:
         state = share_state(output, wanted,
                             lambda: raw_share.start(raw_budget, listing, check, cap, None))
@@ -134,17 +127,14 @@ def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
             pass
         finally:
             os.remove(tmp)
-    try:
-        recorded = ResumeState.load(path)
-    except ValueError:
-        recorded = None
+    recorded = ResumeState.load(path)
     wanted.refuse_other(output, recorded, "a resumed array needs the same source, flags and "
                         "version; or delete the folder")
     return recorded
 
 
 def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks: int,
-             records: Records, progress: bool) -> ShardSummary:
+             records: Records, progress: bool) -> Summary:
     """Convert task ``task``'s blocks of ``listing`` into ``output`` (``records``: the shared
     writing settings), then write the index if every block is done. Returns what this task
     wrote. Raises :class:`ConversionError`."""
@@ -165,12 +155,9 @@ def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks
     for b in todo:
         written += _write_block(records, listing, output, prefix, b, block, state.raw)
     unstage(folder)
-    summary = ShardSummary(sum(s["records"] for s in written), sum(s["images"] for s in written),
-                           time.perf_counter() - start, output,
-                           sum(s["reencoded"] for s in written),
-                           sum(len(s["skipped"]) for s in written),
-                           os.path.join(output, REPORT_NAME),
-                           (len(mine) - len(todo)) * block, shards=len(written))
+    wrote = replace(state, shards=written, resumed_at=(len(mine) - len(todo)) * block)
+    wrote.tally()
+    summary = Summary.of(wrote, start, output)
     summary.array = f"task {task} of {tasks} done; " + {
         "written": f"every block done: wrote {INDEX_NAME}",
         "there": f"every block done, {INDEX_NAME} written by another task",
@@ -229,25 +216,16 @@ def finish_index(listing: Listing, output: str, state: ResumeState,
 
 
 def _write_index(listing: Listing, output: str, state: ResumeState, dones: list[dict]) -> None:
-    """``skipped.tsv``, ``progress.json`` with every shard, then ``index.json``."""
-    shards = [s for d in dones for s in d["shards"]]
-    skips = [r for d in dones for r in [x for s in d["shards"] for x in s["skipped"]]
-             + d["skipped"]]
-    if not shards:
-        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
-                              "image")
-    write_report(os.path.join(output, REPORT_NAME), [
-        msgpack.packb([os.fsencode(rel), why], use_bin_type=True) for rel, why in skips])
+    """``progress.json`` with every shard, ``skipped.tsv``, then ``index.json``."""
+    final = replace(state, shards=[s for d in dones for s in d["shards"]])
     raw = dict(state.raw)
     if raw:
         for key in ("stored", "jpeg", "records", "saved_s", "extra"):
             raw[key] = sum(d["raw"][key] for d in dones)
-    final = replace(state, shards=shards)  # its raw: the set's choice, as the blocks had it
-    final.tally()
+    final.tally()  # its raw: the set's choice, as the blocks had it
     final.save(os.path.join(output, PROGRESS_NAME))
     for name in os.listdir(output):  # killed tasks' leftovers: every block is done
         if name.endswith(".tmp"):
             os.remove(os.path.join(output, name))
-    entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in shards]
-    ShardIndex(listing.classes, entries, state.settings["shuffle_seed"], RULES_VERSION,
-               names=listing.names, cap=state.settings["cap"], raw=raw).write(output)  # last
+    write_index(output, listing, final, [x for d in dones for x in [
+        y for s in d["shards"] for y in s["skipped"]] + d["skipped"]], raw)

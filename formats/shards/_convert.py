@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-import msgpack
-
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, fingerprint,
-                                open_source, stage, stage_folder, unstage, write_report)
+from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
+                                stage, stage_folder, unstage, write_report)
 from formats import raw_share
-from formats.images import CHECKS, RULES_VERSION
+from formats.images import RULES_VERSION
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
-from ._writing import PROGRESS_NAME, Records, ShardSummary, refuse_foreign
+from ._writing import PROGRESS_NAME, Records, refuse_foreign
 
 
 def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> ResumeState:
@@ -34,10 +31,7 @@ def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> Resume
         if INDEX_NAME in names:
             raise ConversionError(f"{output}: already holds a complete conversion "
                                   "(pass --overwrite to replace it)")
-        try:
-            state = ResumeState.load(path)
-        except ValueError:
-            state = None
+        state = ResumeState.load(path)
         wanted.refuse_other(output, state)
         keep = 0
         for shard in state.shards:  # finished: tar of the recorded size, then its .idx
@@ -67,33 +61,31 @@ def _commit(shard, done: int, state: ResumeState, output: str, raw: dict | None)
     state.save(os.path.join(output, PROGRESS_NAME))
 
 
-def _check_outside(listing: Listing, dataset: str, output: str) -> None:
-    """Refuse an ``output`` inside the folder the listing reads (it would become a class)."""
-    source, target = os.path.realpath(listing.root), os.path.realpath(output)
-    if listing.stage is None and os.path.isdir(source) \
-            and os.path.commonpath([source, target]) == source:
-        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
-
-
 def open_shard_source(dataset: str, output: str, prefix: str | None, split: str | None,
-                      seed: int, shard_size: int, max_per_shard: int | None, check: str,
-                      allow_partial: bool, progress: bool) -> tuple[Listing, str]:
-    """The shuffled listing of ``dataset`` and the shards' prefix, the settings checked. Raises
-    :class:`ConversionError`."""
+                      seed: int, shard_size: int, max_per_shard: int | None, workers: int,
+                      strict: bool, check: str, allow_partial: bool, progress: bool, cap,
+                      raw_budget, max_pixels: int, array: bool = False
+                      ) -> tuple[Listing, ResumeState, Records]:
+    """The shuffled listing of ``dataset``, the new :class:`~formats.conversion.ResumeState` of
+    its conversion (``array``: a job array's, which a one-process run does not resume, nor it
+    one's) and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
-    if check not in CHECKS:
-        raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
     if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
         raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    listing = open_source("folder2shards.py", dataset, split, allow_partial,
-                          progress).shuffled(seed)
-    _check_outside(listing, dataset, output)
-    for name in listing.empty_classes:
-        print(f"folder2shards.py: warning: class folder {name!r} is empty; its label is kept",
-              file=sys.stderr)
-    return listing, prefix
+    listing = open_source("folder2shards.py", dataset, split, allow_partial, progress, check,
+                          seed)
+    source, target = os.path.realpath(listing.root), os.path.realpath(output)
+    if listing.stage is None and os.path.isdir(source) \
+            and os.path.commonpath([source, target]) == source:  # it would become a class
+        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels, prefix=prefix,
+                         shuffle_seed=seed, shard_size=shard_size, max_per_shard=max_per_shard,
+                         array=array)
+    return listing, wanted, Records(output, source_keys(listing.classes, listing.files),
+                                    shard_size, workers, strict, check, cap, max_pixels,
+                                    len(listing.files))
 
 
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
@@ -101,21 +93,23 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             check: str = "full", split: str | None = None,
             allow_partial: bool = False, cap=None, raw_budget=None,
-            max_pixels: int = MAX_PIXELS) -> ShardSummary:
+            max_pixels: int = MAX_PIXELS) -> Summary:
     """Convert the image folder ``dataset`` (or ``split`` of the download in it) into shards in
-    ``output`` and return its :class:`ShardSummary`.
+    ``output`` and return its :class:`~formats.conversion.Summary`.
 
     ``prefix`` names the shards (default ``split``, else ``dataset``'s base name); ``shard_size``
     (bytes) and ``max_per_shard`` (records) bound each; ``shuffle_seed`` fixes the order. An
     unfinished conversion of the same files and settings resumes after its finished shards;
-    another is refused, naming what differs (``overwrite``: start over). The other arguments as in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad
-    settings, a bad source, an output that is a file, holds other files or (without ``overwrite``)
-    another conversion, or cannot be written. (A job array's task: :func:`convert_task`.)"""
+    another is refused, naming what differs (``overwrite``: start over). The other arguments as
+    in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad settings, a bad
+    source, an output that is a file, holds other files or (without ``overwrite``) another
+    conversion, or cannot be written. (A job array's task: :func:`convert_task`.)"""
+    from tqdm import tqdm
+
     start = time.perf_counter()
-    listing, prefix = open_shard_source(dataset, output, prefix, split, shuffle_seed, shard_size,
-                                        max_per_shard, check, allow_partial, progress)
-    wanted = shard_settings(listing, check, cap, raw_budget, prefix, shuffle_seed, shard_size,
-                            max_per_shard, max_pixels)
+    listing, wanted, records = open_shard_source(
+        dataset, output, prefix, split, shuffle_seed, shard_size, max_per_shard, workers, strict,
+        check, allow_partial, progress, cap, raw_budget, max_pixels)
     try:
         state = _prepare_output(output, wanted, overwrite)
     except OSError as exc:
@@ -124,54 +118,34 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     state.resumed_at = state.done
     stage(listing, stage_folder(output), progress)
     choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None)
+    files, prefix = listing.files, state.settings["prefix"]
+    records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+                       desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
     try:
-        _write_shards(listing, state, output, workers, strict, progress, check, cap, choice,
-                      max_pixels)
-        write_report(os.path.join(output, REPORT_NAME), [
-            msgpack.packb([os.fsencode(rel), why], use_bin_type=True)
-            for s in state.shards for rel, why in s["skipped"]])
-        entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
-        ShardIndex(listing.classes, entries, shuffle_seed, RULES_VERSION, names=listing.names,
-                   cap=state.settings["cap"],
-                   raw=choice.state() if choice else {}).write(output)  # last
+        records.write(files[state.done:], state.done, max_per_shard,
+                      lambda: shard_name(prefix, len(state.shards)),
+                      lambda shard, done, raw: _commit(shard, done, state, output, raw), choice)
+        records.bar.close()
+        write_index(output, listing, state, [x for s in state.shards for x in s["skipped"]],
+                    choice.state() if choice else {})
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     unstage(stage_folder(output))
-    return ShardSummary(state.records, state.bytes, time.perf_counter() - start, output,
-                        state.reencoded, state.skipped, os.path.join(output, REPORT_NAME),
-                        state.resumed_at, raw=choice.line(state.records) if choice else "",
-                        shards=len(state.shards))
+    return Summary.of(state, start, output, choice)
 
 
-def shard_settings(listing: Listing, check: str, cap, raw_budget, prefix: str, seed: int,
-                   shard_size: int, max_per_shard: int | None, max_pixels: int = MAX_PIXELS,
-                   array: bool = False) -> ResumeState:
-    """A new :class:`~formats.conversion.ResumeState` of a shard conversion (``array``: a job
-    array's, which a one-process run does not resume, nor it one's)."""
-    return fingerprint(listing, check, cap, raw_budget, max_pixels, prefix=prefix,
-                       shuffle_seed=seed, shard_size=shard_size, max_per_shard=max_per_shard,
-                       array=array)
-
-
-def _write_shards(listing: Listing, state: ResumeState, output: str, workers: int,
-                  strict: bool, progress: bool, check: str = "full", cap=None,
-                  choice=None, max_pixels: int = MAX_PIXELS) -> None:
-    """Check and write ``listing.files[state.done:]`` as shards, committing each to
-    ``progress.json``. Raises :class:`ConversionError` (``strict``, or no image)."""
-    from tqdm import tqdm
-
-    files, settings = listing.files, state.settings
-    bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
-               desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    records = Records(output, source_keys(listing.classes, files), settings["shard_size"],
-                      workers, strict, check, cap, max_pixels, len(files), bar)
-    records.write(files[state.done:], state.done, settings["max_per_shard"],
-                  lambda: shard_name(settings["prefix"], len(state.shards)),
-                  lambda shard, done, raw: _commit(shard, done, state, output, raw), choice)
-    bar.close()
+def write_index(output: str, listing: Listing, state: ResumeState, skips: list,
+                raw: dict) -> None:
+    """``skipped.tsv`` (``skips``, in source order), then ``index.json`` of ``state``'s shards,
+    last. Raises :class:`ConversionError` if there is no shard, ``OSError``."""
     if not state.shards:
-        raise ConversionError(f"{listing.root}: none of its {len(files)} files is an image")
+        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
+                              "image")
+    write_report(output, skips)
+    entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
+    ShardIndex(listing.classes, entries, state.settings["shuffle_seed"], RULES_VERSION,
+               names=listing.names, cap=state.settings["cap"], raw=raw).write(output)
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:

@@ -1,6 +1,6 @@
 """What both ways of writing shards share (one process, :mod:`._convert`; a job array's task,
 :mod:`._array`): the name of ``progress.json`` (a :class:`~formats.conversion.ResumeState`
-with the finished shards' entries), the summary, the shard being written and the loop that checks
+with the finished shards' entries), the shard being written and the loop that checks
 source files and writes their records."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import ConversionError, Summary, report_damaged, write_synced
+from formats.conversion import ConversionError, report_damaged, write_synced
 from formats.images import check_files
 
 from ._codec import IMAGE_EXT, RAW_EXT, ShardWriter, idx_name, write_idx
@@ -38,17 +38,6 @@ def save_json(path: str, data, tmp: str) -> None:
     renamed. Raises ``OSError``."""
     write_synced(tmp, json.dumps(data, indent=1).encode())
     os.replace(tmp, path)
-
-
-@dataclass
-class ShardSummary(Summary):
-    """:class:`~formats.conversion.Summary` plus the ``shards`` written."""
-
-    shards: int = 0
-    array: str = ""  # a job array's task: whether the folder is complete
-
-    def line(self) -> str:
-        return f"{super().line()}; {self.shards} shards" + (f"; {self.array}" if self.array else "")
 
 
 class _OpenShard:

@@ -165,11 +165,11 @@ def test_an_interrupted_raw_share_resumes_as_the_uninterrupted_run(tiny, tmp_pat
     real = lmdb_convert._commit_after
     calls = []
 
-    def failing(previous, writer, puts):
+    def failing(previous, writer, puts, *rest):
         calls.append(1)
         if len(calls) == 4:
             raise OSError("interrupted")
-        return real(previous, writer, puts)
+        return real(previous, writer, puts, *rest)
 
     monkeypatch.setattr(lmdb_convert, "_commit_after", failing)
     with pytest.raises(OSError):
