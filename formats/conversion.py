@@ -69,7 +69,8 @@ class Summary:
 @dataclass
 class Verification:
     """``problems`` (the first ``max_problems``) of ``total`` over ``count`` records of
-    ``classes``; ``checksums``: checked; ``dataset``: compared against, or None."""
+    ``classes`` (in ``shards`` shards; None: an LMDB); ``checksums``: checked (the CRC-32s, the
+    shards' SHA-256s); ``dataset``: compared against, or None."""
 
     path: str
     count: int = 0
@@ -79,24 +80,26 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     total: int = 0
     max_problems: int = 20
+    shards: int | None = None
 
     def problem(self, text: str) -> None:
         self.total += 1
         if len(self.problems) < self.max_problems:
             self.problems.append(text)
 
-    def what(self) -> str:
-        """What was checked, for :meth:`line`."""
-        return (f"{self.count} records, {self.classes} classes, "
-                + ("checksums" if self.checksums else "no checksum record (corruption that "
-                   "still decodes goes unnoticed)")
-                + (f", source {self.dataset}" if self.dataset else ""))
-
     def line(self) -> str:
+        shards = self.shards is not None
+        where = f" in {self.shards} shards" if shards else ""
+        sums = (("SHA-256 of each shard" if self.checksums else "no shard digests "
+                 "(progress.json): changed image bytes can go unnoticed") if shards else
+                "checksums" if self.checksums else
+                "no checksum record (corruption that still decodes goes unnoticed)")
+        what = (f"{self.count} records{where}, {self.classes} classes, {sums}"
+                + (f", source {self.dataset}" if self.dataset else ""))
         if not self.total:
-            return f"verified {self.path}: OK ({self.what()})"
+            return f"verified {self.path}: OK ({what})"
         shown = f"; first {len(self.problems)} below" if self.total > len(self.problems) else ""
-        return f"verified {self.path}: {self.total} problems ({self.what()}{shown})"
+        return f"verified {self.path}: {self.total} problems ({what}{shown})"
 
 
 RESUME_VERSION = 1  # the layout of ResumeState's JSON; another one is refused, not guessed at
@@ -307,15 +310,16 @@ def write_report(output: str, skips) -> None:
 
 
 @contextmanager
-def source_to_compare(dataset: str, split: str | None, beside: str, seed: int | None):
+def source_to_compare(dataset: str | None, split: str | None, beside: str, seed: int | None):
     """For ``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside
-    ``beside`` if needed (deleted after). Raises :class:`DatasetError`."""
-    listing = open_dataset(dataset, split, allow_partial=True)
-    if seed is not None:
+    ``beside`` if needed (deleted after); None without ``dataset``. Raises
+    :class:`DatasetError`."""
+    listing = open_dataset(dataset, split, allow_partial=True) if dataset else None
+    if seed is not None and listing:
         listing = listing.shuffled(seed)
     folder = None
     try:
-        if listing.stage is not None:
+        if listing and listing.stage is not None:
             folder = tempfile.mkdtemp(prefix=".verify-staging-",
                                       dir=os.path.dirname(os.path.abspath(beside)))
             listing.stage(listing.files, folder, False)
@@ -323,3 +327,18 @@ def source_to_compare(dataset: str, split: str | None, beside: str, seed: int | 
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def differs(image: bytes, checked) -> str | None:
+    """How a stored ``image`` differs from what its source converts to now (``checked``, its
+    :func:`~formats.images.check_file` result), or None."""
+    from decode.raw import is_raw
+    from formats.raw_share import raw_record
+
+    if is_raw(image):  # a raw share's record: the pixels the JPEG decodes to
+        return None if image == raw_record(checked.data)[0] else \
+            "raw pixels differ from the source's decoded image"
+    if image == checked.data:
+        return None
+    return "image bytes differ from " + (f"the re-encoded source ({checked.reencoded})"
+                                         if checked.reencoded else "the source")

@@ -116,11 +116,9 @@ def decode_meta(value: bytes | None, path: str) -> Metadata:
         cap = Cap.fields_in(meta)
     except ValueError as exc:
         raise LMDBFormatError(f"{path}: metadata: {exc}") from None
-    return Metadata(count=meta["count"], classes=tuple(meta["classes"]), version=meta["version"],
-                    shuffle_seed=meta.get("shuffle_seed"),
-                    names=tuple(names) if names is not None else None,
-                    cap=cap,
-                    raw=dict(meta.get("raw") or {}))
+    return Metadata(meta["count"], tuple(meta["classes"]), meta["version"],
+                    meta.get("shuffle_seed"), tuple(names) if names is not None else None, cap,
+                    dict(meta.get("raw") or {}))
 
 
 def is_lmdb(path: str) -> bool:
@@ -143,31 +141,27 @@ def open_readonly(path: str, readahead: bool | None = None):
     a forked child gets its own), ``lock=False``, 512 readers. ``readahead``: False for random
     order, True for sequential or block order, None: the open handle's; asking for the other
     reopens it (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
-    with _READONLY_LOCK:
-        return _open_readonly(path, readahead)
-
-
-def _open_readonly(path: str, readahead: bool | None):
     import lmdb
 
-    key = (os.getpid(), os.path.realpath(path))
-    if key in _READONLY:
-        env, current = _READONLY[key]
-        if readahead is None or readahead == current:
-            return env
-        close_readonly(path)
-    _close_inherited()
-    if not is_lmdb(path):
-        hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
-        raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
-    try:
-        env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False,
-                        readahead=bool(readahead), meminit=False, max_readers=512)
-    except lmdb.Error as exc:
-        raise LMDBFormatError(f"{path}: cannot open as LMDB ({exc})") from None
-    _READONLY[key] = (env, bool(readahead))
-    _OPEN_IDS.add(id(env))
-    return env
+    with _READONLY_LOCK:
+        key = (os.getpid(), os.path.realpath(path))
+        if key in _READONLY:
+            env, current = _READONLY[key]
+            if readahead is None or readahead == current:
+                return env
+            close_readonly(path)
+        _close_inherited()
+        if not is_lmdb(path):
+            hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
+            raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
+        try:
+            env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False,
+                            readahead=bool(readahead), meminit=False, max_readers=512)
+        except lmdb.Error as exc:
+            raise LMDBFormatError(f"{path}: cannot open as LMDB ({exc})") from None
+        _READONLY[key] = (env, bool(readahead))
+        _OPEN_IDS.add(id(env))
+        return env
 
 
 def is_open(env) -> bool:

@@ -3,16 +3,14 @@ optionally, the folder it was converted from."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 
 import lmdb
 
 from decode.raw import is_raw, raw_header
 
 from formats.cap import Cap
-from formats.conversion import Verification, source_to_compare
+from formats.conversion import Verification, differs, source_to_compare
 from formats.images import check_file
-from formats.raw_share import raw_record
 from formats.sources import Source
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, decode_checksums,
@@ -35,10 +33,8 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         return result
     result.count, result.classes = meta.count, len(meta.classes)
     cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
-    compared = source_to_compare(dataset, split, db, meta.shuffle_seed) if dataset \
-        else nullcontext(None)
     paths: list[str] = []
-    with compared as listing, open_readonly(db).begin() as txn, \
+    with source_to_compare(dataset, split, db, meta.shuffle_seed) as listing, open_readonly(db).begin() as txn, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         if listing is not None:
             if listing.classes != list(meta.classes):
@@ -88,13 +84,9 @@ def _compare_source(txn, index: int, src: Source, checked, result: Verification)
         data, label = decode_record(value)
     except LMDBFormatError:
         return  # reported by the record pass
-    if is_raw(data):  # a raw share's record: the pixels the JPEG decodes to (formats.raw_share)
-        if data != raw_record(checked.data)[0]:
-            result.problem(f"{_name(index, src.rel)}: raw pixels differ from the source's "
-                           "decoded image")
-    elif data != checked.data:
-        how = f"the re-encoded source ({checked.reencoded})" if checked.reencoded else "the source"
-        result.problem(f"{_name(index, src.rel)}: image bytes differ from {how}")
+    why = differs(data, checked)
+    if why:
+        result.problem(f"{_name(index, src.rel)}: {why}")
     if label != src.label:
         result.problem(f"{_name(index, src.rel)}: label {label}, the source's is {src.label}")
 

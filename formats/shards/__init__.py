@@ -3,24 +3,17 @@ by ``folder2shards.py``, read by ``main.py --loader shards``, ``--dali`` and DAL
 ``fn.readers.webdataset``.
 
 Format :data:`FORMAT_NAME`: ``{prefix}-000000.tar``, ... (ustar; per record ``KEY.jpg`` then
-``KEY.cls``, the label in ASCII; :func:`source_keys`), DALI's ``v1.2`` index of each (``.idx``),
-``index.json`` (:class:`ShardIndex`, written last), ``progress.json`` (:class:`~formats.conversion.ResumeState`)
-and ``skipped.tsv``; a job array's conversion (:func:`convert_task`) adds a ``PREFIX-b.done``
-per block and ``index.json.lock``. Version 2 (:data:`RAW_VERSION`, ``--raw-budget``): an image
-member may be ``KEY.ppm`` (:mod:`decode.raw`). A layout change bumps :data:`FORMAT_VERSION` and keeps reading
-older versions (``tests/formats/test_formats_compat.py``)."""
-from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, IDX_VERSION, IMAGE_EXT,
-                     IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RAW_EXT, RAW_VERSION,
-                     RecordSpan, ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx,
-                     record_key, shard_name, source_keys, write_idx)
+``KEY.cls``, the label in ASCII), DALI's ``v1.2`` index of each (``.idx``), ``index.json``
+(:class:`ShardIndex`, written last), ``progress.json`` (a
+:class:`~formats.conversion.ResumeState`) and ``skipped.tsv``; a job array's conversion
+(:func:`convert_task`) adds a ``PREFIX-b.done`` per block and ``index.json.lock``. Version 2
+(:data:`RAW_VERSION`, ``--raw-budget``): an image member may be ``KEY.ppm``
+(:mod:`decode.raw`). A layout change bumps :data:`FORMAT_VERSION` and keeps reading older
+versions (``tests/formats/test_formats_compat.py``)."""
+from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, RAW_VERSION,
+                     ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx, record_key,
+                     shard_name, write_idx)
 from ._convert import convert, shard_digests
-from ._writing import PROGRESS_NAME
 from ._array import convert_task
-from ._foreign import IndexSummary, index_shards
-from ._verify import ShardVerification, sha256_file, verify
-
-__all__ = ["BASE_VERSION", "IMAGE_EXTS", "RAW_EXT", "RAW_VERSION", "FORMAT_NAME", "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXT", "INDEX_NAME", "LABEL_EXT",
-           "IndexSummary", "PROGRESS_NAME", "RecordSpan", "ShardFormatError",
-           "ShardIndex", "ShardVerification", "ShardWriter", "convert",
-           "convert_task", "idx_name", "index_shards", "read_idx", "record_key", "sha256_file", "shard_digests",
-           "shard_name", "source_keys", "verify", "write_idx"]
+from ._foreign import index_shards
+from ._verify import sha256_file, verify

@@ -9,9 +9,10 @@ any ``n`` writes the same files. A block is finished once its shards are in plac
 ``PREFIX-b.done`` (their progress entries, written atomically) lists them: a task killed,
 requeued or started again with another ``n`` redoes only unfinished blocks, and touches no
 other block's files. ``progress.json`` holds the resume state (its settings and the raw
-share's choice), created once by whichever task comes first (``os.link`` lets one win). The task that finds every block
-done writes ``skipped.tsv``, ``progress.json`` (every shard) and ``index.json`` (last), under a
-lock (``index.json.lock``); ``--finish`` does the same as a dependent step."""
+share's choice), created once by whichever task comes first (``os.link`` lets one win). The
+task that finds every block done writes ``progress.json`` (every shard), ``skipped.tsv`` and
+``index.json`` (last), under a lock (``index.json.lock``); ``--finish`` does the same as a
+dependent step."""
 from __future__ import annotations
 
 import fcntl
@@ -19,7 +20,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
@@ -93,21 +94,15 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
-    return Finished(output, state.records, state.skipped, len(state.shards))
+    return Finished(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
+                    f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
-@dataclass
-class Finished:
-    """What ``--finish`` found: an array's complete output."""
-
-    output: str
-    records: int
-    skipped: int
-    shards: int
+class Finished(str):
+    """What ``--finish`` found, an array's complete output, as its :meth:`line`."""
 
     def line(self) -> str:
-        return (f"{self.output}: complete: {self.records} images in {self.shards} shards, "
-                f"skipped {self.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
+        return str(self)
 
 
 def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:

@@ -7,16 +7,12 @@ import os
 import re
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
-from contextlib import nullcontext
 
 from decode.raw import is_raw, raw_header
 
 from formats.cap import Cap
-from formats.conversion import REPORT_NAME, Verification, source_to_compare
+from formats.conversion import REPORT_NAME, Verification, differs, source_to_compare
 from formats.images import check_file, reencode_reason
-from formats.raw_share import raw_record
 from formats.sources import read_source
 
 from ._codec import (IDX_VERSION, IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
@@ -28,28 +24,14 @@ def sha256_file(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-@dataclass
-class ShardVerification(Verification):
-    """:class:`Verification` with the number of ``shards``; ``checksums``: whether SHA-256 digests
-    of the shards were checked."""
-
-    shards: int = 0
-
-    def what(self) -> str:
-        return (f"{self.count} records in {self.shards} shards, {self.classes} classes, "
-                + ("SHA-256 of each shard" if self.checksums else
-                   "no shard digests (progress.json): changed image bytes can go unnoticed")
-                + (f", source {self.dataset}" if self.dataset else ""))
-
-
 def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
-           digests: dict[str, str] | None = None, split: str | None = None) -> ShardVerification:
+           digests: dict[str, str] | None = None, split: str | None = None) -> Verification:
     """Check the shards in ``folder``: ``index.json``, each shard's size and (``digests``) SHA-256,
     its records and ``.idx`` offsets, labels, baseline JPEG headers, no unlisted ``.tar``; with
     ``dataset``, each record against its source in the seed's order and cap, and every source
     stored or in ``skipped.tsv``. Raises :class:`~formats.sources.DatasetError` only for a bad
     ``dataset``."""
-    result = ShardVerification(folder, dataset=dataset, max_problems=max_problems)
+    result = Verification(folder, dataset=dataset, max_problems=max_problems, shards=0)
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:
             index = ShardIndex.from_json(f.read(), os.path.join(folder, INDEX_NAME))
@@ -65,9 +47,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
         result.problem(f"{folder}: indexes shards written by another tool (folder2shards.py "
                        "--index); --verify checks shards written by folder2shards.py")
         return result
-    compared = source_to_compare(dataset, split, folder, index.seed) if dataset \
-        else nullcontext(None)
-    with compared as listing, ThreadPoolExecutor(max(1, workers)) as pool:
+    with source_to_compare(dataset, split, folder, index.seed) as listing, ThreadPoolExecutor(max(1, workers)) as pool:
         sources = _Sources(listing, folder, index, result) if listing else None
         for shard in index.shards:
             digest = (digests or {}).get(shard["name"])
@@ -87,7 +67,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
 
 
 def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: int,
-                   result: ShardVerification, chunk: int = 256):
+                   result: Verification, chunk: int = 256):
     """Yield lists of ``(key, image, label or None)`` while checking one shard."""
     name, path = shard["name"], os.path.join(folder, shard["name"])
     if not os.path.isfile(path):
@@ -125,7 +105,7 @@ def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: in
 
 
 def _label(name: str, key: str, image: bytes, data: bytes, num_classes: int,
-           result: ShardVerification) -> int | None:
+           result: Verification) -> int | None:
     """The label in a ``.cls`` member's ``data``, or None (a problem); also reports an image that
     is not a baseline JPEG by its headers or a malformed raw record."""
     why = reencode_reason(image) if not is_raw(image) else None
@@ -162,7 +142,7 @@ def _check_idx(path: str, shard: dict, spans: list[RecordSpan], result) -> None:
 class _Sources:
     """``--verify --dataset``: each record against the source file its key names."""
 
-    def __init__(self, listing, folder: str, index: ShardIndex, result: ShardVerification):
+    def __init__(self, listing, folder: str, index: ShardIndex, result: Verification):
         if listing.classes != index.classes:
             result.problem(f"classes differ from the class folders of {result.dataset}")
         keys = source_keys(listing.classes, listing.files)
@@ -189,13 +169,9 @@ class _Sources:
         except OSError as exc:
             return f"record {key}: cannot read its source {src.where()} ({exc.strerror})"
         checked = check_file(src, "full", self.cap)  # not stored verbatim: the re-encoding
-        if not isinstance(checked, str) and is_raw(image):  # the JPEG's pixels (raw share)
-            if raw_record(checked.data)[0] != image:
-                return f"record {key}: raw pixels differ from the source {src.rel}'s decode"
-            return None
-        if isinstance(checked, str) or checked.data != image:
-            return f"record {key}: image bytes differ from the source {src.rel}"
-        return None
+        why = ("image bytes differ from the source" if isinstance(checked, str)
+               else differs(image, checked))
+        return why and f"record {key} ({src.rel}): {why}"
 
     def finish(self) -> None:
         """Every source file in the shards (in the seed's order) or in ``skipped.tsv``."""
@@ -207,7 +183,7 @@ class _Sources:
                 self.result.problem(f"{src.rel}: neither in the shards nor in {REPORT_NAME}")
 
 
-def _read_report(path: str, result: ShardVerification) -> set[str]:
+def _read_report(path: str, result: Verification) -> set[str]:
     """The relative paths a ``skipped.tsv`` lists, escapes undone."""
     unescape = {"t": "\t", "n": "\n", "\\": "\\"}
     try:

@@ -23,16 +23,6 @@ _OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skippe
                    r"(\.lock|(\.\d+)?\.tmp)?")
 
 
-def _member_bytes(size: int) -> int:
-    """Bytes a tar member of ``size`` data bytes takes: header plus data padded to 512."""
-    return tarfile.BLOCKSIZE * (1 + -(-size // tarfile.BLOCKSIZE))
-
-
-def _closed_size(offset: int) -> int:
-    """Bytes of a tar closed at ``offset``: two zero blocks, padded to tarfile's 10 KiB record."""
-    return -(-(offset + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
-
-
 def save_json(path: str, data, tmp: str) -> None:
     """Write ``data`` to ``path`` as JSON atomically: synced under the name ``tmp``, then
     renamed. Raises ``OSError``."""
@@ -55,8 +45,11 @@ class _OpenShard:
             return True
         if max_records and len(self.spans) >= max_records:
             return False
-        grown = self.writer.tell() + _member_bytes(size) + _member_bytes(len(str(label)))
-        return _closed_size(grown) <= max_bytes
+        block, record = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
+        # each member: a header, its data padded to 512; then two zero blocks, padded to 10 KiB
+        grown = self.writer.tell() + sum(block * (1 + -(-n // block)) for n in (size,
+                                                                               len(str(label))))
+        return -(-(grown + 2 * block) // record) * record <= max_bytes
 
     def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
         """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
@@ -131,7 +124,9 @@ class Records:
                 if result.warning:
                     report_damaged("folder2shards.py", src, result.warning)
                 before = choice.state() if choice is not None else None
-                data, ext = _stored(choice, result, index + 1 - budget_from, self.total)
+                data, ext = (result.raw, RAW_EXT) if choice is not None and choice.take(
+                    len(result.data), result.raw and len(result.raw), result.pixels,
+                    index + 1 - budget_from, self.total) else (result.data, IMAGE_EXT)
                 if shard and not shard.fits(len(data), src.label, self.shard_size, max_records):
                     commit(shard, index, before)
                     shard = None
@@ -141,13 +136,3 @@ class Records:
         if shard is not None:
             commit(shard, first + len(files), choice.state() if choice else None)
         return skipped
-
-
-def _stored(choice, checked, files_done: int, files: int) -> tuple[bytes, str]:
-    """``(bytes, extension)``: the raw record (``ppm``) if ``choice`` takes it, else JPEG."""
-    if choice is not None and choice.take(len(checked.data), checked.raw and len(checked.raw),
-                                          checked.pixels, files_done, files):
-        return checked.raw, RAW_EXT
-    return checked.data, IMAGE_EXT
-
-

@@ -148,15 +148,16 @@ def test_truncated_train_tar_is_one_line_and_a_rerun_after_the_fix_resumes(
     argv = ["-d", official, "--split", "train", "-o", db, "--allow-partial", "--shuffle-seed",
             "0", "-j", "2", "--batch-size", "8"]
     commits = []
-    real = folder2lmdb.convert.__globals__["_committed"]
+    real = folder2lmdb.convert.__globals__["_commit_after"]
 
-    def interrupt(commit, bar):  # the process dies after 3 committed batches
-        real(commit, bar)
+    def interrupt(*args):  # the process dies after 3 committed batches
+        files = real(*args)
         commits.append(1)
         if len(commits) == 3:
             raise KeyboardInterrupt
+        return files
 
-    monkeypatch.setattr("formats.lmdb._convert._committed", interrupt)
+    monkeypatch.setattr("formats.lmdb._convert._commit_after", interrupt)
     with pytest.raises(KeyboardInterrupt):
         folder2lmdb.main(argv)
     monkeypatch.undo()
