@@ -39,9 +39,7 @@ class Cap:
         """``(width, height)`` an image of ``size`` is stored with."""
         if not self.exceeds(size):
             return size
-        width, height = size
-        longer = max(width, height)
-        return (max(1, width * self.max_side // longer), max(1, height * self.max_side // longer))
+        return tuple(max(1, side * self.max_side // max(size)) for side in size)
 
     def apply(self, image):
         """``image``, or its ``BOX`` downscale to :meth:`scaled_size`."""
@@ -54,20 +52,17 @@ class Cap:
         return image.resize(self.scaled_size(image.size), Image.BOX)
 
     def record(self) -> dict:
-        """The fields a database's metadata stores; empty for the default."""
-        if self == Cap():
-            return {}
+        """The fields a store's metadata records; empty for the default."""
         fields = {"max_side": self.max_side, "quality": self.quality}
-        return {**fields, "reencode": "all"} if self.every else fields
+        return {} if self == Cap() else {**fields, "reencode": "all"} if self.every else fields
 
     @staticmethod
     def fields_in(metadata: dict) -> dict:
         """The :meth:`record` fields of ``metadata``; ``ValueError`` if invalid."""
         fields = {k: metadata[k] for k in ("max_side", "quality", "reencode") if k in metadata}
         for key, value in fields.items():
-            ok = (value == "all" if key == "reencode"
-                  else isinstance(value, int) or (key == "max_side" and value is None))
-            if not ok:
+            if not (value == "all" if key == "reencode" else isinstance(value, int)
+                    or (key == "max_side" and value is None)):
                 raise ValueError(f"{key}: {value!r} is not a cap setting")
         return fields
 
@@ -81,6 +76,3 @@ class Cap:
         """The flags that give this cap, e.g. ``"--max-side 512 --quality 90"``."""
         side = f"--max-side {self.max_side}" if self.max_side is not None else "no --max-side"
         return f"{side} --quality {self.quality}" + (" --reencode-all" if self.every else "")
-
-
-NO_CAP = Cap()

@@ -20,68 +20,58 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
     ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ``--split``, ``--max-side``,
     ``--raw-budget``, ...); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("-d", "--dataset",
-                        help="folder of class subfolders, e.g. /imagenet/train, or with --split "
-                             "the folder ImageNet was downloaded into (with --verify: also "
-                             "compare every record with it)")
-    parser.add_argument("-o", "--output", help=output_help)
-    parser.add_argument("--verify", metavar=verify_metavar, help=verify_help)
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the first file that is not an image instead of skipping it")
-    parser.add_argument("--check", choices=CHECKS, default="full",
-                        help="full (default): decode every image completely, so damaged ones are "
-                             "skipped; header: decode a baseline JPEG only if it does not end in "
-                             "EOI (faster; misses damage inside the compressed data)")
-    parser.add_argument("-j", "--workers", type=int, default=8,
-                        help="threads reading and checking image files (default: 8)")
-    parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
-    parser.add_argument("--split", choices=("train", "val"),
-                        help="--dataset is the folder ImageNet was downloaded into (the official "
-                             "tars + devkit, Kaggle's ILSVRC tree, Hugging Face's repository, or "
-                             "train/ and val/ class folders): convert this split of it")
-    parser.add_argument("--allow-partial", action="store_true",
-                        help="convert a download that lacks images or classes of ImageNet "
-                             "(default: stop, naming what is missing)")
-    parser.add_argument("--max-side", type=int, metavar="N",
-                        help="store images larger than N pixels on their longer side scaled "
-                             "down to N (area average, as FFCV's max_resolution) and re-encoded "
-                             "at --quality; smaller ones stay byte-exact (default: no cap)")
-    parser.add_argument("--quality", type=int, default=REENCODE_QUALITY, metavar="Q",
-                        help="JPEG quality of every re-encoded image (default: "
-                             f"{REENCODE_QUALITY}; e.g. --max-side 512 --quality 90)")
-    parser.add_argument("--reencode-all", action="store_true",
-                        help="re-encode every image at --quality, not only those above "
-                             "--max-side, as FFCV's writer does: lossy, about half the bytes of "
-                             "ImageNet's originals and faster to decode at --quality 90 "
-                             "(docs/raw-share.md)")
-    parser.add_argument("--raw-budget", metavar="BUDGET",
-                        help="store the images that save the most decode time per extra byte "
-                             "as raw pixels (at the --max-side size) instead of JPEG, up to "
-                             "BUDGET: Nx (the store at most N times the JPEG-only store, e.g. "
-                             "1.5x, 2.7x) or a size (the store's images at most 200M, 30G); "
-                             "prints the decode time it saves per epoch (docs/raw-share.md)")
-    parser.add_argument("--max-image-pixels", type=_pixels, default=MAX_PIXELS, metavar="N",
-                        help="skip an image whose header claims more pixels, before decoding "
-                             f"it, as main.py does (default: {MAX_PIXELS:,}, PIL's "
-                             "decompression-bomb limit; 0: no limit)")
+    add = parser.add_argument
+    add("-d", "--dataset", help="folder of class subfolders, e.g. /imagenet/train, or with "
+        "--split the folder ImageNet was downloaded into (with --verify: also compare every "
+        "record with it)")
+    add("-o", "--output", help=output_help)
+    add("--verify", metavar=verify_metavar, help=verify_help)
+    add("--strict", action="store_true",
+        help="fail on the first file that is not an image instead of skipping it")
+    add("--check", choices=CHECKS, default="full",
+        help="full (default): decode every image completely, so damaged ones are skipped; "
+             "header: decode a baseline JPEG only if it does not end in EOI (faster; misses "
+             "damage inside the compressed data)")
+    add("-j", "--workers", type=int, default=8,
+        help="threads reading and checking image files (default: 8)")
+    add("--overwrite", action="store_true", help=overwrite_help)
+    add("--split", choices=("train", "val"),
+        help="--dataset is the folder ImageNet was downloaded into (the official tars + devkit, "
+             "Kaggle's ILSVRC tree, Hugging Face's repository, or train/ and val/ class "
+             "folders): convert this split of it")
+    add("--allow-partial", action="store_true",
+        help="convert a download that lacks images or classes of ImageNet (default: stop, "
+             "naming what is missing)")
+    add("--max-side", type=int, metavar="N",
+        help="store images larger than N pixels on their longer side scaled down to N (area "
+             "average, as FFCV's max_resolution) and re-encoded at --quality; smaller ones stay "
+             "byte-exact (default: no cap)")
+    add("--quality", type=int, default=REENCODE_QUALITY, metavar="Q",
+        help=f"JPEG quality of every re-encoded image (default: {REENCODE_QUALITY}; e.g. "
+             "--max-side 512 --quality 90)")
+    add("--reencode-all", action="store_true",
+        help="re-encode every image at --quality, not only those above --max-side, as FFCV's "
+             "writer does: lossy, about half the bytes of ImageNet's originals and faster to "
+             "decode at --quality 90 (docs/raw-share.md)")
+    add("--raw-budget", metavar="BUDGET",
+        help="store the images that save the most decode time per extra byte as raw pixels "
+             "(at the --max-side size) instead of JPEG, up to BUDGET: Nx (the store at most N "
+             "times the JPEG-only store, e.g. 1.5x, 2.7x) or a size (the store's images at most "
+             "200M, 30G); prints the decode time it saves per epoch (docs/raw-share.md)")
+    add("--max-image-pixels", type=_pixels, default=MAX_PIXELS, metavar="N",
+        help=f"skip an image whose header claims more pixels, before decoding it, as main.py "
+             f"does (default: {MAX_PIXELS:,}, PIL's decompression-bomb limit; 0: no limit)")
     return parser
 
 
 def _pixels(text: str) -> int:
     """``--max-image-pixels``: a whole number of pixels, 0 or more."""
     try:
-        value = int(text)
+        if int(text) >= 0:
+            return int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"not a pixel count (0 or more): {text!r}")
-    return value
-
-
-def cap_from_args(args) -> Cap:
-    """The :class:`Cap` of ``--max-side``/``--quality``/``--reencode-all``. Raises
-    ``ValueError``."""
-    return Cap(args.max_side, args.quality, bool(getattr(args, "reencode_all", False)))
+        pass
+    raise argparse.ArgumentTypeError(f"not a pixel count (0 or more): {text!r}")
 
 
 def parse_size(text: str) -> int:
@@ -114,7 +104,7 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     if not args.verify and not indexing and not (args.dataset and args.output):
         parser.error("the following arguments are required: -d/--dataset, -o/--output")
     try:
-        args.cap = cap_from_args(args)
+        args.cap = Cap(args.max_side, args.quality, bool(getattr(args, "reencode_all", False)))
         args.raw = parse_budget(args.raw_budget) if args.raw_budget else None
     except ValueError as exc:
         parser.error(str(exc))

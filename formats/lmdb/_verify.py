@@ -11,7 +11,6 @@ from decode.raw import is_raw, raw_header
 from formats.cap import Cap
 from formats.conversion import Verification, differs, source_to_compare
 from formats.images import check_file
-from formats.sources import Source
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, decode_checksums,
                      decode_record,
@@ -32,22 +31,9 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
         result.problem(str(exc))
         return result
     result.count, result.classes = meta.count, len(meta.classes)
-    cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
-    paths: list[str] = []
-    with source_to_compare(dataset, split, db, meta.shuffle_seed) as listing, open_readonly(db).begin() as txn, \
-            ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        if listing is not None:
-            if listing.classes != list(meta.classes):
-                result.problem(f"classes differ from the class folders of {dataset}")
-            for first in range(0, len(listing.files), chunk):
-                files = listing.files[first:first + chunk]
-                checks = pool.map(lambda src: check_file(src, "full", cap), files)
-                for src, checked in zip(files, checks):
-                    if not isinstance(checked, str):
-                        _compare_source(txn, len(paths), src, checked, result)
-                        paths.append(src.rel)
-            if len(paths) != meta.count:
-                result.problem(f"{dataset} has {len(paths)} images, the database {meta.count}")
+    with source_to_compare(dataset, split, db, meta.shuffle_seed) as listing, \
+            open_readonly(db).begin() as txn, ThreadPoolExecutor(max(1, workers)) as pool:
+        paths = _compare_sources(txn, listing, meta, pool, chunk, result) if listing else []
         sums = txn.get(CHECKSUMS_KEY)
         crcs = decode_checksums(sums) if sums is not None else None
         result.checksums = crcs is not None
@@ -76,19 +62,32 @@ def _name(index: int, rel: str | None) -> str:
     return f"record {index} ({rel})" if rel else f"record {index}"
 
 
-def _compare_source(txn, index: int, src: Source, checked, result: Verification) -> None:
-    value = txn.get(record_key(index))
-    if value is None:
-        return  # reported as missing by the record pass (or as a count mismatch)
-    try:
-        data, label = decode_record(value)
-    except LMDBFormatError:
-        return  # reported by the record pass
-    why = differs(data, checked)
-    if why:
-        result.problem(f"{_name(index, src.rel)}: {why}")
-    if label != src.label:
-        result.problem(f"{_name(index, src.rel)}: label {label}, the source's is {src.label}")
+def _compare_sources(txn, listing, meta, pool, chunk: int, result: Verification) -> list[str]:
+    """Each record against what its source converts to now under the database's cap; the
+    images' relative paths, in record order."""
+    cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
+    if listing.classes != list(meta.classes):
+        result.problem(f"classes differ from the class folders of {result.dataset}")
+    paths = []
+    for first in range(0, len(listing.files), chunk):
+        files = listing.files[first:first + chunk]
+        for src, checked in zip(files, pool.map(lambda f: check_file(f, "full", cap), files)):
+            if isinstance(checked, str):
+                continue
+            name, key = _name(len(paths), src.rel), record_key(len(paths))
+            paths.append(src.rel)
+            try:  # a missing or malformed record: reported by the record pass
+                data, label = decode_record(txn.get(key))
+            except LMDBFormatError:
+                continue
+            why = differs(data, checked)
+            if why:
+                result.problem(f"{name}: {why}")
+            if label != src.label:
+                result.problem(f"{name}: label {label}, the source's is {src.label}")
+    if len(paths) != meta.count:
+        result.problem(f"{result.dataset} has {len(paths)} images, the database {meta.count}")
+    return paths
 
 
 def _check_record(job) -> list[str]:
