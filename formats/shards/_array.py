@@ -28,9 +28,9 @@ from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summa
                                 stage_folder, unstage, write_synced)
 from formats.sources import Listing
 
-from ._codec import INDEX_NAME, idx_name, shard_name
+from ._codec import INDEX_NAME, shard_name
 from ._convert import open_shard_source, write_index
-from ._writing import PROGRESS_NAME, Records, refuse_foreign, save_json
+from ._writing import PROGRESS_NAME, Records, in_place, refuse_foreign, save_json
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -55,11 +55,7 @@ def _load_done(output: str, prefix: str, block: int) -> dict | None:
     try:
         with open(_done_path(output, prefix, block)) as f:
             done = json.load(f)
-        for shard in done["shards"]:
-            tar = os.path.join(output, shard["name"])
-            if os.path.getsize(tar) != shard["bytes"] or not os.path.isfile(idx_name(tar)):
-                return None
-        return done
+        return done if all(in_place(output, s) for s in done["shards"]) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -17,8 +17,6 @@ IDX_VERSION = "v1.2"  # DALI's webdataset index format (nvidia/dali wds2idx.py)
 IMAGE_EXT, LABEL_EXT = "jpg", "cls"
 RAW_EXT = "ppm"  # a raw record's member: a binary PPM/PGM (decode.raw), PIL and DALI read it
 IMAGE_EXTS = (IMAGE_EXT, RAW_EXT)
-_BLOCK = 512  # tar header and data padding unit (POSIX ustar)
-_RECORD = 20 * _BLOCK  # tarfile.RECORDSIZE: an archive's size is a multiple of it
 
 
 class ShardFormatError(Exception):
@@ -104,7 +102,7 @@ class ShardWriter:
             raise ShardFormatError(f"{name}: member name longer than 100 bytes")
         header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
         data_at = self._offset + len(header)
-        self._write([header, data, bytes(-len(data) % _BLOCK)])
+        self._write([header, data, bytes(-len(data) % tarfile.BLOCKSIZE)])
         return data_at
 
     def _write(self, pieces: list[bytes]) -> None:
@@ -130,8 +128,8 @@ class ShardWriter:
 
     def close(self, sync: bool = False) -> None:
         """Write the end blocks and close (``sync``: ``fsync`` first); ``OSError``."""
-        end = self._offset + 2 * _BLOCK
-        self._write([bytes(2 * _BLOCK + -end % _RECORD)])
+        end = self._offset + 2 * tarfile.BLOCKSIZE  # two zero blocks, padded to a 10 KiB record
+        self._write([bytes(2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE)])
         try:
             if sync:
                 os.fsync(self._fd)
@@ -143,14 +141,17 @@ class ShardWriter:
         return self._sha256.hexdigest()
 
 
+def idx_text(spans: list[RecordSpan]) -> str:
+    """DALI's index of one shard's records."""
+    return "".join(f"{line}\n" for line in [f"{IDX_VERSION} {len(spans)}"]
+                   + [span.idx_line() for span in spans])
+
+
 def write_idx(path: str, spans: list[RecordSpan]) -> None:
     """Write DALI's index of one shard to ``path``, atomically."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{IDX_VERSION} {len(spans)}\n")
-        for span in spans:
-            f.write(span.idx_line() + "\n")
-    os.replace(tmp, path)
+    with open(path + ".tmp", "w") as f:
+        f.write(idx_text(spans))
+    os.replace(path + ".tmp", path)
 
 
 def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
@@ -195,14 +196,11 @@ class ShardIndex:
 
     def to_json(self) -> str:
         extra = {"names": self.names} if self.names is not None else {}
-        if self.raw:
-            extra["raw"] = self.raw
         return json.dumps({
             "format": FORMAT_NAME, "version": RAW_VERSION if self.raw else BASE_VERSION,
-            "classes": self.classes,
-            "seed": self.seed, "rules": self.rules, "records": self.records,
-            "bytes": sum(s["bytes"] for s in self.shards), **self.cap, "shards": self.shards,
-            **extra}, indent=1)
+            "classes": self.classes, "seed": self.seed, "rules": self.rules,
+            "records": self.records, "bytes": sum(s["bytes"] for s in self.shards), **self.cap,
+            "shards": self.shards, **extra, **({"raw": self.raw} if self.raw else {})}, indent=1)
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
@@ -218,12 +216,9 @@ class ShardIndex:
                       for s in data["shards"]]
             names = data.get("names")
             index = cls(list(data["classes"]), shards, data.get("seed"), data.get("rules"),
-                        list(names) if names is not None else None,
-                        Cap.fields_in(data),
+                        list(names) if names is not None else None, Cap.fields_in(data),
                         dict(data.get("raw") or {}))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            if isinstance(exc, ShardFormatError):
-                raise
             raise ShardFormatError(f"{name}: unreadable index ({exc})") from None
         if index.records != data.get("records", index.records):
             raise ShardFormatError(f"{name}: shard record counts do not add up to 'records'")

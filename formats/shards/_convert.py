@@ -18,7 +18,7 @@ from formats.images import RULES_VERSION
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
-from ._writing import PROGRESS_NAME, Records, refuse_foreign
+from ._writing import PROGRESS_NAME, Records, in_place, refuse_foreign
 
 
 def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> ResumeState:
@@ -33,14 +33,8 @@ def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> Resume
                                   "(pass --overwrite to replace it)")
         state = ResumeState.load(path)
         wanted.refuse_other(output, state)
-        keep = 0
-        for shard in state.shards:  # finished: tar of the recorded size, then its .idx
-            tar = os.path.join(output, shard["name"])
-            if not (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
-                    and os.path.isfile(idx_name(tar))):
-                break
-            keep += 1
-        del state.shards[keep:]
+        kept = [in_place(output, shard) for shard in state.shards] + [False]
+        del state.shards[kept.index(False):]
         state.tally()
         state.raw = state.shards[-1].get("raw", {}) if state.shards else {}
     kept = {n for s in state.shards for n in (s["name"], idx_name(s["name"]))}

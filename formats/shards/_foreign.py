@@ -17,8 +17,8 @@ from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_na
 from .locations import is_stream, open_stream
 
 _WNID = re.compile(r"n\d{8}")
-_WNID_FIELDS, _NAME_FIELDS = ("wnid", "synset", "synset_id", "class_id"), ("filename",
-                                                                            "file_name", "path")
+_WNID_FIELDS = ("wnid", "synset", "synset_id", "class_id")
+_NAME_FIELDS = ("filename", "file_name", "path")
 
 
 def _wnid_of(key: str, meta: dict) -> str | None:

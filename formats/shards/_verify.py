@@ -15,8 +15,8 @@ from formats.conversion import REPORT_NAME, Verification, differs, source_to_com
 from formats.images import check_file, reencode_reason
 from formats.sources import read_source
 
-from ._codec import (IDX_VERSION, IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
-                     ShardIndex, idx_name, read_idx, source_keys)
+from ._codec import (IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
+                     ShardIndex, idx_name, idx_text, read_idx, source_keys)
 
 def sha256_file(path: str) -> str:
     """Hex SHA-256 of the file at ``path``. Raises ``OSError``."""
@@ -47,7 +47,8 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
         result.problem(f"{folder}: indexes shards written by another tool (folder2shards.py "
                        "--index); --verify checks shards written by folder2shards.py")
         return result
-    with source_to_compare(dataset, split, folder, index.seed) as listing, ThreadPoolExecutor(max(1, workers)) as pool:
+    with source_to_compare(dataset, split, folder, index.seed) as listing, \
+            ThreadPoolExecutor(max(1, workers)) as pool:
         sources = _Sources(listing, folder, index, result) if listing else None
         for shard in index.shards:
             digest = (digests or {}).get(shard["name"])
@@ -133,9 +134,7 @@ def _check_idx(path: str, shard: dict, spans: list[RecordSpan], result) -> None:
         return result.problem(f"{name}: no DALI index {os.path.basename(idx)}")
     except ShardFormatError as exc:
         return result.problem(str(exc))
-    expected = "".join(f"{line}\n" for line in
-                       [f"{IDX_VERSION} {len(spans)}"] + [s.idx_line() for s in spans])
-    if text != expected:
+    if text != idx_text(spans):
         result.problem(f"{os.path.basename(idx)}: does not match the members of {name}")
 
 

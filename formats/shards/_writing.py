@@ -69,6 +69,14 @@ class _OpenShard:
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
+def in_place(output: str, shard: dict) -> bool:
+    """Whether a finished shard (its progress entry) is in ``output``: its tar at the recorded
+    size, and its ``.idx``."""
+    tar = os.path.join(output, shard["name"])
+    return (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
+            and os.path.isfile(idx_name(tar)))
+
+
 def refuse_foreign(output: str) -> list[str]:
     """The names in ``output`` (none if absent). Raises :class:`ConversionError` for a file or a
     folder holding files other than a conversion's."""
