@@ -296,7 +296,7 @@ def _tsv_field(text: str) -> str:
 
 
 def write_report(output: str, skips) -> None:
-    """Write ``output/skipped.tsv`` atomically: ``path\treason`` lines of ``skips``, ``(rel,
+    """Write ``output/skipped.tsv`` atomically: ``path\\treason`` lines of ``skips``, ``(rel,
     reason)`` pairs (``rel``: str or bytes). Raises :class:`ConversionError`."""
     report = os.path.join(output, REPORT_NAME)
     lines = ["path\treason\n"] + [f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n"
