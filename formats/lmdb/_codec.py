@@ -150,7 +150,8 @@ def open_readonly(path: str, readahead: bool | None = None):
             if readahead is None or readahead == current:
                 return env
             close_readonly(path)
-        _close_inherited()
+        # unusable in the child, and blocking a reopen; closing its copy spares the parent's
+        _close_where(inherited=True)
         if not is_lmdb(path):
             hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
             raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
@@ -174,9 +175,9 @@ def _close(env) -> None:
     env.close()
 
 
-def _close_inherited() -> None:
-    # unusable in the child, and blocking a reopen; closing the child's copy spares the parent's
-    for key in [k for k in _READONLY if k[0] != os.getpid()]:
+def _close_where(inherited: bool) -> None:
+    """Close the handles this process inherited, or else its own."""
+    for key in [k for k in _READONLY if (k[0] != os.getpid()) == inherited]:
         _close(_READONLY.pop(key)[0])
 
 
@@ -192,8 +193,7 @@ def close_all_readonly() -> None:
     """Close this process's read-only handles at a run's end: py-lmdb 3.0 knows an environment by
     inode, and a new database reusing a freed inode would be "already open"."""
     with _READONLY_LOCK:
-        for key in [k for k in _READONLY if k[0] == os.getpid()]:
-            _close(_READONLY.pop(key)[0])
+        _close_where(inherited=False)
 
 
 def read_meta(path: str) -> Metadata:

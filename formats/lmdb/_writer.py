@@ -37,7 +37,12 @@ def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeS
                 "(pass --overwrite to replace it)")
         close_readonly(output)
         if meta is None and not overwrite:
-            value, records = _recorded(output)
+            env = lmdb.open(output, subdir=True, readonly=True, lock=False)
+            try:
+                with env.begin() as txn:
+                    value, records = txn.get(PROGRESS_KEY), last_record_index(txn) + 1
+            finally:
+                env.close()
             if value is not None or records:
                 recorded = ResumeState.decode(value)
                 if recorded is not None and recorded.records != records:
@@ -60,16 +65,6 @@ def _remove_database(output: str) -> None:
             os.remove(os.path.join(output, name))
         except FileNotFoundError:
             pass
-
-
-def _recorded(output: str) -> tuple[bytes | None, int]:
-    """``output``'s resume state (None if none) and record count. Raises ``lmdb.Error``."""
-    env = lmdb.open(output, subdir=True, readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            return txn.get(PROGRESS_KEY), last_record_index(txn) + 1
-    finally:
-        env.close()
 
 
 class Writer:
