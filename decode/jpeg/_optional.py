@@ -25,6 +25,10 @@ class OptionalLibrary:
                 self._library, self.reason = self._load()
         return self._library
 
+    def available(self) -> bool:
+        """True if the library is present and turned on in this process."""
+        return self.get() is not None
+
     def set_enabled(self, enabled: bool) -> None:
         """Load it again (if present) or turn it off in this process."""
         self._loaded, self._library = False, None

@@ -38,16 +38,8 @@ def _open():
 
 _library = OptionalLibrary(_open)  # the C library, loaded once per process
 _load = _library.get
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn the C decoder on (if built) or off in this process."""
-    _library.set_enabled(enabled)
-
-
-def available() -> bool:
-    """True if the C decoder is built and enabled in this process."""
-    return _load() is not None
+set_enabled = _library.set_enabled  # the C decoder on (if built) or off in this process
+available = _library.available
 
 
 def status() -> str:

@@ -28,7 +28,10 @@ def _import():
 
 
 _library = OptionalLibrary(_import)  # nvImageCodec's module, imported once per process
-_load = _library.get
+# nvImageCodec's module where window decoding is on in this process, else None
+library = _library.get
+set_enabled = _library.set_enabled  # window decoding on (if installed) or off in this process
+available = _library.available
 
 
 def _decoder():
@@ -36,7 +39,7 @@ def _decoder():
     DataLoader worker), fancy upsampling, RGB; made anew after a fork."""
     key = os.getpid()
     if getattr(_local, "pid", None) != key:
-        n = _library.get()
+        n = library()
         _local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
                                    backends=[n.Backend(n.BackendKind.CPU_ONLY)],
                                    options=":fancy_upsampling=1")
@@ -46,24 +49,9 @@ def _decoder():
     return _local.decoder, _local.params
 
 
-def library():
-    """nvImageCodec's module where window decoding is on in this process, else None."""
-    return _load()
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn window decoding on (if installed) or off in this process."""
-    _library.set_enabled(enabled)
-
-
-def available() -> bool:
-    """True if window decoding is installed and enabled in this process."""
-    return _load() is not None
-
-
 def status() -> str:
     """One start-up log line: ``"crop windows: nvImageCodec 0.9.0 (...)"`` or why not."""
-    module = _load()
+    module = library()
     if module is None:
         return f"crop windows: whole JPEGs decoded ({_library.reason})"
     return (f"crop windows: nvImageCodec {module.__version__} (CPU, libjpeg-turbo partial "
@@ -73,7 +61,7 @@ def status() -> str:
 def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor | None:
     """uint8 RGB ``(3, height, width)`` (a channels-last view) at ``top``, ``left`` of a JPEG; None
     if off or incomplete (the caller's whole decode reports the error)."""
-    module = _load()
+    module = library()
     if module is None:
         return None
     try:
