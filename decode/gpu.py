@@ -61,32 +61,21 @@ class WindowDecoder:
                                f"{jpeg.window.status()}")
         self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
-        if self.n is not None:
-            self._decoder, self._params = self._make(threads)
-
-    def _make(self, threads: int):
         n = self.n
-        if self.kind == "cuda":
-            backends = [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
-                        n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)]
-            decoder = n.Decoder(device_id=self.device.index or 0, backends=backends,
-                                max_num_cpu_threads=max(1, threads),
-                                options=":fancy_upsampling=1")
-        else:
-            decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY,
-                                max_num_cpu_threads=max(1, threads),
-                                backends=[n.Backend(n.BackendKind.CPU_ONLY)],
-                                options=":fancy_upsampling=1")
-        params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
-                                sample_format=n.SampleFormat.I_RGB)
-        return decoder, params
+        if n is not None and kind == "cuda":
+            self._decoder, self._params = jpeg.window.make_decoder(
+                n, self.device.index or 0, threads,
+                [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
+                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)])
+        elif n is not None:
+            self._decoder, self._params = jpeg.window.make_decoder(
+                n, n.NVIMGCODEC_DEVICE_CPU_ONLY, threads, [n.Backend(n.BackendKind.CPU_ONLY)])
 
     def status(self) -> str:
         """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
         decoder where present, load 0.65, then CUDA)"``."""
         if self.n is None:
-            return (f"batch windows: torchvision decode_jpeg on {self.device} (whole JPEGs, "
-                    "then the window)")
+            return _torchvision_line(self.device)
         return status_line(self.kind, self.device, self.hw_load)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
@@ -98,18 +87,18 @@ class WindowDecoder:
         default). ``frames[i]``: resample region ``i`` as part of a whole-image resize and crop
         (:func:`resize_in_frame`). ``seconds``: gets the host's wall seconds of the decode
         (``"decode"``) and of the resizes (``"resize"``); CUDA kernels run later on ``stream``."""
-        started = time.perf_counter() if seconds is not None else 0.0
-        resized = 0.0
-        count = len(datas)
+        started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
-        out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
+        out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
         is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
         crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
         rest = [i for i, kind in enumerate(is_raw) if not kind]
         if rest:
-            decoded, warned = (self._nvimgcodec if self.n is not None else self._torchvision)(
-                [datas[i] for i in rest], [regions[i] for i in rest], *((stream,) if self.n
-                                                                       is not None else ()))
+            picked = [datas[i] for i in rest], [regions[i] for i in rest]
+            if self.n is not None:
+                decoded, warned = self._nvimgcodec(*picked, stream)
+            else:
+                decoded, warned = self._torchvision(*picked), []
             out.warnings += [(rest[i], lines) for i, lines in warned]
             for i, crop in zip(rest, decoded):
                 crops[i] = crop
@@ -123,13 +112,10 @@ class WindowDecoder:
                     continue
                 if lines:
                     out.warnings.append((i, lines))
-            resize_started = time.perf_counter() if seconds is not None else 0.0
-            if frames is not None:
-                out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
-            else:
-                out.images[i] = resize_window(crop, size, dtype)
-            if seconds is not None:
-                resized += time.perf_counter() - resize_started
+            resize_started = time.perf_counter()
+            out.images[i] = (resize_window(crop, size, dtype) if frames is None
+                             else resize_in_frame(crop, regions[i], frames[i], size, dtype))
+            resized += time.perf_counter() - resize_started
         if seconds is not None:
             seconds.update(decode=time.perf_counter() - started - resized, resize=resized)
         return out
@@ -166,17 +152,14 @@ class WindowDecoder:
         for i, image in zip(where, images):
             if image is not None:
                 crops[i] = self._tensor(image, regions[i])
-        return crops, self._warned(streams, where, stream) if caught.lines else []
-
-    def _warned(self, streams, where: list[int], stream: int) -> list[tuple[int, list[str]]]:
-        """``(position, lines)`` of the images that printed, each decoded alone."""
-        found = []
-        for i, code_stream in zip(where, streams):
-            with capture() as caught:
-                self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
-            if caught.lines:
-                found.append((i, caught.lines))
-        return found
+        warned = []
+        if caught.lines:  # which images printed: each decoded alone
+            for i, code_stream in zip(where, streams):
+                with capture() as alone:
+                    self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
+                if alone.lines:
+                    warned.append((i, alone.lines))
+        return crops, warned
 
     def _tensor(self, image, region) -> torch.Tensor | None:
         if self.device.type == "cuda":
@@ -190,14 +173,14 @@ class WindowDecoder:
 
     def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole JPEGs, then each window; None for what it refuses
-        and what is no 1- or 3-component JPEG. nvJPEG prints nothing."""
+        and what is no 1- or 3-component JPEG. nvJPEG prints nothing to catch."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
         usable = [i for i, d in enumerate(datas) if _plain_jpeg(d)]
         crops: list[torch.Tensor | None] = [None] * len(datas)
         if not usable:
-            return crops, []
+            return crops
         datas, regions = [datas[i] for i in usable], [regions[i] for i in usable]
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
@@ -215,7 +198,7 @@ class WindowDecoder:
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
         for i, whole, region in zip(usable, wholes, regions):
             crops[i] = None if whole is None else _crop(whole, region)
-        return crops, []
+        return crops
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """:func:`decode.decode`'s whole image, cropped, on the device. Raises what it raises."""
@@ -266,8 +249,7 @@ class CudaChoice:
             return status_line("cuda", device, hw_load)
         why = "; ".join(self.problems)
         if self.library == "torchvision":
-            return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then "
-                    f"the window; {why})")
+            return _torchvision_line(device, why)
         return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
 
 
@@ -331,10 +313,14 @@ def status_line(kind: str, device: torch.device, hw_load: float | None = None) -
     if library is None:
         if kind != "cuda":
             return f"batch windows: not usable ({jpeg.window.status()})"
-        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
-                f"window; {jpeg.window.status()})")
+        return _torchvision_line(device, jpeg.window.status())
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
     how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
            f"hardware JPEG decoder where present, load {load:g}, then CUDA")
     where = device if kind == "cuda" else "cpu"
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
+
+
+def _torchvision_line(device: torch.device, why: str = "") -> str:
+    return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+            f"window{'; ' + why if why else ''})")

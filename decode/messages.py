@@ -25,7 +25,6 @@ LIBRARY_LINE = re.compile(
     r"Inconsistent progression sequence|Application transferred too many scanlines|"
     r"Unsupported marker|libpng (warning|error)|\[(ERROR|WARNING|WARN)\] *\[[\w.]+\])")
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-_ENDS = re.compile(rb"[\r\n]")
 
 
 def is_library_line(line: str) -> bool:
@@ -120,12 +119,17 @@ class capture:
         self._sink = None
 
 
-def _install(sink: _Sink) -> bool:
-    """Point descriptor 2 at the sink's file (made once per process); False if it cannot."""
+def _flush() -> None:
+    """Python's buffered standard error written out first, where it was meant to go."""
     try:
-        sys.stderr.flush()  # Python's buffered output goes where it was meant to go first
+        sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
+
+
+def _install(sink: _Sink) -> bool:
+    """Point descriptor 2 at the sink's file (made once per process); False if it cannot."""
+    _flush()
     try:
         if sink.file < 0:
             sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
@@ -139,10 +143,7 @@ def _install(sink: _Sink) -> bool:
 def _finish(sink: _Sink, captured: capture, nested: int) -> None:
     """End ``captured``: its lines read, the rest passed on, descriptor 2 put back by the last
     capture to end; ``nested``: captures this thread began inside it."""
-    try:
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
+    _flush()
     with sink.cond:
         end = os.lseek(sink.file, 0, os.SEEK_CUR)
         captured.lines = _library_lines(sink.file, captured._start, end)
@@ -172,7 +173,7 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
         last = max(text.rfind(b"\n"), text.rfind(b"\r"))
         text = text[:last + 1]
     sink.forwarded += len(text)
-    kept = b"".join(piece for piece in _pieces(text)
+    kept = b"".join(piece for piece in text.splitlines(keepends=True)
                     if not is_library_line(_COLOUR.sub("", piece.decode("utf-8", "replace"))))
     if kept:
         try:
@@ -181,23 +182,12 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
             pass
 
 
-def _pieces(text: bytes) -> list[bytes]:
-    """``text`` cut after each line end (``\\n`` or ``\\r``), the ends kept."""
-    pieces, at = [], 0
-    for match in _ENDS.finditer(text):
-        pieces.append(text[at:match.end()])
-        at = match.end()
-    if at < len(text):
-        pieces.append(text[at:])
-    return pieces
-
-
 def _library_lines(file: int, start: int, end: int) -> list[str]:
     """The native decoders' lines among the bytes ``start..end`` of ``file``."""
     if end <= start:
         return []
     lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
-             for piece in _pieces(os.pread(file, end - start, start)))
+             for piece in os.pread(file, end - start, start).splitlines(keepends=True))
     return [line for line in lines if line and is_library_line(line)]
 
 
@@ -216,10 +206,7 @@ def say_now(line: str) -> None:
     """Write ``line`` (and a newline) to the process's standard error at once, also while a
     capture holds descriptor 2 (a capture passes other output on only when it ends: a warning
     printed inside one, such as a stream's retry, would reach the user after the retries)."""
-    try:
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
+    _flush()
     data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
     with sink.cond:

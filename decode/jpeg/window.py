@@ -34,19 +34,25 @@ set_enabled = _library.set_enabled  # window decoding on (if installed) or off i
 available = _library.available
 
 
+def make_decoder(n, device_id: int, threads: int, backends: list) -> tuple:
+    """``(decoder, params)`` of nvImageCodec's module ``n`` on ``device_id`` with ``backends``
+    and ``threads`` CPU threads: fancy upsampling, RGB, no EXIF orientation (pixels as stored)."""
+    decoder = n.Decoder(device_id=device_id, max_num_cpu_threads=max(1, threads),
+                        backends=backends, options=":fancy_upsampling=1")
+    params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
+                            sample_format=n.SampleFormat.I_RGB)
+    return decoder, params
+
+
 def _decoder():
-    """``(decoder, params)`` of this thread and process: nvImageCodec CPU-only, one thread (one per
-    DataLoader worker), fancy upsampling, RGB; made anew after a fork."""
-    key = os.getpid()
-    if getattr(_local, "pid", None) != key:
+    """``(decoder, params)`` of this thread and process (:func:`make_decoder`): CPU-only, one
+    thread (one per DataLoader worker); made anew after a fork."""
+    if getattr(_local, "pid", None) != os.getpid():
         n = library()
-        _local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                                   backends=[n.Backend(n.BackendKind.CPU_ONLY)],
-                                   options=":fancy_upsampling=1")
-        _local.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
-                                       sample_format=n.SampleFormat.I_RGB)
-        _local.pid = key
-    return _local.decoder, _local.params
+        _local.pair = make_decoder(n, n.NVIMGCODEC_DEVICE_CPU_ONLY, 1,
+                                   [n.Backend(n.BackendKind.CPU_ONLY)])
+        _local.pid = os.getpid()
+    return _local.pair
 
 
 def status() -> str:
