@@ -8,14 +8,12 @@ declines returns None and the next takes the image. No decoder here applies EXIF
 (docs/loaders.md#orientation)."""
 from __future__ import annotations
 
-import io
-
 import torch
 
 from . import acceptance, headers, jpeg, messages, raw
 from .acceptance import Frame, Refused, read_frame
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
-                        decoder_name, image_library, pil_errors, use)
+                        decoder_name, image_library, pil_decode, use)
 from .memory import release_freed_memory, retain_freed_memory
 from .resample import resize
 
@@ -40,24 +38,7 @@ def decode(data: bytes) -> torch.Tensor:
             return decode_jpeg(data)
         return decode_image(data)
     except RuntimeError:
-        return _decode_with_pil(data)
-
-
-def _decode_with_pil(data: bytes) -> torch.Tensor:
-    """PIL's RGB decode; its other refusals re-raised as ``OSError``, same text."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgb = img.convert("RGB")
-    except Image.UnidentifiedImageError:  # its text names the BytesIO object, not the bytes
-        raise Image.UnidentifiedImageError(messages.not_an_image(data)) from None
-    except OSError:
-        raise
-    except pil_errors() as exc:
-        raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
-    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
-        rgb.height, rgb.width, 3).permute(2, 0, 1)
+        return pil_decode(data)
 
 
 def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpeg
+from .messages import not_an_image
 
 ENV_VAR = "IMAGENET_FAST_DECODER"
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
@@ -41,14 +42,10 @@ class _Backend:
 def _torchcodec() -> _Backend:
     from torchcodec import decoders
 
-    def image(t: torch.Tensor) -> torch.Tensor:
-        try:
-            return decoders.decode_image(t, mode="RGB")
-        except ValueError as exc:  # "Unsupported or unrecognized image format"
-            raise RuntimeError(str(exc)) from None
-
+    # its ValueError ("Unsupported or unrecognized image format"): a RuntimeError in _decode
     return _Backend("torchcodec", f"TorchCodec {_version('torchcodec')}",
-                    lambda t: decoders.decode_jpeg(t, mode="RGB"), image,
+                    lambda t: decoders.decode_jpeg(t, mode="RGB"),
+                    lambda t: decoders.decode_image(t, mode="RGB"),
                     lambda t: decoders.decode_jpeg(t, mode="GRAY"), _without_exif)
 
 
@@ -70,7 +67,7 @@ def _torchvision() -> _Backend:
         data = bytes(t.numpy())
         if data[:8] == PNG_MAGIC:
             _check_png_chunks(data)
-            _pil_decode(t)
+            _pil()(t)
         return any_image(t)
 
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
@@ -91,21 +88,26 @@ def _check_png_chunks(data: bytes) -> None:
     raise RuntimeError("PNG: no IEND chunk (truncated)")
 
 
-def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
-    """PIL's uint8 ``(3, H, W)`` RGB (``luma``: ``(1, H, W)``); raises ``RuntimeError``."""
+def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
+    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``, a JPEG's own grayscale output).
+    Raises ``PIL.UnidentifiedImageError`` naming what the bytes are
+    (:func:`decode.messages.not_an_image`), else ``OSError``: one line, never an object's
+    address."""
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(t.numpy().tobytes())) as img:
+        with Image.open(io.BytesIO(data)) as img:
             if luma and img.format == "JPEG" and img.mode != "L":
                 img.draft("L", img.size)  # libjpeg's grayscale output, full size
             out = img.convert("L" if luma else "RGB")
+    except Image.UnidentifiedImageError:  # its text names the BytesIO object, not the bytes
+        raise Image.UnidentifiedImageError(not_an_image(data)) from None
+    except OSError:
+        raise
     except pil_errors() as exc:
-        # "cannot identify image file <_io.BytesIO object at 0x...>": no address in logs
-        raise RuntimeError(f"PIL: {str(exc).split(' <_io.BytesIO')[0]}") from None
-    channels = 1 if luma else 3
+        raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
     return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
-        out.height, out.width, channels).permute(2, 0, 1)
+        out.height, out.width, 1 if luma else 3).permute(2, 0, 1)
 
 
 def pil_errors() -> tuple[type[BaseException], ...]:
@@ -118,13 +120,21 @@ def pil_errors() -> tuple[type[BaseException], ...]:
             Image.DecompressionBombError)
 
 
-def _pil() -> _Backend:
-    simd = _version("Pillow-SIMD")
-    name = f"Pillow-SIMD {simd}" if simd != "?" else f"Pillow {_version('Pillow')}"
-    return _Backend("PIL", name, _pil_decode, _pil_decode, lambda t: _pil_decode(t, luma=True))
+def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:func:`pil_decode` as a backend's decoder of a tensor: raises ``RuntimeError``."""
+    def call(t: torch.Tensor) -> torch.Tensor:
+        try:
+            return pil_decode(t.numpy().tobytes(), luma)
+        except OSError as exc:
+            raise RuntimeError(f"PIL: {exc}") from None
+    return call
 
 
-_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pil}
+def _pillow() -> _Backend:
+    return _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))
+
+
+_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pillow}
 _backend: _Backend | None = None
 _skipped: dict[str, str] = {}  # key -> why it was not chosen
 
@@ -160,7 +170,7 @@ def _current() -> _Backend | None:
                 _backend = _load(key)
                 break
             except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
-                _skipped[key] = _one_line(exc) if str(exc).strip() else type(exc).__name__
+                _skipped[key] = _one_line(exc)
     return _backend
 
 
@@ -205,42 +215,27 @@ def decoder_name() -> str:
     return f"{text} ({'; '.join(passed)})" if passed else text
 
 
-def _tensor(data) -> torch.Tensor:
-    if isinstance(data, torch.Tensor):
-        return data
+def _tensor(data: bytes) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: decoders only read it
         return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def _as_bytes(data) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, torch.Tensor):
-        return data.numpy().tobytes()
-    return bytes(data)
-
-
-def _uint8_frame(image: torch.Tensor) -> torch.Tensor:
-    """uint8 ``(C, H, W)``: first frame, 16-bit scaled by ``round(v / 257)`` (TorchCodec's)."""
-    if image.dim() == 4:
-        image = image[0]
-    if image.dtype != torch.uint8:
-        image = (image.to(torch.float32) / 257).round_().clamp_(0, 255).to(torch.uint8)
-    return image
-
-
 def _decode(data, kind: str) -> torch.Tensor:
-    """``backend.<kind>`` of ``data``, uint8; raises ``RuntimeError`` (one line)."""
+    """``backend.<kind>`` of ``data``, uint8 ``(C, H, W)``; raises ``RuntimeError`` (one line)."""
     backend = _current()
     if backend is None:
         raise RuntimeError(f"no image decoder usable here ({'; '.join(_skipped.values())})")
-    buffer = _as_bytes(data)
+    buffer = data.numpy().tobytes() if isinstance(data, torch.Tensor) else bytes(data)
     try:
         out = getattr(backend, kind)(_tensor(backend.prepare(buffer)))
     except (RuntimeError, ValueError) as exc:
         raise RuntimeError(_one_line(exc)) from None
-    return _uint8_frame(out)
+    if out.dim() == 4:  # the first frame
+        out = out[0]
+    if out.dtype != torch.uint8:  # 16-bit scaled by round(v / 257), as TorchCodec does
+        out = (out.to(torch.float32) / 257).round_().clamp_(0, 255).to(torch.uint8)
+    return out
 
 
 def decode_jpeg(data) -> torch.Tensor:
@@ -291,10 +286,8 @@ def _without_exif(data: bytes) -> bytes:
 def image_library() -> str:
     """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
     for dist in ("Pillow-SIMD", "Pillow"):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
+        if _version(dist) != "?":
+            return f"{dist} {_version(dist)}"
     import PIL
 
     return f"PIL {PIL.__version__}"
