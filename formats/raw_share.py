@@ -8,12 +8,13 @@ at every point of the conversion. Model, threshold and totals travel in the resu
 resumed conversion chooses as an uninterrupted one."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,12 +33,12 @@ class Budget:
     share: float | None = None
     size: int | None = None
 
-    def allows(self, stored: int, jpeg: int, files_done: int, files: int) -> bool:
-        """Whether ``stored`` image bytes (``jpeg``: the same images as JPEGs) after ``files_done``
-        of ``files`` source files keep within the budget pro rata."""
+    def limit(self, jpeg: int, files_done: int, files: int) -> float:
+        """The image bytes allowed where the same images as JPEGs take ``jpeg`` bytes, after
+        ``files_done`` of ``files`` source files (pro rata)."""
         if self.share is not None:
-            return stored <= self.share * jpeg
-        return stored <= self.size * files_done / max(1, files)
+            return self.share * jpeg
+        return self.size * files_done / max(1, files)
 
 
 def parse_budget(text: str) -> Budget:
@@ -79,13 +80,6 @@ class CostModel:
     def saved(self, pixels: int, jpeg_bytes: int) -> float:
         return self.a + self.b * pixels + self.c * jpeg_bytes
 
-    def record(self) -> list:
-        return [self.a, self.b, self.c, self.sampled]
-
-    @classmethod
-    def from_record(cls, values) -> "CostModel":
-        return cls(*values)
-
     @classmethod
     def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
         """Least squares with non-negative coefficients: terms fitting negative are dropped and the
@@ -116,7 +110,7 @@ class RawChoice:
     jpeg: int = 0
     records: int = 0
     saved: float = 0.0
-    extra: int = field(default=0)
+    extra: int = 0
 
     def candidate(self, pixels: int, jpeg_bytes: int, raw_bytes: int) -> bool:
         """Whether an image clears the threshold."""
@@ -126,8 +120,8 @@ class RawChoice:
              files: int) -> bool:
         """Count one record (``raw_bytes``: its raw size if a candidate, else None); True if stored
         raw: a candidate the budget still allows."""
-        raw = raw_bytes is not None and self.budget.allows(
-            self.stored + raw_bytes, self.jpeg + jpeg_bytes, files_done, files)
+        raw = raw_bytes is not None and self.stored + raw_bytes <= self.budget.limit(
+            self.jpeg + jpeg_bytes, files_done, files)
         self.jpeg += jpeg_bytes
         self.stored += raw_bytes if raw else jpeg_bytes
         if raw:
@@ -138,13 +132,13 @@ class RawChoice:
 
     def state(self) -> dict:
         """The resume state's and metadata's fields (JSON and msgpack friendly)."""
-        return {"budget": self.budget.text, "model": self.model.record(),
+        return {"budget": self.budget.text, "model": list(dataclasses.astuple(self.model)),
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
                 "records": self.records, "saved_s": self.saved, "extra": self.extra}
 
     @classmethod
     def from_state(cls, state: dict) -> "RawChoice":
-        return cls(parse_budget(state["budget"]), CostModel.from_record(state["model"]),
+        return cls(parse_budget(state["budget"]), CostModel(*state["model"]),
                    state["threshold"], state["stored"], state["jpeg"], state["records"],
                    state["saved_s"], state["extra"])
 
@@ -262,8 +256,7 @@ def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float
     best first, stay within ``budget``; infinite if none fits."""
     ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
     jpeg = sum(r[1] for r in rows)
-    allowed = (budget.share * jpeg if budget.share is not None
-               else budget.size * len(rows) / max(1, files))
+    allowed = budget.limit(jpeg, len(rows), files)
     stored, level = jpeg, math.inf
     for pixels, jpeg_bytes, raw_bytes, *_ in ranked:
         stored += raw_bytes - jpeg_bytes
@@ -273,23 +266,14 @@ def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float
     return level
 
 
-def candidate_record(choice: RawChoice, jpeg: bytes) -> tuple[bytes | None, int]:
-    """``(raw record or None, pixels)`` of a stored JPEG: its raw record if it clears ``choice``'s
-    threshold; a JPEG whose header does not parse stays JPEG."""
-    sizes = _sizes(jpeg)
-    if sizes is None:
-        return None, 0
-    if not choice.candidate(*sizes):
-        return None, sizes[0]
-    return raw_record(jpeg)
-
-
 def with_candidate(choice: RawChoice):
-    """A ``post`` for ``check_files`` attaching the candidates' raw records."""
-    import dataclasses
-
+    """A ``post`` for ``check_files`` attaching to each checked JPEG its raw record and pixels
+    if it clears ``choice``'s threshold (a JPEG whose header does not parse stays JPEG)."""
     def post(checked):
-        raw, pixels = candidate_record(choice, checked.data)
+        sizes = _sizes(checked.data)
+        if sizes is None or not choice.candidate(*sizes):
+            return dataclasses.replace(checked, raw=None, pixels=sizes[0] if sizes else 0)
+        raw, pixels = raw_record(checked.data)
         return dataclasses.replace(checked, raw=raw, pixels=pixels)
 
     return post
