@@ -15,6 +15,7 @@ import glob
 import os
 import re
 import tarfile
+from typing import Iterator
 
 from ._listing import DatasetError, Listing, Source, class_listing
 from ._staging import stage_sequential
@@ -137,9 +138,17 @@ def _parquet_items(path: str) -> list[tuple[str, int, str | None, int]]:
 
 def _targz_items(path: str) -> list[tuple[str, int, str, None]]:
     """``(path, member number, name, None)`` of the files of a ``.tar.gz`` (a full read)."""
+    return [(path, number, name, None) for number, name, _ in _targz(path, read=False)]
+
+
+def _targz(path: str, read: bool) -> Iterator[tuple[int, str, bytes | None]]:
+    """``(member number, name, bytes if read)`` of each file of a ``.tar.gz``, front to back.
+    Raises :class:`DatasetError` naming the file."""
     try:
         with tarfile.open(path, "r|gz") as tar:
-            return [(path, n, info.name, None) for n, info in enumerate(tar) if info.isreg()]
+            for number, info in enumerate(tar):
+                if info.isreg():
+                    yield number, info.name, tar.extractfile(info).read() if read else None
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None
 
@@ -161,10 +170,5 @@ def read_items(path: str):
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"{path}: unreadable Parquet file ({exc})") from None
         return
-    try:
-        with tarfile.open(path, "r|gz") as tar:
-            for number, info in enumerate(tar):
-                if info.isreg():
-                    yield number, tar.extractfile(info).read()
-    except (OSError, tarfile.TarError, EOFError) as exc:
-        raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None
+    for number, _, data in _targz(path, read=True):
+        yield number, data

@@ -11,7 +11,7 @@ import os
 import re
 import tarfile
 
-from ._listing import DatasetError, Listing, Source, class_listing
+from ._listing import DatasetError, Listing, Source, class_listing, named_classes
 from ._tar import tar_members
 
 TRAIN_TAR, VAL_TAR = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"
@@ -65,19 +65,10 @@ def _ground_truth(devkit: str) -> list[int]:
     return [int(t) for t in text]
 
 
-def _classes(devkit: str | None) -> tuple[list[str], list[str] | None]:
-    """Sorted WNIDs and their words, from the devkit."""
-    if devkit is None:
-        return [], None
-    by_wnid = dict(read_meta(devkit).values())
-    classes = sorted(by_wnid)
-    return classes, [by_wnid[w] for w in classes]
-
-
 def list_train(train: str, devkit: str | None) -> Listing:
     """The train split in ``train`` (outer tar, or a folder of class tars). Raises
     :class:`DatasetError` for a bad tar or a class the devkit lacks."""
-    classes, names = _classes(devkit)
+    classes, names = named_classes(dict(read_meta(devkit).values())) if devkit else ([], None)
     inner = _inner_tars(train)
     if not classes:
         classes = sorted(wnid for wnid, _, _, _ in inner)
@@ -126,7 +117,7 @@ def list_val(val: str, devkit: str | None) -> Listing:
     else:
         images = [(os.path.basename(n), val, at, size) for n, at, size in tar_members(val)]
     meta, truth = read_meta(devkit), _ground_truth(devkit)
-    classes = sorted(wnid for wnid, _ in meta.values())
+    classes, names = named_classes(dict(meta.values()))
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     if len(truth) != len(images):
         raise DatasetError(f"{devkit}: {GROUND_TRUTH} has {len(truth)} labels for the "
@@ -143,7 +134,5 @@ def list_val(val: str, devkit: str | None) -> Listing:
                                f"ILSVRC2012_ID {idx} is not a class of {META}")
         wnid = meta[idx][0]
         files.append(Source(path, f"{wnid}/{name}", label_of[wnid], at, size))
-    by_wnid = dict(meta.values())
     return class_listing(val, classes, files, f"ImageNet official archives: {val} "
-                         f"(labels from {os.path.basename(devkit)})",
-                         [by_wnid[w] for w in classes])
+                         f"(labels from {os.path.basename(devkit)})", names)
