@@ -15,12 +15,12 @@ import os
 import numpy as np
 import torch
 
-from ..headers import JPEG_MAGIC
+from ..acceptance import Refused, read_frame
+from ..headers import JPEG_MAGIC, is_jpeg
 from ._optional import OptionalLibrary
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
 _VERSION = 4  # jc_version() of the C this module calls
-_c_int_p = ctypes.POINTER(ctypes.c_int)
 
 
 def _open():
@@ -30,7 +30,6 @@ def _open():
         return None, "decode/jpeg/_jpegcrop.so not built (make install builds it)"
     if lib.jc_version() != _VERSION:
         return None, "decode/jpeg/_jpegcrop.so is stale (make install rebuilds it)"
-    lib.jc_header.argtypes = [ctypes.c_char_p, ctypes.c_ulong, _c_int_p, _c_int_p, _c_int_p]
     lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib, None
@@ -50,16 +49,18 @@ def status() -> str:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a 1- or 3-component JPEG from its header; else None."""
-    lib = _load()
-    if lib is None or data[:3] != JPEG_MAGIC:
+    """``(height, width)`` of a 1- or 3-component JPEG from its header
+    (:func:`decode.acceptance.read_frame`) where the C decoder is on; else None."""
+    if _load() is None or not is_jpeg(data):
         return None
-    width, height, components = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if lib.jc_header(data, len(data), width, height, components) != 0:
+    try:
+        frame = read_frame(data)
+    except Refused:
         return None
-    if components.value not in (1, 3):
+    if frame is None or not frame.kind.endswith("JPEG") or frame.components not in (1, 3) \
+            or not frame.pixels:
         return None
-    return height.value, width.value
+    return frame.height, frame.width
 
 
 def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
