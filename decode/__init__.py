@@ -1,11 +1,8 @@
-"""Every image decoder of the project and the cascade over them: the bottom layer, importing no
-other package of the project.
-
-The cascade for a training window (:func:`decode_window`): at libjpeg-turbo's DCT scale where the
-window is at least twice the output (:mod:`decode.jpeg.scaled`), else the window alone
-(:mod:`decode.jpeg.window`), else the whole image (:mod:`decode.libraries`), cropped; a step that
-declines returns None and the next takes the image. No decoder here applies EXIF orientation
-(docs/loaders.md#orientation)."""
+"""Every image decoder of the project (the bottom layer) and the cascade for a training window
+(:func:`decode_crop`): at libjpeg-turbo's DCT scale where the window is at least twice the output
+(:mod:`decode.jpeg.scaled`), else the window alone (:mod:`decode.jpeg.window`), else the whole
+image (:mod:`decode.libraries`), cropped; a step that declines returns None. No decoder here
+applies EXIF orientation (docs/loaders.md#orientation)."""
 from __future__ import annotations
 
 import torch
@@ -31,7 +28,7 @@ def decode(data: bytes) -> torch.Tensor:
     (:mod:`decode.libraries`, grayscale and CMYK converted), other formats by the same library,
     else PIL; a raw record is copied out. Raises ``PIL.UnidentifiedImageError`` / ``OSError`` if
     the bytes are not an image."""
-    if raw.is_raw(data) and raw.raw_header(data) is not None:
+    if raw.raw_header(data) is not None:
         return raw.raw_image(data)
     try:
         if data[:3] == headers.JPEG_MAGIC:
@@ -53,9 +50,9 @@ def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | Non
 
 
 def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
-    """``(height, width)`` of a record :func:`decode_window` cuts without a whole decode (a raw
-    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``: the
-    :class:`Frame` :func:`decode.acceptance.check` read from ``data`` (read here if None)."""
+    """``(height, width)`` of a record :func:`decode_crop` cuts without a whole decode (a raw
+    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``:
+    ``data``'s :class:`Frame` (read here if None)."""
     if raw.is_raw(data):
         return raw.raw_size(data)
     if not jpeg.window.available() or not headers.is_jpeg(data):
@@ -75,22 +72,20 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
     header). ``interpolation``: :func:`resize`'s (``"nearest"`` never DCT-scales, which
     averages). Raises what :func:`decode` raises."""
     top, left, height, width = window
-    if image is None and raw.is_raw(data):
+    if image is None:
         header = raw.raw_header(data)
         if header is not None:
             return "raw", raw.raw_crop(data, window, header)
-    if image is None:
+        plain = frame is not None and frame.plain_jpeg
         factor = jpeg.scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation != "nearest":
-            shape = (frame.height, frame.width) if frame is not None and frame.plain_jpeg \
-                else None
-            out = jpeg.scaled.resized_window(data, factor, (top, left, top + height,
-                                                            left + width), size, interpolation,
-                                             shape)
+            out = jpeg.scaled.resized_window(data, factor, (top, left, top + height, left + width),
+                                             size, interpolation,
+                                             (frame.height, frame.width) if plain else None)
             if out is not None:
                 return "scaled", out
         crop = None
-        if frame is not None and frame.plain_jpeg and not frame.progressive:
+        if plain and not frame.progressive:
             # our C's region (identical pixels, ~8% less time); nvImageCodec's progressive
             # windows differ from it in the last level, so those keep nvImageCodec's
             crop = jpeg.region.decode_window(data, top, left, height, width)

@@ -1,12 +1,11 @@
 """Batches of JPEG windows decoded in the training process (``--decode-device``,
-docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec on the GPU or on its CPU
-backend, or torchvision's ``decode_jpeg(device="cuda")`` without nvImageCodec.
-
-nvImageCodec decodes only each region, a batch per call; raw records are cut on the host; what a
-decoder declines goes to :func:`decode.decode` on the CPU. Pixels as stored, fancy upsampling,
-RGB."""
+docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec (each region only, a
+batch per call) on the GPU or its CPU backend, or torchvision's ``decode_jpeg(device="cuda")``
+without it; raw records are cut on the host, what a decoder declines goes to
+:func:`decode.decode`. Pixels as stored, fancy upsampling, RGB."""
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -162,13 +161,14 @@ class WindowDecoder:
         return crops, warned
 
     def _tensor(self, image, region) -> torch.Tensor | None:
+        """nvImageCodec's ``(h, w, 3)`` image as uint8 ``(3, h, w)``; None if decoded in part."""
         if self.device.type == "cuda":
             pixels = torch.from_dlpack(image)  # (h, w, 3) on the GPU, no copy
             self.on_device += pixels.is_cuda
         else:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
         if tuple(pixels.shape) != (region[2], region[3], 3):
-            return None  # decoded only in part
+            return None
         return pixels.permute(2, 0, 1)
 
     def _torchvision(self, datas, regions):
@@ -253,9 +253,6 @@ class CudaChoice:
         return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
 
 
-_CHOICES: dict[tuple[str, float | None], CudaChoice] = {}
-
-
 def device_decode_problem(decoder: "WindowDecoder") -> str | None:
     """Why ``decoder`` does not decode a probe window into GPU memory, or None; never raises."""
     before = decoder.on_device
@@ -270,13 +267,11 @@ def device_decode_problem(decoder: "WindowDecoder") -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice:
     """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
     memory, cached per process, device and ``hw_load`` (the start-up line and the loaders agree).
     Both need the nvJPEG wheel (:func:`nvjpeg_pip_package`). Never raises."""
-    key = (str(device), hw_load)
-    if key in _CHOICES:
-        return _CHOICES[key]
     problems = []
     candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
     if not candidates:
@@ -292,11 +287,9 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
         except Exception as exc:  # noqa: BLE001 - the decoder could not be made here
             problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if problem is None:
-            _CHOICES[key] = CudaChoice(str(device), name, tuple(problems))
-            return _CHOICES[key]
+            return CudaChoice(str(device), name, tuple(problems))
         problems.append(f"{label}: {problem}")
-    _CHOICES[key] = CudaChoice(str(device), None, tuple(problems))
-    return _CHOICES[key]
+    return CudaChoice(str(device), None, tuple(problems))
 
 
 def nvjpeg_pip_package(cuda_version: str | None) -> str:

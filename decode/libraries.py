@@ -1,11 +1,7 @@
-"""The whole-image decoder library of the process (docs/loaders.md#image-decoders), chosen once:
-TorchCodec (``torchcodec.decoders`` >= 0.16) where it decodes a probe JPEG, else torchvision.io
-(deprecated in 0.29), else PIL; ``IMAGENET_FAST_DECODER`` (``torchcodec``, ``torchvision``,
-``PIL``) forces one. All give identical pixels.
-
-TorchCodec always applies EXIF orientation, so a JPEG's APP1 segments and a PNG's eXIf chunks are
-cut from the bytes it gets; WebP, AVIF and HEIC still come out oriented under it (ImageNet has
-none)."""
+"""The whole-image decoder library of the process, chosen once (docs/loaders.md#image-decoders):
+TorchCodec (>= 0.16) where it decodes a probe JPEG, else torchvision.io, else PIL (identical
+pixels); ``IMAGENET_FAST_DECODER`` forces one. TorchCodec always applies EXIF orientation, so it
+gets JPEGs without APP1 and PNGs without eXIf (WebP, AVIF, HEIC come out oriented)."""
 from __future__ import annotations
 
 import io
@@ -28,11 +24,11 @@ _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of Tor
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library: ``jpeg``, ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes;
-    ``prepare`` maps the bytes handed over."""
+    """A decoder library (``key`` in :data:`_FACTORIES`, ``name`` with its version): ``jpeg``,
+    ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes, ``prepare`` maps them first."""
 
-    key: str  # "torchcodec", "torchvision" or "PIL"
-    name: str  # with its version, for the log
+    key: str
+    name: str
     jpeg: Callable[[torch.Tensor], torch.Tensor]
     image: Callable[[torch.Tensor], torch.Tensor]
     luma: Callable[[torch.Tensor], torch.Tensor]
@@ -42,7 +38,6 @@ class _Backend:
 def _torchcodec() -> _Backend:
     from torchcodec import decoders
 
-    # its ValueError ("Unsupported or unrecognized image format"): a RuntimeError in _decode
     return _Backend("torchcodec", f"TorchCodec {_version('torchcodec')}",
                     lambda t: decoders.decode_jpeg(t, mode="RGB"),
                     lambda t: decoders.decode_image(t, mode="RGB"),
@@ -52,9 +47,8 @@ def _torchcodec() -> _Backend:
 def _torchvision() -> _Backend:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    def quiet(decode, mode=ImageReadMode.RGB):
+    def quiet(decode, mode=ImageReadMode.RGB):  # without 0.29's warning on every image
         def call(t: torch.Tensor) -> torch.Tensor:
-            # torchvision 0.29's deprecation warning, on every image; other warnings still show
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
                 return decode(t, mode=mode)
@@ -89,10 +83,9 @@ def _check_png_chunks(data: bytes) -> None:
 
 
 def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
-    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``, a JPEG's own grayscale output).
-    Raises ``PIL.UnidentifiedImageError`` naming what the bytes are
-    (:func:`decode.messages.not_an_image`), else ``OSError``: one line, never an object's
-    address."""
+    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line, never an
+    object's address: ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else
+    ``OSError``."""
     from PIL import Image
 
     try:
@@ -121,7 +114,6 @@ def pil_errors() -> tuple[type[BaseException], ...]:
 
 
 def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-    """:func:`pil_decode` as a backend's decoder of a tensor: raises ``RuntimeError``."""
     def call(t: torch.Tensor) -> torch.Tensor:
         try:
             return pil_decode(t.numpy().tobytes(), luma)
@@ -140,8 +132,9 @@ _skipped: dict[str, str] = {}  # key -> why it was not chosen
 
 
 def _version(dist: str) -> str:
+    """``dist``'s version without a local part ("0.17.0+cu130" -> "0.17.0"), "?" if absent."""
     try:
-        return metadata.version(dist).split("+")[0]  # "0.17.0+cu130" -> "0.17.0"
+        return metadata.version(dist).split("+")[0]
     except metadata.PackageNotFoundError:
         return "?"
 
@@ -246,8 +239,8 @@ def decode_jpeg(data) -> torch.Tensor:
 
 def decode_jpeg_luma(data) -> torch.Tensor:
     """A JPEG's luma plane, uint8 ``(1, H, W)``. Raises ``RuntimeError`` for exactly what
-    :func:`decode_jpeg` refuses: only the chroma IDCT, upsampling and colour conversion, which
-    cannot fail, are skipped (~18% less CPU; docs/formats.md#how-completely-images-are-checked)."""
+    :func:`decode_jpeg` refuses, in ~18% less CPU
+    (docs/formats.md#how-completely-images-are-checked)."""
     return _decode(data, "luma")
 
 
@@ -265,8 +258,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _without_exif(data: bytes) -> bytes:
-    """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (TorchCodec's EXIF)."""
-    # walking the few segments before the scan: ~5 us; `b"\xff\xe1" in data`: ~80 us
+    """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (the walk: ~5 us)."""
     if data[:3] == JPEG_MAGIC:
         spans = [(pos, end) for marker, pos, end in jpeg_segments(data) if marker == 0xE1]
     elif data[:8] == PNG_MAGIC:

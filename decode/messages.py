@@ -1,11 +1,8 @@
 """What the native decoders print to descriptor 2 (libjpeg's ``Corrupt JPEG data: ...``, libpng's,
-nvImageCodec's; naming no file, every decode), caught for the caller to name the file once.
-
-:func:`capture` points descriptor 2 at an anonymous file while a call runs; other output is passed
-on unchanged. Descriptor 2 is one per process: concurrent captures share the file, each reads the
-part written during it and ``shared`` says another ran; :func:`run_captured` then repeats the call
-alone (only when a library printed). ~5 us per capture; a child forked during one gets descriptor 2
-back."""
+nvImageCodec's: naming no file), caught for the caller to name the file once; other output is
+passed on. :func:`capture` (~5 us) points descriptor 2, one per process, at an anonymous file:
+concurrent captures share it (``shared``), and :func:`run_captured` then repeats a call that
+printed alone. A child forked during one gets descriptor 2 back."""
 from __future__ import annotations
 
 import os
@@ -33,8 +30,8 @@ def is_library_line(line: str) -> bool:
 
 
 class _Sink:
-    """The process's state: descriptor 2 points at ``file`` while ``active`` captures run; the real
-    one is ``saved``; output up to ``forwarded`` was passed on."""
+    """Descriptor 2 points at ``file`` while ``active`` captures run (the real one: ``saved``);
+    output up to ``forwarded`` was passed on."""
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -120,7 +117,7 @@ class capture:
 
 
 def _flush() -> None:
-    """Python's buffered standard error written out first, where it was meant to go."""
+    """Python's buffered standard error written out first."""
     try:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
@@ -203,9 +200,8 @@ def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
 
 
 def say_now(line: str) -> None:
-    """Write ``line`` (and a newline) to the process's standard error at once, also while a
-    capture holds descriptor 2 (a capture passes other output on only when it ends: a warning
-    printed inside one, such as a stream's retry, would reach the user after the retries)."""
+    """Write ``line`` to the real standard error at once, also during a capture (which passes
+    other output on only when it ends: a stream's retry warning would come after the retries)."""
     _flush()
     data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
