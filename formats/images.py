@@ -1,5 +1,5 @@
 """Which files a converter stores as they are, re-encodes or skips, by content, never by name, so
-that PIL, libjpeg-turbo (:mod:`decode.libraries`) and DALI's nvJPEG all read every record
+that PIL, libjpeg-turbo and DALI's nvJPEG all read every record
 (docs/formats.md#kept-re-encoded-skipped).
 
 * **verbatim**: a baseline RGB-decodable JPEG: first frame header SOF0 or SOF1, 8-bit, 1 component
@@ -113,9 +113,15 @@ def check_image(data: bytes, check: str = "full", cap=None,
 
 def _checked(data: bytes, check: str, cap) -> Checked:
     """:func:`check_image` once the acceptance rule passed ``data``."""
+    from PIL import Image
+
     reason = reencode_reason(data)
     if reason is None:
-        size = _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg's
+        try:  # PIL must read its header too (~20 us); the decode checked is libjpeg's
+            with Image.open(io.BytesIO(data)) as image:
+                size = image.size
+        except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
+            raise _pil_refusal(exc) from None
         if cap is not None and cap.exceeds(size):
             return Checked(reencode(data, cap), f"larger than --max-side {cap.max_side}")
         if cap is not None and cap.every:
@@ -124,17 +130,6 @@ def _checked(data: bytes, check: str, cap) -> Checked:
             _library_decode(data)  # libjpeg-turbo must read it all (it is what loaders use)
         return Checked(data)
     return Checked(reencode(data, cap), reencoded=reason)
-
-
-def _identify(data: bytes) -> tuple[int, int]:
-    """``(width, height)`` from PIL's header read (~20 us); raises :class:`NotAnImage`."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        raise _pil_refusal(exc) from None
 
 
 def _pil_refusal(exc: Exception) -> NotAnImage:
@@ -153,9 +148,7 @@ def reencode(data: bytes, cap=None) -> bytes:
     """The baseline RGB JPEG :func:`check_image` stores for a re-encoded file: at
     :data:`REENCODE_QUALITY`, or scaled to ``cap`` at its quality. Raises :class:`NotAnImage`."""
     image = _decode(data)
-    if cap is None:
-        return _encode_rgb(image)
-    return _encode_rgb(cap.apply(image), cap.quality)
+    return _encode_rgb(image) if cap is None else _encode_rgb(cap.apply(image), cap.quality)
 
 
 def _decode(data: bytes):
