@@ -10,10 +10,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .resample import resize
-
-__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_header", "raw_image", "raw_size",
-           "raw_window"]
+__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_bytes", "raw_crop", "raw_header", "raw_image",
+           "raw_size"]
 
 # Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
@@ -59,14 +57,6 @@ def raw_size(data: bytes) -> tuple[int, int] | None:
 def raw_image(data: bytes) -> torch.Tensor:
     """A raw record's uint8 ``(3, H, W)`` (a copy); ``ValueError`` if malformed."""
     return raw_crop(data)
-
-
-def raw_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
-               header: RawHeader | None = None,
-               interpolation: str = "bilinear") -> torch.Tensor:
-    """The ``window`` = ``(top, left, height, width)`` of a raw record resized to ``size`` by
-    :func:`decode.resize`: uint8 ``(3, *size)``; ``ValueError`` if malformed."""
-    return resize(raw_crop(data, window, header), size, interpolation)
 
 
 def raw_crop(data: bytes, window: tuple[int, int, int, int] | None = None,

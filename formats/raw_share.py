@@ -1,11 +1,8 @@
-"""The raw-pixel share of a store (``--raw-budget``): which images the converters store as raw
-pixels (:mod:`decode.raw`) instead of JPEG, under a disk budget (docs/raw-share.md#what-is-chosen).
-
-An image goes raw when its predicted decode time saved per extra byte clears a threshold (a greedy
-knapsack; FFCV draws at random). :class:`CostModel` is fitted on :data:`SAMPLE` timed images, the
-threshold set where :data:`SIZE_SAMPLE` images would fill the :class:`Budget`, which holds pro rata
-at every point of the conversion. Model, threshold and totals travel in the resume state, so a
-resumed conversion chooses as an uninterrupted one."""
+"""The raw-pixel share of a store (``--raw-budget``, docs/raw-share.md#what-is-chosen): an image is
+stored as raw pixels (:mod:`decode.raw`) when its predicted decode time saved per extra byte clears
+a threshold (a greedy knapsack; FFCV draws at random). :class:`CostModel` is fitted on
+:data:`SAMPLE` timed images, the threshold set where :data:`SIZE_SAMPLE` images would fill the
+:class:`Budget`, which holds pro rata all along; the resume state carries all three."""
 from __future__ import annotations
 
 import dataclasses
@@ -82,20 +79,14 @@ class CostModel:
 
     @classmethod
     def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
-        """Least squares with non-negative coefficients: terms fitting negative are dropped and the
-        rest refitted (active set, at most three rounds)."""
+        """Least squares with non-negative coefficients (``scipy.optimize.nnls``, Lawson and
+        Hanson's active-set method)."""
+        from scipy.optimize import nnls
+
         x = np.column_stack([np.ones(len(pixels)), np.asarray(pixels, float),
                              np.asarray(jpeg_bytes, float)])
-        y = np.asarray(saved, float)
-        keep = [0, 1, 2]
-        coef = np.zeros(3)
-        while keep:
-            fitted, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-            if (fitted >= 0).all():
-                coef[keep] = fitted
-                break
-            keep = [k for k, v in zip(keep, fitted) if v >= 0]
-        return cls(float(coef[0]), float(coef[1]), float(coef[2]), len(y))
+        coef, _ = nnls(x, np.asarray(saved, float))
+        return cls(*map(float, coef), len(saved))
 
 
 @dataclass
@@ -185,18 +176,19 @@ def _windows(height: int, width: int, rng: np.random.Generator, count: int):
 
 
 def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
-    """Seconds a window read of ``jpeg`` costs over its raw record's, on this thread."""
+    """Seconds a window read of ``jpeg`` (:func:`decode.decode_window`, the loaders' cascade)
+    costs over its raw record's, on this thread."""
     from decode import decode_window
-    from decode.raw import raw_size, raw_window
+    from decode.raw import raw_size
 
     size = (OUTPUT_SIDE, OUTPUT_SIDE)
     best = [math.inf, math.inf]
     windows = _windows(*raw_size(raw), rng, WINDOWS)
     for _ in range(2):
-        for k, (data, cut) in enumerate(((jpeg, decode_window), (raw, raw_window))):
+        for k, data in enumerate((jpeg, raw)):
             start = time.perf_counter()
             for window in windows:
-                cut(data, window, size)
+                decode_window(data, window, size)
             best[k] = min(best[k], time.perf_counter() - start)
     return (best[0] - best[1]) / len(windows)
 
