@@ -1,12 +1,10 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8: our C,
-``decode/jpeg/_jpegcrop.c`` (built by ``make install``; needs libjpeg-turbo's headers), through
-ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
-
-It crops and scales in one decode (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``,
-``scale_denom``), with a margin so chroma upsampling has its neighbours: the pixels of the whole
-image at that scale. Callers get None where it is not built, under ``IMAGENET_FAST_FULL_DECODE=1``,
-for anything but a 1- or 3-component JPEG, or when libjpeg reports an error or a corrupt-data
-warning (printed to stderr for :mod:`decode.messages`)."""
+"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, cropped and scaled in one
+decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (built by
+``make install``), through ctypes
+(docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
+None where not built, under ``IMAGENET_FAST_FULL_DECODE=1``, for anything but a 1- or 3-component
+JPEG, or when libjpeg reports an error or a corrupt-data warning (printed for
+:mod:`decode.messages`)."""
 from __future__ import annotations
 
 import ctypes

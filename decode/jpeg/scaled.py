@@ -1,13 +1,9 @@
-"""Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8, where the window is at least
-twice the output (:func:`scale_factor`; docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale).
-
-The scaled IDCT touches 1/4-1/64 of the pixels. Decoded by :mod:`decode.jpeg.region` (the region
-only) where built, else PIL's ``Image.draft``; PIL's ``resize`` with a fractional box then
-resamples the window at a full decode's geometry (pixel ``i`` at 1/k covers ``k*i .. k*i+k-1``)
-with the antialiased filter :func:`decode.resize` reimplements. The pixels differ from a full
-decode's by a bounded, deterministic amount (under 1 level on average). Callers get None, and
-decode otherwise, for anything but a JPEG PIL reads as RGB or grayscale, an incomplete decode, or
-scaled decoding off (``IMAGENET_FAST_FULL_DECODE=1``)."""
+"""Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 where the window is at least
+twice the output (docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale): by
+:mod:`decode.jpeg.region` where built, else PIL's ``draft``, then resampled at a full decode's
+geometry by PIL's antialiased filter (which :func:`decode.resize` reimplements): within 1 level of
+a full decode's pixels on average, deterministic. None for anything but a complete RGB or
+grayscale JPEG, or when off (``IMAGENET_FAST_FULL_DECODE=1``)."""
 from __future__ import annotations
 
 import io

@@ -1,8 +1,8 @@
-"""Decode just the RandomResizedCrop window of a JPEG: nvImageCodec's CPU backend (libjpeg-turbo's
-partial decompression; rows below the window never decoded), the pixels of a whole decode's crop
-(docs/performance.md#image-decoders). Callers get None, and decode the whole image, without
-nvImageCodec, for anything but a 1- or 3-component JPEG, for a window that does not decode
-completely, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
+"""Decode just the RandomResizedCrop window of a JPEG, the pixels of a whole decode's crop, by
+nvImageCodec's CPU backend (libjpeg-turbo's partial decompression;
+docs/performance.md#image-decoders).
+None without nvImageCodec, for anything but a complete 1- or 3-component JPEG window, or under
+``IMAGENET_FAST_FULL_DECODE=1``."""
 from __future__ import annotations
 
 import importlib

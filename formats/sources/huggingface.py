@@ -1,12 +1,8 @@
-"""Hugging Face's ``ILSVRC/imagenet-1k`` repository folder: Parquet (``data/train-*.parquet``,
-``data/validation-*.parquet``; columns ``image`` {``bytes``, ``path``} and ``label``, an index into
-``classes.py``'s sorted WNIDs) or, in earlier revisions, ``data/train_images_{0..4}.tar.gz`` and
-``data/val_images.tar.gz``.
-
-File names are the loading script's ``<IMAGE_FILENAME>_<SYNSET_ID>.JPEG``, mapped to the
-class-folder ``rel`` (``n01440764_10026_n01440764.JPEG`` -> ``n01440764/n01440764_10026.JPEG``).
-Neither format is seekable per image, so the images are staged first
-(:mod:`formats.sources._staging`)."""
+"""Hugging Face's ``ILSVRC/imagenet-1k`` folder: Parquet (``data/train-*.parquet``,
+``data/validation-*.parquet``: ``image`` {``bytes``, ``path``}, ``label`` indexing
+``classes.py``'s sorted WNIDs) or, earlier, ``data/train_images_*.tar.gz`` and
+``data/val_images.tar.gz``; file names ``<IMAGE_FILENAME>_<WNID>.JPEG`` map to the class-folder
+``rel``. Neither is seekable per image: the images are staged first (:mod:`._staging`)."""
 from __future__ import annotations
 
 import ast

@@ -1,9 +1,8 @@
-"""The official download from image-net.org, read in place: ``ILSVRC2012_img_train.tar`` (1,000
-uncompressed class tars, each JPEG indexed by byte offset; or their folder),
-``ILSVRC2012_img_val.tar`` (or its flat folder), and ``ILSVRC2012_devkit_t12[.tar.gz]``:
-``data/meta.mat`` read as torchvision's ``datasets.ImageNet`` does (synsets without children are
-the classes) and the val ground truth. Labels index the sorted WNIDs, not the ILSVRC2012_ID;
-``rel`` is the extracted path (``valprep.sh`` for val)."""
+"""The official download from image-net.org, read in place: ``ILSVRC2012_img_train.tar`` (class
+tars, each JPEG indexed by byte offset; or their folder), ``ILSVRC2012_img_val.tar`` (or its flat
+folder) and the devkit's ``data/meta.mat`` (read as torchvision's ``datasets.ImageNet`` does) and
+val ground truth. Labels index the sorted WNIDs; ``rel`` is the extracted path (``valprep.sh``'s
+for val)."""
 from __future__ import annotations
 
 import io
