@@ -179,9 +179,9 @@ def _png_frame(data: bytes) -> Frame | None:
 
 def _library_frame(data: bytes) -> Frame | None:
     """Size only, from nvImageCodec's header parse where installed, else PIL's."""
-    from . import jpeg
+    from .libraries import NVIMGCODEC
 
-    module = jpeg.window.library()
+    module = NVIMGCODEC.get()
     if module is not None:
         try:
             stream = module.CodeStream(data)

@@ -4,12 +4,13 @@ pixels); ``IMAGENET_FAST_DECODER`` forces one. TorchCodec always applies EXIF or
 gets JPEGs without APP1 and PNGs without eXIf (WebP, AVIF, HEIC come out oriented)."""
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -17,6 +18,8 @@ from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpe
 from .messages import not_an_image
 
 ENV_VAR = "IMAGENET_FAST_DECODER"
+# else nvImageCodec prints two lines per JPEG it declines; the loaders report such samples
+os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
 _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
                             "deprecated")
@@ -126,6 +129,49 @@ def _pillow() -> _Backend:
     return _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))
 
 
+class OptionalLibrary:
+    """A native library the window decoders use where present: ``load() -> (library, None) |
+    (None, why)``, called once per process on first use; ``IMAGENET_FAST_FULL_DECODE=1`` keeps it
+    off. ``reason``: why it is off, else None."""
+
+    def __init__(self, load: Callable[[], tuple[Any, str | None]]):
+        self._load = load
+        self._library = None
+        self._loaded = False
+        self.reason: str | None = None
+
+    def get(self):
+        """The library, or ``None`` (``reason`` says why)."""
+        if not self._loaded:
+            self._loaded = True
+            if os.environ.get("IMAGENET_FAST_FULL_DECODE") == "1":
+                self._library, self.reason = None, "IMAGENET_FAST_FULL_DECODE=1"
+            else:
+                self._library, self.reason = self._load()
+        return self._library
+
+    def available(self) -> bool:
+        """True if the library is present and turned on in this process."""
+        return self.get() is not None
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Load it again (if present) or turn it off in this process."""
+        self._loaded, self._library = False, None
+        if enabled:
+            self.get()
+        else:
+            self._loaded, self.reason = True, "turned off in this process"
+
+
+def _import_nvimgcodec():
+    try:
+        return importlib.import_module("nvidia.nvimgcodec"), None
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
+        return None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
+
+
+# nvImageCodec's module, imported once per process: the window decoders' and the header parse's
+NVIMGCODEC = OptionalLibrary(_import_nvimgcodec)
 _FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pillow}
 _backend: _Backend | None = None
 _skipped: dict[str, str] = {}  # key -> why it was not chosen

@@ -15,7 +15,7 @@ import torch
 
 from ..acceptance import Refused, read_frame
 from ..headers import JPEG_MAGIC, is_jpeg
-from ._optional import OptionalLibrary
+from ..libraries import OptionalLibrary
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
 _VERSION = 4  # jc_version() of the C this module calls

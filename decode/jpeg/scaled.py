@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from . import region
-from ._optional import OptionalLibrary
-from ..libraries import pil_errors
+from ..libraries import OptionalLibrary, pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
 # on unless IMAGENET_FAST_FULL_DECODE=1 or turned off in this process

@@ -1,33 +1,19 @@
 """Decode just the RandomResizedCrop window of a JPEG, the pixels of a whole decode's crop, by
 nvImageCodec's CPU backend (libjpeg-turbo's partial decompression;
-docs/performance.md#image-decoders).
-None without nvImageCodec, for anything but a complete 1- or 3-component JPEG window, or under
-``IMAGENET_FAST_FULL_DECODE=1``."""
+docs/performance.md#image-decoders). None without nvImageCodec, for anything but a complete
+1- or 3-component JPEG window, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 
 import numpy as np
 import torch
 
-from ._optional import OptionalLibrary
-
-# else two lines per JPEG it declines; the loaders report such samples themselves
-os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+from ..libraries import NVIMGCODEC
 
 _local = threading.local()  # one Decoder per thread and process (see _decoder)
-
-
-def _import():
-    try:
-        return importlib.import_module("nvidia.nvimgcodec"), None
-    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
-        return None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
-
-
-_library = OptionalLibrary(_import)  # nvImageCodec's module, imported once per process
+_library = NVIMGCODEC
 # nvImageCodec's module where window decoding is on in this process, else None
 library = _library.get
 set_enabled = _library.set_enabled  # window decoding on (if installed) or off in this process
