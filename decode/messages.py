@@ -35,7 +35,7 @@ class _Sink:
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.active = self.entered = self.forwarded = self.waiting = 0
+        self.active = self.entered = self.forwarded = 0
         self.exclusive = False
         self.owner = 0  # the thread of the exclusive capture
         self.file = self.saved = -1
@@ -80,9 +80,7 @@ class capture:
         self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
         with sink.cond:
             while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
-                sink.waiting += 1
                 sink.cond.wait()
-                sink.waiting -= 1
             if sink.active == 0 and not _install(sink):
                 return self
             sink.active += 1
@@ -157,8 +155,7 @@ def _finish(sink: _Sink, captured: capture, nested: int) -> None:
                 os.ftruncate(sink.file, 0)
                 os.lseek(sink.file, 0, os.SEEK_SET)
             sink.forwarded = 0
-        if sink.waiting:
-            sink.cond.notify_all()
+        sink.cond.notify_all()
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:

@@ -157,33 +157,21 @@ def sample_indices(count: int, sample: int = SAMPLE) -> list[int]:
     return sorted({int(i * count / sample) for i in range(sample)})
 
 
-def _windows(height: int, width: int, rng: np.random.Generator, count: int):
-    """``count`` RandomResizedCrop windows ``(top, left, h, w)`` in a ``height x width`` image,
-    torchvision's distribution (the whole image where ten draws miss)."""
-    out = []
-    for _ in range(count):
-        for _ in range(10):
-            area = height * width * rng.uniform(0.08, 1.0)
-            aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                out.append((int(rng.integers(0, height - h + 1)),
-                            int(rng.integers(0, width - w + 1)), h, w))
-                break
-        else:
-            out.append((0, 0, height, width))
-    return out
+def time_saving(jpeg: bytes, raw: bytes) -> float:
+    """Seconds a read of :data:`WINDOWS` RandomResizedCrop windows (torchvision's draw, from
+    torch's random state) of ``jpeg`` (:func:`decode.decode_window`, the loaders' cascade) costs
+    over its raw record's, per window, on this thread."""
+    import torch
+    from torchvision.transforms import RandomResizedCrop
 
-
-def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
-    """Seconds a window read of ``jpeg`` (:func:`decode.decode_window`, the loaders' cascade)
-    costs over its raw record's, on this thread."""
     from decode import decode_window
     from decode.raw import raw_size
 
     size = (OUTPUT_SIDE, OUTPUT_SIDE)
     best = [math.inf, math.inf]
-    windows = _windows(*raw_size(raw), rng, WINDOWS)
+    image = torch.empty(1, 1, 1).expand(3, *raw_size(raw))  # its shape only
+    windows = [RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
+               for _ in range(WINDOWS)]
     for _ in range(2):
         for k, data in enumerate((jpeg, raw)):
             start = time.perf_counter()
@@ -216,12 +204,13 @@ def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | Non
     timed = range(len(stored)) if timed is None else timed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
-    rng = np.random.default_rng(0)
     try:
         fit = []
-        for i in timed:
-            raw, pixels = raw_record(stored[i])
-            fit.append((pixels, len(stored[i]), time_saving(stored[i], raw, rng)))
+        with torch.random.fork_rng(devices=[]):  # the windows' draws, without touching the caller's
+            torch.manual_seed(0)
+            for i in timed:
+                raw, pixels = raw_record(stored[i])
+                fit.append((pixels, len(stored[i]), time_saving(stored[i], raw)))
     finally:
         torch.set_num_threads(threads)
     if not fit:
