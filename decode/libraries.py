@@ -125,10 +125,6 @@ def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     return call
 
 
-def _pillow() -> _Backend:
-    return _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))
-
-
 class OptionalLibrary:
     """A native library the window decoders use where present: ``load() -> (library, None) |
     (None, why)``, called once per process on first use; ``IMAGENET_FAST_FULL_DECODE=1`` keeps it
@@ -172,7 +168,8 @@ def _import_nvimgcodec():
 
 # nvImageCodec's module, imported once per process: the window decoders' and the header parse's
 NVIMGCODEC = OptionalLibrary(_import_nvimgcodec)
-_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pillow}
+_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision,
+              "PIL": lambda: _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))}
 _backend: _Backend | None = None
 _skipped: dict[str, str] = {}  # key -> why it was not chosen
 

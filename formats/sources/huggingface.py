@@ -74,7 +74,10 @@ def list_huggingface(root: str, split: str) -> Listing:
     known = read_classes_py(root)
     items = []  # (path, number, name, label or None)
     for path in paths:
-        items += _parquet_items(path) if kind == "parquet" else _targz_items(path)
+        if kind == "parquet":
+            items += _parquet_items(path)
+        else:  # a full read of the archive for its names
+            items += [(path, number, name, None) for number, name, _ in _targz(path, read=False)]
     classes, names = known or (sorted({class_rel(n)[0] for _, _, n, _ in items
                                        if n and class_rel(n)}), None)
     label_of = {wnid: label for label, wnid in enumerate(classes)}
@@ -130,11 +133,6 @@ def _parquet_items(path: str) -> list[tuple[str, int, str | None, int]]:
     paths = ([row["path"] for row in table.column("image").to_pylist()] if has_path
              else [None] * len(labels))
     return [(path, row, name, label) for row, (name, label) in enumerate(zip(paths, labels))]
-
-
-def _targz_items(path: str) -> list[tuple[str, int, str, None]]:
-    """``(path, member number, name, None)`` of the files of a ``.tar.gz`` (a full read)."""
-    return [(path, number, name, None) for number, name, _ in _targz(path, read=False)]
 
 
 def _targz(path: str, read: bool) -> Iterator[tuple[int, str, bytes | None]]:

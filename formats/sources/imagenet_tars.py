@@ -57,13 +57,6 @@ def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
         raise DatasetError(f"{devkit}: {META} is not the devkit's synsets table ({exc})") from None
 
 
-def _ground_truth(devkit: str) -> list[int]:
-    text = _devkit_file(devkit, GROUND_TRUTH).decode("ascii", "replace").split()
-    if not all(t.isdigit() for t in text):
-        raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
-    return [int(t) for t in text]
-
-
 def list_train(train: str, devkit: str | None) -> Listing:
     """The train split in ``train`` (outer tar, or a folder of class tars). Raises
     :class:`DatasetError` for a bad tar or a class the devkit lacks."""
@@ -115,7 +108,10 @@ def list_val(val: str, devkit: str | None) -> Listing:
         images = [(n, os.path.join(val, n), -1, -1) for n in names]
     else:
         images = [(os.path.basename(n), val, at, size) for n, at, size in tar_members(val)]
-    meta, truth = read_meta(devkit), _ground_truth(devkit)
+    meta, ids = read_meta(devkit), _devkit_file(devkit, GROUND_TRUTH).decode("ascii", "replace")
+    if not all(t.isdigit() for t in ids.split()):
+        raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
+    truth = [int(t) for t in ids.split()]
     classes, names = named_classes(dict(meta.values()))
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     if len(truth) != len(images):
