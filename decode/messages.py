@@ -81,8 +81,15 @@ class capture:
         with sink.cond:
             while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
                 sink.cond.wait()
-            if sink.active == 0 and not _install(sink):
-                return self
+            if sink.active == 0:  # descriptor 2 to the sink's file (made once per process)
+                _flush()
+                try:
+                    if sink.file < 0:
+                        sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
+                    sink.saved = os.dup(2)
+                    os.dup2(sink.file, 2)
+                except OSError:  # not redirectable here: catch nothing
+                    return self
             sink.active += 1
             sink.entered += 1
             if self.exclusive:
@@ -120,19 +127,6 @@ def _flush() -> None:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
-
-
-def _install(sink: _Sink) -> bool:
-    """Point descriptor 2 at the sink's file (made once per process); False if it cannot."""
-    _flush()
-    try:
-        if sink.file < 0:
-            sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
-        sink.saved = os.dup(2)
-        os.dup2(sink.file, 2)
-    except OSError:
-        return False
-    return True
 
 
 def _finish(sink: _Sink, captured: capture, nested: int) -> None:
