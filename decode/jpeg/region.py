@@ -11,7 +11,6 @@ import ctypes
 import os
 
 import numpy as np
-import torch
 
 from ..acceptance import Refused, read_frame
 from ..headers import JPEG_MAGIC, is_jpeg
@@ -73,17 +72,3 @@ def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
     if lib.jc_decode(data, len(data), denom, left, top, width, height, out.ctypes.data) != 0:
         return None
     return out
-
-
-def decode_window(data: bytes, top: int, left: int, height: int,
-                  width: int) -> torch.Tensor | None:
-    """uint8 RGB ``(3, height, width)`` (a channels-last view) at ``top``, ``left`` of a
-    sequential JPEG at full scale: the pixels of :func:`decode.jpeg.window.decode_window`, whose
-    use it follows (None where that is off), in about 8% less time. None as
-    :func:`decode_region`."""
-    from . import window
-
-    if not window.available():
-        return None
-    pixels = decode_region(data, 1, top, left, height, width)
-    return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
