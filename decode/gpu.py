@@ -177,7 +177,8 @@ class WindowDecoder:
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
-        usable = [i for i, d in enumerate(datas) if _plain_jpeg(d)]
+        frames = [read_frame(bytes(d)) for d in datas]  # nvJPEG's: 1- or 3-component DCT JPEGs
+        usable = [i for i, frame in enumerate(frames) if frame is not None and frame.plain_jpeg]
         crops: list[torch.Tensor | None] = [None] * len(datas)
         if not usable:
             return crops
@@ -219,13 +220,6 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     pinned = torch.empty_like(tensor, pin_memory=True)
     pinned.copy_(tensor)
     return pinned.to(device, non_blocking=True)
-
-
-def _plain_jpeg(data) -> bool:
-    """Whether ``data``'s header (:func:`decode.acceptance.read_frame`) is a 1- or 3-component DCT
-    JPEG, what nvJPEG decodes to RGB."""
-    frame = read_frame(bytes(data))
-    return frame is not None and frame.plain_jpeg
 
 
 def _crop(image: torch.Tensor, region) -> torch.Tensor:
