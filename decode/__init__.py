@@ -1,21 +1,16 @@
-"""Every image decoder of the project and the cascade over them: the bottom layer, importing no
-other package of the project.
-
-The cascade for a training window (:func:`decode_window`): at libjpeg-turbo's DCT scale where the
-window is at least twice the output (:mod:`decode.jpeg.scaled`), else the window alone
-(:mod:`decode.jpeg.window`), else the whole image (:mod:`decode.libraries`), cropped; a step that
-declines returns None and the next takes the image. No decoder here applies EXIF orientation
-(docs/loaders.md#orientation)."""
+"""Every image decoder of the project (the bottom layer) and the cascade for a training window
+(:func:`decode_crop`): at libjpeg-turbo's DCT scale where the window is at least twice the output
+(:mod:`decode.jpeg.scaled`), else the window alone (:mod:`decode.jpeg.window`), else the whole
+image (:mod:`decode.libraries`), cropped; a step that declines returns None. No decoder here
+applies EXIF orientation (docs/loaders.md#orientation)."""
 from __future__ import annotations
-
-import io
 
 import torch
 
 from . import acceptance, headers, jpeg, messages, raw
 from .acceptance import Frame, Refused, read_frame
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
-                        decoder_name, image_library, pil_errors, use)
+                        decoder_name, image_library, pil_decode, use)
 from .memory import release_freed_memory, retain_freed_memory
 from .resample import resize
 
@@ -33,31 +28,14 @@ def decode(data: bytes) -> torch.Tensor:
     (:mod:`decode.libraries`, grayscale and CMYK converted), other formats by the same library,
     else PIL; a raw record is copied out. Raises ``PIL.UnidentifiedImageError`` / ``OSError`` if
     the bytes are not an image."""
-    if raw.is_raw(data) and raw.raw_header(data) is not None:
+    if raw.raw_header(data) is not None:
         return raw.raw_image(data)
     try:
         if data[:3] == headers.JPEG_MAGIC:
             return decode_jpeg(data)
         return decode_image(data)
     except RuntimeError:
-        return _decode_with_pil(data)
-
-
-def _decode_with_pil(data: bytes) -> torch.Tensor:
-    """PIL's RGB decode; its other refusals re-raised as ``OSError``, same text."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgb = img.convert("RGB")
-    except Image.UnidentifiedImageError:  # its text names the BytesIO object, not the bytes
-        raise Image.UnidentifiedImageError(messages.not_an_image(data)) from None
-    except OSError:
-        raise
-    except pil_errors() as exc:
-        raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
-    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(
-        rgb.height, rgb.width, 3).permute(2, 0, 1)
+        return pil_decode(data)
 
 
 def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
@@ -72,9 +50,9 @@ def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | Non
 
 
 def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
-    """``(height, width)`` of a record :func:`decode_window` cuts without a whole decode (a raw
-    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``: the
-    :class:`Frame` :func:`decode.acceptance.check` read from ``data`` (read here if None)."""
+    """``(height, width)`` of a record :func:`decode_crop` cuts without a whole decode (a raw
+    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``:
+    ``data``'s :class:`Frame` (read here if None)."""
     if raw.is_raw(data):
         return raw.raw_size(data)
     if not jpeg.window.available() or not headers.is_jpeg(data):
@@ -94,25 +72,24 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
     header). ``interpolation``: :func:`resize`'s (``"nearest"`` never DCT-scales, which
     averages). Raises what :func:`decode` raises."""
     top, left, height, width = window
-    if image is None and raw.is_raw(data):
+    if image is None:
         header = raw.raw_header(data)
         if header is not None:
             return "raw", raw.raw_crop(data, window, header)
-    if image is None:
+        plain = frame is not None and frame.plain_jpeg
         factor = jpeg.scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation != "nearest":
-            shape = (frame.height, frame.width) if frame is not None and frame.plain_jpeg \
-                else None
-            out = jpeg.scaled.resized_window(data, factor, (top, left, top + height,
-                                                            left + width), size, interpolation,
-                                             shape)
+            out = jpeg.scaled.resized_window(data, factor, (top, left, top + height, left + width),
+                                             size, interpolation,
+                                             (frame.height, frame.width) if plain else None)
             if out is not None:
                 return "scaled", out
         crop = None
-        if frame is not None and frame.plain_jpeg and not frame.progressive:
-            # our C's region (identical pixels, ~8% less time); nvImageCodec's progressive
-            # windows differ from it in the last level, so those keep nvImageCodec's
-            crop = jpeg.region.decode_window(data, top, left, height, width)
+        if plain and not frame.progressive and jpeg.window.available():
+            # our C's region at full scale: nvImageCodec's pixels in ~8% less time (its
+            # progressive windows differ from ours in the last level, so those keep its)
+            pixels = jpeg.region.decode_region(data, 1, top, left, height, width)
+            crop = None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
         if crop is None:
             crop = jpeg.window.decode_window(data, top, left, height, width)
         if crop is not None:

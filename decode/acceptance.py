@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from . import raw
 from .headers import PNG_MAGIC, SOS, is_jpeg, jpeg_segments, png_chunks
 
-__all__ = ["MAX_PIXELS", "DAMAGED", "DCT_JPEGS", "Frame", "Refused", "TOO_LARGE", "check", "limit_pil",
-           "read_frame"]
+__all__ = ["MAX_PIXELS", "DAMAGED", "DCT_JPEGS", "Frame", "Refused", "TOO_LARGE", "check",
+           "limit_pil", "read_frame"]
 
 # PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (1024**3 // 4 // 3).
 MAX_PIXELS = 178_956_970
@@ -179,9 +179,9 @@ def _png_frame(data: bytes) -> Frame | None:
 
 def _library_frame(data: bytes) -> Frame | None:
     """Size only, from nvImageCodec's header parse where installed, else PIL's."""
-    from . import jpeg
+    from .libraries import NVIMGCODEC
 
-    module = jpeg.window.library()
+    module = NVIMGCODEC.get()
     if module is not None:
         try:
             stream = module.CodeStream(data)

@@ -1,12 +1,11 @@
 """Batches of JPEG windows decoded in the training process (``--decode-device``,
-docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec on the GPU or on its CPU
-backend, or torchvision's ``decode_jpeg(device="cuda")`` without nvImageCodec.
-
-nvImageCodec decodes only each region, a batch per call; raw records are cut on the host; what a
-decoder declines goes to :func:`decode.decode` on the CPU. Pixels as stored, fancy upsampling,
-RGB."""
+docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec (each region only, a
+batch per call) on the GPU or its CPU backend, or torchvision's ``decode_jpeg(device="cuda")``
+without it; raw records are cut on the host, what a decoder declines goes to
+:func:`decode.decode`. Pixels as stored, fancy upsampling, RGB."""
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -61,32 +60,21 @@ class WindowDecoder:
                                f"{jpeg.window.status()}")
         self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
-        if self.n is not None:
-            self._decoder, self._params = self._make(threads)
-
-    def _make(self, threads: int):
         n = self.n
-        if self.kind == "cuda":
-            backends = [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
-                        n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)]
-            decoder = n.Decoder(device_id=self.device.index or 0, backends=backends,
-                                max_num_cpu_threads=max(1, threads),
-                                options=":fancy_upsampling=1")
-        else:
-            decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY,
-                                max_num_cpu_threads=max(1, threads),
-                                backends=[n.Backend(n.BackendKind.CPU_ONLY)],
-                                options=":fancy_upsampling=1")
-        params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
-                                sample_format=n.SampleFormat.I_RGB)
-        return decoder, params
+        if n is not None and kind == "cuda":
+            self._decoder, self._params = jpeg.window.make_decoder(
+                n, self.device.index or 0, threads,
+                [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
+                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)])
+        elif n is not None:
+            self._decoder, self._params = jpeg.window.make_decoder(
+                n, n.NVIMGCODEC_DEVICE_CPU_ONLY, threads, [n.Backend(n.BackendKind.CPU_ONLY)])
 
     def status(self) -> str:
         """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
         decoder where present, load 0.65, then CUDA)"``."""
         if self.n is None:
-            return (f"batch windows: torchvision decode_jpeg on {self.device} (whole JPEGs, "
-                    "then the window)")
+            return _torchvision_line(self.device)
         return status_line(self.kind, self.device, self.hw_load)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
@@ -98,18 +86,18 @@ class WindowDecoder:
         default). ``frames[i]``: resample region ``i`` as part of a whole-image resize and crop
         (:func:`resize_in_frame`). ``seconds``: gets the host's wall seconds of the decode
         (``"decode"``) and of the resizes (``"resize"``); CUDA kernels run later on ``stream``."""
-        started = time.perf_counter() if seconds is not None else 0.0
-        resized = 0.0
-        count = len(datas)
+        started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
-        out = DecodedWindows(torch.zeros((count, 3, *size), dtype=dtype, device=self.device))
+        out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
         is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
         crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
         rest = [i for i, kind in enumerate(is_raw) if not kind]
         if rest:
-            decoded, warned = (self._nvimgcodec if self.n is not None else self._torchvision)(
-                [datas[i] for i in rest], [regions[i] for i in rest], *((stream,) if self.n
-                                                                       is not None else ()))
+            picked = [datas[i] for i in rest], [regions[i] for i in rest]
+            if self.n is not None:
+                decoded, warned = self._nvimgcodec(*picked, stream)
+            else:
+                decoded, warned = self._torchvision(*picked), []
             out.warnings += [(rest[i], lines) for i, lines in warned]
             for i, crop in zip(rest, decoded):
                 crops[i] = crop
@@ -123,13 +111,10 @@ class WindowDecoder:
                     continue
                 if lines:
                     out.warnings.append((i, lines))
-            resize_started = time.perf_counter() if seconds is not None else 0.0
-            if frames is not None:
-                out.images[i] = resize_in_frame(crop, regions[i], frames[i], size, dtype)
-            else:
-                out.images[i] = resize_window(crop, size, dtype)
-            if seconds is not None:
-                resized += time.perf_counter() - resize_started
+            resize_started = time.perf_counter()
+            out.images[i] = (resize_window(crop, size, dtype) if frames is None
+                             else resize_in_frame(crop, regions[i], frames[i], size, dtype))
+            resized += time.perf_counter() - resize_started
         if seconds is not None:
             seconds.update(decode=time.perf_counter() - started - resized, resize=resized)
         return out
@@ -166,38 +151,37 @@ class WindowDecoder:
         for i, image in zip(where, images):
             if image is not None:
                 crops[i] = self._tensor(image, regions[i])
-        return crops, self._warned(streams, where, stream) if caught.lines else []
-
-    def _warned(self, streams, where: list[int], stream: int) -> list[tuple[int, list[str]]]:
-        """``(position, lines)`` of the images that printed, each decoded alone."""
-        found = []
-        for i, code_stream in zip(where, streams):
-            with capture() as caught:
-                self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
-            if caught.lines:
-                found.append((i, caught.lines))
-        return found
+        warned = []
+        if caught.lines:  # which images printed: each decoded alone
+            for i, code_stream in zip(where, streams):
+                with capture() as alone:
+                    self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
+                if alone.lines:
+                    warned.append((i, alone.lines))
+        return crops, warned
 
     def _tensor(self, image, region) -> torch.Tensor | None:
+        """nvImageCodec's ``(h, w, 3)`` image as uint8 ``(3, h, w)``; None if decoded in part."""
         if self.device.type == "cuda":
             pixels = torch.from_dlpack(image)  # (h, w, 3) on the GPU, no copy
             self.on_device += pixels.is_cuda
         else:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
         if tuple(pixels.shape) != (region[2], region[3], 3):
-            return None  # decoded only in part
+            return None
         return pixels.permute(2, 0, 1)
 
     def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole JPEGs, then each window; None for what it refuses
-        and what is no 1- or 3-component JPEG. nvJPEG prints nothing."""
+        and what is no 1- or 3-component JPEG. nvJPEG prints nothing to catch."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
-        usable = [i for i, d in enumerate(datas) if _plain_jpeg(d)]
+        frames = [read_frame(bytes(d)) for d in datas]  # nvJPEG's: 1- or 3-component DCT JPEGs
+        usable = [i for i, frame in enumerate(frames) if frame is not None and frame.plain_jpeg]
         crops: list[torch.Tensor | None] = [None] * len(datas)
         if not usable:
-            return crops, []
+            return crops
         datas, regions = [datas[i] for i in usable], [regions[i] for i in usable]
         tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
@@ -215,7 +199,7 @@ class WindowDecoder:
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
         for i, whole, region in zip(usable, wholes, regions):
             crops[i] = None if whole is None else _crop(whole, region)
-        return crops, []
+        return crops
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """:func:`decode.decode`'s whole image, cropped, on the device. Raises what it raises."""
@@ -236,13 +220,6 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     pinned = torch.empty_like(tensor, pin_memory=True)
     pinned.copy_(tensor)
     return pinned.to(device, non_blocking=True)
-
-
-def _plain_jpeg(data) -> bool:
-    """Whether ``data``'s header (:func:`decode.acceptance.read_frame`) is a 1- or 3-component DCT
-    JPEG, what nvJPEG decodes to RGB."""
-    frame = read_frame(bytes(data))
-    return frame is not None and frame.plain_jpeg
 
 
 def _crop(image: torch.Tensor, region) -> torch.Tensor:
@@ -266,12 +243,8 @@ class CudaChoice:
             return status_line("cuda", device, hw_load)
         why = "; ".join(self.problems)
         if self.library == "torchvision":
-            return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then "
-                    f"the window; {why})")
+            return _torchvision_line(device, why)
         return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
-
-
-_CHOICES: dict[tuple[str, float | None], CudaChoice] = {}
 
 
 def device_decode_problem(decoder: "WindowDecoder") -> str | None:
@@ -288,13 +261,11 @@ def device_decode_problem(decoder: "WindowDecoder") -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice:
     """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
     memory, cached per process, device and ``hw_load`` (the start-up line and the loaders agree).
     Both need the nvJPEG wheel (:func:`nvjpeg_pip_package`). Never raises."""
-    key = (str(device), hw_load)
-    if key in _CHOICES:
-        return _CHOICES[key]
     problems = []
     candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
     if not candidates:
@@ -310,11 +281,9 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
         except Exception as exc:  # noqa: BLE001 - the decoder could not be made here
             problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if problem is None:
-            _CHOICES[key] = CudaChoice(str(device), name, tuple(problems))
-            return _CHOICES[key]
+            return CudaChoice(str(device), name, tuple(problems))
         problems.append(f"{label}: {problem}")
-    _CHOICES[key] = CudaChoice(str(device), None, tuple(problems))
-    return _CHOICES[key]
+    return CudaChoice(str(device), None, tuple(problems))
 
 
 def nvjpeg_pip_package(cuda_version: str | None) -> str:
@@ -331,10 +300,14 @@ def status_line(kind: str, device: torch.device, hw_load: float | None = None) -
     if library is None:
         if kind != "cuda":
             return f"batch windows: not usable ({jpeg.window.status()})"
-        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
-                f"window; {jpeg.window.status()})")
+        return _torchvision_line(device, jpeg.window.status())
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
     how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
            f"hardware JPEG decoder where present, load {load:g}, then CUDA")
     where = device if kind == "cuda" else "cpu"
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
+
+
+def _torchvision_line(device: torch.device, why: str = "") -> str:
+    return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+            f"window{'; ' + why if why else ''})")

@@ -1,25 +1,25 @@
-"""The whole-image decoder library of the process (docs/loaders.md#image-decoders), chosen once:
-TorchCodec (``torchcodec.decoders`` >= 0.16) where it decodes a probe JPEG, else torchvision.io
-(deprecated in 0.29), else PIL; ``IMAGENET_FAST_DECODER`` (``torchcodec``, ``torchvision``,
-``PIL``) forces one. All give identical pixels.
-
-TorchCodec always applies EXIF orientation, so a JPEG's APP1 segments and a PNG's eXIf chunks are
-cut from the bytes it gets; WebP, AVIF and HEIC still come out oriented under it (ImageNet has
-none)."""
+"""The whole-image decoder library of the process, chosen once (docs/loaders.md#image-decoders):
+TorchCodec (>= 0.16) where it decodes a probe JPEG, else torchvision.io, else PIL (identical
+pixels); ``IMAGENET_FAST_DECODER`` forces one. TorchCodec always applies EXIF orientation, so it
+gets JPEGs without APP1 and PNGs without eXIf (WebP, AVIF, HEIC come out oriented)."""
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpeg
+from .messages import not_an_image
 
 ENV_VAR = "IMAGENET_FAST_DECODER"
+# else nvImageCodec prints two lines per JPEG it declines; the loaders report such samples
+os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
 _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
                             "deprecated")
@@ -27,11 +27,11 @@ _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of Tor
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library: ``jpeg``, ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes;
-    ``prepare`` maps the bytes handed over."""
+    """A decoder library (``key`` in :data:`_FACTORIES`, ``name`` with its version): ``jpeg``,
+    ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes, ``prepare`` maps them first."""
 
-    key: str  # "torchcodec", "torchvision" or "PIL"
-    name: str  # with its version, for the log
+    key: str
+    name: str
     jpeg: Callable[[torch.Tensor], torch.Tensor]
     image: Callable[[torch.Tensor], torch.Tensor]
     luma: Callable[[torch.Tensor], torch.Tensor]
@@ -41,23 +41,17 @@ class _Backend:
 def _torchcodec() -> _Backend:
     from torchcodec import decoders
 
-    def image(t: torch.Tensor) -> torch.Tensor:
-        try:
-            return decoders.decode_image(t, mode="RGB")
-        except ValueError as exc:  # "Unsupported or unrecognized image format"
-            raise RuntimeError(str(exc)) from None
-
     return _Backend("torchcodec", f"TorchCodec {_version('torchcodec')}",
-                    lambda t: decoders.decode_jpeg(t, mode="RGB"), image,
+                    lambda t: decoders.decode_jpeg(t, mode="RGB"),
+                    lambda t: decoders.decode_image(t, mode="RGB"),
                     lambda t: decoders.decode_jpeg(t, mode="GRAY"), _without_exif)
 
 
 def _torchvision() -> _Backend:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    def quiet(decode, mode=ImageReadMode.RGB):
+    def quiet(decode, mode=ImageReadMode.RGB):  # without 0.29's warning on every image
         def call(t: torch.Tensor) -> torch.Tensor:
-            # torchvision 0.29's deprecation warning, on every image; other warnings still show
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
                 return decode(t, mode=mode)
@@ -70,7 +64,7 @@ def _torchvision() -> _Backend:
         data = bytes(t.numpy())
         if data[:8] == PNG_MAGIC:
             _check_png_chunks(data)
-            _pil_decode(t)
+            _pil()(t)
         return any_image(t)
 
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
@@ -91,21 +85,25 @@ def _check_png_chunks(data: bytes) -> None:
     raise RuntimeError("PNG: no IEND chunk (truncated)")
 
 
-def _pil_decode(t: torch.Tensor, luma: bool = False) -> torch.Tensor:
-    """PIL's uint8 ``(3, H, W)`` RGB (``luma``: ``(1, H, W)``); raises ``RuntimeError``."""
+def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
+    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line, never an
+    object's address: ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else
+    ``OSError``."""
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(t.numpy().tobytes())) as img:
+        with Image.open(io.BytesIO(data)) as img:
             if luma and img.format == "JPEG" and img.mode != "L":
                 img.draft("L", img.size)  # libjpeg's grayscale output, full size
             out = img.convert("L" if luma else "RGB")
+    except Image.UnidentifiedImageError:  # its text names the BytesIO object, not the bytes
+        raise Image.UnidentifiedImageError(not_an_image(data)) from None
+    except OSError:
+        raise
     except pil_errors() as exc:
-        # "cannot identify image file <_io.BytesIO object at 0x...>": no address in logs
-        raise RuntimeError(f"PIL: {str(exc).split(' <_io.BytesIO')[0]}") from None
-    channels = 1 if luma else 3
+        raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
     return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
-        out.height, out.width, channels).permute(2, 0, 1)
+        out.height, out.width, 1 if luma else 3).permute(2, 0, 1)
 
 
 def pil_errors() -> tuple[type[BaseException], ...]:
@@ -118,20 +116,68 @@ def pil_errors() -> tuple[type[BaseException], ...]:
             Image.DecompressionBombError)
 
 
-def _pil() -> _Backend:
-    simd = _version("Pillow-SIMD")
-    name = f"Pillow-SIMD {simd}" if simd != "?" else f"Pillow {_version('Pillow')}"
-    return _Backend("PIL", name, _pil_decode, _pil_decode, lambda t: _pil_decode(t, luma=True))
+def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    def call(t: torch.Tensor) -> torch.Tensor:
+        try:
+            return pil_decode(t.numpy().tobytes(), luma)
+        except OSError as exc:
+            raise RuntimeError(f"PIL: {exc}") from None
+    return call
 
 
-_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision, "PIL": _pil}
+class OptionalLibrary:
+    """A native library the window decoders use where present: ``load() -> (library, None) |
+    (None, why)``, called once per process on first use; ``IMAGENET_FAST_FULL_DECODE=1`` keeps it
+    off. ``reason``: why it is off, else None."""
+
+    def __init__(self, load: Callable[[], tuple[Any, str | None]]):
+        self._load = load
+        self._library = None
+        self._loaded = False
+        self.reason: str | None = None
+
+    def get(self):
+        """The library, or ``None`` (``reason`` says why)."""
+        if not self._loaded:
+            self._loaded = True
+            if os.environ.get("IMAGENET_FAST_FULL_DECODE") == "1":
+                self._library, self.reason = None, "IMAGENET_FAST_FULL_DECODE=1"
+            else:
+                self._library, self.reason = self._load()
+        return self._library
+
+    def available(self) -> bool:
+        """True if the library is present and turned on in this process."""
+        return self.get() is not None
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Load it again (if present) or turn it off in this process."""
+        self._loaded, self._library = False, None
+        if enabled:
+            self.get()
+        else:
+            self._loaded, self.reason = True, "turned off in this process"
+
+
+def _import_nvimgcodec():
+    try:
+        return importlib.import_module("nvidia.nvimgcodec"), None
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
+        return None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
+
+
+# nvImageCodec's module, imported once per process: the window decoders' and the header parse's
+NVIMGCODEC = OptionalLibrary(_import_nvimgcodec)
+_FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision,
+              "PIL": lambda: _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))}
 _backend: _Backend | None = None
 _skipped: dict[str, str] = {}  # key -> why it was not chosen
 
 
 def _version(dist: str) -> str:
+    """``dist``'s version without a local part ("0.17.0+cu130" -> "0.17.0"), "?" if absent."""
     try:
-        return metadata.version(dist).split("+")[0]  # "0.17.0+cu130" -> "0.17.0"
+        return metadata.version(dist).split("+")[0]
     except metadata.PackageNotFoundError:
         return "?"
 
@@ -160,7 +206,7 @@ def _current() -> _Backend | None:
                 _backend = _load(key)
                 break
             except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
-                _skipped[key] = _one_line(exc) if str(exc).strip() else type(exc).__name__
+                _skipped[key] = _one_line(exc)
     return _backend
 
 
@@ -205,42 +251,27 @@ def decoder_name() -> str:
     return f"{text} ({'; '.join(passed)})" if passed else text
 
 
-def _tensor(data) -> torch.Tensor:
-    if isinstance(data, torch.Tensor):
-        return data
+def _tensor(data: bytes) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: decoders only read it
         return torch.frombuffer(data, dtype=torch.uint8)
 
 
-def _as_bytes(data) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, torch.Tensor):
-        return data.numpy().tobytes()
-    return bytes(data)
-
-
-def _uint8_frame(image: torch.Tensor) -> torch.Tensor:
-    """uint8 ``(C, H, W)``: first frame, 16-bit scaled by ``round(v / 257)`` (TorchCodec's)."""
-    if image.dim() == 4:
-        image = image[0]
-    if image.dtype != torch.uint8:
-        image = (image.to(torch.float32) / 257).round_().clamp_(0, 255).to(torch.uint8)
-    return image
-
-
 def _decode(data, kind: str) -> torch.Tensor:
-    """``backend.<kind>`` of ``data``, uint8; raises ``RuntimeError`` (one line)."""
+    """``backend.<kind>`` of ``data``, uint8 ``(C, H, W)``; raises ``RuntimeError`` (one line)."""
     backend = _current()
     if backend is None:
         raise RuntimeError(f"no image decoder usable here ({'; '.join(_skipped.values())})")
-    buffer = _as_bytes(data)
+    buffer = data.numpy().tobytes() if isinstance(data, torch.Tensor) else bytes(data)
     try:
         out = getattr(backend, kind)(_tensor(backend.prepare(buffer)))
     except (RuntimeError, ValueError) as exc:
         raise RuntimeError(_one_line(exc)) from None
-    return _uint8_frame(out)
+    if out.dim() == 4:  # the first frame
+        out = out[0]
+    if out.dtype != torch.uint8:  # 16-bit scaled by round(v / 257), as TorchCodec does
+        out = (out.to(torch.float32) / 257).round_().clamp_(0, 255).to(torch.uint8)
+    return out
 
 
 def decode_jpeg(data) -> torch.Tensor:
@@ -251,8 +282,8 @@ def decode_jpeg(data) -> torch.Tensor:
 
 def decode_jpeg_luma(data) -> torch.Tensor:
     """A JPEG's luma plane, uint8 ``(1, H, W)``. Raises ``RuntimeError`` for exactly what
-    :func:`decode_jpeg` refuses: only the chroma IDCT, upsampling and colour conversion, which
-    cannot fail, are skipped (~18% less CPU; docs/formats.md#how-completely-images-are-checked)."""
+    :func:`decode_jpeg` refuses, in ~18% less CPU
+    (docs/formats.md#how-completely-images-are-checked)."""
     return _decode(data, "luma")
 
 
@@ -270,8 +301,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _without_exif(data: bytes) -> bytes:
-    """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (TorchCodec's EXIF)."""
-    # walking the few segments before the scan: ~5 us; `b"\xff\xe1" in data`: ~80 us
+    """``data`` without a JPEG's APP1 segments or a PNG's eXIf chunks (the walk: ~5 us)."""
     if data[:3] == JPEG_MAGIC:
         spans = [(pos, end) for marker, pos, end in jpeg_segments(data) if marker == 0xE1]
     elif data[:8] == PNG_MAGIC:
@@ -291,10 +321,8 @@ def _without_exif(data: bytes) -> bytes:
 def image_library() -> str:
     """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
     for dist in ("Pillow-SIMD", "Pillow"):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
+        if _version(dist) != "?":
+            return f"{dist} {_version(dist)}"
     import PIL
 
     return f"PIL {PIL.__version__}"

@@ -1,10 +1,7 @@
-"""Keep freed heap memory in the process (glibc) instead of returning it to the kernel, and return
-it once per epoch.
-
-glibc serves large allocations (batches, decode buffers) with fresh ``mmap()`` calls, page-faulted
-in again, 4 KiB at a time, after every free; jemalloc or tcmalloc (PyTorch's CPU tuning guide)
-avoid it too, this needs no library. Kept memory creeps up across epochs where allocation sizes
-vary, hence :func:`release_freed_memory` (docs/performance.md#host-memory-across-epochs)."""
+"""Keep freed heap memory in the process (glibc) instead of returning it to the kernel, where large
+allocations (batches, decode buffers) would be ``mmap()``-ed and page-faulted in anew after every
+free (what jemalloc or tcmalloc avoid too), and return it once per epoch
+(docs/performance.md#host-memory-across-epochs)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,11 +1,8 @@
 """What the native decoders print to descriptor 2 (libjpeg's ``Corrupt JPEG data: ...``, libpng's,
-nvImageCodec's; naming no file, every decode), caught for the caller to name the file once.
-
-:func:`capture` points descriptor 2 at an anonymous file while a call runs; other output is passed
-on unchanged. Descriptor 2 is one per process: concurrent captures share the file, each reads the
-part written during it and ``shared`` says another ran; :func:`run_captured` then repeats the call
-alone (only when a library printed). ~5 us per capture; a child forked during one gets descriptor 2
-back."""
+nvImageCodec's: naming no file), caught for the caller to name the file once; other output is
+passed on. :func:`capture` (~5 us) points descriptor 2, one per process, at an anonymous file:
+concurrent captures share it (``shared``), and :func:`run_captured` then repeats a call that
+printed alone. A child forked during one gets descriptor 2 back."""
 from __future__ import annotations
 
 import os
@@ -25,7 +22,6 @@ LIBRARY_LINE = re.compile(
     r"Inconsistent progression sequence|Application transferred too many scanlines|"
     r"Unsupported marker|libpng (warning|error)|\[(ERROR|WARNING|WARN)\] *\[[\w.]+\])")
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-_ENDS = re.compile(rb"[\r\n]")
 
 
 def is_library_line(line: str) -> bool:
@@ -34,12 +30,12 @@ def is_library_line(line: str) -> bool:
 
 
 class _Sink:
-    """The process's state: descriptor 2 points at ``file`` while ``active`` captures run; the real
-    one is ``saved``; output up to ``forwarded`` was passed on."""
+    """Descriptor 2 points at ``file`` while ``active`` captures run (the real one: ``saved``);
+    output up to ``forwarded`` was passed on."""
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.active = self.entered = self.forwarded = self.waiting = 0
+        self.active = self.entered = self.forwarded = 0
         self.exclusive = False
         self.owner = 0  # the thread of the exclusive capture
         self.file = self.saved = -1
@@ -84,11 +80,16 @@ class capture:
         self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
         with sink.cond:
             while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
-                sink.waiting += 1
                 sink.cond.wait()
-                sink.waiting -= 1
-            if sink.active == 0 and not _install(sink):
-                return self
+            if sink.active == 0:  # descriptor 2 to the sink's file (made once per process)
+                _flush()
+                try:
+                    if sink.file < 0:
+                        sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
+                    sink.saved = os.dup(2)
+                    os.dup2(sink.file, 2)
+                except OSError:  # not redirectable here: catch nothing
+                    return self
             sink.active += 1
             sink.entered += 1
             if self.exclusive:
@@ -120,29 +121,18 @@ class capture:
         self._sink = None
 
 
-def _install(sink: _Sink) -> bool:
-    """Point descriptor 2 at the sink's file (made once per process); False if it cannot."""
+def _flush() -> None:
+    """Python's buffered standard error written out first."""
     try:
-        sys.stderr.flush()  # Python's buffered output goes where it was meant to go first
+        sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
-    try:
-        if sink.file < 0:
-            sink.file = os.memfd_create("native-stderr", os.MFD_CLOEXEC)
-        sink.saved = os.dup(2)
-        os.dup2(sink.file, 2)
-    except OSError:
-        return False
-    return True
 
 
 def _finish(sink: _Sink, captured: capture, nested: int) -> None:
     """End ``captured``: its lines read, the rest passed on, descriptor 2 put back by the last
     capture to end; ``nested``: captures this thread began inside it."""
-    try:
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
+    _flush()
     with sink.cond:
         end = os.lseek(sink.file, 0, os.SEEK_CUR)
         captured.lines = _library_lines(sink.file, captured._start, end)
@@ -159,8 +149,7 @@ def _finish(sink: _Sink, captured: capture, nested: int) -> None:
                 os.ftruncate(sink.file, 0)
                 os.lseek(sink.file, 0, os.SEEK_SET)
             sink.forwarded = 0
-        if sink.waiting:
-            sink.cond.notify_all()
+        sink.cond.notify_all()
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:
@@ -172,7 +161,7 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
         last = max(text.rfind(b"\n"), text.rfind(b"\r"))
         text = text[:last + 1]
     sink.forwarded += len(text)
-    kept = b"".join(piece for piece in _pieces(text)
+    kept = b"".join(piece for piece in text.splitlines(keepends=True)
                     if not is_library_line(_COLOUR.sub("", piece.decode("utf-8", "replace"))))
     if kept:
         try:
@@ -181,23 +170,12 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
             pass
 
 
-def _pieces(text: bytes) -> list[bytes]:
-    """``text`` cut after each line end (``\\n`` or ``\\r``), the ends kept."""
-    pieces, at = [], 0
-    for match in _ENDS.finditer(text):
-        pieces.append(text[at:match.end()])
-        at = match.end()
-    if at < len(text):
-        pieces.append(text[at:])
-    return pieces
-
-
 def _library_lines(file: int, start: int, end: int) -> list[str]:
     """The native decoders' lines among the bytes ``start..end`` of ``file``."""
     if end <= start:
         return []
     lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
-             for piece in _pieces(os.pread(file, end - start, start)))
+             for piece in os.pread(file, end - start, start).splitlines(keepends=True))
     return [line for line in lines if line and is_library_line(line)]
 
 
@@ -213,13 +191,9 @@ def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
 
 
 def say_now(line: str) -> None:
-    """Write ``line`` (and a newline) to the process's standard error at once, also while a
-    capture holds descriptor 2 (a capture passes other output on only when it ends: a warning
-    printed inside one, such as a stream's retry, would reach the user after the retries)."""
-    try:
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
+    """Write ``line`` to the real standard error at once, also during a capture (which passes
+    other output on only when it ends: a stream's retry warning would come after the retries)."""
+    _flush()
     data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
     with sink.cond:

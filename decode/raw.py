@@ -5,40 +5,27 @@ is cut from the stored bytes without a decode."""
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from .resample import resize
-
-__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_header", "raw_image", "raw_size",
-           "raw_window"]
+__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_bytes", "raw_crop", "raw_header", "raw_image",
+           "raw_size"]
 
 # Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
 _HEAD_BYTES = 32
 
 
-class RawHeader(tuple):
-    """``(height, width, channels, offset)``: pixels, 1 or 3, byte offset of the first pixel."""
+class RawHeader(NamedTuple):
+    """A raw record's size in pixels, its ``channels`` (1 or 3) and the byte ``offset`` of its
+    first pixel."""
 
-    __slots__ = ()
-
-    @property
-    def height(self) -> int:
-        return self[0]
-
-    @property
-    def width(self) -> int:
-        return self[1]
-
-    @property
-    def channels(self) -> int:
-        return self[2]
-
-    @property
-    def offset(self) -> int:
-        return self[3]
+    height: int
+    width: int
+    channels: int
+    offset: int
 
 
 def is_raw(data: bytes) -> bool:
@@ -58,7 +45,7 @@ def raw_header(data: bytes) -> RawHeader | None:
     width, height, offset = int(match[2]), int(match[3]), match.end()
     if width < 1 or height < 1 or len(data) != offset + width * height * channels:
         return None
-    return RawHeader((height, width, channels, offset))
+    return RawHeader(height, width, channels, offset)
 
 
 def raw_size(data: bytes) -> tuple[int, int] | None:
@@ -67,46 +54,25 @@ def raw_size(data: bytes) -> tuple[int, int] | None:
     return None if header is None else (header.height, header.width)
 
 
-def _pixels(data: bytes, header: RawHeader) -> np.ndarray:
-    """A read-only uint8 ``(H, W, C)`` view of the record's pixels."""
-    return np.frombuffer(data, np.uint8, header.height * header.width * header.channels,
-                         header.offset).reshape(header.height, header.width, header.channels)
-
-
-def _as_rgb(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 ``(h, w, C)`` view -> a fresh uint8 ``(3, h, w)``, grayscale repeated."""
-    if pixels.shape[2] == 1:
-        pixels = np.repeat(pixels, 3, axis=2)
-    else:
-        pixels = pixels.copy()  # writable, C order: only the window's bytes
-    return torch.from_numpy(pixels).permute(2, 0, 1)
-
-
 def raw_image(data: bytes) -> torch.Tensor:
     """A raw record's uint8 ``(3, H, W)`` (a copy); ``ValueError`` if malformed."""
-    header = raw_header(data)
-    if header is None:
-        raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")
-    return _as_rgb(_pixels(data, header))
+    return raw_crop(data)
 
 
-def raw_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
-               header: RawHeader | None = None,
-               interpolation: str = "bilinear") -> torch.Tensor:
-    """The ``window`` = ``(top, left, height, width)`` of a raw record resized to ``size`` by
-    :func:`decode.resize`: uint8 ``(3, *size)``; ``ValueError`` if malformed."""
-    return resize(raw_crop(data, window, header), size, interpolation)
-
-
-def raw_crop(data: bytes, window: tuple[int, int, int, int],
+def raw_crop(data: bytes, window: tuple[int, int, int, int] | None = None,
              header: RawHeader | None = None) -> torch.Tensor:
-    """The ``window`` of a raw record, uint8 ``(3, height, width)``, a channels-last copy of its
-    bytes only. ``ValueError`` if malformed."""
+    """The ``window`` (None: all) of a raw record, uint8 ``(3, height, width)``, a channels-last
+    copy of its bytes only, grayscale repeated. ``ValueError`` if malformed."""
     header = header or raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")
-    top, left, height, width = window
-    return _as_rgb(_pixels(data, header)[top:top + height, left:left + width])
+    top, left, height, width = window or (0, 0, header.height, header.width)
+    pixels = np.frombuffer(data, np.uint8, header.height * header.width * header.channels,
+                           header.offset).reshape(header.height, header.width, header.channels)
+    pixels = pixels[top:top + height, left:left + width]
+    # a fresh, writable array in C order: only the window's bytes
+    pixels = np.repeat(pixels, 3, axis=2) if header.channels == 1 else pixels.copy()
+    return torch.from_numpy(pixels).permute(2, 0, 1)
 
 
 def encode_raw(image: torch.Tensor, gray: bool = False) -> bytes:

@@ -6,11 +6,16 @@ import torch
 import torch.nn.functional as nnf
 
 
-def resize(image: torch.Tensor, size: tuple[int, int],
-           interpolation: str = "bilinear") -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> uint8 ``(3, *size)`` (channels-last uint8 ``interpolate``): bilinear
-    or bicubic antialiased, as PIL's resize under torchvision, or nearest."""
-    batch = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+def resize(image: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear",
+           dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` -> ``(3, *size)`` of ``dtype``: bilinear or bicubic antialiased, as
+    PIL's resize under torchvision, or nearest; uint8 channels-last (``interpolate``'s uint8
+    kernels), float32 unrounded (CUDA's kernels take floats)."""
+    batch = image.unsqueeze(0)
+    if dtype == torch.uint8:
+        batch = batch.contiguous(memory_format=torch.channels_last)
+    else:
+        batch = batch.to(dtype)
     if interpolation == "nearest":
         return nnf.interpolate(batch, size=size, mode="nearest")[0]
     return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
@@ -18,14 +23,8 @@ def resize(image: torch.Tensor, size: tuple[int, int],
 
 
 def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """uint8 ``(3, h, w)`` -> ``(3, *size)`` of ``dtype``, antialiased bilinear: uint8 on the CPU
-    as :func:`resize`, float32 unrounded on CUDA (its kernels take floats)."""
-    if dtype == torch.uint8:
-        batch = crop.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    else:
-        batch = crop.unsqueeze(0).to(dtype)
-    return nnf.interpolate(batch, size=size, mode="bilinear", antialias=True,
-                           align_corners=False)[0]
+    """:func:`resize`, bilinear, to ``dtype``: the batch decoder's."""
+    return resize(crop, size, "bilinear", dtype)
 
 
 def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],

@@ -11,13 +11,7 @@ class DataError(Exception):
 
     def __init__(self, *args):
         if len(args) == 1 and isinstance(args[0], str) and args[0].startswith("Caught DataError"):
-            args = (_original_message(args[0]),)
+            lines = [line for line in args[0].splitlines() if line.strip()]
+            found = [line.split("DataError: ", 1)[1] for line in lines if "DataError: " in line]
+            args = (found[-1] if found else lines[-1],)
         super().__init__(*args)
-
-
-def _original_message(wrapped: str) -> str:
-    lines = [line for line in wrapped.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "DataError: " in line:
-            return line.split("DataError: ", 1)[1]
-    return lines[-1] if lines else wrapped

@@ -1,5 +1,5 @@
 """Which files a converter stores as they are, re-encodes or skips, by content, never by name, so
-that PIL, libjpeg-turbo (:mod:`decode.libraries`) and DALI's nvJPEG all read every record
+that PIL, libjpeg-turbo and DALI's nvJPEG all read every record
 (docs/formats.md#kept-re-encoded-skipped).
 
 * **verbatim**: a baseline RGB-decodable JPEG: first frame header SOF0 or SOF1, 8-bit, 1 component
@@ -37,11 +37,9 @@ CHECKS = ("full", "header")  # how completely a verbatim JPEG is decoded (module
 _EOI = bytes((0xFF, EOI))
 # Frame markers SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC), which share the range.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_VERBATIM_SOF = {0xC0: "baseline", 0xC1: "extended sequential"}
-_SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical",
-              0xC7: "hierarchical", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded",
-              0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded", 0xCE: "arithmetic-coded",
-              0xCF: "arithmetic-coded"}
+_SOF_NAMES = {0xC2: "progressive", 0xC3: "lossless",
+              **dict.fromkeys((0xC5, 0xC6, 0xC7), "hierarchical"),
+              **dict.fromkeys((0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF), "arithmetic-coded")}
 # What may stand between two segments of a verbatim JPEG: fill bytes, RSTn and TEM (no length
 # field). Bytes libjpeg skips with a warning ("extraneous bytes") make the header unparsed here.
 _GAP = re.compile(rb"(?:\xff+[\xd0-\xd7\x01])*\xff*")
@@ -51,55 +49,36 @@ class NotAnImage(Exception):
     """The bytes are not a completely decodable image; ``str(exc)`` is the one-line reason."""
 
 
-@dataclass(frozen=True)
-class JpegHeader:
-    """The JPEG markers before the first scan (ITU-T T.81 B.2.2)."""
-
-    sof: int                       # frame marker, 0xC0 = SOF0 ...
-    precision: int                 # bits per sample
-    component_ids: tuple[int, ...]
-    adobe_transform: int | None    # APP14 "Adobe" colour transform flag, None if absent
-
-
-def parse_jpeg_header(data: bytes) -> JpegHeader | None:
-    """The first frame header of JPEG ``data`` (:func:`decode.headers.jpeg_segments`' walk, every
-    segment whole and nothing but :data:`_GAP` between them), or None."""
+def reencode_reason(data: bytes) -> str | None:
+    """Why ``data`` must be re-encoded (e.g. ``"CMYK JPEG"``), or None if verbatim: from its first
+    frame header (ITU-T T.81 B.2.2) and APP14 "Adobe" colour transform flag, walked by
+    :func:`decode.headers.jpeg_segments` with every segment whole and nothing but :data:`_GAP`
+    between them."""
     if not is_jpeg(data):
-        return None
+        return "not a JPEG"
     at, adobe = 2, None
     for marker, begin, end in jpeg_segments(data):
         if end > len(data) or not _GAP.fullmatch(data, at, begin):
-            return None
+            return "not a JPEG"
         segment, at = data[begin + 4:end], end
         if marker == 0xEE and segment.startswith(b"Adobe") and len(segment) >= 12:
             adobe = segment[11]
         elif marker in _SOF_MARKERS:
-            if len(segment) < 6:
-                return None
-            precision, count = segment[0], segment[5]
-            ids = tuple(segment[6 + 3 * i] for i in range(count) if 6 + 3 * i < len(segment))
-            return JpegHeader(marker, precision, ids, adobe)
-    return None  # a scan, the end or a broken segment before any frame header
-
-
-def reencode_reason(data: bytes) -> str | None:
-    """Why ``data`` must be re-encoded (e.g. ``"CMYK JPEG"``), or None if verbatim."""
-    header = parse_jpeg_header(data)
-    if header is None:
+            break
+    else:  # a scan, the end or a broken segment before any frame header
         return "not a JPEG"
-    if header.sof not in _VERBATIM_SOF:
-        return f"{_SOF_NAMES.get(header.sof, 'unusual')} JPEG"
-    if header.precision != 8:
-        return f"{header.precision}-bit JPEG"
-    if len(header.component_ids) == 1:
-        return None
-    if len(header.component_ids) == 3:
-        if header.adobe_transform == 0 or header.component_ids == (82, 71, 66):
-            return "RGB-coded JPEG"
-        return None
-    if len(header.component_ids) == 4:
-        return "CMYK JPEG" if header.adobe_transform in (None, 0) else "YCCK JPEG"
-    return f"{len(header.component_ids)}-component JPEG"
+    if len(segment) < 6:
+        return "not a JPEG"
+    ids = tuple(segment[6 + 3 * i] for i in range(segment[5]) if 6 + 3 * i < len(segment))
+    if marker not in (0xC0, 0xC1):  # baseline, extended sequential
+        return f"{_SOF_NAMES.get(marker, 'unusual')} JPEG"
+    if segment[0] != 8:
+        return f"{segment[0]}-bit JPEG"
+    if len(ids) == 3 and (adobe == 0 or ids == (82, 71, 66)):  # Adobe's or 'R', 'G', 'B'
+        return "RGB-coded JPEG"
+    if len(ids) == 4:
+        return "CMYK JPEG" if adobe in (None, 0) else "YCCK JPEG"
+    return None if len(ids) in (1, 3) else f"{len(ids)}-component JPEG"
 
 
 @dataclass(frozen=True)
@@ -134,9 +113,15 @@ def check_image(data: bytes, check: str = "full", cap=None,
 
 def _checked(data: bytes, check: str, cap) -> Checked:
     """:func:`check_image` once the acceptance rule passed ``data``."""
+    from PIL import Image
+
     reason = reencode_reason(data)
     if reason is None:
-        size = _identify(data)  # PIL must read it too; the headers tell, its decode is libjpeg's
+        try:  # PIL must read its header too (~20 us); the decode checked is libjpeg's
+            with Image.open(io.BytesIO(data)) as image:
+                size = image.size
+        except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
+            raise _pil_refusal(exc) from None
         if cap is not None and cap.exceeds(size):
             return Checked(reencode(data, cap), f"larger than --max-side {cap.max_side}")
         if cap is not None and cap.every:
@@ -145,17 +130,6 @@ def _checked(data: bytes, check: str, cap) -> Checked:
             _library_decode(data)  # libjpeg-turbo must read it all (it is what loaders use)
         return Checked(data)
     return Checked(reencode(data, cap), reencoded=reason)
-
-
-def _identify(data: bytes) -> tuple[int, int]:
-    """``(width, height)`` from PIL's header read (~20 us); raises :class:`NotAnImage`."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
-        raise _pil_refusal(exc) from None
 
 
 def _pil_refusal(exc: Exception) -> NotAnImage:
@@ -174,9 +148,7 @@ def reencode(data: bytes, cap=None) -> bytes:
     """The baseline RGB JPEG :func:`check_image` stores for a re-encoded file: at
     :data:`REENCODE_QUALITY`, or scaled to ``cap`` at its quality. Raises :class:`NotAnImage`."""
     image = _decode(data)
-    if cap is None:
-        return _encode_rgb(image)
-    return _encode_rgb(cap.apply(image), cap.quality)
+    return _encode_rgb(image) if cap is None else _encode_rgb(cap.apply(image), cap.quality)
 
 
 def _decode(data: bytes):

@@ -1,19 +1,17 @@
-"""The raw-pixel share of a store (``--raw-budget``): which images the converters store as raw
-pixels (:mod:`decode.raw`) instead of JPEG, under a disk budget (docs/raw-share.md#what-is-chosen).
-
-An image goes raw when its predicted decode time saved per extra byte clears a threshold (a greedy
-knapsack; FFCV draws at random). :class:`CostModel` is fitted on :data:`SAMPLE` timed images, the
-threshold set where :data:`SIZE_SAMPLE` images would fill the :class:`Budget`, which holds pro rata
-at every point of the conversion. Model, threshold and totals travel in the resume state, so a
-resumed conversion chooses as an uninterrupted one."""
+"""The raw-pixel share of a store (``--raw-budget``, docs/raw-share.md#what-is-chosen): an image is
+stored as raw pixels (:mod:`decode.raw`) when its predicted decode time saved per extra byte clears
+a threshold (a greedy knapsack; FFCV draws at random). :class:`CostModel` is fitted on
+:data:`SAMPLE` timed images, the threshold set where :data:`SIZE_SAMPLE` images would fill the
+:class:`Budget`, which holds pro rata all along; the resume state carries all three."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,12 +30,12 @@ class Budget:
     share: float | None = None
     size: int | None = None
 
-    def allows(self, stored: int, jpeg: int, files_done: int, files: int) -> bool:
-        """Whether ``stored`` image bytes (``jpeg``: the same images as JPEGs) after ``files_done``
-        of ``files`` source files keep within the budget pro rata."""
+    def limit(self, jpeg: int, files_done: int, files: int) -> float:
+        """The image bytes allowed where the same images as JPEGs take ``jpeg`` bytes, after
+        ``files_done`` of ``files`` source files (pro rata)."""
         if self.share is not None:
-            return stored <= self.share * jpeg
-        return stored <= self.size * files_done / max(1, files)
+            return self.share * jpeg
+        return self.size * files_done / max(1, files)
 
 
 def parse_budget(text: str) -> Budget:
@@ -79,29 +77,16 @@ class CostModel:
     def saved(self, pixels: int, jpeg_bytes: int) -> float:
         return self.a + self.b * pixels + self.c * jpeg_bytes
 
-    def record(self) -> list:
-        return [self.a, self.b, self.c, self.sampled]
-
-    @classmethod
-    def from_record(cls, values) -> "CostModel":
-        return cls(*values)
-
     @classmethod
     def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
-        """Least squares with non-negative coefficients: terms fitting negative are dropped and the
-        rest refitted (active set, at most three rounds)."""
+        """Least squares with non-negative coefficients (``scipy.optimize.nnls``, Lawson and
+        Hanson's active-set method)."""
+        from scipy.optimize import nnls
+
         x = np.column_stack([np.ones(len(pixels)), np.asarray(pixels, float),
                              np.asarray(jpeg_bytes, float)])
-        y = np.asarray(saved, float)
-        keep = [0, 1, 2]
-        coef = np.zeros(3)
-        while keep:
-            fitted, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-            if (fitted >= 0).all():
-                coef[keep] = fitted
-                break
-            keep = [k for k, v in zip(keep, fitted) if v >= 0]
-        return cls(float(coef[0]), float(coef[1]), float(coef[2]), len(y))
+        coef, _ = nnls(x, np.asarray(saved, float))
+        return cls(*map(float, coef), len(saved))
 
 
 @dataclass
@@ -116,7 +101,7 @@ class RawChoice:
     jpeg: int = 0
     records: int = 0
     saved: float = 0.0
-    extra: int = field(default=0)
+    extra: int = 0
 
     def candidate(self, pixels: int, jpeg_bytes: int, raw_bytes: int) -> bool:
         """Whether an image clears the threshold."""
@@ -126,8 +111,8 @@ class RawChoice:
              files: int) -> bool:
         """Count one record (``raw_bytes``: its raw size if a candidate, else None); True if stored
         raw: a candidate the budget still allows."""
-        raw = raw_bytes is not None and self.budget.allows(
-            self.stored + raw_bytes, self.jpeg + jpeg_bytes, files_done, files)
+        raw = raw_bytes is not None and self.stored + raw_bytes <= self.budget.limit(
+            self.jpeg + jpeg_bytes, files_done, files)
         self.jpeg += jpeg_bytes
         self.stored += raw_bytes if raw else jpeg_bytes
         if raw:
@@ -138,13 +123,13 @@ class RawChoice:
 
     def state(self) -> dict:
         """The resume state's and metadata's fields (JSON and msgpack friendly)."""
-        return {"budget": self.budget.text, "model": self.model.record(),
+        return {"budget": self.budget.text, "model": list(dataclasses.astuple(self.model)),
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
                 "records": self.records, "saved_s": self.saved, "extra": self.extra}
 
     @classmethod
     def from_state(cls, state: dict) -> "RawChoice":
-        return cls(parse_budget(state["budget"]), CostModel.from_record(state["model"]),
+        return cls(parse_budget(state["budget"]), CostModel(*state["model"]),
                    state["threshold"], state["stored"], state["jpeg"], state["records"],
                    state["saved_s"], state["extra"])
 
@@ -172,37 +157,26 @@ def sample_indices(count: int, sample: int = SAMPLE) -> list[int]:
     return sorted({int(i * count / sample) for i in range(sample)})
 
 
-def _windows(height: int, width: int, rng: np.random.Generator, count: int):
-    """``count`` RandomResizedCrop windows ``(top, left, h, w)`` in a ``height x width`` image,
-    torchvision's distribution (the whole image where ten draws miss)."""
-    out = []
-    for _ in range(count):
-        for _ in range(10):
-            area = height * width * rng.uniform(0.08, 1.0)
-            aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                out.append((int(rng.integers(0, height - h + 1)),
-                            int(rng.integers(0, width - w + 1)), h, w))
-                break
-        else:
-            out.append((0, 0, height, width))
-    return out
+def time_saving(jpeg: bytes, raw: bytes) -> float:
+    """Seconds a read of :data:`WINDOWS` RandomResizedCrop windows (torchvision's draw, from
+    torch's random state) of ``jpeg`` (:func:`decode.decode_window`, the loaders' cascade) costs
+    over its raw record's, per window, on this thread."""
+    import torch
+    from torchvision.transforms import RandomResizedCrop
 
-
-def time_saving(jpeg: bytes, raw: bytes, rng: np.random.Generator) -> float:
-    """Seconds a window read of ``jpeg`` costs over its raw record's, on this thread."""
     from decode import decode_window
-    from decode.raw import raw_size, raw_window
+    from decode.raw import raw_size
 
     size = (OUTPUT_SIDE, OUTPUT_SIDE)
     best = [math.inf, math.inf]
-    windows = _windows(*raw_size(raw), rng, WINDOWS)
+    image = torch.empty(1, 1, 1).expand(3, *raw_size(raw))  # its shape only
+    windows = [RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
+               for _ in range(WINDOWS)]
     for _ in range(2):
-        for k, (data, cut) in enumerate(((jpeg, decode_window), (raw, raw_window))):
+        for k, data in enumerate((jpeg, raw)):
             start = time.perf_counter()
             for window in windows:
-                cut(data, window, size)
+                decode_window(data, window, size)
             best[k] = min(best[k], time.perf_counter() - start)
     return (best[0] - best[1]) / len(windows)
 
@@ -230,12 +204,13 @@ def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | Non
     timed = range(len(stored)) if timed is None else timed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
-    rng = np.random.default_rng(0)
     try:
         fit = []
-        for i in timed:
-            raw, pixels = raw_record(stored[i])
-            fit.append((pixels, len(stored[i]), time_saving(stored[i], raw, rng)))
+        with torch.random.fork_rng(devices=[]):  # the windows' draws, without touching the caller's
+            torch.manual_seed(0)
+            for i in timed:
+                raw, pixels = raw_record(stored[i])
+                fit.append((pixels, len(stored[i]), time_saving(stored[i], raw)))
     finally:
         torch.set_num_threads(threads)
     if not fit:
@@ -262,8 +237,7 @@ def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float
     best first, stay within ``budget``; infinite if none fits."""
     ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
     jpeg = sum(r[1] for r in rows)
-    allowed = (budget.share * jpeg if budget.share is not None
-               else budget.size * len(rows) / max(1, files))
+    allowed = budget.limit(jpeg, len(rows), files)
     stored, level = jpeg, math.inf
     for pixels, jpeg_bytes, raw_bytes, *_ in ranked:
         stored += raw_bytes - jpeg_bytes
@@ -273,23 +247,14 @@ def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float
     return level
 
 
-def candidate_record(choice: RawChoice, jpeg: bytes) -> tuple[bytes | None, int]:
-    """``(raw record or None, pixels)`` of a stored JPEG: its raw record if it clears ``choice``'s
-    threshold; a JPEG whose header does not parse stays JPEG."""
-    sizes = _sizes(jpeg)
-    if sizes is None:
-        return None, 0
-    if not choice.candidate(*sizes):
-        return None, sizes[0]
-    return raw_record(jpeg)
-
-
 def with_candidate(choice: RawChoice):
-    """A ``post`` for ``check_files`` attaching the candidates' raw records."""
-    import dataclasses
-
+    """A ``post`` for ``check_files`` attaching to each checked JPEG its raw record and pixels
+    if it clears ``choice``'s threshold (a JPEG whose header does not parse stays JPEG)."""
     def post(checked):
-        raw, pixels = candidate_record(choice, checked.data)
+        sizes = _sizes(checked.data)
+        if sizes is None or not choice.candidate(*sizes):
+            return dataclasses.replace(checked, raw=None, pixels=sizes[0] if sizes else 0)
+        raw, pixels = raw_record(checked.data)
         return dataclasses.replace(checked, raw=raw, pixels=pixels)
 
     return post

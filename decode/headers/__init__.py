@@ -1,8 +1,6 @@
-"""The headers of encoded images, walked in one place: the JPEG and PNG signatures, the JPEG marker
-walker (:func:`jpeg_segments`, as libjpeg's ``next_marker`` reads them) and the PNG chunk walker
-(:func:`png_chunks`). The acceptance rule (:mod:`decode.acceptance`), the APP1 cut before
-TorchCodec (:mod:`decode.libraries`) and every size query (:func:`decode.image_size`) walk with
-these; :func:`probe_jpeg` is the one small JPEG the decoders are tried on."""
+"""The headers of encoded images, walked in one place for the acceptance rule, the size queries and
+the EXIF cut: the JPEG and PNG signatures, the JPEG marker walker (:func:`jpeg_segments`, as
+libjpeg's ``next_marker``) and the PNG chunk walker; :func:`probe_jpeg`, the decoders' probe."""
 from __future__ import annotations
 
 import functools

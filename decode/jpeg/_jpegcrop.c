@@ -1,31 +1,21 @@
 /* Decode one region of a JPEG at one of libjpeg-turbo's DCT scales (1/1, 1/2, 1/4, 1/8).
  *
- * Why our own C: no maintained library this project can install decodes a region *and* scales
- * it. TurboJPEG 3's tj3SetCroppingRegion + tj3SetScalingFactor do, but Debian 12 and Ubuntu
- * 24.04 ship TurboJPEG 2.1, and the one PyPI wheel bundling 3.x is an unmaintained beta.
- * nvImageCodec crops without scaling; PIL's draft scales the whole image. This file is glue
- * around libjpeg-turbo's own partial decompression (jpeglib.h, libjpeg-turbo >= 1.5):
- * scale_denom runs the inverse DCT on 4x4/2x2/1x1 coefficients, jpeg_crop_scanline() limits
- * the IDCT, upsampling and colour conversion to the iMCU columns around the region,
- * jpeg_skip_scanlines() skips that work for the rows above, and decoding stops after the
- * region's last row. Measured against the libraries: docs/ffcv-and-decode.md.
+ * Our own C because no library this project can install crops *and* scales: TurboJPEG 3 does,
+ * but Debian 12 and Ubuntu 24.04 ship 2.1; nvImageCodec crops without scaling; PIL's draft scales
+ * the whole image (measured: docs/ffcv-and-decode.md). Glue around libjpeg-turbo's partial
+ * decompression (>= 1.5): scale_denom runs the IDCT on 4x4/2x2/1x1 coefficients,
+ * jpeg_crop_scanline() and jpeg_skip_scanlines() limit the work to the region's iMCU columns and
+ * rows, and decoding stops after its last row.
  *
- * Exactness: libjpeg's fancy chroma upsampling replicates the edge sample at a cropped edge
- * instead of reading its neighbour, so the region is decoded with 2 x the horizontal sampling
- * factor pixels more on each side (where the image has them) and that margin dropped: the
- * pixels equal a decode of the whole image at the same scale (tests/decode/jpeg/test_region.py;
- * without the margin up to 35 levels differ at the edges). jpeg_skip_scanlines() keeps the
- * upsampler's context rows, so no margin is needed above.
+ * Exactness: fancy chroma upsampling replicates the edge sample at a cropped edge, so 2 x the
+ * horizontal sampling factor pixels more are decoded on each side and dropped: the pixels equal
+ * a whole decode at the same scale (tests/decode/jpeg/test_region.py).
  *
- * Damaged data: libjpeg turns most corruption into warnings and fills the rest with grey;
- * here any warning is an error (-3), so the caller decodes the whole file with the loaders'
- * decoder, which refuses it or not exactly as before. The warning is printed to stderr first,
- * as libjpeg's default handler and the libraries print theirs, so that the loaders, which
- * catch those lines (decode/messages.py), name the damaged file once whichever decoder met
- * the damage (the fallback, PIL's draft, prints nothing).
+ * Damaged data: any libjpeg warning is an error (-3), printed to stderr first as libjpeg prints
+ * it, so the loaders (decode/messages.py) name the file once and decode it whole instead.
  *
- * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/jpeg/_jpegcrop.so and
- * called through ctypes by decode/jpeg/region.py.
+ * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/jpeg/_jpegcrop.so, called
+ * through ctypes by decode/jpeg/region.py.
  */
 #include <setjmp.h>
 #include <stdint.h>
@@ -62,26 +52,6 @@ static void init_errors(struct jpeg_decompress_struct *cinfo, struct err_mgr *er
 
 /* ABI version, checked by decode/jpeg/region.py so that a stale build is never called. */
 int jc_version(void) { return 4; }
-
-/* Size and number of components from the header. Returns 0, or -1 / -3 (error / warning). */
-int jc_header(const uint8_t *data, unsigned long size, int *width, int *height,
-              int *components) {
-    struct jpeg_decompress_struct cinfo;
-    struct err_mgr err;
-    init_errors(&cinfo, &err);
-    jpeg_create_decompress(&cinfo);
-    if (setjmp(err.jump)) {
-        jpeg_destroy_decompress(&cinfo);
-        return err.code;
-    }
-    jpeg_mem_src(&cinfo, data, size);
-    jpeg_read_header(&cinfo, TRUE);
-    *width = (int)cinfo.image_width;
-    *height = (int)cinfo.image_height;
-    *components = cinfo.num_components;
-    jpeg_destroy_decompress(&cinfo);
-    return 0;
-}
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 static int max_int(int a, int b) { return a > b ? a : b; }

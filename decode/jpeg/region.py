@@ -1,26 +1,23 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8: our C,
-``decode/jpeg/_jpegcrop.c`` (built by ``make install``; needs libjpeg-turbo's headers), through
-ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
-
-It crops and scales in one decode (``jpeg_crop_scanline``, ``jpeg_skip_scanlines``,
-``scale_denom``), with a margin so chroma upsampling has its neighbours: the pixels of the whole
-image at that scale. Callers get None where it is not built, under ``IMAGENET_FAST_FULL_DECODE=1``,
-for anything but a 1- or 3-component JPEG, or when libjpeg reports an error or a corrupt-data
-warning (printed to stderr for :mod:`decode.messages`)."""
+"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, cropped and scaled in one
+decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (built by
+``make install``), through ctypes
+(docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
+None where not built, under ``IMAGENET_FAST_FULL_DECODE=1``, for anything but a 1- or 3-component
+JPEG, or when libjpeg reports an error or a corrupt-data warning (printed for
+:mod:`decode.messages`)."""
 from __future__ import annotations
 
 import ctypes
 import os
 
 import numpy as np
-import torch
 
-from ..headers import JPEG_MAGIC
-from ._optional import OptionalLibrary
+from ..acceptance import Refused, read_frame
+from ..headers import JPEG_MAGIC, is_jpeg
+from ..libraries import OptionalLibrary
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jpegcrop.so")
 _VERSION = 4  # jc_version() of the C this module calls
-_c_int_p = ctypes.POINTER(ctypes.c_int)
 
 
 def _open():
@@ -30,7 +27,6 @@ def _open():
         return None, "decode/jpeg/_jpegcrop.so not built (make install builds it)"
     if lib.jc_version() != _VERSION:
         return None, "decode/jpeg/_jpegcrop.so is stale (make install rebuilds it)"
-    lib.jc_header.argtypes = [ctypes.c_char_p, ctypes.c_ulong, _c_int_p, _c_int_p, _c_int_p]
     lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib, None
@@ -38,16 +34,8 @@ def _open():
 
 _library = OptionalLibrary(_open)  # the C library, loaded once per process
 _load = _library.get
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn the C decoder on (if built) or off in this process."""
-    _library.set_enabled(enabled)
-
-
-def available() -> bool:
-    """True if the C decoder is built and enabled in this process."""
-    return _load() is not None
+set_enabled = _library.set_enabled  # the C decoder on (if built) or off in this process
+available = _library.available
 
 
 def status() -> str:
@@ -58,16 +46,18 @@ def status() -> str:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a 1- or 3-component JPEG from its header; else None."""
-    lib = _load()
-    if lib is None or data[:3] != JPEG_MAGIC:
+    """``(height, width)`` of a 1- or 3-component JPEG from its header
+    (:func:`decode.acceptance.read_frame`) where the C decoder is on; else None."""
+    if _load() is None or not is_jpeg(data):
         return None
-    width, height, components = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if lib.jc_header(data, len(data), width, height, components) != 0:
+    try:
+        frame = read_frame(data)
+    except Refused:
         return None
-    if components.value not in (1, 3):
+    if frame is None or not frame.kind.endswith("JPEG") or frame.components not in (1, 3) \
+            or not frame.pixels:
         return None
-    return height.value, width.value
+    return frame.height, frame.width
 
 
 def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
@@ -82,17 +72,3 @@ def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
     if lib.jc_decode(data, len(data), denom, left, top, width, height, out.ctypes.data) != 0:
         return None
     return out
-
-
-def decode_window(data: bytes, top: int, left: int, height: int,
-                  width: int) -> torch.Tensor | None:
-    """uint8 RGB ``(3, height, width)`` (a channels-last view) at ``top``, ``left`` of a
-    sequential JPEG at full scale: the pixels of :func:`decode.jpeg.window.decode_window`, whose
-    use it follows (None where that is off), in about 8% less time. None as
-    :func:`decode_region`."""
-    from . import window
-
-    if not window.available():
-        return None
-    pixels = decode_region(data, 1, top, left, height, width)
-    return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)

@@ -1,53 +1,34 @@
-"""Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8, where the window is at least
-twice the output (:func:`scale_factor`; docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale).
-
-The scaled IDCT touches 1/4-1/64 of the pixels. Decoded by :mod:`decode.jpeg.region` (the region
-only) where built, else PIL's ``Image.draft``; PIL's ``resize`` with a fractional box then
-resamples the window at a full decode's geometry (pixel ``i`` at 1/k covers ``k*i .. k*i+k-1``)
-with the antialiased filter :func:`decode.resize` reimplements. The pixels differ from a full
-decode's by a bounded, deterministic amount (under 1 level on average). Callers get None, and
-decode otherwise, for anything but a JPEG PIL reads as RGB or grayscale, an incomplete decode, or
-scaled decoding off (``IMAGENET_FAST_FULL_DECODE=1``)."""
+"""Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 where the window is at least
+twice the output (docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale): by
+:mod:`decode.jpeg.region` where built, else PIL's ``draft``, then resampled at a full decode's
+geometry by PIL's antialiased filter (which :func:`decode.resize` reimplements): within 1 level of
+a full decode's pixels on average, deterministic. None for anything but a complete RGB or
+grayscale JPEG, or when off (``IMAGENET_FAST_FULL_DECODE=1``)."""
 from __future__ import annotations
 
 import io
 import math
-import os
 
 import numpy as np
 import torch
 
 from . import region
-from ..libraries import pil_errors
+from ..libraries import OptionalLibrary, pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
-_enabled = os.environ.get("IMAGENET_FAST_FULL_DECODE") != "1"
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn scaled decoding on or off in this process."""
-    global _enabled
-    _enabled = bool(enabled)
-
-
-def enabled() -> bool:
-    """True if scaled decoding is on in this process."""
-    return _enabled
+# on unless IMAGENET_FAST_FULL_DECODE=1 or turned off in this process
+_switch = OptionalLibrary(lambda: (True, None))
+set_enabled = _switch.set_enabled
+enabled = _switch.available
 
 
 # PIL's filter support in input pixels per output pixel, by resample name
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 
 
-def _pil_filter(resample: str):
-    from PIL import Image
-
-    return {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[resample]
-
-
 def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
     """Largest k of 8, 4, 2 keeping the window at 1/k at least the output; else 1."""
-    if not _enabled:
+    if not enabled():
         return 1
     for k in _FACTORS:
         if height >= k * out_height and width >= k * out_width:
@@ -92,7 +73,7 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     pixels = region.decode_region(data, factor, y0, x0, y1 - y0, x1 - x0)
     if pixels is None:
         return None
-    image = Image.fromarray(pixels).resize((size[1], size[0]), _pil_filter(resample),
+    image = Image.fromarray(pixels).resize((size[1], size[0]), Image.Resampling[resample.upper()],
                                            box=(left - x0, top - y0, right - x0, bottom - y0))
     return np.array(image)
 
@@ -111,7 +92,7 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             if factor > 1:  # draft returns the box of the full image in scaled pixels
                 scale = width / image.draft(None, (width // factor, height // factor))[1][2]
             top, left, bottom, right = (v / scale for v in box)
-            out = image.resize((size[1], size[0]), _pil_filter(resample),
+            out = image.resize((size[1], size[0]), Image.Resampling[resample.upper()],
                                box=(left, top, right, bottom))
     except pil_errors():
         return None  # truncated or corrupt: the caller's decoder reports it

@@ -1,69 +1,49 @@
-"""Decode just the RandomResizedCrop window of a JPEG: nvImageCodec's CPU backend (libjpeg-turbo's
-partial decompression; rows below the window never decoded), the pixels of a whole decode's crop
-(docs/performance.md#image-decoders). Callers get None, and decode the whole image, without
-nvImageCodec, for anything but a 1- or 3-component JPEG, for a window that does not decode
-completely, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
+"""Decode just the RandomResizedCrop window of a JPEG, the pixels of a whole decode's crop, by
+nvImageCodec's CPU backend (libjpeg-turbo's partial decompression;
+docs/performance.md#image-decoders). None without nvImageCodec, for anything but a complete
+1- or 3-component JPEG window, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 
 import numpy as np
 import torch
 
-from ._optional import OptionalLibrary
-
-# else two lines per JPEG it declines; the loaders report such samples themselves
-os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+from ..libraries import NVIMGCODEC
 
 _local = threading.local()  # one Decoder per thread and process (see _decoder)
+_library = NVIMGCODEC
+# nvImageCodec's module where window decoding is on in this process, else None
+library = _library.get
+set_enabled = _library.set_enabled  # window decoding on (if installed) or off in this process
+available = _library.available
 
 
-def _import():
-    try:
-        return importlib.import_module("nvidia.nvimgcodec"), None
-    except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
-        return None, f"nvImageCodec not usable ({type(exc).__name__}: {exc})"
-
-
-_library = OptionalLibrary(_import)  # nvImageCodec's module, imported once per process
-_load = _library.get
+def make_decoder(n, device_id: int, threads: int, backends: list) -> tuple:
+    """``(decoder, params)`` of nvImageCodec's module ``n`` on ``device_id`` with ``backends``
+    and ``threads`` CPU threads: fancy upsampling, RGB, no EXIF orientation (pixels as stored)."""
+    decoder = n.Decoder(device_id=device_id, max_num_cpu_threads=max(1, threads),
+                        backends=backends, options=":fancy_upsampling=1")
+    params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
+                            sample_format=n.SampleFormat.I_RGB)
+    return decoder, params
 
 
 def _decoder():
-    """``(decoder, params)`` of this thread and process: nvImageCodec CPU-only, one thread (one per
-    DataLoader worker), fancy upsampling, RGB; made anew after a fork."""
-    key = os.getpid()
-    if getattr(_local, "pid", None) != key:
-        n = _library.get()
-        _local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                                   backends=[n.Backend(n.BackendKind.CPU_ONLY)],
-                                   options=":fancy_upsampling=1")
-        _local.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
-                                       sample_format=n.SampleFormat.I_RGB)
-        _local.pid = key
-    return _local.decoder, _local.params
-
-
-def library():
-    """nvImageCodec's module where window decoding is on in this process, else None."""
-    return _load()
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn window decoding on (if installed) or off in this process."""
-    _library.set_enabled(enabled)
-
-
-def available() -> bool:
-    """True if window decoding is installed and enabled in this process."""
-    return _load() is not None
+    """``(decoder, params)`` of this thread and process (:func:`make_decoder`): CPU-only, one
+    thread (one per DataLoader worker); made anew after a fork."""
+    if getattr(_local, "pid", None) != os.getpid():
+        n = library()
+        _local.pair = make_decoder(n, n.NVIMGCODEC_DEVICE_CPU_ONLY, 1,
+                                   [n.Backend(n.BackendKind.CPU_ONLY)])
+        _local.pid = os.getpid()
+    return _local.pair
 
 
 def status() -> str:
     """One start-up log line: ``"crop windows: nvImageCodec 0.9.0 (...)"`` or why not."""
-    module = _load()
+    module = library()
     if module is None:
         return f"crop windows: whole JPEGs decoded ({_library.reason})"
     return (f"crop windows: nvImageCodec {module.__version__} (CPU, libjpeg-turbo partial "
@@ -73,7 +53,7 @@ def status() -> str:
 def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor | None:
     """uint8 RGB ``(3, height, width)`` (a channels-last view) at ``top``, ``left`` of a JPEG; None
     if off or incomplete (the caller's whole decode reports the error)."""
-    module = _load()
+    module = library()
     if module is None:
         return None
     try:

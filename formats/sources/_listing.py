@@ -65,9 +65,17 @@ class Listing:
 
 
 def class_listing(root: str, classes: list[str], files: list[Source], layout: str,
-                  names: list[str] | None = None) -> Listing:
-    """A :class:`Listing` of ``files`` sorted by ``rel``, with its empty classes."""
-    files.sort(key=lambda s: s.rel)
+                  names: list[str] | None = None, by_rel: bool = True) -> Listing:
+    """A :class:`Listing` of ``files`` (sorted by ``rel`` if ``by_rel``), with its empty
+    classes."""
+    if by_rel:
+        files.sort(key=lambda s: s.rel)
     present = {s.label for s in files}
     empty = [name for label, name in enumerate(classes) if label not in present]
     return Listing(root, classes, files, empty, layout=layout, names=names)
+
+
+def named_classes(by_wnid: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The sorted WNIDs of ``{WNID: words}`` and their words."""
+    classes = sorted(by_wnid)
+    return classes, [by_wnid[w] for w in classes]

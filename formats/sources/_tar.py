@@ -25,9 +25,6 @@ class _Window(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def tell(self) -> int:
-        return self.pos
-
     def seek(self, pos: int, whence: int = 0) -> int:
         self.pos = pos + (self.pos if whence == 1 else self.size if whence == 2 else 0)
         return self.pos

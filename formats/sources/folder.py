@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ._listing import DatasetError, Listing, Source
+from ._listing import DatasetError, Listing, Source, class_listing
 
 
 def class_folders(root: str) -> list[str]:
@@ -45,7 +45,5 @@ def list_sources(root: str) -> Listing:
     """The :class:`Listing` of :func:`class_files`, empty classes kept. Raises
     :class:`DatasetError`."""
     classes, files = class_files(root)
-    present = {label for _, _, label in files}
-    empty = [name for label, name in enumerate(classes) if label not in present]
-    return Listing(root, classes, [Source(*file) for file in files], empty,
-                   layout=f"class folders {root}")
+    return class_listing(root, classes, [Source(*file) for file in files],
+                         f"class folders {root}", by_rel=False)

@@ -1,12 +1,8 @@
-"""Hugging Face's ``ILSVRC/imagenet-1k`` repository folder: Parquet (``data/train-*.parquet``,
-``data/validation-*.parquet``; columns ``image`` {``bytes``, ``path``} and ``label``, an index into
-``classes.py``'s sorted WNIDs) or, in earlier revisions, ``data/train_images_{0..4}.tar.gz`` and
-``data/val_images.tar.gz``.
-
-File names are the loading script's ``<IMAGE_FILENAME>_<SYNSET_ID>.JPEG``, mapped to the
-class-folder ``rel`` (``n01440764_10026_n01440764.JPEG`` -> ``n01440764/n01440764_10026.JPEG``).
-Neither format is seekable per image, so the images are staged first
-(:mod:`formats.sources._staging`)."""
+"""Hugging Face's ``ILSVRC/imagenet-1k`` folder: Parquet (``data/train-*.parquet``,
+``data/validation-*.parquet``: ``image`` {``bytes``, ``path``}, ``label`` indexing
+``classes.py``'s sorted WNIDs) or, earlier, ``data/train_images_*.tar.gz`` and
+``data/val_images.tar.gz``; file names ``<IMAGE_FILENAME>_<WNID>.JPEG`` map to the class-folder
+``rel``. Neither is seekable per image: the images are staged first (:mod:`._staging`)."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +11,7 @@ import glob
 import os
 import re
 import tarfile
+from typing import Iterator
 
 from ._listing import DatasetError, Listing, Source, class_listing
 from ._staging import stage_sequential
@@ -77,7 +74,10 @@ def list_huggingface(root: str, split: str) -> Listing:
     known = read_classes_py(root)
     items = []  # (path, number, name, label or None)
     for path in paths:
-        items += _parquet_items(path) if kind == "parquet" else _targz_items(path)
+        if kind == "parquet":
+            items += _parquet_items(path)
+        else:  # a full read of the archive for its names
+            items += [(path, number, name, None) for number, name, _ in _targz(path, read=False)]
     classes, names = known or (sorted({class_rel(n)[0] for _, _, n, _ in items
                                        if n and class_rel(n)}), None)
     label_of = {wnid: label for label, wnid in enumerate(classes)}
@@ -135,11 +135,14 @@ def _parquet_items(path: str) -> list[tuple[str, int, str | None, int]]:
     return [(path, row, name, label) for row, (name, label) in enumerate(zip(paths, labels))]
 
 
-def _targz_items(path: str) -> list[tuple[str, int, str, None]]:
-    """``(path, member number, name, None)`` of the files of a ``.tar.gz`` (a full read)."""
+def _targz(path: str, read: bool) -> Iterator[tuple[int, str, bytes | None]]:
+    """``(member number, name, bytes if read)`` of each file of a ``.tar.gz``, front to back.
+    Raises :class:`DatasetError` naming the file."""
     try:
         with tarfile.open(path, "r|gz") as tar:
-            return [(path, n, info.name, None) for n, info in enumerate(tar) if info.isreg()]
+            for number, info in enumerate(tar):
+                if info.isreg():
+                    yield number, info.name, tar.extractfile(info).read() if read else None
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None
 
@@ -161,10 +164,5 @@ def read_items(path: str):
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"{path}: unreadable Parquet file ({exc})") from None
         return
-    try:
-        with tarfile.open(path, "r|gz") as tar:
-            for number, info in enumerate(tar):
-                if info.isreg():
-                    yield number, tar.extractfile(info).read()
-    except (OSError, tarfile.TarError, EOFError) as exc:
-        raise DatasetError(f"{path}: truncated or not a .tar.gz ({exc})") from None
+    for number, _, data in _targz(path, read=True):
+        yield number, data

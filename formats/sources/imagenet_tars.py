@@ -1,9 +1,8 @@
-"""The official download from image-net.org, read in place: ``ILSVRC2012_img_train.tar`` (1,000
-uncompressed class tars, each JPEG indexed by byte offset; or their folder),
-``ILSVRC2012_img_val.tar`` (or its flat folder), and ``ILSVRC2012_devkit_t12[.tar.gz]``:
-``data/meta.mat`` read as torchvision's ``datasets.ImageNet`` does (synsets without children are
-the classes) and the val ground truth. Labels index the sorted WNIDs, not the ILSVRC2012_ID;
-``rel`` is the extracted path (``valprep.sh`` for val)."""
+"""The official download from image-net.org, read in place: ``ILSVRC2012_img_train.tar`` (class
+tars, each JPEG indexed by byte offset; or their folder), ``ILSVRC2012_img_val.tar`` (or its flat
+folder) and the devkit's ``data/meta.mat`` (read as torchvision's ``datasets.ImageNet`` does) and
+val ground truth. Labels index the sorted WNIDs; ``rel`` is the extracted path (``valprep.sh``'s
+for val)."""
 from __future__ import annotations
 
 import io
@@ -11,7 +10,7 @@ import os
 import re
 import tarfile
 
-from ._listing import DatasetError, Listing, Source, class_listing
+from ._listing import DatasetError, Listing, Source, class_listing, named_classes
 from ._tar import tar_members
 
 TRAIN_TAR, VAL_TAR = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"
@@ -58,26 +57,10 @@ def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
         raise DatasetError(f"{devkit}: {META} is not the devkit's synsets table ({exc})") from None
 
 
-def _ground_truth(devkit: str) -> list[int]:
-    text = _devkit_file(devkit, GROUND_TRUTH).decode("ascii", "replace").split()
-    if not all(t.isdigit() for t in text):
-        raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
-    return [int(t) for t in text]
-
-
-def _classes(devkit: str | None) -> tuple[list[str], list[str] | None]:
-    """Sorted WNIDs and their words, from the devkit."""
-    if devkit is None:
-        return [], None
-    by_wnid = dict(read_meta(devkit).values())
-    classes = sorted(by_wnid)
-    return classes, [by_wnid[w] for w in classes]
-
-
 def list_train(train: str, devkit: str | None) -> Listing:
     """The train split in ``train`` (outer tar, or a folder of class tars). Raises
     :class:`DatasetError` for a bad tar or a class the devkit lacks."""
-    classes, names = _classes(devkit)
+    classes, names = named_classes(dict(read_meta(devkit).values())) if devkit else ([], None)
     inner = _inner_tars(train)
     if not classes:
         classes = sorted(wnid for wnid, _, _, _ in inner)
@@ -125,8 +108,11 @@ def list_val(val: str, devkit: str | None) -> Listing:
         images = [(n, os.path.join(val, n), -1, -1) for n in names]
     else:
         images = [(os.path.basename(n), val, at, size) for n, at, size in tar_members(val)]
-    meta, truth = read_meta(devkit), _ground_truth(devkit)
-    classes = sorted(wnid for wnid, _ in meta.values())
+    meta, ids = read_meta(devkit), _devkit_file(devkit, GROUND_TRUTH).decode("ascii", "replace")
+    if not all(t.isdigit() for t in ids.split()):
+        raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
+    truth = [int(t) for t in ids.split()]
+    classes, names = named_classes(dict(meta.values()))
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     if len(truth) != len(images):
         raise DatasetError(f"{devkit}: {GROUND_TRUTH} has {len(truth)} labels for the "
@@ -143,7 +129,5 @@ def list_val(val: str, devkit: str | None) -> Listing:
                                f"ILSVRC2012_ID {idx} is not a class of {META}")
         wnid = meta[idx][0]
         files.append(Source(path, f"{wnid}/{name}", label_of[wnid], at, size))
-    by_wnid = dict(meta.values())
     return class_listing(val, classes, files, f"ImageNet official archives: {val} "
-                         f"(labels from {os.path.basename(devkit)})",
-                         [by_wnid[w] for w in classes])
+                         f"(labels from {os.path.basename(devkit)})", names)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import os
 
-from ._listing import DatasetError, Listing, Source, class_listing
+from ._listing import DatasetError, Listing, Source, class_listing, named_classes
 from .folder import list_sources
 
 TREE = os.path.join("ILSVRC", "Data", "CLS-LOC")
@@ -22,9 +22,7 @@ def _mapping(root: str) -> tuple[list[str], list[str]]:
             rows = [line.rstrip("\n").split(" ", 1) for line in f if line.strip()]
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
-    by_wnid = {row[0]: row[1] if len(row) > 1 else "" for row in rows}
-    classes = sorted(by_wnid)
-    return classes, [by_wnid[w] for w in classes]
+    return named_classes({row[0]: row[1] if len(row) > 1 else "" for row in rows})
 
 
 def list_kaggle(root: str, split: str) -> Listing:

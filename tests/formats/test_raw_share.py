@@ -78,7 +78,7 @@ def test_the_threshold_is_set_on_every_sampled_image_the_model_on_the_timed_ones
               for s in list_sources(os.path.join(tiny.root, "train")).files]
     timed = []
     monkeypatch.setattr(raw_share, "time_saving",
-                        lambda jpeg, raw, rng: timed.append(jpeg) or 1e-3)
+                        lambda jpeg, raw: timed.append(jpeg) or 1e-3)
     choice = raw_share.plan(Budget("2x", share=2.0), stored, len(stored), [0, 2])
     assert timed == [stored[0], stored[2]]
     rows = [raw_share._sizes(data) for data in stored]
