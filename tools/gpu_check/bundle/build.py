@@ -17,12 +17,12 @@ import sys
 
 from decode.gpu import nvjpeg_pip_package
 
-from .install import dist_name
+from formats.cli import parse_size
+
 from ..rows.measure import list_images
-from ..cli import InputError
-from .steps import (DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes, size,
-                    steps_text)
-from ..runner import REPO
+from ..runner import REPO, InputError
+from .install import dist_name
+from .steps import DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
@@ -123,7 +123,10 @@ def generate_sample(train: str) -> str:
 
 def build(args) -> int:
     """Write the bundle; returns the exit status. Raises :class:`InputError`."""
-    step_bytes = size(args.step_size) if args.step_size else None
+    try:
+        step_bytes = parse_size(args.step_size) if args.step_size else None
+    except ValueError:
+        raise InputError(f"--step-size {args.step_size}: expected a size such as 64M") from None
     if args.images < 1:
         raise InputError(f"--images {args.images}: must be >= 1")
     cuda = args.cuda or local_cuda_major()
@@ -163,7 +166,12 @@ def build(args) -> int:
           "python3 -m tools.gpu_check [--budget T]", flush=True)
     if step_bytes:
         steps = lay_out_steps(out, repository_bytes(REPO), step_bytes)
-        print("\n".join(steps_text(out, steps, REPO)))
+        print(f"gpu-bundle: {len(steps)} steps; on the GPU host, from the repository, run the "
+              "steps in order, on one host, with the same --out (docs/gpu-check.md):")
+        for x in steps:
+            print(f"  step {x['step']}: copy {os.path.relpath(out, REPO)}/steps/{x['step']} "
+                  f"({x['bytes'] / 2**20:.1f} MiB with the repository), then: python3 -m "
+                  f"tools.gpu_check --step {x['step']} [--budget T]")
     return 0
 
 

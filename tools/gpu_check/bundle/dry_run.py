@@ -20,9 +20,8 @@ import sysconfig
 import tempfile
 import time
 
-from ..check import GRACE, read_json
-from ..cli import InputError, duration
-from ..runner import REPO
+from ..check import GRACE, duration, read_json
+from ..runner import REPO, InputError
 from .install import dist_name, installed_in, wheel_module
 from .steps import folder_bytes, repository_bytes, repository_files
 

@@ -57,18 +57,13 @@ def has_module(name: str) -> bool:
 
 
 def has_distribution(name: str) -> bool:
-    """Whether distribution ``name`` is installed, from its metadata (setuptools'
-    ``_distutils_hack`` answers ``find_spec("pip")`` by switching its shim off, which breaks a
-    later ``torch.compile``)."""
+    """Whether distribution ``name`` is installed, from its metadata (not ``find_spec``:
+    setuptools' ``_distutils_hack`` answers ``find_spec("pip")`` by switching its shim off,
+    which breaks a later ``torch.compile``)."""
     try:
-        importlib.metadata.distribution(name)
+        return importlib.metadata.distribution(name) is not None
     except importlib.metadata.PackageNotFoundError:
         return False
-    return True
-
-
-def has_pip() -> bool:
-    return has_distribution("pip")
 
 
 def wheel_is_missing(wheel: str) -> bool:
@@ -107,19 +102,19 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
     (else unpacked) into a fresh folder merged into ``site`` (so installs add up), and put
     ``site`` first on the commands' ``PYTHONPATH``. A DALI wheel for another CUDA major than
     torch's gets a skipped ``dali-wheel`` record. Returns the records, [] if nothing is missing."""
-    records = []
     dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
-    for wheel in [w for w in dali if dali_wheel_mismatch(w, cuda)]:
-        records.append(skipped("dali-wheel", dali_wheel_mismatch(wheel, cuda)))
-        wheels = [w for w in wheels if w != wheel]
+    wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
+    records = [skipped("dali-wheel", why) for why in wrong.values()]
     there = installed_in(site)
-    wanted = [w for w in wheels if dist_name(w) not in there and wheel_is_missing(w)]
+    wanted = [w for w in wheels if w not in wrong and dist_name(w) not in there
+              and wheel_is_missing(w)]
     if not wanted:
         return records
     fresh = site + ".new"
     shutil.rmtree(fresh, ignore_errors=True)
-    if has_pip():  # --no-compile: byte-compiling DALI costs a minute of the host's time
+    # --no-compile: byte-compiling DALI costs a minute of the host's time
+    if has_distribution("pip"):
         record = runner.run(name, [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--no-compile", "--disable-pip-version-check", "--target", fresh, *wanted],

@@ -14,8 +14,8 @@ import re
 import shutil
 import sys
 
-from ..judge import last_json
 from ..runner import Runner, fail, skipped
+from .measure import last_json
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The shared libraries whose file says which decoder build a process really uses.
@@ -84,7 +84,7 @@ def cuda_driver_api() -> str | None:
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`host_facts` in a subprocess and nvidia-smi's driver version. Returns (the host's facts,
+    """:func:`host_facts` in a subprocess and nvidia-smi's driver version: (the host's facts,
     the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
     rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
                      PROBE_TIMEOUT)
@@ -267,11 +267,14 @@ def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dic
     return rec
 
 
-def dali_probe(runner: Runner, s, timeout: float = 120) -> dict:
-    """``dali-gpu-decode``: a fresh process imports DALI first (its libraries must find
-    nvImageCodec's by their own run paths), decodes a JPEG with the mixed decoder and with
-    nvImageCodec's GPU backends into device memory, and records the libraries mapped (without
-    ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's CPU backend."""
+def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
+    """``dali-gpu-decode`` (skipped without DALI): a fresh process imports DALI first (its
+    libraries must find nvImageCodec's by their own run paths), decodes a JPEG with the mixed
+    decoder and with nvImageCodec's GPU backends into device memory, and records the libraries
+    mapped (without ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's
+    CPU backend."""
+    if not machine.get("dali"):
+        return skipped("dali-gpu-decode", "not installed")
     rec, result = _json_row(runner, "dali-gpu-decode", [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
