@@ -1,10 +1,7 @@
 """The check's command line and its one runner (``python -m tools.gpu_check``,
-docs/gpu-check.md): the set-up once (wheels, environment, data), then the rows of :mod:`.plan`
-in order, each guarded (an error is a failed row) and each only when its expected seconds fit
-the time budget; after every row the report and its archive are rewritten. The same code runs
-every row, what fits ``--budget``, or one step of an offline bundle (``--step N``), whose state
-stays in ``--out`` for the next.
-"""
+docs/gpu-check.md): the set-up once, then the rows of :mod:`.plan` in order, each guarded and
+each only when its expected seconds fit the time budget, the report rewritten after every row;
+every row, what fits ``--budget``, or one step of an offline bundle (``--step N``)."""
 from __future__ import annotations
 
 import argparse
@@ -115,8 +112,8 @@ def settings(args) -> SimpleNamespace:
 
 
 def bundle_paths(s, bundle: str) -> None:
-    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``. Raises
-    :class:`InputError` without a train/ folder of images."""
+    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; :class:`InputError`
+    without a train/ folder of images."""
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
     s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
     s.parts = os.path.join(bundle, "parts")
@@ -134,8 +131,7 @@ def bundle_paths(s, bundle: str) -> None:
 
 
 def read_json(path: str, default=(), lines: bool = False):
-    """The JSON in a file, or its JSON lines as a list; ``default`` ([] unless given) when
-    missing or damaged."""
+    """A file's JSON, or its JSON lines; ``default`` ([] unless given) if missing or damaged."""
     try:
         with open(path) as f:
             return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
@@ -168,8 +164,8 @@ class Check:
         self.interrupted, self.started, self.report = False, time.time(), None
 
     def left(self) -> float:
-        """Seconds left in the time budget: by the wall clock on a GPU host; in a dry run by this
-        run's records' H100 seconds (:func:`.plan.gpu_seconds`)."""
+        """Seconds left in the time budget: by the wall clock; dry, by the H100 seconds of this
+        run's records (:func:`.plan.gpu_seconds`)."""
         if self.s.budget is None:
             return float("inf")
         if not self.s.dry_run:
@@ -193,14 +189,14 @@ class Check:
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.guarded("install-dali", self.install_dali):
-            self.guarded("environment-dali", lambda: self.environment("environment-dali"))
+        elif any(r.dali for r in later) and self.set_up_row("install-dali", self.install_dali):
+            self.set_up_row("environment-dali", self.environment)
         for row in later:
             self.row(row)
 
     def begin_step(self) -> bool:
-        """Record this step and link its files into ``OUT/bundle``. False (a failed row says
-        why) when an earlier step's state is not in ``--out``."""
+        """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
+        when an earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
         steps = read_json(steps_path)
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
@@ -215,7 +211,7 @@ class Check:
                          "their wheels, data, rows and DALI's parts are gone (another host, or "
                          "the folder was removed); run the bundle's steps again from step 1, "
                          "on one host, with the same --out"})
-            self.guarded("environment", self.environment)
+            self.set_up_row("environment", self.environment)
             return False
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
@@ -229,12 +225,10 @@ class Check:
         return True
 
     def set_up(self) -> bool:
-        """Wheels, environment, data, each once per run of the steps; False when nothing else
-        can run (no GPU, or a step failed)."""
+        """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
         self.ctx.sample = os.path.dirname(self.s.train_src)
-        if "install" not in self.done:
-            self.guarded("install", lambda: self.install("install", self.s.wheels))
-        if "environment" not in self.done and not self.guarded("environment", self.environment):
+        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
+        if not self.set_up_row("environment", self.environment):
             return False
         env = self.done["environment"]
         self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
@@ -243,65 +237,62 @@ class Check:
             self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
         if env["status"] != "passed" and not self.s.dry_run:
             return False  # without a GPU nothing else means anything
-        if "data" not in self.done and not self.guarded("data", self.data):
+        if not self.set_up_row("data", self.data):
             return False
         self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
         return True
 
-    def guarded(self, name: str, step) -> bool:
-        """Run set-up ``step``; an exception is a failed row ``name``. True when it ran."""
-        try:
-            step()
+    def set_up_row(self, name: str, work) -> bool:
+        """Set-up row ``name`` unless done: ``work()`` gives its record, or its commands'
+        records (failed when one failed) and its fields; False when it raised."""
+        if name in self.done and not self.done[name].get("left_out"):
             return True
+        since = time.monotonic(), cpu_seconds()
+        try:
+            result = work()
         except Exception as exc:  # noqa: BLE001 -- a failed row, never a lost report
             self.record(crashed(name, exc))
             return False
+        if isinstance(result, tuple):
+            recs, fields = result
+            cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + cpu_seconds() - since[1]
+            result = {"status": "failed" if any(r["status"] == "failed" for r in recs)
+                      else "passed", "parts": recs, "seconds": round(time.monotonic() - since[0],
+                                                                     2),
+                      "cpu_seconds": round(cpu, 2), **fields}
+        self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
+        return True
 
-    def set_up_record(self, name: str, recs: list[dict], since: tuple, **fields) -> None:
-        """Record set-up row ``name`` made of the commands ``recs``, begun at ``since`` (wall
-        and this process's CPU seconds): failed when one of them failed."""
-        cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + cpu_seconds() - since[1]
-        self.record({"name": name, "status": "failed" if any(r["status"] == "failed" for r in
-                                                               recs) else "passed",
-                     "parts": recs, "seconds": round(time.monotonic() - since[0], 2),
-                     "cpu_seconds": round(cpu, 2), **fields},
-                    group=5 if name == "install-dali" else 0)
-
-    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> None:
-        since = time.monotonic(), cpu_seconds()
+    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> tuple:
         recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
                                        name=name) if wheels else [])
         done = [r for r in recs if r["name"] == name]
-        self.set_up_record(name, recs, since, **({} if done else {"reason": "nothing missing"}),
-                           installed=sum((r.get("installed", []) for r in done), []),
-                           bytes=sum(os.path.getsize(w) for w in wheels))
+        return recs, {**({} if done else {"reason": "nothing missing"}),
+                      "installed": sum((r.get("installed", []) for r in done), []),
+                      "bytes": sum(os.path.getsize(w) for w in wheels)}
 
-    def install_dali(self) -> None:
+    def install_dali(self) -> tuple:
         """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
         nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        if "install-dali" not in self.done or self.done["install-dali"].get("left_out"):
-            joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
-            self.install("install-dali", self.s.dali_wheels + joined, recs)
+        joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
+        return self.install("install-dali", self.s.dali_wheels + joined, recs)
 
-    def environment(self, name: str = "environment") -> None:
-        if name not in self.done:
-            machine, rec = environment(self.runner, self.s)
-            self.ctx.machine["dali"] = machine.get("dali")
-            self.record({**rec, "name": name, "machine": machine},
-                        group=5 * (name != "environment"))
+    def environment(self) -> dict:
+        machine, rec = environment(self.runner, self.s)
+        self.ctx.machine["dali"] = machine.get("dali")
+        return {**rec, "machine": machine}
 
-    def data(self) -> None:
+    def data(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
         mean image times :func:`.rows.measure.data_batches` batches of 256)."""
-        since = time.monotonic(), cpu_seconds()
         data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
         sizes = [os.path.getsize(p) for _, p in self.s.images]
         lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * 256
-        self.set_up_record("data", recs, since, paths=vars(data), bytes=int(lmdb_bytes))
+        return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done, left out of a dry run, or longer than the time left in the
-        budget; a pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        """Run ``row`` unless done, left out of a dry run, or longer than the time left; a
+        pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
             return
@@ -327,7 +318,7 @@ class Check:
                         next(r for r in plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
-        """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
+        """Append ``rec`` to the rows, announce it, rewrite the report and its archive."""
         rec = {**rec, **fields, "group": row.group if row else group, "step": self.number,
                "run": self.started}
         rec["gpu_seconds"] = round(rec.get("gpu_seconds") or plan.gpu_seconds(
@@ -346,8 +337,8 @@ class Check:
 
 
 def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
-    """``rec`` with its share of synthetic (a real loader's training row: ``base``, ``bound``,
-    :func:`.report.over_synthetic`) or ``speedup`` (``--compile`` over eager, 160 over 224 px)."""
+    """``rec`` with its share of synthetic (:func:`.report.over_synthetic`) or ``speedup``
+    (``--compile`` over eager, 160 over 224 px)."""
     if rec.get("status") != "passed" or not rec.get("model"):
         return rec
     px = "-160px" if rec.get("res") else ""
@@ -366,9 +357,8 @@ def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
 
 
 def main_cli(argv=None) -> int:
-    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
-    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
-    interrupted."""
+    """Console entry: 0 every row ran and passed, 1 one failed, 3 none failed but some are not
+    proven (never dry), 2 bad input, 130 interrupted."""
     args = get_args_parser().parse_args(argv)
     if args.probe:
         print(json.dumps(host_facts()))

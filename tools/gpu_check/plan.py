@@ -1,11 +1,8 @@
-"""The check's one row list, in priority order (:data:`TABLE`), what each row runs, and what
-it is expected to take on a GPU host (seconds), by which a time budget decides what fits.
-
-Groups: 0 the set-up (:mod:`.check`); 1 the decode probes; 2 the synthetic denominators; 3
-``--decode-device cuda``; 4 the CPU loaders at every core and one less; 5 DALI; 6 the extras
-(GPU-marked tests, NCCL, ``--compile``, DALI's memory); 7 the sweeps, the other loaders and
-ResNet-18. An offline bundle split into steps runs groups 1-4 in step 1 and 5-7 in its last.
-"""
+"""The check's one row list in priority order (:data:`TABLE`), what each row runs and its
+expected seconds on a GPU host, by which a time budget decides what fits. Groups: 0 set-up
+(:mod:`.check`), 1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the
+CPU loaders at every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``,
+DALI's memory), 7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
 from __future__ import annotations
 
 import glob

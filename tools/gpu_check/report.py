@@ -1,8 +1,6 @@
 """The check's one report: the rows judged (shares of synthetic, the targets, what is not
-proven, the exit status), ``report.json`` and ``report.md`` (the figures against the targets,
-every row, main.py's stage tables, what a time budget did not fit, the failures, every
-command), archived with the logs after every row. Speeds are images/s; ratios are fractions.
-"""
+proven, the exit status), ``report.json`` and ``report.md``, archived with the logs after
+every row. Speeds are images/s; ratios are fractions."""
 from __future__ import annotations
 
 import io

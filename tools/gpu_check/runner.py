@@ -1,13 +1,12 @@
 """The check's commands, run from the repository root with output in ``logs/NAME.out|.err``.
-
-A record is a dict: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped),
-``reason`` unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of the process
-tree), ``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``. "timed out" is not
-"failed": a check slower than its limit (a cold ``torch.compile``) proves nothing either way.
-"""
+A record is a dict: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped:
+timed out is not failed, a check slower than its limit proves nothing either way), ``reason``
+unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of the process tree),
+``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``."""
 from __future__ import annotations
 
 import os
+import pathlib
 import resource
 import shlex
 import signal
@@ -85,11 +84,8 @@ class Runner:
         return os.path.join(self.logs, f"{name}.{stream}")
 
     def text(self, name: str, stream: str = "out") -> str:
-        try:
-            with open(self.log(name, stream), errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        path = pathlib.Path(self.log(name, stream))
+        return path.read_text(errors="replace") if path.is_file() else ""
 
     def attach_tails(self, record: dict, chars: int = 3000) -> None:
         record["stdout_tail"] = self.text(record["name"], "out")[-chars:]

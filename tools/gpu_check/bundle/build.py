@@ -1,9 +1,7 @@
-"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``), what the check needs on a GPU host without
-internet beside the repository: ``sample/train/<class>/*`` (``sample/val`` a link to it),
-``wheels/`` (binary wheels for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest,
-nvImageCodec, nvJPEG and their dependencies) and ``wheels-dali/`` (DALI for CUDA ``--cuda`` and
-what only it pulls in), less numpy; with ``--step-size``, also in steps (:mod:`.steps`).
-"""
+"""``make gpu-bundle``: ``.gpu-bundle/``, what the check needs on a GPU host without internet:
+``sample/train/<class>/*`` (``sample/val`` a link to it), ``wheels/`` (lmdb, pytest,
+nvImageCodec, nvJPEG and their dependencies for CPython ``--python-version`` on manylinux
+x86_64), ``wheels-dali/`` (DALI for CUDA ``--cuda``), less numpy; ``--step-size``: in steps."""
 from __future__ import annotations
 
 import argparse

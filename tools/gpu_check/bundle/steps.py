@@ -1,13 +1,9 @@
-"""An offline bundle split into steps (``make gpu-bundle STEP_SIZE=64M``), each of which fits,
-with the repository's files, one transfer of that size: ``BUNDLE/steps/N`` (hard links of the
-bundle's files) and its ``STEP.json``.
-
-Step 1 holds ``wheels/`` and the sample, everything rows 1-4 need and nothing of DALI, so it
-stands alone. The later steps hold DALI's wheels (first fit) and its ~190 MiB wheel cut into
-parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest (a line per
-part and one for the whole), so that a part lost or damaged on the way is one line naming it,
-never a broken install; the last step installs DALI and runs the rest.
-"""
+"""An offline bundle in steps (``make gpu-bundle STEP_SIZE=64M``), each fitting with the
+repository's files one transfer of that size: ``BUNDLE/steps/N`` (hard links) and its
+``STEP.json``. Step 1 holds ``wheels/`` and the sample, all rows 1-4 need and nothing of DALI;
+the later ones DALI's wheels (first fit) and its ~190 MiB wheel in parts ``NAME.partNN``
+filling the room left, with a ``sha256sum``-format manifest, so that a part lost or damaged on
+the way is one line naming it, never a broken install."""
 from __future__ import annotations
 
 import hashlib

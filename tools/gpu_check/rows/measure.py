@@ -1,10 +1,7 @@
 """The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
-DALI's memory), the data they read, and main.py's and pytest's outputs read back.
-
-Steady state: a row's timed window starts only after a warm-up longer than every batch its
-pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
-while the model was set up and cuDNN tuned.
-"""
+DALI's memory), their data, main.py's and pytest's outputs read back. Steady state: a row's
+timed window starts after a warm-up longer than every batch its pipeline can hold ready
+(:func:`ready_batches`): it times the loader, not a queue filled while cuDNN tuned."""
 from __future__ import annotations
 
 import glob
@@ -296,12 +293,10 @@ def read_metrics(rundir: str) -> list[dict]:
 
 
 def read_speed(rundir: str) -> dict:
-    """The last epoch record's figures: ``images_per_sec`` is main.py's ``steady_images_per_sec``
-    (past ``--benchmark-warmup``, summed over ranks), else ``train_images_per_sec`` with
-    ``includes_warmup``; ``spread``, (p90 - p50) / p50 of the step times (CUDA events on a GPU,
-    waits excluded: it bounds how far two runs' images/s differ by chance), and ``stages``.
-    Raises ValueError without such a record or for a loss that is not finite (diverged
-    weights train at full speed too)."""
+    """The last epoch record's figures: ``images_per_sec``, main.py's ``steady_images_per_sec``
+    (else ``train_images_per_sec``, ``includes_warmup``); ``spread``, (p90 - p50) / p50 of the
+    step times (it bounds how far two runs' images/s differ by chance); ``stages``. ValueError
+    without such a record or for a loss not finite (diverged weights train at full speed)."""
     records = [r for r in read_metrics(rundir) if r.get("train_images_per_sec") is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")

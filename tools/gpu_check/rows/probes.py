@@ -1,9 +1,7 @@
-"""The probes: the host's environment (``python -m tools.gpu_check --probe``, in a subprocess
-so that the check never holds a CUDA context) and nvidia-smi's driver line; both GPU decoders
-(``--decode-device cuda``, docs/loaders.md, and DALI's mixed decoder); the name of the decoder
-that did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair. A dry run
-decodes on nvImageCodec's and DALI's CPU backends: it proves this code, not the GPU.
-"""
+"""The probes, each in a process of its own (the check holds no CUDA context): the host's
+environment and nvidia-smi's driver line; both GPU decoders (``--decode-device cuda`` and
+DALI's mixed decoder; a dry run's CPU backends prove this code, not the GPU); the decoder that
+did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair."""
 from __future__ import annotations
 
 import ctypes
