@@ -63,32 +63,17 @@ def local_cuda_major() -> str:
 
 def wheel_specs(cuda: str, dali: bool) -> list[str]:
     """Requirement strings to download: versions of this machine's packages where they are
-    for the same CUDA major, else pip's choice (DALI pins its own CUDA libraries)."""
+    for the same CUDA major, else pip's choice (DALI pins its own CUDA libraries). nvJPEG is
+    only an optional extra of nvImageCodec, without which every GPU decode falls back to the
+    CPU."""
     same = cuda == local_cuda_major()
-    specs = [pinned("lmdb"), pinned("pytest")]
-    codec = f"nvidia-nvimgcodec-cu{cuda}"
-    specs.append(pinned(codec) if same else codec)
-    # nvJPEG is only an optional extra of nvImageCodec, without which every GPU decode falls
-    # back to the CPU
-    nvjpeg = nvjpeg_pip_package(cuda)
-    specs.append(pinned(nvjpeg) if same else nvjpeg)
+    specs = [pinned("lmdb"), pinned("pytest")] + [pinned(x) if same else x for x in (
+        f"nvidia-nvimgcodec-cu{cuda}", nvjpeg_pip_package(cuda))]
     if dali:
-        name = f"nvidia-dali-cuda{cuda}0"
-        installed = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")
-                     if "==" in pinned(d)]
-        version = installed[0].split("==")[1] if installed else None
-        specs.append(f"{name}=={version}" if version else name)
+        here = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")]
+        version = next((x[x.index("=="):] for x in here if "==" in x), "")
+        specs.append(f"nvidia-dali-cuda{cuda}0{version}")
     return specs
-
-
-def pip_command(specs: list[str], wheels: str, python_version: str) -> list[str]:
-    """``pip download`` of ``specs`` and their dependencies as binary wheels for CPython
-    ``python_version`` on manylinux x86_64, into ``wheels``."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
-    for platform in PLATFORMS:
-        cmd += ["--platform", platform]
-    return cmd + ["-d", wheels, *specs]
 
 
 def copy_sample(data: str, train: str, images: int) -> str:
@@ -150,7 +135,11 @@ def build(args) -> int:
         if not wanted:
             continue
         os.makedirs(folder, exist_ok=True)
-        if subprocess.run(pip_command(wanted, folder, args.python_version)).returncode != 0:
+        if subprocess.run([sys.executable, "-m", "pip", "download", "-q",
+                           "--disable-pip-version-check", "--only-binary=:all:",
+                           "--python-version", args.python_version, "--implementation", "cp",
+                           *(f"--platform={x}" for x in PLATFORMS), "-d", folder,
+                           *wanted]).returncode != 0:
             print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
             return 1
         have = {dist_name(n) for n in os.listdir(wheels)} if folder != wheels else set()

@@ -16,9 +16,6 @@ import zipfile
 from ..runner import Runner, skipped
 
 INSTALL_TIMEOUT = 300  # s: DALI's 199 MB wheel unpacks in well under a minute
-# Top-level folders that several distributions share (nvidia/dali, nvidia/nvimgcodec): the
-# module a wheel provides is one level further down.
-SHARED_TOP = ("nvidia",)
 DALI_WHEEL = re.compile(r"nvidia_dali(?:_[a-z]+)?_cuda(\d+?)0$")
 
 
@@ -29,8 +26,8 @@ def dist_name(wheel: str) -> str:
 
 def wheel_module(wheel: str) -> str:
     """The module a wheel provides, from its file list: the top-level package named like the
-    distribution, else one level below a shared top (``nvidia/dali`` -> ``nvidia.dali``),
-    else its first top-level module. Raises ``OSError``/``zipfile.BadZipFile``."""
+    distribution, else one below ``nvidia/``, which several share (``nvidia/dali`` ->
+    ``nvidia.dali``), else its first top-level module. Raises ``OSError``/``BadZipFile``."""
     dist = dist_name(wheel)
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -39,12 +36,8 @@ def wheel_module(wheel: str) -> str:
                if not t.endswith((".dist-info", ".data"))]
     if dist in modules:
         return dist
-    for top in SHARED_TOP:
-        below = sorted({n.split("/")[1] for n in names
-                        if n.startswith(top + "/") and n.count("/") > 1})
-        if below:
-            return f"{top}.{below[0]}"
-    return modules[0] if modules else dist
+    below = sorted({n.split("/")[1] for n in names if n.startswith("nvidia/") and n.count("/") > 1})
+    return f"nvidia.{below[0]}" if below else modules[0] if modules else dist
 
 
 def has_module(name: str) -> bool:
@@ -72,7 +65,7 @@ def wheel_is_missing(wheel: str) -> bool:
     if has_distribution(os.path.basename(wheel).split("-")[0]):
         return False
     module = wheel_module(wheel)
-    return module.split(".")[0] in SHARED_TOP or not has_module(module)
+    return module.split(".")[0] == "nvidia" or not has_module(module)
 
 
 def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:

@@ -107,21 +107,19 @@ def dali_steps(out: str, room: int) -> list[list[str]]:
 def link_tree(src: str, dst: str) -> None:
     """``dst`` as a hard-linked (else copied) copy of the file or folder ``src``, merged into
     what is there (a file there is replaced); symlinks, to folders too, stay links."""
-    pairs = [(src, dst)] if not os.path.isdir(src) or os.path.islink(src) else [
-        (os.path.join(d, n), os.path.join(dst, os.path.relpath(os.path.join(d, n), src)))
-        for d, dirs, names in os.walk(src)
-        for n in names + [x for x in dirs if os.path.islink(os.path.join(d, x))]]
-    for a, b in pairs:
-        os.makedirs(os.path.dirname(b), exist_ok=True)
+    def link(a: str, b: str) -> None:
         if os.path.lexists(b):
             os.remove(b)
-        if os.path.islink(a):
-            os.symlink(os.readlink(a), b)
-            continue
         try:
             os.link(a, b)
         except OSError:
             shutil.copy2(a, b)
+
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=link, dirs_exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        link(src, dst)
 
 
 def missing_files(stash: str, info: dict, upto: int) -> list[str]:
