@@ -207,10 +207,9 @@ def gpu_test_files() -> list[str]:
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
-    """Seconds a record (``row`` None for the set-up) takes on one H100 host: its ``seconds``; in
-    a dry run its ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA
-    start and H100 batches, or the set-up's ``bytes`` written (data, 200 MB/s) or unpacked
-    (wheels, pip's 10 MB/s)."""
+    """Seconds a record (``row`` None: set-up) takes on one H100 host: ``seconds``; dry, its
+    ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA start and
+    batches, or the set-up's ``bytes`` at 200 MB/s (data) or 10 MB/s (pip's unpacking)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None
@@ -223,10 +222,9 @@ def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
 
 # What the rows run: ctx holds runner, settings s, machine, data, done (records by name), sample.
 def run_main(ctx, row: Row, limit: float) -> dict | None:
-    """A ``train`` or ``alone`` row; batch-decode rows get their decoder checked
-    (:func:`.probes.on_gpu`), DALI's their decoder named. A ``best`` row trains from the
-    model's fastest loader at 224 px (None where not worth a row: ``--compile`` gained 5% or
-    less on synthetic data, or that loader has its own 160 px row)."""
+    """A ``train`` or ``alone`` row, its decoder checked (:func:`.probes.on_gpu`) or named. A
+    ``best`` row trains from the model's fastest loader at 224 px (None where not worth it:
+    ``--compile`` gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
     s, machine, loader = ctx.s, ctx.machine, row.loader
     workers = jobs(row.workers, s, machine)
     res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px

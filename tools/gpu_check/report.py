@@ -28,10 +28,9 @@ def ratio(row: dict | None, base: dict | None) -> float | None:
 
 
 def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
-    """``row`` (a training row) with ``ratio_to_synthetic`` and ``share_spread`` (the larger
-    step spread of the two, 0 where unknown); failed when a real loader's ratio exceeds 1 by
-    more than that spread, since data-fed training cannot beat synthetic (it timed a queue
-    filled before the clock). A dry run (shared CPU cores) only gets a ``note``."""
+    """``row`` (training) with ``ratio_to_synthetic`` and ``share_spread`` (the larger step
+    spread); failed when a real loader's ratio exceeds 1 by more than it: data-fed training
+    cannot beat synthetic (it timed a queue filled before the clock). Dry: only a ``note``."""
     row["ratio_to_synthetic"] = share = ratio(row, synthetic)
     if row.get("loader") in (None, "synthetic") or share is None:
         return row
@@ -52,9 +51,9 @@ def capped(share: float | None, alone: float | None) -> float | None:
 
 
 def share_of(by: dict, row: dict) -> dict:
-    """The share of a training ``row`` (with ``base``, its synthetic row's name, and ``bound``,
-    its loader-alone row's) among the records ``by`` name: ``raw`` (training over synthetic),
-    ``alone`` (loader alone over synthetic), ``judged`` (:func:`capped`)."""
+    """A training ``row``'s share among the records ``by`` name: ``raw`` (over its ``base``, the
+    synthetic row), ``alone`` (its ``bound``, loader alone, over it), ``judged``
+    (:func:`capped`)."""
     base = by.get(row.get("base"))
     raw, alone = ratio(row, base), ratio(by.get(row.get("bound")), base)
     return {"raw": raw, "alone": alone, "judged": capped(raw, alone)}

@@ -23,10 +23,9 @@ class InputError(Exception):
 
 
 class Runner:
-    """Runs commands, each with a timeout, all within ``budget`` seconds; one started near the
-    budget's end may still run ``grace`` seconds. A dry run's commands get one OpenMP thread
-    unless ``OMP_NUM_THREADS`` says otherwise (on a few shared cores OpenMP threads wait at
-    every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2 threads, 10 with 1)."""
+    """Runs commands, each with a timeout, within ``budget`` s (one started near its end may run
+    ``grace`` s). Dry, one OpenMP thread unless set (on a few shared cores threads wait at every
+    barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2 threads, 10 with 1)."""
 
     def __init__(self, out: str, budget: float, grace: float = 60.0, dry_run: bool = False):
         self.logs, self.budget, self.grace = os.path.join(out, "logs"), budget, grace
@@ -93,9 +92,8 @@ class Runner:
 
 
 def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
-    """User + system CPU seconds of this process (``RUSAGE_SELF``) or of every finished child
-    process tree (``RUSAGE_CHILDREN``: the delta around one command is its work, whatever
-    else shares the cores)."""
+    """User + system CPU seconds of this process, or of every finished child process tree
+    (``RUSAGE_CHILDREN``: the delta around one command is its work, whatever shares the cores)."""
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
 

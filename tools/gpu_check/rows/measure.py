@@ -45,10 +45,9 @@ def ready_batches(loader: str, workers: int) -> int:
 
 def steady_sizes(s, loader: str, workers: int, alone: bool = False,
                  timed: int | None = None) -> tuple[int, int]:
-    """``(warm-up, timed)`` batches of a row: warm-up = :func:`ready_batches` + ``s.warmup``
-    (a loader alone, which tunes nothing, at most 2), timed = ``timed``, else ``s.steps`` for
-    training and for a loader alone :data:`WAVES` batches per worker, at least a quarter of
-    ``s.steps``."""
+    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (at most 2 for a loader
+    alone, which tunes nothing); ``timed``, else ``s.steps`` (alone: :data:`WAVES` batches per
+    worker, at least ``s.steps // 4``)."""
     if timed is None:
         timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
     return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
@@ -70,9 +69,9 @@ def list_images(root: str) -> list[tuple[str, str]]:
 
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
-    """Link each sample image k times into ``OUT/data/train`` (in the page cache: the rows
-    measure decoding, not disk reads) for :func:`data_batches` batches, then convert it and val
-    to LMDB. Returns (paths and why a source is not available, the records)."""
+    """Each sample image linked k times into ``OUT/data/train`` (the page cache: rows measure
+    decoding, not disk) for :func:`data_batches` batches, then it and val as LMDBs: (paths, why
+    a source is not available; the records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -141,9 +140,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
               timeout: float = 240) -> dict:
-    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) of ``model``
-    on ``loader`` (``res``: ``--train-crop-size``), read by :func:`read_speed`, with its stage
-    table (``stage_lines``); failed off the GPU unless dry."""
+    """A steady-state ``main.py`` training epoch of ``model`` from ``loader`` (``res``:
+    ``--train-crop-size``) read by :func:`read_speed`, with its ``stage_lines``; failed off the
+    GPU unless dry."""
     name, j = name or f"train-{model}-{loader}", workers or s.workers
     row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
            **({"res": res} if res else {})}
@@ -224,10 +223,9 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
 
 
 def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
-    """``distributed``: a short ``--multiprocessing-distributed`` run on every GPU (gloo, 2 CPU
-    processes in a dry run); passes when it exits 0, main.py's device line says it joined the
-    process group (a launched process joins one even alone, so one GPU still runs DDP over
-    NCCL), and metrics.jsonl has a val_acc1."""
+    """``distributed``: ``--multiprocessing-distributed`` on every GPU (gloo, 2 CPU processes
+    dry); passed when it exits 0, main.py's device line says it joined the process group (one
+    GPU joins one too, so it still runs DDP over NCCL) and metrics.jsonl has a val_acc1."""
     if data.reason:
         return skipped("distributed", data.reason)
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
@@ -251,9 +249,8 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
 
 
 def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dict:
-    """``dali-memory``: ResNet-18 from DALI for :data:`MEMORY_EPOCHS` short epochs; host RSS
-    and device memory after each (``host_rss_mib``, ``device_memory_mib`` of
-    ``metrics.jsonl``, MiB). Fails when device memory grows by more than 5% after epoch 1."""
+    """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
+    device memory (MiB) after each; failed when device memory grows > 5% after the first."""
     rec, rundir = run_main(runner, s, "dali-memory", [
         *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
         str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",

@@ -34,10 +34,9 @@ def mapped_libraries() -> list[str]:
 
 
 def host_facts() -> dict:
-    """What this interpreter sees: versions; GPUs (name, memory in bytes); CPU cores; each of
-    :data:`ORIGINS`' version and file, or its import error (DALI first, so its libraries must
-    find nvImageCodec's by themselves); ``decoder``, the library ``--decode-device cuda`` takes
-    after a probe decode and why not the others; :func:`mapped_libraries`."""
+    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores; each of
+    :data:`ORIGINS`' version and file or import error (DALI first: its libraries must find
+    nvImageCodec's alone); the library ``--decode-device cuda`` takes; the libraries mapped."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
     for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
@@ -201,10 +200,9 @@ def decoder_name(line: str, machine: dict) -> str:
 
 
 def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
-    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` (:func:`decoder_name`) and
-    ``cpu_fallbacks`` (main.py's ``note: N samples decoded on the CPU``); failed unless
-    nvImageCodec decoded on the GPU (not judged in a dry run), or when any sample went to the
-    CPU fallback (the figure would be partly the CPU's)."""
+    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed
+    unless nvImageCodec decoded on the GPU (not judged dry), or when any sample went to the CPU
+    fallback (the figure would be partly the CPU's)."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -266,11 +264,10 @@ def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dic
 
 
 def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
-    """``dali-gpu-decode`` (skipped without DALI): a fresh process imports DALI first (its
-    libraries must find nvImageCodec's by their own run paths), decodes a JPEG with the mixed
-    decoder and with nvImageCodec's GPU backends into device memory, and records the libraries
-    mapped (without ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's
-    CPU backend."""
+    """``dali-gpu-decode`` (skipped without DALI): a process imports DALI first (its libraries
+    must find nvImageCodec's by their run paths), decodes a JPEG with the mixed decoder and
+    nvImageCodec's GPU backends into device memory; ``libnvjpeg`` must be mapped (without it
+    DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
     if not machine.get("dali"):
         return skipped("dali-gpu-decode", "not installed")
     rec, result = _json_row(runner, "dali-gpu-decode", [
