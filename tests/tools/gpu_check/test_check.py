@@ -205,9 +205,9 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
 
 
 def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
-    """has_distribution("pip") must not import-probe pip: setuptools' _distutils_hack then turns its distutils
-    shim off for the whole process, and torch.compile later in the suite failed with
-    ``AssertionError: .../distutils/core.py``."""
+    """has_distribution("pip") must not import-probe pip: setuptools' _distutils_hack then
+    turns its distutils shim off for the whole process, and torch.compile later in the suite
+    failed with ``AssertionError: .../distutils/core.py``."""
     probe = ("import sys; from tools.gpu_check.bundle import install; "
              "install.has_distribution('pip') if sys.argv[1] == '1' else None; "
              "import warnings; warnings.simplefilter('ignore'); import distutils; "
