@@ -80,7 +80,9 @@ def dry_run(args) -> int:
     root = os.path.abspath(args.host) if args.host else tempfile.mkdtemp(prefix="gpu-dry-run-")
     repo = os.path.join(root, "repo")  # the repository's files, as a copy to the host holds
     shutil.rmtree(repo, ignore_errors=True)
-    for rel in repository_files(REPO):
+    # .gpu-bundle is never the repository's (a link to it, which git lists, would let the
+    # steps' copies below write into the bundle itself)
+    for rel in [p for p in repository_files(REPO) if p.split("/")[0] != ".gpu-bundle"]:
         os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
         shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     env, fate = hide_layer(root, bundle)
