@@ -260,13 +260,6 @@ def run_main(ctx, row: Row, limit: float) -> dict | None:
     return rec
 
 
-def run_memory(ctx, row: Row, limit: float) -> dict:
-    flags = measure.loader_flags("dali-lmdb", ctx.data, ctx.machine)
-    if isinstance(flags, str):
-        return skipped(row.name, flags)
-    return measure.memory_row(ctx.runner, ctx.s, flags, limit)
-
-
 # A plain row's box (s), expected seconds on one H100 host, and what it runs
 PLAIN = {
     "gpu-decode-probe": (120, 12, lambda c, r, t: probes.probe(c.runner, c.s, c.data, t)),
@@ -277,5 +270,6 @@ PLAIN = {
                                                               t)),
     "distributed": (240, 40, lambda c, r, t: measure.nccl_row(c.runner, c.s, c.data, c.machine,
                                                               t)),
-    "dali-memory": (300, 60, run_memory),
+    "dali-memory": (300, 60, lambda c, r, t: measure.memory_row(c.runner, c.s, c.data, c.machine,
+                                                                t)),
 }

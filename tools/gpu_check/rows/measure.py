@@ -248,9 +248,12 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
     return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
-def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dict:
+def memory_row(runner: Runner, s, data, machine: dict, timeout: float = 300) -> dict:
     """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
     device memory (MiB) after each; failed when device memory grows > 5% after the first."""
+    flags = loader_flags("dali-lmdb", data, machine)
+    if isinstance(flags, str):
+        return skipped("dali-memory", flags)
     rec, rundir = run_main(runner, s, "dali-memory", [
         *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
         str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",
