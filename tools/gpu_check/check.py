@@ -1,32 +1,142 @@
-"""The check's one runner (``python -m tools.gpu_check``, docs/gpu-check.md): the set-up once
-(wheels, environment, data), then the rows of :mod:`.plan` in order, each guarded (an error is
-a failed row) and each only when its expected seconds fit the time budget; after every row the
-report and its archive are rewritten. The same code runs every row, what fits ``--budget``,
-or one step of an offline bundle (``--step N``), whose state stays in ``--out`` for the next.
-"""
+"""The check's command line and its one runner (``python -m tools.gpu_check``,
+docs/gpu-check.md): the set-up once, then the rows of :mod:`.plan` in order, each guarded and
+each only when its expected seconds fit the time budget, the report rewritten after every row;
+every row, what fits ``--budget``, or one step of an offline bundle (``--step N``)."""
 from __future__ import annotations
 
+import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from types import SimpleNamespace
 
-from . import judge, plan, report
+from . import plan, report
 from .bundle.install import install, join_parts
 from .bundle.steps import link_tree, missing_files
-from .cli import InputError, bundle_paths, get_args_parser, settings, step_folder
-from .rows import probes
-from .rows.measure import prepare_data
-from .rows.probes import environment, host_facts
-from .runner import Runner, crashed, own_cpu, skipped
+from .rows.measure import data_batches, list_images, prepare_data
+from .rows.probes import environment, gpu_over_cpu, host_facts
+from .runner import REPO, InputError, Runner, cpu_seconds, crashed, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
          "bundle", "wheels-joined")
 OVERHEAD = 5.0  # s of a step without rows on a GPU host: Python's start, linking its files
 GRACE = 10.0  # s a row started within the budget may run past it
 DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU host
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Check and measure the GPU path on a GPU host, most "
+                                "important rows first (docs/gpu-check.md): all rows, or what "
+                                "fits a time budget, or one step of an offline bundle.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="gpu-check-output", help="report folder, also the state "
+                   "kept between the steps of an offline bundle (created)")
+    p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/, steps/); "
+                   "default .gpu-bundle")
+    p.add_argument("--data", help="image folder holding train/ (and val/) instead of the "
+                   "bundle's sample")
+    p.add_argument("--budget", type=duration, help="time budget (15m, 900, 1h30m): rows run "
+                   "in order while their expected time fits, and the report lists the rest; "
+                   "default: every row")
+    p.add_argument("--step", type=int, metavar="N", help="run step N of a bundle made with "
+                   "--step-size (its files in BUNDLE/steps/N); the state stays in --out")
+    p.add_argument("--archive", help="file or folder for the report archive (default "
+                   "OUT/gpu-check[-stepN].tar.gz), rewritten after every row")
+    p.add_argument("--rows", nargs="+", metavar="PATTERN",
+                   help="only the rows matching these (fnmatch) patterns")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
+    p.add_argument("--steps", type=int, help="timed steps per row, after a warm-up past "
+                   "every batch the pipeline holds ready (default 200; dry 2)")
+    p.add_argument("--warmup", type=int, help="warm-up steps beyond the pipeline's ready "
+                   "batches, for cuDNN's tuning (default 5; dry 1)")
+    p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
+    p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep OUT/data (the replicated sample and its LMDBs, ~8 GB)")
+    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def duration(text: str) -> float:
+    """Seconds of ``15m``, ``900``, ``900s``, ``1h30m``; argparse's error otherwise."""
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?",
+                         "".join((text or "").split()))
+    if not parts or not parts.group(0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 15m, 900 "
+                                         "or 1h30m")
+    h, m, sec = (float(x or 0) for x in parts.groups())
+    return h * 3600 + m * 60 + sec
+
+
+def settings(args) -> SimpleNamespace:
+    """Sizes and flags of every run; raises :class:`InputError` for a bad size or path."""
+    dry = args.dry_run
+    s = SimpleNamespace(
+        dry_run=dry, budget=args.budget, out=os.path.abspath(args.out), step=args.step,
+        steps=(2 if dry else 200) if args.steps is None else args.steps,
+        warmup=(1 if dry else 5) if args.warmup is None else args.warmup,
+        batch=(4 if dry else 256) if args.batch_size is None else args.batch_size,
+        # dry run: in-process loading, as each worker process would import torch again
+        workers=args.workers or ("0" if dry else "auto"),
+        sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
+        if dry else [],
+        # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
+        # wraps the model in DataParallel over all visible GPUs
+        accel=["--no-accel"] if dry else ["--gpu", "0"],
+        rows=args.rows, keep_data=args.keep_data, data=args.data, archive=args.archive,
+        bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
+    if s.steps < 1 or s.warmup < 0 or s.batch < 1:
+        raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
+    if not (s.workers == "auto" or s.workers.isdigit()):
+        raise InputError(f"-j {s.workers}: expected a number of workers or 'auto'")
+    for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
+        if path and not os.path.isdir(path):
+            raise InputError(f"{flag} {path}: no such directory" + (
+                " (make gpu-bundle writes it)" * (flag == "--bundle")))
+    s.step_info = None
+    if s.step:
+        path = os.path.join(s.bundle, "steps", str(s.step), "STEP.json")
+        s.step_info = read_json(path, None)
+        if s.step_info is None:
+            raise InputError(f"--step {s.step}: no {path} (make gpu-bundle STEP_SIZE=64M "
+                             "writes the steps; copy step N's folder to the host before "
+                             "running it)")
+    if s.step in (None, 1):
+        bundle_paths(s, os.path.join(s.bundle, *(("steps", "1") if s.step else ())))
+    return s
+
+
+def bundle_paths(s, bundle: str) -> None:
+    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; :class:`InputError`
+    without a train/ folder of images."""
+    s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
+    s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
+    s.parts = os.path.join(bundle, "parts")
+    sample = s.data or os.path.join(bundle, "sample")
+    flag = "--data" if s.data else "--bundle"
+    if not os.path.isdir(os.path.join(sample, "train")):
+        raise InputError(f"{flag} {s.data or bundle}: no train/ folder with images in "
+                         f"{sample} (run make gpu-bundle, or pass --data DIR)")
+    s.train_src = os.path.abspath(os.path.join(sample, "train"))
+    val = os.path.join(sample, "val")
+    s.val_src = os.path.abspath(val if os.path.isdir(val) else s.train_src)
+    s.images = list_images(s.train_src)
+    if not s.images:
+        raise InputError(f"{flag}: {s.train_src} has no images in class folders")
+
+
+def read_json(path: str, default=(), lines: bool = False):
+    """A file's JSON, or its JSON lines; ``default`` ([] unless given) if missing or damaged."""
+    try:
+        with open(path) as f:
+            return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
+    except (OSError, ValueError):
+        return [] if default == () else default
 
 
 class Check:
@@ -54,8 +164,8 @@ class Check:
         self.interrupted, self.started, self.report = False, time.time(), None
 
     def left(self) -> float:
-        """Seconds left in the time budget: by the wall clock on a GPU host; in a dry run by this
-        run's records' H100 seconds (:func:`.plan.gpu_seconds`)."""
+        """Seconds left in the time budget: by the wall clock; dry, by the H100 seconds of this
+        run's records (:func:`.plan.gpu_seconds`)."""
         if self.s.budget is None:
             return float("inf")
         if not self.s.dry_run:
@@ -64,13 +174,14 @@ class Check:
                                               self.done.values() if r.get("run") == self.started)
 
     def run(self) -> None:
-        """The lost-state row, or the set-up and every row of this run that fits."""
+        """The lost-state row, or the set-up and every row of this run that fits; DALI's
+        install only when it and DALI's first row fit, and in a bundle's last step."""
         if self.step and not self.begin_step() or not self.set_up():
             return
         for row in [r for r in self.s.plan if r.group <= 4]:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
-            return  # DALI's files are not all here yet: its rows run in the last step
+            return
         later = [r for r in self.s.plan if r.group > 4]
         need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
         todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
@@ -78,19 +189,19 @@ class Check:
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.guarded("install-dali", self.install_dali):
-            self.guarded("environment-dali", lambda: self.environment("environment-dali"))
+        elif any(r.dali for r in later) and self.set_up_row("install-dali", self.install_dali):
+            self.set_up_row("environment-dali", self.environment)
         for row in later:
             self.row(row)
 
     def begin_step(self) -> bool:
-        """Record this step and link its files into ``OUT/bundle``. False (a failed row says
-        why) when an earlier step's state is not in ``--out``."""
+        """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
+        when an earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
         steps = read_json(steps_path)
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
         missing = [str(k) for k in range(1, self.number) if k not in ran]
-        link_tree(step_folder(self.s.bundle, self.number), stash)
+        link_tree(os.path.join(self.s.bundle, "steps", str(self.number)), stash)
         with open(steps_path, "w") as f:
             json.dump(steps + [{**self.step, "started": self.started}], f)
         if missing:
@@ -100,7 +211,7 @@ class Check:
                          "their wheels, data, rows and DALI's parts are gone (another host, or "
                          "the folder was removed); run the bundle's steps again from step 1, "
                          "on one host, with the same --out"})
-            self.guarded("environment", self.environment)
+            self.set_up_row("environment", self.environment)
             return False
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
@@ -114,12 +225,10 @@ class Check:
         return True
 
     def set_up(self) -> bool:
-        """Wheels, environment, data, each once per run of the steps; False when nothing else
-        can run (no GPU, or a step failed)."""
+        """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
         self.ctx.sample = os.path.dirname(self.s.train_src)
-        if "install" not in self.done:
-            self.guarded("install", lambda: self.install("install", self.s.wheels))
-        if "environment" not in self.done and not self.guarded("environment", self.environment):
+        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
+        if not self.set_up_row("environment", self.environment):
             return False
         env = self.done["environment"]
         self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
@@ -128,62 +237,62 @@ class Check:
             self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
         if env["status"] != "passed" and not self.s.dry_run:
             return False  # without a GPU nothing else means anything
-        if "data" not in self.done and not self.guarded("data", self.data):
+        if not self.set_up_row("data", self.data):
             return False
         self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
         return True
 
-    def guarded(self, name: str, step) -> bool:
-        """Run set-up ``step``; an exception is a failed row ``name``. True when it ran."""
-        try:
-            step()
+    def set_up_row(self, name: str, work) -> bool:
+        """Set-up row ``name`` unless done: ``work()`` gives its record, or its commands'
+        records (failed when one failed) and its fields; False when it raised."""
+        if name in self.done and not self.done[name].get("left_out"):
             return True
+        since = time.monotonic(), cpu_seconds()
+        try:
+            result = work()
         except Exception as exc:  # noqa: BLE001 -- a failed row, never a lost report
             self.record(crashed(name, exc))
             return False
+        if isinstance(result, tuple):
+            recs, fields = result
+            cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + cpu_seconds() - since[1]
+            result = {"status": "failed" if any(r["status"] == "failed" for r in recs)
+                      else "passed", "parts": recs, "seconds": round(time.monotonic() - since[0],
+                                                                     2),
+                      "cpu_seconds": round(cpu, 2), **fields}
+        self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
+        return True
 
-    def set_up_record(self, name: str, recs: list[dict], since: tuple, **fields) -> None:
-        """Record set-up row ``name`` made of the commands ``recs``, begun at ``since`` (wall
-        and this process's CPU seconds): failed when one of them failed."""
-        cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + own_cpu() - since[1]
-        self.record({"name": name, "status": "failed" if any(r["status"] == "failed" for r in
-                                                               recs) else "passed",
-                     "parts": recs, "seconds": round(time.monotonic() - since[0], 2),
-                     "cpu_seconds": round(cpu, 2), **fields},
-                    group=5 if name == "install-dali" else 0)
-
-    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> None:
-        since = time.monotonic(), own_cpu()
+    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> tuple:
         recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
                                        name=name) if wheels else [])
         done = [r for r in recs if r["name"] == name]
-        self.set_up_record(name, recs, since, **({} if done else {"reason": "nothing missing"}),
-                           installed=sum((r.get("installed", []) for r in done), []),
-                           bytes=sum(os.path.getsize(w) for w in wheels))
+        return recs, {**({} if done else {"reason": "nothing missing"}),
+                      "installed": sum((r.get("installed", []) for r in done), []),
+                      "bytes": sum(os.path.getsize(w) for w in wheels)}
 
-    def install_dali(self) -> None:
+    def install_dali(self) -> tuple:
         """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
         nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        if "install-dali" not in self.done or self.done["install-dali"].get("left_out"):
-            joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
-            self.install("install-dali", self.s.dali_wheels + joined, recs)
+        joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
+        return self.install("install-dali", self.s.dali_wheels + joined, recs)
 
-    def environment(self, name: str = "environment") -> None:
-        if name not in self.done:
-            machine, rec = environment(self.runner, self.s)
-            self.ctx.machine["dali"] = machine.get("dali")
-            self.record({**rec, "name": name, "machine": machine},
-                        group=5 * (name != "environment"))
+    def environment(self) -> dict:
+        machine, rec = environment(self.runner, self.s)
+        self.ctx.machine["dali"] = machine.get("dali")
+        return {**rec, "machine": machine}
 
-    def data(self) -> None:
-        since = time.monotonic(), own_cpu()
+    def data(self) -> tuple:
+        """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
+        mean image times :func:`.rows.measure.data_batches` batches of 256)."""
         data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
-        self.set_up_record("data", recs, since, paths=vars(data), bytes=plan.gpu_lmdb_bytes(
-            [os.path.getsize(p) for _, p in self.s.images]))
+        sizes = [os.path.getsize(p) for _, p in self.s.images]
+        lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * 256
+        return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done, left out of a dry run, or longer than the time left in the
-        budget; a pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        """Run ``row`` unless done, left out of a dry run, or longer than the time left; a
+        pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
             return
@@ -205,11 +314,11 @@ class Check:
         self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
         if gpu in self.done:
-            self.record(probes.gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
+            self.record(gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
                         next(r for r in plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
-        """Append ``rec`` to the JSON lines at once, announce it, rewrite report and archive."""
+        """Append ``rec`` to the rows, announce it, rewrite the report and its archive."""
         rec = {**rec, **fields, "group": row.group if row else group, "step": self.number,
                "run": self.started}
         rec["gpu_seconds"] = round(rec.get("gpu_seconds") or plan.gpu_seconds(
@@ -219,7 +328,7 @@ class Check:
         if self.done.get(rec["name"], {}).get("left_out"):
             del self.done[rec["name"]]  # run now: listed in the order run
         self.done[rec["name"]] = rec
-        print(judge.progress_line(self.runner.elapsed(), rec), flush=True)
+        print(report.progress_line(self.runner.elapsed(), rec), flush=True)
         self.save()
 
     def save(self) -> None:
@@ -228,38 +337,28 @@ class Check:
 
 
 def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
-    """``rec`` with its share of synthetic (a real loader's training row: ``base``, ``bound``,
-    :func:`.judge.over_synthetic`) or ``speedup`` (``--compile`` over eager, 160 over 224 px)."""
+    """``rec`` with its share of synthetic (:func:`.report.over_synthetic`) or ``speedup``
+    (``--compile`` over eager, 160 over 224 px)."""
     if rec.get("status") != "passed" or not rec.get("model"):
         return rec
     px = "-160px" if rec.get("res") else ""
     if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
-        rec.setdefault("speedup", judge.ratio(rec, done.get(row.name.replace("-compile", ""))))
+        rec.setdefault("speedup", report.ratio(rec, done.get(row.name.replace("-compile", ""))))
         if rec.get("loader") != "synthetic":
-            rec["ratio_to_synthetic"] = judge.ratio(rec, done.get(
+            rec["ratio_to_synthetic"] = report.ratio(rec, done.get(
                 f"train-{rec['model']}-synthetic-compile"))
     elif rec.get("loader") != "synthetic":
         rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
         rec.update({"bound": row.bound} if row.bound else {})
-        rec = judge.over_synthetic(rec, done.get(rec["base"]), dry_run)
+        rec = report.over_synthetic(rec, done.get(rec["base"]), dry_run)
     if px and row.name[:-len(px)] in done:
-        rec["speedup"] = judge.ratio(rec, done.get(row.name[:-len(px)]))
+        rec["speedup"] = report.ratio(rec, done.get(row.name[:-len(px)]))
     return rec
 
 
-def read_json(path: str, lines: bool = False) -> list:
-    """The list in a JSON file, or its JSON lines; [] when missing or damaged."""
-    try:
-        with open(path) as f:
-            return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
-    except (OSError, ValueError):
-        return []
-
-
 def main_cli(argv=None) -> int:
-    """Console entry: 0 when every row ran and passed, 1 when one failed, 3 when none failed
-    but some are not proven on a GPU (never in a dry run), 2 for bad input, 130 when
-    interrupted."""
+    """Console entry: 0 every row ran and passed, 1 one failed, 3 none failed but some are not
+    proven (never dry), 2 bad input, 130 interrupted."""
     args = get_args_parser().parse_args(argv)
     if args.probe:
         print(json.dumps(host_facts()))
@@ -290,4 +389,4 @@ def main_cli(argv=None) -> int:
     if check.interrupted:
         print("gpu_check: interrupted; the report holds the rows that finished", file=sys.stderr)
         return 130
-    return judge.exit_status(check.report)
+    return report.exit_status(check.report)

@@ -1,11 +1,8 @@
-"""The check's one row list, in priority order (:data:`TABLE`), and what each row is expected
-to take on a GPU host (seconds), by which a time budget (``--budget``) decides what fits.
-
-Groups: 0 the set-up (:mod:`.check`); 1 the decode probes; 2 the synthetic denominators; 3
-``--decode-device cuda``; 4 the CPU loaders at every core and one less; 5 DALI; 6 the extras
-(GPU-marked tests, NCCL, ``--compile``, DALI's memory); 7 the sweeps, the other loaders and
-ResNet-18. An offline bundle split into steps runs groups 1-4 in step 1 and 5-7 in its last.
-"""
+"""The check's one row list in priority order (:data:`TABLE`), what each row runs and its
+expected seconds on a GPU host, by which a time budget decides what fits. Groups: 0 set-up
+(:mod:`.check`), 1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the
+CPU loaders at every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``,
+DALI's memory), 7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
 from __future__ import annotations
 
 import glob
@@ -15,7 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from types import SimpleNamespace
 
-from . import judge
+from . import report
 from .rows import measure, probes
 from .rows.measure import LOW_RES, steady_sizes, workers_count
 from .runner import REPO, skipped
@@ -120,7 +117,6 @@ class Row:
     res = property(lambda self: self.name.endswith("-160px"))
     compiled = property(lambda self: self.name.endswith("-compile"))
     dali = property(lambda self: (self.loader or "").startswith("dali"))
-    one_thread = property(lambda self: self.name in PAIRS)  # a pair's CPU row
     timed = property(lambda self: PAIR_STEPS if self.name in PAIRS or self.name in [
         gpu for gpu, _ in PAIRS.values()] else None)
     cuda_start = property(lambda self: CUDA_START_ALONE if self.kind == "alone" else CUDA_START)
@@ -135,35 +131,33 @@ class Row:
         return 420 if self.compiled else 150 if self.kind == "train" and self.loader != \
             "synthetic" else 120
 
-    def gpu_batches(self) -> int:
-        """Batches this row reads on one H100 host (warm-up + timed)."""
+    def gpu_batch_seconds(self) -> float:
+        """Seconds of this row's batches (warm-up + timed) on one H100 host, at the rate of
+        :data:`RATES` (synthetic data), else the slower of it and the loaders' (one thread's
+        for a pair's CPU row)."""
         workers = workers_count(jobs(self.workers, GPU, GPU_HOST), GPU_HOST)
-        return sum(steady_sizes(GPU, self.loader, workers, self.kind == "alone", self.timed))
-
-    @property
-    def rate(self) -> float:
-        """Images/s of this row's batches on one H100 host."""
-        synthetic = RATES[self.model, self.res]
-        if self.one_thread:
-            return ONE_THREAD_RATE
-        return synthetic if self.kind == "train" and self.loader == "synthetic" else min(
-            synthetic, LOADER_RATE)
+        batches = sum(steady_sizes(GPU, self.loader, workers, self.kind == "alone", self.timed))
+        rate = RATES[self.model, self.res]
+        if self.name in PAIRS:
+            rate = ONE_THREAD_RATE
+        elif self.kind == "alone" or self.loader != "synthetic":
+            rate = min(rate, LOADER_RATE)
+        return batches * GPU.batch / rate
 
     @property
     def expect(self) -> float:
-        """Seconds this row should take on one H100 host: its process and CUDA start, then
-        :meth:`gpu_batches` at :attr:`rate`."""
+        """Seconds this row should take on one H100 host: its process and CUDA start, then its
+        batches (a cold ``torch.compile``: 150 s for ResNet-50, 100 for ResNet-18)."""
         if self.kind == "plain":
             return self.plain[1]
-        if self.compiled:  # a cold torch.compile
+        if self.compiled:
             return 150.0 if self.model == "resnet50" else 100.0
-        return PROCESS_START + self.cuda_start + self.gpu_batches() * GPU.batch / self.rate
+        return PROCESS_START + self.cuda_start + self.gpu_batch_seconds()
 
     def run(self, ctx, limit: float) -> dict | None:
         """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        if self.kind != "plain":
-            return run_main(ctx, self, limit)
-        return self.plain[2](ctx, self, limit)
+        return run_main(ctx, self, limit) if self.kind != "plain" else self.plain[2](
+            ctx, self, limit)
 
 
 def jobs(spec: str, s, machine: dict) -> str:
@@ -191,21 +185,14 @@ def all_rows() -> list[Row]:
     return rows
 
 
-def first_rows() -> list[Row]:
-    """Groups 1-4: what a GPU host must bring back first, and an offline bundle's step 1."""
-    return [r for r in all_rows() if r.group <= 4]
-
-
 def select(rows: list[Row], patterns: list[str] | None) -> list[Row]:
     """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order.
     Raises ``ValueError`` naming a pattern that matches nothing."""
-    if patterns is None:
-        return rows
-    for pattern in patterns:
+    for pattern in patterns or ():
         if not any(fnmatch(r.name, pattern) for r in rows):
             raise ValueError(f"--rows {pattern}: no row matches (the rows: "
                              f"{', '.join(r.name for r in rows)})")
-    return [r for r in rows if any(fnmatch(r.name, p) for p in patterns)]
+    return [r for r in rows if patterns is None or any(fnmatch(r.name, p) for p in patterns)]
 
 
 def gpu_test_files() -> list[str]:
@@ -220,41 +207,33 @@ def gpu_test_files() -> list[str]:
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
-    """Seconds a record (``row`` None for the set-up) takes on one H100 host: its ``seconds``; in
-    a dry run its ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA
-    start and H100 batches, or the set-up's ``bytes`` written (data) or unpacked (wheels)."""
+    """Seconds a record (``row`` None: set-up) takes on one H100 host: ``seconds``; dry, its
+    ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA start and
+    batches, or the set-up's ``bytes`` at 200 MB/s (data) or 10 MB/s (pip's unpacking)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None
                  else record.get("seconds") or 0.0)
     if row is not None and row.kind != "plain" and record.get("status") != "skipped":
-        return work + row.cuda_start + row.gpu_batches() * GPU.batch / row.rate
-    rate = 200e6 if record.get("name") == "data" else 10e6  # disk writes, pip's unpacking
+        return work + row.cuda_start + row.gpu_batch_seconds()
+    rate = 200e6 if record.get("name") == "data" else 10e6
     return work + float(record.get("bytes") or 0) / rate
-
-
-def gpu_lmdb_bytes(image_sizes: list[int]) -> int:
-    """Bytes of the LMDB an H100 host writes: the mean of ``image_sizes`` times the images of
-    :func:`.rows.measure.data_batches` batches of 256."""
-    mean = sum(image_sizes) / max(1, len(image_sizes))
-    return int(mean * measure.data_batches(GPU, GPU_HOST) * GPU.batch)
 
 
 # What the rows run: ctx holds runner, settings s, machine, data, done (records by name), sample.
 def run_main(ctx, row: Row, limit: float) -> dict | None:
-    """A ``train`` or ``alone`` row; batch-decode rows get their decoder checked
-    (:func:`.probes.on_gpu`), DALI's their decoder named. A ``best`` row trains from the
-    model's fastest loader at 224 px (None where not worth a row: ``--compile`` gained 5% or
-    less on synthetic data, or that loader has its own 160 px row)."""
-    s, machine, loader, workers = ctx.s, ctx.machine, row.loader, jobs(row.workers, ctx.s,
-                                                                       ctx.machine)
+    """A ``train`` or ``alone`` row, its decoder checked (:func:`.probes.on_gpu`) or named. A
+    ``best`` row trains from the model's fastest loader at 224 px (None where not worth it:
+    ``--compile`` gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
+    s, machine, loader = ctx.s, ctx.machine, row.loader
+    workers = jobs(row.workers, s, machine)
     res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
     if row.compiled and s.dry_run:
         return skipped(row.name, "dry run: no torch.compile timing on the CPU")
-    best = judge.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
+    best = report.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
     if loader == "best":
-        gain = judge.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
-                           ctx.done.get(f"train-{row.model}-synthetic"))
+        gain = report.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
+                            ctx.done.get(f"train-{row.model}-synthetic"))
         if not best or row.compiled and (gain or 0) <= COMPILE_GAIN or row.res and any(
                 r.get("loader") == best["loader"] and r.get("res") for r in ctx.done.values()):
             return None
@@ -265,7 +244,7 @@ def run_main(ctx, row: Row, limit: float) -> dict | None:
         model = "resnet18" if s.dry_run else row.model  # standing in on the CPU
         rec = measure.train_row(ctx.runner, s, ctx.data, machine, model, loader, row.compiled,
                                 res, [*row.extra, *decode], row.name, workers, limit)
-        rec.update(model=row.model, arch=model, **({"speedup": judge.ratio(rec, best)}
+        rec.update(model=row.model, arch=model, **({"speedup": report.ratio(rec, best)}
                                                    if best else {}))
     else:
         flags = measure.loader_flags(loader, ctx.data, machine)
@@ -281,28 +260,16 @@ def run_main(ctx, row: Row, limit: float) -> dict | None:
     return rec
 
 
-def run_dali_probe(ctx, row: Row, limit: float) -> dict:
-    if not ctx.machine.get("dali"):
-        return skipped(row.name, "not installed")
-    return probes.dali_probe(ctx.runner, ctx.s, limit)
-
-
-def run_memory(ctx, row: Row, limit: float) -> dict:
-    flags = measure.loader_flags("dali-lmdb", ctx.data, ctx.machine)
-    if isinstance(flags, str):
-        return skipped(row.name, flags)
-    return measure.memory_row(ctx.runner, ctx.s, flags, limit)
-
-
 # A plain row's box (s), expected seconds on one H100 host, and what it runs
 PLAIN = {
     "gpu-decode-probe": (120, 12, lambda c, r, t: probes.probe(c.runner, c.s, c.data, t)),
     "gpu-decode-hardware": (60, 5, lambda c, r, t: probes.hardware(c.runner, c.s, c.data,
                                                                    c.machine, t)),
-    "dali-gpu-decode": (60, 10, run_dali_probe),
+    "dali-gpu-decode": (60, 10, lambda c, r, t: probes.dali_probe(c.runner, c.s, c.machine, t)),
     "pytest": (600, 120, lambda c, r, t: measure.pytest_piece(c.runner, r.extra[0], c.sample,
                                                               t)),
     "distributed": (240, 40, lambda c, r, t: measure.nccl_row(c.runner, c.s, c.data, c.machine,
                                                               t)),
-    "dali-memory": (300, 60, run_memory),
+    "dali-memory": (300, 60, lambda c, r, t: measure.memory_row(c.runner, c.s, c.data, c.machine,
+                                                                t)),
 }

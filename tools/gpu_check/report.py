@@ -1,6 +1,6 @@
-"""The check's one report: ``report.json`` and ``report.md`` (the figures against the targets,
-every row, main.py's stage tables, what a time budget did not fit, what is not proven, the
-failures, every command), archived with the logs after every row. Speeds are images/s."""
+"""The check's one report: the rows judged (shares of synthetic, the targets, what is not
+proven, the exit status), ``report.json`` and ``report.md``, archived with the logs after
+every row. Speeds are images/s; ratios are fractions."""
 from __future__ import annotations
 
 import io
@@ -9,10 +9,110 @@ import os
 import tarfile
 import time
 
-from . import judge
-from .judge import pct, proof_text, status_of, target_text
-
+STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
+STATUSES = ("passed", "failed", "timed out", "skipped")
+# The targets: ResNet-50's best loader (and each loader's share) at >= 95% of synthetic, the
+# share capped by the loader alone; --decode-device cuda alone >= 10,000 images/s with 4
+# workers, DALI reading the LMDB alone >= 15,000.
+TARGET_SHARE = 0.95
+LOADER_TARGETS = {"loader-gpudecode-j4": 10000.0, "loader-gpudecode-j4-160px": 10000.0,
+                  "loader-dali-lmdb": 15000.0, "loader-dali-lmdb-160px": 15000.0}
 LOG_BYTES = 1 << 20  # of each log in the archive: its last MiB
+
+
+def ratio(row: dict | None, base: dict | None) -> float | None:
+    """``row``'s images/s over ``base``'s (both passed), to 3 decimals; else None."""
+    if all(x and x.get("status") == "passed" and x.get("images_per_sec") for x in (row, base)):
+        return round(row["images_per_sec"] / base["images_per_sec"], 3)
+    return None
+
+
+def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
+    """``row`` (training) with ``ratio_to_synthetic`` and ``share_spread`` (the larger step
+    spread); failed when a real loader's ratio exceeds 1 by more than it: data-fed training
+    cannot beat synthetic (it timed a queue filled before the clock). Dry: only a ``note``."""
+    row["ratio_to_synthetic"] = share = ratio(row, synthetic)
+    if row.get("loader") in (None, "synthetic") or share is None:
+        return row
+    row["share_spread"] = spread = max(row.get("spread") or 0.0, synthetic.get("spread") or 0.0)
+    if share <= 1 + spread:
+        return row
+    why = f"{pct(share)} of synthetic, beyond the steps' spread of {pct(spread)}: not a " \
+          "steady-state figure"
+    if dry_run:
+        return {**row, "note": why + " (dry run: not judged)"}
+    return {**row, "status": "failed", "reason": why}
+
+
+def capped(share: float | None, alone: float | None) -> float | None:
+    """A loader's share of synthetic as judged: its training share, capped by its loader-alone
+    share (where known) and by 1."""
+    return None if share is None else min(share, 1.0, share if alone is None else alone)
+
+
+def share_of(by: dict, row: dict) -> dict:
+    """A training ``row``'s share among the records ``by`` name: ``raw`` (over its ``base``, the
+    synthetic row), ``alone`` (its ``bound``, loader alone, over it), ``judged``
+    (:func:`capped`)."""
+    base = by.get(row.get("base"))
+    raw, alone = ratio(row, base), ratio(by.get(row.get("bound")), base)
+    return {"raw": raw, "alone": alone, "judged": capped(raw, alone)}
+
+
+def best_loader(rows: list[dict], model: str) -> dict | None:
+    """The fastest passed real (not synthetic) training row of ``model`` at 224 px without
+    ``--compile``."""
+    real = [r for r in rows if r.get("model") == model and r.get("loader") not in
+            (None, "synthetic") and not r.get("compile") and r.get("res") is None
+            and r.get("status") == "passed" and r.get("images_per_sec")]
+    return max(real, key=lambda r: r["images_per_sec"], default=None)
+
+
+def target(rows: list[dict], model: str, dry_run: bool) -> dict:
+    """Whether ``model``'s best loader at 224 px reaches :data:`TARGET_SHARE` of synthetic
+    (``met``: None when not measured or in a dry run), judged by :func:`share_of`: whatever a
+    warm-up leaves queued, the loader alone bounds what it can feed."""
+    by = {r["name"]: r for r in rows}
+    shares = [(share_of(by, r), r["name"].replace(f"train-{model}-", "")) for r in rows
+              if r.get("model") == model and r.get("base") and r.get("res") is None
+              and not r.get("compile")]
+    share, loader, alone = max([(s["judged"], loader, s["alone"]) for s, loader in shares
+                                if s["judged"]], default=(None, None, None))
+    result = {"model": model, "min_ratio": TARGET_SHARE, "best_loader": loader,
+              "best_ratio": share, "loader_only_ratio": alone,
+              "met": None if share is None or dry_run else share >= TARGET_SHARE}
+    if dry_run:
+        result["note"] = "not judged in a dry run (CPU)"
+    elif share is not None and alone is None:
+        result["note"] = "training rows only (no loader-only figure to cap them)"
+    return result
+
+
+def not_proven(rows: list[dict]) -> list[dict]:
+    """``{"name", "reason"}`` of each row that proves nothing: skipped, timed out, or passed
+    with GPU tests that pytest skipped."""
+    out = []
+    for row in rows:
+        skipped_tests = (row.get("counts") or {}).get("skipped")
+        if row["status"] in ("skipped", "timed out"):
+            out.append({"name": row["name"], "reason": status_of(row)})
+        elif row["status"] == "passed" and skipped_tests:
+            out.append({"name": row["name"], "reason": f"{skipped_tests} GPU tests skipped"})
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """Counts per status (``timed_out`` for "timed out") and ``not_proven``."""
+    statuses = [row["status"] for row in rows]
+    return {**{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
+            "not_proven": len(not_proven(rows))}
+
+
+def exit_status(report: dict) -> int:
+    """1 when a row failed; else 3 when one is not proven on a GPU (not in a dry run); else 0."""
+    if report["summary"]["failed"]:
+        return 1
+    return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
 
 
 def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> dict:
@@ -33,14 +133,14 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
         "not_run": [r.name for r in s.plan if r.name not in by and r.group > 4
                     and not (r.gpu_only and s.dry_run)] if pending else [],
         "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),
-        "loaders": {name: {"images_per_sec": (by.get(name) or {}).get("images_per_sec")
-                           if (by.get(name) or {}).get("status") == "passed" else None,
-                           "target": target} for name, target in judge.LOADER_TARGETS.items()},
-        "shares": {r["name"]: {**judge.share_of(by, r), "spread": r.get("share_spread"),
+        "loaders": {name: {"images_per_sec": by.get(name, {}).get("images_per_sec")
+                           if by.get(name, {}).get("status") == "passed" else None,
+                           "target": goal} for name, goal in LOADER_TARGETS.items()},
+        "shares": {r["name"]: {**share_of(by, r), "spread": r.get("share_spread"),
                                "decoder": r.get("decoder"), "status": r["status"]}
                    for r in rows if r.get("base") and not r.get("compile")},
-        "target": judge.target(rows, "resnet50", s.dry_run),
-        "not_proven": judge.not_proven(rows), "summary": judge.summary(rows)}
+        "target": target(rows, "resnet50", s.dry_run),
+        "not_proven": not_proven(rows), "summary": summary(rows)}
 
 
 def write(out: str, report: dict, archive: str) -> None:
@@ -58,19 +158,63 @@ def write(out: str, report: dict, archive: str) -> None:
                       if not only or f == only]
     os.makedirs(os.path.dirname(os.path.abspath(archive)), exist_ok=True)
     with tarfile.open(archive + ".partial", "w:gz") as tar:
-        for path in [os.path.join(out, n) for n in names if os.path.isfile(os.path.join(out, n))]:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.path.getsize(path) - LOG_BYTES))
+        for name in [n for n in names if os.path.isfile(os.path.join(out, n))]:
+            with open(os.path.join(out, name), "rb") as f:
+                f.seek(max(0, os.path.getsize(f.name) - LOG_BYTES))
                 data = f.read()
-            info = tarfile.TarInfo(os.path.join("gpu-check", os.path.relpath(path, out)))
-            info.size, info.mtime = len(data), int(os.path.getmtime(path))
+            info = tarfile.TarInfo(os.path.join("gpu-check", name))
+            info.size, info.mtime = len(data), int(os.path.getmtime(f.name))
             tar.addfile(info, io.BytesIO(data))
     os.replace(archive + ".partial", archive)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def status_of(row: dict) -> str:
+    return row["status"] + (f": {row['reason']}" if row.get("reason") else "")
 
 
 def counts_text(c: dict) -> str:
     return (f"{c['passed']} checks passed, {c['failed']} failed, {c['timed_out']} timed out, "
             f"{c['skipped']} not run")
+
+
+def proof_text(report: dict) -> str:
+    """One line: whether the run proves the GPU path, and what it leaves unproven."""
+    missing = report.get("not_proven") or []
+    names = ", ".join(f"{x['name']} ({x['reason']})" for x in missing[:6]) + (
+        f", and {len(missing) - 6} more" if len(missing) > 6 else "")
+    if report["dry_run"]:
+        return "dry run on the CPU: checks this script, proves nothing about a GPU"
+    if report["summary"]["failed"]:
+        return "GPU path NOT proven: a check failed" + (f"; also not run: {names}" if names else "")
+    if missing:
+        return f"GPU path NOT proven: {len(missing)} checks skipped or timed out: {names}"
+    if report.get("not_run"):
+        return f"GPU path NOT proven yet: {len(report['not_run'])} rows wait for later steps"
+    return "GPU path proven: every check ran and passed"
+
+
+def target_text(t: dict) -> str:
+    verdict = {True: "met", False: "NOT met", None: t.get("note", "not measured")}[t.get("met")]
+    best = f" (best: {t['best_loader']} at {pct(t['best_ratio'])})" if t.get("best_loader") else ""
+    return (f"target: {t['model']} best loader >= {pct(t['min_ratio'])} of synthetic: "
+            f"{verdict}{best}")
+
+
+def progress_line(elapsed: float, row: dict) -> str:
+    detail = row.get("reason", "")
+    if row.get("images_per_sec"):
+        detail = f"{row['images_per_sec']:.1f} images/s" + (
+            f", {pct(row['ratio_to_synthetic'])} of synthetic"
+            if row.get("ratio_to_synthetic") is not None else "")
+    return f"[{elapsed:5.0f} s] {row['name']}: {row['status']}" + (f" ({detail})" * bool(detail))
 
 
 def summary_text(report: dict, archive: str) -> str:
@@ -85,10 +229,6 @@ def summary_text(report: dict, archive: str) -> str:
                      f"{step['step'] + 1}, the same --out); DALI's rows run in step "
                      f"{step['steps']}")
     return "\n".join(lines + [target_text(report["target"])])
-
-
-def num(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.1f}"
 
 
 def table(head: list[str], rows: list[list]) -> str:
@@ -134,7 +274,7 @@ def figures_md(r: dict) -> str:
         ["loader alone", "images/s", "target"],
         [[n, num(x["images_per_sec"]), f">= {x['target']:,.0f}"] for n, x in r["loaders"].items()])
     body = [[name, pct(x["raw"]), pct(x["alone"]), pct(x["judged"]), pct(x["spread"]),
-             x["decoder"] or "-", x["status"], f">= {pct(judge.TARGET_SHARE)}"]
+             x["decoder"] or "-", x["status"], f">= {pct(TARGET_SHARE)}"]
             for name, x in r["shares"].items()]
     if body:
         text += ("\n\nEach training row's share of synthetic training: judged = the training "
@@ -176,9 +316,8 @@ def rows_md(r: dict) -> str:
     return ("## Every row, in the order run\n\n" + table(
         ["row", "group", "step", "status", "images/s", "vs synthetic", "-j", "px", "decoder",
          "detail", "seconds", "GPU-host seconds"], body)
-        + (f"\n\n\\* includes warm-up: main.py wrote no `{judge.STEADY}`, so this is "
-           f"`{judge.FALLBACK}` over the whole epoch" if any(
-               x.get("includes_warmup") for x in r["rows"]) else ""))
+        + (f"\n\n\\* includes warm-up: main.py wrote no `{STEADY}`, so this is `{FALLBACK}` "
+           "over the whole epoch" if any(x.get("includes_warmup") for x in r["rows"]) else ""))
 
 
 def stages_md(r: dict) -> str:

@@ -19,9 +19,9 @@ from tests.helpers import warm
 from tests.helpers.gpu_fakes import fake_host as fake
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tests.helpers.paths import REPO
-from tools.gpu_check import judge, plan
-from tools.gpu_check.check import main_cli
-from tools.gpu_check.cli import duration
+from tools.gpu_check import plan
+from tools.gpu_check import report as judge
+from tools.gpu_check.check import duration, main_cli
 from tools.gpu_check import runner as gpu_runner
 from tools.gpu_check.bundle import install
 from tools.gpu_check.rows import measure
@@ -192,7 +192,9 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
     """Only wheels of modules this interpreter lacks are installed, with pip or, without it,
     unpacked; every later command sees them through PYTHONPATH."""
     wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "json")]
-    monkeypatch.setattr(install, "has_pip", lambda: with_pip)
+    real = install.has_distribution
+    monkeypatch.setattr(install, "has_distribution",
+                        lambda name: with_pip if name == "pip" else real(name))
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     (record,) = install.install(runner, wheels, str(tmp_path / "site"))
     assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
@@ -203,11 +205,11 @@ def test_missing_modules_are_installed_from_the_wheels(tmp_path, monkeypatch, wi
 
 
 def test_looking_for_pip_leaves_setuptools_distutils_shim_on():
-    """has_pip() must not import-probe pip: setuptools' _distutils_hack then turns its distutils
-    shim off for the whole process, and torch.compile later in the suite failed with
-    ``AssertionError: .../distutils/core.py``."""
+    """has_distribution("pip") must not import-probe pip: setuptools' _distutils_hack then
+    turns its distutils shim off for the whole process, and torch.compile later in the suite
+    failed with ``AssertionError: .../distutils/core.py``."""
     probe = ("import sys; from tools.gpu_check.bundle import install; "
-             "install.has_pip() if sys.argv[1] == '1' else None; "
+             "install.has_distribution('pip') if sys.argv[1] == '1' else None; "
              "import warnings; warnings.simplefilter('ignore'); import distutils; "
              "print(distutils.__file__)")
     where = [subprocess.run([sys.executable, "-c", probe, flag], cwd=REPO, capture_output=True,

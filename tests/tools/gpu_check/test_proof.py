@@ -18,7 +18,7 @@ from tests.helpers.paths import REPO
 from tests.helpers.gpu_fakes import (MACHINE, fake_gpu_run, fake_wheel, gpu_check_cli,
                                      make_bundle)
 from tools.gpu_check import check as full
-from tools.gpu_check import judge as gpu_report
+from tools.gpu_check import report as gpu_report
 from tools.gpu_check import plan
 from tools.gpu_check import runner as gpu_runner
 from tools.gpu_check.bundle import install

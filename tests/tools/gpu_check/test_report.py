@@ -1,4 +1,4 @@
-""":mod:`tools.gpu_check.judge` and ``report``: what the check reads from main.py's runs and
+""":mod:`tools.gpu_check.report` and ``rows.measure``: what the check reads from main.py's runs and
 pytest's output, and how it judges and shows them, on made-up rows and files (the dry run end
 to end is ``test_check.py``)."""
 from __future__ import annotations
@@ -8,15 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.gpu_check import judge as gpu_report
+from tools.gpu_check import report as gpu_report
 from tools.gpu_check import report as markdown
+from tools.gpu_check.rows import measure
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):
     def speed(**record):
         record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
         (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-        return gpu_report.read_speed(str(tmp_path))
+        return measure.read_speed(str(tmp_path))
 
     assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
     for missing in ({}, {"steady_images_per_sec": None}):
@@ -25,7 +26,7 @@ def test_speed_falls_back_to_the_whole_epoch(tmp_path):
         assert fallback["speed_key"] == "train_images_per_sec"
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError):
-        gpu_report.read_speed(str(tmp_path))
+        measure.read_speed(str(tmp_path))
 
 
 def test_a_run_whose_loss_is_nan_fails(tmp_path):
@@ -34,10 +35,10 @@ def test_a_run_whose_loss_is_nan_fails(tmp_path):
     record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
     with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
-        gpu_report.read_speed(str(tmp_path))
+        measure.read_speed(str(tmp_path))
     record["train_loss"] = 4.5
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    assert gpu_report.read_speed(str(tmp_path))["train_loss"] == 4.5
+    assert measure.read_speed(str(tmp_path))["train_loss"] == 4.5
 
 
 def test_pytest_summary_and_failing_tests_are_parsed():
@@ -46,12 +47,12 @@ def test_pytest_summary_and_failing_tests_are_parsed():
             "FAILED tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu - RuntimeError: x\n"
             "ERROR tests/loaders/test_dali.py::test_contract[dali] - OSError\n"
             "1 failed, 3 passed, 1 skipped, 250 deselected, 1 error in 12.34s\n")
-    parsed = gpu_report.parse_pytest(text)
+    parsed = measure.parse_pytest(text)
     assert parsed["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1,
                                 "deselected": 250}
     assert parsed["failed_tests"] == ["tests/engine/test_gpu.py::test_amp_channels_last_training_on_gpu",
                                       "tests/loaders/test_dali.py::test_contract[dali]"]
-    assert gpu_report.parse_pytest("ImportError while loading conftest")["counts"] == {}
+    assert measure.parse_pytest("ImportError while loading conftest")["counts"] == {}
 
 
 def test_the_target_caps_a_training_share_by_the_loader_alone():
@@ -113,7 +114,7 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
                 "stages_step_ms_p50": p50, "stages_step_ms_p90": p90}
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record(50.0, 52.0)) + "\n")
-    assert gpu_report.read_speed(str(tmp_path))["spread"] == 0.04
+    assert measure.read_speed(str(tmp_path))["spread"] == 0.04
     synthetic = {"status": "passed", "loader": "synthetic", "images_per_sec": 4900.0,
                  "spread": 0.04}
     row = {"name": "train-resnet50-lmdb", "status": "passed", "loader": "lmdb",
@@ -146,17 +147,17 @@ def test_stage_figures_and_lines_are_read_from_main_py():
     """A row carries why its images/s is what it is: the ``stages_*`` figures of its record
     and the stage table main.py printed (training: the last epoch's; --benchmark-data: the
     loader's, whose advice lines follow the bound)."""
-    lines = gpu_report.stage_lines(_TRAINING_OUT)
+    lines = measure.stage_lines(_TRAINING_OUT)
     assert lines[0].startswith("stages over 64 images") and len(lines) == 7
     assert lines[-2].startswith("  data-bound:") and lines[-1].startswith("  try -j 2")
     without = ("epoch 0: ...\n  training thread per batch: wait 1 ms\n"
                "  model-bound: the model takes 9\n")
-    assert gpu_report.stage_lines(without) == ["  training thread per batch: wait 1 ms",
+    assert measure.stage_lines(without) == ["  training thread per batch: wait 1 ms",
                                                 "  model-bound: the model takes 9"]
-    assert gpu_report.stage_lines("no table here\n") == []
+    assert measure.stage_lines("no table here\n") == []
     record = {"images_per_sec": 9.0, "stages_bound": "data", "stages_advice": ["-j 2"],
               "stages_decode_ms_p50": 0.34}
-    assert gpu_report.stage_figures(record) == {"stages_bound": "data", "stages_advice": ["-j 2"],
+    assert measure.stage_figures(record) == {"stages_bound": "data", "stages_advice": ["-j 2"],
                                                  "stages_decode_ms_p50": 0.34}
 
 

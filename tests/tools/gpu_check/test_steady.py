@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.gpu_fakes import make_bundle
 from tests.helpers.paths import REPO
-from tools.gpu_check.cli import get_args_parser, settings
+from tools.gpu_check.check import get_args_parser, settings
 from tools.gpu_check.rows.measure import prepare_data
 from tools.gpu_check.rows.measure import ready_batches, train_row
 from tools.gpu_check.runner import Runner

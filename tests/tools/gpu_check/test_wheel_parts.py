@@ -65,7 +65,7 @@ def _installed_from_parts(tmp_path, wheels: list[str], code: str) -> str:
     folder of its own (no byte-compiling, as gpu_check installs), share the ``nvidia``
     namespace as gpu_check does, and run ``code`` with that folder first on ``PYTHONPATH``:
     its last line of output."""
-    parts = split(wheels[0], str(tmp_path / "parts"))
+    parts = split(wheels[0], str(tmp_path / "parts"), 60 << 20)
     assert len(parts) >= 2 and all(os.path.getsize(p) <= 60 * 2**20 for p in parts)
     whole = open(wheels[0], "rb").read()
     os.remove(wheels[0])

@@ -1,9 +1,7 @@
-"""Prepare ``.gpu-bundle/`` (``make gpu-bundle``), what the check needs on a GPU host without
-internet beside the repository: ``sample/train/<class>/*`` (``sample/val`` a link to it),
-``wheels/`` (binary wheels for CPython ``--python-version`` on manylinux x86_64: lmdb, pytest,
-nvImageCodec, nvJPEG and their dependencies) and ``wheels-dali/`` (DALI for CUDA ``--cuda`` and
-what only it pulls in), less numpy; with ``--step-size``, also in steps (:mod:`.steps`).
-"""
+"""``make gpu-bundle``: ``.gpu-bundle/``, what the check needs on a GPU host without internet:
+``sample/train/<class>/*`` (``sample/val`` a link to it), ``wheels/`` (lmdb, pytest,
+nvImageCodec, nvJPEG and their dependencies for CPython ``--python-version`` on manylinux
+x86_64), ``wheels-dali/`` (DALI for CUDA ``--cuda``), less numpy; ``--step-size``: in steps."""
 from __future__ import annotations
 
 import argparse
@@ -17,12 +15,12 @@ import sys
 
 from decode.gpu import nvjpeg_pip_package
 
-from .install import dist_name
+from formats.cli import parse_size
+
 from ..rows.measure import list_images
-from ..cli import InputError
-from .steps import (DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes, size,
-                    steps_text)
-from ..runner import REPO
+from ..runner import REPO, InputError
+from .install import dist_name
+from .steps import DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
@@ -65,32 +63,17 @@ def local_cuda_major() -> str:
 
 def wheel_specs(cuda: str, dali: bool) -> list[str]:
     """Requirement strings to download: versions of this machine's packages where they are
-    for the same CUDA major, else pip's choice (DALI pins its own CUDA libraries)."""
+    for the same CUDA major, else pip's choice (DALI pins its own CUDA libraries). nvJPEG is
+    only an optional extra of nvImageCodec, without which every GPU decode falls back to the
+    CPU."""
     same = cuda == local_cuda_major()
-    specs = [pinned("lmdb"), pinned("pytest")]
-    codec = f"nvidia-nvimgcodec-cu{cuda}"
-    specs.append(pinned(codec) if same else codec)
-    # nvJPEG is only an optional extra of nvImageCodec, without which every GPU decode falls
-    # back to the CPU
-    nvjpeg = nvjpeg_pip_package(cuda)
-    specs.append(pinned(nvjpeg) if same else nvjpeg)
+    specs = [pinned("lmdb"), pinned("pytest")] + [pinned(x) if same else x for x in (
+        f"nvidia-nvimgcodec-cu{cuda}", nvjpeg_pip_package(cuda))]
     if dali:
-        name = f"nvidia-dali-cuda{cuda}0"
-        installed = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")
-                     if "==" in pinned(d)]
-        version = installed[0].split("==")[1] if installed else None
-        specs.append(f"{name}=={version}" if version else name)
+        here = [pinned(d) for d in ("nvidia-dali-cuda130", "nvidia-dali-cuda120")]
+        version = next((x[x.index("=="):] for x in here if "==" in x), "")
+        specs.append(f"nvidia-dali-cuda{cuda}0{version}")
     return specs
-
-
-def pip_command(specs: list[str], wheels: str, python_version: str) -> list[str]:
-    """``pip download`` of ``specs`` and their dependencies as binary wheels for CPython
-    ``python_version`` on manylinux x86_64, into ``wheels``."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
-    for platform in PLATFORMS:
-        cmd += ["--platform", platform]
-    return cmd + ["-d", wheels, *specs]
 
 
 def copy_sample(data: str, train: str, images: int) -> str:
@@ -123,7 +106,10 @@ def generate_sample(train: str) -> str:
 
 def build(args) -> int:
     """Write the bundle; returns the exit status. Raises :class:`InputError`."""
-    step_bytes = size(args.step_size) if args.step_size else None
+    try:
+        step_bytes = parse_size(args.step_size) if args.step_size else None
+    except ValueError:
+        raise InputError(f"--step-size {args.step_size}: expected a size such as 64M") from None
     if args.images < 1:
         raise InputError(f"--images {args.images}: must be >= 1")
     cuda = args.cuda or local_cuda_major()
@@ -149,7 +135,11 @@ def build(args) -> int:
         if not wanted:
             continue
         os.makedirs(folder, exist_ok=True)
-        if subprocess.run(pip_command(wanted, folder, args.python_version)).returncode != 0:
+        if subprocess.run([sys.executable, "-m", "pip", "download", "-q",
+                           "--disable-pip-version-check", "--only-binary=:all:",
+                           "--python-version", args.python_version, "--implementation", "cp",
+                           *(f"--platform={x}" for x in PLATFORMS), "-d", folder,
+                           *wanted]).returncode != 0:
             print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
             return 1
         have = {dist_name(n) for n in os.listdir(wheels)} if folder != wheels else set()
@@ -163,7 +153,12 @@ def build(args) -> int:
           "python3 -m tools.gpu_check [--budget T]", flush=True)
     if step_bytes:
         steps = lay_out_steps(out, repository_bytes(REPO), step_bytes)
-        print("\n".join(steps_text(out, steps, REPO)))
+        print(f"gpu-bundle: {len(steps)} steps; on the GPU host, from the repository, run the "
+              "steps in order, on one host, with the same --out (docs/gpu-check.md):")
+        for x in steps:
+            print(f"  step {x['step']}: copy {os.path.relpath(out, REPO)}/steps/{x['step']} "
+                  f"({x['bytes'] / 2**20:.1f} MiB with the repository), then: python3 -m "
+                  f"tools.gpu_check --step {x['step']} [--budget T]")
     return 0
 
 

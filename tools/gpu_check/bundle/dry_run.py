@@ -1,13 +1,10 @@
-"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``): a copy of the
-repository as a host gets it, each step's folder copied in and run as a user runs it on the
-host (``python -m tools.gpu_check --step N``, with ``--dry-run``), in order, with one state
-folder, each given the time budget the earlier steps left (``--budget``, in H100 seconds
-scaled from the CPU seconds here: :func:`.plan.gpu_seconds`). It proves each step's bytes and
-seconds: every step within its size with the repository's files; step 1 with rows 1-4 and no
-DALI file; one archive per step; no failed row; every judged share <= 100%; the bundle's
-wheels installed into a clean ``--target`` with this environment's own copies hidden
-(:data:`HIDE`). Exit status 0 when all holds, 1 otherwise, 2 for bad input.
-"""
+"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``) as a user
+runs them on a host: a copy of the repository, each step's folder copied in, ``python -m
+tools.gpu_check --dry-run --step N`` in order with one state folder, each given the budget the
+earlier ones left (H100 seconds: :func:`.plan.gpu_seconds`). It proves every step within its
+size, step 1 with rows 1-4 and no DALI file, one archive per step, no failed row, every judged
+share <= 100%, the wheels installed into a clean ``--target`` with this environment's own
+copies hidden (:data:`HIDE`). Exit status 0 when all holds, 1 otherwise, 2 for bad input."""
 from __future__ import annotations
 
 import argparse
@@ -20,9 +17,8 @@ import sysconfig
 import tempfile
 import time
 
-from ..check import GRACE, read_json
-from ..cli import InputError, duration
-from ..runner import REPO
+from ..check import GRACE, duration, read_json
+from ..runner import REPO, InputError
 from .install import dist_name, installed_in, wheel_module
 from .steps import folder_bytes, repository_bytes, repository_files
 
@@ -84,7 +80,9 @@ def dry_run(args) -> int:
     root = os.path.abspath(args.host) if args.host else tempfile.mkdtemp(prefix="gpu-dry-run-")
     repo = os.path.join(root, "repo")  # the repository's files, as a copy to the host holds
     shutil.rmtree(repo, ignore_errors=True)
-    for rel in repository_files(REPO):
+    # .gpu-bundle is never the repository's (a link to it, which git lists, would let the
+    # steps' copies below write into the bundle itself)
+    for rel in [p for p in repository_files(REPO) if p.split("/")[0] != ".gpu-bundle"]:
         os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
         shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     env, fate = hide_layer(root, bundle)
@@ -168,10 +166,9 @@ def judge(results: list[dict], report: dict, fate: dict, site: str) -> list[str]
 
 
 def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
-    """The steps' environment, with :data:`HIDE` as ``sitecustomize`` hiding this
-    environment's copies of what the bundle installs, and the bundle's wheels by fate:
-    ``installed`` here into a clean ``--target``, ``visible`` (:data:`HOST_HAS`) and
-    ``checked`` (another interpreter's, e.g. ``cp312``: name and tag, with any ``problem``)."""
+    """The steps' environment (:data:`HIDE` hiding this environment's copies of what the
+    bundle installs) and the wheels by fate: ``installed`` here, ``visible``
+    (:data:`HOST_HAS`), ``checked`` (another interpreter's: name and tag, any ``problem``)."""
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 

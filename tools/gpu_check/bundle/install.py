@@ -16,9 +16,6 @@ import zipfile
 from ..runner import Runner, skipped
 
 INSTALL_TIMEOUT = 300  # s: DALI's 199 MB wheel unpacks in well under a minute
-# Top-level folders that several distributions share (nvidia/dali, nvidia/nvimgcodec): the
-# module a wheel provides is one level further down.
-SHARED_TOP = ("nvidia",)
 DALI_WHEEL = re.compile(r"nvidia_dali(?:_[a-z]+)?_cuda(\d+?)0$")
 
 
@@ -29,8 +26,8 @@ def dist_name(wheel: str) -> str:
 
 def wheel_module(wheel: str) -> str:
     """The module a wheel provides, from its file list: the top-level package named like the
-    distribution, else one level below a shared top (``nvidia/dali`` -> ``nvidia.dali``),
-    else its first top-level module. Raises ``OSError``/``zipfile.BadZipFile``."""
+    distribution, else one below ``nvidia/``, which several share (``nvidia/dali`` ->
+    ``nvidia.dali``), else its first top-level module. Raises ``OSError``/``BadZipFile``."""
     dist = dist_name(wheel)
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -39,12 +36,8 @@ def wheel_module(wheel: str) -> str:
                if not t.endswith((".dist-info", ".data"))]
     if dist in modules:
         return dist
-    for top in SHARED_TOP:
-        below = sorted({n.split("/")[1] for n in names
-                        if n.startswith(top + "/") and n.count("/") > 1})
-        if below:
-            return f"{top}.{below[0]}"
-    return modules[0] if modules else dist
+    below = sorted({n.split("/")[1] for n in names if n.startswith("nvidia/") and n.count("/") > 1})
+    return f"nvidia.{below[0]}" if below else modules[0] if modules else dist
 
 
 def has_module(name: str) -> bool:
@@ -57,18 +50,13 @@ def has_module(name: str) -> bool:
 
 
 def has_distribution(name: str) -> bool:
-    """Whether distribution ``name`` is installed, from its metadata (setuptools'
-    ``_distutils_hack`` answers ``find_spec("pip")`` by switching its shim off, which breaks a
-    later ``torch.compile``)."""
+    """Whether distribution ``name`` is installed, from its metadata (not ``find_spec``:
+    setuptools' ``_distutils_hack`` answers ``find_spec("pip")`` by switching its shim off,
+    which breaks a later ``torch.compile``)."""
     try:
-        importlib.metadata.distribution(name)
+        return importlib.metadata.distribution(name) is not None
     except importlib.metadata.PackageNotFoundError:
         return False
-    return True
-
-
-def has_pip() -> bool:
-    return has_distribution("pip")
 
 
 def wheel_is_missing(wheel: str) -> bool:
@@ -77,7 +65,7 @@ def wheel_is_missing(wheel: str) -> bool:
     if has_distribution(os.path.basename(wheel).split("-")[0]):
         return False
     module = wheel_module(wheel)
-    return module.split(".")[0] in SHARED_TOP or not has_module(module)
+    return module.split(".")[0] == "nvidia" or not has_module(module)
 
 
 def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
@@ -107,19 +95,19 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
     (else unpacked) into a fresh folder merged into ``site`` (so installs add up), and put
     ``site`` first on the commands' ``PYTHONPATH``. A DALI wheel for another CUDA major than
     torch's gets a skipped ``dali-wheel`` record. Returns the records, [] if nothing is missing."""
-    records = []
     dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
-    for wheel in [w for w in dali if dali_wheel_mismatch(w, cuda)]:
-        records.append(skipped("dali-wheel", dali_wheel_mismatch(wheel, cuda)))
-        wheels = [w for w in wheels if w != wheel]
+    wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
+    records = [skipped("dali-wheel", why) for why in wrong.values()]
     there = installed_in(site)
-    wanted = [w for w in wheels if dist_name(w) not in there and wheel_is_missing(w)]
+    wanted = [w for w in wheels if w not in wrong and dist_name(w) not in there
+              and wheel_is_missing(w)]
     if not wanted:
         return records
     fresh = site + ".new"
     shutil.rmtree(fresh, ignore_errors=True)
-    if has_pip():  # --no-compile: byte-compiling DALI costs a minute of the host's time
+    # --no-compile: byte-compiling DALI costs a minute of the host's time
+    if has_distribution("pip"):
         record = runner.run(name, [
             sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
             "--no-compile", "--disable-pip-version-check", "--target", fresh, *wanted],

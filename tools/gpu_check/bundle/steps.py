@@ -1,13 +1,9 @@
-"""An offline bundle split into steps (``make gpu-bundle STEP_SIZE=64M``), each of which fits,
-with the repository's files, one transfer of that size: ``BUNDLE/steps/N`` (hard links of the
-bundle's files) and its ``STEP.json``.
-
-Step 1 holds ``wheels/`` and the sample, everything rows 1-4 need and nothing of DALI, so it
-stands alone. The later steps hold DALI's wheels (first fit) and its ~190 MiB wheel cut into
-parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest (a line per
-part and one for the whole), so that a part lost or damaged on the way is one line naming it,
-never a broken install; the last step installs DALI and runs the rest.
-"""
+"""An offline bundle in steps (``make gpu-bundle STEP_SIZE=64M``), each fitting with the
+repository's files one transfer of that size: ``BUNDLE/steps/N`` (hard links) and its
+``STEP.json``. Step 1 holds ``wheels/`` and the sample, all rows 1-4 need and nothing of DALI;
+the later ones DALI's wheels (first fit) and its ~190 MiB wheel in parts ``NAME.partNN``
+filling the room left, with a ``sha256sum``-format manifest, so that a part lost or damaged on
+the way is one line naming it, never a broken install."""
 from __future__ import annotations
 
 import hashlib
@@ -16,26 +12,14 @@ import os
 import shutil
 import subprocess
 
-from formats.cli import parse_size
-
-from ..cli import InputError
+from ..runner import InputError
 
 MARGIN, MIN_PART, MANIFEST_ROOM = 2 << 20, 1 << 20, 4096  # bytes: for later commits, STEP.json
 DALI_WHEELS, MANIFEST = "wheels-dali", "SHA256SUMS"
-PART_BYTES = 60 * 2**20  # under a 64 MiB step, with room for the manifest
 
 
 class PartsError(Exception):
     """A missing or damaged part, or a manifest that does not match: one line."""
-
-
-def size(text: str) -> int:
-    """Bytes of ``64M``, ``64MiB``, ``1G`` or a plain number (binary units). Raises
-    :class:`InputError`."""
-    try:
-        return parse_size(text)
-    except ValueError:
-        raise InputError(f"--step-size {text}: expected a size such as 64M") from None
 
 
 def repository_files(repo: str) -> list[str]:
@@ -76,15 +60,15 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
                          "a larger --step-size or fewer --images")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
     steps = [first] + dali_steps(out, room)
-    for number, files in enumerate(steps, 1):
+    folders = [os.path.join(out, "steps", str(n)) for n in range(1, len(steps) + 1)]
+    for folder, files in zip(folders, steps):
         for rel in files:
-            link_tree(os.path.join(out, rel), os.path.join(out, "steps", str(number), rel))
+            link_tree(os.path.join(out, rel), os.path.join(folder, rel))
     shutil.rmtree(os.path.join(out, "parts"), ignore_errors=True)  # the parts live in steps/
-    sizes = [repo_bytes + folder_bytes(os.path.join(out, "steps", str(n))) + 1024
-             for n in range(1, len(steps) + 1)]
+    sizes = [repo_bytes + folder_bytes(folder) + 1024 for folder in folders]
     bundle = os.urandom(6).hex()
-    for number in range(1, len(steps) + 1):
-        with open(os.path.join(out, "steps", str(number), "STEP.json"), "w") as f:
+    for number, folder in enumerate(folders, 1):
+        with open(os.path.join(folder, "STEP.json"), "w") as f:
             json.dump({"step": number, "steps": len(steps), "bundle": bundle,
                        "size": step_bytes, "bytes": sizes, "files": steps}, f)
     return [{"step": n, "files": files, "bytes": b}
@@ -92,54 +76,50 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
 
 
 def dali_steps(out: str, room: int) -> list[list[str]]:
-    """The steps after the first: DALI's small wheels first fit, a wheel too large for a step
-    cut into parts filling the room left, step after step."""
+    """The steps after the first: DALI's small wheels first fit, a wheel too large for half a
+    step cut into parts filling the room left, step after step."""
     folder = os.path.join(out, DALI_WHEELS)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".whl")) \
         if os.path.isdir(folder) else []
-    if not names:
-        return []
-    small = [n for n in names if os.path.getsize(os.path.join(folder, n)) <= room // 2]
-    big = [n for n in names if n not in small]
+    big = [n for n in names if os.path.getsize(os.path.join(folder, n)) > room // 2]
     steps, lefts = [[os.path.join("parts", MANIFEST)] if big else []], [room - MANIFEST_ROOM]
-    for name in small:  # first fit: the earliest step with room
-        k = next((k for k, x in enumerate(lefts) if x >= os.path.getsize(
-            os.path.join(folder, name))), len(lefts))
-        if k == len(lefts):
-            steps, lefts = steps + [[]], lefts + [room]
-        steps[k].append(os.path.join(DALI_WHEELS, name))
-        lefts[k] -= os.path.getsize(os.path.join(folder, name))
+
+    def put(rel: str, k: int) -> None:
+        if k == len(steps):
+            steps.append([])
+            lefts.append(room)
+        steps[k].append(rel)
+        lefts[k] -= os.path.getsize(os.path.join(out, rel))
+
+    for name in [n for n in names if n not in big]:  # first fit: the earliest step with room
+        size = os.path.getsize(os.path.join(folder, name))
+        put(os.path.join(DALI_WHEELS, name), next((k for k, x in enumerate(lefts) if x >= size),
+                                                  len(lefts)))
     for name in big:  # parts fill each step's room left, in order, then new steps
         open_steps = [k for k, x in enumerate(lefts) if x >= MIN_PART]
-        parts = split(os.path.join(folder, name), os.path.join(out, "parts"), part_bytes=room,
-                      first=[lefts[k] for k in open_steps])
+        parts = split(os.path.join(folder, name), os.path.join(out, "parts"), room,
+                      [lefts[k] for k in open_steps])
         for n, part in enumerate(parts):
-            k = open_steps[n] if n < len(open_steps) else len(steps)
-            if k == len(steps):
-                steps, lefts = steps + [[]], lefts + [room]
-            steps[k].append(os.path.join("parts", os.path.basename(part)))
-            lefts[k] -= os.path.getsize(part)
-    return steps
+            put(os.path.relpath(part, out), open_steps[n] if n < len(open_steps) else len(steps))
+    return steps if names else []
 
 
 def link_tree(src: str, dst: str) -> None:
     """``dst`` as a hard-linked (else copied) copy of the file or folder ``src``, merged into
     what is there (a file there is replaced); symlinks, to folders too, stay links."""
-    pairs = [(src, dst)] if not os.path.isdir(src) or os.path.islink(src) else [
-        (os.path.join(d, n), os.path.join(dst, os.path.relpath(os.path.join(d, n), src)))
-        for d, dirs, names in os.walk(src)
-        for n in names + [x for x in dirs if os.path.islink(os.path.join(d, x))]]
-    for a, b in pairs:
-        os.makedirs(os.path.dirname(b), exist_ok=True)
+    def link(a: str, b: str) -> None:
         if os.path.lexists(b):
             os.remove(b)
-        if os.path.islink(a):
-            os.symlink(os.readlink(a), b)
-            continue
         try:
             os.link(a, b)
         except OSError:
             shutil.copy2(a, b)
+
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=link, dirs_exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        link(src, dst)
 
 
 def missing_files(stash: str, info: dict, upto: int) -> list[str]:
@@ -148,23 +128,12 @@ def missing_files(stash: str, info: dict, upto: int) -> list[str]:
             for rel in files if not os.path.lexists(os.path.join(stash, rel))]
 
 
-def steps_text(out: str, steps: list[dict], repo: str) -> list[str]:
-    """The steps, as lines: what to copy to the host and the command to run there."""
-    rel = os.path.relpath(out, repo)
-    lines = [f"gpu-bundle: {len(steps)} steps; on the GPU host, from the repository, run the "
-             "steps in order, on one host, with the same --out (docs/gpu-check.md):"]
-    lines += [f"  step {s['step']}: copy {rel}/steps/{s['step']} ({s['bytes'] / 2**20:.1f} MiB "
-              f"with the repository), then: python3 -m tools.gpu_check --step {s['step']} "
-              "[--budget T]" for s in steps]
-    return lines
-
-
 def sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def split(wheel: str, folder: str, part_bytes: int = PART_BYTES, first: list[int] = ()) -> list[str]:
+def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> list[str]:
     """Cut ``wheel`` into ``folder/NAME.partNN`` files, the first at most ``first[k]`` bytes
     (room left in steps holding other files), the rest at most ``part_bytes``, and append
     their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
@@ -175,9 +144,9 @@ def split(wheel: str, folder: str, part_bytes: int = PART_BYTES, first: list[int
             parts.append(os.path.join(folder, f"{name}.part{len(parts):02d}"))
             with open(parts[-1], "wb") as out:
                 out.write(data)
-            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(parts[-1])}")
+            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(parts[-1])}\n")
     with open(os.path.join(folder, MANIFEST), "a") as f:
-        f.write("".join(line + "\n" for line in lines + [f"{sha256_file(wheel)}  {name}"]))
+        f.write("".join(lines) + f"{sha256_file(wheel)}  {name}\n")
     return parts
 
 

@@ -1,13 +1,11 @@
 """The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
-DALI's memory), the data they read, every loader's data flags and each row's steps.
-
-Steady state: a row's timed window starts only after a warm-up longer than every batch its
-pipeline can hold ready (:func:`ready_batches`), so that it times the loader, not a queue filled
-while the model was set up and cuDNN tuned.
-"""
+DALI's memory), their data, main.py's and pytest's outputs read back. Steady state: a row's
+timed window starts after a warm-up longer than every batch its pipeline can hold ready
+(:func:`ready_batches`): it times the loader, not a queue filled while cuDNN tuned."""
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import re
@@ -15,7 +13,6 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from .. import judge
 from ..runner import Runner, fail, skipped
 
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
@@ -26,6 +23,9 @@ MEMORY_EPOCHS = 3
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 LOW_RES = 160  # px: FFCV's min_res, the side of progressive resizing's first epochs
 WAVES = 10  # a loader alone times at least this many batches per worker
+# The bound line engine.report.bounds ends main.py's stage table with (then its "  try" lines).
+BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
 def workers_count(workers: str, machine: dict) -> int:
@@ -40,16 +40,14 @@ def ready_batches(loader: str, workers: int) -> int:
         return 0
     if loader.startswith("dali"):
         return DALI_READY
-    ahead = PREFETCH_FACTOR * workers + SPARE_SLOTS
-    return ahead + DECODE_AHEAD if "gpudecode" in loader else ahead
+    return PREFETCH_FACTOR * workers + SPARE_SLOTS + DECODE_AHEAD * ("gpudecode" in loader)
 
 
 def steady_sizes(s, loader: str, workers: int, alone: bool = False,
                  timed: int | None = None) -> tuple[int, int]:
-    """``(warm-up, timed)`` batches of a row: warm-up = :func:`ready_batches` + ``s.warmup``
-    (a loader alone, which tunes nothing, at most 2), timed = ``timed``, else ``s.steps`` for
-    training and for a loader alone :data:`WAVES` batches per worker, at least a quarter of
-    ``s.steps``."""
+    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (at most 2 for a loader
+    alone, which tunes nothing); ``timed``, else ``s.steps`` (alone: :data:`WAVES` batches per
+    worker, at least ``s.steps // 4``)."""
     if timed is None:
         timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
     return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
@@ -71,9 +69,9 @@ def list_images(root: str) -> list[tuple[str, str]]:
 
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
-    """Link each sample image k times into ``OUT/data/train`` (in the page cache: the rows
-    measure decoding, not disk reads) for :func:`data_batches` batches, then convert it and val
-    to LMDB. Returns (paths and why a source is not available, the records)."""
+    """Each sample image linked k times into ``OUT/data/train`` (the page cache: rows measure
+    decoding, not disk) for :func:`data_batches` batches, then it and val as LMDBs: (paths, why
+    a source is not available; the records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -111,7 +109,8 @@ def prepare_data(runner: Runner, s, machine: dict,
 
 
 def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
-    """main.py's data flags for ``loader``, or why it cannot run."""
+    """main.py's data flags for ``loader`` (``--decode-device`` is the caller's), or why it
+    cannot run."""
     if loader == "synthetic":
         return ["--dummy"]
     if loader.startswith("dali") and not machine.get("dali"):
@@ -119,7 +118,7 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
     if data.reason:
         return data.reason
     dali = ["--dali"] if loader.startswith("dali") else []
-    if loader in ("lmdb", "dali-lmdb", "gpudecode-lmdb"):  # --decode-device is the caller's
+    if loader in ("lmdb", "dali-lmdb", "gpudecode-lmdb"):
         return data.lmdb_reason or dali + ["--lmdb", "--train", os.path.join(data.lmdb, "train"),
                                            "--val", os.path.join(data.lmdb, "val")]
     return dali + ["--train", data.train, "--val", data.val]
@@ -140,13 +139,11 @@ def run_main(runner: Runner, s, name: str, args: list[str], timeout: float) -> t
 def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
-              timeout: float | None = None) -> dict:
-    """One ``main.py`` training epoch of steady-state size (:func:`steady_sizes`) of ``model``
-    on ``loader`` (``res``: ``--train-crop-size``), read by :func:`.judge.read_speed`, with its
-    stage table (``stage_lines``); failed off the GPU unless dry."""
-    name = name or (f"train-{model}-{loader}" + ("-compile" if compiled else "")
-                    + (f"-{res}px" if res else ""))
-    j = workers or s.workers
+              timeout: float = 240) -> dict:
+    """A steady-state ``main.py`` training epoch of ``model`` from ``loader`` (``res``:
+    ``--train-crop-size``) read by :func:`read_speed`, with its ``stage_lines``; failed off the
+    GPU unless dry."""
+    name, j = name or f"train-{model}-{loader}", workers or s.workers
     row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
            **({"res": res} if res else {})}
     flags = loader_flags(loader, data, machine)
@@ -157,15 +154,15 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
         *flags, "-a", model, "--amp", "--channels-last", "-b", str(s.batch), "--epochs", "1",
         "--train-batches", str(warm + timed), "--val-batches", "1", "--benchmark-warmup",
         str(warm), "-j", j, *s.sizes, *s.accel, *(["--compile"] if compiled else []),
-        *(["--train-crop-size", str(res)] if res else []), *extra], timeout or 240)
+        *(["--train-crop-size", str(res)] if res else []), *extra], timeout)
     row.update(rec, warmup_steps=warm, timed_steps=timed)
     if rec["status"] != "passed":
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
     row["device"] = device.group(1) if device else None
-    row["stage_lines"] = judge.stage_lines(runner.text(name))
+    row["stage_lines"] = stage_lines(runner.text(name))
     try:
-        row.update(judge.read_speed(rundir))
+        row.update(read_speed(rundir))
     except ValueError as exc:
         row = fail(row, str(exc))
         runner.attach_tails(row)
@@ -176,43 +173,43 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 
 
 def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
-               name: str, timeout: float | None = None, timed: int | None = None) -> dict:
+               name: str, timeout: float = 180, timed: int | None = None) -> dict:
     """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last,
     so their ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's
     figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
-    warm, steps = steady_sizes(s, loader, workers_count(workers, machine), alone=True,
-                               timed=timed)
+    warm, steps = steady_sizes(s, loader, workers_count(workers, machine), True, timed)
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(steps), "--benchmark-warmup", str(warm),
                             "-b", str(s.batch), "--channels-last", "--amp",
-                            "-j", workers, *s.sizes, *s.accel, *flags],
-                     timeout or 180)
+                            "-j", workers, *s.sizes, *s.accel, *flags], timeout)
     rec.update(loader=loader, warmup_steps=warm, timed_steps=steps)
-    result = judge.last_json(runner.text(name)) if rec["status"] == "passed" else None
-    if rec["status"] == "passed" and not (result or {}).get("images_per_sec"):
+    if rec["status"] != "passed":
+        return rec
+    result = last_json(runner.text(name)) or {}
+    if not result.get("images_per_sec"):
         rec = fail(rec, "no JSON line with images_per_sec on stdout")
         runner.attach_tails(rec)
-    if result and rec["status"] == "passed":  # its "seconds" is the timed part only
-        stages = judge.stage_figures(result)
-        rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
-                   timed_seconds=result.get("seconds"), loader=loader, stages=stages,
-                   stage_lines=judge.stage_lines(runner.text(name)))
-        if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
-            rec = fail(rec, f"ran on {rec.get('device')}, not a GPU")
+        return rec
+    stages = stage_figures(result)  # its "seconds" is the timed part only
+    rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
+               timed_seconds=result.get("seconds"), loader=loader, stages=stages,
+               stage_lines=stage_lines(runner.text(name)))
+    if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
+        return fail(rec, f"ran on {rec.get('device')}, not a GPU")
     return rec
 
 
 def pytest_piece(runner: Runner, path: str, sample: str | None = None,
-                 timeout: float | None = None) -> dict:
+                 timeout: float = 600) -> dict:
     """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
     ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
     name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], timeout or 600,
+                            "-p", "no:cacheprovider", path], timeout,
                      env={"IMAGENET_SAMPLE": sample} if sample else {})
     if rec["status"] in ("skipped", "timed out"):
         return rec
-    rec.update(judge.parse_pytest(runner.text(name)))
+    rec.update(parse_pytest(runner.text(name)))
     counts = rec["counts"]
     if rec.get("returncode") == NO_TESTS_RAN and counts.get("skipped") and not any(
             counts.get(k) for k in ("passed", "failed", "error")):
@@ -226,9 +223,9 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
 
 
 def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
-    """``distributed``: a short ``--multiprocessing-distributed`` run on every GPU (gloo, 2 CPU
-    processes in a dry run); passes when it exits 0, main.py's device line says it joined the
-    process group, and metrics.jsonl has a val_acc1."""
+    """``distributed``: ``--multiprocessing-distributed`` on every GPU (gloo, 2 CPU processes
+    dry); passed when it exits 0, main.py's device line says it joined the process group (one
+    GPU joins one too, so it still runs DDP over NCCL) and metrics.jsonl has a val_acc1."""
     if data.reason:
         return skipped("distributed", data.reason)
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
@@ -239,13 +236,11 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
         "--train-batches", "2", "--val-batches", "2", "-j", s.workers, *s.sizes,
         *(["--no-accel", "--nproc-per-node", "2"] if s.dry_run else []), "--dist-backend",
         backend], timeout)
-    # A launched process joins a process group even alone (main.py says so on its device line),
-    # so one GPU still runs DDP over NCCL.
     rec.update(world_size=world, backend=backend,
                process_group=f"({backend} process group)" in runner.text("distributed"))
     if rec["status"] != "passed":
         return rec
-    records = judge.read_metrics(rundir)
+    records = read_metrics(rundir)
     if not rec["process_group"]:
         return fail(rec, f"main.py did not report joining a {backend} process group")
     if not any(r.get("val_acc1") is not None for r in records):
@@ -253,17 +248,19 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
     return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
-def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dict:
-    """``dali-memory``: ResNet-18 from DALI for :data:`MEMORY_EPOCHS` short epochs; host RSS
-    and device memory after each (``host_rss_mib``, ``device_memory_mib`` of
-    ``metrics.jsonl``, MiB). Fails when device memory grows by more than 5% after epoch 1."""
+def memory_row(runner: Runner, s, data, machine: dict, timeout: float = 300) -> dict:
+    """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
+    device memory (MiB) after each; failed when device memory grows > 5% after the first."""
+    flags = loader_flags("dali-lmdb", data, machine)
+    if isinstance(flags, str):
+        return skipped("dali-memory", flags)
     rec, rundir = run_main(runner, s, "dali-memory", [
         *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
         str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",
         "-j", s.workers, *s.sizes, *s.accel], timeout)
     if rec["status"] != "passed":
         return rec
-    records = judge.read_metrics(rundir)
+    records = read_metrics(rundir)
     rec["host_rss_mib"] = [r.get("host_rss_mib") for r in records]
     rec["device_memory_mib"] = [r.get("device_memory_mib") for r in records]
     device = [m for m in rec["device_memory_mib"] if m is not None]
@@ -271,3 +268,84 @@ def memory_row(runner: Runner, s, flags: list[str], timeout: float = 300) -> dic
         return fail(rec, f"device memory grew from {device[0]:.0f} to {device[-1]:.0f} MiB "
                          "after the first epoch")
     return rec
+
+
+def parse_json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def last_json(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object, or None."""
+    found = [parse_json(x) for x in text.splitlines() if x.strip().startswith("{")]
+    return next((x for x in reversed(found) if isinstance(x, dict)), None)
+
+
+def read_metrics(rundir: str) -> list[dict]:
+    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing (unparsable lines skipped)."""
+    try:
+        with open(os.path.join(rundir, "metrics.jsonl")) as f:
+            return [r for r in map(parse_json, f) if isinstance(r, dict)]
+    except OSError:
+        return []
+
+
+def read_speed(rundir: str) -> dict:
+    """The last epoch record's figures: ``images_per_sec``, main.py's ``steady_images_per_sec``
+    (else ``train_images_per_sec``, ``includes_warmup``); ``spread``, (p90 - p50) / p50 of the
+    step times (it bounds how far two runs' images/s differ by chance); ``stages``. ValueError
+    without such a record or for a loss not finite (diverged weights train at full speed)."""
+    records = [r for r in read_metrics(rundir) if r.get("train_images_per_sec") is not None]
+    if not records:
+        raise ValueError("no epoch record with images/s in metrics.jsonl")
+    last = records[-1]
+    key = "steady_images_per_sec" if last.get("steady_images_per_sec") is not None \
+        else "train_images_per_sec"
+    loss = last.get("train_loss")
+    if loss is not None and not math.isfinite(loss):
+        raise ValueError(f"train loss {loss}: the weights diverged")
+    p50, p90 = last.get("stages_step_ms_p50"), last.get("stages_step_ms_p90")
+    return {"images_per_sec": last[key], "speed_key": key,
+            "includes_warmup": key == "train_images_per_sec",
+            "data_time_fraction": last.get("data_time_fraction"),
+            "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
+            "train_loss": loss, "stages": stage_figures(last),
+            "spread": round((p90 - p50) / p50, 4) if p50 and p90 is not None else None}
+
+
+def stage_figures(record: dict) -> dict:
+    """The ``stages_*`` keys of one main.py record: ``engine.report.bounds``' stage figures (ms
+    per image), ``stages_bound`` and ``stages_advice``; {} where main.py wrote none."""
+    return {k: v for k, v in record.items() if k.startswith("stages_")}
+
+
+def stage_lines(text: str) -> list[str]:
+    """The last stage table main.py printed in ``text``, from its first line (``stages over
+    ...`` or the training thread's) through the bound line and its ``try`` lines; [] if none."""
+    lines = text.splitlines()
+    ends = [i for i, line in enumerate(lines) if BOUND_LINE.match(line)]
+    if not ends:
+        return []
+    start = end = ends[-1]
+    while start > 0 and lines[start - 1].startswith("  ") and not BOUND_LINE.match(
+            lines[start - 1]):
+        start -= 1
+    if start > 0 and lines[start - 1].startswith("stages over "):
+        start -= 1
+    while end + 1 < len(lines) and lines[end + 1].startswith("  try "):
+        end += 1
+    return lines[start:end + 1]
+
+
+def parse_pytest(text: str) -> dict:
+    """``counts`` (passed, failed, skipped, deselected, error, ...) from pytest's final summary
+    line, ``failed_tests`` (node ids of FAILED/ERROR lines) and ``summary_line``."""
+    summary = next((line.strip(" =") for line in reversed(text.splitlines())
+                    if PYTEST_COUNT.search(line) and re.search(r"\bin [\d.]+s", line)), "")
+    counts = dict.fromkeys(("passed", "failed", "skipped", "error"), 0) if summary else {}
+    counts.update({("error" if word.startswith("error") else word): int(n)
+                   for n, word in PYTEST_COUNT.findall(summary)})
+    failed = [m.group(2) for m in re.finditer(r"^(FAILED|ERROR) (\S+)", text, re.M)]
+    return {"counts": counts, "failed_tests": failed, "summary_line": summary}

@@ -1,9 +1,7 @@
-"""The probes: the host's environment (``python -m tools.gpu_check --probe``, in a subprocess
-so that the check never holds a CUDA context) and nvidia-smi's driver line; both GPU decoders
-(``--decode-device cuda``, docs/loaders.md, and DALI's mixed decoder); the name of the decoder
-that did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair. A dry run
-decodes on nvImageCodec's and DALI's CPU backends: it proves this code, not the GPU.
-"""
+"""The probes, each in a process of its own (the check holds no CUDA context): the host's
+environment and nvidia-smi's driver line; both GPU decoders (``--decode-device cuda`` and
+DALI's mixed decoder; a dry run's CPU backends prove this code, not the GPU); the decoder that
+did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair."""
 from __future__ import annotations
 
 import ctypes
@@ -14,8 +12,8 @@ import re
 import shutil
 import sys
 
-from ..judge import last_json
 from ..runner import Runner, fail, skipped
+from .measure import last_json
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The shared libraries whose file says which decoder build a process really uses.
@@ -36,10 +34,9 @@ def mapped_libraries() -> list[str]:
 
 
 def host_facts() -> dict:
-    """What this interpreter sees: versions; GPUs (name, memory in bytes); CPU cores; each of
-    :data:`ORIGINS`' version and file, or its import error (DALI first, so its libraries must
-    find nvImageCodec's by themselves); ``decoder``, the library ``--decode-device cuda`` takes
-    after a probe decode and why not the others; :func:`mapped_libraries`."""
+    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores; each of
+    :data:`ORIGINS`' version and file or import error (DALI first: its libraries must find
+    nvImageCodec's alone); the library ``--decode-device cuda`` takes; the libraries mapped."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
     for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
@@ -84,7 +81,7 @@ def cuda_driver_api() -> str | None:
 
 
 def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`host_facts` in a subprocess and nvidia-smi's driver version. Returns (the host's facts,
+    """:func:`host_facts` in a subprocess and nvidia-smi's driver version: (the host's facts,
     the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
     rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
                      PROBE_TIMEOUT)
@@ -203,10 +200,9 @@ def decoder_name(line: str, machine: dict) -> str:
 
 
 def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
-    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` (:func:`decoder_name`) and
-    ``cpu_fallbacks`` (main.py's ``note: N samples decoded on the CPU``); failed unless
-    nvImageCodec decoded on the GPU (not judged in a dry run), or when any sample went to the
-    CPU fallback (the figure would be partly the CPU's)."""
+    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed
+    unless nvImageCodec decoded on the GPU (not judged dry), or when any sample went to the CPU
+    fallback (the figure would be partly the CPU's)."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -267,11 +263,13 @@ def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dic
     return rec
 
 
-def dali_probe(runner: Runner, s, timeout: float = 120) -> dict:
-    """``dali-gpu-decode``: a fresh process imports DALI first (its libraries must find
-    nvImageCodec's by their own run paths), decodes a JPEG with the mixed decoder and with
-    nvImageCodec's GPU backends into device memory, and records the libraries mapped (without
-    ``libnvjpeg`` DALI would decode on the CPU and still "pass"). Dry: DALI's CPU backend."""
+def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
+    """``dali-gpu-decode`` (skipped without DALI): a process imports DALI first (its libraries
+    must find nvImageCodec's by their run paths), decodes a JPEG with the mixed decoder and
+    nvImageCodec's GPU backends into device memory; ``libnvjpeg`` must be mapped (without it
+    DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
+    if not machine.get("dali"):
+        return skipped("dali-gpu-decode", "not installed")
     rec, result = _json_row(runner, "dali-gpu-decode", [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
