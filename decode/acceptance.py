@@ -164,17 +164,19 @@ def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) ->
 
 
 def _png_frame(data: bytes) -> Frame | None:
-    """A PNG's IHDR size and the bound of its deflate-coded rows (filter byte + samples)."""
-    kind, pos, _ = next(png_chunks(data), (None, 0, 0))
-    if len(data) < 33 or kind != b"IHDR":
+    """A PNG's IHDR size and the bound of its deflate-coded rows (filter byte + samples), raised
+    to what its chunks declare: a length field past the file's end (a decoder may allocate it)."""
+    chunks = list(png_chunks(data))
+    if len(data) < 33 or not chunks or chunks[0][0] != b"IHDR":
         return None
-    width, height, depth, colour = struct.unpack_from(">IIBB", data, pos + 8)
+    width, height, depth, colour = struct.unpack_from(">IIBB", data, chunks[0][1] + 8)
+    declared = chunks[-1][2] - 33 if chunks[-1][2] > len(data) else 0
     channels = _PNG_CHANNELS.get(colour)
     if channels is None or not depth:
-        return Frame("PNG", height, width, 0, len(data) - 33)
+        return Frame("PNG", height, width, declared, len(data) - 33)
     row = 1 + -(-width * depth * channels // 8)
-    return Frame("PNG", height, width, height * row // _DEFLATE_MAX_RATIO, len(data) - 33,
-                 channels)
+    return Frame("PNG", height, width, max(declared, height * row // _DEFLATE_MAX_RATIO),
+                 len(data) - 33, channels)
 
 
 def _library_frame(data: bytes) -> Frame | None:

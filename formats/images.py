@@ -31,7 +31,7 @@ from formats.sources import Source, read_source
 REENCODE_QUALITY = 95
 # Files per check_files task: a Future per file cost ~3% of the converter's rate (2 cores).
 TASK_FILES = 8
-RULES_VERSION = 3
+RULES_VERSION = 4
 CHECKS = ("full", "header")  # how completely a verbatim JPEG is decoded (module docstring)
 
 _EOI = bytes((0xFF, EOI))

@@ -105,6 +105,21 @@ def test_png_bombs_and_lying_png_headers_are_refused():
         check(_png_sized(png, 10_000, 10_000))
 
 
+def test_a_png_chunk_declaring_more_than_the_file_holds_is_refused():
+    """A flipped length bit makes a 160 KB PNG's IDAT claim 512 MiB, which some decoders allocate
+    before reading; a PNG truncated inside a chunk reads the same."""
+    png = _save(Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)),
+                "PNG")
+    idat = png.index(b"IDAT") - 4
+    lying = bytearray(png)
+    lying[idat] ^= 0x20  # the length's top byte: +512 MiB
+    with pytest.raises(Refused, match=DAMAGED + r".*needs at least 536,8"):
+        check(bytes(lying))
+    with pytest.raises(Refused, match=DAMAGED):
+        check(png[:len(png) // 2])
+    assert check(png[:-12]).pixels == 64 * 64  # only IEND missing: every chunk whole
+
+
 def test_other_formats_get_the_pixel_limit_from_their_header():
     gif = _save(Image.new("P", (40, 30)), "GIF")
     assert (check(gif).height, check(gif).width) == (30, 40)

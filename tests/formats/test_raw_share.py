@@ -27,9 +27,9 @@ from tests.helpers.stores import raw_records, store_digest
 # folder2lmdb --shuffle-seed 0, folder2shards --max-per-shard 100, no cap: byte-exact records,
 # so they depend on the sample's files alone).
 # The stores of the real sample's train/ as written without a raw share (the shards' index.json
-# records formats.images.RULES_VERSION, 3; an LMDB's meta does not).
+# records formats.images.RULES_VERSION; an LMDB's meta does not).
 BEFORE = {"lmdb": "07e85fcc2f0420301437943920e393148148cfe2ecf258967e244738c1883867",
-          "shards": "d76391413b89279d3bdf3eef8f3197ad52e1c408003706783ee41ec84200ab89"}
+          "shards": "cd4a13ac28024105ccc64ac96269d98adb101dc689612d00b8d501206efd1e7d"}
 
 
 def test_budgets_parse_as_a_share_or_a_size():
