@@ -1,6 +1,7 @@
 """The epoch-order interface (as FFCV's ``TraversalOrder``, ``ffcv/traversal_order/base.py``):
-which dataset indices one rank reads in an epoch, and in which order. DataLoader pipelines read
-an order through :class:`ResumableSampler`, DALI as a list."""
+which dataset indices one rank reads in an epoch, and in which order; validation's
+:class:`ShardOrder` (FFCV's ``Sequential``, strided over ranks). DataLoader pipelines read an
+order through :class:`ResumableSampler`, DALI as a list."""
 from __future__ import annotations
 
 import itertools
@@ -33,9 +34,9 @@ def check_rank(rank: int, world_size: int) -> None:
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
                       max_batches: int | None = None) -> int:
-    """Batches of ``batch_size`` in an epoch of ``samples`` indices (``len()`` of an order):
-    whole batches only with ``drop_last`` (training: no tiny last batch for BatchNorm), else
-    the last one partial (validation); capped at ``max_batches`` (``--train-batches``)."""
+    """Batches of ``batch_size`` in an epoch of ``samples`` indices: whole batches only with
+    ``drop_last`` (training: no tiny last batch for BatchNorm), else the last one partial
+    (validation); capped at ``max_batches`` (``--train-batches``)."""
     count = samples // batch_size if drop_last else -(-samples // batch_size)
     return count if max_batches is None else min(count, max_batches)
 
@@ -48,6 +49,23 @@ def train_batch_size(order: Order, batch_size: int) -> int:
         raise DataError(f"training set has no image for this process ({order.num_samples} "
                         "images in all): use fewer processes or more images")
     return min(batch_size, len(order))
+
+
+class ShardOrder:
+    """Validation: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...`` in every epoch, so every
+    sample is read exactly once across ranks, none padded or repeated (unlike
+    ``DistributedSampler``), and a metric summed over ranks equals the single-process one;
+    ``len()`` may differ by one between ranks. Raises ``ValueError`` for a bad rank."""
+
+    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
+        check_rank(rank, world_size)
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.order(0))
+
+    def order(self, epoch: int) -> range:
+        return range(self.rank, self.num_samples, self.world_size)
 
 
 class ResumableSampler(Sampler[int]):

@@ -45,58 +45,32 @@ class BlockOrder:
         return BlockOrder(self.num_samples, self.block_size, self.buffer_blocks, rank,
                           layout.world_size, self.seed)
 
-    def runs(self, epoch: int) -> list[tuple[int, int]]:
-        """This rank's ``(start, stop)`` record ranges of ``epoch``, unshuffled, in order."""
-        return self._runs(self._rng(epoch))
-
     def order(self, epoch: int) -> list[int]:
-        rng = self._rng(epoch)
-        runs = self._runs(rng)
-        return self._interleave(runs, rng)
-
-    def _rng(self, epoch: int) -> np.random.Generator:
-        return keyed_rng(self.seed, epoch)
-
-    def _runs(self, rng: np.random.Generator) -> list[tuple[int, int]]:
+        rng = keyed_rng(self.seed, epoch)
         n, size = self.num_samples, self.block_size
         num_blocks = -(-n // size)
         order = rng.permutation(num_blocks)
         # Record offsets of each permuted block inside the concatenation.
         lengths = np.minimum(size, n - order * size)
         ends = np.cumsum(lengths)
-        per_rank = len(self)
-        lo, hi = self.rank * per_rank, (self.rank + 1) * per_rank
-        runs = []
-        first = int(np.searchsorted(ends, lo, side="right"))
-        for b in range(first, num_blocks):
+        lo, hi = self.rank * len(self), (self.rank + 1) * len(self)
+        blocks = []  # this rank's blocks, each shuffled and reversed: read by pop()
+        for b in range(int(np.searchsorted(ends, lo, side="right")), num_blocks):
             block_lo = int(ends[b] - lengths[b])
             if block_lo >= hi:
                 break
-            start = int(order[b]) * size
             cut_lo, cut_hi = max(lo, block_lo), min(hi, int(ends[b]))
-            runs.append((start + cut_lo - block_lo, start + cut_hi - block_lo))
-        return runs
-
-    def _interleave(self, runs: list[tuple[int, int]], rng: np.random.Generator) -> list[int]:
-        blocks = [(start + rng.permutation(stop - start)).tolist() for start, stop in runs]
-        picks = rng.random(len(self)).tolist()
-        out: list[int] = []
-        open_blocks: list[list[int]] = []
-        cursors: list[int] = []
-        next_block = 0
-        for u in picks:
+            first = int(order[b]) * size + cut_lo - block_lo
+            blocks.append((first + rng.permutation(cut_hi - cut_lo)).tolist()[::-1])
+        out, open_blocks, next_block = [], [], 0
+        for u in rng.random(len(self)).tolist():
             while len(open_blocks) < self.buffer_blocks and next_block < len(blocks):
                 open_blocks.append(blocks[next_block])
-                cursors.append(0)
                 next_block += 1
             k = int(u * len(open_blocks))
-            block, pos = open_blocks[k], cursors[k]
-            out.append(block[pos])
-            if pos + 1 == len(block):
+            out.append(open_blocks[k].pop())
+            if not open_blocks[k]:
                 # Swap-remove: the buffer's order carries no meaning, picks are uniform.
-                open_blocks[k], cursors[k] = open_blocks[-1], cursors[-1]
+                open_blocks[k] = open_blocks[-1]
                 open_blocks.pop()
-                cursors.pop()
-            else:
-                cursors[k] = pos + 1
         return out

@@ -15,9 +15,6 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import numpy as np
-import torch
-
-from .random import RandomOrder
 
 TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
@@ -43,30 +40,19 @@ class Layout:
         return f"{self.world_size} process(es) x -b {self.batch_size} per process"
 
 
-def order_depends_on(order, key: str) -> bool:
-    """Whether ``order``'s indices change with ``key`` of the :class:`Layout` besides the world
-    size (``batch_size``/``workers``: only orders over shards, which cut per-worker pieces)."""
-    return key in getattr(order, "LAYOUT_KEYS", ())
-
-
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
-    """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches)."""
-    return (origin.world_size == now.world_size and origin.batch_size == now.batch_size
-            and (origin.workers == now.workers or not order_depends_on(order, "workers")))
+    """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches):
+    the same world size and batch size, and worker count where the order cuts per-worker
+    pieces (orders over shards, whose ``LAYOUT_KEYS`` name ``workers``)."""
+    kept = origin.workers == now.workers or "workers" not in getattr(order, "LAYOUT_KEYS", ())
+    return origin.world_size == now.world_size and origin.batch_size == now.batch_size and kept
 
 
 def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
     """``epoch``'s global order (int64 ``(W x len(order at W),)``) for ``order``'s kind at
-    ``origin``: ``RandomOrder``'s drawn directly, the others rebuilt rank by rank."""
-    w = origin.world_size
-    if type(order) is RandomOrder:
-        n = order.num_samples
-        generator = torch.Generator()
-        generator.manual_seed(order.seed + epoch)
-        dtype = torch.int32 if n < 2**31 else torch.int64
-        return torch.randperm(n, generator=generator, dtype=dtype).numpy().astype(
-            np.int64)[:n // w * w]
-    ranks = [np.fromiter(order.at(r, origin).order(epoch), dtype=np.int64) for r in range(w)]
+    ``origin``, rebuilt rank by rank."""
+    ranks = [np.fromiter(order.at(r, origin).order(epoch), dtype=np.int64)
+             for r in range(origin.world_size)]
     return np.stack(ranks, axis=1).reshape(-1)
 
 
@@ -119,12 +105,11 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """Mixed into every pipeline's training loader: the loader sets ``position_order`` (its
-    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, and its ``set_epoch(epoch,
-    start_batch, rest)`` reads the indices :meth:`_take_rest` returns where not None. Every pass
-    it yields goes through :meth:`_delivered`: ``erasing`` (``--random-erase``'s
-    ``loaders.transforms.erasing.RandomErasing``) and ``trace`` (a :class:`SampleTrace`), each None
-    where off, are set on a training loader by ``loaders.build_loaders``."""
+    """Mixed into every pipeline's training loader, which sets ``position_order`` (its
+    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
+    :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
+    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``) and ``trace`` (a
+    :class:`SampleTrace`), each None where off."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -134,12 +119,12 @@ class PositionedLoader:
     def _delivered(self, batches: Iterator) -> Iterator:
         """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them:
         batch ``start_batch + k`` erased (``erasing``) and its indices traced (``trace``)."""
-        if self.erasing is None and self.trace is None:
-            return batches
-        return self._finished(batches)
-
-    def _finished(self, batches: Iterator) -> Iterator:
         erasing, trace = self.erasing, self.trace
+        if erasing is None and trace is None:
+            return batches
+        return self._finished(batches, erasing, trace)
+
+    def _finished(self, batches: Iterator, erasing, trace) -> Iterator:
         indices = self.pass_indices() if trace is not None else None
         try:
             for step, (images, labels) in enumerate(batches):

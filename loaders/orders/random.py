@@ -44,17 +44,14 @@ class LeanDistributedSampler(DistributedSampler):
 
 
 class RandomOrder:
-    """Training order: per epoch exactly the indices, in order, of ``DistributedSampler(
-    range(num_samples), world_size, rank, shuffle=True, seed, drop_last=True)`` after
-    ``set_epoch(epoch)``, drawn by :class:`LeanDistributedSampler`: a permutation from
-    ``seed + epoch`` trimmed to a multiple of ``world_size``, rank ``r`` taking every
-    ``world_size``-th from ``r``; ``len()`` is ``num_samples // world_size``. Raises
-    ``ValueError`` for a bad rank."""
+    """Training order: per epoch the indices of ``DistributedSampler(range(num_samples),
+    world_size, rank, shuffle=True, seed, drop_last=True)`` after ``set_epoch(epoch)``, drawn by
+    :class:`LeanDistributedSampler`. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         check_rank(rank, world_size)
-        self.num_samples, self.rank, self.world_size, self.seed = (num_samples, rank,
-                                                                   world_size, seed)
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+        self.seed = seed
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size

@@ -6,6 +6,7 @@ its piece's records, in order up to the shuffle buffer, so a stream (HTTP, ``pip
 by one worker. A pass resumed at batch ``s`` gives worker ``j`` piece ``(s + j) % W``."""
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -53,16 +54,11 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
     of records, a uniformly chosen one emitted each time it is full, then drained at random. At
     most ``buffer`` records read but not yet emitted are held (what a streaming reader caches)."""
-    out, held = [], []
-    picks = iter(rng.random(len(indices)).tolist())
-    for index in indices:
-        held.append(index)
-        if len(held) >= buffer:
-            k = int(next(picks) * len(held))
-            held[k], held[-1] = held[-1], held[k]
-            out.append(held.pop())
-    while held:
-        k = int(next(picks) * len(held))
+    source = iter(indices)
+    out, held = [], list(itertools.islice(source, buffer - 1))
+    for u in rng.random(len(indices)).tolist():
+        held.extend(itertools.islice(source, 1))
+        k = int(u * len(held))
         held[k], held[-1] = held[-1], held[k]
         out.append(held.pop())
     return out
