@@ -13,8 +13,10 @@ import time
 import numpy as np
 import torch
 
-from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
-
+# Histogram bins (ms): 1 us to 100 s in steps of 10**(1/40), 5.9% wide, so a median or p90 read
+# from the bins (geometric middle of the bin) is within 3% of the exact one.
+EDGES_MS = 10.0 ** np.arange(-3.0, 5.0 + 1e-9, 1 / 40)
+MIDDLES_MS = np.sqrt(EDGES_MS[:-1] * EDGES_MS[1:])
 # A slot's per-image columns: seconds per stage, decoder code, record bytes, longer side (px)
 STAGES = ("read", "window", "decode", "resize", "augment", "write")
 READ, WINDOW, DECODE, RESIZE, AUGMENT, WRITE = range(len(STAGES))
@@ -34,6 +36,38 @@ SIZE_NAMES = ("le256", "le512", "gt512")
 # Histogram rows: the stages, decode by decoder, the image's total.
 _ROWS = len(STAGES) + len(KINDS) + 1
 _TOTAL_ROW = _ROWS - 1
+
+
+def ms_bins(seconds: np.ndarray) -> np.ndarray:
+    """The histogram bin of each of ``seconds`` (any shape; off 1 us - 100 s: the end bins)."""
+    bins = np.searchsorted(EDGES_MS, seconds * 1e3, side="right") - 1
+    return np.clip(bins, 0, len(MIDDLES_MS) - 1)
+
+
+def quantiles(counts: np.ndarray) -> list[float | None]:
+    """The median and p90 (ms) of one histogram row (bin middles); None if it is empty."""
+    total = counts.sum()
+    if total == 0:
+        return [None, None]
+    cumulative = np.cumsum(counts)
+    return [float(MIDDLES_MS[np.searchsorted(cumulative, q * total, side="left")])
+            for q in (0.5, 0.9)]
+
+
+def p50_p90(seconds: list) -> dict:
+    """``{"p50", "p90"}`` in ms of ``seconds``; None values when empty."""
+    ms = np.array(seconds) * 1e3
+    return {"p50": float(np.median(ms)) if len(ms) else None,
+            "p90": float(np.percentile(ms, 90)) if len(ms) else None}
+
+
+def worker_figures(wid: int, images, wall, cpu, staged, slot_wait_ms) -> dict:
+    """A summary's figures of one worker (or reader) from its images and its ``wall``, ``cpu``
+    and ``staged`` (the stages' sum) seconds."""
+    return {"id": wid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
+            "stages_ms_per_image": 1e3 * staged / max(images, 1),
+            "images_per_sec": images / wall if wall > 0 else None,
+            "cpu_share": cpu / wall if wall > 0 else None, "slot_wait_ms": slot_wait_ms}
 
 
 def enabled() -> bool:
@@ -196,14 +230,9 @@ class StageLog:
                 p50, p90 = quantiles(self.hist[len(STAGES) + k])
                 decoders[kind] = {"share": images / n, "mean": 1e3 * self.sums[len(STAGES) + k]
                                   / images, "p50": p50, "p90": p90}
-        workers = []
-        for wid, (batches, images, wall, cpu, wait, staged) in sorted(self.workers.items()):
-            workers.append({"id": wid, "images": int(images),
-                            "ms_per_image": 1e3 * wall / max(images, 1),
-                            "stages_ms_per_image": 1e3 * staged / max(images, 1),
-                            "images_per_sec": images / wall if wall > 0 else None,
-                            "cpu_share": cpu / wall if wall > 0 else None,
-                            "slot_wait_ms": 1e3 * wait / max(batches, 1)})
+        workers = [worker_figures(wid, images, wall, cpu, staged, 1e3 * wait / max(batches, 1))
+                   for wid, (batches, images, wall, cpu, wait, staged)
+                   in sorted(self.workers.items())]
         wall = sum(s[2] for s in self.workers.values())
         sizes = {name: {"share": images / n, "decode_ms": 1e3 * dec / images if images else None,
                         "ms": 1e3 * tot / images if images else None}
