@@ -75,23 +75,25 @@ class _Policy:
         self.interpolation = interpolation
         self._tables: dict = {}
 
-    def magnitudes(self, op: str, bins: int, height: int, width: int):
-        key = (op, bins, height, width)
-        if key not in self._tables:
-            values = self.space[op][0](bins, height, width)
-            self._tables[key] = None if values is None else values.tolist()
-        return self._tables[key]
-
     def pick_op(self) -> str:
         ops = tuple(self.space)
         return ops[int(torch.randint(len(ops), ()))]
 
-    def signed(self, op: str, magnitude: float) -> float:
-        if self.space[op][1] and torch.rand(()) <= 0.5:
-            return -magnitude
-        return magnitude
-
-    def apply(self, image: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
+    def apply(self, image: torch.Tensor, op: str, bins: int, index: int | None = None,
+              drawn: int = 0) -> torch.Tensor:
+        """``op`` on ``image`` at magnitude bin ``index`` of ``bins`` (None: drawn uniformly from
+        the first ``drawn``), negated with probability 0.5 where the op is signed; an op without
+        magnitudes draws neither."""
+        height, width = image.shape[-2:]
+        key = (op, bins, height, width)
+        if key not in self._tables:
+            values = self.space[op][0](bins, height, width)
+            self._tables[key] = None if values is None else values.tolist()
+        table, magnitude = self._tables[key], 0.0
+        if table is not None:
+            magnitude = float(table[int(torch.randint(drawn, ())) if index is None else index])
+            if self.space[op][1] and torch.rand(()) <= 0.5:
+                magnitude = -magnitude
         return OPS[op](image, magnitude, self.interpolation)
 
 
@@ -106,12 +108,7 @@ class TrivialAugmentWide(_Policy):
         self.bins = num_magnitude_bins
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        op = self.pick_op()
-        table = self.magnitudes(op, self.bins, *image.shape[-2:])
-        magnitude = 0.0
-        if table is not None:
-            magnitude = self.signed(op, float(table[int(torch.randint(self.bins, ()))]))
-        return self.apply(image, op, magnitude)
+        return self.apply(image, self.pick_op(), self.bins, drawn=self.bins)
 
 
 class RandAugment(_Policy):
@@ -129,10 +126,7 @@ class RandAugment(_Policy):
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         for _ in range(self.num_ops):
-            op = self.pick_op()
-            table = self.magnitudes(op, self.bins, *image.shape[-2:])
-            magnitude = 0.0 if table is None else self.signed(op, float(table[self.magnitude]))
-            image = self.apply(image, op, magnitude)
+            image = self.apply(image, self.pick_op(), self.bins, self.magnitude)
         return image
 
 
@@ -151,11 +145,8 @@ class AutoAugment(_Policy):
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         policy = self.policies[int(torch.randint(len(self.policies), ()))]
         for op, probability, magnitude_idx in policy:
-            if not torch.rand(()) <= probability:
-                continue
-            table = self.magnitudes(op, 10, *image.shape[-2:])
-            magnitude = 0.0 if table is None else self.signed(op, float(table[magnitude_idx]))
-            image = self.apply(image, op, magnitude)
+            if torch.rand(()) <= probability:
+                image = self.apply(image, op, 10, magnitude_idx)
         return image
 
 
@@ -174,7 +165,6 @@ class AugMix(_Policy):
         self.severity, self.width, self.alpha = severity, mixture_width, alpha
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        height, width = image.shape[-2:]
         m = torch._sample_dirichlet(torch.tensor([self.alpha, self.alpha]).expand(1, -1))
         weights = torch._sample_dirichlet(
             torch.tensor([self.alpha] * self.width).expand(1, -1)) * m[:, 1].reshape([1, -1])
@@ -182,12 +172,7 @@ class AugMix(_Policy):
         for i in range(self.width):
             aug = image
             for _ in range(int(torch.randint(low=1, high=4, size=(1,)).item())):
-                op = self.pick_op()
-                table = self.magnitudes(op, 10, height, width)
-                magnitude = 0.0
-                if table is not None:
-                    magnitude = self.signed(op, float(table[int(torch.randint(self.severity, ()))]))
-                aug = self.apply(aug, op, magnitude)
+                aug = self.apply(aug, self.pick_op(), 10, drawn=self.severity)
             mix.add_(weights[:, i].reshape([1, 1, 1, 1]) * aug.unsqueeze(0))
         return mix[0].to(torch.uint8)
 

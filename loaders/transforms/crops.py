@@ -127,19 +127,19 @@ class ValTransform:
                                   self.interpolation)
 
 
-def _resized_shape(height: int, width: int, resize_size: int) -> tuple[int, int]:
-    """torchvision ``Resize(resize_size)``'s output ``(h, w)`` (the longer side truncated)."""
+def _center_crop(height: int, width: int, resize_size: int, crop_size: int):
+    """torchvision ``Resize(resize_size)``'s output ``(h, w)`` (the longer side truncated) and
+    the ``top``, ``left`` corner of ``CenterCrop(crop_size)`` in it."""
     short, long = sorted((height, width))
     new_long = int(resize_size * long / short)
-    return (resize_size, new_long) if height <= width else (new_long, resize_size)
+    size = (resize_size, new_long) if height <= width else (new_long, resize_size)
+    return size, int(round((size[0] - crop_size) / 2.0)), int(round((size[1] - crop_size) / 2.0))
 
 
 def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     """``(top, left, bottom, right)`` in pixels of a ``height x width`` image (fractional) of
     the square that ``Resize(resize_size)`` + ``CenterCrop(crop_size)`` keep."""
-    size = _resized_shape(height, width, resize_size)
-    top = int(round((size[0] - crop_size) / 2.0))
-    left = int(round((size[1] - crop_size) / 2.0))
+    size, top, left = _center_crop(height, width, resize_size, crop_size)
     sy, sx = height / size[0], width / size[1]
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
 
@@ -150,9 +150,7 @@ def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
     ``(top, left, height, width)``, :func:`center_crop_box` widened by the bilinear filter's reach
     (scale + 2 px) each side, clamped; ``frame`` = ``(height, width, resized height, resized
     width, crop top, crop left)``: the image's size, ``Resize``'s and the crop's corner in it."""
-    size = _resized_shape(height, width, resize_size)
-    crop_top = int(round((size[0] - crop_size) / 2.0))
-    crop_left = int(round((size[1] - crop_size) / 2.0))
+    size, crop_top, crop_left = _center_crop(height, width, resize_size, crop_size)
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
     top, left = (max(0, math.floor(v) - r) for v, r in zip(box[:2], reach))
@@ -165,10 +163,8 @@ def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
                        interpolation: str = "bilinear") -> torch.Tensor:
     """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` and
     ``CenterCrop``, pytorch/examples' validation (``interpolation``: :func:`decode.resize`'s)."""
-    size = _resized_shape(*image.shape[-2:], resize_size)
+    size, top, left = _center_crop(*image.shape[-2:], resize_size, crop_size)
     out = resize(image, size, interpolation)
-    top = int(round((size[0] - crop_size) / 2.0))
-    left = int(round((size[1] - crop_size) / 2.0))
     return out[:, top:top + crop_size, left:left + crop_size]
 
 
