@@ -11,8 +11,7 @@ from formats.lmdb import is_lmdb
 from formats.sources import DatasetError, class_files
 
 from ..errors import DataError
-from ..orders import Order, ShardOrder, shuffled_order
-from ..settings import DistInfo, LoaderSettings
+from ..settings import LoaderSettings
 from . import Reader
 
 
@@ -43,14 +42,7 @@ class FolderReader(Reader):
         return read_file(path), label
 
     def name_of(self, index: int) -> str:
-        """The file behind sample ``index``."""
         return self.samples[index][0]
-
-    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        return shuffled_order(len(self), settings, dist)
-
-    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
-        return ShardOrder(len(self), dist.rank, dist.world_size)
 
 
 def open_image_folder(root: str) -> FolderReader:

@@ -9,7 +9,7 @@ from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly
                           record_key)
 
 from ..errors import DataError
-from ..orders import BlockOrder, Order, ShardOrder, shuffled_order
+from ..orders import BlockOrder, Order, shuffled_order
 from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
@@ -57,20 +57,31 @@ class LMDBReader(Reader):
         return decode_record(value)
 
     def name_of(self, index: int) -> str:
-        """Where record ``index`` lives, for messages."""
         return f"{self.path} record {index}"
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        return training_order(self, settings, dist)
-
-    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
-        return ShardOrder(len(self), dist.rank, dist.world_size)
+        """The training order (also DALI's with ``--lmdb``): ``--lmdb-order block`` ->
+        :class:`~loaders.orders.BlockOrder` (rank 0 warns if the records are sorted by class),
+        ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for an
+        unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
+        if settings.lmdb_order == "random":
+            return shuffled_order(len(self), settings, dist)
+        if settings.lmdb_order != "block":
+            raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
+        if settings.ra_sampler and dist.distributed:
+            raise DataError("--ra-sampler is a random order: leave out --lmdb-order block")
+        try:
+            order = BlockOrder(len(self), block_size=settings.lmdb_block_size,
+                               buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,
+                               world_size=dist.world_size, seed=settings.seed)
+        except ValueError as exc:
+            raise DataError(f"--lmdb-order block: {exc}") from None
+        if dist.rank == 0:
+            warn_if_class_sorted(self, order)
+        return order
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_env"] = None
-        state["_pid"] = None
-        return state
+        return {**self.__dict__, "_env": None, "_pid": None}
 
 
 def readahead_for(path: str, choice) -> bool:
@@ -92,7 +103,7 @@ def readahead_for(path: str, choice) -> bool:
         return False
 
 
-def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> None:
+def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
     """One stderr line when block order reads a database whose records are sorted by class:
     its open blocks then hold only a few classes, and so does every batch."""
     if dataset.shuffle_seed is not None:
@@ -102,31 +113,9 @@ def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> N
     classes = order.buffer_blocks * per_block
     if classes >= len(dataset.classes):
         return
-    print(f"warning: --lmdb-order block: {path} stores its records sorted by class, so a batch "
+    print(f"warning: --lmdb-order block: {dataset.path} stores its records sorted by class, so a batch "
           f"draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
           "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
-
-
-def training_order(dataset: LMDBReader, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """The training order over ``dataset`` (also DALI's with ``--lmdb``): ``--lmdb-order block``
-    -> :class:`~loaders.orders.BlockOrder` (warning on rank 0 if the records are sorted by
-    class), ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for
-    an unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
-    if settings.lmdb_order == "random":
-        return shuffled_order(len(dataset), settings, dist)
-    if settings.lmdb_order != "block":
-        raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
-    if settings.ra_sampler and dist.distributed:
-        raise DataError("--ra-sampler is a random order: leave out --lmdb-order block")
-    try:
-        order = BlockOrder(len(dataset), block_size=settings.lmdb_block_size,
-                           buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,
-                           world_size=dist.world_size, seed=settings.seed)
-    except ValueError as exc:
-        raise DataError(f"--lmdb-order block: {exc}") from None
-    if dist.rank == 0:
-        warn_if_class_sorted(dataset, dataset.path, order)
-    return order
 
 
 def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:

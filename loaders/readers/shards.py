@@ -38,6 +38,8 @@ class ShardReader(Reader):
     says, from the record where it stopped. Raises :class:`DataError` (one line naming the shard)
     for a missing, truncated or malformed shard, and for a stream that failed every try."""
 
+    plans_passes = True  # the workers fork with each pass's plan
+
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
         self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
@@ -211,14 +213,19 @@ class ShardReader(Reader):
         return rows if len(rows) == self.index.shards[shard]["records"] else None
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamTrainOrder:
-        return split_order(self, True, settings, dist)
+        """:class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), one piece per
+        ``settings.workers``, for every pipeline. Raises :class:`DataError` for ``--ra-sampler``."""
+        if settings.ra_sampler and dist.distributed:
+            raise DataError("--ra-sampler needs random access: not with --loader shards")
+        counts = [s["records"] for s in self.index.shards]
+        # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
+        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
+        return StreamTrainOrder(counts, batch, settings.workers, dist.rank, dist.world_size,
+                                settings.seed, SHUFFLE_BUFFER)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamValOrder:
-        return split_order(self, False, settings, dist)
-
-    @property
-    def plans_passes(self) -> bool:
-        return True  # the workers fork with each pass's plan
+        return StreamValOrder(len(self), settings.batch_size, settings.workers, dist.rank,
+                              dist.world_size)
 
     def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
         """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``): :meth:`set_plan`."""
@@ -301,22 +308,6 @@ def _label(data: bytes, url: str) -> int:
     if not digits.isdigit():
         raise DataError(f"shard {url}: a .cls member that is not a class number")
     return int(digits)
-
-
-def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """The epoch order of one shard split, for every pipeline: training's
-    :class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), validation's
-    :class:`~loaders.orders.StreamValOrder`, one piece per ``settings.workers``."""
-    if train:
-        if settings.ra_sampler and dist.distributed:
-            raise DataError("--ra-sampler needs random access: not with --loader shards")
-        counts = [s["records"] for s in dataset.index.shards]
-        # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
-        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
-        return StreamTrainOrder(counts, batch, settings.workers, dist.rank,
-                                dist.world_size, settings.seed, SHUFFLE_BUFFER)
-    return StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
-                          dist.world_size)
 
 
 def open_reader(path: str, settings: LoaderSettings | None) -> ShardReader:
