@@ -218,18 +218,16 @@ class StageLog:
         ``{"p50", "p90"}`` (None without copies). An empty log gives ``images`` 0."""
         self._read_events(wait=True)
         n = max(self.images, 1)
-        stages = {}
-        for row, name in enumerate((*STAGES, "total")):
-            row = _TOTAL_ROW if name == "total" else row
+
+        def figures(row: int, images: int) -> dict:
             p50, p90 = quantiles(self.hist[row])
-            stages[name] = {"mean": 1e3 * self.sums[row] / n, "p50": p50, "p90": p90}
-        decoders = {}
-        for k, kind in enumerate(KINDS):
-            images = int(self.kind_images[k + 1])
-            if images:
-                p50, p90 = quantiles(self.hist[len(STAGES) + k])
-                decoders[kind] = {"share": images / n, "mean": 1e3 * self.sums[len(STAGES) + k]
-                                  / images, "p50": p50, "p90": p90}
+            return {"mean": 1e3 * self.sums[row] / images, "p50": p50, "p90": p90}
+
+        stages = {name: figures(row, n) for row, name in enumerate(STAGES)}
+        stages["total"] = figures(_TOTAL_ROW, n)
+        counts = self.kind_images[1:].tolist()
+        decoders = {kind: {"share": images / n, **figures(len(STAGES) + k, images)}
+                    for k, (kind, images) in enumerate(zip(KINDS, counts)) if images}
         workers = [worker_figures(wid, images, wall, cpu, staged, 1e3 * wait / max(batches, 1))
                    for wid, (batches, images, wall, cpu, wait, staged)
                    in sorted(self.workers.items())]
