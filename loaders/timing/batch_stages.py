@@ -1,9 +1,7 @@
 """Where the time goes in the pipelines that decode whole batches (``--decode-device``, DALI): the
 *readers* (DataLoader workers, or DALI's feed threads) read and draw windows, the *batch decoder*
-(the training process) decodes, resizes, flips and hands over, or for DALI waits for its output
-(its decode inside) and, CPU-only, resizes, flips and normalises. :class:`BatchStageLog` gives a
-summary of :class:`~loaders.timing.stages.StageLog`'s shape, for ``engine.report.bounds``: a stage a
-pipeline lacks is None; a batch-wide stage counts as equal shares, its p50/p90 over batches."""
+(the training process) decodes, resizes, flips and hands over (for DALI: waits for its output).
+:class:`BatchStageLog` sums them in :class:`~loaders.timing.stages.StageLog`'s shape."""
 from __future__ import annotations
 
 import threading
@@ -20,17 +18,16 @@ def no_clock() -> float:
 
 
 def thread_cpu() -> float:
-    """This thread's CPU seconds (``time.thread_time``): a feed or decode thread's own, which the
-    process's CPU time would mix with the training thread's."""
+    """This thread's CPU seconds: a feed or decode thread's own, apart from the training
+    thread's."""
     return time.thread_time()
 
 
 class BatchStageLog:
-    """An epoch's stage figures of a batch pipeline with ``stages`` (names of
-    :data:`loaders.timing.stages.STAGES`; others raise ``ValueError``); ``decoder_name`` says
-    where the batch decoder runs, ``readers_name`` what the readers are; ``rated``: whether the
-    slower side is the pipeline's rate (False for DALI, whose decode is unmeasured). Thread-safe
-    (feed threads add while the training thread adds and reads)."""
+    """An epoch's stage figures of a batch pipeline with ``stages`` (of
+    :data:`loaders.timing.stages.STAGES`; others raise ``ValueError``), where its batch decoder
+    runs (``decoder_name``) and what its readers are; ``rated``: whether the slower side is the
+    pipeline's rate (False for DALI, whose decode is unmeasured). Thread-safe."""
 
     def __init__(self, stages: tuple[str, ...], decoder_name: str, rated: bool = True,
                  readers_name: str = "workers"):
@@ -70,8 +67,8 @@ class BatchStageLog:
 
     def add_reader(self, reader: int, images: int, wall: float, cpu: float, staged: float,
                    nbytes: float = 0.0) -> None:
-        """One batch read by reader ``reader`` (worker id, or feed number): ``images``, ``wall``
-        and ``cpu`` seconds, ``staged`` (its per-image stages' sum) and the records' ``nbytes``."""
+        """One batch read by reader ``reader`` (worker id, or feed number): ``wall``, ``cpu`` and
+        ``staged`` (its per-image stages' sum) seconds, and the records' ``nbytes``."""
         with self._lock:
             sums = self.readers.setdefault(reader, np.zeros(6))
             sums += (1, images, wall, cpu, staged, nbytes)
@@ -80,7 +77,7 @@ class BatchStageLog:
                       wait: float | None = None) -> None:
         """One batch of ``count`` images through the batch decoder: ``timing``'s batch-wide
         stages (seconds by name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu``
-        seconds, and ``wait``, the training thread's wait for it (DALI's ``run()``)."""
+        seconds, and the training thread's ``wait`` for it (DALI's ``run()``)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
@@ -136,9 +133,8 @@ class BatchStageLog:
 
 
 class StagedLoader:
-    """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (a
-    :class:`BatchStageLog`, or the workers pipeline's :class:`loaders.timing.stages.StageLog`; None
-    where nothing is measured) and a ``workers_configured`` count."""
+    """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (None where
+    nothing is measured) and a ``workers_configured`` count."""
 
     stage_log: BatchStageLog | None = None
     workers_configured = 0

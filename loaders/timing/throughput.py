@@ -9,9 +9,9 @@ import time
 import torch
 
 
-def _batches(loader, start_epoch: int = 0):
+def _batches(loader):
     """Batches of ``loader`` over as many epochs as asked for (``set_epoch`` between epochs)."""
-    for epoch in itertools.count(start_epoch):
+    for epoch in itertools.count():
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         yield from loader
