@@ -10,6 +10,7 @@ operations in the same order, so results agree bit for bit (``tests/loaders/test
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache, partial
 
 import numpy as np
@@ -22,8 +23,7 @@ _LEVELS = torch.arange(256, dtype=torch.uint8)
 
 def _lut(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
-    channel), with NumPy's indexing (torch's ``where`` or long indexing cost 4-5x more here).
-    Exact for any per-value map: an elementwise op gives each value the same result anywhere."""
+    channel) by NumPy's indexing (torch's costs 4-5x more): exact for any per-value map."""
     pixels, table = image.numpy(), table.numpy()
     if table.ndim == 1:
         return torch.from_numpy(np.take(table, pixels))
@@ -67,9 +67,9 @@ def solarize(image, magnitude, interpolation=None):
 
 
 def equalize(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the LUT
+    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize``): per channel, the LUT
     ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
-    value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in NumPy."""
+    value // 255; a channel with ``step == 0`` is kept."""
     pixels = image.numpy()
     tables = []
     for c in range(3):
@@ -111,48 +111,30 @@ def inverse_affine_matrix(center, angle: float, shear) -> list[float]:
     return matrix
 
 
-def _grid(matrix: list[float], height: int, width: int) -> torch.Tensor:
+def _grid(matrix: list[float], height: int, width: int, separable: bool | None = None):
     """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
-    sampling points, as two outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms):
-    ``bmm``'s rounding where BLAS adds the products left to right unfused, as
-    :func:`_separable_is_exact` checks once per process; else by ``bmm``."""
+    sampling points by ``bmm``, or ``separable`` (None: where :func:`_separable_is_exact`) as two
+    outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms)."""
     theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
     scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
     rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
-    if not _separable_is_exact():
+    if not (_separable_is_exact() if separable is None else separable):
         return _base_grid(height, width).bmm(rescaled[None]).view(1, height, width, 2)
-    xs, ys = _axes(height, width)
-    grid = torch.empty(height, width, 2)
-    for k in range(2):
-        grid[..., k] = (xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None]) \
-            + rescaled[2, k]
-    return grid.unsqueeze(0)
-
-
-@lru_cache(maxsize=8)
-def _axes(height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     base = _base_grid(height, width).view(height, width, 3)
-    return base[0, :, 0].clone(), base[:, 0, 1].clone()
+    xs, ys = base[0, :, 0], base[:, 0, 1]
+    return torch.stack([(xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None])
+                        + rescaled[2, k] for k in range(2)], dim=-1).unsqueeze(0)
 
 
 @lru_cache(maxsize=1)
 def _separable_is_exact() -> bool:
-    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this
-    machine (a shear and a rotation of a 176 x 160 image, checked once per process)."""
-    import os
-
+    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this machine
+    (BLAS adding the products left to right unfused), checked once per process on a shear and a
+    rotation of a 176 x 160 image."""
     if os.environ.get("IMAGENET_AUGMENT_BMM_GRID") == "1":  # tests: the bmm fallback
         return False
-    for matrix in ([1.0, -0.7, 61.6, 0.0, 1.0, 0.0], [0.8, -0.6, 0.0, 0.6, 0.8, 0.0]):
-        theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
-        rescaled = theta.transpose(1, 2).div_(torch.tensor([80.0, 88.0]))
-        want = _base_grid(176, 160).bmm(rescaled).view(176, 160, 2)
-        xs, ys = _axes(176, 160)
-        got = torch.stack([(xs[None, :] * rescaled[0, 0, k] + (ys * rescaled[0, 1, k])[:, None])
-                           + rescaled[0, 2, k] for k in range(2)], dim=-1)
-        if not torch.equal(got, want):
-            return False
-    return True
+    return all(torch.equal(_grid(m, 176, 160, True), _grid(m, 176, 160, False))
+               for m in ([1.0, -0.7, 61.6, 0.0, 1.0, 0.0], [0.8, -0.6, 0.0, 0.6, 0.8, 0.0]))
 
 
 def warp(image: torch.Tensor, matrix: list[float], interpolation: str) -> torch.Tensor:
@@ -175,8 +157,8 @@ def _shear(image, magnitude, interpolation="bilinear", axis=0):
 
 
 def _translate(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
-    """``image`` moved ``dx`` px right and ``dy`` down, zero-filled: torchvision's grid resampling
-    at whole-pixel offsets (its points land on pixel centres, far from a rounding boundary)."""
+    """``image`` moved ``dx`` px right and ``dy`` down, zero-filled: torchvision's resampling at
+    whole-pixel offsets (its points land on pixel centres)."""
     height, width = image.shape[-2:]
     out = torch.zeros_like(image)
     if abs(dx) >= width or abs(dy) >= height:
