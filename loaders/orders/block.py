@@ -1,9 +1,8 @@
-"""Block order (``--lmdb-order block``): training over record stores larger than the page cache.
-After FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
-independently): shuffle blocks of consecutive records, shuffle within each block, and emit from a
-small buffer of open blocks. Unlike it, blocks are cut from the record index (``folder2lmdb.py``
-writes record ``i`` after ``i-1``, so a block is a contiguous byte range of ``data.mdb``), and
-ranks are sharded on the block sequence before the buffer shuffle, so each reads whole blocks."""
+"""Block order (``--lmdb-order block``): training over record stores larger than the page cache,
+after FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
+independently) but with blocks cut from the record index (``folder2lmdb.py`` writes record ``i``
+after ``i-1``, so a block is a contiguous byte range of ``data.mdb``) and ranks sharded on the
+block sequence before the buffer shuffle, so each reads whole blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,17 +12,15 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Training order reading contiguous blocks of records in a shuffled order. Per epoch, with one
-    generator seeded from ``(seed, epoch)`` on every rank: (1) the ``ceil(num_samples /
-    block_size)`` blocks are permuted and their records concatenated; (2) rank ``r`` takes the
-    ``r``-th of ``world_size`` consecutive segments of ``num_samples // world_size`` records (the
-    rest dropped this epoch, as ``DistributedSampler(drop_last=True)``), whole blocks plus at most
-    a part-block at each end; (3) it shuffles the records within each of its blocks and emits them
-    by picking one of ``buffer_blocks`` open blocks uniformly and taking its next record, an
-    exhausted block replaced by its next. The ranks' shards are disjoint, without repeats; a rank's
-    page-cache working set is about ``buffer_blocks * block_size`` records. A batch mixes only the
-    open blocks' records: few classes where records are sorted by class (``folder2lmdb.py``
-    without ``--shuffle-seed``). Raises ``ValueError`` for sizes below 1 or a bad rank."""
+    """Per epoch, with one generator seeded from ``(seed, epoch)`` on every rank: (1) the
+    ``ceil(num_samples / block_size)`` blocks are permuted and their records concatenated; (2)
+    rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
+    world_size`` records (the rest sit out, as ``DistributedSampler(drop_last=True)``); (3) it
+    shuffles the records within each of its blocks and emits them by picking one of
+    ``buffer_blocks`` open blocks uniformly and taking its next record. A rank's page-cache
+    working set is about ``buffer_blocks * block_size`` records; a batch mixes only the open
+    blocks' records (few classes where records are sorted by class). Raises ``ValueError`` for
+    sizes below 1 or a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):
@@ -31,12 +28,9 @@ class BlockOrder:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
         check_rank(rank, world_size)
-        self.num_samples = num_samples
-        self.block_size = block_size
-        self.buffer_blocks = buffer_blocks
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
+        self.num_samples, self.block_size = num_samples, block_size
+        self.buffer_blocks, self.rank, self.world_size, self.seed = (buffer_blocks, rank,
+                                                                     world_size, seed)
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size

@@ -1,12 +1,11 @@
 """Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
 another world size, batch size or worker count. The global order interleaves the ranks' orders at
 the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
-``r``'s ``j``-th index. Ranks train in step, so after ``k`` steps of batch ``B`` its first
-``k x B x W`` were trained, at any layout: a checkpoint's position is that count (``consumed``). A
-resume at another layout (:func:`rest_of_epoch`) deals the rest out again, rank ``r'`` of ``W'``
-taking positions ``consumed + r', consumed + r' + W', ...`` in whole batches and the leftover
-sitting out as an epoch's tail does: no sample is trained twice or skipped before that tail, and
-the epoch ends at the same step count (schedules stay within one step)."""
+``r``'s ``j``-th index, so after ``k`` steps of batch ``B`` its first ``k x B x W`` were trained
+(a checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest
+out again, rank ``r'`` of ``W'`` taking positions ``consumed + r', consumed + r' + W', ...`` in
+whole batches, the leftover sitting out as an epoch's tail: no sample is trained twice or skipped
+before that tail, and the epoch ends at the same step count."""
 from __future__ import annotations
 
 import json
@@ -59,8 +58,8 @@ def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
 @dataclass(frozen=True)
 class RestOfEpoch:
     """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads
-    ``indices`` (whole batches; None: the order's own, at the origin's layout); ``consumed``:
-    samples of the global order trained before, at layout ``origin``."""
+    ``indices`` (None: the order's own); ``consumed`` samples of the global order at ``origin``
+    were trained before."""
 
     epoch: int
     start_batch: int
@@ -92,8 +91,8 @@ def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
 def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
                     batch: int) -> dict:
     """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: the
-    samples of the epoch's global order consumed, its origin layout, the layout now, and
-    what the global order is a function of (dataset size, seed, order kind) for checks."""
+    samples of the global order consumed, its origin layout, the layout now, and the dataset
+    size, seed and order kind, for checks."""
     if rest is not None and rest.epoch == epoch:
         consumed = rest.consumed + (batch - rest.start_batch) * now.world_size * now.batch_size
         origin = rest.origin
@@ -144,7 +143,7 @@ class PositionedLoader:
         return Layout(order.world_size, self.batch_size, getattr(order, "workers", 0))
 
     def rest_of_epoch(self, epoch: int, consumed: int, origin: Layout) -> RestOfEpoch:
-        """:func:`rest_of_epoch` for this loader's order, layout and rank (raises as it does)."""
+        """:func:`rest_of_epoch` for this loader's order, layout and rank."""
         return rest_of_epoch(self.position_order, epoch, consumed, origin, self.layout,
                              self.rank)
 
@@ -162,8 +161,7 @@ class PositionedLoader:
 
 class SampleTrace:
     """Test hook (:data:`TRACE_ENV`): one JSON line ``{"epoch", "batch", "indices"}`` per training
-    batch handed out, appended to ``PATH.rankR`` and flushed at once (a SIGKILLed run keeps it);
-    ``indices`` as the order gives them (before an unreadable sample's replacement)."""
+    batch handed out (indices as the order gives them), appended to ``PATH.rankR`` at once."""
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"

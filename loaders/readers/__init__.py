@@ -35,15 +35,6 @@ class Reader:
     random_access = True  # read(i) in any order costs about the same
     plans_passes = False
 
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def read(self, index: int) -> tuple[bytes, int]:
-        raise NotImplementedError
-
-    def name_of(self, index: int) -> str:
-        raise NotImplementedError
-
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """The training epoch order of this rank (the seed, rank and world size in it):
         :func:`~loaders.orders.shuffled_order` unless the source has its own."""

@@ -45,8 +45,9 @@ class FolderReader(Reader):
         return self.samples[index][0]
 
 
-def open_image_folder(root: str) -> FolderReader:
-    """``root``'s :class:`FolderReader`. :class:`DataError`: an LMDB, not a folder, no image."""
+def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
+    """``root``'s :class:`FolderReader` (this source's entry of ``loaders.readers.READERS``).
+    Raises :class:`DataError` for an LMDB, not a folder, or no image."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
     if not os.path.isdir(root):
@@ -57,6 +58,4 @@ def open_image_folder(root: str) -> FolderReader:
         raise DataError(str(exc)) from None
 
 
-def open_reader(path: str, settings: LoaderSettings) -> FolderReader:
-    """This source's entry of ``loaders.readers.READERS``."""
-    return open_image_folder(path)
+open_reader = open_image_folder

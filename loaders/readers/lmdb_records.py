@@ -113,8 +113,8 @@ def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
     classes = order.buffer_blocks * per_block
     if classes >= len(dataset.classes):
         return
-    print(f"warning: --lmdb-order block: {dataset.path} stores its records sorted by class, so a batch "
-          f"draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
+    print(f"warning: --lmdb-order block: {dataset.path} stores its records sorted by class, so a "
+          f"batch draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
           "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
 
 

@@ -6,7 +6,7 @@ torchvision's kernel is as fast it is called; the others, at a fraction of its c
 (``benchmarks/training/recipes.py``), compute integer results (solarize, equalize) by faster
 integer means and float ones (contrast, sharpness's blend, the affine grid) by the same float
 operations in the same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``).
-``bicubic`` is ``grid_sample``'s, clamped: not torchvision's pixels (its tensor kernels refuse it)."""
+``bicubic`` is ``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math

@@ -1,11 +1,9 @@
 """torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
 crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
 2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
-``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name
-(``transforms/v2/_auto_augment.py``) draws, from torch's global generator in the same order, and
-applies the op with the pixels of its uint8 tensor kernels (``_uint8_ops``), so seeding alike gives
-torchvision's image; fill is black. The workers seed the generator per batch
-(``pipelines.batches.batch_seed``), so a resumed epoch or another ``-j`` draws the same."""
+``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name draws,
+from torch's global generator (seeded per batch by the loaders) in the same order, and applies
+the op with its kernels' pixels (``_uint8_ops``): seeded alike, torchvision's image."""
 from __future__ import annotations
 
 from typing import Callable
@@ -65,7 +63,7 @@ AUGMIX_SPACE = {**_AUGMIX_PARTIAL, **{k: (_linspace(0.9), True)
 
 class _Policy:
     """Shared by the policies: magnitude tables cached per image size (torchvision rebuilds
-    them every call), ops applied with :data:`loaders.transforms._uint8_ops.OPS`."""
+    them every call)."""
 
     space: dict = {}
 
