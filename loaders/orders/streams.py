@@ -1,5 +1,4 @@
-"""Epoch orders for sharded datasets: each DataLoader worker reads its own shards front to back.
-Records are numbered shard after shard (shard ``s`` holds ``counts[s]``). DataLoader hands batch
+"""Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
 ``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
 *pieces* of whole batches and interleave their batches in that rhythm: worker ``w`` only asks for
 its piece's records, in order up to the shuffle buffer, so a stream (HTTP, ``pipe:``) is read once,
@@ -65,14 +64,13 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 
 class StreamTrainOrder:
-    """Training order over shards, of equal length on every rank. Per epoch, with a generator
-    seeded from ``(seed, epoch)`` on every rank, the shards are permuted and their records
-    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of
-    ``total // world_size`` records (as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps its
-    whole batches (``len(self)``), cuts them into one piece per worker and shuffles each piece
-    through a ``buffer``-record sample buffer (seeded from ``(seed, epoch, rank, worker)``). Equal
-    batch counts keep DDP from waiting at an epoch's end; records past the last segment or a rank's
-    last whole batch sit out this epoch. Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards, of equal length on every rank (DDP waits at no epoch's end).
+    Per epoch, with a generator seeded from ``(seed, epoch)``, the shards are permuted and their
+    records concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
+    :class:`~loaders.orders.BlockOrder`), keeps its whole batches, cuts them into one piece per
+    worker and shuffles each through a ``buffer``-record sample buffer (seeded from ``(seed,
+    epoch, rank, worker)``); the rest sit out this epoch. Raises ``ValueError`` for bad sizes or
+    ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
@@ -126,9 +124,8 @@ class StreamTrainOrder:
 
 
 class StreamValOrder:
-    """Validation order over shards: rank ``r`` reads records ``[r*N//R, (r+1)*N//R)`` in shard
-    order (every record once across the ``R`` ranks; the last batch may be partial), cut into one
-    piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
+    """Validation order over shards: rank ``r`` of ``R`` reads records ``[r*N//R, (r+1)*N//R)``,
+    cut into one piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):

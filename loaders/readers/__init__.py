@@ -1,6 +1,5 @@
 """Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's
-``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source; a new
-format is ``formats/X`` + one reader module + one line in :data:`READERS`."""
+``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source."""
 from __future__ import annotations
 
 import importlib
@@ -57,9 +56,9 @@ def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
 
 def split_paths(data: str | None, train: str | None = None,
                 val: str | None = None) -> tuple[str, str]:
-    """The train and val roots: ``train``/``val`` (``--train``/``--val``), else ``data/train``
-    and ``data/val``. Raises :class:`DataError` if a root is missing or does not exist (URLs,
-    ``pipe:`` commands and brace patterns are the shard reader's to check)."""
+    """The train and val roots: ``--train``/``--val``, else ``data/train`` and ``data/val``.
+    Raises :class:`DataError` if a root is missing or does not exist (URLs, ``pipe:`` commands and
+    brace patterns are the shard reader's to check)."""
     paths = []
     for split, given in (("train", train), ("val", val)):
         path = given or (os.path.join(data, split) if data else None)

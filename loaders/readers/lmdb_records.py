@@ -15,12 +15,11 @@ from . import Reader
 
 
 class LMDBReader(Reader):
-    """:class:`~loaders.readers.Reader` over one LMDB: sample ``i`` is record ``i``'s stored
-    ``(jpeg_bytes, label)``; length and classes from the metadata record. The environment opens
-    lazily in each process, again after a fork (py-lmdb: it must not cross ``fork()``), and is
-    dropped when pickled, so fork and spawn both work; ``readahead``: OS readahead
-    (:func:`~formats.lmdb.open_readonly`). Raises :class:`~loaders.DataError` at construction if
-    ``path`` is not a complete database, ``KeyError`` for a missing record."""
+    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``. The
+    environment opens lazily in each process, again after a fork (py-lmdb: it must not cross
+    ``fork()``), and is dropped when pickled; ``readahead``: OS readahead. Raises
+    :class:`~loaders.DataError` at construction if ``path`` is not a complete database,
+    ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path
@@ -47,7 +46,6 @@ class LMDBReader(Reader):
         return self._env
 
     def read(self, index: int) -> tuple[bytes, int]:
-        """The stored ``(jpeg_bytes, label)`` of record ``index``."""
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range 0..{self._len - 1}")
         with self.env().begin() as txn:
@@ -86,9 +84,8 @@ class LMDBReader(Reader):
 
 def readahead_for(path: str, choice) -> bool:
     """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
-    ``"auto"``: on when the database is at most half the memory available now. It speeds random
-    reads of a cached database (~20% more images/s) and slows them several times on one larger
-    than memory (docs/performance.md, *Larger than the page cache*): off when in doubt."""
+    ``"auto"``: on when the database is at most half the memory available now (it speeds random
+    reads of a cached database ~20% and slows one larger than memory several times)."""
     if choice in (True, "on"):
         return True
     if choice != "auto":
@@ -104,8 +101,8 @@ def readahead_for(path: str, choice) -> bool:
 
 
 def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
-    """One stderr line when block order reads a database whose records are sorted by class:
-    its open blocks then hold only a few classes, and so does every batch."""
+    """One stderr line when block order reads a database whose records are sorted by class (its
+    open blocks, and so every batch, hold only a few classes)."""
     if dataset.shuffle_seed is not None:
         return
     # Each open block spans 1 + block_size / (records per class) classes, on average.
