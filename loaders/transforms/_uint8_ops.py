@@ -3,8 +3,8 @@ torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_ge
 :data:`OPS` entry is ``op(image, magnitude, interpolation) -> image``, ``magnitude`` in the op's
 own units as torchvision's ``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Where
 torchvision's kernel is as fast it is called; the others, at a fraction of its cost
-(``benchmarks/training/recipes.py``), compute integer results (solarize, equalize) by faster
-integer means and float ones (contrast, sharpness's blend, the affine grid) by the same float
+(``benchmarks/training/recipes.py``), compute integer results (solarize) by faster integer
+means and float ones (contrast, sharpness's blend, the affine grid) by the same float
 operations in the same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``).
 ``bicubic`` is ``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
@@ -19,15 +19,6 @@ import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
 
 _LEVELS = torch.arange(256, dtype=torch.uint8)
-
-
-def _lut(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
-    channel) by NumPy's indexing (torch's costs 4-5x more): exact for any per-value map."""
-    pixels, table = image.numpy(), table.numpy()
-    if table.ndim == 1:
-        return torch.from_numpy(np.take(table, pixels))
-    return torch.from_numpy(np.stack([np.take(table[c], pixels[c]) for c in range(3)]))
 
 
 def contrast(image, magnitude, interpolation=None):
@@ -58,30 +49,13 @@ def sharpness(image, magnitude, interpolation=None):
 
 
 def solarize(image, magnitude, interpolation=None):
-    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` inverted (torch compares
-    the uint8 values with that threshold in float32); a lookup."""
+    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` (compared in float32)
+    inverted, by a lookup with NumPy's indexing (torch's costs 4-5x more)."""
     threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
     if threshold > 255:
         return image
-    return _lut(image, torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS))
-
-
-def equalize(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize``): per channel, the LUT
-    ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
-    value // 255; a channel with ``step == 0`` is kept."""
-    pixels = image.numpy()
-    tables = []
-    for c in range(3):
-        hist = np.bincount(pixels[c].reshape(-1), minlength=256)
-        step = (hist.sum() - hist[np.flatnonzero(hist)[-1]]) // 255
-        if step == 0:
-            tables.append(np.arange(256, dtype=np.uint8))
-            continue
-        table = np.zeros(256, dtype=np.int64)
-        table[1:] = (np.cumsum(hist)[:-1] + step // 2) // step
-        tables.append(np.clip(table, 0, 255).astype(np.uint8))
-    return _lut(image, torch.from_numpy(np.stack(tables)))
+    table = torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS)
+    return torch.from_numpy(np.take(table.numpy(), image.numpy()))
 
 
 @lru_cache(maxsize=8)
@@ -191,7 +165,7 @@ OPS = {  # torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_t
     "TranslateX": lambda image, magnitude, interpolation: _translate(image, int(magnitude), 0),
     "TranslateY": lambda image, magnitude, interpolation: _translate(image, 0, int(magnitude)),
     "Rotate": rotate, "Contrast": contrast, "Sharpness": sharpness, "Solarize": solarize,
-    "Equalize": equalize,
+    "Equalize": lambda image, magnitude, interpolation: F.equalize_image(image),
     "Brightness": lambda image, magnitude, interpolation: F.adjust_brightness_image(
         image, 1.0 + magnitude),
     "Color": lambda image, magnitude, interpolation: F.adjust_saturation_image(
