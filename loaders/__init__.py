@@ -5,9 +5,10 @@ and ``timing/``. A new on-disk format is ``formats/X`` + one reader module + one
 from __future__ import annotations
 
 import importlib
+import os
 
 from .errors import AcceleratorError, DataError
-from .orders.positions import SampleTrace
+from .orders.positions import TRACE_ENV, SampleTrace
 from .pipelines import PIPELINES
 from .readers import READERS, check_same_classes, open_reader, split_paths
 from .settings import DistInfo, Loader, LoaderSettings, input_dtype
@@ -44,7 +45,8 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
                       for path in (settings.train_path, settings.val_path))
         check_same_classes(train.classes, val.classes)
         train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
-        train_loader.trace = SampleTrace.from_env(dist.rank)  # tests: what each rank trained
+        trace = os.environ.get(TRACE_ENV)  # tests: what each rank trained
+        train_loader.trace = SampleTrace(trace, dist.rank) if trace else None
     train_loader.erasing = (RandomErasing(settings.random_erase, settings.seed, dist.rank)
                             if settings.random_erase > 0 else None)
     return train_loader, val_loader

@@ -9,7 +9,6 @@ before that tail, and the epoch ends at the same step count."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -165,11 +164,6 @@ class SampleTrace:
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"
-
-    @classmethod
-    def from_env(cls, rank: int) -> "SampleTrace | None":
-        path = os.environ.get(TRACE_ENV)
-        return cls(path, rank) if path else None
 
     def record(self, epoch: int, start_batch: int, indices: list[int], batch_size: int,
                step: int) -> None:

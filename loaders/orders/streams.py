@@ -134,19 +134,17 @@ class StreamValOrder:
         self.lo = rank * num_samples // world_size
         self.hi = (rank + 1) * num_samples // world_size
         self.batch_size, self.workers = batch_size, max(1, workers)
+        self.batches = batches_per_epoch(self.hi - self.lo, batch_size, drop_last=False)
 
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    def _batches(self) -> int:
-        return batches_per_epoch(len(self), self.batch_size, drop_last=False)
-
     def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
         """Each worker's record ranges (the same every epoch), in the order it reads them."""
-        return _pieces([(self.lo, self.hi)], self._batches(), self.batch_size, self.workers,
+        return _pieces([(self.lo, self.hi)], self.batches, self.batch_size, self.workers,
                        len(self))
 
     def order(self, epoch: int) -> list[int]:
         ranges = [[i for start, stop in piece for i in range(start, stop)]
                   for piece in self.pieces(epoch)]
-        return _interleave(ranges, self._batches(), self.batch_size)
+        return _interleave(ranges, self.batches, self.batch_size)
