@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torchvision.transforms import v2
 
 from ._uint8_ops import OPS
 
@@ -20,45 +21,11 @@ __all__ = ["AA_SPACE", "AUGMIX_SPACE", "AugMix", "AutoAugment", "INTERPOLATIONS"
 POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
 # --interpolation values (torchvision's InterpolationMode names the flag takes)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
-
-
-def _linspace(stop: float, start: float = 0.0):
-    return lambda bins, height, width: torch.linspace(start, stop, bins)
-
-
-def _posterize(top: int, span: int):
-    return lambda bins, height, width: (top - (torch.arange(bins) / ((bins - 1) / span))
-                                        ).round().int()
-
-
-_NONE = (lambda bins, height, width: None, False)
-
-
-def _space(shear: float, translate, rotate: float, enhance: float, posterize) -> dict:
-    """torchvision's ``_AUGMENTATION_SPACE`` layout: op -> (magnitudes(bins, H, W), signed)."""
-    return {
-        "ShearX": (_linspace(shear), True), "ShearY": (_linspace(shear), True),
-        "TranslateX": (translate[0], True), "TranslateY": (translate[1], True),
-        "Rotate": (_linspace(rotate), True), "Brightness": (_linspace(enhance), True),
-        "Color": (_linspace(enhance), True), "Contrast": (_linspace(enhance), True),
-        "Sharpness": (_linspace(enhance), True), "Posterize": (posterize, False),
-        "Solarize": (_linspace(0.0, 1.0), False), "AutoContrast": _NONE, "Equalize": _NONE,
-    }
-
-
-_RELATIVE = (lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * width, bins),
-             lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * height, bins))
-# RandAugment.__init__'s and AutoAugment's spaces (AutoAugment's adds Invert, has no Identity)
-RA_SPACE = {"Identity": _NONE, **_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4))}
-AA_SPACE = {**_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4)), "Invert": _NONE}
-TA_WIDE_SPACE = {"Identity": _NONE, **_space(0.99, (_linspace(32.0), _linspace(32.0)), 135.0,
-                                            0.99, _posterize(8, 6))}
-_AUGMIX_PARTIAL = {k: v for k, v in _space(
-    0.3, (lambda b, h, w: torch.linspace(0.0, w / 3.0, b),
-          lambda b, h, w: torch.linspace(0.0, h / 3.0, b)), 30.0, 0.9, _posterize(4, 4)).items()
-    if k not in ("Brightness", "Color", "Contrast", "Sharpness")}
-AUGMIX_SPACE = {**_AUGMIX_PARTIAL, **{k: (_linspace(0.9), True)
-                                      for k in ("Brightness", "Color", "Contrast", "Sharpness")}}
+# op -> (magnitudes(bins, height, width) or None, signed): torchvision's own tables
+RA_SPACE = v2.RandAugment._AUGMENTATION_SPACE
+AA_SPACE = v2.AutoAugment._AUGMENTATION_SPACE
+TA_WIDE_SPACE = v2.TrivialAugmentWide._AUGMENTATION_SPACE
+AUGMIX_SPACE = v2.AugMix._AUGMENTATION_SPACE  # all_ops=True, the default
 
 
 class _Policy:
@@ -136,8 +103,6 @@ class AutoAugment(_Policy):
 
     def __init__(self, policy: str = "imagenet", interpolation: str = "bilinear"):
         super().__init__(interpolation)
-        from torchvision.transforms import v2
-
         self.policies = v2.AutoAugment(v2.AutoAugmentPolicy(policy))._policies
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
