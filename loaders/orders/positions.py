@@ -40,15 +40,13 @@ class Layout:
 
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
     """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches):
-    the same world size and batch size, and worker count where the order cuts per-worker
-    pieces (orders over shards, whose ``LAYOUT_KEYS`` name ``workers``)."""
+    the same world size, batch size, and worker count where the order cuts per-worker pieces."""
     kept = origin.workers == now.workers or "workers" not in getattr(order, "LAYOUT_KEYS", ())
     return origin.world_size == now.world_size and origin.batch_size == now.batch_size and kept
 
 
 def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
-    """``epoch``'s global order (int64 ``(W x len(order at W),)``) for ``order``'s kind at
-    ``origin``, rebuilt rank by rank."""
+    """``epoch``'s global order (int64 ``(W x len(order at W),)``) at ``origin``."""
     ranks = [np.fromiter(order.at(r, origin).order(epoch), dtype=np.int64)
              for r in range(origin.world_size)]
     return np.stack(ranks, axis=1).reshape(-1)

@@ -1,8 +1,6 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.class_files`): classes the sorted non-hidden folders, so labels are
-torchvision ``ImageFolder``'s ``class_to_idx`` as pytorch/examples imagenet/main.py reads them;
-samples every non-hidden file below them in ``ImageFolder``'s order, so ``main.py`` and
-``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
+(:func:`formats.sources.class_files`), so ``main.py`` and ``folder2lmdb.py`` count the same
+samples on every folder (a Mac's ``._NAME`` files too) with ``ImageFolder``'s labels."""
 from __future__ import annotations
 
 import os
@@ -23,10 +21,9 @@ def read_file(path: str) -> bytes:
 
 class FolderReader(Reader):
     """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
-    ``class_to_idx`` as ``ImageFolder``'s (hidden folders such as ``.ipynb_checkpoints`` not
-    classes, empty ones kept), ``samples`` its ``(path, label)`` list without hidden files and
-    folders and whatever a file's extension (its content decides, as in the converters). Raises
-    :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
+    ``class_to_idx`` as ``ImageFolder``'s (hidden folders not classes, empty ones kept),
+    ``samples`` its ``(path, label)`` list, hidden files left out, whatever a file's extension.
+    Raises :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
         self.root = root

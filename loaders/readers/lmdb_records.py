@@ -1,5 +1,5 @@
-"""LMDB databases written by ``folder2lmdb.py`` (layout in ``formats.lmdb``), read by record
-number. Named ``lmdb_records`` so that it never shadows the ``lmdb`` package."""
+"""LMDB databases written by ``folder2lmdb.py`` (``formats.lmdb``), read by record number (not
+named ``lmdb``: it would shadow the package)."""
 from __future__ import annotations
 
 import os
@@ -116,6 +116,5 @@ def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
 
 
 def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:
-    """This source's entry of ``loaders.readers.READERS``: OS readahead as
-    ``settings.lmdb_readahead`` (``on``/``off``/``auto``, see :func:`readahead_for`)."""
+    """This source's entry of ``loaders.readers.READERS``."""
     return LMDBReader(path, readahead=readahead_for(path, settings.lmdb_readahead))

@@ -306,8 +306,7 @@ def _label(data: bytes, url: str) -> int:
 
 
 def open_reader(path: str, settings: LoaderSettings | None) -> ShardReader:
-    """This source's entry of ``loaders.readers.READERS``: the split at ``path``
-    (``resolve_split``), a stream's retries as ``settings`` say (None: the defaults)."""
+    """This source's entry of ``loaders.readers.READERS`` (``settings`` None: default retries)."""
     retries = Retries() if settings is None else Retries(settings.shard_retries,
                                                           settings.shard_retry_delay)
     return ShardReader(*resolve_split(path), retries=retries)

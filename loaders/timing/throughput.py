@@ -18,11 +18,10 @@ def _batches(loader):
 
 
 def measure(loader, batches: int, warmup: int = 2) -> dict:
-    """Iterate ``warmup`` batches untimed, then ``batches`` timed ones (cycling epochs), touching
-    every batch; a loader's stage figures (``reset_stages``) forget the warm-up's. Returns
-    ``images``, ``seconds`` (wall; on CUDA after ``torch.cuda.synchronize()``), ``images_per_sec``
-    and ``cpu_seconds`` of this process and its live children (:func:`tree_cpu_seconds`; None
-    without ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
+    """Iterate ``warmup`` batches untimed (the stage figures forget them), then ``batches`` timed
+    ones, cycling epochs. Returns ``images``, ``seconds`` (wall; on CUDA after a synchronize),
+    ``images_per_sec`` and ``cpu_seconds`` of this process and its live children (None without
+    ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
     if batches < 1 or len(loader) == 0:
         raise ValueError("need batches >= 1 and a loader with at least one batch")
     it = _batches(loader)
