@@ -1,13 +1,14 @@
 """The data-loading runtime: *readers* (where samples are, ``loaders.readers``) and *pipelines*
-(how their bytes become device batches, ``loaders.pipelines``), with the wings ``orders/``,
-``transforms/`` and ``timing/``; what every loader yields and has is ``loaders.settings``'. A new
-on-disk format is ``formats/X`` + one reader module + one line in :data:`READERS`."""
+(how their bytes become device batches, ``loaders.pipelines``), with ``orders/``, ``transforms/``
+and ``timing/``. A new on-disk format is ``formats/X`` + one reader module + one line in
+:data:`READERS`."""
 from __future__ import annotations
 
 import importlib
+import os
 
 from .errors import AcceleratorError, DataError
-from .orders.positions import SampleTrace
+from .orders.positions import TRACE_ENV, SampleTrace
 from .pipelines import PIPELINES
 from .readers import READERS, check_same_classes, open_reader, split_paths
 from .settings import DistInfo, Loader, LoaderSettings, input_dtype
@@ -24,15 +25,14 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "L
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
     """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
-    readers of ``settings.train_path`` and ``settings.val_path``. Raises ``KeyError`` for an
-    unknown backend, :class:`DataError` for bad data (a bad split, train and val with different
-    classes, too small a training split). The training loader erases (``--random-erase``) and,
-    under the tests' trace variable, records its samples (``orders.positions.PositionedLoader``).
-    Sets PIL's decompression-bomb limit (the decoders' last resort) to
-    ``settings.max_image_pixels`` here and in forks, as the acceptance rule has it."""
+    readers of ``settings.train_path`` and ``settings.val_path``, the training loader erasing
+    (``--random-erase``) and, under the tests' trace variable, recording its samples. Raises
+    ``KeyError`` for an unknown backend, :class:`DataError` for bad data (a bad split, train and
+    val with different classes, too small a training split). Sets PIL's decompression-bomb limit
+    to ``settings.max_image_pixels`` here and in forks."""
     from decode.acceptance import limit_pil
 
-    from .transforms.erasing import random_erasing
+    from .transforms.erasing import RandomErasing
 
     limit_pil(settings.max_image_pixels)
     pipeline = importlib.import_module(PIPELINES[settings.pipeline])
@@ -45,8 +45,10 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
                       for path in (settings.train_path, settings.val_path))
         check_same_classes(train.classes, val.classes)
         train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
-        train_loader.trace = SampleTrace.from_env(dist.rank)  # tests: what each rank trained
-    train_loader.erasing = random_erasing(settings.random_erase, settings.seed, dist.rank)
+        trace = os.environ.get(TRACE_ENV)  # tests: what each rank trained
+        train_loader.trace = SampleTrace(trace, dist.rank) if trace else None
+    train_loader.erasing = (RandomErasing(settings.random_erase, settings.seed, dist.rank)
+                            if settings.random_erase > 0 else None)
     return train_loader, val_loader
 
 

@@ -1,7 +1,6 @@
 """Random draws as functions of their keys: every random number the loaders and the recipes draw
-comes from NumPy's ``SeedSequence`` of (seed, epoch, rank, batch, ...), which mixes the keys so
-that no two key tuples share a stream (``seed * K + epoch`` schemes collide across seeds). So an
-epoch resumed, a pipeline rebuilt or another ``-j`` draws the same numbers."""
+comes from NumPy's ``SeedSequence`` of (seed, epoch, rank, batch, ...), which gives no two key
+tuples the same stream, so an epoch resumed, a pipeline rebuilt or another ``-j`` draws alike."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,5 @@
-"""What every reader and pipeline is built from: :class:`LoaderSettings`, :class:`DistInfo` and
-:func:`input_dtype`; and what every loader is, the :class:`Loader` protocol: ``(images, labels)``
-on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H, W)`` normalised with the ImageNet
-mean/std (``loaders.transforms.normalize``), labels int64 ``(N,)``."""
+"""What every reader and pipeline is built from (:class:`LoaderSettings`, :class:`DistInfo`,
+:func:`input_dtype`) and what every loader is (the :class:`Loader` protocol)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,13 +14,11 @@ __all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """Per-process loader settings, resolved once by ``main.py`` (never the argparse namespace).
-    ``backend`` is the ``--loader`` choice (``loaders.BACKENDS``), naming a (:attr:`source`,
-    :attr:`pipeline`) pair. Sizes are in pixels; ``batch_size`` (images per step) and ``workers``
-    (DataLoader processes, or DALI threads) are this process's, divided among a node's training
-    processes. ``train_path``/``val_path``: the split roots (None for ``synthetic``): LMDBs from
-    ``folder2lmdb.py`` with ``lmdb``, shard splits from ``folder2shards.py`` with ``shards``.
-    ``dtype``: the images' dtype on the device (:func:`input_dtype`)."""
+    """Per-process loader settings, resolved once by ``main.py``. ``backend`` is the ``--loader``
+    choice (``loaders.BACKENDS``), naming a (:attr:`source`, :attr:`pipeline`) pair. Sizes are in
+    pixels; ``batch_size`` (images per step) and ``workers`` (DataLoader processes, or DALI
+    threads) are this process's. ``train_path``/``val_path``: the split roots (None for
+    ``synthetic``). ``dtype``: the images' dtype on the device (:func:`input_dtype`)."""
 
     backend: str
     train_path: str | None
@@ -48,8 +44,7 @@ class LoaderSettings:
     shards: bool = False
     # Largest training crop side (px) of the run (--max-res): batch slots' size. 0: train_crop_size
     train_max_crop_size: int = 0
-    # torchvision's recipe flags: --auto-augment (None: none), --ra-magnitude, --augmix-severity,
-    # --interpolation (every resize and geometric op), --ra-sampler and --ra-reps.
+    # torchvision's recipe flags (--auto-augment None: none)
     auto_augment: str | None = None
     ra_magnitude: int = 9
     augmix_severity: int = 3
@@ -58,14 +53,12 @@ class LoaderSettings:
     ra_reps: int = 3
     # --random-erase: the share of training images erased on the device batch (0: none)
     random_erase: float = 0.0
-    # --decode-device: "cpu" (the workers decode), or "cuda"/"cpu-nvimgcodec" (this process
-    # decodes each batch: gpu_decode); --hw-decoder-load (None: decode.gpu's default).
+    # --decode-device: "cpu" (the workers decode), or "cuda"/"cpu-nvimgcodec" (gpu_decode)
     decode_device: str = "cpu"
     hw_decoder_load: float | None = None
     # --allow-cpu-decode: --decode-device cuda runs on the CPU fallback where no GPU decoder works
     allow_cpu_decode: bool = False
-    # Streamed shards (HTTP, pipe:): a failed open or read is tried --shard-retries more times,
-    # the first after --shard-retry-delay seconds, doubled each time (formats.shards.Retries).
+    # Streamed shards: a failed open or read is tried again (formats.shards.Retries)
     shard_retries: int = 2
     shard_retry_delay: float = 10.0
     # --max-image-pixels: refused from the header before decoding, as the converters do (0: none)
@@ -89,7 +82,7 @@ class LoaderSettings:
         return "lmdb" if self.lmdb else "shards" if self.shards else "folder"
 
     def crop_size(self, train: bool) -> int:
-        """The side (px) of one split's images: ``train_crop_size`` or ``val_crop_size``."""
+        """The side (px) of one split's images."""
         return self.train_crop_size if train else self.val_crop_size
 
     def max_crop_size(self, train: bool) -> int:
@@ -103,9 +96,9 @@ class LoaderSettings:
 
 @dataclass
 class DistInfo:
-    """Where this process sits in the job: ``rank`` is the global rank (never the local one, so
-    that nodes never read the same shard), ``device`` where batches are delivered; ``distributed``:
-    this process joined a process group (DDP), as a launched one does even at world size 1."""
+    """Where this process sits in the job: ``rank`` is the global rank (so that nodes never read
+    the same shard), ``device`` where batches are delivered; ``distributed``: this process joined
+    a process group (DDP), as a launched one does even at world size 1."""
 
     rank: int = 0
     world_size: int = 1
@@ -129,12 +122,12 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """What every loader ``loaders.build_loaders`` returns is (each pipeline's, for any reader;
-    ``tests/loaders/test_contract.py`` checks it): ``(images, labels)`` batches on the device
-    (images ``settings.dtype`` NCHW, normalised; labels int64), an exact ``len()`` after
-    :meth:`set_epoch`, the split's ``classes``, :meth:`close` (every worker, thread and pipeline
-    it started stopped; safe more than once), the stage figures where measured. Training
-    loaders also place a mid-epoch checkpoint (``loaders.orders.positions.PositionedLoader``)."""
+    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``
+    checks it): ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype``
+    ``(N, 3, H, W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact
+    ``len()`` after :meth:`set_epoch`; :meth:`close` stops every worker, thread and pipeline it
+    started (safe more than once). Training loaders also place a mid-epoch checkpoint
+    (``loaders.orders.positions.PositionedLoader``)."""
 
     classes: list[str]
     batch_size: int

@@ -1,6 +1,6 @@
-"""The epoch-order interface (as FFCV's ``TraversalOrder``, ``ffcv/traversal_order/base.py``):
-which dataset indices one rank reads in an epoch, and in which order. DataLoader pipelines read
-an order through :class:`ResumableSampler`, DALI as a list."""
+"""The epoch-order interface (as FFCV's ``TraversalOrder``): which dataset indices one rank reads
+in an epoch, in which order; validation's :class:`ShardOrder` (FFCV's ``Sequential``, strided
+over ranks). DataLoader pipelines read an order through :class:`ResumableSampler`."""
 from __future__ import annotations
 
 import itertools
@@ -12,9 +12,8 @@ from ..errors import DataError
 
 
 class Order(Protocol):
-    """What every epoch order has; ``order(epoch)`` is a pure function of the constructor's
-    arguments and ``epoch``. A training order also has ``at(rank, layout)``: itself for another
-    rank of a :class:`~loaders.orders.positions.Layout`."""
+    """``order(epoch)`` is a pure function of the constructor's arguments and ``epoch``; a
+    training order also has ``at(rank, layout)``: itself for another rank and layout."""
 
     num_samples: int  # the dataset's size; indices are in 0..num_samples-1
 
@@ -33,27 +32,42 @@ def check_rank(rank: int, world_size: int) -> None:
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
                       max_batches: int | None = None) -> int:
-    """Batches of ``batch_size`` in an epoch of ``samples`` indices (``len()`` of an order):
-    whole batches only with ``drop_last`` (training: no tiny last batch for BatchNorm), else
-    the last one partial (validation); capped at ``max_batches`` (``--train-batches``)."""
+    """Batches of ``batch_size`` in an epoch of ``samples`` indices: whole batches only with
+    ``drop_last`` (training: no tiny last batch for BatchNorm), else the last one partial
+    (validation); capped at ``max_batches`` (``--train-batches``)."""
     count = samples // batch_size if drop_last else -(-samples // batch_size)
     return count if max_batches is None else min(count, max_batches)
 
 
 def train_batch_size(order: Order, batch_size: int) -> int:
     """``batch_size``, or all of an epoch's indices in one smaller batch when ``order`` holds
-    fewer (as pytorch/examples' DataLoader keeps a partial batch; every rank's order is as long).
-    Raises :class:`DataError` for an empty order (fewer images than processes)."""
+    fewer (as pytorch/examples' DataLoader keeps a partial batch). Raises :class:`DataError` for
+    an empty order (fewer images than processes)."""
     if len(order) == 0:
         raise DataError(f"training set has no image for this process ({order.num_samples} "
                         "images in all): use fewer processes or more images")
     return min(batch_size, len(order))
 
 
+class ShardOrder:
+    """Validation: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...``, so every sample is read
+    once across ranks, none padded or repeated (unlike ``DistributedSampler``): a metric summed
+    over ranks equals the single-process one. Raises ``ValueError`` for a bad rank."""
+
+    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
+        check_rank(rank, world_size)
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.order(0))
+
+    def order(self, epoch: int) -> range:
+        return range(self.rank, self.num_samples, self.world_size)
+
+
 class ResumableSampler(Sampler[int]):
     """The DataLoader face of an :class:`Order`: ``order.order(epoch)`` from position ``start``
-    on (batches trained x batch size, for a mid-epoch resume), or ``rest`` when set (an epoch
-    dealt anew at another layout); ``len()`` counts only what is left."""
+    on (a mid-epoch resume), or ``rest`` when set (an epoch dealt anew at another layout)."""
 
     def __init__(self, order: Order):
         self.order, self.epoch, self.start = order, 0, 0

@@ -1,9 +1,8 @@
-"""Block order (``--lmdb-order block``): training over record stores larger than the page cache.
-After FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
-independently): shuffle blocks of consecutive records, shuffle within each block, and emit from a
-small buffer of open blocks. Unlike it, blocks are cut from the record index (``folder2lmdb.py``
-writes record ``i`` after ``i-1``, so a block is a contiguous byte range of ``data.mdb``), and
-ranks are sharded on the block sequence before the buffer shuffle, so each reads whole blocks."""
+"""Block order (``--lmdb-order block``): training over record stores larger than the page cache,
+after FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
+independently) but with blocks cut from the record index (``folder2lmdb.py`` writes record ``i``
+after ``i-1``, so a block is a contiguous byte range of ``data.mdb``) and ranks sharded on the
+block sequence before the buffer shuffle, so each reads whole blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,17 +12,15 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Training order reading contiguous blocks of records in a shuffled order. Per epoch, with one
-    generator seeded from ``(seed, epoch)`` on every rank: (1) the ``ceil(num_samples /
-    block_size)`` blocks are permuted and their records concatenated; (2) rank ``r`` takes the
-    ``r``-th of ``world_size`` consecutive segments of ``num_samples // world_size`` records (the
-    rest dropped this epoch, as ``DistributedSampler(drop_last=True)``), whole blocks plus at most
-    a part-block at each end; (3) it shuffles the records within each of its blocks and emits them
-    by picking one of ``buffer_blocks`` open blocks uniformly and taking its next record, an
-    exhausted block replaced by its next. The ranks' shards are disjoint, without repeats; a rank's
-    page-cache working set is about ``buffer_blocks * block_size`` records. A batch mixes only the
-    open blocks' records: few classes where records are sorted by class (``folder2lmdb.py``
-    without ``--shuffle-seed``). Raises ``ValueError`` for sizes below 1 or a bad rank."""
+    """Per epoch, with one generator seeded from ``(seed, epoch)`` on every rank: (1) the
+    ``ceil(num_samples / block_size)`` blocks are permuted and their records concatenated; (2)
+    rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
+    world_size`` records (the rest sit out, as ``DistributedSampler(drop_last=True)``); (3) it
+    shuffles the records within each of its blocks and emits them by picking one of
+    ``buffer_blocks`` open blocks uniformly and taking its next record. A rank's page-cache
+    working set is about ``buffer_blocks * block_size`` records; a batch mixes only the open
+    blocks' records (few classes where records are sorted by class). Raises ``ValueError`` for
+    sizes below 1 or a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):
@@ -31,12 +28,9 @@ class BlockOrder:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
         check_rank(rank, world_size)
-        self.num_samples = num_samples
-        self.block_size = block_size
-        self.buffer_blocks = buffer_blocks
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
+        self.num_samples, self.block_size = num_samples, block_size
+        self.buffer_blocks, self.rank, self.world_size, self.seed = (buffer_blocks, rank,
+                                                                     world_size, seed)
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size
@@ -45,58 +39,32 @@ class BlockOrder:
         return BlockOrder(self.num_samples, self.block_size, self.buffer_blocks, rank,
                           layout.world_size, self.seed)
 
-    def runs(self, epoch: int) -> list[tuple[int, int]]:
-        """This rank's ``(start, stop)`` record ranges of ``epoch``, unshuffled, in order."""
-        return self._runs(self._rng(epoch))
-
     def order(self, epoch: int) -> list[int]:
-        rng = self._rng(epoch)
-        runs = self._runs(rng)
-        return self._interleave(runs, rng)
-
-    def _rng(self, epoch: int) -> np.random.Generator:
-        return keyed_rng(self.seed, epoch)
-
-    def _runs(self, rng: np.random.Generator) -> list[tuple[int, int]]:
+        rng = keyed_rng(self.seed, epoch)
         n, size = self.num_samples, self.block_size
         num_blocks = -(-n // size)
         order = rng.permutation(num_blocks)
         # Record offsets of each permuted block inside the concatenation.
         lengths = np.minimum(size, n - order * size)
         ends = np.cumsum(lengths)
-        per_rank = len(self)
-        lo, hi = self.rank * per_rank, (self.rank + 1) * per_rank
-        runs = []
-        first = int(np.searchsorted(ends, lo, side="right"))
-        for b in range(first, num_blocks):
+        lo, hi = self.rank * len(self), (self.rank + 1) * len(self)
+        blocks = []  # this rank's blocks, each shuffled and reversed: read by pop()
+        for b in range(int(np.searchsorted(ends, lo, side="right")), num_blocks):
             block_lo = int(ends[b] - lengths[b])
             if block_lo >= hi:
                 break
-            start = int(order[b]) * size
             cut_lo, cut_hi = max(lo, block_lo), min(hi, int(ends[b]))
-            runs.append((start + cut_lo - block_lo, start + cut_hi - block_lo))
-        return runs
-
-    def _interleave(self, runs: list[tuple[int, int]], rng: np.random.Generator) -> list[int]:
-        blocks = [(start + rng.permutation(stop - start)).tolist() for start, stop in runs]
-        picks = rng.random(len(self)).tolist()
-        out: list[int] = []
-        open_blocks: list[list[int]] = []
-        cursors: list[int] = []
-        next_block = 0
-        for u in picks:
+            first = int(order[b]) * size + cut_lo - block_lo
+            blocks.append((first + rng.permutation(cut_hi - cut_lo)).tolist()[::-1])
+        out, open_blocks, next_block = [], [], 0
+        for u in rng.random(len(self)).tolist():
             while len(open_blocks) < self.buffer_blocks and next_block < len(blocks):
                 open_blocks.append(blocks[next_block])
-                cursors.append(0)
                 next_block += 1
             k = int(u * len(open_blocks))
-            block, pos = open_blocks[k], cursors[k]
-            out.append(block[pos])
-            if pos + 1 == len(block):
+            out.append(open_blocks[k].pop())
+            if not open_blocks[k]:
                 # Swap-remove: the buffer's order carries no meaning, picks are uniform.
-                open_blocks[k], cursors[k] = open_blocks[-1], cursors[-1]
+                open_blocks[k] = open_blocks[-1]
                 open_blocks.pop()
-                cursors.pop()
-            else:
-                cursors[k] = pos + 1
         return out

@@ -1,23 +1,18 @@
 """Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
 another world size, batch size or worker count. The global order interleaves the ranks' orders at
 the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
-``r``'s ``j``-th index. Ranks train in step, so after ``k`` steps of batch ``B`` its first
-``k x B x W`` were trained, at any layout: a checkpoint's position is that count (``consumed``). A
-resume at another layout (:func:`rest_of_epoch`) deals the rest out again, rank ``r'`` of ``W'``
-taking positions ``consumed + r', consumed + r' + W', ...`` in whole batches and the leftover
-sitting out as an epoch's tail does: no sample is trained twice or skipped before that tail, and
-the epoch ends at the same step count (schedules stay within one step)."""
+``r``'s ``j``-th index, so after ``k`` steps of batch ``B`` its first ``k x B x W`` were trained
+(a checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest
+out again, rank ``r'`` of ``W'`` taking positions ``consumed + r', consumed + r' + W', ...`` in
+whole batches, the leftover sitting out as an epoch's tail: no sample is trained twice or skipped
+before that tail, and the epoch ends at the same step count."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import numpy as np
-import torch
-
-from .random import RandomOrder
 
 TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
@@ -43,38 +38,25 @@ class Layout:
         return f"{self.world_size} process(es) x -b {self.batch_size} per process"
 
 
-def order_depends_on(order, key: str) -> bool:
-    """Whether ``order``'s indices change with ``key`` of the :class:`Layout` besides the world
-    size (``batch_size``/``workers``: only orders over shards, which cut per-worker pieces)."""
-    return key in getattr(order, "LAYOUT_KEYS", ())
-
-
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
-    """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches)."""
-    return (origin.world_size == now.world_size and origin.batch_size == now.batch_size
-            and (origin.workers == now.workers or not order_depends_on(order, "workers")))
+    """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches):
+    the same world size, batch size, and worker count where the order cuts per-worker pieces."""
+    kept = origin.workers == now.workers or "workers" not in getattr(order, "LAYOUT_KEYS", ())
+    return origin.world_size == now.world_size and origin.batch_size == now.batch_size and kept
 
 
 def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
-    """``epoch``'s global order (int64 ``(W x len(order at W),)``) for ``order``'s kind at
-    ``origin``: ``RandomOrder``'s drawn directly, the others rebuilt rank by rank."""
-    w = origin.world_size
-    if type(order) is RandomOrder:
-        n = order.num_samples
-        generator = torch.Generator()
-        generator.manual_seed(order.seed + epoch)
-        dtype = torch.int32 if n < 2**31 else torch.int64
-        return torch.randperm(n, generator=generator, dtype=dtype).numpy().astype(
-            np.int64)[:n // w * w]
-    ranks = [np.fromiter(order.at(r, origin).order(epoch), dtype=np.int64) for r in range(w)]
+    """``epoch``'s global order (int64 ``(W x len(order at W),)``) at ``origin``."""
+    ranks = [np.fromiter(order.at(r, origin).order(epoch), dtype=np.int64)
+             for r in range(origin.world_size)]
     return np.stack(ranks, axis=1).reshape(-1)
 
 
 @dataclass(frozen=True)
 class RestOfEpoch:
     """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads
-    ``indices`` (whole batches; None: the order's own, at the origin's layout); ``consumed``:
-    samples of the global order trained before, at layout ``origin``."""
+    ``indices`` (None: the order's own); ``consumed`` samples of the global order at ``origin``
+    were trained before."""
 
     epoch: int
     start_batch: int
@@ -106,8 +88,8 @@ def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
 def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
                     batch: int) -> dict:
     """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: the
-    samples of the epoch's global order consumed, its origin layout, the layout now, and
-    what the global order is a function of (dataset size, seed, order kind) for checks."""
+    samples of the global order consumed, its origin layout, the layout now, and the dataset
+    size, seed and order kind, for checks."""
     if rest is not None and rest.epoch == epoch:
         consumed = rest.consumed + (batch - rest.start_batch) * now.world_size * now.batch_size
         origin = rest.origin
@@ -119,12 +101,11 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """Mixed into every pipeline's training loader: the loader sets ``position_order`` (its
-    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, and its ``set_epoch(epoch,
-    start_batch, rest)`` reads the indices :meth:`_take_rest` returns where not None. Every pass
-    it yields goes through :meth:`_delivered`: ``erasing`` (``--random-erase``'s
-    ``loaders.transforms.erasing.RandomErasing``) and ``trace`` (a :class:`SampleTrace`), each None
-    where off, are set on a training loader by ``loaders.build_loaders``."""
+    """Mixed into every pipeline's training loader, which sets ``position_order`` (its
+    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
+    :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
+    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``) and ``trace`` (a
+    :class:`SampleTrace`), each None where off."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -134,12 +115,12 @@ class PositionedLoader:
     def _delivered(self, batches: Iterator) -> Iterator:
         """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them:
         batch ``start_batch + k`` erased (``erasing``) and its indices traced (``trace``)."""
-        if self.erasing is None and self.trace is None:
-            return batches
-        return self._finished(batches)
-
-    def _finished(self, batches: Iterator) -> Iterator:
         erasing, trace = self.erasing, self.trace
+        if erasing is None and trace is None:
+            return batches
+        return self._finished(batches, erasing, trace)
+
+    def _finished(self, batches: Iterator, erasing, trace) -> Iterator:
         indices = self.pass_indices() if trace is not None else None
         try:
             for step, (images, labels) in enumerate(batches):
@@ -159,7 +140,7 @@ class PositionedLoader:
         return Layout(order.world_size, self.batch_size, getattr(order, "workers", 0))
 
     def rest_of_epoch(self, epoch: int, consumed: int, origin: Layout) -> RestOfEpoch:
-        """:func:`rest_of_epoch` for this loader's order, layout and rank (raises as it does)."""
+        """:func:`rest_of_epoch` for this loader's order, layout and rank."""
         return rest_of_epoch(self.position_order, epoch, consumed, origin, self.layout,
                              self.rank)
 
@@ -177,16 +158,10 @@ class PositionedLoader:
 
 class SampleTrace:
     """Test hook (:data:`TRACE_ENV`): one JSON line ``{"epoch", "batch", "indices"}`` per training
-    batch handed out, appended to ``PATH.rankR`` and flushed at once (a SIGKILLed run keeps it);
-    ``indices`` as the order gives them (before an unreadable sample's replacement)."""
+    batch handed out (indices as the order gives them), appended to ``PATH.rankR`` at once."""
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"
-
-    @classmethod
-    def from_env(cls, rank: int) -> "SampleTrace | None":
-        path = os.environ.get(TRACE_ENV)
-        return cls(path, rank) if path else None
 
     def record(self, epoch: int, start_batch: int, indices: list[int], batch_size: int,
                step: int) -> None:

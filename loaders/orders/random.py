@@ -1,6 +1,5 @@
 """The shuffled training orders of random-access readers: :class:`RandomOrder` (torch's
-``DistributedSampler``'s indices) and :class:`RepeatedAugmentationOrder` (torchvision's
-``RASampler``'s, ``--ra-sampler``); :func:`shuffled_order` picks one."""
+``DistributedSampler``'s) and :class:`RepeatedAugmentationOrder` (``--ra-sampler``)."""
 from __future__ import annotations
 
 import math
@@ -13,15 +12,13 @@ from ..errors import DataError
 from ..settings import DistInfo, LoaderSettings
 from .base import Order, check_rank
 
-# Indices turned into Python ints at a time: negligible memory, negligible per-chunk cost
-_CHUNK = 4096
+_CHUNK = 4096  # indices turned into Python ints at a time
 
 
 class LeanDistributedSampler(DistributedSampler):
-    """Drop-in for ``torch.utils.data.DistributedSampler`` (same constructor, ``set_epoch``,
-    ``len()`` and indices in the same order) that keeps the permutation as an int32 tensor (int64
-    from 2**31 records), converted in small chunks: 4 bytes per index instead of ``tolist()``'s
-    ~36 (about 50 MB per process on ImageNet, ``benchmarks/loading/memory.py``)."""
+    """Drop-in for ``torch.utils.data.DistributedSampler`` (the same indices) that keeps the
+    permutation as an int32 tensor (int64 from 2**31 records), converted in small chunks: 4 bytes
+    per index instead of ``tolist()``'s ~36 (about 50 MB per process on ImageNet)."""
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
@@ -44,17 +41,14 @@ class LeanDistributedSampler(DistributedSampler):
 
 
 class RandomOrder:
-    """Training order: per epoch exactly the indices, in order, of ``DistributedSampler(
-    range(num_samples), world_size, rank, shuffle=True, seed, drop_last=True)`` after
-    ``set_epoch(epoch)``, drawn by :class:`LeanDistributedSampler`: a permutation from
-    ``seed + epoch`` trimmed to a multiple of ``world_size``, rank ``r`` taking every
-    ``world_size``-th from ``r``; ``len()`` is ``num_samples // world_size``. Raises
-    ``ValueError`` for a bad rank."""
+    """Training order: per epoch the indices of ``DistributedSampler(range(num_samples),
+    world_size, rank, shuffle=True, seed, drop_last=True)`` after ``set_epoch(epoch)``, drawn by
+    :class:`LeanDistributedSampler`. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         check_rank(rank, world_size)
-        self.num_samples, self.rank, self.world_size, self.seed = (num_samples, rank,
-                                                                   world_size, seed)
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+        self.seed = seed
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size
@@ -74,13 +68,11 @@ class RandomOrder:
 class RepeatedAugmentationOrder:
     """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
     torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT) at
-    ``set_epoch(epoch)``, with this run's seed (torchvision's is 0). Per epoch: a permutation from
-    ``seed + epoch`` (as ``DistributedSampler``), each index repeated ``repetitions`` times, padded
-    from its start to a multiple of ``world_size``; rank ``r`` takes every ``world_size``-th from
-    ``r`` (an image's copies go to different ranks) and keeps the first ``len(self) =
-    floor(num_samples // 256 x 256 / world_size)``, about one pass over the dataset in all (DeiT's
-    256 is the sampler's constant, not the batch). Raises :class:`DataError` when that is 0 (under
-    256 images), ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
+    ``set_epoch(epoch)`` with this run's seed: a permutation from ``seed + epoch``, each index
+    repeated ``repetitions`` times, padded to a multiple of ``world_size``, rank ``r`` taking every
+    ``world_size``-th from ``r`` and keeping ``floor(num_samples // 256 x 256 / world_size)``
+    (DeiT's constant). Raises :class:`DataError` when that is 0 (under 256 images),
+    ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):
@@ -116,8 +108,9 @@ class RepeatedAugmentationOrder:
 
 
 def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """A random-access reader's training order: with ``--ra-sampler`` in a distributed run (as
-    torchvision's ``train.py``) :class:`RepeatedAugmentationOrder`, else :class:`RandomOrder`."""
+    """A random-access reader's training order: :class:`RepeatedAugmentationOrder` with
+    ``--ra-sampler`` in a distributed run (as torchvision's ``train.py``), else
+    :class:`RandomOrder`."""
     if settings.ra_sampler and dist.distributed:
         return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
                                          dist.world_size, settings.seed)

@@ -1,11 +1,11 @@
-"""Epoch orders for sharded datasets: each DataLoader worker reads its own shards front to back.
-Records are numbered shard after shard (shard ``s`` holds ``counts[s]``). DataLoader hands batch
+"""Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
 ``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
 *pieces* of whole batches and interleave their batches in that rhythm: worker ``w`` only asks for
 its piece's records, in order up to the shuffle buffer, so a stream (HTTP, ``pipe:``) is read once,
 by one worker. A pass resumed at batch ``s`` gives worker ``j`` piece ``(s + j) % W``."""
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -53,30 +53,24 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
     of records, a uniformly chosen one emitted each time it is full, then drained at random. At
     most ``buffer`` records read but not yet emitted are held (what a streaming reader caches)."""
-    out, held = [], []
-    picks = iter(rng.random(len(indices)).tolist())
-    for index in indices:
-        held.append(index)
-        if len(held) >= buffer:
-            k = int(next(picks) * len(held))
-            held[k], held[-1] = held[-1], held[k]
-            out.append(held.pop())
-    while held:
-        k = int(next(picks) * len(held))
+    source = iter(indices)
+    out, held = [], list(itertools.islice(source, buffer - 1))
+    for u in rng.random(len(indices)).tolist():
+        held.extend(itertools.islice(source, 1))
+        k = int(u * len(held))
         held[k], held[-1] = held[-1], held[k]
         out.append(held.pop())
     return out
 
 
 class StreamTrainOrder:
-    """Training order over shards, of equal length on every rank. Per epoch, with a generator
-    seeded from ``(seed, epoch)`` on every rank, the shards are permuted and their records
-    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of
-    ``total // world_size`` records (as :class:`~loaders.orders.BlockOrder` cuts blocks), keeps its
-    whole batches (``len(self)``), cuts them into one piece per worker and shuffles each piece
-    through a ``buffer``-record sample buffer (seeded from ``(seed, epoch, rank, worker)``). Equal
-    batch counts keep DDP from waiting at an epoch's end; records past the last segment or a rank's
-    last whole batch sit out this epoch. Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards, of equal length on every rank (DDP waits at no epoch's end).
+    Per epoch, with a generator seeded from ``(seed, epoch)``, the shards are permuted and their
+    records concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
+    :class:`~loaders.orders.BlockOrder`), keeps its whole batches, cuts them into one piece per
+    worker and shuffles each through a ``buffer``-record sample buffer (seeded from ``(seed,
+    epoch, rank, worker)``); the rest sit out this epoch. Raises ``ValueError`` for bad sizes or
+    ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
@@ -130,9 +124,8 @@ class StreamTrainOrder:
 
 
 class StreamValOrder:
-    """Validation order over shards: rank ``r`` reads records ``[r*N//R, (r+1)*N//R)`` in shard
-    order (every record once across the ``R`` ranks; the last batch may be partial), cut into one
-    piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
+    """Validation order over shards: rank ``r`` of ``R`` reads records ``[r*N//R, (r+1)*N//R)``,
+    cut into one piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):
@@ -141,19 +134,17 @@ class StreamValOrder:
         self.lo = rank * num_samples // world_size
         self.hi = (rank + 1) * num_samples // world_size
         self.batch_size, self.workers = batch_size, max(1, workers)
+        self.batches = batches_per_epoch(self.hi - self.lo, batch_size, drop_last=False)
 
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    def _batches(self) -> int:
-        return batches_per_epoch(len(self), self.batch_size, drop_last=False)
-
     def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
         """Each worker's record ranges (the same every epoch), in the order it reads them."""
-        return _pieces([(self.lo, self.hi)], self._batches(), self.batch_size, self.workers,
+        return _pieces([(self.lo, self.hi)], self.batches, self.batch_size, self.workers,
                        len(self))
 
     def order(self, epoch: int) -> list[int]:
         ranges = [[i for start, stop in piece for i in range(start, stop)]
                   for piece in self.pieces(epoch)]
-        return _interleave(ranges, self._batches(), self.batch_size)
+        return _interleave(ranges, self.batches, self.batch_size)

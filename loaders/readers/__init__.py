@@ -1,6 +1,5 @@
 """Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's
-``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source; a new
-format is ``formats/X`` + one reader module + one line in :data:`READERS`."""
+``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +7,7 @@ import os
 from typing import Sequence
 
 from ..errors import DataError
-from ..orders.base import Order
+from ..orders import Order, ShardOrder, shuffled_order
 from ..settings import DistInfo, LoaderSettings
 
 __all__ = ["READERS", "Reader", "check_same_classes", "open_reader", "split_paths"]
@@ -23,39 +22,26 @@ READERS = {
 
 class Reader:
     """One split of an on-disk source: ``classes`` (index = label), ``len()`` samples numbered from
-    0, ``read(i) -> (encoded bytes, label)``, ``name_of(i)`` for messages and the split's epoch
-    orders (subclasses implement these). ``random_access`` is False for streamed shards (only
-    pipelines reading each worker's records front to back take them), which plan each pass
-    (:meth:`plan_pass`). Readers are pickled into spawned workers, reopening files lazily; ``read``
-    may run in several threads (DALI's feeds) and raises :class:`DataError` (one line naming the
-    location) for a damaged store, ``IndexError`` for an index outside ``0..len-1``."""
+    0, ``read(i) -> (encoded bytes, label)``, ``name_of(i)`` (where sample ``i`` lives, for
+    messages) and the split's epoch orders. Streamed shards are not ``random_access`` (only
+    pipelines reading each worker's records front to back take them) and plan each pass
+    (``plans_passes``: :meth:`plan_pass` runs before each pass's workers start, which then end).
+    Readers are pickled into spawned workers, reopening files lazily; ``read`` may run in several
+    threads (DALI's feeds) and raises :class:`DataError` (one line naming the location) for a
+    damaged store, ``IndexError`` for an index outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
-    random_access: bool = True  # read(i) in any order costs about the same
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def read(self, index: int) -> tuple[bytes, int]:
-        """The stored ``(encoded image bytes, label)`` of sample ``index``."""
-        raise NotImplementedError
-
-    def name_of(self, index: int) -> str:
-        """Where sample ``index`` lives (a path, or a store and record number), for messages."""
-        raise NotImplementedError
+    random_access = True  # read(i) in any order costs about the same
+    plans_passes = False
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """The training epoch order of this rank (the seed, rank and world size in it)."""
-        raise NotImplementedError
+        """The training epoch order of this rank (the seed, rank and world size in it):
+        :func:`~loaders.orders.shuffled_order` unless the source has its own."""
+        return shuffled_order(len(self), settings, dist)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """The validation epoch order of this rank: every sample once across ranks."""
-        raise NotImplementedError
-
-    @property
-    def plans_passes(self) -> bool:
-        """Whether :meth:`plan_pass` runs before each pass's workers start (which then end)."""
-        return False
+        return ShardOrder(len(self), dist.rank, dist.world_size)
 
     def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> None:
         """Learn the pass about to start: ``order`` read at ``epoch``, ``remaining`` the
@@ -70,9 +56,9 @@ def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
 
 def split_paths(data: str | None, train: str | None = None,
                 val: str | None = None) -> tuple[str, str]:
-    """The train and val roots: ``train``/``val`` (``--train``/``--val``), else ``data/train``
-    and ``data/val``. Raises :class:`DataError` if a root is missing or does not exist (URLs,
-    ``pipe:`` commands and brace patterns are the shard reader's to check)."""
+    """The train and val roots: ``--train``/``--val``, else ``data/train`` and ``data/val``.
+    Raises :class:`DataError` if a root is missing or does not exist (URLs, ``pipe:`` commands and
+    brace patterns are the shard reader's to check)."""
     paths = []
     for split, given in (("train", train), ("val", val)):
         path = given or (os.path.join(data, split) if data else None)

@@ -1,8 +1,6 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.class_files`): classes the sorted non-hidden folders, so labels are
-torchvision ``ImageFolder``'s ``class_to_idx`` as pytorch/examples imagenet/main.py reads them;
-samples every non-hidden file below them in ``ImageFolder``'s order, so ``main.py`` and
-``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
+(:func:`formats.sources.class_files`), so ``main.py`` and ``folder2lmdb.py`` count the same
+samples on every folder (a Mac's ``._NAME`` files too) with ``ImageFolder``'s labels."""
 from __future__ import annotations
 
 import os
@@ -11,8 +9,7 @@ from formats.lmdb import is_lmdb
 from formats.sources import DatasetError, class_files
 
 from ..errors import DataError
-from ..orders import Order, ShardOrder, shuffled_order
-from ..settings import DistInfo, LoaderSettings
+from ..settings import LoaderSettings
 from . import Reader
 
 
@@ -24,10 +21,9 @@ def read_file(path: str) -> bytes:
 
 class FolderReader(Reader):
     """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
-    ``class_to_idx`` as ``ImageFolder``'s (hidden folders such as ``.ipynb_checkpoints`` not
-    classes, empty ones kept), ``samples`` its ``(path, label)`` list without hidden files and
-    folders and whatever a file's extension (its content decides, as in the converters). Raises
-    :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
+    ``class_to_idx`` as ``ImageFolder``'s (hidden folders not classes, empty ones kept),
+    ``samples`` its ``(path, label)`` list, hidden files left out, whatever a file's extension.
+    Raises :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
         self.root = root
@@ -43,18 +39,12 @@ class FolderReader(Reader):
         return read_file(path), label
 
     def name_of(self, index: int) -> str:
-        """The file behind sample ``index``."""
         return self.samples[index][0]
 
-    def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        return shuffled_order(len(self), settings, dist)
 
-    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
-        return ShardOrder(len(self), dist.rank, dist.world_size)
-
-
-def open_image_folder(root: str) -> FolderReader:
-    """``root``'s :class:`FolderReader`. :class:`DataError`: an LMDB, not a folder, no image."""
+def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
+    """``root``'s :class:`FolderReader` (this source's entry of ``loaders.readers.READERS``).
+    Raises :class:`DataError` for an LMDB, not a folder, or no image."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
     if not os.path.isdir(root):
@@ -65,6 +55,4 @@ def open_image_folder(root: str) -> FolderReader:
         raise DataError(str(exc)) from None
 
 
-def open_reader(path: str, settings: LoaderSettings) -> FolderReader:
-    """This source's entry of ``loaders.readers.READERS``."""
-    return open_image_folder(path)
+open_reader = open_image_folder

@@ -1,5 +1,5 @@
-"""LMDB databases written by ``folder2lmdb.py`` (layout in ``formats.lmdb``), read by record
-number. Named ``lmdb_records`` so that it never shadows the ``lmdb`` package."""
+"""LMDB databases written by ``folder2lmdb.py`` (``formats.lmdb``), read by record number (not
+named ``lmdb``: it would shadow the package)."""
 from __future__ import annotations
 
 import os
@@ -9,18 +9,17 @@ from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly
                           record_key)
 
 from ..errors import DataError
-from ..orders import BlockOrder, Order, ShardOrder, shuffled_order
+from ..orders import BlockOrder, Order, shuffled_order
 from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
 
 class LMDBReader(Reader):
-    """:class:`~loaders.readers.Reader` over one LMDB: sample ``i`` is record ``i``'s stored
-    ``(jpeg_bytes, label)``; length and classes from the metadata record. The environment opens
-    lazily in each process, again after a fork (py-lmdb: it must not cross ``fork()``), and is
-    dropped when pickled, so fork and spawn both work; ``readahead``: OS readahead
-    (:func:`~formats.lmdb.open_readonly`). Raises :class:`~loaders.DataError` at construction if
-    ``path`` is not a complete database, ``KeyError`` for a missing record."""
+    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``. The
+    environment opens lazily in each process, again after a fork (py-lmdb: it must not cross
+    ``fork()``), and is dropped when pickled; ``readahead``: OS readahead. Raises
+    :class:`~loaders.DataError` at construction if ``path`` is not a complete database,
+    ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path
@@ -47,7 +46,6 @@ class LMDBReader(Reader):
         return self._env
 
     def read(self, index: int) -> tuple[bytes, int]:
-        """The stored ``(jpeg_bytes, label)`` of record ``index``."""
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range 0..{self._len - 1}")
         with self.env().begin() as txn:
@@ -57,27 +55,37 @@ class LMDBReader(Reader):
         return decode_record(value)
 
     def name_of(self, index: int) -> str:
-        """Where record ``index`` lives, for messages."""
         return f"{self.path} record {index}"
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        return training_order(self, settings, dist)
-
-    def val_order(self, settings: LoaderSettings, dist: DistInfo) -> ShardOrder:
-        return ShardOrder(len(self), dist.rank, dist.world_size)
+        """The training order (also DALI's with ``--lmdb``): ``--lmdb-order block`` ->
+        :class:`~loaders.orders.BlockOrder` (rank 0 warns if the records are sorted by class),
+        ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for an
+        unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
+        if settings.lmdb_order == "random":
+            return shuffled_order(len(self), settings, dist)
+        if settings.lmdb_order != "block":
+            raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
+        if settings.ra_sampler and dist.distributed:
+            raise DataError("--ra-sampler is a random order: leave out --lmdb-order block")
+        try:
+            order = BlockOrder(len(self), block_size=settings.lmdb_block_size,
+                               buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,
+                               world_size=dist.world_size, seed=settings.seed)
+        except ValueError as exc:
+            raise DataError(f"--lmdb-order block: {exc}") from None
+        if dist.rank == 0:
+            warn_if_class_sorted(self, order)
+        return order
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_env"] = None
-        state["_pid"] = None
-        return state
+        return {**self.__dict__, "_env": None, "_pid": None}
 
 
 def readahead_for(path: str, choice) -> bool:
     """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
-    ``"auto"``: on when the database is at most half the memory available now. It speeds random
-    reads of a cached database (~20% more images/s) and slows them several times on one larger
-    than memory (docs/performance.md, *Larger than the page cache*): off when in doubt."""
+    ``"auto"``: on when the database is at most half the memory available now (it speeds random
+    reads of a cached database ~20% and slows one larger than memory several times)."""
     if choice in (True, "on"):
         return True
     if choice != "auto":
@@ -92,9 +100,9 @@ def readahead_for(path: str, choice) -> bool:
         return False
 
 
-def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> None:
-    """One stderr line when block order reads a database whose records are sorted by class:
-    its open blocks then hold only a few classes, and so does every batch."""
+def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
+    """One stderr line when block order reads a database whose records are sorted by class (its
+    open blocks, and so every batch, hold only a few classes)."""
     if dataset.shuffle_seed is not None:
         return
     # Each open block spans 1 + block_size / (records per class) classes, on average.
@@ -102,34 +110,11 @@ def warn_if_class_sorted(dataset: LMDBReader, path: str, order: BlockOrder) -> N
     classes = order.buffer_blocks * per_block
     if classes >= len(dataset.classes):
         return
-    print(f"warning: --lmdb-order block: {path} stores its records sorted by class, so a batch "
-          f"draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
+    print(f"warning: --lmdb-order block: {dataset.path} stores its records sorted by class, so a "
+          f"batch draws on about {classes:.0f} of {len(dataset.classes)} classes; rewrite it with "
           "folder2lmdb.py --shuffle-seed 0", file=sys.stderr)
 
 
-def training_order(dataset: LMDBReader, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """The training order over ``dataset`` (also DALI's with ``--lmdb``): ``--lmdb-order block``
-    -> :class:`~loaders.orders.BlockOrder` (warning on rank 0 if the records are sorted by
-    class), ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for
-    an unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
-    if settings.lmdb_order == "random":
-        return shuffled_order(len(dataset), settings, dist)
-    if settings.lmdb_order != "block":
-        raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
-    if settings.ra_sampler and dist.distributed:
-        raise DataError("--ra-sampler is a random order: leave out --lmdb-order block")
-    try:
-        order = BlockOrder(len(dataset), block_size=settings.lmdb_block_size,
-                           buffer_blocks=settings.lmdb_buffer_blocks, rank=dist.rank,
-                           world_size=dist.world_size, seed=settings.seed)
-    except ValueError as exc:
-        raise DataError(f"--lmdb-order block: {exc}") from None
-    if dist.rank == 0:
-        warn_if_class_sorted(dataset, dataset.path, order)
-    return order
-
-
 def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:
-    """This source's entry of ``loaders.readers.READERS``: OS readahead as
-    ``settings.lmdb_readahead`` (``on``/``off``/``auto``, see :func:`readahead_for`)."""
+    """This source's entry of ``loaders.readers.READERS``."""
     return LMDBReader(path, readahead=readahead_for(path, settings.lmdb_readahead))

@@ -1,11 +1,9 @@
 """WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster file
-system, over HTTP(S) or from a command (``pipe:aws s3 cp s3://... -``). A split is a folder (or
-folder URL) holding ``index.json``, or a brace pattern / shard URL whose directory holds it
-(``formats.shards.locations``; other tools' shards: an index folder of their own,
-``folder2shards.py --index``); its record counts make ``len()`` exact before any read. Not
-``webdataset.WebDataset`` / ``wids``: our loaders are map-style (epoch orders, shared slots,
-unreadable flags, exact resume) and ``loaders/orders/streams.py`` gives each worker its own shards
-front to back; ``wids`` downloads whole shards, ``WebDataset`` has no exact, equal epochs."""
+system, over HTTP(S) or from a command (``pipe:aws s3 cp s3://... -``). A split's ``index.json``
+(``formats.shards.locations``) makes ``len()`` exact before any read. Not ``webdataset.WebDataset``
+/ ``wids``: our loaders are map-style (epoch orders, shared slots, exact resume) with each worker
+reading its own shards front to back; ``wids`` downloads whole shards, ``WebDataset`` has no
+exact, equal epochs."""
 from __future__ import annotations
 
 import bisect
@@ -29,14 +27,15 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
 class ShardReader(Reader):
-    """:class:`~loaders.readers.Reader` over a split's shards: sample ``i`` (records numbered shard
-    after shard) is its stored ``(jpeg_bytes, label)``. Local shards: one ``pread`` per record at
-    the offsets of the shard's DALI ``.idx`` (checked at construction against ``index.json`` and
-    the tar's size). Streams (``random_access`` False): read front to back, each worker keeping one
-    open shard and at most ``cache`` records read ahead (a record behind the stream reopens it),
-    each pass planned first (:meth:`plan_pass`); a failed open or read is retried as ``retries``
-    says, from the record where it stopped. Raises :class:`DataError` (one line naming the shard)
-    for a missing, truncated or malformed shard, and for a stream that failed every try."""
+    """:class:`~loaders.readers.Reader` over a split's shards, records numbered shard after shard.
+    Local shards: one ``pread`` per record at the offsets of the shard's DALI ``.idx`` (checked
+    against ``index.json`` and the tar's size). Streams (``random_access`` False): read front to
+    back, each worker keeping one open shard and at most ``cache`` records read ahead (a record
+    behind the stream reopens it); a failed open or read is retried as ``retries`` says, from the
+    record where it stopped. Raises :class:`DataError` (one line naming the shard) for a missing,
+    truncated or malformed shard, and for a stream that failed every try."""
+
+    plans_passes = True  # the workers fork with each pass's plan
 
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
@@ -90,7 +89,6 @@ class ShardReader(Reader):
         return f"{self.urls[shard]} record {pos}"
 
     def read(self, index: int) -> tuple[bytes, int]:
-        """The stored ``(jpeg_bytes, label)`` of record ``index``."""
         if self.streaming:
             return self._read_stream(index)
         shard, _ = self.locate(index)
@@ -112,9 +110,9 @@ class ShardReader(Reader):
         return fd
 
     def set_plan(self, pieces: list[list[tuple[int, int]]], remaining=None) -> None:
-        """This pass's reading plan: each worker's record ranges in reading order (the order's
-        ``pieces(epoch)``), each read front to back once by a stream; ``remaining`` (a resumed
-        pass's indices still to come) lets each stream start at the first record still needed."""
+        """This pass's reading plan: each worker's record ranges in reading order, each read
+        front to back once by a stream; ``remaining`` (a resumed pass's indices still to come)
+        lets each stream start at the first record still needed."""
         self._plan = sorted((start, stop, p, r) for p, runs in enumerate(pieces)
                             for r, (start, stop) in enumerate(runs))
         self._pieces = pieces
@@ -182,9 +180,8 @@ class ShardReader(Reader):
                 start = end
 
     def _records(self, shard: int):
-        """``(jpeg_bytes, label)`` of shard ``shard``'s records, front to back: cut at its
-        ``.idx`` offsets where one is served, else by the ``webdataset`` tar iterator; a failed
-        open or read is retried past the records given. Raises :class:`DataError`."""
+        """``(jpeg_bytes, label)`` of shard ``shard``'s records, front to back; a failed open or
+        read is retried past the records given. Raises :class:`DataError`."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:
@@ -211,14 +208,19 @@ class ShardReader(Reader):
         return rows if len(rows) == self.index.shards[shard]["records"] else None
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamTrainOrder:
-        return split_order(self, True, settings, dist)
+        """:class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), one piece per
+        ``settings.workers``, for every pipeline. Raises :class:`DataError` for ``--ra-sampler``."""
+        if settings.ra_sampler and dist.distributed:
+            raise DataError("--ra-sampler needs random access: not with --loader shards")
+        counts = [s["records"] for s in self.index.shards]
+        # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
+        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
+        return StreamTrainOrder(counts, batch, settings.workers, dist.rank, dist.world_size,
+                                settings.seed, SHUFFLE_BUFFER)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamValOrder:
-        return split_order(self, False, settings, dist)
-
-    @property
-    def plans_passes(self) -> bool:
-        return True  # the workers fork with each pass's plan
+        return StreamValOrder(len(self), settings.batch_size, settings.workers, dist.rank,
+                              dist.world_size)
 
     def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
         """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``): :meth:`set_plan`."""
@@ -235,9 +237,9 @@ class ShardReader(Reader):
 
 
 def _opened_records(url: str, spans, skip: int):
-    """The records of the shard at ``url`` from its ``skip``-th on (those before read past,
-    not parsed where ``spans`` gives the offsets). Raises :class:`StreamError` for a failed
-    open or read of a stream, :class:`DataError` for bad content."""
+    """The records of the shard at ``url`` from its ``skip``-th on, cut at the ``.idx`` offsets
+    ``spans`` where served, else by the ``webdataset`` tar iterator. Raises :class:`StreamError`
+    for a failed open or read of a stream, :class:`DataError` for bad content."""
     stream = open_stream(url)  # StreamError (DataError if final) if it cannot
     error = StreamError if is_stream(url) else DataError
     ended = False
@@ -303,25 +305,8 @@ def _label(data: bytes, url: str) -> int:
     return int(digits)
 
 
-def split_order(dataset: ShardReader, train: bool, settings: LoaderSettings, dist: DistInfo):
-    """The epoch order of one shard split, for every pipeline: training's
-    :class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), validation's
-    :class:`~loaders.orders.StreamValOrder`, one piece per ``settings.workers``."""
-    if train:
-        if settings.ra_sampler and dist.distributed:
-            raise DataError("--ra-sampler needs random access: not with --loader shards")
-        counts = [s["records"] for s in dataset.index.shards]
-        # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
-        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
-        return StreamTrainOrder(counts, batch, settings.workers, dist.rank,
-                                dist.world_size, settings.seed, SHUFFLE_BUFFER)
-    return StreamValOrder(len(dataset), settings.batch_size, settings.workers, dist.rank,
-                          dist.world_size)
-
-
 def open_reader(path: str, settings: LoaderSettings | None) -> ShardReader:
-    """This source's entry of ``loaders.readers.READERS``: the split at ``path``
-    (``resolve_split``), a stream's retries as ``settings`` say (None: the defaults)."""
+    """This source's entry of ``loaders.readers.READERS`` (``settings`` None: default retries)."""
     retries = Retries() if settings is None else Retries(settings.shard_retries,
                                                           settings.shard_retry_delay)
     return ShardReader(*resolve_split(path), retries=retries)

@@ -1,9 +1,7 @@
 """Where the time goes in the pipelines that decode whole batches (``--decode-device``, DALI): the
 *readers* (DataLoader workers, or DALI's feed threads) read and draw windows, the *batch decoder*
-(the training process) decodes, resizes, flips and hands over, or for DALI waits for its output
-(its decode inside) and, CPU-only, resizes, flips and normalises. :class:`BatchStageLog` gives a
-summary of :class:`~loaders.timing.stages.StageLog`'s shape, for ``engine.report.bounds``: a stage a
-pipeline lacks is None; a batch-wide stage counts as equal shares, its p50/p90 over batches."""
+(the training process) decodes, resizes, flips and hands over (for DALI: waits for its output).
+:class:`BatchStageLog` sums them in :class:`~loaders.timing.stages.StageLog`'s shape."""
 from __future__ import annotations
 
 import threading
@@ -11,8 +9,7 @@ import time
 
 import numpy as np
 
-from .histogram import MIDDLES_MS, ms_bins, p50_p90, quantiles
-from .stages import STAGES, read_event_pairs
+from .stages import MIDDLES_MS, STAGES, ms_bins, p50_p90, quantiles, worker_figures
 
 
 def no_clock() -> float:
@@ -21,17 +18,16 @@ def no_clock() -> float:
 
 
 def thread_cpu() -> float:
-    """This thread's CPU seconds (``time.thread_time``): a feed or decode thread's own, which the
-    process's CPU time would mix with the training thread's."""
+    """This thread's CPU seconds: a feed or decode thread's own, apart from the training
+    thread's."""
     return time.thread_time()
 
 
 class BatchStageLog:
-    """An epoch's stage figures of a batch pipeline with ``stages`` (names of
-    :data:`loaders.timing.stages.STAGES`; others raise ``ValueError``); ``decoder_name`` says
-    where the batch decoder runs, ``readers_name`` what the readers are; ``rated``: whether the
-    slower side is the pipeline's rate (False for DALI, whose decode is unmeasured). Thread-safe
-    (feed threads add while the training thread adds and reads)."""
+    """An epoch's stage figures of a batch pipeline with ``stages`` (of
+    :data:`loaders.timing.stages.STAGES`; others raise ``ValueError``), where its batch decoder
+    runs (``decoder_name``) and what its readers are; ``rated``: whether the slower side is the
+    pipeline's rate (False for DALI, whose decode is unmeasured). Thread-safe."""
 
     def __init__(self, stages: tuple[str, ...], decoder_name: str, rated: bool = True,
                  readers_name: str = "workers"):
@@ -54,7 +50,6 @@ class BatchStageLog:
             self.decoder = np.zeros(3)  # images, wall s, cpu s of the batch decoder side
             self.copies: list[float] = []  # hand-over seconds per batch
             self.waits: list[float] = []  # seconds the training thread waited (DALI's run)
-            self._pending: list = []  # CUDA (start, end) event pairs not yet read
 
     def add(self, stage: str, seconds) -> None:
         """Per-image seconds (array-like) of ``stage`` for a batch's images."""
@@ -72,42 +67,25 @@ class BatchStageLog:
 
     def add_reader(self, reader: int, images: int, wall: float, cpu: float, staged: float,
                    nbytes: float = 0.0) -> None:
-        """One batch read by reader ``reader`` (worker id, or feed number): ``images``, ``wall``
-        and ``cpu`` seconds, ``staged`` (its per-image stages' sum) and the records' ``nbytes``."""
+        """One batch read by reader ``reader`` (worker id, or feed number): ``wall``, ``cpu`` and
+        ``staged`` (its per-image stages' sum) seconds, and the records' ``nbytes``."""
         with self._lock:
             sums = self.readers.setdefault(reader, np.zeros(6))
             sums += (1, images, wall, cpu, staged, nbytes)
-
-    def add_decoder(self, images: int, wall: float, cpu: float) -> None:
-        """One batch of ``images`` through the batch decoder: ``wall`` and thread ``cpu`` s."""
-        with self._lock:
-            self.decoder += (images, wall, cpu)
 
     def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
                       wait: float | None = None) -> None:
         """One batch of ``count`` images through the batch decoder: ``timing``'s batch-wide
         stages (seconds by name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu``
-        seconds, and ``wait``, the training thread's wait for it (DALI)."""
+        seconds, and the training thread's ``wait`` for it (DALI's ``run()``)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
-        self.add_copy(timing["copy"])
-        if wait is not None:
-            self.add_wait(wait)
-        self.add_decoder(count, wall, cpu)
-
-    def add_wait(self, seconds: float) -> None:
-        """Seconds the training thread waited for one batch's output (DALI's ``run()``)."""
         with self._lock:
-            self.waits.append(seconds)
-
-    def add_copy(self, seconds: float | None = None, events=None) -> None:
-        """One batch's hand-over: ``seconds``, or a timed CUDA ``(start, end)`` event pair."""
-        with self._lock:
-            if events is not None:
-                self._pending.append(events)
-            else:
-                self.copies.append(seconds)
+            self.copies.append(timing["copy"])
+            if wait is not None:
+                self.waits.append(wait)
+            self.decoder += (count, wall, cpu)
 
     def _stage(self, name: str) -> dict | None:
         if name not in self.stages or not self.counts[name]:
@@ -125,20 +103,24 @@ class BatchStageLog:
         ``loader_images_per_sec``: the slower side (None unless ``rated``); ``wait_ms_per_batch``:
         ``{"p50", "p90"}`` of waits for DALI, or None."""
         with self._lock:
-            self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._stage(name) for name in STAGES}
             present = [s["mean"] for s in stages.values() if s is not None]
             stages["total"] = {"mean": sum(present) if present else None, "p50": None,
                                "p90": None}
-            workers = [_reader(rid, sums) for rid, sums in sorted(self.readers.items())]
+            workers = [worker_figures(rid, images, wall, cpu, staged, None)
+                       for rid, (_, images, wall, cpu, staged, _) in sorted(self.readers.items())]
             read_images = sum(int(s[1]) for s in self.readers.values())
             read_wall = sum(s[2] for s in self.readers.values())
-            decoder = self._decoder()
+            images, wall, cpu = self.decoder
+            decoder = None if not images else {
+                "where": self.decoder_name, "images": int(images),
+                "ms_per_image": 1e3 * wall / images,
+                "images_per_sec": images / wall if wall > 0 else None,
+                "thread_cpu_share": cpu / wall if wall > 0 else None}
             rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
                      decoder and decoder["images_per_sec"]) if r]
-            images = int(self.decoder[0]) or read_images
-            return {"images": images, "stages": stages, "decoders": {}, "workers": workers,
-                    "readers": self.readers_name,
+            return {"images": int(images) or read_images, "stages": stages, "decoders": {},
+                    "workers": workers, "readers": self.readers_name,
                     "worker_ms_per_image": 1e3 * read_wall / read_images if read_images
                     else None,
                     "batch_decoder": decoder,
@@ -149,28 +131,10 @@ class BatchStageLog:
                     "copy_ms_per_batch": p50_p90(self.copies),
                     "wait_ms_per_batch": p50_p90(self.waits) if self.waits else None}
 
-    def _decoder(self) -> dict | None:
-        images, wall, cpu = self.decoder
-        if not images:
-            return None
-        return {"where": self.decoder_name, "images": int(images),
-                "ms_per_image": 1e3 * wall / images,
-                "images_per_sec": images / wall if wall > 0 else None,
-                "thread_cpu_share": cpu / wall if wall > 0 else None}
-
-
-def _reader(rid: int, sums: np.ndarray) -> dict:
-    batches, images, wall, cpu, staged, _ = sums
-    return {"id": rid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
-            "stages_ms_per_image": 1e3 * staged / max(images, 1),
-            "images_per_sec": images / wall if wall > 0 else None,
-            "cpu_share": cpu / wall if wall > 0 else None, "slot_wait_ms": None}
-
 
 class StagedLoader:
-    """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (a
-    :class:`BatchStageLog`, or the workers pipeline's :class:`loaders.timing.stages.StageLog`; None
-    where nothing is measured) and a ``workers_configured`` count."""
+    """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (None where
+    nothing is measured) and a ``workers_configured`` count."""
 
     stage_log: BatchStageLog | None = None
     workers_configured = 0

@@ -9,20 +9,19 @@ import time
 import torch
 
 
-def _batches(loader, start_epoch: int = 0):
+def _batches(loader):
     """Batches of ``loader`` over as many epochs as asked for (``set_epoch`` between epochs)."""
-    for epoch in itertools.count(start_epoch):
+    for epoch in itertools.count():
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         yield from loader
 
 
 def measure(loader, batches: int, warmup: int = 2) -> dict:
-    """Iterate ``warmup`` batches untimed, then ``batches`` timed ones (cycling epochs), touching
-    every batch; a loader's stage figures (``reset_stages``) forget the warm-up's. Returns
-    ``images``, ``seconds`` (wall; on CUDA after ``torch.cuda.synchronize()``), ``images_per_sec``
-    and ``cpu_seconds`` of this process and its live children (:func:`tree_cpu_seconds`; None
-    without ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
+    """Iterate ``warmup`` batches untimed (the stage figures forget them), then ``batches`` timed
+    ones, cycling epochs. Returns ``images``, ``seconds`` (wall; on CUDA after a synchronize),
+    ``images_per_sec`` and ``cpu_seconds`` of this process and its live children (None without
+    ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
     if batches < 1 or len(loader) == 0:
         raise ValueError("need batches >= 1 and a loader with at least one batch")
     it = _batches(loader)

@@ -1,6 +1,5 @@
-"""Transforms on uint8 images, as timm's and FFCV's packages: ``crops`` (bytes -> a uint8 crop),
-``auto_augment`` (its ops in ``_uint8_ops``), ``normalize`` (uint8 batches to model inputs) and
-``erasing`` (``--random-erase`` on the normalised device batch)."""
+"""Transforms on uint8 images: ``crops`` (bytes -> a uint8 crop), ``auto_augment`` (its ops in
+``_uint8_ops``), ``normalize`` (to model inputs) and ``erasing`` (on the device batch)."""
 from __future__ import annotations
 
 from .crops import (RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, TrainTransform, ValTransform,

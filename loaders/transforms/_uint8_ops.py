@@ -1,62 +1,34 @@
 """The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
-torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_geometry.py``) at a
-fraction of their cost (``benchmarks/training/recipes.py``). Each :data:`OPS` entry is ``op(image,
-magnitude, interpolation) -> image``, ``magnitude`` in the op's own units as torchvision's
-``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Integer results (posterize, solarize,
-invert, equalize, autocontrast's range) are computed by faster integer means; float ones
-(brightness, color, contrast, sharpness's blend, the affine grid) by the same float operations in
-the same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``). ``bicubic``
-is ``grid_sample``'s, clamped: not torchvision's pixels (its tensor kernels refuse it)."""
+torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_geometry.py``). Each
+:data:`OPS` entry is ``op(image, magnitude, interpolation) -> image``, ``magnitude`` in the op's
+own units as torchvision's ``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Where
+torchvision's kernel is as fast it is called; the others, at a fraction of its cost
+(``benchmarks/training/recipes.py``), compute integer results (solarize) by faster integer
+means and float ones (contrast, sharpness's blend, the affine grid) by the same float
+operations in the same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``).
+``bicubic`` is ``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+import os
+from functools import lru_cache, partial
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
-
-_GRAY = (0.2989, 0.587, 0.114)  # torchvision's _rgb_to_grayscale_image weights (ITU-R 601-2)
-
-
-def _blend(image: torch.Tensor, other, ratio: float) -> torch.Tensor:
-    """torchvision's ``_blend`` for uint8: ``image x ratio + other x (1 - ratio)``, truncated."""
-    ratio = float(ratio)
-    return image.mul(ratio).add_(other, alpha=(1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
-
-
-def _gray(image: torch.Tensor) -> torch.Tensor:
-    """Float ``(1, H, W)`` luma floored, as torchvision's contrast and saturation use it."""
-    r, g, b = image.unbind(dim=-3)
-    luma = r.mul(_GRAY[0]).add_(g, alpha=_GRAY[1]).add_(b, alpha=_GRAY[2])
-    return luma.unsqueeze(dim=-3).floor_()
-
+from torchvision.transforms.v2 import functional as F
 
 _LEVELS = torch.arange(256, dtype=torch.uint8)
 
 
-def _lut(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
-    channel), with NumPy's indexing (torch's ``where`` or long indexing cost 4-5x more here).
-    Exact for any per-value map: an elementwise op gives each value the same result anywhere."""
-    pixels, table = image.numpy(), table.numpy()
-    if table.ndim == 1:
-        return torch.from_numpy(np.take(table, pixels))
-    return torch.from_numpy(np.stack([np.take(table[c], pixels[c]) for c in range(3)]))
-
-
-def brightness(image, magnitude, interpolation=None):
-    """torchvision's ``adjust_brightness_image``: ``x x (1 + magnitude)``, truncated; a lookup."""
-    return _lut(image, _LEVELS.mul(1.0 + magnitude).clamp_(0, 255).to(torch.uint8))
-
-
-def color(image, magnitude, interpolation=None):
-    return _blend(image, _gray(image), 1.0 + magnitude)
-
-
 def contrast(image, magnitude, interpolation=None):
-    mean = torch.mean(_gray(image), dim=(-3, -2, -1), keepdim=True)
-    return _blend(image, mean, 1.0 + magnitude)
+    """torchvision's ``adjust_contrast_image``: blended with the mean of its floored luma (its
+    ``_rgb_to_grayscale_image`` weights, ITU-R 601-2) by ``1 + magnitude``, truncated."""
+    r, g, b = image.unbind(dim=-3)
+    luma = r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(dim=-3).floor_()
+    mean = torch.mean(luma, dim=(-3, -2, -1), keepdim=True)
+    ratio = float(1.0 + magnitude)
+    return image.mul(ratio).add_(mean, alpha=(1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
 
 
 def sharpness(image, magnitude, interpolation=None):
@@ -76,58 +48,14 @@ def sharpness(image, magnitude, interpolation=None):
     return output.clamp_(0, 255).to(torch.uint8)
 
 
-def posterize(image, magnitude, interpolation=None):
-    bits = int(magnitude)
-    return image if bits >= 8 else image & (((1 << bits) - 1) << (8 - bits))
-
-
 def solarize(image, magnitude, interpolation=None):
-    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` inverted (torch compares
-    the uint8 values with that threshold in float32); a lookup."""
+    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` (compared in float32)
+    inverted, by a lookup with NumPy's indexing (torch's costs 4-5x more)."""
     threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
     if threshold > 255:
         return image
-    return _lut(image, torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS))
-
-
-def invert(image, magnitude=0.0, interpolation=None):
-    return image.bitwise_not()
-
-
-def autocontrast(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``autocontrast_image``: each channel stretched from its min..max to 0..255
-    (float, truncated; a flat channel kept), by a lookup per channel."""
-    low, high = torch.aminmax(image.reshape(3, -1), dim=1)
-    minimum, maximum = low.to(torch.float32).view(3, 1), high.to(torch.float32).view(3, 1)
-    flat = maximum == minimum
-    inv_scale = maximum.sub_(minimum).mul_(1.0 / 255)
-    minimum[flat] = 0.0
-    inv_scale[flat] = 1.0
-    levels = _LEVELS.to(torch.float32).expand(3, 256)
-    table = levels.sub(minimum).div_(inv_scale).clamp_(0, 255).to(torch.uint8)
-    return _lut(image, table)
-
-
-def equalize(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the LUT
-    ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
-    value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in NumPy."""
-    pixels = image.numpy()
-    tables = []
-    for c in range(3):
-        hist = np.bincount(pixels[c].reshape(-1), minlength=256)
-        step = (hist.sum() - hist[np.flatnonzero(hist)[-1]]) // 255
-        if step == 0:
-            tables.append(np.arange(256, dtype=np.uint8))
-            continue
-        table = np.zeros(256, dtype=np.int64)
-        table[1:] = (np.cumsum(hist)[:-1] + step // 2) // step
-        tables.append(np.clip(table, 0, 255).astype(np.uint8))
-    return _lut(image, torch.from_numpy(np.stack(tables)))
-
-
-def identity(image, magnitude=0.0, interpolation=None):
-    return image
+    table = torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS)
+    return torch.from_numpy(np.take(table.numpy(), image.numpy()))
 
 
 @lru_cache(maxsize=8)
@@ -141,68 +69,46 @@ def _base_grid(height: int, width: int) -> torch.Tensor:
     return base.view(1, height * width, 3)
 
 
-def inverse_affine_matrix(center, angle: float, translate, shear) -> list[float]:
-    """torchvision's ``_get_inverse_affine_matrix`` at scale 1: the output-to-input affine map
-    ``[a, b, c, d, e, f]`` of a rotation by ``angle`` degrees and shears ``shear`` (degrees,
-    x then y) about ``center``, then ``translate`` (pixels)."""
+def inverse_affine_matrix(center, angle: float, shear) -> list[float]:
+    """torchvision's ``_get_inverse_affine_matrix`` at scale 1, no translation: the output-to-input
+    affine map ``[a, b, c, d, e, f]`` of a rotation by ``angle`` degrees and shears ``shear``
+    (degrees, x then y) about ``center``."""
     rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
     cx, cy = center
-    tx, ty = translate
-    cos_sy, tan_sx = math.cos(sy), math.tan(sx)
-    rot_minus_sy = rot - sy
-    cx_plus_tx, cy_plus_ty = cx + tx, cy + ty
-    a = math.cos(rot_minus_sy) / cos_sy
-    b = -(a * tan_sx + math.sin(rot))
-    c = math.sin(rot_minus_sy) / cos_sy
-    d = math.cos(rot) - c * tan_sx
-    matrix = [d / 1.0, -b / 1.0, 0.0, -c / 1.0, a / 1.0, 0.0]
-    matrix[2] += cx - matrix[0] * cx_plus_tx - matrix[1] * cy_plus_ty
-    matrix[5] += cy - matrix[3] * cx_plus_tx - matrix[4] * cy_plus_ty
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -(a * math.tan(sx) + math.sin(rot))
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = math.cos(rot) - c * math.tan(sx)
+    matrix = [d, -b, 0.0, -c, a, 0.0]
+    matrix[2] += cx - matrix[0] * cx - matrix[1] * cy
+    matrix[5] += cy - matrix[3] * cx - matrix[4] * cy
     return matrix
 
 
-def _grid(matrix: list[float], height: int, width: int) -> torch.Tensor:
+def _grid(matrix: list[float], height: int, width: int, separable: bool | None = None):
     """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
-    sampling points, as two outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms):
-    ``bmm``'s rounding where BLAS adds the products left to right unfused, as
-    :func:`_separable_is_exact` checks once per process; else by ``bmm``."""
+    sampling points by ``bmm``, or ``separable`` (None: where :func:`_separable_is_exact`) as two
+    outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms)."""
     theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
     scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
     rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
-    if not _separable_is_exact():
+    if not (_separable_is_exact() if separable is None else separable):
         return _base_grid(height, width).bmm(rescaled[None]).view(1, height, width, 2)
-    xs, ys = _axes(height, width)
-    grid = torch.empty(height, width, 2)
-    for k in range(2):
-        grid[..., k] = (xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None]) \
-            + rescaled[2, k]
-    return grid.unsqueeze(0)
-
-
-@lru_cache(maxsize=8)
-def _axes(height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     base = _base_grid(height, width).view(height, width, 3)
-    return base[0, :, 0].clone(), base[:, 0, 1].clone()
+    xs, ys = base[0, :, 0], base[:, 0, 1]
+    return torch.stack([(xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None])
+                        + rescaled[2, k] for k in range(2)], dim=-1).unsqueeze(0)
 
 
 @lru_cache(maxsize=1)
 def _separable_is_exact() -> bool:
-    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this
-    machine (a shear and a rotation of a 176 x 160 image, checked once per process)."""
-    import os
-
+    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this machine
+    (BLAS adding the products left to right unfused), checked once per process on a shear and a
+    rotation of a 176 x 160 image."""
     if os.environ.get("IMAGENET_AUGMENT_BMM_GRID") == "1":  # tests: the bmm fallback
         return False
-    for matrix in ([1.0, -0.7, 61.6, 0.0, 1.0, 0.0], [0.8, -0.6, 0.0, 0.6, 0.8, 0.0]):
-        theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
-        rescaled = theta.transpose(1, 2).div_(torch.tensor([80.0, 88.0]))
-        want = _base_grid(176, 160).bmm(rescaled).view(176, 160, 2)
-        xs, ys = _axes(176, 160)
-        got = torch.stack([(xs[None, :] * rescaled[0, 0, k] + (ys * rescaled[0, 1, k])[:, None])
-                           + rescaled[0, 2, k] for k in range(2)], dim=-1)
-        if not torch.equal(got, want):
-            return False
-    return True
+    return all(torch.equal(_grid(m, 176, 160, True), _grid(m, 176, 160, False))
+               for m in ([1.0, -0.7, 61.6, 0.0, 1.0, 0.0], [0.8, -0.6, 0.0, 0.6, 0.8, 0.0]))
 
 
 def warp(image: torch.Tensor, matrix: list[float], interpolation: str) -> torch.Tensor:
@@ -216,25 +122,17 @@ def warp(image: torch.Tensor, matrix: list[float], interpolation: str) -> torch.
     return out.round_().to(torch.uint8)[0]
 
 
-def _shear(image, magnitude, interpolation, axis):
+def _shear(image, magnitude, interpolation="bilinear", axis=0):
     height, width = image.shape[-2:]
     degrees = math.degrees(math.atan(magnitude))
     shear = [degrees, 0.0] if axis == 0 else [0.0, degrees]
-    matrix = inverse_affine_matrix([-width * 0.5, -height * 0.5], 0.0, [0.0, 0.0], shear)
+    matrix = inverse_affine_matrix([-width * 0.5, -height * 0.5], 0.0, shear)
     return warp(image, matrix, interpolation)
 
 
-def shear_x(image, magnitude, interpolation="bilinear"):
-    return _shear(image, magnitude, interpolation, 0)
-
-
-def shear_y(image, magnitude, interpolation="bilinear"):
-    return _shear(image, magnitude, interpolation, 1)
-
-
 def _translate(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
-    """``image`` moved ``dx`` px right and ``dy`` down, zero-filled: torchvision's grid resampling
-    at whole-pixel offsets (its points land on pixel centres, far from a rounding boundary)."""
+    """``image`` moved ``dx`` px right and ``dy`` down, zero-filled: torchvision's resampling at
+    whole-pixel offsets (its points land on pixel centres)."""
     height, width = image.shape[-2:]
     out = torch.zeros_like(image)
     if abs(dx) >= width or abs(dy) >= height:
@@ -242,14 +140,6 @@ def _translate(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
     out[:, max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
         image[:, max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
     return out
-
-
-def translate_x(image, magnitude, interpolation=None):
-    return _translate(image, int(magnitude), 0)
-
-
-def translate_y(image, magnitude, interpolation=None):
-    return _translate(image, 0, int(magnitude))
 
 
 def rotate(image, magnitude, interpolation="bilinear"):
@@ -263,13 +153,24 @@ def rotate(image, magnitude, interpolation="bilinear"):
         return torch.rot90(image, k=2, dims=(-2, -1))
     if height == width and angle in (90, 270):
         return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
-    matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0])
+    matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0])
     return warp(image, matrix, interpolation)
 
 
+shear_x, shear_y = partial(_shear, axis=0), partial(_shear, axis=1)
+
 OPS = {  # torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_transform) -> op
-    "Identity": identity, "ShearX": shear_x, "ShearY": shear_y, "TranslateX": translate_x,
-    "TranslateY": translate_y, "Rotate": rotate, "Brightness": brightness, "Color": color,
-    "Contrast": contrast, "Sharpness": sharpness, "Posterize": posterize, "Solarize": solarize,
-    "AutoContrast": autocontrast, "Equalize": equalize, "Invert": invert,
+    "Identity": lambda image, magnitude, interpolation: image,
+    "ShearX": shear_x, "ShearY": shear_y,
+    "TranslateX": lambda image, magnitude, interpolation: _translate(image, int(magnitude), 0),
+    "TranslateY": lambda image, magnitude, interpolation: _translate(image, 0, int(magnitude)),
+    "Rotate": rotate, "Contrast": contrast, "Sharpness": sharpness, "Solarize": solarize,
+    "Equalize": lambda image, magnitude, interpolation: F.equalize_image(image),
+    "Brightness": lambda image, magnitude, interpolation: F.adjust_brightness_image(
+        image, 1.0 + magnitude),
+    "Color": lambda image, magnitude, interpolation: F.adjust_saturation_image(
+        image, 1.0 + magnitude),
+    "Posterize": lambda image, magnitude, interpolation: F.posterize_image(image, int(magnitude)),
+    "AutoContrast": lambda image, magnitude, interpolation: F.autocontrast_image(image),
+    "Invert": lambda image, magnitude, interpolation: F.invert_image(image),
 }

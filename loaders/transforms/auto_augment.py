@@ -1,16 +1,15 @@
 """torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
 crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
 2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
-``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name
-(``transforms/v2/_auto_augment.py``) draws, from torch's global generator in the same order, and
-applies the op with the pixels of its uint8 tensor kernels (``_uint8_ops``), so seeding alike gives
-torchvision's image; fill is black. The workers seed the generator per batch
-(``pipelines.batches.batch_seed``), so a resumed epoch or another ``-j`` draws the same."""
+``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name draws,
+from torch's global generator (seeded per batch by the loaders) in the same order, and applies
+the op with its kernels' pixels (``_uint8_ops``): seeded alike, torchvision's image."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+from torchvision.transforms import v2
 
 from ._uint8_ops import OPS
 
@@ -22,50 +21,16 @@ __all__ = ["AA_SPACE", "AUGMIX_SPACE", "AugMix", "AutoAugment", "INTERPOLATIONS"
 POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
 # --interpolation values (torchvision's InterpolationMode names the flag takes)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
-
-
-def _linspace(stop: float, start: float = 0.0):
-    return lambda bins, height, width: torch.linspace(start, stop, bins)
-
-
-def _posterize(top: int, span: int):
-    return lambda bins, height, width: (top - (torch.arange(bins) / ((bins - 1) / span))
-                                        ).round().int()
-
-
-_NONE = (lambda bins, height, width: None, False)
-
-
-def _space(shear: float, translate, rotate: float, enhance: float, posterize) -> dict:
-    """torchvision's ``_AUGMENTATION_SPACE`` layout: op -> (magnitudes(bins, H, W), signed)."""
-    return {
-        "ShearX": (_linspace(shear), True), "ShearY": (_linspace(shear), True),
-        "TranslateX": (translate[0], True), "TranslateY": (translate[1], True),
-        "Rotate": (_linspace(rotate), True), "Brightness": (_linspace(enhance), True),
-        "Color": (_linspace(enhance), True), "Contrast": (_linspace(enhance), True),
-        "Sharpness": (_linspace(enhance), True), "Posterize": (posterize, False),
-        "Solarize": (_linspace(0.0, 1.0), False), "AutoContrast": _NONE, "Equalize": _NONE,
-    }
-
-
-_RELATIVE = (lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * width, bins),
-             lambda bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * height, bins))
-# RandAugment.__init__'s and AutoAugment's spaces (AutoAugment's adds Invert, has no Identity)
-RA_SPACE = {"Identity": _NONE, **_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4))}
-AA_SPACE = {**_space(0.3, _RELATIVE, 30.0, 0.9, _posterize(8, 4)), "Invert": _NONE}
-TA_WIDE_SPACE = {"Identity": _NONE, **_space(0.99, (_linspace(32.0), _linspace(32.0)), 135.0,
-                                            0.99, _posterize(8, 6))}
-_AUGMIX_PARTIAL = {k: v for k, v in _space(
-    0.3, (lambda b, h, w: torch.linspace(0.0, w / 3.0, b),
-          lambda b, h, w: torch.linspace(0.0, h / 3.0, b)), 30.0, 0.9, _posterize(4, 4)).items()
-    if k not in ("Brightness", "Color", "Contrast", "Sharpness")}
-AUGMIX_SPACE = {**_AUGMIX_PARTIAL, **{k: (_linspace(0.9), True)
-                                      for k in ("Brightness", "Color", "Contrast", "Sharpness")}}
+# op -> (magnitudes(bins, height, width) or None, signed): torchvision's own tables
+RA_SPACE = v2.RandAugment._AUGMENTATION_SPACE
+AA_SPACE = v2.AutoAugment._AUGMENTATION_SPACE
+TA_WIDE_SPACE = v2.TrivialAugmentWide._AUGMENTATION_SPACE
+AUGMIX_SPACE = v2.AugMix._AUGMENTATION_SPACE  # all_ops=True, the default
 
 
 class _Policy:
     """Shared by the policies: magnitude tables cached per image size (torchvision rebuilds
-    them every call), ops applied with :data:`loaders.transforms._uint8_ops.OPS`."""
+    them every call)."""
 
     space: dict = {}
 
@@ -75,23 +40,25 @@ class _Policy:
         self.interpolation = interpolation
         self._tables: dict = {}
 
-    def magnitudes(self, op: str, bins: int, height: int, width: int):
-        key = (op, bins, height, width)
-        if key not in self._tables:
-            values = self.space[op][0](bins, height, width)
-            self._tables[key] = None if values is None else values.tolist()
-        return self._tables[key]
-
     def pick_op(self) -> str:
         ops = tuple(self.space)
         return ops[int(torch.randint(len(ops), ()))]
 
-    def signed(self, op: str, magnitude: float) -> float:
-        if self.space[op][1] and torch.rand(()) <= 0.5:
-            return -magnitude
-        return magnitude
-
-    def apply(self, image: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
+    def apply(self, image: torch.Tensor, op: str, bins: int, index: int | None = None,
+              drawn: int = 0) -> torch.Tensor:
+        """``op`` on ``image`` at magnitude bin ``index`` of ``bins`` (None: drawn uniformly from
+        the first ``drawn``), negated with probability 0.5 where the op is signed; an op without
+        magnitudes draws neither."""
+        height, width = image.shape[-2:]
+        key = (op, bins, height, width)
+        if key not in self._tables:
+            values = self.space[op][0](bins, height, width)
+            self._tables[key] = None if values is None else values.tolist()
+        table, magnitude = self._tables[key], 0.0
+        if table is not None:
+            magnitude = float(table[int(torch.randint(drawn, ())) if index is None else index])
+            if self.space[op][1] and torch.rand(()) <= 0.5:
+                magnitude = -magnitude
         return OPS[op](image, magnitude, self.interpolation)
 
 
@@ -106,12 +73,7 @@ class TrivialAugmentWide(_Policy):
         self.bins = num_magnitude_bins
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        op = self.pick_op()
-        table = self.magnitudes(op, self.bins, *image.shape[-2:])
-        magnitude = 0.0
-        if table is not None:
-            magnitude = self.signed(op, float(table[int(torch.randint(self.bins, ()))]))
-        return self.apply(image, op, magnitude)
+        return self.apply(image, self.pick_op(), self.bins, drawn=self.bins)
 
 
 class RandAugment(_Policy):
@@ -129,10 +91,7 @@ class RandAugment(_Policy):
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         for _ in range(self.num_ops):
-            op = self.pick_op()
-            table = self.magnitudes(op, self.bins, *image.shape[-2:])
-            magnitude = 0.0 if table is None else self.signed(op, float(table[self.magnitude]))
-            image = self.apply(image, op, magnitude)
+            image = self.apply(image, self.pick_op(), self.bins, self.magnitude)
         return image
 
 
@@ -144,18 +103,13 @@ class AutoAugment(_Policy):
 
     def __init__(self, policy: str = "imagenet", interpolation: str = "bilinear"):
         super().__init__(interpolation)
-        from torchvision.transforms import v2
-
         self.policies = v2.AutoAugment(v2.AutoAugmentPolicy(policy))._policies
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         policy = self.policies[int(torch.randint(len(self.policies), ()))]
         for op, probability, magnitude_idx in policy:
-            if not torch.rand(()) <= probability:
-                continue
-            table = self.magnitudes(op, 10, *image.shape[-2:])
-            magnitude = 0.0 if table is None else self.signed(op, float(table[magnitude_idx]))
-            image = self.apply(image, op, magnitude)
+            if torch.rand(()) <= probability:
+                image = self.apply(image, op, 10, magnitude_idx)
         return image
 
 
@@ -174,7 +128,6 @@ class AugMix(_Policy):
         self.severity, self.width, self.alpha = severity, mixture_width, alpha
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        height, width = image.shape[-2:]
         m = torch._sample_dirichlet(torch.tensor([self.alpha, self.alpha]).expand(1, -1))
         weights = torch._sample_dirichlet(
             torch.tensor([self.alpha] * self.width).expand(1, -1)) * m[:, 1].reshape([1, -1])
@@ -182,12 +135,7 @@ class AugMix(_Policy):
         for i in range(self.width):
             aug = image
             for _ in range(int(torch.randint(low=1, high=4, size=(1,)).item())):
-                op = self.pick_op()
-                table = self.magnitudes(op, 10, height, width)
-                magnitude = 0.0
-                if table is not None:
-                    magnitude = self.signed(op, float(table[int(torch.randint(self.severity, ()))]))
-                aug = self.apply(aug, op, magnitude)
+                aug = self.apply(aug, self.pick_op(), 10, drawn=self.severity)
             mix.add_(weights[:, i].reshape([1, 1, 1, 1]) * aug.unsqueeze(0))
         return mix[0].to(torch.uint8)
 

@@ -1,9 +1,8 @@
 """Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's transforms; the
-other pipelines draw the same windows, :meth:`TrainTransform.window`), after pytorch/examples
-imagenet/main.py's recipe: RandomResizedCrop(224) + flip for training, Resize(256) +
-CenterCrop(224) for validation, plus torchvision's ``--auto-augment`` and ``--interpolation``.
-Decoding only the crop window: 1.27 ms per image, PIL 2.41 ms
-(``benchmarks.loading.transforms``)."""
+other pipelines draw the same windows), after pytorch/examples imagenet/main.py's recipe:
+RandomResizedCrop(224) + flip for training, Resize(256) + CenterCrop(224) for validation, plus
+torchvision's ``--auto-augment`` and ``--interpolation``. Decoding only the crop window: 1.27 ms
+per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math
@@ -26,9 +25,8 @@ _DRAWS = 4 * RRC_ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 def random_resized_crop_params(height: int, width: int, scale: tuple[float, float],
                                ratio: tuple[float, float], draws: list[float]):
     """``(top, left, h, w)`` of a RandomResizedCrop window in a ``height x width`` image, by
-    torchvision's ``RandomResizedCrop.get_params`` (up to 10 attempts at an area share uniform in
-    ``scale`` and a log-uniform aspect ratio in ``ratio``, else the central crop, ratio clamped);
-    the [0, 1) uniforms come from ``draws`` (four per attempt), not torch RNG calls (0.08 ms)."""
+    torchvision's ``RandomResizedCrop.get_params``, its [0, 1) uniforms taken from ``draws`` (four
+    per attempt) instead of torch RNG calls (0.08 ms)."""
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for k in range(RRC_ATTEMPTS):
@@ -51,12 +49,10 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
-    ``augment`` (an ``--auto-augment`` policy; torchvision's ``ClassificationPresetTrain`` order).
-    The window is decoded alone or at libjpeg-turbo's DCT scale where it can be
-    (:func:`decode.decode_window`) and resized with ``interpolation`` (antialiased but
-    ``nearest``); draws come from torch's global RNG, seeded per batch by the loaders. Its stages
-    (:meth:`window`, :func:`decode.decode_crop`, :meth:`resized`, :meth:`augmented`) are what
-    ``loaders.timing.stages.timed_transform`` times."""
+    ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``.
+    The window is decoded alone or at libjpeg-turbo's DCT scale where it can be and resized with
+    ``interpolation``; draws come from torch's global RNG, seeded per batch by the loaders. Its
+    stages are what ``loaders.timing.stages.timed_transform`` times."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -65,8 +61,7 @@ class TrainTransform:
         self.side = 0  # the last image's longer side (px), for the stage figures
 
     def __call__(self, data: bytes, frame=None) -> torch.Tensor:
-        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read (none is read
-        again)."""
+        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read."""
         window, flip, image = self.window(data, frame=frame)
         kind, pixels = decoding.decode_crop(data, window, self.size, image, self.interpolation,
                                             frame)
@@ -82,11 +77,10 @@ class TrainTransform:
         return out if self.augment is None else self.augment(out)
 
     def window(self, data: bytes, size_of=None, frame=None):
-        """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``
-        in stored pixels, whether to flip, and the whole decode if the size needed it (raising as
-        :func:`decode.decode`). Its ``_DRAWS`` uniforms (torch's global RNG) come first, as in
-        every pipeline; the size is ``frame``'s (:func:`decode.window_size`), else
-        ``size_of(data)``'s, else the whole decode's."""
+        """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``,
+        whether to flip, and the whole decode if the size needed it (raising as
+        :func:`decode.decode`). Its ``_DRAWS`` uniforms come first, as in every pipeline; the size
+        is ``frame``'s, else ``size_of(data)``'s, else the whole decode's."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.window_size(data, frame)
         if size is None and size_of is not None:
@@ -99,11 +93,10 @@ class TrainTransform:
 
 
 class ValTransform:
-    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: shorter side to ``resize_size``
-    (the longer scaled alike and truncated, as torchvision's ``Resize``), then the central
-    square. A JPEG is decoded at libjpeg-turbo's DCT scale where its shorter side is at least
-    twice ``resize_size``, and with ``decode/jpeg/_jpegcrop.so`` only down to the square's last row;
-    the square is then resampled from there (within 2 levels of resize-then-crop)."""
+    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize(resize_size)``
+    and ``CenterCrop(crop_size)``. A JPEG is decoded at libjpeg-turbo's DCT scale where its
+    shorter side is at least twice ``resize_size``, with ``decode/jpeg/_jpegcrop.so`` only down to
+    the square's last row, and resampled from there (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
                  interpolation: str = "bilinear"):
@@ -127,32 +120,30 @@ class ValTransform:
                                   self.interpolation)
 
 
-def _resized_shape(height: int, width: int, resize_size: int) -> tuple[int, int]:
-    """torchvision ``Resize(resize_size)``'s output ``(h, w)`` (the longer side truncated)."""
+def _center_crop(height: int, width: int, resize_size: int, crop_size: int):
+    """torchvision ``Resize(resize_size)``'s output ``(h, w)`` (the longer side truncated) and
+    the ``top``, ``left`` corner of ``CenterCrop(crop_size)`` in it."""
     short, long = sorted((height, width))
     new_long = int(resize_size * long / short)
-    return (resize_size, new_long) if height <= width else (new_long, resize_size)
+    size = (resize_size, new_long) if height <= width else (new_long, resize_size)
+    return size, int(round((size[0] - crop_size) / 2.0)), int(round((size[1] - crop_size) / 2.0))
 
 
 def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
     """``(top, left, bottom, right)`` in pixels of a ``height x width`` image (fractional) of
     the square that ``Resize(resize_size)`` + ``CenterCrop(crop_size)`` keep."""
-    size = _resized_shape(height, width, resize_size)
-    top = int(round((size[0] - crop_size) / 2.0))
-    left = int(round((size[1] - crop_size) / 2.0))
+    size, top, left = _center_crop(height, width, resize_size, crop_size)
     sy, sx = height / size[0], width / size[1]
     return top * sy, left * sx, (top + crop_size) * sy, (left + crop_size) * sx
 
 
 def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
     """``(region, frame)`` for a decoder that decodes an integer region of a ``height x width``
-    image and resamples it as :func:`resize_center_crop` would the whole image: ``region`` =
-    ``(top, left, height, width)``, :func:`center_crop_box` widened by the bilinear filter's reach
-    (scale + 2 px) each side, clamped; ``frame`` = ``(height, width, resized height, resized
-    width, crop top, crop left)``: the image's size, ``Resize``'s and the crop's corner in it."""
-    size = _resized_shape(height, width, resize_size)
-    crop_top = int(round((size[0] - crop_size) / 2.0))
-    crop_left = int(round((size[1] - crop_size) / 2.0))
+    image and resamples it as :func:`resize_center_crop` would the whole image: ``region``
+    ``(top, left, height, width)`` is :func:`center_crop_box` widened by the bilinear filter's
+    reach (scale + 2 px), clamped; ``frame`` is ``(height, width, resized height, resized width,
+    crop top, crop left)``."""
+    size, crop_top, crop_left = _center_crop(height, width, resize_size, crop_size)
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
     top, left = (max(0, math.floor(v) - r) for v, r in zip(box[:2], reach))
@@ -165,10 +156,8 @@ def resize_center_crop(image: torch.Tensor, resize_size: int, crop_size: int,
                        interpolation: str = "bilinear") -> torch.Tensor:
     """uint8 ``(3, h, w)`` -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize`` and
     ``CenterCrop``, pytorch/examples' validation (``interpolation``: :func:`decode.resize`'s)."""
-    size = _resized_shape(*image.shape[-2:], resize_size)
+    size, top, left = _center_crop(*image.shape[-2:], resize_size, crop_size)
     out = resize(image, size, interpolation)
-    top = int(round((size[0] - crop_size) / 2.0))
-    left = int(round((size[1] - crop_size) / 2.0))
     return out[:, top:top + crop_size, left:left + crop_size]
 
 

@@ -1,6 +1,5 @@
 """``--random-erase`` on the normalised batch where a training loader delivers it (on the GPU in a
-GPU run, as timm's ``PrefetchLoader`` erases), so every pipeline erases alike; the other
-augmentations act on each image in ``loaders.transforms``."""
+GPU run, as timm's ``PrefetchLoader`` erases), so every pipeline erases alike."""
 from __future__ import annotations
 
 import math
@@ -15,11 +14,10 @@ ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
 
 class RandomErasing:
     """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``
-    (Zhong et al. 2020, ``transforms/v2/_augment.py``) on every image of a batch: with
-    probability ``p``, up to 10 tries at a box of area share uniform in ``scale`` and aspect
-    log-uniform in ``ratio``; the first that fits is placed uniformly and zeroed (``value=0``
-    after ``Normalize``). Image ``i``'s 41 uniforms are row ``i`` of NumPy's generator of ``(seed,
-    epoch, rank, batch)``: a resumed epoch erases as the uninterrupted one did, on any device."""
+    (Zhong et al. 2020) on every image of a batch: with probability ``p``, up to 10 tries at a box
+    of area share uniform in ``scale`` and aspect log-uniform in ``ratio``, the first that fits
+    placed uniformly and zeroed. Image ``i``'s 41 uniforms are row ``i`` of NumPy's generator of
+    ``(seed, epoch, rank, batch)``: a resumed epoch erases as the uninterrupted one did."""
 
     def __init__(self, p: float, seed: int, rank: int, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
         self.p, self.seed, self.rank, self.scale = p, seed, rank, scale
@@ -47,8 +45,8 @@ class RandomErasing:
         return None
 
     def __call__(self, images: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
-        """Erase in place in ``images`` (float ``(N, C, H, W)``, any memory format, on any
-        device) and return it: one mask of the batch's boxes, one ``masked_fill_``."""
+        """Erase in place in ``images`` (float ``(N, C, H, W)``, any memory format and device)
+        and return it: one mask of the batch's boxes, one ``masked_fill_``."""
         count, _, height, width = images.shape
         boxes = self.boxes(epoch, batch, count, height, width)
         if not any(boxes):
@@ -62,7 +60,3 @@ class RandomErasing:
         mask = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
         return images.masked_fill_(mask[:, None], 0)
 
-
-def random_erasing(p: float, seed: int, rank: int) -> RandomErasing | None:
-    """``--random-erase``'s :class:`RandomErasing` for global rank ``rank``, None for ``p == 0``."""
-    return RandomErasing(p, seed, rank) if p > 0 else None
