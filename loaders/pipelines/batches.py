@@ -113,7 +113,35 @@ def keep_as_is(batch):
     return batch
 
 
-class ReaderLoader(StagedLoader, PositionedLoader):
+class DeviceFeed(PositionedLoader):
+    """Mixed into every pipeline's loader in place of ``PositionedLoader``: ``--random-erase``
+    (``erasing``) runs in the device feed right after the normalisation, on the stream that
+    normalised, as timm's ``PrefetchLoader`` erases (each feed calls :meth:`_eraser`'s function);
+    what reaches the step is only traced (``trace``)."""
+
+    def _eraser(self):
+        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
+        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
+        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
+        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
+        if erasing is None:
+            return None
+        return lambda images, number: erasing(images, epoch, first + number)
+
+    def _delivered(self, batches: Iterator) -> Iterator:
+        return batches if self.trace is None else self._traced(batches)
+
+    def _traced(self, batches: Iterator) -> Iterator:
+        indices = self.pass_indices()
+        try:
+            for step, batch in enumerate(batches):
+                self.trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
+                yield batch
+        finally:
+            batches.close()
+
+
+class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
     :class:`NumberedBatch` es of ``batch_size`` images (training: whole batches,
     :func:`~loaders.orders.train_batch_size`; validation: the last may be partial), at most

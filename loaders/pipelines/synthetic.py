@@ -9,17 +9,17 @@ import torch
 
 from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
-from ..orders.positions import PositionedLoader
 from ..settings import DistInfo, LoaderSettings
 from ..timing.batch_stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
+from .batches import DeviceFeed
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
 NUM_CLASSES = 1000
 
 
-class SyntheticLoader(StagedLoader, PositionedLoader):
+class SyntheticLoader(StagedLoader, DeviceFeed):
     """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader over
     ``num_samples`` images at ``settings`` and ``dist`` would: ``images`` ``settings.dtype``
     ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``: the split's crop), uniform uint8
@@ -82,8 +82,9 @@ class SyntheticLoader(StagedLoader, PositionedLoader):
         return self._delivered(self._batches_left())
 
     def _batches_left(self):
-        for _ in range(len(self)):  # erased in place: a copy, else the erasures add up
-            yield self.images if self.erasing is None else self.images.clone(), self.labels
+        erase = self._eraser()
+        for number in range(len(self)):  # erased in place: a copy, else the erasures add up
+            yield self.images if erase is None else erase(self.images.clone(), number), self.labels
 
 
 @contextmanager

@@ -18,13 +18,13 @@ from decode.messages import capture
 
 from ...errors import AcceleratorError
 from ...orders import Order, batches_per_epoch, train_batch_size
-from ...orders.positions import PositionedLoader, RestOfEpoch
+from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
 from ..bad_samples import UnreadableSet, too_many_unreadable
-from ..batches import batch_seed, epoch_seed
+from ..batches import DeviceFeed, batch_seed, epoch_seed
 from .environment import cuda_failure
 from .feed import BatchFeed, FeedPass
 from .graph import GraphOptions, augment, outputs_to_torch, source
@@ -34,7 +34,7 @@ from .unreadable import AcceptedReads, UnreadableSamples
 CLOSE_WAIT_S = 5.0
 
 
-class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
+class DALILoader(UnreadableSamples, StagedLoader, DeviceFeed):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
     ``order``, yielding the batches of ``loaders.settings``' contract (with CUDA taken from DALI's
     GPU buffers on torch's current stream; the last validation batch smaller, never padded). A
@@ -134,7 +134,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         batch = self.batch_size
         size = self.sample_order.num_samples
         allowed = self.max_bad_share * size
-        finished, refused = False, self.refused
+        finished, refused, erase = False, self.refused, self._eraser()
         caught = capture().__enter__()  # what DALI's decoder prints, for the whole pass
         try:
             while step < len(self):
@@ -164,8 +164,11 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                         break
                     images, labels = self._to_torch(outputs, self.start_batch + step)
                     take = min(len(order) - step * batch, len(labels))
+                    images, labels = images[:take], labels[:take]
+                    if erase is not None:  # on torch's current stream, DALI's output stream
+                        images = erase(images, step)
                     step += 1
-                    yield images[:take], labels[:take]
+                    yield images, labels
                 outputs = None
             finished = self._end_pass()
         finally:

@@ -98,7 +98,7 @@ class BatchDecodeLoader(ReaderLoader):
         fallbacks = self.cpu_fallbacks
         # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
         # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
-        batches = self._decoded(stream, len(self))
+        batches = self._decoded(stream, len(self), self._eraser())
         batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
             for images, labels, done in batches:
@@ -112,16 +112,17 @@ class BatchDecodeLoader(ReaderLoader):
                       f"this pass ({self.decoder.kind} batch decoder declined them)",
                       file=sys.stderr, flush=True)
 
-    def _decoded(self, stream, total: int):
+    def _decoded(self, stream, total: int, erase):
         """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
-        normalised, and on CUDA ``done``, the side stream's event after them (else None)."""
+        normalised, erased (``erase``), and on CUDA ``done``, the side stream's event after them
+        (else None)."""
         for step, item in enumerate(self.loader):
             if step == total:
                 return
             self._check_bad(item["found"])
             timing = {} if self.stage_log is not None else None
             started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
-            images, labels = self._decode(item, stream, timing)
+            images, labels = self._decode(item, stream, timing, erase)
             if timing is not None:
                 self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
             done = None
@@ -142,10 +143,11 @@ class BatchDecodeLoader(ReaderLoader):
                        float(rows[:, BYTES].sum()))
         log.add_hand_over(count, timing, wall, cpu)
 
-    def _decode(self, item: dict, stream,
-                timing: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA); ``timing``
-        gets the host seconds of ``"decode"``, ``"resize"``, ``"augment"`` (flip), ``"copy"``."""
+    def _decode(self, item: dict, stream, timing: dict | None = None,
+                erase=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch decoded, resized, flipped, normalised and erased (``erase(images, number)``,
+        if given), on ``stream`` on CUDA; ``timing`` gets the host seconds of ``"decode"``,
+        ``"resize"``, ``"augment"`` (flip), ``"copy"`` (erasing included)."""
         clock = time.perf_counter if timing is not None else no_clock
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
@@ -180,6 +182,8 @@ class BatchDecodeLoader(ReaderLoader):
             flipped = clock()
             images = normalize_into(images, self.scale, self.shift, self.dtype,
                                     self.channels_last)
+            if erase is not None:
+                images = erase(images, item["number"])
             labels = to_device(labels, self.device)
             if timing is not None:  # a replaced sample's CPU decode counts as decode
                 timing["decode"] += replaced - decoded

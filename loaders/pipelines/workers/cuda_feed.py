@@ -73,12 +73,13 @@ class CudaFeeder:
         self.stream.wait_stream(torch.cuda.current_stream(device))
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
-                pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``)."""
+                pass_id: int = 0, erase=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``);
+        ``erase(images, number)``, if given, erases each normalised batch on the side stream."""
         current = None
         try:
             for number, slot, count in filled:
-                upcoming = self._upload(pool, number, slot, count, locked, pass_id)
+                upcoming = self._upload(pool, number, slot, count, locked, pass_id, erase)
                 if current is not None:
                     yield current[0], current[1]
                 # The model's next step waits for the upload; record_stream keeps the allocator
@@ -97,7 +98,8 @@ class CudaFeeder:
             # a pass left early may still be copying from a slot the next pass's workers refill
             self.stream.synchronize()
 
-    def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int):
+    def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int,
+                erase=None):
         """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
         copied event, slot, number, pass_id)``, slot ``None`` if it was already released."""
         images, labels = pool.batch(slot, count)
@@ -115,6 +117,8 @@ class CudaFeeder:
             copied.record(self.stream)
             out = normalize_into(gpu_images, self.scale, self.shift, self.dtype,
                                  self.channels_last)
+            if erase is not None:  # on the side stream, as the normalisation
+                out = erase(out, number)
             if self.timing is not None:
                 ended = torch.cuda.Event(enable_timing=True)
                 ended.record(self.stream)

@@ -124,15 +124,16 @@ class DeviceLoader(ReaderLoader):
         plan = self._plan(pool.begin_pass(), self.image_shape)
         batches = iter(loader)
         filled = self._filled(batches, pool)
+        erase = self._eraser()
         try:
             if self.device.type == "cuda":
                 if self._feeder is None:
                     self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
                                               self.mean, self.std)
                     self._feeder.timing = self.stage_log
-                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id)
+                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id, erase)
             else:
-                yield from self._normalized(pool, filled, plan.pass_id)
+                yield from self._normalized(pool, filled, plan.pass_id, erase)
         finally:
             # unkept workers are joined as the iterator goes; kept ones finish in-flight batches
             filled.close()
@@ -140,13 +141,16 @@ class DeviceLoader(ReaderLoader):
             if any(loader is made for made in self._made):  # not one close() already stopped
                 self._idle = (loader, pool)
 
-    def _normalized(self, pool: SharedBatches, filled, pass_id: int):
-        """CPU: each written slot's batch normalised into new memory, the slot released."""
+    def _normalized(self, pool: SharedBatches, filled, pass_id: int, erase):
+        """CPU: each written slot's batch normalised into new memory (then erased, ``erase``),
+        the slot released."""
         for number, slot, count in filled:
             copy_started = time.perf_counter()
             images, labels = pool.batch(slot, count)
             # New memory: the slot is refilled by a later batch once released.
             images = normalize(images, self.mean, self.std, self.channels_last)
+            if erase is not None:
+                images = erase(images, number)
             labels = labels.clone()
             if self.stage_log is not None:
                 self.stage_log.add_copy(time.perf_counter() - copy_started)
