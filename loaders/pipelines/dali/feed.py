@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from decode import image_size
+from decode.acceptance import Frame
 
 from ...draws import keyed_rng
 from ...timing.batch_stages import thread_cpu
@@ -37,18 +37,19 @@ def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
     return draws, (rng.random(count) < 0.5).astype(np.int32)
 
 
-def host_windows(data: Sequence[bytes], draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RandomResizedCrop windows: float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` in
-    whole pixels (``fn.decoders.image_slice``'s), the CPU loaders' for the same uniforms; an
-    image of unreadable size gets 1x1 (DALI then fails on it: the bad-sample rules apply)."""
-    anchors = np.zeros((len(data), 2), np.float32)
-    shapes = np.ones((len(data), 2), np.float32)
-    for j, encoded in enumerate(data):
-        size = image_size(encoded)
-        if size is None:
+def host_windows(frames: Sequence[Frame | None],
+                 draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RandomResizedCrop windows of the images whose headers read as ``frames``
+    (:func:`decode.acceptance.check`'s): float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w,
+    h)`` in whole pixels (``fn.decoders.image_slice``'s), the CPU loaders' for the same uniforms;
+    an image of unreadable size (None) gets 1x1 (DALI then fails on it: the bad-sample rules)."""
+    anchors = np.zeros((len(frames), 2), np.float32)
+    shapes = np.ones((len(frames), 2), np.float32)
+    for j, frame in enumerate(frames):
+        if frame is None:
             continue
-        top, left, h, w = random_resized_crop_params(*size, RRC_SCALE, RRC_RATIO,
-                                                     draws[j].tolist())
+        top, left, h, w = random_resized_crop_params(frame.height, frame.width, RRC_SCALE,
+                                                     RRC_RATIO, draws[j].tolist())
         anchors[j], shapes[j] = (left, top), (w, h)
     return anchors, shapes
 
@@ -69,7 +70,8 @@ class FeedPass:
 
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
-    pointed at a pass by :meth:`start`; a background thread prepares :data:`AHEAD` batches.
+    pointed at a pass by :meth:`start`; a background thread prepares :data:`AHEAD` batches from
+    ``read(index) -> (bytes, label, frame)`` (``unreadable.AcceptedReads``: the header once).
     Each call returns ``[encoded, labels]`` (uint8 1-D arrays; int32 ``(N,)``) plus, for
     training, float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` and int32 ``(N,)``
     flips, and for the GPU graph (``opts.cuda``) float32 ``(N,)`` output sides and, with
@@ -141,14 +143,14 @@ class BatchFeed:
             samples, reads = _timed_reads(self.read, indices)
         else:
             samples = [self.read(i) for i in indices]
-        data = [encoded for encoded, _ in samples]
+        data = [encoded for encoded, _, _ in samples]
         out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
-               np.array([label for _, label in samples], np.int32)]
+               np.array([label for _, label, _ in samples], np.int32)]
         window_started = time.perf_counter()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
-            out += [*host_windows(data, draws), flips]
+            out += [*host_windows([frame for _, _, frame in samples], draws), flips]
         if self.log is not None:
             self._log_batch(plan, data, reads, time.perf_counter() - window_started,
                             started, cpu)

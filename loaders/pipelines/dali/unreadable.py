@@ -4,7 +4,7 @@ do (``loaders.pipelines.bad_samples``); past ``max_bad_share`` of the split, :cl
 from __future__ import annotations
 
 from decode import decode
-from decode.acceptance import Refused, check
+from decode.acceptance import Frame, Refused, check
 from decode.messages import capture
 
 from ...errors import DataError
@@ -14,8 +14,10 @@ from .graph import window_mismatch
 
 
 class AcceptedReads:
-    """``read(index) -> (bytes, label)`` for the feed threads: ``reader.read(index)``, or where
-    the acceptance rule (``max_pixels``) refuses those bytes the next readable sample's, each
+    """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
+    the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read from its
+    header (None: no parser reads it), or where the rule refuses those bytes the next readable
+    sample's, each
     refused one reported once, marked in ``unreadable`` (an ``UnreadableSet``) and counted in
     :attr:`refused`, before DALI sees the bytes. Raises :class:`DataError` if every sample of
     the split is unreadable. It holds no reference to the loader: a running feed thread holds
@@ -26,12 +28,11 @@ class AcceptedReads:
         self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
         self.refused = 0
 
-    def __call__(self, index: int) -> tuple[bytes, int]:
+    def __call__(self, index: int) -> tuple[bytes, int, Frame | None]:
         while True:
             data, label = self.reader.read(index)
             try:
-                check(data, self.max_pixels)
-                return data, label
+                return data, label, check(data, self.max_pixels)
             except Refused as exc:
                 if self.unreadable.mark(index):
                     self.refused += 1
