@@ -7,8 +7,6 @@ CPU operators, about 13 ms per batch) and packs uniform inputs as one array each
 from __future__ import annotations
 
 import collections
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,12 +18,12 @@ from decode.acceptance import Frame
 from ...draws import keyed_rng
 from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
+from ..ahead import RunAhead
 
 # Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
 # waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores,
 # benchmarks.pipelines.dali_feed).
 AHEAD = 2
-_POLL_S = 0.1
 
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
@@ -70,16 +68,16 @@ class FeedPass:
 
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
-    pointed at a pass by :meth:`start`; a background thread prepares :data:`AHEAD` batches from
-    ``read(index) -> (bytes, label, frame)`` (``unreadable.AcceptedReads``: the header once).
-    Each call returns ``[encoded, labels]`` (uint8 1-D arrays; int32 ``(N,)``) plus, for
-    training, float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` and int32 ``(N,)``
-    flips, and for the GPU graph (``opts.cuda``) float32 ``(N,)`` output sides and, with
-    ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` after the pass's
-    last (possibly partial) batch; a failed read raises in the call. The last ``keep`` batches
-    stay referenced, as DALI reads them in place (``no_copy``): at least its prefetch depth + 1.
-    :attr:`waited`: seconds the calls waited. ``log`` (a ``BatchStageLog``, or None) gets each
-    batch's per-image reads, its draws' seconds and the thread's wall and CPU seconds."""
+    pointed at a pass by :meth:`start`; a thread (:class:`~loaders.pipelines.ahead.RunAhead`)
+    prepares :data:`AHEAD` batches from ``read(index) -> (bytes, label, frame)``
+    (``unreadable.AcceptedReads``: the header once). Each call returns ``[encoded, labels]``
+    (uint8 1-D arrays; int32 ``(N,)``) plus, for training, float32 ``(N, 2)`` anchors ``(x, y)``
+    and shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU graph (``opts.cuda``) float32
+    ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
+    ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
+    ``keep`` batches stay referenced, as DALI reads them in place (``no_copy``): at least its
+    prefetch depth + 1. ``log`` (a ``BatchStageLog``, or None) gets each batch's per-image
+    reads, its draws' seconds and the thread's wall and CPU seconds."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
@@ -88,49 +86,27 @@ class BatchFeed:
         self.sizes = opts.train and opts.cuda
         self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
-        self.waited, self.calls = 0.0, 0
         self._fed: collections.deque = collections.deque(maxlen=keep)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._ready: queue.Queue = queue.Queue(AHEAD)
-        self._ended = False
+        self._ahead: RunAhead | None = None
         self.start(FeedPass((), 0, 0, 0, 0, 1))
 
     def start(self, plan: FeedPass) -> None:
         """Feed ``plan``'s batches from now on (the previous pass's thread is stopped)."""
         self.close()
-        self.plan, self._ended = plan, not plan.order
-        self._stop = threading.Event()
-        self._ready = queue.Queue(AHEAD)
-        if plan.order:
-            self._thread = threading.Thread(target=self._produce, args=(plan, self._stop,
-                                                                        self._ready),
-                                            name="dali-feed", daemon=True)
-            self._thread.start()
+        self.plan = plan
+        self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed")
 
     def close(self, wait_s: float | None = None) -> None:
         """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
         left behind in a read (a daemon: a stream retrying a shard must not hold a run's exit)."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(wait_s)
-            self._thread = None
+        if self._ahead is not None:
+            self._ahead.close(wait_s)
+            self._ahead = None
 
-    def _produce(self, plan: FeedPass, stop: threading.Event, ready: queue.Queue) -> None:
+    def _prepared(self, plan: FeedPass):
         batch = plan.index
-        while not stop.is_set():
-            try:
-                item = self.prepare(plan, batch)
-            except BaseException as exc:  # noqa: BLE001 - raised on the training thread
-                item = exc
-            while not stop.is_set():
-                try:
-                    ready.put((batch, item), timeout=_POLL_S)
-                    break
-                except queue.Full:
-                    continue
-            if item is None or isinstance(item, BaseException):
-                return
+        while (item := self.prepare(plan, batch)) is not None:
+            yield batch, item
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
@@ -175,21 +151,11 @@ class BatchFeed:
                        float(sum(len(d) for d in data)))
 
     def __call__(self, info):
-        if self._ended:  # DALI may ask again past the end (its queue is deeper than the pass)
-            raise StopIteration
-        started = time.perf_counter()
+        # StopIteration past the end, every time DALI asks (its queue is deeper than the pass)
+        batch, item = next(self._ahead)
         expected = self.plan.index + info.iteration * self.plan.pipelines
-        batch, item = self._ready.get()
-        self.waited += time.perf_counter() - started
-        self.calls += 1
         if batch != expected:  # DALI asks in iteration order; anything else is a bug here
             raise RuntimeError(f"DALI feed: batch {batch} prepared, {expected} asked for")
-        if isinstance(item, BaseException):
-            self._ended = True
-            raise item
-        if item is None:
-            self._ended = True
-            raise StopIteration
         self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
         return item
 

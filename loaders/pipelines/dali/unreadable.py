@@ -1,6 +1,6 @@
 """What :class:`~loaders.pipelines.dali.DALILoader` does about a sample DALI cannot decode (a
 mixin): find it with our CPU decoder, then report, remember and replace it as the other pipelines
-do (``loaders.pipelines.bad_samples``); past ``max_bad_share`` of the split, :class:`DataError`."""
+do (``loaders.pipelines.bad_samples``)."""
 from __future__ import annotations
 
 from decode import decode
@@ -8,21 +8,19 @@ from decode.acceptance import Frame, Refused, check
 from decode.messages import capture
 
 from ...errors import DataError
-from ..bad_samples import DECODE_ERRORS, report_damaged, report_unreadable, too_many_unreadable
+from ..bad_samples import DECODE_ERRORS, check_share, report_damaged, report_unreadable
 from .environment import message_lines
 from .graph import window_mismatch
 
 
 class AcceptedReads:
     """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
-    the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read from its
-    header (None: no parser reads it), or where the rule refuses those bytes the next readable
-    sample's, each
-    refused one reported once, marked in ``unreadable`` (an ``UnreadableSet``) and counted in
-    :attr:`refused`, before DALI sees the bytes. Raises :class:`DataError` if every sample of
-    the split is unreadable. It holds no reference to the loader: a running feed thread holds
-    it, and a loader (its DALI pipelines with it) freed in a process forked meanwhile would hang
-    there, waiting for DALI threads that only the parent has."""
+    the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read (None: no
+    parser reads it), or where the rule refuses those bytes the next readable sample's, each
+    refused one reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
+    :class:`DataError` if every sample is unreadable. It holds no reference to the loader: a
+    loader (its DALI pipelines with it) freed in a process forked while a feed thread holds it
+    would hang there, waiting for DALI threads that only the parent has."""
 
     def __init__(self, reader, unreadable, max_pixels: int):
         self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
@@ -45,10 +43,8 @@ class UnreadableSamples:
     ``sample_order``, ``max_bad_share``, ``_split``, ``_drop_pipelines()``."""
 
     def _check_refused(self) -> None:
-        """Raise :class:`DataError` once the unreadable (refused too) exceed ``max_bad_share``."""
-        bad, size = self.unreadable.count(), self.sample_order.num_samples
-        if bad > self.max_bad_share * size:
-            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+        """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
+        check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
 
     def _name_damaged(self, order: list[int], step: int, lines: list[str],
                       lookahead: int) -> None:
@@ -82,16 +78,24 @@ class UnreadableSamples:
                            "warning)", lines)
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
-                            lookahead: int) -> int:
-        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) with our CPU decoder;
-        report, remember and replace in ``order`` (by the next readable index) each unreadable
-        sample. Returns the count newly found; :class:`DataError` (DALI's message) if none."""
+                            lookahead: int) -> None:
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) by the acceptance rule
+        and our CPU decoder; report, remember and replace in ``order`` (by the next readable
+        index) each unreadable sample. Raises :class:`DataError` (DALI's message) if none."""
         batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
         found = 0
         for position in window:
             index = order[position]
-            while not self._readable(index):
+            while True:  # never one known unreadable: the order skips those
+                try:
+                    data = self.reader.read(index)[0]
+                    check(data, self.max_pixels)
+                    decode(data)
+                    break
+                except DECODE_ERRORS as error:
+                    if self.unreadable.mark(index):
+                        report_unreadable(self.reader.name_of(index), error)
                 index = self.unreadable.next_readable(index)
                 found += 1
                 if found > len(window):
@@ -102,7 +106,6 @@ class UnreadableSamples:
             lines = message_lines(exc)
             raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
-        return found
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
         """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
@@ -119,17 +122,4 @@ class UnreadableSamples:
             report_unreadable(self.reader.name_of(index), DataError(reason))
         order[position] = self.unreadable.next_readable(index)
         self._check_refused()
-        return True
-
-    def _readable(self, index: int) -> bool:
-        """Judge sample ``index`` by the acceptance rule and decode it (never one known unreadable:
-        the order skips those); if either fails, remember it, report it and return False."""
-        try:
-            data = self.reader.read(index)[0]
-            check(data, self.max_pixels)
-            decode(data)
-        except DECODE_ERRORS as exc:
-            if self.unreadable.mark(index):
-                report_unreadable(self.reader.name_of(index), exc)
-            return False
         return True

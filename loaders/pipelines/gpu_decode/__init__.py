@@ -1,5 +1,5 @@
 """The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): ``loader``
-(:class:`BatchDecodeLoader`), ``windows`` (its workers' part) and ``ahead`` (decoding ahead)."""
+(:class:`BatchDecodeLoader`) and ``windows`` (its workers' part)."""
 from __future__ import annotations
 
 from .loader import BatchDecodeLoader, build_loaders, make_decoder, refusal

@@ -1,7 +1,6 @@
-"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``). Its
-windows are the CPU loaders' (``TrainTransform.window``, seeded per batch), so resume is exact
-and a run draws what ``--decode-device cpu`` draws; validation decodes the central crop's region
-and resamples it as resize-then-crop would (:func:`loaders.transforms.center_crop_plan`)."""
+"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``): the
+windows are the CPU loaders' (``TrainTransform.window``, seeded per batch); validation decodes
+the central crop's region as resize-then-crop would (``loaders.transforms.center_crop_plan``)."""
 from __future__ import annotations
 
 import sys
@@ -23,26 +22,23 @@ from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
 from ...transforms.normalize import imagenet_mean_std, normalize_into
 from ..bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
 from ..batches import ReaderLoader
-from .ahead import one_ahead, run_ahead
-from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
+from ..ahead import RunAhead, one_ahead
+from .windows import BYTES, READ, WINDOW, WindowBatches
 
-# This pipeline's stages (loaders.timing.stages.STAGES' names): workers read and draw windows,
-# the decode thread decodes, resizes and flips ("augment"); its hand-over is the log's copy.
+# Workers read and draw windows; the decode thread decodes, resizes and flips ("augment")
 STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
-    processes read the bytes and draw the windows (:class:`.windows.Windows`); ``decoder`` (a
-    :class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, or its CPU backend) decodes,
-    resizes, flips and normalises each batch here, in a thread up to two batches ahead of the
-    training thread (``-j 0``: one ahead, on it), on CUDA on a side stream. Yields the batches of
-    ``loaders.settings``' contract; ``set_resolution`` takes any side up to ``max_crop_size``.
-    The workers refuse what :mod:`decode.acceptance` refuses; a sample the decoder declines is
-    decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is marked (:attr:`unreadable`),
-    named once and replaced by another of its batch (with its label), :class:`DataError` past
+    """One split of ``reader`` in the indices of ``order``: DataLoader workers read the bytes and
+    draw the windows (:class:`.windows.WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or
+    its CPU backend) decodes, resizes, flips and normalises each batch here, in a thread two
+    batches ahead (``-j 0``: one ahead, on the training thread), on CUDA on a side stream. The
+    workers refuse what :mod:`decode.acceptance` refuses; a sample the decoder declines is
+    decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once, marked
+    (:attr:`unreadable`) and replaced by another of its batch, :class:`DataError` past
     ``max_bad_share``; one a native decoder warned about is kept and named once (:attr:`warned`).
-    Training measures its stages as decoded (``timing.batch_stages``; CUDA: host seconds)."""
+    Training measures its stages (``timing.batch_stages``; CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
                  settings: LoaderSettings, dist: DistInfo, train: bool):
@@ -51,8 +47,7 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = settings.crop_size(train)
         mean, std = imagenet_mean_std(self.device)
         self.scale, self.shift = 1 / std, -mean / std
-        # The clock goes to the workers with the datasets; the log is this process's.
-        workers = settings.workers
+        workers = settings.workers  # the clock goes to the workers, the log stays here
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
@@ -60,8 +55,7 @@ class BatchDecodeLoader(ReaderLoader):
         bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
         self.unreadable = bad.unreadable
         self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
-        self._dataset = WindowBatches(Windows(reader, val_sizes, clock, settings.max_image_pixels),
-                                      bad, clock)
+        self._dataset = WindowBatches(reader, val_sizes, bad, clock, settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -77,8 +71,8 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop this loader's workers (as :class:`~loaders.pipelines.workers.DeviceLoader`'s
-        ``close``), then the decode thread of a pass left part-way; a later pass starts anew."""
+        """Stop this loader's workers, then the decode thread of a pass left part-way; a later
+        pass starts anew."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
@@ -99,7 +93,7 @@ class BatchDecodeLoader(ReaderLoader):
         # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
         # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
         batches = self._decoded(stream, len(self), self._eraser())
-        batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
+        batches = RunAhead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
             for images, labels, done in batches:
                 yield self._hand_over((images, labels), done)
@@ -113,9 +107,8 @@ class BatchDecodeLoader(ReaderLoader):
                       file=sys.stderr, flush=True)
 
     def _decoded(self, stream, total: int, erase):
-        """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
-        normalised, erased (``erase``), and on CUDA ``done``, the side stream's event after them
-        (else None)."""
+        """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`), on CUDA
+        ``done`` the side stream's event after them (else None)."""
         for step, item in enumerate(self.loader):
             if step == total:
                 return
@@ -133,7 +126,7 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
         """Add one batch to :attr:`stage_log`: its workers' rows (``item``), the decode thread's
-        ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and ``cpu`` seconds."""
+        ``timing`` (seconds by stage), ``wall`` and ``cpu`` seconds."""
         log, count = self.stage_log, len(item["labels"])
         rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
         log.add("read", rows[:, READ])
@@ -191,8 +184,7 @@ class BatchDecodeLoader(ReaderLoader):
             return images, labels
 
     def _hand_over(self, ready, done):
-        """``ready``'s tensors made usable on the current stream after the side stream's event
-        ``done`` (``record_stream``: kept until the current stream is done with them)."""
+        """``ready``'s tensors, usable on the current stream after the side stream's ``done``."""
         if done is None:
             return ready
         main = torch.cuda.current_stream(self.device)
@@ -202,8 +194,8 @@ class BatchDecodeLoader(ReaderLoader):
         return ready
 
     def _replace_failed(self, out, item):
-        """The batch with each undecodable sample marked, reported and replaced by its first
-        decoded image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
+        """The batch with each undecodable sample marked, named and replaced by its first decoded
+        image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
         good = [i for i in range(len(out.images)) if i not in failed]
         if not good:
@@ -223,10 +215,10 @@ class BatchDecodeLoader(ReaderLoader):
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device``; for ``cuda`` the first
-    GPU decoder that decodes a probe window into device memory (:func:`decode.gpu.probe_cuda`).
-    Raises :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where
-    no GPU decoder decodes (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` on ``dist.device`` (``cuda``: the first that
+    decodes a probe window into device memory, :func:`decode.gpu.probe_cuda`). Raises
+    :class:`AcceleratorError` for ``cuda`` on a CPU device or where no GPU decoder decodes
+    (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
@@ -255,9 +247,9 @@ def refusal(choice: CudaChoice) -> str:
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`BatchDecodeLoader` s over two readers in their orders, one
-    decoder shared by both. Raises :class:`DataError` for a training order smaller than one
-    batch, :class:`AcceleratorError` where the decoder cannot run (:func:`make_decoder`)."""
+    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder. Raises
+    :class:`DataError` for a training order smaller than one batch, :class:`AcceleratorError`
+    where the decoder cannot run (:func:`make_decoder`)."""
     decoder = make_decoder(settings, dist)
     return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, settings, dist,
                               train=True),

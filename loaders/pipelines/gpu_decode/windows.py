@@ -1,6 +1,6 @@
-"""The DataLoader workers' part of the batch-decode pipeline: each sample's bytes read and its
-window drawn (:class:`Windows`), a batch's packed as tensors (:class:`WindowBatches`), with the
-stage figures travelling with the batch as the pixels do."""
+"""The DataLoader workers' part of the batch-decode pipeline (:class:`WindowBatches`): each
+sample's bytes read and its window drawn, a batch's packed as tensors, with the stage figures
+travelling with the batch as the pixels do."""
 from __future__ import annotations
 
 import time
@@ -22,25 +22,32 @@ from ..batches import NumberedBatch, seeded
 READ, WINDOW, BYTES = range(3)
 
 
-class Windows(Dataset):
-    """``reader``'s sample ``i`` as ``((bytes, window, flip, i, frame), label)``: training's
-    RandomResizedCrop window as the CPU loaders draw it (``frame`` None), or validation's central
-    crop region and frame (``val_sizes`` = ``(resize, crop)``,
-    :func:`~loaders.transforms.center_crop_plan`); sizes from the header, else a whole decode
-    (which raises for non-images, for :func:`~loaders.pipelines.bad_samples.fetch_readable`).
-    ``clock`` (a :class:`loaders.timing.stages.StageClock`, or None) gets each read's and
-    window's seconds (added over a replaced sample's tries) and the record's bytes."""
+class WindowBatches(Dataset):
+    """``reader``'s samples for the batch decoder. Item ``i``: ``((bytes, window, flip, i,
+    frame), label)``, training's RandomResizedCrop window as the CPU loaders draw it (``frame``
+    None), or validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``);
+    sizes from the header checked by the acceptance rule (``max_pixels``), else a whole decode
+    (which raises for non-images). A :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict:
+    ``data`` uint8 (the encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows``
+    int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices``
+    int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and
+    ``found``; with a ``clock`` (a ``StageClock``) also ``stages`` float64 ``(N, 3)``
+    (:data:`READ`, :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64
+    ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed; damaged samples are replaced as
+    ``bad`` has it (:func:`fetch_readable`)."""
 
-    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, clock=None,
-                 max_pixels: int = MAX_PIXELS):
-        self.reader, self.val_sizes, self.clock = reader, val_sizes, clock
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
+                 clock=None, max_pixels: int = MAX_PIXELS):
+        self.reader, self.val_sizes, self.bad, self.clock = reader, val_sizes, bad, clock
         self.max_pixels = max_pixels
         self.draw = TrainTransform()
 
     def __len__(self) -> int:
         return len(self.reader)
 
-    def __getitem__(self, index: int):
+    def window(self, index: int):
+        """Sample ``index``'s item (see the class); the clock gets the read's and window's
+        seconds (added over a replaced sample's tries) and the record's bytes."""
         clock = self.clock
         started = time.perf_counter() if clock is not None else 0.0
         data, label = self.reader.read(index)
@@ -61,27 +68,8 @@ class Windows(Dataset):
             clock.t[stages.WINDOW] += time.perf_counter() - read
         return (data, window, flip, index, None), label
 
-    def name_of(self, index: int) -> str:
-        return self.reader.name_of(index)
-
-
-class WindowBatches(Dataset):
-    """A :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict of tensors: ``data`` uint8
-    (all encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
-    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
-    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
-    ``clock`` also ``stages`` float64 ``(N, 3)`` (:data:`READ`, :data:`WINDOW`, :data:`BYTES`)
-    and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed;
-    damaged samples are replaced as ``bad`` has it (:func:`fetch_readable`)."""
-
-    def __init__(self, windows: Windows, bad: BadSamples, clock=None):
-        self.windows, self.bad, self.clock = windows, bad, clock
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
     def __getitem__(self, index: int):
-        return fetch_readable(self.windows.__getitem__, index, self.bad)
+        return fetch_readable(self.window, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch) -> dict:
         return seeded(batch, self._read)
@@ -105,25 +93,19 @@ class WindowBatches(Dataset):
             labels.append(label)
             indices.append(used)
             found += new_bad
-        out = _packed(datas, windows, flips, labels, indices, frames)
-        out.update(number=batch.number, found=found)
+        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
+        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
+        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
+        offsets[1:] = torch.from_numpy(np.cumsum(sizes))
+        out = dict(data=joined, offsets=offsets, number=batch.number, found=found,
+                   windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
+                   flips=torch.tensor(flips, dtype=torch.bool),
+                   labels=torch.tensor(labels, dtype=torch.int64),
+                   indices=torch.tensor(indices, dtype=torch.int64),
+                   frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
         if clock is not None:  # the packing is inside the batch's wall time, outside a stage
             row = np.zeros(stages.BATCH_COLUMNS)
             clock.end_batch(row, 0.0)
             out.update(stages=torch.from_numpy(rows), stage_batch=torch.from_numpy(row))
         return out
-
-
-def _packed(datas, windows, flips, labels, indices, frames) -> dict:
-    """A batch's lists as :class:`WindowBatches`' tensors (``number`` and ``found`` apart)."""
-    sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
-    joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-    joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
-    offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
-    offsets[1:] = torch.from_numpy(np.cumsum(sizes))
-    return dict(data=joined, offsets=offsets,
-                windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
-                flips=torch.tensor(flips, dtype=torch.bool),
-                labels=torch.tensor(labels, dtype=torch.int64),
-                indices=torch.tensor(indices, dtype=torch.int64),
-                frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))

@@ -54,13 +54,13 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` as
-    normalised ``dtype`` batches, one batch ahead on a side stream: :meth:`batches` takes
-    ``(number, slot, count)`` of each written slot in order and yields ``images`` ``dtype``
-    ``(count, 3, H, W)`` (channels-last if ``channels_last``), ``(x - mean) / std`` with float32
-    ``(1, 3, 1, 1)`` ``mean``/``std`` on the 0-255 scale, and ``labels`` int64 ``(count,)``, on
-    ``device``. A slot is released once its copy finished (page-locked) or was staged into pinned
-    memory. ``timing`` (a ``StageLog``, or None) gets each batch's side-stream time."""
+    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
+    ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
+    in order and yields ``images`` ``dtype`` ``(count, 3, H, W)`` (channels-last if
+    ``channels_last``), ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)`` on the 0-255 scale), and
+    int64 ``labels`` ``(count,)``. A slot is released once its copy finished (page-locked) or
+    was staged into pinned memory. ``timing`` (a ``StageLog``, or None) gets each batch's
+    side-stream time."""
 
     timing = None
 
@@ -81,7 +81,7 @@ class CudaFeeder:
             for number, slot, count in filled:
                 upcoming = self._upload(pool, number, slot, count, locked, pass_id, erase)
                 if current is not None:
-                    yield current[0], current[1]
+                    yield current[:2]
                 # The model's next step waits for the upload; record_stream keeps the allocator
                 # from handing these tensors' memory to the next upload while they are in use.
                 main = torch.cuda.current_stream(self.device)
@@ -92,7 +92,7 @@ class CudaFeeder:
                     self._release(pool, *current[2:])
                 current = upcoming
             if current is not None:
-                yield current[0], current[1]
+                yield current[:2]
                 self._release(pool, *current[2:])
         finally:
             # a pass left early may still be copying from a slot the next pass's workers refill
