@@ -16,9 +16,10 @@ from loaders import DataError  # noqa: E402
 def test_host_windows_are_the_cpu_loaders(tiny, sample_images):
     """The windows the feed hands DALI are the ones ``random_resized_crop_params`` (torchvision's
     algorithm: 10 attempts, then the central crop) gives for the same uniforms and the size PIL
-    reads (independently of the acceptance rule's header parse, whose frames the feed takes): on the sample's and ``tiny``'s; every
-    fourth image gets uniforms near 1 for every attempt (the whole area at ratio 4/3 fits no
-    image but an exactly 4:3 one), so the central fallback is exercised."""
+    reads (independently of the acceptance rule's header parse, whose frames the feed takes): on
+    the sample's and ``tiny``'s; every fourth image gets uniforms near 1 for every attempt (the
+    whole area at ratio 4/3 fits no image but an exactly 4:3 one), so the central fallback is
+    exercised."""
     import glob
 
     from decode.acceptance import check
@@ -91,7 +92,8 @@ def test_the_gpu_feed_carries_the_auto_augment_draws(tiny):
     blobs = [open(p, "rb").read() for p in paths]
     policy = DaliAugment("ra")
     gpu = SimpleNamespace(train=True, cuda=True, augment=policy)  # a GraphOptions' fields
-    feed = BatchFeed(lambda i: (blobs[i], i % 2, check(blobs[i])), gpu, batch_size=3, seed=5, rank=1)
+    feed = BatchFeed(lambda i: (blobs[i], i % 2, check(blobs[i])), gpu, batch_size=3, seed=5,
+                     rank=1)
     feed.start(FeedPass(tuple(range(6)), 2, 7, 32, 1, 1))  # batch 1 of the pass = 8 of epoch 2
     batch = feed(SimpleNamespace(iteration=0))
     feed.close()
