@@ -1,9 +1,7 @@
-"""What the DALI pipeline is fed, prepared off the training thread: DALI 2.4 calls a non-parallel
-``fn.external_source`` callback on the thread that calls ``run()``, where reads would be in
-series with the step (14 ms per 256-image LMDB batch on 2 cores). A thread per pipeline
-(:class:`BatchFeed`) reads the batches ahead, draws each RandomResizedCrop window from the
-header's size with :func:`~loaders.transforms.random_resized_crop_params` (instead of ~30 DALI
-CPU operators, about 13 ms per batch) and packs uniform inputs as one array each."""
+"""What the DALI pipeline is fed, prepared off the training thread (DALI 2.4 calls a non-parallel
+``fn.external_source`` on the thread that calls ``run()``: 14 ms per 256-image LMDB batch in
+series with the step on 2 cores). A thread per pipeline (:class:`BatchFeed`) reads the batches
+ahead and draws each RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
 from __future__ import annotations
 
 import collections
@@ -13,12 +11,13 @@ from typing import Sequence
 
 import numpy as np
 
-from decode.acceptance import Frame
+from decode.acceptance import Frame, Refused, check
 
 from ...draws import keyed_rng
 from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 from ..ahead import RunAhead
+from ..bad_samples import report_unreadable
 
 # Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
 # waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores,
@@ -28,8 +27,7 @@ AHEAD = 2
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
     """RandomResizedCrop uniforms of batch ``batch``, float64 ``(count, 4 * RRC_ATTEMPTS)`` in
-    [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips: a
-    function of (seed, epoch, rank, batch) alone, so a rebuilt pipeline or resumed epoch agrees."""
+    [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips."""
     rng = keyed_rng(seed, epoch, rank, batch)
     draws = rng.random((count, 4 * RRC_ATTEMPTS))
     return draws, (rng.random(count) < 0.5).astype(np.int32)
@@ -37,10 +35,9 @@ def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
 
 def host_windows(frames: Sequence[Frame | None],
                  draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RandomResizedCrop windows of the images whose headers read as ``frames``
-    (:func:`decode.acceptance.check`'s): float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w,
-    h)`` in whole pixels (``fn.decoders.image_slice``'s), the CPU loaders' for the same uniforms;
-    an image of unreadable size (None) gets 1x1 (DALI then fails on it: the bad-sample rules)."""
+    """RandomResizedCrop windows of the images of ``frames`` (:func:`decode.acceptance.check`'s):
+    float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` in pixels, the CPU loaders' for
+    the same uniforms; a frame None gets 1x1 (DALI then fails on it: the bad-sample rules)."""
     anchors = np.zeros((len(frames), 2), np.float32)
     shapes = np.ones((len(frames), 2), np.float32)
     for j, frame in enumerate(frames):
@@ -52,11 +49,35 @@ def host_windows(frames: Sequence[Frame | None],
     return anchors, shapes
 
 
+class AcceptedReads:
+    """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
+    the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read (None: no
+    parser reads it), or where the rule refuses those bytes the next readable sample's, each
+    refused one reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
+    :class:`DataError` if every sample is unreadable. It holds no reference to the loader: a
+    loader (its DALI pipelines with it) freed in a process forked while a feed thread holds it
+    would hang there, waiting for DALI threads that only the parent has."""
+
+    def __init__(self, reader, unreadable, max_pixels: int):
+        self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
+        self.refused = 0
+
+    def __call__(self, index: int) -> tuple[bytes, int, Frame | None]:
+        while True:
+            data, label = self.reader.read(index)
+            try:
+                return data, label, check(data, self.max_pixels)
+            except Refused as exc:
+                if self.unreadable.mark(index):
+                    self.refused += 1
+                    report_unreadable(self.reader.name_of(index), exc)
+                index = self.unreadable.next_readable(index)
+
+
 @dataclass(frozen=True)
 class FeedPass:
-    """One pass as a feed reads it: batch ``b`` of ``order`` is the epoch's batch
-    ``first_batch + b`` (for draws), cropped to ``size`` px; the feed serves batches ``index``,
-    ``index + pipelines``, ..."""
+    """One pass as a feed reads it: batch ``b`` of ``order`` is the epoch's ``first_batch + b``,
+    cropped to ``size`` px; the feed serves batches ``index``, ``index + pipelines``, ..."""
 
     order: tuple[int, ...]
     epoch: int
@@ -70,14 +91,13 @@ class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
     pointed at a pass by :meth:`start`; a thread (:class:`~loaders.pipelines.ahead.RunAhead`)
     prepares :data:`AHEAD` batches from ``read(index) -> (bytes, label, frame)``
-    (``unreadable.AcceptedReads``: the header once). Each call returns ``[encoded, labels]``
+    (:class:`AcceptedReads`: the header once). Each call returns ``[encoded, labels]``
     (uint8 1-D arrays; int32 ``(N,)``) plus, for training, float32 ``(N, 2)`` anchors ``(x, y)``
     and shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU graph (``opts.cuda``) float32
     ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
     ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
-    ``keep`` batches stay referenced, as DALI reads them in place (``no_copy``): at least its
-    prefetch depth + 1. ``log`` (a ``BatchStageLog``, or None) gets each batch's per-image
-    reads, its draws' seconds and the thread's wall and CPU seconds."""
+    ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in place
+    (``no_copy``). ``log`` (a ``BatchStageLog``, or None) gets each batch's stage figures."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
@@ -139,8 +159,8 @@ class BatchFeed:
 
     def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
                    started: float, cpu: float) -> None:
-        """Add one prepared batch of reader ``plan.index`` to :attr:`log`: ``reads`` (s per
-        image), ``window`` (the draws' s) and this thread's wall and CPU s since ``started``."""
+        """Add one batch to :attr:`log`: ``reads`` (s per image), ``window`` (the draws' s) and
+        this thread's wall and CPU s since ``started``."""
         log, count = self.log, len(data)
         log.add("read", reads)
         if self.train:

@@ -12,28 +12,29 @@ from typing import Iterator
 
 import torch
 
-from decode import release_freed_memory
+from decode import decode, release_freed_memory
+from decode.acceptance import check
 from decode.messages import capture
 
-from ...errors import AcceleratorError
+from ...errors import AcceleratorError, DataError
 from ...orders import Order, batches_per_epoch, train_batch_size
 from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.batch_stages import BatchStageLog, StagedLoader, thread_cpu
-from ..bad_samples import UnreadableSet
+from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
+                           report_unreadable)
 from ..batches import DeviceFeed, batch_seed, epoch_seed
-from .environment import cuda_failure
-from .feed import BatchFeed, FeedPass
-from .graph import GraphOptions, augment, outputs_to_torch, source
-from .unreadable import AcceptedReads, UnreadableSamples
+from .environment import cuda_failure, message_lines
+from .feed import AcceptedReads, BatchFeed, FeedPass
+from .graph import GraphOptions, augment, outputs_to_torch, source, window_mismatch
 
 # Seconds close() gives a feed thread to leave its read (a shard retrying): then left behind
 CLOSE_WAIT_S = 5.0
 
 
-class DALILoader(UnreadableSamples, StagedLoader, DeviceFeed):
+class DALILoader(StagedLoader, DeviceFeed):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
     ``order``, yielding the batches of ``loaders.settings``' contract (with CUDA DALI's GPU
     buffers on torch's current stream; the last validation batch smaller, never padded). A sample
@@ -272,3 +273,85 @@ class DALILoader(UnreadableSamples, StagedLoader, DeviceFeed):
         self.stage_log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter()
                                      - started, waited[1] + thread_cpu() - cpu, wait=waited[0])
         return images, labels
+
+    def _check_refused(self) -> None:
+        """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
+        check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
+
+    def _name_damaged(self, order: list[int], step: int, lines: list[str],
+                      lookahead: int) -> None:
+        """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
+        ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
+        may arrive late); a sample named before takes them unprobed; none: one line says so."""
+        batch = self.batch_size
+        first = max(0, step - lookahead)
+        window = [order[p] for p in range(first * batch, min(len(order), (step + lookahead)
+                                                             * batch))]
+        if any(self.warned.known(index) for index in window):
+            return
+        found = False
+        for index in window:
+            if self.unreadable.known(index):  # refused by the feed, never handed to DALI
+                continue
+            try:
+                data = self.reader.read(index)[0]
+                check(data, self.max_pixels)
+                with capture() as caught:
+                    decode(data)
+            except DECODE_ERRORS:
+                continue
+            if caught.lines:
+                found = True
+                if self.warned.mark(index):
+                    report_damaged(self.reader.name_of(index), caught.lines)
+        if not found:
+            report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
+                           f"{self._split} split; our CPU decoder decodes them without a "
+                           "warning)", lines)
+
+    def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
+                            lookahead: int) -> None:
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) by the acceptance rule
+        and our CPU decoder; report, remember and replace in ``order`` (by the next readable
+        index) each unreadable sample. Raises :class:`DataError` (DALI's message) if none."""
+        batch = self.batch_size
+        window = range(step * batch, min(len(order), (step + lookahead) * batch))
+        found = 0
+        for position in window:
+            index = order[position]
+            while True:  # never one known unreadable: the order skips those
+                try:
+                    data = self.reader.read(index)[0]
+                    check(data, self.max_pixels)
+                    decode(data)
+                    break
+                except DECODE_ERRORS as error:
+                    if self.unreadable.mark(index):
+                        report_unreadable(self.reader.name_of(index), error)
+                index = self.unreadable.next_readable(index)
+                found += 1
+                if found > len(window):
+                    raise DataError(f"DALI: {found} unreadable samples near batch {step}: "
+                                    "is this dataset damaged?")
+            order[position] = index
+        if found == 0:
+            lines = message_lines(exc)
+            raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
+                            f"{step} of this pass: {lines[-1] if lines else exc}") from None
+
+    def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
+        """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
+        it is then reported, remembered and replaced in ``order``, and the pipelines dropped.
+        Raises :class:`DataError` past ``max_bad_share``."""
+        found = window_mismatch(outputs)
+        if found is None:
+            return False
+        self._drop_pipelines()
+        position, reason = found
+        position += step * self.batch_size
+        index = order[position]
+        if self.unreadable.mark(index):
+            report_unreadable(self.reader.name_of(index), DataError(reason))
+        order[position] = self.unreadable.next_readable(index)
+        self._check_refused()
+        return True
