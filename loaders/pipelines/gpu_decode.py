@@ -36,18 +36,13 @@ READ, WINDOW, BYTES = range(3)
 
 
 class WindowBatches(Dataset):
-    """``reader``'s samples for the batch decoder. Item ``i``: ``((bytes, window, flip, i,
-    frame), label)``, training's RandomResizedCrop window as the CPU loaders draw it (``frame``
-    None), or validation's central crop region and frame (``val_sizes`` = ``(resize, crop)``);
-    sizes from the header checked by the acceptance rule (``max_pixels``), else a whole decode
-    (which raises for non-images). A :class:`~loaders.pipelines.batches.NumberedBatch` -> a dict:
-    ``data`` uint8 (the encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows``
-    int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices``
-    int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and
-    ``found``; with a ``clock`` (a ``StageClock``) also ``stages`` float64 ``(N, 3)``
-    (:data:`READ`, :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64
-    ``(stages.BATCH_COLUMNS,)``. Draws follow the batch's seed; damaged samples are replaced as
-    ``bad`` has it (:func:`fetch_readable`)."""
+    """``reader``'s samples as the workers hand them over (:meth:`window` per sample, damaged
+    ones replaced as ``bad`` has it). A :class:`NumberedBatch` -> a dict: ``data`` uint8 (the
+    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
+    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
+    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
+    ``clock`` (a ``StageClock``) also ``stages`` float64 ``(N, 3)`` (:data:`READ`,
+    :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
                  clock=None, max_pixels: int = MAX_PIXELS):
@@ -59,8 +54,11 @@ class WindowBatches(Dataset):
         return len(self.reader)
 
     def window(self, index: int):
-        """Sample ``index``'s item (see the class); the clock gets the read's and window's
-        seconds (added over a replaced sample's tries) and the record's bytes."""
+        """``((bytes, window, flip, index, frame), label)``: training's RandomResizedCrop window
+        (the batch's seed; ``frame`` None), or validation's central crop region and frame
+        (``val_sizes`` = ``(resize, crop)``); sizes from the header the acceptance rule
+        (``max_pixels``) read, else a whole decode (which raises for non-images). The clock
+        gets the read's and window's seconds and the record's bytes."""
         clock = self.clock
         started = time.perf_counter() if clock is not None else 0.0
         data, label = self.reader.read(index)
@@ -130,13 +128,12 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 
 class BatchDecodeLoader(ReaderLoader):
     """One split of ``reader`` in the indices of ``order``: DataLoader workers read the bytes and
-    draw the windows (:class:`.windows.WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or
-    its CPU backend) decodes, resizes, flips and normalises each batch here, in a thread two
-    batches ahead (``-j 0``: one ahead, on the training thread), on CUDA on a side stream. The
-    workers refuse what :mod:`decode.acceptance` refuses; a sample the decoder declines is
-    decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once, marked
-    (:attr:`unreadable`) and replaced by another of its batch, :class:`DataError` past
-    ``max_bad_share``; one a native decoder warned about is kept and named once (:attr:`warned`).
+    draw the windows (:class:`WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or its CPU
+    backend) decodes, resizes, flips and normalises each batch here, in a thread two batches
+    ahead (``-j 0``: one, on the training thread), on CUDA on a side stream. A sample the decoder
+    declines is decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once,
+    marked (:attr:`unreadable`) and replaced by another of its batch (:class:`DataError` past
+    ``max_bad_share``); one a native decoder warned about is kept and named once (:attr:`warned`).
     Training measures its stages (``timing.batch_stages``; CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,

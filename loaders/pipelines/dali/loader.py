@@ -1,9 +1,6 @@
 """The NVIDIA DALI pipeline's loader (``--dali``) over any random-access reader, fed by
-``feed.BatchFeed`` threads. With CUDA, nvJPEG decodes (``--dali-cpu``: the CPU, as NVIDIA's
-DeepLearningExamples RN50) and the rest runs on the GPU; without, single-threaded CPU pipelines
-take turns and torch finishes each crop. Each epoch is handed to DALI in the reader's orders;
-pipelines are built once per run (as NVIDIA's DALI ResNet-50 example), rebuilt only after a
-sample DALI could not decode or a pass left unfinished."""
+``feed.BatchFeed`` threads, its pipelines built once per run (as NVIDIA's DALI ResNet-50
+example), rebuilt only after a sample DALI could not decode or a pass left unfinished."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,14 +33,12 @@ CLOSE_WAIT_S = 5.0
 
 class DALILoader(StagedLoader, DeviceFeed):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
-    ``order``, yielding the batches of ``loaders.settings``' contract (with CUDA DALI's GPU
-    buffers on torch's current stream; the last validation batch smaller, never padded). A sample
-    the acceptance rule refuses never reaches DALI; one DALI cannot decode is found with our CPU
-    decoder; either is reported, replaced and remembered (``unreadable``). Past
-    ``max_bad_share``, or on another DALI failure, iterating raises :class:`DataError`; on a CUDA
-    failure :class:`AcceleratorError`. A sample DALI's decoder warned about is named once
-    (``warned``). Training measures the feed threads and the training thread's wait and
-    hand-over (``timing.batch_stages``)."""
+    ``order``. With CUDA, nvJPEG decodes (``--dali-cpu``: the CPU, as NVIDIA's
+    DeepLearningExamples RN50) and the rest runs on the GPU; without, single-threaded CPU
+    pipelines take turns and torch finishes each crop. A sample the acceptance rule refuses never
+    reaches DALI; one DALI cannot decode is found with our CPU decoder; either is named,
+    replaced and remembered (``unreadable``). Past ``max_bad_share``, or on another DALI failure,
+    iterating raises :class:`DataError`; on a CUDA failure :class:`AcceleratorError`."""
 
     cpu_pipelines: int | None = None  # CPU-only pipelines taking turns (None: one per thread)
 

@@ -1,10 +1,8 @@
 """Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
 the slots with ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy is a DMA that
-returns at once (else each batch needs ``pin_memory()``, a copy of about 38 MB at ``-b 256``,
-224 px, on the main thread), and :class:`CudaFeeder` copies and normalises batch ``k + 1`` on a
-side stream while the model runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's
-``data_prefetcher`` do. The uint8 batch travels (4x fewer bytes than float32) and is normalised
-on the GPU into the model's dtype (:func:`loaders.settings.input_dtype`)."""
+returns at once (else each batch is copied by ``pin_memory()``: 38 MB at ``-b 256``, 224 px), and
+:class:`CudaFeeder` copies, normalises and erases batch ``k + 1`` on a side stream while the model
+runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's ``data_prefetcher`` do."""
 from __future__ import annotations
 
 import weakref
