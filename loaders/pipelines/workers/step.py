@@ -24,7 +24,7 @@ from .slots import SharedBatches
 class SlotWriter(Dataset):
     """Dataset for a DataLoader of :class:`NumberedBatch` es over ``reader``: fetching one writes
     ``transform(bytes, frame)`` of each sample (uint8 ``(3, H, W)``) and the labels into the
-    slots of :attr:`pool` (set before the workers start: they fork or unpickle with them) and
+    slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
     returns ``(number, slot, count, found)``, ``found`` the samples newly found unreadable
     (``bad``). Each batch is :func:`seeded`; a new image shape in its plan goes to the slots and
     a training transform's ``size``. ``max_pixels``: the acceptance rule's limit. Raises
@@ -32,7 +32,11 @@ class SlotWriter(Dataset):
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int):
         self.reader, self.transform, self.bad, self.max_pixels = reader, transform, bad, max_pixels
-        self.pool: SharedBatches | None = None  # the next pass's slots
+        self.pool: SharedBatches | None = None
+
+    def use(self, pool: SharedBatches) -> None:
+        """Write the next pass's batches into ``pool``'s slots."""
+        self.pool = pool
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -47,7 +51,7 @@ class SlotWriter(Dataset):
 
     def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         if self.pool is None:
-            raise RuntimeError("SlotWriter.pool must be set before iterating")
+            raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
         shape = batch.plan.image_shape
         if shape is not None and tuple(shape) != self.pool.image_shape:
             self.pool.set_shape(shape)
