@@ -1,6 +1,6 @@
-"""What the two DataLoader pipelines (``workers``, ``gpu_decode``) share: batches numbered per pass
-and seeded by :func:`batch_seed` of (seed, epoch, rank, batch), whichever worker draws them
-(:class:`NumberedBatchSampler`), and :class:`ReaderLoader`, a loader's decoding-free part."""
+"""What the pipelines share: batches numbered per pass and seeded by :func:`batch_seed` of (seed,
+epoch, rank, batch), whichever worker draws them (:class:`NumberedBatchSampler`), the device
+feed's erasing (:class:`DeviceFeed`) and :class:`ReaderLoader`, a loader's decoding-free part."""
 from __future__ import annotations
 
 import itertools
@@ -17,32 +17,30 @@ from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
 from ..timing.batch_stages import StagedLoader
-from .bad_samples import too_many_unreadable
+from .bad_samples import check_share
 from .closing import ClosingDataLoader
 
 PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """One 63-bit seed from (seed, epoch, rank): the DataLoader workers' base seed and DALI's
-    pipeline seed (neither draws an augmentation: those are drawn per batch)."""
+    """One 63-bit seed of (seed, epoch, rank): the DataLoader workers' base seed and DALI's
+    pipeline seed (augmentations are drawn per batch, :func:`batch_seed`)."""
     return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
-    """The torch seed of training batch ``batch`` (counted from the epoch's start) of ``epoch``
-    on global rank ``rank``: 64 bits of NumPy's ``SeedSequence`` of the four, which mixes them
-    so that no two tuples share a stream (as DALI's crops, ``dali.feed.crop_draws``)."""
-    state = seed_sequence(seed, epoch, rank, batch)
-    return int(state.generate_state(1, np.uint64)[0])
+    """The torch seed of training batch ``batch`` of ``epoch`` on global rank ``rank``: 64 bits
+    of NumPy's ``SeedSequence`` of the four (no two tuples share a stream)."""
+    return int(seed_sequence(seed, epoch, rank, batch).generate_state(1, np.uint64)[0])
 
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: the pass number ``pass_id``
-    (``SharedBatches.begin_pass``), the slots' image shape ``(3, H, W)`` (None: as made), the
-    augmentation's seed key ``(seed, epoch, rank, first_batch)`` (None: no random transform;
-    ``first_batch``: where a resumed epoch starts) and at most ``limit`` batches (None: all)."""
+    """What every batch of one pass carries to the workers: ``pass_id``
+    (``SharedBatches.begin_pass``), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the
+    ``seed_key`` ``(seed, epoch, rank, first_batch)`` (None: no random transform) and at most
+    ``limit`` batches (None: all)."""
 
     pass_id: int = 0
     image_shape: tuple[int, int, int] | None = None
@@ -66,9 +64,8 @@ class NumberedBatch(list):
 
 
 class NumberedBatchSampler(Sampler[NumberedBatch]):
-    """Groups ``sampler``'s indices into :class:`NumberedBatch` es of ``batch_size`` (the last
-    shorter unless ``drop_last``), numbered from 0 per pass, at most ``plan.limit``; ``plan`` is
-    taken when a pass starts, so setting it never changes a pass under way."""
+    """``sampler``'s indices in :class:`NumberedBatch` es of ``batch_size`` (the last shorter
+    unless ``drop_last``), at most ``plan.limit``; ``plan`` is taken as a pass starts."""
 
     def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
@@ -78,17 +75,11 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
         return self._batches(self.plan)  # the plan as the pass starts
 
     def _batches(self, plan: PassPlan) -> Iterator[NumberedBatch]:
-        if plan.limit == 0:
-            return
-        batch, number = [], 0
-        for index in self.sampler:
-            batch.append(index)
-            if len(batch) == self.batch_size:
-                yield NumberedBatch(batch, number, plan)
-                batch, number = [], number + 1
-                if number == plan.limit:
-                    return
-        if batch and not self.drop_last:
+        indices = iter(self.sampler)
+        for number in itertools.count() if plan.limit is None else range(plan.limit):
+            batch = list(itertools.islice(indices, self.batch_size))
+            if not batch or (self.drop_last and len(batch) < self.batch_size):
+                return
             yield NumberedBatch(batch, number, plan)
 
     def __len__(self) -> int:
@@ -97,9 +88,9 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
 
 
 def seeded(batch: NumberedBatch, fetch):
-    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (unseeded where it
-    has none) and put back after: with ``-j 0`` this is the training process, whose own draws
-    (MixUp, CutMix, its checkpointed RNG state) must not follow the batches' seeds."""
+    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (where it has
+    one) and put back after: with ``-j 0`` this is the training process, whose own draws (MixUp,
+    CutMix, its checkpointed RNG state) must not follow the batches'."""
     seed = batch.plan.seed(batch.number)
     if seed is None:
         return fetch(batch)
@@ -113,12 +104,38 @@ def keep_as_is(batch):
     return batch
 
 
-class ReaderLoader(StagedLoader, PositionedLoader):
+class DeviceFeed(PositionedLoader):
+    """``PositionedLoader`` whose ``--random-erase`` (``erasing``) runs in the device feed right
+    after the normalisation, on the stream that normalised (timm's ``PrefetchLoader``): each
+    feed calls :meth:`_eraser`'s function; what reaches the step is only traced (``trace``)."""
+
+    def _eraser(self):
+        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
+        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
+        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
+        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
+        if erasing is None:
+            return None
+        return lambda images, number: erasing(images, epoch, first + number)
+
+    def _delivered(self, batches: Iterator) -> Iterator:
+        return batches if self.trace is None else self._traced(batches)
+
+    def _traced(self, batches: Iterator) -> Iterator:
+        indices = self.pass_indices()
+        try:
+            for step, batch in enumerate(batches):
+                self.trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
+                yield batch
+        finally:
+            batches.close()
+
+
+class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
-    :class:`NumberedBatch` es of ``batch_size`` images (training: whole batches,
-    :func:`~loaders.orders.train_batch_size`; validation: the last may be partial), at most
-    ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after ``set_epoch(epoch,
-    start_batch)``. Raises :class:`DataError` for an empty training order. A subclass makes
+    :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
+    at most ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after
+    ``set_epoch``. Raises :class:`DataError` for an empty training order. A subclass makes
     ``self.loader`` (:meth:`_dataloader`) and ``self.unreadable`` (an ``UnreadableSet``)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
@@ -185,14 +202,11 @@ class ReaderLoader(StagedLoader, PositionedLoader):
             raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
 
     def _check_bad(self, found: int) -> None:
-        """Raise :class:`DataError` once the split's distinct unreadable samples exceed
-        ``max_bad_share`` of it (checked after a batch that found ``found`` new ones)."""
+        """After a batch that found ``found`` new unreadable samples: :func:`check_share`."""
         if found:
-            bad, size = self.unreadable.count(), len(self.reader)
-            if bad > self.max_bad_share * size:
-                raise too_many_unreadable(bad, self.max_bad_share, size)
+            check_share(self.unreadable, self.max_bad_share, len(self.reader))
 
     @property
     def workers_configured(self) -> int:
-        """This loader's DataLoader workers (``-j``), for :meth:`stage_summary`."""
+        """This loader's DataLoader workers (``-j``), for ``stage_summary``."""
         return self.loader.num_workers

@@ -1,10 +1,10 @@
 """Stopping the DataLoader workers a loader started, on every way out of a run. torch's shutdown
 alone is not enough: our workers block SIGTERM and SIGUSR1 (forked while the training process
-catches SLURM's stop signals, ``engine.distributed.preempt``), so ``terminate`` does nothing, and a worker
-waiting for a batch slot or a streamed shard never reads the shutdown message; torch then leaves it
-running after 5 s and ``multiprocessing`` joins it forever at exit. :meth:`ClosingDataLoader.close`
-asks every worker to stop, waits :data:`STOP_GRACE_S` for all together and SIGKILLs the rest; an
-``atexit`` hook run before torch's does the same for any worker a loader left behind."""
+catches SLURM's stop signals, ``engine.distributed.preempt``), so ``terminate`` does nothing, and
+a worker waiting for a batch slot or a streamed shard never reads the shutdown message; torch
+leaves it running after 5 s and ``multiprocessing`` joins it forever at exit. Here every worker
+is asked to stop, given :data:`STOP_GRACE_S` (all together) and SIGKILLed after; an ``atexit``
+hook run before torch's does the same for any worker a loader left behind."""
 from __future__ import annotations
 
 import atexit
@@ -25,9 +25,9 @@ _workers: weakref.WeakSet = weakref.WeakSet()  # and every worker process of tho
 
 
 class ClosingDataLoader(DataLoader):
-    """``torch.utils.data.DataLoader`` (same arguments) whose :meth:`close` stops the worker
-    processes of every iterator it made: persistent ones kept between passes, and those of a
-    pass left part-way. A later ``iter()`` starts new workers."""
+    """``torch.utils.data.DataLoader`` whose :meth:`close` stops the workers of every iterator
+    it made (persistent ones, and those of a pass left part-way); a later ``iter()`` starts new
+    workers."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -52,17 +52,17 @@ class ClosingDataLoader(DataLoader):
         return iterator
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop (join, else kill after ``grace_s`` seconds) the workers of every iterator this
-        DataLoader made; the persistent iterator is forgotten."""
+        """Stop (join, else kill after ``grace_s`` seconds) the workers of every iterator made
+        here; the persistent iterator is forgotten."""
         made = list(self._made)  # held first: a dropped iterator's __del__ is torch's slow path
         self._iterator = None
         stop_iterators(made, grace_s)
 
 
 def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop the workers of ``iterators`` (torch ``_MultiProcessingDataLoaderIter`` s): each is
-    sent torch's shutdown message, all get ``grace_s`` seconds together to leave, survivors
-    are killed with SIGKILL and reaped, then torch's own shutdown closes the queues."""
+    """Stop the workers of ``iterators`` (torch ``_MultiProcessingDataLoaderIter`` s): torch's
+    shutdown message, ``grace_s`` seconds for all together, SIGKILL for the rest, then torch's
+    own shutdown closes the queues."""
     live = [it for it in iterators if not getattr(it, "_shutdown", True)]
     for iterator in live:
         iterator._workers_done_event.set()
@@ -86,10 +86,9 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def join_exiting_feeders(timeout_s: float = FEEDER_JOIN_S) -> None:
-    """Wait (at most ``timeout_s`` in all) for the queue feeder threads of every iterator already
-    shut down to end, so that no thread ends while workers are forked: an ending thread takes
-    CPython's HEAD_LOCK, and a ``fork()`` then gives the child the lock held, deadlocking it in
-    ``PyOS_AfterFork_Child`` before Python 3.11.8/3.12 (CPython gh-112275); torch's
+    """Wait (at most ``timeout_s`` in all) for the queue feeder threads of every iterator shut
+    down to end: a thread ending while workers fork holds CPython's HEAD_LOCK, deadlocking the
+    child in ``PyOS_AfterFork_Child`` before Python 3.11.8/3.12 (CPython gh-112275), and torch's
     ``_shutdown_workers`` leaves them ending (``cancel_join_thread``) as the next pass forks."""
     deadline = time.monotonic() + timeout_s
     for iterator in list(_iterators):
@@ -113,8 +112,8 @@ def kill_workers(workers) -> None:
 
 
 def stop_all_workers() -> None:
-    """Stop, as :func:`stop_iterators` does, every worker a :class:`ClosingDataLoader` started and
-    no loader stopped, then kill any left (``atexit``; safe any time). Never raises."""
+    """Stop every worker a :class:`ClosingDataLoader` started and no loader stopped, then kill
+    any left (``atexit``; safe any time). Never raises."""
     try:
         stop_iterators(list(_iterators))
     except Exception:  # noqa: BLE001 - a half-closed iterator: its workers are killed below

@@ -1,6 +1,6 @@
-"""The synthetic pipeline behind ``--dummy``: random batches made once on the device, no reader.
-Sizes follow pytorch/examples' ``--dummy`` (``FakeData``: 1,281,167 training and 50,000 validation
-images, 1000 classes), but nothing is decoded or copied per step: the model's ceiling."""
+"""The synthetic pipeline behind ``--dummy``: random batches made once on the device, no reader,
+in the sizes of pytorch/examples' ``--dummy`` (``FakeData``: ImageNet-1k's); nothing is decoded
+or copied per step: the model's ceiling."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -9,26 +9,25 @@ import torch
 
 from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
-from ..orders.positions import PositionedLoader
 from ..settings import DistInfo, LoaderSettings
 from ..timing.batch_stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
+from .batches import DeviceFeed
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
 NUM_CLASSES = 1000
 
 
-class SyntheticLoader(StagedLoader, PositionedLoader):
-    """Yields the same ``(images, labels)`` batch ``len()`` times, as many as a real loader over
-    ``num_samples`` images at ``settings`` and ``dist`` would: ``images`` ``settings.dtype``
-    ``(batch_size, 3, size, size)`` on ``dist.device`` (``size``: the split's crop), uniform uint8
-    noise normalised as real data; ``labels`` int64 ``(batch_size,)`` in ``[0, num_classes)``."""
+class SyntheticLoader(StagedLoader, DeviceFeed):
+    """Yields the same ``(images, labels)`` batch as often as a real loader over ``num_samples``
+    images would: ``images`` ``settings.dtype`` ``(batch_size, 3, size, size)`` on
+    ``dist.device`` (the split's crop), uniform uint8 noise normalised as real data; ``labels``
+    int64 ``(batch_size,)`` in ``[0, NUM_CLASSES)``."""
 
-    def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool,
-                 num_classes: int = NUM_CLASSES):
+    def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool):
         self.batch_size = batch_size = settings.batch_size
-        self.classes = [f"class{i:04d}" for i in range(num_classes)]
+        self.classes = [f"class{i:04d}" for i in range(NUM_CLASSES)]
         self.start_batch = 0
         # The batch count of a real loader over an epoch of this size (same order lengths).
         order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
@@ -40,7 +39,7 @@ class SyntheticLoader(StagedLoader, PositionedLoader):
         gen = torch.Generator().manual_seed(self.seed)
         size = settings.crop_size(train)
         with _allocating(batch_size, size, dist.device):
-            self.labels = torch.randint(0, num_classes, (batch_size,),
+            self.labels = torch.randint(0, NUM_CLASSES, (batch_size,),
                                         generator=gen).to(dist.device)
         self._batches: dict[int, torch.Tensor] = {}  # side (px) -> images, made once per side
         self.images = self._batch(size)
@@ -50,8 +49,8 @@ class SyntheticLoader(StagedLoader, PositionedLoader):
         return self.images.shape[-1]
 
     def set_resolution(self, size: int) -> None:
-        """Training: images of ``size`` px from now on (progressive resizing); each size's
-        batch is generated once. Raises ``ValueError`` for a validation loader."""
+        """Training: images of ``size`` px from now on, each size's batch made once. Raises
+        ``ValueError`` for a validation loader."""
         if not self.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
         self.images = self._batch(size)
@@ -76,14 +75,15 @@ class SyntheticLoader(StagedLoader, PositionedLoader):
         self._take_rest(epoch, start_batch, rest)
 
     def close(self) -> None:
-        """Nothing to stop (no workers); here as every loader has it."""
+        """Nothing to stop (no workers)."""
 
     def __iter__(self):
         return self._delivered(self._batches_left())
 
     def _batches_left(self):
-        for _ in range(len(self)):  # erased in place: a copy, else the erasures add up
-            yield self.images if self.erasing is None else self.images.clone(), self.labels
+        erase = self._eraser()
+        for number in range(len(self)):  # erased in place: a copy, else the erasures add up
+            yield self.images if erase is None else erase(self.images.clone(), number), self.labels
 
 
 @contextmanager

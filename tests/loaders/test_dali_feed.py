@@ -16,11 +16,13 @@ from loaders import DataError  # noqa: E402
 def test_host_windows_are_the_cpu_loaders(tiny, sample_images):
     """The windows the feed hands DALI are the ones ``random_resized_crop_params`` (torchvision's
     algorithm: 10 attempts, then the central crop) gives for the same uniforms and the size PIL
-    reads (independently of the feed's header parse): on the sample's and ``tiny``'s; every
-    fourth image gets uniforms near 1 for every attempt (the whole area at ratio 4/3 fits no
-    image but an exactly 4:3 one), so the central fallback is exercised."""
+    reads (independently of the acceptance rule's header parse, whose frames the feed takes): on
+    the sample's and ``tiny``'s; every fourth image gets uniforms near 1 for every attempt (the
+    whole area at ratio 4/3 fits no image but an exactly 4:3 one), so the central fallback is
+    exercised."""
     import glob
 
+    from decode.acceptance import check
     from loaders.pipelines.dali.feed import crop_draws, host_windows
     from loaders.transforms import RRC_RATIO, RRC_SCALE, random_resized_crop_params
 
@@ -35,7 +37,7 @@ def test_host_windows_are_the_cpu_loaders(tiny, sample_images):
         top, left, h, w = random_resized_crop_params(height, width, RRC_SCALE, RRC_RATIO,
                                                      list(uniforms))
         expected.append((left, top, w, h))
-    anchors, shapes = host_windows(blobs, draws)
+    anchors, shapes = host_windows([check(blob) for blob in blobs], draws)
     assert anchors.dtype == shapes.dtype == np.float32 and anchors.shape == (len(blobs), 2)
     assert [(*map(int, a), *map(int, s)) for a, s in zip(anchors, shapes)] == expected
     assert sum(w == width and h == height for (_, _, w, h), (width, height)
@@ -57,7 +59,7 @@ def test_the_feed_reads_off_the_training_thread_in_order(tiny):
         threads.append(threading.current_thread())
         if index == 99:
             raise DataError("record 99: gone")
-        return bytes([255, 216, 255, index]), index % 4
+        return bytes([255, 216, 255, index]), index % 4, None
 
     opts = SimpleNamespace(train=False, cuda=False, augment=None)  # a GraphOptions' fields
     feed = BatchFeed(read, opts, batch_size=2, seed=0, rank=0)
@@ -82,6 +84,7 @@ def test_the_gpu_feed_carries_the_auto_augment_draws(tiny):
     import glob
     from types import SimpleNamespace
 
+    from decode.acceptance import check
     from loaders.pipelines.dali.augment import DaliAugment
     from loaders.pipelines.dali.feed import BatchFeed, FeedPass
 
@@ -89,13 +92,14 @@ def test_the_gpu_feed_carries_the_auto_augment_draws(tiny):
     blobs = [open(p, "rb").read() for p in paths]
     policy = DaliAugment("ra")
     gpu = SimpleNamespace(train=True, cuda=True, augment=policy)  # a GraphOptions' fields
-    feed = BatchFeed(lambda i: (blobs[i], i % 2), gpu, batch_size=3, seed=5, rank=1)
+    feed = BatchFeed(lambda i: (blobs[i], i % 2, check(blobs[i])), gpu, batch_size=3, seed=5,
+                     rank=1)
     feed.start(FeedPass(tuple(range(6)), 2, 7, 32, 1, 1))  # batch 1 of the pass = 8 of epoch 2
     batch = feed(SimpleNamespace(iteration=0))
     feed.close()
     assert len(batch) == 7 and batch[6].dtype == np.int32 and batch[6].shape == (3, 2, 3)
     assert np.array_equal(batch[6], np.stack(policy.host_draws(5, 2, 1, 8, 3)))
-    cpu = BatchFeed(lambda i: (blobs[i], 0), SimpleNamespace(train=True, cuda=False,
+    cpu = BatchFeed(lambda i: (blobs[i], 0, None), SimpleNamespace(train=True, cuda=False,
                                                              augment=policy),
                     batch_size=3, seed=5, rank=1)
     assert cpu.augment is None

@@ -180,13 +180,15 @@ def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypa
     from PIL import Image, ImageOps
 
     import loaders.pipelines.dali.feed as feed
+    from decode.acceptance import Frame, check
 
-    def turned_size(data):  # what the window was drawn from before issue 35
+    def turned_frame(data, max_pixels):  # the size the window was drawn from before issue 35
+        check(data, max_pixels)
         with Image.open(io.BytesIO(data)) as image:
             width, height = ImageOps.exif_transpose(image).size
-        return height, width
+        return Frame("turned", height, width)
 
-    monkeypatch.setattr(feed, "image_size", turned_size)
+    monkeypatch.setattr(feed, "check", turned_frame)
     named = []
     for seed in SEEDS:
         train, _ = build(odd, "folder", "dali", seed, max_bad_share=1.0)

@@ -9,32 +9,25 @@ from decode.gpu import nvjpeg_pip_package
 from ...errors import DataError
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
-from .environment import gpu_decoding_problem, require_dali
+from .environment import gpu_decoding_problem, require
 from .graph import graph_options
 from .loader import DALILoader
 
 __all__ = ["DALILoader", "build_loaders", "require"]
 
 
-def require(dist: DistInfo) -> None:
-    """Raise :class:`DataError` naming the wheel to install if DALI is missing or, on CUDA,
-    built for another CUDA major than torch (before any split is opened)."""
-    require_dali(dist.device)
-
-
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s over two readers in their own orders, with
-    ``settings.workers`` DALI CPU threads (at least 1). Raises :class:`DataError` for a reader
-    without random access (streamed shards), bad order settings, nvJPEG unable to decode on the
-    GPU (without ``--dali-cpu``), or a training order smaller than one batch."""
+    """``(train, val)`` :class:`DALILoader` s with ``settings.workers`` DALI CPU threads (at
+    least 1). Raises :class:`DataError` for a reader without random access (streamed shards),
+    bad order settings, nvJPEG unable to decode on the GPU (without ``--dali-cpu``), or a
+    training order smaller than one batch."""
     built = []
     for is_train, reader, path in ((True, train, settings.train_path),
                                    (False, val, settings.val_path)):
         if not reader.random_access:
             raise DataError(f"{path}: --dali reads local shards only; stream them with "
                             "--loader shards (without --dali)")
-        order = reader.train_order(settings, dist) if is_train else reader.val_order(settings,
-                                                                                     dist)
+        order = (reader.train_order if is_train else reader.val_order)(settings, dist)
         opts = graph_options(settings, dist, is_train)
         if is_train and not opts.decode_on_cpu:
             problem = gpu_decoding_problem(dist.device)

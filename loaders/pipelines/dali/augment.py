@@ -1,11 +1,10 @@
-"""``--auto-augment`` inside DALI pipelines: ops as DALI's ``nvidia.dali.auto_aug`` operators
-(``auto_aug.augmentations``, selected per sample by ``auto_aug.core.select``) after the GPU graph's
-resize and flip, every draw made on the host by :meth:`DaliAugment.host_draws` from (seed, epoch,
-rank, batch): the state of DALI's random operators would not survive a resumed epoch or a rebuilt
-pipeline. The suites carry torchvision's op lists, magnitude ranges, bins and black fill
-(``loaders.transforms.auto_augment``), not DALI's defaults (TrivialAugment's enhancements from
-0.01, fill 128, RandAugment translating 100 px); the pixels are DALI's (equalize as OpenCV's,
-contrast about the unfloored mean, warps about pixel corners). CPU-only, torch finishes crops."""
+"""``--auto-augment`` inside DALI pipelines: DALI's ``nvidia.dali.auto_aug`` operators selected
+per sample (``auto_aug.core.select``) after the GPU graph's resize and flip, every draw made on
+the host from (seed, epoch, rank, batch) (:meth:`DaliAugment.host_draws`: DALI's random state
+would not survive a resumed epoch or a rebuilt pipeline). The suites carry torchvision's op
+lists, magnitude ranges, bins and black fill (``loaders.transforms.auto_augment``), not DALI's
+defaults; the pixels are DALI's (equalize as OpenCV's, contrast about the unfloored mean, warps
+about pixel corners). CPU-only, torch finishes the crops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,9 +21,8 @@ _TAG = 0x41554741  # "AUGA": these draws' stream, apart from the crops' of the s
 
 @dataclass(frozen=True)
 class DaliAugment:
-    """One run's ``--auto-augment`` policy for DALI: ``policy`` (of
-    ``loaders.transforms.auto_augment.POLICIES``), ``interpolation`` (the warps'),
-    ``ra_magnitude`` (RandAugment's bin) and ``augmix_severity`` (the CPU-only finish's)."""
+    """One run's ``--auto-augment`` ``policy`` (``auto_augment.POLICIES``) for DALI, with the
+    warps' ``interpolation``, RandAugment's bin and AugMix's severity (the CPU-only finish's)."""
 
     policy: str
     interpolation: str = "bilinear"
@@ -32,8 +30,8 @@ class DaliAugment:
     augmix_severity: int = 3
 
     def check(self, cuda: bool) -> None:
-        """Raise :class:`DataError` (one line) where DALI's operators cannot run the policy as
-        torchvision defines it: only the GPU graph uses them."""
+        """Raise :class:`DataError` where DALI's operators (the GPU graph's) cannot run the
+        policy as torchvision defines it."""
         if not cuda:
             return
         if self.policy == "augmix":
@@ -60,10 +58,9 @@ class DaliAugment:
 
     def host_draws(self, seed: int, epoch: int, rank: int, batch: int, count: int) -> list:
         """Batch ``batch``'s draws: per sample an int32 ``(slots, 3)`` array of (op number in
-        :attr:`names`, magnitude bin, negate 0/1), a function of (seed, epoch, rank, batch) alone.
-        ``ta_wide``: one slot, op, bin and sign uniform; ``ra``: two slots at bin ``ra_magnitude``;
-        AutoAugment: a uniform one of torchvision's 25 sub-policies, each op kept with its
-        probability (else Identity) at its bin. Signs only for signed ops, as torchvision."""
+        :attr:`names`, magnitude bin, negate 0/1). ``ta_wide``: one slot, op, bin and sign
+        uniform; ``ra``: two slots at bin ``ra_magnitude``; AutoAugment: one of torchvision's 25
+        sub-policies, each op kept with its probability (else Identity). Signs as torchvision."""
         rng = keyed_rng(seed, epoch, rank, batch, _TAG)
         space, names = self._space, self.names
         ops = list(space)
@@ -98,7 +95,7 @@ class DaliAugment:
 
     def graph(self, images, draws):
         """DALI graph: uint8 HWC ``images`` (one square size) through the ops drawn in ``draws``
-        (the :meth:`host_draws` source node); needs ``enable_conditionals=True``."""
+        (:meth:`host_draws`' node); needs ``enable_conditionals=True``."""
         from nvidia.dali import types
         from nvidia.dali.auto_aug.core import select, signed_bin
 

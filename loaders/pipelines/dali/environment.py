@@ -1,6 +1,6 @@
 """What ``--dali`` needs from its environment: the DALI wheel for torch's CUDA major, nvJPEG for
 GPU decoding, the hardware JPEG decoder's share, and telling a CUDA failure inside DALI from a
-damaged file. DALI is imported only in :func:`require_dali`."""
+damaged file."""
 from __future__ import annotations
 
 import importlib
@@ -24,6 +24,8 @@ A100_HW_DECODER_LOAD = 0.75
 # Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
 _CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
                            r"out of memory", re.IGNORECASE)
+
+
 def dali_pip_package(cuda_version: str | None) -> str:
     """The DALI wheel for torch's CUDA ``cuda_version`` ("12.8" -> ``nvidia-dali-cuda120``,
     "13.0" -> ``nvidia-dali-cuda130``; None, a torch without CUDA -> the CUDA 13 wheel)."""
@@ -43,24 +45,24 @@ def check_dali_wheel(cuda_version: str | None, installed: Sequence[str]) -> None
                             f"pip install {wanted}")
 
 
-def require_dali(device: torch.device):
-    """Import DALI or raise :class:`DataError` with the one line that says which wheel to
-    install: DALI is missing, or (on CUDA) built for another CUDA major than torch."""
+def require(dist) -> None:
+    """Import DALI or raise :class:`DataError` naming the wheel to install: DALI is missing, or
+    (on CUDA) built for another CUDA major than torch (before any split is opened)."""
     try:
         import nvidia.dali  # noqa: F401
     except (ImportError, OSError):
         raise DataError(f"--dali needs NVIDIA DALI, which is not installed: "
                         f"pip install {dali_pip_package(torch.version.cuda)}") from None
-    if device.type == "cuda":
+    if dist.device.type == "cuda":
         check_dali_wheel(torch.version.cuda, [d.metadata["Name"] or ""
                                               for d in importlib.metadata.distributions()])
 
 
 def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
-    """Why a JPEG would not be decoded on the GPU ``device`` in this process, in one phrase, or
-    None: nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``, which DALI 2.4's decoders
-    are built on) must decode a probe JPEG with its GPU backends only, into device memory (it
-    finds ``libnvjpeg`` only by its RUNPATH; elsewhere DALI silently decodes on the CPU)."""
+    """Why a JPEG would not be decoded on the GPU ``device`` here, in one phrase, or None:
+    nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``, DALI 2.4's decoders' base) must
+    decode a probe JPEG with its GPU backends only, into device memory (it finds ``libnvjpeg``
+    only by its RUNPATH; elsewhere DALI silently decodes on the CPU)."""
     # nvImageCodec prints two coloured lines to stderr per failure unless told not to
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
     try:
@@ -96,7 +98,7 @@ def message_lines(exc: Exception) -> list[str]:
 
 def cuda_failure(exc: Exception) -> str | None:
     """One line for a DALI error naming a CUDA / driver failure (from the last line naming one
-    on, e.g. "CUDA runtime API error cudaErrorInvalidValue (1)"); None for other errors."""
+    on); None for other errors."""
     lines = message_lines(exc)
     hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
     return " ".join(lines[hits[-1]:]) if hits else None

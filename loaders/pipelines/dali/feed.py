@@ -1,63 +1,83 @@
-"""What the DALI pipeline is fed, prepared off the training thread: DALI 2.4 calls a non-parallel
-``fn.external_source`` callback on the thread that calls ``run()``, where reads would be in
-series with the step (14 ms per 256-image LMDB batch on 2 cores). A thread per pipeline
-(:class:`BatchFeed`) reads the batches ahead, draws each RandomResizedCrop window from the
-header's size with :func:`~loaders.transforms.random_resized_crop_params` (instead of ~30 DALI
-CPU operators, about 13 ms per batch) and packs uniform inputs as one array each."""
+"""What the DALI pipeline is fed, prepared off the training thread (DALI 2.4 calls a non-parallel
+``fn.external_source`` on the thread that calls ``run()``: 14 ms per 256-image LMDB batch in
+series with the step on 2 cores). A thread per pipeline (:class:`BatchFeed`) reads the batches
+ahead and draws each RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
 from __future__ import annotations
 
 import collections
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from decode import image_size
+from decode.acceptance import Frame, Refused, check
 
 from ...draws import keyed_rng
 from ...timing.batch_stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
+from ..ahead import RunAhead
+from ..bad_samples import report_unreadable
 
 # Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
 # waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores,
 # benchmarks.pipelines.dali_feed).
 AHEAD = 2
-_POLL_S = 0.1
 
 
 def crop_draws(seed: int, epoch: int, rank: int, batch: int, count: int):
     """RandomResizedCrop uniforms of batch ``batch``, float64 ``(count, 4 * RRC_ATTEMPTS)`` in
-    [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips: a
-    function of (seed, epoch, rank, batch) alone, so a rebuilt pipeline or resumed epoch agrees."""
+    [0, 1) (area share, aspect ratio, top, left per attempt), and int32 ``(count,)`` flips."""
     rng = keyed_rng(seed, epoch, rank, batch)
     draws = rng.random((count, 4 * RRC_ATTEMPTS))
     return draws, (rng.random(count) < 0.5).astype(np.int32)
 
 
-def host_windows(data: Sequence[bytes], draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RandomResizedCrop windows: float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` in
-    whole pixels (``fn.decoders.image_slice``'s), the CPU loaders' for the same uniforms; an
-    image of unreadable size gets 1x1 (DALI then fails on it: the bad-sample rules apply)."""
-    anchors = np.zeros((len(data), 2), np.float32)
-    shapes = np.ones((len(data), 2), np.float32)
-    for j, encoded in enumerate(data):
-        size = image_size(encoded)
-        if size is None:
+def host_windows(frames: Sequence[Frame | None],
+                 draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RandomResizedCrop windows of the images of ``frames`` (:func:`decode.acceptance.check`'s):
+    float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` in pixels, the CPU loaders' for
+    the same uniforms; a frame None gets 1x1 (DALI then fails on it: the bad-sample rules)."""
+    anchors = np.zeros((len(frames), 2), np.float32)
+    shapes = np.ones((len(frames), 2), np.float32)
+    for j, frame in enumerate(frames):
+        if frame is None:
             continue
-        top, left, h, w = random_resized_crop_params(*size, RRC_SCALE, RRC_RATIO,
-                                                     draws[j].tolist())
+        top, left, h, w = random_resized_crop_params(frame.height, frame.width, RRC_SCALE,
+                                                     RRC_RATIO, draws[j].tolist())
         anchors[j], shapes[j] = (left, top), (w, h)
     return anchors, shapes
 
 
+class AcceptedReads:
+    """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
+    the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read (None: no
+    parser reads it), or where the rule refuses those bytes the next readable sample's, each
+    refused one reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
+    :class:`DataError` if every sample is unreadable. It holds no reference to the loader: a
+    loader (its DALI pipelines with it) freed in a process forked while a feed thread holds it
+    would hang there, waiting for DALI threads that only the parent has."""
+
+    def __init__(self, reader, unreadable, max_pixels: int):
+        self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
+        self.refused = 0
+
+    def __call__(self, index: int) -> tuple[bytes, int, Frame | None]:
+        while True:
+            data, label = self.reader.read(index)
+            try:
+                return data, label, check(data, self.max_pixels)
+            except Refused as exc:
+                if self.unreadable.mark(index):
+                    self.refused += 1
+                    report_unreadable(self.reader.name_of(index), exc)
+                index = self.unreadable.next_readable(index)
+
+
 @dataclass(frozen=True)
 class FeedPass:
-    """One pass as a feed reads it: batch ``b`` of ``order`` is the epoch's batch
-    ``first_batch + b`` (for draws), cropped to ``size`` px; the feed serves batches ``index``,
-    ``index + pipelines``, ..."""
+    """One pass as a feed reads it: batch ``b`` of ``order`` is the epoch's ``first_batch + b``,
+    cropped to ``size`` px; the feed serves batches ``index``, ``index + pipelines``, ..."""
 
     order: tuple[int, ...]
     epoch: int
@@ -69,15 +89,15 @@ class FeedPass:
 
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
-    pointed at a pass by :meth:`start`; a background thread prepares :data:`AHEAD` batches.
-    Each call returns ``[encoded, labels]`` (uint8 1-D arrays; int32 ``(N,)``) plus, for
-    training, float32 ``(N, 2)`` anchors ``(x, y)`` and shapes ``(w, h)`` and int32 ``(N,)``
-    flips, and for the GPU graph (``opts.cuda``) float32 ``(N,)`` output sides and, with
-    ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` after the pass's
-    last (possibly partial) batch; a failed read raises in the call. The last ``keep`` batches
-    stay referenced, as DALI reads them in place (``no_copy``): at least its prefetch depth + 1.
-    :attr:`waited`: seconds the calls waited. ``log`` (a ``BatchStageLog``, or None) gets each
-    batch's per-image reads, its draws' seconds and the thread's wall and CPU seconds."""
+    pointed at a pass by :meth:`start`; a thread (:class:`~loaders.pipelines.ahead.RunAhead`)
+    prepares :data:`AHEAD` batches from ``read(index) -> (bytes, label, frame)``
+    (:class:`AcceptedReads`: the header once). Each call returns ``[encoded, labels]``
+    (uint8 1-D arrays; int32 ``(N,)``) plus, for training, float32 ``(N, 2)`` anchors ``(x, y)``
+    and shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU graph (``opts.cuda``) float32
+    ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
+    ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
+    ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in place
+    (``no_copy``). ``log`` (a ``BatchStageLog``, or None) gets each batch's stage figures."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
@@ -86,49 +106,27 @@ class BatchFeed:
         self.sizes = opts.train and opts.cuda
         self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
-        self.waited, self.calls = 0.0, 0
         self._fed: collections.deque = collections.deque(maxlen=keep)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._ready: queue.Queue = queue.Queue(AHEAD)
-        self._ended = False
+        self._ahead: RunAhead | None = None
         self.start(FeedPass((), 0, 0, 0, 0, 1))
 
     def start(self, plan: FeedPass) -> None:
         """Feed ``plan``'s batches from now on (the previous pass's thread is stopped)."""
         self.close()
-        self.plan, self._ended = plan, not plan.order
-        self._stop = threading.Event()
-        self._ready = queue.Queue(AHEAD)
-        if plan.order:
-            self._thread = threading.Thread(target=self._produce, args=(plan, self._stop,
-                                                                        self._ready),
-                                            name="dali-feed", daemon=True)
-            self._thread.start()
+        self.plan = plan
+        self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed")
 
     def close(self, wait_s: float | None = None) -> None:
         """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
         left behind in a read (a daemon: a stream retrying a shard must not hold a run's exit)."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(wait_s)
-            self._thread = None
+        if self._ahead is not None:
+            self._ahead.close(wait_s)
+            self._ahead = None
 
-    def _produce(self, plan: FeedPass, stop: threading.Event, ready: queue.Queue) -> None:
+    def _prepared(self, plan: FeedPass):
         batch = plan.index
-        while not stop.is_set():
-            try:
-                item = self.prepare(plan, batch)
-            except BaseException as exc:  # noqa: BLE001 - raised on the training thread
-                item = exc
-            while not stop.is_set():
-                try:
-                    ready.put((batch, item), timeout=_POLL_S)
-                    break
-                except queue.Full:
-                    continue
-            if item is None or isinstance(item, BaseException):
-                return
+        while (item := self.prepare(plan, batch)) is not None:
+            yield batch, item
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
@@ -141,14 +139,14 @@ class BatchFeed:
             samples, reads = _timed_reads(self.read, indices)
         else:
             samples = [self.read(i) for i in indices]
-        data = [encoded for encoded, _ in samples]
+        data = [encoded for encoded, _, _ in samples]
         out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
-               np.array([label for _, label in samples], np.int32)]
+               np.array([label for _, label, _ in samples], np.int32)]
         window_started = time.perf_counter()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
-            out += [*host_windows(data, draws), flips]
+            out += [*host_windows([frame for _, _, frame in samples], draws), flips]
         if self.log is not None:
             self._log_batch(plan, data, reads, time.perf_counter() - window_started,
                             started, cpu)
@@ -161,8 +159,8 @@ class BatchFeed:
 
     def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
                    started: float, cpu: float) -> None:
-        """Add one prepared batch of reader ``plan.index`` to :attr:`log`: ``reads`` (s per
-        image), ``window`` (the draws' s) and this thread's wall and CPU s since ``started``."""
+        """Add one batch to :attr:`log`: ``reads`` (s per image), ``window`` (the draws' s) and
+        this thread's wall and CPU s since ``started``."""
         log, count = self.log, len(data)
         log.add("read", reads)
         if self.train:
@@ -173,21 +171,11 @@ class BatchFeed:
                        float(sum(len(d) for d in data)))
 
     def __call__(self, info):
-        if self._ended:  # DALI may ask again past the end (its queue is deeper than the pass)
-            raise StopIteration
-        started = time.perf_counter()
+        # StopIteration past the end, every time DALI asks (its queue is deeper than the pass)
+        batch, item = next(self._ahead)
         expected = self.plan.index + info.iteration * self.plan.pipelines
-        batch, item = self._ready.get()
-        self.waited += time.perf_counter() - started
-        self.calls += 1
         if batch != expected:  # DALI asks in iteration order; anything else is a bug here
             raise RuntimeError(f"DALI feed: batch {batch} prepared, {expected} asked for")
-        if isinstance(item, BaseException):
-            self._ended = True
-            raise item
-        if item is None:
-            self._ended = True
-            raise StopIteration
         self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
         return item
 

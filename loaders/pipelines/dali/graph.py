@@ -1,6 +1,6 @@
-"""The DALI side of ``--dali``: the graph's source (one batched ``fn.external_source`` fed by a
-``feed.BatchFeed``), the decode/augment graph (:func:`augment`; CPU-only finished in torch by
-:func:`finish_on_cpu`) and its outputs as torch tensors. DALI is imported only inside functions."""
+"""The DALI side of ``--dali``: the graph's source (:func:`source`), the decode/augment graph
+(:func:`augment`; CPU-only finished in torch by :func:`finish_on_cpu`) and its outputs as torch
+tensors. DALI is imported only inside functions."""
 from __future__ import annotations
 
 import time
@@ -24,34 +24,27 @@ _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
 
 
-# nvJPEG's buffers sized for the largest ImageNet JPEGs "to avoid reallocations in runtime", as
-# NVIDIA's DeepLearningExamples RN50 (image_classification/dali.py) and DALI's ResNet-50 example
-# set them (DALI 2.4: 16 MiB device / 8 MiB host). They are per decoding thread and the examples
-# run 4: :func:`nvjpeg_memory` splits that total beyond, so -j 16 does not pin 16 x 134 MiB.
+# nvJPEG's buffers (bytes per decoding thread) sized for the largest ImageNet JPEGs "to avoid
+# reallocations in runtime", as NVIDIA's DeepLearningExamples RN50 (image_classification/dali.py)
+# and DALI's ResNet-50 example set them for their 4 threads (DALI 2.4: 16 MiB device / 8 MiB
+# host); that total is split beyond, so -j 16 does not pin 16 x 134 MiB. Size hints: pixels.
 NVJPEG_PADDING = dict(device_memory_padding=211025920, host_memory_padding=140544512)
 NVJPEG_HINTS = dict(preallocate_width_hint=5980, preallocate_height_hint=6430)
 NVJPEG_EXAMPLE_THREADS = 4
 
 
-def nvjpeg_memory(threads: int) -> dict:
-    """``fn.decoders.*`` arguments for the mixed decode on ``threads`` CPU threads: the examples'
-    paddings (bytes per thread) up to :data:`NVJPEG_EXAMPLE_THREADS` threads, their total split
-    evenly beyond, and the hardware decoder's size hints (pixels)."""
-    share = NVJPEG_EXAMPLE_THREADS / max(NVJPEG_EXAMPLE_THREADS, threads)
-    return {**{k: int(v * share) for k, v in NVJPEG_PADDING.items()}, **NVJPEG_HINTS}
-
-
 def decode_args(opts: "GraphOptions") -> dict:
     """The decoder's arguments: RGB pixels as stored (no EXIF orientation, as every loader), CPU
-    or mixed; mixed adds :func:`nvjpeg_memory`, ``hw_decoder_load`` and ``jpeg_fancy_upsampling``
-    (libjpeg-turbo's chroma upsampling, as the other loaders decode: nvJPEG's differs)."""
+    or mixed; mixed adds nvJPEG's paddings and hints, ``hw_decoder_load`` and
+    ``jpeg_fancy_upsampling`` (libjpeg-turbo's chroma upsampling, as the other loaders')."""
     from nvidia.dali import types
 
     args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
             "adjust_orientation": False}
     if not opts.decode_on_cpu:
-        args.update(nvjpeg_memory(opts.threads), hw_decoder_load=opts.hw_decoder_load,
-                    jpeg_fancy_upsampling=True)
+        share = NVJPEG_EXAMPLE_THREADS / max(NVJPEG_EXAMPLE_THREADS, opts.threads)
+        args.update({k: int(v * share) for k, v in NVJPEG_PADDING.items()}, **NVJPEG_HINTS,
+                    hw_decoder_load=opts.hw_decoder_load, jpeg_fancy_upsampling=True)
     return args
 
 
@@ -72,26 +65,6 @@ class GraphOptions:
     threads: int = 1  # the pipeline's CPU threads (-j): nvJPEG's buffers are per thread
 
 
-def stored_shape(encoded):
-    """Each image's ``(H, W, C)`` as stored (float64, from its header), as the decoder
-    (``adjust_orientation=False``) decodes it; ``fn.peek_image_shape``'s default turns it by
-    EXIF, and windows drawn for the turned shape left the image and stopped (or crashed) DALI."""
-    from nvidia.dali import fn, types
-
-    return fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False), dtype=types.FLOAT64)
-
-
-def inside(anchor, shape, size):
-    """``(anchor, shape)`` (float32 ``(x, y)``, ``(w, h)`` nodes) clamped into the image of
-    ``size`` (:func:`stored_shape`): a no-op for a window drawn from the same header, but one that
-    left its image would stop (or crash) DALI's decoder; :func:`window_mismatch` names it."""
-    from nvidia.dali import fn, math as dmath, types
-
-    limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
-    shape = dmath.min(shape, limit)
-    return dmath.clamp(anchor, 0.0, limit - shape), shape
-
-
 def augment(encoded, opts: GraphOptions, train_inputs=None):
     """DALI graph: encoded images -> the outputs before the labels (``train_inputs``: the source's
     training nodes). With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with
@@ -99,17 +72,23 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     for :func:`finish_on_cpu` (DALI's CPU resize is slow, its region decode fast:
     ``benchmarks/pipelines/dali_cpu.py``): training's ``[crops, mirror]`` (uint8 HWC windows, int32
     flips), validation's ``[images]`` (whole uint8 HWC). Training lists end with the
-    :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, as PIL's ``convert("RGB")``;
-    EXIF orientation is not applied (docs/loaders.md, *Orientation*)."""
-    from nvidia.dali import fn, types
+    :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB; EXIF orientation is not
+    applied (docs/loaders.md, *Orientation*). A training window is clamped into the image as
+    stored (``adjust_orientation=False``: ``fn.peek_image_shape``'s default turns it by EXIF): a
+    no-op for a window drawn from the same header, but one that left its image would stop (or
+    crash) DALI's decoder; :func:`window_mismatch` names it."""
+    from nvidia.dali import fn, math as dmath, types
 
     decode = decode_args(opts)
     if opts.train:
         anchor, shape, mirror, sizes, aug_draws = train_inputs
-        size = stored_shape(encoded)
-        images = fn.decoders.image_slice(encoded, *inside(anchor, shape, size),
-                                         normalized_anchor=False, normalized_shape=False,
-                                         **decode)
+        size = fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False),
+                       dtype=types.FLOAT64)  # (H, W, C)
+        limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
+        inside = dmath.min(shape, limit)  # the drawn anchor and shape go to the checks
+        images = fn.decoders.image_slice(encoded, dmath.clamp(anchor, 0.0, limit - inside),
+                                         inside, normalized_anchor=False,
+                                         normalized_shape=False, **decode)
         # images.shape() is metadata: on the host even for GPU images, without a copy
         checks = [images.shape(), anchor, shape, size]
     else:
@@ -163,9 +142,9 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
 def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
                   seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only outputs -> normalised float32 ``(N, 3, crop, crop)`` images and int64 ``(N,)``
-    labels by the other pipelines' torch resize and normalisation, training crops through
-    ``opts.augment``'s torch policy seeded with ``augment_seed``. ``seconds``, if given, gets the
-    wall seconds of ``"resize"``, ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
+    labels by the other pipelines' torch resize and normalisation (training: ``opts.augment``'s
+    torch policy seeded with ``augment_seed``). ``seconds``, if given, gets the wall seconds of
+    ``"resize"``, ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
     clock = time.perf_counter if seconds is not None else no_clock
     started = clock()
     spent = {"resize": 0.0, "augment": 0.0}
@@ -207,12 +186,15 @@ def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_
                      seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch's outputs as the loader yields them: CPU-only :func:`finish_on_cpu`; with CUDA
     ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels on
-    ``device``, without a copy (:func:`gpu_to_torch`). ``seconds``, if given, gets the
+    ``device``, DALI's dense GPU buffers taken without a copy (DLPack; DALI 2.4's dynamic
+    executor keeps a buffer while torch holds it, as its PyTorch iterator does), ordered on
+    torch's current stream (the pipeline's output stream). ``seconds``, if given, gets the
     hand-over's ``"copy"`` (CPU-only also ``"resize"`` and ``"augment"``)."""
     if not opts.cuda:
         return finish_on_cpu(outputs, opts, augment_seed, seconds)
     started = time.perf_counter()
-    images, labels = (gpu_to_torch(out, device) for out in (outputs[0], outputs[-1]))
+    with torch.cuda.device(device):
+        images, labels = (torch.from_dlpack(out.as_tensor()) for out in (outputs[0], outputs[-1]))
     if opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
         images = images.to(torch.bfloat16)
     if opts.channels_last:
@@ -225,8 +207,8 @@ def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_
 
 def source(feed):
     """``(encoded, labels, train_inputs or None)`` from one batched ``fn.external_source`` calling
-    ``feed`` on the pipeline's thread (``train_inputs``: anchors, shapes, flips, sizes or None,
-    draws or None); uniform inputs come as one array each (0.55 ms per batch; 2.49 as lists)."""
+    ``feed`` (``train_inputs``: anchors, shapes, flips, sizes or None, draws or None); uniform
+    inputs come as one array each (0.55 ms per batch; 2.49 as lists)."""
     from nvidia.dali import fn, types
 
     dtypes = ([types.UINT8, types.INT32]
@@ -239,17 +221,9 @@ def source(feed):
     return outs[0], outs[1], train
 
 
-def gpu_to_torch(tensor_list, device: torch.device) -> torch.Tensor:
-    """A dense DALI ``TensorListGPU`` as a torch tensor on ``device`` without a copy (DLPack;
-    DALI 2.4's dynamic executor keeps the buffer while torch holds it, as its PyTorch iterator
-    does), ordered on torch's current stream: the pipeline ran with it as its output stream."""
-    with torch.cuda.device(device):
-        return torch.from_dlpack(tensor_list.as_tensor())
-
-
 def graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
-    """The split's graph options from ``settings``; ``dali_hw_decoder_load`` None ->
-    :func:`default_hw_decoder_load`. Raises :class:`DataError` for a load outside [0, 1]."""
+    """The split's graph options (``dali_hw_decoder_load`` None: ``default_hw_decoder_load``).
+    Raises :class:`DataError` for a load outside [0, 1]."""
     cuda = dist.device.type == "cuda"
     load = settings.dali_hw_decoder_load
     if load is None:

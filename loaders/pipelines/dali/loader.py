@@ -1,10 +1,6 @@
 """The NVIDIA DALI pipeline's loader (``--dali``) over any random-access reader, fed by
-``feed.BatchFeed`` threads. With CUDA, nvJPEG decodes (``--dali-hw-decoder-load``) and the rest
-runs on the GPU, four batches in flight (``--dali-cpu``: decode on the CPU, as NVIDIA's
-DeepLearningExamples RN50); without, single-threaded CPU pipelines take turns and torch finishes
-each crop. Each epoch is read in the reader's orders, handed to DALI as a list (not its
-shuffling or sharding); pipelines are built once per run (as NVIDIA's DALI ResNet-50 example),
-rebuilt only after a sample DALI could not decode or a pass left unfinished."""
+``feed.BatchFeed`` threads, its pipelines built once per run (as NVIDIA's DALI ResNet-50
+example), rebuilt only after a sample DALI could not decode or a pass left unfinished."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,56 +9,50 @@ from typing import Iterator
 
 import torch
 
-from decode import release_freed_memory
+from decode import decode, release_freed_memory
+from decode.acceptance import check
 from decode.messages import capture
 
-from ...errors import AcceleratorError
+from ...errors import AcceleratorError, DataError
 from ...orders import Order, batches_per_epoch, train_batch_size
-from ...orders.positions import PositionedLoader, RestOfEpoch
+from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
-from ...timing.batch_stages import BatchStageLog, StagedLoader, no_clock, thread_cpu
-from ..bad_samples import UnreadableSet, too_many_unreadable
-from ..batches import batch_seed, epoch_seed
-from .environment import cuda_failure
-from .feed import BatchFeed, FeedPass
-from .graph import GraphOptions, augment, outputs_to_torch, source
-from .unreadable import AcceptedReads, UnreadableSamples
+from ...timing.batch_stages import BatchStageLog, StagedLoader, thread_cpu
+from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
+                           report_unreadable)
+from ..batches import DeviceFeed, batch_seed, epoch_seed
+from .environment import cuda_failure, message_lines
+from .feed import AcceptedReads, BatchFeed, FeedPass
+from .graph import GraphOptions, augment, outputs_to_torch, source, window_mismatch
 
 # Seconds close() gives a feed thread to leave its read (a shard retrying): then left behind
 CLOSE_WAIT_S = 5.0
 
 
-class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
+class DALILoader(StagedLoader, DeviceFeed):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
-    ``order``, yielding the batches of ``loaders.settings``' contract (with CUDA taken from DALI's
-    GPU buffers on torch's current stream; the last validation batch smaller, never padded). A
-    sample the acceptance rule refuses never reaches DALI (the feed reads the next one); one DALI
-    cannot decode is found with our CPU decoder; either is reported, replaced and remembered
-    (``unreadable``). Past ``max_bad_share``, or on another DALI failure, iterating raises
-    :class:`DataError`; on a CUDA failure :class:`AcceleratorError`. A sample DALI's decoder warned
-    about is named once (``warned``). CPU-only, ``cpu_pipelines`` single-threaded pipelines
-    (default: one per thread) take turns. Training measures the feed threads' reads and windows and
-    the training thread's wait and hand-over (``timing.batch_stages``)."""
+    ``order``. With CUDA, nvJPEG decodes (``--dali-cpu``: the CPU, as NVIDIA's
+    DeepLearningExamples RN50) and the rest runs on the GPU; without, single-threaded CPU
+    pipelines take turns and torch finishes each crop. A sample the acceptance rule refuses never
+    reaches DALI; one DALI cannot decode is found with our CPU decoder; either is named,
+    replaced and remembered (``unreadable``). Past ``max_bad_share``, or on another DALI failure,
+    iterating raises :class:`DataError`; on a CUDA failure :class:`AcceleratorError`."""
 
     cpu_pipelines: int | None = None  # CPU-only pipelines taking turns (None: one per thread)
 
     def __init__(self, reader: Reader, order: Order, opts: GraphOptions,
                  settings: LoaderSettings, dist: DistInfo):
         batch_size = settings.batch_size
-        if opts.train:
-            batch_size = train_batch_size(order, batch_size)
-        self.sample_order = order  # an Order; opts.train: whole batches only
-        self.position_order, self._rest = order, None
-        self.batch_size, self.max_batches = batch_size, settings.max_batches(opts.train)
+        self.batch_size = train_batch_size(order, batch_size) if opts.train else batch_size
+        self.sample_order = self.position_order = order
+        self.max_batches, self._rest = settings.max_batches(opts.train), None
         self.opts, self.classes, self.device = opts, list(reader.classes), dist.device
         self.reader = reader
         self.max_bad_share, self.seed, self.rank = settings.max_bad_share, settings.seed, dist.rank
-        self.num_threads = max(1, settings.workers)
-        self.epoch = self.start_batch = 0
-        self._pipes: list = []
-        self._feeds: list[BatchFeed] = []
+        self.num_threads = self.workers_configured = max(1, settings.workers)
+        self._pipes, self._feeds = [], []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
         # found unreadable (the probes run here) or refused by the feed; named as damaged, kept
         self.unreadable = UnreadableSet(order.num_samples)
@@ -86,25 +76,19 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """The next pass's order and augmentation as a function of (seed, epoch, rank), from
-        batch ``start_batch`` (``rest``: a resumed epoch dealt anew). Hands the heap's freed pages
-        back first (:func:`decode.release_freed_memory`): else resident memory grows by epoch."""
+        """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew). Hands the
+        heap's freed pages back first (``release_freed_memory``): else memory grows by epoch."""
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
         self._rest = self._take_rest(epoch, start_batch, rest)
-
-    @property
-    def refused(self) -> int:
-        """Samples the feed refused so far (the acceptance rule)."""
-        return self._accepted.refused
 
     @property
     def resolution(self) -> int:
         return self.opts.crop_size
 
     def set_resolution(self, size: int) -> None:
-        """Training: RandomResizedCrop to ``size`` px from the next pass on, an input of the built
-        pipelines. Raises ``ValueError`` for a validation loader or a size below 1."""
+        """Training: RandomResizedCrop to ``size`` px from the next pass on (an input of the
+        pipelines). Raises ``ValueError`` for a validation loader or a size below 1."""
         if not self.opts.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
         if size < 1:
@@ -119,9 +103,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
         return indices[self.start_batch * self.batch_size:]
 
-    def pass_indices(self) -> list[int]:
-        """The dataset indices the next pass yields (:meth:`order`)."""
-        return self.order()
+    pass_indices = order
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self._delivered(self._pass())
@@ -132,9 +114,7 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         if unreadable.count():  # known-bad samples: their replacements, as when found
             order = [unreadable.next_readable(i) if unreadable.known(i) else i for i in order]
         batch = self.batch_size
-        size = self.sample_order.num_samples
-        allowed = self.max_bad_share * size
-        finished, refused = False, self.refused
+        finished, refused, erase = False, self._accepted.refused, self._eraser()
         caught = capture().__enter__()  # what DALI's decoder prints, for the whole pass
         try:
             while step < len(self):
@@ -155,17 +135,18 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                         # Each pipeline runs up to its queue depth ahead: probe all in flight.
                         lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
                         self._replace_unreadable(order, step, exc, lookahead)
-                        bad = unreadable.count()
-                        if bad > allowed:
-                            raise too_many_unreadable(bad, self.max_bad_share, size) from None
+                        self._check_refused()
                         break
                     refused = self._after_batch(order, step, caught, refused, len(pipes))
                     if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                         break
                     images, labels = self._to_torch(outputs, self.start_batch + step)
                     take = min(len(order) - step * batch, len(labels))
+                    images, labels = images[:take], labels[:take]
+                    if erase is not None:  # on torch's current stream, DALI's output stream
+                        images = erase(images, step)
                     step += 1
-                    yield images[:take], labels[:take]
+                    yield images, labels
                 outputs = None
             finished = self._end_pass()
         finally:
@@ -181,9 +162,9 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
         if lines:
             self._name_damaged(order, step, lines,
                                pipelines * (self._queue_depth(pipelines) + 1))
-        if self.refused != refused:
+        if self._accepted.refused != refused:
             self._check_refused()
-        return self.refused
+        return self._accepted.refused
 
     @property
     def _split(self) -> str:
@@ -191,9 +172,8 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
 
     def _num_pipelines(self, batches: int) -> int:
         """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
-        ``cpu_pipelines`` or one per thread: a multi-threaded DALI operator finishes a batch
-        before the next, idling its threads on a batch's last images, where single-threaded
-        pipelines taking turns do not (``benchmarks.pipelines.dali_cpu``, docs/performance.md)."""
+        ``cpu_pipelines`` or one per thread (a multi-threaded DALI operator idles its threads on
+        a batch's last images: ``benchmarks.pipelines.dali_cpu``, docs/performance.md)."""
         if self.opts.cuda:
             return 1
         return max(1, min(self.cpu_pipelines or self.num_threads, batches))
@@ -208,15 +188,9 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
     def _run(self, pipe):
         """One batch of ``pipe``: with CUDA on torch's current stream (the host does not wait),
         else when ready; :attr:`_waited` gets the wait's wall and CPU seconds."""
-        clock, cpu_clock = ((time.perf_counter, thread_cpu) if self.stage_log is not None
-                            else (no_clock, no_clock))
-        started, cpu = clock(), cpu_clock()
-        if self.opts.cuda:
-            outputs = pipe.run(torch.cuda.current_stream(self.device))
-        else:
-            outputs = pipe.run()
-        if self.stage_log is not None:
-            self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
+        started, cpu = time.perf_counter(), thread_cpu()
+        outputs = pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
+        self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
         return outputs
 
     def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
@@ -283,21 +257,96 @@ class DALILoader(UnreadableSamples, StagedLoader, PositionedLoader):
                      device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
-    @property
-    def workers_configured(self) -> int:
-        """The DALI CPU threads (``-j``), for :meth:`stage_summary`."""
-        return self.num_threads
-
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``outputs`` as torch tensors (``batch``: of the epoch, for the ``--auto-augment``
         draws), the hand-over and the wait before it added to :attr:`stage_log`."""
         seed = batch_seed(self.seed, self.epoch, self.rank, batch)
-        log, waited = self.stage_log, self._waited
-        if log is None or waited is None:
+        if self.stage_log is None:
             return outputs_to_torch(outputs, self.opts, self.device, seed)
-        started, cpu, timing = time.perf_counter(), thread_cpu(), {}
+        started, cpu, timing, waited = time.perf_counter(), thread_cpu(), {}, self._waited
         images, labels = outputs_to_torch(outputs, self.opts, self.device, seed, timing)
-        log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter() - started,
-                          waited[1] + thread_cpu() - cpu, wait=waited[0])
-        self._waited = None
+        self.stage_log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter()
+                                     - started, waited[1] + thread_cpu() - cpu, wait=waited[0])
         return images, labels
+
+    def _check_refused(self) -> None:
+        """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
+        check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
+
+    def _name_damaged(self, order: list[int], step: int, lines: list[str],
+                      lookahead: int) -> None:
+        """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
+        ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
+        may arrive late); a sample named before takes them unprobed; none: one line says so."""
+        batch = self.batch_size
+        first = max(0, step - lookahead)
+        window = [order[p] for p in range(first * batch, min(len(order), (step + lookahead)
+                                                             * batch))]
+        if any(self.warned.known(index) for index in window):
+            return
+        found = False
+        for index in window:
+            if self.unreadable.known(index):  # refused by the feed, never handed to DALI
+                continue
+            try:
+                data = self.reader.read(index)[0]
+                check(data, self.max_pixels)
+                with capture() as caught:
+                    decode(data)
+            except DECODE_ERRORS:
+                continue
+            if caught.lines:
+                found = True
+                if self.warned.mark(index):
+                    report_damaged(self.reader.name_of(index), caught.lines)
+        if not found:
+            report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
+                           f"{self._split} split; our CPU decoder decodes them without a "
+                           "warning)", lines)
+
+    def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
+                            lookahead: int) -> None:
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) by the acceptance rule
+        and our CPU decoder; report, remember and replace in ``order`` (by the next readable
+        index) each unreadable sample. Raises :class:`DataError` (DALI's message) if none."""
+        batch = self.batch_size
+        window = range(step * batch, min(len(order), (step + lookahead) * batch))
+        found = 0
+        for position in window:
+            index = order[position]
+            while True:  # never one known unreadable: the order skips those
+                try:
+                    data = self.reader.read(index)[0]
+                    check(data, self.max_pixels)
+                    decode(data)
+                    break
+                except DECODE_ERRORS as error:
+                    if self.unreadable.mark(index):
+                        report_unreadable(self.reader.name_of(index), error)
+                index = self.unreadable.next_readable(index)
+                found += 1
+                if found > len(window):
+                    raise DataError(f"DALI: {found} unreadable samples near batch {step}: "
+                                    "is this dataset damaged?")
+            order[position] = index
+        if found == 0:
+            lines = message_lines(exc)
+            raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
+                            f"{step} of this pass: {lines[-1] if lines else exc}") from None
+
+    def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
+        """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
+        it is then reported, remembered and replaced in ``order``, and the pipelines dropped.
+        Raises :class:`DataError` past ``max_bad_share``."""
+        found = window_mismatch(outputs)
+        if found is None:
+            return False
+        self._drop_pipelines()
+        position, reason = found
+        position += step * self.batch_size
+        index = order[position]
+        if self.unreadable.mark(index):
+            report_unreadable(self.reader.name_of(index), DataError(reason))
+        order[position] = self.unreadable.next_readable(index)
+        self._check_refused()
+        return True

@@ -1,10 +1,8 @@
 """Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
 the slots with ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy is a DMA that
-returns at once (else each batch needs ``pin_memory()``, a copy of about 38 MB at ``-b 256``,
-224 px, on the main thread), and :class:`CudaFeeder` copies and normalises batch ``k + 1`` on a
-side stream while the model runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's
-``data_prefetcher`` do. The uint8 batch travels (4x fewer bytes than float32) and is normalised
-on the GPU into the model's dtype (:func:`loaders.settings.input_dtype`)."""
+returns at once (else each batch is copied by ``pin_memory()``: 38 MB at ``-b 256``, 224 px), and
+:class:`CudaFeeder` copies, normalises and erases batch ``k + 1`` on a side stream while the model
+runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's ``data_prefetcher`` do."""
 from __future__ import annotations
 
 import weakref
@@ -54,13 +52,13 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` as
-    normalised ``dtype`` batches, one batch ahead on a side stream: :meth:`batches` takes
-    ``(number, slot, count)`` of each written slot in order and yields ``images`` ``dtype``
-    ``(count, 3, H, W)`` (channels-last if ``channels_last``), ``(x - mean) / std`` with float32
-    ``(1, 3, 1, 1)`` ``mean``/``std`` on the 0-255 scale, and ``labels`` int64 ``(count,)``, on
-    ``device``. A slot is released once its copy finished (page-locked) or was staged into pinned
-    memory. ``timing`` (a ``StageLog``, or None) gets each batch's side-stream time."""
+    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
+    ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
+    in order and yields ``images`` ``dtype`` ``(count, 3, H, W)`` (channels-last if
+    ``channels_last``), ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)`` on the 0-255 scale), and
+    int64 ``labels`` ``(count,)``. A slot is released once its copy finished (page-locked) or
+    was staged into pinned memory. ``timing`` (a ``StageLog``, or None) gets each batch's
+    side-stream time."""
 
     timing = None
 
@@ -73,14 +71,15 @@ class CudaFeeder:
         self.stream.wait_stream(torch.cuda.current_stream(device))
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
-                pass_id: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``)."""
+                pass_id: int = 0, erase=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``);
+        ``erase(images, number)``, if given, erases each normalised batch on the side stream."""
         current = None
         try:
             for number, slot, count in filled:
-                upcoming = self._upload(pool, number, slot, count, locked, pass_id)
+                upcoming = self._upload(pool, number, slot, count, locked, pass_id, erase)
                 if current is not None:
-                    yield current[0], current[1]
+                    yield current[:2]
                 # The model's next step waits for the upload; record_stream keeps the allocator
                 # from handing these tensors' memory to the next upload while they are in use.
                 main = torch.cuda.current_stream(self.device)
@@ -91,13 +90,14 @@ class CudaFeeder:
                     self._release(pool, *current[2:])
                 current = upcoming
             if current is not None:
-                yield current[0], current[1]
+                yield current[:2]
                 self._release(pool, *current[2:])
         finally:
             # a pass left early may still be copying from a slot the next pass's workers refill
             self.stream.synchronize()
 
-    def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int):
+    def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int,
+                erase=None):
         """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
         copied event, slot, number, pass_id)``, slot ``None`` if it was already released."""
         images, labels = pool.batch(slot, count)
@@ -115,6 +115,8 @@ class CudaFeeder:
             copied.record(self.stream)
             out = normalize_into(gpu_images, self.scale, self.shift, self.dtype,
                                  self.channels_last)
+            if erase is not None:  # on the side stream, as the normalisation
+                out = erase(out, number)
             if self.timing is not None:
                 ended = torch.cuda.Event(enable_timing=True)
                 ended.record(self.stream)

@@ -22,18 +22,15 @@ from .step import SlotWriter, TimedSlotWriter
 
 
 class DeviceLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order`` (a
-    :class:`~loaders.pipelines.batches.ReaderLoader`): ``settings.workers`` DataLoader workers
-    crop each sample to uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`) into
-    shared batch slots, and this process yields the batches of ``loaders.settings``' contract,
-    normalised on the device (a uint8 batch is 4x smaller to pass, pin and copy than a float
-    one). The slots (sized once for ``settings.max_crop_size``) and the workers are reused from
-    pass to pass (forking costs about 0.1 s per pass on 2 cores) unless the reader plans each
-    pass; :meth:`close` stops them. On CUDA the slots are page-locked and each batch is copied
-    and normalised on a side stream one batch ahead (:class:`.cuda_feed.CudaFeeder`). Training
-    batch ``k``'s crops are drawn from :func:`~loaders.pipelines.batches.batch_seed` ``(seed,
-    epoch, rank, k)``. Unreadable samples follow :mod:`~loaders.pipelines.bad_samples`
-    (``unreadable``, shared by every pass's workers; past ``max_bad_share`` iterating raises
+    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
+    workers crop each sample to uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`)
+    into shared batch slots, and this process yields the batches of ``loaders.settings``'
+    contract, normalised on the device (a uint8 batch is 4x smaller to pass, pin and copy). The
+    slots (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking
+    costs about 0.1 s per pass on 2 cores) unless the reader plans each pass; :meth:`close`
+    stops them. On CUDA the slots are page-locked and each batch is copied and normalised on a
+    side stream one batch ahead (:class:`.cuda_feed.CudaFeeder`). Unreadable samples follow
+    :mod:`~loaders.pipelines.bad_samples` (past ``max_bad_share`` iterating raises
     :class:`DataError`). A training loader measures its workers' stages (``timing.stages``)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
@@ -42,40 +39,30 @@ class DeviceLoader(ReaderLoader):
         self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
         workers = settings.workers
-        # Flags made here, before any worker starts, and kept for the loader's lifetime.
+        # Flags made before any worker starts, kept for the loader's lifetime.
         bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
         self.unreadable = bad.unreadable
-        # kept workers learn a new resolution from the batches; each pass hands over its slots
         timed = train and stages.enabled()
         self._writer = (TimedSlotWriter if timed else SlotWriter)(
             reader, self.transform, bad, settings.max_image_pixels)
         self.stage_log = stages.StageLog() if timed else None
-        self._made: list[ClosingDataLoader] = []  # every DataLoader a pass used: close() stops
-        self.loader = self._new_dataloader(workers)
+        self.loader = self._dataloader(self._writer, workers)
+        self._made = [self.loader]  # every DataLoader a pass used: close() stops them
         # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
         self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
         self._feeder = None  # CudaFeeder, made at the first pass on CUDA
         self._locked = False  # whether the current slots are page-locked
         self.set_epoch(0)
 
-    def _new_dataloader(self, workers: int, context=None) -> ClosingDataLoader:
-        loader = self._dataloader(self._writer, workers, context)
-        self._made.append(loader)
-        return loader
-
     @property
     def resolution(self) -> int:
-        return self.crop_size
-
-    @property
-    def crop_size(self) -> int:
         """The side (px) of this loader's images: its transform's, the one place it is kept."""
         transform = self.transform
         return transform.size[0] if hasattr(transform, "size") else transform.crop_size
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return (3, self.crop_size, self.crop_size)
+        return (3, self.resolution, self.resolution)
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
@@ -86,8 +73,8 @@ class DeviceLoader(ReaderLoader):
 
     def close(self) -> None:
         """Stop every worker this loader started (kept ones and those of a pass left part-way:
-        joined, else killed after :data:`~loaders.pipelines.closing.STOP_GRACE_S`) and let the
-        slots go. Safe on any way out, more than once; a later pass starts new ones."""
+        joined, else killed after ``closing.STOP_GRACE_S``) and let the slots go. Safe on any way
+        out, more than once; a later pass starts new ones."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()
@@ -96,7 +83,10 @@ class DeviceLoader(ReaderLoader):
 
     def _fresh_dataloader(self) -> ClosingDataLoader:
         """A DataLoader like ``self.loader`` (its workers and start method), none started."""
-        return self._new_dataloader(self.loader.num_workers, self.loader.multiprocessing_context)
+        loader = self._dataloader(self._writer, self.loader.num_workers,
+                                  self.loader.multiprocessing_context)
+        self._made.append(loader)
+        return loader
 
     def _take(self) -> tuple[ClosingDataLoader, SharedBatches]:
         """The last finished pass's DataLoader (with its workers, if kept) and slots, else new."""
@@ -124,15 +114,16 @@ class DeviceLoader(ReaderLoader):
         plan = self._plan(pool.begin_pass(), self.image_shape)
         batches = iter(loader)
         filled = self._filled(batches, pool)
+        erase = self._eraser()
         try:
             if self.device.type == "cuda":
                 if self._feeder is None:
                     self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
                                               self.mean, self.std)
                     self._feeder.timing = self.stage_log
-                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id)
+                yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id, erase)
             else:
-                yield from self._normalized(pool, filled, plan.pass_id)
+                yield from self._normalized(pool, filled, plan.pass_id, erase)
         finally:
             # unkept workers are joined as the iterator goes; kept ones finish in-flight batches
             filled.close()
@@ -140,13 +131,16 @@ class DeviceLoader(ReaderLoader):
             if any(loader is made for made in self._made):  # not one close() already stopped
                 self._idle = (loader, pool)
 
-    def _normalized(self, pool: SharedBatches, filled, pass_id: int):
-        """CPU: each written slot's batch normalised into new memory, the slot released."""
+    def _normalized(self, pool: SharedBatches, filled, pass_id: int, erase):
+        """CPU: each written slot's batch normalised into new memory (then erased, ``erase``),
+        the slot released."""
         for number, slot, count in filled:
             copy_started = time.perf_counter()
             images, labels = pool.batch(slot, count)
             # New memory: the slot is refilled by a later batch once released.
             images = normalize(images, self.mean, self.std, self.channels_last)
+            if erase is not None:
+                images = erase(images, number)
             labels = labels.clone()
             if self.stage_log is not None:
                 self.stage_log.add_copy(time.perf_counter() - copy_started)
@@ -154,9 +148,9 @@ class DeviceLoader(ReaderLoader):
             yield images, labels
 
     def _filled(self, batches, pool: SharedBatches) -> Iterator[tuple[int, int, int]]:
-        """``(number, slot, count)`` of this pass's written slots, ``len(self)`` of them, each
-        batch's stage rows added to :attr:`stage_log` (if measured); raises :class:`DataError`
-        past ``max_bad_share`` (:meth:`_check_bad`)."""
+        """``(number, slot, count)`` of this pass's ``len(self)`` written slots, each batch's
+        stage rows added to :attr:`stage_log` (if measured); raises :class:`DataError` past
+        ``max_bad_share``."""
         log, total = self.stage_log, len(self)
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
         for step, (number, slot, count, found) in enumerate(batches):
@@ -169,8 +163,8 @@ class DeviceLoader(ReaderLoader):
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DeviceLoader` s over two readers in their own orders. Raises
-    :class:`~loaders.DataError` for an empty training order."""
+    """``(train, val)`` :class:`DeviceLoader` s; :class:`~loaders.DataError` for an empty
+    training order."""
     orders = train.train_order(settings, dist), val.val_order(settings, dist)
     return (DeviceLoader(train, orders[0], settings, dist, train=True),
             DeviceLoader(val, orders[1], settings, dist, train=False))

@@ -1,14 +1,14 @@
 """Batches that DataLoader workers write straight into reused shared-memory slots: PyTorch's
-default collate stacks every batch into a new shared-memory block, which the worker and then the
-main process page-fault in 4 KiB at a time (docs/performance.md); here workers copy each sample
+default collate stacks every batch into a new shared-memory block, page-faulted in 4 KiB at a
+time by the worker and the main process (docs/performance.md); here workers copy each sample
 into slots allocated once and send back only ``(number, slot, count, found)``. Batch ``k`` of a
-pass uses slot ``k % slots``, written once the main process released batch ``k - slots`` of the
-same pass from it; releases are ``(pass, batch)`` tickets that only grow, so nothing is reset
-between passes and a pass left early never satisfies a later pass's wait. With :func:`slots_for`
-slots a worker never waits, but no batch is ever overwritten while read."""
+pass uses slot ``k % slots`` once the main process released batch ``k - slots`` of the pass
+from it; releases are ``(pass, batch)`` tickets that only grow, so nothing is reset between
+passes and a pass left early never satisfies a later pass's wait."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 import time
 from typing import Sequence
@@ -32,19 +32,18 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 
 class SharedBatches:
     """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)`` and
-    their int64 labels, in memory that forked or spawned DataLoader workers share.
-    ``images[s]`` is ``(batch_size, 3, H, W)``, NHWC in memory if ``channels_last``. The memory
-    (``slots x batch_size x 3 x H x W`` bytes) is sized once for ``max_image_shape`` (default
-    ``image_shape``), so :meth:`set_shape` serves any smaller shape without allocating (or
-    page-locking) anew; it is in ``/dev/shm`` when ``shared``, else ordinary memory (``-j 0``).
-    Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots (:func:`shared_bytes`;
-    Docker's default is 64 MiB), ``ValueError`` for a shape above ``max_image_shape``."""
+    their int64 labels, in memory forked or spawned DataLoader workers share: ``images[s]`` is
+    ``(batch_size, 3, H, W)``, NHWC in memory if ``channels_last``. The memory is sized once for
+    ``max_image_shape`` (default ``image_shape``), so :meth:`set_shape` serves any smaller shape
+    without allocating (or page-locking) anew; in ``/dev/shm`` when ``shared``, else ordinary
+    memory (``-j 0``). Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots
+    (:func:`shared_bytes`), ``ValueError`` for a shape above ``max_image_shape``."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
                  channels_last: bool = False, shared: bool = True,
                  max_image_shape: Sequence[int] | None = None):
         self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
-        self.capacity = batch_size * _pixels(max_image_shape or image_shape)
+        self.capacity = batch_size * math.prod(max_image_shape or image_shape)
         if shared:
             self.memory = shared_bytes(slots * self.capacity).view(slots, self.capacity)
         else:
@@ -71,7 +70,7 @@ class SharedBatches:
     def set_shape(self, image_shape: Sequence[int]) -> None:
         """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only)."""
         channels, height, width = image_shape
-        size = self.batch_size * _pixels(image_shape)
+        size = self.batch_size * math.prod(image_shape)
         if size > self.capacity:
             raise ValueError(f"batch slots hold {self.capacity} bytes per batch, "
                              f"{tuple(image_shape)} images need {size}")
@@ -127,19 +126,14 @@ def _ticket(pass_id: int, number: int) -> int:
     return (pass_id << _PASS_SHIFT) | number
 
 
-def _pixels(shape: Sequence[int]) -> int:
-    channels, height, width = shape
-    return channels * height * width
-
-
 SHM = "/dev/shm"
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 ``(nbytes,)`` tensor in shared memory (torch's sharing strategy: forked and spawned
-    workers map it), every page reserved now by ``posix_fallocate``: tmpfs takes pages when first
-    written, so every process on the node would pass a free-space check and the one writing past
-    the size die of SIGBUS. Raises :class:`DataError` (one line: sizes and the fix)."""
+    """A uint8 ``(nbytes,)`` tensor in shared memory (forked and spawned workers map it), every
+    page reserved now by ``posix_fallocate``: tmpfs takes pages when first written, so every
+    process on the node would pass a free-space check and the one writing past the size die of
+    SIGBUS. Raises :class:`DataError` (one line: sizes and the fix)."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate

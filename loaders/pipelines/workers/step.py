@@ -1,9 +1,8 @@
 """A DataLoader worker's whole job, one step per sample: read the record, check its header
-(:func:`decode.acceptance.check`, whose frame the transform then takes), transform it and write it
-into the batch slot (:class:`SlotWriter`); a damaged sample is replaced by
-:func:`~loaders.pipelines.bad_samples.fetch_readable`. :class:`TimedSlotWriter` is the same step
-with each stage timed into the slot's stage rows (``loaders.timing.stages``), chosen once per
-loader: the untimed step reads no clock."""
+(:func:`decode.acceptance.check`, whose frame the transform takes), transform it and write it
+into the batch slot (:class:`SlotWriter`); a damaged sample is replaced
+(:func:`~loaders.pipelines.bad_samples.fetch_readable`). :class:`TimedSlotWriter` times each
+stage into the slot's stage rows (``loaders.timing.stages``); the untimed step reads no clock."""
 from __future__ import annotations
 
 import time
@@ -24,12 +23,12 @@ from .slots import SharedBatches
 
 class SlotWriter(Dataset):
     """Dataset for a DataLoader of :class:`NumberedBatch` es over ``reader``: fetching one writes
-    ``transform(bytes, frame)`` of each of its samples (uint8 ``(3, H, W)``) and the labels into
-    the slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
+    ``transform(bytes, frame)`` of each sample (uint8 ``(3, H, W)``) and the labels into the
+    slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
     returns ``(number, slot, count, found)``, ``found`` the samples newly found unreadable
     (``bad``). Each batch is :func:`seeded`; a new image shape in its plan goes to the slots and
-    a training transform's ``size`` (progressive resizing). ``max_pixels``: the acceptance rule's
-    limit. Raises :class:`DataError` for an image not uint8 of the slots' shape."""
+    a training transform's ``size``. ``max_pixels``: the acceptance rule's limit. Raises
+    :class:`DataError` for an image not uint8 of the slots' shape."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int):
         self.reader, self.transform, self.bad, self.max_pixels = reader, transform, bad, max_pixels
@@ -80,9 +79,9 @@ class SlotWriter(Dataset):
 
 
 class TimedSlotWriter(SlotWriter):
-    """:class:`SlotWriter` of a training transform with each image's stages (read, header check
-    and window draw, decode, resize, flip + policy, slot copy) and each batch's wall and CPU time
-    written into the slot's stage rows beside the pixels (``loaders.timing.stages``)."""
+    """:class:`SlotWriter` of a training transform writing each image's stages (read, header
+    check and window, decode, resize, flip + policy, slot copy) and each batch's wall and CPU
+    time into the slot's stage rows beside the pixels."""
 
     def __init__(self, reader: Reader, transform: TrainTransform, bad: BadSamples,
                  max_pixels: int):

@@ -1,7 +1,7 @@
-"""The batch-decode pipeline's loader (``--decode-device cuda`` or ``cpu-nvimgcodec``). Its
-windows are the CPU loaders' (``TrainTransform.window``, seeded per batch), so resume is exact
-and a run draws what ``--decode-device cpu`` draws; validation decodes the central crop's region
-and resamples it as resize-then-crop would (:func:`loaders.transforms.center_crop_plan`)."""
+"""The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): DataLoader workers
+read the bytes and draw the windows (:class:`WindowBatches`: the CPU loaders' windows, seeded per
+batch; validation's the central crop's region as resize-then-crop would take it), and
+:class:`BatchDecodeLoader` decodes each batch with nvImageCodec."""
 from __future__ import annotations
 
 import sys
@@ -10,39 +10,131 @@ import weakref
 from contextlib import nullcontext
 from typing import Iterator
 
+import numpy as np
 import torch
+from torch.utils.data import Dataset
 
+from decode import decode, image_size
+from decode.acceptance import MAX_PIXELS, check
 from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
 
-from ...errors import AcceleratorError, DataError
-from ...orders import Order
-from ...readers import Reader
-from ...settings import DistInfo, LoaderSettings
-from ...timing import stages
-from ...timing.batch_stages import BatchStageLog, no_clock, thread_cpu
-from ...transforms.normalize import imagenet_mean_std, normalize_into
-from ..bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
-from ..batches import ReaderLoader
-from .ahead import one_ahead, run_ahead
-from .windows import BYTES, READ, WINDOW, Windows, WindowBatches
+from ..errors import AcceleratorError, DataError
+from ..orders import Order
+from ..readers import Reader
+from ..settings import DistInfo, LoaderSettings
+from ..timing import stages
+from ..timing.batch_stages import BatchStageLog, no_clock, thread_cpu
+from ..transforms import TrainTransform, center_crop_plan
+from ..transforms.normalize import imagenet_mean_std, normalize_into
+from .ahead import RunAhead, one_ahead
+from .bad_samples import (BadSamples, UnreadableSet, fetch_readable, report_damaged,
+                          report_unreadable)
+from .batches import NumberedBatch, ReaderLoader, seeded
 
-# This pipeline's stages (loaders.timing.stages.STAGES' names): workers read and draw windows,
-# the decode thread decodes, resizes and flips ("augment"); its hand-over is the log's copy.
+# Columns of a batch's ``stages`` rows: read and window seconds, the record's bytes.
+READ, WINDOW, BYTES = range(3)
+
+
+class WindowBatches(Dataset):
+    """``reader``'s samples as the workers hand them over (:meth:`window` per sample, damaged
+    ones replaced as ``bad`` has it). A :class:`NumberedBatch` -> a dict: ``data`` uint8 (the
+    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
+    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
+    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
+    ``clock`` (a ``StageClock``) also ``stages`` float64 ``(N, 3)`` (:data:`READ`,
+    :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``."""
+
+    def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
+                 clock=None, max_pixels: int = MAX_PIXELS):
+        self.reader, self.val_sizes, self.bad, self.clock = reader, val_sizes, bad, clock
+        self.max_pixels = max_pixels
+        self.draw = TrainTransform()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def window(self, index: int):
+        """``((bytes, window, flip, index, frame), label)``: training's RandomResizedCrop window
+        (the batch's seed; ``frame`` None), or validation's central crop region and frame
+        (``val_sizes`` = ``(resize, crop)``); sizes from the header the acceptance rule
+        (``max_pixels``) read, else a whole decode (which raises for non-images). The clock
+        gets the read's and window's seconds and the record's bytes."""
+        clock = self.clock
+        started = time.perf_counter() if clock is not None else 0.0
+        data, label = self.reader.read(index)
+        if clock is not None:
+            read = time.perf_counter()
+            clock.t[stages.READ] += read - started
+            clock.t[stages.BYTES] = len(data)
+        frame = check(data, self.max_pixels)
+        if self.val_sizes is None:
+            window, flip, _ = self.draw.window(data, lambda d: image_size(d, frame), frame)
+        else:
+            size = image_size(data, frame)
+            if size is None:  # no header parser reads it: the whole decode raises, or sizes it
+                size = tuple(decode(data).shape[-2:])
+            window, frame = center_crop_plan(*size, *self.val_sizes)
+            return (data, window, False, index, frame), label
+        if clock is not None:
+            clock.t[stages.WINDOW] += time.perf_counter() - read
+        return (data, window, flip, index, None), label
+
+    def __getitem__(self, index: int):
+        return fetch_readable(self.window, index, self.bad)
+
+    def __getitems__(self, batch: NumberedBatch) -> dict:
+        return seeded(batch, self._read)
+
+    def _read(self, batch: NumberedBatch) -> dict:
+        clock = self.clock
+        if clock is not None:
+            clock.begin_batch()
+            rows = np.zeros((len(batch), 3))
+        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
+        for i, index in enumerate(batch):
+            if clock is not None:
+                clock.begin_image()
+            ((data, window, flip, used, frame), label), new_bad = self[index]
+            if clock is not None:
+                rows[i] = clock.t[stages.READ], clock.t[stages.WINDOW], clock.t[stages.BYTES]
+            frames.append(frame or (-1,) * 6)
+            datas.append(data)
+            windows.append(window)
+            flips.append(flip)
+            labels.append(label)
+            indices.append(used)
+            found += new_bad
+        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
+        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
+        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
+        offsets[1:] = torch.from_numpy(np.cumsum(sizes))
+        out = dict(data=joined, offsets=offsets, number=batch.number, found=found,
+                   windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
+                   flips=torch.tensor(flips, dtype=torch.bool),
+                   labels=torch.tensor(labels, dtype=torch.int64),
+                   indices=torch.tensor(indices, dtype=torch.int64),
+                   frames=torch.tensor(frames, dtype=torch.int64).view(-1, 6))
+        if clock is not None:  # the packing is inside the batch's wall time, outside a stage
+            row = np.zeros(stages.BATCH_COLUMNS)
+            clock.end_batch(row, 0.0)
+            out.update(stages=torch.from_numpy(rows), stage_batch=torch.from_numpy(row))
+        return out
+
+
+# Workers read and draw windows; the decode thread decodes, resizes and flips ("augment")
 STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
-    processes read the bytes and draw the windows (:class:`.windows.Windows`); ``decoder`` (a
-    :class:`decode.gpu.WindowDecoder`: nvImageCodec on the GPU, or its CPU backend) decodes,
-    resizes, flips and normalises each batch here, in a thread up to two batches ahead of the
-    training thread (``-j 0``: one ahead, on it), on CUDA on a side stream. Yields the batches of
-    ``loaders.settings``' contract; ``set_resolution`` takes any side up to ``max_crop_size``.
-    The workers refuse what :mod:`decode.acceptance` refuses; a sample the decoder declines is
-    decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is marked (:attr:`unreadable`),
-    named once and replaced by another of its batch (with its label), :class:`DataError` past
-    ``max_bad_share``; one a native decoder warned about is kept and named once (:attr:`warned`).
-    Training measures its stages as decoded (``timing.batch_stages``; CUDA: host seconds)."""
+    """One split of ``reader`` in the indices of ``order``: DataLoader workers read the bytes and
+    draw the windows (:class:`WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or its CPU
+    backend) decodes, resizes, flips and normalises each batch here, in a thread two batches
+    ahead (``-j 0``: one, on the training thread), on CUDA on a side stream. A sample the decoder
+    declines is decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once,
+    marked (:attr:`unreadable`) and replaced by another of its batch (:class:`DataError` past
+    ``max_bad_share``); one a native decoder warned about is kept and named once (:attr:`warned`).
+    Training measures its stages (``timing.batch_stages``; CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
                  settings: LoaderSettings, dist: DistInfo, train: bool):
@@ -51,8 +143,7 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = settings.crop_size(train)
         mean, std = imagenet_mean_std(self.device)
         self.scale, self.shift = 1 / std, -mean / std
-        # The clock goes to the workers with the datasets; the log is this process's.
-        workers = settings.workers
+        workers = settings.workers  # the clock goes to the workers, the log stays here
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = BatchStageLog(STAGES, side) if clock else None
@@ -60,8 +151,7 @@ class BatchDecodeLoader(ReaderLoader):
         bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
         self.unreadable = bad.unreadable
         self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
-        self._dataset = WindowBatches(Windows(reader, val_sizes, clock, settings.max_image_pixels),
-                                      bad, clock)
+        self._dataset = WindowBatches(reader, val_sizes, bad, clock, settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -77,8 +167,8 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop this loader's workers (as :class:`~loaders.pipelines.workers.DeviceLoader`'s
-        ``close``), then the decode thread of a pass left part-way; a later pass starts anew."""
+        """Stop this loader's workers, then the decode thread of a pass left part-way; a later
+        pass starts anew."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
@@ -98,8 +188,8 @@ class BatchDecodeLoader(ReaderLoader):
         fallbacks = self.cpu_fallbacks
         # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
         # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
-        batches = self._decoded(stream, len(self))
-        batches = run_ahead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
+        batches = self._decoded(stream, len(self), self._eraser())
+        batches = RunAhead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
             for images, labels, done in batches:
                 yield self._hand_over((images, labels), done)
@@ -112,16 +202,16 @@ class BatchDecodeLoader(ReaderLoader):
                       f"this pass ({self.decoder.kind} batch decoder declined them)",
                       file=sys.stderr, flush=True)
 
-    def _decoded(self, stream, total: int):
-        """``(images, labels, done)`` of this pass's batches, ``total`` of them: decoded,
-        normalised, and on CUDA ``done``, the side stream's event after them (else None)."""
+    def _decoded(self, stream, total: int, erase):
+        """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`), on CUDA
+        ``done`` the side stream's event after them (else None)."""
         for step, item in enumerate(self.loader):
             if step == total:
                 return
             self._check_bad(item["found"])
             timing = {} if self.stage_log is not None else None
             started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
-            images, labels = self._decode(item, stream, timing)
+            images, labels = self._decode(item, stream, timing, erase)
             if timing is not None:
                 self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
             done = None
@@ -132,7 +222,7 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
         """Add one batch to :attr:`stage_log`: its workers' rows (``item``), the decode thread's
-        ``timing`` (seconds by stage, ``"copy"``: the hand-over), ``wall`` and ``cpu`` seconds."""
+        ``timing`` (seconds by stage), ``wall`` and ``cpu`` seconds."""
         log, count = self.stage_log, len(item["labels"])
         rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
         log.add("read", rows[:, READ])
@@ -142,10 +232,11 @@ class BatchDecodeLoader(ReaderLoader):
                        float(rows[:, BYTES].sum()))
         log.add_hand_over(count, timing, wall, cpu)
 
-    def _decode(self, item: dict, stream,
-                timing: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch decoded, resized, flipped and normalised (on ``stream`` on CUDA); ``timing``
-        gets the host seconds of ``"decode"``, ``"resize"``, ``"augment"`` (flip), ``"copy"``."""
+    def _decode(self, item: dict, stream, timing: dict | None = None,
+                erase=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch decoded, resized, flipped, normalised and erased (``erase(images, number)``,
+        if given), on ``stream`` on CUDA; ``timing`` gets the host seconds of ``"decode"``,
+        ``"resize"``, ``"augment"`` (flip), ``"copy"`` (erasing included)."""
         clock = time.perf_counter if timing is not None else no_clock
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
@@ -180,6 +271,8 @@ class BatchDecodeLoader(ReaderLoader):
             flipped = clock()
             images = normalize_into(images, self.scale, self.shift, self.dtype,
                                     self.channels_last)
+            if erase is not None:
+                images = erase(images, item["number"])
             labels = to_device(labels, self.device)
             if timing is not None:  # a replaced sample's CPU decode counts as decode
                 timing["decode"] += replaced - decoded
@@ -187,8 +280,7 @@ class BatchDecodeLoader(ReaderLoader):
             return images, labels
 
     def _hand_over(self, ready, done):
-        """``ready``'s tensors made usable on the current stream after the side stream's event
-        ``done`` (``record_stream``: kept until the current stream is done with them)."""
+        """``ready``'s tensors, usable on the current stream after the side stream's ``done``."""
         if done is None:
             return ready
         main = torch.cuda.current_stream(self.device)
@@ -198,8 +290,8 @@ class BatchDecodeLoader(ReaderLoader):
         return ready
 
     def _replace_failed(self, out, item):
-        """The batch with each undecodable sample marked, reported and replaced by its first
-        decoded image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
+        """The batch with each undecodable sample marked, named and replaced by its first decoded
+        image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
         good = [i for i in range(len(out.images)) if i not in failed]
         if not good:
@@ -219,10 +311,10 @@ class BatchDecodeLoader(ReaderLoader):
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device``; for ``cuda`` the first
-    GPU decoder that decodes a probe window into device memory (:func:`decode.gpu.probe_cuda`).
-    Raises :class:`AcceleratorError` (one line) for ``cuda`` on a CPU device, for ``cuda`` where
-    no GPU decoder decodes (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` on ``dist.device`` (``cuda``: the first that
+    decodes a probe window into device memory, :func:`decode.gpu.probe_cuda`). Raises
+    :class:`AcceleratorError` for ``cuda`` on a CPU device or where no GPU decoder decodes
+    (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
@@ -251,9 +343,9 @@ def refusal(choice: CudaChoice) -> str:
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`BatchDecodeLoader` s over two readers in their orders, one
-    decoder shared by both. Raises :class:`DataError` for a training order smaller than one
-    batch, :class:`AcceleratorError` where the decoder cannot run (:func:`make_decoder`)."""
+    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder. Raises
+    :class:`DataError` for a training order smaller than one batch, :class:`AcceleratorError`
+    where the decoder cannot run (:func:`make_decoder`)."""
     decoder = make_decoder(settings, dist)
     return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, settings, dist,
                               train=True),

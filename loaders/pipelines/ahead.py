@@ -1,0 +1,87 @@
+"""Iterators run ahead of their consumer: in a thread (:class:`RunAhead`: the batch decoder's
+batches, the DALI feed's) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+_POLL_S = 0.1
+# Seconds close() waits for the thread; one stuck in ``items`` is left behind (a daemon)
+JOIN_S = 5.0
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+class RunAhead:
+    """The items of ``items`` (a generator), made at once in a daemon thread up to ``depth``
+    ahead, in order; an exception from ``items`` is raised by ``next()`` in its place, and every
+    ``next()`` after the last item or an exception raises ``StopIteration``. :meth:`close` stops
+    the thread and closes ``items`` in it. ``items`` must not draw from torch's global RNG."""
+
+    def __init__(self, items: Iterator, depth: int = 2, name: str = "batch-decode"):
+        self._ready: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._work, args=(items,), name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._ready.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._put(_Failed(exc))
+        finally:
+            items.close()
+
+    def __iter__(self) -> RunAhead:
+        return self
+
+    def __next__(self):
+        if self._ended:
+            raise StopIteration
+        item = self._ready.get()
+        self._ended = item is _END or isinstance(item, _Failed)
+        if item is _END:
+            raise StopIteration
+        if self._ended:
+            raise item.exc
+        return item
+
+    def close(self, wait_s: float | None = JOIN_S) -> None:
+        """Stop the thread, dropping what it made ahead: joined, or after ``wait_s`` seconds
+        (None: no limit) left behind in ``items`` (a daemon never blocks the exit)."""
+        self._stop.set()
+        self._thread.join(wait_s)
+
+
+def one_ahead(items: Iterator) -> Iterator:
+    """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
+    ahead = None
+    try:
+        for item in items:
+            if ahead is not None:
+                yield ahead
+            ahead = item
+        if ahead is not None:
+            yield ahead
+    finally:
+        items.close()
