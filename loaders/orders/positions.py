@@ -104,8 +104,9 @@ class PositionedLoader:
     """Mixed into every pipeline's training loader, which sets ``position_order`` (its
     :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
     :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
-    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``) and ``trace`` (a
-    :class:`SampleTrace`), each None where off."""
+    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``, applied by the device feed:
+    ``loaders.pipelines.batches.DeviceFeed``) and ``trace`` (a :class:`SampleTrace`), each None
+    where off."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -113,22 +114,16 @@ class PositionedLoader:
     epoch = start_batch = 0
 
     def _delivered(self, batches: Iterator) -> Iterator:
-        """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them:
-        batch ``start_batch + k`` erased (``erasing``) and its indices traced (``trace``)."""
-        erasing, trace = self.erasing, self.trace
-        if erasing is None and trace is None:
-            return batches
-        return self._finished(batches, erasing, trace)
+        """``batches`` (this pass's ``(images, labels)`` on the device, erased in the device feed)
+        as the step gets them: batch ``start_batch + k``'s indices traced (``trace``)."""
+        return batches if self.trace is None else self._traced(batches)
 
-    def _finished(self, batches: Iterator, erasing, trace) -> Iterator:
-        indices = self.pass_indices() if trace is not None else None
+    def _traced(self, batches: Iterator) -> Iterator:
+        indices = self.pass_indices()
         try:
-            for step, (images, labels) in enumerate(batches):
-                if erasing is not None:
-                    images = erasing(images, self.epoch, self.start_batch + step)
-                if trace is not None:
-                    trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
-                yield images, labels
+            for step, batch in enumerate(batches):
+                self.trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
+                yield batch
         finally:
             if hasattr(batches, "close"):
                 batches.close()

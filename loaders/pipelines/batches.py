@@ -107,7 +107,7 @@ def keep_as_is(batch):
 class DeviceFeed(PositionedLoader):
     """``PositionedLoader`` whose ``--random-erase`` (``erasing``) runs in the device feed right
     after the normalisation, on the stream that normalised (timm's ``PrefetchLoader``): each
-    feed calls :meth:`_eraser`'s function; what reaches the step is only traced (``trace``)."""
+    feed calls :meth:`_eraser`'s function."""
 
     def _eraser(self):
         """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
@@ -117,18 +117,6 @@ class DeviceFeed(PositionedLoader):
         if erasing is None:
             return None
         return lambda images, number: erasing(images, epoch, first + number)
-
-    def _delivered(self, batches: Iterator) -> Iterator:
-        return batches if self.trace is None else self._traced(batches)
-
-    def _traced(self, batches: Iterator) -> Iterator:
-        indices = self.pass_indices()
-        try:
-            for step, batch in enumerate(batches):
-                self.trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
-                yield batch
-        finally:
-            batches.close()
 
 
 class ReaderLoader(StagedLoader, DeviceFeed):

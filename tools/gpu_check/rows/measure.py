@@ -19,7 +19,7 @@ NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collecti
 MEMORY_EPOCHS = 3
 # Batches a pipeline holds ready: prefetch_factor=4 per worker and 2 spare shared slots
 # (loaders/pipelines/workers/slots.slots_for); the batch decode runs 2 ahead plus the one it
-# decodes (gpu_decode/ahead.run_ahead); DALI: a prefetch queue of 4 and its feed's 5 batches.
+# decodes (loaders/pipelines/ahead.RunAhead); DALI: a prefetch queue of 4 and its feed's 5 batches.
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 LOW_RES = 160  # px: FFCV's min_res, the side of progressive resizing's first epochs
 WAVES = 10  # a loader alone times at least this many batches per worker
