@@ -85,7 +85,8 @@ def test_single_process_runs_pin_one_gpu_on_an_eight_gpu_machine(sample_images, 
 @pytest.mark.parametrize("facts,pytest_out,unproven", [
     ({"dali": None}, None, {r.name for r in plan.all_rows() if r.dali}),
     ({}, "...\n3 passed, 2 skipped, 259 deselected in 5.01s\n",
-     {"pytest-test_gpu", "pytest-test_gpu_dali", "pytest-test_gpu_decode_cuda"}),
+     {"pytest-test_gpu", "pytest-test_gpu_dali", "pytest-test_gpu_decode_cuda",
+      "pytest-test_erasing_feed"}),
 ])
 def test_a_skipped_gpu_check_is_not_proven_and_exits_3(sample_images, tmp_path, fake_machine, facts,
                                                        pytest_out, unproven):
