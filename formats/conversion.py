@@ -159,9 +159,8 @@ class ResumeState:
             return None
 
     def save(self, path: str, tmp: str | None = None) -> None:
-        """Write to ``path`` atomically: synced under the name ``tmp``, then renamed."""
-        write_synced(tmp or path + ".tmp", self.encode())
-        os.replace(tmp or path + ".tmp", path)
+        """Write to ``path`` atomically (:func:`replace_synced`)."""
+        replace_synced(path, self.encode(), tmp)
 
     def tally(self) -> None:
         """``done`` and the counts from the finished ``shards``' entries."""
@@ -209,6 +208,14 @@ def write_synced(path: str, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_synced(path: str, data: bytes, tmp: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: synced under the name ``tmp`` (default
+    ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
+    tmp = tmp or path + ".tmp"
+    write_synced(tmp, data)
+    os.replace(tmp, path)
 
 
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import ConversionError, report_damaged, write_synced
+from formats.conversion import ConversionError, replace_synced, report_damaged
 from formats.images import check_files
 
 from ._codec import IMAGE_EXT, RAW_EXT, ShardWriter, idx_name, write_idx
@@ -24,10 +24,9 @@ _OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skippe
 
 
 def save_json(path: str, data, tmp: str) -> None:
-    """Write ``data`` to ``path`` as JSON atomically: synced under the name ``tmp``, then
-    renamed. Raises ``OSError``."""
-    write_synced(tmp, json.dumps(data, indent=1).encode())
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` as JSON atomically (:func:`~formats.conversion.replace_synced`
+    under the name ``tmp``). Raises ``OSError``."""
+    replace_synced(path, json.dumps(data, indent=1).encode(), tmp)
 
 
 class _OpenShard:
