@@ -1,5 +1,6 @@
-"""``--random-erase`` on the normalised batch where a training loader delivers it (on the GPU in a
-GPU run, as timm's ``PrefetchLoader`` erases), so every pipeline erases alike."""
+"""``--random-erase`` on the normalised batch in a training loader's device feed (on the GPU in a
+GPU run, on the stream that normalised, as timm's ``PrefetchLoader`` erases), so every pipeline
+erases alike."""
 from __future__ import annotations
 
 import math
