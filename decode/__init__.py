@@ -24,12 +24,12 @@ is_raw = raw.is_raw
 
 
 def decode(data: bytes) -> torch.Tensor:
-    """Encoded image -> RGB uint8 ``(3, H, W)`` (often channels-last): JPEGs by libjpeg-turbo
-    (:mod:`decode.libraries`, grayscale and CMYK converted), other formats by the same library,
-    else PIL; a raw record is copied out. Raises ``PIL.UnidentifiedImageError`` / ``OSError`` if
-    the bytes are not an image."""
-    if raw.raw_header(data) is not None:
-        return raw.raw_image(data)
+    """Encoded image -> RGB uint8 ``(3, H, W)`` (often channels-last) by :mod:`decode.libraries`
+    (grayscale and CMYK converted), else PIL; a raw record copied out. Raises
+    ``PIL.UnidentifiedImageError`` / ``OSError`` if the bytes are not an image."""
+    header = raw.raw_header(data)
+    if header is not None:
+        return raw.raw_crop(data, None, header)
     try:
         if data[:3] == headers.JPEG_MAGIC:
             return decode_jpeg(data)
@@ -41,18 +41,16 @@ def decode(data: bytes) -> torch.Tensor:
 def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
     """``(height, width)`` as stored of any image or raw record, from its header
     (:func:`decode.acceptance.read_frame`, or ``frame``, what it read); None if unreadable."""
-    if frame is None:
-        try:
-            frame = read_frame(data)
-        except Refused:  # PIL's bomb refusal: a size all the same, but not one to decode
-            return None
+    try:
+        frame = frame or read_frame(data)
+    except Refused:  # PIL's bomb refusal: a size all the same, but not one to decode
+        return None
     return None if frame is None else (frame.height, frame.width)
 
 
 def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
     """``(height, width)`` of a record :func:`decode_crop` cuts without a whole decode (a raw
-    record, or a 1- or 3-component JPEG where window decoding is on), else None. ``frame``:
-    ``data``'s :class:`Frame` (read here if None)."""
+    record, or a 1- or 3-component JPEG where window decoding is on), else None."""
     if raw.is_raw(data):
         return raw.raw_size(data)
     if not jpeg.window.available() or not headers.is_jpeg(data):
@@ -66,11 +64,10 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
                 frame: Frame | None = None) -> tuple[str, torch.Tensor]:
     """``(decoder, pixels)``: the RandomResizedCrop ``window`` = ``(top, left, height, width)``
     of ``data``, uint8 ``(3, h, w)``, by the first decoder of the cascade that takes it:
-    ``"scaled"`` (already resized to ``size``), else ``"window"``, ``"raw"`` or ``"whole"`` (the
-    window's pixels, for :func:`resize`). ``image``: the whole decode where :func:`window_size`
-    was None; ``frame``: ``data``'s :class:`Frame`, if read (the scaled decoder then reads no
-    header). ``interpolation``: :func:`resize`'s (``"nearest"`` never DCT-scales, which
-    averages). Raises what :func:`decode` raises."""
+    ``"scaled"`` (resized to ``size``), else ``"window"``, ``"raw"`` or ``"whole"`` (for
+    :func:`resize`). ``image``: the whole decode where :func:`window_size` was None; ``frame``:
+    ``data``'s :class:`Frame`, if read. ``"nearest"`` never DCT-scales (which averages). Raises
+    what :func:`decode` raises."""
     top, left, height, width = window
     if image is None:
         header = raw.raw_header(data)
@@ -101,8 +98,7 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None, interpolation: str = "bilinear",
                   frame: Frame | None = None) -> torch.Tensor:
-    """The RandomResizedCrop ``window`` = ``(top, left, height, width)`` of ``data`` resized to
-    ``size``: uint8 ``(3, *size)`` (:func:`decode_crop`, then :func:`resize`). Raises what
+    """:func:`decode_crop`'s pixels resized to ``size``: uint8 ``(3, *size)``. Raises what
     :func:`decode` raises."""
     kind, pixels = decode_crop(data, window, size, image, interpolation, frame)
     return pixels if kind == "scaled" else resize(pixels, size, interpolation)

@@ -100,10 +100,8 @@ def read_frame(data: bytes) -> Frame | None:
             return frame
     elif data[:8] == PNG_MAGIC:
         return _png_frame(data)
-    elif raw.is_raw(data):
-        size = raw.raw_size(data)
-        if size is not None:
-            return Frame("raw", *size)
+    elif (size := raw.raw_size(data)) is not None:
+        return Frame("raw", *size)
     return _library_frame(data)
 
 
@@ -143,9 +141,9 @@ def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) ->
         return Frame(kind, height, width, 0, available, count)
     sampling = body[7:6 + 3 * count:3]
     hmax, vmax = max(s >> 4 for s in sampling) or 1, max(s & 15 for s in sampling) or 1
-    selectors = {}  # component id -> the first scan's DC/AC table byte
-    for i in range(min(scan[0], (len(scan) - 1) // 2) if scan else 0):
-        selectors[scan[1 + 2 * i]] = scan[2 + 2 * i]
+    # component id -> the first scan's DC/AC table byte
+    selectors = {scan[1 + 2 * i]: scan[2 + 2 * i]
+                 for i in range(min(scan[0], (len(scan) - 1) // 2) if scan else 0)}
     progressive = marker in _PROGRESSIVE
     if progressive and (len(scan) <= 1 + 2 * len(selectors) or scan[1 + 2 * len(selectors)]):
         return Frame(kind, height, width, 0, available, count)  # the first scan: not DC

@@ -1,8 +1,7 @@
 """Batches of JPEG windows decoded in the training process (``--decode-device``,
-docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec (each region only, a
-batch per call) on the GPU or its CPU backend, or torchvision's ``decode_jpeg(device="cuda")``
-without it; raw records are cut on the host, what a decoder declines goes to
-:func:`decode.decode`. Pixels as stored, fancy upsampling, RGB."""
+docs/loaders.md#batch-decoding-on-the-gpu---decode-device): nvImageCodec (each region only) on
+the GPU or its CPU backend, else torchvision's ``decode_jpeg(device="cuda")``; raw records cut
+on the host, the rest by :func:`decode.decode`. Pixels as stored, fancy upsampling, RGB."""
 from __future__ import annotations
 
 import functools
@@ -43,10 +42,9 @@ class DecodedWindows:
 
 class WindowDecoder:
     """Decodes a batch's regions and resizes each to ``size`` on ``device``. ``kind``: ``"cuda"``
-    (nvImageCodec's hardware decoder at ``hw_load``, then CUDA; torchvision without nvImageCodec)
-    or ``"cpu-nvimgcodec"`` (``threads`` threads). ``library``: nvImageCodec's module (None:
-    torchvision). Raises ``ValueError`` for an unknown kind, ``RuntimeError`` for the CPU kind
-    without nvImageCodec."""
+    (nvImageCodec's hardware decoder at ``hw_load``, then CUDA) or ``"cpu-nvimgcodec"``
+    (``threads`` threads). ``library``: nvImageCodec's module (None: torchvision). Raises
+    ``ValueError`` for an unknown kind, ``RuntimeError`` for the CPU kind without nvImageCodec."""
 
     def __init__(self, kind: str, device: torch.device, hw_load: float | None = None,
                  threads: int = 1, library: object = "default"):
@@ -81,11 +79,10 @@ class WindowDecoder:
                size: tuple[int, int], stream: int = 0,
                frames: Sequence | None = None, seconds: dict | None = None) -> DecodedWindows:
         """``regions[i]`` = ``(top, left, height, width)`` in pixels of ``datas[i]`` (encoded bytes
-        or a uint8 NumPy array of them), resized to ``size`` = ``(height, width)``: a
-        :class:`DecodedWindows`. ``stream``: the CUDA stream handle to order GPU work on (0:
-        default). ``frames[i]``: resample region ``i`` as part of a whole-image resize and crop
-        (:func:`resize_in_frame`). ``seconds``: gets the host's wall seconds of the decode
-        (``"decode"``) and of the resizes (``"resize"``); CUDA kernels run later on ``stream``."""
+        or a uint8 NumPy array), resized to ``size``: a :class:`DecodedWindows`. ``stream``: the
+        CUDA stream handle to order GPU work on (0: default). ``frames[i]``: region ``i``
+        resampled as part of a whole-image resize and crop (:func:`resize_in_frame`).
+        ``seconds``: gets the host's wall seconds of the decode and of the resizes."""
         started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
@@ -123,8 +120,8 @@ class WindowDecoder:
         """A raw record's region, uint8 ``(3, h, w)`` on the device, or None."""
         blob = bytes(data)
         header = raw.raw_header(blob)
-        if header is None or region[0] + region[2] > header.height \
-                or region[1] + region[3] > header.width:
+        top, left, height, width = region
+        if header is None or top + height > header.height or left + width > header.width:
             return None
         return to_device(raw.raw_crop(blob, region, header), self.device)
 
@@ -135,7 +132,7 @@ class WindowDecoder:
         for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
             try:
                 whole = n.CodeStream(data)
-                # the CPU loaders' rule (decode.jpeg_size); the rest go to the CPU fallback
+                # the CPU loaders' rule (Frame.plain_jpeg); the rest go to the CPU fallback
                 if whole.codec_name != "jpeg" or whole.num_channels not in (1, 3):
                     continue
                 region = n.Region(top, left, top + height, left + width)
@@ -172,8 +169,8 @@ class WindowDecoder:
         return pixels.permute(2, 0, 1)
 
     def _torchvision(self, datas, regions):
-        """torchvision's nvJPEG decode of whole JPEGs, then each window; None for what it refuses
-        and what is no 1- or 3-component JPEG. nvJPEG prints nothing to catch."""
+        """torchvision's nvJPEG decode of whole 1- or 3-component JPEGs, then each window; None
+        for the rest. nvJPEG prints nothing to catch."""
         from torchvision.io import ImageReadMode
         from torchvision.io import decode_jpeg as tv_decode_jpeg
 
@@ -229,8 +226,8 @@ def _crop(image: torch.Tensor, region) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class CudaChoice:
-    """The GPU decoder that decodes into ``device``'s memory (``library``: ``"nvimgcodec"``,
-    ``"torchvision"`` or None) and why each one tried before did not."""
+    """The ``library`` (``"nvimgcodec"``, ``"torchvision"`` or None) that decodes into
+    ``device``'s memory and why each one tried before did not."""
 
     device: str
     library: str | None
@@ -264,8 +261,7 @@ def device_decode_problem(decoder: "WindowDecoder") -> str | None:
 @functools.lru_cache(maxsize=None)
 def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice:
     """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
-    memory, cached per process, device and ``hw_load`` (the start-up line and the loaders agree).
-    Both need the nvJPEG wheel (:func:`nvjpeg_pip_package`). Never raises."""
+    memory (both need :func:`nvjpeg_pip_package`), cached per process. Never raises."""
     problems = []
     candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
     if not candidates:
@@ -287,9 +283,9 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
 
 
 def nvjpeg_pip_package(cuda_version: str | None) -> str:
-    """The pip wheel with ``libnvjpeg`` for torch's CUDA ``cuda_version`` ("12.8" ->
-    ``nvidia-nvjpeg-cu12``; 13 and None -> ``nvidia-nvjpeg``, ``-cu13`` being a deprecated
-    placeholder); neither nvImageCodec's nor torch's wheels carry it."""
+    """The pip wheel with ``libnvjpeg`` (in neither nvImageCodec's nor torch's) for torch's CUDA
+    ``cuda_version``: "12.8" -> ``nvidia-nvjpeg-cu12``; 13, None -> ``nvidia-nvjpeg`` (its
+    ``-cu13`` is a placeholder)."""
     major = (cuda_version or "13").split(".")[0]
     return "nvidia-nvjpeg" if int(major) >= 13 else f"nvidia-nvjpeg-cu{major}"
 

@@ -50,25 +50,19 @@ def _torchcodec() -> _Backend:
 def _torchvision() -> _Backend:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    def quiet(decode, mode=ImageReadMode.RGB):  # without 0.29's warning on every image
+    def quiet(decode, mode=ImageReadMode.RGB, png=False):  # without 0.29's warning on every image
         def call(t: torch.Tensor) -> torch.Tensor:
+            if png and bytes(t[:8].numpy()) == PNG_MAGIC:
+                # its PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
+                _check_png_chunks(bytes(t.numpy()))
+                _pil()(t)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
                 return decode(t, mode=mode)
         return call
 
-    any_image = quiet(decode_image)
-
-    def image(t: torch.Tensor) -> torch.Tensor:
-        # torchvision 0.29's PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
-        data = bytes(t.numpy())
-        if data[:8] == PNG_MAGIC:
-            _check_png_chunks(data)
-            _pil()(t)
-        return any_image(t)
-
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
-                    image, quiet(decode_jpeg, ImageReadMode.GRAY))
+                    quiet(decode_image, png=True), quiet(decode_jpeg, ImageReadMode.GRAY))
 
 
 def _check_png_chunks(data: bytes) -> None:
@@ -86,9 +80,8 @@ def _check_png_chunks(data: bytes) -> None:
 
 
 def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
-    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line, never an
-    object's address: ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else
-    ``OSError``."""
+    """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line naming no object:
+    ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else ``OSError``."""
     from PIL import Image
 
     try:
@@ -127,23 +120,20 @@ def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class OptionalLibrary:
     """A native library the window decoders use where present: ``load() -> (library, None) |
-    (None, why)``, called once per process on first use; ``IMAGENET_FAST_FULL_DECODE=1`` keeps it
-    off. ``reason``: why it is off, else None."""
+    (None, why)``, called once per process on first use (``get``); ``IMAGENET_FAST_FULL_DECODE=1``
+    keeps it off. ``reason``: why it is off, else None."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
-        self._load = load
-        self._library = None
-        self._loaded = False
+        self._load, self._loaded, self._library = load, False, None
         self.reason: str | None = None
 
     def get(self):
         """The library, or ``None`` (``reason`` says why)."""
         if not self._loaded:
             self._loaded = True
-            if os.environ.get("IMAGENET_FAST_FULL_DECODE") == "1":
-                self._library, self.reason = None, "IMAGENET_FAST_FULL_DECODE=1"
-            else:
-                self._library, self.reason = self._load()
+            self._library, self.reason = (
+                (None, "IMAGENET_FAST_FULL_DECODE=1")
+                if os.environ.get("IMAGENET_FAST_FULL_DECODE") == "1" else self._load())
         return self._library
 
     def available(self) -> bool:
@@ -152,11 +142,8 @@ class OptionalLibrary:
 
     def set_enabled(self, enabled: bool) -> None:
         """Load it again (if present) or turn it off in this process."""
-        self._loaded, self._library = False, None
-        if enabled:
-            self.get()
-        else:
-            self._loaded, self.reason = True, "turned off in this process"
+        self._loaded, self._library, self.reason = not enabled, None, "turned off in this process"
+        self.get()
 
 
 def _import_nvimgcodec():
@@ -281,9 +268,8 @@ def decode_jpeg(data) -> torch.Tensor:
 
 
 def decode_jpeg_luma(data) -> torch.Tensor:
-    """A JPEG's luma plane, uint8 ``(1, H, W)``. Raises ``RuntimeError`` for exactly what
-    :func:`decode_jpeg` refuses, in ~18% less CPU
-    (docs/formats.md#how-completely-images-are-checked)."""
+    """A JPEG's luma plane, uint8 ``(1, H, W)``, in ~18% less CPU; raises ``RuntimeError`` for
+    exactly what :func:`decode_jpeg` refuses (docs/formats.md#how-completely-images-are-checked)."""
     return _decode(data, "luma")
 
 
@@ -310,19 +296,13 @@ def _without_exif(data: bytes) -> bytes:
         return data
     if not spans:
         return data
-    pieces, start = [], 0
-    for begin, end in spans:
-        pieces.append(data[start:begin])
-        start = min(end, len(data))
-    pieces.append(data[start:])
-    return b"".join(pieces)
+    kept = zip([0] + [end for _, end in spans], [begin for begin, _ in spans] + [len(data)])
+    return b"".join(data[start:stop] for start, stop in kept)
 
 
 def image_library() -> str:
     """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
-    for dist in ("Pillow-SIMD", "Pillow"):
-        if _version(dist) != "?":
-            return f"{dist} {_version(dist)}"
     import PIL
 
-    return f"PIL {PIL.__version__}"
+    return next((f"{dist} {_version(dist)}" for dist in ("Pillow-SIMD", "Pillow")
+                 if _version(dist) != "?"), f"PIL {PIL.__version__}")

@@ -115,10 +115,30 @@ class capture:
         return lines
 
     def __exit__(self, *exc) -> None:
-        if self._sink is not None and self._pid == os.getpid():  # not a child forked inside
-            _thread.depth -= 1
-            _finish(self._sink, self, _thread.entered - self._mine)
-        self._sink = None
+        """Its lines read, the rest passed on, descriptor 2 put back by the last capture to end."""
+        sink, self._sink = self._sink, None
+        if sink is None or self._pid != os.getpid():  # none, or a child forked inside
+            return
+        _thread.depth -= 1
+        nested = _thread.entered - self._mine  # captures this thread began inside it
+        _flush()
+        with sink.cond:
+            end = os.lseek(sink.file, 0, os.SEEK_CUR)
+            self.lines = _library_lines(sink.file, self._start, end)
+            self.shared = self.shared or sink.entered - self._entered > nested
+            sink.active -= 1
+            if self.exclusive:
+                sink.exclusive = False
+            _forward(sink, end, final=sink.active == 0)
+            if sink.active == 0:
+                os.dup2(sink.saved, 2)
+                os.close(sink.saved)
+                sink.saved = -1
+                if end:
+                    os.ftruncate(sink.file, 0)
+                    os.lseek(sink.file, 0, os.SEEK_SET)
+                sink.forwarded = 0
+            sink.cond.notify_all()
 
 
 def _flush() -> None:
@@ -127,29 +147,6 @@ def _flush() -> None:
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
-
-
-def _finish(sink: _Sink, captured: capture, nested: int) -> None:
-    """End ``captured``: its lines read, the rest passed on, descriptor 2 put back by the last
-    capture to end; ``nested``: captures this thread began inside it."""
-    _flush()
-    with sink.cond:
-        end = os.lseek(sink.file, 0, os.SEEK_CUR)
-        captured.lines = _library_lines(sink.file, captured._start, end)
-        captured.shared = captured.shared or sink.entered - captured._entered > nested
-        sink.active -= 1
-        if captured.exclusive:
-            sink.exclusive = False
-        _forward(sink, end, final=sink.active == 0)
-        if sink.active == 0:
-            os.dup2(sink.saved, 2)
-            os.close(sink.saved)
-            sink.saved = -1
-            if end:
-                os.ftruncate(sink.file, 0)
-                os.lseek(sink.file, 0, os.SEEK_SET)
-            sink.forwarded = 0
-        sink.cond.notify_all()
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:
@@ -172,10 +169,8 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
 
 def _library_lines(file: int, start: int, end: int) -> list[str]:
     """The native decoders' lines among the bytes ``start..end`` of ``file``."""
-    if end <= start:
-        return []
     lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
-             for piece in os.pread(file, end - start, start).splitlines(keepends=True))
+             for piece in os.pread(file, max(0, end - start), start).splitlines())
     return [line for line in lines if line and is_library_line(line)]
 
 

@@ -10,8 +10,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_bytes", "raw_crop", "raw_header", "raw_image",
-           "raw_size"]
+__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_bytes", "raw_crop", "raw_header", "raw_size"]
 
 # Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
@@ -19,8 +18,7 @@ _HEAD_BYTES = 32
 
 
 class RawHeader(NamedTuple):
-    """A raw record's size in pixels, its ``channels`` (1 or 3) and the byte ``offset`` of its
-    first pixel."""
+    """A raw record's size in pixels, ``channels`` (1 or 3), byte ``offset`` of its first pixel."""
 
     height: int
     width: int
@@ -51,18 +49,14 @@ def raw_header(data: bytes) -> RawHeader | None:
 def raw_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` in pixels of a raw record, None for anything else."""
     header = raw_header(data)
-    return None if header is None else (header.height, header.width)
-
-
-def raw_image(data: bytes) -> torch.Tensor:
-    """A raw record's uint8 ``(3, H, W)`` (a copy); ``ValueError`` if malformed."""
-    return raw_crop(data)
+    return None if header is None else header[:2]
 
 
 def raw_crop(data: bytes, window: tuple[int, int, int, int] | None = None,
              header: RawHeader | None = None) -> torch.Tensor:
     """The ``window`` (None: all) of a raw record, uint8 ``(3, height, width)``, a channels-last
-    copy of its bytes only, grayscale repeated. ``ValueError`` if malformed."""
+    copy of its bytes only, grayscale repeated. ``header``: its :func:`raw_header`, if read.
+    ``ValueError`` if malformed."""
     header = header or raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")
@@ -82,10 +76,9 @@ def encode_raw(image: torch.Tensor, gray: bool = False) -> bytes:
         raise ValueError(f"encode_raw takes uint8 (3, H, W) pixels, not {image.dtype} "
                          f"{tuple(image.shape)}")
     height, width = image.shape[1:]
-    if gray:
-        return b"P5\n%d %d\n255\n" % (width, height) + image[0].contiguous().numpy().tobytes()
-    return (b"P6\n%d %d\n255\n" % (width, height)
-            + image.permute(1, 2, 0).contiguous().numpy().tobytes())
+    pixels = image[:1] if gray else image
+    return (b"P%d\n%d %d\n255\n" % (5 if gray else 6, width, height)
+            + pixels.permute(1, 2, 0).contiguous().numpy().tobytes())
 
 
 def raw_bytes(height: int, width: int, channels: int = 3) -> int:

@@ -13,9 +13,7 @@
  *
  * Damaged data: any libjpeg warning is an error (-3), printed to stderr first as libjpeg prints
  * it, so the loaders (decode/messages.py) name the file once and decode it whole instead.
- *
- * Built by `make install` (cc -O2 -shared -fPIC ... -ljpeg) into decode/jpeg/_jpegcrop.so, called
- * through ctypes by decode/jpeg/region.py.
+ * Built by `make install` into decode/jpeg/_jpegcrop.so, called by decode/jpeg/region.py.
  */
 #include <setjmp.h>
 #include <stdint.h>
@@ -43,18 +41,8 @@ static void on_emit(j_common_ptr cinfo, int level) {
     }
 }
 
-static void init_errors(struct jpeg_decompress_struct *cinfo, struct err_mgr *err) {
-    cinfo->err = jpeg_std_error(&err->pub);
-    err->pub.error_exit = on_error;
-    err->pub.emit_message = on_emit;
-    err->code = 0;
-}
-
 /* ABI version, checked by decode/jpeg/region.py so that a stale build is never called. */
 int jc_version(void) { return 4; }
-
-static int min_int(int a, int b) { return a < b ? a : b; }
-static int max_int(int a, int b) { return a > b ? a : b; }
 
 /* Rows [y, y+h) and columns [x, x+w) of the image decoded at 1/denom (its size there is
    ceil(width/denom) x ceil(height/denom)) as RGB into out: h rows of w * 3 bytes. Returns 0;
@@ -65,7 +53,10 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     struct jpeg_decompress_struct cinfo;
     struct err_mgr err;
     JSAMPROW volatile row = NULL;  /* volatile: still valid after longjmp */
-    init_errors(&cinfo, &err);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_emit;
+    err.code = 0;
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
@@ -78,14 +69,16 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     cinfo.scale_num = 1;
     cinfo.scale_denom = (unsigned int)denom;
     jpeg_calc_output_dimensions(&cinfo);
+    int width = (int)cinfo.output_width;
     if ((denom != 1 && denom != 2 && denom != 4 && denom != 8) || x < 0 || y < 0 || w < 1 ||
-        h < 1 || x + w > (int)cinfo.output_width || y + h > (int)cinfo.output_height) {
+        h < 1 || x + w > width || y + h > (int)cinfo.output_height) {
         jpeg_destroy_decompress(&cinfo);
         return -2;
     }
     /* fancy upsampling reads one chroma sample either side: max_h_samp_factor pixels at most */
     int margin_x = 2 * cinfo.max_h_samp_factor;
-    int x0 = max_int(0, x - margin_x), x1 = min_int((int)cinfo.output_width, x + w + margin_x);
+    int x0 = x > margin_x ? x - margin_x : 0;
+    int x1 = x + w + margin_x < width ? x + w + margin_x : width;
     jpeg_start_decompress(&cinfo);
     JDIMENSION crop_x = (JDIMENSION)x0, crop_w = (JDIMENSION)(x1 - x0);
     if (crop_x > 0 || crop_w < cinfo.output_width)

@@ -64,7 +64,7 @@ def test_malformed_records_are_not_read_as_pixels(colour_jpeg):
                 b"P6\n0 75\n255\n", b"P7\n1 1\n255\n\0\0\0"):
         assert raw.raw_header(bad) is None
     with pytest.raises(ValueError):
-        raw.raw_image(record[:-1])
+        raw.raw_crop(record[:-1])
     with pytest.raises((OSError, RuntimeError)):  # what the loaders take for a bad sample
         decode.decode(record[:100])  # truncated: PIL refuses it too
     with pytest.raises(ValueError):
