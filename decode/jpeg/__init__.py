@@ -1,8 +1,5 @@
-"""JPEG windows decoded without decoding the whole image: :mod:`.window` (nvImageCodec's CPU
-backend, the rows of the window only), :mod:`.scaled` (at libjpeg-turbo's DCT scale 1/2-1/8
-where the window is at least twice the output) through :mod:`.region` (our C, ``_jpegcrop.c``:
-crop and scale in one decode) or PIL's ``draft``. Each returns None where it declines and
-:mod:`decode`'s cascade takes the image on."""
+"""JPEG windows decoded without the whole image (:mod:`decode`'s cascade): :mod:`.window`
+(nvImageCodec), :mod:`.scaled` (at a DCT scale) through :mod:`.region` (our C) or PIL's draft."""
 from . import region, scaled, window
 
 __all__ = ["region", "scaled", "window"]

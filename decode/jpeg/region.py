@@ -1,10 +1,8 @@
 """Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, cropped and scaled in one
-decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (built by
-``make install``), through ctypes
-(docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
+decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (``make install``),
+through ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
 None where not built, under ``IMAGENET_FAST_FULL_DECODE=1``, for anything but a 1- or 3-component
-JPEG, or when libjpeg reports an error or a corrupt-data warning (printed for
-:mod:`decode.messages`)."""
+JPEG, or when libjpeg reports an error or a corrupt-data warning (printed: decode.messages)."""
 from __future__ import annotations
 
 import ctypes
@@ -46,25 +44,22 @@ def status() -> str:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a 1- or 3-component JPEG from its header
-    (:func:`decode.acceptance.read_frame`) where the C decoder is on; else None."""
+    """``(height, width)`` of a 1- or 3-component JPEG from its header where the C is on; else
+    None."""
     if _load() is None or not is_jpeg(data):
         return None
     try:
         frame = read_frame(data)
     except Refused:
         return None
-    if frame is None or not frame.kind.endswith("JPEG") or frame.components not in (1, 3) \
-            or not frame.pixels:
-        return None
-    return frame.height, frame.width
+    usable = frame and frame.kind.endswith("JPEG") and frame.components in (1, 3) and frame.pixels
+    return (frame.height, frame.width) if usable else None
 
 
 def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
                   width: int) -> np.ndarray | None:
     """uint8 RGB ``(height, width, 3)`` at ``top``, ``left`` of the JPEG decoded at ``1/denom`` (1,
-    2, 4, 8; pixels of the ``ceil(H/denom) x ceil(W/denom)`` image). None if off, outside, or
-    libjpeg reports an error or corrupt-data warning."""
+    2, 4, 8: the ``ceil(H/denom) x ceil(W/denom)`` image); None if off, outside or damaged."""
     lib = _load()
     if lib is None or data[:3] != JPEG_MAGIC or height < 1 or width < 1:
         return None

@@ -1,9 +1,8 @@
 """Decode a JPEG window at libjpeg-turbo's DCT scale 1/2, 1/4 or 1/8 where the window is at least
 twice the output (docs/ffcv-and-decode.md#2-decoded-at-the-crops-scale): by
 :mod:`decode.jpeg.region` where built, else PIL's ``draft``, then resampled at a full decode's
-geometry by PIL's antialiased filter (which :func:`decode.resize` reimplements): within 1 level of
-a full decode's pixels on average, deterministic. None for anything but a complete RGB or
-grayscale JPEG, or when off (``IMAGENET_FAST_FULL_DECODE=1``)."""
+geometry by PIL's antialiased filter: within 1 level of a full decode's pixels on average,
+deterministic. None for anything but a complete RGB or grayscale JPEG, or when off."""
 from __future__ import annotations
 
 import io
@@ -41,10 +40,9 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
                    shape: tuple[int, int] | None = None) -> torch.Tensor | None:
     """The window ``box`` = ``(top, left, bottom, right)`` (full-image pixels, may be fractional)
     of JPEG ``data`` at ``size``: uint8 ``(3, h, w)``, channels-last, decoded at ``1/factor`` and
-    resampled by PIL's antialiased ``resample`` filter (:func:`region_resized`, else
-    :func:`draft_resized`: within 1 level). ``shape``: the JPEG's ``(height, width)`` where its
-    header was read (a 1- or 3-component JPEG; else the C reads it). None unless an RGB or
-    grayscale JPEG decodes completely."""
+    resampled by PIL's ``resample`` filter (:func:`region_resized`, else :func:`draft_resized`).
+    ``shape``: the ``(height, width)`` of a 1- or 3-component JPEG, if its header was read. None
+    unless an RGB or grayscale JPEG decodes completely."""
     out = region_resized(data, factor, box, size, resample, shape)
     if out is None:
         out = draft_resized(data, factor, box, size, resample)
@@ -54,9 +52,8 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
 def region_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                    size: tuple[int, int], resample: str = "bilinear",
                    shape: tuple[int, int] | None = None) -> np.ndarray | None:
-    """:func:`resized_window` through :mod:`decode.jpeg.region`: uint8 ``(h, w, 3)``, or None. The
-    box is decoded with the filter's reach around it (PIL's support), so PIL resamples the pixels
-    of the whole scaled image."""
+    """:func:`resized_window` through :mod:`decode.jpeg.region`: uint8 ``(h, w, 3)``, or None; the
+    box decoded with the filter's reach (PIL's support), the whole scaled image's pixels."""
     from PIL import Image
 
     if shape is None or not region.available():

@@ -1,7 +1,6 @@
-"""Decode just the RandomResizedCrop window of a JPEG, the pixels of a whole decode's crop, by
-nvImageCodec's CPU backend (libjpeg-turbo's partial decompression;
-docs/performance.md#image-decoders). None without nvImageCodec, for anything but a complete
-1- or 3-component JPEG window, or under ``IMAGENET_FAST_FULL_DECODE=1``."""
+"""The RandomResizedCrop window of a JPEG, a whole decode's crop's pixels, by nvImageCodec's CPU
+backend (libjpeg-turbo's partial decompression; docs/performance.md#image-decoders). None
+without it, for anything but a complete 1- or 3-component JPEG window, or when turned off."""
 from __future__ import annotations
 
 import os

@@ -29,7 +29,7 @@ class Layout:
     @classmethod
     def from_dict(cls, saved: dict) -> "Layout":
         """Raises ``KeyError``/``TypeError``/``ValueError`` for a malformed record."""
-        return cls(int(saved["world_size"]), int(saved["batch_size"]), int(saved["workers"]))
+        return cls(*(int(saved[key]) for key in ("world_size", "batch_size", "workers")))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,8 +41,8 @@ class Layout:
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
     """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches):
     the same world size, batch size, and worker count where the order cuts per-worker pieces."""
-    kept = origin.workers == now.workers or "workers" not in getattr(order, "LAYOUT_KEYS", ())
-    return origin.world_size == now.world_size and origin.batch_size == now.batch_size and kept
+    keys = ("world_size", "batch_size") + tuple(getattr(order, "LAYOUT_KEYS", ()))
+    return all(getattr(origin, key) == getattr(now, key) for key in keys)
 
 
 def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
@@ -87,14 +87,12 @@ def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
 
 def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
                     batch: int) -> dict:
-    """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: the
-    samples of the global order consumed, its origin layout, the layout now, and the dataset
-    size, seed and order kind, for checks."""
+    """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: samples
+    of the global order consumed, its origin layout, the layout now; size, seed, order kind."""
+    consumed, origin = batch * now.world_size * now.batch_size, now
     if rest is not None and rest.epoch == epoch:
-        consumed = rest.consumed + (batch - rest.start_batch) * now.world_size * now.batch_size
+        consumed += rest.consumed - rest.start_batch * now.world_size * now.batch_size
         origin = rest.origin
-    else:
-        consumed, origin = batch * now.world_size * now.batch_size, now
     return {"consumed": int(consumed), "origin": origin.to_dict(), "layout": now.to_dict(),
             "num_samples": int(order.num_samples), "seed": getattr(order, "seed", None),
             "order": type(order).__name__}
@@ -104,9 +102,8 @@ class PositionedLoader:
     """Mixed into every pipeline's training loader, which sets ``position_order`` (its
     :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
     :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
-    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``, applied by the device feed:
-    ``loaders.pipelines.batches.DeviceFeed``) and ``trace`` (a :class:`SampleTrace`), each None
-    where off."""
+    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``, for the device feed) and
+    ``trace`` (a :class:`SampleTrace`), None where off."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -114,8 +111,8 @@ class PositionedLoader:
     epoch = start_batch = 0
 
     def _delivered(self, batches: Iterator) -> Iterator:
-        """``batches`` (this pass's ``(images, labels)`` on the device, erased in the device feed)
-        as the step gets them: batch ``start_batch + k``'s indices traced (``trace``)."""
+        """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them,
+        batch ``start_batch + k``'s indices traced (``trace``)."""
         return batches if self.trace is None else self._traced(batches)
 
     def _traced(self, batches: Iterator) -> Iterator:
@@ -148,7 +145,7 @@ class PositionedLoader:
         forget it); its indices, or None where the order's own are read."""
         fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
         self.rest = rest if fits else None
-        return self.rest.indices if self.rest is not None else None
+        return rest.indices if fits else None
 
 
 class SampleTrace:
@@ -161,7 +158,7 @@ class SampleTrace:
     def record(self, epoch: int, start_batch: int, indices: list[int], batch_size: int,
                step: int) -> None:
         """Record batch ``start_batch + step`` of a pass over ``indices``."""
-        chunk = indices[step * batch_size:(step + 1) * batch_size]
+        chunk = [int(i) for i in indices[step * batch_size:(step + 1) * batch_size]]
         with open(self.path, "a") as f:
-            f.write(json.dumps({"epoch": epoch, "batch": start_batch + step,
-                                "indices": [int(i) for i in chunk]}) + "\n")
+            f.write(json.dumps({"epoch": epoch, "batch": start_batch + step, "indices": chunk})
+                    + "\n")

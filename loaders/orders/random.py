@@ -109,8 +109,7 @@ class RepeatedAugmentationOrder:
 
 def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
     """A random-access reader's training order: :class:`RepeatedAugmentationOrder` with
-    ``--ra-sampler`` in a distributed run (as torchvision's ``train.py``), else
-    :class:`RandomOrder`."""
+    ``--ra-sampler`` in a distributed run (as torchvision's ``train.py``), else RandomOrder."""
     if settings.ra_sampler and dist.distributed:
         return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
                                          dist.world_size, settings.seed)

@@ -18,13 +18,9 @@ def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers:
             total: int) -> list[list[tuple[int, int]]]:
     """Cut the concatenated ``runs`` (record ranges) into ``workers`` consecutive pieces: piece
     ``w`` holds batches ``w, w + W, ...`` of ``batches`` (the last one the rest of ``total``)."""
-    sizes = []
-    for w in range(workers):
-        mine = range(w, batches, workers)
-        size = len(mine) * batch_size
-        if batches and batches - 1 in mine:
-            size -= batches * batch_size - total
-        sizes.append(size)
+    sizes = [len(range(w, batches, workers)) * batch_size for w in range(workers)]
+    if batches:  # the last batch, worker (batches - 1) % W's, holds the rest
+        sizes[(batches - 1) % workers] -= batches * batch_size - total
     pieces, run, offset = [], 0, 0
     for size in sizes:
         piece = []
@@ -98,7 +94,7 @@ class StreamTrainOrder:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
         rng = keyed_rng(self.seed, epoch)
         shards = rng.permutation(len(self.counts))
-        lo = self.rank * (int(self.counts.sum()) // self.world_size)
+        lo = self.rank * (self.num_samples // self.world_size)
         hi, runs, at = lo + len(self), [], 0
         for s in shards.tolist():
             n = int(self.counts[s])

@@ -29,8 +29,7 @@ AUGMIX_SPACE = v2.AugMix._AUGMENTATION_SPACE  # all_ops=True, the default
 
 
 class _Policy:
-    """Shared by the policies: magnitude tables cached per image size (torchvision rebuilds
-    them every call)."""
+    """Shared by the policies: magnitude tables cached per image size (torchvision's: per call)."""
 
     space: dict = {}
 
@@ -146,14 +145,11 @@ def make_auto_augment(policy: str | None, interpolation: str = "bilinear",
     """The ``--auto-augment`` policy as a callable on uint8 ``(3, H, W)`` crops (same dtype and
     shape out), or None for no policy, as torchvision's ``ClassificationPresetTrain`` chooses
     it. Raises ``ValueError`` for an unknown policy or out-of-range magnitude or severity."""
+    makers = {"ta_wide": lambda: TrivialAugmentWide(interpolation),
+              "ra": lambda: RandAugment(interpolation, ra_magnitude),
+              "augmix": lambda: AugMix(interpolation, augmix_severity)}
     if policy is None:
         return None
-    if policy == "ta_wide":
-        return TrivialAugmentWide(interpolation)
-    if policy == "ra":
-        return RandAugment(interpolation, ra_magnitude)
-    if policy == "augmix":
-        return AugMix(interpolation, augmix_severity)
-    if policy in ("imagenet", "cifar10", "svhn"):
-        return AutoAugment(policy, interpolation)
-    raise ValueError(f"--auto-augment {policy!r}: expected one of {', '.join(POLICIES)}")
+    if policy not in POLICIES:
+        raise ValueError(f"--auto-augment {policy!r}: expected one of {', '.join(POLICIES)}")
+    return makers.get(policy, lambda: AutoAugment(policy, interpolation))()

@@ -49,10 +49,9 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
-    ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``.
-    The window is decoded alone or at libjpeg-turbo's DCT scale where it can be and resized with
-    ``interpolation``; draws come from torch's global RNG, seeded per batch by the loaders. Its
-    stages are what ``loaders.timing.stages.timed_transform`` times."""
+    ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``,
+    the window decoded by :func:`decode.decode_crop`; draws from torch's global RNG, seeded per
+    batch by the loaders. ``loaders.timing.stages.timed_transform`` times its stages."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -79,8 +78,7 @@ class TrainTransform:
     def window(self, data: bytes, size_of=None, frame=None):
         """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``,
         whether to flip, and the whole decode if the size needed it (raising as
-        :func:`decode.decode`). Its ``_DRAWS`` uniforms come first, as in every pipeline; the size
-        is ``frame``'s, else ``size_of(data)``'s, else the whole decode's."""
+        :func:`decode.decode`). Its ``_DRAWS`` uniforms come first, as in every pipeline."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.window_size(data, frame)
         if size is None and size_of is not None:
@@ -94,9 +92,8 @@ class TrainTransform:
 
 class ValTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize(resize_size)``
-    and ``CenterCrop(crop_size)``. A JPEG is decoded at libjpeg-turbo's DCT scale where its
-    shorter side is at least twice ``resize_size``, with ``decode/jpeg/_jpegcrop.so`` only down to
-    the square's last row, and resampled from there (within 2 levels of resize-then-crop)."""
+    and ``CenterCrop(crop_size)``; a JPEG's square decoded alone, at libjpeg-turbo's DCT scale
+    where it can be, and resampled (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
                  interpolation: str = "bilinear"):
@@ -138,11 +135,10 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
 
 
 def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
-    """``(region, frame)`` for a decoder that decodes an integer region of a ``height x width``
-    image and resamples it as :func:`resize_center_crop` would the whole image: ``region``
-    ``(top, left, height, width)`` is :func:`center_crop_box` widened by the bilinear filter's
-    reach (scale + 2 px), clamped; ``frame`` is ``(height, width, resized height, resized width,
-    crop top, crop left)``."""
+    """``(region, frame)`` to decode an integer region of a ``height x width`` image and resample
+    it as :func:`resize_center_crop` would the whole: ``region`` ``(top, left, height, width)``
+    is :func:`center_crop_box` widened by the bilinear filter's reach (scale + 2 px), clamped;
+    ``frame`` is ``(height, width, resized height, resized width, crop top, crop left)``."""
     size, crop_top, crop_left = _center_crop(height, width, resize_size, crop_size)
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
