@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from . import raw
 from .headers import PNG_MAGIC, SOS, is_jpeg, jpeg_segments, png_chunks
 
-__all__ = ["MAX_PIXELS", "DAMAGED", "DCT_JPEGS", "Frame", "Refused", "TOO_LARGE", "check",
-           "limit_pil", "read_frame"]
-
 # PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (1024**3 // 4 // 3).
 MAX_PIXELS = 178_956_970
 # The reasons' first words, shared by the loaders' skip lines and the converters' skipped.tsv.
@@ -47,9 +44,8 @@ class Refused(ValueError):
 @dataclass(frozen=True)
 class Frame:
     """A header's ``kind`` (e.g. ``"baseline JPEG"``), ``height`` and ``width`` in pixels,
-    ``min_bytes`` of coded data a complete image needs (0: unknown), ``available`` after the
-    header, ``components`` (colour channels as stored: 1 grayscale, 3 YCbCr/RGB, 4 CMYK; 0:
-    unknown)."""
+    ``min_bytes`` of coded data a complete image needs and ``available`` after the header,
+    ``components`` as stored (1 grayscale, 3 YCbCr/RGB, 4 CMYK); 0: unknown."""
 
     kind: str
     height: int
@@ -68,8 +64,7 @@ class Frame:
 
     @property
     def plain_jpeg(self) -> bool:
-        """A DCT, Huffman-coded JPEG of 1 or 3 components and a size: what the window decoders
-        (:mod:`decode.jpeg`) decode."""
+        """A DCT, Huffman-coded JPEG of 1 or 3 components and a size (:mod:`decode.jpeg`'s)."""
         return self.kind in DCT_JPEGS and self.components in (1, 3) and self.pixels > 0
 
 

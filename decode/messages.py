@@ -11,9 +11,6 @@ import sys
 import threading
 from typing import Callable, TypeVar
 
-__all__ = ["LIBRARY_LINE", "capture", "is_library_line", "not_an_image", "run_captured",
-           "say_now"]
-
 T = TypeVar("T")
 
 # libjpeg's warnings (jerror.h, JWRN_*), libpng's, nvImageCodec's "[ERROR] [libjpeg_turbo_...]"
@@ -68,9 +65,7 @@ class capture:
     thread's, it is not exclusive). Catches nothing where descriptor 2 cannot be redirected."""
 
     def __init__(self, exclusive: bool = False):
-        self.exclusive = exclusive
-        self.lines: list[str] = []
-        self.shared = False
+        self.exclusive, self.shared, self.lines = exclusive, False, []
         self._sink: _Sink | None = None
         self._start = self._entered = self._pid = self._mine = 0
 
@@ -102,8 +97,8 @@ class capture:
         return self
 
     def take(self) -> list[str]:
-        """The native decoders' lines written since the block began or the last ``take`` (a capture
-        held across many calls); other output is passed on now."""
+        """The native decoders' lines since the block began or the last ``take`` (a capture held
+        across many calls); other output is passed on now."""
         sink = self._sink
         if sink is None or self._pid != os.getpid():
             return []

@@ -10,8 +10,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["RawHeader", "encode_raw", "is_raw", "raw_bytes", "raw_crop", "raw_header", "raw_size"]
-
 # Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
 _HEAD_BYTES = 32

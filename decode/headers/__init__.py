@@ -1,14 +1,10 @@
 """The headers of encoded images, walked in one place for the acceptance rule, the size queries and
-the EXIF cut: the JPEG and PNG signatures, the JPEG marker walker (:func:`jpeg_segments`, as
-libjpeg's ``next_marker``) and the PNG chunk walker; :func:`probe_jpeg`, the decoders' probe."""
+the EXIF cut: JPEG's markers (:func:`jpeg_segments`) and PNG's chunks; the decoders' probe JPEG."""
 from __future__ import annotations
 
 import functools
 import io
 from typing import Iterator
-
-__all__ = ["JPEG_MAGIC", "PNG_MAGIC", "SOS", "EOI", "is_jpeg", "jpeg_segments", "png_chunks",
-           "probe_jpeg"]
 
 # SOI and the first marker's 0xFF (ITU-T T.81 B.1.1.2); the PNG signature (RFC 2083 3.1)
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -26,10 +22,10 @@ def is_jpeg(data: bytes) -> bool:
 
 def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
     """``(marker, begin, end)`` of each segment with a length field after SOI, up to and including
-    the first SOS (``begin``: its ``FF``; ``end``: ``begin + 2 + length``, which may pass
-    ``len(data)`` in a truncated file). Bytes between segments are skipped to the next ``FF``,
-    fill bytes and length-less markers passed over; the walk ends at EOI, at a length under 2 or
-    at the end of the data. ``data`` must start with SOI (:func:`is_jpeg`)."""
+    the first SOS (``begin``: its ``FF``; ``end``: ``begin + 2 + length``, maybe past the data),
+    walked as libjpeg's ``next_marker``: bytes between segments skipped to the next ``FF``, fill
+    bytes and length-less markers passed over; it ends at EOI, a length under 2 or the data's end.
+    ``data`` must start with SOI (:func:`is_jpeg`)."""
     pos, size = 2, len(data)
     while pos + 4 <= size:
         if data[pos] != 0xFF:  # libjpeg skips to the next 0xFF ("extraneous bytes")
@@ -57,9 +53,8 @@ def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
 
 
 def png_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
-    """``(type, begin, end)`` of each chunk of a PNG (length, type, data, CRC: ``end`` may pass
-    ``len(data)`` in a truncated file), up to and including IEND. ``data`` must start with
-    :data:`PNG_MAGIC`."""
+    """``(type, begin, end)`` of each chunk of a PNG (length, type, data, CRC; ``end`` maybe past
+    the data) up to and including IEND. ``data`` must start with :data:`PNG_MAGIC`."""
     pos, size = 8, len(data)
     while pos + 12 <= size:
         kind, end = data[pos + 4:pos + 8], pos + 12 + int.from_bytes(data[pos:pos + 4], "big")

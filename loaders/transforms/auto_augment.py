@@ -13,10 +13,6 @@ from torchvision.transforms import v2
 
 from ._uint8_ops import OPS
 
-__all__ = ["AA_SPACE", "AUGMIX_SPACE", "AugMix", "AutoAugment", "INTERPOLATIONS", "OPS",
-           "POLICIES", "RA_SPACE", "RandAugment", "TA_WIDE_SPACE", "TrivialAugmentWide",
-           "make_auto_augment"]
-
 # --auto-augment values, as torchvision's presets.py accepts them (AutoAugmentPolicy's values too)
 POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
 # --interpolation values (torchvision's InterpolationMode names the flag takes)
