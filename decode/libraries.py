@@ -183,12 +183,9 @@ def _current() -> _Backend | None:
     global _backend
     if _backend is None:
         forced = os.environ.get(ENV_VAR, "").strip()
-        order = list(_FACTORIES)
-        if forced in _FACTORIES:
-            order.insert(0, order.pop(order.index(forced)))
-        elif forced:
+        if forced and forced not in _FACTORIES:
             _skipped[forced] = f"unknown {ENV_VAR} (choose from {', '.join(_FACTORIES)})"
-        for key in order:
+        for key in sorted(_FACTORIES, key=lambda key: key != forced):  # the forced one first
             try:
                 _backend = _load(key)
                 break

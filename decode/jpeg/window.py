@@ -12,11 +12,10 @@ import torch
 from ..libraries import NVIMGCODEC
 
 _local = threading.local()  # one Decoder per thread and process (see _decoder)
-_library = NVIMGCODEC
 # nvImageCodec's module where window decoding is on in this process, else None
-library = _library.get
-set_enabled = _library.set_enabled  # window decoding on (if installed) or off in this process
-available = _library.available
+library = NVIMGCODEC.get
+set_enabled = NVIMGCODEC.set_enabled  # window decoding on (if installed) or off in this process
+available = NVIMGCODEC.available
 
 
 def make_decoder(n, device_id: int, threads: int, backends: list) -> tuple:
@@ -44,7 +43,7 @@ def status() -> str:
     """One start-up log line: ``"crop windows: nvImageCodec 0.9.0 (...)"`` or why not."""
     module = library()
     if module is None:
-        return f"crop windows: whole JPEGs decoded ({_library.reason})"
+        return f"crop windows: whole JPEGs decoded ({NVIMGCODEC.reason})"
     return (f"crop windows: nvImageCodec {module.__version__} (CPU, libjpeg-turbo partial "
             "decompression)")
 

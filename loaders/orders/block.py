@@ -1,8 +1,7 @@
 """Block order (``--lmdb-order block``): training over record stores larger than the page cache,
 after FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
 independently) but with blocks cut from the record index (``folder2lmdb.py`` writes record ``i``
-after ``i-1``, so a block is a contiguous byte range of ``data.mdb``) and ranks sharded on the
-block sequence before the buffer shuffle, so each reads whole blocks."""
+after ``i-1``: a block is a contiguous byte range of ``data.mdb``), each rank reading whole ones."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,10 +16,9 @@ class BlockOrder:
     rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
     world_size`` records (the rest sit out, as ``DistributedSampler(drop_last=True)``); (3) it
     shuffles the records within each of its blocks and emits them by picking one of
-    ``buffer_blocks`` open blocks uniformly and taking its next record. A rank's page-cache
-    working set is about ``buffer_blocks * block_size`` records; a batch mixes only the open
-    blocks' records (few classes where records are sorted by class). Raises ``ValueError`` for
-    sizes below 1 or a bad rank."""
+    ``buffer_blocks`` open blocks uniformly and taking its next record: about ``buffer_blocks *
+    block_size`` records in the page cache, a batch mixing only the open blocks' (few classes
+    where records are sorted by class). Raises ``ValueError`` for sizes below 1 or a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):

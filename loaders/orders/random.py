@@ -68,11 +68,11 @@ class RandomOrder:
 class RepeatedAugmentationOrder:
     """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
     torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT) at
-    ``set_epoch(epoch)`` with this run's seed: a permutation from ``seed + epoch``, each index
-    repeated ``repetitions`` times, padded to a multiple of ``world_size``, rank ``r`` taking every
+    ``set_epoch(epoch)``: a permutation from ``seed + epoch``, each index repeated
+    ``repetitions`` times, padded to a multiple of ``world_size``, rank ``r`` taking every
     ``world_size``-th from ``r`` and keeping ``floor(num_samples // 256 x 256 / world_size)``
-    (DeiT's constant). Raises :class:`DataError` when that is 0 (under 256 images),
-    ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
+    (DeiT's). Raises :class:`DataError` when that is 0, ``ValueError`` for ``repetitions`` < 1 or
+    a bad rank."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):

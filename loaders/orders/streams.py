@@ -61,12 +61,11 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 class StreamTrainOrder:
     """Training order over shards, of equal length on every rank (DDP waits at no epoch's end).
-    Per epoch, with a generator seeded from ``(seed, epoch)``, the shards are permuted and their
-    records concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
+    Per epoch the shards are permuted (seeded from ``(seed, epoch)``) and their records
+    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
     :class:`~loaders.orders.BlockOrder`), keeps its whole batches, cuts them into one piece per
     worker and shuffles each through a ``buffer``-record sample buffer (seeded from ``(seed,
-    epoch, rank, worker)``); the rest sit out this epoch. Raises ``ValueError`` for bad sizes or
-    ranks."""
+    epoch, rank, worker)``). Raises ``ValueError`` for bad sizes or ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")

@@ -1,12 +1,9 @@
 """The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
-torchvision 0.29's tensor kernels (``transforms/v2/functional/_color.py``, ``_geometry.py``). Each
-:data:`OPS` entry is ``op(image, magnitude, interpolation) -> image``, ``magnitude`` in the op's
-own units as torchvision's ``_AutoAugmentBase._apply_image_or_video_transform`` gets it. Where
-torchvision's kernel is as fast it is called; the others, at a fraction of its cost
-(``benchmarks/training/recipes.py``), compute integer results (solarize) by faster integer
-means and float ones (sharpness's blend, the affine grid) by the same float operations in the
-same order, so results agree bit for bit (``tests/loaders/test_auto_augment.py``).
-``bicubic`` is ``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
+torchvision 0.29's tensor kernels: :data:`OPS` maps its transform ids to ``op(image, magnitude,
+interpolation) -> image`` (``magnitude`` as its ``_apply_image_or_video_transform`` gets it).
+Its kernels are called where as fast; the others compute the same bits at a fraction of the cost
+(``benchmarks/training/recipes.py``, ``tests/loaders/test_auto_augment.py``). ``bicubic`` is
+``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math
@@ -17,7 +14,6 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2.functional._geometry import _affine_grid, _get_inverse_affine_matrix
 
 _LEVELS = torch.arange(256, dtype=torch.uint8)
 
@@ -49,17 +45,44 @@ def solarize(image, magnitude, interpolation=None):
     return torch.from_numpy(np.take(table.numpy(), image.numpy()))
 
 
+@lru_cache(maxsize=8)
+def _base_grid(height: int, width: int) -> torch.Tensor:
+    """torchvision's ``_affine_grid`` base: float32 ``(1, H x W, 3)`` of ``(x, y, 1)``, centred."""
+    base = torch.empty(1, height, width, 3)
+    base[..., 0].copy_(torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width))
+    base[..., 1].copy_(torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5,
+                                      steps=height).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    return base.view(1, height * width, 3)
+
+
+def inverse_affine_matrix(center, angle: float, shear) -> list[float]:
+    """torchvision's ``_get_inverse_affine_matrix`` at scale 1, no translation: the output-to-input
+    affine map ``[a, b, c, d, e, f]`` of a rotation by ``angle`` degrees and shears ``shear``
+    (degrees, x then y) about ``center``."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    cx, cy = center
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -(a * math.tan(sx) + math.sin(rot))
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = math.cos(rot) - c * math.tan(sx)
+    matrix = [d, -b, 0.0, -c, a, 0.0]
+    matrix[2] += cx - matrix[0] * cx - matrix[1] * cy
+    matrix[5] += cy - matrix[3] * cx - matrix[4] * cy
+    return matrix
+
+
 def _grid(matrix: list[float], height: int, width: int, separable: bool | None = None):
     """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
-    sampling points, its own (``bmm``) or ``separable`` (None: where :func:`_separable_is_exact`)
-    as two outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms)."""
+    sampling points by ``bmm``, or ``separable`` (None: where :func:`_separable_is_exact`) as two
+    outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms)."""
     theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
-    if not (_separable_is_exact() if separable is None else separable):
-        return _affine_grid(theta, w=width, h=height, ow=width, oh=height)
     scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
     rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
-    xs = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width)
-    ys = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, steps=height)
+    if not (_separable_is_exact() if separable is None else separable):
+        return _base_grid(height, width).bmm(rescaled[None]).view(1, height, width, 2)
+    base = _base_grid(height, width).view(height, width, 3)
+    xs, ys = base[0, :, 0], base[:, 0, 1]
     return torch.stack([(xs[None, :] * rescaled[0, k] + (ys * rescaled[1, k])[:, None])
                         + rescaled[2, k] for k in range(2)], dim=-1).unsqueeze(0)
 
@@ -90,7 +113,7 @@ def _shear(image, magnitude, interpolation="bilinear", axis=0):
     height, width = image.shape[-2:]
     degrees = math.degrees(math.atan(magnitude))
     shear = [degrees, 0.0] if axis == 0 else [0.0, degrees]
-    matrix = _get_inverse_affine_matrix([-width * 0.5, -height * 0.5], 0.0, [0.0, 0.0], 1.0, shear)
+    matrix = inverse_affine_matrix([-width * 0.5, -height * 0.5], 0.0, shear)
     return warp(image, matrix, interpolation)
 
 
@@ -117,7 +140,7 @@ def rotate(image, magnitude, interpolation="bilinear"):
         return torch.rot90(image, k=2, dims=(-2, -1))
     if height == width and angle in (90, 270):
         return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
-    matrix = _get_inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0])
+    matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0])
     return warp(image, matrix, interpolation)
 
 

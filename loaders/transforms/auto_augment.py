@@ -1,9 +1,8 @@
 """torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
 crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
 2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
-``svhn`` (Cubuk et al. 2019). Each draws what torchvision 0.29's class of the same name draws,
-from torch's global generator (seeded per batch by the loaders) in the same order, and applies
-the op with its kernels' pixels (``_uint8_ops``): seeded alike, torchvision's image."""
+``svhn`` (Cubuk et al. 2019): torchvision 0.29's draws from torch's global generator (seeded per
+batch by the loaders), in its order, and its pixels (``_uint8_ops``)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -57,37 +56,34 @@ class _Policy:
         return OPS[op](image, magnitude, self.interpolation)
 
 
-class TrivialAugmentWide(_Policy):
-    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
-    :data:`TA_WIDE_SPACE`, a uniform magnitude bin, a random sign (uint8 ``(3, H, W)`` in, out)."""
-
-    space = TA_WIDE_SPACE
-
-    def __init__(self, interpolation: str = "bilinear", num_magnitude_bins: int = 31):
-        super().__init__(interpolation)
-        self.bins = num_magnitude_bins
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return self.apply(image, self.pick_op(), self.bins, drawn=self.bins)
-
-
 class RandAugment(_Policy):
     """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)``: ``num_ops``
-    ops of :data:`RA_SPACE` in a row at bin ``magnitude`` (``--ra-magnitude``), random signs."""
+    ops of :data:`RA_SPACE` in a row at bin ``magnitude`` (``--ra-magnitude``; None: a uniform
+    bin each), random signs (uint8 ``(3, H, W)`` in, out)."""
 
     space = RA_SPACE
 
-    def __init__(self, interpolation: str = "bilinear", magnitude: int = 9, num_ops: int = 2,
-                 num_magnitude_bins: int = 31):
+    def __init__(self, interpolation: str = "bilinear", magnitude: int | None = 9,
+                 num_ops: int = 2, num_magnitude_bins: int = 31):
         super().__init__(interpolation)
-        if not 0 <= magnitude < num_magnitude_bins:
+        if magnitude is not None and not 0 <= magnitude < num_magnitude_bins:
             raise ValueError(f"RandAugment magnitude {magnitude}: expected 0..{num_magnitude_bins - 1}")
         self.magnitude, self.num_ops, self.bins = magnitude, num_ops, num_magnitude_bins
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         for _ in range(self.num_ops):
-            image = self.apply(image, self.pick_op(), self.bins, self.magnitude)
+            image = self.apply(image, self.pick_op(), self.bins, self.magnitude, self.bins)
         return image
+
+
+class TrivialAugmentWide(RandAugment):
+    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
+    :data:`TA_WIDE_SPACE` at a uniform magnitude bin, a random sign."""
+
+    space = TA_WIDE_SPACE
+
+    def __init__(self, interpolation: str = "bilinear", num_magnitude_bins: int = 31):
+        super().__init__(interpolation, None, 1, num_magnitude_bins)
 
 
 class AutoAugment(_Policy):

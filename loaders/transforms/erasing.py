@@ -1,6 +1,5 @@
-"""``--random-erase`` on the normalised batch in a training loader's device feed (on the GPU in a
-GPU run, on the stream that normalised, as timm's ``PrefetchLoader`` erases), so every pipeline
-erases alike."""
+"""``--random-erase`` on the normalised batch in every training loader's device feed (on the GPU
+in a GPU run, on the stream that normalised), as timm's ``PrefetchLoader`` erases."""
 from __future__ import annotations
 
 import math
