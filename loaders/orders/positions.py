@@ -1,11 +1,10 @@
 """Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
 another world size, batch size or worker count. The global order interleaves the ranks' orders at
 the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
-``r``'s ``j``-th index, so after ``k`` steps of batch ``B`` its first ``k x B x W`` were trained
-(a checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest
-out again, rank ``r'`` of ``W'`` taking positions ``consumed + r', consumed + r' + W', ...`` in
-whole batches, the leftover sitting out as an epoch's tail: no sample is trained twice or skipped
-before that tail, and the epoch ends at the same step count."""
+``r``'s ``j``-th index, so ``k`` steps of batch ``B`` trained its first ``k x B x W`` (a
+checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest out
+again in whole batches, rank ``r'`` of ``W'`` taking positions ``consumed + r' + i x W'``, the
+leftover sitting out: no sample trained twice or skipped before it, the same step count."""
 from __future__ import annotations
 
 import json
@@ -54,9 +53,8 @@ def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RestOfEpoch:
-    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads
-    ``indices`` (None: the order's own); ``consumed`` samples of the global order at ``origin``
-    were trained before."""
+    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads ``indices``
+    (None: the order's own), after ``consumed`` samples of the global order at ``origin``."""
 
     epoch: int
     start_batch: int

@@ -1,8 +1,8 @@
 """Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
 ``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
-*pieces* of whole batches and interleave their batches in that rhythm: worker ``w`` only asks for
-its piece's records, in order up to the shuffle buffer, so a stream (HTTP, ``pipe:``) is read once,
-by one worker. A pass resumed at batch ``s`` gives worker ``j`` piece ``(s + j) % W``."""
+*pieces* of whole batches and interleave their batches in that rhythm: a stream (HTTP, ``pipe:``)
+is read once, in order up to the shuffle buffer, by one worker. A pass resumed at batch ``s``
+gives worker ``j`` piece ``(s + j) % W``."""
 from __future__ import annotations
 
 import itertools
@@ -47,8 +47,8 @@ def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[
 
 def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
     """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
-    of records, a uniformly chosen one emitted each time it is full, then drained at random. At
-    most ``buffer`` records read but not yet emitted are held (what a streaming reader caches)."""
+    of records (what a streaming reader holds), a uniformly chosen one emitted each time it is
+    full, then drained at random."""
     source = iter(indices)
     out, held = [], list(itertools.islice(source, buffer - 1))
     for u in rng.random(len(indices)).tolist():

@@ -1,8 +1,7 @@
-"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's transforms; the
-other pipelines draw the same windows), after pytorch/examples imagenet/main.py's recipe:
-RandomResizedCrop(224) + flip for training, Resize(256) + CenterCrop(224) for validation, plus
-torchvision's ``--auto-augment`` and ``--interpolation``. Decoding only the crop window: 1.27 ms
-per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
+"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's; the others draw
+the same windows) as pytorch/examples imagenet/main.py: RandomResizedCrop(224) + flip, Resize(256)
++ CenterCrop(224), plus torchvision's ``--auto-augment`` and ``--interpolation``. Decoding only
+the crop window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math
