@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zipfile
 
 from ..check import read_json
 from ..plan import all_rows, select
@@ -26,7 +27,6 @@ from .steps import folder_bytes, repository_bytes, repository_files
 # Distributions a GPU host's Python with torch holds already: left visible.
 HOST_HAS = {"numpy", "packaging", "pytest", "pluggy", "iniconfig", "pygments",
             "typing_extensions", "six", "wheel", "pyyaml"}
-HIDE_MODULES = "nvidia.dali,nvidia.nvimgcodec"  # imported from the install only
 # sitecustomize of the steps' processes: the hidden modules and distributions (for pip too)
 # are found nowhere under this environment's site-packages
 HIDE = """\
@@ -180,9 +180,25 @@ def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
     os.makedirs(os.path.join(root, "hide"), exist_ok=True)
     with open(os.path.join(root, "hide", "sitecustomize.py"), "w") as f:
         f.write(HIDE)
-    return {"PYTHONPATH": os.path.join(root, "hide"), "GPU_CHECK_HIDE_MODULES": HIDE_MODULES,
+    modules = sorted({wheel_module(os.path.join(bundle, w)) for w in fate["installed"]})
+    return {"PYTHONPATH": os.path.join(root, "hide"), "GPU_CHECK_HIDE_MODULES": ",".join(modules),
             "GPU_CHECK_HIDE_DISTS": ",".join(sorted(map(dist_name, fate["installed"]))),
             "GPU_CHECK_HIDE_FROM": os.path.realpath(sysconfig.get_paths()["purelib"])}, fate
+
+
+def wheel_module(wheel: str) -> str:
+    """The module a wheel provides, from its file list: the top-level package named like the
+    distribution, else one below ``nvidia/``, which several share (``nvidia.dali``), else its
+    first top-level module. Raises ``OSError``/``BadZipFile``."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    tops = sorted({n.split("/")[0] for n in names} - {""})
+    modules = [t[:-3] if t.endswith(".py") else t for t in tops
+               if not t.endswith((".dist-info", ".data"))]
+    below = sorted({n.split("/")[1] for n in names if n.startswith("nvidia/") and n.count("/") > 1})
+    if dist_name(wheel) in modules:
+        return dist_name(wheel)
+    return f"nvidia.{below[0]}" if below else modules[0] if modules else dist_name(wheel)
 
 
 def install_problems(report: dict, fate: dict, site: str) -> list[str]:
