@@ -16,12 +16,11 @@ import sys
 import sysconfig
 import tempfile
 import time
-import zipfile
 
 from ..check import read_json
 from ..plan import all_rows, select
 from ..runner import REPO, InputError
-from .install import dist_name, installed_in
+from .install import DALI_WHEEL, dist_name, installed_in
 from .steps import folder_bytes, repository_bytes, repository_files
 
 # Distributions a GPU host's Python with torch holds already: left visible.
@@ -31,7 +30,7 @@ HOST_HAS = {"numpy", "packaging", "pytest", "pluggy", "iniconfig", "pygments",
 # are found nowhere under this environment's site-packages
 HIDE = """\
 import importlib.abc, importlib.machinery, os, re, sys
-_MODULES = tuple(os.environ["GPU_CHECK_HIDE_MODULES"].split(","))
+_MODULES = tuple(filter(None, os.environ["GPU_CHECK_HIDE_MODULES"].split(",")))
 _DISTS = set(os.environ["GPU_CHECK_HIDE_DISTS"].split(","))
 _FROM = os.environ["GPU_CHECK_HIDE_FROM"]
 def _here(path):
@@ -180,25 +179,13 @@ def hide_layer(root: str, bundle: str) -> tuple[dict, dict]:
     os.makedirs(os.path.join(root, "hide"), exist_ok=True)
     with open(os.path.join(root, "hide", "sitecustomize.py"), "w") as f:
         f.write(HIDE)
-    modules = sorted({wheel_module(os.path.join(bundle, w)) for w in fate["installed"]})
-    return {"PYTHONPATH": os.path.join(root, "hide"), "GPU_CHECK_HIDE_MODULES": ",".join(modules),
+    # DALI's module is hidden until the install (step 1 runs without it); the others' copies
+    # here come after the install's prefix on the path
+    dali = any(DALI_WHEEL.match(dist_name(w)) for w in fate["installed"])
+    return {"PYTHONPATH": os.path.join(root, "hide"), "GPU_CHECK_HIDE_MODULES": "nvidia.dali"
+            if dali else "",
             "GPU_CHECK_HIDE_DISTS": ",".join(sorted(map(dist_name, fate["installed"]))),
             "GPU_CHECK_HIDE_FROM": os.path.realpath(sysconfig.get_paths()["purelib"])}, fate
-
-
-def wheel_module(wheel: str) -> str:
-    """The module a wheel provides, from its file list: the top-level package named like the
-    distribution, else one below ``nvidia/``, which several share (``nvidia.dali``), else its
-    first top-level module. Raises ``OSError``/``BadZipFile``."""
-    with zipfile.ZipFile(wheel) as zf:
-        names = zf.namelist()
-    tops = sorted({n.split("/")[0] for n in names} - {""})
-    modules = [t[:-3] if t.endswith(".py") else t for t in tops
-               if not t.endswith((".dist-info", ".data"))]
-    below = sorted({n.split("/")[1] for n in names if n.startswith("nvidia/") and n.count("/") > 1})
-    if dist_name(wheel) in modules:
-        return dist_name(wheel)
-    return f"nvidia.{below[0]}" if below else modules[0] if modules else dist_name(wheel)
 
 
 def install_problems(report: dict, fate: dict, site: str) -> list[str]:
