@@ -29,7 +29,7 @@ class Runner:
     def __init__(self, out: str, budget: float | None = None, dry_run: bool = False):
         self.logs, self.budget = os.path.join(out, "logs"), budget
         os.makedirs(self.logs, exist_ok=True)
-        self.start = time.monotonic()
+        self.start, self.cwd = time.monotonic(), REPO
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
@@ -55,7 +55,7 @@ class Runner:
         start, used = time.monotonic(), cpu_seconds(resource.RUSAGE_CHILDREN)
         with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
             # its own session: main.py's loader workers and spawned ranks end with it
-            proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})},
+            proc = subprocess.Popen(cmd, cwd=self.cwd, env={**self.env, **(env or {})},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)
             try:

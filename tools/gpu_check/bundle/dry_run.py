@@ -11,15 +11,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 
 from ..check import read_json
 from ..plan import all_rows, select
-from ..runner import REPO, InputError
+from ..runner import REPO, InputError, Runner
 from .install import DALI_WHEEL, dist_name, installed_in
 from .steps import folder_bytes, repository_bytes, repository_files
 
@@ -85,7 +83,9 @@ def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
         os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
         shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     env, fate = hide_layer(root, bundle)
-    results = [run_step(root, repo, bundle, number, rows, env) for number in numbers]
+    runner = Runner(root)
+    runner.cwd = repo
+    results = [run_step(runner, bundle, number, rows, env) for number in numbers]
     report = json.load(open(os.path.join(root, "state", "report.json")))
     problems = judge(results, report, rows) + install_problems(report, fate, os.path.join(
         root, "state", "site"))
@@ -95,38 +95,33 @@ def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
     return 1 if problems else 0
 
 
-def run_step(root: str, repo: str, bundle: str, number: int | None, rows: list[str] | None,
+def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | None,
              env: dict) -> dict:
-    """Copy step ``number`` (None: the whole bundle) into the host's repository and run it;
-    its bytes, seconds and rows."""
+    """Copy step ``number`` (None: the whole bundle) into the host's repository
+    (``runner.cwd``) and run it; its bytes, seconds and rows."""
     src = os.path.join(bundle, "steps", str(number)) if number else bundle
-    dst = os.path.join(repo, ".gpu-bundle", *(["steps", str(number)] if number else []))
+    dst = os.path.join(runner.cwd, ".gpu-bundle", *(["steps", str(number)] if number else []))
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("steps"))
     info = json.load(open(os.path.join(src, "STEP.json"))) if number else {}
-    state = os.path.join(root, "state")
-    cmd = [sys.executable, "-m", "tools.gpu_check", "--dry-run", "--out", state,
-           *(["--step", str(number)] if number else []), *(["--rows", *rows] if rows else [])]
-    started, log = time.monotonic(), os.path.join(root, f"step-{number or 'all'}.log")
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(cmd, cwd=repo, env={**os.environ, **env}, stdout=f,
-                                  stderr=subprocess.STDOUT, timeout=HERE_LIMIT).returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    state = os.path.join(os.path.dirname(runner.logs), "state")
+    rec = runner.run(f"step-{number or 'all'}", [
+        sys.executable, "-m", "tools.gpu_check", "--dry-run", "--out", state,
+        *(["--step", str(number)] if number else []), *(["--rows", *rows] if rows else [])],
+        HERE_LIMIT, env)
     # a row recorded again (a pair's GPU row judged by its CPU row) counts once
     mine = list({r["name"]: r for r in read_json(os.path.join(state, "rows.jsonl"), lines=True)
                  if r.get("step") == number}.values())
     archive = os.path.join(state, f"gpu-check-step{number}.tar.gz" if number else
                            "gpu-check.tar.gz")
-    return {"step": number, "steps": info.get("steps", 1), "returncode": code,
+    return {"step": number, "steps": info.get("steps", 1), "returncode": rec["returncode"],
             "bytes": repository_bytes(REPO) + folder_bytes(src) if number else None,
             "size": info.get("size"), "files": (info.get("files") or [[]])[(number or 1) - 1],
-            "seconds": round(time.monotonic() - started, 1),
+            "seconds": rec["seconds"],
             "gpu_seconds": round(5.0 + sum(r.get("gpu_seconds") or 0 for r in mine), 1),
             "rows": [(r["name"], r["group"], r["status"]) for r in mine],
-            "archive": archive if os.path.isfile(archive) else None, "log": log,
-            "command": " ".join(cmd[1:])}
+            "archive": archive if os.path.isfile(archive) else None,
+            "log": runner.log(rec["name"], "out"), "command": rec["command"]}
 
 
 def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str]:
