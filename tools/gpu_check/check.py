@@ -15,8 +15,8 @@ import time
 from types import SimpleNamespace
 
 from . import plan, report
-from .bundle.install import install, join_parts, packages_folder
-from .bundle.steps import link_tree, missing_files
+from .bundle.install import install, packages_folder
+from .bundle.steps import join_parts, link_tree, missing_files
 from .rows.measure import data_batches, list_images, prepare_data
 from .rows.probes import environment, gpu_over_cpu, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped

@@ -7,7 +7,6 @@ import glob
 import os
 import re
 import sys
-import time
 
 from ..runner import Runner, fail, skipped
 
@@ -91,20 +90,3 @@ def share_namespace(site: str, package: str) -> None:
     if os.path.isdir(folder):
         with open(os.path.join(folder, "__init__.py"), "w") as f:
             f.write("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
-
-
-def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels cut into parts in ``folder`` (:mod:`.steps`), reassembled and checked
-    into ``out``, and the ``parts`` record (failed names a missing or damaged part); ([], [])
-    when ``folder`` holds no manifest."""
-    from .steps import MANIFEST, PartsError, reassemble
-
-    if not os.path.isfile(os.path.join(folder, MANIFEST)):
-        return [], []
-    started, wheels = time.perf_counter(), []
-    try:
-        wheels = reassemble(folder, out)
-        rec = {"status": "passed", "joined": [os.path.basename(w) for w in wheels]}
-    except (PartsError, OSError) as exc:
-        rec = {"status": "failed", "reason": str(exc)}
-    return wheels, [{"name": "parts", **rec, "seconds": time.perf_counter() - started}]

@@ -181,3 +181,16 @@ def reassemble(folder: str, out: str) -> list[str]:
             raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
                              f"{MANIFEST}")
     return joined
+
+
+def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
+    """The wheels cut into parts in ``folder`` reassembled and checked into ``out``, and the
+    ``parts`` record (failed names a missing or damaged part); ([], []) without a manifest."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return [], []
+    try:
+        wheels = reassemble(folder, out)
+        return wheels, [{"name": "parts", "status": "passed",
+                         "joined": [os.path.basename(w) for w in wheels]}]
+    except (PartsError, OSError) as exc:
+        return [], [{"name": "parts", "status": "failed", "reason": str(exc)}]
