@@ -188,8 +188,8 @@ gpu-bundle: ## offline bundle .gpu-bundle/ for a GPU host: wheels (lmdb, pytest,
 gpu-check: ## on a GPU host: every row, most important first (35-40 min on an H100); BUDGET=15m: what fits; STEP=N: step N of the bundle -> GPU_OUT (gpu-check-output): report.md, report.json, an archive; exit 3: not proven
 	$(GPU_PYTHON) -m tools.gpu_check --out $(GPU_OUT)$(if $(BUDGET), --budget $(BUDGET))$(if $(STEP), --step $(STEP)) $(ARGS)
 
-gpu-dry-run: install ## the bundle's steps (or the whole bundle) run here on CPU backends as on a GPU host: bytes and seconds per step, the install, one archive per step; BUDGET=15m as there
-	$(PY) -m tools.gpu_check.bundle.dry_run$(if $(BUDGET), --budget $(BUDGET)) $(ARGS)
+gpu-dry-run: install ## the bundle's steps (or the whole bundle) run here on CPU backends as on a GPU host: bytes and seconds per step, the install, one archive per step
+	$(PY) -m tools.gpu_check.bundle.dry_run $(ARGS)
 
 clean: ## remove demo data, caches and test leftovers (keeps .venv)
 	rm -rf $(DEMO) .pytest_cache gpu-check-output bench-data

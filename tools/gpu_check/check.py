@@ -15,16 +15,14 @@ import time
 from types import SimpleNamespace
 
 from . import plan, report
-from .bundle.install import install, join_parts
-from .bundle.steps import link_tree, missing_files
+from .bundle.install import install, packages_folder
+from .bundle.steps import join_parts, link_tree, missing_files
 from .rows.measure import data_batches, list_images, prepare_data
 from .rows.probes import environment, gpu_over_cpu, host_facts
-from .runner import REPO, InputError, Runner, cpu_seconds, crashed, skipped
+from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
          "bundle", "wheels-joined")
-OVERHEAD = 5.0  # s of a step without rows on a GPU host: Python's start, linking its files
-GRACE = 10.0  # s a row started within the budget may run past it
 DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU host
 
 
@@ -44,8 +42,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    "default: every row")
     p.add_argument("--step", type=int, metavar="N", help="run step N of a bundle made with "
                    "--step-size (its files in BUNDLE/steps/N); the state stays in --out")
-    p.add_argument("--archive", help="file or folder for the report archive (default "
-                   "OUT/gpu-check[-stepN].tar.gz), rewritten after every row")
     p.add_argument("--rows", nargs="+", metavar="PATTERN",
                    help="only the rows matching these (fnmatch) patterns")
     p.add_argument("--dry-run", action="store_true",
@@ -56,8 +52,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    "batches, for cuDNN's tuning (default 5; dry 1)")
     p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
     p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
-    p.add_argument("--keep-data", action="store_true",
-                   help="keep OUT/data (the replicated sample and its LMDBs, ~8 GB)")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -88,7 +82,7 @@ def settings(args) -> SimpleNamespace:
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
         # wraps the model in DataParallel over all visible GPUs
         accel=["--no-accel"] if dry else ["--gpu", "0"],
-        rows=args.rows, keep_data=args.keep_data, data=args.data, archive=args.archive,
+        rows=args.rows, data=args.data,
         bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
     if s.steps < 1 or s.warmup < 0 or s.batch < 1:
         raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
@@ -144,10 +138,8 @@ class Check:
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
-        name = f"gpu-check-step{s.step}.tar.gz" if s.step else "gpu-check.tar.gz"
-        self.archive = os.path.abspath(os.path.join(s.archive, name) if s.archive and
-                                       os.path.isdir(s.archive) else s.archive
-                                       or os.path.join(s.out, name))
+        self.archive = os.path.join(s.out, f"gpu-check-step{s.step}.tar.gz" if s.step
+                                    else "gpu-check.tar.gz")
         if not self.step or self.number == 1:  # a new run: nothing of an earlier one counts
             for path in [os.path.join(s.out, n) for n in os.listdir(s.out) if n in STATE
                          or n.startswith("gpu-check") and n.endswith(".tar.gz")]:
@@ -155,23 +147,12 @@ class Check:
                     else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
         self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
-        budget = s.budget if s.budget is not None and not s.dry_run else float("inf")
-        self.runner = Runner(s.out, budget, grace=GRACE, dry_run=s.dry_run)
-        if os.path.isdir(os.path.join(s.out, "site")):
-            self.runner.add_path(os.path.join(s.out, "site"))
+        self.runner = Runner(s.out, s.budget, s.dry_run)
+        if packages_folder(os.path.join(s.out, "site")):
+            self.runner.add_path(packages_folder(os.path.join(s.out, "site")))
         self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
                                    done=self.done, sample=None)
         self.interrupted, self.started, self.report = False, time.time(), None
-
-    def left(self) -> float:
-        """Seconds left in the time budget: by the wall clock; dry, by the H100 seconds of this
-        run's records (:func:`.plan.gpu_seconds`)."""
-        if self.s.budget is None:
-            return float("inf")
-        if not self.s.dry_run:
-            return self.s.budget - self.runner.elapsed()
-        return self.s.budget - OVERHEAD - sum(r.get("gpu_seconds") or 0.0 for r in
-                                              self.done.values() if r.get("run") == self.started)
 
     def run(self) -> None:
         """The lost-state row, or the set-up and every row of this run that fits; DALI's
@@ -185,9 +166,9 @@ class Check:
         later = [r for r in self.s.plan if r.group > 4]
         need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
         todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
-        if todo and any(r.dali for r in later) and need > self.left():
+        if todo and any(r.dali for r in later) and need > self.runner.left():
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
-                                f"DALI's first row, {max(self.left(), 0):.0f} s left"),
+                                f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
         elif any(r.dali for r in later) and self.set_up_row("install-dali", self.install_dali):
             self.set_up_row("environment-dali", self.environment)
@@ -205,22 +186,22 @@ class Check:
         with open(steps_path, "w") as f:
             json.dump(steps + [{**self.step, "started": self.started}], f)
         if missing:
-            self.record({"name": f"state-lost-step{self.number}", "status": "failed",
-                         "reason": f"step {self.number} found no state of step"
-                         f"{'s' * (len(missing) > 1)} {', '.join(missing)} in {self.s.out}: "
-                         "their wheels, data, rows and DALI's parts are gone (another host, or "
-                         "the folder was removed); run the bundle's steps again from step 1, "
-                         "on one host, with the same --out"})
+            self.record(fail({"name": f"state-lost-step{self.number}"}, f"step {self.number} "
+                             f"found no state of step{'s' * (len(missing) > 1)} "
+                             f"{', '.join(missing)} in {self.s.out}: their wheels, data, rows "
+                             "and DALI's parts are gone (another host, or the folder was "
+                             "removed); run the bundle's steps again from step 1, on one host, "
+                             "with the same --out"))
             self.set_up_row("environment", self.environment)
             return False
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
-            self.record({"name": f"bundle-step{self.number}", "status": "failed",
-                         "reason": f"files of the bundle's steps not here: {', '.join(gone)}"})
+            self.record(fail({"name": f"bundle-step{self.number}"},
+                             f"files of the bundle's steps not here: {', '.join(gone)}"))
         try:
             bundle_paths(self.s, stash)
         except InputError as exc:
-            self.record({"name": "bundle", "status": "failed", "reason": str(exc)})
+            self.record(fail({"name": "bundle"}, str(exc)))
             return False
         return True
 
@@ -266,10 +247,9 @@ class Check:
     def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> tuple:
         recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
                                        name=name) if wheels else [])
-        done = [r for r in recs if r["name"] == name]
-        return recs, {**({} if done else {"reason": "nothing missing"}),
-                      "installed": sum((r.get("installed", []) for r in done), []),
-                      "bytes": sum(os.path.getsize(w) for w in wheels)}
+        installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
+        return recs, {**({} if installed else {"reason": "nothing missing"}),
+                      "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
 
     def install_dali(self) -> tuple:
         """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
@@ -296,21 +276,17 @@ class Check:
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
             return
-        if row.expect > self.left():
+        if row.expect > self.runner.left():
             self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "
-                                f"{max(self.left(), 0):.0f} s left"), row, left_out=True)
+                                f"{max(self.runner.left(), 0):.0f} s left"), row, left_out=True)
             return
-        limit = row.box if self.s.budget is None else min(row.box, max(self.left(), GRACE))
+        limit = min(row.box, max(self.runner.left(), GRACE))
         try:
             rec = row.run(self.ctx, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
         if rec is None:
             return
-        if self.s.dry_run and self.s.budget is not None and \
-                plan.gpu_seconds(row, rec, True) > limit:  # what the host's clock would do
-            rec = {**rec, "status": "skipped", "gpu_seconds": limit, "reason": "time budget: "
-                   f"stopped after {limit:.0f} s, as on a GPU host (GPU-host seconds)"}
         self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
         if gpu in self.done:
@@ -382,7 +358,7 @@ def main_cli(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 -- whatever it is, the report must be written
         check.record(crashed("gpu-check", exc))
     finally:
-        if (not s.step or s.step >= s.step_info["steps"]) and not s.keep_data:
+        if not s.step or s.step >= s.step_info["steps"]:
             shutil.rmtree(os.path.join(s.out, "data"), ignore_errors=True)
         check.save()
     print(report.summary_text(check.report, check.archive), flush=True)

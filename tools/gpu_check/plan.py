@@ -1,12 +1,13 @@
 """The check's one row list in priority order (:data:`TABLE`), what each row runs and its
-expected seconds on a GPU host, by which a time budget decides what fits. Groups: 0 set-up
-(:mod:`.check`), 1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the
-CPU loaders at every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``,
-DALI's memory), 7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
+expected seconds on a GPU host, by which a time budget decides what fits. Groups: 0 set-up,
+1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the CPU loaders at
+every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``, DALI's memory),
+7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
 from __future__ import annotations
 
 import glob
 import os
+import pathlib
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -132,9 +133,8 @@ class Row:
             "synthetic" else 120
 
     def gpu_batch_seconds(self) -> float:
-        """Seconds of this row's batches (warm-up + timed) on one H100 host, at the rate of
-        :data:`RATES` (synthetic data), else the slower of it and the loaders' (one thread's
-        for a pair's CPU row)."""
+        """Seconds of this row's batches on one H100 host: at :data:`RATES`, else the slower
+        of it and the loaders' (one thread's for a pair's CPU row)."""
         workers = workers_count(jobs(self.workers, GPU, GPU_HOST), GPU_HOST)
         batches = sum(steady_sizes(GPU, self.loader, workers, self.kind == "alone", self.timed))
         rate = RATES[self.model, self.res]
@@ -156,13 +156,13 @@ class Row:
 
     def run(self, ctx, limit: float) -> dict | None:
         """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        return run_main(ctx, self, limit) if self.kind != "plain" else self.plain[2](
+        return self.plain[2](ctx, self, limit) if self.kind == "plain" else run_main(
             ctx, self, limit)
 
 
 def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (``1`` in a dry
-    run); a number is itself (``s.workers`` in a dry run, which loads in-process, but ``1``)."""
+    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
+    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
     if spec == "all":
         return s.workers
     if spec == "less":
@@ -198,18 +198,15 @@ def select(rows: list[Row], patterns: list[str] | None) -> list[Row]:
 def gpu_test_files() -> list[str]:
     """``tests/**/test_*.py`` files (relative to the repository) with ``gpu``-marked tests."""
     marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
-    found = []
-    for path in sorted(glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)):
-        with open(path, errors="replace") as f:
-            if marked.search(f.read()):
-                found.append(os.path.relpath(path, REPO))
-    return found
+    return [os.path.relpath(p, REPO) for p in sorted(glob.glob(os.path.join(
+        REPO, "tests", "**", "test_*.py"), recursive=True)) if marked.search(
+            pathlib.Path(p).read_text(errors="replace"))]
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
     """Seconds a record (``row`` None: set-up) takes on one H100 host: ``seconds``; dry, its
     ``cpu_seconds`` (wall seconds wait for shared cores) plus a main.py row's CUDA start and
-    batches, or the set-up's ``bytes`` at 200 MB/s (data) or 10 MB/s (pip's unpacking)."""
+    batches, or the set-up's ``bytes`` at 200 MB/s (data) or 10 MB/s (pip)."""
     if not dry_run:
         return float(record.get("seconds") or 0.0)
     work = float(record.get("cpu_seconds") if record.get("cpu_seconds") is not None

@@ -9,7 +9,6 @@ import os
 import tarfile
 import time
 
-STEADY, FALLBACK = "steady_images_per_sec", "train_images_per_sec"
 STATUSES = ("passed", "failed", "timed out", "skipped")
 # The targets: ResNet-50's best loader (and each loader's share) at >= 95% of synthetic, the
 # share capped by the loader alone; --decode-device cuda alone >= 10,000 images/s with 4
@@ -45,23 +44,20 @@ def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> 
 
 
 def capped(share: float | None, alone: float | None) -> float | None:
-    """A loader's share of synthetic as judged: its training share, capped by its loader-alone
-    share (where known) and by 1."""
+    """A training share as judged: capped by its loader-alone share (where known) and by 1."""
     return None if share is None else min(share, 1.0, share if alone is None else alone)
 
 
 def share_of(by: dict, row: dict) -> dict:
-    """A training ``row``'s share among the records ``by`` name: ``raw`` (over its ``base``, the
-    synthetic row), ``alone`` (its ``bound``, loader alone, over it), ``judged``
-    (:func:`capped`)."""
+    """A training ``row``'s share of its ``base`` (synthetic) row among ``by`` name: ``raw``,
+    ``alone`` (of its ``bound``, the loader alone) and ``judged`` (:func:`capped`)."""
     base = by.get(row.get("base"))
     raw, alone = ratio(row, base), ratio(by.get(row.get("bound")), base)
     return {"raw": raw, "alone": alone, "judged": capped(raw, alone)}
 
 
 def best_loader(rows: list[dict], model: str) -> dict | None:
-    """The fastest passed real (not synthetic) training row of ``model`` at 224 px without
-    ``--compile``."""
+    """``model``'s fastest passed real-data training row at 224 px without ``--compile``."""
     real = [r for r in rows if r.get("model") == model and r.get("loader") not in
             (None, "synthetic") and not r.get("compile") and r.get("res") is None
             and r.get("status") == "passed" and r.get("images_per_sec")]
@@ -89,16 +85,12 @@ def target(rows: list[dict], model: str, dry_run: bool) -> dict:
 
 
 def not_proven(rows: list[dict]) -> list[dict]:
-    """``{"name", "reason"}`` of each row that proves nothing: skipped, timed out, or passed
-    with GPU tests that pytest skipped."""
-    out = []
-    for row in rows:
-        skipped_tests = (row.get("counts") or {}).get("skipped")
-        if row["status"] in ("skipped", "timed out"):
-            out.append({"name": row["name"], "reason": status_of(row)})
-        elif row["status"] == "passed" and skipped_tests:
-            out.append({"name": row["name"], "reason": f"{skipped_tests} GPU tests skipped"})
-    return out
+    """``{"name", "reason"}`` of each row skipped, timed out, or passed with GPU tests that
+    pytest skipped."""
+    return [{"name": row["name"], "reason": status_of(row) if row["status"] != "passed" else
+             f"{row['counts']['skipped']} GPU tests skipped"} for row in rows
+            if row["status"] in ("skipped", "timed out") or row["status"] == "passed"
+            and (row.get("counts") or {}).get("skipped")]
 
 
 def summary(rows: list[dict]) -> dict:
@@ -144,9 +136,8 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
 
 
 def write(out: str, report: dict, archive: str) -> None:
-    """``OUT/report.json``, ``OUT/report.md``, then the archive at ``archive`` (written beside
-    it, then renamed): the reports, the rows, the steps, each log's last :data:`LOG_BYTES` and
-    each run's ``metrics.jsonl``."""
+    """``OUT/report.json``, ``OUT/report.md``, then ``archive`` (written beside, renamed): the
+    reports, rows, steps, each log's last :data:`LOG_BYTES` and each run's ``metrics.jsonl``."""
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, "report.md"), "w") as f:
@@ -156,7 +147,6 @@ def write(out: str, report: dict, archive: str) -> None:
         for d, _, files in sorted(os.walk(os.path.join(out, folder))):
             names += [os.path.relpath(os.path.join(d, f), out) for f in sorted(files)
                       if not only or f == only]
-    os.makedirs(os.path.dirname(os.path.abspath(archive)), exist_ok=True)
     with tarfile.open(archive + ".partial", "w:gz") as tar:
         for name in [n for n in names if os.path.isfile(os.path.join(out, n))]:
             with open(os.path.join(out, name), "rb") as f:
@@ -316,8 +306,9 @@ def rows_md(r: dict) -> str:
     return ("## Every row, in the order run\n\n" + table(
         ["row", "group", "step", "status", "images/s", "vs synthetic", "-j", "px", "decoder",
          "detail", "seconds", "GPU-host seconds"], body)
-        + (f"\n\n\\* includes warm-up: main.py wrote no `{STEADY}`, so this is `{FALLBACK}` "
-           "over the whole epoch" if any(x.get("includes_warmup") for x in r["rows"]) else ""))
+        + ("\n\n\\* includes warm-up: main.py wrote no `steady_images_per_sec`, so this is "
+           "`train_images_per_sec` over the whole epoch" if any(
+               x.get("includes_warmup") for x in r["rows"]) else ""))
 
 
 def stages_md(r: dict) -> str:

@@ -1,8 +1,7 @@
-"""The check's commands, run from the repository root with output in ``logs/NAME.out|.err``.
-A record is a dict: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped:
-timed out is not failed, a check slower than its limit proves nothing either way), ``reason``
-unless passed, ``seconds`` (wall), ``cpu_seconds`` (user + system of the process tree),
-``returncode`` and, unless passed, ``stdout_tail`` / ``stderr_tail``."""
+"""The check's commands, run from the repository root, output in ``logs/NAME.out|.err``. A
+record: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped: a check
+slower than its limit proves nothing either way), ``reason`` unless passed, ``seconds`` (wall),
+``cpu_seconds`` (of the process tree), ``returncode``, unless passed the output's tails."""
 from __future__ import annotations
 
 import os
@@ -15,22 +14,22 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GRACE = 10.0  # s a command started within the time budget may run past it
 
 
 class InputError(Exception):
-    """Bad input to the check, the bundle or the dry run (a path, a size, a duration, a step
-    that does not exist): one line, exit status 2."""
+    """Bad input to the check, the bundle or the dry run: one line, exit status 2."""
 
 
 class Runner:
-    """Runs commands, each with a timeout, within ``budget`` s (one started near its end may run
-    ``grace`` s). Dry, one OpenMP thread unless set (on a few shared cores threads wait at every
-    barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2 threads, 10 with 1)."""
+    """Runs commands, each with a timeout, within ``budget`` s (None: no end; one started near
+    its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few shared cores
+    threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2, 10 with 1)."""
 
-    def __init__(self, out: str, budget: float, grace: float = 60.0, dry_run: bool = False):
-        self.logs, self.budget, self.grace = os.path.join(out, "logs"), budget, grace
+    def __init__(self, out: str, budget: float | None = None, dry_run: bool = False):
+        self.logs, self.budget = os.path.join(out, "logs"), budget
         os.makedirs(self.logs, exist_ok=True)
-        self.start = time.monotonic()
+        self.start, self.cwd = time.monotonic(), REPO
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
@@ -38,23 +37,25 @@ class Runner:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
+    def left(self) -> float:
+        """Seconds left in the time budget, by the wall clock."""
+        return float("inf") if self.budget is None else self.budget - self.elapsed()
+
     def add_path(self, folder: str) -> None:
         """Put ``folder`` first on the commands' ``PYTHONPATH`` (once)."""
         old = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
         self.env["PYTHONPATH"] = os.pathsep.join([folder, *old])
 
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
-        """Run ``cmd`` (``env`` added to the environment) for at most ``timeout`` s, or less
-        when the budget runs out; returns its record."""
+        """``cmd``'s record, run (``env`` added) for at most ``timeout`` s and the budget."""
         record = {"name": name, "command": shlex.join(cmd)}
-        left = self.budget - self.elapsed()
-        if left <= 0:
+        if self.left() <= 0:
             return {**record, "status": "skipped", "reason": "time budget"}
-        limit = min(timeout, max(left, self.grace))
+        limit = min(timeout, max(self.left(), GRACE))
         start, used = time.monotonic(), cpu_seconds(resource.RUSAGE_CHILDREN)
         with open(self.log(name, "out"), "w") as out, open(self.log(name, "err"), "w") as err:
             # its own session: main.py's loader workers and spawned ranks end with it
-            proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **(env or {})},
+            proc = subprocess.Popen(cmd, cwd=self.cwd, env={**self.env, **(env or {})},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)
             try:
@@ -86,14 +87,15 @@ class Runner:
         path = pathlib.Path(self.log(name, stream))
         return path.read_text(errors="replace") if path.is_file() else ""
 
-    def attach_tails(self, record: dict, chars: int = 3000) -> None:
+    def attach_tails(self, record: dict, chars: int = 3000) -> dict:
         record["stdout_tail"] = self.text(record["name"], "out")[-chars:]
         record["stderr_tail"] = self.text(record["name"], "err")[-chars:]
+        return record
 
 
 def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
-    """User + system CPU seconds of this process, or of every finished child process tree
-    (``RUSAGE_CHILDREN``: the delta around one command is its work, whatever shares the cores)."""
+    """User + system CPU seconds of this process, or of its finished children (whose delta
+    around one command is its work, whatever else shares the cores)."""
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
 
@@ -107,7 +109,6 @@ def skipped(name: str, reason: str, **fields) -> dict:
 
 
 def crashed(name: str, exc: BaseException) -> dict:
-    """A failed record for this script's own exception while making row ``name``, with the
-    traceback's last 3,000 characters."""
+    """Row ``name`` failed by this script's own exception, with its traceback's tail."""
     return {"name": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
             "stderr_tail": traceback.format_exc()[-3000:]}

@@ -13,6 +13,7 @@ import pytest
 from tests.helpers.gpu_fakes import fake_host as fake
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tools.gpu_check import plan
+from tools.gpu_check.bundle.install import packages_folder
 from tools.gpu_check.bundle import dry_run, steps
 from tools.gpu_check.bundle.steps import PartsError, link_tree, reassemble
 from tools.gpu_check.runner import REPO
@@ -136,10 +137,10 @@ def test_a_dry_run_without_git_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.heavy
 def test_the_dry_run_of_the_steps_holds(small_bundle, tmp_path, capsys):
     """The three steps here on the CPU, as on a host: sizes, step 1's rows, one archive per
-    step, the install into a clean --target, judged shares."""
+    step, the install by pip into a clean prefix, judged shares."""
     root, _, _ = small_bundle
-    code = dry_run.main_cli(["--bundle", str(root), "--host", str(tmp_path / "h"), "--budget",
-                             "15m", "--rows", "gpu-decode-probe", "loader-lmdb-jall",
+    code = dry_run.main_cli(["--bundle", str(root), "--host", str(tmp_path / "h"),
+                             "--rows", "gpu-decode-probe", "loader-lmdb-jall",
                              "train-resnet50-synthetic", "train-resnet50-lmdb-jall"])
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "h" / "dry-run.json").read_text())
@@ -153,4 +154,5 @@ def test_the_dry_run_of_the_steps_holds(small_bundle, tmp_path, capsys):
         "wheels/stepfake-1.0-py3-none-any.whl",
         "wheels-dali/nvidia_dali_cuda130-1.0-py3-none-any.whl",
         "wheels-dali/stepdalidep-1.0-py3-none-any.whl"]
-    assert os.path.isdir(tmp_path / "h" / "state" / "site" / "stepfake")
+    site = packages_folder(str(tmp_path / "h" / "state" / "site"))
+    assert os.path.isdir(os.path.join(site, "stepfake"))

@@ -32,10 +32,8 @@ def get_args_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, ".gpu-bundle"), help="bundle folder "
                    "(replaced)")
-    p.add_argument("--data", help="image folder with train/<class>/ (default: generate images)")
-    p.add_argument("--images", type=int, default=100,
-                   help="files taken from --data (one per class first); generated: always "
-                   "10 classes x 10 images")
+    p.add_argument("--data", help="image folder with train/<class>/, of which 100 files are "
+                   "taken, one per class first (default: generate 10 classes x 10 images)")
     p.add_argument("--cuda", help="CUDA major of the GPU host's torch (default: this torch's, "
                    "else 13)")
     p.add_argument("--no-dali", action="store_true", help="leave out DALI (~190 MiB)")
@@ -76,7 +74,7 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     return specs
 
 
-def copy_sample(data: str, train: str, images: int) -> str:
+def copy_sample(data: str, train: str, images: int = 100) -> str:
     """Copy ``images`` files of ``DATA/train/<class>/`` into ``train``, the first of each class
     in sorted order, then the second, ...; returns the line that says so. Raises
     :class:`InputError` when there is no such folder or image."""
@@ -110,8 +108,6 @@ def build(args) -> int:
         step_bytes = parse_size(args.step_size) if args.step_size else None
     except ValueError:
         raise InputError(f"--step-size {args.step_size}: expected a size such as 64M") from None
-    if args.images < 1:
-        raise InputError(f"--images {args.images}: must be >= 1")
     cuda = args.cuda or local_cuda_major()
     if not re.fullmatch(r"1[1-9]", cuda):
         raise InputError(f"--cuda {cuda}: expected a CUDA major such as 12 or 13")
@@ -122,7 +118,7 @@ def build(args) -> int:
     train, wheels = os.path.join(out, "sample", "train"), os.path.join(out, "wheels")
     os.makedirs(train)
     os.makedirs(wheels)
-    print(copy_sample(args.data, train, args.images) if args.data else generate_sample(train),
+    print(copy_sample(args.data, train) if args.data else generate_sample(train),
           flush=True)
     os.symlink("train", os.path.join(out, "sample", "val"))
     specs = wheel_specs(cuda, not args.no_dali)

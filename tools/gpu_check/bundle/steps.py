@@ -23,8 +23,8 @@ class PartsError(Exception):
 
 
 def repository_files(repo: str) -> list[str]:
-    """Relative paths of the repository's files a copy to the host holds: tracked, and
-    untracked ones git does not ignore. Raises :class:`InputError` without git."""
+    """The repository's files a copy holds (tracked, and untracked ones git does not ignore),
+    relative. Raises :class:`InputError` without git."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                                  "--exclude-standard"], cwd=repo, capture_output=True,
@@ -40,16 +40,14 @@ def repository_bytes(repo: str) -> int:
 
 
 def folder_bytes(path: str) -> int:
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
     return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path)
-               for f in files)
+               for f in files) if os.path.isdir(path) else os.path.getsize(path)
 
 
 def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
-    """Lay ``out`` out as ``OUT/steps/1``, ``2``, ..., each at most ``step_bytes`` with
-    ``repo_bytes`` and :data:`MARGIN`; returns ``{"step", "bytes", "files"}`` per step.
-    Raises :class:`InputError` when step 1 does not fit."""
+    """``OUT/steps/1``, ``2``, ..., each at most ``step_bytes`` with ``repo_bytes`` and
+    :data:`MARGIN`; ``{"step", "bytes", "files"}`` of each. Raises :class:`InputError` when
+    step 1 does not fit."""
     room = step_bytes - MARGIN - repo_bytes
     first = [os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
     first.append("sample")
@@ -57,7 +55,7 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
     if need > room:
         raise InputError(f"step 1 needs {need / 2**20:.1f} MiB beside the repository's "
                          f"{repo_bytes / 2**20:.1f}, over --step-size less a 2 MiB margin: "
-                         "a larger --step-size or fewer --images")
+                         "a larger --step-size")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
     steps = [first] + dali_steps(out, room)
     folders = [os.path.join(out, "steps", str(n)) for n in range(1, len(steps) + 1)]
@@ -105,8 +103,8 @@ def dali_steps(out: str, room: int) -> list[list[str]]:
 
 
 def link_tree(src: str, dst: str) -> None:
-    """``dst`` as a hard-linked (else copied) copy of the file or folder ``src``, merged into
-    what is there (a file there is replaced); symlinks, to folders too, stay links."""
+    """The file or folder ``src`` hard-linked (else copied) into ``dst``, replacing a file
+    there; symlinks stay links."""
     def link(a: str, b: str) -> None:
         if os.path.lexists(b):
             os.remove(b)
@@ -134,9 +132,9 @@ def sha256_file(path: str) -> str:
 
 
 def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> list[str]:
-    """Cut ``wheel`` into ``folder/NAME.partNN`` files, the first at most ``first[k]`` bytes
-    (room left in steps holding other files), the rest at most ``part_bytes``, and append
-    their lines and the wheel's to ``folder/SHA256SUMS``; returns the parts' paths in order."""
+    """Cut ``wheel`` into ``folder/NAME.partNN``, part k at most ``first[k]`` bytes (room left
+    in earlier steps), then ``part_bytes``; their and the wheel's sha256 appended to
+    ``folder/SHA256SUMS``. Returns the parts' paths in order."""
     os.makedirs(folder, exist_ok=True)
     name, parts, lines = os.path.basename(wheel), [], []
     with open(wheel, "rb") as src:
@@ -150,8 +148,10 @@ def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> li
     return parts
 
 
-def read_manifest(folder: str) -> dict[str, str]:
-    """File name -> sha256 of ``folder/SHA256SUMS``. Raises :class:`PartsError`."""
+def reassemble(folder: str, out: str) -> list[str]:
+    """Each wheel of ``folder/SHA256SUMS`` joined from its parts into ``out`` and checked; the
+    wheels' paths. Raises :class:`PartsError` naming a manifest not readable, a part missing or
+    damaged, or a whole that does not match."""
     path = os.path.join(folder, MANIFEST)
     try:
         with open(path) as f:
@@ -160,14 +160,7 @@ def read_manifest(folder: str) -> dict[str, str]:
         raise PartsError(f"{path}: {exc.strerror or exc}") from None
     if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
         raise PartsError(f"{path}: not a sha256sum listing")
-    return {name.lstrip("*"): digest for digest, name in rows}
-
-
-def reassemble(folder: str, out: str) -> list[str]:
-    """Join each wheel listed in ``folder/SHA256SUMS`` from its parts into ``out`` and check
-    it; returns the wheels' paths. Raises :class:`PartsError` naming the first part missing or
-    damaged, or a whole that does not match."""
-    manifest = read_manifest(folder)
+    manifest = {name.lstrip("*"): digest for digest, name in rows}
     os.makedirs(out, exist_ok=True)
     joined = []
     for wheel in sorted(name for name in manifest if ".part" not in name):
@@ -188,3 +181,16 @@ def reassemble(folder: str, out: str) -> list[str]:
             raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
                              f"{MANIFEST}")
     return joined
+
+
+def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
+    """The wheels cut into parts in ``folder`` reassembled and checked into ``out``, and the
+    ``parts`` record (failed names a missing or damaged part); ([], []) without a manifest."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        return [], []
+    try:
+        wheels = reassemble(folder, out)
+        return wheels, [{"name": "parts", "status": "passed",
+                         "joined": [os.path.basename(w) for w in wheels]}]
+    except (PartsError, OSError) as exc:
+        return [], [{"name": "parts", "status": "failed", "reason": str(exc)}]

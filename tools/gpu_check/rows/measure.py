@@ -1,13 +1,14 @@
 """The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
-DALI's memory), their data, main.py's and pytest's outputs read back. Steady state: a row's
-timed window starts after a warm-up longer than every batch its pipeline can hold ready
-(:func:`ready_batches`): it times the loader, not a queue filled while cuDNN tuned."""
+DALI's memory), their data and outputs read back. A row's timed window starts after a warm-up
+longer than every batch its pipeline can hold ready (:func:`ready_batches`): it times the
+loader, not a queue filled while cuDNN tuned."""
 from __future__ import annotations
 
 import glob
 import json
 import math
 import os
+import pathlib
 import re
 import shutil
 import sys
@@ -34,8 +35,7 @@ def workers_count(workers: str, machine: dict) -> int:
 
 
 def ready_batches(loader: str, workers: int) -> int:
-    """Batches the pipeline of ``loader`` with ``workers`` workers can hold ready before a
-    training step asks for one."""
+    """Batches ``loader``'s pipeline with ``workers`` workers can hold before a step asks."""
     if loader == "synthetic":
         return 0
     if loader.startswith("dali"):
@@ -61,7 +61,7 @@ def data_batches(s, machine: dict) -> int:
 
 
 def list_images(root: str) -> list[tuple[str, str]]:
-    """(class, file path) of every non-hidden file one level below ``root``'s class folders."""
+    """(class, path) of every file in ``root``'s non-hidden class folders."""
     return [(cls, path) for cls in sorted(os.listdir(root)) if not cls.startswith(".")
             and os.path.isdir(os.path.join(root, cls))
             for path in sorted(glob.glob(os.path.join(root, cls, "*"))) if os.path.isfile(path)]
@@ -70,8 +70,8 @@ def list_images(root: str) -> list[tuple[str, str]]:
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
     """Each sample image linked k times into ``OUT/data/train`` (the page cache: rows measure
-    decoding, not disk) for :func:`data_batches` batches, then it and val as LMDBs: (paths, why
-    a source is not available; the records)."""
+    decoding, not disk) for :func:`data_batches` batches, it and val as LMDBs: (paths and why
+    a source is not available, the records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -109,8 +109,7 @@ def prepare_data(runner: Runner, s, machine: dict,
 
 
 def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
-    """main.py's data flags for ``loader`` (``--decode-device`` is the caller's), or why it
-    cannot run."""
+    """main.py's data flags for ``loader`` (not ``--decode-device``), or why it cannot run."""
     if loader == "synthetic":
         return ["--dummy"]
     if loader.startswith("dali") and not machine.get("dali"):
@@ -164,9 +163,7 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
     try:
         row.update(read_speed(rundir))
     except ValueError as exc:
-        row = fail(row, str(exc))
-        runner.attach_tails(row)
-        return row
+        return runner.attach_tails(fail(row, str(exc)))
     if not s.dry_run and not (row["device"] or "").startswith("cuda"):
         return fail(row, f"ran on {row['device']}, not a GPU")
     return row
@@ -187,9 +184,7 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
         return rec
     result = last_json(runner.text(name)) or {}
     if not result.get("images_per_sec"):
-        rec = fail(rec, "no JSON line with images_per_sec on stdout")
-        runner.attach_tails(rec)
-        return rec
+        return runner.attach_tails(fail(rec, "no JSON line with images_per_sec on stdout"))
     stages = stage_figures(result)  # its "seconds" is the timed part only
     rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
                timed_seconds=result.get("seconds"), loader=loader, stages=stages,
@@ -270,26 +265,25 @@ def memory_row(runner: Runner, s, data, machine: dict, timeout: float = 300) -> 
     return rec
 
 
-def parse_json(line: str):
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
+def json_lines(text: str) -> list[dict]:
+    """The lines of ``text`` that are JSON objects, parsed (the others skipped)."""
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line) if line.strip().startswith("{") else None)
+        except ValueError:
+            continue
+    return [x for x in found if isinstance(x, dict)]
 
 
 def last_json(text: str) -> dict | None:
-    """The last line of ``text`` that is a JSON object, or None."""
-    found = [parse_json(x) for x in text.splitlines() if x.strip().startswith("{")]
-    return next((x for x in reversed(found) if isinstance(x, dict)), None)
+    return (json_lines(text) or [None])[-1]
 
 
 def read_metrics(rundir: str) -> list[dict]:
-    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing (unparsable lines skipped)."""
-    try:
-        with open(os.path.join(rundir, "metrics.jsonl")) as f:
-            return [r for r in map(parse_json, f) if isinstance(r, dict)]
-    except OSError:
-        return []
+    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing."""
+    path = pathlib.Path(rundir, "metrics.jsonl")
+    return json_lines(path.read_text(errors="replace")) if path.is_file() else []
 
 
 def read_speed(rundir: str) -> dict:
@@ -316,8 +310,8 @@ def read_speed(rundir: str) -> dict:
 
 
 def stage_figures(record: dict) -> dict:
-    """The ``stages_*`` keys of one main.py record: ``engine.report.bounds``' stage figures (ms
-    per image), ``stages_bound`` and ``stages_advice``; {} where main.py wrote none."""
+    """The ``stages_*`` keys of a main.py record (``engine.report.bounds``: ms per image, the
+    bound, the advice)."""
     return {k: v for k, v in record.items() if k.startswith("stages_")}
 
 

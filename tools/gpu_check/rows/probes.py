@@ -23,8 +23,7 @@ ORIGINS = ("nvidia.dali", "nvidia.nvimgcodec", "lmdb", "pytest")
 
 
 def mapped_libraries() -> list[str]:
-    """Paths of the nvJPEG, nvImageCodec and DALI libraries this process has mapped
-    (``/proc/self/maps``), sorted; [] where there is no such file (not Linux)."""
+    """The nvJPEG, nvImageCodec and DALI libraries this process maps, sorted ([] off Linux)."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if len(line.split()) >= 6}
@@ -83,13 +82,10 @@ def cuda_driver_api() -> str | None:
 def environment(runner: Runner, s) -> tuple[dict, dict]:
     """:func:`host_facts` in a subprocess and nvidia-smi's driver version: (the host's facts,
     the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
-    rec = runner.run("environment", [sys.executable, "-m", "tools.gpu_check", "--probe"],
-                     PROBE_TIMEOUT)
-    if rec["status"] == "skipped":
+    rec, machine = _json_row(runner, "environment", [
+        sys.executable, "-m", "tools.gpu_check", "--probe"], PROBE_TIMEOUT)
+    if not machine:
         return {}, rec
-    machine = last_json(runner.text("environment")) if rec["status"] == "passed" else None
-    if machine is None:
-        return {}, fail(rec, rec.get("reason") or "the probe printed no JSON")
     machine["driver"] = None
     if shutil.which("nvidia-smi"):
         smi = runner.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,"
@@ -100,8 +96,9 @@ def environment(runner: Runner, s) -> tuple[dict, dict]:
             machine["nvidia_smi"] = [", ".join(r) for r in rows]
     rec["libraries"] = machine.get("libraries")
     if not s.dry_run and not machine["gpu_count"]:
-        rec = fail(rec, "torch sees no CUDA GPU (use --dry-run for the CPU check)")
-        runner.attach_tails(rec)  # torch's CUDA initialisation warning, if any
+        # with torch's CUDA initialisation warning, if any
+        rec = runner.attach_tails(fail(rec, "torch sees no CUDA GPU (use --dry-run for the "
+                                            "CPU check)"))
     return machine, rec
 
 
@@ -220,12 +217,11 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
 
 
 def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tuple[dict, dict]:
-    """Run a probe script; (its record, its last JSON line or {}), failed without one."""
+    """Run a probe; (its record, its last JSON line or {}), failed without one."""
     rec = runner.run(name, cmd, timeout)
     result = last_json(runner.text(name)) if rec["status"] == "passed" else None
     if rec["status"] == "passed" and result is None:
-        rec = fail(rec, "no JSON line from the probe")
-        runner.attach_tails(rec)
+        rec = runner.attach_tails(fail(rec, "no JSON line from the probe"))
     return rec, result or {}
 
 
@@ -288,9 +284,8 @@ def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
 
 
 def gpu_over_cpu(gpu: dict, cpu: dict | None, dry_run: bool, failure: str) -> dict:
-    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s) where both rows have a
-    figure, failed with ``failure`` (formatted with ``{ratio:.2f}``) when the ratio is under
-    :data:`GPU_OVER_CPU`, except in a dry run (which decodes on the CPU both times)."""
+    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s), failed with ``failure``
+    (``{ratio:.2f}``) under :data:`GPU_OVER_CPU` except dry (the CPU decodes both times)."""
     if gpu.get("images_per_sec") and (cpu or {}).get("images_per_sec"):
         gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
         if not dry_run and gpu["gpu_over_cpu"] < GPU_OVER_CPU:
