@@ -1,5 +1,5 @@
-"""What both converters share: their error, summary, verification result, resume state and
-``OUTPUT/skipped.tsv``."""
+"""What both converters share: their error, summary, verification result, resume state, staging
+and ``OUTPUT/skipped.tsv``."""
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
+from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY, RULES_VERSION
 from formats.sources import DatasetError, Listing, open_dataset
 
@@ -53,14 +54,11 @@ class Summary:
                    state.resumed_at, choice.line(state.records) if choice else "",
                    len(state.shards))
 
-    @property
-    def images_per_sec(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else float("inf")
-
     def line(self) -> str:
         resumed = f", resumed after {self.resumed_at} files" if self.resumed_at else ""
+        rate = self.images / self.seconds if self.seconds > 0 else float("inf")
         return (f"wrote {self.images} images ({self.bytes / _MiB:.1f} MiB) to {self.output} "
-                f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s{resumed}); "
+                f"in {self.seconds:.1f} s ({rate:.0f} images/s{resumed}); "
                 f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})"
                 + "".join(f"; {part}" for part in (self.raw, self.shards and
                                                    f"{self.shards} shards", self.array) if part))
@@ -195,8 +193,6 @@ class ResumeState:
 def _setting(key: str, value) -> str:
     """A setting as a refusal names it, e.g. ``"--check header"``, ``"no --raw-budget"``."""
     if key == "cap":
-        from formats.cap import Cap
-
         return Cap.from_record(value or {}).describe()
     name = _SETTING_NAMES.get(key, key)
     return f"no {name}" if value in (None, False) else name if value is True else f"{name} {value}"
@@ -210,11 +206,12 @@ def write_synced(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def replace_synced(path: str, data: bytes, tmp: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: synced under the name ``tmp`` (default
-    ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
+def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None:
+    """Write ``data`` (str: as UTF-8, surrogates escaped) to ``path`` atomically: synced under the
+    name ``tmp`` (default ``path.tmp``), then renamed, so no reader sees half of it. Raises
+    ``OSError``."""
     tmp = tmp or path + ".tmp"
-    write_synced(tmp, data)
+    write_synced(tmp, data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
     os.replace(tmp, path)
 
 
@@ -270,21 +267,19 @@ def stage_folder(output: str) -> str:
     return os.path.normpath(output) + ".staging"
 
 
-def stage(listing: Listing, folder: str, progress: bool) -> None:
-    """Stage ``listing``'s images if its layout needs it; raises :class:`ConversionError`."""
-    if listing.stage is None:
-        return
+@contextmanager
+def staged(listing: Listing, folder: str, progress: bool):
+    """Stage ``listing``'s images in ``folder`` if its layout needs it; the folder is deleted once
+    the block succeeds (a rerun after a failure reuses it). Raises :class:`ConversionError`."""
     try:
-        listing.stage(listing.files, folder, progress)
+        if listing.stage is not None:
+            listing.stage(listing.files, folder, progress)
     except DatasetError as exc:
         raise ConversionError(str(exc)) from None
     except OSError as exc:
         raise ConversionError(f"{folder}: cannot stage the images ({exc.strerror or exc}); "
                               "is the disk full?") from None
-
-
-def unstage(folder: str) -> None:
-    """Delete a staging folder."""
+    yield
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -306,12 +301,9 @@ def write_report(output: str, skips) -> None:
     """Write ``output/skipped.tsv`` atomically: ``path\\treason`` lines of ``skips``, ``(rel,
     reason)`` pairs (``rel``: str or bytes). Raises :class:`ConversionError`."""
     report = os.path.join(output, REPORT_NAME)
-    lines = ["path\treason\n"] + [f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n"
-                                  for rel, reason in skips]
     try:
-        with open(report + ".tmp", "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.writelines(lines)
-        os.replace(report + ".tmp", report)
+        replace_synced(report, "path\treason\n" + "".join(
+            f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n" for rel, reason in skips))
     except OSError as exc:
         raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
 

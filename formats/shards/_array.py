@@ -24,13 +24,13 @@ from dataclasses import replace
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, stage,
-                                stage_folder, unstage, write_synced)
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary,
+                                replace_synced, stage_folder, staged, write_synced)
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, shard_name
-from ._convert import open_shard_source, write_index
-from ._writing import PROGRESS_NAME, Records, in_place, refuse_foreign, save_json
+from ._convert import (PROGRESS_NAME, Records, in_place, open_shard_source, refuse_foreign,
+                       write_index)
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -140,12 +140,11 @@ def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks
         print(f"folder2shards.py: task {task} of {tasks}: {blocks}, {len(mine) - len(todo)} "
               f"already done, {len(pending)} files to convert (-j {records.workers})",
               file=sys.stderr, flush=True)
-    folder = f"{stage_folder(output)}-{task}-of-{tasks}"
-    stage(replace(listing, files=pending), folder, progress)
     written = []
-    for b in todo:
-        written += _write_block(records, listing, output, prefix, b, block, state.raw)
-    unstage(folder)
+    with staged(replace(listing, files=pending), f"{stage_folder(output)}-{task}-of-{tasks}",
+                progress):
+        for b in todo:
+            written += _write_block(records, listing, output, prefix, b, block, state.raw)
     wrote = replace(state, shards=written, resumed_at=(len(mine) - len(todo)) * block)
     wrote.tally()
     summary = Summary.of(wrote, start, output)
@@ -172,8 +171,8 @@ def _write_block(records: Records, listing: Listing, output: str, prefix: str, b
     loose = records.write(listing.files[first:first + block], first, None,
                           lambda: block_shard(prefix, b, len(shards)), commit, choice, first)
     done = _done_path(output, prefix, b)
-    save_json(done, {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}},
-              f"{done}.{os.getpid()}.tmp")  # a name of this process's own
+    replace_synced(done, json.dumps({"shards": shards, "skipped": loose, "raw": choice.state()
+                                     if choice else {}}, indent=1), f"{done}.{os.getpid()}.tmp")
     return shards
 
 

@@ -9,6 +9,7 @@ import tarfile
 from dataclasses import dataclass, field
 
 from formats.cap import Cap
+from formats.conversion import replace_synced
 
 INDEX_NAME = "index.json"
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 2  # the newest read; 1 written without raw
@@ -148,10 +149,8 @@ def idx_text(spans: list[RecordSpan]) -> str:
 
 
 def write_idx(path: str, spans: list[RecordSpan]) -> None:
-    """Write DALI's index of one shard to ``path``, atomically."""
-    with open(path + ".tmp", "w") as f:
-        f.write(idx_text(spans))
-    os.replace(path + ".tmp", path)
+    """Write DALI's index of one shard to ``path``, atomically. Raises ``OSError``."""
+    replace_synced(path, idx_text(spans))
 
 
 def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
@@ -225,8 +224,5 @@ class ShardIndex:
         return index
 
     def write(self, folder: str) -> None:
-        """Write ``folder/index.json`` atomically."""
-        path = os.path.join(folder, INDEX_NAME)
-        with open(path + ".tmp", "w") as f:
-            f.write(self.to_json())
-        os.replace(path + ".tmp", path)
+        """Write ``folder/index.json`` atomically. Raises ``OSError``."""
+        replace_synced(os.path.join(folder, INDEX_NAME), self.to_json())
