@@ -17,8 +17,7 @@ from formats.raw_share import parse_budget, size_in_bytes
 def converter_parser(description: str, output_help: str, verify_metavar: str, verify_help: str,
                      overwrite_help: str) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's ``-d/--dataset``,
-    ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ``--split``, ``--max-side``,
-    ``--raw-budget``, ...); each converter adds its own."""
+    ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ...); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     add = parser.add_argument
     add("-d", "--dataset", help="folder of class subfolders, e.g. /imagenet/train, or with "

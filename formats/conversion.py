@@ -29,10 +29,9 @@ class ConversionError(Exception):
 
 @dataclass
 class Summary:
-    """A conversion's ``images`` (records), ``bytes`` and ``seconds``, of them ``reencoded``,
-    ``skipped`` (listed in ``report``), ``resumed_at`` (files done before); ``raw``: what a raw
-    share bought (:meth:`~formats.raw_share.RawChoice.line`); ``shards`` written; ``array``: a job
-    array's task's state."""
+    """A conversion's ``images`` (records), ``bytes``, ``seconds``, ``reencoded``, ``skipped``
+    (listed in ``report``), ``resumed_at`` (files done before); ``raw``: what a raw share bought;
+    ``shards`` written; ``array``: a job array's task's state."""
 
     images: int
     bytes: int
@@ -67,8 +66,8 @@ class Summary:
 @dataclass
 class Verification:
     """``problems`` (the first ``max_problems``) of ``total`` over ``count`` records of
-    ``classes`` (in ``shards`` shards; None: an LMDB); ``checksums``: checked (the CRC-32s, the
-    shards' SHA-256s); ``dataset``: compared against, or None."""
+    ``classes`` (in ``shards`` shards; None: an LMDB); ``checksums`` checked; ``dataset``:
+    compared against, or None."""
 
     path: str
     count: int = 0
@@ -112,13 +111,12 @@ _SETTING_NAMES = {"check": "--check", "raw_budget": "--raw-budget",
 
 @dataclass
 class ResumeState:
-    """A conversion's resume state, one JSON object: committed with every batch of an LMDB, saved
-    as ``progress.json`` after every shard. Made from: the listing's ``files`` (count) and
-    ``listing`` (hex SHA-256), the ``settings`` (:func:`fingerprint`); done: ``done`` source
-    files (through the last batch or finished shard of ``shards``), of them ``records`` (with
-    ``bytes`` of images, ``reencoded``) and ``skipped``; ``raw``: the raw share's
-    :meth:`~formats.raw_share.RawChoice.state` so far. ``resumed_at``: ``done`` at this run's
-    start (not stored)."""
+    """A conversion's resume state, one JSON object committed with every batch of an LMDB, saved
+    as ``progress.json`` after every shard: the listing's ``files`` (count), ``listing`` (hex
+    SHA-256) and ``settings`` (:func:`fingerprint`); ``done`` source files (through the last
+    batch or shard of ``shards``), of them ``records`` (``bytes`` of images, ``reencoded``) and
+    ``skipped``; ``raw``: :meth:`~formats.raw_share.RawChoice.state`. ``resumed_at``: ``done``
+    at this run's start (not stored)."""
 
     files: int
     listing: str
@@ -138,8 +136,7 @@ class ResumeState:
 
     @classmethod
     def decode(cls, data: bytes | None) -> "ResumeState | None":
-        """Inverse of :meth:`encode`; None for no ``data``, another layout (an older
-        converter's) or damaged data."""
+        """Inverse of :meth:`encode`; None for no, damaged or an older converter's ``data``."""
         try:
             fields = json.loads(data)
             return cls(**fields) if fields.pop("version") == RESUME_VERSION else None
@@ -156,9 +153,8 @@ class ResumeState:
         except FileNotFoundError:
             return None
 
-    def save(self, path: str, tmp: str | None = None) -> None:
-        """Write to ``path`` atomically (:func:`replace_synced`)."""
-        replace_synced(path, self.encode(), tmp)
+    def save(self, path: str) -> None:
+        replace_synced(path, self.encode())
 
     def tally(self) -> None:
         """``done`` and the counts from the finished ``shards``' entries."""
@@ -170,9 +166,9 @@ class ResumeState:
 
     def refuse_other(self, output: str, recorded: "ResumeState | None",
                      remedy: str = "pass --overwrite to start over") -> None:
-        """Raise :class:`ConversionError` in one line naming what differs between this run and the
-        unfinished conversion at ``output`` (``recorded``; None: missing or unreadable): resuming
-        would mix two conversions, starting over unasked would throw work away."""
+        """Raise :class:`ConversionError` naming what differs between this run and the unfinished
+        conversion at ``output`` (``recorded``; None: missing or unreadable): resuming would mix
+        two conversions, starting over unasked would throw work away."""
         if recorded is None:
             why = "whose resume state is missing or unreadable (an older converter's?)"
         elif recorded.settings != self.settings:
@@ -207,9 +203,8 @@ def write_synced(path: str, data: bytes) -> None:
 
 
 def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None:
-    """Write ``data`` (str: as UTF-8, surrogates escaped) to ``path`` atomically: synced under the
-    name ``tmp`` (default ``path.tmp``), then renamed, so no reader sees half of it. Raises
-    ``OSError``."""
+    """Write ``data`` (str: UTF-8, surrogates escaped) to ``path`` atomically: synced as ``tmp``
+    (default ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
     tmp = tmp or path + ".tmp"
     write_synced(tmp, data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
     os.replace(tmp, path)
@@ -218,10 +213,9 @@ def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
                 max_pixels: int = MAX_PIXELS, **more) -> ResumeState:
     """A new :class:`ResumeState` of ``listing``: ``listing``, the SHA-256 of the classes and each
-    file's relative path, label, size and mtime (in an archive: the archive's, and the member's
-    offset and size or row), in the listing's order, ~5 us per file; ``settings``, the rules and
-    libraries, ``check``, ``cap``, ``raw_budget``, ``max_pixels`` and ``more`` (a converter's
-    own). A resume needs both the same."""
+    file's path, label, size and mtime (in an archive: the archive's, and the member's offset and
+    size or row) in order, ~5 us per file; ``settings``: the rules, libraries, the arguments and
+    ``more`` (a converter's own). A resume needs both the same."""
     from decode import decoder_name, image_library
 
     # the decoder in use, not why others were passed over: that text (an exception's) may change
@@ -245,9 +239,8 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
 
 def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
                 progress: bool, check: str, seed: int | None) -> Listing:
-    """The :class:`Listing` of ``dataset`` (in ``seed``'s order), its layout printed to stderr
-    with ``progress`` and its empty classes named. Raises :class:`ConversionError` (also for a
-    ``check`` not in :data:`~formats.images.CHECKS`)."""
+    """The :class:`Listing` of ``dataset`` in ``seed``'s order, its layout (with ``progress``) and
+    empty classes named on stderr. Raises :class:`ConversionError`, also for a bad ``check``."""
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     try:
@@ -310,9 +303,8 @@ def write_report(output: str, skips) -> None:
 
 @contextmanager
 def source_to_compare(dataset: str | None, split: str | None, beside: str, seed: int | None):
-    """For ``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside
-    ``beside`` if needed (deleted after); None without ``dataset``. Raises
-    :class:`DatasetError`."""
+    """``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside ``beside``
+    if needed (deleted after); None without ``dataset``. Raises :class:`DatasetError`."""
     listing = open_dataset(dataset, split, allow_partial=True) if dataset else None
     if seed is not None and listing:
         listing = listing.shuffled(seed)
@@ -329,8 +321,8 @@ def source_to_compare(dataset: str | None, split: str | None, beside: str, seed:
 
 
 def differs(image: bytes, checked) -> str | None:
-    """How a stored ``image`` differs from what its source converts to now (``checked``, its
-    :func:`~formats.images.check_file` result), or None."""
+    """How a stored ``image`` differs from what its source converts to now (``checked``), or
+    None."""
     from decode.raw import is_raw
     from formats.raw_share import raw_record
 

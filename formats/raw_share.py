@@ -186,8 +186,8 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
     with capture():  # libjpeg's warnings: the checking thread named the image already
         image = decode(jpeg)
     frame = read_frame(jpeg)
-    gray = frame is not None and frame.components == 1
-    return encode_raw(image, gray=gray), image.shape[1] * image.shape[2]
+    return encode_raw(image, gray=frame is not None and frame.components == 1), \
+        image.shape[1] * image.shape[2]
 
 
 def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | None = None
@@ -223,13 +223,13 @@ def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
     frame = read_frame(jpeg)
     if frame is None or not frame.components:
         return None
-    channels = 1 if frame.components == 1 else 3
-    return frame.pixels, len(jpeg), raw_bytes(frame.height, frame.width, channels)
+    return frame.pixels, len(jpeg), raw_bytes(frame.height, frame.width,
+                                              1 if frame.components == 1 else 3)
 
 
 def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float:
-    """The lowest :func:`ratio` at which ``rows`` (``(pixels, jpeg bytes, raw bytes, ...)``), taken best
-    first, stay within ``budget``; infinite if none fits."""
+    """The lowest :func:`ratio` at which ``rows`` (``(pixels, jpeg bytes, raw bytes, ...)``),
+    taken best first, stay within ``budget``; infinite if none fits."""
     ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
     jpeg = sum(r[1] for r in rows)
     allowed = budget.limit(jpeg, len(rows), files)
@@ -258,10 +258,8 @@ def with_candidate(choice: RawChoice):
 def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
     """The :class:`RawChoice` of a conversion: ``saved`` if resuming, else planned on a sample of
     ``listing``; None without ``budget``."""
-    if budget is None:
-        return None
-    if saved:
-        return RawChoice.from_state(saved)
+    if budget is None or saved:
+        return RawChoice.from_state(saved) if budget is not None else None
     from formats.images import check_file
 
     count = len(listing.files)

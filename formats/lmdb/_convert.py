@@ -21,14 +21,14 @@ from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summa
 from formats.images import check_files
 from formats.sources import Listing
 
-from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW_VERSION,
+from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, RAW_VERSION,
                      LMDBFormatError, Metadata, close_readonly, encode_checksums, encode_meta,
                      encode_record, is_lmdb, last_record_index, read_meta, record_checksum,
                      record_key)
 
 # Commits that may wait for the disk: rides out a stalled fdatasync at ~30 MB a batch.
 COMMITS_IN_FLIGHT = 3
-_SKIPS, _CRCS = PROGRESS_PREFIX + b"/skip/", PROGRESS_PREFIX + b"/crc/"  # per-batch entries
+_SKIPS, _CRCS = PROGRESS_KEY + b"/skip/", PROGRESS_KEY + b"/crc/"  # per-batch entries
 _MiB = 1 << 20
 _MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
@@ -213,14 +213,13 @@ def _finish(listing: Listing, state: ResumeState, writer: Writer, output: str, c
                     cap=state.settings["cap"], **raw)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, b"".join(writer.read_prefix(_CRCS)))],
-                  delete_prefix=PROGRESS_PREFIX)
+                  delete_prefix=PROGRESS_KEY)
 
 
 def _batch_puts(sources: list, results, state: ResumeState, strict: bool, choice,
                 files: int) -> list:
-    """One batch's ``(key, value)`` pairs (records, skips, checksums) from its ``check_file``
-    results, advancing ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image
-    under ``strict``."""
+    """One batch's ``(key, value)`` pairs (records, skips, checksums) from its checks, advancing
+    ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image under ``strict``."""
     puts, crcs, first_record = [], [], state.records
     for done, (src, result) in enumerate(zip(sources, results), state.done + 1):
         if isinstance(result, str):  # not an image: the reason

@@ -59,9 +59,8 @@ class _OpenShard:
         self.reencoded += checked.reencoded is not None
 
     def finish(self, done: int) -> dict:
-        """Close and sync the tar, write its ``.idx``, and return its progress entry ``{name,
-        records, bytes (tar), sha256, done (source files through it), images (image bytes),
-        reencoded, skipped ([[rel, reason], ...])}``. Raises ``OSError``."""
+        """Close and sync the tar, write its ``.idx``; its progress entry ``{name, records, bytes,
+        sha256, done (source files through it), images (bytes), reencoded, skipped}``."""
         self.writer.close(sync=True)
         write_idx(idx_name(self.path), self.spans)
         os.replace(self.path + ".tmp", self.path)
@@ -71,8 +70,8 @@ class _OpenShard:
 
 
 def in_place(output: str, shard: dict) -> bool:
-    """Whether a finished shard (its progress entry) is in ``output``: its tar at the recorded
-    size, and its ``.idx``."""
+    """Whether a finished shard (its progress entry) is in ``output`` at its size, with its
+    ``.idx``."""
     tar = os.path.join(output, shard["name"])
     return (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
             and os.path.isfile(idx_name(tar)))
@@ -93,9 +92,8 @@ def refuse_foreign(output: str) -> list[str]:
 
 @dataclass
 class Records:
-    """What every shard of one conversion shares: the ``output`` folder, record ``keys``, the byte
-    limit and how the files are checked; ``total``: the listing's file count (the raw share's pro
-    rata); ``bar``: the progress bar, or None."""
+    """What every shard of one conversion shares: ``output``, record ``keys``, the byte limit, how
+    files are checked; ``total``: the listing's files (the raw share's pro rata); ``bar``."""
 
     output: str
     keys: dict
@@ -148,9 +146,9 @@ class Records:
 
 
 def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> ResumeState:
-    """Make ``output`` ready; its state: the finished shards of an unfinished conversion of the
-    same source and settings (``wanted``'s), or ``wanted``. Raises :class:`ConversionError` for a
-    file, other files or (without ``overwrite``: start over) another conversion; ``OSError``."""
+    """Make ``output`` ready; its state: the finished shards of an unfinished conversion with
+    ``wanted``'s source and settings, or ``wanted``. Raises :class:`ConversionError` for a file,
+    other files or (without ``overwrite``) another conversion; ``OSError``."""
     names = refuse_foreign(output)
     path, state = os.path.join(output, PROGRESS_NAME), wanted
     if names and not overwrite:
@@ -187,8 +185,8 @@ def open_shard_source(dataset: str, output: str, prefix: str | None, split: str 
                       raw_budget, max_pixels: int, array: bool = False
                       ) -> tuple[Listing, ResumeState, Records]:
     """The shuffled listing of ``dataset``, the new :class:`~formats.conversion.ResumeState` of
-    its conversion (``array``: a job array's, which a one-process run does not resume, nor it
-    one's) and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
+    its conversion (``array``: a job array's, not resumed by a one-process run, nor the reverse)
+    and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
     prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
@@ -269,8 +267,7 @@ def write_index(output: str, listing: Listing, state: ResumeState, skips: list,
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:
-    """``{shard name: SHA-256 hex}`` from ``folder/progress.json`` (also an older converter's),
-    or None."""
+    """``{shard name: SHA-256 hex}`` from ``folder/progress.json``, or None."""
     try:
         with open(os.path.join(folder, PROGRESS_NAME)) as f:
             return {s["name"]: s["sha256"] for s in json.load(f)["shards"]}

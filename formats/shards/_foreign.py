@@ -95,18 +95,6 @@ def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | No
     return records, os.path.getsize(url) if local else stream.count
 
 
-def _read_classes(path: str) -> list[str]:
-    """WNIDs in label order from an ``index.json`` or a text file (one a line)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as exc:
-        raise ShardFormatError(f"--classes {path}: cannot read ({exc.strerror})") from None
-    if path.endswith(".json"):
-        return ShardIndex.from_json(text, path).classes
-    return [line.split()[0] for line in text.splitlines() if line.strip()]
-
-
 def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str], list | None]:
     """The sorted WNIDs (index = label) and class names the records and ``classes_file`` give.
     Raises :class:`ShardFormatError` saying what is needed."""
@@ -119,8 +107,16 @@ def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str
             if name:
                 names.setdefault(label, name)
     top = max((r[1] for _, records in found for r in records), default=-1)
-    if classes_file:
-        classes = _read_classes(classes_file)
+    if classes_file:  # WNIDs in label order: an index.json or one a line
+        try:
+            with open(classes_file) as f:
+                text = f.read()
+        except OSError as exc:
+            raise ShardFormatError(f"--classes {classes_file}: cannot read ({exc.strerror})") \
+                from None
+        classes = (ShardIndex.from_json(text, classes_file).classes
+                   if classes_file.endswith(".json") else
+                   [line.split()[0] for line in text.splitlines() if line.strip()])
         wrong = [label for label, wnid in wnids.items()
                  if label >= len(classes) or classes[label] != wnid]
         if wrong or top >= len(classes):

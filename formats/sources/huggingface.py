@@ -171,17 +171,6 @@ def read_items(path: str):
         yield number, data
 
 
-def _key(files: list[Source]) -> bytes:
-    """SHA-256 of the archives (path, size, mtime) and the items the sources name."""
-    digest = hashlib.sha256()
-    for path in sorted({s.path for s in files}):
-        st = os.stat(path)
-        digest.update(msgpack.packb([path, st.st_size, st.st_mtime_ns]))
-    for src in sorted(files, key=lambda s: (s.path, s.offset)):
-        digest.update(msgpack.packb([src.path, src.offset, src.rel]))
-    return digest.digest()
-
-
 def stage_sequential(files: list[Source], folder: str, progress: bool = True) -> None:
     """Staging: point each of ``files`` (``(archive, item number)`` sources) at a copy of its bytes
     in ``folder/images.bin``, copied in one pass (:func:`read_items`) unless ``folder`` holds a
@@ -191,9 +180,23 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
     cannot be written."""
     from tqdm import tqdm
 
-    key, manifest = _key(files), os.path.join(folder, MANIFEST)
+    from formats.conversion import replace_synced
+
+    # a complete staging's key: SHA-256 of the archives (path, size, mtime) and items named
+    digest = hashlib.sha256()
+    for path in sorted({s.path for s in files}):
+        st = os.stat(path)
+        digest.update(msgpack.packb([path, st.st_size, st.st_mtime_ns]))
+    for src in sorted(files, key=lambda s: (s.path, s.offset)):
+        digest.update(msgpack.packb([src.path, src.offset, src.rel]))
+    key, manifest = digest.digest(), os.path.join(folder, MANIFEST)
     by_item = {(s.path, s.offset): s for s in files}
-    spans = _load(manifest, key)
+    try:
+        with open(manifest, "rb") as f:
+            stored, rows = msgpack.unpackb(f.read(), raw=False)
+        spans = {(p, n): (a, s) for p, n, a, s in rows} if stored == key else None
+    except (OSError, ValueError, msgpack.exceptions.ExtraData):
+        spans = None
     if spans is None:
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
@@ -214,19 +217,9 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
         if lost:
             raise DatasetError(f"{lost[0][0]}: item {lost[0][1]} listed but not read back "
                                "(the file changed?)")
-        with open(manifest + ".tmp", "wb") as f:
-            f.write(msgpack.packb([key, [[p, n, a, s] for (p, n), (a, s) in spans.items()]]))
-        os.replace(manifest + ".tmp", manifest)
+        replace_synced(manifest, msgpack.packb([key, [[p, n, a, s]
+                                                      for (p, n), (a, s) in spans.items()]]))
     images = os.path.join(folder, IMAGES)
     for item, src in by_item.items():
         src.path, (src.offset, src.size) = images, spans[item]
 
-
-def _load(manifest: str, key: bytes) -> dict | None:
-    """The spans of a complete staging with ``key``, or None."""
-    try:
-        with open(manifest, "rb") as f:
-            stored, rows = msgpack.unpackb(f.read(), raw=False)
-    except (OSError, ValueError, msgpack.exceptions.ExtraData):
-        return None
-    return {(p, n): (a, s) for p, n, a, s in rows} if stored == key else None
