@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from contextlib import suppress
 from typing import Callable
 
 from decode.acceptance import MAX_PIXELS, limit_pil
@@ -65,11 +66,9 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
 
 def _pixels(text: str) -> int:
     """``--max-image-pixels``: a whole number of pixels, 0 or more."""
-    try:
+    with suppress(ValueError):
         if int(text) >= 0:
             return int(text)
-    except ValueError:
-        pass
     raise argparse.ArgumentTypeError(f"not a pixel count (0 or more): {text!r}")
 
 

@@ -63,6 +63,13 @@ class Summary:
                                                    f"{self.shards} shards", self.array) if part))
 
 
+class Done(str):
+    """A finished step's one line, as :meth:`line` (what :func:`formats.cli.run_cli` prints)."""
+
+    def line(self) -> str:
+        return str(self)
+
+
 @dataclass
 class Verification:
     """``problems`` (the first ``max_problems``) of ``total`` over ``count`` records of

@@ -16,11 +16,12 @@ import json
 import os
 import sys
 import time
+from contextlib import suppress
 from dataclasses import replace
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary,
+from formats.conversion import (REPORT_NAME, ConversionError, Done, ResumeState, Summary,
                                 replace_synced, stage_folder, staged, write_synced)
 from formats.sources import Listing
 
@@ -56,7 +57,7 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
                  shard_size: int = 1 << 30, shuffle_seed: int = 0, workers: int = 8,
                  strict: bool = False, progress: bool = True, check: str = "full",
                  split: str | None = None, allow_partial: bool = False, cap=None,
-                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> "Summary | Finished":
+                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> Summary | Done:
     """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``dataset`` into ``output`` and
     return what it wrote; the last task to finish writes the index. ``finish``: only write the
     index (every block must be done). The other arguments as in
@@ -81,15 +82,8 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
-    return Finished(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
-                    f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
-
-
-class Finished(str):
-    """What ``--finish`` found, an array's complete output, as its :meth:`line`."""
-
-    def line(self) -> str:
-        return str(self)
+    return Done(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
+                f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
 def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
@@ -104,9 +98,8 @@ def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
         tmp = f"{path}.{os.getpid()}.tmp"
         write_synced(tmp, replace(wanted, raw=choice.state() if choice else {}).encode())
         try:
-            os.link(tmp, path)  # fails if another task made it first: its state counts
-        except FileExistsError:
-            pass
+            with suppress(FileExistsError):  # another task made it first: its state counts
+                os.link(tmp, path)
         finally:
             os.remove(tmp)
     recorded = ResumeState.load(path)

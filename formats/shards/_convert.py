@@ -1,11 +1,9 @@
 """Writing WebDataset shards (:mod:`formats.shards`) from a listing of image files, in one process
-(:func:`convert`) or as a job array's task (:mod:`._array`, which shares :class:`Records`).
-
-A shard ends before its file would exceed ``shard_size`` bytes or at ``max_per_shard`` records, and
-is finished once its tar is synced, its ``.idx`` written and ``progress.json`` (a
-:class:`~formats.conversion.ResumeState` with the finished shards' entries) lists it. Boundaries
-depend only on the records, so a rerun keeps the finished shards and writes the rest again: the
-output equals an uninterrupted run's."""
+(:func:`convert`) or as a job array's task (:mod:`._array`, which shares :class:`Records`). A
+shard ends before its file would exceed ``shard_size`` bytes or at ``max_per_shard`` records, and
+is finished once its tar is synced, its ``.idx`` written and ``progress.json`` lists it.
+Boundaries depend only on the records, so a rerun keeps the finished shards and writes the rest
+again: the output equals an uninterrupted run's."""
 from __future__ import annotations
 
 import json

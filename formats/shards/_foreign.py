@@ -1,10 +1,9 @@
 """Indexing WebDataset shards written by other tools (``folder2shards.py --index``), e.g.
 ``timm/imagenet-1k-wds``, unchanged: one pass over each tar's headers writes ``index.json`` and the
-``.idx`` files, beside the shards or elsewhere (each shard's ``url`` then says where).
-
-Labels are the records' ``.cls``, indices into the sorted WNIDs; the WNIDs come from the records'
-``.json`` (``wnid``, ``synset``, or a ``filename``/``path`` or key such as ``n01440764_10026``) or
-from ``classes`` (an ``index.json`` or one WNID a line: val names carry none)."""
+``.idx`` files, beside the shards or elsewhere (each shard's ``url`` then says where). Labels are
+the records' ``.cls``, indices into the sorted WNIDs, which come from the records' ``.json``
+(``wnid``, ``synset``, or a ``filename``/``path`` or key such as ``n01440764_10026``) or from
+``classes`` (an ``index.json`` or one WNID a line: val names carry none)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +11,8 @@ import os
 import re
 import tarfile
 import time
+
+from formats.conversion import Done
 
 from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_name, write_idx
 from .locations import is_stream, open_stream
@@ -139,7 +140,7 @@ def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str
 
 
 def index_shards(spec: str, output: str | None = None, classes_file: str | None = None,
-                 progress: bool = True) -> "IndexSummary":
+                 progress: bool = True) -> Done:
     """Index the foreign shards ``spec`` (a folder of ``*.tar``, or a brace pattern of paths or
     URLs) into ``output`` (default: the shards' folder; required for remote shards): a DALI
     ``.idx`` per shard and ``index.json``, written last. Raises :class:`ShardFormatError` (one
@@ -179,18 +180,6 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     except OSError as exc:
         raise ShardFormatError(f"{output}: cannot write the index ({exc.strerror or exc}); "
                                "for read-only shards give -o, a folder of its own") from None
-    return IndexSummary(output, len(entries), sum(e["records"] for e in entries), len(classes),
-                        time.perf_counter() - start)
-
-
-class IndexSummary:
-    """What :func:`index_shards` wrote: ``shards`` shards of ``records`` records, ``classes``
-    classes, into ``output`` in ``seconds``."""
-
-    def __init__(self, output: str, shards: int, records: int, classes: int, seconds: float):
-        self.output, self.shards, self.records = output, shards, records
-        self.classes, self.seconds = classes, seconds
-
-    def line(self) -> str:
-        return (f"indexed {self.records} records of {self.shards} shards ({self.classes} "
-                f"classes) into {os.path.join(self.output, INDEX_NAME)} in {self.seconds:.1f} s")
+    return Done(f"indexed {sum(e['records'] for e in entries)} records of {len(entries)} shards "
+                f"({len(classes)} classes) into {os.path.join(output, INDEX_NAME)} in "
+                f"{time.perf_counter() - start:.1f} s")

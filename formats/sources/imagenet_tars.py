@@ -22,10 +22,8 @@ _WNID_TAR = re.compile(r"(n\d{8})\.tar")
 
 def find_devkit(folder: str) -> str | None:
     """The devkit in ``folder``: ``ILSVRC2012_devkit_t12.tar.gz`` or its extracted folder."""
-    for name in (DEVKIT + ".tar.gz", DEVKIT):
-        if os.path.exists(os.path.join(folder, name)):
-            return os.path.join(folder, name)
-    return None
+    found = [os.path.join(folder, n) for n in (DEVKIT + ".tar.gz", DEVKIT)]
+    return next((path for path in found if os.path.exists(path)), None)
 
 
 def _devkit_file(devkit: str, member: str) -> bytes:
