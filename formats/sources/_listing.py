@@ -78,10 +78,10 @@ def class_listing(root: str, classes: list[str], files: list[Source], layout: st
     return Listing(root, classes, files, empty, layout=layout, names=names)
 
 
-def named_classes(by_wnid: dict[str, str]) -> tuple[list[str], list[str]]:
-    """The sorted WNIDs of ``{WNID: words}`` and their words."""
+def named_classes(by_wnid: dict[str, str]) -> tuple[list[str], list[str], dict[str, int]]:
+    """The sorted WNIDs of ``{WNID: words}``, their words and ``{WNID: label}``."""
     classes = sorted(by_wnid)
-    return classes, [by_wnid[w] for w in classes]
+    return classes, [by_wnid[w] for w in classes], {w: label for label, w in enumerate(classes)}
 
 
 def class_folders(root: str) -> list[str]:

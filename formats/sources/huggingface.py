@@ -180,8 +180,6 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
     cannot be written."""
     from tqdm import tqdm
 
-    from formats.conversion import replace_synced
-
     # a complete staging's key: SHA-256 of the archives (path, size, mtime) and items named
     digest = hashlib.sha256()
     for path in sorted({s.path for s in files}):
@@ -217,8 +215,9 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
         if lost:
             raise DatasetError(f"{lost[0][0]}: item {lost[0][1]} listed but not read back "
                                "(the file changed?)")
-        replace_synced(manifest, msgpack.packb([key, [[p, n, a, s]
-                                                      for (p, n), (a, s) in spans.items()]]))
+        with open(manifest + ".tmp", "wb") as f:
+            f.write(msgpack.packb([key, [[p, n, a, s] for (p, n), (a, s) in spans.items()]]))
+        os.replace(manifest + ".tmp", manifest)
     images = os.path.join(folder, IMAGES)
     for item, src in by_item.items():
         src.path, (src.offset, src.size) = images, spans[item]

@@ -58,7 +58,8 @@ def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
 def list_train(train: str, devkit: str | None) -> Listing:
     """The train split in ``train`` (outer tar, or a folder of class tars). Raises
     :class:`DatasetError` for a bad tar or a class the devkit lacks."""
-    classes, names = named_classes(dict(read_meta(devkit).values())) if devkit else ([], None)
+    classes, names, _ = named_classes(dict(read_meta(devkit).values())) if devkit else \
+        ([], None, None)
     inner = _inner_tars(train)
     if not classes:
         classes = sorted(wnid for wnid, _, _, _ in inner)
@@ -110,8 +111,7 @@ def list_val(val: str, devkit: str | None) -> Listing:
     if not all(t.isdigit() for t in ids.split()):
         raise DatasetError(f"{devkit}: {GROUND_TRUTH} holds something other than class IDs")
     truth = [int(t) for t in ids.split()]
-    classes, names = named_classes(dict(meta.values()))
-    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    classes, names, label_of = named_classes(dict(meta.values()))
     if len(truth) != len(images):
         raise DatasetError(f"{devkit}: {GROUND_TRUTH} has {len(truth)} labels for the "
                            f"{len(images)} images of {val}")

@@ -22,8 +22,8 @@ def list_kaggle(root: str, split: str) -> Listing:
             rows = [line.rstrip("\n").split(" ", 1) for line in f if line.strip()]
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
-    classes, names = named_classes({row[0]: row[1] if len(row) > 1 else "" for row in rows})
-    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    classes, names, label_of = named_classes({row[0]: row[1] if len(row) > 1 else ""
+                                              for row in rows})
     folder = os.path.join(root, TREE, split)
     layout = f"Kaggle ILSVRC tree: {folder}"
     if split == "train":
