@@ -315,16 +315,13 @@ def source_to_compare(dataset: str | None, split: str | None, beside: str, seed:
     listing = open_dataset(dataset, split, allow_partial=True) if dataset else None
     if seed is not None and listing:
         listing = listing.shuffled(seed)
-    folder = None
-    try:
-        if listing and listing.stage is not None:
-            folder = tempfile.mkdtemp(prefix=".verify-staging-",
-                                      dir=os.path.dirname(os.path.abspath(beside)))
-            listing.stage(listing.files, folder, False)
+    if not listing or listing.stage is None:
         yield listing
-    finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+        return
+    with tempfile.TemporaryDirectory(prefix=".verify-staging-", ignore_cleanup_errors=True,
+                                     dir=os.path.dirname(os.path.abspath(beside))) as folder:
+        listing.stage(listing.files, folder, False)
+        yield listing
 
 
 def differs(image: bytes, checked) -> str | None:

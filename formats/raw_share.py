@@ -190,13 +190,11 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
         image.shape[1] * image.shape[2]
 
 
-def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | None = None
-         ) -> RawChoice:
-    """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed`` (default all), the threshold
-    where all of ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
+def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int]) -> RawChoice:
+    """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed``, the threshold where all of
+    ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
     import torch
 
-    timed = range(len(stored)) if timed is None else timed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:
