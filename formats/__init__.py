@@ -1,5 +1,3 @@
-"""The on-disk formats the converters write and the loaders read back (docs/formats.md):
-:mod:`formats.lmdb` and :mod:`formats.shards`, the image rules (:mod:`formats.images`), the
-ImageNet downloads (:mod:`formats.sources`), the raw share (:mod:`formats.raw_share`) and what both
-converters share (:mod:`formats.conversion`, :mod:`formats.cli`). Written stores must keep reading:
-a layout change bumps the format's version."""
+"""The on-disk formats the converters write and the loaders read back (docs/formats.md): LMDB and
+shards, with the image rules, the ImageNet downloads, the raw share and what both converters
+share. Written stores must keep reading: a layout change bumps the format's version."""

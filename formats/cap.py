@@ -1,12 +1,9 @@
-"""Images stored at training size, by choice: ``--max-side N --quality Q`` and ``--reencode-all``,
-as FFCV's writer (``RGBImageField(max_resolution, jpeg_quality)``;
-docs/ffcv-and-decode.md#1-stored-at-training-size---max-side-n---quality-q).
-
-An image whose longer side exceeds ``max_side`` is scaled to it (the shorter side ``shorter *
-max_side // longer``, at least 1) with PIL's ``BOX`` filter, an exact area average like the OpenCV
-``INTER_AREA`` FFCV uses, and stored as a baseline JPEG at ``quality``; every re-encoding is capped
-and at ``quality``; ``every`` re-encodes every image. A store records its cap; ``--verify
---dataset`` applies it and a resume refuses a changed one."""
+"""Images stored at training size (``--max-side N --quality Q``, ``--reencode-all``), as FFCV's
+writer (``RGBImageField(max_resolution, jpeg_quality)``; docs/ffcv-and-decode.md): an image whose
+longer side exceeds ``max_side`` is scaled to it (the shorter side ``shorter * max_side // longer``,
+at least 1) with PIL's ``BOX`` filter, an exact area average like the OpenCV ``INTER_AREA`` FFCV
+uses, and stored as a baseline JPEG at ``quality``, as is every re-encoding (``every``: of every
+image). A store records its cap; ``--verify --dataset`` applies it, a resume refuses another."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,9 +34,8 @@ class Cap:
 
     def scaled_size(self, size: tuple[int, int]) -> tuple[int, int]:
         """``(width, height)`` an image of ``size`` is stored with."""
-        if not self.exceeds(size):
-            return size
-        return tuple(max(1, side * self.max_side // max(size)) for side in size)
+        return tuple(max(1, side * self.max_side // max(size)) for side in size) \
+            if self.exceeds(size) else size
 
     def apply(self, image):
         """``image``, or its ``BOX`` downscale to :meth:`scaled_size`."""
@@ -52,7 +48,7 @@ class Cap:
         return image.resize(self.scaled_size(image.size), Image.BOX)
 
     def record(self) -> dict:
-        """The fields a store's metadata records; empty for the default."""
+        """The fields a store's metadata records (:meth:`from_record`); empty for the default."""
         fields = {"max_side": self.max_side, "quality": self.quality}
         return {} if self == Cap() else {**fields, "reencode": "all"} if self.every else fields
 
@@ -68,7 +64,7 @@ class Cap:
 
     @classmethod
     def from_record(cls, fields: dict) -> "Cap":
-        """Inverse of :meth:`record` (missing fields: the default). Raises ValueError."""
+        """Raises ``ValueError``."""
         return cls(fields.get("max_side"), fields.get("quality", REENCODE_QUALITY),
                    fields.get("reencode") == "all")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from contextlib import suppress
 from typing import Callable
 
 from decode.acceptance import MAX_PIXELS, limit_pil
@@ -17,8 +18,7 @@ from formats.raw_share import parse_budget, size_in_bytes
 def converter_parser(description: str, output_help: str, verify_metavar: str, verify_help: str,
                      overwrite_help: str) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` with the flags both converters take (PyTorch-LMDB's ``-d/--dataset``,
-    ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ``--split``, ``--max-side``,
-    ``--raw-budget``, ...); each converter adds its own."""
+    ``-o/--output``, and ``--verify``, ``--check``, ``-j``, ...); each converter adds its own."""
     parser = argparse.ArgumentParser(description=description)
     add = parser.add_argument
     add("-d", "--dataset", help="folder of class subfolders, e.g. /imagenet/train, or with "
@@ -66,11 +66,9 @@ def converter_parser(description: str, output_help: str, verify_metavar: str, ve
 
 def _pixels(text: str) -> int:
     """``--max-image-pixels``: a whole number of pixels, 0 or more."""
-    try:
+    with suppress(ValueError):
         if int(text) >= 0:
             return int(text)
-    except ValueError:
-        pass
     raise argparse.ArgumentTypeError(f"not a pixel count (0 or more): {text!r}")
 
 

@@ -1,5 +1,5 @@
-"""What both converters share: their error, summary, verification result, resume state and
-``OUTPUT/skipped.tsv``."""
+"""What both converters share: their error, summary, verification result, resume state, staging
+and ``OUTPUT/skipped.tsv``."""
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
+from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY, RULES_VERSION
 from formats.sources import DatasetError, Listing, open_dataset
 
@@ -28,10 +29,9 @@ class ConversionError(Exception):
 
 @dataclass
 class Summary:
-    """A conversion's ``images`` (records), ``bytes`` and ``seconds``, of them ``reencoded``,
-    ``skipped`` (listed in ``report``), ``resumed_at`` (files done before); ``raw``: what a raw
-    share bought (:meth:`~formats.raw_share.RawChoice.line`); ``shards`` written; ``array``: a job
-    array's task's state."""
+    """A conversion's ``images`` (records), ``bytes``, ``seconds``, ``reencoded``, ``skipped``
+    (listed in ``report``), ``resumed_at`` (files done before); ``raw``: what a raw share bought;
+    ``shards`` written; ``array``: a job array's task's state."""
 
     images: int
     bytes: int
@@ -53,24 +53,28 @@ class Summary:
                    state.resumed_at, choice.line(state.records) if choice else "",
                    len(state.shards))
 
-    @property
-    def images_per_sec(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else float("inf")
-
     def line(self) -> str:
         resumed = f", resumed after {self.resumed_at} files" if self.resumed_at else ""
+        rate = self.images / self.seconds if self.seconds > 0 else float("inf")
         return (f"wrote {self.images} images ({self.bytes / _MiB:.1f} MiB) to {self.output} "
-                f"in {self.seconds:.1f} s ({self.images_per_sec:.0f} images/s{resumed}); "
+                f"in {self.seconds:.1f} s ({rate:.0f} images/s{resumed}); "
                 f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})"
                 + "".join(f"; {part}" for part in (self.raw, self.shards and
                                                    f"{self.shards} shards", self.array) if part))
 
 
+class Done(str):
+    """A finished step's one line, as :meth:`line` (what :func:`formats.cli.run_cli` prints)."""
+
+    def line(self) -> str:
+        return str(self)
+
+
 @dataclass
 class Verification:
     """``problems`` (the first ``max_problems``) of ``total`` over ``count`` records of
-    ``classes`` (in ``shards`` shards; None: an LMDB); ``checksums``: checked (the CRC-32s, the
-    shards' SHA-256s); ``dataset``: compared against, or None."""
+    ``classes`` (in ``shards`` shards; None: an LMDB); ``checksums`` checked; ``dataset``:
+    compared against, or None."""
 
     path: str
     count: int = 0
@@ -114,13 +118,12 @@ _SETTING_NAMES = {"check": "--check", "raw_budget": "--raw-budget",
 
 @dataclass
 class ResumeState:
-    """A conversion's resume state, one JSON object: committed with every batch of an LMDB, saved
-    as ``progress.json`` after every shard. Made from: the listing's ``files`` (count) and
-    ``listing`` (hex SHA-256), the ``settings`` (:func:`fingerprint`); done: ``done`` source
-    files (through the last batch or finished shard of ``shards``), of them ``records`` (with
-    ``bytes`` of images, ``reencoded``) and ``skipped``; ``raw``: the raw share's
-    :meth:`~formats.raw_share.RawChoice.state` so far. ``resumed_at``: ``done`` at this run's
-    start (not stored)."""
+    """A conversion's resume state, one JSON object committed with every batch of an LMDB, saved
+    as ``progress.json`` after every shard: the listing's ``files`` (count), ``listing`` (hex
+    SHA-256) and ``settings`` (:func:`fingerprint`); ``done`` source files (through the last
+    batch or shard of ``shards``), of them ``records`` (``bytes`` of images, ``reencoded``) and
+    ``skipped``; ``raw``: :meth:`~formats.raw_share.RawChoice.state`. ``resumed_at``: ``done``
+    at this run's start (not stored)."""
 
     files: int
     listing: str
@@ -140,8 +143,7 @@ class ResumeState:
 
     @classmethod
     def decode(cls, data: bytes | None) -> "ResumeState | None":
-        """Inverse of :meth:`encode`; None for no ``data``, another layout (an older
-        converter's) or damaged data."""
+        """Inverse of :meth:`encode`; None for no, damaged or an older converter's ``data``."""
         try:
             fields = json.loads(data)
             return cls(**fields) if fields.pop("version") == RESUME_VERSION else None
@@ -158,9 +160,8 @@ class ResumeState:
         except FileNotFoundError:
             return None
 
-    def save(self, path: str, tmp: str | None = None) -> None:
-        """Write to ``path`` atomically (:func:`replace_synced`)."""
-        replace_synced(path, self.encode(), tmp)
+    def save(self, path: str) -> None:
+        replace_synced(path, self.encode())
 
     def tally(self) -> None:
         """``done`` and the counts from the finished ``shards``' entries."""
@@ -172,9 +173,9 @@ class ResumeState:
 
     def refuse_other(self, output: str, recorded: "ResumeState | None",
                      remedy: str = "pass --overwrite to start over") -> None:
-        """Raise :class:`ConversionError` in one line naming what differs between this run and the
-        unfinished conversion at ``output`` (``recorded``; None: missing or unreadable): resuming
-        would mix two conversions, starting over unasked would throw work away."""
+        """Raise :class:`ConversionError` naming what differs between this run and the unfinished
+        conversion at ``output`` (``recorded``; None: missing or unreadable): resuming would mix
+        two conversions, starting over unasked would throw work away."""
         if recorded is None:
             why = "whose resume state is missing or unreadable (an older converter's?)"
         elif recorded.settings != self.settings:
@@ -195,8 +196,6 @@ class ResumeState:
 def _setting(key: str, value) -> str:
     """A setting as a refusal names it, e.g. ``"--check header"``, ``"no --raw-budget"``."""
     if key == "cap":
-        from formats.cap import Cap
-
         return Cap.from_record(value or {}).describe()
     name = _SETTING_NAMES.get(key, key)
     return f"no {name}" if value in (None, False) else name if value is True else f"{name} {value}"
@@ -210,21 +209,20 @@ def write_synced(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def replace_synced(path: str, data: bytes, tmp: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: synced under the name ``tmp`` (default
-    ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
+def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None:
+    """Write ``data`` (str: UTF-8, surrogates escaped) to ``path`` atomically: synced as ``tmp``
+    (default ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
     tmp = tmp or path + ".tmp"
-    write_synced(tmp, data)
+    write_synced(tmp, data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
     os.replace(tmp, path)
 
 
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
                 max_pixels: int = MAX_PIXELS, **more) -> ResumeState:
     """A new :class:`ResumeState` of ``listing``: ``listing``, the SHA-256 of the classes and each
-    file's relative path, label, size and mtime (in an archive: the archive's, and the member's
-    offset and size or row), in the listing's order, ~5 us per file; ``settings``, the rules and
-    libraries, ``check``, ``cap``, ``raw_budget``, ``max_pixels`` and ``more`` (a converter's
-    own). A resume needs both the same."""
+    file's path, label, size and mtime (in an archive: the archive's, and the member's offset and
+    size or row) in order, ~5 us per file; ``settings``: the rules, libraries, the arguments and
+    ``more`` (a converter's own). A resume needs both the same."""
     from decode import decoder_name, image_library
 
     # the decoder in use, not why others were passed over: that text (an exception's) may change
@@ -248,9 +246,8 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
 
 def open_source(prog: str, dataset: str, split: str | None, allow_partial: bool,
                 progress: bool, check: str, seed: int | None) -> Listing:
-    """The :class:`Listing` of ``dataset`` (in ``seed``'s order), its layout printed to stderr
-    with ``progress`` and its empty classes named. Raises :class:`ConversionError` (also for a
-    ``check`` not in :data:`~formats.images.CHECKS`)."""
+    """The :class:`Listing` of ``dataset`` in ``seed``'s order, its layout (with ``progress``) and
+    empty classes named on stderr. Raises :class:`ConversionError`, also for a bad ``check``."""
     if check not in CHECKS:
         raise ConversionError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     try:
@@ -270,21 +267,19 @@ def stage_folder(output: str) -> str:
     return os.path.normpath(output) + ".staging"
 
 
-def stage(listing: Listing, folder: str, progress: bool) -> None:
-    """Stage ``listing``'s images if its layout needs it; raises :class:`ConversionError`."""
-    if listing.stage is None:
-        return
+@contextmanager
+def staged(listing: Listing, folder: str, progress: bool):
+    """Stage ``listing``'s images in ``folder`` if its layout needs it; the folder is deleted once
+    the block succeeds (a rerun after a failure reuses it). Raises :class:`ConversionError`."""
     try:
-        listing.stage(listing.files, folder, progress)
+        if listing.stage is not None:
+            listing.stage(listing.files, folder, progress)
     except DatasetError as exc:
         raise ConversionError(str(exc)) from None
     except OSError as exc:
         raise ConversionError(f"{folder}: cannot stage the images ({exc.strerror or exc}); "
                               "is the disk full?") from None
-
-
-def unstage(folder: str) -> None:
-    """Delete a staging folder."""
+    yield
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -306,39 +301,32 @@ def write_report(output: str, skips) -> None:
     """Write ``output/skipped.tsv`` atomically: ``path\\treason`` lines of ``skips``, ``(rel,
     reason)`` pairs (``rel``: str or bytes). Raises :class:`ConversionError`."""
     report = os.path.join(output, REPORT_NAME)
-    lines = ["path\treason\n"] + [f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n"
-                                  for rel, reason in skips]
     try:
-        with open(report + ".tmp", "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.writelines(lines)
-        os.replace(report + ".tmp", report)
+        replace_synced(report, "path\treason\n" + "".join(
+            f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n" for rel, reason in skips))
     except OSError as exc:
         raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
 
 
 @contextmanager
 def source_to_compare(dataset: str | None, split: str | None, beside: str, seed: int | None):
-    """For ``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside
-    ``beside`` if needed (deleted after); None without ``dataset``. Raises
-    :class:`DatasetError`."""
+    """``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside ``beside``
+    if needed (deleted after); None without ``dataset``. Raises :class:`DatasetError`."""
     listing = open_dataset(dataset, split, allow_partial=True) if dataset else None
     if seed is not None and listing:
         listing = listing.shuffled(seed)
-    folder = None
-    try:
-        if listing and listing.stage is not None:
-            folder = tempfile.mkdtemp(prefix=".verify-staging-",
-                                      dir=os.path.dirname(os.path.abspath(beside)))
-            listing.stage(listing.files, folder, False)
+    if not listing or listing.stage is None:
         yield listing
-    finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+        return
+    with tempfile.TemporaryDirectory(prefix=".verify-staging-", ignore_cleanup_errors=True,
+                                     dir=os.path.dirname(os.path.abspath(beside))) as folder:
+        listing.stage(listing.files, folder, False)
+        yield listing
 
 
 def differs(image: bytes, checked) -> str | None:
-    """How a stored ``image`` differs from what its source converts to now (``checked``, its
-    :func:`~formats.images.check_file` result), or None."""
+    """How a stored ``image`` differs from what its source converts to now (``checked``), or
+    None."""
     from decode.raw import is_raw
     from formats.raw_share import raw_record
 

@@ -51,9 +51,8 @@ class NotAnImage(Exception):
 
 def reencode_reason(data: bytes) -> str | None:
     """Why ``data`` must be re-encoded (e.g. ``"CMYK JPEG"``), or None if verbatim: from its first
-    frame header (ITU-T T.81 B.2.2) and APP14 "Adobe" colour transform flag, walked by
-    :func:`decode.headers.jpeg_segments` with every segment whole and nothing but :data:`_GAP`
-    between them."""
+    frame header (ITU-T T.81 B.2.2) and APP14 "Adobe" colour transform flag, every segment whole
+    and nothing but :data:`_GAP` between them."""
     if not is_jpeg(data):
         return "not a JPEG"
     at, adobe = 2, None
@@ -96,9 +95,8 @@ class Checked:
 def check_image(data: bytes, check: str = "full", cap=None,
                 max_pixels: int = MAX_PIXELS) -> Checked:
     """The :class:`Checked` of a file's bytes under the module's rules, ``check``, ``cap`` (a
-    :class:`formats.cap.Cap` or None) and ``max_pixels`` (0: none): the bytes or their
-    :func:`reencode`. Raises :class:`NotAnImage` with the reason, ``ValueError`` for an unknown
-    ``check``. The decodes release the GIL: callers run this in threads."""
+    :class:`formats.cap.Cap` or None) and ``max_pixels`` (0: none). Raises :class:`NotAnImage`
+    with the reason, ``ValueError`` for an unknown ``check``. Releases the GIL in the decodes."""
     if check not in CHECKS:
         raise ValueError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
     if not data:
@@ -112,7 +110,6 @@ def check_image(data: bytes, check: str = "full", cap=None,
 
 
 def _checked(data: bytes, check: str, cap) -> Checked:
-    """:func:`check_image` once the acceptance rule passed ``data``."""
     from PIL import Image
 
     reason = reencode_reason(data)
@@ -145,15 +142,15 @@ def _pil_refusal(exc: Exception) -> NotAnImage:
 
 
 def reencode(data: bytes, cap=None) -> bytes:
-    """The baseline RGB JPEG :func:`check_image` stores for a re-encoded file: at
-    :data:`REENCODE_QUALITY`, or scaled to ``cap`` at its quality. Raises :class:`NotAnImage`."""
+    """The baseline RGB JPEG stored for a re-encoded file: at :data:`REENCODE_QUALITY`, or scaled
+    to ``cap`` at its quality. Raises :class:`NotAnImage`."""
     image = _decode(data)
     return _encode_rgb(image) if cap is None else _encode_rgb(cap.apply(image), cap.quality)
 
 
 def _decode(data: bytes):
-    """``data`` decoded completely to a PIL image, by PIL or, for formats this PIL build cannot
-    read (Pillow-SIMD often lacks WebP), by :mod:`decode.libraries`. Raises :class:`NotAnImage`."""
+    """``data`` decoded completely to a PIL image, by PIL or (formats this PIL build lacks, as
+    Pillow-SIMD WebP) :mod:`decode.libraries`. Raises :class:`NotAnImage`."""
     from PIL import Image, ImageFile
 
     # Under the process-wide LOAD_TRUNCATED_IMAGES a truncated file would load grey-padded.
@@ -207,11 +204,7 @@ def check_file(source: str | Source, check: str = "full", cap=None,
                max_pixels: int = MAX_PIXELS) -> Checked | str:
     """:func:`check_image` of a path or :class:`Source`, or why it is skipped (str)."""
     try:
-        if isinstance(source, Source):
-            data = read_source(source)
-        else:
-            with open(source, "rb") as f:
-                data = f.read()
+        data = read_source(source if isinstance(source, Source) else Source(source, source, -1))
     except OSError as exc:
         return f"cannot read: {exc.strerror or exc}"
     try:
@@ -224,8 +217,8 @@ def check_files(paths: Sequence[str | Source], workers: int, check: str = "full"
                 ahead: int = 128, cap=None, post=None,
                 max_pixels: int = MAX_PIXELS) -> Iterator[Checked | str]:
     """:func:`check_file` of each of ``paths`` in order, by ``workers`` threads in tasks of
-    :data:`TASK_FILES`, at most ``ahead`` files ahead; ``post`` maps each :class:`Checked` in the
-    threads. Closing it cancels what has not started."""
+    :data:`TASK_FILES`, at most ``ahead`` files ahead, ``post`` mapping each :class:`Checked`.
+    Closing it cancels what has not started."""
     def task(first: int) -> list[Checked | str]:
         found = [check_file(path, check, cap, max_pixels)
                  for path in paths[first:first + TASK_FILES]]

@@ -23,19 +23,18 @@ OUTPUT_SIDE = 224  # training crop side the windows are resized to (pytorch/exam
 
 @dataclass(frozen=True)
 class Budget:
-    """``share`` (times the JPEG-only store's image bytes, > 1) or ``size`` (bytes); ``text`` as
-    given."""
+    """``share`` (times the JPEG-only store's image bytes, > 1) or ``size`` (bytes), from
+    ``text``."""
 
     text: str
     share: float | None = None
     size: int | None = None
 
     def limit(self, jpeg: int, files_done: int, files: int) -> float:
-        """The image bytes allowed where the same images as JPEGs take ``jpeg`` bytes, after
-        ``files_done`` of ``files`` source files (pro rata)."""
-        if self.share is not None:
-            return self.share * jpeg
-        return self.size * files_done / max(1, files)
+        """Image bytes allowed where the images as JPEGs take ``jpeg`` bytes, after ``files_done``
+        of ``files`` source files (pro rata)."""
+        return self.share * jpeg if self.share is not None else \
+            self.size * files_done / max(1, files)
 
 
 def parse_budget(text: str) -> Budget:
@@ -79,8 +78,7 @@ class CostModel:
 
     @classmethod
     def fit(cls, pixels, jpeg_bytes, saved) -> "CostModel":
-        """Least squares with non-negative coefficients (``scipy.optimize.nnls``, Lawson and
-        Hanson's active-set method)."""
+        """Non-negative least squares (``scipy.optimize.nnls``, Lawson and Hanson)."""
         from scipy.optimize import nnls
 
         x = np.column_stack([np.ones(len(pixels)), np.asarray(pixels, float),
@@ -104,13 +102,11 @@ class RawChoice:
     extra: int = 0
 
     def candidate(self, pixels: int, jpeg_bytes: int, raw_bytes: int) -> bool:
-        """Whether an image clears the threshold."""
         return ratio(self.model, pixels, jpeg_bytes, raw_bytes) >= self.threshold
 
     def take(self, jpeg_bytes: int, raw_bytes: int | None, pixels: int, files_done: int,
              files: int) -> bool:
-        """Count one record (``raw_bytes``: its raw size if a candidate, else None); True if stored
-        raw: a candidate the budget still allows."""
+        """Count one record (``raw_bytes``: its raw size if a candidate); True if stored raw."""
         raw = raw_bytes is not None and self.stored + raw_bytes <= self.budget.limit(
             self.jpeg + jpeg_bytes, files_done, files)
         self.jpeg += jpeg_bytes
@@ -122,7 +118,7 @@ class RawChoice:
         return raw
 
     def state(self) -> dict:
-        """The resume state's and metadata's fields (JSON and msgpack friendly)."""
+        """The resume state's and metadata's fields."""
         return {"budget": self.budget.text, "model": list(dataclasses.astuple(self.model)),
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
                 "records": self.records, "saved_s": self.saved, "extra": self.extra}
@@ -152,9 +148,8 @@ def ratio(model: CostModel, pixels: int, jpeg_bytes: int, raw_bytes: int) -> flo
 
 def sample_indices(count: int, sample: int = SAMPLE) -> list[int]:
     """``sample`` indices spread evenly over ``range(count)`` (all of them if fewer)."""
-    if count <= sample:
-        return list(range(count))
-    return sorted({int(i * count / sample) for i in range(sample)})
+    return sorted({int(i * count / sample) for i in range(sample)} if count > sample else
+                  range(count))
 
 
 def time_saving(jpeg: bytes, raw: bytes) -> float:
@@ -191,17 +186,15 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
     with capture():  # libjpeg's warnings: the checking thread named the image already
         image = decode(jpeg)
     frame = read_frame(jpeg)
-    gray = frame is not None and frame.components == 1
-    return encode_raw(image, gray=gray), image.shape[1] * image.shape[2]
+    return encode_raw(image, gray=frame is not None and frame.components == 1), \
+        image.shape[1] * image.shape[2]
 
 
-def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int] | None = None
-         ) -> RawChoice:
-    """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed`` (default all), the threshold
-    where all of ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
+def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int]) -> RawChoice:
+    """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed``, the threshold where all of
+    ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
     import torch
 
-    timed = range(len(stored)) if timed is None else timed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:
@@ -228,13 +221,13 @@ def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
     frame = read_frame(jpeg)
     if frame is None or not frame.components:
         return None
-    channels = 1 if frame.components == 1 else 3
-    return frame.pixels, len(jpeg), raw_bytes(frame.height, frame.width, channels)
+    return frame.pixels, len(jpeg), raw_bytes(frame.height, frame.width,
+                                              1 if frame.components == 1 else 3)
 
 
 def threshold(budget: Budget, model: CostModel, rows: list, files: int) -> float:
-    """The lowest :func:`ratio` at which ``rows`` (``(pixels, jpeg bytes, raw bytes, ...)``), taken
-    best first, stay within ``budget``; infinite if none fits."""
+    """The lowest :func:`ratio` at which ``rows`` (``(pixels, jpeg bytes, raw bytes, ...)``),
+    taken best first, stay within ``budget``; infinite if none fits."""
     ranked = sorted(rows, key=lambda r: -ratio(model, r[0], r[1], r[2]))
     jpeg = sum(r[1] for r in rows)
     allowed = budget.limit(jpeg, len(rows), files)
@@ -263,10 +256,8 @@ def with_candidate(choice: RawChoice):
 def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
     """The :class:`RawChoice` of a conversion: ``saved`` if resuming, else planned on a sample of
     ``listing``; None without ``budget``."""
-    if budget is None:
-        return None
-    if saved:
-        return RawChoice.from_state(saved)
+    if budget is None or saved:
+        return RawChoice.from_state(saved) if budget is not None else None
     from formats.images import check_file
 
     count = len(listing.files)

@@ -18,8 +18,7 @@ BASE_VERSION = 1  # a store of JPEG records only
 RAW_VERSION = 2  # records may be raw pixels (decode.raw); the metadata's "raw" says how chosen
 META_KEY = b"__meta__"
 CHECKSUMS_KEY = b"__checksums__"
-PROGRESS_PREFIX = b"__progress__"
-PROGRESS_KEY = PROGRESS_PREFIX  # the resume state itself; per-batch entries extend the prefix
+PROGRESS_KEY = b"__progress__"  # the resume state; per-batch entries extend it as a prefix
 _KEY_DIGITS = 10  # up to 10^10 records; fixed width keeps LMDB's byte order equal to index order
 
 
@@ -30,8 +29,8 @@ class LMDBFormatError(ValueError):
 @dataclass(frozen=True)
 class Metadata:
     """The metadata record: ``count`` records labelled ``0..len(classes)-1``; ``shuffle_seed``
-    (None: class order); ``names`` (or None); ``cap`` (:meth:`formats.cap.Cap.record`) and ``raw``
-    (:meth:`formats.raw_share.RawChoice.state`), empty without."""
+    (None: class order); ``names`` (or None); ``cap`` (:meth:`formats.cap.Cap.record`), ``raw``
+    (:meth:`formats.raw_share.RawChoice.state`)."""
 
     count: int
     classes: tuple[str, ...]
@@ -57,7 +56,7 @@ def last_record_index(txn) -> int:
 
 
 def encode_checksums(crcs) -> bytes:
-    """CRC-32 values, one per record in index order, as little-endian uint32s."""
+    """CRC-32s (:func:`record_checksum`), one per record in order, as little-endian uint32s."""
     return np.asarray(crcs, dtype="<u4").tobytes()
 
 
@@ -67,7 +66,6 @@ def decode_checksums(value: bytes) -> list[int]:
 
 
 def record_checksum(value: bytes) -> int:
-    """CRC-32 (zlib) of a record's stored value."""
     return zlib.crc32(value)
 
 
@@ -86,7 +84,6 @@ def decode_record(value: bytes) -> tuple[bytes, int]:
 
 
 def encode_meta(meta: Metadata) -> bytes:
-    """Pack the metadata record."""
     extra = {"names": list(meta.names)} if meta.names is not None else {}
     if meta.raw:
         extra["raw"] = meta.raw
@@ -98,8 +95,8 @@ def encode_meta(meta: Metadata) -> bytes:
 
 
 def decode_meta(value: bytes | None, path: str) -> Metadata:
-    """Parse the metadata record of the database at ``path``. Raises :class:`LMDBFormatError` if it
-    is missing (an unfinished conversion or another format), from a newer version, or malformed."""
+    """The metadata record of the database at ``path``. Raises :class:`LMDBFormatError` if it is
+    missing (an unfinished conversion or another format), from a newer version, or malformed."""
     if value is None:
         raise LMDBFormatError(
             f"{path}: no metadata record; the conversion did not finish or this LMDB was not "
@@ -139,8 +136,8 @@ _OPEN_IDS: set[int] = set()
 def open_readonly(path: str, readahead: bool | None = None):
     """This process's read-only environment at ``path``, opened once (py-lmdb cannot open it twice;
     a forked child gets its own), ``lock=False``, 512 readers. ``readahead``: False for random
-    order, True for sequential or block order, None: the open handle's; asking for the other
-    reopens it (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
+    order, True for sequential or block order, None: the open handle's; the other reopens it
+    (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
     import lmdb
 
     with _READONLY_LOCK:
@@ -170,30 +167,25 @@ def is_open(env) -> bool:
     return id(env) in _OPEN_IDS
 
 
-def _close(env) -> None:
-    _OPEN_IDS.discard(id(env))
-    env.close()
-
-
-def _close_where(inherited: bool) -> None:
-    """Close the handles this process inherited, or else its own."""
-    for key in [k for k in _READONLY if (k[0] != os.getpid()) == inherited]:
-        _close(_READONLY.pop(key)[0])
+def _close_where(inherited: bool, path: str | None = None) -> None:
+    """Close the handles this process inherited, or else its own (on ``path`` only, if given)."""
+    with _READONLY_LOCK:
+        for key in [k for k in _READONLY if (k[0] != os.getpid()) == inherited
+                    and (path is None or k[1] == os.path.realpath(path))]:
+            env = _READONLY.pop(key)[0]
+            _OPEN_IDS.discard(id(env))
+            env.close()
 
 
 def close_readonly(path: str) -> None:
     """Close this process's read-only handle on ``path``, if any."""
-    with _READONLY_LOCK:
-        entry = _READONLY.pop((os.getpid(), os.path.realpath(path)), None)
-        if entry is not None:
-            _close(entry[0])
+    _close_where(False, path)
 
 
 def close_all_readonly() -> None:
     """Close this process's read-only handles at a run's end: py-lmdb 3.0 knows an environment by
     inode, and a new database reusing a freed inode would be "already open"."""
-    with _READONLY_LOCK:
-        _close_where(inherited=False)
+    _close_where(inherited=False)
 
 
 def read_meta(path: str) -> Metadata:

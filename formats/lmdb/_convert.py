@@ -3,29 +3,34 @@ committed in batches with the resume state by one more, the metadata last."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
-from itertools import islice
+from contextlib import closing, suppress
+from itertools import islice, takewhile
 
 import lmdb
 import msgpack
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
-                                report_damaged, stage, stage_folder, unstage, write_report)
 from formats import raw_share
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, fingerprint,
+                                open_source, report_damaged, stage_folder, staged, write_report)
 from formats.images import check_files
 from formats.sources import Listing
 
-from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, PROGRESS_PREFIX, RAW_VERSION, Metadata,
-                     encode_checksums, encode_meta, encode_record, record_checksum, record_key)
-from ._writer import Writer, prepare_output
+from ._codec import (CHECKSUMS_KEY, META_KEY, PROGRESS_KEY, RAW_VERSION,
+                     LMDBFormatError, Metadata, close_readonly, encode_checksums, encode_meta,
+                     encode_record, is_lmdb, last_record_index, read_meta, record_checksum,
+                     record_key)
 
 # Commits that may wait for the disk: rides out a stalled fdatasync at ~30 MB a batch.
 COMMITS_IN_FLIGHT = 3
-_SKIPS, _CRCS = PROGRESS_PREFIX + b"/skip/", PROGRESS_PREFIX + b"/crc/"  # per-batch entries
+_SKIPS, _CRCS = PROGRESS_KEY + b"/skip/", PROGRESS_KEY + b"/crc/"  # per-batch entries
+_MiB = 1 << 20
+_MIN_FREE = 16 * _MiB  # room for the lock file and the first batches
 
 
 def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False,
@@ -60,18 +65,110 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
         if state is wanted:
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         state.resumed_at = state.done
-        stage(listing, stage_folder(output), progress)
-        choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
-        post = raw_share.with_candidate(choice) if choice is not None else None
-        with closing(check_files(listing.files[state.done:], workers, check,
-                                 ahead=2 * batch_size, cap=cap, post=post,
-                                 max_pixels=max_pixels)) as results:
-            _write_batches(listing, results, state, writer, batch_size, progress, strict, choice)
-        _finish(listing, state, writer, output, choice)
+        with staged(listing, stage_folder(output), progress):
+            choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
+            post = raw_share.with_candidate(choice) if choice is not None else None
+            with closing(check_files(listing.files[state.done:], workers, check,
+                                     ahead=2 * batch_size, cap=cap, post=post,
+                                     max_pixels=max_pixels)) as results:
+                _write_batches(listing, results, state, writer, batch_size, progress, strict,
+                               choice)
+            _finish(listing, state, writer, output, choice)
     finally:
         writer.close()
-    unstage(stage_folder(output))
     return Summary.of(state, start, output, choice)
+
+
+def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeState:
+    """Make ``output`` ready; the recorded state of an unfinished conversion of the same source
+    and settings (``wanted``'s), or ``wanted`` to start afresh. Raises :class:`ConversionError` for
+    another unfinished conversion or a complete one (unless ``overwrite``: start over), or a
+    folder of other files; ``lmdb.Error``, ``OSError``."""
+    if os.path.exists(output) and (not os.path.isdir(output)
+                                   or (os.listdir(output) and not is_lmdb(output))):
+        raise ConversionError(f"{output}: exists and is not an LMDB directory; choose another -o")
+    if is_lmdb(output):
+        try:
+            meta = read_meta(output)
+        except LMDBFormatError:
+            meta = None  # an unfinished conversion: resume it or refuse
+        if meta is not None and not overwrite:
+            raise ConversionError(
+                f"{output}: already holds a complete database of {meta.count} images "
+                "(pass --overwrite to replace it)")
+        close_readonly(output)
+        if meta is None and not overwrite:
+            env = lmdb.open(output, subdir=True, readonly=True, lock=False)
+            try:
+                with env.begin() as txn:
+                    value, records = txn.get(PROGRESS_KEY), last_record_index(txn) + 1
+            finally:
+                env.close()
+            if value is not None or records:
+                recorded = ResumeState.decode(value)
+                if recorded is not None and recorded.records != records:
+                    recorded = None  # committed together: a mismatch means another writer
+                wanted.refuse_other(output, recorded)
+                return recorded
+            print(f"folder2lmdb.py: {output}: no resume state (interrupted before its first "
+                  "commit); starting over", file=sys.stderr)
+        # the files, not the folder: a reader opening the database meanwhile creates lock.mdb,
+        # and removing the folder would fail with "Directory not empty"
+        for name in ("data.mdb", "lock.mdb", REPORT_NAME, REPORT_NAME + ".tmp"):
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(output, name))
+    os.makedirs(output, exist_ok=True)
+    return wanted
+
+
+class Writer:
+    """Writes batches of records in one transaction each, doubling ``map_size`` (bytes) when full.
+    Raises :class:`ConversionError` if the disk has under ``_MIN_FREE`` bytes free."""
+
+    def __init__(self, output: str, map_size: int):
+        self.output = output
+        # LMDB maps its lock file: a full disk is a silent SIGBUS there, not an ENOSPC
+        free = shutil.disk_usage(output).free
+        if free < _MIN_FREE:
+            raise ConversionError(f"{output}: only {free / _MiB:.1f} MiB free on its disk")
+        self.env = lmdb.open(output, map_size=map_size, subdir=True, meminit=False,
+                             map_async=True)
+
+    def commit(self, puts, delete_prefix: bytes | None = None) -> None:
+        """Put ``(key, value)`` pairs, and delete the keys starting with ``delete_prefix``, in one
+        transaction. Raises :class:`ConversionError` if the disk or the map cannot take it."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    if delete_prefix is not None:
+                        cursor = txn.cursor()
+                        cursor.set_range(delete_prefix)
+                        while cursor.key().startswith(delete_prefix) and cursor.delete():
+                            pass
+                    for key, value in puts:
+                        txn.put(key, value)
+                return
+            except lmdb.MapFullError:  # the aborted transaction left no trace: grow the map
+                size = self.env.info()["map_size"] * 2
+                try:
+                    self.env.set_mapsize(size)
+                except (lmdb.Error, OSError, OverflowError) as exc:
+                    raise ConversionError(f"{self.output}: cannot grow the LMDB map to "
+                                          f"{size / _MiB:.0f} MiB ({exc})") from None
+            except (lmdb.Error, OSError) as exc:
+                raise ConversionError(f"{self.output}: cannot write the database ({exc}); "
+                                      "is the disk full?") from None
+
+    def read_prefix(self, prefix: bytes) -> list[bytes]:
+        """Values of the keys starting with ``prefix``, in key order."""
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            cursor.set_range(prefix)  # unpositioned if none: from the first key, a record
+            return [v for _, v in takewhile(lambda item: item[0].startswith(prefix), cursor)]
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
 
 
 def _write_batches(listing: Listing, results, state: ResumeState, writer: Writer,
@@ -116,14 +213,13 @@ def _finish(listing: Listing, state: ResumeState, writer: Writer, output: str, c
                     cap=state.settings["cap"], **raw)
     writer.commit([(META_KEY, encode_meta(meta)),
                    (CHECKSUMS_KEY, b"".join(writer.read_prefix(_CRCS)))],
-                  delete_prefix=PROGRESS_PREFIX)
+                  delete_prefix=PROGRESS_KEY)
 
 
 def _batch_puts(sources: list, results, state: ResumeState, strict: bool, choice,
                 files: int) -> list:
-    """One batch's ``(key, value)`` pairs (records, skips, checksums) from its ``check_file``
-    results, advancing ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image
-    under ``strict``."""
+    """One batch's ``(key, value)`` pairs (records, skips, checksums) from its checks, advancing
+    ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image under ``strict``."""
     puts, crcs, first_record = [], [], state.records
     for done, (src, result) in enumerate(zip(sources, results), state.done + 1):
         if isinstance(result, str):  # not an image: the reason

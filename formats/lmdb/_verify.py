@@ -7,23 +7,21 @@ from concurrent.futures import ThreadPoolExecutor
 import lmdb
 
 from decode.raw import is_raw, raw_header
-
 from formats.cap import Cap
 from formats.conversion import Verification, differs, source_to_compare
 from formats.images import check_file
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, decode_checksums,
-                     decode_record,
-                     last_record_index, open_readonly, read_meta, record_checksum, record_key)
+                     decode_record, last_record_index, open_readonly, read_meta, record_checksum,
+                     record_key)
 
 
 def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
            chunk: int = 256, split: str | None = None) -> Verification:
     """Check the database ``db``: metadata, records ``0..count-1`` and nothing else, each record's
     CRC-32, label and decode (a raw record's header); with ``dataset`` (any layout, ``split`` for a
-    download), also that every record equals what the converter would store now. Returns the
-    :class:`Verification`; raises :class:`~formats.sources.DatasetError` only for a bad
-    ``dataset``."""
+    download), also that every record equals what the converter would store now. Raises
+    :class:`~formats.sources.DatasetError` only for a bad ``dataset``."""
     result = Verification(db, dataset=dataset, max_problems=max_problems)
     try:
         meta = read_meta(db)

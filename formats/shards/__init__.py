@@ -1,15 +1,10 @@
-"""The WebDataset shard layout (docs/formats.md#webdataset-shards): one folder per split, written
-by ``folder2shards.py``, read by ``main.py --loader shards``, ``--dali`` and DALI's
-``fn.readers.webdataset``.
-
-Format :data:`FORMAT_NAME`: ``{prefix}-000000.tar``, ... (ustar; per record ``KEY.jpg`` then
-``KEY.cls``, the label in ASCII), DALI's ``v1.2`` index of each (``.idx``), ``index.json``
-(:class:`ShardIndex`, written last), ``progress.json`` (a
-:class:`~formats.conversion.ResumeState`) and ``skipped.tsv``; a job array's conversion
-(:func:`convert_task`) adds a ``PREFIX-b.done`` per block and ``index.json.lock``. Version 2
-(:data:`RAW_VERSION`, ``--raw-budget``): an image member may be ``KEY.ppm``
-(:mod:`decode.raw`). A layout change bumps :data:`FORMAT_VERSION` and keeps reading older
-versions (``tests/formats/test_formats_compat.py``)."""
+"""The WebDataset shard layout (docs/formats.md#webdataset-shards), one folder per split:
+``{prefix}-000000.tar``, ... (ustar; per record ``KEY.jpg`` then ``KEY.cls``, the label in
+ASCII), DALI's ``v1.2`` index of each (``.idx``), ``index.json`` (:class:`ShardIndex`, written
+last), ``progress.json`` and ``skipped.tsv``; a job array (:func:`convert_task`) adds a
+``PREFIX-b.done`` per block and ``index.json.lock``. Version 2 (``--raw-budget``): an image may be
+``KEY.ppm`` (:mod:`decode.raw`). A layout change bumps :data:`FORMAT_VERSION` and keeps reading
+older versions (tests/formats/test_formats_compat.py)."""
 from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, RAW_VERSION,
                      ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx, record_key,
                      shard_name, write_idx)

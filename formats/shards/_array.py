@@ -1,18 +1,14 @@
 """One conversion split over the tasks of a job array (``folder2shards.py --task I --tasks N``;
 docs/slurm.md#converting-on-the-cluster).
 
-The shuffled listing is cut into blocks of ``--max-per-shard`` source files; block ``b`` is
-written as shard ``PREFIX-b.tar`` (its images; a block that outgrows ``--shard-size`` goes on in
-``PREFIX-b-000001.tar``, ...). Task ``i`` of ``n`` takes blocks ``[i*K//n, (i+1)*K//n)`` of the
-``K``: which files make which shard depends on the listing, the seed and the limits only, so
-any ``n`` writes the same files. A block is finished once its shards are in place and
-``PREFIX-b.done`` (their progress entries, written atomically) lists them: a task killed,
-requeued or started again with another ``n`` redoes only unfinished blocks, and touches no
-other block's files. ``progress.json`` holds the resume state (its settings and the raw
-share's choice), created once by whichever task comes first (``os.link`` lets one win). The
-task that finds every block done writes ``progress.json`` (every shard), ``skipped.tsv`` and
-``index.json`` (last), under a lock (``index.json.lock``); ``--finish`` does the same as a
-dependent step."""
+The shuffled listing is cut into blocks of ``--max-per-shard`` files; block ``b`` becomes
+``PREFIX-b.tar`` (one that outgrows ``--shard-size`` goes on in ``PREFIX-b-000001.tar``, ...), so
+any ``N`` writes the same files. Task ``i`` of ``n`` takes blocks ``[i*K//n, (i+1)*K//n)`` of the
+``K``. A block is finished once its shards are in place and ``PREFIX-b.done`` (their progress
+entries) lists them: a task killed, requeued or rerun with another ``N`` redoes only unfinished
+blocks. ``progress.json`` (settings and the raw share's choice) is made once by the first task
+(``os.link`` lets one win); the task that finds every block done, or ``--finish``, writes it
+anew with every shard, then ``skipped.tsv`` and ``index.json``, under ``index.json.lock``."""
 from __future__ import annotations
 
 import fcntl
@@ -20,24 +16,20 @@ import json
 import os
 import sys
 import time
+from contextlib import suppress
 from dataclasses import replace
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, stage,
-                                stage_folder, unstage, write_synced)
+from formats.conversion import (REPORT_NAME, ConversionError, Done, ResumeState, Summary,
+                                replace_synced, stage_folder, staged, write_synced)
 from formats.sources import Listing
 
 from ._codec import INDEX_NAME, shard_name
-from ._convert import open_shard_source, write_index
-from ._writing import PROGRESS_NAME, Records, in_place, refuse_foreign, save_json
+from ._convert import (PROGRESS_NAME, Records, in_place, open_shard_source, refuse_foreign,
+                       write_index)
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
-
-
-def block_shard(prefix: str, block: int, part: int) -> str:
-    """The name of the ``part``-th shard of ``block``: ``PREFIX-b.tar``, then ``PREFIX-b-p.tar``."""
-    return shard_name(prefix, block) if part == 0 else f"{prefix}-{block:06d}-{part:06d}.tar"
 
 
 def task_blocks(blocks: int, task: int, tasks: int) -> range:
@@ -65,7 +57,7 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
                  shard_size: int = 1 << 30, shuffle_seed: int = 0, workers: int = 8,
                  strict: bool = False, progress: bool = True, check: str = "full",
                  split: str | None = None, allow_partial: bool = False, cap=None,
-                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> "Summary | Finished":
+                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> Summary | Done:
     """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``dataset`` into ``output`` and
     return what it wrote; the last task to finish writes the index. ``finish``: only write the
     index (every block must be done). The other arguments as in
@@ -90,22 +82,15 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
-    return Finished(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
-                    f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
-
-
-class Finished(str):
-    """What ``--finish`` found, an array's complete output, as its :meth:`line`."""
-
-    def line(self) -> str:
-        return str(self)
+    return Done(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
+                f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
 def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
     """The array's state in ``output/progress.json``: ``wanted`` with the raw share's choice
     (``start_raw()``, made once for the whole set) if this task comes first, else the first
-    task's, which must be made from the same source and settings (a task started late finds its
-    blocks done). Raises :class:`ConversionError`."""
+    task's, which must be made from the same source and settings. Raises
+    :class:`ConversionError`."""
     path = os.path.join(output, PROGRESS_NAME)
     os.makedirs(output, exist_ok=True)
     if PROGRESS_NAME not in os.listdir(output):
@@ -113,9 +98,8 @@ def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
         tmp = f"{path}.{os.getpid()}.tmp"
         write_synced(tmp, replace(wanted, raw=choice.state() if choice else {}).encode())
         try:
-            os.link(tmp, path)  # fails if another task made it first: its state counts
-        except FileExistsError:
-            pass
+            with suppress(FileExistsError):  # another task made it first: its state counts
+                os.link(tmp, path)
         finally:
             os.remove(tmp)
     recorded = ResumeState.load(path)
@@ -126,9 +110,8 @@ def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
 
 def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks: int,
              records: Records, progress: bool) -> Summary:
-    """Convert task ``task``'s blocks of ``listing`` into ``output`` (``records``: the shared
-    writing settings), then write the index if every block is done. Returns what this task
-    wrote. Raises :class:`ConversionError`."""
+    """Convert task ``task``'s blocks of ``listing`` into ``output``, then write the index if every
+    block is done; what this task wrote. Raises :class:`ConversionError`."""
     start = time.perf_counter()
     prefix, block = state.settings["prefix"], state.settings["max_per_shard"]
     files = listing.files
@@ -140,12 +123,11 @@ def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks
         print(f"folder2shards.py: task {task} of {tasks}: {blocks}, {len(mine) - len(todo)} "
               f"already done, {len(pending)} files to convert (-j {records.workers})",
               file=sys.stderr, flush=True)
-    folder = f"{stage_folder(output)}-{task}-of-{tasks}"
-    stage(replace(listing, files=pending), folder, progress)
     written = []
-    for b in todo:
-        written += _write_block(records, listing, output, prefix, b, block, state.raw)
-    unstage(folder)
+    with staged(replace(listing, files=pending), f"{stage_folder(output)}-{task}-of-{tasks}",
+                progress):
+        for b in todo:
+            written += _write_block(records, listing, output, prefix, b, block, state.raw)
     wrote = replace(state, shards=written, resumed_at=(len(mine) - len(todo)) * block)
     wrote.tally()
     summary = Summary.of(wrote, start, output)
@@ -159,30 +141,29 @@ def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks
 
 def _write_block(records: Records, listing: Listing, output: str, prefix: str, b: int,
                  block: int, raw_choice: dict | None) -> list[dict]:
-    """Write block ``b`` (its shards, then its ``.done``) and return its shards' entries. A killed
-    run's ``.tmp`` of the block are written over (the same names), the rest go with the index."""
+    """Write block ``b``'s shards (``PREFIX-b.tar``, then ``PREFIX-b-p.tar``), then its ``.done``;
+    its shards' entries. A killed run's ``.tmp`` files are written over or go with the index."""
     shards = []
     # the raw share: the set's one choice, its budget held by each block on its own
     choice = raw_share.RawChoice.from_state(raw_choice) if raw_choice else None
-
-    def commit(shard, done, raw):
-        shards.append(shard.finish(done))
-
     first = b * block
-    loose = records.write(listing.files[first:first + block], first, None,
-                          lambda: block_shard(prefix, b, len(shards)), commit, choice, first)
+    loose = records.write(
+        listing.files[first:first + block], first, None,
+        lambda: f"{prefix}-{b:06d}-{len(shards):06d}.tar" if shards else shard_name(prefix, b),
+        lambda shard, done, raw: shards.append(shard.finish(done)), choice, first)
     done = _done_path(output, prefix, b)
-    save_json(done, {"shards": shards, "skipped": loose, "raw": choice.state() if choice else {}},
-              f"{done}.{os.getpid()}.tmp")  # a name of this process's own
+    replace_synced(done, json.dumps({"shards": shards, "skipped": loose, "raw": choice.state()
+                                     if choice else {}}, indent=1), f"{done}.{os.getpid()}.tmp")
     return shards
 
 
 def finish_index(listing: Listing, output: str, state: ResumeState,
                  missing_ok: bool = False) -> str:
-    """Write the index of ``output`` if every block is done; what became of it: ``"written"``,
+    """Write ``progress.json`` with every shard, ``skipped.tsv`` and ``index.json`` of ``output``
+    if every block is done, each accounting for its files; what became of it: ``"written"``,
     ``"there"`` (by another task before) or ``""`` (blocks still to do, with ``missing_ok``).
-    Checks that written + skipped = the listing's files, block by block. Raises
-    :class:`ConversionError` if a block is not done (unless ``missing_ok``) or miscounted."""
+    Raises :class:`ConversionError` if a block is not done (unless ``missing_ok``) or
+    miscounted."""
     prefix, block = state.settings["prefix"], state.settings["max_per_shard"]
     files = listing.files
     with open(os.path.join(output, LOCK_NAME), "a") as lock:
@@ -202,21 +183,15 @@ def finish_index(listing: Listing, output: str, state: ResumeState,
                 raise ConversionError(f"{output}: block {b} accounts for {count} files, not "
                                       f"{len(files[b * block:(b + 1) * block])}")
             dones.append(done)
-        _write_index(listing, output, state, dones)
-    return "written"
-
-
-def _write_index(listing: Listing, output: str, state: ResumeState, dones: list[dict]) -> None:
-    """``progress.json`` with every shard, ``skipped.tsv``, then ``index.json``."""
-    final = replace(state, shards=[s for d in dones for s in d["shards"]])
-    raw = dict(state.raw)
-    if raw:
-        for key in ("stored", "jpeg", "records", "saved_s", "extra"):
+        final = replace(state, shards=[s for d in dones for s in d["shards"]])
+        raw = dict(state.raw)
+        for key in ("stored", "jpeg", "records", "saved_s", "extra") if raw else ():
             raw[key] = sum(d["raw"][key] for d in dones)
-    final.tally()  # its raw: the set's choice, as the blocks had it
-    final.save(os.path.join(output, PROGRESS_NAME))
-    for name in os.listdir(output):  # killed tasks' leftovers: every block is done
-        if name.endswith(".tmp"):
-            os.remove(os.path.join(output, name))
-    write_index(output, listing, final, [x for d in dones for x in [
-        y for s in d["shards"] for y in s["skipped"]] + d["skipped"]], raw)
+        final.tally()  # its raw: the set's choice, as the blocks had it
+        final.save(os.path.join(output, PROGRESS_NAME))
+        for name in os.listdir(output):  # killed tasks' leftovers: every block is done
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(output, name))
+        write_index(output, listing, final, [x for d in dones for x in [
+            y for s in d["shards"] for y in s["skipped"]] + d["skipped"]], raw)
+    return "written"

@@ -9,6 +9,7 @@ import tarfile
 from dataclasses import dataclass, field
 
 from formats.cap import Cap
+from formats.conversion import replace_synced
 
 INDEX_NAME = "index.json"
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 2  # the newest read; 1 written without raw
@@ -24,7 +25,6 @@ class ShardFormatError(Exception):
 
 
 def shard_name(prefix: str, number: int) -> str:
-    """``{prefix}-{number:06d}.tar``."""
     return f"{prefix}-{number:06d}.tar"
 
 
@@ -45,8 +45,7 @@ _KEY_BYTES = 88  # a ustar name holds 100 bytes: KEY + ".jpg", and room for a "_
 
 def source_keys(classes: list[str], files) -> dict[str, str]:
     """Each file's record key, by ``rel``: :func:`record_key`, spaces and unprintables ``_``
-    (``.idx`` splits at spaces), hashed to fit ustar, repeats ``_2``, ``_3``... in path order:
-    unique, independent of the record order."""
+    (``.idx`` splits at spaces), hashed to fit ustar, repeats ``_2``, ``_3``... in path order."""
     keys, used = {}, set()
     for src in sorted(files, key=lambda s: s.rel):
         key = "".join(c if c.isprintable() and not c.isspace() and not "\ud800" <= c <= "\udfff"
@@ -77,7 +76,6 @@ class RecordSpan:
     ext: str = IMAGE_EXT
 
     def idx_line(self) -> str:
-        """This record's line of the DALI index."""
         return (f"{self.ext} {self.image_offset} {self.image_size} {self.key}.{self.ext} "
                 f"{LABEL_EXT} {self.label_offset} {self.label_size} {self.key}.{LABEL_EXT}")
 
@@ -117,7 +115,7 @@ class ShardWriter:
         self._offset += size
 
     def write(self, key: str, image: bytes, label: int, ext: str = IMAGE_EXT) -> RecordSpan:
-        """Append ``KEY.<ext>`` (``image``) and ``KEY.cls`` (``label``); returns their span."""
+        """Append ``KEY.<ext>`` (``image``) and ``KEY.cls`` (``label``); their span."""
         label_bytes = str(int(label)).encode()
         image_at = self._add(f"{key}.{ext}", image)
         label_at = self._add(f"{key}.{LABEL_EXT}", label_bytes)
@@ -137,21 +135,17 @@ class ShardWriter:
             os.close(self._fd)
 
     def sha256(self) -> str:
-        """Hex SHA-256 of the bytes written so far."""
         return self._sha256.hexdigest()
 
 
 def idx_text(spans: list[RecordSpan]) -> str:
-    """DALI's index of one shard's records."""
     return "".join(f"{line}\n" for line in [f"{IDX_VERSION} {len(spans)}"]
                    + [span.idx_line() for span in spans])
 
 
 def write_idx(path: str, spans: list[RecordSpan]) -> None:
-    """Write DALI's index of one shard to ``path``, atomically."""
-    with open(path + ".tmp", "w") as f:
-        f.write(idx_text(spans))
-    os.replace(path + ".tmp", path)
+    """Write DALI's index of one shard to ``path``, atomically. Raises ``OSError``."""
+    replace_synced(path, idx_text(spans))
 
 
 def read_idx(text: str, name: str = "index") -> list[tuple[int, int, int, int]]:
@@ -204,7 +198,7 @@ class ShardIndex:
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
-        """Parse ``index.json`` text. Raises :class:`ShardFormatError`."""
+        """Raises :class:`ShardFormatError`."""
         try:
             data = json.loads(text)
             if data.get("format") != FORMAT_NAME or data.get("version") not in (BASE_VERSION,
@@ -225,8 +219,5 @@ class ShardIndex:
         return index
 
     def write(self, folder: str) -> None:
-        """Write ``folder/index.json`` atomically."""
-        path = os.path.join(folder, INDEX_NAME)
-        with open(path + ".tmp", "w") as f:
-            f.write(self.to_json())
-        os.replace(path + ".tmp", path)
+        """Write ``folder/index.json`` atomically. Raises ``OSError``."""
+        replace_synced(os.path.join(folder, INDEX_NAME), self.to_json())

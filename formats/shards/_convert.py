@@ -1,30 +1,152 @@
-"""Writing WebDataset shards (:mod:`formats.shards`) from a listing of image files.
-
-A shard ends before its file would exceed ``shard_size`` bytes or at ``max_per_shard`` records, and
-is finished once its tar is synced, its ``.idx`` written and ``progress.json`` lists it. Boundaries
-depend only on the records, so a rerun keeps the finished shards and writes the rest again: the
-output equals an uninterrupted run's."""
+"""Writing WebDataset shards (:mod:`formats.shards`) from a listing of image files, in one process
+(:func:`convert`) or as a job array's task (:mod:`._array`, which shares :class:`Records`). A
+shard ends before its file would exceed ``shard_size`` bytes or at ``max_per_shard`` records, and
+is finished once its tar is synced, its ``.idx`` written and ``progress.json`` lists it.
+Boundaries depend only on the records, so a rerun keeps the finished shards and writes the rest
+again: the output equals an uninterrupted run's."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import tarfile
 import time
+from contextlib import closing
+from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS
-from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
-                                stage, stage_folder, unstage, write_report)
 from formats import raw_share
-from formats.images import RULES_VERSION
+from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
+                                report_damaged, stage_folder, staged, write_report)
+from formats.images import RULES_VERSION, check_files
 from formats.sources import Listing
 
-from ._codec import INDEX_NAME, ShardIndex, idx_name, shard_name, source_keys
-from ._writing import PROGRESS_NAME, Records, in_place, refuse_foreign
+from ._codec import (IMAGE_EXT, INDEX_NAME, RAW_EXT, ShardIndex, ShardWriter, idx_name,
+                     shard_name, source_keys, write_idx)
+
+PROGRESS_NAME = "progress.json"
+_OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skipped\.tsv)"
+                   r"(\.lock|(\.\d+)?\.tmp)?")
+
+
+class _OpenShard:
+    """The shard being written: its tar writer, record spans and progress entry fields."""
+
+    def __init__(self, output: str, name: str, skipped: list):
+        self.name, self.path = name, os.path.join(output, name)
+        # under a temporary name until complete: no reader sees half a shard as a shard
+        self.writer, self.spans, self.skipped = ShardWriter(self.path + ".tmp"), [], skipped
+        self.images = self.reencoded = 0
+
+    def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
+        """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
+        if not self.spans:
+            return True
+        if max_records and len(self.spans) >= max_records:
+            return False
+        block, record = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
+        # each member: a header, its data padded to 512; then two zero blocks, padded to 10 KiB
+        grown = self.writer.tell() + sum(block * (1 + -(-n // block)) for n in (size,
+                                                                               len(str(label))))
+        return -(-(grown + 2 * block) // record) * record <= max_bytes
+
+    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
+        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
+        self.spans.append(self.writer.write(key, data, label, ext))
+        self.images += len(data)
+        self.reencoded += checked.reencoded is not None
+
+    def finish(self, done: int) -> dict:
+        """Close and sync the tar, write its ``.idx``; its progress entry ``{name, records, bytes,
+        sha256, done (source files through it), images (bytes), reencoded, skipped}``."""
+        self.writer.close(sync=True)
+        write_idx(idx_name(self.path), self.spans)
+        os.replace(self.path + ".tmp", self.path)
+        return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
+                "sha256": self.writer.sha256(), "done": done, "images": self.images,
+                "reencoded": self.reencoded, "skipped": self.skipped}
+
+
+def in_place(output: str, shard: dict) -> bool:
+    """Whether a finished shard (its progress entry) is in ``output`` at its size, with its
+    ``.idx``."""
+    tar = os.path.join(output, shard["name"])
+    return (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
+            and os.path.isfile(idx_name(tar)))
+
+
+def refuse_foreign(output: str) -> list[str]:
+    """The names in ``output`` (none if absent). Raises :class:`ConversionError` for a file or a
+    folder holding files other than a conversion's."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    foreign = [n for n in names if not _OURS.fullmatch(n)]
+    if foreign:
+        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
+                              "choose another -o")
+    return names
+
+
+@dataclass
+class Records:
+    """What every shard of one conversion shares: ``output``, record ``keys``, the byte limit, how
+    files are checked; ``total``: the listing's files (the raw share's pro rata); ``bar``."""
+
+    output: str
+    keys: dict
+    shard_size: int
+    workers: int
+    strict: bool
+    check: str = "full"
+    cap: object = None
+    max_pixels: int = MAX_PIXELS
+    total: int = 0
+    bar: object = None
+
+    def write(self, files: list, first: int, max_records: int | None, name_of, commit,
+              choice=None, budget_from: int = 0) -> list:
+        """Check ``files`` (source ``first`` on) and write their records as shards named
+        ``name_of()``, each ended at ``max_records`` or the byte limit and passed to
+        ``commit(shard, done, raw)`` (``done``: source files through it; ``raw``: the raw share's
+        totals through it, its budget pro rata of the files from source ``budget_from`` on).
+        Returns the skips no shard took (``[[rel, reason]]``: files without one image). Raises
+        :class:`ConversionError` (``strict``)."""
+        shard, skipped = None, []
+        post = raw_share.with_candidate(choice) if choice is not None else None
+        with closing(check_files(files, self.workers, self.check,
+                                 ahead=max(32, 16 * self.workers), cap=self.cap, post=post,
+                                 max_pixels=self.max_pixels)) as results:
+            for index, result in enumerate(results, first):
+                src = files[index - first]
+                if self.bar is not None:
+                    self.bar.update(1)
+                if isinstance(result, str):  # not an image: the reason
+                    if self.strict:
+                        raise ConversionError(f"{src.where()}: {result} (--strict)")
+                    (shard.skipped if shard else skipped).append([src.rel, result])
+                    continue
+                if result.warning:
+                    report_damaged("folder2shards.py", src, result.warning)
+                before = choice.state() if choice is not None else None
+                data, ext = (result.raw, RAW_EXT) if choice is not None and choice.take(
+                    len(result.data), result.raw and len(result.raw), result.pixels,
+                    index + 1 - budget_from, self.total) else (result.data, IMAGE_EXT)
+                if shard and not shard.fits(len(data), src.label, self.shard_size, max_records):
+                    commit(shard, index, before)
+                    shard = None
+                if shard is None:
+                    shard, skipped = _OpenShard(self.output, name_of(), skipped), []
+                shard.add(self.keys[src.rel], result, src.label, data, ext)
+        if shard is not None:
+            commit(shard, first + len(files), choice.state() if choice else None)
+        return skipped
 
 
 def _prepare_output(output: str, wanted: ResumeState, overwrite: bool) -> ResumeState:
-    """Make ``output`` ready; its state: the finished shards of an unfinished conversion of the
-    same source and settings (``wanted``'s), or ``wanted``. Raises :class:`ConversionError` for a
-    file, other files or (without ``overwrite``: start over) another conversion; ``OSError``."""
+    """Make ``output`` ready; its state: the finished shards of an unfinished conversion with
+    ``wanted``'s source and settings, or ``wanted``. Raises :class:`ConversionError` for a file,
+    other files or (without ``overwrite``) another conversion; ``OSError``."""
     names = refuse_foreign(output)
     path, state = os.path.join(output, PROGRESS_NAME), wanted
     if names and not overwrite:
@@ -61,8 +183,8 @@ def open_shard_source(dataset: str, output: str, prefix: str | None, split: str 
                       raw_budget, max_pixels: int, array: bool = False
                       ) -> tuple[Listing, ResumeState, Records]:
     """The shuffled listing of ``dataset``, the new :class:`~formats.conversion.ResumeState` of
-    its conversion (``array``: a job array's, which a one-process run does not resume, nor it
-    one's) and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
+    its conversion (``array``: a job array's, not resumed by a one-process run, nor the reverse)
+    and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
     if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
         raise ConversionError("--shard-size and --max-per-shard must be positive")
     prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
@@ -110,22 +232,22 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
         raise ConversionError(f"{output}: cannot create the output ({exc.strerror or exc})") \
             from None
     state.resumed_at = state.done
-    stage(listing, stage_folder(output), progress)
-    choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None)
-    files, prefix = listing.files, state.settings["prefix"]
-    records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
-                       desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
-    try:
-        records.write(files[state.done:], state.done, max_per_shard,
-                      lambda: shard_name(prefix, len(state.shards)),
-                      lambda shard, done, raw: _commit(shard, done, state, output, raw), choice)
-        records.bar.close()
-        write_index(output, listing, state, [x for s in state.shards for x in s["skipped"]],
-                    choice.state() if choice else {})
-    except OSError as exc:
-        raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
-                              "is the disk full?") from None
-    unstage(stage_folder(output))
+    with staged(listing, stage_folder(output), progress):
+        choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None)
+        files, prefix = listing.files, state.settings["prefix"]
+        records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+                           desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
+        try:
+            records.write(files[state.done:], state.done, max_per_shard,
+                          lambda: shard_name(prefix, len(state.shards)),
+                          lambda shard, done, raw: _commit(shard, done, state, output, raw),
+                          choice)
+            records.bar.close()
+            write_index(output, listing, state, [x for s in state.shards for x in s["skipped"]],
+                        choice.state() if choice else {})
+        except OSError as exc:
+            raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
+                                  "is the disk full?") from None
     return Summary.of(state, start, output, choice)
 
 
@@ -143,8 +265,7 @@ def write_index(output: str, listing: Listing, state: ResumeState, skips: list,
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:
-    """``{shard name: SHA-256 hex}`` from ``folder/progress.json`` (also an older converter's),
-    or None."""
+    """``{shard name: SHA-256 hex}`` from ``folder/progress.json``, or None."""
     try:
         with open(os.path.join(folder, PROGRESS_NAME)) as f:
             return {s["name"]: s["sha256"] for s in json.load(f)["shards"]}

@@ -1,10 +1,9 @@
 """Indexing WebDataset shards written by other tools (``folder2shards.py --index``), e.g.
 ``timm/imagenet-1k-wds``, unchanged: one pass over each tar's headers writes ``index.json`` and the
-``.idx`` files, beside the shards or elsewhere (each shard's ``url`` then says where).
-
-Labels are the records' ``.cls``, indices into the sorted WNIDs; the WNIDs come from the records'
-``.json`` (``wnid``, ``synset``, or a ``filename``/``path`` or key such as ``n01440764_10026``) or
-from ``classes`` (an ``index.json`` or one WNID a line: val names carry none)."""
+``.idx`` files, beside the shards or elsewhere (each shard's ``url`` then says where). Labels are
+the records' ``.cls``, indices into the sorted WNIDs, which come from the records' ``.json``
+(``wnid``, ``synset``, or a ``filename``/``path`` or key such as ``n01440764_10026``) or from
+``classes`` (an ``index.json`` or one WNID a line: val names carry none)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +11,8 @@ import os
 import re
 import tarfile
 import time
+
+from formats.conversion import Done
 
 from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_name, write_idx
 from .locations import is_stream, open_stream
@@ -95,18 +96,6 @@ def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | No
     return records, os.path.getsize(url) if local else stream.count
 
 
-def _read_classes(path: str) -> list[str]:
-    """WNIDs in label order from an ``index.json`` or a text file (one a line)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as exc:
-        raise ShardFormatError(f"--classes {path}: cannot read ({exc.strerror})") from None
-    if path.endswith(".json"):
-        return ShardIndex.from_json(text, path).classes
-    return [line.split()[0] for line in text.splitlines() if line.strip()]
-
-
 def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str], list | None]:
     """The sorted WNIDs (index = label) and class names the records and ``classes_file`` give.
     Raises :class:`ShardFormatError` saying what is needed."""
@@ -119,8 +108,16 @@ def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str
             if name:
                 names.setdefault(label, name)
     top = max((r[1] for _, records in found for r in records), default=-1)
-    if classes_file:
-        classes = _read_classes(classes_file)
+    if classes_file:  # WNIDs in label order: an index.json or one a line
+        try:
+            with open(classes_file) as f:
+                text = f.read()
+        except OSError as exc:
+            raise ShardFormatError(f"--classes {classes_file}: cannot read ({exc.strerror})") \
+                from None
+        classes = (ShardIndex.from_json(text, classes_file).classes
+                   if classes_file.endswith(".json") else
+                   [line.split()[0] for line in text.splitlines() if line.strip()])
         wrong = [label for label, wnid in wnids.items()
                  if label >= len(classes) or classes[label] != wnid]
         if wrong or top >= len(classes):
@@ -143,7 +140,7 @@ def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str
 
 
 def index_shards(spec: str, output: str | None = None, classes_file: str | None = None,
-                 progress: bool = True) -> "IndexSummary":
+                 progress: bool = True) -> Done:
     """Index the foreign shards ``spec`` (a folder of ``*.tar``, or a brace pattern of paths or
     URLs) into ``output`` (default: the shards' folder; required for remote shards): a DALI
     ``.idx`` per shard and ``index.json``, written last. Raises :class:`ShardFormatError` (one
@@ -183,18 +180,6 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     except OSError as exc:
         raise ShardFormatError(f"{output}: cannot write the index ({exc.strerror or exc}); "
                                "for read-only shards give -o, a folder of its own") from None
-    return IndexSummary(output, len(entries), sum(e["records"] for e in entries), len(classes),
-                        time.perf_counter() - start)
-
-
-class IndexSummary:
-    """What :func:`index_shards` wrote: ``shards`` shards of ``records`` records, ``classes``
-    classes, into ``output`` in ``seconds``."""
-
-    def __init__(self, output: str, shards: int, records: int, classes: int, seconds: float):
-        self.output, self.shards, self.records = output, shards, records
-        self.classes, self.seconds = classes, seconds
-
-    def line(self) -> str:
-        return (f"indexed {self.records} records of {self.shards} shards ({self.classes} "
-                f"classes) into {os.path.join(self.output, INDEX_NAME)} in {self.seconds:.1f} s")
+    return Done(f"indexed {sum(e['records'] for e in entries)} records of {len(entries)} shards "
+                f"({len(classes)} classes) into {os.path.join(output, INDEX_NAME)} in "
+                f"{time.perf_counter() - start:.1f} s")

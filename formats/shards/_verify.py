@@ -9,7 +9,6 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
 from decode.raw import is_raw, raw_header
-
 from formats.cap import Cap
 from formats.conversion import REPORT_NAME, Verification, differs, source_to_compare
 from formats.images import check_file, reencode_reason
@@ -29,8 +28,7 @@ def verify(folder: str, dataset: str | None = None, workers: int = 8, max_proble
     """Check the shards in ``folder``: ``index.json``, each shard's size and (``digests``) SHA-256,
     its records and ``.idx`` offsets, labels, baseline JPEG headers, no unlisted ``.tar``; with
     ``dataset``, each record against its source in the seed's order and cap, and every source
-    stored or in ``skipped.tsv``. Raises :class:`~formats.sources.DatasetError` only for a bad
-    ``dataset``."""
+    stored or in ``skipped.tsv``. Raises :class:`~formats.sources.DatasetError` for a bad one."""
     result = Verification(folder, dataset=dataset, max_problems=max_problems, shards=0)
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:

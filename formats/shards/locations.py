@@ -1,8 +1,7 @@
 """Where shards are and how they are opened, for the shard readers and ``folder2shards.py
 --index``: a split (a folder or folder URL holding ``index.json``, a brace pattern, or one shard as
 a path, ``http(s)://`` URL or ``pipe:`` command) resolved to its index and shard locations; streams
-opened and retried (:class:`Retries`). Errors are one :class:`DataError` line naming the
-location."""
+opened and retried (:class:`Retries`). Errors: one :class:`DataError` line naming the location."""
 from __future__ import annotations
 
 import io
@@ -42,11 +41,10 @@ class Retries:
     delay: float = 10.0
 
     def wait(self, failures: int) -> float | None:
-        """Seconds to wait after the ``failures``-th failure in a row, or None."""
+        """Seconds to wait after the ``failures``-th failure in a row, or None: give up."""
         return None if failures > self.retries else self.delay * 2 ** (failures - 1)
 
     def given_up(self, error: StreamError, failures: int, waited: float) -> DataError:
-        """The one-line error after ``failures`` failed tries that waited ``waited`` seconds."""
         return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
                          f"{waited:.3g} s (--shard-retries {self.retries}, "
                          f"--shard-retry-delay {self.delay:g})")
@@ -68,7 +66,7 @@ class Retries:
 
 
 def is_stream(location: str) -> bool:
-    """True for ``http(s)://`` and ``pipe:`` locations (read sequentially)."""
+    """True for ``http(s)://`` and ``pipe:`` locations (read front to back)."""
     return location.startswith(("http://", "https://", "pipe:"))
 
 
@@ -87,16 +85,14 @@ def open_stream(url: str):
         return open(url, "rb", buffering=STREAM_BUFFER)
     except (OSError, ValueError) as exc:
         why = f"{url}: cannot open ({getattr(exc, 'reason', None) or exc})"
-        if url.startswith("pipe:") or not is_stream(url) or not _transient(exc):
-            raise DataError(why) from None  # a local file, a bad command line, a 404: final
+        # final: a local file, a bad command line, a 404; may pass: a transport error, a 503
+        transient = exc.code in _TRANSIENT_HTTP if isinstance(exc, urllib.error.HTTPError) else \
+            isinstance(exc, OSError)
+        if url.startswith("pipe:") or not is_stream(url) or not transient:
+            raise DataError(why) from None
         raise StreamError(why) from None
 
 
-def _transient(exc: Exception) -> bool:
-    """Whether an HTTP open's failure may pass: a transport error or a retryable status."""
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code in _TRANSIENT_HTTP
-    return isinstance(exc, OSError)
 
 
 def read_text(url: str) -> str:
@@ -115,7 +111,7 @@ def read_text(url: str) -> str:
 
 
 def sibling(url: str, old: str, new: str) -> str:
-    """``url`` with its last occurrence of ``old`` replaced by ``new``."""
+    """``url`` with its last ``old`` replaced by ``new``."""
     at = url.rfind(old)
     return url[:at] + new + url[at + len(old):]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ._listing import DatasetError, Listing, Source, read_source
-from .folder import class_files, class_folders, list_sources
+from ._listing import (DatasetError, Listing, Source, class_files, class_folders, list_sources,
+                       read_source)
 
 __all__ = ["DatasetError", "EXPECTED", "Listing", "Source", "SPLITS", "class_files", "detect",
            "list_sources", "open_dataset", "read_source"]
@@ -20,8 +20,8 @@ EXPECTED = {"train": 1_281_167, "val": 50_000, "classes": 1_000}
 
 def _is_class_folders(path: str) -> bool:
     try:
-        return os.path.isdir(path) and bool(class_folders(path))
-    except OSError:
+        return bool(class_folders(path))
+    except OSError:  # also no such folder
         return False
 
 
@@ -73,15 +73,14 @@ def open_dataset(path: str, split: str | None = None, allow_partial: bool = Fals
     layout, where = detect(path, split)
     if layout == "class folders":
         return list_sources(where)
+    split = split or ("val" if "val" in os.path.basename(where) else "train")
     if layout == "kaggle":
         listing = kaggle.list_kaggle(where, split)
     elif layout == "huggingface":
         listing = huggingface.list_huggingface(where, split)
     else:
-        split = split or ("val" if "val" in os.path.basename(where) else "train")
         devkit = tars.find_devkit(os.path.dirname(os.path.abspath(where)))
-        lister = tars.list_train if split == "train" else tars.list_val
-        listing = lister(where, devkit)
+        listing = (tars.list_train if split == "train" else tars.list_val)(where, devkit)
     if not allow_partial:
         _check_counts(listing, split, layout)
     return listing

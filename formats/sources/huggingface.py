@@ -2,21 +2,24 @@
 ``data/validation-*.parquet``: ``image`` {``bytes``, ``path``}, ``label`` indexing
 ``classes.py``'s sorted WNIDs) or, earlier, ``data/train_images_*.tar.gz`` and
 ``data/val_images.tar.gz``; file names ``<IMAGE_FILENAME>_<WNID>.JPEG`` map to the class-folder
-``rel``. Neither is seekable per image: the images are staged first (:mod:`._staging`)."""
+``rel``. Neither is seekable per image: the images are staged first (:func:`stage_sequential`)."""
 from __future__ import annotations
 
 import ast
-import functools
 import glob
+import hashlib
 import os
 import re
+import shutil
 import tarfile
 from typing import Iterator
 
+import msgpack
+
 from ._listing import DatasetError, Listing, Source, class_listing
-from ._staging import stage_sequential
 
 CLASSES_PY = "classes.py"
+IMAGES, MANIFEST = "images.bin", "manifest.msgpack"  # a staging's files
 _SPLIT_FILES = {"train": ("train-*.parquet", "train_images_*.tar.gz"),
                 "val": ("validation-*.parquet", "val_images.tar.gz")}
 _NAME = re.compile(r"(.+)_(n\d{8})(\.[A-Za-z]+)")
@@ -86,7 +89,7 @@ def list_huggingface(root: str, split: str) -> Listing:
     via = f"labels from {CLASSES_PY}" if known else f"no {CLASSES_PY}: classes from file names"
     listing = class_listing(root, classes, files, f"Hugging Face {kind}: {len(paths)} "
                             f"{split} files in {os.path.dirname(paths[0])} ({via})", names)
-    listing.stage = functools.partial(stage_sequential, read_items=read_items)
+    listing.stage = stage_sequential
     return listing
 
 
@@ -166,3 +169,56 @@ def read_items(path: str):
         return
     for number, _, data in _targz(path, read=True):
         yield number, data
+
+
+def stage_sequential(files: list[Source], folder: str, progress: bool = True) -> None:
+    """Staging: point each of ``files`` (``(archive, item number)`` sources) at a copy of its bytes
+    in ``folder/images.bin``, copied in one pass (:func:`read_items`) unless ``folder`` holds a
+    complete staging of the same items (``manifest.msgpack``), so the shuffled conversion reads
+    each with one ``pread``. Needs free disk for the images until the converter deletes it. Raises
+    :class:`DatasetError` for an unreadable archive or a lost item, ``OSError`` if the folder
+    cannot be written."""
+    from tqdm import tqdm
+
+    # a complete staging's key: SHA-256 of the archives (path, size, mtime) and items named
+    digest = hashlib.sha256()
+    for path in sorted({s.path for s in files}):
+        st = os.stat(path)
+        digest.update(msgpack.packb([path, st.st_size, st.st_mtime_ns]))
+    for src in sorted(files, key=lambda s: (s.path, s.offset)):
+        digest.update(msgpack.packb([src.path, src.offset, src.rel]))
+    key, manifest = digest.digest(), os.path.join(folder, MANIFEST)
+    by_item = {(s.path, s.offset): s for s in files}
+    try:
+        with open(manifest, "rb") as f:
+            stored, rows = msgpack.unpackb(f.read(), raw=False)
+        spans = {(p, n): (a, s) for p, n, a, s in rows} if stored == key else None
+    except (OSError, ValueError, msgpack.exceptions.ExtraData):
+        spans = None
+    if spans is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        spans, at = {}, 0
+        bar = tqdm(total=len(files), unit="img", desc="staging", disable=not progress or None)
+        with open(os.path.join(folder, IMAGES), "wb") as out:
+            for path in sorted({s.path for s in files}):
+                for number, data in read_items(path):
+                    if (path, number) in by_item:
+                        out.write(data)
+                        spans[(path, number)] = (at, len(data))
+                        at += len(data)
+                        bar.update(1)
+            out.flush()
+            os.fsync(out.fileno())
+        bar.close()
+        lost = [item for item in by_item if item not in spans]
+        if lost:
+            raise DatasetError(f"{lost[0][0]}: item {lost[0][1]} listed but not read back "
+                               "(the file changed?)")
+        with open(manifest + ".tmp", "wb") as f:
+            f.write(msgpack.packb([key, [[p, n, a, s] for (p, n), (a, s) in spans.items()]]))
+        os.replace(manifest + ".tmp", manifest)
+    images = os.path.join(folder, IMAGES)
+    for item, src in by_item.items():
+        src.path, (src.offset, src.size) = images, spans[item]
+

@@ -7,29 +7,23 @@ from __future__ import annotations
 import csv
 import os
 
-from ._listing import DatasetError, Listing, Source, class_listing, named_classes
-from .folder import list_sources
+from ._listing import DatasetError, Listing, Source, class_listing, list_sources, named_classes
 
 TREE = os.path.join("ILSVRC", "Data", "CLS-LOC")
 MAPPING, VAL_CSV = "LOC_synset_mapping.txt", "LOC_val_solution.csv"
 
 
-def _mapping(root: str) -> tuple[list[str], list[str]]:
-    """Sorted WNIDs and their names from ``LOC_synset_mapping.txt``."""
+def list_kaggle(root: str, split: str) -> Listing:
+    """The ``split`` of the Kaggle tree in ``root``. Raises :class:`DatasetError` for a missing
+    file, a WNID ``LOC_synset_mapping.txt`` lacks, or a val image without a CSV row."""
     path = os.path.join(root, MAPPING)
     try:
         with open(path, encoding="utf-8") as f:
             rows = [line.rstrip("\n").split(" ", 1) for line in f if line.strip()]
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
-    return named_classes({row[0]: row[1] if len(row) > 1 else "" for row in rows})
-
-
-def list_kaggle(root: str, split: str) -> Listing:
-    """The ``split`` of the Kaggle tree in ``root``. Raises :class:`DatasetError` for a missing
-    file, a WNID ``LOC_synset_mapping.txt`` lacks, or a val image without a CSV row."""
-    classes, names = _mapping(root)
-    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    classes, names, label_of = named_classes({row[0]: row[1] if len(row) > 1 else ""
+                                              for row in rows})
     folder = os.path.join(root, TREE, split)
     layout = f"Kaggle ILSVRC tree: {folder}"
     if split == "train":

@@ -7,7 +7,7 @@ import pytest
 
 import folder2lmdb
 import formats.lmdb as codec
-from formats.lmdb._writer import Writer
+from formats.lmdb._convert import Writer
 from tools import datagen
 from tests.helpers import warm
 from tests.helpers.paths import REPO

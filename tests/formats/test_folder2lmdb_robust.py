@@ -185,7 +185,7 @@ def progress_done(db):
 _SLOW_CLI = """
 import sys, time
 import folder2lmdb
-from formats.lmdb._writer import Writer
+from formats.lmdb._convert import Writer
 commit = Writer.commit
 Writer.commit = lambda self, *a, **k: (time.sleep(0.02), commit(self, *a, **k))
 sys.exit(folder2lmdb.main(sys.argv[1:]))

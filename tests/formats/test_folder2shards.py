@@ -153,8 +153,8 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(tiny_shards, t
     out = tmp_path / "train"
     save = folder2shards.ResumeState.save
 
-    def interrupted_after_first_shard(self, path, tmp=None):
-        save(self, path, tmp)
+    def interrupted_after_first_shard(self, path):
+        save(self, path)
         if len(self.shards) == 1:
             raise KeyboardInterrupt
 

@@ -30,7 +30,7 @@ SBATCH = ["--cpus-per-task=1", "--time=10"]  # convert.sbatch asks for 32 cores
 _SLOW = """
 import sys, time
 import folder2shards
-from formats.shards import _writing
+from formats.shards import _convert as _writing
 add = _writing._OpenShard.add
 _writing._OpenShard.add = lambda self, *a: (time.sleep(0.002), add(self, *a))
 sys.exit(folder2shards.main(sys.argv[2:]))

@@ -343,10 +343,10 @@ def test_classes_py_as_hugging_face_writes_it(tmp_path):
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT])
 def test_tar_index_equals_tarfiles_and_finds_truncation(fmt, tmp_path):
-    """The header reader of ``formats.sources._tar`` gives tarfile's offsets (POSIX prefixes,
-    ``./`` names, folders; a long name falls back to tarfile) and calls a tar cut at a member
-    boundary or inside one truncated."""
-    from formats.sources._tar import _tarfile_members, tar_members
+    """The tar header reader of ``formats.sources.imagenet_tars`` gives tarfile's offsets (POSIX
+    prefixes, ``./`` names, folders; a long name falls back to tarfile) and calls a tar cut at a
+    member boundary or inside one truncated."""
+    from formats.sources.imagenet_tars import _tarfile_members, tar_members
 
     path = str(tmp_path / "x.tar")
     with tarfile.open(path, "w", format=fmt) as tar:
