@@ -35,8 +35,6 @@ class ShardReader(Reader):
     record where it stopped. Raises :class:`DataError` (one line naming the shard) for a missing,
     truncated or malformed shard, and for a stream that failed every try."""
 
-    plans_passes = True  # the workers fork with each pass's plan
-
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
         self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
@@ -44,7 +42,8 @@ class ShardReader(Reader):
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
-        self.random_access = not self.streaming
+        # A stream's workers fork with each pass's plan; local shards' keep from pass to pass
+        self.random_access, self.plans_passes = not self.streaming, self.streaming
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
