@@ -92,12 +92,11 @@ class ShardReader(Reader):
             return self._read_stream(index)
         shard, _ = self.locate(index)
         image_at, image_size, label_at, label_size = self.spans[index].tolist()
-        first = min(image_at, label_at)  # ours: .jpg then .cls; other writers sort .cls first
         with self._files_lock:  # no thread closes an fd (the cache below) another reads
-            data = os.pread(self._fd(shard),
-                            max(image_at + image_size, label_at + label_size) - first, first)
-        return (data[image_at - first:image_at - first + image_size],
-                _label(data[label_at - first:label_at - first + label_size], self.urls[shard]))
+            fd = self._fd(shard)
+            # two reads, not the record's span sliced: the image's bytes are copied once
+            image, label = os.pread(fd, image_size, image_at), os.pread(fd, label_size, label_at)
+        return image, _label(label, self.urls[shard])
 
     def _fd(self, shard: int) -> int:
         fd = self._files.get(shard)
