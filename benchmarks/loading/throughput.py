@@ -183,10 +183,10 @@ def _run(args, tmp: str) -> dict:
 
 def serve_http(root: str):
     """A thread serving ``root`` over HTTP on 127.0.0.1 (``python -m http.server``'s handler)
-    for the ``shards-http`` pipeline; call ``shutdown()`` when done. Silent: no access log, and
-    a client that closes its connection early (a loader's stream at the end of its batches:
-    ``ConnectionResetError``, ``BrokenPipeError``) is no error; any other failure of a request
-    is one stderr line, never socketserver's traceback."""
+    for the ``shards-http`` pipeline, files sent by ``sendfile``; call ``shutdown()`` when done.
+    Silent: no access log, and a client that closes its connection early (a loader's stream at
+    the end of its batches: ``ConnectionResetError``, ``BrokenPipeError``) is no error; any other
+    failure of a request is one stderr line, never socketserver's traceback."""
     import functools
     import http.server
     import threading
@@ -194,6 +194,11 @@ def serve_http(root: str):
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
+
+        def copyfile(self, source, outputfile):
+            # sendfile, not a copy through Python (12 vs 18-28 us of this process's CPU per
+            # 108 KB record): a user's shard server is another machine, its CPU not the loader's
+            self.connection.sendfile(source)
 
     class Server(http.server.ThreadingHTTPServer):
         def handle_error(self, request, client_address):

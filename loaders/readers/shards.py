@@ -35,8 +35,6 @@ class ShardReader(Reader):
     record where it stopped. Raises :class:`DataError` (one line naming the shard) for a missing,
     truncated or malformed shard, and for a stream that failed every try."""
 
-    plans_passes = True  # the workers fork with each pass's plan
-
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
         self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
@@ -44,7 +42,8 @@ class ShardReader(Reader):
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
-        self.random_access = not self.streaming
+        # A stream's workers fork with each pass's plan; local shards' keep from pass to pass
+        self.random_access, self.plans_passes = not self.streaming, self.streaming
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
@@ -93,12 +92,11 @@ class ShardReader(Reader):
             return self._read_stream(index)
         shard, _ = self.locate(index)
         image_at, image_size, label_at, label_size = self.spans[index].tolist()
-        first = min(image_at, label_at)  # ours: .jpg then .cls; other writers sort .cls first
         with self._files_lock:  # no thread closes an fd (the cache below) another reads
-            data = os.pread(self._fd(shard),
-                            max(image_at + image_size, label_at + label_size) - first, first)
-        return (data[image_at - first:image_at - first + image_size],
-                _label(data[label_at - first:label_at - first + label_size], self.urls[shard]))
+            fd = self._fd(shard)
+            # two reads, not the record's span sliced: the image's bytes are copied once
+            image, label = os.pread(fd, image_size, image_at), os.pread(fd, label_size, label_at)
+        return image, _label(label, self.urls[shard])
 
     def _fd(self, shard: int) -> int:
         fd = self._files.get(shard)

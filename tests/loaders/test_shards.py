@@ -150,6 +150,22 @@ def test_http_streaming_equals_local_batch_for_batch(shards, http_root, workers)
             assert torch.equal(al, bl) and torch.equal(ai, bi)
 
 
+def test_local_workers_kept_from_pass_to_pass_stream_ones_forked_with_each_plan(shards,
+                                                                                  http_root):
+    local = build(shards, workers=2)[0]
+    remote = build(None, workers=2, train_path=f"{http_root}/train",
+                   val_path=f"{http_root}/val")[0]
+    try:
+        for epoch in (0, 1):  # the same batches whether the workers are kept or not
+            local.set_epoch(epoch)
+            remote.set_epoch(epoch)
+            for (ai, al), (bi, bl) in zip(local, remote, strict=True):
+                assert torch.equal(al, bl) and torch.equal(ai, bi)
+        assert local.loader.persistent_workers and not remote.loader.persistent_workers
+    finally:
+        loaders.close_all(local, remote)
+
+
 def test_stream_opens_each_shard_once_per_epoch(shards, monkeypatch):
     import loaders.readers.shards as shard_backend
 

@@ -326,3 +326,18 @@ def test_loading_throughput_http_server_is_quiet_when_a_client_closes_early(tmp_
         server.server_close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Error" not in err, err[-2000:]
+
+
+def test_loading_throughput_http_server_sends_whole_files(tmp_path):
+    import urllib.request
+
+    data = os.urandom(3 << 20)  # several sendfile chunks
+    (tmp_path / "shard.tar").write_bytes(data)
+    server = throughput.serve_http(str(tmp_path))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/shard.tar"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.read() == data
+    finally:
+        server.shutdown()
+        server.server_close()
