@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -133,7 +134,13 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
 
 def _run(args, tmp: str) -> dict:
     has_cuda = torch.cuda.is_available()
+    train = os.path.join(args.data, "train")
     cores = node_cores()
+    # One epoch outlasts the warm-up, the timed batches and the workers' prefetch (10% more): a
+    # pass's start (workers forked, the iterator's set-up) comes once per ImageNet epoch of
+    # thousands of batches, so a pass boundary among 100 timed batches would weigh it ~200x.
+    args.repeat = max(args.repeat or 1, math.ceil(1.1 * (args.warmup + args.batches)
+                                                  * args.batch_size / max(1, _image_count(train))))
     data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
     runner.warm_page_cache(os.path.join(data, "train"))
     lmdb_root, shard_root = os.path.join(tmp, "lmdb"), os.path.join(tmp, "shards")
@@ -173,7 +180,7 @@ def _run(args, tmp: str) -> dict:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "image_library": decode.image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
-                   "images": _image_count(os.path.join(args.data, "train")),
+                   "images": _image_count(train),
                    "batch_size": args.batch_size, "workers": args.workers,
                    "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
@@ -376,9 +383,9 @@ def main_cli(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=20,
                         help="untimed batches first: worker start-up and the first touch of "
                         "shared memory, which an epoch of thousands of batches pays once")
-    parser.add_argument("--repeat", type=int, default=16,
-                        help="each image appears this many times (symlinks), so an epoch "
-                        "outlasts the timed batches")
+    parser.add_argument("--repeat", type=int,
+                        help="each image appears at least this many times (symlinks); more "
+                        "where needed so that an epoch outlasts the warm-up and timed batches")
     runner.add_rounds_option(parser, 5)
     parser.add_argument("--only", nargs="*", help="run only these pipelines")
     parser.add_argument("--shard-records", type=int, default=500,
