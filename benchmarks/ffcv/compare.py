@@ -26,7 +26,6 @@ PROG = "benchmarks.ffcv"  # python -m benchmarks.ffcv
 SIDE = os.path.join(REPO, "benchmarks", "ffcv", "side.py")
 RAW_BUDGETS = ("1.5x", "2.7x")
 REENCODED_BUDGETS = ("jpeg", "2.7x")  # "jpeg": no raw share
-MIN_EPOCH_BATCHES = 10  # fewer training batches per epoch: the images are replicated more
 # longer side in pixels: (lowest excluded, highest included), three size buckets
 BUCKETS = {"le256": (0, 256), "256-512": (256, 512), "gt512": (512, 1 << 30)}
 
@@ -142,9 +141,10 @@ def prepare(args, tmp: str) -> dict[str, str]:
     if found < args.min_images * args.repeat:
         raise RuntimeError(f"{found // args.repeat} training images of {args.data} ({which}), "
                            f"fewer than --min-images {args.min_images}")
-    # an epoch of one or two batches times each pass's start (both sides), not the images
+    # One epoch outlasts the warm-up, the timed batches and the prefetch (10% more) on both sides:
+    # a pass's start comes once per ImageNet epoch of thousands of batches, not among 100 timed.
     args.effective_repeat = max(args.repeat, math.ceil(
-        MIN_EPOCH_BATCHES * args.batch_size / (found // args.repeat)))
+        1.1 * (args.warmup + args.batches) * args.batch_size / (found // args.repeat)))
     if args.effective_repeat != args.repeat:
         data = runner.replicate(args.data, os.path.join(tmp, f"jpeg-x{args.effective_repeat}"),
                                 args.effective_repeat, _filter(args))
