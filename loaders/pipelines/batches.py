@@ -16,7 +16,7 @@ from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_siz
 from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
-from ..timing.batch_stages import StagedLoader
+from ..timing.stages import StagedLoader
 from .bad_samples import check_share
 from .closing import ClosingDataLoader
 

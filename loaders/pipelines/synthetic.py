@@ -10,7 +10,7 @@ import torch
 from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
 from ..settings import DistInfo, LoaderSettings
-from ..timing.batch_stages import StagedLoader
+from ..timing.stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
 from .batches import DeviceFeed
 

@@ -158,7 +158,7 @@ class DeviceLoader(ReaderLoader):
                 return
             self._check_bad(found)
             if log is not None:
-                log.add(images[slot], batch[slot], count)
+                log.add_slot(images[slot], batch[slot], count)
             yield number, slot, count
 
 

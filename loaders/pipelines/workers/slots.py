@@ -54,8 +54,9 @@ class SharedBatches:
         self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
         # Each image's and batch's stage figures, written with the pixels (loaders.timing.stages).
-        self.stage_images = stages.image_rows(slots, batch_size)
-        self.stage_batches = stages.batch_rows(slots)
+        self.stage_images = torch.zeros(slots, batch_size * stages.IMAGE_COLUMNS,
+                                        dtype=torch.float64)
+        self.stage_batches = torch.zeros(slots, stages.BATCH_COLUMNS, dtype=torch.float64)
         if shared:
             small = (self.labels, self.released, self.stage_images, self.stage_batches)
             try:
