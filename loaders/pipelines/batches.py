@@ -119,6 +119,28 @@ class DeviceFeed(PositionedLoader):
         return lambda images, number: erasing(images, epoch, first + number)
 
 
+    def _side_stream(self) -> torch.cuda.Stream | None:
+        """On CUDA a new side stream, after the work queued so far on the current one (where
+        the normalisation's constants were written); None on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        return stream
+
+
+def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:
+    """``tensors``, made on a side stream up to its event ``done``, usable on ``device``'s current
+    stream: it waits for ``done``, and the allocator keeps their memory until its work queued so
+    far has run (``record_stream``). CPU tensors (``done`` None) as they are."""
+    if done is not None:
+        main = torch.cuda.current_stream(device)
+        main.wait_event(done)
+        for tensor in tensors:
+            tensor.record_stream(main)
+    return tensors
+
+
 class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
     :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
