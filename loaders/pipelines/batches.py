@@ -9,7 +9,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 from ..draws import seed_sequence
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
@@ -17,7 +17,7 @@ from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
 from ..timing.stages import StagedLoader
-from .bad_samples import check_share
+from .bad_samples import BadSamples, check_share, fetch_readable
 from .closing import ClosingDataLoader
 
 PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
@@ -37,14 +37,13 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: ``pass_id``
-    (``SharedBatches.begin_pass``), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the
-    ``seed_key`` ``(seed, epoch, rank, first_batch)`` (None: no random transform) and at most
-    ``limit`` batches (None: all)."""
+    """What every batch of one pass carries to the workers: at most ``limit`` batches (None:
+    all), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the ``seed_key`` (None: no
+    random transform)."""
 
-    pass_id: int = 0
+    pass_id: int = 0  # SharedBatches.begin_pass's
     image_shape: tuple[int, int, int] | None = None
-    seed_key: tuple[int, int, int, int] | None = None
+    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch
     limit: int | None = None
 
     def seed(self, number: int) -> int | None:
@@ -99,6 +98,26 @@ def seeded(batch: NumberedBatch, fetch):
         return fetch(batch)
 
 
+class SampleBatches(Dataset):
+    """A dataset of :class:`NumberedBatch` es over ``reader`` (``max_pixels``: the acceptance
+    rule's limit): a sample is :meth:`sample` of its index, damaged ones replaced as ``bad`` has
+    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, :func:`seeded`."""
+
+    def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
+        self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):
+        """``(sample(j), found)``: ``j`` is ``index`` or its replacement, ``found`` the samples
+        newly found unreadable."""
+        return fetch_readable(self.sample, index, self.bad)
+
+    def __getitems__(self, batch: NumberedBatch):
+        return seeded(batch, self._batch)
+
+
 def keep_as_is(batch):
     """``collate_fn`` for a dataset whose ``__getitems__`` already made the batch."""
     return batch
@@ -114,19 +133,8 @@ class DeviceFeed(PositionedLoader):
         W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
         returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
         erasing, epoch, first = self.erasing, self.epoch, self.start_batch
-        if erasing is None:
-            return None
-        return lambda images, number: erasing(images, epoch, first + number)
-
-
-    def _side_stream(self) -> torch.cuda.Stream | None:
-        """On CUDA a new side stream, after the work queued so far on the current one (where
-        the normalisation's constants were written); None on the CPU."""
-        if self.device.type != "cuda":
-            return None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        return stream
+        return None if erasing is None else (
+            lambda images, number: erasing(images, epoch, first + number))
 
 
 def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:

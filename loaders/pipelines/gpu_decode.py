@@ -12,7 +12,6 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from decode import decode, image_size
 from decode.acceptance import MAX_PIXELS, check
@@ -27,32 +26,26 @@ from ..timing.stages import no_clock, thread_cpu
 from ..transforms import TrainTransform, center_crop_plan
 from ..transforms.normalize import imagenet_mean_std, normalize_into
 from .ahead import RunAhead, one_ahead
-from .bad_samples import (BadSamples, UnreadableSet, fetch_readable, report_damaged,
-                          report_unreadable)
-from .batches import NumberedBatch, ReaderLoader, hand_over, seeded
+from .bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
+from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
 
 
-class WindowBatches(Dataset):
-    """``reader``'s samples as the workers hand them over (:meth:`window` per sample, damaged
-    ones replaced as ``bad`` has it). A :class:`NumberedBatch` -> a dict: ``data`` uint8 (the
-    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
-    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
-    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
-    ``clock`` (a ``StageClock``) also its float64 rows: ``stages`` ``(N, IMAGE_COLUMNS)`` (read,
-    window, bytes) and ``stage_batch`` ``(BATCH_COLUMNS,)``."""
+class WindowBatches(SampleBatches):
+    """:class:`SampleBatches` of ``reader``'s samples as the workers hand them over. A batch ->
+    a dict: ``data`` uint8 (the encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``,
+    ``windows`` int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``,
+    ``labels``/``indices`` int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints
+    ``number`` and ``found``; with a ``clock`` (a ``StageClock``) also its float64 rows:
+    ``stages`` ``(N, IMAGE_COLUMNS)`` and ``stage_batch`` ``(BATCH_COLUMNS,)``."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
                  clock=None, max_pixels: int = MAX_PIXELS):
-        self.reader, self.val_sizes, self.bad, self.clock = reader, val_sizes, bad, clock
-        self.max_pixels = max_pixels
-        self.draw = TrainTransform()
+        super().__init__(reader, bad, max_pixels)
+        self.val_sizes, self.clock, self.draw = val_sizes, clock, TrainTransform()
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def window(self, index: int):
+    def sample(self, index: int):
         """``(bytes, window, flip, index, frame, label)``: training's RandomResizedCrop window
-        (the batch's seed; ``frame`` None), or validation's central crop region and frame
+        (the batch's seed; ``frame`` -1s), or validation's central crop region and frame
         (``val_sizes`` = ``(resize, crop)``); sizes from the header the acceptance rule
         (``max_pixels``) read, else a whole decode (which raises for non-images). The clock
         gets the read's and window's seconds and the record's bytes."""
@@ -75,13 +68,7 @@ class WindowBatches(Dataset):
             clock.t[stages.WINDOW] += time.perf_counter() - read
         return data, window, flip, index, (-1,) * 6, label
 
-    def __getitem__(self, index: int):
-        return fetch_readable(self.window, index, self.bad)
-
-    def __getitems__(self, batch: NumberedBatch) -> dict:
-        return seeded(batch, self._read)
-
-    def _read(self, batch: NumberedBatch) -> dict:
+    def _batch(self, batch: NumberedBatch) -> dict:
         clock, samples, found = self.clock, [], 0
         if clock is not None:
             clock.begin_batch()
@@ -171,7 +158,10 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._plan()
-        stream, fallbacks = self._side_stream(), self.cpu_fallbacks
+        stream, fallbacks = None, self.cpu_fallbacks
+        if self.device.type == "cuda":  # a side stream, after scale/shift were written
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
         # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
         batches = self._decoded(stream, len(self), self._eraser())

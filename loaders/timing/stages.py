@@ -63,8 +63,7 @@ def p50_p90(seconds: list) -> dict:
 
 
 def worker_figures(wid: int, batches, images, wall, cpu, slot_wait, staged, nbytes) -> dict:
-    """One reader's figures: ``wall``, ``cpu``, ``slot_wait`` (NaN: none), ``staged`` (the
-    stages' sum) in s."""
+    """One reader's figures from :meth:`StageLog.add_reader`'s sums."""
     return {"id": wid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
             "stages_ms_per_image": 1e3 * staged / max(images, 1),
             "images_per_sec": images / wall if wall > 0 else None,
@@ -79,7 +78,7 @@ def enabled() -> bool:
 
 class StageClock:
     """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
-    image (stage seconds added, so a replaced sample counts both tries)."""
+    image (stage seconds added: a replaced sample counts both tries)."""
 
     __slots__ = ("t", "started", "sampled", "_cpu")
 
@@ -141,12 +140,10 @@ thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apar
 
 
 class StageLog:
-    """An epoch's stage figures, summed in the training process (thread-safe) from the workers'
-    slot rows (:meth:`add_slot`), or from a batch pipeline's readers (:meth:`add`,
-    :meth:`add_batch`, :meth:`add_reader`: DataLoader workers, or DALI's feed threads, named by
-    ``readers_name``) and batch decoder (:meth:`add_hand_over`, named by ``decoder_name``),
-    timing ``stages`` of :data:`STAGES` (others raise ``ValueError``). ``rated``: whether the
-    slower side is the pipeline's rate (False for DALI, whose decode is unmeasured)."""
+    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe:
+    the workers' slot rows (:meth:`add_slot`), or a batch pipeline's readers (:meth:`add`,
+    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`, ``decoder_name``). ``rated``:
+    whether the slower side is the pipeline's rate (False for DALI: its decode is unmeasured)."""
 
     def __init__(self, stages: tuple[str, ...] = STAGES, decoder_name: str | None = None,
                  rated: bool = True, readers_name: str = "workers"):
@@ -165,8 +162,7 @@ class StageLog:
             self.sums = np.zeros(_ROWS)  # seconds
             self.counts = np.zeros(_ROWS, dtype=np.int64)  # images
             self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
-            # reader id -> batches, images, wall s, cpu s, slot wait s (NaN: none), the stages'
-            # sum s, bytes
+            # reader id -> batches, images, wall, cpu, slot wait (NaN: none), stages' sum (s), bytes
             self.workers: dict[int, np.ndarray] = {}
             self.decoder = np.zeros(3)  # images, wall s, cpu s of the batch decoder side
             self.copies: list[float] = []  # hand-over seconds per batch
@@ -213,9 +209,8 @@ class StageLog:
 
     def add_reader(self, reader: int, images: int, wall: float, cpu: float, staged: float,
                    nbytes: float = 0.0, slot_wait: float = np.nan) -> None:
-        """One batch read by reader ``reader`` (worker id, -1 for ``-j 0``, or feed number):
-        ``wall``, ``cpu``, ``staged`` (its per-image stages' sum) and ``slot_wait`` seconds, and
-        the records' ``nbytes``."""
+        """One batch read by ``reader`` (worker id, -1 for ``-j 0``, or feed number): ``wall``,
+        ``cpu``, ``staged`` (its stages' sum) and ``slot_wait`` seconds, the records' ``nbytes``."""
         with self._lock:
             sums = self.workers.setdefault(reader, np.zeros(7))
             sums += (1, images, wall, cpu, slot_wait, staged, nbytes)
@@ -253,22 +248,18 @@ class StageLog:
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far (ms per image unless named otherwise), JSON-able: ``images``;
-        ``stages``: ``{stage: {"mean", "p50", "p90"}}`` for every stage of :data:`STAGES` (None
-        for one not had or not yet measured) and ``total`` (per image; a batch pipeline's, whose
-        sides time different images, is the sum of the means without p50/p90); ``decoders``:
-        ``{kind: {"share" (of images), "mean", "p50", "p90"}}`` for the workers' decoders used;
-        ``workers``: per reader ``{"id", "images", "ms_per_image" (wall, slot waits apart),
-        "stages_ms_per_image", "images_per_sec", "cpu_share" (process CPU, a feed thread's
-        own, over wall), "slot_wait_ms" (per batch; None but for workers)}``, named by
-        ``readers``; ``worker_ms_per_image`` (all readers' wall over their images);
-        ``batch_decoder``: ``{"where", "images", "ms_per_image", "images_per_sec",
-        "thread_cpu_share"}`` or None; ``loader_images_per_sec``: the readers' images/s summed
-        (their rate never idle), or the batch decoder's if slower (None unless ``rated``);
-        ``sizes``: the workers' ``{"le256"|"le512"|"gt512": {"share", "decode_ms", "ms"}}`` by
-        stored longer side, else None; ``kb_per_image``; ``copy_ms_per_batch`` and DALI's
-        ``wait_ms_per_batch`` (else None): ``{"p50", "p90"}``. An empty log gives ``images``
-        0."""
+        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``:
+        ``{stage: {"mean", "p50", "p90"} or None (not had)}`` for :data:`STAGES` and ``total``
+        (a batch pipeline's, whose sides time different images: the sum of the means, no
+        quantiles); ``decoders`` (the workers'): ``{kind: {"share", "mean", "p50", "p90"}}``;
+        ``workers``: per reader (named by ``readers``) ``{"id", "images", "ms_per_image" (wall,
+        slot waits apart), "stages_ms_per_image", "images_per_sec", "cpu_share", "slot_wait_ms"
+        (per batch, None but for workers)}``; ``worker_ms_per_image``; ``batch_decoder``:
+        ``{"where", "images", "ms_per_image", "images_per_sec", "thread_cpu_share"}`` or None;
+        ``loader_images_per_sec`` (the readers' summed, or the batch decoder's if slower; None
+        unless ``rated``); ``sizes`` (the workers'): ``{"le256"|"le512"|"gt512": {"share",
+        "decode_ms", "ms"}}`` by stored longer side, else None; ``kb_per_image``;
+        ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._figures(row) if name in self.stages else None
