@@ -153,8 +153,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
     :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
     at most ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after
-    ``set_epoch``. Raises :class:`DataError` for an empty training order. A subclass makes
-    ``self.loader`` (:meth:`_dataloader`) and ``self.unreadable`` (an ``UnreadableSet``)."""
+    ``set_epoch``; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty
+    training order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -169,9 +169,19 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
         self.start_batch = self.epoch = 0
+        # Flags made before any worker starts, kept for the loader's lifetime.
+        self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
+        self.unreadable = self.bad.unreadable
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         # The workers' base seed; augmentations are seeded per batch (PassPlan).
         self._generator = torch.Generator().manual_seed(epoch_seed(self.seed, 0, self.rank))
+
+    @classmethod
+    def pair(cls, train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo, *args):
+        """``(train, val)`` loaders of this class (``args`` after ``train``) over the training
+        order of ``train`` and the validation order of ``val``."""
+        return (cls(train, train.train_order(settings, dist), settings, dist, True, *args),
+                cls(val, val.val_order(settings, dist), settings, dist, False, *args))
 
     def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
         """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches, its

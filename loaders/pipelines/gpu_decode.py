@@ -113,8 +113,8 @@ class BatchDecodeLoader(ReaderLoader):
     ``max_bad_share``); one a native decoder warned about is kept and named once (:attr:`warned`).
     Training measures its stages (``timing.stages``; CUDA: host seconds)."""
 
-    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
-                 settings: LoaderSettings, dist: DistInfo, train: bool):
+    def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
+                 train: bool, decoder: WindowDecoder):
         super().__init__(reader, order, settings, dist, train)
         self.decoder, self.cpu_fallbacks = decoder, 0
         self.crop_size = settings.crop_size(train)
@@ -125,10 +125,9 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = stages.StageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
-        self.unreadable = bad.unreadable
         self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
-        self._dataset = WindowBatches(reader, val_sizes, bad, clock, settings.max_image_pixels)
+        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock,
+                                      settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -251,19 +250,17 @@ class BatchDecodeLoader(ReaderLoader):
         """The batch with each undecodable sample marked, named and replaced by its first decoded
         image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
-        good = [i for i in range(len(out.images)) if i not in failed]
-        if not good:
+        good = next((i for i in range(len(out.images)) if i not in failed), None)
+        if good is None:
             raise DataError(f"no sample of a batch of {len(out.images)} decoded: is the "
                             "data damaged?")
-        images, labels = out.images, item["labels"].clone()
-        found = 0
+        images, labels, found = out.images, item["labels"].clone(), 0
         for i, exc in out.failed:
             index = int(item["indices"][i])
             if self.unreadable.mark(index):
                 found += 1
                 report_unreadable(self.reader.name_of(index), exc)
-            images[i] = images[good[0]]
-            labels[i] = labels[good[0]]
+            images[i], labels[i] = images[good], labels[good]
         self._check_bad(found)
         return images, labels
 
@@ -301,11 +298,6 @@ def refusal(choice: CudaChoice) -> str:
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder. Raises
-    :class:`DataError` for a training order smaller than one batch, :class:`AcceleratorError`
-    where the decoder cannot run (:func:`make_decoder`)."""
-    decoder = make_decoder(settings, dist)
-    return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, settings, dist,
-                              train=True),
-            BatchDecodeLoader(val, val.val_order(settings, dist), decoder, settings, dist,
-                              train=False))
+    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder; raises as
+    :meth:`~.batches.ReaderLoader.pair` and :func:`make_decoder`."""
+    return BatchDecodeLoader.pair(train, val, settings, dist, make_decoder(settings, dist))

@@ -13,7 +13,6 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...transforms import split_transform
 from ...transforms.normalize import imagenet_mean_std, normalize
-from ..bad_samples import BadSamples
 from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
@@ -38,15 +37,11 @@ class DeviceLoader(ReaderLoader):
         super().__init__(reader, order, settings, dist, train)
         self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
-        workers = settings.workers
-        # Flags made before any worker starts, kept for the loader's lifetime.
-        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
-        self.unreadable = bad.unreadable
         timed = train and stages.enabled()
         self._writer = (TimedSlotWriter if timed else SlotWriter)(
-            reader, self.transform, bad, settings.max_image_pixels)
+            reader, self.transform, self.bad, settings.max_image_pixels)
         self.stage_log = stages.StageLog() if timed else None
-        self.loader = self._dataloader(self._writer, workers)
+        self.loader = self._dataloader(self._writer, settings.workers)
         self._made = [self.loader]  # every DataLoader a pass used: close() stops them
         # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
         self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
@@ -162,9 +157,4 @@ class DeviceLoader(ReaderLoader):
             yield number, slot, count
 
 
-def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DeviceLoader` s; :class:`~loaders.DataError` for an empty
-    training order."""
-    orders = train.train_order(settings, dist), val.val_order(settings, dist)
-    return (DeviceLoader(train, orders[0], settings, dist, train=True),
-            DeviceLoader(val, orders[1], settings, dist, train=False))
+build_loaders = DeviceLoader.pair
