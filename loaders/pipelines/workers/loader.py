@@ -21,16 +21,13 @@ from .step import SlotWriter, TimedSlotWriter
 
 
 class DeviceLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
-    workers crop each sample to uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`)
-    into shared batch slots, and this process yields the batches of ``loaders.settings``'
-    contract, normalised on the device (a uint8 batch is 4x smaller to pass, pin and copy). The
-    slots (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking
-    costs about 0.1 s per pass on 2 cores) unless the reader plans each pass; :meth:`close`
-    stops them. On CUDA the slots are page-locked and each batch is copied and normalised on a
-    side stream one batch ahead (:class:`.cuda_feed.CudaFeeder`). Unreadable samples follow
-    :mod:`~loaders.pipelines.bad_samples` (past ``max_bad_share`` iterating raises
-    :class:`DataError`). A training loader measures its workers' stages (``timing.stages``)."""
+    """A :class:`ReaderLoader` whose ``settings.workers`` DataLoader workers crop each sample to
+    uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`) into shared batch slots,
+    normalised here on the device (a uint8 batch is 4x smaller to pass, pin and copy). The slots
+    (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking costs about
+    0.1 s per pass on 2 cores) unless the reader plans each pass. On CUDA the slots are
+    page-locked and each batch copied and normalised on a side stream one batch ahead
+    (:class:`.cuda_feed.CudaFeeder`). A training loader measures its workers' stages."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -52,8 +49,7 @@ class DeviceLoader(ReaderLoader):
     @property
     def resolution(self) -> int:
         """The side (px) of this loader's images: its transform's, the one place it is kept."""
-        transform = self.transform
-        return transform.size[0] if hasattr(transform, "size") else transform.crop_size
+        return getattr(self.transform, "size", (self.transform.crop_size,))[0]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -61,15 +57,14 @@ class DeviceLoader(ReaderLoader):
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
-        workers. Raises ``ValueError`` for validation or a size above ``max_crop_size``."""
+        workers (``ValueError`` as :meth:`_check_resolution`)."""
         self._check_resolution(size)
         # workers started from now on fork with it; running ones take it from the batches
         self.transform.size = (size, size)
 
     def close(self) -> None:
-        """Stop every worker this loader started (kept ones and those of a pass left part-way:
-        joined, else killed after ``closing.STOP_GRACE_S``) and let the slots go. Safe on any way
-        out, more than once; a later pass starts new ones."""
+        """Stop every worker this loader started (kept ones and those of a pass left part-way)
+        and let the slots go; safe more than once, a later pass starts new ones."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()
