@@ -121,12 +121,11 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``
-    checks it): ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype``
-    ``(N, 3, H, W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact
-    ``len()`` after :meth:`set_epoch`; :meth:`close` stops every worker, thread and pipeline it
-    started (safe more than once). Training loaders also place a mid-epoch checkpoint
-    (``loaders.orders.positions.PositionedLoader``)."""
+    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``):
+    ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H,
+    W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact ``len()`` after
+    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once). Training
+    loaders also place a mid-epoch checkpoint (``PositionedLoader``)."""
 
     classes: list[str]
     batch_size: int

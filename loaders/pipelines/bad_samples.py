@@ -101,10 +101,9 @@ class BadSamples:
 
 def fetch_readable(fetch, index: int, bad: BadSamples):
     """``(fetch(j), found)``: ``j`` is ``index`` or, where that sample is known unreadable or
-    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable;
-    each newly failing sample is remembered and named once on stderr, ``found`` counts them. A
-    sample native decoders warn about (:class:`decode.messages.capture`) is kept and named once.
-    Raises :class:`DataError` if ``bad.max_tries`` samples in a row fail or all are unreadable."""
+    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable,
+    ``found`` the samples newly failing (each named once on stderr). Raises :class:`DataError`
+    if ``bad.max_tries`` samples in a row fail or all are unreadable."""
     unreadable, found, j = bad.unreadable, 0, index
     for _ in range(bad.max_tries):
         if unreadable.view[j]:  # the one byte a healthy sample costs

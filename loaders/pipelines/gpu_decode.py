@@ -104,14 +104,13 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: DataLoader workers read the bytes and
-    draw the windows (:class:`WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or its CPU
-    backend) decodes, resizes, flips and normalises each batch here, in a thread two batches
-    ahead (``-j 0``: one, on the training thread), on CUDA on a side stream. A sample the decoder
-    declines is decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once,
-    marked (:attr:`unreadable`) and replaced by another of its batch (:class:`DataError` past
-    ``max_bad_share``); one a native decoder warned about is kept and named once (:attr:`warned`).
-    Training measures its stages (``timing.stages``; CUDA: host seconds)."""
+    """A :class:`ReaderLoader` whose DataLoader workers read the bytes and draw the windows
+    (:class:`WindowBatches`), and whose ``decoder`` (nvImageCodec on the GPU, or its CPU backend)
+    decodes, resizes, flips and normalises each batch here, in a thread two batches ahead (``-j
+    0``: one, on the training thread), on CUDA on a side stream. A sample it declines is decoded
+    on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is replaced by another of its batch
+    (:attr:`unreadable`); one a native decoder warned about is kept (:attr:`warned`). Training
+    measures its stages (CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool, decoder: WindowDecoder):
@@ -266,10 +265,10 @@ class BatchDecodeLoader(ReaderLoader):
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device`` (``cuda``: the first that
-    decodes a probe window into device memory, :func:`decode.gpu.probe_cuda`). Raises
-    :class:`AcceleratorError` for ``cuda`` on a CPU device or where no GPU decoder decodes
-    (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` (``cuda``: the first that decodes a probe
+    window into device memory, :func:`decode.gpu.probe_cuda`). Raises :class:`AcceleratorError`
+    for ``cuda`` on a CPU device or where no GPU decoder decodes (unless ``allow_cpu_decode``),
+    and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "

@@ -87,11 +87,9 @@ class StageClock:
         self.started = self.sampled = self._cpu = 0.0  # sampled: when the slot copy began
 
     def begin_batch(self) -> None:
-        """Start a batch's wall and CPU clocks."""
         self.started, self._cpu = time.perf_counter(), time.process_time()
 
     def begin_image(self) -> None:
-        """Zero the figures for the next image."""
         self.t[:] = _ZEROS
 
     def end_image(self, rows: np.ndarray, i: int) -> None:
@@ -132,7 +130,7 @@ def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
 
 
 def no_clock() -> float:
-    """Reads 0.0: a stand-in for ``time.perf_counter`` while a pipeline's stages go unmeasured."""
+    """0.0: ``time.perf_counter`` while a pipeline's stages go unmeasured."""
     return 0.0
 
 
@@ -216,8 +214,7 @@ class StageLog:
             sums += (1, images, wall, cpu, slot_wait, staged, nbytes)
 
     def add_copy(self, seconds: float | None = None, events=None) -> None:
-        """One batch's copy to the device: ``seconds``, or ``events``, a timed CUDA ``(start,
-        end)`` pair read once completed."""
+        """One batch's copy to the device: ``seconds``, or timed CUDA ``(start, end)`` events."""
         with self._lock:
             if events is None:
                 self.copies.append(seconds)
@@ -228,9 +225,9 @@ class StageLog:
 
     def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
                       wait: float | None = None) -> None:
-        """One batch of ``count`` images through the batch decoder: ``timing``'s batch-wide
-        stages (seconds by name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu``
-        seconds, and the training thread's ``wait`` for it (DALI's ``run()``)."""
+        """One batch of ``count`` images through the batch decoder: ``timing``'s stages (s by
+        name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu`` s, the training thread's
+        ``wait`` (DALI's ``run()``)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
@@ -248,17 +245,14 @@ class StageLog:
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``:
-        ``{stage: {"mean", "p50", "p90"} or None (not had)}`` for :data:`STAGES` and ``total``
-        (a batch pipeline's, whose sides time different images: the sum of the means, no
-        quantiles); ``decoders`` (the workers'): ``{kind: {"share", "mean", "p50", "p90"}}``;
-        ``workers``: per reader (named by ``readers``) ``{"id", "images", "ms_per_image" (wall,
-        slot waits apart), "stages_ms_per_image", "images_per_sec", "cpu_share", "slot_wait_ms"
-        (per batch, None but for workers)}``; ``worker_ms_per_image``; ``batch_decoder``:
-        ``{"where", "images", "ms_per_image", "images_per_sec", "thread_cpu_share"}`` or None;
-        ``loader_images_per_sec`` (the readers' summed, or the batch decoder's if slower; None
-        unless ``rated``); ``sizes`` (the workers'): ``{"le256"|"le512"|"gt512": {"share",
-        "decode_ms", "ms"}}`` by stored longer side, else None; ``kb_per_image``;
+        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``
+        (``{"mean", "p50", "p90"}``, None where not had) of :data:`STAGES` and ``total`` (a batch
+        pipeline's, its sides timing different images: the means' sum); ``decoders`` and
+        ``sizes`` (by stored longer side) of the workers; ``workers``: per reader (named by
+        ``readers``) ``{"id", "images", "ms_per_image", "stages_ms_per_image",
+        "images_per_sec", "cpu_share", "slot_wait_ms"}``; ``worker_ms_per_image``;
+        ``batch_decoder`` (or None); ``loader_images_per_sec`` (the readers' summed, or the
+        batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
         ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
@@ -300,15 +294,14 @@ class StageLog:
 
 
 class StagedLoader:
-    """:meth:`stage_summary` and :meth:`reset_stages` of a loader with a ``stage_log`` (None where
-    nothing is measured) and a ``workers_configured`` count."""
+    """The stage methods of a loader with a ``stage_log`` (None: not measured)."""
 
     stage_log: StageLog | None = None
     workers_configured = 0
 
     def stage_summary(self, reset: bool = True) -> dict | None:
-        """The log's ``summary()`` since the last reset (with ``workers_configured``), then reset
-        if ``reset``; None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
+        """The log's ``summary()`` with ``workers_configured`` (then reset if ``reset``), or
+        None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
         if self.stage_log is None:
             return None
         figures = {**self.stage_log.summary(), "workers_configured": self.workers_configured}

@@ -55,11 +55,9 @@ def _clear_cuda_error() -> None:
 class CudaFeeder:
     """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
     ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
-    in order and yields ``images`` ``dtype`` ``(count, 3, H, W)`` (channels-last if
-    ``channels_last``), ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)`` on the 0-255 scale), and
-    int64 ``labels`` ``(count,)``. A slot is released once its copy finished (page-locked) or
-    was staged into pinned memory. ``timing`` (a ``StageLog``, or None) gets each batch's
-    side-stream time."""
+    and yields ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``:
+    float32 ``(1, 3, 1, 1)``, 0-255 scale) and int64 labels. A slot is released once copied
+    (page-locked) or staged into pinned memory. ``timing``: a ``StageLog``, or None."""
 
     timing = None
 

@@ -1,8 +1,7 @@
 """A DataLoader worker's whole job, one step per sample: read the record, check its header
 (:func:`decode.acceptance.check`, whose frame the transform takes), transform it and write it
-into the batch slot (:class:`SlotWriter`); a damaged sample is replaced
-(:func:`~loaders.pipelines.bad_samples.fetch_readable`). :class:`TimedSlotWriter` times each
-stage into the slot's stage rows (``loaders.timing.stages``); the untimed step reads no clock."""
+into the batch slot (:class:`SlotWriter`). :class:`TimedSlotWriter` times each stage into the
+slot's stage rows (``loaders.timing.stages``); the untimed step reads no clock."""
 from __future__ import annotations
 
 import time
