@@ -82,10 +82,8 @@ class WindowBatches(SampleBatches):
             samples.append(sample)
             found += new_bad
         datas, windows, flips, indices, frames, labels = zip(*samples)
-        sizes = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
-        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
-        out = dict(data=joined, offsets=torch.from_numpy(np.cumsum([0, *sizes])),
+        out = dict(data=torch.tensor(np.frombuffer(b"".join(datas), dtype=np.uint8)),
+                   offsets=torch.tensor(np.cumsum([0, *map(len, datas)]), dtype=torch.int64),
                    number=batch.number, found=found,
                    windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
                    flips=torch.tensor(flips, dtype=torch.bool),
