@@ -49,7 +49,8 @@ class DeviceLoader(ReaderLoader):
     @property
     def resolution(self) -> int:
         """The side (px) of this loader's images: its transform's, the one place it is kept."""
-        return getattr(self.transform, "size", (self.transform.crop_size,))[0]
+        transform = self.transform
+        return transform.size[0] if hasattr(transform, "size") else transform.crop_size
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
