@@ -1,7 +1,6 @@
 """The data-loading runtime: *readers* (where samples are, ``loaders.readers``) and *pipelines*
-(how their bytes become device batches, ``loaders.pipelines``), with ``orders/``, ``transforms/``
-and ``timing/``. A new on-disk format is ``formats/X`` + one reader module + one line in
-:data:`READERS`."""
+(how their bytes become device batches, ``loaders.pipelines``). A new on-disk format is
+``formats/X`` + one reader module + one line in :data:`READERS`."""
 from __future__ import annotations
 
 import importlib
@@ -25,11 +24,10 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "L
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
     """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
-    readers of ``settings.train_path`` and ``settings.val_path``, the training loader erasing
-    (``--random-erase``) and, under the tests' trace variable, recording its samples. Raises
-    ``KeyError`` for an unknown backend, :class:`DataError` for bad data (a bad split, train and
-    val with different classes, too small a training split). Sets PIL's decompression-bomb limit
-    to ``settings.max_image_pixels`` here and in forks."""
+    readers of the two split paths, the training loader erasing (``--random-erase``) and, under
+    the tests' trace variable, recording its samples. Raises ``KeyError`` for an unknown backend,
+    :class:`DataError` for bad data (a bad split, train and val with different classes, too small
+    a training split). Sets PIL's decompression-bomb limit (``max_image_pixels``)."""
     from decode.acceptance import limit_pil
 
     from .transforms.erasing import RandomErasing
@@ -53,8 +51,8 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
 
 
 def close_all(*loaders) -> None:
-    """``close()`` each of ``loaders`` (each even if one before it raised), then this process's
-    read-only LMDB handles; re-raises the first ``close()`` error after all were closed."""
+    """``close()`` each of ``loaders``, then this process's read-only LMDB handles; re-raises the
+    first ``close()`` error after all were closed."""
     from formats.lmdb import close_all_readonly
 
     failure = None

@@ -15,6 +15,5 @@ def seed_sequence(seed: int, *keys: int) -> np.random.SeedSequence:
 
 
 def keyed_rng(seed: int, *keys: int) -> np.random.Generator:
-    """NumPy's default generator (PCG64) seeded by :func:`seed_sequence` of ``seed`` and
-    ``keys``: the same numbers as ``np.random.default_rng([seed mod 2**64, *keys])``."""
+    """``np.random.default_rng([seed mod 2**64, *keys])`` (PCG64)."""
     return np.random.default_rng(seed_sequence(seed, *keys))

@@ -1,5 +1,5 @@
-"""The loaders' errors, each a one-line message for the user: :class:`DataError` (bad data input;
-defined in ``formats.errors`` and raised there too) and :class:`AcceleratorError`."""
+"""The loaders' errors, each a one-line message for the user: :class:`DataError` (bad data input,
+from ``formats.errors``) and :class:`AcceleratorError`."""
 from __future__ import annotations
 
 from formats.errors import DataError

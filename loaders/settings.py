@@ -66,8 +66,7 @@ class LoaderSettings:
 
     @property
     def pipeline(self) -> str:
-        """How bytes become device batches (a key of ``loaders.PIPELINES``): ``"workers"``,
-        ``"gpu_decode"`` (``decode_device`` not ``"cpu"``), ``"dali"`` or ``"synthetic"``."""
+        """How bytes become device batches: a ``loaders.PIPELINES`` key."""
         if self.backend in ("dali", "synthetic"):
             return self.backend
         return "workers" if self.decode_device == "cpu" else "gpu_decode"
@@ -90,7 +89,7 @@ class LoaderSettings:
         return max(self.train_crop_size, self.train_max_crop_size) if train else self.val_crop_size
 
     def max_batches(self, train: bool) -> int | None:
-        """One split's batch cap per epoch (``--train-batches``/``--val-batches``; None: all)."""
+        """One split's batch cap per epoch (None: all)."""
         return self.train_batches if train else self.val_batches
 
 
@@ -108,7 +107,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
-        """True on global rank 0, the process that prints and writes files."""
+        """Global rank 0: the process that prints and writes files."""
         return self.rank == 0
 
 
@@ -122,12 +121,11 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``
-    checks it): ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype``
-    ``(N, 3, H, W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact
-    ``len()`` after :meth:`set_epoch`; :meth:`close` stops every worker, thread and pipeline it
-    started (safe more than once). Training loaders also place a mid-epoch checkpoint
-    (``loaders.orders.positions.PositionedLoader``)."""
+    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``):
+    ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H,
+    W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact ``len()`` after
+    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once). Training
+    loaders also place a mid-epoch checkpoint (``PositionedLoader``)."""
 
     classes: list[str]
     batch_size: int
@@ -141,8 +139,7 @@ class Loader(Protocol):
         batch ``start_batch``; ``rest``: a resumed epoch's indices dealt anew."""
 
     @property
-    def resolution(self) -> int:
-        """The side (px) of the images yielded."""
+    def resolution(self) -> int: ...  # the side (px) of the images yielded
 
     def set_resolution(self, size: int) -> None:
         """Training: images of ``size`` px from the next pass on (progressive resizing)."""

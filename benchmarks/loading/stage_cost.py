@@ -71,7 +71,7 @@ def blocks(data: str, args) -> dict:
 def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
     """``--overhead``: CPU microseconds (which other jobs disturb least) the stages add per
     image in a worker (the clock calls around work that takes no time; fastest of ``repeats``)
-    and per batch of ``batch_size`` in the main process (``StageLog.add``)."""
+    and per batch of ``batch_size`` in the main process (``StageLog.add_slot``)."""
     import numpy as np
 
     from loaders.timing import stages
@@ -108,7 +108,7 @@ def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
     log, batch = stages.StageLog(), np.array([0.0, 0.1, 0.1, 0.0])
     started = time.process_time()
     for _ in range(images // batch_size):
-        log.add(rows, batch, batch_size)
+        log.add_slot(rows, batch, batch_size)
     main_side = (time.process_time() - started) / (images // batch_size)
     return {"worker_us_per_image": 1e6 * min(worker), "main_us_per_batch": 1e6 * main_side,
             "main_us_per_image": 1e6 * main_side / batch_size}

@@ -1,9 +1,8 @@
-"""Pipelines: how a reader's encoded samples become normalised device batches. Each has
+"""Pipelines: how a reader's encoded samples become normalised device batches, each with
 ``build_loaders(train_reader, val_reader, settings, dist) -> (train, val)`` (``synthetic``:
-``build_loaders(settings, dist)``); one that needs a library checks it in ``require(dist)``.
-``workers/`` (DataLoader workers decode and crop), ``gpu_decode`` (workers read, this process
-decodes each batch with nvImageCodec), ``dali/`` (NVIDIA DALI) and ``synthetic`` (``--dummy``);
-they share ``batches``, ``bad_samples``, ``closing`` and ``ahead``."""
+``build_loaders(settings, dist)``) and, if it needs a library, ``require(dist)``: ``workers/``
+(DataLoader workers decode and crop), ``gpu_decode`` (workers read, this process decodes each
+batch with nvImageCodec), ``dali/`` (NVIDIA DALI) and ``synthetic`` (``--dummy``)."""
 
 # name -> module, imported only when chosen: one's heavy dependency never slows the others
 PIPELINES = {

@@ -9,13 +9,6 @@ from typing import Iterator
 _POLL_S = 0.1
 # Seconds close() waits for the thread; one stuck in ``items`` is left behind (a daemon)
 JOIN_S = 5.0
-
-
-class _Failed:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
 _END = object()
 
 
@@ -44,11 +37,11 @@ class RunAhead:
     def _work(self, items: Iterator) -> None:
         try:
             for item in items:
-                if not self._put(item):
+                if not self._put((item, None)):
                     return
-            self._put(_END)
+            self._put((_END, None))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            self._put(_Failed(exc))
+            self._put((_END, exc))
         finally:
             items.close()
 
@@ -58,12 +51,12 @@ class RunAhead:
     def __next__(self):
         if self._ended:
             raise StopIteration
-        item = self._ready.get()
-        self._ended = item is _END or isinstance(item, _Failed)
-        if item is _END:
-            raise StopIteration
+        item, exc = self._ready.get()
+        self._ended = item is _END
+        if exc is not None:
+            raise exc
         if self._ended:
-            raise item.exc
+            raise StopIteration
         return item
 
     def close(self, wait_s: float | None = JOIN_S) -> None:
@@ -75,13 +68,13 @@ class RunAhead:
 
 def one_ahead(items: Iterator) -> Iterator:
     """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
-    ahead = None
+    ahead = _END
     try:
         for item in items:
-            if ahead is not None:
+            if ahead is not _END:
                 yield ahead
             ahead = item
-        if ahead is not None:
+        if ahead is not _END:
             yield ahead
     finally:
         items.close()

@@ -35,10 +35,10 @@ def report_damaged(name: str, lines: list[str]) -> None:
 
 
 class UnreadableSet:
-    """Which samples of a dataset of ``size`` were found unreadable this run: one uint8 flag per
-    sample, in shared memory if ``shared`` (made before the workers start: forked ones inherit
-    it, spawned ones unpickle it). :meth:`mark`'s check and set are two steps, not atomic: two
-    workers failing on one sample at once may both report it; :meth:`count` stays exact."""
+    """One uint8 flag per sample of a dataset of ``size`` (e.g. found unreadable this run), in
+    shared memory if ``shared`` (made before the workers start: forked ones inherit it, spawned
+    ones unpickle it). :meth:`mark` checks and sets in two steps: two workers failing on one
+    sample at once may both report it; :meth:`count` stays exact."""
 
     def __init__(self, size: int, shared: bool = False):
         self.flags = torch.zeros(size, dtype=torch.uint8)
@@ -50,22 +50,20 @@ class UnreadableSet:
         return len(self.flags)
 
     def known(self, index: int) -> bool:
-        """Whether sample ``index`` was found unreadable before."""
         return bool(self.view[index])
 
     def mark(self, index: int) -> bool:
-        """Remember sample ``index`` as unreadable; True if it was not known yet."""
-        if self.view[index]:
-            return False
+        """Flag sample ``index``; True if it was not flagged yet."""
+        known = self.view[index]
         self.view[index] = 1
-        return True
+        return not known
 
     def count(self) -> int:
-        """Distinct samples found unreadable so far (by any process sharing the flags)."""
+        """Distinct samples flagged so far (by any process sharing the flags)."""
         return int(self.flags.sum())
 
     def next_readable(self, index: int) -> int:
-        """``index`` or the next (wrapping) not known unreadable; :class:`DataError` if none."""
+        """``index`` or the next (wrapping) not flagged; :class:`DataError` if none."""
         size = len(self.flags)
         for step in range(size):
             if not self.view[(index + step) % size]:
@@ -91,10 +89,9 @@ def check_share(unreadable: UnreadableSet, max_bad_share: float, size: int) -> N
 
 
 class BadSamples:
-    """A split's record of damaged samples, made before the workers start: :attr:`unreadable`
-    (replaced, never drawn again) and :attr:`warned` (kept, named once), one flag per sample each,
-    in shared memory if ``shared``; ``name_of(index)`` names a sample in the warnings; at most
-    ``max_tries`` failing samples in a row (:func:`fetch_readable`)."""
+    """A split's :class:`UnreadableSet` s, made before the workers start: :attr:`unreadable`
+    (replaced, never drawn again) and :attr:`warned` (kept, named once); ``name_of(index)``
+    names a sample in the warnings; at most ``max_tries`` failing samples in a row."""
 
     def __init__(self, size: int, name_of=str, shared: bool = False, max_tries: int = 16):
         self.unreadable = UnreadableSet(size, shared=shared)
@@ -104,10 +101,9 @@ class BadSamples:
 
 def fetch_readable(fetch, index: int, bad: BadSamples):
     """``(fetch(j), found)``: ``j`` is ``index`` or, where that sample is known unreadable or
-    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable;
-    each newly failing sample is remembered and named once on stderr, ``found`` counts them. A
-    sample native decoders warn about (:class:`decode.messages.capture`) is kept and named once.
-    Raises :class:`DataError` if ``bad.max_tries`` samples in a row fail or all are unreadable."""
+    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable,
+    ``found`` the samples newly failing (each named once on stderr). Raises :class:`DataError`
+    if ``bad.max_tries`` samples in a row fail or all are unreadable."""
     unreadable, found, j = bad.unreadable, 0, index
     for _ in range(bad.max_tries):
         if unreadable.view[j]:  # the one byte a healthy sample costs

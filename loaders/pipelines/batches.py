@@ -9,15 +9,15 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 from ..draws import seed_sequence
 from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
 from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
-from ..timing.batch_stages import StagedLoader
-from .bad_samples import check_share
+from ..timing.stages import StagedLoader
+from .bad_samples import BadSamples, check_share, fetch_readable
 from .closing import ClosingDataLoader
 
 PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
@@ -37,14 +37,13 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: ``pass_id``
-    (``SharedBatches.begin_pass``), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the
-    ``seed_key`` ``(seed, epoch, rank, first_batch)`` (None: no random transform) and at most
-    ``limit`` batches (None: all)."""
+    """What every batch of one pass carries to the workers: at most ``limit`` batches (None:
+    all), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the ``seed_key`` (None: no
+    random transform)."""
 
-    pass_id: int = 0
+    pass_id: int = 0  # SharedBatches.begin_pass's
     image_shape: tuple[int, int, int] | None = None
-    seed_key: tuple[int, int, int, int] | None = None
+    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch
     limit: int | None = None
 
     def seed(self, number: int) -> int | None:
@@ -99,6 +98,26 @@ def seeded(batch: NumberedBatch, fetch):
         return fetch(batch)
 
 
+class SampleBatches(Dataset):
+    """A dataset of :class:`NumberedBatch` es over ``reader`` (``max_pixels``: the acceptance
+    rule's limit): a sample is :meth:`sample` of its index, damaged ones replaced as ``bad`` has
+    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, :func:`seeded`."""
+
+    def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
+        self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int):
+        """``(sample(j), found)``: ``j`` is ``index`` or its replacement, ``found`` the samples
+        newly found unreadable."""
+        return fetch_readable(self.sample, index, self.bad)
+
+    def __getitems__(self, batch: NumberedBatch):
+        return seeded(batch, self._batch)
+
+
 def keep_as_is(batch):
     """``collate_fn`` for a dataset whose ``__getitems__`` already made the batch."""
     return batch
@@ -114,17 +133,28 @@ class DeviceFeed(PositionedLoader):
         W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
         returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
         erasing, epoch, first = self.erasing, self.epoch, self.start_batch
-        if erasing is None:
-            return None
-        return lambda images, number: erasing(images, epoch, first + number)
+        return None if erasing is None else (
+            lambda images, number: erasing(images, epoch, first + number))
+
+
+def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:
+    """``tensors``, made on a side stream up to its event ``done``, usable on ``device``'s current
+    stream: it waits for ``done``, and the allocator keeps their memory until its work queued so
+    far has run (``record_stream``). CPU tensors (``done`` None) as they are."""
+    if done is not None:
+        main = torch.cuda.current_stream(device)
+        main.wait_event(done)
+        for tensor in tensors:
+            tensor.record_stream(main)
+    return tensors
 
 
 class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
     :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
     at most ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after
-    ``set_epoch``. Raises :class:`DataError` for an empty training order. A subclass makes
-    ``self.loader`` (:meth:`_dataloader`) and ``self.unreadable`` (an ``UnreadableSet``)."""
+    ``set_epoch``; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty
+    training order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -139,9 +169,19 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
         self.start_batch = self.epoch = 0
+        # Flags made before any worker starts, kept for the loader's lifetime.
+        self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
+        self.unreadable = self.bad.unreadable
         self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         # The workers' base seed; augmentations are seeded per batch (PassPlan).
         self._generator = torch.Generator().manual_seed(epoch_seed(self.seed, 0, self.rank))
+
+    @classmethod
+    def pair(cls, train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo, *args):
+        """``(train, val)`` loaders of this class (``args`` after ``train``) over the training
+        order of ``train`` and the validation order of ``val``."""
+        return (cls(train, train.train_order(settings, dist), settings, dist, True, *args),
+                cls(val, val.val_order(settings, dist), settings, dist, False, *args))
 
     def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
         """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches, its

@@ -1,10 +1,9 @@
 """Stopping the DataLoader workers a loader started, on every way out of a run. torch's shutdown
 alone is not enough: our workers block SIGTERM and SIGUSR1 (forked while the training process
-catches SLURM's stop signals, ``engine.distributed.preempt``), so ``terminate`` does nothing, and
-a worker waiting for a batch slot or a streamed shard never reads the shutdown message; torch
-leaves it running after 5 s and ``multiprocessing`` joins it forever at exit. Here every worker
-is asked to stop, given :data:`STOP_GRACE_S` (all together) and SIGKILLed after; an ``atexit``
-hook run before torch's does the same for any worker a loader left behind."""
+catches SLURM's stop signals, ``engine.distributed.preempt``), and one waiting for a batch slot
+or a streamed shard never reads the shutdown message: torch leaves it running, and
+``multiprocessing`` joins it forever at exit. Here every worker is asked to stop, given
+:data:`STOP_GRACE_S` (all together) and SIGKILLed after, also at exit (``atexit``)."""
 from __future__ import annotations
 
 import atexit
@@ -25,9 +24,8 @@ _workers: weakref.WeakSet = weakref.WeakSet()  # and every worker process of tho
 
 
 class ClosingDataLoader(DataLoader):
-    """``torch.utils.data.DataLoader`` whose :meth:`close` stops the workers of every iterator
-    it made (persistent ones, and those of a pass left part-way); a later ``iter()`` starts new
-    workers."""
+    """``DataLoader`` whose :meth:`close` stops the workers of every iterator it made (persistent
+    ones, and those of a pass left part-way); a later ``iter()`` starts new workers."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -52,17 +50,15 @@ class ClosingDataLoader(DataLoader):
         return iterator
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop (join, else kill after ``grace_s`` seconds) the workers of every iterator made
-        here; the persistent iterator is forgotten."""
+        """Stop the workers of every iterator made here (:func:`stop_iterators`)."""
         made = list(self._made)  # held first: a dropped iterator's __del__ is torch's slow path
         self._iterator = None
         stop_iterators(made, grace_s)
 
 
 def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop the workers of ``iterators`` (torch ``_MultiProcessingDataLoaderIter`` s): torch's
-    shutdown message, ``grace_s`` seconds for all together, SIGKILL for the rest, then torch's
-    own shutdown closes the queues."""
+    """Stop the workers of torch's multi-process ``iterators``: torch's shutdown message,
+    ``grace_s`` seconds for all together, SIGKILL for the rest, then torch's own shutdown."""
     live = [it for it in iterators if not getattr(it, "_shutdown", True)]
     for iterator in live:
         iterator._workers_done_event.set()

@@ -4,15 +4,14 @@ batch; validation's the central crop's region as resize-then-crop would take it)
 :class:`BatchDecodeLoader` decodes each batch with nvImageCodec."""
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 import weakref
-from contextlib import nullcontext
 from typing import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from decode import decode, image_size
 from decode.acceptance import MAX_PIXELS, check
@@ -23,39 +22,30 @@ from ..orders import Order
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
 from ..timing import stages
-from ..timing.batch_stages import BatchStageLog, no_clock, thread_cpu
+from ..timing.stages import no_clock, thread_cpu
 from ..transforms import TrainTransform, center_crop_plan
 from ..transforms.normalize import imagenet_mean_std, normalize_into
 from .ahead import RunAhead, one_ahead
-from .bad_samples import (BadSamples, UnreadableSet, fetch_readable, report_damaged,
-                          report_unreadable)
-from .batches import NumberedBatch, ReaderLoader, seeded
-
-# Columns of a batch's ``stages`` rows: read and window seconds, the record's bytes.
-READ, WINDOW, BYTES = range(3)
+from .bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
+from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
 
 
-class WindowBatches(Dataset):
-    """``reader``'s samples as the workers hand them over (:meth:`window` per sample, damaged
-    ones replaced as ``bad`` has it). A :class:`NumberedBatch` -> a dict: ``data`` uint8 (the
-    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)``
-    (top, left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
-    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a
-    ``clock`` (a ``StageClock``) also ``stages`` float64 ``(N, 3)`` (:data:`READ`,
-    :data:`WINDOW`, :data:`BYTES`) and ``stage_batch`` float64 ``(stages.BATCH_COLUMNS,)``."""
+class WindowBatches(SampleBatches):
+    """:class:`SampleBatches` of ``reader``'s samples as the workers hand them over. A batch ->
+    a dict: ``data`` uint8 (the encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``,
+    ``windows`` int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``,
+    ``labels``/``indices`` int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints
+    ``number`` and ``found``; with a ``clock`` (a ``StageClock``) also its float64 rows:
+    ``stages`` ``(N, IMAGE_COLUMNS)`` and ``stage_batch`` ``(BATCH_COLUMNS,)``."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
                  clock=None, max_pixels: int = MAX_PIXELS):
-        self.reader, self.val_sizes, self.bad, self.clock = reader, val_sizes, bad, clock
-        self.max_pixels = max_pixels
-        self.draw = TrainTransform()
+        super().__init__(reader, bad, max_pixels)
+        self.val_sizes, self.clock, self.draw = val_sizes, clock, TrainTransform()
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def window(self, index: int):
-        """``((bytes, window, flip, index, frame), label)``: training's RandomResizedCrop window
-        (the batch's seed; ``frame`` None), or validation's central crop region and frame
+    def sample(self, index: int):
+        """``(bytes, window, flip, index, frame, label)``: training's RandomResizedCrop window
+        (the batch's seed; ``frame`` -1s), or validation's central crop region and frame
         (``val_sizes`` = ``(resize, crop)``); sizes from the header the acceptance rule
         (``max_pixels``) read, else a whole decode (which raises for non-images). The clock
         gets the read's and window's seconds and the record's bytes."""
@@ -67,49 +57,34 @@ class WindowBatches(Dataset):
             clock.t[stages.READ] += read - started
             clock.t[stages.BYTES] = len(data)
         frame = check(data, self.max_pixels)
-        if self.val_sizes is None:
-            window, flip, _ = self.draw.window(data, lambda d: image_size(d, frame), frame)
-        else:
+        if self.val_sizes is not None:
             size = image_size(data, frame)
             if size is None:  # no header parser reads it: the whole decode raises, or sizes it
                 size = tuple(decode(data).shape[-2:])
             window, frame = center_crop_plan(*size, *self.val_sizes)
-            return (data, window, False, index, frame), label
+            return data, window, False, index, frame, label
+        window, flip, _ = self.draw.window(data, lambda d: image_size(d, frame), frame)
         if clock is not None:
             clock.t[stages.WINDOW] += time.perf_counter() - read
-        return (data, window, flip, index, None), label
+        return data, window, flip, index, (-1,) * 6, label
 
-    def __getitem__(self, index: int):
-        return fetch_readable(self.window, index, self.bad)
-
-    def __getitems__(self, batch: NumberedBatch) -> dict:
-        return seeded(batch, self._read)
-
-    def _read(self, batch: NumberedBatch) -> dict:
-        clock = self.clock
+    def _batch(self, batch: NumberedBatch) -> dict:
+        clock, samples, found = self.clock, [], 0
         if clock is not None:
             clock.begin_batch()
-            rows = np.zeros((len(batch), 3))
-        datas, windows, flips, labels, indices, frames, found = [], [], [], [], [], [], 0
+            rows = np.zeros((len(batch), stages.IMAGE_COLUMNS))
         for i, index in enumerate(batch):
             if clock is not None:
                 clock.begin_image()
-            ((data, window, flip, used, frame), label), new_bad = self[index]
+            sample, new_bad = self[index]
             if clock is not None:
-                rows[i] = clock.t[stages.READ], clock.t[stages.WINDOW], clock.t[stages.BYTES]
-            frames.append(frame or (-1,) * 6)
-            datas.append(data)
-            windows.append(window)
-            flips.append(flip)
-            labels.append(label)
-            indices.append(used)
+                rows[i] = clock.t
+            samples.append(sample)
             found += new_bad
-        sizes = np.fromiter((len(d) for d in datas), dtype=np.int64, count=len(datas))
-        joined = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-        joined.numpy()[:] = np.frombuffer(b"".join(datas), dtype=np.uint8)
-        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
-        offsets[1:] = torch.from_numpy(np.cumsum(sizes))
-        out = dict(data=joined, offsets=offsets, number=batch.number, found=found,
+        datas, windows, flips, indices, frames, labels = zip(*samples)
+        out = dict(data=torch.tensor(np.frombuffer(b"".join(datas), dtype=np.uint8)),
+                   offsets=torch.tensor(np.cumsum([0, *map(len, datas)]), dtype=torch.int64),
+                   number=batch.number, found=found,
                    windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
                    flips=torch.tensor(flips, dtype=torch.bool),
                    labels=torch.tensor(labels, dtype=torch.int64),
@@ -127,31 +102,29 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: DataLoader workers read the bytes and
-    draw the windows (:class:`WindowBatches`); ``decoder`` (nvImageCodec on the GPU, or its CPU
-    backend) decodes, resizes, flips and normalises each batch here, in a thread two batches
-    ahead (``-j 0``: one, on the training thread), on CUDA on a side stream. A sample the decoder
-    declines is decoded on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is named once,
-    marked (:attr:`unreadable`) and replaced by another of its batch (:class:`DataError` past
-    ``max_bad_share``); one a native decoder warned about is kept and named once (:attr:`warned`).
-    Training measures its stages (``timing.batch_stages``; CUDA: host seconds)."""
+    """A :class:`ReaderLoader` whose DataLoader workers read the bytes and draw the windows
+    (:class:`WindowBatches`), and whose ``decoder`` (nvImageCodec on the GPU, or its CPU backend)
+    decodes, resizes, flips and normalises each batch here, in a thread two batches ahead (``-j
+    0``: one, on the training thread), on CUDA on a side stream. A sample it declines is decoded
+    on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is replaced by another of its batch
+    (:attr:`unreadable`); one a native decoder warned about is kept (:attr:`warned`). Training
+    measures its stages (CUDA: host seconds)."""
 
-    def __init__(self, reader: Reader, order: Order, decoder: WindowDecoder,
-                 settings: LoaderSettings, dist: DistInfo, train: bool):
+    def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
+                 train: bool, decoder: WindowDecoder):
         super().__init__(reader, order, settings, dist, train)
         self.decoder, self.cpu_fallbacks = decoder, 0
         self.crop_size = settings.crop_size(train)
         mean, std = imagenet_mean_std(self.device)
-        self.scale, self.shift = 1 / std, -mean / std
+        self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
         workers = settings.workers  # the clock goes to the workers, the log stays here
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
-        self.stage_log = BatchStageLog(STAGES, side) if clock else None
+        self.stage_log = stages.StageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
-        self.unreadable = bad.unreadable
         self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
-        self._dataset = WindowBatches(reader, val_sizes, bad, clock, settings.max_image_pixels)
+        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock,
+                                      settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -181,21 +154,20 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._plan()
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
-        if cuda:  # scale/shift were written on the current stream
+        stream, fallbacks = None, self.cpu_fallbacks
+        if self.device.type == "cuda":  # a side stream, after scale/shift were written
+            stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        fallbacks = self.cpu_fallbacks
         # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
         # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
         batches = self._decoded(stream, len(self), self._eraser())
         batches = RunAhead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
             for images, labels, done in batches:
-                yield self._hand_over((images, labels), done)
+                yield hand_over((images, labels), done, self.device)
         finally:
             batches.close()
-            if cuda:
+            if stream is not None:
                 stream.synchronize()  # the next pass may reuse what this one decodes into
             if self.cpu_fallbacks > fallbacks:
                 print(f"note: {self.cpu_fallbacks - fallbacks} samples decoded on the CPU "
@@ -205,31 +177,25 @@ class BatchDecodeLoader(ReaderLoader):
     def _decoded(self, stream, total: int, erase):
         """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`), on CUDA
         ``done`` the side stream's event after them (else None)."""
-        for step, item in enumerate(self.loader):
-            if step == total:
-                return
+        for item in itertools.islice(self.loader, total):
             self._check_bad(item["found"])
             timing = {} if self.stage_log is not None else None
             started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
             images, labels = self._decode(item, stream, timing, erase)
             if timing is not None:
                 self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
-            done = None
-            if stream is not None:
-                done = torch.cuda.Event()
-                done.record(stream)
-            yield images, labels, done
+            yield images, labels, None if stream is None else stream.record_event()
 
     def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
         """Add one batch to :attr:`stage_log`: its workers' rows (``item``), the decode thread's
         ``timing`` (seconds by stage), ``wall`` and ``cpu`` seconds."""
         log, count = self.stage_log, len(item["labels"])
         rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
-        log.add("read", rows[:, READ])
-        log.add("window", rows[:, WINDOW])
+        log.add("read", rows[:, stages.READ])
+        log.add("window", rows[:, stages.WINDOW])
         log.add_reader(int(batch[stages.WORKER]), count, float(batch[stages.WALL]),
-                       float(batch[stages.CPU]), float(rows[:, [READ, WINDOW]].sum()),
-                       float(rows[:, BYTES].sum()))
+                       float(batch[stages.CPU]), float(rows[:, :stages.DECODE].sum()),
+                       float(rows[:, stages.BYTES].sum()))
         log.add_hand_over(count, timing, wall, cpu)
 
     def _decode(self, item: dict, stream, timing: dict | None = None,
@@ -241,14 +207,12 @@ class BatchDecodeLoader(ReaderLoader):
         data, offsets = item["data"].numpy(), item["offsets"].tolist()
         datas = [data[a:b] for a, b in zip(offsets, offsets[1:])]
         windows = [tuple(w) for w in item["windows"].tolist()]
-        size = (self.crop_size, self.crop_size)
-        context = torch.cuda.stream(stream) if stream is not None else nullcontext()
-        with context:
+        frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
+        with torch.cuda.stream(stream):  # None: no stream (the CPU)
             try:
-                frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
-                out = self.decoder.decode(datas, windows, size,
-                                          stream.cuda_stream if stream is not None else 0,
-                                          frames, timing)
+                out = self.decoder.decode(datas, windows, (self.crop_size, self.crop_size),
+                                          0 if stream is None else stream.cuda_stream, frames,
+                                          timing)
             except torch.cuda.OutOfMemoryError as exc:
                 raise AcceleratorError(f"GPU decode: {exc}".splitlines()[0]) from None
             decoded = clock()
@@ -279,42 +243,30 @@ class BatchDecodeLoader(ReaderLoader):
                 timing.update(augment=flipped - moved, copy=clock() - flipped + moved - replaced)
             return images, labels
 
-    def _hand_over(self, ready, done):
-        """``ready``'s tensors, usable on the current stream after the side stream's ``done``."""
-        if done is None:
-            return ready
-        main = torch.cuda.current_stream(self.device)
-        main.wait_event(done)
-        for tensor in ready:
-            tensor.record_stream(main)
-        return ready
-
     def _replace_failed(self, out, item):
         """The batch with each undecodable sample marked, named and replaced by its first decoded
         image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
-        good = [i for i in range(len(out.images)) if i not in failed]
-        if not good:
+        good = next((i for i in range(len(out.images)) if i not in failed), None)
+        if good is None:
             raise DataError(f"no sample of a batch of {len(out.images)} decoded: is the "
                             "data damaged?")
-        images, labels = out.images, item["labels"].clone()
-        found = 0
+        images, labels, found = out.images, item["labels"].clone(), 0
         for i, exc in out.failed:
             index = int(item["indices"][i])
             if self.unreadable.mark(index):
                 found += 1
                 report_unreadable(self.reader.name_of(index), exc)
-            images[i] = images[good[0]]
-            labels[i] = labels[good[0]]
+            images[i], labels[i] = images[good], labels[good]
         self._check_bad(found)
         return images, labels
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` on ``dist.device`` (``cuda``: the first that
-    decodes a probe window into device memory, :func:`decode.gpu.probe_cuda`). Raises
-    :class:`AcceleratorError` for ``cuda`` on a CPU device or where no GPU decoder decodes
-    (unless ``settings.allow_cpu_decode``), and without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` (``cuda``: the first that decodes a probe
+    window into device memory, :func:`decode.gpu.probe_cuda`). Raises :class:`AcceleratorError`
+    for ``cuda`` on a CPU device or where no GPU decoder decodes (unless ``allow_cpu_decode``),
+    and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "
@@ -343,11 +295,6 @@ def refusal(choice: CudaChoice) -> str:
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder. Raises
-    :class:`DataError` for a training order smaller than one batch, :class:`AcceleratorError`
-    where the decoder cannot run (:func:`make_decoder`)."""
-    decoder = make_decoder(settings, dist)
-    return (BatchDecodeLoader(train, train.train_order(settings, dist), decoder, settings, dist,
-                              train=True),
-            BatchDecodeLoader(val, val.val_order(settings, dist), decoder, settings, dist,
-                              train=False))
+    """``(train, val)`` :class:`BatchDecodeLoader` s sharing one decoder; raises as
+    :meth:`~.batches.ReaderLoader.pair` and :func:`make_decoder`."""
+    return BatchDecodeLoader.pair(train, val, settings, dist, make_decoder(settings, dist))

@@ -10,7 +10,7 @@ import torch
 from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder, batches_per_epoch
 from ..settings import DistInfo, LoaderSettings
-from ..timing.batch_stages import StagedLoader
+from ..timing.stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
 from .batches import DeviceFeed
 
@@ -20,18 +20,15 @@ NUM_CLASSES = 1000
 
 
 class SyntheticLoader(StagedLoader, DeviceFeed):
-    """Yields the same ``(images, labels)`` batch as often as a real loader over ``num_samples``
-    images would: ``images`` ``settings.dtype`` ``(batch_size, 3, size, size)`` on
-    ``dist.device`` (the split's crop), uniform uint8 noise normalised as real data; ``labels``
-    int64 ``(batch_size,)`` in ``[0, NUM_CLASSES)``."""
+    """Yields the same batch as often as a real loader over ``num_samples`` images would:
+    uniform uint8 noise of the split's crop size normalised as real data, labels in ``[0,
+    NUM_CLASSES)``."""
 
     def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool):
         self.batch_size = batch_size = settings.batch_size
         self.classes = [f"class{i:04d}" for i in range(NUM_CLASSES)]
-        self.start_batch = 0
         # The batch count of a real loader over an epoch of this size (same order lengths).
-        order = (RandomOrder(num_samples, dist.rank, dist.world_size) if train
-                 else ShardOrder(num_samples, dist.rank, dist.world_size))
+        order = (RandomOrder if train else ShardOrder)(num_samples, dist.rank, dist.world_size)
         self._len = batches_per_epoch(len(order), batch_size, train, settings.max_batches(train))
         self.position_order, self.rank = order, dist.rank
         self.train, self.seed, self.device = train, settings.seed + dist.rank, dist.device
@@ -49,14 +46,13 @@ class SyntheticLoader(StagedLoader, DeviceFeed):
         return self.images.shape[-1]
 
     def set_resolution(self, size: int) -> None:
-        """Training: images of ``size`` px from now on, each size's batch made once. Raises
-        ``ValueError`` for a validation loader."""
+        """Training: images of ``size`` px from now on. Raises ``ValueError`` for validation."""
         if not self.train:
             raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
         self.images = self._batch(size)
 
     def _batch(self, size: int) -> torch.Tensor:
-        """The normalised ``(batch_size, 3, size, size)`` noise batch of side ``size``."""
+        """The batch of side ``size``, made once."""
         if size not in self._batches:
             gen = torch.Generator().manual_seed(self.seed * 7919 + size)
             with _allocating(self.batch_size, size, self.device):
@@ -78,12 +74,9 @@ class SyntheticLoader(StagedLoader, DeviceFeed):
         """Nothing to stop (no workers)."""
 
     def __iter__(self):
-        return self._delivered(self._batches_left())
-
-    def _batches_left(self):
-        erase = self._eraser()
-        for number in range(len(self)):  # erased in place: a copy, else the erasures add up
-            yield self.images if erase is None else erase(self.images.clone(), number), self.labels
+        erase = self._eraser()  # erased in place: a copy, else the erasures add up
+        return self._delivered((self.images if erase is None else erase(self.images.clone(), n),
+                                self.labels) for n in range(len(self)))
 
 
 @contextmanager

@@ -1,11 +1,15 @@
-"""Where a DataLoader worker's time goes, image by image, for a few ``perf_counter`` calls each.
-A worker's :class:`StageClock` writes each image's stage seconds and each batch's worker id, wall
-and CPU time into the slot's stage rows beside the pixels (no message or object per image); the
-main process's :class:`StageLog` keeps histograms and sums for ``engine.report.bounds``.
-``IMAGENET_FAST_STAGES=0`` switches it all off (no clock call is made)."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each. A
+DataLoader worker's :class:`StageClock` writes each image's stage seconds and each batch's worker
+id, wall and CPU time into the slot's stage rows beside the pixels (no message or object per
+image); the pipelines that decode whole batches (``--decode-device``, DALI) time their *readers*
+(workers, or DALI's feed threads: read, window) and their *batch decoder* (the training process:
+decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps the
+histograms and sums of either for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0`` switches
+it all off (no clock call is made)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -58,12 +62,13 @@ def p50_p90(seconds: list) -> dict:
             "p90": float(np.percentile(ms, 90)) if len(ms) else None}
 
 
-def worker_figures(wid: int, images, wall, cpu, staged, slot_wait_ms) -> dict:
-    """One worker's (or reader's) figures: ``wall``, ``cpu``, ``staged`` (the stages' sum) in s."""
+def worker_figures(wid: int, batches, images, wall, cpu, slot_wait, staged, nbytes) -> dict:
+    """One reader's figures from :meth:`StageLog.add_reader`'s sums."""
     return {"id": wid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
             "stages_ms_per_image": 1e3 * staged / max(images, 1),
             "images_per_sec": images / wall if wall > 0 else None,
-            "cpu_share": cpu / wall if wall > 0 else None, "slot_wait_ms": slot_wait_ms}
+            "cpu_share": cpu / wall if wall > 0 else None,
+            "slot_wait_ms": None if np.isnan(slot_wait) else 1e3 * slot_wait / max(batches, 1)}
 
 
 def enabled() -> bool:
@@ -73,7 +78,7 @@ def enabled() -> bool:
 
 class StageClock:
     """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
-    image (stage seconds added, so a replaced sample counts both tries)."""
+    image (stage seconds added: a replaced sample counts both tries)."""
 
     __slots__ = ("t", "started", "sampled", "_cpu")
 
@@ -82,11 +87,9 @@ class StageClock:
         self.started = self.sampled = self._cpu = 0.0  # sampled: when the slot copy began
 
     def begin_batch(self) -> None:
-        """Start a batch's wall and CPU clocks."""
         self.started, self._cpu = time.perf_counter(), time.process_time()
 
     def begin_image(self) -> None:
-        """Zero the figures for the next image."""
         self.t[:] = _ZEROS
 
     def end_image(self, rows: np.ndarray, i: int) -> None:
@@ -126,111 +129,190 @@ def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
     return out
 
 
-def image_rows(slots: int, batch_size: int) -> torch.Tensor:
-    """Zeroed float64 ``(slots, batch_size * IMAGE_COLUMNS)`` per-image stage rows."""
-    return torch.zeros(slots, batch_size * IMAGE_COLUMNS, dtype=torch.float64)
+def no_clock() -> float:
+    """0.0: ``time.perf_counter`` while a pipeline's stages go unmeasured."""
+    return 0.0
 
 
-def batch_rows(slots: int) -> torch.Tensor:
-    """Zeroed float64 ``(slots, BATCH_COLUMNS)`` per-batch rows."""
-    return torch.zeros(slots, BATCH_COLUMNS, dtype=torch.float64)
+thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apart from others'
 
 
 class StageLog:
-    """The main process's sums of an epoch's stage rows (:meth:`add`) and of the copies to the
-    device (:meth:`add_copy`)."""
+    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe:
+    the workers' slot rows (:meth:`add_slot`), or a batch pipeline's readers (:meth:`add`,
+    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`, ``decoder_name``). ``rated``:
+    whether the slower side is the pipeline's rate (False for DALI: its decode is unmeasured)."""
 
-    def __init__(self):
+    def __init__(self, stages: tuple[str, ...] = STAGES, decoder_name: str | None = None,
+                 rated: bool = True, readers_name: str = "workers"):
+        unknown = set(stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stages {sorted(unknown)}: not in {STAGES}")
+        self.stages, self.decoder_name, self.rated = tuple(stages), decoder_name, rated
+        self.readers_name = readers_name
+        self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
         """Forget everything counted so far."""
-        self.hist = np.zeros((_ROWS, len(MIDDLES_MS)), dtype=np.int64)
-        self.sums = np.zeros(_ROWS)  # seconds
-        self.kind_images = np.zeros(len(KINDS) + 1, dtype=np.int64)  # 0: unknown
-        self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
-        self.images = 0
-        self.bytes = 0.0
-        # id -> batches, images, wall, cpu, slot wait, the stages' sum (seconds)
-        self.workers: dict[int, np.ndarray] = {}
-        self.copies: list[float] = []  # seconds per batch
-        self._pending: list = []  # CUDA (start, end) event pairs not yet read
+        with self._lock:
+            self.hist = np.zeros((_ROWS, len(MIDDLES_MS)), dtype=np.int64)
+            self.sums = np.zeros(_ROWS)  # seconds
+            self.counts = np.zeros(_ROWS, dtype=np.int64)  # images
+            self.by_size = np.zeros((len(SIZE_NAMES), 3))  # images, decode s, total s
+            # reader id -> batches, images, wall, cpu, slot wait (NaN: none), stages' sum (s), bytes
+            self.workers: dict[int, np.ndarray] = {}
+            self.decoder = np.zeros(3)  # images, wall s, cpu s of the batch decoder side
+            self.copies: list[float] = []  # hand-over seconds per batch
+            self.waits: list[float] = []  # seconds the training thread waited (DALI's run)
+            self._pending: list = []  # CUDA (start, end) event pairs not yet read
 
-    def add(self, images: np.ndarray, batch: np.ndarray, count: int) -> None:
-        """Add one batch: ``images`` its slot's flat stage rows (``count`` images used),
-        ``batch`` its batch row; a few numpy calls per batch, none per image."""
+    def add_slot(self, images: np.ndarray, batch: np.ndarray, count: int) -> None:
+        """Add one workers' batch: ``images`` its slot's flat stage rows (``count`` images
+        used), ``batch`` its batch row; a few numpy calls per batch, none per image."""
         rows = images[:count * IMAGE_COLUMNS].reshape(count, IMAGE_COLUMNS)
         stage_s = rows[:, :len(STAGES)]
         total_s = stage_s.sum(axis=1)
-        kinds = rows[:, KIND].astype(np.int64)
         decode_s = stage_s[:, DECODE]
-        values = [stage_s.T]
         # decode by decoder: one row per kind, the images of other kinds left out (NaN)
-        for code in range(1, len(KINDS) + 1):
-            values.append(np.where(kinds == code, decode_s, np.nan)[None])
-        values.append(total_s[None])
-        seconds = np.concatenate(values)  # (_ROWS, count)
+        codes = np.arange(1, len(KINDS) + 1)[:, None]
+        by_kind = np.where(codes == rows[:, KIND].astype(np.int64), decode_s, np.nan)
+        seconds = np.concatenate([stage_s.T, by_kind, total_s[None]])  # (_ROWS, count)
         present = ~np.isnan(seconds)
         flat = (np.arange(_ROWS)[:, None] * len(MIDDLES_MS) + ms_bins(seconds))[present]
-        self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
-        self.sums += np.nansum(seconds, axis=1)
-        self.kind_images += np.bincount(np.clip(kinds, 0, len(KINDS)), minlength=len(KINDS) + 1)
         size_class = np.searchsorted(SIZE_CLASSES, rows[:, SIDE], side="left")
-        for c in range(len(SIZE_NAMES)):
-            mine = size_class == c
-            self.by_size[c] += (mine.sum(), decode_s[mine].sum(), total_s[mine].sum())
-        self.images += count
-        self.bytes += float(rows[:, BYTES].sum())
-        worker = int(batch[WORKER])
-        sums = self.workers.setdefault(worker, np.zeros(6))
-        sums += (1, count, batch[WALL], batch[CPU], batch[SLOT_WAIT], total_s.sum())
+        with self._lock:
+            self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
+            self.sums += np.nansum(seconds, axis=1)
+            self.counts += present.sum(axis=1)
+            for c in range(len(SIZE_NAMES)):
+                mine = size_class == c
+                self.by_size[c] += (mine.sum(), decode_s[mine].sum(), total_s[mine].sum())
+        self.add_reader(int(batch[WORKER]), count, batch[WALL], batch[CPU], total_s.sum(),
+                        float(rows[:, BYTES].sum()), batch[SLOT_WAIT])
+
+    def add(self, stage: str, seconds) -> None:
+        """Per-image seconds (array-like) of ``stage`` for a batch's images."""
+        seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        row = STAGES.index(stage)
+        with self._lock:
+            self.hist[row] += np.bincount(ms_bins(seconds), minlength=len(MIDDLES_MS))
+            self.sums[row] += float(seconds.sum())
+            self.counts[row] += len(seconds)
+
+    def add_batch(self, stage: str, seconds: float, count: int) -> None:
+        """A batch-wide ``stage`` (one call, ``count`` images) of ``seconds``, as equal shares."""
+        if count > 0:
+            self.add(stage, np.full(count, seconds / count))
+
+    def add_reader(self, reader: int, images: int, wall: float, cpu: float, staged: float,
+                   nbytes: float = 0.0, slot_wait: float = np.nan) -> None:
+        """One batch read by ``reader`` (worker id, -1 for ``-j 0``, or feed number): ``wall``,
+        ``cpu``, ``staged`` (its stages' sum) and ``slot_wait`` seconds, the records' ``nbytes``."""
+        with self._lock:
+            sums = self.workers.setdefault(reader, np.zeros(7))
+            sums += (1, images, wall, cpu, slot_wait, staged, nbytes)
 
     def add_copy(self, seconds: float | None = None, events=None) -> None:
-        """One batch's copy to the device: ``seconds``, or ``events``, a timed CUDA ``(start,
-        end)`` pair read once completed."""
-        if events is not None:
+        """One batch's copy to the device: ``seconds``, or timed CUDA ``(start, end)`` events."""
+        with self._lock:
+            if events is None:
+                self.copies.append(seconds)
+                return
             self._pending.append(events)
             if len(self._pending) >= 64:
                 self._pending = read_event_pairs(self._pending, self.copies, wait=False)
-        else:
-            self.copies.append(seconds)
+
+    def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
+                      wait: float | None = None) -> None:
+        """One batch of ``count`` images through the batch decoder: ``timing``'s stages (s by
+        name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu`` s, the training thread's
+        ``wait`` (DALI's ``run()``)."""
+        for stage in self.stages:
+            if stage in timing:
+                self.add_batch(stage, timing[stage], count)
+        with self._lock:
+            self.copies.append(timing["copy"])
+            if wait is not None:
+                self.waits.append(wait)
+            self.decoder += (count, wall, cpu)
+
+    def _figures(self, row: int) -> dict | None:
+        count = int(self.counts[row])
+        if not count:
+            return None
+        p50, p90 = quantiles(self.hist[row])
+        return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far (ms per image unless named otherwise), JSON-able: ``images``;
-        ``stages``: ``{stage: {"mean", "p50", "p90"}}`` for every stage of :data:`STAGES` and
-        ``total`` (their sum per image); ``decoders``: ``{kind: {"share" (of images), "mean",
-        "p50", "p90"}}`` for the decoders used; ``workers``: per worker ``{"id", "images",
-        "ms_per_image" (wall, slot waits apart), "stages_ms_per_image", "images_per_sec",
-        "cpu_share" (process CPU / wall), "slot_wait_ms" (per batch)}``; ``worker_ms_per_image``
-        (all workers' wall over all images), ``loader_images_per_sec`` (the workers' images/s
-        summed: their rate never idle), ``sizes``: ``{"le256"|"le512"|"gt512": {"share",
-        "decode_ms", "ms"}}`` by stored longer side, ``kb_per_image``; ``copy_ms_per_batch``:
-        ``{"p50", "p90"}`` (None without copies). An empty log gives ``images`` 0."""
-        self._pending = read_event_pairs(self._pending, self.copies, wait=True)
-        n = max(self.images, 1)
+        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``
+        (``{"mean", "p50", "p90"}``, None where not had) of :data:`STAGES` and ``total`` (a batch
+        pipeline's, its sides timing different images: the means' sum); ``decoders`` and
+        ``sizes`` (by stored longer side) of the workers; ``workers``: per reader (named by
+        ``readers``) ``{"id", "images", "ms_per_image", "stages_ms_per_image",
+        "images_per_sec", "cpu_share", "slot_wait_ms"}``; ``worker_ms_per_image``;
+        ``batch_decoder`` (or None); ``loader_images_per_sec`` (the readers' summed, or the
+        batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
+        ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
+        with self._lock:
+            self._pending = read_event_pairs(self._pending, self.copies, wait=True)
+            stages = {name: self._figures(row) if name in self.stages else None
+                      for row, name in enumerate(STAGES)}
+            means = [s["mean"] for s in stages.values() if s is not None]
+            stages["total"] = self._figures(_TOTAL_ROW) or {
+                "mean": sum(means) if means else None, "p50": None, "p90": None}
+            workers = [worker_figures(rid, *sums) for rid, sums in sorted(self.workers.items())]
+            read_images = sum(w["images"] for w in workers)
+            read_wall = sum(s[2] for s in self.workers.values())
+            images, wall, cpu = self.decoder
+            decoder = None if not images else {
+                "where": self.decoder_name, "images": int(images),
+                "ms_per_image": 1e3 * wall / images,
+                "images_per_sec": images / wall if wall > 0 else None,
+                "thread_cpu_share": cpu / wall if wall > 0 else None}
+            n = int(images) or read_images
+            decoders = {kind: {"share": int(self.counts[row]) / n, **self._figures(row)}
+                        for row, kind in enumerate(KINDS, start=len(STAGES))
+                        if self.counts[row]}
+            sizes = None if not self.by_size[:, 0].any() else {
+                name: {"share": count / n, "decode_ms": 1e3 * dec / count if count else None,
+                       "ms": 1e3 * tot / count if count else None}
+                for name, (count, dec, tot) in zip(SIZE_NAMES, self.by_size)}
+            rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
+                     decoder and decoder["images_per_sec"]) if r]
+            return {"images": n, "stages": stages, "decoders": decoders,
+                    "workers": workers, "readers": self.readers_name,
+                    "worker_ms_per_image": 1e3 * read_wall / read_images if read_images
+                    else None,
+                    "batch_decoder": decoder,
+                    "loader_images_per_sec": min(rates) if rates and self.rated else None,
+                    "sizes": sizes,
+                    "kb_per_image": sum(s[6] for s in self.workers.values())
+                    / max(read_images, 1) / 1024,
+                    "copy_ms_per_batch": p50_p90(self.copies),
+                    "wait_ms_per_batch": p50_p90(self.waits) if self.waits else None}
 
-        def figures(row: int, images: int) -> dict:
-            p50, p90 = quantiles(self.hist[row])
-            return {"mean": 1e3 * self.sums[row] / images, "p50": p50, "p90": p90}
 
-        stages = {name: figures(row, n) for row, name in enumerate(STAGES)}
-        stages["total"] = figures(_TOTAL_ROW, n)
-        counts = self.kind_images[1:].tolist()
-        decoders = {kind: {"share": images / n, **figures(len(STAGES) + k, images)}
-                    for k, (kind, images) in enumerate(zip(KINDS, counts)) if images}
-        workers = [worker_figures(wid, images, wall, cpu, staged, 1e3 * wait / max(batches, 1))
-                   for wid, (batches, images, wall, cpu, wait, staged)
-                   in sorted(self.workers.items())]
-        wall = sum(s[2] for s in self.workers.values())
-        sizes = {name: {"share": images / n, "decode_ms": 1e3 * dec / images if images else None,
-                        "ms": 1e3 * tot / images if images else None}
-                 for name, (images, dec, tot) in zip(SIZE_NAMES, self.by_size)}
-        return {"images": self.images, "stages": stages, "decoders": decoders,
-                "workers": workers,
-                "worker_ms_per_image": 1e3 * wall / n if self.images else None,
-                "loader_images_per_sec": sum(w["images_per_sec"] or 0 for w in workers) or None,
-                "sizes": sizes, "kb_per_image": self.bytes / n / 1024,
-                "copy_ms_per_batch": p50_p90(self.copies)}
+class StagedLoader:
+    """The stage methods of a loader with a ``stage_log`` (None: not measured)."""
+
+    stage_log: StageLog | None = None
+    workers_configured = 0
+
+    def stage_summary(self, reset: bool = True) -> dict | None:
+        """The log's ``summary()`` with ``workers_configured`` (then reset if ``reset``), or
+        None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
+        if self.stage_log is None:
+            return None
+        figures = {**self.stage_log.summary(), "workers_configured": self.workers_configured}
+        if reset:
+            self.stage_log.reset()
+        return figures
+
+    def reset_stages(self) -> None:
+        """Forget the stage figures so far (e.g. after a benchmark's warm-up batches)."""
+        if self.stage_log is not None:
+            self.stage_log.reset()
 
 
 def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:

@@ -99,7 +99,7 @@ def test_stage_log_sums_and_quantiles():
     per_image[:, stages.SIDE] = [200, 500, 500, 1000]
     per_image[:, stages.BYTES] = 1024
     batch = np.array([1.0, 0.02, 0.01, 0.001])  # worker 1, 20 ms wall, 10 ms CPU, 1 ms wait
-    log.add(rows, batch, 4)
+    log.add_slot(rows, batch, 4)
     log.add_copy(0.004)
     out = log.summary()
     assert out["images"] == 4 and out["kb_per_image"] == 1.0

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator
 import torch
 
 from ...transforms.normalize import normalize_into
+from ..batches import hand_over
 
 # cudaHostRegisterDefault: a process copies its slots to its one device, and under unified
 # virtual addressing (every 64-bit Linux build) CUDA documents Default memory as portable too.
@@ -54,11 +55,9 @@ def _clear_cuda_error() -> None:
 class CudaFeeder:
     """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
     ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
-    in order and yields ``images`` ``dtype`` ``(count, 3, H, W)`` (channels-last if
-    ``channels_last``), ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)`` on the 0-255 scale), and
-    int64 ``labels`` ``(count,)``. A slot is released once its copy finished (page-locked) or
-    was staged into pinned memory. ``timing`` (a ``StageLog``, or None) gets each batch's
-    side-stream time."""
+    and yields ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``:
+    float32 ``(1, 3, 1, 1)``, 0-255 scale) and int64 labels. A slot is released once copied
+    (page-locked) or staged into pinned memory. ``timing``: a ``StageLog``, or None."""
 
     timing = None
 
@@ -74,24 +73,24 @@ class CudaFeeder:
                 pass_id: int = 0, erase=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``);
         ``erase(images, number)``, if given, erases each normalised batch on the side stream."""
+        def release(copied: torch.cuda.Event, slot: int | None, number: int) -> None:
+            if slot is not None:
+                copied.synchronize()  # issued a step ago, so normally already done
+                pool.release(slot, number, pass_id)
+
         current = None
         try:
             for number, slot, count in filled:
                 upcoming = self._upload(pool, number, slot, count, locked, pass_id, erase)
                 if current is not None:
                     yield current[:2]
-                # The model's next step waits for the upload; record_stream keeps the allocator
-                # from handing these tensors' memory to the next upload while they are in use.
-                main = torch.cuda.current_stream(self.device)
-                main.wait_stream(self.stream)
-                for tensor in upcoming[:2]:
-                    tensor.record_stream(main)
-                if current is not None:
-                    self._release(pool, *current[2:])
+                    release(*current[2:])
+                # The model's next step waits for the upload (queued once it took this batch)
+                hand_over(upcoming[:2], self.stream.record_event(), self.device)
                 current = upcoming
             if current is not None:
                 yield current[:2]
-                self._release(pool, *current[2:])
+                release(*current[2:])
         finally:
             # a pass left early may still be copying from a slot the next pass's workers refill
             self.stream.synchronize()
@@ -99,33 +98,24 @@ class CudaFeeder:
     def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int,
                 erase=None):
         """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
-        copied event, slot, number, pass_id)``, slot ``None`` if it was already released."""
+        copied event, slot, number)``, slot ``None`` if it was already released."""
         images, labels = pool.batch(slot, count)
+        timed = self.timing is not None
         with torch.cuda.stream(self.stream):
-            if self.timing is not None:
-                started = torch.cuda.Event(enable_timing=True)
-                started.record(self.stream)
+            if timed:
+                started = self.stream.record_event(torch.cuda.Event(enable_timing=True))
             if not locked:
                 images, labels = images.pin_memory(), labels.pin_memory()
                 pool.release(slot, number, pass_id)  # staged: the workers may refill it
                 slot = None
             gpu_images = images.to(self.device, non_blocking=True)
             gpu_labels = labels.to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(self.stream)
+            copied = self.stream.record_event()
             out = normalize_into(gpu_images, self.scale, self.shift, self.dtype,
                                  self.channels_last)
             if erase is not None:  # on the side stream, as the normalisation
                 out = erase(out, number)
-            if self.timing is not None:
-                ended = torch.cuda.Event(enable_timing=True)
-                ended.record(self.stream)
+            if timed:
+                ended = self.stream.record_event(torch.cuda.Event(enable_timing=True))
                 self.timing.add_copy(events=(started, ended))
-        return out, gpu_labels, copied, slot, number, pass_id
-
-    @staticmethod
-    def _release(pool, copied: torch.cuda.Event, slot: int | None, number: int,
-                 pass_id: int) -> None:
-        if slot is not None:
-            copied.synchronize()  # issued a step ago, so normally already done
-            pool.release(slot, number, pass_id)
+        return out, gpu_labels, copied, slot, number

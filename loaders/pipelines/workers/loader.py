@@ -13,7 +13,6 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...transforms import split_transform
 from ...transforms.normalize import imagenet_mean_std, normalize
-from ..bad_samples import BadSamples
 from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
@@ -22,31 +21,24 @@ from .step import SlotWriter, TimedSlotWriter
 
 
 class DeviceLoader(ReaderLoader):
-    """One split of ``reader`` in the indices of ``order``: ``settings.workers`` DataLoader
-    workers crop each sample to uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`)
-    into shared batch slots, and this process yields the batches of ``loaders.settings``'
-    contract, normalised on the device (a uint8 batch is 4x smaller to pass, pin and copy). The
-    slots (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking
-    costs about 0.1 s per pass on 2 cores) unless the reader plans each pass; :meth:`close`
-    stops them. On CUDA the slots are page-locked and each batch is copied and normalised on a
-    side stream one batch ahead (:class:`.cuda_feed.CudaFeeder`). Unreadable samples follow
-    :mod:`~loaders.pipelines.bad_samples` (past ``max_bad_share`` iterating raises
-    :class:`DataError`). A training loader measures its workers' stages (``timing.stages``)."""
+    """A :class:`ReaderLoader` whose ``settings.workers`` DataLoader workers crop each sample to
+    uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`) into shared batch slots,
+    normalised here on the device (a uint8 batch is 4x smaller to pass, pin and copy). The slots
+    (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking costs about
+    0.1 s per pass on 2 cores) unless the reader plans each pass. On CUDA the slots are
+    page-locked and each batch copied and normalised on a side stream one batch ahead
+    (:class:`.cuda_feed.CudaFeeder`). A training loader measures its workers' stages."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
         super().__init__(reader, order, settings, dist, train)
         self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
-        workers = settings.workers
-        # Flags made before any worker starts, kept for the loader's lifetime.
-        bad = BadSamples(len(reader), reader.name_of, shared=workers > 0)
-        self.unreadable = bad.unreadable
         timed = train and stages.enabled()
         self._writer = (TimedSlotWriter if timed else SlotWriter)(
-            reader, self.transform, bad, settings.max_image_pixels)
+            reader, self.transform, self.bad, settings.max_image_pixels)
         self.stage_log = stages.StageLog() if timed else None
-        self.loader = self._dataloader(self._writer, workers)
+        self.loader = self._dataloader(self._writer, settings.workers)
         self._made = [self.loader]  # every DataLoader a pass used: close() stops them
         # (DataLoader, slots or None) of the last finished pass; None while a pass is suspended.
         self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
@@ -66,15 +58,14 @@ class DeviceLoader(ReaderLoader):
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
-        workers. Raises ``ValueError`` for validation or a size above ``max_crop_size``."""
+        workers (``ValueError`` as :meth:`_check_resolution`)."""
         self._check_resolution(size)
         # workers started from now on fork with it; running ones take it from the batches
         self.transform.size = (size, size)
 
     def close(self) -> None:
-        """Stop every worker this loader started (kept ones and those of a pass left part-way:
-        joined, else killed after ``closing.STOP_GRACE_S``) and let the slots go. Safe on any way
-        out, more than once; a later pass starts new ones."""
+        """Stop every worker this loader started (kept ones and those of a pass left part-way)
+        and let the slots go; safe more than once, a later pass starts new ones."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()
@@ -158,13 +149,8 @@ class DeviceLoader(ReaderLoader):
                 return
             self._check_bad(found)
             if log is not None:
-                log.add(images[slot], batch[slot], count)
+                log.add_slot(images[slot], batch[slot], count)
             yield number, slot, count
 
 
-def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DeviceLoader` s; :class:`~loaders.DataError` for an empty
-    training order."""
-    orders = train.train_order(settings, dist), val.val_order(settings, dist)
-    return (DeviceLoader(train, orders[0], settings, dist, train=True),
-            DeviceLoader(val, orders[1], settings, dist, train=False))
+build_loaders = DeviceLoader.pair

@@ -32,12 +32,10 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 
 class SharedBatches:
     """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)`` and
-    their int64 labels, in memory forked or spawned DataLoader workers share: ``images[s]`` is
-    ``(batch_size, 3, H, W)``, NHWC in memory if ``channels_last``. The memory is sized once for
-    ``max_image_shape`` (default ``image_shape``), so :meth:`set_shape` serves any smaller shape
-    without allocating (or page-locking) anew; in ``/dev/shm`` when ``shared``, else ordinary
-    memory (``-j 0``). Raises :class:`DataError` if ``/dev/shm`` cannot hold the slots
-    (:func:`shared_bytes`), ``ValueError`` for a shape above ``max_image_shape``."""
+    their int64 labels, in memory DataLoader workers share (``/dev/shm`` if ``shared``, else
+    ordinary memory for ``-j 0``): ``images[s]`` is ``(batch_size, 3, H, W)``, NHWC in memory if
+    ``channels_last``, sized once for ``max_image_shape`` (:meth:`set_shape`). Raises
+    :class:`DataError` if ``/dev/shm`` cannot hold the slots (:func:`shared_bytes`)."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
                  channels_last: bool = False, shared: bool = True,
@@ -54,8 +52,9 @@ class SharedBatches:
         self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
         # Each image's and batch's stage figures, written with the pixels (loaders.timing.stages).
-        self.stage_images = stages.image_rows(slots, batch_size)
-        self.stage_batches = stages.batch_rows(slots)
+        self.stage_images = torch.zeros(slots, batch_size * stages.IMAGE_COLUMNS,
+                                        dtype=torch.float64)
+        self.stage_batches = torch.zeros(slots, stages.BATCH_COLUMNS, dtype=torch.float64)
         if shared:
             small = (self.labels, self.released, self.stage_images, self.stage_batches)
             try:
@@ -68,7 +67,8 @@ class SharedBatches:
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
-        """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only)."""
+        """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only), in
+        the same memory; ``ValueError`` above ``max_image_shape``."""
         channels, height, width = image_shape
         size = self.batch_size * math.prod(image_shape)
         if size > self.capacity:
@@ -90,8 +90,8 @@ class SharedBatches:
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
         """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch before
-        it in that slot was released. Raises :class:`DataError` after 600 s (the main process
-        stopped reading), or within about a second of the training process's end."""
+        it there was released. Raises :class:`DataError` after 600 s (the main process stopped
+        reading), or about a second after the training process ended."""
         slot = number % self.slots
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
@@ -130,10 +130,10 @@ SHM = "/dev/shm"
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 ``(nbytes,)`` tensor in shared memory (forked and spawned workers map it), every
-    page reserved now by ``posix_fallocate``: tmpfs takes pages when first written, so every
-    process on the node would pass a free-space check and the one writing past the size die of
-    SIGBUS. Raises :class:`DataError` (one line: sizes and the fix)."""
+    """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now
+    (``posix_fallocate``): tmpfs takes pages when first written, so every process on the node
+    would pass a free-space check and the one writing past the size die of SIGBUS. Raises
+    :class:`DataError` (one line: sizes and the fix)."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate

@@ -1,14 +1,12 @@
 """A DataLoader worker's whole job, one step per sample: read the record, check its header
 (:func:`decode.acceptance.check`, whose frame the transform takes), transform it and write it
-into the batch slot (:class:`SlotWriter`); a damaged sample is replaced
-(:func:`~loaders.pipelines.bad_samples.fetch_readable`). :class:`TimedSlotWriter` times each
-stage into the slot's stage rows (``loaders.timing.stages``); the untimed step reads no clock."""
+into the batch slot (:class:`SlotWriter`). :class:`TimedSlotWriter` times each stage into the
+slot's stage rows (``loaders.timing.stages``); the untimed step reads no clock."""
 from __future__ import annotations
 
 import time
 
 import torch
-from torch.utils.data import Dataset
 
 from decode.acceptance import check
 
@@ -16,38 +14,31 @@ from ...errors import DataError
 from ...readers import Reader
 from ...timing import stages
 from ...transforms import TrainTransform
-from ..bad_samples import BadSamples, fetch_readable
-from ..batches import NumberedBatch, seeded
+from ..bad_samples import BadSamples
+from ..batches import NumberedBatch, SampleBatches
 from .slots import SharedBatches
 
 
-class SlotWriter(Dataset):
-    """Dataset for a DataLoader of :class:`NumberedBatch` es over ``reader``: fetching one writes
-    ``transform(bytes, frame)`` of each sample (uint8 ``(3, H, W)``) and the labels into the
-    slots given to :meth:`use` (before the workers start: they fork or unpickle with them) and
-    returns ``(number, slot, count, found)``, ``found`` the samples newly found unreadable
-    (``bad``). Each batch is :func:`seeded`; a new image shape in its plan goes to the slots and
-    a training transform's ``size``. ``max_pixels``: the acceptance rule's limit. Raises
-    :class:`DataError` for an image not uint8 of the slots' shape."""
+class SlotWriter(SampleBatches):
+    """:class:`SampleBatches` writing ``transform(bytes, frame)`` of each sample (uint8 ``(3, H,
+    W)``) and the labels into the slots given to :meth:`use` (before the workers start: they
+    fork or unpickle with them), a batch giving ``(number, slot, count, found)``, ``found`` the
+    samples newly found unreadable. A new image shape in a batch's plan goes to the slots and a
+    training transform's ``size``. Raises :class:`DataError` for an image not uint8 of the
+    slots' shape."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int):
-        self.reader, self.transform, self.bad, self.max_pixels = reader, transform, bad, max_pixels
-        self.pool: SharedBatches | None = None
+        super().__init__(reader, bad, max_pixels)
+        self.transform, self.pool = transform, None
 
     def use(self, pool: SharedBatches) -> None:
         """Write the next pass's batches into ``pool``'s slots."""
         self.pool = pool
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def sample(self, index: int) -> tuple[torch.Tensor, int]:
         """Sample ``index`` read, checked and transformed: ``(image, label)``."""
         data, label = self.reader.read(index)
         return self.transform(data, check(data, self.max_pixels)), label
-
-    def __getitem__(self, index: int):
-        return fetch_readable(self.sample, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         if self.pool is None:
@@ -57,9 +48,9 @@ class SlotWriter(Dataset):
             self.pool.set_shape(shape)
             if isinstance(self.transform, TrainTransform):
                 self.transform.size = tuple(shape[1:])
-        return seeded(batch, self._write)
+        return super().__getitems__(batch)
 
-    def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+    def _batch(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         slot = self.pool.acquire(batch.number, batch.plan.pass_id)
         images, labels = self.pool.images[slot], self.pool.labels[slot]
         found = 0
@@ -69,7 +60,7 @@ class SlotWriter(Dataset):
 
     def _put(self, images: torch.Tensor, labels: torch.Tensor, i: int, index: int) -> int:
         """Sample ``index`` (or its replacement) into row ``i``; the samples newly found bad."""
-        (image, label), found = fetch_readable(self.sample, index, self.bad)
+        (image, label), found = self[index]
         if image.shape != images.shape[1:] or image.dtype != torch.uint8:
             raise DataError(f"sample {index}: transform gave {image.dtype} "
                             f"{tuple(image.shape)}, expected uint8 {tuple(images.shape[1:])}")
@@ -101,7 +92,7 @@ class TimedSlotWriter(SlotWriter):
         self.clock.sampled = time.perf_counter()  # the slot copy's start
         return image, label
 
-    def _write(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
+    def _batch(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         pool, clock = self.pool, self.clock
         clock.begin_batch()
         slot = pool.acquire(batch.number, batch.plan.pass_id)
