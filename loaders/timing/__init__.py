@@ -1,3 +1,2 @@
-"""Where a loader's time goes: ``stages`` (the clocks and the one log of every pipeline's stages;
-``batch_stages`` names it for the batch pipelines) and ``throughput`` (images/s and CPU seconds,
-for ``--benchmark-data`` and ``benchmarks/``)."""
+"""Where a loader's time goes: ``stages`` (the clocks and the one log of every pipeline's stages)
+and ``throughput`` (images/s and CPU seconds, for ``--benchmark-data`` and ``benchmarks/``)."""

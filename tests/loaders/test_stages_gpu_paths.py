@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.report import bounds
-from loaders.timing.batch_stages import BatchStageLog
+from loaders.timing.stages import StageLog
 from tests.helpers.loading import batches_and_stages, loader_settings
 
 
@@ -92,7 +92,7 @@ def test_dali_cpu_stages(tiny, monkeypatch, workers):
 
 
 def test_batch_stage_log_sums_and_absent_stages():
-    log = BatchStageLog(("read", "window", "decode"), "decode thread")
+    log = StageLog(("read", "window", "decode"), "decode thread")
     log.add("read", [0.001, 0.002, 0.003, 0.010])
     log.add_batch("window", 0.004, 4)
     log.add_reader(0, 4, 0.05, 0.025, 0.020, 4096)
@@ -113,8 +113,8 @@ def test_batch_stage_log_sums_and_absent_stages():
     assert out["loader_images_per_sec"] == pytest.approx(80.0)  # the slower side
     assert out["copy_ms_per_batch"]["p50"] == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        BatchStageLog(("read", "unpack"), "x")
-    unrated = BatchStageLog(("read",), "training thread", rated=False)
+        StageLog(("read", "unpack"), "x")
+    unrated = StageLog(("read",), "training thread", rated=False)
     unrated.add_reader(0, 4, 0.05, 0.02, 0.01)
     assert unrated.summary()["loader_images_per_sec"] is None
     log.reset()
@@ -124,7 +124,7 @@ def test_batch_stage_log_sums_and_absent_stages():
 def test_bounds_report_a_batch_pipeline():
     """engine.report.bounds takes a batch pipeline's figures: only its stages in the table and the
     stages_* keys, its decode thread's line, and advice that holds for it."""
-    log = BatchStageLog(("read", "window", "decode", "resize", "augment"), "decode thread")
+    log = StageLog(("read", "window", "decode", "resize", "augment"), "decode thread")
     log.add("read", np.full(64, 0.0002))
     log.add("window", np.full(64, 0.0001))
     log.add_reader(0, 64, 0.04, 0.03, 0.0192)

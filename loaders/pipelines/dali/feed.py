@@ -14,7 +14,7 @@ import numpy as np
 from decode.acceptance import Frame, Refused, check
 
 from ...draws import keyed_rng
-from ...timing.batch_stages import thread_cpu
+from ...timing.stages import thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 from ..ahead import RunAhead
 from ..bad_samples import report_unreadable
@@ -97,7 +97,7 @@ class BatchFeed:
     ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
     ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
     ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in place
-    (``no_copy``). ``log`` (a ``BatchStageLog``, or None) gets each batch's stage figures."""
+    (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):

@@ -13,7 +13,7 @@ from decode import resize
 
 from ...errors import DataError
 from ...settings import DistInfo, LoaderSettings
-from ...timing.batch_stages import no_clock
+from ...timing.stages import no_clock
 from ...transforms import resize_center_crop
 from ...transforms.normalize import (IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std,
                                      normalize_each)

@@ -19,7 +19,7 @@ from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
-from ...timing.batch_stages import BatchStageLog, StagedLoader, thread_cpu
+from ...timing.stages import StagedLoader, StageLog, thread_cpu
 from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
                            report_unreadable)
 from ..batches import DeviceFeed, batch_seed, epoch_seed
@@ -62,8 +62,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         self.stage_log = self._waited = None
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (graph.py)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
-            self.stage_log = BatchStageLog(names, "training thread (DALI's output)",
-                                           rated=False, readers_name="feed threads")
+            self.stage_log = StageLog(names, "training thread (DALI's output)", rated=False,
+                                      readers_name="feed threads")
 
     @property
     def num_batches(self) -> int:
