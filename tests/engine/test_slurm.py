@@ -99,11 +99,14 @@ def test_srun_tasks_train_as_one_job_equal_to_torchrun(cluster, reference, tmp_p
     assert_same_training(out, reference, resumed=False)
 
 
-def test_sbatch_job_sent_usr1_mid_epoch_requeues_itself_and_resumes_exactly(cluster, reference,
+def test_sbatch_job_sent_usr1_mid_epoch_requeues_itself_and_resumes_exactly(cluster,
+                                                                          long_reference,
                                                                           tmp_path):
+    """The long run: 37 steps (several seconds) after the signal is sent, so that it arrives
+    mid-epoch on a loaded machine too (with 8 steps it once came after the epoch's end)."""
     out = str(tmp_path / "out")
-    job, log = submit(cluster, out, "--time=10")
-    wait_for(log, "0: Epoch: [0][3/8]")
+    job, log = submit(cluster, out, "--time=10", run=LONG_RUN)
+    wait_for(log, "0: Epoch: [0][ 3/40]")
     cluster.run(["scancel", "--signal=USR1", job])  # to every task of the job's steps
     fields = wait_until_done(cluster, job, log)
     text = read(log)
@@ -111,7 +114,7 @@ def test_sbatch_job_sent_usr1_mid_epoch_requeues_itself_and_resumes_exactly(clus
     assert "0: stopped by SIGUSR1: checkpoint" in text and f"requeued SLURM job {job}" in text
     resumed = text[text.index("restart 1"):]
     assert "--resume auto: resuming from" in resumed and "at epoch 0, batch " in resumed
-    assert_same_training(out, reference)
+    assert_same_training(out, long_reference)
 
 
 def test_sbatch_job_at_its_time_limit_requeues_itself_and_resumes_exactly(cluster, long_reference,
