@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -108,6 +109,15 @@ def split_folder(data: str, split: str) -> str:
                                 "train/ and optionally val/ class folders)")
     folder = os.path.join(data, split)
     return folder if split == "train" or os.path.isdir(folder) else train
+
+
+def steady_copies(images: int, batch_size: int, warmup: int, batches: int,
+                  at_least: int = 1) -> int:
+    """Copies of ``images`` distinct images (at least ``at_least``) for one epoch to outlast the
+    ``warmup`` and ``batches`` batches of ``batch_size`` and the prefetch (10% more): a pass's
+    start (workers forked, the iterator's set-up) comes once per ImageNet epoch of thousands of
+    batches, so a pass boundary among 100 timed batches would weigh it about 200 times."""
+    return max(at_least, math.ceil(1.1 * (warmup + batches) * batch_size / max(1, images)))
 
 
 def replicate(src: str, dst: str, copies: int, keep: Callable[[str], bool] | None = None) -> str:

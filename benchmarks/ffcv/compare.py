@@ -12,7 +12,6 @@ writes ``OUT/report.json`` (``OUT/<bucket>/`` per bucket with ``--buckets``).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
@@ -141,10 +140,8 @@ def prepare(args, tmp: str) -> dict[str, str]:
     if found < args.min_images * args.repeat:
         raise RuntimeError(f"{found // args.repeat} training images of {args.data} ({which}), "
                            f"fewer than --min-images {args.min_images}")
-    # One epoch outlasts the warm-up, the timed batches and the prefetch (10% more) on both sides:
-    # a pass's start comes once per ImageNet epoch of thousands of batches, not among 100 timed.
-    args.effective_repeat = max(args.repeat, math.ceil(
-        1.1 * (args.warmup + args.batches) * args.batch_size / (found // args.repeat)))
+    args.effective_repeat = runner.steady_copies(found // args.repeat, args.batch_size,
+                                                 args.warmup, args.batches, args.repeat)
     if args.effective_repeat != args.repeat:
         data = runner.replicate(args.data, os.path.join(tmp, f"jpeg-x{args.effective_repeat}"),
                                 args.effective_repeat, _filter(args))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -134,13 +133,10 @@ def commands(args, data: str, lmdb_root: str, has_cuda: bool,
 
 def _run(args, tmp: str) -> dict:
     has_cuda = torch.cuda.is_available()
-    train = os.path.join(args.data, "train")
+    images = _image_count(os.path.join(args.data, "train"))
     cores = node_cores()
-    # One epoch outlasts the warm-up, the timed batches and the workers' prefetch (10% more): a
-    # pass's start (workers forked, the iterator's set-up) comes once per ImageNet epoch of
-    # thousands of batches, so a pass boundary among 100 timed batches would weigh it ~200x.
-    args.repeat = max(args.repeat or 1, math.ceil(1.1 * (args.warmup + args.batches)
-                                                  * args.batch_size / max(1, _image_count(train))))
+    args.repeat = runner.steady_copies(images, args.batch_size, args.warmup,
+                                       args.batches, args.repeat or 1)
     data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), args.repeat)
     runner.warm_page_cache(os.path.join(data, "train"))
     lmdb_root, shard_root = os.path.join(tmp, "lmdb"), os.path.join(tmp, "shards")
@@ -180,7 +176,7 @@ def _run(args, tmp: str) -> dict:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "image_library": decode.image_library()},
         "config": {"data": os.path.abspath(args.data), "repeat": args.repeat,
-                   "images": _image_count(train),
+                   "images": images,
                    "batch_size": args.batch_size, "workers": args.workers,
                    "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
