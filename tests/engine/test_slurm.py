@@ -102,8 +102,8 @@ def test_srun_tasks_train_as_one_job_equal_to_torchrun(cluster, reference, tmp_p
 def test_sbatch_job_sent_usr1_mid_epoch_requeues_itself_and_resumes_exactly(cluster,
                                                                           long_reference,
                                                                           tmp_path):
-    """The long run: 37 steps (several seconds) after the signal is sent, so that it arrives
-    mid-epoch on a loaded machine too (with 8 steps it once came after the epoch's end)."""
+    """The long run: 37 steps (several seconds) left after the signal is sent, so that it
+    arrives mid-epoch however loaded the machine is."""
     out = str(tmp_path / "out")
     job, log = submit(cluster, out, "--time=10", run=LONG_RUN)
     wait_for(log, "0: Epoch: [0][ 3/40]")
