@@ -114,7 +114,8 @@ class BatchFeed:
         """Feed ``plan``'s batches from now on (the previous pass's thread is stopped)."""
         self.close()
         self.plan = plan
-        self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed")
+        # no thread for an empty order (the pass set up at construction)
+        self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed") if plan.order else None
 
     def close(self, wait_s: float | None = None) -> None:
         """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
@@ -172,6 +173,8 @@ class BatchFeed:
 
     def __call__(self, info):
         # StopIteration past the end, every time DALI asks (its queue is deeper than the pass)
+        if self._ahead is None:  # an empty pass, or a closed feed
+            raise StopIteration
         batch, item = next(self._ahead)
         expected = self.plan.index + info.iteration * self.plan.pipelines
         if batch != expected:  # DALI asks in iteration order; anything else is a bug here

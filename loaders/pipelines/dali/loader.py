@@ -22,13 +22,11 @@ from ...timing import stages
 from ...timing.stages import StagedLoader, StageLog, thread_cpu
 from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
                            report_unreadable)
+from ..ahead import JOIN_S
 from ..batches import DeviceFeed, batch_seed, epoch_seed
 from .environment import cuda_failure, message_lines
 from .feed import AcceptedReads, BatchFeed, FeedPass
 from .graph import GraphOptions, augment, outputs_to_torch, source, window_mismatch
-
-# Seconds close() gives a feed thread to leave its read (a shard retrying): then left behind
-CLOSE_WAIT_S = 5.0
 
 
 class DALILoader(StagedLoader, DeviceFeed):
@@ -187,7 +185,10 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _run(self, pipe):
         """One batch of ``pipe``: with CUDA on torch's current stream (the host does not wait),
-        else when ready; :attr:`_waited` gets the wait's wall and CPU seconds."""
+        else when ready; with a stage log, :attr:`_waited` gets the wait's wall and CPU seconds
+        (no clock read without one)."""
+        if self.stage_log is None:
+            return pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
         started, cpu = time.perf_counter(), thread_cpu()
         outputs = pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
         self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
@@ -218,8 +219,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         return True
 
     def close(self) -> None:
-        """Free the pipelines, stop their feeds (each given :data:`CLOSE_WAIT_S`); idempotent."""
-        self._drop_pipelines(CLOSE_WAIT_S)
+        """Free the pipelines, stop their feeds (each given :data:`~loaders.pipelines.ahead.JOIN_S`); idempotent."""
+        self._drop_pipelines(JOIN_S)
 
     def _drop_pipelines(self, wait_s: float | None = None) -> None:
         for feed in self._feeds:
@@ -314,15 +315,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         found = 0
         for position in window:
             index = order[position]
-            while True:  # never one known unreadable: the order skips those
-                try:
-                    data = self.reader.read(index)[0]
-                    check(data, self.max_pixels)
-                    decode(data)
-                    break
-                except DECODE_ERRORS as error:
-                    if self.unreadable.mark(index):
-                        report_unreadable(self.reader.name_of(index), error)
+            while not self._readable(index):
                 index = self.unreadable.next_readable(index)
                 found += 1
                 if found > len(window):
@@ -333,6 +326,20 @@ class DALILoader(StagedLoader, DeviceFeed):
             lines = message_lines(exc)
             raise DataError(f"DALI failed on the {self._split} split at or shortly after batch "
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
+
+    def _readable(self, index: int) -> bool:
+        """Judge sample ``index`` by the acceptance rule and decode it (never one known
+        unreadable: the order skips those); if either fails, remember it, report it and return
+        False."""
+        try:
+            data = self.reader.read(index)[0]
+            check(data, self.max_pixels)
+            decode(data)
+        except DECODE_ERRORS as exc:
+            if self.unreadable.mark(index):
+                report_unreadable(self.reader.name_of(index), exc)
+            return False
+        return True
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
         """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
