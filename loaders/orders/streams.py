@@ -5,7 +5,6 @@ is read once, in order up to the shuffle buffer, by one worker. A pass resumed a
 gives worker ``j`` piece ``(s + j) % W``."""
 from __future__ import annotations
 
-import itertools
 from typing import Sequence
 
 import numpy as np
@@ -49,11 +48,16 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
     of records (what a streaming reader holds), a uniformly chosen one emitted each time it is
     full, then drained at random."""
-    source = iter(indices)
-    out, held = [], list(itertools.islice(source, buffer - 1))
-    for u in rng.random(len(indices)).tolist():
-        held.extend(itertools.islice(source, 1))
-        k = int(u * len(held))
+    out, held = [], []
+    picks = iter(rng.random(len(indices)).tolist())
+    for index in indices:
+        held.append(index)
+        if len(held) >= buffer:
+            k = int(next(picks) * len(held))
+            held[k], held[-1] = held[-1], held[k]
+            out.append(held.pop())
+    while held:
+        k = int(next(picks) * len(held))
         held[k], held[-1] = held[-1], held[k]
         out.append(held.pop())
     return out

@@ -9,7 +9,7 @@ from formats.lmdb import (LMDBFormatError, decode_record, is_open, open_readonly
                           record_key)
 
 from ..errors import DataError
-from ..orders import BlockOrder, Order, shuffled_order
+from ..orders import BlockOrder, Order
 from ..settings import DistInfo, LoaderSettings
 from . import Reader
 
@@ -63,7 +63,7 @@ class LMDBReader(Reader):
         ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for an
         unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
         if settings.lmdb_order == "random":
-            return shuffled_order(len(self), settings, dist)
+            return super().train_order(settings, dist)
         if settings.lmdb_order != "block":
             raise DataError(f"--lmdb-order {settings.lmdb_order}: must be random or block")
         if settings.ra_sampler and dist.distributed:
