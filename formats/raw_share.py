@@ -118,8 +118,10 @@ class RawChoice:
         return raw
 
     def state(self) -> dict:
-        """The resume state's and metadata's fields."""
-        return {"budget": self.budget.text, "model": list(dataclasses.astuple(self.model)),
+        """The resume state's and metadata's fields (taken per record by the shard writer:
+        the model's fields listed, not ``dataclasses.astuple``'s recursive copy)."""
+        m = self.model
+        return {"budget": self.budget.text, "model": [m.a, m.b, m.c, m.sampled],
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
                 "records": self.records, "saved_s": self.saved, "extra": self.extra}
 
@@ -256,8 +258,10 @@ def with_candidate(choice: RawChoice):
 def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
     """The :class:`RawChoice` of a conversion: ``saved`` if resuming, else planned on a sample of
     ``listing``; None without ``budget``."""
-    if budget is None or saved:
-        return RawChoice.from_state(saved) if budget is not None else None
+    if budget is None:
+        return None
+    if saved:
+        return RawChoice.from_state(saved)
     from formats.images import check_file
 
     count = len(listing.files)
