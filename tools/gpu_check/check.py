@@ -264,10 +264,10 @@ class Check:
 
     def data(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
-        mean image times :func:`.rows.measure.data_batches` batches of 256)."""
+        mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
         data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
         sizes = [os.path.getsize(p) for _, p in self.s.images]
-        lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * 256
+        lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * plan.GPU.batch
         return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
 
     def row(self, row: plan.Row) -> None:
