@@ -35,14 +35,42 @@ def sharpness(image, magnitude, interpolation=None):
     return output.clamp_(0, 255).to(torch.uint8)
 
 
+def _lut(image: torch.Tensor, table: np.ndarray) -> torch.Tensor:
+    """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
+    channel), with NumPy's indexing (torch's ``where`` or long indexing cost 4-5x more here).
+    Exact for any per-value map: an elementwise op gives each value the same result anywhere."""
+    pixels = image.numpy()
+    if table.ndim == 1:
+        return torch.from_numpy(np.take(table, pixels))
+    return torch.from_numpy(np.stack([np.take(table[c], pixels[c]) for c in range(3)]))
+
+
 def solarize(image, magnitude, interpolation=None):
     """torchvision's ``solarize_image``: values >= ``255 x magnitude`` (compared in float32)
-    inverted, by a lookup with NumPy's indexing (torch's costs 4-5x more)."""
+    inverted, by a lookup."""
     threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
     if threshold > 255:
         return image
-    table = torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS)
-    return torch.from_numpy(np.take(table.numpy(), image.numpy()))
+    return _lut(image, torch.where(_LEVELS >= threshold, _LEVELS.bitwise_not(), _LEVELS).numpy())
+
+
+def equalize(image, magnitude=0.0, interpolation=None):
+    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the LUT
+    ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
+    value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in NumPy:
+    0.19 vs 0.29 ms for torchvision's kernel at 176 px, one thread."""
+    pixels = image.numpy()
+    tables = []
+    for c in range(3):
+        hist = np.bincount(pixels[c].reshape(-1), minlength=256)
+        step = (hist.sum() - hist[np.flatnonzero(hist)[-1]]) // 255
+        if step == 0:
+            tables.append(np.arange(256, dtype=np.uint8))
+            continue
+        table = np.zeros(256, dtype=np.int64)
+        table[1:] = (np.cumsum(hist)[:-1] + step // 2) // step
+        tables.append(np.clip(table, 0, 255).astype(np.uint8))
+    return _lut(image, np.stack(tables))
 
 
 @lru_cache(maxsize=8)
@@ -152,7 +180,7 @@ OPS = {  # torchvision's transform ids (_AutoAugmentBase._apply_image_or_video_t
     "TranslateX": lambda image, magnitude, interpolation: _translate(image, int(magnitude), 0),
     "TranslateY": lambda image, magnitude, interpolation: _translate(image, 0, int(magnitude)),
     "Rotate": rotate, "Sharpness": sharpness, "Solarize": solarize,
-    "Equalize": lambda image, magnitude, interpolation: F.equalize_image(image),
+    "Equalize": equalize,
     "Contrast": lambda image, magnitude, interpolation: F.adjust_contrast_image(
         image, 1.0 + magnitude),
     "Brightness": lambda image, magnitude, interpolation: F.adjust_brightness_image(
