@@ -121,7 +121,8 @@ def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | 
             "gpu_seconds": round(5.0 + sum(r.get("gpu_seconds") or 0 for r in mine), 1),
             "rows": [(r["name"], r["group"], r["status"]) for r in mine],
             "archive": archive if os.path.isfile(archive) else None,
-            "log": runner.log(rec["name"], "out"), "command": rec["command"]}
+            "logs": [runner.log(rec["name"], stream) for stream in ("out", "err")],
+            "command": rec["command"]}
 
 
 def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str]:
@@ -134,7 +135,7 @@ def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str
             problems.append(f"{where}: {r['bytes'] / 2**20:.1f} MiB with the repository (at "
                             f"most {r['size'] / 2**20:.1f})")
         if r["returncode"] not in (0, 1):  # 1: a failed row, named below
-            problems.append(f"{where}: exit status {r['returncode']} ({r['log']})")
+            problems.append(f"{where}: exit status {r['returncode']} ({', '.join(r['logs'])})")
         if not r["archive"]:
             problems.append(f"{where}: no archive")
     first = results[0]
