@@ -187,11 +187,12 @@ class DALILoader(StagedLoader, DeviceFeed):
         """One batch of ``pipe``: with CUDA on torch's current stream (the host does not wait),
         else when ready; with a stage log, :attr:`_waited` gets the wait's wall and CPU seconds
         (no clock read without one)."""
-        if self.stage_log is None:
-            return pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
-        started, cpu = time.perf_counter(), thread_cpu()
+        timed = self.stage_log is not None
+        if timed:
+            started, cpu = time.perf_counter(), thread_cpu()
         outputs = pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
-        self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
+        if timed:
+            self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
         return outputs
 
     def _start_pass(self, order: list[int], batches: int, first_batch: int) -> list:
@@ -219,7 +220,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         return True
 
     def close(self) -> None:
-        """Free the pipelines, stop their feeds (each given :data:`~loaders.pipelines.ahead.JOIN_S`); idempotent."""
+        """Free the pipelines, stop their feeds (each given
+        :data:`~loaders.pipelines.ahead.JOIN_S`); idempotent."""
         self._drop_pipelines(JOIN_S)
 
     def _drop_pipelines(self, wait_s: float | None = None) -> None:
