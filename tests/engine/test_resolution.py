@@ -206,28 +206,26 @@ def test_flip_tta_averages_the_mirrored_logits():
 def test_ffcv_preset_scaled_down_trains_on_the_real_sample(sample, tmp_path):
     """FFCV's ResNet-18 16-epoch preset with every feature on (triangular LR, label smoothing,
     no BatchNorm weight decay, BlurPool, AMP, channels-last, test-time resolution and flip
-    averaging), plus EMA and MixUp/CutMix, scaled down to 5 epochs at 16 -> 32 px on the 250 real
+    averaging), plus EMA and MixUp/CutMix, scaled down to 5 epochs at 24 -> 32 px on the 250 real
     ImageNet JPEGs: it trains end to end, at each epoch's size, and its loss falls. (At 32 -> 64
-    px it took 8 minutes of CPU, CPU autocast's bfloat16 emulated; 16 -> 32 px, 1.5 minutes.)"""
+    px it took 8 minutes of CPU, CPU autocast's bfloat16 emulated.) Not 16 px: there ResNet's
+    layer4 sees a 1x1 input, and PyTorch's CPU bfloat16 convolution (2.14) leaves the weight
+    gradient of a stride-2 3x3 conv on a 1x1 input uninitialised outside the centre tap (NaN or
+    1e28 in the weights, a different value each run)."""
     out = str(tmp_path / "out")
     main.main(["-c", os.path.join(REPO, "configs", "ffcv-rn18-16ep.yaml"),
                "--train", os.path.join(sample, "train"), "--val", os.path.join(sample, "val"),
-               "--epochs", "5", "-b", "25", "-j", "2", "--min-res", "16", "--max-res", "32",
-               "--start-ramp", "1", "--end-ramp", "3", "--res-step", "8",
+               "--epochs", "5", "-b", "25", "-j", "2", "--min-res", "24", "--max-res", "32",
+               "--start-ramp", "1", "--end-ramp", "3", "--res-step", "4",
                "--val-resize-size", "36", "--val-crop-size", "32", "--lr", "1.0",
                "--lr-peak-epoch", "1", "--model-ema", "--model-ema-steps", "1",
                "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "-p", "0", "--seed", "0",
                "--output-dir", out])
     records = read_metrics(out)
-    assert [r["train_res"] for r in records] == [16, 16, 24, 32, 32]
+    assert [r["train_res"] for r in records] == [24, 24, 28, 32, 32]
     assert all("val_ema_acc1" in r for r in records)
     config = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=False)["config"]
     assert config["blurpool"] and config["val_flip_tta"] and config["amp"]
-    ends = [records[i][key] for i in (0, -1) for key in ("train_loss", "val_loss")]
-    if not all(map(math.isfinite, ends)):
-        # The same training losses to the bit, yet epoch 0's validation loss differs from run to
-        # run (92, 5,403, 1e31, NaN) and a NaN can reach training at the 24-px epoch: a defect
-        # of this preset on the CPU (bfloat16 autocast) not yet found, in 290ba05 too.
-        pytest.xfail(f"non-finite loss at the first or last epoch: {ends}")
+    assert all(math.isfinite(r[key]) for r in records for key in ("train_loss", "val_loss"))
     assert records[-1]["train_loss"] < records[0]["train_loss"]
     assert records[-1]["val_loss"] < records[0]["val_loss"]
