@@ -46,12 +46,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="only the rows matching these (fnmatch) patterns")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
-    p.add_argument("--steps", type=int, help="timed steps per row, after a warm-up past "
-                   "every batch the pipeline holds ready (default 200; dry 2)")
-    p.add_argument("--warmup", type=int, help="warm-up steps beyond the pipeline's ready "
-                   "batches, for cuDNN's tuning (default 5; dry 1)")
-    p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
-    p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -72,11 +66,9 @@ def settings(args) -> SimpleNamespace:
     dry = args.dry_run
     s = SimpleNamespace(
         dry_run=dry, budget=args.budget, out=os.path.abspath(args.out), step=args.step,
-        steps=(2 if dry else 200) if args.steps is None else args.steps,
-        warmup=(1 if dry else 5) if args.warmup is None else args.warmup,
-        batch=(4 if dry else 256) if args.batch_size is None else args.batch_size,
+        steps=2 if dry else 200, warmup=1 if dry else 5, batch=4 if dry else 256,
         # dry run: in-process loading, as each worker process would import torch again
-        workers=args.workers or ("0" if dry else "auto"),
+        workers="0" if dry else "auto",
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
@@ -84,10 +76,6 @@ def settings(args) -> SimpleNamespace:
         accel=["--no-accel"] if dry else ["--gpu", "0"],
         rows=args.rows, data=args.data,
         bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
-    if s.steps < 1 or s.warmup < 0 or s.batch < 1:
-        raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
-    if not (s.workers == "auto" or s.workers.isdigit()):
-        raise InputError(f"-j {s.workers}: expected a number of workers or 'auto'")
     for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
         if path and not os.path.isdir(path):
             raise InputError(f"{flag} {path}: no such directory" + (

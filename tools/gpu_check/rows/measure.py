@@ -24,8 +24,6 @@ MEMORY_EPOCHS = 3
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 LOW_RES = 160  # px: FFCV's min_res, the side of progressive resizing's first epochs
 WAVES = 10  # a loader alone times at least this many batches per worker
-# The bound line engine.report.bounds ends main.py's stage table with (then its "  try" lines).
-BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -140,7 +138,7 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               name: str | None = None, workers: str | None = None,
               timeout: float = 240) -> dict:
     """A steady-state ``main.py`` training epoch of ``model`` from ``loader`` (``res``:
-    ``--train-crop-size``) read by :func:`read_speed`, with its ``stage_lines``; failed off the
+    ``--train-crop-size``) read by :func:`read_speed`; failed off the
     GPU unless dry."""
     name, j = name or f"train-{model}-{loader}", workers or s.workers
     row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
@@ -159,7 +157,6 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
     row["device"] = device.group(1) if device else None
-    row["stage_lines"] = stage_lines(runner.text(name))
     try:
         row.update(read_speed(rundir))
     except ValueError as exc:
@@ -173,7 +170,7 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
                name: str, timeout: float = 180, timed: int | None = None) -> dict:
     """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last,
     so their ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's
-    figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
+    figures, the ``stages_*`` ones as ``stages``."""
     warm, steps = steady_sizes(s, loader, workers_count(workers, machine), True, timed)
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(steps), "--benchmark-warmup", str(warm),
@@ -187,8 +184,7 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
         return runner.attach_tails(fail(rec, "no JSON line with images_per_sec on stdout"))
     stages = stage_figures(result)  # its "seconds" is the timed part only
     rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
-               timed_seconds=result.get("seconds"), loader=loader, stages=stages,
-               stage_lines=stage_lines(runner.text(name)))
+               timed_seconds=result.get("seconds"), loader=loader, stages=stages)
     if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
         return fail(rec, f"ran on {rec.get('device')}, not a GPU")
     return rec
@@ -313,24 +309,6 @@ def stage_figures(record: dict) -> dict:
     """The ``stages_*`` keys of a main.py record (``engine.report.bounds``: ms per image, the
     bound, the advice)."""
     return {k: v for k, v in record.items() if k.startswith("stages_")}
-
-
-def stage_lines(text: str) -> list[str]:
-    """The last stage table main.py printed in ``text``, from its first line (``stages over
-    ...`` or the training thread's) through the bound line and its ``try`` lines; [] if none."""
-    lines = text.splitlines()
-    ends = [i for i, line in enumerate(lines) if BOUND_LINE.match(line)]
-    if not ends:
-        return []
-    start = end = ends[-1]
-    while start > 0 and lines[start - 1].startswith("  ") and not BOUND_LINE.match(
-            lines[start - 1]):
-        start -= 1
-    if start > 0 and lines[start - 1].startswith("stages over "):
-        start -= 1
-    while end + 1 < len(lines) and lines[end + 1].startswith("  try "):
-        end += 1
-    return lines[start:end + 1]
 
 
 def parse_pytest(text: str) -> dict:
