@@ -147,11 +147,11 @@ class Check:
         install only when it and DALI's first row fit, and in a bundle's last step."""
         if self.step and not self.begin_step() or not self.set_up():
             return
-        for row in [r for r in self.s.plan if r.group <= 4]:
+        first, later = plan.steps(self.s.plan)
+        for row in first:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return
-        later = [r for r in self.s.plan if r.group > 4]
         need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
         todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
         if todo and any(r.dali for r in later) and need > self.runner.left():
@@ -259,10 +259,10 @@ class Check:
         return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done, left out of a dry run, or longer than the time left; a
+        """Run ``row`` unless done or longer than the time left; a
         pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
-        if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
+        if earlier and not earlier.get("left_out"):
             return
         if row.expect > self.runner.left():
             self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "
@@ -329,7 +329,7 @@ def main_cli(argv=None) -> int:
         return 0
     try:
         s = settings(args)
-        s.plan = plan.select(plan.all_rows(), s.rows)
+        s.plan = plan.select(plan.all_rows(), s.rows, s.dry_run)
         os.makedirs(s.out, exist_ok=True)
     except (InputError, OSError, ValueError) as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)

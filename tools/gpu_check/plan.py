@@ -185,14 +185,20 @@ def all_rows() -> list[Row]:
     return rows
 
 
-def select(rows: list[Row], patterns: list[str] | None) -> list[Row]:
-    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order.
-    Raises ``ValueError`` naming a pattern that matches nothing."""
+def select(rows: list[Row], patterns: list[str] | None, dry_run: bool = False) -> list[Row]:
+    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
+    the sweeps a dry run leaves out. Raises ``ValueError`` naming a pattern that matches none."""
     for pattern in patterns or ():
         if not any(fnmatch(r.name, pattern) for r in rows):
             raise ValueError(f"--rows {pattern}: no row matches (the rows: "
                              f"{', '.join(r.name for r in rows)})")
-    return [r for r in rows if patterns is None or any(fnmatch(r.name, p) for p in patterns)]
+    return [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
+            and not (dry_run and r.gpu_only)]
+
+
+def steps(rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """``rows`` of a bundle's step 1 (groups 1-4, nothing of DALI), and of its last step."""
+    return [r for r in rows if r.group <= 4], [r for r in rows if r.group > 4]
 
 
 def gpu_test_files() -> list[str]:

@@ -24,12 +24,14 @@ class InputError(Exception):
 class Runner:
     """Runs commands, each with a timeout, within ``budget`` s (None: no end; one started near
     its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few shared cores
-    threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2, 10 with 1)."""
+    threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2, 10 with 1).
+    Commands run in ``cwd``."""
 
-    def __init__(self, out: str, budget: float | None = None, dry_run: bool = False):
-        self.logs, self.budget = os.path.join(out, "logs"), budget
+    def __init__(self, out: str, budget: float | None = None, dry_run: bool = False,
+                 cwd: str = REPO):
+        self.logs, self.budget, self.cwd = os.path.join(out, "logs"), budget, cwd
         os.makedirs(self.logs, exist_ok=True)
-        self.start, self.cwd = time.monotonic(), REPO
+        self.start = time.monotonic()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
