@@ -136,8 +136,9 @@ class Check:
         self.rows_path = os.path.join(s.out, "rows.jsonl")
         self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
         self.runner = Runner(s.out, s.budget, s.dry_run)
-        if packages_folder(os.path.join(s.out, "site")):
-            self.runner.add_path(packages_folder(os.path.join(s.out, "site")))
+        site = packages_folder(os.path.join(s.out, "site"))
+        if site:
+            self.runner.add_path(site)
         self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
                                    done=self.done, sample=None)
         self.interrupted, self.started, self.report = False, time.time(), None

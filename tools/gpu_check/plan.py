@@ -156,8 +156,9 @@ class Row:
 
     def run(self, ctx, limit: float) -> dict | None:
         """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        return self.plain[2](ctx, self, limit) if self.kind == "plain" else run_main(
-            ctx, self, limit)
+        if self.kind != "plain":
+            return run_main(ctx, self, limit)
+        return self.plain[2](ctx, limit, *self.extra)
 
 
 def jobs(spec: str, s, machine: dict) -> str:
@@ -265,14 +266,10 @@ def run_main(ctx, row: Row, limit: float) -> dict | None:
 
 # A plain row's box (s), expected seconds on one H100 host, and what it runs
 PLAIN = {
-    "gpu-decode-probe": (120, 12, lambda c, r, t: probes.probe(c.runner, c.s, c.data, t)),
-    "gpu-decode-hardware": (60, 5, lambda c, r, t: probes.hardware(c.runner, c.s, c.data,
-                                                                   c.machine, t)),
-    "dali-gpu-decode": (60, 10, lambda c, r, t: probes.dali_probe(c.runner, c.s, c.machine, t)),
-    "pytest": (600, 120, lambda c, r, t: measure.pytest_piece(c.runner, r.extra[0], c.sample,
-                                                              t)),
-    "distributed": (240, 40, lambda c, r, t: measure.nccl_row(c.runner, c.s, c.data, c.machine,
-                                                              t)),
-    "dali-memory": (300, 60, lambda c, r, t: measure.memory_row(c.runner, c.s, c.data, c.machine,
-                                                                t)),
+    "gpu-decode-probe": (120, 12, probes.probe),
+    "gpu-decode-hardware": (60, 5, probes.hardware),
+    "dali-gpu-decode": (60, 10, probes.dali_probe),
+    "pytest": (600, 120, measure.pytest_piece),
+    "distributed": (240, 40, measure.nccl_row),
+    "dali-memory": (300, 60, measure.memory_row),
 }

@@ -190,14 +190,13 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
     return rec
 
 
-def pytest_piece(runner: Runner, path: str, sample: str | None = None,
-                 timeout: float = 600) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
+def pytest_piece(ctx, timeout: float, path: str) -> dict:
+    """``pytest -m gpu PATH``, parsed from pytest's summary line; the sample goes in as
     ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
-    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
+    runner, name = ctx.runner, "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
                             "-p", "no:cacheprovider", path], timeout,
-                     env={"IMAGENET_SAMPLE": sample} if sample else {})
+                     env={"IMAGENET_SAMPLE": ctx.sample} if ctx.sample else {})
     if rec["status"] in ("skipped", "timed out"):
         return rec
     rec.update(parse_pytest(runner.text(name)))
@@ -213,13 +212,14 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
     return rec
 
 
-def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
+def nccl_row(ctx, timeout: float) -> dict:
     """``distributed``: ``--multiprocessing-distributed`` on every GPU (gloo, 2 CPU processes
     dry); passed when it exits 0, main.py's device line says it joined the process group (one
     GPU joins one too, so it still runs DDP over NCCL) and metrics.jsonl has a val_acc1."""
+    runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped("distributed", data.reason)
-    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
     backend = "gloo" if s.dry_run else "nccl"
     rec, rundir = run_main(runner, s, "distributed", [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
@@ -239,10 +239,11 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
     return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
-def memory_row(runner: Runner, s, data, machine: dict, timeout: float = 300) -> dict:
+def memory_row(ctx, timeout: float) -> dict:
     """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
     device memory (MiB) after each; failed when device memory grows > 5% after the first."""
-    flags = loader_flags("dali-lmdb", data, machine)
+    runner, s = ctx.runner, ctx.s
+    flags = loader_flags("dali-lmdb", ctx.data, ctx.machine)
     if isinstance(flags, str):
         return skipped("dali-memory", flags)
     rec, rundir = run_main(runner, s, "dali-memory", [

@@ -217,7 +217,7 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
 
 
 def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tuple[dict, dict]:
-    """Run a probe; (its record, its last JSON line or {}), failed without one."""
+    """A probe's record and its last JSON line ({}: failed without one)."""
     rec = runner.run(name, cmd, timeout)
     result = last_json(runner.text(name)) if rec["status"] == "passed" else None
     if rec["status"] == "passed" and result is None:
@@ -225,12 +225,13 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
     return rec, result or {}
 
 
-def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
+def probe(ctx, timeout: float) -> dict:
     """``gpu-decode-probe``: ``WindowDecoder("cuda")`` decodes two windows of a sample JPEG;
     failed if one went to the CPU fallback or host memory, or differs from the CPU decode by
     more than :data:`PROBE_MAX_DIFF`; torchvision's ``decode_jpeg`` is recorded too."""
-    rec, result = _json_row(runner, "gpu-decode-probe", [
-        sys.executable, "-c", _PROBE, data.train, "cpu" if s.dry_run else "cuda"], timeout)
+    s = ctx.s
+    rec, result = _json_row(ctx.runner, "gpu-decode-probe", [
+        sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
     if not result:
         return rec
     rec.update(result)
@@ -246,27 +247,28 @@ def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
     return rec
 
 
-def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dict:
+def hardware(ctx, timeout: float) -> dict:
     """``gpu-decode-hardware``, a process of its own so that an unreachable JPEG engine fails
     only this row: whether nvImageCodec's hardware decoder takes a whole JPEG and a window
     (``whole``, ``window``; ``window`` also as ``machine["hardware_windows"]``). Skipped dry."""
-    if s.dry_run:
+    if ctx.s.dry_run:
         return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
-    rec, result = _json_row(runner, "gpu-decode-hardware", [
-        sys.executable, "-c", _HARDWARE, data.train], timeout)
+    rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
+        sys.executable, "-c", _HARDWARE, ctx.data.train], timeout)
     rec.update(result)
-    machine["hardware_windows"] = result.get("window")
+    ctx.machine["hardware_windows"] = result.get("window")
     return rec
 
 
-def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
+def dali_probe(ctx, timeout: float) -> dict:
     """``dali-gpu-decode`` (skipped without DALI): a process imports DALI first (its libraries
     must find nvImageCodec's by their run paths), decodes a JPEG with the mixed decoder and
     nvImageCodec's GPU backends into device memory; ``libnvjpeg`` must be mapped (without it
     DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
-    if not machine.get("dali"):
+    s = ctx.s
+    if not ctx.machine.get("dali"):
         return skipped("dali-gpu-decode", "not installed")
-    rec, result = _json_row(runner, "dali-gpu-decode", [
+    rec, result = _json_row(ctx.runner, "dali-gpu-decode", [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
         return rec
