@@ -1,7 +1,6 @@
-"""The check's command line and its one runner (``python -m tools.gpu_check``,
-docs/gpu-check.md): the set-up once, then the rows of :mod:`.plan` in order, each guarded and
-each only when its expected seconds fit the time budget, the report rewritten after every row;
-every row, what fits ``--budget``, or one step of an offline bundle (``--step N``)."""
+"""``python -m tools.gpu_check`` (docs/gpu-check.md): the set-up once, then the rows of
+:mod:`.plan` in order, each guarded and run only when its expected seconds fit the time budget,
+the report rewritten after every row; all rows, or one step of an offline bundle (``--step N``)."""
 from __future__ import annotations
 
 import argparse
@@ -62,19 +61,16 @@ def duration(text: str) -> float:
 
 
 def settings(args) -> SimpleNamespace:
-    """Sizes and flags of every run; raises :class:`InputError` for a bad size or path."""
+    """Sizes and flags of every run; raises :class:`InputError` for a bad path."""
     dry = args.dry_run
     s = SimpleNamespace(
-        dry_run=dry, budget=args.budget, out=os.path.abspath(args.out), step=args.step,
-        steps=2 if dry else 200, warmup=1 if dry else 5, batch=4 if dry else 256,
-        # dry run: in-process loading, as each worker process would import torch again
-        workers="0" if dry else "auto",
+        **vars(plan.DRY if dry else plan.GPU), budget=args.budget, out=os.path.abspath(args.out),
+        step=args.step, rows=args.rows, data=args.data,
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
         # wraps the model in DataParallel over all visible GPUs
         accel=["--no-accel"] if dry else ["--gpu", "0"],
-        rows=args.rows, data=args.data,
         bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
     for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
         if path and not os.path.isdir(path):
@@ -83,7 +79,7 @@ def settings(args) -> SimpleNamespace:
     s.step_info = None
     if s.step:
         path = os.path.join(s.bundle, "steps", str(s.step), "STEP.json")
-        s.step_info = read_json(path, None)
+        s.step_info = read_json(path)
         if s.step_info is None:
             raise InputError(f"--step {s.step}: no {path} (make gpu-bundle STEP_SIZE=64M "
                              "writes the steps; copy step N's folder to the host before "
@@ -112,13 +108,13 @@ def bundle_paths(s, bundle: str) -> None:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
 
 
-def read_json(path: str, default=(), lines: bool = False):
-    """A file's JSON, or its JSON lines; ``default`` ([] unless given) if missing or damaged."""
+def read_json(path: str, lines: bool = False):
+    """A file's JSON, or its JSON lines as a list; None if missing or damaged."""
     try:
         with open(path) as f:
             return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
     except (OSError, ValueError):
-        return [] if default == () else default
+        return None
 
 
 class Check:
@@ -134,7 +130,7 @@ class Check:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
                     else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
-        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
+        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
         site = packages_folder(os.path.join(s.out, "site"))
         if site:
@@ -159,7 +155,8 @@ class Check:
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.set_up_row("install-dali", self.install_dali):
+        elif any(r.dali for r in later) and self.set_up_row("install-dali", lambda: self.install(
+                "install-dali", self.s.dali_wheels, self.s.parts)):
             self.set_up_row("environment-dali", self.environment)
         for row in later:
             self.row(row)
@@ -168,7 +165,7 @@ class Check:
         """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
         when an earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
-        steps = read_json(steps_path)
+        steps = read_json(steps_path) or []
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
         missing = [str(k) for k in range(1, self.number) if k not in ran]
         link_tree(os.path.join(self.s.bundle, "steps", str(self.number)), stash)
@@ -233,23 +230,22 @@ class Check:
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
 
-    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> tuple:
-        recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
-                                       name=name) if wheels else [])
+    def install(self, name: str, wheels: list[str], parts: str | None = None) -> tuple:
+        """``wheels`` and those joined from ``parts`` into ``OUT/site``, DALI's beside
+        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
+        joined, recs = join_parts(parts, os.path.join(self.s.out, "wheels-joined")) if parts \
+            else ([], [])
+        wheels = wheels + joined
+        recs += install(self.runner, wheels, os.path.join(self.s.out, "site"), name=name) \
+            if wheels else []
         installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
         return recs, {**({} if installed else {"reason": "nothing missing"}),
                       "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
 
-    def install_dali(self) -> tuple:
-        """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
-        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
-        return self.install("install-dali", self.s.dali_wheels + joined, recs)
-
     def environment(self) -> dict:
-        machine, rec = environment(self.runner, self.s)
-        self.ctx.machine["dali"] = machine.get("dali")
-        return {**rec, "machine": machine}
+        rec = environment(self.runner, self.s)
+        self.ctx.machine["dali"] = rec["machine"].get("dali")
+        return rec
 
     def data(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's

@@ -27,6 +27,8 @@ RATES = {("resnet50", False): 4909.0, ("resnet50", True): 7987.0,
 LOADER_RATE, ONE_THREAD_RATE = 2900.0, 500.0
 PROCESS_START, CUDA_START, CUDA_START_ALONE = 5.0, 10.0, 3.0
 GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=False)
+# A dry run's: loading in-process, as each worker process would import torch again
+DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
 GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
 COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
@@ -38,10 +40,9 @@ PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:
                                      "decode?")}
 PX = ("", "-160px")  # a 224 px row and a 160 px one
 GD, DL = "gpudecode-lmdb", "dali-lmdb"
-# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name (and in
-# its bound and extra flags) stands for each of ``each``; ``pytest-*`` for each GPU-marked test
-# file. A name says its model (resnet18), its 160 px and ``--compile``; a ``plain`` row's box
-# and seconds are in :data:`PLAIN`.
+# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name, bound
+# and extra flags stands for each of ``each``; ``pytest-*`` for each GPU-marked test file. A name
+# says its model (resnet18), 160 px and ``--compile``; a ``plain`` row's box and seconds: PLAIN.
 TABLE = [
     ("gpu-decode-probe", 1, "plain", None, None, {}),
     ("gpu-decode-hardware", 1, "plain", None, None, {}),

@@ -129,15 +129,6 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
     assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
 
 
-def test_stage_figures_are_read_from_main_py():
-    """A row carries why its images/s is what it is: the ``stages_*`` figures of its record
-    (the stage table main.py printed stays in the row's log)."""
-    record = {"images_per_sec": 9.0, "stages_bound": "data", "stages_advice": ["-j 2"],
-              "stages_decode_ms_p50": 0.34}
-    assert measure.stage_figures(record) == {"stages_bound": "data", "stages_advice": ["-j 2"],
-                                             "stages_decode_ms_p50": 0.34}
-
-
 def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
     from types import SimpleNamespace
 

@@ -39,7 +39,7 @@ def main_cli(argv=None) -> int:
 
 
 def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
-    """Every step in order; returns the exit status."""
+    """Every step in order, then a line per step and the problems; returns the exit status."""
     steps_dir = os.path.join(bundle, "steps")
     numbers = sorted(int(n) for n in os.listdir(steps_dir) if n.isdigit()) \
         if os.path.isdir(steps_dir) else [None]
@@ -57,7 +57,18 @@ def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
     problems = judge(results, report, rows)
     with open(os.path.join(root, "dry-run.json"), "w") as f:
         json.dump({"steps": results, "problems": problems}, f, indent=1)
-    print("\n".join(summary_lines(results, problems, root)), flush=True)
+    lines = ["gpu-dry-run: step | MiB with the repository (at most) | seconds here | GPU-host "
+             "seconds | rows run | archive"]
+    lines += [" | ".join((f"  {r['step'] or 'all'}", f"{r['bytes'] / 2**20:.1f} "
+                          f"({r['size'] / 2**20:.0f})" if r["size"] else "-",
+                          f"{r['seconds']:.0f}", f"{r['gpu_seconds']:.0f}", str(len(r["rows"])),
+                          os.path.basename(r["archive"] or "-"))) for r in results]
+    lines.append(f"gpu-dry-run: GPU-host seconds in all: "
+                 f"{sum(r['gpu_seconds'] for r in results):.0f}")
+    lines += [f"gpu-dry-run: PROBLEM: {p}" for p in problems]
+    lines.append(f"gpu-dry-run: {'every step holds' if not problems else 'NOT every step holds'}"
+                 f"; details in {root}/dry-run.json, the state and archives in {root}/state")
+    print("\n".join(lines), flush=True)
     return 1 if problems else 0
 
 
@@ -75,8 +86,8 @@ def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | 
         *(["--step", str(number)] if number else []), *(["--rows", *rows] if rows else [])],
         HERE_LIMIT)
     # a row recorded again (a pair's GPU row judged by its CPU row) counts once
-    mine = list({r["name"]: r for r in read_json(os.path.join(state, "rows.jsonl"), lines=True)
-                 if r.get("step") == number}.values())
+    rows_run = read_json(os.path.join(state, "rows.jsonl"), lines=True) or []
+    mine = list({r["name"]: r for r in rows_run if r.get("step") == number}.values())
     archive = os.path.join(state, f"gpu-check-step{number}.tar.gz" if number else
                            "gpu-check.tar.gz")
     return {"step": number, "steps": info.get("steps", 1), "returncode": rec["returncode"],
@@ -114,21 +125,6 @@ def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str
                  for x in report["rows"] if x["status"] == "failed"]
     return problems + [f"share {name}: judged {x['judged']:.3f} > 100%"
                        for name, x in report["shares"].items() if (x["judged"] or 0) > 1]
-
-
-def summary_lines(results: list[dict], problems: list[str], root: str) -> list[str]:
-    lines = ["gpu-dry-run: step | MiB with the repository (at most) | seconds here | GPU-host "
-             "seconds | rows run | archive"]
-    lines += [" | ".join((f"  {r['step'] or 'all'}", f"{r['bytes'] / 2**20:.1f} "
-                          f"({r['size'] / 2**20:.0f})" if r["size"] else "-",
-                          f"{r['seconds']:.0f}", f"{r['gpu_seconds']:.0f}", str(len(r["rows"])),
-                          os.path.basename(r["archive"] or "-"))) for r in results]
-    lines.append(f"gpu-dry-run: GPU-host seconds in all: "
-                 f"{sum(r['gpu_seconds'] for r in results):.0f}")
-    lines += [f"gpu-dry-run: PROBLEM: {p}" for p in problems]
-    lines.append(f"gpu-dry-run: {'every step holds' if not problems else 'NOT every step holds'}"
-                 f"; details in {root}/dry-run.json, the state and archives in {root}/state")
-    return lines
 
 
 if __name__ == "__main__":

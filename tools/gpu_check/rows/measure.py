@@ -137,9 +137,8 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
               timeout: float = 240) -> dict:
-    """A steady-state ``main.py`` training epoch of ``model`` from ``loader`` (``res``:
-    ``--train-crop-size``) read by :func:`read_speed`; failed off the
-    GPU unless dry."""
+    """A steady-state main.py training epoch of ``model`` from ``loader`` (``res``:
+    ``--train-crop-size``) read by :func:`read_speed`; failed off the GPU unless dry."""
     name, j = name or f"train-{model}-{loader}", workers or s.workers
     row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
            **({"res": res} if res else {})}
@@ -168,9 +167,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 
 def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
                name: str, timeout: float = 180, timed: int | None = None) -> dict:
-    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last,
-    so their ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's
-    figures, the ``stages_*`` ones as ``stages``."""
+    """``main.py --benchmark-data`` of ``loader`` at ``-j workers`` (``flags`` last: their
+    ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's figures, the
+    ``stages_*`` ones as ``stages``."""
     warm, steps = steady_sizes(s, loader, workers_count(workers, machine), True, timed)
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(steps), "--benchmark-warmup", str(warm),
@@ -182,7 +181,7 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
     result = last_json(runner.text(name)) or {}
     if not result.get("images_per_sec"):
         return runner.attach_tails(fail(rec, "no JSON line with images_per_sec on stdout"))
-    stages = stage_figures(result)  # its "seconds" is the timed part only
+    stages = {k: v for k, v in result.items() if k.startswith("stages_")}
     rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
                timed_seconds=result.get("seconds"), loader=loader, stages=stages)
     if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
@@ -302,14 +301,9 @@ def read_speed(rundir: str) -> dict:
             "includes_warmup": key == "train_images_per_sec",
             "data_time_fraction": last.get("data_time_fraction"),
             "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
-            "train_loss": loss, "stages": stage_figures(last),
+            "train_loss": loss, "stages": {k: v for k, v in last.items() if k.startswith(
+                "stages_")},
             "spread": round((p90 - p50) / p50, 4) if p50 and p90 is not None else None}
-
-
-def stage_figures(record: dict) -> dict:
-    """The ``stages_*`` keys of a main.py record (``engine.report.bounds``: ms per image, the
-    bound, the advice)."""
-    return {k: v for k, v in record.items() if k.startswith("stages_")}
 
 
 def parse_pytest(text: str) -> dict:

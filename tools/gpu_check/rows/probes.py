@@ -1,7 +1,6 @@
-"""The probes, each in a process of its own (the check holds no CUDA context): the host's
-environment and nvidia-smi's driver line; both GPU decoders (``--decode-device cuda`` and
-DALI's mixed decoder; a dry run's CPU backends prove this code, not the GPU); the decoder that
-did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair."""
+"""The probes, each a process of its own (the check holds no CUDA context): the host's facts,
+both GPU decoders (dry: their CPU backends, proving this code, not a GPU), the decoder that did
+a batch-decode row's work, the GPU-over-CPU ratio of a one-worker pair."""
 from __future__ import annotations
 
 import ctypes
@@ -16,9 +15,9 @@ from ..runner import Runner, fail, skipped
 from .measure import last_json
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
-# The shared libraries whose file says which decoder build a process really uses.
+# The libraries whose file says which decoder build a process really uses
 MAPPED = re.compile(r"/lib(nvjpeg|nvimgcodec|dali)[^/]*\.so[^/]*$")
-# The modules whose origin says which install a process imports (the bundle's or the host's).
+# The modules whose file says which install a process imports (the bundle's or the host's)
 ORIGINS = ("nvidia.dali", "nvidia.nvimgcodec", "lmdb", "pytest")
 
 
@@ -33,9 +32,9 @@ def mapped_libraries() -> list[str]:
 
 
 def host_facts() -> dict:
-    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores; each of
-    :data:`ORIGINS`' version and file or import error (DALI first: its libraries must find
-    nvImageCodec's alone); the library ``--decode-device cuda`` takes; the libraries mapped."""
+    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores, each of
+    :data:`ORIGINS` (DALI first: its libraries must find nvImageCodec's alone), the library
+    ``--decode-device cuda`` takes, the libraries mapped."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
     for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
@@ -79,13 +78,13 @@ def cuda_driver_api() -> str | None:
     return f"{version.value // 1000}.{version.value % 1000 // 10}" if version.value else None
 
 
-def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`host_facts` in a subprocess and nvidia-smi's driver version: (the host's facts,
-    the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
+def environment(runner: Runner, s) -> dict:
+    """The ``environment`` record: :func:`host_facts` in a subprocess and nvidia-smi's driver
+    version as ``machine``; failed without a CUDA GPU unless ``s.dry_run``."""
     rec, machine = _json_row(runner, "environment", [
         sys.executable, "-m", "tools.gpu_check", "--probe"], PROBE_TIMEOUT)
     if not machine:
-        return {}, rec
+        return {**rec, "machine": {}}
     machine["driver"] = None
     if shutil.which("nvidia-smi"):
         smi = runner.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,"
@@ -99,7 +98,7 @@ def environment(runner: Runner, s) -> tuple[dict, dict]:
         # with torch's CUDA initialisation warning, if any
         rec = runner.attach_tails(fail(rec, "torch sees no CUDA GPU (use --dry-run for the "
                                             "CPU check)"))
-    return machine, rec
+    return {**rec, "machine": machine}
 
 
 GPU_OVER_CPU = 1.5  # one worker or thread: decoding on the GPU must beat the CPU by this much
