@@ -118,7 +118,9 @@ def read_json(path: str, lines: bool = False):
 
 
 class Check:
-    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive."""
+    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive; the
+    context the rows run in (``runner``, settings ``s``, ``machine``, ``data``, ``done``: the
+    records by name, ``sample``)."""
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
@@ -135,8 +137,7 @@ class Check:
         site = packages_folder(os.path.join(s.out, "site"))
         if site:
             self.runner.add_path(site)
-        self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
-                                   done=self.done, sample=None)
+        self.machine, self.data, self.sample = {}, None, None
         self.interrupted, self.started, self.report = False, time.time(), None
 
     def run(self) -> None:
@@ -193,20 +194,20 @@ class Check:
 
     def set_up(self) -> bool:
         """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
-        self.ctx.sample = os.path.dirname(self.s.train_src)
+        self.sample = os.path.dirname(self.s.train_src)
         self.set_up_row("install", lambda: self.install("install", self.s.wheels))
         if not self.set_up_row("environment", self.environment):
             return False
         env = self.done["environment"]
-        self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
+        self.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
             "gpu-decode-hardware", {}).get("window")}
         if "environment-dali" in self.done:
-            self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
+            self.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
         if env["status"] != "passed" and not self.s.dry_run:
             return False  # without a GPU nothing else means anything
-        if not self.set_up_row("data", self.data):
+        if not self.set_up_row("data", self.prepare):
             return False
-        self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
+        self.data = SimpleNamespace(**self.done["data"]["paths"])
         return True
 
     def set_up_row(self, name: str, work) -> bool:
@@ -244,13 +245,13 @@ class Check:
 
     def environment(self) -> dict:
         rec = environment(self.runner, self.s)
-        self.ctx.machine["dali"] = rec["machine"].get("dali")
+        self.machine["dali"] = rec["machine"].get("dali")
         return rec
 
-    def data(self) -> tuple:
+    def prepare(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
         mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
-        data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
+        data, recs = prepare_data(self.runner, self.s, self.machine, 600)
         sizes = [os.path.getsize(p) for _, p in self.s.images]
         lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * plan.GPU.batch
         return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
@@ -267,7 +268,7 @@ class Check:
             return
         limit = min(row.box, max(self.runner.left(), GRACE))
         try:
-            rec = row.run(self.ctx, limit)
+            rec = row.run(self, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
         if rec is None:

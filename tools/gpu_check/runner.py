@@ -22,10 +22,10 @@ class InputError(Exception):
 
 
 class Runner:
-    """Runs commands, each with a timeout, within ``budget`` s (None: no end; one started near
-    its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few shared cores
-    threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2, 10 with 1).
-    Commands run in ``cwd``."""
+    """Runs commands in ``cwd``, each with a timeout, within ``budget`` s (None: no end; one
+    started near its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few
+    shared cores threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with
+    2, 10 with 1)."""
 
     def __init__(self, out: str, budget: float | None = None, dry_run: bool = False,
                  cwd: str = REPO):
@@ -78,9 +78,7 @@ class Runner:
                           "limit (slow, not failed)")
         elif code:
             record["reason"] = f"exit status {code}"
-        if code != 0:
-            self.attach_tails(record)
-        return record
+        return self.attach_tails(record) if code != 0 else record
 
     def log(self, name: str, stream: str) -> str:
         return os.path.join(self.logs, f"{name}.{stream}")

@@ -103,10 +103,12 @@ def environment(runner: Runner, s) -> dict:
 
 GPU_OVER_CPU = 1.5  # one worker or thread: decoding on the GPU must beat the CPU by this much
 PROBE_MAX_DIFF = 8  # levels: nvJPEG's IDCT and upsampling against libjpeg-turbo's
-_PROBE = """\
-import glob, json, os, sys, torch
+# A probe script prints its ``result`` with the libraries it mapped, one JSON line
+_HEAD = "import glob, json, os, sys\nfrom tools.gpu_check.rows.probes import mapped_libraries\n"
+_TAIL = "result['libraries'] = mapped_libraries()\nprint(json.dumps(result))\n"
+_PROBE = _HEAD + """\
+import torch
 from decode import decode, gpu
-from tools.gpu_check.rows.probes import mapped_libraries
 path = sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0]
 data = open(path, 'rb').read()
 whole = decode(data)
@@ -126,13 +128,9 @@ def run(decoder):
 decoder = gpu.WindowDecoder('cuda' if on_gpu else 'cpu-nvimgcodec', dev)
 result = {'decoder_line': decoder.status(), **run(decoder)}
 result['torchvision'] = run(gpu.WindowDecoder('cuda', dev, library=None))
-result['libraries'] = mapped_libraries()
-print(json.dumps(result))
-"""
-_HARDWARE = """\
-import glob, json, os, sys
+""" + _TAIL
+_HARDWARE = _HEAD + """\
 import nvidia.nvimgcodec as n
-from tools.gpu_check.rows.probes import mapped_libraries
 data = open(sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0], 'rb').read()
 whole = n.CodeStream(data)
 h, w = whole.height, whole.width
@@ -142,17 +140,14 @@ decoder = n.Decoder(device_id=0, backends=[n.Backend(n.BackendKind.HW_GPU_ONLY)]
 def taken(stream):
     image = decoder.decode([stream])[0]
     return image is not None and image.buffer_kind == n.ImageBufferKind.STRIDED_DEVICE
-print(json.dumps({'whole': taken(whole), 'window': taken(window),
-                  'libraries': mapped_libraries()}))
-"""
-
-_DALI_PROBE = """\
-import io, json, sys
+result = {'whole': taken(whole), 'window': taken(window)}
+""" + _TAIL
+_DALI_PROBE = _HEAD + """\
+import io
 import nvidia.dali as dali
 from nvidia.dali import fn, pipeline_def
 import numpy as np
 from PIL import Image
-from tools.gpu_check.rows.probes import mapped_libraries
 buf = io.BytesIO()
 Image.new('RGB', (64, 48), (200, 100, 50)).save(buf, 'JPEG', quality=90)
 jpeg = np.frombuffer(buf.getvalue(), np.uint8)
@@ -172,9 +167,7 @@ if device == 'mixed':
         buf.getvalue())
     result['nvimgcodec_gpu'] = (image is not None
                                 and image.buffer_kind == n.ImageBufferKind.STRIDED_DEVICE)
-result['libraries'] = mapped_libraries()
-print(json.dumps(result))
-"""
+""" + _TAIL
 
 
 def decoder_name(line: str, machine: dict) -> str:
