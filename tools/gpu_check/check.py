@@ -145,8 +145,8 @@ class Check:
         install only when it and DALI's first row fit, and in a bundle's last step."""
         if self.step and not self.begin_step() or not self.set_up():
             return
-        first, later = plan.steps(self.s.plan)
-        for row in first:
+        later = self.s.later
+        for row in self.s.first:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return
@@ -327,7 +327,7 @@ def main_cli(argv=None) -> int:
         return 0
     try:
         s = settings(args)
-        s.plan = plan.select(plan.all_rows(), s.rows, s.dry_run)
+        s.first, s.later = plan.steps(plan.select(plan.all_rows(), s.rows, s.dry_run))
         os.makedirs(s.out, exist_ok=True)
     except (InputError, OSError, ValueError) as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)

@@ -9,8 +9,6 @@ import os
 import tarfile
 import time
 
-from . import plan
-
 STATUSES = ("passed", "failed", "timed out", "skipped")
 # The targets: ResNet-50's best loader (and each loader's share) at >= 95% of synthetic, the
 # share capped by the loader alone; --decode-device cuda alone >= 10,000 images/s with 4
@@ -124,8 +122,7 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
                      "workers": s.workers, "rows": s.rows, "extra_flags": s.sizes + s.accel},
         "machine": machine, "rows": rows,
         "left_out": [r["name"] for r in rows if r.get("left_out")],
-        "not_run": [r.name for r in plan.steps(s.plan)[1] if r.name not in by] if pending
-        else [],
+        "not_run": [r.name for r in s.later if r.name not in by] if pending else [],
         "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),
         "loaders": {name: {"images_per_sec": by.get(name, {}).get("images_per_sec")
                            if by.get(name, {}).get("status") == "passed" else None,

@@ -95,7 +95,7 @@ def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
           {"name": "loader-gpudecode-j4", "status": "passed", "images_per_sec": 12000.0}]
     s = SimpleNamespace(batch=256, warmup=5, steps=200, workers="auto", models=["resnet50"],
                         rows=None, sizes=[], accel=["--gpu", "0"], dry_run=False, budget=None,
-                        plan=[])
+                        later=[])
     report = markdown.build(s, by, None)
     share = report["shares"]["train-resnet50-lmdb-jall"]
     assert (share["raw"], share["alone"], share["judged"]) == (0.989, 0.625, 0.625)
