@@ -1,7 +1,6 @@
-"""The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
-DALI's memory), their data and outputs read back. A row's timed window starts after a warm-up
-longer than every batch its pipeline can hold ready (:func:`ready_batches`): it times the
-loader, not a queue filled while cuDNN tuned."""
+"""The measuring rows (main.py training, a loader alone, pytest, NCCL, DALI's memory), their
+data and outputs read back. A row times after a warm-up past every batch its pipeline can hold
+ready (:func:`ready_batches`): the loader, not a queue filled while cuDNN tuned."""
 from __future__ import annotations
 
 import glob
@@ -43,9 +42,8 @@ def ready_batches(loader: str, workers: int) -> int:
 
 def steady_sizes(s, loader: str, workers: int, alone: bool = False,
                  timed: int | None = None) -> tuple[int, int]:
-    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (at most 2 for a loader
-    alone, which tunes nothing); ``timed``, else ``s.steps`` (alone: :data:`WAVES` batches per
-    worker, at least ``s.steps // 4``)."""
+    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (alone, which tunes
+    nothing: at most 2); ``timed``, else ``s.steps`` (alone: WAVES per worker, >= steps // 4)."""
     if timed is None:
         timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
     return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
@@ -67,9 +65,8 @@ def list_images(root: str) -> list[tuple[str, str]]:
 
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
-    """Each sample image linked k times into ``OUT/data/train`` (the page cache: rows measure
-    decoding, not disk) for :func:`data_batches` batches, it and val as LMDBs: (paths and why
-    a source is not available, the records)."""
+    """The sample linked into ``OUT/data/train`` for :func:`data_batches` batches (the page
+    cache: rows measure decoding, not disk), it and val as LMDBs: (paths, why not, records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -212,9 +209,8 @@ def pytest_piece(ctx, timeout: float, path: str) -> dict:
 
 
 def nccl_row(ctx, timeout: float) -> dict:
-    """``distributed``: ``--multiprocessing-distributed`` on every GPU (gloo, 2 CPU processes
-    dry); passed when it exits 0, main.py's device line says it joined the process group (one
-    GPU joins one too, so it still runs DDP over NCCL) and metrics.jsonl has a val_acc1."""
+    """``--multiprocessing-distributed`` on every GPU (dry: gloo, 2 processes); passed when
+    main.py joined the process group (one GPU too: DDP over NCCL) and wrote a val_acc1."""
     runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped("distributed", data.reason)
@@ -283,10 +279,9 @@ def read_metrics(rundir: str) -> list[dict]:
 
 
 def read_speed(rundir: str) -> dict:
-    """The last epoch record's figures: ``images_per_sec``, main.py's ``steady_images_per_sec``
-    (else ``train_images_per_sec``, ``includes_warmup``); ``spread``, (p90 - p50) / p50 of the
-    step times (it bounds how far two runs' images/s differ by chance); ``stages``. ValueError
-    without such a record or for a loss not finite (diverged weights train at full speed)."""
+    """The last epoch's ``images_per_sec`` (``steady_images_per_sec``, else the epoch's with
+    ``includes_warmup``), ``spread`` ((p90 - p50) / p50 of the step times: how far two runs
+    differ by chance), ``stages``. ValueError without one, or for a loss not finite."""
     records = [r for r in read_metrics(rundir) if r.get("train_images_per_sec") is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")

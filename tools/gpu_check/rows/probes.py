@@ -171,9 +171,8 @@ if device == 'mixed':
 
 
 def decoder_name(line: str, machine: dict) -> str:
-    """Which decoder did a row's work, from main.py's ``device:`` line and the host's
-    ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware``, ``nvImageCodec CUDA``,
-    ``nvImageCodec CPU`` (a dry run), ``torchvision nvJPEG`` or ``CPU``."""
+    """The decoder that did a row's work, from main.py's ``device:`` line and the host's
+    ``hardware_windows``: nvImageCodec hardware / CUDA / CPU (dry), torchvision nvJPEG, CPU."""
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
                       r"[ ;]", line)
     if not found or "no GPU decoder" in line:
@@ -189,9 +188,8 @@ def decoder_name(line: str, machine: dict) -> str:
 
 
 def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
-    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed
-    unless nvImageCodec decoded on the GPU (not judged dry), or when any sample went to the CPU
-    fallback (the figure would be partly the CPU's)."""
+    """``rec`` (a ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed unless
+    nvImageCodec decoded on the GPU (not judged dry), or when a sample went to the CPU."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -218,9 +216,8 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
 
 
 def probe(ctx, timeout: float) -> dict:
-    """``gpu-decode-probe``: ``WindowDecoder("cuda")`` decodes two windows of a sample JPEG;
-    failed if one went to the CPU fallback or host memory, or differs from the CPU decode by
-    more than :data:`PROBE_MAX_DIFF`; torchvision's ``decode_jpeg`` is recorded too."""
+    """``WindowDecoder("cuda")`` decodes two windows of a sample JPEG (torchvision's too); failed
+    if one went to the CPU or host memory, or differs from the CPU's by > PROBE_MAX_DIFF."""
     s = ctx.s
     rec, result = _json_row(ctx.runner, "gpu-decode-probe", [
         sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
@@ -240,9 +237,9 @@ def probe(ctx, timeout: float) -> dict:
 
 
 def hardware(ctx, timeout: float) -> dict:
-    """``gpu-decode-hardware``, a process of its own so that an unreachable JPEG engine fails
-    only this row: whether nvImageCodec's hardware decoder takes a whole JPEG and a window
-    (``whole``, ``window``; ``window`` also as ``machine["hardware_windows"]``). Skipped dry."""
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (also as
+    ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
+    this row. Skipped dry."""
     if ctx.s.dry_run:
         return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
     rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
@@ -253,10 +250,9 @@ def hardware(ctx, timeout: float) -> dict:
 
 
 def dali_probe(ctx, timeout: float) -> dict:
-    """``dali-gpu-decode`` (skipped without DALI): a process imports DALI first (its libraries
-    must find nvImageCodec's by their run paths), decodes a JPEG with the mixed decoder and
-    nvImageCodec's GPU backends into device memory; ``libnvjpeg`` must be mapped (without it
-    DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
+    """DALI imported first (its libraries must find nvImageCodec's by their run paths) decodes a
+    JPEG with the mixed decoder, nvImageCodec's GPU backends into device memory, libnvjpeg mapped
+    (without it DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
     s = ctx.s
     if not ctx.machine.get("dali"):
         return skipped("dali-gpu-decode", "not installed")
