@@ -252,9 +252,9 @@ class Check:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
         mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
         data, recs = prepare_data(self.runner, self.s, self.machine, 600)
-        sizes = [os.path.getsize(p) for _, p in self.s.images]
-        lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * plan.GPU.batch
-        return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
+        mean = sum(os.path.getsize(p) for _, p in self.s.images) / len(self.s.images)
+        batches = data_batches(plan.GPU, plan.GPU_HOST)
+        return recs, {"paths": vars(data), "bytes": int(mean * batches * plan.GPU.batch)}
 
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done or longer than the time left; a

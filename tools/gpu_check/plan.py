@@ -103,9 +103,9 @@ TABLE = [
 @dataclass(frozen=True)
 class Row:
     """One row. ``kind``: ``train`` (a main.py training epoch from ``loader``), ``alone`` (the
-    loader alone, ``--benchmark-data``) or ``plain`` (``plain``: box, seconds, run). ``workers``: ``all``
-    (``-j``), ``less`` (every core but one) or a number; ``bound``: the loader-alone row capping
-    a training row's share; ``gpu_only``: a sweep a dry run leaves out."""
+    loader alone, ``--benchmark-data``) or ``plain`` (``plain``: box, seconds, its function).
+    ``workers``: ``all`` (``-j``), ``less`` (every core but one) or a number; ``bound``: the
+    loader-alone row capping a training row's share; ``gpu_only``: a sweep a dry run leaves out."""
 
     name: str
     group: int
