@@ -1,4 +1,3 @@
-"""The GPU check (docs/gpu-check.md), ``python -m tools.gpu_check``: its command line and one
-runner (:mod:`.check`), one row list in priority order (:mod:`.plan`), one report, judged
-(:mod:`.report`); the rows' commands in :mod:`.rows`; the offline bundle, its steps, the
-install and the dry run of the steps in :mod:`.bundle`."""
+"""The GPU check (docs/gpu-check.md): its command line and runner (:mod:`.check`), the rows in
+priority order (:mod:`.plan`), the report (:mod:`.report`), what the rows run (:mod:`.rows`),
+the offline bundle, its steps, the install and the steps' dry run (:mod:`.bundle`)."""

@@ -1,7 +1,6 @@
-"""The check's command line and its one runner (``python -m tools.gpu_check``,
-docs/gpu-check.md): the set-up once, then the rows of :mod:`.plan` in order, each guarded and
-each only when its expected seconds fit the time budget, the report rewritten after every row;
-every row, what fits ``--budget``, or one step of an offline bundle (``--step N``)."""
+"""``python -m tools.gpu_check`` (docs/gpu-check.md): the set-up once, then the rows of
+:mod:`.plan` in order, each guarded and run only when its expected seconds fit the time budget,
+the report rewritten after every row; all rows, or one step of an offline bundle (``--step N``)."""
 from __future__ import annotations
 
 import argparse
@@ -46,12 +45,6 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="only the rows matching these (fnmatch) patterns")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of this script: --no-accel, 32 px, -b 4, resnet18, 2 steps")
-    p.add_argument("--steps", type=int, help="timed steps per row, after a warm-up past "
-                   "every batch the pipeline holds ready (default 200; dry 2)")
-    p.add_argument("--warmup", type=int, help="warm-up steps beyond the pipeline's ready "
-                   "batches, for cuDNN's tuning (default 5; dry 1)")
-    p.add_argument("-b", "--batch-size", type=int, help="images per step (default 256; dry 4)")
-    p.add_argument("-j", "--workers", help="main.py -j (default auto; dry 0)")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -68,26 +61,17 @@ def duration(text: str) -> float:
 
 
 def settings(args) -> SimpleNamespace:
-    """Sizes and flags of every run; raises :class:`InputError` for a bad size or path."""
+    """Sizes and flags of every run; raises :class:`InputError` for a bad path."""
     dry = args.dry_run
     s = SimpleNamespace(
-        dry_run=dry, budget=args.budget, out=os.path.abspath(args.out), step=args.step,
-        steps=(2 if dry else 200) if args.steps is None else args.steps,
-        warmup=(1 if dry else 5) if args.warmup is None else args.warmup,
-        batch=(4 if dry else 256) if args.batch_size is None else args.batch_size,
-        # dry run: in-process loading, as each worker process would import torch again
-        workers=args.workers or ("0" if dry else "auto"),
+        **vars(plan.DRY if dry else plan.GPU), budget=args.budget, out=os.path.abspath(args.out),
+        step=args.step, rows=args.rows, data=args.data,
         sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
         # wraps the model in DataParallel over all visible GPUs
         accel=["--no-accel"] if dry else ["--gpu", "0"],
-        rows=args.rows, data=args.data,
         bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
-    if s.steps < 1 or s.warmup < 0 or s.batch < 1:
-        raise InputError("--steps and -b must be >= 1 and --warmup >= 0")
-    if not (s.workers == "auto" or s.workers.isdigit()):
-        raise InputError(f"-j {s.workers}: expected a number of workers or 'auto'")
     for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
         if path and not os.path.isdir(path):
             raise InputError(f"{flag} {path}: no such directory" + (
@@ -95,7 +79,7 @@ def settings(args) -> SimpleNamespace:
     s.step_info = None
     if s.step:
         path = os.path.join(s.bundle, "steps", str(s.step), "STEP.json")
-        s.step_info = read_json(path, None)
+        s.step_info = read_json(path)
         if s.step_info is None:
             raise InputError(f"--step {s.step}: no {path} (make gpu-bundle STEP_SIZE=64M "
                              "writes the steps; copy step N's folder to the host before "
@@ -124,17 +108,19 @@ def bundle_paths(s, bundle: str) -> None:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
 
 
-def read_json(path: str, default=(), lines: bool = False):
-    """A file's JSON, or its JSON lines; ``default`` ([] unless given) if missing or damaged."""
+def read_json(path: str, lines: bool = False):
+    """A file's JSON, or its JSON lines as a list; None if missing or damaged."""
     try:
         with open(path) as f:
             return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
     except (OSError, ValueError):
-        return [] if default == () else default
+        return None
 
 
 class Check:
-    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive."""
+    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive; the
+    context the rows run in (``runner``, settings ``s``, ``machine``, ``data``, ``done``: the
+    records by name, ``sample``)."""
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
@@ -146,12 +132,12 @@ class Check:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
                     else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
-        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True)}
+        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
-        if packages_folder(os.path.join(s.out, "site")):
-            self.runner.add_path(packages_folder(os.path.join(s.out, "site")))
-        self.ctx = SimpleNamespace(runner=self.runner, s=s, machine={}, data=None,
-                                   done=self.done, sample=None)
+        site = packages_folder(os.path.join(s.out, "site"))
+        if site:
+            self.runner.add_path(site)
+        self.machine, self.data, self.sample = {}, None, None
         self.interrupted, self.started, self.report = False, time.time(), None
 
     def run(self) -> None:
@@ -159,18 +145,19 @@ class Check:
         install only when it and DALI's first row fit, and in a bundle's last step."""
         if self.step and not self.begin_step() or not self.set_up():
             return
-        for row in [r for r in self.s.plan if r.group <= 4]:
+        later = self.s.later
+        for row in self.s.first:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return
-        later = [r for r in self.s.plan if r.group > 4]
         need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
         todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
         if todo and any(r.dali for r in later) and need > self.runner.left():
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.set_up_row("install-dali", self.install_dali):
+        elif any(r.dali for r in later) and self.set_up_row("install-dali", lambda: self.install(
+                "install-dali", self.s.dali_wheels, self.s.parts)):
             self.set_up_row("environment-dali", self.environment)
         for row in later:
             self.row(row)
@@ -179,7 +166,7 @@ class Check:
         """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
         when an earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
-        steps = read_json(steps_path)
+        steps = read_json(steps_path) or []
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
         missing = [str(k) for k in range(1, self.number) if k not in ran]
         link_tree(os.path.join(self.s.bundle, "steps", str(self.number)), stash)
@@ -207,20 +194,20 @@ class Check:
 
     def set_up(self) -> bool:
         """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
-        self.ctx.sample = os.path.dirname(self.s.train_src)
+        self.sample = os.path.dirname(self.s.train_src)
         self.set_up_row("install", lambda: self.install("install", self.s.wheels))
         if not self.set_up_row("environment", self.environment):
             return False
         env = self.done["environment"]
-        self.ctx.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
+        self.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
             "gpu-decode-hardware", {}).get("window")}
         if "environment-dali" in self.done:
-            self.ctx.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
+            self.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
         if env["status"] != "passed" and not self.s.dry_run:
             return False  # without a GPU nothing else means anything
-        if not self.set_up_row("data", self.data):
+        if not self.set_up_row("data", self.prepare):
             return False
-        self.ctx.data = SimpleNamespace(**self.done["data"]["paths"])
+        self.data = SimpleNamespace(**self.done["data"]["paths"])
         return True
 
     def set_up_row(self, name: str, work) -> bool:
@@ -244,37 +231,36 @@ class Check:
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
 
-    def install(self, name: str, wheels: list[str], joined: list[dict] = ()) -> tuple:
-        recs = list(joined) + (install(self.runner, wheels, os.path.join(self.s.out, "site"),
-                                       name=name) if wheels else [])
+    def install(self, name: str, wheels: list[str], parts: str | None = None) -> tuple:
+        """``wheels`` and those joined from ``parts`` into ``OUT/site``, DALI's beside
+        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
+        joined, recs = join_parts(parts, os.path.join(self.s.out, "wheels-joined")) if parts \
+            else ([], [])
+        wheels = wheels + joined
+        recs += install(self.runner, wheels, os.path.join(self.s.out, "site"), name=name) \
+            if wheels else []
         installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
         return recs, {**({} if installed else {"reason": "nothing missing"}),
                       "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
 
-    def install_dali(self) -> tuple:
-        """DALI's wheels (``wheels-dali/`` and any joined from parts) into the same folder as
-        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        joined, recs = join_parts(self.s.parts, os.path.join(self.s.out, "wheels-joined"))
-        return self.install("install-dali", self.s.dali_wheels + joined, recs)
-
     def environment(self) -> dict:
-        machine, rec = environment(self.runner, self.s)
-        self.ctx.machine["dali"] = machine.get("dali")
-        return {**rec, "machine": machine}
+        rec = environment(self.runner, self.s)
+        self.machine["dali"] = rec["machine"].get("dali")
+        return rec
 
-    def data(self) -> tuple:
+    def prepare(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
         mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
-        data, recs = prepare_data(self.runner, self.s, self.ctx.machine, 600)
-        sizes = [os.path.getsize(p) for _, p in self.s.images]
-        lmdb_bytes = sum(sizes) / len(sizes) * data_batches(plan.GPU, plan.GPU_HOST) * plan.GPU.batch
-        return recs, {"paths": vars(data), "bytes": int(lmdb_bytes)}
+        data, recs = prepare_data(self.runner, self.s, self.machine, 600)
+        mean = sum(os.path.getsize(p) for _, p in self.s.images) / len(self.s.images)
+        batches = data_batches(plan.GPU, plan.GPU_HOST)
+        return recs, {"paths": vars(data), "bytes": int(mean * batches * plan.GPU.batch)}
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done, left out of a dry run, or longer than the time left; a
+        """Run ``row`` unless done or longer than the time left; a
         pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
-        if earlier and not earlier.get("left_out") or row.gpu_only and self.s.dry_run:
+        if earlier and not earlier.get("left_out"):
             return
         if row.expect > self.runner.left():
             self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "
@@ -282,7 +268,7 @@ class Check:
             return
         limit = min(row.box, max(self.runner.left(), GRACE))
         try:
-            rec = row.run(self.ctx, limit)
+            rec = row.run(self, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
         if rec is None:
@@ -341,7 +327,7 @@ def main_cli(argv=None) -> int:
         return 0
     try:
         s = settings(args)
-        s.plan = plan.select(plan.all_rows(), s.rows)
+        s.first, s.later = plan.steps(plan.select(plan.all_rows(), s.rows, s.dry_run))
         os.makedirs(s.out, exist_ok=True)
     except (InputError, OSError, ValueError) as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)

@@ -27,6 +27,8 @@ RATES = {("resnet50", False): 4909.0, ("resnet50", True): 7987.0,
 LOADER_RATE, ONE_THREAD_RATE = 2900.0, 500.0
 PROCESS_START, CUDA_START, CUDA_START_ALONE = 5.0, 10.0, 3.0
 GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=False)
+# A dry run's: loading in-process, as each worker process would import torch again
+DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
 GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
 COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
@@ -38,13 +40,13 @@ PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:
                                      "decode?")}
 PX = ("", "-160px")  # a 224 px row and a 160 px one
 GD, DL = "gpudecode-lmdb", "dali-lmdb"
-# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name (and in
-# its bound and extra flags) stands for each of ``each``; ``pytest-*`` for each GPU-marked test
-# file. A name says its model (resnet18), its 160 px and ``--compile``; a ``plain`` row's box
-# and seconds are in :data:`PLAIN`.
+# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name, bound
+# and extra flags stands for each of ``each``; ``pytest-*`` for each GPU-marked test file. A name
+# says its model (resnet18), 160 px and ``--compile``; a ``plain`` row names its box (s), its
+# expected seconds on one H100 host and what it runs.
 TABLE = [
-    ("gpu-decode-probe", 1, "plain", None, None, {}),
-    ("gpu-decode-hardware", 1, "plain", None, None, {}),
+    ("gpu-decode-probe", 1, "plain", None, None, {"plain": (120, 12, probes.probe)}),
+    ("gpu-decode-hardware", 1, "plain", None, None, {"plain": (60, 5, probes.hardware)}),
     ("train-resnet50-synthetic{x}", 2, "train", "synthetic", "all", {"each": PX}),
     ("loader-gpudecode-j4{x}", 3, "alone", GD, "4", {"each": PX}),
     ("train-resnet50-gpudecode-lmdb{x}", 3, "train", GD, "4",
@@ -52,7 +54,7 @@ TABLE = [
     ("loader-lmdb-j{x}", 4, "alone", "lmdb", "{x}", {"each": ("all", "less")}),
     ("train-resnet50-lmdb-j{x}", 4, "train", "lmdb", "{x}",
      {"each": ("all", "less"), "bound": "loader-lmdb-j{x}"}),
-    ("dali-gpu-decode", 5, "plain", DL, None, {}),
+    ("dali-gpu-decode", 5, "plain", DL, None, {"plain": (60, 10, probes.dali_probe)}),
     ("loader-dali-mixed-j1", 5, "alone", DL, "1", {}),
     ("loader-dali-cpu-j1", 5, "alone", DL, "1", {"extra": ("--dali-cpu",)}),
     ("loader-dali-lmdb", 5, "alone", DL, "all", {}),
@@ -60,11 +62,11 @@ TABLE = [
     ("loader-dali-lmdb-160px", 5, "alone", DL, "all", {}),
     ("train-resnet50-dali-lmdb-160px", 5, "train", DL, "all",
      {"bound": "loader-dali-lmdb-160px"}),
-    ("pytest-*", 6, "plain", None, None, {}),
-    ("distributed", 6, "plain", None, None, {}),
+    ("pytest-*", 6, "plain", None, None, {"plain": (600, 120, measure.pytest_piece)}),
+    ("distributed", 6, "plain", None, None, {"plain": (240, 40, measure.nccl_row)}),
     ("train-resnet50-synthetic-compile", 6, "train", "synthetic", "all", {}),
     ("train-resnet50-best-compile", 6, "train", "best", "all", {}),
-    ("dali-memory", 6, "plain", DL, None, {}),
+    ("dali-memory", 6, "plain", DL, None, {"plain": (300, 60, measure.memory_row)}),
     ("loader-gpudecode-cuda-j1", 7, "alone", GD, "1", {}),
     ("loader-gpudecode-cpu-j1", 7, "alone", "lmdb", "1", {}),
     ("loader-gpudecode-hw{x}", 7, "alone", GD, "4", {"each": ("0.0", "0.65", "0.9", "1.0"),
@@ -101,9 +103,9 @@ TABLE = [
 @dataclass(frozen=True)
 class Row:
     """One row. ``kind``: ``train`` (a main.py training epoch from ``loader``), ``alone`` (the
-    loader alone, ``--benchmark-data``) or ``plain`` (:data:`PLAIN`). ``workers``: ``all``
-    (``-j``), ``less`` (every core but one) or a number; ``bound``: the loader-alone row capping
-    a training row's share; ``gpu_only``: a sweep a dry run leaves out."""
+    loader alone, ``--benchmark-data``) or ``plain`` (``plain``: box, seconds, its function).
+    ``workers``: ``all`` (``-j``), ``less`` (every core but one) or a number; ``bound``: the
+    loader-alone row capping a training row's share; ``gpu_only``: a sweep a dry run leaves out."""
 
     name: str
     group: int
@@ -113,6 +115,7 @@ class Row:
     bound: str | None = None
     extra: tuple = ()
     gpu_only: bool = False
+    plain: tuple = ()
 
     model = property(lambda self: "resnet18" if "-resnet18-" in self.name else "resnet50")
     res = property(lambda self: self.name.endswith("-160px"))
@@ -121,8 +124,6 @@ class Row:
     timed = property(lambda self: PAIR_STEPS if self.name in PAIRS or self.name in [
         gpu for gpu, _ in PAIRS.values()] else None)
     cuda_start = property(lambda self: CUDA_START_ALONE if self.kind == "alone" else CUDA_START)
-    plain = property(lambda self: PLAIN["pytest" if self.name.startswith("pytest-") else
-                                        self.name])  # (box, expected seconds, run)
 
     @property
     def box(self) -> float:
@@ -156,8 +157,9 @@ class Row:
 
     def run(self, ctx, limit: float) -> dict | None:
         """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        return self.plain[2](ctx, self, limit) if self.kind == "plain" else run_main(
-            ctx, self, limit)
+        if self.kind != "plain":
+            return run_main(ctx, self, limit)
+        return self.plain[2](ctx, limit, *self.extra)
 
 
 def jobs(spec: str, s, machine: dict) -> str:
@@ -176,23 +178,30 @@ def all_rows() -> list[Row]:
     for name, group, kind, loader, workers, opts in TABLE:
         if name == "pytest-*":
             rows += [Row("pytest-" + os.path.splitext(os.path.basename(p))[0], group, kind,
-                         None, None, extra=(p,)) for p in gpu_test_files()]
+                         None, None, extra=(p,), plain=opts["plain"]) for p in gpu_test_files()]
             continue
         for x in opts.get("each", ("",)):
             sub = lambda text: text and text.replace("{x}", x)  # noqa: E731
             rows.append(Row(sub(name), group, kind, loader, sub(workers), sub(opts.get(
-                "bound")), tuple(map(sub, opts.get("extra", ()))), opts.get("gpu_only", False)))
+                "bound")), tuple(map(sub, opts.get("extra", ()))), opts.get("gpu_only", False),
+                            opts.get("plain", ())))
     return rows
 
 
-def select(rows: list[Row], patterns: list[str] | None) -> list[Row]:
-    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order.
-    Raises ``ValueError`` naming a pattern that matches nothing."""
+def select(rows: list[Row], patterns: list[str] | None, dry_run: bool = False) -> list[Row]:
+    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
+    the sweeps a dry run leaves out. Raises ``ValueError`` naming a pattern that matches none."""
     for pattern in patterns or ():
         if not any(fnmatch(r.name, pattern) for r in rows):
             raise ValueError(f"--rows {pattern}: no row matches (the rows: "
                              f"{', '.join(r.name for r in rows)})")
-    return [r for r in rows if patterns is None or any(fnmatch(r.name, p) for p in patterns)]
+    return [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
+            and not (dry_run and r.gpu_only)]
+
+
+def steps(rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """``rows`` of a bundle's step 1 (groups 1-4, nothing of DALI), and of its last step."""
+    return [r for r in rows if r.group <= 4], [r for r in rows if r.group > 4]
 
 
 def gpu_test_files() -> list[str]:
@@ -255,18 +264,3 @@ def run_main(ctx, row: Row, limit: float) -> dict | None:
     if loader.startswith("dali") and rec.get("status") == "passed":
         rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec
-
-
-# A plain row's box (s), expected seconds on one H100 host, and what it runs
-PLAIN = {
-    "gpu-decode-probe": (120, 12, lambda c, r, t: probes.probe(c.runner, c.s, c.data, t)),
-    "gpu-decode-hardware": (60, 5, lambda c, r, t: probes.hardware(c.runner, c.s, c.data,
-                                                                   c.machine, t)),
-    "dali-gpu-decode": (60, 10, lambda c, r, t: probes.dali_probe(c.runner, c.s, c.machine, t)),
-    "pytest": (600, 120, lambda c, r, t: measure.pytest_piece(c.runner, r.extra[0], c.sample,
-                                                              t)),
-    "distributed": (240, 40, lambda c, r, t: measure.nccl_row(c.runner, c.s, c.data, c.machine,
-                                                              t)),
-    "dali-memory": (300, 60, lambda c, r, t: measure.memory_row(c.runner, c.s, c.data, c.machine,
-                                                                t)),
-}

@@ -122,8 +122,7 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
                      "workers": s.workers, "rows": s.rows, "extra_flags": s.sizes + s.accel},
         "machine": machine, "rows": rows,
         "left_out": [r["name"] for r in rows if r.get("left_out")],
-        "not_run": [r.name for r in s.plan if r.name not in by and r.group > 4
-                    and not (r.gpu_only and s.dry_run)] if pending else [],
+        "not_run": [r.name for r in s.later if r.name not in by] if pending else [],
         "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),
         "loaders": {name: {"images_per_sec": by.get(name, {}).get("images_per_sec")
                            if by.get(name, {}).get("status") == "passed" else None,
@@ -227,7 +226,7 @@ def table(head: list[str], rows: list[list]) -> str:
 
 
 def markdown(r: dict) -> str:
-    parts = [md(r) for md in (header_md, figures_md, rows_md, stages_md, left_md, failures_md)]
+    parts = [md(r) for md in (header_md, figures_md, rows_md, left_md, failures_md)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -277,46 +276,19 @@ def figures_md(r: dict) -> str:
                    "images/s; a share above 100% is noted, not judged." if r["dry_run"] else "")
 
 
-def detail(x: dict) -> str:
-    """What a row shows beside its figure."""
-    if x.get("on_device") is not None:
-        return (f"{x['on_device']} windows in GPU memory, {x.get('fallback')} to the CPU, "
-                f"max diff {num(x.get('max_diff'))}")
-    if x.get("whole") is not None or x.get("window") is not None:
-        return f"hardware decoder: whole JPEG {x.get('whole')}, window (ROI) {x.get('window')}"
-    if x.get("gpu_over_cpu"):
-        return f"GPU decode {x['gpu_over_cpu']:.2f}x the CPU decode, one worker or thread each"
-    if x.get("speedup"):
-        return f"{pct(x['speedup'])} of " + ("eager" if x.get("compile") else "224 px")
-    if x.get("device_memory_mib") or x.get("host_rss_mib"):
-        return (f"host RSS {x.get('host_rss_mib')} MiB, device {x.get('device_memory_mib')} "
-                "MiB per epoch")
-    if x.get("world_size"):
-        return (f"world size {x['world_size']}, {x.get('backend')}, process group "
-                f"{'joined' if x.get('process_group') else '-'}, top-1 {num(x.get('val_acc1'))}")
-    return f"pytest: {x['summary_line']}" if x.get("summary_line") else x.get("note", "")
-
-
 def rows_md(r: dict) -> str:
     body = [[x["name"], x.get("group", "-"), x.get("step") or "-", status_of(x)[:160],
              num(x.get("images_per_sec")) + ("*" if x.get("includes_warmup") else ""),
              pct(x.get("ratio_to_synthetic")), x.get("workers", x.get("jobs", "-")),
-             x.get("res", ""), x.get("decoder", ""), detail(x), num(x.get("seconds")),
+             x.get("res", ""), x.get("decoder", ""), num(x.get("seconds")),
              num(x.get("gpu_seconds"))] for x in r["rows"]]
-    return ("## Every row, in the order run\n\n" + table(
+    return ("## Every row, in the order run\n\nWhy each figure: main.py's stage table, bound "
+            "and advice in the row's log, `logs/ROW.out`.\n\n" + table(
         ["row", "group", "step", "status", "images/s", "vs synthetic", "-j", "px", "decoder",
-         "detail", "seconds", "GPU-host seconds"], body)
+         "seconds", "GPU-host seconds"], body)
         + ("\n\n\\* includes warm-up: main.py wrote no `steady_images_per_sec`, so this is "
            "`train_images_per_sec` over the whole epoch" if any(
                x.get("includes_warmup") for x in r["rows"]) else ""))
-
-
-def stages_md(r: dict) -> str:
-    """Each main.py row's stage table, bound and advice as main.py printed them."""
-    rows = [x for x in r["rows"] if x.get("stage_lines")]
-    return "## Why each figure (main.py's stage tables)\n\n" + "\n\n".join(
-        f"### {x['name']}\n\n```\n" + "\n".join(x["stage_lines"]) + "\n```"
-        for x in rows) if rows else ""
 
 
 def left_md(r: dict) -> str:

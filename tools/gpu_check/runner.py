@@ -22,14 +22,16 @@ class InputError(Exception):
 
 
 class Runner:
-    """Runs commands, each with a timeout, within ``budget`` s (None: no end; one started near
-    its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few shared cores
-    threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with 2, 10 with 1)."""
+    """Runs commands in ``cwd``, each with a timeout, within ``budget`` s (None: no end; one
+    started near its end may run :data:`GRACE` s). Dry, one OpenMP thread unless set (on a few
+    shared cores threads wait at every barrier: ResNet-18 at 32 px trains at 1.1 images/s with
+    2, 10 with 1)."""
 
-    def __init__(self, out: str, budget: float | None = None, dry_run: bool = False):
-        self.logs, self.budget = os.path.join(out, "logs"), budget
+    def __init__(self, out: str, budget: float | None = None, dry_run: bool = False,
+                 cwd: str = REPO):
+        self.logs, self.budget, self.cwd = os.path.join(out, "logs"), budget, cwd
         os.makedirs(self.logs, exist_ok=True)
-        self.start, self.cwd = time.monotonic(), REPO
+        self.start = time.monotonic()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
@@ -76,9 +78,7 @@ class Runner:
                           "limit (slow, not failed)")
         elif code:
             record["reason"] = f"exit status {code}"
-        if code != 0:
-            self.attach_tails(record)
-        return record
+        return self.attach_tails(record) if code != 0 else record
 
     def log(self, name: str, stream: str) -> str:
         return os.path.join(self.logs, f"{name}.{stream}")

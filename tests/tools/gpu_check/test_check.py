@@ -245,14 +245,14 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
                 "status": "passed" if code == 0 else "failed", "reason": f"exit status {code}"}
 
     monkeypatch.setattr(gpu_runner.Runner, "run", run)
-    runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    row = measure.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")
+    ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60), sample=None)
+    row = measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
     assert judge.not_proven([row]) == [{"name": row["name"], "reason": judge.status_of(row)}]
     out = out.replace("1 skipped", "1 failed, 1 skipped")
     monkeypatch.setattr(gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
-    assert measure.pytest_piece(runner, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
+    assert measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
 
 
 def make_n(*args, **env_vars):

@@ -59,7 +59,7 @@ def fake_machine(monkeypatch):
 def gpu_run(sample_images, tmp_path, *extra):
     bundle = make_bundle(sample_images, tmp_path / "bundle", classes=2)
     code, out, err = gpu_check_cli(["--bundle", str(bundle), "--out", str(tmp_path / "o"),
-                              "--steps", "2", "--warmup", "1", *extra])
+                                    *extra])
     return code, out, json.loads((tmp_path / "o" / "report.json").read_text())
 
 

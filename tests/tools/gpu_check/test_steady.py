@@ -47,8 +47,8 @@ CEILING = BATCH / (BATCH * READ_S)  # one worker: 2 images/s at most
 def test_a_training_row_times_the_loader_not_its_queue(sample_images, tmp_path):
     bundle = make_bundle(sample_images, tmp_path / "bundle", classes=4)
     s = settings(get_args_parser().parse_args([
-        "--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o"), "-j", "1", "-b",
-        str(BATCH), "--steps", "8", "--warmup", "6"]))
+        "--dry-run", "--bundle", str(bundle), "--out", str(tmp_path / "o")]))
+    s = SimpleNamespace(**{**vars(s), "workers": "1", "batch": BATCH, "steps": 8, "warmup": 6})
     runner = Runner(s.out, 900, dry_run=True)
     machine = {"cpu_cores": 2, "lmdb": "installed", "gpu_count": 0}
     data, _ = prepare_data(runner, s, machine, 300)

@@ -137,7 +137,7 @@ def test_a_dry_run_without_git_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.heavy
 def test_the_dry_run_of_the_steps_holds(small_bundle, tmp_path, capsys):
     """The three steps here on the CPU, as on a host: sizes, step 1's rows, one archive per
-    step, the install by pip into a clean prefix, judged shares."""
+    step, the install by pip into the state's prefix, judged shares."""
     root, _, _ = small_bundle
     code = dry_run.main_cli(["--bundle", str(root), "--host", str(tmp_path / "h"),
                              "--rows", "gpu-decode-probe", "loader-lmdb-jall",
@@ -150,9 +150,5 @@ def test_the_dry_run_of_the_steps_holds(small_bundle, tmp_path, capsys):
     assert [n for n, *_ in result["steps"][0]["rows"]] == [
         "install", "environment", "data", "gpu-decode-probe", "train-resnet50-synthetic",
         "loader-lmdb-jall", "train-resnet50-lmdb-jall"]
-    assert result["wheels"]["installed"] == [
-        "wheels/stepfake-1.0-py3-none-any.whl",
-        "wheels-dali/nvidia_dali_cuda130-1.0-py3-none-any.whl",
-        "wheels-dali/stepdalidep-1.0-py3-none-any.whl"]
     site = packages_folder(str(tmp_path / "h" / "state" / "site"))
     assert os.path.isdir(os.path.join(site, "stepfake"))

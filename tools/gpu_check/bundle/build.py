@@ -19,12 +19,13 @@ from formats.cli import parse_size
 
 from ..rows.measure import list_images
 from ..runner import REPO, InputError
-from .install import dist_name
+from .install import dist_name, torch_cuda
 from .steps import DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
 ALREADY_THERE = ("numpy",)
+SAMPLE_IMAGES = 100  # of --data, one per class first
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -52,11 +53,7 @@ def pinned(name: str) -> str:
 
 
 def local_cuda_major() -> str:
-    try:
-        import torch
-    except ImportError:
-        return "13"
-    return (torch.version.cuda or "13").split(".")[0]
+    return (torch_cuda() or "13").split(".")[0]
 
 
 def wheel_specs(cuda: str, dali: bool) -> list[str]:
@@ -74,9 +71,9 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     return specs
 
 
-def copy_sample(data: str, train: str, images: int = 100) -> str:
-    """Copy ``images`` files of ``DATA/train/<class>/`` into ``train``, the first of each class
-    in sorted order, then the second, ...; returns the line that says so. Raises
+def copy_sample(data: str, train: str) -> str:
+    """Copy :data:`SAMPLE_IMAGES` files of ``DATA/train/<class>/`` into ``train``, the first of
+    each class in sorted order, then the second, ...; returns the line that says so. Raises
     :class:`InputError` when there is no such folder or image."""
     source = os.path.join(data, "train")
     if not os.path.isdir(source):
@@ -85,12 +82,12 @@ def copy_sample(data: str, train: str, images: int = 100) -> str:
         list_images(source), key=lambda x: x[0]) for k, (_, path) in enumerate(group))
     if not ranked:
         raise InputError(f"--data {data}: no images in {source}/<class>/")
-    for _, cls, path in ranked[:images]:
+    for _, cls, path in ranked[:SAMPLE_IMAGES]:
         os.makedirs(os.path.join(train, cls), exist_ok=True)
         shutil.copy2(path, os.path.join(train, cls))
-    classes = len({cls for _, cls, _ in ranked[:images]})
-    return (f"gpu-bundle: images: {min(images, len(ranked))} files in {classes} classes from "
-            f"{source}")
+    classes = len({cls for _, cls, _ in ranked[:SAMPLE_IMAGES]})
+    return (f"gpu-bundle: images: {min(SAMPLE_IMAGES, len(ranked))} files in {classes} classes "
+            f"from {source}")
 
 
 def generate_sample(train: str) -> str:

@@ -37,12 +37,10 @@ def torch_cuda() -> str | None:
 
 
 def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
-    """Install the ``wheels``' distributions into the prefix ``site`` with pip's own resolution
-    (``--no-index --find-links``, ``--no-deps``): one this interpreter (or ``site``) already
-    has, whatever its version, is left alone, so the host's torch and nvidia packages are
-    never replaced. ``site``'s packages folder goes first on the commands' ``PYTHONPATH``. A
-    DALI wheel for another CUDA major than torch's gets a skipped ``dali-wheel`` record.
-    Returns the records."""
+    """Install the ``wheels``' distributions into the prefix ``site`` with pip (``--no-index
+    --no-deps``): one this interpreter (or ``site``) already has, whatever its version, is left
+    alone, so the host's torch and nvidia packages are never replaced. A DALI wheel for another
+    CUDA major than torch's gets a skipped ``dali-wheel`` record. Returns the records."""
     dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
     wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
@@ -50,7 +48,7 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
     wanted = [w for w in wheels if w not in wrong]
     if not wanted:
         return records
-    before = installed_in(site)
+    before = installed_in(packages_folder(site))
     # --no-compile: byte-compiling DALI costs a minute of the host's time
     record = runner.run(name, [
         sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
@@ -60,10 +58,11 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
     if "No module named pip" in runner.text(name, "err"):
         record = fail(record, "pip is not installed for this Python: install it (python3 -m "
                       "ensurepip --user, or the system's python3-pip package), then run again")
-    if record["status"] == "passed" and installed_in(site):
-        share_namespace(packages_folder(site), "nvidia")
-        runner.add_path(packages_folder(site))
-    return records + [{**record, "installed": sorted(installed_in(site) - before),
+    folder = packages_folder(site)
+    if record["status"] == "passed" and installed_in(folder):
+        share_namespace(folder, "nvidia")
+        runner.add_path(folder)
+    return records + [{**record, "installed": sorted(installed_in(folder) - before),
                        "site": site}]
 
 
@@ -74,18 +73,17 @@ def packages_folder(prefix: str) -> str | None:
     return found[0] if found else None
 
 
-def installed_in(prefix: str) -> set[str]:
-    """Normalised names of the distributions installed under ``prefix`` (its ``*.dist-info``)."""
-    folder = packages_folder(prefix)
+def installed_in(folder: str | None) -> set[str]:
+    """Normalised names of the distributions in packages ``folder`` (its ``*.dist-info``)."""
     return {dist_name(n) for n in glob.glob(os.path.join(folder, "*.dist-info"))} if folder \
         else set()
 
 
 def share_namespace(site: str, package: str) -> None:
     """Make ``site/package`` extend its ``__path__`` over every ``package`` on ``sys.path``
-    (``pkgutil.extend_path``), so the host's own ``nvidia/...`` (torch's CUDA libraries)
-    stay visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package
-    hides every namespace portion of the same name."""
+    (``pkgutil.extend_path``), so the host's own ``nvidia/...`` (torch's CUDA libraries) stay
+    visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package hides
+    every namespace portion of the same name."""
     folder = os.path.join(site, package)
     if os.path.isdir(folder):
         with open(os.path.join(folder, "__init__.py"), "w") as f:

@@ -1,7 +1,6 @@
-"""The measuring rows (main.py training, a loader alone, a pytest file, the distributed run,
-DALI's memory), their data and outputs read back. A row's timed window starts after a warm-up
-longer than every batch its pipeline can hold ready (:func:`ready_batches`): it times the
-loader, not a queue filled while cuDNN tuned."""
+"""The measuring rows (main.py training, a loader alone, pytest, NCCL, DALI's memory), their
+data and outputs read back. A row times after a warm-up past every batch its pipeline can hold
+ready (:func:`ready_batches`): the loader, not a queue filled while cuDNN tuned."""
 from __future__ import annotations
 
 import glob
@@ -24,8 +23,6 @@ MEMORY_EPOCHS = 3
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
 LOW_RES = 160  # px: FFCV's min_res, the side of progressive resizing's first epochs
 WAVES = 10  # a loader alone times at least this many batches per worker
-# The bound line engine.report.bounds ends main.py's stage table with (then its "  try" lines).
-BOUND_LINE = re.compile(r"^  (data-bound|model-bound|loader alone):")
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -45,9 +42,8 @@ def ready_batches(loader: str, workers: int) -> int:
 
 def steady_sizes(s, loader: str, workers: int, alone: bool = False,
                  timed: int | None = None) -> tuple[int, int]:
-    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (at most 2 for a loader
-    alone, which tunes nothing); ``timed``, else ``s.steps`` (alone: :data:`WAVES` batches per
-    worker, at least ``s.steps // 4``)."""
+    """``(warm-up, timed)`` batches: :func:`ready_batches` + ``s.warmup`` (alone, which tunes
+    nothing: at most 2); ``timed``, else ``s.steps`` (alone: WAVES per worker, >= steps // 4)."""
     if timed is None:
         timed = max(s.steps // 4, WAVES * workers, 1) if alone else s.steps
     return ready_batches(loader, workers) + (min(s.warmup, 2) if alone else s.warmup), timed
@@ -69,9 +65,8 @@ def list_images(root: str) -> list[tuple[str, str]]:
 
 def prepare_data(runner: Runner, s, machine: dict,
                  lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
-    """Each sample image linked k times into ``OUT/data/train`` (the page cache: rows measure
-    decoding, not disk) for :func:`data_batches` batches, it and val as LMDBs: (paths and why
-    a source is not available, the records)."""
+    """The sample linked into ``OUT/data/train`` for :func:`data_batches` batches (the page
+    cache: rows measure decoding, not disk), it and val as LMDBs: (paths, why not, records)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -139,9 +134,8 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
               compiled: bool = False, res: int | None = None, extra: list[str] = (),
               name: str | None = None, workers: str | None = None,
               timeout: float = 240) -> dict:
-    """A steady-state ``main.py`` training epoch of ``model`` from ``loader`` (``res``:
-    ``--train-crop-size``) read by :func:`read_speed`, with its ``stage_lines``; failed off the
-    GPU unless dry."""
+    """A steady-state main.py training epoch of ``model`` from ``loader`` (``res``:
+    ``--train-crop-size``) read by :func:`read_speed`; failed off the GPU unless dry."""
     name, j = name or f"train-{model}-{loader}", workers or s.workers
     row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
            **({"res": res} if res else {})}
@@ -159,7 +153,6 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
         return row
     device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
     row["device"] = device.group(1) if device else None
-    row["stage_lines"] = stage_lines(runner.text(name))
     try:
         row.update(read_speed(rundir))
     except ValueError as exc:
@@ -171,9 +164,9 @@ def train_row(runner: Runner, s, data, machine, model: str, loader: str,
 
 def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
                name: str, timeout: float = 180, timed: int | None = None) -> dict:
-    """One ``main.py --benchmark-data`` run of ``loader`` with ``-j workers`` (``flags`` last,
-    so their ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's
-    figures, the ``stages_*`` ones as ``stages``, and ``stage_lines``."""
+    """``main.py --benchmark-data`` of ``loader`` at ``-j workers`` (``flags`` last: their
+    ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's figures, the
+    ``stages_*`` ones as ``stages``."""
     warm, steps = steady_sizes(s, loader, workers_count(workers, machine), True, timed)
     rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
                             "--train-batches", str(steps), "--benchmark-warmup", str(warm),
@@ -185,23 +178,21 @@ def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], 
     result = last_json(runner.text(name)) or {}
     if not result.get("images_per_sec"):
         return runner.attach_tails(fail(rec, "no JSON line with images_per_sec on stdout"))
-    stages = stage_figures(result)  # its "seconds" is the timed part only
+    stages = {k: v for k, v in result.items() if k.startswith("stages_")}
     rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
-               timed_seconds=result.get("seconds"), loader=loader, stages=stages,
-               stage_lines=stage_lines(runner.text(name)))
+               timed_seconds=result.get("seconds"), loader=loader, stages=stages)
     if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
         return fail(rec, f"ran on {rec.get('device')}, not a GPU")
     return rec
 
 
-def pytest_piece(runner: Runner, path: str, sample: str | None = None,
-                 timeout: float = 600) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line; ``sample`` goes in as
+def pytest_piece(ctx, timeout: float, path: str) -> dict:
+    """``pytest -m gpu PATH``, parsed from pytest's summary line; the sample goes in as
     ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
-    name = "pytest-" + os.path.splitext(os.path.basename(path))[0]
+    runner, name = ctx.runner, "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
                             "-p", "no:cacheprovider", path], timeout,
-                     env={"IMAGENET_SAMPLE": sample} if sample else {})
+                     env={"IMAGENET_SAMPLE": ctx.sample} if ctx.sample else {})
     if rec["status"] in ("skipped", "timed out"):
         return rec
     rec.update(parse_pytest(runner.text(name)))
@@ -217,13 +208,13 @@ def pytest_piece(runner: Runner, path: str, sample: str | None = None,
     return rec
 
 
-def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
-    """``distributed``: ``--multiprocessing-distributed`` on every GPU (gloo, 2 CPU processes
-    dry); passed when it exits 0, main.py's device line says it joined the process group (one
-    GPU joins one too, so it still runs DDP over NCCL) and metrics.jsonl has a val_acc1."""
+def nccl_row(ctx, timeout: float) -> dict:
+    """``--multiprocessing-distributed`` on every GPU (dry: gloo, 2 processes); passed when
+    main.py joined the process group (one GPU too: DDP over NCCL) and wrote a val_acc1."""
+    runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped("distributed", data.reason)
-    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
     backend = "gloo" if s.dry_run else "nccl"
     rec, rundir = run_main(runner, s, "distributed", [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
@@ -243,10 +234,11 @@ def nccl_row(runner: Runner, s, data, machine, timeout: float = 240) -> dict:
     return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
-def memory_row(runner: Runner, s, data, machine: dict, timeout: float = 300) -> dict:
+def memory_row(ctx, timeout: float) -> dict:
     """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
     device memory (MiB) after each; failed when device memory grows > 5% after the first."""
-    flags = loader_flags("dali-lmdb", data, machine)
+    runner, s = ctx.runner, ctx.s
+    flags = loader_flags("dali-lmdb", ctx.data, ctx.machine)
     if isinstance(flags, str):
         return skipped("dali-memory", flags)
     rec, rundir = run_main(runner, s, "dali-memory", [
@@ -287,10 +279,9 @@ def read_metrics(rundir: str) -> list[dict]:
 
 
 def read_speed(rundir: str) -> dict:
-    """The last epoch record's figures: ``images_per_sec``, main.py's ``steady_images_per_sec``
-    (else ``train_images_per_sec``, ``includes_warmup``); ``spread``, (p90 - p50) / p50 of the
-    step times (it bounds how far two runs' images/s differ by chance); ``stages``. ValueError
-    without such a record or for a loss not finite (diverged weights train at full speed)."""
+    """The last epoch's ``images_per_sec`` (``steady_images_per_sec``, else the epoch's with
+    ``includes_warmup``), ``spread`` ((p90 - p50) / p50 of the step times: how far two runs
+    differ by chance), ``stages``. ValueError without one, or for a loss not finite."""
     records = [r for r in read_metrics(rundir) if r.get("train_images_per_sec") is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")
@@ -305,32 +296,9 @@ def read_speed(rundir: str) -> dict:
             "includes_warmup": key == "train_images_per_sec",
             "data_time_fraction": last.get("data_time_fraction"),
             "epoch_seconds": last.get("epoch_seconds"), "val_acc1": last.get("val_acc1"),
-            "train_loss": loss, "stages": stage_figures(last),
+            "train_loss": loss, "stages": {k: v for k, v in last.items() if k.startswith(
+                "stages_")},
             "spread": round((p90 - p50) / p50, 4) if p50 and p90 is not None else None}
-
-
-def stage_figures(record: dict) -> dict:
-    """The ``stages_*`` keys of a main.py record (``engine.report.bounds``: ms per image, the
-    bound, the advice)."""
-    return {k: v for k, v in record.items() if k.startswith("stages_")}
-
-
-def stage_lines(text: str) -> list[str]:
-    """The last stage table main.py printed in ``text``, from its first line (``stages over
-    ...`` or the training thread's) through the bound line and its ``try`` lines; [] if none."""
-    lines = text.splitlines()
-    ends = [i for i, line in enumerate(lines) if BOUND_LINE.match(line)]
-    if not ends:
-        return []
-    start = end = ends[-1]
-    while start > 0 and lines[start - 1].startswith("  ") and not BOUND_LINE.match(
-            lines[start - 1]):
-        start -= 1
-    if start > 0 and lines[start - 1].startswith("stages over "):
-        start -= 1
-    while end + 1 < len(lines) and lines[end + 1].startswith("  try "):
-        end += 1
-    return lines[start:end + 1]
 
 
 def parse_pytest(text: str) -> dict:

@@ -1,7 +1,6 @@
-"""The probes, each in a process of its own (the check holds no CUDA context): the host's
-environment and nvidia-smi's driver line; both GPU decoders (``--decode-device cuda`` and
-DALI's mixed decoder; a dry run's CPU backends prove this code, not the GPU); the decoder that
-did each batch-decode row's work; the GPU-over-CPU ratio of a one-worker pair."""
+"""The probes, each a process of its own (the check holds no CUDA context): the host's facts,
+both GPU decoders (dry: their CPU backends, proving this code, not a GPU), the decoder that did
+a batch-decode row's work, the GPU-over-CPU ratio of a one-worker pair."""
 from __future__ import annotations
 
 import ctypes
@@ -16,9 +15,9 @@ from ..runner import Runner, fail, skipped
 from .measure import last_json
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
-# The shared libraries whose file says which decoder build a process really uses.
+# The libraries whose file says which decoder build a process really uses
 MAPPED = re.compile(r"/lib(nvjpeg|nvimgcodec|dali)[^/]*\.so[^/]*$")
-# The modules whose origin says which install a process imports (the bundle's or the host's).
+# The modules whose file says which install a process imports (the bundle's or the host's)
 ORIGINS = ("nvidia.dali", "nvidia.nvimgcodec", "lmdb", "pytest")
 
 
@@ -33,9 +32,9 @@ def mapped_libraries() -> list[str]:
 
 
 def host_facts() -> dict:
-    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores; each of
-    :data:`ORIGINS`' version and file or import error (DALI first: its libraries must find
-    nvImageCodec's alone); the library ``--decode-device cuda`` takes; the libraries mapped."""
+    """What this interpreter sees: versions, GPUs (memory in bytes), CPU cores, each of
+    :data:`ORIGINS` (DALI first: its libraries must find nvImageCodec's alone), the library
+    ``--decode-device cuda`` takes, the libraries mapped."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
     for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
@@ -79,13 +78,13 @@ def cuda_driver_api() -> str | None:
     return f"{version.value // 1000}.{version.value % 1000 // 10}" if version.value else None
 
 
-def environment(runner: Runner, s) -> tuple[dict, dict]:
-    """:func:`host_facts` in a subprocess and nvidia-smi's driver version: (the host's facts,
-    the ``environment`` record); no CUDA GPU is a failure unless ``s.dry_run``."""
+def environment(runner: Runner, s) -> dict:
+    """The ``environment`` record: :func:`host_facts` in a subprocess and nvidia-smi's driver
+    version as ``machine``; failed without a CUDA GPU unless ``s.dry_run``."""
     rec, machine = _json_row(runner, "environment", [
         sys.executable, "-m", "tools.gpu_check", "--probe"], PROBE_TIMEOUT)
     if not machine:
-        return {}, rec
+        return {**rec, "machine": {}}
     machine["driver"] = None
     if shutil.which("nvidia-smi"):
         smi = runner.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,"
@@ -99,15 +98,17 @@ def environment(runner: Runner, s) -> tuple[dict, dict]:
         # with torch's CUDA initialisation warning, if any
         rec = runner.attach_tails(fail(rec, "torch sees no CUDA GPU (use --dry-run for the "
                                             "CPU check)"))
-    return machine, rec
+    return {**rec, "machine": machine}
 
 
 GPU_OVER_CPU = 1.5  # one worker or thread: decoding on the GPU must beat the CPU by this much
 PROBE_MAX_DIFF = 8  # levels: nvJPEG's IDCT and upsampling against libjpeg-turbo's
-_PROBE = """\
-import glob, json, os, sys, torch
+# A probe script prints its ``result`` with the libraries it mapped, one JSON line
+_HEAD = "import glob, json, os, sys\nfrom tools.gpu_check.rows.probes import mapped_libraries\n"
+_TAIL = "result['libraries'] = mapped_libraries()\nprint(json.dumps(result))\n"
+_PROBE = _HEAD + """\
+import torch
 from decode import decode, gpu
-from tools.gpu_check.rows.probes import mapped_libraries
 path = sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0]
 data = open(path, 'rb').read()
 whole = decode(data)
@@ -127,13 +128,9 @@ def run(decoder):
 decoder = gpu.WindowDecoder('cuda' if on_gpu else 'cpu-nvimgcodec', dev)
 result = {'decoder_line': decoder.status(), **run(decoder)}
 result['torchvision'] = run(gpu.WindowDecoder('cuda', dev, library=None))
-result['libraries'] = mapped_libraries()
-print(json.dumps(result))
-"""
-_HARDWARE = """\
-import glob, json, os, sys
+""" + _TAIL
+_HARDWARE = _HEAD + """\
 import nvidia.nvimgcodec as n
-from tools.gpu_check.rows.probes import mapped_libraries
 data = open(sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0], 'rb').read()
 whole = n.CodeStream(data)
 h, w = whole.height, whole.width
@@ -143,17 +140,14 @@ decoder = n.Decoder(device_id=0, backends=[n.Backend(n.BackendKind.HW_GPU_ONLY)]
 def taken(stream):
     image = decoder.decode([stream])[0]
     return image is not None and image.buffer_kind == n.ImageBufferKind.STRIDED_DEVICE
-print(json.dumps({'whole': taken(whole), 'window': taken(window),
-                  'libraries': mapped_libraries()}))
-"""
-
-_DALI_PROBE = """\
-import io, json, sys
+result = {'whole': taken(whole), 'window': taken(window)}
+""" + _TAIL
+_DALI_PROBE = _HEAD + """\
+import io
 import nvidia.dali as dali
 from nvidia.dali import fn, pipeline_def
 import numpy as np
 from PIL import Image
-from tools.gpu_check.rows.probes import mapped_libraries
 buf = io.BytesIO()
 Image.new('RGB', (64, 48), (200, 100, 50)).save(buf, 'JPEG', quality=90)
 jpeg = np.frombuffer(buf.getvalue(), np.uint8)
@@ -173,15 +167,12 @@ if device == 'mixed':
         buf.getvalue())
     result['nvimgcodec_gpu'] = (image is not None
                                 and image.buffer_kind == n.ImageBufferKind.STRIDED_DEVICE)
-result['libraries'] = mapped_libraries()
-print(json.dumps(result))
-"""
+""" + _TAIL
 
 
 def decoder_name(line: str, machine: dict) -> str:
-    """Which decoder did a row's work, from main.py's ``device:`` line and the host's
-    ``hardware_windows`` (:func:`hardware`): ``nvImageCodec hardware``, ``nvImageCodec CUDA``,
-    ``nvImageCodec CPU`` (a dry run), ``torchvision nvJPEG`` or ``CPU``."""
+    """The decoder that did a row's work, from main.py's ``device:`` line and the host's
+    ``hardware_windows``: nvImageCodec hardware / CUDA / CPU (dry), torchvision nvJPEG, CPU."""
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
                       r"[ ;]", line)
     if not found or "no GPU decoder" in line:
@@ -197,9 +188,8 @@ def decoder_name(line: str, machine: dict) -> str:
 
 
 def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
-    """``rec`` (a passed ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed
-    unless nvImageCodec decoded on the GPU (not judged dry), or when any sample went to the CPU
-    fallback (the figure would be partly the CPU's)."""
+    """``rec`` (a ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed unless
+    nvImageCodec decoded on the GPU (not judged dry), or when a sample went to the CPU."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
@@ -217,7 +207,7 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
 
 
 def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tuple[dict, dict]:
-    """Run a probe; (its record, its last JSON line or {}), failed without one."""
+    """A probe's record and its last JSON line ({}: failed without one)."""
     rec = runner.run(name, cmd, timeout)
     result = last_json(runner.text(name)) if rec["status"] == "passed" else None
     if rec["status"] == "passed" and result is None:
@@ -225,12 +215,12 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
     return rec, result or {}
 
 
-def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
-    """``gpu-decode-probe``: ``WindowDecoder("cuda")`` decodes two windows of a sample JPEG;
-    failed if one went to the CPU fallback or host memory, or differs from the CPU decode by
-    more than :data:`PROBE_MAX_DIFF`; torchvision's ``decode_jpeg`` is recorded too."""
-    rec, result = _json_row(runner, "gpu-decode-probe", [
-        sys.executable, "-c", _PROBE, data.train, "cpu" if s.dry_run else "cuda"], timeout)
+def probe(ctx, timeout: float) -> dict:
+    """``WindowDecoder("cuda")`` decodes two windows of a sample JPEG (torchvision's too); failed
+    if one went to the CPU or host memory, or differs from the CPU's by > PROBE_MAX_DIFF."""
+    s = ctx.s
+    rec, result = _json_row(ctx.runner, "gpu-decode-probe", [
+        sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
     if not result:
         return rec
     rec.update(result)
@@ -246,27 +236,27 @@ def probe(runner: Runner, s, data, timeout: float = 180) -> dict:
     return rec
 
 
-def hardware(runner: Runner, s, data, machine: dict, timeout: float = 60) -> dict:
-    """``gpu-decode-hardware``, a process of its own so that an unreachable JPEG engine fails
-    only this row: whether nvImageCodec's hardware decoder takes a whole JPEG and a window
-    (``whole``, ``window``; ``window`` also as ``machine["hardware_windows"]``). Skipped dry."""
-    if s.dry_run:
+def hardware(ctx, timeout: float) -> dict:
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (also as
+    ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
+    this row. Skipped dry."""
+    if ctx.s.dry_run:
         return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
-    rec, result = _json_row(runner, "gpu-decode-hardware", [
-        sys.executable, "-c", _HARDWARE, data.train], timeout)
+    rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
+        sys.executable, "-c", _HARDWARE, ctx.data.train], timeout)
     rec.update(result)
-    machine["hardware_windows"] = result.get("window")
+    ctx.machine["hardware_windows"] = result.get("window")
     return rec
 
 
-def dali_probe(runner: Runner, s, machine: dict, timeout: float = 120) -> dict:
-    """``dali-gpu-decode`` (skipped without DALI): a process imports DALI first (its libraries
-    must find nvImageCodec's by their run paths), decodes a JPEG with the mixed decoder and
-    nvImageCodec's GPU backends into device memory; ``libnvjpeg`` must be mapped (without it
-    DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
-    if not machine.get("dali"):
+def dali_probe(ctx, timeout: float) -> dict:
+    """DALI imported first (its libraries must find nvImageCodec's by their run paths) decodes a
+    JPEG with the mixed decoder, nvImageCodec's GPU backends into device memory, libnvjpeg mapped
+    (without it DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
+    s = ctx.s
+    if not ctx.machine.get("dali"):
         return skipped("dali-gpu-decode", "not installed")
-    rec, result = _json_row(runner, "dali-gpu-decode", [
+    rec, result = _json_row(ctx.runner, "dali-gpu-decode", [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
         return rec
