@@ -23,8 +23,7 @@ import sys
 from formats.cli import converter_parser, parse_size, run_cli
 from formats.conversion import ConversionError, ResumeState
 from formats.sources import DatasetError
-from formats.shards import (ShardFormatError, convert, convert_task,
-                            index_shards, shard_digests, verify)
+from formats.shards import ShardFormatError, convert, index_shards, shard_digests, verify
 
 __all__ = ["ConversionError", "ResumeState", "convert", "main", "parse_size", "verify"]
 
@@ -67,19 +66,12 @@ def get_args_parser():
 def _convert_or_index(args):
     if args.index:
         return index_shards(args.index, args.output, args.classes)
-    if (args.task is None) != (args.tasks is None):
-        raise ConversionError("--task I and --tasks N go together")
-    common = dict(prefix=args.prefix, shard_size=parse_size(args.shard_size),
-                  shuffle_seed=args.shuffle_seed, workers=args.workers, strict=args.strict,
-                  check=args.check, split=args.split, allow_partial=args.allow_partial,
-                  cap=args.cap, raw_budget=args.raw, max_pixels=args.max_image_pixels)
-    if args.tasks is not None or args.finish:
-        if args.overwrite:
-            raise ConversionError("--overwrite is not split over tasks: delete the folder first")
-        return convert_task(args.dataset, args.output, args.max_per_shard, args.task,
-                            args.tasks, args.finish, **common)
-    return convert(args.dataset, args.output, max_per_shard=args.max_per_shard,
-                   overwrite=args.overwrite, **common)
+    return convert(args.dataset, args.output, args.prefix, parse_size(args.shard_size),
+                   args.max_per_shard, args.shuffle_seed, args.workers, args.strict,
+                   args.overwrite, check=args.check, split=args.split,
+                   allow_partial=args.allow_partial, cap=args.cap, raw_budget=args.raw,
+                   max_pixels=args.max_image_pixels, task=args.task, tasks=args.tasks,
+                   finish=args.finish)
 
 
 def main(argv=None) -> int:

@@ -84,9 +84,9 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
             verify_run: Callable, convert_run: Callable, errors: tuple) -> int:
     """A converter's command line: parse ``argv``, then ``verify_run(args)`` (a result with
     ``line()``, ``problems``, ``total``) under ``--verify``, else ``convert_run(args)`` (a summary
-    with ``line()``). Returns the exit status: 0; 1 for an error in ``errors`` (one ``PROG:
-    error:`` line) or a problem found by ``--verify`` (one stderr line each); 2 for bad flags.
-    ``verified`` names what ``--verify`` checks."""
+    with ``line()``, or a finished step's line, a str). Returns the exit status: 0; 1 for an
+    error in ``errors`` (one ``PROG: error:`` line) or a problem found by ``--verify`` (one stderr
+    line each); 2 for bad flags. ``verified`` names what ``--verify`` checks."""
     from decode import retain_freed_memory
 
     args = parser.parse_args(argv)
@@ -117,5 +117,5 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     except errors as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    print(summary.line())
+    print(summary if isinstance(summary, str) else summary.line())
     return 0

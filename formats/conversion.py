@@ -17,7 +17,7 @@ import msgpack
 from decode.acceptance import MAX_PIXELS
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY, RULES_VERSION
-from formats.sources import DatasetError, Listing, open_dataset
+from formats.sources import DatasetError, Listing, open_dataset, replace_synced
 
 REPORT_NAME = "skipped.tsv"  # inside the output (beside data.mdb, or beside the shards)
 _MiB = 1 << 20
@@ -61,13 +61,6 @@ class Summary:
                 f"re-encoded {self.reencoded}, skipped {self.skipped} (listed in {self.report})"
                 + "".join(f"; {part}" for part in (self.raw, self.shards and
                                                    f"{self.shards} shards", self.array) if part))
-
-
-class Done(str):
-    """A finished step's one line, as :meth:`line` (what :func:`formats.cli.run_cli` prints)."""
-
-    def line(self) -> str:
-        return str(self)
 
 
 @dataclass
@@ -201,22 +194,6 @@ def _setting(key: str, value) -> str:
     return f"no {name}" if value in (None, False) else name if value is True else f"{name} {value}"
 
 
-def write_synced(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path``, synced. Raises ``OSError``."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None:
-    """Write ``data`` (str: UTF-8, surrogates escaped) to ``path`` atomically: synced as ``tmp``
-    (default ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
-    tmp = tmp or path + ".tmp"
-    write_synced(tmp, data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
 def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None,
                 max_pixels: int = MAX_PIXELS, **more) -> ResumeState:
     """A new :class:`ResumeState` of ``listing``: ``listing``, the SHA-256 of the classes and each
@@ -283,27 +260,42 @@ def staged(listing: Listing, folder: str, progress: bool):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def report_damaged(prog: str, src, warning: str) -> None:
-    """Name on stderr an image kept although libjpeg warned while checking it."""
+def stored(prog: str, src, result, strict: bool, choice, done: int, files: int) -> bytes | None:
+    """What a converter stores of ``src``: its checked JPEG (``result``, a
+    :class:`~formats.images.Checked`), or its raw record where ``choice`` (a
+    :class:`~formats.raw_share.RawChoice` or None) takes it after ``done`` of ``files`` source
+    files; None for a file skipped (``result``: why, a str). A damaged image kept is named on
+    stderr. Raises :class:`ConversionError` for a skip under ``strict``."""
     from tqdm import tqdm
 
-    tqdm.write(f"{prog}: warning: keeping damaged image {src.where()}: the decoder said "
-               f"\"{warning}\"; its header passed the acceptance rule, so it is stored as is "
-               "(the loaders keep it too)", file=sys.stderr)
+    if isinstance(result, str):
+        if strict:
+            raise ConversionError(f"{src.where()}: {result} (--strict)")
+        return None
+    if result.warning:
+        tqdm.write(f"{prog}: warning: keeping damaged image {src.where()}: the decoder said "
+                   f"\"{result.warning}\"; its header passed the acceptance rule, so it is "
+                   "stored as is (the loaders keep it too)", file=sys.stderr)
+    raw = choice is not None and choice.take(len(result.data), result.raw and len(result.raw),
+                                             result.pixels, done, files)
+    return result.raw if raw else result.data
 
 
-def _tsv_field(text: str) -> str:
-    # Tabs and newlines in a file name would break the line format: escape them (and "\").
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-
-
-def write_report(output: str, skips) -> None:
+def write_report(output: str, listing: Listing, records: int, skips) -> None:
     """Write ``output/skipped.tsv`` atomically: ``path\\treason`` lines of ``skips``, ``(rel,
-    reason)`` pairs (``rel``: str or bytes). Raises :class:`ConversionError`."""
+    reason)`` pairs (``rel``: str or bytes), tabs, newlines and backslashes escaped. Raises
+    :class:`ConversionError`, also if none of ``listing``'s files became one of the ``records``."""
+    if not records:
+        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
+                              "image")
+
+    def field(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
     report = os.path.join(output, REPORT_NAME)
     try:
         replace_synced(report, "path\treason\n" + "".join(
-            f"{_tsv_field(os.fsdecode(rel))}\t{_tsv_field(reason)}\n" for rel, reason in skips))
+            f"{field(os.fsdecode(rel))}\t{field(reason)}\n" for rel, reason in skips))
     except OSError as exc:
         raise ConversionError(f"{report}: cannot write the report ({exc.strerror})") from None
 

@@ -124,7 +124,12 @@ def _checked(data: bytes, check: str, cap) -> Checked:
         if cap is not None and cap.every:
             return Checked(reencode(data, cap), "--reencode-all")
         if check == "full" or not data.endswith(_EOI):
-            _library_decode(data)  # libjpeg-turbo must read it all (it is what loaders use)
+            from decode.libraries import decode_jpeg_luma
+
+            try:  # libjpeg-turbo must read it all (the loaders' decoder); refuses exactly what
+                decode_jpeg_luma(data)  # decode_jpeg refuses, 18% cheaper
+            except RuntimeError as exc:  # one line already (decode.libraries)
+                raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
         return Checked(data)
     return Checked(reencode(data, cap), reencoded=reason)
 
@@ -144,8 +149,20 @@ def _pil_refusal(exc: Exception) -> NotAnImage:
 def reencode(data: bytes, cap=None) -> bytes:
     """The baseline RGB JPEG stored for a re-encoded file: at :data:`REENCODE_QUALITY`, or scaled
     to ``cap`` at its quality. Raises :class:`NotAnImage`."""
-    image = _decode(data)
-    return _encode_rgb(image) if cap is None else _encode_rgb(cap.apply(image), cap.quality)
+    import numpy as np
+    from PIL import Image
+
+    image = _decode(data) if cap is None else cap.apply(_decode(data))
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        # 16-bit samples (PNG): convert("RGB") would clip them; scale to 8 bits.
+        pixels = np.asarray(image.convert("I"), dtype=np.int64) >> 8
+        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L")
+    elif image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # the palette-transparency path PIL asks for
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="JPEG", optimize=False, progressive=False,
+                              quality=REENCODE_QUALITY if cap is None else cap.quality)
+    return out.getvalue()
 
 
 def _decode(data: bytes):
@@ -173,31 +190,6 @@ def _decode(data: bytes):
         raise NotAnImage(f"{not_an_image(data)} (neither PIL nor {decoder_key()} reads it)") \
             from None
     return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
-
-
-def _library_decode(data: bytes) -> None:
-    from decode.libraries import decode_jpeg_luma
-
-    try:
-        decode_jpeg_luma(data)  # refuses exactly what decode_jpeg refuses, 18% cheaper
-    except RuntimeError as exc:  # one line already (decode.libraries)
-        raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
-
-
-def _encode_rgb(image, quality: int = REENCODE_QUALITY) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    if image.mode == "I" or image.mode.startswith("I;16"):
-        # 16-bit samples (PNG): convert("RGB") would clip them; scale to 8 bits.
-        pixels = np.asarray(image.convert("I"), dtype=np.int64) >> 8
-        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L")
-    elif image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # the palette-transparency path PIL asks for
-    out = io.BytesIO()
-    image.convert("RGB").save(out, format="JPEG", quality=quality, optimize=False,
-                              progressive=False)
-    return out.getvalue()
 
 
 def check_file(source: str | Source, check: str = "full", cap=None,

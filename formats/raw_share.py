@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -118,8 +117,7 @@ class RawChoice:
         return raw
 
     def state(self) -> dict:
-        """The resume state's and metadata's fields (taken per record by the shard writer:
-        the model's fields listed, not ``dataclasses.astuple``'s recursive copy)."""
+        """The resume state's and metadata's fields (taken per record: the model's listed)."""
         m = self.model
         return {"budget": self.budget.text, "model": [m.a, m.b, m.c, m.sampled],
                 "threshold": self.threshold, "stored": self.stored, "jpeg": self.jpeg,
@@ -255,9 +253,9 @@ def with_candidate(choice: RawChoice):
     return post
 
 
-def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
+def start(budget: Budget | None, listing, check: str, cap, saved: dict | None, workers: int):
     """The :class:`RawChoice` of a conversion: ``saved`` if resuming, else planned on a sample of
-    ``listing``; None without ``budget``."""
+    ``listing`` checked by ``workers`` threads (``-j``); None without ``budget``."""
     if budget is None:
         return None
     if saved:
@@ -267,12 +265,9 @@ def start(budget: Budget | None, listing, check: str, cap, saved: dict | None):
     count = len(listing.files)
     sized = sample_indices(count, SIZE_SAMPLE)
     timed = set(sample_indices(count))  # a subset: both spread evenly over the same listing
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # decoding releases the GIL
-        found = list(pool.map(lambda i: check_file(listing.files[i], check, cap), sized))
-    stored, timed_at = [], []  # a skipped file (a str: why) is neither timed nor sized
-    for i, checked in zip(sized, found):
-        if not isinstance(checked, str):
-            if i in timed:
-                timed_at.append(len(stored))
-            stored.append(checked.data)
-    return plan(budget, stored, count, timed_at)
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # decoding releases the GIL
+        found = pool.map(lambda i: check_file(listing.files[i], check, cap), sized)
+        # a skipped file (a str: why) is neither timed nor sized
+        kept = [(i, c.data) for i, c in zip(sized, found) if not isinstance(c, str)]
+    return plan(budget, [data for _, data in kept], count,
+                [at for at, (i, _) in enumerate(kept) if i in timed])

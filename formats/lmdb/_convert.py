@@ -17,7 +17,7 @@ import msgpack
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
 from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary, fingerprint,
-                                open_source, report_damaged, stage_folder, staged, write_report)
+                                open_source, stage_folder, staged, stored, write_report)
 from formats.images import check_files
 from formats.sources import Listing
 
@@ -66,7 +66,7 @@ def convert(dataset: str, output: str, workers: int = 8, overwrite: bool = False
             writer.commit([(PROGRESS_KEY, state.encode())])  # the first transaction
         state.resumed_at = state.done
         with staged(listing, stage_folder(output), progress):
-            choice = raw_share.start(raw_budget, listing, check, cap, state.raw)
+            choice = raw_share.start(raw_budget, listing, check, cap, state.raw, workers)
             post = raw_share.with_candidate(choice) if choice is not None else None
             with closing(check_files(listing.files[state.done:], workers, check,
                                      ahead=2 * batch_size, cap=cap, post=post,
@@ -202,11 +202,8 @@ def _write_batches(listing: Listing, results, state: ResumeState, writer: Writer
 def _finish(listing: Listing, state: ResumeState, writer: Writer, output: str, choice) -> None:
     """The report, then the last transaction: the metadata (none means unfinished: never
     opened) and checksums, the resume state deleted."""
-    if state.records == 0:
-        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
-                              "image")
-    write_report(output, (msgpack.unpackb(entry, raw=False)
-                          for entry in writer.read_prefix(_SKIPS)))
+    write_report(output, listing, state.records, (msgpack.unpackb(entry, raw=False)
+                                                  for entry in writer.read_prefix(_SKIPS)))
     raw = {} if choice is None else {"version": RAW_VERSION, "raw": choice.state()}
     meta = Metadata(state.records, tuple(listing.classes), shuffle_seed=listing.shuffle_seed,
                     names=tuple(listing.names) if listing.names is not None else None,
@@ -222,19 +219,12 @@ def _batch_puts(sources: list, results, state: ResumeState, strict: bool, choice
     ``state`` and ``choice``. Raises :class:`ConversionError` for a non-image under ``strict``."""
     puts, crcs, first_record = [], [], state.records
     for done, (src, result) in enumerate(zip(sources, results), state.done + 1):
-        if isinstance(result, str):  # not an image: the reason
-            if strict:
-                raise ConversionError(f"{src.where()}: {result} (--strict)")
+        data = stored("folder2lmdb.py", src, result, strict, choice, done, files)
+        if data is None:  # not an image: the reason
             puts.append((_SKIPS + record_key(state.skipped), msgpack.packb(
                 [os.fsencode(src.rel), result], use_bin_type=True)))
             state.skipped += 1
             continue
-        if result.warning:
-            report_damaged("folder2lmdb.py", src, result.warning)
-        data = result.data
-        if choice is not None and choice.take(len(data), result.raw and len(result.raw),
-                                              result.pixels, done, files):
-            data = result.raw
         value = encode_record(data, src.label)
         puts.append((record_key(state.records), value))
         crcs.append(record_checksum(value))

@@ -19,15 +19,12 @@ import time
 from contextlib import suppress
 from dataclasses import replace
 
-from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (REPORT_NAME, ConversionError, Done, ResumeState, Summary,
-                                replace_synced, stage_folder, staged, write_synced)
-from formats.sources import Listing
+from formats.conversion import (REPORT_NAME, ConversionError, ResumeState, Summary,
+                                stage_folder, staged)
+from formats.sources import Listing, replace_synced, write_synced
 
-from ._codec import INDEX_NAME, shard_name
-from ._convert import (PROGRESS_NAME, Records, in_place, open_shard_source, refuse_foreign,
-                       write_index)
+from ._codec import INDEX_NAME, PROGRESS_NAME, in_place, refuse_foreign, shard_name, write_index
 
 LOCK_NAME = "index.json.lock"  # held while the index is written
 
@@ -52,29 +49,18 @@ def _load_done(output: str, prefix: str, block: int) -> dict | None:
         return None
 
 
-def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None = 0,
-                 tasks: int | None = 1, finish: bool = False, prefix: str | None = None,
-                 shard_size: int = 1 << 30, shuffle_seed: int = 0, workers: int = 8,
-                 strict: bool = False, progress: bool = True, check: str = "full",
-                 split: str | None = None, allow_partial: bool = False, cap=None,
-                 raw_budget=None, max_pixels: int = MAX_PIXELS) -> Summary | Done:
-    """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``dataset`` into ``output`` and
+def run_array(listing: Listing, output: str, wanted: ResumeState, records,
+              task: int | None, tasks: int | None, finish: bool, progress: bool,
+              start_raw) -> Summary | str:
+    """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``listing`` into ``output`` and
     return what it wrote; the last task to finish writes the index. ``finish``: only write the
-    index (every block must be done). The other arguments as in
-    :func:`formats.shards.convert`. Raises :class:`ConversionError` for bad settings or source,
-    an output holding other files or another conversion, or a write error."""
-    if not max_per_shard:
-        raise ConversionError("--tasks and --finish need --max-per-shard: a job array cuts its "
-                              "shards by record count (docs/slurm.md)")
-    if not finish and not (tasks and 0 <= task < tasks):
-        raise ConversionError(f"--task {task} of --tasks {tasks}: 0 <= task < tasks")
-    listing, wanted, records = open_shard_source(
-        dataset, output, prefix, split, shuffle_seed, shard_size, max_per_shard, workers, strict,
-        check, allow_partial, progress, cap, raw_budget, max_pixels, array=True)
+    index (every block must be done). ``records``: the shards' writer
+    (:class:`~formats.shards._convert.Records`); ``start_raw()``: the raw share's choice. Raises
+    :class:`ConversionError` for an output holding other files or another conversion, or a
+    write error."""
     refuse_foreign(output)
     try:
-        state = share_state(output, wanted,
-                            lambda: raw_share.start(raw_budget, listing, check, cap, None))
+        state = share_state(output, wanted, start_raw)
         if not finish:
             return run_task(listing, output, state, task, tasks, records, progress)
         finish_index(listing, output, state)
@@ -82,7 +68,7 @@ def convert_task(dataset: str, output: str, max_per_shard: int, task: int | None
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
     state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
-    return Done(f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
+    return (f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
                 f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
@@ -109,7 +95,7 @@ def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
 
 
 def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks: int,
-             records: Records, progress: bool) -> Summary:
+             records, progress: bool) -> Summary:
     """Convert task ``task``'s blocks of ``listing`` into ``output``, then write the index if every
     block is done; what this task wrote. Raises :class:`ConversionError`."""
     start = time.perf_counter()
@@ -139,7 +125,7 @@ def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks
     return summary
 
 
-def _write_block(records: Records, listing: Listing, output: str, prefix: str, b: int,
+def _write_block(records, listing: Listing, output: str, prefix: str, b: int,
                  block: int, raw_choice: dict | None) -> list[dict]:
     """Write block ``b``'s shards (``PREFIX-b.tar``, then ``PREFIX-b-p.tar``), then its ``.done``;
     its shards' entries. A killed run's ``.tmp`` files are written over or go with the index."""

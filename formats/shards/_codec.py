@@ -1,17 +1,23 @@
-"""Names, the tar writer, DALI's ``.idx`` files and ``index.json`` of the shard layout
-(:mod:`formats.shards`), shared by the writer, the verifier and the reader."""
+"""Names, the tar writer, DALI's ``.idx`` files, ``index.json`` and the files of a conversion of
+the shard layout (:mod:`formats.shards`), shared by the writers, the verifier and the reader."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import tarfile
 from dataclasses import dataclass, field
 
 from formats.cap import Cap
-from formats.conversion import replace_synced
+from formats.conversion import ConversionError, ResumeState, write_report
+from formats.images import RULES_VERSION
+from formats.sources import Listing, replace_synced
 
-INDEX_NAME = "index.json"
+INDEX_NAME, PROGRESS_NAME = "index.json", "progress.json"
+# the files of a conversion in progress or done (the job array's blocks and lock included)
+_OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skipped\.tsv)"
+                   r"(\.lock|(\.\d+)?\.tmp)?")
 FORMAT_NAME, FORMAT_VERSION = "webdataset-imagenet", 2  # the newest read; 1 written without raw
 BASE_VERSION, RAW_VERSION = 1, 2  # 2: records may be raw pixels (KEY.ppm, decode.raw)
 IDX_VERSION = "v1.2"  # DALI's webdataset index format (nvidia/dali wds2idx.py)
@@ -75,10 +81,6 @@ class RecordSpan:
     label_size: int
     ext: str = IMAGE_EXT
 
-    def idx_line(self) -> str:
-        return (f"{self.ext} {self.image_offset} {self.image_size} {self.key}.{self.ext} "
-                f"{LABEL_EXT} {self.label_offset} {self.label_size} {self.key}.{LABEL_EXT}")
-
 
 class ShardWriter:
     """Writes records to one tar: ``tarfile``'s bytes with fixed metadata (mtime 0, mode 0444: same
@@ -139,8 +141,10 @@ class ShardWriter:
 
 
 def idx_text(spans: list[RecordSpan]) -> str:
-    return "".join(f"{line}\n" for line in [f"{IDX_VERSION} {len(spans)}"]
-                   + [span.idx_line() for span in spans])
+    """DALI's index of one shard's records (``.idx``): a header line, then a line a record."""
+    return f"{IDX_VERSION} {len(spans)}\n" + "".join(
+        f"{s.ext} {s.image_offset} {s.image_size} {s.key}.{s.ext} {LABEL_EXT} {s.label_offset} "
+        f"{s.label_size} {s.key}.{LABEL_EXT}\n" for s in spans)
 
 
 def write_idx(path: str, spans: list[RecordSpan]) -> None:
@@ -188,13 +192,14 @@ class ShardIndex:
     def records(self) -> int:
         return sum(s["records"] for s in self.shards)
 
-    def to_json(self) -> str:
+    def write(self, folder: str) -> None:
+        """Write ``folder/index.json`` atomically. Raises ``OSError``."""
         extra = {"names": self.names} if self.names is not None else {}
-        return json.dumps({
+        replace_synced(os.path.join(folder, INDEX_NAME), json.dumps({
             "format": FORMAT_NAME, "version": RAW_VERSION if self.raw else BASE_VERSION,
             "classes": self.classes, "seed": self.seed, "rules": self.rules,
             "records": self.records, "bytes": sum(s["bytes"] for s in self.shards), **self.cap,
-            "shards": self.shards, **extra, **({"raw": self.raw} if self.raw else {})}, indent=1)
+            "shards": self.shards, **extra, **({"raw": self.raw} if self.raw else {})}, indent=1))
 
     @classmethod
     def from_json(cls, text: str, name: str = INDEX_NAME) -> "ShardIndex":
@@ -218,6 +223,33 @@ class ShardIndex:
             raise ShardFormatError(f"{name}: shard record counts do not add up to 'records'")
         return index
 
-    def write(self, folder: str) -> None:
-        """Write ``folder/index.json`` atomically. Raises ``OSError``."""
-        replace_synced(os.path.join(folder, INDEX_NAME), self.to_json())
+
+def in_place(output: str, shard: dict) -> bool:
+    """Whether a finished shard (its progress entry) is in ``output`` at its size, with its
+    ``.idx``."""
+    tar = os.path.join(output, shard["name"])
+    return (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
+            and os.path.isfile(idx_name(tar)))
+
+
+def refuse_foreign(output: str) -> list[str]:
+    """The names in ``output`` (none if absent). Raises :class:`ConversionError` for a file or a
+    folder holding files other than a conversion's."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    foreign = [n for n in names if not _OURS.fullmatch(n)]
+    if foreign:
+        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
+                              "choose another -o")
+    return names
+
+
+def write_index(output: str, listing: Listing, state: ResumeState, skips: list,
+                raw: dict) -> None:
+    """``skipped.tsv`` (``skips``, in source order), then ``index.json`` of ``state``'s shards,
+    last. Raises :class:`ConversionError` if there is no shard, ``OSError``."""
+    write_report(output, listing, state.records, skips)
+    entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
+    ShardIndex(listing.classes, entries, state.settings["shuffle_seed"], RULES_VERSION,
+               names=listing.names, cap=state.settings["cap"], raw=raw).write(output)

@@ -6,9 +6,7 @@ Boundaries depend only on the records, so a rerun keeps the finished shards and 
 again: the output equals an uninterrupted run's."""
 from __future__ import annotations
 
-import json
 import os
-import re
 import tarfile
 import time
 from contextlib import closing
@@ -16,17 +14,12 @@ from dataclasses import dataclass
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
-from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint, open_source,
-                                report_damaged, stage_folder, staged, write_report)
-from formats.images import RULES_VERSION, check_files
-from formats.sources import Listing
+from formats.conversion import (ConversionError, ResumeState, Summary, fingerprint,
+                                open_source, stage_folder, staged, stored)
+from formats.images import check_files
 
-from ._codec import (IMAGE_EXT, INDEX_NAME, RAW_EXT, ShardIndex, ShardWriter, idx_name,
-                     shard_name, source_keys, write_idx)
-
-PROGRESS_NAME = "progress.json"
-_OURS = re.compile(r"(.+-\d{6}\.(tar|idx|done)|index\.json|progress\.json|skipped\.tsv)"
-                   r"(\.lock|(\.\d+)?\.tmp)?")
+from ._codec import (IMAGE_EXT, INDEX_NAME, PROGRESS_NAME, RAW_EXT, ShardWriter, idx_name,
+                     in_place, refuse_foreign, shard_name, source_keys, write_idx, write_index)
 
 
 class _OpenShard:
@@ -67,27 +60,6 @@ class _OpenShard:
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
-def in_place(output: str, shard: dict) -> bool:
-    """Whether a finished shard (its progress entry) is in ``output`` at its size, with its
-    ``.idx``."""
-    tar = os.path.join(output, shard["name"])
-    return (os.path.isfile(tar) and os.path.getsize(tar) == shard["bytes"]
-            and os.path.isfile(idx_name(tar)))
-
-
-def refuse_foreign(output: str) -> list[str]:
-    """The names in ``output`` (none if absent). Raises :class:`ConversionError` for a file or a
-    folder holding files other than a conversion's."""
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise ConversionError(f"{output}: exists and is not a directory; choose another -o")
-    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
-    foreign = [n for n in names if not _OURS.fullmatch(n)]
-    if foreign:
-        raise ConversionError(f"{output}: holds files other than shards ({foreign[0]}); "
-                              "choose another -o")
-    return names
-
-
 @dataclass
 class Records:
     """What every shard of one conversion shares: ``output``, record ``keys``, the byte limit, how
@@ -121,17 +93,13 @@ class Records:
                 src = files[index - first]
                 if self.bar is not None:
                     self.bar.update(1)
-                if isinstance(result, str):  # not an image: the reason
-                    if self.strict:
-                        raise ConversionError(f"{src.where()}: {result} (--strict)")
+                before = choice.state() if choice is not None else None
+                data = stored("folder2shards.py", src, result, self.strict, choice,
+                              index + 1 - budget_from, self.total)
+                if data is None:  # not an image: the reason
                     (shard.skipped if shard else skipped).append([src.rel, result])
                     continue
-                if result.warning:
-                    report_damaged("folder2shards.py", src, result.warning)
-                before = choice.state() if choice is not None else None
-                data, ext = (result.raw, RAW_EXT) if choice is not None and choice.take(
-                    len(result.data), result.raw and len(result.raw), result.pixels,
-                    index + 1 - budget_from, self.total) else (result.data, IMAGE_EXT)
+                ext = RAW_EXT if data is result.raw else IMAGE_EXT
                 if shard and not shard.fits(len(data), src.label, self.shard_size, max_records):
                     commit(shard, index, before)
                     shard = None
@@ -177,55 +145,52 @@ def _commit(shard, done: int, state: ResumeState, output: str, raw: dict | None)
     state.save(os.path.join(output, PROGRESS_NAME))
 
 
-def open_shard_source(dataset: str, output: str, prefix: str | None, split: str | None,
-                      seed: int, shard_size: int, max_per_shard: int | None, workers: int,
-                      strict: bool, check: str, allow_partial: bool, progress: bool, cap,
-                      raw_budget, max_pixels: int, array: bool = False
-                      ) -> tuple[Listing, ResumeState, Records]:
-    """The shuffled listing of ``dataset``, the new :class:`~formats.conversion.ResumeState` of
-    its conversion (``array``: a job array's, not resumed by a one-process run, nor the reverse)
-    and its :class:`Records`, the settings checked. Raises :class:`ConversionError`."""
-    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
-        raise ConversionError("--shard-size and --max-per-shard must be positive")
-    prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
-    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
-        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
-    listing = open_source("folder2shards.py", dataset, split, allow_partial, progress, check,
-                          seed)
-    source, target = os.path.realpath(listing.root), os.path.realpath(output)
-    if listing.stage is None and os.path.isdir(source) \
-            and os.path.commonpath([source, target]) == source:  # it would become a class
-        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
-    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels, prefix=prefix,
-                         shuffle_seed=seed, shard_size=shard_size, max_per_shard=max_per_shard,
-                         array=array)
-    return listing, wanted, Records(output, source_keys(listing.classes, listing.files),
-                                    shard_size, workers, strict, check, cap, max_pixels,
-                                    len(listing.files))
-
-
 def convert(dataset: str, output: str, prefix: str | None = None, shard_size: int = 1 << 30,
             max_per_shard: int | None = None, shuffle_seed: int = 0, workers: int = 8,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             check: str = "full", split: str | None = None,
             allow_partial: bool = False, cap=None, raw_budget=None,
-            max_pixels: int = MAX_PIXELS) -> Summary:
+            max_pixels: int = MAX_PIXELS, task: int | None = None, tasks: int | None = None,
+            finish: bool = False) -> Summary | str:
     """Convert the image folder ``dataset`` (or ``split`` of the download in it) into shards in
     ``output`` and return its :class:`~formats.conversion.Summary`.
 
     ``prefix`` names the shards (default ``split``, else ``dataset``'s base name); ``shard_size``
     (bytes) and ``max_per_shard`` (records) bound each; ``shuffle_seed`` fixes the order. An
     unfinished conversion of the same files and settings resumes after its finished shards;
-    another is refused, naming what differs (``overwrite``: start over). The other arguments as
-    in :func:`formats.lmdb.convert`. Raises :class:`ConversionError` for bad settings, a bad
-    source, an output that is a file, holds other files or (without ``overwrite``) another
-    conversion, or cannot be written. (A job array's task: :func:`convert_task`.)"""
+    another is refused, naming what differs (``overwrite``: start over). ``task`` (0-based) of
+    ``tasks``, or ``finish``: a job array's (:mod:`._array`; a one-process run does not resume
+    it, nor the reverse). The other arguments as in :func:`formats.lmdb.convert`. Raises
+    :class:`ConversionError` for bad settings, a bad source, an output that is a file, holds
+    other files or (without ``overwrite``) another conversion, or cannot be written."""
     from tqdm import tqdm
 
-    start = time.perf_counter()
-    listing, wanted, records = open_shard_source(
-        dataset, output, prefix, split, shuffle_seed, shard_size, max_per_shard, workers, strict,
-        check, allow_partial, progress, cap, raw_budget, max_pixels)
+    start, array = time.perf_counter(), tasks is not None or finish
+    if (task is None) != (tasks is None):
+        raise ConversionError("--task I and --tasks N go together")
+    if array:
+        _check_array(overwrite, max_per_shard, task, tasks, finish)
+    if shard_size <= 0 or (max_per_shard is not None and max_per_shard <= 0):
+        raise ConversionError("--shard-size and --max-per-shard must be positive")
+    prefix = prefix or split or os.path.basename(os.path.normpath(dataset))
+    if not prefix or "/" in prefix or any(c.isspace() for c in prefix):
+        raise ConversionError(f"--prefix {prefix!r}: a shard name prefix has no '/' or spaces")
+    listing = open_source("folder2shards.py", dataset, split, allow_partial, progress, check,
+                          shuffle_seed)
+    source, target = os.path.realpath(listing.root), os.path.realpath(output)
+    if listing.stage is None and os.path.isdir(source) \
+            and os.path.commonpath([source, target]) == source:  # it would become a class
+        raise ConversionError(f"{output}: inside the dataset folder {dataset}; choose another -o")
+    wanted = fingerprint(listing, check, cap, raw_budget, max_pixels, prefix=prefix,
+                         shuffle_seed=shuffle_seed, shard_size=shard_size,
+                         max_per_shard=max_per_shard, array=array)
+    records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
+                      strict, check, cap, max_pixels, len(listing.files))
+    if array:
+        from ._array import run_array
+
+        return run_array(listing, output, wanted, records, task, tasks, finish, progress,
+                         lambda: raw_share.start(raw_budget, listing, check, cap, None, workers))
     try:
         state = _prepare_output(output, wanted, overwrite)
     except OSError as exc:
@@ -233,7 +198,7 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             from None
     state.resumed_at = state.done
     with staged(listing, stage_folder(output), progress):
-        choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None)
+        choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None, workers)
         files, prefix = listing.files, state.settings["prefix"]
         records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                            desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
@@ -251,23 +216,22 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     return Summary.of(state, start, output, choice)
 
 
-def write_index(output: str, listing: Listing, state: ResumeState, skips: list,
-                raw: dict) -> None:
-    """``skipped.tsv`` (``skips``, in source order), then ``index.json`` of ``state``'s shards,
-    last. Raises :class:`ConversionError` if there is no shard, ``OSError``."""
-    if not state.shards:
-        raise ConversionError(f"{listing.root}: none of its {len(listing.files)} files is an "
-                              "image")
-    write_report(output, skips)
-    entries = [{k: s[k] for k in ("name", "records", "bytes")} for s in state.shards]
-    ShardIndex(listing.classes, entries, state.settings["shuffle_seed"], RULES_VERSION,
-               names=listing.names, cap=state.settings["cap"], raw=raw).write(output)
+def _check_array(overwrite: bool, max_per_shard: int | None, task: int | None,
+                 tasks: int | None, finish: bool) -> None:
+    """Raise :class:`ConversionError` for settings a job array's task cannot take."""
+    if overwrite:
+        raise ConversionError("--overwrite is not split over tasks: delete the folder first")
+    if not max_per_shard:
+        raise ConversionError("--tasks and --finish need --max-per-shard: a job array cuts its "
+                              "shards by record count (docs/slurm.md)")
+    if not finish and not (tasks and 0 <= task < tasks):
+        raise ConversionError(f"--task {task} of --tasks {tasks}: 0 <= task < tasks")
 
 
 def shard_digests(folder: str) -> dict[str, str] | None:
     """``{shard name: SHA-256 hex}`` from ``folder/progress.json``, or None."""
     try:
-        with open(os.path.join(folder, PROGRESS_NAME)) as f:
-            return {s["name"]: s["sha256"] for s in json.load(f)["shards"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        return {s["name"]: s["sha256"] for s in ResumeState.load(
+            os.path.join(folder, PROGRESS_NAME)).shards}
+    except (OSError, AttributeError, KeyError, TypeError):  # none, unreadable, or not ours
         return None

@@ -12,8 +12,6 @@ import re
 import tarfile
 import time
 
-from formats.conversion import Done
-
 from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_name, write_idx
 from .locations import is_stream, open_stream
 
@@ -140,7 +138,7 @@ def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str
 
 
 def index_shards(spec: str, output: str | None = None, classes_file: str | None = None,
-                 progress: bool = True) -> Done:
+                 progress: bool = True) -> str:
     """Index the foreign shards ``spec`` (a folder of ``*.tar``, or a brace pattern of paths or
     URLs) into ``output`` (default: the shards' folder; required for remote shards): a DALI
     ``.idx`` per shard and ``index.json``, written last. Raises :class:`ShardFormatError` (one
@@ -180,6 +178,6 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     except OSError as exc:
         raise ShardFormatError(f"{output}: cannot write the index ({exc.strerror or exc}); "
                                "for read-only shards give -o, a folder of its own") from None
-    return Done(f"indexed {sum(e['records'] for e in entries)} records of {len(entries)} shards "
+    return (f"indexed {sum(e['records'] for e in entries)} records of {len(entries)} shards "
                 f"({len(classes)} classes) into {os.path.join(output, INDEX_NAME)} in "
                 f"{time.perf_counter() - start:.1f} s")

@@ -40,28 +40,24 @@ class Retries:
     retries: int = 2
     delay: float = 10.0
 
-    def wait(self, failures: int) -> float | None:
-        """Seconds to wait after the ``failures``-th failure in a row, or None: give up."""
-        return None if failures > self.retries else self.delay * 2 ** (failures - 1)
-
-    def given_up(self, error: StreamError, failures: int, waited: float) -> DataError:
-        return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
-                         f"{waited:.3g} s (--shard-retries {self.retries}, "
-                         f"--shard-retry-delay {self.delay:g})")
-
     def pause(self, error: StreamError, failures: int) -> float:
-        """Warn, sleep the backoff and return its seconds; raises :meth:`given_up`'s error when no
-        try is left or the parent process is gone."""
-        waited = sum(self.wait(k) for k in range(1, failures))
-        wait = self.wait(failures)
-        if wait is None:
-            raise self.given_up(error, failures, waited) from None
+        """Warn, sleep the backoff after the ``failures``-th failure in a row and return its
+        seconds; raises :class:`DataError` when no try is left or the parent process is gone."""
+        def given_up(waited: float) -> DataError:
+            return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
+                             f"{waited:.3g} s (--shard-retries {self.retries}, "
+                             f"--shard-retry-delay {self.delay:g})")
+
+        waited = sum(self.delay * 2 ** (k - 1) for k in range(1, min(failures, self.retries + 1)))
+        if failures > self.retries:
+            raise given_up(waited) from None
+        wait = self.delay * 2 ** (failures - 1)
         say_now(f"warning: {error}; try {failures + 1} of {self.retries + 1} in {wait:g} s")
         parent, end = os.getppid(), time.monotonic() + wait
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(left, _PARENT_CHECK_S))
             if os.getppid() != parent:
-                raise self.given_up(error, failures, waited + wait - max(0.0, left)) from None
+                raise given_up(waited + wait - max(0.0, left)) from None
         return wait
 
 
@@ -91,8 +87,6 @@ def open_stream(url: str):
         if url.startswith("pipe:") or not is_stream(url) or not transient:
             raise DataError(why) from None
         raise StreamError(why) from None
-
-
 
 
 def read_text(url: str) -> str:

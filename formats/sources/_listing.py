@@ -1,8 +1,8 @@
 """What every source layout lists (:class:`Source`, :class:`Listing`, :func:`read_source`,
-:class:`DatasetError`), free of the image rules, and the extracted layout: class folders
-``root/<wnid>/<image>``, as torchvision's ``ImageFolder`` reads them but for hidden files and
-folders (a Mac's ``._NAME``, ``.ipynb_checkpoints``): the one listing of the converters and
-``main.py``'s folder loader."""
+:class:`DatasetError`), free of the image rules, the formats' one atomic file write
+(:func:`replace_synced`), and the extracted layout: class folders ``root/<wnid>/<image>``, as
+torchvision's ``ImageFolder`` reads them but for hidden files and folders (a Mac's ``._NAME``,
+``.ipynb_checkpoints``): the one listing of the converters and ``main.py``'s folder loader."""
 from __future__ import annotations
 
 import hashlib
@@ -123,3 +123,19 @@ def list_sources(root: str) -> Listing:
     classes, files = class_files(root)
     return class_listing(root, classes, [Source(*file) for file in files],
                          f"class folders {root}", by_rel=False)
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``, synced. Raises ``OSError``."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_synced(path: str, data: bytes | str, tmp: str | None = None) -> None:
+    """Write ``data`` (str: UTF-8, surrogates escaped) to ``path`` atomically: synced as ``tmp``
+    (default ``path.tmp``), then renamed, so no reader sees half of it. Raises ``OSError``."""
+    tmp = tmp or path + ".tmp"
+    write_synced(tmp, data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
+    os.replace(tmp, path)

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import msgpack
 
-from ._listing import DatasetError, Listing, Source, class_listing
+from ._listing import DatasetError, Listing, Source, class_listing, replace_synced
 
 CLASSES_PY = "classes.py"
 IMAGES, MANIFEST = "images.bin", "manifest.msgpack"  # a staging's files
@@ -215,9 +215,8 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
         if lost:
             raise DatasetError(f"{lost[0][0]}: item {lost[0][1]} listed but not read back "
                                "(the file changed?)")
-        with open(manifest + ".tmp", "wb") as f:
-            f.write(msgpack.packb([key, [[p, n, a, s] for (p, n), (a, s) in spans.items()]]))
-        os.replace(manifest + ".tmp", manifest)
+        replace_synced(manifest, msgpack.packb([key, [[p, n, a, s] for (p, n), (a, s)
+                                                      in spans.items()]]))
     images = os.path.join(folder, IMAGES)
     for item, src in by_item.items():
         src.path, (src.offset, src.size) = images, spans[item]

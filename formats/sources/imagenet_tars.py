@@ -58,12 +58,9 @@ def read_meta(devkit: str) -> dict[int, tuple[str, str]]:
 def list_train(train: str, devkit: str | None) -> Listing:
     """The train split in ``train`` (outer tar, or a folder of class tars). Raises
     :class:`DatasetError` for a bad tar or a class the devkit lacks."""
-    classes, names, _ = named_classes(dict(read_meta(devkit).values())) if devkit else \
-        ([], None, None)
+    meta = dict(read_meta(devkit).values()) if devkit else None
     inner = _inner_tars(train)
-    if not classes:
-        classes = sorted(wnid for wnid, _, _, _ in inner)
-    label_of = {wnid: label for label, wnid in enumerate(classes)}
+    classes, names, label_of = named_classes(meta or {wnid: "" for wnid, *_ in inner})
     files = []
     for wnid, path, start, size in inner:
         if wnid not in label_of:
@@ -76,7 +73,7 @@ def list_train(train: str, devkit: str | None) -> Listing:
         raise DatasetError(f"{train}: no images in it")
     via = "" if devkit is None else f", labels from {os.path.basename(devkit)}"
     return class_listing(train, classes, files, f"ImageNet official archives: {train} read in "
-                         f"place ({len(inner)} class tars{via})", names)
+                         f"place ({len(inner)} class tars{via})", names if meta else None)
 
 
 def _inner_tars(train: str) -> list[tuple[str, str, int, int]]:
@@ -159,10 +156,6 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def _name(info: tarfile.TarInfo) -> str:
-    return info.name[2:] if info.name.startswith("./") else info.name
-
-
 _ZERO = bytes(_BLOCK)
 _PLAIN = frozenset(b"\x0001234567")  # POSIX types: files, links, devices, folders, FIFOs
 _REGULAR = frozenset(b"\x0007")
@@ -189,7 +182,7 @@ def _fast_members(fd: int, start: int, size: int,
         name = header[:100].split(b"\0", 1)[0]
         if header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX name prefix
             name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-        name = os.fsdecode(name[2:] if name.startswith(b"./") else name)
+        name = os.fsdecode(name.removeprefix(b"./"))
         if pos + _BLOCK + length > size:
             raise DatasetError(f"{label}: truncated (ends inside {name}, "
                                f"{size - pos - _BLOCK} of {length} bytes)")
@@ -225,12 +218,13 @@ def _tarfile_members(fd: int, start: int, size: int,
         with tarfile.open(fileobj=io.BufferedReader(_Window(fd, start, size), _BLOCK),
                           mode="r:") as tar:
             for info in tar:
+                name = info.name.removeprefix("./")
                 end = info.offset_data + -(-info.size // _BLOCK) * _BLOCK
                 if info.offset_data + info.size > size:
-                    raise DatasetError(f"{label}: truncated (ends inside {_name(info)}, "
+                    raise DatasetError(f"{label}: truncated (ends inside {name}, "
                                        f"{size - info.offset_data} of {info.size} bytes)")
                 if info.isreg():
-                    members.append((_name(info), start + info.offset_data, info.size))
+                    members.append((name, start + info.offset_data, info.size))
     except tarfile.TarError as exc:
         raise DatasetError(f"{label}: not a readable tar ({exc})") from None
     return members, end

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import decode.libraries
 import folder2lmdb
 import folder2shards
 from formats import images as image_check
@@ -79,7 +80,7 @@ def test_header_check_skips_only_what_headers_find(damaged, tmp_path):
 
 def test_header_check_decodes_only_jpegs_without_a_final_eoi(monkeypatch):
     decoded = []
-    monkeypatch.setattr(image_check, "_library_decode", decoded.append)
+    monkeypatch.setattr(decode.libraries, "decode_jpeg_luma", decoded.append)
     good = _jpeg(3)
     assert image_check.check_image(good, "header").data == good
     assert decoded == []
