@@ -41,7 +41,7 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
     """The window ``box`` = ``(top, left, bottom, right)`` (full-image pixels, may be fractional)
     of JPEG ``data`` at ``size``: uint8 ``(3, h, w)``, channels-last, decoded at ``1/factor`` and
     resampled by PIL's ``resample`` filter (:func:`region_resized`, else :func:`draft_resized`).
-    ``shape``: the ``(height, width)`` of a 1- or 3-component JPEG, if its header was read. None
+    ``shape``: :func:`decode.jpeg.region.jpeg_size`'s answer if known (``()`` for None). None
     unless an RGB or grayscale JPEG decodes completely."""
     out = region_resized(data, factor, box, size, resample, shape)
     if out is None:
@@ -56,9 +56,8 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     box decoded with the filter's reach (PIL's support), the whole scaled image's pixels."""
     from PIL import Image
 
-    if shape is None or not region.available():
-        shape = region.jpeg_size(data)
-    if shape is None:
+    shape = region.jpeg_size(data) if shape is None else shape
+    if not shape:
         return None
     top, left, bottom, right = (v / factor for v in box)
     support = _SUPPORT[resample] * max((bottom - top) / size[0], (right - left) / size[1], 1.0)
