@@ -100,41 +100,36 @@ def read_frame(data: bytes) -> Frame | None:
 
 
 def _jpeg_frame(data: bytes) -> Frame | None:
-    """The frame from the markers before the first SOS, walked as libjpeg does; or None."""
-    sof = None
-    tables: dict[int, int] = {}  # DHT's class/id byte -> shortest code length in bits
-    size = len(data)
+    """The frame from the markers before the first SOS, walked as libjpeg does, with its bound
+    from the first scan header and the Huffman tables; or None."""
+    sof = scan = None
+    tables: dict[int, int] = {}  # DHT's class/id byte (0x0N DC, 0x1N AC) -> shortest code bits
     for marker, pos, end in jpeg_segments(data):
         if marker == 0xC4:  # each Huffman table of a DHT segment (T.81 B.2.4.2)
             at = pos + 4
-            while at + 17 <= min(end, size):
+            while at + 17 <= min(end, len(data)):
                 counts = data[at + 1:at + 17]
                 tables[data[at]] = 17 - len(counts.lstrip(b"\x00")) if any(counts) else 16
                 at += 17 + sum(counts)
-        elif marker == SOS:
-            return None if sof is None else _bound(sof, data[pos + 4:end], tables, size - end)
+        elif marker == SOS:  # always the last segment
+            scan, available = data[pos + 4:end], len(data) - end
         elif marker in _FRAMES:
             if sof is not None or end - pos < 10:
                 return None
-            sof = (marker, data[pos + 4:end])
-    return None
-
-
-def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) -> Frame:
-    """The :class:`Frame` of ``sof`` = ``(marker, body)`` with its bound, from the first scan
-    header and the Huffman ``tables`` (DHT class/id byte: 0x0N DC, 0x1N AC table N)."""
-    marker, body = sof
+            sof, body = marker, data[pos + 4:end]
+    if sof is None or scan is None:
+        return None
     height, width = _SIZE.unpack_from(body, 1)
-    kind = _KINDS.get(marker, "unusual JPEG")
+    kind = _KINDS.get(sof, "unusual JPEG")
     count = min(body[5], (len(body) - 6) // 3)
-    if marker in _OTHER_SOF or not count or not height or not width:
+    if sof in _OTHER_SOF or not count or not height or not width:
         return Frame(kind, height, width, 0, available, count)
     sampling = body[7:6 + 3 * count:3]
     hmax, vmax = max(s >> 4 for s in sampling) or 1, max(s & 15 for s in sampling) or 1
     # component id -> the first scan's DC/AC table byte
     selectors = {scan[1 + 2 * i]: scan[2 + 2 * i]
                  for i in range(min(scan[0], (len(scan) - 1) // 2) if scan else 0)}
-    progressive = marker == 0xC2
+    progressive = sof == 0xC2
     if progressive and (len(scan) <= 1 + 2 * len(selectors) or scan[1 + 2 * len(selectors)]):
         return Frame(kind, height, width, 0, available, count)  # the first scan: not DC
     bits = 0
