@@ -111,16 +111,15 @@ def _pil(data: bytes, kind: str) -> torch.Tensor:
 
 
 class OptionalLibrary:
-    """A native library the window decoders use where present: ``load() -> (library, None) |
-    (None, why)``, called once per process on first use (``get``); ``IMAGENET_FAST_FULL_DECODE=1``
-    keeps it off. ``reason``: why it is off, else None."""
+    """A native library the window decoders use where present: ``get()``, the library or None
+    (``reason``: why), ``load() -> (library, None) | (None, why)`` called once per process, never
+    under ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load, self._loaded, self._library = load, False, None
         self.reason: str | None = None
 
     def get(self):
-        """The library, or ``None`` (``reason`` says why)."""
         if not self._loaded:
             self._loaded = True
             self._library, self.reason = (
@@ -129,11 +128,9 @@ class OptionalLibrary:
         return self._library
 
     def available(self) -> bool:
-        """True if the library is present and turned on in this process."""
         return self.get() is not None
 
     def set_enabled(self, enabled: bool) -> None:
-        """Load it again (if present) or turn it off in this process."""
         self._loaded, self._library, self.reason = not enabled, None, "turned off in this process"
         self.get()
 

@@ -32,8 +32,7 @@ class _Sink:
     def __init__(self):
         self.cond = threading.Condition()
         self.active = self.entered = self.forwarded = 0
-        self.exclusive = False
-        self.owner = 0  # the thread of the exclusive capture
+        self.owner = 0  # the thread of the exclusive capture, if one runs
         self.file = self.saved = -1
 
 
@@ -73,7 +72,7 @@ class capture:
         depth = getattr(_thread, "depth", 0)
         self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
         with sink.cond:
-            while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
+            while sink.owner not in (0, me) or (self.exclusive and sink.active):
                 sink.cond.wait()
             if sink.active == 0:  # descriptor 2 to the sink's file (made once per process)
                 _flush()
@@ -87,7 +86,7 @@ class capture:
             sink.active += 1
             sink.entered += 1
             if self.exclusive:
-                sink.exclusive, sink.owner = True, me
+                sink.owner = me
             self._sink, self._pid = sink, os.getpid()
             self._start, self._entered = os.lseek(sink.file, 0, os.SEEK_CUR), sink.entered
             self.shared = sink.active > depth + 1  # another thread's capture is running
@@ -127,7 +126,7 @@ class capture:
             self.shared = self.shared or sink.entered - self._entered > nested
             sink.active -= 1
             if self.exclusive:
-                sink.exclusive = False
+                sink.owner = 0
             self.lines = self._read(sink, final=sink.active == 0)
             if sink.active == 0:
                 os.dup2(sink.saved, 2)
