@@ -1,8 +1,5 @@
-"""Every image decoder of the project (the bottom layer) and the cascade for a training window
-(:func:`decode_crop`): at libjpeg-turbo's DCT scale where the window is at least twice the output
-(:mod:`decode.jpeg.scaled`), else the window alone (:mod:`decode.jpeg.window`), else the whole
-image (:mod:`decode.libraries`), cropped; a step that declines returns None. No decoder here
-applies EXIF orientation (docs/loaders.md#orientation)."""
+"""Every image decoder of the project (the bottom layer) and the cascade for a training window,
+:func:`decode_crop`. No decoder here applies EXIF orientation (docs/loaders.md#orientation)."""
 from __future__ import annotations
 
 import torch

@@ -1,8 +1,6 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, cropped and scaled in one
-decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (``make install``),
-through ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
-None where not built, under ``IMAGENET_FAST_FULL_DECODE=1``, for anything but a 1- or 3-component
-JPEG, or when libjpeg reports an error or a corrupt-data warning (printed: decode.messages)."""
+"""One region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, the whole image's pixels at that
+scale, by our C, ``_jpegcrop.c``, through ctypes (docs/ffcv-and-decode.md, "Crop and scale in one
+decode"): None where not built or off, or when libjpeg reports an error or corrupt data."""
 from __future__ import annotations
 
 import ctypes

@@ -15,14 +15,11 @@ from . import region
 from ..libraries import OptionalLibrary, pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}  # PIL's filter reach, input pixels per output pixel
 # on unless IMAGENET_FAST_FULL_DECODE=1 or turned off in this process
 _switch = OptionalLibrary(lambda: (True, None))
 set_enabled = _switch.set_enabled
 enabled = _switch.available
-
-
-# PIL's filter support in input pixels per output pixel, by resample name
-_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 
 
 def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
