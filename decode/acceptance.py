@@ -58,10 +58,6 @@ class Frame:
         return self.height * self.width
 
     @property
-    def progressive(self) -> bool:
-        return self.kind == "progressive JPEG"
-
-    @property
     def plain_jpeg(self) -> bool:
         """A DCT, Huffman-coded JPEG of 1 or 3 components and a size (:mod:`decode.jpeg`'s)."""
         return self.kind in DCT_JPEGS and self.components in (1, 3) and self.pixels > 0
