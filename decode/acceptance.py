@@ -99,16 +99,17 @@ def _jpeg_frame(data: bytes) -> Frame | None:
     """The frame from the markers before the first SOS, walked as libjpeg does, with its bound
     from the first scan header and the Huffman tables; or None."""
     sof = scan = None
+    size = len(data)
     tables: dict[int, int] = {}  # DHT's class/id byte (0x0N DC, 0x1N AC) -> shortest code bits
     for marker, pos, end in jpeg_segments(data):
         if marker == 0xC4:  # each Huffman table of a DHT segment (T.81 B.2.4.2)
             at = pos + 4
-            while at + 17 <= min(end, len(data)):
+            while at + 17 <= min(end, size):
                 counts = data[at + 1:at + 17]
                 tables[data[at]] = 17 - len(counts.lstrip(b"\x00")) if any(counts) else 16
                 at += 17 + sum(counts)
         elif marker == SOS:  # always the last segment
-            scan, available = data[pos + 4:end], len(data) - end
+            scan, available = data[pos + 4:end], size - end
         elif marker in _FRAMES:
             if sof is not None or end - pos < 10:
                 return None
