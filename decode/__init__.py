@@ -1,8 +1,5 @@
-"""Every image decoder of the project (the bottom layer) and the cascade for a training window
-(:func:`decode_crop`): at libjpeg-turbo's DCT scale where the window is at least twice the output
-(:mod:`decode.jpeg.scaled`), else the window alone (:mod:`decode.jpeg.window`), else the whole
-image (:mod:`decode.libraries`), cropped; a step that declines returns None. No decoder here
-applies EXIF orientation (docs/loaders.md#orientation)."""
+"""Every image decoder of the project (the bottom layer) and the cascade for a training window,
+:func:`decode_crop`. No decoder here applies EXIF orientation (docs/loaders.md#orientation)."""
 from __future__ import annotations
 
 import torch
@@ -12,6 +9,7 @@ from .acceptance import Frame, Refused, read_frame
 from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
                         decoder_name, image_library, pil_decode, use)
 from .memory import release_freed_memory, retain_freed_memory
+from .raw import is_raw
 from .resample import resize
 
 __all__ = ["Frame", "acceptance", "backends", "crop_decoder_status", "decode", "decode_crop",
@@ -19,8 +17,6 @@ __all__ = ["Frame", "acceptance", "backends", "crop_decoder_status", "decode", "
            "decoder_name", "headers", "image_library", "image_size", "is_raw", "messages",
            "release_freed_memory", "resize", "retain_freed_memory", "status_line", "use",
            "window_size"]
-
-is_raw = raw.is_raw
 
 
 def decode(data: bytes) -> torch.Tensor:
@@ -66,29 +62,27 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
     of ``data``, uint8 ``(3, h, w)``, by the first decoder of the cascade that takes it:
     ``"scaled"`` (resized to ``size``), else ``"window"``, ``"raw"`` or ``"whole"`` (for
     :func:`resize`). ``image``: the whole decode where :func:`window_size` was None; ``frame``:
-    ``data``'s :class:`Frame`, if read. ``"nearest"`` never DCT-scales (which averages). Raises
-    what :func:`decode` raises."""
+    ``data``'s :class:`Frame`, if read (then never read again). ``"nearest"`` never DCT-scales
+    (which averages). Raises what :func:`decode` raises."""
     top, left, height, width = window
     if image is None:
         header = raw.raw_header(data)
         if header is not None:
             return "raw", raw.raw_crop(data, window, header)
-        plain = frame is not None and frame.plain_jpeg
         factor = jpeg.scaled.scale_factor(height, width, *size)
         if factor > 1 and interpolation != "nearest":
+            shape = None if frame is None else jpeg.region.jpeg_size(data, frame) or ()
             out = jpeg.scaled.resized_window(data, factor, (top, left, top + height, left + width),
-                                             size, interpolation,
-                                             (frame.height, frame.width) if plain else None)
+                                             size, interpolation, shape)
             if out is not None:
                 return "scaled", out
-        crop = None
-        if plain and not frame.progressive and jpeg.window.available():
-            # our C's region at full scale: nvImageCodec's pixels in ~8% less time (its
-            # progressive windows differ from ours in the last level, so those keep its)
-            pixels = jpeg.region.decode_region(data, 1, top, left, height, width)
-            crop = None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
-        if crop is None:
-            crop = jpeg.window.decode_window(data, top, left, height, width)
+        # our C's region at full scale where nvImageCodec's window would be: its pixels in ~8%
+        # less time (its progressive windows differ from ours in the last level: those keep its)
+        ours = (frame and frame.plain_jpeg and frame.kind != "progressive JPEG"
+                and jpeg.window.available())
+        pixels = jpeg.region.decode_region(data, 1, *window) if ours else None
+        crop = (jpeg.window.decode_window(data, *window) if pixels is None
+                else torch.from_numpy(pixels).permute(2, 0, 1))
         if crop is not None:
             return "window", crop
         image = decode(data)

@@ -22,11 +22,10 @@ DAMAGED = "damaged header"
 # RFC 1951: at best a length-258 match costs 2 bits (1-bit literal/length and distance codes).
 _DEFLATE_MAX_RATIO = 1032
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-_PROGRESSIVE = frozenset({0xC2})
 # Frame markers without a bound here: lossless, hierarchical, arithmetic-coded.
 _OTHER_SOF = frozenset({0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-_FRAMES = frozenset({0xC0, 0xC1, 0xC2}) | _OTHER_SOF
 _KINDS = {0xC0: "baseline JPEG", 0xC1: "extended sequential JPEG", 0xC2: "progressive JPEG"}
+_FRAMES = _OTHER_SOF.union(_KINDS)
 # The kinds whose frame the decoders here take as read (DCT, Huffman-coded)
 DCT_JPEGS = frozenset(_KINDS.values())
 _SIZE = struct.Struct(">HH")
@@ -57,10 +56,6 @@ class Frame:
     @property
     def pixels(self) -> int:
         return self.height * self.width
-
-    @property
-    def progressive(self) -> bool:
-        return self.kind == "progressive JPEG"
 
     @property
     def plain_jpeg(self) -> bool:
@@ -101,45 +96,37 @@ def read_frame(data: bytes) -> Frame | None:
 
 
 def _jpeg_frame(data: bytes) -> Frame | None:
-    """The frame from the markers before the first SOS, walked as libjpeg does; or None."""
-    sof = None
-    tables: dict[int, int] = {}  # DHT's class/id byte -> shortest code length in bits
+    """The frame from the markers before the first SOS, walked as libjpeg does, with its bound
+    from the first scan header and the Huffman tables; or None."""
+    sof = scan = None
     size = len(data)
+    tables: dict[int, int] = {}  # DHT's class/id byte (0x0N DC, 0x1N AC) -> shortest code bits
     for marker, pos, end in jpeg_segments(data):
-        if marker == 0xC4:
-            _read_tables(data, pos + 4, min(end, size), tables)
-        elif marker == SOS:
-            return None if sof is None else _bound(sof, data[pos + 4:end], tables, size - end)
+        if marker == 0xC4:  # each Huffman table of a DHT segment (T.81 B.2.4.2)
+            at = pos + 4
+            while at + 17 <= min(end, size):
+                counts = data[at + 1:at + 17]
+                tables[data[at]] = 17 - len(counts.lstrip(b"\x00")) if any(counts) else 16
+                at += 17 + sum(counts)
+        elif marker == SOS:  # always the last segment
+            scan, available = data[pos + 4:end], size - end
         elif marker in _FRAMES:
             if sof is not None or end - pos < 10:
                 return None
-            sof = (marker, data[pos + 4:end])
-    return None
-
-
-def _read_tables(data: bytes, at: int, end: int, tables: dict) -> None:
-    """Shortest code length of each Huffman table of a DHT segment (T.81 B.2.4.2)."""
-    while at + 17 <= end:
-        counts = data[at + 1:at + 17]
-        tables[data[at]] = 17 - len(counts.lstrip(b"\x00")) if any(counts) else 16
-        at += 17 + sum(counts)
-
-
-def _bound(sof: tuple[int, bytes], scan: bytes, tables: dict, available: int) -> Frame:
-    """The :class:`Frame` of ``sof`` = ``(marker, body)`` with its bound, from the first scan
-    header and the Huffman ``tables`` (DHT class/id byte: 0x0N DC, 0x1N AC table N)."""
-    marker, body = sof
+            sof, body = marker, data[pos + 4:end]
+    if sof is None or scan is None:
+        return None
     height, width = _SIZE.unpack_from(body, 1)
-    kind = _KINDS.get(marker, "unusual JPEG")
+    kind = _KINDS.get(sof, "unusual JPEG")
     count = min(body[5], (len(body) - 6) // 3)
-    if marker in _OTHER_SOF or not count or not height or not width:
+    if sof in _OTHER_SOF or not count or not height or not width:
         return Frame(kind, height, width, 0, available, count)
     sampling = body[7:6 + 3 * count:3]
     hmax, vmax = max(s >> 4 for s in sampling) or 1, max(s & 15 for s in sampling) or 1
     # component id -> the first scan's DC/AC table byte
     selectors = {scan[1 + 2 * i]: scan[2 + 2 * i]
                  for i in range(min(scan[0], (len(scan) - 1) // 2) if scan else 0)}
-    progressive = marker in _PROGRESSIVE
+    progressive = sof == 0xC2
     if progressive and (len(scan) <= 1 + 2 * len(selectors) or scan[1 + 2 * len(selectors)]):
         return Frame(kind, height, width, 0, available, count)  # the first scan: not DC
     bits = 0

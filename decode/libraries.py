@@ -27,42 +27,36 @@ _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of Tor
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library (``key`` in :data:`_FACTORIES`, ``name`` with its version): ``jpeg``,
-    ``image``, ``luma`` decode a 1-D uint8 tensor of encoded bytes, ``prepare`` maps them first."""
+    """A decoder library: ``key`` in :data:`_FACTORIES`, ``name`` with its version, ``decode``
+    of encoded bytes as ``"jpeg"``, ``"image"`` or ``"luma"`` (a JPEG's grayscale)."""
 
     key: str
     name: str
-    jpeg: Callable[[torch.Tensor], torch.Tensor]
-    image: Callable[[torch.Tensor], torch.Tensor]
-    luma: Callable[[torch.Tensor], torch.Tensor]
-    prepare: Callable[[bytes], bytes] = lambda data: data
+    decode: Callable[[bytes, str], torch.Tensor]
 
 
 def _torchcodec() -> _Backend:
     from torchcodec import decoders
 
-    return _Backend("torchcodec", f"TorchCodec {_version('torchcodec')}",
-                    lambda t: decoders.decode_jpeg(t, mode="RGB"),
-                    lambda t: decoders.decode_image(t, mode="RGB"),
-                    lambda t: decoders.decode_jpeg(t, mode="GRAY"), _without_exif)
+    def call(data: bytes, kind: str) -> torch.Tensor:
+        decode = decoders.decode_image if kind == "image" else decoders.decode_jpeg
+        return decode(_tensor(_without_exif(data)), mode="GRAY" if kind == "luma" else "RGB")
+    return _Backend("torchcodec", f"TorchCodec {_version('torchcodec')}", call)
 
 
 def _torchvision() -> _Backend:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    def quiet(decode, mode=ImageReadMode.RGB, png=False):  # without 0.29's warning on every image
-        def call(t: torch.Tensor) -> torch.Tensor:
-            if png and bytes(t[:8].numpy()) == PNG_MAGIC:
-                # its PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
-                _check_png_chunks(bytes(t.numpy()))
-                _pil()(t)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
-                return decode(t, mode=mode)
-        return call
-
-    return _Backend("torchvision", f"torchvision {_version('torchvision')}", quiet(decode_jpeg),
-                    quiet(decode_image, png=True), quiet(decode_jpeg, ImageReadMode.GRAY))
+    def call(data: bytes, kind: str) -> torch.Tensor:
+        if kind == "image" and data[:8] == PNG_MAGIC:
+            # its PNG decoder dies (SIGSEGV) on libpng errors: PIL raises instead
+            _check_png_chunks(data)
+            _pil(data, kind)
+        with warnings.catch_warnings():  # without 0.29's warning on every image
+            warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
+            return (decode_image if kind == "image" else decode_jpeg)(
+                _tensor(data), mode=ImageReadMode.GRAY if kind == "luma" else ImageReadMode.RGB)
+    return _Backend("torchvision", f"torchvision {_version('torchvision')}", call)
 
 
 def _check_png_chunks(data: bytes) -> None:
@@ -109,26 +103,23 @@ def pil_errors() -> tuple[type[BaseException], ...]:
             Image.DecompressionBombError)
 
 
-def _pil(luma: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-    def call(t: torch.Tensor) -> torch.Tensor:
-        try:
-            return pil_decode(t.numpy().tobytes(), luma)
-        except OSError as exc:
-            raise RuntimeError(f"PIL: {exc}") from None
-    return call
+def _pil(data: bytes, kind: str) -> torch.Tensor:
+    try:
+        return pil_decode(data, kind == "luma")
+    except OSError as exc:
+        raise RuntimeError(f"PIL: {exc}") from None
 
 
 class OptionalLibrary:
-    """A native library the window decoders use where present: ``load() -> (library, None) |
-    (None, why)``, called once per process on first use (``get``); ``IMAGENET_FAST_FULL_DECODE=1``
-    keeps it off. ``reason``: why it is off, else None."""
+    """A native library the window decoders use where present: ``get()``, the library or None
+    (``reason``: why), ``load() -> (library, None) | (None, why)`` called once per process, never
+    under ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load, self._loaded, self._library = load, False, None
         self.reason: str | None = None
 
     def get(self):
-        """The library, or ``None`` (``reason`` says why)."""
         if not self._loaded:
             self._loaded = True
             self._library, self.reason = (
@@ -137,11 +128,9 @@ class OptionalLibrary:
         return self._library
 
     def available(self) -> bool:
-        """True if the library is present and turned on in this process."""
         return self.get() is not None
 
     def set_enabled(self, enabled: bool) -> None:
-        """Load it again (if present) or turn it off in this process."""
         self._loaded, self._library, self.reason = not enabled, None, "turned off in this process"
         self.get()
 
@@ -156,7 +145,7 @@ def _import_nvimgcodec():
 # nvImageCodec's module, imported once per process: the window decoders' and the header parse's
 NVIMGCODEC = OptionalLibrary(_import_nvimgcodec)
 _FACTORIES = {"torchcodec": _torchcodec, "torchvision": _torchvision,
-              "PIL": lambda: _Backend("PIL", image_library(), _pil(), _pil(), _pil(luma=True))}
+              "PIL": lambda: _Backend("PIL", image_library(), _pil)}
 _backend: _Backend | None = None
 _skipped: dict[str, str] = {}  # key -> why it was not chosen
 
@@ -169,13 +158,16 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def _load(key: str) -> _Backend:
-    """Backend ``key`` once it decoded a probe JPEG; raises whatever stops it."""
-    backend = _FACTORIES[key]()
-    out = backend.jpeg(_tensor(probe_jpeg()))
-    if tuple(out.shape) != (3, 48, 64) or out.dtype != torch.uint8:
-        raise RuntimeError(f"probe JPEG decoded to {tuple(out.shape)} {out.dtype}")
-    return backend
+def _load(key: str) -> tuple[_Backend | None, str]:
+    """``(backend, "")`` once it decoded a probe JPEG, else ``(None, what stopped it)``."""
+    try:
+        backend = _FACTORIES[key]()
+        out = backend.decode(probe_jpeg(), "jpeg")
+        if tuple(out.shape) != (3, 48, 64) or out.dtype != torch.uint8:
+            raise RuntimeError(f"probe JPEG decoded to {tuple(out.shape)} {out.dtype}")
+    except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
+        return None, _one_line(exc)
+    return backend, ""
 
 
 def _current() -> _Backend | None:
@@ -186,24 +178,16 @@ def _current() -> _Backend | None:
         if forced and forced not in _FACTORIES:
             _skipped[forced] = f"unknown {ENV_VAR} (choose from {', '.join(_FACTORIES)})"
         for key in sorted(_FACTORIES, key=lambda key: key != forced):  # the forced one first
-            try:
-                _backend = _load(key)
+            _backend, why = _load(key)
+            if _backend is not None:
                 break
-            except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
-                _skipped[key] = _one_line(exc)
+            _skipped[key] = why
     return _backend
 
 
 def backends() -> list[str]:
     """Keys of the decoder libraries usable in this process, each probed."""
-    usable = []
-    for key in _FACTORIES:
-        try:
-            _load(key)
-            usable.append(key)
-        except Exception:  # noqa: BLE001 - not usable here, whatever the reason
-            pass
-    return usable
+    return [key for key in _FACTORIES if _load(key)[0] is not None]
 
 
 def use(key: str) -> str:
@@ -212,27 +196,24 @@ def use(key: str) -> str:
     global _backend
     if key not in _FACTORIES:
         raise ValueError(f"unknown decoder {key!r} (choose from {', '.join(_FACTORIES)})")
-    previous = _current().key if _current() is not None else ""
-    try:
-        _backend = _load(key)
-    except Exception as exc:  # noqa: BLE001
-        raise RuntimeError(f"decoder {key} is not usable here: {_one_line(exc)}") from None
+    previous = getattr(_current(), "key", "")
+    backend, why = _load(key)
+    if backend is None:
+        raise RuntimeError(f"decoder {key} is not usable here: {why}")
+    _backend = backend
     return previous
 
 
 def decoder_key() -> str:
     """``"torchcodec"``, ``"torchvision"``, ``"PIL"`` or ``"none"``: the decoder in use."""
-    backend = _current()
-    return backend.key if backend is not None else "none"
+    return getattr(_current(), "key", "none")
 
 
 def decoder_name() -> str:
     """The whole-image decoder for the log, with why preferred ones were passed over."""
-    backend = _current()
-    passed = [f"{key}: {why}" for key, why in _skipped.items()
-              if backend is None or key != backend.key]
-    text = backend.name if backend is not None else "none"
-    return f"{text} ({'; '.join(passed)})" if passed else text
+    key, name = getattr(_current(), "key", None), getattr(_current(), "name", "none")
+    passed = [f"{other}: {why}" for other, why in _skipped.items() if other != key]
+    return f"{name} ({'; '.join(passed)})" if passed else name
 
 
 def _tensor(data: bytes) -> torch.Tensor:
@@ -242,13 +223,13 @@ def _tensor(data: bytes) -> torch.Tensor:
 
 
 def _decode(data, kind: str) -> torch.Tensor:
-    """``backend.<kind>`` of ``data``, uint8 ``(C, H, W)``; raises ``RuntimeError`` (one line)."""
+    """The ``kind`` decode of ``data``, uint8 ``(C, H, W)``; raises ``RuntimeError`` (one line)."""
     backend = _current()
     if backend is None:
         raise RuntimeError(f"no image decoder usable here ({'; '.join(_skipped.values())})")
     buffer = data.numpy().tobytes() if isinstance(data, torch.Tensor) else bytes(data)
     try:
-        out = getattr(backend, kind)(_tensor(backend.prepare(buffer)))
+        out = backend.decode(buffer, kind)
     except (RuntimeError, ValueError) as exc:
         raise RuntimeError(_one_line(exc)) from None
     if out.dim() == 4:  # the first frame

@@ -1,8 +1,7 @@
 """What the native decoders print to descriptor 2 (libjpeg's ``Corrupt JPEG data: ...``, libpng's,
 nvImageCodec's: naming no file), caught for the caller to name the file once; other output is
-passed on. :func:`capture` (~5 us) points descriptor 2, one per process, at an anonymous file:
-concurrent captures share it (``shared``), and :func:`run_captured` then repeats a call that
-printed alone. A child forked during one gets descriptor 2 back."""
+passed on. :func:`capture` (~5 us) points descriptor 2 at an anonymous file, one per process,
+which concurrent captures share; a child forked during one gets descriptor 2 back."""
 from __future__ import annotations
 
 import os
@@ -33,8 +32,7 @@ class _Sink:
     def __init__(self):
         self.cond = threading.Condition()
         self.active = self.entered = self.forwarded = 0
-        self.exclusive = False
-        self.owner = 0  # the thread of the exclusive capture
+        self.owner = 0  # the thread of the exclusive capture, if one runs
         self.file = self.saved = -1
 
 
@@ -74,7 +72,7 @@ class capture:
         depth = getattr(_thread, "depth", 0)
         self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
         with sink.cond:
-            while (sink.exclusive and sink.owner != me) or (self.exclusive and sink.active):
+            while sink.owner not in (0, me) or (self.exclusive and sink.active):
                 sink.cond.wait()
             if sink.active == 0:  # descriptor 2 to the sink's file (made once per process)
                 _flush()
@@ -88,7 +86,7 @@ class capture:
             sink.active += 1
             sink.entered += 1
             if self.exclusive:
-                sink.exclusive, sink.owner = True, me
+                sink.owner = me
             self._sink, self._pid = sink, os.getpid()
             self._start, self._entered = os.lseek(sink.file, 0, os.SEEK_CUR), sink.entered
             self.shared = sink.active > depth + 1  # another thread's capture is running
@@ -103,11 +101,18 @@ class capture:
         if sink is None or self._pid != os.getpid():
             return []
         with sink.cond:
-            end = os.lseek(sink.file, 0, os.SEEK_CUR)
-            lines = _library_lines(sink.file, self._start, end)
-            self._start = end
-            _forward(sink, end, final=False)
-        return lines
+            return self._read(sink, final=False)
+
+    def _read(self, sink: _Sink, final: bool) -> list[str]:
+        """The native decoders' lines since ``_start`` (then moved to the end); the rest passed
+        on (:func:`_forward`). Called holding ``sink.cond``."""
+        end = os.lseek(sink.file, 0, os.SEEK_CUR)
+        text = os.pread(sink.file, max(0, end - self._start), self._start)
+        lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
+                 for piece in text.splitlines())
+        self._start = end
+        _forward(sink, end, final)
+        return [line for line in lines if line and is_library_line(line)]
 
     def __exit__(self, *exc) -> None:
         """Its lines read, the rest passed on, descriptor 2 put back by the last capture to end."""
@@ -118,18 +123,16 @@ class capture:
         nested = _thread.entered - self._mine  # captures this thread began inside it
         _flush()
         with sink.cond:
-            end = os.lseek(sink.file, 0, os.SEEK_CUR)
-            self.lines = _library_lines(sink.file, self._start, end)
             self.shared = self.shared or sink.entered - self._entered > nested
             sink.active -= 1
             if self.exclusive:
-                sink.exclusive = False
-            _forward(sink, end, final=sink.active == 0)
+                sink.owner = 0
+            self.lines = self._read(sink, final=sink.active == 0)
             if sink.active == 0:
                 os.dup2(sink.saved, 2)
                 os.close(sink.saved)
                 sink.saved = -1
-                if end:
+                if self._start:  # the file's end, where _read left it
                     os.ftruncate(sink.file, 0)
                     os.lseek(sink.file, 0, os.SEEK_SET)
                 sink.forwarded = 0
@@ -160,13 +163,6 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
             os.write(sink.saved, kept)
         except OSError:
             pass
-
-
-def _library_lines(file: int, start: int, end: int) -> list[str]:
-    """The native decoders' lines among the bytes ``start..end`` of ``file``."""
-    lines = (_COLOUR.sub("", piece.decode("utf-8", "replace")).strip()
-             for piece in os.pread(file, max(0, end - start), start).splitlines())
-    return [line for line in lines if line and is_library_line(line)]
 
 
 def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:

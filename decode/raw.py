@@ -12,7 +12,6 @@ import torch
 
 # Netpbm's header without comments (legal, never written here: such files decode through PIL)
 _HEADER = re.compile(rb"P([56])[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,6})[ \t\r\n]+(\d{1,3})[ \t\r\n]")
-_HEAD_BYTES = 32
 
 
 class RawHeader(NamedTuple):
@@ -34,7 +33,7 @@ def raw_header(data: bytes) -> RawHeader | None:
     else None (a truncated record then goes to PIL, which refuses it)."""
     if not is_raw(data):
         return None
-    match = _HEADER.match(data[:_HEAD_BYTES])
+    match = _HEADER.match(data, 0, 32)  # a header as written: 11-21 bytes
     if match is None or match[4] != b"255":
         return None
     channels = 3 if match[1] == b"6" else 1

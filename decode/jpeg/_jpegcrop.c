@@ -1,19 +1,10 @@
-/* Decode one region of a JPEG at one of libjpeg-turbo's DCT scales (1/1, 1/2, 1/4, 1/8).
- *
- * Our own C because no library this project can install crops *and* scales: TurboJPEG 3 does,
- * but Debian 12 and Ubuntu 24.04 ship 2.1; nvImageCodec crops without scaling; PIL's draft scales
- * the whole image (measured: docs/ffcv-and-decode.md). Glue around libjpeg-turbo's partial
- * decompression (>= 1.5): scale_denom runs the IDCT on 4x4/2x2/1x1 coefficients,
- * jpeg_crop_scanline() and jpeg_skip_scanlines() limit the work to the region's iMCU columns and
- * rows, and decoding stops after its last row.
- *
- * Exactness: fancy chroma upsampling replicates the edge sample at a cropped edge, so 2 x the
- * horizontal sampling factor pixels more are decoded on each side and dropped: the pixels equal
- * a whole decode at the same scale (tests/decode/jpeg/test_region.py).
- *
- * Damaged data: any libjpeg warning is an error (-3), printed to stderr first as libjpeg prints
- * it, so the loaders (decode/messages.py) name the file once and decode it whole instead.
- * Built by `make install` into decode/jpeg/_jpegcrop.so, called by decode/jpeg/region.py.
+/* Decode one region of a JPEG at one of libjpeg-turbo's DCT scales (1/1, 1/2, 1/4, 1/8), called
+ * through ctypes by decode/jpeg/region.py, built by `make install`. Why our own C, its exactness
+ * (a margin, below) and its rule for damaged data (any warning an error): docs/ffcv-and-decode.md
+ * ("Crop and scale in one decode").
+ * Glue around libjpeg-turbo's partial decompression (>= 1.5): scale_denom runs the IDCT on
+ * 4x4/2x2/1x1 coefficients, jpeg_crop_scanline() and jpeg_skip_scanlines() limit the work to the
+ * region's iMCU columns and rows, and decoding stops after its last row.
  */
 #include <setjmp.h>
 #include <stdint.h>
@@ -30,8 +21,8 @@ static void on_error(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
-/* Level -1 is a warning about corrupt data (premature end, bad Huffman code, ...): printed as
-   libjpeg prints it (output_message: "Corrupt JPEG data: ..." on stderr), then stop. */
+/* Level -1, a warning about corrupt data (premature end, bad Huffman code, ...): printed as libjpeg
+   prints it ("Corrupt JPEG data: ..." on stderr, which decode/messages.py catches), then stop. */
 static void on_emit(j_common_ptr cinfo, int level) {
     struct err_mgr *err = (struct err_mgr *)cinfo->err;
     if (level < 0) {

@@ -1,8 +1,6 @@
-"""Decode one region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, cropped and scaled in one
-decode, the pixels of the whole image at that scale: our C, ``_jpegcrop.c`` (``make install``),
-through ctypes (docs/ffcv-and-decode.md#crop-and-scale-in-one-decode-decodejpeg_jpegcropc).
-None where not built, under ``IMAGENET_FAST_FULL_DECODE=1``, for anything but a 1- or 3-component
-JPEG, or when libjpeg reports an error or a corrupt-data warning (printed: decode.messages)."""
+"""One region of a JPEG at libjpeg-turbo's DCT scale 1/1-1/8, the whole image's pixels at that
+scale, by our C, ``_jpegcrop.c``, through ctypes (docs/ffcv-and-decode.md, "Crop and scale in one
+decode"): None where not built or off, or when libjpeg reports an error or corrupt data."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +8,7 @@ import os
 
 import numpy as np
 
-from ..acceptance import Refused, read_frame
+from ..acceptance import Frame, Refused, read_frame
 from ..headers import JPEG_MAGIC, is_jpeg
 from ..libraries import OptionalLibrary
 
@@ -31,25 +29,24 @@ def _open():
 
 
 _library = OptionalLibrary(_open)  # the C library, loaded once per process
-_load = _library.get
 set_enabled = _library.set_enabled  # the C decoder on (if built) or off in this process
 available = _library.available
 
 
 def status() -> str:
     """One start-up log line: ``"crop + scale: libjpeg-turbo (...)"`` or ``"...: off (why)"``."""
-    if _load() is None:
+    if not available():
         return f"crop + scale: off ({_library.reason})"
     return "crop + scale: libjpeg-turbo (decode/jpeg/_jpegcrop.so)"
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a 1- or 3-component JPEG from its header where the C is on; else
-    None."""
-    if _load() is None or not is_jpeg(data):
+def jpeg_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
+    """``(height, width)`` of a 1- or 3-component JPEG where the C is on, from ``frame`` (its
+    header, if read: then never read again) or its header; else None."""
+    if not available() or not is_jpeg(data):
         return None
     try:
-        frame = read_frame(data)
+        frame = frame or read_frame(data)
     except Refused:
         return None
     usable = frame and frame.kind.endswith("JPEG") and frame.components in (1, 3) and frame.pixels
@@ -60,7 +57,7 @@ def decode_region(data: bytes, denom: int, top: int, left: int, height: int,
                   width: int) -> np.ndarray | None:
     """uint8 RGB ``(height, width, 3)`` at ``top``, ``left`` of the JPEG decoded at ``1/denom`` (1,
     2, 4, 8: the ``ceil(H/denom) x ceil(W/denom)`` image); None if off, outside or damaged."""
-    lib = _load()
+    lib = _library.get()
     if lib is None or data[:3] != JPEG_MAGIC or height < 1 or width < 1:
         return None
     out = np.empty((height, width, 3), np.uint8)

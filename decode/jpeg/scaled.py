@@ -15,14 +15,11 @@ from . import region
 from ..libraries import OptionalLibrary, pil_errors
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}  # PIL's filter reach, input pixels per output pixel
 # on unless IMAGENET_FAST_FULL_DECODE=1 or turned off in this process
 _switch = OptionalLibrary(lambda: (True, None))
 set_enabled = _switch.set_enabled
 enabled = _switch.available
-
-
-# PIL's filter support in input pixels per output pixel, by resample name
-_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 
 
 def scale_factor(height: int, width: int, out_height: int, out_width: int) -> int:
@@ -41,7 +38,7 @@ def resized_window(data: bytes, factor: int, box: tuple[float, float, float, flo
     """The window ``box`` = ``(top, left, bottom, right)`` (full-image pixels, may be fractional)
     of JPEG ``data`` at ``size``: uint8 ``(3, h, w)``, channels-last, decoded at ``1/factor`` and
     resampled by PIL's ``resample`` filter (:func:`region_resized`, else :func:`draft_resized`).
-    ``shape``: the ``(height, width)`` of a 1- or 3-component JPEG, if its header was read. None
+    ``shape``: :func:`decode.jpeg.region.jpeg_size`'s answer if known (``()`` for None). None
     unless an RGB or grayscale JPEG decodes completely."""
     out = region_resized(data, factor, box, size, resample, shape)
     if out is None:
@@ -56,9 +53,8 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
     box decoded with the filter's reach (PIL's support), the whole scaled image's pixels."""
     from PIL import Image
 
-    if shape is None or not region.available():
-        shape = region.jpeg_size(data)
-    if shape is None:
+    shape = region.jpeg_size(data) if shape is None else shape
+    if not shape:
         return None
     top, left, bottom, right = (v / factor for v in box)
     support = _SUPPORT[resample] * max((bottom - top) / size[0], (right - left) / size[1], 1.0)

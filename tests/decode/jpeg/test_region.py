@@ -192,3 +192,25 @@ def test_not_built_is_one_status_line(monkeypatch):
     finally:
         monkeypatch.undo()
         jpeg.region.set_enabled(True)
+
+
+def test_a_read_frame_is_never_read_again(monkeypatch):
+    """Given the acceptance rule's frame, the cascade reads no header again: a 1- or
+    3-component JPEG's, nor a CMYK JPEG's (which the C declines), at any scale."""
+    from decode.acceptance import check
+
+    cmyk = to_jpeg(Image.effect_noise((320, 240), 64).convert("CMYK"))
+    blobs = [to_jpeg(Image.effect_noise((320, 240), 64).convert("RGB")), cmyk]
+    frames = [check(data) for data in blobs]
+
+    def read_again(data):
+        raise AssertionError("a header read twice")
+
+    monkeypatch.setattr(jpeg.region, "read_frame", read_again)
+    monkeypatch.setattr(decoding, "read_frame", read_again)
+    for data, frame in zip(blobs, frames):
+        for window, size in (((0, 0, 240, 320), (60, 80)), ((8, 8, 100, 100), (90, 90))):
+            kind, pixels = decoding.decode_crop(data, window, size, frame=frame)
+            assert pixels.shape[0] == 3 and kind in ("scaled", "window", "whole")
+    assert decoding.decode_crop(blobs[0], (0, 0, 240, 320), (60, 80), frame=frames[0])[0] \
+        == "scaled"
