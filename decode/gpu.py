@@ -19,10 +19,8 @@ from .headers import probe_jpeg
 from .messages import capture, run_captured
 from .resample import resize_in_frame, resize_window
 
-# --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
-KINDS = ("cuda", "cpu-nvimgcodec")
-# DALI 2.4's default hw_decoder_load (fn.decoders.image)
-DEFAULT_HW_LOAD = 0.65
+KINDS = ("cuda", "cpu-nvimgcodec")  # --decode-device choices of the batch decoder
+DEFAULT_HW_LOAD = 0.65  # DALI 2.4's default hw_decoder_load (fn.decoders.image)
 # What decoders raise for bytes that are not a readable image (as loaders.pipelines.bad_samples).
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
@@ -58,22 +56,19 @@ class WindowDecoder:
                                f"{jpeg.window.status()}")
         self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
-        n = self.n
-        if n is not None and kind == "cuda":
+        n, cuda = self.n, kind == "cuda"
+        if n is not None:
             self._decoder, self._params = jpeg.window.make_decoder(
-                n, self.device.index or 0, threads,
+                n, (self.device.index or 0) if cuda else n.NVIMGCODEC_DEVICE_CPU_ONLY, threads,
                 [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
-                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)])
-        elif n is not None:
-            self._decoder, self._params = jpeg.window.make_decoder(
-                n, n.NVIMGCODEC_DEVICE_CPU_ONLY, threads, [n.Backend(n.BackendKind.CPU_ONLY)])
+                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)] if cuda
+                else [n.Backend(n.BackendKind.CPU_ONLY)])
 
     def status(self) -> str:
         """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
         decoder where present, load 0.65, then CUDA)"``."""
-        if self.n is None:
-            return _torchvision_line(self.device)
-        return status_line(self.kind, self.device, self.hw_load)
+        return (_torchvision_line(self.device) if self.n is None
+                else status_line(self.kind, self.device, self.hw_load))
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0,
@@ -263,11 +258,11 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
     """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
     memory (both need :func:`nvjpeg_pip_package`), cached per process. Never raises."""
     problems = []
-    candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
-    if not candidates:
-        problems.append(f"nvImageCodec: {jpeg.window.status()}")
-    for name, library in candidates + [("torchvision", None)]:
-        label = "nvImageCodec" if name == "nvimgcodec" else "torchvision decode_jpeg"
+    for name, label, library in (("nvimgcodec", "nvImageCodec", "default"),
+                                 ("torchvision", "torchvision decode_jpeg", None)):
+        if library and jpeg.window.library() is None:
+            problems.append(f"nvImageCodec: {jpeg.window.status()}")
+            continue
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
             problems.append(f"{label}: no CUDA device")
             continue
@@ -288,6 +283,12 @@ def nvjpeg_pip_package(cuda_version: str | None) -> str:
     ``-cu13`` is a placeholder)."""
     major = (cuda_version or "13").split(".")[0]
     return "nvidia-nvjpeg" if int(major) >= 13 else f"nvidia-nvjpeg-cu{major}"
+
+
+def nvjpeg_hint() -> str:
+    """The words "install <nvjpeg wheel> beside nvidia-nvimgcodec-cuN" for torch's CUDA major."""
+    cuda = (torch.version.cuda or "13").split(".")[0]
+    return f"install {nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}"
 
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
