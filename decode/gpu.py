@@ -67,8 +67,7 @@ class WindowDecoder:
     def status(self) -> str:
         """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
         decoder where present, load 0.65, then CUDA)"``."""
-        return (_torchvision_line(self.device) if self.n is None
-                else status_line(self.kind, self.device, self.hw_load))
+        return status_line(self.kind, self.device, self.hw_load, "" if self.n is None else None)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0,
@@ -77,7 +76,7 @@ class WindowDecoder:
         or a uint8 NumPy array), resized to ``size``: a :class:`DecodedWindows`. ``stream``: the
         CUDA stream handle to order GPU work on (0: default). ``frames[i]``: region ``i``
         resampled as part of a whole-image resize and crop (:func:`resize_in_frame`).
-        ``seconds``: gets the host's wall seconds of the decode and of the resizes."""
+        ``seconds`` gets the host's wall seconds of the decode and of the resizes."""
         started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
@@ -230,12 +229,10 @@ class CudaChoice:
 
     def line(self, hw_load: float | None = None) -> str:
         """The run's ``batch windows:`` start-up line for this choice."""
-        device = torch.device(self.device)
-        if self.library == "nvimgcodec":
-            return status_line("cuda", device, hw_load)
-        why = "; ".join(self.problems)
-        if self.library == "torchvision":
-            return _torchvision_line(device, why)
+        device, why = torch.device(self.device), "; ".join(self.problems)
+        if self.library is not None:
+            return status_line("cuda", device, hw_load,
+                               why if self.library == "torchvision" else None)
         return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
 
 
@@ -291,20 +288,20 @@ def nvjpeg_hint() -> str:
     return f"install {nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}"
 
 
-def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
-    """What :meth:`WindowDecoder.status` will say, without making a decoder."""
+def status_line(kind: str, device: torch.device, hw_load: float | None = None,
+                why: str | None = None) -> str:
+    """What :meth:`WindowDecoder.status` will say, without making a decoder; ``why`` given: the
+    line of torchvision's decoder, used instead of nvImageCodec for that reason ("": none said)."""
     library = jpeg.window.library()
-    if library is None:
-        if kind != "cuda":
-            return f"batch windows: not usable ({jpeg.window.status()})"
-        return _torchvision_line(device, jpeg.window.status())
+    if library is None and kind != "cuda":
+        return f"batch windows: not usable ({jpeg.window.status()})"
+    if library is None or why is not None:
+        why = jpeg.window.status() if why is None else why
+        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+                f"window{'; ' + why if why else ''})")
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
     how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
            f"hardware JPEG decoder where present, load {load:g}, then CUDA")
     where = device if kind == "cuda" else "cpu"
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
 
-
-def _torchvision_line(device: torch.device, why: str = "") -> str:
-    return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
-            f"window{'; ' + why if why else ''})")

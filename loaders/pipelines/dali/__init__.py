@@ -31,10 +31,9 @@ A100_HW_DECODER_LOAD = 0.75
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):
-    """``(train, val)`` :class:`DALILoader` s with ``settings.workers`` DALI CPU threads (at
-    least 1). Raises :class:`DataError` for a reader without random access (streamed shards),
-    bad order settings, those of :func:`graph_options`, nvJPEG unable to decode on the GPU
-    (without ``--dali-cpu``), or a training order smaller than one batch."""
+    """``(train, val)`` :class:`DALILoader` s. Raises :class:`DataError` for a reader without
+    random access (streamed shards), bad order or graph settings, nvJPEG unable to decode on the
+    GPU (without ``--dali-cpu``), or a training order smaller than one batch."""
     built = []
     for is_train, reader, path in ((True, train, settings.train_path),
                                    (False, val, settings.val_path)):
@@ -96,7 +95,7 @@ def check_dali_wheel(cuda_version: str | None, installed: Sequence[str]) -> None
 
 def require(dist) -> None:
     """Import DALI or raise :class:`DataError` naming the wheel to install: DALI is missing, or
-    (on CUDA) built for another CUDA major than torch (before any split is opened)."""
+    (on CUDA) built for another CUDA major than torch."""
     try:
         import nvidia.dali  # noqa: F401
     except (ImportError, OSError):

@@ -1,7 +1,7 @@
 """What the DALI pipeline is fed, prepared off the training thread (DALI 2.4 calls a non-parallel
 ``fn.external_source`` on the thread that calls ``run()``: 14 ms per 256-image LMDB batch in
-series with the step on 2 cores). A thread per pipeline (:class:`BatchFeed`) reads the batches
-ahead and draws each RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
+series with the step on 2 cores): a thread per pipeline reads the batches ahead and draws each
+RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
 from __future__ import annotations
 
 import collections
@@ -90,13 +90,12 @@ class FeedPass:
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
     pointed at a pass by :meth:`start`; a thread (``ahead.RunAhead``) prepares :data:`AHEAD`
-    batches from ``read`` (:class:`AcceptedReads`). Each call returns ``[encoded, labels]``
-    (uint8 1-D arrays; int32 ``(N,)``) plus, for training, float32 ``(N, 2)`` anchors ``(x, y)``
-    and shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU graph (``opts.cuda``) float32
-    ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
-    ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
-    ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in place
-    (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
+    batches from ``read`` (:class:`AcceptedReads`). A call returns ``[encoded, labels]`` (uint8
+    1-D arrays; int32 ``(N,)``), for training + float32 ``(N, 2)`` anchors ``(x, y)`` and shapes
+    ``(w, h)``, int32 ``(N,)`` flips, for the GPU graph + float32 ``(N,)`` output sides and, with
+    ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` past the pass's end.
+    The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
+    place (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
@@ -114,8 +113,8 @@ class BatchFeed:
         self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed") if plan.order else None
 
     def close(self, wait_s: float | None = None) -> None:
-        """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
-        left behind in a read (a daemon: a stream retrying a shard must not hold a run's exit)."""
+        """Stop the thread, dropping its batches: joined, or after ``wait_s`` s left in a read (a
+        daemon: a stream retrying a shard must not hold a run's exit)."""
         if self._ahead is not None:
             self._ahead.close(wait_s)
             self._ahead = None

@@ -148,8 +148,8 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
                   seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only outputs -> normalised float32 ``(N, 3, crop, crop)`` images and int64 ``(N,)``
     labels by the other pipelines' torch resize and normalisation (training: ``opts.augment``'s
-    torch policy seeded with ``augment_seed``). ``seconds``, if given, gets the wall seconds of
-    ``"resize"``, ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
+    torch policy seeded with ``augment_seed``). ``seconds`` gets the wall seconds of ``"resize"``,
+    ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
     clock = time.perf_counter if seconds is not None else no_clock
     started = clock()
     spent = {"resize": 0.0, "augment": 0.0}

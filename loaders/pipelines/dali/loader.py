@@ -252,12 +252,11 @@ class DALILoader(StagedLoader, DeviceFeed):
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``outputs`` as the loader yields them, the hand-over and the wait before it added to
-        :attr:`stage_log`. CPU-only :func:`.graph.finish_on_cpu` (``batch``: of the epoch, for
-        the ``--auto-augment`` draws); with CUDA ``opts.dtype`` images (channels-last NCHW views
-        of DALI's NHWC) and int64 labels, DALI's dense GPU buffers taken without a copy (DLPack;
-        DALI 2.4's dynamic executor keeps a buffer while torch holds it, as its PyTorch iterator
-        does), ordered on torch's current stream (the pipeline's output stream)."""
+        """``outputs`` as yielded, the hand-over and the wait before it added to :attr:`stage_log`:
+        CPU-only :func:`.graph.finish_on_cpu` (``batch``: of the epoch, for the augment draws);
+        with CUDA ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64
+        labels, DALI's GPU buffers taken without a copy (DLPack; DALI 2.4 keeps a buffer while
+        torch holds it, as its PyTorch iterator does), on torch's current stream (DALI's)."""
         log, opts = self.stage_log, self.opts
         timing = None if log is None else {}
         if log is not None:
@@ -319,9 +318,9 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> None:
-        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) by the acceptance rule
-        and our CPU decoder; report, remember and replace in ``order`` (by the next readable
-        index) each unreadable sample. Raises :class:`DataError` (DALI's message) if none."""
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) with :meth:`_readable`,
+        each unreadable sample replaced in ``order`` by the next readable index. Raises
+        :class:`DataError` (DALI's message) if none."""
         batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
         found = 0
@@ -340,9 +339,8 @@ class DALILoader(StagedLoader, DeviceFeed):
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
 
     def _readable(self, index: int) -> bool:
-        """Judge sample ``index`` by the acceptance rule and decode it (never one known
-        unreadable: the order skips those); if either fails, remember it, report it and return
-        False."""
+        """Whether sample ``index`` passes the acceptance rule and our CPU decoder; if not, it is
+        marked and reported."""
         try:
             data = self.reader.read(index)[0]
             check(data, self.max_pixels)
@@ -355,8 +353,8 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
         """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
-        it is then reported, remembered and replaced in ``order``, and the pipelines dropped.
-        Raises :class:`DataError` past ``max_bad_share``."""
+        it is then reported, marked and replaced in ``order``, the pipelines dropped. Raises
+        :class:`DataError` past ``max_bad_share``."""
         found = window_mismatch(outputs)
         if found is None:
             return False
