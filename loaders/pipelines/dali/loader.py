@@ -68,14 +68,11 @@ class DALILoader(StagedLoader, DeviceFeed):
             self.stage_log = StageLog(names, "training thread (DALI's output)", rated=False,
                                       readers_name="feed threads")
 
-    @property
-    def num_batches(self) -> int:
-        """Batches in a whole epoch on this rank (before ``start_batch``)."""
-        return batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
-                                 self.max_batches)
-
     def __len__(self) -> int:
-        return max(0, self.num_batches - self.start_batch)
+        """The batches of the epoch on this rank from ``start_batch`` on."""
+        total = batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
@@ -99,12 +96,12 @@ class DALILoader(StagedLoader, DeviceFeed):
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
     def order(self) -> list[int]:
-        """Dataset indices the next pass yields: the epoch order's, cut to :attr:`num_batches`
-        batches, from ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
+        """Dataset indices the next pass yields: the epoch order's :meth:`__len__` batches from
+        ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
+        count, first = len(self) * self.batch_size, self.start_batch * self.batch_size
         if self._rest is not None:
-            return self._rest[:len(self) * self.batch_size]
-        indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
-        return indices[self.start_batch * self.batch_size:]
+            return self._rest[:count]
+        return list(self.sample_order.order(self.epoch))[first:first + count]
 
     pass_indices = order
 
@@ -170,8 +167,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
         ``cpu_pipelines`` or one per thread (a multi-threaded DALI operator idles its threads on
         a batch's last images: ``benchmarks.pipelines.dali_cpu``, docs/performance.md)."""
-        return 1 if self.opts.cuda else max(1, min(self.cpu_pipelines or self.num_threads,
-                                                    batches))
+        threads = self.cpu_pipelines or self.num_threads
+        return 1 if self.opts.cuda else max(1, min(threads, batches))
 
     def _queue_depth(self, pipelines: int) -> int:
         # CUDA: 4 batches in flight, as the mixed decoder's p99 (24-34 ms per batch, DALI PR
@@ -291,9 +288,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
         ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
         may arrive late); a sample named before takes them unprobed; none: one line says so."""
-        batch = self.batch_size
         first = max(0, step - lookahead)
-        window = order[first * batch:(step + lookahead) * batch]
+        window = order[first * self.batch_size:(step + lookahead) * self.batch_size]
         if any(self.warned.known(index) for index in window):
             return
         found = False
@@ -307,10 +303,9 @@ class DALILoader(StagedLoader, DeviceFeed):
                     decode(data)
             except DECODE_ERRORS:
                 continue
-            if caught.lines:
-                found = True
-                if self.warned.mark(index):
-                    report_damaged(self.reader.name_of(index), caught.lines)
+            found = found or bool(caught.lines)
+            if caught.lines and self.warned.mark(index):
+                report_damaged(self.reader.name_of(index), caught.lines)
         if not found:
             report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
                            f"{self._split} split; our CPU decoder decodes them without a "
