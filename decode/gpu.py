@@ -19,10 +19,8 @@ from .headers import probe_jpeg
 from .messages import capture, run_captured
 from .resample import resize_in_frame, resize_window
 
-# --decode-device choices of the batch decoder: on the GPU, or nvImageCodec's CPU backend.
-KINDS = ("cuda", "cpu-nvimgcodec")
-# DALI 2.4's default hw_decoder_load (fn.decoders.image)
-DEFAULT_HW_LOAD = 0.65
+KINDS = ("cuda", "cpu-nvimgcodec")  # --decode-device choices of the batch decoder
+DEFAULT_HW_LOAD = 0.65  # DALI 2.4's default hw_decoder_load (fn.decoders.image)
 # What decoders raise for bytes that are not a readable image (as loaders.pipelines.bad_samples).
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
@@ -58,22 +56,18 @@ class WindowDecoder:
                                f"{jpeg.window.status()}")
         self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
-        n = self.n
-        if n is not None and kind == "cuda":
+        n, cuda = self.n, kind == "cuda"
+        if n is not None:
             self._decoder, self._params = jpeg.window.make_decoder(
-                n, self.device.index or 0, threads,
+                n, (self.device.index or 0) if cuda else n.NVIMGCODEC_DEVICE_CPU_ONLY, threads,
                 [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=self.hw_load),
-                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)])
-        elif n is not None:
-            self._decoder, self._params = jpeg.window.make_decoder(
-                n, n.NVIMGCODEC_DEVICE_CPU_ONLY, threads, [n.Backend(n.BackendKind.CPU_ONLY)])
+                 n.Backend(n.BackendKind.GPU_ONLY, load_hint=1.0)] if cuda
+                else [n.Backend(n.BackendKind.CPU_ONLY)])
 
     def status(self) -> str:
         """One start-up line, e.g. ``"batch windows: nvImageCodec 0.9.0 on cuda:0 (hardware JPEG
         decoder where present, load 0.65, then CUDA)"``."""
-        if self.n is None:
-            return _torchvision_line(self.device)
-        return status_line(self.kind, self.device, self.hw_load)
+        return status_line(self.kind, self.device, self.hw_load, "" if self.n is None else None)
 
     def decode(self, datas: Sequence, regions: Sequence[tuple[int, int, int, int]],
                size: tuple[int, int], stream: int = 0,
@@ -82,7 +76,7 @@ class WindowDecoder:
         or a uint8 NumPy array), resized to ``size``: a :class:`DecodedWindows`. ``stream``: the
         CUDA stream handle to order GPU work on (0: default). ``frames[i]``: region ``i``
         resampled as part of a whole-image resize and crop (:func:`resize_in_frame`).
-        ``seconds``: gets the host's wall seconds of the decode and of the resizes."""
+        ``seconds`` gets the host's wall seconds of the decode and of the resizes."""
         started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
@@ -235,12 +229,10 @@ class CudaChoice:
 
     def line(self, hw_load: float | None = None) -> str:
         """The run's ``batch windows:`` start-up line for this choice."""
-        device = torch.device(self.device)
-        if self.library == "nvimgcodec":
-            return status_line("cuda", device, hw_load)
-        why = "; ".join(self.problems)
-        if self.library == "torchvision":
-            return _torchvision_line(device, why)
+        device, why = torch.device(self.device), "; ".join(self.problems)
+        if self.library is not None:
+            return status_line("cuda", device, hw_load,
+                               why if self.library == "torchvision" else None)
         return f"batch windows: no GPU decoder decodes on {device} ({why}): every window on the CPU"
 
 
@@ -263,11 +255,11 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
     """The first of nvImageCodec and torchvision that decodes a probe window into ``device``'s
     memory (both need :func:`nvjpeg_pip_package`), cached per process. Never raises."""
     problems = []
-    candidates = [("nvimgcodec", "default")] if jpeg.window.library() is not None else []
-    if not candidates:
-        problems.append(f"nvImageCodec: {jpeg.window.status()}")
-    for name, library in candidates + [("torchvision", None)]:
-        label = "nvImageCodec" if name == "nvimgcodec" else "torchvision decode_jpeg"
+    for name, label, library in (("nvimgcodec", "nvImageCodec", "default"),
+                                 ("torchvision", "torchvision decode_jpeg", None)):
+        if library and jpeg.window.library() is None:
+            problems.append(f"nvImageCodec: {jpeg.window.status()}")
+            continue
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
             problems.append(f"{label}: no CUDA device")
             continue
@@ -290,20 +282,26 @@ def nvjpeg_pip_package(cuda_version: str | None) -> str:
     return "nvidia-nvjpeg" if int(major) >= 13 else f"nvidia-nvjpeg-cu{major}"
 
 
-def status_line(kind: str, device: torch.device, hw_load: float | None = None) -> str:
-    """What :meth:`WindowDecoder.status` will say, without making a decoder."""
+def nvjpeg_hint() -> str:
+    """The words "install <nvjpeg wheel> beside nvidia-nvimgcodec-cuN" for torch's CUDA major."""
+    cuda = (torch.version.cuda or "13").split(".")[0]
+    return f"install {nvjpeg_pip_package(cuda)} beside nvidia-nvimgcodec-cu{cuda}"
+
+
+def status_line(kind: str, device: torch.device, hw_load: float | None = None,
+                why: str | None = None) -> str:
+    """What :meth:`WindowDecoder.status` will say, without making a decoder; ``why`` given: the
+    line of torchvision's decoder, used instead of nvImageCodec for that reason ("": none said)."""
     library = jpeg.window.library()
-    if library is None:
-        if kind != "cuda":
-            return f"batch windows: not usable ({jpeg.window.status()})"
-        return _torchvision_line(device, jpeg.window.status())
+    if library is None and kind != "cuda":
+        return f"batch windows: not usable ({jpeg.window.status()})"
+    if library is None or why is not None:
+        why = jpeg.window.status() if why is None else why
+        return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
+                f"window{'; ' + why if why else ''})")
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
     how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
            f"hardware JPEG decoder where present, load {load:g}, then CUDA")
     where = device if kind == "cuda" else "cpu"
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
 
-
-def _torchvision_line(device: torch.device, why: str = "") -> str:
-    return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
-            f"window{'; ' + why if why else ''})")

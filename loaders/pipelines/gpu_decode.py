@@ -1,7 +1,6 @@
 """The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): DataLoader workers
-read the bytes and draw the windows (:class:`WindowBatches`: the CPU loaders' windows, seeded per
-batch; validation's the central crop's region as resize-then-crop would take it), and
-:class:`BatchDecodeLoader` decodes each batch with nvImageCodec."""
+read the bytes and draw the windows (:class:`WindowBatches`), :class:`BatchDecodeLoader` decodes
+each batch with nvImageCodec."""
 from __future__ import annotations
 
 import itertools
@@ -15,7 +14,7 @@ import torch
 
 from decode import decode, image_size
 from decode.acceptance import MAX_PIXELS, check
-from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_pip_package, probe_cuda, to_device
+from decode.gpu import CudaChoice, WindowDecoder, nvjpeg_hint, probe_cuda, to_device
 
 from ..errors import AcceleratorError, DataError
 from ..orders import Order
@@ -26,13 +25,13 @@ from ..timing.stages import no_clock, thread_cpu
 from ..transforms import TrainTransform, center_crop_plan
 from ..transforms.normalize import imagenet_mean_std, normalize_into
 from .ahead import RunAhead, one_ahead
-from .bad_samples import BadSamples, UnreadableSet, report_damaged, report_unreadable
+from .bad_samples import BadSamples, report_damaged, report_unreadable
 from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
 
 
 class WindowBatches(SampleBatches):
-    """:class:`SampleBatches` of ``reader``'s samples as the workers hand them over. A batch ->
-    a dict: ``data`` uint8 (the encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``,
+    """``reader``'s samples as the workers hand them over. A batch -> a dict: ``data`` uint8 (the
+    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``,
     ``windows`` int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``,
     ``labels``/``indices`` int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints
     ``number`` and ``found``; with a ``clock`` (a ``StageClock``) also its float64 rows:
@@ -45,10 +44,10 @@ class WindowBatches(SampleBatches):
 
     def sample(self, index: int):
         """``(bytes, window, flip, index, frame, label)``: training's RandomResizedCrop window
-        (the batch's seed; ``frame`` -1s), or validation's central crop region and frame
-        (``val_sizes`` = ``(resize, crop)``); sizes from the header the acceptance rule
-        (``max_pixels``) read, else a whole decode (which raises for non-images). The clock
-        gets the read's and window's seconds and the record's bytes."""
+        (the CPU loaders', the batch's seed; ``frame`` -1s), or validation's central crop region
+        and frame as resize-then-crop takes it (``val_sizes`` = ``(resize, crop)``); sizes from
+        the header the acceptance rule (``max_pixels``) read, else a whole decode (which raises
+        for non-images). The clock gets the read's and window's seconds and the bytes."""
         clock = self.clock
         started = time.perf_counter() if clock is not None else 0.0
         data, label = self.reader.read(index)
@@ -69,22 +68,20 @@ class WindowBatches(SampleBatches):
         return data, window, flip, index, (-1,) * 6, label
 
     def _batch(self, batch: NumberedBatch) -> dict:
-        clock, samples, found = self.clock, [], 0
-        if clock is not None:
+        clock = self.clock
+        if clock is None:
+            fetched = [self[index] for index in batch]
+        else:
             clock.begin_batch()
-            rows = np.zeros((len(batch), stages.IMAGE_COLUMNS))
-        for i, index in enumerate(batch):
-            if clock is not None:
+            rows, fetched = np.zeros((len(batch), stages.IMAGE_COLUMNS)), []
+            for i, index in enumerate(batch):
                 clock.begin_image()
-            sample, new_bad = self[index]
-            if clock is not None:
+                fetched.append(self[index])
                 rows[i] = clock.t
-            samples.append(sample)
-            found += new_bad
-        datas, windows, flips, indices, frames, labels = zip(*samples)
+        datas, windows, flips, indices, frames, labels = zip(*(sample for sample, _ in fetched))
         out = dict(data=torch.tensor(np.frombuffer(b"".join(datas), dtype=np.uint8)),
                    offsets=torch.tensor(np.cumsum([0, *map(len, datas)]), dtype=torch.int64),
-                   number=batch.number, found=found,
+                   number=batch.number, found=sum(found for _, found in fetched),
                    windows=torch.tensor(windows, dtype=torch.int64).view(-1, 4),
                    flips=torch.tensor(flips, dtype=torch.bool),
                    labels=torch.tensor(labels, dtype=torch.int64),
@@ -102,12 +99,12 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 
 
 class BatchDecodeLoader(ReaderLoader):
-    """A :class:`ReaderLoader` whose DataLoader workers read the bytes and draw the windows
+    """A :class:`ReaderLoader` whose workers read the bytes and draw the windows
     (:class:`WindowBatches`), and whose ``decoder`` (nvImageCodec on the GPU, or its CPU backend)
     decodes, resizes, flips and normalises each batch here, in a thread two batches ahead (``-j
     0``: one, on the training thread), on CUDA on a side stream. A sample it declines is decoded
     on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is replaced by another of its batch
-    (:attr:`unreadable`); one a native decoder warned about is kept (:attr:`warned`). Training
+    (:attr:`unreadable`); one a native decoder warned about is named once and kept. Training
     measures its stages (CUDA: host seconds)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
@@ -122,7 +119,6 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = stages.StageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        self.warned = UnreadableSet(len(reader))  # named once as damaged by the batch decoder
         self._dataset = WindowBatches(reader, val_sizes, self.bad, clock,
                                       settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
@@ -140,8 +136,8 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop this loader's workers, then the decode thread of a pass left part-way; a later
-        pass starts anew."""
+        """Stop the workers, then the decode thread of a pass left part-way (a later pass starts
+        anew)."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
@@ -176,27 +172,25 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _decoded(self, stream, total: int, erase):
         """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`), on CUDA
-        ``done`` the side stream's event after them (else None)."""
+        ``done`` the side stream's event after them (else None); with :attr:`stage_log`, each
+        batch's workers' rows and this thread's stage, wall and CPU seconds added to it."""
+        log = self.stage_log
         for item in itertools.islice(self.loader, total):
             self._check_bad(item["found"])
-            timing = {} if self.stage_log is not None else None
+            timing = {} if log is not None else None
             started, cpu = (time.perf_counter(), thread_cpu()) if timing is not None else (0, 0)
             images, labels = self._decode(item, stream, timing, erase)
             if timing is not None:
-                self._log_batch(item, timing, time.perf_counter() - started, thread_cpu() - cpu)
+                wall, cpu = time.perf_counter() - started, thread_cpu() - cpu
+                count, rows = len(item["labels"]), item["stages"].numpy()
+                batch = item["stage_batch"].numpy()
+                log.add("read", rows[:, stages.READ])
+                log.add("window", rows[:, stages.WINDOW])
+                log.add_reader(int(batch[stages.WORKER]), count, float(batch[stages.WALL]),
+                               float(batch[stages.CPU]), float(rows[:, :stages.DECODE].sum()),
+                               float(rows[:, stages.BYTES].sum()))
+                log.add_hand_over(count, timing, wall, cpu)
             yield images, labels, None if stream is None else stream.record_event()
-
-    def _log_batch(self, item: dict, timing: dict, wall: float, cpu: float) -> None:
-        """Add one batch to :attr:`stage_log`: its workers' rows (``item``), the decode thread's
-        ``timing`` (seconds by stage), ``wall`` and ``cpu`` seconds."""
-        log, count = self.stage_log, len(item["labels"])
-        rows, batch = item["stages"].numpy(), item["stage_batch"].numpy()
-        log.add("read", rows[:, stages.READ])
-        log.add("window", rows[:, stages.WINDOW])
-        log.add_reader(int(batch[stages.WORKER]), count, float(batch[stages.WALL]),
-                       float(batch[stages.CPU]), float(rows[:, :stages.DECODE].sum()),
-                       float(rows[:, stages.BYTES].sum()))
-        log.add_hand_over(count, timing, wall, cpu)
 
     def _decode(self, item: dict, stream, timing: dict | None = None,
                 erase=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +213,7 @@ class BatchDecodeLoader(ReaderLoader):
             self.cpu_fallbacks += len(out.fallback) - len(out.failed)  # decoded on the CPU
             for position, lines in out.warnings:
                 index = int(item["indices"][position])
-                if self.warned.mark(index):
+                if self.bad.warned.mark(index):
                     report_damaged(self.reader.name_of(index), lines)
             images, labels = out.images, item["labels"]
             if out.failed:
@@ -245,7 +239,7 @@ class BatchDecodeLoader(ReaderLoader):
 
     def _replace_failed(self, out, item):
         """The batch with each undecodable sample marked, named and replaced by its first decoded
-        image; raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
+        image. Raises :class:`DataError` if none decoded, or past ``max_bad_share``."""
         failed = {i for i, _ in out.failed}
         good = next((i for i in range(len(out.images)) if i not in failed), None)
         if good is None:
@@ -287,11 +281,9 @@ def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
 
 def refusal(choice: CudaChoice) -> str:
     """The one line ``--decode-device cuda`` stops with where no GPU decoder decodes."""
-    cuda = (torch.version.cuda or "13").split(".")[0]
     return (f"--decode-device cuda: no GPU decoder decodes on {choice.device} "
-            f"({'; '.join(choice.problems)}): install {nvjpeg_pip_package(cuda)} beside "
-            f"nvidia-nvimgcodec-cu{cuda}, or pass --allow-cpu-decode to decode every window "
-            "on the CPU")
+            f"({'; '.join(choice.problems)}): {nvjpeg_hint()}, or pass --allow-cpu-decode to "
+            "decode every window on the CPU")
 
 
 def build_loaders(train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo):

@@ -15,8 +15,8 @@ pytest.importorskip("nvidia.dali")
 import loaders  # noqa: E402
 import loaders.pipelines.dali as dali  # noqa: E402
 import loaders.pipelines.dali.graph as graph  # noqa: E402
-import loaders.pipelines.dali.environment as dali_env  # noqa: E402
 import main  # noqa: E402
+from decode.gpu import DEFAULT_HW_LOAD  # noqa: E402
 from loaders import AcceleratorError, DataError, DistInfo, input_dtype  # noqa: E402
 from loaders.orders import BlockOrder  # noqa: E402
 from tests.helpers.loading import loader_settings, to_uint8  # noqa: E402
@@ -248,17 +248,18 @@ def test_torch_errors_after_run_are_not_taken_for_bad_samples(tiny, monkeypatch)
 def test_hw_decoder_load_defaults_to_the_figure_for_the_gpu(monkeypatch, gpu, load):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
     cuda = DistInfo(device=torch.device("cuda", 0))
-    assert dali_env.default_hw_decoder_load(cuda.device) == load
-    assert graph.graph_options(loader_settings("dali"), cuda, train=True).hw_decoder_load == load
+    assert dali.default_hw_decoder_load(cuda.device) == load
+    assert dali.graph_options(loader_settings("dali"), cuda, train=True).hw_decoder_load == load
     given = loader_settings("dali", dali_hw_decoder_load=0.3)
-    assert graph.graph_options(given, cuda, train=True).hw_decoder_load == 0.3
+    assert dali.graph_options(given, cuda, train=True).hw_decoder_load == 0.3
 
 
 def test_hw_decoder_load_off_cuda_and_out_of_range(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: pytest.fail("read"))
-    assert dali_env.default_hw_decoder_load(torch.device("cpu")) == dali_env.DEFAULT_HW_DECODER_LOAD
+    assert dali.default_hw_decoder_load(torch.device("cpu")) == DEFAULT_HW_LOAD
     with pytest.raises(DataError, match="--dali-hw-decoder-load 1.5: must be between 0 and 1"):
-        graph.graph_options(loader_settings("dali", dali_hw_decoder_load=1.5), DistInfo(), train=False)
+        dali.graph_options(loader_settings("dali", dali_hw_decoder_load=1.5), DistInfo(),
+                           train=False)
 
 
 @pytest.mark.parametrize("amp,amp_dtype,device,dtype", [
@@ -268,7 +269,7 @@ def test_image_dtype_follows_amp_dtype(monkeypatch, amp, amp_dtype, device, dtyp
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
     # main.py resolves the dtype with input_dtype; the graph takes it from the settings.
     settings = loader_settings("dali", dtype=input_dtype(amp, amp_dtype, torch.device(device)))
-    opts = graph.graph_options(settings, DistInfo(device=torch.device(device)), train=True)
+    opts = dali.graph_options(settings, DistInfo(device=torch.device(device)), train=True)
     assert opts.dtype == dtype
 
 
@@ -351,16 +352,16 @@ def test_mixed_decode_upsamples_chroma_fancy_with_paddings_for_its_threads(monke
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
     cuda = DistInfo(device=torch.device("cuda", 0))
-    mixed = graph.decode_args(graph.graph_options(loader_settings("dali", workers=16), cuda,
+    mixed = graph.decode_args(dali.graph_options(loader_settings("dali", workers=16), cuda,
                                                   train=True))
     assert mixed["device"] == "mixed" and mixed["jpeg_fancy_upsampling"] is True
     assert mixed["device_memory_padding"] == 211025920 // 4
     assert mixed["host_memory_padding"] == 140544512 // 4
     assert mixed["preallocate_width_hint"] == 5980  # one hardware decoder: not per thread
-    few = graph.decode_args(graph.graph_options(loader_settings("dali", workers=2), cuda,
+    few = graph.decode_args(dali.graph_options(loader_settings("dali", workers=2), cuda,
                                                 train=True))
     assert few["device_memory_padding"] == 211025920 and few["host_memory_padding"] == 140544512
-    on_cpu = graph.decode_args(graph.graph_options(
+    on_cpu = graph.decode_args(dali.graph_options(
         loader_settings("dali", workers=16, dali_cpu=True), cuda, train=True))
     assert on_cpu["device"] == "cpu" and "jpeg_fancy_upsampling" not in on_cpu
     for schema in ("decoders__ImageSlice", "decoders__Image"):

@@ -111,7 +111,7 @@ def test_gpu_decoding_probe_says_why_it_would_not_happen(monkeypatch):
     line; an install whose GPU backends hand back host memory, or nothing, is caught too."""
     from types import SimpleNamespace
 
-    from loaders.pipelines.dali.environment import gpu_decoding_problem
+    from loaders.pipelines.dali import gpu_decoding_problem
 
     cuda = torch.device("cuda", 0)
     reason = gpu_decoding_problem(cuda)

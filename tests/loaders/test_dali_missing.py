@@ -9,7 +9,7 @@ import torch
 
 import main
 from loaders import DataError
-from loaders.pipelines.dali.environment import check_dali_wheel, dali_pip_package
+from loaders.pipelines.dali import check_dali_wheel, dali_pip_package
 from tests.helpers.paths import REPO
 
 

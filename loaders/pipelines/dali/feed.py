@@ -1,7 +1,7 @@
 """What the DALI pipeline is fed, prepared off the training thread (DALI 2.4 calls a non-parallel
 ``fn.external_source`` on the thread that calls ``run()``: 14 ms per 256-image LMDB batch in
-series with the step on 2 cores). A thread per pipeline (:class:`BatchFeed`) reads the batches
-ahead and draws each RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
+series with the step on 2 cores): a thread per pipeline reads the batches ahead and draws each
+RandomResizedCrop window on the host (~30 DALI CPU operators took 13 ms)."""
 from __future__ import annotations
 
 import collections
@@ -14,7 +14,7 @@ import numpy as np
 from decode.acceptance import Frame, Refused, check
 
 from ...draws import keyed_rng
-from ...timing.stages import thread_cpu
+from ...timing.stages import no_clock, thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 from ..ahead import RunAhead
 from ..bad_samples import report_unreadable
@@ -52,11 +52,11 @@ def host_windows(frames: Sequence[Frame | None],
 class AcceptedReads:
     """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
     the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read (None: no
-    parser reads it), or where the rule refuses those bytes the next readable sample's, each
-    refused one reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
-    :class:`DataError` if every sample is unreadable. It holds no reference to the loader: a
-    loader (its DALI pipelines with it) freed in a process forked while a feed thread holds it
-    would hang there, waiting for DALI threads that only the parent has."""
+    parser reads it); where the rule refuses, the next readable sample's, each refused one
+    reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
+    :class:`DataError` if every sample is unreadable. No reference to the loader: a loader freed
+    in a process forked while a feed thread held it would wait there for the parent's DALI
+    threads."""
 
     def __init__(self, reader, unreadable, max_pixels: int):
         self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
@@ -89,37 +89,32 @@ class FeedPass:
 
 class BatchFeed:
     """``fn.external_source`` callable (``batch=True``, ``batch_info=True``) of one pipeline,
-    pointed at a pass by :meth:`start`; a thread (:class:`~loaders.pipelines.ahead.RunAhead`)
-    prepares :data:`AHEAD` batches from ``read(index) -> (bytes, label, frame)``
-    (:class:`AcceptedReads`: the header once). Each call returns ``[encoded, labels]``
-    (uint8 1-D arrays; int32 ``(N,)``) plus, for training, float32 ``(N, 2)`` anchors ``(x, y)``
-    and shapes ``(w, h)`` and int32 ``(N,)`` flips, and for the GPU graph (``opts.cuda``) float32
-    ``(N,)`` output sides and, with ``opts.augment``, int32 ``(N, slots, 3)`` policy draws;
-    ``StopIteration`` after the pass's last batch; a failed read raises in the call. The last
-    ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in place
-    (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
+    pointed at a pass by :meth:`start`; a thread (``ahead.RunAhead``) prepares :data:`AHEAD`
+    batches from ``read`` (:class:`AcceptedReads`). A call returns ``[encoded, labels]`` (uint8
+    1-D arrays; int32 ``(N,)``), for training + float32 ``(N, 2)`` anchors ``(x, y)`` and shapes
+    ``(w, h)``, int32 ``(N,)`` flips, for the GPU graph + float32 ``(N,)`` output sides and, with
+    ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` past the pass's end.
+    The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
+    place (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):
-        self.read, self.train, self.batch_size = read, opts.train, batch_size
-        self.log = log
+        self.read, self.train, self.batch_size, self.log = read, opts.train, batch_size, log
         self.sizes = opts.train and opts.cuda
         self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
         self.seed, self.rank = seed, rank
         self._fed: collections.deque = collections.deque(maxlen=keep)
-        self._ahead: RunAhead | None = None
-        self.start(FeedPass((), 0, 0, 0, 0, 1))
+        self._ahead: RunAhead | None = None  # no pass yet
 
     def start(self, plan: FeedPass) -> None:
         """Feed ``plan``'s batches from now on (the previous pass's thread is stopped)."""
         self.close()
         self.plan = plan
-        # no thread for an empty order (the pass set up at construction)
         self._ahead = RunAhead(self._prepared(plan), AHEAD, "dali-feed") if plan.order else None
 
     def close(self, wait_s: float | None = None) -> None:
-        """Stop the thread, dropping its batches not taken: joined, or after ``wait_s`` seconds
-        left behind in a read (a daemon: a stream retrying a shard must not hold a run's exit)."""
+        """Stop the thread, dropping its batches: joined, or after ``wait_s`` s left in a read (a
+        daemon: a stream retrying a shard must not hold a run's exit)."""
         if self._ahead is not None:
             self._ahead.close(wait_s)
             self._ahead = None
@@ -131,45 +126,41 @@ class BatchFeed:
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
-        """The external source's outputs for batch ``batch`` of ``plan``; None past its end."""
+        """The external source's outputs for batch ``batch`` of ``plan``; None past its end. With
+        :attr:`log`, each read's seconds, the draws' and this thread's wall and CPU seconds."""
         indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             return None
-        if self.log is not None:
-            started, cpu = time.perf_counter(), thread_cpu()
-            samples, reads = _timed_reads(self.read, indices)
-        else:
-            samples = [self.read(i) for i in indices]
+        log = self.log
+        clock = no_clock if log is None else time.perf_counter
+        started, cpu = clock(), 0.0 if log is None else thread_cpu()
+        samples, reads = [], []
+        for i in indices:
+            began = clock()
+            samples.append(self.read(i))
+            reads.append(clock() - began)
         data = [encoded for encoded, _, _ in samples]
         out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
                np.array([label for _, label, _ in samples], np.int32)]
-        window_started = time.perf_counter()
+        window_started = clock()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
             out += [*host_windows([frame for _, _, frame in samples], draws), flips]
-        if self.log is not None:
-            self._log_batch(plan, data, reads, time.perf_counter() - window_started,
-                            started, cpu)
+        if log is not None:
+            window = clock() - window_started
+            log.add("read", reads)
+            if self.train:
+                log.add_batch("window", window, len(data))
+            log.add_reader(plan.index, len(data), clock() - started, thread_cpu() - cpu,
+                           sum(reads) + (window if self.train else 0.0),
+                           float(sum(len(d) for d in data)))
         if self.sizes:
             out.append(np.full(len(indices), plan.size, np.float32))
         if self.augment is not None:
             out.append(np.stack(self.augment.host_draws(self.seed, plan.epoch, self.rank,
                                                         plan.first_batch + batch, len(indices))))
         return out
-
-    def _log_batch(self, plan: FeedPass, data: list, reads: list, window: float,
-                   started: float, cpu: float) -> None:
-        """Add one batch to :attr:`log`: ``reads`` (s per image), ``window`` (the draws' s) and
-        this thread's wall and CPU s since ``started``."""
-        log, count = self.log, len(data)
-        log.add("read", reads)
-        if self.train:
-            log.add_batch("window", window, count)
-        wall = time.perf_counter() - started
-        log.add_reader(plan.index, count, wall, thread_cpu() - cpu,
-                       sum(reads) + (window if self.train else 0.0),
-                       float(sum(len(d) for d in data)))
 
     def __call__(self, info):
         # StopIteration past the end, every time DALI asks (its queue is deeper than the pass)
@@ -182,12 +173,3 @@ class BatchFeed:
         self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
         return item
 
-
-def _timed_reads(read, indices) -> tuple[list, list]:
-    """``[read(i) for i in indices]`` and each read's wall seconds."""
-    samples, seconds = [], []
-    for i in indices:
-        started = time.perf_counter()
-        samples.append(read(i))
-        seconds.append(time.perf_counter() - started)
-    return samples, seconds

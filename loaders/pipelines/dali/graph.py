@@ -1,6 +1,5 @@
-"""The DALI side of ``--dali``: the graph's source (:func:`source`), the decode/augment graph
-(:func:`augment`; CPU-only finished in torch by :func:`finish_on_cpu`) and its outputs as torch
-tensors. DALI is imported only inside functions."""
+"""The DALI graph of ``--dali`` (:func:`pipeline_outputs`), CPU-only finished in torch
+(:func:`finish_on_cpu`). DALI is imported only inside functions."""
 from __future__ import annotations
 
 import time
@@ -11,14 +10,10 @@ import torch
 
 from decode import resize
 
-from ...errors import DataError
-from ...settings import DistInfo, LoaderSettings
 from ...timing.stages import no_clock
 from ...transforms import resize_center_crop
 from ...transforms.normalize import (IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std,
                                      normalize_each)
-from .augment import DaliAugment
-from .environment import default_hw_decoder_load
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
@@ -35,8 +30,8 @@ NVJPEG_EXAMPLE_THREADS = 4
 
 def decode_args(opts: "GraphOptions") -> dict:
     """The decoder's arguments: RGB pixels as stored (no EXIF orientation, as every loader), CPU
-    or mixed; mixed adds nvJPEG's paddings and hints, ``hw_decoder_load`` and
-    ``jpeg_fancy_upsampling`` (libjpeg-turbo's chroma upsampling, as the other loaders')."""
+    or mixed (+ nvJPEG's paddings and hints, ``hw_decoder_load``, libjpeg-turbo's "fancy" chroma
+    upsampling as the other loaders')."""
     from nvidia.dali import types
 
     args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
@@ -54,34 +49,43 @@ class GraphOptions:
 
     train: bool
     crop_size: int
-    resize_size: int  # validation shorter side; unused for training
-    cuda: bool  # pipeline has a GPU (device_id set); False: CPU-only
+    resize_size: int  # validation shorter side
+    cuda: bool  # the pipeline has a GPU (device_id set)
     decode_on_cpu: bool  # --dali-cpu, or no CUDA
     hw_decoder_load: float
     dtype: torch.dtype  # of the delivered images (loaders.settings.input_dtype)
     channels_last: bool
     augment: object = None  # training's --auto-augment: an augment.DaliAugment, or None
-    interpolation: str = "bilinear"  # --interpolation of the resizes
+    interpolation: str = "bilinear"
     threads: int = 1  # the pipeline's CPU threads (-j): nvJPEG's buffers are per thread
 
 
-def augment(encoded, opts: GraphOptions, train_inputs=None):
-    """DALI graph: encoded images -> the outputs before the labels (``train_inputs``: the source's
-    training nodes). With a GPU: ``[images]``, normalised ``(3, crop, crop)`` (HWC with
-    channels-last), float16 if ``opts.dtype`` is, else float32 (DALI has no bfloat16). CPU-only,
-    for :func:`finish_on_cpu` (DALI's CPU resize is slow, its region decode fast:
-    ``benchmarks/pipelines/dali_cpu.py``): training's ``[crops, mirror]`` (uint8 HWC windows, int32
-    flips), validation's ``[images]`` (whole uint8 HWC). Training lists end with the
-    :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB; EXIF orientation is not
-    applied (docs/loaders.md, *Orientation*). A training window is clamped into the image as
-    stored (``adjust_orientation=False``: ``fn.peek_image_shape``'s default turns it by EXIF): a
-    no-op for a window drawn from the same header, but one that left its image would stop (or
+def pipeline_outputs(feed, opts: GraphOptions) -> tuple:
+    """DALI graph of one pipeline reading ``feed`` (``feed.BatchFeed``) through one batched
+    ``fn.external_source`` (uniform inputs as one array each: 0.55 ms per batch, 2.49 as lists):
+    the images' outputs, then the labels (int32 ``(N,)``). With a GPU: ``(images,)``, normalised
+    ``(3, crop, crop)`` (HWC with channels-last), float16 if ``opts.dtype`` is, else float32
+    (DALI has no bfloat16). CPU-only, for :func:`finish_on_cpu` (DALI's CPU resize is slow, its
+    region decode fast: ``benchmarks/pipelines/dali_cpu.py``): training's ``(crops, mirror)``
+    (uint8 HWC windows, int32 flips), validation's ``(images,)`` (whole uint8 HWC). Training's
+    end with the :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, EXIF orientation
+    unapplied (docs/loaders.md, *Orientation*). A training window is clamped into the image as
+    stored: a no-op for a window drawn from the same header, but one that left it would stop (or
     crash) DALI's decoder; :func:`window_mismatch` names it."""
     from nvidia.dali import fn, math as dmath, types
 
+    dtypes = ([types.UINT8, types.INT32]
+              + ([types.FLOAT, types.FLOAT, types.INT32] if feed.train else [])
+              + ([types.FLOAT] if feed.sizes else []) + ([types.INT32] if feed.augment else []))
+    # no_copy: DALI reads the feed's arrays in place, not copying 256 images (5-8 ms) here
+    encoded, labels, *train_inputs = fn.external_source(
+        source=feed, num_outputs=len(dtypes), batch=True, batch_info=True, parallel=False,
+        dtype=dtypes, no_copy=True)
+    if opts.cuda:  # copied with the images, not a blocking pageable copy
+        labels = labels.gpu()
     decode = decode_args(opts)
     if opts.train:
-        anchor, shape, mirror, sizes, aug_draws = train_inputs
+        anchor, shape, mirror, sizes, aug_draws = (*train_inputs, None, None)[:5]
         size = fn.cast(fn.peek_image_shape(encoded, adjust_orientation=False),
                        dtype=types.FLOAT64)  # (H, W, C)
         limit = fn.cast(fn.stack(size[1], size[0]), dtype=types.FLOAT)  # (W, H)
@@ -95,7 +99,7 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
         images = fn.decoders.image(encoded, **decode)
         mirror, checks = 0, []
     if not opts.cuda:
-        return [images, mirror, *checks] if opts.train else [images]
+        return (images, mirror, *checks, labels) if opts.train else (images, labels)
     if opts.decode_on_cpu:
         images = images.gpu()  # decode on the CPU, resize and normalise on the GPU (as DLE RN50)
     interp = ({} if opts.interpolation == "bilinear"
@@ -109,11 +113,12 @@ def augment(encoded, opts: GraphOptions, train_inputs=None):
     else:
         images = fn.resize(images, resize_shorter=opts.resize_size, **interp)
         crop = {"crop": (opts.crop_size, opts.crop_size)}
-    return [fn.crop_mirror_normalize(
+    return (fn.crop_mirror_normalize(
         images, mirror=mirror, **crop,
         dtype=types.FLOAT16 if opts.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if opts.channels_last else "CHW",
-        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD]), *checks]
+        mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD]), *checks,
+        labels)
 
 
 # A training graph's last outputs before the labels: decoded window shapes (int64 HWC), drawn
@@ -143,8 +148,8 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
                   seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only outputs -> normalised float32 ``(N, 3, crop, crop)`` images and int64 ``(N,)``
     labels by the other pipelines' torch resize and normalisation (training: ``opts.augment``'s
-    torch policy seeded with ``augment_seed``). ``seconds``, if given, gets the wall seconds of
-    ``"resize"``, ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
+    torch policy seeded with ``augment_seed``). ``seconds`` gets the wall seconds of ``"resize"``,
+    ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
     clock = time.perf_counter if seconds is not None else no_clock
     started = clock()
     spent = {"resize": 0.0, "augment": 0.0}
@@ -180,64 +185,3 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
     if seconds is not None:
         seconds.update(spent, copy=time.perf_counter() - started - sum(spent.values()))
     return out, labels
-
-
-def outputs_to_torch(outputs, opts: GraphOptions, device: torch.device, augment_seed: int,
-                     seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch's outputs as the loader yields them: CPU-only :func:`finish_on_cpu`; with CUDA
-    ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels on
-    ``device``, DALI's dense GPU buffers taken without a copy (DLPack; DALI 2.4's dynamic
-    executor keeps a buffer while torch holds it, as its PyTorch iterator does), ordered on
-    torch's current stream (the pipeline's output stream). ``seconds``, if given, gets the
-    hand-over's ``"copy"`` (CPU-only also ``"resize"`` and ``"augment"``)."""
-    if not opts.cuda:
-        return finish_on_cpu(outputs, opts, augment_seed, seconds)
-    started = time.perf_counter()
-    with torch.cuda.device(device):
-        images, labels = (torch.from_dlpack(out.as_tensor()) for out in (outputs[0], outputs[-1]))
-    if opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
-        images = images.to(torch.bfloat16)
-    if opts.channels_last:
-        images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
-    labels = labels.reshape(-1).to(torch.int64)
-    if seconds is not None:
-        seconds["copy"] = time.perf_counter() - started
-    return images, labels
-
-
-def source(feed):
-    """``(encoded, labels, train_inputs or None)`` from one batched ``fn.external_source`` calling
-    ``feed`` (``train_inputs``: anchors, shapes, flips, sizes or None, draws or None); uniform
-    inputs come as one array each (0.55 ms per batch; 2.49 as lists)."""
-    from nvidia.dali import fn, types
-
-    dtypes = ([types.UINT8, types.INT32]
-              + ([types.FLOAT, types.FLOAT, types.INT32] if feed.train else [])
-              + ([types.FLOAT] if feed.sizes else []) + ([types.INT32] if feed.augment else []))
-    # no_copy: DALI reads the feed's arrays in place, not copying 256 images (5-8 ms) here
-    outs = fn.external_source(source=feed, num_outputs=len(dtypes), batch=True,
-                              batch_info=True, parallel=False, dtype=dtypes, no_copy=True)
-    train = (*outs[2:], None, None)[:5] if feed.train else None
-    return outs[0], outs[1], train
-
-
-def graph_options(settings: LoaderSettings, dist: DistInfo, train: bool) -> GraphOptions:
-    """The split's graph options (``dali_hw_decoder_load`` None: ``default_hw_decoder_load``).
-    Raises :class:`DataError` for a load outside [0, 1]."""
-    cuda = dist.device.type == "cuda"
-    load = settings.dali_hw_decoder_load
-    if load is None:
-        load = default_hw_decoder_load(dist.device)
-    elif not 0 <= load <= 1:
-        raise DataError(f"--dali-hw-decoder-load {load}: must be between 0 and 1")
-    policy = None
-    if train and settings.auto_augment is not None:
-        policy = DaliAugment(settings.auto_augment, settings.interpolation,
-                             settings.ra_magnitude, settings.augmix_severity)
-        policy.check(cuda)
-    return GraphOptions(
-        train=train, crop_size=settings.train_crop_size if train else settings.val_crop_size,
-        resize_size=settings.val_resize_size, cuda=cuda,
-        decode_on_cpu=not cuda or settings.dali_cpu, hw_decoder_load=load,
-        dtype=settings.dtype, channels_last=settings.channels_last, augment=policy,
-        interpolation=settings.interpolation, threads=max(1, settings.workers))

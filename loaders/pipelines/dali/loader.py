@@ -4,6 +4,7 @@ example), rebuilt only after a sample DALI could not decode or a pass left unfin
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Iterator
 
@@ -24,9 +25,13 @@ from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_dam
                            report_unreadable)
 from ..ahead import JOIN_S
 from ..batches import DeviceFeed, batch_seed, epoch_seed
-from .environment import cuda_failure, message_lines
 from .feed import AcceptedReads, BatchFeed, FeedPass
-from .graph import GraphOptions, augment, outputs_to_torch, source, window_mismatch
+from .graph import GraphOptions, finish_on_cpu, pipeline_outputs, window_mismatch
+
+# DALI's and CUDA's words for a failed GPU or driver ("CUDA runtime API error cudaErrorMemory
+# Allocation", "CUDA driver API error", "CUDA allocation failed", "out of memory"): not bad data.
+_CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cuda_error|"
+                           r"out of memory", re.IGNORECASE)
 
 
 class DALILoader(StagedLoader, DeviceFeed):
@@ -63,19 +68,16 @@ class DALILoader(StagedLoader, DeviceFeed):
             self.stage_log = StageLog(names, "training thread (DALI's output)", rated=False,
                                       readers_name="feed threads")
 
-    @property
-    def num_batches(self) -> int:
-        """Batches in a whole epoch on this rank (before ``start_batch``)."""
-        return batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
-                                 self.max_batches)
-
     def __len__(self) -> int:
-        return max(0, self.num_batches - self.start_batch)
+        """The batches of the epoch on this rank from ``start_batch`` on."""
+        total = batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew). Hands the
-        heap's freed pages back first (``release_freed_memory``): else memory grows by epoch."""
+        """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew), after the
+        heap's freed pages are handed back (else memory grows by epoch)."""
         release_freed_memory()
         self.epoch, self.start_batch = epoch, start_batch
         self._rest = self._take_rest(epoch, start_batch, rest)
@@ -94,12 +96,12 @@ class DALILoader(StagedLoader, DeviceFeed):
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
     def order(self) -> list[int]:
-        """Dataset indices the next pass yields: the epoch order's, cut to :attr:`num_batches`
-        batches, from ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
+        """Dataset indices the next pass yields: the epoch order's :meth:`__len__` batches from
+        ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
+        count, first = len(self) * self.batch_size, self.start_batch * self.batch_size
         if self._rest is not None:
-            return self._rest[:len(self) * self.batch_size]
-        indices = list(self.sample_order.order(self.epoch))[:self.num_batches * self.batch_size]
-        return indices[self.start_batch * self.batch_size:]
+            return self._rest[:count]
+        return list(self.sample_order.order(self.epoch))[first:first + count]
 
     pass_indices = order
 
@@ -120,6 +122,8 @@ class DALILoader(StagedLoader, DeviceFeed):
                 # sample, and rebuild the pipelines from the failed batch on.
                 pipes, first = self._start_pass(order[step * batch:], len(self) - step,
                                                 self.start_batch + step), step
+                # Each pipeline runs up to its queue depth ahead: probes look that far.
+                lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
                 while step < len(self):
                     try:  # only run(): a torch error while copying out is not DALI's
                         # Pipeline p holds batches first + p, first + p + len(pipes), ...
@@ -130,12 +134,15 @@ class DALILoader(StagedLoader, DeviceFeed):
                         if failure:
                             raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
                                                    f"split: {failure}") from exc
-                        # Each pipeline runs up to its queue depth ahead: probe all in flight.
-                        lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
                         self._replace_unreadable(order, step, exc, lookahead)
                         self._check_refused()
                         break
-                    refused = self._after_batch(order, step, caught, refused, len(pipes))
+                    lines = caught.take()  # a warning DALI's decoder printed: name its sample
+                    if lines:
+                        self._name_damaged(order, step, lines, lookahead)
+                    if self._accepted.refused != refused:  # the feed refused samples
+                        refused = self._accepted.refused
+                        self._check_refused()
                     if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                         break
                     images, labels = self._to_torch(outputs, self.start_batch + step)
@@ -152,18 +159,6 @@ class DALILoader(StagedLoader, DeviceFeed):
                 self._drop_pipelines()
             caught.__exit__(None, None, None)
 
-    def _after_batch(self, order: list[int], step: int, caught, refused: int,
-                     pipelines: int) -> int:
-        """After batch ``step``: name the sample of a warning DALI's decoder printed, and check
-        ``max_bad_share`` if the feed refused samples since ``refused``; returns the count now."""
-        lines = caught.take()
-        if lines:
-            self._name_damaged(order, step, lines,
-                               pipelines * (self._queue_depth(pipelines) + 1))
-        if self._accepted.refused != refused:
-            self._check_refused()
-        return self._accepted.refused
-
     @property
     def _split(self) -> str:
         return "training" if self.opts.train else "validation"
@@ -172,9 +167,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
         ``cpu_pipelines`` or one per thread (a multi-threaded DALI operator idles its threads on
         a batch's last images: ``benchmarks.pipelines.dali_cpu``, docs/performance.md)."""
-        if self.opts.cuda:
-            return 1
-        return max(1, min(self.cpu_pipelines or self.num_threads, batches))
+        threads = self.cpu_pipelines or self.num_threads
+        return 1 if self.opts.cuda else max(1, min(threads, batches))
 
     def _queue_depth(self, pipelines: int) -> int:
         # CUDA: 4 batches in flight, as the mixed decoder's p99 (24-34 ms per batch, DALI PR
@@ -185,13 +179,11 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _run(self, pipe):
         """One batch of ``pipe``: with CUDA on torch's current stream (the host does not wait),
-        else when ready; with a stage log, :attr:`_waited` gets the wait's wall and CPU seconds
-        (no clock read without one)."""
-        timed = self.stage_log is not None
-        if timed:
+        else when ready; with a stage log, :attr:`_waited` gets the wait's wall and CPU s."""
+        if self.stage_log is not None:
             started, cpu = time.perf_counter(), thread_cpu()
         outputs = pipe.run(torch.cuda.current_stream(self.device)) if self.opts.cuda else pipe.run()
-        if timed:
+        if self.stage_log is not None:
             self._waited = (time.perf_counter() - started, thread_cpu() - cpu)
         return outputs
 
@@ -209,7 +201,7 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _end_pass(self) -> bool:
         """After a pass's last batch, let each pipeline see its source end and reset it; False
-        (pipelines dropped) if one still had data, which a complete pass never leaves."""
+        if one still had data (never after a complete pass)."""
         for pipe in self._pipes:
             try:
                 self._run(pipe)
@@ -220,8 +212,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         return True
 
     def close(self) -> None:
-        """Free the pipelines, stop their feeds (each given
-        :data:`~loaders.pipelines.ahead.JOIN_S`); idempotent."""
+        """Free the pipelines, stop their feeds (each given ``ahead.JOIN_S``); idempotent."""
         self._drop_pipelines(JOIN_S)
 
     def _drop_pipelines(self, wait_s: float | None = None) -> None:
@@ -247,10 +238,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         # DALI's auto_aug selects an op per sample through conditionals
         @pipeline_def(enable_conditionals=self.opts.cuda and self.opts.augment is not None)
         def graph():
-            encoded, labels, train_inputs = source(feed)
-            if self.opts.cuda:  # copied with the images, not a blocking pageable copy
-                labels = labels.gpu()
-            return (*augment(encoded, self.opts, train_inputs), labels)
+            return pipeline_outputs(feed, self.opts)
 
         device_id = (self.device.index if self.device.index is not None
                      else torch.cuda.current_device()) if self.opts.cuda else None
@@ -261,15 +249,34 @@ class DALILoader(StagedLoader, DeviceFeed):
                      prefetch_queue_depth=self._queue_depth(pipelines))
 
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``outputs`` as torch tensors (``batch``: of the epoch, for the ``--auto-augment``
-        draws), the hand-over and the wait before it added to :attr:`stage_log`."""
-        seed = batch_seed(self.seed, self.epoch, self.rank, batch)
-        if self.stage_log is None:
-            return outputs_to_torch(outputs, self.opts, self.device, seed)
-        started, cpu, timing, waited = time.perf_counter(), thread_cpu(), {}, self._waited
-        images, labels = outputs_to_torch(outputs, self.opts, self.device, seed, timing)
-        self.stage_log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter()
-                                     - started, waited[1] + thread_cpu() - cpu, wait=waited[0])
+        """``outputs`` as yielded, the hand-over and the wait before it added to :attr:`stage_log`:
+        CPU-only :func:`.graph.finish_on_cpu` (``batch``: of the epoch, for the augment draws);
+        with CUDA ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64
+        labels, DALI's GPU buffers taken without a copy (DLPack; DALI 2.4 keeps a buffer while
+        torch holds it, as its PyTorch iterator does), on torch's current stream (DALI's)."""
+        log, opts = self.stage_log, self.opts
+        timing = None if log is None else {}
+        if log is not None:
+            started, cpu = time.perf_counter(), thread_cpu()
+        if not opts.cuda:
+            seed = batch_seed(self.seed, self.epoch, self.rank, batch)
+            images, labels = finish_on_cpu(outputs, opts, seed, timing)
+        else:
+            copy_started = time.perf_counter()
+            with torch.cuda.device(self.device):
+                images, labels = (torch.from_dlpack(out.as_tensor())
+                                  for out in (outputs[0], outputs[-1]))
+            if opts.dtype == torch.bfloat16:  # DALI has no bfloat16: the one copy, on the GPU
+                images = images.to(torch.bfloat16)
+            if opts.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as channels-last NCHW
+            labels = labels.reshape(-1).to(torch.int64)
+            if timing is not None:
+                timing["copy"] = time.perf_counter() - copy_started
+        if log is not None:
+            waited = self._waited
+            log.add_hand_over(len(labels), timing, waited[0] + time.perf_counter() - started,
+                              waited[1] + thread_cpu() - cpu, wait=waited[0])
         return images, labels
 
     def _check_refused(self) -> None:
@@ -281,10 +288,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
         ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
         may arrive late); a sample named before takes them unprobed; none: one line says so."""
-        batch = self.batch_size
         first = max(0, step - lookahead)
-        window = [order[p] for p in range(first * batch, min(len(order), (step + lookahead)
-                                                             * batch))]
+        window = order[first * self.batch_size:(step + lookahead) * self.batch_size]
         if any(self.warned.known(index) for index in window):
             return
         found = False
@@ -298,10 +303,9 @@ class DALILoader(StagedLoader, DeviceFeed):
                     decode(data)
             except DECODE_ERRORS:
                 continue
-            if caught.lines:
-                found = True
-                if self.warned.mark(index):
-                    report_damaged(self.reader.name_of(index), caught.lines)
+            found = found or bool(caught.lines)
+            if caught.lines and self.warned.mark(index):
+                report_damaged(self.reader.name_of(index), caught.lines)
         if not found:
             report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
                            f"{self._split} split; our CPU decoder decodes them without a "
@@ -309,9 +313,9 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _replace_unreadable(self, order: list[int], step: int, exc: RuntimeError,
                             lookahead: int) -> None:
-        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) by the acceptance rule
-        and our CPU decoder; report, remember and replace in ``order`` (by the next readable
-        index) each unreadable sample. Raises :class:`DataError` (DALI's message) if none."""
+        """Probe batches ``step .. step + lookahead`` (DALI runs ahead) with :meth:`_readable`,
+        each unreadable sample replaced in ``order`` by the next readable index. Raises
+        :class:`DataError` (DALI's message) if none."""
         batch = self.batch_size
         window = range(step * batch, min(len(order), (step + lookahead) * batch))
         found = 0
@@ -330,9 +334,8 @@ class DALILoader(StagedLoader, DeviceFeed):
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
 
     def _readable(self, index: int) -> bool:
-        """Judge sample ``index`` by the acceptance rule and decode it (never one known
-        unreadable: the order skips those); if either fails, remember it, report it and return
-        False."""
+        """Whether sample ``index`` passes the acceptance rule and our CPU decoder; if not, it is
+        marked and reported."""
         try:
             data = self.reader.read(index)[0]
             check(data, self.max_pixels)
@@ -345,8 +348,8 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _skip_mismatched_window(self, order: list[int], step: int, outputs) -> bool:
         """Whether a sample of batch ``step`` has a wrong window (:func:`.graph.window_mismatch`):
-        it is then reported, remembered and replaced in ``order``, and the pipelines dropped.
-        Raises :class:`DataError` past ``max_bad_share``."""
+        it is then reported, marked and replaced in ``order``, the pipelines dropped. Raises
+        :class:`DataError` past ``max_bad_share``."""
         found = window_mismatch(outputs)
         if found is None:
             return False
@@ -359,3 +362,17 @@ class DALILoader(StagedLoader, DeviceFeed):
         order[position] = self.unreadable.next_readable(index)
         self._check_refused()
         return True
+
+
+def message_lines(exc: Exception) -> list[str]:
+    """The lines of a DALI error that say something (no blanks, no "Current pipeline ...")."""
+    return [line.strip() for line in str(exc).splitlines()
+            if line.strip() and not line.startswith("Current pipeline")]
+
+
+def cuda_failure(exc: Exception) -> str | None:
+    """One line for a DALI error naming a CUDA / driver failure (from the last line naming one
+    on); None for other errors."""
+    lines = message_lines(exc)
+    hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
+    return " ".join(lines[hits[-1]:]) if hits else None
