@@ -100,8 +100,9 @@ class PositionedLoader:
     """Mixed into every pipeline's training loader, which sets ``position_order`` (its
     :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
     :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
-    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``, for the device feed) and
-    ``trace`` (a :class:`SampleTrace`), None where off."""
+    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``) and ``trace`` (a
+    :class:`SampleTrace`), None where off. The device feed erases right after the normalisation,
+    on the stream that normalised (timm's ``PrefetchLoader``), by :meth:`_eraser`'s function."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -122,6 +123,14 @@ class PositionedLoader:
         finally:
             if hasattr(batches, "close"):
                 batches.close()
+
+    def _eraser(self):
+        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
+        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
+        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
+        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
+        return None if erasing is None else (
+            lambda images, number: erasing(images, epoch, first + number))
 
     @property
     def layout(self) -> Layout:

@@ -1,6 +1,6 @@
-"""What the pipelines share: batches numbered per pass and seeded by :func:`batch_seed` of (seed,
-epoch, rank, batch), whichever worker draws them (:class:`NumberedBatchSampler`), the device
-feed's erasing (:class:`DeviceFeed`) and :class:`ReaderLoader`, a loader's decoding-free part."""
+"""What the pipelines share: batches numbered per pass, seeded by (seed, epoch, rank, batch)
+whichever worker draws them (:class:`NumberedBatchSampler`), the loaders' base
+(``DeviceFeed``: positions, erasing) and :class:`ReaderLoader`, a loader's decoding-free part."""
 from __future__ import annotations
 
 import itertools
@@ -86,22 +86,13 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
-def seeded(batch: NumberedBatch, fetch):
-    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (where it has
-    one) and put back after: with ``-j 0`` this is the training process, whose own draws (MixUp,
-    CutMix, its checkpointed RNG state) must not follow the batches'."""
-    seed = batch.plan.seed(batch.number)
-    if seed is None:
-        return fetch(batch)
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        return fetch(batch)
-
-
 class SampleBatches(Dataset):
     """A dataset of :class:`NumberedBatch` es over ``reader`` (``max_pixels``: the acceptance
     rule's limit): a sample is :meth:`sample` of its index, damaged ones replaced as ``bad`` has
-    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, :func:`seeded`."""
+    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, drawn from torch's CPU
+    generator seeded with the batch's seed (where it has one) and put back after: with ``-j 0``
+    this is the training process, whose own draws (MixUp, CutMix, its checkpointed RNG state)
+    must not follow the batches'."""
 
     def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
         self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
@@ -115,7 +106,12 @@ class SampleBatches(Dataset):
         return fetch_readable(self.sample, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch):
-        return seeded(batch, self._batch)
+        seed = batch.plan.seed(batch.number)
+        if seed is None:
+            return self._batch(batch)
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self._batch(batch)
 
 
 def keep_as_is(batch):
@@ -123,18 +119,7 @@ def keep_as_is(batch):
     return batch
 
 
-class DeviceFeed(PositionedLoader):
-    """``PositionedLoader`` whose ``--random-erase`` (``erasing``) runs in the device feed right
-    after the normalisation, on the stream that normalised (timm's ``PrefetchLoader``): each
-    feed calls :meth:`_eraser`'s function."""
-
-    def _eraser(self):
-        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
-        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
-        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
-        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
-        return None if erasing is None else (
-            lambda images, number: erasing(images, epoch, first + number))
+DeviceFeed = PositionedLoader  # every loader's base: its place in the epoch, tracing, erasing
 
 
 def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:

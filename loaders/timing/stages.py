@@ -1,11 +1,9 @@
-"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each. A
-DataLoader worker's :class:`StageClock` writes each image's stage seconds and each batch's worker
-id, wall and CPU time into the slot's stage rows beside the pixels (no message or object per
-image); the pipelines that decode whole batches (``--decode-device``, DALI) time their *readers*
-(workers, or DALI's feed threads: read, window) and their *batch decoder* (the training process:
-decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps the
-histograms and sums of either for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0`` switches
-it all off (no clock call is made)."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each: a
+worker's :class:`StageClock` writes each image's stage seconds and each batch's worker id, wall
+and CPU time into the slot's stage rows beside the pixels; the batch-decoding pipelines
+(``--decode-device``, DALI) time their *readers* (read, window) and their *batch decoder*
+(decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps their
+histograms and sums for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``: no clock call."""
 from __future__ import annotations
 
 import os
@@ -62,23 +60,14 @@ def p50_p90(seconds: list) -> dict:
             "p90": float(np.percentile(ms, 90)) if len(ms) else None}
 
 
-def worker_figures(wid: int, batches, images, wall, cpu, slot_wait, staged, nbytes) -> dict:
-    """One reader's figures from :meth:`StageLog.add_reader`'s sums."""
-    return {"id": wid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
-            "stages_ms_per_image": 1e3 * staged / max(images, 1),
-            "images_per_sec": images / wall if wall > 0 else None,
-            "cpu_share": cpu / wall if wall > 0 else None,
-            "slot_wait_ms": None if np.isnan(slot_wait) else 1e3 * slot_wait / max(batches, 1)}
-
-
 def enabled() -> bool:
     """Whether the stages are measured: on unless ``IMAGENET_FAST_STAGES=0``."""
     return os.environ.get("IMAGENET_FAST_STAGES", "1") != "0"
 
 
 class StageClock:
-    """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
-    image (stage seconds added: a replaced sample counts both tries)."""
+    """A worker's figures for its image: ``t``, ``IMAGE_COLUMNS`` floats reused per image (stage
+    seconds added: a replaced sample counts both tries)."""
 
     __slots__ = ("t", "started", "sampled", "_cpu")
 
@@ -107,30 +96,8 @@ class StageClock:
         row[SLOT_WAIT] = slot_wait
 
 
-def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
-    """``transform(data, frame)`` of a ``loaders.transforms.TrainTransform``, each stage's seconds
-    added to the image's figures ``t`` (a whole decode for the size counts as decode)."""
-    import decode
-
-    start = time.perf_counter()
-    window, flip, image = transform.window(data, frame=frame)
-    drawn = time.perf_counter()
-    kind, pixels = decode.decode_crop(data, window, transform.size, image,
-                                      transform.interpolation, frame)
-    decoded = time.perf_counter()
-    out = transform.resized(kind, pixels)
-    resized = time.perf_counter()
-    out = transform.augmented(out, flip)
-    t[DECODE if image is not None else WINDOW] += drawn - start
-    t[DECODE] += decoded - drawn
-    t[RESIZE] += resized - decoded
-    t[AUGMENT] += time.perf_counter() - resized
-    t[KIND], t[SIDE] = KIND_CODES[kind], transform.side
-    return out
-
-
 def no_clock() -> float:
-    """0.0: ``time.perf_counter`` while a pipeline's stages go unmeasured."""
+    """0.0: the ``time.perf_counter`` of unmeasured stages."""
     return 0.0
 
 
@@ -261,7 +228,13 @@ class StageLog:
             means = [s["mean"] for s in stages.values() if s is not None]
             stages["total"] = self._figures(_TOTAL_ROW) or {
                 "mean": sum(means) if means else None, "p50": None, "p90": None}
-            workers = [worker_figures(rid, *sums) for rid, sums in sorted(self.workers.items())]
+            workers = [{"id": rid, "images": int(n), "ms_per_image": 1e3 * wall / max(n, 1),
+                        "stages_ms_per_image": 1e3 * staged / max(n, 1),
+                        "images_per_sec": n / wall if wall > 0 else None,
+                        "cpu_share": cpu / wall if wall > 0 else None,
+                        "slot_wait_ms": None if np.isnan(wait) else 1e3 * wait / max(batches, 1)}
+                       for rid, (batches, n, wall, cpu, wait, staged, _) in
+                       sorted(self.workers.items())]
             read_images = sum(w["images"] for w in workers)
             read_wall = sum(s[2] for s in self.workers.values())
             images, wall, cpu = self.decoder
@@ -280,15 +253,13 @@ class StageLog:
                 for name, (count, dec, tot) in zip(SIZE_NAMES, self.by_size)}
             rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
                      decoder and decoder["images_per_sec"]) if r]
-            return {"images": n, "stages": stages, "decoders": decoders,
-                    "workers": workers, "readers": self.readers_name,
-                    "worker_ms_per_image": 1e3 * read_wall / read_images if read_images
-                    else None,
+            nbytes = sum(s[6] for s in self.workers.values())
+            return {"images": n, "stages": stages, "decoders": decoders, "workers": workers,
+                    "readers": self.readers_name,
+                    "worker_ms_per_image": 1e3 * read_wall / read_images if read_images else None,
                     "batch_decoder": decoder,
                     "loader_images_per_sec": min(rates) if rates and self.rated else None,
-                    "sizes": sizes,
-                    "kb_per_image": sum(s[6] for s in self.workers.values())
-                    / max(read_images, 1) / 1024,
+                    "sizes": sizes, "kb_per_image": nbytes / max(read_images, 1) / 1024,
                     "copy_ms_per_batch": p50_p90(self.copies),
                     "wait_ms_per_batch": p50_p90(self.waits) if self.waits else None}
 

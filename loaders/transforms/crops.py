@@ -5,6 +5,7 @@ the crop window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -12,6 +13,7 @@ import decode as decoding
 from decode import decode, jpeg, resize
 
 from ..settings import LoaderSettings
+from ..timing import stages
 from .auto_augment import make_auto_augment
 
 # RandomResizedCrop's area-share and aspect-ratio ranges: torchvision's (Szegedy et al. 2015)
@@ -50,7 +52,7 @@ class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
     ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``,
     the window decoded by :func:`decode.decode_crop`; draws from torch's global RNG, seeded per
-    batch by the loaders. ``loaders.timing.stages.timed_transform`` times its stages."""
+    batch by the loaders."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -58,21 +60,29 @@ class TrainTransform:
         self.augment, self.interpolation = augment, interpolation
         self.side = 0  # the last image's longer side (px), for the stage figures
 
-    def __call__(self, data: bytes, frame=None) -> torch.Tensor:
-        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read."""
+    def __call__(self, data: bytes, frame=None, t: list | None = None) -> torch.Tensor:
+        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read; ``t``: an
+        image's stage figures (``StageClock.t``) that get each stage's seconds (a whole decode
+        for the size counts as decode), or None: no clock is read."""
+        clock = stages.no_clock if t is None else time.perf_counter
+        start = clock()
         window, flip, image = self.window(data, frame=frame)
+        drawn = clock()
         kind, pixels = decoding.decode_crop(data, window, self.size, image, self.interpolation,
                                             frame)
-        return self.augmented(self.resized(kind, pixels), flip)
-
-    def resized(self, kind: str, pixels: torch.Tensor) -> torch.Tensor:
-        """:func:`decode.decode_crop`'s ``pixels`` at the crop size (the scaled decoder's are)."""
-        return pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
-
-    def augmented(self, out: torch.Tensor, flip: bool) -> torch.Tensor:
-        """The horizontal flip drawn, then the ``--auto-augment`` policy."""
+        decoded = clock()
+        # the scaled decoder's pixels are at the crop size already
+        out = pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
+        resized = clock()
         out = out.flip(-1) if flip else out
-        return out if self.augment is None else self.augment(out)
+        out = out if self.augment is None else self.augment(out)
+        if t is not None:
+            t[stages.DECODE if image is not None else stages.WINDOW] += drawn - start
+            t[stages.DECODE] += decoded - drawn
+            t[stages.RESIZE] += resized - decoded
+            t[stages.AUGMENT] += time.perf_counter() - resized
+            t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[kind], self.side
+        return out
 
     def window(self, data: bytes, size_of=None, frame=None):
         """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``,
