@@ -24,10 +24,9 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "L
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
     """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
-    readers of the two split paths, the training loader erasing (``--random-erase``) and, under
-    the tests' trace variable, recording its samples. Raises ``KeyError`` for an unknown backend,
-    :class:`DataError` for bad data (a bad split, train and val with different classes, too small
-    a training split). Sets PIL's decompression-bomb limit (``max_image_pixels``)."""
+    readers of the two splits, the training loader erasing (``--random-erase``) and tracing
+    (tests). Sets PIL's decompression-bomb limit. Raises ``KeyError`` for an unknown backend,
+    :class:`DataError` for bad data (a bad split, train and val with other classes)."""
     from decode.acceptance import limit_pil
 
     from .transforms.erasing import RandomErasing
@@ -55,15 +54,15 @@ def close_all(*loaders) -> None:
     first ``close()`` error after all were closed."""
     from formats.lmdb import close_all_readonly
 
-    failure = None
+    failures = []
     for loader in loaders:
         try:
             loader.close()
         except Exception as exc:  # noqa: BLE001 - the others are closed first
-            failure = failure or exc
+            failures.append(exc)
     close_all_readonly()
-    if failure is not None:
-        raise failure
+    if failures:
+        raise failures[0]
 
 
 def decoders_line(settings: LoaderSettings, device) -> str:

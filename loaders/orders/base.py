@@ -1,6 +1,5 @@
-"""The epoch-order interface (as FFCV's ``TraversalOrder``): which dataset indices one rank reads
-in an epoch, in which order; validation's :class:`ShardOrder` (FFCV's ``Sequential``, strided
-over ranks). DataLoader pipelines read an order through :class:`ResumableSampler`."""
+"""The epoch-order interface (FFCV's ``TraversalOrder``): which indices one rank reads in an epoch,
+in which order; validation's :class:`ShardOrder`; :class:`ResumableSampler`, DataLoader's face."""
 from __future__ import annotations
 
 import itertools
@@ -17,11 +16,9 @@ class Order(Protocol):
 
     num_samples: int  # the dataset's size; indices are in 0..num_samples-1
 
-    def __len__(self) -> int:
-        """Indices this rank reads per epoch (the same for every epoch)."""
+    def __len__(self) -> int: ...  # indices this rank reads per epoch (the same every epoch)
 
-    def order(self, epoch: int) -> Iterable[int]:
-        """This rank's indices of ``epoch``, in reading order."""
+    def order(self, epoch: int) -> Iterable[int]: ...  # this rank's, in reading order
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -49,9 +46,9 @@ def train_batch_size(order: Order, batch_size: int) -> int:
 
 
 class ShardOrder:
-    """Validation: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...``, so every sample is read
-    once across ranks, none padded or repeated (unlike ``DistributedSampler``): a metric summed
-    over ranks equals the single-process one. Raises ``ValueError`` for a bad rank."""
+    """Validation (FFCV's ``Sequential``, strided): rank ``r`` of ``w`` reads ``r, r+w, ...``, every
+    sample once across ranks, none padded (unlike ``DistributedSampler``): a metric summed over
+    ranks equals the single-process one. Raises ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
         check_rank(rank, world_size)

@@ -1,7 +1,7 @@
-"""Block order (``--lmdb-order block``): training over record stores larger than the page cache,
-after FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
-independently) but with blocks cut from the record index (``folder2lmdb.py`` writes record ``i``
-after ``i-1``: a block is a contiguous byte range of ``data.mdb``), each rank reading whole ones."""
+"""Block order (``--lmdb-order block``) for record stores larger than the page cache, after FFCV's
+``QuasiRandom`` (``ffcv/traversal_order/quasi_random.py``; written independently), its blocks cut
+from the record index: ``folder2lmdb.py`` writes record ``i`` after ``i-1``, so a block is a
+contiguous byte range of ``data.mdb``."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +26,9 @@ class BlockOrder:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
         check_rank(rank, world_size)
-        self.num_samples, self.block_size = num_samples, block_size
-        self.buffer_blocks, self.rank, self.world_size, self.seed = (buffer_blocks, rank,
-                                                                     world_size, seed)
+        self.num_samples, self.block_size, self.buffer_blocks = (num_samples, block_size,
+                                                                 buffer_blocks)
+        self.rank, self.world_size, self.seed = rank, world_size, seed
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size

@@ -1,10 +1,9 @@
-"""Batches that DataLoader workers write straight into reused shared-memory slots: PyTorch's
-default collate stacks every batch into a new shared-memory block, page-faulted in 4 KiB at a
-time by the worker and the main process (docs/performance.md); here workers copy each sample
-into slots allocated once and send back only ``(number, slot, count, found)``. Batch ``k`` of a
-pass uses slot ``k % slots`` once the main process released batch ``k - slots`` of the pass
-from it; releases are ``(pass, batch)`` tickets that only grow, so nothing is reset between
-passes and a pass left early never satisfies a later pass's wait."""
+"""Batches that DataLoader workers write straight into reused shared-memory slots, where PyTorch's
+default collate stacks each into a new block, page-faulted 4 KiB at a time by the worker and the
+main process (docs/performance.md); only ``(number, slot, count, found)`` is sent back. Batch
+``k`` of a pass uses slot ``k % slots`` once batch ``k - slots`` was released from it; releases
+are ``(pass, batch)`` tickets that only grow: nothing is reset between passes, and a pass left
+early never satisfies a later pass's wait."""
 from __future__ import annotations
 
 import errno
@@ -42,10 +41,9 @@ class SharedBatches:
                  max_image_shape: Sequence[int] | None = None):
         self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
         self.capacity = batch_size * math.prod(max_image_shape or image_shape)
-        if shared:
-            self.memory = shared_bytes(slots * self.capacity).view(slots, self.capacity)
-        else:
-            self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
+        memory = shared_bytes(slots * self.capacity) if shared else torch.empty(
+            slots * self.capacity, dtype=torch.uint8)
+        self.memory = memory.view(slots, self.capacity)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
         # released[s]: the ticket of the last batch released from slot s
         self.released = torch.full((slots,), -1, dtype=torch.int64)
