@@ -1,10 +1,9 @@
 """Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
 another world size, batch size or worker count. The global order interleaves the ranks' orders at
-the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
-``r``'s ``j``-th index, so ``k`` steps of batch ``B`` trained its first ``k x B x W`` (a
-checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest out
-again in whole batches, rank ``r'`` of ``W'`` taking positions ``consumed + r' + i x W'``, the
-leftover sitting out: no sample trained twice or skipped before it, the same step count."""
+the epoch's first layout (its *origin*, :class:`Layout`): position ``j x W + r`` is rank ``r``'s
+``j``-th index, so ``k`` steps of batch ``B`` trained the first ``k x B x W`` (``consumed``). A
+resume at another layout (:func:`rest_of_epoch`) deals the rest out again in whole batches, rank
+``r'`` of ``W'`` taking ``consumed + r' + i x W'``, the leftover sitting out: none trained twice."""
 from __future__ import annotations
 
 import json

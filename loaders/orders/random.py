@@ -25,8 +25,7 @@ class LeanDistributedSampler(DistributedSampler):
         # int32 gives the same permutation as torch's default int64 (same random draws).
         dtype = torch.int32 if n < 2**31 else torch.int64
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
             indices = torch.randperm(n, generator=g, dtype=dtype)
         else:
             indices = torch.arange(n, dtype=dtype)
@@ -66,13 +65,12 @@ class RandomOrder:
 
 
 class RepeatedAugmentationOrder:
-    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
-    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT) at
-    ``set_epoch(epoch)``: a permutation from ``seed + epoch``, each index repeated
-    ``repetitions`` times, padded to a multiple of ``world_size``, rank ``r`` taking every
-    ``world_size``-th from ``r`` and keeping ``floor(num_samples // 256 x 256 / world_size)``
-    (DeiT's). Raises :class:`DataError` when that is 0, ``ValueError`` for ``repetitions`` < 1 or
-    a bad rank."""
+    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019) as
+    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT): a
+    permutation from ``seed + epoch``, each index ``repetitions`` times, padded to a multiple of
+    ``world_size``, rank ``r`` taking every ``world_size``-th from ``r``, the first
+    ``floor(num_samples // 256 x 256 / world_size)`` kept. Raises :class:`DataError` when that
+    is 0, ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):
@@ -96,8 +94,7 @@ class RepeatedAugmentationOrder:
                                          layout.world_size, self.seed)
 
     def order(self, epoch: int) -> Iterator[int]:
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + epoch)
+        generator = torch.Generator().manual_seed(self.seed + epoch)
         indices = torch.randperm(self.num_samples, generator=generator)
         indices = indices.repeat_interleave(self.repetitions)
         total = self.per_rank * self.world_size

@@ -1,8 +1,7 @@
 """Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
-``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
-*pieces* of whole batches and interleave their batches in that rhythm: a stream (HTTP, ``pipe:``)
-is read once, in order up to the shuffle buffer, by one worker. A pass resumed at batch ``s``
-gives worker ``j`` piece ``(s + j) % W``."""
+``k`` of a pass to worker ``k % W``, so a rank's records are cut into ``W`` consecutive *pieces*
+of whole batches, interleaved in that rhythm: a stream (HTTP, ``pipe:``) is read once, in order
+up to the shuffle buffer, by one worker (a pass resumed at batch ``s``: piece ``(s + j) % W``)."""
 from __future__ import annotations
 
 from typing import Sequence

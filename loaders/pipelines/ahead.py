@@ -1,5 +1,5 @@
-"""Iterators run ahead of their consumer: in a thread (:class:`RunAhead`: the batch decoder's
-batches, the DALI feed's) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
+"""Iterators run ahead of their consumer: in a thread (:class:`RunAhead`) or, with ``-j 0``, on
+the training thread (:func:`one_ahead`)."""
 from __future__ import annotations
 
 import queue
@@ -60,8 +60,8 @@ class RunAhead:
         return item
 
     def close(self, wait_s: float | None = JOIN_S) -> None:
-        """Stop the thread, dropping what it made ahead: joined, or after ``wait_s`` seconds
-        (None: no limit) left behind in ``items`` (a daemon never blocks the exit)."""
+        """Stop the thread, dropping what it made ahead; one still in ``items`` after ``wait_s``
+        seconds (None: no limit) is left behind (a daemon never blocks the exit)."""
         self._stop.set()
         self._thread.join(wait_s)
 

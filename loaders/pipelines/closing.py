@@ -1,8 +1,7 @@
 """Stopping the DataLoader workers a loader started, on every way out of a run. torch's shutdown
-alone is not enough: our workers block SIGTERM and SIGUSR1 (forked while the training process
-catches SLURM's stop signals, ``engine.distributed.preempt``), and one waiting for a batch slot
-or a streamed shard never reads the shutdown message: torch leaves it running, and
-``multiprocessing`` joins it forever at exit. Here every worker is asked to stop, given
+is not enough: our workers block SIGTERM and SIGUSR1 (``engine.distributed.preempt``), and one
+waiting for a batch slot or a stream never reads the shutdown message: torch leaves it running
+and ``multiprocessing`` joins it forever at exit. Here every worker is asked to stop, given
 :data:`STOP_GRACE_S` (all together) and SIGKILLed after, also at exit (``atexit``)."""
 from __future__ import annotations
 
@@ -84,10 +83,9 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def join_exiting_feeders(timeout_s: float = FEEDER_JOIN_S) -> None:
-    """Wait (at most ``timeout_s`` in all) for the queue feeder threads of every iterator shut
-    down to end: a thread ending while workers fork holds CPython's HEAD_LOCK, deadlocking the
-    child in ``PyOS_AfterFork_Child`` before Python 3.11.8/3.12 (CPython gh-112275), and torch's
-    ``_shutdown_workers`` leaves them ending (``cancel_join_thread``) as the next pass forks."""
+    """Wait (``timeout_s`` in all) for the queue feeder threads of every iterator shut down, which
+    torch leaves ending (``cancel_join_thread``): one ending as workers fork holds CPython's
+    HEAD_LOCK, deadlocking the child before Python 3.11.8/3.12 (CPython gh-112275)."""
     deadline = time.monotonic() + timeout_s
     for iterator in list(_iterators):
         if not getattr(iterator, "_shutdown", False):

@@ -23,12 +23,11 @@ READERS = {
 class Reader:
     """One split of an on-disk source: ``classes`` (index = label), ``len()`` samples numbered from
     0, ``read(i) -> (encoded bytes, label)``, ``name_of(i)`` (where sample ``i`` lives, for
-    messages) and the split's epoch orders. Streamed shards are not ``random_access`` (only
-    pipelines reading each worker's records front to back take them) and plan each pass
-    (``plans_passes``: :meth:`plan_pass` runs before each pass's workers start, which then end).
+    messages) and the split's epoch orders. Streamed shards are not ``random_access`` and plan
+    each pass (``plans_passes``: :meth:`plan_pass` runs before each pass's workers start).
     Readers are pickled into spawned workers, reopening files lazily; ``read`` may run in several
-    threads (DALI's feeds) and raises :class:`DataError` (one line naming the location) for a
-    damaged store, ``IndexError`` for an index outside ``0..len-1``."""
+    threads and raises :class:`DataError` (one line naming the location) for a damaged store,
+    ``IndexError`` for an index outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
     random_access = True  # read(i) in any order costs about the same

@@ -107,8 +107,8 @@ thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apar
 class StageLog:
     """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe:
     the workers' slot rows (:meth:`add_slot`), or a batch pipeline's readers (:meth:`add`,
-    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`, ``decoder_name``). ``rated``:
-    whether the slower side is the pipeline's rate (False for DALI: its decode is unmeasured)."""
+    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`). ``rated``: the slower side is
+    the pipeline's rate (not DALI's: its decode is unmeasured)."""
 
     def __init__(self, stages: tuple[str, ...] = STAGES, decoder_name: str | None = None,
                  rated: bool = True, readers_name: str = "workers"):
@@ -214,12 +214,10 @@ class StageLog:
     def summary(self) -> dict:
         """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``
         (``{"mean", "p50", "p90"}``, None where not had) of :data:`STAGES` and ``total`` (a batch
-        pipeline's, its sides timing different images: the means' sum); ``decoders`` and
-        ``sizes`` (by stored longer side) of the workers; ``workers``: per reader (named by
-        ``readers``) ``{"id", "images", "ms_per_image", "stages_ms_per_image",
-        "images_per_sec", "cpu_share", "slot_wait_ms"}``; ``worker_ms_per_image``;
-        ``batch_decoder`` (or None); ``loader_images_per_sec`` (the readers' summed, or the
-        batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
+        pipeline's: the means' sum); the workers' ``decoders`` and ``sizes`` (by stored longer
+        side); ``workers`` (per reader, named by ``readers``, as built below);
+        ``worker_ms_per_image``; ``batch_decoder`` (or None); ``loader_images_per_sec`` (the
+        readers' sum, or the batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
         ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)

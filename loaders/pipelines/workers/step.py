@@ -21,14 +21,13 @@ from .slots import SharedBatches
 
 class SlotWriter(SampleBatches):
     """:class:`SampleBatches` writing ``transform(bytes, frame)`` of each sample (uint8 ``(3, H,
-    W)``) and the labels into the slots given to :meth:`use` (before the workers start: they
-    fork or unpickle with them), a batch giving ``(number, slot, count, found)``, ``found`` the
-    samples newly found unreadable. A new image shape in a batch's plan goes to the slots and a
-    training transform's ``size``. ``clock``: a :class:`~loaders.timing.stages.StageClock` (a
-    training transform's) that writes each image's stages (read, header check and window,
-    decode, resize, flip + policy, slot copy) and each batch's wall and CPU time into the slot's
-    stage rows beside the pixels, or None. Raises :class:`DataError` for an image not uint8 of
-    the slots' shape."""
+    W)``) and its label into the slots given to :meth:`use` before the workers start; a batch
+    gives ``(number, slot, count, found)``, ``found`` the samples newly found unreadable. A new
+    image shape in a batch's plan goes to the slots and a training transform. ``clock`` (a
+    training transform's :class:`~loaders.timing.stages.StageClock`, or None) writes each image's
+    stages (read, header check and window, decode, resize, flip + policy, slot copy) and each
+    batch's wall and CPU time into the slot's stage rows. Raises :class:`DataError` for an image
+    not uint8 of the slots' shape."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int,
                  clock: stages.StageClock | None = None):
