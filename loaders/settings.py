@@ -1,5 +1,5 @@
-"""What every reader and pipeline is built from (:class:`LoaderSettings`, :class:`DistInfo`,
-:func:`input_dtype`) and what every loader is (the :class:`Loader` protocol)."""
+"""What every reader and pipeline is built from (:class:`LoaderSettings`, :class:`DistInfo`) and
+what every loader is (the :class:`Loader` protocol)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,11 +14,10 @@ __all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """Per-process loader settings, resolved once by ``main.py``. ``backend`` is the ``--loader``
-    choice (``loaders.BACKENDS``), naming a (:attr:`source`, :attr:`pipeline`) pair. Sizes are in
-    pixels; ``batch_size`` (images per step) and ``workers`` (DataLoader processes, or DALI
-    threads) are this process's. ``train_path``/``val_path``: the split roots (None for
-    ``synthetic``). ``dtype``: the images' dtype on the device (:func:`input_dtype`)."""
+    """Per-process loader settings, resolved once by ``main.py``: ``backend`` (``--loader``,
+    ``loaders.BACKENDS``) names a (:attr:`source`, :attr:`pipeline`) pair; sizes in pixels;
+    ``batch_size`` and ``workers`` (DataLoader processes, or DALI threads) this process's; the
+    split roots (None for ``synthetic``); ``dtype`` the images' on the device."""
 
     backend: str
     train_path: str | None
@@ -66,14 +65,14 @@ class LoaderSettings:
 
     @property
     def pipeline(self) -> str:
-        """How bytes become device batches: a ``loaders.PIPELINES`` key."""
+        """A ``loaders.PIPELINES`` key."""
         if self.backend in ("dali", "synthetic"):
             return self.backend
         return "workers" if self.decode_device == "cpu" else "gpu_decode"
 
     @property
     def source(self) -> str | None:
-        """Where samples are read from: a ``loaders.READERS`` key, or None for synthetic data."""
+        """A ``loaders.READERS`` key, or None for synthetic data."""
         if self.backend == "synthetic":
             return None
         if self.backend != "dali":
@@ -121,11 +120,10 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``):
+    """Every loader ``loaders.build_loaders`` returns (``tests/loaders/test_contract.py``):
     ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H,
     W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact ``len()`` after
-    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once). Training
-    loaders also place a mid-epoch checkpoint (``PositionedLoader``)."""
+    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once)."""
 
     classes: list[str]
     batch_size: int

@@ -37,14 +37,12 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: at most ``limit`` batches (None:
-    all), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the ``seed_key`` (None: no
-    random transform)."""
+    """What every batch of one pass carries to the workers."""
 
     pass_id: int = 0  # SharedBatches.begin_pass's
-    image_shape: tuple[int, int, int] | None = None
-    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch
-    limit: int | None = None
+    image_shape: tuple[int, int, int] | None = None  # the slots' (3, H, W); None: as made
+    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch (or None)
+    limit: int | None = None  # batches at most (None: all)
 
     def seed(self, number: int) -> int | None:
         """:func:`batch_seed` of batch ``number`` of this pass, or None."""
@@ -136,10 +134,9 @@ def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.devic
 
 class ReaderLoader(StagedLoader, DeviceFeed):
     """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
-    :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
-    at most ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after
-    ``set_epoch``; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty
-    training order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
+    :class:`NumberedBatch` es (training: whole batches), at most ``settings.max_batches(train)``
+    per epoch; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty training
+    order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -163,14 +160,12 @@ class ReaderLoader(StagedLoader, DeviceFeed):
 
     @classmethod
     def pair(cls, train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo, *args):
-        """``(train, val)`` loaders of this class (``args`` after ``train``) over the training
-        order of ``train`` and the validation order of ``val``."""
+        """``(train, val)`` loaders of this class (``args`` after ``train``) in their orders."""
         return (cls(train, train.train_order(settings, dist), settings, dist, True, *args),
                 cls(val, val.val_order(settings, dist), settings, dist, False, *args))
 
     def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
-        """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches, its
-        workers kept from pass to pass unless the reader plans each pass."""
+        """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches."""
         return ClosingDataLoader(
             dataset, batch_sampler=self._batches, collate_fn=keep_as_is, num_workers=workers,
             generator=self._generator, prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
@@ -184,8 +179,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """The order and augmentation of ``epoch`` from batch ``start_batch`` on (a resumed
-        epoch); ``rest``: one dealt anew at this layout, whose indices are read instead."""
+        """``epoch`` from batch ``start_batch`` on; ``rest``: an epoch dealt anew at this
+        layout, whose indices are read instead."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
         self.sampler.rest = self._take_rest(epoch, start_batch, rest)

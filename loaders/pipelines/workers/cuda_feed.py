@@ -1,8 +1,8 @@
 """Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
-the slots with ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy is a DMA that
-returns at once (else each batch is copied by ``pin_memory()``: 38 MB at ``-b 256``, 224 px), and
-:class:`CudaFeeder` copies, normalises and erases batch ``k + 1`` on a side stream while the model
-runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's ``data_prefetcher`` do."""
+the slots with ``cudaHostRegister`` once, so a ``non_blocking`` copy is a DMA that returns at once
+(else ``pin_memory()`` copies 38 MB per batch at ``-b 256``, 224 px); :class:`CudaFeeder` copies,
+normalises and erases batch ``k + 1`` on a side stream while the model runs batch ``k`` (timm's
+``PrefetchLoader``, Apex's ``data_prefetcher``)."""
 from __future__ import annotations
 
 import weakref
@@ -53,11 +53,11 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
-    ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
-    and yields ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``:
-    float32 ``(1, 3, 1, 1)``, 0-255 scale) and int64 labels. A slot is released once copied
-    (page-locked) or staged into pinned memory. ``timing``: a ``StageLog``, or None."""
+    """Delivers :class:`~.slots.SharedBatches` slots to ``device`` one batch ahead on a side
+    stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot and yields
+    ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``: float32 ``(1,
+    3, 1, 1)``, 0-255 scale) and int64 labels, releasing a slot once copied (page-locked) or
+    staged into pinned memory. ``timing``: a ``StageLog``, or None."""
 
     timing = None
 
