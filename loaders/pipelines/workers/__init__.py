@@ -3,5 +3,3 @@ its shared-memory batch slots (``slots``) and the side-stream copy to a GPU (``c
 from __future__ import annotations
 
 from .loader import DeviceLoader, build_loaders
-
-__all__ = ["DeviceLoader", "build_loaders"]
