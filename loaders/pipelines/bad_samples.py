@@ -25,8 +25,8 @@ def report_unreadable(name: str, exc: BaseException) -> None:
 
 
 def report_damaged(name: str, lines: list[str]) -> None:
-    """One stderr line naming a sample that decoded while a native decoder warned about its
-    data (``lines``, e.g. ``["Corrupt JPEG data: premature end of data segment"]``): kept."""
+    """One stderr line naming a sample kept though a native decoder warned about its data
+    (``lines``, e.g. ``["Corrupt JPEG data: premature end of data segment"]``)."""
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     print(f"warning: keeping damaged sample {name}: the decoder said \"{lines[0]}\"{more}; its "
           "header passed the acceptance rule, so it is used as decoded", file=sys.stderr,

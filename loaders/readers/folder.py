@@ -1,6 +1,6 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.class_files`), so ``main.py`` and ``folder2lmdb.py`` count the same
-samples on every folder (a Mac's ``._NAME`` files too) with ``ImageFolder``'s labels."""
+(:func:`formats.sources.class_files`, ``ImageFolder``'s labels): ``main.py`` and
+``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,6 @@ from . import Reader
 
 
 def read_file(path: str) -> bytes:
-    """A file's bytes (decoding is the pipeline's)."""
     with open(path, "rb") as f:
         return f.read()
 
@@ -22,8 +21,8 @@ def read_file(path: str) -> bytes:
 class FolderReader(Reader):
     """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
     ``class_to_idx`` as ``ImageFolder``'s (hidden folders not classes, empty ones kept),
-    ``samples`` its ``(path, label)`` list, hidden files left out, whatever a file's extension.
-    Raises :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
+    ``samples`` its ``(path, label)`` list (hidden files left out, any extension). Raises
+    :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
         self.root = root

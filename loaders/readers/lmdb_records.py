@@ -1,5 +1,5 @@
-"""LMDB databases written by ``folder2lmdb.py`` (``formats.lmdb``), read by record number (not
-named ``lmdb``: it would shadow the package)."""
+"""LMDB databases written by ``folder2lmdb.py`` (not named ``lmdb``: it would shadow the
+package)."""
 from __future__ import annotations
 
 import os
@@ -15,11 +15,10 @@ from . import Reader
 
 
 class LMDBReader(Reader):
-    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``. The
-    environment opens lazily in each process, again after a fork (py-lmdb: it must not cross
-    ``fork()``), and is dropped when pickled; ``readahead``: OS readahead. Raises
-    :class:`~loaders.DataError` at construction if ``path`` is not a complete database,
-    ``KeyError`` for a missing record."""
+    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``, opened
+    lazily in each process and after a fork (py-lmdb's must not cross ``fork()``), with OS
+    ``readahead`` or not. Raises :class:`~loaders.DataError` at construction if ``path`` is not a
+    complete database, ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path
@@ -38,8 +37,8 @@ class LMDBReader(Reader):
         return self._len
 
     def env(self):
-        """This process's read-only environment, (re)opened on first use, after a fork, and
-        after another reader of the file reopened it with the other readahead setting."""
+        """This process's read-only environment, reopened after a fork or another reader's
+        reopening with the other readahead setting."""
         if self._env is None or self._pid != os.getpid() or not is_open(self._env):
             self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
@@ -58,10 +57,10 @@ class LMDBReader(Reader):
         return f"{self.path} record {index}"
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """The training order (also DALI's with ``--lmdb``): ``--lmdb-order block`` ->
-        :class:`~loaders.orders.BlockOrder` (rank 0 warns if the records are sorted by class),
-        ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for an
-        unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
+        """``--lmdb-order block``: :class:`~loaders.orders.BlockOrder` (rank 0 warns if the
+        records are sorted by class); ``random``: :func:`~loaders.orders.shuffled_order`. Raises
+        :class:`DataError` for another order, block sizes below 1, block order with
+        ``--ra-sampler``."""
         if settings.lmdb_order == "random":
             return super().train_order(settings, dist)
         if settings.lmdb_order != "block":
@@ -116,5 +115,4 @@ def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
 
 
 def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:
-    """This source's entry of ``loaders.readers.READERS``."""
     return LMDBReader(path, readahead=readahead_for(path, settings.lmdb_readahead))

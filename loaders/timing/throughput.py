@@ -10,7 +10,7 @@ import torch
 
 
 def _batches(loader):
-    """Batches of ``loader`` over as many epochs as asked for (``set_epoch`` between epochs)."""
+    """Batches of ``loader``, epoch after epoch."""
     for epoch in itertools.count():
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
@@ -43,8 +43,8 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
 
 
 def tree_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) so far of this process and its live children (``/proc``;
-    None without it): workers kept between passes live through a measurement, so count."""
+    """CPU seconds (user + system) so far of this process and its live children (kept workers
+    count); None without ``/proc``."""
     try:
         tick = os.sysconf("SC_CLK_TCK")
         pids = {os.getpid()}
