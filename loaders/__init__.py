@@ -1,6 +1,5 @@
-"""The data-loading runtime: *readers* (where samples are, ``loaders.readers``) and *pipelines*
-(how their bytes become device batches, ``loaders.pipelines``). A new on-disk format is
-``formats/X`` + one reader module + one line in :data:`READERS`."""
+"""The data-loading runtime: *readers* (``loaders.readers``) and *pipelines* (their bytes to
+device batches, ``loaders.pipelines``). A new format: ``formats/X``, a reader, a line in READERS."""
 from __future__ import annotations
 
 import importlib
@@ -23,10 +22,8 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "L
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
-    """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
-    readers of the two splits, the training loader erasing (``--random-erase``) and tracing
-    (tests). Sets PIL's decompression-bomb limit. Raises ``KeyError`` for an unknown backend,
-    :class:`DataError` for bad data (a bad split, train and val with other classes)."""
+    """``(train, val)`` of ``PIPELINES[settings.pipeline]`` over ``READERS[settings.source]``;
+    sets PIL's bomb limit. Raises ``KeyError`` (a backend), :class:`DataError` (bad data)."""
     from decode.acceptance import limit_pil
 
     from .transforms.erasing import RandomErasing

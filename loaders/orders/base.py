@@ -29,9 +29,8 @@ def check_rank(rank: int, world_size: int) -> None:
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
                       max_batches: int | None = None) -> int:
-    """Batches of ``batch_size`` in an epoch of ``samples`` indices: whole batches only with
-    ``drop_last`` (training: no tiny last batch for BatchNorm), else the last one partial
-    (validation); capped at ``max_batches`` (``--train-batches``)."""
+    """Batches of ``batch_size`` in ``samples`` indices (whole ones only with ``drop_last``:
+    training, no tiny batch for BatchNorm), at most ``max_batches``."""
     count = samples // batch_size if drop_last else -(-samples // batch_size)
     return count if max_batches is None else min(count, max_batches)
 
@@ -46,9 +45,8 @@ def train_batch_size(order: Order, batch_size: int) -> int:
 
 
 class ShardOrder:
-    """Validation (FFCV's ``Sequential``, strided): rank ``r`` of ``w`` reads ``r, r+w, ...``, every
-    sample once across ranks, none padded (unlike ``DistributedSampler``): a metric summed over
-    ranks equals the single-process one. Raises ``ValueError`` for a bad rank."""
+    """Validation: rank ``r`` of ``w`` reads ``r, r+w, ...``, none padded (unlike
+    ``DistributedSampler``): metrics summed over ranks are exact. ``ValueError``: a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
         check_rank(rank, world_size)

@@ -1,7 +1,5 @@
-"""Block order (``--lmdb-order block``) for record stores larger than the page cache, after FFCV's
-``QuasiRandom`` (``ffcv/traversal_order/quasi_random.py``; written independently), its blocks cut
-from the record index: ``folder2lmdb.py`` writes record ``i`` after ``i-1``, so a block is a
-contiguous byte range of ``data.mdb``."""
+"""Block order (``--lmdb-order block``) for stores larger than the page cache, after FFCV's
+``QuasiRandom`` (written independently): a block of records is a byte range of ``data.mdb``."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,13 +9,10 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Per epoch, one generator seeded from ``(seed, epoch)`` on every rank: (1) the blocks of
-    ``block_size`` records are permuted and concatenated; (2) rank ``r`` takes the ``r``-th of
-    ``world_size`` consecutive segments of ``num_samples // world_size`` records (the rest sit
-    out, as ``DistributedSampler(drop_last=True)``); (3) it shuffles each of its blocks and
-    emits the next record of one of ``buffer_blocks`` open blocks picked uniformly: about
-    ``buffer_blocks * block_size`` records in the page cache, a batch mixing only the open
-    blocks'. Raises ``ValueError`` for sizes below 1 or a bad rank."""
+    """Per epoch, drawn from ``(seed, epoch)``: the blocks of ``block_size`` records permuted
+    and concatenated; rank ``r`` takes the ``r``-th of ``world_size`` segments of ``num_samples
+    // world_size`` (the rest sit out), shuffles each block and emits the next record of one of
+    ``buffer_blocks`` open blocks picked uniformly. ``ValueError``: sizes below 1, a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):

@@ -64,9 +64,8 @@ class RestOfEpoch:
 
 def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
                   rank: int) -> RestOfEpoch:
-    """This rank's :class:`RestOfEpoch` after ``consumed`` samples of ``epoch``'s global order at
-    ``origin``, for the layout ``now`` (``order``: this rank's at ``now``). Raises ``ValueError``
-    when ``consumed`` is not a count of that global order (another dataset or layout record)."""
+    """This rank's :class:`RestOfEpoch` at ``now`` after ``consumed`` samples of the global order
+    at ``origin``. ``ValueError`` when ``consumed`` is not a count of that order."""
     if same_global_order(order, origin, now):
         per_step = now.world_size * now.batch_size
         if consumed % per_step:
@@ -96,12 +95,10 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """Mixed into every pipeline's training loader, which sets ``position_order`` (its
-    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
-    :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
-    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``) and ``trace`` (a
-    :class:`SampleTrace`), None where off. The device feed erases right after the normalisation,
-    on the stream that normalised (timm's ``PrefetchLoader``), by :meth:`_eraser`'s function."""
+    """Every loader's base: it sets ``position_order``, ``batch_size`` and ``rank``, reads the
+    indices :meth:`_take_rest` returns (if any) and yields each pass through :meth:`_delivered`;
+    its device feed erases after normalising (timm's ``PrefetchLoader``) by :meth:`_eraser`.
+    ``loaders.build_loaders`` sets ``erasing`` and ``trace`` (:class:`SampleTrace`) or None."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -124,9 +121,8 @@ class PositionedLoader:
                 batches.close()
 
     def _eraser(self):
-        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
-        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
-        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
+        """None, or this pass's ``erase(images, number)``: batch ``number`` (float ``(N, C, H,
+        W)``) erased in place as batch ``start_batch + number`` of the epoch, returned."""
         erasing, epoch, first = self.erasing, self.epoch, self.start_batch
         return None if erasing is None else (
             lambda images, number: erasing(images, epoch, first + number))

@@ -16,9 +16,8 @@ _CHUNK = 4096  # indices turned into Python ints at a time
 
 
 class LeanDistributedSampler(DistributedSampler):
-    """Drop-in for ``torch.utils.data.DistributedSampler`` (the same indices) that keeps the
-    permutation as an int32 tensor (int64 from 2**31 records), converted in small chunks: 4 bytes
-    per index instead of ``tolist()``'s ~36 (about 50 MB per process on ImageNet)."""
+    """``DistributedSampler``'s indices from an int32 tensor (int64 from 2**31) in small chunks:
+    4 bytes per index, not ``tolist()``'s ~36 (50 MB per process on ImageNet)."""
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
@@ -40,9 +39,8 @@ class LeanDistributedSampler(DistributedSampler):
 
 
 class RandomOrder:
-    """Training order: per epoch the indices of ``DistributedSampler(range(num_samples),
-    world_size, rank, shuffle=True, seed, drop_last=True)`` after ``set_epoch(epoch)``, drawn by
-    :class:`LeanDistributedSampler`. Raises ``ValueError`` for a bad rank."""
+    """``DistributedSampler(range(num_samples), world_size, rank, shuffle=True, seed,
+    drop_last=True)``'s indices per epoch. ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         check_rank(rank, world_size)
@@ -65,12 +63,10 @@ class RandomOrder:
 
 
 class RepeatedAugmentationOrder:
-    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019) as
-    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT): a
-    permutation from ``seed + epoch``, each index ``repetitions`` times, padded to a multiple of
-    ``world_size``, rank ``r`` taking every ``world_size``-th from ``r``, the first
-    ``floor(num_samples // 256 x 256 / world_size)`` kept. Raises :class:`DataError` when that
-    is 0, ``ValueError`` for ``repetitions`` < 1 or a bad rank."""
+    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020) as torchvision's
+    ``RASampler`` (from DeiT), keeping ``floor(num_samples // 256 x 256 / world_size)`` per rank.
+    Raises :class:`DataError` when that is 0, ``ValueError`` for ``repetitions`` < 1 or a bad
+    rank."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):

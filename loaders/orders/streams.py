@@ -1,7 +1,6 @@
-"""Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
-``k`` of a pass to worker ``k % W``, so a rank's records are cut into ``W`` consecutive *pieces*
-of whole batches, interleaved in that rhythm: a stream (HTTP, ``pipe:``) is read once, in order
-up to the shuffle buffer, by one worker (a pass resumed at batch ``s``: piece ``(s + j) % W``)."""
+"""Epoch orders over shards. DataLoader hands batch ``k`` to worker ``k % W``, so a rank's records
+are cut into ``W`` *pieces* of whole batches interleaved in that rhythm: each stream is read once,
+in order up to the shuffle buffer, by one worker."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -44,9 +43,8 @@ def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[
 
 
 def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
-    """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
-    of records (what a streaming reader holds), a uniformly chosen one emitted each time it is
-    full, then drained at random."""
+    """WebDataset's sample shuffle: ``indices`` read into a ``buffer``, a uniform pick emitted
+    each time it is full, then drained at random."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
     for index in indices:
@@ -63,12 +61,10 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 
 class StreamTrainOrder:
-    """Training order over shards, of equal length on every rank (DDP waits at no epoch's end).
-    Per epoch the shards are permuted (seeded from ``(seed, epoch)``) and their records
-    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
-    :class:`~loaders.orders.BlockOrder`), keeps its whole batches, cuts them into one piece per
-    worker and shuffles each through a ``buffer``-record sample buffer (seeded from ``(seed,
-    epoch, rank, worker)``). Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards, equal on every rank: per epoch the shards permuted from
+    ``(seed, epoch)``, rank ``r`` taking the ``r``-th of ``world_size`` segments' whole batches,
+    one piece per worker shuffled through a ``buffer`` (from ``(seed, epoch, rank, worker)``).
+    Raises ``ValueError`` for bad sizes or ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
