@@ -1,8 +1,7 @@
-"""Stopping the DataLoader workers a loader started, on every way out of a run. torch's shutdown
-is not enough: our workers block SIGTERM and SIGUSR1 (``engine.distributed.preempt``), and one
-waiting for a batch slot or a stream never reads the shutdown message: torch leaves it running
-and ``multiprocessing`` joins it forever at exit. Here every worker is asked to stop, given
-:data:`STOP_GRACE_S` (all together) and SIGKILLed after, also at exit (``atexit``)."""
+"""Stopping a loader's DataLoader workers on every way out of a run: ours block SIGTERM and
+SIGUSR1 (``engine.distributed.preempt``), and one waiting for a slot or a stream never reads
+torch's shutdown message, so each is asked, given :data:`STOP_GRACE_S`, then SIGKILLed (also
+``atexit``: ``multiprocessing`` would join it forever)."""
 from __future__ import annotations
 
 import atexit
@@ -83,9 +82,8 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def join_exiting_feeders(timeout_s: float = FEEDER_JOIN_S) -> None:
-    """Wait (``timeout_s`` in all) for the queue feeder threads of every iterator shut down, which
-    torch leaves ending (``cancel_join_thread``): one ending as workers fork holds CPython's
-    HEAD_LOCK, deadlocking the child before Python 3.11.8/3.12 (CPython gh-112275)."""
+    """Wait (``timeout_s`` in all) for the queue feeder threads torch leaves ending: one ending
+    as workers fork deadlocks the child before Python 3.11.8/3.12 (CPython gh-112275)."""
     deadline = time.monotonic() + timeout_s
     for iterator in list(_iterators):
         if not getattr(iterator, "_shutdown", False):

@@ -1,8 +1,6 @@
-"""Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
-the slots with ``cudaHostRegister`` once, so a ``non_blocking`` copy is a DMA that returns at once
-(else ``pin_memory()`` copies 38 MB per batch at ``-b 256``, 224 px); :class:`CudaFeeder` copies,
-normalises and erases batch ``k + 1`` on a side stream while the model runs batch ``k`` (timm's
-``PrefetchLoader``, Apex's ``data_prefetcher``)."""
+"""Feeding a GPU from the batch slots: :func:`page_lock` makes a ``non_blocking`` copy a DMA
+(else ``pin_memory()`` copies 38 MB per batch at ``-b 256``, 224 px); :class:`CudaFeeder` readies
+batch ``k + 1`` on a side stream during step ``k`` (timm's ``PrefetchLoader``)."""
 from __future__ import annotations
 
 import weakref
@@ -19,9 +17,8 @@ _REGISTER_DEFAULT = 0
 
 
 def page_lock(tensors: Iterable[torch.Tensor], owner: object) -> bool:
-    """Page-lock the storages of ``tensors`` in place (``cudaHostRegister``) while ``owner`` lives.
-    Returns False, with nothing registered, where CUDA refuses (a locked-memory limit): the caller
-    then stages each batch through ``pin_memory()``. Needs an initialised CUDA device."""
+    """Page-lock ``tensors``' storages (``cudaHostRegister``) while ``owner`` lives; False, none
+    registered, where CUDA refuses (a locked-memory limit). Needs an initialised CUDA device."""
     cudart = torch.cuda.cudart()
     done: list[int] = []
     for tensor in tensors:
@@ -53,11 +50,9 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers :class:`~.slots.SharedBatches` slots to ``device`` one batch ahead on a side
-    stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot and yields
-    ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``: float32 ``(1,
-    3, 1, 1)``, 0-255 scale) and int64 labels, releasing a slot once copied (page-locked) or
-    staged into pinned memory. ``timing``: a ``StageLog``, or None."""
+    """:meth:`batches`: ``(number, slot, count)`` of each written slot -> ``dtype`` ``(count, 3,
+    H, W)`` images ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)``, 0-255) and int64 labels on
+    ``device``, a slot released once copied or staged. ``timing``: a ``StageLog``, or None."""
 
     timing = None
 

@@ -1,9 +1,7 @@
-"""Batches that DataLoader workers write straight into reused shared-memory slots, where PyTorch's
-default collate stacks each into a new block, page-faulted 4 KiB at a time by the worker and the
-main process (docs/performance.md); only ``(number, slot, count, found)`` is sent back. Batch
-``k`` of a pass uses slot ``k % slots`` once batch ``k - slots`` was released from it; releases
-are ``(pass, batch)`` tickets that only grow: nothing is reset between passes, and a pass left
-early never satisfies a later pass's wait."""
+"""Batches written by the workers into reused shared-memory slots, not a new block per batch as
+torch's collate (page-faulted 4 KiB at a time, docs/performance.md). Batch ``k`` uses slot ``k %
+slots`` once batch ``k - slots`` was released; releases are ``(pass, batch)`` tickets that only
+grow, so a pass left early never satisfies a later pass's wait."""
 from __future__ import annotations
 
 import errno
@@ -30,11 +28,9 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 
 
 class SharedBatches:
-    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)`` and
-    their int64 labels, in memory DataLoader workers share (``/dev/shm`` if ``shared``, else
-    ordinary memory for ``-j 0``): ``images[s]`` is ``(batch_size, 3, H, W)``, NHWC in memory if
-    ``channels_last``, sized once for ``max_image_shape`` (:meth:`set_shape`). Raises
-    :class:`DataError` if ``/dev/shm`` cannot hold the slots (:func:`shared_bytes`)."""
+    """``slots`` batches: ``images[s]`` uint8 ``(batch_size, 3, H, W)`` (NHWC in memory if
+    ``channels_last``; sized once for ``max_image_shape``), int64 ``labels[s]``, in
+    ``/dev/shm`` if ``shared``. Raises :class:`DataError` if it cannot hold them."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
                  channels_last: bool = False, shared: bool = True,
@@ -87,9 +83,8 @@ class SharedBatches:
         return self.passes - 1
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
-        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch before
-        it there was released. Raises :class:`DataError` after 600 s (the main process stopped
-        reading), or about a second after the training process ended."""
+        """Worker side: batch ``number``'s slot once free. Raises :class:`DataError` after
+        600 s, or about a second after the training process ended."""
         slot = number % self.slots
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
@@ -128,10 +123,8 @@ SHM = "/dev/shm"
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now
-    (``posix_fallocate``): tmpfs takes pages when first written, so every process on the node
-    would pass a free-space check and the one writing past the size die of SIGBUS. Raises
-    :class:`DataError` (one line: sizes and the fix)."""
+    """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now: tmpfs takes pages
+    when written, and the writer past its size dies of SIGBUS. Raises :class:`DataError`."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate

@@ -1,7 +1,5 @@
-"""A DataLoader worker's whole job, one step per sample: read the record, check its header
-(:func:`decode.acceptance.check`, whose frame the transform takes), transform it and write it
-into the batch slot (:class:`SlotWriter`); with a clock, each stage timed into the slot's stage
-rows (``loaders.timing.stages``); without, no clock is read."""
+"""A worker's whole job, one step per sample: read, check the header
+(:func:`decode.acceptance.check`), transform with its frame, write into the batch slot."""
 from __future__ import annotations
 
 import time
@@ -20,14 +18,10 @@ from .slots import SharedBatches
 
 
 class SlotWriter(SampleBatches):
-    """:class:`SampleBatches` writing ``transform(bytes, frame)`` of each sample (uint8 ``(3, H,
-    W)``) and its label into the slots given to :meth:`use` before the workers start; a batch
-    gives ``(number, slot, count, found)``, ``found`` the samples newly found unreadable. A new
-    image shape in a batch's plan goes to the slots and a training transform. ``clock`` (a
-    training transform's :class:`~loaders.timing.stages.StageClock`, or None) writes each image's
-    stages (read, header check and window, decode, resize, flip + policy, slot copy) and each
-    batch's wall and CPU time into the slot's stage rows. Raises :class:`DataError` for an image
-    not uint8 of the slots' shape."""
+    """Writes each sample's uint8 ``(3, H, W)`` crop and label into the slots given to :meth:`use`
+    before the workers start; a batch gives ``(number, slot, count, found)``. ``clock`` (or
+    None: no clock read) times each image's stages and each batch into the slot's stage rows.
+    Raises :class:`DataError` for an image not uint8 of the slots' shape."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int,
                  clock: stages.StageClock | None = None):
