@@ -14,10 +14,9 @@ __all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """Per-process loader settings, resolved once by ``main.py``: ``backend`` (``--loader``,
-    ``loaders.BACKENDS``) names a (:attr:`source`, :attr:`pipeline`) pair; sizes in pixels;
-    ``batch_size`` and ``workers`` (DataLoader processes, or DALI threads) this process's; the
-    split roots (None for ``synthetic``); ``dtype`` the images' on the device."""
+    """Per-process loader settings from ``main.py``: ``backend`` (``--loader``) names a
+    (:attr:`source`, :attr:`pipeline`) pair; sizes in pixels; ``batch_size`` and ``workers``
+    (or DALI threads) this process's; ``dtype`` the images' on the device."""
 
     backend: str
     train_path: str | None
@@ -94,9 +93,8 @@ class LoaderSettings:
 
 @dataclass
 class DistInfo:
-    """Where this process sits in the job: ``rank`` is the global rank (so that nodes never read
-    the same shard), ``device`` where batches are delivered; ``distributed``: this process joined
-    a process group (DDP), as a launched one does even at world size 1."""
+    """Where this process sits in the job: the global ``rank``, ``device`` for the batches;
+    ``distributed``: it joined a process group (DDP), even at world size 1."""
 
     rank: int = 0
     world_size: int = 1

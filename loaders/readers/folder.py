@@ -1,6 +1,5 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.class_files`, ``ImageFolder``'s labels): ``main.py`` and
-``folder2lmdb.py`` count the same samples on every folder (a Mac's ``._NAME`` files too)."""
+(:func:`formats.sources.class_files`): ``main.py`` and ``folder2lmdb.py`` count the same."""
 from __future__ import annotations
 
 import os
@@ -19,9 +18,8 @@ def read_file(path: str) -> bytes:
 
 
 class FolderReader(Reader):
-    """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
-    ``class_to_idx`` as ``ImageFolder``'s (hidden folders not classes, empty ones kept),
-    ``samples`` its ``(path, label)`` list (hidden files left out, any extension). Raises
+    """A split's class folders: ``classes``, ``class_to_idx`` and ``samples`` (``(path,
+    label)``) as ``ImageFolder``'s, hidden files and folders left out. Raises
     :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):

@@ -15,9 +15,8 @@ from . import Reader
 
 
 class LMDBReader(Reader):
-    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``, opened
-    lazily in each process and after a fork (py-lmdb's must not cross ``fork()``), with OS
-    ``readahead`` or not. Raises :class:`~loaders.DataError` at construction if ``path`` is not a
+    """One LMDB, sample ``i`` its record ``i``, opened lazily in each process (py-lmdb's must not
+    cross ``fork()``). Raises :class:`~loaders.DataError` at construction if ``path`` is not a
     complete database, ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
@@ -57,10 +56,8 @@ class LMDBReader(Reader):
         return f"{self.path} record {index}"
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """``--lmdb-order block``: :class:`~loaders.orders.BlockOrder` (rank 0 warns if the
-        records are sorted by class); ``random``: :func:`~loaders.orders.shuffled_order`. Raises
-        :class:`DataError` for another order, block sizes below 1, block order with
-        ``--ra-sampler``."""
+        """``--lmdb-order``'s: ``block`` or ``random``. Raises :class:`DataError` for another
+        order, block sizes below 1, or block order with ``--ra-sampler``."""
         if settings.lmdb_order == "random":
             return super().train_order(settings, dist)
         if settings.lmdb_order != "block":
@@ -82,9 +79,8 @@ class LMDBReader(Reader):
 
 
 def readahead_for(path: str, choice) -> bool:
-    """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
-    ``"auto"``: on when the database is at most half the memory available now (it speeds random
-    reads of a cached database ~20% and slows one larger than memory several times)."""
+    """OS readahead for ``path``: ``"on"``/``True``, ``"off"``/``False``, or ``"auto"``: on for a
+    database at most half the memory available (~20% faster cached, slower beyond memory)."""
     if choice in (True, "on"):
         return True
     if choice != "auto":

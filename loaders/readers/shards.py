@@ -1,9 +1,7 @@
-"""WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster file
-system, over HTTP(S) or from a command (``pipe:aws s3 cp s3://... -``). A split's ``index.json``
-(``formats.shards.locations``) makes ``len()`` exact before any read. Not ``webdataset.WebDataset``
-/ ``wids``: our loaders are map-style (epoch orders, shared slots, exact resume) with each worker
-reading its own shards front to back; ``wids`` downloads whole shards, ``WebDataset`` has no
-exact, equal epochs."""
+"""WebDataset tar shards (``--loader shards``) on a file system, over HTTP(S) or from a command
+(``pipe:aws s3 cp s3://... -``), ``len()`` exact from the split's ``index.json``. Not
+``webdataset``'s readers: ours are map-style (exact, equal epochs; exact resume), each worker
+reading its own shards front to back."""
 from __future__ import annotations
 
 import bisect
@@ -27,13 +25,10 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
 class ShardReader(Reader):
-    """:class:`~loaders.readers.Reader` over a split's shards, records numbered shard after shard.
-    Local shards: one ``pread`` per record at the offsets of the shard's DALI ``.idx`` (checked
-    against ``index.json`` and the tar's size). Streams (``random_access`` False): read front to
-    back, each worker keeping one open shard and at most ``cache`` records read ahead (a record
-    behind the stream reopens it); a failed open or read is retried as ``retries`` says, from the
-    record where it stopped. Raises :class:`DataError` (one line naming the shard) for a missing,
-    truncated or malformed shard, and for a stream that failed every try."""
+    """A split's shards, records numbered shard after shard: local ones by ``pread`` at their
+    DALI ``.idx`` offsets; streams front to back, one open shard per worker and ``cache``
+    records read ahead (one behind reopens it), retried as ``retries`` says. Raises
+    :class:`DataError` for a missing, truncated or malformed shard or a stream failing each try."""
 
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
@@ -108,9 +103,8 @@ class ShardReader(Reader):
         return fd
 
     def set_plan(self, pieces: list[list[tuple[int, int]]], remaining=None) -> None:
-        """This pass's reading plan: each worker's record ranges in reading order, each read
-        front to back once by a stream; ``remaining`` (a resumed pass's indices still to come)
-        lets each stream start at the first record still needed."""
+        """This pass's plan: each worker's record ranges, read once front to back; a resumed
+        pass's ``remaining`` indices start each stream at its first still needed."""
         self._plan = sorted((start, stop, p, r) for p, runs in enumerate(pieces)
                             for r, (start, stop) in enumerate(runs))
         self._pieces = pieces
@@ -235,9 +229,8 @@ class ShardReader(Reader):
 
 
 def _opened_records(url: str, spans, skip: int):
-    """The records of the shard at ``url`` from its ``skip``-th on, cut at the ``.idx`` offsets
-    ``spans`` where served, else by the ``webdataset`` tar iterator. Raises :class:`StreamError`
-    for a failed open or read of a stream, :class:`DataError` for bad content."""
+    """The shard's records from its ``skip``-th on, cut at the ``.idx`` ``spans`` (or by the tar
+    iterator). Raises :class:`StreamError` for a failed open or read, :class:`DataError`."""
     stream = open_stream(url)  # StreamError (DataError if final) if it cannot
     error = StreamError if is_stream(url) else DataError
     ended = False

@@ -67,7 +67,8 @@ class RandAugment(_Policy):
                  num_ops: int = 2, num_magnitude_bins: int = 31):
         super().__init__(interpolation)
         if magnitude is not None and not 0 <= magnitude < num_magnitude_bins:
-            raise ValueError(f"RandAugment magnitude {magnitude}: expected 0..{num_magnitude_bins - 1}")
+            raise ValueError(f"RandAugment magnitude {magnitude}: expected "
+                             f"0..{num_magnitude_bins - 1}")
         self.magnitude, self.num_ops, self.bins = magnitude, num_ops, num_magnitude_bins
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
