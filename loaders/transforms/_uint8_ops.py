@@ -1,9 +1,7 @@
-"""The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
-torchvision 0.29's tensor kernels: :data:`OPS` maps its transform ids to ``op(image, magnitude,
-interpolation) -> image`` (``magnitude`` as its ``_apply_image_or_video_transform`` gets it).
-Its kernels are called where as fast; the others compute the same bits at a fraction of the cost
-(``benchmarks/training/recipes.py``, ``tests/loaders/test_auto_augment.py``). ``bicubic`` is
-``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
+"""The auto-augment ops on uint8 ``(3, H, W)`` tensors with torchvision 0.29's pixels: :data:`OPS`
+maps its transform ids to ``op(image, magnitude, interpolation)``; its kernels where as fast, the
+same bits cheaper elsewhere (``benchmarks/training/recipes.py``). ``bicubic``: ``grid_sample``'s,
+clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,6 @@
-"""torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
-crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
-2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
-``svhn`` (Cubuk et al. 2019): torchvision 0.29's draws from torch's global generator (seeded per
-batch by the loaders), in its order, and its pixels (``_uint8_ops``)."""
+"""torchvision 0.29's ``--auto-augment`` policies on uint8 crops, its draws in its order and its
+pixels: ``ta_wide`` (Mueller & Hutter 2021), ``ra`` (Cubuk et al. 2020), ``augmix`` (Hendrycks
+et al. 2020), AutoAugment's ``imagenet``, ``cifar10``, ``svhn`` (Cubuk et al. 2019)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -40,9 +38,8 @@ class _Policy:
 
     def apply(self, image: torch.Tensor, op: str, bins: int, index: int | None = None,
               drawn: int = 0) -> torch.Tensor:
-        """``op`` on ``image`` at magnitude bin ``index`` of ``bins`` (None: drawn uniformly from
-        the first ``drawn``), negated with probability 0.5 where the op is signed; an op without
-        magnitudes draws neither."""
+        """``op`` at magnitude bin ``index`` of ``bins`` (None: uniform of the first ``drawn``),
+        negated with probability 0.5 where signed; an op without magnitudes draws neither."""
         height, width = image.shape[-2:]
         key = (op, bins, height, width)
         if key not in self._tables:
@@ -57,9 +54,8 @@ class _Policy:
 
 
 class RandAugment(_Policy):
-    """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)``: ``num_ops``
-    ops of :data:`RA_SPACE` in a row at bin ``magnitude`` (``--ra-magnitude``; None: a uniform
-    bin each), random signs (uint8 ``(3, H, W)`` in, out)."""
+    """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)`` (``magnitude``
+    None: a uniform bin each)."""
 
     space = RA_SPACE
 

@@ -1,7 +1,6 @@
-"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's; the others draw
-the same windows) as pytorch/examples imagenet/main.py: RandomResizedCrop(224) + flip, Resize(256)
-+ CenterCrop(224), plus torchvision's ``--auto-augment`` and ``--interpolation``. Decoding only
-the crop window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
+"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU as pytorch/examples imagenet/main.py
+(plus torchvision's ``--auto-augment``, ``--interpolation``), decoding only the crop window: 1.27
+ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math
@@ -50,9 +49,7 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
-    ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``,
-    the window decoded by :func:`decode.decode_crop`; draws from torch's global RNG, seeded per
-    batch by the loaders."""
+    ``augment``, as torchvision's ``ClassificationPresetTrain``; draws from torch's global RNG."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -85,9 +82,8 @@ class TrainTransform:
         return out
 
     def window(self, data: bytes, size_of=None, frame=None):
-        """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``,
-        whether to flip, and the whole decode if the size needed it (raising as
-        :func:`decode.decode`). Its ``_DRAWS`` uniforms come first, as in every pipeline."""
+        """``(window (top, left, height, width), flip, the whole decode if the size needed it)``;
+        its ``_DRAWS`` uniforms first, as in every pipeline. Raises as :func:`decode.decode`."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.window_size(data, frame)
         if size is None and size_of is not None:
@@ -100,9 +96,8 @@ class TrainTransform:
 
 
 class ValTransform:
-    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize(resize_size)``
-    and ``CenterCrop(crop_size)``; a JPEG's square decoded alone, at libjpeg-turbo's DCT scale
-    where it can be, and resampled (within 2 levels of resize-then-crop)."""
+    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: ``Resize`` + ``CenterCrop``, a JPEG's
+    square decoded alone at a DCT scale (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
                  interpolation: str = "bilinear"):
@@ -144,10 +139,9 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
 
 
 def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
-    """``(region, frame)`` to decode an integer region of a ``height x width`` image and resample
-    it as :func:`resize_center_crop` would the whole: ``region`` ``(top, left, height, width)``
-    is :func:`center_crop_box` widened by the bilinear filter's reach (scale + 2 px), clamped;
-    ``frame`` is ``(height, width, resized height, resized width, crop top, crop left)``."""
+    """``(region (top, left, height, width): the box widened by the filter's reach, clamped,
+    frame (height, width, resized height, resized width, crop top, crop left))``: an integer
+    region resampled as :func:`resize_center_crop` would the whole image."""
     size, crop_top, crop_left = _center_crop(height, width, resize_size, crop_size)
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
