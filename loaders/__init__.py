@@ -47,8 +47,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
 
 
 def close_all(*loaders) -> None:
-    """``close()`` each of ``loaders``, then this process's read-only LMDB handles; re-raises the
-    first ``close()`` error after all were closed."""
+    """Close ``loaders``, then the LMDB handles; re-raises the first error after all closed."""
     from formats.lmdb import close_all_readonly
 
     failures = []

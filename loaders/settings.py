@@ -1,5 +1,4 @@
-"""What every reader and pipeline is built from (:class:`LoaderSettings`, :class:`DistInfo`) and
-what every loader is (the :class:`Loader` protocol)."""
+"""What every reader and pipeline is built from, and what every loader is (:class:`Loader`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -131,8 +130,7 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        """The order and augmentation of ``epoch`` (a function of seed, epoch and rank), from
-        batch ``start_batch``; ``rest``: a resumed epoch's indices dealt anew."""
+        """``epoch`` from batch ``start_batch``; ``rest``: a resumed epoch dealt anew."""
 
     @property
     def resolution(self) -> int: ...  # the side (px) of the images yielded

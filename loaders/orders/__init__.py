@@ -1,5 +1,4 @@
-"""Epoch orders (FFCV's ``traversal_order/``): ``base``, ``random``, ``block``, ``streams``
-(shards); ``positions`` places a pass in its epoch's global order (resumes)."""
+"""Epoch orders (FFCV's ``traversal_order/``); ``positions`` places a pass in its epoch."""
 from __future__ import annotations
 
 from .base import Order, ResumableSampler, ShardOrder, batches_per_epoch, train_batch_size

@@ -60,8 +60,7 @@ class ShardOrder:
 
 
 class ResumableSampler(Sampler[int]):
-    """The DataLoader face of an :class:`Order`: ``order.order(epoch)`` from position ``start``
-    on (a mid-epoch resume), or ``rest`` when set (an epoch dealt anew at another layout)."""
+    """``order.order(epoch)`` from position ``start`` on, or ``rest`` when set (dealt anew)."""
 
     def __init__(self, order: Order):
         self.order, self.epoch, self.start = order, 0, 0

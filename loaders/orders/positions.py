@@ -17,8 +17,7 @@ TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
 @dataclass(frozen=True)
 class Layout:
-    """How a training epoch is cut: ``world_size`` processes, ``batch_size`` samples per process
-    and step, ``workers`` loader workers per process (streamed shards' orders depend on it)."""
+    """How a training epoch is cut: processes, samples per process and step, workers each."""
 
     world_size: int
     batch_size: int
@@ -106,8 +105,7 @@ class PositionedLoader:
     epoch = start_batch = 0
 
     def _delivered(self, batches: Iterator) -> Iterator:
-        """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them,
-        batch ``start_batch + k``'s indices traced (``trace``)."""
+        """This pass's ``batches`` as the step gets them, traced where ``trace`` is set."""
         return batches if self.trace is None else self._traced(batches)
 
     def _traced(self, batches: Iterator) -> Iterator:
@@ -143,8 +141,7 @@ class PositionedLoader:
         return position_record(self.position_order, self.layout, self.rest, epoch, batch)
 
     def _take_rest(self, epoch: int, start_batch: int, rest: RestOfEpoch | None):
-        """Keep ``rest`` for the pass of ``(epoch, start_batch)`` it was planned for (else
-        forget it); its indices, or None where the order's own are read."""
+        """Keep ``rest`` if planned for ``(epoch, start_batch)``; its indices, or None."""
         fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
         self.rest = rest if fits else None
         return rest.indices if fits else None

@@ -1,5 +1,4 @@
-"""The shuffled training orders of random-access readers: :class:`RandomOrder` (torch's
-``DistributedSampler``'s) and :class:`RepeatedAugmentationOrder` (``--ra-sampler``)."""
+"""The shuffled training orders of random-access readers."""
 from __future__ import annotations
 
 import math
@@ -101,8 +100,7 @@ class RepeatedAugmentationOrder:
 
 
 def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """A random-access reader's training order: :class:`RepeatedAugmentationOrder` with
-    ``--ra-sampler`` in a distributed run (as torchvision's ``train.py``), else RandomOrder."""
+    """``--ra-sampler``'s order in a distributed run (as torchvision's), else RandomOrder."""
     if settings.ra_sampler and dist.distributed:
         return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
                                          dist.world_size, settings.seed)

@@ -43,8 +43,7 @@ def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[
 
 
 def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
-    """WebDataset's sample shuffle: ``indices`` read into a ``buffer``, a uniform pick emitted
-    each time it is full, then drained at random."""
+    """WebDataset's sample shuffle: a uniform pick of the ``buffer`` each time it is full."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
     for index in indices:

@@ -1,5 +1,4 @@
-"""Iterators run ahead of their consumer: in a thread (:class:`RunAhead`) or, with ``-j 0``, on
-the training thread (:func:`one_ahead`)."""
+"""Iterators run ahead of their consumer, in a thread or (``-j 0``) on the training thread."""
 from __future__ import annotations
 
 import queue

@@ -77,8 +77,7 @@ class UnreadableSet:
 
 
 def check_share(unreadable: UnreadableSet, max_bad_share: float, size: int) -> None:
-    """Raise :class:`DataError` once the distinct samples of ``unreadable`` exceed
-    ``max_bad_share`` of the split's ``size``."""
+    """Raise :class:`DataError` once ``unreadable`` exceeds ``max_bad_share`` of ``size``."""
     bad = unreadable.count()
     if bad > max_bad_share * size:
         raise DataError(f"{bad} samples failed to decode (distinct unreadable samples of the "

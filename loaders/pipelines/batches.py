@@ -99,8 +99,7 @@ class SampleBatches(Dataset):
         return len(self.reader)
 
     def __getitem__(self, index: int):
-        """``(sample(j), found)``: ``j`` is ``index`` or its replacement, ``found`` the samples
-        newly found unreadable."""
+        """``(sample(j), found)``: ``j`` is ``index`` or its replacement (fetch_readable)."""
         return fetch_readable(self.sample, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch):

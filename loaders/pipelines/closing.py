@@ -106,8 +106,7 @@ def kill_workers(workers) -> None:
 
 
 def stop_all_workers() -> None:
-    """Stop every worker a :class:`ClosingDataLoader` started and no loader stopped, then kill
-    any left (``atexit``; safe any time). Never raises."""
+    """Stop, then kill, every worker left of a ClosingDataLoader (``atexit``). Never raises."""
     try:
         stop_iterators(list(_iterators))
     except Exception:  # noqa: BLE001 - a half-closed iterator: its workers are killed below

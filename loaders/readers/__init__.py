@@ -1,5 +1,4 @@
-"""Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's
-``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source."""
+"""Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's)."""
 from __future__ import annotations
 
 import importlib
@@ -31,8 +30,7 @@ class Reader:
     plans_passes = False  # plan_pass runs before each pass's workers start (streamed shards)
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """The training epoch order of this rank (the seed, rank and world size in it):
-        :func:`~loaders.orders.shuffled_order` unless the source has its own."""
+        """This rank's training order: :func:`~loaders.orders.shuffled_order` unless overridden."""
         return shuffled_order(len(self), settings, dist)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
@@ -40,8 +38,7 @@ class Reader:
         return ShardOrder(len(self), dist.rank, dist.world_size)
 
     def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> None:
-        """Learn the pass about to start: ``order`` read at ``epoch``, ``remaining`` the
-        indices still to come of a resumed epoch (None: all of it)."""
+        """The pass about to start: ``epoch`` of ``order``, ``remaining`` of a resumed one."""
 
 
 def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:

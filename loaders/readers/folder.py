@@ -40,8 +40,7 @@ class FolderReader(Reader):
 
 
 def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
-    """``root``'s :class:`FolderReader` (this source's entry of ``loaders.readers.READERS``).
-    Raises :class:`DataError` for an LMDB, not a folder, or no image."""
+    """``root``'s :class:`FolderReader`. Raises :class:`DataError` for an LMDB, not a folder."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
     if not os.path.isdir(root):

@@ -1,5 +1,4 @@
-"""LMDB databases written by ``folder2lmdb.py`` (not named ``lmdb``: it would shadow the
-package)."""
+"""LMDB databases written by ``folder2lmdb.py`` (not ``lmdb.py``: it would shadow py-lmdb)."""
 from __future__ import annotations
 
 import os
@@ -36,8 +35,7 @@ class LMDBReader(Reader):
         return self._len
 
     def env(self):
-        """This process's read-only environment, reopened after a fork or another reader's
-        reopening with the other readahead setting."""
+        """This process's environment, reopened after a fork or with other readahead."""
         if self._env is None or self._pid != os.getpid() or not is_open(self._env):
             self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
@@ -96,8 +94,7 @@ def readahead_for(path: str, choice) -> bool:
 
 
 def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
-    """One stderr line when block order reads a database whose records are sorted by class (its
-    open blocks, and so every batch, hold only a few classes)."""
+    """One stderr line when block order reads records sorted by class (few classes a batch)."""
     if dataset.shuffle_seed is not None:
         return
     # Each open block spans 1 + block_size / (records per class) classes, on average.

@@ -172,8 +172,7 @@ class ShardReader(Reader):
                 start = end
 
     def _records(self, shard: int):
-        """``(jpeg_bytes, label)`` of shard ``shard``'s records, front to back; a failed open or
-        read is retried past the records given. Raises :class:`DataError`."""
+        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:

@@ -1,5 +1,4 @@
-"""Transforms on uint8 images: ``crops`` (bytes -> a uint8 crop), ``auto_augment`` (its ops in
-``_uint8_ops``), ``normalize`` (to model inputs) and ``erasing`` (on the device batch)."""
+"""Transforms: ``crops`` (bytes -> uint8), ``auto_augment``, ``normalize``, ``erasing``."""
 from __future__ import annotations
 
 from .crops import (RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, TrainTransform, ValTransform,

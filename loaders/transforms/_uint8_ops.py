@@ -44,8 +44,7 @@ def _lut(image: torch.Tensor, table: np.ndarray) -> torch.Tensor:
 
 
 def solarize(image, magnitude, interpolation=None):
-    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` (compared in float32)
-    inverted, by a lookup."""
+    """torchvision's ``solarize_image`` (float32 threshold ``255 x magnitude``) by a lookup."""
     threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
     if threshold > 255:
         return image

@@ -54,8 +54,7 @@ class _Policy:
 
 
 class RandAugment(_Policy):
-    """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)`` (``magnitude``
-    None: a uniform bin each)."""
+    """torchvision's ``v2.RandAugment`` (``magnitude`` None: a uniform bin each)."""
 
     space = RA_SPACE
 
@@ -74,8 +73,7 @@ class RandAugment(_Policy):
 
 
 class TrivialAugmentWide(RandAugment):
-    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
-    :data:`TA_WIDE_SPACE` at a uniform magnitude bin, a random sign."""
+    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``."""
 
     space = TA_WIDE_SPACE
 
@@ -84,8 +82,7 @@ class TrivialAugmentWide(RandAugment):
 
 
 class AutoAugment(_Policy):
-    """torchvision's ``v2.AutoAugment(policy)``: one of the policy's 25 sub-policies
-    (``_get_policies``), each op applied with its probability at its bin (of 10), random signs."""
+    """torchvision's ``v2.AutoAugment(policy)``: one of its 25 sub-policies."""
 
     space = AA_SPACE
 

@@ -1,5 +1,4 @@
-"""``--random-erase`` on the normalised batch in every training loader's device feed (on the GPU
-in a GPU run, on the stream that normalised), as timm's ``PrefetchLoader`` erases."""
+"""``--random-erase`` on the normalised device batch, as timm's ``PrefetchLoader`` erases."""
 from __future__ import annotations
 
 import math

@@ -12,8 +12,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def imagenet_mean_std(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """:data:`IMAGENET_MEAN` and :data:`IMAGENET_STD` on the 0-255 scale, as float32 ``(1, 3, 1,
-    1)`` tensors on ``device``."""
+    """The ImageNet mean and std at 0-255, float32 ``(1, 3, 1, 1)`` on ``device``."""
     return tuple(torch.tensor(v, device=device).view(1, 3, 1, 1) * 255
                  for v in (IMAGENET_MEAN, IMAGENET_STD))
 

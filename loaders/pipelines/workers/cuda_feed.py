@@ -66,8 +66,7 @@ class CudaFeeder:
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
                 pass_id: int = 0, erase=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``);
-        ``erase(images, number)``, if given, erases each normalised batch on the side stream."""
+        """See the class; ``erase(images, number)``, if given, erases on the side stream."""
         def release(copied: torch.cuda.Event, slot: int | None, number: int) -> None:
             if slot is not None:
                 copied.synchronize()  # issued a step ago, so normally already done

@@ -53,15 +53,13 @@ class DeviceLoader(ReaderLoader):
         return (3, self.resolution, self.resolution)
 
     def set_resolution(self, size: int) -> None:
-        """Training: ``size`` px from the next pass on, in the same slots and workers
-        (``ValueError`` as :meth:`_check_resolution`)."""
+        """Training: ``size`` px from the next pass on (``ValueError`` as _check_resolution)."""
         self._check_resolution(size)
         # workers started from now on fork with it; running ones take it from the batches
         self.transform.size = (size, size)
 
     def close(self) -> None:
-        """Stop every worker this loader started (also a part-way pass's) and let the slots go;
-        safe more than once, a later pass starts new ones."""
+        """Stop every worker this loader started, let the slots go; safe more than once."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()

@@ -61,8 +61,7 @@ class SharedBatches:
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
-        """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only), in
-        the same memory; ``ValueError`` above ``max_image_shape``."""
+        """Serve ``image_shape`` ``(3, H, W)`` images from now on; ``ValueError`` above the max."""
         channels, height, width = image_shape
         size = self.batch_size * math.prod(image_shape)
         if size > self.capacity:
