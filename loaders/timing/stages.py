@@ -1,9 +1,7 @@
-"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each: a
-worker's :class:`StageClock` writes each image's stage seconds and each batch's worker id, wall
-and CPU time into the slot's stage rows beside the pixels; the batch-decoding pipelines
-(``--decode-device``, DALI) time their *readers* (read, window) and their *batch decoder*
-(decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps their
-histograms and sums for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``: no clock call."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each: a worker's
+:class:`StageClock` writes into the slot's stage rows, the batch-decoding pipelines time readers
+and batch decoder; one :class:`StageLog` keeps histograms and sums for ``engine.report.bounds``.
+``IMAGENET_FAST_STAGES=0``: no clock call."""
 from __future__ import annotations
 
 import os
@@ -192,9 +190,8 @@ class StageLog:
 
     def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
                       wait: float | None = None) -> None:
-        """One batch of ``count`` images through the batch decoder: ``timing``'s stages (s by
-        name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu`` s, the training thread's
-        ``wait`` (DALI's ``run()``)."""
+        """A batch through the batch decoder: ``timing``'s stages (s by name, ``"copy"``), its
+        ``wall`` and ``cpu`` s, the training thread's ``wait`` (DALI's ``run()``)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
@@ -285,9 +282,8 @@ class StagedLoader:
 
 
 def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
-    """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
-    events in ``pending`` whose end has passed (all, waiting for each, if ``wait``); returns the
-    pairs not read yet (also ``engine.report.progress.StepTimer``'s reader)."""
+    """Append to ``seconds`` those of each passed (or, ``wait``, every) CUDA event pair of
+    ``pending``; returns the pairs not read yet."""
     left = []
     for start, end in pending:
         if wait:
