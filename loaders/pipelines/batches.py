@@ -85,12 +85,9 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
 
 
 class SampleBatches(Dataset):
-    """A dataset of :class:`NumberedBatch` es over ``reader`` (``max_pixels``: the acceptance
-    rule's limit): a sample is :meth:`sample` of its index, damaged ones replaced as ``bad`` has
-    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, drawn from torch's CPU
-    generator seeded with the batch's seed (where it has one) and put back after: with ``-j 0``
-    this is the training process, whose own draws (MixUp, CutMix, its checkpointed RNG state)
-    must not follow the batches'."""
+    """A dataset of :class:`NumberedBatch` es over ``reader``: a sample is :meth:`sample` of its
+    index (damaged ones replaced), a batch :meth:`_batch` of them under the batch's seed, torch's
+    generator put back after (with ``-j 0`` the training process's own draws must not change)."""
 
     def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
         self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
@@ -120,9 +117,8 @@ DeviceFeed = PositionedLoader  # every loader's base: its place in the epoch, tr
 
 
 def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:
-    """``tensors``, made on a side stream up to its event ``done``, usable on ``device``'s current
-    stream: it waits for ``done``, and the allocator keeps their memory until its work queued so
-    far has run (``record_stream``). CPU tensors (``done`` None) as they are."""
+    """``tensors`` made on a side stream up to event ``done``, usable on ``device``'s current
+    stream (waited for, ``record_stream``); CPU tensors (``done`` None) as they are."""
     if done is not None:
         main = torch.cuda.current_stream(device)
         main.wait_event(done)
@@ -132,10 +128,8 @@ def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.devic
 
 
 class ReaderLoader(StagedLoader, DeviceFeed):
-    """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
-    :class:`NumberedBatch` es (training: whole batches), at most ``settings.max_batches(train)``
-    per epoch; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty training
-    order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
+    """One split of ``reader`` in ``order``, read by a DataLoader (``self.loader``, a subclass's)
+    of :class:`NumberedBatch` es. Raises :class:`DataError` for an empty training order."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
