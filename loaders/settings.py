@@ -117,9 +117,8 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """Every loader ``loaders.build_loaders`` returns (``tests/loaders/test_contract.py``):
-    ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H,
-    W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact ``len()`` after
+    """Every loader (``tests/loaders/test_contract.py``): images ``settings.dtype`` ``(N, 3, H,
+    W)`` normalised, int64 labels ``(N,)``, on ``DistInfo.device``; an exact ``len()`` after
     :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once)."""
 
     classes: list[str]

@@ -1,9 +1,7 @@
-"""Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
-another world size, batch size or worker count. The global order interleaves the ranks' orders at
-the epoch's first layout (its *origin*, :class:`Layout`): position ``j x W + r`` is rank ``r``'s
-``j``-th index, so ``k`` steps of batch ``B`` trained the first ``k x B x W`` (``consumed``). A
-resume at another layout (:func:`rest_of_epoch`) deals the rest out again in whole batches, rank
-``r'`` of ``W'`` taking ``consumed + r' + i x W'``, the leftover sitting out: none trained twice."""
+"""Where a training pass stands in its epoch's *global order* (the ranks' orders interleaved at
+its *origin* :class:`Layout`: ``k`` steps of batch ``B`` trained the first ``k x B x W``), and
+how a resume at another layout deals the rest out again in whole batches (:func:`rest_of_epoch`):
+none trained twice."""
 from __future__ import annotations
 
 import json

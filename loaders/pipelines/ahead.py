@@ -12,10 +12,9 @@ _END = object()
 
 
 class RunAhead:
-    """The items of ``items`` (a generator), made at once in a daemon thread up to ``depth``
-    ahead, in order; an exception from ``items`` is raised by ``next()`` in its place, and every
-    ``next()`` after the last item or an exception raises ``StopIteration``. :meth:`close` stops
-    the thread and closes ``items`` in it. ``items`` must not draw from torch's global RNG."""
+    """``items`` (a generator not drawing from torch's global RNG) made in a daemon thread up to
+    ``depth`` ahead; an exception from it is raised by ``next()`` in its place, then
+    ``StopIteration``. :meth:`close` stops the thread and closes ``items`` in it."""
 
     def __init__(self, items: Iterator, depth: int = 2, name: str = "batch-decode"):
         self._ready: queue.Queue = queue.Queue(depth)

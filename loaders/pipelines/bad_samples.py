@@ -1,7 +1,6 @@
 """Keeping a run alive through damaged samples (``--max-bad-share``): one that fails to decode or
-that the acceptance rule refuses (:mod:`decode.acceptance`) is replaced by a readable one, named
-once on stderr and never drawn again (flags every worker shares); one that decodes while a native
-decoder warns (libjpeg's ``Corrupt JPEG data``, :mod:`decode.messages`) is kept, named once."""
+is refused (:mod:`decode.acceptance`) is replaced, named once and never drawn again; one that
+decodes while a native decoder warns (:mod:`decode.messages`) is kept, named once."""
 from __future__ import annotations
 
 import sys
@@ -34,9 +33,8 @@ def report_damaged(name: str, lines: list[str]) -> None:
 
 
 class UnreadableSet:
-    """One uint8 flag per sample of a dataset of ``size``, in shared memory if ``shared`` (made
-    before the workers start, which inherit or unpickle it). :meth:`mark` checks and sets in two
-    steps: two workers failing on one sample at once may both report it; :meth:`count` is exact."""
+    """One uint8 flag per sample, in shared memory if ``shared`` (made before the workers start).
+    Two workers marking one sample at once may both report it; :meth:`count` is exact."""
 
     def __init__(self, size: int, shared: bool = False):
         self.flags = torch.zeros(size, dtype=torch.uint8)
@@ -86,9 +84,8 @@ def check_share(unreadable: UnreadableSet, max_bad_share: float, size: int) -> N
 
 
 class BadSamples:
-    """A split's :class:`UnreadableSet` s: :attr:`unreadable` (replaced, never drawn again) and
-    :attr:`warned` (kept, named once); ``name_of(index)`` names a sample in the warnings; at
-    most ``max_tries`` failing samples in a row."""
+    """A split's :attr:`unreadable` and :attr:`warned` (kept) samples, ``name_of(index)`` for
+    the warnings, at most ``max_tries`` failing samples in a row."""
 
     def __init__(self, size: int, name_of=str, shared: bool = False, max_tries: int = 16):
         self.unreadable = UnreadableSet(size, shared=shared)
@@ -97,9 +94,8 @@ class BadSamples:
 
 
 def fetch_readable(fetch, index: int, bad: BadSamples):
-    """``(fetch(j), found)``: ``j`` is ``index`` or, where that one is known unreadable or raises
-    one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable; ``found``: the samples
-    newly failing, each named once. Raises :class:`DataError` past ``bad.max_tries`` in a row."""
+    """``(fetch(j), found)``: ``j`` is ``index`` or, if unreadable, the next readable; ``found``
+    the samples newly failing. Raises :class:`DataError` past ``bad.max_tries`` in a row."""
     unreadable, found, j = bad.unreadable, 0, index
     for _ in range(bad.max_tries):
         if unreadable.view[j]:  # the one byte a healthy sample costs

@@ -99,9 +99,8 @@ class AutoAugment(_Policy):
 
 
 class AugMix(_Policy):
-    """torchvision's ``v2.AugMix(severity)`` (mixture width 3, depth 1-3, alpha 1, all ops):
-    the crop mixed with three chains of :data:`AUGMIX_SPACE` ops by Dirichlet weights, in float,
-    truncated to uint8. ``--augmix-severity`` is ``severity`` (1..10)."""
+    """torchvision's ``v2.AugMix(severity)`` (``--augmix-severity``, 1..10): width 3, depth 1-3,
+    alpha 1, all ops."""
 
     space = AUGMIX_SPACE
 
@@ -128,9 +127,8 @@ class AugMix(_Policy):
 def make_auto_augment(policy: str | None, interpolation: str = "bilinear",
                       ra_magnitude: int = 9, augmix_severity: int = 3
                       ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The ``--auto-augment`` policy as a callable on uint8 ``(3, H, W)`` crops (same dtype and
-    shape out), or None for no policy, as torchvision's ``ClassificationPresetTrain`` chooses
-    it. Raises ``ValueError`` for an unknown policy or out-of-range magnitude or severity."""
+    """The ``--auto-augment`` policy on uint8 ``(3, H, W)`` crops, or None, as torchvision's
+    presets choose it. ``ValueError``: an unknown policy, magnitude or severity out of range."""
     makers = {"ta_wide": lambda: TrivialAugmentWide(interpolation),
               "ra": lambda: RandAugment(interpolation, ra_magnitude),
               "augmix": lambda: AugMix(interpolation, augmix_severity)}

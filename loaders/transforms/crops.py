@@ -24,9 +24,8 @@ _DRAWS = 4 * RRC_ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 
 def random_resized_crop_params(height: int, width: int, scale: tuple[float, float],
                                ratio: tuple[float, float], draws: list[float]):
-    """``(top, left, h, w)`` of a RandomResizedCrop window in a ``height x width`` image, by
-    torchvision's ``RandomResizedCrop.get_params``, its [0, 1) uniforms taken from ``draws`` (four
-    per attempt) instead of torch RNG calls (0.08 ms)."""
+    """``(top, left, h, w)``: torchvision's ``RandomResizedCrop.get_params``, its [0, 1)
+    uniforms from ``draws`` (four per attempt), not torch RNG calls (0.08 ms)."""
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for k in range(RRC_ATTEMPTS):
@@ -58,9 +57,8 @@ class TrainTransform:
         self.side = 0  # the last image's longer side (px), for the stage figures
 
     def __call__(self, data: bytes, frame=None, t: list | None = None) -> torch.Tensor:
-        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read; ``t``: an
-        image's stage figures (``StageClock.t``) that get each stage's seconds (a whole decode
-        for the size counts as decode), or None: no clock is read."""
+        """``frame``: ``data``'s :class:`decode.acceptance.Frame`, if read; ``t``: a
+        ``StageClock.t`` to add each stage's seconds to, or None (no clock read)."""
         clock = stages.no_clock if t is None else time.perf_counter
         start = clock()
         window, flip, image = self.window(data, frame=frame)
