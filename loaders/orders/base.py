@@ -36,8 +36,7 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
 
 
 def train_batch_size(order: Order, batch_size: int) -> int:
-    """``batch_size``, or all of an epoch's indices in one smaller batch when ``order`` holds
-    fewer (as pytorch/examples'). Raises :class:`DataError` for an empty order."""
+    """``batch_size``, or fewer if ``order`` holds fewer. :class:`DataError` if it is empty."""
     if len(order) == 0:
         raise DataError(f"training set has no image for this process ({order.num_samples} "
                         "images in all): use fewer processes or more images")

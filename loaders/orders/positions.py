@@ -49,8 +49,7 @@ def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RestOfEpoch:
-    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads ``indices``
-    (None: the order's own), after ``consumed`` samples of the global order at ``origin``."""
+    """A resumed epoch on this rank: ``indices`` (None: the order's) from ``start_batch`` on."""
 
     epoch: int
     start_batch: int
@@ -80,8 +79,7 @@ def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
 
 def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
                     batch: int) -> dict:
-    """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: samples
-    of the global order consumed, its origin layout, the layout now; size, seed, order kind."""
+    """A checkpoint's ``position`` before batch ``batch`` of ``epoch``."""
     consumed, origin = batch * now.world_size * now.batch_size, now
     if rest is not None and rest.epoch == epoch:
         consumed += rest.consumed - rest.start_batch * now.world_size * now.batch_size
@@ -146,8 +144,7 @@ class PositionedLoader:
 
 
 class SampleTrace:
-    """Test hook (:data:`TRACE_ENV`): one JSON line ``{"epoch", "batch", "indices"}`` per training
-    batch handed out (indices as the order gives them), appended to ``PATH.rankR`` at once."""
+    """Test hook (:data:`TRACE_ENV`): a JSON line per training batch, appended to ``PATH.rankR``."""
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"

@@ -117,8 +117,7 @@ class StreamTrainOrder:
 
 
 class StreamValOrder:
-    """Validation order over shards: rank ``r`` of ``R`` reads records ``[r*N//R, (r+1)*N//R)``,
-    cut into one piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
+    """Validation: rank ``r`` of ``R`` reads ``[r*N//R, (r+1)*N//R)``, a piece per worker."""
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):

@@ -24,14 +24,12 @@ PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """One 63-bit seed of (seed, epoch, rank): the DataLoader workers' base seed and DALI's
-    pipeline seed (augmentations are drawn per batch, :func:`batch_seed`)."""
+    """One 63-bit seed of (seed, epoch, rank): the workers' base seed, DALI's pipeline seed."""
     return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
-    """The torch seed of training batch ``batch`` of ``epoch`` on global rank ``rank``: 64 bits
-    of NumPy's ``SeedSequence`` of the four (no two tuples share a stream)."""
+    """Training batch ``batch``'s torch seed: 64 bits of ``SeedSequence`` of the four."""
     return int(seed_sequence(seed, epoch, rank, batch).generate_state(1, np.uint64)[0])
 
 

@@ -23,8 +23,7 @@ _workers: weakref.WeakSet = weakref.WeakSet()  # and every worker process of tho
 
 
 class ClosingDataLoader(DataLoader):
-    """``DataLoader`` whose :meth:`close` stops the workers of every iterator it made (persistent
-    ones, and those of a pass left part-way); a later ``iter()`` starts new workers."""
+    """``DataLoader`` whose :meth:`close` stops the workers of every iterator it made."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -57,8 +56,7 @@ class ClosingDataLoader(DataLoader):
 
 
 def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop the workers of torch's multi-process ``iterators``: torch's shutdown message,
-    ``grace_s`` seconds for all together, SIGKILL for the rest, then torch's own shutdown."""
+    """torch's shutdown message to ``iterators``' workers, ``grace_s`` s in all, then SIGKILL."""
     live = [it for it in iterators if not getattr(it, "_shutdown", True)]
     for iterator in live:
         iterator._workers_done_event.set()

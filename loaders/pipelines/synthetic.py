@@ -19,8 +19,7 @@ NUM_CLASSES = 1000
 
 
 class SyntheticLoader(StagedLoader, DeviceFeed):
-    """The same batch as often as a real loader over ``num_samples`` images: uniform uint8 noise
-    normalised as real data, labels in ``[0, NUM_CLASSES)``."""
+    """A real loader's batch count over ``num_samples`` images, each the same normalised noise."""
 
     def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool):
         self.batch_size = batch_size = settings.batch_size

@@ -77,8 +77,8 @@ class LMDBReader(Reader):
 
 
 def readahead_for(path: str, choice) -> bool:
-    """OS readahead for ``path``: ``"on"``/``True``, ``"off"``/``False``, or ``"auto"``: on for a
-    database at most half the memory available (~20% faster cached, slower beyond memory)."""
+    """OS readahead: ``"on"``/``True``, ``"off"``/``False``, or ``"auto"``: on for a database at
+    most half the memory available (~20% faster cached, slower beyond memory)."""
     if choice in (True, "on"):
         return True
     if choice != "auto":

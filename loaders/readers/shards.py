@@ -186,8 +186,7 @@ class ShardReader(Reader):
                 self.retries.pause(exc, failures)  # raises DataError past the last try
 
     def _stream_spans(self, shard: int) -> list | None:
-        """The shard's ``.idx`` rows if its location serves one matching ``index.json``: cutting
-        at offsets costs ~2 us per record against ~57 us to parse tar headers in Python."""
+        """The shard's served ``.idx`` rows, if any: ~2 us per record, tar parsing ~57 us."""
         url, name = self.urls[shard], self.index.shards[shard]["name"]
         idx = self.index.shards[shard].get("idx") or sibling(url, name, idx_name(name))
         if idx.startswith("pipe:"):

@@ -64,8 +64,7 @@ def enabled() -> bool:
 
 
 class StageClock:
-    """A worker's figures for its image: ``t``, ``IMAGE_COLUMNS`` floats reused per image (stage
-    seconds added: a replaced sample counts both tries)."""
+    """A worker's figures for its image: ``t``, ``IMAGE_COLUMNS`` floats (seconds added)."""
 
     __slots__ = ("t", "started", "sampled", "_cpu")
 
@@ -133,8 +132,7 @@ class StageLog:
             self._pending: list = []  # CUDA (start, end) event pairs not yet read
 
     def add_slot(self, images: np.ndarray, batch: np.ndarray, count: int) -> None:
-        """Add one workers' batch: ``images`` its slot's flat stage rows (``count`` images
-        used), ``batch`` its batch row; a few numpy calls per batch, none per image."""
+        """Add a workers' batch from its slot's stage rows: numpy calls per batch, not image."""
         rows = images[:count * IMAGE_COLUMNS].reshape(count, IMAGE_COLUMNS)
         stage_s = rows[:, :len(STAGES)]
         total_s = stage_s.sum(axis=1)
@@ -209,13 +207,10 @@ class StageLog:
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``
-        (``{"mean", "p50", "p90"}``, None where not had) of :data:`STAGES` and ``total`` (a batch
-        pipeline's: the means' sum); the workers' ``decoders`` and ``sizes`` (by stored longer
-        side); ``workers`` (per reader, named by ``readers``, as built below);
-        ``worker_ms_per_image``; ``batch_decoder`` (or None); ``loader_images_per_sec`` (the
-        readers' sum, or the batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
-        ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
+        """The figures so far, JSON-able, in ms per image unless named (as built below): per
+        stage ``{"mean", "p50", "p90"}`` (None where not had), a batch pipeline's ``total`` the
+        means' sum; ``loader_images_per_sec``: the readers' sum, or the batch decoder's if
+        slower (None unless ``rated``); per batch ``{"p50", "p90"}`` of copy and DALI's wait."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._figures(row) if name in self.stages else None

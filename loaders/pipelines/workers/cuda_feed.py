@@ -91,8 +91,8 @@ class CudaFeeder:
 
     def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int,
                 erase=None):
-        """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
-        copied event, slot, number)``, slot ``None`` if it was already released."""
+        """Start copying ``slot`` on the side stream: ``(images, labels, copied, slot or None,
+        number)``."""
         images, labels = pool.batch(slot, count)
         timed = self.timing is not None
         with torch.cuda.stream(self.stream):

@@ -132,8 +132,7 @@ class DeviceLoader(ReaderLoader):
             yield images, labels
 
     def _filled(self, batches, pool: SharedBatches) -> Iterator[tuple[int, int, int]]:
-        """``(number, slot, count)`` of this pass's written slots, their stage rows logged;
-        raises :class:`DataError` past ``max_bad_share``."""
+        """This pass's written ``(number, slot, count)``, logged; DataError past the bad share."""
         log, total = self.stage_log, len(self)
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
         for step, (number, slot, count, found) in enumerate(batches):

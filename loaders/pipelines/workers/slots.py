@@ -104,8 +104,7 @@ class SharedBatches:
         return slot
 
     def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of a written slot: uint8 images ``(count, 3, H, W)`` and int64 labels
-        ``(count,)``. Valid until :meth:`release`; copy what you keep."""
+        """Views of a slot, valid until :meth:`release`: uint8 ``(count, 3, H, W)``, int64."""
         return self.images[slot, :count], self.labels[slot, :count]
 
     def release(self, slot: int, number: int, pass_id: int = 0) -> None:
