@@ -41,6 +41,7 @@ class PassPlan:
     image_shape: tuple[int, int, int] | None = None  # the slots' (3, H, W); None: as made
     seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch (or None)
     limit: int | None = None  # batches at most (None: all)
+    reading: tuple | None = None  # streamed shards' pass, for ShardReader.follow
 
     def seed(self, number: int) -> int | None:
         """:func:`batch_seed` of batch ``number`` of this pass, or None."""
@@ -98,6 +99,8 @@ class SampleBatches(Dataset):
         return fetch_readable(self.sample, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch):
+        if batch.plan.reading is not None:  # a kept worker learns each pass's reading plan
+            self.reader.follow(batch.plan.reading)
         seed = batch.plan.seed(batch.number)
         if seed is None:
             return self._batch(batch)
@@ -142,6 +145,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
         self.start_batch = self.epoch = 0
+        self._reading, self._pass_numbers = None, itertools.count()  # streamed shards
         # Flags made before any worker starts, kept for the loader's lifetime.
         self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
         self.unreadable = self.bad.unreadable
@@ -161,7 +165,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
             dataset, batch_sampler=self._batches, collate_fn=keep_as_is, num_workers=workers,
             generator=self._generator, prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
             multiprocessing_context=context,
-            persistent_workers=workers > 0 and not self.reader.plans_passes)
+            persistent_workers=workers > 0)
 
     def __len__(self) -> int:
         total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
@@ -179,8 +183,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         if self.reader.plans_passes:
             # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None
-            self.reader.plan_pass(self.sampler.order, epoch,
-                                  list(self.sampler) if resumed else None)
+            self._reading = self.reader.plan_pass(self.sampler.order, epoch,
+                                                  list(self.sampler) if resumed else None)
 
     def pass_indices(self) -> list[int]:
         """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
@@ -189,7 +193,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
     def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
         """The next pass's :class:`PassPlan`, handed to the batch sampler."""
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        plan = PassPlan(pass_id, image_shape, seed_key, len(self))
+        reading = self._reading and (next(self._pass_numbers), *self._reading)
+        plan = PassPlan(pass_id, image_shape, seed_key, len(self), reading)
         self._batches.plan = plan  # taken by the pass that starts now
         return plan
 

@@ -20,14 +20,13 @@ READERS = {
 
 
 class Reader:
-    """One split of a source: ``classes`` (index = label), ``len()``, ``read(i) -> (encoded
-    bytes, label)``, ``name_of(i)`` (for messages), its epoch orders; pickled into spawned
-    workers, reopening files lazily. ``read`` may run in several threads and raises
+    """One split of a source: ``classes``, ``len()``, ``read(i) -> (encoded bytes, label)``,
+    ``name_of(i)``, its epoch orders. ``read`` may run in several threads and raises
     :class:`DataError` for a damaged store, ``IndexError`` outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
     random_access = True  # read(i) in any order costs about the same (not streamed shards)
-    plans_passes = False  # plan_pass runs before each pass's workers start (streamed shards)
+    plans_passes = False  # streamed shards: plan_pass here, follow in the (kept) workers
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """This rank's training order: :func:`~loaders.orders.shuffled_order` unless overridden."""
@@ -37,8 +36,9 @@ class Reader:
         """The validation epoch order of this rank: every sample once across ranks."""
         return ShardOrder(len(self), dist.rank, dist.world_size)
 
-    def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> None:
-        """The pass about to start: ``epoch`` of ``order``, ``remaining`` of a resumed one."""
+    def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> tuple | None:
+        """The pass about to start: ``epoch`` of ``order``, ``remaining`` of a resumed one; what
+        the workers' ``follow`` takes."""
 
 
 def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:

@@ -1,7 +1,5 @@
 """WebDataset tar shards (``--loader shards``) on a file system, over HTTP(S) or from a command
-(``pipe:aws s3 cp s3://... -``), ``len()`` exact from the split's ``index.json``. Not
-``webdataset``'s readers: ours are map-style (exact, equal epochs; exact resume), each worker
-reading its own shards front to back."""
+(``pipe:aws s3 cp s3://... -``), read map-style (exact, equal epochs), unlike ``webdataset``'s."""
 from __future__ import annotations
 
 import bisect
@@ -37,8 +35,8 @@ class ShardReader(Reader):
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
-        # A stream's workers fork with each pass's plan; local shards' keep from pass to pass
         self.random_access, self.plans_passes = not self.streaming, self.streaming
+        self._order = self._followed = None  # plan_pass's order, the pass follow took
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
@@ -212,9 +210,17 @@ class ShardReader(Reader):
         return StreamValOrder(len(self), settings.batch_size, settings.workers, dist.rank,
                               dist.world_size)
 
-    def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
-        """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``): :meth:`set_plan`."""
+    def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> tuple:
+        """:meth:`set_plan` of ``order.pieces(epoch)``; ``(epoch, first positions)``."""
+        self._order = order
         self.set_plan(order.pieces(epoch), remaining)
+        return epoch, tuple(self._first)
+
+    def follow(self, reading: tuple) -> None:
+        """In a kept worker: the pass ``(number, *plan_pass's)`` planned, unless it is in hand."""
+        if reading != self._followed:
+            self.set_plan(self._order.pieces(reading[1]))
+            self._first, self._followed = list(reading[2]), reading
 
     def __getstate__(self):
         state = self.__dict__.copy()

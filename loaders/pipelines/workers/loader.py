@@ -22,8 +22,8 @@ from .step import SlotWriter
 class DeviceLoader(ReaderLoader):
     """A :class:`ReaderLoader` whose workers crop each sample to uint8 ``(3, H, W)`` into shared
     batch slots, normalised here on the device (uint8 is 4x smaller to pass and copy). Slots and
-    workers are kept from pass to pass (a fork costs ~0.1 s on 2 cores) unless the reader plans
-    each pass. A training loader measures its workers' stages."""
+    workers are kept from pass to pass (a fork costs ~0.1 s on 2 cores). A training loader
+    measures its workers' stages."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
