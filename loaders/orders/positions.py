@@ -91,9 +91,8 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 class PositionedLoader:
     """Every loader's base: it sets ``position_order``, ``batch_size`` and ``rank``, reads the
-    indices :meth:`_take_rest` returns (if any) and yields each pass through :meth:`_delivered`;
-    its device feed erases after normalising (timm's ``PrefetchLoader``) by :meth:`_eraser`.
-    ``loaders.build_loaders`` sets ``erasing`` and ``trace`` (:class:`SampleTrace`) or None."""
+    indices of :meth:`_take_rest`, yields passes through :meth:`_delivered` and erases by
+    :meth:`_eraser` after normalising; ``build_loaders`` sets ``erasing`` and ``trace``."""
 
     rest: RestOfEpoch | None = None
     erasing = None

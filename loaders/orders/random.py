@@ -62,10 +62,8 @@ class RandomOrder:
 
 
 class RepeatedAugmentationOrder:
-    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020) as torchvision's
-    ``RASampler`` (from DeiT), keeping ``floor(num_samples // 256 x 256 / world_size)`` per rank.
-    Raises :class:`DataError` when that is 0, ``ValueError`` for ``repetitions`` < 1 or a bad
-    rank."""
+    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020) as torchvision's ``RASampler``
+    (DeiT's). Raises :class:`DataError` for no image per rank, ``ValueError`` for bad sizes."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):

@@ -60,10 +60,9 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 
 class StreamTrainOrder:
-    """Training order over shards, equal on every rank: per epoch the shards permuted from
-    ``(seed, epoch)``, rank ``r`` taking the ``r``-th of ``world_size`` segments' whole batches,
-    one piece per worker shuffled through a ``buffer`` (from ``(seed, epoch, rank, worker)``).
-    Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards: per epoch the shards permuted, rank ``r`` taking the ``r``-th
+    segment's whole batches, a piece per worker shuffled through a ``buffer``. ``ValueError``:
+    bad sizes or ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")

@@ -1,7 +1,6 @@
-"""Stopping a loader's DataLoader workers on every way out of a run: ours block SIGTERM and
-SIGUSR1 (``engine.distributed.preempt``), and one waiting for a slot or a stream never reads
-torch's shutdown message, so each is asked, given :data:`STOP_GRACE_S`, then SIGKILLed (also
-``atexit``: ``multiprocessing`` would join it forever)."""
+"""Stopping a loader's workers on every way out of a run: ours block SIGTERM and SIGUSR1, and one
+waiting for a slot or a stream misses torch's shutdown message, so each is asked, given
+:data:`STOP_GRACE_S`, then SIGKILLed (also ``atexit``, or ``multiprocessing`` joins it forever)."""
 from __future__ import annotations
 
 import atexit

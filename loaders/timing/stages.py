@@ -102,10 +102,8 @@ thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apar
 
 
 class StageLog:
-    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe:
-    the workers' slot rows (:meth:`add_slot`), or a batch pipeline's readers (:meth:`add`,
-    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`). ``rated``: the slower side is
-    the pipeline's rate (not DALI's: its decode is unmeasured)."""
+    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe.
+    ``rated``: the slower side is the pipeline's rate (not DALI's: its decode is unmeasured)."""
 
     def __init__(self, stages: tuple[str, ...] = STAGES, decoder_name: str | None = None,
                  rated: bool = True, readers_name: str = "workers"):

@@ -1,7 +1,6 @@
-"""Batches written by the workers into reused shared-memory slots, not a new block per batch as
-torch's collate (page-faulted 4 KiB at a time, docs/performance.md). Batch ``k`` uses slot ``k %
-slots`` once batch ``k - slots`` was released; releases are ``(pass, batch)`` tickets that only
-grow, so a pass left early never satisfies a later pass's wait."""
+"""Batches written by the workers into reused shared-memory slots, not a new block each as torch's
+collate (docs/performance.md). Releases are ``(pass, batch)`` tickets that only grow: a pass left
+early never satisfies a later pass's wait."""
 from __future__ import annotations
 
 import errno

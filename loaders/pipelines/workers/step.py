@@ -18,10 +18,9 @@ from .slots import SharedBatches
 
 
 class SlotWriter(SampleBatches):
-    """Writes each sample's uint8 ``(3, H, W)`` crop and label into the slots given to :meth:`use`
-    before the workers start; a batch gives ``(number, slot, count, found)``. ``clock`` (or
-    None: no clock read) times each image's stages and each batch into the slot's stage rows.
-    Raises :class:`DataError` for an image not uint8 of the slots' shape."""
+    """Writes each sample's uint8 ``(3, H, W)`` crop and label into :meth:`use`'s slots, a batch
+    giving ``(number, slot, count, found)``; ``clock`` (None: no clock read) times it into their
+    stage rows. Raises :class:`DataError` for an image not uint8 of the slots' shape."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int,
                  clock: stages.StageClock | None = None):
