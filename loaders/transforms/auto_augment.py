@@ -14,11 +14,35 @@ from ._uint8_ops import OPS
 POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
 # --interpolation values (torchvision's InterpolationMode names the flag takes)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
-# op -> (magnitudes(bins, height, width) or None, signed): torchvision's own tables
-RA_SPACE = v2.RandAugment._AUGMENTATION_SPACE
-AA_SPACE = v2.AutoAugment._AUGMENTATION_SPACE
-TA_WIDE_SPACE = v2.TrivialAugmentWide._AUGMENTATION_SPACE
-AUGMIX_SPACE = v2.AugMix._AUGMENTATION_SPACE  # all_ops=True, the default
+_NONE = (lambda bins, height, width: None, False)
+
+
+def _upto(top: float):
+    return lambda bins, height, width: torch.linspace(0.0, top, bins)
+
+
+def _space(shear: float, translate, rotate: float, enhance: float, bits: int, step: int,
+           enhance_last: bool = False) -> dict:
+    """torchvision 0.29's ``_AUGMENTATION_SPACE`` of a policy, in its order: op -> ``(magnitudes(
+    bins, height, width) or None, signed)``; ``translate(side)``: the largest shift (px)."""
+    geometry = {"ShearX": (_upto(shear), True), "ShearY": (_upto(shear), True),
+                "TranslateX": (lambda bins, h, w: torch.linspace(0.0, translate(w), bins), True),
+                "TranslateY": (lambda bins, h, w: torch.linspace(0.0, translate(h), bins), True),
+                "Rotate": (_upto(rotate), True)}
+    enhancing = {op: (_upto(enhance), True) for op in ("Brightness", "Color", "Contrast",
+                                                        "Sharpness")}
+    tone = {"Posterize": (lambda bins, h, w: (bits - (torch.arange(bins) / ((bins - 1) / step)))
+                          .round().int(), False),
+            "Solarize": (lambda bins, h, w: torch.linspace(1.0, 0.0, bins), False),
+            "AutoContrast": _NONE, "Equalize": _NONE}
+    return {**geometry, **tone, **enhancing} if enhance_last else {**geometry, **enhancing, **tone}
+
+
+# The policies' tables (torchvision's own are private): AugMix's with all_ops=True, the default
+RA_SPACE = {"Identity": _NONE, **_space(0.3, lambda side: 150.0 / 331.0 * side, 30.0, 0.9, 8, 4)}
+TA_WIDE_SPACE = {"Identity": _NONE, **_space(0.99, lambda side: 32.0, 135.0, 0.99, 8, 6)}
+AA_SPACE = {**_space(0.3, lambda side: 150.0 / 331.0 * side, 30.0, 0.9, 8, 4), "Invert": _NONE}
+AUGMIX_SPACE = _space(0.3, lambda side: side / 3.0, 30.0, 0.9, 4, 4, enhance_last=True)
 
 
 class _Policy:
@@ -54,13 +78,13 @@ class _Policy:
 
 
 class RandAugment(_Policy):
-    """torchvision's ``v2.RandAugment`` (``magnitude`` None: a uniform bin each)."""
-
-    space = RA_SPACE
+    """torchvision's ``v2.RandAugment`` (``magnitude`` None: a uniform bin each); with ``(None,
+    1)`` and ``TA_WIDE_SPACE``, its ``v2.TrivialAugmentWide``."""
 
     def __init__(self, interpolation: str = "bilinear", magnitude: int | None = 9,
-                 num_ops: int = 2, num_magnitude_bins: int = 31):
+                 num_ops: int = 2, num_magnitude_bins: int = 31, space: dict = RA_SPACE):
         super().__init__(interpolation)
+        self.space = space
         if magnitude is not None and not 0 <= magnitude < num_magnitude_bins:
             raise ValueError(f"RandAugment magnitude {magnitude}: expected "
                              f"0..{num_magnitude_bins - 1}")
@@ -70,15 +94,6 @@ class RandAugment(_Policy):
         for _ in range(self.num_ops):
             image = self.apply(image, self.pick_op(), self.bins, self.magnitude, self.bins)
         return image
-
-
-class TrivialAugmentWide(RandAugment):
-    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``."""
-
-    space = TA_WIDE_SPACE
-
-    def __init__(self, interpolation: str = "bilinear", num_magnitude_bins: int = 31):
-        super().__init__(interpolation, None, 1, num_magnitude_bins)
 
 
 class AutoAugment(_Policy):
@@ -129,7 +144,7 @@ def make_auto_augment(policy: str | None, interpolation: str = "bilinear",
                       ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The ``--auto-augment`` policy on uint8 ``(3, H, W)`` crops, or None, as torchvision's
     presets choose it. ``ValueError``: an unknown policy, magnitude or severity out of range."""
-    makers = {"ta_wide": lambda: TrivialAugmentWide(interpolation),
+    makers = {"ta_wide": lambda: RandAugment(interpolation, None, 1, space=TA_WIDE_SPACE),
               "ra": lambda: RandAugment(interpolation, ra_magnitude),
               "augmix": lambda: AugMix(interpolation, augmix_severity)}
     if policy is None:
