@@ -9,10 +9,9 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Per epoch, drawn from ``(seed, epoch)``: the blocks of ``block_size`` records permuted
-    and concatenated; rank ``r`` takes the ``r``-th of ``world_size`` segments of ``num_samples
-    // world_size`` (the rest sit out), shuffles each block and emits the next record of one of
-    ``buffer_blocks`` open blocks picked uniformly. ``ValueError``: sizes below 1, a bad rank."""
+    """Per epoch: the blocks permuted, rank ``r`` taking the ``r``-th of ``world_size`` segments,
+    each block shuffled, the next record of one of ``buffer_blocks`` open blocks picked
+    uniformly. ``ValueError``: sizes below 1, a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):

@@ -1,7 +1,5 @@
-"""Where a training pass stands in its epoch's *global order* (the ranks' orders interleaved at
-its *origin* :class:`Layout`: ``k`` steps of batch ``B`` trained the first ``k x B x W``), and
-how a resume at another layout deals the rest out again in whole batches (:func:`rest_of_epoch`):
-none trained twice."""
+"""Where a pass stands in its epoch's *global order* (the ranks' orders interleaved at its first
+:class:`Layout`), and how a resume at another layout deals the rest out (none trained twice)."""
 from __future__ import annotations
 
 import json

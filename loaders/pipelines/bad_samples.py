@@ -1,6 +1,5 @@
-"""Keeping a run alive through damaged samples (``--max-bad-share``): one that fails to decode or
-is refused (:mod:`decode.acceptance`) is replaced, named once and never drawn again; one that
-decodes while a native decoder warns (:mod:`decode.messages`) is kept, named once."""
+"""Damaged samples (``--max-bad-share``): one that fails to decode or is refused is replaced and
+never drawn again, one a native decoder warns about is kept; each named once."""
 from __future__ import annotations
 
 import sys

@@ -84,9 +84,8 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
 
 
 class SampleBatches(Dataset):
-    """A dataset of :class:`NumberedBatch` es over ``reader``: a sample is :meth:`sample` of its
-    index (damaged ones replaced), a batch :meth:`_batch` of them under the batch's seed, torch's
-    generator put back after (with ``-j 0`` the training process's own draws must not change)."""
+    """:class:`NumberedBatch` es of ``reader``'s samples (:meth:`_batch`, damaged ones replaced)
+    under their seed, torch's generator put back after (``-j 0``: the training process's)."""
 
     def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
         self.reader, self.bad, self.max_pixels = reader, bad, max_pixels

@@ -14,9 +14,8 @@ from . import Reader
 
 
 class LMDBReader(Reader):
-    """One LMDB, sample ``i`` its record ``i``, opened lazily in each process (py-lmdb's must not
-    cross ``fork()``). Raises :class:`~loaders.DataError` at construction if ``path`` is not a
-    complete database, ``KeyError`` for a missing record."""
+    """One LMDB, sample ``i`` its record ``i``, opened lazily in each process. Raises DataError if
+    ``path`` is not a complete database, ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path

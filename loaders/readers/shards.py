@@ -23,10 +23,9 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
 class ShardReader(Reader):
-    """A split's shards, records numbered shard after shard: local ones by ``pread`` at their
-    DALI ``.idx`` offsets; streams front to back, one open shard per worker and ``cache``
-    records read ahead (one behind reopens it), retried as ``retries`` says. Raises
-    :class:`DataError` for a missing, truncated or malformed shard or a stream failing each try."""
+    """A split's shards: local ones by ``pread`` at their ``.idx`` offsets, streams front to back
+    (``cache`` records read ahead, retried as ``retries`` says). Raises :class:`DataError` for
+    a missing, truncated or malformed shard or a stream failing each try."""
 
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):

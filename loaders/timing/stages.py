@@ -1,7 +1,5 @@
-"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each: a worker's
-:class:`StageClock` writes into the slot's stage rows, the batch-decoding pipelines time readers
-and batch decoder; one :class:`StageLog` keeps histograms and sums for ``engine.report.bounds``.
-``IMAGENET_FAST_STAGES=0``: no clock call."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each, kept in one
+:class:`StageLog` for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``: no clock call."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,5 @@
-"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU as pytorch/examples imagenet/main.py
-(plus torchvision's ``--auto-augment``, ``--interpolation``), decoding only the crop window: 1.27
-ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
+"""Encoded bytes to a uint8 ``(3, H, W)`` crop as pytorch/examples imagenet/main.py, decoding only
+the window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math

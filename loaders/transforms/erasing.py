@@ -12,10 +12,8 @@ ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
 
 
 class RandomErasing:
-    """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``
-    (Zhong et al. 2020) per image of a batch: with probability ``p``, up to 10 tries at a box of
-    area share uniform in ``scale``, aspect log-uniform in ``ratio``, the first that fits zeroed.
-    Image ``i``'s 41 uniforms: row ``i`` of the generator of ``(seed, epoch, rank, batch)``."""
+    """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)`` (Zhong et
+    al. 2020) per image, its draws from ``(seed, epoch, rank, batch)``."""
 
     def __init__(self, p: float, seed: int, rank: int, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
         self.p, self.seed, self.rank, self.scale = p, seed, rank, scale

@@ -20,10 +20,8 @@ from .step import SlotWriter
 
 
 class DeviceLoader(ReaderLoader):
-    """A :class:`ReaderLoader` whose workers crop each sample to uint8 ``(3, H, W)`` into shared
-    batch slots, normalised here on the device (uint8 is 4x smaller to pass and copy). Slots and
-    workers are kept from pass to pass (a fork costs ~0.1 s on 2 cores). A training loader
-    measures its workers' stages."""
+    """A :class:`ReaderLoader` whose workers crop each sample to uint8 into shared batch slots,
+    normalised here on the device (4x less to copy); slots and workers kept from pass to pass."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):

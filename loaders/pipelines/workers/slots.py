@@ -27,8 +27,7 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 
 
 class SharedBatches:
-    """``slots`` batches: ``images[s]`` uint8 ``(batch_size, 3, H, W)`` (NHWC in memory if
-    ``channels_last``; sized once for ``max_image_shape``), int64 ``labels[s]``, in
+    """``slots`` of uint8 ``images[s]`` ``(batch_size, 3, H, W)`` and int64 ``labels[s]``, in
     ``/dev/shm`` if ``shared``. Raises :class:`DataError` if it cannot hold them."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
