@@ -1,6 +1,5 @@
-"""The data-loading runtime: *readers* (where samples are, ``loaders.readers``) and *pipelines*
-(how their bytes become device batches, ``loaders.pipelines``). A new on-disk format is
-``formats/X`` + one reader module + one line in :data:`READERS`."""
+"""The data-loading runtime: *readers* (``loaders.readers``) and *pipelines* (their bytes to
+device batches, ``loaders.pipelines``). A new format: ``formats/X``, a reader, a line in READERS."""
 from __future__ import annotations
 
 import importlib
@@ -23,11 +22,8 @@ __all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "L
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
-    """``(train, val)``: ``PIPELINES[settings.pipeline]`` over the ``READERS[settings.source]``
-    readers of the two split paths, the training loader erasing (``--random-erase``) and, under
-    the tests' trace variable, recording its samples. Raises ``KeyError`` for an unknown backend,
-    :class:`DataError` for bad data (a bad split, train and val with different classes, too small
-    a training split). Sets PIL's decompression-bomb limit (``max_image_pixels``)."""
+    """``(train, val)`` of ``PIPELINES[settings.pipeline]`` over ``READERS[settings.source]``;
+    sets PIL's bomb limit. Raises ``KeyError`` (a backend), :class:`DataError` (bad data)."""
     from decode.acceptance import limit_pil
 
     from .transforms.erasing import RandomErasing
@@ -51,19 +47,18 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
 
 
 def close_all(*loaders) -> None:
-    """``close()`` each of ``loaders``, then this process's read-only LMDB handles; re-raises the
-    first ``close()`` error after all were closed."""
+    """Close ``loaders``, then the LMDB handles; re-raises the first error after all closed."""
     from formats.lmdb import close_all_readonly
 
-    failure = None
+    failures = []
     for loader in loaders:
         try:
             loader.close()
         except Exception as exc:  # noqa: BLE001 - the others are closed first
-            failure = failure or exc
+            failures.append(exc)
     close_all_readonly()
-    if failure is not None:
-        raise failure
+    if failures:
+        raise failures[0]
 
 
 def decoders_line(settings: LoaderSettings, device) -> str:

@@ -1,6 +1,5 @@
-"""Random draws as functions of their keys: every random number the loaders and the recipes draw
-comes from NumPy's ``SeedSequence`` of (seed, epoch, rank, batch, ...), which gives no two key
-tuples the same stream, so an epoch resumed, a pipeline rebuilt or another ``-j`` draws alike."""
+"""Random draws as functions of their keys (seed, epoch, rank, batch, ...) through NumPy's
+``SeedSequence``: a resumed epoch, a rebuilt pipeline or another ``-j`` draws alike."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""The loaders' errors, each a one-line message for the user: :class:`DataError` (bad data input,
-from ``formats.errors``) and :class:`AcceleratorError`."""
+"""The loaders' errors, each a one-line message for the user."""
 from __future__ import annotations
 
 from formats.errors import DataError

@@ -1,5 +1,4 @@
-"""What every reader and pipeline is built from (:class:`LoaderSettings`, :class:`DistInfo`,
-:func:`input_dtype`) and what every loader is (the :class:`Loader` protocol)."""
+"""What every reader and pipeline is built from, and what every loader is (:class:`Loader`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,11 +13,9 @@ __all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """Per-process loader settings, resolved once by ``main.py``. ``backend`` is the ``--loader``
-    choice (``loaders.BACKENDS``), naming a (:attr:`source`, :attr:`pipeline`) pair. Sizes are in
-    pixels; ``batch_size`` (images per step) and ``workers`` (DataLoader processes, or DALI
-    threads) are this process's. ``train_path``/``val_path``: the split roots (None for
-    ``synthetic``). ``dtype``: the images' dtype on the device (:func:`input_dtype`)."""
+    """Per-process loader settings from ``main.py``: ``backend`` (``--loader``) names a
+    (:attr:`source`, :attr:`pipeline`) pair; sizes in pixels; ``batch_size`` and ``workers``
+    (or DALI threads) this process's; ``dtype`` the images' on the device."""
 
     backend: str
     train_path: str | None
@@ -66,14 +63,14 @@ class LoaderSettings:
 
     @property
     def pipeline(self) -> str:
-        """How bytes become device batches: a ``loaders.PIPELINES`` key."""
+        """A ``loaders.PIPELINES`` key."""
         if self.backend in ("dali", "synthetic"):
             return self.backend
         return "workers" if self.decode_device == "cpu" else "gpu_decode"
 
     @property
     def source(self) -> str | None:
-        """Where samples are read from: a ``loaders.READERS`` key, or None for synthetic data."""
+        """A ``loaders.READERS`` key, or None for synthetic data."""
         if self.backend == "synthetic":
             return None
         if self.backend != "dali":
@@ -95,9 +92,8 @@ class LoaderSettings:
 
 @dataclass
 class DistInfo:
-    """Where this process sits in the job: ``rank`` is the global rank (so that nodes never read
-    the same shard), ``device`` where batches are delivered; ``distributed``: this process joined
-    a process group (DDP), as a launched one does even at world size 1."""
+    """Where this process sits in the job: the global ``rank``, ``device`` for the batches;
+    ``distributed``: it joined a process group (DDP), even at world size 1."""
 
     rank: int = 0
     world_size: int = 1
@@ -121,11 +117,9 @@ def input_dtype(amp: bool, amp_dtype: str, device: torch.device) -> torch.dtype:
 
 @runtime_checkable
 class Loader(Protocol):
-    """What every loader ``loaders.build_loaders`` returns is (``tests/loaders/test_contract.py``):
-    ``(images, labels)`` batches on ``DistInfo.device``, images ``settings.dtype`` ``(N, 3, H,
-    W)`` normalised with the ImageNet mean/std, labels int64 ``(N,)``; an exact ``len()`` after
-    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once). Training
-    loaders also place a mid-epoch checkpoint (``PositionedLoader``)."""
+    """Every loader (``tests/loaders/test_contract.py``): images ``settings.dtype`` ``(N, 3, H,
+    W)`` normalised, int64 labels ``(N,)``, on ``DistInfo.device``; an exact ``len()`` after
+    :meth:`set_epoch`; :meth:`close` stops all it started (safe more than once)."""
 
     classes: list[str]
     batch_size: int
@@ -135,8 +129,7 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        """The order and augmentation of ``epoch`` (a function of seed, epoch and rank), from
-        batch ``start_batch``; ``rest``: a resumed epoch's indices dealt anew."""
+        """``epoch`` from batch ``start_batch``; ``rest``: a resumed epoch dealt anew."""
 
     @property
     def resolution(self) -> int: ...  # the side (px) of the images yielded

@@ -1,6 +1,5 @@
-"""The epoch-order interface (as FFCV's ``TraversalOrder``): which dataset indices one rank reads
-in an epoch, in which order; validation's :class:`ShardOrder` (FFCV's ``Sequential``, strided
-over ranks). DataLoader pipelines read an order through :class:`ResumableSampler`."""
+"""The epoch-order interface (FFCV's ``TraversalOrder``): which indices one rank reads in an epoch,
+in which order; validation's :class:`ShardOrder`; :class:`ResumableSampler`, DataLoader's face."""
 from __future__ import annotations
 
 import itertools
@@ -17,11 +16,9 @@ class Order(Protocol):
 
     num_samples: int  # the dataset's size; indices are in 0..num_samples-1
 
-    def __len__(self) -> int:
-        """Indices this rank reads per epoch (the same for every epoch)."""
+    def __len__(self) -> int: ...  # indices this rank reads per epoch (the same every epoch)
 
-    def order(self, epoch: int) -> Iterable[int]:
-        """This rank's indices of ``epoch``, in reading order."""
+    def order(self, epoch: int) -> Iterable[int]: ...  # this rank's, in reading order
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -32,16 +29,14 @@ def check_rank(rank: int, world_size: int) -> None:
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
                       max_batches: int | None = None) -> int:
-    """Batches of ``batch_size`` in an epoch of ``samples`` indices: whole batches only with
-    ``drop_last`` (training: no tiny last batch for BatchNorm), else the last one partial
-    (validation); capped at ``max_batches`` (``--train-batches``)."""
+    """Batches of ``batch_size`` in ``samples`` indices (whole ones only with ``drop_last``:
+    training, no tiny batch for BatchNorm), at most ``max_batches``."""
     count = samples // batch_size if drop_last else -(-samples // batch_size)
     return count if max_batches is None else min(count, max_batches)
 
 
 def train_batch_size(order: Order, batch_size: int) -> int:
-    """``batch_size``, or all of an epoch's indices in one smaller batch when ``order`` holds
-    fewer (as pytorch/examples'). Raises :class:`DataError` for an empty order."""
+    """``batch_size``, or fewer if ``order`` holds fewer. :class:`DataError` if it is empty."""
     if len(order) == 0:
         raise DataError(f"training set has no image for this process ({order.num_samples} "
                         "images in all): use fewer processes or more images")
@@ -49,9 +44,8 @@ def train_batch_size(order: Order, batch_size: int) -> int:
 
 
 class ShardOrder:
-    """Validation: rank ``r`` of ``w`` reads indices ``r, r+w, r+2w, ...``, so every sample is read
-    once across ranks, none padded or repeated (unlike ``DistributedSampler``): a metric summed
-    over ranks equals the single-process one. Raises ``ValueError`` for a bad rank."""
+    """Validation: rank ``r`` of ``w`` reads ``r, r+w, ...``, none padded (unlike
+    ``DistributedSampler``): metrics summed over ranks are exact. ``ValueError``: a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
         check_rank(rank, world_size)
@@ -65,8 +59,7 @@ class ShardOrder:
 
 
 class ResumableSampler(Sampler[int]):
-    """The DataLoader face of an :class:`Order`: ``order.order(epoch)`` from position ``start``
-    on (a mid-epoch resume), or ``rest`` when set (an epoch dealt anew at another layout)."""
+    """``order.order(epoch)`` from position ``start`` on, or ``rest`` when set (dealt anew)."""
 
     def __init__(self, order: Order):
         self.order, self.epoch, self.start = order, 0, 0

@@ -1,7 +1,5 @@
-"""Block order (``--lmdb-order block``): training over record stores larger than the page cache,
-after FFCV's ``QuasiRandom`` order (``ffcv/traversal_order/quasi_random.py``; written
-independently) but with blocks cut from the record index (``folder2lmdb.py`` writes record ``i``
-after ``i-1``: a block is a contiguous byte range of ``data.mdb``), each rank reading whole ones."""
+"""Block order (``--lmdb-order block``) for stores larger than the page cache, after FFCV's
+``QuasiRandom`` (written independently): a block of records is a byte range of ``data.mdb``."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,14 +9,9 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Per epoch, with one generator seeded from ``(seed, epoch)`` on every rank: (1) the
-    ``ceil(num_samples / block_size)`` blocks are permuted and their records concatenated; (2)
-    rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
-    world_size`` records (the rest sit out, as ``DistributedSampler(drop_last=True)``); (3) it
-    shuffles the records within each of its blocks and emits them by picking one of
-    ``buffer_blocks`` open blocks uniformly and taking its next record: about ``buffer_blocks *
-    block_size`` records in the page cache, a batch mixing only the open blocks' (few classes
-    where records are sorted by class). Raises ``ValueError`` for sizes below 1 or a bad rank."""
+    """Per epoch: the blocks permuted, rank ``r`` taking the ``r``-th of ``world_size`` segments,
+    each block shuffled, the next record of one of ``buffer_blocks`` open blocks picked
+    uniformly. ``ValueError``: sizes below 1, a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):
@@ -26,9 +19,9 @@ class BlockOrder:
             raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
                              f"{buffer_blocks}")
         check_rank(rank, world_size)
-        self.num_samples, self.block_size = num_samples, block_size
-        self.buffer_blocks, self.rank, self.world_size, self.seed = (buffer_blocks, rank,
-                                                                     world_size, seed)
+        self.num_samples, self.block_size, self.buffer_blocks = (num_samples, block_size,
+                                                                 buffer_blocks)
+        self.rank, self.world_size, self.seed = rank, world_size, seed
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size

@@ -1,10 +1,5 @@
-"""Where a training pass stands in its epoch's *global order*, and how a resumed epoch goes on at
-another world size, batch size or worker count. The global order interleaves the ranks' orders at
-the layout the epoch began at (its *origin*, :class:`Layout`): position ``j x W + r`` is rank
-``r``'s ``j``-th index, so ``k`` steps of batch ``B`` trained its first ``k x B x W`` (a
-checkpoint's ``consumed``). A resume at another layout (:func:`rest_of_epoch`) deals the rest out
-again in whole batches, rank ``r'`` of ``W'`` taking positions ``consumed + r' + i x W'``, the
-leftover sitting out: no sample trained twice or skipped before it, the same step count."""
+"""Where a pass stands in its epoch's *global order* (the ranks' orders interleaved at its first
+:class:`Layout`), and how a resume at another layout deals the rest out (none trained twice)."""
 from __future__ import annotations
 
 import json
@@ -18,8 +13,7 @@ TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
 @dataclass(frozen=True)
 class Layout:
-    """How a training epoch is cut: ``world_size`` processes, ``batch_size`` samples per process
-    and step, ``workers`` loader workers per process (streamed shards' orders depend on it)."""
+    """How a training epoch is cut: processes, samples per process and step, workers each."""
 
     world_size: int
     batch_size: int
@@ -53,8 +47,7 @@ def global_order(order, epoch: int, origin: Layout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RestOfEpoch:
-    """A resumed epoch on this rank: its pass starts at batch ``start_batch`` and reads ``indices``
-    (None: the order's own), after ``consumed`` samples of the global order at ``origin``."""
+    """A resumed epoch on this rank: ``indices`` (None: the order's) from ``start_batch`` on."""
 
     epoch: int
     start_batch: int
@@ -65,9 +58,8 @@ class RestOfEpoch:
 
 def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
                   rank: int) -> RestOfEpoch:
-    """This rank's :class:`RestOfEpoch` after ``consumed`` samples of ``epoch``'s global order at
-    ``origin``, for the layout ``now`` (``order``: this rank's at ``now``). Raises ``ValueError``
-    when ``consumed`` is not a count of that global order (another dataset or layout record)."""
+    """This rank's :class:`RestOfEpoch` at ``now`` after ``consumed`` samples of the global order
+    at ``origin``. ``ValueError`` when ``consumed`` is not a count of that order."""
     if same_global_order(order, origin, now):
         per_step = now.world_size * now.batch_size
         if consumed % per_step:
@@ -85,8 +77,7 @@ def rest_of_epoch(order, epoch: int, consumed: int, origin: Layout, now: Layout,
 
 def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
                     batch: int) -> dict:
-    """The ``position`` a checkpoint saved before batch ``batch`` of ``epoch`` records: samples
-    of the global order consumed, its origin layout, the layout now; size, seed, order kind."""
+    """A checkpoint's ``position`` before batch ``batch`` of ``epoch``."""
     consumed, origin = batch * now.world_size * now.batch_size, now
     if rest is not None and rest.epoch == epoch:
         consumed += rest.consumed - rest.start_batch * now.world_size * now.batch_size
@@ -97,11 +88,9 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """Mixed into every pipeline's training loader, which sets ``position_order`` (its
-    :class:`~loaders.orders.Order`), ``batch_size`` and ``rank``, reads the indices
-    :meth:`_take_rest` returns where not None, and yields each pass through :meth:`_delivered`.
-    ``loaders.build_loaders`` sets ``erasing`` (``--random-erase``, for the device feed) and
-    ``trace`` (a :class:`SampleTrace`), None where off."""
+    """Every loader's base: it sets ``position_order``, ``batch_size`` and ``rank``, reads the
+    indices of :meth:`_take_rest`, yields passes through :meth:`_delivered` and erases by
+    :meth:`_eraser` after normalising; ``build_loaders`` sets ``erasing`` and ``trace``."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -109,8 +98,7 @@ class PositionedLoader:
     epoch = start_batch = 0
 
     def _delivered(self, batches: Iterator) -> Iterator:
-        """``batches`` (this pass's ``(images, labels)`` on the device) as the step gets them,
-        batch ``start_batch + k``'s indices traced (``trace``)."""
+        """This pass's ``batches`` as the step gets them, traced where ``trace`` is set."""
         return batches if self.trace is None else self._traced(batches)
 
     def _traced(self, batches: Iterator) -> Iterator:
@@ -122,6 +110,13 @@ class PositionedLoader:
         finally:
             if hasattr(batches, "close"):
                 batches.close()
+
+    def _eraser(self):
+        """None, or this pass's ``erase(images, number)``: batch ``number`` (float ``(N, C, H,
+        W)``) erased in place as batch ``start_batch + number`` of the epoch, returned."""
+        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
+        return None if erasing is None else (
+            lambda images, number: erasing(images, epoch, first + number))
 
     @property
     def layout(self) -> Layout:
@@ -139,16 +134,14 @@ class PositionedLoader:
         return position_record(self.position_order, self.layout, self.rest, epoch, batch)
 
     def _take_rest(self, epoch: int, start_batch: int, rest: RestOfEpoch | None):
-        """Keep ``rest`` for the pass of ``(epoch, start_batch)`` it was planned for (else
-        forget it); its indices, or None where the order's own are read."""
+        """Keep ``rest`` if planned for ``(epoch, start_batch)``; its indices, or None."""
         fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
         self.rest = rest if fits else None
         return rest.indices if fits else None
 
 
 class SampleTrace:
-    """Test hook (:data:`TRACE_ENV`): one JSON line ``{"epoch", "batch", "indices"}`` per training
-    batch handed out (indices as the order gives them), appended to ``PATH.rankR`` at once."""
+    """Test hook (:data:`TRACE_ENV`): a JSON line per training batch, appended to ``PATH.rankR``."""
 
     def __init__(self, path: str, rank: int):
         self.path = f"{path}.rank{rank}"

@@ -1,5 +1,4 @@
-"""The shuffled training orders of random-access readers: :class:`RandomOrder` (torch's
-``DistributedSampler``'s) and :class:`RepeatedAugmentationOrder` (``--ra-sampler``)."""
+"""The shuffled training orders of random-access readers."""
 from __future__ import annotations
 
 import math
@@ -16,17 +15,15 @@ _CHUNK = 4096  # indices turned into Python ints at a time
 
 
 class LeanDistributedSampler(DistributedSampler):
-    """Drop-in for ``torch.utils.data.DistributedSampler`` (the same indices) that keeps the
-    permutation as an int32 tensor (int64 from 2**31 records), converted in small chunks: 4 bytes
-    per index instead of ``tolist()``'s ~36 (about 50 MB per process on ImageNet)."""
+    """``DistributedSampler``'s indices from an int32 tensor (int64 from 2**31) in small chunks:
+    4 bytes per index, not ``tolist()``'s ~36 (50 MB per process on ImageNet)."""
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
         # int32 gives the same permutation as torch's default int64 (same random draws).
         dtype = torch.int32 if n < 2**31 else torch.int64
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
             indices = torch.randperm(n, generator=g, dtype=dtype)
         else:
             indices = torch.arange(n, dtype=dtype)
@@ -41,9 +38,8 @@ class LeanDistributedSampler(DistributedSampler):
 
 
 class RandomOrder:
-    """Training order: per epoch the indices of ``DistributedSampler(range(num_samples),
-    world_size, rank, shuffle=True, seed, drop_last=True)`` after ``set_epoch(epoch)``, drawn by
-    :class:`LeanDistributedSampler`. Raises ``ValueError`` for a bad rank."""
+    """``DistributedSampler(range(num_samples), world_size, rank, shuffle=True, seed,
+    drop_last=True)``'s indices per epoch. ``ValueError`` for a bad rank."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         check_rank(rank, world_size)
@@ -66,13 +62,8 @@ class RandomOrder:
 
 
 class RepeatedAugmentationOrder:
-    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020, Berman et al. 2019), exactly
-    torchvision's ``RASampler`` (``references/classification/sampler.py``, from DeiT) at
-    ``set_epoch(epoch)``: a permutation from ``seed + epoch``, each index repeated
-    ``repetitions`` times, padded to a multiple of ``world_size``, rank ``r`` taking every
-    ``world_size``-th from ``r`` and keeping ``floor(num_samples // 256 x 256 / world_size)``
-    (DeiT's). Raises :class:`DataError` when that is 0, ``ValueError`` for ``repetitions`` < 1 or
-    a bad rank."""
+    """``--ra-sampler``: repeated augmentation (Hoffer et al. 2020) as torchvision's ``RASampler``
+    (DeiT's). Raises :class:`DataError` for no image per rank, ``ValueError`` for bad sizes."""
 
     def __init__(self, num_samples: int, repetitions: int = 3, rank: int = 0,
                  world_size: int = 1, seed: int = 0):
@@ -96,8 +87,7 @@ class RepeatedAugmentationOrder:
                                          layout.world_size, self.seed)
 
     def order(self, epoch: int) -> Iterator[int]:
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + epoch)
+        generator = torch.Generator().manual_seed(self.seed + epoch)
         indices = torch.randperm(self.num_samples, generator=generator)
         indices = indices.repeat_interleave(self.repetitions)
         total = self.per_rank * self.world_size
@@ -108,8 +98,7 @@ class RepeatedAugmentationOrder:
 
 
 def shuffled_order(num_samples: int, settings: LoaderSettings, dist: DistInfo) -> Order:
-    """A random-access reader's training order: :class:`RepeatedAugmentationOrder` with
-    ``--ra-sampler`` in a distributed run (as torchvision's ``train.py``), else RandomOrder."""
+    """``--ra-sampler``'s order in a distributed run (as torchvision's), else RandomOrder."""
     if settings.ra_sampler and dist.distributed:
         return RepeatedAugmentationOrder(num_samples, settings.ra_reps, dist.rank,
                                          dist.world_size, settings.seed)

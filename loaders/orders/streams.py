@@ -1,8 +1,6 @@
-"""Epoch orders for sharded datasets, records numbered shard after shard. DataLoader hands batch
-``k`` of a pass to worker ``k % W``, so these orders cut a rank's records into ``W`` consecutive
-*pieces* of whole batches and interleave their batches in that rhythm: a stream (HTTP, ``pipe:``)
-is read once, in order up to the shuffle buffer, by one worker. A pass resumed at batch ``s``
-gives worker ``j`` piece ``(s + j) % W``."""
+"""Epoch orders over shards. DataLoader hands batch ``k`` to worker ``k % W``, so a rank's records
+are cut into ``W`` *pieces* of whole batches interleaved in that rhythm: each stream is read once,
+in order up to the shuffle buffer, by one worker."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -45,9 +43,7 @@ def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[
 
 
 def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator) -> list[int]:
-    """WebDataset's sample shuffle as a permutation: ``indices`` read in order into a ``buffer``
-    of records (what a streaming reader holds), a uniformly chosen one emitted each time it is
-    full, then drained at random."""
+    """WebDataset's sample shuffle: a uniform pick of the ``buffer`` each time it is full."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
     for index in indices:
@@ -64,12 +60,9 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
 
 
 class StreamTrainOrder:
-    """Training order over shards, of equal length on every rank (DDP waits at no epoch's end).
-    Per epoch the shards are permuted (seeded from ``(seed, epoch)``) and their records
-    concatenated; rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments (as
-    :class:`~loaders.orders.BlockOrder`), keeps its whole batches, cuts them into one piece per
-    worker and shuffles each through a ``buffer``-record sample buffer (seeded from ``(seed,
-    epoch, rank, worker)``). Raises ``ValueError`` for bad sizes or ranks."""
+    """Training order over shards: per epoch the shards permuted, rank ``r`` taking the ``r``-th
+    segment's whole batches, a piece per worker shuffled through a ``buffer``. ``ValueError``:
+    bad sizes or ranks."""
 
     # The order changes with these besides the world size (loaders.orders.positions.Layout).
     LAYOUT_KEYS = ("batch_size", "workers")
@@ -123,8 +116,7 @@ class StreamTrainOrder:
 
 
 class StreamValOrder:
-    """Validation order over shards: rank ``r`` of ``R`` reads records ``[r*N//R, (r+1)*N//R)``,
-    cut into one piece per worker and interleaved. Raises ``ValueError`` for a bad rank."""
+    """Validation: rank ``r`` of ``R`` reads ``[r*N//R, (r+1)*N//R)``, a piece per worker."""
 
     def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
                  world_size: int = 1):

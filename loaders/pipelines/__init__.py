@@ -1,8 +1,6 @@
-"""Pipelines: how a reader's encoded samples become normalised device batches, each with
+"""Pipelines: a reader's samples to normalised device batches, each module with
 ``build_loaders(train_reader, val_reader, settings, dist) -> (train, val)`` (``synthetic``:
-``build_loaders(settings, dist)``) and, if it needs a library, ``require(dist)``: ``workers/``
-(DataLoader workers decode and crop), ``gpu_decode`` (workers read, this process decodes each
-batch with nvImageCodec), ``dali/`` (NVIDIA DALI) and ``synthetic`` (``--dummy``)."""
+``build_loaders(settings, dist)``) and, if it needs a library, ``require(dist)``."""
 
 # name -> module, imported only when chosen: one's heavy dependency never slows the others
 PIPELINES = {

@@ -1,5 +1,4 @@
-"""Iterators run ahead of their consumer: in a thread (:class:`RunAhead`: the batch decoder's
-batches, the DALI feed's) or, with ``-j 0``, on the training thread (:func:`one_ahead`)."""
+"""Iterators run ahead of their consumer, in a thread or (``-j 0``) on the training thread."""
 from __future__ import annotations
 
 import queue
@@ -13,10 +12,9 @@ _END = object()
 
 
 class RunAhead:
-    """The items of ``items`` (a generator), made at once in a daemon thread up to ``depth``
-    ahead, in order; an exception from ``items`` is raised by ``next()`` in its place, and every
-    ``next()`` after the last item or an exception raises ``StopIteration``. :meth:`close` stops
-    the thread and closes ``items`` in it. ``items`` must not draw from torch's global RNG."""
+    """``items`` (a generator not drawing from torch's global RNG) made in a daemon thread up to
+    ``depth`` ahead; an exception from it is raised by ``next()`` in its place, then
+    ``StopIteration``. :meth:`close` stops the thread and closes ``items`` in it."""
 
     def __init__(self, items: Iterator, depth: int = 2, name: str = "batch-decode"):
         self._ready: queue.Queue = queue.Queue(depth)
@@ -60,8 +58,8 @@ class RunAhead:
         return item
 
     def close(self, wait_s: float | None = JOIN_S) -> None:
-        """Stop the thread, dropping what it made ahead: joined, or after ``wait_s`` seconds
-        (None: no limit) left behind in ``items`` (a daemon never blocks the exit)."""
+        """Stop the thread, dropping what it made ahead; one still in ``items`` after ``wait_s``
+        seconds (None: no limit) is left behind (a daemon never blocks the exit)."""
         self._stop.set()
         self._thread.join(wait_s)
 

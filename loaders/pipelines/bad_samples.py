@@ -1,8 +1,5 @@
-"""Keeping a run alive through damaged samples (``--max-bad-share``): a sample that fails to
-decode, or that the acceptance rule refuses from its header (:mod:`decode.acceptance`), is
-replaced by a readable one, named once on stderr and remembered for the run (flags every worker
-shares), so it is never drawn again; one that decodes while a native decoder warns (libjpeg's
-``Corrupt JPEG data``, :mod:`decode.messages`) is kept and named once."""
+"""Damaged samples (``--max-bad-share``): one that fails to decode or is refused is replaced and
+never drawn again, one a native decoder warns about is kept; each named once."""
 from __future__ import annotations
 
 import sys
@@ -26,8 +23,8 @@ def report_unreadable(name: str, exc: BaseException) -> None:
 
 
 def report_damaged(name: str, lines: list[str]) -> None:
-    """One stderr line naming a sample that decoded while a native decoder warned about its
-    data (``lines``, e.g. ``["Corrupt JPEG data: premature end of data segment"]``): kept."""
+    """One stderr line naming a sample kept though a native decoder warned about its data
+    (``lines``, e.g. ``["Corrupt JPEG data: premature end of data segment"]``)."""
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     print(f"warning: keeping damaged sample {name}: the decoder said \"{lines[0]}\"{more}; its "
           "header passed the acceptance rule, so it is used as decoded", file=sys.stderr,
@@ -35,10 +32,8 @@ def report_damaged(name: str, lines: list[str]) -> None:
 
 
 class UnreadableSet:
-    """One uint8 flag per sample of a dataset of ``size`` (e.g. found unreadable this run), in
-    shared memory if ``shared`` (made before the workers start: forked ones inherit it, spawned
-    ones unpickle it). :meth:`mark` checks and sets in two steps: two workers failing on one
-    sample at once may both report it; :meth:`count` stays exact."""
+    """One uint8 flag per sample, in shared memory if ``shared`` (made before the workers start).
+    Two workers marking one sample at once may both report it; :meth:`count` is exact."""
 
     def __init__(self, size: int, shared: bool = False):
         self.flags = torch.zeros(size, dtype=torch.uint8)
@@ -79,8 +74,7 @@ class UnreadableSet:
 
 
 def check_share(unreadable: UnreadableSet, max_bad_share: float, size: int) -> None:
-    """Raise :class:`DataError` once the distinct samples of ``unreadable`` exceed
-    ``max_bad_share`` of the split's ``size``."""
+    """Raise :class:`DataError` once ``unreadable`` exceeds ``max_bad_share`` of ``size``."""
     bad = unreadable.count()
     if bad > max_bad_share * size:
         raise DataError(f"{bad} samples failed to decode (distinct unreadable samples of the "
@@ -89,9 +83,8 @@ def check_share(unreadable: UnreadableSet, max_bad_share: float, size: int) -> N
 
 
 class BadSamples:
-    """A split's :class:`UnreadableSet` s, made before the workers start: :attr:`unreadable`
-    (replaced, never drawn again) and :attr:`warned` (kept, named once); ``name_of(index)``
-    names a sample in the warnings; at most ``max_tries`` failing samples in a row."""
+    """A split's :attr:`unreadable` and :attr:`warned` (kept) samples, ``name_of(index)`` for
+    the warnings, at most ``max_tries`` failing samples in a row."""
 
     def __init__(self, size: int, name_of=str, shared: bool = False, max_tries: int = 16):
         self.unreadable = UnreadableSet(size, shared=shared)
@@ -100,10 +93,8 @@ class BadSamples:
 
 
 def fetch_readable(fetch, index: int, bad: BadSamples):
-    """``(fetch(j), found)``: ``j`` is ``index`` or, where that sample is known unreadable or
-    ``fetch`` raises one of :data:`DECODE_ERRORS`, the next (wrapping) not known unreadable,
-    ``found`` the samples newly failing (each named once on stderr). Raises :class:`DataError`
-    if ``bad.max_tries`` samples in a row fail or all are unreadable."""
+    """``(fetch(j), found)``: ``j`` is ``index`` or, if unreadable, the next readable; ``found``
+    the samples newly failing. Raises :class:`DataError` past ``bad.max_tries`` in a row."""
     unreadable, found, j = bad.unreadable, 0, index
     for _ in range(bad.max_tries):
         if unreadable.view[j]:  # the one byte a healthy sample costs

@@ -1,6 +1,6 @@
-"""What the pipelines share: batches numbered per pass and seeded by :func:`batch_seed` of (seed,
-epoch, rank, batch), whichever worker draws them (:class:`NumberedBatchSampler`), the device
-feed's erasing (:class:`DeviceFeed`) and :class:`ReaderLoader`, a loader's decoding-free part."""
+"""What the pipelines share: batches numbered per pass, seeded by (seed, epoch, rank, batch)
+whichever worker draws them (:class:`NumberedBatchSampler`), the loaders' base
+(``DeviceFeed``: positions, erasing) and :class:`ReaderLoader`, a loader's decoding-free part."""
 from __future__ import annotations
 
 import itertools
@@ -24,27 +24,24 @@ PREFETCH_FACTOR = 4  # DataLoader's batches in flight per worker
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """One 63-bit seed of (seed, epoch, rank): the DataLoader workers' base seed and DALI's
-    pipeline seed (augmentations are drawn per batch, :func:`batch_seed`)."""
+    """One 63-bit seed of (seed, epoch, rank): the workers' base seed, DALI's pipeline seed."""
     return (seed * 1_000_003 + epoch * 10_007 + rank) % (2**63)
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
-    """The torch seed of training batch ``batch`` of ``epoch`` on global rank ``rank``: 64 bits
-    of NumPy's ``SeedSequence`` of the four (no two tuples share a stream)."""
+    """Training batch ``batch``'s torch seed: 64 bits of ``SeedSequence`` of the four."""
     return int(seed_sequence(seed, epoch, rank, batch).generate_state(1, np.uint64)[0])
 
 
 @dataclass(frozen=True)
 class PassPlan:
-    """What every batch of one pass carries to the workers: at most ``limit`` batches (None:
-    all), the slots' ``image_shape`` ``(3, H, W)`` (None: as made), the ``seed_key`` (None: no
-    random transform)."""
+    """What every batch of one pass carries to the workers."""
 
     pass_id: int = 0  # SharedBatches.begin_pass's
-    image_shape: tuple[int, int, int] | None = None
-    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch
-    limit: int | None = None
+    image_shape: tuple[int, int, int] | None = None  # the slots' (3, H, W); None: as made
+    seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch (or None)
+    limit: int | None = None  # batches at most (None: all)
+    reading: tuple | None = None  # streamed shards' pass, for ShardReader.follow
 
     def seed(self, number: int) -> int | None:
         """:func:`batch_seed` of batch ``number`` of this pass, or None."""
@@ -86,22 +83,9 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
-def seeded(batch: NumberedBatch, fetch):
-    """``fetch(batch)`` with torch's CPU generator seeded with the batch's seed (where it has
-    one) and put back after: with ``-j 0`` this is the training process, whose own draws (MixUp,
-    CutMix, its checkpointed RNG state) must not follow the batches'."""
-    seed = batch.plan.seed(batch.number)
-    if seed is None:
-        return fetch(batch)
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        return fetch(batch)
-
-
 class SampleBatches(Dataset):
-    """A dataset of :class:`NumberedBatch` es over ``reader`` (``max_pixels``: the acceptance
-    rule's limit): a sample is :meth:`sample` of its index, damaged ones replaced as ``bad`` has
-    it (:func:`fetch_readable`); a batch is :meth:`_batch` of the indices, :func:`seeded`."""
+    """:class:`NumberedBatch` es of ``reader``'s samples (:meth:`_batch`, damaged ones replaced)
+    under their seed, torch's generator put back after (``-j 0``: the training process's)."""
 
     def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
         self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
@@ -110,12 +94,18 @@ class SampleBatches(Dataset):
         return len(self.reader)
 
     def __getitem__(self, index: int):
-        """``(sample(j), found)``: ``j`` is ``index`` or its replacement, ``found`` the samples
-        newly found unreadable."""
+        """``(sample(j), found)``: ``j`` is ``index`` or its replacement (fetch_readable)."""
         return fetch_readable(self.sample, index, self.bad)
 
     def __getitems__(self, batch: NumberedBatch):
-        return seeded(batch, self._batch)
+        if batch.plan.reading is not None:  # a kept worker learns each pass's reading plan
+            self.reader.follow(batch.plan.reading)
+        seed = batch.plan.seed(batch.number)
+        if seed is None:
+            return self._batch(batch)
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self._batch(batch)
 
 
 def keep_as_is(batch):
@@ -123,24 +113,12 @@ def keep_as_is(batch):
     return batch
 
 
-class DeviceFeed(PositionedLoader):
-    """``PositionedLoader`` whose ``--random-erase`` (``erasing``) runs in the device feed right
-    after the normalisation, on the stream that normalised (timm's ``PrefetchLoader``): each
-    feed calls :meth:`_eraser`'s function."""
-
-    def _eraser(self):
-        """This pass's ``erase(images, number)``: batch ``number`` of the pass (float ``(N, C, H,
-        W)``, any device) erased in place as batch ``start_batch + number`` of the epoch and
-        returned (``RandomErasing``'s draws); None where ``erasing`` is None."""
-        erasing, epoch, first = self.erasing, self.epoch, self.start_batch
-        return None if erasing is None else (
-            lambda images, number: erasing(images, epoch, first + number))
+DeviceFeed = PositionedLoader  # every loader's base: its place in the epoch, tracing, erasing
 
 
 def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:
-    """``tensors``, made on a side stream up to its event ``done``, usable on ``device``'s current
-    stream: it waits for ``done``, and the allocator keeps their memory until its work queued so
-    far has run (``record_stream``). CPU tensors (``done`` None) as they are."""
+    """``tensors`` made on a side stream up to event ``done``, usable on ``device``'s current
+    stream (waited for, ``record_stream``); CPU tensors (``done`` None) as they are."""
     if done is not None:
         main = torch.cuda.current_stream(device)
         main.wait_event(done)
@@ -150,11 +128,8 @@ def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.devic
 
 
 class ReaderLoader(StagedLoader, DeviceFeed):
-    """One split of ``reader`` in the indices of ``order``, read by a DataLoader of
-    :class:`NumberedBatch` es (training: whole batches, :func:`~loaders.orders.train_batch_size`),
-    at most ``settings.max_batches(train)`` per epoch; ``len()``: the batches left after
-    ``set_epoch``; :attr:`bad` its damaged samples. Raises :class:`DataError` for an empty
-    training order. A subclass makes ``self.loader`` (:meth:`_dataloader`)."""
+    """One split of ``reader`` in ``order``, read by a DataLoader (``self.loader``, a subclass's)
+    of :class:`NumberedBatch` es. Raises :class:`DataError` for an empty training order."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -169,6 +144,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
         self.start_batch = self.epoch = 0
+        self._reading, self._pass_numbers = None, itertools.count()  # streamed shards
         # Flags made before any worker starts, kept for the loader's lifetime.
         self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
         self.unreadable = self.bad.unreadable
@@ -178,19 +154,17 @@ class ReaderLoader(StagedLoader, DeviceFeed):
 
     @classmethod
     def pair(cls, train: Reader, val: Reader, settings: LoaderSettings, dist: DistInfo, *args):
-        """``(train, val)`` loaders of this class (``args`` after ``train``) over the training
-        order of ``train`` and the validation order of ``val``."""
+        """``(train, val)`` loaders of this class (``args`` after ``train``) in their orders."""
         return (cls(train, train.train_order(settings, dist), settings, dist, True, *args),
                 cls(val, val.val_order(settings, dist), settings, dist, False, *args))
 
     def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
-        """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches, its
-        workers kept from pass to pass unless the reader plans each pass."""
+        """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches."""
         return ClosingDataLoader(
             dataset, batch_sampler=self._batches, collate_fn=keep_as_is, num_workers=workers,
             generator=self._generator, prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
             multiprocessing_context=context,
-            persistent_workers=workers > 0 and not self.reader.plans_passes)
+            persistent_workers=workers > 0)
 
     def __len__(self) -> int:
         total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
@@ -199,8 +173,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
 
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """The order and augmentation of ``epoch`` from batch ``start_batch`` on (a resumed
-        epoch); ``rest``: one dealt anew at this layout, whose indices are read instead."""
+        """``epoch`` from batch ``start_batch`` on; ``rest``: an epoch dealt anew at this
+        layout, whose indices are read instead."""
         self.sampler.set_epoch(epoch)
         self.sampler.start = start_batch * self.batch_size
         self.sampler.rest = self._take_rest(epoch, start_batch, rest)
@@ -208,8 +182,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         if self.reader.plans_passes:
             # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None
-            self.reader.plan_pass(self.sampler.order, epoch,
-                                  list(self.sampler) if resumed else None)
+            self._reading = self.reader.plan_pass(self.sampler.order, epoch,
+                                                  list(self.sampler) if resumed else None)
 
     def pass_indices(self) -> list[int]:
         """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
@@ -218,7 +192,8 @@ class ReaderLoader(StagedLoader, DeviceFeed):
     def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
         """The next pass's :class:`PassPlan`, handed to the batch sampler."""
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        plan = PassPlan(pass_id, image_shape, seed_key, len(self))
+        reading = self._reading and (next(self._pass_numbers), *self._reading)
+        plan = PassPlan(pass_id, image_shape, seed_key, len(self), reading)
         self._batches.plan = plan  # taken by the pass that starts now
         return plan
 

@@ -1,6 +1,5 @@
-"""The synthetic pipeline behind ``--dummy``: random batches made once on the device, no reader,
-in the sizes of pytorch/examples' ``--dummy`` (``FakeData``: ImageNet-1k's); nothing is decoded
-or copied per step: the model's ceiling."""
+"""``--dummy``: random batches made once on the device in ImageNet-1k's sizes (pytorch/examples'
+``FakeData``), nothing decoded or copied per step: the model's ceiling."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -20,9 +19,7 @@ NUM_CLASSES = 1000
 
 
 class SyntheticLoader(StagedLoader, DeviceFeed):
-    """Yields the same batch as often as a real loader over ``num_samples`` images would:
-    uniform uint8 noise of the split's crop size normalised as real data, labels in ``[0,
-    NUM_CLASSES)``."""
+    """A real loader's batch count over ``num_samples`` images, each the same normalised noise."""
 
     def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool):
         self.batch_size = batch_size = settings.batch_size
@@ -66,12 +63,12 @@ class SyntheticLoader(StagedLoader, DeviceFeed):
         return max(0, self._len - self.start_batch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        """Nothing to reshuffle: a resumed epoch (``rest`` too) yields only its batches left."""
+        """A resumed epoch (``rest`` too) yields only its batches left."""
         self.epoch, self.start_batch = epoch, start_batch
         self._take_rest(epoch, start_batch, rest)
 
     def close(self) -> None:
-        """Nothing to stop (no workers)."""
+        """No workers to stop."""
 
     def __iter__(self):
         erase = self._eraser()  # erased in place: a copy, else the erasures add up

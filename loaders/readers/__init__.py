@@ -1,5 +1,4 @@
-"""Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's
-``readers/reader.py`` + ``reader_factory.py``), so that every pipeline reads every source."""
+"""Readers: one per on-disk source behind one interface (:class:`Reader`, as timm's)."""
 from __future__ import annotations
 
 import importlib
@@ -21,31 +20,25 @@ READERS = {
 
 
 class Reader:
-    """One split of an on-disk source: ``classes`` (index = label), ``len()`` samples numbered from
-    0, ``read(i) -> (encoded bytes, label)``, ``name_of(i)`` (where sample ``i`` lives, for
-    messages) and the split's epoch orders. Streamed shards are not ``random_access`` (only
-    pipelines reading each worker's records front to back take them) and plan each pass
-    (``plans_passes``: :meth:`plan_pass` runs before each pass's workers start, which then end).
-    Readers are pickled into spawned workers, reopening files lazily; ``read`` may run in several
-    threads (DALI's feeds) and raises :class:`DataError` (one line naming the location) for a
-    damaged store, ``IndexError`` for an index outside ``0..len-1``."""
+    """One split of a source: ``classes``, ``len()``, ``read(i) -> (encoded bytes, label)``,
+    ``name_of(i)``, its epoch orders. ``read`` may run in several threads and raises
+    :class:`DataError` for a damaged store, ``IndexError`` outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
-    random_access = True  # read(i) in any order costs about the same
-    plans_passes = False
+    random_access = True  # read(i) in any order costs about the same (not streamed shards)
+    plans_passes = False  # streamed shards: plan_pass here, follow in the (kept) workers
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """The training epoch order of this rank (the seed, rank and world size in it):
-        :func:`~loaders.orders.shuffled_order` unless the source has its own."""
+        """This rank's training order: :func:`~loaders.orders.shuffled_order` unless overridden."""
         return shuffled_order(len(self), settings, dist)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """The validation epoch order of this rank: every sample once across ranks."""
         return ShardOrder(len(self), dist.rank, dist.world_size)
 
-    def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> None:
-        """Learn the pass about to start: ``order`` read at ``epoch``, ``remaining`` the
-        indices still to come of a resumed epoch (None: all of it)."""
+    def plan_pass(self, order: Order, epoch: int, remaining: list[int] | None) -> tuple | None:
+        """The pass about to start: ``epoch`` of ``order``, ``remaining`` of a resumed one; what
+        the workers' ``follow`` takes."""
 
 
 def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
@@ -56,14 +49,14 @@ def open_reader(source: str, path: str, settings: LoaderSettings) -> Reader:
 
 def split_paths(data: str | None, train: str | None = None,
                 val: str | None = None) -> tuple[str, str]:
-    """The train and val roots: ``--train``/``--val``, else ``data/train`` and ``data/val``.
-    Raises :class:`DataError` if a root is missing or does not exist (URLs, ``pipe:`` commands and
-    brace patterns are the shard reader's to check)."""
+    """``--train``/``--val``, else ``data/train`` and ``data/val``. Raises :class:`DataError`
+    for a root not given or not there (URLs, ``pipe:``, braces: the shard reader's to check)."""
     paths = []
     for split, given in (("train", train), ("val", val)):
         path = given or (os.path.join(data, split) if data else None)
         if path is None:
-            raise DataError(f"no {split} data: give DIR (holding train/ and val/) or --{split} PATH")
+            raise DataError(f"no {split} data: give DIR (holding train/ and val/) or "
+                            f"--{split} PATH")
         remote = "://" in path or path.startswith("pipe:") or "{" in path
         if not remote and not os.path.exists(path):
             raise DataError(f"{path}: no such file or directory")

@@ -1,6 +1,5 @@
 """JPEG class folders (``root/<wnid>/<image>.JPEG``) listed as the converters list them
-(:func:`formats.sources.class_files`), so ``main.py`` and ``folder2lmdb.py`` count the same
-samples on every folder (a Mac's ``._NAME`` files too) with ``ImageFolder``'s labels."""
+(:func:`formats.sources.class_files`): ``main.py`` and ``folder2lmdb.py`` count the same."""
 from __future__ import annotations
 
 import os
@@ -14,16 +13,14 @@ from . import Reader
 
 
 def read_file(path: str) -> bytes:
-    """A file's bytes (decoding is the pipeline's)."""
     with open(path, "rb") as f:
         return f.read()
 
 
 class FolderReader(Reader):
-    """:class:`~loaders.readers.Reader` over one split's class folders: ``classes`` and
-    ``class_to_idx`` as ``ImageFolder``'s (hidden folders not classes, empty ones kept),
-    ``samples`` its ``(path, label)`` list, hidden files left out, whatever a file's extension.
-    Raises :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
+    """A split's class folders: ``classes``, ``class_to_idx`` and ``samples`` (``(path,
+    label)``) as ``ImageFolder``'s, hidden files and folders left out. Raises
+    :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
         self.root = root
@@ -43,8 +40,7 @@ class FolderReader(Reader):
 
 
 def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
-    """``root``'s :class:`FolderReader` (this source's entry of ``loaders.readers.READERS``).
-    Raises :class:`DataError` for an LMDB, not a folder, or no image."""
+    """``root``'s :class:`FolderReader`. Raises :class:`DataError` for an LMDB, not a folder."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
     if not os.path.isdir(root):

@@ -1,5 +1,4 @@
-"""LMDB databases written by ``folder2lmdb.py`` (``formats.lmdb``), read by record number (not
-named ``lmdb``: it would shadow the package)."""
+"""LMDB databases written by ``folder2lmdb.py`` (not ``lmdb.py``: it would shadow py-lmdb)."""
 from __future__ import annotations
 
 import os
@@ -15,11 +14,8 @@ from . import Reader
 
 
 class LMDBReader(Reader):
-    """:class:`~loaders.readers.Reader` over one LMDB, sample ``i`` its record ``i``. The
-    environment opens lazily in each process, again after a fork (py-lmdb: it must not cross
-    ``fork()``), and is dropped when pickled; ``readahead``: OS readahead. Raises
-    :class:`~loaders.DataError` at construction if ``path`` is not a complete database,
-    ``KeyError`` for a missing record."""
+    """One LMDB, sample ``i`` its record ``i``, opened lazily in each process. Raises DataError if
+    ``path`` is not a complete database, ``KeyError`` for a missing record."""
 
     def __init__(self, path: str, readahead: bool = False):
         self.path = path
@@ -38,8 +34,7 @@ class LMDBReader(Reader):
         return self._len
 
     def env(self):
-        """This process's read-only environment, (re)opened on first use, after a fork, and
-        after another reader of the file reopened it with the other readahead setting."""
+        """This process's environment, reopened after a fork or with other readahead."""
         if self._env is None or self._pid != os.getpid() or not is_open(self._env):
             self._env = open_readonly(self.path, self.readahead)
             self._pid = os.getpid()
@@ -58,10 +53,8 @@ class LMDBReader(Reader):
         return f"{self.path} record {index}"
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
-        """The training order (also DALI's with ``--lmdb``): ``--lmdb-order block`` ->
-        :class:`~loaders.orders.BlockOrder` (rank 0 warns if the records are sorted by class),
-        ``random`` -> :func:`~loaders.orders.shuffled_order`. Raises :class:`DataError` for an
-        unknown order, block sizes below 1, or block order with ``--ra-sampler``."""
+        """``--lmdb-order``'s: ``block`` or ``random``. Raises :class:`DataError` for another
+        order, block sizes below 1, or block order with ``--ra-sampler``."""
         if settings.lmdb_order == "random":
             return super().train_order(settings, dist)
         if settings.lmdb_order != "block":
@@ -83,9 +76,8 @@ class LMDBReader(Reader):
 
 
 def readahead_for(path: str, choice) -> bool:
-    """Whether to open ``path`` with OS readahead: ``"on"``/``True``, ``"off"``/``False``, or
-    ``"auto"``: on when the database is at most half the memory available now (it speeds random
-    reads of a cached database ~20% and slows one larger than memory several times)."""
+    """OS readahead: ``"on"``/``True``, ``"off"``/``False``, or ``"auto"``: on for a database at
+    most half the memory available (~20% faster cached, slower beyond memory)."""
     if choice in (True, "on"):
         return True
     if choice != "auto":
@@ -101,8 +93,7 @@ def readahead_for(path: str, choice) -> bool:
 
 
 def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
-    """One stderr line when block order reads a database whose records are sorted by class (its
-    open blocks, and so every batch, hold only a few classes)."""
+    """One stderr line when block order reads records sorted by class (few classes a batch)."""
     if dataset.shuffle_seed is not None:
         return
     # Each open block spans 1 + block_size / (records per class) classes, on average.
@@ -116,5 +107,4 @@ def warn_if_class_sorted(dataset: LMDBReader, order: BlockOrder) -> None:
 
 
 def open_reader(path: str, settings: LoaderSettings) -> LMDBReader:
-    """This source's entry of ``loaders.readers.READERS``."""
     return LMDBReader(path, readahead=readahead_for(path, settings.lmdb_readahead))

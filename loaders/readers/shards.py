@@ -1,9 +1,5 @@
-"""WebDataset tar shards from ``folder2shards.py`` (``--loader shards``) on a local or cluster file
-system, over HTTP(S) or from a command (``pipe:aws s3 cp s3://... -``). A split's ``index.json``
-(``formats.shards.locations``) makes ``len()`` exact before any read. Not ``webdataset.WebDataset``
-/ ``wids``: our loaders are map-style (epoch orders, shared slots, exact resume) with each worker
-reading its own shards front to back; ``wids`` downloads whole shards, ``WebDataset`` has no
-exact, equal epochs."""
+"""WebDataset tar shards (``--loader shards``) on a file system, over HTTP(S) or from a command
+(``pipe:aws s3 cp s3://... -``), read map-style (exact, equal epochs), unlike ``webdataset``'s."""
 from __future__ import annotations
 
 import bisect
@@ -27,13 +23,9 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 
 class ShardReader(Reader):
-    """:class:`~loaders.readers.Reader` over a split's shards, records numbered shard after shard.
-    Local shards: one ``pread`` per record at the offsets of the shard's DALI ``.idx`` (checked
-    against ``index.json`` and the tar's size). Streams (``random_access`` False): read front to
-    back, each worker keeping one open shard and at most ``cache`` records read ahead (a record
-    behind the stream reopens it); a failed open or read is retried as ``retries`` says, from the
-    record where it stopped. Raises :class:`DataError` (one line naming the shard) for a missing,
-    truncated or malformed shard, and for a stream that failed every try."""
+    """A split's shards: local ones by ``pread`` at their ``.idx`` offsets, streams front to back
+    (``cache`` records read ahead, retried as ``retries`` says). Raises :class:`DataError` for
+    a missing, truncated or malformed shard or a stream failing each try."""
 
     def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
                  retries: Retries = Retries()):
@@ -42,8 +34,8 @@ class ShardReader(Reader):
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
-        # A stream's workers fork with each pass's plan; local shards' keep from pass to pass
         self.random_access, self.plans_passes = not self.streaming, self.streaming
+        self._order = self._followed = None  # plan_pass's order, the pass follow took
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
@@ -108,9 +100,8 @@ class ShardReader(Reader):
         return fd
 
     def set_plan(self, pieces: list[list[tuple[int, int]]], remaining=None) -> None:
-        """This pass's reading plan: each worker's record ranges in reading order, each read
-        front to back once by a stream; ``remaining`` (a resumed pass's indices still to come)
-        lets each stream start at the first record still needed."""
+        """This pass's plan: each worker's record ranges, read once front to back; a resumed
+        pass's ``remaining`` indices start each stream at its first still needed."""
         self._plan = sorted((start, stop, p, r) for p, runs in enumerate(pieces)
                             for r, (start, stop) in enumerate(runs))
         self._pieces = pieces
@@ -178,8 +169,7 @@ class ShardReader(Reader):
                 start = end
 
     def _records(self, shard: int):
-        """``(jpeg_bytes, label)`` of shard ``shard``'s records, front to back; a failed open or
-        read is retried past the records given. Raises :class:`DataError`."""
+        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:
@@ -193,8 +183,7 @@ class ShardReader(Reader):
                 self.retries.pause(exc, failures)  # raises DataError past the last try
 
     def _stream_spans(self, shard: int) -> list | None:
-        """The shard's ``.idx`` rows if its location serves one matching ``index.json``: cutting
-        at offsets costs ~2 us per record against ~57 us to parse tar headers in Python."""
+        """The shard's served ``.idx`` rows, if any: ~2 us per record, tar parsing ~57 us."""
         url, name = self.urls[shard], self.index.shards[shard]["name"]
         idx = self.index.shards[shard].get("idx") or sibling(url, name, idx_name(name))
         if idx.startswith("pipe:"):
@@ -220,9 +209,17 @@ class ShardReader(Reader):
         return StreamValOrder(len(self), settings.batch_size, settings.workers, dist.rank,
                               dist.world_size)
 
-    def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> None:
-        """Each worker's record ranges of ``epoch`` (``order.pieces(epoch)``): :meth:`set_plan`."""
+    def plan_pass(self, order, epoch: int, remaining: list[int] | None) -> tuple:
+        """:meth:`set_plan` of ``order.pieces(epoch)``; ``(epoch, first positions)``."""
+        self._order = order
         self.set_plan(order.pieces(epoch), remaining)
+        return epoch, tuple(self._first)
+
+    def follow(self, reading: tuple) -> None:
+        """In a kept worker: the pass ``(number, *plan_pass's)`` planned, unless it is in hand."""
+        if reading != self._followed:
+            self.set_plan(self._order.pieces(reading[1]))
+            self._first, self._followed = list(reading[2]), reading
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -235,9 +232,8 @@ class ShardReader(Reader):
 
 
 def _opened_records(url: str, spans, skip: int):
-    """The records of the shard at ``url`` from its ``skip``-th on, cut at the ``.idx`` offsets
-    ``spans`` where served, else by the ``webdataset`` tar iterator. Raises :class:`StreamError`
-    for a failed open or read of a stream, :class:`DataError` for bad content."""
+    """The shard's records from its ``skip``-th on, cut at the ``.idx`` ``spans`` (or by the tar
+    iterator). Raises :class:`StreamError` for a failed open or read, :class:`DataError`."""
     stream = open_stream(url)  # StreamError (DataError if final) if it cannot
     error = StreamError if is_stream(url) else DataError
     ended = False

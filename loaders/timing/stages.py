@@ -1,11 +1,5 @@
-"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each. A
-DataLoader worker's :class:`StageClock` writes each image's stage seconds and each batch's worker
-id, wall and CPU time into the slot's stage rows beside the pixels (no message or object per
-image); the pipelines that decode whole batches (``--decode-device``, DALI) time their *readers*
-(workers, or DALI's feed threads: read, window) and their *batch decoder* (the training process:
-decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps the
-histograms and sums of either for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0`` switches
-it all off (no clock call is made)."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each, kept in one
+:class:`StageLog` for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``: no clock call."""
 from __future__ import annotations
 
 import os
@@ -62,23 +56,13 @@ def p50_p90(seconds: list) -> dict:
             "p90": float(np.percentile(ms, 90)) if len(ms) else None}
 
 
-def worker_figures(wid: int, batches, images, wall, cpu, slot_wait, staged, nbytes) -> dict:
-    """One reader's figures from :meth:`StageLog.add_reader`'s sums."""
-    return {"id": wid, "images": int(images), "ms_per_image": 1e3 * wall / max(images, 1),
-            "stages_ms_per_image": 1e3 * staged / max(images, 1),
-            "images_per_sec": images / wall if wall > 0 else None,
-            "cpu_share": cpu / wall if wall > 0 else None,
-            "slot_wait_ms": None if np.isnan(slot_wait) else 1e3 * slot_wait / max(batches, 1)}
-
-
 def enabled() -> bool:
     """Whether the stages are measured: on unless ``IMAGENET_FAST_STAGES=0``."""
     return os.environ.get("IMAGENET_FAST_STAGES", "1") != "0"
 
 
 class StageClock:
-    """A worker's figures for the image it is on: ``t``, ``IMAGE_COLUMNS`` floats reused per
-    image (stage seconds added: a replaced sample counts both tries)."""
+    """A worker's figures for its image: ``t``, ``IMAGE_COLUMNS`` floats (seconds added)."""
 
     __slots__ = ("t", "started", "sampled", "_cpu")
 
@@ -107,30 +91,8 @@ class StageClock:
         row[SLOT_WAIT] = slot_wait
 
 
-def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
-    """``transform(data, frame)`` of a ``loaders.transforms.TrainTransform``, each stage's seconds
-    added to the image's figures ``t`` (a whole decode for the size counts as decode)."""
-    import decode
-
-    start = time.perf_counter()
-    window, flip, image = transform.window(data, frame=frame)
-    drawn = time.perf_counter()
-    kind, pixels = decode.decode_crop(data, window, transform.size, image,
-                                      transform.interpolation, frame)
-    decoded = time.perf_counter()
-    out = transform.resized(kind, pixels)
-    resized = time.perf_counter()
-    out = transform.augmented(out, flip)
-    t[DECODE if image is not None else WINDOW] += drawn - start
-    t[DECODE] += decoded - drawn
-    t[RESIZE] += resized - decoded
-    t[AUGMENT] += time.perf_counter() - resized
-    t[KIND], t[SIDE] = KIND_CODES[kind], transform.side
-    return out
-
-
 def no_clock() -> float:
-    """0.0: ``time.perf_counter`` while a pipeline's stages go unmeasured."""
+    """0.0: the ``time.perf_counter`` of unmeasured stages."""
     return 0.0
 
 
@@ -138,10 +100,8 @@ thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apar
 
 
 class StageLog:
-    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe:
-    the workers' slot rows (:meth:`add_slot`), or a batch pipeline's readers (:meth:`add`,
-    :meth:`add_reader`) and batch decoder (:meth:`add_hand_over`, ``decoder_name``). ``rated``:
-    whether the slower side is the pipeline's rate (False for DALI: its decode is unmeasured)."""
+    """An epoch's figures of ``stages`` (of :data:`STAGES`, else ``ValueError``), thread-safe.
+    ``rated``: the slower side is the pipeline's rate (not DALI's: its decode is unmeasured)."""
 
     def __init__(self, stages: tuple[str, ...] = STAGES, decoder_name: str | None = None,
                  rated: bool = True, readers_name: str = "workers"):
@@ -168,8 +128,7 @@ class StageLog:
             self._pending: list = []  # CUDA (start, end) event pairs not yet read
 
     def add_slot(self, images: np.ndarray, batch: np.ndarray, count: int) -> None:
-        """Add one workers' batch: ``images`` its slot's flat stage rows (``count`` images
-        used), ``batch`` its batch row; a few numpy calls per batch, none per image."""
+        """Add a workers' batch from its slot's stage rows: numpy calls per batch, not image."""
         rows = images[:count * IMAGE_COLUMNS].reshape(count, IMAGE_COLUMNS)
         stage_s = rows[:, :len(STAGES)]
         total_s = stage_s.sum(axis=1)
@@ -225,9 +184,8 @@ class StageLog:
 
     def add_hand_over(self, count: int, timing: dict, wall: float, cpu: float,
                       wait: float | None = None) -> None:
-        """One batch of ``count`` images through the batch decoder: ``timing``'s stages (s by
-        name, ``"copy"`` the hand-over's), ``wall`` and thread ``cpu`` s, the training thread's
-        ``wait`` (DALI's ``run()``)."""
+        """A batch through the batch decoder: ``timing``'s stages (s by name, ``"copy"``), its
+        ``wall`` and ``cpu`` s, the training thread's ``wait`` (DALI's ``run()``)."""
         for stage in self.stages:
             if stage in timing:
                 self.add_batch(stage, timing[stage], count)
@@ -245,15 +203,10 @@ class StageLog:
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
-        """The figures so far, JSON-able, in ms per image unless named: ``images``; ``stages``
-        (``{"mean", "p50", "p90"}``, None where not had) of :data:`STAGES` and ``total`` (a batch
-        pipeline's, its sides timing different images: the means' sum); ``decoders`` and
-        ``sizes`` (by stored longer side) of the workers; ``workers``: per reader (named by
-        ``readers``) ``{"id", "images", "ms_per_image", "stages_ms_per_image",
-        "images_per_sec", "cpu_share", "slot_wait_ms"}``; ``worker_ms_per_image``;
-        ``batch_decoder`` (or None); ``loader_images_per_sec`` (the readers' summed, or the
-        batch decoder's if slower; None unless ``rated``); ``kb_per_image``;
-        ``copy_ms_per_batch`` and DALI's ``wait_ms_per_batch``: ``{"p50", "p90"}``."""
+        """The figures so far, JSON-able, in ms per image unless named (as built below): per
+        stage ``{"mean", "p50", "p90"}`` (None where not had), a batch pipeline's ``total`` the
+        means' sum; ``loader_images_per_sec``: the readers' sum, or the batch decoder's if
+        slower (None unless ``rated``); per batch ``{"p50", "p90"}`` of copy and DALI's wait."""
         with self._lock:
             self._pending = read_event_pairs(self._pending, self.copies, wait=True)
             stages = {name: self._figures(row) if name in self.stages else None
@@ -261,7 +214,13 @@ class StageLog:
             means = [s["mean"] for s in stages.values() if s is not None]
             stages["total"] = self._figures(_TOTAL_ROW) or {
                 "mean": sum(means) if means else None, "p50": None, "p90": None}
-            workers = [worker_figures(rid, *sums) for rid, sums in sorted(self.workers.items())]
+            workers = [{"id": rid, "images": int(n), "ms_per_image": 1e3 * wall / max(n, 1),
+                        "stages_ms_per_image": 1e3 * staged / max(n, 1),
+                        "images_per_sec": n / wall if wall > 0 else None,
+                        "cpu_share": cpu / wall if wall > 0 else None,
+                        "slot_wait_ms": None if np.isnan(wait) else 1e3 * wait / max(batches, 1)}
+                       for rid, (batches, n, wall, cpu, wait, staged, _) in
+                       sorted(self.workers.items())]
             read_images = sum(w["images"] for w in workers)
             read_wall = sum(s[2] for s in self.workers.values())
             images, wall, cpu = self.decoder
@@ -280,15 +239,13 @@ class StageLog:
                 for name, (count, dec, tot) in zip(SIZE_NAMES, self.by_size)}
             rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
                      decoder and decoder["images_per_sec"]) if r]
-            return {"images": n, "stages": stages, "decoders": decoders,
-                    "workers": workers, "readers": self.readers_name,
-                    "worker_ms_per_image": 1e3 * read_wall / read_images if read_images
-                    else None,
+            nbytes = sum(s[6] for s in self.workers.values())
+            return {"images": n, "stages": stages, "decoders": decoders, "workers": workers,
+                    "readers": self.readers_name,
+                    "worker_ms_per_image": 1e3 * read_wall / read_images if read_images else None,
                     "batch_decoder": decoder,
                     "loader_images_per_sec": min(rates) if rates and self.rated else None,
-                    "sizes": sizes,
-                    "kb_per_image": sum(s[6] for s in self.workers.values())
-                    / max(read_images, 1) / 1024,
+                    "sizes": sizes, "kb_per_image": nbytes / max(read_images, 1) / 1024,
                     "copy_ms_per_batch": p50_p90(self.copies),
                     "wait_ms_per_batch": p50_p90(self.waits) if self.waits else None}
 
@@ -316,9 +273,8 @@ class StagedLoader:
 
 
 def read_event_pairs(pending: list, seconds: list, wait: bool) -> list:
-    """Append to ``seconds`` the seconds between each ``(start, end)`` pair of recorded CUDA
-    events in ``pending`` whose end has passed (all, waiting for each, if ``wait``); returns the
-    pairs not read yet (also ``engine.report.progress.StepTimer``'s reader)."""
+    """Append to ``seconds`` those of each passed (or, ``wait``, every) CUDA event pair of
+    ``pending``; returns the pairs not read yet."""
     left = []
     for start, end in pending:
         if wait:

@@ -10,7 +10,7 @@ import torch
 
 
 def _batches(loader):
-    """Batches of ``loader`` over as many epochs as asked for (``set_epoch`` between epochs)."""
+    """Batches of ``loader``, epoch after epoch."""
     for epoch in itertools.count():
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
@@ -18,10 +18,9 @@ def _batches(loader):
 
 
 def measure(loader, batches: int, warmup: int = 2) -> dict:
-    """Iterate ``warmup`` batches untimed (the stage figures forget them), then ``batches`` timed
-    ones, cycling epochs. Returns ``images``, ``seconds`` (wall; on CUDA after a synchronize),
-    ``images_per_sec`` and ``cpu_seconds`` of this process and its live children (None without
-    ``/proc``). Raises ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
+    """``warmup`` batches untimed, then ``batches`` timed: ``images``, ``seconds`` (wall, CUDA
+    synchronised), ``images_per_sec``, ``cpu_seconds`` (:func:`tree_cpu_seconds`). Raises
+    ``ValueError`` if ``batches`` < 1 or the loader has no batch."""
     if batches < 1 or len(loader) == 0:
         raise ValueError("need batches >= 1 and a loader with at least one batch")
     it = _batches(loader)
@@ -43,8 +42,8 @@ def measure(loader, batches: int, warmup: int = 2) -> dict:
 
 
 def tree_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) so far of this process and its live children (``/proc``;
-    None without it): workers kept between passes live through a measurement, so count."""
+    """CPU seconds (user + system) so far of this process and its live children (kept workers
+    count); None without ``/proc``."""
     try:
         tick = os.sysconf("SC_CLK_TCK")
         pids = {os.getpid()}

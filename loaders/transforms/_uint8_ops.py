@@ -1,9 +1,7 @@
-"""The auto-augment policies' image operations on uint8 ``(3, H, W)`` tensors, with the pixels of
-torchvision 0.29's tensor kernels: :data:`OPS` maps its transform ids to ``op(image, magnitude,
-interpolation) -> image`` (``magnitude`` as its ``_apply_image_or_video_transform`` gets it).
-Its kernels are called where as fast; the others compute the same bits at a fraction of the cost
-(``benchmarks/training/recipes.py``, ``tests/loaders/test_auto_augment.py``). ``bicubic`` is
-``grid_sample``'s, clamped (torchvision's tensor kernels refuse it)."""
+"""The auto-augment ops on uint8 ``(3, H, W)`` tensors with torchvision 0.29's pixels: :data:`OPS`
+maps its transform ids to ``op(image, magnitude, interpolation)``; its kernels where as fast, the
+same bits cheaper elsewhere (``benchmarks/training/recipes.py``). ``bicubic``: ``grid_sample``'s,
+clamped (torchvision's tensor kernels refuse it)."""
 from __future__ import annotations
 
 import math
@@ -36,9 +34,8 @@ def sharpness(image, magnitude, interpolation=None):
 
 
 def _lut(image: torch.Tensor, table: np.ndarray) -> torch.Tensor:
-    """``image`` through the uint8 lookup ``table`` (``(256,)``, or ``(3, 256)``: one per
-    channel), with NumPy's indexing (torch's ``where`` or long indexing cost 4-5x more here).
-    Exact for any per-value map: an elementwise op gives each value the same result anywhere."""
+    """``image`` through uint8 ``table`` (``(256,)``, or ``(3, 256)`` per channel) by NumPy's
+    indexing (torch's costs 4-5x more): exact for any per-value map."""
     pixels = image.numpy()
     if table.ndim == 1:
         return torch.from_numpy(np.take(table, pixels))
@@ -46,8 +43,7 @@ def _lut(image: torch.Tensor, table: np.ndarray) -> torch.Tensor:
 
 
 def solarize(image, magnitude, interpolation=None):
-    """torchvision's ``solarize_image``: values >= ``255 x magnitude`` (compared in float32)
-    inverted, by a lookup."""
+    """torchvision's ``solarize_image`` (float32 threshold ``255 x magnitude``) by a lookup."""
     threshold = torch.tensor(255.0 * magnitude, dtype=torch.float32)
     if threshold > 255:
         return image
@@ -55,10 +51,8 @@ def solarize(image, magnitude, interpolation=None):
 
 
 def equalize(image, magnitude=0.0, interpolation=None):
-    """torchvision's ``equalize_image`` (PIL's ``ImageOps.equalize`` scheme): per channel, the LUT
-    ``(cum_hist[k - 1] + step // 2) // step`` with ``step`` = pixels not of the channel's largest
-    value // 255; a channel with ``step == 0`` is left as it is. Integer arithmetic, in NumPy:
-    0.19 vs 0.29 ms for torchvision's kernel at 176 px, one thread."""
+    """torchvision's ``equalize_image`` (PIL's scheme) in NumPy integers: 0.19 vs 0.29 ms for
+    torchvision's kernel at 176 px, one thread."""
     pixels = image.numpy()
     tables = []
     for c in range(3):
@@ -85,9 +79,7 @@ def _base_grid(height: int, width: int) -> torch.Tensor:
 
 
 def inverse_affine_matrix(center, angle: float, shear) -> list[float]:
-    """torchvision's ``_get_inverse_affine_matrix`` at scale 1, no translation: the output-to-input
-    affine map ``[a, b, c, d, e, f]`` of a rotation by ``angle`` degrees and shears ``shear``
-    (degrees, x then y) about ``center``."""
+    """torchvision's ``_get_inverse_affine_matrix`` at scale 1, no translation (degrees)."""
     rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
     cx, cy = center
     a = math.cos(rot - sy) / math.cos(sy)
@@ -101,9 +93,8 @@ def inverse_affine_matrix(center, angle: float, shear) -> list[float]:
 
 
 def _grid(matrix: list[float], height: int, width: int, separable: bool | None = None):
-    """torchvision's ``_affine_grid`` for an output the input's size: ``(1, H, W, 2)`` float32
-    sampling points by ``bmm``, or ``separable`` (None: where :func:`_separable_is_exact`) as two
-    outer sums of float32 products (0.03 ms at 176 px, ``bmm`` 0.4 ms)."""
+    """torchvision's ``_affine_grid``, float32 ``(1, H, W, 2)``: by ``bmm``, or ``separable`` as
+    two outer sums (0.03 vs 0.4 ms at 176 px; None: where :func:`_separable_is_exact`)."""
     theta = torch.tensor(matrix, dtype=torch.float32).reshape(1, 2, 3)
     scale = torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32)
     rescaled = theta.transpose(1, 2).div_(scale)[0]  # (3, 2)
@@ -117,9 +108,8 @@ def _grid(matrix: list[float], height: int, width: int, separable: bool | None =
 
 @lru_cache(maxsize=1)
 def _separable_is_exact() -> bool:
-    """Whether the separable grid equals torchvision's ``bmm`` grid bit for bit on this machine
-    (BLAS adding the products left to right unfused), checked once per process on a shear and a
-    rotation of a 176 x 160 image."""
+    """Whether the separable grid equals the ``bmm`` one bit for bit on this machine's BLAS,
+    checked once per process."""
     if os.environ.get("IMAGENET_AUGMENT_BMM_GRID") == "1":  # tests: the bmm fallback
         return False
     return all(torch.equal(_grid(m, 176, 160, True), _grid(m, 176, 160, False))

@@ -1,8 +1,6 @@
-"""torchvision's ``--auto-augment`` policies (``references/classification/presets.py``) on uint8
-crops: ``ta_wide`` (TrivialAugmentWide, Mueller & Hutter 2021), ``ra`` (RandAugment, Cubuk et al.
-2020), ``augmix`` (AugMix, Hendrycks et al. 2020) and AutoAugment's ``imagenet``, ``cifar10``,
-``svhn`` (Cubuk et al. 2019): torchvision 0.29's draws from torch's global generator (seeded per
-batch by the loaders), in its order, and its pixels (``_uint8_ops``)."""
+"""torchvision 0.29's ``--auto-augment`` policies on uint8 crops, its draws in its order and its
+pixels: ``ta_wide`` (Mueller & Hutter 2021), ``ra`` (Cubuk et al. 2020), ``augmix`` (Hendrycks
+et al. 2020), AutoAugment's ``imagenet``, ``cifar10``, ``svhn`` (Cubuk et al. 2019)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -16,11 +14,35 @@ from ._uint8_ops import OPS
 POLICIES = ("ta_wide", "ra", "augmix", "imagenet", "cifar10", "svhn")
 # --interpolation values (torchvision's InterpolationMode names the flag takes)
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
-# op -> (magnitudes(bins, height, width) or None, signed): torchvision's own tables
-RA_SPACE = v2.RandAugment._AUGMENTATION_SPACE
-AA_SPACE = v2.AutoAugment._AUGMENTATION_SPACE
-TA_WIDE_SPACE = v2.TrivialAugmentWide._AUGMENTATION_SPACE
-AUGMIX_SPACE = v2.AugMix._AUGMENTATION_SPACE  # all_ops=True, the default
+_NONE = (lambda bins, height, width: None, False)
+
+
+def _upto(top: float):
+    return lambda bins, height, width: torch.linspace(0.0, top, bins)
+
+
+def _space(shear: float, translate, rotate: float, enhance: float, bits: int, step: int,
+           enhance_last: bool = False) -> dict:
+    """torchvision 0.29's ``_AUGMENTATION_SPACE`` of a policy, in its order: op -> ``(magnitudes(
+    bins, height, width) or None, signed)``; ``translate(side)``: the largest shift (px)."""
+    geometry = {"ShearX": (_upto(shear), True), "ShearY": (_upto(shear), True),
+                "TranslateX": (lambda bins, h, w: torch.linspace(0.0, translate(w), bins), True),
+                "TranslateY": (lambda bins, h, w: torch.linspace(0.0, translate(h), bins), True),
+                "Rotate": (_upto(rotate), True)}
+    enhancing = {op: (_upto(enhance), True) for op in ("Brightness", "Color", "Contrast",
+                                                        "Sharpness")}
+    tone = {"Posterize": (lambda bins, h, w: (bits - (torch.arange(bins) / ((bins - 1) / step)))
+                          .round().int(), False),
+            "Solarize": (lambda bins, h, w: torch.linspace(1.0, 0.0, bins), False),
+            "AutoContrast": _NONE, "Equalize": _NONE}
+    return {**geometry, **tone, **enhancing} if enhance_last else {**geometry, **enhancing, **tone}
+
+
+# The policies' tables (torchvision's own are private): AugMix's with all_ops=True, the default
+RA_SPACE = {"Identity": _NONE, **_space(0.3, lambda side: 150.0 / 331.0 * side, 30.0, 0.9, 8, 4)}
+TA_WIDE_SPACE = {"Identity": _NONE, **_space(0.99, lambda side: 32.0, 135.0, 0.99, 8, 6)}
+AA_SPACE = {**_space(0.3, lambda side: 150.0 / 331.0 * side, 30.0, 0.9, 8, 4), "Invert": _NONE}
+AUGMIX_SPACE = _space(0.3, lambda side: side / 3.0, 30.0, 0.9, 4, 4, enhance_last=True)
 
 
 class _Policy:
@@ -40,9 +62,8 @@ class _Policy:
 
     def apply(self, image: torch.Tensor, op: str, bins: int, index: int | None = None,
               drawn: int = 0) -> torch.Tensor:
-        """``op`` on ``image`` at magnitude bin ``index`` of ``bins`` (None: drawn uniformly from
-        the first ``drawn``), negated with probability 0.5 where the op is signed; an op without
-        magnitudes draws neither."""
+        """``op`` at magnitude bin ``index`` of ``bins`` (None: uniform of the first ``drawn``),
+        negated with probability 0.5 where signed; an op without magnitudes draws neither."""
         height, width = image.shape[-2:]
         key = (op, bins, height, width)
         if key not in self._tables:
@@ -57,17 +78,16 @@ class _Policy:
 
 
 class RandAugment(_Policy):
-    """torchvision's ``v2.RandAugment(num_ops=2, magnitude, num_magnitude_bins=31)``: ``num_ops``
-    ops of :data:`RA_SPACE` in a row at bin ``magnitude`` (``--ra-magnitude``; None: a uniform
-    bin each), random signs (uint8 ``(3, H, W)`` in, out)."""
-
-    space = RA_SPACE
+    """torchvision's ``v2.RandAugment`` (``magnitude`` None: a uniform bin each); with ``(None,
+    1)`` and ``TA_WIDE_SPACE``, its ``v2.TrivialAugmentWide``."""
 
     def __init__(self, interpolation: str = "bilinear", magnitude: int | None = 9,
-                 num_ops: int = 2, num_magnitude_bins: int = 31):
+                 num_ops: int = 2, num_magnitude_bins: int = 31, space: dict = RA_SPACE):
         super().__init__(interpolation)
+        self.space = space
         if magnitude is not None and not 0 <= magnitude < num_magnitude_bins:
-            raise ValueError(f"RandAugment magnitude {magnitude}: expected 0..{num_magnitude_bins - 1}")
+            raise ValueError(f"RandAugment magnitude {magnitude}: expected "
+                             f"0..{num_magnitude_bins - 1}")
         self.magnitude, self.num_ops, self.bins = magnitude, num_ops, num_magnitude_bins
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
@@ -76,19 +96,8 @@ class RandAugment(_Policy):
         return image
 
 
-class TrivialAugmentWide(RandAugment):
-    """torchvision's ``v2.TrivialAugmentWide(num_magnitude_bins=31)``: one op of
-    :data:`TA_WIDE_SPACE` at a uniform magnitude bin, a random sign."""
-
-    space = TA_WIDE_SPACE
-
-    def __init__(self, interpolation: str = "bilinear", num_magnitude_bins: int = 31):
-        super().__init__(interpolation, None, 1, num_magnitude_bins)
-
-
 class AutoAugment(_Policy):
-    """torchvision's ``v2.AutoAugment(policy)``: one of the policy's 25 sub-policies
-    (``_get_policies``), each op applied with its probability at its bin (of 10), random signs."""
+    """torchvision's ``v2.AutoAugment(policy)``: one of its 25 sub-policies."""
 
     space = AA_SPACE
 
@@ -105,9 +114,8 @@ class AutoAugment(_Policy):
 
 
 class AugMix(_Policy):
-    """torchvision's ``v2.AugMix(severity)`` (mixture width 3, depth 1-3, alpha 1, all ops):
-    the crop mixed with three chains of :data:`AUGMIX_SPACE` ops by Dirichlet weights, in float,
-    truncated to uint8. ``--augmix-severity`` is ``severity`` (1..10)."""
+    """torchvision's ``v2.AugMix(severity)`` (``--augmix-severity``, 1..10): width 3, depth 1-3,
+    alpha 1, all ops."""
 
     space = AUGMIX_SPACE
 
@@ -134,10 +142,9 @@ class AugMix(_Policy):
 def make_auto_augment(policy: str | None, interpolation: str = "bilinear",
                       ra_magnitude: int = 9, augmix_severity: int = 3
                       ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The ``--auto-augment`` policy as a callable on uint8 ``(3, H, W)`` crops (same dtype and
-    shape out), or None for no policy, as torchvision's ``ClassificationPresetTrain`` chooses
-    it. Raises ``ValueError`` for an unknown policy or out-of-range magnitude or severity."""
-    makers = {"ta_wide": lambda: TrivialAugmentWide(interpolation),
+    """The ``--auto-augment`` policy on uint8 ``(3, H, W)`` crops, or None, as torchvision's
+    presets choose it. ``ValueError``: an unknown policy, magnitude or severity out of range."""
+    makers = {"ta_wide": lambda: RandAugment(interpolation, None, 1, space=TA_WIDE_SPACE),
               "ra": lambda: RandAugment(interpolation, ra_magnitude),
               "augmix": lambda: AugMix(interpolation, augmix_severity)}
     if policy is None:

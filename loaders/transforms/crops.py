@@ -1,10 +1,9 @@
-"""Encoded bytes to a uint8 ``(3, H, W)`` crop on the CPU (the workers pipeline's; the others draw
-the same windows) as pytorch/examples imagenet/main.py: RandomResizedCrop(224) + flip, Resize(256)
-+ CenterCrop(224), plus torchvision's ``--auto-augment`` and ``--interpolation``. Decoding only
-the crop window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
+"""Encoded bytes to a uint8 ``(3, H, W)`` crop as pytorch/examples imagenet/main.py, decoding only
+the window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -12,6 +11,7 @@ import decode as decoding
 from decode import decode, jpeg, resize
 
 from ..settings import LoaderSettings
+from ..timing import stages
 from .auto_augment import make_auto_augment
 
 # RandomResizedCrop's area-share and aspect-ratio ranges: torchvision's (Szegedy et al. 2015)
@@ -23,9 +23,8 @@ _DRAWS = 4 * RRC_ATTEMPTS + 1  # four uniforms per attempt, one for the flip
 
 def random_resized_crop_params(height: int, width: int, scale: tuple[float, float],
                                ratio: tuple[float, float], draws: list[float]):
-    """``(top, left, h, w)`` of a RandomResizedCrop window in a ``height x width`` image, by
-    torchvision's ``RandomResizedCrop.get_params``, its [0, 1) uniforms taken from ``draws`` (four
-    per attempt) instead of torch RNG calls (0.08 ms)."""
+    """``(top, left, h, w)``: torchvision's ``RandomResizedCrop.get_params``, its [0, 1)
+    uniforms from ``draws`` (four per attempt), not torch RNG calls (0.08 ms)."""
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for k in range(RRC_ATTEMPTS):
@@ -48,9 +47,7 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
-    ``augment`` (an ``--auto-augment`` policy), as torchvision's ``ClassificationPresetTrain``,
-    the window decoded by :func:`decode.decode_crop`; draws from torch's global RNG, seeded per
-    batch by the loaders. ``loaders.timing.stages.timed_transform`` times its stages."""
+    ``augment``, as torchvision's ``ClassificationPresetTrain``; draws from torch's global RNG."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -58,26 +55,32 @@ class TrainTransform:
         self.augment, self.interpolation = augment, interpolation
         self.side = 0  # the last image's longer side (px), for the stage figures
 
-    def __call__(self, data: bytes, frame=None) -> torch.Tensor:
-        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read."""
+    def __call__(self, data: bytes, frame=None, t: list | None = None) -> torch.Tensor:
+        """``frame``: ``data``'s :class:`decode.acceptance.Frame`, if read; ``t``: a
+        ``StageClock.t`` to add each stage's seconds to, or None (no clock read)."""
+        clock = stages.no_clock if t is None else time.perf_counter
+        start = clock()
         window, flip, image = self.window(data, frame=frame)
+        drawn = clock()
         kind, pixels = decoding.decode_crop(data, window, self.size, image, self.interpolation,
                                             frame)
-        return self.augmented(self.resized(kind, pixels), flip)
-
-    def resized(self, kind: str, pixels: torch.Tensor) -> torch.Tensor:
-        """:func:`decode.decode_crop`'s ``pixels`` at the crop size (the scaled decoder's are)."""
-        return pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
-
-    def augmented(self, out: torch.Tensor, flip: bool) -> torch.Tensor:
-        """The horizontal flip drawn, then the ``--auto-augment`` policy."""
+        decoded = clock()
+        # the scaled decoder's pixels are at the crop size already
+        out = pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
+        resized = clock()
         out = out.flip(-1) if flip else out
-        return out if self.augment is None else self.augment(out)
+        out = out if self.augment is None else self.augment(out)
+        if t is not None:
+            t[stages.DECODE if image is not None else stages.WINDOW] += drawn - start
+            t[stages.DECODE] += decoded - drawn
+            t[stages.RESIZE] += resized - decoded
+            t[stages.AUGMENT] += time.perf_counter() - resized
+            t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[kind], self.side
+        return out
 
     def window(self, data: bytes, size_of=None, frame=None):
-        """``(window, flip, image)``: the RandomResizedCrop window ``(top, left, height, width)``,
-        whether to flip, and the whole decode if the size needed it (raising as
-        :func:`decode.decode`). Its ``_DRAWS`` uniforms come first, as in every pipeline."""
+        """``(window (top, left, height, width), flip, the whole decode if the size needed it)``;
+        its ``_DRAWS`` uniforms first, as in every pipeline. Raises as :func:`decode.decode`."""
         draws = torch.rand(_DRAWS).tolist()
         size = decoding.window_size(data, frame)
         if size is None and size_of is not None:
@@ -90,9 +93,8 @@ class TrainTransform:
 
 
 class ValTransform:
-    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: torchvision's ``Resize(resize_size)``
-    and ``CenterCrop(crop_size)``; a JPEG's square decoded alone, at libjpeg-turbo's DCT scale
-    where it can be, and resampled (within 2 levels of resize-then-crop)."""
+    """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: ``Resize`` + ``CenterCrop``, a JPEG's
+    square decoded alone at a DCT scale (within 2 levels of resize-then-crop)."""
 
     def __init__(self, resize_size: int = 256, crop_size: int = 224,
                  interpolation: str = "bilinear"):
@@ -134,10 +136,9 @@ def center_crop_box(height: int, width: int, resize_size: int, crop_size: int):
 
 
 def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
-    """``(region, frame)`` to decode an integer region of a ``height x width`` image and resample
-    it as :func:`resize_center_crop` would the whole: ``region`` ``(top, left, height, width)``
-    is :func:`center_crop_box` widened by the bilinear filter's reach (scale + 2 px), clamped;
-    ``frame`` is ``(height, width, resized height, resized width, crop top, crop left)``."""
+    """``(region (top, left, height, width): the box widened by the filter's reach, clamped,
+    frame (height, width, resized height, resized width, crop top, crop left))``: an integer
+    region resampled as :func:`resize_center_crop` would the whole image."""
     size, crop_top, crop_left = _center_crop(height, width, resize_size, crop_size)
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)

@@ -1,5 +1,4 @@
-"""``--random-erase`` on the normalised batch in every training loader's device feed (on the GPU
-in a GPU run, on the stream that normalised), as timm's ``PrefetchLoader`` erases."""
+"""``--random-erase`` on the normalised device batch, as timm's ``PrefetchLoader`` erases."""
 from __future__ import annotations
 
 import math
@@ -13,11 +12,8 @@ ERASE_ATTEMPTS = 10  # torchvision's RandomErasing.get_params tries 10 boxes
 
 
 class RandomErasing:
-    """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``
-    (Zhong et al. 2020) on every image of a batch: with probability ``p``, up to 10 tries at a box
-    of area share uniform in ``scale`` and aspect log-uniform in ``ratio``, the first that fits
-    placed uniformly and zeroed. Image ``i``'s 41 uniforms are row ``i`` of NumPy's generator of
-    ``(seed, epoch, rank, batch)``: a resumed epoch erases as the uninterrupted one did."""
+    """torchvision's ``RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)`` (Zhong et
+    al. 2020) per image, its draws from ``(seed, epoch, rank, batch)``."""
 
     def __init__(self, p: float, seed: int, rank: int, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
         self.p, self.seed, self.rank, self.scale = p, seed, rank, scale

@@ -161,3 +161,23 @@ def test_workers_augment_as_a_function_of_seed_epoch_rank_batch(twins):
         assert len(other) == 2 and not any(torch.equal(a, b) for a, b in zip(none, other))
     plain = _batches(twins, 0, policy=None)
     assert not any(torch.equal(a, b) for a, b in zip(none, plain))
+
+
+@pytest.mark.parametrize("name,theirs", [("RA_SPACE", v2.RandAugment), ("AA_SPACE", v2.AutoAugment),
+                                         ("TA_WIDE_SPACE", v2.TrivialAugmentWide),
+                                         ("AUGMIX_SPACE", v2.AugMix)])
+def test_magnitude_tables_are_torchvisions_bit_for_bit(name, theirs):
+    """Our tables (torchvision keeps its own private): the same ops in the same order (the
+    uniform op pick draws an index into it), signs, dtypes and values at any size and bin count."""
+    import loaders.transforms.auto_augment as auto_augment
+
+    ours, reference = getattr(auto_augment, name), theirs._AUGMENTATION_SPACE
+    assert list(ours) == list(reference)
+    for op, (magnitudes, signed) in reference.items():
+        assert ours[op][1] == signed, op
+        for bins in (10, 11, 31):
+            for height, width in ((176, 160), (224, 224), (331, 500)):
+                got, want = ours[op][0](bins, height, width), magnitudes(bins, height, width)
+                assert (got is None) == (want is None), op
+                if want is not None:
+                    assert got.dtype == want.dtype and torch.equal(got, want), (op, bins)

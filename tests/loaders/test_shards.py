@@ -135,8 +135,14 @@ def http_root(shards):
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    paths: list = []  # the paths asked for, in order
+
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        _QuietHandler.paths.append(self.path)
+        super().do_GET()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -150,18 +156,26 @@ def test_http_streaming_equals_local_batch_for_batch(shards, http_root, workers)
             assert torch.equal(al, bl) and torch.equal(ai, bi)
 
 
-def test_local_workers_kept_from_pass_to_pass_stream_ones_forked_with_each_plan(shards,
-                                                                                  http_root):
+def test_workers_kept_from_pass_to_pass_follow_each_streamed_plan(shards, http_root):
+    """Streamed shards keep their workers as local ones do: each pass's plan reaches them with
+    its batches, so they read the local shards' batches, each shard opened about once a pass
+    (a piece boundary inside a shard opens it twice)."""
     local = build(shards, workers=2)[0]
     remote = build(None, workers=2, train_path=f"{http_root}/train",
                    val_path=f"{http_root}/val")[0]
+    pids = []
     try:
-        for epoch in (0, 1):  # the same batches whether the workers are kept or not
+        for epoch in (0, 1, 1):  # the last epoch twice: each pass plans anew
             local.set_epoch(epoch)
             remote.set_epoch(epoch)
+            _QuietHandler.paths.clear()
             for (ai, al), (bi, bl) in zip(local, remote, strict=True):
                 assert torch.equal(al, bl) and torch.equal(ai, bi)
-        assert local.loader.persistent_workers and not remote.loader.persistent_workers
+            tars = [p for p in _QuietHandler.paths if p.endswith(".tar")]
+            assert len(set(tars)) == 5 and len(tars) <= 6, tars
+            pids.append(sorted(w.pid for w in remote.loader._iterator._workers))
+        assert local.loader.persistent_workers and remote.loader.persistent_workers
+        assert pids[0] == pids[1] == pids[2]
     finally:
         loaders.close_all(local, remote)
 

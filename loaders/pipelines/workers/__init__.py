@@ -1,7 +1,4 @@
-"""The DataLoader-workers pipeline (``--decode-device cpu``): :class:`DeviceLoader` (``loader``),
-its shared-memory batch slots (``slots``) and the side-stream copy to a GPU (``cuda_feed``)."""
+"""The DataLoader-workers pipeline (``--decode-device cpu``)."""
 from __future__ import annotations
 
 from .loader import DeviceLoader, build_loaders
-
-__all__ = ["DeviceLoader", "build_loaders"]

@@ -1,8 +1,5 @@
-"""Feeding a GPU from the shared batch slots without stalling it: :func:`page_lock` registers
-the slots with ``cudaHostRegister`` once per loader, so a ``non_blocking`` copy is a DMA that
-returns at once (else each batch is copied by ``pin_memory()``: 38 MB at ``-b 256``, 224 px), and
-:class:`CudaFeeder` copies, normalises and erases batch ``k + 1`` on a side stream while the model
-runs batch ``k``, as timm's ``PrefetchLoader`` and NVIDIA Apex's ``data_prefetcher`` do."""
+"""Feeding a GPU from page-locked batch slots (else ``pin_memory()`` copies 38 MB per batch at
+``-b 256``, 224 px), batch ``k + 1`` on a side stream during step ``k`` (timm's)."""
 from __future__ import annotations
 
 import weakref
@@ -19,9 +16,8 @@ _REGISTER_DEFAULT = 0
 
 
 def page_lock(tensors: Iterable[torch.Tensor], owner: object) -> bool:
-    """Page-lock the storages of ``tensors`` in place (``cudaHostRegister``) while ``owner`` lives.
-    Returns False, with nothing registered, where CUDA refuses (a locked-memory limit): the caller
-    then stages each batch through ``pin_memory()``. Needs an initialised CUDA device."""
+    """Page-lock ``tensors``' storages (``cudaHostRegister``) while ``owner`` lives; False, none
+    registered, where CUDA refuses (a locked-memory limit). Needs an initialised CUDA device."""
     cudart = torch.cuda.cudart()
     done: list[int] = []
     for tensor in tensors:
@@ -53,11 +49,9 @@ def _clear_cuda_error() -> None:
 
 
 class CudaFeeder:
-    """Delivers the uint8 batches of :class:`~.slots.SharedBatches` slots to ``device`` one batch
-    ahead on a side stream: :meth:`batches` takes ``(number, slot, count)`` of each written slot
-    and yields ``dtype`` ``(count, 3, H, W)`` images ``(x - mean) / std`` (``mean``/``std``:
-    float32 ``(1, 3, 1, 1)``, 0-255 scale) and int64 labels. A slot is released once copied
-    (page-locked) or staged into pinned memory. ``timing``: a ``StageLog``, or None."""
+    """:meth:`batches`: ``(number, slot, count)`` of each written slot -> ``dtype`` ``(count, 3,
+    H, W)`` images ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)``, 0-255) and int64 labels on
+    ``device``, a slot released once copied or staged. ``timing``: a ``StageLog``, or None."""
 
     timing = None
 
@@ -71,8 +65,7 @@ class CudaFeeder:
 
     def batches(self, pool, filled: Iterable[tuple[int, int, int]], locked: bool,
                 pass_id: int = 0, erase=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """See the class; ``pass_id``: the pass the slots are released for (``begin_pass``);
-        ``erase(images, number)``, if given, erases each normalised batch on the side stream."""
+        """See the class; ``erase(images, number)``, if given, erases on the side stream."""
         def release(copied: torch.cuda.Event, slot: int | None, number: int) -> None:
             if slot is not None:
                 copied.synchronize()  # issued a step ago, so normally already done
@@ -97,8 +90,8 @@ class CudaFeeder:
 
     def _upload(self, pool, number: int, slot: int, count: int, locked: bool, pass_id: int,
                 erase=None):
-        """Start copying slot ``slot`` to the GPU on the side stream; returns ``(images, labels,
-        copied event, slot, number)``, slot ``None`` if it was already released."""
+        """Start copying ``slot`` on the side stream: ``(images, labels, copied, slot or None,
+        number)``."""
         images, labels = pool.batch(slot, count)
         timed = self.timing is not None
         with torch.cuda.stream(self.stream):

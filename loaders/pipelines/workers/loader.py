@@ -1,5 +1,4 @@
-"""The DataLoader-workers pipeline (:class:`DeviceLoader`): workers decode and crop to uint8 into
-shared batch slots; this process normalises each batch on the device."""
+"""The DataLoader-workers pipeline (:class:`DeviceLoader`)."""
 from __future__ import annotations
 
 import time
@@ -17,17 +16,12 @@ from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
 from .slots import SharedBatches, slots_for
-from .step import SlotWriter, TimedSlotWriter
+from .step import SlotWriter
 
 
 class DeviceLoader(ReaderLoader):
-    """A :class:`ReaderLoader` whose ``settings.workers`` DataLoader workers crop each sample to
-    uint8 ``(3, H, W)`` (:func:`~loaders.transforms.split_transform`) into shared batch slots,
-    normalised here on the device (a uint8 batch is 4x smaller to pass, pin and copy). The slots
-    (sized for ``max_crop_size``) and the workers are kept from pass to pass (forking costs about
-    0.1 s per pass on 2 cores) unless the reader plans each pass. On CUDA the slots are
-    page-locked and each batch copied and normalised on a side stream one batch ahead
-    (:class:`.cuda_feed.CudaFeeder`). A training loader measures its workers' stages."""
+    """A :class:`ReaderLoader` whose workers crop each sample to uint8 into shared batch slots,
+    normalised here on the device (4x less to copy); slots and workers kept from pass to pass."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -35,8 +29,8 @@ class DeviceLoader(ReaderLoader):
         self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
         timed = train and stages.enabled()
-        self._writer = (TimedSlotWriter if timed else SlotWriter)(
-            reader, self.transform, self.bad, settings.max_image_pixels)
+        self._writer = SlotWriter(reader, self.transform, self.bad, settings.max_image_pixels,
+                                  stages.StageClock() if timed else None)
         self.stage_log = stages.StageLog() if timed else None
         self.loader = self._dataloader(self._writer, settings.workers)
         self._made = [self.loader]  # every DataLoader a pass used: close() stops them
@@ -57,15 +51,13 @@ class DeviceLoader(ReaderLoader):
         return (3, self.resolution, self.resolution)
 
     def set_resolution(self, size: int) -> None:
-        """Training: RandomResizedCrop to ``size`` px from the next pass on, in the same slots and
-        workers (``ValueError`` as :meth:`_check_resolution`)."""
+        """Training: ``size`` px from the next pass on (``ValueError`` as _check_resolution)."""
         self._check_resolution(size)
         # workers started from now on fork with it; running ones take it from the batches
         self.transform.size = (size, size)
 
     def close(self) -> None:
-        """Stop every worker this loader started (kept ones and those of a pass left part-way)
-        and let the slots go; safe more than once, a later pass starts new ones."""
+        """Stop every worker this loader started, let the slots go; safe more than once."""
         made, self._made = self._made, []
         for loader in made:
             loader.close()
@@ -123,8 +115,7 @@ class DeviceLoader(ReaderLoader):
                 self._idle = (loader, pool)
 
     def _normalized(self, pool: SharedBatches, filled, pass_id: int, erase):
-        """CPU: each written slot's batch normalised into new memory (then erased, ``erase``),
-        the slot released."""
+        """CPU: each written slot normalised into new memory, erased, released."""
         for number, slot, count in filled:
             copy_started = time.perf_counter()
             images, labels = pool.batch(slot, count)
@@ -139,9 +130,7 @@ class DeviceLoader(ReaderLoader):
             yield images, labels
 
     def _filled(self, batches, pool: SharedBatches) -> Iterator[tuple[int, int, int]]:
-        """``(number, slot, count)`` of this pass's ``len(self)`` written slots, each batch's
-        stage rows added to :attr:`stage_log` (if measured); raises :class:`DataError` past
-        ``max_bad_share``."""
+        """This pass's written ``(number, slot, count)``, logged; DataError past the bad share."""
         log, total = self.stage_log, len(self)
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
         for step, (number, slot, count, found) in enumerate(batches):

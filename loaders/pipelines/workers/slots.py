@@ -1,10 +1,6 @@
-"""Batches that DataLoader workers write straight into reused shared-memory slots: PyTorch's
-default collate stacks every batch into a new shared-memory block, page-faulted in 4 KiB at a
-time by the worker and the main process (docs/performance.md); here workers copy each sample
-into slots allocated once and send back only ``(number, slot, count, found)``. Batch ``k`` of a
-pass uses slot ``k % slots`` once the main process released batch ``k - slots`` of the pass
-from it; releases are ``(pass, batch)`` tickets that only grow, so nothing is reset between
-passes and a pass left early never satisfies a later pass's wait."""
+"""Batches written by the workers into reused shared-memory slots, not a new block each as torch's
+collate (docs/performance.md). Releases are ``(pass, batch)`` tickets that only grow: a pass left
+early never satisfies a later pass's wait."""
 from __future__ import annotations
 
 import errno
@@ -31,21 +27,17 @@ def slots_for(workers: int, prefetch_factor: int) -> int:
 
 
 class SharedBatches:
-    """``slots`` batches of ``batch_size`` uint8 images of ``image_shape`` ``(3, H, W)`` and
-    their int64 labels, in memory DataLoader workers share (``/dev/shm`` if ``shared``, else
-    ordinary memory for ``-j 0``): ``images[s]`` is ``(batch_size, 3, H, W)``, NHWC in memory if
-    ``channels_last``, sized once for ``max_image_shape`` (:meth:`set_shape`). Raises
-    :class:`DataError` if ``/dev/shm`` cannot hold the slots (:func:`shared_bytes`)."""
+    """``slots`` of uint8 ``images[s]`` ``(batch_size, 3, H, W)`` and int64 ``labels[s]``, in
+    ``/dev/shm`` if ``shared``. Raises :class:`DataError` if it cannot hold them."""
 
     def __init__(self, slots: int, batch_size: int, image_shape: Sequence[int],
                  channels_last: bool = False, shared: bool = True,
                  max_image_shape: Sequence[int] | None = None):
         self.slots, self.batch_size, self.channels_last = slots, batch_size, channels_last
         self.capacity = batch_size * math.prod(max_image_shape or image_shape)
-        if shared:
-            self.memory = shared_bytes(slots * self.capacity).view(slots, self.capacity)
-        else:
-            self.memory = torch.empty(slots, self.capacity, dtype=torch.uint8)
+        memory = shared_bytes(slots * self.capacity) if shared else torch.empty(
+            slots * self.capacity, dtype=torch.uint8)
+        self.memory = memory.view(slots, self.capacity)
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
         # released[s]: the ticket of the last batch released from slot s
         self.released = torch.full((slots,), -1, dtype=torch.int64)
@@ -67,8 +59,7 @@ class SharedBatches:
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
-        """Serve images of ``image_shape`` ``(3, H, W)`` from now on (between passes only), in
-        the same memory; ``ValueError`` above ``max_image_shape``."""
+        """Serve ``image_shape`` ``(3, H, W)`` images from now on; ``ValueError`` above the max."""
         channels, height, width = image_shape
         size = self.batch_size * math.prod(image_shape)
         if size > self.capacity:
@@ -89,9 +80,8 @@ class SharedBatches:
         return self.passes - 1
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
-        """Worker side: the slot for batch ``number`` of pass ``pass_id``, once the batch before
-        it there was released. Raises :class:`DataError` after 600 s (the main process stopped
-        reading), or about a second after the training process ended."""
+        """Worker side: batch ``number``'s slot once free. Raises :class:`DataError` after
+        600 s, or about a second after the training process ended."""
         slot = number % self.slots
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
@@ -112,8 +102,7 @@ class SharedBatches:
         return slot
 
     def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of a written slot: uint8 images ``(count, 3, H, W)`` and int64 labels
-        ``(count,)``. Valid until :meth:`release`; copy what you keep."""
+        """Views of a slot, valid until :meth:`release`: uint8 ``(count, 3, H, W)``, int64."""
         return self.images[slot, :count], self.labels[slot, :count]
 
     def release(self, slot: int, number: int, pass_id: int = 0) -> None:
@@ -130,10 +119,8 @@ SHM = "/dev/shm"
 
 
 def shared_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now
-    (``posix_fallocate``): tmpfs takes pages when first written, so every process on the node
-    would pass a free-space check and the one writing past the size die of SIGBUS. Raises
-    :class:`DataError` (one line: sizes and the fix)."""
+    """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now: tmpfs takes pages
+    when written, and the writer past its size dies of SIGBUS. Raises :class:`DataError`."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
