@@ -9,9 +9,14 @@ from .base import check_rank
 
 
 class BlockOrder:
-    """Per epoch: the blocks permuted, rank ``r`` taking the ``r``-th of ``world_size`` segments,
-    each block shuffled, the next record of one of ``buffer_blocks`` open blocks picked
-    uniformly. ``ValueError``: sizes below 1, a bad rank."""
+    """Per epoch, with one generator seeded from ``(seed, epoch)`` on every rank: (1) the
+    ``ceil(num_samples / block_size)`` blocks are permuted and their records concatenated; (2)
+    rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
+    world_size`` records (the rest sit out, as ``DistributedSampler(drop_last=True)``); (3) it
+    shuffles the records within each of its blocks and emits them by picking one of
+    ``buffer_blocks`` open blocks uniformly and taking its next record: about ``buffer_blocks *
+    block_size`` records in the page cache, a batch mixing only the open blocks' (few classes
+    where records are sorted by class). Raises ``ValueError`` for sizes below 1 or a bad rank."""
 
     def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
                  rank: int = 0, world_size: int = 1, seed: int = 0):

@@ -1,5 +1,11 @@
-"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each, kept in one
-:class:`StageLog` for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0``: no clock call."""
+"""Where a loader's time goes, image by image, for a few ``perf_counter`` calls each. A
+DataLoader worker's :class:`StageClock` writes each image's stage seconds and each batch's worker
+id, wall and CPU time into the slot's stage rows beside the pixels (no message or object per
+image); the pipelines that decode whole batches (``--decode-device``, DALI) time their *readers*
+(workers, or DALI's feed threads: read, window) and their *batch decoder* (the training process:
+decode, resize, flip, hand-over). One :class:`StageLog` in the training process keeps the
+histograms and sums of either for ``engine.report.bounds``. ``IMAGENET_FAST_STAGES=0`` switches
+it all off (no clock call is made)."""
 from __future__ import annotations
 
 import os
