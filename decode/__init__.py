@@ -12,11 +12,15 @@ from .memory import release_freed_memory, retain_freed_memory
 from .raw import is_raw
 from .resample import resize
 
-__all__ = ["Frame", "acceptance", "backends", "crop_decoder_status", "decode", "decode_crop",
-           "decode_image", "decode_jpeg", "decode_jpeg_luma", "decode_window", "decoder_key",
-           "decoder_name", "headers", "image_library", "image_size", "is_raw", "messages",
-           "release_freed_memory", "resize", "retain_freed_memory", "status_line", "use",
-           "window_size"]
+# What the decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
+# PIL (OSError incl. UnidentifiedImageError, ValueError), the LMDB codec (ValueError, KeyError)
+DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
+
+__all__ = ["DECODE_ERRORS", "Frame", "acceptance", "backends", "crop_decoder_status", "decode",
+           "decode_crop", "decode_image", "decode_jpeg", "decode_jpeg_luma", "decode_window",
+           "decoder_key", "decoder_name", "headers", "image_library", "image_size", "is_raw",
+           "messages", "release_freed_memory", "resize", "retain_freed_memory", "status_line",
+           "use", "window_size"]
 
 
 def decode(data: bytes) -> torch.Tensor:

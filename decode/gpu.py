@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import jpeg, raw
+from . import DECODE_ERRORS, jpeg, raw
 from .acceptance import read_frame
 from .headers import probe_jpeg
 from .messages import capture, run_captured
@@ -21,8 +21,6 @@ from .resample import resize_in_frame, resize_window
 
 KINDS = ("cuda", "cpu-nvimgcodec")  # --decode-device choices of the batch decoder
 DEFAULT_HW_LOAD = 0.65  # DALI 2.4's default hw_decoder_load (fn.decoders.image)
-# What decoders raise for bytes that are not a readable image (as loaders.pipelines.bad_samples).
-DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
 
 @dataclass

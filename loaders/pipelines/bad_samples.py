@@ -6,13 +6,11 @@ import sys
 
 import torch
 
+from decode import DECODE_ERRORS
 from decode.messages import capture
 
 from ..errors import DataError
 
-# What decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
-# PIL (OSError incl. UnidentifiedImageError, ValueError), our LMDB codec (ValueError, KeyError).
-DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
 
 
 def report_unreadable(name: str, exc: BaseException) -> None:
