@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import sys
 import time
 import weakref
 
@@ -31,11 +30,11 @@ class ClosingDataLoader(DataLoader):
     def _get_iterator(self):
         if self.num_workers > 0:
             join_exiting_feeders()  # before this iterator forks its workers
-            if "nvidia.dali" in sys.modules:
-                # A DALI pipeline left in a cycle is freed here, where its threads live: freed
-                # in a forked worker, its shutdown waits for threads the worker lacks and the
-                # worker hangs. Only DALI's do: a collection costs ~0.1 s of CPU per pass.
-                gc.collect()
+            # Garbage in a cycle is freed here, where its threads live: freed in a forked
+            # worker, a DALI pipeline's shutdown waits for threads the worker lacks and the
+            # worker hangs. Every pass (~0.1-0.2 s of CPU), not only once DALI is imported: what
+            # else frees threads on collection is not known, and a hung worker stalls the run.
+            gc.collect()
         iterator = super()._get_iterator()
         workers = getattr(iterator, "_workers", None)
         if workers:

@@ -1,4 +1,5 @@
 """Distributed runs on CPU with gloo: mp.spawn, torchrun, two 'nodes' on localhost, failures."""
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -13,7 +14,7 @@ from engine.distributed.processes import use_default_start_method
 from tests.helpers import warm
 from tests.helpers.paths import REPO
 from engine.distributed.processes import free_port
-from tests.helpers.processes import training_processes
+from tests.helpers.processes import descendants, training_processes
 from tests.helpers.runs import (SMALL_DISTRIBUTED, assert_same_training, main_cmd, only_record,
                                 run, run_cli)
 from tests.helpers.traces import kill_at_step, saved_position, traced_batches, traced_env
@@ -90,7 +91,18 @@ def test_two_nodes_on_localhost_agree(tiny, tmp_path):
                  "--nproc-per-node", "1", "--world-size", "2", "--rank", str(r),
                  "--dist-url", url, "--output-dir", outs[r]),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    results = [p.communicate(timeout=240) for p in procs]
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:  # no rank left running; both nodes' output says which one stopped
+            for pid in descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            p.kill()
+        outs = [p.communicate() for p in procs]
+        pytest.fail("two nodes still running after 240 s:\n" + "\n".join(
+            f"node {r} stdout: {o[-1500:]}\nnode {r} stderr: {e[-1500:]}"
+            for r, (o, e) in enumerate(outs)))
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     record = only_record(outs[0])
     assert record["train_images"] == 32 and record["val_images"] == 16
