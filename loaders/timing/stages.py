@@ -97,6 +97,28 @@ class StageClock:
         row[SLOT_WAIT] = slot_wait
 
 
+def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
+    """``transform(data, frame)`` of a ``loaders.transforms.TrainTransform``, each stage's seconds
+    added to the image's figures ``t`` (a whole decode for the size counts as decode)."""
+    import decode
+
+    start = time.perf_counter()
+    window, flip, image = transform.window(data, frame=frame)
+    drawn = time.perf_counter()
+    kind, pixels = decode.decode_crop(data, window, transform.size, image,
+                                      transform.interpolation, frame)
+    decoded = time.perf_counter()
+    out = transform.resized(kind, pixels)
+    resized = time.perf_counter()
+    out = transform.augmented(out, flip)
+    t[DECODE if image is not None else WINDOW] += drawn - start
+    t[DECODE] += decoded - drawn
+    t[RESIZE] += resized - decoded
+    t[AUGMENT] += time.perf_counter() - resized
+    t[KIND], t[SIDE] = KIND_CODES[kind], transform.side
+    return out
+
+
 def no_clock() -> float:
     """0.0: the ``time.perf_counter`` of unmeasured stages."""
     return 0.0

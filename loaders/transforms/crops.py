@@ -3,7 +3,6 @@ the window: 1.27 ms per image, PIL 2.41 ms (``benchmarks.loading.transforms``)."
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
@@ -11,7 +10,6 @@ import decode as decoding
 from decode import decode, jpeg, resize
 
 from ..settings import LoaderSettings
-from ..timing import stages
 from .auto_augment import make_auto_augment
 
 # RandomResizedCrop's area-share and aspect-ratio ranges: torchvision's (Szegedy et al. 2015)
@@ -47,7 +45,8 @@ def random_resized_crop_params(height: int, width: int, scale: tuple[float, floa
 
 class TrainTransform:
     """Encoded bytes -> uint8 ``(3, crop_size, crop_size)``: RandomResizedCrop + flip (p=0.5), then
-    ``augment``, as torchvision's ``ClassificationPresetTrain``; draws from torch's global RNG."""
+    ``augment``, as torchvision's ``ClassificationPresetTrain``; draws from torch's global RNG.
+    ``loaders.timing.stages.timed_transform`` times its stages."""
 
     def __init__(self, crop_size: int = 224, scale=RRC_SCALE, ratio=RRC_RATIO,
                  augment=None, interpolation: str = "bilinear"):
@@ -55,28 +54,21 @@ class TrainTransform:
         self.augment, self.interpolation = augment, interpolation
         self.side = 0  # the last image's longer side (px), for the stage figures
 
-    def __call__(self, data: bytes, frame=None, t: list | None = None) -> torch.Tensor:
-        """``frame``: ``data``'s :class:`decode.acceptance.Frame`, if read; ``t``: a
-        ``StageClock.t`` to add each stage's seconds to, or None (no clock read)."""
-        clock = stages.no_clock if t is None else time.perf_counter
-        start = clock()
+    def __call__(self, data: bytes, frame=None) -> torch.Tensor:
+        """``frame``: the :class:`decode.acceptance.Frame` of ``data``, if read."""
         window, flip, image = self.window(data, frame=frame)
-        drawn = clock()
         kind, pixels = decoding.decode_crop(data, window, self.size, image, self.interpolation,
                                             frame)
-        decoded = clock()
-        # the scaled decoder's pixels are at the crop size already
-        out = pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
-        resized = clock()
+        return self.augmented(self.resized(kind, pixels), flip)
+
+    def resized(self, kind: str, pixels: torch.Tensor) -> torch.Tensor:
+        """:func:`decode.decode_crop`'s ``pixels`` at the crop size (the scaled decoder's are)."""
+        return pixels if kind == "scaled" else resize(pixels, self.size, self.interpolation)
+
+    def augmented(self, out: torch.Tensor, flip: bool) -> torch.Tensor:
+        """The horizontal flip drawn, then the ``--auto-augment`` policy."""
         out = out.flip(-1) if flip else out
-        out = out if self.augment is None else self.augment(out)
-        if t is not None:
-            t[stages.DECODE if image is not None else stages.WINDOW] += drawn - start
-            t[stages.DECODE] += decoded - drawn
-            t[stages.RESIZE] += resized - decoded
-            t[stages.AUGMENT] += time.perf_counter() - resized
-            t[stages.KIND], t[stages.SIDE] = stages.KIND_CODES[kind], self.side
-        return out
+        return out if self.augment is None else self.augment(out)
 
     def window(self, data: bytes, size_of=None, frame=None):
         """``(window (top, left, height, width), flip, the whole decode if the size needed it)``;
