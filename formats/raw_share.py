@@ -9,7 +9,7 @@ import dataclasses
 import math
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,13 +260,12 @@ def start(budget: Budget | None, listing, check: str, cap, saved: dict | None, w
         return None
     if saved:
         return RawChoice.from_state(saved)
-    from formats.images import check_file
+    from formats.images import check_files
 
     count = len(listing.files)
     sized = sample_indices(count, SIZE_SAMPLE)
     timed = set(sample_indices(count))  # a subset: both spread evenly over the same listing
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # decoding releases the GIL
-        found = pool.map(lambda i: check_file(listing.files[i], check, cap), sized)
+    with closing(check_files([listing.files[i] for i in sized], workers, check, cap=cap)) as found:
         # a skipped file (a str: why) is neither timed nor sized
         kept = [(i, c.data) for i, c in zip(sized, found) if not isinstance(c, str)]
     return plan(budget, [data for _, data in kept], count,

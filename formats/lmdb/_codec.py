@@ -129,8 +129,6 @@ def is_lmdb(path: str) -> bool:
 # per process, never to be used across fork(); the lock keeps threads from opening it twice.
 _READONLY: dict[tuple[int, str], tuple[object, bool]] = {}
 _READONLY_LOCK = threading.RLock()
-# id() of every open handle: unique while its holder keeps a reference
-_OPEN_IDS: set[int] = set()
 
 
 def open_readonly(path: str, readahead: bool | None = None):
@@ -158,13 +156,12 @@ def open_readonly(path: str, readahead: bool | None = None):
         except lmdb.Error as exc:
             raise LMDBFormatError(f"{path}: cannot open as LMDB ({exc})") from None
         _READONLY[key] = (env, bool(readahead))
-        _OPEN_IDS.add(id(env))
         return env
 
 
 def is_open(env) -> bool:
     """True while ``env`` (a handle from :func:`open_readonly`) has not been closed here."""
-    return id(env) in _OPEN_IDS
+    return any(held is env for held, _ in _READONLY.values())
 
 
 def _close_where(inherited: bool, path: str | None = None) -> None:
@@ -172,9 +169,7 @@ def _close_where(inherited: bool, path: str | None = None) -> None:
     with _READONLY_LOCK:
         for key in [k for k in _READONLY if (k[0] != os.getpid()) == inherited
                     and (path is None or k[1] == os.path.realpath(path))]:
-            env = _READONLY.pop(key)[0]
-            _OPEN_IDS.discard(id(env))
-            env.close()
+            _READONLY.pop(key)[0].close()
 
 
 def close_readonly(path: str) -> None:

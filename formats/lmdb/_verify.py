@@ -3,26 +3,26 @@ optionally, the folder it was converted from."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 
 import lmdb
 
 from decode.raw import is_raw, raw_header
 from formats.cap import Cap
 from formats.conversion import Verification, differs, source_to_compare
-from formats.images import check_file
+from formats.images import check_files
 
 from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, decode_checksums,
                      decode_record, last_record_index, open_readonly, read_meta, record_checksum,
                      record_key)
 
-
-def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
-           chunk: int = 256, split: str | None = None) -> Verification:
+def verify(db: str, dataset: str | None = None, workers: int = 8, chunk: int = 256,
+           split: str | None = None) -> Verification:
     """Check the database ``db``: metadata, records ``0..count-1`` and nothing else, each record's
     CRC-32, label and decode (a raw record's header); with ``dataset`` (any layout, ``split`` for a
     download), also that every record equals what the converter would store now. Raises
     :class:`~formats.sources.DatasetError` only for a bad ``dataset``."""
-    result = Verification(db, dataset=dataset, max_problems=max_problems)
+    result = Verification(db, dataset=dataset)
     try:
         meta = read_meta(db)
     except (LMDBFormatError, lmdb.Error) as exc:
@@ -31,7 +31,7 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, max_problems: 
     result.count, result.classes = meta.count, len(meta.classes)
     with source_to_compare(dataset, split, db, meta.shuffle_seed) as listing, \
             open_readonly(db).begin() as txn, ThreadPoolExecutor(max(1, workers)) as pool:
-        paths = _compare_sources(txn, listing, meta, pool, chunk, result) if listing else []
+        paths = _compare_sources(txn, listing, meta, workers, result) if listing else []
         sums = txn.get(CHECKSUMS_KEY)
         crcs = decode_checksums(sums) if sums is not None else None
         result.checksums = crcs is not None
@@ -60,16 +60,14 @@ def _name(index: int, rel: str | None) -> str:
     return f"record {index} ({rel})" if rel else f"record {index}"
 
 
-def _compare_sources(txn, listing, meta, pool, chunk: int, result: Verification) -> list[str]:
+def _compare_sources(txn, listing, meta, workers: int, result: Verification) -> list[str]:
     """Each record against what its source converts to now under the database's cap; the
-    images' relative paths, in record order."""
-    cap = Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
+    images' relative paths, in record order (``workers`` threads check the sources)."""
     if listing.classes != list(meta.classes):
         result.problem(f"classes differ from the class folders of {result.dataset}")
-    paths = []
-    for first in range(0, len(listing.files), chunk):
-        files = listing.files[first:first + chunk]
-        for src, checked in zip(files, pool.map(lambda f: check_file(f, "full", cap), files)):
+    paths, cap = [], Cap.from_record(meta.cap)  # the conversion's --max-side / --quality
+    with closing(check_files(listing.files, workers, cap=cap)) as checks:
+        for src, checked in zip(listing.files, checks):
             if isinstance(checked, str):
                 continue
             name, key = _name(len(paths), src.rel), record_key(len(paths))

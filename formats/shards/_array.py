@@ -55,43 +55,35 @@ def run_array(listing: Listing, output: str, wanted: ResumeState, records,
     """Convert task ``task`` (0-based) of ``tasks``'s blocks of ``listing`` into ``output`` and
     return what it wrote; the last task to finish writes the index. ``finish``: only write the
     index (every block must be done). ``records``: the shards' writer
-    (:class:`~formats.shards._convert.Records`); ``start_raw()``: the raw share's choice. Raises
-    :class:`ConversionError` for an output holding other files or another conversion, or a
-    write error."""
+    (:class:`~formats.shards._convert.Records`); ``start_raw()``: the raw share's choice, made
+    once for the whole set by the task that creates ``progress.json`` (``os.link`` lets one win;
+    the others must have the same source and settings). Raises :class:`ConversionError` for an
+    output holding other files or another conversion, or a write error."""
     refuse_foreign(output)
+    path = os.path.join(output, PROGRESS_NAME)
     try:
-        state = share_state(output, wanted, start_raw)
+        os.makedirs(output, exist_ok=True)
+        if PROGRESS_NAME not in os.listdir(output):
+            choice = start_raw()
+            tmp = f"{path}.{os.getpid()}.tmp"
+            write_synced(tmp, replace(wanted, raw=choice.state() if choice else {}).encode())
+            try:
+                with suppress(FileExistsError):  # another task made it first: its state counts
+                    os.link(tmp, path)
+            finally:
+                os.remove(tmp)
+        state = ResumeState.load(path)
+        wanted.refuse_other(output, state, "a resumed array needs the same source, flags and "
+                            "version; or delete the folder")
         if not finish:
             return run_task(listing, output, state, task, tasks, records, progress)
         finish_index(listing, output, state)
     except OSError as exc:
         raise ConversionError(f"{output}: cannot write the shards ({exc.strerror or exc}); "
                               "is the disk full?") from None
-    state = ResumeState.load(os.path.join(output, PROGRESS_NAME))
+    state = ResumeState.load(path)
     return (f"{output}: complete: {state.records} images in {len(state.shards)} shards, "
-                f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
-
-
-def share_state(output: str, wanted: ResumeState, start_raw) -> ResumeState:
-    """The array's state in ``output/progress.json``: ``wanted`` with the raw share's choice
-    (``start_raw()``, made once for the whole set) if this task comes first, else the first
-    task's, which must be made from the same source and settings. Raises
-    :class:`ConversionError`."""
-    path = os.path.join(output, PROGRESS_NAME)
-    os.makedirs(output, exist_ok=True)
-    if PROGRESS_NAME not in os.listdir(output):
-        choice = start_raw()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        write_synced(tmp, replace(wanted, raw=choice.state() if choice else {}).encode())
-        try:
-            with suppress(FileExistsError):  # another task made it first: its state counts
-                os.link(tmp, path)
-        finally:
-            os.remove(tmp)
-    recorded = ResumeState.load(path)
-    wanted.refuse_other(output, recorded, "a resumed array needs the same source, flags and "
-                        "version; or delete the folder")
-    return recorded
+            f"skipped {state.skipped} (listed in {REPORT_NAME}); {INDEX_NAME} written")
 
 
 def run_task(listing: Listing, output: str, state: ResumeState, task: int, tasks: int,

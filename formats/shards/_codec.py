@@ -36,7 +36,7 @@ def shard_name(prefix: str, number: int) -> str:
 
 def idx_name(tar_name: str) -> str:
     """The DALI index beside ``tar_name`` (``train-000000.tar`` -> ``train-000000.idx``)."""
-    return tar_name[: -len(".tar")] + ".idx" if tar_name.endswith(".tar") else tar_name + ".idx"
+    return tar_name.removesuffix(".tar") + ".idx"
 
 
 def record_key(wnid: str, path: str) -> str:

@@ -23,13 +23,13 @@ def sha256_file(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def verify(folder: str, dataset: str | None = None, workers: int = 8, max_problems: int = 20,
+def verify(folder: str, dataset: str | None = None, workers: int = 8,
            digests: dict[str, str] | None = None, split: str | None = None) -> Verification:
     """Check the shards in ``folder``: ``index.json``, each shard's size and (``digests``) SHA-256,
     its records and ``.idx`` offsets, labels, baseline JPEG headers, no unlisted ``.tar``; with
     ``dataset``, each record against its source in the seed's order and cap, and every source
     stored or in ``skipped.tsv``. Raises :class:`~formats.sources.DatasetError` for a bad one."""
-    result = Verification(folder, dataset=dataset, max_problems=max_problems, shards=0)
+    result = Verification(folder, dataset=dataset, shards=0)
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:
             index = ShardIndex.from_json(f.read(), os.path.join(folder, INDEX_NAME))

@@ -10,9 +10,6 @@ import os
 from ._listing import (DatasetError, Listing, Source, class_files, class_folders, list_sources,
                        read_source, replace_synced, write_synced)
 
-__all__ = ["DatasetError", "EXPECTED", "Listing", "Source", "SPLITS", "class_files", "detect",
-           "list_sources", "open_dataset", "read_source", "replace_synced", "write_synced"]
-
 SPLITS = ("train", "val")
 # ILSVRC-2012: images per split and classes (Russakovsky et al. 2015, table 1; the devkit).
 EXPECTED = {"train": 1_281_167, "val": 50_000, "classes": 1_000}
