@@ -11,6 +11,7 @@ import os
 import re
 import tarfile
 import time
+from itertools import groupby
 
 from ._codec import INDEX_NAME, RecordSpan, ShardFormatError, ShardIndex, idx_name, write_idx
 from .locations import is_stream, open_stream
@@ -18,6 +19,7 @@ from .locations import is_stream, open_stream
 _WNID = re.compile(r"n\d{8}")
 _WNID_FIELDS = ("wnid", "synset", "synset_id", "class_id")
 _NAME_FIELDS = ("filename", "file_name", "path")
+_EXTENSION = re.compile(r"\.[^/]*$")  # from the first dot after the last "/" (WebDataset's key)
 
 
 def _wnid_of(key: str, meta: dict) -> str | None:
@@ -50,48 +52,41 @@ def _records(url: str) -> tuple[list[tuple[RecordSpan, int, str | None, str | No
     Raises :class:`ShardFormatError` naming the shard."""
     local = not is_stream(url)
     stream = None if local else _Counting(open_stream(url))
-    records, current = [], {}
-
-    def finish():
-        if not current:
-            return
-        key = current["key"]
-        if "jpg" not in current or "cls" not in current:
-            raise ShardFormatError(f"{url}: record {key} has no .jpg or no .cls (found "
-                                   f"{', '.join(sorted(k for k in current if k != 'key'))})")
-        (image_at, image_size, _), (label_at, label_size, label) = current["jpg"], current["cls"]
-        if not label.strip().isdigit():
-            raise ShardFormatError(f"{url}: record {key}: .cls {label[:20]!r} is no class index")
-        meta = json.loads(current["json"][2] or b"{}") if "json" in current else {}
-        name = meta.get("class_name") if isinstance(meta, dict) else None
-        records.append((RecordSpan(key, image_at, image_size, label_at, label_size),
-                        int(label.strip()), _wnid_of(key, meta if isinstance(meta, dict) else {}),
-                        name if isinstance(name, str) else None))
-
+    records = []
     try:
         # a local tar is read header by header, seeking past the images; a stream front to back
         with (tarfile.open(url, "r:") if local else tarfile.open(fileobj=stream, mode="r|")) \
                 as tar:
-            for info in tar:
-                if not info.isreg():
-                    continue
-                folder, _, base = info.name.rpartition("/")
-                stem, _, ext = base.partition(".")
-                key = f"{folder}/{stem}" if folder else stem
-                if current.get("key") != key:
-                    finish()
-                    current = {"key": key}
-                small = ext in ("cls", "json")
-                data = tar.extractfile(info).read() if small else None
-                current[ext] = (info.offset_data, info.size, data.decode("utf-8", "replace")
-                                if ext == "cls" else data)
-            finish()
+            for key, members in groupby((i for i in tar if i.isreg()),
+                                        lambda info: _EXTENSION.sub("", info.name)):
+                found = {}
+                for info in members:
+                    ext = info.name[len(key) + 1:]
+                    found[ext] = (info.offset_data, info.size, tar.extractfile(info).read()
+                                  if ext in ("cls", "json") else None)
+                records.append(_record(url, key, found))
     except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
         raise ShardFormatError(f"{url}: unreadable or truncated tar ({exc})") from None
     finally:
         if stream is not None:
             stream.stream.close()
     return records, os.path.getsize(url) if local else stream.count
+
+
+def _record(url: str, key: str, found: dict) -> tuple:
+    """One record of :func:`_records` from its members ``{ext: (offset, size, data)}``."""
+    if "jpg" not in found or "cls" not in found:
+        raise ShardFormatError(f"{url}: record {key} has no .jpg or no .cls (found "
+                               f"{', '.join(sorted(found))})")
+    (image_at, image_size, _), (label_at, label_size, data) = found["jpg"], found["cls"]
+    label = data.decode("utf-8", "replace")
+    if not label.strip().isdigit():
+        raise ShardFormatError(f"{url}: record {key}: .cls {label[:20]!r} is no class index")
+    meta = json.loads(found["json"][2] or b"{}") if "json" in found else {}
+    meta = meta if isinstance(meta, dict) else {}
+    name = meta.get("class_name")
+    return (RecordSpan(key, image_at, image_size, label_at, label_size), int(label.strip()),
+            _wnid_of(key, meta), name if isinstance(name, str) else None)
 
 
 def _classes(found: list, classes_file: str | None, spec: str) -> tuple[list[str], list | None]:
