@@ -100,13 +100,10 @@ class Verification:
 
 
 RESUME_VERSION = 1  # the layout of ResumeState's JSON; another one is refused, not guessed at
-# how a setting reads in a refusal (the converters' flags, where a flag sets it)
-_SETTING_NAMES = {"check": "--check", "raw_budget": "--raw-budget",
-                  "max_pixels": "--max-image-pixels", "shuffle_seed": "--shuffle-seed",
-                  "prefix": "--prefix", "shard_size": "--shard-size",
-                  "max_per_shard": "--max-per-shard", "array": "--tasks",
+# how a setting reads in a refusal where it is not its flag's name (--check, --shard-size...)
+_SETTING_NAMES = {"max_pixels": "--max-image-pixels", "array": "--tasks", "decoder": "decoder",
                   "rules": "image rules version", "quality": "re-encoding quality",
-                  "library": "image library", "decoder": "decoder"}
+                  "library": "image library"}
 
 
 @dataclass
@@ -190,7 +187,7 @@ def _setting(key: str, value) -> str:
     """A setting as a refusal names it, e.g. ``"--check header"``, ``"no --raw-budget"``."""
     if key == "cap":
         return Cap.from_record(value or {}).describe()
-    name = _SETTING_NAMES.get(key, key)
+    name = _SETTING_NAMES.get(key, "--" + key.replace("_", "-"))
     return f"no {name}" if value in (None, False) else name if value is True else f"{name} {value}"
 
 

@@ -98,12 +98,9 @@ def prepare_output(output: str, overwrite: bool, wanted: ResumeState) -> ResumeS
                 "(pass --overwrite to replace it)")
         close_readonly(output)
         if meta is None and not overwrite:
-            env = lmdb.open(output, subdir=True, readonly=True, lock=False)
-            try:
-                with env.begin() as txn:
-                    value, records = txn.get(PROGRESS_KEY), last_record_index(txn) + 1
-            finally:
-                env.close()
+            with lmdb.open(output, subdir=True, readonly=True, lock=False) as env, \
+                    env.begin() as txn:
+                value, records = txn.get(PROGRESS_KEY), last_record_index(txn) + 1
             if value is not None or records:
                 recorded = ResumeState.decode(value)
                 if recorded is not None and recorded.records != records:
