@@ -298,17 +298,20 @@ def write_report(output: str, listing: Listing, records: int, skips) -> None:
 
 
 @contextmanager
-def source_to_compare(dataset: str | None, split: str | None, beside: str, seed: int | None):
-    """``--verify --dataset``: ``dataset``'s listing in ``seed``'s order, staged beside ``beside``
-    if needed (deleted after); None without ``dataset``. Raises :class:`DatasetError`."""
-    listing = open_dataset(dataset, split, allow_partial=True) if dataset else None
+def source_to_compare(result: Verification, split: str | None, seed: int | None, classes):
+    """``--verify --dataset``: ``result.dataset``'s listing in ``seed``'s order, its classes
+    checked against the store's ``classes``, staged beside ``result.path`` if needed (deleted
+    after); None without a dataset. Raises :class:`DatasetError`."""
+    listing = open_dataset(result.dataset, split, allow_partial=True) if result.dataset else None
+    if listing and listing.classes != list(classes):
+        result.problem(f"classes differ from the class folders of {result.dataset}")
     if seed is not None and listing:
         listing = listing.shuffled(seed)
     if not listing or listing.stage is None:
         yield listing
         return
     with tempfile.TemporaryDirectory(prefix=".verify-staging-", ignore_cleanup_errors=True,
-                                     dir=os.path.dirname(os.path.abspath(beside))) as folder:
+                                     dir=os.path.dirname(os.path.abspath(result.path))) as folder:
         listing.stage(listing.files, folder, False)
         yield listing
 

@@ -46,9 +46,8 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
         return "kaggle", path
     if huggingface.find_files(path, split)[1]:
         return "huggingface", path
-    names = {"train": (tars.TRAIN_TAR, "ILSVRC2012_img_train"),
-             "val": (tars.VAL_TAR, "ILSVRC2012_img_val")}
-    for name in names[split]:
+    tar = tars.TRAIN_TAR if split == "train" else tars.VAL_TAR
+    for name in (tar, tar.removesuffix(".tar")):  # the tar, or its extracted folder
         if os.path.exists(os.path.join(path, name)):
             return "imagenet tars", os.path.join(path, name)
     folder = os.path.join(path, split)
@@ -58,7 +57,7 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
         return "imagenet tars", folder  # the val tar extracted flat, or the class tars of train
     raise DatasetError(
         f"{path}: found no {split} split: looked for class folders {split}/<wnid>/, "
-        f"{names[split][0]} (+ {tars.DEVKIT}), Kaggle's {kaggle.TREE}/{split}/ and Hugging "
+        f"{tar} (+ {tars.DEVKIT}), Kaggle's {kaggle.TREE}/{split}/ and Hugging "
         f"Face's data/*.parquet or data/*.tar.gz")
 
 
