@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
@@ -27,8 +29,8 @@ _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of Tor
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library: ``key`` in :data:`_FACTORIES`, ``name`` with its version, ``decode``
-    of encoded bytes as ``"jpeg"``, ``"image"`` or ``"luma"`` (a JPEG's grayscale)."""
+    """A decoder library: ``key``, ``name`` with its version, ``decode(bytes, kind)`` with kind
+    ``"jpeg"``, ``"image"`` or ``"luma"`` (a JPEG's grayscale)."""
 
     key: str
     name: str
@@ -61,8 +63,6 @@ def _torchvision() -> _Backend:
 
 def _check_png_chunks(data: bytes) -> None:
     """Raise ``RuntimeError`` unless every PNG chunk up to IEND is whole with a right CRC-32."""
-    import zlib
-
     for kind, pos, end in png_chunks(data):
         if end > len(data):
             raise RuntimeError(f"PNG chunk {kind!r}: truncated")
@@ -95,8 +95,6 @@ def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
 
 def pil_errors() -> tuple[type[BaseException], ...]:
     """What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)."""
-    import struct
-
     from PIL import Image
 
     return (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
@@ -111,9 +109,9 @@ def _pil(data: bytes, kind: str) -> torch.Tensor:
 
 
 class OptionalLibrary:
-    """A native library the window decoders use where present: ``get()``, the library or None
-    (``reason``: why), ``load() -> (library, None) | (None, why)`` called once per process, never
-    under ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
+    """A library the window decoders use where present: ``get()``, it or None (``reason``: why),
+    by ``load() -> (library, None) | (None, why)`` once per process, never under
+    ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load, self._loaded, self._library = load, False, None

@@ -26,10 +26,7 @@ def scale_factor(height: int, width: int, out_height: int, out_width: int) -> in
     """Largest k of 8, 4, 2 keeping the window at 1/k at least the output; else 1."""
     if not enabled():
         return 1
-    for k in _FACTORS:
-        if height >= k * out_height and width >= k * out_width:
-            return k
-    return 1
+    return next((k for k in _FACTORS if height >= k * out_height and width >= k * out_width), 1)
 
 
 def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
