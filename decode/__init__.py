@@ -113,8 +113,7 @@ def resize(image: torch.Tensor, size: tuple[int, int], interpolation: str = "bil
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None, interpolation: str = "bilinear",
                   frame: Frame | None = None) -> torch.Tensor:
-    """:func:`decode_crop`'s pixels resized to ``size``: uint8 ``(3, *size)``. Raises what
-    :func:`decode` raises."""
+    """:func:`decode_crop`'s pixels resized: uint8 ``(3, *size)``. Raises as :func:`decode`."""
     kind, pixels = decode_crop(data, window, size, image, interpolation, frame)
     return pixels if kind == "scaled" else resize(pixels, size, interpolation)
 

@@ -36,10 +36,10 @@ class DecodedWindows:
 
 
 class WindowDecoder:
-    """Decodes a batch's regions and resizes each to ``size`` on ``device``. ``kind``: ``"cuda"``
-    (nvImageCodec's hardware decoder at ``hw_load``, then CUDA) or ``"cpu-nvimgcodec"``
-    (``threads`` threads). ``library``: nvImageCodec's module (None: torchvision). Raises
-    ``ValueError`` for an unknown kind, ``RuntimeError`` for the CPU kind without nvImageCodec."""
+    """A batch's regions decoded and resized on ``device``: ``kind`` ``"cuda"`` (nvImageCodec's
+    hardware decoder at ``hw_load``, then CUDA; ``library`` None: torchvision's) or
+    ``"cpu-nvimgcodec"`` (``threads`` threads). Raises ``ValueError`` for an unknown kind,
+    ``RuntimeError`` for the CPU kind without nvImageCodec."""
 
     def __init__(self, kind: str, device: torch.device, hw_load: float | None = None,
                  threads: int = 1, library: object = "default"):

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
+import PIL
 import torch
+from PIL import Image
 
 from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpeg
 from .messages import not_an_image
@@ -25,6 +27,9 @@ os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
 _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
                             "deprecated")
+# What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)
+PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
+              Image.DecompressionBombError)
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,6 @@ def _check_png_chunks(data: bytes) -> None:
 def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
     """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line naming no object:
     ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else ``OSError``."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(data)) as img:
             if luma and img.format == "JPEG" and img.mode != "L":
@@ -87,18 +90,10 @@ def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
         raise Image.UnidentifiedImageError(not_an_image(data)) from None
     except OSError:
         raise
-    except pil_errors() as exc:
+    except PIL_ERRORS as exc:
         raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
     return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
         out.height, out.width, 1 if luma else 3).permute(2, 0, 1)
-
-
-def pil_errors() -> tuple[type[BaseException], ...]:
-    """What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)."""
-    from PIL import Image
-
-    return (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
-            Image.DecompressionBombError)
 
 
 def _pil(data: bytes, kind: str) -> torch.Tensor:
@@ -278,7 +273,5 @@ def _without_exif(data: bytes) -> bytes:
 
 def image_library() -> str:
     """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
-    import PIL
-
     return next((f"{dist} {_version(dist)}" for dist in ("Pillow-SIMD", "Pillow")
                  if _version(dist) != "?"), f"PIL {PIL.__version__}")

@@ -125,8 +125,7 @@ class BatchFeed:
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
-        """The external source's outputs for batch ``batch`` of ``plan`` (None past its end), its
-        seconds in :attr:`log`."""
+        """The external source's outputs for batch ``batch`` of ``plan``; None past its end."""
         indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             return None

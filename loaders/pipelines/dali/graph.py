@@ -29,9 +29,8 @@ NVJPEG_EXAMPLE_THREADS = 4
 
 
 def decode_args(opts: "GraphOptions") -> dict:
-    """The decoder's arguments: RGB pixels as stored (no EXIF orientation, as every loader), CPU
-    or mixed (+ nvJPEG's paddings and hints, ``hw_decoder_load``, libjpeg-turbo's "fancy" chroma
-    upsampling as the other loaders')."""
+    """The decoder's arguments: RGB pixels as stored (no EXIF orientation), CPU or mixed (+
+    nvJPEG's paddings and hints, ``hw_decoder_load``, the other loaders' "fancy" upsampling)."""
     from nvidia.dali import types
 
     args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,

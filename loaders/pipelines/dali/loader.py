@@ -243,11 +243,10 @@ class DALILoader(StagedLoader, DeviceFeed):
         return pipes
 
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``outputs`` as yielded (the hand-over and the wait before it in :attr:`stage_log`):
-        CPU-only by :func:`.graph.finish_on_cpu` (``batch`` of the epoch seeds the augment
-        draws); with CUDA ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and
-        int64 labels, DALI's GPU buffers taken by DLPack without a copy (DALI 2.4 keeps a buffer
-        while torch holds it) on torch's current stream (DALI's)."""
+        """``outputs`` as yielded, timed in :attr:`stage_log`: CPU-only by
+        :func:`.graph.finish_on_cpu` (``batch`` of the epoch seeds the augment draws); with CUDA
+        ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels, DALI's
+        GPU buffers taken by DLPack without a copy (DALI 2.4 keeps one while torch holds it)."""
         log, opts = self.stage_log, self.opts
         timing = None if log is None else {}
         if log is not None:
@@ -328,8 +327,8 @@ class DALILoader(StagedLoader, DeviceFeed):
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
 
     def _readable(self, index: int) -> bool:
-        """Whether sample ``index`` passes the acceptance rule and our CPU decoder; if not, it is
-        marked and reported."""
+        """Whether sample ``index`` passes the acceptance rule and our CPU decoder (else marked
+        and reported)."""
         try:
             data = self.reader.read(index)[0]
             check(data, self.max_pixels)
@@ -365,8 +364,7 @@ def message_lines(exc: Exception) -> list[str]:
 
 
 def cuda_failure(exc: Exception) -> str | None:
-    """One line for a DALI error naming a CUDA / driver failure (from the last line naming one
-    on); None for other errors."""
+    """A DALI error naming a CUDA or driver failure in one line (from the last such), else None."""
     lines = message_lines(exc)
     hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
     return " ".join(lines[hits[-1]:]) if hits else None
