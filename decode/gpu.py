@@ -155,9 +155,7 @@ class WindowDecoder:
             self.on_device += pixels.is_cuda
         else:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
-        if tuple(pixels.shape) != (region[2], region[3], 3):
-            return None
-        return pixels.permute(2, 0, 1)
+        return pixels.permute(2, 0, 1) if tuple(pixels.shape) == (region[2], region[3], 3) else None
 
     def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole 1- or 3-component JPEGs, then each window; None

@@ -4,6 +4,7 @@ passed on. :func:`capture` (~5 us) points descriptor 2 at an anonymous file, one
 which concurrent captures share; a child forked during one gets descriptor 2 back."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -136,10 +137,8 @@ class capture:
 
 def _flush() -> None:
     """Python's buffered standard error written out first."""
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):
         sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:
@@ -154,10 +153,8 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
     kept = b"".join(piece for piece in text.splitlines(keepends=True)
                     if not is_library_line(_COLOUR.sub("", piece.decode("utf-8", "replace"))))
     if kept:
-        try:
+        with contextlib.suppress(OSError):
             os.write(sink.saved, kept)
-        except OSError:
-            pass
 
 
 def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:

@@ -137,14 +137,13 @@ class BatchFeed:
             began = clock()
             samples.append(self.read(i))
             reads.append(clock() - began)
-        data = [encoded for encoded, _, _ in samples]
-        out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
-               np.array([label for _, label, _ in samples], np.int32)]
+        data, labels, frames = zip(*samples)
+        out = [[np.frombuffer(encoded, np.uint8) for encoded in data], np.array(labels, np.int32)]
         window_started = clock()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
-            out += [*host_windows([frame for _, _, frame in samples], draws), flips]
+            out += [*host_windows(frames, draws), flips]
         if log is not None:
             window = clock() - window_started
             log.add("read", reads)
