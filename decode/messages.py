@@ -70,8 +70,8 @@ class capture:
     def __enter__(self) -> "capture":
         sink, me = _sink, threading.get_ident()
         with sink.cond:
-            # inside one of this thread's captures: nested, not exclusive
-            self.exclusive = self.exclusive and all(c._thread != me for c in sink.running)
+            if self.exclusive:  # inside one of this thread's captures: nested, not exclusive
+                self.exclusive = all(other._thread != me for other in sink.running)
             while sink.owner not in (0, me) or (self.exclusive and sink.running):
                 sink.cond.wait()
             if not sink.running:  # descriptor 2 to the sink's file (made once per process)
