@@ -52,8 +52,8 @@ def raw_size(data: bytes) -> tuple[int, int] | None:
 def raw_crop(data: bytes, window: tuple[int, int, int, int] | None = None,
              header: RawHeader | None = None) -> torch.Tensor:
     """The ``window`` (None: all) of a raw record, uint8 ``(3, height, width)``, a channels-last
-    copy of its bytes, grayscale repeated (``header``: its :func:`raw_header`). ``ValueError``
-    if malformed."""
+    copy of its bytes only, grayscale repeated. ``header``: its :func:`raw_header`, if read.
+    ``ValueError`` if malformed."""
     header = header or raw_header(data)
     if header is None:
         raise ValueError("not a well-formed raw (binary PPM/PGM, maxval 255) record")

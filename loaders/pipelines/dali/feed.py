@@ -94,7 +94,7 @@ class BatchFeed:
     ``(w, h)``, int32 ``(N,)`` flips, for the GPU graph + float32 ``(N,)`` output sides and, with
     ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` past the pass's end.
     The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
-    place. ``log``: a ``StageLog`` for each batch's stage figures, or None."""
+    place (``no_copy``). ``log``: a ``StageLog`` for each batch's stage figures, or None."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
                  log=None):

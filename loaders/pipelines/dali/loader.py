@@ -246,7 +246,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """``outputs`` as yielded, timed in :attr:`stage_log`: CPU-only by
         :func:`.graph.finish_on_cpu` (``batch`` of the epoch seeds the augment draws); with CUDA
         ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels, DALI's
-        GPU buffers taken by DLPack without a copy (DALI 2.4 keeps one while torch holds it)."""
+        GPU buffers taken by DLPack without a copy (DALI 2.4 keeps one while torch holds it, as
+        its PyTorch iterator does), on torch's current stream (DALI's)."""
         log, opts = self.stage_log, self.opts
         timing = None if log is None else {}
         if log is not None:
