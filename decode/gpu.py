@@ -276,8 +276,7 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
             problems.append(f"{label}: no CUDA device")
             continue
         try:
-            problem = device_decode_problem(WindowDecoder("cuda", device, hw_load,
-                                                          library=library))
+            problem = device_decode_problem(WindowDecoder("cuda", device, hw_load, library=library))
         except Exception as exc:  # noqa: BLE001 - the decoder could not be made here
             problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if problem is None:

@@ -115,8 +115,7 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = stages.StageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock,
-                                      settings.max_image_pixels)
+        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock, settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -221,8 +220,7 @@ class BatchDecodeLoader(ReaderLoader):
                 where = to_device(flips.nonzero().flatten(), self.device)
                 images[where] = images[where].flip(-1)
             flipped = clock()
-            images = normalize_into(images, self.scale, self.shift, self.dtype,
-                                    self.channels_last)
+            images = normalize_into(images, self.scale, self.shift, self.dtype, self.channels_last)
             if erase is not None:
                 images = erase(images, item["number"])
             labels = to_device(labels, self.device)

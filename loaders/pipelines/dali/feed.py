@@ -96,8 +96,7 @@ class BatchFeed:
     The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
     place (``no_copy``). ``log``: a ``StageLog`` for each batch's stage figures, or None."""
 
-    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
-                 log=None):
+    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6, log=None):
         self.read, self.train, self.batch_size, self.log = read, opts.train, batch_size, log
         self.sizes = opts.train and opts.cuda
         self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws

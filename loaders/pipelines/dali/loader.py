@@ -74,8 +74,7 @@ class DALILoader(StagedLoader, DeviceFeed):
                                   self.max_batches)
         return max(0, total - self.start_batch)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0,
-                  rest: RestOfEpoch | None = None) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, rest: RestOfEpoch | None = None) -> None:
         """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew), after the
         heap's freed pages are handed back (else memory grows by epoch)."""
         release_freed_memory()
@@ -277,8 +276,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
         check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
 
-    def _name_damaged(self, order: list[int], step: int, lines: list[str],
-                      lookahead: int) -> None:
+    def _name_damaged(self, order: list[int], step: int, lines: list[str], lookahead: int) -> None:
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
         ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
         may arrive late); a sample named before takes them unprobed; none: one line says so."""
