@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as nnf
 
 from . import acceptance, headers, jpeg, messages, raw
 from .acceptance import Frame, Refused, read_frame
@@ -10,7 +11,6 @@ from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, d
                         decoder_name, image_library, pil_decode, use)
 from .memory import release_freed_memory, retain_freed_memory
 from .raw import is_raw
-from .resample import resize
 
 # What the decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
 # PIL (OSError incl. UnidentifiedImageError, ValueError), the LMDB codec (ValueError, KeyError)
@@ -93,22 +93,39 @@ def decode_crop(data: bytes, window: tuple[int, int, int, int], size: tuple[int,
     return "whole", image[:, top:top + height, left:left + width]
 
 
+def resize(image: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear",
+           dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """The one resize of decoded windows (the JPEG and raw-record paths, :mod:`decode.gpu`):
+    uint8 ``(3, h, w)`` -> ``(3, *size)`` of ``dtype``: bilinear or bicubic antialiased, as
+    PIL's resize under torchvision, or nearest; uint8 channels-last (``interpolate``'s uint8
+    kernels), float32 unrounded (CUDA's kernels take floats)."""
+    batch = image.unsqueeze(0)
+    if dtype == torch.uint8:
+        batch = batch.contiguous(memory_format=torch.channels_last)
+    else:
+        batch = batch.to(dtype)
+    if interpolation == "nearest":
+        return nnf.interpolate(batch, size=size, mode="nearest")[0]
+    return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
+                           align_corners=False)[0]
+
+
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
                   image: torch.Tensor | None = None, interpolation: str = "bilinear",
                   frame: Frame | None = None) -> torch.Tensor:
-    """:func:`decode_crop`'s pixels resized to ``size``: uint8 ``(3, *size)``. Raises what
-    :func:`decode` raises."""
+    """:func:`decode_crop`'s pixels resized: uint8 ``(3, *size)``. Raises as :func:`decode`."""
     kind, pixels = decode_crop(data, window, size, image, interpolation, frame)
     return pixels if kind == "scaled" else resize(pixels, size, interpolation)
 
 
 def crop_decoder_status() -> str:
     """One start-up log line: how training crops are decoded."""
-    scaled = jpeg.window.available() and jpeg.scaled.enabled()
-    how = ("crop + scale in one decode, decode/jpeg/_jpegcrop.so" if jpeg.region.available()
-           else f"PIL draft; {jpeg.region.status()}")
-    return jpeg.window.status() + (f"; windows >= 2x the output: libjpeg-turbo DCT scaling "
-                                   f"({how})" if scaled else "")
+    status = jpeg.window.status()
+    if jpeg.window.available() and jpeg.scaled.enabled():
+        how = ("crop + scale in one decode, decode/jpeg/_jpegcrop.so" if jpeg.region.available()
+               else f"PIL draft; {jpeg.region.status()}")
+        status += f"; windows >= 2x the output: libjpeg-turbo DCT scaling ({how})"
+    return status
 
 
 def status_line() -> str:

@@ -11,8 +11,11 @@ import io
 import struct
 from dataclasses import dataclass
 
+from PIL import Image
+
 from . import raw
 from .headers import PNG_MAGIC, SOS, is_jpeg, jpeg_segments, png_chunks
+from .libraries import NVIMGCODEC
 
 # PIL's decompression-bomb error threshold: 2 x PIL.Image.MAX_IMAGE_PIXELS (1024**3 // 4 // 3).
 MAX_PIXELS = 178_956_970
@@ -161,8 +164,6 @@ def _png_frame(data: bytes) -> Frame | None:
 
 def _library_frame(data: bytes) -> Frame | None:
     """Size only, from nvImageCodec's header parse where installed, else PIL's."""
-    from .libraries import NVIMGCODEC
-
     module = NVIMGCODEC.get()
     if module is not None:
         try:
@@ -171,8 +172,6 @@ def _library_frame(data: bytes) -> Frame | None:
                          components=stream.num_channels)
         except (RuntimeError, ValueError):
             pass
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(data)) as image:
             return Frame(image.format or "image", image.size[1], image.size[0])
@@ -185,6 +184,4 @@ def _library_frame(data: bytes) -> Frame | None:
 
 def limit_pil(max_pixels: int) -> None:
     """Set PIL's decompression-bomb limit to ``max_pixels`` (0: none), process-wide."""
-    from PIL import Image
-
     Image.MAX_IMAGE_PIXELS = max_pixels or None

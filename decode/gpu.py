@@ -13,11 +13,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import DECODE_ERRORS, jpeg, raw
+from . import DECODE_ERRORS, decode as whole_decode, jpeg, raw, resize
 from .acceptance import read_frame
 from .headers import probe_jpeg
 from .messages import capture, run_captured
-from .resample import resize_in_frame, resize_window
 
 KINDS = ("cuda", "cpu-nvimgcodec")  # --decode-device choices of the batch decoder
 DEFAULT_HW_LOAD = 0.65  # DALI 2.4's default hw_decoder_load (fn.decoders.image)
@@ -37,10 +36,10 @@ class DecodedWindows:
 
 
 class WindowDecoder:
-    """Decodes a batch's regions and resizes each to ``size`` on ``device``. ``kind``: ``"cuda"``
-    (nvImageCodec's hardware decoder at ``hw_load``, then CUDA) or ``"cpu-nvimgcodec"``
-    (``threads`` threads). ``library``: nvImageCodec's module (None: torchvision). Raises
-    ``ValueError`` for an unknown kind, ``RuntimeError`` for the CPU kind without nvImageCodec."""
+    """A batch's regions decoded and resized on ``device``: ``kind`` ``"cuda"`` (nvImageCodec's
+    hardware decoder at ``hw_load``, then CUDA; ``library`` None: torchvision's) or
+    ``"cpu-nvimgcodec"`` (``threads`` threads). Raises ``ValueError`` for an unknown kind,
+    ``RuntimeError`` for the CPU kind without nvImageCodec."""
 
     def __init__(self, kind: str, device: torch.device, hw_load: float | None = None,
                  threads: int = 1, library: object = "default"):
@@ -156,15 +155,12 @@ class WindowDecoder:
             self.on_device += pixels.is_cuda
         else:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
-        if tuple(pixels.shape) != (region[2], region[3], 3):
-            return None
-        return pixels.permute(2, 0, 1)
+        return pixels.permute(2, 0, 1) if tuple(pixels.shape) == (region[2], region[3], 3) else None
 
     def _torchvision(self, datas, regions):
         """torchvision's nvJPEG decode of whole 1- or 3-component JPEGs, then each window; None
         for the rest. nvJPEG prints nothing to catch."""
-        from torchvision.io import ImageReadMode
-        from torchvision.io import decode_jpeg as tv_decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg as tv_decode_jpeg
 
         frames = [read_frame(bytes(d)) for d in datas]  # nvJPEG's: 1- or 3-component DCT JPEGs
         usable = [i for i, frame in enumerate(frames) if frame is not None and frame.plain_jpeg]
@@ -192,8 +188,6 @@ class WindowDecoder:
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """:func:`decode.decode`'s whole image, cropped, on the device. Raises what it raises."""
-        from . import decode as whole_decode
-
         image = whole_decode(bytes(data))
         crop = _crop(image, region)
         if tuple(crop.shape[-2:]) != tuple(region[2:]):
@@ -214,6 +208,26 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _crop(image: torch.Tensor, region) -> torch.Tensor:
     top, left, height, width = region
     return image[:, top:top + height, left:left + width]
+
+
+def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """:func:`decode.resize`, bilinear, to ``dtype``: the batch decoder's."""
+    return resize(crop, size, "bilinear", dtype)
+
+
+def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
+                    dtype: torch.dtype) -> torch.Tensor:
+    """uint8 ``(3, h, w)`` pixels of ``region`` = ``(top, left, h, w)`` -> ``(3, *size)`` of
+    ``dtype``: placed in a zero image of size ``frame[:2]``, resized to ``frame[2:4]``
+    (:func:`resize_window`) and cropped at ``frame[4:6]`` = ``(top, left)``. Where the region
+    covers the filter's reach around the crop (``loaders.transforms.center_crop_plan``), these
+    equal the whole image's resize-then-crop pixels."""
+    top, left, height, width = region
+    full_h, full_w, new_h, new_w, crop_top, crop_left = frame
+    canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
+    canvas[:, top:top + height, left:left + width] = crop
+    out = resize_window(canvas, (new_h, new_w), dtype)
+    return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
 
 
 @dataclass(frozen=True)
@@ -262,8 +276,7 @@ def probe_cuda(device: torch.device, hw_load: float | None = None) -> CudaChoice
             problems.append(f"{label}: no CUDA device")
             continue
         try:
-            problem = device_decode_problem(WindowDecoder("cuda", device, hw_load,
-                                                          library=library))
+            problem = device_decode_problem(WindowDecoder("cuda", device, hw_load, library=library))
         except Exception as exc:  # noqa: BLE001 - the decoder could not be made here
             problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if problem is None:
@@ -288,8 +301,8 @@ def nvjpeg_hint() -> str:
 
 def status_line(kind: str, device: torch.device, hw_load: float | None = None,
                 why: str | None = None) -> str:
-    """What :meth:`WindowDecoder.status` will say, without making a decoder; ``why`` given: the
-    line of torchvision's decoder, used instead of nvImageCodec for that reason ("": none said)."""
+    """:meth:`WindowDecoder.status` without a decoder; ``why`` given: torchvision's decoder's line,
+    used instead of nvImageCodec for that reason ("": none said)."""
     library = jpeg.window.library()
     if library is None and kind != "cuda":
         return f"batch windows: not usable ({jpeg.window.status()})"

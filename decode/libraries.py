@@ -7,12 +7,16 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
+import PIL
 import torch
+from PIL import Image
 
 from .headers import JPEG_MAGIC, PNG_MAGIC, jpeg_segments, png_chunks, probe_jpeg
 from .messages import not_an_image
@@ -23,12 +27,15 @@ os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
 # torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
 _TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
                             "deprecated")
+# What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)
+PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
+              Image.DecompressionBombError)
 
 
 @dataclass(frozen=True)
 class _Backend:
-    """A decoder library: ``key`` in :data:`_FACTORIES`, ``name`` with its version, ``decode``
-    of encoded bytes as ``"jpeg"``, ``"image"`` or ``"luma"`` (a JPEG's grayscale)."""
+    """A decoder library: ``key``, ``name`` with its version, ``decode(bytes, kind)`` with kind
+    ``"jpeg"``, ``"image"`` or ``"luma"`` (a JPEG's grayscale)."""
 
     key: str
     name: str
@@ -61,8 +68,6 @@ def _torchvision() -> _Backend:
 
 def _check_png_chunks(data: bytes) -> None:
     """Raise ``RuntimeError`` unless every PNG chunk up to IEND is whole with a right CRC-32."""
-    import zlib
-
     for kind, pos, end in png_chunks(data):
         if end > len(data):
             raise RuntimeError(f"PNG chunk {kind!r}: truncated")
@@ -76,8 +81,6 @@ def _check_png_chunks(data: bytes) -> None:
 def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
     """PIL's uint8 RGB ``(3, H, W)`` (``luma``: ``(1, H, W)``). Raises one line naming no object:
     ``PIL.UnidentifiedImageError`` (:func:`decode.messages.not_an_image`), else ``OSError``."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(data)) as img:
             if luma and img.format == "JPEG" and img.mode != "L":
@@ -87,20 +90,10 @@ def pil_decode(data: bytes, luma: bool = False) -> torch.Tensor:
         raise Image.UnidentifiedImageError(not_an_image(data)) from None
     except OSError:
         raise
-    except pil_errors() as exc:
+    except PIL_ERRORS as exc:
         raise OSError(f"{type(exc).__name__}: {exc}".split(" <_io.BytesIO")[0]) from None
     return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
         out.height, out.width, 1 if luma else 3).permute(2, 0, 1)
-
-
-def pil_errors() -> tuple[type[BaseException], ...]:
-    """What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)."""
-    import struct
-
-    from PIL import Image
-
-    return (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
-            Image.DecompressionBombError)
 
 
 def _pil(data: bytes, kind: str) -> torch.Tensor:
@@ -111,9 +104,9 @@ def _pil(data: bytes, kind: str) -> torch.Tensor:
 
 
 class OptionalLibrary:
-    """A native library the window decoders use where present: ``get()``, the library or None
-    (``reason``: why), ``load() -> (library, None) | (None, why)`` called once per process, never
-    under ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
+    """A library the window decoders use where present: ``get()``, it or None (``reason``: why),
+    by ``load() -> (library, None) | (None, why)`` once per process, never under
+    ``IMAGENET_FAST_FULL_DECODE=1``; ``set_enabled`` loads it again or turns it off."""
 
     def __init__(self, load: Callable[[], tuple[Any, str | None]]):
         self._load, self._loaded, self._library = load, False, None
@@ -280,7 +273,5 @@ def _without_exif(data: bytes) -> bytes:
 
 def image_library() -> str:
     """The installed PIL distribution and version, e.g. ``"Pillow-SIMD 9.5.0.post2"``."""
-    import PIL
-
     return next((f"{dist} {_version(dist)}" for dist in ("Pillow-SIMD", "Pillow")
                  if _version(dist) != "?"), f"PIL {PIL.__version__}")

@@ -28,8 +28,7 @@ def _glibc():
 
 def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
     """Raise glibc's mmap and trim thresholds to ``limit_bytes`` here and in processes forked
-    later, so up to ``limit_bytes`` of freed heap is kept for reuse. Returns True if applied, False
-    (no change) without glibc."""
+    later, so up to that much freed heap is kept for reuse. True if applied, False without glibc."""
     libc = _glibc()
     if libc is None:
         return False

@@ -4,6 +4,7 @@ passed on. :func:`capture` (~5 us) points descriptor 2 at an anonymous file, one
 which concurrent captures share; a child forked during one gets descriptor 2 back."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -26,30 +27,29 @@ def is_library_line(line: str) -> bool:
 
 
 class _Sink:
-    """Descriptor 2 points at ``file`` while ``active`` captures run (the real one: ``saved``);
-    output up to ``forwarded`` was passed on."""
+    """Descriptor 2 at ``file`` while the ``running`` captures run (the real one: ``saved``),
+    bytes up to ``forwarded`` passed on."""
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.active = self.entered = self.forwarded = 0
+        self.running: set[capture] = set()
+        self.forwarded = 0
         self.owner = 0  # the thread of the exclusive capture, if one runs
         self.file = self.saved = -1
 
 
 _sink = _Sink()
-_thread = threading.local()  # this thread's captures: ``depth`` running, ``entered`` in all
 
 
 def _after_fork() -> None:
     """In a forked child: descriptor 2 put back, and a sink of its own."""
     global _sink
-    if _sink.active and _sink.saved >= 0:
+    if _sink.running and _sink.saved >= 0:
         os.dup2(_sink.saved, 2)
     for fd in (_sink.saved, _sink.file):
         if fd >= 0:
             os.close(fd)
     _sink = _Sink()
-    _thread.depth = 0  # the forking thread, the child's only one, is in none of them
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -58,23 +58,23 @@ os.register_at_fork(after_in_child=_after_fork)
 class capture:
     """``with capture() as caught:`` catches what native code writes to descriptor 2 in the block.
     ``caught.lines``: the native decoders' lines (colour codes removed), set when the block ends or
-    raises; ``caught.shared``: another capture ran meanwhile (the lines may be another call's).
+    raises; ``caught.shared``: another thread's capture overlapped it (the lines may be its call's).
     ``exclusive``: wait until no other capture runs and let none start (nested in one of the same
     thread's, it is not exclusive). Catches nothing where descriptor 2 cannot be redirected."""
 
     def __init__(self, exclusive: bool = False):
         self.exclusive, self.shared, self.lines = exclusive, False, []
         self._sink: _Sink | None = None
-        self._start = self._entered = self._pid = self._mine = 0
+        self._start = self._pid = self._thread = 0
 
     def __enter__(self) -> "capture":
         sink, me = _sink, threading.get_ident()
-        depth = getattr(_thread, "depth", 0)
-        self.exclusive = self.exclusive and depth == 0  # inside one of this thread's: nested
         with sink.cond:
-            while sink.owner not in (0, me) or (self.exclusive and sink.active):
+            if self.exclusive:  # inside one of this thread's captures: nested, not exclusive
+                self.exclusive = all(other._thread != me for other in sink.running)
+            while sink.owner not in (0, me) or (self.exclusive and sink.running):
                 sink.cond.wait()
-            if sink.active == 0:  # descriptor 2 to the sink's file (made once per process)
+            if not sink.running:  # descriptor 2 to the sink's file (made once per process)
                 _flush()
                 try:
                     if sink.file < 0:
@@ -83,15 +83,14 @@ class capture:
                     os.dup2(sink.file, 2)
                 except OSError:  # not redirectable here: catch nothing
                     return self
-            sink.active += 1
-            sink.entered += 1
+            for other in sink.running:  # each overlapping pair of threads' captures: shared
+                if other._thread != me:
+                    other.shared = self.shared = True
+            sink.running.add(self)
             if self.exclusive:
                 sink.owner = me
-            self._sink, self._pid = sink, os.getpid()
-            self._start, self._entered = os.lseek(sink.file, 0, os.SEEK_CUR), sink.entered
-            self.shared = sink.active > depth + 1  # another thread's capture is running
-        _thread.depth = depth + 1
-        _thread.entered = self._mine = getattr(_thread, "entered", 0) + 1
+            self._sink, self._pid, self._thread = sink, os.getpid(), me
+            self._start = os.lseek(sink.file, 0, os.SEEK_CUR)
         return self
 
     def take(self) -> list[str]:
@@ -119,16 +118,13 @@ class capture:
         sink, self._sink = self._sink, None
         if sink is None or self._pid != os.getpid():  # none, or a child forked inside
             return
-        _thread.depth -= 1
-        nested = _thread.entered - self._mine  # captures this thread began inside it
         _flush()
         with sink.cond:
-            self.shared = self.shared or sink.entered - self._entered > nested
-            sink.active -= 1
+            sink.running.discard(self)
             if self.exclusive:
                 sink.owner = 0
-            self.lines = self._read(sink, final=sink.active == 0)
-            if sink.active == 0:
+            self.lines = self._read(sink, final=not sink.running)
+            if not sink.running:
                 os.dup2(sink.saved, 2)
                 os.close(sink.saved)
                 sink.saved = -1
@@ -141,10 +137,8 @@ class capture:
 
 def _flush() -> None:
     """Python's buffered standard error written out first."""
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):
         sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
 
 
 def _forward(sink: _Sink, end: int, final: bool) -> None:
@@ -159,10 +153,8 @@ def _forward(sink: _Sink, end: int, final: bool) -> None:
     kept = b"".join(piece for piece in text.splitlines(keepends=True)
                     if not is_library_line(_COLOUR.sub("", piece.decode("utf-8", "replace"))))
     if kept:
-        try:
+        with contextlib.suppress(OSError):
             os.write(sink.saved, kept)
-        except OSError:
-            pass
 
 
 def run_captured(call: Callable[[], T]) -> tuple[T, list[str]]:
@@ -183,7 +175,7 @@ def say_now(line: str) -> None:
     data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
     with sink.cond:
-        if sink.active and sink.saved >= 0:
+        if sink.running and sink.saved >= 0:
             os.write(sink.saved, data)
             return
     print(line, file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ import functools
 import io
 from typing import Iterator
 
+from PIL import Image
+
 # SOI and the first marker's 0xFF (ITU-T T.81 B.1.1.2); the PNG signature (RFC 2083 3.1)
 JPEG_MAGIC = b"\xff\xd8\xff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -68,8 +70,6 @@ def png_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
 def probe_jpeg() -> bytes:
     """A 64 x 48 baseline 4:2:0 JPEG (PIL, quality 90): what every decoder here, nvJPEG's CUDA and
     hardware decoders included, is tried on before it is chosen."""
-    from PIL import Image
-
     buffer = io.BytesIO()
     Image.new("RGB", (64, 48), (200, 100, 50)).save(buffer, "JPEG", quality=90)
     return buffer.getvalue()

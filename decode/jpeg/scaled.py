@@ -10,9 +10,10 @@ import math
 
 import numpy as np
 import torch
+from PIL import Image
 
 from . import region
-from ..libraries import OptionalLibrary, pil_errors
+from ..libraries import PIL_ERRORS, OptionalLibrary
 
 _FACTORS = (8, 4, 2)  # libjpeg-turbo's SIMD-accelerated scales 1/8, 1/4, 1/2
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}  # PIL's filter reach, input pixels per output pixel
@@ -26,10 +27,7 @@ def scale_factor(height: int, width: int, out_height: int, out_width: int) -> in
     """Largest k of 8, 4, 2 keeping the window at 1/k at least the output; else 1."""
     if not enabled():
         return 1
-    for k in _FACTORS:
-        if height >= k * out_height and width >= k * out_width:
-            return k
-    return 1
+    return next((k for k in _FACTORS if height >= k * out_height and width >= k * out_width), 1)
 
 
 def resized_window(data: bytes, factor: int, box: tuple[float, float, float, float],
@@ -51,8 +49,6 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
                    shape: tuple[int, int] | None = None) -> np.ndarray | None:
     """:func:`resized_window` through :mod:`decode.jpeg.region`: uint8 ``(h, w, 3)``, or None; the
     box decoded with the filter's reach (PIL's support), the whole scaled image's pixels."""
-    from PIL import Image
-
     shape = region.jpeg_size(data) if shape is None else shape
     if not shape:
         return None
@@ -74,8 +70,6 @@ def region_resized(data: bytes, factor: int, box: tuple[float, float, float, flo
 def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, float],
                   size: tuple[int, int], resample: str = "bilinear") -> np.ndarray | None:
     """:func:`resized_window` through PIL's ``draft``: uint8 ``(h, w, 3)`` or None."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.format != "JPEG" or image.mode not in ("RGB", "L"):
@@ -87,7 +81,7 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             top, left, bottom, right = (v / scale for v in box)
             out = image.resize((size[1], size[0]), Image.Resampling[resample.upper()],
                                box=(left, top, right, bottom))
-    except pil_errors():
+    except PIL_ERRORS:
         return None  # truncated or corrupt: the caller's decoder reports it
     if out.mode != "RGB":
         out = out.convert("RGB")

@@ -64,6 +64,4 @@ def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> 
     if image is None:  # libjpeg-turbo stopped on corrupt or truncated data
         return None
     pixels = torch.from_numpy(np.asarray(image.cpu()))  # (height, width, 3), shares memory
-    if tuple(pixels.shape) != (height, width, 3):
-        return None
-    return pixels.permute(2, 0, 1)
+    return pixels.permute(2, 0, 1) if tuple(pixels.shape) == (height, width, 3) else None

@@ -1,6 +1,5 @@
 """The batch-decode pipeline (``--decode-device cuda`` or ``cpu-nvimgcodec``): DataLoader workers
-read the bytes and draw the windows (:class:`WindowBatches`), :class:`BatchDecodeLoader` decodes
-each batch with nvImageCodec."""
+read the bytes and draw the windows, :class:`BatchDecodeLoader` decodes each batch."""
 from __future__ import annotations
 
 import itertools
@@ -31,11 +30,10 @@ from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
 
 class WindowBatches(SampleBatches):
     """``reader``'s samples as the workers hand them over. A batch -> a dict: ``data`` uint8 (the
-    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``,
-    ``windows`` int64 ``(N, 4)`` (top, left, height, width), ``flips`` bool ``(N,)``,
-    ``labels``/``indices`` int64 ``(N,)``, ``frames`` int64 ``(N, 6)`` (-1 for training), ints
-    ``number`` and ``found``; with a ``clock`` (a ``StageClock``) also its float64 rows:
-    ``stages`` ``(N, IMAGE_COLUMNS)`` and ``stage_batch`` ``(BATCH_COLUMNS,)``."""
+    encoded bytes end to end), ``offsets`` int64 ``(N + 1,)``, ``windows`` int64 ``(N, 4)`` (top,
+    left, height, width), ``flips`` bool ``(N,)``, ``labels``/``indices`` int64 ``(N,)``,
+    ``frames`` int64 ``(N, 6)`` (-1 for training), ints ``number`` and ``found``; with a ``clock``
+    (a ``StageClock``) also float64 ``stages`` ``(N, IMAGE_COLUMNS)`` and ``stage_batch``."""
 
     def __init__(self, reader: Reader, val_sizes: tuple[int, int] | None, bad: BadSamples,
                  clock=None, max_pixels: int = MAX_PIXELS):
@@ -46,8 +44,7 @@ class WindowBatches(SampleBatches):
         """``(bytes, window, flip, index, frame, label)``: training's RandomResizedCrop window
         (the CPU loaders', the batch's seed; ``frame`` -1s), or validation's central crop region
         and frame as resize-then-crop takes it (``val_sizes`` = ``(resize, crop)``); sizes from
-        the header the acceptance rule (``max_pixels``) read, else a whole decode (which raises
-        for non-images). The clock gets the read's and window's seconds and the bytes."""
+        the header the acceptance rule read, else a whole decode (which raises for non-images)."""
         clock = self.clock
         started = time.perf_counter() if clock is not None else 0.0
         data, label = self.reader.read(index)
@@ -100,12 +97,11 @@ STAGES = ("read", "window", "decode", "resize", "augment")
 
 class BatchDecodeLoader(ReaderLoader):
     """A :class:`ReaderLoader` whose workers read the bytes and draw the windows
-    (:class:`WindowBatches`), and whose ``decoder`` (nvImageCodec on the GPU, or its CPU backend)
-    decodes, resizes, flips and normalises each batch here, in a thread two batches ahead (``-j
-    0``: one, on the training thread), on CUDA on a side stream. A sample it declines is decoded
-    on the CPU (:attr:`cpu_fallbacks`); one nothing decodes is replaced by another of its batch
-    (:attr:`unreadable`); one a native decoder warned about is named once and kept. Training
-    measures its stages (CUDA: host seconds)."""
+    (:class:`WindowBatches`), and whose ``decoder`` decodes, resizes, flips and normalises each
+    batch here, in a thread two batches ahead (``-j 0``: one, on the training thread), on CUDA
+    on a side stream. A sample it declines is decoded on the CPU (:attr:`cpu_fallbacks`); one
+    nothing decodes is replaced by another of its batch (:attr:`unreadable`); one a native
+    decoder warned about is named once and kept. Training measures its stages (CUDA: host s)."""
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool, decoder: WindowDecoder):
@@ -119,8 +115,7 @@ class BatchDecodeLoader(ReaderLoader):
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
         self.stage_log = stages.StageLog(STAGES, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
-        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock,
-                                      settings.max_image_pixels)
+        self._dataset = WindowBatches(reader, val_sizes, self.bad, clock, settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
@@ -136,8 +131,7 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = size
 
     def close(self) -> None:
-        """Stop the workers, then the decode thread of a pass left part-way (a later pass starts
-        anew)."""
+        """Stop the workers, then a part-way pass's decode thread (a later pass starts anew)."""
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
@@ -171,9 +165,8 @@ class BatchDecodeLoader(ReaderLoader):
                       file=sys.stderr, flush=True)
 
     def _decoded(self, stream, total: int, erase):
-        """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`), on CUDA
-        ``done`` the side stream's event after them (else None); with :attr:`stage_log`, each
-        batch's workers' rows and this thread's stage, wall and CPU seconds added to it."""
+        """``(images, labels, done)`` of this pass's ``total`` batches (:meth:`_decode`; ``done``:
+        on CUDA the side stream's event after them), their seconds in :attr:`stage_log`."""
         log = self.stage_log
         for item in itertools.islice(self.loader, total):
             self._check_bad(item["found"])
@@ -227,8 +220,7 @@ class BatchDecodeLoader(ReaderLoader):
                 where = to_device(flips.nonzero().flatten(), self.device)
                 images[where] = images[where].flip(-1)
             flipped = clock()
-            images = normalize_into(images, self.scale, self.shift, self.dtype,
-                                    self.channels_last)
+            images = normalize_into(images, self.scale, self.shift, self.dtype, self.channels_last)
             if erase is not None:
                 images = erase(images, item["number"])
             labels = to_device(labels, self.device)
@@ -257,10 +249,9 @@ class BatchDecodeLoader(ReaderLoader):
 
 
 def make_decoder(settings: LoaderSettings, dist: DistInfo) -> WindowDecoder:
-    """The batch decoder of ``settings.decode_device`` (``cuda``: the first that decodes a probe
-    window into device memory, :func:`decode.gpu.probe_cuda`). Raises :class:`AcceleratorError`
-    for ``cuda`` on a CPU device or where no GPU decoder decodes (unless ``allow_cpu_decode``),
-    and without nvImageCodec."""
+    """The batch decoder of ``settings.decode_device`` (``cuda``: :func:`decode.gpu.probe_cuda`'s
+    choice). Raises :class:`AcceleratorError` for ``cuda`` on a CPU device or where no GPU
+    decoder decodes (unless ``allow_cpu_decode``), and without nvImageCodec."""
     kind = settings.decode_device
     if kind == "cuda" and dist.device.type != "cuda":
         raise AcceleratorError("--decode-device cuda needs a CUDA device (use cpu-nvimgcodec "

@@ -1,12 +1,10 @@
-"""The NVIDIA DALI pipeline (``--dali``): :class:`DALILoader` with its feed threads, graph,
-``--auto-augment`` ops and bad samples, and here what it needs from its environment: the DALI
-wheel for torch's CUDA major, nvJPEG for GPU decoding, the hardware JPEG decoder's share. DALI
-is imported inside functions."""
+"""The NVIDIA DALI pipeline (``--dali``): :class:`DALILoader` with its feed threads, graph and
+``--auto-augment`` ops, and here what it needs from its environment: the DALI wheel for torch's
+CUDA major, nvJPEG for GPU decoding, the hardware JPEG decoder's share. DALI is imported late."""
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 import re
 from typing import Sequence
 
@@ -111,9 +109,7 @@ def gpu_decoding_problem(device: torch.device, nvimgcodec=None) -> str | None:
     nvImageCodec (``nvimgcodec``, default ``nvidia.nvimgcodec``, DALI 2.4's decoders' base) must
     decode a probe JPEG with its GPU backends only, into device memory (it finds ``libnvjpeg``
     only by its RUNPATH; elsewhere DALI silently decodes on the CPU)."""
-    # nvImageCodec prints two coloured lines to stderr per failure unless told not to
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    try:
+    try:  # quiet: decode.libraries set PYNVIMGCODEC_VERBOSITY on import
         n = nvimgcodec or importlib.import_module("nvidia.nvimgcodec")
     except Exception as exc:  # noqa: BLE001 - ImportError, or its native libraries
         return f"nvImageCodec not usable: {type(exc).__name__}: {exc}".splitlines()[0]

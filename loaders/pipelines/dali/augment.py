@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from torchvision.transforms import v2
 
 from ...draws import keyed_rng
 from ...errors import DataError
@@ -30,8 +31,7 @@ class DaliAugment:
     augmix_severity: int = 3
 
     def check(self, cuda: bool) -> None:
-        """Raise :class:`DataError` where DALI's operators (the GPU graph's) cannot run the
-        policy as torchvision defines it."""
+        """Raise :class:`DataError` where the GPU graph's DALI operators cannot run the policy."""
         if not cuda:
             return
         if self.policy == "augmix":
@@ -89,8 +89,6 @@ class DaliAugment:
     @cached_property
     def _sub_policies(self) -> list:
         """torchvision's 25 sub-policies of this AutoAugment policy (``_get_policies``)."""
-        from torchvision.transforms import v2
-
         return v2.AutoAugment(v2.AutoAugmentPolicy(self.policy))._policies
 
     def graph(self, images, draws):

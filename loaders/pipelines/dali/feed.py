@@ -52,11 +52,10 @@ def host_windows(frames: Sequence[Frame | None],
 class AcceptedReads:
     """``read(index) -> (bytes, label, frame)`` for the feed threads: ``reader.read(index)`` and
     the :class:`~decode.acceptance.Frame` the acceptance rule (``max_pixels``) read (None: no
-    parser reads it); where the rule refuses, the next readable sample's, each refused one
-    reported once, marked in ``unreadable`` and counted in :attr:`refused`. Raises
-    :class:`DataError` if every sample is unreadable. No reference to the loader: a loader freed
-    in a process forked while a feed thread held it would wait there for the parent's DALI
-    threads."""
+    parser reads it); a refused sample is reported once, marked in ``unreadable``, counted in
+    :attr:`refused` and replaced by the next readable one. Raises :class:`DataError` if none is
+    readable. Holds no loader: one freed in a process forked while a feed thread held it would
+    wait there for the parent's DALI threads."""
 
     def __init__(self, reader, unreadable, max_pixels: int):
         self.reader, self.unreadable, self.max_pixels = reader, unreadable, max_pixels
@@ -95,10 +94,9 @@ class BatchFeed:
     ``(w, h)``, int32 ``(N,)`` flips, for the GPU graph + float32 ``(N,)`` output sides and, with
     ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` past the pass's end.
     The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
-    place (``no_copy``). ``log`` (a ``StageLog``, or None) gets each batch's stage figures."""
+    place (``no_copy``). ``log``: a ``StageLog`` for each batch's stage figures, or None."""
 
-    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6,
-                 log=None):
+    def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6, log=None):
         self.read, self.train, self.batch_size, self.log = read, opts.train, batch_size, log
         self.sizes = opts.train and opts.cuda
         self.augment = opts.augment if self.sizes else None  # the GPU graph's policy draws
@@ -126,8 +124,7 @@ class BatchFeed:
             batch += plan.pipelines
 
     def prepare(self, plan: FeedPass, batch: int) -> list | None:
-        """The external source's outputs for batch ``batch`` of ``plan``; None past its end. With
-        :attr:`log`, each read's seconds, the draws' and this thread's wall and CPU seconds."""
+        """The external source's outputs for batch ``batch`` of ``plan``; None past its end."""
         indices = plan.order[batch * self.batch_size:(batch + 1) * self.batch_size]
         if not indices:
             return None
@@ -139,14 +136,13 @@ class BatchFeed:
             began = clock()
             samples.append(self.read(i))
             reads.append(clock() - began)
-        data = [encoded for encoded, _, _ in samples]
-        out = [[np.frombuffer(encoded, np.uint8) for encoded in data],
-               np.array([label for _, label, _ in samples], np.int32)]
+        data, labels, frames = zip(*samples)
+        out = [[np.frombuffer(encoded, np.uint8) for encoded in data], np.array(labels, np.int32)]
         window_started = clock()
         if self.train:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
-            out += [*host_windows([frame for _, _, frame in samples], draws), flips]
+            out += [*host_windows(frames, draws), flips]
         if log is not None:
             window = clock() - window_started
             log.add("read", reads)

@@ -29,9 +29,8 @@ NVJPEG_EXAMPLE_THREADS = 4
 
 
 def decode_args(opts: "GraphOptions") -> dict:
-    """The decoder's arguments: RGB pixels as stored (no EXIF orientation, as every loader), CPU
-    or mixed (+ nvJPEG's paddings and hints, ``hw_decoder_load``, libjpeg-turbo's "fancy" chroma
-    upsampling as the other loaders')."""
+    """The decoder's arguments: RGB pixels as stored (no EXIF orientation), CPU or mixed (+
+    nvJPEG's paddings and hints, ``hw_decoder_load``, libjpeg-turbo's "fancy" upsampling)."""
     from nvidia.dali import types
 
     args = {"device": "cpu" if opts.decode_on_cpu else "mixed", "output_type": types.RGB,
@@ -62,16 +61,15 @@ class GraphOptions:
 
 def pipeline_outputs(feed, opts: GraphOptions) -> tuple:
     """DALI graph of one pipeline reading ``feed`` (``feed.BatchFeed``) through one batched
-    ``fn.external_source`` (uniform inputs as one array each: 0.55 ms per batch, 2.49 as lists):
-    the images' outputs, then the labels (int32 ``(N,)``). With a GPU: ``(images,)``, normalised
-    ``(3, crop, crop)`` (HWC with channels-last), float16 if ``opts.dtype`` is, else float32
-    (DALI has no bfloat16). CPU-only, for :func:`finish_on_cpu` (DALI's CPU resize is slow, its
-    region decode fast: ``benchmarks/pipelines/dali_cpu.py``): training's ``(crops, mirror)``
-    (uint8 HWC windows, int32 flips), validation's ``(images,)`` (whole uint8 HWC). Training's
-    end with the :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, EXIF orientation
-    unapplied (docs/loaders.md, *Orientation*). A training window is clamped into the image as
-    stored: a no-op for a window drawn from the same header, but one that left it would stop (or
-    crash) DALI's decoder; :func:`window_mismatch` names it."""
+    ``fn.external_source`` (0.55 ms per batch; 2.49 with lists): the images' outputs, then int32
+    ``(N,)`` labels. With a GPU: ``(images,)``, normalised ``(3, crop, crop)`` (HWC with
+    channels-last), float16 if ``opts.dtype`` is, else float32 (DALI has no bfloat16). CPU-only,
+    for :func:`finish_on_cpu` (DALI's CPU resize is slow, its region decode fast:
+    ``benchmarks/pipelines/dali_cpu.py``): training's ``(crops, mirror)`` (uint8 HWC windows,
+    int32 flips), validation's ``(images,)`` (whole uint8 HWC). Training's end with the
+    :data:`WINDOW_CHECKS` outputs. Grayscale and CMYK come out RGB, EXIF orientation unapplied
+    (docs/loaders.md, *Orientation*). A training window is clamped into the stored image (else
+    DALI's decoder stops or crashes); :func:`window_mismatch` names one that left it."""
     from nvidia.dali import fn, math as dmath, types
 
     dtypes = ([types.UINT8, types.INT32]

@@ -74,8 +74,7 @@ class DALILoader(StagedLoader, DeviceFeed):
                                   self.max_batches)
         return max(0, total - self.start_batch)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0,
-                  rest: RestOfEpoch | None = None) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, rest: RestOfEpoch | None = None) -> None:
         """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew), after the
         heap's freed pages are handed back (else memory grows by epoch)."""
         release_freed_memory()
@@ -115,49 +114,48 @@ class DALILoader(StagedLoader, DeviceFeed):
             order = [unreadable.next_readable(i) if unreadable.known(i) else i for i in order]
         batch = self.batch_size
         finished, refused, erase = False, self._accepted.refused, self._eraser()
-        caught = capture().__enter__()  # what DALI's decoder prints, for the whole pass
-        try:
-            while step < len(self):
-                # DALI cannot skip a file it fails to decode: find it, swap it for a readable
-                # sample, and rebuild the pipelines from the failed batch on.
-                pipes, first = self._start_pass(order[step * batch:], len(self) - step,
-                                                self.start_batch + step), step
-                # Each pipeline runs up to its queue depth ahead: probes look that far.
-                lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
+        with capture() as caught:  # what DALI's decoder prints, for the whole pass
+            try:
                 while step < len(self):
-                    try:  # only run(): a torch error while copying out is not DALI's
-                        # Pipeline p holds batches first + p, first + p + len(pipes), ...
-                        outputs = self._run(pipes[(step - first) % len(pipes)])
-                    except (RuntimeError, OSError) as exc:  # OSError: the feed's read
-                        self._drop_pipelines()  # a failed pipeline is not run again
-                        failure = cuda_failure(exc)
-                        if failure:
-                            raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
-                                                   f"split: {failure}") from exc
-                        self._replace_unreadable(order, step, exc, lookahead)
-                        self._check_refused()
-                        break
-                    lines = caught.take()  # a warning DALI's decoder printed: name its sample
-                    if lines:
-                        self._name_damaged(order, step, lines, lookahead)
-                    if self._accepted.refused != refused:  # the feed refused samples
-                        refused = self._accepted.refused
-                        self._check_refused()
-                    if self.opts.train and self._skip_mismatched_window(order, step, outputs):
-                        break
-                    images, labels = self._to_torch(outputs, self.start_batch + step)
-                    take = min(len(order) - step * batch, len(labels))
-                    images, labels = images[:take], labels[:take]
-                    if erase is not None:  # on torch's current stream, DALI's output stream
-                        images = erase(images, step)
-                    step += 1
-                    yield images, labels
-                outputs = None
-            finished = self._end_pass()
-        finally:
-            if not finished:  # left part-way: batches of this pass are still queued in DALI
-                self._drop_pipelines()
-            caught.__exit__(None, None, None)
+                    # DALI cannot skip a file it fails to decode: find it, swap it for a readable
+                    # sample, and rebuild the pipelines from the failed batch on.
+                    pipes, first = self._start_pass(order[step * batch:], len(self) - step,
+                                                    self.start_batch + step), step
+                    # Each pipeline runs up to its queue depth ahead: probes look that far.
+                    lookahead = len(pipes) * (self._queue_depth(len(pipes)) + 1)
+                    while step < len(self):
+                        try:  # only run(): a torch error while copying out is not DALI's
+                            # Pipeline p holds batches first + p, first + p + len(pipes), ...
+                            outputs = self._run(pipes[(step - first) % len(pipes)])
+                        except (RuntimeError, OSError) as exc:  # OSError: the feed's read
+                            self._drop_pipelines()  # a failed pipeline is not run again
+                            failure = cuda_failure(exc)
+                            if failure:
+                                raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
+                                                       f"split: {failure}") from exc
+                            self._replace_unreadable(order, step, exc, lookahead)
+                            self._check_refused()
+                            break
+                        lines = caught.take()  # a warning DALI's decoder printed: name its sample
+                        if lines:
+                            self._name_damaged(order, step, lines, lookahead)
+                        if self._accepted.refused != refused:  # the feed refused samples
+                            refused = self._accepted.refused
+                            self._check_refused()
+                        if self.opts.train and self._skip_mismatched_window(order, step, outputs):
+                            break
+                        images, labels = self._to_torch(outputs, self.start_batch + step)
+                        take = min(len(order) - step * batch, len(labels))
+                        images, labels = images[:take], labels[:take]
+                        if erase is not None:  # on torch's current stream, DALI's output stream
+                            images = erase(images, step)
+                        step += 1
+                        yield images, labels
+                    outputs = None
+                finished = self._end_pass()
+            finally:
+                if not finished:  # left part-way: batches of this pass are still queued in DALI
+                    self._drop_pipelines()
 
     @property
     def _split(self) -> str:
@@ -222,38 +220,33 @@ class DALILoader(StagedLoader, DeviceFeed):
 
     def _build_pipelines(self, n: int) -> list:
         """``n`` built pipelines and their feeds (:attr:`_feeds`), counted in pipeline_builds."""
+        from nvidia.dali import pipeline_def
+
+        # DALI's auto_aug selects an op per sample through conditionals
+        @pipeline_def(enable_conditionals=self.opts.cuda and self.opts.augment is not None)
+        def graph(feed):
+            return pipeline_outputs(feed, self.opts)
+
         self._feeds = [BatchFeed(self._accepted, self.opts, self.batch_size, self.seed,
                                  self.rank, keep=self._queue_depth(n) + 1, log=self.stage_log)
                        for _ in range(n)]
-        pipes = [self._pipeline(feed, n) for feed in self._feeds]
+        device_id = (self.device.index if self.device.index is not None
+                     else torch.cuda.current_device()) if self.opts.cuda else None
+        # The pipeline's own seed drives no augmentation (the feed draws it); fixed anyway.
+        pipes = [graph(feed, batch_size=self.batch_size, num_threads=max(1, self.num_threads // n),
+                       device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
+                       prefetch_queue_depth=self._queue_depth(n)) for feed in self._feeds]
         for pipe in pipes:
             pipe.build()
         self.pipeline_builds += n
         return pipes
 
-    def _pipeline(self, feed: BatchFeed, pipelines: int):
-        """A pipeline (not yet built) of ``pipelines`` reading from ``feed``."""
-        from nvidia.dali import pipeline_def
-
-        # DALI's auto_aug selects an op per sample through conditionals
-        @pipeline_def(enable_conditionals=self.opts.cuda and self.opts.augment is not None)
-        def graph():
-            return pipeline_outputs(feed, self.opts)
-
-        device_id = (self.device.index if self.device.index is not None
-                     else torch.cuda.current_device()) if self.opts.cuda else None
-        # The pipeline's own seed drives no augmentation (the feed draws it); fixed anyway.
-        return graph(batch_size=self.batch_size,
-                     num_threads=max(1, self.num_threads // pipelines),
-                     device_id=device_id, seed=epoch_seed(self.seed, 0, self.rank) % 2**31,
-                     prefetch_queue_depth=self._queue_depth(pipelines))
-
     def _to_torch(self, outputs, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``outputs`` as yielded, the hand-over and the wait before it added to :attr:`stage_log`:
-        CPU-only :func:`.graph.finish_on_cpu` (``batch``: of the epoch, for the augment draws);
-        with CUDA ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64
-        labels, DALI's GPU buffers taken without a copy (DLPack; DALI 2.4 keeps a buffer while
-        torch holds it, as its PyTorch iterator does), on torch's current stream (DALI's)."""
+        """``outputs`` as yielded, timed in :attr:`stage_log`: CPU-only by
+        :func:`.graph.finish_on_cpu` (``batch`` of the epoch seeds the augment draws); with CUDA
+        ``opts.dtype`` images (channels-last NCHW views of DALI's NHWC) and int64 labels, DALI's
+        GPU buffers taken by DLPack without a copy (DALI 2.4 keeps one while torch holds it, as
+        its PyTorch iterator does), on torch's current stream (DALI's)."""
         log, opts = self.stage_log, self.opts
         timing = None if log is None else {}
         if log is not None:
@@ -283,8 +276,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
         check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
 
-    def _name_damaged(self, order: list[int], step: int, lines: list[str],
-                      lookahead: int) -> None:
+    def _name_damaged(self, order: list[int], step: int, lines: list[str], lookahead: int) -> None:
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
         ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
         may arrive late); a sample named before takes them unprobed; none: one line says so."""
@@ -334,8 +326,8 @@ class DALILoader(StagedLoader, DeviceFeed):
                             f"{step} of this pass: {lines[-1] if lines else exc}") from None
 
     def _readable(self, index: int) -> bool:
-        """Whether sample ``index`` passes the acceptance rule and our CPU decoder; if not, it is
-        marked and reported."""
+        """Whether sample ``index`` passes the acceptance rule and our CPU decoder (else marked
+        and reported)."""
         try:
             data = self.reader.read(index)[0]
             check(data, self.max_pixels)
@@ -371,8 +363,7 @@ def message_lines(exc: Exception) -> list[str]:
 
 
 def cuda_failure(exc: Exception) -> str | None:
-    """One line for a DALI error naming a CUDA / driver failure (from the last line naming one
-    on); None for other errors."""
+    """A DALI error naming a CUDA or driver failure in one line (from the last such), else None."""
     lines = message_lines(exc)
     hits = [i for i, line in enumerate(lines) if _CUDA_FAILURE.search(line)]
     return " ".join(lines[hits[-1]:]) if hits else None
