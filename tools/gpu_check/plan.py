@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from types import SimpleNamespace
 
-from . import report
 from .rows import measure, probes
-from .rows.measure import LOW_RES, steady_sizes, workers_count
-from .runner import REPO, skipped
+from .rows.measure import jobs, steady_sizes, workers_count
+from .runner import REPO
 
 # Measured on one H100 host (16 cores): ResNet-50 and ResNet-18 on synthetic data (224 and 160
 # px), the CPU loaders with 8 workers (every loader's floor); assumed: one CPU decode thread
@@ -31,7 +30,6 @@ GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=Fa
 DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
 GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
-COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
 # Each one-worker pair: the CPU row, then the GPU row it judges (GPU over CPU >= 1.5x on a GPU)
 PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:.2f}x the CPU "
                                 "decode with one thread: did nvJPEG decode?"),
@@ -158,18 +156,8 @@ class Row:
     def run(self, ctx, limit: float) -> dict | None:
         """This row's record (None: not worth a row), run within ``limit`` seconds."""
         if self.kind != "plain":
-            return run_main(ctx, self, limit)
+            return measure.main_row(ctx, self, limit)
         return self.plain[2](ctx, limit, *self.extra)
-
-
-def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
-    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
-    if spec == "all":
-        return s.workers
-    if spec == "less":
-        return "1" if s.dry_run else str(max(1, (machine.get("cpu_cores") or 2) - 1))
-    return s.workers if s.dry_run and spec != "1" else spec
 
 
 def all_rows() -> list[Row]:
@@ -224,43 +212,3 @@ def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
         return work + row.cuda_start + row.gpu_batch_seconds()
     rate = 200e6 if record.get("name") == "data" else 10e6
     return work + float(record.get("bytes") or 0) / rate
-
-
-# What the rows run: ctx holds runner, settings s, machine, data, done (records by name), sample.
-def run_main(ctx, row: Row, limit: float) -> dict | None:
-    """A ``train`` or ``alone`` row, its decoder checked (:func:`.probes.on_gpu`) or named. A
-    ``best`` row trains from the model's fastest loader at 224 px (None where not worth it:
-    ``--compile`` gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
-    s, machine, loader = ctx.s, ctx.machine, row.loader
-    workers = jobs(row.workers, s, machine)
-    res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
-    if row.compiled and s.dry_run:
-        return skipped(row.name, "dry run: no torch.compile timing on the CPU")
-    best = report.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
-    if loader == "best":
-        gain = report.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
-                            ctx.done.get(f"train-{row.model}-synthetic"))
-        if not best or row.compiled and (gain or 0) <= COMPILE_GAIN or row.res and any(
-                r.get("loader") == best["loader"] and r.get("res") for r in ctx.done.values()):
-            return None
-        loader, workers = best["loader"], best.get("jobs", workers)
-    decode = ["--decode-device", "cpu-nvimgcodec" if s.dry_run else "cuda"] \
-        if "gpudecode" in loader else []
-    if row.kind == "train":
-        model = "resnet18" if s.dry_run else row.model  # standing in on the CPU
-        rec = measure.train_row(ctx.runner, s, ctx.data, machine, model, loader, row.compiled,
-                                res, [*row.extra, *decode], row.name, workers, limit)
-        rec.update(model=row.model, arch=model, **({"speedup": report.ratio(rec, best)}
-                                                   if best else {}))
-    else:
-        flags = measure.loader_flags(loader, ctx.data, machine)
-        if isinstance(flags, str):
-            return skipped(row.name, flags, loader=loader)
-        flags = [*flags, *row.extra, *decode] + (["--train-crop-size", str(res)] if res else [])
-        rec = measure.loader_row(ctx.runner, s, machine, loader, flags, workers, row.name,
-                                 limit, row.timed)
-    if decode:
-        rec = probes.on_gpu(ctx.runner, s, machine, rec)
-    if loader.startswith("dali") and rec.get("status") == "passed":
-        rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
-    return rec

@@ -4,6 +4,7 @@ slower than its limit proves nothing either way), ``reason`` unless passed, ``se
 ``cpu_seconds`` (of the process tree), ``returncode``, unless passed the output's tails."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import resource
@@ -112,3 +113,18 @@ def crashed(name: str, exc: BaseException) -> dict:
     """Row ``name`` failed by this script's own exception, with its traceback's tail."""
     return {"name": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
             "stderr_tail": traceback.format_exc()[-3000:]}
+
+
+def json_lines(text: str) -> list[dict]:
+    """The lines of ``text`` that are JSON objects, parsed (the others skipped)."""
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line) if line.strip().startswith("{") else None)
+        except ValueError:
+            continue
+    return [x for x in found if isinstance(x, dict)]
+
+
+def last_json(text: str) -> dict | None:
+    return (json_lines(text) or [None])[-1]

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tools.gpu_check import plan
 from tools.gpu_check import report as gpu_report
 from tools.gpu_check import report as markdown
 from tools.gpu_check.rows import measure
@@ -142,6 +143,9 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
         def run(self, name, cmd, timeout, env=None):
             return {"name": name, "status": "passed", "command": " ".join(cmd)}
 
+        def attach_tails(self, record):
+            return record
+
         def text(self, name, stream="out"):
             if name.startswith("loader"):
                 return json.dumps(benchmark) + "\n"
@@ -149,7 +153,12 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
 
     s = SimpleNamespace(steps=2, warmup=1, batch=8, sizes=[], accel=[], dry_run=True,
                         out=str(tmp_path), workers="1")
-    row = gpu_rows.loader_row(Runner(), s, {}, "lmdb", [], "1", "loader-lmdb")
+    data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
+
+    def ctx(runner):
+        return SimpleNamespace(runner=runner, s=s, machine={}, data=data, done={})
+
+    row = gpu_rows.main_row(ctx(Runner()), plan.Row("loader-lmdb", 4, "alone", "lmdb", "1"), 60)
     assert row["stages"] == {"stages_bound": None, "stages_read_ms_p50": 0.04,
                              "stages_advice": []}
     assert not any(k.startswith("stages_") for k in row) and row["images_per_sec"] == 128.0
@@ -163,9 +172,8 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
             (rundir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
             return super().run(name, cmd, timeout, env)
 
-    data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
-    row = gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb",
-                             name="train-resnet18-lmdb")
+    row = gpu_rows.main_row(ctx(TrainRunner()), plan.Row("train-resnet18-lmdb", 4, "train",
+                                                         "lmdb", "all"), 60)
     assert row["status"] == "passed" and row["stages"]["stages_bound"] == "data"
     assert row["stages"]["stages_advice"] == record["stages_advice"]
     md = markdown.rows_md({"rows": [row]})

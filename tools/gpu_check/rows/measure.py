@@ -13,7 +13,9 @@ import shutil
 import sys
 from types import SimpleNamespace
 
-from ..runner import Runner, fail, skipped
+from .. import report
+from ..runner import Runner, fail, json_lines, last_json, skipped
+from .probes import on_gpu
 
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 MEMORY_EPOCHS = 3
@@ -21,6 +23,7 @@ MEMORY_EPOCHS = 3
 # (loaders/pipelines/workers/slots.slots_for); the batch decode runs 2 ahead plus the one it
 # decodes (loaders/pipelines/ahead.RunAhead); DALI: a prefetch queue of 4 and its feed's 5 batches.
 PREFETCH_FACTOR, SPARE_SLOTS, DECODE_AHEAD, DALI_READY = 4, 2, 3, 10
+COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
 LOW_RES = 160  # px: FFCV's min_res, the side of progressive resizing's first epochs
 WAVES = 10  # a loader alone times at least this many batches per worker
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
@@ -130,59 +133,83 @@ def run_main(runner: Runner, s, name: str, args: list[str], timeout: float) -> t
     return rec, rundir
 
 
-def train_row(runner: Runner, s, data, machine, model: str, loader: str,
-              compiled: bool = False, res: int | None = None, extra: list[str] = (),
-              name: str | None = None, workers: str | None = None,
-              timeout: float = 240) -> dict:
-    """A steady-state main.py training epoch of ``model`` from ``loader`` (``res``:
-    ``--train-crop-size``) read by :func:`read_speed`; failed off the GPU unless dry."""
-    name, j = name or f"train-{model}-{loader}", workers or s.workers
-    row = {"model": model, "loader": loader, "compile": compiled, "jobs": j,
-           **({"res": res} if res else {})}
-    flags = loader_flags(loader, data, machine)
+def jobs(spec: str, s, machine: dict) -> str:
+    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
+    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
+    if spec == "all":
+        return s.workers
+    if spec == "less":
+        return "1" if s.dry_run else str(max(1, (machine.get("cpu_cores") or 2) - 1))
+    return s.workers if s.dry_run and spec != "1" else spec
+
+
+def main_row(ctx, row, limit: float) -> dict | None:
+    """A ``train`` row (a main.py training epoch, read by :func:`read_speed`) or an ``alone``
+    one (``main.py --benchmark-data``: its JSON line, the ``stages_*`` figures as ``stages``),
+    sized by :func:`steady_sizes`, its decoder checked (:func:`.probes.on_gpu`) or named; failed
+    off the GPU unless dry. A ``best`` row trains from the model's fastest loader at 224 px
+    (None where not worth it: ``--compile`` gained <= 5% on synthetic data, or that loader has
+    its own 160 px row)."""
+    s, machine, loader, train = ctx.s, ctx.machine, row.loader, row.kind == "train"
+    workers = jobs(row.workers, s, machine)
+    if row.compiled and s.dry_run:
+        return skipped(row.name, "dry run: no torch.compile timing on the CPU")
+    best = report.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
+    if loader == "best":
+        gain = report.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
+                            ctx.done.get(f"train-{row.model}-synthetic"))
+        if not best or row.compiled and (gain or 0) <= COMPILE_GAIN or row.res and any(
+                r.get("loader") == best["loader"] and r.get("res") for r in ctx.done.values()):
+            return None
+        loader, workers = best["loader"], best.get("jobs", workers)
+    res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
+    arch = "resnet18" if s.dry_run else row.model  # standing in on the CPU
+    fields = {"loader": loader, **({"model": row.model, "arch": arch, "compile": row.compiled,
+                                    "jobs": workers, **({"res": res} if res else {})}
+                                   if train else {})}
+    flags = loader_flags(loader, ctx.data, machine)
     if isinstance(flags, str):
-        return skipped(name, flags, **row)
-    warm, timed = steady_sizes(s, loader, workers_count(j, machine))
-    rec, rundir = run_main(runner, s, name, [
-        *flags, "-a", model, "--amp", "--channels-last", "-b", str(s.batch), "--epochs", "1",
-        "--train-batches", str(warm + timed), "--val-batches", "1", "--benchmark-warmup",
-        str(warm), "-j", j, *s.sizes, *s.accel, *(["--compile"] if compiled else []),
-        *(["--train-crop-size", str(res)] if res else []), *extra], timeout)
-    row.update(rec, warmup_steps=warm, timed_steps=timed)
-    if rec["status"] != "passed":
-        return row
-    device = re.search(r"^device: (\S+?);", runner.text(name), re.M)
-    row["device"] = device.group(1) if device else None
-    try:
-        row.update(read_speed(rundir))
-    except ValueError as exc:
-        return runner.attach_tails(fail(row, str(exc)))
-    if not s.dry_run and not (row["device"] or "").startswith("cuda"):
-        return fail(row, f"ran on {row['device']}, not a GPU")
-    return row
-
-
-def loader_row(runner: Runner, s, machine: dict, loader: str, flags: list[str], workers: str,
-               name: str, timeout: float = 180, timed: int | None = None) -> dict:
-    """``main.py --benchmark-data`` of ``loader`` at ``-j workers`` (``flags`` last: their
-    ``--train-crop-size`` wins), sized by :func:`steady_sizes`: its JSON line's figures, the
-    ``stages_*`` ones as ``stages``."""
-    warm, steps = steady_sizes(s, loader, workers_count(workers, machine), True, timed)
-    rec = runner.run(name, [sys.executable, "main.py", "--benchmark-data",
-                            "--train-batches", str(steps), "--benchmark-warmup", str(warm),
-                            "-b", str(s.batch), "--channels-last", "--amp",
-                            "-j", workers, *s.sizes, *s.accel, *flags], timeout)
-    rec.update(loader=loader, warmup_steps=warm, timed_steps=steps)
+        return skipped(row.name, flags, **fields)
+    decode = ["--decode-device", "cpu-nvimgcodec" if s.dry_run else "cuda"] \
+        if "gpudecode" in loader else []
+    warm, timed = steady_sizes(s, loader, workers_count(workers, machine), not train, row.timed)
+    # --train-crop-size last: a 160 px row's wins over a dry run's 32 px
+    args = [*flags, "--amp", "--channels-last", "-b", str(s.batch), "--benchmark-warmup",
+            str(warm), "-j", workers, *s.sizes, *s.accel, *row.extra, *decode,
+            *(["--train-crop-size", str(res)] if res else [])]
+    if train:
+        rec, rundir = run_main(ctx.runner, s, row.name, [
+            "-a", arch, "--epochs", "1", "--train-batches", str(warm + timed), "--val-batches",
+            "1", *(["--compile"] if row.compiled else []), *args], limit)
+    else:
+        rec = ctx.runner.run(row.name, [sys.executable, "main.py", "--benchmark-data",
+                                        "--train-batches", str(timed), *args], limit)
+    rec = {**fields, **rec, "warmup_steps": warm, "timed_steps": timed}
     if rec["status"] != "passed":
         return rec
-    result = last_json(runner.text(name)) or {}
-    if not result.get("images_per_sec"):
-        return runner.attach_tails(fail(rec, "no JSON line with images_per_sec on stdout"))
-    stages = {k: v for k, v in result.items() if k.startswith("stages_")}
-    rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
-               timed_seconds=result.get("seconds"), loader=loader, stages=stages)
+    text = ctx.runner.text(row.name)
+    try:
+        if train:
+            device = re.search(r"^device: (\S+?);", text, re.M)
+            rec["device"] = device.group(1) if device else None
+            rec.update(read_speed(rundir))
+        else:
+            result = last_json(text) or {}
+            if not result.get("images_per_sec"):
+                raise ValueError("no JSON line with images_per_sec on stdout")
+            stages = {k: v for k, v in result.items() if k.startswith("stages_")}
+            rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
+                       timed_seconds=result.get("seconds"), loader=loader, stages=stages)
+    except ValueError as exc:
+        return ctx.runner.attach_tails(fail(rec, str(exc)))
     if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
         return fail(rec, f"ran on {rec.get('device')}, not a GPU")
+    if best:
+        rec["speedup"] = report.ratio(rec, best)
+    if decode:
+        rec = on_gpu(ctx.runner, s, machine, rec)
+    if loader.startswith("dali"):
+        rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec
 
 
@@ -255,21 +282,6 @@ def memory_row(ctx, timeout: float) -> dict:
         return fail(rec, f"device memory grew from {device[0]:.0f} to {device[-1]:.0f} MiB "
                          "after the first epoch")
     return rec
-
-
-def json_lines(text: str) -> list[dict]:
-    """The lines of ``text`` that are JSON objects, parsed (the others skipped)."""
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line) if line.strip().startswith("{") else None)
-        except ValueError:
-            continue
-    return [x for x in found if isinstance(x, dict)]
-
-
-def last_json(text: str) -> dict | None:
-    return (json_lines(text) or [None])[-1]
 
 
 def read_metrics(rundir: str) -> list[dict]:

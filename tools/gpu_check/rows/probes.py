@@ -11,8 +11,7 @@ import re
 import shutil
 import sys
 
-from ..runner import Runner, fail, skipped
-from .measure import last_json
+from ..runner import Runner, fail, last_json, skipped
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The libraries whose file says which decoder build a process really uses
