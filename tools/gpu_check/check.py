@@ -120,7 +120,7 @@ def read_json(path: str, lines: bool = False):
 class Check:
     """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive; the
     context the rows run in (``runner``, settings ``s``, ``machine``, ``data``, ``done``: the
-    records by name, ``sample``)."""
+    records by name)."""
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
@@ -137,8 +137,13 @@ class Check:
         site = packages_folder(os.path.join(s.out, "site"))
         if site:
             self.runner.add_path(site)
-        self.machine, self.data, self.sample = {}, None, None
-        self.interrupted, self.started, self.report = False, time.time(), None
+        self.data, self.interrupted, self.started, self.report = None, False, time.time(), None
+
+    @property
+    def machine(self) -> dict:
+        """The host's facts (:func:`.report.machine_of`), ``hardware_windows`` of its probe."""
+        return {**report.machine_of(self.done), "hardware_windows": self.done.get(
+            "gpu-decode-hardware", {}).get("window")}
 
     def run(self) -> None:
         """The lost-state row, or the set-up and every row of this run that fits; DALI's
@@ -158,7 +163,7 @@ class Check:
                         group=5, left_out=True)
         elif any(r.dali for r in later) and self.set_up_row("install-dali", lambda: self.install(
                 "install-dali", self.s.dali_wheels, self.s.parts)):
-            self.set_up_row("environment-dali", self.environment)
+            self.set_up_row("environment-dali", lambda: environment(self.runner, self.s))
         for row in later:
             self.row(row)
 
@@ -179,7 +184,7 @@ class Check:
                              "and DALI's parts are gone (another host, or the folder was "
                              "removed); run the bundle's steps again from step 1, on one host, "
                              "with the same --out"))
-            self.set_up_row("environment", self.environment)
+            self.set_up_row("environment", lambda: environment(self.runner, self.s))
             return False
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
@@ -194,16 +199,10 @@ class Check:
 
     def set_up(self) -> bool:
         """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
-        self.sample = os.path.dirname(self.s.train_src)
         self.set_up_row("install", lambda: self.install("install", self.s.wheels))
-        if not self.set_up_row("environment", self.environment):
+        if not self.set_up_row("environment", lambda: environment(self.runner, self.s)):
             return False
-        env = self.done["environment"]
-        self.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
-            "gpu-decode-hardware", {}).get("window")}
-        if "environment-dali" in self.done:
-            self.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
-        if env["status"] != "passed" and not self.s.dry_run:
+        if self.done["environment"]["status"] != "passed" and not self.s.dry_run:
             return False  # without a GPU nothing else means anything
         if not self.set_up_row("data", self.prepare):
             return False
@@ -242,11 +241,6 @@ class Check:
         installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
         return recs, {**({} if installed else {"reason": "nothing missing"}),
                       "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
-
-    def environment(self) -> dict:
-        rec = environment(self.runner, self.s)
-        self.machine["dali"] = rec["machine"].get("dali")
-        return rec
 
     def prepare(self) -> tuple:
         """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's

@@ -107,12 +107,16 @@ def exit_status(report: dict) -> int:
     return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
 
 
+def machine_of(by: dict) -> dict:
+    """The host's facts: the ``environment`` record's, DALI's of ``environment-dali``."""
+    return {**(by.get("environment") or {}).get("machine", {}), **{
+        k: v for k, v in (by.get("environment-dali") or {}).get("machine", {}).items()
+        if k.startswith("dali")}}
+
+
 def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> dict:
     """The report of ``rows`` (every record so far, this step's and earlier ones')."""
     by = {r["name"]: r for r in rows}
-    machine = dict((by.get("environment") or {}).get("machine") or {})
-    machine.update({k: v for k, v in ((by.get("environment-dali") or {}).get("machine") or {})
-                    .items() if k.startswith("dali")})
     pending = step and step["step"] < step["steps"]
     return {
         "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -120,7 +124,7 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
         "step": step and {k: step.get(k) for k in ("step", "steps", "bundle", "bytes", "size")},
         "settings": {"batch_size": s.batch, "warmup_steps": s.warmup, "timed_steps": s.steps,
                      "workers": s.workers, "rows": s.rows, "extra_flags": s.sizes + s.accel},
-        "machine": machine, "rows": rows,
+        "machine": machine_of(by), "rows": rows,
         "left_out": [r["name"] for r in rows if r.get("left_out")],
         "not_run": [r.name for r in s.later if r.name not in by] if pending else [],
         "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),

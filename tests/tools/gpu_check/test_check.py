@@ -245,7 +245,8 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
                 "status": "passed" if code == 0 else "failed", "reason": f"exit status {code}"}
 
     monkeypatch.setattr(gpu_runner.Runner, "run", run)
-    ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60), sample=None)
+    ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60),
+                          s=SimpleNamespace(train_src=str(tmp_path / "sample" / "train")))
     row = measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"

@@ -219,7 +219,7 @@ def pytest_piece(ctx, timeout: float, path: str) -> dict:
     runner, name = ctx.runner, "pytest-" + os.path.splitext(os.path.basename(path))[0]
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
                             "-p", "no:cacheprovider", path], timeout,
-                     env={"IMAGENET_SAMPLE": ctx.sample} if ctx.sample else {})
+                     env={"IMAGENET_SAMPLE": os.path.dirname(ctx.s.train_src)})
     if rec["status"] in ("skipped", "timed out"):
         return rec
     rec.update(parse_pytest(runner.text(name)))

@@ -236,16 +236,14 @@ def probe(ctx, timeout: float) -> dict:
 
 
 def hardware(ctx, timeout: float) -> dict:
-    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (also as
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (the check's
     ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
     this row. Skipped dry."""
     if ctx.s.dry_run:
         return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
     rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
         sys.executable, "-c", _HARDWARE, ctx.data.train], timeout)
-    rec.update(result)
-    ctx.machine["hardware_windows"] = result.get("window")
-    return rec
+    return {**rec, **result}
 
 
 def dali_probe(ctx, timeout: float) -> dict:
