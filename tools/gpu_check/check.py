@@ -1,6 +1,6 @@
-"""``python -m tools.gpu_check`` (docs/gpu-check.md): the set-up once, then the rows of
-:mod:`.plan` in order, each guarded and run only when its expected seconds fit the time budget,
-the report rewritten after every row; all rows, or one step of an offline bundle (``--step N``)."""
+"""Check and measure the GPU path on a GPU host, most important rows first: every row of
+:mod:`.plan`, or what fits a time budget, or one step of an offline bundle (docs/gpu-check.md).
+The set-up once, then each row guarded, the report rewritten after every row."""
 from __future__ import annotations
 
 import argparse
@@ -26,10 +26,8 @@ DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU h
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Check and measure the GPU path on a GPU host, most "
-                                "important rows first (docs/gpu-check.md): all rows, or what "
-                                "fits a time budget, or one step of an offline bundle.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split(" (")[0], formatter_class=argparse.
+                                ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="gpu-check-output", help="report folder, also the state "
                    "kept between the steps of an offline bundle (created)")
     p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/, steps/); "
@@ -63,20 +61,18 @@ def duration(text: str) -> float:
 def settings(args) -> SimpleNamespace:
     """Sizes and flags of every run; raises :class:`InputError` for a bad path."""
     dry = args.dry_run
-    s = SimpleNamespace(
-        **vars(plan.DRY if dry else plan.GPU), budget=args.budget, out=os.path.abspath(args.out),
-        step=args.step, rows=args.rows, data=args.data,
-        sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
+    s = SimpleNamespace(**{
+        **vars(args), **vars(plan.DRY if dry else plan.GPU), "out": os.path.abspath(args.out),
+        "sizes": ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
         # wraps the model in DataParallel over all visible GPUs
-        accel=["--no-accel"] if dry else ["--gpu", "0"],
-        bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
+        "accel": ["--no-accel"] if dry else ["--gpu", "0"], "step_info": None,
+        "bundle": os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle"))})
     for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
         if path and not os.path.isdir(path):
             raise InputError(f"{flag} {path}: no such directory" + (
                 " (make gpu-bundle writes it)" * (flag == "--bundle")))
-    s.step_info = None
     if s.step:
         path = os.path.join(s.bundle, "steps", str(s.step), "STEP.json")
         s.step_info = read_json(path)
@@ -90,8 +86,8 @@ def settings(args) -> SimpleNamespace:
 
 
 def bundle_paths(s, bundle: str) -> None:
-    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; :class:`InputError`
-    without a train/ folder of images."""
+    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; raises
+    :class:`InputError` without a train/ folder of images."""
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
     s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
     s.parts = os.path.join(bundle, "parts")
@@ -118,9 +114,8 @@ def read_json(path: str, lines: bool = False):
 
 
 class Check:
-    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive; the
-    context the rows run in (``runner``, settings ``s``, ``machine``, ``data``, ``done``: the
-    records by name)."""
+    """One run, the context its rows run in: ``runner``, settings ``s``, ``machine``, ``data``,
+    ``done`` (the records of ``OUT/rows.jsonl`` by name, every step's)."""
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
@@ -146,30 +141,30 @@ class Check:
             "gpu-decode-hardware", {}).get("window")}
 
     def run(self) -> None:
-        """The lost-state row, or the set-up and every row of this run that fits; DALI's
-        install only when it and DALI's first row fit, and in a bundle's last step."""
+        """The set-up and every row that fits (DALI's install only when it and DALI's first
+        row fit, and in a bundle's last step), or the lost-state row."""
         if self.step and not self.begin_step() or not self.set_up():
             return
-        later = self.s.later
         for row in self.s.first:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return
-        need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
-        todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
-        if todo and any(r.dali for r in later) and need > self.runner.left():
+        dali = [r.expect for r in self.s.later if r.dali]
+        need = DALI_SETUP + min(dali, default=0.0)
+        if dali and need > self.runner.left() and self.done.get("install-dali", {
+                "left_out": True}).get("left_out"):
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.set_up_row("install-dali", lambda: self.install(
+        elif dali and self.set_up_row("install-dali", lambda: self.install(
                 "install-dali", self.s.dali_wheels, self.s.parts)):
             self.set_up_row("environment-dali", lambda: environment(self.runner, self.s))
-        for row in later:
+        for row in self.s.later:
             self.row(row)
 
     def begin_step(self) -> bool:
-        """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
-        when an earlier step's state is not in ``--out``."""
+        """Link this step's files into ``OUT/bundle``; False (a failed row says why) when an
+        earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
         steps = read_json(steps_path) or []
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
@@ -211,7 +206,7 @@ class Check:
 
     def set_up_row(self, name: str, work) -> bool:
         """Set-up row ``name`` unless done: ``work()`` gives its record, or its commands'
-        records (failed when one failed) and its fields; False when it raised."""
+        records and its fields; False when it raised."""
         if name in self.done and not self.done[name].get("left_out"):
             return True
         since = time.monotonic(), cpu_seconds()
@@ -224,15 +219,14 @@ class Check:
             recs, fields = result
             cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + cpu_seconds() - since[1]
             result = {"status": "failed" if any(r["status"] == "failed" for r in recs)
-                      else "passed", "parts": recs, "seconds": round(time.monotonic() - since[0],
-                                                                     2),
-                      "cpu_seconds": round(cpu, 2), **fields}
+                      else "passed", "parts": recs, "cpu_seconds": round(cpu, 2),
+                      "seconds": round(time.monotonic() - since[0], 2), **fields}
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
 
     def install(self, name: str, wheels: list[str], parts: str | None = None) -> tuple:
-        """``wheels`` and those joined from ``parts`` into ``OUT/site``, DALI's beside
-        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
+        """``wheels`` and those joined from ``parts`` into ``OUT/site`` (one prefix: DALI's
+        libraries find nvImageCodec's by their relative run paths)."""
         joined, recs = join_parts(parts, os.path.join(self.s.out, "wheels-joined")) if parts \
             else ([], [])
         wheels = wheels + joined
@@ -243,16 +237,16 @@ class Check:
                       "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
 
     def prepare(self) -> tuple:
-        """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
-        mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
+        """The rows' data; ``bytes``: the LMDB a GPU host writes (the sample's mean image
+        times :func:`.rows.measure.data_batches` batches)."""
         data, recs = prepare_data(self.runner, self.s, self.machine, 600)
         mean = sum(os.path.getsize(p) for _, p in self.s.images) / len(self.s.images)
         batches = data_batches(plan.GPU, plan.GPU_HOST)
         return recs, {"paths": vars(data), "bytes": int(mean * batches * plan.GPU.batch)}
 
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done or longer than the time left; a
-        pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its
+        GPU row again (:func:`.probes.gpu_over_cpu`)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out"):
             return
@@ -288,8 +282,8 @@ class Check:
         self.save()
 
     def save(self) -> None:
-        self.report = report.build(self.s, list(self.done.values()), self.step, self.interrupted)
-        report.write(self.s.out, self.report, self.archive)
+        self.report = report.write(self.s, list(self.done.values()), self.archive,
+                                   self.interrupted)
 
 
 def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:

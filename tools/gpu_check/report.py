@@ -114,9 +114,9 @@ def machine_of(by: dict) -> dict:
         if k.startswith("dali")}}
 
 
-def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> dict:
+def build(s, rows: list[dict], interrupted: bool = False) -> dict:
     """The report of ``rows`` (every record so far, this step's and earlier ones')."""
-    by = {r["name"]: r for r in rows}
+    by, step = {r["name"]: r for r in rows}, s.step_info
     pending = step and step["step"] < step["steps"]
     return {
         "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -138,9 +138,11 @@ def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> 
         "not_proven": not_proven(rows), "summary": summary(rows)}
 
 
-def write(out: str, report: dict, archive: str) -> None:
-    """``OUT/report.json``, ``OUT/report.md``, then ``archive`` (written beside, renamed): the
-    reports, rows, steps, each log's last :data:`LOG_BYTES` and each run's ``metrics.jsonl``."""
+def write(s, rows: list[dict], archive: str, interrupted: bool = False) -> dict:
+    """The report of ``rows`` as ``OUT/report.json`` and ``OUT/report.md``, then ``archive``
+    (written beside, renamed): the reports, rows, steps, each log's last :data:`LOG_BYTES` and
+    each run's ``metrics.jsonl``. Returns the report."""
+    out, report = s.out, build(s, rows, interrupted)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, "report.md"), "w") as f:
@@ -159,6 +161,7 @@ def write(out: str, report: dict, archive: str) -> None:
             info.size, info.mtime = len(data), int(os.path.getmtime(f.name))
             tar.addfile(info, io.BytesIO(data))
     os.replace(archive + ".partial", archive)
+    return report
 
 
 def pct(x: float | None) -> str:

@@ -96,8 +96,8 @@ def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
           {"name": "loader-gpudecode-j4", "status": "passed", "images_per_sec": 12000.0}]
     s = SimpleNamespace(batch=256, warmup=5, steps=200, workers="auto", models=["resnet50"],
                         rows=None, sizes=[], accel=["--gpu", "0"], dry_run=False, budget=None,
-                        later=[])
-    report = markdown.build(s, by, None)
+                        later=[], step_info=None)
+    report = markdown.build(s, by)
     share = report["shares"]["train-resnet50-lmdb-jall"]
     assert (share["raw"], share["alone"], share["judged"]) == (0.989, 0.625, 0.625)
     assert report["loaders"]["loader-gpudecode-j4"] == {"images_per_sec": 12000.0,
