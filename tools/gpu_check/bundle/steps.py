@@ -23,7 +23,7 @@ class PartsError(Exception):
 
 
 def repository_files(repo: str) -> list[str]:
-    """The repository's files a copy holds (tracked, and untracked ones git does not ignore),
+    """The files a copy of the repository holds (git's tracked and not ignored ones),
     relative. Raises :class:`InputError` without git."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
@@ -50,14 +50,13 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
     step 1 does not fit."""
     room = step_bytes - MARGIN - repo_bytes
     first = [os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
-    first.append("sample")
-    need = sum(folder_bytes(os.path.join(out, x)) for x in first)
+    need = sum(folder_bytes(os.path.join(out, x)) for x in first + ["sample"])
     if need > room:
         raise InputError(f"step 1 needs {need / 2**20:.1f} MiB beside the repository's "
                          f"{repo_bytes / 2**20:.1f}, over --step-size less a 2 MiB margin: "
                          "a larger --step-size")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
-    steps = [first] + dali_steps(out, room)
+    steps = [first + ["sample"]] + dali_steps(out, room)
     folders = [os.path.join(out, "steps", str(n)) for n in range(1, len(steps) + 1)]
     for folder, files in zip(folders, steps):
         for rel in files:
@@ -74,8 +73,8 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
 
 
 def dali_steps(out: str, room: int) -> list[list[str]]:
-    """The steps after the first: DALI's small wheels first fit, a wheel too large for half a
-    step cut into parts filling the room left, step after step."""
+    """The files of the steps after the first: DALI's small wheels first fit, a wheel over
+    half a step cut into parts filling the room left, step after step."""
     folder = os.path.join(out, DALI_WHEELS)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".whl")) \
         if os.path.isdir(folder) else []
@@ -126,7 +125,7 @@ def missing_files(stash: str, info: dict, upto: int) -> list[str]:
             for rel in files if not os.path.lexists(os.path.join(stash, rel))]
 
 
-def sha256_file(path: str) -> str:
+def sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -136,15 +135,14 @@ def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> li
     in earlier steps), then ``part_bytes``; their and the wheel's sha256 appended to
     ``folder/SHA256SUMS``. Returns the parts' paths in order."""
     os.makedirs(folder, exist_ok=True)
-    name, parts, lines = os.path.basename(wheel), [], []
+    name, parts = os.path.basename(wheel), []
     with open(wheel, "rb") as src:
         while data := src.read(first[len(parts)] if len(parts) < len(first) else part_bytes):
             parts.append(os.path.join(folder, f"{name}.part{len(parts):02d}"))
             with open(parts[-1], "wb") as out:
                 out.write(data)
-            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(parts[-1])}\n")
     with open(os.path.join(folder, MANIFEST), "a") as f:
-        f.write("".join(lines) + f"{sha256_file(wheel)}  {name}\n")
+        f.writelines(f"{sha256(p)}  {os.path.basename(p)}\n" for p in parts + [wheel])
     return parts
 
 
@@ -173,11 +171,11 @@ def reassemble(folder: str, out: str) -> list[str]:
                 if not os.path.isfile(path):
                     raise PartsError(f"{path}: missing (copy every step's files to the "
                                      "host before the last step)")
-                if sha256_file(path) != manifest[os.path.basename(path)]:
+                if sha256(path) != manifest[os.path.basename(path)]:
                     raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
                 with open(path, "rb") as src:
                     shutil.copyfileobj(src, dst)
-        if sha256_file(joined[-1]) != manifest[wheel]:
+        if sha256(joined[-1]) != manifest[wheel]:
             raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
                              f"{MANIFEST}")
     return joined
