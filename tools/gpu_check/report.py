@@ -233,8 +233,25 @@ def table(head: list[str], rows: list[list]) -> str:
 
 
 def markdown(r: dict) -> str:
-    parts = [md(r) for md in (header_md, figures_md, rows_md, left_md, failures_md)]
+    failed = [x for x in r["rows"] if x["status"] == "failed"]
+    parts = [header_md(r), figures_md(r), rows_md(r), r["left_out"] and (
+        "## Left out by the time budget\n\nIn order, each longer than the time left when its "
+        "turn came: " + ", ".join(r["left_out"])), r["not_run"] and (
+        "## Waiting for the later steps\n\n" + ", ".join(r["not_run"])), r["not_proven"] and (
+        "## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
+        + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for these:\n\n"
+        + "\n".join(f"- {x['name']}: {x['reason']}" for x in r["not_proven"])),
+        failed and "## Failures (full output in logs/)", *map(failure_md, failed),
+        "## Commands (run from the repository root)\n\n" + "\n".join(
+            f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
+            for x in r["rows"] if x.get("command"))]
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def failure_md(x: dict) -> str:
+    tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
+    return f"### {x['name']}: {x.get('reason', '')}" + (f"\n\n```\n{tail}\n```" * bool(
+        tail.strip()))
 
 
 def header_md(r: dict) -> str:
@@ -296,31 +313,3 @@ def rows_md(r: dict) -> str:
         + ("\n\n\\* includes warm-up: main.py wrote no `steady_images_per_sec`, so this is "
            "`train_images_per_sec` over the whole epoch" if any(
                x.get("includes_warmup") for x in r["rows"]) else ""))
-
-
-def left_md(r: dict) -> str:
-    parts = []
-    if r["left_out"]:
-        parts.append("## Left out by the time budget\n\nIn order, each longer than the time "
-                     "left when its turn came: " + ", ".join(r["left_out"]))
-    if r["not_run"]:
-        parts.append("## Waiting for the later steps\n\n" + ", ".join(r["not_run"]))
-    if r["not_proven"]:
-        parts.append("## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
-                     + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for "
-                     "these:\n\n" + "\n".join(f"- {x['name']}: {x['reason']}"
-                                              for x in r["not_proven"]))
-    return "\n\n".join(parts)
-
-
-def failures_md(r: dict) -> str:
-    parts = []
-    for x in [x for x in r["rows"] if x["status"] == "failed"]:
-        tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
-        parts.append(f"### {x['name']}: {x.get('reason', '')}"
-                     + (f"\n\n```\n{tail}\n```" if tail.strip() else ""))
-    commands = "## Commands (run from the repository root)\n\n" + "\n".join(
-        f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
-        for x in r["rows"] if x.get("command"))
-    return "\n\n".join(["## Failures (full output in logs/)"] + parts + [commands]) if parts \
-        else commands
