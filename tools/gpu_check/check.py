@@ -14,8 +14,7 @@ import time
 from types import SimpleNamespace
 
 from . import plan, report
-from .bundle.install import install, packages_folder
-from .bundle.steps import join_parts, link_tree, missing_files
+from .bundle.steps import install, join_parts, link_tree, missing_files, packages_folder
 from .rows.measure import data_batches, list_images, prepare_data
 from .rows.probes import environment, gpu_over_cpu, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped

@@ -23,7 +23,7 @@ from tools.gpu_check import plan
 from tools.gpu_check import report as judge
 from tools.gpu_check.check import duration, main_cli
 from tools.gpu_check import runner as gpu_runner
-from tools.gpu_check.bundle import install
+from tools.gpu_check.bundle import steps as install
 from tools.gpu_check.rows import measure
 
 

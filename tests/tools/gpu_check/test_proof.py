@@ -21,7 +21,7 @@ from tools.gpu_check import check as full
 from tools.gpu_check import report as gpu_report
 from tools.gpu_check import plan
 from tools.gpu_check import runner as gpu_runner
-from tools.gpu_check.bundle import install
+from tools.gpu_check.bundle import steps as install
 from tools.gpu_check.rows import measure, probes
 
 

@@ -13,9 +13,8 @@ import pytest
 from tests.helpers.gpu_fakes import fake_host as fake
 from tests.helpers.gpu_fakes import fake_wheel, gpu_check_cli, make_bundle
 from tools.gpu_check import plan
-from tools.gpu_check.bundle.install import packages_folder
 from tools.gpu_check.bundle import dry_run, steps
-from tools.gpu_check.bundle.steps import PartsError, link_tree, reassemble
+from tools.gpu_check.bundle.steps import PartsError, link_tree, packages_folder, reassemble
 from tools.gpu_check.runner import REPO
 
 

@@ -10,8 +10,8 @@ import zipfile
 import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
-from tools.gpu_check.bundle.install import share_namespace
-from tools.gpu_check.bundle.steps import MANIFEST, PartsError, join_parts, reassemble, split
+from tools.gpu_check.bundle.steps import (MANIFEST, PartsError, join_parts, reassemble,
+                                          share_namespace, split)
 
 
 def test_parts_reassemble_byte_for_byte(tmp_path):

@@ -14,13 +14,12 @@ import subprocess
 import sys
 
 from decode.gpu import nvjpeg_pip_package
-
 from formats.cli import parse_size
 
 from ..rows.measure import list_images
 from ..runner import REPO, InputError
-from .install import dist_name, torch_cuda
-from .steps import DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes
+from .steps import (DALI_WHEELS, dist_name, folder_bytes, lay_out_steps, repository_bytes,
+                    torch_cuda)
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
