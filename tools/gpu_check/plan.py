@@ -153,11 +153,6 @@ class Row:
             return 150.0 if self.model == "resnet50" else 100.0
         return PROCESS_START + self.cuda_start + self.gpu_batch_seconds()
 
-    def run(self, ctx, limit: float) -> dict | None:
-        """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        if self.kind != "plain":
-            return measure.main_row(ctx, self, limit)
-        return self.plain[2](ctx, limit, *self.extra)
 
 
 def all_rows() -> list[Row]:
@@ -176,19 +171,17 @@ def all_rows() -> list[Row]:
     return rows
 
 
-def select(rows: list[Row], patterns: list[str] | None, dry_run: bool = False) -> list[Row]:
-    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
-    the sweeps a dry run leaves out. Raises ``ValueError`` naming a pattern that matches none."""
+def select(patterns: list[str] | None, dry_run: bool) -> tuple[list[Row], list[Row]]:
+    """The rows whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
+    the sweeps a dry run leaves out: those of a bundle's step 1 (groups 1-4, nothing of DALI),
+    and of its last step. Raises ``ValueError`` naming a pattern that matches none."""
+    rows = all_rows()
     for pattern in patterns or ():
         if not any(fnmatch(r.name, pattern) for r in rows):
             raise ValueError(f"--rows {pattern}: no row matches (the rows: "
                              f"{', '.join(r.name for r in rows)})")
-    return [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
+    rows = [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
             and not (dry_run and r.gpu_only)]
-
-
-def steps(rows: list[Row]) -> tuple[list[Row], list[Row]]:
-    """``rows`` of a bundle's step 1 (groups 1-4, nothing of DALI), and of its last step."""
     return [r for r in rows if r.group <= 4], [r for r in rows if r.group > 4]
 
 

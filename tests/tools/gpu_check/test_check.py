@@ -247,13 +247,15 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
     monkeypatch.setattr(gpu_runner.Runner, "run", run)
     ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60),
                           s=SimpleNamespace(train_src=str(tmp_path / "sample" / "train")))
-    row = measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")
+    piece = plan.Row("pytest-test_gpu_dali", 6, "plain", None, None,
+                     extra=("tests/loaders/test_gpu_dali.py",))
+    row = measure.pytest_piece(ctx, piece, 600)
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
     assert judge.not_proven([row]) == [{"name": row["name"], "reason": judge.status_of(row)}]
     out = out.replace("1 skipped", "1 failed, 1 skipped")
     monkeypatch.setattr(gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
-    assert measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
+    assert measure.pytest_piece(ctx, piece, 600)["status"] == "failed"
 
 
 def make_n(*args, **env_vars):

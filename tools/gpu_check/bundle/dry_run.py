@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from ..check import read_json
-from ..plan import all_rows, select, steps
+from ..plan import select
 from ..runner import REPO, InputError, Runner
 from .steps import folder_bytes, repository_bytes, repository_files
 
@@ -117,7 +117,7 @@ def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str
     one = results[0]
     if one["step"] == 1 and one["steps"] > 1:
         problems += [f"step 1 holds a DALI file: {f}" for f in one["files"] if "dali" in f]
-        want = {r.name for r in steps(select(all_rows(), rows, dry_run=True))[0]}
+        want = {r.name for r in select(rows, dry_run=True)[0]}
         ran = {name for name, group, _ in one["rows"] if group}  # group 0: the set-up
         problems += [f"step 1 ran {name}, not a row of step 1" for name in sorted(ran - want)]
         problems += [f"step 1: row {name} did not run" for name in sorted(want - ran)]

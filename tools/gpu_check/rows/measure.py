@@ -213,12 +213,12 @@ def main_row(ctx, row, limit: float) -> dict | None:
     return rec
 
 
-def pytest_piece(ctx, timeout: float, path: str) -> dict:
-    """``pytest -m gpu PATH``, parsed from pytest's summary line; the sample goes in as
-    ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
-    runner, name = ctx.runner, "pytest-" + os.path.splitext(os.path.basename(path))[0]
+def pytest_piece(ctx, row, timeout: float) -> dict:
+    """``pytest -m gpu PATH`` (``row.extra``), parsed from pytest's summary line; the sample
+    goes in as ``IMAGENET_SAMPLE``, as ``../shared`` is not on a GPU host."""
+    runner, name = ctx.runner, row.name
     rec = runner.run(name, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rsfE",
-                            "-p", "no:cacheprovider", path], timeout,
+                            "-p", "no:cacheprovider", *row.extra], timeout,
                      env={"IMAGENET_SAMPLE": os.path.dirname(ctx.s.train_src)})
     if rec["status"] in ("skipped", "timed out"):
         return rec
@@ -235,22 +235,22 @@ def pytest_piece(ctx, timeout: float, path: str) -> dict:
     return rec
 
 
-def nccl_row(ctx, timeout: float) -> dict:
+def nccl_row(ctx, row, timeout: float) -> dict:
     """``--multiprocessing-distributed`` on every GPU (dry: gloo, 2 processes); passed when
     main.py joined the process group (one GPU too: DDP over NCCL) and wrote a val_acc1."""
     runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
-        return skipped("distributed", data.reason)
+        return skipped(row.name, data.reason)
     world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
     backend = "gloo" if s.dry_run else "nccl"
-    rec, rundir = run_main(runner, s, "distributed", [
+    rec, rundir = run_main(runner, s, row.name, [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
         "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
         "--train-batches", "2", "--val-batches", "2", "-j", s.workers, *s.sizes,
         *(["--no-accel", "--nproc-per-node", "2"] if s.dry_run else []), "--dist-backend",
         backend], timeout)
     rec.update(world_size=world, backend=backend,
-               process_group=f"({backend} process group)" in runner.text("distributed"))
+               process_group=f"({backend} process group)" in runner.text(row.name))
     if rec["status"] != "passed":
         return rec
     records = read_metrics(rundir)
@@ -261,14 +261,14 @@ def nccl_row(ctx, timeout: float) -> dict:
     return {**rec, "val_acc1": records[-1]["val_acc1"]}
 
 
-def memory_row(ctx, timeout: float) -> dict:
+def memory_row(ctx, row, timeout: float) -> dict:
     """``dali-memory``: ResNet-18 from DALI, :data:`MEMORY_EPOCHS` short epochs; host RSS and
     device memory (MiB) after each; failed when device memory grows > 5% after the first."""
     runner, s = ctx.runner, ctx.s
     flags = loader_flags("dali-lmdb", ctx.data, ctx.machine)
     if isinstance(flags, str):
-        return skipped("dali-memory", flags)
-    rec, rundir = run_main(runner, s, "dali-memory", [
+        return skipped(row.name, flags)
+    rec, rundir = run_main(runner, s, row.name, [
         *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
         str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",
         "-j", s.workers, *s.sizes, *s.accel], timeout)

@@ -214,11 +214,11 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
     return rec, result or {}
 
 
-def probe(ctx, timeout: float) -> dict:
+def probe(ctx, row, timeout: float) -> dict:
     """``WindowDecoder("cuda")`` decodes two windows of a sample JPEG (torchvision's too); failed
     if one went to the CPU or host memory, or differs from the CPU's by > PROBE_MAX_DIFF."""
     s = ctx.s
-    rec, result = _json_row(ctx.runner, "gpu-decode-probe", [
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
     if not result:
         return rec
@@ -235,25 +235,25 @@ def probe(ctx, timeout: float) -> dict:
     return rec
 
 
-def hardware(ctx, timeout: float) -> dict:
+def hardware(ctx, row, timeout: float) -> dict:
     """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (the check's
     ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
     this row. Skipped dry."""
     if ctx.s.dry_run:
-        return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
-    rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
+        return skipped(row.name, "dry run: no JPEG engine on the CPU")
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _HARDWARE, ctx.data.train], timeout)
     return {**rec, **result}
 
 
-def dali_probe(ctx, timeout: float) -> dict:
+def dali_probe(ctx, row, timeout: float) -> dict:
     """DALI imported first (its libraries must find nvImageCodec's by their run paths) decodes a
     JPEG with the mixed decoder, nvImageCodec's GPU backends into device memory, libnvjpeg mapped
     (without it DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
     s = ctx.s
     if not ctx.machine.get("dali"):
-        return skipped("dali-gpu-decode", "not installed")
-    rec, result = _json_row(ctx.runner, "dali-gpu-decode", [
+        return skipped(row.name, "not installed")
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
         return rec
