@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from . import plan, report
 from .bundle.steps import install, join_parts, link_tree, missing_files, packages_folder
 from .rows.measure import data_batches, list_images, main_row, prepare_data
-from .rows.probes import environment, gpu_over_cpu, host_facts
+from .rows.probes import environment, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -245,7 +245,7 @@ class Check:
 
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its
-        GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        GPU row again (``gpu_over_cpu``)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out"):
             return
@@ -262,9 +262,12 @@ class Check:
             return
         self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
-        if gpu in self.done:
-            self.record(gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
-                        next(r for r in plan.all_rows() if r.name == gpu))
+        fast, slow = (self.done.get(gpu) or {}).get("images_per_sec"), rec.get("images_per_sec")
+        if fast and slow:
+            pair = {**self.done[gpu], "gpu_over_cpu": fast / slow}
+            if not self.s.dry_run and fast / slow < plan.GPU_OVER_CPU:
+                pair = fail(pair, failure.format(ratio=fast / slow))
+            self.record(pair, next(r for r in plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
         """Append ``rec`` to the rows, announce it, rewrite the report and its archive."""

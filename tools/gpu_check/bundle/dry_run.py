@@ -1,9 +1,8 @@
-"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``) as a user
-runs them on a host: a copy of the repository, each step's folder copied in, ``python -m
-tools.gpu_check --dry-run --step N`` in order with one state folder. It proves each step's
-bytes within its size and its seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`),
-step 1 with rows 1-4 and no DALI file, one archive per step, no failed row, every judged share
-<= 100%. Exit status 0 when all holds, 1 otherwise, 2 for bad input."""
+"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``) as on a host:
+a copy of the repository, each step's folder copied in, ``python -m tools.gpu_check --dry-run
+--step N`` in order with one state folder. It proves each step's bytes within its size and its
+seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`), step 1 with rows 1-4 and no
+DALI file, one archive per step, no failed row, every judged share <= 100%."""
 from __future__ import annotations
 
 import argparse
@@ -53,7 +52,7 @@ def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
         shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     runner = Runner(root, cwd=repo)
     results = [run_step(runner, bundle, number, rows) for number in numbers]
-    report = json.load(open(os.path.join(root, "state", "report.json")))
+    report = read_json(os.path.join(root, "state", "report.json"))
     problems = judge(results, report, rows)
     with open(os.path.join(root, "dry-run.json"), "w") as f:
         json.dump({"steps": results, "problems": problems}, f, indent=1)

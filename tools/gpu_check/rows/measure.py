@@ -228,10 +228,8 @@ def pytest_piece(ctx, row, timeout: float) -> dict:
             counts.get(k) for k in ("passed", "failed", "error")):
         skip = re.search(r"^SKIPPED \[\d+\] \S+: (.+)$", runner.text(name), re.M)
         return {**rec, "status": "skipped", "reason": skip.group(1) if skip else "skipped"}
-    if rec["status"] == "passed" and not counts:
-        rec = fail(rec, "no pytest summary line")
-    if rec["status"] != "passed" and "stdout_tail" not in rec:
-        runner.attach_tails(rec)
+    if rec["status"] == "passed" and not counts:  # the tails of a failed command are there
+        rec = runner.attach_tails(fail(rec, "no pytest summary line"))
     return rec
 
 
