@@ -159,11 +159,15 @@ class Row:
 
 def all_rows() -> list[Row]:
     """Every row of :data:`TABLE` in priority order (the set-up apart)."""
-    rows = []
+    rows, marked = [], re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)",
+                                  re.M)
     for name, group, kind, loader, workers, opts in TABLE:
-        if name == "pytest-*":
+        if name == "pytest-*":  # each test file with gpu-marked tests
             rows += [Row("pytest-" + os.path.splitext(os.path.basename(p))[0], group, kind,
-                         None, None, extra=(p,), plain=opts["plain"]) for p in gpu_test_files()]
+                         None, None, extra=(os.path.relpath(p, REPO),), plain=opts["plain"])
+                     for p in sorted(glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"),
+                                               recursive=True))
+                     if marked.search(pathlib.Path(p).read_text(errors="replace"))]
             continue
         for x in opts.get("each", ("",)):
             sub = lambda text: text and text.replace("{x}", x)  # noqa: E731
@@ -185,14 +189,6 @@ def select(patterns: list[str] | None, dry_run: bool) -> tuple[list[Row], list[R
     rows = [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
             and not (dry_run and r.gpu_only)]
     return [r for r in rows if r.group <= 4], [r for r in rows if r.group > 4]
-
-
-def gpu_test_files() -> list[str]:
-    """``tests/**/test_*.py`` files (relative to the repository) with ``gpu``-marked tests."""
-    marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
-    return [os.path.relpath(p, REPO) for p in sorted(glob.glob(os.path.join(
-        REPO, "tests", "**", "test_*.py"), recursive=True)) if marked.search(
-            pathlib.Path(p).read_text(errors="replace"))]
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:

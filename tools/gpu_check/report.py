@@ -93,13 +93,6 @@ def not_proven(rows: list[dict]) -> list[dict]:
             and (row.get("counts") or {}).get("skipped")]
 
 
-def summary(rows: list[dict]) -> dict:
-    """Counts per status (``timed_out`` for "timed out") and ``not_proven``."""
-    statuses = [row["status"] for row in rows]
-    return {**{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
-            "not_proven": len(not_proven(rows))}
-
-
 def exit_status(report: dict) -> int:
     """1 when a row failed; else 3 when one is not proven on a GPU (not in a dry run); else 0."""
     if report["summary"]["failed"]:
@@ -117,7 +110,8 @@ def machine_of(by: dict) -> dict:
 def build(s, rows: list[dict], interrupted: bool = False) -> dict:
     """The report of ``rows`` (every record so far, this step's and earlier ones')."""
     by, step = {r["name"]: r for r in rows}, s.step_info
-    pending = step and step["step"] < step["steps"]
+    pending, missing = step and step["step"] < step["steps"], not_proven(rows)
+    statuses = [r["status"] for r in rows]
     return {
         "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "dry_run": s.dry_run, "budget_seconds": s.budget, "interrupted": interrupted,
@@ -135,7 +129,9 @@ def build(s, rows: list[dict], interrupted: bool = False) -> dict:
                                "decoder": r.get("decoder"), "status": r["status"]}
                    for r in rows if r.get("base") and not r.get("compile")},
         "target": target(rows, "resnet50", s.dry_run),
-        "not_proven": not_proven(rows), "summary": summary(rows)}
+        "not_proven": missing, "summary": {  # timed_out: "timed out"
+            **{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
+            "not_proven": len(missing)}}
 
 
 def write(s, rows: list[dict], archive: str, interrupted: bool = False) -> dict:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -104,7 +105,9 @@ def test_a_slow_check_is_timed_out_not_failed(tmp_path):
     record = runner.run("slow", [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
     assert record["status"] == "timed out" and record["returncode"] is None
     assert record["reason"].startswith("still running after its 1 s limit (slow, not failed")
-    report = {"dry_run": False, "summary": gpu_report.summary([record])}
+    s = SimpleNamespace(step_info=None, dry_run=False, budget=600, batch=256, warmup=5,
+                        steps=200, workers="auto", rows=None, sizes=[], accel=[], later=[])
+    report = gpu_report.build(s, [record])
     assert report["summary"]["timed_out"] == 1 and report["summary"]["failed"] == 0
     assert gpu_report.exit_status(report) == 3
 
