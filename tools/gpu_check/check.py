@@ -260,7 +260,8 @@ class Check:
             rec = crashed(row.name, exc)
         if rec is None:
             return
-        self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
+        self.record(report.judged({**rec, "name": row.name}, row.bound, self.done,
+                                  self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
         fast, slow = (self.done.get(gpu) or {}).get("images_per_sec"), rec.get("images_per_sec")
         if fast and slow:
@@ -286,26 +287,6 @@ class Check:
     def save(self) -> None:
         self.report = report.write(self.s, list(self.done.values()), self.archive,
                                    self.interrupted)
-
-
-def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
-    """``rec`` with its share of synthetic (:func:`.report.over_synthetic`) or ``speedup``
-    (``--compile`` over eager, 160 over 224 px)."""
-    if rec.get("status") != "passed" or not rec.get("model"):
-        return rec
-    px = "-160px" if rec.get("res") else ""
-    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
-        rec.setdefault("speedup", report.ratio(rec, done.get(row.name.replace("-compile", ""))))
-        if rec.get("loader") != "synthetic":
-            rec["ratio_to_synthetic"] = report.ratio(rec, done.get(
-                f"train-{rec['model']}-synthetic-compile"))
-    elif rec.get("loader") != "synthetic":
-        rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
-        rec.update({"bound": row.bound} if row.bound else {})
-        rec = report.over_synthetic(rec, done.get(rec["base"]), dry_run)
-    if px and row.name[:-len(px)] in done:
-        rec["speedup"] = report.ratio(rec, done.get(row.name[:-len(px)]))
-    return rec
 
 
 def main_cli(argv=None) -> int:

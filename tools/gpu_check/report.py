@@ -26,21 +26,35 @@ def ratio(row: dict | None, base: dict | None) -> float | None:
     return None
 
 
-def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
-    """``row`` (training) with ``ratio_to_synthetic`` and ``share_spread`` (the larger step
-    spread); failed when a real loader's ratio exceeds 1 by more than it: data-fed training
-    cannot beat synthetic (it timed a queue filled before the clock). Dry: only a ``note``."""
-    row["ratio_to_synthetic"] = share = ratio(row, synthetic)
-    if row.get("loader") in (None, "synthetic") or share is None:
-        return row
-    row["share_spread"] = spread = max(row.get("spread") or 0.0, synthetic.get("spread") or 0.0)
-    if share <= 1 + spread:
-        return row
-    why = f"{pct(share)} of synthetic, beyond the steps' spread of {pct(spread)}: not a " \
-          "steady-state figure"
-    if dry_run:
-        return {**row, "note": why + " (dry run: not judged)"}
-    return {**row, "status": "failed", "reason": why}
+def judged(rec: dict, bound: str | None, done: dict, dry_run: bool = False) -> dict:
+    """A passed training ``rec`` with its ``speedup`` (``--compile`` over eager, 160 over 224
+    px) and share of synthetic (of the loader alone: ``bound``): ``ratio_to_synthetic`` and
+    ``share_spread`` (the larger step spread); failed when a real loader's share exceeds 1 by
+    more than it: data-fed training cannot beat synthetic (it timed a queue filled before the
+    clock). Dry: only a ``note``. ``done``: the records by name."""
+    if rec.get("status") != "passed" or not rec.get("model"):
+        return rec
+    name, px = rec["name"], "-160px" if rec.get("res") else ""
+    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
+        rec.setdefault("speedup", ratio(rec, done.get(name.replace("-compile", ""))))
+        if rec.get("loader") != "synthetic":
+            rec["ratio_to_synthetic"] = ratio(rec, done.get(
+                f"train-{rec['model']}-synthetic-compile"))
+    elif rec.get("loader") != "synthetic":
+        rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
+        rec.update({"bound": bound} if bound else {})
+        synthetic = done.get(rec["base"]) or {}
+        rec["ratio_to_synthetic"] = share = ratio(rec, synthetic)
+        spread = max(rec.get("spread") or 0.0, synthetic.get("spread") or 0.0)
+        rec.update({"share_spread": spread} if share is not None else {})
+        why = f"{pct(share)} of synthetic, beyond the steps' spread of {pct(spread)}: not a " \
+              "steady-state figure"
+        if share is not None and share > 1 + spread:
+            rec = {**rec, "note": why + " (dry run: not judged)"} if dry_run else {
+                **rec, "status": "failed", "reason": why}
+    if px and name[:-len(px)] in done:
+        rec["speedup"] = ratio(rec, done.get(name[:-len(px)]))
+    return rec
 
 
 def capped(share: float | None, alone: float | None) -> float | None:

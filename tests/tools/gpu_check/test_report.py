@@ -119,12 +119,13 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
     synthetic = {"status": "passed", "loader": "synthetic", "images_per_sec": 4900.0,
                  "spread": 0.04}
     row = {"name": "train-resnet50-lmdb", "status": "passed", "loader": "lmdb",
-           "images_per_sec": 4900.0 * 1.48, "spread": 0.01}
-    failed = gpu_report.over_synthetic(dict(row), synthetic)
+           "model": "resnet50", "images_per_sec": 4900.0 * 1.48, "spread": 0.01}
+    done = {"train-resnet50-synthetic": synthetic}
+    failed = gpu_report.judged(dict(row), None, done)
     assert failed["status"] == "failed" and failed["ratio_to_synthetic"] == 1.48
     assert failed["reason"] == ("148% of synthetic, beyond the steps' spread of 4%: not a "
                                 "steady-state figure")
-    within = gpu_report.over_synthetic({**row, "images_per_sec": 4900.0 * 1.03}, synthetic)
+    within = gpu_report.judged({**row, "images_per_sec": 4900.0 * 1.03}, None, done)
     assert within["status"] == "passed" and gpu_report.capped(within["ratio_to_synthetic"],
                                                               None) == 1.0
     assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
