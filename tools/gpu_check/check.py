@@ -1,6 +1,6 @@
-"""Check and measure the GPU path on a GPU host, most important rows first: every row of
-:mod:`.plan`, or what fits a time budget, or one step of an offline bundle (docs/gpu-check.md).
-The set-up once, then each row guarded, the report rewritten after every row."""
+"""Check and measure the GPU path on a GPU host, most important rows first (docs/gpu-check.md).
+Every row of :mod:`.plan`, or what fits a time budget, or one step of an offline bundle: the
+set-up once, then each row guarded, the report rewritten after every row."""
 from __future__ import annotations
 
 import argparse
@@ -25,8 +25,8 @@ DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU h
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split(" (")[0], formatter_class=argparse.
-                                ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="gpu-check-output", help="report folder, also the state "
                    "kept between the steps of an offline bundle (created)")
     p.add_argument("--bundle", help="folder from `make gpu-bundle` (wheels/, sample/, steps/); "
@@ -131,7 +131,9 @@ class Check:
         site = packages_folder(os.path.join(s.out, "site"))
         if site:
             self.runner.add_path(site)
-        self.data, self.interrupted, self.started, self.report = None, False, time.time(), None
+        self.interrupted, self.started, self.report = False, time.time(), None
+
+    data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))
 
     @property
     def machine(self) -> dict:
@@ -140,9 +142,16 @@ class Check:
             "gpu-decode-hardware", {}).get("window")}
 
     def run(self) -> None:
-        """The set-up and every row that fits (DALI's install only when it and DALI's first
-        row fit, and in a bundle's last step), or the lost-state row."""
-        if self.step and not self.begin_step() or not self.set_up():
+        """The set-up (the rest only after a data row, and on a GPU), then every row that fits
+        (DALI's install only when it and DALI's first row fit, and in a bundle's last step);
+        or the lost-state row."""
+        if self.step and not self.begin_step():
+            return
+        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
+        ran = self.set_up_row("environment", lambda: environment(self.runner, self.s))
+        if not ran or self.done["environment"]["status"] != "passed" and not self.s.dry_run:
+            return  # without a GPU nothing else means anything
+        if not self.set_up_row("data", self.prepare):
             return
         for row in self.s.first:
             self.row(row)
@@ -189,18 +198,6 @@ class Check:
         except InputError as exc:
             self.record(fail({"name": "bundle"}, str(exc)))
             return False
-        return True
-
-    def set_up(self) -> bool:
-        """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
-        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
-        if not self.set_up_row("environment", lambda: environment(self.runner, self.s)):
-            return False
-        if self.done["environment"]["status"] != "passed" and not self.s.dry_run:
-            return False  # without a GPU nothing else means anything
-        if not self.set_up_row("data", self.prepare):
-            return False
-        self.data = SimpleNamespace(**self.done["data"]["paths"])
         return True
 
     def set_up_row(self, name: str, work) -> bool:
