@@ -48,8 +48,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def duration(text: str) -> float:
     """Seconds of ``15m``, ``900``, ``900s``, ``1h30m``; argparse's error otherwise."""
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?",
-                         "".join((text or "").split()))
+    parts = re.fullmatch(r"(?:([\d.]+)h)?(?:([\d.]+)m)?(?:([\d.]+)s?)?", "".join(text.split()))
     if not parts or not parts.group(0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 15m, 900 "
                                          "or 1h30m")
@@ -103,10 +102,11 @@ def bundle_paths(s, bundle: str) -> None:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
 
 
-def read_json(path: str, lines: bool = False):
-    """A file's JSON, or its JSON lines as a list; None if missing or damaged."""
+def read_json(path: str):
+    """A file's JSON (``.jsonl``: its lines' as a list); None if missing or damaged."""
     try:
         with open(path) as f:
+            lines = path.endswith(".jsonl")
             return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
     except (OSError, ValueError):
         return None
@@ -126,7 +126,7 @@ class Check:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
                     else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
-        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True) or []}
+        self.done = {r["name"]: r for r in read_json(self.rows_path) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
         site = packages_folder(os.path.join(s.out, "site"))
         if site:

@@ -85,7 +85,7 @@ def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | 
         *(["--step", str(number)] if number else []), *(["--rows", *rows] if rows else [])],
         HERE_LIMIT)
     # a row recorded again (a pair's GPU row judged by its CPU row) counts once
-    rows_run = read_json(os.path.join(state, "rows.jsonl"), lines=True) or []
+    rows_run = read_json(os.path.join(state, "rows.jsonl")) or []
     mine = list({r["name"]: r for r in rows_run if r.get("step") == number}.values())
     archive = os.path.join(state, f"gpu-check-step{number}.tar.gz" if number else
                            "gpu-check.tar.gz")
