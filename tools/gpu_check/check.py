@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 from . import plan, report
-from .bundle.steps import install, join_parts, link_tree, missing_files, packages_folder
+from .bundle.steps import install, link_tree, missing_files, packages_folder
 from .rows.measure import data_batches, list_images, main_row, prepare_data
 from .rows.probes import environment, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped
@@ -128,9 +128,9 @@ class Check:
         self.rows_path = os.path.join(s.out, "rows.jsonl")
         self.done = {r["name"]: r for r in read_json(self.rows_path) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
-        site = packages_folder(os.path.join(s.out, "site"))
-        if site:
-            self.runner.add_path(site)
+        self.site = os.path.join(s.out, "site")  # one prefix: DALI's beside nvImageCodec's
+        if packages_folder(self.site):
+            self.runner.add_path(packages_folder(self.site))
         self.interrupted, self.started, self.report = False, time.time(), None
 
     data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))
@@ -147,7 +147,7 @@ class Check:
         or the lost-state row."""
         if self.step and not self.begin_step():
             return
-        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
+        self.set_up_row("install", lambda: install(self.runner, self.s.wheels, self.site))
         ran = self.set_up_row("environment", lambda: environment(self.runner, self.s))
         if not ran or self.done["environment"]["status"] != "passed" and not self.s.dry_run:
             return  # without a GPU nothing else means anything
@@ -164,8 +164,8 @@ class Check:
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif dali and self.set_up_row("install-dali", lambda: self.install(
-                "install-dali", self.s.dali_wheels, self.s.parts)):
+        elif dali and self.set_up_row("install-dali", lambda: install(
+                self.runner, self.s.dali_wheels, self.site, "install-dali", self.s.parts)):
             self.set_up_row("environment-dali", lambda: environment(self.runner, self.s))
         for row in self.s.later:
             self.row(row)
@@ -219,18 +219,6 @@ class Check:
                       "seconds": round(time.monotonic() - since[0], 2), **fields}
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
-
-    def install(self, name: str, wheels: list[str], parts: str | None = None) -> tuple:
-        """``wheels`` and those joined from ``parts`` into ``OUT/site`` (one prefix: DALI's
-        libraries find nvImageCodec's by their relative run paths)."""
-        joined, recs = join_parts(parts, os.path.join(self.s.out, "wheels-joined")) if parts \
-            else ([], [])
-        wheels = wheels + joined
-        recs += install(self.runner, wheels, os.path.join(self.s.out, "site"), name=name) \
-            if wheels else []
-        installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
-        return recs, {**({} if installed else {"reason": "nothing missing"}),
-                      "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
 
     def prepare(self) -> tuple:
         """The rows' data; ``bytes``: the LMDB a GPU host writes (the sample's mean image

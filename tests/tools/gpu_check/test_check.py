@@ -193,7 +193,7 @@ def test_missing_distributions_are_installed_from_the_wheels(tmp_path):
     PYTHONPATH."""
     wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "packaging")]
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    (record,) = install.install(runner, wheels, str(tmp_path / "site"))
+    (record,), _ = install.install(runner, wheels, str(tmp_path / "site"))
     assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
     assert "-m pip install --no-index --no-deps" in record["command"]
     code = "import gpucheck_fake as m, packaging; print(m.VALUE, packaging.__version__)"
@@ -210,7 +210,7 @@ def test_without_pip_the_install_fails_in_one_line(tmp_path, monkeypatch):
                    check=True, timeout=120)
     monkeypatch.setattr(install.sys, "executable", str(tmp_path / "v" / "bin" / "python"))
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    (record,) = install.install(runner, [fake_wheel(str(tmp_path), "gpucheck_fake")],
+    (record,), _ = install.install(runner, [fake_wheel(str(tmp_path), "gpucheck_fake")],
                                 str(tmp_path / "site"))
     assert record["status"] == "failed" and "python3 -m ensurepip" in record["reason"]
 
@@ -228,7 +228,7 @@ def test_the_hosts_torch_and_nvidia_packages_are_never_replaced(tmp_path):
     the bundle's 1.0) are left alone: nothing installed, nothing put before the host's own."""
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheels = [fake_wheel(str(tmp_path), name) for name in ("torch", "nvidia_nvjpeg")]
-    (record,) = install.install(runner, wheels, str(tmp_path / "s"))
+    (record,), _ = install.install(runner, wheels, str(tmp_path / "s"))
     assert record["status"] == "passed" and record["installed"] == []
     assert "PYTHONPATH" not in runner.env or str(tmp_path) not in runner.env["PYTHONPATH"]
 

@@ -171,7 +171,7 @@ def test_a_dali_wheel_for_another_cuda_major_is_left_out(tmp_path, monkeypatch):
     monkeypatch.setattr(install, "torch_cuda", lambda: "12.8")
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheel = dali_wheel(str(tmp_path), "13")
-    (record,) = install.install(runner, [wheel], str(tmp_path / "site"))
+    (record,), _ = install.install(runner, [wheel], str(tmp_path / "site"))
     assert record["name"] == "dali-wheel" and record["status"] == "skipped"
     assert "is for CUDA 13, torch here for CUDA 12.8 (make gpu-bundle CUDA=12)" in record["reason"]
     assert install.dali_wheel_mismatch(dali_wheel(str(tmp_path), "12"), "12.8") is None

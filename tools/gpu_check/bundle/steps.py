@@ -224,18 +224,26 @@ def torch_cuda() -> str | None:
         return None
 
 
-def install(runner: Runner, wheels: list[str], site: str, name: str = "install") -> list[dict]:
-    """Install the ``wheels``' distributions into the prefix ``site`` with pip (``--no-index
-    --no-deps``): one this interpreter (or ``site``) already has, whatever its version, is left
-    alone, so the host's torch and nvidia packages are never replaced. A DALI wheel for another
-    CUDA major than torch's gets a skipped ``dali-wheel`` record. Returns the records."""
+def install(runner: Runner, wheels: list[str], site: str, name: str = "install",
+            parts: str | None = None) -> tuple[list[dict], dict]:
+    """Install the ``wheels``' distributions, and those joined from ``parts`` (beside
+    ``site``), into the prefix ``site`` with pip (``--no-index --no-deps``): one this
+    interpreter (or ``site``) already has, whatever its version, is left alone, so the host's
+    torch and nvidia packages are never replaced. A DALI wheel for another CUDA major than
+    torch's gets a skipped ``dali-wheel`` record. Returns the records and the set-up row's
+    ``installed`` and ``bytes``."""
+    joined, records = join_parts(parts, os.path.join(os.path.dirname(site), "wheels-joined")) \
+        if parts else ([], [])
+    wheels = wheels + joined
     dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
     cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
     wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
-    records = [skipped("dali-wheel", why) for why in wrong.values()]
+    records += [skipped("dali-wheel", why) for why in wrong.values()]
     wanted = [w for w in wheels if w not in wrong]
+    fields = {"reason": "nothing missing", "installed": [],
+              "bytes": sum(map(os.path.getsize, wheels))}
     if not wanted:
-        return records
+        return records, fields
     before = installed_in(packages_folder(site))
     # --no-compile: byte-compiling DALI costs a minute of the host's time
     record = runner.run(name, [
@@ -250,8 +258,10 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install")
     if record["status"] == "passed" and installed_in(folder):
         share_namespace(folder, "nvidia")
         runner.add_path(folder)
-    return records + [{**record, "installed": sorted(installed_in(folder) - before),
-                       "site": site}]
+    record.update(installed=sorted(installed_in(folder) - before), site=site)
+    if record["installed"]:
+        del fields["reason"]
+    return records + [record], {**fields, "installed": record["installed"]}
 
 
 def packages_folder(prefix: str) -> str | None:
