@@ -266,7 +266,7 @@ class Check:
         if self.done.get(rec["name"], {}).get("left_out"):
             del self.done[rec["name"]]  # run now: listed in the order run
         self.done[rec["name"]] = rec
-        print(report.progress_line(self.runner.elapsed(), rec), flush=True)
+        print(report.progress_line(time.monotonic() - self.runner.start, rec), flush=True)
         self.save()
 
     def save(self) -> None:

@@ -37,17 +37,13 @@ class Runner:
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
     def left(self) -> float:
         """Seconds left in the time budget, by the wall clock."""
-        return float("inf") if self.budget is None else self.budget - self.elapsed()
+        return float("inf") if self.budget is None else self.budget + self.start - time.monotonic()
 
     def add_path(self, folder: str) -> None:
-        """Put ``folder`` first on the commands' ``PYTHONPATH`` (once)."""
-        old = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
-        self.env["PYTHONPATH"] = os.pathsep.join([folder, *old])
+        """Put ``folder`` first on the commands' ``PYTHONPATH``."""
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, self.env.get("PYTHONPATH")]))
 
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         """``cmd``'s record, run (``env`` added) for at most ``timeout`` s and the budget."""
