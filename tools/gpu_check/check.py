@@ -270,8 +270,7 @@ class Check:
         self.save()
 
     def save(self) -> None:
-        self.report = report.write(self.s, list(self.done.values()), self.archive,
-                                   self.interrupted)
+        self.report = report.write(self.s, [*self.done.values()], self.archive, self.interrupted)
 
 
 def main_cli(argv=None) -> int:

@@ -26,10 +26,6 @@ INSTALL_TIMEOUT = 300  # s: DALI's 199 MB wheel unpacks in well under a minute
 DALI_WHEEL = re.compile(r"nvidia_dali(?:_[a-z]+)?_cuda(\d+?)0$")
 
 
-class PartsError(Exception):
-    """A missing or damaged part, or a manifest that does not match: one line."""
-
-
 def repository_files(repo: str) -> list[str]:
     """The files a copy of the repository holds (git's tracked and not ignored ones),
     relative. Raises :class:`InputError` without git."""
@@ -156,35 +152,32 @@ def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> li
 
 def reassemble(folder: str, out: str) -> list[str]:
     """Each wheel of ``folder/SHA256SUMS`` joined from its parts into ``out`` and checked; the
-    wheels' paths. Raises :class:`PartsError` naming a manifest not readable, a part missing or
-    damaged, or a whole that does not match."""
+    wheels' paths. Raises ``ValueError`` naming a manifest not in sha256sum's format, a part
+    missing or damaged, or a whole that does not match (``OSError``: a manifest not read)."""
     path = os.path.join(folder, MANIFEST)
-    try:
-        with open(path) as f:
-            rows = [line.split() for line in f if line.strip()]
-    except OSError as exc:
-        raise PartsError(f"{path}: {exc.strerror or exc}") from None
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip()]
     if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
-        raise PartsError(f"{path}: not a sha256sum listing")
+        raise ValueError(f"{path}: not a sha256sum listing")
     manifest = {name.lstrip("*"): digest for digest, name in rows}
     os.makedirs(out, exist_ok=True)
     joined = []
     for wheel in sorted(name for name in manifest if ".part" not in name):
         parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
         if not parts:
-            raise PartsError(f"{folder}: no parts of {wheel} in {MANIFEST}")
+            raise ValueError(f"{folder}: no parts of {wheel} in {MANIFEST}")
         joined.append(os.path.join(out, wheel))
         with open(joined[-1], "wb") as dst:
             for path in [os.path.join(folder, part) for part in parts]:
                 if not os.path.isfile(path):
-                    raise PartsError(f"{path}: missing (copy every step's files to the "
+                    raise ValueError(f"{path}: missing (copy every step's files to the "
                                      "host before the last step)")
                 if sha256(path) != manifest[os.path.basename(path)]:
-                    raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
+                    raise ValueError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
                 with open(path, "rb") as src:
                     shutil.copyfileobj(src, dst)
         if sha256(joined[-1]) != manifest[wheel]:
-            raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
+            raise ValueError(f"{joined[-1]}: reassembled, but its sha256 differs from "
                              f"{MANIFEST}")
     return joined
 
@@ -198,7 +191,7 @@ def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
         wheels = reassemble(folder, out)
         return wheels, [{"name": "parts", "status": "passed",
                          "joined": [os.path.basename(w) for w in wheels]}]
-    except (PartsError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         return [], [{"name": "parts", "status": "failed", "reason": str(exc)}]
 
 
