@@ -57,17 +57,14 @@ def judged(rec: dict, bound: str | None, done: dict, dry_run: bool = False) -> d
     return rec
 
 
-def capped(share: float | None, alone: float | None) -> float | None:
-    """A training share as judged: capped by its loader-alone share (where known) and by 1."""
-    return None if share is None else min(share, 1.0, share if alone is None else alone)
-
-
 def share_of(by: dict, row: dict) -> dict:
     """A training ``row``'s share of its ``base`` (synthetic) row among ``by`` name: ``raw``,
-    ``alone`` (of its ``bound``, the loader alone) and ``judged`` (:func:`capped`)."""
+    ``alone`` (of its ``bound``, the loader alone) and ``judged``: the raw share capped by the
+    loader alone's (where known) and by 1."""
     base = by.get(row.get("base"))
     raw, alone = ratio(row, base), ratio(by.get(row.get("bound")), base)
-    return {"raw": raw, "alone": alone, "judged": capped(raw, alone)}
+    return {"raw": raw, "alone": alone, "judged": None if raw is None else min(
+        raw, 1.0, raw if alone is None else alone)}
 
 
 def best_loader(rows: list[dict], model: str) -> dict | None:
@@ -265,16 +262,14 @@ def failure_md(x: dict) -> str:
 
 
 def header_md(r: dict) -> str:
-    s, m, step = r["settings"], r.get("machine") or {}, r.get("step")
+    s, m, step, dry = r["settings"], r.get("machine") or {}, r.get("step"), r["dry_run"]
     gpus = (f"{len(m['gpus'])}x " + ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} "
                                               "GiB)" for g in m["gpus"])) if m.get("gpus") \
         else "no GPU"
     libs = ", ".join(f"{k} {m.get(k) or 'not installed'}" for k in (
         "torch", "torchvision", "dali", "nvimgcodec", "lmdb", "pytest"))
-    dry = " (dry run on the CPU: proves this script, not a GPU)" if r["dry_run"] else ""
-    scaled = " (H100, scaled from CPU seconds)" if r["dry_run"] else ""
-    lines = [f"# GPU check{dry}",
-             "", f"- Host: {gpus}; driver {m.get('driver') or '-'} "
+    lines = ["# GPU check" + " (dry run on the CPU: proves this script, not a GPU)" * dry, "",
+             f"- Host: {gpus}; driver {m.get('driver') or '-'} "
              f"(CUDA {m.get('cuda_driver_api') or '-'}), CUDA {m.get('cuda') or '-'}, cuDNN "
              f"{m.get('cudnn') or '-'}; {libs}; GPU decoder "
              f"{(m.get('decoder') or {}).get('library') or '-'}; {m.get('cpu_cores', '-')} CPU "
@@ -282,7 +277,8 @@ def header_md(r: dict) -> str:
              f"- Run: {r['started']}" + (f", step {step['step']} of {step['steps']}" if step
                                           else "")
              + (f", time budget {r['budget_seconds']:.0f} s" if r["budget_seconds"] else "")
-             + f"; the rows' seconds on the GPU host{scaled}: {r['gpu_seconds']:.0f}",
+             + f"; the rows' seconds on the GPU host{' (H100, scaled from CPU seconds)' * dry}: "
+             f"{r['gpu_seconds']:.0f}",
              f"- Settings: -b {s['batch_size']}, {s['warmup_steps']} warm-up + "
              f"{s['timed_steps']} timed steps past the pipeline's ready batches, -j "
              f"{s['workers']} {' '.join(s['extra_flags'])}",

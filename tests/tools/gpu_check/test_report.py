@@ -126,9 +126,12 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
     assert failed["reason"] == ("148% of synthetic, beyond the steps' spread of 4%: not a "
                                 "steady-state figure")
     within = gpu_report.judged({**row, "images_per_sec": 4900.0 * 1.03}, None, done)
-    assert within["status"] == "passed" and gpu_report.capped(within["ratio_to_synthetic"],
-                                                              None) == 1.0
-    assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
+    assert within["status"] == "passed" and gpu_report.share_of(done, within)["judged"] == 1.0
+    by = {"s": {"status": "passed", "images_per_sec": 100.0},
+          "b": {"status": "passed", "images_per_sec": 60.0}}
+    row = {"status": "passed", "images_per_sec": 90.0, "base": "s", "bound": "b"}
+    assert gpu_report.share_of(by, row)["judged"] == 0.6  # capped by the loader alone
+    assert gpu_report.share_of(by, {**row, "status": "failed"})["judged"] is None
 
 
 def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
