@@ -75,16 +75,14 @@ def best_loader(rows: list[dict], model: str) -> dict | None:
     return max(real, key=lambda r: r["images_per_sec"], default=None)
 
 
-def target(rows: list[dict], model: str, dry_run: bool) -> dict:
+def target(shares: dict, model: str, dry_run: bool) -> dict:
     """Whether ``model``'s best loader at 224 px reaches :data:`TARGET_SHARE` of synthetic
-    (``met``: None when not measured or in a dry run), judged by :func:`share_of`: whatever a
-    warm-up leaves queued, the loader alone bounds what it can feed."""
-    by = {r["name"]: r for r in rows}
-    shares = [(share_of(by, r), r["name"].replace(f"train-{model}-", "")) for r in rows
-              if r.get("model") == model and r.get("base") and r.get("res") is None
-              and not r.get("compile")]
-    share, loader, alone = max([(s["judged"], loader, s["alone"]) for s, loader in shares
-                                if s["judged"]], default=(None, None, None))
+    (``met``: None when not measured or in a dry run), judged by :func:`share_of` (``shares``
+    by row): whatever a warm-up leaves queued, the loader alone bounds what it can feed."""
+    head = f"train-{model}-"
+    share, loader, alone = max([(x["judged"], name[len(head):], x["alone"]) for name, x in
+                                shares.items() if name.startswith(head) and x["judged"]
+                                and not name.endswith("-160px")], default=(None, None, None))
     result = {"model": model, "min_ratio": TARGET_SHARE, "best_loader": loader,
               "best_ratio": share, "loader_only_ratio": alone,
               "met": None if share is None or dry_run else share >= TARGET_SHARE}
@@ -123,6 +121,9 @@ def build(s, rows: list[dict], interrupted: bool = False) -> dict:
     by, step = {r["name"]: r for r in rows}, s.step_info
     pending, missing = step and step["step"] < step["steps"], not_proven(rows)
     statuses = [r["status"] for r in rows]
+    shares = {r["name"]: {**share_of(by, r), "spread": r.get("share_spread"),
+                          "decoder": r.get("decoder"), "status": r["status"]}
+              for r in rows if r.get("base") and not r.get("compile")}
     return {
         "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "dry_run": s.dry_run, "budget_seconds": s.budget, "interrupted": interrupted,
@@ -136,10 +137,7 @@ def build(s, rows: list[dict], interrupted: bool = False) -> dict:
         "loaders": {name: {"images_per_sec": by.get(name, {}).get("images_per_sec")
                            if by.get(name, {}).get("status") == "passed" else None,
                            "target": goal} for name, goal in LOADER_TARGETS.items()},
-        "shares": {r["name"]: {**share_of(by, r), "spread": r.get("share_spread"),
-                               "decoder": r.get("decoder"), "status": r["status"]}
-                   for r in rows if r.get("base") and not r.get("compile")},
-        "target": target(rows, "resnet50", s.dry_run),
+        "shares": shares, "target": target(shares, "resnet50", s.dry_run),
         "not_proven": missing, "summary": {  # timed_out: "timed out"
             **{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
             "not_proven": len(missing)}}

@@ -72,16 +72,20 @@ def test_the_target_caps_a_training_share_by_the_loader_alone():
             row("lmdb-jall", 4469.7, "loader-lmdb-jall"), alone("loader-folder", 2859.6),
             alone("loader-folder-jless", 4600.0),  # bounds no row: does not count
             alone("loader-lmdb-jall", 2933.6)]
-    capped = gpu_report.target(rows, "resnet50", False)
+    def target(rows, dry_run=False):
+        by = {r["name"]: r for r in rows}
+        return gpu_report.target({r["name"]: gpu_report.share_of(by, r) for r in rows
+                                  if r.get("base")}, "resnet50", dry_run)
+
+    capped = target(rows)
     assert capped["met"] is False and capped["best_loader"] == "lmdb-jall"
     assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
     assert gpu_report.target_text(capped) == (
         "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb-jall at 64%)")
-    uncapped = gpu_report.target([r for r in rows if not r["name"].startswith("loader")],
-                                 "resnet50", False)
+    uncapped = target([r for r in rows if not r["name"].startswith("loader")])
     assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
     assert "no loader-only figure" in uncapped["note"]
-    assert gpu_report.target(rows, "resnet50", True)["met"] is None  # a dry run judges nothing
+    assert target(rows, dry_run=True)["met"] is None  # a dry run judges nothing
 
 
 def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
