@@ -125,13 +125,8 @@ class Row:
         gpu for gpu, _ in PAIRS.values()] else None)
     cuda_start = property(lambda self: CUDA_START_ALONE if self.kind == "alone" else CUDA_START)
 
-    @property
-    def box(self) -> float:
-        """Seconds this row may run at most."""
-        if self.kind == "plain":
-            return self.plain[0]
-        return 420 if self.compiled else 150 if self.kind == "train" and self.loader != \
-            "synthetic" else 120
+    box = property(lambda self: self.plain[0] if self.plain else 420 if self.compiled else 150
+                   if self.kind == "train" and self.loader != "synthetic" else 120)  # s at most
 
     def gpu_batch_seconds(self) -> float:
         """Seconds of this row's batches on one H100 host: at :data:`RATES`, else the slower

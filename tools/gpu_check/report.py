@@ -3,6 +3,7 @@ proven, the exit status), ``report.json`` and ``report.md``, archived with the l
 every row. Speeds are images/s; ratios are fractions."""
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
@@ -152,11 +153,9 @@ def write(s, rows: list[dict], archive: str, interrupted: bool = False) -> dict:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(markdown(report))
-    names = ["rows.jsonl", "report.json", "report.md", "steps.json"]
-    for folder, only in (("logs", ""), ("runs", "metrics.jsonl")):
-        for d, _, files in sorted(os.walk(os.path.join(out, folder))):
-            names += [os.path.relpath(os.path.join(d, f), out) for f in sorted(files)
-                      if not only or f == only]
+    names = ["rows.jsonl", "report.json", "report.md", "steps.json", *sorted(
+        os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "logs", "*"))
+        + glob.glob(os.path.join(out, "runs", "*", "metrics.jsonl")))]
     with tarfile.open(archive + ".partial", "w:gz") as tar:
         for name in [n for n in names if os.path.isfile(os.path.join(out, n))]:
             with open(os.path.join(out, name), "rb") as f:
