@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from . import plan, report
 from .bundle.steps import install, link_tree, missing_files, packages_folder
-from .rows.measure import data_batches, list_images, main_row, prepare_data
+from .rows.measure import DRY, GPU, list_images, main_row, prepare_data
 from .rows.probes import environment, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped
 
@@ -60,7 +60,7 @@ def settings(args) -> SimpleNamespace:
     """Sizes and flags of every run; raises :class:`InputError` for a bad path."""
     dry = args.dry_run
     s = SimpleNamespace(**{
-        **vars(args), **vars(plan.DRY if dry else plan.GPU), "out": os.path.abspath(args.out),
+        **vars(args), **vars(DRY if dry else GPU), "out": os.path.abspath(args.out),
         "sizes": ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
@@ -151,7 +151,8 @@ class Check:
         ran = self.set_up_row("environment", lambda: environment(self.runner, self.s))
         if not ran or self.done["environment"]["status"] != "passed" and not self.s.dry_run:
             return  # without a GPU nothing else means anything
-        if not self.set_up_row("data", self.prepare):
+        if not self.set_up_row("data", lambda: prepare_data(self.runner, self.s, self.machine,
+                                                             600)):
             return
         for row in self.s.first:
             self.row(row)
@@ -219,14 +220,6 @@ class Check:
                       "seconds": round(time.monotonic() - since[0], 2), **fields}
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
-
-    def prepare(self) -> tuple:
-        """The rows' data; ``bytes``: the LMDB a GPU host writes (the sample's mean image
-        times :func:`.rows.measure.data_batches` batches)."""
-        data, recs = prepare_data(self.runner, self.s, self.machine, 600)
-        mean = sum(os.path.getsize(p) for _, p in self.s.images) / len(self.s.images)
-        batches = data_batches(plan.GPU, plan.GPU_HOST)
-        return recs, {"paths": vars(data), "bytes": int(mean * batches * plan.GPU.batch)}
 
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its

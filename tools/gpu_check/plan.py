@@ -14,7 +14,7 @@ from fnmatch import fnmatch
 from types import SimpleNamespace
 
 from .rows import measure, probes
-from .rows.measure import jobs, steady_sizes, workers_count
+from .rows.measure import GPU, GPU_HOST, jobs, steady_sizes, workers_count
 from .runner import REPO
 
 # Measured on one H100 host (16 cores): ResNet-50 and ResNet-18 on synthetic data (224 and 160
@@ -25,10 +25,6 @@ RATES = {("resnet50", False): 4909.0, ("resnet50", True): 7987.0,
          ("resnet18", False): 14776.0, ("resnet18", True): 14776.0}
 LOADER_RATE, ONE_THREAD_RATE = 2900.0, 500.0
 PROCESS_START, CUDA_START, CUDA_START_ALONE = 5.0, 10.0, 3.0
-GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=False)
-# A dry run's: loading in-process, as each worker process would import torch again
-DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
-GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
 # Each one-worker pair: the CPU row, then the GPU row it judges: decoding on the GPU must beat
 # the CPU by GPU_OVER_CPU (not judged dry, where the CPU decodes both times)

@@ -12,13 +12,18 @@ from tools.gpu_check import plan
 from tools.gpu_check import report as gpu_report
 from tools.gpu_check import report as markdown
 from tools.gpu_check.rows import measure
+from tools.gpu_check.runner import json_lines
+
+
+def speed_of(folder):
+    return measure.read_speed(json_lines((folder / "metrics.jsonl").read_text()))
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):
     def speed(**record):
         record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
         (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-        return measure.read_speed(str(tmp_path))
+        return speed_of(tmp_path)
 
     assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
     for missing in ({}, {"steady_images_per_sec": None}):
@@ -27,7 +32,7 @@ def test_speed_falls_back_to_the_whole_epoch(tmp_path):
         assert fallback["speed_key"] == "train_images_per_sec"
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError):
-        measure.read_speed(str(tmp_path))
+        speed_of(tmp_path)
 
 
 def test_a_run_whose_loss_is_nan_fails(tmp_path):
@@ -36,10 +41,10 @@ def test_a_run_whose_loss_is_nan_fails(tmp_path):
     record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
     with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
-        measure.read_speed(str(tmp_path))
+        speed_of(tmp_path)
     record["train_loss"] = 4.5
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    assert measure.read_speed(str(tmp_path))["train_loss"] == 4.5
+    assert speed_of(tmp_path)["train_loss"] == 4.5
 
 
 def test_pytest_summary_and_failing_tests_are_parsed():
@@ -119,7 +124,7 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
                 "stages_step_ms_p50": p50, "stages_step_ms_p90": p90}
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record(50.0, 52.0)) + "\n")
-    assert measure.read_speed(str(tmp_path))["spread"] == 0.04
+    assert speed_of(tmp_path)["spread"] == 0.04
     synthetic = {"status": "passed", "loader": "synthetic", "images_per_sec": 4900.0,
                  "spread": 0.04}
     row = {"name": "train-resnet50-lmdb", "status": "passed", "loader": "lmdb",

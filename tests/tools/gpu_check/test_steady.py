@@ -52,7 +52,7 @@ def test_a_training_row_times_the_loader_not_its_queue(sample_images, tmp_path):
     s = SimpleNamespace(**{**vars(s), "workers": "1", "batch": BATCH, "steps": 8, "warmup": 6})
     runner = Runner(s.out, 900, dry_run=True)
     machine = {"cpu_cores": 2, "lmdb": "installed", "gpu_count": 0}
-    data, _ = prepare_data(runner, s, machine, 300)
+    data = SimpleNamespace(**prepare_data(runner, s, machine, 300)[1]["paths"])
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SLOW)

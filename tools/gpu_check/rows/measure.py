@@ -17,6 +17,10 @@ from .. import report
 from ..runner import Runner, fail, json_lines, last_json, skipped
 from .probes import on_gpu
 
+GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=False)
+# A dry run's: loading in-process, as each worker process would import torch again
+DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
+GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}  # one H100 host, the time budget's unit
 NO_TESTS_RAN = 5  # pytest's exit status when every test was skipped at collection
 MEMORY_EPOCHS = 3
 # Batches a pipeline holds ready: prefetch_factor=4 per worker and 2 spare shared slots
@@ -66,10 +70,11 @@ def list_images(root: str) -> list[tuple[str, str]]:
             for path in sorted(glob.glob(os.path.join(root, cls, "*"))) if os.path.isfile(path)]
 
 
-def prepare_data(runner: Runner, s, machine: dict,
-                 lmdb_timeout: float) -> tuple[SimpleNamespace, list[dict]]:
+def prepare_data(runner: Runner, s, machine: dict, lmdb_timeout: float) -> tuple[list, dict]:
     """The sample linked into ``OUT/data/train`` for :func:`data_batches` batches (the page
-    cache: rows measure decoding, not disk), it and val as LMDBs: (paths, why not, records)."""
+    cache: rows measure decoding, not disk), it and val as LMDBs: the records, and the data
+    row's ``paths`` (and why not) and ``bytes`` (of the LMDB a GPU host writes: the sample's
+    mean image times :func:`data_batches` batches of :data:`GPU`)."""
     world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
@@ -78,6 +83,9 @@ def prepare_data(runner: Runner, s, machine: dict,
                            reason=None, lmdb_reason=None)
     records = [{"name": "replicate", "status": "passed", "images": copies * len(s.images),
                 "copies": copies, "sample_images": len(s.images), "train": data.train}]
+    sample_bytes = sum(os.path.getsize(p) for _, p in s.images)  # map_size: no remapping
+    fields = {"paths": vars(data), "bytes": int(sample_bytes / len(s.images) * data_batches(
+        GPU, GPU_HOST) * GPU.batch)}
     try:
         for cls, path in s.images:
             os.makedirs(os.path.join(data.train, cls), exist_ok=True)
@@ -86,12 +94,11 @@ def prepare_data(runner: Runner, s, machine: dict,
                 os.symlink(path, os.path.join(data.train, cls, f"{stem}_{k:04d}{ext}"))
     except OSError as exc:
         data.reason = data.lmdb_reason = "not available: the sample could not be linked"
-        return data, [fail(records[0], f"cannot link {path}: {exc.strerror or exc}")]
+        return [fail(records[0], f"cannot link {path}: {exc.strerror or exc}")], fields
     if not machine.get("lmdb"):
         data.lmdb_reason = "not available: lmdb not installed"
-        return data, records + [skipped("lmdb-convert", data.lmdb_reason)]
+        return records + [skipped("lmdb-convert", data.lmdb_reason)], fields
     lmdb = os.path.join(root, "lmdb")
-    sample_bytes = sum(os.path.getsize(p) for _, p in s.images)  # map_size: no remapping
     code = ("import sys; from formats.lmdb import convert; [convert(a, b, workers=%d, "
             "progress=False, check='header', map_size=%d) for a, b in "
             "zip(sys.argv[1::2], sys.argv[2::2])]" % (machine.get("cpu_cores") or 1,
@@ -103,7 +110,7 @@ def prepare_data(runner: Runner, s, machine: dict,
         data.lmdb = lmdb
     else:
         data.lmdb_reason = f"not available: LMDB conversion {rec['status']}"
-    return data, records + [rec]
+    return records + [rec], fields
 
 
 def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str] | str:
@@ -121,16 +128,19 @@ def loader_flags(loader: str, data: SimpleNamespace, machine: dict) -> list[str]
     return dali + ["--train", data.train, "--val", data.val]
 
 
-def run_main(runner: Runner, s, name: str, args: list[str], timeout: float) -> tuple[dict, str]:
+def run_main(runner: Runner, s, name: str, args: list[str],
+             timeout: float) -> tuple[dict, list[dict]]:
     """``main.py ARGS --seed 0 -p 0 --output-dir OUT/runs/NAME`` (emptied first; its
-    checkpoints removed after: a ResNet-50's is 100 MB, and only speed is wanted here)."""
+    checkpoints removed after: a ResNet-50's is 100 MB, and only speed is wanted here): its
+    record and the records of its ``metrics.jsonl`` ([] without one)."""
     rundir = os.path.join(s.out, "runs", name)
     shutil.rmtree(rundir, ignore_errors=True)
     rec = runner.run(name, [sys.executable, "main.py", *args, "-p", "0",
                             "--seed", "0", "--output-dir", rundir], timeout)
     for checkpoint in glob.glob(os.path.join(rundir, "*.pth.tar")):
         os.remove(checkpoint)
-    return rec, rundir
+    path = pathlib.Path(rundir, "metrics.jsonl")
+    return rec, json_lines(path.read_text(errors="replace")) if path.is_file() else []
 
 
 def jobs(spec: str, s, machine: dict) -> str:
@@ -178,7 +188,7 @@ def main_row(ctx, row, limit: float) -> dict | None:
             str(warm), "-j", workers, *s.sizes, *s.accel, *row.extra, *decode,
             *(["--train-crop-size", str(res)] if res else [])]
     if train:
-        rec, rundir = run_main(ctx.runner, s, row.name, [
+        rec, records = run_main(ctx.runner, s, row.name, [
             "-a", arch, "--epochs", "1", "--train-batches", str(warm + timed), "--val-batches",
             "1", *(["--compile"] if row.compiled else []), *args], limit)
     else:
@@ -192,7 +202,7 @@ def main_row(ctx, row, limit: float) -> dict | None:
         if train:
             device = re.search(r"^device: (\S+?);", text, re.M)
             rec["device"] = device.group(1) if device else None
-            rec.update(read_speed(rundir))
+            rec.update(read_speed(records))
         else:
             result = last_json(text) or {}
             if not result.get("images_per_sec"):
@@ -241,7 +251,7 @@ def nccl_row(ctx, row, timeout: float) -> dict:
         return skipped(row.name, data.reason)
     world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
     backend = "gloo" if s.dry_run else "nccl"
-    rec, rundir = run_main(runner, s, row.name, [
+    rec, records = run_main(runner, s, row.name, [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
         "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
         "--train-batches", "2", "--val-batches", "2", "-j", s.workers, *s.sizes,
@@ -251,7 +261,6 @@ def nccl_row(ctx, row, timeout: float) -> dict:
                process_group=f"({backend} process group)" in runner.text(row.name))
     if rec["status"] != "passed":
         return rec
-    records = read_metrics(rundir)
     if not rec["process_group"]:
         return fail(rec, f"main.py did not report joining a {backend} process group")
     if not any(r.get("val_acc1") is not None for r in records):
@@ -266,13 +275,12 @@ def memory_row(ctx, row, timeout: float) -> dict:
     flags = loader_flags("dali-lmdb", ctx.data, ctx.machine)
     if isinstance(flags, str):
         return skipped(row.name, flags)
-    rec, rundir = run_main(runner, s, row.name, [
+    rec, records = run_main(runner, s, row.name, [
         *flags, "-a", "resnet18", "--amp", "--channels-last", "-b", str(s.batch), "--epochs",
         str(MEMORY_EPOCHS), "--train-batches", str(max(s.steps // 4, 4)), "--val-batches", "2",
         "-j", s.workers, *s.sizes, *s.accel], timeout)
     if rec["status"] != "passed":
         return rec
-    records = read_metrics(rundir)
     rec["host_rss_mib"] = [r.get("host_rss_mib") for r in records]
     rec["device_memory_mib"] = [r.get("device_memory_mib") for r in records]
     device = [m for m in rec["device_memory_mib"] if m is not None]
@@ -282,17 +290,12 @@ def memory_row(ctx, row, timeout: float) -> dict:
     return rec
 
 
-def read_metrics(rundir: str) -> list[dict]:
-    """The records of ``RUNDIR/metrics.jsonl``; [] if it is missing."""
-    path = pathlib.Path(rundir, "metrics.jsonl")
-    return json_lines(path.read_text(errors="replace")) if path.is_file() else []
-
-
-def read_speed(rundir: str) -> dict:
-    """The last epoch's ``images_per_sec`` (``steady_images_per_sec``, else the epoch's with
-    ``includes_warmup``), ``spread`` ((p90 - p50) / p50 of the step times: how far two runs
-    differ by chance), ``stages``. ValueError without one, or for a loss not finite."""
-    records = [r for r in read_metrics(rundir) if r.get("train_images_per_sec") is not None]
+def read_speed(records: list[dict]) -> dict:
+    """Of a run's ``metrics.jsonl`` ``records``, the last epoch's ``images_per_sec``
+    (``steady_images_per_sec``, else the epoch's with ``includes_warmup``), ``spread`` ((p90 -
+    p50) / p50 of the step times: how far two runs differ by chance), ``stages``. ValueError
+    without one, or for a loss not finite."""
+    records = [r for r in records if r.get("train_images_per_sec") is not None]
     if not records:
         raise ValueError("no epoch record with images/s in metrics.jsonl")
     last = records[-1]
