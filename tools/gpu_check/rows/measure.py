@@ -197,19 +197,8 @@ def main_row(ctx, row, limit: float) -> dict | None:
     rec = {**fields, **rec, "warmup_steps": warm, "timed_steps": timed}
     if rec["status"] != "passed":
         return rec
-    text = ctx.runner.text(row.name)
     try:
-        if train:
-            device = re.search(r"^device: (\S+?);", text, re.M)
-            rec["device"] = device.group(1) if device else None
-            rec.update(read_speed(records))
-        else:
-            result = last_json(text) or {}
-            if not result.get("images_per_sec"):
-                raise ValueError("no JSON line with images_per_sec on stdout")
-            stages = {k: v for k, v in result.items() if k.startswith("stages_")}
-            rec.update({k: v for k, v in result.items() if k != "seconds" and k not in stages},
-                       timed_seconds=result.get("seconds"), loader=loader, stages=stages)
+        rec = figures(rec, ctx.runner.text(row.name), records if train else None)
     except ValueError as exc:
         return ctx.runner.attach_tails(fail(rec, str(exc)))
     if not s.dry_run and not str(rec.get("device")).startswith("cuda"):
@@ -221,6 +210,21 @@ def main_row(ctx, row, limit: float) -> dict | None:
     if loader.startswith("dali"):
         rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec
+
+
+def figures(rec: dict, out: str, records: list[dict] | None) -> dict:
+    """``rec`` with a training run's figures (its ``device:`` line in ``out``,
+    :func:`read_speed` of its metrics ``records``) or, without ``records``, a loader alone's
+    (its JSON line, the ``stages_*`` figures as ``stages``). ValueError without them."""
+    if records is not None:
+        device = re.search(r"^device: (\S+?);", out, re.M)
+        return {**rec, "device": device.group(1) if device else None, **read_speed(records)}
+    result = last_json(out) or {}
+    if not result.get("images_per_sec"):
+        raise ValueError("no JSON line with images_per_sec on stdout")
+    stages = {k: v for k, v in result.items() if k.startswith("stages_")}
+    return {**rec, **{k: v for k, v in result.items() if k != "seconds" and k not in stages},
+            "timed_seconds": result.get("seconds"), "loader": rec["loader"], "stages": stages}
 
 
 def pytest_piece(ctx, row, timeout: float) -> dict:
