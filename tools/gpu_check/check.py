@@ -1,6 +1,6 @@
-"""``python -m tools.gpu_check`` (docs/gpu-check.md): the set-up once, then the rows of
-:mod:`.plan` in order, each guarded and run only when its expected seconds fit the time budget,
-the report rewritten after every row; all rows, or one step of an offline bundle (``--step N``)."""
+"""Check and measure the GPU path on a GPU host, most important rows first (docs/gpu-check.md).
+Every row of :mod:`.plan`, or what fits a time budget, or one step of an offline bundle: the
+set-up once, then each row guarded, the report rewritten after every row."""
 from __future__ import annotations
 
 import argparse
@@ -14,10 +14,9 @@ import time
 from types import SimpleNamespace
 
 from . import plan, report
-from .bundle.install import install, packages_folder
-from .bundle.steps import join_parts, link_tree, missing_files
-from .rows.measure import data_batches, list_images, prepare_data
-from .rows.probes import environment, gpu_over_cpu, host_facts
+from .bundle.steps import install, link_tree, missing_files, packages_folder
+from .rows.measure import DRY, GPU, list_images, main_row, prepare_data
+from .rows.probes import environment, host_facts
 from .runner import GRACE, REPO, InputError, Runner, cpu_seconds, crashed, fail, skipped
 
 STATE = ("rows.jsonl", "steps.json", "report.json", "report.md", "logs", "runs", "data", "site",
@@ -26,9 +25,7 @@ DALI_SETUP = 60.0  # s of DALI's install and second environment probe on a GPU h
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Check and measure the GPU path on a GPU host, most "
-                                "important rows first (docs/gpu-check.md): all rows, or what "
-                                "fits a time budget, or one step of an offline bundle.",
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="gpu-check-output", help="report folder, also the state "
                    "kept between the steps of an offline bundle (created)")
@@ -51,8 +48,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def duration(text: str) -> float:
     """Seconds of ``15m``, ``900``, ``900s``, ``1h30m``; argparse's error otherwise."""
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?",
-                         "".join((text or "").split()))
+    parts = re.fullmatch(r"(?:([\d.]+)h)?(?:([\d.]+)m)?(?:([\d.]+)s?)?", "".join(text.split()))
     if not parts or not parts.group(0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 15m, 900 "
                                          "or 1h30m")
@@ -63,20 +59,18 @@ def duration(text: str) -> float:
 def settings(args) -> SimpleNamespace:
     """Sizes and flags of every run; raises :class:`InputError` for a bad path."""
     dry = args.dry_run
-    s = SimpleNamespace(
-        **vars(plan.DRY if dry else plan.GPU), budget=args.budget, out=os.path.abspath(args.out),
-        step=args.step, rows=args.rows, data=args.data,
-        sizes=["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
+    s = SimpleNamespace(**{
+        **vars(args), **vars(DRY if dry else GPU), "out": os.path.abspath(args.out),
+        "sizes": ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
         if dry else [],
         # one GPU for every single-process run: without --gpu, main.py (as pytorch/examples)
         # wraps the model in DataParallel over all visible GPUs
-        accel=["--no-accel"] if dry else ["--gpu", "0"],
-        bundle=os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle")))
+        "accel": ["--no-accel"] if dry else ["--gpu", "0"], "step_info": None,
+        "bundle": os.path.abspath(args.bundle or os.path.join(REPO, ".gpu-bundle"))})
     for flag, path in (("--bundle", args.bundle), ("--data", args.data)):
         if path and not os.path.isdir(path):
             raise InputError(f"{flag} {path}: no such directory" + (
                 " (make gpu-bundle writes it)" * (flag == "--bundle")))
-    s.step_info = None
     if s.step:
         path = os.path.join(s.bundle, "steps", str(s.step), "STEP.json")
         s.step_info = read_json(path)
@@ -90,8 +84,8 @@ def settings(args) -> SimpleNamespace:
 
 
 def bundle_paths(s, bundle: str) -> None:
-    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; :class:`InputError`
-    without a train/ folder of images."""
+    """The wheels and images of ``bundle`` (or ``s.data``) into ``s``; raises
+    :class:`InputError` without a train/ folder of images."""
     s.wheels = sorted(glob.glob(os.path.join(bundle, "wheels", "*.whl")))
     s.dali_wheels = sorted(glob.glob(os.path.join(bundle, "wheels-dali", "*.whl")))
     s.parts = os.path.join(bundle, "parts")
@@ -108,19 +102,19 @@ def bundle_paths(s, bundle: str) -> None:
         raise InputError(f"{flag}: {s.train_src} has no images in class folders")
 
 
-def read_json(path: str, lines: bool = False):
-    """A file's JSON, or its JSON lines as a list; None if missing or damaged."""
+def read_json(path: str):
+    """A file's JSON (``.jsonl``: its lines' as a list); None if missing or damaged."""
     try:
         with open(path) as f:
+            lines = path.endswith(".jsonl")
             return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
     except (OSError, ValueError):
         return None
 
 
 class Check:
-    """One run: its records (``OUT/rows.jsonl``, every step's), its clock and its archive; the
-    context the rows run in (``runner``, settings ``s``, ``machine``, ``data``, ``done``: the
-    records by name, ``sample``)."""
+    """One run, the context its rows run in: ``runner``, settings ``s``, ``machine``, ``data``,
+    ``done`` (the records of ``OUT/rows.jsonl`` by name, every step's)."""
 
     def __init__(self, s):
         self.s, self.step, self.number = s, s.step_info, s.step
@@ -132,39 +126,54 @@ class Check:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) \
                     else os.remove(path)
         self.rows_path = os.path.join(s.out, "rows.jsonl")
-        self.done = {r["name"]: r for r in read_json(self.rows_path, lines=True) or []}
+        self.done = {r["name"]: r for r in read_json(self.rows_path) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
-        site = packages_folder(os.path.join(s.out, "site"))
-        if site:
-            self.runner.add_path(site)
-        self.machine, self.data, self.sample = {}, None, None
+        self.site = os.path.join(s.out, "site")  # one prefix: DALI's beside nvImageCodec's
+        if packages_folder(self.site):
+            self.runner.add_path(packages_folder(self.site))
         self.interrupted, self.started, self.report = False, time.time(), None
 
+    data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))
+
+    @property
+    def machine(self) -> dict:
+        """The host's facts (:func:`.report.machine_of`), ``hardware_windows`` of its probe."""
+        return {**report.machine_of(self.done), "hardware_windows": self.done.get(
+            "gpu-decode-hardware", {}).get("window")}
+
     def run(self) -> None:
-        """The lost-state row, or the set-up and every row of this run that fits; DALI's
-        install only when it and DALI's first row fit, and in a bundle's last step."""
-        if self.step and not self.begin_step() or not self.set_up():
+        """The set-up (the rest only after a data row, and on a GPU), then every row that fits
+        (DALI's install only when it and DALI's first row fit, and in a bundle's last step);
+        or the lost-state row."""
+        if self.step and not self.begin_step():
             return
-        later = self.s.later
+        self.set_up_row("install", lambda: install(self.runner, self.s.wheels, self.site))
+        ran = self.set_up_row("environment", lambda: environment(self.runner, self.s))
+        if not ran or self.done["environment"]["status"] != "passed" and not self.s.dry_run:
+            return  # without a GPU nothing else means anything
+        if not self.set_up_row("data", lambda: prepare_data(self.runner, self.s, self.machine,
+                                                             600)):
+            return
         for row in self.s.first:
             self.row(row)
         if self.step and self.number < self.step["steps"]:
             return
-        need = DALI_SETUP + min([r.expect for r in later if r.dali], default=0.0)
-        todo = self.done.get("install-dali", {"left_out": True}).get("left_out")
-        if todo and any(r.dali for r in later) and need > self.runner.left():
+        dali = [r.expect for r in self.s.later if r.dali]
+        need = DALI_SETUP + min(dali, default=0.0)
+        if dali and need > self.runner.left() and self.done.get("install-dali", {
+                "left_out": True}).get("left_out"):
             self.record(skipped("install-dali", f"time budget: {need:.0f} s expected with "
                                 f"DALI's first row, {max(self.runner.left(), 0):.0f} s left"),
                         group=5, left_out=True)
-        elif any(r.dali for r in later) and self.set_up_row("install-dali", lambda: self.install(
-                "install-dali", self.s.dali_wheels, self.s.parts)):
-            self.set_up_row("environment-dali", self.environment)
-        for row in later:
+        elif dali and self.set_up_row("install-dali", lambda: install(
+                self.runner, self.s.dali_wheels, self.site, "install-dali", self.s.parts)):
+            self.set_up_row("environment-dali", lambda: environment(self.runner, self.s))
+        for row in self.s.later:
             self.row(row)
 
     def begin_step(self) -> bool:
-        """Record this step, link its files into ``OUT/bundle``; False (a failed row says why)
-        when an earlier step's state is not in ``--out``."""
+        """Link this step's files into ``OUT/bundle``; False (a failed row says why) when an
+        earlier step's state is not in ``--out``."""
         steps_path, stash = (os.path.join(self.s.out, n) for n in ("steps.json", "bundle"))
         steps = read_json(steps_path) or []
         ran = {x["step"] for x in steps if x.get("bundle") == self.step["bundle"]}
@@ -179,7 +188,7 @@ class Check:
                              "and DALI's parts are gone (another host, or the folder was "
                              "removed); run the bundle's steps again from step 1, on one host, "
                              "with the same --out"))
-            self.set_up_row("environment", self.environment)
+            self.set_up_row("environment", lambda: environment(self.runner, self.s))
             return False
         gone = missing_files(stash, self.step, self.number)
         if gone:  # DALI's rows then fail on the install, the others run
@@ -192,27 +201,9 @@ class Check:
             return False
         return True
 
-    def set_up(self) -> bool:
-        """Wheels, environment, data; False when nothing else can run (no GPU, or one raised)."""
-        self.sample = os.path.dirname(self.s.train_src)
-        self.set_up_row("install", lambda: self.install("install", self.s.wheels))
-        if not self.set_up_row("environment", self.environment):
-            return False
-        env = self.done["environment"]
-        self.machine = {**(env.get("machine") or {}), "hardware_windows": self.done.get(
-            "gpu-decode-hardware", {}).get("window")}
-        if "environment-dali" in self.done:
-            self.machine["dali"] = self.done["environment-dali"]["machine"].get("dali")
-        if env["status"] != "passed" and not self.s.dry_run:
-            return False  # without a GPU nothing else means anything
-        if not self.set_up_row("data", self.prepare):
-            return False
-        self.data = SimpleNamespace(**self.done["data"]["paths"])
-        return True
-
     def set_up_row(self, name: str, work) -> bool:
         """Set-up row ``name`` unless done: ``work()`` gives its record, or its commands'
-        records (failed when one failed) and its fields; False when it raised."""
+        records and its fields; False when it raised."""
         if name in self.done and not self.done[name].get("left_out"):
             return True
         since = time.monotonic(), cpu_seconds()
@@ -225,40 +216,14 @@ class Check:
             recs, fields = result
             cpu = sum(r.get("cpu_seconds") or 0.0 for r in recs) + cpu_seconds() - since[1]
             result = {"status": "failed" if any(r["status"] == "failed" for r in recs)
-                      else "passed", "parts": recs, "seconds": round(time.monotonic() - since[0],
-                                                                     2),
-                      "cpu_seconds": round(cpu, 2), **fields}
+                      else "passed", "parts": recs, "cpu_seconds": round(cpu, 2),
+                      "seconds": round(time.monotonic() - since[0], 2), **fields}
         self.record({**result, "name": name}, group=5 if name.endswith("-dali") else 0)
         return True
 
-    def install(self, name: str, wheels: list[str], parts: str | None = None) -> tuple:
-        """``wheels`` and those joined from ``parts`` into ``OUT/site``, DALI's beside
-        nvImageCodec's, so DALI's libraries find them by their relative run paths."""
-        joined, recs = join_parts(parts, os.path.join(self.s.out, "wheels-joined")) if parts \
-            else ([], [])
-        wheels = wheels + joined
-        recs += install(self.runner, wheels, os.path.join(self.s.out, "site"), name=name) \
-            if wheels else []
-        installed = sum((r.get("installed", []) for r in recs if r["name"] == name), [])
-        return recs, {**({} if installed else {"reason": "nothing missing"}),
-                      "installed": installed, "bytes": sum(map(os.path.getsize, wheels))}
-
-    def environment(self) -> dict:
-        rec = environment(self.runner, self.s)
-        self.machine["dali"] = rec["machine"].get("dali")
-        return rec
-
-    def prepare(self) -> tuple:
-        """The rows' data; its ``bytes``, those of the LMDB a GPU host writes (the sample's
-        mean image times :func:`.rows.measure.data_batches` batches of ``plan.GPU.batch``)."""
-        data, recs = prepare_data(self.runner, self.s, self.machine, 600)
-        mean = sum(os.path.getsize(p) for _, p in self.s.images) / len(self.s.images)
-        batches = data_batches(plan.GPU, plan.GPU_HOST)
-        return recs, {"paths": vars(data), "bytes": int(mean * batches * plan.GPU.batch)}
-
     def row(self, row: plan.Row) -> None:
-        """Run ``row`` unless done or longer than the time left; a
-        pair's CPU row judges its GPU row again (:func:`.probes.gpu_over_cpu`)."""
+        """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its
+        GPU row again (``gpu_over_cpu``)."""
         earlier = self.done.get(row.name)
         if earlier and not earlier.get("left_out"):
             return
@@ -267,17 +232,21 @@ class Check:
                                 f"{max(self.runner.left(), 0):.0f} s left"), row, left_out=True)
             return
         limit = min(row.box, max(self.runner.left(), GRACE))
-        try:
-            rec = row.run(self, limit)
+        try:  # None: not worth a row
+            rec = (row.plain[2] if row.plain else main_row)(self, row, limit)
         except Exception as exc:  # noqa: BLE001 -- the row fails, the check goes on
             rec = crashed(row.name, exc)
         if rec is None:
             return
-        self.record(judged({**rec, "name": row.name}, row, self.done, self.s.dry_run), row)
+        self.record(report.judged({**rec, "name": row.name}, row.bound, self.done,
+                                  self.s.dry_run), row)
         gpu, failure = plan.PAIRS.get(row.name, (None, None))
-        if gpu in self.done:
-            self.record(gpu_over_cpu(dict(self.done[gpu]), rec, self.s.dry_run, failure),
-                        next(r for r in plan.all_rows() if r.name == gpu))
+        fast, slow = (self.done.get(gpu) or {}).get("images_per_sec"), rec.get("images_per_sec")
+        if fast and slow:
+            pair = {**self.done[gpu], "gpu_over_cpu": fast / slow}
+            if not self.s.dry_run and fast / slow < plan.GPU_OVER_CPU:
+                pair = fail(pair, failure.format(ratio=fast / slow))
+            self.record(pair, next(r for r in plan.all_rows() if r.name == gpu))
 
     def record(self, rec: dict, row: plan.Row | None = None, group: int = 0, **fields) -> None:
         """Append ``rec`` to the rows, announce it, rewrite the report and its archive."""
@@ -290,32 +259,11 @@ class Check:
         if self.done.get(rec["name"], {}).get("left_out"):
             del self.done[rec["name"]]  # run now: listed in the order run
         self.done[rec["name"]] = rec
-        print(report.progress_line(self.runner.elapsed(), rec), flush=True)
+        print(report.progress_line(time.monotonic() - self.runner.start, rec), flush=True)
         self.save()
 
     def save(self) -> None:
-        self.report = report.build(self.s, list(self.done.values()), self.step, self.interrupted)
-        report.write(self.s.out, self.report, self.archive)
-
-
-def judged(rec: dict, row: plan.Row, done: dict, dry_run: bool) -> dict:
-    """``rec`` with its share of synthetic (:func:`.report.over_synthetic`) or ``speedup``
-    (``--compile`` over eager, 160 over 224 px)."""
-    if rec.get("status") != "passed" or not rec.get("model"):
-        return rec
-    px = "-160px" if rec.get("res") else ""
-    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
-        rec.setdefault("speedup", report.ratio(rec, done.get(row.name.replace("-compile", ""))))
-        if rec.get("loader") != "synthetic":
-            rec["ratio_to_synthetic"] = report.ratio(rec, done.get(
-                f"train-{rec['model']}-synthetic-compile"))
-    elif rec.get("loader") != "synthetic":
-        rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
-        rec.update({"bound": row.bound} if row.bound else {})
-        rec = report.over_synthetic(rec, done.get(rec["base"]), dry_run)
-    if px and row.name[:-len(px)] in done:
-        rec["speedup"] = report.ratio(rec, done.get(row.name[:-len(px)]))
-    return rec
+        self.report = report.write(self.s, [*self.done.values()], self.archive, self.interrupted)
 
 
 def main_cli(argv=None) -> int:
@@ -327,7 +275,7 @@ def main_cli(argv=None) -> int:
         return 0
     try:
         s = settings(args)
-        s.first, s.later = plan.steps(plan.select(plan.all_rows(), s.rows, s.dry_run))
+        s.first, s.later = plan.select(s.rows, s.dry_run)
         os.makedirs(s.out, exist_ok=True)
     except (InputError, OSError, ValueError) as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from types import SimpleNamespace
 
-from . import report
 from .rows import measure, probes
-from .rows.measure import LOW_RES, steady_sizes, workers_count
-from .runner import REPO, skipped
+from .rows.measure import GPU, GPU_HOST, jobs, steady_sizes, workers_count
+from .runner import REPO
 
 # Measured on one H100 host (16 cores): ResNet-50 and ResNet-18 on synthetic data (224 and 160
 # px), the CPU loaders with 8 workers (every loader's floor); assumed: one CPU decode thread
@@ -26,13 +25,10 @@ RATES = {("resnet50", False): 4909.0, ("resnet50", True): 7987.0,
          ("resnet18", False): 14776.0, ("resnet18", True): 14776.0}
 LOADER_RATE, ONE_THREAD_RATE = 2900.0, 500.0
 PROCESS_START, CUDA_START, CUDA_START_ALONE = 5.0, 10.0, 3.0
-GPU = SimpleNamespace(steps=200, warmup=5, batch=256, workers="auto", dry_run=False)
-# A dry run's: loading in-process, as each worker process would import torch again
-DRY = SimpleNamespace(steps=2, warmup=1, batch=4, workers="0", dry_run=True)
-GPU_HOST = {"cpu_cores": 16, "gpu_count": 1}
 PAIR_STEPS = 10  # timed batches of each one-worker row of a GPU/CPU pair: a ratio, not a figure
-COMPILE_GAIN = 1.05  # --compile on a loader only when it gains more than 5% on synthetic
-# Each one-worker pair: the CPU row, then the GPU row it judges (GPU over CPU >= 1.5x on a GPU)
+# Each one-worker pair: the CPU row, then the GPU row it judges: decoding on the GPU must beat
+# the CPU by GPU_OVER_CPU (not judged dry, where the CPU decodes both times)
+GPU_OVER_CPU = 1.5
 PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:.2f}x the CPU "
                                 "decode with one thread: did nvJPEG decode?"),
          "loader-gpudecode-cpu-j1": ("loader-gpudecode-cuda-j1", "batch decode only "
@@ -125,13 +121,8 @@ class Row:
         gpu for gpu, _ in PAIRS.values()] else None)
     cuda_start = property(lambda self: CUDA_START_ALONE if self.kind == "alone" else CUDA_START)
 
-    @property
-    def box(self) -> float:
-        """Seconds this row may run at most."""
-        if self.kind == "plain":
-            return self.plain[0]
-        return 420 if self.compiled else 150 if self.kind == "train" and self.loader != \
-            "synthetic" else 120
+    box = property(lambda self: self.plain[0] if self.plain else 420 if self.compiled else 150
+                   if self.kind == "train" and self.loader != "synthetic" else 120)  # s at most
 
     def gpu_batch_seconds(self) -> float:
         """Seconds of this row's batches on one H100 host: at :data:`RATES`, else the slower
@@ -155,30 +146,19 @@ class Row:
             return 150.0 if self.model == "resnet50" else 100.0
         return PROCESS_START + self.cuda_start + self.gpu_batch_seconds()
 
-    def run(self, ctx, limit: float) -> dict | None:
-        """This row's record (None: not worth a row), run within ``limit`` seconds."""
-        if self.kind != "plain":
-            return run_main(ctx, self, limit)
-        return self.plain[2](ctx, limit, *self.extra)
-
-
-def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
-    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
-    if spec == "all":
-        return s.workers
-    if spec == "less":
-        return "1" if s.dry_run else str(max(1, (machine.get("cpu_cores") or 2) - 1))
-    return s.workers if s.dry_run and spec != "1" else spec
 
 
 def all_rows() -> list[Row]:
     """Every row of :data:`TABLE` in priority order (the set-up apart)."""
-    rows = []
+    rows, marked = [], re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)",
+                                  re.M)
     for name, group, kind, loader, workers, opts in TABLE:
-        if name == "pytest-*":
+        if name == "pytest-*":  # each test file with gpu-marked tests
             rows += [Row("pytest-" + os.path.splitext(os.path.basename(p))[0], group, kind,
-                         None, None, extra=(p,), plain=opts["plain"]) for p in gpu_test_files()]
+                         None, None, extra=(os.path.relpath(p, REPO),), plain=opts["plain"])
+                     for p in sorted(glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"),
+                                               recursive=True))
+                     if marked.search(pathlib.Path(p).read_text(errors="replace"))]
             continue
         for x in opts.get("each", ("",)):
             sub = lambda text: text and text.replace("{x}", x)  # noqa: E731
@@ -188,28 +168,18 @@ def all_rows() -> list[Row]:
     return rows
 
 
-def select(rows: list[Row], patterns: list[str] | None, dry_run: bool = False) -> list[Row]:
-    """``rows`` whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
-    the sweeps a dry run leaves out. Raises ``ValueError`` naming a pattern that matches none."""
+def select(patterns: list[str] | None, dry_run: bool) -> tuple[list[Row], list[Row]]:
+    """The rows whose names match one of ``patterns`` (``fnmatch``; None: all), in order, less
+    the sweeps a dry run leaves out: those of a bundle's step 1 (groups 1-4, nothing of DALI),
+    and of its last step. Raises ``ValueError`` naming a pattern that matches none."""
+    rows = all_rows()
     for pattern in patterns or ():
         if not any(fnmatch(r.name, pattern) for r in rows):
             raise ValueError(f"--rows {pattern}: no row matches (the rows: "
                              f"{', '.join(r.name for r in rows)})")
-    return [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
+    rows = [r for r in rows if (patterns is None or any(fnmatch(r.name, p) for p in patterns))
             and not (dry_run and r.gpu_only)]
-
-
-def steps(rows: list[Row]) -> tuple[list[Row], list[Row]]:
-    """``rows`` of a bundle's step 1 (groups 1-4, nothing of DALI), and of its last step."""
     return [r for r in rows if r.group <= 4], [r for r in rows if r.group > 4]
-
-
-def gpu_test_files() -> list[str]:
-    """``tests/**/test_*.py`` files (relative to the repository) with ``gpu``-marked tests."""
-    marked = re.compile(r"^\s*(pytestmark\s*=\s*pytest\.mark\.gpu|@pytest\.mark\.gpu)", re.M)
-    return [os.path.relpath(p, REPO) for p in sorted(glob.glob(os.path.join(
-        REPO, "tests", "**", "test_*.py"), recursive=True)) if marked.search(
-            pathlib.Path(p).read_text(errors="replace"))]
 
 
 def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
@@ -224,43 +194,3 @@ def gpu_seconds(row: Row | None, record: dict, dry_run: bool) -> float:
         return work + row.cuda_start + row.gpu_batch_seconds()
     rate = 200e6 if record.get("name") == "data" else 10e6
     return work + float(record.get("bytes") or 0) / rate
-
-
-# What the rows run: ctx holds runner, settings s, machine, data, done (records by name), sample.
-def run_main(ctx, row: Row, limit: float) -> dict | None:
-    """A ``train`` or ``alone`` row, its decoder checked (:func:`.probes.on_gpu`) or named. A
-    ``best`` row trains from the model's fastest loader at 224 px (None where not worth it:
-    ``--compile`` gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
-    s, machine, loader = ctx.s, ctx.machine, row.loader
-    workers = jobs(row.workers, s, machine)
-    res = (16 if s.dry_run else LOW_RES) if row.res else None  # a dry run trains at 32 px
-    if row.compiled and s.dry_run:
-        return skipped(row.name, "dry run: no torch.compile timing on the CPU")
-    best = report.best_loader(list(ctx.done.values()), row.model) if loader == "best" else None
-    if loader == "best":
-        gain = report.ratio(ctx.done.get(f"train-{row.model}-synthetic-compile"),
-                            ctx.done.get(f"train-{row.model}-synthetic"))
-        if not best or row.compiled and (gain or 0) <= COMPILE_GAIN or row.res and any(
-                r.get("loader") == best["loader"] and r.get("res") for r in ctx.done.values()):
-            return None
-        loader, workers = best["loader"], best.get("jobs", workers)
-    decode = ["--decode-device", "cpu-nvimgcodec" if s.dry_run else "cuda"] \
-        if "gpudecode" in loader else []
-    if row.kind == "train":
-        model = "resnet18" if s.dry_run else row.model  # standing in on the CPU
-        rec = measure.train_row(ctx.runner, s, ctx.data, machine, model, loader, row.compiled,
-                                res, [*row.extra, *decode], row.name, workers, limit)
-        rec.update(model=row.model, arch=model, **({"speedup": report.ratio(rec, best)}
-                                                   if best else {}))
-    else:
-        flags = measure.loader_flags(loader, ctx.data, machine)
-        if isinstance(flags, str):
-            return skipped(row.name, flags, loader=loader)
-        flags = [*flags, *row.extra, *decode] + (["--train-crop-size", str(res)] if res else [])
-        rec = measure.loader_row(ctx.runner, s, machine, loader, flags, workers, row.name,
-                                 limit, row.timed)
-    if decode:
-        rec = probes.on_gpu(ctx.runner, s, machine, rec)
-    if loader.startswith("dali") and rec.get("status") == "passed":
-        rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
-    return rec

@@ -3,6 +3,7 @@ proven, the exit status), ``report.json`` and ``report.md``, archived with the l
 every row. Speeds are images/s; ratios are fractions."""
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
@@ -26,34 +27,45 @@ def ratio(row: dict | None, base: dict | None) -> float | None:
     return None
 
 
-def over_synthetic(row: dict, synthetic: dict | None, dry_run: bool = False) -> dict:
-    """``row`` (training) with ``ratio_to_synthetic`` and ``share_spread`` (the larger step
-    spread); failed when a real loader's ratio exceeds 1 by more than it: data-fed training
-    cannot beat synthetic (it timed a queue filled before the clock). Dry: only a ``note``."""
-    row["ratio_to_synthetic"] = share = ratio(row, synthetic)
-    if row.get("loader") in (None, "synthetic") or share is None:
-        return row
-    row["share_spread"] = spread = max(row.get("spread") or 0.0, synthetic.get("spread") or 0.0)
-    if share <= 1 + spread:
-        return row
-    why = f"{pct(share)} of synthetic, beyond the steps' spread of {pct(spread)}: not a " \
-          "steady-state figure"
-    if dry_run:
-        return {**row, "note": why + " (dry run: not judged)"}
-    return {**row, "status": "failed", "reason": why}
-
-
-def capped(share: float | None, alone: float | None) -> float | None:
-    """A training share as judged: capped by its loader-alone share (where known) and by 1."""
-    return None if share is None else min(share, 1.0, share if alone is None else alone)
+def judged(rec: dict, bound: str | None, done: dict, dry_run: bool = False) -> dict:
+    """A passed training ``rec`` with its ``speedup`` (``--compile`` over eager, 160 over 224
+    px) and share of synthetic (of the loader alone: ``bound``): ``ratio_to_synthetic`` and
+    ``share_spread`` (the larger step spread); failed when a real loader's share exceeds 1 by
+    more than it: data-fed training cannot beat synthetic (it timed a queue filled before the
+    clock). Dry: only a ``note``. ``done``: the records by name."""
+    if rec.get("status") != "passed" or not rec.get("model"):
+        return rec
+    name, px = rec["name"], "-160px" if rec.get("res") else ""
+    if rec.get("compile"):  # over eager; a loader's also a share of compiled synthetic
+        rec.setdefault("speedup", ratio(rec, done.get(name.replace("-compile", ""))))
+        if rec.get("loader") != "synthetic":
+            rec["ratio_to_synthetic"] = ratio(rec, done.get(
+                f"train-{rec['model']}-synthetic-compile"))
+    elif rec.get("loader") != "synthetic":
+        rec.setdefault("base", f"train-{rec['model']}-synthetic{px}")
+        rec.update({"bound": bound} if bound else {})
+        synthetic = done.get(rec["base"]) or {}
+        rec["ratio_to_synthetic"] = share = ratio(rec, synthetic)
+        spread = max(rec.get("spread") or 0.0, synthetic.get("spread") or 0.0)
+        rec.update({"share_spread": spread} if share is not None else {})
+        why = f"{pct(share)} of synthetic, beyond the steps' spread of {pct(spread)}: not a " \
+              "steady-state figure"
+        if share is not None and share > 1 + spread:
+            rec = {**rec, "note": why + " (dry run: not judged)"} if dry_run else {
+                **rec, "status": "failed", "reason": why}
+    if px and name[:-len(px)] in done:
+        rec["speedup"] = ratio(rec, done.get(name[:-len(px)]))
+    return rec
 
 
 def share_of(by: dict, row: dict) -> dict:
     """A training ``row``'s share of its ``base`` (synthetic) row among ``by`` name: ``raw``,
-    ``alone`` (of its ``bound``, the loader alone) and ``judged`` (:func:`capped`)."""
+    ``alone`` (of its ``bound``, the loader alone) and ``judged``: the raw share capped by the
+    loader alone's (where known) and by 1."""
     base = by.get(row.get("base"))
     raw, alone = ratio(row, base), ratio(by.get(row.get("bound")), base)
-    return {"raw": raw, "alone": alone, "judged": capped(raw, alone)}
+    return {"raw": raw, "alone": alone, "judged": None if raw is None else min(
+        raw, 1.0, raw if alone is None else alone)}
 
 
 def best_loader(rows: list[dict], model: str) -> dict | None:
@@ -64,16 +76,14 @@ def best_loader(rows: list[dict], model: str) -> dict | None:
     return max(real, key=lambda r: r["images_per_sec"], default=None)
 
 
-def target(rows: list[dict], model: str, dry_run: bool) -> dict:
+def target(shares: dict, model: str, dry_run: bool) -> dict:
     """Whether ``model``'s best loader at 224 px reaches :data:`TARGET_SHARE` of synthetic
-    (``met``: None when not measured or in a dry run), judged by :func:`share_of`: whatever a
-    warm-up leaves queued, the loader alone bounds what it can feed."""
-    by = {r["name"]: r for r in rows}
-    shares = [(share_of(by, r), r["name"].replace(f"train-{model}-", "")) for r in rows
-              if r.get("model") == model and r.get("base") and r.get("res") is None
-              and not r.get("compile")]
-    share, loader, alone = max([(s["judged"], loader, s["alone"]) for s, loader in shares
-                                if s["judged"]], default=(None, None, None))
+    (``met``: None when not measured or in a dry run), judged by :func:`share_of` (``shares``
+    by row): whatever a warm-up leaves queued, the loader alone bounds what it can feed."""
+    head = f"train-{model}-"
+    share, loader, alone = max([(x["judged"], name[len(head):], x["alone"]) for name, x in
+                                shares.items() if name.startswith(head) and x["judged"]
+                                and not name.endswith("-160px")], default=(None, None, None))
     result = {"model": model, "min_ratio": TARGET_SHARE, "best_loader": loader,
               "best_ratio": share, "loader_only_ratio": alone,
               "met": None if share is None or dry_run else share >= TARGET_SHARE}
@@ -93,13 +103,6 @@ def not_proven(rows: list[dict]) -> list[dict]:
             and (row.get("counts") or {}).get("skipped")]
 
 
-def summary(rows: list[dict]) -> dict:
-    """Counts per status (``timed_out`` for "timed out") and ``not_proven``."""
-    statuses = [row["status"] for row in rows]
-    return {**{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
-            "not_proven": len(not_proven(rows))}
-
-
 def exit_status(report: dict) -> int:
     """1 when a row failed; else 3 when one is not proven on a GPU (not in a dry run); else 0."""
     if report["summary"]["failed"]:
@@ -107,45 +110,52 @@ def exit_status(report: dict) -> int:
     return 3 if report["summary"]["not_proven"] and not report["dry_run"] else 0
 
 
-def build(s, rows: list[dict], step: dict | None, interrupted: bool = False) -> dict:
+def machine_of(by: dict) -> dict:
+    """The host's facts: the ``environment`` record's, DALI's of ``environment-dali``."""
+    return {**(by.get("environment") or {}).get("machine", {}), **{
+        k: v for k, v in (by.get("environment-dali") or {}).get("machine", {}).items()
+        if k.startswith("dali")}}
+
+
+def build(s, rows: list[dict], interrupted: bool = False) -> dict:
     """The report of ``rows`` (every record so far, this step's and earlier ones')."""
-    by = {r["name"]: r for r in rows}
-    machine = dict((by.get("environment") or {}).get("machine") or {})
-    machine.update({k: v for k, v in ((by.get("environment-dali") or {}).get("machine") or {})
-                    .items() if k.startswith("dali")})
-    pending = step and step["step"] < step["steps"]
+    by, step = {r["name"]: r for r in rows}, s.step_info
+    pending, missing = step and step["step"] < step["steps"], not_proven(rows)
+    statuses = [r["status"] for r in rows]
+    shares = {r["name"]: {**share_of(by, r), "spread": r.get("share_spread"),
+                          "decoder": r.get("decoder"), "status": r["status"]}
+              for r in rows if r.get("base") and not r.get("compile")}
     return {
         "tool": "gpu-check", "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "dry_run": s.dry_run, "budget_seconds": s.budget, "interrupted": interrupted,
         "step": step and {k: step.get(k) for k in ("step", "steps", "bundle", "bytes", "size")},
         "settings": {"batch_size": s.batch, "warmup_steps": s.warmup, "timed_steps": s.steps,
                      "workers": s.workers, "rows": s.rows, "extra_flags": s.sizes + s.accel},
-        "machine": machine, "rows": rows,
+        "machine": machine_of(by), "rows": rows,
         "left_out": [r["name"] for r in rows if r.get("left_out")],
         "not_run": [r.name for r in s.later if r.name not in by] if pending else [],
         "gpu_seconds": round(sum(r.get("gpu_seconds") or 0 for r in rows), 1),
         "loaders": {name: {"images_per_sec": by.get(name, {}).get("images_per_sec")
                            if by.get(name, {}).get("status") == "passed" else None,
                            "target": goal} for name, goal in LOADER_TARGETS.items()},
-        "shares": {r["name"]: {**share_of(by, r), "spread": r.get("share_spread"),
-                               "decoder": r.get("decoder"), "status": r["status"]}
-                   for r in rows if r.get("base") and not r.get("compile")},
-        "target": target(rows, "resnet50", s.dry_run),
-        "not_proven": not_proven(rows), "summary": summary(rows)}
+        "shares": shares, "target": target(shares, "resnet50", s.dry_run),
+        "not_proven": missing, "summary": {  # timed_out: "timed out"
+            **{k.replace(" ", "_"): statuses.count(k) for k in STATUSES},
+            "not_proven": len(missing)}}
 
 
-def write(out: str, report: dict, archive: str) -> None:
-    """``OUT/report.json``, ``OUT/report.md``, then ``archive`` (written beside, renamed): the
-    reports, rows, steps, each log's last :data:`LOG_BYTES` and each run's ``metrics.jsonl``."""
+def write(s, rows: list[dict], archive: str, interrupted: bool = False) -> dict:
+    """The report of ``rows`` as ``OUT/report.json`` and ``OUT/report.md``, then ``archive``
+    (written beside, renamed): the reports, rows, steps, each log's last :data:`LOG_BYTES` and
+    each run's ``metrics.jsonl``. Returns the report."""
+    out, report = s.out, build(s, rows, interrupted)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(markdown(report))
-    names = ["rows.jsonl", "report.json", "report.md", "steps.json"]
-    for folder, only in (("logs", ""), ("runs", "metrics.jsonl")):
-        for d, _, files in sorted(os.walk(os.path.join(out, folder))):
-            names += [os.path.relpath(os.path.join(d, f), out) for f in sorted(files)
-                      if not only or f == only]
+    names = ["rows.jsonl", "report.json", "report.md", "steps.json", *sorted(
+        os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "logs", "*"))
+        + glob.glob(os.path.join(out, "runs", "*", "metrics.jsonl")))]
     with tarfile.open(archive + ".partial", "w:gz") as tar:
         for name in [n for n in names if os.path.isfile(os.path.join(out, n))]:
             with open(os.path.join(out, name), "rb") as f:
@@ -155,6 +165,7 @@ def write(out: str, report: dict, archive: str) -> None:
             info.size, info.mtime = len(data), int(os.path.getmtime(f.name))
             tar.addfile(info, io.BytesIO(data))
     os.replace(archive + ".partial", archive)
+    return report
 
 
 def pct(x: float | None) -> str:
@@ -226,21 +237,36 @@ def table(head: list[str], rows: list[list]) -> str:
 
 
 def markdown(r: dict) -> str:
-    parts = [md(r) for md in (header_md, figures_md, rows_md, left_md, failures_md)]
+    failed = [x for x in r["rows"] if x["status"] == "failed"]
+    parts = [header_md(r), figures_md(r), rows_md(r), r["left_out"] and (
+        "## Left out by the time budget\n\nIn order, each longer than the time left when its "
+        "turn came: " + ", ".join(r["left_out"])), r["not_run"] and (
+        "## Waiting for the later steps\n\n" + ", ".join(r["not_run"])), r["not_proven"] and (
+        "## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
+        + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for these:\n\n"
+        + "\n".join(f"- {x['name']}: {x['reason']}" for x in r["not_proven"])),
+        failed and "## Failures (full output in logs/)", *map(failure_md, failed),
+        "## Commands (run from the repository root)\n\n" + "\n".join(
+            f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
+            for x in r["rows"] if x.get("command"))]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
+def failure_md(x: dict) -> str:
+    tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
+    return f"### {x['name']}: {x.get('reason', '')}" + (f"\n\n```\n{tail}\n```" * bool(
+        tail.strip()))
+
+
 def header_md(r: dict) -> str:
-    s, m, step = r["settings"], r.get("machine") or {}, r.get("step")
+    s, m, step, dry = r["settings"], r.get("machine") or {}, r.get("step"), r["dry_run"]
     gpus = (f"{len(m['gpus'])}x " + ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.1f} "
                                               "GiB)" for g in m["gpus"])) if m.get("gpus") \
         else "no GPU"
     libs = ", ".join(f"{k} {m.get(k) or 'not installed'}" for k in (
         "torch", "torchvision", "dali", "nvimgcodec", "lmdb", "pytest"))
-    dry = " (dry run on the CPU: proves this script, not a GPU)" if r["dry_run"] else ""
-    scaled = " (H100, scaled from CPU seconds)" if r["dry_run"] else ""
-    lines = [f"# GPU check{dry}",
-             "", f"- Host: {gpus}; driver {m.get('driver') or '-'} "
+    lines = ["# GPU check" + " (dry run on the CPU: proves this script, not a GPU)" * dry, "",
+             f"- Host: {gpus}; driver {m.get('driver') or '-'} "
              f"(CUDA {m.get('cuda_driver_api') or '-'}), CUDA {m.get('cuda') or '-'}, cuDNN "
              f"{m.get('cudnn') or '-'}; {libs}; GPU decoder "
              f"{(m.get('decoder') or {}).get('library') or '-'}; {m.get('cpu_cores', '-')} CPU "
@@ -248,7 +274,8 @@ def header_md(r: dict) -> str:
              f"- Run: {r['started']}" + (f", step {step['step']} of {step['steps']}" if step
                                           else "")
              + (f", time budget {r['budget_seconds']:.0f} s" if r["budget_seconds"] else "")
-             + f"; the rows' seconds on the GPU host{scaled}: {r['gpu_seconds']:.0f}",
+             + f"; the rows' seconds on the GPU host{' (H100, scaled from CPU seconds)' * dry}: "
+             f"{r['gpu_seconds']:.0f}",
              f"- Settings: -b {s['batch_size']}, {s['warmup_steps']} warm-up + "
              f"{s['timed_steps']} timed steps past the pipeline's ready batches, -j "
              f"{s['workers']} {' '.join(s['extra_flags'])}",
@@ -289,31 +316,3 @@ def rows_md(r: dict) -> str:
         + ("\n\n\\* includes warm-up: main.py wrote no `steady_images_per_sec`, so this is "
            "`train_images_per_sec` over the whole epoch" if any(
                x.get("includes_warmup") for x in r["rows"]) else ""))
-
-
-def left_md(r: dict) -> str:
-    parts = []
-    if r["left_out"]:
-        parts.append("## Left out by the time budget\n\nIn order, each longer than the time "
-                     "left when its turn came: " + ", ".join(r["left_out"]))
-    if r["not_run"]:
-        parts.append("## Waiting for the later steps\n\n" + ", ".join(r["not_run"]))
-    if r["not_proven"]:
-        parts.append("## Not proven on a GPU" + (" (dry run: nothing is)" if r["dry_run"] else "")
-                     + "\n\nSkipped or timed out; a passed row elsewhere proves nothing for "
-                     "these:\n\n" + "\n".join(f"- {x['name']}: {x['reason']}"
-                                              for x in r["not_proven"]))
-    return "\n\n".join(parts)
-
-
-def failures_md(r: dict) -> str:
-    parts = []
-    for x in [x for x in r["rows"] if x["status"] == "failed"]:
-        tail = "\n".join((x.get("stderr_tail") or x.get("stdout_tail") or "").splitlines()[-8:])
-        parts.append(f"### {x['name']}: {x.get('reason', '')}"
-                     + (f"\n\n```\n{tail}\n```" if tail.strip() else ""))
-    commands = "## Commands (run from the repository root)\n\n" + "\n".join(
-        f"- {x['name']} ({x['status']}, {num(x.get('seconds'))} s):\n  `{x['command']}`"
-        for x in r["rows"] if x.get("command"))
-    return "\n\n".join(["## Failures (full output in logs/)"] + parts + [commands]) if parts \
-        else commands

@@ -4,6 +4,7 @@ slower than its limit proves nothing either way), ``reason`` unless passed, ``se
 ``cpu_seconds`` (of the process tree), ``returncode``, unless passed the output's tails."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import resource
@@ -36,17 +37,13 @@ class Runner:
         if dry_run:
             self.env.setdefault("OMP_NUM_THREADS", "1")
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
     def left(self) -> float:
         """Seconds left in the time budget, by the wall clock."""
-        return float("inf") if self.budget is None else self.budget - self.elapsed()
+        return float("inf") if self.budget is None else self.budget + self.start - time.monotonic()
 
     def add_path(self, folder: str) -> None:
-        """Put ``folder`` first on the commands' ``PYTHONPATH`` (once)."""
-        old = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
-        self.env["PYTHONPATH"] = os.pathsep.join([folder, *old])
+        """Put ``folder`` first on the commands' ``PYTHONPATH``."""
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, self.env.get("PYTHONPATH")]))
 
     def run(self, name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         """``cmd``'s record, run (``env`` added) for at most ``timeout`` s and the budget."""
@@ -112,3 +109,18 @@ def crashed(name: str, exc: BaseException) -> dict:
     """Row ``name`` failed by this script's own exception, with its traceback's tail."""
     return {"name": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
             "stderr_tail": traceback.format_exc()[-3000:]}
+
+
+def json_lines(text: str) -> list[dict]:
+    """The lines of ``text`` that are JSON objects, parsed (the others skipped)."""
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line) if line.strip().startswith("{") else None)
+        except ValueError:
+            continue
+    return [x for x in found if isinstance(x, dict)]
+
+
+def last_json(text: str) -> dict | None:
+    return (json_lines(text) or [None])[-1]

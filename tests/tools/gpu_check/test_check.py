@@ -23,7 +23,7 @@ from tools.gpu_check import plan
 from tools.gpu_check import report as judge
 from tools.gpu_check.check import duration, main_cli
 from tools.gpu_check import runner as gpu_runner
-from tools.gpu_check.bundle import install
+from tools.gpu_check.bundle import steps as install
 from tools.gpu_check.rows import measure
 
 
@@ -193,7 +193,7 @@ def test_missing_distributions_are_installed_from_the_wheels(tmp_path):
     PYTHONPATH."""
     wheels = [fake_wheel(str(tmp_path), "gpucheck_fake"), fake_wheel(str(tmp_path), "packaging")]
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    (record,) = install.install(runner, wheels, str(tmp_path / "site"))
+    (record,), _ = install.install(runner, wheels, str(tmp_path / "site"))
     assert record["status"] == "passed" and record["installed"] == ["gpucheck_fake"]
     assert "-m pip install --no-index --no-deps" in record["command"]
     code = "import gpucheck_fake as m, packaging; print(m.VALUE, packaging.__version__)"
@@ -210,7 +210,7 @@ def test_without_pip_the_install_fails_in_one_line(tmp_path, monkeypatch):
                    check=True, timeout=120)
     monkeypatch.setattr(install.sys, "executable", str(tmp_path / "v" / "bin" / "python"))
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
-    (record,) = install.install(runner, [fake_wheel(str(tmp_path), "gpucheck_fake")],
+    (record,), _ = install.install(runner, [fake_wheel(str(tmp_path), "gpucheck_fake")],
                                 str(tmp_path / "site"))
     assert record["status"] == "failed" and "python3 -m ensurepip" in record["reason"]
 
@@ -228,7 +228,7 @@ def test_the_hosts_torch_and_nvidia_packages_are_never_replaced(tmp_path):
     the bundle's 1.0) are left alone: nothing installed, nothing put before the host's own."""
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheels = [fake_wheel(str(tmp_path), name) for name in ("torch", "nvidia_nvjpeg")]
-    (record,) = install.install(runner, wheels, str(tmp_path / "s"))
+    (record,), _ = install.install(runner, wheels, str(tmp_path / "s"))
     assert record["status"] == "passed" and record["installed"] == []
     assert "PYTHONPATH" not in runner.env or str(tmp_path) not in runner.env["PYTHONPATH"]
 
@@ -245,14 +245,17 @@ def test_a_test_file_skipped_at_collection_is_not_proven_not_failed(tmp_path, mo
                 "status": "passed" if code == 0 else "failed", "reason": f"exit status {code}"}
 
     monkeypatch.setattr(gpu_runner.Runner, "run", run)
-    ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60), sample=None)
-    row = measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")
+    ctx = SimpleNamespace(runner=gpu_runner.Runner(str(tmp_path / "out"), budget=60),
+                          s=SimpleNamespace(train_src=str(tmp_path / "sample" / "train")))
+    piece = plan.Row("pytest-test_gpu_dali", 6, "plain", None, None,
+                     extra=("tests/loaders/test_gpu_dali.py",))
+    row = measure.pytest_piece(ctx, piece, 600)
     assert row["status"] == "skipped", row
     assert row["reason"] == "could not import 'nvidia.dali': No module named 'nvidia.dali'"
     assert judge.not_proven([row]) == [{"name": row["name"], "reason": judge.status_of(row)}]
     out = out.replace("1 skipped", "1 failed, 1 skipped")
     monkeypatch.setattr(gpu_runner.Runner, "run", functools.partialmethod(run, code=1))
-    assert measure.pytest_piece(ctx, 600, "tests/loaders/test_gpu_dali.py")["status"] == "failed"
+    assert measure.pytest_piece(ctx, piece, 600)["status"] == "failed"
 
 
 def make_n(*args, **env_vars):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +22,7 @@ from tools.gpu_check import check as full
 from tools.gpu_check import report as gpu_report
 from tools.gpu_check import plan
 from tools.gpu_check import runner as gpu_runner
-from tools.gpu_check.bundle import install
+from tools.gpu_check.bundle import steps as install
 from tools.gpu_check.rows import measure, probes
 
 
@@ -104,7 +105,9 @@ def test_a_slow_check_is_timed_out_not_failed(tmp_path):
     record = runner.run("slow", [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
     assert record["status"] == "timed out" and record["returncode"] is None
     assert record["reason"].startswith("still running after its 1 s limit (slow, not failed")
-    report = {"dry_run": False, "summary": gpu_report.summary([record])}
+    s = SimpleNamespace(step_info=None, dry_run=False, budget=600, batch=256, warmup=5,
+                        steps=200, workers="auto", rows=None, sizes=[], accel=[], later=[])
+    report = gpu_report.build(s, [record])
     assert report["summary"]["timed_out"] == 1 and report["summary"]["failed"] == 0
     assert gpu_report.exit_status(report) == 3
 
@@ -168,7 +171,7 @@ def test_a_dali_wheel_for_another_cuda_major_is_left_out(tmp_path, monkeypatch):
     monkeypatch.setattr(install, "torch_cuda", lambda: "12.8")
     runner = gpu_runner.Runner(str(tmp_path / "out"), budget=60)
     wheel = dali_wheel(str(tmp_path), "13")
-    (record,) = install.install(runner, [wheel], str(tmp_path / "site"))
+    (record,), _ = install.install(runner, [wheel], str(tmp_path / "site"))
     assert record["name"] == "dali-wheel" and record["status"] == "skipped"
     assert "is for CUDA 13, torch here for CUDA 12.8 (make gpu-bundle CUDA=12)" in record["reason"]
     assert install.dali_wheel_mismatch(dali_wheel(str(tmp_path), "12"), "12.8") is None

@@ -8,16 +8,22 @@ from types import SimpleNamespace
 
 import pytest
 
+from tools.gpu_check import plan
 from tools.gpu_check import report as gpu_report
 from tools.gpu_check import report as markdown
 from tools.gpu_check.rows import measure
+from tools.gpu_check.runner import json_lines
+
+
+def speed_of(folder):
+    return measure.read_speed(json_lines((folder / "metrics.jsonl").read_text()))
 
 
 def test_speed_falls_back_to_the_whole_epoch(tmp_path):
     def speed(**record):
         record = {"epoch": 0, "train_images_per_sec": 10.0, "data_time_fraction": 0.1, **record}
         (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-        return measure.read_speed(str(tmp_path))
+        return speed_of(tmp_path)
 
     assert speed(steady_images_per_sec=12.5)["images_per_sec"] == 12.5
     for missing in ({}, {"steady_images_per_sec": None}):
@@ -26,7 +32,7 @@ def test_speed_falls_back_to_the_whole_epoch(tmp_path):
         assert fallback["speed_key"] == "train_images_per_sec"
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError):
-        measure.read_speed(str(tmp_path))
+        speed_of(tmp_path)
 
 
 def test_a_run_whose_loss_is_nan_fails(tmp_path):
@@ -35,10 +41,10 @@ def test_a_run_whose_loss_is_nan_fails(tmp_path):
     record = {"epoch": 0, "train_images_per_sec": 10.0, "train_loss": float("nan")}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")  # NaN, as main.py writes
     with pytest.raises(ValueError, match="train loss nan: the weights diverged"):
-        measure.read_speed(str(tmp_path))
+        speed_of(tmp_path)
     record["train_loss"] = 4.5
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    assert measure.read_speed(str(tmp_path))["train_loss"] == 4.5
+    assert speed_of(tmp_path)["train_loss"] == 4.5
 
 
 def test_pytest_summary_and_failing_tests_are_parsed():
@@ -71,16 +77,20 @@ def test_the_target_caps_a_training_share_by_the_loader_alone():
             row("lmdb-jall", 4469.7, "loader-lmdb-jall"), alone("loader-folder", 2859.6),
             alone("loader-folder-jless", 4600.0),  # bounds no row: does not count
             alone("loader-lmdb-jall", 2933.6)]
-    capped = gpu_report.target(rows, "resnet50", False)
+    def target(rows, dry_run=False):
+        by = {r["name"]: r for r in rows}
+        return gpu_report.target({r["name"]: gpu_report.share_of(by, r) for r in rows
+                                  if r.get("base")}, "resnet50", dry_run)
+
+    capped = target(rows)
     assert capped["met"] is False and capped["best_loader"] == "lmdb-jall"
     assert capped["best_ratio"] == capped["loader_only_ratio"] == 0.641
     assert gpu_report.target_text(capped) == (
         "target: resnet50 best loader >= 95% of synthetic: NOT met (best: lmdb-jall at 64%)")
-    uncapped = gpu_report.target([r for r in rows if not r["name"].startswith("loader")],
-                                 "resnet50", False)
+    uncapped = target([r for r in rows if not r["name"].startswith("loader")])
     assert uncapped["met"] is True and uncapped["best_loader"] == "folder"
     assert "no loader-only figure" in uncapped["note"]
-    assert gpu_report.target(rows, "resnet50", True)["met"] is None  # a dry run judges nothing
+    assert target(rows, dry_run=True)["met"] is None  # a dry run judges nothing
 
 
 def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
@@ -95,8 +105,8 @@ def test_the_figures_table_shows_each_share_raw_bounded_and_judged():
           {"name": "loader-gpudecode-j4", "status": "passed", "images_per_sec": 12000.0}]
     s = SimpleNamespace(batch=256, warmup=5, steps=200, workers="auto", models=["resnet50"],
                         rows=None, sizes=[], accel=["--gpu", "0"], dry_run=False, budget=None,
-                        later=[])
-    report = markdown.build(s, by, None)
+                        later=[], step_info=None)
+    report = markdown.build(s, by)
     share = report["shares"]["train-resnet50-lmdb-jall"]
     assert (share["raw"], share["alone"], share["judged"]) == (0.989, 0.625, 0.625)
     assert report["loaders"]["loader-gpudecode-j4"] == {"images_per_sec": 12000.0,
@@ -114,19 +124,23 @@ def test_a_share_above_synthetic_beyond_the_steps_spread_fails(tmp_path):
                 "stages_step_ms_p50": p50, "stages_step_ms_p90": p90}
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record(50.0, 52.0)) + "\n")
-    assert measure.read_speed(str(tmp_path))["spread"] == 0.04
+    assert speed_of(tmp_path)["spread"] == 0.04
     synthetic = {"status": "passed", "loader": "synthetic", "images_per_sec": 4900.0,
                  "spread": 0.04}
     row = {"name": "train-resnet50-lmdb", "status": "passed", "loader": "lmdb",
-           "images_per_sec": 4900.0 * 1.48, "spread": 0.01}
-    failed = gpu_report.over_synthetic(dict(row), synthetic)
+           "model": "resnet50", "images_per_sec": 4900.0 * 1.48, "spread": 0.01}
+    done = {"train-resnet50-synthetic": synthetic}
+    failed = gpu_report.judged(dict(row), None, done)
     assert failed["status"] == "failed" and failed["ratio_to_synthetic"] == 1.48
     assert failed["reason"] == ("148% of synthetic, beyond the steps' spread of 4%: not a "
                                 "steady-state figure")
-    within = gpu_report.over_synthetic({**row, "images_per_sec": 4900.0 * 1.03}, synthetic)
-    assert within["status"] == "passed" and gpu_report.capped(within["ratio_to_synthetic"],
-                                                              None) == 1.0
-    assert gpu_report.capped(0.9, 0.6) == 0.6 and gpu_report.capped(None, 0.6) is None
+    within = gpu_report.judged({**row, "images_per_sec": 4900.0 * 1.03}, None, done)
+    assert within["status"] == "passed" and gpu_report.share_of(done, within)["judged"] == 1.0
+    by = {"s": {"status": "passed", "images_per_sec": 100.0},
+          "b": {"status": "passed", "images_per_sec": 60.0}}
+    row = {"status": "passed", "images_per_sec": 90.0, "base": "s", "bound": "b"}
+    assert gpu_report.share_of(by, row)["judged"] == 0.6  # capped by the loader alone
+    assert gpu_report.share_of(by, {**row, "status": "failed"})["judged"] is None
 
 
 def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
@@ -142,6 +156,9 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
         def run(self, name, cmd, timeout, env=None):
             return {"name": name, "status": "passed", "command": " ".join(cmd)}
 
+        def attach_tails(self, record):
+            return record
+
         def text(self, name, stream="out"):
             if name.startswith("loader"):
                 return json.dumps(benchmark) + "\n"
@@ -149,7 +166,12 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
 
     s = SimpleNamespace(steps=2, warmup=1, batch=8, sizes=[], accel=[], dry_run=True,
                         out=str(tmp_path), workers="1")
-    row = gpu_rows.loader_row(Runner(), s, {}, "lmdb", [], "1", "loader-lmdb")
+    data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
+
+    def ctx(runner):
+        return SimpleNamespace(runner=runner, s=s, machine={}, data=data, done={})
+
+    row = gpu_rows.main_row(ctx(Runner()), plan.Row("loader-lmdb", 4, "alone", "lmdb", "1"), 60)
     assert row["stages"] == {"stages_bound": None, "stages_read_ms_p50": 0.04,
                              "stages_advice": []}
     assert not any(k.startswith("stages_") for k in row) and row["images_per_sec"] == 128.0
@@ -163,9 +185,8 @@ def test_training_and_loader_rows_carry_the_stage_figures(tmp_path):
             (rundir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
             return super().run(name, cmd, timeout, env)
 
-    data = SimpleNamespace(reason=None, lmdb=str(tmp_path), lmdb_reason=None)
-    row = gpu_rows.train_row(TrainRunner(), s, data, {}, "resnet18", "lmdb",
-                             name="train-resnet18-lmdb")
+    row = gpu_rows.main_row(ctx(TrainRunner()), plan.Row("train-resnet18-lmdb", 4, "train",
+                                                         "lmdb", "all"), 60)
     assert row["status"] == "passed" and row["stages"]["stages_bound"] == "data"
     assert row["stages"]["stages_advice"] == record["stages_advice"]
     md = markdown.rows_md({"rows": [row]})

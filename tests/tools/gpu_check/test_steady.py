@@ -12,7 +12,8 @@ from tests.helpers.gpu_fakes import make_bundle
 from tests.helpers.paths import REPO
 from tools.gpu_check.check import get_args_parser, settings
 from tools.gpu_check.rows.measure import prepare_data
-from tools.gpu_check.rows.measure import ready_batches, train_row
+from tools.gpu_check.plan import Row
+from tools.gpu_check.rows.measure import main_row, ready_batches
 from tools.gpu_check.runner import Runner
 
 # sitecustomize of the rows' processes: each sample read sleeps SLOW_READ_S, the first
@@ -51,19 +52,20 @@ def test_a_training_row_times_the_loader_not_its_queue(sample_images, tmp_path):
     s = SimpleNamespace(**{**vars(s), "workers": "1", "batch": BATCH, "steps": 8, "warmup": 6})
     runner = Runner(s.out, 900, dry_run=True)
     machine = {"cpu_cores": 2, "lmdb": "installed", "gpu_count": 0}
-    data, _ = prepare_data(runner, s, machine, 300)
+    data = SimpleNamespace(**prepare_data(runner, s, machine, 300)[1]["paths"])
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SLOW)
     runner.add_path(REPO)
     runner.add_path(str(hook))
     runner.env.update(SLOW_READ_S=str(READ_S), SLOW_FIRST_STEP_S="6")
-    steady = train_row(runner, s, data, machine, "resnet18", "lmdb")
+    ctx = SimpleNamespace(runner=runner, s=s, machine=machine, data=data, done={})
+    steady = main_row(ctx, Row("train-resnet18-lmdb", 4, "train", "lmdb", "all"), 900)
     assert steady["status"] == "passed", steady
     # warmed up past the 6 batches one worker holds ready, and 6 more for them to drain
     assert steady["warmup_steps"] == ready_batches("lmdb", 1) + 6 == 12
     assert 0.5 * CEILING < steady["images_per_sec"] <= 1.1 * CEILING, steady["images_per_sec"]
-    naive = train_row(runner, SimpleNamespace(**{**vars(s), "warmup": -5}), data, machine,
-                      "resnet18", "lmdb", name="timed-from-the-first-step")
+    ctx.s = SimpleNamespace(**{**vars(s), "warmup": -5})
+    naive = main_row(ctx, Row("timed-from-the-first-step", 4, "train", "lmdb", "all"), 900)
     assert naive["warmup_steps"] == 1
     assert naive["images_per_sec"] > 1.3 * CEILING, naive["images_per_sec"]  # the queue filled

@@ -10,8 +10,8 @@ import zipfile
 import pytest
 
 from tests.helpers.gpu_fakes import fake_wheel
-from tools.gpu_check.bundle.install import share_namespace
-from tools.gpu_check.bundle.steps import MANIFEST, PartsError, join_parts, reassemble, split
+from tools.gpu_check.bundle.steps import (MANIFEST, join_parts, reassemble, share_namespace,
+                                          split)
 
 
 def test_parts_reassemble_byte_for_byte(tmp_path):
@@ -33,10 +33,10 @@ def test_a_missing_or_damaged_part_is_one_line_naming_it(tmp_path):
     data = bytearray(open(parts[1], "rb").read())
     data[0] ^= 0xFF
     open(parts[1], "wb").write(bytes(data))
-    with pytest.raises(PartsError, match=rf"{os.path.basename(parts[1])}: damaged"):
+    with pytest.raises(ValueError, match=rf"{os.path.basename(parts[1])}: damaged"):
         reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
     os.remove(parts[1])
-    with pytest.raises(PartsError, match=rf"{os.path.basename(parts[1])}: missing"):
+    with pytest.raises(ValueError, match=rf"{os.path.basename(parts[1])}: missing"):
         reassemble(str(tmp_path / "parts"), str(tmp_path / "joined"))
     wheels, records = join_parts(str(tmp_path / "parts"), str(tmp_path / "joined"))
     assert wheels == [] and records[0]["status"] == "failed" and "missing" in records[0]["reason"]

@@ -14,13 +14,12 @@ import subprocess
 import sys
 
 from decode.gpu import nvjpeg_pip_package
-
 from formats.cli import parse_size
 
 from ..rows.measure import list_images
 from ..runner import REPO, InputError
-from .install import dist_name, torch_cuda
-from .steps import DALI_WHEELS, folder_bytes, lay_out_steps, repository_bytes
+from .steps import (DALI_WHEELS, dist_name, folder_bytes, lay_out_steps, repository_bytes,
+                    torch_cuda)
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # the GPU host's torch brings numpy; the wheel would only add 16 MB
@@ -71,10 +70,17 @@ def wheel_specs(cuda: str, dali: bool) -> list[str]:
     return specs
 
 
-def copy_sample(data: str, train: str) -> str:
+def copy_sample(data: str | None, train: str) -> str:
     """Copy :data:`SAMPLE_IMAGES` files of ``DATA/train/<class>/`` into ``train``, the first of
-    each class in sorted order, then the second, ...; returns the line that says so. Raises
+    each class in sorted order, then the second, ...; without ``data``, generate 100
+    ImageNet-sized JPEGs (:mod:`tools.datagen`). Returns the line that says so. Raises
     :class:`InputError` when there is no such folder or image."""
+    if not data:
+        from ...datagen import make_split  # numpy and PIL only here
+
+        make_split(train, 10, 10, seed=0, min_size=320, max_size=500, noise=60, shapes=3)
+        return ("gpu-bundle: images: 100 generated JPEGs (320-500 px, tools/datagen.py; pass "
+                "DATA=DIR for real images)")
     source = os.path.join(data, "train")
     if not os.path.isdir(source):
         raise InputError(f"--data {data}: no train/ folder")
@@ -88,15 +94,6 @@ def copy_sample(data: str, train: str) -> str:
     classes = len({cls for _, cls, _ in ranked[:SAMPLE_IMAGES]})
     return (f"gpu-bundle: images: {min(SAMPLE_IMAGES, len(ranked))} files in {classes} classes "
             f"from {source}")
-
-
-def generate_sample(train: str) -> str:
-    """Generate ImageNet-sized JPEGs (:mod:`tools.datagen`) into ``train``; returns a line."""
-    from ...datagen import make_split
-
-    make_split(train, 10, 10, seed=0, min_size=320, max_size=500, noise=60, shapes=3)
-    return ("gpu-bundle: images: 100 generated JPEGs (320-500 px, tools/datagen.py; pass "
-            "DATA=DIR for real images)")
 
 
 def build(args) -> int:
@@ -115,8 +112,7 @@ def build(args) -> int:
     train, wheels = os.path.join(out, "sample", "train"), os.path.join(out, "wheels")
     os.makedirs(train)
     os.makedirs(wheels)
-    print(copy_sample(args.data, train) if args.data else generate_sample(train),
-          flush=True)
+    print(copy_sample(args.data, train), flush=True)
     os.symlink("train", os.path.join(out, "sample", "val"))
     specs = wheel_specs(cuda, not args.no_dali)
     base, dali = [x for x in specs if "dali" not in x], [x for x in specs if "dali" in x]

@@ -1,9 +1,8 @@
-"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``) as a user
-runs them on a host: a copy of the repository, each step's folder copied in, ``python -m
-tools.gpu_check --dry-run --step N`` in order with one state folder. It proves each step's
-bytes within its size and its seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`),
-step 1 with rows 1-4 and no DALI file, one archive per step, no failed row, every judged share
-<= 100%. Exit status 0 when all holds, 1 otherwise, 2 for bad input."""
+"""The offline bundle's steps run here on the CPU backends (``make gpu-dry-run``) as on a host:
+a copy of the repository, each step's folder copied in, ``python -m tools.gpu_check --dry-run
+--step N`` in order with one state folder. It proves each step's bytes within its size and its
+seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`), step 1 with rows 1-4 and no
+DALI file, one archive per step, no failed row, every judged share <= 100%."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +13,7 @@ import sys
 import tempfile
 
 from ..check import read_json
-from ..plan import all_rows, select, steps
+from ..plan import select
 from ..runner import REPO, InputError, Runner
 from .steps import folder_bytes, repository_bytes, repository_files
 
@@ -53,7 +52,7 @@ def dry_run(bundle: str, host: str | None, rows: list[str] | None) -> int:
         shutil.copy2(os.path.join(REPO, rel), os.path.join(repo, rel), follow_symlinks=False)
     runner = Runner(root, cwd=repo)
     results = [run_step(runner, bundle, number, rows) for number in numbers]
-    report = json.load(open(os.path.join(root, "state", "report.json")))
+    report = read_json(os.path.join(root, "state", "report.json"))
     problems = judge(results, report, rows)
     with open(os.path.join(root, "dry-run.json"), "w") as f:
         json.dump({"steps": results, "problems": problems}, f, indent=1)
@@ -86,7 +85,7 @@ def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | 
         *(["--step", str(number)] if number else []), *(["--rows", *rows] if rows else [])],
         HERE_LIMIT)
     # a row recorded again (a pair's GPU row judged by its CPU row) counts once
-    rows_run = read_json(os.path.join(state, "rows.jsonl"), lines=True) or []
+    rows_run = read_json(os.path.join(state, "rows.jsonl")) or []
     mine = list({r["name"]: r for r in rows_run if r.get("step") == number}.values())
     archive = os.path.join(state, f"gpu-check-step{number}.tar.gz" if number else
                            "gpu-check.tar.gz")
@@ -117,7 +116,7 @@ def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str
     one = results[0]
     if one["step"] == 1 and one["steps"] > 1:
         problems += [f"step 1 holds a DALI file: {f}" for f in one["files"] if "dali" in f]
-        want = {r.name for r in steps(select(all_rows(), rows, dry_run=True))[0]}
+        want = {r.name for r in select(rows, dry_run=True)[0]}
         ran = {name for name, group, _ in one["rows"] if group}  # group 0: the set-up
         problems += [f"step 1 ran {name}, not a row of step 1" for name in sorted(ran - want)]
         problems += [f"step 1: row {name} did not run" for name in sorted(want - ran)]

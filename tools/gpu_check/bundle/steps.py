@@ -1,29 +1,33 @@
-"""An offline bundle in steps (``make gpu-bundle STEP_SIZE=64M``), each fitting with the
-repository's files one transfer of that size: ``BUNDLE/steps/N`` (hard links) and its
-``STEP.json``. Step 1 holds ``wheels/`` and the sample, all rows 1-4 need and nothing of DALI;
-the later ones DALI's wheels (first fit) and its ~190 MiB wheel in parts ``NAME.partNN``
-filling the room left, with a ``sha256sum``-format manifest, so that a part lost or damaged on
-the way is one line naming it, never a broken install."""
+"""The offline bundle on its way to the host and there. Its steps (``make gpu-bundle
+STEP_SIZE=64M``), each fitting with the repository's files one transfer of that size:
+``BUNDLE/steps/N`` (hard links) and its ``STEP.json``; step 1 holds ``wheels/`` and the sample,
+all rows 1-4 need and nothing of DALI, the later ones DALI's wheels (first fit) and its ~190 MiB
+wheel in parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest, so
+that a part lost or damaged on the way is one line naming it, never a broken install. On the
+host, the wheels its Python lacks are installed by pip into one prefix whose packages folder
+goes first on every command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that
+DALI's libraries find them by their relative run paths."""
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 
-from ..runner import InputError
+from ..runner import InputError, Runner, fail, skipped
 
 MARGIN, MIN_PART, MANIFEST_ROOM = 2 << 20, 1 << 20, 4096  # bytes: for later commits, STEP.json
 DALI_WHEELS, MANIFEST = "wheels-dali", "SHA256SUMS"
-
-
-class PartsError(Exception):
-    """A missing or damaged part, or a manifest that does not match: one line."""
+INSTALL_TIMEOUT = 300  # s: DALI's 199 MB wheel unpacks in well under a minute
+DALI_WHEEL = re.compile(r"nvidia_dali(?:_[a-z]+)?_cuda(\d+?)0$")
 
 
 def repository_files(repo: str) -> list[str]:
-    """The repository's files a copy holds (tracked, and untracked ones git does not ignore),
+    """The files a copy of the repository holds (git's tracked and not ignored ones),
     relative. Raises :class:`InputError` without git."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
@@ -50,14 +54,13 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
     step 1 does not fit."""
     room = step_bytes - MARGIN - repo_bytes
     first = [os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
-    first.append("sample")
-    need = sum(folder_bytes(os.path.join(out, x)) for x in first)
+    need = sum(folder_bytes(os.path.join(out, x)) for x in first + ["sample"])
     if need > room:
         raise InputError(f"step 1 needs {need / 2**20:.1f} MiB beside the repository's "
                          f"{repo_bytes / 2**20:.1f}, over --step-size less a 2 MiB margin: "
                          "a larger --step-size")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
-    steps = [first] + dali_steps(out, room)
+    steps = [first + ["sample"]] + dali_steps(out, room)
     folders = [os.path.join(out, "steps", str(n)) for n in range(1, len(steps) + 1)]
     for folder, files in zip(folders, steps):
         for rel in files:
@@ -74,8 +77,8 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
 
 
 def dali_steps(out: str, room: int) -> list[list[str]]:
-    """The steps after the first: DALI's small wheels first fit, a wheel too large for half a
-    step cut into parts filling the room left, step after step."""
+    """The files of the steps after the first: DALI's small wheels first fit, a wheel over
+    half a step cut into parts filling the room left, step after step."""
     folder = os.path.join(out, DALI_WHEELS)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".whl")) \
         if os.path.isdir(folder) else []
@@ -126,7 +129,7 @@ def missing_files(stash: str, info: dict, upto: int) -> list[str]:
             for rel in files if not os.path.lexists(os.path.join(stash, rel))]
 
 
-def sha256_file(path: str) -> str:
+def sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -136,49 +139,45 @@ def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> li
     in earlier steps), then ``part_bytes``; their and the wheel's sha256 appended to
     ``folder/SHA256SUMS``. Returns the parts' paths in order."""
     os.makedirs(folder, exist_ok=True)
-    name, parts, lines = os.path.basename(wheel), [], []
+    name, parts = os.path.basename(wheel), []
     with open(wheel, "rb") as src:
         while data := src.read(first[len(parts)] if len(parts) < len(first) else part_bytes):
             parts.append(os.path.join(folder, f"{name}.part{len(parts):02d}"))
             with open(parts[-1], "wb") as out:
                 out.write(data)
-            lines.append(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(parts[-1])}\n")
     with open(os.path.join(folder, MANIFEST), "a") as f:
-        f.write("".join(lines) + f"{sha256_file(wheel)}  {name}\n")
+        f.writelines(f"{sha256(p)}  {os.path.basename(p)}\n" for p in parts + [wheel])
     return parts
 
 
 def reassemble(folder: str, out: str) -> list[str]:
     """Each wheel of ``folder/SHA256SUMS`` joined from its parts into ``out`` and checked; the
-    wheels' paths. Raises :class:`PartsError` naming a manifest not readable, a part missing or
-    damaged, or a whole that does not match."""
+    wheels' paths. Raises ``ValueError`` naming a manifest not in sha256sum's format, a part
+    missing or damaged, or a whole that does not match (``OSError``: a manifest not read)."""
     path = os.path.join(folder, MANIFEST)
-    try:
-        with open(path) as f:
-            rows = [line.split() for line in f if line.strip()]
-    except OSError as exc:
-        raise PartsError(f"{path}: {exc.strerror or exc}") from None
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip()]
     if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
-        raise PartsError(f"{path}: not a sha256sum listing")
+        raise ValueError(f"{path}: not a sha256sum listing")
     manifest = {name.lstrip("*"): digest for digest, name in rows}
     os.makedirs(out, exist_ok=True)
     joined = []
     for wheel in sorted(name for name in manifest if ".part" not in name):
         parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
         if not parts:
-            raise PartsError(f"{folder}: no parts of {wheel} in {MANIFEST}")
+            raise ValueError(f"{folder}: no parts of {wheel} in {MANIFEST}")
         joined.append(os.path.join(out, wheel))
         with open(joined[-1], "wb") as dst:
             for path in [os.path.join(folder, part) for part in parts]:
                 if not os.path.isfile(path):
-                    raise PartsError(f"{path}: missing (copy every step's files to the "
+                    raise ValueError(f"{path}: missing (copy every step's files to the "
                                      "host before the last step)")
-                if sha256_file(path) != manifest[os.path.basename(path)]:
-                    raise PartsError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
+                if sha256(path) != manifest[os.path.basename(path)]:
+                    raise ValueError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
                 with open(path, "rb") as src:
                     shutil.copyfileobj(src, dst)
-        if sha256_file(joined[-1]) != manifest[wheel]:
-            raise PartsError(f"{joined[-1]}: reassembled, but its sha256 differs from "
+        if sha256(joined[-1]) != manifest[wheel]:
+            raise ValueError(f"{joined[-1]}: reassembled, but its sha256 differs from "
                              f"{MANIFEST}")
     return joined
 
@@ -192,5 +191,91 @@ def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
         wheels = reassemble(folder, out)
         return wheels, [{"name": "parts", "status": "passed",
                          "joined": [os.path.basename(w) for w in wheels]}]
-    except (PartsError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         return [], [{"name": "parts", "status": "failed", "reason": str(exc)}]
+
+
+def dist_name(wheel: str) -> str:
+    """The normalised distribution name of a wheel file (``nvidia_dali_cuda130``)."""
+    return re.sub(r"[-_.]+", "_", os.path.basename(wheel).split("-")[0]).lower()
+
+
+def dali_wheel_mismatch(wheel: str, cuda: str | None) -> str | None:
+    """Why a DALI wheel cannot serve a torch built for CUDA ``cuda`` (another major), or None."""
+    match = DALI_WHEEL.match(dist_name(wheel))
+    if not match or not cuda or cuda.split(".")[0] == match.group(1):
+        return None
+    return (f"{os.path.basename(wheel)} is for CUDA {match.group(1)}, torch here for CUDA "
+            f"{cuda} (make gpu-bundle CUDA={cuda.split('.')[0]})")
+
+
+def torch_cuda() -> str | None:
+    """``torch.version.cuda`` of this interpreter, None without torch or a CUDA build."""
+    try:
+        return __import__("torch").version.cuda
+    except Exception:  # a broken torch is reported by the environment probe
+        return None
+
+
+def install(runner: Runner, wheels: list[str], site: str, name: str = "install",
+            parts: str | None = None) -> tuple[list[dict], dict]:
+    """Install the ``wheels``' distributions, and those joined from ``parts`` (beside
+    ``site``), into the prefix ``site`` with pip (``--no-index --no-deps``): one this
+    interpreter (or ``site``) already has, whatever its version, is left alone, so the host's
+    torch and nvidia packages are never replaced. A DALI wheel for another CUDA major than
+    torch's gets a skipped ``dali-wheel`` record. Returns the records and the set-up row's
+    ``installed`` and ``bytes``."""
+    joined, records = join_parts(parts, os.path.join(os.path.dirname(site), "wheels-joined")) \
+        if parts else ([], [])
+    wheels = wheels + joined
+    dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
+    cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
+    wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
+    records += [skipped("dali-wheel", why) for why in wrong.values()]
+    wanted = [w for w in wheels if w not in wrong]
+    fields = {"reason": "nothing missing", "installed": [],
+              "bytes": sum(map(os.path.getsize, wheels))}
+    if not wanted:
+        return records, fields
+    before = installed_in(packages_folder(site))
+    # --no-compile: byte-compiling DALI costs a minute of the host's time
+    record = runner.run(name, [
+        sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
+        "--disable-pip-version-check", "--prefix", site,
+        *sorted({"--find-links=" + os.path.dirname(os.path.abspath(w)) for w in wanted}),
+        *sorted({dist_name(w) for w in wanted})], INSTALL_TIMEOUT)
+    if "No module named pip" in runner.text(name, "err"):
+        record = fail(record, "pip is not installed for this Python: install it (python3 -m "
+                      "ensurepip --user, or the system's python3-pip package), then run again")
+    folder = packages_folder(site)
+    if record["status"] == "passed" and installed_in(folder):
+        share_namespace(folder, "nvidia")
+        runner.add_path(folder)
+    record.update(installed=sorted(installed_in(folder) - before), site=site)
+    if record["installed"]:
+        del fields["reason"]
+    return records + [record], {**fields, "installed": record["installed"]}
+
+
+def packages_folder(prefix: str) -> str | None:
+    """The ``site-packages`` (Debian: ``dist-packages``) folder pip made under ``prefix``."""
+    found = glob.glob(os.path.join(prefix, "lib*", "python3*", "*-packages")) + glob.glob(
+        os.path.join(prefix, "local", "lib*", "python3*", "*-packages"))
+    return found[0] if found else None
+
+
+def installed_in(folder: str | None) -> set[str]:
+    """Normalised names of the distributions in packages ``folder`` (its ``*.dist-info``)."""
+    return {dist_name(n) for n in glob.glob(os.path.join(folder, "*.dist-info"))} if folder \
+        else set()
+
+
+def share_namespace(site: str, package: str) -> None:
+    """Make ``site/package`` extend its ``__path__`` over every ``package`` on ``sys.path``
+    (``pkgutil.extend_path``), so the host's own ``nvidia/...`` (torch's CUDA libraries) stay
+    visible: some ``nvidia-*`` wheels ship ``nvidia/__init__.py``, and a regular package hides
+    every namespace portion of the same name."""
+    folder = os.path.join(site, package)
+    if os.path.isdir(folder):
+        with open(os.path.join(folder, "__init__.py"), "w") as f:
+            f.write("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")

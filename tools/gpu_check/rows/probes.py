@@ -11,14 +11,14 @@ import re
 import shutil
 import sys
 
-from ..runner import Runner, fail, skipped
-from .measure import last_json
+from ..runner import Runner, fail, last_json, skipped
 
 PROBE_TIMEOUT, SMI_TIMEOUT = 120, 30
 # The libraries whose file says which decoder build a process really uses
 MAPPED = re.compile(r"/lib(nvjpeg|nvimgcodec|dali)[^/]*\.so[^/]*$")
 # The modules whose file says which install a process imports (the bundle's or the host's)
-ORIGINS = ("nvidia.dali", "nvidia.nvimgcodec", "lmdb", "pytest")
+ORIGINS = {"dali": "nvidia.dali", "nvimgcodec": "nvidia.nvimgcodec", "lmdb": "lmdb",
+           "pytest": "pytest"}
 
 
 def mapped_libraries() -> list[str]:
@@ -37,7 +37,7 @@ def host_facts() -> dict:
     ``--decode-device cuda`` takes, the libraries mapped."""
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpu_cores": len(os.sched_getaffinity(0))}
-    for key, module in zip(("dali", "nvimgcodec", "lmdb", "pytest"), ORIGINS):
+    for key, module in ORIGINS.items():
         try:
             imported = importlib.import_module(module)
             info[key] = getattr(imported, "__version__", "installed")
@@ -85,14 +85,13 @@ def environment(runner: Runner, s) -> dict:
         sys.executable, "-m", "tools.gpu_check", "--probe"], PROBE_TIMEOUT)
     if not machine:
         return {**rec, "machine": {}}
-    machine["driver"] = None
-    if shutil.which("nvidia-smi"):
-        smi = runner.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,"
-                                        "driver_version", "--format=csv,noheader"], SMI_TIMEOUT)
-        rows = [line.split(", ") for line in runner.text("nvidia-smi").splitlines() if line]
-        if smi["status"] == "passed" and rows:
-            machine["driver"] = rows[0][-1]
-            machine["nvidia_smi"] = [", ".join(r) for r in rows]
+    lines = []
+    if shutil.which("nvidia-smi") and runner.run("nvidia-smi", [
+            "nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+            "--format=csv,noheader"], SMI_TIMEOUT)["status"] == "passed":
+        lines = [x for x in runner.text("nvidia-smi").splitlines() if x]
+    machine["driver"] = lines[0].split(", ")[-1] if lines else None
+    machine.update({"nvidia_smi": lines} if lines else {})
     rec["libraries"] = machine.get("libraries")
     if not s.dry_run and not machine["gpu_count"]:
         # with torch's CUDA initialisation warning, if any
@@ -101,7 +100,6 @@ def environment(runner: Runner, s) -> dict:
     return {**rec, "machine": machine}
 
 
-GPU_OVER_CPU = 1.5  # one worker or thread: decoding on the GPU must beat the CPU by this much
 PROBE_MAX_DIFF = 8  # levels: nvJPEG's IDCT and upsampling against libjpeg-turbo's
 # A probe script prints its ``result`` with the libraries it mapped, one JSON line
 _HEAD = "import glob, json, os, sys\nfrom tools.gpu_check.rows.probes import mapped_libraries\n"
@@ -170,33 +168,31 @@ if device == 'mixed':
 """ + _TAIL
 
 
-def decoder_name(line: str, machine: dict) -> str:
-    """The decoder that did a row's work, from main.py's ``device:`` line and the host's
-    ``hardware_windows``: nvImageCodec hardware / CUDA / CPU (dry), torchvision nvJPEG, CPU."""
-    found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
-                      r"[ ;]", line)
-    if not found or "no GPU decoder" in line:
-        return "CPU"
-    if found.group(1).startswith("torchvision"):
-        return "torchvision nvJPEG" if found.group(2).startswith("cuda") else "CPU"
-    if not found.group(2).startswith("cuda"):
-        return "nvImageCodec CPU"
-    load = re.search(r"load ([\d.]+)", line)
-    if machine.get("hardware_windows") and load and float(load.group(1)) > 0:
-        return "nvImageCodec hardware"
-    return "nvImageCodec CUDA"
-
-
 def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
-    """``rec`` (a ``--decode-device`` row) with ``decoder`` and ``cpu_fallbacks``; failed unless
-    nvImageCodec decoded on the GPU (not judged dry), or when a sample went to the CPU."""
+    """``rec`` (a ``--decode-device`` row) with ``cpu_fallbacks`` and ``decoder``, from
+    main.py's ``device:`` line and the host's ``hardware_windows``: nvImageCodec hardware /
+    CUDA / CPU (dry), torchvision nvJPEG, CPU. Failed unless nvImageCodec decoded on the GPU
+    (not judged dry), or when a sample went to the CPU."""
     if rec.get("status") != "passed":
         return rec
     out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
     rec["cpu_fallbacks"] = sum(int(m) for m in re.findall(r"note: (\d+) samples decoded on the "
                                                          r"CPU", err))
     line = next((x for x in out.splitlines() if x.startswith("device:")), "")
-    rec["decoder"] = decoder_name(line, machine)
+    found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
+                      r"[ ;]", line)
+    load = re.search(r"load ([\d.]+)", line)
+    on_cuda = found and found.group(2).startswith("cuda")
+    if not found or "no GPU decoder" in line:
+        rec["decoder"] = "CPU"
+    elif found.group(1).startswith("torchvision"):
+        rec["decoder"] = "torchvision nvJPEG" if on_cuda else "CPU"
+    elif not on_cuda:
+        rec["decoder"] = "nvImageCodec CPU"
+    elif machine.get("hardware_windows") and load and float(load.group(1)) > 0:
+        rec["decoder"] = "nvImageCodec hardware"
+    else:
+        rec["decoder"] = "nvImageCodec CUDA"
     if not s.dry_run and not rec["decoder"].startswith("nvImageCodec"):
         return fail(rec, f"decoded by {rec['decoder']}, not nvImageCodec on the GPU: "
                          f"{line[:200]!r}")
@@ -215,11 +211,11 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
     return rec, result or {}
 
 
-def probe(ctx, timeout: float) -> dict:
+def probe(ctx, row, timeout: float) -> dict:
     """``WindowDecoder("cuda")`` decodes two windows of a sample JPEG (torchvision's too); failed
     if one went to the CPU or host memory, or differs from the CPU's by > PROBE_MAX_DIFF."""
     s = ctx.s
-    rec, result = _json_row(ctx.runner, "gpu-decode-probe", [
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
     if not result:
         return rec
@@ -236,27 +232,25 @@ def probe(ctx, timeout: float) -> dict:
     return rec
 
 
-def hardware(ctx, timeout: float) -> dict:
-    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (also as
+def hardware(ctx, row, timeout: float) -> dict:
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (the check's
     ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
     this row. Skipped dry."""
     if ctx.s.dry_run:
-        return skipped("gpu-decode-hardware", "dry run: no JPEG engine on the CPU")
-    rec, result = _json_row(ctx.runner, "gpu-decode-hardware", [
+        return skipped(row.name, "dry run: no JPEG engine on the CPU")
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _HARDWARE, ctx.data.train], timeout)
-    rec.update(result)
-    ctx.machine["hardware_windows"] = result.get("window")
-    return rec
+    return {**rec, **result}
 
 
-def dali_probe(ctx, timeout: float) -> dict:
+def dali_probe(ctx, row, timeout: float) -> dict:
     """DALI imported first (its libraries must find nvImageCodec's by their run paths) decodes a
     JPEG with the mixed decoder, nvImageCodec's GPU backends into device memory, libnvjpeg mapped
     (without it DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
     s = ctx.s
     if not ctx.machine.get("dali"):
-        return skipped("dali-gpu-decode", "not installed")
-    rec, result = _json_row(ctx.runner, "dali-gpu-decode", [
+        return skipped(row.name, "not installed")
+    rec, result = _json_row(ctx.runner, row.name, [
         sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
     if not result:
         return rec
@@ -271,13 +265,3 @@ def dali_probe(ctx, timeout: float) -> dict:
                          f"backends {'decoded' if result.get('nvimgcodec_gpu') else 'did not'}"
                          f" into device memory, libnvjpeg mapped: {nvjpeg or 'none'}")
     return rec
-
-
-def gpu_over_cpu(gpu: dict, cpu: dict | None, dry_run: bool, failure: str) -> dict:
-    """``gpu`` with ``gpu_over_cpu`` (its images/s over ``cpu``'s), failed with ``failure``
-    (``{ratio:.2f}``) under :data:`GPU_OVER_CPU` except dry (the CPU decodes both times)."""
-    if gpu.get("images_per_sec") and (cpu or {}).get("images_per_sec"):
-        gpu["gpu_over_cpu"] = gpu["images_per_sec"] / cpu["images_per_sec"]
-        if not dry_run and gpu["gpu_over_cpu"] < GPU_OVER_CPU:
-            gpu = fail(gpu, failure.format(ratio=gpu["gpu_over_cpu"]))
-    return gpu
