@@ -37,7 +37,7 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 class PassPlan:
     """What every batch of one pass carries to the workers."""
 
-    pass_id: int = 0  # SharedBatches.begin_pass's
+    pass_id: int = 0  # the loader's pass number: slot release tickets, ShardReader.follow
     image_shape: tuple[int, int, int] | None = None  # the slots' (3, H, W); None: as made
     seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch (or None)
     limit: int | None = None  # batches at most (None: all)
@@ -153,7 +153,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
         self.workers_configured = settings.workers  # -j, for stage_summary
-        self._reading, self._pass_numbers = None, itertools.count()  # streamed shards
+        self._reading, self._pass_numbers = None, itertools.count()  # shards. plan, passes
         # Flags made before any worker starts, kept for the loader's lifetime.
         self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
         self.unreadable = self.bad.unreadable
@@ -189,10 +189,11 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
         return list(itertools.islice(self.sampler.indices(), len(self) * self.batch_size))
 
-    def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
+    def _plan(self, image_shape=None) -> PassPlan:
         """The next pass's :class:`PassPlan`, handed to the batch sampler."""
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        reading = self._reading and (next(self._pass_numbers), *self._reading)
+        pass_id = next(self._pass_numbers)
+        reading = self._reading and (pass_id, *self._reading)
         plan = PassPlan(pass_id, image_shape, seed_key, len(self), reading)
         self.sampler.plan = plan  # taken by the pass that starts now
         return plan
