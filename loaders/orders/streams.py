@@ -47,16 +47,12 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle: a uniform pick of the ``buffer`` each time it is full."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
-    for index in indices:
+    for i, index in enumerate(indices):
         held.append(index)
-        if len(held) >= buffer:
+        while held and (len(held) >= buffer or i == len(indices) - 1):  # the last: all drawn
             k = int(next(picks) * len(held))
             held[k], held[-1] = held[-1], held[k]
             out.append(held.pop())
-    while held:
-        k = int(next(picks) * len(held))
-        held[k], held[-1] = held[-1], held[k]
-        out.append(held.pop())
     return out
 
 
