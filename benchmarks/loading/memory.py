@@ -4,8 +4,8 @@ Target: the worst worker's memory on 1.28 M records minus on 10 k records stays 
 ``--limit-mb`` (50 MB), judged on ``rss_excl_mdb`` and ``anon`` (memory the process owns).
 
 For each of ``--records`` (:func:`write_lmdb`) and ``--samplers`` (torch's
-``DistributedSampler``, or ``LeanDistributedSampler`` whose permutation is a tensor, not a list
-of Python ints), a fresh process runs :func:`measure` after :func:`set_page_cache`. Prints
+``DistributedSampler``, or ``RandomOrder`` whose permutation is a tensor, not a list of Python
+ints), a fresh process runs :func:`measure` after :func:`set_page_cache`. Prints
 PASS/FAIL, with the ``rss`` difference beside it.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     "main": {"before", "samples"}, "workers": {pid: [sample, ...]}}``, each sample
     :func:`proc_memory`'s dict plus ``"step"``; epochs cycle (each starts new workers).
     ``sampler="stock"`` patches torch's ``DistributedSampler`` in for
-    :class:`loaders.orders.random.LeanDistributedSampler`. Raises RuntimeError without workers."""
+    :meth:`loaders.orders.RandomOrder.order`. Raises RuntimeError without workers."""
     import torch
 
     import loaders
@@ -122,8 +122,13 @@ def measure(db: str, batches: int, warmup: int, sample_every: int, batch_size: i
     if sampler == "stock":
         from torch.utils.data import DistributedSampler
 
-        # Measurement only: RandomOrder.order looks the name up at call time.
-        loaders.orders.random.LeanDistributedSampler = DistributedSampler
+        def stock(order, epoch):  # measurement only: the same indices, as a list
+            sampler = DistributedSampler(range(order.num_samples), order.world_size, order.rank,
+                                         seed=order.seed, drop_last=True)
+            sampler.set_epoch(epoch)
+            return iter(sampler)
+
+        loaders.orders.random.RandomOrder.order = stock
     settings = loaders.LoaderSettings(
         backend="lmdb", train_path=db, val_path=db, batch_size=batch_size, workers=workers,
         seed=0, lmdb=True, train_crop_size=32, val_resize_size=32, val_crop_size=32,
@@ -276,7 +281,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samplers", nargs="+", choices=("stock", "lean"),
                         default=["stock", "lean"],
                         help="training sampler: torch's DistributedSampler and/or "
-                             "LeanDistributedSampler (what main.py uses)")
+                             "RandomOrder's (what main.py uses)")
     parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
                         help="data.mdb in the page cache before each run (warm: read it all, the "
                              "worst case for worker RSS) or evicted (cold)")

@@ -1,30 +1,40 @@
 """The epoch-order interface (FFCV's ``TraversalOrder``): which indices one rank reads in an epoch,
-in which order; validation's :class:`ShardOrder`; :class:`ResumableSampler`, DataLoader's face."""
+in which order; validation's :class:`ShardOrder`."""
 from __future__ import annotations
 
-import itertools
-from typing import Iterable, Iterator, Protocol
-
-from torch.utils.data import Sampler
+from dataclasses import dataclass, replace
+from typing import Iterable
 
 from ..errors import DataError
 
 
-class Order(Protocol):
-    """``order(epoch)`` is a pure function of the constructor's arguments and ``epoch``; a
-    training order also has ``at(rank, layout)``: itself for another rank and layout."""
+class Order:
+    """An epoch order, a dataclass of ``num_samples`` (indices are in 0..num_samples-1), ``rank``,
+    ``world_size`` (``ValueError`` unless ``0 <= rank < world_size``) and what else it is drawn
+    from: :meth:`order` is a pure function of those and ``epoch``; ``len()`` is the indices this
+    rank reads per epoch (the same every epoch)."""
 
-    num_samples: int  # the dataset's size; indices are in 0..num_samples-1
+    num_samples: int
+    rank: int
+    world_size: int
+    # Layout fields besides the world size the order changes with (loaders.orders.positions)
+    LAYOUT_KEYS = ()
 
-    def __len__(self) -> int: ...  # indices this rank reads per epoch (the same every epoch)
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside 0..{self.world_size - 1}")
 
-    def order(self, epoch: int) -> Iterable[int]: ...  # this rank's, in reading order
+    def __len__(self) -> int:
+        return self.num_samples // self.world_size
 
+    def order(self, epoch: int) -> Iterable[int]:
+        """This rank's indices of ``epoch``, in reading order."""
+        raise NotImplementedError
 
-def check_rank(rank: int, world_size: int) -> None:
-    """Raise ``ValueError`` unless ``0 <= rank < world_size`` (and ``world_size >= 1``)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+    def at(self, rank: int, layout) -> Order:
+        """This order for ``rank`` of a :class:`~loaders.orders.positions.Layout`."""
+        keys = {key: getattr(layout, key) for key in self.LAYOUT_KEYS}
+        return replace(self, rank=rank, world_size=layout.world_size, **keys)
 
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
@@ -43,37 +53,17 @@ def train_batch_size(order: Order, batch_size: int) -> int:
     return min(batch_size, len(order))
 
 
-class ShardOrder:
+@dataclass(eq=False)
+class ShardOrder(Order):
     """Validation: rank ``r`` of ``w`` reads ``r, r+w, ...``, none padded (unlike
-    ``DistributedSampler``): metrics summed over ranks are exact. ``ValueError``: a bad rank."""
+    ``DistributedSampler``): metrics summed over ranks are exact."""
 
-    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
-        check_rank(rank, world_size)
-        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+    num_samples: int
+    rank: int = 0
+    world_size: int = 1
 
     def __len__(self) -> int:
         return len(self.order(0))
 
     def order(self, epoch: int) -> range:
         return range(self.rank, self.num_samples, self.world_size)
-
-
-class ResumableSampler(Sampler[int]):
-    """``order.order(epoch)`` from position ``start`` on, or ``rest`` when set (dealt anew)."""
-
-    def __init__(self, order: Order):
-        self.order, self.epoch, self.start = order, 0, 0
-        self.rest: list[int] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        if self.rest is not None:
-            return iter(self.rest)
-        return itertools.islice(iter(self.order.order(self.epoch)), self.start, None)
-
-    def __len__(self) -> int:
-        if self.rest is not None:
-            return len(self.rest)
-        return max(0, len(self.order) - self.start)

@@ -2,13 +2,16 @@
 ``QuasiRandom`` (written independently): a block of records is a byte range of ``data.mdb``."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..draws import keyed_rng
-from .base import check_rank
+from .base import Order
 
 
-class BlockOrder:
+@dataclass(eq=False)
+class BlockOrder(Order):
     """Per epoch, with one generator seeded from ``(seed, epoch)`` on every rank: (1) the
     ``ceil(num_samples / block_size)`` blocks are permuted and their records concatenated; (2)
     rank ``r`` takes the ``r``-th of ``world_size`` consecutive segments of ``num_samples //
@@ -18,22 +21,18 @@ class BlockOrder:
     block_size`` records in the page cache, a batch mixing only the open blocks' (few classes
     where records are sorted by class). Raises ``ValueError`` for sizes below 1 or a bad rank."""
 
-    def __init__(self, num_samples: int, block_size: int = 256, buffer_blocks: int = 8,
-                 rank: int = 0, world_size: int = 1, seed: int = 0):
-        if block_size < 1 or buffer_blocks < 1:
-            raise ValueError(f"block_size and buffer_blocks must be >= 1, got {block_size}, "
-                             f"{buffer_blocks}")
-        check_rank(rank, world_size)
-        self.num_samples, self.block_size, self.buffer_blocks = (num_samples, block_size,
-                                                                 buffer_blocks)
-        self.rank, self.world_size, self.seed = rank, world_size, seed
+    num_samples: int
+    block_size: int = 256
+    buffer_blocks: int = 8
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
 
-    def __len__(self) -> int:
-        return self.num_samples // self.world_size
-
-    def at(self, rank: int, layout) -> "BlockOrder":
-        return BlockOrder(self.num_samples, self.block_size, self.buffer_blocks, rank,
-                          layout.world_size, self.seed)
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.buffer_blocks < 1:
+            raise ValueError(f"block_size and buffer_blocks must be >= 1, got {self.block_size}, "
+                             f"{self.buffer_blocks}")
+        super().__post_init__()
 
     def order(self, epoch: int) -> list[int]:
         rng = keyed_rng(self.seed, epoch)

@@ -8,6 +8,8 @@ from typing import Iterator
 
 import numpy as np
 
+from .base import batches_per_epoch
+
 TRACE_ENV = "IMAGENET_FAST_TRACE_SAMPLES"
 
 
@@ -34,7 +36,7 @@ class Layout:
 def same_global_order(order, origin: Layout, now: Layout) -> bool:
     """Whether ``order`` at ``now`` reads the epoch as at ``origin`` (a resume skips batches):
     the same world size, batch size, and worker count where the order cuts per-worker pieces."""
-    keys = ("world_size", "batch_size") + tuple(getattr(order, "LAYOUT_KEYS", ()))
+    keys = ("world_size", "batch_size", *order.LAYOUT_KEYS)
     return all(getattr(origin, key) == getattr(now, key) for key in keys)
 
 
@@ -96,6 +98,19 @@ class PositionedLoader:
     erasing = None
     trace: "SampleTrace | None" = None
     epoch = start_batch = 0
+
+    def __len__(self) -> int:
+        """The batches of the epoch on this rank from ``start_batch`` on."""
+        total = batches_per_epoch(len(self.position_order), self.batch_size, self.train,
+                                  self.max_batches)
+        return max(0, total - self.start_batch)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0,
+                  rest: RestOfEpoch | None = None) -> None:
+        """``epoch`` from batch ``start_batch`` on; ``rest``: an epoch dealt anew at this
+        layout, whose indices are read instead."""
+        self.epoch, self.start_batch = epoch, start_batch
+        self._take_rest(epoch, start_batch, rest)
 
     def _delivered(self, batches: Iterator) -> Iterator:
         """This pass's ``batches`` as the step gets them, traced where ``trace`` is set."""

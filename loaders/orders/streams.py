@@ -3,12 +3,13 @@ are cut into ``W`` *pieces* of whole batches interleaved in that rhythm: each st
 in order up to the shuffle buffer, by one worker."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..draws import keyed_rng
-from .base import batches_per_epoch, check_rank
+from .base import Order, batches_per_epoch
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -46,45 +47,43 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle: a uniform pick of the ``buffer`` each time it is full."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
-    for index in indices:
+    for i, index in enumerate(indices):
         held.append(index)
-        if len(held) >= buffer:
+        while held and (len(held) >= buffer or i == len(indices) - 1):  # the last: all drawn
             k = int(next(picks) * len(held))
             held[k], held[-1] = held[-1], held[k]
             out.append(held.pop())
-    while held:
-        k = int(next(picks) * len(held))
-        held[k], held[-1] = held[-1], held[k]
-        out.append(held.pop())
     return out
 
 
-class StreamTrainOrder:
-    """Training order over shards: per epoch the shards permuted, rank ``r`` taking the ``r``-th
-    segment's whole batches, a piece per worker shuffled through a ``buffer``. ``ValueError``:
-    bad sizes or ranks."""
+@dataclass(eq=False)
+class StreamTrainOrder(Order):
+    """Training order over shards (``counts`` records each): per epoch the shards permuted, rank
+    ``r`` taking the ``r``-th segment's whole batches, a piece per worker shuffled through a
+    ``buffer``. ``ValueError``: bad sizes or ranks."""
 
-    # The order changes with these besides the world size (loaders.orders.positions.Layout).
+    counts: Sequence[int]
+    batch_size: int
+    workers: int
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    buffer: int = 1000
     LAYOUT_KEYS = ("batch_size", "workers")
 
-    def __init__(self, counts: Sequence[int], batch_size: int, workers: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, buffer: int = 1000):
-        check_rank(rank, world_size)
-        if batch_size < 1 or buffer < 1:
-            raise ValueError(f"batch_size and buffer must be >= 1, got {batch_size}, {buffer}")
-        self.counts = np.asarray(counts, dtype=np.int64)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1 or self.buffer < 1:
+            raise ValueError(f"batch_size and buffer must be >= 1, got {self.batch_size}, "
+                             f"{self.buffer}")
+        self.counts = np.asarray(self.counts, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
-        self.batch_size, self.workers = batch_size, max(1, workers)
-        self.rank, self.world_size, self.seed, self.buffer = rank, world_size, seed, buffer
+        self.workers = max(1, self.workers)
         self.num_samples = int(self.counts.sum())
-        self.batches = self.num_samples // world_size // batch_size
+        self.batches = self.num_samples // self.world_size // self.batch_size
 
     def __len__(self) -> int:
         return self.batches * self.batch_size
-
-    def at(self, rank: int, layout) -> "StreamTrainOrder":
-        return StreamTrainOrder(self.counts, layout.batch_size, layout.workers, rank,
-                                layout.world_size, self.seed, self.buffer)
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
@@ -115,17 +114,22 @@ class StreamTrainOrder:
         return _interleave(shuffled, self.batches, self.batch_size)
 
 
-class StreamValOrder:
+@dataclass(eq=False)
+class StreamValOrder(Order):
     """Validation: rank ``r`` of ``R`` reads ``[r*N//R, (r+1)*N//R)``, a piece per worker."""
 
-    def __init__(self, num_samples: int, batch_size: int, workers: int, rank: int = 0,
-                 world_size: int = 1):
-        check_rank(rank, world_size)
-        self.num_samples = num_samples
-        self.lo = rank * num_samples // world_size
-        self.hi = (rank + 1) * num_samples // world_size
-        self.batch_size, self.workers = batch_size, max(1, workers)
-        self.batches = batches_per_epoch(self.hi - self.lo, batch_size, drop_last=False)
+    num_samples: int
+    batch_size: int
+    workers: int
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.lo = self.rank * self.num_samples // self.world_size
+        self.hi = (self.rank + 1) * self.num_samples // self.world_size
+        self.workers = max(1, self.workers)
+        self.batches = batches_per_epoch(self.hi - self.lo, self.batch_size, drop_last=False)
 
     def __len__(self) -> int:
         return self.hi - self.lo

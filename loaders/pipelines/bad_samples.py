@@ -12,7 +12,6 @@ from decode.messages import capture
 from ..errors import DataError
 
 
-
 def report_unreadable(name: str, exc: BaseException) -> None:
     """One stderr line naming a sample that failed to decode, and why."""
     reason = str(exc).splitlines()[0] if str(exc) else ""

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from ..draws import seed_sequence
-from ..orders import Order, ResumableSampler, batches_per_epoch, train_batch_size
+from ..orders import Order, train_batch_size
 from ..orders.positions import PositionedLoader, RestOfEpoch
 from ..readers import Reader
 from ..settings import DistInfo, LoaderSettings
@@ -37,7 +37,7 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 class PassPlan:
     """What every batch of one pass carries to the workers."""
 
-    pass_id: int = 0  # SharedBatches.begin_pass's
+    pass_id: int = 0  # the loader's pass number: slot release tickets, ShardReader.follow
     image_shape: tuple[int, int, int] | None = None  # the slots' (3, H, W); None: as made
     seed_key: tuple[int, int, int, int] | None = None  # seed, epoch, rank, first batch (or None)
     limit: int | None = None  # batches at most (None: all)
@@ -60,18 +60,27 @@ class NumberedBatch(list):
 
 
 class NumberedBatchSampler(Sampler[NumberedBatch]):
-    """``sampler``'s indices in :class:`NumberedBatch` es of ``batch_size`` (the last shorter
-    unless ``drop_last``), at most ``plan.limit``; ``plan`` is taken as a pass starts."""
+    """``order.order(epoch)`` from index ``start`` on, or ``rest`` when set (an epoch dealt anew),
+    in :class:`NumberedBatch` es of ``batch_size`` (the last shorter unless ``drop_last``), at
+    most ``plan.limit``; ``plan`` is taken as a pass starts."""
 
-    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool):
-        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+    def __init__(self, order: Order, batch_size: int, drop_last: bool):
+        self.order, self.batch_size, self.drop_last = order, batch_size, drop_last
+        self.epoch = self.start = 0
+        self.rest: list[int] | None = None
         self.plan = PassPlan()
+
+    def indices(self) -> Iterator[int]:
+        """The pass's dataset indices, in order."""
+        if self.rest is not None:
+            return iter(self.rest)
+        return itertools.islice(iter(self.order.order(self.epoch)), self.start, None)
 
     def __iter__(self) -> Iterator[NumberedBatch]:
         return self._batches(self.plan)  # the plan as the pass starts
 
     def _batches(self, plan: PassPlan) -> Iterator[NumberedBatch]:
-        indices = iter(self.sampler)
+        indices = self.indices()
         for number in itertools.count() if plan.limit is None else range(plan.limit):
             batch = list(itertools.islice(indices, self.batch_size))
             if not batch or (self.drop_last and len(batch) < self.batch_size):
@@ -79,7 +88,7 @@ class NumberedBatchSampler(Sampler[NumberedBatch]):
             yield NumberedBatch(batch, number, plan)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
+        n = len(self.rest) if self.rest is not None else max(0, len(self.order) - self.start)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
@@ -135,7 +144,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
                  train: bool):
         batch_size = train_batch_size(order, settings.batch_size) if train else settings.batch_size
         self.reader, self.train, self.batch_size = reader, train, batch_size
-        self.sampler = ResumableSampler(order)
+        self.sampler = NumberedBatchSampler(order, batch_size, drop_last=train)
         self.position_order = order
         self.classes = list(reader.classes)
         self.device, self.rank = dist.device, dist.rank
@@ -143,12 +152,11 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         self.seed, self.max_bad_share = settings.seed, settings.max_bad_share
         self.max_batches = settings.max_batches(train)
         self.max_crop_size = settings.max_crop_size(train)
-        self.start_batch = self.epoch = 0
-        self._reading, self._pass_numbers = None, itertools.count()  # streamed shards
+        self.workers_configured = settings.workers  # -j, for stage_summary
+        self._reading, self._pass_numbers = None, itertools.count()  # shards. plan, passes
         # Flags made before any worker starts, kept for the loader's lifetime.
         self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
         self.unreadable = self.bad.unreadable
-        self._batches = NumberedBatchSampler(self.sampler, batch_size, drop_last=train)
         # The workers' base seed; augmentations are seeded per batch (PassPlan).
         self._generator = torch.Generator().manual_seed(epoch_seed(self.seed, 0, self.rank))
 
@@ -161,40 +169,33 @@ class ReaderLoader(StagedLoader, DeviceFeed):
     def _dataloader(self, dataset, workers: int, context=None) -> ClosingDataLoader:
         """A DataLoader of ``workers`` processes over ``dataset``'s numbered batches."""
         return ClosingDataLoader(
-            dataset, batch_sampler=self._batches, collate_fn=keep_as_is, num_workers=workers,
+            dataset, batch_sampler=self.sampler, collate_fn=keep_as_is, num_workers=workers,
             generator=self._generator, prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
             multiprocessing_context=context,
             persistent_workers=workers > 0)
 
-    def __len__(self) -> int:
-        total = batches_per_epoch(len(self.sampler.order), self.batch_size, self.train,
-                                  self.max_batches)
-        return max(0, total - self.start_batch)
-
     def set_epoch(self, epoch: int, start_batch: int = 0,
                   rest: RestOfEpoch | None = None) -> None:
-        """``epoch`` from batch ``start_batch`` on; ``rest``: an epoch dealt anew at this
-        layout, whose indices are read instead."""
-        self.sampler.set_epoch(epoch)
-        self.sampler.start = start_batch * self.batch_size
-        self.sampler.rest = self._take_rest(epoch, start_batch, rest)
-        self.start_batch, self.epoch = start_batch, epoch
-        if self.reader.plans_passes:
+        super().set_epoch(epoch, start_batch, rest)
+        self.sampler.epoch, self.sampler.start = epoch, start_batch * self.batch_size
+        self.sampler.rest = self.rest and self.rest.indices
+        if not self.reader.random_access:
             # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None
             self._reading = self.reader.plan_pass(self.sampler.order, epoch,
-                                                  list(self.sampler) if resumed else None)
+                                                  list(self.sampler.indices()) if resumed else None)
 
     def pass_indices(self) -> list[int]:
         """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
-        return list(itertools.islice(self.sampler, len(self) * self.batch_size))
+        return list(itertools.islice(self.sampler.indices(), len(self) * self.batch_size))
 
-    def _plan(self, pass_id: int = 0, image_shape=None) -> PassPlan:
+    def _plan(self, image_shape=None) -> PassPlan:
         """The next pass's :class:`PassPlan`, handed to the batch sampler."""
         seed_key = (self.seed, self.epoch, self.rank, self.start_batch) if self.train else None
-        reading = self._reading and (next(self._pass_numbers), *self._reading)
+        pass_id = next(self._pass_numbers)
+        reading = self._reading and (pass_id, *self._reading)
         plan = PassPlan(pass_id, image_shape, seed_key, len(self), reading)
-        self._batches.plan = plan  # taken by the pass that starts now
+        self.sampler.plan = plan  # taken by the pass that starts now
         return plan
 
     def _check_resolution(self, size: int) -> None:
@@ -208,8 +209,3 @@ class ReaderLoader(StagedLoader, DeviceFeed):
         """After a batch that found ``found`` new unreadable samples: :func:`check_share`."""
         if found:
             check_share(self.unreadable, self.max_bad_share, len(self.reader))
-
-    @property
-    def workers_configured(self) -> int:
-        """This loader's DataLoader workers (``-j``), for ``stage_summary``."""
-        return self.loader.num_workers

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import DataError
-from ..orders import RandomOrder, ShardOrder, batches_per_epoch
+from ..orders import RandomOrder, ShardOrder
 from ..settings import DistInfo, LoaderSettings
 from ..timing.stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
@@ -25,9 +25,9 @@ class SyntheticLoader(StagedLoader, DeviceFeed):
         self.batch_size = batch_size = settings.batch_size
         self.classes = [f"class{i:04d}" for i in range(NUM_CLASSES)]
         # The batch count of a real loader over an epoch of this size (same order lengths).
-        order = (RandomOrder if train else ShardOrder)(num_samples, dist.rank, dist.world_size)
-        self._len = batches_per_epoch(len(order), batch_size, train, settings.max_batches(train))
-        self.position_order, self.rank = order, dist.rank
+        self.position_order = (RandomOrder if train else ShardOrder)(num_samples, dist.rank,
+                                                                    dist.world_size)
+        self.max_batches, self.rank = settings.max_batches(train), dist.rank
         self.train, self.seed, self.device = train, settings.seed + dist.rank, dist.device
         self.channels_last, self.dtype = settings.channels_last, settings.dtype
         gen = torch.Generator().manual_seed(self.seed)
@@ -58,14 +58,6 @@ class SyntheticLoader(StagedLoader, DeviceFeed):
                 self._batches[size] = normalize(pixels, *imagenet_mean_std(),
                                                 self.channels_last).to(self.device, self.dtype)
         return self._batches[size]
-
-    def __len__(self) -> int:
-        return max(0, self._len - self.start_batch)
-
-    def set_epoch(self, epoch: int, start_batch: int = 0, rest=None) -> None:
-        """A resumed epoch (``rest`` too) yields only its batches left."""
-        self.epoch, self.start_batch = epoch, start_batch
-        self._take_rest(epoch, start_batch, rest)
 
     def close(self) -> None:
         """No workers to stop."""

@@ -25,8 +25,9 @@ class Reader:
     :class:`DataError` for a damaged store, ``IndexError`` outside ``0..len-1``."""
 
     classes: Sequence[str]  # class names, index = label
-    random_access = True  # read(i) in any order costs about the same (not streamed shards)
-    plans_passes = False  # streamed shards: plan_pass here, follow in the (kept) workers
+    # read(i) in any order costs about the same; else (streamed shards) each pass is planned by
+    # plan_pass here and taken by follow in the (kept) workers
+    random_access = True
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> Order:
         """This rank's training order: :func:`~loaders.orders.shuffled_order` unless overridden."""

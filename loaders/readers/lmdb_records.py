@@ -27,8 +27,7 @@ class LMDBReader(Reader):
         self.classes = list(meta.classes)
         self.shuffle_seed = meta.shuffle_seed  # None: records sorted by class
         self._len = meta.count
-        self._env = None
-        self._pid = None
+        self._env = self._pid = None  # opened by env() in each process
 
     def __len__(self) -> int:
         return self._len

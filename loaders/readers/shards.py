@@ -34,7 +34,7 @@ class ShardReader(Reader):
         counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
-        self.random_access, self.plans_passes = not self.streaming, self.streaming
+        self.random_access = not self.streaming
         self._order = self._followed = None  # plan_pass's order, the pass follow took
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()

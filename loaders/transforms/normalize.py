@@ -19,10 +19,8 @@ def imagenet_mean_std(device: torch.device | str = "cpu") -> tuple[torch.Tensor,
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
               channels_last: bool = False) -> torch.Tensor:
-    """uint8 ``(N, 3, H, W)`` -> new float32 ``(images - mean) / std`` on the images' device, NCHW
-    or channels-last; ``mean``/``std``: float32 ``(1, 3, 1, 1)`` on the 0-255 scale."""
-    if images.device.type != "cpu":
-        return normalize_into(images, 1 / std, -mean / std, torch.float32, channels_last)
+    """CPU uint8 ``(N, 3, H, W)`` -> new float32 ``(images - mean) / std``, NCHW or channels-last;
+    ``mean``/``std``: float32 ``(1, 3, 1, 1)`` on the 0-255 scale."""
     return normalize_each(images, float_batch(images.shape, images.device, channels_last),
                           mean, std)
 

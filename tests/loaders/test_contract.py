@@ -172,8 +172,8 @@ def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, world_s
     for rank in range(world_size):
         train, val = loaders.build_loaders(loader_settings("lmdb", data=tiny.lmdb, batch_size=2),
                                            DistInfo(rank=rank, world_size=world_size))
-        train_seen.append(list(train.sampler))
-        val_seen.extend(val.sampler)
+        train_seen.append(list(train.sampler.indices()))
+        val_seen.extend(val.sampler.indices())
         assert len(train) == (32 // world_size) // 2  # same batch count on every rank
     flat = [i for shard in train_seen for i in shard]
     assert len(flat) == len(set(flat)) == (32 // world_size) * world_size

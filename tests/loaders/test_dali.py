@@ -42,7 +42,7 @@ def test_training_order_is_the_folder_loaders(tiny):
     for epoch in (0, 5):
         dali_train.set_epoch(epoch)
         folder_train.set_epoch(epoch)
-        assert dali_train.order() == list(folder_train.sampler)
+        assert dali_train.order() == list(folder_train.sampler.indices())
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -63,7 +63,7 @@ def test_lmdb_block_order_reads_the_block_orders_indices(tiny, world_size):
             train.set_epoch(epoch)
             lmdb_train.set_epoch(epoch)
             expected = list(reference.order(epoch))[:len(train) * 4]
-            assert train.order() == expected == list(lmdb_train.sampler)[:len(expected)]
+            assert train.order() == expected == list(lmdb_train.sampler.indices())[:len(expected)]
             yielded = torch.cat([labels for _, labels in train]).tolist()
             assert yielded == [labels_of[i] for i in expected]
         train.set_epoch(3, start_batch=1)  # resumed part-way: the rest of the same order

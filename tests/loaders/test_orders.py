@@ -7,8 +7,8 @@ import loaders
 import main
 from loaders import DistInfo
 import formats.lmdb as codec
-from loaders.orders import (BlockOrder, RandomOrder, ResumableSampler, ShardOrder,
-                            batches_per_epoch)
+from loaders.orders import BlockOrder, RandomOrder, ShardOrder, batches_per_epoch
+from loaders.pipelines.batches import NumberedBatchSampler
 from loaders.readers.lmdb_records import LMDBReader
 from tests.helpers.loading import loader_settings
 from tests.helpers.processes import value_in_another_process
@@ -100,15 +100,17 @@ def test_random_order_is_distributed_samplers_permutation(n, world):
             assert all(type(i) is int for i in got[:3])
 
 
-def test_resumable_sampler_resumes_the_same_order():
+def test_batch_sampler_resumes_the_same_order():
     for inner in (RandomOrder(50, rank=1, world_size=2, seed=3), BlockOrder(50, 4, 2, 1, 2, 3),
                   ShardOrder(50, 1, 2)):
-        sampler = ResumableSampler(inner)
-        sampler.set_epoch(4)
-        full = list(sampler)
-        assert full == list(inner.order(4)) and len(sampler) == len(inner)
+        sampler = NumberedBatchSampler(inner, 4, drop_last=False)
+        sampler.epoch = 4
+        full = list(sampler.indices())
+        assert full == list(inner.order(4)) and len(sampler) == -(-len(inner) // 4)
+        assert [i for batch in sampler for i in batch] == full
         sampler.start = 8
-        assert list(sampler) == full[8:] and len(sampler) == len(full) - 8
+        assert list(sampler.indices()) == full[8:] and len(sampler) == -(-(len(full) - 8) // 4)
+        assert [batch.number for batch in sampler][:2] == [0, 1]
 
 
 def test_batches_per_epoch():
@@ -122,7 +124,7 @@ def test_lmdb_loader_block_order_end_to_end(tiny):
     settings = loader_settings("lmdb", data=tiny.lmdb, lmdb_order="block", lmdb_block_size=4,
                                lmdb_buffer_blocks=2, lmdb_readahead="on")
     train, val = loaders.build_loaders(settings, DistInfo())
-    assert isinstance(train.sampler, ResumableSampler)
+    assert isinstance(train.sampler, NumberedBatchSampler)
     assert isinstance(train.sampler.order, BlockOrder)
     assert train.reader.readahead and len(train) == 32 // 4
     train.set_epoch(1)

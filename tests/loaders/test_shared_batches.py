@@ -12,6 +12,7 @@ import torch
 
 import loaders
 from loaders import DataError, DistInfo
+from loaders.orders import ShardOrder
 from loaders.pipelines import batches as nb
 from loaders.pipelines.bad_samples import BadSamples
 from loaders.pipelines.workers import slots as sb
@@ -21,12 +22,12 @@ from tests.helpers.paths import REPO
 
 
 def test_batches_are_numbered_per_pass():
-    sampler = nb.NumberedBatchSampler(range(10), 4, drop_last=False)
+    sampler = nb.NumberedBatchSampler(ShardOrder(10), 4, drop_last=False)
     batches = list(sampler)
     assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and len(sampler) == 3
     assert [b.number for b in batches] == [0, 1, 2]
-    assert [b.number for b in nb.NumberedBatchSampler(range(10), 4, drop_last=True)] == [0, 1]
-    assert len(nb.NumberedBatchSampler(range(10), 4, drop_last=True)) == 2
+    assert [b.number for b in nb.NumberedBatchSampler(ShardOrder(10), 4, True)] == [0, 1]
+    assert len(nb.NumberedBatchSampler(ShardOrder(10), 4, drop_last=True)) == 2
 
 
 def test_a_worker_waits_until_the_slot_is_released(monkeypatch):

@@ -94,7 +94,7 @@ class DeviceLoader(ReaderLoader):
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader, pool = self._take()
         self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
-        plan = self._plan(pool.begin_pass(), self.image_shape)
+        plan = self._plan(self.image_shape)
         batches = iter(loader)
         filled = self._filled(batches, pool)
         erase = self._eraser()

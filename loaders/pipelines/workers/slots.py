@@ -41,7 +41,6 @@ class SharedBatches:
         self.labels = torch.zeros(slots, batch_size, dtype=torch.int64)
         # released[s]: the ticket of the last batch released from slot s
         self.released = torch.full((slots,), -1, dtype=torch.int64)
-        self.passes = 0  # passes begun (main process)
         self.owner = os.getpid()  # the training process: a worker waits only while it lives
         # Each image's and batch's stage figures, written with the pixels (loaders.timing.stages).
         self.stage_images = torch.zeros(slots, batch_size * stages.IMAGE_COLUMNS,
@@ -73,11 +72,6 @@ class SharedBatches:
             images = memory.view(self.slots, self.batch_size, channels, height, width)
         self.images = images
         self.image_shape = tuple(image_shape)
-
-    def begin_pass(self) -> int:
-        """Main-process side: the number of a new pass (batch numbers from 0 again)."""
-        self.passes += 1
-        return self.passes - 1
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
         """Worker side: batch ``number``'s slot once free. Raises :class:`DataError` after
