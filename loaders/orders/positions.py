@@ -90,9 +90,10 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
 
 
 class PositionedLoader:
-    """Every loader's base: it sets ``position_order``, ``batch_size`` and ``rank``, reads the
-    indices of :meth:`_take_rest`, yields passes through :meth:`_delivered` and erases by
-    :meth:`_eraser` after normalising; ``build_loaders`` sets ``erasing`` and ``trace``."""
+    """Every loader's base: it sets ``position_order``, ``batch_size``, ``rank``, ``train`` and
+    ``max_batches``, reads :attr:`rest_indices` where set, yields passes through
+    :meth:`_delivered` and erases by :meth:`_eraser` after normalising; ``build_loaders`` sets
+    ``erasing`` and ``trace``."""
 
     rest: RestOfEpoch | None = None
     erasing = None
@@ -109,8 +110,13 @@ class PositionedLoader:
                   rest: RestOfEpoch | None = None) -> None:
         """``epoch`` from batch ``start_batch`` on; ``rest``: an epoch dealt anew at this
         layout, whose indices are read instead."""
-        self.epoch, self.start_batch = epoch, start_batch
-        self._take_rest(epoch, start_batch, rest)
+        fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
+        self.epoch, self.start_batch, self.rest = epoch, start_batch, rest if fits else None
+
+    @property
+    def rest_indices(self) -> list[int] | None:
+        """The indices of the pass dealt anew (:attr:`rest`), or None: the order's."""
+        return None if self.rest is None else self.rest.indices
 
     def _delivered(self, batches: Iterator) -> Iterator:
         """This pass's ``batches`` as the step gets them, traced where ``trace`` is set."""
@@ -147,12 +153,6 @@ class PositionedLoader:
     def position(self, epoch: int, batch: int) -> dict:
         """:func:`position_record` before batch ``batch`` of ``epoch``."""
         return position_record(self.position_order, self.layout, self.rest, epoch, batch)
-
-    def _take_rest(self, epoch: int, start_batch: int, rest: RestOfEpoch | None):
-        """Keep ``rest`` if planned for ``(epoch, start_batch)``; its indices, or None."""
-        fits = rest is not None and (rest.epoch, rest.start_batch) == (epoch, start_batch)
-        self.rest = rest if fits else None
-        return rest.indices if fits else None
 
 
 class SampleTrace:

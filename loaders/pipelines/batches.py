@@ -178,7 +178,7 @@ class ReaderLoader(StagedLoader, DeviceFeed):
                   rest: RestOfEpoch | None = None) -> None:
         super().set_epoch(epoch, start_batch, rest)
         self.sampler.epoch, self.sampler.start = epoch, start_batch * self.batch_size
-        self.sampler.rest = self.rest and self.rest.indices
+        self.sampler.rest = self.rest_indices
         if not self.reader.random_access:
             # A pass dealt anew reads local shards at random (streams refuse it: engine.position)
             resumed = start_batch and self.sampler.rest is None

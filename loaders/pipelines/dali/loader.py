@@ -15,7 +15,7 @@ from decode.acceptance import check
 from decode.messages import capture
 
 from ...errors import AcceleratorError, DataError
-from ...orders import Order, batches_per_epoch, train_batch_size
+from ...orders import Order, train_batch_size
 from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
@@ -50,7 +50,7 @@ class DALILoader(StagedLoader, DeviceFeed):
         batch_size = settings.batch_size
         self.batch_size = train_batch_size(order, batch_size) if opts.train else batch_size
         self.sample_order = self.position_order = order
-        self.max_batches, self._rest = settings.max_batches(opts.train), None
+        self.train, self.max_batches = opts.train, settings.max_batches(opts.train)
         self.opts, self.classes, self.device = opts, list(reader.classes), dist.device
         self.reader = reader
         self.max_bad_share, self.seed, self.rank = settings.max_bad_share, settings.seed, dist.rank
@@ -68,18 +68,11 @@ class DALILoader(StagedLoader, DeviceFeed):
             self.stage_log = StageLog(names, "training thread (DALI's output)", rated=False,
                                       readers_name="feed threads")
 
-    def __len__(self) -> int:
-        """The batches of the epoch on this rank from ``start_batch`` on."""
-        total = batches_per_epoch(len(self.sample_order), self.batch_size, self.opts.train,
-                                  self.max_batches)
-        return max(0, total - self.start_batch)
-
     def set_epoch(self, epoch: int, start_batch: int = 0, rest: RestOfEpoch | None = None) -> None:
         """The next pass: ``epoch`` from batch ``start_batch`` (``rest``: dealt anew), after the
         heap's freed pages are handed back (else memory grows by epoch)."""
         release_freed_memory()
-        self.epoch, self.start_batch = epoch, start_batch
-        self._rest = self._take_rest(epoch, start_batch, rest)
+        super().set_epoch(epoch, start_batch, rest)
 
     @property
     def resolution(self) -> int:
@@ -98,8 +91,8 @@ class DALILoader(StagedLoader, DeviceFeed):
         """Dataset indices the next pass yields: the epoch order's :meth:`__len__` batches from
         ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
         count, first = len(self) * self.batch_size, self.start_batch * self.batch_size
-        if self._rest is not None:
-            return self._rest[:count]
+        if self.rest_indices is not None:
+            return self.rest_indices[:count]
         return list(self.sample_order.order(self.epoch))[first:first + count]
 
     pass_indices = order
