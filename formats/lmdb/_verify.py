@@ -16,6 +16,7 @@ from ._codec import (CHECKSUMS_KEY, META_KEY, RAW_VERSION, LMDBFormatError, deco
                      decode_record, last_record_index, open_readonly, read_meta, record_checksum,
                      record_key)
 
+
 def verify(db: str, dataset: str | None = None, workers: int = 8, chunk: int = 256,
            split: str | None = None) -> Verification:
     """Check the database ``db``: metadata, records ``0..count-1`` and nothing else, each record's

@@ -17,6 +17,7 @@ from formats.sources import read_source
 from ._codec import (IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
                      ShardIndex, idx_name, idx_text, read_idx, source_keys)
 
+
 def sha256_file(path: str) -> str:
     """Hex SHA-256 of the file at ``path``. Raises ``OSError``."""
     with open(path, "rb") as f:

@@ -129,8 +129,9 @@ class Check:
         self.done = {r["name"]: r for r in read_json(self.rows_path) or []}
         self.runner = Runner(s.out, s.budget, s.dry_run)
         self.site = os.path.join(s.out, "site")  # one prefix: DALI's beside nvImageCodec's
-        if packages_folder(self.site):
-            self.runner.add_path(packages_folder(self.site))
+        site = packages_folder(self.site)
+        if site:
+            self.runner.add_path(site)
         self.interrupted, self.started, self.report = False, time.time(), None
 
     data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))

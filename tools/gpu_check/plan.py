@@ -11,7 +11,6 @@ import pathlib
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from types import SimpleNamespace
 
 from .rows import measure, probes
 from .rows.measure import GPU, GPU_HOST, jobs, steady_sizes, workers_count
@@ -145,7 +144,6 @@ class Row:
         if self.compiled:
             return 150.0 if self.model == "resnet50" else 100.0
         return PROCESS_START + self.cuda_start + self.gpu_batch_seconds()
-
 
 
 def all_rows() -> list[Row]:

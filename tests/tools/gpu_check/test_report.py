@@ -77,6 +77,7 @@ def test_the_target_caps_a_training_share_by_the_loader_alone():
             row("lmdb-jall", 4469.7, "loader-lmdb-jall"), alone("loader-folder", 2859.6),
             alone("loader-folder-jless", 4600.0),  # bounds no row: does not count
             alone("loader-lmdb-jall", 2933.6)]
+
     def target(rows, dry_run=False):
         by = {r["name"]: r for r in rows}
         return gpu_report.target({r["name"]: gpu_report.share_of(by, r) for r in rows

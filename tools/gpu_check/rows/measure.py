@@ -4,7 +4,6 @@ ready (:func:`ready_batches`): the loader, not a queue filled while cuDNN tuned.
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import pathlib
