@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from torchvision.transforms import v2
 
 from ...draws import keyed_rng
 from ...errors import DataError
@@ -73,8 +72,8 @@ class DaliAugment:
                     slots.append((name, int(rng.integers(self.bins))
                                   if self.policy == "ta_wide" else self.ra_magnitude))
             else:
-                for name, probability, bin_ in self._sub_policies[
-                        int(rng.integers(len(self._sub_policies)))]:
+                policies = self.torch_policy.policies  # torchvision's 25 sub-policies
+                for name, probability, bin_ in policies[int(rng.integers(len(policies)))]:
                     kept = rng.random() <= probability
                     slots.append((name, bin_ or 0) if kept else ("Identity", 0))
             out.append(np.array([[names.index(name), bin_,
@@ -85,11 +84,6 @@ class DaliAugment:
     @property
     def _space(self) -> dict:
         return {"ta_wide": TA_WIDE_SPACE, "ra": RA_SPACE}.get(self.policy, AA_SPACE)
-
-    @cached_property
-    def _sub_policies(self) -> list:
-        """torchvision's 25 sub-policies of this AutoAugment policy (``_get_policies``)."""
-        return v2.AutoAugment(v2.AutoAugmentPolicy(self.policy))._policies
 
     def graph(self, images, draws):
         """DALI graph: uint8 HWC ``images`` (one square size) through the ops drawn in ``draws``
