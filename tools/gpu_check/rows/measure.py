@@ -284,8 +284,7 @@ def memory_row(ctx, row, timeout: float) -> dict:
         "-j", s.workers, *s.sizes, *s.accel], timeout)
     if rec["status"] != "passed":
         return rec
-    rec["host_rss_mib"] = [r.get("host_rss_mib") for r in records]
-    rec["device_memory_mib"] = [r.get("device_memory_mib") for r in records]
+    rec.update({k: [r.get(k) for r in records] for k in ("host_rss_mib", "device_memory_mib")})
     device = [m for m in rec["device_memory_mib"] if m is not None]
     if len(device) >= 2 and device[-1] > 1.05 * device[0]:
         return fail(rec, f"device memory grew from {device[0]:.0f} to {device[-1]:.0f} MiB "
