@@ -87,9 +87,8 @@ TABLE = [
     ("train-resnet18-folder", 7, "train", "folder", "all", {"bound": "loader-folder"}),
     ("train-resnet18-lmdb-jall", 7, "train", "lmdb", "all", {"bound": "loader-lmdb-jall"}),
     ("train-resnet18-dali", 7, "train", "dali", "all", {"bound": "loader-dali"}),
-    ("train-resnet18-dali-lmdb", 7, "train", DL, "all", {"bound": "loader-dali-lmdb"}),
-    ("train-resnet18-dali-lmdb-160px", 7, "train", DL, "all",
-     {"bound": "loader-dali-lmdb-160px"}),
+    ("train-resnet18-dali-lmdb{x}", 7, "train", DL, "all",
+     {"each": PX, "bound": "loader-dali-lmdb{x}"}),
     ("train-resnet18-synthetic-compile", 7, "train", "synthetic", "all", {}),
     ("train-resnet18-best-compile", 7, "train", "best", "all", {}),
 ]
