@@ -1,8 +1,6 @@
 """Check and measure the GPU path on a GPU host, most important rows first (docs/gpu-check.md).
 Every row of :mod:`.plan`, or what fits a time budget, or one step of an offline bundle: the
 set-up once, then each row guarded, the report rewritten after every row."""
-from __future__ import annotations
-
 import argparse
 import glob
 import json

@@ -3,8 +3,6 @@ expected seconds on a GPU host, by which a time budget decides what fits. Groups
 1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the CPU loaders at
 every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``, DALI's memory),
 7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
-from __future__ import annotations
-
 import glob
 import os
 import pathlib

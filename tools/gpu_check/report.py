@@ -1,8 +1,6 @@
 """The check's one report: the rows judged (shares of synthetic, the targets, what is not
 proven, the exit status), ``report.json`` and ``report.md``, archived with the logs after
 every row. Speeds are images/s; ratios are fractions."""
-from __future__ import annotations
-
 import glob
 import json
 import os

@@ -2,8 +2,6 @@
 ``sample/train/<class>/*`` (``sample/val`` a link to it), ``wheels/`` (lmdb, pytest,
 nvImageCodec, nvJPEG and their dependencies for CPython ``--python-version`` on manylinux
 x86_64), ``wheels-dali/`` (DALI for CUDA ``--cuda``), less numpy; ``--step-size``: in steps."""
-from __future__ import annotations
-
 import argparse
 import importlib.metadata
 import itertools

@@ -3,8 +3,6 @@ a copy of the repository, each step's folder copied in, ``python -m tools.gpu_ch
 --step N`` in order with one state folder. It proves each step's bytes within its size and its
 seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`), step 1 with rows 1-4 and no
 DALI file, one archive per step, no failed row, every judged share <= 100%."""
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -7,8 +7,6 @@ that a part lost or damaged on the way is one line naming it, never a broken ins
 host, the wheels its Python lacks are installed by pip into one prefix whose packages folder
 goes first on every command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that
 DALI's libraries find them by their relative run paths."""
-from __future__ import annotations
-
 import glob
 import hashlib
 import json

@@ -1,8 +1,6 @@
 """The measuring rows (main.py training, a loader alone, pytest, NCCL, DALI's memory), their
 data and outputs read back. A row times after a warm-up past every batch its pipeline can hold
 ready (:func:`ready_batches`): the loader, not a queue filled while cuDNN tuned."""
-from __future__ import annotations
-
 import glob
 import math
 import os

@@ -1,8 +1,6 @@
 """The probes, each a process of its own (the check holds no CUDA context): the host's facts,
 both GPU decoders (dry: their CPU backends, proving this code, not a GPU), the decoder that did
 a batch-decode row's work, the GPU-over-CPU ratio of a one-worker pair."""
-from __future__ import annotations
-
 import ctypes
 import importlib
 import os
