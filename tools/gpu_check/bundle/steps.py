@@ -1,12 +1,10 @@
-"""The offline bundle on its way to the host and there. Its steps (``make gpu-bundle
-STEP_SIZE=64M``), each fitting with the repository's files one transfer of that size:
-``BUNDLE/steps/N`` (hard links) and its ``STEP.json``; step 1 holds ``wheels/`` and the sample,
-all rows 1-4 need and nothing of DALI, the later ones DALI's wheels (first fit) and its ~190 MiB
-wheel in parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest, so
-that a part lost or damaged on the way is one line naming it, never a broken install. On the
-host, the wheels its Python lacks are installed by pip into one prefix whose packages folder
-goes first on every command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that
-DALI's libraries find them by their relative run paths."""
+"""The offline bundle on its way to the host and there: its steps (``make gpu-bundle
+STEP_SIZE=64M``), ``BUNDLE/steps/N`` (hard links) and its ``STEP.json``, each fitting with the
+repository's files one transfer of that size; DALI's ~190 MiB wheel in parts ``NAME.partNN``
+with a ``sha256sum``-format manifest, so that a part lost or damaged on the way is one line
+naming it, never a broken install. On the host, the wheels its Python lacks are installed by
+pip into one prefix whose packages folder goes first on every command's ``PYTHONPATH``: DALI
+beside nvImageCodec and nvJPEG, so that DALI's libraries find them by their run paths."""
 import glob
 import hashlib
 import json
@@ -215,9 +213,9 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install",
     joined, records = join_parts(parts, os.path.join(os.path.dirname(site), "wheels-joined")) \
         if parts else ([], [])
     wheels = wheels + joined
-    dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
-    cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
-    wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
+    # importing torch takes seconds: only for a DALI wheel
+    cuda = torch_cuda() if any(DALI_WHEEL.match(dist_name(w)) for w in wheels) else None
+    wrong = {w: why for w in wheels if (why := dali_wheel_mismatch(w, cuda))}
     records += [skipped("dali-wheel", why) for why in wrong.values()]
     wanted = [w for w in wheels if w not in wrong]
     fields = {"reason": "nothing missing", "installed": [],

@@ -151,12 +151,11 @@ def jobs(spec: str, s, machine: dict) -> str:
 
 
 def main_row(ctx, row, limit: float) -> dict | None:
-    """A ``train`` row (a main.py training epoch, read by :func:`read_speed`) or an ``alone``
-    one (``main.py --benchmark-data``: its JSON line, the ``stages_*`` figures as ``stages``),
-    sized by :func:`steady_sizes`, its decoder checked (:func:`.probes.on_gpu`) or named; failed
-    off the GPU unless dry. A ``best`` row trains from the model's fastest loader at 224 px
-    (None where not worth it: ``--compile`` gained <= 5% on synthetic data, or that loader has
-    its own 160 px row)."""
+    """A ``train`` row (a main.py training epoch) or an ``alone`` one (``main.py
+    --benchmark-data``), sized by :func:`steady_sizes`, read by :func:`figures`, its decoder
+    checked (:func:`.probes.on_gpu`) or named; failed off the GPU unless dry. A ``best`` row
+    trains from the model's fastest loader at 224 px (None where not worth it: ``--compile``
+    gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
     s, machine, loader, train = ctx.s, ctx.machine, row.loader, row.kind == "train"
     workers = jobs(row.workers, s, machine)
     if row.compiled and s.dry_run:
