@@ -141,13 +141,12 @@ def run_main(runner: Runner, s, name: str, args: list[str],
 
 
 def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
-    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
-    if spec == "all":
-        return s.workers
-    if spec == "less":
-        return "1" if s.dry_run else str(max(1, (machine.get("cpu_cores") or 2) - 1))
-    return s.workers if s.dry_run and spec != "1" else spec
+    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one; a number is
+    itself. Dry, loading in-process: ``1`` for ``less`` and ``1``, else ``s.workers``."""
+    if s.dry_run:
+        return "1" if spec in ("less", "1") else s.workers
+    cores = machine.get("cpu_cores") or 2
+    return {"all": s.workers, "less": str(max(1, cores - 1))}.get(spec, spec)
 
 
 def main_row(ctx, row, limit: float) -> dict | None:
