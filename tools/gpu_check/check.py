@@ -133,12 +133,7 @@ class Check:
         self.interrupted, self.started, self.report = False, time.time(), None
 
     data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))
-
-    @property
-    def machine(self) -> dict:
-        """The host's facts (:func:`.report.machine_of`), ``hardware_windows`` of its probe."""
-        return {**report.machine_of(self.done), "hardware_windows": self.done.get(
-            "gpu-decode-hardware", {}).get("window")}
+    machine = property(lambda self: report.machine_of(self.done))
 
     def run(self) -> None:
         """The set-up (the rest only after a data row, and on a GPU), then every row that fits

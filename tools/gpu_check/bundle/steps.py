@@ -58,8 +58,7 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
                          "a larger --step-size")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
     dali = os.path.join(out, DALI_WHEELS)
-    names = sorted(n for n in os.listdir(dali) if n.endswith(".whl")) \
-        if os.path.isdir(dali) else []
+    names = sorted(n for n in os.listdir(dali) if n.endswith(".whl")) if os.path.isdir(dali) else []
     big = [n for n in names if os.path.getsize(os.path.join(dali, n)) > room // 2]
     steps = [first + ["sample"], [os.path.join("parts", MANIFEST)] if big else []]
     lefts = [0, room - MANIFEST_ROOM]  # step 1 is full

@@ -201,7 +201,7 @@ def main_row(ctx, row, limit: float) -> dict | None:
     if best:
         rec["speedup"] = report.ratio(rec, best)
     if decode:
-        rec = on_gpu(ctx.runner, s, machine, rec)
+        rec = on_gpu(ctx, rec)
     if loader.startswith("dali"):
         rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec

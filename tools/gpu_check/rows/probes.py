@@ -166,11 +166,12 @@ if device == 'mixed':
 """ + _TAIL
 
 
-def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
+def on_gpu(ctx, rec: dict) -> dict:
     """``rec`` (a ``--decode-device`` row) with ``cpu_fallbacks`` and ``decoder``, from
-    main.py's ``device:`` line and the host's ``hardware_windows``: nvImageCodec hardware /
-    CUDA / CPU (dry), torchvision nvJPEG, CPU. Failed unless nvImageCodec decoded on the GPU
-    (not judged dry), or when a sample went to the CPU."""
+    main.py's ``device:`` line and whether the hardware decoder takes windows (its probe's
+    ``window``): nvImageCodec hardware / CUDA / CPU (dry), torchvision nvJPEG, CPU. Failed unless
+    nvImageCodec decoded on the GPU (not judged dry), or when a sample went to the CPU."""
+    runner, windows = ctx.runner, ctx.done.get("gpu-decode-hardware", {}).get("window")
     err = runner.text(rec["name"], "err")
     rec["cpu_fallbacks"] = sum(map(int, re.findall(r"note: (\d+) samples decoded on the CPU", err)))
     line = next((x for x in runner.text(rec["name"]).splitlines() if x.startswith("device:")), "")
@@ -184,11 +185,11 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
         rec["decoder"] = "torchvision nvJPEG" if on_cuda else "CPU"
     elif not on_cuda:
         rec["decoder"] = "nvImageCodec CPU"
-    elif machine.get("hardware_windows") and load and float(load.group(1)) > 0:
+    elif windows and load and float(load.group(1)) > 0:
         rec["decoder"] = "nvImageCodec hardware"
     else:
         rec["decoder"] = "nvImageCodec CUDA"
-    if not s.dry_run and not rec["decoder"].startswith("nvImageCodec"):
+    if not ctx.s.dry_run and not rec["decoder"].startswith("nvImageCodec"):
         return fail(rec, f"decoded by {rec['decoder']}, not nvImageCodec on the GPU: "
                          f"{line[:200]!r}")
     if rec["cpu_fallbacks"]:
@@ -226,9 +227,9 @@ def probe(ctx, row, timeout: float) -> dict:
 
 
 def hardware(ctx, row, timeout: float) -> dict:
-    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (the check's
-    ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
-    this row. Skipped dry."""
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (as
+    :func:`on_gpu` names the decoder), a process of its own: a JPEG engine unreachable fails
+    only this row. Skipped dry."""
     if ctx.s.dry_run:
         return skipped(row.name, "dry run: no JPEG engine on the CPU")
     rec, result = _json_row(ctx.runner, row.name, [
