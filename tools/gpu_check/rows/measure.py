@@ -248,8 +248,7 @@ def nccl_row(ctx, row, timeout: float) -> dict:
     runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped(row.name, data.reason)
-    world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
-    backend = "gloo" if s.dry_run else "nccl"
+    world, backend = (2, "gloo") if s.dry_run else (max(ctx.machine.get("gpu_count", 1), 1), "nccl")
     rec, records = run_main(runner, s, row.name, [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
         "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
