@@ -1,5 +1,3 @@
-import sys
-
 from .check import main_cli
 
-sys.exit(main_cli())
+raise SystemExit(main_cli())

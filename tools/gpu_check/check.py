@@ -1,8 +1,6 @@
 """Check and measure the GPU path on a GPU host, most important rows first (docs/gpu-check.md).
 Every row of :mod:`.plan`, or what fits a time budget, or one step of an offline bundle: the
 set-up once, then each row guarded, the report rewritten after every row."""
-from __future__ import annotations
-
 import argparse
 import glob
 import json
@@ -135,12 +133,7 @@ class Check:
         self.interrupted, self.started, self.report = False, time.time(), None
 
     data = property(lambda self: SimpleNamespace(**self.done["data"]["paths"]))
-
-    @property
-    def machine(self) -> dict:
-        """The host's facts (:func:`.report.machine_of`), ``hardware_windows`` of its probe."""
-        return {**report.machine_of(self.done), "hardware_windows": self.done.get(
-            "gpu-decode-hardware", {}).get("window")}
+    machine = property(lambda self: report.machine_of(self.done))
 
     def run(self) -> None:
         """The set-up (the rest only after a data row, and on a GPU), then every row that fits
@@ -225,8 +218,7 @@ class Check:
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its
         GPU row again (``gpu_over_cpu``)."""
-        earlier = self.done.get(row.name)
-        if earlier and not earlier.get("left_out"):
+        if not self.done.get(row.name, {"left_out": True}).get("left_out"):
             return
         if row.expect > self.runner.left():
             self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "

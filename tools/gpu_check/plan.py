@@ -3,8 +3,6 @@ expected seconds on a GPU host, by which a time budget decides what fits. Groups
 1 decode probes, 2 synthetic denominators, 3 ``--decode-device cuda``, 4 the CPU loaders at
 every core and one less, 5 DALI, 6 extras (GPU tests, NCCL, ``--compile``, DALI's memory),
 7 sweeps, other loaders, ResNet-18; a bundle's step 1 runs 1-4."""
-from __future__ import annotations
-
 import glob
 import os
 import pathlib
@@ -35,10 +33,10 @@ PAIRS = {"loader-dali-cpu-j1": ("loader-dali-mixed-j1", "GPU decode only {ratio:
                                      "decode?")}
 PX = ("", "-160px")  # a 224 px row and a 160 px one
 GD, DL = "gpudecode-lmdb", "dali-lmdb"
-# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name, bound
-# and extra flags stands for each of ``each``; ``pytest-*`` for each GPU-marked test file. A name
-# says its model (resnet18), 160 px and ``--compile``; a ``plain`` row names its box (s), its
-# expected seconds on one H100 host and what it runs.
+# Every row in priority order: name, group, kind, loader, -j, options. ``{x}`` in a name,
+# loader, -j, bound and extra flags stands for each of ``each``; ``pytest-*`` for each
+# GPU-marked test file. A name says its model (resnet18), 160 px and ``--compile``; a ``plain``
+# row names its box (s), its expected seconds on one H100 host and what it runs.
 TABLE = [
     ("gpu-decode-probe", 1, "plain", None, None, {"plain": (120, 12, probes.probe)}),
     ("gpu-decode-hardware", 1, "plain", None, None, {"plain": (60, 5, probes.hardware)}),
@@ -59,8 +57,7 @@ TABLE = [
      {"bound": "loader-dali-lmdb-160px"}),
     ("pytest-*", 6, "plain", None, None, {"plain": (600, 120, measure.pytest_piece)}),
     ("distributed", 6, "plain", None, None, {"plain": (240, 40, measure.nccl_row)}),
-    ("train-resnet50-synthetic-compile", 6, "train", "synthetic", "all", {}),
-    ("train-resnet50-best-compile", 6, "train", "best", "all", {}),
+    ("train-resnet50-{x}-compile", 6, "train", "{x}", "all", {"each": ("synthetic", "best")}),
     ("dali-memory", 6, "plain", DL, None, {"plain": (300, 60, measure.memory_row)}),
     ("loader-gpudecode-cuda-j1", 7, "alone", GD, "1", {}),
     ("loader-gpudecode-cpu-j1", 7, "alone", "lmdb", "1", {}),
@@ -74,8 +71,8 @@ TABLE = [
     ("loader-folder", 7, "alone", "folder", "all", {}),
     ("loader-folder-jless", 7, "alone", "folder", "less", {}),
     ("loader-dali", 7, "alone", "dali", "all", {}),
-    ("train-resnet50-folder", 7, "train", "folder", "all", {"bound": "loader-folder"}),
-    ("train-resnet50-dali", 7, "train", "dali", "all", {"bound": "loader-dali"}),
+    ("train-resnet50-{x}", 7, "train", "{x}", "all", {"each": ("folder", "dali"),
+                                                     "bound": "loader-{x}"}),
     ("loader-dali-hw{x}", 7, "alone", DL, "all", {"each": ("0.65", "0.9", "1.0"),
      "extra": ("--dali-hw-decoder-load", "{x}"), "gpu_only": True}),
     ("loader-dali-j{x}", 7, "alone", DL, "{x}", {"each": ("2", "4", "8", "15"),
@@ -87,11 +84,9 @@ TABLE = [
     ("train-resnet18-folder", 7, "train", "folder", "all", {"bound": "loader-folder"}),
     ("train-resnet18-lmdb-jall", 7, "train", "lmdb", "all", {"bound": "loader-lmdb-jall"}),
     ("train-resnet18-dali", 7, "train", "dali", "all", {"bound": "loader-dali"}),
-    ("train-resnet18-dali-lmdb", 7, "train", DL, "all", {"bound": "loader-dali-lmdb"}),
-    ("train-resnet18-dali-lmdb-160px", 7, "train", DL, "all",
-     {"bound": "loader-dali-lmdb-160px"}),
-    ("train-resnet18-synthetic-compile", 7, "train", "synthetic", "all", {}),
-    ("train-resnet18-best-compile", 7, "train", "best", "all", {}),
+    ("train-resnet18-dali-lmdb{x}", 7, "train", DL, "all",
+     {"each": PX, "bound": "loader-dali-lmdb{x}"}),
+    ("train-resnet18-{x}-compile", 7, "train", "{x}", "all", {"each": ("synthetic", "best")}),
 ]
 
 
@@ -160,7 +155,7 @@ def all_rows() -> list[Row]:
             continue
         for x in opts.get("each", ("",)):
             sub = lambda text: text and text.replace("{x}", x)  # noqa: E731
-            rows.append(Row(sub(name), group, kind, loader, sub(workers), sub(opts.get(
+            rows.append(Row(sub(name), group, kind, sub(loader), sub(workers), sub(opts.get(
                 "bound")), tuple(map(sub, opts.get("extra", ()))), opts.get("gpu_only", False),
                             opts.get("plain", ())))
     return rows

@@ -1,10 +1,7 @@
 """The check's one report: the rows judged (shares of synthetic, the targets, what is not
 proven, the exit status), ``report.json`` and ``report.md``, archived with the logs after
 every row. Speeds are images/s; ratios are fractions."""
-from __future__ import annotations
-
 import glob
-import io
 import json
 import os
 import tarfile
@@ -158,12 +155,11 @@ def write(s, rows: list[dict], archive: str, interrupted: bool = False) -> dict:
         + glob.glob(os.path.join(out, "runs", "*", "metrics.jsonl")))]
     with tarfile.open(archive + ".partial", "w:gz") as tar:
         for name in [n for n in names if os.path.isfile(os.path.join(out, n))]:
+            info = tar.gettarinfo(os.path.join(out, name), os.path.join("gpu-check", name))
             with open(os.path.join(out, name), "rb") as f:
-                f.seek(max(0, os.path.getsize(f.name) - LOG_BYTES))
-                data = f.read()
-            info = tarfile.TarInfo(os.path.join("gpu-check", name))
-            info.size, info.mtime = len(data), int(os.path.getmtime(f.name))
-            tar.addfile(info, io.BytesIO(data))
+                f.seek(max(0, info.size - LOG_BYTES))
+                info.size = min(info.size, LOG_BYTES)
+                tar.addfile(info, f)
     os.replace(archive + ".partial", archive)
     return report
 

@@ -2,8 +2,6 @@
 record: ``name``, ``command``, ``status`` (passed / failed / timed out / skipped: a check
 slower than its limit proves nothing either way), ``reason`` unless passed, ``seconds`` (wall),
 ``cpu_seconds`` (of the process tree), ``returncode``, unless passed the output's tails."""
-from __future__ import annotations
-
 import json
 import os
 import pathlib

@@ -2,8 +2,6 @@
 ``sample/train/<class>/*`` (``sample/val`` a link to it), ``wheels/`` (lmdb, pytest,
 nvImageCodec, nvJPEG and their dependencies for CPython ``--python-version`` on manylinux
 x86_64), ``wheels-dali/`` (DALI for CUDA ``--cuda``), less numpy; ``--step-size``: in steps."""
-from __future__ import annotations
-
 import argparse
 import importlib.metadata
 import itertools
@@ -131,10 +129,9 @@ def build(args) -> int:
                            *wanted]).returncode != 0:
             print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
             return 1
-        have = {dist_name(n) for n in os.listdir(wheels)} if folder != wheels else set()
-        for name in os.listdir(folder):
-            if dist_name(name) in ALREADY_THERE or dist_name(name) in have:
-                os.remove(os.path.join(folder, name))
+        have = {dist_name(n) for n in os.listdir(wheels) if folder != wheels} | set(ALREADY_THERE)
+        for name in [n for n in os.listdir(folder) if dist_name(n) in have]:
+            os.remove(os.path.join(folder, name))
     dali_dir = os.path.join(out, DALI_WHEELS)
     dali_mib = folder_bytes(dali_dir) / 2**20 if os.path.isdir(dali_dir) else 0
     print(f"gpu-bundle: {out}: {folder_bytes(wheels) / 2**20:.0f} MiB of wheels "

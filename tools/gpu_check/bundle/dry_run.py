@@ -3,8 +3,6 @@ a copy of the repository, each step's folder copied in, ``python -m tools.gpu_ch
 --step N`` in order with one state folder. It proves each step's bytes within its size and its
 seconds (here, and on an H100 host: :func:`.plan.gpu_seconds`), step 1 with rows 1-4 and no
 DALI file, one archive per step, no failed row, every judged share <= 100%."""
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -92,12 +90,11 @@ def run_step(runner: Runner, bundle: str, number: int | None, rows: list[str] | 
     return {"step": number, "steps": info.get("steps", 1), "returncode": rec["returncode"],
             "bytes": repository_bytes(REPO) + folder_bytes(src) if number else None,
             "size": info.get("size"), "files": (info.get("files") or [[]])[(number or 1) - 1],
-            "seconds": rec["seconds"],
+            "seconds": rec["seconds"], "command": rec["command"],
             "gpu_seconds": round(5.0 + sum(r.get("gpu_seconds") or 0 for r in mine), 1),
             "rows": [(r["name"], r["group"], r["status"]) for r in mine],
             "archive": archive if os.path.isfile(archive) else None,
-            "logs": [runner.log(rec["name"], stream) for stream in ("out", "err")],
-            "command": rec["command"]}
+            "logs": [runner.log(rec["name"], stream) for stream in ("out", "err")]}
 
 
 def judge(results: list[dict], report: dict, rows: list[str] | None) -> list[str]:

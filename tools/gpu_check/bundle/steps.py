@@ -1,14 +1,10 @@
-"""The offline bundle on its way to the host and there. Its steps (``make gpu-bundle
-STEP_SIZE=64M``), each fitting with the repository's files one transfer of that size:
-``BUNDLE/steps/N`` (hard links) and its ``STEP.json``; step 1 holds ``wheels/`` and the sample,
-all rows 1-4 need and nothing of DALI, the later ones DALI's wheels (first fit) and its ~190 MiB
-wheel in parts ``NAME.partNN`` filling the room left, with a ``sha256sum``-format manifest, so
-that a part lost or damaged on the way is one line naming it, never a broken install. On the
-host, the wheels its Python lacks are installed by pip into one prefix whose packages folder
-goes first on every command's ``PYTHONPATH``: DALI beside nvImageCodec and nvJPEG, so that
-DALI's libraries find them by their relative run paths."""
-from __future__ import annotations
-
+"""The offline bundle on its way to the host and there: its steps (``make gpu-bundle
+STEP_SIZE=64M``), ``BUNDLE/steps/N`` (hard links) and its ``STEP.json``, each fitting with the
+repository's files one transfer of that size; DALI's ~190 MiB wheel in parts ``NAME.partNN``
+with a ``sha256sum``-format manifest, so that a part lost or damaged on the way is one line
+naming it, never a broken install. On the host, the wheels its Python lacks are installed by
+pip into one prefix whose packages folder goes first on every command's ``PYTHONPATH``: DALI
+beside nvImageCodec and nvJPEG, so that DALI's libraries find them by their run paths."""
 import glob
 import hashlib
 import json
@@ -50,8 +46,9 @@ def folder_bytes(path: str) -> int:
 
 def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
     """``OUT/steps/1``, ``2``, ..., each at most ``step_bytes`` with ``repo_bytes`` and
-    :data:`MARGIN`; ``{"step", "bytes", "files"}`` of each. Raises :class:`InputError` when
-    step 1 does not fit."""
+    :data:`MARGIN`: step 1 the wheels and the sample, then DALI's small wheels first fit and a
+    wheel over half a step in parts filling the room left, step after step; ``{"step", "bytes",
+    "files"}`` of each. Raises :class:`InputError` when step 1 does not fit."""
     room = step_bytes - MARGIN - repo_bytes
     first = [os.path.join("wheels", n) for n in sorted(os.listdir(os.path.join(out, "wheels")))]
     need = sum(folder_bytes(os.path.join(out, x)) for x in first + ["sample"])
@@ -60,7 +57,30 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
                          f"{repo_bytes / 2**20:.1f}, over --step-size less a 2 MiB margin: "
                          "a larger --step-size")
     shutil.rmtree(os.path.join(out, "steps"), ignore_errors=True)
-    steps = [first + ["sample"]] + dali_steps(out, room)
+    dali = os.path.join(out, DALI_WHEELS)
+    names = sorted(n for n in os.listdir(dali) if n.endswith(".whl")) if os.path.isdir(dali) else []
+    big = [n for n in names if os.path.getsize(os.path.join(dali, n)) > room // 2]
+    steps = [first + ["sample"], [os.path.join("parts", MANIFEST)] if big else []]
+    lefts = [0, room - MANIFEST_ROOM]  # step 1 is full
+
+    def put(rel: str, k: int) -> None:
+        if k == len(steps):
+            steps.append([])
+            lefts.append(room)
+        steps[k].append(rel)
+        lefts[k] -= os.path.getsize(os.path.join(out, rel))
+
+    for name in [n for n in names if n not in big]:
+        size = os.path.getsize(os.path.join(dali, name))
+        put(os.path.join(DALI_WHEELS, name), next((k for k, x in enumerate(lefts) if x >= size),
+                                                  len(lefts)))
+    for name in big:
+        open_steps = [k for k, x in enumerate(lefts) if x >= MIN_PART]
+        parts = split(os.path.join(dali, name), os.path.join(out, "parts"), room,
+                      [lefts[k] for k in open_steps])
+        for n, part in enumerate(parts):
+            put(os.path.relpath(part, out), open_steps[n] if n < len(open_steps) else len(steps))
+    steps = steps if names else steps[:1]
     folders = [os.path.join(out, "steps", str(n)) for n in range(1, len(steps) + 1)]
     for folder, files in zip(folders, steps):
         for rel in files:
@@ -74,35 +94,6 @@ def lay_out_steps(out: str, repo_bytes: int, step_bytes: int) -> list[dict]:
                        "size": step_bytes, "bytes": sizes, "files": steps}, f)
     return [{"step": n, "files": files, "bytes": b}
             for n, (files, b) in enumerate(zip(steps, sizes), 1)]
-
-
-def dali_steps(out: str, room: int) -> list[list[str]]:
-    """The files of the steps after the first: DALI's small wheels first fit, a wheel over
-    half a step cut into parts filling the room left, step after step."""
-    folder = os.path.join(out, DALI_WHEELS)
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".whl")) \
-        if os.path.isdir(folder) else []
-    big = [n for n in names if os.path.getsize(os.path.join(folder, n)) > room // 2]
-    steps, lefts = [[os.path.join("parts", MANIFEST)] if big else []], [room - MANIFEST_ROOM]
-
-    def put(rel: str, k: int) -> None:
-        if k == len(steps):
-            steps.append([])
-            lefts.append(room)
-        steps[k].append(rel)
-        lefts[k] -= os.path.getsize(os.path.join(out, rel))
-
-    for name in [n for n in names if n not in big]:  # first fit: the earliest step with room
-        size = os.path.getsize(os.path.join(folder, name))
-        put(os.path.join(DALI_WHEELS, name), next((k for k, x in enumerate(lefts) if x >= size),
-                                                  len(lefts)))
-    for name in big:  # parts fill each step's room left, in order, then new steps
-        open_steps = [k for k, x in enumerate(lefts) if x >= MIN_PART]
-        parts = split(os.path.join(folder, name), os.path.join(out, "parts"), room,
-                      [lefts[k] for k in open_steps])
-        for n, part in enumerate(parts):
-            put(os.path.relpath(part, out), open_steps[n] if n < len(open_steps) else len(steps))
-    return steps if names else []
 
 
 def link_tree(src: str, dst: str) -> None:
@@ -150,49 +141,42 @@ def split(wheel: str, folder: str, part_bytes: int, first: list[int] = ()) -> li
     return parts
 
 
-def reassemble(folder: str, out: str) -> list[str]:
-    """Each wheel of ``folder/SHA256SUMS`` joined from its parts into ``out`` and checked; the
-    wheels' paths. Raises ``ValueError`` naming a manifest not in sha256sum's format, a part
-    missing or damaged, or a whole that does not match (``OSError``: a manifest not read)."""
-    path = os.path.join(folder, MANIFEST)
-    with open(path) as f:
-        rows = [line.split() for line in f if line.strip()]
-    if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
-        raise ValueError(f"{path}: not a sha256sum listing")
-    manifest = {name.lstrip("*"): digest for digest, name in rows}
-    os.makedirs(out, exist_ok=True)
-    joined = []
-    for wheel in sorted(name for name in manifest if ".part" not in name):
-        parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
-        if not parts:
-            raise ValueError(f"{folder}: no parts of {wheel} in {MANIFEST}")
-        joined.append(os.path.join(out, wheel))
-        with open(joined[-1], "wb") as dst:
-            for path in [os.path.join(folder, part) for part in parts]:
-                if not os.path.isfile(path):
-                    raise ValueError(f"{path}: missing (copy every step's files to the "
-                                     "host before the last step)")
-                if sha256(path) != manifest[os.path.basename(path)]:
-                    raise ValueError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
-                with open(path, "rb") as src:
-                    shutil.copyfileobj(src, dst)
-        if sha256(joined[-1]) != manifest[wheel]:
-            raise ValueError(f"{joined[-1]}: reassembled, but its sha256 differs from "
-                             f"{MANIFEST}")
-    return joined
-
-
 def join_parts(folder: str, out: str) -> tuple[list[str], list[dict]]:
-    """The wheels cut into parts in ``folder`` reassembled and checked into ``out``, and the
-    ``parts`` record (failed names a missing or damaged part); ([], []) without a manifest."""
-    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+    """Each wheel of ``folder/SHA256SUMS`` joined from its parts into ``out`` and checked: the
+    wheels' paths and the ``parts`` record, failed naming a manifest not read or not in
+    sha256sum's format, a part missing or damaged, or a whole that does not match; ([], [])
+    without a manifest."""
+    path, joined = os.path.join(folder, MANIFEST), []
+    if not os.path.isfile(path):
         return [], []
     try:
-        wheels = reassemble(folder, out)
-        return wheels, [{"name": "parts", "status": "passed",
-                         "joined": [os.path.basename(w) for w in wheels]}]
+        with open(path) as f:
+            rows = [line.split() for line in f if line.strip()]
+        if any(len(row) != 2 or len(row[0]) != 64 for row in rows):
+            raise ValueError(f"{path}: not a sha256sum listing")
+        manifest = {name.lstrip("*"): digest for digest, name in rows}
+        os.makedirs(out, exist_ok=True)
+        for wheel in sorted(name for name in manifest if ".part" not in name):
+            parts = sorted(n for n in manifest if n.startswith(wheel + ".part"))
+            if not parts:
+                raise ValueError(f"{folder}: no parts of {wheel} in {MANIFEST}")
+            joined.append(os.path.join(out, wheel))
+            with open(joined[-1], "wb") as dst:
+                for path in [os.path.join(folder, part) for part in parts]:
+                    if not os.path.isfile(path):
+                        raise ValueError(f"{path}: missing (copy every step's files to the "
+                                         "host before the last step)")
+                    if sha256(path) != manifest[os.path.basename(path)]:
+                        raise ValueError(f"{path}: damaged (its sha256 differs from {MANIFEST})")
+                    with open(path, "rb") as src:
+                        shutil.copyfileobj(src, dst)
+            if sha256(joined[-1]) != manifest[wheel]:
+                raise ValueError(f"{joined[-1]}: reassembled, but its sha256 differs from "
+                                 f"{MANIFEST}")
     except (ValueError, OSError) as exc:
-        return [], [{"name": "parts", "status": "failed", "reason": str(exc)}]
+        return [], [fail({"name": "parts"}, str(exc))]
+    return joined, [{"name": "parts", "status": "passed",
+                     "joined": [os.path.basename(w) for w in joined]}]
 
 
 def dist_name(wheel: str) -> str:
@@ -228,9 +212,9 @@ def install(runner: Runner, wheels: list[str], site: str, name: str = "install",
     joined, records = join_parts(parts, os.path.join(os.path.dirname(site), "wheels-joined")) \
         if parts else ([], [])
     wheels = wheels + joined
-    dali = [w for w in wheels if DALI_WHEEL.match(dist_name(w))]
-    cuda = torch_cuda() if dali else None  # importing torch takes seconds: only when needed
-    wrong = {w: dali_wheel_mismatch(w, cuda) for w in dali if dali_wheel_mismatch(w, cuda)}
+    # importing torch takes seconds: only for a DALI wheel
+    cuda = torch_cuda() if any(DALI_WHEEL.match(dist_name(w)) for w in wheels) else None
+    wrong = {w: why for w in wheels if (why := dali_wheel_mismatch(w, cuda))}
     records += [skipped("dali-wheel", why) for why in wrong.values()]
     wanted = [w for w in wheels if w not in wrong]
     fields = {"reason": "nothing missing", "installed": [],

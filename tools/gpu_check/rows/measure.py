@@ -1,8 +1,6 @@
 """The measuring rows (main.py training, a loader alone, pytest, NCCL, DALI's memory), their
 data and outputs read back. A row times after a warm-up past every batch its pipeline can hold
 ready (:func:`ready_batches`): the loader, not a queue filled while cuDNN tuned."""
-from __future__ import annotations
-
 import glob
 import math
 import os
@@ -143,22 +141,20 @@ def run_main(runner: Runner, s, name: str, args: list[str],
 
 
 def jobs(spec: str, s, machine: dict) -> str:
-    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one (dry: ``1``); a
-    number is itself (dry, loading in-process: ``s.workers``, but ``1``)."""
-    if spec == "all":
-        return s.workers
-    if spec == "less":
-        return "1" if s.dry_run else str(max(1, (machine.get("cpu_cores") or 2) - 1))
-    return s.workers if s.dry_run and spec != "1" else spec
+    """``-j`` of a row: ``all`` is ``s.workers``; ``less`` every core but one; a number is
+    itself. Dry, loading in-process: ``1`` for ``less`` and ``1``, else ``s.workers``."""
+    if s.dry_run:
+        return "1" if spec in ("less", "1") else s.workers
+    cores = machine.get("cpu_cores") or 2
+    return {"all": s.workers, "less": str(max(1, cores - 1))}.get(spec, spec)
 
 
 def main_row(ctx, row, limit: float) -> dict | None:
-    """A ``train`` row (a main.py training epoch, read by :func:`read_speed`) or an ``alone``
-    one (``main.py --benchmark-data``: its JSON line, the ``stages_*`` figures as ``stages``),
-    sized by :func:`steady_sizes`, its decoder checked (:func:`.probes.on_gpu`) or named; failed
-    off the GPU unless dry. A ``best`` row trains from the model's fastest loader at 224 px
-    (None where not worth it: ``--compile`` gained <= 5% on synthetic data, or that loader has
-    its own 160 px row)."""
+    """A ``train`` row (a main.py training epoch) or an ``alone`` one (``main.py
+    --benchmark-data``), sized by :func:`steady_sizes`, read by :func:`figures`, its decoder
+    checked (:func:`.probes.on_gpu`) or named; failed off the GPU unless dry. A ``best`` row
+    trains from the model's fastest loader at 224 px (None where not worth it: ``--compile``
+    gained <= 5% on synthetic data, or that loader has its own 160 px row)."""
     s, machine, loader, train = ctx.s, ctx.machine, row.loader, row.kind == "train"
     workers = jobs(row.workers, s, machine)
     if row.compiled and s.dry_run:
@@ -205,7 +201,7 @@ def main_row(ctx, row, limit: float) -> dict | None:
     if best:
         rec["speedup"] = report.ratio(rec, best)
     if decode:
-        rec = on_gpu(ctx.runner, s, machine, rec)
+        rec = on_gpu(ctx, rec)
     if loader.startswith("dali"):
         rec["decoder"] = "DALI CPU" if "--dali-cpu" in row.extra or s.dry_run else "DALI mixed"
     return rec
@@ -252,8 +248,7 @@ def nccl_row(ctx, row, timeout: float) -> dict:
     runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped(row.name, data.reason)
-    world = 2 if s.dry_run else max(ctx.machine.get("gpu_count", 1), 1)
-    backend = "gloo" if s.dry_run else "nccl"
+    world, backend = (2, "gloo") if s.dry_run else (max(ctx.machine.get("gpu_count", 1), 1), "nccl")
     rec, records = run_main(runner, s, row.name, [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
         "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
@@ -284,8 +279,7 @@ def memory_row(ctx, row, timeout: float) -> dict:
         "-j", s.workers, *s.sizes, *s.accel], timeout)
     if rec["status"] != "passed":
         return rec
-    rec["host_rss_mib"] = [r.get("host_rss_mib") for r in records]
-    rec["device_memory_mib"] = [r.get("device_memory_mib") for r in records]
+    rec.update({k: [r.get(k) for r in records] for k in ("host_rss_mib", "device_memory_mib")})
     device = [m for m in rec["device_memory_mib"] if m is not None]
     if len(device) >= 2 and device[-1] > 1.05 * device[0]:
         return fail(rec, f"device memory grew from {device[0]:.0f} to {device[-1]:.0f} MiB "

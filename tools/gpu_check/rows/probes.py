@@ -1,8 +1,6 @@
 """The probes, each a process of its own (the check holds no CUDA context): the host's facts,
 both GPU decoders (dry: their CPU backends, proving this code, not a GPU), the decoder that did
 a batch-decode row's work, the GPU-over-CPU ratio of a one-worker pair."""
-from __future__ import annotations
-
 import ctypes
 import importlib
 import os
@@ -168,17 +166,15 @@ if device == 'mixed':
 """ + _TAIL
 
 
-def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
+def on_gpu(ctx, rec: dict) -> dict:
     """``rec`` (a ``--decode-device`` row) with ``cpu_fallbacks`` and ``decoder``, from
-    main.py's ``device:`` line and the host's ``hardware_windows``: nvImageCodec hardware /
-    CUDA / CPU (dry), torchvision nvJPEG, CPU. Failed unless nvImageCodec decoded on the GPU
-    (not judged dry), or when a sample went to the CPU."""
-    if rec.get("status") != "passed":
-        return rec
-    out, err = runner.text(rec["name"]), runner.text(rec["name"], "err")
-    rec["cpu_fallbacks"] = sum(int(m) for m in re.findall(r"note: (\d+) samples decoded on the "
-                                                         r"CPU", err))
-    line = next((x for x in out.splitlines() if x.startswith("device:")), "")
+    main.py's ``device:`` line and whether the hardware decoder takes windows (its probe's
+    ``window``): nvImageCodec hardware / CUDA / CPU (dry), torchvision nvJPEG, CPU. Failed unless
+    nvImageCodec decoded on the GPU (not judged dry), or when a sample went to the CPU."""
+    runner, windows = ctx.runner, ctx.done.get("gpu-decode-hardware", {}).get("window")
+    err = runner.text(rec["name"], "err")
+    rec["cpu_fallbacks"] = sum(map(int, re.findall(r"note: (\d+) samples decoded on the CPU", err)))
+    line = next((x for x in runner.text(rec["name"]).splitlines() if x.startswith("device:")), "")
     found = re.search(r"batch windows: (nvImageCodec \S+|torchvision decode_jpeg) on (\S+?)"
                       r"[ ;]", line)
     load = re.search(r"load ([\d.]+)", line)
@@ -189,11 +185,11 @@ def on_gpu(runner: Runner, s, machine: dict, rec: dict) -> dict:
         rec["decoder"] = "torchvision nvJPEG" if on_cuda else "CPU"
     elif not on_cuda:
         rec["decoder"] = "nvImageCodec CPU"
-    elif machine.get("hardware_windows") and load and float(load.group(1)) > 0:
+    elif windows and load and float(load.group(1)) > 0:
         rec["decoder"] = "nvImageCodec hardware"
     else:
         rec["decoder"] = "nvImageCodec CUDA"
-    if not s.dry_run and not rec["decoder"].startswith("nvImageCodec"):
+    if not ctx.s.dry_run and not rec["decoder"].startswith("nvImageCodec"):
         return fail(rec, f"decoded by {rec['decoder']}, not nvImageCodec on the GPU: "
                          f"{line[:200]!r}")
     if rec["cpu_fallbacks"]:
@@ -214,14 +210,12 @@ def _json_row(runner: Runner, name: str, cmd: list[str], timeout: float) -> tupl
 def probe(ctx, row, timeout: float) -> dict:
     """``WindowDecoder("cuda")`` decodes two windows of a sample JPEG (torchvision's too); failed
     if one went to the CPU or host memory, or differs from the CPU's by > PROBE_MAX_DIFF."""
-    s = ctx.s
     rec, result = _json_row(ctx.runner, row.name, [
-        sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if s.dry_run else "cuda"], timeout)
+        sys.executable, "-c", _PROBE, ctx.data.train, "cpu" if ctx.s.dry_run else "cuda"], timeout)
     if not result:
         return rec
     rec.update(result)
-    placed = result["on_device"] if not s.dry_run else 2
-    if placed < 2 or result["fallback"]:
+    if (result["on_device"] < 2 and not ctx.s.dry_run) or result["fallback"]:
         return fail(rec, f"{result['on_device']} of 2 windows decoded into GPU memory, "
                          f"{result['fallback']} sent to the CPU ({result['decoder_line']}"
                          f"{'; ' + result['error'] if result.get('error') else ''}; "
@@ -233,9 +227,9 @@ def probe(ctx, row, timeout: float) -> dict:
 
 
 def hardware(ctx, row, timeout: float) -> dict:
-    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (the check's
-    ``machine["hardware_windows"]``), a process of its own: a JPEG engine unreachable fails only
-    this row. Skipped dry."""
+    """Whether nvImageCodec's hardware decoder takes a whole JPEG and a window (as
+    :func:`on_gpu` names the decoder), a process of its own: a JPEG engine unreachable fails
+    only this row. Skipped dry."""
     if ctx.s.dry_run:
         return skipped(row.name, "dry run: no JPEG engine on the CPU")
     rec, result = _json_row(ctx.runner, row.name, [
@@ -247,17 +241,16 @@ def dali_probe(ctx, row, timeout: float) -> dict:
     """DALI imported first (its libraries must find nvImageCodec's by their run paths) decodes a
     JPEG with the mixed decoder, nvImageCodec's GPU backends into device memory, libnvjpeg mapped
     (without it DALI decodes on the CPU and still "passes"). Dry: DALI's CPU backend."""
-    s = ctx.s
     if not ctx.machine.get("dali"):
         return skipped(row.name, "not installed")
     rec, result = _json_row(ctx.runner, row.name, [
-        sys.executable, "-c", _DALI_PROBE, "cpu" if s.dry_run else "mixed"], timeout)
+        sys.executable, "-c", _DALI_PROBE, "cpu" if ctx.s.dry_run else "mixed"], timeout)
     if not result:
         return rec
     rec.update(result)
     if result["shape"] != [48, 64, 3]:
         return fail(rec, f"decoded to shape {result['shape']}, not [48, 64, 3]")
-    if s.dry_run:
+    if ctx.s.dry_run:
         return rec
     nvjpeg = [p for p in result["libraries"] if "/libnvjpeg." in p]
     if result["output"] != "TensorListGPU" or not result.get("nvimgcodec_gpu") or not nvjpeg:
