@@ -161,7 +161,8 @@ def open_readonly(path: str, readahead: bool | None = None):
 
 def is_open(env) -> bool:
     """True while ``env`` (a handle from :func:`open_readonly`) has not been closed here."""
-    return any(held is env for held, _ in _READONLY.values())
+    with _READONLY_LOCK:  # another thread's open or close would change the dict mid-scan
+        return any(held is env for held, _ in _READONLY.values())
 
 
 def _close_where(inherited: bool, path: str | None = None) -> None:
