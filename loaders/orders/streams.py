@@ -47,13 +47,20 @@ def buffer_shuffle(indices: Sequence[int], buffer: int, rng: np.random.Generator
     """WebDataset's sample shuffle: a uniform pick of the ``buffer`` each time it is full."""
     out, held = [], []
     picks = iter(rng.random(len(indices)).tolist())
-    for i, index in enumerate(indices):
+    for index in indices:
         held.append(index)
-        while held and (len(held) >= buffer or i == len(indices) - 1):  # the last: all drawn
-            k = int(next(picks) * len(held))
-            held[k], held[-1] = held[-1], held[k]
-            out.append(held.pop())
+        if len(held) >= buffer:
+            out.append(_pick(held, picks))
+    while held:  # the stream's end: the rest drawn one by one
+        out.append(_pick(held, picks))
     return out
+
+
+def _pick(held: list[int], picks) -> int:
+    """Remove and return the entry of ``held`` at the next uniform pick."""
+    k = int(next(picks) * len(held))
+    held[k], held[-1] = held[-1], held[k]
+    return held.pop()
 
 
 @dataclass(eq=False)
