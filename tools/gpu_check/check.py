@@ -218,7 +218,8 @@ class Check:
     def row(self, row: plan.Row) -> None:
         """Run ``row`` unless done or longer than the time left; a pair's CPU row judges its
         GPU row again (``gpu_over_cpu``)."""
-        if not self.done.get(row.name, {"left_out": True}).get("left_out"):
+        earlier = self.done.get(row.name)
+        if earlier and not earlier.get("left_out"):
             return
         if row.expect > self.runner.left():
             self.record(skipped(row.name, f"time budget: {row.expect:.0f} s expected, "

@@ -60,6 +60,12 @@ def data_batches(s, machine: dict) -> int:
     return max(sum(steady_sizes(s, "gpudecode", most, alone)) for alone in (False, True)) + 4
 
 
+def nccl_world(s, machine: dict) -> int:
+    """The distributed row's world size (the data is sized for it too): 2 gloo processes in a
+    dry run, else one process per GPU."""
+    return 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+
+
 def list_images(root: str) -> list[tuple[str, str]]:
     """(class, path) of every file in ``root``'s non-hidden class folders."""
     return [(cls, path) for cls in sorted(os.listdir(root)) if not cls.startswith(".")
@@ -72,7 +78,7 @@ def prepare_data(runner: Runner, s, machine: dict, lmdb_timeout: float) -> tuple
     cache: rows measure decoding, not disk), it and val as LMDBs: the records, and the data
     row's ``paths`` (and why not) and ``bytes`` (of the LMDB a GPU host writes: the sample's
     mean image times :func:`data_batches` batches of :data:`GPU`)."""
-    world = 2 if s.dry_run else max(machine.get("gpu_count", 1), 1)
+    world = nccl_world(s, machine)
     copies = math.ceil(max(data_batches(s, machine), 2 * world + 2) * s.batch / len(s.images))
     root = os.path.join(s.out, "data")
     shutil.rmtree(root, ignore_errors=True)
@@ -248,7 +254,7 @@ def nccl_row(ctx, row, timeout: float) -> dict:
     runner, s, data = ctx.runner, ctx.s, ctx.data
     if data.reason:
         return skipped(row.name, data.reason)
-    world, backend = (2, "gloo") if s.dry_run else (max(ctx.machine.get("gpu_count", 1), 1), "nccl")
+    world, backend = nccl_world(s, ctx.machine), "gloo" if s.dry_run else "nccl"
     rec, records = run_main(runner, s, row.name, [
         "--multiprocessing-distributed", "-a", "resnet18", "--amp", "--channels-last",
         "--train", data.train, "--val", data.val, "-b", str(s.batch * world), "--epochs", "1",
