@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from loaders.transforms.normalize import (BatchMemory, float_batch, imagenet_mean_std, normalize,
-                                         normalize_each)
+                                          normalize_each)
 
 
 def reference(images):
