@@ -2,8 +2,8 @@
 on the CPU or on the device after the uint8 batch reached it (as timm's PrefetchLoader)."""
 from __future__ import annotations
 
-import sys
 import threading
+import weakref
 from typing import Iterable
 
 import numpy as np
@@ -24,27 +24,31 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
               channels_last: bool = False, memory: BatchMemory | None = None) -> torch.Tensor:
     """CPU uint8 ``(N, 3, H, W)`` -> float32 ``(images - mean) / std``, NCHW or channels-last, in
     new memory or ``memory``'s; ``mean``/``std``: float32 ``(1, 3, 1, 1)`` on the 0-255 scale."""
-    out = (float_batch(images.shape, images.device, channels_last) if memory is None
-           else memory.empty(images.shape, channels_last))
+    out = float_batch(images.shape, images.device, channels_last, memory=memory)
     return normalize_each(images, out, mean, std)
 
 
 def float_batch(shape, device: torch.device, channels_last: bool = False,
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialised ``(N, 3, H, W)`` batch of ``dtype``, NCHW or channels-last."""
+                dtype: torch.dtype = torch.float32,
+                memory: BatchMemory | None = None) -> torch.Tensor:
+    """An uninitialised ``(N, 3, H, W)`` batch of ``dtype``, NCHW or channels-last; on the CPU in
+    ``memory``'s buffers if given, else in new memory."""
+    if memory is not None and torch.device(device).type == "cpu":
+        return memory.empty(shape, channels_last, dtype)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
 
 
 class BatchMemory:
-    """CPU batches in memory used again once nothing holds it. A batch in new memory is faulted in
-    page by page: 64 images at 224 px (38.5 MB of float32, past glibc's 32 MB ceiling for
-    reusing freed memory) are normalised in 17 ms into new memory, 2.2 ms into used memory (one
-    core), and on a 2-core host the main process's time is the workers' time lost."""
+    """CPU batches in memory used again once nothing holds it. glibc gives a batch new pages each
+    time, faulted in one by one even with ``decode.retain_freed_memory``'s thresholds: 64 images
+    at 224 px (38.5 MB of float32) are normalised in 13.8 ms into new memory (9,408 page faults),
+    2.2 ms into used memory (one core); on a 2-core host that time is the workers' lost."""
 
     def __init__(self, keep: int = 3):
         self.keep = keep  # buffers at most (a consumer holds one or two batches as it steps)
-        self._buffers: list[np.ndarray] = []  # uint8, each the bytes of one batch or more
+        # [uint8 buffer, weak reference to the array a tensor's storage holds, or None]
+        self._buffers: list[list] = []
         self._lock = threading.Lock()  # feed threads may ask at once
 
     def empty(self, shape, channels_last: bool = False,
@@ -54,25 +58,21 @@ class BatchMemory:
         n, c, h, w = shape
         size = n * c * h * w * dtype.itemsize
         with self._lock:
-            buffer = self._free(size)
-            if buffer is None:
+            entry = next((entry for entry in self._buffers if entry[0].nbytes >= size
+                          and (entry[1] is None or entry[1]() is None)), None)
+            if entry is None:
                 if len(self._buffers) >= self.keep:
                     return float_batch(shape, torch.device("cpu"), channels_last, dtype)
-                buffer = np.empty(size, np.uint8)
-                self._buffers.append(buffer)
-            # the tensor's storage holds ``buffer`` (through the slice) until no view is left
-            flat = torch.from_numpy(buffer[:size]).view(dtype)
+                entry = [np.empty(size, np.uint8), None]
+                self._buffers.append(entry)
+            # The tensor's storage (every view of it) holds ``part``: the buffer is free again
+            # once ``part`` is gone.
+            part = entry[0][:size]
+            entry[1] = weakref.ref(part)
+            flat = torch.from_numpy(part).view(dtype)
         if channels_last:
             return flat.view(n, h, w, c).permute(0, 3, 1, 2)
         return flat.view(n, c, h, w)
-
-    def _free(self, size: int) -> np.ndarray | None:
-        """A kept buffer of at least ``size`` bytes that no tensor uses, else None."""
-        for index in range(len(self._buffers)):
-            # 2 references: the list's and getrefcount's argument; a tensor adds its own
-            if sys.getrefcount(self._buffers[index]) == 2 and self._buffers[index].nbytes >= size:
-                return self._buffers[index]
-        return None
 
     def clear(self) -> None:
         """Let the kept buffers go (those in use live on in their tensors)."""
@@ -102,7 +102,5 @@ def normalize_into(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tenso
     """uint8 ``(N, 3, H, W)`` -> ``dtype`` ``images * scale + shift`` in one pass (float32
     ``(1, 3, 1, 1)`` ``1/std``, ``-mean/std``: within 2.4e-7 of ``(images - mean) / std``), in
     new memory or, on the CPU, ``memory``'s."""
-    out = (float_batch(images.shape, images.device, channels_last, dtype)
-           if memory is None or images.device.type != "cpu"
-           else memory.empty(images.shape, channels_last, dtype))
+    out = float_batch(images.shape, images.device, channels_last, dtype, memory)
     return torch.addcmul(shift, images, scale, out=out)

@@ -176,9 +176,8 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
             yield out
 
     # Each crop is normalised straight after its resize, while it is in cache.
-    shape = (len(images), 3, size, size)
-    out = (float_batch(shape, torch.device("cpu"), opts.channels_last) if memory is None
-           else memory.empty(shape, opts.channels_last))
+    out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last,
+                      memory=memory)
     with torch.random.fork_rng(devices=[], enabled=policy is not None):
         if policy is not None:
             torch.default_generator.manual_seed(augment_seed)
