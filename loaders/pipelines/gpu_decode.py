@@ -22,7 +22,7 @@ from ..settings import DistInfo, LoaderSettings
 from ..timing import stages
 from ..timing.stages import no_clock, thread_cpu
 from ..transforms import TrainTransform, center_crop_plan
-from ..transforms.normalize import BatchMemory, imagenet_mean_std, normalize_into
+from ..transforms.normalize import imagenet_mean_std, normalize_into
 from .ahead import RunAhead, one_ahead
 from .bad_samples import BadSamples, report_damaged, report_unreadable
 from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
@@ -110,7 +110,6 @@ class BatchDecodeLoader(ReaderLoader):
         self.crop_size = settings.crop_size(train)
         mean, std = imagenet_mean_std(self.device)
         self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
-        self.memory = BatchMemory(keep=5)  # CPU batches: two ahead, two held, one to spare
         workers = settings.workers  # the clock goes to the workers, the log stays here
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
@@ -136,7 +135,6 @@ class BatchDecodeLoader(ReaderLoader):
         self.loader.close()  # first: a decode thread waiting on a stuck worker then ends
         for unfinished in list(self._passes):
             unfinished.close()
-        self.memory.clear()
         self.loader = self._dataloader(self._dataset, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -222,8 +220,7 @@ class BatchDecodeLoader(ReaderLoader):
                 where = to_device(flips.nonzero().flatten(), self.device)
                 images[where] = images[where].flip(-1)
             flipped = clock()
-            images = normalize_into(images, self.scale, self.shift, self.dtype, self.channels_last,
-                                    self.memory)
+            images = normalize_into(images, self.scale, self.shift, self.dtype, self.channels_last)
             if erase is not None:
                 images = erase(images, item["number"])
             labels = to_device(labels, self.device)

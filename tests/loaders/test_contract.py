@@ -59,7 +59,7 @@ def check_contract(train, val, num_classes: int) -> None:
     assert train.classes == val.classes == [f"n{c:08d}" for c in range(num_classes)]
     assert isinstance(train, loaders.Loader) and isinstance(val, loaders.Loader)
     for loader, images_total in ((train, 32), (val, 16)):
-        batches = list(loader)  # all held at once: no batch's memory is used again meanwhile
+        batches = list(loader)
         assert len(batches) == len(loader) == images_total // 4  # exact len()
         for images, labels in batches:
             assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)

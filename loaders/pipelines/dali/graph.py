@@ -12,8 +12,8 @@ from decode import resize
 
 from ...timing.stages import no_clock
 from ...transforms import resize_center_crop
-from ...transforms.normalize import (IMAGENET_MEAN, IMAGENET_STD, BatchMemory, float_batch,
-                                     imagenet_mean_std, normalize_each)
+from ...transforms.normalize import (IMAGENET_MEAN, IMAGENET_STD, float_batch, imagenet_mean_std,
+                                     normalize_each)
 
 _MEAN_255, _STD_255 = imagenet_mean_std()
 _INTERP = {"nearest": "INTERP_NN", "bicubic": "INTERP_CUBIC"}  # --interpolation -> DALI's
@@ -143,13 +143,11 @@ def window_mismatch(outputs) -> tuple[int, str] | None:
 
 
 def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
-                  seconds: dict | None = None,
-                  memory: BatchMemory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  seconds: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CPU-only outputs -> normalised float32 ``(N, 3, crop, crop)`` images and int64 ``(N,)``
     labels by the other pipelines' torch resize and normalisation (training: ``opts.augment``'s
     torch policy seeded with ``augment_seed``). ``seconds`` gets the wall seconds of ``"resize"``,
-    ``"augment"`` (flips and policy) and ``"copy"`` (the rest); the images in ``memory``'s
-    buffers if given, else new memory."""
+    ``"augment"`` (flips and policy) and ``"copy"`` (the rest)."""
     clock = time.perf_counter if seconds is not None else no_clock
     started = clock()
     spent = {"resize": 0.0, "augment": 0.0}
@@ -176,8 +174,7 @@ def finish_on_cpu(outputs, opts: GraphOptions, augment_seed: int | None = None,
             yield out
 
     # Each crop is normalised straight after its resize, while it is in cache.
-    out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last,
-                      memory=memory)
+    out = float_batch((len(images), 3, size, size), torch.device("cpu"), opts.channels_last)
     with torch.random.fork_rng(devices=[], enabled=policy is not None):
         if policy is not None:
             torch.default_generator.manual_seed(augment_seed)

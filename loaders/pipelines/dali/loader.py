@@ -21,7 +21,6 @@ from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.stages import StagedLoader, StageLog, thread_cpu
-from ...transforms.normalize import BatchMemory
 from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
                            report_unreadable)
 from ..ahead import JOIN_S
@@ -64,7 +63,6 @@ class DALILoader(StagedLoader, DeviceFeed):
         self.max_pixels = settings.max_image_pixels
         self._accepted = AcceptedReads(reader, self.unreadable, self.max_pixels)
         self.stage_log = self._waited = None
-        self._memory = BatchMemory()  # finish_on_cpu's batches
         if opts.train and stages.enabled():  # torch resizes and flips CPU-only (graph.py)
             names = ("read", "window") + (() if opts.cuda else ("resize", "augment"))
             self.stage_log = StageLog(names, "training thread (DALI's output)", rated=False,
@@ -207,7 +205,6 @@ class DALILoader(StagedLoader, DeviceFeed):
     def close(self) -> None:
         """Free the pipelines, stop their feeds (each given ``ahead.JOIN_S``); idempotent."""
         self._drop_pipelines(JOIN_S)
-        self._memory.clear()
 
     def _drop_pipelines(self, wait_s: float | None = None) -> None:
         for feed in self._feeds:
@@ -249,7 +246,7 @@ class DALILoader(StagedLoader, DeviceFeed):
             started, cpu = time.perf_counter(), thread_cpu()
         if not opts.cuda:
             seed = batch_seed(self.seed, self.epoch, self.rank, batch)
-            images, labels = finish_on_cpu(outputs, opts, seed, timing, self._memory)
+            images, labels = finish_on_cpu(outputs, opts, seed, timing)
         else:
             copy_started = time.perf_counter()
             with torch.cuda.device(self.device):

@@ -11,7 +11,7 @@ from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...transforms import split_transform
-from ...transforms.normalize import BatchMemory, imagenet_mean_std, normalize
+from ...transforms.normalize import imagenet_mean_std, normalize
 from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
@@ -38,7 +38,6 @@ class DeviceLoader(ReaderLoader):
         self._idle: tuple[ClosingDataLoader, SharedBatches | None] | None = (self.loader, None)
         self._feeder = None  # CudaFeeder, made at the first pass on CUDA
         self._locked = False  # whether the current slots are page-locked
-        self._memory = BatchMemory()  # the CPU's normalised batches
         self.set_epoch(0)
 
     @property
@@ -64,7 +63,6 @@ class DeviceLoader(ReaderLoader):
             loader.close()
         self.loader = self._fresh_dataloader()
         self._idle = (self.loader, None)
-        self._memory.clear()
 
     def _fresh_dataloader(self) -> ClosingDataLoader:
         """A DataLoader like ``self.loader`` (its workers and start method), none started."""
@@ -121,8 +119,8 @@ class DeviceLoader(ReaderLoader):
         for number, slot, count in filled:
             copy_started = time.perf_counter()
             images, labels = pool.batch(slot, count)
-            # Out of the slot, which a later batch refills once it is released.
-            images = normalize(images, self.mean, self.std, self.channels_last, self._memory)
+            # New memory: the slot is refilled by a later batch once released.
+            images = normalize(images, self.mean, self.std, self.channels_last)
             if erase is not None:
                 images = erase(images, number)
             labels = labels.clone()
