@@ -129,7 +129,9 @@ def build(args) -> int:
                            *wanted]).returncode != 0:
             print("gpu-bundle: pip download failed (see above)", file=sys.stderr)
             return 1
-        have = {dist_name(n) for n in os.listdir(wheels) if folder != wheels} | set(ALREADY_THERE)
+        # DALI's folder drops what wheels/ already holds; both drop what the host has
+        have = set(ALREADY_THERE) | ({dist_name(n) for n in os.listdir(wheels)}
+                                     if folder != wheels else set())
         for name in [n for n in os.listdir(folder) if dist_name(n) in have]:
             os.remove(os.path.join(folder, name))
     dali_dir = os.path.join(out, DALI_WHEELS)
