@@ -66,11 +66,10 @@ class RunAhead:
 
 def one_ahead(items: Iterator) -> Iterator:
     """``items``, each yielded once the next one is made (one batch ahead, on this thread)."""
-    ahead = _END
     try:
+        ahead = next(items, _END)
         for item in items:
-            if ahead is not _END:
-                yield ahead
+            yield ahead
             ahead = item
         if ahead is not _END:
             yield ahead
