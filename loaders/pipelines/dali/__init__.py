@@ -20,8 +20,6 @@ from .augment import DaliAugment
 from .graph import GraphOptions
 from .loader import DALILoader
 
-__all__ = ["DALILoader", "build_loaders", "require"]
-
 # hw_decoder_load (the hardware JPEG decoder's share; GPUs without one ignore it) on an A100: the
 # one per-GPU figure NVIDIA published (quoted in NVIDIA/DALI#5362), elsewhere DALI 2.4's default:
 # https://developer.nvidia.com/blog/loading-data-fast-with-dali-and-new-jpeg-decoder-in-a100/
