@@ -53,11 +53,10 @@ class CudaFeeder:
     H, W)`` images ``(x - mean) / std`` (float32 ``(1, 3, 1, 1)``, 0-255) and int64 labels on
     ``device``, a slot released once copied or staged. ``timing``: a ``StageLog``, or None."""
 
-    timing = None
-
     def __init__(self, device: torch.device, dtype: torch.dtype, channels_last: bool,
-                 mean: torch.Tensor, std: torch.Tensor):
+                 mean: torch.Tensor, std: torch.Tensor, timing=None):
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
+        self.timing = timing
         self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
         self.stream = torch.cuda.Stream(device)
         # the side stream must not read scale/shift before the current stream wrote them

@@ -102,8 +102,7 @@ class DeviceLoader(ReaderLoader):
             if self.device.type == "cuda":
                 if self._feeder is None:
                     self._feeder = CudaFeeder(self.device, self.dtype, self.channels_last,
-                                              self.mean, self.std)
-                    self._feeder.timing = self.stage_log
+                                              self.mean, self.std, self.stage_log)
                 yield from self._feeder.batches(pool, filled, self._locked, plan.pass_id, erase)
             else:
                 yield from self._normalized(pool, filled, plan.pass_id, erase)
