@@ -4,7 +4,7 @@
 
 # name -> module, imported only when chosen: one's heavy dependency never slows the others
 PIPELINES = {
-    "workers": "loaders.pipelines.workers",
+    "workers": "loaders.pipelines.workers.loader",
     "gpu_decode": "loaders.pipelines.gpu_decode",
     "dali": "loaders.pipelines.dali",
     "synthetic": "loaders.pipelines.synthetic",

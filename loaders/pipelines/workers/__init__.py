@@ -1,4 +1,1 @@
-"""The DataLoader-workers pipeline (``--decode-device cpu``)."""
-from __future__ import annotations
-
-from .loader import DeviceLoader, build_loaders
+"""The DataLoader-workers pipeline (``--decode-device cpu``): :mod:`.loader`."""
