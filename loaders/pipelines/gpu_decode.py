@@ -91,10 +91,6 @@ class WindowBatches(SampleBatches):
         return out
 
 
-# Workers read and draw windows; the decode thread decodes, resizes and flips ("augment")
-STAGES = ("read", "window", "decode", "resize", "augment")
-
-
 class BatchDecodeLoader(ReaderLoader):
     """A :class:`ReaderLoader` whose workers read the bytes and draw the windows
     (:class:`WindowBatches`), and whose ``decoder`` decodes, resizes, flips and normalises each
@@ -113,7 +109,9 @@ class BatchDecodeLoader(ReaderLoader):
         workers = settings.workers  # the clock goes to the workers, the log stays here
         clock = stages.StageClock() if train and stages.enabled() else None
         side = "decode thread" if workers > 0 else "training thread's decode"  # -j 0: no thread
-        self.stage_log = stages.StageLog(STAGES, side) if clock else None
+        # workers read and draw windows; the decode thread decodes, resizes and flips ("augment")
+        names = ("read", "window", "decode", "resize", "augment")
+        self.stage_log = stages.StageLog(names, side) if clock else None
         val_sizes = None if train else (settings.val_resize_size, settings.val_crop_size)
         self._dataset = WindowBatches(reader, val_sizes, self.bad, clock, settings.max_image_pixels)
         self.loader = self._dataloader(self._dataset, workers)
