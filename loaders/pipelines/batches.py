@@ -1,6 +1,6 @@
 """What the pipelines share: batches numbered per pass, seeded by (seed, epoch, rank, batch)
-whichever worker draws them (:class:`NumberedBatchSampler`), the loaders' base
-(``DeviceFeed``: positions, erasing) and :class:`ReaderLoader`, a loader's decoding-free part."""
+whichever worker draws them (:class:`NumberedBatchSampler`), and :class:`ReaderLoader`, a
+loader's decoding-free part."""
 from __future__ import annotations
 
 import itertools
@@ -110,19 +110,15 @@ class SampleBatches(Dataset):
         if batch.plan.reading is not None:  # a kept worker learns each pass's reading plan
             self.reader.follow(batch.plan.reading)
         seed = batch.plan.seed(batch.number)
-        if seed is None:
-            return self._batch(batch)
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.default_generator.manual_seed(seed)
             return self._batch(batch)
 
 
 def keep_as_is(batch):
     """``collate_fn`` for a dataset whose ``__getitems__`` already made the batch."""
     return batch
-
-
-DeviceFeed = PositionedLoader  # every loader's base: its place in the epoch, tracing, erasing
 
 
 def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.device) -> tuple:
@@ -136,7 +132,7 @@ def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.devic
     return tensors
 
 
-class ReaderLoader(StagedLoader, DeviceFeed):
+class ReaderLoader(StagedLoader, PositionedLoader):
     """One split of ``reader`` in ``order``, read by a DataLoader (``self.loader``, a subclass's)
     of :class:`NumberedBatch` es. Raises :class:`DataError` for an empty training order."""
 

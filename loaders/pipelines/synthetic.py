@@ -8,17 +8,17 @@ import torch
 
 from ..errors import DataError
 from ..orders import RandomOrder, ShardOrder
+from ..orders.positions import PositionedLoader
 from ..settings import DistInfo, LoaderSettings
 from ..timing.stages import StagedLoader
 from ..transforms.normalize import imagenet_mean_std, normalize
-from .batches import DeviceFeed
 
 TRAIN_IMAGES = 1_281_167  # ImageNet-1k train split
 VAL_IMAGES = 50_000
 NUM_CLASSES = 1000
 
 
-class SyntheticLoader(StagedLoader, DeviceFeed):
+class SyntheticLoader(StagedLoader, PositionedLoader):
     """A real loader's batch count over ``num_samples`` images, each the same normalised noise."""
 
     def __init__(self, num_samples: int, settings: LoaderSettings, dist: DistInfo, train: bool):

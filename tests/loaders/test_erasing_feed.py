@@ -1,7 +1,7 @@
-"""``--random-erase`` in each pipeline's device feed (``loaders.pipelines.batches.DeviceFeed``):
-every training batch a pipeline yields is its unerased batch erased by ``RandomErasing`` with the
-draws of (seed, epoch, rank, batch), a resumed epoch's batches numbered from its start; on a GPU
-(``gpu`` tests) the side stream's erasing equals the CPU's erasing of the same batch."""
+"""``--random-erase`` in each pipeline's device feed (``loaders.orders.positions.PositionedLoader``
+erases): every training batch a pipeline yields is its unerased batch erased by ``RandomErasing``
+with the draws of (seed, epoch, rank, batch), a resumed epoch's batches numbered from its start; on
+a GPU (``gpu`` tests) the side stream's erasing equals the CPU's erasing of the same batch."""
 import dataclasses
 
 import pytest

@@ -16,7 +16,7 @@ from decode.messages import capture
 
 from ...errors import AcceleratorError, DataError
 from ...orders import Order, train_batch_size
-from ...orders.positions import RestOfEpoch
+from ...orders.positions import PositionedLoader, RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
@@ -24,7 +24,7 @@ from ...timing.stages import StagedLoader, StageLog, thread_cpu
 from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
                            report_unreadable)
 from ..ahead import JOIN_S
-from ..batches import DeviceFeed, batch_seed, epoch_seed
+from ..batches import batch_seed, epoch_seed
 from .feed import AcceptedReads, BatchFeed, FeedPass
 from .graph import GraphOptions, finish_on_cpu, pipeline_outputs, window_mismatch
 
@@ -34,7 +34,7 @@ _CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cu
                            r"out of memory", re.IGNORECASE)
 
 
-class DALILoader(StagedLoader, DeviceFeed):
+class DALILoader(StagedLoader, PositionedLoader):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
     ``order``. With CUDA, nvJPEG decodes (``--dali-cpu``: the CPU, as NVIDIA's
     DeepLearningExamples RN50) and the rest runs on the GPU; without, single-threaded CPU
