@@ -4,6 +4,7 @@ waiting for a slot or a stream misses torch's shutdown message, so each is asked
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import time
 import weakref
@@ -59,10 +60,8 @@ def stop_iterators(iterators: list, grace_s: float = STOP_GRACE_S) -> None:
     for iterator in live:
         iterator._workers_done_event.set()
         for queue in iterator._index_queues:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed queue: that worker is gone
                 queue.put(None)  # torch's message to leave the worker loop
-            except (OSError, ValueError):  # a closed queue: that worker is gone
-                pass
     deadline = time.monotonic() + grace_s
     for iterator in live:
         for worker in iterator._workers:
@@ -103,8 +102,6 @@ def kill_workers(workers) -> None:
 
 def stop_all_workers() -> None:
     """Stop, then kill, every worker left of a ClosingDataLoader (``atexit``). Never raises."""
-    try:
+    with contextlib.suppress(Exception):  # a half-closed iterator: its workers are killed below
         stop_iterators(list(_iterators))
-    except Exception:  # noqa: BLE001 - a half-closed iterator: its workers are killed below
-        pass
     kill_workers(list(_workers))

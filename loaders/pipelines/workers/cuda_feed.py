@@ -2,6 +2,7 @@
 ``-b 256``, 224 px), batch ``k + 1`` on a side stream during step ``k`` (timm's)."""
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Iterable, Iterator
 
@@ -42,10 +43,8 @@ def _unregister(pointers: list[int]) -> None:
 def _clear_cuda_error() -> None:
     # A failed cudaHostRegister leaves its error as CUDA's "last error", which torch would
     # report at its next kernel launch check as if that kernel had failed: consume it there.
-    try:
+    with contextlib.suppress(RuntimeError):
         torch.zeros(1, device="cuda").add_(1)
-    except RuntimeError:
-        pass
 
 
 class CudaFeeder:
