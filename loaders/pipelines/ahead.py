@@ -1,6 +1,7 @@
 """Iterators run ahead of their consumer, in a thread or (``-j 0``) on the training thread."""
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Iterator
@@ -25,11 +26,9 @@ class RunAhead:
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self._ready.put(item, timeout=_POLL_S)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _work(self, items: Iterator) -> None:

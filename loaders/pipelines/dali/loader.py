@@ -196,10 +196,9 @@ class DALILoader(StagedLoader, PositionedLoader):
         for pipe in self._pipes:
             try:
                 self._run(pipe)
+                return False
             except StopIteration:
                 pipe.reset()
-                continue
-            return False
         return True
 
     def close(self) -> None:
