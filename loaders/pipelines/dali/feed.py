@@ -168,4 +168,3 @@ class BatchFeed:
             raise RuntimeError(f"DALI feed: batch {batch} prepared, {expected} asked for")
         self._fed.append(item)  # alive until DALI consumed it: it does not copy (no_copy)
         return item
-
