@@ -42,7 +42,7 @@ def test_training_order_is_the_folder_loaders(tiny):
     for epoch in (0, 5):
         dali_train.set_epoch(epoch)
         folder_train.set_epoch(epoch)
-        assert dali_train.order() == list(folder_train.sampler.indices())
+        assert dali_train.pass_indices() == list(folder_train.sampler.indices())
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -63,11 +63,12 @@ def test_lmdb_block_order_reads_the_block_orders_indices(tiny, world_size):
             train.set_epoch(epoch)
             lmdb_train.set_epoch(epoch)
             expected = list(reference.order(epoch))[:len(train) * 4]
-            assert train.order() == expected == list(lmdb_train.sampler.indices())[:len(expected)]
+            assert (train.pass_indices() == expected
+                    == list(lmdb_train.sampler.indices())[:len(expected)])
             yielded = torch.cat([labels for _, labels in train]).tolist()
             assert yielded == [labels_of[i] for i in expected]
         train.set_epoch(3, start_batch=1)  # resumed part-way: the rest of the same order
-        assert train.order() == expected[4:]
+        assert train.pass_indices() == expected[4:]
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -82,12 +83,12 @@ def test_shards_are_disjoint_and_validation_counts_each_image_once(tiny, source,
         train, val = build(tiny, source, DistInfo(rank=rank, world_size=world_size),
                            batch_size=3, workers=workers)
         assert len(train) == (32 // world_size) // 3  # same batch count on every rank
-        train_seen.extend(train.order())
+        train_seen.extend(train.pass_indices())
         batches = list(val)
         assert len(batches) == len(val)
         yielded = torch.cat([labels for _, labels in batches]).tolist()
-        assert yielded == [labels_of[i] for i in val.order()]  # trimmed: no padded sample
-        val_seen.extend(val.order())
+        assert yielded == [labels_of[i] for i in val.pass_indices()]  # trimmed: no padded sample
+        val_seen.extend(val.pass_indices())
     assert len(train_seen) == len(set(train_seen)) == world_size * len(train) * 3
     assert sorted(val_seen) == list(range(16))
 

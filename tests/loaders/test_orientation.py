@@ -74,7 +74,7 @@ def encoded(loader):
 
 
 def order_of(loader) -> list[int]:
-    return loader.order() if hasattr(loader, "order") else list(loader.sampler.indices())
+    return list(loader.sampler.indices()) if hasattr(loader, "sampler") else loader.pass_indices()
 
 
 def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:

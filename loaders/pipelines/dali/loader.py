@@ -87,7 +87,7 @@ class DALILoader(StagedLoader, PositionedLoader):
             raise ValueError(f"set_resolution({size}): expected a positive size")
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
-    def order(self) -> list[int]:
+    def pass_indices(self) -> list[int]:
         """Dataset indices the next pass yields: the epoch order's :meth:`__len__` batches from
         ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
         count, first = len(self) * self.batch_size, self.start_batch * self.batch_size
@@ -95,13 +95,11 @@ class DALILoader(StagedLoader, PositionedLoader):
             return self.rest_indices[:count]
         return list(self.sample_order.order(self.epoch))[first:first + count]
 
-    pass_indices = order
-
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self._delivered(self._pass())
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order, step = self.order(), 0
+        order, step = self.pass_indices(), 0
         unreadable = self.unreadable
         if unreadable.count():  # known-bad samples: their replacements, as when found
             order = [unreadable.next_readable(i) if unreadable.known(i) else i for i in order]
