@@ -108,11 +108,10 @@ class DaliAugment:
         wide = self.policy == "ta_wide"
         shear, rotate, enhance = (0.99, 135, 0.99) if wide else (0.3, 30, 0.9)
         if wide:  # whole pixels, 0..32
-            translate = [a.translate_x_no_shape.augmentation((0, 32), True),
-                         a.translate_y_no_shape.augmentation((0, 32), True)]
+            shifts, most = (a.translate_x_no_shape, a.translate_y_no_shape), 32
         else:  # 150/331 of the side
-            translate = [a.translate_x.augmentation((0, 150 / 331), True),
-                         a.translate_y.augmentation((0, 150 / 331), True)]
+            shifts, most = (a.translate_x, a.translate_y), 150 / 331
+        translate = [shift.augmentation((0, most), True) for shift in shifts]
         ops = {
             "Identity": a.identity, "ShearX": a.shear_x.augmentation((0, shear), True),
             "ShearY": a.shear_y.augmentation((0, shear), True),

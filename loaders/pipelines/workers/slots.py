@@ -47,9 +47,8 @@ class SharedBatches:
                                         dtype=torch.float64)
         self.stage_batches = torch.zeros(slots, stages.BATCH_COLUMNS, dtype=torch.float64)
         if shared:
-            small = (self.labels, self.released, self.stage_images, self.stage_batches)
             try:
-                for tensor in small:
+                for tensor in (self.labels, self.released, self.stage_images, self.stage_batches):
                     tensor.share_memory_()
             except RuntimeError as exc:  # the node's last pages taken since the slots' reservation
                 if not _no_space(exc):
@@ -67,10 +66,9 @@ class SharedBatches:
         memory = self.memory[:, :size]  # each slot's first bytes: no copy, no allocation
         if self.channels_last:
             images = memory.view(self.slots, self.batch_size, height, width, channels)
-            images = images.permute(0, 1, 4, 2, 3)
+            self.images = images.permute(0, 1, 4, 2, 3)
         else:
-            images = memory.view(self.slots, self.batch_size, channels, height, width)
-        self.images = images
+            self.images = memory.view(self.slots, self.batch_size, channels, height, width)
         self.image_shape = tuple(image_shape)
 
     def acquire(self, number: int, pass_id: int = 0) -> int:
