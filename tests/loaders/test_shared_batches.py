@@ -71,7 +71,7 @@ def test_a_transform_of_the_wrong_size_is_named():
         return torch.zeros(3, 9, 8, dtype=torch.uint8)
 
     writer = step.SlotWriter(Reader(), wrong, BadSamples(4), 0)
-    writer.use(sb.SharedBatches(2, 4, (3, 8, 8), shared=False))
+    writer.pool = sb.SharedBatches(2, 4, (3, 8, 8), shared=False)
     with pytest.raises(DataError, match=r"sample 0: .*\(3, 9, 8\), expected uint8 \(3, 8, 8\)"):
         writer.__getitems__(nb.NumberedBatch([0, 1], 0))
 

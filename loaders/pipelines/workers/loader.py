@@ -93,7 +93,7 @@ class DeviceLoader(ReaderLoader):
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader, pool = self._take()
-        self._writer.use(pool)  # workers start (fork, or pickle it) with these slots
+        self._writer.pool = pool  # workers start (fork, or pickle it) with these slots
         plan = self._plan(self.image_shape)
         batches = iter(loader)
         filled = self._filled(batches, pool)

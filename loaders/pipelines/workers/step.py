@@ -16,13 +16,12 @@ from ...timing import stages
 from ...transforms import TrainTransform
 from ..bad_samples import BadSamples
 from ..batches import NumberedBatch, SampleBatches
-from .slots import SharedBatches
 
 
 class SlotWriter(SampleBatches):
     """:class:`SampleBatches` writing ``transform(bytes, frame)`` of each sample (uint8 ``(3, H,
-    W)``) and the labels into the slots given to :meth:`use` (before the workers start: they
-    fork or unpickle with them), a batch giving ``(number, slot, count, found)``, ``found`` the
+    W)``) and the labels into the slots of :attr:`pool` (a ``SharedBatches``, set before the
+    workers start: they fork or unpickle with it), a batch giving ``(number, slot, count, found)``, ``found`` the
     samples newly found unreadable. A new image shape in a batch's plan goes to the slots and a
     training transform's ``size``. Raises :class:`DataError` for an image not uint8 of the
     slots' shape. ``timed`` (a training transform): each image's stages (read, header check and
@@ -34,10 +33,6 @@ class SlotWriter(SampleBatches):
         super().__init__(reader, bad, max_pixels)
         self.transform, self.pool = transform, None
         self.clock = stages.StageClock() if timed else None
-
-    def use(self, pool: SharedBatches) -> None:
-        """Write the next pass's batches into ``pool``'s slots."""
-        self.pool = pool
 
     def sample(self, index: int) -> tuple[torch.Tensor, int]:
         """Sample ``index`` read, checked and transformed: ``(image, label)``."""
@@ -58,7 +53,7 @@ class SlotWriter(SampleBatches):
 
     def __getitems__(self, batch: NumberedBatch) -> tuple[int, int, int, int]:
         if self.pool is None:
-            raise RuntimeError("SlotWriter.use(pool) must be called before iterating")
+            raise RuntimeError("SlotWriter.pool must be set before iterating")
         shape = batch.plan.image_shape
         if shape is not None and tuple(shape) != self.pool.image_shape:
             self.pool.set_shape(shape)
