@@ -20,13 +20,13 @@ from ..batches import NumberedBatch, SampleBatches
 
 class SlotWriter(SampleBatches):
     """:class:`SampleBatches` writing ``transform(bytes, frame)`` of each sample (uint8 ``(3, H,
-    W)``) and the labels into the slots of :attr:`pool` (a ``SharedBatches``, set before the
-    workers start: they fork or unpickle with it), a batch giving ``(number, slot, count, found)``, ``found`` the
-    samples newly found unreadable. A new image shape in a batch's plan goes to the slots and a
-    training transform's ``size``. Raises :class:`DataError` for an image not uint8 of the
-    slots' shape. ``timed`` (a training transform): each image's stages (read, header check and
-    window, decode, resize, flip + policy, slot copy) and each batch's wall and CPU time go into
-    the slot's stage rows beside the pixels."""
+    W)``) and the labels into the slots of :attr:`pool` (a ``SharedBatches``, set before the workers
+    start: they fork or unpickle with it), a batch giving ``(number, slot, count, found)``,
+    ``found`` the samples newly found unreadable. A new image shape in a batch's plan goes to the
+    slots and a training transform's ``size``. Raises :class:`DataError` for an image not uint8 of
+    the slots' shape. ``timed`` (a training transform): each image's stages (read, header check and
+    window, decode, resize, flip + policy, slot copy) and each batch's wall and CPU time go into the
+    slot's stage rows beside the pixels."""
 
     def __init__(self, reader: Reader, transform, bad: BadSamples, max_pixels: int,
                  timed: bool = False):
