@@ -12,11 +12,15 @@ from decode.messages import capture
 from ..errors import DataError
 
 
-def report_unreadable(name: str, exc: BaseException) -> None:
-    """One stderr line naming a sample that failed to decode, and why."""
+def mark_unreadable(unreadable: UnreadableSet, index: int, name_of, exc: BaseException) -> bool:
+    """Flag sample ``index`` in ``unreadable``; the first time, one stderr line naming it
+    (``name_of(index)``) and why it failed to decode, and True."""
+    if not unreadable.mark(index):
+        return False
     reason = str(exc).splitlines()[0] if str(exc) else ""
-    print(f"warning: skipping unreadable sample {name}: {type(exc).__name__}: {reason}",
-          file=sys.stderr, flush=True)
+    print(f"warning: skipping unreadable sample {name_of(index)}: {type(exc).__name__}: "
+          f"{reason}", file=sys.stderr, flush=True)
+    return True
 
 
 def report_damaged(name: str, lines: list[str]) -> None:
@@ -100,9 +104,7 @@ def fetch_readable(fetch, index: int, bad: BadSamples):
             with capture() as caught:
                 item = fetch(j)
         except DECODE_ERRORS as exc:
-            if unreadable.mark(j):
-                found += 1
-                report_unreadable(bad.name_of(j), exc)
+            found += mark_unreadable(unreadable, j, bad.name_of, exc)
             j = (j + 1) % len(unreadable)
             continue
         if caught.lines and bad.warned.mark(j):

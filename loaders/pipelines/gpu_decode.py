@@ -24,7 +24,7 @@ from ..timing.stages import no_clock, thread_cpu
 from ..transforms import TrainTransform, center_crop_plan
 from ..transforms.normalize import imagenet_mean_std, normalize_into
 from .ahead import RunAhead, one_ahead
-from .bad_samples import BadSamples, report_damaged, report_unreadable
+from .bad_samples import BadSamples, mark_unreadable, report_damaged
 from .batches import NumberedBatch, ReaderLoader, SampleBatches, hand_over
 
 
@@ -238,9 +238,7 @@ class BatchDecodeLoader(ReaderLoader):
         images, labels, found = out.images, item["labels"].clone(), 0
         for i, exc in out.failed:
             index = int(item["indices"][i])
-            if self.unreadable.mark(index):
-                found += 1
-                report_unreadable(self.reader.name_of(index), exc)
+            found += mark_unreadable(self.unreadable, index, self.reader.name_of, exc)
             images[i], labels[i] = images[good], labels[good]
         self._check_bad(found)
         return images, labels

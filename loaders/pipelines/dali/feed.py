@@ -17,7 +17,7 @@ from ...draws import keyed_rng
 from ...timing.stages import no_clock, thread_cpu
 from ...transforms import RRC_ATTEMPTS, RRC_RATIO, RRC_SCALE, random_resized_crop_params
 from ..ahead import RunAhead
-from ..bad_samples import report_unreadable
+from ..bad_samples import mark_unreadable
 
 # Batches a feed prepares ahead of DALI's queue (about 28 MB each at -b 256): the training thread
 # waited 5.7 ms per batch with one, 1.6 ms with two (median, 2 cores,
@@ -67,9 +67,7 @@ class AcceptedReads:
             try:
                 return data, label, check(data, self.max_pixels)
             except Refused as exc:
-                if self.unreadable.mark(index):
-                    self.refused += 1
-                    report_unreadable(self.reader.name_of(index), exc)
+                self.refused += mark_unreadable(self.unreadable, index, self.reader.name_of, exc)
                 index = self.unreadable.next_readable(index)
 
 

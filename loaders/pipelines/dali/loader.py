@@ -21,8 +21,8 @@ from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.stages import StagedLoader, StageLog, thread_cpu
-from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, report_damaged,
-                           report_unreadable)
+from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, mark_unreadable,
+                           report_damaged)
 from ..ahead import JOIN_S
 from ..batches import batch_seed, epoch_seed
 from .feed import AcceptedReads, BatchFeed, FeedPass
@@ -323,8 +323,7 @@ class DALILoader(StagedLoader, PositionedLoader):
             check(data, self.max_pixels)
             decode(data)
         except DECODE_ERRORS as exc:
-            if self.unreadable.mark(index):
-                report_unreadable(self.reader.name_of(index), exc)
+            mark_unreadable(self.unreadable, index, self.reader.name_of, exc)
             return False
         return True
 
@@ -339,8 +338,7 @@ class DALILoader(StagedLoader, PositionedLoader):
         position, reason = found
         position += step * self.batch_size
         index = order[position]
-        if self.unreadable.mark(index):
-            report_unreadable(self.reader.name_of(index), DataError(reason))
+        mark_unreadable(self.unreadable, index, self.reader.name_of, DataError(reason))
         order[position] = self.unreadable.next_readable(index)
         self._check_refused()
         return True
