@@ -99,9 +99,6 @@ class SampleBatches(Dataset):
     def __init__(self, reader: Reader, bad: BadSamples, max_pixels: int):
         self.reader, self.bad, self.max_pixels = reader, bad, max_pixels
 
-    def __len__(self) -> int:
-        return len(self.reader)
-
     def __getitem__(self, index: int):
         """``(sample(j), found)``: ``j`` is ``index`` or its replacement (fetch_readable)."""
         return fetch_readable(self.sample, index, self.bad)
