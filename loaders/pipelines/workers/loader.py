@@ -1,6 +1,7 @@
 """The DataLoader-workers pipeline (:class:`DeviceLoader`)."""
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Iterator
 
@@ -130,11 +131,9 @@ class DeviceLoader(ReaderLoader):
 
     def _filled(self, batches, pool: SharedBatches) -> Iterator[tuple[int, int, int]]:
         """This pass's written ``(number, slot, count)``, logged; DataError past the bad share."""
-        log, total = self.stage_log, len(self)
+        log = self.stage_log
         images, batch = pool.stage_images.numpy(), pool.stage_batches.numpy()
-        for step, (number, slot, count, found) in enumerate(batches):
-            if step == total:
-                return
+        for number, slot, count, found in itertools.islice(batches, len(self)):
             self._check_bad(found)
             if log is not None:
                 log.add_slot(images[slot], batch[slot], count)

@@ -78,19 +78,18 @@ class SharedBatches:
         if number < self.slots:  # the slot's first batch of the pass: nothing to wait for
             return slot
         needed = _ticket(pass_id, number - self.slots)
-        if int(self.released[slot]) < needed:
+        now = time.monotonic()
+        deadline, check = now + _WAIT_LIMIT_S, now + _PARENT_CHECK_S
+        while int(self.released[slot]) < needed:
             now = time.monotonic()
-            deadline, check = now + _WAIT_LIMIT_S, now + _PARENT_CHECK_S
-            while int(self.released[slot]) < needed:
-                now = time.monotonic()
-                if now > deadline:
-                    raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
-                                    f"{slot}: the main process stopped reading batches")
-                if now > check:
-                    check = now + _PARENT_CHECK_S
-                    if os.getpid() != self.owner and os.getppid() != self.owner:
-                        raise DataError("loader worker: the training process is gone")
-                time.sleep(_POLL_S)
+            if now > deadline:
+                raise DataError(f"loader worker waited {_WAIT_LIMIT_S:.0f} s for batch slot "
+                                f"{slot}: the main process stopped reading batches")
+            if now > check:
+                check = now + _PARENT_CHECK_S
+                if os.getpid() != self.owner and os.getppid() != self.owner:
+                    raise DataError("loader worker: the training process is gone")
+            time.sleep(_POLL_S)
         return slot
 
     def batch(self, slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
