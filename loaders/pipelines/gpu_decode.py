@@ -146,8 +146,7 @@ class BatchDecodeLoader(ReaderLoader):
         if self.device.type == "cuda":  # a side stream, after scale/shift were written
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        # With workers a thread decodes up to 2 batches ahead; with -j 0 the reading (which
-        # seeds torch's global RNG per batch) stays on this thread, one batch ahead.
+        # -j 0: one ahead on this thread, as the reading seeds torch's global RNG per batch
         batches = self._decoded(stream, len(self), self._eraser())
         batches = RunAhead(batches) if self.loader.num_workers > 0 else one_ahead(batches)
         try:
