@@ -130,8 +130,11 @@ def hand_over(tensors: tuple, done: torch.cuda.Event | None, device: torch.devic
 
 
 class ReaderLoader(StagedLoader, PositionedLoader):
-    """One split of ``reader`` in ``order``, read by a DataLoader (``self.loader``, a subclass's)
-    of :class:`NumberedBatch` es. Raises :class:`DataError` for an empty training order."""
+    """One split of ``reader`` in ``order``, read by a subclass's DataLoader (``self.loader``) of
+    :class:`NumberedBatch` es or its own threads (``forks = False``): the order, passes, damaged
+    samples. Raises :class:`DataError` for an empty training order."""
+
+    forks = True  # its workers are processes: the damaged-sample flags go to shared memory
 
     def __init__(self, reader: Reader, order: Order, settings: LoaderSettings, dist: DistInfo,
                  train: bool):
@@ -148,7 +151,8 @@ class ReaderLoader(StagedLoader, PositionedLoader):
         self.workers_configured = settings.workers  # -j, for stage_summary
         self._reading, self._pass_numbers = None, itertools.count()  # shards. plan, passes
         # Flags made before any worker starts, kept for the loader's lifetime.
-        self.bad = BadSamples(len(reader), reader.name_of, shared=settings.workers > 0)
+        self.bad = BadSamples(len(reader), reader.name_of,
+                              shared=self.forks and settings.workers > 0)
         self.unreadable = self.bad.unreadable
         # The workers' base seed; augmentations are seeded per batch (PassPlan).
         self._generator = torch.Generator().manual_seed(epoch_seed(self.seed, 0, self.rank))

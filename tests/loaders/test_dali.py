@@ -56,7 +56,7 @@ def test_lmdb_block_order_reads_the_block_orders_indices(tiny, world_size):
         train, _ = build(tiny, "lmdb", dist, **flags)
         lmdb_train, _ = loaders.build_loaders(
             loader_settings("lmdb", data=tiny.lmdb, **flags), dist)
-        assert isinstance(train.sample_order, BlockOrder)
+        assert isinstance(train.position_order, BlockOrder)
         reference = BlockOrder(32, block_size=4, buffer_blocks=2, rank=rank,
                                world_size=world_size, seed=0)
         for epoch in (0, 3):

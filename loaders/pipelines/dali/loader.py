@@ -15,16 +15,15 @@ from decode.acceptance import check
 from decode.messages import capture
 
 from ...errors import AcceleratorError, DataError
-from ...orders import Order, train_batch_size
-from ...orders.positions import PositionedLoader, RestOfEpoch
+from ...orders import Order
+from ...orders.positions import RestOfEpoch
 from ...readers import Reader
 from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
-from ...timing.stages import StagedLoader, StageLog, thread_cpu
-from ..bad_samples import (DECODE_ERRORS, UnreadableSet, check_share, mark_unreadable,
-                           report_damaged)
+from ...timing.stages import StageLog, thread_cpu
 from ..ahead import JOIN_S
-from ..batches import batch_seed, epoch_seed
+from ..bad_samples import DECODE_ERRORS, check_share, mark_unreadable, report_damaged
+from ..batches import ReaderLoader, batch_seed, epoch_seed
 from .feed import AcceptedReads, BatchFeed, FeedPass
 from .graph import GraphOptions, finish_on_cpu, pipeline_outputs, window_mismatch
 
@@ -34,7 +33,7 @@ _CUDA_FAILURE = re.compile(r"cuda (error|runtime|driver|allocation)|cudaerror|cu
                            r"out of memory", re.IGNORECASE)
 
 
-class DALILoader(StagedLoader, PositionedLoader):
+class DALILoader(ReaderLoader):
     """One split's DALI pipelines, fed each pass with ``reader``'s samples in the indices of
     ``order``. With CUDA, nvJPEG decodes (``--dali-cpu``: the CPU, as NVIDIA's
     DeepLearningExamples RN50) and the rest runs on the GPU; without, single-threaded CPU
@@ -44,22 +43,15 @@ class DALILoader(StagedLoader, PositionedLoader):
     iterating raises :class:`DataError`; on a CUDA failure :class:`AcceleratorError`."""
 
     cpu_pipelines: int | None = None  # CPU-only pipelines taking turns (None: one per thread)
+    forks = False  # DALI's and the feeds' threads share the flags in this process
 
     def __init__(self, reader: Reader, order: Order, opts: GraphOptions,
                  settings: LoaderSettings, dist: DistInfo):
-        batch_size = settings.batch_size
-        self.batch_size = train_batch_size(order, batch_size) if opts.train else batch_size
-        self.sample_order = self.position_order = order
-        self.train, self.max_batches = opts.train, settings.max_batches(opts.train)
-        self.opts, self.classes, self.device = opts, list(reader.classes), dist.device
-        self.reader = reader
-        self.max_bad_share, self.seed, self.rank = settings.max_bad_share, settings.seed, dist.rank
+        super().__init__(reader, order, settings, dist, opts.train)
+        self.opts = opts
         self.num_threads = self.workers_configured = max(1, settings.workers)
         self._pipes, self._feeds = [], []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
-        # found unreadable (the probes run here) or refused by the feed; named as damaged, kept
-        self.unreadable = UnreadableSet(order.num_samples)
-        self.warned = UnreadableSet(order.num_samples)
         self.max_pixels = settings.max_image_pixels
         self._accepted = AcceptedReads(reader, self.unreadable, self.max_pixels)
         self.stage_log = self._waited = None
@@ -86,14 +78,6 @@ class DALILoader(StagedLoader, PositionedLoader):
         if size < 1:
             raise ValueError(f"set_resolution({size}): expected a positive size")
         self.opts = dataclasses.replace(self.opts, crop_size=size)
-
-    def pass_indices(self) -> list[int]:
-        """Dataset indices the next pass yields: the epoch order's :meth:`__len__` batches from
-        ``start_batch`` on (a pass dealt anew: its ``rest``'s)."""
-        count, first = len(self) * self.batch_size, self.start_batch * self.batch_size
-        if self.rest_indices is not None:
-            return self.rest_indices[:count]
-        return list(self.sample_order.order(self.epoch))[first:first + count]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self._delivered(self._pass())
@@ -264,7 +248,7 @@ class DALILoader(StagedLoader, PositionedLoader):
 
     def _check_refused(self) -> None:
         """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
-        check_share(self.unreadable, self.max_bad_share, self.sample_order.num_samples)
+        check_share(self.unreadable, self.max_bad_share, len(self.reader))
 
     def _name_damaged(self, order: list[int], step: int, lines: list[str], lookahead: int) -> None:
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
@@ -272,7 +256,7 @@ class DALILoader(StagedLoader, PositionedLoader):
         may arrive late); a sample named before takes them unprobed; none: one line says so."""
         first = max(0, step - lookahead)
         window = order[first * self.batch_size:(step + lookahead) * self.batch_size]
-        if any(self.warned.known(index) for index in window):
+        if any(self.bad.warned.known(index) for index in window):
             return
         found = False
         for index in window:
@@ -286,7 +270,7 @@ class DALILoader(StagedLoader, PositionedLoader):
             except DECODE_ERRORS:
                 continue
             found = found or bool(caught.lines)
-            if caught.lines and self.warned.mark(index):
+            if caught.lines and self.bad.warned.mark(index):
                 report_damaged(self.reader.name_of(index), caught.lines)
         if not found:
             report_damaged(f"(one of batches {first}-{step + lookahead - 1} of the "
