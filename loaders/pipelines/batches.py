@@ -182,6 +182,9 @@ class ReaderLoader(StagedLoader, PositionedLoader):
             self._reading = self.reader.plan_pass(self.sampler.order, epoch,
                                                   list(self.sampler.indices()) if resumed else None)
 
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._delivered(self._pass())  # a subclass's pass, traced where asked
+
     def pass_indices(self) -> list[int]:
         """The next pass's dataset indices, in order (before unreadable ones are replaced)."""
         return list(itertools.islice(self.sampler.indices(), len(self) * self.batch_size))

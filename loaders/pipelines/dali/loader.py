@@ -79,9 +79,6 @@ class DALILoader(ReaderLoader):
             raise ValueError(f"set_resolution({size}): expected a positive size")
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._delivered(self._pass())
-
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order, step = self.pass_indices(), 0
         unreadable = self.unreadable

@@ -89,9 +89,6 @@ class DeviceLoader(ReaderLoader):
         pool.set_shape(self.image_shape)
         return loader, pool
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._delivered(self._pass())
-
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader, pool = self._take()
         self._writer.pool = pool  # workers start (fork, or pickle it) with these slots

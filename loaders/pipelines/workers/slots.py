@@ -3,6 +3,7 @@ collate (docs/performance.md). Releases are ``(pass, batch)`` tickets that only 
 early never satisfies a later pass's wait."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -46,14 +47,10 @@ class SharedBatches:
         self.stage_images = torch.zeros(slots, batch_size * stages.IMAGE_COLUMNS,
                                         dtype=torch.float64)
         self.stage_batches = torch.zeros(slots, stages.BATCH_COLUMNS, dtype=torch.float64)
-        if shared:
-            try:
+        if shared:  # the node's last pages may be taken since the slots' reservation
+            with _no_space_is_shortage(slots * self.capacity):
                 for tensor in (self.labels, self.released, self.stage_images, self.stage_batches):
                     tensor.share_memory_()
-            except RuntimeError as exc:  # the node's last pages taken since the slots' reservation
-                if not _no_space(exc):
-                    raise
-                raise DataError(_shortage(slots * self.capacity)) from None
         self.set_shape(image_shape)
 
     def set_shape(self, image_shape: Sequence[int]) -> None:
@@ -113,12 +110,8 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
     """A uint8 ``(nbytes,)`` tensor in shared memory, every page reserved now: tmpfs takes pages
     when written, and the writer past its size dies of SIGBUS. Raises :class:`DataError`."""
     _check_shm_space(nbytes)  # the clear message early, before anything is allocated
-    try:
+    with _no_space_is_shortage(nbytes):  # torch reserves too (posix_fallocate where built with)
         storage = torch.UntypedStorage._new_shared(nbytes)  # as torch's default_collate
-    except RuntimeError as exc:  # torch's own reservation (posix_fallocate where built with it)
-        if _no_space(exc):
-            raise DataError(_shortage(nbytes)) from None
-        raise
     try:
         _reserve(storage, nbytes)
     except OSError as exc:
@@ -130,9 +123,16 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
 
 
-def _no_space(exc: RuntimeError) -> bool:
-    """torch's error for a shared-memory object the file system has no room for (ENOSPC)."""
-    return "No space left" in str(exc) or "(28)" in str(exc)
+@contextlib.contextmanager
+def _no_space_is_shortage(nbytes: int):
+    """torch's error for a shared-memory object the file system has no room for (ENOSPC) turned
+    into :func:`_shortage`'s :class:`DataError`; other errors pass."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "No space left" not in str(exc) and "(28)" not in str(exc):
+            raise
+        raise DataError(_shortage(nbytes)) from None
 
 
 def _reserve(storage: torch.UntypedStorage, nbytes: int) -> None:
