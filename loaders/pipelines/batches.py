@@ -205,7 +205,7 @@ class ReaderLoader(StagedLoader, PositionedLoader):
         if not 0 < size <= self.max_crop_size:
             raise ValueError(f"set_resolution({size}): at most {self.max_crop_size} px")
 
-    def _check_bad(self, found: int) -> None:
-        """After a batch that found ``found`` new unreadable samples: :func:`check_share`."""
+    def _check_bad(self, found: int = 1) -> None:
+        """After ``found`` (default: some) newly unreadable samples: :func:`check_share`."""
         if found:
             check_share(self.unreadable, self.max_bad_share, len(self.reader))

@@ -103,7 +103,7 @@ class BatchDecodeLoader(ReaderLoader):
                  train: bool, decoder: WindowDecoder):
         super().__init__(reader, order, settings, dist, train)
         self.decoder, self.cpu_fallbacks = decoder, 0
-        self.crop_size = settings.crop_size(train)
+        self.resolution = settings.crop_size(train)  # the side (px) of its images
         mean, std = imagenet_mean_std(self.device)
         self.scale, self.shift = 1 / std, -mean / std  # queued on the current stream
         workers = settings.workers  # the clock goes to the workers, the log stays here
@@ -118,15 +118,11 @@ class BatchDecodeLoader(ReaderLoader):
         self._passes: weakref.WeakSet = weakref.WeakSet()  # passes not yet finished
         self.set_epoch(0)
 
-    @property
-    def resolution(self) -> int:
-        return self.crop_size
-
     def set_resolution(self, size: int) -> None:
         """Training: windows resized to ``size`` px from the next batch decoded on. Raises
         ``ValueError`` for validation or a size outside ``1..max_crop_size``."""
         self._check_resolution(size)
-        self.crop_size = size
+        self.resolution = size
 
     def close(self) -> None:
         """Stop the workers, then a part-way pass's decode thread (a later pass starts anew)."""
@@ -194,7 +190,7 @@ class BatchDecodeLoader(ReaderLoader):
         frames = None if self.train else [tuple(f) for f in item["frames"].tolist()]
         with torch.cuda.stream(stream):  # None: no stream (the CPU)
             try:
-                out = self.decoder.decode(datas, windows, (self.crop_size, self.crop_size),
+                out = self.decoder.decode(datas, windows, (self.resolution, self.resolution),
                                           0 if stream is None else stream.cuda_stream, frames,
                                           timing)
             except torch.cuda.OutOfMemoryError as exc:

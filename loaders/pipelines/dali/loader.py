@@ -22,7 +22,7 @@ from ...settings import DistInfo, LoaderSettings
 from ...timing import stages
 from ...timing.stages import StageLog, thread_cpu
 from ..ahead import JOIN_S
-from ..bad_samples import DECODE_ERRORS, check_share, mark_unreadable, report_damaged
+from ..bad_samples import DECODE_ERRORS, mark_unreadable, report_damaged
 from ..batches import ReaderLoader, batch_seed, epoch_seed
 from .feed import AcceptedReads, BatchFeed, FeedPass
 from .graph import GraphOptions, finish_on_cpu, pipeline_outputs, window_mismatch
@@ -106,14 +106,13 @@ class DALILoader(ReaderLoader):
                                 raise AcceleratorError(f"DALI: CUDA error on the {self._split} "
                                                        f"split: {failure}") from exc
                             self._replace_unreadable(order, step, exc, lookahead)
-                            self._check_refused()
+                            self._check_bad()
                             break
                         lines = caught.take()  # a warning DALI's decoder printed: name its sample
                         if lines:
                             self._name_damaged(order, step, lines, lookahead)
-                        if self._accepted.refused != refused:  # the feed refused samples
-                            refused = self._accepted.refused
-                            self._check_refused()
+                        self._check_bad(self._accepted.refused - refused)  # the feed refused
+                        refused = self._accepted.refused
                         if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                             break
                         images, labels = self._to_torch(outputs, self.start_batch + step)
@@ -243,10 +242,6 @@ class DALILoader(ReaderLoader):
                               waited[1] + thread_cpu() - cpu, wait=waited[0])
         return images, labels
 
-    def _check_refused(self) -> None:
-        """Raise :class:`DataError` past ``max_bad_share`` (refused samples counted too)."""
-        check_share(self.unreadable, self.max_bad_share, len(self.reader))
-
     def _name_damaged(self, order: list[int], step: int, lines: list[str], lookahead: int) -> None:
         """Name once (``warned``) the sample whose CPU decode prints ``lines`` too, among batches
         ``step - lookahead .. step + lookahead`` (DALI's threads decode ahead, and their output
@@ -321,7 +316,7 @@ class DALILoader(ReaderLoader):
         index = order[position]
         mark_unreadable(self.unreadable, index, self.reader.name_of, DataError(reason))
         order[position] = self.unreadable.next_readable(index)
-        self._check_refused()
+        self._check_bad()
         return True
 
 
