@@ -72,11 +72,8 @@ class DALILoader(ReaderLoader):
 
     def set_resolution(self, size: int) -> None:
         """Training: RandomResizedCrop to ``size`` px from the next pass on (an input of the
-        pipelines). Raises ``ValueError`` for a validation loader or a size below 1."""
-        if not self.opts.train:
-            raise ValueError("set_resolution: validation sizes are fixed (--val-crop-size)")
-        if size < 1:
-            raise ValueError(f"set_resolution({size}): expected a positive size")
+        pipelines). Raises ``ValueError`` as :meth:`_check_resolution`."""
+        self._check_resolution(size)
         self.opts = dataclasses.replace(self.opts, crop_size=size)
 
     def _pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
