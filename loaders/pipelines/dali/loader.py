@@ -49,6 +49,7 @@ class DALILoader(ReaderLoader):
                  settings: LoaderSettings, dist: DistInfo):
         super().__init__(reader, order, settings, dist, opts.train)
         self.opts = opts
+        self._split = "training" if opts.train else "validation"  # in messages
         self.num_threads = self.workers_configured = max(1, settings.workers)
         self._pipes, self._feeds = [], []
         self.pipeline_builds = 0  # pipelines built so far (tests: once per run)
@@ -124,10 +125,6 @@ class DALILoader(ReaderLoader):
             finally:
                 if not finished:  # left part-way: batches of this pass are still queued in DALI
                     self._drop_pipelines()
-
-    @property
-    def _split(self) -> str:
-        return "training" if self.opts.train else "validation"
 
     def _num_pipelines(self, batches: int) -> int:
         """Pipelines taking turns over ``batches`` batches: 1 with CUDA; CPU-only,
