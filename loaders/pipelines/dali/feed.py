@@ -92,7 +92,7 @@ class BatchFeed:
     ``(w, h)``, int32 ``(N,)`` flips, for the GPU graph + float32 ``(N,)`` output sides and, with
     ``opts.augment``, int32 ``(N, slots, 3)`` policy draws; ``StopIteration`` past the pass's end.
     The last ``keep`` batches (DALI's prefetch depth + 1) stay referenced: DALI reads them in
-    place (``no_copy``). ``log``: a ``StageLog`` for each batch's stage figures, or None."""
+    place (``no_copy``). ``log``: a training feed's ``StageLog`` of its batches' stages, or None."""
 
     def __init__(self, read, opts, batch_size: int, seed: int, rank: int, keep: int = 6, log=None):
         self.read, self.train, self.batch_size, self.log = read, opts.train, batch_size, log
@@ -141,14 +141,12 @@ class BatchFeed:
             draws, flips = crop_draws(self.seed, plan.epoch, self.rank, plan.first_batch + batch,
                                       len(indices))
             out += [*host_windows(frames, draws), flips]
-        if log is not None:
+        if log is not None:  # a training feed's (windows drawn)
             window = clock() - window_started
             log.add("read", reads)
-            if self.train:
-                log.add_batch("window", window, len(data))
+            log.add_batch("window", window, len(data))
             log.add_reader(plan.index, len(data), clock() - started, thread_cpu() - cpu,
-                           sum(reads) + (window if self.train else 0.0),
-                           float(sum(len(d) for d in data)))
+                           sum(reads) + window, float(sum(len(d) for d in data)))
         if self.sizes:
             out.append(np.full(len(indices), plan.size, np.float32))
         if self.augment is not None:
