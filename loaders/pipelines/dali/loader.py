@@ -109,8 +109,8 @@ class DALILoader(ReaderLoader):
                         lines = caught.take()  # a warning DALI's decoder printed: name its sample
                         if lines:
                             self._name_damaged(order, step, lines, lookahead)
-                        self._check_bad(self._accepted.refused - refused)  # the feed refused
-                        refused = self._accepted.refused
+                        refused, before = self._accepted.refused, refused  # one read: feeds add
+                        self._check_bad(refused - before)  # the samples the feed refused meanwhile
                         if self.opts.train and self._skip_mismatched_window(order, step, outputs):
                             break
                         images, labels = self._to_torch(outputs, self.start_batch + step)
