@@ -6,7 +6,7 @@ import importlib
 import os
 
 from .errors import AcceleratorError, DataError
-from .orders.positions import TRACE_ENV, SampleTrace
+from .orders.positions import TRACE_ENV
 from .pipelines import PIPELINES
 from .readers import READERS, check_same_classes, open_reader, split_paths
 from .settings import DistInfo, Loader, LoaderSettings, input_dtype
@@ -40,7 +40,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
         check_same_classes(train.classes, val.classes)
         train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
         trace = os.environ.get(TRACE_ENV)  # tests: what each rank trained
-        train_loader.trace = SampleTrace(trace, dist.rank) if trace else None
+        train_loader.trace = f"{trace}.rank{dist.rank}" if trace else None
     train_loader.erasing = (RandomErasing(settings.random_erase, settings.seed, dist.rank)
                             if settings.random_erase > 0 else None)
     return train_loader, val_loader

@@ -19,10 +19,14 @@ class Order:
     world_size: int
     # Layout fields besides the world size the order changes with (loaders.orders.positions)
     LAYOUT_KEYS = ()
+    SIZES = ()  # fields that must be >= 1 (ValueError)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        if any(getattr(self, key) < 1 for key in self.SIZES):
+            raise ValueError(f"{' and '.join(self.SIZES)} must be >= 1, got "
+                             + ", ".join(str(getattr(self, key)) for key in self.SIZES))
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size

@@ -27,12 +27,7 @@ class BlockOrder(Order):
     rank: int = 0
     world_size: int = 1
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1 or self.buffer_blocks < 1:
-            raise ValueError(f"block_size and buffer_blocks must be >= 1, got {self.block_size}, "
-                             f"{self.buffer_blocks}")
-        super().__post_init__()
+    SIZES = ("block_size", "buffer_blocks")
 
     def order(self, epoch: int) -> list[int]:
         rng = keyed_rng(self.seed, epoch)

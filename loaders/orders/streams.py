@@ -77,12 +77,10 @@ class StreamTrainOrder(Order):
     seed: int = 0
     buffer: int = 1000
     LAYOUT_KEYS = ("batch_size", "workers")
+    SIZES = ("batch_size", "buffer")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_size < 1 or self.buffer < 1:
-            raise ValueError(f"batch_size and buffer must be >= 1, got {self.batch_size}, "
-                             f"{self.buffer}")
         self.counts = np.asarray(self.counts, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         self.workers = max(1, self.workers)
