@@ -8,8 +8,6 @@ import torch
 
 from decode.acceptance import MAX_PIXELS
 
-__all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
-
 
 @dataclass(frozen=True)
 class LoaderSettings:

@@ -39,7 +39,7 @@ class FolderReader(Reader):
         return self.samples[index][0]
 
 
-def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
+def open_reader(root: str, settings: LoaderSettings | None = None) -> FolderReader:
     """``root``'s :class:`FolderReader`. Raises :class:`DataError` for an LMDB, not a folder."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
@@ -49,6 +49,3 @@ def open_image_folder(root: str, settings: LoaderSettings | None = None) -> Fold
         return FolderReader(root)
     except DatasetError as exc:
         raise DataError(str(exc)) from None
-
-
-open_reader = open_image_folder

@@ -31,8 +31,8 @@ class ShardReader(Reader):
                  retries: Retries = Retries()):
         self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
         self.classes = list(index.classes)
-        counts = [s["records"] for s in index.shards]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+        self.counts = [s["records"] for s in index.shards]
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
         self.random_access = not self.streaming
         self._order = self._followed = None  # plan_pass's order, the pass follow took
@@ -131,7 +131,7 @@ class ShardReader(Reader):
             first = self._first[piece]
             start = first if 0 <= first <= position else position
             self._first[piece] = -1  # a restart reads from `position`: the rest is in _ahead
-            self._stream = [piece, start, self._piece_records(self._from(piece, start))]
+            self._stream = [piece, start, self._piece_records(piece, start)]
         for at, record in self._stream[2]:
             self._stream[1] += 1
             if at == index:
@@ -141,17 +141,13 @@ class ShardReader(Reader):
                 self._ahead.pop(next(iter(self._ahead)))
         raise IndexError(f"record {index} not found in its reading plan")
 
-    def _from(self, piece: int, position: int) -> list[tuple[int, int]]:
-        """The runs of ``piece`` from reading position ``position`` on."""
+    def _piece_records(self, piece: int, position: int):
+        """``(index, record)`` of ``piece``'s records from reading position ``position`` on, each
+        shard opened once per run."""
         offsets = self._offsets[piece]
         run = bisect.bisect_right(offsets, position) - 1
         runs = list(self._pieces[piece][run:])
-        start, stop = runs[0]
-        runs[0] = (start + position - offsets[run], stop)
-        return runs
-
-    def _piece_records(self, runs: list[tuple[int, int]]):
-        """``(index, record)`` of the records in ``runs``, each shard opened once per run."""
+        runs[0] = (runs[0][0] + position - offsets[run], runs[0][1])
         for start, stop in runs:
             while start < stop:
                 shard, pos = self.locate(start)
@@ -199,10 +195,9 @@ class ShardReader(Reader):
         ``settings.workers``, for every pipeline. Raises :class:`DataError` for ``--ra-sampler``."""
         if settings.ra_sampler and dist.distributed:
             raise DataError("--ra-sampler needs random access: not with --loader shards")
-        counts = [s["records"] for s in self.index.shards]
         # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
-        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
-        return StreamTrainOrder(counts, batch, settings.workers, dist.rank, dist.world_size,
+        batch = max(1, min(settings.batch_size, len(self) // dist.world_size))
+        return StreamTrainOrder(self.counts, batch, settings.workers, dist.rank, dist.world_size,
                                 settings.seed, SHUFFLE_BUFFER)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamValOrder:
