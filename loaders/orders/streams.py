@@ -34,12 +34,11 @@ def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers:
 
 
 def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[int]:
-    """Batch ``k`` is the next ``batch_size`` indices of piece ``k % W``."""
-    out, cursors = [], [0] * len(pieces)
+    """Batch ``k`` is the next ``batch_size`` indices of piece ``k % W``: its ``k // W``-th."""
+    out = []
     for k in range(batches):
-        w = k % len(pieces)
-        out.extend(pieces[w][cursors[w]: cursors[w] + batch_size])
-        cursors[w] += batch_size
+        j, w = divmod(k, len(pieces))
+        out.extend(pieces[w][j * batch_size:(j + 1) * batch_size])
     return out
 
 

@@ -24,12 +24,11 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 class ShardReader(Reader):
     """A split's shards: local ones by ``pread`` at their ``.idx`` offsets, streams front to back
-    (``cache`` records read ahead, retried as ``retries`` says). Raises :class:`DataError` for
-    a missing, truncated or malformed shard or a stream failing each try."""
+    (4 x ``SHUFFLE_BUFFER`` records read ahead, retried as ``retries`` says). Raises
+    :class:`DataError` for a missing, truncated or malformed shard or a stream failing each try."""
 
-    def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
-                 retries: Retries = Retries()):
-        self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
+    def __init__(self, index: ShardIndex, urls: list[str], retries: Retries = Retries()):
+        self.index, self.urls, self.retries = index, urls, retries
         self.classes = list(index.classes)
         self.counts = [s["records"] for s in index.shards]
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64).tolist()
@@ -137,7 +136,7 @@ class ShardReader(Reader):
             if at == index:
                 return record
             self._ahead[at] = record
-            if len(self._ahead) > self.cache:  # oldest first: read again if still needed
+            if len(self._ahead) > 4 * SHUFFLE_BUFFER:  # oldest first: read again if needed
                 self._ahead.pop(next(iter(self._ahead)))
         raise IndexError(f"record {index} not found in its reading plan")
 

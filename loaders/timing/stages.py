@@ -172,9 +172,7 @@ class StageLog:
             self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
             self.sums += np.nansum(seconds, axis=1)
             self.counts += present.sum(axis=1)
-            for c in range(len(SIZE_NAMES)):
-                mine = size_class == c
-                self.by_size[c] += (mine.sum(), decode_s[mine].sum(), total_s[mine].sum())
+            np.add.at(self.by_size, size_class, np.stack([np.ones(count), decode_s, total_s], 1))
         self.add_reader(int(batch[WORKER]), count, batch[WALL], batch[CPU], total_s.sum(),
                         float(rows[:, BYTES].sum()), batch[SLOT_WAIT])
 
@@ -249,15 +247,14 @@ class StageLog:
                         "slot_wait_ms": None if np.isnan(wait) else 1e3 * wait / max(batches, 1)}
                        for rid, (batches, n, wall, cpu, wait, staged, _) in
                        sorted(self.workers.items())]
-            read_images = sum(w["images"] for w in workers)
-            read_wall = sum(s[2] for s in self.workers.values())
+            _, read_images, read_wall, *_, nbytes = sum(self.workers.values(), np.zeros(7))
             images, wall, cpu = self.decoder
             decoder = None if not images else {
                 "where": self.decoder_name, "images": int(images),
                 "ms_per_image": 1e3 * wall / images,
                 "images_per_sec": images / wall if wall > 0 else None,
                 "thread_cpu_share": cpu / wall if wall > 0 else None}
-            n = int(images) or read_images
+            n = int(images) or int(read_images)
             decoders = {kind: {"share": int(self.counts[row]) / n, **self._figures(row)}
                         for row, kind in enumerate(KINDS, start=len(STAGES))
                         if self.counts[row]}
@@ -267,7 +264,6 @@ class StageLog:
                 for name, (count, dec, tot) in zip(SIZE_NAMES, self.by_size)}
             rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
                      decoder and decoder["images_per_sec"]) if r]
-            nbytes = sum(s[6] for s in self.workers.values())
             return {"images": n, "stages": stages, "decoders": decoders, "workers": workers,
                     "readers": self.readers_name,
                     "worker_ms_per_image": 1e3 * read_wall / read_images if read_images else None,

@@ -154,10 +154,8 @@ def rotate(image, magnitude, interpolation="bilinear"):
     height, width = image.shape[-2:]
     if angle == 0:
         return image.clone()
-    if angle == 180:
-        return torch.rot90(image, k=2, dims=(-2, -1))
-    if height == width and angle in (90, 270):
-        return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
+    if angle == 180 or (height == width and angle in (90, 270)):
+        return torch.rot90(image, k=int(angle // 90), dims=(-2, -1))
     matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0])
     return warp(image, matrix, interpolation)
 
