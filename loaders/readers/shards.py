@@ -250,29 +250,19 @@ def _opened_records(url: str, spans, skip: int):
 
 
 def _cut_at_offsets(stream, spans, url: str, first: int = 0):
-    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading the tar once."""
-    at = 0
+    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading the tar once (what
+    lies between the members skipped)."""
+    at, error = 0, StreamError if is_stream(url) else DataError
     for number, (image_at, image_size, label_at, label_size) in enumerate(spans[first:], first):
         parts = {}
         for offset, size in sorted([(image_at, image_size), (label_at, label_size)]):
-            parts[offset] = _read_at(stream, at, offset, size, url, number)
+            while at < offset and (skipped := len(stream.read(min(offset - at, 1 << 20)))):
+                at += skipped
+            parts[offset] = stream.read(size) if at == offset else b""
+            if len(parts[offset]) != size:  # a cut connection, or a short file
+                raise error(f"shard {url}: ended after {number} records (truncated?)")
             at = offset + size
         yield parts[image_at], _label(parts[label_at], url)
-
-
-def _read_at(stream, at: int, offset: int, size: int, url: str, number: int) -> bytes:
-    """``size`` bytes at ``offset`` of a stream now at ``at`` (skipping what lies between)."""
-    skip = offset - at
-    while skip > 0:
-        skipped = len(stream.read(min(skip, 1 << 20)))
-        if not skipped:
-            break
-        skip -= skipped
-    data = stream.read(size) if skip == 0 else b""
-    if len(data) != size:  # a cut connection, or a short file
-        error = StreamError if is_stream(url) else DataError
-        raise error(f"shard {url}: ended after {number} records (truncated?)")
-    return data
 
 
 def _tar_records(stream, url: str):
