@@ -155,9 +155,8 @@ class ShardReader(Reader):
                 for at in range(pos + end - start):
                     record = next(records, None)
                     if record is None:
-                        raise DataError(
-                            f"shard {self.urls[shard]}: ended after {at} records, "
-                            f"{INDEX_NAME} says {self.index.shards[shard]['records']}")
+                        raise DataError(f"shard {self.urls[shard]}: ended after {at} records, "
+                                        f"{INDEX_NAME} says {self.counts[shard]}")
                     if at >= pos:
                         yield start + at - pos, record
                 records.close()
@@ -187,7 +186,7 @@ class ShardReader(Reader):
             rows = read_idx(read_text(idx), name)
         except Exception:  # noqa: BLE001 - none served, or not ours: parse the tar instead
             return None
-        return rows if len(rows) == self.index.shards[shard]["records"] else None
+        return rows if len(rows) == self.counts[shard] else None
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamTrainOrder:
         """:class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), one piece per
