@@ -26,9 +26,6 @@ class Layout:
         """Raises ``KeyError``/``TypeError``/``ValueError`` for a malformed record."""
         return cls(*(int(saved[key]) for key in ("world_size", "batch_size", "workers")))
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def describe(self) -> str:
         return f"{self.world_size} process(es) x -b {self.batch_size} per process"
 
@@ -84,7 +81,7 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
     if rest is not None and rest.epoch == epoch:
         consumed += rest.consumed - rest.start_batch * now.world_size * now.batch_size
         origin = rest.origin
-    return {"consumed": int(consumed), "origin": origin.to_dict(), "layout": now.to_dict(),
+    return {"consumed": int(consumed), "origin": asdict(origin), "layout": asdict(now),
             "num_samples": int(order.num_samples), "seed": getattr(order, "seed", None),
             "order": type(order).__name__}
 
