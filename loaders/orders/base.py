@@ -49,6 +49,21 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
     return count if max_batches is None else min(count, max_batches)
 
 
+def segment_runs(starts, counts, units, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Records ``[lo, hi)`` of ``units`` (their first records ``starts[u]``, sizes ``counts[u]``)
+    laid end to end, as record ranges: a rank's segment of an epoch's permuted blocks or shards."""
+    runs, at = [], 0
+    for unit in units.tolist():
+        n = int(counts[unit])
+        if at + n > lo and at < hi:
+            first = int(starts[unit])
+            runs.append((first + max(lo - at, 0), first + min(hi - at, n)))
+        at += n
+        if at >= hi:
+            break
+    return runs
+
+
 def train_batch_size(order: Order, batch_size: int) -> int:
     """``batch_size``, or fewer if ``order`` holds fewer. :class:`DataError` if it is empty."""
     if len(order) == 0:

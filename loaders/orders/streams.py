@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ..draws import keyed_rng
-from .base import Order, batches_per_epoch
+from .base import Order, batches_per_epoch, segment_runs
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -91,19 +91,9 @@ class StreamTrainOrder(Order):
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
-        rng = keyed_rng(self.seed, epoch)
-        shards = rng.permutation(len(self.counts))
+        shards = keyed_rng(self.seed, epoch).permutation(len(self.counts))
         lo = self.rank * (self.num_samples // self.world_size)
-        hi, runs, at = lo + len(self), [], 0
-        for s in shards.tolist():
-            n = int(self.counts[s])
-            if at + n > lo and at < hi:
-                first = int(self.starts[s])
-                runs.append((first + max(lo - at, 0), first + min(hi - at, n)))
-            at += n
-            if at >= hi:
-                break
-        return runs
+        return segment_runs(self.starts, self.counts, shards, lo, lo + len(self))
 
     def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
         """Each worker's record ranges of ``epoch``, in the order it reads them."""
