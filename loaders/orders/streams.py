@@ -19,18 +19,10 @@ def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers:
     sizes = [len(range(w, batches, workers)) * batch_size for w in range(workers)]
     if batches:  # the last batch, worker (batches - 1) % W's, holds the rest
         sizes[(batches - 1) % workers] -= batches * batch_size - total
-    pieces, run, offset = [], 0, 0
-    for size in sizes:
-        piece = []
-        while size > 0:
-            start, stop = runs[run]
-            take = min(size, stop - start - offset)
-            piece.append((start + offset, start + offset + take))
-            size, offset = size - take, offset + take
-            if start + offset == stop:
-                run, offset = run + 1, 0
-        pieces.append(piece)
-    return pieces
+    starts, stops = np.array(runs, dtype=np.int64).reshape(-1, 2).T
+    ends = np.cumsum([0, *sizes]).tolist()
+    return [segment_runs(starts, stops - starts, np.arange(len(runs)), lo, hi) if lo < hi else []
+            for lo, hi in zip(ends, ends[1:])]
 
 
 def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[int]:
