@@ -231,10 +231,8 @@ def _opened_records(url: str, spans, skip: int):
     error = StreamError if is_stream(url) else DataError
     ended = False
     try:
-        if spans is not None:
-            yield from _cut_at_offsets(stream, spans, url, skip)
-        else:
-            yield from itertools.islice(_tar_records(stream, url), skip, None)
+        yield from (_cut_at_offsets(stream, spans, url, skip) if spans is not None
+                    else itertools.islice(_tar_records(stream, url), skip, None))
         ended = True
     except DataError:
         raise
