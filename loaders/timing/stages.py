@@ -45,16 +45,6 @@ def ms_bins(seconds: np.ndarray) -> np.ndarray:
     return np.clip(bins, 0, len(MIDDLES_MS) - 1)
 
 
-def quantiles(counts: np.ndarray) -> list[float | None]:
-    """The median and p90 (ms) of one histogram row (bin middles); None if it is empty."""
-    total = counts.sum()
-    if total == 0:
-        return [None, None]
-    cumulative = np.cumsum(counts)
-    return [float(MIDDLES_MS[np.searchsorted(cumulative, q * total, side="left")])
-            for q in (0.5, 0.9)]
-
-
 def p50_p90(seconds: list) -> dict:
     """``{"p50", "p90"}`` in ms of ``seconds``; None values when empty."""
     ms = np.array(seconds) * 1e3
@@ -222,10 +212,12 @@ class StageLog:
             self.decoder += (count, wall, cpu)
 
     def _figures(self, row: int) -> dict | None:
-        count = int(self.counts[row])
+        """Mean, median and p90 (ms; the quantiles at bin middles) of ``row``; None if empty."""
+        count = int(self.counts[row])  # the row's histogram holds as many
         if not count:
             return None
-        p50, p90 = quantiles(self.hist[row])
+        at = np.searchsorted(np.cumsum(self.hist[row]), (0.5 * count, 0.9 * count), side="left")
+        p50, p90 = MIDDLES_MS[at].tolist()
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
@@ -280,14 +272,13 @@ class StagedLoader:
     stage_log: StageLog | None = None
     workers_configured = 0
 
-    def stage_summary(self, reset: bool = True) -> dict | None:
-        """The log's ``summary()`` with ``workers_configured`` (then reset if ``reset``), or
-        None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
+    def stage_summary(self) -> dict | None:
+        """The log's ``summary()`` with ``workers_configured``, then the log reset; None where
+        nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
         if self.stage_log is None:
             return None
         figures = {**self.stage_log.summary(), "workers_configured": self.workers_configured}
-        if reset:
-            self.stage_log.reset()
+        self.stage_log.reset()
         return figures
 
     def reset_stages(self) -> None:
