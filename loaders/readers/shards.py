@@ -215,10 +215,8 @@ class ShardReader(Reader):
             self._first, self._followed = list(reading[2]), reading
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_files=OrderedDict(), _stream=None, _ahead={})
-        del state["_files_lock"]
-        return state
+        return {**self.__dict__, "_files": OrderedDict(), "_stream": None, "_ahead": {},
+                "_files_lock": None}  # a lock does not pickle: __setstate__ makes one
 
     def __setstate__(self, state):
         self.__dict__.update(state, _files_lock=threading.Lock())
