@@ -16,10 +16,6 @@ from .timing.throughput import measure as measure_throughput, tree_cpu_seconds
 # dali reads the source --lmdb or --loader shards names, folders otherwise.
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
 
-__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "LoaderSettings",
-           "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype",
-           "measure_throughput", "split_paths", "tree_cpu_seconds"]
-
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
     """``(train, val)`` of ``PIPELINES[settings.pipeline]`` over ``READERS[settings.source]``;
