@@ -34,9 +34,8 @@ BATCH_COLUMNS = 4
 # Stored sizes the advice tells apart (longer side, px): a 512 px cap is FFCV's and ours.
 SIZE_CLASSES = (256, 512)
 SIZE_NAMES = ("le256", "le512", "gt512")
-# Histogram rows: the stages, decode by decoder, the image's total.
+# Histogram rows: the stages, decode by decoder, the image's total (the last).
 _ROWS = len(STAGES) + len(KINDS) + 1
-_TOTAL_ROW = _ROWS - 1
 
 
 def ms_bins(seconds: np.ndarray) -> np.ndarray:
@@ -74,9 +73,8 @@ class StageClock:
 
     def end_image(self, rows: np.ndarray, i: int) -> None:
         """Close image ``i`` (its slot copy begun at :attr:`sampled`) into the slot's ``rows``."""
-        t = self.t
-        t[WRITE] += time.perf_counter() - self.sampled
-        rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = t
+        self.t[WRITE] += time.perf_counter() - self.sampled
+        rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = self.t
 
     def end_batch(self, row: np.ndarray, slot_wait: float) -> None:
         """Store worker id, wall s less ``slot_wait``, CPU s and ``slot_wait`` in batch ``row``."""
@@ -109,11 +107,7 @@ def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
     return out
 
 
-def no_clock() -> float:
-    """0.0: the ``time.perf_counter`` of unmeasured stages."""
-    return 0.0
-
-
+no_clock = float  # float() is 0.0: the ``time.perf_counter`` of unmeasured stages
 thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apart from others'
 
 
@@ -230,7 +224,7 @@ class StageLog:
             stages = {name: self._figures(row) if name in self.stages else None
                       for row, name in enumerate(STAGES)}
             means = [s["mean"] for s in stages.values() if s is not None]
-            stages["total"] = self._figures(_TOTAL_ROW) or {
+            stages["total"] = self._figures(_ROWS - 1) or {
                 "mean": sum(means) if means else None, "p50": None, "p90": None}
             workers = [{"id": rid, "images": int(n), "ms_per_image": 1e3 * wall / max(n, 1),
                         "stages_ms_per_image": 1e3 * staged / max(n, 1),
