@@ -23,7 +23,6 @@ class FolderReader(Reader):
     :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
-        self.root = root
         self.classes, files = class_files(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.samples = [(path, label) for path, _, label in files]
