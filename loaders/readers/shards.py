@@ -152,18 +152,13 @@ class ShardReader(Reader):
                 shard, pos = self.locate(start)
                 end = min(stop, self.starts[shard + 1])
                 records = self._records(shard)
-                for at in range(pos + end - start):
-                    record = next(records, None)
-                    if record is None:
-                        raise DataError(f"shard {self.urls[shard]}: ended after {at} records, "
-                                        f"{INDEX_NAME} says {self.counts[shard]}")
-                    if at >= pos:
-                        yield start + at - pos, record
+                yield from zip(range(start, end), itertools.islice(records, pos, None))
                 records.close()
                 start = end
 
     def _records(self, shard: int):
-        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError."""
+        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError, also
+        where it ends short of its count."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:
@@ -171,10 +166,13 @@ class ShardReader(Reader):
                 for record in _opened_records(self.urls[shard], spans, done):
                     done, failures = done + 1, 0
                     yield record
-                return
+                break
             except StreamError as exc:
                 failures += 1
                 self.retries.pause(exc, failures)  # raises DataError past the last try
+        if done < self.counts[shard]:
+            raise DataError(f"shard {self.urls[shard]}: ended after {done} records, "
+                            f"{INDEX_NAME} says {self.counts[shard]}")
 
     def _stream_spans(self, shard: int) -> list | None:
         """The shard's served ``.idx`` rows, if any: ~2 us per record, tar parsing ~57 us."""
