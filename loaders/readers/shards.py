@@ -38,7 +38,6 @@ class ShardReader(Reader):
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
-        self._ahead: dict[int, tuple[bytes, int]] = {}
         self.set_plan([[(0, len(self))]])  # one reader, front to back, until a pass says
 
     def _local_spans(self) -> np.ndarray:
