@@ -37,11 +37,10 @@ class BlockOrder(Order):
                             (self.rank + 1) * len(self))
         # this rank's blocks, each shuffled and reversed: read by pop()
         blocks = [(start + rng.permutation(stop - start)).tolist()[::-1] for start, stop in runs]
-        out, open_blocks, next_block = [], [], 0
+        out, open_blocks, unopened = [], [], iter(blocks)
         for u in rng.random(len(self)).tolist():
-            while len(open_blocks) < self.buffer_blocks and next_block < len(blocks):
-                open_blocks.append(blocks[next_block])
-                next_block += 1
+            while len(open_blocks) < self.buffer_blocks and (block := next(unopened, None)):
+                open_blocks.append(block)
             k = int(u * len(open_blocks))
             out.append(open_blocks[k].pop())
             if not open_blocks[k]:
