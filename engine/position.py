@@ -7,6 +7,7 @@ or order kind; a checkpoint without a position at another world size or ``-b``; 
 (read front to back by fixed workers) dealt anew."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Callable
 
 from engine import ConfigError
@@ -62,8 +63,8 @@ def _legacy_position(checkpoint: dict, batch: int, now: Layout, config: dict,
             f"{where}: a mid-epoch checkpoint from before positions were recorded (saved at "
             f"world size {world or '?'}, -b {saved_b or '?'}) resumes only at that world size "
             "and -b; or resume from an epoch-end checkpoint")
-    return {"consumed": batch * now.world_size * now.batch_size, "origin": now.to_dict(),
-            "layout": now.to_dict()}
+    return {"consumed": batch * now.world_size * now.batch_size, "origin": asdict(now),
+            "layout": asdict(now)}
 
 
 def _check_same_epoch_order(saved: dict, order, seed: int, where: str) -> None:

@@ -6,7 +6,7 @@ import importlib
 import os
 
 from .errors import AcceleratorError, DataError
-from .orders.positions import TRACE_ENV, SampleTrace
+from .orders.positions import TRACE_ENV
 from .pipelines import PIPELINES
 from .readers import READERS, check_same_classes, open_reader, split_paths
 from .settings import DistInfo, Loader, LoaderSettings, input_dtype
@@ -15,10 +15,6 @@ from .timing.throughput import measure as measure_throughput, tree_cpu_seconds
 # The --loader choices: each names a (source, pipeline) pair (LoaderSettings.source/.pipeline);
 # dali reads the source --lmdb or --loader shards names, folders otherwise.
 BACKENDS = ("dali", "folder", "lmdb", "shards", "synthetic")
-
-__all__ = ["AcceleratorError", "BACKENDS", "DataError", "DistInfo", "Loader", "LoaderSettings",
-           "PIPELINES", "READERS", "build_loaders", "close_all", "decoders_line", "input_dtype",
-           "measure_throughput", "split_paths", "tree_cpu_seconds"]
 
 
 def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loader]:
@@ -40,7 +36,7 @@ def build_loaders(settings: LoaderSettings, dist: DistInfo) -> tuple[Loader, Loa
         check_same_classes(train.classes, val.classes)
         train_loader, val_loader = pipeline.build_loaders(train, val, settings, dist)
         trace = os.environ.get(TRACE_ENV)  # tests: what each rank trained
-        train_loader.trace = SampleTrace(trace, dist.rank) if trace else None
+        train_loader.trace = f"{trace}.rank{dist.rank}" if trace else None
     train_loader.erasing = (RandomErasing(settings.random_erase, settings.seed, dist.rank)
                             if settings.random_erase > 0 else None)
     return train_loader, val_loader

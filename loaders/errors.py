@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from formats.errors import DataError
 
-__all__ = ["AcceleratorError", "DataError"]
-
 
 class AcceleratorError(Exception):
     """The GPU or its driver failed (CUDA out of memory, a CUDA error inside a DALI pipeline):

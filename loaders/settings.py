@@ -8,8 +8,6 @@ import torch
 
 from decode.acceptance import MAX_PIXELS
 
-__all__ = ["DistInfo", "Loader", "LoaderSettings", "input_dtype"]
-
 
 @dataclass(frozen=True)
 class LoaderSettings:
@@ -139,6 +137,6 @@ class Loader(Protocol):
 
     def close(self) -> None: ...
 
-    def stage_summary(self, reset: bool = True) -> dict | None: ...
+    def stage_summary(self) -> dict | None: ...
 
     def reset_stages(self) -> None: ...

@@ -17,7 +17,7 @@ import decode
 from benchmarks import runner
 from benchmarks.loading.throughput import main_loader
 from engine.settings import node_cores
-from loaders.readers.folder import open_image_folder
+from loaders.readers.folder import open_reader
 from loaders.transforms import RRC_RATIO, RRC_SCALE
 
 
@@ -113,7 +113,7 @@ def main_cli(argv=None) -> int:
     decode.retain_freed_memory()
     with runner.scratch("profile-dali-") as tmp:
         data = runner.replicate(args.data, os.path.join(tmp, "jpeg"), 16)
-        files = [path for path, _ in open_image_folder(os.path.join(data, "train")).samples]
+        files = [path for path, _ in open_reader(os.path.join(data, "train")).samples]
         stage_rows(files, args.batch_size, args.workers, args.batches)
         loader_rows(data, args.batch_size, args.workers, args.batches, args.rounds)
     return 0

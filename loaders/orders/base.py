@@ -19,10 +19,14 @@ class Order:
     world_size: int
     # Layout fields besides the world size the order changes with (loaders.orders.positions)
     LAYOUT_KEYS = ()
+    SIZES = ()  # fields that must be >= 1 (ValueError)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        if any(getattr(self, key) < 1 for key in self.SIZES):
+            raise ValueError(f"{' and '.join(self.SIZES)} must be >= 1, got "
+                             + ", ".join(str(getattr(self, key)) for key in self.SIZES))
 
     def __len__(self) -> int:
         return self.num_samples // self.world_size
@@ -43,6 +47,21 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool,
     training, no tiny batch for BatchNorm), at most ``max_batches``."""
     count = samples // batch_size if drop_last else -(-samples // batch_size)
     return count if max_batches is None else min(count, max_batches)
+
+
+def segment_runs(starts, counts, units, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Records ``[lo, hi)`` of ``units`` (their first records ``starts[u]``, sizes ``counts[u]``)
+    laid end to end, as record ranges: a rank's segment of an epoch's permuted blocks or shards."""
+    runs, at = [], 0
+    for unit in units.tolist():
+        n = int(counts[unit])
+        if at + n > lo and at < hi:
+            first = int(starts[unit])
+            runs.append((first + max(lo - at, 0), first + min(hi - at, n)))
+        at += n
+        if at >= hi:
+            break
+    return runs
 
 
 def train_batch_size(order: Order, batch_size: int) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..draws import keyed_rng
-from .base import Order
+from .base import Order, segment_runs
 
 
 @dataclass(eq=False)
@@ -27,35 +27,20 @@ class BlockOrder(Order):
     rank: int = 0
     world_size: int = 1
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1 or self.buffer_blocks < 1:
-            raise ValueError(f"block_size and buffer_blocks must be >= 1, got {self.block_size}, "
-                             f"{self.buffer_blocks}")
-        super().__post_init__()
+    SIZES = ("block_size", "buffer_blocks")
 
     def order(self, epoch: int) -> list[int]:
         rng = keyed_rng(self.seed, epoch)
-        n, size = self.num_samples, self.block_size
-        num_blocks = -(-n // size)
-        order = rng.permutation(num_blocks)
-        # Record offsets of each permuted block inside the concatenation.
-        lengths = np.minimum(size, n - order * size)
-        ends = np.cumsum(lengths)
-        lo, hi = self.rank * len(self), (self.rank + 1) * len(self)
-        blocks = []  # this rank's blocks, each shuffled and reversed: read by pop()
-        for b in range(int(np.searchsorted(ends, lo, side="right")), num_blocks):
-            block_lo = int(ends[b] - lengths[b])
-            if block_lo >= hi:
-                break
-            cut_lo, cut_hi = max(lo, block_lo), min(hi, int(ends[b]))
-            first = int(order[b]) * size + cut_lo - block_lo
-            blocks.append((first + rng.permutation(cut_hi - cut_lo)).tolist()[::-1])
-        out, open_blocks, next_block = [], [], 0
+        starts = np.arange(0, self.num_samples, self.block_size)
+        runs = segment_runs(starts, np.minimum(self.block_size, self.num_samples - starts),
+                            rng.permutation(len(starts)), self.rank * len(self),
+                            (self.rank + 1) * len(self))
+        # this rank's blocks, each shuffled and reversed: read by pop()
+        blocks = [(start + rng.permutation(stop - start)).tolist()[::-1] for start, stop in runs]
+        out, open_blocks, unopened = [], [], iter(blocks)
         for u in rng.random(len(self)).tolist():
-            while len(open_blocks) < self.buffer_blocks and next_block < len(blocks):
-                open_blocks.append(blocks[next_block])
-                next_block += 1
+            while len(open_blocks) < self.buffer_blocks and (block := next(unopened, None)):
+                open_blocks.append(block)
             k = int(u * len(open_blocks))
             out.append(open_blocks[k].pop())
             if not open_blocks[k]:

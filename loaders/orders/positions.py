@@ -26,9 +26,6 @@ class Layout:
         """Raises ``KeyError``/``TypeError``/``ValueError`` for a malformed record."""
         return cls(*(int(saved[key]) for key in ("world_size", "batch_size", "workers")))
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def describe(self) -> str:
         return f"{self.world_size} process(es) x -b {self.batch_size} per process"
 
@@ -84,7 +81,7 @@ def position_record(order, now: Layout, rest: RestOfEpoch | None, epoch: int,
     if rest is not None and rest.epoch == epoch:
         consumed += rest.consumed - rest.start_batch * now.world_size * now.batch_size
         origin = rest.origin
-    return {"consumed": int(consumed), "origin": origin.to_dict(), "layout": now.to_dict(),
+    return {"consumed": int(consumed), "origin": asdict(origin), "layout": asdict(now),
             "num_samples": int(order.num_samples), "seed": getattr(order, "seed", None),
             "order": type(order).__name__}
 
@@ -97,7 +94,8 @@ class PositionedLoader:
 
     rest: RestOfEpoch | None = None
     erasing = None
-    trace: "SampleTrace | None" = None
+    # Test hook (TRACE_ENV): a JSON line per training batch appended to this path (PATH.rankR)
+    trace: str | None = None
     epoch = start_batch = 0
 
     def __len__(self) -> int:
@@ -123,10 +121,13 @@ class PositionedLoader:
         return batches if self.trace is None else self._traced(batches)
 
     def _traced(self, batches: Iterator) -> Iterator:
-        indices = self.pass_indices()
+        indices, size = self.pass_indices(), self.batch_size
         try:
             for step, batch in enumerate(batches):
-                self.trace.record(self.epoch, self.start_batch, indices, self.batch_size, step)
+                chunk = [int(i) for i in indices[step * size:(step + 1) * size]]
+                with open(self.trace, "a") as f:
+                    f.write(json.dumps({"epoch": self.epoch, "batch": self.start_batch + step,
+                                        "indices": chunk}) + "\n")
                 yield batch
         finally:
             if hasattr(batches, "close"):
@@ -153,18 +154,3 @@ class PositionedLoader:
     def position(self, epoch: int, batch: int) -> dict:
         """:func:`position_record` before batch ``batch`` of ``epoch``."""
         return position_record(self.position_order, self.layout, self.rest, epoch, batch)
-
-
-class SampleTrace:
-    """Test hook (:data:`TRACE_ENV`): a JSON line per training batch, appended to ``PATH.rankR``."""
-
-    def __init__(self, path: str, rank: int):
-        self.path = f"{path}.rank{rank}"
-
-    def record(self, epoch: int, start_batch: int, indices: list[int], batch_size: int,
-               step: int) -> None:
-        """Record batch ``start_batch + step`` of a pass over ``indices``."""
-        chunk = [int(i) for i in indices[step * batch_size:(step + 1) * batch_size]]
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"epoch": epoch, "batch": start_batch + step, "indices": chunk})
-                    + "\n")

@@ -50,11 +50,10 @@ class RepeatedAugmentationOrder(Order):
     rank: int = 0
     world_size: int = 1
     seed: int = 0
+    SIZES = ("repetitions",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.repetitions < 1:
-            raise ValueError(f"repetitions must be >= 1, got {self.repetitions}")
         if len(self) == 0:
             n = self.num_samples
             raise DataError(f"--ra-sampler: torchvision's RASampler reads floor({n} // 256 x "

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ..draws import keyed_rng
-from .base import Order, batches_per_epoch
+from .base import Order, batches_per_epoch, segment_runs
 
 
 def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers: int,
@@ -19,27 +19,18 @@ def _pieces(runs: list[tuple[int, int]], batches: int, batch_size: int, workers:
     sizes = [len(range(w, batches, workers)) * batch_size for w in range(workers)]
     if batches:  # the last batch, worker (batches - 1) % W's, holds the rest
         sizes[(batches - 1) % workers] -= batches * batch_size - total
-    pieces, run, offset = [], 0, 0
-    for size in sizes:
-        piece = []
-        while size > 0:
-            start, stop = runs[run]
-            take = min(size, stop - start - offset)
-            piece.append((start + offset, start + offset + take))
-            size, offset = size - take, offset + take
-            if start + offset == stop:
-                run, offset = run + 1, 0
-        pieces.append(piece)
-    return pieces
+    starts, stops = np.array(runs, dtype=np.int64).reshape(-1, 2).T
+    ends = np.cumsum([0, *sizes]).tolist()
+    return [segment_runs(starts, stops - starts, np.arange(len(runs)), lo, hi) if lo < hi else []
+            for lo, hi in zip(ends, ends[1:])]
 
 
 def _interleave(pieces: list[list[int]], batches: int, batch_size: int) -> list[int]:
-    """Batch ``k`` is the next ``batch_size`` indices of piece ``k % W``."""
-    out, cursors = [], [0] * len(pieces)
+    """Batch ``k`` is the next ``batch_size`` indices of piece ``k % W``: its ``k // W``-th."""
+    out = []
     for k in range(batches):
-        w = k % len(pieces)
-        out.extend(pieces[w][cursors[w]: cursors[w] + batch_size])
-        cursors[w] += batch_size
+        j, w = divmod(k, len(pieces))
+        out.extend(pieces[w][j * batch_size:(j + 1) * batch_size])
     return out
 
 
@@ -77,12 +68,10 @@ class StreamTrainOrder(Order):
     seed: int = 0
     buffer: int = 1000
     LAYOUT_KEYS = ("batch_size", "workers")
+    SIZES = ("batch_size", "buffer")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_size < 1 or self.buffer < 1:
-            raise ValueError(f"batch_size and buffer must be >= 1, got {self.batch_size}, "
-                             f"{self.buffer}")
         self.counts = np.asarray(self.counts, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         self.workers = max(1, self.workers)
@@ -94,19 +83,9 @@ class StreamTrainOrder(Order):
 
     def runs(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's record ranges of ``epoch`` in reading order, ``len(self)`` records."""
-        rng = keyed_rng(self.seed, epoch)
-        shards = rng.permutation(len(self.counts))
+        shards = keyed_rng(self.seed, epoch).permutation(len(self.counts))
         lo = self.rank * (self.num_samples // self.world_size)
-        hi, runs, at = lo + len(self), [], 0
-        for s in shards.tolist():
-            n = int(self.counts[s])
-            if at + n > lo and at < hi:
-                first = int(self.starts[s])
-                runs.append((first + max(lo - at, 0), first + min(hi - at, n)))
-            at += n
-            if at >= hi:
-                break
-        return runs
+        return segment_runs(self.starts, self.counts, shards, lo, lo + len(self))
 
     def pieces(self, epoch: int) -> list[list[tuple[int, int]]]:
         """Each worker's record ranges of ``epoch``, in the order it reads them."""

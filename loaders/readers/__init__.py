@@ -9,8 +9,6 @@ from ..errors import DataError
 from ..orders import Order, ShardOrder, shuffled_order
 from ..settings import DistInfo, LoaderSettings
 
-__all__ = ["READERS", "Reader", "check_same_classes", "open_reader", "split_paths"]
-
 # source name (LoaderSettings.source) -> module whose open_reader(path, settings) makes one
 READERS = {
     "folder": "loaders.readers.folder",

@@ -23,7 +23,6 @@ class FolderReader(Reader):
     :class:`~formats.sources.DatasetError` if ``root`` has no class folder or no file."""
 
     def __init__(self, root: str):
-        self.root = root
         self.classes, files = class_files(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.samples = [(path, label) for path, _, label in files]
@@ -39,7 +38,7 @@ class FolderReader(Reader):
         return self.samples[index][0]
 
 
-def open_image_folder(root: str, settings: LoaderSettings | None = None) -> FolderReader:
+def open_reader(root: str, settings: LoaderSettings | None = None) -> FolderReader:
     """``root``'s :class:`FolderReader`. Raises :class:`DataError` for an LMDB, not a folder."""
     if is_lmdb(root):
         raise DataError(f"{root}: is an LMDB database; add --lmdb")
@@ -49,6 +48,3 @@ def open_image_folder(root: str, settings: LoaderSettings | None = None) -> Fold
         return FolderReader(root)
     except DatasetError as exc:
         raise DataError(str(exc)) from None
-
-
-open_reader = open_image_folder

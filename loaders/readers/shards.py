@@ -24,22 +24,20 @@ SHUFFLE_BUFFER = 1000  # records; WebDataset's ImageNet examples use 1,000-5,000
 
 class ShardReader(Reader):
     """A split's shards: local ones by ``pread`` at their ``.idx`` offsets, streams front to back
-    (``cache`` records read ahead, retried as ``retries`` says). Raises :class:`DataError` for
-    a missing, truncated or malformed shard or a stream failing each try."""
+    (4 x ``SHUFFLE_BUFFER`` records read ahead, retried as ``retries`` says). Raises
+    :class:`DataError` for a missing, truncated or malformed shard or a stream failing each try."""
 
-    def __init__(self, index: ShardIndex, urls: list[str], cache: int = 4 * SHUFFLE_BUFFER,
-                 retries: Retries = Retries()):
-        self.index, self.urls, self.cache, self.retries = index, urls, cache, retries
+    def __init__(self, index: ShardIndex, urls: list[str], retries: Retries = Retries()):
+        self.index, self.urls, self.retries = index, urls, retries
         self.classes = list(index.classes)
-        counts = [s["records"] for s in index.shards]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+        self.counts = [s["records"] for s in index.shards]
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64).tolist()
         self.streaming = any(is_stream(u) for u in urls)
         self.random_access = not self.streaming
         self._order = self._followed = None  # plan_pass's order, the pass follow took
         self.spans = None if self.streaming else self._local_spans()
         self._files: OrderedDict[int, int] = OrderedDict()
         self._files_lock = threading.Lock()  # DALI's feeds read from several threads
-        self._ahead: dict[int, tuple[bytes, int]] = {}
         self.set_plan([[(0, len(self))]])  # one reader, front to back, until a pass says
 
     def _local_spans(self) -> np.ndarray:
@@ -131,45 +129,35 @@ class ShardReader(Reader):
             first = self._first[piece]
             start = first if 0 <= first <= position else position
             self._first[piece] = -1  # a restart reads from `position`: the rest is in _ahead
-            self._stream = [piece, start, self._piece_records(self._from(piece, start))]
+            self._stream = [piece, start, self._piece_records(piece, start)]
         for at, record in self._stream[2]:
             self._stream[1] += 1
             if at == index:
                 return record
             self._ahead[at] = record
-            if len(self._ahead) > self.cache:  # oldest first: read again if still needed
+            if len(self._ahead) > 4 * SHUFFLE_BUFFER:  # oldest first: read again if needed
                 self._ahead.pop(next(iter(self._ahead)))
         raise IndexError(f"record {index} not found in its reading plan")
 
-    def _from(self, piece: int, position: int) -> list[tuple[int, int]]:
-        """The runs of ``piece`` from reading position ``position`` on."""
+    def _piece_records(self, piece: int, position: int):
+        """``(index, record)`` of ``piece``'s records from reading position ``position`` on, each
+        shard opened once per run."""
         offsets = self._offsets[piece]
         run = bisect.bisect_right(offsets, position) - 1
         runs = list(self._pieces[piece][run:])
-        start, stop = runs[0]
-        runs[0] = (start + position - offsets[run], stop)
-        return runs
-
-    def _piece_records(self, runs: list[tuple[int, int]]):
-        """``(index, record)`` of the records in ``runs``, each shard opened once per run."""
+        runs[0] = (runs[0][0] + position - offsets[run], runs[0][1])
         for start, stop in runs:
             while start < stop:
                 shard, pos = self.locate(start)
                 end = min(stop, self.starts[shard + 1])
                 records = self._records(shard)
-                for at in range(pos + end - start):
-                    record = next(records, None)
-                    if record is None:
-                        raise DataError(
-                            f"shard {self.urls[shard]}: ended after {at} records, "
-                            f"{INDEX_NAME} says {self.index.shards[shard]['records']}")
-                    if at >= pos:
-                        yield start + at - pos, record
+                yield from zip(range(start, end), itertools.islice(records, pos, None))
                 records.close()
                 start = end
 
     def _records(self, shard: int):
-        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError."""
+        """The shard's ``(jpeg_bytes, label)`` records, retried past those given; DataError, also
+        where it ends short of its count."""
         spans = self._stream_spans(shard)
         done = failures = 0
         while True:
@@ -177,10 +165,13 @@ class ShardReader(Reader):
                 for record in _opened_records(self.urls[shard], spans, done):
                     done, failures = done + 1, 0
                     yield record
-                return
+                break
             except StreamError as exc:
                 failures += 1
                 self.retries.pause(exc, failures)  # raises DataError past the last try
+        if done < self.counts[shard]:
+            raise DataError(f"shard {self.urls[shard]}: ended after {done} records, "
+                            f"{INDEX_NAME} says {self.counts[shard]}")
 
     def _stream_spans(self, shard: int) -> list | None:
         """The shard's served ``.idx`` rows, if any: ~2 us per record, tar parsing ~57 us."""
@@ -192,17 +183,16 @@ class ShardReader(Reader):
             rows = read_idx(read_text(idx), name)
         except Exception:  # noqa: BLE001 - none served, or not ours: parse the tar instead
             return None
-        return rows if len(rows) == self.index.shards[shard]["records"] else None
+        return rows if len(rows) == self.counts[shard] else None
 
     def train_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamTrainOrder:
         """:class:`~loaders.orders.StreamTrainOrder` (``SHUFFLE_BUFFER`` records), one piece per
         ``settings.workers``, for every pipeline. Raises :class:`DataError` for ``--ra-sampler``."""
         if settings.ra_sampler and dist.distributed:
             raise DataError("--ra-sampler needs random access: not with --loader shards")
-        counts = [s["records"] for s in self.index.shards]
         # an epoch smaller than one batch per rank is one smaller batch (train_batch_size)
-        batch = max(1, min(settings.batch_size, sum(counts) // dist.world_size))
-        return StreamTrainOrder(counts, batch, settings.workers, dist.rank, dist.world_size,
+        batch = max(1, min(settings.batch_size, len(self) // dist.world_size))
+        return StreamTrainOrder(self.counts, batch, settings.workers, dist.rank, dist.world_size,
                                 settings.seed, SHUFFLE_BUFFER)
 
     def val_order(self, settings: LoaderSettings, dist: DistInfo) -> StreamValOrder:
@@ -222,10 +212,8 @@ class ShardReader(Reader):
             self._first, self._followed = list(reading[2]), reading
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_files=OrderedDict(), _stream=None, _ahead={})
-        del state["_files_lock"]
-        return state
+        return {**self.__dict__, "_files": OrderedDict(), "_stream": None, "_ahead": {},
+                "_files_lock": None}  # a lock does not pickle: __setstate__ makes one
 
     def __setstate__(self, state):
         self.__dict__.update(state, _files_lock=threading.Lock())
@@ -238,10 +226,8 @@ def _opened_records(url: str, spans, skip: int):
     error = StreamError if is_stream(url) else DataError
     ended = False
     try:
-        if spans is not None:
-            yield from _cut_at_offsets(stream, spans, url, skip)
-        else:
-            yield from itertools.islice(_tar_records(stream, url), skip, None)
+        yield from (_cut_at_offsets(stream, spans, url, skip) if spans is not None
+                    else itertools.islice(_tar_records(stream, url), skip, None))
         ended = True
     except DataError:
         raise
@@ -256,29 +242,19 @@ def _opened_records(url: str, spans, skip: int):
 
 
 def _cut_at_offsets(stream, spans, url: str, first: int = 0):
-    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading the tar once."""
-    at = 0
+    """``(jpeg_bytes, label)`` per ``.idx`` row from row ``first`` on, reading the tar once (what
+    lies between the members skipped)."""
+    at, error = 0, StreamError if is_stream(url) else DataError
     for number, (image_at, image_size, label_at, label_size) in enumerate(spans[first:], first):
         parts = {}
         for offset, size in sorted([(image_at, image_size), (label_at, label_size)]):
-            parts[offset] = _read_at(stream, at, offset, size, url, number)
+            while at < offset and (skipped := len(stream.read(min(offset - at, 1 << 20)))):
+                at += skipped
+            parts[offset] = stream.read(size) if at == offset else b""
+            if len(parts[offset]) != size:  # a cut connection, or a short file
+                raise error(f"shard {url}: ended after {number} records (truncated?)")
             at = offset + size
         yield parts[image_at], _label(parts[label_at], url)
-
-
-def _read_at(stream, at: int, offset: int, size: int, url: str, number: int) -> bytes:
-    """``size`` bytes at ``offset`` of a stream now at ``at`` (skipping what lies between)."""
-    skip = offset - at
-    while skip > 0:
-        skipped = len(stream.read(min(skip, 1 << 20)))
-        if not skipped:
-            break
-        skip -= skipped
-    data = stream.read(size) if skip == 0 else b""
-    if len(data) != size:  # a cut connection, or a short file
-        error = StreamError if is_stream(url) else DataError
-        raise error(f"shard {url}: ended after {number} records (truncated?)")
-    return data
 
 
 def _tar_records(stream, url: str):

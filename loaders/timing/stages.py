@@ -34,25 +34,14 @@ BATCH_COLUMNS = 4
 # Stored sizes the advice tells apart (longer side, px): a 512 px cap is FFCV's and ours.
 SIZE_CLASSES = (256, 512)
 SIZE_NAMES = ("le256", "le512", "gt512")
-# Histogram rows: the stages, decode by decoder, the image's total.
+# Histogram rows: the stages, decode by decoder, the image's total (the last).
 _ROWS = len(STAGES) + len(KINDS) + 1
-_TOTAL_ROW = _ROWS - 1
 
 
 def ms_bins(seconds: np.ndarray) -> np.ndarray:
     """The histogram bin of each of ``seconds`` (any shape; off 1 us - 100 s: the end bins)."""
     bins = np.searchsorted(EDGES_MS, seconds * 1e3, side="right") - 1
     return np.clip(bins, 0, len(MIDDLES_MS) - 1)
-
-
-def quantiles(counts: np.ndarray) -> list[float | None]:
-    """The median and p90 (ms) of one histogram row (bin middles); None if it is empty."""
-    total = counts.sum()
-    if total == 0:
-        return [None, None]
-    cumulative = np.cumsum(counts)
-    return [float(MIDDLES_MS[np.searchsorted(cumulative, q * total, side="left")])
-            for q in (0.5, 0.9)]
 
 
 def p50_p90(seconds: list) -> dict:
@@ -84,9 +73,8 @@ class StageClock:
 
     def end_image(self, rows: np.ndarray, i: int) -> None:
         """Close image ``i`` (its slot copy begun at :attr:`sampled`) into the slot's ``rows``."""
-        t = self.t
-        t[WRITE] += time.perf_counter() - self.sampled
-        rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = t
+        self.t[WRITE] += time.perf_counter() - self.sampled
+        rows[i * IMAGE_COLUMNS:(i + 1) * IMAGE_COLUMNS] = self.t
 
     def end_batch(self, row: np.ndarray, slot_wait: float) -> None:
         """Store worker id, wall s less ``slot_wait``, CPU s and ``slot_wait`` in batch ``row``."""
@@ -119,11 +107,7 @@ def timed_transform(transform, data: bytes, frame, t: list) -> "torch.Tensor":
     return out
 
 
-def no_clock() -> float:
-    """0.0: the ``time.perf_counter`` of unmeasured stages."""
-    return 0.0
-
-
+no_clock = float  # float() is 0.0: the ``time.perf_counter`` of unmeasured stages
 thread_cpu = time.thread_time  # a feed or decode thread's own CPU seconds, apart from others'
 
 
@@ -172,9 +156,7 @@ class StageLog:
             self.hist += np.bincount(flat, minlength=self.hist.size).reshape(self.hist.shape)
             self.sums += np.nansum(seconds, axis=1)
             self.counts += present.sum(axis=1)
-            for c in range(len(SIZE_NAMES)):
-                mine = size_class == c
-                self.by_size[c] += (mine.sum(), decode_s[mine].sum(), total_s[mine].sum())
+            np.add.at(self.by_size, size_class, np.stack([np.ones(count), decode_s, total_s], 1))
         self.add_reader(int(batch[WORKER]), count, batch[WALL], batch[CPU], total_s.sum(),
                         float(rows[:, BYTES].sum()), batch[SLOT_WAIT])
 
@@ -224,10 +206,12 @@ class StageLog:
             self.decoder += (count, wall, cpu)
 
     def _figures(self, row: int) -> dict | None:
-        count = int(self.counts[row])
+        """Mean, median and p90 (ms; the quantiles at bin middles) of ``row``; None if empty."""
+        count = int(self.counts[row])  # the row's histogram holds as many
         if not count:
             return None
-        p50, p90 = quantiles(self.hist[row])
+        at = np.searchsorted(np.cumsum(self.hist[row]), (0.5 * count, 0.9 * count), side="left")
+        p50, p90 = MIDDLES_MS[at].tolist()
         return {"mean": 1e3 * self.sums[row] / count, "p50": p50, "p90": p90}
 
     def summary(self) -> dict:
@@ -240,7 +224,7 @@ class StageLog:
             stages = {name: self._figures(row) if name in self.stages else None
                       for row, name in enumerate(STAGES)}
             means = [s["mean"] for s in stages.values() if s is not None]
-            stages["total"] = self._figures(_TOTAL_ROW) or {
+            stages["total"] = self._figures(_ROWS - 1) or {
                 "mean": sum(means) if means else None, "p50": None, "p90": None}
             workers = [{"id": rid, "images": int(n), "ms_per_image": 1e3 * wall / max(n, 1),
                         "stages_ms_per_image": 1e3 * staged / max(n, 1),
@@ -249,15 +233,14 @@ class StageLog:
                         "slot_wait_ms": None if np.isnan(wait) else 1e3 * wait / max(batches, 1)}
                        for rid, (batches, n, wall, cpu, wait, staged, _) in
                        sorted(self.workers.items())]
-            read_images = sum(w["images"] for w in workers)
-            read_wall = sum(s[2] for s in self.workers.values())
+            _, read_images, read_wall, *_, nbytes = sum(self.workers.values(), np.zeros(7))
             images, wall, cpu = self.decoder
             decoder = None if not images else {
                 "where": self.decoder_name, "images": int(images),
                 "ms_per_image": 1e3 * wall / images,
                 "images_per_sec": images / wall if wall > 0 else None,
                 "thread_cpu_share": cpu / wall if wall > 0 else None}
-            n = int(images) or read_images
+            n = int(images) or int(read_images)
             decoders = {kind: {"share": int(self.counts[row]) / n, **self._figures(row)}
                         for row, kind in enumerate(KINDS, start=len(STAGES))
                         if self.counts[row]}
@@ -267,7 +250,6 @@ class StageLog:
                 for name, (count, dec, tot) in zip(SIZE_NAMES, self.by_size)}
             rates = [r for r in (sum(w["images_per_sec"] or 0 for w in workers) or None,
                      decoder and decoder["images_per_sec"]) if r]
-            nbytes = sum(s[6] for s in self.workers.values())
             return {"images": n, "stages": stages, "decoders": decoders, "workers": workers,
                     "readers": self.readers_name,
                     "worker_ms_per_image": 1e3 * read_wall / read_images if read_images else None,
@@ -284,14 +266,13 @@ class StagedLoader:
     stage_log: StageLog | None = None
     workers_configured = 0
 
-    def stage_summary(self, reset: bool = True) -> dict | None:
-        """The log's ``summary()`` with ``workers_configured`` (then reset if ``reset``), or
-        None where nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
+    def stage_summary(self) -> dict | None:
+        """The log's ``summary()`` with ``workers_configured``, then the log reset; None where
+        nothing is measured (validation, ``IMAGENET_FAST_STAGES=0``)."""
         if self.stage_log is None:
             return None
         figures = {**self.stage_log.summary(), "workers_configured": self.workers_configured}
-        if reset:
-            self.stage_log.reset()
+        self.stage_log.reset()
         return figures
 
     def reset_stages(self) -> None:

@@ -5,6 +5,7 @@ import glob
 import itertools
 import os
 import time
+from contextlib import suppress
 
 import torch
 
@@ -48,19 +49,13 @@ def tree_cpu_seconds() -> float | None:
         tick = os.sysconf("SC_CLK_TCK")
         pids = {os.getpid()}
         for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-            try:
-                with open(path) as f:
-                    pids.update(int(pid) for pid in f.read().split())
-            except OSError:  # a thread that ended meanwhile
-                pass
+            with suppress(OSError), open(path) as f:  # a thread that ended meanwhile
+                pids.update(int(pid) for pid in f.read().split())
         total = 0.0
         for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:  # a child that ended meanwhile
-                continue
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            with suppress(OSError), open(f"/proc/{pid}/stat") as f:  # a child that ended meanwhile
+                fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         return total
     except (OSError, ValueError, IndexError):
         return None

@@ -58,11 +58,8 @@ def equalize(image, magnitude=0.0, interpolation=None):
     for c in range(3):
         hist = np.bincount(pixels[c].reshape(-1), minlength=256)
         step = (hist.sum() - hist[np.flatnonzero(hist)[-1]]) // 255
-        if step == 0:
-            tables.append(np.arange(256, dtype=np.uint8))
-            continue
-        table = np.zeros(256, dtype=np.int64)
-        table[1:] = (np.cumsum(hist)[:-1] + step // 2) // step
+        below = np.cumsum(hist) - hist  # pixels under each level: level 0 maps to 0
+        table = np.arange(256) if step == 0 else (below + step // 2) // step
         tables.append(np.clip(table, 0, 255).astype(np.uint8))
     return _lut(image, np.stack(tables))
 
@@ -154,10 +151,8 @@ def rotate(image, magnitude, interpolation="bilinear"):
     height, width = image.shape[-2:]
     if angle == 0:
         return image.clone()
-    if angle == 180:
-        return torch.rot90(image, k=2, dims=(-2, -1))
-    if height == width and angle in (90, 270):
-        return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
+    if angle == 180 or (height == width and angle in (90, 270)):
+        return torch.rot90(image, k=int(angle // 90), dims=(-2, -1))
     matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0])
     return warp(image, matrix, interpolation)
 

@@ -57,8 +57,7 @@ class _Policy:
         self._tables: dict = {}
 
     def pick_op(self) -> str:
-        ops = tuple(self.space)
-        return ops[int(torch.randint(len(ops), ()))]
+        return list(self.space)[int(torch.randint(len(self.space), ()))]
 
     def apply(self, image: torch.Tensor, op: str, bins: int, index: int | None = None,
               drawn: int = 0) -> torch.Tensor:

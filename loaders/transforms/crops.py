@@ -135,8 +135,7 @@ def center_crop_plan(height: int, width: int, resize_size: int, crop_size: int):
     box = center_crop_box(height, width, resize_size, crop_size)
     reach = (math.ceil(height / size[0]) + 2, math.ceil(width / size[1]) + 2)
     top, left = (max(0, math.floor(v) - r) for v, r in zip(box[:2], reach))
-    bottom = min(height, math.ceil(box[2]) + reach[0])
-    right = min(width, math.ceil(box[3]) + reach[1])
+    bottom, right = (min(n, math.ceil(v) + r) for n, v, r in zip((height, width), box[2:], reach))
     return (top, left, bottom - top, right - left), (height, width, *size, crop_top, crop_left)
 
 

@@ -47,12 +47,11 @@ class RandomErasing:
         boxes = self.boxes(epoch, batch, count, height, width)
         if not any(boxes):
             return images
-        edges = torch.tensor([box and (box[0], box[0] + box[2], box[1], box[1] + box[3])
-                              or (0, 0, 0, 0) for box in boxes], dtype=torch.int64)
+        edges = torch.tensor([box or (0, 0, 0, 0) for box in boxes], dtype=torch.int64)
         edges = edges.to(images.device, non_blocking=True)
         rows = torch.arange(height, device=images.device)[None, :, None]
         cols = torch.arange(width, device=images.device)[None, None, :]
-        top, bottom, left, right = (edges[:, k, None, None] for k in range(4))
-        mask = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+        top, left, h, w = (edges[:, k, None, None] for k in range(4))
+        mask = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
         return images.masked_fill_(mask[:, None], 0)
 

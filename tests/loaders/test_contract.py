@@ -116,11 +116,9 @@ class MemoryReader(Reader):
 def test_a_new_reader_plugs_into_every_pipeline(tiny, pipeline):
     import importlib
 
-    from loaders.readers.folder import open_image_folder
-
     settings = loader_settings("folder" if pipeline != "dali" else "dali", data=tiny.root,
                                workers=2, decode_device=_DECODE_DEVICE[pipeline])
-    pair = [MemoryReader(open_image_folder(os.path.join(tiny.root, split)))
+    pair = [MemoryReader(open_reader("folder", os.path.join(tiny.root, split), settings))
             for split in ("train", "val")]
     module = importlib.import_module(loaders.PIPELINES[pipeline])
     check_contract(*module.build_loaders(*pair, settings, DistInfo()), tiny.num_classes)

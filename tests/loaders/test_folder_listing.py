@@ -9,7 +9,7 @@ from torchvision import datasets
 import folder2lmdb
 from formats.conversion import REPORT_NAME
 from formats.lmdb import read_meta
-from loaders.readers.folder import open_image_folder
+from loaders.readers.folder import open_reader
 from tests.helpers.runs import SMALL, cli_in_process
 
 
@@ -45,7 +45,7 @@ def mac_copy(root: str, to: str) -> str:
 def test_samples_and_labels_are_image_folders_on_a_plain_tree(tiny):
     for split in ("train", "val"):
         root = os.path.join(tiny.root, split)
-        ours, ref = open_image_folder(root), datasets.ImageFolder(root)
+        ours, ref = open_reader(root), datasets.ImageFolder(root)
         assert ours.classes == ref.classes and ours.class_to_idx == ref.class_to_idx
         assert ours.samples == ref.samples
 
@@ -53,7 +53,7 @@ def test_samples_and_labels_are_image_folders_on_a_plain_tree(tiny):
 def test_mac_copied_folder_trains_and_converts_to_the_same_samples(tiny, tmp_path, capfd):
     mac = mac_copy(tiny.root, str(tmp_path / "mac"))
     for split in ("train", "val"):
-        reader = open_image_folder(os.path.join(mac, split))
+        reader = open_reader(os.path.join(mac, split))
         summary = folder2lmdb.convert(os.path.join(mac, split), str(tmp_path / "db" / split),
                                       progress=False)
         plain = datasets.ImageFolder(os.path.join(tiny.root, split))

@@ -1,4 +1,6 @@
 """loaders.orders.positions: an epoch's global order, and its rest dealt anew at another layout."""
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 
@@ -77,7 +79,7 @@ def test_chained_resumes_stay_a_prefix():
     full = global_order(make(0, origin), EPOCH, origin).tolist()
     first = rest_of_epoch(make(1, mid), EPOCH, 8, origin, mid, 1)
     record = position_record(make(1, mid), mid, first, EPOCH, first.start_batch + 2)
-    assert record["consumed"] == 8 + 2 * 3 * 2 and record["origin"] == origin.to_dict()
+    assert record["consumed"] == 8 + 2 * 3 * 2 and record["origin"] == asdict(origin)
     read, _ = read_rest(make, record["consumed"], origin, last)
     assert read == full[20:20 + len(read)] and len(full) - 20 - len(read) < 4
 
