@@ -7,20 +7,13 @@ import torch.nn.functional as nnf
 
 from . import acceptance, headers, jpeg, messages, raw
 from .acceptance import Frame, Refused, read_frame
-from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
-                        decoder_name, image_library, pil_decode, use)
+from .libraries import decode_image, decode_jpeg, decoder_name, image_library, pil_decode
 from .memory import release_freed_memory, retain_freed_memory
 from .raw import is_raw
 
 # What the decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
 # PIL (OSError incl. UnidentifiedImageError, ValueError), the LMDB codec (ValueError, KeyError)
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
-
-__all__ = ["DECODE_ERRORS", "Frame", "acceptance", "backends", "crop_decoder_status", "decode",
-           "decode_crop", "decode_image", "decode_jpeg", "decode_jpeg_luma", "decode_window",
-           "decoder_key", "decoder_name", "headers", "image_library", "image_size", "is_raw",
-           "messages", "release_freed_memory", "resize", "retain_freed_memory", "status_line",
-           "use", "window_size"]
 
 
 def decode(data: bytes) -> torch.Tensor:
