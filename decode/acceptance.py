@@ -31,7 +31,6 @@ _KINDS = {0xC0: "baseline JPEG", 0xC1: "extended sequential JPEG", 0xC2: "progre
 _FRAMES = _OTHER_SOF.union(_KINDS)
 # The kinds whose frame the decoders here take as read (DCT, Huffman-coded)
 DCT_JPEGS = frozenset(_KINDS.values())
-_SIZE = struct.Struct(">HH")
 
 
 class Refused(ValueError):
@@ -119,7 +118,7 @@ def _jpeg_frame(data: bytes) -> Frame | None:
             sof, body = marker, data[pos + 4:end]
     if sof is None or scan is None:
         return None
-    height, width = _SIZE.unpack_from(body, 1)
+    height, width = struct.unpack_from(">HH", body, 1)
     kind = _KINDS.get(sof, "unusual JPEG")
     count = min(body[5], (len(body) - 6) // 3)
     if sof in _OTHER_SOF or not count or not height or not width:
