@@ -262,8 +262,6 @@ def _without_exif(data: bytes) -> bytes:
         spans = [(pos, end) for kind, pos, end in png_chunks(data) if kind == b"eXIf"]
     else:
         return data
-    if not spans:
-        return data
     kept = zip([0] + [end for _, end in spans], [begin for begin, _ in spans] + [len(data)])
     return b"".join(data[start:stop] for start, stop in kept)
 
