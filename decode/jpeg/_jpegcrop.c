@@ -15,20 +15,20 @@
 
 struct err_mgr { struct jpeg_error_mgr pub; jmp_buf jump; int code; };
 
-static void on_error(j_common_ptr cinfo) {
-    struct err_mgr *err = (struct err_mgr *)cinfo->err;
-    err->code = -1;
+/* Leave through jc_decode's setjmp, which cleans up and returns code. */
+static void stop(struct err_mgr *err, int code) {
+    err->code = code;
     longjmp(err->jump, 1);
 }
+
+static void on_error(j_common_ptr cinfo) { stop((struct err_mgr *)cinfo->err, -1); }
 
 /* Level -1, a warning about corrupt data (premature end, bad Huffman code, ...): printed as libjpeg
    prints it ("Corrupt JPEG data: ..." on stderr, which decode/messages.py catches), then stop. */
 static void on_emit(j_common_ptr cinfo, int level) {
-    struct err_mgr *err = (struct err_mgr *)cinfo->err;
     if (level < 0) {
         (*cinfo->err->output_message)(cinfo);
-        err->code = -3;
-        longjmp(err->jump, 1);
+        stop((struct err_mgr *)cinfo->err, -3);
     }
 }
 
@@ -47,7 +47,6 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_emit;
-    err.code = 0;
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
@@ -62,10 +61,8 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     jpeg_calc_output_dimensions(&cinfo);
     int width = (int)cinfo.output_width;
     if ((denom != 1 && denom != 2 && denom != 4 && denom != 8) || x < 0 || y < 0 || w < 1 ||
-        h < 1 || x + w > width || y + h > (int)cinfo.output_height) {
-        jpeg_destroy_decompress(&cinfo);
-        return -2;
-    }
+        h < 1 || x + w > width || y + h > (int)cinfo.output_height)
+        stop(&err, -2);
     /* fancy upsampling reads one chroma sample either side: max_h_samp_factor pixels at most */
     int margin_x = 2 * cinfo.max_h_samp_factor;
     int x0 = x > margin_x ? x - margin_x : 0;
@@ -75,19 +72,15 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     if (crop_x > 0 || crop_w < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &crop_x, &crop_w);  /* crop_x moves left to an iMCU edge */
     row = (JSAMPROW)malloc((size_t)crop_w * 3);
-    if (row == NULL) {
-        jpeg_destroy_decompress(&cinfo);
-        return -4;
-    }
+    if (row == NULL)
+        stop(&err, -4);
     if (y > 0)
         jpeg_skip_scanlines(&cinfo, (JDIMENSION)y);
     size_t offset = (size_t)(x - (int)crop_x) * 3, row_bytes = (size_t)w * 3;
     for (int r = 0; r < h; r++) {
         JSAMPROW target = row;
-        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
-            err.code = -1;
-            longjmp(err.jump, 1);
-        }
+        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1)
+            stop(&err, -1);
         memcpy(out + (size_t)r * row_bytes, row + offset, row_bytes);
     }
     jpeg_abort_decompress(&cinfo);  /* the rows below are never decoded */
