@@ -132,8 +132,7 @@ class WindowDecoder:
         with capture() as caught:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         for i, image in zip(where, images):
-            if image is not None:
-                crops[i] = self._tensor(image, regions[i])
+            crops[i] = None if image is None else self._tensor(image, regions[i])
         warned = []
         if caught.lines:  # which images printed: each decoded alone
             for i, code_stream in zip(where, streams):
