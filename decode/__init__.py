@@ -97,10 +97,8 @@ def resize(image: torch.Tensor, size: tuple[int, int], interpolation: str = "bil
         batch = batch.contiguous(memory_format=torch.channels_last)
     else:
         batch = batch.to(dtype)
-    if interpolation == "nearest":
-        return nnf.interpolate(batch, size=size, mode="nearest")[0]
-    return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
-                           align_corners=False)[0]
+    return nnf.interpolate(batch, size=size, mode=interpolation,
+                           antialias=interpolation != "nearest")[0]
 
 
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],
