@@ -298,8 +298,7 @@ def status_line(kind: str, device: torch.device, hw_load: float | None = None,
         return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
                 f"window{'; ' + why if why else ''})")
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
-    how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
-           f"hardware JPEG decoder where present, load {load:g}, then CUDA")
-    where = device if kind == "cuda" else "cpu"
+    where, how = (("cpu", "nvImageCodec CPU backend, libjpeg-turbo") if kind != "cuda" else
+                  (device, f"hardware JPEG decoder where present, load {load:g}, then CUDA"))
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
 
