@@ -16,7 +16,7 @@
 struct err_mgr { struct jpeg_error_mgr pub; jmp_buf jump; int code; };
 
 /* Leave through jc_decode's setjmp, which cleans up and returns code. */
-static void stop(struct err_mgr *err, int code) {
+static _Noreturn void stop(struct err_mgr *err, int code) {
     err->code = code;
     longjmp(err->jump, 1);
 }
@@ -83,8 +83,5 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
             stop(&err, -1);
         memcpy(out + (size_t)r * row_bytes, row + offset, row_bytes);
     }
-    jpeg_abort_decompress(&cinfo);  /* the rows below are never decoded */
-    jpeg_destroy_decompress(&cinfo);
-    free(row);
-    return 0;
+    stop(&err, 0);  /* the rows below are never decoded */
 }
