@@ -44,10 +44,8 @@ def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | Non
 def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
     """``(height, width)`` of a record :func:`decode_crop` cuts without a whole decode (a raw
     record, or a 1- or 3-component JPEG where window decoding is on), else None."""
-    if raw.is_raw(data):
-        return raw.raw_size(data)
     if not jpeg.window.available() or not headers.is_jpeg(data):
-        return None
+        return raw.raw_size(data)  # None but for a raw record
     frame = frame or read_frame(data)
     return (frame.height, frame.width) if frame is not None and frame.plain_jpeg else None
 
