@@ -9,7 +9,6 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
 
@@ -37,20 +36,18 @@ int jc_version(void) { return 4; }
 
 /* Rows [y, y+h) and columns [x, x+w) of the image decoded at 1/denom (its size there is
    ceil(width/denom) x ceil(height/denom)) as RGB into out: h rows of w * 3 bytes. Returns 0;
-   -1 on a libjpeg error, -2 if the region is outside the scaled image or denom is not 1, 2, 4
-   or 8, -3 on a warning about corrupt data, -4 if out of memory. */
+   -1 on a libjpeg error (out of memory too), -2 if the region is outside the scaled image or
+   denom is not 1, 2, 4 or 8, -3 on a warning about corrupt data. */
 int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, int w, int h,
               uint8_t *out) {
     struct jpeg_decompress_struct cinfo;
     struct err_mgr err;
-    JSAMPROW volatile row = NULL;  /* volatile: still valid after longjmp */
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_emit;
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
-        jpeg_destroy_decompress(&cinfo);
-        free(row);
+        jpeg_destroy_decompress(&cinfo);  /* frees the row too */
         return err.code;
     }
     jpeg_mem_src(&cinfo, data, size);
@@ -71,17 +68,14 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
     JDIMENSION crop_x = (JDIMENSION)x0, crop_w = (JDIMENSION)(x1 - x0);
     if (crop_x > 0 || crop_w < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &crop_x, &crop_w);  /* crop_x moves left to an iMCU edge */
-    row = (JSAMPROW)malloc((size_t)crop_w * 3);
-    if (row == NULL)
-        stop(&err, -4);
+    JSAMPARRAY row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, crop_w * 3, 1);
     if (y > 0)
         jpeg_skip_scanlines(&cinfo, (JDIMENSION)y);
     size_t offset = (size_t)(x - (int)crop_x) * 3, row_bytes = (size_t)w * 3;
     for (int r = 0; r < h; r++) {
-        JSAMPROW target = row;
-        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1)
+        if (jpeg_read_scanlines(&cinfo, row, 1) != 1)
             stop(&err, -1);
-        memcpy(out + (size_t)r * row_bytes, row + offset, row_bytes);
+        memcpy(out + (size_t)r * row_bytes, row[0] + offset, row_bytes);
     }
     stop(&err, 0);  /* the rows below are never decoded */
 }
