@@ -156,22 +156,21 @@ class WindowDecoder:
         3-component JPEG, then its window; None for the rest. nvJPEG prints nothing to catch."""
         from torchvision.io import ImageReadMode, decode_jpeg as tv_decode_jpeg
 
-        frames = [read_frame(bytes(datas[i])) for i in positions]
-        usable = [i for i, frame in zip(positions, frames)  # nvJPEG's: 1- or 3-component DCT JPEGs
-                  if frame is not None and frame.plain_jpeg]
+        usable = [i for i in positions  # nvJPEG's: 1- or 3-component DCT JPEGs
+                  if getattr(read_frame(bytes(datas[i])), "plain_jpeg", False)]
         if not usable:
             return
         tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in usable]
+        nvjpeg = functools.partial(tv_decode_jpeg, mode=ImageReadMode.RGB, device=self.device)
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
             warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
             try:
-                wholes = tv_decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
+                wholes = nvjpeg(tensors)
             except RuntimeError:  # one refused: each on its own
                 wholes = []
                 for tensor in tensors:
                     try:
-                        wholes.append(tv_decode_jpeg(tensor, mode=ImageReadMode.RGB,
-                                                     device=self.device))
+                        wholes.append(nvjpeg(tensor))
                     except RuntimeError:
                         wholes.append(None)
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
