@@ -24,9 +24,7 @@ def decode(data: bytes) -> torch.Tensor:
     if header is not None:
         return raw.raw_crop(data, None, header)
     try:
-        if data[:3] == headers.JPEG_MAGIC:
-            return decode_jpeg(data)
-        return decode_image(data)
+        return (decode_jpeg if data[:3] == headers.JPEG_MAGIC else decode_image)(data)
     except RuntimeError:
         return pil_decode(data)
 
