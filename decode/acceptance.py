@@ -84,13 +84,11 @@ def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
 def read_frame(data: bytes) -> Frame | None:
     """The :class:`Frame` of ``data``: JPEG and PNG with the bound, a raw record, else
     nvImageCodec's or PIL's parse (size only); None if none reads it."""
-    if is_jpeg(data):
-        frame = _jpeg_frame(data)
-        if frame is not None:
-            return frame
-    elif data[:8] == PNG_MAGIC:
+    if is_jpeg(data) and (frame := _jpeg_frame(data)) is not None:
+        return frame
+    if data[:8] == PNG_MAGIC:
         return _png_frame(data)
-    elif (size := raw.raw_size(data)) is not None:
+    if (size := raw.raw_size(data)) is not None:
         return Frame("raw", *size)
     return _library_frame(data)
 
