@@ -208,10 +208,9 @@ def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
     and cropped at ``frame[4:6]`` = ``(top, left)``. Where the region covers the filter's reach
     around the crop (``loaders.transforms.center_crop_plan``), these equal the whole image's
     resize-then-crop pixels."""
-    top, left, height, width = region
     full_h, full_w, new_h, new_w, crop_top, crop_left = frame
     canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
-    canvas[:, top:top + height, left:left + width] = crop
+    _crop(canvas, region).copy_(crop)
     out = resize(canvas, (new_h, new_w), "bilinear", dtype)
     return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
 
