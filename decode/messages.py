@@ -172,11 +172,10 @@ def say_now(line: str) -> None:
     """Write ``line`` to the real standard error at once, also during a capture (which passes
     other output on only when it ends: a stream's retry warning would come after the retries)."""
     _flush()
-    data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
     with sink.cond:
         if sink.running and sink.saved >= 0:
-            os.write(sink.saved, data)
+            os.write(sink.saved, (line + "\n").encode("utf-8", "replace"))
             return
     print(line, file=sys.stderr, flush=True)
 
