@@ -202,5 +202,4 @@ def not_an_image(data: bytes) -> str:
         what = "an HTML page"
     elif what is None and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
         what = "text"
-    first = " ".join(f"{b:02X}" for b in data[:4])
-    return f"not an image: starts with {first}" + (f", {what}" if what else "")
+    return f"not an image: starts with {data[:4].hex(' ').upper()}" + (f", {what}" if what else "")
