@@ -77,9 +77,8 @@ class WindowDecoder:
         started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
-        is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
-        crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
-        rest = [i for i, kind in enumerate(is_raw) if not kind]
+        crops = [self._raw(d, r) for d, r in zip(datas, regions)]
+        rest = [i for i, d in enumerate(datas) if not raw.is_raw(bytes(d[:2]))]
         if rest and self.n is not None:
             out.warnings += self._nvimgcodec(datas, regions, rest, crops, stream)
         elif rest:
@@ -103,13 +102,12 @@ class WindowDecoder:
         return out
 
     def _raw(self, data, region) -> torch.Tensor | None:
-        """A raw record's region, uint8 ``(3, h, w)`` on the device, or None."""
-        blob = bytes(data)
-        header = raw.raw_header(blob)
+        """A raw record's region, uint8 ``(3, h, w)`` on the device, or None (anything else)."""
+        header = raw.raw_header(data)
         top, left, height, width = region
         if header is None or top + height > header.height or left + width > header.width:
             return None
-        return to_device(raw.raw_crop(blob, region, header), self.device)
+        return to_device(raw.raw_crop(data, region, header), self.device)
 
     def _nvimgcodec(self, datas, regions, positions, crops, stream: int) -> list:
         """``crops[i]`` of each ``i`` in ``positions``: its region, uint8 ``(3, h, w)`` on the
