@@ -62,10 +62,9 @@ int jc_decode(const uint8_t *data, unsigned long size, int denom, int x, int y, 
         stop(&err, -2);
     /* fancy upsampling reads one chroma sample either side: max_h_samp_factor pixels at most */
     int margin_x = 2 * cinfo.max_h_samp_factor;
-    int x0 = x > margin_x ? x - margin_x : 0;
-    int x1 = x + w + margin_x < width ? x + w + margin_x : width;
+    JDIMENSION crop_x = (JDIMENSION)(x > margin_x ? x - margin_x : 0);
+    JDIMENSION crop_w = (JDIMENSION)(x + w + margin_x < width ? x + w + margin_x : width) - crop_x;
     jpeg_start_decompress(&cinfo);
-    JDIMENSION crop_x = (JDIMENSION)x0, crop_w = (JDIMENSION)(x1 - x0);
     if (crop_x > 0 || crop_w < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &crop_x, &crop_w);  /* crop_x moves left to an iMCU edge */
     JSAMPARRAY row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, crop_w * 3, 1);
