@@ -51,7 +51,6 @@ class WindowDecoder:
         if self.n is None and kind != "cuda":
             raise RuntimeError(f"--decode-device {kind} needs nvImageCodec: "
                                f"{jpeg.window.status()}")
-        self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
         n, cuda = self.n, kind == "cuda"
         if n is not None:
