@@ -21,8 +21,7 @@ def _glibc():
         libc.gnu_get_libc_version  # only glibc has it
     except (OSError, AttributeError):
         return None
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]  # the rest is int, as ctypes assumes
     return libc
 
 
