@@ -7,20 +7,13 @@ import torch.nn.functional as nnf
 
 from . import acceptance, headers, jpeg, messages, raw
 from .acceptance import Frame, Refused, read_frame
-from .libraries import (backends, decode_image, decode_jpeg, decode_jpeg_luma, decoder_key,
-                        decoder_name, image_library, pil_decode, use)
+from .libraries import decode_image, decode_jpeg, decoder_name, image_library, pil_decode
 from .memory import release_freed_memory, retain_freed_memory
 from .raw import is_raw
 
 # What the decoders raise for bytes that are not a readable image: torchvision (RuntimeError),
 # PIL (OSError incl. UnidentifiedImageError, ValueError), the LMDB codec (ValueError, KeyError)
 DECODE_ERRORS = (OSError, RuntimeError, ValueError, KeyError)
-
-__all__ = ["DECODE_ERRORS", "Frame", "acceptance", "backends", "crop_decoder_status", "decode",
-           "decode_crop", "decode_image", "decode_jpeg", "decode_jpeg_luma", "decode_window",
-           "decoder_key", "decoder_name", "headers", "image_library", "image_size", "is_raw",
-           "messages", "release_freed_memory", "resize", "retain_freed_memory", "status_line",
-           "use", "window_size"]
 
 
 def decode(data: bytes) -> torch.Tensor:
@@ -31,9 +24,7 @@ def decode(data: bytes) -> torch.Tensor:
     if header is not None:
         return raw.raw_crop(data, None, header)
     try:
-        if data[:3] == headers.JPEG_MAGIC:
-            return decode_jpeg(data)
-        return decode_image(data)
+        return (decode_jpeg if data[:3] == headers.JPEG_MAGIC else decode_image)(data)
     except RuntimeError:
         return pil_decode(data)
 
@@ -51,10 +42,8 @@ def image_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | Non
 def window_size(data: bytes, frame: Frame | None = None) -> tuple[int, int] | None:
     """``(height, width)`` of a record :func:`decode_crop` cuts without a whole decode (a raw
     record, or a 1- or 3-component JPEG where window decoding is on), else None."""
-    if raw.is_raw(data):
-        return raw.raw_size(data)
     if not jpeg.window.available() or not headers.is_jpeg(data):
-        return None
+        return raw.raw_size(data)  # None but for a raw record
     frame = frame or read_frame(data)
     return (frame.height, frame.width) if frame is not None and frame.plain_jpeg else None
 
@@ -104,10 +93,8 @@ def resize(image: torch.Tensor, size: tuple[int, int], interpolation: str = "bil
         batch = batch.contiguous(memory_format=torch.channels_last)
     else:
         batch = batch.to(dtype)
-    if interpolation == "nearest":
-        return nnf.interpolate(batch, size=size, mode="nearest")[0]
-    return nnf.interpolate(batch, size=size, mode=interpolation, antialias=True,
-                           align_corners=False)[0]
+    return nnf.interpolate(batch, size=size, mode=interpolation,
+                           antialias=interpolation != "nearest")[0]
 
 
 def decode_window(data: bytes, window: tuple[int, int, int, int], size: tuple[int, int],

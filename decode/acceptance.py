@@ -27,11 +27,8 @@ _DEFLATE_MAX_RATIO = 1032
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 # Frame markers without a bound here: lossless, hierarchical, arithmetic-coded.
 _OTHER_SOF = frozenset({0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-_KINDS = {0xC0: "baseline JPEG", 0xC1: "extended sequential JPEG", 0xC2: "progressive JPEG"}
-_FRAMES = _OTHER_SOF.union(_KINDS)
 # The kinds whose frame the decoders here take as read (DCT, Huffman-coded)
-DCT_JPEGS = frozenset(_KINDS.values())
-_SIZE = struct.Struct(">HH")
+_KINDS = {0xC0: "baseline JPEG", 0xC1: "extended sequential JPEG", 0xC2: "progressive JPEG"}
 
 
 class Refused(ValueError):
@@ -63,7 +60,7 @@ class Frame:
     @property
     def plain_jpeg(self) -> bool:
         """A DCT, Huffman-coded JPEG of 1 or 3 components and a size (:mod:`decode.jpeg`'s)."""
-        return self.kind in DCT_JPEGS and self.components in (1, 3) and self.pixels > 0
+        return self.kind in _KINDS.values() and self.components in (1, 3) and self.pixels > 0
 
 
 def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
@@ -87,13 +84,11 @@ def check(data: bytes, max_pixels: int = MAX_PIXELS) -> Frame | None:
 def read_frame(data: bytes) -> Frame | None:
     """The :class:`Frame` of ``data``: JPEG and PNG with the bound, a raw record, else
     nvImageCodec's or PIL's parse (size only); None if none reads it."""
-    if is_jpeg(data):
-        frame = _jpeg_frame(data)
-        if frame is not None:
-            return frame
-    elif data[:8] == PNG_MAGIC:
+    if is_jpeg(data) and (frame := _jpeg_frame(data)) is not None:
+        return frame
+    if data[:8] == PNG_MAGIC:
         return _png_frame(data)
-    elif (size := raw.raw_size(data)) is not None:
+    if (size := raw.raw_size(data)) is not None:
         return Frame("raw", *size)
     return _library_frame(data)
 
@@ -113,13 +108,13 @@ def _jpeg_frame(data: bytes) -> Frame | None:
                 at += 17 + sum(counts)
         elif marker == SOS:  # always the last segment
             scan, available = data[pos + 4:end], size - end
-        elif marker in _FRAMES:
+        elif marker in _KINDS or marker in _OTHER_SOF:
             if sof is not None or end - pos < 10:
                 return None
             sof, body = marker, data[pos + 4:end]
     if sof is None or scan is None:
         return None
-    height, width = _SIZE.unpack_from(body, 1)
+    height, width = struct.unpack_from(">HH", body, 1)
     kind = _KINDS.get(sof, "unusual JPEG")
     count = min(body[5], (len(body) - 6) // 3)
     if sof in _OTHER_SOF or not count or not height or not width:

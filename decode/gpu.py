@@ -51,7 +51,6 @@ class WindowDecoder:
         if self.n is None and kind != "cuda":
             raise RuntimeError(f"--decode-device {kind} needs nvImageCodec: "
                                f"{jpeg.window.status()}")
-        self._decoder = self._params = None
         self.on_device = 0  # windows the batch decoder returned in device memory (GPU proof)
         n, cuda = self.n, kind == "cuda"
         if n is not None:
@@ -77,18 +76,12 @@ class WindowDecoder:
         started, resized = time.perf_counter(), 0.0
         dtype = torch.float32 if self.device.type == "cuda" else torch.uint8
         out = DecodedWindows(torch.zeros((len(datas), 3, *size), dtype=dtype, device=self.device))
-        is_raw = [raw.is_raw(bytes(d[:2])) for d in datas]
-        crops = [self._raw(d, r) if kind else None for d, r, kind in zip(datas, regions, is_raw)]
-        rest = [i for i, kind in enumerate(is_raw) if not kind]
-        if rest:
-            picked = [datas[i] for i in rest], [regions[i] for i in rest]
-            if self.n is not None:
-                decoded, warned = self._nvimgcodec(*picked, stream)
-            else:
-                decoded, warned = self._torchvision(*picked), []
-            out.warnings += [(rest[i], lines) for i, lines in warned]
-            for i, crop in zip(rest, decoded):
-                crops[i] = crop
+        crops = [self._raw(d, r) for d, r in zip(datas, regions)]
+        rest = [i for i, d in enumerate(datas) if not raw.is_raw(bytes(d[:2]))]
+        if rest and self.n is not None:
+            out.warnings += self._nvimgcodec(datas, regions, rest, crops, stream)
+        elif rest:
+            self._torchvision(datas, regions, rest, crops)
         for i, crop in enumerate(crops):
             if crop is None:
                 out.fallback.append(i)
@@ -100,7 +93,7 @@ class WindowDecoder:
                 if lines:
                     out.warnings.append((i, lines))
             resize_started = time.perf_counter()
-            out.images[i] = (resize_window(crop, size, dtype) if frames is None
+            out.images[i] = (resize(crop, size, "bilinear", dtype) if frames is None
                              else resize_in_frame(crop, regions[i], frames[i], size, dtype))
             resized += time.perf_counter() - resize_started
         if seconds is not None:
@@ -108,21 +101,21 @@ class WindowDecoder:
         return out
 
     def _raw(self, data, region) -> torch.Tensor | None:
-        """A raw record's region, uint8 ``(3, h, w)`` on the device, or None."""
-        blob = bytes(data)
-        header = raw.raw_header(blob)
+        """A raw record's region, uint8 ``(3, h, w)`` on the device, or None (anything else)."""
+        header = raw.raw_header(data)
         top, left, height, width = region
         if header is None or top + height > header.height or left + width > header.width:
             return None
-        return to_device(raw.raw_crop(blob, region, header), self.device)
+        return to_device(raw.raw_crop(data, region, header), self.device)
 
-    def _nvimgcodec(self, datas, regions, stream: int):
-        """Each region, uint8 ``(3, h, w)`` on the device or None where declined, and ``(position,
-        lines)`` of those a native decoder warned about."""
+    def _nvimgcodec(self, datas, regions, positions, crops, stream: int) -> list:
+        """``crops[i]`` of each ``i`` in ``positions``: its region, uint8 ``(3, h, w)`` on the
+        device (None: declined); returns ``(position, lines)`` a native decoder printed."""
         n, streams, where = self.n, [], []
-        for i, (data, (top, left, height, width)) in enumerate(zip(datas, regions)):
+        for i in positions:
+            top, left, height, width = regions[i]
             try:
-                whole = n.CodeStream(data)
+                whole = n.CodeStream(datas[i])
                 # the CPU loaders' rule (Frame.plain_jpeg); the rest go to the CPU fallback
                 if whole.codec_name != "jpeg" or whole.num_channels not in (1, 3):
                     continue
@@ -131,14 +124,12 @@ class WindowDecoder:
                 where.append(i)
             except (RuntimeError, ValueError):  # not an image nvImageCodec parses
                 pass
-        crops: list[torch.Tensor | None] = [None] * len(datas)
         if not streams:
-            return crops, []
+            return []
         with capture() as caught:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         for i, image in zip(where, images):
-            if image is not None:
-                crops[i] = self._tensor(image, regions[i])
+            crops[i] = None if image is None else self._tensor(image, regions[i])
         warned = []
         if caught.lines:  # which images printed: each decoded alone
             for i, code_stream in zip(where, streams):
@@ -146,7 +137,7 @@ class WindowDecoder:
                     self._decoder.decode([code_stream], params=self._params, cuda_stream=stream)
                 if alone.lines:
                     warned.append((i, alone.lines))
-        return crops, warned
+        return warned
 
     def _tensor(self, image, region) -> torch.Tensor | None:
         """nvImageCodec's ``(h, w, 3)`` image as uint8 ``(3, h, w)``; None if decoded in part."""
@@ -157,34 +148,31 @@ class WindowDecoder:
             pixels = torch.from_numpy(np.asarray(image.cpu()))
         return pixels.permute(2, 0, 1) if tuple(pixels.shape) == (region[2], region[3], 3) else None
 
-    def _torchvision(self, datas, regions):
-        """torchvision's nvJPEG decode of whole 1- or 3-component JPEGs, then each window; None
-        for the rest. nvJPEG prints nothing to catch."""
+    def _torchvision(self, datas, regions, positions, crops) -> None:
+        """``crops[i]`` of each ``i`` in ``positions``: torchvision's nvJPEG decode of a whole 1- or
+        3-component JPEG, then its window; None for the rest. nvJPEG prints nothing to catch."""
         from torchvision.io import ImageReadMode, decode_jpeg as tv_decode_jpeg
 
-        frames = [read_frame(bytes(d)) for d in datas]  # nvJPEG's: 1- or 3-component DCT JPEGs
-        usable = [i for i, frame in enumerate(frames) if frame is not None and frame.plain_jpeg]
-        crops: list[torch.Tensor | None] = [None] * len(datas)
+        usable = [i for i in positions  # nvJPEG's: 1- or 3-component DCT JPEGs
+                  if getattr(read_frame(bytes(datas[i])), "plain_jpeg", False)]
         if not usable:
-            return crops
-        datas, regions = [datas[i] for i in usable], [regions[i] for i in usable]
-        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+            return
+        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in usable]
+        nvjpeg = functools.partial(tv_decode_jpeg, mode=ImageReadMode.RGB, device=self.device)
         with warnings.catch_warnings():  # torchvision 0.29 warns on every call
             warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
             try:
-                wholes = tv_decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)
+                wholes = nvjpeg(tensors)
             except RuntimeError:  # one refused: each on its own
                 wholes = []
                 for tensor in tensors:
                     try:
-                        wholes.append(tv_decode_jpeg(tensor, mode=ImageReadMode.RGB,
-                                                     device=self.device))
+                        wholes.append(nvjpeg(tensor))
                     except RuntimeError:
                         wholes.append(None)
         self.on_device += sum(whole is not None and whole.is_cuda for whole in wholes)
-        for i, whole, region in zip(usable, wholes, regions):
-            crops[i] = None if whole is None else _crop(whole, region)
-        return crops
+        for i, whole in zip(usable, wholes):
+            crops[i] = None if whole is None else _crop(whole, regions[i])
 
     def _on_cpu(self, data, region) -> torch.Tensor:
         """:func:`decode.decode`'s whole image, cropped, on the device. Raises what it raises."""
@@ -210,23 +198,17 @@ def _crop(image: torch.Tensor, region) -> torch.Tensor:
     return image[:, top:top + height, left:left + width]
 
 
-def resize_window(crop: torch.Tensor, size: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """:func:`decode.resize`, bilinear, to ``dtype``: the batch decoder's."""
-    return resize(crop, size, "bilinear", dtype)
-
-
 def resize_in_frame(crop: torch.Tensor, region, frame, size: tuple[int, int],
                     dtype: torch.dtype) -> torch.Tensor:
     """uint8 ``(3, h, w)`` pixels of ``region`` = ``(top, left, h, w)`` -> ``(3, *size)`` of
-    ``dtype``: placed in a zero image of size ``frame[:2]``, resized to ``frame[2:4]``
-    (:func:`resize_window`) and cropped at ``frame[4:6]`` = ``(top, left)``. Where the region
-    covers the filter's reach around the crop (``loaders.transforms.center_crop_plan``), these
-    equal the whole image's resize-then-crop pixels."""
-    top, left, height, width = region
+    ``dtype``: placed in a zero image of size ``frame[:2]``, resized to ``frame[2:4]`` (bilinear)
+    and cropped at ``frame[4:6]`` = ``(top, left)``. Where the region covers the filter's reach
+    around the crop (``loaders.transforms.center_crop_plan``), these equal the whole image's
+    resize-then-crop pixels."""
     full_h, full_w, new_h, new_w, crop_top, crop_left = frame
     canvas = torch.zeros((3, full_h, full_w), dtype=crop.dtype, device=crop.device)
-    canvas[:, top:top + height, left:left + width] = crop
-    out = resize_window(canvas, (new_h, new_w), dtype)
+    _crop(canvas, region).copy_(crop)
+    out = resize(canvas, (new_h, new_w), "bilinear", dtype)
     return out[:, crop_top:crop_top + size[0], crop_left:crop_left + size[1]]
 
 
@@ -311,8 +293,7 @@ def status_line(kind: str, device: torch.device, hw_load: float | None = None,
         return (f"batch windows: torchvision decode_jpeg on {device} (whole JPEGs, then the "
                 f"window{'; ' + why if why else ''})")
     load = DEFAULT_HW_LOAD if hw_load is None else hw_load
-    how = ("nvImageCodec CPU backend, libjpeg-turbo" if kind != "cuda" else
-           f"hardware JPEG decoder where present, load {load:g}, then CUDA")
-    where = device if kind == "cuda" else "cpu"
+    where, how = (("cpu", "nvImageCodec CPU backend, libjpeg-turbo") if kind != "cuda" else
+                  (device, f"hardware JPEG decoder where present, load {load:g}, then CUDA"))
     return f"batch windows: nvImageCodec {library.__version__} on {where} ({how})"
 

@@ -24,9 +24,6 @@ from .messages import not_an_image
 ENV_VAR = "IMAGENET_FAST_DECODER"
 # else nvImageCodec prints two lines per JPEG it declines; the loaders report such samples
 os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-# torchvision 0.29 warns on every call of its decoders (torchvision/io/image.py).
-_TORCHVISION_DEPRECATION = ("The image decoding and encoding capabilities of TorchVision are "
-                            "deprecated")
 # What PIL raises for bytes it does not decode (all seen in tests/decode/test_fuzz.py)
 PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error,
               Image.DecompressionBombError)
@@ -60,7 +57,7 @@ def _torchvision() -> _Backend:
             _check_png_chunks(data)
             _pil(data, kind)
         with warnings.catch_warnings():  # without 0.29's warning on every image
-            warnings.filterwarnings("ignore", _TORCHVISION_DEPRECATION, DeprecationWarning)
+            warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
             return (decode_image if kind == "image" else decode_jpeg)(
                 _tensor(data), mode=ImageReadMode.GRAY if kind == "luma" else ImageReadMode.RGB)
     return _Backend("torchvision", f"torchvision {_version('torchvision')}", call)
@@ -264,8 +261,6 @@ def _without_exif(data: bytes) -> bytes:
     elif data[:8] == PNG_MAGIC:
         spans = [(pos, end) for kind, pos, end in png_chunks(data) if kind == b"eXIf"]
     else:
-        return data
-    if not spans:
         return data
     kept = zip([0] + [end for _, end in spans], [begin for begin, _ in spans] + [len(data)])
     return b"".join(data[start:stop] for start, stop in kept)

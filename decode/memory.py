@@ -21,20 +21,16 @@ def _glibc():
         libc.gnu_get_libc_version  # only glibc has it
     except (OSError, AttributeError):
         return None
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]  # the rest is int, as ctypes assumes
     return libc
 
 
-def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
-    """Raise glibc's mmap and trim thresholds to ``limit_bytes`` here and in processes forked
-    later, so up to that much freed heap is kept for reuse. True if applied, False without glibc."""
+def retain_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds to 1 GiB here and in processes forked later, so up
+    to that much freed heap is kept for reuse. True if applied, False without glibc."""
     libc = _glibc()
-    if libc is None:
-        return False
-    limit = min(limit_bytes, 2**31 - 1)
-    return (bool(libc.mallopt(_M_MMAP_THRESHOLD, limit))
-            and bool(libc.mallopt(_M_TRIM_THRESHOLD, limit)))
+    return (libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30))
+            and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)))
 
 
 def release_freed_memory() -> bool:

@@ -172,11 +172,10 @@ def say_now(line: str) -> None:
     """Write ``line`` to the real standard error at once, also during a capture (which passes
     other output on only when it ends: a stream's retry warning would come after the retries)."""
     _flush()
-    data = (line + "\n").encode("utf-8", "replace")
     sink = _sink
     with sink.cond:
         if sink.running and sink.saved >= 0:
-            os.write(sink.saved, data)
+            os.write(sink.saved, (line + "\n").encode("utf-8", "replace"))
             return
     print(line, file=sys.stderr, flush=True)
 
@@ -203,5 +202,4 @@ def not_an_image(data: bytes) -> str:
         what = "an HTML page"
     elif what is None and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
         what = "text"
-    first = " ".join(f"{b:02X}" for b in data[:4])
-    return f"not an image: starts with {first}" + (f", {what}" if what else "")
+    return f"not an image: starts with {data[:4].hex(' ').upper()}" + (f", {what}" if what else "")

@@ -31,8 +31,6 @@ def is_raw(data: bytes) -> bool:
 def raw_header(data: bytes) -> RawHeader | None:
     """The :class:`RawHeader` of a binary PPM/PGM, maxval 255, of exactly header plus pixel bytes;
     else None (a truncated record then goes to PIL, which refuses it)."""
-    if not is_raw(data):
-        return None
     match = _HEADER.match(data, 0, 32)  # a header as written: 11-21 bytes
     if match is None or match[4] != b"255":
         return None

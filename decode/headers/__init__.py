@@ -42,10 +42,8 @@ def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
         if marker in _STANDALONE:
             pos += 2
             continue
-        if marker == EOI:
-            return
         length = (data[pos + 2] << 8) | data[pos + 3]
-        if length < 2:
+        if marker == EOI or length < 2:
             return
         end = pos + 2 + length
         yield marker, pos, end

@@ -1,5 +1,3 @@
 """JPEG windows decoded without the whole image (:mod:`decode`'s cascade): :mod:`.window`
 (nvImageCodec), :mod:`.scaled` (at a DCT scale) through :mod:`.region` (our C) or PIL's draft."""
 from . import region, scaled, window
-
-__all__ = ["region", "scaled", "window"]

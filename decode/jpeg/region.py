@@ -23,8 +23,7 @@ def _open():
         return None, "decode/jpeg/_jpegcrop.so not built (make install builds it)"
     if lib.jc_version() != _VERSION:
         return None, "decode/jpeg/_jpegcrop.so is stale (make install rebuilds it)"
-    lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.jc_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, *[ctypes.c_int] * 5, ctypes.c_void_p]
     return lib, None
 
 

@@ -75,9 +75,8 @@ def draft_resized(data: bytes, factor: int, box: tuple[float, float, float, floa
             if image.format != "JPEG" or image.mode not in ("RGB", "L"):
                 return None
             width, height = image.size
-            scale = 1.0
-            if factor > 1:  # draft returns the box of the full image in scaled pixels
-                scale = width / image.draft(None, (width // factor, height // factor))[1][2]
+            # draft returns the box of the full image in scaled pixels (factor 1: unscaled)
+            scale = width / image.draft(None, (width // factor, height // factor))[1][2]
             top, left, bottom, right = (v / scale for v in box)
             out = image.resize((size[1], size[0]), Image.Resampling[resample.upper()],
                                box=(left, top, right, bottom))

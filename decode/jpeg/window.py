@@ -1,6 +1,5 @@
 """The RandomResizedCrop window of a JPEG, a whole decode's crop's pixels, by nvImageCodec's CPU
-backend (libjpeg-turbo's partial decompression; docs/performance.md#image-decoders). None
-without it, for anything but a complete 1- or 3-component JPEG window, or when turned off."""
+backend (libjpeg-turbo's partial decompression; docs/performance.md#image-decoders)."""
 from __future__ import annotations
 
 import os

@@ -116,8 +116,7 @@ def test_torchvision_path_decodes_whole_images_then_the_window(sample):
     for data, window, image in zip(datas[:-1], windows, out.images):
         top, left, h, w = window
         whole = decode.decode(data)
-        expected = gpu.resize_window(whole[:, top:top + h, left:left + w], (32, 32),
-                                     torch.uint8)
+        expected = decode.resize(whole[:, top:top + h, left:left + w], (32, 32))
         assert (image.int() - expected.int()).abs().max() <= 1
     assert "torchvision" in decoder.status()
 
@@ -141,7 +140,7 @@ def test_torchvision_path_leaves_cmyk_and_non_jpegs_to_the_cpu_rule():
     assert out.fallback == [0, 1] and not out.failed
     for data, image in zip(datas, out.images):
         whole = decode.decode(data)[:, 2:22, 3:27]
-        expected = gpu.resize_window(whole, (16, 16), torch.uint8)
+        expected = decode.resize(whole, (16, 16))
         assert (image.int() - expected.int()).abs().max() <= 1
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import loaders
-from decode import decode, gpu
+from decode import decode, gpu, resize
 from loaders import DistInfo
 from tests.helpers.loading import loader_settings, to_uint8
 from tools.datagen import label_from_pixels
@@ -37,7 +37,7 @@ def test_windows_are_decoded_into_gpu_memory(sample):
     assert out.images.is_cuda and not out.fallback and not out.failed
     assert decoder.on_device == len(datas)
     for data, (t, l, h, w), image in zip(datas, regions, out.images):
-        cpu = gpu.resize_window(decode(data)[:, t:t + h, l:l + w], (64, 64), torch.float32)
+        cpu = resize(decode(data)[:, t:t + h, l:l + w], (64, 64), dtype=torch.float32)
         assert float((image.cpu() - cpu).abs().mean()) <= GPU_MEAN_BOUND
 
 

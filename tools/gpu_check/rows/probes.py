@@ -104,7 +104,7 @@ _HEAD = "import glob, json, os, sys\nfrom tools.gpu_check.rows.probes import map
 _TAIL = "result['libraries'] = mapped_libraries()\nprint(json.dumps(result))\n"
 _PROBE = _HEAD + """\
 import torch
-from decode import decode, gpu
+from decode import decode, gpu, resize
 path = sorted(glob.glob(os.path.join(sys.argv[1], '*', '*')))[0]
 data = open(path, 'rb').read()
 whole = decode(data)
@@ -112,7 +112,7 @@ h, w = whole.shape[-2:]
 regions = [(0, 0, h, w), (h // 4, w // 4, h // 2, w // 2)]
 on_gpu = sys.argv[2] == 'cuda'
 dev = torch.device('cuda', 0) if on_gpu else torch.device('cpu')
-cpu = torch.stack([gpu.resize_window(whole[:, t:t + a, l:l + b], (64, 64), torch.float32)
+cpu = torch.stack([resize(whole[:, t:t + a, l:l + b], (64, 64), dtype=torch.float32)
                    for t, l, a, b in regions])
 def run(decoder):
     try:
