@@ -79,7 +79,7 @@ def overhead(batch_size: int, images: int = 20000, repeats: int = 7) -> dict:
     clock, clock_ = stages.StageClock(), time.perf_counter
     rows = np.zeros(batch_size * stages.IMAGE_COLUMNS)
 
-    def one(i: int) -> None:  # the clock calls of a timed SlotWriter and stages.timed_transform
+    def one(i: int) -> None:  # the clock calls of TimedSlotWriter and stages.timed_transform
         t = clock.t
         clock.begin_image()
         start = clock_()

@@ -17,7 +17,7 @@ from ..batches import ReaderLoader
 from ..closing import ClosingDataLoader
 from .cuda_feed import CudaFeeder, page_lock
 from .slots import SharedBatches, slots_for
-from .step import SlotWriter
+from .step import SlotWriter, TimedSlotWriter
 
 
 class DeviceLoader(ReaderLoader):
@@ -30,8 +30,8 @@ class DeviceLoader(ReaderLoader):
         self.transform = split_transform(settings, train)
         self.mean, self.std = imagenet_mean_std(self.device)
         timed = train and stages.enabled()
-        self._writer = SlotWriter(reader, self.transform, self.bad, settings.max_image_pixels,
-                                  timed)
+        self._writer = (TimedSlotWriter if timed else SlotWriter)(
+            reader, self.transform, self.bad, settings.max_image_pixels)
         self.stage_log = stages.StageLog() if timed else None
         self.loader = self._dataloader(self._writer, settings.workers)
         self._made = [self.loader]  # every DataLoader a pass used: close() stops them
