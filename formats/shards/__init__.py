@@ -10,4 +10,4 @@ from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, RAW_
                      shard_name, write_idx)
 from ._convert import convert, shard_digests
 from ._foreign import index_shards
-from ._verify import sha256_file, verify
+from ._verify import verify
