@@ -29,7 +29,7 @@ class _OpenShard:
         self.name, self.path = name, os.path.join(output, name)
         # under a temporary name until complete: no reader sees half a shard as a shard
         self.writer, self.spans, self.skipped = ShardWriter(self.path + ".tmp"), [], skipped
-        self.images = self.reencoded = 0
+        self.reencoded = 0
 
     def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
         """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
@@ -43,12 +43,6 @@ class _OpenShard:
                                                                                len(str(label))))
         return -(-(grown + 2 * block) // record) * record <= max_bytes
 
-    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
-        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
-        self.spans.append(self.writer.write(key, data, label, ext))
-        self.images += len(data)
-        self.reencoded += checked.reencoded is not None
-
     def finish(self, done: int) -> dict:
         """Close and sync the tar, write its ``.idx``; its progress entry ``{name, records, bytes,
         sha256, done (source files through it), images (bytes), reencoded, skipped}``."""
@@ -56,7 +50,8 @@ class _OpenShard:
         write_idx(idx_name(self.path), self.spans)
         os.replace(self.path + ".tmp", self.path)
         return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
-                "sha256": self.writer.sha256(), "done": done, "images": self.images,
+                "sha256": self.writer.sha256(), "done": done,
+                "images": sum(span.image_size for span in self.spans),
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
@@ -105,7 +100,8 @@ class Records:
                     shard = None
                 if shard is None:
                     shard, skipped = _OpenShard(self.output, name_of(), skipped), []
-                shard.add(self.keys[src.rel], result, src.label, data, ext)
+                shard.spans.append(shard.writer.write(self.keys[src.rel], data, src.label, ext))
+                shard.reencoded += result.reencoded is not None
         if shard is not None:
             commit(shard, first + len(files), choice.state() if choice else None)
         return skipped
