@@ -214,9 +214,7 @@ def check_files(paths: Sequence[str | Source], workers: int, check: str = "full"
     def task(first: int) -> list[Checked | str]:
         found = [check_file(path, check, cap, max_pixels)
                  for path in paths[first:first + TASK_FILES]]
-        if post is None:
-            return found
-        return [c if isinstance(c, str) else post(c) for c in found]
+        return [c if post is None or isinstance(c, str) else post(c) for c in found]
 
     pool, window, following = ThreadPoolExecutor(max(1, workers)), deque(), 0
     try:

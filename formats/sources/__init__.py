@@ -33,15 +33,14 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
             return "imagenet tars", path
         if _is_class_folders(path) and not os.path.isdir(os.path.join(path, kaggle.TREE)):
             return "class folders", path
-        if not os.path.isdir(path):
-            raise DatasetError(f"{path}: no such directory")
-        raise DatasetError(f"Couldn't find any class folder in {path}. For a download folder "
-                           "(the official tars, Kaggle's or Hugging Face's) give --split train "
-                           "or val")
-    if split not in SPLITS:
+    elif split not in SPLITS:
         raise DatasetError(f"--split {split!r}: train or val")
     if not os.path.isdir(path):
         raise DatasetError(f"{path}: no such directory")
+    if split is None:
+        raise DatasetError(f"Couldn't find any class folder in {path}. For a download folder "
+                           "(the official tars, Kaggle's or Hugging Face's) give --split train "
+                           "or val")
     if os.path.isdir(os.path.join(path, kaggle.TREE, split)):
         return "kaggle", path
     if huggingface.find_files(path, split)[1]:
