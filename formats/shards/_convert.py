@@ -194,12 +194,11 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             from None
     state.resumed_at = state.done
     with staged(listing, stage_folder(output), progress):
-        choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None, workers)
-        files, prefix = listing.files, state.settings["prefix"]
-        records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+        choice = raw_share.start(raw_budget, listing, check, cap, state.raw, workers)
+        records.bar = tqdm(total=records.total, initial=state.done, unit="img", dynamic_ncols=True,
                            desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
         try:
-            records.write(files[state.done:], state.done, max_per_shard,
+            records.write(listing.files[state.done:], state.done, max_per_shard,
                           lambda: shard_name(prefix, len(state.shards)),
                           lambda shard, done, raw: _commit(shard, done, state, output, raw),
                           choice)
