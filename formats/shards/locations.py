@@ -105,8 +105,7 @@ def read_text(url: str) -> str:
 
 def sibling(url: str, old: str, new: str) -> str:
     """``url`` with its last ``old`` replaced by ``new``."""
-    at = url.rfind(old)
-    return url[:at] + new + url[at + len(old):]
+    return new.join(url.rsplit(old, 1))
 
 
 def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:
