@@ -18,6 +18,7 @@ from formats.conversion import (ConversionError, ResumeState, Summary, fingerpri
                                 open_source, stage_folder, staged, stored)
 from formats.images import check_files
 
+from ._array import run_array
 from ._codec import (IMAGE_EXT, INDEX_NAME, PROGRESS_NAME, RAW_EXT, ShardWriter, idx_name,
                      in_place, refuse_foreign, shard_name, source_keys, write_idx, write_index)
 
@@ -183,8 +184,6 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
                       strict, check, cap, max_pixels, len(listing.files))
     if array:
-        from ._array import run_array
-
         return run_array(listing, output, wanted, records, task, tasks, finish, progress,
                          lambda: raw_share.start(raw_budget, listing, check, cap, None, workers))
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from . import huggingface, imagenet_tars as tars, kaggle
 from ._listing import (DatasetError, Listing, Source, class_files, class_folders, list_sources,
                        read_source, replace_synced, write_synced)
 
@@ -26,8 +27,6 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
     """``(layout, location)`` of ``split`` in ``path`` (None: ``path`` is the split): ``"class
     folders"``, ``"imagenet tars"``, ``"kaggle"`` or ``"huggingface"``, and what to read. Raises
     :class:`DatasetError` saying what was looked for."""
-    from . import huggingface, imagenet_tars as tars, kaggle
-
     if split is None:
         if os.path.isfile(path) and path.endswith(".tar"):
             return "imagenet tars", path
@@ -63,8 +62,6 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
 def open_dataset(path: str, split: str | None = None, allow_partial: bool = False) -> Listing:
     """The :class:`Listing` of ``split`` of ``path`` (:func:`detect`); archives must hold
     :data:`EXPECTED` unless ``allow_partial``. Raises :class:`DatasetError` (one line)."""
-    from . import huggingface, imagenet_tars as tars, kaggle
-
     layout, where = detect(path, split)
     if layout == "class folders":
         return list_sources(where)
