@@ -7,6 +7,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 
+import lmdb
 import msgpack
 import numpy as np
 
@@ -136,8 +137,6 @@ def open_readonly(path: str, readahead: bool | None = None):
     a forked child gets its own), ``lock=False``, 512 readers. ``readahead``: False for random
     order, True for sequential or block order, None: the open handle's; the other reopens it
     (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
-    import lmdb
-
     with _READONLY_LOCK:
         key = (os.getpid(), os.path.realpath(path))
         if key in _READONLY:
