@@ -9,6 +9,7 @@ import warnings
 from contextlib import suppress
 from typing import Callable
 
+from decode import retain_freed_memory
 from decode.acceptance import MAX_PIXELS, limit_pil
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY
@@ -87,8 +88,6 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, argv, verified: str,
     with ``line()``, or a finished step's line, a str). Returns the exit status: 0; 1 for an
     error in ``errors`` (one ``PROG: error:`` line) or a problem found by ``--verify`` (one stderr
     line each); 2 for bad flags. ``verified`` names what ``--verify`` checks."""
-    from decode import retain_freed_memory
-
     args = parser.parse_args(argv)
     # As main.py (decode.memory): halves the converter's system CPU time.
     retain_freed_memory()

@@ -13,10 +13,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import msgpack
+from tqdm import tqdm
 
+from decode import decoder_name, image_library
 from decode.acceptance import MAX_PIXELS
+from decode.raw import is_raw
 from formats.cap import Cap
 from formats.images import CHECKS, REENCODE_QUALITY, RULES_VERSION
+from formats.raw_share import raw_record
 from formats.sources import DatasetError, Listing, open_dataset, replace_synced
 
 REPORT_NAME = "skipped.tsv"  # inside the output (beside data.mdb, or beside the shards)
@@ -197,8 +201,6 @@ def fingerprint(listing: Listing, check: str = "full", cap=None, raw_budget=None
     file's path, label, size and mtime (in an archive: the archive's, and the member's offset and
     size or row) in order, ~5 us per file; ``settings``: the rules, libraries, the arguments and
     ``more`` (a converter's own). A resume needs both the same."""
-    from decode import decoder_name, image_library
-
     # the decoder in use, not why others were passed over: that text (an exception's) may change
     # from one run to the next while the records do not
     settings = {"rules": RULES_VERSION, "quality": REENCODE_QUALITY, "library": image_library(),
@@ -263,8 +265,6 @@ def stored(prog: str, src, result, strict: bool, choice, done: int, files: int) 
     :class:`~formats.raw_share.RawChoice` or None) takes it after ``done`` of ``files`` source
     files; None for a file skipped (``result``: why, a str). A damaged image kept is named on
     stderr. Raises :class:`ConversionError` for a skip under ``strict``."""
-    from tqdm import tqdm
-
     if isinstance(result, str):
         if strict:
             raise ConversionError(f"{src.where()}: {result} (--strict)")
@@ -319,9 +319,6 @@ def source_to_compare(result: Verification, split: str | None, seed: int | None,
 def differs(image: bytes, checked) -> str | None:
     """How a stored ``image`` differs from what its source converts to now (``checked``), or
     None."""
-    from decode.raw import is_raw
-    from formats.raw_share import raw_record
-
     if is_raw(image):  # a raw share's record: the pixels the JPEG decodes to
         return None if image == raw_record(checked.data)[0] else \
             "raw pixels differ from the source's decoded image"

@@ -23,6 +23,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+from PIL import Image, ImageFile
+
+from decode import libraries
 from decode.acceptance import MAX_PIXELS, Refused, check as accept
 from decode.headers import EOI, is_jpeg, jpeg_segments
 from decode.messages import not_an_image, run_captured
@@ -110,8 +114,6 @@ def check_image(data: bytes, check: str = "full", cap=None,
 
 
 def _checked(data: bytes, check: str, cap) -> Checked:
-    from PIL import Image
-
     reason = reencode_reason(data)
     if reason is None:
         try:  # PIL must read its header too (~20 us); the decode checked is libjpeg's
@@ -124,10 +126,8 @@ def _checked(data: bytes, check: str, cap) -> Checked:
         if cap is not None and cap.every:
             return Checked(reencode(data, cap), "--reencode-all")
         if check == "full" or not data.endswith(_EOI):
-            from decode.libraries import decode_jpeg_luma
-
             try:  # libjpeg-turbo must read it all (the loaders' decoder); refuses exactly what
-                decode_jpeg_luma(data)  # decode_jpeg refuses, 18% cheaper
+                libraries.decode_jpeg_luma(data)  # decode_jpeg refuses, 18% cheaper
             except RuntimeError as exc:  # one line already (decode.libraries)
                 raise NotAnImage(f"not a decodable image: libjpeg-turbo: {exc}") from None
         return Checked(data)
@@ -137,8 +137,6 @@ def _checked(data: bytes, check: str, cap) -> Checked:
 def _pil_refusal(exc: Exception) -> NotAnImage:
     """PIL's refusal as one line: a decompression bomb, else PIL's first line without the object
     ``UnidentifiedImageError`` names (``<_io.BytesIO object at 0x...>``)."""
-    from PIL import Image
-
     if isinstance(exc, Image.DecompressionBombError):
         return NotAnImage(f"too large to decode safely ({exc})")
     message = str(exc).splitlines()[0].split(" <_io.BytesIO")[0] if str(exc) else \
@@ -149,9 +147,6 @@ def _pil_refusal(exc: Exception) -> NotAnImage:
 def reencode(data: bytes, cap=None) -> bytes:
     """The baseline RGB JPEG stored for a re-encoded file: at :data:`REENCODE_QUALITY`, or scaled
     to ``cap`` at its quality. Raises :class:`NotAnImage`."""
-    import numpy as np
-    from PIL import Image
-
     image = _decode(data) if cap is None else cap.apply(_decode(data))
     if image.mode == "I" or image.mode.startswith("I;16"):
         # 16-bit samples (PNG): convert("RGB") would clip them; scale to 8 bits.
@@ -168,8 +163,6 @@ def reencode(data: bytes, cap=None) -> bytes:
 def _decode(data: bytes):
     """``data`` decoded completely to a PIL image, by PIL or (formats this PIL build lacks, as
     Pillow-SIMD WebP) :mod:`decode.libraries`. Raises :class:`NotAnImage`."""
-    from PIL import Image, ImageFile
-
     # Under the process-wide LOAD_TRUNCATED_IMAGES a truncated file would load grey-padded.
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; truncated images "
@@ -182,13 +175,11 @@ def _decode(data: bytes):
         pass  # maybe a format only decode.libraries reads; below
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, struct.error...
         raise _pil_refusal(exc) from None
-    from decode.libraries import decode_image, decoder_key
-
     try:
-        pixels = decode_image(data)
+        pixels = libraries.decode_image(data)
     except RuntimeError:
-        raise NotAnImage(f"{not_an_image(data)} (neither PIL nor {decoder_key()} reads it)") \
-            from None
+        raise NotAnImage(f"{not_an_image(data)} (neither PIL nor {libraries.decoder_key()} "
+                         "reads it)") from None
     return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
 
 
@@ -214,9 +205,7 @@ def check_files(paths: Sequence[str | Source], workers: int, check: str = "full"
     def task(first: int) -> list[Checked | str]:
         found = [check_file(path, check, cap, max_pixels)
                  for path in paths[first:first + TASK_FILES]]
-        if post is None:
-            return found
-        return [c if isinstance(c, str) else post(c) for c in found]
+        return [c if post is None or isinstance(c, str) else post(c) for c in found]
 
     pool, window, following = ThreadPoolExecutor(max(1, workers)), deque(), 0
     try:

@@ -13,6 +13,13 @@ from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from decode import decode, decode_window
+from decode.acceptance import read_frame
+from decode.messages import capture
+from decode.raw import encode_raw, raw_bytes, raw_size
+from formats.images import check_files
 
 SAMPLE = 64  # images timed to fit the cost model (evenly spaced over the listing)
 SIZE_SAMPLE = 1024  # images whose sizes set the threshold (evenly spaced; SAMPLE among them)
@@ -156,11 +163,7 @@ def time_saving(jpeg: bytes, raw: bytes) -> float:
     """Seconds a read of :data:`WINDOWS` RandomResizedCrop windows (torchvision's draw, from
     torch's random state) of ``jpeg`` (:func:`decode.decode_window`, the loaders' cascade) costs
     over its raw record's, per window, on this thread."""
-    import torch
     from torchvision.transforms import RandomResizedCrop
-
-    from decode import decode_window
-    from decode.raw import raw_size
 
     size = (OUTPUT_SIDE, OUTPUT_SIDE)
     best = [math.inf, math.inf]
@@ -178,11 +181,6 @@ def time_saving(jpeg: bytes, raw: bytes) -> float:
 
 def raw_record(jpeg: bytes) -> tuple[bytes, int]:
     """``(raw record, pixels)``: :func:`decode.decode`'s pixels, PGM if grayscale."""
-    from decode import decode
-    from decode.acceptance import read_frame
-    from decode.messages import capture
-    from decode.raw import encode_raw
-
     with capture():  # libjpeg's warnings: the checking thread named the image already
         image = decode(jpeg)
     frame = read_frame(jpeg)
@@ -193,8 +191,6 @@ def raw_record(jpeg: bytes) -> tuple[bytes, int]:
 def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int]) -> RawChoice:
     """A :class:`RawChoice` fitted on ``stored``'s JPEGs at ``timed``, the threshold where all of
     ``stored`` fill ``budget``. One thread, ~10 ms per timed image."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:
@@ -215,9 +211,6 @@ def plan(budget: Budget, stored: list[bytes], files: int, timed: list[int]) -> R
 
 def _sizes(jpeg: bytes) -> tuple[int, int, int] | None:
     """``(pixels, JPEG bytes, raw bytes)`` from the header; None if it does not parse."""
-    from decode.acceptance import read_frame
-    from decode.raw import raw_bytes
-
     frame = read_frame(jpeg)
     if frame is None or not frame.components:
         return None
@@ -260,8 +253,6 @@ def start(budget: Budget | None, listing, check: str, cap, saved: dict | None, w
         return None
     if saved:
         return RawChoice.from_state(saved)
-    from formats.images import check_files
-
     count = len(listing.files)
     sized = sample_indices(count, SIZE_SAMPLE)
     timed = set(sample_indices(count))  # a subset: both spread evenly over the same listing

@@ -7,6 +7,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 
+import lmdb
 import msgpack
 import numpy as np
 
@@ -136,8 +137,6 @@ def open_readonly(path: str, readahead: bool | None = None):
     a forked child gets its own), ``lock=False``, 512 readers. ``readahead``: False for random
     order, True for sequential or block order, None: the open handle's; the other reopens it
     (holders check :func:`is_open`). Raises :class:`LMDBFormatError`."""
-    import lmdb
-
     with _READONLY_LOCK:
         key = (os.getpid(), os.path.realpath(path))
         if key in _READONLY:
@@ -146,7 +145,7 @@ def open_readonly(path: str, readahead: bool | None = None):
                 return env
             close_readonly(path)
         # unusable in the child, and blocking a reopen; closing its copy spares the parent's
-        _close_where(inherited=True)
+        close_readonly(inherited=True)
         if not is_lmdb(path):
             hint = " (it is a folder of images: drop --lmdb)" if os.path.isdir(path) else ""
             raise LMDBFormatError(f"{path}: not an LMDB database{hint}")
@@ -165,23 +164,19 @@ def is_open(env) -> bool:
         return any(held is env for held, _ in _READONLY.values())
 
 
-def _close_where(inherited: bool, path: str | None = None) -> None:
-    """Close the handles this process inherited, or else its own (on ``path`` only, if given)."""
+def close_readonly(path: str | None = None, inherited: bool = False) -> None:
+    """Close this process's read-only handle on ``path``, if any (None: all of them); with
+    ``inherited``, the handles it inherited instead."""
     with _READONLY_LOCK:
         for key in [k for k in _READONLY if (k[0] != os.getpid()) == inherited
                     and (path is None or k[1] == os.path.realpath(path))]:
             _READONLY.pop(key)[0].close()
 
 
-def close_readonly(path: str) -> None:
-    """Close this process's read-only handle on ``path``, if any."""
-    _close_where(False, path)
-
-
 def close_all_readonly() -> None:
     """Close this process's read-only handles at a run's end: py-lmdb 3.0 knows an environment by
     inode, and a new database reusing a freed inode would be "already open"."""
-    _close_where(inherited=False)
+    close_readonly()
 
 
 def read_meta(path: str) -> Metadata:

@@ -13,6 +13,7 @@ from itertools import islice, takewhile
 
 import lmdb
 import msgpack
+from tqdm import tqdm
 
 from decode.acceptance import MAX_PIXELS
 from formats import raw_share
@@ -173,8 +174,6 @@ def _write_batches(listing: Listing, results, state: ResumeState, writer: Writer
     """Write ``listing.files[state.done:]`` (``results``: their checks) in batches, updating
     ``state``. One thread commits up to :data:`COMMITS_IN_FLIGHT` batches behind the checks, so
     each commit's ``fdatasync`` (~0.25 s per 256 JPEGs) does not stall them."""
-    from tqdm import tqdm
-
     files = listing.files
     bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
                desc=os.path.basename(writer.output.rstrip("/")), disable=not progress or None)

@@ -7,6 +7,9 @@ from contextlib import closing
 
 import lmdb
 
+from decode import decode
+from decode.acceptance import Refused, check
+from decode.messages import capture
 from decode.raw import is_raw, raw_header
 from formats.cap import Cap
 from formats.conversion import Verification, differs, source_to_compare
@@ -86,10 +89,6 @@ def _compare_sources(txn, listing, meta, workers: int, result: Verification) -> 
 
 
 def _check_record(job) -> list[str]:
-    from decode import decode  # torch: imported only when checking
-    from decode.acceptance import Refused, check
-    from decode.messages import capture
-
     index, rel, value, crc, num_classes, version = job
     name = _name(index, rel)
     if value is None:

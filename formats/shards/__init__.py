@@ -5,9 +5,8 @@ last), ``progress.json`` and ``skipped.tsv``; a job array (``convert(task=, task
 ``PREFIX-b.done`` per block and ``index.json.lock``. Version 2 (``--raw-budget``): an image may be
 ``KEY.ppm`` (:mod:`decode.raw`). A layout change bumps :data:`FORMAT_VERSION` and keeps reading
 older versions (tests/formats/test_formats_compat.py)."""
-from ._codec import (BASE_VERSION, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, RAW_VERSION,
-                     ShardFormatError, ShardIndex, ShardWriter, idx_name, read_idx, record_key,
-                     shard_name, write_idx)
+from ._codec import (FORMAT_VERSION, INDEX_NAME, ShardFormatError, ShardIndex, ShardWriter,
+                     idx_name, read_idx, record_key, shard_name, write_idx)
 from ._convert import convert, shard_digests
 from ._foreign import index_shards
-from ._verify import sha256_file, verify
+from ._verify import verify

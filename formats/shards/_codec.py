@@ -23,7 +23,6 @@ BASE_VERSION, RAW_VERSION = 1, 2  # 2: records may be raw pixels (KEY.ppm, decod
 IDX_VERSION = "v1.2"  # DALI's webdataset index format (nvidia/dali wds2idx.py)
 IMAGE_EXT, LABEL_EXT = "jpg", "cls"
 RAW_EXT = "ppm"  # a raw record's member: a binary PPM/PGM (decode.raw), PIL and DALI read it
-IMAGE_EXTS = (IMAGE_EXT, RAW_EXT)
 
 
 class ShardFormatError(Exception):

@@ -18,6 +18,7 @@ from formats.conversion import (ConversionError, ResumeState, Summary, fingerpri
                                 open_source, stage_folder, staged, stored)
 from formats.images import check_files
 
+from ._array import run_array
 from ._codec import (IMAGE_EXT, INDEX_NAME, PROGRESS_NAME, RAW_EXT, ShardWriter, idx_name,
                      in_place, refuse_foreign, shard_name, source_keys, write_idx, write_index)
 
@@ -29,7 +30,7 @@ class _OpenShard:
         self.name, self.path = name, os.path.join(output, name)
         # under a temporary name until complete: no reader sees half a shard as a shard
         self.writer, self.spans, self.skipped = ShardWriter(self.path + ".tmp"), [], skipped
-        self.images = self.reencoded = 0
+        self.reencoded = 0
 
     def fits(self, size: int, label: int, max_bytes: int, max_records: int | None) -> bool:
         """Whether a record of ``size`` image bytes may join (an empty shard takes any)."""
@@ -43,12 +44,6 @@ class _OpenShard:
                                                                                len(str(label))))
         return -(-(grown + 2 * block) // record) * record <= max_bytes
 
-    def add(self, key: str, checked, label: int, data: bytes, ext: str) -> None:
-        """Append ``data`` (``checked.data``, or its raw record with ``ext`` ``ppm``)."""
-        self.spans.append(self.writer.write(key, data, label, ext))
-        self.images += len(data)
-        self.reencoded += checked.reencoded is not None
-
     def finish(self, done: int) -> dict:
         """Close and sync the tar, write its ``.idx``; its progress entry ``{name, records, bytes,
         sha256, done (source files through it), images (bytes), reencoded, skipped}``."""
@@ -56,7 +51,8 @@ class _OpenShard:
         write_idx(idx_name(self.path), self.spans)
         os.replace(self.path + ".tmp", self.path)
         return {"name": self.name, "records": len(self.spans), "bytes": self.writer.tell(),
-                "sha256": self.writer.sha256(), "done": done, "images": self.images,
+                "sha256": self.writer.sha256(), "done": done,
+                "images": sum(span.image_size for span in self.spans),
                 "reencoded": self.reencoded, "skipped": self.skipped}
 
 
@@ -105,7 +101,8 @@ class Records:
                     shard = None
                 if shard is None:
                     shard, skipped = _OpenShard(self.output, name_of(), skipped), []
-                shard.add(self.keys[src.rel], result, src.label, data, ext)
+                shard.spans.append(shard.writer.write(self.keys[src.rel], data, src.label, ext))
+                shard.reencoded += result.reencoded is not None
         if shard is not None:
             commit(shard, first + len(files), choice.state() if choice else None)
         return skipped
@@ -187,8 +184,6 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
     records = Records(output, source_keys(listing.classes, listing.files), shard_size, workers,
                       strict, check, cap, max_pixels, len(listing.files))
     if array:
-        from ._array import run_array
-
         return run_array(listing, output, wanted, records, task, tasks, finish, progress,
                          lambda: raw_share.start(raw_budget, listing, check, cap, None, workers))
     try:
@@ -198,12 +193,11 @@ def convert(dataset: str, output: str, prefix: str | None = None, shard_size: in
             from None
     state.resumed_at = state.done
     with staged(listing, stage_folder(output), progress):
-        choice = raw_share.start(raw_budget, listing, check, cap, state.raw or None, workers)
-        files, prefix = listing.files, state.settings["prefix"]
-        records.bar = tqdm(total=len(files), initial=state.done, unit="img", dynamic_ncols=True,
+        choice = raw_share.start(raw_budget, listing, check, cap, state.raw, workers)
+        records.bar = tqdm(total=records.total, initial=state.done, unit="img", dynamic_ncols=True,
                            desc=os.path.basename(output.rstrip("/")), disable=not progress or None)
         try:
-            records.write(files[state.done:], state.done, max_per_shard,
+            records.write(listing.files[state.done:], state.done, max_per_shard,
                           lambda: shard_name(prefix, len(state.shards)),
                           lambda shard, done, raw: _commit(shard, done, state, output, raw),
                           choice)

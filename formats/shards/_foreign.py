@@ -143,10 +143,8 @@ def index_shards(spec: str, output: str | None = None, classes_file: str | None 
     from tqdm import tqdm
 
     start = time.perf_counter()
-    if os.path.isdir(spec):
-        urls = sorted(os.path.join(spec, n) for n in os.listdir(spec) if n.endswith(".tar"))
-    else:
-        urls = list(braceexpand(spec))
+    urls = (sorted(os.path.join(spec, n) for n in os.listdir(spec) if n.endswith(".tar"))
+            if os.path.isdir(spec) else list(braceexpand(spec)))
     if not urls:
         raise ShardFormatError(f"{spec}: no .tar shards")
     if output is None:

@@ -14,14 +14,8 @@ from formats.conversion import REPORT_NAME, Verification, differs, source_to_com
 from formats.images import check_file, reencode_reason
 from formats.sources import read_source
 
-from ._codec import (IMAGE_EXTS, INDEX_NAME, LABEL_EXT, RecordSpan, ShardFormatError,
+from ._codec import (IMAGE_EXT, INDEX_NAME, LABEL_EXT, RAW_EXT, RecordSpan, ShardFormatError,
                      ShardIndex, idx_name, idx_text, read_idx, source_keys)
-
-
-def sha256_file(path: str) -> str:
-    """Hex SHA-256 of the file at ``path``. Raises ``OSError``."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def verify(folder: str, dataset: str | None = None, workers: int = 8,
@@ -75,15 +69,17 @@ def _shard_records(folder: str, shard: dict, digest: str | None, num_classes: in
     if os.path.getsize(path) != shard["bytes"]:
         result.problem(f"{name}: {os.path.getsize(path)} bytes, {INDEX_NAME} says "
                        f"{shard['bytes']}")
-    elif digest and sha256_file(path) != digest:
-        result.problem(f"{name}: SHA-256 differs from the conversion's (changed since)")
+    elif digest:
+        with open(path, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+                result.problem(f"{name}: SHA-256 differs from the conversion's (changed since)")
     spans, pending, records = [], None, []
     try:
         with tarfile.open(path, "r:") as tar:
             for info in tar:
                 data = tar.extractfile(info).read() if info.isreg() else b""
                 base, _, ext = info.name.rpartition(".")
-                if ext in IMAGE_EXTS and pending is None:
+                if ext in (IMAGE_EXT, RAW_EXT) and pending is None:
                     pending = (base, info.offset_data, data, ext)
                 elif ext == LABEL_EXT and pending and pending[0] == base:
                     key, image_at, image, image_ext = pending

@@ -40,9 +40,9 @@ class Retries:
     retries: int = 2
     delay: float = 10.0
 
-    def pause(self, error: StreamError, failures: int) -> float:
-        """Warn, sleep the backoff after the ``failures``-th failure in a row and return its
-        seconds; raises :class:`DataError` when no try is left or the parent process is gone."""
+    def pause(self, error: StreamError, failures: int) -> None:
+        """Warn and sleep the backoff after the ``failures``-th failure in a row; raises
+        :class:`DataError` when no try is left or the parent process is gone."""
         def given_up(waited: float) -> DataError:
             return DataError(f"{error}; {failures} {'try' if failures == 1 else 'tries'} over "
                              f"{waited:.3g} s (--shard-retries {self.retries}, "
@@ -58,7 +58,6 @@ class Retries:
             time.sleep(min(left, _PARENT_CHECK_S))
             if os.getppid() != parent:
                 raise given_up(waited + wait - max(0.0, left)) from None
-        return wait
 
 
 def is_stream(location: str) -> bool:
@@ -106,8 +105,7 @@ def read_text(url: str) -> str:
 
 def sibling(url: str, old: str, new: str) -> str:
     """``url`` with its last ``old`` replaced by ``new``."""
-    at = url.rfind(old)
-    return url[:at] + new + url[at + len(old):]
+    return new.join(url.rsplit(old, 1))
 
 
 def resolve_split(spec: str) -> tuple[ShardIndex, list[str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from . import huggingface, imagenet_tars as tars, kaggle
 from ._listing import (DatasetError, Listing, Source, class_files, class_folders, list_sources,
                        read_source, replace_synced, write_synced)
 
@@ -26,22 +27,19 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
     """``(layout, location)`` of ``split`` in ``path`` (None: ``path`` is the split): ``"class
     folders"``, ``"imagenet tars"``, ``"kaggle"`` or ``"huggingface"``, and what to read. Raises
     :class:`DatasetError` saying what was looked for."""
-    from . import huggingface, imagenet_tars as tars, kaggle
-
     if split is None:
         if os.path.isfile(path) and path.endswith(".tar"):
             return "imagenet tars", path
         if _is_class_folders(path) and not os.path.isdir(os.path.join(path, kaggle.TREE)):
             return "class folders", path
-        if not os.path.isdir(path):
-            raise DatasetError(f"{path}: no such directory")
-        raise DatasetError(f"Couldn't find any class folder in {path}. For a download folder "
-                           "(the official tars, Kaggle's or Hugging Face's) give --split train "
-                           "or val")
-    if split not in SPLITS:
+    elif split not in SPLITS:
         raise DatasetError(f"--split {split!r}: train or val")
     if not os.path.isdir(path):
         raise DatasetError(f"{path}: no such directory")
+    if split is None:
+        raise DatasetError(f"Couldn't find any class folder in {path}. For a download folder "
+                           "(the official tars, Kaggle's or Hugging Face's) give --split train "
+                           "or val")
     if os.path.isdir(os.path.join(path, kaggle.TREE, split)):
         return "kaggle", path
     if huggingface.find_files(path, split)[1]:
@@ -64,8 +62,6 @@ def detect(path: str, split: str | None = None) -> tuple[str, str]:
 def open_dataset(path: str, split: str | None = None, allow_partial: bool = False) -> Listing:
     """The :class:`Listing` of ``split`` of ``path`` (:func:`detect`); archives must hold
     :data:`EXPECTED` unless ``allow_partial``. Raises :class:`DatasetError` (one line)."""
-    from . import huggingface, imagenet_tars as tars, kaggle
-
     layout, where = detect(path, split)
     if layout == "class folders":
         return list_sources(where)

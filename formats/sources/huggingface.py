@@ -220,4 +220,3 @@ def stage_sequential(files: list[Source], folder: str, progress: bool = True) ->
     images = os.path.join(folder, IMAGES)
     for item, src in by_item.items():
         src.path, (src.offset, src.size) = images, spans[item]
-

@@ -31,8 +31,8 @@ _SLOW = """
 import sys, time
 import folder2shards
 from formats.shards import _convert as _writing
-add = _writing._OpenShard.add
-_writing._OpenShard.add = lambda self, *a: (time.sleep(0.002), add(self, *a))
+write = _writing.ShardWriter.write
+_writing.ShardWriter.write = lambda self, *a: (time.sleep(0.002), write(self, *a))[1]
 sys.exit(folder2shards.main(sys.argv[2:]))
 """
 
