@@ -37,11 +37,11 @@ def verify(db: str, dataset: str | None = None, workers: int = 8, chunk: int = 2
             open_readonly(db).begin() as txn, ThreadPoolExecutor(max(1, workers)) as pool:
         paths = _compare_sources(txn, listing, meta, workers, result) if listing else []
         sums = txn.get(CHECKSUMS_KEY)
-        crcs = decode_checksums(sums) if sums is not None else None
-        result.checksums = crcs is not None
-        if crcs is not None and len(crcs) != meta.count:
-            result.problem(f"checksum record holds {len(crcs)} values for {meta.count} records")
-            crcs = None
+        result.checksums = sums is not None and len(sums) == 4 * meta.count
+        if sums is not None and not result.checksums:  # 4 bytes per record, each a CRC-32
+            result.problem(f"checksum record holds {len(sums)} bytes for {meta.count} records "
+                           f"({4 * meta.count} expected)")
+        crcs = decode_checksums(sums) if result.checksums else None
         cursor = txn.cursor()
         if cursor.set_range(b"_"):
             for key in cursor.iternext(values=False):
