@@ -180,6 +180,21 @@ def test_cli_shuffle_seed_and_verify(tiny, tmp_path):
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr
 
 
+def test_verify_names_a_checksum_record_of_the_wrong_size(tiny, tmp_path):
+    """A checksum record cut short, or not a whole number of CRC-32s: a problem, no traceback."""
+    db = str(tmp_path / "db")
+    assert run_cli("-d", os.path.join(tiny.root, "val"), "-o", db).returncode == 0  # 16 images
+    for cut, size in ((4, 60), (3, 57)):  # one CRC-32 short, then not a whole number of them
+        env = lmdb.open(db, subdir=True)
+        with env.begin(write=True) as txn:
+            txn.put(codec.CHECKSUMS_KEY, txn.get(codec.CHECKSUMS_KEY)[:-cut])
+        env.close()
+        result = run_cli("--verify", db)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip() == (f"folder2lmdb.py: checksum record holds {size} bytes "
+                                          "for 16 records (64 expected)")
+
+
 def test_no_transaction_commits_after_one_fails(tiny, tmp_path, monkeypatch):
     """Commits run in their own thread, several batches behind: once one fails (disk full),
     none queued after it may record later files as done."""
