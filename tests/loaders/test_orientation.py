@@ -74,7 +74,7 @@ def encoded(loader):
 
 
 def order_of(loader) -> list[int]:
-    return list(loader.sampler.indices()) if hasattr(loader, "sampler") else loader.pass_indices()
+    return list(loader.sampler.indices())  # every pipeline here is a ReaderLoader
 
 
 def train_reference(data: bytes, draws, flip: bool) -> np.ndarray:
