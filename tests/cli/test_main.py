@@ -229,7 +229,7 @@ def test_benchmark_data_prints_one_json_line(tiny, capsys):
                         "--benchmark-warmup", "1"])
     printed = capsys.readouterr().out.strip().splitlines()
     assert json.loads(printed[-1]) == result
-    # the stage table before the JSON line, its figures in it (issue 49)
+    # the stage table before the JSON line, its figures in it
     assert any(line.startswith("  loader alone: the training process (-j 0) can give")
                for line in printed)
     assert result["stages_bound"] is None and result["stages_decode_ms_p50"] > 0
@@ -239,7 +239,7 @@ def test_benchmark_data_prints_one_json_line(tiny, capsys):
 
 
 def check_stage_report(records, log: str, out: str) -> None:
-    """Each epoch's stage figures (issue 49): the table in the log, ``stages_*`` keys in
+    """Each epoch's stage figures: the table in the log, ``stages_*`` keys in
     metrics.jsonl beside the old ones, numbers in TensorBoard under ``stages/``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

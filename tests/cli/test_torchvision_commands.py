@@ -1,4 +1,4 @@
-"""torchvision's and pytorch/examples' own command lines through ``main.py`` (issue 39):
+"""torchvision's and pytorch/examples' own command lines through ``main.py``:
 pytorch/examples' CI line on one image, torchvision's ResNet-50 v2 command verbatim on two CPU
 ranks with gloo (test-sized by flags appended after it), the presets equal to the commands,
 and an augmented run resumed mid-epoch ending as the uninterrupted one."""

@@ -239,7 +239,7 @@ def test_steady_state_images_per_sec_leaves_out_the_warmup_steps(tiny, tmp_path,
 def test_auto_workers_share_the_node_cores_among_its_gpus(monkeypatch):
     monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert resolve_workers("auto", 8) == 2  # 8 GPUs on 16 cores
-    assert resolve_workers("auto", 1) == 16  # every core (issue 38; was at most 8)
+    assert resolve_workers("auto", 1) == 16  # every core, not at most 8
     assert resolve_workers("auto", 3) == 5
     assert resolve_workers("auto", 32) == 1 and resolve_workers(3, 8) == 3
 

@@ -1,5 +1,5 @@
 """engine.report.bounds on constructed stage figures: the table's fields, the bound line and each
-advice rule (issue 49's targets: -j 1 on 2 cores names more workers; mostly >512 px images
+advice rule (-j 1 on 2 cores names more workers; mostly >512 px images
 name a cap or a raw share; nothing when the run is not data-bound)."""
 import json
 

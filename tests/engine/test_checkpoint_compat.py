@@ -1,4 +1,4 @@
-"""--resume and -e --resume of checkpoints other tools wrote (issue 14): pytorch/examples'
+"""--resume and -e --resume of checkpoints other tools wrote: pytorch/examples'
 ``checkpoint.pth.tar`` (saved from DDP: ``module.`` keys, a tensor ``best_acc1``, none of our
 newer keys, older ones without ``scheduler``), torchvision references' (``model``, last finished
 ``epoch``) and bare state_dicts; anything else is one line."""

@@ -1,4 +1,4 @@
-"""How a run ends when its data fails after a validation pass (issue 46), with real processes:
+"""How a run ends when its data fails after a validation pass, with real processes:
 every pipeline that keeps workers or threads between passes (DataLoader workers,
 ``--decode-device cpu-nvimgcodec``, DALI's CPU backend, shards streamed over HTTP) ends within
 seconds with status 1 and one ``main.py: error:`` line, leaving no process of its group and no

@@ -1,4 +1,4 @@
-"""Training recipes (issue 17): the per-step LR schedules against their closed forms and
+"""Training recipes: the per-step LR schedules against their closed forms and
 torchvision's/FFCV's own schedulers, resuming them mid-epoch, weight decay groups, label
 smoothing, MixUp/CutMix labels, the model EMA's math and checkpoint, the FFCV presets, and a
 small run with every recipe flag."""

@@ -1,4 +1,4 @@
-"""Progressive resizing and test-time flip averaging (issue 17): the crop size per epoch against
+"""Progressive resizing and test-time flip averaging: the crop size per epoch against
 FFCV's ``get_resolution``, the flag checks, every loader serving the epoch's resolution from
 the same batch slots, and runs that record the resolution and resume it."""
 import math

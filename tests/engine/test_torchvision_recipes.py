@@ -1,4 +1,4 @@
-"""torchvision's recipe flags in the engine (issue 39): random erasing on the device batch
+"""torchvision's recipe flags in the engine: random erasing on the device batch
 (torchvision's pixels for the same box, a function of seed, epoch, rank and batch), ``--opt``,
 ``--transformer-embedding-decay``, ``--clip-grad-norm``, ``--sync-bn``, resuming another
 optimizer's state, and the flags' one-line errors."""

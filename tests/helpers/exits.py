@@ -1,4 +1,4 @@
-"""A ``main.py`` run watched from outside, for tests of how runs end (issue 46): started in its
+"""A ``main.py`` run watched from outside, for tests of how runs end: started in its
 own process group, its output read line by line with times, every process of its group seen
 while it ran, and what it leaves behind (processes of the group, ``/dev/shm`` segments); and
 an HTTP file server in a process of its own, to stop and start again."""

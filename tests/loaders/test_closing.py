@@ -1,4 +1,4 @@
-"""``ClosingDataLoader.close()`` (issue 46) with real worker processes: idle kept workers leave
+"""``ClosingDataLoader.close()`` with real worker processes: idle kept workers leave
 on torch's shutdown message; a worker stuck in a sample, blocking SIGTERM as ours do, is
 killed after the grace period instead of holding the run's exit; a later pass starts new
 workers."""

@@ -75,7 +75,7 @@ def test_workers_are_kept_from_pass_to_pass_and_close_stops_them(shapes):
     _epoch(train, 0)
     kept = _children() - before
     assert len(kept) == 2  # the training pass's workers, still there
-    list(val)  # validation's workers are kept too (issue 38)
+    list(val)  # validation's workers are kept too
     with_val = _children() - before
     assert len(with_val) == 4 and kept < with_val
     _epoch(train, 1)

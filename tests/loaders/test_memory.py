@@ -1,4 +1,4 @@
-"""Issue 5, "Memory": a DataLoader worker of the LMDB loader must not grow with the record count.
+"""Memory: a DataLoader worker of the LMDB loader must not grow with the record count.
 
 A scaled-down ``benchmarks/loading/memory.py``: the training loader over 2,000 and over 200,000
 tiny records, each measured in a fresh process, and the worst worker's memory compared.

@@ -1,9 +1,9 @@
-"""One orientation rule (issue 35): every pipeline and source keeps a JPEG's pixels as stored,
+"""One orientation rule: every pipeline and source keeps a JPEG's pixels as stored,
 EXIF orientation not applied, as pytorch/examples' ImageFolder + PIL does. Real JPEGs with
 orientations 1-8, CMYK, grayscale, a PNG named .JPEG, 56 and 2,400 px, 1:3 and 3:1
 (``tests/helpers/oddities.py``) go through the folder, LMDB and shard sources, each in the DataLoader
 pipeline, the batch-decode pipeline on nvImageCodec's CPU backend (``--decode-device
-cpu-nvimgcodec``, issue 38) and DALI's CPU backend, training and validation, with several seeds: every output
+cpu-nvimgcodec``) and DALI's CPU backend, training and validation, with several seeds: every output
 equals the CPU reference (the window drawn from the stored size, cut from a whole decode,
 resized), and nothing crashes. Also the converters' ``--max-side`` resize and ``--verify``.
 """
@@ -171,7 +171,7 @@ def test_the_reference_is_the_stored_pixels(odd):
 
 @pytest.mark.skipif("dali" not in PIPELINES, reason="needs nvidia-dali")
 def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypatch, capfd):
-    """Issue 35's bug put back (windows drawn for the shape after EXIF orientation): windows
+    """An old bug put back (windows drawn for the shape after EXIF orientation): windows
     that leave their stored image are clamped inside it in the graph (DALI never stops on
     them), found on the host from shapes alone, named on stderr once and replaced as
     unreadable samples; with no bad share allowed the run stops with one DataError."""
@@ -182,7 +182,7 @@ def test_dali_windows_that_leave_their_image_are_named_bad_samples(odd, monkeypa
     import loaders.pipelines.dali.feed as feed
     from decode.acceptance import Frame, check
 
-    def turned_frame(data, max_pixels):  # the size the window was drawn from before issue 35
+    def turned_frame(data, max_pixels):  # the bug's size: after EXIF orientation
         check(data, max_pixels)
         with Image.open(io.BytesIO(data)) as image:
             width, height = ImageOps.exif_transpose(image).size

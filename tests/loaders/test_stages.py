@@ -1,5 +1,5 @@
 """loaders.timing.stages: per-image stage times written beside the pixels by real DataLoader workers,
-summed by the main process; the same pixels with or without them (issue 49)."""
+summed by the main process; the same pixels with or without them."""
 import glob
 import os
 

@@ -1,7 +1,7 @@
 """loaders.timing.stages: the stages of the batch-decode pipeline (``--decode-device``, on
 nvImageCodec's CPU backend here) and of DALI (CPU-only here): the stages each has, with
 positive figures inside the time measured around them, none it does not have, the same pixels
-with or without them, and none at all with ``IMAGENET_FAST_STAGES=0`` (issue 49). How much of
+with or without them, and none at all with ``IMAGENET_FAST_STAGES=0``. How much of
 that time they cover is a ratio for the benchmarks, not for a unit test on a busy machine."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Streamed shards tried again (issue 46): a connection cut mid-shard or refused for a while is
+"""Streamed shards tried again: a connection cut mid-shard or refused for a while is
 reopened past the records already read, with the same records as an uninterrupted read; a
 shard that fails every try stops with one line that says how many tries were made. Real HTTP
 servers on 127.0.0.1; ``pipe:`` commands."""

@@ -29,7 +29,7 @@ def test_loading_throughput_writes_report_and_chart(tiny, tmp_path, capsys):
     for result in report["results"]:
         assert result["images"] == 3 * 4 and result["images_per_sec"] > 0
         assert result["ratio_vs_stock"] > 0 and result["share_of_decode_only"] > 0
-        # ours carry main.py's stage figures (issue 49), the baselines none
+        # ours carry main.py's stage figures, the baselines none
         if result["loader"] in ("stock", "decode-only"):
             assert result["stages"] == {}
         else:
@@ -176,7 +176,7 @@ def test_decoders_scaled_above_and_below_the_threshold(tiny, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_pipelines_dali_feed_reports_feed_time_speed_and_memory(tiny, tmp_path, capsys):
-    """Issue 37's CPU figures through main.py's own loader, against a base checkout (this
+    """DALI's CPU figures through main.py's own loader, against a base checkout (this
     one): per-batch time on the training thread, images/s and RSS per epoch, every round."""
     import pytest
 
@@ -230,7 +230,7 @@ def test_training_recipes_bad_data_is_one_line(tmp_path, capsys):
 
 
 def test_pipelines_gpu_decode_prints_both_pipelines_from_every_source(tiny, tmp_path, capsys):
-    """Issue 38's figures here: the CPU loaders beside the batch-decode pipeline on
+    """The batch-decode figures here: the CPU loaders beside the batch-decode pipeline on
     nvImageCodec's CPU backend, from folder, LMDB and shards, through main.py."""
     import pytest
 
